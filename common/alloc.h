@@ -1,0 +1,36 @@
+/* The one allocation hook.
+ *
+ * Every heap allocation in Kiln goes through these functions so that tests can
+ * inject out-of-memory (fail the Nth allocation) and check that every path
+ * turns it into KILN_ENOMEM instead of a crash. (Redis's zmalloc, libuv's
+ * uv_replace_allocator.)
+ */
+#ifndef KILN_COMMON_ALLOC_H
+#define KILN_COMMON_ALLOC_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void *kiln_malloc(size_t size);
+void *kiln_calloc(size_t count, size_t size);
+void *kiln_realloc(void *ptr, size_t size);
+void kiln_free(void *ptr);
+char *kiln_strdup(const char *s);
+char *kiln_strndup(const char *s, size_t n);
+
+/* Growth helper for arrays: makes room for `need` elements of `elem` bytes in
+ * *ptr whose capacity is *cap. Returns 0 or KILN_ENOMEM (leaving *ptr intact).
+ * Checks the size computation for overflow. */
+int kiln_grow(void **ptr, size_t *cap, size_t need, size_t elem);
+
+/* Test hook: the next `n`-th allocation (1 = the next one) and all after it
+ * fail until reset with 0. Not thread-safe; tests only. */
+void kiln_alloc_fail_after(long n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_COMMON_ALLOC_H */

@@ -1,0 +1,37 @@
+/* The verifier and shape inference.
+ *
+ * kiln_module_verify checks a whole module: structure (one ENTRY, roots,
+ * operands defined before use and within their computation, no cycles in
+ * calls), per-op operand counts and types, attribute ranges, called
+ * computations' signatures, and that every result shape equals the inferred
+ * one. Each error names the computation and instruction, the operand, and
+ * what was expected vs found: "dot %d3: lhs contracting dim 1 has size 7,
+ * rhs dim 0 has size 5".
+ */
+#ifndef KILN_COMPILER_IR_VERIFY_H
+#define KILN_COMPILER_IR_VERIFY_H
+
+#include "compiler/ir/ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_verify_options {
+  int64_t max_elements;  /* per array; 0: default 2^40 */
+  int allow_dynamic;     /* accept bounded dynamic shapes (default: yes, 0 here means yes) */
+} kiln_verify_options;
+
+int kiln_module_verify(const kiln_module *m, const kiln_verify_options *opts, kiln_status *st);
+
+/* Infers the result shape of `ins` from its operands' shapes, attributes and
+ * called computations, as XLA's ShapeInference does. The shape is written
+ * into `out`, allocated in arena `a`. Errors name the instruction. Layouts of
+ * the result are left absent. */
+int kiln_infer_shape(const kiln_module *m, const kiln_instr *ins, kiln_arena *a,
+                     kiln_shape *out, kiln_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_COMPILER_IR_VERIFY_H */

@@ -1,0 +1,38 @@
+/* The reference interpreter: a plain evaluator of the IR on literals,
+ * following XLA's operation semantics. It is the oracle every other backend
+ * and every pass is checked against, so it is written to be obviously
+ * correct, not fast.
+ */
+#ifndef KILN_EXECUTOR_INTERP_INTERP_H
+#define KILN_EXECUTOR_INTERP_INTERP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler/ir/ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_interp_options {
+  uint64_t max_while_iterations; /* per while loop; 0: default 1e9 */
+  size_t max_live_bytes;         /* total literal bytes alive; 0: default 8 GiB */
+  int64_t replica_id;            /* value of replica-id (single replica: 0) */
+  int64_t partition_id;
+  double timeout_seconds;        /* wall-clock limit; 0: none */
+} kiln_interp_options;
+
+/* Runs the ENTRY computation of a verified module on `args` (one literal per
+ * parameter, shapes must match, layouts ignored). On success *out is a new
+ * heap literal (a tuple when the root is a tuple). Unsupported ops and
+ * element types (collectives across several replicas, custom-call targets
+ * that are not built in, complex or f8 arithmetic) fail with KILN_EUNIMPL and
+ * a message naming the instruction. `opts` may be NULL. */
+int kiln_interp_run(const kiln_module *m, const kiln_literal *const *args, uint32_t nargs,
+                    const kiln_interp_options *opts, kiln_literal **out, kiln_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_EXECUTOR_INTERP_INTERP_H */
