@@ -126,6 +126,10 @@ typedef struct kiln_literal {
   void *data;                   /* arrays: nbytes of element data */
   size_t nbytes;
   struct kiln_literal **elems;  /* tuples: shape.rank element literals */
+  /* Arrays of a bounded-dynamic shape: NULL, or shape.rank runtime sizes
+   * (each <= its bound). The data is always stored at the bound sizes
+   * (padded), as XLA's dynamic padder lays it out. */
+  int64_t *dynamic_sizes;
   /* A heap literal (created with arena NULL) owns a private arena holding
    * itself, its shape, data and tuple elements, freed by destroy; NULL when
    * the literal lives in someone else's arena (a module's constants). */
