@@ -72,19 +72,33 @@ void kiln_literal_destroy(kiln_literal *lit) {
   if (lit && lit->own) kiln_arena_destroy(lit->own);
 }
 
-static void copy_data(kiln_literal *dst, const kiln_literal *src) {
+static int copy_data(kiln_arena *a, kiln_literal *dst, const kiln_literal *src) {
   if (kiln_shape_is_tuple(&src->shape)) {
-    for (uint32_t i = 0; i < src->shape.rank; i++) copy_data(dst->elems[i], src->elems[i]);
-  } else if (src->nbytes) {
-    memcpy(dst->data, src->data, src->nbytes);
+    for (uint32_t i = 0; i < src->shape.rank; i++) {
+      int rc = copy_data(a, dst->elems[i], src->elems[i]);
+      if (rc) return rc;
+    }
+    return 0;
   }
+  if (src->nbytes) memcpy(dst->data, src->data, src->nbytes);
+  if (src->dynamic_sizes && src->shape.rank) {
+    dst->dynamic_sizes =
+        kiln_arena_memdup(a, src->dynamic_sizes, src->shape.rank * sizeof *src->dynamic_sizes);
+    if (dst->dynamic_sizes == NULL) return KILN_ENOMEM;
+  }
+  return 0;
 }
 
 int kiln_literal_clone(kiln_arena *arena, const kiln_literal *src, kiln_literal **out,
                        kiln_status *st) {
   int rc = kiln_literal_create(arena, &src->shape, 0, out, st);
   if (rc) return rc;
-  copy_data(*out, src);
+  rc = copy_data(arena ? arena : (*out)->own, *out, src);
+  if (rc) {
+    kiln_literal_destroy(*out);
+    *out = NULL;
+    return kiln_status_set(st, rc, NULL, "out of memory for a literal");
+  }
   return 0;
 }
 
