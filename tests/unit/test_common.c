@@ -281,9 +281,9 @@ START_TEST(status_first_error_wins) {
   kiln_status st;
   kiln_status_clear(&st);
   ck_assert(kiln_status_is_ok(&st));
-  ck_assert_int_eq(kiln_status_set(&st, KILN_EPARSE, "m.hlo:3:14", "expected '%c', found '%s'",
-                                   ')', "}"),
-                   KILN_EPARSE);
+  ck_assert_int_eq(
+      kiln_status_set(&st, KILN_EPARSE, "m.hlo:3:14", "expected '%c', found '%s'", ')', "}"),
+      KILN_EPARSE);
   ck_assert(!kiln_status_is_ok(&st));
   /* The second error returns its own code but does not overwrite. */
   ck_assert_int_eq(kiln_status_set(&st, KILN_EVERIFY, "main/dot.1", "later"), KILN_EVERIFY);
@@ -369,7 +369,7 @@ START_TEST(alloc_fail_nth) {
   kiln_alloc_fail_after(3);
   void *p1 = kiln_malloc(8);
   void *p2 = kiln_calloc(2, 8);
-  void *p3 = kiln_malloc(8); /* the 3rd fails */
+  void *p3 = kiln_malloc(8);   /* the 3rd fails */
   void *p4 = kiln_strdup("x"); /* and every one after it */
   void *p5 = kiln_realloc(NULL, 4);
   ck_assert_ptr_nonnull(p1);
@@ -474,9 +474,7 @@ static int is_nan_bits(const fmt *f, uint32_t bits) {
 static uint16_t sign_bit(const fmt *f) { return (uint16_t)(1u << (f->ebits + f->mbits)); }
 
 /* The first bit pattern of +inf: one past the largest finite value. */
-static uint16_t inf_bits(const fmt *f) {
-  return (uint16_t)(((1u << f->ebits) - 1u) << f->mbits);
-}
+static uint16_t inf_bits(const fmt *f) { return (uint16_t)(((1u << f->ebits) - 1u) << f->mbits); }
 
 START_TEST(fp16_roundtrip_all_patterns) {
   const fmt *f = &FMTS[_i];
@@ -487,8 +485,7 @@ START_TEST(fp16_roundtrip_all_patterns) {
       nans++;
       ck_assert_msg(isnan(d), "%s 0x%04x should decode to NaN", f->name, h);
       uint16_t back = f->encode(d);
-      ck_assert_msg(is_nan_bits(f, back), "%s NaN 0x%04x re-encoded as 0x%04x", f->name, h,
-                    back);
+      ck_assert_msg(is_nan_bits(f, back), "%s NaN 0x%04x re-encoded as 0x%04x", f->name, h, back);
       ck_assert_msg((back & sign_bit(f)) == (h & sign_bit(f)), "%s NaN 0x%04x lost its sign",
                     f->name, h);
       continue;
@@ -497,8 +494,8 @@ START_TEST(fp16_roundtrip_all_patterns) {
     ck_assert_msg(!!signbit(d) == !!(h & sign_bit(f)), "%s 0x%04x sign", f->name, h);
     uint16_t back = f->encode(d);
     ck_assert_msg(back == h, "%s 0x%04x -> %a -> 0x%04x", f->name, h, d, back);
-    ck_assert_msg(kiln_round_to_format(d, f->ebits, f->mbits) == d || d != d, "%s 0x%04x",
-                  f->name, h);
+    ck_assert_msg(kiln_round_to_format(d, f->ebits, f->mbits) == d || d != d, "%s 0x%04x", f->name,
+                  h);
   }
   /* 2 signs x (2^mbits - 1) NaN mantissas. */
   ck_assert_int_eq(nans, 2 * ((1 << f->mbits) - 1));
@@ -530,7 +527,7 @@ START_TEST(fp16_midpoints_round_to_even) {
     double hi = h + 1 < inf_bits(f) ? f->decode((uint16_t)(h + 1))
                                     : lo + (lo - f->decode((uint16_t)(h - 1)));
     uint16_t hi_bits = (uint16_t)(h + 1); /* for the last, +inf: overflow */
-    double mid = lo + (hi - lo) / 2; /* exact in double */
+    double mid = lo + (hi - lo) / 2;      /* exact in double */
     /* The largest finite value has an odd mantissa, so its tie goes to inf. */
     uint16_t even = (h & 1) ? hi_bits : (uint16_t)h;
     ck_assert_msg(f->encode(mid) == even, "%s midpoint %a -> 0x%04x, want 0x%04x", f->name, mid,
@@ -626,8 +623,8 @@ START_TEST(f16_matches_compiler_float16) {
     _Float16 v = (_Float16)d;
     uint16_t want;
     memcpy(&want, &v, 2);
-    ck_assert_msg(kiln_f64_to_f16(d) == want, "%a -> 0x%04x, want 0x%04x", d,
-                  kiln_f64_to_f16(d), want);
+    ck_assert_msg(kiln_f64_to_f16(d) == want, "%a -> 0x%04x, want 0x%04x", d, kiln_f64_to_f16(d),
+                  want);
   }
 #endif
 }
@@ -699,8 +696,8 @@ START_TEST(fp16_tricky_values_table) {
     double x = TRICKY[i].x;
     ck_assert_msg(kiln_f64_to_f16(x) == TRICKY[i].f16, "f16(%a) [%s] = 0x%04x, want 0x%04x", x,
                   TRICKY[i].why, kiln_f64_to_f16(x), TRICKY[i].f16);
-    ck_assert_msg(kiln_f64_to_bf16(x) == TRICKY[i].bf16, "bf16(%a) [%s] = 0x%04x, want 0x%04x",
-                  x, TRICKY[i].why, kiln_f64_to_bf16(x), TRICKY[i].bf16);
+    ck_assert_msg(kiln_f64_to_bf16(x) == TRICKY[i].bf16, "bf16(%a) [%s] = 0x%04x, want 0x%04x", x,
+                  TRICKY[i].why, kiln_f64_to_bf16(x), TRICKY[i].bf16);
     /* Rounding through f32 first reproduces ml_dtypes' answer. */
     ck_assert_msg(kiln_f64_to_bf16((double)(float)x) == TRICKY[i].ml_dtypes_bf16,
                   "bf16((float)%a) [%s]", x, TRICKY[i].why);

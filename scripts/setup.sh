@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Prepares a Debian 12 machine to build and test Kiln: installs the Debian
+# packages the build needs (only those missing) and the project's Python
+# virtual environment .venv (only when requirements.txt changed since the last
+# install). Idempotent: a second run does nothing and says so.
+#
+# Runs as root, or through sudo when that is available.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+# What the build and the tests use:
+#   build-essential cmake pkg-config    the C toolchain and build
+#   protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
+#                                       proto/ stubs (protoc-c) and their runtime
+#   check libsubunit-dev                the unit test framework
+#   clang libclang-rt-14-dev            libFuzzer builds (tests/fuzz)
+#   python3 python3-venv                the .venv for the JAX peer tests
+PACKAGES=(
+  build-essential cmake pkg-config
+  protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
+  check libsubunit-dev
+  clang libclang-rt-14-dev
+  python3 python3-venv
+)
+
+say() { printf 'setup: %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    say "need root (or sudo) to run: $*" >&2
+    exit 1
+  fi
+}
+
+# ---- Debian packages -------------------------------------------------------
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = "installed" ] || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  say "Debian packages: all ${#PACKAGES[@]} already installed"
+else
+  say "Debian packages: installing ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive \
+    apt-get -o DPkg::Lock::Timeout=600 update -q
+  as_root env DEBIAN_FRONTEND=noninteractive \
+    apt-get -o DPkg::Lock::Timeout=600 install -y -q "${missing[@]}"
+  say "Debian packages: installed ${#missing[@]}"
+fi
+
+# ---- Python virtual environment --------------------------------------------
+# Debian's interpreter, not whatever python3 comes first on PATH: the pins in
+# requirements.txt are resolved for it.
+PY=/usr/bin/python3
+VENV=$ROOT/.venv
+STAMP=$VENV/.requirements.sha256
+want=$( { sha256sum requirements.txt | cut -d' ' -f1; "$PY" -c 'import sys; print(sys.version)'; } \
+        | sha256sum | cut -d' ' -f1)
+
+venv_ok() {
+  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys' 2>/dev/null &&
+    grep -qx "home = /usr/bin" "$VENV/pyvenv.cfg" 2>/dev/null
+}
+
+if venv_ok && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
+  say ".venv: up to date with requirements.txt"
+else
+  if ! venv_ok; then
+    say ".venv: creating with $PY ($("$PY" --version 2>&1))"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  say ".venv: installing requirements.txt"
+  rm -f "$STAMP"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input \
+    -r requirements.txt
+  "$VENV/bin/python" -m pip check --disable-pip-version-check >/dev/null
+  echo "$want" > "$STAMP"
+  say ".venv: installed $(grep -c '==' requirements.txt) pinned packages"
+fi
+say "done"
