@@ -1,0 +1,104 @@
+/* Internals shared by the kiln command's files.
+ *
+ * main.c holds the command table and the one validation point: it parses
+ * every command line against the command's option table into a kiln__args
+ * before any handler runs, so handlers only see well-formed requests and
+ * usage errors look the same everywhere. Handlers return the process exit
+ * code (KILN_EXIT_*).
+ */
+#ifndef KILN_CLIENTS_CLI_CLI_H
+#define KILN_CLIENTS_CLI_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "compiler/ir/ir.h"
+
+/* Exit codes; `kiln --help` documents them. */
+enum {
+  KILN_EXIT_OK = 0,
+  KILN_EXIT_INVALID = 1,  /* the input was rejected: parse, verify, arguments, files, unsupported op */
+  KILN_EXIT_USAGE = 2,    /* the command line is wrong */
+  KILN_EXIT_INTERNAL = 3, /* out of memory or a bug in kiln */
+};
+
+#define KILN_CLI_MAX_OPTS 8
+
+typedef struct kiln__opt {
+  const char *name;    /* long name without "--" */
+  char shortname;      /* 0 when none */
+  const char *metavar; /* value placeholder; NULL for a flag */
+  bool repeat;         /* may be given several times (values kept in order) */
+  const char *help;
+} kiln__opt;
+
+struct kiln__args;
+
+typedef struct kiln__cmd {
+  const char *name;
+  const char *synopsis; /* "check FILE..." */
+  const char *summary;  /* one line for `kiln --help` */
+  const char *help;     /* the rest of `kiln help CMD` */
+  const kiln__opt *opts; /* terminated by a zero entry */
+  int min_pos, max_pos; /* positional argument count; max -1: unlimited */
+  int (*run)(const struct kiln__args *a);
+} kiln__cmd;
+
+/* A validated command line. Option values point into argv. */
+typedef struct kiln__args {
+  const kiln__cmd *cmd;
+  const char **pos;
+  int npos;
+  const char **vals[KILN_CLI_MAX_OPTS]; /* per option of cmd->opts, in given order */
+  int nvals[KILN_CLI_MAX_OPTS];
+} kiln__args;
+
+/* The last value of option `name` (or "" for a given flag); NULL if absent. */
+const char *kiln__args_get(const kiln__args *a, const char *name);
+/* All values of a repeatable option, in order. */
+const char **kiln__args_all(const kiln__args *a, const char *name, int *n);
+
+int kiln__cmd_check(const kiln__args *a);
+int kiln__cmd_print(const kiln__args *a);
+int kiln__cmd_run(const kiln__args *a);
+
+/* Exit code for a KILN_E* code: out of memory and internal errors are 3,
+ * everything else a rejected input (1). */
+int kiln__exit_code(int err);
+
+/* Prints a status on stderr as "FILE:LINE:COL: error: MESSAGE". The where of
+ * a parse error already is "FILE:LINE:COL"; a verifier or interpreter where
+ * ("computation/instruction") is turned into the instruction's position by
+ * looking it up in `m` (may be NULL), falling back to "FILE: error: ...". */
+void kiln__report(const char *file, const kiln_module *m, const kiln_status *st);
+
+/* Reads and decodes a module (.pb/.binpb: binary kiln.v1.Module, otherwise
+ * HLO text), then verifies it when `verify` is set. Diagnostics go to
+ * stderr; returns an exit code, and *out (owned by the caller) on success. */
+int kiln__module_load(const char *path, bool verify, kiln_module **out);
+
+/* ---- arguments and results (args.c) ------------------------------------- */
+
+/* Builds the argument literal for a parameter of shape `want` from `spec`:
+ * an .npy path (when it ends in ".npy") or HLO literal text. A float32 .npy
+ * feeds a bf16 parameter (rounded to nearest even); any other dtype or shape
+ * mismatch is an error naming parameter `pnum`, expected and found. */
+int kiln__arg_load(const char *spec, const kiln_shape *want, int64_t pnum, kiln_literal **out,
+                   kiln_status *st);
+
+/* A deterministic pseudo-random literal of `shape` (tuples recursively):
+ * floats in [-1, 1) on a grid exact in the element type, signed ints in
+ * [-8, 8), unsigned ints in [0, 16), pred fair coins. `state` advances. */
+int kiln__arg_random(const kiln_shape *shape, uint64_t *state, kiln_literal **out,
+                     kiln_status *st);
+
+/* The leaves of a (nested) tuple literal depth-first, or the literal itself.
+ * *leaves is kiln_malloc'd. */
+int kiln__literal_leaves(const kiln_literal *lit, const kiln_literal ***leaves, uint32_t *n);
+
+/* Writes an array literal as .npy: bf16 and the f8 types as float32 (exact),
+ * s2/s4 as int8, u2/u4 as uint8, everything else in its own dtype. */
+int kiln__literal_write_npy(const kiln_literal *lit, const char *path, kiln_status *st);
+
+#endif /* KILN_CLIENTS_CLI_CLI_H */

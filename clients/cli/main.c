@@ -1,0 +1,275 @@
+/* The kiln command: a table of subcommands and the one place that validates
+ * command lines.
+ *
+ * Each subcommand is one row of `commands` (name, synopsis, help, option
+ * table, positional count, handler), as in Redis's command table. main()
+ * finds the row, answers --help itself, parses the options against the row
+ * into a kiln__args (unknown options, missing values, wrong positional
+ * counts are usage errors, exit 2) and only then calls the handler. Adding
+ * a subcommand is adding a row and a handler file.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/cli/cli.h"
+#include "common/alloc.h"
+
+static const kiln__opt check_opts[] = {
+    {0},
+};
+
+static const kiln__opt print_opts[] = {
+    {"proto", 0, NULL, false, "write the binary kiln.v1.Module instead of text"},
+    {"output", 'o', "OUT", false, "write to OUT instead of standard output"},
+    {0},
+};
+
+static const kiln__opt run_opts[] = {
+    {"backend", 0, "NAME", false, "where to run: interp (the reference interpreter, default)"},
+    {"arg", 0, "ARG", true,
+     "the next parameter's value: an .npy file (a path ending in .npy) or HLO literal text "
+     "such as 'f32[2] {1, 2}'"},
+    {"random-args", 0, "SEED", false,
+     "fill the parameters not given by --arg with deterministic pseudo-random values: floats "
+     "in [-1,1), signed ints in [-8,8), unsigned ints in [0,16), random preds"},
+    {"out", 0, "DIR", false,
+     "also write the outputs as DIR/0.npy, DIR/1.npy, ... (DIR is created when missing)"},
+    {0},
+};
+
+static const kiln__cmd commands[] = {
+    {"check", "check FILE...", "parse and verify modules",
+     "Parses and verifies each FILE (HLO text; binary kiln.v1.Module when the name ends in\n"
+     ".pb or .binpb). Prints nothing and exits 0 when all are valid; otherwise prints one\n"
+     "diagnostic per invalid file on stderr, as\n"
+     "  FILE:LINE:COL: error: MESSAGE                           (parse errors)\n"
+     "  FILE:LINE:COL: error: COMPUTATION/INSTRUCTION: MESSAGE  (verifier errors)\n"
+     "and exits 1.\n",
+     check_opts, 1, -1, kiln__cmd_check},
+    {"print", "print [--proto] [-o OUT] FILE", "print a module in canonical form",
+     "Parses FILE and prints it as canonical HLO text (or, with --proto, as a binary\n"
+     "kiln.v1.Module, which needs -o or a redirected standard output). The module is not\n"
+     "verified, so invalid modules can be inspected; a parse error exits 1.\n",
+     print_opts, 1, 1, kiln__cmd_print},
+    {"run", "run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]",
+     "run a module's ENTRY computation",
+     "Verifies FILE and runs its ENTRY computation. Arguments are given in parameter order;\n"
+     "their number and shapes must match the parameters (layouts are ignored). An .npy\n"
+     "argument must have the parameter's dtype, except that a float32 array may feed a\n"
+     "bf16 parameter (rounded to nearest even). Each output is printed on its own line as\n"
+     "HLO literal text; a tuple result is flattened depth-first. With --out, output i is\n"
+     "also written to DIR/i.npy: bf16 and f8 outputs as float32 (exact), s4/s2 as int8,\n"
+     "u4/u2 as uint8; token outputs are printed but have no file.\n",
+     run_opts, 1, 1, kiln__cmd_run},
+};
+
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static const char exit_help[] =
+    "Exit status:\n"
+    "  0  success\n"
+    "  1  invalid input: a parse or verifier error, arguments that do not match the\n"
+    "     parameters, a file that cannot be read or written, or an operation or element\n"
+    "     type the backend cannot run (the message names the instruction)\n"
+    "  2  usage error: unknown command, option or backend, missing or extra operands\n"
+    "  3  internal error: out of memory, or a bug in kiln\n";
+
+static const kiln__cmd *find_command(const char *name) {
+  for (size_t i = 0; i < NCOMMANDS; i++)
+    if (strcmp(commands[i].name, name) == 0) return &commands[i];
+  return NULL;
+}
+
+static void print_usage(FILE *f) {
+  fprintf(f, "usage: kiln COMMAND [OPTIONS] ...\n\nCommands:\n");
+  for (size_t i = 0; i < NCOMMANDS; i++)
+    fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "  %-8s %s\n", "help", "show help for a command: kiln help COMMAND");
+}
+
+static void print_main_help(void) {
+  print_usage(stdout);
+  printf("\n");
+  for (size_t i = 0; i < NCOMMANDS; i++) printf("  kiln %s\n", commands[i].synopsis);
+  printf("\nRun 'kiln help COMMAND' or 'kiln COMMAND --help' for details.\n\n%s", exit_help);
+}
+
+/* Prints `text` from column `indent` on, wrapped at 79 columns. */
+static void print_wrapped(const char *text, int col, int indent) {
+  const char *p = text;
+  while (*p) {
+    const char *sp = strchr(p, ' ');
+    int w = sp ? (int)(sp - p) : (int)strlen(p);
+    if (col > indent && col + 1 + w > 79) {
+      printf("\n%*s", indent, "");
+      col = indent;
+    } else if (col > indent) {
+      putchar(' ');
+      col++;
+    }
+    printf("%.*s", w, p);
+    col += w;
+    p += w;
+    while (*p == ' ') p++;
+  }
+  putchar('\n');
+}
+
+static void print_command_help(const kiln__cmd *c) {
+  printf("usage: kiln %s\n\n%s", c->synopsis, c->help);
+  printf("\nOptions:\n");
+  for (const kiln__opt *o = c->opts; o->name; o++) {
+    char head[64], text[512];
+    if (o->shortname)
+      snprintf(head, sizeof head, "-%c, --%s%s%s", o->shortname, o->name, o->metavar ? " " : "",
+               o->metavar ? o->metavar : "");
+    else
+      snprintf(head, sizeof head, "    --%s%s%s", o->name, o->metavar ? " " : "",
+               o->metavar ? o->metavar : "");
+    snprintf(text, sizeof text, "%s%s", o->help, o->repeat ? " (repeatable)" : "");
+    if (strlen(head) > 22)
+      printf("  %s\n%26s", head, "");
+    else
+      printf("  %-24s", head);
+    print_wrapped(text, 26, 26);
+  }
+  printf("  %-24s%s\n", "-h, --help", "show this help");
+  printf("\n%s", exit_help);
+}
+
+static int usage_error(const kiln__cmd *c, const char *fmt, const char *what) {
+  fprintf(stderr, "kiln%s%s: ", c ? " " : "", c ? c->name : "");
+  fprintf(stderr, fmt, what);
+  fprintf(stderr, "\n");
+  if (c)
+    fprintf(stderr, "usage: kiln %s\nRun 'kiln help %s' for details.\n", c->synopsis, c->name);
+  else
+    print_usage(stderr);
+  return KILN_EXIT_USAGE;
+}
+
+const char *kiln__args_get(const kiln__args *a, const char *name) {
+  for (int i = 0; a->cmd->opts[i].name; i++)
+    if (strcmp(a->cmd->opts[i].name, name) == 0)
+      return a->nvals[i] ? a->vals[i][a->nvals[i] - 1] : NULL;
+  return NULL;
+}
+
+const char **kiln__args_all(const kiln__args *a, const char *name, int *n) {
+  for (int i = 0; a->cmd->opts[i].name; i++)
+    if (strcmp(a->cmd->opts[i].name, name) == 0) {
+      *n = a->nvals[i];
+      return a->vals[i];
+    }
+  *n = 0;
+  return NULL;
+}
+
+static int find_opt(const kiln__cmd *c, const char *arg, size_t n, bool is_long) {
+  for (int i = 0; c->opts[i].name; i++) {
+    const kiln__opt *o = &c->opts[i];
+    if (is_long ? (strlen(o->name) == n && strncmp(o->name, arg, n) == 0)
+                : (o->shortname && o->shortname == arg[0]))
+      return i;
+  }
+  return -1;
+}
+
+/* The validation point: argv (after the command name) against c's table.
+ * "--opt VALUE", "--opt=VALUE", "-o VALUE", "-oVALUE"; "--" ends options. */
+static int parse_args(const kiln__cmd *c, int argc, char **argv, kiln__args *a) {
+  memset(a, 0, sizeof *a);
+  a->cmd = c;
+  /* Everything is sized by argc, so no further bounds checks are needed. */
+  a->pos = kiln_calloc((size_t)argc + 1, sizeof *a->pos);
+  if (a->pos == NULL) return KILN_EXIT_INTERNAL;
+  for (int i = 0; c->opts[i].name; i++) {
+    a->vals[i] = kiln_calloc((size_t)argc + 1, sizeof *a->vals[i]);
+    if (a->vals[i] == NULL) return KILN_EXIT_INTERNAL;
+  }
+  bool opts_done = false;
+  for (int i = 0; i < argc; i++) {
+    const char *s = argv[i];
+    if (opts_done || s[0] != '-' || s[1] == '\0') {
+      a->pos[a->npos++] = s;
+      continue;
+    }
+    if (strcmp(s, "--") == 0) {
+      opts_done = true;
+      continue;
+    }
+    bool is_long = s[1] == '-';
+    const char *name = s + (is_long ? 2 : 1);
+    const char *eq = is_long ? strchr(name, '=') : NULL;
+    size_t n = eq ? (size_t)(eq - name) : strlen(name);
+    int k = find_opt(c, name, n, is_long);
+    if (k < 0) return usage_error(c, "unknown option '%s'", s);
+    const kiln__opt *o = &c->opts[k];
+    const char *val = "";
+    if (o->metavar) {
+      if (eq) val = eq + 1;
+      else if (!is_long && name[1]) val = name + 1;
+      else if (i + 1 < argc) val = argv[++i];
+      else return usage_error(c, "option '%s' needs a value", s);
+    } else if (eq || (!is_long && name[1])) {
+      return usage_error(c, "option '%s' takes no value", s);
+    }
+    if (!o->repeat && a->nvals[k])
+      return usage_error(c, "option '--%s' given more than once", o->name);
+    a->vals[k][a->nvals[k]++] = val;
+  }
+  if (a->npos < c->min_pos) return usage_error(c, "%s", "missing FILE operand");
+  if (c->max_pos >= 0 && a->npos > c->max_pos)
+    return usage_error(c, "unexpected operand '%s'", a->pos[c->max_pos]);
+  return KILN_EXIT_OK;
+}
+
+static void free_args(kiln__args *a) {
+  kiln_free(a->pos);
+  for (int i = 0; i < KILN_CLI_MAX_OPTS; i++) kiln_free(a->vals[i]);
+}
+
+static bool wants_help(int argc, char **argv) {
+  for (int i = 0; i < argc; i++) {
+    if (strcmp(argv[i], "--") == 0) return false;
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return true;
+  }
+  return false;
+}
+
+int main(int argc, char **argv) {
+  /* A closed pipe on stdout must be a write error we report, not a signal. */
+  signal(SIGPIPE, SIG_IGN);
+  if (argc < 2) return usage_error(NULL, "%s", "missing command");
+  const char *name = argv[1];
+  if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 ||
+      (strcmp(name, "help") == 0 && argc == 2)) {
+    print_main_help();
+    return KILN_EXIT_OK;
+  }
+  if (strcmp(name, "help") == 0) {
+    const kiln__cmd *c = find_command(argv[2]);
+    if (c == NULL || argc > 3) return usage_error(NULL, "no such command '%s'", argv[2]);
+    print_command_help(c);
+    return KILN_EXIT_OK;
+  }
+  const kiln__cmd *c = find_command(name);
+  if (c == NULL) return usage_error(NULL, "unknown command '%s'", name);
+  if (wants_help(argc - 2, argv + 2)) {
+    print_command_help(c);
+    return KILN_EXIT_OK;
+  }
+  kiln__args a;
+  int rc = parse_args(c, argc - 2, argv + 2, &a);
+  if (rc == KILN_EXIT_INTERNAL) fprintf(stderr, "kiln: error: out of memory\n");
+  if (rc == KILN_EXIT_OK) rc = c->run(&a);
+  free_args(&a);
+  /* Output that could not be written (full disk, closed pipe) is a failure. */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "kiln: error: cannot write standard output\n");
+    if (rc == KILN_EXIT_OK) rc = KILN_EXIT_INVALID;
+  }
+  return rc;
+}
