@@ -20,7 +20,7 @@ typedef struct kiln_interp_options {
   size_t max_live_bytes;         /* total literal bytes alive; 0: default 8 GiB */
   int64_t replica_id;            /* value of replica-id (single replica: 0) */
   int64_t partition_id;
-  double timeout_seconds;        /* wall-clock limit; 0: none */
+  double timeout_seconds; /* wall-clock limit; 0: none */
 } kiln_interp_options;
 
 /* Runs the ENTRY computation of a verified module on `args` (one literal per
