@@ -1,0 +1,710 @@
+/* Tests for the kiln command, run as a user runs it: each test writes its
+ * inputs to a fresh temporary directory, spawns KILN_BINARY_DIR/kiln and
+ * checks the exit code, the exact standard output and standard error, and
+ * any .npy files it wrote (read back with the command's own .npy reader,
+ * compiled in here). Covers every exit code, the diagnostics of check,
+ * print's canonical text, run with literal and .npy arguments, --out,
+ * tuple flattening, bf16 rounding, argument mismatches, random arguments,
+ * and garbage inputs that must fail cleanly rather than crash. */
+#include <check.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "clients/cli/fileio.c"
+#include "clients/cli/npy.c"
+
+#define KILN KILN_BINARY_DIR "/kiln"
+
+/* The verifier's message for adding f32[2] and f32[3]. */
+#define VERIFY_ADD_MESSAGE "add: operand 1 (%q) has shape f32[3] but operand 0 (%p) has shape f32[2]"
+
+typedef struct result {
+  int code;   /* exit status; -signal when killed by one */
+  char *out;  /* standard output */
+  char *err;  /* standard error */
+} result;
+
+static char tmpdir[64];
+
+static void setup(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_cli_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void teardown(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmpdir);
+}
+
+/* A path inside the test's directory (static buffers, rotated: a test keeps
+ * at most 64 alive). */
+static const char *tpath(const char *name) {
+  static char bufs[64][512];
+  static int k;
+  char *b = bufs[k++ % 64];
+  snprintf(b, 512, "%s/%s", tmpdir, name);
+  return b;
+}
+
+static const char *write_file(const char *name, const char *text) {
+  const char *p = tpath(name);
+  FILE *f = fopen(p, "wb");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+  return p;
+}
+
+static char *slurp(const char *path) {
+  uint8_t *buf;
+  size_t len;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__file_read(path, &buf, &len, &st), 0);
+  return (char *)buf;
+}
+
+/* Runs kiln with the NULL-terminated arguments; stdout/stderr captured. */
+static result run(const char *arg0, ...) {
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = KILN;
+  va_list ap;
+  va_start(ap, arg0);
+  for (const char *a = arg0; a; a = va_arg(ap, const char *)) argv[n++] = a;
+  va_end(ap);
+  argv[n] = NULL;
+  const char *out_path = tpath(".stdout"), *err_path = tpath(".stderr");
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(127);
+    execv(KILN, (char *const *)argv);
+    _exit(127);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  return r;
+}
+
+static void result_free(result *r) {
+  kiln_free(r->out);
+  kiln_free(r->err);
+}
+
+#define EXPECT(r, code_, out_, err_)       \
+  do {                                     \
+    ck_assert_str_eq((r).err, (err_));     \
+    ck_assert_str_eq((r).out, (out_));     \
+    ck_assert_int_eq((r).code, (code_));   \
+  } while (0)
+
+static const char add_module[] =
+    "HloModule add\n"
+    "\n"
+    "ENTRY main {\n"
+    "  x = f32[2] parameter(0)\n"
+    "  y = f32[2] parameter(1)\n"
+    "  ROOT r = f32[2] add(x, y)\n"
+    "}\n";
+
+/* ---- help and usage ----------------------------------------------------- */
+
+START_TEST(test_help) {
+  result r = run("--help", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.err, "");
+  ck_assert_ptr_nonnull(strstr(r.out, "  kiln run FILE [--backend interp] [--arg ARG]... "
+                                      "[--random-args SEED] [--out DIR]\n"));
+  ck_assert_ptr_nonnull(strstr(r.out, "Exit status:\n  0  success\n"));
+  ck_assert_ptr_nonnull(strstr(r.out, "  3  internal error"));
+  result_free(&r);
+
+  result h1 = run("help", "run", NULL), h2 = run("run", "--help", NULL), h3 = run("run", "x", "-h", NULL);
+  ck_assert_int_eq(h1.code, 0);
+  ck_assert_str_eq(h1.out, h2.out);
+  ck_assert_str_eq(h1.out, h3.out);
+  ck_assert_ptr_nonnull(strstr(h1.out, "      --random-args SEED  fill the parameters not given"));
+  ck_assert_ptr_nonnull(strstr(h1.out, "float32 array may feed a\nbf16 parameter"));
+  result_free(&h1);
+  result_free(&h2);
+  result_free(&h3);
+
+  r = run("help", "check", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "FILE:LINE:COL: error: COMPUTATION/INSTRUCTION: MESSAGE"));
+  result_free(&r);
+  r = run("print", "--help", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "  -o, --output OUT        write to OUT instead"));
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_usage_errors) {
+  result r = run(NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln: missing command\nusage: kiln COMMAND"));
+  result_free(&r);
+  r = run("frob", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln: unknown command 'frob'\n"));
+  result_free(&r);
+  r = run("help", "frob", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln: no such command 'frob'\n"));
+  result_free(&r);
+  const char *f = write_file("add.hlo", add_module);
+  r = run("run", f, "--bogus", NULL);
+  EXPECT(r, 2, "",
+         "kiln run: unknown option '--bogus'\n"
+         "usage: kiln run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
+         "Run 'kiln help run' for details.\n");
+  result_free(&r);
+  r = run("check", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln check: missing FILE operand\n"));
+  result_free(&r);
+  r = run("print", f, f, NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "unexpected operand"));
+  result_free(&r);
+  r = run("run", f, "--arg", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln run: option '--arg' needs a value\n"));
+  result_free(&r);
+  r = run("run", f, "--out", "a", "--out=b", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln run: option '--out' given more than once\n"));
+  result_free(&r);
+  r = run("run", f, "--backend", "cpu", NULL);
+  EXPECT(r, 2, "", "kiln run: unknown backend 'cpu' (available: interp)\n");
+  result_free(&r);
+  r = run("run", f, "--random-args", "-3", NULL);
+  EXPECT(r, 2, "", "kiln run: --random-args needs a non-negative integer seed, not '-3'\n");
+  result_free(&r);
+  r = run("run", f, "--random-args=x1", NULL);
+  ck_assert_int_eq(r.code, 2);
+  result_free(&r);
+}
+END_TEST
+
+/* ---- check -------------------------------------------------------------- */
+
+START_TEST(test_check_ok) {
+  const char *a = write_file("a.hlo", add_module);
+  result r = run("check", a, NULL);
+  EXPECT(r, 0, "", "");
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_check_parse_error) {
+  const char *f = write_file("bad.hlo",
+                             "HloModule m\n"
+                             "\n"
+                             "ENTRY e {\n"
+                             "  p = f32[2] parameter(0)\n"
+                             "  ROOT r = f32[2] add(p, q)\n"
+                             "}\n");
+  result r = run("check", f, NULL);
+  char want[1024];
+  snprintf(want, sizeof want, "%s:5:26: error: unknown operand %%q in r\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_check_verify_error) {
+  const char *f = write_file("bad.hlo",
+                             "HloModule m\n"
+                             "\n"
+                             "ENTRY e {\n"
+                             "  p = f32[2] parameter(0)\n"
+                             "  q = f32[3] parameter(1)\n"
+                             "  ROOT r = f32[2] add(p, q)\n"
+                             "}\n");
+  result r = run("check", f, NULL);
+  char want[1024];
+  snprintf(want, sizeof want, "%s:6:8: error: e/r: %s\n", f, VERIFY_ADD_MESSAGE);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_check_several_files) {
+  const char *good = write_file("good.hlo", add_module);
+  const char *bad = write_file("bad.hlo", "HloModule m\nENTRY e {\n  p = f32[2] frob(0)\n}\n");
+  result r = run("check", good, bad, good, NULL);
+  char want[1024];
+  snprintf(want, sizeof want, "%s:3:14: error: unknown opcode 'frob'\n", bad);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_check_garbage) {
+  /* Random bytes, an empty file, a directory, a missing file, a truncated
+   * module, a binary proto that is not one: exit 1 with a message, never a
+   * signal. */
+  uint8_t noise[4096];
+  uint64_t s = 99;
+  for (size_t i = 0; i < sizeof noise; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    noise[i] = (uint8_t)(s >> 56);
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  const char *rnd = tpath("random.hlo"), *rndpb = tpath("random.pb");
+  ck_assert_int_eq(kiln__file_write(rnd, noise, sizeof noise, &st), 0);
+  ck_assert_int_eq(kiln__file_write(rndpb, noise, sizeof noise, &st), 0);
+  const char *empty = write_file("empty.hlo", "");
+  const char *emptypb = write_file("empty.pb", "");
+  const char *trunc = write_file("trunc.hlo", "HloModule m\nENTRY e {\n  p = f32[2");
+  const char *files[] = {rnd, rndpb, empty, trunc, tmpdir, tpath("missing.hlo")};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    result r = run("check", files[i], NULL);
+    ck_assert_msg(r.code == 1, "%s: exit %d, stderr %s", files[i], r.code, r.err);
+    ck_assert_str_eq(r.out, "");
+    ck_assert_msg(strncmp(r.err, files[i], strlen(files[i])) == 0, "%s", r.err);
+    ck_assert_ptr_nonnull(strstr(r.err, ": error: "));
+    result_free(&r);
+    r = run("run", files[i], NULL);
+    ck_assert_int_eq(r.code, 1);
+    result_free(&r);
+    r = run("print", files[i], NULL);
+    ck_assert_int_eq(r.code, 1);
+    result_free(&r);
+  }
+  result r = run("check", tmpdir, NULL);
+  char want[256];
+  snprintf(want, sizeof want, "%s: error: cannot read: is a directory\n", tmpdir);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("check", empty, NULL);
+  snprintf(want, sizeof want, "%s:1:1: error: expected 'HloModule', found end of input\n", empty);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  (void)emptypb;
+}
+END_TEST
+
+/* ---- print -------------------------------------------------------------- */
+
+START_TEST(test_print) {
+  const char *f = write_file("m.hlo",
+                             "HloModule add   // a comment\n"
+                             "ENTRY main {\n"
+                             "  x = f32[2] parameter(0)\n"
+                             "  y = f32[2]{0} parameter(1)\n"
+                             "  r = f32[2] add(x, y)\n"
+                             "}\n");
+  result r = run("print", f, NULL);
+  EXPECT(r, 0,
+         "HloModule add\n"
+         "\n"
+         "ENTRY %main (x: f32[2], y: f32[2]{0}) -> f32[2] {\n"
+         "  %x = f32[2] parameter(0)\n"
+         "  %y = f32[2]{0} parameter(1)\n"
+         "  ROOT %r = f32[2] add(%x, %y)\n"
+         "}\n",
+         "");
+  /* The canonical text is a fixed point. */
+  const char *g = write_file("canon.hlo", r.out);
+  result r2 = run("print", g, NULL);
+  EXPECT(r2, 0, r.out, "");
+  result_free(&r2);
+
+  /* Through the binary proto and back. */
+  const char *pb = tpath("m.pb");
+  r2 = run("print", "--proto", "-o", pb, f, NULL);
+  EXPECT(r2, 0, "", "");
+  result_free(&r2);
+  r2 = run("print", pb, NULL);
+  EXPECT(r2, 0, r.out, "");
+  result_free(&r2);
+  r2 = run("check", pb, NULL);
+  EXPECT(r2, 0, "", "");
+  result_free(&r2);
+  result_free(&r);
+
+  /* Unverified modules print; unparsable ones do not. */
+  f = write_file("unverified.hlo",
+                 "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n  q = f32[3] parameter(1)\n"
+                 "  ROOT r = f32[2] add(p, q)\n}\n");
+  r = run("print", f, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "ROOT %r = f32[2] add(%p, %q)\n"));
+  result_free(&r);
+  f = write_file("bad.hlo", "HloModule m\nENTRY e {\n");
+  r = run("print", "-o", tpath("never.txt"), f, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  ck_assert_int_ne(access(tpath("never.txt"), F_OK), 0);
+  result_free(&r);
+}
+END_TEST
+
+/* ---- run ---------------------------------------------------------------- */
+
+START_TEST(test_run_literal_args) {
+  const char *f = write_file("add.hlo", add_module);
+  result r = run("run", f, "--arg", "f32[2] {1, 2.5}", "--arg=f32[2] {3, -4}", NULL);
+  EXPECT(r, 0, "f32[2] {4, -1.5}\n", "");
+  result_free(&r);
+  r = run("run", f, "--backend", "interp", "--arg", "f32[2]{0} {1, 2}", "--arg", "f32[2] {3, 4}",
+          NULL);
+  EXPECT(r, 0, "f32[2] {4, 6}\n", "");
+  result_free(&r);
+}
+END_TEST
+
+static void write_npy_f32(const char *name, const int64_t *dims, uint32_t rank, const float *v,
+                          size_t n) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_npy_write(tpath(name), KILN_F32, dims, rank, v, n * sizeof *v, &st), 0);
+}
+
+static kiln_npy read_npy(const char *path) {
+  kiln_npy a;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_npy_read(path, &a, &st) == 0, "%s: %s", path, st.msg);
+  return a;
+}
+
+START_TEST(test_run_npy_args_and_out) {
+  const char *f = write_file("mm.hlo",
+                             "HloModule mm\n"
+                             "ENTRY main {\n"
+                             "  a = f32[2,3] parameter(0)\n"
+                             "  b = f32[3] parameter(1)\n"
+                             "  bb = f32[2,3] broadcast(b), dimensions={1}\n"
+                             "  ROOT p = f32[2,3] multiply(a, bb)\n"
+                             "}\n");
+  int64_t da[2] = {2, 3}, db[1] = {3};
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {10, 0.5f, -1};
+  write_npy_f32("a.npy", da, 2, a, 6);
+  write_npy_f32("b.npy", db, 1, b, 3);
+  const char *out = tpath("out/nested");
+  result r = run("run", f, "--arg", tpath("a.npy"), "--arg", tpath("b.npy"), "--out", out, NULL);
+  EXPECT(r, 0, "f32[2,3] {{10, 1, -3}, {40, 2.5, -6}}\n", "");
+  result_free(&r);
+  kiln_npy o = read_npy(tpath("out/nested/0.npy"));
+  ck_assert_int_eq(o.dtype, KILN_F32);
+  ck_assert_uint_eq(o.rank, 2);
+  ck_assert_int_eq(o.dims[0], 2);
+  ck_assert_int_eq(o.dims[1], 3);
+  const float want[6] = {10, 1, -3, 40, 2.5f, -6};
+  ck_assert_mem_eq(o.data, want, sizeof want);
+  kiln_npy_free(&o);
+  ck_assert_int_ne(access(tpath("out/nested/1.npy"), F_OK), 0);
+
+  /* An .npy and a literal mixed. */
+  r = run("run", f, "--arg", tpath("a.npy"), "--arg", "f32[3] {1, 1, 1}", NULL);
+  EXPECT(r, 0, "f32[2,3] {{1, 2, 3}, {4, 5, 6}}\n", "");
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_run_tuple_flattening) {
+  const char *f = write_file("t.hlo",
+                             "HloModule t\n"
+                             "ENTRY main {\n"
+                             "  x = s32[2] parameter(0)\n"
+                             "  p = pred[] parameter(1)\n"
+                             "  n = s32[2] negate(x)\n"
+                             "  c = f64[] constant(0.25)\n"
+                             "  pc = (pred[], f64[]) tuple(p, c)\n"
+                             "  inner = (s32[2], (pred[], f64[])) tuple(n, pc)\n"
+                             "  k = s8[] constant(-7)\n"
+                             "  ROOT t = (s32[2], (s32[2], (pred[], f64[])), s8[]) tuple(x, inner, k)\n"
+                             "}\n");
+  const char *out = tpath("o");
+  result r = run("run", f, "--arg", "s32[2] {5, -6}", "--arg", "pred[] true", "--out", out, NULL);
+  EXPECT(r, 0,
+         "s32[2] {5, -6}\n"
+         "s32[2] {-5, 6}\n"
+         "pred[] true\n"
+         "f64[] 0.25\n"
+         "s8[] -7\n",
+         "");
+  result_free(&r);
+  static const struct {
+    kiln_dtype t;
+    uint32_t rank;
+    const char *bytes;
+    size_t n;
+  } want[] = {
+      {KILN_S32, 1, "\x05\x00\x00\x00\xfa\xff\xff\xff", 8},
+      {KILN_S32, 1, "\xfb\xff\xff\xff\x06\x00\x00\x00", 8},
+      {KILN_PRED, 0, "\x01", 1},
+      {KILN_F64, 0, "\x00\x00\x00\x00\x00\x00\xd0\x3f", 8},
+      {KILN_S8, 0, "\xf9", 1},
+  };
+  for (int i = 0; i < 5; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "o/%d.npy", i);
+    kiln_npy o = read_npy(tpath(name));
+    ck_assert_int_eq(o.dtype, want[i].t);
+    ck_assert_uint_eq(o.rank, want[i].rank);
+    ck_assert_uint_eq(o.nbytes, want[i].n);
+    ck_assert_mem_eq(o.data, want[i].bytes, want[i].n);
+    kiln_npy_free(&o);
+  }
+  ck_assert_int_ne(access(tpath("o/5.npy"), F_OK), 0);
+}
+END_TEST
+
+START_TEST(test_run_bf16_from_f32_npy) {
+  const char *f = write_file("b.hlo",
+                             "HloModule b\n"
+                             "ENTRY main {\n"
+                             "  x = bf16[4] parameter(0)\n"
+                             "  ROOT y = bf16[4] add(x, x)\n"
+                             "}\n");
+  /* 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even is 1. 1 + 3*2^-8 ties
+   * between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6. 1 + 2^-8 + 2^-20 is
+   * above the tie: 1 + 2^-7. 3 is exact. */
+  int64_t d[1] = {4};
+  float v[4] = {1.00390625f, 1.01171875f, 1.0f + 0x1p-8f + 0x1p-20f, 3.0f};
+  write_npy_f32("x.npy", d, 1, v, 4);
+  result r = run("run", f, "--arg", tpath("x.npy"), "--out", tpath("o"), NULL);
+  /* Printed with the fewest digits that read back to the same bf16. */
+  EXPECT(r, 0, "bf16[4] {2, 2.03, 2.02, 6}\n", "");
+  result_free(&r);
+  kiln_npy o = read_npy(tpath("o/0.npy"));
+  ck_assert_int_eq(o.dtype, KILN_F32); /* bf16 results are written as float32, exactly */
+  const float want[4] = {2.0f, 2.03125f, 2.015625f, 6.0f};
+  ck_assert_mem_eq(o.data, want, sizeof want);
+  kiln_npy_free(&o);
+
+  /* f16 is a NumPy dtype of its own: written natively. */
+  f = write_file("h.hlo",
+                 "HloModule h\nENTRY main {\n  x = f16[2] parameter(0)\n  ROOT y = f16[2] negate(x)\n}\n");
+  r = run("run", f, "--arg", "f16[2] {0.5, 65504}", "--out", tpath("h"), NULL);
+  EXPECT(r, 0, "f16[2] {-0.5, -65504}\n", "");
+  result_free(&r);
+  o = read_npy(tpath("h/0.npy"));
+  ck_assert_int_eq(o.dtype, KILN_F16);
+  ck_assert_mem_eq(o.data, "\x00\xb8\xff\xfb", 4);
+  kiln_npy_free(&o);
+}
+END_TEST
+
+START_TEST(test_run_argument_mismatch) {
+  const char *f = write_file("add.hlo", add_module);
+  char want[1024];
+  result r = run("run", f, "--arg", "f32[2] {1, 2}", NULL);
+  snprintf(want, sizeof want,
+           "%s: error: ENTRY computation main takes 2 parameters, 1 argument given "
+           "(--random-args SEED fills the rest)\n",
+           f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", f, "--arg", "f32[2] {1, 2}", "--arg", "f32[2] {1, 2}", "--arg", "f32[2] {1, 2}",
+          NULL);
+  snprintf(want, sizeof want,
+           "%s: error: ENTRY computation main takes 2 parameters, 3 arguments given\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", f, "--arg", "f32[2] {1, 2}", "--arg", "f32[3] {1, 2, 3}", NULL);
+  snprintf(want, sizeof want, "%s: error: parameter 1: expected f32[2], found f32[3]\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", f, "--arg", "s32[2] {1, 2}", "--arg", "f32[2] {1, 2}", NULL);
+  snprintf(want, sizeof want, "%s: error: parameter 0: expected f32[2], found s32[2]\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+
+  int64_t d3[1] = {3}, d2[2] = {1, 2};
+  float v[3] = {1, 2, 3};
+  write_npy_f32("three.npy", d3, 1, v, 3);
+  write_npy_f32("onebytwo.npy", d2, 2, v, 2);
+  r = run("run", f, "--arg", tpath("onebytwo.npy"), "--arg", tpath("three.npy"), NULL);
+  snprintf(want, sizeof want, "%s: error: parameter 0: expected f32[2], found f32[1,2] in %s\n",
+           f, tpath("onebytwo.npy"));
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+
+  int32_t iv[2] = {1, 2};
+  int64_t d1[1] = {2};
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_npy_write(tpath("ints.npy"), KILN_S32, d1, 1, iv, sizeof iv, &st), 0);
+  r = run("run", f, "--arg", "f32[2] {0, 0}", "--arg", tpath("ints.npy"), NULL);
+  snprintf(want, sizeof want, "%s: error: parameter 1: expected f32[2], found s32[2] in %s\n", f,
+           tpath("ints.npy"));
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+
+  /* A bf16 parameter takes float32 only (and says so), not float64. */
+  const char *g = write_file("b.hlo",
+                             "HloModule b\nENTRY main {\n  ROOT x = bf16[2] parameter(0)\n}\n");
+  double dv[2] = {1, 2};
+  ck_assert_int_eq(kiln_npy_write(tpath("f64.npy"), KILN_F64, d1, 1, dv, sizeof dv, &st), 0);
+  r = run("run", g, "--arg", tpath("f64.npy"), NULL);
+  snprintf(want, sizeof want,
+           "%s: error: parameter 0: expected bf16[2], found f64[2] in %s (a bf16 parameter "
+           "takes a bf16 literal or a float32 .npy)\n",
+           g, tpath("f64.npy"));
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+
+  /* Unreadable and malformed arguments. */
+  r = run("run", f, "--arg", tpath("missing.npy"), "--arg", "f32[2] {0, 0}", NULL);
+  snprintf(want, sizeof want,
+           "%s: error: parameter 0: %s: cannot open: No such file or directory\n", f,
+           tpath("missing.npy"));
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  const char *junk = write_file("junk.npy", "\x93NUMPY\x01\x00\x10\x00{'descr': 1}   \n");
+  r = run("run", f, "--arg", junk, "--arg", "f32[2] {0, 0}", NULL);
+  snprintf(want, sizeof want,
+           "%s: error: parameter 0: %s: malformed .npy header: expected a string at header "
+           "offset 10\n",
+           f, junk);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", f, "--arg", "f32[2] {1, 2", "--arg", "f32[2] {0, 0}", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  snprintf(want, sizeof want, "%s: error: parameter 0: cannot parse 'f32[2] {1, 2' as a literal: ",
+           f);
+  ck_assert_msg(strncmp(r.err, want, strlen(want)) == 0, "%s", r.err);
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_run_random_args) {
+  const char *f = write_file("r.hlo",
+                             "HloModule r\n"
+                             "ENTRY main {\n"
+                             "  a = f32[64] parameter(0)\n"
+                             "  b = s32[64] parameter(1)\n"
+                             "  c = pred[64] parameter(2)\n"
+                             "  d = bf16[64] parameter(3)\n"
+                             "  e = u8[64] parameter(4)\n"
+                             "  ROOT t = (f32[64], s32[64], pred[64], bf16[64], u8[64]) tuple(a, b, c, d, e)\n"
+                             "}\n");
+  result r1 = run("run", f, "--random-args", "7", "--out", tpath("o"), NULL);
+  result r2 = run("run", f, "--random-args", "7", NULL);
+  result r3 = run("run", f, "--random-args", "8", NULL);
+  ck_assert_int_eq(r1.code, 0);
+  ck_assert_str_eq(r1.err, "");
+  ck_assert_str_eq(r1.out, r2.out); /* deterministic */
+  ck_assert_str_ne(r1.out, r3.out);
+  kiln_npy a = read_npy(tpath("o/0.npy")), b = read_npy(tpath("o/1.npy")),
+           c = read_npy(tpath("o/2.npy")), d = read_npy(tpath("o/3.npy")),
+           e = read_npy(tpath("o/4.npy"));
+  int trues = 0, negs = 0;
+  for (int i = 0; i < 64; i++) {
+    float av = ((float *)a.data)[i], dv = ((float *)d.data)[i];
+    int32_t bv = ((int32_t *)b.data)[i];
+    ck_assert(av >= -1.0f && av < 1.0f);
+    ck_assert(dv >= -1.0f && dv < 1.0f);
+    ck_assert(bv >= -8 && bv < 8);
+    ck_assert_uint_lt(((uint8_t *)e.data)[i], 16);
+    trues += ((uint8_t *)c.data)[i];
+    negs += av < 0;
+  }
+  ck_assert(trues > 10 && trues < 54); /* fair coins, not constant */
+  ck_assert(negs > 10 && negs < 54);
+  kiln_npy_free(&a);
+  kiln_npy_free(&b);
+  kiln_npy_free(&c);
+  kiln_npy_free(&d);
+  kiln_npy_free(&e);
+  result_free(&r1);
+  result_free(&r2);
+  result_free(&r3);
+
+  /* --arg first, random for the rest. */
+  const char *g = write_file("add.hlo", add_module);
+  r1 = run("run", g, "--arg", "f32[2] {100, 200}", "--random-args", "0", NULL);
+  ck_assert_int_eq(r1.code, 0);
+  float x, y;
+  ck_assert_int_eq(sscanf(r1.out, "f32[2] {%f, %f}", &x, &y), 2);
+  ck_assert(x > 99 && x < 101 && y > 199 && y < 201);
+  result_free(&r1);
+}
+END_TEST
+
+START_TEST(test_run_runtime_errors) {
+  /* A module that fails verification: exit 1 before running. */
+  const char *f = write_file("v.hlo",
+                             "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n  q = f32[3] parameter(1)\n"
+                             "  ROOT r = f32[2] add(p, q)\n}\n");
+  result r = run("run", f, "--random-args", "0", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  result_free(&r);
+  /* An op the interpreter does not run: exit 1, message at the instruction. */
+  f = write_file("cc.hlo",
+                 "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n"
+                 "  ROOT r = f32[2] custom-call(p), custom_call_target=\"no_such_target\"\n}\n");
+  r = run("run", f, "--random-args", "0", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  char want[512];
+  snprintf(want, sizeof want, "%s:4:8: error: e/r: ", f);
+  ck_assert_msg(strncmp(r.err, want, strlen(want)) == 0, "%s", r.err);
+  result_free(&r);
+  /* --out where a file is in the way. */
+  f = write_file("add.hlo", add_module);
+  write_file("file", "x");
+  r = run("run", f, "--random-args", "1", "--out", tpath("file"), NULL);
+  ck_assert_int_eq(r.code, 1);
+  snprintf(want, sizeof want, "kiln run: error: %s: not a directory\n", tpath("file"));
+  ck_assert_ptr_nonnull(strstr(r.err, want));
+  result_free(&r);
+}
+END_TEST
+
+static Suite *cli_suite(void) {
+  Suite *s = suite_create("cli");
+  TCase *tc = tcase_create("core");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_help);
+  tcase_add_test(tc, test_usage_errors);
+  tcase_add_test(tc, test_check_ok);
+  tcase_add_test(tc, test_check_parse_error);
+  tcase_add_test(tc, test_check_verify_error);
+  tcase_add_test(tc, test_check_several_files);
+  tcase_add_test(tc, test_check_garbage);
+  tcase_add_test(tc, test_print);
+  tcase_add_test(tc, test_run_literal_args);
+  tcase_add_test(tc, test_run_npy_args_and_out);
+  tcase_add_test(tc, test_run_tuple_flattening);
+  tcase_add_test(tc, test_run_bf16_from_f32_npy);
+  tcase_add_test(tc, test_run_argument_mismatch);
+  tcase_add_test(tc, test_run_random_args);
+  tcase_add_test(tc, test_run_runtime_errors);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(cli_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
