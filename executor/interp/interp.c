@@ -684,9 +684,9 @@ static int eval_call(kiln__interp_ctx *c, const kiln_instr *ins, const kiln_lite
 /* The value of an async "start": a tuple whose element 0 holds the operands
  * (one tuple of them), element 1 the wrapped op's result, and the rest
  * (contexts) zeros, all laid out as the instruction's shape declares. */
-static int make_start_value(kiln__interp_ctx *c, const kiln_instr *ins,
-                            const kiln_literal *const *ops, uint32_t nops,
-                            const kiln_literal *result, kiln_literal **out) {
+int kiln__interp_start_value(kiln__interp_ctx *c, const kiln_instr *ins,
+                             const kiln_literal *const *ops, uint32_t nops,
+                             const kiln_literal *result, kiln_literal **out) {
   const kiln_shape *s = &ins->shape;
   if (!kiln_shape_is_tuple(s) || s->rank < 2)
     return kiln__interp_fail(c, ins, KILN_EINVAL,
@@ -736,7 +736,7 @@ static int eval_async_start(kiln__interp_ctx *c, const kiln_instr *ins,
                              kiln_opcode_name(ins->op), ins->name);
   }
   if (rc) return rc;
-  rc = make_start_value(c, ins, ops, ins->noperands, res, out);
+  rc = kiln__interp_start_value(c, ins, ops, ins->noperands, res, out);
   kiln__interp_lit_free(c, res);
   return rc;
 }
@@ -753,7 +753,7 @@ static int eval_done(kiln__interp_ctx *c, const kiln_instr *ins, const kiln_lite
 
 static int eval_copy_start(kiln__interp_ctx *c, const kiln_instr *ins,
                            const kiln_literal *const *ops, kiln_literal **out) {
-  return make_start_value(c, ins, ops, 1, ops[0], out);
+  return kiln__interp_start_value(c, ins, ops, 1, ops[0], out);
 }
 
 /* ---- dispatch ----------------------------------------------------------- */

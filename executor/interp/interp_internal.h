@@ -140,6 +140,11 @@ int kiln__interp_call_scalar(kiln__interp_ctx *c, const kiln_instr *caller, uint
 /* Element type of a scalar computation's result number i (for accumulators). */
 int kiln__interp_comp_result_dtype(kiln__interp_ctx *c, const kiln_instr *caller, uint32_t comp,
                                    uint32_t i, kiln_dtype *out);
+/* The value of an async start: (operands, result, zero contexts...) laid out
+ * as the instruction's tuple shape declares. */
+int kiln__interp_start_value(kiln__interp_ctx *c, const kiln_instr *ins,
+                             const kiln_literal *const *ops, uint32_t nops,
+                             const kiln_literal *result, kiln_literal **out);
 /* Evaluates one instruction (used for async wrappers of plain ops). */
 int kiln__interp_eval_instr(kiln__interp_ctx *c, const kiln_instr *ins,
                             const kiln_literal *const *ops, kiln_literal **out);
