@@ -302,7 +302,8 @@ typedef uint32_t kiln_id;
 
 typedef struct kiln_instr {
   kiln_id id;            /* index in kiln_module.instrs */
-  uint32_t comp;         /* owning computation */
+  uint32_t comp;         /* owning computation; KILN_NO_ID once removed by a pass
+                          * (it stays in kiln_module.instrs, unlisted) */
   kiln_opcode op;
   /* async-start/update/done written as "negate-start" sugar: the wrapped op;
    * KILN_OP_INVALID otherwise. */

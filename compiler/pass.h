@@ -1,0 +1,81 @@
+/* Passes and the pass manager.
+ *
+ * One pass = one file in compiler/passes/ with one entry point of one
+ * signature, kiln_pass_fn. A pass rewrites the module in place and keeps it
+ * valid; it reports failure through ctx->st. The ordered list lives in
+ * compiler/pipeline.c. The manager times each pass, can verify after each,
+ * and can dump the module after each (HLO text and Graphviz DOT).
+ */
+#ifndef KILN_COMPILER_PASS_H
+#define KILN_COMPILER_PASS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "compiler/ir/ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Per-target constants for the cost model and code generation. */
+typedef struct kiln_target {
+  const char *name;      /* "cpu", "cpu-x86-64-v3", "cuda-sm_90" */
+  const char *backend;   /* "cpu", "cuda", "interp" */
+  const char *march;     /* C compiler -march value for CPU targets */
+  double peak_flops;     /* per second, per device */
+  double bandwidth;      /* bytes per second, per device */
+  double launch_overhead;/* seconds per kernel launch */
+} kiln_target;
+
+/* Looks a target up by name; NULL when unknown. */
+const kiln_target *kiln_target_find(const char *name);
+const kiln_target *kiln_target_default(void); /* "cpu" */
+
+typedef struct kiln_pass_ctx {
+  const kiln_target *target;
+  kiln_arena *scratch;   /* freed after the pass */
+  kiln_status *st;
+  int opt_level;
+} kiln_pass_ctx;
+
+typedef int (*kiln_pass_fn)(kiln_module *m, const kiln_pass_ctx *ctx);
+
+typedef struct kiln_pass {
+  const char *name;      /* "simplify", "dce", ... as used by --disable-pass */
+  kiln_pass_fn run;
+  int min_opt_level;     /* runs when opt_level >= this */
+} kiln_pass;
+
+typedef struct kiln_pipeline_options {
+  const kiln_target *target; /* NULL: default */
+  int opt_level;             /* 0: only what correctness needs; 2: default */
+  bool verify_each;          /* run the verifier after every pass */
+  const char *dump_dir;      /* NULL: no dumps; else NN-pass.hlo and .dot per pass */
+  const char *stop_after;    /* NULL, or the name of the last pass to run */
+  const char *const *disabled; /* pass names switched off */
+  uint32_t ndisabled;
+} kiln_pipeline_options;
+
+typedef struct kiln_pass_timing {
+  const char *name;
+  double ms;
+  bool ran;
+} kiln_pass_timing;
+
+/* The ordered pass list. */
+const kiln_pass *kiln_pipeline_passes(uint32_t *n);
+const kiln_pass *kiln_pipeline_find(const char *name);
+
+/* Runs the pipeline on m. timings (may be NULL) receives one entry per pass
+ * in the list (at most *ntimings on input; the count written on output). */
+int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts,
+                      kiln_pass_timing *timings, uint32_t *ntimings, kiln_status *st);
+
+/* Graphviz DOT of a module (one cluster per computation). kiln_malloc'd. */
+char *kiln_module_to_dot(const kiln_module *m, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_COMPILER_PASS_H */
