@@ -38,8 +38,11 @@
  * - Value forms follow XLA's printer: lists without spaces ("{1,2}"),
  *   slices without strides when all are 1, padding without interiors when
  *   all are 0, windows with only their non-default fields, strings
- *   C-escaped (\" \\ \n \t \r, other control bytes as 3-digit octal),
- *   opaque values verbatim. Literals: see text_print_literal.c.
+ *   C-escaped (\" \\ \n \t \r, other control bytes as 3-digit octal).
+ *   Values kept verbatim (opaque and unknown attributes, header extras,
+ *   sharding extras) print as stored, except that outside quoted strings
+ *   comments are dropped and whitespace runs become one space, so every
+ *   instruction is one line. Literals: see text_print_literal.c.
  * - A name outside [A-Za-z0-9_.-] (only the builder makes those) prints
  *   with each bad byte as '_' and ".ID" appended, so that it stays one
  *   token and, very likely, unique; an empty name prints as "_.ID".
@@ -153,6 +156,45 @@ static void put_string(kiln_sbuf *b, const char *s) {
     kiln_sbuf_putn(b, run, (size_t)(s - run));
   }
   kiln_sbuf_putc(b, '"');
+}
+
+/* A value kept verbatim (opaque attributes, unknown ones, header extras,
+ * sharding extras) prints on one line: outside "strings" each comment
+ * becomes whitespace and each run of whitespace one space, so a value
+ * written over several lines (a JSON backend_config) keeps the one
+ * instruction per line rule, and formatting does not change the text. */
+static void put_verbatim(kiln_sbuf *b, const char *s) {
+  if (s == NULL) return;
+  bool space = false, any = false; /* whitespace pending; anything written */
+  while (*s) {
+    const char *q = s; /* end of the piece at s */
+    bool blank = true;
+    if (*s == '"') {
+      q = s + 1;
+      while (*q && *q != '"') q += (q[0] == '\\' && q[1]) ? 2 : 1;
+      if (*q) q++;
+      blank = false;
+    } else if (s[0] == '/' && s[1] == '*') {
+      const char *e = strstr(s + 2, "*/");
+      q = e ? e + 2 : s + strlen(s);
+    } else if (s[0] == '/' && s[1] == '/') {
+      q = s + 2 + strcspn(s + 2, "\n");
+    } else if (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r') {
+      q = s + 1;
+    } else {
+      q = s + 1 + strcspn(s + 1, "\" /\t\n\r");
+      blank = false;
+    }
+    if (blank) {
+      space = true;
+    } else {
+      if (space && any) kiln_sbuf_putc(b, ' ');
+      kiln_sbuf_putn(b, s, (size_t)(q - s));
+      space = false;
+      any = true;
+    }
+    s = q;
+  }
 }
 
 static void put_slice(kiln_sbuf *b, const kiln_i64s *s) {
@@ -353,7 +395,7 @@ static void put_sharding(kiln_sbuf *b, const kiln_sharding *s) {
   }
   if (s->extra && s->extra[0]) {
     if (body) kiln_sbuf_putc(b, ' ');
-    kiln_sbuf_puts(b, s->extra);
+    put_verbatim(b, s->extra);
   }
   kiln_sbuf_putc(b, '}');
 }
@@ -390,9 +432,9 @@ static void put_attr_value(kiln_sbuf *b, const kiln_attr *a) {
   case KILN_AK_SHARDING: put_sharding(b, a->v.sharding); break;
   case KILN_AK_STRING: put_string(b, a->v.s); break;
   case KILN_AK_IDENT:
-  case KILN_AK_OPAQUE:
     if (a->v.s) kiln_sbuf_puts(b, a->v.s);
     break;
+  case KILN_AK_OPAQUE: put_verbatim(b, a->v.s); break;
   }
 }
 
@@ -401,7 +443,7 @@ static void put_attr(kiln_sbuf *b, const kiln_attr *a) {
   if (a->key == KILN_ATTR_UNKNOWN) {
     put_name(b, a->name, 0, 0);
     kiln_sbuf_putc(b, '=');
-    if (a->v.s) kiln_sbuf_puts(b, a->v.s);
+    put_verbatim(b, a->v.s);
     return;
   }
   kiln_sbuf_puts(b, kiln_attr_key_name(a->key));
@@ -666,7 +708,7 @@ static void put_header(kiln_sbuf *b, const kiln_module *m) {
     kiln_sbuf_puts(b, ", ");
     put_name(b, m->header_extra[i].name, 0, i);
     kiln_sbuf_putc(b, '=');
-    if (m->header_extra[i].text) kiln_sbuf_puts(b, m->header_extra[i].text);
+    put_verbatim(b, m->header_extra[i].text);
   }
   kiln_sbuf_putc(b, '\n');
 }
