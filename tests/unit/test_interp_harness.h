@@ -15,7 +15,7 @@
 #include "compiler/ir/text.h"
 #include "executor/interp/interp.h"
 
-static kiln_module *parse_ok(const char *text) {
+static inline kiln_module *parse_ok(const char *text) {
   kiln_module *m = NULL;
   kiln_status st;
   kiln_status_clear(&st);
@@ -27,7 +27,7 @@ static kiln_module *parse_ok(const char *text) {
 /* The literal parser reads "{...}" right after an array shape as a layout;
  * argument texts name none, so the default one is inserted: "f32[2] {1, 2}"
  * becomes "f32[2]{0} {1, 2}". */
-static char *with_layout(const char *a) {
+static inline char *with_layout(const char *a) {
   const char *lb = strchr(a, '['), *rb = strchr(a, ']');
   size_t len = strlen(a);
   char *out = malloc(len + 200);
@@ -50,7 +50,7 @@ static char *with_layout(const char *a) {
 }
 
 /* The result as "shape-without-layout value", as tests write it. */
-static char *print_result(const kiln_literal *res) {
+static inline char *print_result(const kiln_literal *res) {
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_shape_print_short(&b, &res->shape);
   kiln_sbuf_putc(&b, ' ');
@@ -60,8 +60,8 @@ static char *print_result(const kiln_literal *res) {
 
 /* Runs `hlo` on the NULL-terminated argument texts in `ap`. Returns the
  * printed result (kiln_free it) or NULL with *rc and st filled. */
-static char *run_va(const char *hlo, const kiln_interp_options *o, kiln_status *st, int *rc,
-                    va_list ap) {
+static inline char *run_va(const char *hlo, const kiln_interp_options *o, kiln_status *st, int *rc,
+                           va_list ap) {
   kiln_module *m = parse_ok(hlo);
   kiln_literal *args[16] = {NULL};
   uint32_t n = 0;
@@ -92,7 +92,8 @@ static char *run_va(const char *hlo, const kiln_interp_options *o, kiln_status *
   return text;
 }
 
-static void expect_va(const char *hlo, const kiln_interp_options *o, const char *want, va_list ap) {
+static inline void expect_va(const char *hlo, const kiln_interp_options *o, const char *want,
+                             va_list ap) {
   kiln_status st;
   int rc;
   char *got = run_va(hlo, o, &st, &rc, ap);
@@ -101,14 +102,15 @@ static void expect_va(const char *hlo, const kiln_interp_options *o, const char 
   kiln_free(got);
 }
 
-static void expect(const char *hlo, const char *want, ...) {
+static inline void expect(const char *hlo, const char *want, ...) {
   va_list ap;
   va_start(ap, want);
   expect_va(hlo, NULL, want, ap);
   va_end(ap);
 }
 
-static void expect_opts(const char *hlo, const kiln_interp_options *o, const char *want, ...) {
+static inline void expect_opts(const char *hlo, const kiln_interp_options *o, const char *want,
+                               ...) {
   va_list ap;
   va_start(ap, want);
   expect_va(hlo, o, want, ap);
@@ -116,8 +118,8 @@ static void expect_opts(const char *hlo, const kiln_interp_options *o, const cha
 }
 
 /* The failure must have `code` and "where: msg" must contain `part`. */
-static void expect_fail_va(const char *hlo, const kiln_interp_options *o, int code,
-                           const char *part, va_list ap) {
+static inline void expect_fail_va(const char *hlo, const kiln_interp_options *o, int code,
+                                  const char *part, va_list ap) {
   kiln_status st;
   int rc;
   char *got = run_va(hlo, o, &st, &rc, ap);
@@ -130,15 +132,15 @@ static void expect_fail_va(const char *hlo, const kiln_interp_options *o, int co
   ck_assert_msg(strstr(full, part) != NULL, "message \"%s\" lacks \"%s\"", full, part);
 }
 
-static void expect_fail(const char *hlo, int code, const char *part, ...) {
+static inline void expect_fail(const char *hlo, int code, const char *part, ...) {
   va_list ap;
   va_start(ap, part);
   expect_fail_va(hlo, NULL, code, part, ap);
   va_end(ap);
 }
 
-static void expect_fail_opts(const char *hlo, const kiln_interp_options *o, int code,
-                             const char *part, ...) {
+static inline void expect_fail_opts(const char *hlo, const kiln_interp_options *o, int code,
+                                    const char *part, ...) {
   va_list ap;
   va_start(ap, part);
   expect_fail_va(hlo, o, code, part, ap);
@@ -146,7 +148,7 @@ static void expect_fail_opts(const char *hlo, const kiln_interp_options *o, int 
 }
 
 /* The corpus file's text (free it), or NULL when the corpus is absent. */
-static char *corpus_read(const char *name) {
+static inline char *corpus_read(const char *name) {
   const char *dir = getenv("KILN_CORPUS_DIR");
   char path[1024];
   snprintf(path, sizeof path, "%s/%s", dir ? dir : KILN_SOURCE_DIR "/../shared/corpus/xla-hlo",
@@ -167,7 +169,7 @@ static char *corpus_read(const char *name) {
   return text;
 }
 
-static void corpus_expect(const char *name, const char *want, ...) {
+static inline void corpus_expect(const char *name, const char *want, ...) {
   char *text = corpus_read(name);
   if (text == NULL) return;
   va_list ap;
