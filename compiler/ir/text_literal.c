@@ -77,7 +77,8 @@ static bool minifloat_encode(const minifloat *f, double x, uint8_t *out) {
   unsigned emax = (1u << f->ebits) - 1;
   if (isnan(x)) {
     if (f->fnuz) *out = 0x80;
-    else if (f->fn || f->unsig) *out = (uint8_t)((1u << width) - 1);
+    else if (f->unsig) *out = 0xff;
+    else if (f->fn) *out = (uint8_t)((sign << (width - 1)) | ((1u << (width - 1)) - 1));
     else return false;
     return true;
   }
@@ -364,7 +365,7 @@ int kiln_literal_parse_text(const char *text, size_t len, kiln_literal **out, ki
   if (tmp == NULL) return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
   kiln_literal *lit = NULL;
   kiln_shape shape;
-  int rc = kiln__parse_shape(&lx, tmp, KILN__DEFAULT_MAX_ELEMENTS, 0, &shape);
+  int rc = kiln__parse_shape(&lx, tmp, KILN__DEFAULT_MAX_ELEMENTS, 0, KILN__SHAPE_GLUED_LAYOUT, &shape);
   if (rc) goto out;
   kiln__lex_skip(&lx);
   if ((rc = kiln__literal_check_size(&lx, &shape, lx.p))) goto out;

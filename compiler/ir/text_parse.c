@@ -283,7 +283,7 @@ out:
 }
 
 static int parse_tuple_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, int depth,
-                             kiln_shape *out) {
+                             unsigned flags, kiln_shape *out) {
   const char *open = lx->p;
   lx->p++; /* '(' */
   kiln_shape *v = NULL;
@@ -297,7 +297,7 @@ static int parse_tuple_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements,
         goto out;
       }
       v = p;
-      if ((rc = kiln__parse_shape(lx, a, max_elements, depth + 1, &v[n]))) goto out;
+      if ((rc = kiln__parse_shape(lx, a, max_elements, depth + 1, flags, &v[n]))) goto out;
       n++;
       if (kiln__lex_accept(lx, ',')) continue;
       if ((rc = kiln__lex_expect(lx, ')', "to close the tuple shape"))) goto out;
@@ -334,7 +334,8 @@ static int check_elements(kiln__lex *lx, const kiln_shape *s, int64_t max_elemen
 
 /* A '{' after a shape opens a layout only when a dimension number, ':' or
  * '}' follows, as in XLA: "-> f32[] {" in a signature opens the body. */
-static bool at_layout(kiln__lex *lx) {
+static bool at_layout(kiln__lex *lx, unsigned flags) {
+  if ((flags & KILN__SHAPE_GLUED_LAYOUT) && !(lx->p < lx->end && *lx->p == '{')) return false;
   if (kiln__lex_peek(lx) != '{') return false;
   const char *save = lx->p;
   lx->p++;
@@ -344,7 +345,7 @@ static bool at_layout(kiln__lex *lx) {
 }
 
 static int parse_array_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements,
-                             kiln_shape *out) {
+                             unsigned flags, kiln_shape *out) {
   char f[64];
   const char *at = lx->p;
   kiln__tok t;
@@ -414,7 +415,7 @@ static int parse_array_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements,
     for (size_t i = 0; i < dims.n; i++) out->dynamic[i] = (uint8_t)dyn.v[i];
   }
   if ((rc = check_elements(lx, out, max_elements, at))) goto out;
-  if (at_layout(lx)) rc = parse_layout(lx, a, out);
+  if (at_layout(lx, flags)) rc = parse_layout(lx, a, out);
 out:
   i64vec_free(&dims);
   i64vec_free(&dyn);
@@ -422,15 +423,15 @@ out:
 }
 
 int kiln__parse_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, int depth,
-                      kiln_shape *out) {
+                      unsigned flags, kiln_shape *out) {
   if (depth >= KILN__MAX_NESTING)
     return kiln__lex_error(lx, NULL, "nesting deeper than %d levels", KILN__MAX_NESTING);
-  if (kiln__lex_peek(lx) == '(') return parse_tuple_shape(lx, a, max_elements, depth, out);
-  return parse_array_shape(lx, a, max_elements, out);
+  if (kiln__lex_peek(lx) == '(') return parse_tuple_shape(lx, a, max_elements, depth, flags, out);
+  return parse_array_shape(lx, a, max_elements, flags, out);
 }
 
 static int parse_shape(parser *P, kiln_arena *a, kiln_shape *out) {
-  return kiln__parse_shape(&P->lx, a, P->max_elements, 0, out);
+  return kiln__parse_shape(&P->lx, a, P->max_elements, 0, 0, out);
 }
 
 /* ---- instructions ------------------------------------------------------- */
@@ -455,6 +456,9 @@ static int lookup_opcode(parser *P, kiln__tok t, const char *at, kiln_opcode *op
       return 0;
     }
   }
+  if (kiln__lex_peek(&P->lx) == '[') /* "x = f33[] ...": a misspelt type, not an opcode */
+    return kiln__lex_error(&P->lx, at, "unknown element type '%.*s'", (int)(t.n > 80 ? 80 : t.n),
+                           t.s);
   return kiln__lex_error(&P->lx, at, "unknown opcode '%.*s'", (int)(t.n > 80 ? 80 : t.n), t.s);
 }
 

@@ -10,11 +10,15 @@
 
 #define KILN__DEFAULT_MAX_ELEMENTS (INT64_C(1) << 40)
 
+/* Layouts must follow ']' directly, as in a literal "f32[2] {1, 2}" whose
+ * value would otherwise read as a layout. */
+#define KILN__SHAPE_GLUED_LAYOUT 1u
+
 /* A shape: "f32[2,<=3]{1,0:T(8)}", "(s32[], token[])", "()". Arrays are
  * checked against max_elements. Storage comes from arena a. `depth` is the
- * current tuple nesting (0 at the top). */
+ * current tuple nesting (0 at the top); flags are KILN__SHAPE_*. */
 int kiln__parse_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, int depth,
-                      kiln_shape *out);
+                      unsigned flags, kiln_shape *out);
 /* Whether a shape starts at the cursor: '(' or an element type name followed
  * by '['. */
 bool kiln__at_shape(kiln__lex *lx);
