@@ -1,0 +1,50 @@
+/* Internals shared by the proto codec's files: proto_codec.c (encoder and
+ * entry points), proto_decode.c (message -> IR, every field checked) and
+ * proto_wire.c (a pass over the raw bytes before protobuf-c sees them).
+ *
+ * Not a public header: the server may include it to check its own request
+ * messages with kiln__proto_check_wire before unpacking them.
+ */
+#ifndef KILN_COMPILER_IR_PROTO_INTERNAL_H
+#define KILN_COMPILER_IR_PROTO_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "compiler/ir/ir.h"
+#include "kiln/v1/hlo.pb-c.h"
+
+/* Limits the decoder enforces. */
+#define KILN_PROTO_MAX_DIM (INT64_C(1) << 40)      /* one dimension, and elements per array */
+#define KILN_PROTO_MAX_TUPLE_DEPTH 64              /* tuple shapes, literals, shardings */
+#define KILN_PROTO_MAX_MESSAGE_DEPTH 100           /* nested messages on the wire */
+
+/* Checks a serialized message of type `desc` before unpacking: well-formed
+ * wire data (tags, varints, lengths within bounds, no groups), messages
+ * nested at most KILN_PROTO_MAX_MESSAGE_DEPTH deep (protobuf-c's unpacker
+ * recurses without a limit), and every string field valid UTF-8 without NUL
+ * (protobuf-c checks neither, and a NUL would silently cut a C string).
+ * Errors are KILN_EINVAL: malformed data is "not a valid <type> message";
+ * the others name the field path. */
+int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
+                           size_t len, kiln_status *st);
+
+/* A protobuf-c allocator over the allocation hook; `failed` records that an
+ * allocation failed, so a NULL from unpack can be told apart as ENOMEM. */
+typedef struct kiln__proto_alloc {
+  ProtobufCAllocator base;
+  bool failed;
+} kiln__proto_alloc;
+void kiln__proto_alloc_init(kiln__proto_alloc *a);
+
+/* Message <-> IR for the pieces other messages reuse (Execute arguments
+ * are Literals). The decoders check everything and name fields relative to
+ * `path` ("" at the top). */
+int kiln__proto_literal_decode(kiln_arena *a, const Kiln__V1__Literal *pl, const char *path,
+                               kiln_literal **out, kiln_status *st);
+int kiln__proto_module_decode(const Kiln__V1__Module *pm, kiln_module **out, kiln_status *st);
+
+#endif /* KILN_COMPILER_IR_PROTO_INTERNAL_H */
