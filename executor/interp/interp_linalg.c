@@ -126,6 +126,17 @@ int kiln__interp_eval_triangular_solve(kiln__interp_ctx *c, const kiln_instr *in
 
 /* ---- fft ---------------------------------------------------------------- */
 
+/* exp(sign * 2 pi i t / n), exact at quarter turns so that transforms of
+ * small integer signals come out exact. */
+static double complex twiddle(int sign, int64_t t, int64_t n) {
+  if ((4 * t) % n == 0) {
+    static const double complex quarter[4] = {1, I, -1, -I};
+    int64_t q = (4 * t) / n;
+    return quarter[(sign > 0 ? q : 4 - q) % 4];
+  }
+  return cexp(sign * 2.0 * M_PI * I * (double)t / (double)n);
+}
+
 /* In-place DFT of every line along dim d of a row-major complex array. */
 static int dft_dim(double complex *x, const int64_t *dims, uint32_t rank, uint32_t d, int sign,
                    int64_t use) {
@@ -140,7 +151,7 @@ static int dft_dim(double complex *x, const int64_t *dims, uint32_t rank, uint32
       for (int64_t k = 0; k < n; k++) {
         double complex acc = 0;
         for (int64_t j = 0; j < use; j++)
-          acc += p[j * stride] * cexp(sign * 2.0 * M_PI * I * (double)((j * k) % n) / (double)n);
+          acc += p[j * stride] * twiddle(sign, (j * k) % n, n);
         line[k] = acc;
       }
       for (int64_t k = 0; k < n; k++) p[k * stride] = line[k];
