@@ -233,7 +233,9 @@ static int infer_all_to_all(kiln__ictx *cx, kiln_shape *out) {
   int rc;
   int64_t size = 0;
   if ((rc = all_arrays(cx, 1)) || (rc = check_groups(cx, true, &size))) return rc;
-  const kiln_i64s *d = kiln_instr_attr_ints(cx->ins, KILN_ATTR_DIMENSIONS);
+  kiln_i64s dv = {0};
+  if ((rc = kiln__attr_ints(cx, KILN_ATTR_DIMENSIONS, false, &dv))) return rc;
+  const kiln_i64s *d = kiln_instr_has_attr(cx->ins, KILN_ATTR_DIMENSIONS) ? &dv : NULL;
   if (d) {
     if (cx->ins->noperands != 1)
       return kiln__fail(cx, "with a split dimension it takes 1 operand, found %u",

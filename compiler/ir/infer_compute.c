@@ -553,7 +553,7 @@ static int check_indices(kiln__ictx *cx, const kiln_shape *op, const kiln_shape 
     return kiln__fail(cx, "index_vector_dim %lld is out of range for the indices %s",
                       (long long)p->ivd, kiln__sh(cx, ix));
   *irank = ix->rank;
-  memcpy(idims, ix->dims, ix->rank * sizeof *idims);
+  if (ix->rank) memcpy(idims, ix->dims, ix->rank * sizeof *idims);
   if (p->ivd == ix->rank) idims[(*irank)++] = 1;
   if (p->map.n != idims[p->ivd])
     return kiln__fail(cx, "%s has %u entries but index_vector_dim %lld of the indices has size %lld",

@@ -447,7 +447,7 @@ static bool result_matches(const kiln_shape *w, const kiln_shape *inf, bool stri
   return true;
 }
 
-static int check_instr(vctx *v, const kiln_instr *ins) {
+static int check_instr(vctx *v, const kiln_instr *ins, kiln_arena *scratch) {
   const kiln_module *m = v->m;
   char where[KILN_STATUS_WHERE_MAX];
   if ((unsigned)ins->op >= KILN_OP_COUNT || ins->op == KILN_OP_INVALID) {
@@ -458,28 +458,36 @@ static int check_instr(vctx *v, const kiln_instr *ins) {
   if (ins->ncalled && !(kiln_opcode_flags(ins->op) & KILN_OPF_CALLS) &&
       !(ins->op == KILN_OP_ASYNC_UPDATE || ins->op == KILN_OP_ASYNC_DONE))
     return kiln__fail(&cx, "takes no called computations, found %u", (unsigned)ins->ncalled);
-  cx.out = kiln_arena_create();
-  cx.tmp = cx.out;
-  if (cx.out == NULL) return kiln_status_set(v->st, KILN_ENOMEM, NULL, "out of memory");
+  cx.out = cx.tmp = scratch;
   kiln_shape inf;
   int rc = kiln__infer(&cx, &inf);
   if (rc == 0 && !result_matches(&ins->shape, &inf, strict_precision(ins->op), 0))
     rc = kiln__fail(&cx, "result shape %s does not match the inferred shape %s",
                     kiln__sh(&cx, &ins->shape), kiln__sh(&cx, &inf));
-  kiln_arena_destroy(cx.out);
   return rc;
 }
 
+/* One scratch arena serves many instructions; it is renewed once it holds
+ * more than this, so big modules run in bounded memory. */
+#define SCRATCH_RENEW_BYTES (1u << 20)
+
 static int check_instrs(vctx *v) {
   const kiln_module *m = v->m;
-  for (uint32_t c = 0; c < m->ncomps; c++) {
+  kiln_arena *scratch = kiln_arena_create();
+  int rc = 0;
+  for (uint32_t c = 0; c < m->ncomps && !rc; c++) {
     const kiln_computation *comp = m->comps[c];
-    for (uint32_t k = 0; k < comp->ninstrs; k++) {
-      int rc = check_instr(v, m->instrs[comp->instrs[k]]);
-      if (rc) return rc;
+    for (uint32_t k = 0; k < comp->ninstrs && !rc; k++) {
+      if (scratch && kiln_arena_used(scratch) > SCRATCH_RENEW_BYTES) {
+        kiln_arena_destroy(scratch);
+        scratch = kiln_arena_create();
+      }
+      if (scratch == NULL) return kiln_status_set(v->st, KILN_ENOMEM, NULL, "out of memory");
+      rc = check_instr(v, m->instrs[comp->instrs[k]], scratch);
     }
   }
-  return 0;
+  kiln_arena_destroy(scratch);
+  return rc;
 }
 
 /* ---- pass 6: header ------------------------------------------------------------------------ */
