@@ -80,7 +80,8 @@ class JaxPeerTest(unittest.TestCase):
             cmd = [KILN, "run", module, "--backend", "interp"]
             for i, a in enumerate(args):
                 p = os.path.join(d, f"arg{i}.npy")
-                np.save(p, a)
+                # NumPy has no bf16: kiln takes float32 for a bf16 parameter.
+                np.save(p, a.astype(np.float32) if a.dtype == jnp.bfloat16 else a)
                 cmd += ["--arg", p]
             out = os.path.join(d, "out")
             cmd += ["--out", out]
@@ -91,7 +92,13 @@ class JaxPeerTest(unittest.TestCase):
             for i, w in enumerate(want):
                 got = np.load(os.path.join(out, f"{i}.npy"))
                 self.assertEqual(got.shape, w.shape, f"output {i} shape")
-                if np.issubdtype(w.dtype, np.floating):
+                if w.dtype == jnp.bfloat16:
+                    # Written as float32, exactly; allow one bf16 ulp for
+                    # differences in accumulation order.
+                    self.assertEqual(got.dtype, np.float32, f"output {i} dtype")
+                    np.testing.assert_allclose(got, w.astype(np.float32), rtol=2.0**-7,
+                                               atol=1e-6, err_msg=f"{name}: output {i}")
+                elif np.issubdtype(w.dtype, np.floating):
                     self.assertEqual(got.dtype, w.dtype, f"output {i} dtype")
                     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6,
                                                err_msg=f"{name}: output {i}")
@@ -149,6 +156,40 @@ class JaxPeerTest(unittest.TestCase):
         table = _rng(6).standard_normal((10, 4)).astype(np.float32)
         idx = np.array([0, 9, 3, 3, 7, 1], dtype=np.int32)
         self.run_peer("take", lambda t, i: jnp.take(t, i, axis=0), table, idx)
+
+    def test_scan(self):
+        def f(xs, c0):
+            def step(c, x):
+                c = jnp.tanh(c * 0.5 + x)
+                return c, c * 2.0
+            return lax.scan(step, c0, xs)
+        xs = _rng(8).standard_normal((6, 3)).astype(np.float32)
+        self.run_peer("scan", f, xs, np.zeros(3, np.float32))
+
+    def test_conv2d(self):
+        def f(img, k):
+            y = lax.conv_general_dilated(img, k, window_strides=(1, 2), padding="SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            return jax.nn.relu(y)
+        rng = _rng(9)
+        img = rng.standard_normal((2, 6, 7, 3)).astype(np.float32)
+        k = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)
+        self.run_peer("conv2d", f, img, k)
+
+    def test_sort_and_cumsum(self):
+        def f(x):
+            return jnp.sort(x, axis=-1), jnp.cumsum(x, axis=0), jnp.argsort(x[0]).astype(jnp.int32)
+        x = _rng(10).standard_normal((4, 9)).astype(np.float32)
+        self.run_peer("sort_cumsum", f, x)
+
+    def test_bf16(self):
+        def f(a, b):
+            h = jnp.sin(a) * b + a
+            return h, jnp.max(h, axis=1)
+        rng = _rng(11)
+        a = rng.standard_normal((3, 8)).astype(jnp.bfloat16)
+        b = rng.standard_normal((3, 8)).astype(jnp.bfloat16)
+        self.run_peer("bf16", f, a, b)
 
     def test_integer_and_bool_outputs(self):
         def f(x, k):
