@@ -1060,18 +1060,31 @@ START_TEST(test_missing_shapes) {
   kiln_status_clear(&st);
   kiln_parse_options o = {0};
   int rc = kiln_module_parse_text(t, strlen(t), "t.hlo", &o, &m, &st);
-  /* TODO(inference): kiln_infer_shape may still be a stub answering
-   * KILN_EUNIMPL; accept that until shape inference lands, then require
-   * success. */
-  if (rc == KILN_EUNIMPL) {
-    ck_assert_ptr_null(m);
-    ck_assert_str_eq(st.where, "t.hlo:4:8");
-    ck_assert_msg(strncmp(st.msg, "cannot infer the shape of v: ", 29) == 0, "%s", st.msg);
-  } else {
-    ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
-    ck_assert_str_eq(shape_str(&instr(m, "InferUnaryShape", "v")->shape), "f32[2,10]");
-    kiln_module_destroy(m);
-  }
+  ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
+  ck_assert_str_eq(shape_str(&instr(m, "InferUnaryShape", "v")->shape), "f32[2,10]");
+  kiln_module_destroy(m);
+
+  /* shapes flow through called computations: the callee's missing root
+   * shape is inferred before the caller's */
+  t = "HloModule m\n"
+      "ENTRY e {\n  p = s32[3] parameter(0)\n  ROOT c = call(p), to_apply=f\n}\n"
+      "f {\n  x = s32[3] parameter(0)\n  ROOT n = negate(x)\n}\n";
+  kiln_status_clear(&st);
+  rc = kiln_module_parse_text(t, strlen(t), "t.hlo", &o, &m, &st);
+  ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
+  ck_assert_str_eq(shape_str(&instr(m, "f", "n")->shape), "s32[3]");
+  ck_assert_str_eq(shape_str(&instr(m, "e", "c")->shape), "s32[3]");
+  kiln_module_destroy(m);
+
+  /* an inference failure is a parse error at the instruction */
+  t = "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n  q = s32[3] parameter(1)\n"
+      "  ROOT a = add(p, q)\n}\n";
+  kiln_status_clear(&st);
+  rc = kiln_module_parse_text(t, strlen(t), "t.hlo", &o, &m, &st);
+  ck_assert_int_ne(rc, 0);
+  ck_assert_ptr_null(m);
+  ck_assert_str_eq(st.where, "t.hlo:5:8");
+  ck_assert_msg(strncmp(st.msg, "cannot infer the shape of a: ", 29) == 0, "%s", st.msg);
 }
 END_TEST
 
@@ -1109,7 +1122,7 @@ static void parse_corpus(int no_infer) {
     fprintf(stderr, "test_parse: corpus %s not found, skipping\n", dir);
     return;
   }
-  int files = 0, pending = 0;
+  int files = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     size_t nl = strlen(e->d_name);
@@ -1125,14 +1138,6 @@ static void parse_corpus(int no_infer) {
     kiln_status_clear(&st);
     kiln_module *m = NULL;
     int rc = kiln_module_parse_text(text, len, e->d_name, &o, &m, &st);
-    /* TODO(inference): until kiln_infer_shape is implemented, the files
-     * with missing shapes (051, 100) fail with KILN_EUNIMPL; remove this
-     * allowance once inference works. */
-    if (!no_infer && rc == KILN_EUNIMPL && needs_inference(e->d_name)) {
-      pending++;
-      free(text);
-      continue;
-    }
     ck_assert_msg(rc == 0, "%s: %s: %s", e->d_name, st.where, st.msg);
     ck_assert_uint_gt(m->ncomps, 0);
     ck_assert_uint_lt(m->entry, m->ncomps);
@@ -1156,9 +1161,7 @@ static void parse_corpus(int no_infer) {
     files++;
   }
   closedir(d);
-  ck_assert_int_gt(files + pending, 0);
-  if (pending)
-    fprintf(stderr, "test_parse: %d corpus files wait for shape inference\n", pending);
+  ck_assert_int_gt(files, 0);
 }
 
 START_TEST(test_corpus_no_infer) { parse_corpus(1); }
@@ -1186,6 +1189,17 @@ START_TEST(test_corpus_specifics) {
   kiln_instr *w = instr(m, "entry", "while");
   ck_assert_uint_eq(w->called[0], comp(m, "condition")->id);
   ck_assert_uint_eq(w->called[1], comp(m, "body")->id);
+  kiln_module_destroy(m);
+  free(text);
+
+  /* 051 leaves out one result shape: inferred from the tuple parameter */
+  snprintf(path, sizeof path, "%s/051_while_reduce_scatter_replicas.hlo", corpus_dir());
+  text = read_file(path, &len);
+  ck_assert_ptr_nonnull(text);
+  kiln_parse_options oi = {0};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_parse_text(text, len, "051", &oi, &m, &st), 0);
+  ck_assert_str_eq(shape_str(&instr(m, "cond", "count")->shape), "u32[]");
   kiln_module_destroy(m);
   free(text);
 
