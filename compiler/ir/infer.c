@@ -45,7 +45,8 @@ static int vfail(kiln__ictx *cx, int code, const char *fmt, va_list ap) {
   char label[96];
   kiln__where(cx->m, cx->ins, where, sizeof where);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  return kiln_status_set(cx->st, code, where, "%s: %s", op_label(cx->ins, label, sizeof label), msg);
+  return kiln_status_set(cx->st, code, where, "%s: %s", op_label(cx->ins, label, sizeof label),
+                         msg);
 }
 
 int kiln__fail(kiln__ictx *cx, const char *fmt, ...) {
@@ -132,8 +133,12 @@ static int mantissa_bits(kiln_dtype t) {
   case KILN_BF16: return 7;
   case KILN_F32: return 23;
   case KILN_F64: return 52;
-  case KILN_F8E5M2: case KILN_F8E5M2FNUZ: return 2;
-  case KILN_F8E4M3FN: case KILN_F8E4M3B11FNUZ: case KILN_F8E4M3FNUZ: case KILN_F8E4M3: return 3;
+  case KILN_F8E5M2:
+  case KILN_F8E5M2FNUZ: return 2;
+  case KILN_F8E4M3FN:
+  case KILN_F8E4M3B11FNUZ:
+  case KILN_F8E4M3FNUZ:
+  case KILN_F8E4M3: return 3;
   case KILN_F8E3M4: return 4;
   case KILN_F4E2M1FN: return 1;
   default: return 0;
@@ -207,8 +212,7 @@ int kiln__copy(kiln__ictx *cx, kiln_shape *out, const kiln_shape *src) {
   return copy_rec(cx, out, src, 0);
 }
 
-int kiln__make_tuple(kiln__ictx *cx, kiln_shape *out, const kiln_shape *const *elems,
-                     uint32_t n) {
+int kiln__make_tuple(kiln__ictx *cx, kiln_shape *out, const kiln_shape *const *elems, uint32_t n) {
   memset(out, 0, sizeof *out);
   out->dtype = KILN_TUPLE;
   out->rank = n;
@@ -234,7 +238,8 @@ int kiln__expect_array(kiln__ictx *cx, uint32_t i, const char *role) {
 int kiln__expect_operands(kiln__ictx *cx, int64_t lo, int64_t hi) {
   int64_t n = cx->ins->noperands;
   if (n >= lo && (hi < 0 || n <= hi)) return 0;
-  if (lo == hi) return kiln__fail(cx, "takes %lld operands, found %lld", (long long)lo, (long long)n);
+  if (lo == hi)
+    return kiln__fail(cx, "takes %lld operands, found %lld", (long long)lo, (long long)n);
   if (hi < 0)
     return kiln__fail(cx, "takes at least %lld operands, found %lld", (long long)lo, (long long)n);
   return kiln__fail(cx, "takes %lld to %lld operands, found %lld", (long long)lo, (long long)hi,
@@ -279,8 +284,7 @@ int kiln__comp_sig(kiln__ictx *cx, uint32_t comp, const char *role, kiln__sig *o
       return kiln__fail(cx, "%s %%%s has two parameters numbered %lld", role, c->name,
                         (long long)p->param_number);
     if (!kiln__shape_sane(&p->shape, 0))
-      return kiln__fail(cx, "%s %%%s: parameter %%%s has no valid shape", role, c->name,
-                        p->name);
+      return kiln__fail(cx, "%s %%%s: parameter %%%s has no valid shape", role, c->name, p->name);
     out->params[p->param_number] = &p->shape;
   }
   for (uint32_t k = 0; k < out->nparams; k++)
@@ -332,8 +336,7 @@ int kiln__attr_ints(kiln__ictx *cx, kiln_attr_key k, bool required, kiln_i64s *o
   return 0;
 }
 
-int kiln__check_dims(kiln__ictx *cx, const char *what, const int64_t *v, uint32_t n,
-                     int64_t rank) {
+int kiln__check_dims(kiln__ictx *cx, const char *what, const int64_t *v, uint32_t n, int64_t rank) {
   for (uint32_t i = 0; i < n; i++) {
     if (v[i] < 0 || v[i] >= rank)
       return kiln__fail(cx, "%s %s: dimension %lld is out of range for rank %lld", what,
@@ -418,19 +421,31 @@ static int infer_unary(kiln__ictx *cx, kiln_shape *out) {
   const kiln_instr *ins = cx->ins;
   tclass c;
   switch (ins->op) {
-  case KILN_OP_FLOOR: case KILN_OP_CEIL: case KILN_OP_ROUND_AFZ: case KILN_OP_ROUND_EVEN:
-  case KILN_OP_ERF: case KILN_OP_IS_FINITE:
-    c = TC_FLOAT;
-    break;
-  case KILN_OP_COS: case KILN_OP_SIN: case KILN_OP_TAN: case KILN_OP_EXP: case KILN_OP_EXPM1:
-  case KILN_OP_LOG: case KILN_OP_LOG1P: case KILN_OP_LOGISTIC: case KILN_OP_RSQRT:
-  case KILN_OP_SQRT: case KILN_OP_CBRT: case KILN_OP_TANH: case KILN_OP_REAL: case KILN_OP_IMAG:
-    c = TC_FLOAT_CPLX;
-    break;
+  case KILN_OP_FLOOR:
+  case KILN_OP_CEIL:
+  case KILN_OP_ROUND_AFZ:
+  case KILN_OP_ROUND_EVEN:
+  case KILN_OP_ERF:
+  case KILN_OP_IS_FINITE: c = TC_FLOAT; break;
+  case KILN_OP_COS:
+  case KILN_OP_SIN:
+  case KILN_OP_TAN:
+  case KILN_OP_EXP:
+  case KILN_OP_EXPM1:
+  case KILN_OP_LOG:
+  case KILN_OP_LOG1P:
+  case KILN_OP_LOGISTIC:
+  case KILN_OP_RSQRT:
+  case KILN_OP_SQRT:
+  case KILN_OP_CBRT:
+  case KILN_OP_TANH:
+  case KILN_OP_REAL:
+  case KILN_OP_IMAG: c = TC_FLOAT_CPLX; break;
   case KILN_OP_ABS: c = TC_SIGNED_CPLX; break;
   case KILN_OP_SIGN: c = TC_SIGNED_CPLX; break;
   case KILN_OP_NEGATE: c = TC_NOT_PRED; break;
-  case KILN_OP_CLZ: case KILN_OP_POPCNT: c = TC_INT; break;
+  case KILN_OP_CLZ:
+  case KILN_OP_POPCNT: c = TC_INT; break;
   case KILN_OP_NOT: c = TC_PRED_INT; break;
   default: c = TC_ANY; break;
   }
@@ -439,7 +454,9 @@ static int infer_unary(kiln__ictx *cx, kiln_shape *out) {
   kiln_dtype t = kiln__oshape(cx, 0)->dtype;
   switch (ins->op) {
   case KILN_OP_IS_FINITE: return like_operand(cx, out, 0, KILN_PRED);
-  case KILN_OP_REAL: case KILN_OP_IMAG: case KILN_OP_ABS:
+  case KILN_OP_REAL:
+  case KILN_OP_IMAG:
+  case KILN_OP_ABS:
     return like_operand(cx, out, 0, kiln_dtype_is_complex(t) ? complex_component(t) : t);
   default: return like_operand(cx, out, 0, t);
   }
@@ -507,8 +524,8 @@ static int same_shape_operands(kiln__ictx *cx, uint32_t a, uint32_t b) {
     return kiln__fail(cx, "%s has type %s but %s has type %s", kiln__on(cx, b), kiln__sh(cx, sb),
                       kiln__on(cx, a), kiln__sh(cx, sa));
   if (!kiln__same_dims(sa, sb))
-    return kiln__fail(cx, "%s has shape %s but %s has shape %s", kiln__on(cx, b),
-                      kiln__sh(cx, sb), kiln__on(cx, a), kiln__sh(cx, sa));
+    return kiln__fail(cx, "%s has shape %s but %s has shape %s", kiln__on(cx, b), kiln__sh(cx, sb),
+                      kiln__on(cx, a), kiln__sh(cx, sa));
   return 0;
 }
 
@@ -561,14 +578,17 @@ static int infer_binary(kiln__ictx *cx, kiln_shape *out) {
   const kiln_instr *ins = cx->ins;
   tclass c;
   switch (ins->op) {
-  case KILN_OP_SUBTRACT: case KILN_OP_POWER: case KILN_OP_DIVIDE: case KILN_OP_REMAINDER:
-    c = TC_NOT_PRED;
-    break;
+  case KILN_OP_SUBTRACT:
+  case KILN_OP_POWER:
+  case KILN_OP_DIVIDE:
+  case KILN_OP_REMAINDER: c = TC_NOT_PRED; break;
   case KILN_OP_ATAN2: c = TC_FLOAT_CPLX; break;
-  case KILN_OP_SHIFT_LEFT: case KILN_OP_SHIFT_RIGHT_ARITH: case KILN_OP_SHIFT_RIGHT_LOGICAL:
-    c = TC_INT;
-    break;
-  case KILN_OP_AND: case KILN_OP_OR: case KILN_OP_XOR: c = TC_PRED_INT; break;
+  case KILN_OP_SHIFT_LEFT:
+  case KILN_OP_SHIFT_RIGHT_ARITH:
+  case KILN_OP_SHIFT_RIGHT_LOGICAL: c = TC_INT; break;
+  case KILN_OP_AND:
+  case KILN_OP_OR:
+  case KILN_OP_XOR: c = TC_PRED_INT; break;
   case KILN_OP_COMPLEX: c = TC_FLOAT; break;
   default: c = TC_ANY; break;
   }
@@ -585,8 +605,10 @@ static int infer_binary(kiln__ictx *cx, kiln_shape *out) {
     t = KILN_PRED;
     break;
   case KILN_OP_COMPLEX:
-    if (a == KILN_F32 && b == KILN_F32) t = KILN_C64;
-    else if (a == KILN_F64 && b == KILN_F64) t = KILN_C128;
+    if (a == KILN_F32 && b == KILN_F32)
+      t = KILN_C64;
+    else if (a == KILN_F64 && b == KILN_F64)
+      t = KILN_C128;
     else
       return kiln__fail(cx, "operands must be both f32 or both f64, found %s and %s",
                         kiln_dtype_name(a), kiln_dtype_name(b));
@@ -621,11 +643,12 @@ static int infer_select(kiln__ictx *cx, kiln_shape *out) {
     return rc;
   const kiln_shape *p = kiln__oshape(cx, 0), *a = kiln__oshape(cx, 1);
   if (p->dtype != KILN_PRED)
-    return kiln__fail(cx, "%s is the predicate and must have type pred, found %s",
-                      kiln__on(cx, 0), kiln__sh(cx, p));
+    return kiln__fail(cx, "%s is the predicate and must have type pred, found %s", kiln__on(cx, 0),
+                      kiln__sh(cx, p));
   if ((rc = same_shape_operands(cx, 1, 2))) return rc;
   if (p->rank != 0 && !kiln__same_dims(p, a))
-    return kiln__fail(cx, "%s (the predicate) has shape %s but %s has shape %s; the predicate "
+    return kiln__fail(cx,
+                      "%s (the predicate) has shape %s but %s has shape %s; the predicate "
                       "must be a scalar or have the same dimensions",
                       kiln__on(cx, 0), kiln__sh(cx, p), kiln__on(cx, 1), kiln__sh(cx, a));
   static const uint32_t ops[3] = {1, 2, 0};
@@ -644,7 +667,8 @@ static int infer_clamp(kiln__ictx *cx, kiln_shape *out) {
       return kiln__fail(cx, "%s has type %s but %s has type %s", kiln__on(cx, i), kiln__sh(cx, b),
                         kiln__on(cx, 1), kiln__sh(cx, x));
     if (b->rank != 0 && !kiln__same_dims(b, x))
-      return kiln__fail(cx, "%s (a bound) has shape %s but %s has shape %s; a bound must be a "
+      return kiln__fail(cx,
+                        "%s (a bound) has shape %s but %s has shape %s; a bound must be a "
                         "scalar or have the same dimensions",
                         kiln__on(cx, i), kiln__sh(cx, b), kiln__on(cx, 1), kiln__sh(cx, x));
   }
@@ -676,24 +700,42 @@ static bool is_elementwise_family(kiln_opcode op) {
 
 static bool is_compute_family(kiln_opcode op) {
   switch (op) {
-  case KILN_OP_DOT: case KILN_OP_CONVOLUTION: case KILN_OP_REDUCE: case KILN_OP_REDUCE_WINDOW:
-  case KILN_OP_SELECT_AND_SCATTER: case KILN_OP_MAP: case KILN_OP_SORT: case KILN_OP_GATHER:
-  case KILN_OP_SCATTER: case KILN_OP_FFT: case KILN_OP_CHOLESKY: case KILN_OP_TRIANGULAR_SOLVE:
-  case KILN_OP_TOPK: case KILN_OP_BATCH_NORM_TRAINING: case KILN_OP_BATCH_NORM_INFERENCE:
-  case KILN_OP_BATCH_NORM_GRAD:
-    return true;
+  case KILN_OP_DOT:
+  case KILN_OP_CONVOLUTION:
+  case KILN_OP_REDUCE:
+  case KILN_OP_REDUCE_WINDOW:
+  case KILN_OP_SELECT_AND_SCATTER:
+  case KILN_OP_MAP:
+  case KILN_OP_SORT:
+  case KILN_OP_GATHER:
+  case KILN_OP_SCATTER:
+  case KILN_OP_FFT:
+  case KILN_OP_CHOLESKY:
+  case KILN_OP_TRIANGULAR_SOLVE:
+  case KILN_OP_TOPK:
+  case KILN_OP_BATCH_NORM_TRAINING:
+  case KILN_OP_BATCH_NORM_INFERENCE:
+  case KILN_OP_BATCH_NORM_GRAD: return true;
   default: return false;
   }
 }
 
 static bool is_data_movement_family(kiln_opcode op) {
   switch (op) {
-  case KILN_OP_BITCAST: case KILN_OP_BROADCAST: case KILN_OP_RESHAPE: case KILN_OP_DYNAMIC_RESHAPE:
-  case KILN_OP_TRANSPOSE: case KILN_OP_SLICE: case KILN_OP_DYNAMIC_SLICE:
-  case KILN_OP_DYNAMIC_UPDATE_SLICE: case KILN_OP_CONCATENATE: case KILN_OP_PAD:
-  case KILN_OP_REVERSE: case KILN_OP_GET_DIMENSION_SIZE: case KILN_OP_SET_DIMENSION_SIZE:
-  case KILN_OP_IOTA:
-    return true;
+  case KILN_OP_BITCAST:
+  case KILN_OP_BROADCAST:
+  case KILN_OP_RESHAPE:
+  case KILN_OP_DYNAMIC_RESHAPE:
+  case KILN_OP_TRANSPOSE:
+  case KILN_OP_SLICE:
+  case KILN_OP_DYNAMIC_SLICE:
+  case KILN_OP_DYNAMIC_UPDATE_SLICE:
+  case KILN_OP_CONCATENATE:
+  case KILN_OP_PAD:
+  case KILN_OP_REVERSE:
+  case KILN_OP_GET_DIMENSION_SIZE:
+  case KILN_OP_SET_DIMENSION_SIZE:
+  case KILN_OP_IOTA: return true;
   default: return false;
   }
 }
@@ -714,7 +756,8 @@ int kiln__infer(kiln__ictx *cx, kiln_shape *out) {
       return kiln__fail(cx, "operand %u (%%%s) has no valid shape", (unsigned)i,
                         m->instrs[id]->name);
   }
-  if (ins->ncalled && ins->called == NULL) return kiln__fail(cx, "called computation list is missing");
+  if (ins->ncalled && ins->called == NULL)
+    return kiln__fail(cx, "called computation list is missing");
   /* Fixed arities come from ops.def; variadic ops check their own. */
   int arity = kiln_opcode_arity(ins->op);
   if (arity >= 0) {
@@ -727,14 +770,15 @@ int kiln__infer(kiln__ictx *cx, kiln_shape *out) {
   return kiln__infer_control(cx, out);
 }
 
-int kiln_infer_shape(const kiln_module *m, const kiln_instr *ins, kiln_arena *a,
-                     kiln_shape *out, kiln_status *st) {
+int kiln_infer_shape(const kiln_module *m, const kiln_instr *ins, kiln_arena *a, kiln_shape *out,
+                     kiln_status *st) {
   if (m == NULL || ins == NULL || a == NULL || out == NULL)
     return kiln_status_set(st, KILN_EINVAL, NULL, "kiln_infer_shape: NULL argument");
   kiln__ictx cx = {.m = m, .ins = ins, .out = a, .st = st};
   cx.tmp = kiln_arena_create();
   if (cx.tmp == NULL) return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
-  if (ins->shape.dtype != KILN_INVALID && kiln__shape_sane(&ins->shape, 0)) cx.written = &ins->shape;
+  if (ins->shape.dtype != KILN_INVALID && kiln__shape_sane(&ins->shape, 0))
+    cx.written = &ins->shape;
   int rc = kiln__infer(&cx, out);
   kiln_arena_destroy(cx.tmp);
   return rc;

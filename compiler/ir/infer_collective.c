@@ -17,12 +17,19 @@
 
 bool kiln__is_collective_op(kiln_opcode op) {
   switch (op) {
-  case KILN_OP_ALL_REDUCE: case KILN_OP_ALL_REDUCE_START: case KILN_OP_ALL_REDUCE_DONE:
-  case KILN_OP_ALL_GATHER: case KILN_OP_ALL_GATHER_START: case KILN_OP_ALL_GATHER_DONE:
-  case KILN_OP_REDUCE_SCATTER: case KILN_OP_ALL_TO_ALL: case KILN_OP_RAGGED_ALL_TO_ALL:
-  case KILN_OP_COLLECTIVE_PERMUTE: case KILN_OP_COLLECTIVE_PERMUTE_START:
-  case KILN_OP_COLLECTIVE_PERMUTE_DONE: case KILN_OP_COLLECTIVE_BROADCAST:
-    return true;
+  case KILN_OP_ALL_REDUCE:
+  case KILN_OP_ALL_REDUCE_START:
+  case KILN_OP_ALL_REDUCE_DONE:
+  case KILN_OP_ALL_GATHER:
+  case KILN_OP_ALL_GATHER_START:
+  case KILN_OP_ALL_GATHER_DONE:
+  case KILN_OP_REDUCE_SCATTER:
+  case KILN_OP_ALL_TO_ALL:
+  case KILN_OP_RAGGED_ALL_TO_ALL:
+  case KILN_OP_COLLECTIVE_PERMUTE:
+  case KILN_OP_COLLECTIVE_PERMUTE_START:
+  case KILN_OP_COLLECTIVE_PERMUTE_DONE:
+  case KILN_OP_COLLECTIVE_BROADCAST: return true;
   default: return false;
   }
 }
@@ -33,9 +40,10 @@ static int cmp_i64(const void *a, const void *b) {
 }
 
 static int check_iota_groups(kiln__ictx *cx, const kiln_replica_groups *g, int64_t *size) {
-  if (g->iota_shape.n != 2 || !g->iota_shape.v || g->iota_shape.v[0] <= 0 || g->iota_shape.v[1] <= 0)
+  if (g->iota_shape.n != 2 || !g->iota_shape.v || g->iota_shape.v[0] <= 0 ||
+      g->iota_shape.v[1] <= 0)
     return kiln__fail(cx, "replica_groups: the iota form needs a shape [groups,size] of positive "
-                      "sizes");
+                          "sizes");
   int64_t total, prod = 1;
   if (!kiln__mul(g->iota_shape.v[0], g->iota_shape.v[1], &total))
     return kiln__fail(cx, "replica_groups: the iota shape overflows");
@@ -44,9 +52,11 @@ static int check_iota_groups(kiln__ictx *cx, const kiln_replica_groups *g, int64
     if (g->iota_reshape.v[i] <= 0 || !kiln__mul(prod, g->iota_reshape.v[i], &prod))
       return kiln__fail(cx, "replica_groups: the iota reshape dims must be positive");
   if (g->iota_reshape.n && prod != total)
-    return kiln__fail(cx, "replica_groups: the iota reshape %s has %lld devices but the groups "
-                      "hold %lld", kiln__ints(cx, g->iota_reshape.v, g->iota_reshape.n),
-                      (long long)prod, (long long)total);
+    return kiln__fail(cx,
+                      "replica_groups: the iota reshape %s has %lld devices but the groups "
+                      "hold %lld",
+                      kiln__ints(cx, g->iota_reshape.v, g->iota_reshape.n), (long long)prod,
+                      (long long)total);
   if (g->iota_perm.n) {
     if (g->iota_perm.n != g->iota_reshape.n || !g->iota_perm.v)
       return kiln__fail(cx, "replica_groups: the iota transpose has %u entries, expected %u",
@@ -82,7 +92,8 @@ static int check_groups(kiln__ictx *cx, bool equal_sizes, int64_t *size) {
     for (uint32_t i = 0; i < g->ngroups; i++)
       for (uint32_t j = 0; j < g->groups[i].n; j++) {
         if (g->groups[i].v[j] < 0)
-          return kiln__fail(cx, "replica_groups: id %lld is negative", (long long)g->groups[i].v[j]);
+          return kiln__fail(cx, "replica_groups: id %lld is negative",
+                            (long long)g->groups[i].v[j]);
         ids[k++] = g->groups[i].v[j];
       }
     qsort(ids, total, sizeof *ids, cmp_i64);
@@ -127,13 +138,15 @@ static int all_arrays(kiln__ictx *cx, uint32_t lo) {
 static int check_collective_reducer(kiln__ictx *cx) {
   kiln__sig g;
   int rc;
-  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g))) return rc;
+  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g)))
+    return rc;
   if (g.nparams != 2)
     return kiln__fail(cx, "to_apply %%%s takes %u parameters, expected 2", g.c->name,
                       (unsigned)g.nparams);
   const kiln_shape *r = g.result;
   if (!kiln_shape_is_array(r) || r->rank != 0)
-    return kiln__fail(cx, "to_apply %%%s returns %s, expected a scalar", g.c->name, kiln__sh(cx, r));
+    return kiln__fail(cx, "to_apply %%%s returns %s, expected a scalar", g.c->name,
+                      kiln__sh(cx, r));
   for (uint32_t i = 0; i < 2; i++)
     if (!kiln__compatible(g.params[i], r, false))
       return kiln__fail(cx, "to_apply %%%s parameter %u has type %s but it returns %s", g.c->name,
@@ -178,7 +191,8 @@ static int resize_dim(kiln__ictx *cx, kiln_shape *out, bool grow) {
       (rc = kiln__attr_ints(cx, KILN_ATTR_DIMENSIONS, true, &d)))
     return rc;
   if (d.n != 1)
-    return kiln__fail(cx, "dimensions=%s must name exactly one dimension", kiln__ints(cx, d.v, d.n));
+    return kiln__fail(cx, "dimensions=%s must name exactly one dimension",
+                      kiln__ints(cx, d.v, d.n));
   for (uint32_t i = 0; i < n; i++)
     if ((rc = kiln__check_dims(cx, "dimensions", d.v, 1, kiln__oshape(cx, i)->rank))) return rc;
   int64_t dim = d.v[0];
@@ -189,9 +203,9 @@ static int resize_dim(kiln__ictx *cx, kiln_shape *out, bool grow) {
     int64_t a = s->dims[dim], b = w->rank == s->rank ? w->dims[dim] : -1;
     int64_t big = grow ? b : a, small = grow ? a : b;
     if (small <= 0 || big < 0 || big % small)
-      return kiln__fail(cx, "the result %s is not %s of %s along dimension %lld",
-                        kiln__sh(cx, w), grow ? "a whole multiple" : "an even split",
-                        kiln__on(cx, 0), (long long)dim);
+      return kiln__fail(cx, "the result %s is not %s of %s along dimension %lld", kiln__sh(cx, w),
+                        grow ? "a whole multiple" : "an even split", kiln__on(cx, 0),
+                        (long long)dim);
     size = big / small;
   }
   kiln_shape *per = kiln_arena_calloc(cx->out, n, sizeof *per);
@@ -204,8 +218,10 @@ static int resize_dim(kiln__ictx *cx, kiln_shape *out, bool grow) {
         return kiln__fail(cx, "the gathered dimension of %s overflows", kiln__on(cx, i));
     } else {
       if (s->dims[dim] % size)
-        return kiln__fail(cx, "%s dimension %lld has size %lld, not a multiple of the group size "
-                          "%lld", kiln__on(cx, i), (long long)dim, (long long)s->dims[dim],
+        return kiln__fail(cx,
+                          "%s dimension %lld has size %lld, not a multiple of the group size "
+                          "%lld",
+                          kiln__on(cx, i), (long long)dim, (long long)s->dims[dim],
                           (long long)size);
       per[i].dims[dim] = s->dims[dim] / size;
     }
@@ -246,9 +262,9 @@ static int infer_all_to_all(kiln__ictx *cx, kiln_shape *out) {
     const kiln_shape *s = kiln__oshape(cx, 0);
     if ((rc = kiln__check_dims(cx, "dimensions", d->v, 1, s->rank))) return rc;
     if (size > 0 && s->dims[d->v[0]] % size)
-      return kiln__fail(cx, "%s dimension %lld has size %lld, not a multiple of the group size %lld",
-                        kiln__on(cx, 0), (long long)d->v[0], (long long)s->dims[d->v[0]],
-                        (long long)size);
+      return kiln__fail(
+          cx, "%s dimension %lld has size %lld, not a multiple of the group size %lld",
+          kiln__on(cx, 0), (long long)d->v[0], (long long)s->dims[d->v[0]], (long long)size);
     return kiln__copy(cx, out, s);
   }
   for (uint32_t i = 1; i < cx->ins->noperands; i++)
@@ -300,8 +316,8 @@ static int infer_collective_permute(kiln__ictx *cx, kiln_shape *out, bool start)
 static int infer_done(kiln__ictx *cx, kiln_shape *out, kiln_opcode start) {
   const kiln_instr *p = kiln__operand(cx, 0);
   if (p->op != start)
-    return kiln__fail(cx, "%s must be a %s, found %s", kiln__on(cx, 0), kiln_opcode_name(start),
-                      kiln_opcode_name(p->op));
+    return kiln__fail(cx, "%s must be produced by %s, found %s", kiln__on(cx, 0),
+                      kiln_opcode_name(start), kiln_opcode_name(p->op));
   if (start == KILN_OP_ALL_REDUCE_START) return kiln__copy(cx, out, &p->shape);
   if (!kiln_shape_is_tuple(&p->shape) || p->shape.rank < 2)
     return kiln__fail(cx, "%s has shape %s, expected a tuple of 2 or more elements",
@@ -330,7 +346,8 @@ int kiln__infer_collective(kiln__ictx *cx, kiln_shape *out) {
   case KILN_OP_RAGGED_ALL_TO_ALL: return infer_ragged_all_to_all(cx, out);
   case KILN_OP_COLLECTIVE_PERMUTE: return infer_collective_permute(cx, out, false);
   case KILN_OP_COLLECTIVE_PERMUTE_START: return infer_collective_permute(cx, out, true);
-  case KILN_OP_COLLECTIVE_PERMUTE_DONE: return infer_done(cx, out, KILN_OP_COLLECTIVE_PERMUTE_START);
+  case KILN_OP_COLLECTIVE_PERMUTE_DONE:
+    return infer_done(cx, out, KILN_OP_COLLECTIVE_PERMUTE_START);
   case KILN_OP_COLLECTIVE_BROADCAST:
     if ((rc = all_arrays(cx, 1)) || (rc = check_groups(cx, false, &size))) return rc;
     return operands_or_tuple(cx, out);

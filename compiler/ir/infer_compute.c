@@ -66,7 +66,8 @@ static int check_reducer(kiln__ictx *cx, const kiln__sig *g, const char *role, u
                    kiln__same_type_ignoring_fp(inits[i]->dtype, acc[i]->dtype)))
       return kiln__fail(cx, "init value %u has type %s but %s %%%s accumulates %s", (unsigned)i,
                         kiln__sh(cx, inits[i]), role, cn, kiln__sh(cx, acc[i]));
-    if (!(kiln_shape_is_array(v) && v->rank == 0 && kiln__same_type_ignoring_fp(v->dtype, types[i])))
+    if (!(kiln_shape_is_array(v) && v->rank == 0 &&
+          kiln__same_type_ignoring_fp(v->dtype, types[i])))
       return kiln__fail(cx, "%s %%%s parameter %u has type %s but input %u has element type %s",
                         role, cn, (unsigned)(n + i), kiln__sh(cx, v), (unsigned)i,
                         kiln_dtype_name(types[i]));
@@ -88,7 +89,8 @@ static int window_output(kiln__ictx *cx, const kiln_window *w, const kiln_shape 
   for (uint32_t i = 0; i < rank; i++) {
     const kiln_window_dim *d = &w->dims[i];
     if (d->size <= 0)
-      return kiln__fail(cx, "window dimension %u has size %lld, expected > 0", i, (long long)d->size);
+      return kiln__fail(cx, "window dimension %u has size %lld, expected > 0", i,
+                        (long long)d->size);
     if (d->stride <= 0)
       return kiln__fail(cx, "window dimension %u has stride %lld, expected > 0", i,
                         (long long)d->stride);
@@ -96,8 +98,7 @@ static int window_output(kiln__ictx *cx, const kiln_window *w, const kiln_shape 
       return kiln__fail(cx, "window dimension %u has dilation %lld/%lld, expected >= 1", i,
                         (long long)d->lhs_dilate, (long long)d->rhs_dilate);
     int64_t b = base_dims[i], db = 0, pb, dw;
-    if (b > 0 && (!kiln__mul(b - 1, d->lhs_dilate, &db) || !kiln__add(db, 1, &db)))
-      goto overflow;
+    if (b > 0 && (!kiln__mul(b - 1, d->lhs_dilate, &db) || !kiln__add(db, 1, &db))) goto overflow;
     if (!kiln__add(db, d->pad_lo, &pb) || !kiln__add(pb, d->pad_hi, &pb)) goto overflow;
     if (!kiln__mul(d->size - 1, d->rhs_dilate, &dw) || !kiln__add(dw, 1, &dw)) goto overflow;
     out[i] = pb < dw ? 0 : (pb - dw) / d->stride + 1;
@@ -147,8 +148,8 @@ static int preferred_type(kiln__ictx *cx, kiln_dtype from, kiln_dtype *t) {
   kiln_dtype p = cx->written->dtype;
   if (p == from) return 0;
   if (!kiln_dtype_is_float(from) && kiln_dtype_bits(p) < kiln_dtype_bits(from))
-    return kiln__fail(cx, "result type %s is narrower than the operand type %s",
-                      kiln_dtype_name(p), kiln_dtype_name(from));
+    return kiln__fail(cx, "result type %s is narrower than the operand type %s", kiln_dtype_name(p),
+                      kiln_dtype_name(from));
   *t = p;
   return 0;
 }
@@ -164,7 +165,8 @@ static int infer_dot(kiln__ictx *cx, kiln_shape *out) {
     return rc;
   const kiln_shape *l = kiln__oshape(cx, 0), *r = kiln__oshape(cx, 1);
   if ((rc = rank_ok(cx, l->rank)) || (rc = rank_ok(cx, r->rank)) ||
-      (rc = dot_dims(cx, "lhs", &lb, &lc, l->rank)) || (rc = dot_dims(cx, "rhs", &rb, &rc_, r->rank)))
+      (rc = dot_dims(cx, "lhs", &lb, &lc, l->rank)) ||
+      (rc = dot_dims(cx, "rhs", &rb, &rc_, r->rank)))
     return rc;
   if (lc.n != rc_.n)
     return kiln__fail(cx, "lhs has %u contracting dims but rhs has %u", (unsigned)lc.n,
@@ -173,9 +175,11 @@ static int infer_dot(kiln__ictx *cx, kiln_shape *out) {
     return kiln__fail(cx, "lhs has %u batch dims but rhs has %u", (unsigned)lb.n, (unsigned)rb.n);
   for (uint32_t i = 0; i < lc.n; i++)
     if (l->dims[lc.v[i]] != r->dims[rc_.v[i]])
-      return kiln__fail(cx, "lhs contracting dim %lld has size %lld but rhs contracting dim %lld "
-                        "has size %lld", (long long)lc.v[i], (long long)l->dims[lc.v[i]],
-                        (long long)rc_.v[i], (long long)r->dims[rc_.v[i]]);
+      return kiln__fail(cx,
+                        "lhs contracting dim %lld has size %lld but rhs contracting dim %lld "
+                        "has size %lld",
+                        (long long)lc.v[i], (long long)l->dims[lc.v[i]], (long long)rc_.v[i],
+                        (long long)r->dims[rc_.v[i]]);
   for (uint32_t i = 0; i < lb.n; i++)
     if (l->dims[lb.v[i]] != r->dims[rb.v[i]])
       return kiln__fail(cx, "lhs batch dim %lld has size %lld but rhs batch dim %lld has size %lld",
@@ -258,14 +262,19 @@ static int infer_convolution(kiln__ictx *cx, kiln_shape *out) {
   int64_t in_f = l->dims[d->in_feature], in_b = l->dims[d->in_batch];
   int64_t k_in = r->dims[d->kernel_in], k_out = r->dims[d->kernel_out];
   if (k_out % bgc)
-    return kiln__fail(cx, "kernel output features %lld are not a multiple of batch_group_count %lld",
+    return kiln__fail(cx,
+                      "kernel output features %lld are not a multiple of batch_group_count %lld",
                       (long long)k_out, (long long)bgc);
   if (in_f % fgc || in_f / fgc != k_in)
-    return kiln__fail(cx, "lhs features %lld / feature_group_count %lld must equal the kernel "
-                      "input features %lld", (long long)in_f, (long long)fgc, (long long)k_in);
+    return kiln__fail(cx,
+                      "lhs features %lld / feature_group_count %lld must equal the kernel "
+                      "input features %lld",
+                      (long long)in_f, (long long)fgc, (long long)k_in);
   if (k_out % fgc)
-    return kiln__fail(cx, "kernel output features %lld are not a multiple of feature_group_count "
-                      "%lld", (long long)k_out, (long long)fgc);
+    return kiln__fail(cx,
+                      "kernel output features %lld are not a multiple of feature_group_count "
+                      "%lld",
+                      (long long)k_out, (long long)fgc);
   if (in_b % bgc)
     return kiln__fail(cx, "lhs batch %lld is not a multiple of batch_group_count %lld",
                       (long long)in_b, (long long)bgc);
@@ -273,9 +282,11 @@ static int infer_convolution(kiln__ictx *cx, kiln_shape *out) {
   for (uint32_t i = 0; i < ns; i++) {
     base[i] = l->dims[d->in_spatial[i]];
     if (r->dims[d->kernel_spatial[i]] != w->dims[i].size)
-      return kiln__fail(cx, "window dimension %u has size %lld but the kernel's spatial dimension "
-                        "%lld has size %lld", i, (long long)w->dims[i].size,
-                        (long long)d->kernel_spatial[i], (long long)r->dims[d->kernel_spatial[i]]);
+      return kiln__fail(cx,
+                        "window dimension %u has size %lld but the kernel's spatial dimension "
+                        "%lld has size %lld",
+                        i, (long long)w->dims[i].size, (long long)d->kernel_spatial[i],
+                        (long long)r->dims[d->kernel_spatial[i]]);
   }
   if ((rc = window_output(cx, w, NULL, base, ns, sp))) return rc;
   int64_t dims[MAX_RANK + 2];
@@ -303,8 +314,10 @@ static int split_inputs(kiln__ictx *cx, uint32_t *n) {
   uint32_t k = cx->ins->noperands;
   int rc;
   if (k < 2 || k % 2)
-    return kiln__fail(cx, "takes N inputs and N init values (an even count >= 2), found %u "
-                      "operands", (unsigned)k);
+    return kiln__fail(cx,
+                      "takes N inputs and N init values (an even count >= 2), found %u "
+                      "operands",
+                      (unsigned)k);
   *n = k / 2;
   for (uint32_t i = 0; i < k; i++)
     if ((rc = kiln__expect_array(cx, i, i < *n ? NULL : "init value"))) return rc;
@@ -319,7 +332,8 @@ static int split_inputs(kiln__ictx *cx, uint32_t *n) {
 static int reducer_of_operands(kiln__ictx *cx, uint32_t n, const kiln_shape ***acc) {
   kiln__sig g;
   int rc;
-  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g))) return rc;
+  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g)))
+    return rc;
   const kiln_shape **inits = kiln_arena_calloc(cx->tmp, n, sizeof *inits);
   kiln_dtype *types = kiln_arena_calloc(cx->tmp, n, sizeof *types);
   *acc = kiln_arena_calloc(cx->tmp, n, sizeof **acc);
@@ -419,9 +433,11 @@ static int infer_select_and_scatter(kiln__ictx *cx, kiln_shape *out) {
                       kiln__sh(cx, sel.result));
   for (uint32_t i = 0; i < 2; i++) {
     const kiln_shape *p = sel.params[i];
-    if (!(kiln_shape_is_array(p) && p->rank == 0 && kiln__same_type_ignoring_fp(p->dtype, s->dtype)))
+    if (!(kiln_shape_is_array(p) && p->rank == 0 &&
+          kiln__same_type_ignoring_fp(p->dtype, s->dtype)))
       return kiln__fail(cx, "select %%%s parameter %u has type %s but %s has element type %s",
-                        sel.c->name, i, kiln__sh(cx, p), kiln__on(cx, 0), kiln_dtype_name(s->dtype));
+                        sel.c->name, i, kiln__sh(cx, p), kiln__on(cx, 0),
+                        kiln_dtype_name(s->dtype));
   }
   const kiln_shape *init = kiln__oshape(cx, 2), *acc;
   kiln_dtype st = src->dtype;
@@ -461,7 +477,8 @@ static int infer_map(kiln__ictx *cx, kiln_shape *out) {
       return kiln__fail(cx, "dimensions=%s must list every dimension of the operands in order",
                         kiln__ints(cx, d.v, d.n));
   }
-  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g))) return rc;
+  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g)))
+    return rc;
   if (g.nparams != n)
     return kiln__fail(cx, "to_apply %%%s takes %u parameters, expected %u", g.c->name,
                       (unsigned)g.nparams, (unsigned)n);
@@ -494,7 +511,8 @@ static int infer_sort(kiln__ictx *cx, kiln_shape *out) {
                         kiln__sh(cx, kiln__oshape(cx, i)), kiln__on(cx, 0), kiln__sh(cx, s));
   if ((rc = kiln__attr_ints(cx, KILN_ATTR_DIMENSIONS, true, &d))) return rc;
   if (d.n != 1)
-    return kiln__fail(cx, "dimensions=%s must name exactly one dimension", kiln__ints(cx, d.v, d.n));
+    return kiln__fail(cx, "dimensions=%s must name exactly one dimension",
+                      kiln__ints(cx, d.v, d.n));
   if ((rc = kiln__check_dims(cx, "dimensions", d.v, 1, s->rank))) return rc;
   if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "comparator", &g)))
     return rc;
@@ -556,7 +574,8 @@ static int check_indices(kiln__ictx *cx, const kiln_shape *op, const kiln_shape 
   if (ix->rank) memcpy(idims, ix->dims, ix->rank * sizeof *idims);
   if (p->ivd == ix->rank) idims[(*irank)++] = 1;
   if (p->map.n != idims[p->ivd])
-    return kiln__fail(cx, "%s has %u entries but index_vector_dim %lld of the indices has size %lld",
+    return kiln__fail(cx,
+                      "%s has %u entries but index_vector_dim %lld of the indices has size %lld",
                       p->map_name, (unsigned)p->map.n, (long long)p->ivd, (long long)idims[p->ivd]);
   if ((rc = kiln__check_dims(cx, p->map_name, p->map.v, p->map.n, op->rank)) ||
       (rc = sorted_dims(cx, p->obatch_name, &p->obatch, op->rank)))
@@ -577,10 +596,11 @@ static int check_indices(kiln__ictx *cx, const kiln_shape *op, const kiln_shape 
     if (p->ibatch.v[i] == p->ivd)
       return kiln__fail(cx, "%s contains index_vector_dim %lld", p->ibatch_name, (long long)p->ivd);
     if (ix->dims[p->ibatch.v[i]] != op->dims[p->obatch.v[i]])
-      return kiln__fail(cx, "indices batching dim %lld has size %lld but operand batching dim "
-                        "%lld has size %lld", (long long)p->ibatch.v[i],
-                        (long long)ix->dims[p->ibatch.v[i]], (long long)p->obatch.v[i],
-                        (long long)op->dims[p->obatch.v[i]]);
+      return kiln__fail(cx,
+                        "indices batching dim %lld has size %lld but operand batching dim "
+                        "%lld has size %lld",
+                        (long long)p->ibatch.v[i], (long long)ix->dims[p->ibatch.v[i]],
+                        (long long)p->obatch.v[i], (long long)op->dims[p->obatch.v[i]]);
   }
   return 0;
 }
@@ -608,9 +628,11 @@ static int infer_gather(kiln__ictx *cx, kiln_shape *out) {
       (rc = check_indices(cx, op, ix, &p, idims, &irank)))
     return rc;
   if ((uint64_t)off.n + p.collapsed.n + p.obatch.n != op->rank)
-    return kiln__fail(cx, "offset_dims (%u), collapsed_slice_dims (%u) and operand_batching_dims "
-                      "(%u) must add up to the operand rank %u", (unsigned)off.n,
-                      (unsigned)p.collapsed.n, (unsigned)p.obatch.n, (unsigned)op->rank);
+    return kiln__fail(cx,
+                      "offset_dims (%u), collapsed_slice_dims (%u) and operand_batching_dims "
+                      "(%u) must add up to the operand rank %u",
+                      (unsigned)off.n, (unsigned)p.collapsed.n, (unsigned)p.obatch.n,
+                      (unsigned)op->rank);
   uint32_t out_rank = off.n + irank - 1;
   if ((rc = sorted_dims(cx, "offset_dims", &off, out_rank))) return rc;
   if (sizes.n != op->rank)
@@ -623,8 +645,10 @@ static int infer_gather(kiln__ictx *cx, kiln_shape *out) {
                         (long long)sizes.v[i], i, (long long)op->dims[i]);
     if ((contains(p.collapsed.v, p.collapsed.n, i) || contains(p.obatch.v, p.obatch.n, i)) &&
         sizes.v[i] > 1)
-      return kiln__fail(cx, "dimension %u is collapsed or batching, so its slice size must be 0 or "
-                        "1, found %lld", i, (long long)sizes.v[i]);
+      return kiln__fail(cx,
+                        "dimension %u is collapsed or batching, so its slice size must be 0 or "
+                        "1, found %lld",
+                        i, (long long)sizes.v[i]);
   }
   int64_t dims[2 * MAX_RANK + 1];
   uint8_t dyn[2 * MAX_RANK + 1];
@@ -654,7 +678,8 @@ static int infer_scatter(kiln__ictx *cx, kiln_shape *out) {
   int rc;
   uint32_t k = cx->ins->noperands;
   if (k < 3 || k % 2 == 0)
-    return kiln__fail(cx, "takes N operands, the indices and N updates (an odd count >= 3), found %u",
+    return kiln__fail(cx,
+                      "takes N operands, the indices and N updates (an odd count >= 3), found %u",
                       (unsigned)k);
   uint32_t n = k / 2;
   for (uint32_t i = 0; i < k; i++)
@@ -682,7 +707,8 @@ static int infer_scatter(kiln__ictx *cx, kiln_shape *out) {
       return kiln__fail(cx, "%s has shape %s but %s has shape %s", kiln__on(cx, i),
                         kiln__sh(cx, kiln__oshape(cx, i)), kiln__on(cx, 0), kiln__sh(cx, op));
   if ((uint64_t)win.n + p.collapsed.n + p.obatch.n != op->rank)
-    return kiln__fail(cx, "update_window_dims (%u), inserted_window_dims (%u) and "
+    return kiln__fail(cx,
+                      "update_window_dims (%u), inserted_window_dims (%u) and "
                       "input_batching_dims (%u) must add up to the operand rank %u",
                       (unsigned)win.n, (unsigned)p.collapsed.n, (unsigned)p.obatch.n,
                       (unsigned)op->rank);
@@ -699,22 +725,26 @@ static int infer_scatter(kiln__ictx *cx, kiln_shape *out) {
         while (contains(p.collapsed.v, p.collapsed.n, od) || contains(p.obatch.v, p.obatch.n, od))
           od++;
         if (up->dims[i] > op->dims[od])
-          return kiln__fail(cx, "%s window dimension %u has size %lld, over the size %lld of "
-                            "operand dimension %u", kiln__on(cx, u), i, (long long)up->dims[i],
-                            (long long)op->dims[od], od);
+          return kiln__fail(cx,
+                            "%s window dimension %u has size %lld, over the size %lld of "
+                            "operand dimension %u",
+                            kiln__on(cx, u), i, (long long)up->dims[i], (long long)op->dims[od],
+                            od);
         od++;
       } else {
         if (sd == p.ivd) sd++;
         if (up->dims[i] != idims[sd])
-          return kiln__fail(cx, "%s scatter dimension %u has size %lld but indices dimension %u "
-                            "has size %lld", kiln__on(cx, u), i, (long long)up->dims[i], sd,
-                            (long long)idims[sd]);
+          return kiln__fail(cx,
+                            "%s scatter dimension %u has size %lld but indices dimension %u "
+                            "has size %lld",
+                            kiln__on(cx, u), i, (long long)up->dims[i], sd, (long long)idims[sd]);
         sd++;
       }
     }
   }
   kiln__sig g;
-  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g))) return rc;
+  if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g)))
+    return rc;
   kiln_shape *inits = kiln_arena_calloc(cx->tmp, n, sizeof *inits);
   const kiln_shape **ip = kiln_arena_calloc(cx->tmp, n, sizeof *ip);
   const kiln_shape **acc = kiln_arena_calloc(cx->tmp, n, sizeof *acc);
@@ -777,7 +807,8 @@ static int infer_fft(kiln__ictx *cx, kiln_shape *out) {
                           (long long)s->dims[r0 + i], (long long)len.v[i]);
     int64_t last = s->dims[s->rank - 1], want = len.v[len.n - 1] / 2 + 1;
     if ((last != 0 || len.v[len.n - 1] != 0) && last != want)
-      return kiln__fail(cx, "IRFFT: the last dimension has size %lld, expected fft_length/2+1 = %lld",
+      return kiln__fail(cx,
+                        "IRFFT: the last dimension has size %lld, expected fft_length/2+1 = %lld",
                         (long long)last, (long long)want);
     if ((rc2 = kiln__make_array(cx, out, s->dtype == KILN_C64 ? KILN_F32 : KILN_F64, s->dims,
                                 s->dynamic, s->rank)))
@@ -842,8 +873,8 @@ static int infer_topk(kiln__ictx *cx, kiln_shape *out) {
   if ((rc = kiln__expect_array(cx, 0, NULL)) || (rc = kiln__attr_int(cx, KILN_ATTR_K, true, 0, &k)))
     return rc;
   const kiln_shape *s = kiln__oshape(cx, 0);
-  if (s->rank == 0) return kiln__fail(cx, "%s must have rank >= 1, found %s", kiln__on(cx, 0),
-                                      kiln__sh(cx, s));
+  if (s->rank == 0)
+    return kiln__fail(cx, "%s must have rank >= 1, found %s", kiln__on(cx, 0), kiln__sh(cx, s));
   if (k < 0 || k > s->dims[s->rank - 1])
     return kiln__fail(cx, "k=%lld is out of range for the last dimension of %s", (long long)k,
                       kiln__sh(cx, s));
@@ -873,7 +904,8 @@ static int infer_batch_norm(kiln__ictx *cx, kiln_shape *out) {
   const kiln_shape *s = kiln__oshape(cx, 0);
   if (s->rank < 1) return kiln__fail(cx, "%s must have rank >= 1", kiln__on(cx, 0));
   if (fi < 0 || fi >= s->rank)
-    return kiln__fail(cx, "feature_index %lld is out of range for %s", (long long)fi, kiln__sh(cx, s));
+    return kiln__fail(cx, "feature_index %lld is out of range for %s", (long long)fi,
+                      kiln__sh(cx, s));
   if (!kiln_dtype_is_float(s->dtype))
     return kiln__fail(cx, "%s has type %s, expected a floating-point type", kiln__on(cx, 0),
                       kiln__sh(cx, s));

@@ -199,8 +199,8 @@ static int infer_conditional(kiln__ictx *cx, kiln_shape *out) {
       return kiln__fail(cx, "branch %u %%%s takes %u parameters, expected 1", (unsigned)k,
                         gk->c->name, (unsigned)gk->nparams);
     if (!kiln__compatible(gk->params[0], kiln__oshape(cx, k + 1), false))
-      return kiln__fail(cx, "branch %u %%%s takes %s but %s has shape %s", (unsigned)k,
-                        gk->c->name, kiln__sh(cx, gk->params[0]), kiln__on(cx, k + 1),
+      return kiln__fail(cx, "branch %u %%%s takes %s but %s has shape %s", (unsigned)k, gk->c->name,
+                        kiln__sh(cx, gk->params[0]), kiln__on(cx, k + 1),
                         kiln__sh(cx, kiln__oshape(cx, k + 1)));
     if (k && !kiln__compatible(gk->result, g0.result, false))
       return kiln__fail(cx, "branch %u %%%s returns %s but branch 0 %%%s returns %s", (unsigned)k,
@@ -305,8 +305,8 @@ static int infer_recv(kiln__ictx *cx, kiln_shape *out) {
 static int done_of(kiln__ictx *cx, kiln_opcode start, uint32_t want_rank) {
   const kiln_instr *p = kiln__operand(cx, 0);
   if (p->op != start)
-    return kiln__fail(cx, "%s must be a %s, found %s", kiln__on(cx, 0), kiln_opcode_name(start),
-                      kiln_opcode_name(p->op));
+    return kiln__fail(cx, "%s must be produced by %s, found %s", kiln__on(cx, 0),
+                      kiln_opcode_name(start), kiln_opcode_name(p->op));
   if (!kiln_shape_is_tuple(&p->shape) || p->shape.rank < want_rank)
     return kiln__fail(cx, "%s has shape %s, expected a tuple of %u elements", kiln__on(cx, 0),
                       kiln__sh(cx, &p->shape), (unsigned)want_rank);
@@ -325,7 +325,8 @@ static int infer_recv_done(kiln__ictx *cx, kiln_shape *out) {
 static int infer_infeed(kiln__ictx *cx, kiln_shape *out) {
   const kiln_shape *w = NULL;
   int rc;
-  if ((rc = expect_token(cx, 0)) || (rc = need_written(cx, "the infed data's shape", &w))) return rc;
+  if ((rc = expect_token(cx, 0)) || (rc = need_written(cx, "the infed data's shape", &w)))
+    return rc;
   if (!(kiln_shape_is_tuple(w) && w->rank == 2 && is_token(&w->tuple[1])))
     return kiln__fail(cx, "result must be (data, token[]), found %s", kiln__sh(cx, w));
   return kiln__copy(cx, out, w);

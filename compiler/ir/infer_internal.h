@@ -24,8 +24,8 @@
 typedef struct kiln__ictx {
   const kiln_module *m;
   const kiln_instr *ins;
-  kiln_arena *out;   /* the inferred shape is allocated here */
-  kiln_arena *tmp;   /* scratch: message strings, temporary shapes */
+  kiln_arena *out; /* the inferred shape is allocated here */
+  kiln_arena *tmp; /* scratch: message strings, temporary shapes */
   kiln_status *st;
   /* The instruction's written result shape when it has a valid one, else
    * NULL. Ops whose result type cannot come from operands (convert, iota,
@@ -39,7 +39,7 @@ typedef struct kiln__sig {
   const kiln_computation *c;
   const kiln_shape **params; /* nparams entries, by parameter number */
   uint32_t nparams;
-  const kiln_shape *result;  /* the root's shape */
+  const kiln_shape *result; /* the root's shape */
 } kiln__sig;
 
 /* Infers the shape of cx->ins into *out (arena cx->out, no layouts). */
@@ -97,8 +97,7 @@ int kiln__attr_int(kiln__ictx *cx, kiln_attr_key k, bool required, int64_t dflt,
 /* A list attribute; missing and not required gives an empty list. */
 int kiln__attr_ints(kiln__ictx *cx, kiln_attr_key k, bool required, kiln_i64s *out);
 /* Every entry of v is a dimension in [0, rank) and none repeats. */
-int kiln__check_dims(kiln__ictx *cx, const char *what, const int64_t *v, uint32_t n,
-                     int64_t rank);
+int kiln__check_dims(kiln__ictx *cx, const char *what, const int64_t *v, uint32_t n, int64_t rank);
 
 /* Shapes. */
 bool kiln__same_type_ignoring_fp(kiln_dtype a, kiln_dtype b);
@@ -114,8 +113,7 @@ int kiln__make_array(kiln__ictx *cx, kiln_shape *out, kiln_dtype t, const int64_
                      const uint8_t *dyn, uint32_t rank);
 /* Deep copy into cx->out without layouts. */
 int kiln__copy(kiln__ictx *cx, kiln_shape *out, const kiln_shape *src);
-int kiln__make_tuple(kiln__ictx *cx, kiln_shape *out, const kiln_shape *const *elems,
-                     uint32_t n);
+int kiln__make_tuple(kiln__ictx *cx, kiln_shape *out, const kiln_shape *const *elems, uint32_t n);
 /* Structural sanity of a shape that may come from hostile input: valid
  * dtype, dims present and >= 0, tuples present, nesting bounded. */
 bool kiln__shape_sane(const kiln_shape *s, int depth);
@@ -129,7 +127,6 @@ int kiln__infer_collective(kiln__ictx *cx, kiln_shape *out);    /* infer_collect
 bool kiln__is_collective_op(kiln_opcode op);
 /* Tuple `base` extended with the elements of the written shape past its
  * own (the context of async start ops, which XLA leaves free). */
-int kiln__with_context(kiln__ictx *cx, kiln_shape *out, const kiln_shape *const *elems,
-                       uint32_t n);
+int kiln__with_context(kiln__ictx *cx, kiln_shape *out, const kiln_shape *const *elems, uint32_t n);
 
 #endif /* KILN_COMPILER_IR_INFER_INTERNAL_H */

@@ -31,8 +31,9 @@ static int single_dim(kiln__ictx *cx, int64_t rank, int64_t *d) {
   kiln_i64s v = {0};
   int rc = kiln__attr_ints(cx, KILN_ATTR_DIMENSIONS, true, &v);
   if (rc) return rc;
-  if (v.n != 1) return kiln__fail(cx, "dimensions=%s must name exactly one dimension",
-                                  kiln__ints(cx, v.v, v.n));
+  if (v.n != 1)
+    return kiln__fail(cx, "dimensions=%s must name exactly one dimension",
+                      kiln__ints(cx, v.v, v.n));
   if ((rc = kiln__check_dims(cx, "dimensions", v.v, 1, rank))) return rc;
   *d = v.v[0];
   return 0;
@@ -158,11 +159,14 @@ static int infer_slice(kiln__ictx *cx, kiln_shape *out) {
  * operand), or the old form, one integer vector of N elements. */
 static int check_start_indices(kiln__ictx *cx, uint32_t first, uint32_t rank) {
   uint32_t n = cx->ins->noperands - first;
-  if (n >= 1 && kiln_shape_is_array(kiln__oshape(cx, first)) && kiln__oshape(cx, first)->rank == 1) {
+  if (n >= 1 && kiln_shape_is_array(kiln__oshape(cx, first)) &&
+      kiln__oshape(cx, first)->rank == 1) {
     const kiln_shape *v = kiln__oshape(cx, first);
     if (n != 1)
-      return kiln__fail(cx, "%s is a vector of start indices, so it must be the only one; found %u "
-                        "index operands", kiln__on(cx, first), (unsigned)n);
+      return kiln__fail(cx,
+                        "%s is a vector of start indices, so it must be the only one; found %u "
+                        "index operands",
+                        kiln__on(cx, first), (unsigned)n);
     if (!kiln_dtype_is_integral(v->dtype))
       return kiln__fail(cx, "%s holds start indices and must have an integer type, found %s",
                         kiln__on(cx, first), kiln__sh(cx, v));
@@ -258,8 +262,8 @@ static int infer_concatenate(kiln__ictx *cx, kiln_shape *out) {
       return kiln__fail(cx, "%s has type %s but %s has type %s", kiln__on(cx, i), kiln__sh(cx, o),
                         kiln__on(cx, 0), kiln__sh(cx, s));
     if (o->rank != s->rank)
-      return kiln__fail(cx, "%s has rank %u but %s has rank %u", kiln__on(cx, i),
-                        (unsigned)o->rank, kiln__on(cx, 0), (unsigned)s->rank);
+      return kiln__fail(cx, "%s has rank %u but %s has rank %u", kiln__on(cx, i), (unsigned)o->rank,
+                        kiln__on(cx, 0), (unsigned)s->rank);
     for (uint32_t k = 0; k < s->rank; k++) {
       if (k != d && o->dims[k] != s->dims[k])
         return kiln__fail(cx, "%s has shape %s but %s has shape %s; only dimension %lld may differ",
@@ -283,8 +287,8 @@ static int infer_pad(kiln__ictx *cx, kiln_shape *out) {
   if ((rc = kiln__attr_ints(cx, KILN_ATTR_PADDING, true, &p)) || (rc = rank_ok(cx, s->rank)))
     return rc;
   if (v->rank != 0)
-    return kiln__fail(cx, "%s is the padding value and must be a scalar, found %s",
-                      kiln__on(cx, 1), kiln__sh(cx, v));
+    return kiln__fail(cx, "%s is the padding value and must be a scalar, found %s", kiln__on(cx, 1),
+                      kiln__sh(cx, v));
   if (!kiln__same_type_ignoring_fp(v->dtype, s->dtype))
     return kiln__fail(cx, "%s has type %s but %s has type %s", kiln__on(cx, 1), kiln__sh(cx, v),
                       kiln__on(cx, 0), kiln__sh(cx, s));
@@ -301,9 +305,10 @@ static int infer_pad(kiln__ictx *cx, kiln_shape *out) {
         !kiln__add(r, hi, &r))
       return kiln__fail(cx, "dimension %u: the padded size overflows", i);
     if (r < 0)
-      return kiln__fail(cx, "dimension %u: padding %lld_%lld_%lld of size %lld gives a negative "
-                        "size %lld", i, (long long)lo, (long long)hi, (long long)in, (long long)n,
-                        (long long)r);
+      return kiln__fail(cx,
+                        "dimension %u: padding %lld_%lld_%lld of size %lld gives a negative "
+                        "size %lld",
+                        i, (long long)lo, (long long)hi, (long long)in, (long long)n, (long long)r);
     dims[i] = r;
     dyn[i] = kiln__is_dyn(s, i);
   }
@@ -327,8 +332,8 @@ static int infer_iota(kiln__ictx *cx, kiln_shape *out) {
   if ((rc = written_array(cx, "iota has no operands", &w)) ||
       (rc = kiln__attr_int(cx, KILN_ATTR_IOTA_DIMENSION, true, 0, &d)))
     return rc;
-  if (w->rank == 0) return kiln__fail(cx, "the result must have rank 1 or more, found %s",
-                                      kiln__sh(cx, w));
+  if (w->rank == 0)
+    return kiln__fail(cx, "the result must have rank 1 or more, found %s", kiln__sh(cx, w));
   if (d < 0 || d >= w->rank)
     return kiln__fail(cx, "iota_dimension %lld is out of range for the result %s", (long long)d,
                       kiln__sh(cx, w));
@@ -338,7 +343,8 @@ static int infer_iota(kiln__ictx *cx, kiln_shape *out) {
 static int infer_bitcast(kiln__ictx *cx, kiln_shape *out) {
   const kiln_shape *w = NULL;
   int rc;
-  if ((rc = kiln__expect_array(cx, 0, NULL)) || (rc = written_array(cx, "bitcast reinterprets", &w)))
+  if ((rc = kiln__expect_array(cx, 0, NULL)) ||
+      (rc = written_array(cx, "bitcast reinterprets", &w)))
     return rc;
   const kiln_shape *s = kiln__oshape(cx, 0);
   int64_t a = kiln_shape_elements(s), b = kiln_shape_elements(w), ab, bb;
@@ -346,9 +352,8 @@ static int infer_bitcast(kiln__ictx *cx, kiln_shape *out) {
       !kiln__mul(b, kiln_dtype_bits(w->dtype), &bb))
     return kiln__fail(cx, "the size of %s or of the result overflows", kiln__on(cx, 0));
   if (ab != bb)
-    return kiln__fail(cx, "%s %s has %lld bits of data but the result %s has %lld",
-                      kiln__on(cx, 0), kiln__sh(cx, s), (long long)ab, kiln__sh(cx, w),
-                      (long long)bb);
+    return kiln__fail(cx, "%s %s has %lld bits of data but the result %s has %lld", kiln__on(cx, 0),
+                      kiln__sh(cx, s), (long long)ab, kiln__sh(cx, w), (long long)bb);
   return kiln__copy(cx, out, w);
 }
 

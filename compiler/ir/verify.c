@@ -70,13 +70,16 @@ static int check_entry(vctx *v) {
     if (m->comps[i]->id != i)
       return fail_at(v, cname(m->comps[i]), "computation #%u says it has id %u", (unsigned)i,
                      (unsigned)m->comps[i]->id);
-    if (m->comps[i]->name == NULL) return fail_at(v, NULL, "computation #%u has no name", (unsigned)i);
+    if (m->comps[i]->name == NULL)
+      return fail_at(v, NULL, "computation #%u has no name", (unsigned)i);
   }
   if (m->entry >= m->ncomps) {
     for (uint32_t i = 0; i < m->ncomps; i++)
       if (m->comps[i]->is_entry)
-        return fail_at(v, cname(m->comps[i]), "computation %%%s is marked ENTRY but the module "
-                       "does not name it as its entry", cname(m->comps[i]));
+        return fail_at(v, cname(m->comps[i]),
+                       "computation %%%s is marked ENTRY but the module "
+                       "does not name it as its entry",
+                       cname(m->comps[i]));
     return fail_at(v, NULL, "module has no ENTRY computation");
   }
   for (uint32_t i = 0; i < m->ncomps; i++)
@@ -99,16 +102,19 @@ static int check_comp_names(vctx *v) {
 
 static int check_instr_table(vctx *v) {
   const kiln_module *m = v->m;
-  if (m->ninstrs && m->instrs == NULL) return fail_at(v, NULL, "module's instruction list is missing");
+  if (m->ninstrs && m->instrs == NULL)
+    return fail_at(v, NULL, "module's instruction list is missing");
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
     if (ins == NULL) return fail_at(v, NULL, "instruction id %u is missing", (unsigned)i);
-    if (ins->id != i) return fail_at(v, NULL, "instruction #%u says it has id %u", (unsigned)i,
-                                     (unsigned)ins->id);
+    if (ins->id != i)
+      return fail_at(v, NULL, "instruction #%u says it has id %u", (unsigned)i, (unsigned)ins->id);
     if (ins->name == NULL) return fail_at(v, NULL, "instruction #%u has no name", (unsigned)i);
     if (ins->comp >= m->ncomps)
-      return fail_at(v, ins->name, "instruction %%%s belongs to computation id %u, which does not "
-                     "exist", ins->name, (unsigned)ins->comp);
+      return fail_at(v, ins->name,
+                     "instruction %%%s belongs to computation id %u, which does not "
+                     "exist",
+                     ins->name, (unsigned)ins->comp);
   }
   return 0;
 }
@@ -128,9 +134,10 @@ static int check_params(vctx *v, const kiln_computation *c) {
     if (p->op != KILN_OP_PARAMETER) continue;
     kiln__where(m, p, where, sizeof where);
     if (p->param_number < 0 || p->param_number >= np)
-      rc = fail_at(v, where, "parameter: number %lld is out of range: %%%s has %u parameters, "
-                   "numbered 0 to %u", (long long)p->param_number, cname(c), (unsigned)np,
-                   (unsigned)np - 1);
+      rc = fail_at(v, where,
+                   "parameter: number %lld is out of range: %%%s has %u parameters, "
+                   "numbered 0 to %u",
+                   (long long)p->param_number, cname(c), (unsigned)np, (unsigned)np - 1);
     else if (by_num[p->param_number] != KILN_NO_ID)
       rc = fail_at(v, where, "parameter: number %lld is already used by %%%s",
                    (long long)p->param_number, m->instrs[by_num[p->param_number]]->name);
@@ -143,9 +150,10 @@ static int check_params(vctx *v, const kiln_computation *c) {
 
 static int check_computation(vctx *v, const kiln_computation *c) {
   const kiln_module *m = v->m;
-  if (c->ninstrs == 0) return fail_at(v, cname(c), "computation %%%s has no instructions", cname(c));
-  if (c->instrs == NULL) return fail_at(v, cname(c), "computation %%%s has no instruction list",
-                                        cname(c));
+  if (c->ninstrs == 0)
+    return fail_at(v, cname(c), "computation %%%s has no instructions", cname(c));
+  if (c->instrs == NULL)
+    return fail_at(v, cname(c), "computation %%%s has no instruction list", cname(c));
   for (uint32_t k = 0; k < c->ninstrs; k++) {
     kiln_id id = c->instrs[k];
     if (id >= m->ninstrs)
@@ -162,8 +170,10 @@ static int check_computation(vctx *v, const kiln_computation *c) {
     v->pos[id] = k;
   }
   if (c->root != KILN_NO_ID && (c->root >= m->ninstrs || v->owner[c->root] != c->id))
-    return fail_at(v, cname(c), "computation %%%s has root id %u, which is not one of its "
-                   "instructions", cname(c), (unsigned)c->root);
+    return fail_at(v, cname(c),
+                   "computation %%%s has root id %u, which is not one of its "
+                   "instructions",
+                   cname(c), (unsigned)c->root);
   const char **names = kiln_calloc(c->ninstrs, sizeof *names);
   if (names == NULL) return kiln_status_set(v->st, KILN_ENOMEM, NULL, "out of memory");
   for (uint32_t k = 0; k < c->ninstrs; k++) names[k] = m->instrs[c->instrs[k]]->name;
@@ -185,8 +195,10 @@ static int check_tables(vctx *v) {
     if ((rc = check_computation(v, m->comps[i]))) return rc;
   for (uint32_t i = 0; i < m->ninstrs; i++)
     if (v->owner[i] == NONE)
-      return fail_at(v, m->instrs[i]->name, "instruction %%%s is not listed in its computation "
-                     "%%%s", m->instrs[i]->name, cname(m->comps[m->instrs[i]->comp]));
+      return fail_at(v, m->instrs[i]->name,
+                     "instruction %%%s is not listed in its computation "
+                     "%%%s",
+                     m->instrs[i]->name, cname(m->comps[m->instrs[i]->comp]));
   return 0;
 }
 
@@ -320,8 +332,8 @@ static int check_edges(vctx *v) {
   int rc;
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
-    if ((ins->noperands && ins->operands == NULL) || (ins->ncontrol && ins->control_preds == NULL) ||
-        (ins->ncalled && ins->called == NULL)) {
+    if ((ins->noperands && ins->operands == NULL) ||
+        (ins->ncontrol && ins->control_preds == NULL) || (ins->ncalled && ins->called == NULL)) {
       char where[KILN_STATUS_WHERE_MAX];
       kiln__where(m, ins, where, sizeof where);
       return fail_at(v, where, "%s: an operand, control or called list is missing",
@@ -351,7 +363,8 @@ static int report_cycle(vctx *v, const frame *stack, uint32_t depth, uint32_t ta
   kiln_sbuf b = KILN_SBUF_INIT;
   uint32_t from = 0;
   while (stack[from].comp != target) from++;
-  for (uint32_t i = from; i < depth; i++) kiln_sbuf_printf(&b, "%%%s -> ", cname(m->comps[stack[i].comp]));
+  for (uint32_t i = from; i < depth; i++)
+    kiln_sbuf_printf(&b, "%%%s -> ", cname(m->comps[stack[i].comp]));
   kiln_sbuf_printf(&b, "%%%s", cname(m->comps[target]));
   char where[KILN_STATUS_WHERE_MAX];
   kiln__where(m, at, where, sizeof where);
@@ -418,14 +431,28 @@ out_free:
 /* Ops that only move data keep their exact element type (XLA's list). */
 static bool strict_precision(kiln_opcode op) {
   switch (op) {
-  case KILN_OP_BITCAST: case KILN_OP_CALL: case KILN_OP_CONDITIONAL: case KILN_OP_CONSTANT:
-  case KILN_OP_COPY_DONE: case KILN_OP_COPY_START: case KILN_OP_CUSTOM_CALL:
-  case KILN_OP_DYNAMIC_UPDATE_SLICE: case KILN_OP_GET_TUPLE_ELEMENT: case KILN_OP_INFEED:
-  case KILN_OP_OUTFEED: case KILN_OP_OPTIMIZATION_BARRIER: case KILN_OP_PARAMETER:
-  case KILN_OP_RECV: case KILN_OP_RECV_DONE: case KILN_OP_SEND: case KILN_OP_SEND_DONE:
-  case KILN_OP_TUPLE: case KILN_OP_WHILE: case KILN_OP_ASYNC_START: case KILN_OP_ASYNC_UPDATE:
-  case KILN_OP_ASYNC_DONE:
-    return true;
+  case KILN_OP_BITCAST:
+  case KILN_OP_CALL:
+  case KILN_OP_CONDITIONAL:
+  case KILN_OP_CONSTANT:
+  case KILN_OP_COPY_DONE:
+  case KILN_OP_COPY_START:
+  case KILN_OP_CUSTOM_CALL:
+  case KILN_OP_DYNAMIC_UPDATE_SLICE:
+  case KILN_OP_GET_TUPLE_ELEMENT:
+  case KILN_OP_INFEED:
+  case KILN_OP_OUTFEED:
+  case KILN_OP_OPTIMIZATION_BARRIER:
+  case KILN_OP_PARAMETER:
+  case KILN_OP_RECV:
+  case KILN_OP_RECV_DONE:
+  case KILN_OP_SEND:
+  case KILN_OP_SEND_DONE:
+  case KILN_OP_TUPLE:
+  case KILN_OP_WHILE:
+  case KILN_OP_ASYNC_START:
+  case KILN_OP_ASYNC_UPDATE:
+  case KILN_OP_ASYNC_DONE: return true;
   default: return false;
   }
 }
@@ -501,8 +528,10 @@ static int check_entry_layout(vctx *v) {
   char msg[512];
   kiln_sbuf a = KILN_SBUF_INIT, b = KILN_SBUF_INIT;
   int rc = 0;
-  if (ps->nparams && ps->params == NULL) return fail_at(v, cname(e), "entry_computation_layout: "
-                                                        "parameter list is missing");
+  if (ps->nparams && ps->params == NULL)
+    return fail_at(v, cname(e),
+                   "entry_computation_layout: "
+                   "parameter list is missing");
   for (uint32_t i = 0; i < ps->nparams && !rc; i++)
     if (!shape_valid(v, &ps->params[i], 0, msg, sizeof msg))
       rc = fail_at(v, cname(e), "entry_computation_layout: parameter %u: %s", (unsigned)i, msg);
@@ -516,16 +545,20 @@ static int check_entry_layout(vctx *v) {
     if (p && !kiln__compatible(&ps->params[i], &p->shape, false)) {
       kiln_shape_print_short(&a, &ps->params[i]);
       kiln_shape_print_short(&b, &p->shape);
-      rc = fail_at(v, cname(e), "entry_computation_layout: parameter %u is %s but parameter %%%s "
-                   "has shape %s", (unsigned)i, kiln_sbuf_str(&a), p->name, kiln_sbuf_str(&b));
+      rc = fail_at(v, cname(e),
+                   "entry_computation_layout: parameter %u is %s but parameter %%%s "
+                   "has shape %s",
+                   (unsigned)i, kiln_sbuf_str(&a), p->name, kiln_sbuf_str(&b));
     }
   }
   const kiln_instr *root = kiln_computation_root(m, e);
   if (!rc && root && !kiln__compatible(&ps->result, &root->shape, false)) {
     kiln_shape_print_short(&a, &ps->result);
     kiln_shape_print_short(&b, &root->shape);
-    rc = fail_at(v, cname(e), "entry_computation_layout: the result is %s but root %%%s has "
-                 "shape %s", kiln_sbuf_str(&a), root->name, kiln_sbuf_str(&b));
+    rc = fail_at(v, cname(e),
+                 "entry_computation_layout: the result is %s but root %%%s has "
+                 "shape %s",
+                 kiln_sbuf_str(&a), root->name, kiln_sbuf_str(&b));
   }
   kiln_sbuf_free(&a);
   kiln_sbuf_free(&b);
@@ -546,19 +579,23 @@ static int check_aliases(vctx *v) {
   const kiln_instr *root = kiln_computation_root(m, e);
   uint32_t np = kiln_computation_nparams(m, e);
   char ob[128], pb[128];
-  if (m->naliases && m->aliases == NULL) return fail_at(v, NULL, "input_output_alias: list is missing");
+  if (m->naliases && m->aliases == NULL)
+    return fail_at(v, NULL, "input_output_alias: list is missing");
   for (uint32_t i = 0; i < m->naliases; i++) {
     const kiln_alias *al = &m->aliases[i];
     if ((al->output_index.n && !al->output_index.v) || (al->param_index.n && !al->param_index.v))
       return fail_at(v, NULL, "input_output_alias: entry %u has a missing index", (unsigned)i);
     index_text(ob, sizeof ob, &al->output_index);
     index_text(pb, sizeof pb, &al->param_index);
-    const kiln_shape *os = kiln_shape_subshape(&root->shape, al->output_index.v, al->output_index.n);
+    const kiln_shape *os =
+        kiln_shape_subshape(&root->shape, al->output_index.v, al->output_index.n);
     if (os == NULL)
       return fail_at(v, NULL, "input_output_alias: output %s is not an index into the result", ob);
     if (al->param_number < 0 || al->param_number >= np)
-      return fail_at(v, NULL, "input_output_alias: output %s names parameter %lld, but the entry "
-                     "has %u parameters", ob, (long long)al->param_number, (unsigned)np);
+      return fail_at(v, NULL,
+                     "input_output_alias: output %s names parameter %lld, but the entry "
+                     "has %u parameters",
+                     ob, (long long)al->param_number, (unsigned)np);
     const kiln_instr *p = kiln_computation_param(m, e, al->param_number);
     const kiln_shape *ps = kiln_shape_subshape(&p->shape, al->param_index.v, al->param_index.n);
     if (ps == NULL)
@@ -566,8 +603,10 @@ static int check_aliases(vctx *v) {
                      (long long)al->param_number);
     if (!kiln_shape_is_array(os) || !kiln_shape_is_array(ps) ||
         kiln_shape_bytes(os) != kiln_shape_bytes(ps))
-      return fail_at(v, NULL, "input_output_alias: output %s and parameter %lld at %s differ in "
-                     "size", ob, (long long)al->param_number, pb);
+      return fail_at(v, NULL,
+                     "input_output_alias: output %s and parameter %lld at %s differ in "
+                     "size",
+                     ob, (long long)al->param_number, pb);
     for (uint32_t j = 0; j < i; j++) {
       const kiln_i64s *x = &m->aliases[j].output_index;
       if (x->n == al->output_index.n &&

@@ -16,42 +16,42 @@
 #include "compiler/ir/verify.h"
 
 /* Helper computations every case may call. */
-#define COMPS                                                                   \
-  "HloModule t\n"                                                               \
-  "sum {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"                   \
-  " ROOT s = f32[] add(a, b)\n}\n"                                              \
-  "sum3 {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"                  \
-  " c = f32[] parameter(2)\n ROOT s = f32[] add(a, b)\n}\n"                     \
-  "mul2 {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"                  \
-  " ROOT s = f32[] multiply(a, b)\n}\n"                                         \
-  "lt {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"                    \
-  " ROOT r = pred[] compare(a, b), direction=LT\n}\n"                           \
-  "lt2 {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"                   \
-  " c = s32[] parameter(2)\n d = s32[] parameter(3)\n"                          \
-  " ROOT r = pred[] compare(a, b), direction=LT\n}\n"                           \
-  "ge {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"                    \
-  " ROOT r = pred[] compare(a, b), direction=GE\n}\n"                           \
-  "argmax {\n av = f32[] parameter(0)\n ai = s32[] parameter(1)\n"              \
-  " bv = f32[] parameter(2)\n bi = s32[] parameter(3)\n"                        \
+#define COMPS \
+  "HloModule t\n" \
+  "sum {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n" \
+  " ROOT s = f32[] add(a, b)\n}\n" \
+  "sum3 {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n" \
+  " c = f32[] parameter(2)\n ROOT s = f32[] add(a, b)\n}\n" \
+  "mul2 {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n" \
+  " ROOT s = f32[] multiply(a, b)\n}\n" \
+  "lt {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n" \
+  " ROOT r = pred[] compare(a, b), direction=LT\n}\n" \
+  "lt2 {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n" \
+  " c = s32[] parameter(2)\n d = s32[] parameter(3)\n" \
+  " ROOT r = pred[] compare(a, b), direction=LT\n}\n" \
+  "ge {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n" \
+  " ROOT r = pred[] compare(a, b), direction=GE\n}\n" \
+  "argmax {\n av = f32[] parameter(0)\n ai = s32[] parameter(1)\n" \
+  " bv = f32[] parameter(2)\n bi = s32[] parameter(3)\n" \
   " gt = pred[] compare(av, bv), direction=GT\n v = f32[] select(gt, av, bv)\n" \
-  " i = s32[] select(gt, ai, bi)\n ROOT r = (f32[], s32[]) tuple(v, i)\n}\n"    \
-  "cond {\n p = (s32[], f32[4]) parameter(0)\n"                                 \
-  " i = s32[] get-tuple-element(p), index=0\n n = s32[] constant(10)\n"         \
-  " ROOT c = pred[] compare(i, n), direction=LT\n}\n"                           \
-  "body {\n p = (s32[], f32[4]) parameter(0)\n"                                 \
-  " i = s32[] get-tuple-element(p), index=0\n one = s32[] constant(1)\n"        \
-  " j = s32[] add(i, one)\n x = f32[4] get-tuple-element(p), index=1\n"         \
-  " ROOT t = (s32[], f32[4]) tuple(j, x)\n}\n"                                  \
-  "neg {\n p = f32[4] parameter(0)\n ROOT n = f32[4] negate(p)\n}\n"            \
+  " i = s32[] select(gt, ai, bi)\n ROOT r = (f32[], s32[]) tuple(v, i)\n}\n" \
+  "cond {\n p = (s32[], f32[4]) parameter(0)\n" \
+  " i = s32[] get-tuple-element(p), index=0\n n = s32[] constant(10)\n" \
+  " ROOT c = pred[] compare(i, n), direction=LT\n}\n" \
+  "body {\n p = (s32[], f32[4]) parameter(0)\n" \
+  " i = s32[] get-tuple-element(p), index=0\n one = s32[] constant(1)\n" \
+  " j = s32[] add(i, one)\n x = f32[4] get-tuple-element(p), index=1\n" \
+  " ROOT t = (s32[], f32[4]) tuple(j, x)\n}\n" \
+  "neg {\n p = f32[4] parameter(0)\n ROOT n = f32[4] negate(p)\n}\n" \
   "absf {\n p = f32[4] parameter(0)\n ROOT n = f32[4] abs(p)\n}\n"
 
 /* Entry parameters every case may use; cases add their own from 11 on. */
-#define PARAMS                                                              \
-  "ENTRY main {\n f = f32[2,3] parameter(0)\n g = f32[2,3] parameter(1)\n"  \
-  " i = s32[2,3] parameter(2)\n p = pred[2,3] parameter(3)\n"               \
-  " s = f32[] parameter(4)\n k = s32[] parameter(5)\n"                      \
-  " c = c64[2,3] parameter(6)\n h = bf16[2,3] parameter(7)\n"               \
-  " u = u32[2,3] parameter(8)\n v = f32[4] parameter(9)\n"                  \
+#define PARAMS \
+  "ENTRY main {\n f = f32[2,3] parameter(0)\n g = f32[2,3] parameter(1)\n" \
+  " i = s32[2,3] parameter(2)\n p = pred[2,3] parameter(3)\n" \
+  " s = f32[] parameter(4)\n k = s32[] parameter(5)\n" \
+  " c = c64[2,3] parameter(6)\n h = bf16[2,3] parameter(7)\n" \
+  " u = u32[2,3] parameter(8)\n v = f32[4] parameter(9)\n" \
   " t = token[] parameter(10)\n"
 
 enum { KEEP = 0, STRIP = 1 };
@@ -204,7 +204,8 @@ static const icase cases[] = {
      E("dynamic-slice: operand 2 (%j) has type s64[] but operand 1 (%k) has type s32[]; start "
        "indices must have one type")},
     {"x = f32[1,2] dynamic-slice(f, s, s), dynamic_slice_sizes={1,2}", STRIP,
-     E("dynamic-slice: operand 1 (%s) is a start index and must be an integer scalar, found f32[]")},
+     E("dynamic-slice: operand 1 (%s) is a start index and must be an integer scalar, found "
+       "f32[]")},
     {"w = f32[1,3] parameter(11)\n x = f32[2,3] dynamic-update-slice(f, w, k, k)", STRIP,
      "f32[2,3]"},
     {"w = f32[3,3] parameter(11)\n x = f32[2,3] dynamic-update-slice(f, w, k, k)", STRIP,
@@ -343,8 +344,7 @@ static const icase cases[] = {
      " x = f32[2,5,4] gather(op, ix), offset_dims={2}, collapsed_slice_dims={1},"
      " start_index_map={1}, operand_batching_dims={0}, start_indices_batching_dims={0},"
      " index_vector_dim=2, slice_sizes={1,1,4}",
-     STRIP,
-     E("gather: indices batching dim 0 has size 3 but operand batching dim 0 has size 2")},
+     STRIP, E("gather: indices batching dim 0 has size 3 but operand batching dim 0 has size 2")},
     {"op = f32[3,4] parameter(11)\n ix = s32[5,1] parameter(12)\n"
      " x = f32[5,4] gather(op, ix), offset_dims={1}, collapsed_slice_dims={0},"
      " start_index_map={0}, index_vector_dim=1, slice_sizes={2,4}",
@@ -459,8 +459,7 @@ static const icase cases[] = {
     {"x = f32[7] custom-call(v), custom_call_target=\"foo\"", STRIP,
      E("custom-call: the result shape must be written for this op (a custom call declares its "
        "result)")},
-    {"x = ((f32[4]), f32[4], s32[]) async-start(v), calls=neg", KEEP,
-     "((f32[4]), f32[4], s32[])"},
+    {"x = ((f32[4]), f32[4], s32[]) async-start(v), calls=neg", KEEP, "((f32[4]), f32[4], s32[])"},
     {"x = ((f32[4]), f32[4], s32[]) async-start(v), calls=neg", STRIP, "((f32[4]), f32[4])"},
     {"x = ((f32[2,3]), f32[4]) async-start(f), calls=neg", STRIP,
      E("async-start: calls %neg parameter 0 has shape f32[4] but operand 0 (%f) has shape "
@@ -510,7 +509,7 @@ static const icase cases[] = {
      " channel_id=1",
      STRIP, "token[]"},
     {"x = token[] send-done(v), channel_id=1", STRIP,
-     E("send-done: operand 0 (%v) must be a send, found parameter")},
+     E("send-done: operand 0 (%v) must be produced by send, found parameter")},
     {"x = (f32[4], u32[], token[]) recv(t), channel_id=1", KEEP, "(f32[4], u32[], token[])"},
     {"rv = (f32[4], u32[], token[]) recv(t), channel_id=1\n"
      " x = (f32[4], token[]) recv-done(rv), channel_id=1",
@@ -549,8 +548,7 @@ static const icase cases[] = {
      STRIP, "f32[8]"},
     {"x = f32[2] reduce-scatter(v), dimensions={0}, replica_groups={{0,1}}, to_apply=sum", STRIP,
      "f32[2]"},
-    {"x = f32[2] reduce-scatter(v), dimensions={0}, replica_groups={{0,1,2}}, to_apply=sum",
-     STRIP,
+    {"x = f32[2] reduce-scatter(v), dimensions={0}, replica_groups={{0,1,2}}, to_apply=sum", STRIP,
      E("reduce-scatter: operand 0 (%v) dimension 0 has size 4, not a multiple of the group size "
        "3")},
     {"x = f32[4] all-to-all(v), dimensions={0}, replica_groups={{0,1}}", STRIP, "f32[4]"},
@@ -563,8 +561,8 @@ static const icase cases[] = {
     {"x = f32[4] collective-permute(v), source_target_pairs={{0,1},{1,0}}", STRIP, "f32[4]"},
     {"x = f32[4] collective-permute(v), source_target_pairs={{0,1},{0,2}}", STRIP,
      E("collective-permute: source_target_pairs: source 0 appears twice")},
-    {"x = (f32[4], f32[4]) collective-permute-start(v), source_target_pairs={{0,1},{1,0}}",
-     STRIP, "(f32[4], f32[4])"},
+    {"x = (f32[4], f32[4]) collective-permute-start(v), source_target_pairs={{0,1},{1,0}}", STRIP,
+     "(f32[4], f32[4])"},
     {"x = (f32[4], f32[4], u32[], u32[]) collective-permute-start(v),"
      " source_target_pairs={{0,1},{1,0}}",
      KEEP, "(f32[4], f32[4], u32[], u32[])"},
@@ -572,6 +570,20 @@ static const icase cases[] = {
      " x = f32[4] collective-permute-done(st)",
      STRIP, "f32[4]"},
     {"x = f32[4] collective-broadcast(v), replica_groups={{0,1}}", STRIP, "f32[4]"},
+    {"x = (f32[4], f32[2,3]) collective-broadcast(v, f), replica_groups={{0,1}}", STRIP,
+     "(f32[4], f32[2,3])"},
+    {"o = f32[2] parameter(11)\n"
+     " x = f32[4] ragged-all-to-all(v, v, o, o, o, o), replica_groups={{0,1}}",
+     STRIP,
+     E("ragged-all-to-all: operand 2 (%o) holds offsets or sizes and must have an integer type, "
+       "found f32[2]")},
+    {"x = f32[8] all-gather-done(v)", STRIP,
+     E("all-gather-done: operand 0 (%v) must be produced by all-gather-start, found parameter")},
+    {"x = f32[4] copy-done(v)", STRIP,
+     E("copy-done: operand 0 (%v) must be produced by copy-start, found parameter")},
+    {"x = f32[4] fusion(v, f), kind=kLoop, calls=neg", STRIP, "f32[4]"},
+    {"x = f32[4] fusion(), kind=kLoop, calls=neg", STRIP,
+     E("fusion: calls %neg takes 1 parameters but the instruction has 0 operands")},
 };
 
 enum { NCASES = sizeof cases / sizeof cases[0] };
@@ -587,8 +599,7 @@ static kiln_instr *find_instr(kiln_module *m, const char *name) {
  * "PARSE ..." when the snippet itself does not parse. */
 static char *run_case(const icase *c) {
   kiln_sbuf b = KILN_SBUF_INIT;
-  kiln_sbuf_printf(&b, "%s%s %s\n ROOT r = token[] after-all()\n}\n", COMPS PARAMS, "",
-                   c->body);
+  kiln_sbuf_printf(&b, "%s%s %s\n ROOT r = token[] after-all()\n}\n", COMPS PARAMS, "", c->body);
   char *text = kiln_sbuf_detach(&b, NULL);
   kiln_module *m = NULL;
   kiln_status st;
@@ -685,6 +696,36 @@ START_TEST(test_infer_garbage_ids) {
 }
 END_TEST
 
+/* domain has no text form the tests can write; build it. */
+START_TEST(test_infer_domain) {
+  kiln_module *m = kiln_module_create("m");
+  uint32_t c;
+  ck_assert_int_eq(kiln_module_add_computation(m, "main", &c), 0);
+  m->entry = c;
+  kiln_instr *p = kiln_module_add_instr(m, c, KILN_OP_PARAMETER, "p");
+  int64_t d[2] = {2, 3};
+  kiln_shape s;
+  ck_assert_int_eq(kiln_shape_make_array(m->arena, &s, KILN_S8, d, 2), 0);
+  ck_assert_int_eq(kiln_instr_set_shape(m, p, &s), 0);
+  kiln_instr *x = kiln_module_add_instr(m, c, KILN_OP_DOMAIN, "x");
+  ck_assert_int_eq(kiln_instr_set_operands(m, x, &p->id, 1), 0);
+  kiln_arena *a = kiln_arena_create();
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_infer_shape(m, x, a, &s, &st), 0);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_shape_print(&b, &s);
+  ck_assert_str_eq(kiln_sbuf_str(&b), "s8[2,3]");
+  kiln_sbuf_free(&b);
+  ck_assert_int_eq(kiln_instr_set_operands(m, x, NULL, 0), 0);
+  ck_assert_int_eq(kiln_infer_shape(m, x, a, &s, &st), KILN_EVERIFY);
+  ck_assert_str_eq(st.where, "main/x");
+  ck_assert_str_eq(st.msg, "domain: takes 1 operands, found 0");
+  kiln_arena_destroy(a);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("infer");
   TCase *tc = tcase_create("ops");
@@ -692,6 +733,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_infer_case, 0, NCASES);
   tcase_add_test(tc, test_infer_codes);
   tcase_add_test(tc, test_infer_garbage_ids);
+  tcase_add_test(tc, test_infer_domain);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);

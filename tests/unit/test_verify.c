@@ -31,9 +31,8 @@ static bm new_module(void) {
   return b;
 }
 
-static kiln_instr *add(kiln_module *m, uint32_t c, kiln_opcode op, const char *name,
-                       kiln_dtype t, const int64_t *dims, uint32_t rank, const kiln_id *ops,
-                       uint32_t nops) {
+static kiln_instr *add(kiln_module *m, uint32_t c, kiln_opcode op, const char *name, kiln_dtype t,
+                       const int64_t *dims, uint32_t rank, const kiln_id *ops, uint32_t nops) {
   kiln_instr *ins = kiln_module_add_instr(m, c, op, name);
   ck_assert_ptr_nonnull(ins);
   kiln_shape s;
@@ -67,11 +66,11 @@ static char *verdict(const kiln_module *m, const kiln_verify_options *o) {
   return kiln_sbuf_detach(&b, NULL);
 }
 
-#define CHECK_VERDICT(m, o, want)      \
-  do {                                 \
-    char *got_ = verdict((m), (o));    \
-    ck_assert_str_eq(got_, (want));    \
-    kiln_free(got_);                   \
+#define CHECK_VERDICT(m, o, want) \
+  do { \
+    char *got_ = verdict((m), (o)); \
+    ck_assert_str_eq(got_, (want)); \
+    kiln_free(got_); \
   } while (0)
 
 /* ---- structure ------------------------------------------------------------- */
@@ -104,7 +103,8 @@ START_TEST(test_root_not_in_computation) {
   ck_assert_int_eq(kiln_module_add_computation(b.m, "other", &o), 0);
   kiln_instr *q = param(b.m, o, "q", 0);
   b.m->comps[b.main]->root = q->id;
-  CHECK_VERDICT(b.m, NULL, "main|computation %main has root id 1, which is not one of its instructions");
+  CHECK_VERDICT(b.m, NULL,
+                "main|computation %main has root id 1, which is not one of its instructions");
   b.m->comps[b.main]->root = 77;
   CHECK_VERDICT(b.m, NULL,
                 "main|computation %main has root id 77, which is not one of its instructions");
@@ -133,8 +133,9 @@ START_TEST(test_entry_checks) {
   bm b = new_module();
   param(b.m, b.main, "p", 0);
   b.m->entry = KILN_NO_ID;
-  CHECK_VERDICT(b.m, NULL, "main|computation %main is marked ENTRY but the module does not name "
-                           "it as its entry");
+  CHECK_VERDICT(b.m, NULL,
+                "main|computation %main is marked ENTRY but the module does not name "
+                "it as its entry");
   b.m->comps[b.main]->is_entry = false;
   CHECK_VERDICT(b.m, NULL, "|module has no ENTRY computation");
   uint32_t o;
@@ -173,8 +174,7 @@ START_TEST(test_operand_from_other_computation) {
   kiln_instr *q = param(b.m, o, "q", 0);
   kiln_id ops[2] = {p->id, q->id};
   add(b.m, b.main, KILN_OP_ADD, "sum", KILN_F32, D4, 1, ops, 2);
-  CHECK_VERDICT(b.m, NULL,
-                "main/sum|add: operand 1 (%q) belongs to computation %other, not %main");
+  CHECK_VERDICT(b.m, NULL, "main/sum|add: operand 1 (%q) belongs to computation %other, not %main");
   kiln_module_destroy(b.m);
 }
 END_TEST
@@ -290,8 +290,7 @@ START_TEST(test_instruction_tables) {
   CHECK_VERDICT(b.m, NULL, "main|computation %main lists instruction id 9, which does not exist");
   c->instrs[1] = q->id;
   q->comp = 5;
-  CHECK_VERDICT(b.m, NULL,
-                "q|instruction %q belongs to computation id 5, which does not exist");
+  CHECK_VERDICT(b.m, NULL, "q|instruction %q belongs to computation id 5, which does not exist");
   q->comp = b.main;
   CHECK_VERDICT(b.m, NULL, "ok");
   kiln_module_destroy(b.m);
@@ -335,12 +334,12 @@ END_TEST
 
 /* ---- per-op and module checks from text ----------------------------------------- */
 
-#define HEAD                                                                   \
-  "HloModule t\n"                                                              \
-  "sum {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"                  \
-  " ROOT s = f32[] add(a, b)\n}\n"                                             \
-  "bsum {\n a = bf16[] parameter(0)\n b = bf16[] parameter(1)\n"               \
-  " ROOT s = bf16[] add(a, b)\n}\n"                                            \
+#define HEAD \
+  "HloModule t\n" \
+  "sum {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n" \
+  " ROOT s = f32[] add(a, b)\n}\n" \
+  "bsum {\n a = bf16[] parameter(0)\n b = bf16[] parameter(1)\n" \
+  " ROOT s = bf16[] add(a, b)\n}\n" \
   "neg {\n p = f32[4] parameter(0)\n ROOT n = f32[4] negate(p)\n}\n"
 
 typedef struct vcase {
@@ -570,8 +569,8 @@ static uint64_t rnd(uint64_t *s) {
 }
 
 static int64_t wild(uint64_t *s) {
-  static const int64_t v[] = {-1, 0, 1, 2, 3, 7, 64, 1000, INT32_MAX, (int64_t)UINT32_MAX,
-                              INT64_MAX, INT64_MIN};
+  static const int64_t v[] = {
+      -1, 0, 1, 2, 3, 7, 64, 1000, INT32_MAX, (int64_t)UINT32_MAX, INT64_MAX, INT64_MIN};
   return v[rnd(s) % (sizeof v / sizeof v[0])];
 }
 
@@ -594,7 +593,8 @@ static void mutate(kiln_module *m, uint64_t *s) {
     if (ins->nattrs) {
       kiln_attr *a = &ins->attrs[rnd(s) % ins->nattrs];
       kiln_attr_kind k = kiln_attr_key_kind(a->key);
-      if (k == KILN_AK_INT || k == KILN_AK_BOOL || k == KILN_AK_CMP_DIR) a->v.i = wild(s);
+      if (k == KILN_AK_INT || k == KILN_AK_BOOL || k == KILN_AK_CMP_DIR)
+        a->v.i = wild(s);
       else if ((k == KILN_AK_INTS || k == KILN_AK_SLICE || k == KILN_AK_PADDING) && a->v.ints.n)
         a->v.ints.v[rnd(s) % a->v.ints.n] = wild(s);
       else if (k == KILN_AK_WINDOW && a->v.window && a->v.window->rank)
@@ -604,8 +604,10 @@ static void mutate(kiln_module *m, uint64_t *s) {
   case 5: ins->op = (kiln_opcode)(rnd(s) % (KILN_OP_COUNT + 2)); break;
   case 6: m->comps[rnd(s) % m->ncomps]->root = (kiln_id)wild(s); break;
   case 7:
-    if (ins->ncontrol) ins->control_preds[0] = (kiln_id)wild(s);
-    else if (ins->noperands > 1) ins->noperands--;
+    if (ins->ncontrol)
+      ins->control_preds[0] = (kiln_id)wild(s);
+    else if (ins->noperands > 1)
+      ins->noperands--;
     break;
   case 8: m->entry = (uint32_t)(rnd(s) % (m->ncomps + 1)); break;
   }
