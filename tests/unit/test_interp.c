@@ -249,6 +249,55 @@ START_TEST(test_single_replica_collectives) {
 }
 END_TEST
 
+START_TEST(test_out_of_memory_anywhere) {
+  /* Fail the n-th allocation for every n: each run either succeeds or
+   * reports KILN_ENOMEM, never crashes or leaks (the ASan build checks). */
+  kiln_module *m = parse_ok(
+      "HloModule m\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n c = f32[] call(a, b), to_apply=add2 "
+      "\n"
+      " ROOT s = f32[] add(c, b) }\n"
+      "add2 { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT s = f32[] add(a, b) }\n"
+      "cond { p = (s32[], f32[3]) parameter(0)\n i = s32[] get-tuple-element(p), index=0\n"
+      " n = s32[] constant(3)\n ROOT lt = pred[] compare(i, n), direction=LT }\n"
+      "body { p = (s32[], f32[3]) parameter(0)\n i = s32[] get-tuple-element(p), index=0\n"
+      " v = f32[3] get-tuple-element(p), index=1\n one = s32[] constant(1)\n"
+      " i1 = s32[] add(i, one)\n z = f32[] constant(0)\n"
+      " r = f32[] reduce(v, z), dimensions={0}, to_apply=add\n b = f32[3] broadcast(r), "
+      "dimensions={}\n"
+      " w = f32[3] add(v, b)\n ROOT t = (s32[], f32[3]) tuple(i1, w) }\n"
+      "ENTRY e { x = f32[3] parameter(0)\n z = s32[] constant(0)\n"
+      " t = (s32[], f32[3]) tuple(z, x)\n"
+      " w = (s32[], f32[3]) while(t), condition=cond, body=body\n"
+      " ROOT g = f32[3] get-tuple-element(w), index=1 }\n");
+  kiln_shape s = {.dtype = KILN_F32, .rank = 1, .dims = (int64_t[]){3}};
+  kiln_literal *arg = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &s, 0, &arg, NULL), 0);
+  for (int i = 0; i < 3; i++) kiln_literal_set_f64(arg, i, i + 1);
+  const kiln_literal *args[1] = {arg};
+  int ok = 0;
+  for (long n = 1; n < 400; n++) {
+    kiln_literal *res = NULL;
+    kiln_status st;
+    kiln_status_clear(&st);
+    kiln_alloc_fail_after(n);
+    int rc = kiln_interp_run(m, args, 1, NULL, &res, &st);
+    kiln_alloc_fail_after(0);
+    ck_assert_msg(rc == 0 || rc == KILN_ENOMEM, "n=%ld: %s %s", n, kiln_err_name(rc), st.msg);
+    if (rc == 0) {
+      ok++;
+      /* the reducer adds twice its element: +12, +84, +588 */
+      ck_assert_double_eq(kiln_literal_get_f64(res, 0), 685);
+      ck_assert_double_eq(kiln_literal_get_f64(res, 2), 687);
+    }
+    kiln_literal_destroy(res);
+  }
+  ck_assert_int_gt(ok, 0);
+  kiln_literal_destroy(arg);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("interp");
   TCase *tc = tcase_create("corpus");
@@ -277,6 +326,7 @@ int main(void) {
   tcase_add_test(tc, test_unsupported_ops_named);
   tcase_add_test(tc, test_entry_argument_checks);
   tcase_add_test(tc, test_single_replica_collectives);
+  tcase_add_test(tc, test_out_of_memory_anywhere);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
