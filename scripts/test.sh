@@ -5,7 +5,9 @@
 #                   (unit, golden, corpus conformance, JAX peer)
 #   3. build-asan/  ASan+UBSan, -Werror; ctest -L unit
 #   4. build-fuzz/  clang + libFuzzer; each fuzz target for a short smoke run,
-#                   seeded with the corpus and tests/fuzz/regressions/
+#                   seeded with examples/, tests/golden/, the corpus (as text,
+#                   or encoded by `kiln print --proto` for fuzz_proto) and
+#                   the inputs kept in tests/fuzz/regressions/<target>/
 # Every step runs even when an earlier one failed (as far as its build
 # allows); the exit status is non-zero if any step failed. A summary closes
 # the output.
@@ -116,8 +118,18 @@ if cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithD
     arts=$ROOT/build-fuzz/artifacts/$name
     rm -rf "$arts"
     mkdir -p "$seeds" "$arts"
-    if [ -n "${KILN_CORPUS_DIR:-}" ]; then
-      cp "$KILN_CORPUS_DIR"/*.hlo "$seeds"/ 2>/dev/null || true
+    seed_texts=(examples/*.hlo tests/golden/*.hlo)
+    [ -n "${KILN_CORPUS_DIR:-}" ] && seed_texts+=("$KILN_CORPUS_DIR"/*.hlo)
+    if [ "$name" = fuzz_proto ] && [ -x build/kiln ]; then
+      # The proto decoder's seeds: the same modules, encoded.
+      for f in "${seed_texts[@]}"; do
+        base=$(basename "$(dirname "$f")")_$(basename "$f" .hlo)
+        build/kiln print --proto -o "$seeds/$base.pb" "$f" 2>/dev/null || true
+      done
+    else
+      for f in "${seed_texts[@]}"; do
+        cp "$f" "$seeds/$(basename "$(dirname "$f")")_$(basename "$f")"
+      done
     fi
     dirs=("$seeds")
     [ -d "tests/fuzz/regressions/$name" ] && dirs+=("tests/fuzz/regressions/$name")
