@@ -110,7 +110,7 @@ static int check_instr_table(vctx *v) {
     if (ins->id != i)
       return fail_at(v, NULL, "instruction #%u says it has id %u", (unsigned)i, (unsigned)ins->id);
     if (ins->name == NULL) return fail_at(v, NULL, "instruction #%u has no name", (unsigned)i);
-    if (ins->comp >= m->ncomps)
+    if (ins->comp >= m->ncomps && ins->comp != KILN_NO_ID)
       return fail_at(v, ins->name,
                      "instruction %%%s belongs to computation id %u, which does not "
                      "exist",
@@ -163,6 +163,9 @@ static int check_computation(vctx *v, const kiln_computation *c) {
     if (v->owner[id] != NONE)
       return fail_at(v, cname(c), "instruction %%%s is listed twice (in %%%s and %%%s)", ins->name,
                      cname(m->comps[v->owner[id]]), cname(c));
+    if (ins->comp == KILN_NO_ID)
+      return fail_at(v, cname(c), "instruction %%%s is listed in %%%s but was removed from it",
+                     ins->name, cname(c));
     if (ins->comp != c->id)
       return fail_at(v, cname(c), "instruction %%%s is listed in %%%s but says it belongs to %%%s",
                      ins->name, cname(c), cname(m->comps[ins->comp]));
@@ -193,8 +196,10 @@ static int check_tables(vctx *v) {
   if ((rc = check_entry(v)) || (rc = check_comp_names(v)) || (rc = check_instr_table(v))) return rc;
   for (uint32_t i = 0; i < m->ncomps; i++)
     if ((rc = check_computation(v, m->comps[i]))) return rc;
+  /* Instructions removed by a pass stay in the table with comp KILN_NO_ID
+   * (see rewrite.h); they are ignored unless something still uses them. */
   for (uint32_t i = 0; i < m->ninstrs; i++)
-    if (v->owner[i] == NONE)
+    if (v->owner[i] == NONE && m->instrs[i]->comp != KILN_NO_ID)
       return fail_at(v, m->instrs[i]->name,
                      "instruction %%%s is not listed in its computation "
                      "%%%s",
@@ -288,6 +293,7 @@ static int check_shapes(vctx *v) {
   char msg[512], where[KILN_STATUS_WHERE_MAX];
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
+    if (v->owner[i] == NONE) continue; /* removed */
     kiln__where(m, ins, where, sizeof where);
     const char *op = kiln_opcode_name(ins->op);
     if (ins->shape.dtype == KILN_INVALID)
@@ -315,6 +321,9 @@ static int check_edge(vctx *v, const kiln_instr *ins, kiln_id id, const char *wh
     return fail_at(v, where, "%s: %s %u has id %u, which is not an instruction", op, what,
                    (unsigned)k, (unsigned)id);
   const kiln_instr *o = m->instrs[id];
+  if (v->owner[id] == NONE)
+    return fail_at(v, where, "%s: %s %u (%%%s) was removed from its computation", op, what,
+                   (unsigned)k, o->name);
   if (v->owner[id] != v->owner[ins->id])
     return fail_at(v, where, "%s: %s %u (%%%s) belongs to computation %%%s, not %%%s", op, what,
                    (unsigned)k, o->name, cname(m->comps[v->owner[id]]),
@@ -332,6 +341,7 @@ static int check_edges(vctx *v) {
   int rc;
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
+    if (v->owner[i] == NONE) continue; /* removed */
     if ((ins->noperands && ins->operands == NULL) ||
         (ins->ncontrol && ins->control_preds == NULL) || (ins->ncalled && ins->called == NULL)) {
       char where[KILN_STATUS_WHERE_MAX];
@@ -378,6 +388,7 @@ static int check_call_graph(vctx *v) {
   char where[KILN_STATUS_WHERE_MAX];
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
+    if (v->owner[i] == NONE) continue; /* removed */
     for (uint32_t k = 0; k < ins->ncalled; k++)
       if (ins->called[k] >= m->ncomps) {
         kiln__where(m, ins, where, sizeof where);

@@ -297,6 +297,28 @@ START_TEST(test_instruction_tables) {
 }
 END_TEST
 
+/* A pass removes an instruction by dropping it from its computation's list
+ * and setting its comp to KILN_NO_ID (rewrite.h); it may stay in the table
+ * but no one may use it. */
+START_TEST(test_removed_instructions) {
+  bm b = new_module();
+  kiln_instr *p = param(b.m, b.main, "p", 0);
+  kiln_instr *dead = add(b.m, b.main, KILN_OP_NEGATE, "dead", KILN_F32, D4, 1, &p->id, 1);
+  kiln_instr *n = add(b.m, b.main, KILN_OP_NEGATE, "n", KILN_F32, D4, 1, &p->id, 1);
+  kiln_computation *c = b.m->comps[b.main];
+  c->instrs[1] = n->id;
+  c->ninstrs = 2;
+  dead->comp = KILN_NO_ID;
+  dead->shape.dtype = KILN_INVALID; /* not looked at */
+  CHECK_VERDICT(b.m, NULL, "ok");
+  ck_assert_int_eq(kiln_instr_set_operands(b.m, n, &dead->id, 1), 0);
+  CHECK_VERDICT(b.m, NULL, "main/n|negate: operand 0 (%dead) was removed from its computation");
+  c->instrs[1] = dead->id;
+  CHECK_VERDICT(b.m, NULL, "main|instruction %dead is listed in %main but was removed from it");
+  kiln_module_destroy(b.m);
+}
+END_TEST
+
 START_TEST(test_calls_on_non_calling_op) {
   bm b = new_module();
   kiln_instr *p = param(b.m, b.main, "p", 0);
@@ -690,6 +712,7 @@ int main(void) {
   tcase_add_test(tc, test_absurd_shapes);
   tcase_add_test(tc, test_bad_layout);
   tcase_add_test(tc, test_instruction_tables);
+  tcase_add_test(tc, test_removed_instructions);
   tcase_add_test(tc, test_calls_on_non_calling_op);
   tcase_add_test(tc, test_constant_literal);
   tcase_add_test(tc, test_null_module);
