@@ -670,6 +670,46 @@ static int infer_gather(kiln__ictx *cx, kiln_shape *out) {
   return kiln__make_array(cx, out, op->dtype, dims, dyn, out_rank);
 }
 
+/* Each updates operand: window dims bounded by the operand's, scatter dims
+ * equal to the indices' (idims, irank as check_indices gives them). */
+static int check_scatter_updates(kiln__ictx *cx, const kiln_shape *op, const index_spec *p,
+                                 const kiln_i64s *win, const int64_t *idims, uint32_t irank) {
+  int rc;
+  uint32_t k = cx->ins->noperands, n = k / 2;
+  uint32_t urank = irank - 1 + win->n;
+  for (uint32_t u = n + 1; u < k; u++) {
+    const kiln_shape *up = kiln__oshape(cx, u);
+    if (up->rank != urank)
+      return kiln__fail(cx, "%s (updates) has rank %u, expected %u", kiln__on(cx, u),
+                        (unsigned)up->rank, (unsigned)urank);
+    if ((rc = sorted_dims(cx, "update_window_dims", win, up->rank))) return rc;
+    uint32_t od = 0, sd = 0;
+    for (uint32_t i = 0; i < up->rank; i++) {
+      if (contains(win->v, win->n, i)) {
+        while (contains(p->collapsed.v, p->collapsed.n, od) ||
+               contains(p->obatch.v, p->obatch.n, od))
+          od++;
+        if (up->dims[i] > op->dims[od])
+          return kiln__fail(cx,
+                            "%s window dimension %u has size %lld, over the size %lld of "
+                            "operand dimension %u",
+                            kiln__on(cx, u), i, (long long)up->dims[i], (long long)op->dims[od],
+                            od);
+        od++;
+      } else {
+        if (sd == p->ivd) sd++;
+        if (up->dims[i] != idims[sd])
+          return kiln__fail(cx,
+                            "%s scatter dimension %u has size %lld but indices dimension %u "
+                            "has size %lld",
+                            kiln__on(cx, u), i, (long long)up->dims[i], sd, (long long)idims[sd]);
+        sd++;
+      }
+    }
+  }
+  return 0;
+}
+
 static int infer_scatter(kiln__ictx *cx, kiln_shape *out) {
   kiln_i64s win = {0};
   index_spec p = {.map_name = "scatter_dims_to_operand_dims",
@@ -712,36 +752,7 @@ static int infer_scatter(kiln__ictx *cx, kiln_shape *out) {
                       "input_batching_dims (%u) must add up to the operand rank %u",
                       (unsigned)win.n, (unsigned)p.collapsed.n, (unsigned)p.obatch.n,
                       (unsigned)op->rank);
-  uint32_t urank = irank - 1 + win.n;
-  for (uint32_t u = n + 1; u < k; u++) {
-    const kiln_shape *up = kiln__oshape(cx, u);
-    if (up->rank != urank)
-      return kiln__fail(cx, "%s (updates) has rank %u, expected %u", kiln__on(cx, u),
-                        (unsigned)up->rank, (unsigned)urank);
-    if ((rc = sorted_dims(cx, "update_window_dims", &win, up->rank))) return rc;
-    uint32_t od = 0, sd = 0;
-    for (uint32_t i = 0; i < up->rank; i++) {
-      if (contains(win.v, win.n, i)) {
-        while (contains(p.collapsed.v, p.collapsed.n, od) || contains(p.obatch.v, p.obatch.n, od))
-          od++;
-        if (up->dims[i] > op->dims[od])
-          return kiln__fail(cx,
-                            "%s window dimension %u has size %lld, over the size %lld of "
-                            "operand dimension %u",
-                            kiln__on(cx, u), i, (long long)up->dims[i], (long long)op->dims[od],
-                            od);
-        od++;
-      } else {
-        if (sd == p.ivd) sd++;
-        if (up->dims[i] != idims[sd])
-          return kiln__fail(cx,
-                            "%s scatter dimension %u has size %lld but indices dimension %u "
-                            "has size %lld",
-                            kiln__on(cx, u), i, (long long)up->dims[i], sd, (long long)idims[sd]);
-        sd++;
-      }
-    }
-  }
+  if ((rc = check_scatter_updates(cx, op, &p, &win, idims, irank))) return rc;
   kiln__sig g;
   if ((rc = kiln__expect_called(cx, 1)) || (rc = kiln__called_sig(cx, 0, "to_apply", &g)))
     return rc;
