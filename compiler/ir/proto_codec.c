@@ -481,12 +481,17 @@ int kiln_module_from_proto(const uint8_t *buf, size_t len, kiln_module **out, ki
   int rc = kiln__proto_check_wire(&kiln__v1__module__descriptor, buf, len, st);
   if (rc) return rc;
   kiln__proto_alloc alloc;
-  kiln__proto_alloc_init(&alloc);
+  kiln__proto_alloc_init(&alloc, KILN_PROTO_UNPACK_BUDGET(len));
   static const uint8_t empty[1];
   Kiln__V1__Module *pm = kiln__v1__module__unpack(&alloc.base, len, len ? buf : empty);
   if (pm == NULL) {
     if (alloc.failed)
       return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory decoding a module");
+    if (alloc.over_budget)
+      return kiln_status_set(st, KILN_ELIMIT, NULL,
+                             "a %zu-byte kiln.v1.Module needs more than %zu bytes to unpack; "
+                             "too many empty messages",
+                             len, KILN_PROTO_UNPACK_BUDGET(len));
     return kiln_status_set(st, KILN_EINVAL, NULL, "not a valid kiln.v1.Module message");
   }
   rc = kiln__proto_module_decode(pm, out, st);

@@ -32,13 +32,20 @@
 int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
                            size_t len, kiln_status *st);
 
-/* A protobuf-c allocator over the allocation hook; `failed` records that an
- * allocation failed, so a NULL from unpack can be told apart as ENOMEM. */
+/* A protobuf-c allocator over the allocation hook, with a budget: an
+ * unpacked message tree of real modules takes about 10-15 times the bytes
+ * of the message, but a hostile one (millions of empty sub-messages) can
+ * take 100 times; past the budget allocations fail. `failed` and
+ * `over_budget` tell a NULL from unpack apart from invalid data. */
 typedef struct kiln__proto_alloc {
   ProtobufCAllocator base;
-  bool failed;
+  size_t used, budget; /* budget 0: none */
+  bool failed, over_budget;
 } kiln__proto_alloc;
-void kiln__proto_alloc_init(kiln__proto_alloc *a);
+/* The budget for unpacking a message of `len` bytes. */
+#define KILN_PROTO_UNPACK_BUDGET(len) \
+  (((size_t)16 << 20) + ((len) < SIZE_MAX / 64 ? (size_t)(len) * 32 : SIZE_MAX / 2))
+void kiln__proto_alloc_init(kiln__proto_alloc *a, size_t budget);
 
 /* Message <-> IR for the pieces other messages reuse (Execute arguments
  * are Literals). The decoders check everything and name fields relative to

@@ -184,8 +184,14 @@ int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t
 /* ---- the allocator ------------------------------------------------------- */
 
 static void *hook_alloc(void *data, size_t size) {
+  kiln__proto_alloc *a = data;
+  if (a->budget && (size > a->budget || a->used > a->budget - size)) {
+    a->over_budget = true;
+    return NULL;
+  }
   void *p = kiln_malloc(size ? size : 1);
-  if (p == NULL) ((kiln__proto_alloc *)data)->failed = true;
+  if (p == NULL) a->failed = true;
+  else a->used += size;
   return p;
 }
 
@@ -194,9 +200,12 @@ static void hook_free(void *data, void *p) {
   kiln_free(p);
 }
 
-void kiln__proto_alloc_init(kiln__proto_alloc *a) {
+void kiln__proto_alloc_init(kiln__proto_alloc *a, size_t budget) {
   a->base.alloc = hook_alloc;
   a->base.free = hook_free;
   a->base.allocator_data = a;
+  a->used = 0;
+  a->budget = budget;
   a->failed = false;
+  a->over_budget = false;
 }

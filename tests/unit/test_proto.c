@@ -1303,6 +1303,29 @@ START_TEST(test_deep_nesting) {
 }
 END_TEST
 
+START_TEST(test_unpack_budget) {
+  /* 1.5 MB of empty instruction messages would unpack into ~110 MB. */
+  rbuf b = {NULL, 0, (size_t)3 << 19};
+  b.base = malloc(b.cap);
+  b.start = b.cap;
+  static const uint8_t empty_instr[] = {0x12, 0x00};
+  while (b.start > 16) prepend(&b, empty_instr, 2);
+  wrap(&b, 0x12);
+  size_t len = b.cap - b.start;
+  kiln_status st = {0};
+  kiln_module *m = NULL;
+  ck_assert_int_eq(kiln_module_from_proto(b.base + b.start, len, &m, &st), KILN_ELIMIT);
+  char want[200];
+  snprintf(want, sizeof want,
+           "a %zu-byte kiln.v1.Module needs more than %zu bytes to unpack; too many empty "
+           "messages",
+           len, ((size_t)16 << 20) + len * 32);
+  ck_assert_str_eq(st.msg, want);
+  ck_assert_ptr_null(m);
+  free(b.base);
+}
+END_TEST
+
 START_TEST(test_bad_literals) {
   fixture f;
   fixture_init(&f);
@@ -1609,6 +1632,7 @@ static Suite *proto_suite(void) {
   tcase_add_test(tc, test_bad_shapes);
   tcase_add_test(tc, test_deep_nesting);
   tcase_add_test(tc, test_bad_literals);
+  tcase_add_test(tc, test_unpack_budget);
   tcase_add_test(tc, test_bad_strings);
   tcase_add_test(tc, test_encode_refusals);
   tcase_add_test(tc, test_out_of_memory);
