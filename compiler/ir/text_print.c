@@ -616,7 +616,7 @@ static void put_signature(kiln_sbuf *b, const kiln_module *m, const kiln_computa
   if (root == NULL || !shape_known(&root->shape)) return;
   uint32_t np = 0;
   for (uint32_t i = 0; i < c->ninstrs; i++)
-    if (m->instrs[c->instrs[i]]->op == KILN_OP_PARAMETER) np++;
+    if (c->instrs[i] < m->ninstrs && m->instrs[c->instrs[i]]->op == KILN_OP_PARAMETER) np++;
   const kiln_instr **params = NULL;
   if (np) {
     params = kiln_malloc((size_t)np * sizeof *params);
@@ -626,6 +626,7 @@ static void put_signature(kiln_sbuf *b, const kiln_module *m, const kiln_computa
     }
     uint32_t k = 0;
     for (uint32_t i = 0; i < c->ninstrs; i++) {
+      if (c->instrs[i] >= m->ninstrs) continue;
       const kiln_instr *ins = m->instrs[c->instrs[i]];
       if (ins->op == KILN_OP_PARAMETER) params[k++] = ins;
     }
@@ -652,15 +653,27 @@ out:
   kiln_free(params);
 }
 
+/* The root as the printer sees it: the computation's root when it is one of
+ * its instructions' ids, else the last instruction. Builder mistakes (ids out
+ * of range) print as something, never crash. */
+static const kiln_instr *comp_root(const kiln_module *m, const kiln_computation *c) {
+  if (c->root != KILN_NO_ID && c->root < m->ninstrs) return m->instrs[c->root];
+  if (c->ninstrs && c->instrs[c->ninstrs - 1] < m->ninstrs)
+    return m->instrs[c->instrs[c->ninstrs - 1]];
+  return NULL;
+}
+
 static void put_computation(kiln_sbuf *b, const kiln_module *m, const kiln_computation *c) {
-  const kiln_instr *root = kiln_computation_root(m, c);
-  if (c->is_entry || c->id == m->entry) kiln_sbuf_puts(b, "ENTRY ");
+  const kiln_instr *root = comp_root(m, c);
+  bool entry = m->entry != KILN_NO_ID ? c->id == m->entry : c->is_entry;
+  if (entry) kiln_sbuf_puts(b, "ENTRY ");
   kiln_sbuf_putc(b, '%');
   put_name(b, c->name, 'c', c->id);
   kiln_sbuf_putc(b, ' ');
   put_signature(b, m, c, root);
   kiln_sbuf_puts(b, "{\n");
   for (uint32_t i = 0; i < c->ninstrs && !b->failed; i++) {
+    if (c->instrs[i] >= m->ninstrs) continue;
     const kiln_instr *ins = m->instrs[c->instrs[i]];
     put_instr(b, m, ins, ins == root);
   }

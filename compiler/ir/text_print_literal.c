@@ -8,11 +8,14 @@
  *
  * Integers are exact (s64/u64 extremes included). A float prints with the
  * fewest significant digits that read back (round to nearest even, in one
- * step) to the very same value of its own type: we try 1, 2, ... digits with
- * "%.*e" and keep the first that converts back bit-exactly (strtof for f32,
- * so that no double rounding can fool the check; strtod then the exact fp16.h
- * conversions for f16/bf16; for the f8/f4 formats, whether the candidate lies
- * inside the value's rounding interval). Then the digits are laid out plainly
+ * step) to the very same value of its own type. For f64 we try 1, 2, ...
+ * digits with "%.*e" and keep the first that strtod converts back exactly.
+ * For the narrower types (f32, f16, bf16, f8, f4) one "%.16e" gives digits
+ * far finer than the type's rounding interval; for each length the two
+ * decimals around the value are tested against that interval with one
+ * exactly rounded double operation (falling back to strtof or the exact
+ * fp16.h conversions only on the interval's ends), so that big constants
+ * cost about one snprintf per element. Then the digits are laid out plainly
  * when the decimal exponent is in [-5, 15] ("0.001", "100", "1.5") and in
  * scientific form otherwise ("1e+30", "1.4e-45"), the exponent written as C
  * does (sign, at least two digits). Special values: inf, -inf, nan, -nan (a
@@ -109,15 +112,10 @@ static bool reads_back(const target *t, const char *s) {
   }
 }
 
-/* Lays out the digits of "%.*e" output ("d.ddde+XX") plainly or in
- * scientific form; see the file comment. */
-static void put_decimal(kiln_sbuf *b, const char *eform) {
-  char digits[40];
-  int nd = 0;
-  const char *p = eform;
-  for (; *p && *p != 'e'; p++)
-    if (*p >= '0' && *p <= '9' && nd < (int)sizeof digits) digits[nd++] = *p;
-  int e10 = *p == 'e' ? atoi(p + 1) : 0;
+/* Writes the decimal digits[0..nd) x 10^(e10 - nd + 1), i.e. with the first
+ * digit at decimal exponent e10, plainly or in scientific form (see the file
+ * comment). Trailing zeros of the digits are dropped. */
+static void put_digits(kiln_sbuf *b, const char *digits, int nd, int e10) {
   while (nd > 1 && digits[nd - 1] == '0') nd--;
   if (e10 < -4 || e10 >= 16) {
     kiln_sbuf_putc(b, digits[0]);
@@ -143,16 +141,86 @@ static void put_decimal(kiln_sbuf *b, const char *eform) {
   }
 }
 
-static void put_shortest(kiln_sbuf *b, const target *t) {
-  char buf[64];
+/* Splits "%.*e" output ("d.ddde+XX") into its digits and exponent. */
+static int split_eform(const char *eform, char *digits, int cap, int *e10) {
+  int nd = 0;
+  const char *p = eform;
+  for (; *p && *p != 'e'; p++)
+    if (*p >= '0' && *p <= '9' && nd < cap) digits[nd++] = *p;
+  *e10 = *p == 'e' ? atoi(p + 1) : 0;
+  return nd;
+}
+
+/* f64: the first of 1, 2, ... 17 correctly rounded digits ("%.*e") that
+ * reads back; 17 always does. */
+static void put_shortest_f64(kiln_sbuf *b, const target *t) {
+  char buf[64], digits[40];
   for (int p = 1; p <= 17; p++) {
     snprintf(buf, sizeof buf, "%.*e", p - 1, t->v);
     if (reads_back(t, buf)) break;
   }
-  put_decimal(b, buf); /* 17 digits always read back a double exactly */
+  int e10, nd = split_eform(buf, digits, (int)sizeof digits, &e10);
+  put_digits(b, digits, nd, e10);
 }
 
-/* Writes the value `v` (exact in `type`) ; `code` is its bit pattern for the
+static const double pow10_exact[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                       1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                       1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* Whether D x 10^k (D < 10^15) rounds to the target. Both D and 10^k are
+ * exact doubles for |k| <= 22, so their product or quotient is rounded once,
+ * and rounding is monotone: a result strictly inside (outside) the rounding
+ * interval, whose ends are doubles, means the exact value is too. Only a
+ * result on an end, or an exponent out of the table, needs the exact
+ * conversion of the text. */
+static bool candidate_reads_back(const target *t, int64_t D, int k) {
+  if (k >= -22 && k <= 22) {
+    double c = k >= 0 ? (double)D * pow10_exact[k] : (double)D / pow10_exact[-k];
+    if (c > t->lo_mid && c < t->hi_mid) return true;
+    if (c < t->lo_mid || c > t->hi_mid) return false;
+  }
+  char buf[48];
+  snprintf(buf, sizeof buf, "%llde%d", (long long)D, k);
+  return reads_back(t, buf);
+}
+
+/* Types up to f32 have a rounding interval far wider than 10^-16 of their
+ * value, so the 17 digits of one "%.16e" stand for the exact value: for each
+ * length p the two p-digit decimals around it (truncated, and one up) are
+ * the only candidates that can lie in the interval. The first length with
+ * one inside wins; of two inside, the nearer (ties: even last digit). */
+static void put_shortest_narrow(kiln_sbuf *b, const target *t) {
+  char s17[48], digits[24];
+  snprintf(s17, sizeof s17, "%.16e", t->v);
+  int e10, nd = split_eform(s17, digits, 17, &e10);
+  for (int p = 1; p <= 15 && p <= nd; p++) {
+    int64_t D = 0;
+    for (int i = 0; i < p; i++) D = D * 10 + (digits[i] - '0');
+    /* Is the rest of the digits above, at or below one half? */
+    int half = 0;
+    if (p < nd) {
+      half = digits[p] > '5' ? 1 : digits[p] < '5' ? -1 : 0;
+      for (int i = p + 1; half == 0 && i < nd; i++)
+        if (digits[i] != '0') half = 1;
+    } else {
+      half = -1; /* exact */
+    }
+    bool up_first = half > 0 || (half == 0 && (D & 1));
+    int k = e10 - p + 1;
+    int64_t first = up_first ? D + 1 : D, second = up_first ? D : D + 1;
+    int64_t pick = -1;
+    if (candidate_reads_back(t, first, k)) pick = first;
+    else if (p < nd && candidate_reads_back(t, second, k)) pick = second;
+    if (pick < 0) continue;
+    char out[24];
+    int n = snprintf(out, sizeof out, "%lld", (long long)pick);
+    put_digits(b, out, n, k + n - 1); /* D + 1 may have gained a digit */
+    return;
+  }
+  put_shortest_f64(b, t); /* not reached for these types; stays correct */
+}
+
+/* Writes the value `v` (exact in `type`); `code` is its bit pattern for the
  * 16- and 8-bit formats. */
 static void put_float(kiln_sbuf *b, kiln_dtype type, double v, uint32_t code) {
   if (isnan(v)) {
@@ -169,21 +237,38 @@ static void put_float(kiln_sbuf *b, kiln_dtype type, double v, uint32_t code) {
     return;
   }
   target t = {.type = type, .v = fabs(v), .f = (float)fabs(v)};
-  if (type == KILN_F16 || type == KILN_BF16) {
-    t.h = (uint16_t)(code & 0x7fffu);
-  } else if (type != KILN_F32 && type != KILN_F64) {
-    t.mf = minifloat_of(type);
-    uint32_t mag;
-    minifloat_decode(t.mf, code, &mag);
-    double lo = mag ? minifloat_mag(t.mf, mag - 1) : t.v / 2;
-    double hi = minifloat_mag(t.mf, mag + 1);
-    uint32_t nmag = t.mf->flavor == MF_E8M0 ? 0x100u : 1u << (t.mf->ebits + t.mf->mbits);
-    if (mag + 1 >= nmag || !isfinite(hi)) hi = t.v + (t.v - lo);
-    t.lo_mid = (t.v + lo) / 2;
-    t.hi_mid = (t.v + hi) / 2;
-    t.even = (mag & 1u) == 0;
+  if (type == KILN_F64) {
+    put_shortest_f64(b, &t);
+    return;
   }
-  put_shortest(b, &t);
+  /* The neighbours below and above give the rounding interval; past the
+   * largest finite value the interval is as wide above as below. */
+  double lo, hi;
+  uint32_t mag;
+  if (type == KILN_F32) {
+    uint32_t bits;
+    memcpy(&bits, &t.f, 4);
+    mag = bits;
+    lo = nextafterf(t.f, 0.0f);
+    hi = nextafterf(t.f, INFINITY);
+  } else if (type == KILN_F16 || type == KILN_BF16) {
+    t.h = (uint16_t)(code & 0x7fffu);
+    mag = t.h;
+    double (*dec)(uint16_t) = type == KILN_F16 ? kiln_f16_to_f64 : kiln_bf16_to_f64;
+    lo = dec((uint16_t)(mag - 1));
+    hi = dec((uint16_t)(mag + 1));
+  } else {
+    t.mf = minifloat_of(type);
+    minifloat_decode(t.mf, code, &mag);
+    uint32_t nmag = t.mf->flavor == MF_E8M0 ? 0x100u : 1u << (t.mf->ebits + t.mf->mbits);
+    lo = mag ? minifloat_mag(t.mf, mag - 1) : t.v / 2;
+    hi = mag + 1 < nmag ? minifloat_mag(t.mf, mag + 1) : NAN;
+  }
+  if (!isfinite(hi)) hi = t.v + (t.v - lo);
+  t.lo_mid = (t.v + lo) / 2;
+  t.hi_mid = (t.v + hi) / 2;
+  t.even = (mag & 1u) == 0;
+  put_shortest_narrow(b, &t);
 }
 
 /* One element of an array literal at linear (bound-size) index i. */
