@@ -324,6 +324,8 @@ int kiln__lex_skip_string(kiln__lex *lx) {
   const char *start = lx->p, *p = start + 1;
   while (p < lx->end && *p != '"') {
     if (*p == '\\') p++;
+    /* a NUL would cut the C string the value is stored as */
+    if (p < lx->end && *p == '\0') return kiln__lex_error(lx, p, "NUL byte in a string");
     p++;
   }
   if (p >= lx->end) {
@@ -375,6 +377,7 @@ int kiln__lex_string(kiln__lex *lx, kiln_arena *a, const char **out, size_t *len
       int v = 0, k = 0;
       while (s < e && k < 2 && hexval((unsigned char)*s) >= 0) v = v * 16 + hexval((unsigned char)*s++), k++;
       if (k == 0) return kiln__lex_error(lx, esc, "bad escape sequence '\\x' in string");
+      if (v == 0) return kiln__lex_error(lx, esc, "NUL character in a string");
       buf[n++] = (char)v;
       break;
     }
@@ -383,6 +386,7 @@ int kiln__lex_string(kiln__lex *lx, kiln_arena *a, const char **out, size_t *len
         int v = c - '0', k = 1;
         while (s < e && k < 3 && *s >= '0' && *s <= '7') v = v * 8 + (*s++ - '0'), k++;
         if (v > 255) return kiln__lex_error(lx, esc, "octal escape out of range in string");
+        if (v == 0) return kiln__lex_error(lx, esc, "NUL character in a string");
         buf[n++] = (char)v;
         break;
       }
@@ -439,6 +443,7 @@ int kiln__lex_verbatim(kiln__lex *lx, kiln__tok *tok, const char *what) {
       continue;
     }
     if (depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r')) break;
+    if (c == '\0') return kiln__lex_error(lx, p, "NUL byte in %s", what);
     p++;
   }
   if (depth > 0) {

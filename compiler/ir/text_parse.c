@@ -180,6 +180,8 @@ static int parse_layout_tail(kiln__lex *lx, kiln_arena *a, const char *open, kil
     else if (*q == '}' && depth <= 0) break;
     else if (*q == '{' || *q == '"')
       return kiln__lex_error(lx, q, "unexpected '%c' in layout", *q);
+    else if ((unsigned char)*q < 0x21 || (unsigned char)*q > 0x7e)
+      return kiln__lex_error(lx, q, "unexpected byte 0x%02x in layout", (unsigned char)*q);
     n++;
     q++;
   }

@@ -956,6 +956,27 @@ START_TEST(test_error_unterminated) {
 }
 END_TEST
 
+START_TEST(test_error_nul_bytes) {
+  /* Values are kept as C strings: a NUL inside would silently cut them. */
+  static const char t1[] = HDR "ENTRY e {\n  p = f32[] parameter(0), metadata={a=\"x\0y\"}\n}\n";
+  static const char t2[] = HDR "ENTRY e {\n  p = f32[] parameter(0), foo=a\0b\n}\n";
+  static const char t3[] = HDR "ENTRY e {\n  p = f32[] parameter(0), custom_call_target=\"a\\x00\"\n}\n";
+  const char *texts[] = {t1, t2, t3};
+  size_t lens[] = {sizeof t1 - 1, sizeof t2 - 1, sizeof t3 - 1};
+  const char *want[] = {"t.hlo:3:41: NUL byte in a string", "t.hlo:3:32: NUL byte in an attribute value",
+                        "t.hlo:3:48: NUL character in a string"};
+  for (int i = 0; i < 3; i++) {
+    kiln_status st;
+    kiln_status_clear(&st);
+    kiln_module *m = NULL;
+    ck_assert_int_eq(kiln_module_parse_text(texts[i], lens[i], "t.hlo", NULL, &m, &st), KILN_EPARSE);
+    char got[2048];
+    snprintf(got, sizeof got, "%s: %s", st.where, st.msg);
+    ck_assert_str_eq(got, want[i]);
+  }
+}
+END_TEST
+
 START_TEST(test_error_nesting) {
   /* 300 nested tuples: a bounded error, not a stack overflow */
   kiln_sbuf b = KILN_SBUF_INIT;
@@ -1309,6 +1330,7 @@ static Suite *parse_suite(void) {
   tcase_add_test(te, test_error_constants);
   tcase_add_test(te, test_error_unterminated);
   tcase_add_test(te, test_error_nesting);
+  tcase_add_test(te, test_error_nul_bytes);
   tcase_add_test(te, test_every_prefix);
   tcase_add_test(te, test_out_of_memory);
   suite_add_tcase(s, te);
