@@ -229,5 +229,5 @@ kiln_instr *kiln_computation_root(const kiln_module *m, const kiln_computation *
 
 void kiln_instr_where(const kiln_module *m, const kiln_instr *ins, char *buf, size_t size) {
   const kiln_computation *c = kiln_module_computation(m, ins->comp);
-  snprintf(buf, size, "%s/%s", c ? c->name : "?", ins->name);
+  snprintf(buf, size, "%s/%s", c && c->name ? c->name : "?", ins->name ? ins->name : "?");
 }

@@ -4,9 +4,10 @@
  * operands defined before use and within their computation, no cycles in
  * calls), per-op operand counts and types, attribute ranges, called
  * computations' signatures, and that every result shape equals the inferred
- * one. Each error names the computation and instruction, the operand, and
- * what was expected vs found: "dot %d3: lhs contracting dim 1 has size 7,
- * rhs dim 0 has size 5".
+ * one. Each error names the computation and instruction in kiln_status.where
+ * ("main/d3") and, in the message, the opcode, the operand and what was
+ * expected vs found: "dot: lhs contracting dim 1 has size 7 but rhs
+ * contracting dim 0 has size 5".
  */
 #ifndef KILN_COMPILER_IR_VERIFY_H
 #define KILN_COMPILER_IR_VERIFY_H
@@ -19,7 +20,7 @@ extern "C" {
 
 typedef struct kiln_verify_options {
   int64_t max_elements;  /* per array; 0: default 2^40 */
-  int allow_dynamic;     /* accept bounded dynamic shapes (default: yes, 0 here means yes) */
+  int reserved;          /* zero */
 } kiln_verify_options;
 
 int kiln_module_verify(const kiln_module *m, const kiln_verify_options *opts, kiln_status *st);
