@@ -1,5 +1,6 @@
 /* kiln run FILE [--backend interp] [--arg ARG]... [--random-args SEED]
- * [--out DIR]: run the ENTRY computation and print its outputs.
+ * [--out DIR] [--timeout SECONDS] [--max-iterations N]: run the ENTRY
+ * computation and print its outputs.
  *
  * The order is: check the command line (backend, seed), load and verify the
  * module, build one literal per parameter (from --arg, then --random-args),
@@ -20,6 +21,7 @@
 
 static const char *const backends[] = {"interp"};
 
+/* A non-negative decimal integer (seeds, iteration counts). */
 static int parse_seed(const char *s, uint64_t *out) {
   if (s[0] < '0' || s[0] > '9') return -1;
   errno = 0;
@@ -121,6 +123,26 @@ int kiln__cmd_run(const kiln__args *a) {
     return KILN_EXIT_USAGE;
   }
 
+  kiln_interp_options opts = {0};
+  const char *timeout_text = kiln__args_get(a, "timeout");
+  if (timeout_text) {
+    char *end;
+    errno = 0;
+    opts.timeout_seconds = strtod(timeout_text, &end);
+    if (errno || *end || end == timeout_text || !(opts.timeout_seconds > 0) ||
+        opts.timeout_seconds > 1e9) {
+      fprintf(stderr, "kiln run: --timeout needs a positive number of seconds, not '%s'\n",
+              timeout_text);
+      return KILN_EXIT_USAGE;
+    }
+  }
+  const char *iter_text = kiln__args_get(a, "max-iterations");
+  if (iter_text && (parse_seed(iter_text, &opts.max_while_iterations) ||
+                    opts.max_while_iterations == 0)) {
+    fprintf(stderr, "kiln run: --max-iterations needs a positive integer, not '%s'\n", iter_text);
+    return KILN_EXIT_USAGE;
+  }
+
   kiln_module *m;
   int rc = kiln__module_load(file, true, &m);
   if (rc) return rc;
@@ -143,7 +165,7 @@ int kiln__cmd_run(const kiln__args *a) {
 
   kiln_status st;
   kiln_status_clear(&st);
-  int err = kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &result, &st);
+  int err = kiln_interp_run(m, (const kiln_literal *const *)args, n, &opts, &result, &st);
   if (err == 0 && result == NULL) err = kiln_status_set(&st, KILN_EINTERNAL, NULL, "no result");
   if (err) {
     kiln__report(file, m, &st);

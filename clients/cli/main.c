@@ -36,6 +36,10 @@ static const kiln__opt run_opts[] = {
      "in [-1,1), signed ints in [-8,8), unsigned ints in [0,16), random preds"},
     {"out", 0, "DIR", false,
      "also write the outputs as DIR/0.npy, DIR/1.npy, ... (DIR is created when missing)"},
+    {"timeout", 0, "SECONDS", false,
+     "stop the run after SECONDS of wall-clock time (exit 1); default: no limit"},
+    {"max-iterations", 0, "N", false,
+     "stop any while loop that runs more than N iterations (exit 1); default: 1000000000"},
     {0},
 };
 
@@ -53,7 +57,9 @@ static const kiln__cmd commands[] = {
      "kiln.v1.Module, which needs -o or a redirected standard output). The module is not\n"
      "verified, so invalid modules can be inspected; a parse error exits 1.\n",
      print_opts, 1, 1, kiln__cmd_print},
-    {"run", "run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]",
+    {"run",
+     "run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
+     "         [--timeout SECONDS] [--max-iterations N]",
      "run a module's ENTRY computation",
      "Verifies FILE and runs its ENTRY computation. Arguments are given in parameter order;\n"
      "their number and shapes must match the parameters (layouts are ignored). An .npy\n"
@@ -61,7 +67,9 @@ static const kiln__cmd commands[] = {
      "bf16 parameter (rounded to nearest even). Each output is printed on its own line as\n"
      "HLO literal text; a tuple result is flattened depth-first. With --out, output i is\n"
      "also written to DIR/i.npy: bf16 and f8 outputs as float32 (exact), s4/s2 as int8,\n"
-     "u4/u2 as uint8; token outputs are printed but have no file.\n",
+     "u4/u2 as uint8; token outputs are printed but have no file. A program that does\n"
+     "not finish (a while loop whose condition stays true) is stopped by --max-iterations\n"
+     "or --timeout with exit status 1.\n",
      run_opts, 1, 1, kiln__cmd_run},
 };
 

@@ -173,6 +173,7 @@ START_TEST(test_usage_errors) {
   EXPECT(r, 2, "",
          "kiln run: unknown option '--bogus'\n"
          "usage: kiln run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
+         "         [--timeout SECONDS] [--max-iterations N]\n"
          "Run 'kiln help run' for details.\n");
   result_free(&r);
   r = run("check", NULL);
@@ -199,6 +200,12 @@ START_TEST(test_usage_errors) {
   result_free(&r);
   r = run("run", f, "--random-args=x1", NULL);
   ck_assert_int_eq(r.code, 2);
+  result_free(&r);
+  r = run("run", f, "--timeout", "0", NULL);
+  EXPECT(r, 2, "", "kiln run: --timeout needs a positive number of seconds, not '0'\n");
+  result_free(&r);
+  r = run("run", f, "--max-iterations", "many", NULL);
+  EXPECT(r, 2, "", "kiln run: --max-iterations needs a positive integer, not 'many'\n");
   result_free(&r);
 }
 END_TEST
@@ -666,6 +673,24 @@ START_TEST(test_run_runtime_errors) {
   char want[512];
   snprintf(want, sizeof want, "%s:4:8: error: e/r: ", f);
   ck_assert_msg(strncmp(r.err, want, strlen(want)) == 0, "%s", r.err);
+  result_free(&r);
+  /* A loop that never ends is stopped by either limit. */
+  f = write_file("forever.hlo",
+                 "HloModule m\n"
+                 "c {\n  s = s32[] parameter(0)\n  ROOT t = pred[] constant(true)\n}\n"
+                 "b {\n  s = s32[] parameter(0)\n  one = s32[] constant(1)\n"
+                 "  ROOT n = s32[] add(s, one)\n}\n"
+                 "ENTRY e {\n  z = s32[] constant(0)\n"
+                 "  ROOT w = s32[] while(z), condition=c, body=b\n}\n");
+  r = run("run", f, "--max-iterations", "100", NULL);
+  ck_assert_int_eq(r.code, 1);
+  snprintf(want, sizeof want, "%s:13:8: error: e/w: ", f);
+  ck_assert_msg(strncmp(r.err, want, strlen(want)) == 0, "%s", r.err);
+  result_free(&r);
+  r = run("run", f, "--timeout", "0.2", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  ck_assert_ptr_nonnull(strstr(r.err, ": error: "));
   result_free(&r);
   /* --out where a file is in the way. */
   f = write_file("add.hlo", add_module);
