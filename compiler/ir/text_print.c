@@ -37,7 +37,8 @@
  *   stored order. Async ops with a wrapped op print as "negate-start".
  * - Value forms follow XLA's printer: lists without spaces ("{1,2}"),
  *   slices without strides when all are 1, padding without interiors when
- *   all are 0, windows with only their non-default fields, strings
+ *   all are 0 (and no padding attribute at all for a scalar, which has no
+ *   text), windows with only their non-default fields, strings
  *   C-escaped (\" \\ \n \t \r, other control bytes as 3-digit octal).
  *   Values kept verbatim (opaque and unknown attributes, header extras,
  *   sharding extras) print as stored, except that outside quoted strings
@@ -439,6 +440,9 @@ static void put_attr_value(kiln_sbuf *b, const kiln_attr *a) {
 }
 
 static void put_attr(kiln_sbuf *b, const kiln_attr *a) {
+  /* The padding of a scalar has no dims and so no text ("padding=" would
+   * not parse): it is left out, which reads back as the same (no) padding. */
+  if (a->key == KILN_ATTR_PADDING && a->v.ints.n < 3) return;
   kiln_sbuf_puts(b, ", ");
   if (a->key == KILN_ATTR_UNKNOWN) {
     put_name(b, a->name, 0, 0);

@@ -1084,6 +1084,7 @@ START_TEST(test_module_broken_builder) {
   kiln_instr_set_attr_int(m, x, KILN_ATTR_DIRECTION, 42);
   int64_t odd[] = {1, 2};
   kiln_instr_set_attr_ints(m, x, KILN_ATTR_SLICE, odd, 2); /* not triples */
+  kiln_instr_set_attr_ints(m, x, KILN_ATTR_PADDING, NULL, 0); /* a scalar's: left out */
   m->comps[e]->root = 12345;
   CHECK_MODULE(m, "HloModule broken\n"
                   "\n"
