@@ -703,6 +703,33 @@ START_TEST(test_run_runtime_errors) {
 }
 END_TEST
 
+/* The shipped examples check, and the README's demo runs: two outputs, the
+ * second a softmax whose rows sum to 1. */
+START_TEST(test_examples) {
+  result r = run("check", KILN_SOURCE_DIR "/examples/mlp.hlo", KILN_SOURCE_DIR "/examples/axpy.hlo",
+                 KILN_SOURCE_DIR "/examples/count_loop.hlo", NULL);
+  EXPECT(r, 0, "", "");
+  result_free(&r);
+  r = run("run", KILN_SOURCE_DIR "/examples/mlp.hlo", "--random-args", "0", "--out", tpath("o"),
+          NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.err, "");
+  ck_assert_int_eq(strncmp(r.out, "f32[2,3] {{", 11), 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "}}\nf32[2,3] {{"));
+  result_free(&r);
+  kiln_npy p = read_npy(tpath("o/1.npy"));
+  const float *v = p.data;
+  for (int row = 0; row < 2; row++) {
+    float sum = v[3 * row] + v[3 * row + 1] + v[3 * row + 2];
+    ck_assert_float_eq_tol(sum, 1.0f, 1e-6f);
+  }
+  kiln_npy_free(&p);
+  r = run("run", KILN_SOURCE_DIR "/examples/count_loop.hlo", "--arg", "s32[] 10", NULL);
+  EXPECT(r, 0, "s32[] 45\ns32[] 10\n", "");
+  result_free(&r);
+}
+END_TEST
+
 static Suite *cli_suite(void) {
   Suite *s = suite_create("cli");
   TCase *tc = tcase_create("core");
@@ -723,6 +750,7 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_run_argument_mismatch);
   tcase_add_test(tc, test_run_random_args);
   tcase_add_test(tc, test_run_runtime_errors);
+  tcase_add_test(tc, test_examples);
   suite_add_tcase(s, tc);
   return s;
 }
