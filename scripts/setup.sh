@@ -17,12 +17,14 @@ ROOT=$PWD
 #   check libsubunit-dev                the unit test framework
 #   clang libclang-rt-14-dev            libFuzzer builds (tests/fuzz)
 #   python3 python3-venv                the .venv for the JAX peer tests
+#   libopenblas-dev                     dot on the CPU backend (cblas)
 PACKAGES=(
   build-essential cmake pkg-config
   protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
   check libsubunit-dev
   clang libclang-rt-14-dev
   python3 python3-venv
+  libopenblas-dev
 )
 
 say() { printf 'setup: %s\n' "$*"; }

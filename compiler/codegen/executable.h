@@ -1,0 +1,150 @@
+/* The executable: what the compiler produces, the cache stores and the
+ * executor runs.
+ *
+ * A self-describing, versioned blob: a header (magic, format version,
+ * compiler version, target, cache key), a buffer table (from buffer
+ * assignment), parameter and result bindings, constants, a step program per
+ * computation that runs on the host (kernel launches, library calls, copies,
+ * nested programs for while/conditional/call), and the code object (an ELF
+ * shared object for CPU targets, a cubin for CUDA). Kernels are named by
+ * index only: the generated code exports kiln_kernel_<index>, so no string
+ * from a client ever reaches generated source or the symbol table.
+ *
+ * Memory model at run time: every array value lives in a buffer slot. A slot
+ * is a byte range of the device's temporary arena, a parameter, a constant
+ * or an output. Tuples are not materialized: a tuple-shaped value is a list
+ * of slots (its leaves, flattened depth-first).
+ */
+#ifndef KILN_COMPILER_CODEGEN_EXECUTABLE_H
+#define KILN_COMPILER_CODEGEN_EXECUTABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler/ir/ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_EXE_MAGIC "KILNEXE1"      /* 8 bytes */
+#define KILN_EXE_FORMAT_VERSION 1u
+#define KILN_COMPILER_VERSION "0.1.0"
+
+typedef enum kiln_slot_kind {
+  KILN_SLOT_TEMP,      /* offset/size within the temporary arena */
+  KILN_SLOT_PARAM,     /* leaf `leaf` of entry parameter `index` (caller's memory) */
+  KILN_SLOT_CONSTANT,  /* offset/size within the constants blob */
+  KILN_SLOT_OUTPUT,    /* leaf `index` of the flattened result (allocated per run) */
+} kiln_slot_kind;
+
+typedef struct kiln_slot {
+  kiln_slot_kind kind;
+  uint32_t index;      /* PARAM: parameter number; OUTPUT: flattened result index */
+  uint32_t leaf;       /* PARAM: leaf of a tuple-shaped parameter (0 for arrays) */
+  uint64_t offset;     /* TEMP / CONSTANT */
+  uint64_t size;       /* bytes */
+} kiln_slot;
+
+typedef enum kiln_step_kind {
+  /* Calls kernel `kernel` over the index range [0, range), split across
+   * the device's worker threads in chunks; args are slot ids, passed to the
+   * kernel as an array of base pointers in order. */
+  KILN_STEP_KERNEL,
+  /* C[b] = A[b] x B[b] for b in [0, batch): row-major views given by the
+   * fields of kiln_gemm; args = {A, B, C}. Through BLAS on CPU. */
+  KILN_STEP_GEMM,
+  /* memcpy of `bytes` from args[1] to args[0]. */
+  KILN_STEP_COPY,
+  /* Runs program `sub[0]` (condition: writes a pred into slot args[0]) and
+   * while it is true program `sub[1]` (body). State lives in fixed slots. */
+  KILN_STEP_WHILE,
+  /* Reads the selector slot args[0] (pred: true -> sub[0], false ->
+   * sub[1]; s32: index, out of range -> last) and runs that program. */
+  KILN_STEP_CONDITIONAL,
+  /* Runs program sub[0] (a call or an inlined computation). */
+  KILN_STEP_CALL,
+} kiln_step_kind;
+
+typedef struct kiln_gemm {
+  kiln_dtype dtype;            /* F32 or F64 (others: a kernel instead) */
+  int64_t batch, m, n, k;
+  int64_t lda, ldb, ldc;       /* leading dimensions, in elements */
+  int64_t stride_a, stride_b, stride_c; /* between batches, in elements */
+  uint8_t trans_a, trans_b;    /* 0/1 */
+  double alpha, beta;
+} kiln_gemm;
+
+typedef struct kiln_step {
+  kiln_step_kind kind;
+  uint32_t kernel;             /* KERNEL */
+  uint64_t range;              /* KERNEL: iterations; COPY: bytes */
+  uint32_t *args;              /* slot ids */
+  uint32_t nargs;
+  uint32_t *sub;               /* program ids (WHILE: 2, CONDITIONAL: n, CALL: 1) */
+  uint32_t nsub;
+  kiln_gemm gemm;              /* GEMM */
+} kiln_step;
+
+typedef struct kiln_program {
+  kiln_step *steps;
+  uint32_t nsteps;
+} kiln_program;
+
+/* A flattened array value at the boundary (parameter leaf or result leaf). */
+typedef struct kiln_binding {
+  kiln_shape shape;            /* array shape with layout */
+  uint32_t slot;
+} kiln_binding;
+
+typedef struct kiln_executable {
+  /* header */
+  uint32_t format_version;
+  const char *compiler_version;
+  const char *target;          /* kiln_target name */
+  uint8_t key[32];             /* cache key (zero when not computed) */
+  /* entry signature */
+  kiln_shape *param_shapes;    /* nparams entry parameter shapes (may be tuples) */
+  uint32_t nparams;
+  kiln_shape result_shape;     /* the entry's result (may be a tuple) */
+  kiln_binding *params;        /* flattened parameter leaves, in order */
+  uint32_t nparam_leaves;
+  kiln_binding *results;       /* flattened result leaves, in order */
+  uint32_t nresults;
+  /* memory */
+  kiln_slot *slots;
+  uint32_t nslots;
+  uint64_t temp_bytes;         /* size of the temporary arena */
+  uint64_t peak_bytes;         /* buffer assignment's peak live bytes */
+  uint8_t *constants;          /* constants blob */
+  uint64_t nconstants;
+  /* code */
+  kiln_program *programs;      /* programs[0] is the entry */
+  uint32_t nprograms;
+  uint32_t nkernels;           /* kernels are kiln_kernel_0 .. kiln_kernel_{n-1} */
+  uint8_t *code;               /* ELF shared object (CPU) or cubin (CUDA) */
+  uint64_t ncode;
+  kiln_arena *arena;           /* owns everything above */
+} kiln_executable;
+
+/* Kernel ABI (CPU): void kiln_kernel_N(void *const *bufs, int64_t begin,
+ * int64_t end) computes iterations [begin, end). */
+typedef void (*kiln_kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
+
+kiln_executable *kiln_executable_create(void);
+void kiln_executable_destroy(kiln_executable *e);
+
+/* Serializes to one contiguous blob (little-endian, versioned). Loading it
+ * back gives a bit-identical blob when serialized again. */
+int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *len,
+                              kiln_status *st);
+/* Parses a blob; every count, offset, slot id and program id is checked
+ * (the input may be hostile or truncated). A blob of another format version
+ * or magic is KILN_EINVAL with a message saying so. */
+int kiln_executable_deserialize(const uint8_t *buf, size_t len, kiln_executable **out,
+                                kiln_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_COMPILER_CODEGEN_EXECUTABLE_H */
