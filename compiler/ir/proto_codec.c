@@ -44,7 +44,6 @@ _Static_assert((int)KILN__V1__ALIAS_KIND__ALIAS_KIND_MUST_ALIAS == (int)KILN_ALI
 
 typedef struct enc {
   kiln_arena *a;
-  const kiln_module *m;
   const kiln_instr *cur; /* for the one error besides out-of-memory */
 } enc;
 
@@ -433,7 +432,7 @@ static int enc_module(enc *e, const kiln_module *m, Kiln__V1__Module *pm) {
 int kiln_module_to_proto(const kiln_module *m, uint8_t **buf, size_t *len, kiln_status *st) {
   *buf = NULL;
   *len = 0;
-  enc e = {.a = kiln_arena_create(), .m = m};
+  enc e = {.a = kiln_arena_create()};
   if (e.a == NULL) goto out_oom;
   Kiln__V1__Module pm;
   kiln__v1__module__init(&pm);
