@@ -23,12 +23,17 @@ typedef struct kiln_interp_options {
   double timeout_seconds; /* wall-clock limit; 0: none */
 } kiln_interp_options;
 
-/* Runs the ENTRY computation of a verified module on `args` (one literal per
- * parameter, shapes must match, layouts ignored). On success *out is a new
+/* Runs the ENTRY computation of a module on `args` (one literal per
+ * parameter, shapes must match, layouts ignored; an argument of a
+ * bounded-dynamic shape may carry runtime sizes). On success *out is a new
  * heap literal (a tuple when the root is a tuple). Unsupported ops and
- * element types (collectives across several replicas, custom-call targets
- * that are not built in, complex or f8 arithmetic) fail with KILN_EUNIMPL and
- * a message naming the instruction. `opts` may be NULL. */
+ * element types (collectives whose groups span several devices, custom-call
+ * targets that are not built in, infeed/outfeed/send/recv, complex math
+ * beyond + - * / negate abs real imag complex and EQ/NE, arithmetic on the f8
+ * types other than f8e5m2/f8e4m3/f8e3m4) fail with KILN_EUNIMPL and a
+ * message naming the instruction. Limits (live bytes, while iterations,
+ * wall-clock time) fail with KILN_ELIMIT. The module need not be verified:
+ * malformed input is KILN_EINVAL, never a crash. `opts` may be NULL. */
 int kiln_interp_run(const kiln_module *m, const kiln_literal *const *args, uint32_t nargs,
                     const kiln_interp_options *opts, kiln_literal **out, kiln_status *st);
 

@@ -150,8 +150,7 @@ static int dft_dim(double complex *x, const int64_t *dims, uint32_t rank, uint32
       double complex *p = x + o * n * stride + s;
       for (int64_t k = 0; k < n; k++) {
         double complex acc = 0;
-        for (int64_t j = 0; j < use; j++)
-          acc += p[j * stride] * twiddle(sign, (j * k) % n, n);
+        for (int64_t j = 0; j < use; j++) acc += p[j * stride] * twiddle(sign, (j * k) % n, n);
         line[k] = acc;
       }
       for (int64_t k = 0; k < n; k++) p[k * stride] = line[k];
