@@ -43,6 +43,12 @@ static const kiln__opt run_opts[] = {
     {0},
 };
 
+/* kiln__args keeps one value list per option: tables must fit in it. */
+#define FITS(t) _Static_assert(sizeof t / sizeof t[0] <= KILN_CLI_MAX_OPTS + 1, #t " too long")
+FITS(check_opts);
+FITS(print_opts);
+FITS(run_opts);
+
 static const kiln__cmd commands[] = {
     {"check", "check FILE...", "parse and verify modules",
      "Parses and verifies each FILE (HLO text; binary kiln.v1.Module when the name ends in\n"
@@ -258,8 +264,9 @@ int main(int argc, char **argv) {
     return KILN_EXIT_OK;
   }
   if (strcmp(name, "help") == 0) {
+    if (argc > 3) return usage_error(NULL, "%s", "help takes one command name");
     const kiln__cmd *c = find_command(argv[2]);
-    if (c == NULL || argc > 3) return usage_error(NULL, "no such command '%s'", argv[2]);
+    if (c == NULL) return usage_error(NULL, "no such command '%s'", argv[2]);
     print_command_help(c);
     return KILN_EXIT_OK;
   }
