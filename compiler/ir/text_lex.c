@@ -443,7 +443,6 @@ int kiln__lex_verbatim(kiln__lex *lx, kiln__tok *tok, const char *what) {
       continue;
     }
     if (depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r')) break;
-    if (c == '\0') return kiln__lex_error(lx, p, "NUL byte in %s", what);
     p++;
   }
   if (depth > 0) {
@@ -457,6 +456,9 @@ int kiln__lex_verbatim(kiln__lex *lx, kiln__tok *tok, const char *what) {
     return kiln__lex_error(lx, start, "expected %s, found %s", what,
                            kiln__lex_found(lx, start, f, sizeof f));
   }
+  /* Comments inside a value are kept with it; they must not hide a NUL. */
+  const char *nul = memchr(start, '\0', (size_t)(p - start));
+  if (nul) return kiln__lex_error(lx, nul, "NUL byte in %s", what);
   tok->s = start;
   tok->n = (size_t)(p - start);
   lx->p = p;

@@ -552,7 +552,8 @@ out:
 
 static int sharding_body(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, const char *open) {
   int rc;
-  bool have_kind = false;
+  kiln__tok kind_word = {NULL, 0};
+  bool have_device = false, have_ltd = false;
   kiln_sbuf extra = KILN_SBUF_INIT;
   while (!kiln__lex_accept(lx, '}')) {
     if (kiln__lex_peek(lx) < 0) {
@@ -563,22 +564,38 @@ static int sharding_body(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, const c
     const char *at = lx->p;
     kiln__tok w;
     if (!kiln__lex_try_name(lx, &w)) w.n = 0;
-    if (tok_is(w, "replicated") || tok_is(w, "manual") || tok_is(w, "unknown") ||
+    bool is_devices = tok_is(w, "devices") && kiln__lex_peek(lx) == '=';
+    if (is_devices || tok_is(w, "replicated") || tok_is(w, "manual") || tok_is(w, "unknown") ||
         tok_is(w, "maximal")) {
-      s->kind = tok_is(w, "replicated") ? KILN_SHARD_REPLICATED
-                : tok_is(w, "manual")   ? KILN_SHARD_MANUAL
-                : tok_is(w, "unknown")  ? KILN_SHARD_UNKNOWN
-                                        : KILN_SHARD_MAXIMAL;
-      have_kind = true;
+      if (kind_word.n) {
+        rc = kiln__lex_error(lx, at, "sharding gives both %.*s and %.*s", (int)kind_word.n,
+                             kind_word.s, (int)w.n, w.s);
+        goto out;
+      }
+      kind_word = w;
+      if (is_devices) {
+        lx->p++; /* '=' */
+        s->kind = KILN_SHARD_TILED;
+        if ((rc = sharding_devices(lx, a, s, at))) goto out;
+      } else {
+        s->kind = tok_is(w, "replicated") ? KILN_SHARD_REPLICATED
+                  : tok_is(w, "manual")   ? KILN_SHARD_MANUAL
+                  : tok_is(w, "unknown")  ? KILN_SHARD_UNKNOWN
+                                          : KILN_SHARD_MAXIMAL;
+      }
     } else if (tok_is(w, "device") && kiln__lex_accept(lx, '=')) {
-      if ((rc = kiln__lex_int(lx, &s->device, "a device number"))) goto out;
-    } else if (tok_is(w, "devices") && kiln__lex_accept(lx, '=')) {
-      if ((rc = sharding_devices(lx, a, s, at))) goto out;
-      if (!have_kind) s->kind = KILN_SHARD_TILED;
-      have_kind = true;
-    } else if (tok_is(w, "last_tile_dim_replicate")) {
+      if (have_device) {
+        rc = kiln__lex_error(lx, at, "duplicate device= in sharding");
+        goto out;
+      }
+      have_device = true;
+      if ((rc = kiln__lex_uint(lx, &s->device, "a device number"))) goto out;
+    } else if (tok_is(w, "last_tile_dim_replicate") && !s->last_tile_dim_replicate &&
+               !have_ltd) {
       s->last_tile_dim_replicate = true;
-    } else if (tok_is(w, "last_tile_dims") && kiln__lex_accept(lx, '=')) {
+    } else if (tok_is(w, "last_tile_dims") && !have_ltd && !s->last_tile_dim_replicate &&
+               kiln__lex_accept(lx, '=')) {
+      have_ltd = true;
       ivec v = {0};
       if ((rc = kiln__lex_expect(lx, '{', "to open last_tile_dims"))) goto out;
       for (;;) {
@@ -593,6 +610,9 @@ static int sharding_body(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, const c
       if (rc == 0) rc = ivec_to(lx, a, &v, &s->last_tile_dims);
       kiln_free(v.v);
       if (rc) goto out;
+    } else if (tok_is(w, "last_tile_dim_replicate") || tok_is(w, "last_tile_dims")) {
+      rc = kiln__lex_error(lx, at, "sharding gives last_tile_dim_replicate or last_tile_dims twice");
+      goto out;
     } else {
       /* Anything else (metadata={...}, shard_as 1, ...) is kept verbatim. */
       lx->p = at;
@@ -602,18 +622,21 @@ static int sharding_body(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, const c
       kiln_sbuf_putn(&extra, t.s, t.n);
     }
   }
-  if (!have_kind) {
-    rc = kiln__lex_error(lx, open, "sharding has no kind (replicated, maximal, devices=, manual or unknown)");
-    goto out;
-  }
-  if (s->kind == KILN_SHARD_MAXIMAL && s->device < 0) {
-    rc = kiln__lex_error(lx, open, "maximal sharding has a negative device");
-    goto out;
-  }
-  rc = 0;
-  if (kiln_sbuf_failed(&extra)) rc = nomem(lx);
+  if (kind_word.n == 0)
+    rc = kiln__lex_error(lx, open,
+                         "sharding has no kind (replicated, maximal, devices=, manual or unknown)");
+  else if (s->kind == KILN_SHARD_MAXIMAL && !have_device)
+    rc = kiln__lex_error(lx, open, "maximal sharding needs device=");
+  else if (s->kind != KILN_SHARD_MAXIMAL && have_device)
+    rc = kiln__lex_error(lx, open, "device= is only for maximal sharding");
+  else if (s->kind != KILN_SHARD_TILED && (have_ltd || s->last_tile_dim_replicate))
+    rc = kiln__lex_error(lx, open, "last_tile_dim_replicate and last_tile_dims need devices=");
+  else if (kiln_sbuf_failed(&extra))
+    rc = nomem(lx);
   else if (extra.len && (s->extra = kiln_arena_strdup(a, kiln_sbuf_str(&extra))) == NULL)
     rc = nomem(lx);
+  else
+    rc = 0;
 out:
   kiln_sbuf_free(&extra);
   return rc;

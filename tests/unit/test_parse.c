@@ -831,6 +831,12 @@ START_TEST(test_error_syntax) {
                "bad dim_labels b01f_01io->b0x: the output part needs b, f and spatial digits 0..n-1 once each");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={devices=[2,2]0,1,2}\n}\n",
                "t.hlo:3:37", "sharding lists 3 devices for 4 tiles");
+  expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={devices=[2]0,1 devices=[2]<=[2]}\n}\n",
+               "t.hlo:3:52", "sharding gives both devices and devices");
+  expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={maximal}\n}\n",
+               "t.hlo:3:36", "maximal sharding needs device=");
+  expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={replicated device=1}\n}\n",
+               "t.hlo:3:36", "device= is only for maximal sharding");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), replica_groups=[2,2]<=[8]\n}\n",
                "t.hlo:3:42", "replica_groups: the iota list <=[...] has 8 devices, expected 4");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), custom_call_target=\"a\\qb\"\n}\n",
