@@ -200,6 +200,13 @@ int kiln__lex_name(kiln__lex *lx, kiln__tok *tok, const char *what) {
                          kiln__lex_found(lx, NULL, f, sizeof f));
 }
 
+int kiln__lex_bare_name(kiln__lex *lx, kiln__tok *tok, const char *what) {
+  if (kiln__lex_peek(lx) != '%' && kiln__lex_try_name(lx, tok)) return 0;
+  char f[64];
+  return kiln__lex_error(lx, NULL, "expected %s, found %s", what,
+                         kiln__lex_found(lx, NULL, f, sizeof f));
+}
+
 int kiln__lex_word(kiln__lex *lx, kiln__tok *tok, const char *what) {
   kiln__lex_skip(lx);
   const char *p = lx->p;

@@ -78,6 +78,8 @@ bool kiln__lex_is_name_char(int c);
 int kiln__lex_name(kiln__lex *lx, kiln__tok *tok, const char *what);
 /* Like kiln__lex_name but returns false (consuming nothing) when no name. */
 bool kiln__lex_try_name(kiln__lex *lx, kiln__tok *tok);
+/* A name without '%': opcodes, attribute and field names. */
+int kiln__lex_bare_name(kiln__lex *lx, kiln__tok *tok, const char *what);
 /* A bare word for identifier values: [A-Za-z0-9_.$-]+. */
 int kiln__lex_word(kiln__lex *lx, kiln__tok *tok, const char *what);
 

@@ -554,7 +554,7 @@ static int parse_attrs(parser *P, kiln_instr *ins, refvec *ctrl, bool *has_ctrl)
     const char *at = lx->p;
     kiln__tok name;
     int rc;
-    if ((rc = kiln__lex_name(lx, &name, "an attribute name"))) return rc;
+    if ((rc = kiln__lex_bare_name(lx, &name, "an attribute name"))) return rc;
     char ctx[128];
     snprintf(ctx, sizeof ctx, "after attribute name %.*s", (int)(name.n > 80 ? 80 : name.n),
              name.s);
@@ -666,7 +666,7 @@ static int parse_instr(parser *P, uint32_t comp, kiln_id *root) {
   kiln__lex_skip(lx);
   const char *op_at = lx->p;
   kiln__tok opname;
-  if ((rc = kiln__lex_name(lx, &opname, has_shape ? "an opcode" : "a shape or an opcode")))
+  if ((rc = kiln__lex_bare_name(lx, &opname, has_shape ? "an opcode" : "a shape or an opcode")))
     return rc;
   kiln_opcode op, async_op;
   if ((rc = lookup_opcode(P, opname, op_at, &op, &async_op))) return rc;
@@ -1014,7 +1014,7 @@ static int parse_header(parser *P) {
     kiln__lex_skip(lx);
     const char *at = lx->p;
     kiln__tok an;
-    if ((rc = kiln__lex_name(lx, &an, "a module attribute name"))) return rc;
+    if ((rc = kiln__lex_bare_name(lx, &an, "a module attribute name"))) return rc;
     char ctx[128];
     snprintf(ctx, sizeof ctx, "after attribute name %.*s", (int)(an.n > 80 ? 80 : an.n), an.s);
     if ((rc = kiln__lex_expect(lx, '=', ctx))) return rc;

@@ -271,7 +271,7 @@ static int parse_window(kiln__lex *lx, kiln_arena *a, kiln_window **out) {
     kiln__lex_skip(lx);
     const char *at = lx->p;
     kiln__tok name;
-    if ((rc = kiln__lex_name(lx, &name, "a window field or '}'"))) goto out;
+    if ((rc = kiln__lex_bare_name(lx, &name, "a window field or '}'"))) goto out;
     int w = -1;
     for (int i = 0; i < W_COUNT; i++)
       if (strlen(wnames[i]) == name.n && memcmp(wnames[i], name.s, name.n) == 0) w = i;
@@ -509,7 +509,7 @@ static int sharding_kind_word(kiln__lex *lx, int64_t *out) {
   kiln__lex_skip(lx);
   const char *at = lx->p;
   kiln__tok t;
-  int rc = kiln__lex_name(lx, &t, "a sharding kind");
+  int rc = kiln__lex_bare_name(lx, &t, "a sharding kind");
   if (rc) return rc;
   if (tok_is(t, "manual")) *out = KILN_SHARD_MANUAL;
   else if (tok_is(t, "replicated")) *out = KILN_SHARD_REPLICATED;
@@ -563,7 +563,7 @@ static int sharding_body(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, const c
     kiln__lex_skip(lx);
     const char *at = lx->p;
     kiln__tok w;
-    if (!kiln__lex_try_name(lx, &w)) w.n = 0;
+    if (kiln__lex_peek(lx) == '%' || !kiln__lex_try_name(lx, &w)) w.n = 0;
     bool is_devices = tok_is(w, "devices") && kiln__lex_peek(lx) == '=';
     if (is_devices || tok_is(w, "replicated") || tok_is(w, "manual") || tok_is(w, "unknown") ||
         tok_is(w, "maximal")) {
@@ -690,7 +690,7 @@ static int parse_cmp_dir(kiln__lex *lx, int64_t *out) {
   kiln__lex_skip(lx);
   const char *at = lx->p;
   kiln__tok t;
-  int rc = kiln__lex_name(lx, &t, "a comparison direction");
+  int rc = kiln__lex_bare_name(lx, &t, "a comparison direction");
   if (rc) return rc;
   for (int d = KILN_CMP_EQ; d <= KILN_CMP_LT; d++) {
     if (tok_is(t, kiln_cmp_dir_name((kiln_cmp_dir)d))) {
@@ -763,7 +763,7 @@ static int parse_alias(kiln__lex *lx, kiln_arena *a, kiln_alias *al) {
     kiln__lex_skip(lx);
     const char *at = lx->p;
     kiln__tok t;
-    if ((rc = kiln__lex_name(lx, &t, "may-alias or must-alias"))) return rc;
+    if ((rc = kiln__lex_bare_name(lx, &t, "may-alias or must-alias"))) return rc;
     if (tok_is(t, "must-alias")) al->kind = KILN_ALIAS_MUST;
     else if (!tok_is(t, "may-alias"))
       return kiln__lex_error(lx, at, "expected may-alias or must-alias, found '%.*s'",
