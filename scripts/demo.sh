@@ -12,7 +12,7 @@ MODULE=${1:-examples/mlp.hlo}
 # Same build type as scripts/test.sh, so that the two share build/ without
 # reconfiguring it.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j "$JOBS"
+cmake --build build -j "$JOBS" --target kiln
 
 if [ ! -x build/kiln ]; then
   echo "demo: build/kiln was not built (clients/cli/ has no sources yet)" >&2
