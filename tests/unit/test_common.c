@@ -559,8 +559,11 @@ START_TEST(fp16_overflow_nan_zero_subnormal) {
   ck_assert_uint_eq(f->encode(-INFINITY), inf | s);
   ck_assert_uint_eq(f->encode(1e300), inf);
   ck_assert_uint_eq(f->encode(-1e300), inf | s);
-  ck_assert_uint_eq(f->encode(DBL_MAX), inf);
-  ck_assert_uint_eq(f->encode(-DBL_MAX), inf | s);
+  /* Rounding DBL_MAX to the format's quantum overflows the double itself;
+   * the answer must still be inf, not garbage from frexp(inf). */
+  const double dbl_max = DBL_MAX;
+  ck_assert_uint_eq(f->encode(dbl_max), inf);
+  ck_assert_uint_eq(f->encode(-dbl_max), inf | s);
   ck_assert(isinf(f->decode(inf)) && f->decode(inf) > 0);
   ck_assert(isinf(f->decode(inf | s)) && f->decode(inf | s) < 0);
   ck_assert(is_nan_bits(f, f->encode(NAN)));
