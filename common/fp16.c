@@ -19,9 +19,11 @@ uint32_t kiln_encode_ieee(double x, int ebits, int mbits) {
   int e;
   frexp(a, &e);
   int E = e - 1; /* a = 1.f * 2^E */
+  if (E + bias >= (int)expmax) return out_sign | (expmax << mbits); /* past the top binade */
   int qexp = (E < emin ? emin : E) - mbits;
   double v = ldexp(rint(ldexp(a, -qexp)), qexp); /* rounded value, exact */
   if (v == 0.0) return out_sign;
+  if (isinf(v)) return out_sign | (expmax << mbits);
   frexp(v, &e);
   E = e - 1;
   if (E < emin) {

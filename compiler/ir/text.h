@@ -1,7 +1,7 @@
 /* HLO text: the parser and the canonical printer.
  *
  * The parser accepts what XLA's own dumps and tests contain (see
- * tests/unit/test_text.c for the forms); the printer writes one canonical
+ * tests/unit/test_parse.c for the forms); the printer writes one canonical
  * form, so print -> parse -> print is a fixed point. Errors carry
  * "file:line:col" in kiln_status.where.
  */
