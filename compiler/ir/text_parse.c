@@ -1061,18 +1061,44 @@ static int resolve_calls(parser *P) {
   return 0;
 }
 
+
+/* The first array inside s with more than max elements (or overflowing). */
+static const kiln_shape *over_limit(const kiln_shape *s, int64_t max) {
+  if (kiln_shape_is_tuple(s)) {
+    for (uint32_t i = 0; i < s->rank; i++) {
+      const kiln_shape *b = over_limit(&s->tuple[i], max);
+      if (b) return b;
+    }
+    return NULL;
+  }
+  int64_t n = kiln_shape_elements(s);
+  return n < 0 || n > max ? s : NULL;
+}
+
 static int infer_one(parser *P, kiln_instr *ins) {
   kiln_status ist;
   kiln_status_clear(&ist);
   kiln_shape out;
   memset(&out, 0, sizeof out);
   int rc = kiln_infer_shape(P->m, ins, P->m->arena, &out, &ist);
+  char where[KILN_STATUS_WHERE_MAX];
+  snprintf(where, sizeof where, "%s:%u:%u", P->lx.file, (unsigned)ins->line, (unsigned)ins->col);
   if (rc == 0) {
+    /* An inferred shape obeys the same limit as a written one, so that what
+     * the parser accepts it also accepts when printed back. */
+    const kiln_shape *big = over_limit(&out, P->max_elements);
+    if (big) {
+      kiln_sbuf b = KILN_SBUF_INIT;
+      kiln_shape_print_short(&b, big);
+      kiln_status_set(P->lx.st, KILN_ELIMIT, where,
+                      "the inferred shape %s of %s has more than %lld elements",
+                      kiln_sbuf_str(&b), ins->name, (long long)P->max_elements);
+      kiln_sbuf_free(&b);
+      return KILN_ELIMIT;
+    }
     ins->shape = out;
     return 0;
   }
-  char where[KILN_STATUS_WHERE_MAX];
-  snprintf(where, sizeof where, "%s:%u:%u", P->lx.file, (unsigned)ins->line, (unsigned)ins->col);
   return kiln_status_set(P->lx.st, rc, where, "cannot infer the shape of %s: %s", ins->name,
                          ist.msg[0] ? ist.msg : kiln_strerror(rc));
 }

@@ -881,6 +881,23 @@ START_TEST(test_error_cycle) {
 }
 END_TEST
 
+START_TEST(test_error_inferred_shape_limit) {
+  /* An inferred shape is held to the same limit as a written one, so that
+   * what parses also parses once printed back. */
+  const char *text = HDR "ENTRY e {\n  a = f32[2000000] parameter(0)\n"
+                         "  b = f32[2000000] parameter(1)\n  ROOT d = dot(a, b)\n}\n";
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_module *m = NULL;
+  int rc = kiln_module_parse_text(text, strlen(text), "t.hlo", NULL, &m, &st);
+  ck_assert_int_eq(rc, KILN_ELIMIT);
+  ck_assert_ptr_null(m);
+  ck_assert_str_eq(st.where, "t.hlo:5:8");
+  ck_assert_str_eq(st.msg, "the inferred shape f32[2000000,2000000] of d has more than "
+                           "1099511627776 elements");
+}
+END_TEST
+
 START_TEST(test_error_shapes) {
   expect_error_code(HDR "ENTRY e {\n  p = f32[99999999999,99999999999] parameter(0)\n}\n",
                     KILN_ELIMIT, "t.hlo:3:7",
@@ -1333,6 +1350,7 @@ static Suite *parse_suite(void) {
   tcase_add_test(te, test_error_names);
   tcase_add_test(te, test_error_cycle);
   tcase_add_test(te, test_error_shapes);
+  tcase_add_test(te, test_error_inferred_shape_limit);
   tcase_add_test(te, test_error_constants);
   tcase_add_test(te, test_error_unterminated);
   tcase_add_test(te, test_error_nesting);
