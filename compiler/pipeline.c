@@ -14,7 +14,11 @@
 #include "compiler/passes/passes.h"
 
 static const kiln_pass passes[] = {
+    {"algsimp", kiln_pass_algsimp, 1},
+    {"constfold", kiln_pass_constfold, 1},
+    {"cse", kiln_pass_cse, 1},
     {"dce", kiln_pass_dce, 0},
+    {"while_licm", kiln_pass_while_licm, 1},
 };
 
 const kiln_pass *kiln_pipeline_passes(uint32_t *n) {
