@@ -19,6 +19,12 @@
 #include "compiler/ir/ir.h"
 #include "executor/interp/interp.h"
 
+/* CMPLX is C11, but clang with glibc does not define it: build the value
+ * without arithmetic, so that infinities and NaNs survive as they are. */
+#if defined(__clang__) && !defined(CMPLX)
+#define CMPLX(x, y) __builtin_complex((double)(x), (double)(y))
+#endif
+
 /* Arrays of higher rank are refused; it keeps index vectors on the stack. */
 #define KILN_INTERP_MAX_RANK 32
 
