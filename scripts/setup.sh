@@ -18,6 +18,7 @@ ROOT=$PWD
 #   clang libclang-rt-14-dev            libFuzzer builds (tests/fuzz)
 #   python3 python3-venv                the .venv for the JAX peer tests
 #   libopenblas-dev                     dot on the CPU backend (cblas)
+#   libgrpc-dev libuv1-dev libssl-dev   kilnd: gRPC core, its event loop, SHA-256
 PACKAGES=(
   build-essential cmake pkg-config
   protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
@@ -25,6 +26,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   python3 python3-venv
   libopenblas-dev
+  libgrpc-dev libuv1-dev libssl-dev
 )
 
 say() { printf 'setup: %s\n' "$*"; }
