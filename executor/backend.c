@@ -1,0 +1,307 @@
+/* The backend registry and the checked forwarders.
+ *
+ * Every public entry point of executor/backend.h lands here, checks its
+ * handles, indices and sizes, and only then calls the backend's vtable, so
+ * that an implementation never sees a bad argument and a caller never sees
+ * a crash: a NULL handle, an out-of-range index, a missing optional slot or
+ * a mismatched buffer all become a status naming what was wrong.
+ */
+#include "executor/backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/codegen/executable.h"
+#include "executor/backend_impl.h"
+
+static const kiln_backend_iface *const registry[] = {
+    &kiln_cpu_backend_iface,
+    &kiln_interp_backend_iface,
+};
+#define NREGISTRY (sizeof registry / sizeof registry[0])
+
+static const char *const registry_names[] = {"cpu", "interp"};
+
+const char *const *kiln_backend_names(uint32_t *n) {
+  if (n) *n = (uint32_t)NREGISTRY;
+  return registry_names;
+}
+
+/* ---- backends ----------------------------------------------------------- */
+
+static void destroy_devices(kiln_backend *b, uint32_t ninit) {
+  for (uint32_t i = ninit; i-- > 0;)
+    if (b->iface->device_fini) b->iface->device_fini(&b->devices[i]);
+  kiln_free(b->devices);
+  b->devices = NULL;
+}
+
+int kiln_backend_create(const char *name, const kiln_backend_options *opts, kiln_backend **out,
+                        kiln_status *st) {
+  if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "backend", "no result pointer");
+  *out = NULL;
+  if (name == NULL) return kiln_status_set(st, KILN_EINVAL, "backend", "no backend name");
+  const kiln_backend_iface *iface = NULL;
+  for (size_t i = 0; i < NREGISTRY; i++)
+    if (strcmp(registry[i]->name, name) == 0) iface = registry[i];
+  if (iface == NULL)
+    return kiln_status_set(st, KILN_ENOTFOUND, "backend",
+                           "unknown backend '%.64s' (known: cpu, interp)", name);
+  kiln_backend_options defaults = {0};
+  if (opts == NULL) opts = &defaults;
+
+  kiln_backend *b = kiln_calloc(1, sizeof *b);
+  if (b == NULL) return kiln_status_set(st, KILN_ENOMEM, name, "out of memory");
+  b->iface = iface;
+  uint32_t ndevices = 0;
+  int rc = iface->init(b, opts, &ndevices, st);
+  if (rc) goto out_free_backend;
+  if (ndevices == 0) {
+    rc = kiln_status_set(st, KILN_EINTERNAL, name, "backend reported no devices");
+    goto out_fini;
+  }
+  b->devices = kiln_calloc(ndevices, sizeof *b->devices);
+  if (b->devices == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, name, "out of memory for %u devices", ndevices);
+    goto out_fini;
+  }
+  b->ndevices = ndevices;
+  for (uint32_t i = 0; i < ndevices; i++) {
+    kiln_device *d = &b->devices[i];
+    d->backend = b;
+    d->index = i;
+    d->nthreads = 1;
+    if (iface->device_init && (rc = iface->device_init(d, st)) != 0) {
+      destroy_devices(b, i);
+      goto out_fini;
+    }
+  }
+  *out = b;
+  return 0;
+
+out_fini:
+  iface->fini(b);
+out_free_backend:
+  kiln_free(b);
+  return rc;
+}
+
+void kiln_backend_destroy(kiln_backend *b) {
+  if (b == NULL) return;
+  destroy_devices(b, b->ndevices);
+  b->iface->fini(b);
+  kiln_free(b);
+}
+
+const char *kiln_backend_name(const kiln_backend *b) { return b ? b->iface->name : "(null)"; }
+
+uint32_t kiln_backend_device_count(const kiln_backend *b) { return b ? b->ndevices : 0; }
+
+kiln_device *kiln_backend_device(const kiln_backend *b, uint32_t i) {
+  if (b == NULL || i >= b->ndevices) return NULL;
+  return &b->devices[i];
+}
+
+/* ---- devices ------------------------------------------------------------ */
+
+uint32_t kiln_device_index(const kiln_device *d) { return d ? d->index : 0; }
+
+kiln_backend *kiln_device_backend(const kiln_device *d) { return d ? d->backend : NULL; }
+
+uint32_t kiln_device_threads(const kiln_device *d) { return d ? d->nthreads : 0; }
+
+void kiln_device_describe(const kiln_device *d, char *buf, size_t size) {
+  if (buf == NULL || size == 0) return;
+  if (d == NULL) {
+    snprintf(buf, size, "(null)");
+    return;
+  }
+  snprintf(buf, size, "%s:%u (%u thread%s)", d->backend->iface->name, d->index, d->nthreads,
+           d->nthreads == 1 ? "" : "s");
+}
+
+/* "cpu:0" for status messages. */
+static void device_where(const kiln_device *d, char *buf, size_t size) {
+  snprintf(buf, size, "%s:%u", d->backend->iface->name, d->index);
+}
+
+int kiln_device_synchronize(kiln_device *d, kiln_status *st) {
+  if (d == NULL) return kiln_status_set(st, KILN_EINVAL, "device", "no device");
+  if (d->backend->iface->synchronize == NULL) return 0;
+  return d->backend->iface->synchronize(d, st);
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+int kiln_buffer_alloc(kiln_device *d, size_t bytes, kiln_buffer **out, kiln_status *st) {
+  if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "buffer", "no result pointer");
+  *out = NULL;
+  if (d == NULL) return kiln_status_set(st, KILN_EINVAL, "buffer", "no device");
+  char where[64];
+  device_where(d, where, sizeof where);
+  kiln_buffer *b = kiln_calloc(1, sizeof *b);
+  if (b == NULL) return kiln_status_set(st, KILN_ENOMEM, where, "out of memory");
+  b->device = d;
+  b->size = bytes;
+  int rc = d->backend->iface->buffer_alloc(d, bytes, &b->mem, st);
+  if (rc) {
+    kiln_free(b);
+    return rc;
+  }
+  *out = b;
+  return 0;
+}
+
+void kiln_buffer_free(kiln_buffer *b) {
+  if (b == NULL) return;
+  b->device->backend->iface->buffer_free(b->device, b->mem);
+  kiln_free(b);
+}
+
+size_t kiln_buffer_size(const kiln_buffer *b) { return b ? b->size : 0; }
+
+kiln_device *kiln_buffer_device(const kiln_buffer *b) { return b ? b->device : NULL; }
+
+/* offset + n within size, without overflow. */
+static int check_range(const kiln_buffer *b, size_t offset, size_t n, const void *host,
+                       const char *verb, kiln_status *st) {
+  if (b == NULL) return kiln_status_set(st, KILN_EINVAL, "buffer", "%s: no buffer", verb);
+  if (host == NULL && n > 0)
+    return kiln_status_set(st, KILN_EINVAL, "buffer", "%s: no host pointer", verb);
+  if (offset > b->size || n > b->size - offset)
+    return kiln_status_set(st, KILN_ERANGE, "buffer",
+                           "%s: bytes [%zu, %zu + %zu) outside a buffer of %zu bytes", verb,
+                           offset, offset, n, b->size);
+  return 0;
+}
+
+int kiln_buffer_write(kiln_buffer *b, size_t offset, const void *src, size_t n,
+                      kiln_status *st) {
+  int rc = check_range(b, offset, n, src, "write", st);
+  if (rc || n == 0) return rc;
+  return b->device->backend->iface->buffer_write(b->device, b->mem, offset, src, n, st);
+}
+
+int kiln_buffer_read(const kiln_buffer *b, size_t offset, void *dst, size_t n, kiln_status *st) {
+  int rc = check_range(b, offset, n, dst, "read", st);
+  if (rc || n == 0) return rc;
+  return b->device->backend->iface->buffer_read(b->device, b->mem, offset, dst, n, st);
+}
+
+/* ---- executables -------------------------------------------------------- */
+
+int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out,
+                     kiln_status *st) {
+  if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "load", "no result pointer");
+  *out = NULL;
+  if (d == NULL) return kiln_status_set(st, KILN_EINVAL, "load", "no device");
+  if (e == NULL) return kiln_status_set(st, KILN_EINVAL, "load", "no executable");
+  char where[64];
+  device_where(d, where, sizeof where);
+  const kiln_backend_iface *iface = d->backend->iface;
+  if (iface->load == NULL)
+    return kiln_status_set(st, KILN_EUNIMPL, where,
+                           "backend %s does not load executables (it runs modules)", iface->name);
+  kiln_loaded *l = kiln_calloc(1, sizeof *l);
+  if (l == NULL) return kiln_status_set(st, KILN_ENOMEM, where, "out of memory");
+  l->device = d;
+  l->exe = e;
+  int rc = iface->load(l, st);
+  if (rc) {
+    kiln_free(l);
+    return rc;
+  }
+  *out = l;
+  return 0;
+}
+
+void kiln_loaded_destroy(kiln_loaded *l) {
+  if (l == NULL) return;
+  l->device->backend->iface->unload(l);
+  kiln_free(l);
+}
+
+const kiln_executable *kiln_loaded_executable(const kiln_loaded *l) { return l ? l->exe : NULL; }
+
+int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t nargs,
+                    const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
+  if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no result pointer");
+  *out = NULL;
+  if (l == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no loaded executable");
+  if (nargs != l->exe->nparams)
+    return kiln_status_set(st, KILN_EINVAL, "run", "the executable takes %u parameter%s, %u given",
+                           l->exe->nparams, l->exe->nparams == 1 ? "" : "s", nargs);
+  for (uint32_t i = 0; i < nargs; i++)
+    if (args == NULL || args[i] == NULL)
+      return kiln_status_set(st, KILN_EINVAL, "run", "argument %u is missing", i);
+  kiln_run_options defaults = {0};
+  return l->device->backend->iface->run(l, args, opts ? opts : &defaults, out, st);
+}
+
+/* Bytes of result/parameter binding `b`'s dense storage (checked at load). */
+static size_t binding_bytes(const kiln_binding *b) { return (size_t)kiln_shape_bytes(&b->shape); }
+
+int kiln_loaded_execute(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
+                        const kiln_run_options *opts, kiln_buffer **results, uint32_t nresults,
+                        kiln_status *st) {
+  if (l == NULL) return kiln_status_set(st, KILN_EINVAL, "execute", "no loaded executable");
+  const kiln_executable *e = l->exe;
+  if (results == NULL && nresults > 0)
+    return kiln_status_set(st, KILN_EINVAL, "execute", "no result array");
+  for (uint32_t i = 0; i < nresults; i++) results[i] = NULL;
+  const kiln_backend_iface *iface = l->device->backend->iface;
+  if (iface->execute == NULL)
+    return kiln_status_set(st, KILN_EUNIMPL, "execute", "backend %s does not execute on buffers",
+                           iface->name);
+  if (nargs != e->nparam_leaves)
+    return kiln_status_set(st, KILN_EINVAL, "execute",
+                           "the executable takes %u parameter leaves, %u buffers given",
+                           e->nparam_leaves, nargs);
+  if (nresults != e->nresults)
+    return kiln_status_set(st, KILN_EINVAL, "execute",
+                           "the executable returns %u result leaves, room for %u given",
+                           e->nresults, nresults);
+  for (uint32_t i = 0; i < nargs; i++) {
+    if (args == NULL || args[i] == NULL)
+      return kiln_status_set(st, KILN_EINVAL, "execute", "parameter leaf %u: no buffer", i);
+    if (args[i]->device != l->device)
+      return kiln_status_set(st, KILN_EINVAL, "execute",
+                             "parameter leaf %u: buffer lives on %s:%u, the executable on %s:%u",
+                             i, args[i]->device->backend->iface->name, args[i]->device->index,
+                             iface->name, l->device->index);
+    if (args[i]->size != binding_bytes(&e->params[i]))
+      return kiln_status_set(st, KILN_EINVAL, "execute",
+                             "parameter leaf %u: buffer has %zu bytes, expected %zu", i,
+                             args[i]->size, binding_bytes(&e->params[i]));
+  }
+  int rc = 0;
+  for (uint32_t i = 0; i < nresults && rc == 0; i++)
+    rc = kiln_buffer_alloc(l->device, binding_bytes(&e->results[i]), &results[i], st);
+  kiln_run_options defaults = {0};
+  if (rc == 0) rc = iface->execute(l, args, opts ? opts : &defaults, results, st);
+  if (rc) {
+    for (uint32_t i = 0; i < nresults; i++) {
+      kiln_buffer_free(results[i]);
+      results[i] = NULL;
+    }
+  }
+  return rc;
+}
+
+int kiln_device_run_module(kiln_device *d, const kiln_module *m, const kiln_literal *const *args,
+                           uint32_t nargs, const kiln_run_options *opts, kiln_literal **out,
+                           kiln_status *st) {
+  if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no result pointer");
+  *out = NULL;
+  if (d == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no device");
+  if (m == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no module");
+  if (args == NULL && nargs > 0) return kiln_status_set(st, KILN_EINVAL, "run", "no arguments");
+  const kiln_backend_iface *iface = d->backend->iface;
+  if (iface->run_module == NULL)
+    return kiln_status_set(st, KILN_EUNIMPL, "run",
+                           "backend %s runs compiled executables, not modules (compile first)",
+                           iface->name);
+  kiln_run_options defaults = {0};
+  return iface->run_module(d, m, args, nargs, opts ? opts : &defaults, out, st);
+}

@@ -1,0 +1,101 @@
+/* Internal interface of the CPU backend (executor/cpu/).
+ *
+ * cpu_backend.c: the vtable, devices and host memory. cpu_pool.c: one fixed
+ * worker pool per device. cpu_load.c: checks an executable and maps its code
+ * object (memfd + dlopen). cpu_run.c: binds parameters and outputs and
+ * interprets the step programs. cpu_gemm.c: GEMM steps through OpenBLAS,
+ * split over the pool.
+ */
+#ifndef KILN_EXECUTOR_CPU_CPU_H
+#define KILN_EXECUTOR_CPU_CPU_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "compiler/codegen/executable.h"
+#include "executor/backend_impl.h"
+
+/* ---- the worker pool ---------------------------------------------------- */
+
+typedef struct kiln__cpu_pool kiln__cpu_pool;
+
+/* One chunk of a parallel loop. */
+typedef void (*kiln__cpu_task_fn)(void *ctx, uint64_t chunk);
+
+/* A pool of nthreads - 1 worker threads; the thread that submits work is
+ * the nthreads-th. nthreads >= 1. */
+int kiln__cpu_pool_create(uint32_t nthreads, kiln__cpu_pool **out, kiln_status *st);
+/* Stops and joins the workers. Work must not be in flight. */
+void kiln__cpu_pool_destroy(kiln__cpu_pool *p);
+uint32_t kiln__cpu_pool_threads(const kiln__cpu_pool *p);
+/* Runs fn(ctx, c) for every c in [0, nchunks) on the workers and the
+ * calling thread; returns when all chunks have finished. Safe to call from
+ * several threads at once (their chunks share the workers). */
+void kiln__cpu_pool_run(kiln__cpu_pool *p, kiln__cpu_task_fn fn, void *ctx, uint64_t nchunks);
+
+/* ---- devices and loaded executables -------------------------------------- */
+
+typedef struct kiln__cpu_device {
+  kiln__cpu_pool *pool;
+  uint64_t max_temp_bytes;
+} kiln__cpu_device;
+
+#define KILN__CPU_ARENA_CACHE 4
+
+typedef struct kiln__cpu_loaded {
+  const kiln_executable *exe;
+  kiln__cpu_device *dev;
+  void *dl;                   /* dlopen handle; NULL when there is no code */
+  int memfd;                  /* kept open while loaded (see cpu_load.c); -1 when none */
+  kiln_kernel_fn *kernels;    /* nkernels resolved entry points */
+  /* Per kernel: measured nanoseconds per 1024 iterations (0: not yet
+   * measured), used to decide whether a launch is worth splitting. */
+  _Atomic uint64_t *kernel_cost;
+  /* argv_base[p][s]: offset of step s of program p in the per-run argument
+   * vector (all steps' slot pointers, laid out once per run). */
+  uint64_t **argv_base;
+  uint64_t nargv;
+  uint32_t *leaf_base;        /* nparams: first flattened leaf of parameter p */
+  /* Per parameter leaf: a result is bound to its slot (input_output_alias
+   * donation), so the program may write it. The literal API copies such a
+   * leaf first; the buffer API writes the caller's buffer. */
+  bool *donated;
+  /* Temporary arenas of finished runs, ready for the next one; a run takes
+   * one out (or allocates), so overlapping runs never share an arena. */
+  pthread_mutex_t mu;
+  void *arena_cache[KILN__CPU_ARENA_CACHE]; /* raw kiln_malloc pointers */
+  uint32_t narena_cache;
+} kiln__cpu_loaded;
+
+/* 64-byte aligned memory through the allocation hook; NULL on failure.
+ * *raw receives the pointer to give back to kiln_free. */
+void *kiln__cpu_aligned_alloc(size_t bytes, void **raw);
+
+/* Checks e for this host and the device's limits and maps its code. */
+int kiln__cpu_load(kiln__cpu_device *dev, const kiln_executable *e, kiln__cpu_loaded **out,
+                   kiln_status *st);
+void kiln__cpu_unload(kiln__cpu_loaded *l);
+
+/* Runs program 0 with parameter leaf i at params[i] and result leaf i at
+ * results[i], both laid out as their bindings say. */
+int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *results,
+                  const kiln_run_options *opts, kiln_status *st);
+
+/* The vtable's run: binds host literals (row-major) to the executable's
+ * parameter layouts, runs, and gathers the result literal. */
+int kiln__cpu_run_literals(kiln_loaded *l, const kiln_literal *const *args,
+                           const kiln_run_options *opts, kiln_literal **out, kiln_status *st);
+
+/* Row-major (logical) order <-> the physical order of shape's layout.
+ * to_physical: dst is laid out by the layout, src row-major. */
+void kiln__cpu_relayout(void *dst, const void *src, const kiln_shape *shape, int to_physical);
+/* True when the layout is absent or the default (rank-1, ..., 0). */
+bool kiln__cpu_layout_is_default(const kiln_shape *shape);
+
+/* The GEMM step: C[b] = alpha op(A[b]) op(B[b]) + beta C[b], split over the
+ * pool. Arguments are checked at load. */
+void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
+                    void *c);
+
+#endif /* KILN_EXECUTOR_CPU_CPU_H */

@@ -1,0 +1,111 @@
+/* GEMM steps through OpenBLAS, split over the device pool.
+ *
+ * OpenBLAS runs single-threaded (cpu_backend.c sets it); parallelism comes
+ * from cutting the batched product into independent pieces: whole batches
+ * when there are enough of them, otherwise row blocks of C (or column
+ * blocks when C is wide), each one cblas call on a row-major sub-view.
+ * Small products run inline: waking the pool would cost more than they do.
+ */
+#include <cblas.h>
+#include <string.h>
+
+#include "executor/cpu/cpu.h"
+
+#define INLINE_FLOPS 2.0e6     /* below this, one thread does it all */
+#define MIN_BLOCK 32           /* rows or columns per piece, at least */
+
+typedef struct gemm_job {
+  const kiln_gemm *g;
+  const char *a, *b;
+  char *c;
+  size_t esize;
+  int64_t batches_per;         /* batches per chunk when splitting batches */
+  int64_t nparts, block;       /* pieces per batch and their size along m or n */
+  bool split_n;
+} gemm_job;
+
+static void gemm_one(const kiln_gemm *g, const void *a, const void *b, void *c, int64_t m,
+                     int64_t n) {
+  enum CBLAS_TRANSPOSE ta = g->trans_a ? CblasTrans : CblasNoTrans;
+  enum CBLAS_TRANSPOSE tb = g->trans_b ? CblasTrans : CblasNoTrans;
+  if (m == 0 || n == 0) return;
+  if (g->k == 0) { /* no products: C = beta C (and not a NaN-preserving 0 * C) */
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        if (g->dtype == KILN_F32) {
+          float *p = (float *)c + i * g->ldc + j;
+          *p = g->beta == 0 ? 0.0f : (float)g->beta * *p;
+        } else {
+          double *p = (double *)c + i * g->ldc + j;
+          *p = g->beta == 0 ? 0.0 : g->beta * *p;
+        }
+      }
+    return;
+  }
+  if (g->dtype == KILN_F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)g->k, (float)g->alpha, a,
+                (blasint)g->lda, b, (blasint)g->ldb, (float)g->beta, c, (blasint)g->ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)g->k, g->alpha, a,
+                (blasint)g->lda, b, (blasint)g->ldb, g->beta, c, (blasint)g->ldc);
+}
+
+/* Batch `bi`, rows [m0, m0+m) and columns [n0, n0+n) of C. */
+static void gemm_piece(const gemm_job *j, int64_t bi, int64_t m0, int64_t m, int64_t n0,
+                       int64_t n) {
+  const kiln_gemm *g = j->g;
+  int64_t ao = bi * g->stride_a + (g->trans_a ? m0 : m0 * g->lda);
+  int64_t bo = bi * g->stride_b + (g->trans_b ? n0 * g->ldb : n0);
+  int64_t co = bi * g->stride_c + m0 * g->ldc + n0;
+  gemm_one(g, j->a + (size_t)ao * j->esize, j->b + (size_t)bo * j->esize,
+           j->c + (size_t)co * j->esize, m, n);
+}
+
+static void gemm_chunk(void *ctx, uint64_t chunk) {
+  const gemm_job *j = ctx;
+  const kiln_gemm *g = j->g;
+  if (j->nparts == 1) {
+    int64_t b0 = (int64_t)chunk * j->batches_per;
+    int64_t b1 = b0 + j->batches_per < g->batch ? b0 + j->batches_per : g->batch;
+    for (int64_t bi = b0; bi < b1; bi++) gemm_piece(j, bi, 0, g->m, 0, g->n);
+    return;
+  }
+  int64_t bi = (int64_t)chunk / j->nparts, part = (int64_t)chunk % j->nparts;
+  int64_t dim = j->split_n ? g->n : g->m, lo = part * j->block;
+  int64_t len = dim - lo < j->block ? dim - lo : j->block;
+  if (len <= 0) return;
+  if (j->split_n)
+    gemm_piece(j, bi, 0, g->m, lo, len);
+  else
+    gemm_piece(j, bi, lo, len, 0, g->n);
+}
+
+void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
+                    void *c) {
+  if (g->batch == 0 || g->m == 0 || g->n == 0) return;
+  gemm_job j = {.g = g, .a = a, .b = b, .c = c, .esize = kiln_dtype_size(g->dtype),
+                .batches_per = 1, .nparts = 1};
+  int64_t threads = kiln__cpu_pool_threads(pool);
+  double flops = 2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
+  if (threads == 1 || flops < INLINE_FLOPS) {
+    j.batches_per = g->batch;
+    gemm_chunk(&j, 0);
+    return;
+  }
+  uint64_t nchunks;
+  if (g->batch >= threads) {
+    int64_t want = g->batch < 4 * threads ? g->batch : 4 * threads;
+    j.batches_per = (g->batch + want - 1) / want;
+    nchunks = (uint64_t)((g->batch + j.batches_per - 1) / j.batches_per);
+  } else {
+    j.split_n = g->n > g->m;
+    int64_t dim = j.split_n ? g->n : g->m;
+    int64_t parts = (threads + g->batch - 1) / g->batch;
+    int64_t most = (dim + MIN_BLOCK - 1) / MIN_BLOCK;
+    if (parts > most) parts = most;
+    j.block = (dim + parts - 1) / parts;
+    j.nparts = (dim + j.block - 1) / j.block;
+    nchunks = (uint64_t)(g->batch * j.nparts);
+  }
+  kiln__cpu_pool_run(pool, gemm_chunk, &j, nchunks);
+}
