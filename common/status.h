@@ -27,7 +27,10 @@ extern "C" {
   X(IO, -7, "input/output error")                                    \
   X(LIMIT, -8, "resource limit exceeded")                            \
   X(INTERNAL, -9, "internal error")                                  \
-  X(NOTFOUND, -10, "not found")
+  X(NOTFOUND, -10, "not found")                                      \
+  X(DEADLINE, -11, "deadline exceeded")                              \
+  X(CANCELED, -12, "canceled")                                       \
+  X(UNAVAIL, -13, "unavailable")
 
 typedef enum kiln_errno {
   KILN_OK = 0,
