@@ -1,0 +1,361 @@
+/* Kernels that are not one value per output element: dynamic-update-slice
+ * in place (iterates over the update), scatter (one sequential iteration
+ * applying updates in order through the combiner, as XLA's evaluator and
+ * the interpreter do), and sort (one iteration per row: a stable bottom-up
+ * merge sort of a permutation under the comparator, then a gather of every
+ * operand through it).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "compiler/codegen/c_target.h"
+
+static const kiln_instr *ins_of(kiln__cgen *g, kiln_id id) { return g->mod.m->instrs[id]; }
+
+static void strides_of(const kiln_shape *s, int64_t *st) {
+  int64_t m2m[KILN__EMIT_MAXR], acc = 1;
+  kiln_shape_minor_to_major(s, m2m);
+  for (uint32_t k = 0; k < s->rank; k++) {
+    st[m2m[k]] = acc;
+    acc *= s->dims[m2m[k]];
+  }
+}
+
+static int fail(kiln__cgen *g, const kiln_instr *ins, const char *what) {
+  char where[KILN_STATUS_WHERE_MAX];
+  kiln_instr_where(g->mod.m, ins, where, sizeof where);
+  return kiln_status_set(g->st, KILN_EUNIMPL, where, "the cpu backend cannot compile %s %s: %s",
+                         kiln_opcode_name(ins->op), where, what);
+}
+
+/* ---- dynamic-update-slice in place -------------------------------------- */
+
+int kiln__cgen_dus(kiln__cgen *g, const kiln__kernel_spec *k, kiln_id dus, uint32_t *kernel,
+                   uint64_t *range) {
+  const kiln_instr *d = ins_of(g, dus);
+  const kiln_shape *us = &ins_of(g, d->operands[1])->shape;
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  int rc = kiln__cgen_begin(g, k, &body, &f, 2);
+  kiln__ix u, t;
+  if (rc == 0) rc = kiln__ix_new(&f, us->rank, &u);
+  if (rc) goto done;
+  for (uint32_t i = 0; i < us->rank; i++) kiln__ix_set(&u, i, "o%u", i);
+  u.root = true;
+  u.lin = "i";
+  u.lin_shape = us;
+  uint32_t v;
+  rc = kiln__emit_dus_target(&f, d, &u, &v, &t);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc) goto done;
+  char off[512], vs[16], e[64];
+  kiln__ix_offset(&f, &t, k->out_shape[0], off, sizeof off);
+  snprintf(vs, sizeof vs, "v%u", v);
+  kiln__emit_store_expr(k->out_shape[0]->dtype, vs, e, sizeof e);
+  kiln__emit_line(&f, "b%u[%s] = %s;", k->out_arg[0], off, e);
+  kiln_sbuf_puts(&out, "  for (int64_t i = begin; i < end; i++) {\n");
+  kiln__cgen_decompose(&out, us, "i", 0, "o", 2);
+  kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+  kiln_sbuf_puts(&out, "  }\n");
+  *kernel = g->nkernels;
+  *range = (uint64_t)kiln_shape_elements(us);
+  kiln__cgen_finish(g, k, kiln_sbuf_str(&out));
+done:
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&out);
+  return rc;
+}
+
+/* ---- scatter ------------------------------------------------------------ */
+
+static const kiln_i64s *ints(const kiln_instr *ins, kiln_attr_key key) {
+  static const kiln_i64s none = {NULL, 0};
+  const kiln_i64s *l = kiln_instr_attr_ints(ins, key);
+  return l ? l : &none;
+}
+
+static bool has(const kiln_i64s *l, int64_t v) {
+  for (uint32_t i = 0; i < l->n; i++)
+    if (l->v[i] == v) return true;
+  return false;
+}
+
+typedef struct scat {
+  const kiln_instr *s, *ind, *upd0;
+  uint32_t n, ar, irank;
+  int64_t ivd;
+  const kiln_i64s *map, *uw, *iw, *obatch, *ibatch;
+  uint32_t wd[KILN__EMIT_MAXR], nw;  /* operand window dims */
+  uint32_t usd[KILN__EMIT_MAXR], nus; /* update scatter dims */
+  int64_t wsize[KILN__EMIT_MAXR];
+} scat;
+
+static int scatter_plan(kiln__cgen *g, const kiln_instr *s, scat *p) {
+  memset(p, 0, sizeof *p);
+  p->s = s;
+  p->n = (s->noperands - 1) / 2;
+  if (s->noperands % 2 == 0 || p->n == 0 || s->ncalled != 1) return fail(g, s, "malformed scatter");
+  const kiln_shape *as = &ins_of(g, s->operands[0])->shape;
+  p->ind = ins_of(g, s->operands[p->n]);
+  p->upd0 = ins_of(g, s->operands[p->n + 1]);
+  p->ar = as->rank;
+  p->irank = p->ind->shape.rank;
+  p->ivd = kiln_instr_attr_int(s, KILN_ATTR_INDEX_VECTOR_DIM, p->irank);
+  p->map = ints(s, KILN_ATTR_SCATTER_DIMS_TO_OPERAND_DIMS);
+  p->uw = ints(s, KILN_ATTR_UPDATE_WINDOW_DIMS);
+  p->iw = ints(s, KILN_ATTR_INSERTED_WINDOW_DIMS);
+  p->obatch = ints(s, KILN_ATTR_INPUT_BATCHING_DIMS);
+  p->ibatch = ints(s, KILN_ATTR_SCATTER_INDICES_BATCHING_DIMS);
+  for (uint32_t d = 0; d < p->ar; d++)
+    if (!has(p->iw, d) && !has(p->obatch, d)) p->wd[p->nw++] = d;
+  const kiln_shape *us = &p->upd0->shape;
+  for (uint32_t d = 0; d < us->rank; d++)
+    if (!has(p->uw, d)) p->usd[p->nus++] = d;
+  if (p->nw != p->uw->n || p->ivd < 0 || p->ivd > p->irank || p->obatch->n != p->ibatch->n)
+    return fail(g, s, "malformed scatter dimension numbers");
+  for (uint32_t d = 0; d < p->ar; d++) p->wsize[d] = 1;
+  for (uint32_t j = 0; j < p->nw; j++) p->wsize[p->wd[j]] = us->dims[p->uw->v[j]];
+  return 0;
+}
+
+/* Start index component k of the scatter index vector at batch loops g. */
+static int scatter_start(kiln__emit_fn *f, const scat *p, const uint32_t *gl, uint32_t k,
+                         char dst[KILN__IX_LEN]) {
+  kiln__ix y;
+  int rc = kiln__ix_new(f, p->irank, &y);
+  if (rc) return rc;
+  for (uint32_t d = 0, j = 0; d < p->irank; d++) {
+    if ((int64_t)d == p->ivd)
+      kiln__ix_set(&y, d, "%u", k);
+    else
+      kiln__ix_set(&y, d, "r%u", gl[j++]);
+  }
+  uint32_t v;
+  if ((rc = kiln__emit_value1(f, p->ind->id, &y, &v))) return rc;
+  if (p->ind->shape.dtype == KILN_U64)
+    kiln__ix_var(f, dst, "(v%u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v%u)", v, v);
+  else
+    kiln__ix_var(f, dst, "(int64_t)v%u", v);
+  return 0;
+}
+
+static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
+                         const scat *p, const uint32_t *gl, const uint32_t *wl, char st[][KILN__IX_LEN],
+                         uint32_t fn) {
+  kiln__ix pos, u;
+  const kiln_shape *us = &p->upd0->shape;
+  int rc = kiln__ix_new(f, p->ar, &pos);
+  if (rc == 0) rc = kiln__ix_new(f, us->rank, &u);
+  if (rc) return rc;
+  for (uint32_t d = 0; d < p->ar; d++) kiln__ix_set(&pos, d, "%s", st[d]);
+  for (uint32_t j = 0; j < p->nw; j++)
+    kiln__ix_set(&pos, p->wd[j], "(%s + r%u)", st[p->wd[j]], wl[j]);
+  for (uint32_t j = 0; j < p->nus; j++) kiln__ix_set(&u, p->usd[j], "r%u", gl[j]);
+  for (uint32_t j = 0; j < p->nw; j++) kiln__ix_set(&u, (uint32_t)p->uw->v[j], "r%u", wl[j]);
+  const kiln_computation *c = g->mod.m->comps[p->s->called[0]];
+  uint32_t args[2 * KILN__EMIT_MAXR], outs[KILN__EMIT_MAXR];
+  char offs[KILN__EMIT_MAXR][256];
+  for (uint32_t q = 0; q < p->n && q < KILN__EMIT_MAXR; q++) {
+    const kiln_shape *os = k->out_shape[q];
+    char e[400];
+    kiln__ix_offset(f, &pos, os, offs[q], sizeof offs[q]);
+    kiln__emit_load_expr(os->dtype, k->out_arg[q], offs[q], e, sizeof e);
+    const kiln_instr *pa = kiln_computation_param(g->mod.m, c, q);
+    const kiln_instr *pb = kiln_computation_param(g->mod.m, c, p->n + q);
+    if (pa == NULL || pb == NULL || pa->shape.dtype != os->dtype)
+      return fail(g, p->s, "combiner parameters must be scalars of the operand types");
+    args[q] = kiln__emit_newvar(f);
+    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(os->dtype), args[q], e);
+    const kiln_instr *ui = ins_of(g, p->s->operands[p->n + 1 + q]);
+    if ((rc = kiln__emit_value1(f, ui->id, &u, &args[p->n + q]))) return rc;
+    char a[16], ce[256];
+    snprintf(a, sizeof a, "v%u", args[p->n + q]);
+    if ((rc = kiln__emit_convert_expr(f, p->s, a, ui->shape.dtype, pb->shape.dtype, ce, sizeof ce)))
+      return rc;
+    args[p->n + q] = kiln__emit_newvar(f);
+    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(pb->shape.dtype), args[p->n + q], ce);
+    outs[q] = kiln__emit_newvar(f);
+    kiln__emit_line(f, "%s v%u;", kiln__ctype(os->dtype), outs[q]);
+  }
+  kiln__emit_call_fn(f, fn, args, 2 * p->n, outs, p->n);
+  for (uint32_t q = 0; q < p->n; q++) {
+    char v[16], e[64];
+    snprintf(v, sizeof v, "v%u", outs[q]);
+    kiln__emit_store_expr(k->out_shape[q]->dtype, v, e, sizeof e);
+    kiln__emit_line(f, "b%u[%s] = %s;", k->out_arg[q], offs[q], e);
+  }
+  return 0;
+}
+
+static int scatter_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
+                        const scat *p, uint32_t fn) {
+  const kiln_shape *us = &p->upd0->shape, *as = k->out_shape[0];
+  uint32_t gl[KILN__EMIT_MAXR], wl[KILN__EMIT_MAXR], marks[2 * KILN__EMIT_MAXR], nm = 0;
+  for (uint32_t j = 0; j < p->nus; j++) {
+    gl[j] = kiln__emit_newvar(f);
+    marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", gl[j], gl[j],
+                                  (long long)us->dims[p->usd[j]], gl[j]);
+  }
+  char st[KILN__EMIT_MAXR][KILN__IX_LEN];
+  for (uint32_t d = 0; d < p->ar; d++) snprintf(st[d], KILN__IX_LEN, "0");
+  int rc = 0;
+  for (uint32_t q = 0; rc == 0 && q < p->map->n; q++) {
+    if (p->map->v[q] < 0 || p->map->v[q] >= p->ar) return fail(g, p->s, "index map out of range");
+    rc = scatter_start(f, p, gl, q, st[p->map->v[q]]);
+  }
+  for (uint32_t q = 0; rc == 0 && q < p->obatch->n; q++) {
+    int64_t b = p->ibatch->v[q];
+    if (b < 0 || b == p->ivd || p->obatch->v[q] < 0 || p->obatch->v[q] >= p->ar)
+      return fail(g, p->s, "batching dims out of range");
+    snprintf(st[p->obatch->v[q]], KILN__IX_LEN, "r%u", gl[b < p->ivd ? b : b - 1]);
+  }
+  if (rc) return rc;
+  kiln_sbuf fits = KILN_SBUF_INIT;
+  for (uint32_t d = 0; d < p->ar; d++)
+    kiln_sbuf_printf(&fits, "%s(uint64_t)%s > %lluu", d ? " || " : "", st[d],
+                     (unsigned long long)(as->dims[d] - p->wsize[d]));
+  if (p->ar) kiln__emit_line(f, "if (%s) continue;", kiln_sbuf_str(&fits));
+  kiln_sbuf_free(&fits);
+  for (uint32_t j = 0; j < p->nw; j++) {
+    wl[j] = kiln__emit_newvar(f);
+    marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", wl[j], wl[j],
+                                  (long long)p->wsize[p->wd[j]], wl[j]);
+  }
+  rc = scatter_apply(g, f, k, p, gl, wl, st, fn);
+  while (nm-- > 0) kiln__emit_close(f, marks[nm], NULL);
+  return rc;
+}
+
+int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                       uint64_t *range) {
+  scat p;
+  const kiln_instr *s = ins_of(g, k->root);
+  int rc = scatter_plan(g, s, &p);
+  if (rc) return rc;
+  if (p.n != k->nouts || p.n > KILN__EMIT_MAXR) return fail(g, s, "outputs do not match the inputs");
+  uint32_t fn;
+  if ((rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn))) return rc;
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  rc = kiln__cgen_begin(g, k, &body, &f, 1);
+  if (rc == 0) rc = scatter_body(g, &f, k, &p, fn);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc == 0) {
+    kiln_sbuf_puts(&out, "  if (begin > 0 || end < 1) return;\n");
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    *kernel = g->nkernels;
+    *range = 1;
+    kiln__cgen_finish(g, k, kiln_sbuf_str(&out));
+  }
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&out);
+  return rc;
+}
+
+/* ---- sort --------------------------------------------------------------- */
+
+/* The comparator over positions a and b of the current row. */
+static int sort_less_fn(kiln__cgen *g, const kiln__kernel_spec *k, const kiln_instr *s,
+                        uint32_t fn, uint32_t id) {
+  kiln_sbuf *b = &g->mod.funcs;
+  const kiln_computation *c = g->mod.m->comps[s->called[0]];
+  kiln_sbuf_printf(b, "static inline int kless%u(void *const *bufs, const int64_t *base, "
+                      "const int64_t *st, int64_t a, int64_t b) {\n", id);
+  kiln_sbuf args = KILN_SBUF_INIT;
+  for (uint32_t q = 0; q < s->noperands; q++) {
+    const kiln_shape *is = k->binds[q].shapes[0];
+    const kiln_instr *pa = kiln_computation_param(g->mod.m, c, 2 * q);
+    if (pa == NULL || pa->shape.dtype != is->dtype) {
+      kiln_sbuf_free(&args);
+      return fail(g, s, "comparator parameters must be scalars of the operand types");
+    }
+    const char *t = kiln__stype(is->dtype);
+    kiln_sbuf_printf(b, "  const %s *in%u = (const %s *)bufs[%u];\n", t, q, t, k->binds[q].args[0]);
+    for (int side = 0; side < 2; side++) {
+      char off[64];
+      snprintf(off, sizeof off, "base[%u] + %s * st[%u]", q, side ? "b" : "a", q);
+      kiln_sbuf_printf(b, "  %s c%u%c = ", kiln__ctype(is->dtype), q, side ? 'b' : 'a');
+      switch (is->dtype) {
+      case KILN_PRED: kiln_sbuf_printf(b, "(uint8_t)(in%u[%s] != 0);\n", q, off); break;
+      case KILN_F16: kiln_sbuf_printf(b, "kh2d(in%u[%s]);\n", q, off); break;
+      case KILN_BF16: kiln_sbuf_printf(b, "kb2d(in%u[%s]);\n", q, off); break;
+      default: kiln_sbuf_printf(b, "in%u[%s];\n", q, off); break;
+      }
+      kiln_sbuf_printf(&args, "%sc%u%c", args.len ? ", " : "", q, side ? 'b' : 'a');
+    }
+  }
+  kiln_sbuf_printf(b, "  return kf%u(%s) != 0;\n}\n\n", fn, kiln_sbuf_str(&args));
+  kiln_sbuf_free(&args);
+  return 0;
+}
+
+static const char sort_loop[] =
+    "    for (int64_t j = 0; j < len; j++) perm[j] = j;\n"
+    "    for (int64_t w = 1; w < len; w *= 2) {\n"
+    "      for (int64_t lo = 0; lo < len; lo += 2 * w) {\n"
+    "        int64_t mid = lo + w < len ? lo + w : len, hi = lo + 2 * w < len ? lo + 2 * w : len;\n"
+    "        int64_t a = lo, c = mid, o = lo;\n"
+    "        while (a < mid && c < hi) tmp[o++] = LESS(perm[c], perm[a]) ? perm[c++] : perm[a++];\n"
+    "        while (a < mid) tmp[o++] = perm[a++];\n"
+    "        while (c < hi) tmp[o++] = perm[c++];\n"
+    "      }\n"
+    "      memcpy(perm, tmp, (size_t)len * sizeof *perm);\n"
+    "    }\n";
+
+int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch, uint32_t *kernel,
+                    uint64_t *range) {
+  const kiln_instr *s = ins_of(g, k->root);
+  uint32_t n = s->noperands, fn;
+  if (n == 0 || n != k->nouts || k->nbinds != n || s->ncalled != 1)
+    return fail(g, s, "sort operands must be buffers");
+  const kiln_shape *s0 = k->binds[0].shapes[0];
+  const kiln_i64s *dl = kiln_instr_attr_ints(s, KILN_ATTR_DIMENSIONS);
+  int64_t d = dl && dl->n == 1 ? dl->v[0] : (int64_t)s0->rank - 1;
+  if (s0->rank == 0 || d < 0 || d >= s0->rank) return fail(g, s, "sort dimension out of range");
+  int rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn);
+  if (rc) return rc;
+  if ((rc = sort_less_fn(g, k, s, fn, g->nkernels))) return rc;
+  int64_t len = s0->dims[d], total = kiln_shape_elements(s0);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b, "  const int64_t len = %lld;\n  int64_t base[%u], st[%u], ob[%u];\n",
+                   (long long)len, n, n, n);
+  kiln_sbuf_puts(&b, "  for (int64_t r = begin; r < end; r++) {\n");
+  /* Rows: the dims other than d, row-major; r splits into them. */
+  kiln_shape rows = *s0;
+  int64_t rdims[KILN__EMIT_MAXR];
+  memcpy(rdims, s0->dims, s0->rank * sizeof *rdims);
+  rdims[d] = 1;
+  rows.dims = rdims;
+  rows.layout = NULL;
+  kiln__cgen_decompose(&b, &rows, "r", 0, "o", 2);
+  for (uint32_t q = 0; q < n; q++) {
+    const kiln_shape *is = k->binds[q].shapes[0], *os = k->out_shape[q];
+    int64_t ist[KILN__EMIT_MAXR], ost[KILN__EMIT_MAXR];
+    strides_of(is, ist);
+    strides_of(os, ost);
+    kiln_sbuf_printf(&b, "    base[%u] = 0", q);
+    for (uint32_t e = 0; e < s0->rank; e++)
+      if (e != d) kiln_sbuf_printf(&b, " + o%u * %lld", e, (long long)ist[e]);
+    kiln_sbuf_printf(&b, ";\n    st[%u] = %lld;\n    ob[%u] = 0", q, (long long)ist[d], q);
+    for (uint32_t e = 0; e < s0->rank; e++)
+      if (e != d) kiln_sbuf_printf(&b, " + o%u * %lld", e, (long long)ost[e]);
+    kiln_sbuf_printf(&b, ";\n    const int64_t ost%u = %lld;\n", q, (long long)ost[d]);
+  }
+  kiln_sbuf_printf(&b, "    int64_t *perm = (int64_t *)bufs[%u] + r * 2 * len, *tmp = perm + len;\n",
+                   scratch);
+  kiln_sbuf_printf(&b, "#define LESS(x, y) kless%u(bufs, base, st, x, y)\n", g->nkernels);
+  kiln_sbuf_puts(&b, sort_loop);
+  kiln_sbuf_puts(&b, "#undef LESS\n");
+  for (uint32_t q = 0; q < n; q++)
+    kiln_sbuf_printf(&b, "    for (int64_t j = 0; j < len; j++) b%u[ob[%u] + j * ost%u] = "
+                         "b%u[base[%u] + perm[j] * st[%u]];\n",
+                     k->out_arg[q], q, q, k->binds[q].args[0], q, q);
+  kiln_sbuf_puts(&b, "  }\n");
+  *kernel = g->nkernels;
+  *range = (uint64_t)(len > 0 ? total / len : 0);
+  kiln__cgen_finish(g, k, kiln_sbuf_str(&b));
+  kiln_sbuf_free(&b);
+  return 0;
+}

@@ -1,0 +1,563 @@
+/* The executable's lifetime and its blob form.
+ *
+ * The blob is a flat little-endian record written field by field in the
+ * order of kiln_executable's declaration: fixed-width integers, strings as a
+ * u32 length and bytes, shapes recursively, every step with all of its
+ * fields (unused ones too), so that loading a blob and writing it again
+ * gives the same bytes. Reading treats the blob as hostile: every count is
+ * bounded by the bytes left, every slot, program and kernel id by its table,
+ * every byte range by its arena or blob, and the first failure names the
+ * field and the offset it was read at. Nested programs must come after the
+ * program that runs them (sub > own id), which rules out recursion at run
+ * time.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/codegen/executable.h"
+
+#define MAX_RANK 64       /* array rank and tuple arity in a blob */
+#define MAX_DEPTH 16      /* tuple nesting in a blob */
+#define NULL_STR UINT32_MAX
+
+kiln_executable *kiln_executable_create(void) {
+  kiln_executable *e = kiln_calloc(1, sizeof *e);
+  if (e == NULL) return NULL;
+  e->arena = kiln_arena_create();
+  if (e->arena == NULL) {
+    kiln_free(e);
+    return NULL;
+  }
+  e->format_version = KILN_EXE_FORMAT_VERSION;
+  e->compiler_version = KILN_COMPILER_VERSION;
+  e->target = "";
+  return e;
+}
+
+void kiln_executable_destroy(kiln_executable *e) {
+  if (e == NULL) return;
+  kiln_arena_destroy(e->arena);
+  kiln_free(e);
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+typedef struct writer {
+  uint8_t *p;
+  size_t len, cap;
+  bool failed;
+} writer;
+
+static void put(writer *w, const void *src, size_t n) {
+  if (w->failed || n == 0) return;
+  if (kiln_grow((void **)&w->p, &w->cap, w->len + n, 1)) {
+    w->failed = true;
+    return;
+  }
+  memcpy(w->p + w->len, src, n);
+  w->len += n;
+}
+
+static void put_u8(writer *w, uint8_t v) { put(w, &v, 1); }
+
+static void put_u32(writer *w, uint32_t v) {
+  uint8_t b[4];
+  for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+  put(w, b, 4);
+}
+
+static void put_u64(writer *w, uint64_t v) {
+  uint8_t b[8];
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+  put(w, b, 8);
+}
+
+static void put_i64(writer *w, int64_t v) { put_u64(w, (uint64_t)v); }
+
+static void put_f64(writer *w, double v) {
+  uint64_t b;
+  memcpy(&b, &v, sizeof b);
+  put_u64(w, b);
+}
+
+static void put_str(writer *w, const char *s) {
+  if (s == NULL) {
+    put_u32(w, NULL_STR);
+    return;
+  }
+  size_t n = strlen(s);
+  put_u32(w, (uint32_t)n);
+  put(w, s, n);
+}
+
+static void put_shape(writer *w, const kiln_shape *s) {
+  put_u32(w, (uint32_t)s->dtype);
+  put_u32(w, s->rank);
+  if (s->dtype == KILN_TUPLE) {
+    for (uint32_t i = 0; i < s->rank; i++) put_shape(w, &s->tuple[i]);
+    return;
+  }
+  for (uint32_t i = 0; i < s->rank; i++) put_i64(w, s->dims[i]);
+  put_u8(w, s->dynamic != NULL);
+  for (uint32_t i = 0; s->dynamic && i < s->rank; i++) put_u8(w, s->dynamic[i] != 0);
+  put_u8(w, s->layout != NULL);
+  if (s->layout) {
+    put_u32(w, s->layout->rank);
+    for (uint32_t i = 0; i < s->layout->rank; i++) put_i64(w, s->layout->minor_to_major[i]);
+    put_str(w, s->layout->tail);
+    put_i64(w, s->layout->memory_space);
+  }
+}
+
+static void put_binding(writer *w, const kiln_binding *b) {
+  put_shape(w, &b->shape);
+  put_u32(w, b->slot);
+}
+
+static void put_step(writer *w, const kiln_step *s) {
+  put_u32(w, (uint32_t)s->kind);
+  put_u32(w, s->kernel);
+  put_u64(w, s->range);
+  put_u32(w, s->nargs);
+  for (uint32_t i = 0; i < s->nargs; i++) put_u32(w, s->args[i]);
+  put_u32(w, s->nsub);
+  for (uint32_t i = 0; i < s->nsub; i++) put_u32(w, s->sub[i]);
+  const kiln_gemm *g = &s->gemm;
+  put_u32(w, (uint32_t)g->dtype);
+  int64_t v[10] = {g->batch,    g->m,        g->n,        g->k,  g->lda,
+                   g->ldb,      g->ldc,      g->stride_a, g->stride_b, g->stride_c};
+  for (int i = 0; i < 10; i++) put_i64(w, v[i]);
+  put_u8(w, g->trans_a);
+  put_u8(w, g->trans_b);
+  put_f64(w, g->alpha);
+  put_f64(w, g->beta);
+}
+
+int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *len,
+                              kiln_status *st) {
+  writer w = {0};
+  put(&w, KILN_EXE_MAGIC, 8);
+  put_u32(&w, e->format_version);
+  put_str(&w, e->compiler_version ? e->compiler_version : "");
+  put_str(&w, e->target ? e->target : "");
+  put(&w, e->key, 32);
+  put_u32(&w, e->nparams);
+  for (uint32_t i = 0; i < e->nparams; i++) put_shape(&w, &e->param_shapes[i]);
+  put_shape(&w, &e->result_shape);
+  put_u32(&w, e->nparam_leaves);
+  for (uint32_t i = 0; i < e->nparam_leaves; i++) put_binding(&w, &e->params[i]);
+  put_u32(&w, e->nresults);
+  for (uint32_t i = 0; i < e->nresults; i++) put_binding(&w, &e->results[i]);
+  put_u32(&w, e->nslots);
+  for (uint32_t i = 0; i < e->nslots; i++) {
+    const kiln_slot *s = &e->slots[i];
+    put_u32(&w, (uint32_t)s->kind);
+    put_u32(&w, s->index);
+    put_u32(&w, s->leaf);
+    put_u64(&w, s->offset);
+    put_u64(&w, s->size);
+  }
+  put_u64(&w, e->temp_bytes);
+  put_u64(&w, e->peak_bytes);
+  put_u64(&w, e->nconstants);
+  put(&w, e->constants, e->nconstants);
+  put_u32(&w, e->nprograms);
+  for (uint32_t p = 0; p < e->nprograms; p++) {
+    put_u32(&w, e->programs[p].nsteps);
+    for (uint32_t i = 0; i < e->programs[p].nsteps; i++) put_step(&w, &e->programs[p].steps[i]);
+  }
+  put_u32(&w, e->nkernels);
+  put_u64(&w, e->ncode);
+  put(&w, e->code, e->ncode);
+  if (w.failed) {
+    kiln_free(w.p);
+    return kiln_status_set(st, KILN_ENOMEM, "executable", "out of memory serializing");
+  }
+  *buf = w.p;
+  *len = w.len;
+  return 0;
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+typedef struct reader {
+  const uint8_t *p;
+  size_t len, pos;
+  kiln_arena *a;
+  kiln_status *st;
+  int rc; /* first failure; every read after it is a no-op */
+} reader;
+
+static int fail(reader *r, int code, const char *field, const char *fmt, const char *detail) {
+  if (r->rc == 0) {
+    r->rc = code;
+    kiln_status_set(r->st, code, "executable blob", "%s at offset %zu: %s%s", field, r->pos, fmt,
+                    detail ? detail : "");
+  }
+  return r->rc;
+}
+
+static bool take(reader *r, void *dst, size_t n, const char *field) {
+  if (r->rc) return false;
+  if (n > r->len - r->pos) {
+    fail(r, KILN_EINVAL, field, "truncated", NULL);
+    return false;
+  }
+  if (n) memcpy(dst, r->p + r->pos, n);
+  r->pos += n;
+  return true;
+}
+
+static uint64_t get_le(reader *r, int bytes, const char *field) {
+  uint8_t b[8] = {0};
+  if (!take(r, b, (size_t)bytes, field)) return 0;
+  uint64_t v = 0;
+  for (int i = bytes; i-- > 0;) v = v << 8 | b[i];
+  return v;
+}
+
+static uint8_t get_u8(reader *r, const char *f) { return (uint8_t)get_le(r, 1, f); }
+static uint32_t get_u32(reader *r, const char *f) { return (uint32_t)get_le(r, 4, f); }
+static uint64_t get_u64(reader *r, const char *f) { return get_le(r, 8, f); }
+static int64_t get_i64(reader *r, const char *f) { return (int64_t)get_le(r, 8, f); }
+
+static bool get_bool(reader *r, const char *f) {
+  uint8_t v = get_u8(r, f);
+  if (v > 1) fail(r, KILN_EINVAL, f, "a flag must be 0 or 1", NULL);
+  return v == 1;
+}
+
+/* A count of items each taking at least `min_bytes`: bounded by what is left. */
+static uint32_t get_count(reader *r, size_t min_bytes, const char *f) {
+  uint32_t n = get_u32(r, f);
+  if (r->rc == 0 && (uint64_t)n * min_bytes > r->len - r->pos)
+    fail(r, KILN_EINVAL, f, "count exceeds the bytes left", NULL);
+  return r->rc ? 0 : n;
+}
+
+static void *arr(reader *r, size_t n, size_t elem) {
+  if (r->rc) return NULL;
+  void *p = kiln_arena_calloc(r->a, n ? n : 1, elem);
+  if (p == NULL) fail(r, KILN_ENOMEM, "allocation", "out of memory", NULL);
+  return p;
+}
+
+static const char *get_str(reader *r, const char *f, bool nullable) {
+  uint32_t n = get_u32(r, f);
+  if (r->rc) return NULL;
+  if (n == NULL_STR) {
+    if (!nullable) fail(r, KILN_EINVAL, f, "string missing", NULL);
+    return NULL;
+  }
+  if (n > r->len - r->pos) {
+    fail(r, KILN_EINVAL, f, "truncated", NULL);
+    return NULL;
+  }
+  if (memchr(r->p + r->pos, 0, n)) {
+    fail(r, KILN_EINVAL, f, "string holds a NUL byte", NULL);
+    return NULL;
+  }
+  char *s = arr(r, (size_t)n + 1, 1);
+  if (s) take(r, s, n, f);
+  return s;
+}
+
+static void get_layout(reader *r, kiln_shape *s) {
+  kiln_layout *l = arr(r, 1, sizeof *l);
+  if (l == NULL) return;
+  s->layout = l;
+  l->rank = get_count(r, 8, "layout rank");
+  if (r->rc == 0 && l->rank != s->rank) fail(r, KILN_EINVAL, "layout rank", "differs from the shape's rank", NULL);
+  l->minor_to_major = arr(r, l->rank, sizeof(int64_t));
+  uint8_t seen[MAX_RANK] = {0};
+  for (uint32_t i = 0; r->rc == 0 && i < l->rank; i++) {
+    int64_t d = get_i64(r, "layout minor_to_major");
+    if (r->rc == 0 && (d < 0 || d >= (int64_t)l->rank || seen[d]++))
+      fail(r, KILN_EINVAL, "layout minor_to_major", "not a permutation of the dims", NULL);
+    if (r->rc == 0) l->minor_to_major[i] = d;
+  }
+  l->tail = get_str(r, "layout tail", true);
+  l->memory_space = get_i64(r, "layout memory_space");
+}
+
+static void get_shape(reader *r, kiln_shape *s, int depth) {
+  uint32_t t = get_u32(r, "shape dtype");
+  if (r->rc) return;
+  if (t == KILN_INVALID || t >= KILN_DTYPE_COUNT) {
+    fail(r, KILN_EINVAL, "shape dtype", "unknown element type", NULL);
+    return;
+  }
+  s->dtype = (kiln_dtype)t;
+  s->rank = get_u32(r, "shape rank");
+  if (r->rc == 0 && s->rank > MAX_RANK) fail(r, KILN_EINVAL, "shape rank", "too large", NULL);
+  if (r->rc) return;
+  if (s->dtype == KILN_TUPLE) {
+    if (depth >= MAX_DEPTH) {
+      fail(r, KILN_EINVAL, "shape tuple", "nested too deeply", NULL);
+      return;
+    }
+    s->tuple = arr(r, s->rank, sizeof *s->tuple);
+    for (uint32_t i = 0; r->rc == 0 && i < s->rank; i++) get_shape(r, &s->tuple[i], depth + 1);
+    return;
+  }
+  if (!kiln_dtype_is_array(s->dtype) && s->rank != 0)
+    fail(r, KILN_EINVAL, "shape rank", "a token or opaque shape has no dims", NULL);
+  s->dims = arr(r, s->rank, sizeof *s->dims);
+  for (uint32_t i = 0; r->rc == 0 && i < s->rank; i++) {
+    s->dims[i] = get_i64(r, "shape dims");
+    if (r->rc == 0 && s->dims[i] < 0) fail(r, KILN_EINVAL, "shape dims", "negative size", NULL);
+  }
+  if (get_bool(r, "shape dynamic flag")) {
+    s->dynamic = arr(r, s->rank, 1);
+    for (uint32_t i = 0; r->rc == 0 && i < s->rank; i++) s->dynamic[i] = get_bool(r, "shape dynamic");
+  }
+  if (get_bool(r, "shape layout flag")) get_layout(r, s);
+  if (r->rc == 0 && kiln_dtype_is_array(s->dtype) && kiln_shape_bytes(s) < 0)
+    fail(r, KILN_EINVAL, "shape dims", "size overflows", NULL);
+}
+
+static void get_binding(reader *r, kiln_binding *b, const char *field) {
+  get_shape(r, &b->shape, 0);
+  if (r->rc == 0 && b->shape.dtype == KILN_TUPLE)
+    fail(r, KILN_EINVAL, field, "a binding must be an array or token", NULL);
+  b->slot = get_u32(r, field);
+}
+
+static void get_slot(reader *r, kiln_slot *s) {
+  uint32_t k = get_u32(r, "slot kind");
+  if (r->rc == 0 && k > KILN_SLOT_OUTPUT) fail(r, KILN_EINVAL, "slot kind", "unknown kind", NULL);
+  s->kind = (kiln_slot_kind)k;
+  s->index = get_u32(r, "slot index");
+  s->leaf = get_u32(r, "slot leaf");
+  s->offset = get_u64(r, "slot offset");
+  s->size = get_u64(r, "slot size");
+}
+
+static void get_step(reader *r, kiln_step *s) {
+  uint32_t k = get_u32(r, "step kind");
+  if (r->rc == 0 && k > KILN_STEP_CALL) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
+  s->kind = (kiln_step_kind)k;
+  s->kernel = get_u32(r, "step kernel");
+  s->range = get_u64(r, "step range");
+  s->nargs = get_count(r, 4, "step nargs");
+  s->args = arr(r, s->nargs, sizeof *s->args);
+  for (uint32_t i = 0; r->rc == 0 && i < s->nargs; i++) s->args[i] = get_u32(r, "step args");
+  s->nsub = get_count(r, 4, "step nsub");
+  s->sub = arr(r, s->nsub, sizeof *s->sub);
+  for (uint32_t i = 0; r->rc == 0 && i < s->nsub; i++) s->sub[i] = get_u32(r, "step sub");
+  kiln_gemm *g = &s->gemm;
+  g->dtype = (kiln_dtype)get_u32(r, "gemm dtype");
+  int64_t *v[10] = {&g->batch, &g->m,   &g->n,        &g->k,        &g->lda,
+                    &g->ldb,   &g->ldc, &g->stride_a, &g->stride_b, &g->stride_c};
+  for (int i = 0; i < 10; i++) *v[i] = get_i64(r, "gemm dims");
+  g->trans_a = get_bool(r, "gemm trans_a");
+  g->trans_b = get_bool(r, "gemm trans_b");
+  uint64_t a = get_u64(r, "gemm alpha"), b = get_u64(r, "gemm beta");
+  memcpy(&g->alpha, &a, sizeof a);
+  memcpy(&g->beta, &b, sizeof b);
+}
+
+/* ---- checks of the whole ------------------------------------------------ */
+
+static int bad(kiln_status *st, const char *field, uint32_t i, const char *what) {
+  return kiln_status_set(st, KILN_EINVAL, "executable blob", "%s %u: %s", field, i, what);
+}
+
+static uint32_t count_leaves(const kiln_shape *s) {
+  if (s->dtype != KILN_TUPLE) return 1;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->rank; i++) n += count_leaves(&s->tuple[i]);
+  return n;
+}
+
+static bool range_ok(uint64_t off, uint64_t size, uint64_t total) {
+  return off <= total && size <= total - off;
+}
+
+static int check_slots(const kiln_executable *e, kiln_status *st) {
+  for (uint32_t i = 0; i < e->nslots; i++) {
+    const kiln_slot *s = &e->slots[i];
+    switch (s->kind) {
+    case KILN_SLOT_TEMP:
+      if (!range_ok(s->offset, s->size, e->temp_bytes))
+        return bad(st, "slot", i, "lies outside the temporary arena");
+      break;
+    case KILN_SLOT_CONSTANT:
+      if (!range_ok(s->offset, s->size, e->nconstants))
+        return bad(st, "slot", i, "lies outside the constants");
+      break;
+    case KILN_SLOT_PARAM:
+      if (s->index >= e->nparams) return bad(st, "slot", i, "names a parameter that does not exist");
+      if (s->leaf >= count_leaves(&e->param_shapes[s->index]))
+        return bad(st, "slot", i, "names a parameter leaf that does not exist");
+      break;
+    case KILN_SLOT_OUTPUT:
+      if (s->index >= e->nresults) return bad(st, "slot", i, "names a result that does not exist");
+      break;
+    }
+  }
+  return 0;
+}
+
+static int check_bindings(const kiln_executable *e, kiln_status *st) {
+  uint32_t leaves = 0;
+  for (uint32_t i = 0; i < e->nparams; i++) leaves += count_leaves(&e->param_shapes[i]);
+  if (leaves != e->nparam_leaves)
+    return bad(st, "nparam_leaves", e->nparam_leaves, "differs from the parameter shapes' leaves");
+  if (count_leaves(&e->result_shape) != e->nresults)
+    return bad(st, "nresults", e->nresults, "differs from the result shape's leaves");
+  for (uint32_t i = 0; i < e->nparam_leaves; i++)
+    if (e->params[i].slot >= e->nslots) return bad(st, "parameter binding", i, "slot out of range");
+  for (uint32_t i = 0; i < e->nresults; i++) {
+    uint32_t s = e->results[i].slot;
+    if (s >= e->nslots) return bad(st, "result binding", i, "slot out of range");
+    int64_t need = kiln_shape_bytes(&e->results[i].shape);
+    if (need < 0 || (uint64_t)need > e->slots[s].size)
+      return bad(st, "result binding", i, "slot is smaller than the result");
+  }
+  return 0;
+}
+
+static uint64_t slot_size(const kiln_executable *e, uint32_t s) { return e->slots[s].size; }
+
+/* Bytes a row-major view of `rows` x `cols` with leading dim ld spans, batched. */
+static bool gemm_view_ok(int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                         uint64_t esize, uint64_t have) {
+  if (batch < 0 || rows < 0 || cols < 0 || ld < 0 || stride < 0) return false;
+  if (batch == 0 || rows == 0 || cols == 0) return true;
+  if (ld < cols) return false;
+  __int128 last = (__int128)(batch - 1) * stride + (__int128)(rows - 1) * ld + cols;
+  return last * esize <= (__int128)have;
+}
+
+static int check_gemm(const kiln_executable *e, const kiln_step *s, uint32_t p) {
+  const kiln_gemm *g = &s->gemm;
+  if (g->dtype != KILN_F32 && g->dtype != KILN_F64) return -1;
+  uint64_t es = kiln_dtype_size(g->dtype);
+  int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
+  int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
+  if (!gemm_view_ok(g->batch, ar, ac, g->lda, g->stride_a, es, slot_size(e, s->args[0])) ||
+      !gemm_view_ok(g->batch, br, bc, g->ldb, g->stride_b, es, slot_size(e, s->args[1])) ||
+      !gemm_view_ok(g->batch, g->m, g->n, g->ldc, g->stride_c, es, slot_size(e, s->args[2])))
+    return -1;
+  (void)p;
+  return 0;
+}
+
+static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, kiln_status *st) {
+  for (uint32_t i = 0; i < s->nargs; i++)
+    if (s->args[i] >= e->nslots) return bad(st, "step slot in program", p, "out of range");
+  for (uint32_t i = 0; i < s->nsub; i++)
+    if (s->sub[i] >= e->nprograms || s->sub[i] <= p)
+      return bad(st, "nested program of program", p, "must be a later program");
+  switch (s->kind) {
+  case KILN_STEP_KERNEL:
+    if (s->kernel >= e->nkernels) return bad(st, "kernel step in program", p, "kernel out of range");
+    break;
+  case KILN_STEP_GEMM:
+    if (s->nargs != 3 || check_gemm(e, s, p))
+      return bad(st, "gemm step in program", p, "bad type, dims or operands");
+    break;
+  case KILN_STEP_COPY:
+    if (s->nargs != 2 || s->range > slot_size(e, s->args[0]) || s->range > slot_size(e, s->args[1]))
+      return bad(st, "copy step in program", p, "copies past the end of a slot");
+    break;
+  case KILN_STEP_WHILE:
+    if (s->nsub != 2 || s->nargs < 1) return bad(st, "while step in program", p, "needs 2 programs and a predicate");
+    break;
+  case KILN_STEP_CONDITIONAL:
+    if (s->nsub < 1 || s->nargs < 1) return bad(st, "conditional step in program", p, "needs branches and a selector");
+    break;
+  case KILN_STEP_CALL:
+    if (s->nsub != 1) return bad(st, "call step in program", p, "needs 1 program");
+    break;
+  }
+  return 0;
+}
+
+static int check_all(const kiln_executable *e, kiln_status *st) {
+  if (e->nprograms == 0) return bad(st, "nprograms", 0, "an executable needs an entry program");
+  int rc = check_slots(e, st);
+  if (rc == 0) rc = check_bindings(e, st);
+  for (uint32_t p = 0; rc == 0 && p < e->nprograms; p++)
+    for (uint32_t i = 0; rc == 0 && i < e->programs[p].nsteps; i++)
+      rc = check_step(e, p, &e->programs[p].steps[i], st);
+  return rc;
+}
+
+static void get_header(reader *r, kiln_executable *e) {
+  char magic[8];
+  if (!take(r, magic, 8, "magic")) return;
+  if (memcmp(magic, KILN_EXE_MAGIC, 8) != 0) {
+    r->pos = 0;
+    fail(r, KILN_EINVAL, "magic", "not a Kiln executable", NULL);
+    return;
+  }
+  e->format_version = get_u32(r, "format version");
+  if (r->rc == 0 && e->format_version != KILN_EXE_FORMAT_VERSION) {
+    char v[32];
+    snprintf(v, sizeof v, "%u (expected %u)", e->format_version, KILN_EXE_FORMAT_VERSION);
+    fail(r, KILN_EINVAL, "format version", "unsupported format version ", v);
+    return;
+  }
+  e->compiler_version = get_str(r, "compiler version", false);
+  e->target = get_str(r, "target", false);
+  take(r, e->key, 32, "key");
+}
+
+static void get_body(reader *r, kiln_executable *e) {
+  e->nparams = get_count(r, 8, "nparams");
+  e->param_shapes = arr(r, e->nparams, sizeof *e->param_shapes);
+  for (uint32_t i = 0; r->rc == 0 && i < e->nparams; i++) get_shape(r, &e->param_shapes[i], 0);
+  get_shape(r, &e->result_shape, 0);
+  e->nparam_leaves = get_count(r, 13, "nparam_leaves");
+  e->params = arr(r, e->nparam_leaves, sizeof *e->params);
+  for (uint32_t i = 0; r->rc == 0 && i < e->nparam_leaves; i++)
+    get_binding(r, &e->params[i], "parameter binding slot");
+  e->nresults = get_count(r, 13, "nresults");
+  e->results = arr(r, e->nresults, sizeof *e->results);
+  for (uint32_t i = 0; r->rc == 0 && i < e->nresults; i++)
+    get_binding(r, &e->results[i], "result binding slot");
+  e->nslots = get_count(r, 28, "nslots");
+  e->slots = arr(r, e->nslots, sizeof *e->slots);
+  for (uint32_t i = 0; r->rc == 0 && i < e->nslots; i++) get_slot(r, &e->slots[i]);
+  e->temp_bytes = get_u64(r, "temp_bytes");
+  e->peak_bytes = get_u64(r, "peak_bytes");
+  e->nconstants = get_u64(r, "nconstants");
+  if (r->rc == 0 && e->nconstants > r->len - r->pos) fail(r, KILN_EINVAL, "nconstants", "truncated", NULL);
+  e->constants = arr(r, (size_t)e->nconstants, 1);
+  take(r, e->constants, (size_t)e->nconstants, "constants");
+  e->nprograms = get_count(r, 4, "nprograms");
+  e->programs = arr(r, e->nprograms, sizeof *e->programs);
+  for (uint32_t p = 0; r->rc == 0 && p < e->nprograms; p++) {
+    kiln_program *pr = &e->programs[p];
+    pr->nsteps = get_count(r, 120, "nsteps");
+    pr->steps = arr(r, pr->nsteps, sizeof *pr->steps);
+    for (uint32_t i = 0; r->rc == 0 && i < pr->nsteps; i++) get_step(r, &pr->steps[i]);
+  }
+  e->nkernels = get_u32(r, "nkernels");
+  e->ncode = get_u64(r, "ncode");
+  if (r->rc == 0 && e->ncode > r->len - r->pos) fail(r, KILN_EINVAL, "ncode", "truncated", NULL);
+  e->code = arr(r, (size_t)e->ncode, 1);
+  take(r, e->code, (size_t)e->ncode, "code");
+  if (r->rc == 0 && r->pos != r->len) fail(r, KILN_EINVAL, "end", "trailing bytes after the code", NULL);
+}
+
+int kiln_executable_deserialize(const uint8_t *buf, size_t len, kiln_executable **out,
+                                kiln_status *st) {
+  *out = NULL;
+  if (buf == NULL && len) return kiln_status_set(st, KILN_EINVAL, "executable blob", "no data");
+  kiln_executable *e = kiln_executable_create();
+  if (e == NULL) return kiln_status_set(st, KILN_ENOMEM, "executable blob", "out of memory");
+  reader r = {buf, len, 0, e->arena, st, 0};
+  get_header(&r, e);
+  if (r.rc == 0) get_body(&r, e);
+  int rc = r.rc ? r.rc : check_all(e, st);
+  if (rc) {
+    kiln_executable_destroy(e);
+    return rc;
+  }
+  *out = e;
+  return 0;
+}

@@ -1,0 +1,49 @@
+/* Internals shared by lower.c (programs, control flow, the executable's
+ * tables) and lower_kernels.c (kernel steps: loops, GEMM, in-place
+ * updates, scatter, sort). */
+#ifndef KILN_COMPILER_CODEGEN_LOWER_INTERNAL_H
+#define KILN_COMPILER_CODEGEN_LOWER_INTERNAL_H
+
+#include "compiler/codegen/lower.h"
+
+typedef struct kiln__prog {
+  kiln_step *steps;
+  size_t n, cap;
+} kiln__prog;
+
+typedef struct kiln__lctx {
+  const kiln_module *m;
+  const kiln_buffer_assignment *ba;
+  kiln__cgen *g;
+  kiln_executable *e;
+  kiln_status *st;
+  kiln__prog *progs;
+  size_t nprogs, progcap;
+  kiln_slot *slots; /* ba's slots, then constants found inside fusions */
+  size_t nslots, slotcap;
+  uint8_t *consts;  /* the constants blob */
+  size_t nconsts, constcap;
+  uint32_t *const_slot; /* per instruction id: slot of a fused array constant */
+  kiln_arena *scratch;  /* kernel specs; freed at the end */
+} kiln__lctx;
+
+/* lower.c */
+int kiln__lower_step(kiln__lctx *c, uint32_t prog, const kiln_step *s);
+int kiln__lower_copy(kiln__lctx *c, uint32_t prog, uint32_t dst, uint32_t src, uint64_t bytes);
+uint32_t kiln__lower_leaf_shapes(const kiln_shape *s, const kiln_shape **out, uint32_t cap);
+/* A constant slot for a constant instruction that lives inside a fusion. */
+int kiln__lower_const_slot(kiln__lctx *c, const kiln_instr *k, uint32_t **slots);
+int kiln__lower_fail(kiln__lctx *c, const kiln_instr *ins, int code, const char *what);
+
+/* lower_kernels.c: the steps of one instruction that is not control flow
+ * or pure aliasing. */
+int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins);
+/* Whether dot `d` (whose operands are read from buffers) maps onto one
+ * GEMM step; fills g and *swap (operands exchanged for a column-major
+ * result). */
+bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap);
+/* The dot inside fusion f that becomes a GEMM step followed by an
+ * epilogue, or NULL. */
+const kiln_instr *kiln__fusion_gemm_dot(const kiln_module *m, const kiln_instr *f);
+
+#endif /* KILN_COMPILER_CODEGEN_LOWER_INTERNAL_H */

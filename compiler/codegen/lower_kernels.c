@@ -1,0 +1,466 @@
+/* Kernel steps for one instruction: which kernel shape (loop, in-place
+ * update, scatter, sort) or library call (GEMM) computes it, which slots
+ * its arguments are, and how fusion parameters and constants bind to them.
+ *
+ * A fusion is one loop kernel whose body inlines the fused computation
+ * (several when a multi-output fusion's outputs differ in dims). A dot of
+ * f32/f64 whose operands' layouts are row- or column-major matrices (after
+ * leading batch dims) becomes a GEMM step; inside a fusion, the GEMM writes
+ * a scratch slot that the epilogue kernel then reads. A dynamic-update-slice
+ * (alone or at a fusion's root) whose result shares its operand's slot only
+ * writes the update; otherwise the operand is copied first.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/codegen/lower_internal.h"
+
+#define MAXA 1024 /* kernel arguments */
+
+typedef struct kb {
+  kiln__lctx *c;
+  uint32_t slot[MAXA];
+  kiln_dtype dt[MAXA];
+  uint8_t out[MAXA], shared[MAXA];
+  uint32_t n;
+  kiln__kbind binds[MAXA];
+  uint32_t nbinds;
+  uint32_t out_leaf[MAXA], out_arg[MAXA];
+  const kiln_shape *out_shape[MAXA];
+  uint32_t nouts;
+  bool full;
+} kb;
+
+static kb *kb_new(kiln__lctx *c) {
+  kb *b = kiln_calloc(1, sizeof *b);
+  if (b) b->c = c;
+  return b;
+}
+
+static uint32_t kb_arg(kb *b, uint32_t slot, kiln_dtype dt, bool out) {
+  for (uint32_t i = 0; i < b->n; i++)
+    if (b->slot[i] == slot && b->dt[i] == dt) {
+      b->out[i] |= out;
+      return i;
+    }
+  if (b->n == MAXA) {
+    b->full = true;
+    return 0;
+  }
+  b->slot[b->n] = slot;
+  b->dt[b->n] = dt;
+  b->out[b->n] = out;
+  return b->n++;
+}
+
+/* Binds instruction `id` (of a kernel body) to the slots of instruction
+ * `src`'s leaves (slots[], when given, replace src's own). */
+static int kb_bind(kb *b, kiln_id id, const kiln_instr *src, const uint32_t *slots) {
+  kiln__lctx *c = b->c;
+  const kiln_shape *ls[MAXA];
+  uint32_t ns, nl = kiln__lower_leaf_shapes(&src->shape, ls, MAXA);
+  const uint32_t *own = kiln_buffer_leaves(c->ba, src->id, &ns);
+  if (slots == NULL) slots = own;
+  if (nl > MAXA || (slots == own && ns != nl) || b->nbinds == MAXA)
+    return kiln__lower_fail(c, src, KILN_EUNIMPL, "too many kernel inputs");
+  uint32_t *args = kiln_arena_alloc(c->scratch, (nl + 1) * sizeof *args);
+  const kiln_shape **shapes = kiln_arena_alloc(c->scratch, (nl + 1) * sizeof *shapes);
+  if (args == NULL || shapes == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  for (uint32_t k = 0; k < nl; k++) {
+    shapes[k] = ls[k];
+    args[k] = kiln_shape_is_array(ls[k]) ? kb_arg(b, slots[k], ls[k]->dtype, false) : 0;
+  }
+  b->binds[b->nbinds++] = (kiln__kbind){id, nl, args, shapes};
+  return 0;
+}
+
+static int kb_bind_operands(kb *b, const kiln_instr *ins) {
+  for (uint32_t j = 0; j < ins->noperands; j++) {
+    const kiln_instr *o = b->c->m->instrs[ins->operands[j]];
+    int rc = kb_bind(b, o->id, o, NULL);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* Fusion parameters bind to the fusion's operands; array constants inside
+ * get constant slots of their own. */
+static int kb_bind_fusion(kb *b, const kiln_instr *fu) {
+  kiln__lctx *c = b->c;
+  const kiln_computation *fc = c->m->comps[fu->called[0]];
+  for (uint32_t i = 0; i < fc->ninstrs; i++) {
+    const kiln_instr *x = c->m->instrs[fc->instrs[i]];
+    int rc = 0;
+    if (x->op == KILN_OP_PARAMETER) {
+      if (x->param_number < 0 || x->param_number >= fu->noperands)
+        return kiln__lower_fail(c, fu, KILN_EINVAL, "fused parameter has no operand");
+      rc = kb_bind(b, x->id, c->m->instrs[fu->operands[x->param_number]], NULL);
+    } else if (x->op == KILN_OP_CONSTANT && !(kiln_shape_is_array(&x->shape) &&
+                                              kiln_shape_elements(&x->shape) == 1)) {
+      uint32_t *slots;
+      rc = kiln__lower_const_slot(c, x, &slots);
+      if (rc == 0) rc = kb_bind(b, x->id, x, slots);
+    }
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void kb_output(kb *b, uint32_t leaf, uint32_t slot, const kiln_shape *s) {
+  if (b->nouts == MAXA) {
+    b->full = true;
+    return;
+  }
+  b->out_leaf[b->nouts] = leaf;
+  b->out_shape[b->nouts] = s;
+  b->out_arg[b->nouts++] = kb_arg(b, slot, s->dtype, true);
+}
+
+static kiln__kernel_spec kb_spec(kb *b, kiln_id root) {
+  for (uint32_t i = 0; i < b->n; i++) {
+    b->shared[i] = 0;
+    for (uint32_t j = 0; j < b->n; j++) b->shared[i] |= j != i && b->slot[j] == b->slot[i];
+  }
+  return (kiln__kernel_spec){b->n,        b->dt,       b->out,       b->shared,    b->binds,
+                             b->nbinds,   root,        b->nouts,     b->out_leaf,  b->out_arg,
+                             b->out_shape};
+}
+
+static int kb_step(kb *b, uint32_t prog, uint32_t kernel, uint64_t range) {
+  if (range == 0) return 0;
+  kiln_step s = {.kind = KILN_STEP_KERNEL, .kernel = kernel, .range = range, .nargs = b->n};
+  s.args = kiln_arena_memdup(b->c->e->arena, b->slot, (b->n + 1) * sizeof *b->slot);
+  if (s.args == NULL) return kiln_status_set(b->c->st, KILN_ENOMEM, "codegen", "out of memory");
+  return kiln__lower_step(b->c, prog, &s);
+}
+
+static int kb_check(kb *b, const kiln_instr *ins) {
+  if (b->full) return kiln__lower_fail(b->c, ins, KILN_EUNIMPL, "too many kernel arguments");
+  return 0;
+}
+
+/* ---- loop kernels ------------------------------------------------------- */
+
+typedef int (*bind_fn)(kb *b, const kiln_instr *ins);
+
+/* Loop kernels computing `root`'s value into ins's leaves, one kernel per
+ * group of leaves with equal dims. */
+static int loop_kernels(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, kiln_id root,
+                        bind_fn bind, kiln_id extra, uint32_t extra_slot) {
+  const kiln_shape *ls[MAXA];
+  uint32_t ns, nl = kiln__lower_leaf_shapes(&ins->shape, ls, MAXA);
+  const uint32_t *slots = kiln_buffer_leaves(c->ba, ins->id, &ns);
+  if (nl > MAXA || nl != ns) return kiln__lower_fail(c, ins, KILN_EUNIMPL, "too many outputs");
+  bool done[MAXA] = {false};
+  int rc = 0;
+  for (uint32_t i = 0; i < nl && rc == 0; i++) {
+    if (done[i] || !kiln_shape_is_array(ls[i])) continue;
+    kb *b = kb_new(c);
+    if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+    rc = bind(b, ins);
+    if (rc == 0 && extra != KILN_NO_ID) rc = kb_bind(b, extra, c->m->instrs[extra], &extra_slot);
+    for (uint32_t j = i; rc == 0 && j < nl; j++) {
+      if (done[j] || !kiln_shape_is_array(ls[j]) || !kiln_shape_same_dims(ls[j], ls[i])) continue;
+      kb_output(b, j, slots[j], ls[j]);
+      done[j] = true;
+    }
+    if (rc == 0) rc = kb_check(b, ins);
+    if (rc == 0) {
+      kiln__kernel_spec k = kb_spec(b, root);
+      uint32_t kernel;
+      uint64_t range;
+      rc = kiln__cgen_loop(c->g, &k, &kernel, &range);
+      if (rc == 0) rc = kb_step(b, prog, kernel, range);
+    }
+    kiln_free(b);
+  }
+  return rc;
+}
+
+/* ---- GEMM --------------------------------------------------------------- */
+
+/* Physical dims major to minor. */
+static void major_order(const kiln_shape *s, int64_t *out) {
+  int64_t m2m[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(s, m2m);
+  for (uint32_t k = 0; k < s->rank; k++) out[k] = m2m[s->rank - 1 - k];
+}
+
+/* One side of the product: batch dims b (listed order), contracting dim
+ * cd, free dim fd (or -1). *t: stored with the contracting dim major
+ * (lhs) / minor (rhs), i.e. transposed relative to the logical matrix. */
+static bool side(const kiln_shape *s, const kiln_i64s *b, int64_t cd, int64_t fd, bool lhs,
+                 bool *t) {
+  int64_t p[KILN__EMIT_MAXR];
+  uint32_t nb = b ? b->n : 0;
+  if (s->rank != nb + 1 + (fd >= 0) || s->rank > KILN__EMIT_MAXR) return false;
+  major_order(s, p);
+  for (uint32_t i = 0; i < nb; i++)
+    if (p[i] != b->v[i]) return false;
+  if (fd < 0) {
+    *t = false;
+    return true;
+  }
+  if (p[nb] == fd && p[nb + 1] == cd)
+    *t = !lhs;
+  else if (p[nb] == cd && p[nb + 1] == fd)
+    *t = lhs;
+  else
+    return false;
+  return true;
+}
+
+static int64_t free_dim(const kiln_shape *s, const kiln_i64s *b, int64_t cd) {
+  for (uint32_t d = 0; d < s->rank; d++) {
+    bool used = d == cd;
+    for (uint32_t i = 0; b && i < b->n; i++) used |= b->v[i] == d;
+    if (!used) return d;
+  }
+  return -1;
+}
+
+bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap) {
+  if (d->op != KILN_OP_DOT || d->noperands != 2) return false;
+  const kiln_shape *ls = &m->instrs[d->operands[0]]->shape, *rs = &m->instrs[d->operands[1]]->shape;
+  const kiln_shape *os = &d->shape;
+  kiln_dtype t = os->dtype;
+  if ((t != KILN_F32 && t != KILN_F64) || ls->dtype != t || rs->dtype != t) return false;
+  const kiln_i64s *lb = kiln_instr_attr_ints(d, KILN_ATTR_LHS_BATCH_DIMS);
+  const kiln_i64s *rb = kiln_instr_attr_ints(d, KILN_ATTR_RHS_BATCH_DIMS);
+  const kiln_i64s *lc = kiln_instr_attr_ints(d, KILN_ATTR_LHS_CONTRACTING_DIMS);
+  const kiln_i64s *rc = kiln_instr_attr_ints(d, KILN_ATTR_RHS_CONTRACTING_DIMS);
+  uint32_t nb = lb ? lb->n : 0;
+  if (!lc || !rc || lc->n != 1 || rc->n != 1 || (rb ? rb->n : 0) != nb) return false;
+  int64_t lf = free_dim(ls, lb, lc->v[0]), rf = free_dim(rs, rb, rc->v[0]);
+  bool ta, tb, tc;
+  if (!side(ls, lb, lc->v[0], lf, true, &ta) || !side(rs, rb, rc->v[0], rf, false, &tb)) return false;
+  /* The result: batch dims 0..nb-1, then M (when lhs has a free dim), then N. */
+  int64_t p[KILN__EMIT_MAXR];
+  if (os->rank != nb + (lf >= 0) + (rf >= 0) || os->rank > KILN__EMIT_MAXR) return false;
+  major_order(os, p);
+  for (uint32_t i = 0; i < nb; i++)
+    if (p[i] != i) return false;
+  tc = lf >= 0 && rf >= 0 && p[nb] == nb + 1;
+  int64_t M = lf >= 0 ? ls->dims[lf] : 1, N = rf >= 0 ? rs->dims[rf] : 1, K = ls->dims[lc->v[0]];
+  int64_t batch = 1;
+  for (uint32_t i = 0; i < nb; i++) batch *= os->dims[i];
+  if (M == 0 || N == 0 || K == 0 || batch == 0) return false;
+  kiln_gemm x = {.dtype = t, .batch = batch, .m = M, .n = N, .k = K, .alpha = 1.0, .beta = 0.0};
+  x.trans_a = ta;
+  x.trans_b = tb;
+  x.lda = ta ? M : K;
+  x.ldb = tb ? K : N;
+  x.stride_a = M * K;
+  x.stride_b = K * N;
+  x.stride_c = M * N;
+  if (tc) {
+    /* C stored column-major: compute C^T = B^T A^T with the operands exchanged. */
+    kiln_gemm y = x;
+    y.m = N;
+    y.n = M;
+    y.trans_a = !tb;
+    y.lda = x.ldb;
+    y.trans_b = !ta;
+    y.ldb = x.lda;
+    y.stride_a = x.stride_b;
+    y.stride_b = x.stride_a;
+    x = y;
+  }
+  x.ldc = x.n;
+  *g = x;
+  *swap = tc;
+  return true;
+}
+
+const kiln_instr *kiln__fusion_gemm_dot(const kiln_module *m, const kiln_instr *f) {
+  if (f->op != KILN_OP_FUSION || f->ncalled != 1 || f->called[0] >= m->ncomps) return NULL;
+  const kiln_computation *fc = m->comps[f->called[0]];
+  const kiln_instr *dot = NULL;
+  for (uint32_t i = 0; i < fc->ninstrs; i++) {
+    const kiln_instr *x = m->instrs[fc->instrs[i]];
+    if (x->op != KILN_OP_DOT) continue;
+    if (dot) return NULL; /* one GEMM per fusion */
+    dot = x;
+  }
+  if (dot == NULL) return NULL;
+  for (uint32_t j = 0; j < 2; j++) {
+    const kiln_instr *p = m->instrs[dot->operands[j]];
+    if (p->op != KILN_OP_PARAMETER || p->param_number < 0 || p->param_number >= f->noperands)
+      return NULL;
+    const kiln_instr *src = m->instrs[f->operands[p->param_number]];
+    if (!kiln_shape_equal(&src->shape, &p->shape, true)) return NULL;
+  }
+  kiln_gemm g;
+  bool swap;
+  return kiln__gemm_plan(m, dot, &g, &swap) ? dot : NULL;
+}
+
+static int gemm_step(kiln__lctx *c, uint32_t prog, const kiln_instr *d, uint32_t a, uint32_t b,
+                     uint32_t out) {
+  kiln_gemm g;
+  bool swap;
+  if (!kiln__gemm_plan(c->m, d, &g, &swap)) return kiln__lower_fail(c, d, KILN_EINTERNAL, "not a GEMM");
+  uint32_t args[3] = {swap ? b : a, swap ? a : b, out};
+  kiln_step s = {.kind = KILN_STEP_GEMM, .nargs = 3, .gemm = g};
+  s.args = kiln_arena_memdup(c->e->arena, args, sizeof args);
+  if (s.args == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  return kiln__lower_step(c, prog, &s);
+}
+
+static uint32_t leaf0(kiln__lctx *c, kiln_id id) {
+  uint32_t n;
+  const uint32_t *s = kiln_buffer_leaves(c->ba, id, &n);
+  return n ? s[0] : KILN_NO_SLOT;
+}
+
+/* ---- fusions ------------------------------------------------------------ */
+
+static int bind_fusion_cb(kb *b, const kiln_instr *ins) { return kb_bind_fusion(b, ins); }
+static int bind_operands_cb(kb *b, const kiln_instr *ins) { return kb_bind_operands(b, ins); }
+
+static const kiln_instr *fused_operand(kiln__lctx *c, const kiln_instr *fu, const kiln_instr *x) {
+  if (x->op != KILN_OP_PARAMETER || x->param_number < 0 || x->param_number >= fu->noperands)
+    return NULL;
+  return c->m->instrs[fu->operands[x->param_number]];
+}
+
+/* In-place dynamic-update-slice: copy the operand into the result unless
+ * they already share a slot, then write the update. */
+static int dus_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const kiln_instr *dus,
+                      const kiln_instr *operand, bind_fn bind) {
+  uint32_t out = leaf0(c, ins->id), src = leaf0(c, operand->id);
+  int rc = kiln__lower_copy(c, prog, out, src, (uint64_t)kiln_shape_bytes(&ins->shape));
+  kb *b = rc ? NULL : kb_new(c);
+  if (rc || b == NULL) return rc ? rc : kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  rc = bind(b, ins);
+  kb_output(b, 0, out, &ins->shape);
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, dus->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__cgen_dus(c->g, &k, dus->id, &kernel, &range);
+    if (rc == 0) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  return rc;
+}
+
+/* scatter: operands copied into the results, then one sequential kernel. */
+static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins,
+                          const kiln_instr *sc, const kiln_instr *const *operands, bind_fn bind) {
+  uint32_t n = (sc->noperands - 1) / 2, ns;
+  const kiln_shape *ls[MAXA];
+  const uint32_t *outs = kiln_buffer_leaves(c->ba, ins->id, &ns);
+  uint32_t nl = kiln__lower_leaf_shapes(&ins->shape, ls, MAXA);
+  if (ns != n || nl != n || n == 0 || n > MAXA) return kiln__lower_fail(c, ins, KILN_EINVAL, "results must match the inputs");
+  for (uint32_t k = 0; k < n; k++) {
+    if (!kiln__same_layout(&operands[k]->shape, ls[k]))
+      return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the cpu backend cannot scatter between layouts yet");
+    int rc = kiln__lower_copy(c, prog, outs[k], leaf0(c, operands[k]->id), (uint64_t)kiln_shape_bytes(ls[k]));
+    if (rc) return rc;
+  }
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = bind(b, ins);
+  for (uint32_t k = 0; k < n; k++) kb_output(b, k, outs[k], ls[k]);
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, sc->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__cgen_scatter(c->g, &k, &kernel, &range);
+    if (rc == 0) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  return rc;
+}
+
+static int lower_fusion(kiln__lctx *c, uint32_t prog, const kiln_instr *fu) {
+  if (fu->ncalled != 1 || fu->called[0] >= c->m->ncomps)
+    return kiln__lower_fail(c, fu, KILN_EINVAL, "fusion needs one computation");
+  const kiln_instr *root = kiln_computation_root(c->m, c->m->comps[fu->called[0]]);
+  if (root == NULL) return kiln__lower_fail(c, fu, KILN_EINVAL, "fused computation has no root");
+  if (root->op == KILN_OP_DYNAMIC_UPDATE_SLICE) {
+    const kiln_instr *op = fused_operand(c, fu, c->m->instrs[root->operands[0]]);
+    if (op && kiln__same_layout(&op->shape, &fu->shape) && op->shape.dtype == fu->shape.dtype)
+      return dus_kernel(c, prog, fu, root, op, bind_fusion_cb);
+  }
+  if (root->op == KILN_OP_SCATTER) {
+    uint32_t n = (root->noperands - 1) / 2;
+    const kiln_instr *ops[MAXA];
+    bool ok = n > 0 && n <= MAXA;
+    for (uint32_t k = 0; ok && k < n; k++)
+      ok = (ops[k] = fused_operand(c, fu, c->m->instrs[root->operands[k]])) != NULL;
+    if (ok) return scatter_kernel(c, prog, fu, root, ops, bind_fusion_cb);
+  }
+  const kiln_instr *d = kiln__fusion_gemm_dot(c->m, fu);
+  if (d == NULL) return loop_kernels(c, prog, fu, root->id, bind_fusion_cb, KILN_NO_ID, 0);
+  const kiln_instr *pa = fused_operand(c, fu, c->m->instrs[d->operands[0]]);
+  const kiln_instr *pb = fused_operand(c, fu, c->m->instrs[d->operands[1]]);
+  uint32_t out = d == root ? leaf0(c, fu->id) : c->ba->scratch_slot[fu->id];
+  if (out == KILN_NO_SLOT) return kiln__lower_fail(c, fu, KILN_EINTERNAL, "no GEMM scratch slot");
+  int rc = gemm_step(c, prog, d, leaf0(c, pa->id), leaf0(c, pb->id), out);
+  if (rc || d == root) return rc;
+  /* The epilogue reads the GEMM's result from the scratch slot. */
+  return loop_kernels(c, prog, fu, root->id, bind_fusion_cb, d->id, out);
+}
+
+/* ---- single instructions ------------------------------------------------ */
+
+static int sort_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  uint32_t n = ins->noperands, ns;
+  const kiln_shape *ls[MAXA];
+  const uint32_t *outs = kiln_buffer_leaves(c->ba, ins->id, &ns);
+  uint32_t nl = kiln__lower_leaf_shapes(&ins->shape, ls, MAXA);
+  uint32_t scratch = c->ba->scratch_slot[ins->id];
+  if (n == 0 || ns != n || nl != n || n > MAXA) return kiln__lower_fail(c, ins, KILN_EINVAL, "results must match the operands");
+  if (scratch == KILN_NO_SLOT) return 0; /* nothing to sort */
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = kb_bind_operands(b, ins);
+  for (uint32_t k = 0; k < n; k++) kb_output(b, k, outs[k], ls[k]);
+  uint32_t sarg = kb_arg(b, scratch, KILN_S64, true);
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, ins->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__cgen_sort(c->g, &k, sarg, &kernel, &range);
+    if (rc == 0) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  return rc;
+}
+
+int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  switch (ins->op) {
+  case KILN_OP_FUSION: return lower_fusion(c, prog, ins);
+  case KILN_OP_DOT: {
+    kiln_gemm g;
+    bool swap;
+    if (kiln__gemm_plan(c->m, ins, &g, &swap))
+      return gemm_step(c, prog, ins, leaf0(c, ins->operands[0]), leaf0(c, ins->operands[1]),
+                       leaf0(c, ins->id));
+    break;
+  }
+  case KILN_OP_SORT: return sort_kernel(c, prog, ins);
+  case KILN_OP_SCATTER: {
+    uint32_t n = (ins->noperands - 1) / 2;
+    const kiln_instr *ops[MAXA];
+    if (n == 0 || n > MAXA || ins->noperands % 2 == 0)
+      return kiln__lower_fail(c, ins, KILN_EINVAL, "needs inputs, indices and updates");
+    for (uint32_t k = 0; k < n; k++) ops[k] = c->m->instrs[ins->operands[k]];
+    return scatter_kernel(c, prog, ins, ins, ops, bind_operands_cb);
+  }
+  case KILN_OP_DYNAMIC_UPDATE_SLICE: {
+    const kiln_instr *op = c->m->instrs[ins->operands[0]];
+    if (kiln__same_layout(&op->shape, &ins->shape) && op->shape.dtype == ins->shape.dtype)
+      return dus_kernel(c, prog, ins, ins, op, bind_operands_cb);
+    break;
+  }
+  default: break;
+  }
+  return loop_kernels(c, prog, ins, ins->id, bind_operands_cb, KILN_NO_ID, 0);
+}

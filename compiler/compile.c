@@ -1,0 +1,159 @@
+/* kiln_compile: verify, clone, pipeline, buffer assignment, lowering and C
+ * emission, the C compiler, packaging. Each stage is timed for the report.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "compiler/buffer_assign.h"
+#include "compiler/codegen/cc.h"
+#include "compiler/codegen/lower.h"
+#include "compiler/compile.h"
+#include "compiler/ir/rewrite.h"
+#include "compiler/ir/verify.h"
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void kiln_compile_options_init(kiln_compile_options *o) {
+  memset(o, 0, sizeof *o);
+  o->opt_level = 2;
+}
+
+static void dump_source(const char *dir, const char *src, size_t len) {
+  char path[4096];
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) return;
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "wb");
+  if (f == NULL) return;
+  fwrite(src, 1, len, f);
+  fclose(f);
+}
+
+typedef struct stage {
+  kiln_module *m;
+  kiln_buffer_assignment *ba;
+  uint64_t *scratch;
+  kiln__cgen g;
+  bool g_init;
+  char *src;
+  size_t nsrc;
+} stage;
+
+static int run_pipeline(stage *s, const kiln_compile_options *o, const kiln_target *t,
+                        kiln_compile_report *r, kiln_status *st) {
+  kiln_pipeline_options po = {.target = t, .opt_level = o->opt_level, .verify_each = o->verify_each,
+                              .dump_dir = o->dump_dir, .disabled = o->disabled,
+                              .ndisabled = o->ndisabled};
+  double t0 = now_ms();
+  r->npasses = KILN_COMPILE_MAX_PASSES;
+  int rc = kiln_pipeline_run(s->m, &po, r->passes, &r->npasses, st);
+  r->pipeline_ms = now_ms() - t0;
+  return rc;
+}
+
+static int generate(stage *s, kiln_executable *e, kiln_compile_report *r, kiln_status *st) {
+  double t0 = now_ms();
+  int rc = kiln__lower_prepare(s->m, &s->scratch, st);
+  kiln_buffer_options bo = {.scratch_bytes = s->scratch};
+  if (rc == 0) rc = kiln_buffer_assign(s->m, &bo, &s->ba, st);
+  r->assign_ms = now_ms() - t0;
+  if (rc) return rc;
+  r->temp_bytes = s->ba->temp_bytes;
+  r->peak_bytes = s->ba->peak_bytes;
+  t0 = now_ms();
+  if ((rc = kiln__cgen_init(&s->g, s->m, st))) return rc;
+  s->g_init = true;
+  rc = kiln__lower(s->m, s->ba, &s->g, e, st);
+  if (rc == 0 && (s->src = kiln__cgen_source(&s->g, &s->nsrc)) == NULL)
+    rc = kiln_status_set(st, KILN_ENOMEM, "codegen", "out of memory");
+  r->codegen_ms = now_ms() - t0;
+  r->nkernels = s->g.nkernels;
+  r->source_bytes = s->nsrc;
+  for (uint32_t p = 0; rc == 0 && p < e->nprograms; p++) r->nsteps += e->programs[p].nsteps;
+  return rc;
+}
+
+static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target *t,
+                     kiln_executable *e, kiln_compile_report *r, kiln_status *st) {
+  const char *cc = o->cc ? o->cc : getenv("KILN_CC");
+  kiln__cc_options co = {.cc = cc, .march = t->march, .timeout_s = o->cc_timeout_s};
+  uint8_t *so = NULL;
+  size_t nso = 0;
+  double t0 = now_ms();
+  if (o->dump_dir) dump_source(o->dump_dir, s->src, s->nsrc);
+  int rc = kiln__cc_compile(&co, s->src, s->nsrc, &so, &nso, st);
+  r->cc_ms = now_ms() - t0;
+  if (rc) return rc;
+  e->code = kiln_arena_memdup(e->arena, so, nso ? nso : 1);
+  e->ncode = nso;
+  r->code_bytes = nso;
+  kiln_free(so);
+  return e->code ? 0 : kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
+}
+
+static int check_target(const kiln_compile_options *o, const kiln_target **t, kiln_status *st) {
+  const char *name = o->target ? o->target : "cpu";
+  *t = kiln_target_find(name);
+  if (*t == NULL) return kiln_status_set(st, KILN_ENOTFOUND, "compile", "unknown target '%s'", name);
+  if (strcmp((*t)->backend, "cpu") != 0)
+    return kiln_status_set(st, KILN_EUNIMPL, "compile",
+                           "target '%s' (backend %s) has no code generator here yet; use a cpu "
+                           "target",
+                           name, (*t)->backend);
+  return 0;
+}
+
+int kiln__compile_noreport(const kiln_module *m, const kiln_compile_options *o,
+                           kiln_executable **out, kiln_status *st) {
+  return kiln_compile(m, o, out, NULL, st);
+}
+
+int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_executable **out,
+                  kiln_compile_report *report, kiln_status *st) {
+  *out = NULL;
+  kiln_compile_options defaults;
+  kiln_compile_report scratch_report;
+  if (o == NULL) {
+    kiln_compile_options_init(&defaults);
+    o = &defaults;
+  }
+  kiln_compile_report *r = report ? report : &scratch_report;
+  memset(r, 0, sizeof *r);
+  double t0 = now_ms();
+  const kiln_target *t;
+  stage s = {0};
+  kiln_executable *e = NULL;
+  int rc = check_target(o, &t, st);
+  if (rc) return rc;
+  if ((rc = kiln_module_verify(m, NULL, st))) return rc;
+  r->verify_ms = now_ms() - t0;
+  if ((rc = kiln_module_clone(m, &s.m)))
+    return kiln_status_set(st, rc, "compile", "out of memory cloning the module");
+  if ((e = kiln_executable_create()) == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
+    goto out;
+  }
+  e->target = kiln_arena_strdup(e->arena, t->name);
+  if ((rc = run_pipeline(&s, o, t, r, st))) goto out;
+  if ((rc = generate(&s, e, r, st))) goto out;
+  if ((rc = compile_c(&s, o, t, e, r, st))) goto out;
+  *out = e;
+  e = NULL;
+out:
+  r->total_ms = now_ms() - t0;
+  kiln_executable_destroy(e);
+  kiln_free(s.src);
+  if (s.g_init) kiln__cgen_free(&s.g);
+  kiln_buffer_assignment_destroy(s.ba);
+  kiln_free(s.scratch);
+  kiln_module_destroy(s.m);
+  return rc;
+}

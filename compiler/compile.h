@@ -1,0 +1,76 @@
+/* The compiler's entry point: a module in, an executable out.
+ *
+ * kiln_compile verifies the module, works on a clone of it (the caller's
+ * module is never modified), runs the pass pipeline, assigns buffers,
+ * emits one C translation unit for the target, compiles it with the
+ * system C compiler into a shared object and packages everything into a
+ * kiln_executable (compiler/codegen/executable.h).
+ */
+#ifndef KILN_COMPILER_COMPILE_H
+#define KILN_COMPILER_COMPILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler/codegen/executable.h"
+#include "compiler/ir/ir.h"
+#include "compiler/pass.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_COMPILE_MAX_PASSES 64
+
+typedef struct kiln_compile_options {
+  const char *target;          /* kiln_target name; NULL: "cpu" */
+  int opt_level;               /* passed to the pipeline (0: only what correctness needs) */
+  bool verify_each;            /* verify after every pass */
+  const char *dump_dir;        /* NULL, or a directory for pass dumps and the generated source */
+  const char *const *disabled; /* pass names switched off */
+  uint32_t ndisabled;
+  const char *cc;              /* C compiler; NULL: env KILN_CC, else "cc" */
+  double cc_timeout_s;         /* limit on the C compiler; 0: 120 s */
+} kiln_compile_options;
+
+typedef struct kiln_compile_report {
+  kiln_pass_timing passes[KILN_COMPILE_MAX_PASSES];
+  uint32_t npasses;
+  double verify_ms;      /* verifying the input */
+  double pipeline_ms;    /* all passes */
+  double assign_ms;      /* buffer assignment */
+  double codegen_ms;     /* lowering and C emission */
+  double cc_ms;          /* the C compiler */
+  double total_ms;
+  uint64_t temp_bytes;   /* temporary arena */
+  uint64_t peak_bytes;   /* peak live temporary bytes */
+  uint32_t nkernels, nsteps;
+  size_t source_bytes;   /* generated C */
+  size_t code_bytes;     /* shared object */
+} kiln_compile_report;
+
+/* The defaults: target "cpu", opt_level 2, the rest off. */
+void kiln_compile_options_init(kiln_compile_options *o);
+
+/* Compiles m. `o` and `report` may be NULL. On success *out is a new
+ * executable owned by the caller (kiln_executable_destroy). Errors:
+ * KILN_EVERIFY for an invalid module, KILN_EUNIMPL naming the instruction
+ * the target cannot compile, KILN_ENOTFOUND for an unknown target or a
+ * missing C compiler, KILN_ELIMIT when the C compiler runs past its limit,
+ * KILN_EINTERNAL with the compiler's output when it fails. */
+int kiln_compile(const kiln_module *m, const kiln_compile_options *o, kiln_executable **out,
+                 kiln_compile_report *report, kiln_status *st);
+
+/* The same without a report: kiln_compile(m, o, out, st) is accepted too
+ * (the call is picked by its argument count). */
+int kiln__compile_noreport(const kiln_module *m, const kiln_compile_options *o,
+                           kiln_executable **out, kiln_status *st);
+#define KILN__COMPILE_PICK(a, b, c, d, e, name, ...) name
+#define kiln_compile(...) \
+  KILN__COMPILE_PICK(__VA_ARGS__, kiln_compile, kiln__compile_noreport, ~, ~, ~)(__VA_ARGS__)
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_COMPILER_COMPILE_H */
