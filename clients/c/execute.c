@@ -1,0 +1,127 @@
+/* Execute: one run of a compiled executable, arguments inline or by handle,
+ * outputs inline or kept on the server.
+ *
+ * Arguments are checked here only for what would make the request
+ * meaningless (an argument with neither a literal nor a handle, donation of
+ * an inline value); whether they match the executable is the server's
+ * judgement, which comes back as INVALID_ARGUMENT naming the parameter.
+ */
+#include <string.h>
+
+#include "clients/c/client_internal.h"
+#include "common/alloc.h"
+
+static int build_request(kiln_arena *a, const char *id, const kiln_arg *args, uint32_t nargs,
+                         const kiln_execute_options *o, Kiln__V1__ExecuteRequest *req,
+                         kiln_status *st) {
+  kiln__v1__execute_request__init(req);
+  req->executable_id = (char *)id;
+  req->request_id = (char *)(o->request_id ? o->request_id : "");
+  if (nargs) {
+    req->arguments = kiln_arena_calloc(a, nargs, sizeof *req->arguments);
+    if (req->arguments == NULL) return kiln__client_oom(st);
+    req->n_arguments = nargs;
+  }
+  for (uint32_t i = 0; i < nargs; i++) {
+    Kiln__V1__Argument *pa = kiln_arena_alloc(a, sizeof *pa);
+    if (pa == NULL) return kiln__client_oom(st);
+    kiln__v1__argument__init(pa);
+    req->arguments[i] = pa;
+    if (args[i].literal) {
+      if (args[i].donate)
+        return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                          "argument %u: only a buffer handle can be donated", i);
+      int rc = kiln__literal_encode(a, args[i].literal, &pa->literal);
+      if (rc == KILN_ELIMIT)
+        return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "argument %u: tuple nested too deep", i);
+      if (rc) return kiln__client_oom(st);
+      pa->value_case = KILN__V1__ARGUMENT__VALUE_LITERAL;
+    } else if (args[i].handle && args[i].handle[0]) {
+      pa->buffer_handle = (char *)args[i].handle;
+      pa->value_case = KILN__V1__ARGUMENT__VALUE_BUFFER_HANDLE;
+      pa->donate = args[i].donate;
+    } else {
+      return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                        "argument %u has neither a literal nor a buffer handle", i);
+    }
+  }
+  if (o->nkeep) {
+    req->keep_on_server = kiln_arena_calloc(a, o->nkeep, sizeof *req->keep_on_server);
+    if (req->keep_on_server == NULL) return kiln__client_oom(st);
+    req->n_keep_on_server = o->nkeep;
+    for (uint32_t i = 0; i < o->nkeep; i++) req->keep_on_server[i] = o->keep_on_server[i];
+  }
+  return 0;
+}
+
+static int decode_response(const Kiln__V1__ExecuteResponse *r, kiln_execute_result *out,
+                           kiln_status *st) {
+  if (r->n_outputs > UINT32_MAX / 2)
+    return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent too many outputs");
+  if (r->n_outputs) {
+    out->outputs = kiln_calloc(r->n_outputs, sizeof *out->outputs);
+    if (out->outputs == NULL) return kiln__client_oom(st);
+  }
+  for (size_t i = 0; i < r->n_outputs; i++) {
+    const Kiln__V1__Output *po = r->outputs[i];
+    int rc;
+    out->noutputs = (uint32_t)i + 1;
+    if (po->value_case == KILN__V1__OUTPUT__VALUE_LITERAL)
+      rc = kiln__literal_decode(po->literal, "outputs", &out->outputs[i].literal, st);
+    else if (po->value_case == KILN__V1__OUTPUT__VALUE_BUFFER)
+      rc = kiln__buffer_info_decode(po->buffer, &out->outputs[i].buffer, st);
+    else
+      rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent output %zu without a value", i);
+    if (rc) return rc;
+  }
+  if (r->timing) {
+    out->queue_ns = r->timing->queue_ns;
+    out->transfer_in_ns = r->timing->transfer_in_ns;
+    out->run_ns = r->timing->run_ns;
+    out->transfer_out_ns = r->timing->transfer_out_ns;
+    out->total_ns = r->timing->total_ns;
+  }
+  return 0;
+}
+
+int kiln_client_execute(kiln_client *c, const char *id, const kiln_arg *args, uint32_t nargs,
+                        const kiln_execute_options *opts, kiln_execute_result *out,
+                        kiln_status *st) {
+  memset(out, 0, sizeof *out);
+  if (id == NULL || id[0] == '\0')
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "no executable id given");
+  if (nargs && args == NULL)
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "%u arguments announced, none given", nargs);
+  kiln_execute_options o = {0};
+  if (opts) o = *opts;
+  kiln_arena *a = kiln_arena_create();
+  if (a == NULL) return kiln__client_oom(st);
+  Kiln__V1__ExecuteRequest req;
+  uint8_t *buf = NULL, *reply = NULL;
+  size_t len, reply_len;
+  int rc = build_request(a, id, args, nargs, &o, &req, st);
+  if (rc == 0) rc = kiln__pack(&req.base, &buf, &len, st);
+  kiln_arena_destroy(a);
+  if (rc) return rc;
+  rc = kiln__unary(c, KILN__M_EXECUTE, o.deadline_ms, buf, len, &reply, &reply_len, st);
+  kiln_free(buf);
+  if (rc) return rc;
+  ProtobufCMessage *msg;
+  rc = kiln__unpack(&kiln__v1__execute_response__descriptor, reply, reply_len, &msg, st);
+  kiln_free(reply);
+  if (rc) return rc;
+  rc = decode_response((const Kiln__V1__ExecuteResponse *)msg, out, st);
+  protobuf_c_message_free_unpacked(msg, NULL);
+  if (rc) kiln_execute_result_free(out);
+  return rc;
+}
+
+void kiln_execute_result_free(kiln_execute_result *r) {
+  if (r == NULL) return;
+  for (uint32_t i = 0; i < r->noutputs; i++) {
+    kiln_literal_destroy(r->outputs[i].literal);
+    kiln_buffer_info_clear(&r->outputs[i].buffer);
+  }
+  kiln_free(r->outputs);
+  memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,379 @@
+/* libkiln: the C client of a Kiln server (the kiln.v1.Kiln gRPC service).
+ *
+ * A kiln_client is one connection to one server (`kilnd --listen HOST:PORT`).
+ * Through it a program compiles a module once (from HLO text, from a
+ * serialized kiln.v1.Module, from a kiln_module, or from one put together
+ * with the small kiln_builder API below), then executes it many times with
+ * arguments given inline or as handles of buffers kept on the server, and
+ * may keep outputs on the server for the next step. Buffers of any size
+ * move as streams of chunks, so no single message nears gRPC's limits.
+ *
+ * Conventions (those of the rest of Kiln):
+ * - Every call returns 0 or a negative KILN_E* code and, on failure, fills
+ *   the kiln_status it is given (which may be NULL) unless it already holds
+ *   an error: st->where is the gRPC status code name ("NOT_FOUND",
+ *   "INVALID_ARGUMENT", "UNAVAILABLE", ...), st->msg the server's message
+ *   (or the client's own, for errors found before anything was sent).
+ *   kiln_rpc_status_code() turns st back into the numeric gRPC code. The
+ *   return code follows from the gRPC code: INVALID_ARGUMENT (and
+ *   FAILED_PRECONDITION, OUT_OF_RANGE, ALREADY_EXISTS, PERMISSION_DENIED,
+ *   UNAUTHENTICATED) -> KILN_EINVAL, NOT_FOUND -> KILN_ENOTFOUND,
+ *   RESOURCE_EXHAUSTED -> KILN_ELIMIT (KILN_ENOMEM when the client itself ran
+ *   out of memory), UNIMPLEMENTED -> KILN_EUNIMPL, DEADLINE_EXCEEDED ->
+ *   KILN_EDEADLINE, UNAVAILABLE -> KILN_EUNAVAIL, CANCELLED ->
+ *   KILN_ECANCELED, ABORTED -> KILN_EIO, anything else -> KILN_EINTERNAL.
+ * - Whatever a call returns through an out-parameter belongs to the caller
+ *   and has one matching free function, named next to it. Nothing is
+ *   returned on failure (out-parameters are zeroed or NULL).
+ * - A kiln_client may be used by several threads at once: each call has its
+ *   own completion queue and the connection is shared.
+ * - Literals (kiln_literal, compiler/ir/ir.h) are the values: arrays in
+ *   row-major order, little-endian, kiln_dtype_size() bytes per element, or
+ *   tuples of them. Create them with kiln_literal_create(NULL, ...) and free
+ *   them with kiln_literal_destroy().
+ *
+ * Linking: `pkg-config --cflags --libs kiln` (the header is installed as
+ * <kiln.h>, with the IR headers it includes beside it).
+ */
+#ifndef KILN_CLIENTS_C_KILN_H
+#define KILN_CLIENTS_C_KILN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "compiler/ir/ir.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status ----------------------------------------------------------------- */
+
+/* gRPC status codes: X(NAME, value). */
+#define KILN_RPC_CODE_MAP(X)  \
+  X(OK, 0)                    \
+  X(CANCELLED, 1)             \
+  X(UNKNOWN, 2)               \
+  X(INVALID_ARGUMENT, 3)      \
+  X(DEADLINE_EXCEEDED, 4)     \
+  X(NOT_FOUND, 5)             \
+  X(ALREADY_EXISTS, 6)        \
+  X(PERMISSION_DENIED, 7)     \
+  X(RESOURCE_EXHAUSTED, 8)    \
+  X(FAILED_PRECONDITION, 9)   \
+  X(ABORTED, 10)              \
+  X(OUT_OF_RANGE, 11)         \
+  X(UNIMPLEMENTED, 12)        \
+  X(INTERNAL, 13)             \
+  X(UNAVAILABLE, 14)          \
+  X(DATA_LOSS, 15)            \
+  X(UNAUTHENTICATED, 16)
+
+typedef enum kiln_rpc_code {
+#define KILN_X_(name, val) KILN_RPC_##name = val,
+  KILN_RPC_CODE_MAP(KILN_X_)
+#undef KILN_X_
+} kiln_rpc_code;
+
+/* "NOT_FOUND"; "UNKNOWN" for values outside the map. Never NULL. */
+const char *kiln_rpc_code_name(kiln_rpc_code code);
+/* The gRPC code recorded in st by a libkiln call: KILN_RPC_OK when st holds
+ * no error (or st is NULL), KILN_RPC_UNKNOWN when st holds an error that
+ * names no gRPC code. */
+kiln_rpc_code kiln_rpc_status_code(const kiln_status *st);
+
+/* ---- connecting --------------------------------------------------------------- */
+
+typedef struct kiln_client kiln_client;
+
+typedef struct kiln_client_options {
+  /* Sent with every call as the "kiln-client" metadata value: the server
+   * owns buffers and queues per client id. NULL: "libkiln-PID-N", unique
+   * per kiln_client in this process. Two clients that give the same id
+   * share buffers. */
+  const char *client_id;
+  /* Deadline of each call that does not give its own, in milliseconds.
+   * 0: 300000 (five minutes); negative: none. */
+  int64_t deadline_ms;
+  /* How long kiln_client_connect waits for the connection to be ready.
+   * 0: 10000; negative: do not wait (the first call connects). */
+  int64_t connect_timeout_ms;
+  /* Largest single message the client accepts from the server (unary
+   * replies, each chunk of a GetBuffer stream). 0: 64 MiB. */
+  int64_t max_receive_bytes;
+  /* Data bytes per PutBuffer message, and the chunk size asked of the
+   * server by GetBuffer. 0: 1 MiB. Must stay under the server's receive
+   * limit (4 MiB by default). */
+  int64_t chunk_bytes;
+} kiln_client_options;
+
+/* Connects to `target` ("HOST:PORT", "[::1]:PORT", "unix:PATH": any gRPC
+ * target). `opts` may be NULL. Unless opts->connect_timeout_ms is negative,
+ * waits until the connection is ready and fails with UNAVAILABLE when the
+ * server cannot be reached in time. *out is closed with kiln_client_close. */
+int kiln_client_connect(const char *target, const kiln_client_options *opts,
+                        kiln_client **out, kiln_status *st);
+/* Closes the connection. Calls must not be in flight. NULL is a no-op. */
+void kiln_client_close(kiln_client *c);
+/* The client id sent as "kiln-client" (owned by c). */
+const char *kiln_client_id(const kiln_client *c);
+
+/* Asks the standard grpc.health.v1.Health service about `service` ("" or
+ * NULL: the server as a whole). *serving is true for SERVING. */
+int kiln_client_health(kiln_client *c, const char *service, bool *serving, kiln_status *st);
+
+/* ---- compiling ---------------------------------------------------------------- */
+
+typedef enum kiln_cache_policy {
+  KILN_CACHE_DEFAULT = 0, /* read through every tier, write the result to every tier */
+  KILN_CACHE_REFRESH = 1, /* compile even when cached, overwrite the entry */
+  KILN_CACHE_BYPASS = 2,  /* neither read nor write the cache */
+} kiln_cache_policy;
+
+/* Where an executable came from (kiln.v1.CacheSource). */
+typedef enum kiln_cache_source {
+  KILN_SOURCE_UNSPECIFIED = 0,
+  KILN_SOURCE_COMPILED = 1,
+  KILN_SOURCE_MEMORY = 2,
+  KILN_SOURCE_DISK = 3,
+  KILN_SOURCE_SHARED = 4,
+  KILN_SOURCE_SINGLE_FLIGHT = 5,
+} kiln_cache_source;
+
+/* "compiled", "memory", "disk", "shared", "single-flight", "unspecified". */
+const char *kiln_cache_source_name(kiln_cache_source s);
+
+typedef struct kiln_compile_options {
+  const char *backend;  /* "cpu", "cuda", "interp"; NULL: the server's default */
+  const char *target;   /* "x86-64-v3", "native", "sm_90"; NULL: the server's devices */
+  int32_t device_count; /* 0: 1, or the module's num_partitions */
+  /* Function transforms, innermost first, each with its defaults: "grad"
+   * (with respect to parameter 0), "vjp", "jvp", "vmap" (every parameter and
+   * result along axis 0), "checkpoint". */
+  const char *const *transforms;
+  uint32_t ntransforms;
+  /* 0: verify and compile only, no optimization passes; 1: cheap
+   * simplifications; 2: everything; 3: also aggressive fusion. Used only
+   * when has_optimization_level (otherwise the server uses 2). */
+  bool has_optimization_level;
+  int32_t optimization_level;
+  kiln_cache_policy cache_policy;
+  bool return_executable; /* fill kiln_executable.serialized */
+  int64_t deadline_ms;    /* 0: the client's default; negative: none */
+  const char *request_id; /* echoed back and logged by the server; NULL: none */
+} kiln_compile_options;
+
+typedef struct kiln_executable {
+  char *id;                  /* executable_id, for kiln_client_execute */
+  uint32_t nparams;
+  kiln_shape *params;        /* the calling convention, after transforms */
+  kiln_shape result;         /* dtype KILN_INVALID when the server sent none */
+  uint32_t noutputs;         /* outputs of Execute: tuple elements, or 1 */
+  kiln_cache_source cache_source;
+  char *cache_key;           /* lowercase hex SHA-256; "" when not sent */
+  int64_t compile_wall_ns;
+  int64_t peak_bytes;
+  int32_t device_count;
+  uint32_t nwarnings;
+  char **warnings;
+  uint8_t *serialized;       /* with return_executable; else NULL */
+  size_t serialized_len;
+  kiln_arena *arena;         /* owns everything above */
+} kiln_executable;
+
+/* Compiles HLO text (len bytes; need not be NUL-terminated). `opts` may be
+ * NULL. *out is freed with kiln_executable_free. */
+int kiln_client_compile_text(kiln_client *c, const char *text, size_t len,
+                             const kiln_compile_options *opts, kiln_executable **out,
+                             kiln_status *st);
+/* Compiles a serialized kiln.v1.Module (sent as it is). */
+int kiln_client_compile_proto(kiln_client *c, const uint8_t *module, size_t len,
+                              const kiln_compile_options *opts, kiln_executable **out,
+                              kiln_status *st);
+/* Compiles a module (encoded with the proto codec, not modified). */
+int kiln_client_compile_module(kiln_client *c, const kiln_module *m,
+                               const kiln_compile_options *opts, kiln_executable **out,
+                               kiln_status *st);
+void kiln_executable_free(kiln_executable *e);
+
+/* ---- buffers on the server ------------------------------------------------------ */
+
+typedef struct kiln_buffer_info {
+  char *handle;              /* opaque, unique on the server while the buffer lives */
+  kiln_shape shape;          /* an array shape */
+  int64_t size_bytes;
+  int32_t device;
+  kiln_arena *arena;         /* owns handle and shape */
+} kiln_buffer_info;
+
+/* Frees what `b` holds and zeroes it. */
+void kiln_buffer_info_clear(kiln_buffer_info *b);
+
+typedef struct kiln_put_options {
+  int32_t device;      /* device to place it on; 0 is the first */
+  const char *label;   /* shown in the server's stats and logs; NULL: none */
+  int64_t deadline_ms; /* 0: the client's default; negative: none */
+} kiln_put_options;
+
+/* Uploads an array literal (no tuples) as a server-resident buffer.
+ * `opts` may be NULL. On success *out describes the new buffer. */
+int kiln_client_put_buffer(kiln_client *c, const kiln_literal *value,
+                           const kiln_put_options *opts, kiln_buffer_info *out,
+                           kiln_status *st);
+/* The same from raw bytes: `nbytes` must be exactly kiln_shape_bytes(shape),
+ * in the layout of kiln_literal data. */
+int kiln_client_put_buffer_raw(kiln_client *c, const kiln_shape *shape, const void *data,
+                               size_t nbytes, const kiln_put_options *opts,
+                               kiln_buffer_info *out, kiln_status *st);
+
+typedef struct kiln_get_options {
+  bool release;        /* release the buffer once it has been sent */
+  int64_t chunk_bytes; /* bytes per chunk to ask for; 0: the client's chunk_bytes */
+  int64_t deadline_ms; /* 0: the client's default; negative: none */
+} kiln_get_options;
+
+/* Downloads a buffer as a new heap literal (free with kiln_literal_destroy).
+ * `opts` may be NULL. */
+int kiln_client_get_buffer(kiln_client *c, const char *handle, const kiln_get_options *opts,
+                           kiln_literal **out, kiln_status *st);
+/* Downloads a buffer into dst (cap bytes; KILN_ELIMIT, nothing kept, when
+ * the buffer is larger). *nbytes is the size received; `info` (may be NULL)
+ * describes the buffer (free with kiln_buffer_info_clear). */
+int kiln_client_get_buffer_raw(kiln_client *c, const char *handle, const kiln_get_options *opts,
+                               void *dst, size_t cap, size_t *nbytes, kiln_buffer_info *info,
+                               kiln_status *st);
+
+/* Frees buffers. Handles the server does not know are not an error: they
+ * are counted in *unknown. `released` and `unknown` may be NULL. */
+int kiln_client_release_buffers(kiln_client *c, const char *const *handles, uint32_t n,
+                                int64_t *released, int64_t *unknown, kiln_status *st);
+
+/* ---- executing ---------------------------------------------------------------- */
+
+/* One argument: an inline literal, or the handle of a server buffer. */
+typedef struct kiln_arg {
+  const kiln_literal *literal; /* inline value; NULL to use handle */
+  const char *handle;          /* a buffer handle, when literal is NULL */
+  /* handle only: the executable may reuse the buffer, which the server then
+   * frees; the handle is invalid after the call, whatever its outcome. */
+  bool donate;
+} kiln_arg;
+
+typedef struct kiln_execute_options {
+  /* Per output, in order: keep it on the server and return a handle. A
+   * shorter list (or NULL) returns the remaining outputs inline. */
+  const bool *keep_on_server;
+  uint32_t nkeep;
+  int64_t deadline_ms;    /* 0: the client's default; negative: none */
+  const char *request_id; /* NULL: none */
+} kiln_execute_options;
+
+typedef struct kiln_output {
+  kiln_literal *literal;   /* an inline output (owned by the result), or NULL */
+  kiln_buffer_info buffer; /* a kept output: buffer.handle != NULL */
+} kiln_output;
+
+typedef struct kiln_execute_result {
+  uint32_t noutputs;
+  kiln_output *outputs;
+  /* The server's timing of the request, nanoseconds. */
+  int64_t queue_ns, transfer_in_ns, run_ns, transfer_out_ns, total_ns;
+} kiln_execute_result;
+
+/* Runs executable `id` once. `opts` may be NULL. On success *out holds one
+ * output per element of a tuple result (or one); free with
+ * kiln_execute_result_free. To keep an inline output beyond the result,
+ * take its literal and set the slot to NULL. */
+int kiln_client_execute(kiln_client *c, const char *id, const kiln_arg *args, uint32_t nargs,
+                        const kiln_execute_options *opts, kiln_execute_result *out,
+                        kiln_status *st);
+void kiln_execute_result_free(kiln_execute_result *r);
+
+/* ---- server statistics ------------------------------------------------------------ */
+
+typedef struct kiln_counter {
+  const char *name;   /* "kiln_cache_hits_total" */
+  const char *labels; /* Prometheus style, "tier=\"disk\",..."; "" when none */
+  int64_t value;
+} kiln_counter;
+
+typedef struct kiln_device_stats {
+  int32_t device;
+  const char *backend;     /* "cpu", "cuda" */
+  const char *description; /* "cpu:3" */
+  int64_t memory_in_use_bytes, memory_limit_bytes;
+  int64_t executions, busy_ns;
+} kiln_device_stats;
+
+typedef struct kiln_stats {
+  const char *server_version;
+  int64_t uptime_ns;
+  int64_t compiles, cache_hits, cache_misses, executions;
+  int64_t live_buffers, live_buffer_bytes, queued_requests;
+  uint32_t ncounters;
+  kiln_counter *counters;
+  uint32_t ndevices;
+  kiln_device_stats *devices;
+  kiln_arena *arena; /* owns everything above */
+} kiln_stats;
+
+int kiln_client_stats(kiln_client *c, kiln_stats *out, kiln_status *st);
+/* Frees what `s` holds and zeroes it. */
+void kiln_stats_clear(kiln_stats *s);
+
+/* ---- building modules ------------------------------------------------------------- */
+
+/* A small builder for the ENTRY computation of a new module, in the manner
+ * of XLA's XlaBuilder: each call appends one instruction, infers its result
+ * shape and returns its id. The first error (a shape mismatch, a bad
+ * dimension) is kept, later calls return KILN_NO_ID, and kiln_builder_finish
+ * reports it: a chain of calls needs one check at the end. For anything the
+ * builder lacks, kiln_builder_module gives the module itself (compiler/ir/ir.h
+ * builds any instruction). */
+typedef struct kiln_builder kiln_builder;
+
+/* NULL on out-of-memory. */
+kiln_builder *kiln_builder_create(const char *module_name);
+void kiln_builder_destroy(kiln_builder *b);
+/* The module under construction (owned by the builder until finish). */
+kiln_module *kiln_builder_module(kiln_builder *b);
+
+/* Parameters are numbered in the order they are added. `name` may be NULL. */
+kiln_id kiln_builder_parameter(kiln_builder *b, kiln_dtype t, const int64_t *dims,
+                               uint32_t rank, const char *name);
+/* A constant (the value is copied). */
+kiln_id kiln_builder_constant(kiln_builder *b, const kiln_literal *value);
+/* A scalar constant of a floating or integral type, converted from v. */
+kiln_id kiln_builder_scalar(kiln_builder *b, kiln_dtype t, double v);
+/* Elementwise ops by opcode: KILN_OP_NEGATE, KILN_OP_EXP, ... (one operand)
+ * and KILN_OP_ADD, KILN_OP_MULTIPLY, KILN_OP_MAXIMUM, ... (two). */
+kiln_id kiln_builder_unary(kiln_builder *b, kiln_opcode op, kiln_id x);
+kiln_id kiln_builder_binary(kiln_builder *b, kiln_opcode op, kiln_id x, kiln_id y);
+kiln_id kiln_builder_compare(kiln_builder *b, kiln_cmp_dir dir, kiln_id x, kiln_id y);
+kiln_id kiln_builder_select(kiln_builder *b, kiln_id pred, kiln_id on_true, kiln_id on_false);
+kiln_id kiln_builder_convert(kiln_builder *b, kiln_id x, kiln_dtype t);
+/* Result dims `dims`; operand dimension i becomes result dimension
+ * map[i] (nmap = the operand's rank; NULL/0 for a scalar operand). */
+kiln_id kiln_builder_broadcast(kiln_builder *b, kiln_id x, const int64_t *dims, uint32_t rank,
+                               const int64_t *map, uint32_t nmap);
+kiln_id kiln_builder_reshape(kiln_builder *b, kiln_id x, const int64_t *dims, uint32_t rank);
+kiln_id kiln_builder_transpose(kiln_builder *b, kiln_id x, const int64_t *perm, uint32_t rank);
+/* Matrix product: contracts the last dimension of x with the first of y
+ * (vector or matrix operands, as numpy's dot for rank <= 2). */
+kiln_id kiln_builder_dot(kiln_builder *b, kiln_id x, kiln_id y);
+/* Sum over `dims` (a reduce with an add computation the builder writes). */
+kiln_id kiln_builder_reduce_sum(kiln_builder *b, kiln_id x, const int64_t *dims, uint32_t n);
+kiln_id kiln_builder_tuple(kiln_builder *b, const kiln_id *elems, uint32_t n);
+
+/* Makes `root` the ENTRY root and verifies the module. On success *out is
+ * the module (owned by the caller, kiln_module_destroy) and the builder is
+ * spent (only kiln_builder_destroy remains). Reports the first error of any
+ * earlier call. */
+int kiln_builder_finish(kiln_builder *b, kiln_id root, kiln_module **out, kiln_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_CLIENTS_C_KILN_H */
