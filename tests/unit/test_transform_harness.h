@@ -391,28 +391,34 @@ static inline kiln_literal *tx_take(const kiln_literal *a, int64_t axis, int64_t
   return o;
 }
 
-/* vmap(f) with the given in_axes/out_axes (arrays of axes, -1 = none) equals
- * running f on every batch element. */
+#define TX_NONE (-100) /* an axis that is "none" */
+
+/* vmap(f) with the given in_axes/out_axes (arrays of axes, TX_NONE: none;
+ * negative axes count from the end) equals running f on every batch
+ * element. */
 static inline void tx_check_vmap(const char *text, const char *spec, const int64_t *in_axes,
                                  const int64_t *out_axes, uint64_t seed) {
   kiln_module *f = tx_parse(text), *v = tx_apply(text, spec);
   uint32_t n;
   kiln_literal **args = tx_params_rand(v, seed, 0.1, 1.0, &n);
-  int64_t bsize = -1;
-  for (uint32_t i = 0; i < n; i++)
-    if (in_axes[i] >= 0) bsize = args[i]->shape.dims[in_axes[i]];
+  int64_t bsize = -1, *ia = calloc(n + 1, sizeof *ia);
+  for (uint32_t i = 0; i < n; i++) {
+    ia[i] = in_axes[i] == TX_NONE || in_axes[i] >= 0 ? in_axes[i] : in_axes[i] + args[i]->shape.rank;
+    if (ia[i] != TX_NONE) bsize = args[i]->shape.dims[ia[i]];
+  }
   ck_assert(bsize > 0);
   kiln_literal *r = tx_run(v, args, n);
   const kiln_literal *rl[64];
   uint32_t m = tx_leaves(r, rl, 64);
   kiln_literal **sl = calloc(n + 1, sizeof *sl);
   for (int64_t b = 0; b < bsize; b++) {
-    for (uint32_t i = 0; i < n; i++) sl[i] = in_axes[i] >= 0 ? tx_take(args[i], in_axes[i], b) : tx_clone(args[i]);
+    for (uint32_t i = 0; i < n; i++) sl[i] = ia[i] != TX_NONE ? tx_take(args[i], ia[i], b) : tx_clone(args[i]);
     kiln_literal *one = tx_run(f, sl, n);
     const kiln_literal *ol[64];
     ck_assert_uint_eq(tx_leaves(one, ol, 64), m);
     for (uint32_t o = 0; o < m; o++) {
-      kiln_literal *got = out_axes[o] >= 0 ? tx_take(rl[o], out_axes[o], b) : tx_clone(rl[o]);
+      int64_t oa = out_axes[o] == TX_NONE || out_axes[o] >= 0 ? out_axes[o] : out_axes[o] + rl[o]->shape.rank;
+      kiln_literal *got = oa != TX_NONE ? tx_take(rl[o], oa, b) : tx_clone(rl[o]);
       char what[64];
       snprintf(what, sizeof what, "vmap output %u, batch %lld", o, (long long)b);
       tx_expect_lit_close(got, ol[o], 1e-12, 1e-12, what);
@@ -422,6 +428,7 @@ static inline void tx_check_vmap(const char *text, const char *spec, const int64
     for (uint32_t i = 0; i < n; i++) kiln_literal_destroy(sl[i]);
   }
   free(sl);
+  free(ia);
   kiln_literal_destroy(r);
   tx_free_args(args, n);
   kiln_module_destroy(f);
