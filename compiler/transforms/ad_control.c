@@ -182,22 +182,45 @@ typedef struct loop_save {
   kiln_id *stacks; /* per state leaf: [trips, ...] forward states */
 } loop_save;
 
-/* The leaves of a loop state: the state itself, or the elements of a flat
- * tuple of arrays. */
-static bool flat_state(const kiln_shape *s) {
+/* A loop state is saved leaf by leaf: its array leaves, depth-first,
+ * however the tuples nest (loops built by an earlier transform nest). */
+static bool array_leaves(const kiln_shape *s) {
   if (kiln_shape_is_array(s)) return true;
   if (!kiln_shape_is_tuple(s)) return false;
   for (uint32_t i = 0; i < s->rank; i++)
-    if (!kiln_shape_is_array(&s->tuple[i])) return false;
+    if (!array_leaves(&s->tuple[i])) return false;
   return true;
 }
 
-static const kiln_shape *leaf_shape(const kiln_shape *s, uint32_t e) {
-  return kiln_shape_is_tuple(s) ? &s->tuple[e] : s;
+/* The shape of leaf e of s (depth-first), with *k counting leaves. */
+static const kiln_shape *leaf_at(const kiln_shape *s, uint32_t e, uint32_t *k) {
+  if (!kiln_shape_is_tuple(s)) return (*k)++ == e ? s : NULL;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    const kiln_shape *r = leaf_at(&s->tuple[i], e, k);
+    if (r) return r;
+  }
+  return NULL;
 }
 
-static kiln_id leaf(kiln__b *b, kiln_id v, const kiln_shape *s, uint32_t e) {
-  return kiln_shape_is_tuple(s) ? kiln__b_gte(b, v, e) : v;
+static const kiln_shape *leaf_shape(const kiln_shape *s, uint32_t e) {
+  uint32_t k = 0;
+  return leaf_at(s, e, &k);
+}
+
+static void leaves_of(kiln__b *b, kiln_id v, const kiln_shape *s, kiln_id *out, uint32_t *n) {
+  if (!kiln_shape_is_tuple(s)) {
+    out[(*n)++] = v;
+    return;
+  }
+  for (uint32_t i = 0; i < s->rank; i++) leaves_of(b, kiln__b_gte(b, v, i), &s->tuple[i], out, n);
+}
+
+static kiln_id from_leaves(kiln__b *b, const kiln_shape *s, const kiln_id *v, uint32_t *k) {
+  if (!kiln_shape_is_tuple(s)) return v[(*k)++];
+  kiln_id *el = kiln__b_ids(b->tx, s->rank);
+  if (el == NULL) return KILN_NO_ID;
+  for (uint32_t i = 0; i < s->rank; i++) el[i] = from_leaves(b, &s->tuple[i], v, k);
+  return kiln__b_tuple(b, el, s->rank);
 }
 
 /* Start indices (i, 0, ..., 0) into a stack of the given leaf's rank. */
@@ -221,10 +244,17 @@ static int loop_shape(kiln__tx *tx, const kiln_shape *s, const kiln_id *stacks, 
   return 0;
 }
 
-static kiln_id make_while(kiln__b *b, kiln_id init, uint32_t cond, uint32_t body) {
+/* A while loop that runs `trips` times, saying so as XLA does
+ * (known_trip_count), so that a later reverse-mode transform of the
+ * program (grad of grad) knows it too. */
+static kiln_id make_while(kiln__b *b, kiln_id init, uint32_t cond, uint32_t body, int64_t trips) {
   kiln_instr *w = kiln__b_start(b, KILN_OP_WHILE, &init, 1);
   uint32_t cs[2] = {cond, body};
-  if (w && kiln_instr_set_called(b->tx->m, w, cs, 2)) return kiln__tx_oom(b->tx), KILN_NO_ID;
+  char bc[96];
+  snprintf(bc, sizeof bc, "{\"known_trip_count\":{\"n\":\"%lld\"}}", (long long)trips);
+  if (w && (kiln_instr_set_called(b->tx->m, w, cs, 2) ||
+            kiln_instr_set_attr_str(b->tx->m, w, KILN_ATTR_BACKEND_CONFIG, bc)))
+    return kiln__tx_oom(b->tx), KILN_NO_ID;
   return kiln__b_finish(b, w);
 }
 
@@ -239,10 +269,9 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
                          "%s: while %s has no trip count known at compile time (reverse mode "
                          "saves each iteration's state and needs one)",
                          tx->name, ins->name);
-  if (!flat_state(S))
+  if (!array_leaves(S))
     return kiln__tx_fail(tx, KILN_EUNIMPL, ins,
-                         "%s: while %s: reverse mode needs a state that is an array or a tuple of "
-                         "arrays",
+                         "%s: while %s: reverse mode needs a state made of arrays (no tokens)",
                          tx->name, ins->name);
   loop_save *sv = kiln_arena_calloc(tx->scratch, 1, sizeof *sv);
   if (sv == NULL) return kiln__tx_oom(tx);
@@ -252,7 +281,7 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
     c->prim[ins->id] = kiln__X(c, ins, 0);
     return tx->err;
   }
-  uint32_t nl = kiln_shape_is_tuple(S) ? S->rank : 1;
+  uint32_t nl = kiln__b_leaf_count(S);
   sv->nleaves = nl;
   kiln_id *zst = kiln__b_ids(tx, nl + 2);
   sv->stacks = kiln__b_ids(tx, nl);
@@ -279,15 +308,17 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
   kiln__b bb = {tx, nbody};
   kiln_id p = kiln__b_param(&bb, 0, &A, NULL);
   kiln_id s = kiln__b_gte(&bb, p, 0), j = kiln__b_gte(&bb, p, 1);
-  kiln_id *out = kiln__b_ids(tx, nl + 2);
-  if (out == NULL) return tx->err;
+  kiln_id *out = kiln__b_ids(tx, nl + 2), *sl = kiln__b_ids(tx, nl);
+  uint32_t ns = 0;
+  if (out == NULL || sl == NULL) return tx->err;
+  leaves_of(&bb, s, S, sl, &ns);
   for (uint32_t e = 0; e < nl && tx->err == 0; e++) {
     const kiln_shape *ls = leaf_shape(S, e);
     int64_t *one = kiln__b_i64s(tx, ls->rank + 1);
     if (one == NULL) return tx->err;
     one[0] = 1;
     memcpy(one + 1, ls->dims, ls->rank * sizeof *one);
-    kiln_id v = kiln__b_reshape(&bb, leaf(&bb, s, S, e), one, ls->rank + 1);
+    kiln_id v = kiln__b_reshape(&bb, sl[e], one, ls->rank + 1);
     out[e + 2] = kiln__b_dyn_update(&bb, kiln__b_gte(&bb, p, e + 2), v, stack_index(&bb, j, ls->rank),
                                   ls->rank + 1);
   }
@@ -298,7 +329,7 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
   kiln_id cp = kiln__b_param(&cb, 0, &A, NULL);
   kiln_id cs = kiln__b_gte(&cb, cp, 0);
   set_root(tx, ncond, kiln__ad_inline(tx, &cb, cond, &cs));
-  kiln_id w = make_while(B, kiln__b_tuple(B, zst, nl + 2), ncond, nbody);
+  kiln_id w = make_while(B, kiln__b_tuple(B, zst, nl + 2), ncond, nbody, n);
   c->prim[ins->id] = kiln__b_gte(B, w, 0);
   for (uint32_t e = 0; e < nl; e++) sv->stacks[e] = kiln__b_gte(B, w, e + 2);
   return tx->err;
@@ -339,7 +370,8 @@ int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
     kiln_id v = kiln__b_dyn_slice(&bb, out[e + 2], stack_index(&bb, i, ls->rank), ls->rank + 1, one);
     el[e] = kiln__b_reshape(&bb, v, ls->dims, ls->rank);
   }
-  kiln_id state = kiln_shape_is_tuple(S) ? kiln__b_tuple(&bb, el, nl) : el[0];
+  uint32_t k0 = 0;
+  kiln_id state = from_leaves(&bb, S, el, &k0);
   kiln__ad child;
   uint8_t act = 1;
   if (kiln__ad_init(&child, tx, nbody, body) || kiln__vjp_forward(&child, &state, &act) ||
@@ -357,7 +389,7 @@ int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   init[0] = kiln__ad_mat(B, ct, S);
   init[1] = kiln__b_iscalar(B, KILN_S32, sv->trips - 1);
   for (uint32_t e = 0; e < nl; e++) init[e + 2] = sv->stacks[e];
-  kiln_id w = make_while(B, kiln__b_tuple(B, init, nl + 2), ncond, nbody);
+  kiln_id w = make_while(B, kiln__b_tuple(B, init, nl + 2), ncond, nbody, sv->trips);
   kiln__ad_accum(c, ins, 0, kiln__b_gte(B, w, 0));
   return tx->err;
 }

@@ -574,6 +574,8 @@ int kiln__batch_while(kiln__bt *c, const kiln_instr *ins) {
   kiln_instr *w = kiln__b_clone_start(B, ins, &init, 1);
   uint32_t cs[2] = {ncond, nbody};
   if (w && kiln_instr_set_called(tx->m, w, cs, 2)) return kiln__tx_oom(tx);
+  /* with a batched predicate the loop runs as long as its longest element */
+  if (w && pb) kiln__b_drop_attr(w, KILN_ATTR_BACKEND_CONFIG);
   c->val[ins->id] = kiln__b_finish(B, w);
   c->sig[ins->id] = s;
   return tx->err;

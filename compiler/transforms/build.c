@@ -170,15 +170,15 @@ static bool set_written(kiln__b *b, kiln_instr *ins, kiln_dtype t, const int64_t
   return true;
 }
 
-static int drop_attr(kiln_instr *ins, kiln_attr_key key) {
+bool kiln__b_drop_attr(kiln_instr *ins, kiln_attr_key key) {
   for (uint32_t i = 0; i < ins->nattrs; i++) {
     if (ins->attrs[i].key == key) {
       memmove(&ins->attrs[i], &ins->attrs[i + 1], (ins->nattrs - i - 1) * sizeof *ins->attrs);
       ins->nattrs--;
-      return 1;
+      return true;
     }
   }
-  return 0;
+  return false;
 }
 
 static kiln_instr *clone_raw(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n) {
@@ -193,7 +193,7 @@ static kiln_instr *clone_raw(kiln__b *b, const kiln_instr *src, const kiln_id *o
 
 kiln_instr *kiln__b_clone_start(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n) {
   kiln_instr *ins = clone_raw(b, src, ops, n);
-  if (ins) drop_attr(ins, KILN_ATTR_SHARDING);
+  if (ins) kiln__b_drop_attr(ins, KILN_ATTR_SHARDING);
   return ins;
 }
 

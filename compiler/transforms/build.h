@@ -72,6 +72,8 @@ kiln_instr *kiln__b_clone_start(kiln__b *b, const kiln_instr *src, const kiln_id
  * shapes as src's). */
 kiln_id kiln__b_clone_same(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n);
 /* Parameter `number`, named after `base` (NULL: "param"). */
+/* Removes attribute `key` from ins; whether it was there. */
+bool kiln__b_drop_attr(kiln_instr *ins, kiln_attr_key key);
 kiln_id kiln__b_param(kiln__b *b, int64_t number, const kiln_shape *shape, const char *base);
 
 /* ---- elementwise -------------------------------------------------------- */
