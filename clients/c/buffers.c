@@ -56,7 +56,7 @@ static grpc_byte_buffer *chunk_message(const uint8_t *head, size_t head_len, con
   return bb;
 }
 
-static int pack_header(const kiln_shape *shape, const kiln_put_options *o, uint8_t **out,
+static int pack_header(const kiln_shape *shape, const kiln_remote_put_options *o, uint8_t **out,
                        size_t *len, kiln_status *st) {
   kiln_arena *a = kiln_arena_create();
   if (a == NULL) return kiln__client_oom(st);
@@ -105,18 +105,18 @@ static int send_chunks(kiln__call *k, const uint8_t *head, size_t head_len, cons
 }
 
 int kiln_client_put_buffer_raw(kiln_client *c, const kiln_shape *shape, const void *data,
-                               size_t nbytes, const kiln_put_options *opts,
-                               kiln_buffer_info *out, kiln_status *st) {
+                               size_t nbytes, const kiln_remote_put_options *opts,
+                               kiln_remote_buffer *out, kiln_status *st) {
   memset(out, 0, sizeof *out);
-  kiln_put_options o = {0};
+  kiln_remote_put_options o = {0};
   if (opts) o = *opts;
   if (shape == NULL || !kiln_shape_is_array(shape))
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "a buffer holds an array, not a %s",
-                      shape ? kiln_dtype_name(shape->dtype) : "missing shape");
+                             shape ? kiln_dtype_name(shape->dtype) : "missing shape");
   int64_t want = kiln_shape_bytes(shape);
   if (want < 0 || (uint64_t)want != (uint64_t)nbytes)
-    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "%zu bytes given for a shape of %lld bytes",
-                      nbytes, (long long)want);
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                             "%zu bytes given for a shape of %lld bytes", nbytes, (long long)want);
   if (nbytes && data == NULL)
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "no data given");
   uint8_t *head;
@@ -153,7 +153,7 @@ int kiln_client_put_buffer_raw(kiln_client *c, const kiln_shape *shape, const vo
   rc = kiln__unpack(&kiln__v1__put_buffer_response__descriptor, bytes, len, &msg, st);
   kiln_free(bytes);
   if (rc == 0) {
-    rc = kiln__buffer_info_decode(((Kiln__V1__PutBufferResponse *)msg)->buffer, out, st);
+    rc = kiln__remote_buffer_decode(((Kiln__V1__PutBufferResponse *)msg)->buffer, out, st);
     protobuf_c_message_free_unpacked(msg, NULL);
   }
 out_free_reply:
@@ -164,7 +164,7 @@ out_free_head:
 }
 
 int kiln_client_put_buffer(kiln_client *c, const kiln_literal *value,
-                           const kiln_put_options *opts, kiln_buffer_info *out,
+                           const kiln_remote_put_options *opts, kiln_remote_buffer *out,
                            kiln_status *st) {
   if (value == NULL) {
     memset(out, 0, sizeof *out);
@@ -238,8 +238,8 @@ bad:
 typedef struct sink {
   uint8_t *dst;
   size_t cap;
-  kiln_literal *lit;     /* kiln_client_get_buffer */
-  kiln_buffer_info info;
+  kiln_literal *lit; /* kiln_client_get_buffer */
+  kiln_remote_buffer info;
   size_t size, received;
   bool started;
 } sink;
@@ -247,19 +247,21 @@ typedef struct sink {
 static int sink_start(sink *s, const chunk *ch, kiln_status *st) {
   if (ch->info == NULL)
     return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server's first BufferChunk has no info");
-  int rc = kiln__buffer_info_decode(ch->info, &s->info, st);
+  int rc = kiln__remote_buffer_decode(ch->info, &s->info, st);
   if (rc) return rc;
   s->size = (size_t)s->info.size_bytes;
   s->started = true;
   if (s->dst == NULL && s->cap == 0) {
     if ((rc = kiln_literal_create(NULL, &s->info.shape, 0, &s->lit, NULL)))
-      return rc == KILN_ENOMEM ? kiln__client_oom(st)
-                               : kiln__client_fail(st, KILN_RPC_RESOURCE_EXHAUSTED,
-                                            "a %zu-byte buffer does not fit in memory", s->size);
+      return rc == KILN_ENOMEM
+                 ? kiln__client_oom(st)
+                 : kiln__client_fail(st, KILN_RPC_RESOURCE_EXHAUSTED,
+                                     "a %zu-byte buffer does not fit in memory", s->size);
     s->dst = s->lit->data;
   } else if (s->size > s->cap) {
     return kiln__client_fail(st, KILN_RPC_RESOURCE_EXHAUSTED,
-                      "the buffer holds %zu bytes, the destination only %zu", s->size, s->cap);
+                             "the buffer holds %zu bytes, the destination only %zu", s->size,
+                             s->cap);
   }
   return 0;
 }
@@ -269,17 +271,18 @@ static int sink_chunk(sink *s, const chunk *ch, kiln_status *st) {
   if (!s->started && (rc = sink_start(s, ch, st))) return rc;
   if (ch->len == 0) return 0;
   if (ch->offset < 0 || (uint64_t)ch->offset != s->received)
-    return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent a chunk at offset %lld, expected %zu",
-                      (long long)ch->offset, s->received);
+    return kiln__client_fail(st, KILN_RPC_DATA_LOSS,
+                             "the server sent a chunk at offset %lld, expected %zu",
+                             (long long)ch->offset, s->received);
   if (ch->len > s->size - s->received)
-    return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent more than the %zu bytes announced",
-                      s->size);
+    return kiln__client_fail(st, KILN_RPC_DATA_LOSS,
+                             "the server sent more than the %zu bytes announced", s->size);
   memcpy(s->dst + s->received, ch->data, ch->len);
   s->received += ch->len;
   return 0;
 }
 
-static int get_request(const char *handle, const kiln_get_options *o, int64_t chunk_bytes,
+static int get_request(const char *handle, const kiln_remote_get_options *o, int64_t chunk_bytes,
                        grpc_byte_buffer **out, kiln_status *st) {
   Kiln__V1__GetBufferRequest req;
   kiln__v1__get_buffer_request__init(&req);
@@ -318,15 +321,15 @@ static int receive_chunks(kiln__call *k, sink *s, kiln_status *st) {
   }
 }
 
-static int get_buffer(kiln_client *c, const char *handle, const kiln_get_options *opts, sink *s,
-                      kiln_status *st) {
-  kiln_get_options o = {0};
+static int get_buffer(kiln_client *c, const char *handle, const kiln_remote_get_options *opts,
+                      sink *s, kiln_status *st) {
+  kiln_remote_get_options o = {0};
   if (opts) o = *opts;
   if (handle == NULL || handle[0] == '\0')
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "no buffer handle given");
   if (o.chunk_bytes < 0)
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "chunk_bytes %lld is negative",
-                      (long long)o.chunk_bytes);
+                             (long long)o.chunk_bytes);
   grpc_byte_buffer *req;
   int rc = get_request(handle, &o, c->chunk_bytes, &req, st);
   if (rc) return rc;
@@ -356,11 +359,11 @@ static int get_buffer(kiln_client *c, const char *handle, const kiln_get_options
     return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "GetBuffer ended without sending the buffer");
   if (s->received != s->size)
     return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "GetBuffer ended after %zu of %zu bytes",
-                      s->received, s->size);
+                             s->received, s->size);
   return 0;
 }
 
-int kiln_client_get_buffer(kiln_client *c, const char *handle, const kiln_get_options *opts,
+int kiln_client_get_buffer(kiln_client *c, const char *handle, const kiln_remote_get_options *opts,
                            kiln_literal **out, kiln_status *st) {
   *out = NULL;
   sink s = {0};
@@ -370,13 +373,13 @@ int kiln_client_get_buffer(kiln_client *c, const char *handle, const kiln_get_op
     s.lit = NULL;
   }
   kiln_literal_destroy(s.lit);
-  kiln_buffer_info_clear(&s.info);
+  kiln_remote_buffer_clear(&s.info);
   return rc;
 }
 
-int kiln_client_get_buffer_raw(kiln_client *c, const char *handle, const kiln_get_options *opts,
-                               void *dst, size_t cap, size_t *nbytes, kiln_buffer_info *info,
-                               kiln_status *st) {
+int kiln_client_get_buffer_raw(kiln_client *c, const char *handle,
+                               const kiln_remote_get_options *opts, void *dst, size_t cap,
+                               size_t *nbytes, kiln_remote_buffer *info, kiln_status *st) {
   *nbytes = 0;
   if (info) memset(info, 0, sizeof *info);
   if (dst == NULL && cap)
@@ -393,7 +396,7 @@ int kiln_client_get_buffer_raw(kiln_client *c, const char *handle, const kiln_ge
       memset(&s.info, 0, sizeof s.info);
     }
   }
-  kiln_buffer_info_clear(&s.info);
+  kiln_remote_buffer_clear(&s.info);
   return rc;
 }
 

@@ -56,8 +56,8 @@ static kiln_id oom(kiln_builder *b) {
 
 static bool valid(kiln_builder *b, kiln_id x, const char *what) {
   if (x < b->m->ninstrs && b->m->instrs[x] && b->m->instrs[x]->comp == b->entry) return true;
-  kiln_status_set(&b->err, KILN_EINVAL, NULL, "%s: %s is not an instruction of this builder",
-                  what, x == KILN_NO_ID ? "KILN_NO_ID (an earlier call failed)" : "the id");
+  kiln_status_set(&b->err, KILN_EINVAL, NULL, "%s: %s is not an instruction of this builder", what,
+                  x == KILN_NO_ID ? "KILN_NO_ID (an earlier call failed)" : "the id");
   return false;
 }
 
@@ -97,8 +97,8 @@ static int write_shape(kiln_builder *b, kiln_instr *ins, kiln_dtype t, const int
   return 0;
 }
 
-kiln_id kiln_builder_parameter(kiln_builder *b, kiln_dtype t, const int64_t *dims,
-                               uint32_t rank, const char *name) {
+kiln_id kiln_builder_parameter(kiln_builder *b, kiln_dtype t, const int64_t *dims, uint32_t rank,
+                               const char *name) {
   if (failed(b)) return KILN_NO_ID;
   if (!kiln_dtype_is_array(t) || (rank && dims == NULL)) {
     kiln_status_set(&b->err, KILN_EINVAL, NULL, "parameter %u: not an array type or no dims",
@@ -143,9 +143,12 @@ kiln_id kiln_builder_scalar(kiln_builder *b, kiln_dtype t, double v) {
   if (kiln_shape_make_array(b->m->arena, &s, t, NULL, 0) ||
       kiln_literal_create(b->m->arena, &s, 0, &lit, NULL))
     return oom(b);
-  if (kiln_dtype_is_float(t)) kiln_literal_set_f64(lit, 0, v);
-  else if (kiln_dtype_is_unsigned_int(t) || t == KILN_PRED) kiln_literal_set_u64(lit, 0, (uint64_t)v);
-  else kiln_literal_set_s64(lit, 0, (int64_t)v);
+  if (kiln_dtype_is_float(t))
+    kiln_literal_set_f64(lit, 0, v);
+  else if (kiln_dtype_is_unsigned_int(t) || t == KILN_PRED)
+    kiln_literal_set_u64(lit, 0, (uint64_t)v);
+  else
+    kiln_literal_set_s64(lit, 0, (int64_t)v);
   kiln_instr *ins = kiln_module_add_instr(b->m, b->entry, KILN_OP_CONSTANT, NULL);
   if (ins == NULL) return oom(b);
   ins->literal = lit;
@@ -154,7 +157,8 @@ kiln_id kiln_builder_scalar(kiln_builder *b, kiln_dtype t, double v) {
 }
 
 kiln_id kiln_builder_unary(kiln_builder *b, kiln_opcode op, kiln_id x) {
-  if (!failed(b) && (kiln_opcode_arity(op) != 1 || !(kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE))) {
+  if (!failed(b) &&
+      (kiln_opcode_arity(op) != 1 || !(kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE))) {
     kiln_status_set(&b->err, KILN_EINVAL, NULL, "unary: %s is not a one-operand elementwise op",
                     kiln_opcode_name(op));
     return KILN_NO_ID;
@@ -163,10 +167,11 @@ kiln_id kiln_builder_unary(kiln_builder *b, kiln_opcode op, kiln_id x) {
 }
 
 kiln_id kiln_builder_binary(kiln_builder *b, kiln_opcode op, kiln_id x, kiln_id y) {
-  if (!failed(b) && (kiln_opcode_arity(op) != 2 || !(kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) ||
-                     op == KILN_OP_COMPARE)) {
+  if (!failed(b) && (kiln_opcode_arity(op) != 2 ||
+                     !(kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) || op == KILN_OP_COMPARE)) {
     kiln_status_set(&b->err, KILN_EINVAL, NULL, "binary: %s is not a two-operand elementwise op%s",
-                    kiln_opcode_name(op), op == KILN_OP_COMPARE ? " (use kiln_builder_compare)" : "");
+                    kiln_opcode_name(op),
+                    op == KILN_OP_COMPARE ? " (use kiln_builder_compare)" : "");
     return KILN_NO_ID;
   }
   kiln_id ops[2] = {x, y};
@@ -288,10 +293,8 @@ int kiln_builder_finish(kiln_builder *b, kiln_id root, kiln_module **out, kiln_s
   *out = NULL;
   if (b->finished)
     return kiln_status_set(st, KILN_EINVAL, NULL, "the builder was already finished");
-  if (!failed(b) && valid(b, root, "root"))
-    kiln_module_computation(b->m, b->entry)->root = root;
-  if (b->err.code)
-    return kiln_status_set(st, b->err.code, b->err.where, "%s", b->err.msg);
+  if (!failed(b) && valid(b, root, "root")) kiln_module_computation(b->m, b->entry)->root = root;
+  if (b->err.code) return kiln_status_set(st, b->err.code, b->err.where, "%s", b->err.msg);
   int rc = kiln_module_verify(b->m, NULL, st);
   if (rc) return rc;
   *out = b->m;

@@ -52,8 +52,7 @@ static const char *const method_paths[KILN__M_COUNT] = {
 const char *kiln_rpc_code_name(kiln_rpc_code code) {
   switch (code) {
 #define KILN_X_(name, val) \
-  case KILN_RPC_##name:    \
-    return #name;
+  case KILN_RPC_##name: return #name;
     KILN_RPC_CODE_MAP(KILN_X_)
 #undef KILN_X_
   }
@@ -125,11 +124,11 @@ int kiln__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, siz
   *out = NULL;
   if (kiln__proto_check_wire(desc, len ? buf : empty, len, &local))
     return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server's %s reply does not decode: %s",
-                      desc->short_name, local.msg);
+                             desc->short_name, local.msg);
   ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, len, len ? buf : empty);
   if (msg == NULL)
     return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server's reply is not a valid %s message",
-                      desc->short_name);
+                             desc->short_name);
   *out = msg;
   return 0;
 }
@@ -236,8 +235,9 @@ static void call_free(kiln__call *k) {
   if (k->call) grpc_call_unref(k->call);
   if (k->cq) {
     grpc_completion_queue_shutdown(k->cq);
-    while (grpc_completion_queue_pluck(k->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
-               .type != GRPC_QUEUE_SHUTDOWN) {
+    while (
+        grpc_completion_queue_pluck(k->cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+        GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(k->cq);
   }
@@ -280,7 +280,8 @@ int kiln__call_finish(kiln__call *k, kiln_status *st) {
     kiln_rpc_code code = (kiln_rpc_code)k->status;
     size_t n = GRPC_SLICE_LENGTH(k->details);
     if (n)
-      rc = kiln__client_fail(st, code, "%.*s", (int)n, (const char *)GRPC_SLICE_START_PTR(k->details));
+      rc = kiln__client_fail(st, code, "%.*s", (int)n,
+                             (const char *)GRPC_SLICE_START_PTR(k->details));
     else if (k->error_string)
       rc = kiln__client_fail(st, code, "%s", k->error_string);
     else
@@ -290,8 +291,8 @@ int kiln__call_finish(kiln__call *k, kiln_status *st) {
   return rc;
 }
 
-int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8_t *req,
-                size_t len, uint8_t **reply, size_t *reply_len, kiln_status *st) {
+int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8_t *req, size_t len,
+                uint8_t **reply, size_t *reply_len, kiln_status *st) {
   *reply = NULL;
   *reply_len = 0;
   grpc_byte_buffer *send = kiln__bytes_to_buffer(req, len);
@@ -327,7 +328,7 @@ int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8
   rc = kiln__call_finish(&k, st);
   if (rc == 0 && recv == NULL)
     rc = kiln__client_fail(st, KILN_RPC_INTERNAL, "%s succeeded without a reply message",
-                    method_paths[m]);
+                           method_paths[m]);
   if (rc == 0) rc = kiln__buffer_to_bytes(recv, reply, reply_len, st);
   if (recv) grpc_byte_buffer_destroy(recv);
   return rc;
@@ -350,11 +351,11 @@ static int wait_ready(kiln_client *c, int64_t ms, kiln_status *st) {
       break;
     }
     grpc_channel_watch_connectivity_state(c->channel, s, deadline, cq, TAG_BATCH);
-    grpc_event ev = grpc_completion_queue_pluck(cq, TAG_BATCH, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                NULL);
+    grpc_event ev =
+        grpc_completion_queue_pluck(cq, TAG_BATCH, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
     if (!ev.success) {
       rc = kiln__client_fail(st, KILN_RPC_UNAVAILABLE, "cannot connect to %s within %lld ms",
-                      c->target, (long long)ms);
+                             c->target, (long long)ms);
       break;
     }
     s = grpc_channel_check_connectivity_state(c->channel, 1);
@@ -370,11 +371,11 @@ static int wait_ready(kiln_client *c, int64_t ms, kiln_status *st) {
 static int check_options(const kiln_client_options *o, kiln_status *st) {
   if (o->max_receive_bytes < 0 || o->max_receive_bytes > INT32_MAX)
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
-                      "max_receive_bytes %lld is outside 0..2147483647",
-                      (long long)o->max_receive_bytes);
+                             "max_receive_bytes %lld is outside 0..2147483647",
+                             (long long)o->max_receive_bytes);
   if (o->chunk_bytes < 0 || o->chunk_bytes > (INT64_C(1) << 30))
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "chunk_bytes %lld is outside 0..2^30",
-                      (long long)o->chunk_bytes);
+                             (long long)o->chunk_bytes);
   if (o->client_id && (o->client_id[0] == '\0' || strlen(o->client_id) > 256))
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "client_id must be 1 to 256 bytes");
   /* A metadata value is printable ASCII: anything else would be refused
@@ -382,12 +383,12 @@ static int check_options(const kiln_client_options *o, kiln_status *st) {
   for (const char *p = o->client_id; p && *p; p++)
     if (*p < 0x20 || *p > 0x7e)
       return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
-                        "client_id may hold only printable ASCII characters");
+                               "client_id may hold only printable ASCII characters");
   return 0;
 }
 
-int kiln_client_connect(const char *target, const kiln_client_options *opts,
-                        kiln_client **out, kiln_status *st) {
+int kiln_client_connect(const char *target, const kiln_client_options *opts, kiln_client **out,
+                        kiln_status *st) {
   *out = NULL;
   kiln_client_options o = {0};
   if (opts) o = *opts;
@@ -482,8 +483,14 @@ static int health_status(const uint8_t *p, size_t len, uint64_t *status) {
       if (!read_varint(&p, end, &v)) return -1;
       if (key >> 3 == 1) *status = v;
       break;
-    case 1: if (end - p < 8) return -1; p += 8; break;
-    case 5: if (end - p < 4) return -1; p += 4; break;
+    case 1:
+      if (end - p < 8) return -1;
+      p += 8;
+      break;
+    case 5:
+      if (end - p < 4) return -1;
+      p += 4;
+      break;
     case 2:
       if (!read_varint(&p, end, &v) || v > (uint64_t)(end - p)) return -1;
       p += v;

@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <grpc/grpc.h>
 #include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
 
 #include "clients/c/kiln.h"
@@ -37,7 +37,7 @@ struct kiln_client {
   void *registered[KILN__M_COUNT]; /* grpc_channel_register_call handles */
   char *target;
   char *client_id;
-  int64_t deadline_ms;   /* resolved: > 0, or < 0 for none */
+  int64_t deadline_ms; /* resolved: > 0, or < 0 for none */
   int64_t max_receive_bytes;
   int64_t chunk_bytes;
 };
@@ -48,13 +48,13 @@ typedef struct kiln__call {
   kiln__method method;
   grpc_completion_queue *cq;
   grpc_call *call;
-  grpc_metadata md;            /* kiln-client */
+  grpc_metadata md; /* kiln-client */
   grpc_metadata_array initial_md, trailing_md;
   grpc_status_code status;
   grpc_slice details;
   const char *error_string;
-  bool status_received;       /* the status came with the last batch */
-  bool status_pending;        /* a batch receiving the status is running */
+  bool status_received; /* the status came with the last batch */
+  bool status_pending;  /* a batch receiving the status is running */
 } kiln__call;
 
 /* Starts a call: deadline_ms 0 means the client's default, negative none. */
@@ -73,8 +73,8 @@ void kiln__call_abandon(kiln__call *k);
 
 /* A unary call: sends req (len bytes) and returns the reply's bytes in
  * *reply (kiln_malloc'd; free with kiln_free). */
-int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8_t *req,
-                size_t len, uint8_t **reply, size_t *reply_len, kiln_status *st);
+int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8_t *req, size_t len,
+                uint8_t **reply, size_t *reply_len, kiln_status *st);
 
 /* A byte buffer holding a copy of buf. NULL on out-of-memory. */
 grpc_byte_buffer *kiln__bytes_to_buffer(const uint8_t *buf, size_t len);
@@ -104,13 +104,13 @@ int kiln__shape_encode(kiln_arena *a, const kiln_shape *s, Kiln__V1__Shape **out
 int kiln__literal_encode(kiln_arena *a, const kiln_literal *lit, Kiln__V1__Literal **out);
 /* Decodes a shape from the server into `a`; errors are DATA_LOSS naming
  * `what`. */
-int kiln__shape_decode(kiln_arena *a, const Kiln__V1__Shape *ps, const char *what,
-                       kiln_shape *out, kiln_status *st);
+int kiln__shape_decode(kiln_arena *a, const Kiln__V1__Shape *ps, const char *what, kiln_shape *out,
+                       kiln_status *st);
 /* Decodes a literal from the server as a new heap literal. */
 int kiln__literal_decode(const Kiln__V1__Literal *pl, const char *what, kiln_literal **out,
                          kiln_status *st);
 /* Fills b from a BufferInfo message. */
-int kiln__buffer_info_decode(const Kiln__V1__BufferInfo *pi, kiln_buffer_info *b,
-                             kiln_status *st);
+int kiln__remote_buffer_decode(const Kiln__V1__BufferInfo *pi, kiln_remote_buffer *b,
+                               kiln_status *st);
 
 #endif /* KILN_CLIENTS_C_CLIENT_INTERNAL_H */

@@ -13,62 +13,107 @@
 #include "clients/c/client_internal.h"
 #include "common/alloc.h"
 #include "compiler/ir/proto_codec.h"
+#include "compiler/transforms/transform.h"
 
-const char *kiln_cache_source_name(kiln_cache_source s) {
+const char *kiln_remote_source_name(kiln_remote_source s) {
   switch (s) {
-  case KILN_SOURCE_COMPILED: return "compiled";
-  case KILN_SOURCE_MEMORY: return "memory";
-  case KILN_SOURCE_DISK: return "disk";
-  case KILN_SOURCE_SHARED: return "shared";
-  case KILN_SOURCE_SINGLE_FLIGHT: return "single-flight";
+  case KILN_REMOTE_SOURCE_COMPILED: return "compiled";
+  case KILN_REMOTE_SOURCE_MEMORY: return "memory";
+  case KILN_REMOTE_SOURCE_DISK: return "disk";
+  case KILN_REMOTE_SOURCE_SHARED: return "shared";
+  case KILN_REMOTE_SOURCE_SINGLE_FLIGHT: return "single-flight";
   default: return "unspecified";
   }
 }
 
-/* One transform with its defaults, by name. */
-static int build_transform(kiln_arena *a, const char *name, Kiln__V1__Transform **out,
-                           kiln_status *st) {
-  Kiln__V1__Transform *t = kiln_arena_alloc(a, sizeof *t);
-  if (t == NULL) return kiln__client_oom(st);
-  kiln__v1__transform__init(t);
-  void *m = NULL;
-  if (name && strcmp(name, "grad") == 0) {
-    Kiln__V1__GradTransform *g = kiln_arena_alloc(a, sizeof *g);
-    if (g) kiln__v1__grad_transform__init(g);
-    t->kind_case = KILN__V1__TRANSFORM__KIND_GRAD;
-    m = t->grad = g;
-  } else if (name && strcmp(name, "vjp") == 0) {
-    Kiln__V1__VjpTransform *v = kiln_arena_alloc(a, sizeof *v);
-    if (v) kiln__v1__vjp_transform__init(v);
-    t->kind_case = KILN__V1__TRANSFORM__KIND_VJP;
-    m = t->vjp = v;
-  } else if (name && strcmp(name, "jvp") == 0) {
-    Kiln__V1__JvpTransform *j = kiln_arena_alloc(a, sizeof *j);
-    if (j) kiln__v1__jvp_transform__init(j);
-    t->kind_case = KILN__V1__TRANSFORM__KIND_JVP;
-    m = t->jvp = j;
-  } else if (name && strcmp(name, "vmap") == 0) {
-    Kiln__V1__VmapTransform *v = kiln_arena_alloc(a, sizeof *v);
-    if (v) kiln__v1__vmap_transform__init(v);
-    t->kind_case = KILN__V1__TRANSFORM__KIND_VMAP;
-    m = t->vmap = v;
-  } else if (name && strcmp(name, "checkpoint") == 0) {
-    Kiln__V1__CheckpointTransform *c = kiln_arena_alloc(a, sizeof *c);
-    if (c) kiln__v1__checkpoint_transform__init(c);
-    t->kind_case = KILN__V1__TRANSFORM__KIND_CHECKPOINT;
-    m = t->checkpoint = c;
-  } else {
-    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
-                      "unknown transform '%s' (known: grad, vjp, jvp, vmap, checkpoint)",
-                      name ? name : "(null)");
+/* vmap axes: KILN_AXIS_NONE is "not mapped". */
+static int put_axes(kiln_arena *a, const int64_t *axes, uint32_t n, Kiln__V1__VmapAxis ***out,
+                    size_t *nout) {
+  *nout = 0;
+  if (n == 0) return 0;
+  *out = kiln_arena_calloc(a, n, sizeof **out);
+  if (*out == NULL) return KILN_ENOMEM;
+  for (uint32_t i = 0; i < n; i++) {
+    Kiln__V1__VmapAxis *ax = kiln_arena_alloc(a, sizeof *ax);
+    if (ax == NULL) return KILN_ENOMEM;
+    kiln__v1__vmap_axis__init(ax);
+    ax->not_mapped = axes[i] == KILN_AXIS_NONE;
+    ax->axis = ax->not_mapped ? 0 : axes[i];
+    (*out)[i] = ax;
   }
-  if (m == NULL) return kiln__client_oom(st);
-  *out = t;
+  *nout = n;
   return 0;
 }
 
-static int build_options(kiln_arena *a, const kiln_compile_options *o, Kiln__V1__CompileOptions *po,
-                         kiln_status *st) {
+#define NEW_MSG(a, T, init_fn, out) \
+  do { \
+    (out) = kiln_arena_alloc((a), sizeof(T)); \
+    if ((out) == NULL) return KILN_ENOMEM; \
+    init_fn(out); \
+  } while (0)
+
+/* A parsed transform spec as a kiln.v1.Transform. */
+static int encode_transform(kiln_arena *a, const kiln_transform *t, Kiln__V1__Transform *pt) {
+  switch (t->kind) {
+  case KILN_TRANSFORM_GRAD:
+    NEW_MSG(a, Kiln__V1__GradTransform, kiln__v1__grad_transform__init, pt->grad);
+    pt->kind_case = KILN__V1__TRANSFORM__KIND_GRAD;
+    pt->grad->n_wrt = t->nwrt;
+    pt->grad->wrt = t->nwrt ? (int64_t *)t->wrt : NULL;
+    return 0;
+  case KILN_TRANSFORM_VJP:
+    NEW_MSG(a, Kiln__V1__VjpTransform, kiln__v1__vjp_transform__init, pt->vjp);
+    pt->kind_case = KILN__V1__TRANSFORM__KIND_VJP;
+    pt->vjp->n_wrt = t->nwrt;
+    pt->vjp->wrt = t->nwrt ? (int64_t *)t->wrt : NULL;
+    return 0;
+  case KILN_TRANSFORM_JVP:
+    NEW_MSG(a, Kiln__V1__JvpTransform, kiln__v1__jvp_transform__init, pt->jvp);
+    pt->kind_case = KILN__V1__TRANSFORM__KIND_JVP;
+    pt->jvp->n_wrt = t->nwrt;
+    pt->jvp->wrt = t->nwrt ? (int64_t *)t->wrt : NULL;
+    return 0;
+  case KILN_TRANSFORM_VMAP:
+    NEW_MSG(a, Kiln__V1__VmapTransform, kiln__v1__vmap_transform__init, pt->vmap);
+    pt->kind_case = KILN__V1__TRANSFORM__KIND_VMAP;
+    pt->vmap->axis_size = t->axis_size;
+    if (put_axes(a, t->in_axes, t->nin_axes, &pt->vmap->in_axes, &pt->vmap->n_in_axes) ||
+        put_axes(a, t->out_axes, t->nout_axes, &pt->vmap->out_axes, &pt->vmap->n_out_axes))
+      return KILN_ENOMEM;
+    return 0;
+  case KILN_TRANSFORM_CHECKPOINT:
+    NEW_MSG(a, Kiln__V1__CheckpointTransform, kiln__v1__checkpoint_transform__init, pt->checkpoint);
+    pt->kind_case = KILN__V1__TRANSFORM__KIND_CHECKPOINT;
+    return 0;
+  }
+  return KILN_EINVAL;
+}
+
+/* One transform spec ("grad", "grad:wrt=0,1", "vmap:in_axes=0,none"), as
+ * kiln_transform_parse reads it. */
+static int build_transform(kiln_arena *a, const char *spec, Kiln__V1__Transform **out,
+                           kiln_status *st) {
+  kiln_transform *t = kiln_arena_alloc(a, sizeof *t);
+  Kiln__V1__Transform *pt = kiln_arena_alloc(a, sizeof *pt);
+  if (t == NULL || pt == NULL) return kiln__client_oom(st);
+  kiln__v1__transform__init(pt);
+  kiln_status local;
+  kiln_status_clear(&local);
+  if (spec == NULL || kiln_transform_parse(spec, t, &local))
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "transform '%s': %s",
+                             spec ? spec : "(null)", spec ? local.msg : "no spec given");
+  if (t->output >= 0)
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                             "transform '%s': output= has no kiln.v1 form; the server "
+                             "differentiates output 0 (grad) or all outputs (vjp)",
+                             spec);
+  if (encode_transform(a, t, pt)) return kiln__client_oom(st);
+  *out = pt;
+  return 0;
+}
+
+static int build_options(kiln_arena *a, const kiln_remote_compile_options *o,
+                         Kiln__V1__CompileOptions *po, kiln_status *st) {
   kiln__v1__compile_options__init(po);
   po->backend = (char *)(o->backend ? o->backend : "");
   po->target = (char *)(o->target ? o->target : "");
@@ -77,8 +122,12 @@ static int build_options(kiln_arena *a, const kiln_compile_options *o, Kiln__V1_
   po->optimization_level = o->optimization_level;
   po->return_executable = o->return_executable;
   switch (o->cache_policy) {
-  case KILN_CACHE_REFRESH: po->cache_policy = KILN__V1__CACHE_POLICY__CACHE_POLICY_REFRESH; break;
-  case KILN_CACHE_BYPASS: po->cache_policy = KILN__V1__CACHE_POLICY__CACHE_POLICY_BYPASS; break;
+  case KILN_REMOTE_CACHE_REFRESH:
+    po->cache_policy = KILN__V1__CACHE_POLICY__CACHE_POLICY_REFRESH;
+    break;
+  case KILN_REMOTE_CACHE_BYPASS:
+    po->cache_policy = KILN__V1__CACHE_POLICY__CACHE_POLICY_BYPASS;
+    break;
   default: po->cache_policy = KILN__V1__CACHE_POLICY__CACHE_POLICY_DEFAULT; break;
   }
   if (o->ntransforms == 0) return 0;
@@ -103,7 +152,7 @@ static size_t put_varint(uint8_t *p, uint64_t v) {
 
 /* The request bytes: options and request id, then the program as field
  * `field` (1: hlo_text, 2: module). */
-static int build_request(const kiln_compile_options *o, int field, const uint8_t *program,
+static int build_request(const kiln_remote_compile_options *o, int field, const uint8_t *program,
                          size_t len, uint8_t **out, size_t *out_len, kiln_status *st) {
   kiln_arena *a = kiln_arena_create();
   if (a == NULL) return kiln__client_oom(st);
@@ -131,7 +180,7 @@ out_free_arena:
   return rc;
 }
 
-static int decode_signature(kiln_executable *e, const Kiln__V1__ProgramSignature *sig,
+static int decode_signature(kiln_remote_executable *e, const Kiln__V1__ProgramSignature *sig,
                             kiln_status *st) {
   if (sig == NULL) {
     e->noutputs = 1;
@@ -140,7 +189,8 @@ static int decode_signature(kiln_executable *e, const Kiln__V1__ProgramSignature
   if (sig->n_parameters > UINT32_MAX / 2)
     return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent too many parameters");
   e->nparams = (uint32_t)sig->n_parameters;
-  if (e->nparams && (e->params = kiln_arena_calloc(e->arena, e->nparams, sizeof *e->params)) == NULL)
+  if (e->nparams &&
+      (e->params = kiln_arena_calloc(e->arena, e->nparams, sizeof *e->params)) == NULL)
     return kiln__client_oom(st);
   for (uint32_t i = 0; i < e->nparams; i++) {
     int rc = kiln__shape_decode(e->arena, sig->parameters[i], "parameter shape", &e->params[i], st);
@@ -154,11 +204,12 @@ static int decode_signature(kiln_executable *e, const Kiln__V1__ProgramSignature
   return 0;
 }
 
-static int decode_response(const Kiln__V1__CompileResponse *r, kiln_executable **out,
+static int decode_response(const Kiln__V1__CompileResponse *r, kiln_remote_executable **out,
                            kiln_status *st) {
   if (r->executable_id == NULL || r->executable_id[0] == '\0')
-    return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server's Compile reply has no executable_id");
-  kiln_executable *e = kiln_calloc(1, sizeof *e);
+    return kiln__client_fail(st, KILN_RPC_DATA_LOSS,
+                             "the server's Compile reply has no executable_id");
+  kiln_remote_executable *e = kiln_calloc(1, sizeof *e);
   if (e == NULL || (e->arena = kiln_arena_create()) == NULL) {
     kiln_free(e);
     return kiln__client_oom(st);
@@ -168,7 +219,7 @@ static int decode_response(const Kiln__V1__CompileResponse *r, kiln_executable *
   e->id = kiln_arena_strdup(e->arena, r->executable_id);
   e->cache_key = kiln_arena_strdup(e->arena, r->cache_key ? r->cache_key : "");
   if (e->id == NULL || e->cache_key == NULL) goto out_oom;
-  e->cache_source = (kiln_cache_source)r->cache_source;
+  e->cache_source = (kiln_remote_source)r->cache_source;
   e->compile_wall_ns = r->compile_wall_ns;
   e->peak_bytes = r->peak_bytes;
   e->device_count = r->device_count;
@@ -180,8 +231,8 @@ static int decode_response(const Kiln__V1__CompileResponse *r, kiln_executable *
     e->nwarnings = (uint32_t)r->n_warnings;
   }
   if (r->serialized_executable.len) {
-    e->serialized = kiln_arena_memdup(e->arena, r->serialized_executable.data,
-                                      r->serialized_executable.len);
+    e->serialized =
+        kiln_arena_memdup(e->arena, r->serialized_executable.data, r->serialized_executable.len);
     if (e->serialized == NULL) goto out_oom;
     e->serialized_len = r->serialized_executable.len;
   }
@@ -190,14 +241,15 @@ static int decode_response(const Kiln__V1__CompileResponse *r, kiln_executable *
 out_oom:
   rc = kiln__client_oom(st);
 out_free:
-  kiln_executable_free(e);
+  kiln_remote_executable_free(e);
   return rc;
 }
 
 static int compile(kiln_client *c, int field, const uint8_t *program, size_t len,
-                   const kiln_compile_options *opts, kiln_executable **out, kiln_status *st) {
+                   const kiln_remote_compile_options *opts, kiln_remote_executable **out,
+                   kiln_status *st) {
   *out = NULL;
-  kiln_compile_options o = {0};
+  kiln_remote_compile_options o = {0};
   if (opts) o = *opts;
   uint8_t *req = NULL, *reply = NULL;
   size_t req_len = 0, reply_len = 0;
@@ -216,20 +268,20 @@ static int compile(kiln_client *c, int field, const uint8_t *program, size_t len
 }
 
 int kiln_client_compile_text(kiln_client *c, const char *text, size_t len,
-                             const kiln_compile_options *opts, kiln_executable **out,
+                             const kiln_remote_compile_options *opts, kiln_remote_executable **out,
                              kiln_status *st) {
   return compile(c, 1, (const uint8_t *)text, len, opts, out, st);
 }
 
 int kiln_client_compile_proto(kiln_client *c, const uint8_t *module, size_t len,
-                              const kiln_compile_options *opts, kiln_executable **out,
+                              const kiln_remote_compile_options *opts, kiln_remote_executable **out,
                               kiln_status *st) {
   return compile(c, 2, module, len, opts, out, st);
 }
 
 int kiln_client_compile_module(kiln_client *c, const kiln_module *m,
-                               const kiln_compile_options *opts, kiln_executable **out,
-                               kiln_status *st) {
+                               const kiln_remote_compile_options *opts,
+                               kiln_remote_executable **out, kiln_status *st) {
   *out = NULL;
   uint8_t *buf;
   size_t len;
@@ -239,13 +291,13 @@ int kiln_client_compile_module(kiln_client *c, const kiln_module *m,
   if (rc == KILN_ENOMEM) return kiln__client_oom(st);
   if (rc)
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "cannot encode the module: %s%s%s",
-                      local.where, local.where[0] ? ": " : "", local.msg);
+                             local.where, local.where[0] ? ": " : "", local.msg);
   rc = compile(c, 2, buf, len, opts, out, st);
   kiln_free(buf);
   return rc;
 }
 
-void kiln_executable_free(kiln_executable *e) {
+void kiln_remote_executable_free(kiln_remote_executable *e) {
   if (e == NULL) return;
   kiln_arena_destroy(e->arena);
   kiln_free(e);

@@ -11,8 +11,8 @@
 #include "clients/c/client_internal.h"
 #include "common/alloc.h"
 
-static int build_request(kiln_arena *a, const char *id, const kiln_arg *args, uint32_t nargs,
-                         const kiln_execute_options *o, Kiln__V1__ExecuteRequest *req,
+static int build_request(kiln_arena *a, const char *id, const kiln_remote_arg *args, uint32_t nargs,
+                         const kiln_remote_execute_options *o, Kiln__V1__ExecuteRequest *req,
                          kiln_status *st) {
   kiln__v1__execute_request__init(req);
   req->executable_id = (char *)id;
@@ -30,10 +30,11 @@ static int build_request(kiln_arena *a, const char *id, const kiln_arg *args, ui
     if (args[i].literal) {
       if (args[i].donate)
         return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
-                          "argument %u: only a buffer handle can be donated", i);
+                                 "argument %u: only a buffer handle can be donated", i);
       int rc = kiln__literal_encode(a, args[i].literal, &pa->literal);
       if (rc == KILN_ELIMIT)
-        return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "argument %u: tuple nested too deep", i);
+        return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                                 "argument %u: tuple nested too deep", i);
       if (rc) return kiln__client_oom(st);
       pa->value_case = KILN__V1__ARGUMENT__VALUE_LITERAL;
     } else if (args[i].handle && args[i].handle[0]) {
@@ -42,7 +43,7 @@ static int build_request(kiln_arena *a, const char *id, const kiln_arg *args, ui
       pa->donate = args[i].donate;
     } else {
       return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
-                        "argument %u has neither a literal nor a buffer handle", i);
+                               "argument %u has neither a literal nor a buffer handle", i);
     }
   }
   if (o->nkeep) {
@@ -54,7 +55,7 @@ static int build_request(kiln_arena *a, const char *id, const kiln_arg *args, ui
   return 0;
 }
 
-static int decode_response(const Kiln__V1__ExecuteResponse *r, kiln_execute_result *out,
+static int decode_response(const Kiln__V1__ExecuteResponse *r, kiln_remote_result *out,
                            kiln_status *st) {
   if (r->n_outputs > UINT32_MAX / 2)
     return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent too many outputs");
@@ -69,9 +70,10 @@ static int decode_response(const Kiln__V1__ExecuteResponse *r, kiln_execute_resu
     if (po->value_case == KILN__V1__OUTPUT__VALUE_LITERAL)
       rc = kiln__literal_decode(po->literal, "outputs", &out->outputs[i].literal, st);
     else if (po->value_case == KILN__V1__OUTPUT__VALUE_BUFFER)
-      rc = kiln__buffer_info_decode(po->buffer, &out->outputs[i].buffer, st);
+      rc = kiln__remote_buffer_decode(po->buffer, &out->outputs[i].buffer, st);
     else
-      rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent output %zu without a value", i);
+      rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent output %zu without a value",
+                             i);
     if (rc) return rc;
   }
   if (r->timing) {
@@ -84,15 +86,16 @@ static int decode_response(const Kiln__V1__ExecuteResponse *r, kiln_execute_resu
   return 0;
 }
 
-int kiln_client_execute(kiln_client *c, const char *id, const kiln_arg *args, uint32_t nargs,
-                        const kiln_execute_options *opts, kiln_execute_result *out,
+int kiln_client_execute(kiln_client *c, const char *id, const kiln_remote_arg *args, uint32_t nargs,
+                        const kiln_remote_execute_options *opts, kiln_remote_result *out,
                         kiln_status *st) {
   memset(out, 0, sizeof *out);
   if (id == NULL || id[0] == '\0')
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "no executable id given");
   if (nargs && args == NULL)
-    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "%u arguments announced, none given", nargs);
-  kiln_execute_options o = {0};
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "%u arguments announced, none given",
+                             nargs);
+  kiln_remote_execute_options o = {0};
   if (opts) o = *opts;
   kiln_arena *a = kiln_arena_create();
   if (a == NULL) return kiln__client_oom(st);
@@ -112,15 +115,15 @@ int kiln_client_execute(kiln_client *c, const char *id, const kiln_arg *args, ui
   if (rc) return rc;
   rc = decode_response((const Kiln__V1__ExecuteResponse *)msg, out, st);
   protobuf_c_message_free_unpacked(msg, NULL);
-  if (rc) kiln_execute_result_free(out);
+  if (rc) kiln_remote_result_free(out);
   return rc;
 }
 
-void kiln_execute_result_free(kiln_execute_result *r) {
+void kiln_remote_result_free(kiln_remote_result *r) {
   if (r == NULL) return;
   for (uint32_t i = 0; i < r->noutputs; i++) {
     kiln_literal_destroy(r->outputs[i].literal);
-    kiln_buffer_info_clear(&r->outputs[i].buffer);
+    kiln_remote_buffer_clear(&r->outputs[i].buffer);
   }
   kiln_free(r->outputs);
   memset(r, 0, sizeof *r);

@@ -52,23 +52,23 @@ extern "C" {
 /* ---- status ----------------------------------------------------------------- */
 
 /* gRPC status codes: X(NAME, value). */
-#define KILN_RPC_CODE_MAP(X)  \
-  X(OK, 0)                    \
-  X(CANCELLED, 1)             \
-  X(UNKNOWN, 2)               \
-  X(INVALID_ARGUMENT, 3)      \
-  X(DEADLINE_EXCEEDED, 4)     \
-  X(NOT_FOUND, 5)             \
-  X(ALREADY_EXISTS, 6)        \
-  X(PERMISSION_DENIED, 7)     \
-  X(RESOURCE_EXHAUSTED, 8)    \
-  X(FAILED_PRECONDITION, 9)   \
-  X(ABORTED, 10)              \
-  X(OUT_OF_RANGE, 11)         \
-  X(UNIMPLEMENTED, 12)        \
-  X(INTERNAL, 13)             \
-  X(UNAVAILABLE, 14)          \
-  X(DATA_LOSS, 15)            \
+#define KILN_RPC_CODE_MAP(X) \
+  X(OK, 0) \
+  X(CANCELLED, 1) \
+  X(UNKNOWN, 2) \
+  X(INVALID_ARGUMENT, 3) \
+  X(DEADLINE_EXCEEDED, 4) \
+  X(NOT_FOUND, 5) \
+  X(ALREADY_EXISTS, 6) \
+  X(PERMISSION_DENIED, 7) \
+  X(RESOURCE_EXHAUSTED, 8) \
+  X(FAILED_PRECONDITION, 9) \
+  X(ABORTED, 10) \
+  X(OUT_OF_RANGE, 11) \
+  X(UNIMPLEMENTED, 12) \
+  X(INTERNAL, 13) \
+  X(UNAVAILABLE, 14) \
+  X(DATA_LOSS, 15) \
   X(UNAUTHENTICATED, 16)
 
 typedef enum kiln_rpc_code {
@@ -113,8 +113,8 @@ typedef struct kiln_client_options {
  * target). `opts` may be NULL. Unless opts->connect_timeout_ms is negative,
  * waits until the connection is ready and fails with UNAVAILABLE when the
  * server cannot be reached in time. *out is closed with kiln_client_close. */
-int kiln_client_connect(const char *target, const kiln_client_options *opts,
-                        kiln_client **out, kiln_status *st);
+int kiln_client_connect(const char *target, const kiln_client_options *opts, kiln_client **out,
+                        kiln_status *st);
 /* Closes the connection. Calls must not be in flight. NULL is a no-op. */
 void kiln_client_close(kiln_client *c);
 /* The client id sent as "kiln-client" (owned by c). */
@@ -126,32 +126,33 @@ int kiln_client_health(kiln_client *c, const char *service, bool *serving, kiln_
 
 /* ---- compiling ---------------------------------------------------------------- */
 
-typedef enum kiln_cache_policy {
-  KILN_CACHE_DEFAULT = 0, /* read through every tier, write the result to every tier */
-  KILN_CACHE_REFRESH = 1, /* compile even when cached, overwrite the entry */
-  KILN_CACHE_BYPASS = 2,  /* neither read nor write the cache */
-} kiln_cache_policy;
+typedef enum kiln_remote_cache_policy {
+  KILN_REMOTE_CACHE_DEFAULT = 0, /* read through every tier, write the result to every tier */
+  KILN_REMOTE_CACHE_REFRESH = 1, /* compile even when cached, overwrite the entry */
+  KILN_REMOTE_CACHE_BYPASS = 2,  /* neither read nor write the cache */
+} kiln_remote_cache_policy;
 
 /* Where an executable came from (kiln.v1.CacheSource). */
-typedef enum kiln_cache_source {
-  KILN_SOURCE_UNSPECIFIED = 0,
-  KILN_SOURCE_COMPILED = 1,
-  KILN_SOURCE_MEMORY = 2,
-  KILN_SOURCE_DISK = 3,
-  KILN_SOURCE_SHARED = 4,
-  KILN_SOURCE_SINGLE_FLIGHT = 5,
-} kiln_cache_source;
+typedef enum kiln_remote_source {
+  KILN_REMOTE_SOURCE_UNSPECIFIED = 0,
+  KILN_REMOTE_SOURCE_COMPILED = 1,
+  KILN_REMOTE_SOURCE_MEMORY = 2,
+  KILN_REMOTE_SOURCE_DISK = 3,
+  KILN_REMOTE_SOURCE_SHARED = 4,
+  KILN_REMOTE_SOURCE_SINGLE_FLIGHT = 5,
+} kiln_remote_source;
 
 /* "compiled", "memory", "disk", "shared", "single-flight", "unspecified". */
-const char *kiln_cache_source_name(kiln_cache_source s);
+const char *kiln_remote_source_name(kiln_remote_source s);
 
-typedef struct kiln_compile_options {
+typedef struct kiln_remote_compile_options {
   const char *backend;  /* "cpu", "cuda", "interp"; NULL: the server's default */
   const char *target;   /* "x86-64-v3", "native", "sm_90"; NULL: the server's devices */
   int32_t device_count; /* 0: 1, or the module's num_partitions */
-  /* Function transforms, innermost first, each with its defaults: "grad"
-   * (with respect to parameter 0), "vjp", "jvp", "vmap" (every parameter and
-   * result along axis 0), "checkpoint". */
+  /* Function transforms, innermost first, as specs: "grad", "grad:wrt=0,1",
+   * "vjp", "jvp:wrt=1", "vmap", "vmap:in_axes=0,none:size=8", "checkpoint"
+   * (the spec syntax of compiler/transforms/transform.h; output= has no
+   * form in kiln.v1 and is refused). */
   const char *const *transforms;
   uint32_t ntransforms;
   /* 0: verify and compile only, no optimization passes; 1: cheap
@@ -159,91 +160,91 @@ typedef struct kiln_compile_options {
    * when has_optimization_level (otherwise the server uses 2). */
   bool has_optimization_level;
   int32_t optimization_level;
-  kiln_cache_policy cache_policy;
-  bool return_executable; /* fill kiln_executable.serialized */
+  kiln_remote_cache_policy cache_policy;
+  bool return_executable; /* fill kiln_remote_executable.serialized */
   int64_t deadline_ms;    /* 0: the client's default; negative: none */
   const char *request_id; /* echoed back and logged by the server; NULL: none */
-} kiln_compile_options;
+} kiln_remote_compile_options;
 
-typedef struct kiln_executable {
-  char *id;                  /* executable_id, for kiln_client_execute */
+typedef struct kiln_remote_executable {
+  char *id; /* executable_id, for kiln_client_execute */
   uint32_t nparams;
-  kiln_shape *params;        /* the calling convention, after transforms */
-  kiln_shape result;         /* dtype KILN_INVALID when the server sent none */
-  uint32_t noutputs;         /* outputs of Execute: tuple elements, or 1 */
-  kiln_cache_source cache_source;
-  char *cache_key;           /* lowercase hex SHA-256; "" when not sent */
+  kiln_shape *params; /* the calling convention, after transforms */
+  kiln_shape result;  /* dtype KILN_INVALID when the server sent none */
+  uint32_t noutputs;  /* outputs of Execute: tuple elements, or 1 */
+  kiln_remote_source cache_source;
+  char *cache_key; /* lowercase hex SHA-256; "" when not sent */
   int64_t compile_wall_ns;
   int64_t peak_bytes;
   int32_t device_count;
   uint32_t nwarnings;
   char **warnings;
-  uint8_t *serialized;       /* with return_executable; else NULL */
+  uint8_t *serialized; /* with return_executable; else NULL */
   size_t serialized_len;
-  kiln_arena *arena;         /* owns everything above */
-} kiln_executable;
+  kiln_arena *arena; /* owns everything above */
+} kiln_remote_executable;
 
 /* Compiles HLO text (len bytes; need not be NUL-terminated). `opts` may be
- * NULL. *out is freed with kiln_executable_free. */
+ * NULL. *out is freed with kiln_remote_executable_free. */
 int kiln_client_compile_text(kiln_client *c, const char *text, size_t len,
-                             const kiln_compile_options *opts, kiln_executable **out,
+                             const kiln_remote_compile_options *opts, kiln_remote_executable **out,
                              kiln_status *st);
 /* Compiles a serialized kiln.v1.Module (sent as it is). */
 int kiln_client_compile_proto(kiln_client *c, const uint8_t *module, size_t len,
-                              const kiln_compile_options *opts, kiln_executable **out,
+                              const kiln_remote_compile_options *opts, kiln_remote_executable **out,
                               kiln_status *st);
 /* Compiles a module (encoded with the proto codec, not modified). */
 int kiln_client_compile_module(kiln_client *c, const kiln_module *m,
-                               const kiln_compile_options *opts, kiln_executable **out,
-                               kiln_status *st);
-void kiln_executable_free(kiln_executable *e);
+                               const kiln_remote_compile_options *opts,
+                               kiln_remote_executable **out, kiln_status *st);
+void kiln_remote_executable_free(kiln_remote_executable *e);
 
 /* ---- buffers on the server ------------------------------------------------------ */
 
-typedef struct kiln_buffer_info {
-  char *handle;              /* opaque, unique on the server while the buffer lives */
-  kiln_shape shape;          /* an array shape */
+typedef struct kiln_remote_buffer {
+  char *handle;     /* opaque, unique on the server while the buffer lives */
+  kiln_shape shape; /* an array shape */
   int64_t size_bytes;
   int32_t device;
-  kiln_arena *arena;         /* owns handle and shape */
-} kiln_buffer_info;
+  kiln_arena *arena; /* owns handle and shape */
+} kiln_remote_buffer;
 
 /* Frees what `b` holds and zeroes it. */
-void kiln_buffer_info_clear(kiln_buffer_info *b);
+void kiln_remote_buffer_clear(kiln_remote_buffer *b);
 
-typedef struct kiln_put_options {
+typedef struct kiln_remote_put_options {
   int32_t device;      /* device to place it on; 0 is the first */
   const char *label;   /* shown in the server's stats and logs; NULL: none */
   int64_t deadline_ms; /* 0: the client's default; negative: none */
-} kiln_put_options;
+} kiln_remote_put_options;
 
 /* Uploads an array literal (no tuples) as a server-resident buffer.
  * `opts` may be NULL. On success *out describes the new buffer. */
 int kiln_client_put_buffer(kiln_client *c, const kiln_literal *value,
-                           const kiln_put_options *opts, kiln_buffer_info *out,
+                           const kiln_remote_put_options *opts, kiln_remote_buffer *out,
                            kiln_status *st);
 /* The same from raw bytes: `nbytes` must be exactly kiln_shape_bytes(shape),
  * in the layout of kiln_literal data. */
 int kiln_client_put_buffer_raw(kiln_client *c, const kiln_shape *shape, const void *data,
-                               size_t nbytes, const kiln_put_options *opts,
-                               kiln_buffer_info *out, kiln_status *st);
+                               size_t nbytes, const kiln_remote_put_options *opts,
+                               kiln_remote_buffer *out, kiln_status *st);
 
-typedef struct kiln_get_options {
+typedef struct kiln_remote_get_options {
   bool release;        /* release the buffer once it has been sent */
   int64_t chunk_bytes; /* bytes per chunk to ask for; 0: the client's chunk_bytes */
   int64_t deadline_ms; /* 0: the client's default; negative: none */
-} kiln_get_options;
+} kiln_remote_get_options;
 
 /* Downloads a buffer as a new heap literal (free with kiln_literal_destroy).
  * `opts` may be NULL. */
-int kiln_client_get_buffer(kiln_client *c, const char *handle, const kiln_get_options *opts,
+int kiln_client_get_buffer(kiln_client *c, const char *handle, const kiln_remote_get_options *opts,
                            kiln_literal **out, kiln_status *st);
 /* Downloads a buffer into dst (cap bytes; KILN_ELIMIT, nothing kept, when
  * the buffer is larger). *nbytes is the size received; `info` (may be NULL)
- * describes the buffer (free with kiln_buffer_info_clear). */
-int kiln_client_get_buffer_raw(kiln_client *c, const char *handle, const kiln_get_options *opts,
-                               void *dst, size_t cap, size_t *nbytes, kiln_buffer_info *info,
-                               kiln_status *st);
+ * describes the buffer (free with kiln_remote_buffer_clear). */
+int kiln_client_get_buffer_raw(kiln_client *c, const char *handle,
+                               const kiln_remote_get_options *opts, void *dst, size_t cap,
+                               size_t *nbytes, kiln_remote_buffer *info, kiln_status *st);
 
 /* Frees buffers. Handles the server does not know are not an error: they
  * are counted in *unknown. `released` and `unknown` may be NULL. */
@@ -253,75 +254,75 @@ int kiln_client_release_buffers(kiln_client *c, const char *const *handles, uint
 /* ---- executing ---------------------------------------------------------------- */
 
 /* One argument: an inline literal, or the handle of a server buffer. */
-typedef struct kiln_arg {
+typedef struct kiln_remote_arg {
   const kiln_literal *literal; /* inline value; NULL to use handle */
   const char *handle;          /* a buffer handle, when literal is NULL */
   /* handle only: the executable may reuse the buffer, which the server then
    * frees; the handle is invalid after the call, whatever its outcome. */
   bool donate;
-} kiln_arg;
+} kiln_remote_arg;
 
-typedef struct kiln_execute_options {
+typedef struct kiln_remote_execute_options {
   /* Per output, in order: keep it on the server and return a handle. A
    * shorter list (or NULL) returns the remaining outputs inline. */
   const bool *keep_on_server;
   uint32_t nkeep;
   int64_t deadline_ms;    /* 0: the client's default; negative: none */
   const char *request_id; /* NULL: none */
-} kiln_execute_options;
+} kiln_remote_execute_options;
 
-typedef struct kiln_output {
-  kiln_literal *literal;   /* an inline output (owned by the result), or NULL */
-  kiln_buffer_info buffer; /* a kept output: buffer.handle != NULL */
-} kiln_output;
+typedef struct kiln_remote_output {
+  kiln_literal *literal;     /* an inline output (owned by the result), or NULL */
+  kiln_remote_buffer buffer; /* a kept output: buffer.handle != NULL */
+} kiln_remote_output;
 
-typedef struct kiln_execute_result {
+typedef struct kiln_remote_result {
   uint32_t noutputs;
-  kiln_output *outputs;
+  kiln_remote_output *outputs;
   /* The server's timing of the request, nanoseconds. */
   int64_t queue_ns, transfer_in_ns, run_ns, transfer_out_ns, total_ns;
-} kiln_execute_result;
+} kiln_remote_result;
 
 /* Runs executable `id` once. `opts` may be NULL. On success *out holds one
  * output per element of a tuple result (or one); free with
- * kiln_execute_result_free. To keep an inline output beyond the result,
+ * kiln_remote_result_free. To keep an inline output beyond the result,
  * take its literal and set the slot to NULL. */
-int kiln_client_execute(kiln_client *c, const char *id, const kiln_arg *args, uint32_t nargs,
-                        const kiln_execute_options *opts, kiln_execute_result *out,
+int kiln_client_execute(kiln_client *c, const char *id, const kiln_remote_arg *args, uint32_t nargs,
+                        const kiln_remote_execute_options *opts, kiln_remote_result *out,
                         kiln_status *st);
-void kiln_execute_result_free(kiln_execute_result *r);
+void kiln_remote_result_free(kiln_remote_result *r);
 
 /* ---- server statistics ------------------------------------------------------------ */
 
-typedef struct kiln_counter {
+typedef struct kiln_server_counter {
   const char *name;   /* "kiln_cache_hits_total" */
   const char *labels; /* Prometheus style, "tier=\"disk\",..."; "" when none */
   int64_t value;
-} kiln_counter;
+} kiln_server_counter;
 
-typedef struct kiln_device_stats {
+typedef struct kiln_server_device {
   int32_t device;
   const char *backend;     /* "cpu", "cuda" */
   const char *description; /* "cpu:3" */
   int64_t memory_in_use_bytes, memory_limit_bytes;
   int64_t executions, busy_ns;
-} kiln_device_stats;
+} kiln_server_device;
 
-typedef struct kiln_stats {
+typedef struct kiln_server_stats {
   const char *server_version;
   int64_t uptime_ns;
   int64_t compiles, cache_hits, cache_misses, executions;
   int64_t live_buffers, live_buffer_bytes, queued_requests;
   uint32_t ncounters;
-  kiln_counter *counters;
+  kiln_server_counter *counters;
   uint32_t ndevices;
-  kiln_device_stats *devices;
+  kiln_server_device *devices;
   kiln_arena *arena; /* owns everything above */
-} kiln_stats;
+} kiln_server_stats;
 
-int kiln_client_stats(kiln_client *c, kiln_stats *out, kiln_status *st);
+int kiln_client_stats(kiln_client *c, kiln_server_stats *out, kiln_status *st);
 /* Frees what `s` holds and zeroes it. */
-void kiln_stats_clear(kiln_stats *s);
+void kiln_server_stats_clear(kiln_server_stats *s);
 
 /* ---- building modules ------------------------------------------------------------- */
 
@@ -341,8 +342,8 @@ void kiln_builder_destroy(kiln_builder *b);
 kiln_module *kiln_builder_module(kiln_builder *b);
 
 /* Parameters are numbered in the order they are added. `name` may be NULL. */
-kiln_id kiln_builder_parameter(kiln_builder *b, kiln_dtype t, const int64_t *dims,
-                               uint32_t rank, const char *name);
+kiln_id kiln_builder_parameter(kiln_builder *b, kiln_dtype t, const int64_t *dims, uint32_t rank,
+                               const char *name);
 /* A constant (the value is copied). */
 kiln_id kiln_builder_constant(kiln_builder *b, const kiln_literal *value);
 /* A scalar constant of a floating or integral type, converted from v. */

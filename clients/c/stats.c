@@ -1,5 +1,5 @@
 /* Stats: the server's counters, copied out of the reply into one arena so
- * that the caller frees them with a single kiln_stats_clear. Labels are
+ * that the caller frees them with a single kiln_server_stats_clear. Labels are
  * flattened into the Prometheus spelling (name="value",...), the form an
  * operator reads on /metrics. */
 #include <string.h>
@@ -31,7 +31,7 @@ static const char *labels_text(kiln_arena *a, const Kiln__V1__Counter *pc) {
   return s;
 }
 
-static int copy_stats(const Kiln__V1__StatsResponse *r, kiln_stats *s) {
+static int copy_stats(const Kiln__V1__StatsResponse *r, kiln_server_stats *s) {
   kiln_arena *a = s->arena;
   if ((s->server_version = dup(a, r->server_version)) == NULL) return KILN_ENOMEM;
   s->uptime_ns = r->uptime_ns;
@@ -48,7 +48,7 @@ static int copy_stats(const Kiln__V1__StatsResponse *r, kiln_stats *s) {
     if (s->counters == NULL) return KILN_ENOMEM;
   }
   for (size_t i = 0; i < r->n_counters; i++) {
-    kiln_counter *c = &s->counters[i];
+    kiln_server_counter *c = &s->counters[i];
     c->name = dup(a, r->counters[i]->name);
     c->labels = labels_text(a, r->counters[i]);
     c->value = r->counters[i]->value;
@@ -61,7 +61,7 @@ static int copy_stats(const Kiln__V1__StatsResponse *r, kiln_stats *s) {
   }
   for (size_t i = 0; i < r->n_devices; i++) {
     const Kiln__V1__DeviceStats *pd = r->devices[i];
-    kiln_device_stats *d = &s->devices[i];
+    kiln_server_device *d = &s->devices[i];
     d->device = pd->device;
     d->backend = dup(a, pd->backend);
     d->description = dup(a, pd->description);
@@ -75,7 +75,7 @@ static int copy_stats(const Kiln__V1__StatsResponse *r, kiln_stats *s) {
   return 0;
 }
 
-int kiln_client_stats(kiln_client *c, kiln_stats *out, kiln_status *st) {
+int kiln_client_stats(kiln_client *c, kiln_server_stats *out, kiln_status *st) {
   memset(out, 0, sizeof *out);
   Kiln__V1__StatsRequest req;
   kiln__v1__stats_request__init(&req);
@@ -93,15 +93,16 @@ int kiln_client_stats(kiln_client *c, kiln_stats *out, kiln_status *st) {
   if ((out->arena = kiln_arena_create()) == NULL) {
     rc = kiln__client_oom(st);
   } else if ((rc = copy_stats((const Kiln__V1__StatsResponse *)msg, out))) {
-    rc = rc == KILN_ENOMEM ? kiln__client_oom(st)
-                           : kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent too many counters");
-    kiln_stats_clear(out);
+    rc = rc == KILN_ENOMEM
+             ? kiln__client_oom(st)
+             : kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent too many counters");
+    kiln_server_stats_clear(out);
   }
   protobuf_c_message_free_unpacked(msg, NULL);
   return rc;
 }
 
-void kiln_stats_clear(kiln_stats *s) {
+void kiln_server_stats_clear(kiln_server_stats *s) {
   if (s == NULL) return;
   kiln_arena_destroy(s->arena);
   memset(s, 0, sizeof *s);

@@ -15,11 +15,11 @@
 #include "common/alloc.h"
 #include "compiler/ir/proto_internal.h"
 
-#define NEW(a, T, init_fn, out)                \
-  do {                                         \
-    (out) = kiln_arena_alloc((a), sizeof(T));  \
-    if ((out) == NULL) return KILN_ENOMEM;     \
-    init_fn(out);                              \
+#define NEW(a, T, init_fn, out) \
+  do { \
+    (out) = kiln_arena_alloc((a), sizeof(T)); \
+    if ((out) == NULL) return KILN_ENOMEM; \
+    init_fn(out); \
   } while (0)
 
 /* ---- encoding ------------------------------------------------------------------- */
@@ -46,7 +46,8 @@ static int enc_shape(kiln_arena *a, const kiln_shape *s, unsigned depth, Kiln__V
   ps->n_dimensions = s->rank;
   ps->dimensions = s->rank ? s->dims : NULL;
   if (s->dynamic) {
-    ps->is_dynamic_dimension = kiln_arena_calloc(a, s->rank ? s->rank : 1, sizeof(protobuf_c_boolean));
+    ps->is_dynamic_dimension =
+        kiln_arena_calloc(a, s->rank ? s->rank : 1, sizeof(protobuf_c_boolean));
     if (ps->is_dynamic_dimension == NULL) return KILN_ENOMEM;
     ps->n_is_dynamic_dimension = s->rank;
     for (uint32_t i = 0; i < s->rank; i++) ps->is_dynamic_dimension[i] = s->dynamic[i] != 0;
@@ -81,8 +82,7 @@ static int enc_literal(kiln_arena *a, const kiln_literal *lit, bool with_shape, 
     if (pl->tuple_literals == NULL) return KILN_ENOMEM;
     pl->n_tuple_literals = lit->shape.rank;
     for (uint32_t i = 0; i < lit->shape.rank; i++)
-      if ((rc = enc_literal(a, lit->elems[i], false, depth + 1, &pl->tuple_literals[i])))
-        return rc;
+      if ((rc = enc_literal(a, lit->elems[i], false, depth + 1, &pl->tuple_literals[i]))) return rc;
     return 0;
   }
   /* Little-endian hosts only: the data goes out as it is in memory. */
@@ -145,7 +145,8 @@ static int dec_shape(kiln_arena *a, const Kiln__V1__Shape *ps, const char *what,
       int rc = dec_shape(a, ps->tuple_shapes[i], what, depth + 1, &elems[i], st);
       if (rc) return rc;
     }
-    if (kiln_shape_make_tuple(a, out, elems, (uint32_t)ps->n_tuple_shapes)) return kiln__client_oom(st);
+    if (kiln_shape_make_tuple(a, out, elems, (uint32_t)ps->n_tuple_shapes))
+      return kiln__client_oom(st);
     return 0;
   }
   if (t <= KILN_INVALID || t >= KILN_DTYPE_COUNT || t == KILN_OPAQUE)
@@ -172,8 +173,8 @@ static int dec_shape(kiln_arena *a, const Kiln__V1__Shape *ps, const char *what,
   return ps->layout ? dec_layout(a, ps->layout, out, what, st) : 0;
 }
 
-int kiln__shape_decode(kiln_arena *a, const Kiln__V1__Shape *ps, const char *what,
-                       kiln_shape *out, kiln_status *st) {
+int kiln__shape_decode(kiln_arena *a, const Kiln__V1__Shape *ps, const char *what, kiln_shape *out,
+                       kiln_status *st) {
   memset(out, 0, sizeof *out);
   if (ps == NULL) return bad(st, what, "no shape");
   return dec_shape(a, ps, what, 0, out, st);
@@ -192,7 +193,7 @@ int kiln__literal_decode(const Kiln__V1__Literal *pl, const char *what, kiln_lit
     rc = kiln__client_oom(st);
   } else if (rc) {
     rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent a malformed literal: %s%s%s",
-                    local.where, local.where[0] ? ": " : "", local.msg);
+                           local.where, local.where[0] ? ": " : "", local.msg);
   } else {
     lit->own = a; /* the literal and everything it points to live in a */
     *out = lit;
@@ -202,11 +203,12 @@ int kiln__literal_decode(const Kiln__V1__Literal *pl, const char *what, kiln_lit
   return rc;
 }
 
-int kiln__buffer_info_decode(const Kiln__V1__BufferInfo *pi, kiln_buffer_info *b,
-                             kiln_status *st) {
+int kiln__remote_buffer_decode(const Kiln__V1__BufferInfo *pi, kiln_remote_buffer *b,
+                               kiln_status *st) {
   memset(b, 0, sizeof *b);
   if (pi == NULL) return bad(st, "buffer description", "none sent");
-  if (pi->handle == NULL || pi->handle[0] == '\0') return bad(st, "buffer description", "no handle");
+  if (pi->handle == NULL || pi->handle[0] == '\0')
+    return bad(st, "buffer description", "no handle");
   b->arena = kiln_arena_create();
   if (b->arena == NULL) return kiln__client_oom(st);
   int rc = kiln__shape_decode(b->arena, pi->shape, "buffer shape", &b->shape, st);
@@ -217,7 +219,7 @@ int kiln__buffer_info_decode(const Kiln__V1__BufferInfo *pi, kiln_buffer_info *b
   if (rc == 0 && (b->handle = kiln_arena_strdup(b->arena, pi->handle)) == NULL)
     rc = kiln__client_oom(st);
   if (rc) {
-    kiln_buffer_info_clear(b);
+    kiln_remote_buffer_clear(b);
     return rc;
   }
   b->size_bytes = pi->size_bytes;
@@ -225,7 +227,7 @@ int kiln__buffer_info_decode(const Kiln__V1__BufferInfo *pi, kiln_buffer_info *b
   return 0;
 }
 
-void kiln_buffer_info_clear(kiln_buffer_info *b) {
+void kiln_remote_buffer_clear(kiln_remote_buffer *b) {
   if (b == NULL) return;
   kiln_arena_destroy(b->arena);
   memset(b, 0, sizeof *b);

@@ -23,7 +23,7 @@ enum {
   KILN_EXIT_INTERNAL = 3, /* out of memory or a bug in kiln */
 };
 
-#define KILN_CLI_MAX_OPTS 8
+#define KILN_CLI_MAX_OPTS 12
 
 typedef struct kiln__opt {
   const char *name;    /* long name without "--" */
@@ -43,6 +43,9 @@ typedef struct kiln__cmd {
   const kiln__opt *opts; /* terminated by a zero entry */
   int min_pos, max_pos; /* positional argument count; max -1: unlimited */
   int (*run)(const struct kiln__args *a);
+  /* With --server HOST:PORT: the handler that asks the server instead
+   * (remote.c); NULL when the command has no remote mode. */
+  int (*remote)(const struct kiln__args *a);
 } kiln__cmd;
 
 /* A validated command line. Option values point into argv. */
@@ -62,6 +65,14 @@ const char **kiln__args_all(const kiln__args *a, const char *name, int *n);
 int kiln__cmd_check(const kiln__args *a);
 int kiln__cmd_print(const kiln__args *a);
 int kiln__cmd_run(const kiln__args *a);
+int kiln__cmd_compile(const kiln__args *a);
+int kiln__cmd_stats(const kiln__args *a);
+
+/* Remote modes (remote.c, through libkiln): the same contract as the local
+ * handlers (output, diagnostics, exit codes). */
+int kiln__remote_check(const kiln__args *a);
+int kiln__remote_compile(const kiln__args *a);
+int kiln__remote_run(const kiln__args *a);
 
 /* Exit code for a KILN_E* code: out of memory and internal errors are 3,
  * everything else a rejected input (1). */

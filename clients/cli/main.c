@@ -17,6 +17,9 @@
 #include "common/alloc.h"
 
 static const kiln__opt check_opts[] = {
+    {"server", 0, "HOST:PORT", false,
+     "ask the kilnd at HOST:PORT to verify the modules (it compiles them at optimization level "
+     "0, without its cache)"},
     {0},
 };
 
@@ -27,6 +30,9 @@ static const kiln__opt print_opts[] = {
 };
 
 static const kiln__opt run_opts[] = {
+    {"server", 0, "HOST:PORT", false,
+     "compile and run on the kilnd at HOST:PORT; arguments are matched against the signature "
+     "it returns"},
     {"backend", 0, "NAME", false, "where to run: interp (the reference interpreter, default)"},
     {"arg", 0, "ARG", true,
      "the next parameter's value: an .npy file (a path ending in .npy) or HLO literal text "
@@ -43,26 +49,47 @@ static const kiln__opt run_opts[] = {
     {0},
 };
 
+static const kiln__opt compile_opts[] = {
+    {"server", 0, "HOST:PORT", false, "compile on the kilnd at HOST:PORT"},
+    {"backend", 0, "NAME", false, "cpu (the default here); a server may also offer interp, cuda"},
+    {"target", 0, "TARGET", false, "code target within the backend (a CPU ISA, sm_XX)"},
+    {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
+    {"transform", 0, "SPEC", true,
+     "apply a function transform, innermost first: grad, grad:wrt=0,1, vjp, jvp, vmap, "
+     "vmap:in_axes=0,none, checkpoint"},
+    {"output", 'o', "OUT", false, "write the serialized executable to OUT"},
+    {0},
+};
+
+static const kiln__opt stats_opts[] = {
+    {"server", 0, "HOST:PORT", false, "the kilnd to ask (required)"},
+    {"counters", 0, NULL, false, "also list every counter, as NAME{LABELS} VALUE"},
+    {0},
+};
+
 /* kiln__args keeps one value list per option: tables must fit in it. */
 #define FITS(t) _Static_assert(sizeof t / sizeof t[0] <= KILN_CLI_MAX_OPTS + 1, #t " too long")
 FITS(check_opts);
 FITS(print_opts);
 FITS(run_opts);
+FITS(compile_opts);
+FITS(stats_opts);
 
 static const kiln__cmd commands[] = {
-    {"check", "check FILE...", "parse and verify modules",
+    {"check", "check [--server HOST:PORT] FILE...", "parse and verify modules",
      "Parses and verifies each FILE (HLO text; binary kiln.v1.Module when the name ends in\n"
      ".pb or .binpb). Prints nothing and exits 0 when all are valid; otherwise prints one\n"
      "diagnostic per invalid file on stderr, as\n"
      "  FILE:LINE:COL: error: MESSAGE                           (parse errors)\n"
      "  FILE:LINE:COL: error: COMPUTATION/INSTRUCTION: MESSAGE  (verifier errors)\n"
-     "and exits 1.\n",
-     check_opts, 1, -1, kiln__cmd_check},
+     "and exits 1. With --server the server verifies them and its message is printed as\n"
+     "  FILE: error: MESSAGE\n",
+     check_opts, 1, -1, kiln__cmd_check, kiln__remote_check},
     {"print", "print [--proto] [-o OUT] FILE", "print a module in canonical form",
      "Parses FILE and prints it as canonical HLO text (or, with --proto, as a binary\n"
      "kiln.v1.Module, which needs -o or a redirected standard output). The module is not\n"
      "verified, so invalid modules can be inspected; a parse error exits 1.\n",
-     print_opts, 1, 1, kiln__cmd_print},
+     print_opts, 1, 1, kiln__cmd_print, NULL},
     {"run",
      "run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
      "         [--timeout SECONDS] [--max-iterations N]",
@@ -76,7 +103,21 @@ static const kiln__cmd commands[] = {
      "u4/u2 as uint8; token outputs are printed but have no file. A program that does\n"
      "not finish (a while loop whose condition stays true) is stopped by --max-iterations\n"
      "or --timeout with exit status 1.\n",
-     run_opts, 1, 1, kiln__cmd_run},
+     run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
+    {"compile",
+     "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
+     "         [--transform SPEC]... [-o OUT]",
+     "compile a module to an executable",
+     "Verifies FILE, applies the transforms (innermost first) and compiles it. Locally the\n"
+     "native CPU compiler runs in process and a summary is printed (kernels, code size,\n"
+     "timings); -o writes the serialized executable. With --server the server compiles it\n"
+     "(or finds it in its cache) and the executable id, cache source and key, and the\n"
+     "calling convention are printed.\n",
+     compile_opts, 1, 1, kiln__cmd_compile, NULL},
+    {"stats", "stats --server HOST:PORT [--counters]", "show a server's counters",
+     "Prints the server's version and uptime, compiles and cache hits, executions, live\n"
+     "buffers and per-device figures; --counters adds every counter the server keeps.\n",
+     stats_opts, 0, 0, kiln__cmd_stats, NULL},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
@@ -279,7 +320,8 @@ int main(int argc, char **argv) {
   kiln__args a;
   int rc = parse_args(c, argc - 2, argv + 2, &a);
   if (rc == KILN_EXIT_INTERNAL) fprintf(stderr, "kiln: error: out of memory\n");
-  if (rc == KILN_EXIT_OK) rc = c->run(&a);
+  if (rc == KILN_EXIT_OK)
+    rc = c->remote && kiln__args_get(&a, "server") ? c->remote(&a) : c->run(&a);
   free_args(&a);
   /* Output that could not be written (full disk, closed pipe) is a failure. */
   if (fflush(stdout) != 0 || ferror(stdout)) {

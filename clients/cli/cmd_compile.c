@@ -1,0 +1,104 @@
+/* kiln compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]
+ * [--transform SPEC]... [-o OUT]: compile a module and say what came out.
+ *
+ * Locally the module is loaded and verified as `kiln check` does, the
+ * transforms are applied innermost first, and the native compiler
+ * (compiler/compile.h) builds an executable for the target; -o writes the
+ * serialized executable. With --server the same request goes to the server
+ * (remote.c), which answers with an executable id, the cache's verdict and
+ * the calling convention.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "clients/cli/cli.h"
+#include "clients/cli/fileio.h"
+#include "common/alloc.h"
+#include "compiler/compile.h"
+#include "compiler/transforms/transform.h"
+
+static int apply_transforms(const kiln__args *a, kiln_module *m) {
+  int n;
+  const char **specs = kiln__args_all(a, "transform", &n);
+  if (n == 0) return KILN_EXIT_OK;
+  kiln_transform *ts = kiln_calloc((size_t)n, sizeof *ts);
+  if (ts == NULL) {
+    fprintf(stderr, "kiln compile: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = KILN_EXIT_OK;
+  for (int i = 0; i < n && rc == KILN_EXIT_OK; i++)
+    if (kiln_transform_parse(specs[i], &ts[i], &st)) {
+      fprintf(stderr, "kiln compile: --transform '%s': %s\n", specs[i], st.msg);
+      rc = KILN_EXIT_USAGE;
+    }
+  if (rc == KILN_EXIT_OK && kiln_transforms_apply(m, ts, (uint32_t)n, &st)) {
+    kiln__report(a->pos[0], m, &st);
+    rc = kiln__exit_code(st.code);
+  }
+  kiln_free(ts);
+  return rc;
+}
+
+static int write_executable(const char *path, const kiln_executable *e) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint8_t *buf;
+  size_t len;
+  int rc = kiln_executable_serialize(e, &buf, &len, &st);
+  if (rc == 0) {
+    rc = kiln__file_write(path, buf, len, &st);
+    kiln_free(buf);
+  }
+  if (rc) kiln__report(path, NULL, &st);
+  return kiln__exit_code(rc);
+}
+
+int kiln__cmd_compile(const kiln__args *a) {
+  if (kiln__args_get(a, "server")) return kiln__remote_compile(a);
+  const char *file = a->pos[0];
+  const char *backend = kiln__args_get(a, "backend");
+  if (backend && strcmp(backend, "cpu") != 0) {
+    fprintf(stderr,
+            "kiln compile: unknown backend '%s' (available here: cpu; a server may "
+            "also have cuda)\n",
+            backend);
+    return KILN_EXIT_USAGE;
+  }
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.target = kiln__args_get(a, "target");
+  const char *level = kiln__args_get(a, "opt-level");
+  if (level) {
+    if (strlen(level) != 1 || level[0] < '0' || level[0] > '3') {
+      fprintf(stderr, "kiln compile: -O needs a level from 0 to 3, not '%s'\n", level);
+      return KILN_EXIT_USAGE;
+    }
+    o.opt_level = level[0] - '0';
+  }
+  kiln_module *m;
+  int rc = kiln__module_load(file, true, &m);
+  if (rc) return rc;
+  if ((rc = apply_transforms(a, m))) goto out_free_module;
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_executable *e;
+  kiln_compile_report rep;
+  if (kiln_compile(m, &o, &e, &rep, &st)) {
+    kiln__report(file, m, &st);
+    rc = kiln__exit_code(st.code);
+    goto out_free_module;
+  }
+  printf("%s: compiled for %s: %u kernels, %u steps, %zu bytes of code\n", file, e->target,
+         rep.nkernels, rep.nsteps, rep.code_bytes);
+  printf("peak %llu bytes of temporaries, %.3f ms (passes %.3f ms, C compiler %.3f ms)\n",
+         (unsigned long long)rep.peak_bytes, rep.total_ms, rep.pipeline_ms, rep.cc_ms);
+  const char *out = kiln__args_get(a, "output");
+  if (out) rc = write_executable(out, e);
+  kiln_executable_destroy(e);
+out_free_module:
+  kiln_module_destroy(m);
+  return rc;
+}

@@ -1,0 +1,419 @@
+/* The kiln command against a server: check, compile and run with
+ * --server HOST:PORT, and stats, all through libkiln (clients/c/kiln.h).
+ *
+ * Remote mode keeps local mode's contract: the same output (outputs as HLO
+ * literal text, one per line, tuples flattened; --out writes .npy files),
+ * the same diagnostics ("FILE: error: MESSAGE") and the same exit codes: a
+ * request the server refuses as invalid is 1 like a local verifier error,
+ * and so is a server that cannot be reached (an input that cannot be read);
+ * a bad command line is 2; a server that reports an internal error, or a
+ * reply that does not decode, is 3. Arguments are matched against the
+ * calling convention the server returns from Compile, so transforms that
+ * change the parameters work the same as they would locally.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/cli/cli.h"
+
+#ifdef KILN_HAVE_CLIENT
+
+#include "clients/c/kiln.h"
+#include "clients/cli/fileio.h"
+#include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/ir/text.h"
+
+static const char *const remote_backends[] = {"interp", "cpu", "cuda"};
+
+/* "HOST:PORT" with a numeric port in 1..65535 ("[v6]:PORT" too); the rest
+ * is gRPC's to resolve. */
+static bool server_ok(const char *s) {
+  const char *colon = strrchr(s, ':');
+  if (colon == NULL || colon == s) return strncmp(s, "unix:", 5) == 0 && s[5];
+  char *end;
+  errno = 0;
+  long port = strtol(colon + 1, &end, 10);
+  return colon[1] && !*end && !errno && port >= 1 && port <= 65535;
+}
+
+/* Prints a failed call as "WHAT: error: MESSAGE"; codes other than
+ * INVALID_ARGUMENT (whose message is all a user needs) are named too. */
+static int report(const char *what, const kiln_status *st) {
+  kiln_rpc_code code = kiln_rpc_status_code(st);
+  const char *msg = st->msg[0] ? st->msg : kiln_strerror(st->code);
+  if (code == KILN_RPC_INVALID_ARGUMENT || code == KILN_RPC_UNKNOWN)
+    fprintf(stderr, "%s: error: %s\n", what, msg);
+  else
+    fprintf(stderr, "%s: error: %s [%s]\n", what, msg, kiln_rpc_code_name(code));
+  return kiln__exit_code(st->code);
+}
+
+static int connect_to(const kiln__args *a, kiln_client **out) {
+  const char *server = kiln__args_get(a, "server");
+  char what[64];
+  snprintf(what, sizeof what, "kiln %s", a->cmd->name);
+  if (server == NULL || !server_ok(server)) {
+    fprintf(stderr, "%s: --server needs HOST:PORT, not '%s'\n", what, server ? server : "");
+    return KILN_EXIT_USAGE;
+  }
+  kiln_client_options o = {.connect_timeout_ms = 5000};
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_client_connect(server, &o, out, &st)) return report(what, &st);
+  return KILN_EXIT_OK;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static bool is_proto_path(const char *path) {
+  return ends_with(path, ".pb") || ends_with(path, ".binpb");
+}
+
+/* Reads FILE and compiles it on the server. */
+static int compile_file(kiln_client *c, const char *path, const kiln_remote_compile_options *o,
+                        kiln_remote_executable **exe) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint8_t *buf;
+  size_t len;
+  int rc = kiln__file_read(path, &buf, &len, &st);
+  if (rc) {
+    kiln__report(path, NULL, &st);
+    return kiln__exit_code(rc);
+  }
+  if (is_proto_path(path))
+    rc = kiln_client_compile_proto(c, buf, len, o, exe, &st);
+  else
+    rc = kiln_client_compile_text(c, (const char *)buf, len, o, exe, &st);
+  kiln_free(buf);
+  return rc ? report(path, &st) : KILN_EXIT_OK;
+}
+
+/* --backend for remote commands: the names any server may know. */
+static int backend_ok(const kiln__args *a, const char **out) {
+  const char *b = kiln__args_get(a, "backend");
+  *out = b;
+  if (b == NULL) return KILN_EXIT_OK;
+  for (size_t i = 0; i < sizeof remote_backends / sizeof remote_backends[0]; i++)
+    if (strcmp(b, remote_backends[i]) == 0) return KILN_EXIT_OK;
+  fprintf(stderr, "kiln %s: unknown backend '%s' (available: interp, cpu, cuda)\n", a->cmd->name,
+          b);
+  return KILN_EXIT_USAGE;
+}
+
+/* ---- check -------------------------------------------------------------------------------- */
+
+int kiln__remote_check(const kiln__args *a) {
+  kiln_client *c;
+  int rc = connect_to(a, &c);
+  if (rc) return rc;
+  /* kiln.v1 has no verify-only request: optimization level 0 without the
+   * cache is the least work that still makes the server verify. */
+  kiln_remote_compile_options o = {.has_optimization_level = true,
+                                   .optimization_level = 0,
+                                   .cache_policy = KILN_REMOTE_CACHE_BYPASS};
+  int worst = KILN_EXIT_OK;
+  for (int i = 0; i < a->npos; i++) {
+    kiln_remote_executable *exe = NULL;
+    rc = compile_file(c, a->pos[i], &o, &exe);
+    kiln_remote_executable_free(exe);
+    if (rc > worst) worst = rc;
+  }
+  kiln_client_close(c);
+  return worst;
+}
+
+/* ---- compile ------------------------------------------------------------------------------ */
+
+static void print_signature(const kiln_remote_executable *e) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_putc(&b, '(');
+  for (uint32_t i = 0; i < e->nparams; i++) {
+    if (i) kiln_sbuf_puts(&b, ", ");
+    kiln_shape_print(&b, &e->params[i]);
+  }
+  kiln_sbuf_puts(&b, ") -> ");
+  if (e->result.dtype != KILN_INVALID)
+    kiln_shape_print(&b, &e->result);
+  else
+    kiln_sbuf_puts(&b, "?");
+  if (!kiln_sbuf_failed(&b)) printf("signature %s\n", kiln_sbuf_str(&b));
+  kiln_sbuf_free(&b);
+}
+
+/* Fills compile options from --backend, --target, -O and --transform. */
+static int remote_compile_options(const kiln__args *a, kiln_remote_compile_options *o) {
+  memset(o, 0, sizeof *o);
+  int rc = backend_ok(a, &o->backend);
+  if (rc) return rc;
+  o->target = kiln__args_get(a, "target");
+  const char *level = kiln__args_get(a, "opt-level");
+  if (level) {
+    if (strlen(level) != 1 || level[0] < '0' || level[0] > '3') {
+      fprintf(stderr, "kiln %s: -O needs a level from 0 to 3, not '%s'\n", a->cmd->name, level);
+      return KILN_EXIT_USAGE;
+    }
+    o->has_optimization_level = true;
+    o->optimization_level = level[0] - '0';
+  }
+  int n;
+  const char **specs = kiln__args_all(a, "transform", &n);
+  o->transforms = specs;
+  o->ntransforms = (uint32_t)n;
+  return KILN_EXIT_OK;
+}
+
+int kiln__remote_compile(const kiln__args *a) {
+  kiln_remote_compile_options o;
+  int rc = remote_compile_options(a, &o);
+  if (rc) return rc;
+  const char *out = kiln__args_get(a, "output");
+  o.return_executable = out != NULL;
+  kiln_client *c;
+  if ((rc = connect_to(a, &c))) return rc;
+  kiln_remote_executable *e = NULL;
+  rc = compile_file(c, a->pos[0], &o, &e);
+  if (rc == KILN_EXIT_OK) {
+    printf("executable %s\n", e->id);
+    printf("cache %s%s%s\n", kiln_remote_source_name(e->cache_source), e->cache_key[0] ? " " : "",
+           e->cache_key);
+    print_signature(e);
+    printf("devices %d, peak %lld bytes, %.3f ms on the server\n", e->device_count,
+           (long long)e->peak_bytes, (double)e->compile_wall_ns / 1e6);
+    for (uint32_t i = 0; i < e->nwarnings; i++)
+      fprintf(stderr, "%s: warning: %s\n", a->pos[0], e->warnings[i]);
+    kiln_status st;
+    kiln_status_clear(&st);
+    if (out && e->serialized == NULL) {
+      fprintf(stderr, "%s: error: the server returned no serialized executable\n", a->pos[0]);
+      rc = KILN_EXIT_INVALID;
+    } else if (out && kiln__file_write(out, e->serialized, e->serialized_len, &st)) {
+      kiln__report(out, NULL, &st);
+      rc = kiln__exit_code(st.code);
+    }
+  }
+  kiln_remote_executable_free(e);
+  kiln_client_close(c);
+  return rc;
+}
+
+/* ---- run ---------------------------------------------------------------------------------- */
+
+static int parse_count(const char *s, uint64_t *out) {
+  if (s[0] < '0' || s[0] > '9') return -1;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end) return -1;
+  *out = v;
+  return 0;
+}
+
+/* Reads --timeout into milliseconds (0 when absent); an exit code. */
+static int timeout_ms(const kiln__args *a, int64_t *ms) {
+  *ms = 0;
+  const char *t = kiln__args_get(a, "timeout");
+  if (t == NULL) return KILN_EXIT_OK;
+  char *end;
+  errno = 0;
+  double s = strtod(t, &end);
+  if (errno || *end || end == t || !(s > 0) || s > 1e9) {
+    fprintf(stderr, "kiln run: --timeout needs a positive number of seconds, not '%s'\n", t);
+    return KILN_EXIT_USAGE;
+  }
+  *ms = (int64_t)(s * 1000.0 + 0.5);
+  if (*ms == 0) *ms = 1;
+  return KILN_EXIT_OK;
+}
+
+/* One literal per parameter of the executable, from --arg then
+ * --random-args, exactly as local runs build them. */
+static int build_args(const char *file, const kiln_remote_executable *e, const kiln__args *a,
+                      kiln_literal **args) {
+  int ngiven;
+  const char **given = kiln__args_all(a, "arg", &ngiven);
+  const char *seed_text = kiln__args_get(a, "random-args");
+  uint32_t n = e->nparams;
+  if ((uint32_t)ngiven > n || ((uint32_t)ngiven < n && seed_text == NULL)) {
+    fprintf(stderr, "%s: error: the executable takes %u parameter%s, %d argument%s given%s\n", file,
+            n, n == 1 ? "" : "s", ngiven, ngiven == 1 ? "" : "s",
+            (uint32_t)ngiven < n ? " (--random-args SEED fills the rest)" : "");
+    return KILN_EXIT_INVALID;
+  }
+  uint64_t state = 0;
+  if (seed_text) parse_count(seed_text, &state);
+  kiln_status st;
+  kiln_status_clear(&st);
+  for (uint32_t i = 0; i < n && st.code == 0; i++) {
+    if (i < (uint32_t)ngiven)
+      kiln__arg_load(given[i], &e->params[i], i, &args[i], &st);
+    else
+      kiln__arg_random(&e->params[i], &state, &args[i], &st);
+  }
+  if (st.code) {
+    kiln__report(file, NULL, &st);
+    return kiln__exit_code(st.code);
+  }
+  return KILN_EXIT_OK;
+}
+
+static int print_outputs(const kiln_remote_result *r, const char *out_dir) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  uint32_t index = 0;
+  if (out_dir && kiln__dir_make(out_dir, &st)) goto out_report;
+  for (uint32_t i = 0; i < r->noutputs && st.code == 0; i++) {
+    const kiln_literal **leaves;
+    uint32_t n;
+    if (r->outputs[i].literal == NULL) continue;
+    if (kiln__literal_leaves(r->outputs[i].literal, &leaves, &n)) {
+      kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory");
+      break;
+    }
+    for (uint32_t k = 0; k < n && st.code == 0; k++, index++) {
+      kiln_sbuf_reset(&b);
+      kiln_literal_print(&b, leaves[k], true);
+      kiln_sbuf_putc(&b, '\n');
+      if (kiln_sbuf_failed(&b)) {
+        kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory printing output %u", index);
+        break;
+      }
+      fwrite(b.data, 1, b.len, stdout);
+      if (out_dir && kiln_shape_is_array(&leaves[k]->shape)) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%u.npy", out_dir, index);
+        kiln__literal_write_npy(leaves[k], path, &st);
+      }
+    }
+    kiln_free(leaves);
+  }
+out_report:
+  kiln_sbuf_free(&b);
+  if (st.code == 0) return KILN_EXIT_OK;
+  kiln__report("kiln run", NULL, &st);
+  return kiln__exit_code(st.code);
+}
+
+int kiln__remote_run(const kiln__args *a) {
+  const char *file = a->pos[0];
+  if (kiln__args_get(a, "max-iterations")) {
+    fprintf(stderr, "kiln run: --max-iterations applies to local runs; the server has its own "
+                    "limits (use --timeout)\n");
+    return KILN_EXIT_USAGE;
+  }
+  uint64_t seed;
+  const char *seed_text = kiln__args_get(a, "random-args");
+  if (seed_text && parse_count(seed_text, &seed)) {
+    fprintf(stderr, "kiln run: --random-args needs a non-negative integer seed, not '%s'\n",
+            seed_text);
+    return KILN_EXIT_USAGE;
+  }
+  int64_t deadline;
+  kiln_remote_compile_options o;
+  int rc = timeout_ms(a, &deadline);
+  if (rc == 0) rc = remote_compile_options(a, &o);
+  if (rc) return rc;
+  kiln_client *c;
+  if ((rc = connect_to(a, &c))) return rc;
+  kiln_remote_executable *e = NULL;
+  kiln_literal **args = NULL;
+  if ((rc = compile_file(c, file, &o, &e))) goto out_close;
+  args = kiln_calloc(e->nparams ? e->nparams : 1, sizeof *args);
+  if (args == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    rc = KILN_EXIT_INTERNAL;
+    goto out_close;
+  }
+  if ((rc = build_args(file, e, a, args))) goto out_free_args;
+  kiln_remote_arg *rargs = kiln_calloc(e->nparams ? e->nparams : 1, sizeof *rargs);
+  if (rargs == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    rc = KILN_EXIT_INTERNAL;
+    goto out_free_args;
+  }
+  for (uint32_t i = 0; i < e->nparams; i++) rargs[i].literal = args[i];
+  kiln_remote_execute_options xo = {.deadline_ms = deadline};
+  kiln_remote_result r;
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st)) {
+    rc = report(file, &st);
+  } else {
+    rc = print_outputs(&r, kiln__args_get(a, "out"));
+    kiln_remote_result_free(&r);
+  }
+  kiln_free(rargs);
+out_free_args:
+  for (uint32_t i = 0; i < e->nparams; i++) kiln_literal_destroy(args[i]);
+  kiln_free(args);
+out_close:
+  kiln_remote_executable_free(e);
+  kiln_client_close(c);
+  return rc;
+}
+
+/* ---- stats -------------------------------------------------------------------------------- */
+
+int kiln__cmd_stats(const kiln__args *a) {
+  if (kiln__args_get(a, "server") == NULL) {
+    fprintf(stderr, "kiln stats: --server HOST:PORT is required (stats are the server's)\n");
+    return KILN_EXIT_USAGE;
+  }
+  kiln_client *c;
+  int rc = connect_to(a, &c);
+  if (rc) return rc;
+  kiln_server_stats s;
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_client_stats(c, &s, &st)) {
+    rc = report("kiln stats", &st);
+    kiln_client_close(c);
+    return rc;
+  }
+  printf("server %s, up %.1f s\n", s.server_version, (double)s.uptime_ns / 1e9);
+  printf("compiles %lld, cache hits %lld, misses %lld\n", (long long)s.compiles,
+         (long long)s.cache_hits, (long long)s.cache_misses);
+  printf("executions %lld, queued %lld\n", (long long)s.executions, (long long)s.queued_requests);
+  printf("buffers %lld live, %lld bytes\n", (long long)s.live_buffers,
+         (long long)s.live_buffer_bytes);
+  for (uint32_t i = 0; i < s.ndevices; i++) {
+    const kiln_server_device *d = &s.devices[i];
+    printf("device %d %s (%s): %lld executions, busy %.3f s, memory %lld/%lld bytes\n", d->device,
+           d->description, d->backend, (long long)d->executions, (double)d->busy_ns / 1e9,
+           (long long)d->memory_in_use_bytes, (long long)d->memory_limit_bytes);
+  }
+  if (kiln__args_get(a, "counters")) {
+    for (uint32_t i = 0; i < s.ncounters; i++) {
+      const kiln_server_counter *k = &s.counters[i];
+      printf("%s%s%s%s %lld\n", k->name, k->labels[0] ? "{" : "", k->labels,
+             k->labels[0] ? "}" : "", (long long)k->value);
+    }
+  }
+  kiln_server_stats_clear(&s);
+  kiln_client_close(c);
+  return KILN_EXIT_OK;
+}
+
+#else /* !KILN_HAVE_CLIENT */
+
+static int no_client(const kiln__args *a) {
+  fprintf(stderr,
+          "kiln %s: this kiln was built without libkiln (no gRPC core found); "
+          "--server is not available\n",
+          a->cmd->name);
+  return KILN_EXIT_USAGE;
+}
+
+int kiln__remote_check(const kiln__args *a) { return no_client(a); }
+int kiln__remote_compile(const kiln__args *a) { return no_client(a); }
+int kiln__remote_run(const kiln__args *a) { return no_client(a); }
+int kiln__cmd_stats(const kiln__args *a) { return no_client(a); }
+
+#endif
