@@ -231,17 +231,43 @@ void kiln__cgen_decompose(kiln_sbuf *b, const kiln_shape *s, const char *lin, ui
 
 /* ---- loop kernels ------------------------------------------------------- */
 
+static uint32_t count_leaves(const kiln_shape *s) {
+  if (!kiln_shape_is_tuple(s)) return 1;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->rank; i++) n += count_leaves(&s->tuple[i]);
+  return n;
+}
+
+/* Follows tuple instructions down to the instruction that produces leaf
+ * *leaf of id's value, so that a kernel computes only the outputs it
+ * stores (a multi-output fusion's outputs may differ in dims). */
+static kiln_id producer(const kiln_module *m, kiln_id id, uint32_t *leaf) {
+  for (;;) {
+    const kiln_instr *ins = m->instrs[id];
+    if (ins->op != KILN_OP_TUPLE) return id;
+    uint32_t j = 0;
+    for (; j < ins->noperands; j++) {
+      uint32_t n = count_leaves(&m->instrs[ins->operands[j]]->shape);
+      if (*leaf < n) break;
+      *leaf -= n;
+    }
+    if (j == ins->noperands) return id;
+    id = ins->operands[j];
+  }
+}
+
 /* Emits the stores of the outputs at index x. */
 static int store_outputs(kiln__emit_fn *f, const kiln__kernel_spec *k, const kiln__ix *x) {
-  const uint32_t *vars;
-  uint32_t n;
-  int rc = kiln__emit_value(f, k->root, x, &vars, &n);
-  if (rc) return rc;
   for (uint32_t o = 0; o < k->nouts; o++) {
-    if (k->out_leaf[o] >= n) return KILN_EINTERNAL;
+    const uint32_t *vars;
+    uint32_t n, leaf = k->out_leaf[o];
+    kiln_id id = producer(f->mod->m, k->root, &leaf);
+    int rc = kiln__emit_value(f, id, x, &vars, &n);
+    if (rc) return rc;
+    if (leaf >= n) return KILN_EINTERNAL;
     char off[512], v[16], e[64];
     kiln__ix_offset(f, x, k->out_shape[o], off, sizeof off);
-    snprintf(v, sizeof v, "v%u", vars[k->out_leaf[o]]);
+    snprintf(v, sizeof v, "v%u", vars[leaf]);
     kiln__emit_store_expr(k->out_shape[o]->dtype, v, e, sizeof e);
     kiln__emit_line(f, "b%u[%s] = %s;", k->out_arg[o], off, e);
   }

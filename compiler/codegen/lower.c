@@ -456,7 +456,8 @@ static int fill_tables(kiln__lctx *c) {
   for (size_t p = 0; p < c->nprogs; p++) {
     e->programs[p].nsteps = (uint32_t)c->progs[p].n;
     e->programs[p].steps =
-        kiln_arena_memdup(e->arena, c->progs[p].steps, (c->progs[p].n + 1) * sizeof(kiln_step));
+        c->progs[p].n ? kiln_arena_memdup(e->arena, c->progs[p].steps, c->progs[p].n * sizeof(kiln_step))
+                      : kiln_arena_calloc(e->arena, 1, sizeof(kiln_step));
     if (e->programs[p].steps == NULL) return oom(c);
   }
   e->nkernels = c->g->nkernels;
