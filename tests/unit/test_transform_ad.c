@@ -217,6 +217,25 @@ START_TEST(test_dot_ops) {
 }
 END_TEST
 
+START_TEST(test_convolution) {
+  shape_case("  x = f64[2,5,5,3] parameter(0)  k = f64[3,3,3,4] parameter(1)\n"
+             "  ROOT y = f64[2,5,5,4] convolution(x, k), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f\n",
+             "[2,5,5,4]", "{0,1,2,3}", "grad:wrt=0,1");
+  shape_case("  x = f64[2,3,7,6] parameter(0)  k = f64[4,3,2,3] parameter(1)\n"
+             "  ROOT y = f64[2,4,4,2] convolution(x, k), window={size=2x3 stride=2x1 pad=0_1x0_0 rhs_dilate=1x2}, dim_labels=bf01_oi01->bf01\n",
+             "[2,4,4,2]", "{0,1,2,3}", "grad:wrt=0,1");
+  shape_case("  x = f64[1,4,3] parameter(0)  k = f64[2,3,2] parameter(1)\n"
+             "  ROOT y = f64[1,8,2] convolution(x, k), window={size=2 pad=1_1 lhs_dilate=2}, dim_labels=b0f_0io->b0f\n",
+             "[1,8,2]", "{0,1,2}", "grad:wrt=0,1");
+  shape_case("  x = f64[2,4,6] parameter(0)  k = f64[3,2,6] parameter(1)\n"
+             "  ROOT y = f64[2,4,6] convolution(x, k), window={size=3 pad=1_1}, dim_labels=b0f_0io->b0f, feature_group_count=3\n",
+             "[2,4,6]", "{0,1,2}", "grad:wrt=0,1");
+  shape_case("  x = f64[5,2,3] parameter(0)  k = f64[4,2,2] parameter(1)\n"
+             "  ROOT y = f64[4,3,3] convolution(x, k), window={size=2 stride=2 pad=1_0}, dim_labels=0fb_o0i->f0b\n",
+             "[4,3,3]", "{0,1,2}", "grad:wrt=0,1");
+}
+END_TEST
+
 START_TEST(test_reductions) {
   shape_case("  x = f64[3,4] parameter(0)  z = f64[] constant(0)\n"
              "  ROOT y = f64[4] reduce(x, z), dimensions={0}, to_apply=add\n", "[4]", "{0}", "grad");
@@ -535,6 +554,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_edge_points_like_jax);
   tcase_add_test(tc, test_shape_ops);
   tcase_add_test(tc, test_dot_ops);
+  tcase_add_test(tc, test_convolution);
   tcase_add_test(tc, test_reductions);
   tcase_add_test(tc, test_gather_scatter);
   tcase_add_test(tc, test_select_and_scatter);
