@@ -11,14 +11,8 @@
 #include <string.h>
 
 #include "compiler/codegen/executable.h"
-#include "executor/interp/interp.h"
-
-#if defined(__has_include)
-#if __has_include("compiler/compile.h")
 #include "compiler/compile.h"
-#define KILN_HAVE_COMPILE 1
-#endif
-#endif
+#include "executor/interp/interp.h"
 
 int kiln_run_executable(const kiln_executable *e, const kiln_backend_options *bopts,
                         const kiln_run_options *ropts, const kiln_literal *const *args,
@@ -50,16 +44,11 @@ static int run_cpu(const kiln_module *m, const kiln_compile_options *copts,
                    const kiln_backend_options *bopts, const kiln_run_options *ropts,
                    const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
                    kiln_status *st) {
-#ifdef KILN_HAVE_COMPILE
   kiln_executable *e = NULL;
   int rc = kiln_compile(m, copts, &e, st);
   if (rc == 0) rc = kiln_run_executable(e, bopts, ropts, args, nargs, out, st);
   kiln_executable_destroy(e);
   return rc;
-#else
-  (void)m, (void)copts, (void)bopts, (void)ropts, (void)args, (void)nargs, (void)out;
-  return kiln_status_set(st, KILN_EUNIMPL, "run", "this build has no compiler for the cpu backend");
-#endif
 }
 
 int kiln_run_module_with(const kiln_module *m, const char *backend,

@@ -10,13 +10,21 @@
  * workers drain them in order. The job leaves the queue when its last chunk
  * is claimed, and its memory is only released once the thread finishing the
  * last chunk has let go of the mutex, so no worker touches a dead job.
+ *
+ * A worker that runs out of work spins for a few tens of microseconds
+ * before it sleeps (OpenMP's "block time", kept short): consecutive split
+ * launches, the common case in a step program, then find the workers awake
+ * and pay no futex wake-up; the submitter signals only sleeping workers.
  */
 #include <errno.h>
 #include <stdbool.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "executor/cpu/cpu.h"
+
+#define SPIN_NS 50000 /* how long an idle worker polls before sleeping */
 
 typedef struct job {
   kiln__cpu_task_fn fn;
@@ -32,7 +40,9 @@ struct kiln__cpu_pool {
   pthread_cond_t work;   /* a job was queued, or stop */
   pthread_cond_t done;   /* some job finished its last chunk */
   job *head, *tail;
-  bool stop;
+  _Atomic uint32_t queued;  /* jobs in the queue; read without the mutex by spinners */
+  _Atomic bool stop;
+  uint32_t sleeping;        /* workers waiting on `work` (under the mutex) */
   uint32_t nthreads;     /* workers + the submitting thread */
   uint32_t nworkers;     /* threads actually started */
   pthread_t *workers;
@@ -47,6 +57,7 @@ static void unlink_job(kiln__cpu_pool *p, job *j) {
   if (*pp == NULL) return;
   *pp = j->link;
   if (p->tail == j) p->tail = prev;
+  atomic_fetch_sub_explicit(&p->queued, 1, memory_order_relaxed);
 }
 
 /* Claims the next chunk of j (mutex held); false when none is left. */
@@ -62,11 +73,44 @@ static void finish(kiln__cpu_pool *p, job *j) {
   if (++j->ndone == j->nchunks) pthread_cond_broadcast(&p->done);
 }
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* Polls for queued work for SPIN_NS (mutex not held). */
+static void spin_for_work(kiln__cpu_pool *p) {
+  int64_t until = now_ns() + SPIN_NS;
+  for (uint32_t i = 0;; i++) {
+    if (atomic_load_explicit(&p->queued, memory_order_relaxed) ||
+        atomic_load_explicit(&p->stop, memory_order_relaxed))
+      return;
+    cpu_relax();
+    if ((i & 63) == 63 && now_ns() > until) return;
+  }
+}
+
 static void *worker_main(void *arg) {
   kiln__cpu_pool *p = arg;
   pthread_mutex_lock(&p->mu);
   for (;;) {
-    while (!p->stop && p->head == NULL) pthread_cond_wait(&p->work, &p->mu);
+    if (!p->stop && p->head == NULL) {
+      pthread_mutex_unlock(&p->mu);
+      spin_for_work(p);
+      pthread_mutex_lock(&p->mu);
+      while (!p->stop && p->head == NULL) {
+        p->sleeping++;
+        pthread_cond_wait(&p->work, &p->mu);
+        p->sleeping--;
+      }
+    }
     if (p->stop) break;
     job *j = p->head;
     uint64_t c;
@@ -139,10 +183,13 @@ void kiln__cpu_pool_run(kiln__cpu_pool *p, kiln__cpu_task_fn fn, void *ctx, uint
   else
     p->head = &j;
   p->tail = &j;
-  if (nchunks - 1 >= p->nworkers)
+  atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed);
+  /* Spinning workers see `queued`; wake sleepers, no more than can help. */
+  uint64_t wake = nchunks - 1 < p->sleeping ? nchunks - 1 : p->sleeping;
+  if (wake >= p->sleeping && wake > 0)
     pthread_cond_broadcast(&p->work);
   else
-    for (uint64_t i = 0; i + 1 < nchunks; i++) pthread_cond_signal(&p->work);
+    for (uint64_t i = 0; i < wake; i++) pthread_cond_signal(&p->work);
   uint64_t c;
   while (claim(p, &j, &c)) {
     pthread_mutex_unlock(&p->mu);

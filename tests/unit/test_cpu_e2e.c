@@ -1,0 +1,429 @@
+/* End-to-end tests of the cpu backend against the reference interpreter.
+ *
+ * Each module is compiled (kiln_compile), run on a cpu device and run by
+ * the interpreter on the same generated arguments; the results must agree:
+ * bit for bit for integers and predicates, within a small tolerance for
+ * floats (BLAS and the C compiler may associate sums differently). Inline
+ * modules cover elementwise chains, shape ops, dot, reduce, while,
+ * conditional, call and tuples; the corpus case runs every corpus module
+ * the cpu target compiles (KILN_CORPUS_DIR, skipped when absent). */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/compile.h"
+#include "compiler/ir/text.h"
+#include "executor/backend.h"
+#include "executor/run.h"
+
+static kiln_status st;
+
+static kiln_module *parse(const char *text, size_t len, const char *name) {
+  kiln_module *m = NULL;
+  kiln_status_clear(&st);
+  if (kiln_module_parse_text(text, len, name, NULL, &m, &st) != 0) return NULL;
+  return m;
+}
+
+/* ---- arguments ---------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+  *s = *s * 6364136223846793005u + 1442695040888963407u;
+  return *s >> 33;
+}
+
+/* Values every element type holds exactly: floats in [-2, 2] by 1/8, small
+ * integers, random predicates. */
+static void fill(kiln_literal *l, uint64_t *seed) {
+  if (l->shape.dtype == KILN_TUPLE) {
+    for (uint32_t i = 0; i < l->shape.rank; i++) fill(l->elems[i], seed);
+    return;
+  }
+  if (!kiln_dtype_is_array(l->shape.dtype)) return;
+  int64_t n = kiln_literal_elements(l);
+  kiln_dtype t = l->shape.dtype;
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t r = rng_next(seed);
+    if (t == KILN_PRED)
+      kiln_literal_set_u64(l, i, r & 1);
+    else if (kiln_dtype_is_float(t))
+      kiln_literal_set_f64(l, i, (double)((int64_t)(r % 33) - 16) / 8.0);
+    else if (kiln_dtype_is_unsigned_int(t))
+      kiln_literal_set_u64(l, i, r % 11);
+    else if (kiln_dtype_is_signed_int(t))
+      kiln_literal_set_s64(l, i, (int64_t)(r % 11) - 5);
+    else if (kiln_dtype_is_complex(t))
+      kiln_literal_set_c128(l, i, (double)(r % 9) - 4, (double)(r / 9 % 9) - 4);
+  }
+}
+
+/* One argument per entry parameter; false when one cannot be made. */
+static bool make_args(const kiln_module *m, uint64_t seed, kiln_literal **args, uint32_t *n) {
+  const kiln_computation *e = kiln_module_entry(m);
+  *n = kiln_computation_nparams(m, e);
+  if (*n > 16) return false;
+  for (uint32_t i = 0; i < *n; i++) {
+    const kiln_instr *p = kiln_computation_param(m, e, i);
+    args[i] = NULL;
+    if (p == NULL || kiln_shape_is_dynamic(&p->shape) ||
+        kiln_literal_create(NULL, &p->shape, 64u << 20, &args[i], &st) != 0) {
+      for (uint32_t j = 0; j <= i; j++) kiln_literal_destroy(args[j]);
+      return false;
+    }
+    fill(args[i], &seed);
+  }
+  return true;
+}
+
+/* ---- comparing ---------------------------------------------------------- */
+
+static double tolerance(kiln_dtype t) {
+  switch (t) {
+  case KILN_F64: return 1e-10;
+  case KILN_F32: return 2e-5;
+  case KILN_F16: return 2e-3;
+  case KILN_BF16: return 1.6e-2;
+  default: return 0.13; /* f8 types */
+  }
+}
+
+/* Empty when equal, else a description of the first difference. */
+static void compare(const kiln_literal *want, const kiln_literal *got, const char *path,
+                    kiln_sbuf *why) {
+  if (!kiln_shape_equal(&want->shape, &got->shape, false)) {
+    kiln_sbuf_printf(why, "%s: shapes differ", path);
+    return;
+  }
+  if (want->shape.dtype == KILN_TUPLE) {
+    for (uint32_t i = 0; i < want->shape.rank && kiln_sbuf_str(why)[0] == '\0'; i++) {
+      char sub[64];
+      snprintf(sub, sizeof sub, "%s{%u}", path, i);
+      compare(want->elems[i], got->elems[i], sub, why);
+    }
+    return;
+  }
+  kiln_dtype t = want->shape.dtype;
+  if (!kiln_dtype_is_array(t)) return;
+  int64_t n = kiln_literal_elements(want);
+  for (int64_t i = 0; i < n; i++) {
+    if (kiln_dtype_is_float(t)) {
+      double a = kiln_literal_get_f64(want, i), b = kiln_literal_get_f64(got, i);
+      if (isnan(a) && isnan(b)) continue;
+      if (a == b) continue;
+      if (!isinf(a) && !isinf(b) && fabs(a - b) <= tolerance(t) * (1 + fabs(a))) continue;
+      kiln_sbuf_printf(why, "%s[%lld]: interp %.9g, cpu %.9g", path, (long long)i, a, b);
+      return;
+    }
+    if (kiln_dtype_is_complex(t)) {
+      double ar, ai, br, bi;
+      kiln_literal_get_c128(want, i, &ar, &ai);
+      kiln_literal_get_c128(got, i, &br, &bi);
+      double tol = (t == KILN_C64 ? 2e-5 : 1e-10) * (1 + fabs(ar) + fabs(ai));
+      if ((fabs(ar - br) <= tol || (isnan(ar) && isnan(br))) &&
+          (fabs(ai - bi) <= tol || (isnan(ai) && isnan(bi))))
+        continue;
+      kiln_sbuf_printf(why, "%s[%lld]: interp (%g, %g), cpu (%g, %g)", path, (long long)i, ar,
+                       ai, br, bi);
+      return;
+    }
+    if (kiln_literal_get_u64(want, i) != kiln_literal_get_u64(got, i)) {
+      kiln_sbuf_printf(why, "%s[%lld]: interp %lld, cpu %lld", path, (long long)i,
+                       (long long)kiln_literal_get_s64(want, i),
+                       (long long)kiln_literal_get_s64(got, i));
+      return;
+    }
+  }
+}
+
+typedef enum outcome {
+  SAME,
+  DIFFERENT,
+  CPU_UNSUPPORTED, /* the cpu target refuses an op or type (KILN_EUNIMPL) */
+  COMPILE_FAILED,  /* kiln_compile failed otherwise */
+  RUN_FAILED,      /* compiled, but loading or running failed */
+  ORACLE_FAILED,   /* the interpreter cannot run it: nothing to compare */
+} outcome;
+
+/* Runs m on both backends with arguments from `seed`; *why says what
+ * differed or failed. */
+static outcome run_both(const kiln_module *m, uint64_t seed, kiln_sbuf *why) {
+  kiln_literal *args[16];
+  uint32_t n;
+  if (!make_args(m, seed, args, &n)) {
+    kiln_sbuf_printf(why, "no arguments");
+    return ORACLE_FAILED;
+  }
+  kiln_literal *want = NULL, *got = NULL;
+  kiln_run_options ro = {.max_while_iterations = 1000000, .timeout_seconds = 30};
+  outcome o;
+  kiln_status_clear(&st);
+  if (kiln_run_module_with(m, "interp", NULL, NULL, &ro, (const kiln_literal *const *)args, n,
+                           &want, &st) != 0) {
+    kiln_sbuf_printf(why, "interp: %s: %s", st.where, st.msg);
+    o = ORACLE_FAILED;
+    goto out;
+  }
+  kiln_status_clear(&st);
+  kiln_executable *e = NULL;
+  int rc = kiln_compile(m, NULL, &e, &st);
+  if (rc) {
+    kiln_sbuf_printf(why, "compile: %s: %s: %.300s", kiln_err_name(rc), st.where, st.msg);
+    o = rc == KILN_EUNIMPL ? CPU_UNSUPPORTED : COMPILE_FAILED;
+    goto out;
+  }
+  rc = kiln_run_executable(e, NULL, &ro, (const kiln_literal *const *)args, n, &got, &st);
+  kiln_executable_destroy(e);
+  if (rc) {
+    kiln_sbuf_printf(why, "cpu run: %s: %s: %.300s", kiln_err_name(rc), st.where, st.msg);
+    o = RUN_FAILED;
+    goto out;
+  }
+  compare(want, got, "result", why);
+  o = kiln_sbuf_str(why)[0] ? DIFFERENT : SAME;
+out:
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  for (uint32_t i = 0; i < n; i++) kiln_literal_destroy(args[i]);
+  return o;
+}
+
+/* The module must run on cpu and agree with interp for three seeds. */
+static void agree(const char *text) {
+  kiln_module *m = parse(text, strlen(text), "t.hlo");
+  ck_assert_msg(m != NULL, "parse: %s: %s", st.where, st.msg);
+  for (uint64_t seed = 1; seed <= 3; seed++) {
+    kiln_sbuf why = KILN_SBUF_INIT;
+    outcome o = run_both(m, seed, &why);
+    ck_assert_msg(o == SAME, "seed %llu: %s\n%s", (unsigned long long)seed, kiln_sbuf_str(&why),
+                  text);
+    kiln_sbuf_free(&why);
+  }
+  kiln_module_destroy(m);
+}
+
+/* ---- inline modules ------------------------------------------------------ */
+
+START_TEST(test_elementwise_chains) {
+  agree("HloModule m\nENTRY e {\n  a = f32[64,33] parameter(0)\n  b = f32[64,33] parameter(1)\n"
+        "  c = f32[64,33] multiply(a, b)\n  d = f32[64,33] subtract(c, a)\n"
+        "  e = f32[64,33] exponential(d)\n  f = f32[64,33] tanh(e)\n"
+        "  ROOT g = f32[64,33] maximum(f, b)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = s32[1000] parameter(0)\n  b = s32[1000] parameter(1)\n"
+        "  c = s32[1000] multiply(a, b)\n  d = s32[1000] divide(c, b)\n"
+        "  e = s32[1000] remainder(a, b)\n  f = s32[1000] add(d, e)\n"
+        "  ROOT g = s32[1000] shift-left(f, b)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f64[17] parameter(0)\n  b = f64[17] parameter(1)\n"
+        "  p = pred[17] compare(a, b), direction=LT\n  s = f64[17] select(p, a, b)\n"
+        "  c = f32[17] convert(s)\n  h = bf16[17] convert(c)\n  ROOT r = f32[17] convert(h)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f16[300] parameter(0)\n  b = f16[300] parameter(1)\n"
+        "  c = f16[300] add(a, b)\n  ROOT d = f16[300] multiply(c, a)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = u8[50] parameter(0)\n  b = u8[50] parameter(1)\n"
+        "  c = u8[50] subtract(a, b)\n  ROOT d = u8[50] xor(c, b)\n}\n");
+}
+END_TEST
+
+START_TEST(test_shape_ops) {
+  agree("HloModule m\nENTRY e {\n  a = f32[4,6] parameter(0)\n"
+        "  t = f32[6,4] transpose(a), dimensions={1,0}\n  r = f32[3,8] reshape(t)\n"
+        "  b = f32[2,3,8] broadcast(r), dimensions={1,2}\n"
+        "  s = f32[2,2,4] slice(b), slice={[0:2], [1:3], [2:6]}\n"
+        "  ROOT c = f32[2,2,12] concatenate(s, s, s), dimensions={2}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = s32[3,5] parameter(0)\n  z = s32[] constant(7)\n"
+        "  p = s32[5,14] pad(a, z), padding=1_1x2_3_1\n  r = s32[5,14] reverse(p), dimensions={0}\n"
+        "  i = s32[5,14] iota(), iota_dimension=1\n  ROOT o = s32[5,14] add(r, i)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[8,8] parameter(0)\n  i = s32[] parameter(1)\n"
+        "  j = s32[] parameter(2)\n  ROOT d = f32[3,4] dynamic-slice(a, i, j), "
+        "dynamic_slice_sizes={3,4}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[8,8] parameter(0)\n  u = f32[2,3] parameter(1)\n"
+        "  i = s32[] parameter(2)\n  ROOT d = f32[8,8] dynamic-update-slice(a, u, i, i)\n}\n");
+}
+END_TEST
+
+START_TEST(test_dot) {
+  agree("HloModule m\nENTRY e {\n  a = f32[64,48] parameter(0)\n  b = f32[48,80] parameter(1)\n"
+        "  ROOT d = f32[64,80] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f64[5,7] parameter(0)\n  b = f64[9,7] parameter(1)\n"
+        "  ROOT d = f64[5,9] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={1}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[3,4,5] parameter(0)\n  b = f32[3,5,6] parameter(1)\n"
+        "  ROOT d = f32[3,4,6] dot(a, b), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+        "lhs_contracting_dims={2}, rhs_contracting_dims={1}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[7,3] parameter(0)\n  b = f32[7] parameter(1)\n"
+        "  ROOT d = f32[3] dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = s32[4,5] parameter(0)\n  b = s32[5,2] parameter(1)\n"
+        "  ROOT d = s32[4,2] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n");
+  /* dot feeding elementwise ops */
+  agree("HloModule m\nENTRY e {\n  a = f32[32,32] parameter(0)\n  b = f32[32,32] parameter(1)\n"
+        "  d = f32[32,32] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+        "  ROOT r = f32[32,32] add(d, a)\n}\n");
+}
+END_TEST
+
+START_TEST(test_reduce) {
+  static const char add[] = "add {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n"
+                            "  ROOT s = f32[] add(x, y)\n}\n";
+  char text[1024];
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[40,50] parameter(0)\n  z = f32[] constant(0)\n"
+           "  ROOT r = f32[50] reduce(a, z), dimensions={0}, to_apply=add\n}\n",
+           add);
+  agree(text);
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[40,50] parameter(0)\n  z = f32[] constant(0)\n"
+           "  ROOT r = f32[] reduce(a, z), dimensions={0,1}, to_apply=add\n}\n",
+           add);
+  agree(text);
+  agree("HloModule m\nmax {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n"
+        "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[6,7,8] parameter(0)\n"
+        "  z = s32[] constant(-100)\n"
+        "  ROOT r = s32[6,8] reduce(a, z), dimensions={1}, to_apply=max\n}\n");
+}
+END_TEST
+
+START_TEST(test_control_flow) {
+  agree("HloModule m\ncond {\n  s = (s32[], f32[8]) parameter(0)\n"
+        "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(10)\n"
+        "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
+        "body {\n  s = (s32[], f32[8]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
+        "  v = f32[8] get-tuple-element(s), index=1\n  one = s32[] constant(1)\n"
+        "  j = s32[] add(i, one)\n  w = f32[8] add(v, v)\n  ROOT t = (s32[], f32[8]) tuple(j, w)\n}\n"
+        "ENTRY e {\n  v = f32[8] parameter(0)\n  z = s32[] constant(0)\n"
+        "  t = (s32[], f32[8]) tuple(z, v)\n"
+        "  ROOT w = (s32[], f32[8]) while(t), condition=cond, body=body\n}\n");
+  agree("HloModule m\nt {\n  x = f32[4] parameter(0)\n  ROOT y = f32[4] negate(x)\n}\n"
+        "f {\n  x = f32[4] parameter(0)\n  ROOT y = f32[4] exponential(x)\n}\n"
+        "ENTRY e {\n  p = pred[] parameter(0)\n  a = f32[4] parameter(1)\n"
+        "  ROOT c = f32[4] conditional(p, a, a), true_computation=t, false_computation=f\n}\n");
+  agree("HloModule m\nb0 {\n  x = s32[3] parameter(0)\n  ROOT y = s32[3] negate(x)\n}\n"
+        "b1 {\n  x = s32[3] parameter(0)\n  ROOT y = s32[3] add(x, x)\n}\n"
+        "b2 {\n  x = s32[3] parameter(0)\n  ROOT y = s32[3] multiply(x, x)\n}\n"
+        "ENTRY e {\n  i = s32[] parameter(0)\n  a = s32[3] parameter(1)\n"
+        "  ROOT c = s32[3] conditional(i, a, a, a), branch_computations={b0, b1, b2}\n}\n");
+  agree("HloModule m\nsq {\n  x = f32[5] parameter(0)\n  ROOT y = f32[5] multiply(x, x)\n}\n"
+        "ENTRY e {\n  a = f32[5] parameter(0)\n  c = f32[5] call(a), to_apply=sq\n"
+        "  ROOT t = (f32[5], f32[5]) tuple(c, a)\n}\n");
+}
+END_TEST
+
+/* The cpu backend honours the run options through kiln_run_module_with. */
+START_TEST(test_run_limits) {
+  const char *text = "HloModule m\ncond {\n  s = s32[] parameter(0)\n"
+                     "  ROOT p = pred[] constant(true)\n}\nbody {\n  s = s32[] parameter(0)\n"
+                     "  one = s32[] constant(1)\n  ROOT t = s32[] add(s, one)\n}\n"
+                     "ENTRY e {\n  z = s32[] constant(0)\n"
+                     "  ROOT w = s32[] while(z), condition=cond, body=body\n}\n";
+  kiln_module *m = parse(text, strlen(text), "t.hlo");
+  ck_assert_ptr_nonnull(m);
+  kiln_run_options ro = {.max_while_iterations = 1000};
+  kiln_literal *out = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_run_module_with(m, "cpu", NULL, NULL, &ro, NULL, 0, &out, &st),
+                   KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "while loop ran past 1000 iterations");
+  ck_assert_ptr_null(out);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_run_module(m, "gpu", NULL, NULL, 0, &out, &st), KILN_ENOTFOUND);
+  ck_assert_str_eq(st.msg, "unknown backend 'gpu' (known: cpu, interp)");
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* ---- the corpus ---------------------------------------------------------- */
+
+static const char *corpus_dir(void) {
+  static char path[1024];
+  const char *env = getenv("KILN_CORPUS_DIR");
+  if (env && *env) return env;
+  snprintf(path, sizeof path, "%s/../shared/corpus/xla-hlo", KILN_SOURCE_DIR);
+  return path;
+}
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  *len = fread(buf, 1, (size_t)n, f);
+  buf[*len] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static int by_name(const struct dirent **a, const struct dirent **b) {
+  return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+static int is_hlo(const struct dirent *d) {
+  size_t n = strlen(d->d_name);
+  return n > 4 && strcmp(d->d_name + n - 4, ".hlo") == 0;
+}
+
+START_TEST(test_corpus_agrees) {
+  const char *dir = corpus_dir();
+  struct dirent **names;
+  int n = scandir(dir, &names, is_hlo, by_name);
+  if (n <= 0) {
+    printf("corpus directory %s not found; skipping (set KILN_CORPUS_DIR)\n", dir);
+    return;
+  }
+  int counts[ORACLE_FAILED + 1] = {0};
+  kiln_sbuf failures = KILN_SBUF_INIT;
+  for (int i = 0; i < n; i++) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]->d_name);
+    size_t len;
+    char *text = slurp(path, &len);
+    kiln_module *m = text ? parse(text, len, names[i]->d_name) : NULL;
+    outcome o = ORACLE_FAILED;
+    kiln_sbuf why = KILN_SBUF_INIT;
+    if (m) o = run_both(m, 7, &why);
+    counts[o]++;
+    if (o == DIFFERENT || o == RUN_FAILED || o == COMPILE_FAILED)
+      kiln_sbuf_printf(&failures, "  %s: %s\n", names[i]->d_name, kiln_sbuf_str(&why));
+    kiln_sbuf_free(&why);
+    kiln_module_destroy(m);
+    free(text);
+    free(names[i]);
+  }
+  free(names);
+  printf("corpus on cpu: %d agree with interp, %d differ, %d fail to run, %d fail to compile, "
+         "%d not supported by the cpu target, %d not runnable by interp\n%s",
+         counts[SAME], counts[DIFFERENT], counts[RUN_FAILED], counts[COMPILE_FAILED],
+         counts[CPU_UNSUPPORTED], counts[ORACLE_FAILED], kiln_sbuf_str(&failures));
+  /* Compiler failures are reported above for the compiler's own tests to
+   * pin down; a wrong result or a failing run is the executor's business. */
+  ck_assert_msg(counts[DIFFERENT] == 0 && counts[RUN_FAILED] == 0,
+                "cpu results differ from interp or fail to run:\n%s", kiln_sbuf_str(&failures));
+  ck_assert_int_gt(counts[SAME], 40);
+  kiln_sbuf_free(&failures);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cpu_e2e");
+  TCase *tc = tcase_create("modules");
+  tcase_set_timeout(tc, 240);
+  tcase_add_test(tc, test_elementwise_chains);
+  tcase_add_test(tc, test_shape_ops);
+  tcase_add_test(tc, test_dot);
+  tcase_add_test(tc, test_reduce);
+  tcase_add_test(tc, test_control_flow);
+  tcase_add_test(tc, test_run_limits);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("corpus");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, test_corpus_agrees);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
