@@ -55,6 +55,7 @@ typedef struct ba_ctx {
   uint32_t nbodies;
   uint32_t *comp_seen;
   int64_t *wpos; /* per while: position of the copies into its state; else -1 */
+  uint32_t *out_group; /* per result leaf: a separate output group, or KILN_NO_SLOT */
   int64_t pos;
   uint64_t align;
 } ba_ctx;
@@ -510,6 +511,15 @@ static int add_stages(ba_ctx *b) {
 
 /* ---- phase 3: results --------------------------------------------------- */
 
+/* Whether an in-place candidate lets group g's first value be written over
+ * group p at position pos (the last read of p). */
+static bool writes_over(ba_ctx *b, uint32_t g, uint32_t p, int64_t pos) {
+  if (b->g[p].last != pos) return false;
+  for (size_t i = 0; i < b->nc; i++)
+    if (b->c[i].pos == pos && find(b, b->c[i].res) == g && find(b, b->c[i].opnd) == p) return true;
+  return false;
+}
+
 /* The group of the entry parameter leaf donated to result leaf o, or
  * KILN_NO_SLOT. */
 static uint32_t donated_param(ba_ctx *b, uint32_t o) {
@@ -534,7 +544,9 @@ static int claim_results(ba_ctx *b, kiln_buffer_assignment *ba) {
   uint32_t n = b->nleaves[root];
   ba->nresults = n;
   ba->result_slots = kiln_arena_calloc(ba->arena, n ? n : 1, sizeof *ba->result_slots);
-  if (ba->result_slots == NULL) return oom(b);
+  b->out_group = kiln_malloc((n ? n : 1) * sizeof *b->out_group);
+  if (ba->result_slots == NULL || b->out_group == NULL) return oom(b);
+  memset(b->out_group, 0xff, (n ? n : 1) * sizeof *b->out_group);
   for (uint32_t o = 0; o < n; o++) {
     uint32_t g = find(b, b->lg[b->lstart[root] + o]);
     group *gr = &b->g[g];
@@ -543,7 +555,8 @@ static int claim_results(ba_ctx *b, kiln_buffer_assignment *ba) {
       /* The producer may write straight into the donated buffer when the
        * parameter is dead before the producer's buffer is first written. */
       pg = find(b, pg);
-      if (gr->kind == KILN_SLOT_TEMP && gr->entry_def && !gr->loop && b->g[pg].last < gr->def) {
+      if (gr->kind == KILN_SLOT_TEMP && gr->entry_def && !gr->loop &&
+          (b->g[pg].last < gr->def || writes_over(b, g, pg, gr->def))) {
         gr->parent = pg;
         if (gr->last > b->g[pg].last) b->g[pg].last = gr->last;
       }
@@ -552,7 +565,16 @@ static int claim_results(ba_ctx *b, kiln_buffer_assignment *ba) {
     if (gr->kind == KILN_SLOT_TEMP && gr->entry_def && !gr->loop) {
       gr->kind = KILN_SLOT_OUTPUT;
       gr->index = o;
+      continue;
     }
+    /* A parameter, constant, loop state or another result's buffer: the
+     * value is copied into an output slot of its own at the end. */
+    uint32_t og;
+    int rc = new_group(b, KILN_SLOT_OUTPUT, b->g[g].size, &og);
+    if (rc) return rc;
+    b->g[og].index = o;
+    b->g[og].fixed = true;
+    b->out_group[o] = og;
   }
   return 0;
 }
@@ -719,7 +741,9 @@ static int finish(ba_ctx *b, kiln_buffer_assignment *ba) {
   for (uint32_t i = 0; i < m->ninstrs; i++)
     ba->scratch_slot[i] = b->scratch[i] == KILN_NO_SLOT ? KILN_NO_SLOT : b->g[b->scratch[i]].slot;
   kiln_id root = kiln_module_entry(m)->root;
-  for (uint32_t o = 0; o < ba->nresults; o++) ba->result_slots[o] = b->g[b->lg[b->lstart[root] + o]].slot;
+  for (uint32_t o = 0; o < ba->nresults; o++)
+    ba->result_slots[o] = b->out_group[o] != KILN_NO_SLOT ? b->g[b->out_group[o]].slot
+                                                          : b->g[b->lg[b->lstart[root] + o]].slot;
   return 0;
 }
 
@@ -779,6 +803,7 @@ out:
   kiln_free(b.bodies);
   kiln_free(b.comp_seen);
   kiln_free(b.wpos);
+  kiln_free(b.out_group);
   if (rc) {
     kiln_buffer_assignment_destroy(ba);
     return rc;
