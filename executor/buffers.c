@@ -1,0 +1,456 @@
+/* The buffer store: handle table, per-client accounting and quotas.
+ *
+ * Two chained hash tables under one mutex: handles -> entries (keyed by the
+ * handle's 16 random bytes, so the first 8 of them are already a uniform
+ * hash) and client names -> client records (a seeded FNV-1a, so a client
+ * cannot aim its names at one chain). A client record exists while it is
+ * charged anything or owns an entry, and is freed when both drop to zero:
+ * a stream of clients with ever-new names leaves nothing behind.
+ *
+ * Invariant: client->charged == reserved bytes + the bytes of every entry of
+ * that client not yet freed (in the table or only held by references).
+ */
+#include "executor/buffers.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "compiler/ir/ir.h"
+
+typedef struct client {
+  char *name;
+  uint64_t charged;   /* see the invariant above */
+  uint32_t nbufs;     /* entries in the table */
+  uint32_t nentries;  /* entries not yet freed */
+  struct client *next;
+} client;
+
+typedef struct entry {
+  kiln_stored pub; /* first: a kiln_stored * is an entry * */
+  uint8_t key[16];
+  client *owner;
+  uint32_t refs;
+  bool in_table;
+  struct entry *next;
+} entry;
+
+struct kiln_buffer_store {
+  pthread_mutex_t mu;
+  kiln_buffer_store_options o;
+  entry **ebuckets; /* power of two */
+  size_t nebuckets, nentries_table;
+  client **cbuckets; /* power of two */
+  size_t ncbuckets, nclients;
+  uint64_t total_charged;
+  uint64_t seed;
+};
+
+/* ---- random handles ----------------------------------------------------------------- */
+
+static int random_bytes(uint8_t *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = getrandom(buf + got, n - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return KILN_EIO;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+static void to_hex(const uint8_t *b, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[b[i] >> 4];
+    out[2 * i + 1] = digits[b[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+int kiln_random_hex128(char out[KILN_HANDLE_HEX_LEN + 1]) {
+  uint8_t b[16];
+  int rc = random_bytes(b, sizeof b);
+  if (rc) return rc;
+  to_hex(b, sizeof b, out);
+  return 0;
+}
+
+/* Strictly 32 lowercase hex digits, as the store writes them. */
+static bool parse_handle(const char *h, uint8_t key[16]) {
+  if (h == NULL || strlen(h) != KILN_HANDLE_HEX_LEN) return false;
+  for (int i = 0; i < KILN_HANDLE_HEX_LEN; i++) {
+    char c = h[i];
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (v < 0) return false;
+    if (i % 2 == 0) key[i / 2] = (uint8_t)(v << 4);
+    else key[i / 2] |= (uint8_t)v;
+  }
+  return true;
+}
+
+static uint64_t key_hash(const uint8_t key[16]) {
+  uint64_t h;
+  memcpy(&h, key, sizeof h);
+  return h;
+}
+
+static uint64_t name_hash(const kiln_buffer_store *s, const char *name) {
+  uint64_t h = 1469598103934665603ull ^ s->seed;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+    h ^= *p;
+    h *= 1099511628211ull;
+  }
+  return h ^ (h >> 29);
+}
+
+/* ---- tables ------------------------------------------------------------------------ */
+
+/* Doubles a chained table when it holds more entries than buckets. On
+ * out-of-memory the table simply stays as it is (longer chains). */
+#define GROW_TABLE(T, buckets, nbuckets, count, hashexpr)                   \
+  do {                                                                      \
+    if ((count) < (nbuckets)) break;                                        \
+    size_t nn = (nbuckets) * 2;                                             \
+    T **nb = kiln_calloc(nn, sizeof *nb);                                   \
+    if (nb == NULL) break;                                                  \
+    for (size_t i = 0; i < (nbuckets); i++) {                               \
+      T *it = (buckets)[i];                                                 \
+      while (it) {                                                          \
+        T *next = it->next;                                                 \
+        size_t b = (size_t)(hashexpr) & (nn - 1);                           \
+        it->next = nb[b];                                                   \
+        nb[b] = it;                                                         \
+        it = next;                                                          \
+      }                                                                     \
+    }                                                                       \
+    kiln_free(buckets);                                                     \
+    (buckets) = nb;                                                         \
+    (nbuckets) = nn;                                                        \
+  } while (0)
+
+static client *client_find(kiln_buffer_store *s, const char *name) {
+  client *c = s->cbuckets[name_hash(s, name) & (s->ncbuckets - 1)];
+  while (c && strcmp(c->name, name) != 0) c = c->next;
+  return c;
+}
+
+static client *client_get(kiln_buffer_store *s, const char *name) {
+  client *c = client_find(s, name);
+  if (c) return c;
+  c = kiln_calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  c->name = kiln_strdup(name);
+  if (c->name == NULL) {
+    kiln_free(c);
+    return NULL;
+  }
+  GROW_TABLE(client, s->cbuckets, s->ncbuckets, s->nclients, name_hash(s, it->name));
+  size_t b = name_hash(s, name) & (s->ncbuckets - 1);
+  c->next = s->cbuckets[b];
+  s->cbuckets[b] = c;
+  s->nclients++;
+  return c;
+}
+
+/* Frees the record once nothing is charged to it and it owns nothing. */
+static void client_maybe_free(kiln_buffer_store *s, client *c) {
+  if (c->charged != 0 || c->nentries != 0) return;
+  client **pp = &s->cbuckets[name_hash(s, c->name) & (s->ncbuckets - 1)];
+  while (*pp != c) pp = &(*pp)->next;
+  *pp = c->next;
+  s->nclients--;
+  kiln_free(c->name);
+  kiln_free(c);
+}
+
+static entry *entry_find(kiln_buffer_store *s, const uint8_t key[16], entry ***where) {
+  entry **pp = &s->ebuckets[key_hash(key) & (s->nebuckets - 1)];
+  while (*pp && memcmp((*pp)->key, key, 16) != 0) pp = &(*pp)->next;
+  if (where) *where = pp;
+  return *pp;
+}
+
+static void entry_unlink(kiln_buffer_store *s, entry **pp) {
+  entry *e = *pp;
+  *pp = e->next;
+  e->next = NULL;
+  e->in_table = false;
+  e->owner->nbufs--;
+  s->nentries_table--;
+}
+
+/* ---- quota ------------------------------------------------------------------------- */
+
+static int charge(kiln_buffer_store *s, client *c, uint64_t bytes, kiln_status *st) {
+  const kiln_buffer_store_options *o = &s->o;
+  if (o->client_quota_bytes && (bytes > o->client_quota_bytes ||
+                                c->charged > o->client_quota_bytes - bytes))
+    return kiln_status_set(st, KILN_ELIMIT, "buffers",
+                           "client memory quota exceeded: %llu bytes in use, %llu more "
+                           "requested, quota %llu",
+                           (unsigned long long)c->charged, (unsigned long long)bytes,
+                           (unsigned long long)o->client_quota_bytes);
+  if (o->total_quota_bytes && (bytes > o->total_quota_bytes ||
+                               s->total_charged > o->total_quota_bytes - bytes))
+    return kiln_status_set(st, KILN_ELIMIT, "buffers",
+                           "server buffer memory exhausted: %llu bytes in use, %llu more "
+                           "requested, limit %llu",
+                           (unsigned long long)s->total_charged, (unsigned long long)bytes,
+                           (unsigned long long)o->total_quota_bytes);
+  c->charged += bytes;
+  s->total_charged += bytes;
+  return 0;
+}
+
+static void uncharge(kiln_buffer_store *s, client *c, uint64_t bytes) {
+  c->charged -= bytes < c->charged ? bytes : c->charged;
+  s->total_charged -= bytes < s->total_charged ? bytes : s->total_charged;
+}
+
+/* ---- the store --------------------------------------------------------------------- */
+
+int kiln_buffer_store_create(const kiln_buffer_store_options *o, kiln_buffer_store **out,
+                             kiln_status *st) {
+  *out = NULL;
+  kiln_buffer_store *s = kiln_calloc(1, sizeof *s);
+  if (s == NULL) goto out_nomem;
+  if (o) s->o = *o;
+  s->nebuckets = 64;
+  s->ncbuckets = 16;
+  s->ebuckets = kiln_calloc(s->nebuckets, sizeof *s->ebuckets);
+  s->cbuckets = kiln_calloc(s->ncbuckets, sizeof *s->cbuckets);
+  if (s->ebuckets == NULL || s->cbuckets == NULL) goto out_free;
+  if (random_bytes((uint8_t *)&s->seed, sizeof s->seed)) s->seed = (uint64_t)(uintptr_t)s;
+  pthread_mutex_init(&s->mu, NULL);
+  *out = s;
+  return 0;
+out_free:
+  kiln_free(s->ebuckets);
+  kiln_free(s->cbuckets);
+  kiln_free(s);
+out_nomem:
+  return kiln_status_set(st, KILN_ENOMEM, "buffers", "out of memory creating the buffer store");
+}
+
+static void entry_free(entry *e) {
+  kiln_literal_destroy(e->pub.lit);
+  kiln_free(e->pub.label);
+  kiln_free(e);
+}
+
+void kiln_buffer_store_destroy(kiln_buffer_store *s) {
+  if (s == NULL) return;
+  for (size_t i = 0; i < s->nebuckets; i++)
+    for (entry *e = s->ebuckets[i], *next; e; e = next) {
+      next = e->next;
+      entry_free(e);
+    }
+  for (size_t i = 0; i < s->ncbuckets; i++)
+    for (client *c = s->cbuckets[i], *next; c; c = next) {
+      next = c->next;
+      kiln_free(c->name);
+      kiln_free(c);
+    }
+  kiln_free(s->ebuckets);
+  kiln_free(s->cbuckets);
+  pthread_mutex_destroy(&s->mu);
+  kiln_free(s);
+}
+
+int kiln_buffer_store_reserve(kiln_buffer_store *s, const char *client_name, uint64_t bytes,
+                              kiln_status *st) {
+  pthread_mutex_lock(&s->mu);
+  int rc;
+  client *c = client_get(s, client_name);
+  if (c == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, "buffers", "out of memory");
+  } else {
+    rc = charge(s, c, bytes, st);
+    client_maybe_free(s, c);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+static void unreserve_locked(kiln_buffer_store *s, const char *client_name, uint64_t bytes) {
+  client *c = client_find(s, client_name);
+  if (c) {
+    uncharge(s, c, bytes);
+    client_maybe_free(s, c);
+  }
+}
+
+void kiln_buffer_store_unreserve(kiln_buffer_store *s, const char *client_name, uint64_t bytes) {
+  pthread_mutex_lock(&s->mu);
+  unreserve_locked(s, client_name, bytes);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static entry *entry_new(kiln_literal *lit, int32_t device, const char *label) {
+  entry *e = kiln_calloc(1, sizeof *e);
+  if (e == NULL) return NULL;
+  e->pub.label = kiln_strdup(label ? label : "");
+  if (e->pub.label == NULL || random_bytes(e->key, sizeof e->key) != 0) {
+    kiln_free(e->pub.label);
+    kiln_free(e);
+    return NULL;
+  }
+  to_hex(e->key, sizeof e->key, e->pub.handle);
+  e->pub.lit = lit;
+  e->pub.bytes = lit->nbytes;
+  e->pub.device = device;
+  return e;
+}
+
+/* Under the lock: charges (unless reserved) and links e into the table. */
+static int insert_locked(kiln_buffer_store *s, const char *client_name, entry *e, bool reserved,
+                         kiln_status *st) {
+  client *c = client_get(s, client_name);
+  if (c == NULL) return kiln_status_set(st, KILN_ENOMEM, "buffers", "out of memory");
+  int rc = 0;
+  if (s->o.max_buffers_per_client && c->nbufs >= s->o.max_buffers_per_client)
+    rc = kiln_status_set(st, KILN_ELIMIT, "buffers", "client already holds %u buffers (the limit)",
+                         c->nbufs);
+  else if (!reserved)
+    rc = charge(s, c, e->pub.bytes, st);
+  if (rc) {
+    client_maybe_free(s, c);
+    return rc;
+  }
+  /* 128 random bits do not collide in practice; a repeat would be a broken
+   * random source, which must not silently alias two buffers. */
+  if (entry_find(s, e->key, NULL) != NULL) {
+    if (!reserved) uncharge(s, c, e->pub.bytes);
+    client_maybe_free(s, c);
+    return kiln_status_set(st, KILN_EINTERNAL, "buffers", "random source repeated a handle");
+  }
+  GROW_TABLE(entry, s->ebuckets, s->nebuckets, s->nentries_table, key_hash(it->key));
+  size_t b = key_hash(e->key) & (s->nebuckets - 1);
+  e->next = s->ebuckets[b];
+  s->ebuckets[b] = e;
+  e->owner = c;
+  e->in_table = true;
+  e->refs = 1;
+  c->nbufs++;
+  c->nentries++;
+  s->nentries_table++;
+  return 0;
+}
+
+int kiln_buffer_store_add(kiln_buffer_store *s, const char *client_name, kiln_literal *lit,
+                          int32_t device, const char *label, bool reserved, kiln_stored **out,
+                          kiln_status *st) {
+  if (out) *out = NULL;
+  int rc = 0;
+  entry *e = NULL;
+  if (lit == NULL || !kiln_shape_is_array(&lit->shape))
+    rc = kiln_status_set(st, KILN_EINVAL, "buffers", "only arrays can be stored");
+  else if ((e = entry_new(lit, device, label)) == NULL)
+    rc = kiln_status_set(st, KILN_ENOMEM, "buffers", "out of memory storing a buffer");
+  if (rc) {
+    if (reserved && lit) kiln_buffer_store_unreserve(s, client_name, lit->nbytes);
+    kiln_literal_destroy(lit);
+    return rc;
+  }
+  pthread_mutex_lock(&s->mu);
+  rc = insert_locked(s, client_name, e, reserved, st);
+  if (rc == 0 && out) {
+    e->refs++;
+    *out = &e->pub;
+  }
+  if (rc && reserved) unreserve_locked(s, client_name, e->pub.bytes);
+  pthread_mutex_unlock(&s->mu);
+  if (rc) entry_free(e);
+  return rc;
+}
+
+static int not_found(kiln_status *st, const char *handle) {
+  return kiln_status_set(st, KILN_ENOTFOUND, "buffers", "unknown buffer handle '%.64s'",
+                         handle ? handle : "");
+}
+
+/* Under the lock: the entry of `handle` if `client_name` owns it. */
+static entry *lookup_owned(kiln_buffer_store *s, const char *client_name, const char *handle,
+                           entry ***where) {
+  uint8_t key[16];
+  if (!parse_handle(handle, key)) return NULL;
+  entry *e = entry_find(s, key, where);
+  if (e == NULL || strcmp(e->owner->name, client_name) != 0) return NULL;
+  return e;
+}
+
+int kiln_buffer_store_acquire(kiln_buffer_store *s, const char *client_name, const char *handle,
+                              bool take, kiln_stored **out, kiln_status *st) {
+  *out = NULL;
+  pthread_mutex_lock(&s->mu);
+  entry **pp;
+  entry *e = lookup_owned(s, client_name, handle, &pp);
+  if (e) {
+    e->refs++;
+    if (take) {
+      entry_unlink(s, pp);
+      e->refs--; /* the table's reference passes to the caller */
+    }
+    *out = &e->pub;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return e ? 0 : not_found(st, handle);
+}
+
+/* Under the lock: drops one reference; the last frees the entry's charge
+ * and returns the entry for the caller to free outside the lock. */
+static entry *unref_locked(kiln_buffer_store *s, entry *e) {
+  if (--e->refs > 0) return NULL;
+  client *c = e->owner;
+  uncharge(s, c, e->pub.bytes);
+  c->nentries--;
+  client_maybe_free(s, c);
+  return e;
+}
+
+void kiln_buffer_store_unref(kiln_buffer_store *s, kiln_stored *b) {
+  if (b == NULL) return;
+  pthread_mutex_lock(&s->mu);
+  entry *dead = unref_locked(s, (entry *)b);
+  pthread_mutex_unlock(&s->mu);
+  if (dead) entry_free(dead);
+}
+
+int kiln_buffer_store_release(kiln_buffer_store *s, const char *client_name, const char *handle,
+                              uint64_t *bytes) {
+  if (bytes) *bytes = 0;
+  pthread_mutex_lock(&s->mu);
+  entry **pp;
+  entry *e = lookup_owned(s, client_name, handle, &pp);
+  entry *dead = NULL;
+  if (e) {
+    if (bytes) *bytes = e->pub.bytes;
+    entry_unlink(s, pp);
+    dead = unref_locked(s, e);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (dead) entry_free(dead);
+  return e ? 0 : KILN_ENOTFOUND;
+}
+
+uint64_t kiln_buffer_store_client_bytes(kiln_buffer_store *s, const char *client_name) {
+  pthread_mutex_lock(&s->mu);
+  client *c = client_find(s, client_name);
+  uint64_t n = c ? c->charged : 0;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+void kiln_buffer_store_get_totals(kiln_buffer_store *s, kiln_buffer_store_totals *out) {
+  pthread_mutex_lock(&s->mu);
+  out->live_buffers = s->nentries_table;
+  out->live_bytes = s->total_charged;
+  out->clients = s->nclients;
+  pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,126 @@
+/* kilnd's configuration: one table of options, three sources.
+ *
+ * Every option is one row of KILND_OPTIONS: its flag name, type, field,
+ * default and help text. The same name is the flag (--cpu-devices 4 or
+ * --cpu-devices=4), the config file key (cpu-devices = 4, or cpu_devices)
+ * and, upper-cased with '_' for '-' and a KILN_ prefix, the environment
+ * variable (KILN_CPU_DEVICES=4). Later sources win: defaults, then the config
+ * file (--config PATH or KILN_CONFIG), then the environment, then flags.
+ * `kilnd --help` prints the table, so it documents every option.
+ *
+ * This file has no dependency on gRPC or libuv, so its tests link it alone.
+ */
+#ifndef KILN_SERVER_CONFIG_H
+#define KILN_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILND_MiB (UINT64_C(1) << 20)
+#define KILND_GiB (UINT64_C(1) << 30)
+
+/* X(name, KIND, field, default, help). Kinds: STR (char *), U64 (uint64_t,
+ * accepts K/M/G/T and Ki/Mi/Gi/Ti suffixes), SEC (double seconds, accepts
+ * ms/s/m/h suffixes), BOOL (true/false/1/0/yes/no/on/off). */
+#define KILND_OPTIONS(X)                                                                      \
+  X("listen", STR, listen, "127.0.0.1:50051",                                                \
+    "gRPC address HOST:PORT; port 0 picks a free port (printed on stdout)")                  \
+  X("metrics-listen", STR, metrics_listen, "127.0.0.1:9464",                                 \
+    "Prometheus /metrics HTTP address HOST:PORT; port 0 picks one; 'off' disables it")      \
+  X("cpu-devices", U64, cpu_devices, "1", "CPU worker devices (1 to 256)")                   \
+  X("cpu-threads", U64, cpu_threads, "0",                                                    \
+    "threads per CPU device; 0 shares the cores among the devices")                          \
+  X("interp-devices", U64, interp_devices, "2",                                              \
+    "reference interpreter devices (1 to 256): executions of 'interp' programs at once")     \
+  X("default-backend", STR, default_backend, "cpu",                                          \
+    "backend for Compile requests that name none: cpu or interp (cpu falls back to interp "  \
+    "for programs it cannot compile)")                                                       \
+  X("cq-threads", U64, cq_threads, "2", "gRPC completion-queue threads (1 to 64)")           \
+  X("compile-threads", U64, compile_threads, "2", "compile thread pool size (1 to 128)")     \
+  X("compile-queue-depth", U64, compile_queue_depth, "64",                                   \
+    "compiles queued or running at once; more are RESOURCE_EXHAUSTED")                       \
+  X("queue-depth", U64, queue_depth, "1024",                                                 \
+    "executions queued for devices, all clients; more are RESOURCE_EXHAUSTED")               \
+  X("client-queue-depth", U64, client_queue_depth, "256",                                    \
+    "executions queued for devices per client")                                              \
+  X("max-message-bytes", U64, max_message_bytes, "64Mi",                                     \
+    "largest gRPC message received (bulk data goes through PutBuffer/GetBuffer streams)")   \
+  X("max-module-bytes", U64, max_module_bytes, "16Mi",                                       \
+    "largest program (HLO text or serialized module) accepted by Compile")                   \
+  X("max-elements", U64, max_elements, "256Mi",                                              \
+    "largest element count of any one array (shapes, arguments, buffers)")                   \
+  X("max-buffer-bytes", U64, max_buffer_bytes, "4Gi", "largest single uploaded buffer")      \
+  X("client-memory-bytes", U64, client_memory_bytes, "4Gi",                                  \
+    "per-client quota of server-resident buffer memory; 0: none")                            \
+  X("server-memory-bytes", U64, server_memory_bytes, "0",                                    \
+    "quota of all server-resident buffers together; 0: none")                                \
+  X("max-buffers-per-client", U64, max_buffers_per_client, "65536",                          \
+    "live buffer handles per client; 0: none")                                               \
+  X("max-executables", U64, max_executables, "1024",                                         \
+    "compiled executables kept; the least recently used unreferenced one is evicted")        \
+  X("run-timeout", SEC, run_timeout, "300",                                                  \
+    "longest one execution may run (the call's deadline may cut it shorter)")                \
+  X("run-memory-bytes", U64, run_memory_bytes, "4Gi",                                        \
+    "memory one interpreter execution may hold in live values")                              \
+  X("compile-timeout", SEC, compile_timeout, "120", "limit on the C compiler per Compile")  \
+  X("drain-timeout", SEC, drain_timeout, "30",                                               \
+    "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")        \
+  X("chunk-bytes", U64, chunk_bytes, "1Mi", "GetBuffer chunk size when the request sets none")\
+  X("log-requests", BOOL, log_requests, "false", "log every finished call on stderr")
+
+typedef struct kilnd_config {
+#define KILND_FIELD_STR char *
+#define KILND_FIELD_U64 uint64_t
+#define KILND_FIELD_SEC double
+#define KILND_FIELD_BOOL bool
+#define X(name, kind, field, dflt, help) KILND_FIELD_##kind field;
+  KILND_OPTIONS(X)
+#undef X
+  char *config_path; /* --config / KILN_CONFIG, or NULL */
+} kilnd_config;
+
+typedef enum kilnd_config_action {
+  KILND_CONFIG_RUN,     /* start the server */
+  KILND_CONFIG_HELP,    /* --help was given */
+  KILND_CONFIG_VERSION, /* --version was given */
+} kilnd_config_action;
+
+/* Fills c with the defaults. Release with kilnd_config_free. */
+int kilnd_config_init(kilnd_config *c, kiln_status *st);
+void kilnd_config_free(kilnd_config *c);
+
+/* Sets option `name` (flag spelling; '_' accepted for '-') from text.
+ * `source` names where the value came from, for messages ("--cpu-devices",
+ * "KILN_CPU_DEVICES", "kilnd.conf:3"). KILN_EINVAL for an unknown name or a
+ * bad value. */
+int kilnd_config_set(kilnd_config *c, const char *name, const char *value, const char *source,
+                     kiln_status *st);
+
+/* Applies config-file text (key = value lines, '#' comments, blank lines). */
+int kilnd_config_apply_file_text(kilnd_config *c, const char *text, const char *filename,
+                                 kiln_status *st);
+/* Applies KILN_* variables from envp (NULL-terminated "NAME=value" strings). */
+int kilnd_config_apply_env(kilnd_config *c, char *const *envp, kiln_status *st);
+
+/* The whole sequence: defaults, the file (from --config or KILN_CONFIG in
+ * envp), envp, then argv. *action says what main should do. */
+int kilnd_config_load(kilnd_config *c, int argc, char *const *argv, char *const *envp,
+                      kilnd_config_action *action, kiln_status *st);
+
+/* Checks ranges that span options (device counts, queue depths). */
+int kilnd_config_check(const kilnd_config *c, kiln_status *st);
+
+/* Writes the usage text, one paragraph per option. */
+void kilnd_config_usage(FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_SERVER_CONFIG_H */

@@ -1,0 +1,180 @@
+/* The executable table: a chained hash of ids under one mutex, with
+ * least-recently-used eviction of entries no Execute holds.
+ *
+ * Loading a cpu executable on a device (dlopen of its code) happens at most
+ * once per device, on first use, under the entry's own mutex so that loads
+ * for different executables do not wait for each other.
+ */
+#include "server/executables.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "common/alloc.h"
+#include "compiler/codegen/executable.h"
+#include "compiler/ir/ir.h"
+#include "executor/backend.h"
+
+#define NBUCKETS 256
+
+struct kilnd_exes {
+  pthread_mutex_t mu;
+  kilnd_exe *buckets[NBUCKETS];
+  uint32_t n, max;
+  uint64_t clock; /* for last_used */
+};
+
+void kilnd_sha256_hex(const void *data, size_t len, char out[KILND_EXE_ID_LEN + 1]) {
+  unsigned char md[32];
+  unsigned int mdlen = 0;
+  EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
+  for (unsigned i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+  out[KILND_EXE_ID_LEN] = '\0';
+}
+
+static unsigned bucket_of(const char *id) {
+  unsigned h = 0;
+  for (int i = 0; i < 4 && id[i]; i++) h = h * 16 + (unsigned)(id[i] <= '9' ? id[i] - '0' : id[i] - 'a' + 10);
+  return h % NBUCKETS;
+}
+
+int kilnd_exes_create(uint32_t max, kilnd_exes **out, kiln_status *st) {
+  *out = kiln_calloc(1, sizeof **out);
+  if (*out == NULL) return kiln_status_set(st, KILN_ENOMEM, "executables", "out of memory");
+  pthread_mutex_init(&(*out)->mu, NULL);
+  (*out)->max = max;
+  return 0;
+}
+
+static void exe_free(kilnd_exe *e) {
+  for (uint32_t i = 0; i < e->nloaded; i++) kiln_loaded_destroy(e->loaded[i]);
+  kiln_free(e->loaded);
+  kiln_executable_destroy(e->exe);
+  kiln_module_destroy(e->module);
+  pthread_mutex_destroy(&e->mu);
+  kiln_free(e);
+}
+
+void kilnd_exes_destroy(kilnd_exes *t) {
+  if (t == NULL) return;
+  for (unsigned b = 0; b < NBUCKETS; b++)
+    for (kilnd_exe *e = t->buckets[b], *next; e; e = next) {
+      next = e->next;
+      kilnd_exe_unref(e);
+    }
+  pthread_mutex_destroy(&t->mu);
+  kiln_free(t);
+}
+
+kilnd_exe *kilnd_exe_create(const char *id, int dev_class, uint32_t ndevices, kiln_module *module,
+                            kiln_executable *exe, uint32_t ndevice_slots) {
+  kilnd_exe *e = kiln_calloc(1, sizeof *e);
+  if (e) e->loaded = kiln_calloc(ndevice_slots ? ndevice_slots : 1, sizeof *e->loaded);
+  if (e == NULL || e->loaded == NULL) {
+    if (e) kiln_free(e);
+    kiln_module_destroy(module);
+    kiln_executable_destroy(exe);
+    return NULL;
+  }
+  snprintf(e->id, sizeof e->id, "%s", id);
+  e->dev_class = dev_class;
+  e->ndevices = ndevices;
+  e->module = module;
+  e->exe = exe;
+  e->nloaded = ndevice_slots;
+  pthread_mutex_init(&e->mu, NULL);
+  atomic_store(&e->refs, 1);
+  return e;
+}
+
+void kilnd_exe_unref(kilnd_exe *e) {
+  if (e && atomic_fetch_sub(&e->refs, 1) == 1) exe_free(e);
+}
+
+/* Under the lock: drops the least recently used entry only the table
+ * holds. False when every entry is in use. */
+static bool evict_one(kilnd_exes *t) {
+  kilnd_exe **victim = NULL;
+  for (unsigned b = 0; b < NBUCKETS; b++)
+    for (kilnd_exe **pp = &t->buckets[b]; *pp; pp = &(*pp)->next)
+      if (atomic_load(&(*pp)->refs) == 1 && (victim == NULL || (*pp)->last_used < (*victim)->last_used))
+        victim = pp;
+  if (victim == NULL) return false;
+  kilnd_exe *e = *victim;
+  *victim = e->next;
+  t->n--;
+  kilnd_exe_unref(e);
+  return true;
+}
+
+static kilnd_exe *find_locked(kilnd_exes *t, const char *id) {
+  kilnd_exe *e = t->buckets[bucket_of(id)];
+  while (e && strcmp(e->id, id) != 0) e = e->next;
+  return e;
+}
+
+int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, kilnd_exe **out, bool *hit, kiln_status *st) {
+  *out = NULL;
+  *hit = false;
+  pthread_mutex_lock(&t->mu);
+  kilnd_exe *old = find_locked(t, e->id);
+  int rc = 0;
+  if (old) {
+    *hit = true;
+    atomic_fetch_add(&old->refs, 1);
+    old->last_used = ++t->clock;
+    *out = old;
+  } else if (t->n >= t->max && !evict_one(t)) {
+    rc = kiln_status_set(st, KILN_ELIMIT, "executables",
+                         "%u executables are kept and all are in use (max-executables)", t->n);
+  } else {
+    unsigned b = bucket_of(e->id);
+    e->next = t->buckets[b];
+    t->buckets[b] = e;
+    t->n++;
+    e->last_used = ++t->clock;
+    atomic_fetch_add(&e->refs, 1); /* the table's and the caller's */
+    *out = e;
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (old || rc) kilnd_exe_unref(e);
+  return rc;
+}
+
+int kilnd_exes_get(kilnd_exes *t, const char *id, kilnd_exe **out, kiln_status *st) {
+  pthread_mutex_lock(&t->mu);
+  kilnd_exe *e = strlen(id) == KILND_EXE_ID_LEN ? find_locked(t, id) : NULL;
+  if (e) {
+    atomic_fetch_add(&e->refs, 1);
+    e->last_used = ++t->clock;
+  }
+  pthread_mutex_unlock(&t->mu);
+  *out = e;
+  if (e == NULL)
+    return kiln_status_set(st, KILN_ENOTFOUND, "executable_id",
+                           "unknown executable id '%.80s' (compile it first)", id);
+  return 0;
+}
+
+uint32_t kilnd_exes_count(kilnd_exes *t) {
+  pthread_mutex_lock(&t->mu);
+  uint32_t n = t->n;
+  pthread_mutex_unlock(&t->mu);
+  return n;
+}
+
+int kilnd_exe_loaded(kilnd_exe *e, kiln_backend *b, uint32_t index, kiln_loaded **out,
+                     kiln_status *st) {
+  *out = NULL;
+  if (e->exe == NULL || b == NULL || index >= e->nloaded)
+    return kiln_status_set(st, KILN_EINTERNAL, "execute", "no code for device %u", index);
+  pthread_mutex_lock(&e->mu);
+  int rc = 0;
+  if (e->loaded[index] == NULL)
+    rc = kiln_device_load(kiln_backend_device(b, index), e->exe, &e->loaded[index], st);
+  *out = e->loaded[index];
+  pthread_mutex_unlock(&e->mu);
+  return rc;
+}

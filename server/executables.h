@@ -1,0 +1,68 @@
+/* Compiled executables kept by the server, by id.
+ *
+ * An executable's id is the lowercase hex SHA-256 of everything that makes
+ * its code: backend, target, optimization level, transforms and the
+ * canonical text of the program, so identical Compile requests from any
+ * client share one entry (the second is a memory-cache hit). Entries are
+ * reference counted: the table holds one, every Execute in flight another.
+ * Past --max-executables the least recently used entry nobody is running
+ * is evicted.
+ */
+#ifndef KILN_SERVER_EXECUTABLES_H
+#define KILN_SERVER_EXECUTABLES_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "server/server.h"
+
+typedef struct kiln_module kiln_module;
+typedef struct kiln_executable kiln_executable;
+typedef struct kiln_loaded kiln_loaded;
+
+#define KILND_EXE_ID_LEN 64
+
+struct kilnd_exe {
+  char id[KILND_EXE_ID_LEN + 1];
+  int dev_class;         /* KILND_CLASS_CPU or KILND_CLASS_INTERP */
+  uint32_t ndevices;     /* partitions: devices one run needs */
+  kiln_module *module;   /* verified, transformed: signature and interp runs */
+  kiln_executable *exe;  /* cpu: the compiled code; NULL for interp */
+  uint64_t peak_bytes;
+  /* cpu: the executable loaded per device, created on first use. */
+  pthread_mutex_t mu;
+  kiln_loaded **loaded;
+  uint32_t nloaded;
+  /* owned by the table */
+  atomic_int refs;
+  uint64_t last_used;
+  struct kilnd_exe *next;
+};
+
+int kilnd_exes_create(uint32_t max, kilnd_exes **out, kiln_status *st);
+void kilnd_exes_destroy(kilnd_exes *t);
+
+/* A new entry owning module and exe (either may be NULL on failure paths);
+ * NULL on out-of-memory (module and exe are then freed). */
+kilnd_exe *kilnd_exe_create(const char *id, int dev_class, uint32_t ndevices, kiln_module *module,
+                            kiln_executable *exe, uint32_t ndevice_slots);
+void kilnd_exe_unref(kilnd_exe *e);
+
+/* Adds e, or finds an entry of the same id (then e is freed and *hit set).
+ * *out receives a reference either way. */
+int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, kilnd_exe **out, bool *hit, kiln_status *st);
+/* A reference to the entry `id`, KILN_ENOTFOUND when there is none. */
+int kilnd_exes_get(kilnd_exes *t, const char *id, kilnd_exe **out, kiln_status *st);
+uint32_t kilnd_exes_count(kilnd_exes *t);
+
+/* cpu entries: the executable loaded on device `index` of backend b. */
+int kilnd_exe_loaded(kilnd_exe *e, kiln_backend *b, uint32_t index, kiln_loaded **out,
+                     kiln_status *st);
+
+/* SHA-256 of data as 64 hex digits (server/executables.c, on libcrypto). */
+void kilnd_sha256_hex(const void *data, size_t len, char out[KILND_EXE_ID_LEN + 1]);
+
+#endif /* KILN_SERVER_EXECUTABLES_H */

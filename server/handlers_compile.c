@@ -1,0 +1,315 @@
+/* Compile: program in, executable id out.
+ *
+ * On the completion-queue thread only what is cheap is checked (sizes, the
+ * option values) and the compile-queue bound applied; the work itself runs
+ * on the loop's compile pool: parse or decode, verify, apply the requested
+ * transforms, then either compile for the cpu backend or keep the verified
+ * module for the interpreter. The executable id is the SHA-256 of what
+ * determines the code, computed before compiling, so a repeated request is
+ * answered from the table without compiling again.
+ *
+ * A request that names no backend gets --default-backend; when that is cpu
+ * and the cpu compiler cannot take the program (an op it has no code for,
+ * no C compiler), the program runs on the interpreter instead and the
+ * response says so in warnings.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/ir/ir.h"
+#include "compiler/ir/proto_codec.h"
+#include "compiler/ir/text.h"
+#include "compiler/ir/verify.h"
+#include "executor/scheduler.h"
+#include "kiln/v1/kiln.pb-c.h"
+#include "server/compile_prep.h"
+#include "server/convert.h"
+#include "server/executables.h"
+#include "server/server.h"
+
+#if defined(__has_include)
+#if __has_include("compiler/compile.h")
+#include "compiler/codegen/executable.h"
+#include "compiler/compile.h"
+#define KILND_HAVE_COMPILER 1
+#endif
+#endif
+
+/* ---- the cheap checks ---------------------------------------------------------------- */
+
+static int check_request(kilnd *srv, const Kiln__V1__CompileRequest *r, kiln_status *st) {
+  uint64_t max = srv->cfg.max_module_bytes;
+  if (r->program_case == KILN__V1__COMPILE_REQUEST__PROGRAM_HLO_TEXT) {
+    size_t n = strlen(r->hlo_text);
+    if (n > max)
+      return kiln_status_set(st, KILN_ELIMIT, "hlo_text",
+                             "program of %zu bytes exceeds the limit of %llu (max-module-bytes)",
+                             n, (unsigned long long)max);
+  } else if (r->program_case == KILN__V1__COMPILE_REQUEST__PROGRAM_MODULE) {
+    size_t n = protobuf_c_message_get_packed_size(&r->module->base);
+    if (n > max)
+      return kiln_status_set(st, KILN_ELIMIT, "module",
+                             "program of %zu bytes exceeds the limit of %llu (max-module-bytes)",
+                             n, (unsigned long long)max);
+  } else {
+    return kiln_status_set(st, KILN_EINVAL, "program", "neither hlo_text nor module is set");
+  }
+  if (r->request_id && strlen(r->request_id) > 256)
+    return kiln_status_set(st, KILN_EINVAL, "request_id", "longer than 256 bytes");
+  kilnd_compile_plan plan;
+  return kilnd_compile_plan_make(srv, r->options, &plan, st);
+}
+
+void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req) {
+  kilnd *srv = c->srv;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = check_request(srv, (const Kiln__V1__CompileRequest *)req, &st);
+  if (rc) {
+    kilnd_call_finish(c, NULL, rc, &st);
+    return;
+  }
+  if ((uint64_t)atomic_fetch_add(&srv->compiles, 1) >= srv->cfg.compile_queue_depth) {
+    atomic_fetch_sub(&srv->compiles, 1);
+    kilnd_call_fail(c, KILN_ELIMIT, "compile queue is full (%llu compiles, compile-queue-depth)",
+                    (unsigned long long)srv->cfg.compile_queue_depth);
+    return;
+  }
+  if (!kilnd_loop_queue_compile(srv, c)) {
+    atomic_fetch_sub(&srv->compiles, 1);
+    kilnd_call_fail(c, KILN_EUNAVAIL, "the server is shutting down");
+  }
+}
+
+/* ---- the work ------------------------------------------------------------------------ */
+
+typedef struct job {
+  kilnd *srv;
+  kilnd_call *c;
+  const Kiln__V1__CompileRequest *r;
+  kilnd_compile_plan plan;
+  kiln_module *m;
+  kiln_arena *a; /* the response's pieces */
+  Kiln__V1__CompileResponse resp;
+  kiln_sbuf warnings_text;
+  char **warnings;
+  size_t nwarnings;
+  Kiln__V1__PassTiming **timings;
+  size_t ntimings;
+  int64_t t0;
+  uint8_t *blob; /* serialized executable */
+  kiln_status st;
+} job;
+
+static void warn(job *j, const char *msg) {
+  char *w = kiln_arena_strdup(j->a, msg);
+  if (w == NULL || j->nwarnings >= 16) return;
+  j->warnings[j->nwarnings++] = w;
+}
+
+static uint32_t live_instrs(const kiln_module *m) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < m->ncomps; i++) n += m->comps[i]->ninstrs;
+  return n;
+}
+
+static void timing(job *j, const char *pass, int64_t ns, uint32_t instrs) {
+  if (j->ntimings >= KILND_MAX_TIMINGS) return;
+  Kiln__V1__PassTiming *t = kiln_arena_alloc(j->a, sizeof *t);
+  if (t == NULL) return;
+  kiln__v1__pass_timing__init(t);
+  t->pass = kiln_arena_strdup(j->a, pass);
+  if (t->pass == NULL) return;
+  t->wall_ns = ns;
+  t->instructions_after = instrs;
+  j->timings[j->ntimings++] = t;
+}
+
+static int load_program(job *j) {
+  const kilnd_config *cfg = &j->srv->cfg;
+  int64_t t0 = kiln_sched_now_ns();
+  int rc;
+  if (j->r->program_case == KILN__V1__COMPILE_REQUEST__PROGRAM_HLO_TEXT) {
+    kiln_parse_options po = {.max_elements = (int64_t)cfg->max_elements};
+    rc = kiln_module_parse_text(j->r->hlo_text, strlen(j->r->hlo_text), "hlo_text", &po, &j->m,
+                                &j->st);
+    if (rc == 0) timing(j, "parse", kiln_sched_now_ns() - t0, live_instrs(j->m));
+  } else {
+    rc = kiln__proto_module_decode(j->r->module, &j->m, &j->st);
+    if (rc == 0) timing(j, "decode", kiln_sched_now_ns() - t0, live_instrs(j->m));
+  }
+  if (rc) return rc;
+  t0 = kiln_sched_now_ns();
+  kiln_verify_options vo = {.max_elements = (int64_t)cfg->max_elements};
+  rc = kiln_module_verify(j->m, &vo, &j->st);
+  if (rc == 0) timing(j, "verify", kiln_sched_now_ns() - t0, live_instrs(j->m));
+  return rc;
+}
+
+/* The id: everything that determines the code, hashed. */
+static int make_id(job *j, char id[KILND_EXE_ID_LEN + 1]) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b, "kiln-exe-1\nbackend=%s\ntarget=%s\nopt=%d\ndevices=%u\n",
+                   j->plan.backend, j->plan.target ? j->plan.target : "",
+                   j->plan.opt_level, j->plan.ndevices);
+  kiln_module_print_to(&b, j->m);
+  int rc = b.failed ? KILN_ENOMEM : 0;
+  if (rc == 0) kilnd_sha256_hex(b.data, b.len, id);
+  kiln_sbuf_free(&b);
+  return rc ? kiln_status_set(&j->st, rc, "compile", "out of memory") : 0;
+}
+
+#ifdef KILND_HAVE_COMPILER
+static void report_timings(job *j, const kiln_compile_report *rep) {
+  for (uint32_t i = 0; i < rep->npasses; i++)
+    if (rep->passes[i].ran) timing(j, rep->passes[i].name, (int64_t)(rep->passes[i].ms * 1e6), 0);
+  timing(j, "buffer-assignment", (int64_t)(rep->assign_ms * 1e6), 0);
+  timing(j, "codegen", (int64_t)(rep->codegen_ms * 1e6), 0);
+  timing(j, "cc", (int64_t)(rep->cc_ms * 1e6), 0);
+}
+
+/* cpu: compile; *fallback when the default backend should give way. */
+static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fallback) {
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.target = j->plan.target;
+  o.opt_level = j->plan.opt_level;
+  o.verify_each = j->r->options && j->r->options->verify_each_pass;
+  o.cc_timeout_s = kilnd_call_time_left(j->c, j->srv->cfg.compile_timeout);
+  kiln_compile_report rep;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = kiln_compile(j->m, &o, exe, &rep, &st);
+  if (rc == 0) {
+    report_timings(j, &rep);
+    *peak = rep.peak_bytes;
+    return 0;
+  }
+  if (!j->plan.explicit_backend && (rc == KILN_EUNIMPL || rc == KILN_ENOTFOUND)) {
+    char msg[KILN_STATUS_MSG_MAX + 96];
+    snprintf(msg, sizeof msg, "running on the interpreter: the cpu compiler refused: %s", st.msg);
+    warn(j, msg);
+    *fallback = true;
+    return 0;
+  }
+  if (rc == KILN_ENOTFOUND) rc = KILN_EINTERNAL; /* no C compiler: the server's fault */
+  kiln_status_set(&j->st, rc, st.where, "%s", st.msg);
+  return rc;
+}
+#endif
+
+/* Interpreter entries report the bytes of every value of the entry: the
+ * interpreter keeps no buffer assignment, so this is an upper bound. */
+static uint64_t interp_peak(const kiln_module *m) {
+  const kiln_computation *e = kiln_module_entry(m);
+  uint64_t sum = 0;
+  for (uint32_t i = 0; e && i < e->ninstrs; i++) {
+    int64_t b = kiln_shape_bytes(&kiln_module_instr(m, e->instrs[i])->shape);
+    if (b > 0) sum += (uint64_t)b;
+  }
+  return sum;
+}
+
+/* Compiles (or finds) the executable; *out holds a reference. */
+static int build(job *j, kilnd_exe **out, bool *hit) {
+  char id[KILND_EXE_ID_LEN + 1];
+  int rc = make_id(j, id);
+  if (rc) return rc;
+  if (kilnd_exes_get(j->srv->exes, id, out, NULL) == 0) return *hit = true, 0;
+  bool fallback = strcmp(j->plan.backend, "interp") == 0;
+  kiln_executable *exe = NULL;
+  uint64_t peak = 0;
+#ifdef KILND_HAVE_COMPILER
+  if (!fallback && (rc = compile_cpu(j, &exe, &peak, &fallback))) return rc;
+#else
+  if (!fallback) {
+    if (j->plan.explicit_backend)
+      return kiln_status_set(&j->st, KILN_EUNIMPL, "options.backend",
+                             "this server was built without the cpu compiler");
+    warn(j, "running on the interpreter: this server was built without the cpu compiler");
+    fallback = true;
+  }
+#endif
+  if (fallback) peak = interp_peak(j->m);
+  uint32_t slots = kiln_sched_class_devices(j->srv->sched, KILND_CLASS_CPU);
+  kilnd_exe *e = kilnd_exe_create(id, fallback ? KILND_CLASS_INTERP : KILND_CLASS_CPU,
+                                  j->plan.ndevices, j->m, exe, slots);
+  j->m = NULL;
+  if (e == NULL) return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
+  e->peak_bytes = peak;
+  return kilnd_exes_insert(j->srv->exes, e, out, hit, &j->st);
+}
+
+static int fill_response(job *j, kilnd_exe *e, bool hit) {
+  Kiln__V1__CompileResponse *r = &j->resp;
+  r->executable_id = e->id;
+  r->cache_key = e->id;
+  r->cache_source = hit ? KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY
+                        : KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
+  r->peak_bytes = (int64_t)e->peak_bytes;
+  r->device_count = (int32_t)e->ndevices;
+  r->request_id = j->r->request_id;
+  r->signature = kilnd_signature_to_proto(j->a, e->module);
+  if (r->signature == NULL) return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
+  if (j->r->options && j->r->options->return_executable) {
+#ifdef KILND_HAVE_COMPILER
+    size_t len = 0;
+    if (e->exe) {
+      int rc = kiln_executable_serialize(e->exe, &j->blob, &len, &j->st);
+      if (rc) return rc;
+      r->serialized_executable.data = j->blob;
+      r->serialized_executable.len = len;
+    }
+#endif
+    if (e->exe == NULL) warn(j, "return_executable: interpreter programs have no executable");
+  }
+  r->pass_timings = j->timings;
+  r->n_pass_timings = hit ? 0 : j->ntimings;
+  r->warnings = j->warnings;
+  r->n_warnings = j->nwarnings;
+  r->compile_wall_ns = kiln_sched_now_ns() - j->t0;
+  return 0;
+}
+
+static int run_job(job *j, kilnd_call *c) {
+  int rc;
+  if (kilnd_call_expired(c, &rc))
+    return kiln_status_set(&j->st, rc, "Compile", rc == KILN_EDEADLINE
+                               ? "the call's deadline passed while the compile was queued"
+                               : "the caller went away");
+  if ((rc = kilnd_compile_plan_make(j->srv, j->r->options, &j->plan, &j->st))) return rc;
+  j->warnings = kiln_arena_calloc(j->a, 16, sizeof *j->warnings);
+  j->timings = kiln_arena_calloc(j->a, KILND_MAX_TIMINGS, sizeof *j->timings);
+  if (j->warnings == NULL || j->timings == NULL)
+    return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
+  for (uint32_t i = 0; i < j->plan.nwarnings; i++) warn(j, j->plan.warnings[i]);
+  if ((rc = load_program(j))) return rc;
+  int64_t t0 = kiln_sched_now_ns();
+  if ((rc = kilnd_compile_plan_apply(&j->plan, j->m, &j->st))) return rc;
+  if (j->plan.ntransforms) timing(j, "transforms", kiln_sched_now_ns() - t0, live_instrs(j->m));
+  kilnd_exe *e = NULL;
+  bool hit = false;
+  if ((rc = build(j, &e, &hit))) return rc;
+  rc = fill_response(j, e, hit);
+  kilnd_metrics_compile(j->srv, kiln_sched_now_ns() - j->t0, hit);
+  if (rc == 0) kilnd_call_finish(c, &j->resp.base, 0, NULL);
+  kilnd_exe_unref(e);
+  return rc ? rc : 1; /* 1: answered */
+}
+
+void kilnd_compile_work(kilnd_call *c) {
+  kilnd *srv = c->srv;
+  job j = {.srv = srv, .c = c, .r = (const Kiln__V1__CompileRequest *)c->req, .t0 = kiln_sched_now_ns()};
+  kiln__v1__compile_response__init(&j.resp);
+  kiln_status_clear(&j.st);
+  j.a = kiln_arena_create();
+  int rc = j.a ? run_job(&j, c) : kiln_status_set(&j.st, KILN_ENOMEM, "compile", "out of memory");
+  if (rc < 0) kilnd_call_finish(c, NULL, rc, &j.st);
+  kiln_module_destroy(j.m);
+  kiln_free(j.blob);
+  kiln_arena_destroy(j.a);
+  kilnd_compile_plan_free(&j.plan);
+  atomic_fetch_sub(&srv->compiles, 1);
+}

@@ -1,0 +1,315 @@
+/* Execute: run a compiled executable on inline literals and buffer handles.
+ *
+ * On the completion-queue thread the request is resolved completely before
+ * any device is involved: the executable, each argument (decoded, or a
+ * reference to the caller's buffer), every shape against the signature, the
+ * outputs to keep. Only a request that can run is queued, so a device never
+ * spends time on a malformed one. Donated buffers leave the handle table
+ * when the job is queued (nobody can use the handle after), and their memory
+ * goes when the run is over.
+ *
+ * The job runs on a device worker of the scheduler, which honours the call's
+ * deadline and skips it if the caller went away while it waited. Outputs
+ * come back inline or stay on the server as new handles of the caller.
+ */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/ir/ir.h"
+#include "compiler/ir/proto_internal.h"
+#include "executor/backend.h"
+#include "executor/buffers.h"
+#include "executor/interp/interp.h"
+#include "executor/scheduler.h"
+#include "kiln/v1/kiln.pb-c.h"
+#include "server/convert.h"
+#include "server/executables.h"
+#include "server/server.h"
+
+#define MAX_ARGS 4096
+
+typedef struct exec_state {
+  kilnd_exe *e;
+  kiln_arena *arena;           /* decoded arguments, reply pieces */
+  const kiln_literal **args;
+  uint32_t nargs;
+  kiln_stored **held;          /* buffer references, one per handle argument */
+  uint32_t nheld;
+  int64_t queued_at;
+  kiln_literal *out;
+} exec_state;
+
+static void exec_free(kilnd_call *c) {
+  exec_state *es = c->state;
+  for (uint32_t i = 0; i < es->nheld; i++) kiln_buffer_store_unref(c->srv->buffers, es->held[i]);
+  kiln_free(es->held);
+  kiln_free(es->args);
+  kiln_literal_destroy(es->out);
+  kilnd_exe_unref(es->e);
+  kiln_arena_destroy(es->arena);
+  kiln_free(es);
+}
+
+/* ---- resolving the request ----------------------------------------------------------- */
+
+static const kiln_shape *param_shape(const kiln_module *m, uint32_t i) {
+  const kiln_instr *p = kiln_computation_param(m, kiln_module_entry(m), i);
+  return p ? &p->shape : NULL;
+}
+
+static uint32_t output_count(const kiln_module *m) {
+  const kiln_instr *root = kiln_computation_root(m, kiln_module_entry(m));
+  return kiln_shape_is_tuple(&root->shape) ? root->shape.rank : 1;
+}
+
+static int check_shape(const kiln_shape *want, const kiln_shape *got, uint32_t i, kiln_status *st) {
+  if (want == NULL)
+    return kiln_status_set(st, KILN_EINTERNAL, "arguments", "parameter %u is missing", i);
+  if (kiln_shape_equal(want, got, false)) return 0;
+  char w[160], g[160];
+  kilnd_shape_str(want, w, sizeof w);
+  kilnd_shape_str(got, g, sizeof g);
+  return kiln_status_set(st, KILN_EINVAL, "arguments", "argument %u: expected %s, got %s", i, w, g);
+}
+
+static bool donated_twice(const Kiln__V1__ExecuteRequest *r, uint32_t i) {
+  for (uint32_t k = 0; k < r->n_arguments; k++) {
+    const Kiln__V1__Argument *a = r->arguments[k];
+    if (k != i && a->value_case == KILN__V1__ARGUMENT__VALUE_BUFFER_HANDLE &&
+        strcmp(a->buffer_handle, r->arguments[i]->buffer_handle) == 0)
+      return true;
+  }
+  return false;
+}
+
+static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
+                       uint32_t i, kiln_status *st) {
+  const Kiln__V1__Argument *a = r->arguments[i];
+  char path[48];
+  snprintf(path, sizeof path, "arguments[%u]", i);
+  const kiln_literal *lit = NULL;
+  if (a->value_case == KILN__V1__ARGUMENT__VALUE_LITERAL) {
+    if (a->donate)
+      return kiln_status_set(st, KILN_EINVAL, path, "only buffer handles can be donated");
+    kiln_literal *l = NULL;
+    int rc = kiln__proto_literal_decode(es->arena, a->literal, path, &l, st);
+    if (rc) return rc;
+    lit = l;
+  } else if (a->value_case == KILN__V1__ARGUMENT__VALUE_BUFFER_HANDLE) {
+    if (a->donate && donated_twice(r, i))
+      return kiln_status_set(st, KILN_EINVAL, path,
+                             "a donated buffer cannot also be passed as another argument");
+    kiln_stored *b = NULL;
+    int rc = kiln_buffer_store_acquire(c->srv->buffers, c->client, a->buffer_handle, false, &b, st);
+    if (rc) return rc;
+    es->held[es->nheld++] = b;
+    lit = b->lit;
+  } else {
+    return kiln_status_set(st, KILN_EINVAL, path, "neither literal nor buffer_handle is set");
+  }
+  int64_t n = kiln_literal_elements(lit);
+  if (kiln_shape_is_array(&lit->shape) && (n < 0 || (uint64_t)n > c->srv->cfg.max_elements))
+    return kiln_status_set(st, KILN_ELIMIT, path, "more than %llu elements (max-elements)",
+                           (unsigned long long)c->srv->cfg.max_elements);
+  es->args[i] = lit;
+  return check_shape(param_shape(es->e->module, i), &lit->shape, i, st);
+}
+
+static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__ExecuteRequest *r,
+                         kiln_status *st) {
+  if (r->n_device_ids == 0) return 0;
+  if (r->n_device_ids != e->ndevices)
+    return kiln_status_set(st, KILN_EINVAL, "device_ids", "%zu devices for a %u-device program",
+                           r->n_device_ids, e->ndevices);
+  uint32_t first = kiln_sched_class_first(srv->sched, (uint32_t)e->dev_class);
+  uint32_t n = kiln_sched_class_devices(srv->sched, (uint32_t)e->dev_class);
+  for (size_t i = 0; i < r->n_device_ids; i++)
+    if (r->device_ids[i] < (int32_t)first || r->device_ids[i] >= (int32_t)(first + n))
+      return kiln_status_set(st, KILN_EINVAL, "device_ids",
+                             "device %d cannot run this program (its devices are %u to %u)",
+                             r->device_ids[i], first, first + n - 1);
+  return 0;
+}
+
+static int resolve(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
+                   kiln_status *st) {
+  int rc = kilnd_exes_get(c->srv->exes, r->executable_id, &es->e, st);
+  if (rc) return rc;
+  const kiln_module *m = es->e->module;
+  uint32_t nparams = kiln_computation_nparams(m, kiln_module_entry(m));
+  if (r->n_arguments != nparams)
+    return kiln_status_set(st, KILN_EINVAL, "arguments", "the program takes %u arguments, got %zu",
+                           nparams, r->n_arguments);
+  uint32_t nout = output_count(m);
+  if (r->n_keep_on_server > nout)
+    return kiln_status_set(st, KILN_EINVAL, "keep_on_server", "%zu entries for %u outputs",
+                           r->n_keep_on_server, nout);
+  if ((rc = check_devices(c->srv, es->e, r, st))) return rc;
+  es->args = kiln_calloc(nparams ? nparams : 1, sizeof *es->args);
+  es->held = kiln_calloc(nparams ? nparams : 1, sizeof *es->held);
+  if (es->args == NULL || es->held == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+  es->nargs = nparams;
+  for (uint32_t i = 0; i < nparams; i++)
+    if ((rc = resolve_arg(c, es, r, i, st))) return rc;
+  return 0;
+}
+
+/* Takes donated handles out of the table; the references stay held. */
+static int take_donated(kilnd_call *c, const Kiln__V1__ExecuteRequest *r, kiln_status *st) {
+  for (size_t i = 0; i < r->n_arguments; i++) {
+    const Kiln__V1__Argument *a = r->arguments[i];
+    if (a->value_case != KILN__V1__ARGUMENT__VALUE_BUFFER_HANDLE || !a->donate) continue;
+    if (kiln_buffer_store_release(c->srv->buffers, c->client, a->buffer_handle, NULL) != 0)
+      return kiln_status_set(st, KILN_ENOTFOUND, "arguments",
+                             "argument %zu: buffer '%.40s' was released or donated meanwhile", i,
+                             a->buffer_handle);
+  }
+  return 0;
+}
+
+/* ---- running ------------------------------------------------------------------------- */
+
+static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_status *st) {
+  kilnd *srv = c->srv;
+  double timeout = kilnd_call_time_left(c, srv->cfg.run_timeout);
+  if (es->e->dev_class == KILND_CLASS_INTERP) {
+    kiln_interp_options io = {.max_live_bytes = srv->cfg.run_memory_bytes,
+                              .timeout_seconds = timeout};
+    return kiln_interp_run(es->e->module, es->args, es->nargs, &io, &es->out, st);
+  }
+  kiln_loaded *l = NULL;
+  uint32_t index = device - kiln_sched_class_first(srv->sched, KILND_CLASS_CPU);
+  int rc = kilnd_exe_loaded(es->e, srv->cpu, index, &l, st);
+  kiln_run_options ro = {.timeout_seconds = timeout};
+  if (rc == 0) rc = kiln_loaded_run(l, es->args, es->nargs, &ro, &es->out, st);
+  return rc;
+}
+
+static int keep_output(kilnd_call *c, exec_state *es, kiln_literal *lit, bool owned,
+                       Kiln__V1__Output *o, kiln_status *st) {
+  if (!kiln_shape_is_array(&lit->shape))
+    return kiln_status_set(st, KILN_EINVAL, "keep_on_server",
+                           "only array outputs can be kept on the server");
+  kiln_literal *copy = lit;
+  int rc = owned ? 0 : kiln_literal_clone(NULL, lit, &copy, st);
+  if (rc) return rc;
+  if (owned) es->out = NULL;
+  kiln_stored *b = NULL;
+  rc = kiln_buffer_store_add(c->srv->buffers, c->client, copy, 0, "execute output", false, &b, st);
+  if (rc) return rc;
+  kilnd_call_note_created(c, b->handle);
+  o->value_case = KILN__V1__OUTPUT__VALUE_BUFFER;
+  o->buffer = kilnd_buffer_info(es->arena, b);
+  /* The info points into b, which the table keeps alive: only this caller
+   * may release it, and it learns the handle from this very reply. */
+  kiln_buffer_store_unref(c->srv->buffers, b);
+  return o->buffer ? 0 : kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+}
+
+static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
+                   Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
+  bool tuple = kiln_shape_is_tuple(&es->out->shape);
+  uint32_t n = tuple ? es->out->shape.rank : 1;
+  resp->outputs = kiln_arena_calloc(es->arena, n ? n : 1, sizeof *resp->outputs);
+  if (resp->outputs == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+  for (uint32_t i = 0; i < n; i++) {
+    Kiln__V1__Output *o = kiln_arena_alloc(es->arena, sizeof *o);
+    if (o == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+    kiln__v1__output__init(o);
+    kiln_literal *lit = tuple ? es->out->elems[i] : es->out;
+    int rc = 0;
+    if (i < r->n_keep_on_server && r->keep_on_server[i]) {
+      rc = keep_output(c, es, lit, !tuple, o, st);
+    } else {
+      o->value_case = KILN__V1__OUTPUT__VALUE_LITERAL;
+      o->literal = kilnd_literal_to_proto(es->arena, lit);
+      if (o->literal == NULL) rc = kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+    }
+    if (rc) return rc;
+    resp->outputs[resp->n_outputs++] = o;
+  }
+  return 0;
+}
+
+/* A limit hit because the call's deadline came is the deadline's doing. */
+static int blame_deadline(kilnd_call *c, int rc, kiln_status *st) {
+  int why;
+  if (rc == KILN_ELIMIT && kilnd_call_expired(c, &why) && why == KILN_EDEADLINE) {
+    kiln_status fresh;
+    kiln_status_clear(&fresh);
+    kiln_status_set(&fresh, KILN_EDEADLINE, "Execute",
+                    "the call's deadline passed while the program ran (%s)", st->msg);
+    *st = fresh;
+    return KILN_EDEADLINE;
+  }
+  return rc;
+}
+
+static void exec_run(void *arg, const uint32_t *devices, uint32_t ndev) {
+  kilnd_call *c = arg;
+  exec_state *es = c->state;
+  const Kiln__V1__ExecuteRequest *r = (const void *)c->req;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int64_t t0 = kiln_sched_now_ns();
+  int rc = run_program(c, es, devices[0], &st);
+  int64_t t1 = kiln_sched_now_ns();
+  kilnd_metrics_execute(c->srv, t1 - t0, t0 - es->queued_at);
+  Kiln__V1__ExecuteResponse resp = KILN__V1__EXECUTE_RESPONSE__INIT;
+  Kiln__V1__ExecuteTiming timing = KILN__V1__EXECUTE_TIMING__INIT;
+  int32_t ids[KILN_SCHED_MAX_DEVICES > 64 ? 64 : KILN_SCHED_MAX_DEVICES];
+  if (rc) rc = blame_deadline(c, rc, &st);
+  if (rc == 0) rc = outputs(c, es, r, &resp, &st);
+  if (rc) {
+    kilnd_call_finish(c, NULL, rc, &st);
+    return;
+  }
+  for (uint32_t i = 0; i < ndev && i < 64; i++) ids[i] = (int32_t)devices[i];
+  resp.device_ids = ids;
+  resp.n_device_ids = ndev < 64 ? ndev : 64;
+  resp.request_id = r->request_id;
+  timing.queue_ns = t0 - es->queued_at;
+  timing.run_ns = t1 - t0;
+  timing.transfer_out_ns = kiln_sched_now_ns() - t1;
+  timing.total_ns = kiln_sched_now_ns() - c->start_ns;
+  resp.timing = &timing;
+  kilnd_call_finish(c, &resp.base, 0, NULL);
+}
+
+static void exec_drop(void *arg, int code) {
+  kilnd_call *c = arg;
+  kilnd_call_fail(c, code, "%s",
+                  code == KILN_EDEADLINE ? "the call's deadline passed while it waited for a device"
+                  : code == KILN_ECANCELED ? "the caller went away"
+                                           : "the server is shutting down");
+}
+
+void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
+  const Kiln__V1__ExecuteRequest *r = (const void *)req;
+  kiln_status st;
+  kiln_status_clear(&st);
+  exec_state *es = kiln_calloc(1, sizeof *es);
+  if (es) es->arena = kiln_arena_create();
+  if (es == NULL || es->arena == NULL) {
+    kiln_free(es);
+    kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
+    return;
+  }
+  c->state = es;
+  c->state_free = exec_free;
+  int rc = 0;
+  if (r->n_arguments > MAX_ARGS)
+    rc = kiln_status_set(&st, KILN_EINVAL, "arguments", "more than %d arguments", MAX_ARGS);
+  if (rc == 0) rc = resolve(c, es, r, &st);
+  if (rc == 0) rc = take_donated(c, r, &st);
+  if (rc == 0) {
+    es->queued_at = kiln_sched_now_ns();
+    kiln_sched_job job = {.client = c->client, .dev_class = (uint32_t)es->e->dev_class,
+                          .ndevices = es->e->ndevices, .deadline_ns = c->deadline_ns,
+                          .cancelled = &c->cancelled, .run = exec_run, .drop = exec_drop,
+                          .arg = c};
+    rc = kiln_sched_submit(c->srv->sched, &job, &st);
+  }
+  if (rc) kilnd_call_finish(c, NULL, rc, &st);
+}

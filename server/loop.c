@@ -1,0 +1,218 @@
+/* The server's own event loop (libuv, on the main thread).
+ *
+ * It owns what has a file descriptor or a clock: SIGTERM/SIGINT, the
+ * housekeeping timer (drops queued executions whose deadline passed or whose
+ * caller went away, even while every device is busy), the drain timer, the
+ * /metrics listener; and it feeds the compile pool (libuv's work queue, sized
+ * by --compile-threads through UV_THREADPOOL_SIZE before first use).
+ *
+ * Other threads reach the loop through kilnd_loop_post: a locked list plus
+ * uv_async_send. Wake-ups coalesce, so each wake-up drains the whole list.
+ * The list refuses posts once the loop is closing, under the same lock that
+ * closing takes, so uv_async_send never touches a closed handle.
+ *
+ * Drain: the first signal stops the gRPC server from accepting calls
+ * (grpc_server_shutdown_and_notify) and arms --drain-timeout; calls already
+ * accepted run to the end. When they have all finished, gRPC completes the
+ * shutdown tag and the loop closes its handles and returns. A second signal,
+ * or the timer, cancels the calls still running.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "executor/scheduler.h"
+#include "server/server.h"
+
+#define TICK_MS 50
+
+typedef struct post_item {
+  kilnd_post_fn fn;
+  void *arg;
+  struct post_item *next;
+} post_item;
+
+struct kilnd_loop {
+  uv_loop_t loop;
+  uv_async_t async;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t tick, drain;
+  pthread_mutex_t mu;
+  post_item *head, *tail;
+  bool closed;
+};
+
+typedef struct compile_req {
+  uv_work_t req;
+  kilnd_call *c;
+} compile_req;
+
+/* ---- posting ------------------------------------------------------------------------- */
+
+bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) {
+  kilnd_loop *l = srv->loop;
+  post_item *it = kiln_malloc(sizeof *it);
+  if (it == NULL) return false;
+  it->fn = fn;
+  it->arg = arg;
+  it->next = NULL;
+  pthread_mutex_lock(&l->mu);
+  bool ok = !l->closed;
+  if (ok) {
+    if (l->tail) l->tail->next = it;
+    else l->head = it;
+    l->tail = it;
+    uv_async_send(&l->async);
+  }
+  pthread_mutex_unlock(&l->mu);
+  if (!ok) kiln_free(it);
+  return ok;
+}
+
+static void run_posted(kilnd *srv) {
+  kilnd_loop *l = srv->loop;
+  pthread_mutex_lock(&l->mu);
+  post_item *it = l->head;
+  l->head = l->tail = NULL;
+  pthread_mutex_unlock(&l->mu);
+  while (it) {
+    post_item *next = it->next;
+    it->fn(srv, it->arg);
+    kiln_free(it);
+    it = next;
+  }
+}
+
+static void on_async(uv_async_t *h) { run_posted(h->data); }
+
+/* ---- the compile pool ---------------------------------------------------------------- */
+
+static void compile_work(uv_work_t *req) {
+  compile_req *cr = req->data;
+  kilnd_compile_work(cr->c);
+}
+
+static void compile_after(uv_work_t *req, int status) {
+  (void)status;
+  kiln_free(req->data);
+}
+
+static void start_compile(kilnd *srv, void *arg) {
+  compile_req *cr = kiln_calloc(1, sizeof *cr);
+  kilnd_call *c = arg;
+  if (cr == NULL) {
+    atomic_fetch_sub(&srv->compiles, 1);
+    kilnd_call_fail(c, KILN_ENOMEM, "out of memory queueing the compile");
+    return;
+  }
+  cr->c = c;
+  cr->req.data = cr;
+  int rc = uv_queue_work(&srv->loop->loop, &cr->req, compile_work, compile_after);
+  if (rc != 0) {
+    kiln_free(cr);
+    atomic_fetch_sub(&srv->compiles, 1);
+    kilnd_call_fail(c, KILN_EINTERNAL, "cannot queue the compile: %s", uv_strerror(rc));
+  }
+}
+
+bool kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c) {
+  return kilnd_loop_post(srv, start_compile, c);
+}
+
+/* ---- timers and signals -------------------------------------------------------------- */
+
+static void on_tick(uv_timer_t *h) {
+  kilnd *srv = h->data;
+  kiln_sched_expire(srv->sched);
+}
+
+static void on_drain_timeout(uv_timer_t *h) {
+  kilnd *srv = h->data;
+  kilnd_log("drain timeout: cancelling the calls still running");
+  grpc_server_cancel_all_calls(srv->server);
+}
+
+static void begin_drain(kilnd *srv, int signum) {
+  if (atomic_exchange(&srv->draining, true)) {
+    kilnd_log("signal %d again: cancelling the calls still running", signum);
+    grpc_server_cancel_all_calls(srv->server);
+    return;
+  }
+  kilnd_log("signal %d: draining (no new calls; running calls finish)", signum);
+  atomic_store(&srv->shutdown, true);
+  grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+  uint64_t ms = (uint64_t)(srv->cfg.drain_timeout * 1000.0);
+  uv_timer_start(&srv->loop->drain, on_drain_timeout, ms ? ms : 1, 0);
+}
+
+static void on_signal(uv_signal_t *h, int signum) { begin_drain(h->data, signum); }
+
+/* On the loop: every call is over; close everything so uv_run returns once
+ * the compile pool's last after-callbacks ran. */
+static void server_down(kilnd *srv, void *arg) {
+  (void)arg;
+  kilnd_loop *l = srv->loop;
+  pthread_mutex_lock(&l->mu);
+  l->closed = true;
+  pthread_mutex_unlock(&l->mu);
+  run_posted(srv);
+  uv_close((uv_handle_t *)&l->async, NULL);
+  uv_close((uv_handle_t *)&l->sigterm, NULL);
+  uv_close((uv_handle_t *)&l->sigint, NULL);
+  uv_close((uv_handle_t *)&l->tick, NULL);
+  uv_close((uv_handle_t *)&l->drain, NULL);
+  kilnd_http_close(srv);
+}
+
+void kilnd_loop_server_down(kilnd *srv) {
+  if (!kilnd_loop_post(srv, server_down, NULL)) kilnd_log("loop already closed at shutdown");
+}
+
+/* ---- life ---------------------------------------------------------------------------- */
+
+int kilnd_loop_create(kilnd *srv, kiln_status *st) {
+  kilnd_loop *l = kiln_calloc(1, sizeof *l);
+  if (l == NULL) return kiln_status_set(st, KILN_ENOMEM, "loop", "out of memory");
+  srv->loop = l;
+  pthread_mutex_init(&l->mu, NULL);
+  int rc = uv_loop_init(&l->loop);
+  if (rc == 0) rc = uv_async_init(&l->loop, &l->async, on_async);
+  if (rc == 0) rc = uv_signal_init(&l->loop, &l->sigterm);
+  if (rc == 0) rc = uv_signal_init(&l->loop, &l->sigint);
+  if (rc == 0) rc = uv_timer_init(&l->loop, &l->tick);
+  if (rc == 0) rc = uv_timer_init(&l->loop, &l->drain);
+  if (rc) return kiln_status_set(st, KILN_EINTERNAL, "loop", "libuv: %s", uv_strerror(rc));
+  l->async.data = l->sigterm.data = l->sigint.data = srv;
+  l->tick.data = l->drain.data = srv;
+  rc = uv_signal_start(&l->sigterm, on_signal, SIGTERM);
+  if (rc == 0) rc = uv_signal_start(&l->sigint, on_signal, SIGINT);
+  if (rc == 0) rc = uv_timer_start(&l->tick, on_tick, TICK_MS, TICK_MS);
+  if (rc) return kiln_status_set(st, KILN_EINTERNAL, "loop", "libuv: %s", uv_strerror(rc));
+  return 0;
+}
+
+void *kilnd_loop_uv(kilnd *srv) { return &srv->loop->loop; }
+
+void kilnd_loop_run(kilnd *srv) { uv_run(&srv->loop->loop, UV_RUN_DEFAULT); }
+
+static void close_one(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+void kilnd_loop_destroy(kilnd *srv) {
+  kilnd_loop *l = srv->loop;
+  if (l == NULL) return;
+  if (uv_loop_close(&l->loop) == UV_EBUSY) {
+    /* After a failed start the handles are still open: close them all. */
+    uv_walk(&l->loop, close_one, NULL);
+    uv_run(&l->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&l->loop);
+  }
+  pthread_mutex_destroy(&l->mu);
+  kiln_free(l);
+  srv->loop = NULL;
+}

@@ -1,0 +1,222 @@
+/* kilnd: start, serve, drain, stop.
+ *
+ * Start-up builds the parts bottom-up (buffer store, executable table, cpu
+ * backend, scheduler, metrics, loop and its HTTP endpoint, gRPC server),
+ * requests one call per method plus one for unregistered methods, starts the
+ * completion-queue threads and runs the loop until the server has drained.
+ * Tear-down follows gRPC's order: every call finished (the shutdown tag),
+ * server destroyed, queue shut down and emptied, queue threads joined, then
+ * our own parts in reverse.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
+#include "common/alloc.h"
+#include "executor/backend.h"
+#include "executor/buffers.h"
+#include "executor/scheduler.h"
+#include "server/executables.h"
+#include "server/server.h"
+
+extern char **environ;
+
+#define KILND_VERSION "0.1.0"
+
+void kilnd_log(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "kilnd: %s\n", buf);
+}
+
+/* ---- completion-queue threads -------------------------------------------------------- */
+
+static void *cq_thread(void *arg) {
+  kilnd *srv = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN) return NULL;
+    if (ev.type != GRPC_OP_COMPLETE) continue;
+    kilnd_tag *tag = ev.tag;
+    tag->fn(tag, ev.success != 0);
+  }
+}
+
+static void on_shutdown(kilnd_tag *tag, bool ok) {
+  (void)ok;
+  kilnd *srv = (kilnd *)((char *)tag - offsetof(kilnd, shutdown_tag));
+  kilnd_loop_server_down(srv);
+}
+
+/* ---- the gRPC server ----------------------------------------------------------------- */
+
+/* "HOST:PORT" with the bound port. */
+static void print_listen(const char *spec, int port) {
+  const char *colon = strrchr(spec, ':');
+  int hl = colon ? (int)(colon - spec) : (int)strlen(spec);
+  printf("kilnd: listening on %.*s:%d\n", hl, spec, port);
+  fflush(stdout);
+}
+
+static int start_grpc(kilnd *srv, kiln_status *st) {
+  grpc_arg args[3] = {
+      {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+       .value.integer = (int)srv->cfg.max_message_bytes},
+      {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+       .value.integer = -1},
+      /* Two servers on one port would split the calls between them. */
+      {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+  };
+  grpc_channel_args ca = {.num_args = 3, .args = args};
+  srv->server = grpc_server_create(&ca, NULL);
+  srv->cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+  const kilnd_method *m = kilnd_methods();
+  for (int i = 0; i < KILND_M_COUNT; i++)
+    srv->registered[i] = grpc_server_register_method(
+        srv->server, m[i].path, NULL,
+        m[i].kind == KILND_CLIENT_STREAM ? GRPC_SRM_PAYLOAD_NONE
+                                         : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+        0);
+  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  int port = grpc_server_add_http2_port(srv->server, srv->cfg.listen, creds);
+  grpc_server_credentials_release(creds);
+  if (port == 0)
+    return kiln_status_set(st, KILN_EIO, "listen", "cannot listen on '%s'", srv->cfg.listen);
+  grpc_server_start(srv->server);
+  print_listen(srv->cfg.listen, port);
+  return 0;
+}
+
+static int start_parts(kilnd *srv, kiln_status *st) {
+  const kilnd_config *cfg = &srv->cfg;
+  kiln_buffer_store_options bo = {.client_quota_bytes = cfg->client_memory_bytes,
+                                  .total_quota_bytes = cfg->server_memory_bytes,
+                                  .max_buffers_per_client = (uint32_t)cfg->max_buffers_per_client};
+  int rc = kiln_buffer_store_create(&bo, &srv->buffers, st);
+  if (rc == 0) rc = kilnd_exes_create((uint32_t)cfg->max_executables, &srv->exes, st);
+  if (rc) return rc;
+  kiln_backend_options cpu = {.ndevices = (uint32_t)cfg->cpu_devices,
+                              .threads_per_device = (uint32_t)cfg->cpu_threads};
+  if ((rc = kiln_backend_create("cpu", &cpu, &srv->cpu, st))) return rc;
+  kiln_sched_options so = {.nclasses = 2,
+                           .class_devices = {(uint32_t)cfg->cpu_devices,
+                                             (uint32_t)cfg->interp_devices},
+                           .max_queued = (uint32_t)cfg->queue_depth,
+                           .max_queued_per_client = (uint32_t)cfg->client_queue_depth};
+  if ((rc = kiln_sched_create(&so, &srv->sched, st))) return rc;
+  if ((rc = kilnd_metrics_create(srv, st))) return rc;
+  if ((rc = kilnd_loop_create(srv, st))) return rc;
+  return kilnd_http_start(srv, kilnd_loop_uv(srv), st);
+}
+
+/* ---- tear-down ----------------------------------------------------------------------- */
+
+/* Our own references drop on cq threads just after gRPC's last
+ * completions; wait for them (bounded, in case of a bug) before destroying
+ * the server under them. */
+static void wait_calls(kilnd *srv) {
+  for (int i = 0; i < 5000; i++) {
+    if (atomic_load(&srv->inflight) == 0 && atomic_load(&srv->requested) == 0) return;
+    usleep(1000);
+  }
+  kilnd_log("%d calls still in flight, %d requested at exit", atomic_load(&srv->inflight),
+            atomic_load(&srv->requested));
+}
+
+static void stop_grpc(kilnd *srv, pthread_t *threads, uint32_t nthreads) {
+  if (srv->server == NULL) return;
+  if (!atomic_exchange(&srv->shutdown, true)) {
+    grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+    grpc_server_cancel_all_calls(srv->server);
+  }
+  wait_calls(srv);
+  grpc_server_destroy(srv->server);
+  grpc_completion_queue_shutdown(srv->cq);
+  if (nthreads == 0) /* never started: drain here */
+    while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+  for (uint32_t i = 0; i < nthreads; i++) pthread_join(threads[i], NULL);
+  grpc_completion_queue_destroy(srv->cq);
+}
+
+static void stop_parts(kilnd *srv) {
+  kiln_sched_destroy(srv->sched);
+  kilnd_exes_destroy(srv->exes);
+  kiln_backend_destroy(srv->cpu);
+  kiln_buffer_store_destroy(srv->buffers);
+  kilnd_loop_destroy(srv);
+  kilnd_metrics_destroy(srv);
+}
+
+/* ---- main ---------------------------------------------------------------------------- */
+
+static int serve(kilnd *srv, kiln_status *st) {
+  pthread_t threads[64];
+  uint32_t nthreads = 0;
+  int rc = start_parts(srv, st);
+  if (rc == 0) rc = start_grpc(srv, st);
+  if (rc == 0) {
+    const kilnd_method *m = kilnd_methods();
+    for (int i = 0; i < KILND_M_COUNT; i++) kilnd_call_request(srv, &m[i]);
+    kilnd_call_request(srv, NULL);
+    for (; nthreads < srv->cfg.cq_threads; nthreads++)
+      if (pthread_create(&threads[nthreads], NULL, cq_thread, srv) != 0) break;
+    if (nthreads == 0) rc = kiln_status_set(st, KILN_EINTERNAL, "cq-threads", "no thread started");
+  }
+  if (rc == 0) kilnd_loop_run(srv);
+  else if (srv->loop) kilnd_http_close(srv);
+  stop_grpc(srv, threads, nthreads);
+  stop_parts(srv);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  kilnd srv;
+  memset(&srv, 0, sizeof srv);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kilnd_config_action action;
+  int rc = kilnd_config_load(&srv.cfg, argc, argv, environ, &action, &st);
+  if (rc == 0 && action == KILND_CONFIG_HELP) kilnd_config_usage(stdout);
+  if (rc == 0 && action == KILND_CONFIG_VERSION) printf("kilnd %s\n", KILND_VERSION);
+  if (rc || action != KILND_CONFIG_RUN) {
+    if (rc) {
+      char msg[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
+      kiln_status_format(&st, msg, sizeof msg);
+      fprintf(stderr, "kilnd: %s\n", msg);
+    }
+    kilnd_config_free(&srv.cfg);
+    return rc ? 2 : 0;
+  }
+  char pool[16];
+  snprintf(pool, sizeof pool, "%llu", (unsigned long long)srv.cfg.compile_threads);
+  setenv("UV_THREADPOOL_SIZE", pool, 1);
+  signal(SIGPIPE, SIG_IGN);
+  srv.start_ns = kiln_sched_now_ns();
+  srv.shutdown_tag.fn = on_shutdown;
+  grpc_init();
+  rc = serve(&srv, &st);
+  grpc_shutdown();
+  if (rc) {
+    char msg[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
+    kiln_status_format(&st, msg, sizeof msg);
+    fprintf(stderr, "kilnd: %s\n", msg);
+  } else {
+    kilnd_log("drained; exiting");
+  }
+  kilnd_config_free(&srv.cfg);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,230 @@
+/* The server's counters and histograms, and their Prometheus text form.
+ *
+ * Everything is a fixed array of atomics indexed by method and status code,
+ * so recording from any thread is a few relaxed increments and rendering
+ * (on the loop thread, for /metrics; on a cq thread, for Stats) reads a
+ * consistent-enough snapshot without locks. Gauges (queue depth, live
+ * buffers, executables) are read from their owners at render time.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/sbuf.h"
+#include "executor/buffers.h"
+#include "executor/scheduler.h"
+#include "server/executables.h"
+#include "server/server.h"
+
+#define NCODES 17
+#define NBOUNDS 17
+static const double bounds[NBOUNDS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                       0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                       1,      2.5,     5,      10,    30};
+
+static const char *const code_names[NCODES] = {
+    "OK",        "CANCELLED",         "UNKNOWN",         "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",    "UNIMPLEMENTED",      "INTERNAL",
+    "UNAVAILABLE", "DATA_LOSS",       "UNAUTHENTICATED",
+};
+
+typedef struct hist {
+  atomic_ullong bucket[NBOUNDS]; /* non-cumulative; +Inf is count */
+  atomic_ullong count;
+  atomic_ullong sum_ns;
+} hist;
+
+struct kilnd_metrics {
+  atomic_ullong requests[KILND_M_COUNT + 1][NCODES];
+  hist latency[KILND_M_COUNT + 1];
+  hist compile, execute, queue_wait;
+  atomic_ullong compiles, cache_hits, cache_misses, executions;
+};
+
+int kilnd_metrics_create(kilnd *srv, kiln_status *st) {
+  srv->metrics = kiln_calloc(1, sizeof *srv->metrics);
+  return srv->metrics ? 0 : kiln_status_set(st, KILN_ENOMEM, "metrics", "out of memory");
+}
+
+void kilnd_metrics_destroy(kilnd *srv) {
+  kiln_free(srv->metrics);
+  srv->metrics = NULL;
+}
+
+static void observe(hist *h, int64_t ns) {
+  if (ns < 0) ns = 0;
+  double s = (double)ns / 1e9;
+  int i = 0;
+  while (i < NBOUNDS && s > bounds[i]) i++;
+  if (i < NBOUNDS) atomic_fetch_add_explicit(&h->bucket[i], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&h->sum_ns, (unsigned long long)ns, memory_order_relaxed);
+}
+
+void kilnd_metrics_request(kilnd *srv, kilnd_method_id m, grpc_status_code code, int64_t ns) {
+  kilnd_metrics *k = srv->metrics;
+  unsigned c = (unsigned)code < NCODES ? (unsigned)code : 2; /* UNKNOWN */
+  atomic_fetch_add_explicit(&k->requests[m][c], 1, memory_order_relaxed);
+  observe(&k->latency[m], ns);
+}
+
+void kilnd_metrics_compile(kilnd *srv, int64_t ns, bool cache_hit) {
+  kilnd_metrics *k = srv->metrics;
+  observe(&k->compile, ns);
+  atomic_fetch_add(cache_hit ? &k->cache_hits : &k->compiles, 1);
+  if (!cache_hit) atomic_fetch_add(&k->cache_misses, 1);
+}
+
+void kilnd_metrics_execute(kilnd *srv, int64_t run_ns, int64_t queue_ns) {
+  kilnd_metrics *k = srv->metrics;
+  observe(&k->execute, run_ns);
+  observe(&k->queue_wait, queue_ns);
+  atomic_fetch_add(&k->executions, 1);
+}
+
+uint64_t kilnd_metrics_total(kilnd *srv, const char *what) {
+  kilnd_metrics *k = srv->metrics;
+  if (strcmp(what, "compiles") == 0) return atomic_load(&k->compiles);
+  if (strcmp(what, "cache_hits") == 0) return atomic_load(&k->cache_hits);
+  if (strcmp(what, "cache_misses") == 0) return atomic_load(&k->cache_misses);
+  if (strcmp(what, "executions") == 0) return atomic_load(&k->executions);
+  return 0;
+}
+
+/* ---- rendering ----------------------------------------------------------------------- */
+
+static void header(kiln_sbuf *b, const char *name, const char *type, const char *help) {
+  kiln_sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render_hist(kiln_sbuf *b, const char *name, const char *labels, hist *h) {
+  unsigned long long cum = 0;
+  const char *sep = labels[0] ? "," : "";
+  for (int i = 0; i < NBOUNDS; i++) {
+    cum += atomic_load_explicit(&h->bucket[i], memory_order_relaxed);
+    kiln_sbuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, bounds[i], cum);
+  }
+  unsigned long long n = atomic_load(&h->count);
+  kiln_sbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep, n);
+  kiln_sbuf_printf(b, "%s_sum%s%s%s %.9f\n", name, labels[0] ? "{" : "", labels,
+                   labels[0] ? "}" : "", (double)atomic_load(&h->sum_ns) / 1e9);
+  kiln_sbuf_printf(b, "%s_count%s%s%s %llu\n", name, labels[0] ? "{" : "", labels,
+                   labels[0] ? "}" : "", n);
+}
+
+static void render_requests(kiln_sbuf *b, kilnd_metrics *k) {
+  header(b, "kiln_requests_total", "counter", "gRPC calls finished, by method and status code.");
+  for (int m = 0; m <= KILND_M_COUNT; m++)
+    for (int c = 0; c < NCODES; c++) {
+      unsigned long long n = atomic_load(&k->requests[m][c]);
+      if (n || (c == 0 && m < KILND_M_COUNT))
+        kiln_sbuf_printf(b, "kiln_requests_total{method=\"%s\",code=\"%s\"} %llu\n",
+                         kilnd_method_name((kilnd_method_id)m), code_names[c], n);
+    }
+  header(b, "kiln_request_errors_total", "counter",
+         "gRPC calls finished with a status other than OK, by method and code.");
+  for (int m = 0; m <= KILND_M_COUNT; m++)
+    for (int c = 1; c < NCODES; c++) {
+      unsigned long long n = atomic_load(&k->requests[m][c]);
+      if (n)
+        kiln_sbuf_printf(b, "kiln_request_errors_total{method=\"%s\",code=\"%s\"} %llu\n",
+                         kilnd_method_name((kilnd_method_id)m), code_names[c], n);
+    }
+  header(b, "kiln_request_duration_seconds", "histogram",
+         "Time from a call's arrival to its final status, by method.");
+  for (int m = 0; m <= KILND_M_COUNT; m++) {
+    char labels[64];
+    snprintf(labels, sizeof labels, "method=\"%s\"", kilnd_method_name((kilnd_method_id)m));
+    render_hist(b, "kiln_request_duration_seconds", labels, &k->latency[m]);
+  }
+}
+
+static void gauge(kiln_sbuf *b, const char *name, const char *help, double v) {
+  header(b, name, "gauge", help);
+  kiln_sbuf_printf(b, "%s %.17g\n", name, v);
+}
+
+static void counter(kiln_sbuf *b, const char *name, const char *help, unsigned long long v) {
+  header(b, name, "counter", help);
+  kiln_sbuf_printf(b, "%s %llu\n", name, v);
+}
+
+static void render_devices(kiln_sbuf *b, kilnd *srv) {
+  uint32_t n = kiln_sched_device_count(srv->sched);
+  header(b, "kiln_device_executions_total", "counter", "Runs per device.");
+  for (uint32_t d = 0; d < n; d++) {
+    kiln_sched_device_stats ds;
+    kiln_sched_device_stats_get(srv->sched, d, &ds);
+    kiln_sbuf_printf(b, "kiln_device_executions_total{device=\"%u\",backend=\"%s\"} %llu\n", d,
+                     ds.dev_class == KILND_CLASS_CPU ? "cpu" : "interp",
+                     (unsigned long long)ds.executions);
+  }
+  header(b, "kiln_device_busy_seconds_total", "counter", "Time each device spent running.");
+  for (uint32_t d = 0; d < n; d++) {
+    kiln_sched_device_stats ds;
+    kiln_sched_device_stats_get(srv->sched, d, &ds);
+    kiln_sbuf_printf(b, "kiln_device_busy_seconds_total{device=\"%u\",backend=\"%s\"} %.9f\n", d,
+                     ds.dev_class == KILND_CLASS_CPU ? "cpu" : "interp", (double)ds.busy_ns / 1e9);
+  }
+}
+
+char *kilnd_metrics_render(kilnd *srv, size_t *len) {
+  kilnd_metrics *k = srv->metrics;
+  kiln_sbuf b = KILN_SBUF_INIT;
+  render_requests(&b, k);
+  header(&b, "kiln_compile_seconds", "histogram", "Compile requests' work, parse to executable.");
+  render_hist(&b, "kiln_compile_seconds", "", &k->compile);
+  header(&b, "kiln_execute_seconds", "histogram", "Executions' run time on a device.");
+  render_hist(&b, "kiln_execute_seconds", "", &k->execute);
+  header(&b, "kiln_execute_queue_seconds", "histogram", "Executions' wait for a device.");
+  render_hist(&b, "kiln_execute_queue_seconds", "", &k->queue_wait);
+  counter(&b, "kiln_compiles_total", "Programs compiled (cache misses).", atomic_load(&k->compiles));
+  counter(&b, "kiln_compile_cache_hits_total", "Compile requests answered from the executable table.",
+          atomic_load(&k->cache_hits));
+  counter(&b, "kiln_executions_total", "Executions run.", atomic_load(&k->executions));
+  kiln_buffer_store_totals bt;
+  kiln_buffer_store_get_totals(srv->buffers, &bt);
+  gauge(&b, "kiln_queue_depth", "Executions waiting for a device.", kiln_sched_queued(srv->sched));
+  gauge(&b, "kiln_running_executions", "Executions running.", kiln_sched_running(srv->sched));
+  gauge(&b, "kiln_compile_queue_depth", "Compiles queued or running.", atomic_load(&srv->compiles));
+  gauge(&b, "kiln_live_buffers", "Server-resident buffers (live handles).", (double)bt.live_buffers);
+  gauge(&b, "kiln_live_buffer_bytes", "Bytes charged for server-resident buffers.",
+        (double)bt.live_bytes);
+  gauge(&b, "kiln_executables", "Executables kept.", kilnd_exes_count(srv->exes));
+  gauge(&b, "kiln_inflight_requests", "gRPC calls being served.", atomic_load(&srv->inflight));
+  gauge(&b, "kiln_draining", "1 while the server drains after SIGTERM.", atomic_load(&srv->draining));
+  gauge(&b, "kiln_uptime_seconds", "Seconds since the server started.",
+        (double)(kiln_sched_now_ns() - srv->start_ns) / 1e9);
+  render_devices(&b, srv);
+  if (b.failed) {
+    kiln_sbuf_free(&b);
+    return NULL;
+  }
+  return kiln_sbuf_detach(&b, len);
+}
+
+void kilnd_metrics_each_counter(kilnd *srv, kilnd_counter_fn fn, void *arg) {
+  kilnd_metrics *k = srv->metrics;
+  for (int m = 0; m <= KILND_M_COUNT; m++)
+    for (int c = 0; c < NCODES; c++) {
+      unsigned long long n = atomic_load(&k->requests[m][c]);
+      if (n)
+        fn(arg, "kiln_requests_total", "method", kilnd_method_name((kilnd_method_id)m), "code",
+           code_names[c], (int64_t)n);
+    }
+  fn(arg, "kiln_compiles_total", NULL, NULL, NULL, NULL, (int64_t)atomic_load(&k->compiles));
+  fn(arg, "kiln_compile_cache_hits_total", NULL, NULL, NULL, NULL,
+     (int64_t)atomic_load(&k->cache_hits));
+  fn(arg, "kiln_executions_total", NULL, NULL, NULL, NULL, (int64_t)atomic_load(&k->executions));
+  fn(arg, "kiln_execute_seconds_sum_ns", NULL, NULL, NULL, NULL,
+     (int64_t)atomic_load(&k->execute.sum_ns));
+  fn(arg, "kiln_compile_seconds_sum_ns", NULL, NULL, NULL, NULL,
+     (int64_t)atomic_load(&k->compile.sum_ns));
+  kiln_buffer_store_totals bt;
+  kiln_buffer_store_get_totals(srv->buffers, &bt);
+  fn(arg, "kiln_live_buffers", NULL, NULL, NULL, NULL, (int64_t)bt.live_buffers);
+  fn(arg, "kiln_live_buffer_bytes", NULL, NULL, NULL, NULL, (int64_t)bt.live_bytes);
+  fn(arg, "kiln_queue_depth", NULL, NULL, NULL, NULL, kiln_sched_queued(srv->sched));
+  fn(arg, "kiln_executables", NULL, NULL, NULL, NULL, kilnd_exes_count(srv->exes));
+}

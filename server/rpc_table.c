@@ -1,0 +1,152 @@
+/* The RPC method table and its single validation point.
+ *
+ * Every method kilnd serves is one row: path, kind, request type, handler
+ * (the Redis command table). Nothing reaches a handler without passing
+ * kilnd_rpc_dispatch: the caller's identity is established and checked, an
+ * expired deadline is answered at once, and the request bytes are checked
+ * as wire data (depth, lengths, UTF-8 strings) before protobuf-c unpacks
+ * them with a bounded allocator. Handlers therefore see only well-formed
+ * messages of the right type and validate meaning, not bytes.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/support/alloc.h>
+
+#include "common/alloc.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "kiln/v1/kiln.pb-c.h"
+#include "server/server.h"
+
+static const kilnd_method methods[KILND_M_COUNT] = {
+    [KILND_M_COMPILE] = {KILND_M_COMPILE, "/kiln.v1.Kiln/Compile", "Compile", KILND_UNARY,
+                         &kiln__v1__compile_request__descriptor, kilnd_handle_compile},
+    [KILND_M_EXECUTE] = {KILND_M_EXECUTE, "/kiln.v1.Kiln/Execute", "Execute", KILND_UNARY,
+                         &kiln__v1__execute_request__descriptor, kilnd_handle_execute},
+    [KILND_M_PUT_BUFFER] = {KILND_M_PUT_BUFFER, "/kiln.v1.Kiln/PutBuffer", "PutBuffer",
+                            KILND_CLIENT_STREAM, &kiln__v1__put_buffer_chunk__descriptor,
+                            kilnd_handle_put_buffer},
+    [KILND_M_GET_BUFFER] = {KILND_M_GET_BUFFER, "/kiln.v1.Kiln/GetBuffer", "GetBuffer",
+                            KILND_SERVER_STREAM, &kiln__v1__get_buffer_request__descriptor,
+                            kilnd_handle_get_buffer},
+    [KILND_M_RELEASE_BUFFERS] = {KILND_M_RELEASE_BUFFERS, "/kiln.v1.Kiln/ReleaseBuffers",
+                                 "ReleaseBuffers", KILND_UNARY,
+                                 &kiln__v1__release_buffers_request__descriptor,
+                                 kilnd_handle_release_buffers},
+    [KILND_M_STATS] = {KILND_M_STATS, "/kiln.v1.Kiln/Stats", "Stats", KILND_UNARY,
+                       &kiln__v1__stats_request__descriptor, kilnd_handle_stats},
+    [KILND_M_HEALTH_CHECK] = {KILND_M_HEALTH_CHECK, "/grpc.health.v1.Health/Check", "Health.Check",
+                              KILND_UNARY, &grpc__health__v1__health_check_request__descriptor,
+                              kilnd_handle_health_check},
+};
+
+const kilnd_method *kilnd_methods(void) { return methods; }
+
+const char *kilnd_method_name(kilnd_method_id id) {
+  return id < KILND_M_COUNT ? methods[id].name : "unknown";
+}
+
+/* ---- identity ------------------------------------------------------------------------ */
+
+static bool metadata_key_is(const grpc_metadata *md, const char *key) {
+  size_t n = strlen(key);
+  return GRPC_SLICE_LENGTH(md->key) == n && memcmp(GRPC_SLICE_START_PTR(md->key), key, n) == 0;
+}
+
+/* The kiln-client metadata value, else the peer's address without its port
+ * (so that reconnecting keeps the identity). Identity is not
+ * authentication: it separates cooperating clients' queues, quotas and
+ * handles. */
+static int identify(kilnd_call *c, kiln_status *st) {
+  for (size_t i = 0; i < c->md.count; i++) {
+    if (!metadata_key_is(&c->md.metadata[i], "kiln-client")) continue;
+    grpc_slice v = c->md.metadata[i].value;
+    size_t n = GRPC_SLICE_LENGTH(v);
+    const uint8_t *p = GRPC_SLICE_START_PTR(v);
+    if (n == 0 || n > KILND_CLIENT_MAX)
+      return kiln_status_set(st, KILN_EINVAL, "kiln-client",
+                             "metadata value must have 1 to %d characters, not %zu",
+                             KILND_CLIENT_MAX, n);
+    for (size_t k = 0; k < n; k++)
+      if (p[k] < 0x21 || p[k] > 0x7e)
+        return kiln_status_set(st, KILN_EINVAL, "kiln-client",
+                               "metadata value must be printable ASCII without spaces");
+    memcpy(c->client, p, n);
+    c->client[n] = '\0';
+    return 0;
+  }
+  char *peer = grpc_call_get_peer(c->call);
+  snprintf(c->client, sizeof c->client, "%s", peer ? peer : "unknown");
+  gpr_free(peer);
+  /* "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" -> without ":port" */
+  if (strncmp(c->client, "ipv4:", 5) == 0 || strncmp(c->client, "ipv6:", 5) == 0) {
+    char *colon = strrchr(c->client, ':');
+    if (colon && colon > c->client + 4) *colon = '\0';
+  }
+  return 0;
+}
+
+/* ---- request bytes ------------------------------------------------------------------- */
+
+void kilnd_call_free_message(kilnd_call *c, ProtobufCMessage *msg) {
+  if (msg) protobuf_c_message_free_unpacked(msg, &c->req_alloc.base);
+}
+
+int kilnd_rpc_unpack(kilnd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
+                     ProtobufCMessage **out, kiln_status *st) {
+  *out = NULL;
+  grpc_byte_buffer_reader r;
+  if (!grpc_byte_buffer_reader_init(&r, bb))
+    return kiln_status_set(st, KILN_EINVAL, desc->name, "unreadable request message");
+  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  const uint8_t *p = GRPC_SLICE_START_PTR(s);
+  size_t len = GRPC_SLICE_LENGTH(s);
+  int rc = 0;
+  if (len > c->srv->cfg.max_message_bytes)
+    rc = kiln_status_set(st, KILN_ELIMIT, desc->name, "message of %zu bytes exceeds the limit of "
+                         "%llu (max-message-bytes)", len,
+                         (unsigned long long)c->srv->cfg.max_message_bytes);
+  if (rc == 0) rc = kiln__proto_check_wire(desc, p, len, st);
+  if (rc == 0) {
+    /* The budget covers this message; a stream's messages share the call's
+     * allocator, each freed before the next arrives. */
+    kiln__proto_alloc_init(&c->req_alloc, KILN_PROTO_UNPACK_BUDGET(len));
+    *out = protobuf_c_message_unpack(desc, &c->req_alloc.base, len, p);
+    if (*out == NULL)
+      rc = c->req_alloc.over_budget || c->req_alloc.failed
+               ? kiln_status_set(st, KILN_ELIMIT, desc->name, "message too complex to unpack")
+               : kiln_status_set(st, KILN_EINVAL, desc->name, "not a valid %s message",
+                                 desc->name);
+  }
+  grpc_slice_unref(s);
+  return rc;
+}
+
+/* ---- the validation point ------------------------------------------------------------ */
+
+void kilnd_rpc_dispatch(kilnd_call *c) {
+  const kilnd_method *m = c->method;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = identify(c, &st);
+  if (rc == 0 && kilnd_call_expired(c, &rc))
+    kiln_status_set(&st, rc, m->name, "the call's deadline passed before it was served");
+  if (rc == 0 && m->kind != KILND_CLIENT_STREAM) {
+    if (c->payload == NULL)
+      rc = kiln_status_set(&st, KILN_EINVAL, m->name, "no request message");
+    else
+      rc = kilnd_rpc_unpack(c, c->payload, m->request, &c->req, &st);
+    if (c->payload) {
+      grpc_byte_buffer_destroy(c->payload);
+      c->payload = NULL;
+    }
+  }
+  if (rc) {
+    kilnd_call_finish(c, NULL, rc, &st);
+    return;
+  }
+  m->handler(c, c->req);
+}
