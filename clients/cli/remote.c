@@ -51,6 +51,64 @@ static int report(const char *what, const kiln_status *st) {
   return kiln__exit_code(st->code);
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static bool is_proto_path(const char *path) {
+  return ends_with(path, ".pb") || ends_with(path, ".binpb");
+}
+
+/* "NAME:LINE:COL" (a parse error's position in the request): the offset
+ * of ":LINE:COL", or -1. */
+static int position_suffix(const char *where) {
+  const char *c2 = strrchr(where, ':');
+  if (c2 == NULL || c2 == where || !c2[1] || strspn(c2 + 1, "0123456789") != strlen(c2 + 1))
+    return -1;
+  const char *c1 = c2 - 1;
+  while (c1 > where && *c1 != ':') c1--;
+  if (*c1 != ':' || c1 + 1 == c2 || (size_t)(c2 - c1 - 1) != strspn(c1 + 1, "0123456789"))
+    return -1;
+  return strchr(where, '/') && strchr(where, '/') < c1 ? -1 : (int)(c1 - where);
+}
+
+/* A program the server refused, reported as `kiln check` would locally:
+ * the server's "WHERE: error: MESSAGE" is split, a parse position in its
+ * copy of the text becomes one in FILE, and a verifier's
+ * "computation/instruction" is looked up in the file for its line. */
+static int report_program(const char *path, const kiln_status *st) {
+  const char *sep = strstr(st->msg, ": error: ");
+  if (kiln_rpc_status_code(st) != KILN_RPC_INVALID_ARGUMENT || sep == NULL ||
+      (size_t)(sep - st->msg) >= KILN_STATUS_WHERE_MAX)
+    return report(path, st);
+  kiln_status local;
+  kiln_status_clear(&local);
+  local.code = st->code;
+  char where[KILN_STATUS_WHERE_MAX];
+  snprintf(where, sizeof where, "%.*s", (int)(sep - st->msg), st->msg);
+  snprintf(local.msg, sizeof local.msg, "%s", sep + 9);
+  int pos = position_suffix(where);
+  if (pos >= 0)
+    snprintf(local.where, sizeof local.where, "%s%s", path, where + pos);
+  else
+    snprintf(local.where, sizeof local.where, "%s", where);
+  kiln_module *m = NULL;
+  if (pos < 0 && !is_proto_path(path)) {
+    uint8_t *buf;
+    size_t len;
+    kiln_status ignore;
+    kiln_status_clear(&ignore);
+    if (kiln__file_read(path, &buf, &len, &ignore) == 0) {
+      kiln_module_parse_text((const char *)buf, len, path, NULL, &m, &ignore);
+      kiln_free(buf);
+    }
+  }
+  kiln__report(path, m, &local);
+  kiln_module_destroy(m);
+  return kiln__exit_code(local.code);
+}
+
 static int connect_to(const kiln__args *a, kiln_client **out) {
   const char *server = kiln__args_get(a, "server");
   char what[64];
@@ -64,15 +122,6 @@ static int connect_to(const kiln__args *a, kiln_client **out) {
   kiln_status_clear(&st);
   if (kiln_client_connect(server, &o, out, &st)) return report(what, &st);
   return KILN_EXIT_OK;
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-static bool is_proto_path(const char *path) {
-  return ends_with(path, ".pb") || ends_with(path, ".binpb");
 }
 
 /* Reads FILE and compiles it on the server. */
@@ -92,7 +141,7 @@ static int compile_file(kiln_client *c, const char *path, const kiln_remote_comp
   else
     rc = kiln_client_compile_text(c, (const char *)buf, len, o, exe, &st);
   kiln_free(buf);
-  return rc ? report(path, &st) : KILN_EXIT_OK;
+  return rc ? report_program(path, &st) : KILN_EXIT_OK;
 }
 
 /* --backend for remote commands: the names any server may know. */
@@ -278,6 +327,9 @@ static int print_outputs(const kiln_remote_result *r, const char *out_dir) {
       break;
     }
     for (uint32_t k = 0; k < n && st.code == 0; k++, index++) {
+      /* Printed as a local run prints it: the data is row-major whatever
+       * layout the executable reported, so the layout says nothing here. */
+      ((kiln_literal *)leaves[k])->shape.layout = NULL;
       kiln_sbuf_reset(&b);
       kiln_literal_print(&b, leaves[k], true);
       kiln_sbuf_putc(&b, '\n');

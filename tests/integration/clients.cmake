@@ -1,0 +1,47 @@
+# Integration tests of the clients against a real kilnd (label
+# "integration"): libkiln and the kiln command (test_remote), 16 concurrent
+# clients (test_load), hostile requests on the raw gRPC core (test_hostile),
+# SIGTERM under load (test_drain), and the Python grpcio client
+# (test_python_client.py). Each starts its own kilnd on free loopback
+# ports; KILND and KILN_CLI tell them where the binaries are, and they exit
+# 77 (skipped) without kilnd.
+if(NOT TARGET kiln_client)
+  return()
+endif()
+pkg_check_modules(ITEST_GRPC REQUIRED IMPORTED_TARGET grpc gpr)
+
+add_library(kiln_itest STATIC ${CMAKE_CURRENT_LIST_DIR}/itest.c)
+target_link_libraries(kiln_itest PUBLIC kiln_test_support)
+
+set(KILN_ITEST_ENV "KILN_CLI=$<TARGET_FILE:kiln>")
+if(TARGET kilnd)
+  list(APPEND KILN_ITEST_ENV "KILND=$<TARGET_FILE:kilnd>")
+endif()
+
+foreach(name test_remote test_load test_hostile test_drain)
+  if(NOT EXISTS ${CMAKE_CURRENT_LIST_DIR}/${name}.c)
+    continue()
+  endif()
+  add_executable(${name} ${CMAKE_CURRENT_LIST_DIR}/${name}.c)
+  target_link_libraries(${name} PRIVATE kiln_itest kiln_client PkgConfig::ITEST_GRPC)
+  if(TARGET kilnd)
+    add_dependencies(${name} kilnd kiln)
+  endif()
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS integration TIMEOUT 900 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "${KILN_ITEST_ENV}")
+endforeach()
+
+if(DEFINED KILN_DEFAULT_PYTHON)
+  set(KILN_ITEST_PYTHON ${KILN_DEFAULT_PYTHON})
+elseif(EXISTS ${CMAKE_SOURCE_DIR}/.venv/bin/python)
+  set(KILN_ITEST_PYTHON ${CMAKE_SOURCE_DIR}/.venv/bin/python)
+else()
+  set(KILN_ITEST_PYTHON python3)
+endif()
+add_test(NAME test_python_client
+  COMMAND sh -c "exec \"\${KILN_PYTHON:-${KILN_ITEST_PYTHON}}\" \"$@\"" test_python_client
+          ${CMAKE_CURRENT_LIST_DIR}/test_python_client.py
+          --proto-dir ${CMAKE_SOURCE_DIR}/proto --source-dir ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_python_client PROPERTIES LABELS integration TIMEOUT 600
+                     SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV}")

@@ -1,0 +1,762 @@
+/* libkiln against a real kilnd: compile and execute agree with the local
+ * reference interpreter, buffers round-trip exactly (64 MiB and more,
+ * through chunked streams), handles, donation and kept outputs work, errors
+ * come back with the right gRPC code, stats and /metrics tell the truth,
+ * health says SERVING, and the kiln command's --server mode matches its
+ * local mode.
+ *
+ * One kilnd serves the whole suite; Check runs each case in a forked
+ * child, which connects on its own.
+ */
+#include <check.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "clients/c/kiln.h"
+#include "common/alloc.h"
+#include "compiler/ir/proto_codec.h"
+#include "compiler/ir/text.h"
+#include "executor/interp/interp.h"
+#include "tests/integration/itest.h"
+#include "tests/support/progen.h"
+#include "tests/support/testargs.h"
+
+static itest_kilnd server;
+
+static kiln_client *connect_as(const char *id) {
+  kiln_client_options o = {.client_id = id};
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_client *c = NULL;
+  int rc = kiln_client_connect(server.addr, &o, &c, &st);
+  ck_assert_msg(rc == 0, "connect %s: %s: %s", server.addr, st.where, st.msg);
+  return c;
+}
+
+static char *slurp(const char *rel, size_t *len) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s", KILN_SOURCE_DIR, rel);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  ck_assert_int_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+  buf[n] = '\0';
+  fclose(f);
+  *len = (size_t)n;
+  return buf;
+}
+
+static kiln_literal *lit(const char *text) {
+  kiln_literal *l;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_literal_parse_text(text, strlen(text), &l, &st) == 0, "%s", st.msg);
+  return l;
+}
+
+static char *lit_text(const kiln_literal *l) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_literal_print(&b, l, true);
+  char *s = strdup(kiln_sbuf_str(&b));
+  kiln_sbuf_free(&b);
+  return s;
+}
+
+#define ASSERT_LIT(l, text) \
+  do { \
+    char *got_ = lit_text(l); \
+    ck_assert_msg(strcmp(got_, text) == 0, "got %s, want %s", got_, text); \
+    free(got_); \
+  } while (0)
+
+static kiln_remote_executable *compile_text(kiln_client *c, const char *text, const char *backend) {
+  kiln_remote_compile_options o = {.backend = backend};
+  kiln_remote_executable *e = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = kiln_client_compile_text(c, text, strlen(text), &o, &e, &st);
+  ck_assert_msg(rc == 0, "compile (%s): %s: %s", backend ? backend : "default", st.where, st.msg);
+  return e;
+}
+
+/* ---- health ---------------------------------------------------------------------- */
+
+START_TEST(test_health) {
+  kiln_client *c = connect_as("health");
+  bool serving = false;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_health(c, "", &serving, &st), 0);
+  ck_assert(serving);
+  ck_assert_int_eq(kiln_client_health(c, "kiln.v1.Kiln", &serving, &st), 0);
+  ck_assert(serving);
+  kiln_client_close(c);
+}
+END_TEST
+
+/* ---- compile and execute ------------------------------------------------------------ */
+
+START_TEST(test_axpy) {
+  kiln_client *c = connect_as("axpy");
+  size_t len;
+  char *text = slurp("examples/axpy.hlo", &len);
+  const char *backends[] = {"interp", "cpu"};
+  for (int b = 0; b < 2; b++) {
+    kiln_remote_executable *e = compile_text(c, text, backends[b]);
+    ck_assert_uint_eq(e->nparams, 3);
+    ck_assert_uint_eq(e->noutputs, 1);
+    kiln_sbuf sb = KILN_SBUF_INIT;
+    kiln_shape_print_short(&sb, &e->params[1]);
+    ck_assert_str_eq(kiln_sbuf_str(&sb), "f32[4]");
+    kiln_sbuf_free(&sb);
+    kiln_literal *a = lit("f32[] 2"), *x = lit("f32[4] {1, 2, 3, 4}"),
+                 *y = lit("f32[4] {10, 20, 30, 40}");
+    kiln_remote_arg args[3] = {{.literal = a}, {.literal = x}, {.literal = y}};
+    kiln_remote_result r;
+    kiln_status st;
+    kiln_status_clear(&st);
+    ck_assert_msg(kiln_client_execute(c, e->id, args, 3, NULL, &r, &st) == 0, "%s: %s", st.where,
+                  st.msg);
+    ck_assert_uint_eq(r.noutputs, 1);
+    ck_assert_ptr_nonnull(r.outputs[0].literal);
+    ASSERT_LIT(r.outputs[0].literal, "f32[4] {12, 24, 36, 48}");
+    kiln_remote_result_free(&r);
+    kiln_literal_destroy(a);
+    kiln_literal_destroy(x);
+    kiln_literal_destroy(y);
+    kiln_remote_executable_free(e);
+  }
+  free(text);
+  kiln_client_close(c);
+}
+END_TEST
+
+/* Relative closeness for the native backend, exactness otherwise. */
+static bool leaves_match(const kiln_literal *want, const kiln_literal *got, bool exact, char *why,
+                         size_t n) {
+  if (!kiln_shape_equal(&want->shape, &got->shape, false)) {
+    snprintf(why, n, "shapes differ");
+    return false;
+  }
+  if (exact || !kiln_dtype_is_float(want->shape.dtype)) {
+    if (kiln_literal_equal(want, got)) return true;
+    snprintf(why, n, "values differ");
+    return false;
+  }
+  int64_t k = kiln_literal_elements(want);
+  for (int64_t i = 0; i < k; i++) {
+    double w = kiln_literal_get_f64(want, i), g = kiln_literal_get_f64(got, i);
+    if (isnan(w) && isnan(g)) continue;
+    if (!(fabs(w - g) <= 1e-4 * fmax(1.0, fabs(w)))) {
+      snprintf(why, n, "element %lld: want %.9g, got %.9g", (long long)i, w, g);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Runs module text locally on the interpreter and remotely on `backend`,
+ * with the same pseudo-random arguments, and compares every output. */
+static void check_against_interp(kiln_client *c, const char *text, const char *backend,
+                                 uint64_t seed, const char *label) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_module *m;
+  ck_assert_msg(kiln_module_parse_text(text, strlen(text), label, NULL, &m, &st) == 0, "%s: %s",
+                label, st.msg);
+  kiln_literal **args;
+  uint32_t nargs;
+  ck_assert_int_eq(kiln_test_args_random(m, seed, &args, &nargs, &st), 0);
+  kiln_literal *want;
+  ck_assert_msg(kiln_interp_run(m, (const kiln_literal *const *)args, nargs, NULL, &want, &st) == 0,
+                "%s: local: %s", label, st.msg);
+  kiln_remote_executable *e = compile_text(c, text, backend);
+  kiln_remote_arg *rargs = calloc(nargs ? nargs : 1, sizeof *rargs);
+  for (uint32_t i = 0; i < nargs; i++) rargs[i].literal = args[i];
+  kiln_remote_result r;
+  int rc = kiln_client_execute(c, e->id, rargs, nargs, NULL, &r, &st);
+  ck_assert_msg(rc == 0, "%s on %s: %s: %s", label, backend, st.where, st.msg);
+  bool tuple = kiln_shape_is_tuple(&want->shape);
+  ck_assert_uint_eq(r.noutputs, tuple ? want->shape.rank : 1);
+  for (uint32_t i = 0; i < r.noutputs; i++) {
+    char why[256];
+    const kiln_literal *w = tuple ? want->elems[i] : want;
+    ck_assert_ptr_nonnull(r.outputs[i].literal);
+    ck_assert_msg(
+        leaves_match(w, r.outputs[i].literal, strcmp(backend, "interp") == 0, why, sizeof why),
+        "%s on %s, output %u: %s", label, backend, i, why);
+  }
+  kiln_remote_result_free(&r);
+  kiln_remote_executable_free(e);
+  free(rargs);
+  kiln_literal_destroy(want);
+  kiln_test_args_free(args, nargs);
+  kiln_module_destroy(m);
+}
+
+START_TEST(test_examples_match_interp) {
+  kiln_client *c = connect_as("examples");
+  const char *files[] = {"examples/axpy.hlo", "examples/mlp.hlo"};
+  for (int i = 0; i < 2; i++) {
+    size_t len;
+    char *text = slurp(files[i], &len);
+    check_against_interp(c, text, "interp", 7, files[i]);
+    check_against_interp(c, text, "cpu", 7, files[i]);
+    free(text);
+  }
+  /* count_loop takes an s32 bound: random args give [-8, 8). */
+  size_t len;
+  char *text = slurp("examples/count_loop.hlo", &len);
+  check_against_interp(c, text, "interp", 3, "count_loop");
+  free(text);
+  kiln_client_close(c);
+}
+END_TEST
+
+START_TEST(test_generated_match_interp) {
+  kiln_client *c = connect_as("progen");
+  for (uint64_t seed = 1; seed <= 24; seed++) {
+    kiln_progen_options o = {.seed = seed, .ninstrs = 12, .nparams = 2, .dtype = KILN_F32};
+    char *text = kiln_progen_text(&o);
+    ck_assert_ptr_nonnull(text);
+    char label[32];
+    snprintf(label, sizeof label, "progen seed %llu", (unsigned long long)seed);
+    check_against_interp(c, text, "interp", seed, label);
+    kiln_free(text);
+  }
+  kiln_client_close(c);
+}
+END_TEST
+
+START_TEST(test_cache_and_proto) {
+  kiln_client *c = connect_as("cache");
+  size_t len;
+  char *text = slurp("examples/axpy.hlo", &len);
+  kiln_remote_executable *e1 = compile_text(c, text, "interp");
+  kiln_remote_executable *e2 = compile_text(c, text, "interp");
+  ck_assert_str_eq(e1->id, e2->id);
+  ck_assert_int_ne(e2->cache_source, KILN_REMOTE_SOURCE_COMPILED);
+  /* The same module as a proto is the same program. */
+  kiln_module *m;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_parse_text(text, len, "axpy", NULL, &m, &st), 0);
+  kiln_remote_compile_options o = {.backend = "interp"};
+  kiln_remote_executable *e3 = NULL;
+  ck_assert_msg(kiln_client_compile_module(c, m, &o, &e3, &st) == 0, "%s", st.msg);
+  ck_assert_str_eq(e3->id, e1->id);
+  uint8_t *buf;
+  size_t blen;
+  ck_assert_int_eq(kiln_module_to_proto(m, &buf, &blen, &st), 0);
+  kiln_remote_executable *e4 = NULL;
+  ck_assert_msg(kiln_client_compile_proto(c, buf, blen, &o, &e4, &st) == 0, "%s", st.msg);
+  ck_assert_str_eq(e4->id, e1->id);
+  kiln_free(buf);
+  kiln_module_destroy(m);
+  kiln_remote_executable_free(e1);
+  kiln_remote_executable_free(e2);
+  kiln_remote_executable_free(e3);
+  kiln_remote_executable_free(e4);
+  free(text);
+  kiln_client_close(c);
+}
+END_TEST
+
+START_TEST(test_builder) {
+  /* f(x, y) = sum(x * y) + 1 */
+  kiln_builder *b = kiln_builder_create("dot1");
+  int64_t dims[1] = {3};
+  kiln_id x = kiln_builder_parameter(b, KILN_F32, dims, 1, "x");
+  kiln_id y = kiln_builder_parameter(b, KILN_F32, dims, 1, "y");
+  kiln_id xy = kiln_builder_binary(b, KILN_OP_MULTIPLY, x, y);
+  int64_t rdims[1] = {0};
+  kiln_id s = kiln_builder_reduce_sum(b, xy, rdims, 1);
+  kiln_id one = kiln_builder_scalar(b, KILN_F32, 1);
+  kiln_id root = kiln_builder_binary(b, KILN_OP_ADD, s, one);
+  kiln_module *m;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_builder_finish(b, root, &m, &st) == 0, "%s: %s", st.where, st.msg);
+  kiln_builder_destroy(b);
+
+  kiln_client *c = connect_as("builder");
+  kiln_remote_compile_options o = {0};
+  kiln_remote_executable *e = NULL;
+  ck_assert_msg(kiln_client_compile_module(c, m, &o, &e, &st) == 0, "%s", st.msg);
+  kiln_literal *lx = lit("f32[3] {1, 2, 3}"), *ly = lit("f32[3] {4, 5, 6}");
+  kiln_remote_arg args[2] = {{.literal = lx}, {.literal = ly}};
+  kiln_remote_result r;
+  ck_assert_msg(kiln_client_execute(c, e->id, args, 2, NULL, &r, &st) == 0, "%s", st.msg);
+  ASSERT_LIT(r.outputs[0].literal, "f32[] 33");
+  kiln_remote_result_free(&r);
+  kiln_literal_destroy(lx);
+  kiln_literal_destroy(ly);
+  kiln_remote_executable_free(e);
+  kiln_module_destroy(m);
+  kiln_client_close(c);
+
+  /* A mistake is reported by finish, naming the instruction. */
+  b = kiln_builder_create("bad");
+  int64_t d4[1] = {4};
+  x = kiln_builder_parameter(b, KILN_F32, dims, 1, "x");
+  y = kiln_builder_parameter(b, KILN_F32, d4, 1, "y");
+  kiln_id z = kiln_builder_binary(b, KILN_OP_ADD, x, y);
+  ck_assert_uint_eq(z, KILN_NO_ID);
+  ck_assert_uint_eq(kiln_builder_unary(b, KILN_OP_NEGATE, z), KILN_NO_ID);
+  kiln_status_clear(&st);
+  ck_assert_int_ne(kiln_builder_finish(b, z, &m, &st), 0);
+  ck_assert_ptr_null(m);
+  ck_assert_msg(strstr(st.msg, "f32[3]") && strstr(st.msg, "f32[4]"), "message: %s", st.msg);
+  kiln_builder_destroy(b);
+}
+END_TEST
+
+/* ---- buffers ----------------------------------------------------------------------- */
+
+START_TEST(test_buffer_roundtrip_large) {
+  kiln_client *c = connect_as("big");
+  /* 64 MiB and 12 bytes: many chunks and a short last one. */
+  int64_t n = (INT64_C(64) << 20) / 4 + 3;
+  kiln_shape shape;
+  kiln_arena *a = kiln_arena_create();
+  ck_assert_int_eq(kiln_shape_make_array(a, &shape, KILN_F32, &n, 1), 0);
+  size_t bytes = (size_t)n * 4;
+  uint32_t *data = malloc(bytes);
+  for (int64_t i = 0; i < n; i++) data[i] = (uint32_t)(i * 2654435761u);
+  kiln_remote_buffer info;
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_put_options po = {.label = "big"};
+  ck_assert_msg(kiln_client_put_buffer_raw(c, &shape, data, bytes, &po, &info, &st) == 0, "%s: %s",
+                st.where, st.msg);
+  ck_assert_int_eq(info.size_bytes, (int64_t)bytes);
+  ck_assert(kiln_shape_equal(&info.shape, &shape, false));
+
+  uint32_t *back = malloc(bytes);
+  size_t got;
+  kiln_remote_buffer info2;
+  ck_assert_msg(kiln_client_get_buffer_raw(c, info.handle, NULL, back, bytes, &got, &info2, &st) ==
+                    0,
+                "%s", st.msg);
+  ck_assert_uint_eq(got, bytes);
+  ck_assert(memcmp(back, data, bytes) == 0);
+  ck_assert_str_eq(info2.handle, info.handle);
+  kiln_remote_buffer_clear(&info2);
+
+  /* As a literal, with small chunks asked of the server. */
+  kiln_literal *l;
+  kiln_remote_get_options go = {.chunk_bytes = 65536};
+  ck_assert_msg(kiln_client_get_buffer(c, info.handle, &go, &l, &st) == 0, "%s", st.msg);
+  ck_assert_uint_eq(l->nbytes, bytes);
+  ck_assert(memcmp(l->data, data, bytes) == 0);
+  kiln_literal_destroy(l);
+
+  /* A destination too small is refused before anything is written past it. */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_get_buffer_raw(c, info.handle, NULL, back, 16, &got, NULL, &st),
+                   KILN_ELIMIT);
+  ck_assert_int_eq(kiln_rpc_status_code(&st), KILN_RPC_RESOURCE_EXHAUSTED);
+
+  int64_t released, unknown;
+  const char *h[1] = {info.handle};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_release_buffers(c, h, 1, &released, &unknown, &st), 0);
+  ck_assert_int_eq(released, 1);
+  ck_assert_int_eq(unknown, 0);
+  ck_assert_int_eq(kiln_client_release_buffers(c, h, 1, &released, &unknown, &st), 0);
+  ck_assert_int_eq(released, 0);
+  ck_assert_int_eq(unknown, 1);
+  ck_assert_int_eq(kiln_client_get_buffer(c, info.handle, NULL, &l, &st), KILN_ENOTFOUND);
+  ck_assert_int_eq(kiln_rpc_status_code(&st), KILN_RPC_NOT_FOUND);
+  kiln_remote_buffer_clear(&info);
+  free(back);
+  free(data);
+  kiln_arena_destroy(a);
+  kiln_client_close(c);
+}
+END_TEST
+
+START_TEST(test_buffer_small_and_empty) {
+  kiln_client *c = connect_as("small");
+  kiln_status st;
+  kiln_status_clear(&st);
+  const char *values[] = {"f32[0] {}", "s8[] -3", "pred[3] {true, false, true}",
+                          "f64[2,2] {{1.5, -2}, {0, 1e+300}}", "bf16[2] {1, -0.5}"};
+  for (int i = 0; i < 5; i++) {
+    kiln_literal *l = lit(values[i]), *back;
+    kiln_remote_buffer info;
+    ck_assert_msg(kiln_client_put_buffer(c, l, NULL, &info, &st) == 0, "%s: %s", values[i], st.msg);
+    kiln_remote_get_options go = {.release = true};
+    ck_assert_msg(kiln_client_get_buffer(c, info.handle, &go, &back, &st) == 0, "%s: %s", values[i],
+                  st.msg);
+    ASSERT_LIT(back, values[i]);
+    /* release=true: gone after the download. */
+    kiln_literal *again;
+    ck_assert_int_eq(kiln_client_get_buffer(c, info.handle, NULL, &again, &st), KILN_ENOTFOUND);
+    kiln_status_clear(&st);
+    kiln_literal_destroy(back);
+    kiln_literal_destroy(l);
+    kiln_remote_buffer_clear(&info);
+  }
+  kiln_client_close(c);
+}
+END_TEST
+
+START_TEST(test_execute_with_handles) {
+  kiln_client *c = connect_as("handles");
+  size_t len;
+  char *text = slurp("examples/axpy.hlo", &len);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_executable *e = compile_text(c, text, NULL);
+  kiln_literal *a = lit("f32[] 3"), *x = lit("f32[4] {1, 2, 3, 4}"),
+               *y = lit("f32[4] {1, 1, 1, 1}");
+  kiln_remote_buffer hx, hy;
+  ck_assert_int_eq(kiln_client_put_buffer(c, x, NULL, &hx, &st), 0);
+  ck_assert_int_eq(kiln_client_put_buffer(c, y, NULL, &hy, &st), 0);
+  kiln_remote_arg args[3] = {{.literal = a}, {.handle = hx.handle}, {.handle = hy.handle}};
+  bool keep[1] = {true};
+  kiln_remote_execute_options xo = {.keep_on_server = keep, .nkeep = 1};
+  kiln_remote_result r;
+  ck_assert_msg(kiln_client_execute(c, e->id, args, 3, &xo, &r, &st) == 0, "%s", st.msg);
+  ck_assert_uint_eq(r.noutputs, 1);
+  ck_assert_ptr_null(r.outputs[0].literal);
+  ck_assert_ptr_nonnull(r.outputs[0].buffer.handle);
+  kiln_literal *out;
+  ck_assert_int_eq(kiln_client_get_buffer(c, r.outputs[0].buffer.handle, NULL, &out, &st), 0);
+  ASSERT_LIT(out, "f32[4] {4, 7, 10, 13}");
+  kiln_literal_destroy(out);
+
+  /* The kept output feeds the next step; y is donated and gone after. */
+  kiln_remote_arg args2[3] = {{.literal = a},
+                              {.handle = r.outputs[0].buffer.handle},
+                              {.handle = hy.handle, .donate = true}};
+  kiln_remote_result r2;
+  ck_assert_msg(kiln_client_execute(c, e->id, args2, 3, NULL, &r2, &st) == 0, "%s", st.msg);
+  ASSERT_LIT(r2.outputs[0].literal, "f32[4] {13, 22, 31, 40}");
+  ck_assert_int_eq(kiln_client_get_buffer(c, hy.handle, NULL, &out, &st), KILN_ENOTFOUND);
+  kiln_status_clear(&st);
+  /* x was not donated: still there. */
+  ck_assert_int_eq(kiln_client_get_buffer(c, hx.handle, NULL, &out, &st), 0);
+  ASSERT_LIT(out, "f32[4] {1, 2, 3, 4}");
+  kiln_literal_destroy(out);
+  const char *hs[2] = {hx.handle, r.outputs[0].buffer.handle};
+  int64_t released;
+  ck_assert_int_eq(kiln_client_release_buffers(c, hs, 2, &released, NULL, &st), 0);
+  ck_assert_int_eq(released, 2);
+  kiln_remote_result_free(&r);
+  kiln_remote_result_free(&r2);
+  kiln_remote_buffer_clear(&hx);
+  kiln_remote_buffer_clear(&hy);
+  kiln_literal_destroy(a);
+  kiln_literal_destroy(x);
+  kiln_literal_destroy(y);
+  kiln_remote_executable_free(e);
+  free(text);
+  kiln_client_close(c);
+}
+END_TEST
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+#define EXPECT_CODE(call, code) \
+  do { \
+    kiln_status_clear(&st); \
+    int rc_ = (call); \
+    ck_assert_msg(rc_ != 0 && kiln_rpc_status_code(&st) == (code), \
+                  "%s: expected %s, got rc %d %s: %s", #call, kiln_rpc_code_name(code), rc_, \
+                  st.where, st.msg); \
+    ck_assert_msg(st.msg[0] != '\0', "%s: empty message", #call); \
+  } while (0)
+
+START_TEST(test_errors) {
+  kiln_client *c = connect_as("errors");
+  kiln_status st;
+  kiln_remote_executable *e = NULL;
+  kiln_remote_compile_options o = {0};
+  const char *garbage = "this is not HLO";
+  EXPECT_CODE(kiln_client_compile_text(c, garbage, strlen(garbage), &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+  const char *bad = "HloModule m\nENTRY e {\n  a = f32[3] parameter(0)\n  b = f32[4] parameter(1)\n"
+                    "  ROOT c = f32[3] add(a, b)\n}\n";
+  EXPECT_CODE(kiln_client_compile_text(c, bad, strlen(bad), &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(st.msg, "c") != NULL, "message names nothing: %s", st.msg);
+  const uint8_t junk[] = {0xff, 0xff, 0xff, 0x01, 0x02};
+  EXPECT_CODE(kiln_client_compile_proto(c, junk, sizeof junk, &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+  const char *tr[1] = {"frobnicate"};
+  kiln_remote_compile_options ot = {.transforms = tr, .ntransforms = 1};
+  EXPECT_CODE(kiln_client_compile_text(c, bad, strlen(bad), &ot, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+
+  kiln_remote_result r;
+  EXPECT_CODE(kiln_client_execute(c, "no-such-executable", NULL, 0, NULL, &r, &st),
+              KILN_RPC_NOT_FOUND);
+  size_t len;
+  char *text = slurp("examples/axpy.hlo", &len);
+  e = compile_text(c, text, "interp");
+  kiln_literal *a = lit("f32[] 2"), *x = lit("f32[4] {1, 2, 3, 4}"),
+               *x5 = lit("f32[5] {1, 2, 3, 4, 5}"), *xi = lit("s32[4] {1, 2, 3, 4}");
+  kiln_remote_arg two[2] = {{.literal = a}, {.literal = x}};
+  EXPECT_CODE(kiln_client_execute(c, e->id, two, 2, NULL, &r, &st), KILN_RPC_INVALID_ARGUMENT);
+  kiln_remote_arg wrong_dims[3] = {{.literal = a}, {.literal = x5}, {.literal = x}};
+  EXPECT_CODE(kiln_client_execute(c, e->id, wrong_dims, 3, NULL, &r, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+  kiln_remote_arg wrong_type[3] = {{.literal = a}, {.literal = xi}, {.literal = x}};
+  EXPECT_CODE(kiln_client_execute(c, e->id, wrong_type, 3, NULL, &r, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+  kiln_remote_arg unknown[3] = {{.literal = a}, {.handle = "no-such-handle"}, {.literal = x}};
+  EXPECT_CODE(kiln_client_execute(c, e->id, unknown, 3, NULL, &r, &st), KILN_RPC_NOT_FOUND);
+  kiln_literal *out;
+  EXPECT_CODE(kiln_client_get_buffer(c, "no-such-handle", NULL, &out, &st), KILN_RPC_NOT_FOUND);
+
+  /* Another client's handle is unknown here, and left alone. */
+  kiln_client *other = connect_as("errors-other");
+  kiln_remote_buffer hb;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_put_buffer(other, x, NULL, &hb, &st), 0);
+  EXPECT_CODE(kiln_client_get_buffer(c, hb.handle, NULL, &out, &st), KILN_RPC_NOT_FOUND);
+  kiln_remote_arg foreign[3] = {{.literal = a}, {.handle = hb.handle}, {.literal = x}};
+  EXPECT_CODE(kiln_client_execute(c, e->id, foreign, 3, NULL, &r, &st), KILN_RPC_NOT_FOUND);
+  int64_t released, unknown_n;
+  const char *h[1] = {hb.handle};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_release_buffers(c, h, 1, &released, &unknown_n, &st), 0);
+  ck_assert_int_eq(released, 0);
+  ck_assert_int_eq(unknown_n, 1);
+  ck_assert_int_eq(kiln_client_get_buffer(other, hb.handle, NULL, &out, &st), 0);
+  ASSERT_LIT(out, "f32[4] {1, 2, 3, 4}");
+  kiln_literal_destroy(out);
+  ck_assert_int_eq(kiln_client_release_buffers(other, h, 1, &released, NULL, &st), 0);
+  ck_assert_int_eq(released, 1);
+  kiln_remote_buffer_clear(&hb);
+  kiln_client_close(other);
+
+  kiln_literal_destroy(a);
+  kiln_literal_destroy(x);
+  kiln_literal_destroy(x5);
+  kiln_literal_destroy(xi);
+  kiln_remote_executable_free(e);
+  free(text);
+  kiln_client_close(c);
+
+  /* Nobody listening: UNAVAILABLE from connect. */
+  kiln_client *none;
+  kiln_client_options co = {.connect_timeout_ms = 2000};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_connect("127.0.0.1:1", &co, &none, &st), KILN_EUNAVAIL);
+  ck_assert_int_eq(kiln_rpc_status_code(&st), KILN_RPC_UNAVAILABLE);
+}
+END_TEST
+
+/* ---- stats and metrics ----------------------------------------------------------------- */
+
+START_TEST(test_stats) {
+  kiln_client *c = connect_as("stats");
+  kiln_server_stats s0, s1;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_stats(c, &s0, &st), 0);
+  ck_assert(s0.server_version[0] != '\0');
+  ck_assert(s0.uptime_ns > 0);
+  size_t len;
+  char *text = slurp("examples/axpy.hlo", &len);
+  kiln_remote_executable *e = compile_text(c, text, "interp");
+  kiln_literal *a = lit("f32[] 2"), *x = lit("f32[4] {1, 2, 3, 4}");
+  kiln_remote_arg args[3] = {{.literal = a}, {.literal = x}, {.literal = x}};
+  for (int i = 0; i < 5; i++) {
+    kiln_remote_result r;
+    ck_assert_int_eq(kiln_client_execute(c, e->id, args, 3, NULL, &r, &st), 0);
+    kiln_remote_result_free(&r);
+  }
+  kiln_remote_buffer hb;
+  ck_assert_int_eq(kiln_client_put_buffer(c, x, NULL, &hb, &st), 0);
+  ck_assert_int_eq(kiln_client_stats(c, &s1, &st), 0);
+  ck_assert_int_ge(s1.executions - s0.executions, 5);
+  ck_assert_int_eq(s1.live_buffers - s0.live_buffers, 1);
+  ck_assert_int_eq(s1.live_buffer_bytes - s0.live_buffer_bytes, 16);
+  ck_assert_uint_gt(s1.ncounters, 0);
+  ck_assert_uint_gt(s1.ndevices, 0);
+  const char *h[1] = {hb.handle};
+  ck_assert_int_eq(kiln_client_release_buffers(c, h, 1, NULL, NULL, &st), 0);
+  int64_t live0 = s0.live_buffers;
+  kiln_server_stats_clear(&s0);
+  kiln_server_stats_clear(&s1);
+  ck_assert_int_eq(kiln_client_stats(c, &s1, &st), 0);
+  ck_assert_int_eq(s1.live_buffers, live0);
+  kiln_server_stats_clear(&s1);
+  kiln_remote_buffer_clear(&hb);
+  kiln_literal_destroy(a);
+  kiln_literal_destroy(x);
+  kiln_remote_executable_free(e);
+  free(text);
+  kiln_client_close(c);
+}
+END_TEST
+
+START_TEST(test_metrics) {
+  ck_assert_msg(server.metrics[0] != '\0', "kilnd printed no metrics address");
+  /* Some traffic first, so that the counters have something to say. */
+  kiln_client *c = connect_as("metrics");
+  kiln_server_stats s;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_stats(c, &s, &st), 0);
+  kiln_server_stats_clear(&s);
+  kiln_remote_result r;
+  kiln_client_execute(c, "no-such-executable", NULL, 0, NULL, &r, &st);
+  kiln_client_close(c);
+
+  int status;
+  char *body;
+  size_t len;
+  ck_assert_int_eq(itest_http_get(server.metrics, "/metrics", &status, &body, &len), 0);
+  ck_assert_int_eq(status, 200);
+  itest_metrics m;
+  char err[256];
+  ck_assert_msg(itest_metrics_parse(body, &m, err, sizeof err) == 0, "/metrics: %s", err);
+  ck_assert_uint_gt(m.n, 10);
+  ck_assert_uint_gt(m.ntypes, 5);
+  ck_assert_msg(itest_metrics_value(&m, "kiln_requests_total", "method=\"Stats\"") >= 1,
+                "no Stats request counted");
+  ck_assert_msg(itest_metrics_sum(&m, "kiln_request_errors_total") >= 1,
+                "the NOT_FOUND Execute is not counted as an error");
+  ck_assert(!isnan(itest_metrics_value(&m, "kiln_live_buffers", NULL)));
+  itest_metrics_free(&m);
+  free(body);
+  ck_assert_int_eq(itest_http_get(server.metrics, "/no-such-page", &status, &body, &len), 0);
+  ck_assert_int_eq(status, 404);
+  free(body);
+}
+END_TEST
+
+/* ---- the kiln command --------------------------------------------------------------------- */
+
+static int kiln_cmd(const char *const *args, char **out, char **err) {
+  const char *cli = getenv("KILN_CLI");
+  ck_assert_msg(cli && cli[0], "KILN_CLI is not set");
+  char *argv[32];
+  int n = 0;
+  argv[n++] = (char *)cli;
+  for (int i = 0; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
+  argv[n] = NULL;
+  return itest_run(argv, out, err);
+}
+
+START_TEST(test_cli_remote) {
+  char axpy[1024], bad[1024];
+  snprintf(axpy, sizeof axpy, "%s/examples/axpy.hlo", KILN_SOURCE_DIR);
+  snprintf(bad, sizeof bad, "%s/tests/integration/data/bad_shape.hlo", KILN_SOURCE_DIR);
+  char *out, *err, *lout, *lerr;
+  const char *local[] = {"run",   axpy,
+                         "--arg", "f32[] 2",
+                         "--arg", "f32[4] {1, 2, 3, 4}",
+                         "--arg", "f32[4] {10, 20, 30, 40}",
+                         NULL};
+  ck_assert_int_eq(kiln_cmd(local, &lout, &lerr), 0);
+  const char *remote[] = {"run",      axpy,
+                          "--arg",    "f32[] 2",
+                          "--arg",    "f32[4] {1, 2, 3, 4}",
+                          "--arg",    "f32[4] {10, 20, 30, 40}",
+                          "--server", server.addr,
+                          NULL};
+  ck_assert_msg(kiln_cmd(remote, &out, &err) == 0, "stderr: %s", err);
+  ck_assert_str_eq(out, lout);
+  ck_assert_str_eq(out, "f32[4] {12, 24, 36, 48}\n");
+  free(out), free(err), free(lout), free(lerr);
+
+  const char *random_local[] = {"run", axpy, "--random-args", "5", NULL};
+  const char *random_remote[] = {"run",       axpy,        "--random-args", "5", "--server",
+                                 server.addr, "--backend", "interp",        NULL};
+  ck_assert_int_eq(kiln_cmd(random_local, &lout, &lerr), 0);
+  ck_assert_msg(kiln_cmd(random_remote, &out, &err) == 0, "stderr: %s", err);
+  ck_assert_str_eq(out, lout);
+  free(out), free(err), free(lout), free(lerr);
+
+  const char *check_ok[] = {"check", axpy, "--server", server.addr, NULL};
+  ck_assert_int_eq(kiln_cmd(check_ok, &out, &err), 0);
+  ck_assert_str_eq(out, "");
+  ck_assert_str_eq(err, "");
+  free(out), free(err);
+  const char *check_bad[] = {"check", "--server", server.addr, bad, NULL};
+  ck_assert_int_eq(kiln_cmd(check_bad, &out, &err), 1);
+  /* Exactly what a local check prints. */
+  char *lbad_out, *lbad_err;
+  const char *check_local[] = {"check", bad, NULL};
+  ck_assert_int_eq(kiln_cmd(check_local, &lbad_out, &lbad_err), 1);
+  ck_assert_str_eq(err, lbad_err);
+  char prefix[1100];
+  snprintf(prefix, sizeof prefix, "%s:7:8: error: main/c: add: ", bad);
+  ck_assert_msg(strncmp(err, prefix, strlen(prefix)) == 0, "stderr: %s", err);
+  free(out), free(err), free(lbad_out), free(lbad_err);
+
+  const char *compile[] = {"compile", axpy, "--server", server.addr, "--backend", "interp", NULL};
+  ck_assert_msg(kiln_cmd(compile, &out, &err) == 0, "stderr: %s", err);
+  ck_assert_msg(strncmp(out, "executable ", 11) == 0, "stdout: %s", out);
+  ck_assert_msg(strstr(out, "signature (f32[], f32[4]{0}, f32[4]{0}) -> f32[4]{0}\n") ||
+                    strstr(out, "signature (f32[], f32[4], f32[4]) -> f32[4]\n"),
+                "stdout: %s", out);
+  free(out), free(err);
+
+  const char *stats[] = {"stats", "--server", server.addr, "--counters", NULL};
+  ck_assert_msg(kiln_cmd(stats, &out, &err) == 0, "stderr: %s", err);
+  ck_assert_msg(strncmp(out, "server ", 7) == 0, "stdout: %s", out);
+  free(out), free(err);
+
+  const char *unreachable[] = {"run", axpy, "--random-args", "0", "--server", "127.0.0.1:1", NULL};
+  ck_assert_int_eq(kiln_cmd(unreachable, &out, &err), 1);
+  ck_assert_msg(strstr(err, "cannot connect") != NULL, "stderr: %s", err);
+  free(out), free(err);
+  const char *usage[] = {"run", axpy, "--server", "nowhere", NULL};
+  ck_assert_int_eq(kiln_cmd(usage, &out, &err), 2);
+  free(out), free(err);
+}
+END_TEST
+
+static Suite *remote_suite(void) {
+  Suite *s = suite_create("remote");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_health);
+  tcase_add_test(tc, test_axpy);
+  tcase_add_test(tc, test_examples_match_interp);
+  tcase_add_test(tc, test_generated_match_interp);
+  tcase_add_test(tc, test_cache_and_proto);
+  tcase_add_test(tc, test_builder);
+  tcase_add_test(tc, test_buffer_roundtrip_large);
+  tcase_add_test(tc, test_buffer_small_and_empty);
+  tcase_add_test(tc, test_execute_with_handles);
+  tcase_add_test(tc, test_errors);
+  tcase_add_test(tc, test_stats);
+  tcase_add_test(tc, test_metrics);
+  tcase_add_test(tc, test_cli_remote);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  itest_require_kilnd("test_remote");
+  if (itest_kilnd_start(&server, NULL)) return 1;
+  SRunner *sr = srunner_create(remote_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  bool alive = itest_kilnd_alive(&server);
+  int status = itest_kilnd_stop(&server, SIGTERM, 30);
+  if (!alive) fprintf(stderr, "test_remote: kilnd died during the tests\n");
+  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "test_remote: kilnd did not exit 0 after SIGTERM (status %d)\n", status);
+    failed++;
+  }
+  if (failed) itest_kilnd_dump_log(&server);
+  return failed ? 1 : 0;
+}
