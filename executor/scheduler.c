@@ -55,6 +55,7 @@ struct kiln_sched {
   uint32_t ndevs;
   sclient *cursor; /* next client to serve; NULL when the ring is empty */
   uint32_t queued, running;
+  uint32_t dropping; /* jobs taken out to be dropped, callbacks not yet done */
   bool closed, stop;
 };
 
@@ -147,6 +148,7 @@ static void reap_client(kiln_sched *s, sclient *c, int64_t now, job **drops) {
     int code;
     if (dead(j, now, &code)) {
       unlink_job(s, j, prev);
+      s->dropping++;
       j->next = *drops;
       *drops = j;
     } else {
@@ -196,7 +198,13 @@ static job *pick(kiln_sched *s, uint32_t cls, job **drops) {
   return NULL;
 }
 
-static void drop_all(job *drops, int forced_code) {
+static bool idle(const kiln_sched *s) {
+  return s->queued == 0 && s->running == 0 && s->dropping == 0;
+}
+
+/* Calls the drop callbacks of jobs taken out under the lock (each counted
+ * in s->dropping, so that wait_idle waits for the callbacks too). */
+static void drop_all(kiln_sched *s, job *drops, int forced_code) {
   int64_t now = kiln_sched_now_ns();
   for (job *j = drops, *next; j; j = next) {
     next = j->next;
@@ -204,6 +212,10 @@ static void drop_all(job *drops, int forced_code) {
     if (code == 0 && !dead(j, now, &code)) code = KILN_EDEADLINE;
     j->j.drop(j->j.arg, code);
     kiln_free(j);
+    pthread_mutex_lock(&s->mu);
+    s->dropping--;
+    if (idle(s)) pthread_cond_broadcast(&s->idle_cv);
+    pthread_mutex_unlock(&s->mu);
   }
 }
 
@@ -233,7 +245,7 @@ static void run_job(kiln_sched *s, job *j, const uint32_t *ids) {
     d->busy_ns += (uint64_t)(dt > 0 ? dt : 0);
   }
   s->running--;
-  if (s->running == 0 && s->queued == 0) pthread_cond_broadcast(&s->idle_cv);
+  if (idle(s)) pthread_cond_broadcast(&s->idle_cv);
   pthread_cond_broadcast(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
   kiln_free(j);
@@ -253,10 +265,10 @@ static void *worker(void *arg) {
       claim(s, self, j->j.ndevices, ids);
       s->running++;
     }
-    if (s->running == 0 && s->queued == 0) pthread_cond_broadcast(&s->idle_cv);
+    if (idle(s)) pthread_cond_broadcast(&s->idle_cv);
     bool stop = s->stop && j == NULL;
     pthread_mutex_unlock(&s->mu);
-    drop_all(drops, 0);
+    drop_all(s, drops, 0);
     if (j) run_job(s, j, ids);
     if (stop) return NULL;
     pthread_mutex_lock(&s->mu);
@@ -334,6 +346,7 @@ void kiln_sched_destroy(kiln_sched *s) {
     while (c->head) {
       job *j = c->head;
       unlink_job(s, j, NULL);
+      s->dropping++;
       j->next = drops;
       drops = j;
     }
@@ -341,7 +354,7 @@ void kiln_sched_destroy(kiln_sched *s) {
   }
   pthread_cond_broadcast(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
-  drop_all(drops, KILN_EUNAVAIL);
+  drop_all(s, drops, KILN_EUNAVAIL);
   for (uint32_t i = 0; i < s->ndevs; i++)
     if (s->devs[i].started) pthread_join(s->devs[i].thread, NULL);
   pthread_cond_destroy(&s->work_cv);
@@ -408,11 +421,11 @@ uint32_t kiln_sched_expire(kiln_sched *s) {
   job *drops = NULL;
   pthread_mutex_lock(&s->mu);
   reap_all(s, &drops);
-  if (s->running == 0 && s->queued == 0) pthread_cond_broadcast(&s->idle_cv);
+  if (idle(s)) pthread_cond_broadcast(&s->idle_cv);
   pthread_mutex_unlock(&s->mu);
   uint32_t n = 0;
   for (job *j = drops; j; j = j->next) n++;
-  drop_all(drops, 0);
+  drop_all(s, drops, 0);
   return n;
 }
 
@@ -424,7 +437,7 @@ void kiln_sched_close(kiln_sched *s) {
 
 void kiln_sched_wait_idle(kiln_sched *s) {
   pthread_mutex_lock(&s->mu);
-  while (s->queued != 0 || s->running != 0) pthread_cond_wait(&s->idle_cv, &s->mu);
+  while (!idle(s)) pthread_cond_wait(&s->idle_cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
 }
 

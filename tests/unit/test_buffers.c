@@ -1,0 +1,319 @@
+/* Unit tests for the server's buffer store: random hex handles, ownership
+ * (a foreign handle is exactly as unknown as a made-up one), references that
+ * outlive release, take-on-acquire for donation, per-client and total quotas
+ * with reservations, per-client handle limits, and client records that go
+ * away with their last byte. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/ir/ir.h"
+#include "executor/buffers.h"
+
+static kiln_status st;
+
+/* A heap f32[n] literal filled with v. */
+static kiln_literal *f32s(int64_t n, float v) {
+  kiln_arena *a = kiln_arena_create();
+  kiln_shape s;
+  ck_assert_int_eq(kiln_shape_make_array(a, &s, KILN_F32, &n, 1), 0);
+  kiln_literal *lit = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &s, 0, &lit, NULL), 0);
+  kiln_arena_destroy(a);
+  for (int64_t i = 0; i < n; i++) ((float *)lit->data)[i] = v;
+  return lit;
+}
+
+static kiln_buffer_store *store(uint64_t client_quota, uint64_t total, uint32_t maxbufs) {
+  kiln_buffer_store_options o = {.client_quota_bytes = client_quota, .total_quota_bytes = total,
+                                 .max_buffers_per_client = maxbufs};
+  kiln_buffer_store *s = NULL;
+  ck_assert_int_eq(kiln_buffer_store_create(&o, &s, NULL), 0);
+  return s;
+}
+
+static bool is_hex32(const char *h) {
+  if (strlen(h) != 32) return false;
+  for (int i = 0; i < 32; i++)
+    if (!((h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'f'))) return false;
+  return true;
+}
+
+START_TEST(test_handles_are_random_hex) {
+  char a[33], b[33];
+  ck_assert_int_eq(kiln_random_hex128(a), 0);
+  ck_assert_int_eq(kiln_random_hex128(b), 0);
+  ck_assert(is_hex32(a) && is_hex32(b));
+  ck_assert_str_ne(a, b);
+  kiln_buffer_store *s = store(0, 0, 0);
+  kiln_stored *x = NULL, *y = NULL;
+  ck_assert_int_eq(kiln_buffer_store_add(s, "alice", f32s(4, 1), 0, "w", false, &x, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "alice", f32s(4, 2), 1, NULL, false, &y, &st), 0);
+  ck_assert(is_hex32(x->handle));
+  ck_assert_str_ne(x->handle, y->handle);
+  ck_assert_str_eq(x->label, "w");
+  ck_assert_str_eq(y->label, "");
+  ck_assert_int_eq(y->device, 1);
+  ck_assert_uint_eq(x->bytes, 16);
+  kiln_buffer_store_unref(s, x);
+  kiln_buffer_store_unref(s, y);
+  kiln_buffer_store_destroy(s); /* frees what is still stored */
+}
+END_TEST
+
+START_TEST(test_foreign_and_unknown_handles) {
+  kiln_buffer_store *s = store(0, 0, 0);
+  kiln_stored *x = NULL, *got = NULL;
+  ck_assert_int_eq(kiln_buffer_store_add(s, "alice", f32s(2, 3), 0, NULL, false, &x, &st), 0);
+  char h[33];
+  strcpy(h, x->handle);
+  kiln_buffer_store_unref(s, x);
+
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "bob", h, false, &got, &st), KILN_ENOTFOUND);
+  ck_assert_ptr_null(got);
+  char want[128];
+  snprintf(want, sizeof want, "unknown buffer handle '%s'", h);
+  ck_assert_str_eq(st.msg, want);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "alice", "not-a-handle", false, &got, &st),
+                   KILN_ENOTFOUND);
+  ck_assert_str_eq(st.msg, "unknown buffer handle 'not-a-handle'");
+  char upper[33];
+  for (int i = 0; i < 33; i++) upper[i] = (char)(h[i] >= 'a' && h[i] <= 'f' ? h[i] - 32 : h[i]);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "alice", upper, false, &got, NULL),
+                   strcmp(upper, h) == 0 ? 0 : KILN_ENOTFOUND);
+  kiln_buffer_store_unref(s, got);
+  got = NULL;
+  ck_assert_int_eq(kiln_buffer_store_release(s, "bob", h, NULL), KILN_ENOTFOUND);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "alice", h, false, &got, &st), 0);
+  ck_assert_float_eq(((float *)got->lit->data)[1], 3.0f);
+  kiln_buffer_store_unref(s, got);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_release_while_held) {
+  kiln_buffer_store *s = store(0, 0, 0);
+  kiln_stored *x = NULL, *held = NULL;
+  ck_assert_int_eq(kiln_buffer_store_add(s, "c", f32s(256, 7), 0, NULL, false, &x, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "c", x->handle, false, &held, &st), 0);
+  kiln_buffer_store_unref(s, x);
+  uint64_t bytes = 0;
+  ck_assert_int_eq(kiln_buffer_store_release(s, "c", held->handle, &bytes), 0);
+  ck_assert_uint_eq(bytes, 1024);
+  kiln_buffer_store_totals t;
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_buffers, 0);
+  ck_assert_uint_eq(t.live_bytes, 1024); /* still held: still charged */
+  ck_assert_uint_eq(kiln_buffer_store_client_bytes(s, "c"), 1024);
+  ck_assert_float_eq(((float *)held->lit->data)[255], 7.0f);
+  ck_assert_int_eq(kiln_buffer_store_release(s, "c", held->handle, NULL), KILN_ENOTFOUND);
+  kiln_buffer_store_unref(s, held);
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_bytes, 0);
+  ck_assert_uint_eq(t.clients, 0);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_take_for_donation) {
+  kiln_buffer_store *s = store(0, 0, 0);
+  kiln_stored *x = NULL, *taken = NULL, *again = NULL;
+  ck_assert_int_eq(kiln_buffer_store_add(s, "c", f32s(4, 1), 0, NULL, false, &x, &st), 0);
+  char h[33];
+  strcpy(h, x->handle);
+  kiln_buffer_store_unref(s, x);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "c", h, true, &taken, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "c", h, false, &again, NULL), KILN_ENOTFOUND);
+  kiln_buffer_store_totals t;
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_buffers, 0);
+  ck_assert_uint_eq(t.live_bytes, 16);
+  kiln_buffer_store_unref(s, taken); /* the only reference: frees it */
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_bytes, 0);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_client_quota) {
+  kiln_buffer_store *s = store(100, 0, 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(20, 0), 0, NULL, false, NULL, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(6, 0), 0, NULL, false, NULL, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "client memory quota exceeded: 80 bytes in use, 24 more requested, "
+                           "quota 100");
+  /* Another client has its own quota. */
+  ck_assert_int_eq(kiln_buffer_store_add(s, "b", f32s(25, 0), 0, NULL, false, NULL, NULL), 0);
+  /* Reservations count, and turn into the charge. */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_reserve(s, "a", 20, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_reserve(s, "a", 1, &st), KILN_ELIMIT);
+  ck_assert_uint_eq(kiln_buffer_store_client_bytes(s, "a"), 100);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(5, 0), 0, NULL, true, NULL, &st), 0);
+  ck_assert_uint_eq(kiln_buffer_store_client_bytes(s, "a"), 100);
+  kiln_buffer_store_unreserve(s, "a", 0);
+  ck_assert_int_eq(kiln_buffer_store_reserve(s, "a", 1000, NULL), KILN_ELIMIT);
+  ck_assert_int_eq(kiln_buffer_store_reserve(s, "a", UINT64_MAX, NULL), KILN_ELIMIT);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_total_quota_and_unreserve) {
+  kiln_buffer_store *s = store(0, 64, 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_reserve(s, "a", 40, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_reserve(s, "b", 40, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "server buffer memory exhausted: 40 bytes in use, 40 more requested, "
+                           "limit 64");
+  kiln_buffer_store_unreserve(s, "a", 40);
+  kiln_buffer_store_totals t;
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_bytes, 0);
+  ck_assert_uint_eq(t.clients, 0);
+  ck_assert_int_eq(kiln_buffer_store_reserve(s, "b", 40, NULL), 0);
+  /* A failed add returns its reservation. */
+  ck_assert_int_eq(kiln_buffer_store_add(s, "b", NULL, 0, NULL, true, NULL, NULL), KILN_EINVAL);
+  kiln_buffer_store_unreserve(s, "b", 40);
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_bytes, 0);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_buffer_count_limit) {
+  kiln_buffer_store *s = store(0, 0, 2);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(1, 0), 0, NULL, false, NULL, NULL), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(1, 0), 0, NULL, false, NULL, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(1, 0), 0, NULL, false, NULL, &st),
+                   KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "client already holds 2 buffers (the limit)");
+  kiln_buffer_store_totals t;
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_buffers, 2);
+  ck_assert_uint_eq(t.live_bytes, 8);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_tuples_refused) {
+  kiln_buffer_store *s = store(0, 0, 0);
+  kiln_arena *a = kiln_arena_create();
+  kiln_shape e, t;
+  ck_assert_int_eq(kiln_shape_make_array(a, &e, KILN_F32, NULL, 0), 0);
+  ck_assert_int_eq(kiln_shape_make_tuple(a, &t, &e, 1), 0);
+  kiln_literal *lit = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &t, 0, &lit, NULL), 0);
+  kiln_arena_destroy(a);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", lit, 0, NULL, false, NULL, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "only arrays can be stored");
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+/* Many handles: the table grows and every handle stays findable. */
+START_TEST(test_many_buffers) {
+  kiln_buffer_store *s = store(0, 0, 0);
+  enum { N = 3000 };
+  static char handles[N][33];
+  for (int i = 0; i < N; i++) {
+    kiln_stored *b = NULL;
+    ck_assert_int_eq(kiln_buffer_store_add(s, i % 2 ? "odd" : "even", f32s(1, (float)i), 0, NULL,
+                                           false, &b, NULL), 0);
+    strcpy(handles[i], b->handle);
+    kiln_buffer_store_unref(s, b);
+  }
+  for (int i = 0; i < N; i++) {
+    kiln_stored *b = NULL;
+    ck_assert_int_eq(kiln_buffer_store_acquire(s, i % 2 ? "odd" : "even", handles[i], false, &b,
+                                               NULL), 0);
+    ck_assert_float_eq(((float *)b->lit->data)[0], (float)i);
+    kiln_buffer_store_unref(s, b);
+  }
+  for (int i = 0; i < N; i += 2) ck_assert_int_eq(kiln_buffer_store_release(s, "even", handles[i], NULL), 0);
+  kiln_buffer_store_totals t;
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_buffers, N / 2);
+  ck_assert_uint_eq(t.clients, 1);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+static void *hammer(void *arg) {
+  kiln_buffer_store *s = arg;
+  char name[32];
+  snprintf(name, sizeof name, "t%lu", (unsigned long)pthread_self() % 7);
+  for (int i = 0; i < 500; i++) {
+    kiln_stored *b = NULL, *c = NULL;
+    if (kiln_buffer_store_add(s, name, f32s(8, 1), 0, NULL, false, &b, NULL) != 0) continue;
+    if (kiln_buffer_store_acquire(s, name, b->handle, i % 2 == 0, &c, NULL) == 0)
+      kiln_buffer_store_unref(s, c);
+    kiln_buffer_store_release(s, name, b->handle, NULL);
+    kiln_buffer_store_unref(s, b);
+  }
+  return NULL;
+}
+
+START_TEST(test_threads) {
+  kiln_buffer_store *s = store(1 << 20, 0, 0);
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, hammer, s);
+  for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+  kiln_buffer_store_totals t;
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_buffers, 0);
+  ck_assert_uint_eq(t.live_bytes, 0);
+  ck_assert_uint_eq(t.clients, 0);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+START_TEST(test_out_of_memory) {
+  for (long n = 1; n < 12; n++) {
+    kiln_buffer_store *s = NULL;
+    kiln_literal *lit = f32s(4, 0);
+    kiln_alloc_fail_after(n);
+    int rc = kiln_buffer_store_create(NULL, &s, NULL);
+    if (rc == 0) rc = kiln_buffer_store_add(s, "a", lit, 0, "label", false, NULL, NULL);
+    else kiln_literal_destroy(lit);
+    kiln_alloc_fail_after(0);
+    ck_assert(rc == 0 || rc == KILN_ENOMEM);
+    if (s) {
+      kiln_buffer_store_totals t;
+      kiln_buffer_store_get_totals(s, &t);
+      ck_assert_uint_eq(t.live_bytes, rc == 0 ? 16 : 0);
+    }
+    kiln_buffer_store_destroy(s);
+  }
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("buffers");
+  TCase *tc = tcase_create("store");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_handles_are_random_hex);
+  tcase_add_test(tc, test_foreign_and_unknown_handles);
+  tcase_add_test(tc, test_release_while_held);
+  tcase_add_test(tc, test_take_for_donation);
+  tcase_add_test(tc, test_client_quota);
+  tcase_add_test(tc, test_total_quota_and_unreserve);
+  tcase_add_test(tc, test_buffer_count_limit);
+  tcase_add_test(tc, test_tuples_refused);
+  tcase_add_test(tc, test_many_buffers);
+  tcase_add_test(tc, test_threads);
+  tcase_add_test(tc, test_out_of_memory);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

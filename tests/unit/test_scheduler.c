@@ -1,0 +1,292 @@
+/* Unit tests for the scheduler: round-robin order across clients, FIFO
+ * within one, the queue bounds (total and per client) with their messages,
+ * deadlines and cancellation of waiting jobs, device classes, gang jobs on
+ * several devices, close and destroy with queued work. A "gate" job holds a
+ * device until the test opens it, so the queue can be filled first. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "executor/scheduler.h"
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open;
+static char order[64][16]; /* labels in run order */
+static int nrun;
+static int drops[64], ndrops;
+static uint32_t last_devices[8], last_ndev;
+
+typedef struct tjob {
+  char label[16];
+  bool gate;
+} tjob;
+
+static void run(void *arg, const uint32_t *devices, uint32_t n) {
+  tjob *j = arg;
+  pthread_mutex_lock(&mu);
+  if (j->gate)
+    while (!gate_open) pthread_cond_wait(&cv, &mu);
+  strcpy(order[nrun++], j->label);
+  last_ndev = n;
+  for (uint32_t i = 0; i < n && i < 8; i++) last_devices[i] = devices[i];
+  pthread_cond_broadcast(&cv);
+  pthread_mutex_unlock(&mu);
+}
+
+static void drop(void *arg, int code) {
+  (void)arg;
+  pthread_mutex_lock(&mu);
+  drops[ndrops++] = code;
+  pthread_cond_broadcast(&cv);
+  pthread_mutex_unlock(&mu);
+}
+
+static void open_gate(void) {
+  pthread_mutex_lock(&mu);
+  gate_open = true;
+  pthread_cond_broadcast(&cv);
+  pthread_mutex_unlock(&mu);
+}
+
+static kiln_sched *make(uint32_t cls0, uint32_t cls1, uint32_t maxq, uint32_t per_client) {
+  kiln_sched_options o = {.nclasses = cls1 ? 2 : 1, .class_devices = {cls0, cls1},
+                          .max_queued = maxq, .max_queued_per_client = per_client};
+  kiln_sched *s = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_sched_create(&o, &s, &st) == 0, "%s", st.msg);
+  return s;
+}
+
+static tjob jobs[64];
+static int njobs;
+
+static int submit(kiln_sched *s, const char *client, const char *label, uint32_t cls, uint32_t ndev,
+                  int64_t deadline, const atomic_int *cancel, kiln_status *st) {
+  tjob *j = &jobs[njobs++];
+  snprintf(j->label, sizeof j->label, "%s", label);
+  j->gate = strcmp(label, "gate") == 0;
+  kiln_sched_job d = {.client = client, .dev_class = cls, .ndevices = ndev,
+                      .deadline_ns = deadline, .cancelled = cancel, .run = run, .drop = drop,
+                      .arg = j};
+  return kiln_sched_submit(s, &d, st);
+}
+
+/* Waits until the gate job holds its device. */
+static void wait_running(kiln_sched *s, uint32_t n) {
+  for (int i = 0; i < 5000 && kiln_sched_running(s) < n; i++) usleep(1000);
+  ck_assert_uint_eq(kiln_sched_running(s), n);
+}
+
+START_TEST(test_round_robin) {
+  kiln_sched *s = make(1, 0, 0, 0);
+  ck_assert_int_eq(submit(s, "a", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  const char *labels[] = {"a1", "a2", "a3", "a4"};
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(submit(s, "a", labels[i], 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "b", "b1", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "b", "b2", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "c", "c1", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_uint_eq(kiln_sched_queued(s), 7);
+  open_gate();
+  kiln_sched_wait_idle(s);
+  const char *want[] = {"gate", "a1", "b1", "c1", "a2", "b2", "a3", "a4"};
+  ck_assert_int_eq(nrun, 8);
+  for (int i = 0; i < 8; i++) ck_assert_str_eq(order[i], want[i]);
+  kiln_sched_device_stats ds;
+  ck_assert(kiln_sched_device_stats_get(s, 0, &ds));
+  ck_assert_uint_eq(ds.executions, 8);
+  ck_assert(!kiln_sched_device_stats_get(s, 1, &ds));
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(test_queue_bounds) {
+  kiln_sched *s = make(1, 0, 3, 2);
+  kiln_status st;
+  ck_assert_int_eq(submit(s, "a", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  ck_assert_int_eq(submit(s, "a", "a1", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "a", "a2", 0, 1, 0, NULL, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(submit(s, "a", "a3", 0, 1, 0, NULL, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "this client already has 2 executions queued (the limit)");
+  ck_assert_int_eq(submit(s, "b", "b1", 0, 1, 0, NULL, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(submit(s, "c", "c1", 0, 1, 0, NULL, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "execution queue is full (3 jobs)");
+  open_gate();
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(nrun, 4);
+  ck_assert_int_eq(ndrops, 0);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(test_deadline_and_cancel) {
+  kiln_sched *s = make(1, 0, 0, 0);
+  static atomic_int cancel;
+  ck_assert_int_eq(submit(s, "a", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  int64_t soon = kiln_sched_now_ns() + 20 * 1000000;
+  ck_assert_int_eq(submit(s, "a", "late", 0, 1, soon, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "b", "gone", 0, 1, 0, &cancel, NULL), 0);
+  ck_assert_int_eq(submit(s, "c", "fine", 0, 1, kiln_sched_now_ns() + 60000000000, NULL, NULL), 0);
+  ck_assert_uint_eq(kiln_sched_expire(s), 0);
+  atomic_store(&cancel, 1);
+  ck_assert_uint_eq(kiln_sched_expire(s), 1);
+  usleep(30000);
+  ck_assert_uint_eq(kiln_sched_expire(s), 1);
+  ck_assert_int_eq(ndrops, 2);
+  ck_assert_int_eq(drops[0], KILN_ECANCELED);
+  ck_assert_int_eq(drops[1], KILN_EDEADLINE);
+  ck_assert_uint_eq(kiln_sched_queued(s), 1);
+  open_gate();
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(nrun, 2);
+  ck_assert_str_eq(order[1], "fine");
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+/* Workers also drop a dead job when they come to it, without the timer. */
+START_TEST(test_worker_drops_expired) {
+  kiln_sched *s = make(1, 0, 0, 0);
+  ck_assert_int_eq(submit(s, "a", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  ck_assert_int_eq(submit(s, "a", "late", 0, 1, kiln_sched_now_ns() + 1000000, NULL, NULL), 0);
+  usleep(5000);
+  open_gate();
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(nrun, 1);
+  ck_assert_int_eq(ndrops, 1);
+  ck_assert_int_eq(drops[0], KILN_EDEADLINE);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+START_TEST(test_classes_and_gangs) {
+  kiln_sched *s = make(3, 2, 0, 0);
+  kiln_status st;
+  ck_assert_uint_eq(kiln_sched_device_count(s), 5);
+  ck_assert_uint_eq(kiln_sched_class_first(s, 1), 3);
+  ck_assert_uint_eq(kiln_sched_class_devices(s, 1), 2);
+  gate_open = true;
+  ck_assert_int_eq(submit(s, "a", "gang", 0, 3, 0, NULL, NULL), 0);
+  kiln_sched_wait_idle(s);
+  ck_assert_uint_eq(last_ndev, 3);
+  bool seen[3] = {false, false, false};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_uint_lt(last_devices[i], 3);
+    seen[last_devices[i]] = true;
+  }
+  ck_assert(seen[0] && seen[1] && seen[2]);
+  ck_assert_int_eq(submit(s, "a", "interp", 1, 1, 0, NULL, NULL), 0);
+  kiln_sched_wait_idle(s);
+  ck_assert_uint_eq(last_ndev, 1);
+  ck_assert_uint_ge(last_devices[0], 3);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(submit(s, "a", "big", 0, 4, 0, NULL, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "job needs 4 devices; the class has 3");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(submit(s, "a", "nope", 2, 1, 0, NULL, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "no device class 2");
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+static void *destroy_thread(void *arg) {
+  kiln_sched_destroy(arg);
+  return NULL;
+}
+
+START_TEST(test_close_and_destroy) {
+  kiln_sched *s = make(1, 0, 0, 0);
+  kiln_status st;
+  ck_assert_int_eq(submit(s, "a", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  ck_assert_int_eq(submit(s, "a", "q1", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "b", "q2", 0, 1, 0, NULL, NULL), 0);
+  kiln_sched_close(s);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(submit(s, "a", "q3", 0, 1, 0, NULL, &st), KILN_EUNAVAIL);
+  ck_assert_str_eq(st.msg, "the server is shutting down");
+  /* destroy drops the queued jobs; the running one finishes first. */
+  pthread_t t;
+  pthread_create(&t, NULL, destroy_thread, s);
+  usleep(20000);
+  open_gate();
+  pthread_join(t, NULL);
+  ck_assert_int_eq(nrun, 1);
+  ck_assert_int_eq(ndrops, 2);
+  ck_assert_int_eq(drops[0], KILN_EUNAVAIL);
+  ck_assert_int_eq(drops[1], KILN_EUNAVAIL);
+}
+END_TEST
+
+START_TEST(test_bad_options) {
+  kiln_sched *s = NULL;
+  kiln_status st;
+  kiln_sched_options o = {.nclasses = 0};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_sched_create(&o, &s, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "0 device classes (1 to 8 allowed)");
+  o.nclasses = 1;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_sched_create(&o, &s, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "device class 0 has 0 devices (1 to 1024 in all allowed)");
+  ck_assert_ptr_null(s);
+  kiln_sched_destroy(NULL);
+}
+END_TEST
+
+/* Many clients, many jobs, four devices: everything runs exactly once. */
+static void count_run(void *arg, const uint32_t *devices, uint32_t n) {
+  (void)devices, (void)n;
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+static void count_drop(void *arg, int code) {
+  (void)code;
+  atomic_fetch_add((atomic_int *)arg, 1000000);
+}
+
+START_TEST(test_stress) {
+  kiln_sched *s = make(4, 0, 100000, 0);
+  static atomic_int count;
+  for (int i = 0; i < 20000; i++) {
+    char client[16];
+    snprintf(client, sizeof client, "c%d", i % 37);
+    kiln_sched_job d = {.client = client, .ndevices = 1 + (uint32_t)(i % 3 == 0),
+                        .run = count_run, .drop = count_drop, .arg = &count};
+    ck_assert_int_eq(kiln_sched_submit(s, &d, NULL), 0);
+  }
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(atomic_load(&count), 20000);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("scheduler");
+  TCase *tc = tcase_create("sched");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_round_robin);
+  tcase_add_test(tc, test_queue_bounds);
+  tcase_add_test(tc, test_deadline_and_cancel);
+  tcase_add_test(tc, test_worker_drops_expired);
+  tcase_add_test(tc, test_classes_and_gangs);
+  tcase_add_test(tc, test_close_and_destroy);
+  tcase_add_test(tc, test_bad_options);
+  tcase_add_test(tc, test_stress);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
