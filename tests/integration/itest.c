@@ -105,10 +105,11 @@ static void scan_output(itest_kilnd *k, const char *text) {
     size_t len = (size_t)(nl - line);
     char buf[512];
     snprintf(buf, sizeof buf, "%.*s", (int)(len < 511 ? len : 511), line);
-    if (strstr(buf, "metrics") && k->metrics[0] == '\0')
-      address_in(buf, strlen(buf), k->metrics, sizeof k->metrics);
-    else if (strstr(buf, "listening on") && k->addr[0] == '\0')
+    if (strstr(buf, "metrics")) {
+      if (k->metrics[0] == '\0') address_in(buf, strlen(buf), k->metrics, sizeof k->metrics);
+    } else if (strstr(buf, "listening on") && k->addr[0] == '\0') {
       address_in(buf, strlen(buf), k->addr, sizeof k->addr);
+    }
     line = nl + 1;
   }
 }
@@ -177,7 +178,20 @@ int itest_kilnd_start(itest_kilnd *k, const char *const *extra) {
 bool itest_kilnd_alive(const itest_kilnd *k) {
   if (k->pid <= 0) return false;
   int status;
-  return waitpid(k->pid, &status, WNOHANG) == 0;
+  pid_t r = waitpid(k->pid, &status, WNOHANG);
+  if (r == 0) return true;
+  if (r == k->pid || errno != ECHILD) return false;
+  /* A forked test case is not kilnd's parent: ask /proc, where a server
+   * that died and awaits its parent's wait shows as a zombie. */
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)k->pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *paren = strrchr(buf, ')');
+  return paren && paren[1] == ' ' && paren[2] != 'Z' && paren[2] != 'X';
 }
 
 int itest_kilnd_stop(itest_kilnd *k, int sig, double timeout_s) {
