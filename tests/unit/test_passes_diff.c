@@ -19,6 +19,7 @@
 
 #include "common/alloc.h"
 #include "common/fp16.h"
+#include "common/sbuf.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
@@ -216,6 +217,16 @@ static bool check_module(const char *text, size_t len, const char *what, uint64_
     free_args(args, nargs);
     if (slow) break;
   }
+  /* What the interpreter cannot run must still come out of every sequence
+   * verified. */
+  for (size_t q = 0; q < NSEQ && !ran; q++) {
+    kiln_module *c = NULL;
+    ck_assert_int_eq(kiln_module_clone(m, &c), 0);
+    char label[512];
+    snprintf(label, sizeof label, "%s [%s]", what, sequences[q]);
+    apply(c, sequences[q], label);
+    kiln_module_destroy(c);
+  }
   kiln_module_destroy(m);
   return ran;
 }
@@ -382,6 +393,83 @@ START_TEST(test_progen) {
 }
 END_TEST
 
+/* ---- scale -------------------------------------------------------------- */
+
+/* A module of about n instructions that gives every pass work: identities,
+ * duplicates, constant chains, and a loop with n/8 invariant values. */
+static char *big_module(int n) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  int nl = n / 8;
+  kiln_sbuf_printf(&b, "HloModule big\ncond { s = (s32[], f32[4], f32[4]) parameter(0)\n"
+                       "  i = s32[] get-tuple-element(s), index=0  k = s32[] constant(3)\n"
+                       "  ROOT lt = pred[] compare(i, k), direction=LT }\n"
+                       "body { s = (s32[], f32[4], f32[4]) parameter(0)\n"
+                       "  i = s32[] get-tuple-element(s), index=0\n"
+                       "  a0 = f32[4] get-tuple-element(s), index=1\n"
+                       "  w = f32[4] get-tuple-element(s), index=2\n");
+  for (int i = 0; i < nl; i++)
+    kiln_sbuf_printf(&b, "  e%d = f32[4] %s(%s)  a%d = f32[4] add(a%d, e%d)\n", i,
+                     i % 2 ? "sine" : "cosine", i % 3 ? "w" : "a0", i + 1, i, i);
+  kiln_sbuf_printf(&b, "  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
+                       "  ROOT t = (s32[], f32[4], f32[4]) tuple(i2, a%d, w) }\n"
+                       "ENTRY main { p = f32[4] parameter(0)\n"
+                       "  nz = f32[] constant(-0)  zb = f32[4] broadcast(nz), dimensions={}\n"
+                       "  c0 = f32[4] constant({1, 2, 3, 4})\n  v0 = f32[4] add(p, zb)\n",
+                   nl);
+  int nc = n / 4, ne = n / 2;
+  for (int i = 0; i < nc; i++)
+    kiln_sbuf_printf(&b, "  c%d = f32[4] multiply(c%d, c%d)\n", i + 1, i, i);
+  for (int i = 0; i < ne / 4; i++)
+    kiln_sbuf_printf(&b,
+                     "  x%d = f32[4] negate(v%d)  y%d = f32[4] negate(v%d)\n"
+                     "  s%d = f32[4] add(x%d, zb)  v%d = f32[4] multiply(s%d, y%d)\n",
+                     i, i, i, i, i, i, i + 1, i, i);
+  kiln_sbuf_printf(&b, "  z = s32[] constant(0)\n"
+                       "  init = (s32[], f32[4], f32[4]) tuple(z, v%d, c%d)\n"
+                       "  l = (s32[], f32[4], f32[4]) while(init), condition=cond, body=body\n"
+                       "  ROOT r = f32[4] get-tuple-element(l), index=1 }\n",
+                   ne / 4, nc);
+  return kiln_sbuf_detach(&b, NULL);
+}
+
+static double time_passes(int n, const char *name) {
+  char *text = big_module(n);
+  ck_assert_ptr_nonnull(text);
+  kiln_module *m = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_module_parse_text(text, strlen(text), "big", NULL, &m, &st) == 0, "%s",
+                st.msg);
+  const kiln_pass *p = kiln_pipeline_find(name);
+  kiln_pass_ctx ctx = {kiln_target_default(), NULL, &st, 2};
+  double t0 = now();
+  ck_assert_int_eq(p->run(m, &ctx), 0);
+  double t = now() - t0;
+  ck_assert_int_eq(kiln_module_verify(m, NULL, &st), 0);
+  kiln_module_destroy(m);
+  kiln_free(text);
+  return t;
+}
+
+/* Every pass is (close to) linear: 8x the module takes well under 8^2/2
+ * times as long. Times are taken as the best of three to damp noise. */
+START_TEST(test_scale) {
+  static const char *const names[] = {"algsimp", "constfold", "cse", "dce", "while_licm"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    double small = 1e9, large = 1e9;
+    for (int r = 0; r < 3; r++) {
+      double a = time_passes(2000, names[i]), b = time_passes(16000, names[i]);
+      small = a < small ? a : small;
+      large = b < large ? b : large;
+    }
+    fprintf(stderr, "%s: 2000 instrs %.2f ms, 16000 instrs %.2f ms\n", names[i], small * 1e3,
+            large * 1e3);
+    ck_assert_msg(large < 2.0 && large < 24 * small + 0.02, "%s: %.3f s vs %.3f s", names[i],
+                  large, small);
+  }
+}
+END_TEST
+
 /* ---- suite -------------------------------------------------------------- */
 
 static void find_files(void) {
@@ -415,6 +503,10 @@ int main(void) {
   tcase_set_timeout(tp, 240);
   tcase_add_loop_test(tp, test_progen, 0, 8);
   suite_add_tcase(s, tp);
+  TCase *tz = tcase_create("scale");
+  tcase_set_timeout(tz, 240);
+  tcase_add_test(tz, test_scale);
+  suite_add_tcase(s, tz);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
   srunner_run_all(sr, CK_NORMAL);
