@@ -133,31 +133,46 @@ typedef struct folder {
   uint32_t gen;
 } folder;
 
-/* Copies every computation reachable from ins's calls; false when one of
- * them holds control flow (unbounded work) or is malformed. */
-static int copy_callees(folder *f, kiln_module *mm, const kiln_instr *ins, bool *ok) {
-  kiln_module *m = f->m;
-  uint32_t n = 0, top = 0;
+/* Adds computation c to the list unless this evaluation has it already. */
+static void enlist(folder *f, uint32_t c, uint32_t *n) {
+  if (f->stamp[c] == f->gen) return;
+  f->stamp[c] = f->gen;
+  f->list[(*n)++] = c;
+}
+
+/* Lists the computations reachable from ins's calls; false when one of
+ * them holds control flow (unbounded work) or a call is malformed. */
+static bool list_callees(folder *f, const kiln_instr *ins, uint32_t *n) {
+  const kiln_module *m = f->m;
+  *n = 0;
   f->gen++;
   for (uint32_t i = 0; i < ins->ncalled; i++) {
-    uint32_t c = ins->called[i];
-    if (c >= m->ncomps) return *ok = false, 0;
-    if (f->stamp[c] != f->gen) f->stamp[c] = f->gen, f->list[n++] = c;
+    if (ins->called[i] >= m->ncomps) return false;
+    enlist(f, ins->called[i], n);
   }
-  for (; top < n; top++) {
+  for (uint32_t top = 0; top < *n; top++) {
     const kiln_computation *c = m->comps[f->list[top]];
     for (uint32_t i = 0; i < c->ninstrs; i++) {
       const kiln_instr *x = m->instrs[c->instrs[i]];
       if (x->op == KILN_OP_WHILE || x->op == KILN_OP_CONDITIONAL || x->op == KILN_OP_CALL ||
           x->op == KILN_OP_FUSION)
-        return *ok = false, 0;
+        return false;
       for (uint32_t k = 0; k < x->ncalled; k++) {
-        uint32_t d = x->called[k];
-        if (d >= m->ncomps) return *ok = false, 0;
-        if (f->stamp[d] != f->gen) f->stamp[d] = f->gen, f->list[n++] = d;
+        if (x->called[k] >= m->ncomps) return false;
+        enlist(f, x->called[k], n);
       }
     }
   }
+  return true;
+}
+
+/* Copies the computations ins calls, transitively, into mm; *ok is false
+ * when they cannot be evaluated (then nothing is an error). */
+static int copy_callees(folder *f, kiln_module *mm, const kiln_instr *ins, bool *ok) {
+  kiln_module *m = f->m;
+  uint32_t n;
+  *ok = false;
+  if (!list_callees(f, ins, &n)) return 0;
   for (uint32_t k = 0; k < n; k++)
     if (kiln_module_add_computation(mm, m->comps[f->list[k]]->name, &f->cmap[f->list[k]]))
       return KILN_ENOMEM;
@@ -166,17 +181,16 @@ static int copy_callees(folder *f, kiln_module *mm, const kiln_instr *ins, bool 
     const kiln_computation *c = m->comps[f->list[k]];
     for (uint32_t i = 0; i < c->ninstrs; i++) {
       const kiln_instr *x = m->instrs[c->instrs[i]];
-      if (x->noperands > 64) return *ok = false, 0;
+      if (x->noperands > 64) return 0;
       for (uint32_t j = 0; j < x->noperands; j++) {
-        if (x->operands[j] >= m->ninstrs || m->instrs[x->operands[j]]->comp != c->id)
-          return *ok = false, 0;
+        if (x->operands[j] >= m->ninstrs || m->instrs[x->operands[j]]->comp != c->id) return 0;
         ops[j] = f->imap[x->operands[j]];
       }
       kiln_instr *y = kiln_instr_clone(mm, f->cmap[c->id], x, ops, x->noperands, f->cmap, NULL);
       if (y == NULL) return KILN_ENOMEM;
       f->imap[x->id] = y->id;
     }
-    if (c->root >= m->ninstrs || m->instrs[c->root]->comp != c->id) return *ok = false, 0;
+    if (c->root >= m->ninstrs || m->instrs[c->root]->comp != c->id) return 0;
     mm->comps[f->cmap[c->id]]->root = f->imap[c->root];
   }
   *ok = true;
