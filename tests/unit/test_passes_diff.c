@@ -373,9 +373,19 @@ END_TEST
 
 /* ---- generated modules -------------------------------------------------- */
 
+/* Seeds per loop iteration: 25, or KILN_PASSES_DIFF_SEEDS for a longer
+ * hunt (the seed range then starts at KILN_PASSES_DIFF_FIRST). */
+static int seeds_per_iter(void) {
+  const char *e = getenv("KILN_PASSES_DIFF_SEEDS");
+  return e && atoi(e) > 0 ? atoi(e) : 25;
+}
+
 START_TEST(test_progen) {
-  for (int k = 0; k < 25; k++) {
-    uint64_t seed = (uint64_t)_i * 25 + (uint64_t)k + 1;
+  int per = seeds_per_iter();
+  const char *first = getenv("KILN_PASSES_DIFF_FIRST");
+  uint64_t base = first ? strtoull(first, NULL, 10) : 0;
+  for (int k = 0; k < per; k++) {
+    uint64_t seed = base + (uint64_t)_i * (uint64_t)per + (uint64_t)k + 1;
     kiln_progen_options o = {0};
     o.seed = seed;
     o.ninstrs = 8 + (int)(seed % 23);
