@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "common/alloc.h"
@@ -25,6 +26,14 @@ struct kilnd_exes {
   uint32_t n, max;
   uint64_t clock; /* for last_used */
 };
+
+void kilnd_sha256_init(void) {
+  /* On the main thread, before any other: libcrypto's lazy initialization
+   * would otherwise read the system's OpenSSL configuration from whichever
+   * compile thread hashes first and leave that thread's error state behind.
+   * Hashing needs no configuration. */
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_LOAD_CONFIG, NULL);
+}
 
 void kilnd_sha256_hex(const void *data, size_t len, char out[KILND_EXE_ID_LEN + 1]) {
   unsigned char md[32];

@@ -62,7 +62,9 @@ uint32_t kilnd_exes_count(kilnd_exes *t);
 int kilnd_exe_loaded(kilnd_exe *e, kiln_backend *b, uint32_t index, kiln_loaded **out,
                      kiln_status *st);
 
-/* SHA-256 of data as 64 hex digits (server/executables.c, on libcrypto). */
+/* SHA-256 of data as 64 hex digits (server/executables.c, on libcrypto).
+ * kilnd_sha256_init is called once from main before threads start. */
+void kilnd_sha256_init(void);
 void kilnd_sha256_hex(const void *data, size_t len, char out[KILND_EXE_ID_LEN + 1]);
 
 #endif /* KILN_SERVER_EXECUTABLES_H */

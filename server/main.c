@@ -207,6 +207,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   srv.start_ns = kiln_sched_now_ns();
   srv.shutdown_tag.fn = on_shutdown;
+  kilnd_sha256_init();
   grpc_init();
   rc = serve(&srv, &st);
   grpc_shutdown();
