@@ -121,7 +121,9 @@ int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t na
  * parameter leaf i, its bytes laid out as the executable's binding says
  * (its layout, not necessarily row-major). results[0..nresults) receive new
  * buffers, one per flattened result leaf, laid out the same way; the caller
- * frees them. Parameter buffers are read, never written. */
+ * frees them. Parameter buffers are only read, except a parameter the
+ * executable donates to a result (input_output_alias): its buffer is
+ * written in place and holds unspecified bytes afterwards. */
 int kiln_loaded_execute(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
                         const kiln_run_options *opts, kiln_buffer **results, uint32_t nresults,
                         kiln_status *st);

@@ -91,6 +91,9 @@ static void run_kernel(run_ctx *r, const kiln_step *s, void *const *bufs) {
   if (chunks > n) chunks = n;
   launch k = {.fn = fn, .bufs = bufs, .begin = begin, .chunk = (n + chunks - 1) / chunks,
               .end = range};
+  /* Whole multiples of 64 iterations, so that neighbouring chunks of an
+   * elementwise kernel do not write the same cache line. */
+  if (k.chunk > 256) k.chunk = (k.chunk + 63) & ~(int64_t)63;
   chunks = (n + k.chunk - 1) / k.chunk;
   double t0 = now_seconds();
   kiln__cpu_pool_run(l->dev->pool, launch_chunk, &k, (uint64_t)chunks);

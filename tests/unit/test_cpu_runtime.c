@@ -1145,6 +1145,49 @@ START_TEST(test_reload_distinct_code) {
 }
 END_TEST
 
+/* Every allocation of loading and running, failed in turn: each failure is
+ * KILN_ENOMEM with nothing leaked (ASan checks), never a crash. */
+START_TEST(test_out_of_memory_anywhere) {
+  kiln_executable *exes[3] = {counter_exe(false), add_exe(16), NULL};
+  {
+    int64_t dims[] = {2, 3}, col[] = {0, 1};
+    xb *b = xb_new();
+    uint32_t x = param(b, shp(b, KILN_F32, 2, dims, col));
+    uint32_t z = result(b, shp(b, KILN_F32, 2, dims, col));
+    kernel(b, 0, 6, 6, (uint32_t[]){x, z}, 2);
+    exes[2] = finish(b);
+  }
+  kiln_backend *be = cpu(1, 1);
+  for (int k = 0; k < 3; k++) {
+    kiln_literal *args[2];
+    uint32_t nargs = exes[k]->nparams;
+    for (uint32_t i = 0; i < nargs; i++) {
+      ck_assert_int_eq(kiln_literal_create(NULL, &exes[k]->param_shapes[i], 0, &args[i], &st), 0);
+      memset(args[i]->data, 0, args[i]->nbytes);
+    }
+    bool succeeded = false;
+    for (long n = 1; n < 400 && !succeeded; n++) {
+      kiln_loaded *l = NULL;
+      kiln_literal *res = NULL;
+      kiln_status_clear(&st);
+      kiln_alloc_fail_after(n);
+      int rc = kiln_device_load(kiln_backend_device(be, 0), exes[k], &l, &st);
+      if (rc == 0) rc = kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, NULL, &res, &st);
+      kiln_alloc_fail_after(0);
+      ck_assert_msg(rc == 0 || rc == KILN_ENOMEM, "exe %d, failing allocation %ld: %d %s", k, n,
+                    rc, st.msg);
+      succeeded = rc == 0;
+      kiln_literal_destroy(res);
+      kiln_loaded_destroy(l);
+    }
+    ck_assert(succeeded);
+    for (uint32_t i = 0; i < nargs; i++) kiln_literal_destroy(args[i]);
+    kiln_executable_destroy(exes[k]);
+  }
+  kiln_backend_destroy(be);
+}
+END_TEST
+
 /* ---- overheads (printed) ------------------------------------------------- */
 
 static double now(void) {
@@ -1320,6 +1363,7 @@ int main(void) {
   tcase_add_test(tc, test_hostile_steps);
   tcase_add_test(tc, test_hostile_deep_nesting);
   tcase_add_test(tc, test_temp_limit);
+  tcase_add_test(tc, test_out_of_memory_anywhere);
   suite_add_tcase(s, tc);
   tc = tcase_create("overheads");
   tcase_add_unchecked_fixture(tc, compile_code, free_code);
