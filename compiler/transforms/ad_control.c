@@ -293,7 +293,7 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
     int64_t *dims = kiln__b_i64s(tx, ls->rank + 1);
     if (dims == NULL) return tx->err;
     dims[0] = n;
-    memcpy(dims + 1, ls->dims, ls->rank * sizeof *dims);
+    if (ls->rank) memcpy(dims + 1, ls->dims, ls->rank * sizeof *dims);
     zst[e + 2] = kiln__b_full(B, ls->dtype, dims, ls->rank + 1, 0);
   }
   kiln_shape A;
@@ -317,7 +317,7 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
     int64_t *one = kiln__b_i64s(tx, ls->rank + 1);
     if (one == NULL) return tx->err;
     one[0] = 1;
-    memcpy(one + 1, ls->dims, ls->rank * sizeof *one);
+    if (ls->rank) memcpy(one + 1, ls->dims, ls->rank * sizeof *one);
     kiln_id v = kiln__b_reshape(&bb, sl[e], one, ls->rank + 1);
     out[e + 2] = kiln__b_dyn_update(&bb, kiln__b_gte(&bb, p, e + 2), v, stack_index(&bb, j, ls->rank),
                                   ls->rank + 1);
@@ -365,7 +365,7 @@ int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
     int64_t *one = kiln__b_i64s(tx, ls->rank + 1);
     if (one == NULL) return tx->err;
     one[0] = 1;
-    memcpy(one + 1, ls->dims, ls->rank * sizeof *one);
+    if (ls->rank) memcpy(one + 1, ls->dims, ls->rank * sizeof *one);
     out[e + 2] = kiln__b_gte(&bb, p, e + 2);
     kiln_id v = kiln__b_dyn_slice(&bb, out[e + 2], stack_index(&bb, i, ls->rank), ls->rank + 1, one);
     el[e] = kiln__b_reshape(&bb, v, ls->dims, ls->rank);

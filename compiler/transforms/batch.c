@@ -315,7 +315,7 @@ static int64_t *batched_dims(kiln__bt *c, const kiln_shape *s) {
   int64_t *d = kiln__b_i64s(c->tx, s->rank + 1);
   if (d == NULL) return NULL;
   d[0] = c->bsize;
-  memcpy(d + 1, s->dims, s->rank * sizeof *d);
+  if (s->rank) memcpy(d + 1, s->dims, s->rank * sizeof *d);
   return d;
 }
 

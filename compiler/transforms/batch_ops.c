@@ -164,7 +164,7 @@ static int batched_window(kiln__bt *c, const kiln_instr *src, kiln_instr *dst) {
   kiln_attr *na = nd ? kiln_instr_add_attr(c->tx->m, dst, KILN_ATTR_WINDOW) : NULL;
   if (na == NULL) return kiln__tx_oom(c->tx);
   nd[0] = (kiln_window_dim){1, 1, 0, 0, 1, 1, false};
-  memcpy(nd + 1, w->dims, w->rank * sizeof *nd);
+  if (w->rank) memcpy(nd + 1, w->dims, w->rank * sizeof *nd);
   nw->rank = w->rank + 1;
   nw->dims = nd;
   na->v.window = nw;
@@ -299,7 +299,7 @@ int kiln__batch_gather(kiln__bt *c, const kiln_instr *ins) {
   n.sizes = (kiln_i64s){kiln__b_i64s(tx, g.sizes.n + 1), g.sizes.n + 1};
   if (tx->err) return tx->err;
   n.sizes.v[0] = 1;
-  memcpy(n.sizes.v + 1, g.sizes.v, g.sizes.n * sizeof *g.sizes.v);
+  if (g.sizes.n) memcpy(n.sizes.v + 1, g.sizes.v, g.sizes.n * sizeof *g.sizes.v);
   kiln__bt_set(c, ins, kiln__tf_gather(B, o[0], o[1], &n), true);
   return tx->err;
 }

@@ -477,7 +477,7 @@ kiln_id kiln__b_dyn_slice(kiln__b *b, kiln_id x, const kiln_id *idx, uint32_t n,
   kiln_id *o = kiln_arena_alloc(b->tx->scratch, (n + 1) * sizeof *o);
   if (o == NULL) return kiln__tx_oom(b->tx), KILN_NO_ID;
   o[0] = x;
-  memcpy(o + 1, idx, n * sizeof *idx);
+  if (n) memcpy(o + 1, idx, n * sizeof *idx);
   kiln_instr *ins = kiln__b_start(b, KILN_OP_DYNAMIC_SLICE, o, n + 1);
   if (ins && kiln_instr_set_attr_ints(b->tx->m, ins, KILN_ATTR_DYNAMIC_SLICE_SIZES, sizes, n))
     kiln__tx_oom(b->tx);
@@ -490,7 +490,7 @@ kiln_id kiln__b_dyn_update(kiln__b *b, kiln_id x, kiln_id u, const kiln_id *idx,
   if (o == NULL) return kiln__tx_oom(b->tx), KILN_NO_ID;
   o[0] = x;
   o[1] = u;
-  memcpy(o + 2, idx, n * sizeof *idx);
+  if (n) memcpy(o + 2, idx, n * sizeof *idx);
   return kiln__b_op(b, KILN_OP_DYNAMIC_UPDATE_SLICE, o, n + 2);
 }
 
