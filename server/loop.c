@@ -28,6 +28,7 @@
 #include "server/server.h"
 
 #define TICK_MS 50
+#define GIVE_UP_MS 5000 /* after the drain timeout cancelled what was left */
 
 typedef struct post_item {
   kilnd_post_fn fn;
@@ -124,21 +125,61 @@ bool kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c) {
 
 /* ---- timers and signals -------------------------------------------------------------- */
 
+/* On the loop: closes everything so uv_run returns once the compile pool's
+ * last after-callbacks ran. */
+static void close_loop(kilnd *srv) {
+  kilnd_loop *l = srv->loop;
+  pthread_mutex_lock(&l->mu);
+  bool was = l->closed;
+  l->closed = true;
+  pthread_mutex_unlock(&l->mu);
+  if (was) return;
+  run_posted(srv);
+  uv_close((uv_handle_t *)&l->async, NULL);
+  uv_close((uv_handle_t *)&l->sigterm, NULL);
+  uv_close((uv_handle_t *)&l->sigint, NULL);
+  uv_close((uv_handle_t *)&l->tick, NULL);
+  uv_close((uv_handle_t *)&l->drain, NULL);
+  kilnd_http_close(srv);
+}
+
+/* gRPC's shutdown tag says its calls are over, but a call whose caller went
+ * away may still have its execution running on a device: the drain ends
+ * when our own count of calls reaches zero too. */
+static void maybe_finish(kilnd *srv) {
+  if (atomic_load(&srv->grpc_down) && atomic_load(&srv->inflight) == 0 &&
+      atomic_load(&srv->requested) == 0)
+    close_loop(srv);
+}
+
 static void on_tick(uv_timer_t *h) {
   kilnd *srv = h->data;
   kiln_sched_expire(srv->sched);
+  maybe_finish(srv);
+}
+
+/* The last resort: executions that outlived the drain timeout and the
+ * cancellation cannot be interrupted; the process leaves them behind. */
+static void on_give_up(uv_timer_t *h) {
+  kilnd *srv = h->data;
+  kilnd_log("%d calls still running after the drain timeout; exiting without them",
+            atomic_load(&srv->inflight));
+  atomic_store(&srv->abandoned, true);
+  close_loop(srv);
 }
 
 static void on_drain_timeout(uv_timer_t *h) {
   kilnd *srv = h->data;
   kilnd_log("drain timeout: cancelling the calls still running");
   grpc_server_cancel_all_calls(srv->server);
+  uv_timer_start(&srv->loop->drain, on_give_up, GIVE_UP_MS, 0);
 }
 
 static void begin_drain(kilnd *srv, int signum) {
   if (atomic_exchange(&srv->draining, true)) {
     kilnd_log("signal %d again: cancelling the calls still running", signum);
     grpc_server_cancel_all_calls(srv->server);
+    uv_timer_start(&srv->loop->drain, on_give_up, GIVE_UP_MS, 0);
     return;
   }
   kilnd_log("signal %d: draining (no new calls; running calls finish)", signum);
@@ -150,24 +191,13 @@ static void begin_drain(kilnd *srv, int signum) {
 
 static void on_signal(uv_signal_t *h, int signum) { begin_drain(h->data, signum); }
 
-/* On the loop: every call is over; close everything so uv_run returns once
- * the compile pool's last after-callbacks ran. */
 static void server_down(kilnd *srv, void *arg) {
   (void)arg;
-  kilnd_loop *l = srv->loop;
-  pthread_mutex_lock(&l->mu);
-  l->closed = true;
-  pthread_mutex_unlock(&l->mu);
-  run_posted(srv);
-  uv_close((uv_handle_t *)&l->async, NULL);
-  uv_close((uv_handle_t *)&l->sigterm, NULL);
-  uv_close((uv_handle_t *)&l->sigint, NULL);
-  uv_close((uv_handle_t *)&l->tick, NULL);
-  uv_close((uv_handle_t *)&l->drain, NULL);
-  kilnd_http_close(srv);
+  maybe_finish(srv);
 }
 
 void kilnd_loop_server_down(kilnd *srv) {
+  atomic_store(&srv->grpc_down, true);
   if (!kilnd_loop_post(srv, server_down, NULL)) kilnd_log("loop already closed at shutdown");
 }
 

@@ -178,6 +178,12 @@ static int serve(kilnd *srv, kiln_status *st) {
   }
   if (rc == 0) kilnd_loop_run(srv);
   else if (srv->loop) kilnd_http_close(srv);
+  if (atomic_load(&srv->abandoned)) {
+    /* Device threads still run code that will reply on these calls:
+     * nothing may be torn down under them. */
+    fflush(NULL);
+    _exit(0);
+  }
   stop_grpc(srv, threads, nthreads);
   stop_parts(srv);
   return rc;

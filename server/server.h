@@ -195,6 +195,8 @@ struct kilnd {
   kiln_backend *cpu;   /* NULL when the build has no CPU compiler */
   atomic_bool draining;  /* SIGTERM seen: health says NOT_SERVING */
   atomic_bool shutdown;  /* grpc_server_shutdown_and_notify called */
+  atomic_bool grpc_down; /* its shutdown tag completed */
+  atomic_bool abandoned; /* exiting with executions still running */
   atomic_int inflight;   /* calls accepted and not yet freed */
   atomic_int requested;  /* requested calls not yet completed */
   atomic_int compiles;   /* compiles queued or running */
