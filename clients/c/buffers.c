@@ -13,6 +13,7 @@
  */
 #include <string.h>
 
+#include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
 
 #include "clients/c/client_internal.h"
@@ -298,27 +299,59 @@ static int get_request(const char *handle, const kiln_remote_get_options *o, int
   return *out ? 0 : kiln__client_oom(st);
 }
 
+/* Copies a received message into *buf, growing it as needed: one buffer
+ * serves every chunk of a download (a fresh megabyte per chunk would be a
+ * fresh mmap and its page faults each time). */
+static int message_bytes(grpc_byte_buffer *bb, uint8_t **buf, size_t *cap, size_t *len,
+                         kiln_status *st) {
+  size_t n = grpc_byte_buffer_length(bb);
+  if (n > *cap) {
+    uint8_t *nb = kiln_realloc(*buf, n);
+    if (nb == NULL) return kiln__client_oom(st);
+    *buf = nb;
+    *cap = n;
+  }
+  grpc_byte_buffer_reader r;
+  if (!grpc_byte_buffer_reader_init(&r, bb))
+    return kiln__client_fail(st, KILN_RPC_DATA_LOSS, "cannot read the server's reply");
+  grpc_slice s;
+  size_t off = 0;
+  while (grpc_byte_buffer_reader_next(&r, &s)) {
+    size_t k = GRPC_SLICE_LENGTH(s);
+    if (k > n - off) k = n - off;
+    memcpy(*buf + off, GRPC_SLICE_START_PTR(s), k);
+    off += k;
+    grpc_slice_unref(s);
+  }
+  grpc_byte_buffer_reader_destroy(&r);
+  *len = off;
+  return 0;
+}
+
 /* Receives chunks until the server ends the stream. */
 static int receive_chunks(kiln__call *k, sink *s, kiln_status *st) {
+  uint8_t *bytes = NULL;
+  size_t cap = 0;
+  int rc = 0;
   for (;;) {
     grpc_byte_buffer *bb = NULL;
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &bb;
-    if (!kiln__call_batch(k, &op, 1) || bb == NULL) return 0;
-    uint8_t *bytes;
-    size_t len;
-    int rc = kiln__buffer_to_bytes(bb, &bytes, &len, st);
+    if (!kiln__call_batch(k, &op, 1) || bb == NULL) break;
+    size_t len = 0;
+    rc = message_bytes(bb, &bytes, &cap, &len, st);
     grpc_byte_buffer_destroy(bb);
-    if (rc) return rc;
+    if (rc) break;
     chunk ch;
     rc = parse_chunk(bytes, len, &ch, st);
     if (rc == 0) rc = sink_chunk(s, &ch, st);
     if (ch.info) protobuf_c_message_free_unpacked(&ch.info->base, NULL);
-    kiln_free(bytes);
-    if (rc) return rc;
+    if (rc) break;
   }
+  kiln_free(bytes);
+  return rc;
 }
 
 static int get_buffer(kiln_client *c, const char *handle, const kiln_remote_get_options *opts,

@@ -61,9 +61,13 @@ static kiln_literal *lit(const char *text) {
   return l;
 }
 
+/* The value as text, without a layout: literal data is row-major
+ * whatever layout the server reports with it. */
 static char *lit_text(const kiln_literal *l) {
   kiln_sbuf b = KILN_SBUF_INIT;
-  kiln_literal_print(&b, l, true);
+  kiln_literal plain = *l;
+  if (kiln_shape_is_array(&plain.shape)) plain.shape.layout = NULL;
+  kiln_literal_print(&b, &plain, true);
   char *s = strdup(kiln_sbuf_str(&b));
   kiln_sbuf_free(&b);
   return s;
