@@ -29,8 +29,14 @@
  *   own completion queue and the connection is shared.
  * - Literals (kiln_literal, compiler/ir/ir.h) are the values: arrays in
  *   row-major order, little-endian, kiln_dtype_size() bytes per element, or
- *   tuples of them. Create them with kiln_literal_create(NULL, ...) and free
- *   them with kiln_literal_destroy().
+ *   tuples of them. Create them with kiln_literal_create(NULL, ...) or
+ *   kiln_literal_parse_text("f32[2] {1, 2}", ...), print them with
+ *   kiln_literal_print (compiler/ir/text.h), free them with
+ *   kiln_literal_destroy().
+ * - libkiln's own types are named for where their object lives:
+ *   kiln_remote_* (executables, buffers, arguments and results of the
+ *   server) and kiln_server_* (its statistics), apart from the in-process
+ *   compiler's kiln_executable and kiln_compile_options.
  *
  * Linking: `pkg-config --cflags --libs kiln` (the header is installed as
  * <kiln.h>, with the IR headers it includes beside it).
@@ -42,8 +48,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/alloc.h"
 #include "common/status.h"
 #include "compiler/ir/ir.h"
+#include "compiler/ir/text.h"
 
 #ifdef __cplusplus
 extern "C" {

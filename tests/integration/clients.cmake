@@ -45,3 +45,8 @@ add_test(NAME test_python_client
           --proto-dir ${CMAKE_SOURCE_DIR}/proto --source-dir ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_python_client PROPERTIES LABELS integration TIMEOUT 600
                      SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV}")
+
+# Installed libkiln: the header, the library and kiln.pc, used from outside.
+add_test(NAME test_libkiln_install
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_libkiln_install.sh ${CMAKE_BINARY_DIR})
+set_tests_properties(test_libkiln_install PROPERTIES LABELS integration TIMEOUT 300)
