@@ -59,7 +59,9 @@ static int check_request(kilnd *srv, const Kiln__V1__CompileRequest *r, kiln_sta
   if (r->request_id && strlen(r->request_id) > 256)
     return kiln_status_set(st, KILN_EINVAL, "request_id", "longer than 256 bytes");
   kilnd_compile_plan plan;
-  return kilnd_compile_plan_make(srv, r->options, &plan, st);
+  int rc = kilnd_compile_plan_make(srv, r->options, &plan, st);
+  kilnd_compile_plan_free(&plan);
+  return rc;
 }
 
 void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req) {
