@@ -697,6 +697,7 @@ START_TEST(test_cli_remote) {
   const char *check_local[] = {"check", bad, NULL};
   ck_assert_int_eq(kiln_cmd(check_local, &lbad_out, &lbad_err), 1);
   ck_assert_str_eq(err, lbad_err);
+  char *lbad_err_copy = strdup(lbad_err);
   char prefix[1100];
   snprintf(prefix, sizeof prefix, "%s:7:8: error: main/c: add: ", bad);
   ck_assert_msg(strncmp(err, prefix, strlen(prefix)) == 0, "stderr: %s", err);
@@ -709,6 +710,23 @@ START_TEST(test_cli_remote) {
                     strstr(out, "signature (f32[], f32[4], f32[4]) -> f32[4]\n"),
                 "stdout: %s", out);
   free(out), free(err);
+
+  /* Local compile: the native compiler in process; a refused module gets
+   * the same diagnostic as check. */
+  const char *compile_local[] = {"compile", axpy, NULL};
+  ck_assert_msg(kiln_cmd(compile_local, &out, &err) == 0, "stderr: %s", err);
+  snprintf(prefix, sizeof prefix, "%s: compiled for cpu: ", axpy);
+  ck_assert_msg(strncmp(out, prefix, strlen(prefix)) == 0, "stdout: %s", out);
+  free(out), free(err);
+  const char *compile_bad[] = {"compile", bad, NULL};
+  ck_assert_int_eq(kiln_cmd(compile_bad, &out, &err), 1);
+  ck_assert_str_eq(err, lbad_err_copy);
+  free(out), free(err);
+  const char *compile_bad_remote[] = {"compile", bad, "--server", server.addr, NULL};
+  ck_assert_int_eq(kiln_cmd(compile_bad_remote, &out, &err), 1);
+  ck_assert_str_eq(err, lbad_err_copy);
+  free(out), free(err);
+  free(lbad_err_copy);
 
   const char *stats[] = {"stats", "--server", server.addr, "--counters", NULL};
   ck_assert_msg(kiln_cmd(stats, &out, &err) == 0, "stderr: %s", err);
