@@ -286,6 +286,77 @@ START_TEST(test_mixed_load) {
 }
 END_TEST
 
+/* One kiln_client shared by 8 threads: calls on it need no lock. */
+typedef struct sharer {
+  kiln_client *c;
+  const char *id;
+  int n, errors;
+  char first_error[1200];
+} sharer;
+
+static void *share_worker(void *arg) {
+  sharer *w = arg;
+  kiln_status st;
+  kiln_arena *ar = kiln_arena_create();
+  kiln_shape s0, s1;
+  int64_t n = N;
+  kiln_shape_make_array(ar, &s0, KILN_F32, NULL, 0);
+  kiln_shape_make_array(ar, &s1, KILN_F32, &n, 1);
+  kiln_literal *a, *x;
+  kiln_literal_create(NULL, &s0, 0, &a, NULL);
+  kiln_literal_create(NULL, &s1, 0, &x, NULL);
+  ((float *)a->data)[0] = 2;
+  for (int k = 0; k < N; k++) ((float *)x->data)[k] = (float)k;
+  for (int i = 0; i < w->n; i++) {
+    kiln_status_clear(&st);
+    kiln_remote_arg args[3] = {{.literal = a}, {.literal = x}, {.literal = x}};
+    kiln_remote_result r;
+    if (kiln_client_execute(w->c, w->id, args, 3, NULL, &r, &st)) {
+      if (w->errors++ == 0) snprintf(w->first_error, sizeof w->first_error, "%s", st.msg);
+      continue;
+    }
+    if (((const float *)r.outputs[0].literal->data)[N - 1] != 3.0f * (N - 1) && w->errors++ == 0)
+      snprintf(w->first_error, sizeof w->first_error, "wrong value");
+    kiln_remote_result_free(&r);
+    kiln_remote_buffer h;
+    if (kiln_client_put_buffer(w->c, x, NULL, &h, &st) == 0) {
+      const char *hs[1] = {h.handle};
+      kiln_client_release_buffers(w->c, hs, 1, NULL, NULL, &st);
+      kiln_remote_buffer_clear(&h);
+    } else if (w->errors++ == 0) {
+      snprintf(w->first_error, sizeof w->first_error, "put: %s", st.msg);
+    }
+  }
+  kiln_literal_destroy(a);
+  kiln_literal_destroy(x);
+  kiln_arena_destroy(ar);
+  return NULL;
+}
+
+START_TEST(test_shared_client) {
+  kiln_client *c;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_connect(server.addr, NULL, &c, &st), 0);
+  kiln_remote_executable *e;
+  ck_assert_int_eq(kiln_client_compile_text(c, shared_text, sizeof shared_text - 1, NULL, &e, &st),
+                   0);
+  sharer w[8];
+  pthread_t t[8];
+  for (int i = 0; i < 8; i++) {
+    w[i] = (sharer){.c = c, .id = e->id, .n = 250};
+    ck_assert_int_eq(pthread_create(&t[i], NULL, share_worker, &w[i]), 0);
+  }
+  for (int i = 0; i < 8; i++) {
+    pthread_join(t[i], NULL);
+    ck_assert_msg(w[i].errors == 0, "thread %d: %d errors; first: %s", i, w[i].errors,
+                  w[i].first_error);
+  }
+  kiln_remote_executable_free(e);
+  kiln_client_close(c);
+}
+END_TEST
+
 int main(void) {
   itest_require_kilnd("test_load");
   const char *extra[] = {"--cpu-devices", "2", NULL};
@@ -294,6 +365,7 @@ int main(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, test_mixed_load);
+  tcase_add_test(tc, test_shared_client);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
