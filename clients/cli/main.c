@@ -18,8 +18,8 @@
 
 static const kiln__opt check_opts[] = {
     {"server", 0, "HOST:PORT", false,
-     "ask the kilnd at HOST:PORT to verify the modules (it compiles them at optimization level "
-     "0, without its cache)"},
+     "ask the kilnd at HOST:PORT to verify the modules (it compiles them for its interpreter "
+     "at optimization level 0, without its cache)"},
     {0},
 };
 
@@ -33,7 +33,9 @@ static const kiln__opt run_opts[] = {
     {"server", 0, "HOST:PORT", false,
      "compile and run on the kilnd at HOST:PORT; arguments are matched against the signature "
      "it returns"},
-    {"backend", 0, "NAME", false, "where to run: interp (the reference interpreter, default)"},
+    {"backend", 0, "NAME", false,
+     "where to run: interp (the reference interpreter, default) or cpu (compiled to native "
+     "code)"},
     {"arg", 0, "ARG", true,
      "the next parameter's value: an .npy file (a path ending in .npy) or HLO literal text "
      "such as 'f32[2] {1, 2}'"},
@@ -46,6 +48,39 @@ static const kiln__opt run_opts[] = {
      "stop the run after SECONDS of wall-clock time (exit 1); default: no limit"},
     {"max-iterations", 0, "N", false,
      "stop any while loop that runs more than N iterations (exit 1); default: 1000000000"},
+    {"transform", 0, "SPEC", true,
+     "run the transformed program, transforms innermost first: grad, grad:wrt=0,1, "
+     "grad:wrt=0,output=1, vjp, jvp:wrt=0, vmap:in_axes=0,none (batch size from the "
+     "arguments, or size=N), checkpoint; --arg values then follow its parameters"},
+    {"target", 0, "NAME", false,
+     "cpu code target: cpu (this machine, default), cpu-x86-64, cpu-x86-64-v2, cpu-x86-64-v3, "
+     "cpu-x86-64-v4"},
+    {"opt-level", 'O', "N", false, "cpu: optimization level 0-3 (default 2)"},
+    {"disable-pass", 0, "NAME", true, "cpu: switch compiler pass NAME off"},
+    {"dump-dir", 0, "DIR", false,
+     "cpu: write the module after each pass (NN-pass.hlo, .dot) and the generated C into DIR"},
+    {0},
+};
+
+static const kiln__opt dot_opts[] = {
+    {"after", 0, "PASS", false,
+     "draw the module after pass PASS of the pipeline ('input': before any pass; default: "
+     "after the whole pipeline)"},
+    {"output", 'o', "OUT", false, "write to OUT instead of standard output"},
+    {"target", 0, "NAME", false, "cpu code target the pipeline plans for (default cpu)"},
+    {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
+    {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
+    {0},
+};
+
+static const kiln__opt bench_opts[] = {
+    {"backend", 0, "NAME", false, "cpu (default) or interp"},
+    {"iters", 0, "N", false, "timed runs (default 20)"},
+    {"warmup", 0, "N", false, "untimed runs first (default 1)"},
+    {"random-args", 0, "SEED", false, "seed of the pseudo-random arguments (default 0)"},
+    {"target", 0, "NAME", false, "cpu code target (default cpu)"},
+    {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
+    {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
     {0},
 };
 
@@ -74,6 +109,8 @@ FITS(print_opts);
 FITS(run_opts);
 FITS(compile_opts);
 FITS(stats_opts);
+FITS(dot_opts);
+FITS(bench_opts);
 
 static const kiln__cmd commands[] = {
     {"check", "check [--server HOST:PORT] FILE...", "parse and verify modules",
@@ -91,8 +128,9 @@ static const kiln__cmd commands[] = {
      "verified, so invalid modules can be inspected; a parse error exits 1.\n",
      print_opts, 1, 1, kiln__cmd_print, NULL},
     {"run",
-     "run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
-     "         [--timeout SECONDS] [--max-iterations N]",
+     "run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
+     "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
+     "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]",
      "run a module's ENTRY computation",
      "Verifies FILE and runs its ENTRY computation. Arguments are given in parameter order;\n"
      "their number and shapes must match the parameters (layouts are ignored). An .npy\n"
@@ -102,7 +140,17 @@ static const kiln__cmd commands[] = {
      "also written to DIR/i.npy: bf16 and f8 outputs as float32 (exact), s4/s2 as int8,\n"
      "u4/u2 as uint8; token outputs are printed but have no file. A program that does\n"
      "not finish (a while loop whose condition stays true) is stopped by --max-iterations\n"
-     "or --timeout with exit status 1.\n",
+     "or --timeout with exit status 1. With --transform the program is first transformed\n"
+     "(grad, vjp, jvp, vmap, checkpoint; innermost first, so --transform grad --transform\n"
+     "vmap runs vmap of grad) and the arguments and outputs are the transformed program's:\n"
+     "grad prints the value then the gradients, jvp takes the tangents after the\n"
+     "parameters.\n"
+     "\n"
+     "With --backend cpu the module is compiled to native code first (--target, -O,\n"
+     "--disable-pass and --dump-dir steer the compiler) and runs on a cpu device; an\n"
+     "operation the compiler does not support exits 1 naming the instruction. FILE may\n"
+     "also be a serialized executable from 'kiln compile -o FILE.kexe' (recognized by its\n"
+     "name or its contents), which runs on the cpu backend as compiled.\n",
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
@@ -114,6 +162,23 @@ static const kiln__cmd commands[] = {
      "(or finds it in its cache) and the executable id, cache source and key, and the\n"
      "calling convention are printed.\n",
      compile_opts, 1, 1, kiln__cmd_compile, NULL},
+    {"dot", "dot FILE [--after PASS] [-o OUT] [-O N] [--target T] [--disable-pass NAME]...",
+     "draw a module as a Graphviz graph",
+     "Verifies FILE, runs the compiler's pass pipeline on it up to and including PASS (as\n"
+     "'kiln run --backend cpu' would, verifying after every pass) and prints the module as\n"
+     "Graphviz DOT, one cluster per computation. Render it with 'dot -Tsvg'.\n",
+     dot_opts, 1, 1, kiln__cmd_dot, NULL},
+    {"bench", "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
+              "         [--target T] [-O N] [--disable-pass NAME]...",
+     "time compiling and running a module",
+     "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
+     "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"
+     "run_us_median, run_us_p90 and run_us_min over the timed runs, and peak_bytes, the\n"
+     "most memory a run holds at once (parameters, outputs and the peak of live\n"
+     "temporaries), with its parts. On cpu a run is one execution on device buffers that\n"
+     "already hold the arguments (\"mode\": \"buffers\"); on interp one interpreter run,\n"
+     "whose memory is not accounted (peak_bytes null).\n",
+     bench_opts, 1, 1, kiln__cmd_bench, NULL},
     {"stats", "stats --server HOST:PORT [--counters]", "show a server's counters",
      "Prints the server's version and uptime, compiles and cache hits, executions, live\n"
      "buffers and per-device figures; --counters adds every counter the server keeps.\n",

@@ -162,9 +162,11 @@ int kiln__remote_check(const kiln__args *a) {
   kiln_client *c;
   int rc = connect_to(a, &c);
   if (rc) return rc;
-  /* kiln.v1 has no verify-only request: optimization level 0 without the
-   * cache is the least work that still makes the server verify. */
-  kiln_remote_compile_options o = {.has_optimization_level = true,
+  /* kiln.v1 has no verify-only request: the interpreter backend at
+   * optimization level 0, without the cache, is the least work that still
+   * makes the server verify (no native code is generated). */
+  kiln_remote_compile_options o = {.backend = "interp",
+                                   .has_optimization_level = true,
                                    .optimization_level = 0,
                                    .cache_policy = KILN_REMOTE_CACHE_BYPASS};
   int worst = KILN_EXIT_OK;
