@@ -93,6 +93,12 @@ static int plan_levels(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
                            (int)o->cache_policy);
   if (o->n_dump_after_passes && p->nwarnings < KILND_MAX_PLAN_WARNINGS)
     p->warnings[p->nwarnings++] = "options.dump_after_passes is not supported by this server";
+  if (o->argument_layouts && p->nwarnings < KILND_MAX_PLAN_WARNINGS)
+    p->warnings[p->nwarnings++] = "options.argument_layouts is ignored: arguments and results "
+                                  "travel in row-major order";
+  if (o->memory_budget_bytes && p->nwarnings < KILND_MAX_PLAN_WARNINGS)
+    p->warnings[p->nwarnings++] = "options.memory_budget_bytes is ignored (no rematerialization "
+                                  "yet)";
   return 0;
 }
 

@@ -187,7 +187,7 @@ static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_stat
 }
 
 static int keep_output(kilnd_call *c, exec_state *es, kiln_literal *lit, bool owned,
-                       Kiln__V1__Output *o, kiln_status *st) {
+                       uint32_t device, Kiln__V1__Output *o, kiln_status *st) {
   if (!kiln_shape_is_array(&lit->shape))
     return kiln_status_set(st, KILN_EINVAL, "keep_on_server",
                            "only array outputs can be kept on the server");
@@ -196,7 +196,8 @@ static int keep_output(kilnd_call *c, exec_state *es, kiln_literal *lit, bool ow
   if (rc) return rc;
   if (owned) es->out = NULL;
   kiln_stored *b = NULL;
-  rc = kiln_buffer_store_add(c->srv->buffers, c->client, copy, 0, "execute output", false, &b, st);
+  rc = kiln_buffer_store_add(c->srv->buffers, c->client, copy, (int32_t)device, "execute output",
+                             false, &b, st);
   if (rc) return rc;
   kilnd_call_note_created(c, b->handle);
   o->value_case = KILN__V1__OUTPUT__VALUE_BUFFER;
@@ -208,7 +209,7 @@ static int keep_output(kilnd_call *c, exec_state *es, kiln_literal *lit, bool ow
 }
 
 static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
-                   Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
+                   uint32_t device, Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
   bool tuple = kiln_shape_is_tuple(&es->out->shape);
   uint32_t n = tuple ? es->out->shape.rank : 1;
   resp->outputs = kiln_arena_calloc(es->arena, n ? n : 1, sizeof *resp->outputs);
@@ -220,7 +221,7 @@ static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest
     kiln_literal *lit = tuple ? es->out->elems[i] : es->out;
     int rc = 0;
     if (i < r->n_keep_on_server && r->keep_on_server[i]) {
-      rc = keep_output(c, es, lit, !tuple, o, st);
+      rc = keep_output(c, es, lit, !tuple, device, o, st);
     } else {
       o->value_case = KILN__V1__OUTPUT__VALUE_LITERAL;
       o->literal = kilnd_literal_to_proto(es->arena, lit);
@@ -260,7 +261,7 @@ static void exec_run(void *arg, const uint32_t *devices, uint32_t ndev) {
   Kiln__V1__ExecuteTiming timing = KILN__V1__EXECUTE_TIMING__INIT;
   int32_t ids[KILN_SCHED_MAX_DEVICES > 64 ? 64 : KILN_SCHED_MAX_DEVICES];
   if (rc) rc = blame_deadline(c, rc, &st);
-  if (rc == 0) rc = outputs(c, es, r, &resp, &st);
+  if (rc == 0) rc = outputs(c, es, r, devices[0], &resp, &st);
   if (rc) {
     kilnd_call_finish(c, NULL, rc, &st);
     return;
