@@ -111,6 +111,29 @@ int kiln__arg_load(const char *spec, const kiln_shape *want, int64_t pnum, kiln_
   return arg_from_text(spec, want, label, out, st);
 }
 
+int kiln__arg_shape(const char *spec, kiln_arena *a, kiln_shape *out, kiln_status *st) {
+  if (ends_with(spec, ".npy")) {
+    kiln_npy n;
+    kiln_status local;
+    kiln_status_clear(&local);
+    int rc = kiln_npy_read(spec, &n, &local);
+    if (rc) return kiln_status_set(st, rc, NULL, "%s: %s", spec, local.msg);
+    rc = kiln_shape_make_array(a, out, n.dtype, n.dims, n.rank);
+    kiln_npy_free(&n);
+    return rc ? kiln_status_set(st, rc, NULL, "out of memory") : 0;
+  }
+  kiln_literal *lit;
+  kiln_status local;
+  kiln_status_clear(&local);
+  int rc = kiln_literal_parse_text(spec, strlen(spec), &lit, &local);
+  if (rc)
+    return kiln_status_set(st, rc, NULL, "cannot parse '%s' as a literal: %s%s%s", spec, local.where,
+                           local.where[0] ? ": " : "", local.msg);
+  rc = kiln_shape_copy(a, out, &lit->shape);
+  kiln_literal_destroy(lit);
+  return rc ? kiln_status_set(st, rc, NULL, "out of memory") : 0;
+}
+
 /* ---- random arguments --------------------------------------------------- */
 
 static uint64_t splitmix64(uint64_t *s) {

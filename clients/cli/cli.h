@@ -23,7 +23,7 @@ enum {
   KILN_EXIT_INTERNAL = 3, /* out of memory or a bug in kiln */
 };
 
-#define KILN_CLI_MAX_OPTS 12
+#define KILN_CLI_MAX_OPTS 16
 
 typedef struct kiln__opt {
   const char *name;    /* long name without "--" */
@@ -67,6 +67,8 @@ int kiln__cmd_print(const kiln__args *a);
 int kiln__cmd_run(const kiln__args *a);
 int kiln__cmd_compile(const kiln__args *a);
 int kiln__cmd_stats(const kiln__args *a);
+int kiln__cmd_dot(const kiln__args *a);
+int kiln__cmd_bench(const kiln__args *a);
 
 /* Remote modes (remote.c, through libkiln): the same contract as the local
  * handlers (output, diagnostics, exit codes). */
@@ -89,6 +91,24 @@ void kiln__report(const char *file, const kiln_module *m, const kiln_status *st)
  * stderr; returns an exit code, and *out (owned by the caller) on success. */
 int kiln__module_load(const char *path, bool verify, kiln_module **out);
 
+/* ---- compiler options (copts.c) ------------------------------------------ */
+
+typedef struct kiln_compile_options kiln_compile_options;
+
+/* Serialized executables: `kiln compile -o` writes them, `kiln run` takes them. */
+#define KILN_EXECUTABLE_SUFFIX ".kexe"
+
+/* Fills `o` (after kiln_compile_options_init) from the command's --target,
+ * --opt-level, --disable-pass and --dump-dir, checked against the known
+ * targets and passes; *given says whether any was on the command line.
+ * Returns an exit code (usage errors printed). Pointers refer to argv. */
+int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bool *given);
+/* "0".."3" into *out; a usage error naming `cmd` otherwise. */
+int kiln__opt_level_parse(const char *cmd, const char *text, int *out);
+/* A serialized executable: named *.kexe, or starting with the format's
+ * magic (head may be NULL when the contents are not read yet). */
+bool kiln__is_executable_file(const char *path, const uint8_t *head, size_t len);
+
 /* ---- arguments and results (args.c) ------------------------------------- */
 
 /* Builds the argument literal for a parameter of shape `want` from `spec`:
@@ -97,6 +117,10 @@ int kiln__module_load(const char *path, bool verify, kiln_module **out);
  * mismatch is an error naming parameter `pnum`, expected and found. */
 int kiln__arg_load(const char *spec, const kiln_shape *want, int64_t pnum, kiln_literal **out,
                    kiln_status *st);
+
+/* The shape of an argument spec (an .npy file's array, or literal text),
+ * allocated in `a`: what vmap batch sizes are inferred from. */
+int kiln__arg_shape(const char *spec, kiln_arena *a, kiln_shape *out, kiln_status *st);
 
 /* A deterministic pseudo-random literal of `shape` (tuples recursively):
  * floats in [-1, 1) on a grid exact in the element type, signed ints in

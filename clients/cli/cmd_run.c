@@ -1,11 +1,21 @@
-/* kiln run FILE [--backend interp] [--arg ARG]... [--random-args SEED]
- * [--out DIR] [--timeout SECONDS] [--max-iterations N]: run the ENTRY
- * computation and print its outputs.
+/* kiln run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED]
+ * [--out DIR] [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...
+ * [--target T] [--opt-level N] [--disable-pass NAME]... [--dump-dir DIR]:
+ * run the ENTRY computation and print its outputs.
+ *
+ * Backends: interp, the reference interpreter, runs the module as written;
+ * cpu compiles it (compiler/compile.h, with the compiler options given)
+ * and runs the executable on a cpu device. A serialized executable (FILE
+ * ending in .kexe, or starting with its magic) runs on cpu as it is. The
+ * contract is the same for all: the arguments, the output lines, the .npy
+ * files and the exit codes.
  *
  * The order is: check the command line (backend, seed), load and verify the
- * module, build one literal per parameter (from --arg, then --random-args),
- * run, then print every output leaf as HLO literal text, one per line, and
- * write DIR/i.npy when asked. Nothing runs until every argument matched. */
+ * module, apply the transforms (a vmap without size=N takes its batch size
+ * from the --arg shapes), build one literal per parameter (from --arg, then
+ * --random-args), run, then print every output leaf as HLO literal text, one
+ * per line, and write DIR/i.npy when asked. Nothing runs until every
+ * argument matched. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,9 +27,13 @@
 #include "common/alloc.h"
 #include "common/sbuf.h"
 #include "compiler/ir/text.h"
+#include "compiler/ir/verify.h"
+#include "compiler/transforms/transform.h"
+#include "compiler/compile.h"
 #include "executor/interp/interp.h"
+#include "executor/run.h"
 
-static const char *const backends[] = {"interp"};
+static const char *const backends[] = {"interp", "cpu"};
 
 /* A non-negative decimal integer (seeds, iteration counts). */
 static int parse_seed(const char *s, uint64_t *out) {
@@ -32,17 +46,17 @@ static int parse_seed(const char *s, uint64_t *out) {
   return 0;
 }
 
-/* Builds args[0..n) from --arg values then random fill; 0 or an exit code. */
-static int build_args(const char *file, const kiln_module *m, const kiln__args *a,
-                      kiln_literal **args, uint32_t n) {
+/* Builds args[0..n) for parameters of `shapes` (what: "ENTRY computation
+ * NAME" or "the executable") from --arg values then random fill; 0 or an
+ * exit code. */
+static int build_args(const char *file, const char *what, const kiln_shape *shapes,
+                      const kiln__args *a, kiln_literal **args, uint32_t n) {
   int ngiven;
   const char **given = kiln__args_all(a, "arg", &ngiven);
   const char *seed_text = kiln__args_get(a, "random-args");
-  const kiln_computation *entry = kiln_module_entry(m);
   if ((uint32_t)ngiven > n || ((uint32_t)ngiven < n && seed_text == NULL)) {
-    fprintf(stderr,
-            "%s: error: ENTRY computation %s takes %u parameter%s, %d argument%s given%s\n",
-            file, entry->name, n, n == 1 ? "" : "s", ngiven, ngiven == 1 ? "" : "s",
+    fprintf(stderr, "%s: error: %s takes %u parameter%s, %d argument%s given%s\n", file, what, n,
+            n == 1 ? "" : "s", ngiven, ngiven == 1 ? "" : "s",
             (uint32_t)ngiven < n ? " (--random-args SEED fills the rest)" : "");
     return KILN_EXIT_INVALID;
   }
@@ -51,14 +65,8 @@ static int build_args(const char *file, const kiln_module *m, const kiln__args *
   kiln_status st;
   kiln_status_clear(&st);
   for (uint32_t i = 0; i < n; i++) {
-    const kiln_instr *p = kiln_computation_param(m, entry, i);
-    if (p == NULL) {
-      kiln_status_set(&st, KILN_EINTERNAL, NULL, "parameter %u missing after verification", i);
-    } else if (i < (uint32_t)ngiven) {
-      kiln__arg_load(given[i], &p->shape, i, &args[i], &st);
-    } else {
-      kiln__arg_random(&p->shape, &state, &args[i], &st);
-    }
+    if (i < (uint32_t)ngiven) kiln__arg_load(given[i], &shapes[i], i, &args[i], &st);
+    else kiln__arg_random(&shapes[i], &state, &args[i], &st);
     if (st.code) {
       kiln__report(file, NULL, &st);
       return kiln__exit_code(st.code);
@@ -81,7 +89,11 @@ static int emit_outputs(const kiln_literal *result, const char *out_dir) {
   if (out_dir && kiln__dir_make(out_dir, &st)) goto out_report;
   for (uint32_t i = 0; i < n; i++) {
     kiln_sbuf_reset(&b);
-    kiln_literal_print(&b, leaves[i], true);
+    /* Literal data is row-major whatever the layout: a compiled result's
+     * layout says nothing about the values, so outputs print alike. */
+    kiln_literal plain = *leaves[i];
+    plain.shape.layout = NULL;
+    kiln_literal_print(&b, &plain, true);
     kiln_sbuf_putc(&b, '\n');
     if (kiln_sbuf_failed(&b)) {
       kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory printing output %u", i);
@@ -104,6 +116,132 @@ out_report:
   return rc;
 }
 
+/* The batch sizes of vmaps that give none, from the --arg shapes. */
+static int infer_sizes(const kiln__args *a, kiln_transform *ts, uint32_t n, kiln_status *st) {
+  int ngiven;
+  const char **given = kiln__args_all(a, "arg", &ngiven);
+  kiln_arena *ar = kiln_arena_create();
+  const kiln_shape **shapes = kiln_calloc(ngiven ? (size_t)ngiven : 1, sizeof *shapes);
+  kiln_shape *store = ar ? kiln_arena_calloc(ar, ngiven ? (size_t)ngiven : 1, sizeof *store) : NULL;
+  int rc = 0;
+  if (shapes == NULL || store == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+    goto out;
+  }
+  for (int i = 0; i < ngiven && rc == 0; i++) {
+    rc = kiln__arg_shape(given[i], ar, &store[i], st);
+    shapes[i] = &store[i];
+  }
+  if (rc == 0) rc = kiln_transforms_infer_sizes(ts, n, shapes, (uint32_t)ngiven, st);
+out:
+  kiln_free(shapes);
+  kiln_arena_destroy(ar);
+  return rc;
+}
+
+/* Applies --transform specs in order; 0 or an exit code. */
+static int run_transforms(const char *file, const kiln__args *a, kiln_module *m) {
+  int n;
+  const char **specs = kiln__args_all(a, "transform", &n);
+  if (n == 0) return KILN_EXIT_OK;
+  kiln_transform *ts = kiln_calloc((size_t)n, sizeof *ts);
+  if (ts == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = KILN_EXIT_OK;
+  bool need = false;
+  for (int i = 0; i < n && rc == KILN_EXIT_OK; i++) {
+    if (kiln_transform_parse(specs[i], &ts[i], &st)) {
+      fprintf(stderr, "kiln run: --transform '%s': %s\n", specs[i], st.msg);
+      rc = KILN_EXIT_USAGE;
+    }
+    need |= ts[i].kind == KILN_TRANSFORM_VMAP && ts[i].axis_size <= 0;
+  }
+  if (rc == KILN_EXIT_OK && need && infer_sizes(a, ts, (uint32_t)n, &st)) {
+    kiln__report(file, NULL, &st);
+    rc = kiln__exit_code(st.code);
+  }
+  if (rc == KILN_EXIT_OK && kiln_transforms_apply(m, ts, (uint32_t)n, &st)) {
+    kiln__report(file, m, &st);
+    rc = kiln__exit_code(st.code);
+  }
+  if (rc == KILN_EXIT_OK && kiln_module_verify(m, NULL, &st)) {
+    /* a transform built an invalid program: our bug, not the input's */
+    kiln__report(file, m, &st);
+    rc = KILN_EXIT_INTERNAL;
+  }
+  kiln_free(ts);
+  return rc;
+}
+
+/* A serialized executable: FILE.kexe or a file that starts with the magic. */
+static bool is_executable(const char *path) {
+  if (kiln__is_executable_file(path, NULL, 0)) return true;
+  uint8_t head[8];
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return false; /* the loader reports it */
+  size_t n = fread(head, 1, sizeof head, f);
+  fclose(f);
+  return kiln__is_executable_file(path, head, n);
+}
+
+/* Builds the arguments for `shapes`, runs `e` on a cpu device and prints
+ * the outputs; 0 or an exit code. */
+static int run_compiled(const char *file, const kiln_module *m, const char *what,
+                        const kiln_executable *e, const kiln_shape *shapes, uint32_t n,
+                        const kiln__args *a, const kiln_run_options *ropts) {
+  kiln_literal **args = kiln_calloc(n ? n : 1, sizeof *args);
+  if (args == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  kiln_literal *result = NULL;
+  int rc = build_args(file, what, shapes, a, args, n);
+  if (rc == 0) {
+    kiln_status st;
+    kiln_status_clear(&st);
+    int err = kiln_run_executable(e, NULL, ropts, (const kiln_literal *const *)args, n, &result,
+                                  &st);
+    if (err == 0 && result == NULL) err = kiln_status_set(&st, KILN_EINTERNAL, NULL, "no result");
+    if (err) {
+      kiln__report(file, m, &st);
+      rc = kiln__exit_code(err);
+    } else {
+      rc = emit_outputs(result, kiln__args_get(a, "out"));
+    }
+  }
+  kiln_literal_destroy(result);
+  for (uint32_t i = 0; i < n; i++) kiln_literal_destroy(args[i]);
+  kiln_free(args);
+  return rc;
+}
+
+/* kiln run FILE.kexe: the blob is hostile input until deserialize has
+ * checked every table in it. */
+static int run_executable_file(const char *file, const kiln__args *a,
+                               const kiln_run_options *ropts) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint8_t *buf;
+  size_t len;
+  int rc = kiln__file_read(file, &buf, &len, &st);
+  kiln_executable *e = NULL;
+  if (rc == 0) {
+    rc = kiln_executable_deserialize(buf, len, &e, &st);
+    kiln_free(buf);
+  }
+  if (rc) {
+    kiln__report(file, NULL, &st);
+    return kiln__exit_code(rc);
+  }
+  rc = run_compiled(file, NULL, "the executable", e, e->param_shapes, e->nparams, a, ropts);
+  kiln_executable_destroy(e);
+  return rc;
+}
+
 int kiln__cmd_run(const kiln__args *a) {
   const char *file = a->pos[0];
   const char *backend = kiln__args_get(a, "backend");
@@ -112,7 +250,17 @@ int kiln__cmd_run(const kiln__args *a) {
   for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
     known |= strcmp(backend, backends[i]) == 0;
   if (!known) {
-    fprintf(stderr, "kiln run: unknown backend '%s' (available: interp)\n", backend);
+    fprintf(stderr, "kiln run: unknown backend '%s' (available: interp, cpu)\n", backend);
+    return KILN_EXIT_USAGE;
+  }
+  bool cpu = strcmp(backend, "cpu") == 0;
+  kiln_compile_options co;
+  bool compile_given;
+  int crc = kiln__compile_options_parse(a, &co, &compile_given);
+  if (crc) return crc;
+  if (compile_given && !cpu) {
+    fprintf(stderr, "kiln run: --target, --opt-level, --disable-pass and --dump-dir need "
+                    "--backend cpu\n");
     return KILN_EXIT_USAGE;
   }
   const char *seed_text = kiln__args_get(a, "random-args");
@@ -143,14 +291,37 @@ int kiln__cmd_run(const kiln__args *a) {
     return KILN_EXIT_USAGE;
   }
 
+  kiln_run_options ropts = {opts.max_while_iterations, opts.timeout_seconds};
+  if (is_executable(file)) {
+    int ntransforms;
+    kiln__args_all(a, "transform", &ntransforms);
+    if (kiln__args_get(a, "backend") && !cpu) {
+      fprintf(stderr, "kiln run: %s is a compiled executable; it runs on the cpu backend\n", file);
+      return KILN_EXIT_USAGE;
+    }
+    if (compile_given || ntransforms) {
+      fprintf(stderr, "kiln run: %s is already compiled: compiler options and --transform "
+                      "need a module\n", file);
+      return KILN_EXIT_USAGE;
+    }
+    return run_executable_file(file, a, &ropts);
+  }
+
   kiln_module *m;
   int rc = kiln__module_load(file, true, &m);
   if (rc) return rc;
+  if ((rc = run_transforms(file, a, m))) {
+    kiln_module_destroy(m);
+    return rc;
+  }
   const kiln_computation *entry = kiln_module_entry(m);
   uint32_t n = entry ? kiln_computation_nparams(m, entry) : 0;
   kiln_literal **args = kiln_calloc(n ? n : 1, sizeof *args);
+  kiln_shape *shapes = kiln_calloc(n ? n : 1, sizeof *shapes);
   kiln_literal *result = NULL;
-  if (args == NULL) {
+  kiln_executable *e = NULL;
+  char what[300];
+  if (args == NULL || shapes == NULL) {
     fprintf(stderr, "kiln run: error: out of memory\n");
     rc = KILN_EXIT_INTERNAL;
     goto out_free_module;
@@ -160,11 +331,30 @@ int kiln__cmd_run(const kiln__args *a) {
     rc = KILN_EXIT_INVALID;
     goto out_free_args;
   }
-  rc = build_args(file, m, a, args, n);
-  if (rc) goto out_free_args;
-
+  snprintf(what, sizeof what, "ENTRY computation %s", entry->name);
+  for (uint32_t i = 0; i < n; i++) {
+    const kiln_instr *p = kiln_computation_param(m, entry, i);
+    if (p == NULL) {
+      fprintf(stderr, "%s: error: parameter %u missing after verification\n", file, i);
+      rc = KILN_EXIT_INTERNAL;
+      goto out_free_args;
+    }
+    shapes[i] = p->shape;
+  }
   kiln_status st;
   kiln_status_clear(&st);
+  if (cpu) { /* compile first: an unsupported op fails before arguments are read */
+    if (kiln_compile(m, &co, &e, &st)) {
+      kiln__report(file, m, &st);
+      rc = kiln__exit_code(st.code);
+    } else {
+      rc = run_compiled(file, m, what, e, shapes, n, a, &ropts);
+    }
+    goto out_free_args;
+  }
+  rc = build_args(file, what, shapes, a, args, n);
+  if (rc) goto out_free_args;
+
   int err = kiln_interp_run(m, (const kiln_literal *const *)args, n, &opts, &result, &st);
   if (err == 0 && result == NULL) err = kiln_status_set(&st, KILN_EINTERNAL, NULL, "no result");
   if (err) {
@@ -175,8 +365,10 @@ int kiln__cmd_run(const kiln__args *a) {
   rc = emit_outputs(result, kiln__args_get(a, "out"));
   kiln_literal_destroy(result);
 out_free_args:
-  for (uint32_t i = 0; i < n; i++) kiln_literal_destroy(args[i]);
+  for (uint32_t i = 0; args && i < n; i++) kiln_literal_destroy(args[i]);
   kiln_free(args);
+  kiln_free(shapes);
+  kiln_executable_destroy(e);
 out_free_module:
   kiln_module_destroy(m);
   return rc;

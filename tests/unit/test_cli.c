@@ -128,7 +128,7 @@ START_TEST(test_help) {
   result r = run("--help", NULL);
   ck_assert_int_eq(r.code, 0);
   ck_assert_str_eq(r.err, "");
-  ck_assert_ptr_nonnull(strstr(r.out, "  kiln run FILE [--backend interp] [--arg ARG]... "
+  ck_assert_ptr_nonnull(strstr(r.out, "  kiln run FILE [--backend interp|cpu] [--arg ARG]... "
                                       "[--random-args SEED] [--out DIR]\n"));
   ck_assert_ptr_nonnull(strstr(r.out, "Exit status:\n  0  success\n"));
   ck_assert_ptr_nonnull(strstr(r.out, "  3  internal error"));
@@ -172,8 +172,9 @@ START_TEST(test_usage_errors) {
   r = run("run", f, "--bogus", NULL);
   EXPECT(r, 2, "",
          "kiln run: unknown option '--bogus'\n"
-         "usage: kiln run FILE [--backend interp] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
-         "         [--timeout SECONDS] [--max-iterations N]\n"
+         "usage: kiln run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
+         "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
+         "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
          "Run 'kiln help run' for details.\n");
   result_free(&r);
   r = run("check", NULL);
@@ -192,8 +193,8 @@ START_TEST(test_usage_errors) {
   ck_assert_int_eq(r.code, 2);
   ck_assert_ptr_nonnull(strstr(r.err, "kiln run: option '--out' given more than once\n"));
   result_free(&r);
-  r = run("run", f, "--backend", "cpu", NULL);
-  EXPECT(r, 2, "", "kiln run: unknown backend 'cpu' (available: interp)\n");
+  r = run("run", f, "--backend", "tpu", NULL);
+  EXPECT(r, 2, "", "kiln run: unknown backend 'tpu' (available: interp, cpu)\n");
   result_free(&r);
   r = run("run", f, "--random-args", "-3", NULL);
   EXPECT(r, 2, "", "kiln run: --random-args needs a non-negative integer seed, not '-3'\n");
@@ -705,6 +706,97 @@ END_TEST
 
 /* The shipped examples check, and the README's demo runs: two outputs, the
  * second a softmax whose rows sum to 1. */
+/* ---- run --transform ---------------------------------------------------- */
+
+static const char sine_loss[] =
+    "HloModule f\n"
+    "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+    "ENTRY main {\n"
+    "  x = f32[3] parameter(0)\n"
+    "  w = f32[] parameter(1)\n"
+    "  wb = f32[3] broadcast(w), dimensions={}\n"
+    "  s.1 = f32[3] sine(x)\n"
+    "  m = f32[3] multiply(s.1, wb)\n"
+    "  z = f32[] constant(0)\n"
+    "  ROOT r = f32[] reduce(m, z), dimensions={0}, to_apply=add\n"
+    "}\n";
+
+START_TEST(test_run_transform) {
+  const char *f = write_file("f.hlo", sine_loss);
+  /* grad: the value, then the gradients */
+  result r = run("run", f, "--transform", "grad:wrt=0,1", "--arg", "f32[3] {0, 1, 2}", "--arg",
+                 "f32[] 2", NULL);
+  EXPECT(r, 0, "f32[] 3.5015368\nf32[3] {2, 1.0806046, -0.8322937}\nf32[] 1.7507684\n", "");
+  result_free(&r);
+  /* jvp: tangents after the parameters; default wrt is parameter 0 for grad */
+  r = run("run", f, "--transform", "jvp:wrt=1", "--arg", "f32[3] {0, 1, 2}", "--arg", "f32[] 2",
+          "--arg", "f32[] 1", NULL);
+  EXPECT(r, 0, "f32[] 3.5015368\nf32[] 1.7507684\n", "");
+  result_free(&r);
+  /* vmap of grad, the batch size taken from the .npy argument; --out */
+  int64_t d[2] = {2, 3};
+  float x[6] = {0, 1, 2, 3, 4, 5};
+  write_npy_f32("x.npy", d, 2, x, 6);
+  r = run("run", f, "--transform", "grad", "--transform", "vmap:in_axes=0,none", "--arg",
+          tpath("x.npy"), "--arg", "f32[] 2", "--out", tpath("o"), NULL);
+  EXPECT(r, 0,
+         "f32[2] {3.5015368, -3.1492136}\n"
+         "f32[2,3] {{2, 1.0806046, -0.8322937}, {-1.979985, -1.3072872, 0.5673244}}\n",
+         "");
+  result_free(&r);
+  kiln_npy o = read_npy(tpath("o/1.npy"));
+  ck_assert_uint_eq(o.rank, 2);
+  ck_assert_int_eq(o.dims[0], 2);
+  kiln_npy_free(&o);
+  /* a batch axis elsewhere, and an explicit size */
+  r = run("run", f, "--transform", "vmap:in_axes=1,none,size=2", "--arg", "f32[3,2] {{0, 3}, {1, 4}, {2, 5}}",
+          "--arg", "f32[] 2", NULL);
+  EXPECT(r, 0, "f32[2] {3.5015368, -3.1492136}\n", "");
+  result_free(&r);
+}
+END_TEST
+
+START_TEST(test_run_transform_errors) {
+  const char *f = write_file("f.hlo", sine_loss);
+  result r = run("run", f, "--transform", "hess", "--random-args", "1", NULL);
+  EXPECT(r, 2, "",
+         "kiln run: --transform 'hess': unknown transform 'hess' (expected grad, vjp, jvp, vmap or "
+         "checkpoint, optionally followed by ':' and options)\n");
+  result_free(&r);
+  r = run("run", f, "--transform", "grad:wrt=3", "--random-args", "1", NULL);
+  char want[512];
+  snprintf(want, sizeof want, "%s: error: grad: wrt parameter 3 does not exist (ENTRY main takes 2 parameters)\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", f, "--transform", "vmap:in_axes=0,none,size=2", "--transform", "grad", "--random-args", "1", NULL);
+  snprintf(want, sizeof want, "%s: error: grad: output 0 is f32[2]; grad needs a floating-point scalar output (vjp takes a cotangent for any output)\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  /* the error names the instruction and its place in the file */
+  const char *g = write_file("sort.hlo",
+                             "HloModule s\n"
+                             "lt { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT c = pred[] compare(a, b), direction=LT }\n"
+                             "ENTRY main {\n"
+                             "  x = f32[3] parameter(0)\n"
+                             "  s.3 = f32[3] sort(x), dimensions={0}, to_apply=lt\n"
+                             "  ROOT y = f32[3] negate(s.3)\n"
+                             "}\n");
+  r = run("run", g, "--transform", "jvp", "--random-args", "1", NULL);
+  snprintf(want, sizeof want, "%s:5:3: error: main/s.3: jvp: op sort (main/s.3) is not differentiable\n", g);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", f, "--transform", "vmap:in_axes=0,none", "--random-args", "1", NULL);
+  snprintf(want, sizeof want, "%s: error: vmap: cannot infer the batch size from the arguments (give size=N)\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", f, "--transform", "vmap:in_axes=0,0", "--arg", "f32[4,3] {{0,0,0},{0,0,0},{0,0,0},{0,0,0}}",
+          "--arg", "f32[5] {0, 0, 0, 0, 0}", NULL);
+  snprintf(want, sizeof want, "%s: error: vmap: argument 1 has batch size 5 but argument 0 has 4\n", f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+}
+END_TEST
+
 START_TEST(test_examples) {
   result r = run("check", KILN_SOURCE_DIR "/examples/mlp.hlo", KILN_SOURCE_DIR "/examples/axpy.hlo",
                  KILN_SOURCE_DIR "/examples/count_loop.hlo", NULL);
@@ -730,6 +822,291 @@ START_TEST(test_examples) {
 }
 END_TEST
 
+/* ---- the cpu backend, executables, dot, bench ----------------------------- */
+
+static const char mixed_module[] =
+    "HloModule mixed\n"
+    "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+    "ENTRY main {\n"
+    "  x = f32[2,3] parameter(0)\n"
+    "  n = s32[] parameter(1)\n"
+    "  e = f32[2,3] exponential(x)\n"
+    "  z = f32[] constant(0)\n"
+    "  r = f32[2] reduce(e, z), dimensions={1}, to_apply=add\n"
+    "  c = s32[] constant(3)\n"
+    "  m = s32[] multiply(n, c)\n"
+    "  ROOT t = (f32[2], s32[], f32[2,3]) tuple(r, m, x)\n"
+    "}\n";
+
+/* Same arguments, same output lines and .npy files on both backends. */
+START_TEST(test_run_cpu) {
+  const char *f = write_file("add.hlo", add_module);
+  result r = run("run", f, "--backend", "cpu", "--arg", "f32[2] {1, 2.5}", "--arg",
+                 "f32[2] {3, -4}", NULL);
+  EXPECT(r, 0, "f32[2] {4, -1.5}\n", "");
+  result_free(&r);
+  const char *g = write_file("mixed.hlo", mixed_module);
+  result a = run("run", g, "--random-args", "3", "--out", tpath("oi"), NULL);
+  result b = run("run", g, "--backend", "cpu", "--random-args", "3", "--out", tpath("oc"), NULL);
+  ck_assert_int_eq(a.code, 0);
+  ck_assert_int_eq(b.code, 0);
+  ck_assert_str_eq(b.err, "");
+  /* the integer and the passed-through outputs are exact; the sums of
+   * exponentials are checked through the .npy files within a tolerance */
+  const char *ai = strchr(a.out, '\n'), *bi = strchr(b.out, '\n');
+  ck_assert_ptr_nonnull(ai);
+  ck_assert_ptr_nonnull(bi);
+  ck_assert_str_eq(ai, bi);
+  kiln_npy x = read_npy(tpath("oi/0.npy")), y = read_npy(tpath("oc/0.npy"));
+  for (int i = 0; i < 2; i++)
+    ck_assert_float_eq_tol(((float *)x.data)[i], ((float *)y.data)[i], 1e-5f);
+  kiln_npy_free(&x);
+  kiln_npy_free(&y);
+  result_free(&a);
+  result_free(&b);
+  /* compiler options reach the compiler: every combination runs alike */
+  r = run("run", f, "--backend", "cpu", "--target", "cpu-x86-64", "-O", "0", "--disable-pass",
+          "cse", "--disable-pass", "dce", "--arg", "f32[2] {1, 2}", "--arg", "f32[2] {3, 4}",
+          "--dump-dir", tpath("dump"), NULL);
+  EXPECT(r, 0, "f32[2] {4, 6}\n", "");
+  result_free(&r);
+  ck_assert_int_eq(access(tpath("dump/00-input.hlo"), F_OK), 0);
+  ck_assert_int_eq(access(tpath("dump/00-input.dot"), F_OK), 0);
+}
+END_TEST
+
+START_TEST(test_run_cpu_errors) {
+  const char *f = write_file("add.hlo", add_module);
+  result r = run("run", f, "--backend", "cpu", "--target", "z80", "--random-args", "1", NULL);
+  EXPECT(r, 2, "",
+         "kiln run: unknown target 'z80' (cpu targets: cpu, cpu-x86-64, cpu-x86-64-v2, "
+         "cpu-x86-64-v3, cpu-x86-64-v4)\n");
+  result_free(&r);
+  r = run("run", f, "--backend", "cpu", "--disable-pass", "frob", "--random-args", "1", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln run: unknown pass 'frob' (passes: algsimp, "));
+  result_free(&r);
+  r = run("run", f, "--backend", "cpu", "-O", "7", "--random-args", "1", NULL);
+  EXPECT(r, 2, "", "kiln run: --opt-level needs a level from 0 to 3, not '7'\n");
+  result_free(&r);
+  r = run("run", f, "--target", "cpu", "--random-args", "1", NULL);
+  EXPECT(r, 2, "",
+         "kiln run: --target, --opt-level, --disable-pass and --dump-dir need --backend cpu\n");
+  result_free(&r);
+  /* an op the cpu backend refuses: exit 1, naming the instruction */
+  const char *g = write_file("fft.hlo",
+                             "HloModule f\n"
+                             "ENTRY main {\n"
+                             "  x = c64[4] parameter(0)\n"
+                             "  ROOT y = c64[4] fft(x), fft_type=FFT, fft_length={4}\n"
+                             "}\n");
+  r = run("run", g, "--backend", "cpu", "--random-args", "1", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  char want[512];
+  snprintf(want, sizeof want, "%s:4:8: error: main/y: the cpu backend cannot compile fft y", g);
+  ck_assert_msg(strncmp(r.err, want, strlen(want)) == 0, "%s", r.err);
+  result_free(&r);
+  /* argument errors read as on interp */
+  r = run("run", f, "--backend", "cpu", "--arg", "f32[3] {1, 2, 3}", "--arg", "f32[2] {1, 2}",
+          NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "parameter 0: expected f32[2], found f32[3]"));
+  result_free(&r);
+}
+END_TEST
+
+/* compile -o FILE.kexe, then run it: the outputs of running the module. */
+START_TEST(test_compile_and_run_executable) {
+  const char *g = write_file("mixed.hlo", mixed_module);
+  const char *exe = tpath("mixed.kexe");
+  result r = run("compile", g, "-o", exe, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.err, "");
+  result_free(&r);
+  result a = run("run", g, "--backend", "cpu", "--random-args", "5", NULL);
+  result b = run("run", exe, "--random-args", "5", NULL);
+  EXPECT(b, 0, a.out, "");
+  result_free(&b);
+  /* recognized by its contents under another name; --backend cpu accepted */
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", exe, tpath("renamed.bin"));
+  ck_assert_int_eq(system(cmd), 0);
+  b = run("run", tpath("renamed.bin"), "--backend", "cpu", "--random-args", "5", NULL);
+  EXPECT(b, 0, a.out, "");
+  result_free(&b);
+  result_free(&a);
+  r = run("run", exe, "--arg", "f32[2,3] {{0, 0, 0}, {0, 0, 0}}", NULL);
+  char want[512];
+  snprintf(want, sizeof want,
+           "%s: error: the executable takes 2 parameters, 1 argument given (--random-args SEED "
+           "fills the rest)\n",
+           exe);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("run", exe, "--arg", "f32[2,3] {{0, 0, 0}, {-0, 0, -0}}", "--arg", "s32[] 7", NULL);
+  EXPECT(r, 0, "f32[2] {3, 3}\ns32[] 21\nf32[2,3] {{0, 0, 0}, {-0, 0, -0}}\n", "");
+  result_free(&r);
+  r = run("run", exe, "--backend", "interp", "--random-args", "1", NULL);
+  snprintf(want, sizeof want, "kiln run: %s is a compiled executable; it runs on the cpu backend\n",
+           exe);
+  EXPECT(r, 2, "", want);
+  result_free(&r);
+  r = run("run", exe, "--backend", "cpu", "--disable-pass", "cse", "--random-args", "1", NULL);
+  snprintf(want, sizeof want,
+           "kiln run: %s is already compiled: compiler options and --transform need a module\n",
+           exe);
+  EXPECT(r, 2, "", want);
+  result_free(&r);
+}
+END_TEST
+
+/* A damaged executable is refused with a message, never run or crashed on. */
+START_TEST(test_corrupt_executable) {
+  const char *bad = write_file("bad.kexe", "this is not an executable\n");
+  result r = run("run", bad, "--random-args", "1", NULL);
+  char want[512];
+  snprintf(want, sizeof want, "%s: error: executable blob: magic at offset 0: not a Kiln executable\n",
+           bad);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  const char *g = write_file("add.hlo", add_module);
+  const char *exe = tpath("add.kexe");
+  r = run("compile", g, "-o", exe, NULL);
+  ck_assert_int_eq(r.code, 0);
+  result_free(&r);
+  uint8_t *blob;
+  size_t len;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__file_read(exe, &blob, &len, &st), 0);
+  ck_assert_uint_gt(len, 64);
+  ck_assert_int_eq(memcmp(blob, "KILNEXE1", 8), 0);
+  /* truncated: refused with a message */
+  ck_assert_int_eq(kiln__file_write(tpath("cut.kexe"), blob, len / 2, &st), 0);
+  r = run("run", tpath("cut.kexe"), "--random-args", "1", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  ck_assert_ptr_nonnull(strstr(r.err, ": error: "));
+  result_free(&r);
+  /* another format version: refused, saying so */
+  blob[8] ^= 0x7f;
+  ck_assert_int_eq(kiln__file_write(tpath("ver.kexe"), blob, len, &st), 0);
+  blob[8] ^= 0x7f;
+  r = run("run", tpath("ver.kexe"), "--random-args", "1", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "version"));
+  result_free(&r);
+  kiln_free(blob);
+}
+END_TEST
+
+/* Damage anywhere in the header and tables of an executable (everything
+ * before the code object, which the loader checks field by field) must end
+ * in a clean refusal or a correct run: never a signal or an internal error.
+ * (A damaged code object is out of reach of field checks: only a checksum
+ * over the blob could catch it.) */
+START_TEST(test_damaged_executable_tables) {
+  const char *g = write_file("add.hlo", add_module);
+  const char *exe = tpath("add.kexe");
+  result r = run("compile", g, "-o", exe, NULL);
+  ck_assert_int_eq(r.code, 0);
+  result_free(&r);
+  uint8_t *blob;
+  size_t len;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__file_read(exe, &blob, &len, &st), 0);
+  size_t code = 8;
+  while (code + 4 <= len && memcmp(blob + code, "\177ELF", 4) != 0) code++;
+  ck_assert_uint_lt(code, len);
+  for (size_t off = 8; off < code; off += 3) {
+    blob[off] ^= 0xa5;
+    ck_assert_int_eq(kiln__file_write(tpath("flip.kexe"), blob, len, &st), 0);
+    blob[off] ^= 0xa5;
+    r = run("run", tpath("flip.kexe"), "--arg", "f32[2] {1, 2}", "--arg", "f32[2] {3, 4}",
+            "--timeout", "10", NULL);
+    ck_assert_msg(r.code == 0 || r.code == 1, "byte %zu flipped: exit %d: %s", off, r.code,
+                  r.err);
+    result_free(&r);
+  }
+  kiln_free(blob);
+}
+END_TEST
+
+START_TEST(test_dot) {
+  const char *f = write_file("add.hlo", add_module);
+  result r = run("dot", f, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.err, "");
+  ck_assert_int_eq(strncmp(r.out, "digraph \"add\" {\n", 16), 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "ENTRY main"));
+  ck_assert_str_eq(r.out + strlen(r.out) - 2, "}\n");
+  result o = run("dot", f, "-o", tpath("g.dot"), NULL);
+  EXPECT(o, 0, "", "");
+  char *file = slurp(tpath("g.dot"));
+  ck_assert_str_eq(file, r.out);
+  kiln_free(file);
+  result_free(&o);
+  result_free(&r);
+  /* the graph after a given pass, and of the input */
+  r = run("dot", f, "--after", "input", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "parameter f32[2]"));
+  result_free(&r);
+  r = run("dot", f, "--after", "algsimp", "-O", "1", "--disable-pass", "cse", NULL);
+  ck_assert_int_eq(r.code, 0);
+  result_free(&r);
+  r = run("dot", f, "--after", "frob", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "kiln dot: unknown pass 'frob' (input, algsimp, "));
+  result_free(&r);
+  const char *bad = write_file("bad.hlo", "HloModule m\nENTRY e {\n");
+  r = run("dot", bad, NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_str_eq(r.out, "");
+  result_free(&r);
+}
+END_TEST
+
+/* One JSON object on one line, with the promised fields. */
+START_TEST(test_bench) {
+  const char *f = write_file("mixed.hlo", mixed_module);
+  result r = run("bench", f, "--iters", "3", "--random-args", "2", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_str_eq(r.err, "");
+  ck_assert_int_eq(r.out[0], '{');
+  ck_assert_ptr_eq(strchr(r.out, '\n'), r.out + strlen(r.out) - 1);
+  static const char *const fields[] = {
+      "\"backend\": \"cpu\"", "\"iters\": 3,",       "\"compile_ms\": ", "\"passes_ms\": {",
+      "\"cc_ms\": ",          "\"run_us_median\": ", "\"run_us_p90\": ", "\"peak_bytes\": ",
+      "\"mode\": \"buffers\""};
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    ck_assert_msg(strstr(r.out, fields[i]) != NULL, "no %s in %s", fields[i], r.out);
+  /* peak = parameters (24 + 4) + outputs (8 + 4 + 24) + temporaries */
+  unsigned long long peak, temp;
+  const char *p = strstr(r.out, "\"peak_bytes\": "), *t = strstr(r.out, "\"temp_peak_bytes\": ");
+  ck_assert(sscanf(p, "\"peak_bytes\": %llu", &peak) == 1);
+  ck_assert(sscanf(t, "\"temp_peak_bytes\": %llu", &temp) == 1);
+  ck_assert_uint_eq(peak, 28 + 36 + temp);
+  result_free(&r);
+  r = run("bench", f, "--backend", "interp", "--iters", "2", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "\"backend\": \"interp\""));
+  ck_assert_ptr_nonnull(strstr(r.out, "\"peak_bytes\": null}\n"));
+  result_free(&r);
+  r = run("bench", f, "--iters", "0", NULL);
+  EXPECT(r, 2, "", "kiln bench: --iters needs an integer from 1 to 1000000, not '0'\n");
+  result_free(&r);
+  r = run("bench", f, "--backend", "tpu", NULL);
+  EXPECT(r, 2, "", "kiln bench: unknown backend 'tpu' (available: cpu, interp)\n");
+  result_free(&r);
+  r = run("bench", f, "--backend", "interp", "-O", "1", NULL);
+  ck_assert_int_eq(r.code, 2);
+  result_free(&r);
+}
+END_TEST
+
 static Suite *cli_suite(void) {
   Suite *s = suite_create("cli");
   TCase *tc = tcase_create("core");
@@ -750,7 +1127,16 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_run_argument_mismatch);
   tcase_add_test(tc, test_run_random_args);
   tcase_add_test(tc, test_run_runtime_errors);
+  tcase_add_test(tc, test_run_transform);
+  tcase_add_test(tc, test_run_transform_errors);
   tcase_add_test(tc, test_examples);
+  tcase_add_test(tc, test_run_cpu);
+  tcase_add_test(tc, test_run_cpu_errors);
+  tcase_add_test(tc, test_compile_and_run_executable);
+  tcase_add_test(tc, test_corrupt_executable);
+  tcase_add_test(tc, test_damaged_executable_tables);
+  tcase_add_test(tc, test_dot);
+  tcase_add_test(tc, test_bench);
   suite_add_tcase(s, tc);
   return s;
 }

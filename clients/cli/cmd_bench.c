@@ -1,0 +1,279 @@
+/* kiln bench FILE [--backend cpu|interp] [--iters N] [--warmup N]
+ * [--random-args SEED] [--target T] [--opt-level N] [--disable-pass NAME]...:
+ * compile once, run many times, print one JSON object.
+ *
+ *   {"file": ..., "backend": "cpu", "target": "cpu", "opt_level": 2,
+ *    "iters": 20, "warmup": 1, "mode": "buffers",
+ *    "compile_ms": ..., "passes_ms": {"algsimp": ..., ...},
+ *    "pipeline_ms": ..., "assign_ms": ..., "codegen_ms": ..., "cc_ms": ...,
+ *    "run_us_median": ..., "run_us_p90": ..., "run_us_min": ...,
+ *    "peak_bytes": ..., "temp_peak_bytes": ..., "temp_bytes": ...,
+ *    "param_bytes": ..., "output_bytes": ...}
+ *
+ * What is timed: on cpu, one execution of the loaded executable on device
+ * buffers that already hold the arguments ("mode": "buffers"), including
+ * the allocation of its outputs but not copies from or to host literals;
+ * when a parameter's binding is not row-major the run goes through host
+ * literals instead ("mode": "literals"), which the field says. On interp,
+ * one kiln_interp_run. Warm-up runs come first and are not counted.
+ * peak_bytes is what a run holds at once at most: parameters, outputs and
+ * the peak of live temporaries from buffer assignment (an upper bound, as
+ * outputs need not all be live at that peak); the interpreter does not
+ * account its memory, so its byte fields are null.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clients/cli/cli.h"
+#include "common/alloc.h"
+#include "compiler/compile.h"
+#include "executor/backend.h"
+#include "executor/interp/interp.h"
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int parse_count(const char *text, const char *opt, long min, long *out) {
+  char *end;
+  errno = 0;
+  long v = text ? strtol(text, &end, 10) : 0;
+  if (text && (errno || *end || end == text || v < min || v > 1000000)) {
+    fprintf(stderr, "kiln bench: --%s needs an integer from %ld to 1000000, not '%s'\n", opt, min,
+            text);
+    return KILN_EXIT_USAGE;
+  }
+  if (text) *out = v;
+  return KILN_EXIT_OK;
+}
+
+static void json_string(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') printf("\\%c", c);
+    else if (c < 0x20) printf("\\u%04x", c);
+    else putchar(c);
+  }
+  putchar('"');
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct bench {
+  const char *file;
+  kiln_module *m;
+  kiln_literal **args;
+  uint32_t nargs;
+  long iters, warmup;
+  double *us;               /* iters samples */
+  bool buffers;             /* timed on device buffers */
+  kiln_compile_report rep;
+  bool compiled;
+  uint64_t param_bytes, output_bytes;
+} bench;
+
+static bool row_major(const kiln_shape *s) {
+  int64_t m2m[64];
+  if (s->rank > 64) return false;
+  kiln_shape_minor_to_major(s, m2m);
+  for (uint32_t i = 0; i < s->rank; i++)
+    if (m2m[i] != (int64_t)(s->rank - 1 - i)) return false;
+  return true;
+}
+
+/* Device buffers holding the arguments' leaves, in the executable's order;
+ * false (and nothing allocated) when a binding is not row-major. */
+static int upload(bench *b, kiln_device *d, const kiln_executable *e, kiln_buffer **bufs,
+                  bool *ok, kiln_status *st) {
+  *ok = false;
+  for (uint32_t i = 0; i < e->nparam_leaves; i++)
+    if (!row_major(&e->params[i].shape)) return 0;
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < b->nargs; i++) {
+    const kiln_literal **leaves;
+    uint32_t n;
+    if (kiln__literal_leaves(b->args[i], &leaves, &n))
+      return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+    for (uint32_t j = 0; j < n && k < e->nparam_leaves; j++, k++) {
+      int rc = kiln_buffer_alloc(d, leaves[j]->nbytes, &bufs[k], st);
+      if (rc == 0) rc = kiln_buffer_write(bufs[k], 0, leaves[j]->data, leaves[j]->nbytes, st);
+      if (rc) {
+        kiln_free(leaves);
+        return rc;
+      }
+    }
+    kiln_free(leaves);
+  }
+  if (k != e->nparam_leaves)
+    return kiln_status_set(st, KILN_EINTERNAL, NULL, "%u argument leaves for %u bindings", k,
+                           e->nparam_leaves);
+  *ok = true;
+  return 0;
+}
+
+static int one_cpu_run(bench *b, kiln_loaded *l, const kiln_executable *e, kiln_buffer **in,
+                       kiln_buffer **outs, kiln_status *st) {
+  if (b->buffers) {
+    int rc = kiln_loaded_execute(l, in, e->nparam_leaves, NULL, outs, e->nresults, st);
+    for (uint32_t i = 0; i < e->nresults && rc == 0; i++) {
+      kiln_buffer_free(outs[i]);
+      outs[i] = NULL;
+    }
+    return rc;
+  }
+  kiln_literal *out = NULL;
+  int rc = kiln_loaded_run(l, (const kiln_literal *const *)b->args, b->nargs, NULL, &out, st);
+  kiln_literal_destroy(out);
+  return rc;
+}
+
+static int run_cpu(bench *b, const kiln_compile_options *co, kiln_status *st) {
+  kiln_executable *e = NULL;
+  kiln_backend *be = NULL;
+  kiln_loaded *l = NULL;
+  kiln_buffer **in = NULL, **outs = NULL;
+  int rc = kiln_compile(b->m, co, &e, &b->rep, st);
+  if (rc) return rc;
+  b->compiled = true;
+  for (uint32_t i = 0; i < e->nparam_leaves; i++)
+    b->param_bytes += (uint64_t)kiln_shape_bytes(&e->params[i].shape);
+  for (uint32_t i = 0; i < e->nresults; i++)
+    b->output_bytes += (uint64_t)kiln_shape_bytes(&e->results[i].shape);
+  in = kiln_calloc(e->nparam_leaves + 1, sizeof *in);
+  outs = kiln_calloc(e->nresults + 1, sizeof *outs);
+  if (in == NULL || outs == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+    goto out;
+  }
+  if ((rc = kiln_backend_create("cpu", NULL, &be, st))) goto out;
+  kiln_device *d = kiln_backend_device(be, 0);
+  if ((rc = kiln_device_load(d, e, &l, st))) goto out;
+  if ((rc = upload(b, d, e, in, &b->buffers, st))) goto out;
+  for (long i = 0; i < b->warmup + b->iters && rc == 0; i++) {
+    double t0 = now_us();
+    rc = one_cpu_run(b, l, e, in, outs, st);
+    if (i >= b->warmup) b->us[i - b->warmup] = now_us() - t0;
+  }
+out:
+  for (uint32_t i = 0; in && i < e->nparam_leaves; i++) kiln_buffer_free(in[i]);
+  for (uint32_t i = 0; outs && i < e->nresults; i++) kiln_buffer_free(outs[i]);
+  kiln_free(in);
+  kiln_free(outs);
+  kiln_loaded_destroy(l);
+  kiln_backend_destroy(be);
+  kiln_executable_destroy(e);
+  return rc;
+}
+
+static int run_interp(bench *b, kiln_status *st) {
+  int rc = 0;
+  for (long i = 0; i < b->warmup + b->iters && rc == 0; i++) {
+    kiln_literal *out = NULL;
+    double t0 = now_us();
+    rc = kiln_interp_run(b->m, (const kiln_literal *const *)b->args, b->nargs, NULL, &out, st);
+    if (i >= b->warmup) b->us[i - b->warmup] = now_us() - t0;
+    kiln_literal_destroy(out);
+  }
+  return rc;
+}
+
+static void print_json(const bench *b, const char *backend, const kiln_compile_options *co) {
+  qsort(b->us, (size_t)b->iters, sizeof *b->us, cmp_double);
+  long n = b->iters;
+  double median = n % 2 ? b->us[n / 2] : (b->us[n / 2 - 1] + b->us[n / 2]) / 2;
+  long p90 = (n * 9 + 9) / 10 - 1; /* ceil(0.9 n) - 1 */
+  printf("{\"file\": ");
+  json_string(b->file);
+  printf(", \"backend\": \"%s\"", backend);
+  bool cpu = strcmp(backend, "cpu") == 0;
+  if (cpu) {
+    printf(", \"target\": ");
+    json_string(co->target ? co->target : "cpu");
+    printf(", \"opt_level\": %d", co->opt_level);
+  }
+  printf(", \"iters\": %ld, \"warmup\": %ld, \"mode\": \"%s\"", b->iters, b->warmup,
+         !cpu ? "interpreter" : b->buffers ? "buffers" : "literals");
+  if (cpu) {
+    const kiln_compile_report *r = &b->rep;
+    printf(", \"compile_ms\": %.3f, \"passes_ms\": {", r->total_ms);
+    for (uint32_t i = 0, k = 0; i < r->npasses; i++)
+      if (r->passes[i].ran) printf("%s\"%s\": %.3f", k++ ? ", " : "", r->passes[i].name,
+                                   r->passes[i].ms);
+    printf("}, \"verify_ms\": %.3f, \"pipeline_ms\": %.3f, \"assign_ms\": %.3f, "
+           "\"codegen_ms\": %.3f, \"cc_ms\": %.3f",
+           r->verify_ms, r->pipeline_ms, r->assign_ms, r->codegen_ms, r->cc_ms);
+  } else {
+    printf(", \"compile_ms\": 0");
+  }
+  printf(", \"run_us_median\": %.3f, \"run_us_p90\": %.3f, \"run_us_min\": %.3f", median,
+         b->us[p90], b->us[0]);
+  if (cpu)
+    printf(", \"peak_bytes\": %" PRIu64 ", \"temp_peak_bytes\": %" PRIu64
+           ", \"temp_bytes\": %" PRIu64 ", \"param_bytes\": %" PRIu64
+           ", \"output_bytes\": %" PRIu64 ", \"kernels\": %u, \"steps\": %u}\n",
+           b->param_bytes + b->output_bytes + b->rep.peak_bytes, b->rep.peak_bytes,
+           b->rep.temp_bytes, b->param_bytes, b->output_bytes, b->rep.nkernels, b->rep.nsteps);
+  else
+    printf(", \"peak_bytes\": null}\n");
+}
+
+int kiln__cmd_bench(const kiln__args *a) {
+  bench b;
+  memset(&b, 0, sizeof b);
+  b.file = a->pos[0];
+  b.iters = 20;
+  b.warmup = 1;
+  const char *backend = kiln__args_get(a, "backend");
+  if (backend == NULL) backend = "cpu";
+  if (strcmp(backend, "cpu") != 0 && strcmp(backend, "interp") != 0) {
+    fprintf(stderr, "kiln bench: unknown backend '%s' (available: cpu, interp)\n", backend);
+    return KILN_EXIT_USAGE;
+  }
+  long seed = 0;
+  int rc;
+  if ((rc = parse_count(kiln__args_get(a, "iters"), "iters", 1, &b.iters)) ||
+      (rc = parse_count(kiln__args_get(a, "warmup"), "warmup", 0, &b.warmup)) ||
+      (rc = parse_count(kiln__args_get(a, "random-args"), "random-args", 0, &seed)))
+    return rc;
+  kiln_compile_options co;
+  bool given;
+  if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;
+  if (given && strcmp(backend, "cpu") != 0) {
+    fprintf(stderr, "kiln bench: --target, --opt-level, --disable-pass and --dump-dir need "
+                    "--backend cpu\n");
+    return KILN_EXIT_USAGE;
+  }
+  if ((rc = kiln__module_load(b.file, true, &b.m))) return rc;
+  kiln_status st;
+  kiln_status_clear(&st);
+  const kiln_computation *entry = kiln_module_entry(b.m);
+  b.nargs = entry ? kiln_computation_nparams(b.m, entry) : 0;
+  b.args = kiln_calloc(b.nargs + 1, sizeof *b.args);
+  b.us = kiln_calloc((size_t)b.iters, sizeof *b.us);
+  if (b.args == NULL || b.us == NULL) {
+    rc = kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory");
+    goto out;
+  }
+  uint64_t state = (uint64_t)seed;
+  for (uint32_t i = 0; i < b.nargs && rc == 0; i++)
+    rc = kiln__arg_random(&kiln_computation_param(b.m, entry, i)->shape, &state, &b.args[i], &st);
+  if (rc == 0) rc = strcmp(backend, "cpu") == 0 ? run_cpu(&b, &co, &st) : run_interp(&b, &st);
+  if (rc == 0) print_json(&b, backend, &co);
+out:
+  if (rc) kiln__report(b.file, b.m, &st);
+  for (uint32_t i = 0; b.args && i < b.nargs; i++) kiln_literal_destroy(b.args[i]);
+  kiln_free(b.args);
+  kiln_free(b.us);
+  kiln_module_destroy(b.m);
+  return kiln__exit_code(rc);
+}

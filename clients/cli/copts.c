@@ -1,0 +1,96 @@
+/* Compiler options from the command line, shared by run, dot and bench:
+ * --target NAME, --opt-level N, --disable-pass NAME (repeatable) and
+ * --dump-dir DIR, each read only when the command's option table has it.
+ *
+ * Every value is checked against the compiler's own tables (kiln_target_find,
+ * kiln_pipeline_find) before anything is loaded, so a misspelt pass or
+ * target is a usage error that lists the valid names rather than an option
+ * the compiler would silently ignore.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "clients/cli/cli.h"
+#include "common/sbuf.h"
+#include "compiler/compile.h"
+#include "compiler/pass.h"
+
+/* Target names offered on the command line: those the compiler knows
+ * among the CPU ISA levels. */
+static const char *const cpu_targets[] = {"cpu", "cpu-x86-64", "cpu-x86-64-v2", "cpu-x86-64-v3",
+                                          "cpu-x86-64-v4"};
+
+static void list_targets(kiln_sbuf *b) {
+  int k = 0;
+  for (size_t i = 0; i < sizeof cpu_targets / sizeof cpu_targets[0]; i++) {
+    const kiln_target *t = kiln_target_find(cpu_targets[i]);
+    if (t && strcmp(t->backend, "cpu") == 0)
+      kiln_sbuf_printf(b, "%s%s", k++ ? ", " : "", cpu_targets[i]);
+  }
+}
+
+static void list_passes(kiln_sbuf *b) {
+  uint32_t n;
+  const kiln_pass *p = kiln_pipeline_passes(&n);
+  for (uint32_t i = 0; i < n; i++) kiln_sbuf_printf(b, "%s%s", i ? ", " : "", p[i].name);
+}
+
+int kiln__opt_level_parse(const char *cmd, const char *text, int *out) {
+  if (strlen(text) != 1 || text[0] < '0' || text[0] > '3') {
+    fprintf(stderr, "kiln %s: --opt-level needs a level from 0 to 3, not '%s'\n", cmd, text);
+    return KILN_EXIT_USAGE;
+  }
+  *out = text[0] - '0';
+  return KILN_EXIT_OK;
+}
+
+int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bool *given) {
+  const char *cmd = a->cmd->name;
+  kiln_compile_options_init(o);
+  *given = false;
+  kiln_sbuf names = KILN_SBUF_INIT;
+  int rc = KILN_EXIT_OK;
+  const char *target = kiln__args_get(a, "target");
+  if (target) {
+    *given = true;
+    const kiln_target *t = kiln_target_find(target);
+    if (t == NULL || strcmp(t->backend, "cpu") != 0) {
+      list_targets(&names);
+      fprintf(stderr, "kiln %s: unknown target '%s' (cpu targets: %s)\n", cmd, target,
+              kiln_sbuf_str(&names));
+      rc = KILN_EXIT_USAGE;
+      goto out;
+    }
+    o->target = target;
+  }
+  const char *level = kiln__args_get(a, "opt-level");
+  if (level) {
+    *given = true;
+    if ((rc = kiln__opt_level_parse(cmd, level, &o->opt_level))) goto out;
+  }
+  int n;
+  const char **off = kiln__args_all(a, "disable-pass", &n);
+  for (int i = 0; i < n; i++) {
+    *given = true;
+    if (kiln_pipeline_find(off[i]) == NULL) {
+      list_passes(&names);
+      fprintf(stderr, "kiln %s: unknown pass '%s' (passes: %s)\n", cmd, off[i],
+              kiln_sbuf_str(&names));
+      rc = KILN_EXIT_USAGE;
+      goto out;
+    }
+  }
+  o->disabled = off;
+  o->ndisabled = (uint32_t)n;
+  o->dump_dir = kiln__args_get(a, "dump-dir");
+  if (o->dump_dir) *given = true;
+out:
+  kiln_sbuf_free(&names);
+  return rc;
+}
+
+bool kiln__is_executable_file(const char *path, const uint8_t *head, size_t len) {
+  size_t n = strlen(path), k = strlen(KILN_EXECUTABLE_SUFFIX);
+  if (n >= k && strcmp(path + n - k, KILN_EXECUTABLE_SUFFIX) == 0) return true;
+  return head && len >= 8 && memcmp(head, KILN_EXE_MAGIC, 8) == 0;
+}
