@@ -285,6 +285,7 @@ static int apply_one(kiln_module *m, const kiln_transform *t, kiln_transform_sta
     m->comps[comp]->is_entry = true;
     m->entry = comp;
     m->entry_layout = NULL;
+    m->is_scheduled = -1; /* the new computations are in operand order, not a schedule */
     m->aliases = NULL;
     m->naliases = 0;
     m->has_aliases = false;
