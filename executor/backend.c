@@ -171,13 +171,12 @@ static int check_range(const kiln_buffer *b, size_t offset, size_t n, const void
     return kiln_status_set(st, KILN_EINVAL, "buffer", "%s: no host pointer", verb);
   if (offset > b->size || n > b->size - offset)
     return kiln_status_set(st, KILN_ERANGE, "buffer",
-                           "%s: bytes [%zu, %zu + %zu) outside a buffer of %zu bytes", verb,
-                           offset, offset, n, b->size);
+                           "%s: bytes [%zu, %zu + %zu) outside a buffer of %zu bytes", verb, offset,
+                           offset, n, b->size);
   return 0;
 }
 
-int kiln_buffer_write(kiln_buffer *b, size_t offset, const void *src, size_t n,
-                      kiln_status *st) {
+int kiln_buffer_write(kiln_buffer *b, size_t offset, const void *src, size_t n, kiln_status *st) {
   int rc = check_range(b, offset, n, src, "write", st);
   if (rc || n == 0) return rc;
   return b->device->backend->iface->buffer_write(b->device, b->mem, offset, src, n, st);
@@ -191,8 +190,7 @@ int kiln_buffer_read(const kiln_buffer *b, size_t offset, void *dst, size_t n, k
 
 /* ---- executables -------------------------------------------------------- */
 
-int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out,
-                     kiln_status *st) {
+int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out, kiln_status *st) {
   if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "load", "no result pointer");
   *out = NULL;
   if (d == NULL) return kiln_status_set(st, KILN_EINVAL, "load", "no device");
@@ -267,8 +265,8 @@ int kiln_loaded_execute(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs
       return kiln_status_set(st, KILN_EINVAL, "execute", "parameter leaf %u: no buffer", i);
     if (args[i]->device != l->device)
       return kiln_status_set(st, KILN_EINVAL, "execute",
-                             "parameter leaf %u: buffer lives on %s:%u, the executable on %s:%u",
-                             i, args[i]->device->backend->iface->name, args[i]->device->index,
+                             "parameter leaf %u: buffer lives on %s:%u, the executable on %s:%u", i,
+                             args[i]->device->backend->iface->name, args[i]->device->index,
                              iface->name, l->device->index);
     if (args[i]->size != binding_bytes(&e->params[i]))
       return kiln_status_set(st, KILN_EINVAL, "execute",

@@ -15,7 +15,9 @@
  * A loaded executable borrows its kiln_executable, which must outlive it.
  *
  * Threads: a backend may be used from several threads at once. Runs of one
- * loaded executable may overlap; each gets its own temporary memory.
+ * loaded executable may overlap; each gets its own temporary memory. A cpu
+ * backend owns worker threads: a forked child must not use its parent's
+ * backend (create a new one).
  */
 #ifndef KILN_EXECUTOR_BACKEND_H
 #define KILN_EXECUTOR_BACKEND_H
@@ -94,8 +96,7 @@ void kiln_buffer_free(kiln_buffer *b); /* NULL is a no-op */
 size_t kiln_buffer_size(const kiln_buffer *b);
 kiln_device *kiln_buffer_device(const kiln_buffer *b);
 /* Host -> device: n bytes from src into the buffer at `offset`. */
-int kiln_buffer_write(kiln_buffer *b, size_t offset, const void *src, size_t n,
-                      kiln_status *st);
+int kiln_buffer_write(kiln_buffer *b, size_t offset, const void *src, size_t n, kiln_status *st);
 /* Device -> host: n bytes at `offset` into dst. */
 int kiln_buffer_read(const kiln_buffer *b, size_t offset, void *dst, size_t n, kiln_status *st);
 
@@ -105,8 +106,7 @@ int kiln_buffer_read(const kiln_buffer *b, size_t offset, void *dst, size_t n, k
  * version, target, every slot, program and kernel reference, sizes): a
  * mismatch or a corrupt table fails with a status naming it, never a crash.
  * `e` must outlive the loaded executable. */
-int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out,
-                     kiln_status *st);
+int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out, kiln_status *st);
 void kiln_loaded_destroy(kiln_loaded *l); /* NULL is a no-op */
 const kiln_executable *kiln_loaded_executable(const kiln_loaded *l);
 

@@ -25,22 +25,22 @@ typedef struct kiln_backend_iface kiln_backend_iface;
 
 struct kiln_backend {
   const kiln_backend_iface *iface;
-  void *ctx;                 /* the implementation's backend state */
-  kiln_device *devices;      /* ndevices, created after iface->init */
+  void *ctx;            /* the implementation's backend state */
+  kiln_device *devices; /* ndevices, created after iface->init */
   uint32_t ndevices;
 };
 
 struct kiln_device {
   kiln_backend *backend;
   uint32_t index;
-  uint32_t nthreads;         /* set by device_init; 1 when the backend has no pool */
-  void *ctx;                 /* the implementation's device state */
+  uint32_t nthreads; /* set by device_init; 1 when the backend has no pool */
+  void *ctx;         /* the implementation's device state */
 };
 
 struct kiln_buffer {
   kiln_device *device;
   size_t size;
-  void *mem;                 /* implementation handle (host pointer on cpu/interp) */
+  void *mem; /* implementation handle (host pointer on cpu/interp) */
 };
 
 struct kiln_loaded {
@@ -54,15 +54,15 @@ struct kiln_loaded {
  * the shared-memory and NCCL implementations; no backend fills these slots
  * yet. */
 typedef struct kiln_collective {
-  kiln_opcode op;               /* KILN_OP_ALL_REDUCE, ... */
+  kiln_opcode op; /* KILN_OP_ALL_REDUCE, ... */
   kiln_dtype dtype;
-  kiln_opcode reduce_op;        /* all-reduce/reduce-scatter: add, max, ... */
-  uint64_t count;               /* elements per device (send side) */
+  kiln_opcode reduce_op; /* all-reduce/reduce-scatter: add, max, ... */
+  uint64_t count;        /* elements per device (send side) */
   uint32_t ndevices;
-  kiln_device *const *devices;  /* participants, in rank order */
-  kiln_buffer *const *send;     /* one per participant */
-  kiln_buffer *const *recv;     /* one per participant */
-  const uint32_t *pairs;        /* collective-permute: (source, target) pairs */
+  kiln_device *const *devices; /* participants, in rank order */
+  kiln_buffer *const *send;    /* one per participant */
+  kiln_buffer *const *recv;    /* one per participant */
+  const uint32_t *pairs;       /* collective-permute: (source, target) pairs */
   uint32_t npairs;
 } kiln_collective;
 

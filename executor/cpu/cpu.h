@@ -2,8 +2,9 @@
  *
  * cpu_backend.c: the vtable, devices and host memory. cpu_pool.c: one fixed
  * worker pool per device. cpu_load.c: checks an executable and maps its code
- * object (memfd + dlopen). cpu_run.c: binds parameters and outputs and
- * interprets the step programs. cpu_gemm.c: GEMM steps through OpenBLAS,
+ * object (memfd + dlopen). cpu_run.c: resolves slots and interprets the
+ * step programs. cpu_bind.c: host literals to and from the bindings
+ * (layouts, tuples, donation). cpu_gemm.c: GEMM steps through OpenBLAS,
  * split over the pool.
  */
 #ifndef KILN_EXECUTOR_CPU_CPU_H
@@ -46,9 +47,9 @@ typedef struct kiln__cpu_device {
 typedef struct kiln__cpu_loaded {
   const kiln_executable *exe;
   kiln__cpu_device *dev;
-  void *dl;                   /* dlopen handle; NULL when there is no code */
-  int memfd;                  /* kept open while loaded (see cpu_load.c); -1 when none */
-  kiln_kernel_fn *kernels;    /* nkernels resolved entry points */
+  void *dl;                /* dlopen handle; NULL when there is no code */
+  int memfd;               /* kept open while loaded (see cpu_load.c); -1 when none */
+  kiln_kernel_fn *kernels; /* nkernels resolved entry points */
   /* Per kernel: measured nanoseconds per 1024 iterations (0: not yet
    * measured), used to decide whether a launch is worth splitting. */
   _Atomic uint64_t *kernel_cost;
@@ -56,7 +57,7 @@ typedef struct kiln__cpu_loaded {
    * vector (all steps' slot pointers, laid out once per run). */
   uint64_t **argv_base;
   uint64_t nargv;
-  uint32_t *leaf_base;        /* nparams: first flattened leaf of parameter p */
+  uint32_t *leaf_base; /* nparams: first flattened leaf of parameter p */
   /* Per parameter leaf: a result is bound to its slot (input_output_alias
    * donation), so the program may write it. The literal API copies such a
    * leaf first; the buffer API writes the caller's buffer. */

@@ -45,8 +45,8 @@ static int env_count(const char *name, uint32_t max, uint32_t *out, kiln_status 
   errno = 0;
   unsigned long v = strtoul(s, &end, 10);
   if (errno || *end || v == 0 || v > max || s[0] == '-')
-    return kiln_status_set(st, KILN_EINVAL, "cpu", "%s=%.32s: expected an integer in [1, %u]",
-                           name, s, max);
+    return kiln_status_set(st, KILN_EINVAL, "cpu", "%s=%.32s: expected an integer in [1, %u]", name,
+                           s, max);
   *out = (uint32_t)v;
   return 0;
 }
@@ -138,8 +138,8 @@ static int kiln_cpu_buffer_write(kiln_device *d, void *mem, size_t offset, const
   return 0;
 }
 
-static int kiln_cpu_buffer_read(kiln_device *d, const void *mem, size_t offset, void *dst,
-                                size_t n, kiln_status *st) {
+static int kiln_cpu_buffer_read(kiln_device *d, const void *mem, size_t offset, void *dst, size_t n,
+                                kiln_status *st) {
   memcpy(dst, (const char *)mem + offset, n);
   return 0;
 }

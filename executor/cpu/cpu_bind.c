@@ -97,8 +97,9 @@ static int bind_params(const kiln__cpu_loaded *l, const kiln_literal *const *arg
     const kiln_shape *bs = &e->params[i].shape;
     size_t bytes = (size_t)kiln_shape_bytes(bs);
     if (leaf->nbytes < bytes || (bytes > 0 && leaf->data == NULL)) {
-      rc = kiln_status_set(st, KILN_EINVAL, "run", "parameter leaf %u: %zu bytes of data, %zu needed",
-                           i, leaf->nbytes, bytes);
+      rc = kiln_status_set(st, KILN_EINVAL, "run",
+                           "parameter leaf %u: %zu bytes of data, %zu needed", i, leaf->nbytes,
+                           bytes);
     } else if (leaf->dynamic_sizes) {
       for (uint32_t d = 0; d < bs->rank && rc == 0; d++)
         if (leaf->dynamic_sizes[d] != bs->dims[d])
@@ -113,8 +114,8 @@ static int bind_params(const kiln__cpu_loaded *l, const kiln_literal *const *arg
     void *raw;
     void *t = kiln__cpu_aligned_alloc(bytes, &raw);
     if (t == NULL) {
-      rc = kiln_status_set(st, KILN_ENOMEM, "run", "out of memory relayouting parameter leaf %u",
-                           i);
+      rc =
+          kiln_status_set(st, KILN_ENOMEM, "run", "out of memory relayouting parameter leaf %u", i);
       break;
     }
     temps[i] = raw;

@@ -11,16 +11,16 @@
 
 #include "executor/cpu/cpu.h"
 
-#define INLINE_FLOPS 2.0e6     /* below this, one thread does it all */
-#define MIN_BLOCK 32           /* rows or columns per piece, at least */
+#define INLINE_FLOPS 2.0e6 /* below this, one thread does it all */
+#define MIN_BLOCK 32       /* rows or columns per piece, at least */
 
 typedef struct gemm_job {
   const kiln_gemm *g;
   const char *a, *b;
   char *c;
   size_t esize;
-  int64_t batches_per;         /* batches per chunk when splitting batches */
-  int64_t nparts, block;       /* pieces per batch and their size along m or n */
+  int64_t batches_per;   /* batches per chunk when splitting batches */
+  int64_t nparts, block; /* pieces per batch and their size along m or n */
   bool split_n;
 } gemm_job;
 
@@ -83,8 +83,13 @@ static void gemm_chunk(void *ctx, uint64_t chunk) {
 void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
                     void *c) {
   if (g->batch == 0 || g->m == 0 || g->n == 0) return;
-  gemm_job j = {.g = g, .a = a, .b = b, .c = c, .esize = kiln_dtype_size(g->dtype),
-                .batches_per = 1, .nparts = 1};
+  gemm_job j = {.g = g,
+                .a = a,
+                .b = b,
+                .c = c,
+                .esize = kiln_dtype_size(g->dtype),
+                .batches_per = 1,
+                .nparts = 1};
   int64_t threads = kiln__cpu_pool_threads(pool);
   double flops = 2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
   if (threads == 1 || flops < INLINE_FLOPS) {

@@ -29,9 +29,9 @@
 #include "compiler/pass.h"
 #include "executor/cpu/cpu.h"
 
-#define MAX_NESTING 64         /* programs inside programs (while in while ...) */
-#define MAX_SHAPE_DEPTH 64     /* tuple nesting of entry shapes */
-#define MAX_STEP_ARGS 65536u   /* slot ids per step */
+#define MAX_NESTING 64       /* programs inside programs (while in while ...) */
+#define MAX_SHAPE_DEPTH 64   /* tuple nesting of entry shapes */
+#define MAX_STEP_ARGS 65536u /* slot ids per step */
 #define MAX_KERNELS (1u << 20)
 #define MAX_CODE_BYTES (UINT64_C(1) << 30)
 
@@ -54,14 +54,14 @@ static int check_array_shape(const kiln_shape *s, const char *what, uint32_t i, 
   if (s->layout) {
     const kiln_layout *l = s->layout;
     if (l->rank != s->rank || (l->rank > 0 && l->minor_to_major == NULL))
-      return kiln_status_set(st, KILN_EINVAL, "load", "%s %u: layout of rank %u for rank %u",
-                             what, i, l->rank, s->rank);
+      return kiln_status_set(st, KILN_EINVAL, "load", "%s %u: layout of rank %u for rank %u", what,
+                             i, l->rank, s->rank);
     uint64_t seen = 0;
     for (uint32_t d = 0; d < l->rank; d++) {
       int64_t v = l->minor_to_major[d];
       if (v < 0 || v >= (int64_t)s->rank || s->rank > 64 || (seen >> v & 1))
-        return kiln_status_set(st, KILN_EINVAL, "load", "%s %u: layout is not a permutation",
-                               what, i);
+        return kiln_status_set(st, KILN_EINVAL, "load", "%s %u: layout is not a permutation", what,
+                               i);
       seen |= UINT64_C(1) << v;
     }
   }
@@ -105,10 +105,9 @@ static int check_bindings(const kiln_binding *b, uint32_t n, uint64_t leaves, co
                              what, i, b[i].slot, e->nslots);
     uint64_t bytes = (uint64_t)kiln_shape_bytes(&b[i].shape);
     if (e->slots[b[i].slot].size != bytes)
-      return kiln_status_set(st, KILN_EINVAL, "load",
-                             "%s %u: slot %u has %llu bytes, the binding's shape %llu", what, i,
-                             b[i].slot, (unsigned long long)e->slots[b[i].slot].size,
-                             (unsigned long long)bytes);
+      return kiln_status_set(
+          st, KILN_EINVAL, "load", "%s %u: slot %u has %llu bytes, the binding's shape %llu", what,
+          i, b[i].slot, (unsigned long long)e->slots[b[i].slot].size, (unsigned long long)bytes);
   }
   return 0;
 }
@@ -128,7 +127,8 @@ static int check_signature(const kiln_executable *e, kiln__cpu_loaded *l, kiln_a
     return kiln_status_set(st, KILN_EINVAL, "load", "%u parameter shapes missing", e->nparams);
   l->leaf_base = kiln_arena_calloc(a, e->nparams + 1, sizeof *l->leaf_base);
   l->donated = kiln_arena_calloc(a, (size_t)e->nparam_leaves + 1, sizeof *l->donated);
-  if (l->leaf_base == NULL || l->donated == NULL) return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
+  if (l->leaf_base == NULL || l->donated == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
   uint64_t leaves = 0;
   for (uint32_t p = 0; p < e->nparams; p++) {
     l->leaf_base[p] = (uint32_t)leaves;
@@ -193,8 +193,8 @@ static int check_slots(const kiln_executable *e, kiln_status *st) {
     case KILN_SLOT_PARAM:
       /* Leaf and size are checked against the bindings below. */
       if (s->index >= e->nparams)
-        return kiln_status_set(st, KILN_EINVAL, "load", "slot %u: parameter %u of %u", i,
-                               s->index, e->nparams);
+        return kiln_status_set(st, KILN_EINVAL, "load", "slot %u: parameter %u of %u", i, s->index,
+                               e->nparams);
       break;
     case KILN_SLOT_OUTPUT:
       if (s->index >= e->nresults)
@@ -209,8 +209,7 @@ static int check_slots(const kiln_executable *e, kiln_status *st) {
 }
 
 /* PARAM and OUTPUT slots against the bindings (after check_signature). */
-static int check_slot_bindings(const kiln_executable *e, kiln__cpu_loaded *l,
-                               kiln_status *st) {
+static int check_slot_bindings(const kiln_executable *e, kiln__cpu_loaded *l, kiln_status *st) {
   for (uint32_t i = 0; i < e->nslots; i++) {
     const kiln_slot *s = &e->slots[i];
     const kiln_binding *b = NULL;
@@ -273,8 +272,7 @@ static int check_gemm(const kiln_executable *e, const kiln__cpu_loaded *l, const
   if (g->batch < 0 || g->m < 0 || g->n < 0 || g->k < 0 || g->m > INT_MAX || g->n > INT_MAX ||
       g->k > INT_MAX)
     return kiln_status_set(st, KILN_EINVAL, w, "gemm batch %lld, m %lld, n %lld, k %lld",
-                           (long long)g->batch, (long long)g->m, (long long)g->n,
-                           (long long)g->k);
+                           (long long)g->batch, (long long)g->m, (long long)g->n, (long long)g->k);
   int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
   int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
   struct {
@@ -287,10 +285,9 @@ static int check_gemm(const kiln_executable *e, const kiln__cpu_loaded *l, const
   for (int i = 0; i < 3; i++) {
     int64_t minld = mats[i].cols > 1 ? mats[i].cols : 1;
     if (mats[i].ld < minld || mats[i].ld > INT_MAX || mats[i].stride < 0)
-      return kiln_status_set(st, KILN_EINVAL, w,
-                             "gemm %s: leading dimension %lld (at least %lld), stride %lld",
-                             mats[i].name, (long long)mats[i].ld, (long long)minld,
-                             (long long)mats[i].stride);
+      return kiln_status_set(
+          st, KILN_EINVAL, w, "gemm %s: leading dimension %lld (at least %lld), stride %lld",
+          mats[i].name, (long long)mats[i].ld, (long long)minld, (long long)mats[i].stride);
     uint64_t span, bytes;
     if (!gemm_span(g->batch, mats[i].rows, mats[i].cols, mats[i].ld, mats[i].stride, &span) ||
         __builtin_mul_overflow(span, (uint64_t)esize, &bytes))
@@ -320,8 +317,8 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
     return kiln_status_set(st, KILN_EINVAL, w, "%u sub-programs missing", s->nsub);
   for (uint32_t i = 0; i < s->nargs; i++)
     if (s->args[i] >= e->nslots)
-      return kiln_status_set(st, KILN_EINVAL, w, "argument %u: slot %u out of range (%u slots)",
-                             i, s->args[i], e->nslots);
+      return kiln_status_set(st, KILN_EINVAL, w, "argument %u: slot %u out of range (%u slots)", i,
+                             s->args[i], e->nslots);
   for (uint32_t i = 0; i < s->nsub; i++)
     if (s->sub[i] >= e->nprograms)
       return kiln_status_set(st, KILN_EINVAL, w, "sub-program %u out of range (%u programs)",
@@ -350,8 +347,8 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
   case KILN_STEP_WHILE:
     if (s->nsub != 2 || s->nargs < 1)
       return kiln_status_set(st, KILN_EINVAL, w,
-                             "while takes 2 programs and a predicate slot, has %u and %u",
-                             s->nsub, s->nargs);
+                             "while takes 2 programs and a predicate slot, has %u and %u", s->nsub,
+                             s->nargs);
     if (e->slots[s->args[0]].size < 1)
       return kiln_status_set(st, KILN_EINVAL, w, "while predicate slot %u is empty", s->args[0]);
     return 0;
@@ -474,10 +471,9 @@ static int check_header(const kiln__cpu_device *dev, const kiln_executable *e, k
                            "executable compiled for %s (-march=%s), which this host's CPU lacks",
                            t->name, t->march);
   if (e->temp_bytes > dev->max_temp_bytes)
-    return kiln_status_set(st, KILN_ELIMIT, "load",
-                           "executable needs a %llu-byte temporary arena, the limit is %llu",
-                           (unsigned long long)e->temp_bytes,
-                           (unsigned long long)dev->max_temp_bytes);
+    return kiln_status_set(
+        st, KILN_ELIMIT, "load", "executable needs a %llu-byte temporary arena, the limit is %llu",
+        (unsigned long long)e->temp_bytes, (unsigned long long)dev->max_temp_bytes);
   return 0;
 }
 
@@ -537,12 +533,10 @@ static int check_elf(const uint8_t *code, uint64_t n, kiln_status *st) {
   return 0;
 }
 
-static int map_code(kiln__cpu_loaded *l, const kiln_executable *e, kiln_arena *a,
-                    kiln_status *st) {
+static int map_code(kiln__cpu_loaded *l, const kiln_executable *e, kiln_arena *a, kiln_status *st) {
   if (e->nkernels == 0) return 0; /* nothing to map: copies and GEMMs only */
   if (e->code == NULL || e->ncode == 0)
-    return kiln_status_set(st, KILN_EINVAL, "load", "%u kernels but no code object",
-                           e->nkernels);
+    return kiln_status_set(st, KILN_EINVAL, "load", "%u kernels but no code object", e->nkernels);
   if (e->ncode > MAX_CODE_BYTES)
     return kiln_status_set(st, KILN_ELIMIT, "load", "code object of %llu bytes",
                            (unsigned long long)e->ncode);

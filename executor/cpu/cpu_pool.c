@@ -30,21 +30,21 @@ typedef struct job {
   kiln__cpu_task_fn fn;
   void *ctx;
   uint64_t nchunks;
-  uint64_t next;     /* next chunk to claim (under the mutex) */
-  uint64_t ndone;    /* finished chunks (under the mutex) */
-  struct job *link;  /* queue order */
+  uint64_t next;    /* next chunk to claim (under the mutex) */
+  uint64_t ndone;   /* finished chunks (under the mutex) */
+  struct job *link; /* queue order */
 } job;
 
 struct kiln__cpu_pool {
   pthread_mutex_t mu;
-  pthread_cond_t work;   /* a job was queued, or stop */
-  pthread_cond_t done;   /* some job finished its last chunk */
+  pthread_cond_t work; /* a job was queued, or stop */
+  pthread_cond_t done; /* some job finished its last chunk */
   job *head, *tail;
-  _Atomic uint32_t queued;  /* jobs in the queue; read without the mutex by spinners */
+  _Atomic uint32_t queued; /* jobs in the queue; read without the mutex by spinners */
   _Atomic bool stop;
-  uint32_t sleeping;        /* workers waiting on `work` (under the mutex) */
-  uint32_t nthreads;     /* workers + the submitting thread */
-  uint32_t nworkers;     /* threads actually started */
+  uint32_t sleeping; /* workers waiting on `work` (under the mutex) */
+  uint32_t nthreads; /* workers + the submitting thread */
+  uint32_t nworkers; /* threads actually started */
   pthread_t *workers;
 };
 

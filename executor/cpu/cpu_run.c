@@ -22,17 +22,17 @@
 #include "executor/cpu/cpu.h"
 
 #define DEFAULT_MAX_ITERATIONS UINT64_C(1000000000)
-#define PROBE_ITERATIONS 256      /* timed inline on a kernel's first launch */
-#define INLINE_NS 20000.0         /* less work than this stays on the caller */
-#define CHUNK_NS 25000.0          /* target work per chunk when splitting */
+#define PROBE_ITERATIONS 256 /* timed inline on a kernel's first launch */
+#define INLINE_NS 20000.0    /* less work than this stays on the caller */
+#define CHUNK_NS 25000.0     /* target work per chunk when splitting */
 #define COPY_SPLIT_BYTES (UINT64_C(8) << 20)
 
 typedef struct run_ctx {
   kiln__cpu_loaded *l;
-  void **slot;                   /* nslots addresses */
-  void **argv;                   /* l->nargv step arguments */
+  void **slot; /* nslots addresses */
+  void **argv; /* l->nargv step arguments */
   uint64_t max_iterations;
-  double deadline;               /* monotonic seconds; 0: none */
+  double deadline; /* monotonic seconds; 0: none */
   kiln_status *st;
 } run_ctx;
 
@@ -89,8 +89,8 @@ static void run_kernel(run_ctx *r, const kiln_step *s, void *const *bufs) {
   if (nchunks < fewest) nchunks = fewest;
   int64_t n = range - begin, chunks = (int64_t)nchunks;
   if (chunks > n) chunks = n;
-  launch k = {.fn = fn, .bufs = bufs, .begin = begin, .chunk = (n + chunks - 1) / chunks,
-              .end = range};
+  launch k = {
+      .fn = fn, .bufs = bufs, .begin = begin, .chunk = (n + chunks - 1) / chunks, .end = range};
   /* Whole multiples of 64 iterations, so that neighbouring chunks of an
    * elementwise kernel do not write the same cache line. */
   if (k.chunk > 256) k.chunk = (k.chunk + 63) & ~(int64_t)63;
@@ -236,13 +236,12 @@ int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *r
   if ((arena == NULL && e->temp_bytes > 0) || slot == NULL) {
     give_arena(l, raw_arena);
     kiln_free(slot);
-    return kiln_status_set(st, KILN_ENOMEM, "run",
-                           "out of memory for a %llu-byte temporary arena",
+    return kiln_status_set(st, KILN_ENOMEM, "run", "out of memory for a %llu-byte temporary arena",
                            (unsigned long long)e->temp_bytes);
   }
   run_ctx r = {.l = l, .slot = slot, .argv = slot + e->nslots, .st = st};
-  r.max_iterations = opts->max_while_iterations ? opts->max_while_iterations
-                                                : DEFAULT_MAX_ITERATIONS;
+  r.max_iterations =
+      opts->max_while_iterations ? opts->max_while_iterations : DEFAULT_MAX_ITERATIONS;
   if (opts->timeout_seconds > 0) r.deadline = now_seconds() + opts->timeout_seconds;
   resolve_slots(l, arena, params, results, slot);
   for (uint32_t p = 0; p < e->nprograms; p++)

@@ -165,8 +165,8 @@ START_TEST(test_buffers_out_of_memory) {
   for (long n = 1; n <= 6; n++) {
     kiln_alloc_fail_after(n);
     kiln_status_clear(&st);
-    int rc = kiln_backend_create("cpu", &(kiln_backend_options){.ndevices = 2, .threads_per_device = 2},
-                                 &b, &st);
+    int rc = kiln_backend_create(
+        "cpu", &(kiln_backend_options){.ndevices = 2, .threads_per_device = 2}, &b, &st);
     kiln_alloc_fail_after(0);
     if (rc == 0) {
       kiln_backend_destroy(b);
@@ -258,9 +258,9 @@ START_TEST(test_forwarders_refuse_nulls) {
   ck_assert_ptr_null(l);
   ck_assert_str_eq(st.msg, "no executable");
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_device_run_module(kiln_backend_device(b, 0), NULL, NULL, 0, NULL, &out,
-                                          &st),
-                   KILN_EINVAL);
+  ck_assert_int_eq(
+      kiln_device_run_module(kiln_backend_device(b, 0), NULL, NULL, 0, NULL, &out, &st),
+      KILN_EINVAL);
   ck_assert_str_eq(st.msg, "no module");
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_device_synchronize(NULL, &st), KILN_EINVAL);

@@ -127,8 +127,8 @@ static void compare(const kiln_literal *want, const kiln_literal *got, const cha
       if ((fabs(ar - br) <= tol || (isnan(ar) && isnan(br))) &&
           (fabs(ai - bi) <= tol || (isnan(ai) && isnan(bi))))
         continue;
-      kiln_sbuf_printf(why, "%s[%lld]: interp (%g, %g), cpu (%g, %g)", path, (long long)i, ar,
-                       ai, br, bi);
+      kiln_sbuf_printf(why, "%s[%lld]: interp (%g, %g), cpu (%g, %g)", path, (long long)i, ar, ai,
+                       br, bi);
       return;
     }
     if (kiln_literal_get_u64(want, i) != kiln_literal_get_u64(got, i)) {
@@ -285,15 +285,16 @@ START_TEST(test_reduce) {
 END_TEST
 
 START_TEST(test_control_flow) {
-  agree("HloModule m\ncond {\n  s = (s32[], f32[8]) parameter(0)\n"
-        "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(10)\n"
-        "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
-        "body {\n  s = (s32[], f32[8]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
-        "  v = f32[8] get-tuple-element(s), index=1\n  one = s32[] constant(1)\n"
-        "  j = s32[] add(i, one)\n  w = f32[8] add(v, v)\n  ROOT t = (s32[], f32[8]) tuple(j, w)\n}\n"
-        "ENTRY e {\n  v = f32[8] parameter(0)\n  z = s32[] constant(0)\n"
-        "  t = (s32[], f32[8]) tuple(z, v)\n"
-        "  ROOT w = (s32[], f32[8]) while(t), condition=cond, body=body\n}\n");
+  agree(
+      "HloModule m\ncond {\n  s = (s32[], f32[8]) parameter(0)\n"
+      "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(10)\n"
+      "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
+      "body {\n  s = (s32[], f32[8]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
+      "  v = f32[8] get-tuple-element(s), index=1\n  one = s32[] constant(1)\n"
+      "  j = s32[] add(i, one)\n  w = f32[8] add(v, v)\n  ROOT t = (s32[], f32[8]) tuple(j, w)\n}\n"
+      "ENTRY e {\n  v = f32[8] parameter(0)\n  z = s32[] constant(0)\n"
+      "  t = (s32[], f32[8]) tuple(z, v)\n"
+      "  ROOT w = (s32[], f32[8]) while(t), condition=cond, body=body\n}\n");
   agree("HloModule m\nt {\n  x = f32[4] parameter(0)\n  ROOT y = f32[4] negate(x)\n}\n"
         "f {\n  x = f32[4] parameter(0)\n  ROOT y = f32[4] exponential(x)\n}\n"
         "ENTRY e {\n  p = pred[] parameter(0)\n  a = f32[4] parameter(1)\n"

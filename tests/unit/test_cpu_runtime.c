@@ -66,11 +66,10 @@ static const char kernels_src[] =
     "  float *x = b[0]; for (int64_t i = lo; i < hi; i++) x[i] *= 3;\n}\n";
 #define NKERNELS 10
 
-static const char mul_src[] =
-    "#include <stdint.h>\n"
-    "void kiln_kernel_0(void *const *b, int64_t lo, int64_t hi) {\n"
-    "  const float *x = b[0], *y = b[1]; float *z = b[2];\n"
-    "  for (int64_t i = lo; i < hi; i++) z[i] = x[i] * y[i];\n}\n";
+static const char mul_src[] = "#include <stdint.h>\n"
+                              "void kiln_kernel_0(void *const *b, int64_t lo, int64_t hi) {\n"
+                              "  const float *x = b[0], *y = b[1]; float *z = b[2];\n"
+                              "  for (int64_t i = lo; i < hi; i++) z[i] = x[i] * y[i];\n}\n";
 
 static uint8_t *g_code, *g_code_mul;
 static size_t g_ncode, g_ncode_mul;
@@ -145,8 +144,7 @@ static xb *xb_new(void) {
 }
 
 /* An array shape in the executable's arena; m2m NULL for the default layout. */
-static kiln_shape shp(xb *b, kiln_dtype t, uint32_t rank, const int64_t *dims,
-                      const int64_t *m2m) {
+static kiln_shape shp(xb *b, kiln_dtype t, uint32_t rank, const int64_t *dims, const int64_t *m2m) {
   kiln_shape s;
   ck_assert_int_eq(kiln_shape_make_array(b->e->arena, &s, t, dims, rank), 0);
   if (m2m) {
@@ -259,8 +257,7 @@ static kiln_executable *finish(xb *b) {
   e->nslots = b->nslots;
   e->programs = kiln_arena_calloc(a, b->nprograms, sizeof *e->programs);
   for (uint32_t p = 0; p < b->nprograms; p++) {
-    e->programs[p].steps =
-        kiln_arena_memdup(a, b->steps[p], b->nsteps[p] * sizeof(kiln_step) + 1);
+    e->programs[p].steps = kiln_arena_memdup(a, b->steps[p], b->nsteps[p] * sizeof(kiln_step) + 1);
     e->programs[p].nsteps = b->nsteps[p];
   }
   e->nprograms = b->nprograms;
@@ -509,7 +506,7 @@ START_TEST(test_conditional_and_call) {
   ck_assert_int_eq(run_cond(e, s32(0)), 1);
   ck_assert_int_eq(run_cond(e, s32(1)), 2);
   ck_assert_int_eq(run_cond(e, s32(2)), 3);
-  ck_assert_int_eq(run_cond(e, s32(3)), 3);  /* out of range: the last */
+  ck_assert_int_eq(run_cond(e, s32(3)), 3); /* out of range: the last */
   ck_assert_int_eq(run_cond(e, s32(-1)), 3);
   ck_assert_int_eq(run_cond(e, s32(INT32_MIN)), 3);
   kiln_executable_destroy(e);
@@ -861,8 +858,15 @@ static void check_gemm(kiln_gemm g, uint32_t threads) {
 
 static kiln_gemm gemm_of(kiln_dtype t, int64_t batch, int64_t m, int64_t n, int64_t k, int ta,
                          int tb, int64_t pad) {
-  kiln_gemm g = {.dtype = t, .batch = batch, .m = m, .n = n, .k = k, .trans_a = (uint8_t)ta,
-                 .trans_b = (uint8_t)tb, .alpha = 1, .beta = 0};
+  kiln_gemm g = {.dtype = t,
+                 .batch = batch,
+                 .m = m,
+                 .n = n,
+                 .k = k,
+                 .trans_a = (uint8_t)ta,
+                 .trans_b = (uint8_t)tb,
+                 .alpha = 1,
+                 .beta = 0};
   g.lda = (ta ? m : k) + pad;
   g.ldb = (tb ? k : n) + pad;
   g.ldc = n + pad;
@@ -878,7 +882,7 @@ START_TEST(test_gemm_shapes) {
     for (int ta = 0; ta < 2; ta++)
       for (int tb = 0; tb < 2; tb++) {
         check_gemm(gemm_of(types[t], 1, 5, 7, 3, ta, tb, 0), 1);
-        check_gemm(gemm_of(types[t], 3, 4, 6, 5, ta, tb, 2), 1); /* batches, padded lds */
+        check_gemm(gemm_of(types[t], 3, 4, 6, 5, ta, tb, 2), 1);     /* batches, padded lds */
         check_gemm(gemm_of(types[t], 2, 130, 70, 60, ta, tb, 1), 3); /* split over rows */
         check_gemm(gemm_of(types[t], 1, 40, 300, 50, ta, tb, 0), 4); /* split over columns */
         check_gemm(gemm_of(types[t], 9, 33, 31, 40, ta, tb, 3), 2);  /* split over batches */
@@ -906,14 +910,14 @@ END_TEST
 /* ---- hostile executables ------------------------------------------------- */
 
 /* A fresh valid add executable to break in one place. */
-#define BREAK(stmt, code, message)                                                                 \
-  do {                                                                                             \
-    kiln_executable *e_ = add_exe(8);                                                              \
-    kiln_executable *e = e_;                                                                       \
-    stmt;                                                                                          \
-    ck_assert_int_eq(load_rc(e, UINT64_C(1) << 30), code);                                         \
-    ck_assert_msg(strncmp(st.msg, message, strlen(message)) == 0, "message: %s", st.msg);          \
-    kiln_executable_destroy(e_);                                                                   \
+#define BREAK(stmt, code, message) \
+  do { \
+    kiln_executable *e_ = add_exe(8); \
+    kiln_executable *e = e_; \
+    stmt; \
+    ck_assert_int_eq(load_rc(e, UINT64_C(1) << 30), code); \
+    ck_assert_msg(strncmp(st.msg, message, strlen(message)) == 0, "message: %s", st.msg); \
+    kiln_executable_destroy(e_); \
   } while (0)
 
 START_TEST(test_hostile_header_and_code) {
@@ -948,16 +952,16 @@ START_TEST(test_hostile_tables) {
         "argument 1: slot 99 out of range (3 slots)");
   BREAK(e->programs[0].steps[0].kernel = 10, KILN_EINVAL, "kernel 10 out of range (10 kernels)");
   BREAK(e->programs[0].steps[0].kind = (kiln_step_kind)17, KILN_EINVAL, "unknown step kind 17");
-  BREAK(e->programs[0].steps[0].sub[0] = 3; e->programs[0].steps[0].nsub = 1, KILN_EINVAL,
-        "sub-program 3 out of range (1 programs)");
+  BREAK(e->programs[0].steps[0].sub[0] = 3;
+        e->programs[0].steps[0].nsub = 1, KILN_EINVAL, "sub-program 3 out of range (1 programs)");
   BREAK(e->nprograms = 0, KILN_EINVAL, "no entry program");
   BREAK(e->slots[2].index = 5, KILN_EINVAL, "slot 2: result leaf 5 of 1");
   BREAK(e->slots[0].index = 2, KILN_EINVAL, "slot 0: parameter 2 of 2");
   BREAK(e->slots[0].leaf = 1, KILN_EINVAL, "slot 0: parameter 0 has no leaf 1");
   BREAK(e->slots[2].kind = (kiln_slot_kind)9, KILN_EINVAL, "slot 2: unknown kind 9");
   BREAK(e->slots[2].size = 4, KILN_EINVAL, "result 0: slot 2 has 4 bytes, the binding's shape 32");
-  BREAK(e->slots[2] = ((kiln_slot){KILN_SLOT_TEMP, 0, 0, 8, 32}); e->temp_bytes = 16, KILN_EINVAL,
-        "slot 2: bytes [8, +32) outside the 16-byte arena");
+  BREAK(e->slots[2] = ((kiln_slot){KILN_SLOT_TEMP, 0, 0, 8, 32});
+        e->temp_bytes = 16, KILN_EINVAL, "slot 2: bytes [8, +32) outside the 16-byte arena");
   BREAK(e->slots[2] = ((kiln_slot){KILN_SLOT_CONSTANT, 0, 0, UINT64_MAX, 32}), KILN_EINVAL,
         "slot 2: bytes [18446744073709551615, +32) outside the 0-byte constants");
   BREAK(e->results[0].slot = 7, KILN_EINVAL, "result 0: slot 7 out of range (3 slots)");
@@ -967,8 +971,8 @@ START_TEST(test_hostile_tables) {
   BREAK(e->params[1].shape.dtype = KILN_S32, KILN_EINVAL,
         "parameter leaf 1: binding shape differs from the entry's");
   BREAK(e->params[1].shape.dims[0] = -1, KILN_EINVAL, "parameter 1: dim 0 is -1");
-  BREAK(e->result_shape.dtype = KILN_TUPLE; e->result_shape.rank = 0, KILN_EINVAL,
-        "1 result bindings for 0 leaves");
+  BREAK(e->result_shape.dtype = KILN_TUPLE;
+        e->result_shape.rank = 0, KILN_EINVAL, "1 result bindings for 0 leaves");
   BREAK(e->params = NULL, KILN_EINVAL, "parameter bindings missing");
   BREAK(e->slots = NULL, KILN_EINVAL, "3 slots missing");
   BREAK(e->programs[0].steps[0].range = UINT64_MAX, KILN_EINVAL, "range 18446744073709551615");
@@ -1093,8 +1097,8 @@ START_TEST(test_temp_limit) {
   temp(b, UINT64_C(1) << 40);
   kiln_executable *e = finish(b);
   ck_assert_int_eq(load_rc(e, UINT64_C(1) << 30), KILN_ELIMIT);
-  ck_assert_str_eq(st.msg,
-                   "executable needs a 1099511627776-byte temporary arena, the limit is 1073741824");
+  ck_assert_str_eq(
+      st.msg, "executable needs a 1099511627776-byte temporary arena, the limit is 1073741824");
   kiln_executable_destroy(e);
 }
 END_TEST
@@ -1172,10 +1176,11 @@ START_TEST(test_out_of_memory_anywhere) {
       kiln_status_clear(&st);
       kiln_alloc_fail_after(n);
       int rc = kiln_device_load(kiln_backend_device(be, 0), exes[k], &l, &st);
-      if (rc == 0) rc = kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, NULL, &res, &st);
+      if (rc == 0)
+        rc = kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, NULL, &res, &st);
       kiln_alloc_fail_after(0);
-      ck_assert_msg(rc == 0 || rc == KILN_ENOMEM, "exe %d, failing allocation %ld: %d %s", k, n,
-                    rc, st.msg);
+      ck_assert_msg(rc == 0 || rc == KILN_ENOMEM, "exe %d, failing allocation %ld: %d %s", k, n, rc,
+                    st.msg);
       succeeded = rc == 0;
       kiln_literal_destroy(res);
       kiln_loaded_destroy(l);
@@ -1206,15 +1211,15 @@ static void busy(void *ctx, uint64_t c) {
 }
 
 /* Best of `reps` timings of fn, in seconds (the machine may be shared). */
-#define BEST_OF(reps, out, body)                                                                   \
-  do {                                                                                             \
-    out = 1e30;                                                                                    \
-    for (int r_ = 0; r_ < (reps); r_++) {                                                          \
-      double t_ = now();                                                                           \
-      body;                                                                                        \
-      t_ = now() - t_;                                                                             \
-      if (t_ < out) out = t_;                                                                      \
-    }                                                                                              \
+#define BEST_OF(reps, out, body) \
+  do { \
+    out = 1e30; \
+    for (int r_ = 0; r_ < (reps); r_++) { \
+      double t_ = now(); \
+      body; \
+      t_ = now() - t_; \
+      if (t_ < out) out = t_; \
+    } \
   } while (0)
 
 START_TEST(test_overheads) {
@@ -1241,10 +1246,11 @@ START_TEST(test_overheads) {
   kiln_literal *res = NULL;
   int runs = 2000;
   double per_run, empty_run;
-  BEST_OF(10, per_run, for (int i = 0; i < runs; i++) {
-    kiln_loaded_run(l, NULL, 0, NULL, &res, &st);
-    kiln_literal_destroy(res);
-  });
+  BEST_OF(
+      10, per_run, for (int i = 0; i < runs; i++) {
+        kiln_loaded_run(l, NULL, 0, NULL, &res, &st);
+        kiln_literal_destroy(res);
+      });
   per_run /= runs;
   kiln_loaded_destroy(l);
   kiln_executable_destroy(e);
@@ -1253,10 +1259,11 @@ START_TEST(test_overheads) {
   result(b, shp(b, KILN_F32, 0, NULL, NULL));
   e = finish(b);
   ck_assert_int_eq(kiln_device_load(kiln_backend_device(be, 0), e, &l, &st), 0);
-  BEST_OF(10, empty_run, for (int i = 0; i < runs; i++) {
-    kiln_loaded_run(l, NULL, 0, NULL, &res, &st);
-    kiln_literal_destroy(res);
-  });
+  BEST_OF(
+      10, empty_run, for (int i = 0; i < runs; i++) {
+        kiln_loaded_run(l, NULL, 0, NULL, &res, &st);
+        kiln_literal_destroy(res);
+      });
   empty_run /= runs;
   kiln_loaded_destroy(l);
   kiln_executable_destroy(e);
@@ -1280,8 +1287,7 @@ START_TEST(test_overheads) {
   kiln_loaded_destroy(l);
   kiln_backend_destroy(one);
   printf("cpu runtime: add of 4M f32 (best of 20): %.2f ms on %u threads, %.2f ms on 1\n",
-         add_pool * 1e3,
-         threads, add_one * 1e3);
+         add_pool * 1e3, threads, add_one * 1e3);
   kiln_literal_destroy(x);
   kiln_literal_destroy(y);
   kiln_executable_destroy(e);
@@ -1309,17 +1315,16 @@ START_TEST(test_overheads) {
   float *cc = malloc(m * m * 4);
   int blas_threads = openblas_get_num_threads();
   BEST_OF(reps, direct1,
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1, la->data, m,
-                      lb->data, m, 0, cc, m));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1, la->data, m, lb->data,
+                      m, 0, cc, m));
   openblas_set_num_threads((int)threads);
   BEST_OF(reps, directn,
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1, la->data, m,
-                      lb->data, m, 0, cc, m));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1, la->data, m, lb->data,
+                      m, 0, cc, m));
   openblas_set_num_threads(1);
   printf("cpu runtime: gemm 512^3 f32 (best of %d): step %.2f ms (%u threads, whole run); cblas "
          "direct %.2f ms (1 thread), %.2f ms (%u OpenBLAS threads)\n",
-         reps,
-         step_s * 1e3, threads, direct1 * 1e3, directn * 1e3, threads);
+         reps, step_s * 1e3, threads, direct1 * 1e3, directn * 1e3, threads);
   ck_assert_int_eq(blas_threads, 1);
   free(cc);
   kiln_loaded_destroy(l);
