@@ -64,7 +64,9 @@ static void call_free(kilnd_call *c) {
   grpc_metadata_array_destroy(&c->md);
   if (c->method == NULL) grpc_call_details_destroy(&c->details);
   if (c->call) grpc_call_unref(c->call);
+  bool working = c->working;
   kiln_free(c);
+  if (working) atomic_fetch_sub(&srv->working, 1);
   if (arrived) atomic_fetch_sub(&srv->inflight, 1);
 }
 

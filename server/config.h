@@ -37,7 +37,7 @@ extern "C" {
   X("cpu-devices", U64, cpu_devices, "1", "CPU worker devices (1 to 256)")                   \
   X("cpu-threads", U64, cpu_threads, "0",                                                    \
     "threads per CPU device; 0 shares the cores among the devices")                          \
-  X("interp-devices", U64, interp_devices, "2",                                              \
+  X("interp-devices", U64, interp_devices, "1",                                              \
     "reference interpreter devices (1 to 256): executions of 'interp' programs at once")     \
   X("default-backend", STR, default_backend, "cpu",                                          \
     "backend for Compile requests that name none: cpu or interp (cpu falls back to interp "  \
@@ -70,6 +70,9 @@ extern "C" {
   X("run-memory-bytes", U64, run_memory_bytes, "4Gi",                                        \
     "memory one interpreter execution may hold in live values")                              \
   X("compile-timeout", SEC, compile_timeout, "120", "limit on the C compiler per Compile")  \
+  X("drain-grace", SEC, drain_grace, "1",                                                     \
+    "on SIGTERM/SIGINT, how long new calls are still served (health says NOT_SERVING at "   \
+    "once) before they are refused with UNAVAILABLE")                                        \
   X("drain-timeout", SEC, drain_timeout, "30",                                               \
     "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")        \
   X("chunk-bytes", U64, chunk_bytes, "1Mi", "GetBuffer chunk size when the request sets none")\

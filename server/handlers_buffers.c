@@ -205,6 +205,10 @@ static void get_on_sent(kilnd_tag *tag, bool ok) {
 void kilnd_handle_get_buffer(kilnd_call *c, ProtobufCMessage *req) {
   const Kiln__V1__GetBufferRequest *r = (const void *)req;
   const kilnd_config *cfg = &c->srv->cfg;
+  if (r->handle == NULL || r->handle[0] == '\0') {
+    kilnd_call_fail(c, KILN_EINVAL, "handle: required");
+    return;
+  }
   if (r->chunk_bytes < 0) {
     kilnd_call_fail(c, KILN_EINVAL, "chunk_bytes: %lld is negative", (long long)r->chunk_bytes);
     return;

@@ -133,6 +133,8 @@ static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__Execute
 
 static int resolve(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
                    kiln_status *st) {
+  if (r->executable_id == NULL || r->executable_id[0] == '\0')
+    return kiln_status_set(st, KILN_EINVAL, "executable_id", "required");
   int rc = kilnd_exes_get(c->srv->exes, r->executable_id, &es->e, st);
   if (rc) return rc;
   const kiln_module *m = es->e->module;

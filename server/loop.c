@@ -11,11 +11,14 @@
  * The list refuses posts once the loop is closing, under the same lock that
  * closing takes, so uv_async_send never touches a closed handle.
  *
- * Drain: the first signal stops the gRPC server from accepting calls
- * (grpc_server_shutdown_and_notify) and arms --drain-timeout; calls already
- * accepted run to the end. When they have all finished, gRPC completes the
- * shutdown tag and the loop closes its handles and returns. A second signal,
- * or the timer, cancels the calls still running.
+ * Drain, in two phases. The first signal makes health checks answer
+ * NOT_SERVING and, after --drain-grace (calls already on their way), the
+ * validation point refuse new work with UNAVAILABLE; it arms
+ * --drain-timeout; work already accepted runs to the end. When none is
+ * left, the gRPC server shuts down (grpc_server_shutdown_and_notify); when
+ * its shutdown tag has come and our last call is freed, the loop closes its
+ * handles and returns. A second signal, or the timer, cancels what is still
+ * running.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -143,10 +146,22 @@ static void close_loop(kilnd *srv) {
   kilnd_http_close(srv);
 }
 
+/* Phase two of the drain: gRPC stops taking calls. Calls caught between
+ * arriving and being matched at that moment are cancelled by gRPC, which
+ * is why phase one refuses new work with UNAVAILABLE first. */
+static void shutdown_grpc(kilnd *srv) {
+  if (atomic_exchange(&srv->shutdown, true)) return;
+  grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+}
+
 /* gRPC's shutdown tag says its calls are over, but a call whose caller went
  * away may still have its execution running on a device: the drain ends
  * when our own count of calls reaches zero too. */
 static void maybe_finish(kilnd *srv) {
+  if (!atomic_load(&srv->draining)) return;
+  if (atomic_load(&srv->working) == 0 &&
+      kiln_sched_now_ns() >= atomic_load(&srv->refuse_after_ns))
+    shutdown_grpc(srv);
   if (atomic_load(&srv->grpc_down) && atomic_load(&srv->inflight) == 0 &&
       atomic_load(&srv->requested) == 0)
     close_loop(srv);
@@ -168,25 +183,34 @@ static void on_give_up(uv_timer_t *h) {
   close_loop(srv);
 }
 
-static void on_drain_timeout(uv_timer_t *h) {
-  kilnd *srv = h->data;
-  kilnd_log("drain timeout: cancelling the calls still running");
+static void cancel_rest(kilnd *srv) {
+  shutdown_grpc(srv);
   grpc_server_cancel_all_calls(srv->server);
   uv_timer_start(&srv->loop->drain, on_give_up, GIVE_UP_MS, 0);
 }
 
+static void on_drain_timeout(uv_timer_t *h) {
+  kilnd *srv = h->data;
+  kilnd_log("drain timeout: cancelling the calls still running");
+  cancel_rest(srv);
+}
+
+/* Phase one: new work is refused (UNAVAILABLE) and health says
+ * NOT_SERVING while accepted work finishes; maybe_finish moves on. */
 static void begin_drain(kilnd *srv, int signum) {
-  if (atomic_exchange(&srv->draining, true)) {
+  if (atomic_load(&srv->draining)) {
     kilnd_log("signal %d again: cancelling the calls still running", signum);
-    grpc_server_cancel_all_calls(srv->server);
-    uv_timer_start(&srv->loop->drain, on_give_up, GIVE_UP_MS, 0);
+    cancel_rest(srv);
     return;
   }
-  kilnd_log("signal %d: draining (no new calls; running calls finish)", signum);
-  atomic_store(&srv->shutdown, true);
-  grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+  int64_t grace = (int64_t)(srv->cfg.drain_grace * 1e9);
+  atomic_store(&srv->refuse_after_ns, kiln_sched_now_ns() + grace);
+  kilnd_log("signal %d: draining (new calls refused after %.3g s; running calls finish)", signum,
+            srv->cfg.drain_grace);
+  atomic_store(&srv->draining, true);
   uint64_t ms = (uint64_t)(srv->cfg.drain_timeout * 1000.0);
   uv_timer_start(&srv->loop->drain, on_drain_timeout, ms ? ms : 1, 0);
+  maybe_finish(srv);
 }
 
 static void on_signal(uv_signal_t *h, int signum) { begin_drain(h->data, signum); }

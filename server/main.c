@@ -30,6 +30,7 @@
 extern char **environ;
 
 #define KILND_VERSION "0.1.0"
+#define REQUESTS_PER_METHOD 64
 
 void kilnd_log(const char *fmt, ...) {
   char buf[1024];
@@ -169,9 +170,13 @@ static int serve(kilnd *srv, kiln_status *st) {
   int rc = start_parts(srv, st);
   if (rc == 0) rc = start_grpc(srv, st);
   if (rc == 0) {
+    /* Calls that arrive while no request of theirs is pending wait inside
+     * gRPC, and those still waiting when a drain begins are cancelled by
+     * it: keep enough requested that a burst is matched at once. */
     const kilnd_method *m = kilnd_methods();
-    for (int i = 0; i < KILND_M_COUNT; i++) kilnd_call_request(srv, &m[i]);
-    kilnd_call_request(srv, NULL);
+    for (int i = 0; i < KILND_M_COUNT; i++)
+      for (int k = 0; k < REQUESTS_PER_METHOD; k++) kilnd_call_request(srv, &m[i]);
+    for (int k = 0; k < 4; k++) kilnd_call_request(srv, NULL);
     for (; nthreads < srv->cfg.cq_threads; nthreads++)
       if (pthread_create(&threads[nthreads], NULL, cq_thread, srv) != 0) break;
     if (nthreads == 0) rc = kiln_status_set(st, KILN_EINTERNAL, "cq-threads", "no thread started");

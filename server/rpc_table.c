@@ -16,6 +16,7 @@
 #include <grpc/support/alloc.h>
 
 #include "common/alloc.h"
+#include "executor/scheduler.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/server.h"
@@ -127,11 +128,19 @@ int kilnd_rpc_unpack(kilnd_call *c, grpc_byte_buffer *bb, const ProtobufCMessage
 
 /* ---- the validation point ------------------------------------------------------------ */
 
+/* A call refused here never counts as work the drain waits for. */
+
 void kilnd_rpc_dispatch(kilnd_call *c) {
   const kilnd_method *m = c->method;
   kiln_status st;
   kiln_status_clear(&st);
   int rc = identify(c, &st);
+  /* Draining: after the grace period (for calls that were on their way
+   * when the signal came) new work is refused while the work already
+   * accepted finishes; health checks are still answered (NOT_SERVING). */
+  if (rc == 0 && atomic_load(&c->srv->draining) && m->id != KILND_M_HEALTH_CHECK &&
+      kiln_sched_now_ns() >= atomic_load(&c->srv->refuse_after_ns))
+    rc = kiln_status_set(&st, KILN_EUNAVAIL, m->name, "the server is draining");
   if (rc == 0 && kilnd_call_expired(c, &rc))
     kiln_status_set(&st, rc, m->name, "the call's deadline passed before it was served");
   if (rc == 0 && m->kind != KILND_CLIENT_STREAM) {
@@ -148,5 +157,7 @@ void kilnd_rpc_dispatch(kilnd_call *c) {
     kilnd_call_finish(c, NULL, rc, &st);
     return;
   }
+  c->working = true;
+  atomic_fetch_add(&c->srv->working, 1);
   m->handler(c, c->req);
 }

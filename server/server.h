@@ -124,6 +124,8 @@ struct kilnd_call {
   void *state;
   void (*state_free)(kilnd_call *c);
 
+  bool working; /* counted in kilnd.working */
+
   /* Buffer handles this call created: released if the caller went away
    * before receiving them. */
   char (*created)[33];
@@ -194,10 +196,12 @@ struct kilnd {
   kilnd_exes *exes;
   kiln_backend *cpu;   /* NULL when the build has no CPU compiler */
   atomic_bool draining;  /* SIGTERM seen: health says NOT_SERVING */
+  _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */
   atomic_bool shutdown;  /* grpc_server_shutdown_and_notify called */
   atomic_bool grpc_down; /* its shutdown tag completed */
   atomic_bool abandoned; /* exiting with executions still running */
-  atomic_int inflight;   /* calls accepted and not yet freed */
+  atomic_int inflight;   /* calls arrived and not yet freed */
+  atomic_int working;    /* of those, calls past validation (not refused) */
   atomic_int requested;  /* requested calls not yet completed */
   atomic_int compiles;   /* compiles queued or running */
   int64_t start_ns;
