@@ -186,7 +186,8 @@ int kiln__cgen_begin(kiln__cgen *g, const kiln__kernel_spec *k, kiln_sbuf *body,
 }
 
 /* Appends "void kiln_kernel_N(...) { <pointer declarations> <body> }". */
-void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *body) {
+void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *body,
+                       uint64_t range) {
   kiln_sbuf *b = &g->kernels;
   kiln_sbuf_printf(b, "void kiln_kernel_%u(void *const *bufs, int64_t begin, int64_t end) {\n",
                    g->nkernels);
@@ -198,6 +199,8 @@ void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *bo
     else
       kiln_sbuf_printf(b, "  const %s *%sb%u = (const %s *)bufs[%u];\n", t, q, a, t, a);
   }
+  /* A step never runs a kernel past its own range, whatever it is told. */
+  kiln_sbuf_printf(b, "  if (end > %lldLL) end = %lldLL;\n", (long long)range, (long long)range);
   kiln_sbuf_puts(b, body);
   kiln_sbuf_puts(b, "}\n\n");
   g->nkernels++;
@@ -346,7 +349,7 @@ int kiln__cgen_loop(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
   }
   if (rc == 0) {
     *kernel = g->nkernels;
-    kiln__cgen_finish(g, k, kiln_sbuf_str(&out));
+    kiln__cgen_finish(g, k, kiln_sbuf_str(&out), *range);
   }
   kiln_sbuf_free(&out);
   return rc;

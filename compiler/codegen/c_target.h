@@ -69,7 +69,8 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
 /* Shared by c_target.c and c_target_kernels.c. */
 int kiln__cgen_begin(kiln__cgen *g, const kiln__kernel_spec *k, kiln_sbuf *body,
                      kiln__emit_fn *f, int indent);
-void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *body);
+void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *body,
+                       uint64_t range);
 void kiln__cgen_decompose(kiln_sbuf *b, const kiln_shape *s, const char *lin, uint32_t skip_minor,
                           const char *prefix, int indent);
 

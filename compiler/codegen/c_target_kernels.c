@@ -59,7 +59,7 @@ int kiln__cgen_dus(kiln__cgen *g, const kiln__kernel_spec *k, kiln_id dus, uint3
   kiln_sbuf_puts(&out, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)kiln_shape_elements(us);
-  kiln__cgen_finish(g, k, kiln_sbuf_str(&out));
+  kiln__cgen_finish(g, k, kiln_sbuf_str(&out), *range);
 done:
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
@@ -191,7 +191,9 @@ static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spe
 static int scatter_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
                         const scat *p, uint32_t fn) {
   const kiln_shape *us = &p->upd0->shape, *as = k->out_shape[0];
-  uint32_t gl[KILN__EMIT_MAXR], wl[KILN__EMIT_MAXR], marks[2 * KILN__EMIT_MAXR], nm = 0;
+  uint32_t gl[KILN__EMIT_MAXR], wl[KILN__EMIT_MAXR], marks[2 * KILN__EMIT_MAXR + 1], nm = 0;
+  bool once = p->nus == 0; /* one update window: a loop for `continue` to leave */
+  if (once) marks[nm++] = kiln__emit_open(f, "do");
   for (uint32_t j = 0; j < p->nus; j++) {
     gl[j] = kiln__emit_newvar(f);
     marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", gl[j], gl[j],
@@ -223,7 +225,7 @@ static int scatter_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec
                                   (long long)p->wsize[p->wd[j]], wl[j]);
   }
   rc = scatter_apply(g, f, k, p, gl, wl, st, fn);
-  while (nm-- > 0) kiln__emit_close(f, marks[nm], NULL);
+  while (nm-- > 0) kiln__emit_close(f, marks[nm], once && nm == 0 ? " while (0);" : NULL);
   return rc;
 }
 
@@ -246,7 +248,7 @@ int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kern
     kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
     *kernel = g->nkernels;
     *range = 1;
-    kiln__cgen_finish(g, k, kiln_sbuf_str(&out));
+    kiln__cgen_finish(g, k, kiln_sbuf_str(&out), 1);
   }
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
@@ -355,7 +357,7 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
   kiln_sbuf_puts(&b, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)(len > 0 ? total / len : 0);
-  kiln__cgen_finish(g, k, kiln_sbuf_str(&b));
+  kiln__cgen_finish(g, k, kiln_sbuf_str(&b), *range);
   kiln_sbuf_free(&b);
   return 0;
 }

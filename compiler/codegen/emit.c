@@ -374,11 +374,15 @@ int kiln__emit_memo_put(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, const u
 
 /* ---- values ------------------------------------------------------------- */
 
-static int load_input(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
+static uint32_t leaves_of(const kiln_shape *s);
+
+/* Inputs first..first+n (of a bound instruction, or the part of one a
+ * chain of get-tuple-elements selects) read at x. */
+static int load_input(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t first,
                       uint32_t *vars, uint32_t n) {
   const kiln_shape *s = &ins->shape;
   for (uint32_t k = 0; k < n; k++) {
-    const kiln__emit_input *in = &f->in[f->in_first[ins->id] + k];
+    const kiln__emit_input *in = &f->in[first + k];
     const kiln_shape *ls = in->shape ? in->shape : s;
     uint32_t v = kiln__emit_newvar(f);
     if (in->arg == KILN__NO_INPUT) {
@@ -400,6 +404,25 @@ static int load_input(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x
     vars[k] = v;
   }
   return 0;
+}
+
+/* Whether id's value comes from bound inputs (directly or through
+ * get-tuple-elements of a bound tuple): *first and *n select the leaves. */
+static bool input_leaves(kiln__emit_fn *f, kiln_id id, uint32_t *first, uint32_t *n) {
+  const kiln_instr *ins = f->mod->m->instrs[id];
+  if (f->in_first[id] != KILN__NO_INPUT) {
+    *first = f->in_first[id];
+    *n = leaves_of(&ins->shape);
+    return true;
+  }
+  if (ins->op != KILN_OP_GET_TUPLE_ELEMENT || ins->noperands != 1) return false;
+  const kiln_instr *t = f->mod->m->instrs[ins->operands[0]];
+  int64_t idx = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, -1);
+  if (!kiln_shape_is_tuple(&t->shape) || idx < 0 || idx >= t->shape.rank) return false;
+  if (!input_leaves(f, t->id, first, n)) return false;
+  for (int64_t i = 0; i < idx; i++) *first += leaves_of(&t->shape.tuple[i]);
+  *n = leaves_of(&t->shape.tuple[idx]);
+  return true;
 }
 
 static int tuple_value(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
@@ -555,11 +578,11 @@ int kiln__emit_value(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, const uint
   uint32_t *v = NULL, nv = 0;
   int rc = check_types(f, ins);
   if (rc) return rc;
-  if (f->in_first[id] != KILN__NO_INPUT) {
-    nv = leaves_of(&ins->shape);
+  uint32_t first;
+  if (input_leaves(f, id, &first, &nv)) {
     v = kiln_arena_alloc(f->arena, (nv ? nv : 1) * sizeof *v);
     if (v == NULL) return oom(f);
-    rc = load_input(f, ins, use, v, nv);
+    rc = load_input(f, ins, use, first, v, nv);
   } else {
     rc = compute(f, ins, use, &v, &nv);
   }

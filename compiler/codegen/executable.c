@@ -9,7 +9,12 @@
  * every byte range by its arena or blob, and the first failure names the
  * field and the offset it was read at. Nested programs must come after the
  * program that runs them (sub > own id), which rules out recursion at run
- * time.
+ * time. The last 8 bytes are a checksum (64-bit FNV-1a of everything
+ * before them), checked right after the magic and version, so that a
+ * damaged blob (a flipped bit in a cache entry) is refused as a whole even
+ * where the damage would pass the field checks (a kernel's range, a slot
+ * swapped for another of the same kind). It is no defence against a
+ * crafted blob, which may carry any code anyway: the cache signs entries.
  */
 #include <stdio.h>
 #include <string.h>
@@ -39,6 +44,12 @@ void kiln_executable_destroy(kiln_executable *e) {
   if (e == NULL) return;
   kiln_arena_destroy(e->arena);
   kiln_free(e);
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
 }
 
 /* ---- writing ------------------------------------------------------------ */
@@ -170,6 +181,7 @@ int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *l
   put_u32(&w, e->nkernels);
   put_u64(&w, e->ncode);
   put(&w, e->code, e->ncode);
+  if (!w.failed) put_u64(&w, fnv1a(w.p, w.len));
   if (w.failed) {
     kiln_free(w.p);
     return kiln_status_set(st, KILN_ENOMEM, "executable", "out of memory serializing");
@@ -501,6 +513,18 @@ static void get_header(reader *r, kiln_executable *e) {
     fail(r, KILN_EINVAL, "format version", "unsupported format version ", v);
     return;
   }
+  if (r->rc) return;
+  if (r->len < 20 + 8) {
+    fail(r, KILN_EINVAL, "checksum", "truncated", NULL);
+    return;
+  }
+  uint64_t want = 0;
+  for (int i = 8; i-- > 0;) want = want << 8 | r->p[r->len - 8 + i];
+  if (fnv1a(r->p, r->len - 8) != want) {
+    fail(r, KILN_EINVAL, "checksum", "the blob is damaged (checksum mismatch)", NULL);
+    return;
+  }
+  r->len -= 8; /* the fields end where the checksum starts */
   e->compiler_version = get_str(r, "compiler version", false);
   e->target = get_str(r, "target", false);
   take(r, e->key, 32, "key");

@@ -98,6 +98,14 @@ static kiln_executable *sample(void) {
   return e;
 }
 
+/* Recomputes the trailing checksum (64-bit FNV-1a of everything before
+ * it), so that a test can reach the field checks behind it. */
+static void reseal(uint8_t *b, size_t len) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i + 8 < len; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  for (int i = 0; i < 8; i++) b[len - 8 + i] = (uint8_t)(h >> (8 * i));
+}
+
 static uint8_t *blob_of(const kiln_executable *e, size_t *len) {
   uint8_t *b;
   kiln_status st;
@@ -175,7 +183,9 @@ START_TEST(flipped_bytes_never_crash) {
       size_t at = (size_t)(seed >> 33) % len;
       m[at] ^= (uint8_t)(1u << ((seed >> 20) % 8));
     }
-    int rc = load(m, len, &st);
+    ck_assert_int_eq(load(m, len, &st), KILN_EINVAL); /* the checksum sees it */
+    reseal(m, len);
+    int rc = load(m, len, &st); /* and behind it, the field checks */
     ck_assert(rc == 0 || rc == KILN_EINVAL || rc == KILN_ENOMEM);
     free(m);
   }
@@ -251,16 +261,24 @@ START_TEST(header_checks) {
   ck_assert_str_eq(st.msg, "format version at offset 12: unsupported format version 2 (expected 1)");
   b[8] = 1;
   ck_assert_int_eq(load(b, len, &st), 0);
+  b[len - 1] ^= 1;
+  ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "checksum at offset 12: the blob is damaged (checksum mismatch)");
+  b[len - 1] ^= 1;
+  /* One byte more before the checksum. */
   uint8_t *longer = malloc(len + 1);
-  memcpy(longer, b, len);
-  longer[len] = 0;
+  memcpy(longer, b, len - 8);
+  longer[len - 8] = 0;
+  reseal(longer, len + 1);
   ck_assert_int_eq(load(longer, len + 1, &st), KILN_EINVAL);
   ck_assert_ptr_nonnull(strstr(st.msg, "trailing bytes after the code"));
   /* A count claiming more items than bytes left is refused before any
    * allocation: nparams is the u32 after magic, version, two strings and
    * the key. */
+  memcpy(longer, b, len);
   size_t at = 8 + 4 + 4 + strlen(KILN_COMPILER_VERSION) + 4 + strlen("cpu-x86-64-v3") + 32;
   memset(longer + at, 0xff, 4);
+  reseal(longer, len);
   ck_assert_int_eq(load(longer, len, &st), KILN_EINVAL);
   ck_assert_ptr_nonnull(strstr(st.msg, "nparams at offset"));
   ck_assert_ptr_nonnull(strstr(st.msg, "count exceeds the bytes left"));
