@@ -320,11 +320,14 @@ static int visit_while(ba_ctx *b, const kiln_instr *ins) {
   if (rc) return rc;
   b->bodies[b->nbodies++] = ins->id;
   rc = visit_nested(b, ins, ins->called[1]);
-  b->nbodies--;
   if (rc) return rc;
   b->pos++; /* the copies of the body's result into the state */
   const kiln_instr *root = kiln_computation_root(b->m, b->m->comps[ins->called[1]]);
+  /* A state leaf the result passes through is read by those copies: it
+   * must keep its value to the end of the body. Being written by them is
+   * not a read, so the state itself is used only after the body. */
   use_instr(b, root->id, b->pos);
+  b->nbodies--;
   use_instr(b, ins->id, b->pos);
   b->wpos[ins->id] = b->pos;
   return 0;

@@ -420,6 +420,23 @@ START_TEST(while_swaps_state) {
 }
 END_TEST
 
+START_TEST(while_passthrough_not_overwritten) {
+  /* x's last read in the body is sine(x), but x also passes through to the
+   * result: sine must not write over the state leaf x lives in. */
+  cg_check("HloModule pt\n"
+           "cond { p = (s32[], f32[5], f32[5]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+           "  n = s32[] constant(3)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
+           "body { p = (s32[], f32[5], f32[5]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+           "  x = f32[5] get-tuple-element(p), index=1  y = f32[5] get-tuple-element(p), index=2\n"
+           "  s = f32[5] sine(x)  a = f32[5] add(s, y)  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
+           "  ROOT t = (s32[], f32[5], f32[5]) tuple(i2, x, a) }\n"
+           "ENTRY main {\n  p0 = f32[5] parameter(0)\n  p1 = f32[5] parameter(1)\n  z = s32[] constant(0)\n"
+           "  t = (s32[], f32[5], f32[5]) tuple(z, p0, p1)\n"
+           "  ROOT w = (s32[], f32[5], f32[5]) while(t), condition=cond, body=body\n}\n",
+           false);
+}
+END_TEST
+
 START_TEST(conditional_and_call) {
   const char *hlo =
       "HloModule cd\nb0 { p = f32[3] parameter(0)  ROOT n = f32[3] negate(p) }\n"
@@ -655,6 +672,7 @@ int main(void) {
   tcase_add_test(tc, fusion_kinds);
   tcase_add_test(tc, while_loop);
   tcase_add_test(tc, while_swaps_state);
+  tcase_add_test(tc, while_passthrough_not_overwritten);
   tcase_add_test(tc, conditional_and_call);
   tcase_add_test(tc, tuple_parameters_and_passthrough);
   suite_add_tcase(s, tc);
