@@ -337,13 +337,16 @@ static bool reducer_identity(simp *s, kiln_opcode op, kiln_dtype t, kiln_id init
   int64_t smax = bits >= 64 ? INT64_MAX : (1ll << (bits - 1)) - 1;
   switch (op) {
   case KILN_OP_ADD: return fl ? splat_float(s, init, -0.0) : (sg || un) && splat_int(s, init, 0);
-  case KILN_OP_MULTIPLY: return fl ? splat_float(s, init, 1.0) : (sg || un) && splat_int(s, init, 1);
+  case KILN_OP_MULTIPLY:
+    return fl ? splat_float(s, init, 1.0) : (sg || un) && splat_int(s, init, 1);
   case KILN_OP_MAXIMUM:
-    return fl ? splat_float(s, init, -INFINITY) : sg ? splat_int(s, init, smin)
-                                                     : un && splat_int(s, init, 0);
+    return fl   ? splat_float(s, init, -INFINITY)
+           : sg ? splat_int(s, init, smin)
+                : un && splat_int(s, init, 0);
   case KILN_OP_MINIMUM:
-    return fl ? splat_float(s, init, INFINITY) : sg ? splat_int(s, init, smax)
-                                                    : un && splat_all_ones(s, init);
+    return fl   ? splat_float(s, init, INFINITY)
+           : sg ? splat_int(s, init, smax)
+                : un && splat_all_ones(s, init);
   case KILN_OP_AND: return is_logical(t) && splat_all_ones(s, init);
   case KILN_OP_OR: return is_logical(t) && splat_int(s, init, 0);
   default: return false;
@@ -441,7 +444,8 @@ static int simp_slice(simp *s, kiln_instr *ins, kiln_id *out) {
   if (sl == NULL || sl->n != 3 * r || x->shape.rank != r) return NO_CHANGE;
   bool full = true;
   for (uint32_t i = 0; i < r; i++)
-    full = full && sl->v[3 * i] == 0 && sl->v[3 * i + 1] == x->shape.dims[i] && sl->v[3 * i + 2] == 1;
+    full =
+        full && sl->v[3 * i] == 0 && sl->v[3 * i + 1] == x->shape.dims[i] && sl->v[3 * i + 2] == 1;
   if (full && replace(s, ins, x->id, out)) return REPLACED;
   const kiln_i64s *in = kiln_instr_attr_ints(x, KILN_ATTR_SLICE);
   if (x->op != KILN_OP_SLICE || in == NULL || in->n != 3 * r || r > 64) return NO_CHANGE;

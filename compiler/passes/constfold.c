@@ -126,10 +126,10 @@ static bool wants_folding(const kiln_module *m, const kiln_instr *ins, const boo
 typedef struct folder {
   kiln_module *m;
   const bool *impure;
-  uint32_t *cmap;   /* computation id -> id in the evaluation module */
-  uint32_t *stamp;  /* computation id -> evaluation that copied it */
-  uint32_t *list;   /* computations to copy */
-  kiln_id *imap;    /* instruction id -> id in the evaluation module */
+  uint32_t *cmap;  /* computation id -> id in the evaluation module */
+  uint32_t *stamp; /* computation id -> evaluation that copied it */
+  uint32_t *list;  /* computations to copy */
+  kiln_id *imap;   /* instruction id -> id in the evaluation module */
   uint32_t gen;
 } folder;
 

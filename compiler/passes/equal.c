@@ -203,8 +203,7 @@ bool kiln__instr_equal(const kiln_instr *a, const kiln_instr *b) {
       a->ncalled != b->ncalled || !operands_eq(a, b) ||
       !kiln_shape_equal(&a->shape, &b->shape, true))
     return false;
-  if (a->ncalled && memcmp(a->called, b->called, a->ncalled * sizeof *a->called) != 0)
-    return false;
+  if (a->ncalled && memcmp(a->called, b->called, a->ncalled * sizeof *a->called) != 0) return false;
   if ((a->literal == NULL) != (b->literal == NULL)) return false;
   if (a->literal && !kiln_literal_equal(a->literal, b->literal)) return false;
   return attrs_eq(a, b);

@@ -117,8 +117,8 @@ static uint32_t analyse(licm *l, const kiln_computation *b, const kiln_instr *p,
     int64_t e;
     bool inv;
     if (is_gte_of(x, p->id, &e)) {
-      const kiln_instr *r = e >= 0 && e < (int64_t)root->noperands ? m->instrs[root->operands[e]]
-                                                                    : NULL;
+      const kiln_instr *r =
+          e >= 0 && e < (int64_t)root->noperands ? m->instrs[root->operands[e]] : NULL;
       int64_t e2;
       inv = r && is_gte_of(r, p->id, &e2) && e2 == e;
     } else if (x->op == KILN_OP_PARAMETER || x->op == KILN_OP_WHILE || x->ncontrol ||
@@ -126,8 +126,7 @@ static uint32_t analyse(licm *l, const kiln_computation *b, const kiln_instr *p,
       inv = false;
     } else {
       inv = true;
-      for (uint32_t k = 0; k < x->noperands && inv; k++)
-        inv = flags_of(l, x->operands[k]) & F_INV;
+      for (uint32_t k = 0; k < x->noperands && inv; k++) inv = flags_of(l, x->operands[k]) & F_INV;
     }
     if (inv) set_flag(l, x->id, cheap(m, x) ? F_INV : F_INV | F_WORTH);
   }
@@ -153,11 +152,12 @@ static uint32_t analyse(licm *l, const kiln_computation *b, const kiln_instr *p,
 }
 
 /* The value of state element i before the loop (built once). */
-static kiln_id outside_elem(licm *l, kiln__namer *nc, const kiln_instr *init,
-                            const kiln_shape *s, int64_t i) {
+static kiln_id outside_elem(licm *l, kiln__namer *nc, const kiln_instr *init, const kiln_shape *s,
+                            int64_t i) {
   if (i < 0 || i >= (int64_t)s->rank) return KILN_NO_ID;
   if (l->elem[i] != KILN_NO_ID) return l->elem[i];
-  if (init->op == KILN_OP_TUPLE && init->noperands == s->rank) return l->elem[i] = init->operands[i];
+  if (init->op == KILN_OP_TUPLE && init->noperands == s->rank)
+    return l->elem[i] = init->operands[i];
   kiln_instr *g = kiln__build(nc, KILN_OP_GET_TUPLE_ELEMENT, &s->tuple[i], &init->id, 1);
   if (g == NULL || kiln_instr_set_attr_int(nc->m, g, KILN_ATTR_INDEX, i)) return KILN_NO_ID;
   return l->elem[i] = g->id;
@@ -209,6 +209,30 @@ static bool eligible(const licm *l, const kiln_instr *w, kiln_computation **bp,
   return true;
 }
 
+/* Inside body b, each hoisted value becomes state element k + j, read from
+ * parameter p; root_ops[k + j] receives those reads. */
+static int thread_inside(licm *l, kiln__namer *nb, kiln_computation *b, const kiln_instr *p,
+                         const kiln_id *hoisted, uint32_t nh, uint32_t k, kiln_id *root_ops) {
+  kiln_module *m = l->m;
+  for (uint32_t j = 0; j < nh; j++) {
+    const kiln_instr *x = m->instrs[hoisted[j]];
+    kiln_instr *g = kiln__build(nb, KILN_OP_GET_TUPLE_ELEMENT, &x->shape, &p->id, 1);
+    if (g == NULL || kiln_instr_set_attr_int(m, g, KILN_ATTR_INDEX, k + j) || grow(l))
+      return KILN_ENOMEM;
+    l->outer[x->id] = g->id; /* from here on: the replacement inside */
+    root_ops[k + j] = g->id;
+  }
+  for (uint32_t i = 0; i < b->ninstrs; i++) {
+    kiln_instr *y = m->instrs[b->instrs[i]];
+    for (uint32_t t = 0; t < y->noperands; t++)
+      if (flags_of(l, y->operands[t]) & F_HOIST) y->operands[t] = l->outer[y->operands[t]];
+    for (uint32_t t = 0; t < y->ncontrol; t++)
+      if (flags_of(l, y->control_preds[t]) & F_HOIST)
+        y->control_preds[t] = l->outer[y->control_preds[t]];
+  }
+  return 0;
+}
+
 /* Grows the loop state by the hoisted values. *done tells whether it did. */
 static int hoist(licm *l, kiln__namer *nc, kiln_instr *w, bool *done) {
   kiln_module *m = l->m;
@@ -252,22 +276,7 @@ static int hoist(licm *l, kiln__namer *nc, kiln_instr *w, bool *done) {
   if (kiln_shape_make_tuple(m->arena, &grown, elems, k2)) goto out;
   kiln_instr *ninit = kiln__build(nc, KILN_OP_TUPLE, &grown, init_ops, k2);
   if (ninit == NULL) goto out;
-  /* Inside: each hoisted value becomes a state element read from p. */
-  for (j = 0; j < nh; j++) {
-    kiln_instr *x = m->instrs[hoisted[j]];
-    kiln_instr *g = kiln__build(&nb, KILN_OP_GET_TUPLE_ELEMENT, &x->shape, &p->id, 1);
-    if (g == NULL || kiln_instr_set_attr_int(m, g, KILN_ATTR_INDEX, k + j) || grow(l)) goto out;
-    l->outer[x->id] = g->id; /* from here on: the replacement inside */
-    root_ops[k + j] = g->id;
-  }
-  for (uint32_t i = 0; i < b->ninstrs; i++) {
-    kiln_instr *y = m->instrs[b->instrs[i]];
-    for (uint32_t t = 0; t < y->noperands; t++)
-      if (flags_of(l, y->operands[t]) & F_HOIST) y->operands[t] = l->outer[y->operands[t]];
-    for (uint32_t t = 0; t < y->ncontrol; t++)
-      if (flags_of(l, y->control_preds[t]) & F_HOIST)
-        y->control_preds[t] = l->outer[y->control_preds[t]];
-  }
+  if (thread_inside(l, &nb, b, p, hoisted, nh, k, root_ops)) goto out;
   for (uint32_t i = 0; i < k; i++) root_ops[i] = r->operands[i]; /* after the remap */
   if (kiln_instr_set_operands(m, r, root_ops, k2) || kiln_instr_set_shape(m, r, &grown) ||
       kiln_instr_set_shape(m, p, &grown) || kiln_instr_set_shape(m, q, &grown) ||
@@ -314,8 +323,7 @@ static int rewrap(licm *l, kiln__namer *nc, grown_loop *g, uint32_t ng) {
       grown_loop *gl = &g[l->outer[*slot]];
       if (gl->wrap == KILN_NO_ID) {
         for (uint32_t e = 0; e < gl->old.rank; e++) {
-          kiln_instr *x =
-              kiln__build(nc, KILN_OP_GET_TUPLE_ELEMENT, &gl->old.tuple[e], &gl->w, 1);
+          kiln_instr *x = kiln__build(nc, KILN_OP_GET_TUPLE_ELEMENT, &gl->old.tuple[e], &gl->w, 1);
           if (x == NULL || kiln_instr_set_attr_int(m, x, KILN_ATTR_INDEX, e)) return KILN_ENOMEM;
           ops[e] = x->id;
         }

@@ -164,13 +164,12 @@ static double now(void) {
  * why) when the original does not run on the interpreter. A module slow on
  * the interpreter (a big convolution) is checked with the whole sequence
  * only, on one set of arguments, to keep the suite quick. */
-static bool check_module(const char *text, size_t len, const char *what, uint64_t seed,
-                         char *why, size_t whysize) {
+static bool check_module(const char *text, size_t len, const char *what, uint64_t seed, char *why,
+                         size_t whysize) {
   kiln_module *m = NULL;
   kiln_status st;
   kiln_status_clear(&st);
-  if (kiln_module_parse_text(text, len, what, NULL, &m, &st) ||
-      kiln_module_verify(m, NULL, &st)) {
+  if (kiln_module_parse_text(text, len, what, NULL, &m, &st) || kiln_module_verify(m, NULL, &st)) {
     snprintf(why, whysize, "does not verify: %s", st.msg);
     kiln_module_destroy(m);
     return false;
@@ -313,7 +312,8 @@ static const char *const own_modules[] = {
     "  ic = pred[6] compare(i, i), direction=LE  ic2 = pred[6] compare(i, i), direction=LT\n"
     "  two_i = s32[] constant(2)  tib = s32[6] broadcast(two_i), dimensions={}\n"
     "  ip = s32[6] power(i, tib)  idv = s32[6] divide(i, tib)\n"
-    "  pa = pred[6] and(p, p)  t = pred[] constant(true)  tb = pred[6] broadcast(t), dimensions={}\n"
+    "  pa = pred[6] and(p, p)  t = pred[] constant(true)  tb = pred[6] broadcast(t), "
+    "dimensions={}\n"
     "  po = pred[6] or(p, tb)  px = pred[6] xor(p, tb)\n"
     "  ROOT r = (f32[6], f32[6], f32[6], f32[6], f32[6], f32[6], f32[6], f32[6], f32[6], "
     "f32[6], f32[6], f32[6], f32[6], f32[6], f32[6], f32[6], s32[6], s32[6], s32[6], "
@@ -328,7 +328,8 @@ static const char *const own_modules[] = {
     "  c = bf16[] constant(0.125)  cb = bf16[8] broadcast(c), dimensions={}\n"
     "  d = bf16[8] divide(x, cb)\n"
     "  h = f16[] constant(1024)  hb = f16[8] broadcast(h), dimensions={}\n"
-    "  e = f16[8] divide(y, hb)  two = f16[] constant(2)  tb = f16[8] broadcast(two), dimensions={}\n"
+    "  e = f16[8] divide(y, hb)  two = f16[] constant(2)  tb = f16[8] broadcast(two), "
+    "dimensions={}\n"
     "  p = f16[8] power(y, tb)\n"
     "  ROOT r = (bf16[8], f16[8], f16[8]) tuple(d, e, p)\n"
     "}\n",
@@ -351,7 +352,8 @@ static const char *const own_modules[] = {
     "  n = s32[] constant(4)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
     "body { s = (s32[], f32[3], f32[3]) parameter(0)  i = s32[] get-tuple-element(s), index=0\n"
     "  a = f32[3] get-tuple-element(s), index=1  w = f32[3] get-tuple-element(s), index=2\n"
-    "  e = f32[3] exponential(w)  c = f32[] constant(0.5)  cb = f32[3] broadcast(c), dimensions={}\n"
+    "  e = f32[3] exponential(w)  c = f32[] constant(0.5)  cb = f32[3] broadcast(c), "
+    "dimensions={}\n"
     "  m = f32[3] multiply(e, cb)  a2 = f32[3] add(a, m)  a3 = f32[3] multiply(a2, cb)\n"
     "  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
     "  ROOT t = (s32[], f32[3], f32[3]) tuple(i2, a3, w) }\n"
@@ -365,8 +367,8 @@ static const char *const own_modules[] = {
 START_TEST(test_own) {
   char why[1200], what[64];
   snprintf(what, sizeof what, "own module %d", _i);
-  bool ran = check_module(own_modules[_i], strlen(own_modules[_i]), what, 77 + (uint64_t)_i,
-                          why, sizeof why);
+  bool ran = check_module(own_modules[_i], strlen(own_modules[_i]), what, 77 + (uint64_t)_i, why,
+                          sizeof why);
   ck_assert_msg(ran, "%s: %.300s", what, why);
 }
 END_TEST
@@ -420,11 +422,12 @@ static char *big_module(int n) {
   for (int i = 0; i < nl; i++)
     kiln_sbuf_printf(&b, "  e%d = f32[4] %s(%s)  a%d = f32[4] add(a%d, e%d)\n", i,
                      i % 2 ? "sine" : "cosine", i % 3 ? "w" : "a0", i + 1, i, i);
-  kiln_sbuf_printf(&b, "  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
-                       "  ROOT t = (s32[], f32[4], f32[4]) tuple(i2, a%d, w) }\n"
-                       "ENTRY main { p = f32[4] parameter(0)\n"
-                       "  nz = f32[] constant(-0)  zb = f32[4] broadcast(nz), dimensions={}\n"
-                       "  c0 = f32[4] constant({1, 2, 3, 4})\n  v0 = f32[4] add(p, zb)\n",
+  kiln_sbuf_printf(&b,
+                   "  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
+                   "  ROOT t = (s32[], f32[4], f32[4]) tuple(i2, a%d, w) }\n"
+                   "ENTRY main { p = f32[4] parameter(0)\n"
+                   "  nz = f32[] constant(-0)  zb = f32[4] broadcast(nz), dimensions={}\n"
+                   "  c0 = f32[4] constant({1, 2, 3, 4})\n  v0 = f32[4] add(p, zb)\n",
                    nl);
   int nc = n / 4, ne = n / 2;
   for (int i = 0; i < nc; i++)
@@ -434,10 +437,11 @@ static char *big_module(int n) {
                      "  x%d = f32[4] negate(v%d)  y%d = f32[4] negate(v%d)\n"
                      "  s%d = f32[4] add(x%d, zb)  v%d = f32[4] multiply(s%d, y%d)\n",
                      i, i, i, i, i, i, i + 1, i, i);
-  kiln_sbuf_printf(&b, "  z = s32[] constant(0)\n"
-                       "  init = (s32[], f32[4], f32[4]) tuple(z, v%d, c%d)\n"
-                       "  l = (s32[], f32[4], f32[4]) while(init), condition=cond, body=body\n"
-                       "  ROOT r = f32[4] get-tuple-element(l), index=1 }\n",
+  kiln_sbuf_printf(&b,
+                   "  z = s32[] constant(0)\n"
+                   "  init = (s32[], f32[4], f32[4]) tuple(z, v%d, c%d)\n"
+                   "  l = (s32[], f32[4], f32[4]) while(init), condition=cond, body=body\n"
+                   "  ROOT r = f32[4] get-tuple-element(l), index=1 }\n",
                    ne / 4, nc);
   return kiln_sbuf_detach(&b, NULL);
 }
@@ -476,8 +480,8 @@ START_TEST(test_scale) {
     }
     fprintf(stderr, "%s: 4000 instrs %.2f ms, 32000 instrs %.2f ms\n", names[i], small * 1e3,
             large * 1e3);
-    ck_assert_msg(large < 5.0 && large < 40 * small + 0.1, "%s: %.3f s vs %.3f s", names[i],
-                  large, small);
+    ck_assert_msg(large < 5.0 && large < 40 * small + 0.1, "%s: %.3f s vs %.3f s", names[i], large,
+                  small);
   }
 }
 END_TEST
