@@ -75,6 +75,7 @@ int kiln__cmd_bench(const kiln__args *a);
 int kiln__remote_check(const kiln__args *a);
 int kiln__remote_compile(const kiln__args *a);
 int kiln__remote_run(const kiln__args *a);
+int kiln__remote_bench(const kiln__args *a);
 
 /* Exit code for a KILN_E* code: out of memory and internal errors are 3,
  * everything else a rejected input (1). */

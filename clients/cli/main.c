@@ -74,6 +74,9 @@ static const kiln__opt dot_opts[] = {
 };
 
 static const kiln__opt bench_opts[] = {
+    {"server", 0, "HOST:PORT", false,
+     "compile on the kilnd at HOST:PORT, put the arguments there once and time Execute calls "
+     "by handle (round trip and the server's run time)"},
     {"backend", 0, "NAME", false, "cpu (default) or interp"},
     {"iters", 0, "N", false, "timed runs (default 20)"},
     {"warmup", 0, "N", false, "untimed runs first (default 1)"},
@@ -178,7 +181,7 @@ static const kiln__cmd commands[] = {
      "temporaries), with its parts. On cpu a run is one execution on device buffers that\n"
      "already hold the arguments (\"mode\": \"buffers\"); on interp one interpreter run,\n"
      "whose memory is not accounted (peak_bytes null).\n",
-     bench_opts, 1, 1, kiln__cmd_bench, NULL},
+     bench_opts, 1, 1, kiln__cmd_bench, kiln__remote_bench},
     {"stats", "stats --server HOST:PORT [--counters]", "show a server's counters",
      "Prints the server's version and uptime, compiles and cache hits, executions, live\n"
      "buffers and per-device figures; --counters adds every counter the server keeps.\n",

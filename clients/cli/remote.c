@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "clients/cli/cli.h"
 
@@ -362,6 +363,10 @@ int kiln__remote_run(const kiln__args *a) {
                     "limits (use --timeout)\n");
     return KILN_EXIT_USAGE;
   }
+  if (kiln__args_get(a, "disable-pass") || kiln__args_get(a, "dump-dir")) {
+    fprintf(stderr, "kiln run: --disable-pass and --dump-dir apply to local runs\n");
+    return KILN_EXIT_USAGE;
+  }
   uint64_t seed;
   const char *seed_text = kiln__args_get(a, "random-args");
   if (seed_text && parse_count(seed_text, &seed)) {
@@ -407,6 +412,173 @@ int kiln__remote_run(const kiln__args *a) {
 out_free_args:
   for (uint32_t i = 0; i < e->nparams; i++) kiln_literal_destroy(args[i]);
   kiln_free(args);
+out_close:
+  kiln_remote_executable_free(e);
+  kiln_client_close(c);
+  return rc;
+}
+
+/* ---- bench -------------------------------------------------------------------------------- */
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int bench_count(const kiln__args *a, const char *name, long min, long dflt, long *out) {
+  const char *t = kiln__args_get(a, name);
+  uint64_t v;
+  *out = dflt;
+  if (t == NULL) return KILN_EXIT_OK;
+  if (parse_count(t, &v) || v < (uint64_t)min || v > 1000000) {
+    fprintf(stderr, "kiln bench: --%s needs an integer from %ld to 1000000, not '%s'\n", name, min,
+            t);
+    return KILN_EXIT_USAGE;
+  }
+  *out = (long)v;
+  return KILN_EXIT_OK;
+}
+
+static void json_string(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      printf("\\%c", c);
+    else if (c < 0x20)
+      printf("\\u%04x", c);
+    else
+      putchar(c);
+  }
+  putchar('"');
+}
+
+typedef struct rbench {
+  long iters, warmup;
+  double *us, *server_us;
+  kiln_remote_arg *args;
+} rbench;
+
+/* Puts the arguments on the server once, then times executions by handle:
+ * the remote counterpart of a local run on device buffers. */
+static int rbench_run(kiln_client *c, const kiln_remote_executable *e, kiln_literal **lits,
+                      rbench *b, const char *file) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_buffer *bufs = kiln_calloc(e->nparams + 1, sizeof *bufs);
+  int rc = bufs ? KILN_EXIT_OK : KILN_EXIT_INTERNAL;
+  uint32_t nput = 0;
+  for (; rc == KILN_EXIT_OK && nput < e->nparams; nput++) {
+    if (kiln_client_put_buffer(c, lits[nput], NULL, &bufs[nput], &st)) {
+      rc = report(file, &st);
+      break;
+    }
+    b->args[nput].handle = bufs[nput].handle;
+  }
+  for (long i = 0; rc == KILN_EXIT_OK && i < b->warmup + b->iters; i++) {
+    kiln_remote_result r;
+    double t0 = now_us();
+    if (kiln_client_execute(c, e->id, b->args, e->nparams, NULL, &r, &st)) {
+      rc = report(file, &st);
+      break;
+    }
+    if (i >= b->warmup) {
+      b->us[i - b->warmup] = now_us() - t0;
+      b->server_us[i - b->warmup] = (double)r.run_ns / 1e3;
+    }
+    kiln_remote_result_free(&r);
+  }
+  for (uint32_t i = 0; i < nput && bufs; i++) {
+    const char *h[1] = {bufs[i].handle};
+    kiln_status ignore;
+    kiln_status_clear(&ignore);
+    if (h[0]) kiln_client_release_buffers(c, h, 1, NULL, NULL, &ignore);
+    kiln_remote_buffer_clear(&bufs[i]);
+  }
+  kiln_free(bufs);
+  return rc;
+}
+
+static void rbench_print(const kiln__args *a, const kiln_remote_compile_options *o,
+                         const kiln_remote_executable *e, double compile_ms, rbench *b) {
+  qsort(b->us, (size_t)b->iters, sizeof *b->us, cmp_double);
+  qsort(b->server_us, (size_t)b->iters, sizeof *b->server_us, cmp_double);
+  long n = b->iters, p90 = (long)((double)(n - 1) * 0.9);
+  double median = n % 2 ? b->us[n / 2] : (b->us[n / 2 - 1] + b->us[n / 2]) / 2;
+  double smedian =
+      n % 2 ? b->server_us[n / 2] : (b->server_us[n / 2 - 1] + b->server_us[n / 2]) / 2;
+  printf("{\"file\": ");
+  json_string(a->pos[0]);
+  printf(", \"backend\": "); /* null: the server's default */
+  if (o->backend)
+    json_string(o->backend);
+  else
+    printf("null");
+  printf(", \"server\": ");
+  json_string(kiln__args_get(a, "server"));
+  printf(", \"iters\": %ld, \"warmup\": %ld, \"mode\": \"remote-buffers\"", b->iters, b->warmup);
+  printf(", \"compile_ms\": %.3f, \"server_compile_ms\": %.3f, \"cache\": \"%s\"", compile_ms,
+         (double)e->compile_wall_ns / 1e6, kiln_remote_source_name(e->cache_source));
+  printf(", \"run_us_median\": %.3f, \"run_us_p90\": %.3f, \"run_us_min\": %.3f", median,
+         b->us[p90], b->us[0]);
+  printf(", \"server_run_us_median\": %.3f, \"peak_bytes\": %lld}\n", smedian,
+         (long long)e->peak_bytes);
+}
+
+int kiln__remote_bench(const kiln__args *a) {
+  const char *file = a->pos[0];
+  if (kiln__args_get(a, "disable-pass") || kiln__args_get(a, "dump-dir")) {
+    fprintf(stderr, "kiln bench: --disable-pass and --dump-dir apply to local runs\n");
+    return KILN_EXIT_USAGE;
+  }
+  rbench b = {0};
+  long seed;
+  kiln_remote_compile_options o;
+  int rc = bench_count(a, "iters", 1, 20, &b.iters);
+  if (rc == 0) rc = bench_count(a, "warmup", 0, 1, &b.warmup);
+  if (rc == 0) rc = bench_count(a, "random-args", 0, 0, &seed);
+  if (rc == 0) rc = remote_compile_options(a, &o);
+  if (rc) return rc;
+  kiln_client *c;
+  if ((rc = connect_to(a, &c))) return rc;
+  kiln_remote_executable *e = NULL;
+  kiln_literal **lits = NULL;
+  double t0 = now_us();
+  if ((rc = compile_file(c, file, &o, &e))) goto out_close;
+  double compile_ms = (now_us() - t0) / 1e3;
+  lits = kiln_calloc(e->nparams + 1, sizeof *lits);
+  b.args = kiln_calloc(e->nparams + 1, sizeof *b.args);
+  b.us = kiln_calloc((size_t)b.iters, sizeof *b.us);
+  b.server_us = kiln_calloc((size_t)b.iters, sizeof *b.server_us);
+  if (lits == NULL || b.args == NULL || b.us == NULL || b.server_us == NULL) {
+    fprintf(stderr, "kiln bench: error: out of memory\n");
+    rc = KILN_EXIT_INTERNAL;
+    goto out_free;
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint64_t state = (uint64_t)seed;
+  for (uint32_t i = 0; i < e->nparams && st.code == 0; i++)
+    kiln__arg_random(&e->params[i], &state, &lits[i], &st);
+  if (st.code) {
+    kiln__report(file, NULL, &st);
+    rc = kiln__exit_code(st.code);
+    goto out_free;
+  }
+  if ((rc = rbench_run(c, e, lits, &b, file)) == KILN_EXIT_OK)
+    rbench_print(a, &o, e, compile_ms, &b);
+out_free:
+  for (uint32_t i = 0; lits && i < e->nparams; i++) kiln_literal_destroy(lits[i]);
+  kiln_free(lits);
+  kiln_free(b.args);
+  kiln_free(b.us);
+  kiln_free(b.server_us);
 out_close:
   kiln_remote_executable_free(e);
   kiln_client_close(c);
@@ -468,6 +640,7 @@ static int no_client(const kiln__args *a) {
 int kiln__remote_check(const kiln__args *a) { return no_client(a); }
 int kiln__remote_compile(const kiln__args *a) { return no_client(a); }
 int kiln__remote_run(const kiln__args *a) { return no_client(a); }
+int kiln__remote_bench(const kiln__args *a) { return no_client(a); }
 int kiln__cmd_stats(const kiln__args *a) { return no_client(a); }
 
 #endif

@@ -728,6 +728,12 @@ START_TEST(test_cli_remote) {
   free(out), free(err);
   free(lbad_err_copy);
 
+  const char *bench[] = {"bench", axpy, "--server", server.addr, "--iters", "5", NULL};
+  ck_assert_msg(kiln_cmd(bench, &out, &err) == 0, "stderr: %s", err);
+  ck_assert_msg(strstr(out, "\"mode\": \"remote-buffers\"") && strstr(out, "\"run_us_median\": "),
+                "stdout: %s", out);
+  free(out), free(err);
+
   const char *stats[] = {"stats", "--server", server.addr, "--counters", NULL};
   ck_assert_msg(kiln_cmd(stats, &out, &err) == 0, "stderr: %s", err);
   ck_assert_msg(strncmp(out, "server ", 7) == 0, "stdout: %s", out);
