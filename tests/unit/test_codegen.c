@@ -462,6 +462,29 @@ START_TEST(tuple_parameters_and_passthrough) {
 }
 END_TEST
 
+static const char mlp_hlo[] =
+    "HloModule mlp\nmax { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] maximum(a, b) }\n"
+    "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+    "ENTRY main {\n  x = f32[32,784] parameter(0)\n  w1 = f32[784,128] parameter(1)\n  b1 = f32[128] parameter(2)\n"
+    "  w2 = f32[128,10] parameter(3)\n  b2 = f32[10] parameter(4)\n"
+    "  h = f32[32,128] dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    "  bb1 = f32[32,128] broadcast(b1), dimensions={1}\n  h1 = f32[32,128] add(h, bb1)\n"
+    "  z = f32[] constant(0)\n  zb = f32[32,128] broadcast(z), dimensions={}\n  r = f32[32,128] maximum(h1, zb)\n"
+    "  o = f32[32,10] dot(r, w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    "  bb2 = f32[32,10] broadcast(b2), dimensions={1}\n  l = f32[32,10] add(o, bb2)\n"
+    "  ninf = f32[] constant(-inf)\n  mx = f32[32] reduce(l, ninf), dimensions={1}, to_apply=max\n"
+    "  mxb = f32[32,10] broadcast(mx), dimensions={0}\n  sh = f32[32,10] subtract(l, mxb)\n"
+    "  e = f32[32,10] exponential(sh)\n  s = f32[32] reduce(e, z), dimensions={1}, to_apply=add\n"
+    "  sb = f32[32,10] broadcast(s), dimensions={0}\n  ROOT p = f32[32,10] divide(e, sb)\n}\n";
+
+/* The same programs through the whole pipeline (fusion, layout assignment,
+ * scheduling) before code generation. */
+START_TEST(full_pipeline) {
+  const char *const mods[] = {fusion_hlo, mlp_hlo};
+  for (size_t i = 0; i < sizeof mods / sizeof *mods; i++) cg_check_full(mods[i], 21, false, 1e-5, 2, false);
+}
+END_TEST
+
 /* ---- refusals and failures ---------------------------------------------- */
 
 static int compile_status(const char *hlo, const kiln_compile_options *o, kiln_status *st) {
@@ -675,6 +698,7 @@ int main(void) {
   tcase_add_test(tc, while_passthrough_not_overwritten);
   tcase_add_test(tc, conditional_and_call);
   tcase_add_test(tc, tuple_parameters_and_passthrough);
+  tcase_add_test(tc, full_pipeline);
   suite_add_tcase(s, tc);
   TCase *tf = tcase_create("failures");
   tcase_set_timeout(tf, 240);

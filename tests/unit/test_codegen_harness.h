@@ -355,8 +355,10 @@ static inline kiln_executable *cg_check_full(const char *hlo, uint64_t seed, boo
   return NULL;
 }
 
+/* At opt level 0 (the module as written) and 2 (the whole pipeline). */
 static inline void cg_check(const char *hlo, bool edges) {
   cg_check_full(hlo, 42, edges, 1e-5, 0, false);
+  cg_check_full(hlo, 43, edges, 1e-5, 2, false);
 }
 
 #endif /* KILN_TESTS_UNIT_TEST_CODEGEN_HARNESS_H */
