@@ -242,8 +242,17 @@ static int run_executable_file(const char *file, const kiln__args *a,
   return rc;
 }
 
-int kiln__cmd_run(const kiln__args *a) {
-  const char *file = a->pos[0];
+/* The run's settings, from the command line. */
+typedef struct run_setup {
+  bool cpu;                 /* --backend cpu */
+  kiln_compile_options co;  /* for cpu */
+  bool compile_given;       /* any compiler option was given */
+  kiln_interp_options opts; /* limits (interp; copied into kiln_run_options for cpu) */
+} run_setup;
+
+/* Checks every option before anything is read: 0 or a usage exit code. */
+static int check_options(const kiln__args *a, run_setup *r) {
+  memset(r, 0, sizeof *r);
   const char *backend = kiln__args_get(a, "backend");
   if (backend == NULL) backend = "interp";
   bool known = false;
@@ -253,12 +262,10 @@ int kiln__cmd_run(const kiln__args *a) {
     fprintf(stderr, "kiln run: unknown backend '%s' (available: interp, cpu)\n", backend);
     return KILN_EXIT_USAGE;
   }
-  bool cpu = strcmp(backend, "cpu") == 0;
-  kiln_compile_options co;
-  bool compile_given;
-  int crc = kiln__compile_options_parse(a, &co, &compile_given);
+  r->cpu = strcmp(backend, "cpu") == 0;
+  int crc = kiln__compile_options_parse(a, &r->co, &r->compile_given);
   if (crc) return crc;
-  if (compile_given && !cpu) {
+  if (r->compile_given && !r->cpu) {
     fprintf(stderr, "kiln run: --target, --opt-level, --disable-pass and --dump-dir need "
                     "--backend cpu\n");
     return KILN_EXIT_USAGE;
@@ -271,26 +278,35 @@ int kiln__cmd_run(const kiln__args *a) {
     return KILN_EXIT_USAGE;
   }
 
-  kiln_interp_options opts = {0};
   const char *timeout_text = kiln__args_get(a, "timeout");
   if (timeout_text) {
     char *end;
     errno = 0;
-    opts.timeout_seconds = strtod(timeout_text, &end);
-    if (errno || *end || end == timeout_text || !(opts.timeout_seconds > 0) ||
-        opts.timeout_seconds > 1e9) {
+    r->opts.timeout_seconds = strtod(timeout_text, &end);
+    if (errno || *end || end == timeout_text || !(r->opts.timeout_seconds > 0) ||
+        r->opts.timeout_seconds > 1e9) {
       fprintf(stderr, "kiln run: --timeout needs a positive number of seconds, not '%s'\n",
               timeout_text);
       return KILN_EXIT_USAGE;
     }
   }
   const char *iter_text = kiln__args_get(a, "max-iterations");
-  if (iter_text && (parse_seed(iter_text, &opts.max_while_iterations) ||
-                    opts.max_while_iterations == 0)) {
+  if (iter_text && (parse_seed(iter_text, &r->opts.max_while_iterations) ||
+                    r->opts.max_while_iterations == 0)) {
     fprintf(stderr, "kiln run: --max-iterations needs a positive integer, not '%s'\n", iter_text);
     return KILN_EXIT_USAGE;
   }
+  return KILN_EXIT_OK;
+}
 
+int kiln__cmd_run(const kiln__args *a) {
+  const char *file = a->pos[0];
+  run_setup setup;
+  int crc = check_options(a, &setup);
+  if (crc) return crc;
+  bool cpu = setup.cpu, compile_given = setup.compile_given;
+  kiln_compile_options co = setup.co;
+  kiln_interp_options opts = setup.opts;
   kiln_run_options ropts = {opts.max_while_iterations, opts.timeout_seconds};
   if (is_executable(file)) {
     int ntransforms;
