@@ -26,10 +26,10 @@ typedef struct group {
   uint64_t size;
   int64_t def, last;
   uint32_t parent;
-  uint32_t loop;        /* a while's state: 1 + the while's id; 0 otherwise */
-  int64_t loop_last;    /* last use inside that while's body */
-  bool entry_def;       /* defined by an entry instruction (output candidate) */
-  bool fixed;           /* parameter or constant: never written in place */
+  uint32_t loop;     /* a while's state: 1 + the while's id; 0 otherwise */
+  int64_t loop_last; /* last use inside that while's body */
+  bool entry_def;    /* defined by an entry instruction (output candidate) */
+  bool fixed;        /* parameter or constant: never written in place */
   uint32_t slot;
 } group;
 
@@ -54,7 +54,7 @@ typedef struct ba_ctx {
   uint32_t *bodies; /* stack of while ids whose bodies are being visited */
   uint32_t nbodies;
   uint32_t *comp_seen;
-  int64_t *wpos; /* per while: position of the copies into its state; else -1 */
+  int64_t *wpos;       /* per while: position of the copies into its state; else -1 */
   uint32_t *out_group; /* per result leaf: a separate output group, or KILN_NO_SLOT */
   int64_t pos;
   uint64_t align;
@@ -87,8 +87,7 @@ bool kiln__reshape_is_bitcast(const kiln_shape *from, const kiln_shape *to) {
   return row_major(from) && row_major(to);
 }
 
-bool kiln__transpose_is_bitcast(const kiln_shape *from, const kiln_shape *to,
-                                const int64_t *perm) {
+bool kiln__transpose_is_bitcast(const kiln_shape *from, const kiln_shape *to, const int64_t *perm) {
   int64_t a[MAXR], b[MAXR];
   if (from->rank != to->rank || from->rank > MAXR) return false;
   uint32_t na = phys_order(from, a), nb = phys_order(to, b);
@@ -114,8 +113,7 @@ bool kiln__is_alias_op(const kiln_module *m, const kiln_instr *ins) {
   if (ins->noperands < 1) return false;
   const kiln_shape *a = &m->instrs[ins->operands[0]]->shape, *r = &ins->shape;
   switch (ins->op) {
-  case KILN_OP_BITCAST:
-    return kiln_shape_is_array(a) && kiln_shape_bytes(a) == kiln_shape_bytes(r);
+  case KILN_OP_BITCAST: return kiln_shape_is_array(a) && kiln_shape_bytes(a) == kiln_shape_bytes(r);
   case KILN_OP_RESHAPE: return a->dtype == r->dtype && kiln__reshape_is_bitcast(a, r);
   case KILN_OP_TRANSPOSE: {
     const kiln_i64s *p = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
@@ -229,13 +227,20 @@ static uint32_t find(ba_ctx *b, uint32_t x) {
   return x;
 }
 
-static int oom(ba_ctx *b) { return kiln_status_set(b->st, KILN_ENOMEM, "buffer assignment", "out of memory"); }
+static int oom(ba_ctx *b) {
+  return kiln_status_set(b->st, KILN_ENOMEM, "buffer assignment", "out of memory");
+}
 
 static int new_group(ba_ctx *b, kiln_slot_kind kind, uint64_t size, uint32_t *out) {
   if (kiln_grow((void **)&b->g, &b->gcap, b->ng + 1, sizeof *b->g)) return oom(b);
   uint32_t id = (uint32_t)b->ng++;
-  b->g[id] = (group){.kind = kind, .size = size, .def = b->pos, .last = b->pos, .parent = id,
-                     .slot = KILN_NO_SLOT, .loop_last = -1};
+  b->g[id] = (group){.kind = kind,
+                     .size = size,
+                     .def = b->pos,
+                     .last = b->pos,
+                     .parent = id,
+                     .slot = KILN_NO_SLOT,
+                     .loop_last = -1};
   *out = id;
   return 0;
 }
@@ -272,8 +277,7 @@ static int fresh_leaves(ba_ctx *b, const kiln_instr *ins, kiln_slot_kind kind) {
     uint32_t kk = k, gid;
     const kiln_shape *ls = leaf_shape(&ins->shape, &kk);
     int64_t bytes = ls && kiln_shape_is_array(ls) ? kiln_shape_bytes(ls) : 0;
-    if (bytes < 0)
-      return kiln_status_set(b->st, KILN_ELIMIT, ins->name, "buffer size overflows");
+    if (bytes < 0) return kiln_status_set(b->st, KILN_ELIMIT, ins->name, "buffer size overflows");
     if (new_group(b, kind, (uint64_t)bytes, &gid)) return KILN_ENOMEM;
     b->g[gid].fixed = kind != KILN_SLOT_TEMP;
     b->lg[b->nlg++] = gid;
@@ -302,8 +306,7 @@ static int visit_nested(ba_ctx *b, const kiln_instr *ins, uint32_t comp) {
   if (comp >= b->m->ncomps) return bad_comp(b, ins, comp);
   if (b->comp_seen[comp]++)
     return kiln_status_set(b->st, KILN_EINVAL, ins->name,
-                           "computation %s runs from more than one place",
-                           b->m->comps[comp]->name);
+                           "computation %s runs from more than one place", b->m->comps[comp]->name);
   return visit(b, comp, ins->id, false);
 }
 
@@ -377,8 +380,9 @@ static int visit_plain(ba_ctx *b, const kiln_instr *ins) {
   case KILN_OP_SCATTER: {
     uint32_t n = (ins->noperands - 1) / 2;
     for (uint32_t k = 0; k < n && k < b->nleaves[ins->id]; k++)
-      if (kiln__same_layout(&b->m->instrs[ins->operands[k]]->shape,
-                            kiln_shape_is_tuple(&ins->shape) ? &ins->shape.tuple[k] : &ins->shape) &&
+      if (kiln__same_layout(&b->m->instrs[ins->operands[k]]->shape, kiln_shape_is_tuple(&ins->shape)
+                                                                        ? &ins->shape.tuple[k]
+                                                                        : &ins->shape) &&
           others_elementwise(b, ins, k) &&
           (rc = add_cand(b, b->lg[b->lstart[ins->id] + k], b->lg[b->lstart[ins->operands[k]]])))
         return rc;
@@ -604,7 +608,8 @@ static int fl_alloc(freelist *f, uint64_t size, uint64_t *off) {
     *off = f->b[best].off;
     f->b[best].off += size;
     f->b[best].size -= size;
-    if (f->b[best].size == 0) memmove(&f->b[best], &f->b[best + 1], (f->n - best - 1) * sizeof *f->b), f->n--;
+    if (f->b[best].size == 0)
+      memmove(&f->b[best], &f->b[best + 1], (f->n - best - 1) * sizeof *f->b), f->n--;
     return 0;
   }
   /* Grow the arena, starting inside a free block that ends at the top. */
@@ -650,7 +655,8 @@ static int cmp_keyed(const void *x, const void *y) {
 }
 
 static int place_temps(ba_ctx *b, kiln_buffer_assignment *ba) {
-  keyed *byd = kiln_malloc((b->ng + 1) * sizeof *byd), *byl = kiln_malloc((b->ng + 1) * sizeof *byl);
+  keyed *byd = kiln_malloc((b->ng + 1) * sizeof *byd),
+        *byl = kiln_malloc((b->ng + 1) * sizeof *byl);
   freelist f = {0};
   int rc = 0;
   if (byd == NULL || byl == NULL) {
@@ -764,7 +770,8 @@ int kiln_buffer_assign(const kiln_module *m, const kiln_buffer_options *o,
                        kiln_buffer_assignment **out, kiln_status *st) {
   *out = NULL;
   const kiln_computation *e = kiln_module_entry(m);
-  if (e == NULL) return kiln_status_set(st, KILN_EINVAL, "buffer assignment", "module has no entry");
+  if (e == NULL)
+    return kiln_status_set(st, KILN_EINVAL, "buffer assignment", "module has no entry");
   ba_ctx b = {.m = m, .o = o, .st = st, .align = o && o->alignment ? o->alignment : 64};
   size_t n = m->ninstrs ? m->ninstrs : 1;
   b.lstart = kiln_malloc(n * sizeof *b.lstart);

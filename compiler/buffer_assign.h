@@ -39,13 +39,13 @@ typedef struct kiln_buffer_options {
 } kiln_buffer_options;
 
 typedef struct kiln_buffer_assignment {
-  kiln_slot *slots;       /* kiln_executable's slot table */
+  kiln_slot *slots; /* kiln_executable's slot table */
   uint32_t nslots;
   /* Per instruction id: its leaves' slots are leaf_slots[leaf_start[id] ..
    * + nleaves[id]) (depth-first); nleaves 0 for instructions outside the
    * program computations. */
   uint32_t *leaf_start, *nleaves, *leaf_slots;
-  uint32_t *scratch_slot;  /* per instruction id, or KILN_NO_SLOT */
+  uint32_t *scratch_slot; /* per instruction id, or KILN_NO_SLOT */
   /* Per result leaf of the entry: the slot the caller reads it from (an
    * output slot, or a donated parameter's slot). */
   uint32_t *result_slots;
@@ -73,8 +73,7 @@ const uint32_t *kiln_buffer_leaves(const kiln_buffer_assignment *ba, kiln_id id,
  * (a reshape between them moves no bytes). */
 bool kiln__reshape_is_bitcast(const kiln_shape *from, const kiln_shape *to);
 /* Whether transpose(from, perm) -> to moves no bytes. */
-bool kiln__transpose_is_bitcast(const kiln_shape *from, const kiln_shape *to,
-                                const int64_t *perm);
+bool kiln__transpose_is_bitcast(const kiln_shape *from, const kiln_shape *to, const int64_t *perm);
 /* Same dims and same physical order (a copy between them is a memcpy). */
 bool kiln__same_layout(const kiln_shape *a, const kiln_shape *b);
 /* Whether instruction ins (elementwise op or fusion) reads operand k only

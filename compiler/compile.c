@@ -49,8 +49,11 @@ typedef struct stage {
 
 static int run_pipeline(stage *s, const kiln_compile_options *o, const kiln_target *t,
                         kiln_compile_report *r, kiln_status *st) {
-  kiln_pipeline_options po = {.target = t, .opt_level = o->opt_level, .verify_each = o->verify_each,
-                              .dump_dir = o->dump_dir, .disabled = o->disabled,
+  kiln_pipeline_options po = {.target = t,
+                              .opt_level = o->opt_level,
+                              .verify_each = o->verify_each,
+                              .dump_dir = o->dump_dir,
+                              .disabled = o->disabled,
                               .ndisabled = o->ndisabled};
   double t0 = now_ms();
   r->npasses = KILN_COMPILE_MAX_PASSES;
@@ -102,7 +105,8 @@ static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target 
 static int check_target(const kiln_compile_options *o, const kiln_target **t, kiln_status *st) {
   const char *name = o->target ? o->target : "cpu";
   *t = kiln_target_find(name);
-  if (*t == NULL) return kiln_status_set(st, KILN_ENOTFOUND, "compile", "unknown target '%s'", name);
+  if (*t == NULL)
+    return kiln_status_set(st, KILN_ENOTFOUND, "compile", "unknown target '%s'", name);
   if (strcmp((*t)->backend, "cpu") != 0)
     return kiln_status_set(st, KILN_EUNIMPL, "compile",
                            "target '%s' (backend %s) has no code generator here yet; use a cpu "

@@ -30,24 +30,24 @@ typedef struct kiln_compile_options {
   const char *dump_dir;        /* NULL, or a directory for pass dumps and the generated source */
   const char *const *disabled; /* pass names switched off */
   uint32_t ndisabled;
-  const char *cc;              /* C compiler; NULL: env KILN_CC, else "cc" */
-  double cc_timeout_s;         /* limit on the C compiler; 0: 120 s */
+  const char *cc;      /* C compiler; NULL: env KILN_CC, else "cc" */
+  double cc_timeout_s; /* limit on the C compiler; 0: 120 s */
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {
   kiln_pass_timing passes[KILN_COMPILE_MAX_PASSES];
   uint32_t npasses;
-  double verify_ms;      /* verifying the input */
-  double pipeline_ms;    /* all passes */
-  double assign_ms;      /* buffer assignment */
-  double codegen_ms;     /* lowering and C emission */
-  double cc_ms;          /* the C compiler */
+  double verify_ms;   /* verifying the input */
+  double pipeline_ms; /* all passes */
+  double assign_ms;   /* buffer assignment */
+  double codegen_ms;  /* lowering and C emission */
+  double cc_ms;       /* the C compiler */
   double total_ms;
-  uint64_t temp_bytes;   /* temporary arena */
-  uint64_t peak_bytes;   /* peak live temporary bytes */
+  uint64_t temp_bytes; /* temporary arena */
+  uint64_t peak_bytes; /* peak live temporary bytes */
   uint32_t nkernels, nsteps;
-  size_t source_bytes;   /* generated C */
-  size_t code_bytes;     /* shared object */
+  size_t source_bytes; /* generated C */
+  size_t code_bytes;   /* shared object */
 } kiln_compile_report;
 
 /* The defaults: target "cpu", opt_level 2, the rest off. */

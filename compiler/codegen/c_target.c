@@ -68,7 +68,8 @@ static const char prelude[] =
     "  if (x != x) return signbit(x) ? 0xffc0u : 0x7fc0u;\n"
     "  return (uint16_t)(kf32bits((float)x) >> 16);\n"
     "}\n"
-    "KI int64_t ktot(double x) { int64_t k = (int64_t)kf64bits(x); return k < 0 ? k ^ INT64_MAX : k; }\n"
+    "KI int64_t ktot(double x) { int64_t k = (int64_t)kf64bits(x); return k < 0 ? k ^ INT64_MAX : "
+    "k; }\n"
     "KI double ksign(double x) { return x != x ? x : copysign(x != 0 ? 1.0 : 0.0, x); }\n"
     "KI float ksignf(float x) { return x != x ? x : copysignf(x != 0 ? 1.0f : 0.0f, x); }\n"
     "KI double klogistic(double x) { return 1.0 / (1.0 + exp(-x)); }\n"
@@ -96,25 +97,34 @@ static const char prelude[] =
     "}\n"
     "KI uint64_t kf2u(double x, int w) {\n"
     "  if (x != x || x <= 0) return 0;\n"
-    "  if (x >= (w == 64 ? 0x1p64 : (double)(1ull << w))) return w == 64 ? UINT64_MAX : (1ull << w) - 1;\n"
+    "  if (x >= (w == 64 ? 0x1p64 : (double)(1ull << w))) return w == 64 ? UINT64_MAX : (1ull << "
+    "w) - 1;\n"
     "  return (uint64_t)x;\n"
     "}\n"
-    "KI int32_t kdivs32(int32_t a, int32_t b) { return b == 0 ? -1 : (a == INT32_MIN && b == -1) ? a : a / b; }\n"
-    "KI int32_t krems32(int32_t a, int32_t b) { return b == 0 ? a : (a == INT32_MIN && b == -1) ? 0 : a % b; }\n"
-    "KI int64_t kdivs64(int64_t a, int64_t b) { return b == 0 ? -1 : (a == INT64_MIN && b == -1) ? a : a / b; }\n"
-    "KI int64_t krems64(int64_t a, int64_t b) { return b == 0 ? a : (a == INT64_MIN && b == -1) ? 0 : a % b; }\n"
+    "KI int32_t kdivs32(int32_t a, int32_t b) { return b == 0 ? -1 : (a == INT32_MIN && b == -1) ? "
+    "a : a / b; }\n"
+    "KI int32_t krems32(int32_t a, int32_t b) { return b == 0 ? a : (a == INT32_MIN && b == -1) ? "
+    "0 : a % b; }\n"
+    "KI int64_t kdivs64(int64_t a, int64_t b) { return b == 0 ? -1 : (a == INT64_MIN && b == -1) ? "
+    "a : a / b; }\n"
+    "KI int64_t krems64(int64_t a, int64_t b) { return b == 0 ? a : (a == INT64_MIN && b == -1) ? "
+    "0 : a % b; }\n"
     "KI uint64_t kdivu64(uint64_t a, uint64_t b) { return b == 0 ? UINT64_MAX : a / b; }\n"
     "KI uint64_t kremu64(uint64_t a, uint64_t b) { return b == 0 ? a : a % b; }\n"
     "KI uint64_t kipow(uint64_t x, uint64_t y, int neg) {\n"
     "  if (x == 1 || y == 0) return 1; if (neg) return 0;\n"
     "  uint64_t r = 1; while (y) { if (y & 1) r *= x; x *= x; y >>= 1; } return r;\n"
     "}\n"
-    "KI uint64_t kclz(uint64_t x, int w) { return x == 0 ? (uint64_t)w : (uint64_t)(__builtin_clzll(x) - (64 - w)); }\n"
+    "KI uint64_t kclz(uint64_t x, int w) { return x == 0 ? (uint64_t)w : "
+    "(uint64_t)(__builtin_clzll(x) - (64 - w)); }\n"
     "#define KSHIFTS(W) \\\n"
-    "KI uint##W##_t kshl##W(uint##W##_t x, uint##W##_t y) { return y >= W ? 0 : (uint##W##_t)(x << y); } \\\n"
-    "KI uint##W##_t kshrl##W(uint##W##_t x, uint##W##_t y) { return y >= W ? 0 : (uint##W##_t)(x >> y); } \\\n"
+    "KI uint##W##_t kshl##W(uint##W##_t x, uint##W##_t y) { return y >= W ? 0 : (uint##W##_t)(x << "
+    "y); } \\\n"
+    "KI uint##W##_t kshrl##W(uint##W##_t x, uint##W##_t y) { return y >= W ? 0 : (uint##W##_t)(x "
+    ">> y); } \\\n"
     "KI uint##W##_t kshra##W(uint##W##_t x, uint##W##_t y) { \\\n"
-    "  int##W##_t s = (int##W##_t)x; return y >= W ? (uint##W##_t)(s < 0 ? -1 : 0) : (uint##W##_t)(s >> y); }\n"
+    "  int##W##_t s = (int##W##_t)x; return y >= W ? (uint##W##_t)(s < 0 ? -1 : 0) : "
+    "(uint##W##_t)(s >> y); }\n"
     "KSHIFTS(8) KSHIFTS(16) KSHIFTS(32) KSHIFTS(64)\n"
     "/* reduce-precision on the bits of a format with se exponent, sm mantissa bits */\n"
     "KI uint64_t krpbits(uint64_t bits, int se, int sm, long long eb, long long mb) {\n"
@@ -175,8 +185,8 @@ char *kiln__cgen_source(kiln__cgen *g, size_t *len) {
 
 /* ---- kernel frames ------------------------------------------------------ */
 
-int kiln__cgen_begin(kiln__cgen *g, const kiln__kernel_spec *k, kiln_sbuf *body,
-                     kiln__emit_fn *f, int indent) {
+int kiln__cgen_begin(kiln__cgen *g, const kiln__kernel_spec *k, kiln_sbuf *body, kiln__emit_fn *f,
+                     int indent) {
   int rc = kiln__emit_fn_init(f, &g->mod, body, indent);
   for (uint32_t i = 0; rc == 0 && i < k->nbinds; i++) {
     const kiln__kbind *b = &k->binds[i];

@@ -18,8 +18,8 @@
 typedef struct kiln__kbind {
   kiln_id id;
   uint32_t nleaves;
-  const uint32_t *args;             /* per leaf: argument number */
-  const kiln_shape *const *shapes;  /* per leaf: the buffer's shape (layout) */
+  const uint32_t *args;            /* per leaf: argument number */
+  const kiln_shape *const *shapes; /* per leaf: the buffer's shape (layout) */
 } kiln__kbind;
 
 typedef struct kiln__kernel_spec {
@@ -29,8 +29,8 @@ typedef struct kiln__kernel_spec {
   const uint8_t *arg_shared;   /* the same memory as another argument: no restrict */
   const kiln__kbind *binds;
   uint32_t nbinds;
-  kiln_id root;                /* the value computed (an array or a tuple) */
-  uint32_t nouts;              /* leaves of root's value stored, all of one dims */
+  kiln_id root;   /* the value computed (an array or a tuple) */
+  uint32_t nouts; /* leaves of root's value stored, all of one dims */
   const uint32_t *out_leaf;
   const uint32_t *out_arg;
   const kiln_shape *const *out_shape;
@@ -67,10 +67,9 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
                     uint64_t *range);
 
 /* Shared by c_target.c and c_target_kernels.c. */
-int kiln__cgen_begin(kiln__cgen *g, const kiln__kernel_spec *k, kiln_sbuf *body,
-                     kiln__emit_fn *f, int indent);
-void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *body,
-                       uint64_t range);
+int kiln__cgen_begin(kiln__cgen *g, const kiln__kernel_spec *k, kiln_sbuf *body, kiln__emit_fn *f,
+                     int indent);
+void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *body, uint64_t range);
 void kiln__cgen_decompose(kiln_sbuf *b, const kiln_shape *s, const char *lin, uint32_t skip_minor,
                           const char *prefix, int indent);
 

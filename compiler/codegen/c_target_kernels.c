@@ -86,7 +86,7 @@ typedef struct scat {
   uint32_t n, ar, irank;
   int64_t ivd;
   const kiln_i64s *map, *uw, *iw, *obatch, *ibatch;
-  uint32_t wd[KILN__EMIT_MAXR], nw;  /* operand window dims */
+  uint32_t wd[KILN__EMIT_MAXR], nw;   /* operand window dims */
   uint32_t usd[KILN__EMIT_MAXR], nus; /* update scatter dims */
   int64_t wsize[KILN__EMIT_MAXR];
 } scat;
@@ -140,8 +140,8 @@ static int scatter_start(kiln__emit_fn *f, const scat *p, const uint32_t *gl, ui
   return 0;
 }
 
-static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
-                         const scat *p, const uint32_t *gl, const uint32_t *wl, char st[][KILN__IX_LEN],
+static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k, const scat *p,
+                         const uint32_t *gl, const uint32_t *wl, char st[][KILN__IX_LEN],
                          uint32_t fn) {
   kiln__ix pos, u;
   const kiln_shape *us = &p->upd0->shape;
@@ -188,8 +188,8 @@ static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spe
   return 0;
 }
 
-static int scatter_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
-                        const scat *p, uint32_t fn) {
+static int scatter_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k, const scat *p,
+                        uint32_t fn) {
   const kiln_shape *us = &p->upd0->shape, *as = k->out_shape[0];
   uint32_t gl[KILN__EMIT_MAXR], wl[KILN__EMIT_MAXR], marks[2 * KILN__EMIT_MAXR + 1], nm = 0;
   bool once = p->nus == 0; /* one update window: a loop for `continue` to leave */
@@ -235,7 +235,8 @@ int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kern
   const kiln_instr *s = ins_of(g, k->root);
   int rc = scatter_plan(g, s, &p);
   if (rc) return rc;
-  if (p.n != k->nouts || p.n > KILN__EMIT_MAXR) return fail(g, s, "outputs do not match the inputs");
+  if (p.n != k->nouts || p.n > KILN__EMIT_MAXR)
+    return fail(g, s, "outputs do not match the inputs");
   uint32_t fn;
   if ((rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn))) return rc;
   kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
@@ -259,12 +260,14 @@ int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kern
 /* ---- sort --------------------------------------------------------------- */
 
 /* The comparator over positions a and b of the current row. */
-static int sort_less_fn(kiln__cgen *g, const kiln__kernel_spec *k, const kiln_instr *s,
-                        uint32_t fn, uint32_t id) {
+static int sort_less_fn(kiln__cgen *g, const kiln__kernel_spec *k, const kiln_instr *s, uint32_t fn,
+                        uint32_t id) {
   kiln_sbuf *b = &g->mod.funcs;
   const kiln_computation *c = g->mod.m->comps[s->called[0]];
-  kiln_sbuf_printf(b, "static inline int kless%u(void *const *bufs, const int64_t *base, "
-                      "const int64_t *st, int64_t a, int64_t b) {\n", id);
+  kiln_sbuf_printf(b,
+                   "static inline int kless%u(void *const *bufs, const int64_t *base, "
+                   "const int64_t *st, int64_t a, int64_t b) {\n",
+                   id);
   kiln_sbuf args = KILN_SBUF_INIT;
   for (uint32_t q = 0; q < s->noperands; q++) {
     const kiln_shape *is = k->binds[q].shapes[0];
@@ -345,14 +348,15 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
       if (e != d) kiln_sbuf_printf(&b, " + o%u * %lld", e, (long long)ost[e]);
     kiln_sbuf_printf(&b, ";\n    const int64_t ost%u = %lld;\n", q, (long long)ost[d]);
   }
-  kiln_sbuf_printf(&b, "    int64_t *perm = (int64_t *)bufs[%u] + r * 2 * len, *tmp = perm + len;\n",
-                   scratch);
+  kiln_sbuf_printf(
+      &b, "    int64_t *perm = (int64_t *)bufs[%u] + r * 2 * len, *tmp = perm + len;\n", scratch);
   kiln_sbuf_printf(&b, "#define LESS(x, y) kless%u(bufs, base, st, x, y)\n", g->nkernels);
   kiln_sbuf_puts(&b, sort_loop);
   kiln_sbuf_puts(&b, "#undef LESS\n");
   for (uint32_t q = 0; q < n; q++)
-    kiln_sbuf_printf(&b, "    for (int64_t j = 0; j < len; j++) b%u[ob[%u] + j * ost%u] = "
-                         "b%u[base[%u] + perm[j] * st[%u]];\n",
+    kiln_sbuf_printf(&b,
+                     "    for (int64_t j = 0; j < len; j++) b%u[ob[%u] + j * ost%u] = "
+                     "b%u[base[%u] + perm[j] * st[%u]];\n",
                      k->out_arg[q], q, q, k->binds[q].args[0], q, q);
   kiln_sbuf_puts(&b, "  }\n");
   *kernel = g->nkernels;

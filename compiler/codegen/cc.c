@@ -28,8 +28,8 @@
 
 extern char **environ;
 
-#define OUT_MAX 65536   /* compiler output kept for the message */
-#define MSG_MAX 800     /* of which the status shows the start */
+#define OUT_MAX 65536 /* compiler output kept for the message */
+#define MSG_MAX 800   /* of which the status shows the start */
 
 typedef struct child {
   pid_t pid;
@@ -104,8 +104,19 @@ static int spawn(const kiln__cc_options *o, const char *dir, const char *out_pat
     snprintf(march, sizeof march, "-march=%s", o->march);
     argv[n++] = march;
   }
-  const char *fixed[] = {"-pipe", "-fPIC", "-shared", "-fno-math-errno", "-ffp-contract=off",
-                         "-fno-strict-aliasing", "-w", "-o", out_path, "-x", "c", "-", "-lm"};
+  const char *fixed[] = {"-pipe",
+                         "-fPIC",
+                         "-shared",
+                         "-fno-math-errno",
+                         "-ffp-contract=off",
+                         "-fno-strict-aliasing",
+                         "-w",
+                         "-o",
+                         out_path,
+                         "-x",
+                         "c",
+                         "-",
+                         "-lm"};
   for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[n++] = fixed[i];
   argv[n] = NULL;
   posix_spawn_file_actions_t fa;

@@ -8,10 +8,10 @@
 #include "common/status.h"
 
 typedef struct kiln__cc_options {
-  const char *cc;        /* program (PATH is searched); NULL: "cc" */
-  const char *march;     /* -march= value; NULL or "": none */
-  double timeout_s;      /* wall-clock limit; <= 0: 120 s */
-  const char *opt;       /* optimization flag; NULL: "-O3" */
+  const char *cc;    /* program (PATH is searched); NULL: "cc" */
+  const char *march; /* -march= value; NULL or "": none */
+  double timeout_s;  /* wall-clock limit; <= 0: 120 s */
+  const char *opt;   /* optimization flag; NULL: "-O3" */
 } kiln__cc_options;
 
 /* Compiles C source `src` (len bytes, fed on stdin) into a shared object

@@ -20,8 +20,7 @@ int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, kiln_status *
   mod->st = st;
   kiln_sbuf_init(&mod->funcs);
   mod->comp_fn = kiln_malloc((m->ncomps ? m->ncomps : 1) * sizeof *mod->comp_fn);
-  if (mod->comp_fn == NULL)
-    return kiln_status_set(st, KILN_ENOMEM, "codegen", "out of memory");
+  if (mod->comp_fn == NULL) return kiln_status_set(st, KILN_ENOMEM, "codegen", "out of memory");
   for (uint32_t i = 0; i < m->ncomps; i++) mod->comp_fn[i] = -1;
   return 0;
 }
@@ -425,8 +424,8 @@ static bool input_leaves(kiln__emit_fn *f, kiln_id id, uint32_t *first, uint32_t
   return true;
 }
 
-static int tuple_value(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
-                       uint32_t **out, uint32_t *nout) {
+static int tuple_value(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t **out,
+                       uint32_t *nout) {
   uint32_t total = 0, cap = 8;
   uint32_t *all = kiln_arena_alloc(f->arena, cap * sizeof *all);
   if (all == NULL) return oom(f);
@@ -456,8 +455,8 @@ static uint32_t leaves_of(const kiln_shape *s) {
   return n;
 }
 
-static int gte_value(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
-                     uint32_t **out, uint32_t *nout) {
+static int gte_value(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t **out,
+                     uint32_t *nout) {
   const kiln_instr *t = f->mod->m->instrs[ins->operands[0]];
   int64_t idx = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, -1);
   if (!kiln_shape_is_tuple(&t->shape) || idx < 0 || idx >= t->shape.rank)
@@ -517,8 +516,7 @@ static int check_types(kiln__emit_fn *f, const kiln_instr *ins) {
   const kiln_shape *s = &ins->shape;
   if (kiln_shape_is_tuple(s)) {
     for (uint32_t i = 0; i < s->rank; i++)
-      if (kiln_shape_is_array(&s->tuple[i]) && !kiln__emit_dtype_ok(s->tuple[i].dtype))
-        goto bad;
+      if (kiln_shape_is_array(&s->tuple[i]) && !kiln__emit_dtype_ok(s->tuple[i].dtype)) goto bad;
     return 0;
   }
   if (kiln_shape_is_array(s) && !kiln__emit_dtype_ok(s->dtype)) goto bad;
@@ -554,7 +552,8 @@ static int compute(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, u
     *vars = (uint32_t *)v;
     return rc;
   }
-  if (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) return kiln__emit_elementwise(f, ins, x, one);
+  if (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE)
+    return kiln__emit_elementwise(f, ins, x, one);
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(f->mod->m, ins, where, sizeof where);
   return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the cpu backend cannot compile %s %s yet",

@@ -53,12 +53,12 @@ typedef struct kiln__emit_input {
 } kiln__emit_input;
 
 typedef struct kiln__ix {
-  uint32_t id;   /* memo key; 0 for every rank-0 index */
+  uint32_t id; /* memo key; 0 for every rank-0 index */
   uint32_t rank;
-  char (*c)[KILN__IX_LEN];      /* per logical dim */
-  const char *lin;              /* physical offset in lin_shape's layout, or NULL */
+  char (*c)[KILN__IX_LEN]; /* per logical dim */
+  const char *lin;         /* physical offset in lin_shape's layout, or NULL */
   const kiln_shape *lin_shape;
-  bool root;                    /* the kernel's own output index */
+  bool root; /* the kernel's own output index */
 } kiln__ix;
 
 typedef struct kiln__memo {
@@ -74,15 +74,15 @@ typedef struct kiln__emit_fn {
   kiln_sbuf *out;
   int indent;
   uint32_t nvars, nix;
-  uint32_t *in_first;           /* per instruction id: first input leaf, or KILN__NO_INPUT */
+  uint32_t *in_first; /* per instruction id: first input leaf, or KILN__NO_INPUT */
   kiln__emit_input *in;
   uint32_t nin;
   size_t incap;
   kiln__memo *memo;
   uint32_t nmemo;
   size_t memocap;
-  bool used_root;               /* a component of the root index was read */
-  kiln_arena *arena;            /* index vectors, value lists; freed with the function */
+  bool used_root;    /* a component of the root index was read */
+  kiln_arena *arena; /* index vectors, value lists; freed with the function */
   int rc;
 } kiln__emit_fn;
 
@@ -94,8 +94,8 @@ int kiln__emit_fn_init(kiln__emit_fn *f, kiln__emit_mod *mod, kiln_sbuf *out, in
 void kiln__emit_fn_free(kiln__emit_fn *f);
 /* Reads instruction id's leaves from buffers (args[k] for leaf k) or from C
  * variables (vars[k]); one of the two is NULL. */
-int kiln__emit_bind(kiln__emit_fn *f, kiln_id id, const uint32_t *args, const kiln_shape *const *shapes,
-                    const char *const *vars, uint32_t nleaves);
+int kiln__emit_bind(kiln__emit_fn *f, kiln_id id, const uint32_t *args,
+                    const kiln_shape *const *shapes, const char *const *vars, uint32_t nleaves);
 
 /* ---- values ------------------------------------------------------------- */
 
@@ -111,7 +111,8 @@ int kiln__emit_value1(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, uint32_t 
 int kiln__ix_new(kiln__emit_fn *f, uint32_t rank, kiln__ix *x);
 /* Component d (marks the root index used). */
 const char *kiln__ix_get(kiln__emit_fn *f, const kiln__ix *x, uint32_t d);
-void kiln__ix_set(kiln__ix *x, uint32_t d, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void kiln__ix_set(kiln__ix *x, uint32_t d, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* A new index variable x<N> = expr; its name is written into dst. */
 void kiln__ix_var(kiln__emit_fn *f, char dst[KILN__IX_LEN], const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -129,7 +130,8 @@ int kiln__ix_split(kiln__emit_fn *f, const char *linear, const int64_t *dims, ui
 
 void kiln__emit_line(kiln__emit_fn *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Opens/closes a C block; values and indices made inside die with it. */
-uint32_t kiln__emit_open(kiln__emit_fn *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint32_t kiln__emit_open(kiln__emit_fn *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 void kiln__emit_close(kiln__emit_fn *f, uint32_t mark, const char *tail);
 uint32_t kiln__emit_newvar(kiln__emit_fn *f);
 int kiln__emit_fail(kiln__emit_fn *f, const kiln_instr *ins, int code, const char *fmt, ...)

@@ -87,8 +87,8 @@ static const char *float_double_unary(kiln_opcode op) {
   }
 }
 
-static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, const char *a,
-                       dt t, char *dst, size_t n) {
+static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, const char *a, dt t,
+                       char *dst, size_t n) {
   char e[512];
   const char *fn = float_exact_unary(op, t);
   if (fn) {
@@ -111,7 +111,10 @@ static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, 
   if (op == KILN_OP_REDUCE_PRECISION) {
     long long eb = kiln_instr_attr_int(ins, KILN_ATTR_EXPONENT_BITS, 8);
     long long mb = kiln_instr_attr_int(ins, KILN_ATTR_MANTISSA_BITS, 23);
-    const char *h = t == KILN_F32 ? "krpf" : t == KILN_F64 ? "krpd" : t == KILN_F16 ? "krph" : "krpb";
+    const char *h = t == KILN_F32   ? "krpf"
+                    : t == KILN_F64 ? "krpd"
+                    : t == KILN_F16 ? "krph"
+                                    : "krpb";
     snprintf(dst, n, "%s(%s, %lld, %lld)", h, a, eb, mb);
     return 0;
   }
@@ -201,7 +204,7 @@ static int int_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, co
 
 static int int_shift(kiln_opcode op, const char *a, const char *b, dt t, char *dst, size_t n) {
   int w = kiln_dtype_bits(t);
-  const char *h = op == KILN_OP_SHIFT_LEFT          ? "kshl"
+  const char *h = op == KILN_OP_SHIFT_LEFT            ? "kshl"
                   : op == KILN_OP_SHIFT_RIGHT_LOGICAL ? "kshrl"
                                                       : "kshra";
   const char *uw = uwidth(t);
@@ -281,8 +284,8 @@ static void from_bits(dt t, const char *a, char *dst, size_t n) {
   }
 }
 
-int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char *a, dt from,
-                            dt to, char *dst, size_t n) {
+int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char *a, dt from, dt to,
+                            char *dst, size_t n) {
   char e[512];
   if (from == to) {
     snprintf(dst, n, "%s", a);

@@ -59,7 +59,8 @@ static int comp_params(kiln__emit_mod *mod, const kiln_computation *c, const kil
 
 static void fn_header(kiln_sbuf *h, uint32_t fn, const kiln_instr *root, const kiln_instr **params,
                       uint32_t np, bool tuple) {
-  kiln_sbuf_printf(h, "static inline %s kf%u(", tuple ? "void" : kiln__ctype(root->shape.dtype), fn);
+  kiln_sbuf_printf(h, "static inline %s kf%u(", tuple ? "void" : kiln__ctype(root->shape.dtype),
+                   fn);
   for (uint32_t i = 0; i < np; i++)
     kiln_sbuf_printf(h, "%s%s p%u", i ? ", " : "", kiln__ctype(params[i]->shape.dtype), i);
   for (uint32_t k = 0; tuple && k < root->shape.rank; k++)
@@ -125,7 +126,8 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   if (!tuple) kiln_sbuf_printf(&b, "v%u = ", outs[0]);
   kiln_sbuf_printf(&b, "kf%u(", fn);
   for (uint32_t i = 0; i < nargs; i++) kiln_sbuf_printf(&b, "%sv%u", i ? ", " : "", args[i]);
-  for (uint32_t k = 0; tuple && k < nouts; k++) kiln_sbuf_printf(&b, "%s&v%u", nargs + k ? ", " : "", outs[k]);
+  for (uint32_t k = 0; tuple && k < nouts; k++)
+    kiln_sbuf_printf(&b, "%s&v%u", nargs + k ? ", " : "", outs[k]);
   kiln_sbuf_puts(&b, ");");
   kiln__emit_line(f, "%s", kiln_sbuf_str(&b));
   kiln_sbuf_free(&b);
@@ -210,10 +212,11 @@ static int finish_accs(kiln__emit_fn *f, const kiln_instr *ins, accs *a, const u
   return 0;
 }
 
-static int reduce(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
-                  const uint32_t **vars, uint32_t *n) {
+static int reduce(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, const uint32_t **vars,
+                  uint32_t *n) {
   accs a = {.n = ins->noperands / 2};
-  if (ins->noperands % 2 || a.n == 0 || a.n > KILN__EMIT_MAXR) return bad(f, ins, "needs inputs and inits");
+  if (ins->noperands % 2 || a.n == 0 || a.n > KILN__EMIT_MAXR)
+    return bad(f, ins, "needs inputs and inits");
   const kiln_shape *in = &opnd(f, ins, 0)->shape;
   const kiln_i64s *dl = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
   bool red[KILN__EMIT_MAXR] = {false};
@@ -246,7 +249,8 @@ static int reduce(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
 static int reduce_window(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
                          const uint32_t **vars, uint32_t *n) {
   accs a = {.n = ins->noperands / 2};
-  if (ins->noperands % 2 || a.n == 0 || a.n > KILN__EMIT_MAXR) return bad(f, ins, "needs inputs and inits");
+  if (ins->noperands % 2 || a.n == 0 || a.n > KILN__EMIT_MAXR)
+    return bad(f, ins, "needs inputs and inits");
   const kiln_shape *in = &opnd(f, ins, 0)->shape;
   const kiln_attr *wa = kiln_instr_attr(ins, KILN_ATTR_WINDOW);
   const kiln_window *w = wa ? wa->v.window : NULL;
@@ -268,9 +272,9 @@ static int reduce_window(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix
     kiln__ix_var(f, pos, "%s * %lld + r%u * %lld - %lld", kiln__ix_get(f, x, d),
                  (long long)wd->stride, loops[d], (long long)wd->rhs_dilate, (long long)wd->pad_lo);
     if (wd->lhs_dilate > 1) {
-      kiln_sbuf_printf(&skip, "%s%s < 0 || %s %% %lld != 0 || %s / %lld >= %lld", skip.len ? " || " : "",
-                       pos, pos, (long long)wd->lhs_dilate, pos, (long long)wd->lhs_dilate,
-                       (long long)in->dims[d]);
+      kiln_sbuf_printf(&skip, "%s%s < 0 || %s %% %lld != 0 || %s / %lld >= %lld",
+                       skip.len ? " || " : "", pos, pos, (long long)wd->lhs_dilate, pos,
+                       (long long)wd->lhs_dilate, (long long)in->dims[d]);
       kiln__ix_set(&y, d, "(%s / %lld)", pos, (long long)wd->lhs_dilate);
     } else {
       if (wd->pad_lo != 0 || wd->pad_hi != 0)
@@ -376,7 +380,8 @@ static int dot(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint3
   uint32_t next = nb;
   int rc = dot_side(f, x, ls, lb, lc, loops, &next, &ly);
   if (rc == 0) rc = dot_side(f, x, rs, rb, rc_, loops, &next, &ry);
-  if (rc < 0 || (rc == 0 && next != x->rank)) rc = bad(f, ins, "result rank is not batch + free dims");
+  if (rc < 0 || (rc == 0 && next != x->rank))
+    rc = bad(f, ins, "result rank is not batch + free dims");
   if (rc == 0) rc = accumulate(f, ins, acc, t, &ly, &ry);
   for (uint32_t i = nc; i-- > 0;) kiln__emit_close(f, marks[i], NULL);
   if (rc) return rc;
@@ -413,8 +418,8 @@ static int conv_plan(kiln__emit_fn *f, const kiln_instr *ins, conv_geo *g) {
 }
 
 static kiln_window_dim conv_wdim(const conv_geo *g, const kiln_shape *rs, uint32_t i) {
-  kiln_window_dim def = {.size = rs->dims[g->d->kernel_spatial[i]], .stride = 1,
-                         .lhs_dilate = 1, .rhs_dilate = 1};
+  kiln_window_dim def = {
+      .size = rs->dims[g->d->kernel_spatial[i]], .stride = 1, .lhs_dilate = 1, .rhs_dilate = 1};
   return g->w ? g->w->dims[i] : def;
 }
 
@@ -429,8 +434,9 @@ static int convolution(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *
   const char *oz = kiln__ix_get(f, x, (uint32_t)d->out_feature);
   char lbatch[KILN__IX_LEN], fgi[KILN__IX_LEN];
   kiln__ix_var(f, fgi, "%s / %lld", oz, (long long)g.ofgs);
-  kiln__ix_var(f, lbatch, "%s + (%s / %lld * %lld) %% %lld", kiln__ix_get(f, x, (uint32_t)d->out_batch),
-               oz, (long long)g.depth_mult, (long long)g.bgs, (long long)g.in_b);
+  kiln__ix_var(f, lbatch, "%s + (%s / %lld * %lld) %% %lld",
+               kiln__ix_get(f, x, (uint32_t)d->out_batch), oz, (long long)g.depth_mult,
+               (long long)g.bgs, (long long)g.in_b);
   uint32_t acc = open_acc(f, t), loops[KILN__EMIT_MAXR], marks[KILN__EMIT_MAXR + 1];
   kiln__ix ly, ry;
   if ((rc = kiln__ix_new(f, ls->rank, &ly)) || (rc = kiln__ix_new(f, rs->rank, &ry))) return rc;
@@ -443,11 +449,12 @@ static int convolution(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *
   for (uint32_t i = 0; i < ns; i++) {
     kiln_window_dim wd = conv_wdim(&g, rs, i);
     char u[KILN__IX_LEN];
-    kiln__ix_var(f, u, "%s * %lld - %lld + r%u * %lld", kiln__ix_get(f, x, (uint32_t)d->out_spatial[i]),
-                 (long long)wd.stride, (long long)wd.pad_lo, loops[i], (long long)wd.rhs_dilate);
+    kiln__ix_var(f, u, "%s * %lld - %lld + r%u * %lld",
+                 kiln__ix_get(f, x, (uint32_t)d->out_spatial[i]), (long long)wd.stride,
+                 (long long)wd.pad_lo, loops[i], (long long)wd.rhs_dilate);
     long long dil = wd.lhs_dilate, dim = ls->dims[d->in_spatial[i]];
-    kiln_sbuf_printf(&skip, "%s%s < 0 || %s %% %lld != 0 || %s / %lld >= %lld", skip.len ? " || " : "",
-                     u, u, dil, u, dil, dim);
+    kiln_sbuf_printf(&skip, "%s%s < 0 || %s %% %lld != 0 || %s / %lld >= %lld",
+                     skip.len ? " || " : "", u, u, dil, u, dil, dim);
     kiln__ix_set(&ly, (uint32_t)d->in_spatial[i], "(%s / %lld)", u, dil);
     if (wd.reversal)
       kiln__ix_set(&ry, (uint32_t)d->kernel_spatial[i], "(%lld - r%u)",
@@ -458,8 +465,8 @@ static int convolution(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *
   if (skip.len) kiln__emit_line(f, "if (%s) continue;", kiln_sbuf_str(&skip));
   kiln_sbuf_free(&skip);
   uint32_t z = kiln__emit_newvar(f);
-  marks[ns] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", z, z,
-                              (long long)g.ifgs, z);
+  marks[ns] =
+      kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", z, z, (long long)g.ifgs, z);
   kiln__ix_set(&ly, (uint32_t)d->in_batch, "%s", lbatch);
   kiln__ix_set(&ly, (uint32_t)d->in_feature, "(%s * %lld + r%u)", fgi, (long long)g.ifgs, z);
   kiln__ix_set(&ry, (uint32_t)d->kernel_out, "%s", oz);
@@ -474,14 +481,16 @@ static int convolution(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *
 
 static int map(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t *var) {
   uint32_t fn, args[KILN__EMIT_MAXR];
-  if (ins->ncalled != 1 || ins->noperands > KILN__EMIT_MAXR) return bad(f, ins, "needs one computation");
+  if (ins->ncalled != 1 || ins->noperands > KILN__EMIT_MAXR)
+    return bad(f, ins, "needs one computation");
   int rc = kiln__emit_comp_fn(f->mod, ins->called[0], ins, &fn);
   if (rc) return f->rc = rc;
   if (f->mod->fn_tuple[fn]) return bad(f, ins, "computation must return a scalar");
   for (uint32_t j = 0; j < ins->noperands; j++) {
     const kiln_instr *o = opnd(f, ins, j);
     if ((rc = kiln__emit_value1(f, o->id, x, &args[j]))) return rc;
-    if ((rc = converted(f, ins, args[j], o->shape.dtype, param_type(f, ins->called[0], j), &args[j])))
+    if ((rc = converted(f, ins, args[j], o->shape.dtype, param_type(f, ins->called[0], j),
+                        &args[j])))
       return rc;
   }
   uint32_t out = kiln__emit_newvar(f);

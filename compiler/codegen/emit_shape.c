@@ -109,8 +109,9 @@ static int split_physical(kiln__emit_fn *f, const char *off, const kiln_shape *s
 
 static int bitcast(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t *var) {
   const kiln_instr *a = opnd(f, ins, 0);
-  int rc = need(f, ins, a->shape.dtype == ins->shape.dtype &&
-                            kiln_shape_elements(&a->shape) == kiln_shape_elements(&ins->shape),
+  int rc = need(f, ins,
+                a->shape.dtype == ins->shape.dtype &&
+                    kiln_shape_elements(&a->shape) == kiln_shape_elements(&ins->shape),
                 "element types and counts must agree");
   if (rc) return rc;
   char off[1024];
@@ -167,7 +168,8 @@ static int iota(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint
   if (rc) return rc;
   char src[KILN__IX_LEN + 16], e[256];
   snprintf(src, sizeof src, "(int64_t)%s", ins->shape.rank ? kiln__ix_get(f, x, (uint32_t)d) : "0");
-  if ((rc = kiln__emit_convert_expr(f, ins, src, KILN_S64, ins->shape.dtype, e, sizeof e))) return rc;
+  if ((rc = kiln__emit_convert_expr(f, ins, src, KILN_S64, ins->shape.dtype, e, sizeof e)))
+    return rc;
   *var = kiln__emit_newvar(f);
   kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(ins->shape.dtype), *var, e);
   return 0;
@@ -201,7 +203,8 @@ static int start_index(kiln__emit_fn *f, const kiln_instr *ins, uint32_t first, 
     rc = kiln__emit_value1(f, src->id, &s0, &v);
   }
   if (rc) return rc;
-  if ((rc = need(f, ins, kiln_dtype_is_integral(src->shape.dtype), "start indices must be integers")))
+  if ((rc = need(f, ins, kiln_dtype_is_integral(src->shape.dtype),
+                 "start indices must be integers")))
     return rc;
   char e[128];
   as_index(v, src->shape.dtype, e, sizeof e);
@@ -280,14 +283,15 @@ static int concatenate(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *
   for (uint32_t j = 0; j < ins->noperands; j++) {
     int64_t len = opnd(f, ins, j)->shape.dims[d];
     bool last = j + 1 == ins->noperands;
-    uint32_t mark = last ? kiln__emit_open(f, j ? "else" : "")
-                         : kiln__emit_open(f, "%sif (%s < %lld)", j ? "else " : "", c,
-                                           (long long)(at + len));
+    uint32_t mark =
+        last ? kiln__emit_open(f, j ? "else" : "")
+             : kiln__emit_open(f, "%sif (%s < %lld)", j ? "else " : "", c, (long long)(at + len));
     kiln__ix y;
     uint32_t v;
     if ((rc = kiln__ix_new(f, x->rank, &y))) return rc;
     for (uint32_t k = 0; k < x->rank; k++)
-      kiln__ix_set(&y, k, k == d && at ? "(%s - %lld)" : "%s", kiln__ix_get(f, x, k), (long long)at);
+      kiln__ix_set(&y, k, k == d && at ? "(%s - %lld)" : "%s", kiln__ix_get(f, x, k),
+                   (long long)at);
     if ((rc = forward(f, ins, j, &y, &v))) return rc;
     kiln__emit_line(f, "v%u = v%u;", *var, v);
     kiln__emit_close(f, mark, NULL);
@@ -366,13 +370,16 @@ static int gather_start(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix 
 static int gather(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t *var) {
   const kiln_instr *a = opnd(f, ins, 0), *ind = opnd(f, ins, 1);
   uint32_t ar = a->shape.rank, orank = ins->shape.rank;
-  const kiln_i64s *offd = ints(ins, KILN_ATTR_OFFSET_DIMS), *coll = ints(ins, KILN_ATTR_COLLAPSED_SLICE_DIMS);
-  const kiln_i64s *map = ints(ins, KILN_ATTR_START_INDEX_MAP), *sizes = ints(ins, KILN_ATTR_SLICE_SIZES);
+  const kiln_i64s *offd = ints(ins, KILN_ATTR_OFFSET_DIMS),
+                  *coll = ints(ins, KILN_ATTR_COLLAPSED_SLICE_DIMS);
+  const kiln_i64s *map = ints(ins, KILN_ATTR_START_INDEX_MAP),
+                  *sizes = ints(ins, KILN_ATTR_SLICE_SIZES);
   const kiln_i64s *obatch = ints(ins, KILN_ATTR_OPERAND_BATCHING_DIMS);
   const kiln_i64s *ibatch = ints(ins, KILN_ATTR_START_INDICES_BATCHING_DIMS);
   int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, ind->shape.rank);
-  int rc = need(f, ins, sizes->n == ar && kiln_dtype_is_integral(ind->shape.dtype) &&
-                            obatch->n == ibatch->n, "malformed gather");
+  int rc = need(
+      f, ins, sizes->n == ar && kiln_dtype_is_integral(ind->shape.dtype) && obatch->n == ibatch->n,
+      "malformed gather");
   if (rc) return rc;
   uint32_t bdims[KILN__EMIT_MAXR], nb = 0;
   for (uint32_t d = 0; d < orank; d++)
@@ -381,7 +388,8 @@ static int gather(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, ui
   for (uint32_t d = 0; d < ar; d++) snprintf(st[d], KILN__IX_LEN, "0");
   for (uint32_t k = 0; k < map->n; k++) {
     uint32_t v;
-    if ((rc = need(f, ins, map->v[k] >= 0 && map->v[k] < ar, "start_index_map out of range"))) return rc;
+    if ((rc = need(f, ins, map->v[k] >= 0 && map->v[k] < ar, "start_index_map out of range")))
+      return rc;
     if ((rc = gather_start(f, ins, x, bdims, ivd, k, &v))) return rc;
     char e[128];
     as_index(v, ind->shape.dtype, e, sizeof e);
@@ -424,7 +432,8 @@ static int bitcast_convert(kiln__emit_fn *f, const kiln_instr *ins, const kiln__
 
 int kiln__emit_movement(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t *var) {
   if (!kiln_shape_is_array(&ins->shape))
-    return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the cpu backend cannot compile tuple-shaped %s %s",
+    return kiln__emit_fail(f, ins, KILN_EUNIMPL,
+                           "the cpu backend cannot compile tuple-shaped %s %s",
                            kiln_opcode_name(ins->op), ins->name);
   switch (ins->op) {
   case KILN_OP_BROADCAST: return broadcast(f, ins, x, var);
@@ -456,7 +465,8 @@ int kiln__emit_dus_target(kiln__emit_fn *f, const kiln_instr *dus, const kiln__i
                           kiln__ix *target) {
   const kiln_instr *a = opnd(f, dus, 0), *up = opnd(f, dus, 1);
   uint32_t r = a->shape.rank;
-  int rc = need(f, dus, up->shape.rank == r && u->rank == r, "update rank differs from the operand's");
+  int rc =
+      need(f, dus, up->shape.rank == r && u->rank == r, "update rank differs from the operand's");
   if (rc == 0) rc = kiln__ix_new(f, r, target);
   for (uint32_t d = 0; rc == 0 && d < r; d++) {
     char st[KILN__IX_LEN];

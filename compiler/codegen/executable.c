@@ -22,8 +22,8 @@
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
 
-#define MAX_RANK 64       /* array rank and tuple arity in a blob */
-#define MAX_DEPTH 16      /* tuple nesting in a blob */
+#define MAX_RANK 64  /* array rank and tuple arity in a blob */
+#define MAX_DEPTH 16 /* tuple nesting in a blob */
 #define NULL_STR UINT32_MAX
 
 kiln_executable *kiln_executable_create(void) {
@@ -136,8 +136,8 @@ static void put_step(writer *w, const kiln_step *s) {
   for (uint32_t i = 0; i < s->nsub; i++) put_u32(w, s->sub[i]);
   const kiln_gemm *g = &s->gemm;
   put_u32(w, (uint32_t)g->dtype);
-  int64_t v[10] = {g->batch,    g->m,        g->n,        g->k,  g->lda,
-                   g->ldb,      g->ldc,      g->stride_a, g->stride_b, g->stride_c};
+  int64_t v[10] = {g->batch, g->m,   g->n,        g->k,        g->lda,
+                   g->ldb,   g->ldc, g->stride_a, g->stride_b, g->stride_c};
   for (int i = 0; i < 10; i++) put_i64(w, v[i]);
   put_u8(w, g->trans_a);
   put_u8(w, g->trans_b);
@@ -280,7 +280,8 @@ static void get_layout(reader *r, kiln_shape *s) {
   if (l == NULL) return;
   s->layout = l;
   l->rank = get_count(r, 8, "layout rank");
-  if (r->rc == 0 && l->rank != s->rank) fail(r, KILN_EINVAL, "layout rank", "differs from the shape's rank", NULL);
+  if (r->rc == 0 && l->rank != s->rank)
+    fail(r, KILN_EINVAL, "layout rank", "differs from the shape's rank", NULL);
   l->minor_to_major = arr(r, l->rank, sizeof(int64_t));
   uint8_t seen[MAX_RANK] = {0};
   for (uint32_t i = 0; r->rc == 0 && i < l->rank; i++) {
@@ -322,7 +323,8 @@ static void get_shape(reader *r, kiln_shape *s, int depth) {
   }
   if (get_bool(r, "shape dynamic flag")) {
     s->dynamic = arr(r, s->rank, 1);
-    for (uint32_t i = 0; r->rc == 0 && i < s->rank; i++) s->dynamic[i] = get_bool(r, "shape dynamic");
+    for (uint32_t i = 0; r->rc == 0 && i < s->rank; i++)
+      s->dynamic[i] = get_bool(r, "shape dynamic");
   }
   if (get_bool(r, "shape layout flag")) get_layout(r, s);
   if (r->rc == 0 && kiln_dtype_is_array(s->dtype) && kiln_shape_bytes(s) < 0)
@@ -400,7 +402,8 @@ static int check_slots(const kiln_executable *e, kiln_status *st) {
         return bad(st, "slot", i, "lies outside the constants");
       break;
     case KILN_SLOT_PARAM:
-      if (s->index >= e->nparams) return bad(st, "slot", i, "names a parameter that does not exist");
+      if (s->index >= e->nparams)
+        return bad(st, "slot", i, "names a parameter that does not exist");
       if (s->leaf >= count_leaves(&e->param_shapes[s->index]))
         return bad(st, "slot", i, "names a parameter leaf that does not exist");
       break;
@@ -465,7 +468,8 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
       return bad(st, "nested program of program", p, "must be a later program");
   switch (s->kind) {
   case KILN_STEP_KERNEL:
-    if (s->kernel >= e->nkernels) return bad(st, "kernel step in program", p, "kernel out of range");
+    if (s->kernel >= e->nkernels)
+      return bad(st, "kernel step in program", p, "kernel out of range");
     break;
   case KILN_STEP_GEMM:
     if (s->nargs != 3 || check_gemm(e, s, p))
@@ -476,10 +480,12 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
       return bad(st, "copy step in program", p, "copies past the end of a slot");
     break;
   case KILN_STEP_WHILE:
-    if (s->nsub != 2 || s->nargs < 1) return bad(st, "while step in program", p, "needs 2 programs and a predicate");
+    if (s->nsub != 2 || s->nargs < 1)
+      return bad(st, "while step in program", p, "needs 2 programs and a predicate");
     break;
   case KILN_STEP_CONDITIONAL:
-    if (s->nsub < 1 || s->nargs < 1) return bad(st, "conditional step in program", p, "needs branches and a selector");
+    if (s->nsub < 1 || s->nargs < 1)
+      return bad(st, "conditional step in program", p, "needs branches and a selector");
     break;
   case KILN_STEP_CALL:
     if (s->nsub != 1) return bad(st, "call step in program", p, "needs 1 program");
@@ -549,7 +555,8 @@ static void get_body(reader *r, kiln_executable *e) {
   e->temp_bytes = get_u64(r, "temp_bytes");
   e->peak_bytes = get_u64(r, "peak_bytes");
   e->nconstants = get_u64(r, "nconstants");
-  if (r->rc == 0 && e->nconstants > r->len - r->pos) fail(r, KILN_EINVAL, "nconstants", "truncated", NULL);
+  if (r->rc == 0 && e->nconstants > r->len - r->pos)
+    fail(r, KILN_EINVAL, "nconstants", "truncated", NULL);
   e->constants = arr(r, (size_t)e->nconstants, 1);
   take(r, e->constants, (size_t)e->nconstants, "constants");
   e->nprograms = get_count(r, 4, "nprograms");
@@ -565,7 +572,8 @@ static void get_body(reader *r, kiln_executable *e) {
   if (r->rc == 0 && e->ncode > r->len - r->pos) fail(r, KILN_EINVAL, "ncode", "truncated", NULL);
   e->code = arr(r, (size_t)e->ncode, 1);
   take(r, e->code, (size_t)e->ncode, "code");
-  if (r->rc == 0 && r->pos != r->len) fail(r, KILN_EINVAL, "end", "trailing bytes after the code", NULL);
+  if (r->rc == 0 && r->pos != r->len)
+    fail(r, KILN_EINVAL, "end", "trailing bytes after the code", NULL);
 }
 
 int kiln_executable_deserialize(const uint8_t *buf, size_t len, kiln_executable **out,

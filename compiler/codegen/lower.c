@@ -85,7 +85,8 @@ int kiln__lower_prepare(kiln_module *m, uint64_t **scratch, kiln_status *st) {
       s[i] = n > 0 ? (uint64_t)n * 16 : 0;
     } else if (ins->op == KILN_OP_FUSION) {
       const kiln_instr *d = kiln__fusion_gemm_dot(m, ins);
-      const kiln_instr *root = ins->ncalled ? kiln_computation_root(m, m->comps[ins->called[0]]) : NULL;
+      const kiln_instr *root =
+          ins->ncalled ? kiln_computation_root(m, m->comps[ins->called[0]]) : NULL;
       if (d && d != root) s[i] = (uint64_t)kiln_shape_bytes(&d->shape);
     }
   }
@@ -101,7 +102,9 @@ int kiln__lower_fail(kiln__lctx *c, const kiln_instr *ins, int code, const char 
   return kiln_status_set(c->st, code, where, "%s %s: %s", kiln_opcode_name(ins->op), where, what);
 }
 
-static int oom(kiln__lctx *c) { return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory"); }
+static int oom(kiln__lctx *c) {
+  return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+}
 
 static int new_prog(kiln__lctx *c, uint32_t *id) {
   if (kiln_grow((void **)&c->progs, &c->progcap, c->nprogs + 1, sizeof *c->progs)) return oom(c);
@@ -185,7 +188,8 @@ static int fill_constant(kiln__lctx *c, const kiln_instr *k, const uint32_t *slo
   const kiln_shape *ls[KILN__EMIT_MAXR];
   if (k->literal == NULL) return kiln__lower_fail(c, k, KILN_EINVAL, "constant without a value");
   uint32_t nl = kiln__lower_leaf_shapes(&k->shape, ls, KILN__EMIT_MAXR);
-  if (nl != n || nl > KILN__EMIT_MAXR) return kiln__lower_fail(c, k, KILN_EUNIMPL, "constant tuple too large");
+  if (nl != n || nl > KILN__EMIT_MAXR)
+    return kiln__lower_fail(c, k, KILN_EUNIMPL, "constant tuple too large");
   for (uint32_t i = 0; i < n; i++) {
     uint32_t kk = i;
     const kiln_literal *lit = literal_leaf(k->literal, &kk);
@@ -253,7 +257,8 @@ static int copy_leaves(kiln__lctx *c, uint32_t prog, const kiln_instr *shape_of,
   const kiln_shape *ls[KILN__EMIT_MAXR * 4];
   uint32_t ns, nl = kiln__lower_leaf_shapes(&shape_of->shape, ls, KILN__EMIT_MAXR * 4);
   const uint32_t *s = kiln_buffer_leaves(c->ba, src, &ns);
-  if (ns != n || nl != n) return kiln__lower_fail(c, shape_of, KILN_EINTERNAL, "leaf counts differ");
+  if (ns != n || nl != n)
+    return kiln__lower_fail(c, shape_of, KILN_EINTERNAL, "leaf counts differ");
   for (uint32_t i = 0; i < n; i++) {
     int rc = kiln__lower_copy(c, prog, dst[i], s[i], (uint64_t)leaf_bytes(ls[i]));
     if (rc) return rc;
@@ -337,7 +342,8 @@ static int lower_branches(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     if (rc) return rc;
   }
   kiln_step s = {.kind = ins->op == KILN_OP_CALL ? KILN_STEP_CALL : KILN_STEP_CONDITIONAL,
-                 .nsub = ins->ncalled, .sub = subs};
+                 .nsub = ins->ncalled,
+                 .sub = subs};
   if (ins->op == KILN_OP_CONDITIONAL) {
     uint32_t ns;
     const uint32_t *sel = kiln_buffer_leaves(c->ba, ins->operands[0], &ns);
@@ -455,12 +461,30 @@ static int fill_tables(kiln__lctx *c) {
   if (e->slots == NULL || e->constants == NULL || e->programs == NULL) return oom(c);
   for (size_t p = 0; p < c->nprogs; p++) {
     e->programs[p].nsteps = (uint32_t)c->progs[p].n;
-    e->programs[p].steps =
-        c->progs[p].n ? kiln_arena_memdup(e->arena, c->progs[p].steps, c->progs[p].n * sizeof(kiln_step))
-                      : kiln_arena_calloc(e->arena, 1, sizeof(kiln_step));
+    e->programs[p].steps = c->progs[p].n ? kiln_arena_memdup(e->arena, c->progs[p].steps,
+                                                             c->progs[p].n * sizeof(kiln_step))
+                                         : kiln_arena_calloc(e->arena, 1, sizeof(kiln_step));
     if (e->programs[p].steps == NULL) return oom(c);
   }
   e->nkernels = c->g->nkernels;
+  return 0;
+}
+
+static bool rank_ok(const kiln_shape *s) {
+  if (!kiln_shape_is_tuple(s)) return s->rank <= KILN__EMIT_MAXR;
+  for (uint32_t i = 0; i < s->rank; i++)
+    if (!rank_ok(&s->tuple[i])) return false;
+  return true;
+}
+
+/* Kernels keep per-dim state in fixed arrays: refuse higher ranks up front. */
+static int check_ranks(kiln__lctx *c) {
+  for (uint32_t i = 0; i < c->m->ninstrs; i++) {
+    const kiln_instr *ins = c->m->instrs[i];
+    if (ins->comp != KILN_NO_ID && !rank_ok(&ins->shape))
+      return kiln__lower_fail(c, ins, KILN_EUNIMPL,
+                              "the cpu backend cannot compile arrays of rank above 32");
+  }
   return 0;
 }
 
@@ -479,6 +503,7 @@ int kiln__lower(const kiln_module *m, const kiln_buffer_assignment *ba, kiln__cg
   memset(c.const_slot, 0xff, (m->ninstrs ? m->ninstrs : 1) * sizeof *c.const_slot);
   memcpy(c.slots, ba->slots, ba->nslots * sizeof *c.slots);
   c.nslots = ba->nslots;
+  if ((rc = check_ranks(&c))) goto out;
   if ((rc = program_constants(&c))) goto out;
   if ((rc = new_prog(&c, &entry))) goto out;
   if ((rc = lower_comp(&c, m->entry, entry))) goto out;

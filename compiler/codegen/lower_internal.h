@@ -21,7 +21,7 @@ typedef struct kiln__lctx {
   size_t nprogs, progcap;
   kiln_slot *slots; /* ba's slots, then constants found inside fusions */
   size_t nslots, slotcap;
-  uint8_t *consts;  /* the constants blob */
+  uint8_t *consts; /* the constants blob */
   size_t nconsts, constcap;
   uint32_t *const_slot; /* per instruction id: slot of a fused array constant */
   kiln_arena *scratch;  /* kernel specs; freed at the end */

@@ -66,7 +66,8 @@ static int kb_bind(kb *b, kiln_id id, const kiln_instr *src, const uint32_t *slo
     return kiln__lower_fail(c, src, KILN_EUNIMPL, "too many kernel inputs");
   uint32_t *args = kiln_arena_alloc(c->scratch, (nl + 1) * sizeof *args);
   const kiln_shape **shapes = kiln_arena_alloc(c->scratch, (nl + 1) * sizeof *shapes);
-  if (args == NULL || shapes == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  if (args == NULL || shapes == NULL)
+    return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
   for (uint32_t k = 0; k < nl; k++) {
     shapes[k] = ls[k];
     args[k] = kiln_shape_is_array(ls[k]) ? kb_arg(b, slots[k], ls[k]->dtype, false) : 0;
@@ -96,8 +97,8 @@ static int kb_bind_fusion(kb *b, const kiln_instr *fu) {
       if (x->param_number < 0 || x->param_number >= fu->noperands)
         return kiln__lower_fail(c, fu, KILN_EINVAL, "fused parameter has no operand");
       rc = kb_bind(b, x->id, c->m->instrs[fu->operands[x->param_number]], NULL);
-    } else if (x->op == KILN_OP_CONSTANT && !(kiln_shape_is_array(&x->shape) &&
-                                              kiln_shape_elements(&x->shape) == 1)) {
+    } else if (x->op == KILN_OP_CONSTANT &&
+               !(kiln_shape_is_array(&x->shape) && kiln_shape_elements(&x->shape) == 1)) {
       uint32_t *slots;
       rc = kiln__lower_const_slot(c, x, &slots);
       if (rc == 0) rc = kb_bind(b, x->id, x, slots);
@@ -122,9 +123,8 @@ static kiln__kernel_spec kb_spec(kb *b, kiln_id root) {
     b->shared[i] = 0;
     for (uint32_t j = 0; j < b->n; j++) b->shared[i] |= j != i && b->slot[j] == b->slot[i];
   }
-  return (kiln__kernel_spec){b->n,        b->dt,       b->out,       b->shared,    b->binds,
-                             b->nbinds,   root,        b->nouts,     b->out_leaf,  b->out_arg,
-                             b->out_shape};
+  return (kiln__kernel_spec){b->n, b->dt,    b->out,      b->shared,  b->binds,    b->nbinds,
+                             root, b->nouts, b->out_leaf, b->out_arg, b->out_shape};
 }
 
 static int kb_step(kb *b, uint32_t prog, uint32_t kernel, uint64_t range) {
@@ -234,7 +234,8 @@ bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bo
   if (!lc || !rc || lc->n != 1 || rc->n != 1 || (rb ? rb->n : 0) != nb) return false;
   int64_t lf = free_dim(ls, lb, lc->v[0]), rf = free_dim(rs, rb, rc->v[0]);
   bool ta, tb, tc;
-  if (!side(ls, lb, lc->v[0], lf, true, &ta) || !side(rs, rb, rc->v[0], rf, false, &tb)) return false;
+  if (!side(ls, lb, lc->v[0], lf, true, &ta) || !side(rs, rb, rc->v[0], rf, false, &tb))
+    return false;
   /* The result: batch dims 0..nb-1, then M (when lhs has a free dim), then N. */
   int64_t p[KILN__EMIT_MAXR];
   if (os->rank != nb + (lf >= 0) + (rf >= 0) || os->rank > KILN__EMIT_MAXR) return false;
@@ -300,7 +301,8 @@ static int gemm_step(kiln__lctx *c, uint32_t prog, const kiln_instr *d, uint32_t
                      uint32_t out) {
   kiln_gemm g;
   bool swap;
-  if (!kiln__gemm_plan(c->m, d, &g, &swap)) return kiln__lower_fail(c, d, KILN_EINTERNAL, "not a GEMM");
+  if (!kiln__gemm_plan(c->m, d, &g, &swap))
+    return kiln__lower_fail(c, d, KILN_EINTERNAL, "not a GEMM");
   uint32_t args[3] = {swap ? b : a, swap ? a : b, out};
   kiln_step s = {.kind = KILN_STEP_GEMM, .nargs = 3, .gemm = g};
   s.args = kiln_arena_memdup(c->e->arena, args, sizeof args);
@@ -332,7 +334,8 @@ static int dus_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const
   uint32_t out = leaf0(c, ins->id), src = leaf0(c, operand->id);
   int rc = kiln__lower_copy(c, prog, out, src, (uint64_t)kiln_shape_bytes(&ins->shape));
   kb *b = rc ? NULL : kb_new(c);
-  if (rc || b == NULL) return rc ? rc : kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  if (rc || b == NULL)
+    return rc ? rc : kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
   rc = bind(b, ins);
   kb_output(b, 0, out, &ins->shape);
   if (rc == 0) rc = kb_check(b, ins);
@@ -348,17 +351,20 @@ static int dus_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const
 }
 
 /* scatter: operands copied into the results, then one sequential kernel. */
-static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins,
-                          const kiln_instr *sc, const kiln_instr *const *operands, bind_fn bind) {
+static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const kiln_instr *sc,
+                          const kiln_instr *const *operands, bind_fn bind) {
   uint32_t n = (sc->noperands - 1) / 2, ns;
   const kiln_shape *ls[MAXA];
   const uint32_t *outs = kiln_buffer_leaves(c->ba, ins->id, &ns);
   uint32_t nl = kiln__lower_leaf_shapes(&ins->shape, ls, MAXA);
-  if (ns != n || nl != n || n == 0 || n > MAXA) return kiln__lower_fail(c, ins, KILN_EINVAL, "results must match the inputs");
+  if (ns != n || nl != n || n == 0 || n > MAXA)
+    return kiln__lower_fail(c, ins, KILN_EINVAL, "results must match the inputs");
   for (uint32_t k = 0; k < n; k++) {
     if (!kiln__same_layout(&operands[k]->shape, ls[k]))
-      return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the cpu backend cannot scatter between layouts yet");
-    int rc = kiln__lower_copy(c, prog, outs[k], leaf0(c, operands[k]->id), (uint64_t)kiln_shape_bytes(ls[k]));
+      return kiln__lower_fail(c, ins, KILN_EUNIMPL,
+                              "the cpu backend cannot scatter between layouts yet");
+    int rc = kiln__lower_copy(c, prog, outs[k], leaf0(c, operands[k]->id),
+                              (uint64_t)kiln_shape_bytes(ls[k]));
     if (rc) return rc;
   }
   kb *b = kb_new(c);
@@ -415,7 +421,8 @@ static int sort_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   const uint32_t *outs = kiln_buffer_leaves(c->ba, ins->id, &ns);
   uint32_t nl = kiln__lower_leaf_shapes(&ins->shape, ls, MAXA);
   uint32_t scratch = c->ba->scratch_slot[ins->id];
-  if (n == 0 || ns != n || nl != n || n > MAXA) return kiln__lower_fail(c, ins, KILN_EINVAL, "results must match the operands");
+  if (n == 0 || ns != n || nl != n || n > MAXA)
+    return kiln__lower_fail(c, ins, KILN_EINVAL, "results must match the operands");
   if (scratch == KILN_NO_SLOT) return 0; /* nothing to sort */
   kb *b = kb_new(c);
   if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");

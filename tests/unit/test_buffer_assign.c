@@ -77,15 +77,15 @@ END_TEST
 START_TEST(dead_buffers_reused_best_fit) {
   /* x (16 KiB) dies at y; z of the same size then takes x's offset. w is
    * live alongside z and goes elsewhere. */
-  kiln_module *m = parse(
-      "HloModule t\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
-      "ENTRY main {\n  p = f32[64] parameter(0)\n  zero = f32[] constant(0)\n"
-      "  x = f32[64,64] broadcast(p), dimensions={1}\n"
-      "  y = f32[64] reduce(x, zero), dimensions={0}, to_apply=add\n"
-      "  z = f32[64,64] broadcast(y), dimensions={0}\n"
-      "  w = f32[64] reduce(z, zero), dimensions={1}, to_apply=add\n"
-      "  v = f32[64,64] broadcast(w), dimensions={1}\n"
-      "  ROOT r = f32[64] reduce(v, zero), dimensions={0}, to_apply=add\n}\n");
+  kiln_module *m = parse("HloModule t\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT "
+                         "s = f32[] add(a, b) }\n"
+                         "ENTRY main {\n  p = f32[64] parameter(0)\n  zero = f32[] constant(0)\n"
+                         "  x = f32[64,64] broadcast(p), dimensions={1}\n"
+                         "  y = f32[64] reduce(x, zero), dimensions={0}, to_apply=add\n"
+                         "  z = f32[64,64] broadcast(y), dimensions={0}\n"
+                         "  w = f32[64] reduce(z, zero), dimensions={1}, to_apply=add\n"
+                         "  v = f32[64,64] broadcast(w), dimensions={1}\n"
+                         "  ROOT r = f32[64] reduce(v, zero), dimensions={0}, to_apply=add\n}\n");
   kiln_buffer_assignment *ba = assign(m);
   const kiln_slot *x = &ba->slots[slot_of(m, ba, "x", 0)], *z = &ba->slots[slot_of(m, ba, "z", 0)];
   const kiln_slot *v = &ba->slots[slot_of(m, ba, "v", 0)];
@@ -95,7 +95,8 @@ START_TEST(dead_buffers_reused_best_fit) {
   ck_assert_uint_eq(v->offset, x->offset);
   /* x/z/v share 16 KiB; y dies at z before w is made, so w takes y's
    * offset too. */
-  ck_assert_uint_eq(ba->slots[slot_of(m, ba, "w", 0)].offset, ba->slots[slot_of(m, ba, "y", 0)].offset);
+  ck_assert_uint_eq(ba->slots[slot_of(m, ba, "w", 0)].offset,
+                    ba->slots[slot_of(m, ba, "y", 0)].offset);
   ck_assert_uint_eq(ba->temp_bytes, 16384 + 256);
   ck_assert_uint_le(ba->peak_bytes, ba->temp_bytes);
   ck_assert_uint_ge(ba->peak_bytes, 16384 + 256);
@@ -111,7 +112,8 @@ START_TEST(aliases_share_slots) {
       "HloModule t\nENTRY main {\n  p = f32[4,6] parameter(0)\n  e = f32[4,6] exponential(p)\n"
       "  r = f32[24] reshape(e)\n  bc = s32[24] bitcast-convert(r)\n"
       "  q = f32[4,6]{0,1} parameter(1)\n  t = f32[6,4]{1,0} transpose(q), dimensions={1,0}\n"
-      "  in = (s32[24], f32[6,4]) tuple(bc, t)\n  tu = (f32[24], (s32[24], f32[6,4])) tuple(r, in)\n"
+      "  in = (s32[24], f32[6,4]) tuple(bc, t)\n  tu = (f32[24], (s32[24], f32[6,4])) tuple(r, "
+      "in)\n"
       "  g = (s32[24], f32[6,4]) get-tuple-element(tu), index=1\n"
       "  g1 = f32[6,4] get-tuple-element(g), index=1\n"
       "  ROOT o = (f32[6,4], f32[4,6]) tuple(g1, e)\n}\n");
@@ -171,7 +173,8 @@ static const char loop_hlo[] =
     "  x = f32[64] get-tuple-element(p), index=1  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
     "  x2 = f32[64] sine(x)  ROOT t = (s32[], f32[64]) tuple(i2, x2) }\n"
     "ENTRY main {\n  p0 = f32[64] parameter(0)\n  z = s32[] constant(0)\n"
-    "  t = (s32[], f32[64]) tuple(z, p0)\n  w = (s32[], f32[64]) while(t), condition=cond, body=body\n"
+    "  t = (s32[], f32[64]) tuple(z, p0)\n  w = (s32[], f32[64]) while(t), condition=cond, "
+    "body=body\n"
     "  ROOT r = f32[64] get-tuple-element(w), index=1\n}\n";
 
 START_TEST(while_state_shared_and_updated_in_place) {

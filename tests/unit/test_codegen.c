@@ -29,19 +29,48 @@
 
 /* ---- elementwise, per element type -------------------------------------- */
 
-static const char *const float_unary[] = {
-    "abs", "cbrt", "ceil", "cosine", "exponential", "exponential-minus-one", "floor", "log",
-    "log-plus-one", "logistic", "negate", "round-nearest-afz", "round-nearest-even", "rsqrt",
-    "sign", "sine", "sqrt", "tan", "tanh", "copy", NULL};
+static const char *const float_unary[] = {"abs",
+                                          "cbrt",
+                                          "ceil",
+                                          "cosine",
+                                          "exponential",
+                                          "exponential-minus-one",
+                                          "floor",
+                                          "log",
+                                          "log-plus-one",
+                                          "logistic",
+                                          "negate",
+                                          "round-nearest-afz",
+                                          "round-nearest-even",
+                                          "rsqrt",
+                                          "sign",
+                                          "sine",
+                                          "sqrt",
+                                          "tan",
+                                          "tanh",
+                                          "copy",
+                                          NULL};
 static const char *const float_binary[] = {"add",     "subtract", "multiply", "divide", "remainder",
                                            "maximum", "minimum",  "atan2",    "power",  NULL};
-static const char *const int_unary[] = {"abs", "negate", "not", "sign", "popcnt",
-                                        "count-leading-zeros", "copy", NULL};
-static const char *const int_binary[] = {
-    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "and", "or", "xor",
-    "shift-left", "shift-right-arithmetic", "shift-right-logical", "power", NULL};
-static const char *const uint_unary[] = {"negate", "not", "popcnt",
-                                         "count-leading-zeros", "copy", NULL};
+static const char *const int_unary[] = {
+    "abs", "negate", "not", "sign", "popcnt", "count-leading-zeros", "copy", NULL};
+static const char *const int_binary[] = {"add",
+                                         "subtract",
+                                         "multiply",
+                                         "divide",
+                                         "remainder",
+                                         "maximum",
+                                         "minimum",
+                                         "and",
+                                         "or",
+                                         "xor",
+                                         "shift-left",
+                                         "shift-right-arithmetic",
+                                         "shift-right-logical",
+                                         "power",
+                                         NULL};
+static const char *const uint_unary[] = {"negate", "not", "popcnt", "count-leading-zeros",
+                                         "copy",   NULL};
 static const char *const pred_unary[] = {"not", "copy", NULL};
 static const char *const pred_binary[] = {"and", "or", "xor", "maximum", "minimum", NULL};
 static const char *const dirs[] = {"EQ", "NE", "GE", "GT", "LE", "LT", NULL};
@@ -49,11 +78,15 @@ static const char *const dirs[] = {"EQ", "NE", "GE", "GT", "LE", "LT", NULL};
 static char *elementwise_module(const char *t) {
   kiln_sbuf b = KILN_SBUF_INIT, root = KILN_SBUF_INIT, shapes = KILN_SBUF_INIT;
   bool f = t[0] == 'f' || t[0] == 'b', pred = strcmp(t, "pred") == 0;
-  const char *const *un = f ? float_unary : pred ? pred_unary : t[0] == 'u' ? uint_unary : int_unary;
+  const char *const *un = f             ? float_unary
+                          : pred        ? pred_unary
+                          : t[0] == 'u' ? uint_unary
+                                        : int_unary;
   const char *const *bin = f ? float_binary : pred ? pred_binary : int_binary;
   int k = 0;
-  kiln_sbuf_printf(&b, "HloModule ew\nENTRY main {\n  a = %s[" N "] parameter(0)\n  b = %s[" N
-                       "] parameter(1)\n  c = pred[" N "] parameter(2)\n",
+  kiln_sbuf_printf(&b,
+                   "HloModule ew\nENTRY main {\n  a = %s[" N "] parameter(0)\n  b = %s[" N
+                   "] parameter(1)\n  c = pred[" N "] parameter(2)\n",
                    t, t);
   for (int i = 0; un[i]; i++, k++) {
     kiln_sbuf_printf(&b, "  r%d = %s[" N "] %s(a)\n", k, t, un[i]);
@@ -85,11 +118,13 @@ static char *elementwise_module(const char *t) {
     kiln_sbuf_printf(&b, "  r%d = pred[" N "] is-finite(a)\n", k);
     kiln_sbuf_printf(&root, ", r%d", k++);
     kiln_sbuf_printf(&shapes, ", pred[" N "]");
-    kiln_sbuf_printf(&b, "  r%d = %s[" N "] reduce-precision(a), exponent_bits=5, mantissa_bits=2\n", k, t);
+    kiln_sbuf_printf(
+        &b, "  r%d = %s[" N "] reduce-precision(a), exponent_bits=5, mantissa_bits=2\n", k, t);
     kiln_sbuf_printf(&root, ", r%d", k++);
     kiln_sbuf_printf(&shapes, ", %s[" N "]", t);
   }
-  kiln_sbuf_printf(&b, "  ROOT out = (%s) tuple(%s)\n}\n", kiln_sbuf_str(&shapes), kiln_sbuf_str(&root));
+  kiln_sbuf_printf(&b, "  ROOT out = (%s) tuple(%s)\n}\n", kiln_sbuf_str(&shapes),
+                   kiln_sbuf_str(&root));
   kiln_sbuf_free(&root);
   kiln_sbuf_free(&shapes);
   return kiln_sbuf_detach(&b, NULL);
@@ -114,7 +149,8 @@ START_TEST(convert_every_pair) {
     kiln_sbuf_printf(&root, "%sr%d", j ? ", " : "", j);
     kiln_sbuf_printf(&shapes, "%s%s[" N "]", j ? ", " : "", types[j]);
   }
-  kiln_sbuf_printf(&b, "  ROOT out = (%s) tuple(%s)\n}\n", kiln_sbuf_str(&shapes), kiln_sbuf_str(&root));
+  kiln_sbuf_printf(&b, "  ROOT out = (%s) tuple(%s)\n}\n", kiln_sbuf_str(&shapes),
+                   kiln_sbuf_str(&root));
   char *hlo = kiln_sbuf_detach(&b, NULL);
   cg_check(hlo, true);
   kiln_free(hlo);
@@ -132,7 +168,8 @@ START_TEST(bitcast_convert_same_width) {
            "  z = bf16[9] add(c, c)\n  r2 = s16[9] bitcast-convert(z)\n"
            "  w = f64[9] sqrt(d)\n  r3 = u64[9] bitcast-convert(w)\n"
            "  r4 = u8[9] bitcast-convert(e)\n  r5 = f32[9] bitcast-convert(r0)\n"
-           "  ROOT t = (s32[9], u16[9], s16[9], u64[9], u8[9], f32[9]) tuple(r0, r1, r2, r3, r4, r5)\n}\n",
+           "  ROOT t = (s32[9], u16[9], s16[9], u64[9], u8[9], f32[9]) tuple(r0, r1, r2, r3, r4, "
+           "r5)\n}\n",
            false);
 }
 END_TEST
@@ -140,17 +177,16 @@ END_TEST
 START_TEST(integer_edges_exact) {
   /* Division and remainder by zero and INT_MIN / -1, shifts past the width,
    * and saturating float->int conversion of NaN and infinities. */
-  const char *hlo =
-      "HloModule edges\nENTRY main {\n"
-      "  a = s32[6] constant({-2147483648, 7, -7, 5, 0, 1})\n"
-      "  b = s32[6] constant({-1, 0, 2, 33, -1, 32})\n"
-      "  d = s32[6] divide(a, b)\n  r = s32[6] remainder(a, b)\n"
-      "  l = s32[6] shift-left(a, b)\n  sa = s32[6] shift-right-arithmetic(a, b)\n"
-      "  sl = s32[6] shift-right-logical(a, b)\n"
-      "  f = f32[6] constant({nan, inf, -inf, 3e9, -3e9, -0.9})\n"
-      "  c8 = s8[6] convert(f)\n  cu = u32[6] convert(f)\n  c64 = s64[6] convert(f)\n"
-      "  ROOT t = (s32[6], s32[6], s32[6], s32[6], s32[6], s8[6], u32[6], s64[6]) "
-      "tuple(d, r, l, sa, sl, c8, cu, c64)\n}\n";
+  const char *hlo = "HloModule edges\nENTRY main {\n"
+                    "  a = s32[6] constant({-2147483648, 7, -7, 5, 0, 1})\n"
+                    "  b = s32[6] constant({-1, 0, 2, 33, -1, 32})\n"
+                    "  d = s32[6] divide(a, b)\n  r = s32[6] remainder(a, b)\n"
+                    "  l = s32[6] shift-left(a, b)\n  sa = s32[6] shift-right-arithmetic(a, b)\n"
+                    "  sl = s32[6] shift-right-logical(a, b)\n"
+                    "  f = f32[6] constant({nan, inf, -inf, 3e9, -3e9, -0.9})\n"
+                    "  c8 = s8[6] convert(f)\n  cu = u32[6] convert(f)\n  c64 = s64[6] convert(f)\n"
+                    "  ROOT t = (s32[6], s32[6], s32[6], s32[6], s32[6], s8[6], u32[6], s64[6]) "
+                    "tuple(d, r, l, sa, sl, c8, cu, c64)\n}\n";
   kiln_executable *e = cg_check_full(hlo, 1, false, 0, 0, true);
   kiln_literal *out;
   cg_execute(e, NULL, &out);
@@ -193,18 +229,20 @@ START_TEST(layouts_honoured) {
            "  c = f32[7,5]{0,1} copy(t)\n  r = f32[35]{0} reshape(c)\n"
            "  p2 = f32[2,3,4]{0,2,1} parameter(2)\n  n = f32[2,3,4]{2,1,0} negate(p2)\n"
            "  m = f32[4,3,2]{1,0,2} transpose(p2), dimensions={2,1,0}\n"
-           "  ROOT o = (f32[35]{0}, f32[7,5]{1,0}, f32[2,3,4]{2,1,0}, f32[4,3,2]{1,0,2}) tuple(r, t, n, m)\n}\n",
+           "  ROOT o = (f32[35]{0}, f32[7,5]{1,0}, f32[2,3,4]{2,1,0}, f32[4,3,2]{1,0,2}) tuple(r, "
+           "t, n, m)\n}\n",
            false);
 }
 END_TEST
 
 START_TEST(dynamic_slices_clamp) {
-  const char *hlo = "HloModule dyn\nENTRY main {\n"
-                    "  p0 = f32[6,8] parameter(0)\n  i = s32[] parameter(1)\n  j = s32[] parameter(2)\n"
-                    "  ds = f32[3,4] dynamic-slice(p0, i, j), dynamic_slice_sizes={3,4}\n"
-                    "  n = f32[3,4] negate(ds)\n"
-                    "  u = f32[6,8] dynamic-update-slice(p0, n, j, i)\n"
-                    "  ROOT t = (f32[3,4], f32[6,8]) tuple(ds, u)\n}\n";
+  const char *hlo =
+      "HloModule dyn\nENTRY main {\n"
+      "  p0 = f32[6,8] parameter(0)\n  i = s32[] parameter(1)\n  j = s32[] parameter(2)\n"
+      "  ds = f32[3,4] dynamic-slice(p0, i, j), dynamic_slice_sizes={3,4}\n"
+      "  n = f32[3,4] negate(ds)\n"
+      "  u = f32[6,8] dynamic-update-slice(p0, n, j, i)\n"
+      "  ROOT t = (f32[3,4], f32[6,8]) tuple(ds, u)\n}\n";
   for (uint64_t seed = 1; seed < 6; seed++) cg_check_full(hlo, seed, true, 1e-6, 0, false);
 }
 END_TEST
@@ -212,11 +250,12 @@ END_TEST
 START_TEST(dynamic_update_in_place) {
   /* The operand dies at the update: the result takes its slot and only the
    * update is written (no copy step). */
-  const char *hlo = "HloModule dus\nENTRY main {\n"
-                    "  p0 = f32[64,16] parameter(0)\n  e = f32[64,16] exponential(p0)\n"
-                    "  u = f32[2,16] parameter(1)\n  i = s32[] parameter(2)\n  z = s32[] constant(0)\n"
-                    "  d = f32[64,16] dynamic-update-slice(e, u, i, z)\n"
-                    "  ROOT s = f32[64,16] sine(d)\n}\n";
+  const char *hlo =
+      "HloModule dus\nENTRY main {\n"
+      "  p0 = f32[64,16] parameter(0)\n  e = f32[64,16] exponential(p0)\n"
+      "  u = f32[2,16] parameter(1)\n  i = s32[] parameter(2)\n  z = s32[] constant(0)\n"
+      "  d = f32[64,16] dynamic-update-slice(e, u, i, z)\n"
+      "  ROOT s = f32[64,16] sine(d)\n}\n";
   kiln_executable *e = cg_check_full(hlo, 3, false, 1e-6, 0, true);
   for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
     ck_assert_int_ne(e->programs[0].steps[i].kind, KILN_STEP_COPY);
@@ -225,7 +264,8 @@ START_TEST(dynamic_update_in_place) {
 END_TEST
 
 START_TEST(gather_and_scatter) {
-  cg_check("HloModule gs\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+  cg_check("HloModule gs\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+           "add(a, b) }\n"
            "ENTRY main {\n"
            "  p0 = f32[5,4] parameter(0)\n  idx = s32[3] parameter(1)\n"
            "  g = f32[3,4] gather(p0, idx), offset_dims={1}, collapsed_slice_dims={0}, "
@@ -236,29 +276,35 @@ START_TEST(gather_and_scatter) {
            "  ROOT t = (f32[3,4], f32[5,4]) tuple(g, s)\n}\n",
            false);
   /* Indices out of range: gather clamps, scatter skips the window. */
-  cg_check_full("HloModule gs2\nmx { a = s32[] parameter(0)  b = s32[] parameter(1)  ROOT s = s32[] maximum(a, b) }\n"
-                "ENTRY main {\n"
-                "  p0 = s32[7,3] parameter(0)\n  idx = s32[4,2] parameter(1)\n"
-                "  g = s32[4,2,2] gather(p0, idx), offset_dims={1,2}, collapsed_slice_dims={}, "
-                "start_index_map={0,1}, index_vector_dim=1, slice_sizes={2,2}\n"
-                "  up = s32[4,2,2] parameter(2)\n"
-                "  s = s32[7,3] scatter(p0, idx, up), update_window_dims={1,2}, inserted_window_dims={}, "
-                "scatter_dims_to_operand_dims={0,1}, index_vector_dim=1, to_apply=mx\n"
-                "  ROOT t = (s32[4,2,2], s32[7,3]) tuple(g, s)\n}\n",
-                9, true, 0, 0, false);
+  cg_check_full(
+      "HloModule gs2\nmx { a = s32[] parameter(0)  b = s32[] parameter(1)  ROOT s = s32[] "
+      "maximum(a, b) }\n"
+      "ENTRY main {\n"
+      "  p0 = s32[7,3] parameter(0)\n  idx = s32[4,2] parameter(1)\n"
+      "  g = s32[4,2,2] gather(p0, idx), offset_dims={1,2}, collapsed_slice_dims={}, "
+      "start_index_map={0,1}, index_vector_dim=1, slice_sizes={2,2}\n"
+      "  up = s32[4,2,2] parameter(2)\n"
+      "  s = s32[7,3] scatter(p0, idx, up), update_window_dims={1,2}, inserted_window_dims={}, "
+      "scatter_dims_to_operand_dims={0,1}, index_vector_dim=1, to_apply=mx\n"
+      "  ROOT t = (s32[4,2,2], s32[7,3]) tuple(g, s)\n}\n",
+      9, true, 0, 0, false);
 }
 END_TEST
 
 START_TEST(sort_stable_multi_operand) {
-  cg_check("HloModule srt\n"
-           "cmp { a = f32[] parameter(0)  b = f32[] parameter(1)  c = s32[] parameter(2)  d = s32[] parameter(3)\n"
-           "  ROOT lt = pred[] compare(a, b), direction=LT, type=TOTALORDER }\n"
-           "ENTRY main {\n  p0 = f32[4,33] parameter(0)\n  io = s32[4,33] iota(), iota_dimension=1\n"
-           "  r = f32[4,33] round-nearest-even(p0)\n"
-           "  ROOT s = (f32[4,33], s32[4,33]) sort(r, io), dimensions={1}, is_stable=true, to_apply=cmp\n}\n",
-           true);
+  cg_check(
+      "HloModule srt\n"
+      "cmp { a = f32[] parameter(0)  b = f32[] parameter(1)  c = s32[] parameter(2)  d = s32[] "
+      "parameter(3)\n"
+      "  ROOT lt = pred[] compare(a, b), direction=LT, type=TOTALORDER }\n"
+      "ENTRY main {\n  p0 = f32[4,33] parameter(0)\n  io = s32[4,33] iota(), iota_dimension=1\n"
+      "  r = f32[4,33] round-nearest-even(p0)\n"
+      "  ROOT s = (f32[4,33], s32[4,33]) sort(r, io), dimensions={1}, is_stable=true, "
+      "to_apply=cmp\n}\n",
+      true);
   cg_check("HloModule srt0\n"
-           "cmp { a = s16[] parameter(0)  b = s16[] parameter(1)  ROOT gt = pred[] compare(a, b), direction=GT }\n"
+           "cmp { a = s16[] parameter(0)  b = s16[] parameter(1)  ROOT gt = pred[] compare(a, b), "
+           "direction=GT }\n"
            "ENTRY main {\n  p0 = s16[9,3]{0,1} parameter(0)\n"
            "  ROOT s = s16[9,3]{0,1} sort(p0), dimensions={0}, to_apply=cmp\n}\n",
            true);
@@ -268,18 +314,23 @@ END_TEST
 /* ---- reductions and contractions ---------------------------------------- */
 
 START_TEST(reductions) {
-  cg_check("HloModule red\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
-           "am { a = f32[] parameter(0)  ai = s32[] parameter(1)  b = f32[] parameter(2)  bi = s32[] parameter(3)\n"
-           "  gt = pred[] compare(a, b), direction=GT  v = f32[] select(gt, a, b)  i = s32[] select(gt, ai, bi)\n"
+  cg_check("HloModule red\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+           "add(a, b) }\n"
+           "am { a = f32[] parameter(0)  ai = s32[] parameter(1)  b = f32[] parameter(2)  bi = "
+           "s32[] parameter(3)\n"
+           "  gt = pred[] compare(a, b), direction=GT  v = f32[] select(gt, a, b)  i = s32[] "
+           "select(gt, ai, bi)\n"
            "  ROOT t = (f32[], s32[]) tuple(v, i) }\n"
            "ENTRY main {\n  p0 = f32[4,6,5] parameter(0)\n  z = f32[] constant(0)\n"
            "  r = f32[4,5] reduce(p0, z), dimensions={1}, to_apply=add\n"
            "  r2 = f32[] reduce(p0, z), dimensions={0,1,2}, to_apply=add\n"
-           "  io = s32[4,6,5] iota(), iota_dimension=2\n  ninf = f32[] constant(-inf)\n  zi = s32[] constant(0)\n"
+           "  io = s32[4,6,5] iota(), iota_dimension=2\n  ninf = f32[] constant(-inf)\n  zi = "
+           "s32[] constant(0)\n"
            "  am = (f32[4,6], s32[4,6]) reduce(p0, io, ninf, zi), dimensions={2}, to_apply=am\n"
            "  ROOT t = (f32[4,5], f32[], (f32[4,6], s32[4,6])) tuple(r, r2, am)\n}\n",
            false);
-  cg_check("HloModule redbf\nadd { a = bf16[] parameter(0)  b = bf16[] parameter(1)  ROOT s = bf16[] add(a, b) }\n"
+  cg_check("HloModule redbf\nadd { a = bf16[] parameter(0)  b = bf16[] parameter(1)  ROOT s = "
+           "bf16[] add(a, b) }\n"
            "ENTRY main {\n  p0 = bf16[3,40] parameter(0)\n  z = bf16[] constant(0)\n"
            "  ROOT r = bf16[3] reduce(p0, z), dimensions={1}, to_apply=add\n}\n",
            false);
@@ -287,11 +338,15 @@ START_TEST(reductions) {
 END_TEST
 
 START_TEST(reduce_window_padded_dilated) {
-  cg_check("HloModule rw\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] maximum(a, b) }\n"
+  cg_check("HloModule rw\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+           "maximum(a, b) }\n"
            "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
-           "ENTRY main {\n  p0 = f32[1,7,7,2] parameter(0)\n  ninf = f32[] constant(-inf)\n  z = f32[] constant(0)\n"
-           "  a = f32[1,4,4,2] reduce-window(p0, ninf), window={size=1x3x3x1 stride=1x2x2x1 pad=0_0x1_1x1_1x0_0}, to_apply=mx\n"
-           "  b = f32[1,14,2,2] reduce-window(p0, z), window={size=1x3x2x1 stride=1x1x3x1 pad=0_0x2_1x0_1x0_0 lhs_dilate=1x2x1x1 rhs_dilate=1x1x2x1}, to_apply=add\n"
+           "ENTRY main {\n  p0 = f32[1,7,7,2] parameter(0)\n  ninf = f32[] constant(-inf)\n  z = "
+           "f32[] constant(0)\n"
+           "  a = f32[1,4,4,2] reduce-window(p0, ninf), window={size=1x3x3x1 stride=1x2x2x1 "
+           "pad=0_0x1_1x1_1x0_0}, to_apply=mx\n"
+           "  b = f32[1,14,2,2] reduce-window(p0, z), window={size=1x3x2x1 stride=1x1x3x1 "
+           "pad=0_0x2_1x0_1x0_0 lhs_dilate=1x2x1x1 rhs_dilate=1x1x2x1}, to_apply=add\n"
            "  ROOT t = (f32[1,4,4,2], f32[1,14,2,2]) tuple(a, b)\n}\n",
            false);
 }
@@ -307,26 +362,33 @@ START_TEST(dots) {
       "  at = f32[4,6]{0,1} parameter(2)\n  bt = f32[6,5]{0,1} parameter(3)\n"
       "  d1 = f32[4,5]{0,1} dot(at, bt), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
       "  x = f64[2,6,4] parameter(4)\n  y = f64[2,5,6] parameter(5)\n"
-      "  d2 = f64[2,4,5] dot(x, y), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={1}, rhs_contracting_dims={2}\n"
-      "  v = f32[6] parameter(6)\n  d3 = f32[4] dot(a, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  d2 = f64[2,4,5] dot(x, y), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+      "lhs_contracting_dims={1}, rhs_contracting_dims={2}\n"
+      "  v = f32[6] parameter(6)\n  d3 = f32[4] dot(a, v), lhs_contracting_dims={1}, "
+      "rhs_contracting_dims={0}\n"
       "  ia = s32[3,4] parameter(7)\n  ib = s32[4,2] parameter(8)\n"
       "  d4 = s32[3,2] dot(ia, ib), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
       "  ha = bf16[3,4] parameter(9)\n  hb = bf16[4,2] parameter(10)\n"
       "  d5 = bf16[3,2] dot(ha, hb), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
-      "  ROOT t = (f32[4,5], f32[4,5]{0,1}, f64[2,4,5], f32[4], s32[3,2], bf16[3,2]) tuple(d0, d1, d2, d3, d4, d5)\n}\n",
+      "  ROOT t = (f32[4,5], f32[4,5]{0,1}, f64[2,4,5], f32[4], s32[3,2], bf16[3,2]) tuple(d0, d1, "
+      "d2, d3, d4, d5)\n}\n",
       5, false, 1e-5, 0, true);
   uint32_t gemms = 0;
-  for (uint32_t i = 0; i < e->programs[0].nsteps; i++) gemms += e->programs[0].steps[i].kind == KILN_STEP_GEMM;
+  for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
+    gemms += e->programs[0].steps[i].kind == KILN_STEP_GEMM;
   ck_assert_uint_eq(gemms, 4);
   kiln_executable_destroy(e);
 }
 END_TEST
 
 START_TEST(convolutions) {
-  cg_check("HloModule conv\nENTRY main {\n  p0 = f32[2,6,6,3] parameter(0)\n  p1 = f32[3,3,3,4] parameter(1)\n"
-           "  a = f32[2,6,6,4] convolution(p0, p1), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f\n"
+  cg_check("HloModule conv\nENTRY main {\n  p0 = f32[2,6,6,3] parameter(0)\n  p1 = f32[3,3,3,4] "
+           "parameter(1)\n"
+           "  a = f32[2,6,6,4] convolution(p0, p1), window={size=3x3 pad=1_1x1_1}, "
+           "dim_labels=b01f_01io->b01f\n"
            "  g = f32[2,4,6,6] parameter(2)\n  k = f32[4,2,3,3] parameter(3)\n"
-           "  b = f32[2,4,3,3] convolution(g, k), window={size=3x3 stride=2x2 pad=1_1x1_1 rhs_dilate=1x1}, "
+           "  b = f32[2,4,3,3] convolution(g, k), window={size=3x3 stride=2x2 pad=1_1x1_1 "
+           "rhs_dilate=1x1}, "
            "dim_labels=bf01_oi01->bf01, feature_group_count=2\n"
            "  ROOT t = (f32[2,6,6,4], f32[2,4,3,3]) tuple(a, b)\n}\n",
            false);
@@ -334,7 +396,8 @@ START_TEST(convolutions) {
 END_TEST
 
 START_TEST(map_calls_computation) {
-  cg_check("HloModule mp\nf { x = f32[] parameter(0)  y = s32[] parameter(1)  c = f32[] convert(y)  ROOT m = f32[] multiply(x, c) }\n"
+  cg_check("HloModule mp\nf { x = f32[] parameter(0)  y = s32[] parameter(1)  c = f32[] convert(y) "
+           " ROOT m = f32[] multiply(x, c) }\n"
            "ENTRY main {\n  a = f32[12] parameter(0)\n  b = s32[12] parameter(1)\n"
            "  ROOT m = f32[12] map(a, b), dimensions={0}, to_apply=f\n}\n",
            false);
@@ -344,8 +407,10 @@ END_TEST
 /* ---- fusions ------------------------------------------------------------ */
 
 static const char fusion_hlo[] =
-    "HloModule fu\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
-    "f1 { a = f32[4,6] parameter(0)  b = f32[6] parameter(1)  bb = f32[4,6] broadcast(b), dimensions={1}\n"
+    "HloModule fu\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) "
+    "}\n"
+    "f1 { a = f32[4,6] parameter(0)  b = f32[6] parameter(1)  bb = f32[4,6] broadcast(b), "
+    "dimensions={1}\n"
     "  m = f32[4,6] multiply(a, bb)  ROOT e = f32[4,6] tanh(m) }\n"
     "f2 { a = f32[4,6] parameter(0)  e = f32[4,6] exponential(a)  z = f32[] constant(0)\n"
     "  ROOT r = f32[4] reduce(e, z), dimensions={1}, to_apply=add }\n"
@@ -353,11 +418,14 @@ static const char fusion_hlo[] =
     "  d = f32[4,6] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
     "  cb = f32[4,6] broadcast(c), dimensions={1}  s = f32[4,6] add(d, cb)  z = f32[] constant(0)\n"
     "  zb = f32[4,6] broadcast(z), dimensions={}  ROOT r = f32[4,6] maximum(s, zb) }\n"
-    "f4 { a = f32[4,6] parameter(0)  n = f32[4,6] negate(a)  t = f32[6,4] transpose(a), dimensions={1,0}\n"
+    "f4 { a = f32[4,6] parameter(0)  n = f32[4,6] negate(a)  t = f32[6,4] transpose(a), "
+    "dimensions={1,0}\n"
     "  z = f32[] constant(0)  r = f32[4] reduce(a, z), dimensions={1}, to_apply=add\n"
     "  ROOT tt = (f32[4,6], f32[6,4], f32[4]) tuple(n, t, r) }\n"
-    "f5 { a = f32[3] parameter(0)  k = f32[3] constant({1.5, -2, 0.25})  ROOT m = f32[3] multiply(a, k) }\n"
-    "f6 { a = f32[8,6] parameter(0)  u = f32[1,6] parameter(1)  i = s32[] parameter(2)  z = s32[] constant(0)\n"
+    "f5 { a = f32[3] parameter(0)  k = f32[3] constant({1.5, -2, 0.25})  ROOT m = f32[3] "
+    "multiply(a, k) }\n"
+    "f6 { a = f32[8,6] parameter(0)  u = f32[1,6] parameter(1)  i = s32[] parameter(2)  z = s32[] "
+    "constant(0)\n"
     "  e = f32[1,6] exponential(u)  ROOT d = f32[8,6] dynamic-update-slice(a, e, i, z) }\n"
     "ENTRY main {\n  p0 = f32[4,6] parameter(0)\n  p1 = f32[6] parameter(1)\n"
     "  p2 = f32[4,5] parameter(2)\n  p3 = f32[5,6] parameter(3)\n  p4 = f32[3] parameter(4)\n"
@@ -369,7 +437,8 @@ static const char fusion_hlo[] =
     "  e = f32[3] fusion(p4), kind=kLoop, calls=f5\n"
     "  n5 = f32[8,6] negate(p5)\n  s = f32[1,6] slice(p0), slice={[0:1], [0:6]}\n"
     "  g = f32[8,6] fusion(n5, s, p6), kind=kLoop, calls=f6\n"
-    "  ROOT t = (f32[4], f32[4,6], (f32[4,6], f32[6,4], f32[4]), f32[3], f32[8,6]) tuple(b, a, d, e, g)\n}\n";
+    "  ROOT t = (f32[4], f32[4,6], (f32[4,6], f32[6,4], f32[4]), f32[3], f32[8,6]) tuple(b, a, d, "
+    "e, g)\n}\n";
 
 START_TEST(fusion_kinds) {
   kiln_executable *e = cg_check_full(fusion_hlo, 11, false, 1e-5, 0, true);
@@ -387,53 +456,61 @@ END_TEST
 /* ---- control flow ------------------------------------------------------- */
 
 START_TEST(while_loop) {
-  cg_check("HloModule wl\n"
-           "cond { p = (s32[], f32[4], f32[4]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
-           "  n = s32[] constant(5)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
-           "body { p = (s32[], f32[4], f32[4]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
-           "  x = f32[4] get-tuple-element(p), index=1  y = f32[4] get-tuple-element(p), index=2\n"
-           "  one = s32[] constant(1)  i2 = s32[] add(i, one)  h = f32[] constant(0.5)\n"
-           "  hb = f32[4] broadcast(h), dimensions={}  x2 = f32[4] multiply(x, hb)  x3 = f32[4] add(x2, y)\n"
-           "  ROOT t = (s32[], f32[4], f32[4]) tuple(i2, y, x3) }\n"
-           "ENTRY main {\n  p0 = f32[4] parameter(0)\n  p1 = f32[4] parameter(1)\n  z = s32[] constant(0)\n"
-           "  t = (s32[], f32[4], f32[4]) tuple(z, p0, p1)\n"
-           "  w = (s32[], f32[4], f32[4]) while(t), condition=cond, body=body\n"
-           "  g1 = f32[4] get-tuple-element(w), index=1\n  g2 = f32[4] get-tuple-element(w), index=2\n"
-           "  ROOT r = (f32[4], f32[4]) tuple(g1, g2)\n}\n",
-           false);
+  cg_check(
+      "HloModule wl\n"
+      "cond { p = (s32[], f32[4], f32[4]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+      "  n = s32[] constant(5)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
+      "body { p = (s32[], f32[4], f32[4]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+      "  x = f32[4] get-tuple-element(p), index=1  y = f32[4] get-tuple-element(p), index=2\n"
+      "  one = s32[] constant(1)  i2 = s32[] add(i, one)  h = f32[] constant(0.5)\n"
+      "  hb = f32[4] broadcast(h), dimensions={}  x2 = f32[4] multiply(x, hb)  x3 = f32[4] add(x2, "
+      "y)\n"
+      "  ROOT t = (s32[], f32[4], f32[4]) tuple(i2, y, x3) }\n"
+      "ENTRY main {\n  p0 = f32[4] parameter(0)\n  p1 = f32[4] parameter(1)\n  z = s32[] "
+      "constant(0)\n"
+      "  t = (s32[], f32[4], f32[4]) tuple(z, p0, p1)\n"
+      "  w = (s32[], f32[4], f32[4]) while(t), condition=cond, body=body\n"
+      "  g1 = f32[4] get-tuple-element(w), index=1\n  g2 = f32[4] get-tuple-element(w), index=2\n"
+      "  ROOT r = (f32[4], f32[4]) tuple(g1, g2)\n}\n",
+      false);
 }
 END_TEST
 
 START_TEST(while_swaps_state) {
   /* The body's result permutes the state: copies go through staging. */
-  cg_check("HloModule sw\n"
-           "cond { p = (s32[], f32[3], f32[3]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
-           "  n = s32[] constant(3)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
-           "body { p = (s32[], f32[3], f32[3]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
-           "  x = f32[3] get-tuple-element(p), index=1  y = f32[3] get-tuple-element(p), index=2\n"
-           "  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
-           "  ROOT t = (s32[], f32[3], f32[3]) tuple(i2, y, x) }\n"
-           "ENTRY main {\n  p0 = f32[3] parameter(0)\n  p1 = f32[3] parameter(1)\n  z = s32[] constant(0)\n"
-           "  t = (s32[], f32[3], f32[3]) tuple(z, p0, p1)\n"
-           "  ROOT w = (s32[], f32[3], f32[3]) while(t), condition=cond, body=body\n}\n",
-           false);
+  cg_check(
+      "HloModule sw\n"
+      "cond { p = (s32[], f32[3], f32[3]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+      "  n = s32[] constant(3)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
+      "body { p = (s32[], f32[3], f32[3]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+      "  x = f32[3] get-tuple-element(p), index=1  y = f32[3] get-tuple-element(p), index=2\n"
+      "  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
+      "  ROOT t = (s32[], f32[3], f32[3]) tuple(i2, y, x) }\n"
+      "ENTRY main {\n  p0 = f32[3] parameter(0)\n  p1 = f32[3] parameter(1)\n  z = s32[] "
+      "constant(0)\n"
+      "  t = (s32[], f32[3], f32[3]) tuple(z, p0, p1)\n"
+      "  ROOT w = (s32[], f32[3], f32[3]) while(t), condition=cond, body=body\n}\n",
+      false);
 }
 END_TEST
 
 START_TEST(while_passthrough_not_overwritten) {
   /* x's last read in the body is sine(x), but x also passes through to the
    * result: sine must not write over the state leaf x lives in. */
-  cg_check("HloModule pt\n"
-           "cond { p = (s32[], f32[5], f32[5]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
-           "  n = s32[] constant(3)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
-           "body { p = (s32[], f32[5], f32[5]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
-           "  x = f32[5] get-tuple-element(p), index=1  y = f32[5] get-tuple-element(p), index=2\n"
-           "  s = f32[5] sine(x)  a = f32[5] add(s, y)  one = s32[] constant(1)  i2 = s32[] add(i, one)\n"
-           "  ROOT t = (s32[], f32[5], f32[5]) tuple(i2, x, a) }\n"
-           "ENTRY main {\n  p0 = f32[5] parameter(0)\n  p1 = f32[5] parameter(1)\n  z = s32[] constant(0)\n"
-           "  t = (s32[], f32[5], f32[5]) tuple(z, p0, p1)\n"
-           "  ROOT w = (s32[], f32[5], f32[5]) while(t), condition=cond, body=body\n}\n",
-           false);
+  cg_check(
+      "HloModule pt\n"
+      "cond { p = (s32[], f32[5], f32[5]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+      "  n = s32[] constant(3)  ROOT lt = pred[] compare(i, n), direction=LT }\n"
+      "body { p = (s32[], f32[5], f32[5]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
+      "  x = f32[5] get-tuple-element(p), index=1  y = f32[5] get-tuple-element(p), index=2\n"
+      "  s = f32[5] sine(x)  a = f32[5] add(s, y)  one = s32[] constant(1)  i2 = s32[] add(i, "
+      "one)\n"
+      "  ROOT t = (s32[], f32[5], f32[5]) tuple(i2, x, a) }\n"
+      "ENTRY main {\n  p0 = f32[5] parameter(0)\n  p1 = f32[5] parameter(1)\n  z = s32[] "
+      "constant(0)\n"
+      "  t = (s32[], f32[5], f32[5]) tuple(z, p0, p1)\n"
+      "  ROOT w = (s32[], f32[5], f32[5]) while(t), condition=cond, body=body\n}\n",
+      false);
 }
 END_TEST
 
@@ -443,7 +520,8 @@ START_TEST(conditional_and_call) {
       "b1 { p = f32[3] parameter(0)  ROOT n = f32[3] exponential(p) }\n"
       "b2 { p = f32[3] parameter(0)  ROOT n = f32[3] sine(p) }\n"
       "c1 { x = f32[3] parameter(0)  y = f32[3] parameter(1)  ROOT m = f32[3] multiply(x, y) }\n"
-      "ENTRY main {\n  p0 = f32[3] parameter(0)\n  k = s32[] parameter(1)\n  q = pred[] parameter(2)\n"
+      "ENTRY main {\n  p0 = f32[3] parameter(0)\n  k = s32[] parameter(1)\n  q = pred[] "
+      "parameter(2)\n"
       "  c = f32[3] conditional(k, p0, p0, p0), branch_computations={b0, b1, b2}\n"
       "  d = f32[3] conditional(q, p0, c), true_computation=b1, false_computation=b0\n"
       "  e = f32[3] call(c, d), to_apply=c1\n"
@@ -454,22 +532,27 @@ START_TEST(conditional_and_call) {
 END_TEST
 
 START_TEST(tuple_parameters_and_passthrough) {
-  cg_check("HloModule tp\nENTRY main {\n  p = (f32[3], (s32[2], pred[4])) parameter(0)\n"
-           "  a = f32[3] get-tuple-element(p), index=0\n  t = (s32[2], pred[4]) get-tuple-element(p), index=1\n"
-           "  b = s32[2] get-tuple-element(t), index=0\n  k = f32[2] constant({1, 2})\n"
-           "  ROOT r = (f32[3], (s32[2], pred[4]), s32[2], f32[2], f32[3]) tuple(a, t, b, k, a)\n}\n",
-           false);
+  cg_check(
+      "HloModule tp\nENTRY main {\n  p = (f32[3], (s32[2], pred[4])) parameter(0)\n"
+      "  a = f32[3] get-tuple-element(p), index=0\n  t = (s32[2], pred[4]) get-tuple-element(p), "
+      "index=1\n"
+      "  b = s32[2] get-tuple-element(t), index=0\n  k = f32[2] constant({1, 2})\n"
+      "  ROOT r = (f32[3], (s32[2], pred[4]), s32[2], f32[2], f32[3]) tuple(a, t, b, k, a)\n}\n",
+      false);
 }
 END_TEST
 
 static const char mlp_hlo[] =
-    "HloModule mlp\nmax { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] maximum(a, b) }\n"
+    "HloModule mlp\nmax { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] "
+    "maximum(a, b) }\n"
     "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
-    "ENTRY main {\n  x = f32[32,784] parameter(0)\n  w1 = f32[784,128] parameter(1)\n  b1 = f32[128] parameter(2)\n"
+    "ENTRY main {\n  x = f32[32,784] parameter(0)\n  w1 = f32[784,128] parameter(1)\n  b1 = "
+    "f32[128] parameter(2)\n"
     "  w2 = f32[128,10] parameter(3)\n  b2 = f32[10] parameter(4)\n"
     "  h = f32[32,128] dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
     "  bb1 = f32[32,128] broadcast(b1), dimensions={1}\n  h1 = f32[32,128] add(h, bb1)\n"
-    "  z = f32[] constant(0)\n  zb = f32[32,128] broadcast(z), dimensions={}\n  r = f32[32,128] maximum(h1, zb)\n"
+    "  z = f32[] constant(0)\n  zb = f32[32,128] broadcast(z), dimensions={}\n  r = f32[32,128] "
+    "maximum(h1, zb)\n"
     "  o = f32[32,10] dot(r, w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
     "  bb2 = f32[32,10] broadcast(b2), dimensions={1}\n  l = f32[32,10] add(o, bb2)\n"
     "  ninf = f32[] constant(-inf)\n  mx = f32[32] reduce(l, ninf), dimensions={1}, to_apply=max\n"
@@ -481,7 +564,8 @@ static const char mlp_hlo[] =
  * scheduling) before code generation. */
 START_TEST(full_pipeline) {
   const char *const mods[] = {fusion_hlo, mlp_hlo};
-  for (size_t i = 0; i < sizeof mods / sizeof *mods; i++) cg_check_full(mods[i], 21, false, 1e-5, 2, false);
+  for (size_t i = 0; i < sizeof mods / sizeof *mods; i++)
+    cg_check_full(mods[i], 21, false, 1e-5, 2, false);
 }
 END_TEST
 
@@ -499,20 +583,24 @@ static int compile_status(const char *hlo, const kiln_compile_options *o, kiln_s
 
 START_TEST(unsupported_ops_named) {
   kiln_status st;
-  int rc = compile_status("HloModule u\nENTRY main {\n  p = f32[4] parameter(0)\n"
-                          "  ROOT c.3 = f32[4] custom-call(p), custom_call_target=\"my_target\"\n}\n",
-                          NULL, &st);
+  int rc =
+      compile_status("HloModule u\nENTRY main {\n  p = f32[4] parameter(0)\n"
+                     "  ROOT c.3 = f32[4] custom-call(p), custom_call_target=\"my_target\"\n}\n",
+                     NULL, &st);
   ck_assert_int_eq(rc, KILN_EUNIMPL);
   ck_assert_str_eq(st.where, "main/c.3");
   ck_assert_str_eq(st.msg, "the cpu backend cannot compile custom-call main/c.3 yet");
   rc = compile_status("HloModule u\nENTRY main {\n  p = c64[4] parameter(0)\n"
-                      "  ROOT n = c64[4] negate(p)\n}\n", NULL, &st);
+                      "  ROOT n = c64[4] negate(p)\n}\n",
+                      NULL, &st);
   ck_assert_int_eq(rc, KILN_EUNIMPL);
   ck_assert_ptr_nonnull(strstr(st.msg, "element type c64 is not supported"));
   rc = compile_status("HloModule u\nENTRY main {\n  p = f32[8] parameter(0)\n"
-                      "  ROOT r = f32[8] rng-bit-generator(p), algorithm=rng_default\n}\n", NULL, &st);
+                      "  ROOT r = f32[8] rng-bit-generator(p), algorithm=rng_default\n}\n",
+                      NULL, &st);
   rc = compile_status("HloModule u\nENTRY main {\n  p = f32[5,5] parameter(0)\n"
-                      "  ROOT ch = f32[5,5] cholesky(p), lower=true\n}\n", NULL, &st);
+                      "  ROOT ch = f32[5,5] cholesky(p), lower=true\n}\n",
+                      NULL, &st);
   ck_assert_int_eq(rc, KILN_EUNIMPL);
   ck_assert_str_eq(st.msg, "the cpu backend cannot compile cholesky main/ch yet");
   kiln_compile_options o;
@@ -556,14 +644,16 @@ START_TEST(compiler_failure_and_timeout) {
   snprintf(tmp, sizeof tmp, "%s/tmp", dir);
   mkdir(tmp, 0700);
   setenv("TMPDIR", tmp, 1);
-  write_script(bad, "#!/bin/sh\ncat >/dev/null\necho 'kernels.c:1: error: something broke' >&2\nexit 3\n");
+  write_script(
+      bad, "#!/bin/sh\ncat >/dev/null\necho 'kernels.c:1: error: something broke' >&2\nexit 3\n");
   write_script(slow, "#!/bin/sh\nsleep 30\n");
   kiln_compile_options o;
   kiln_compile_options_init(&o);
   kiln_status st;
   o.cc = bad;
   ck_assert_int_eq(compile_status(simple_hlo, &o, &st), KILN_EINTERNAL);
-  ck_assert_ptr_nonnull(strstr(st.msg, "the C compiler failed (status 3): kernels.c:1: error: something broke"));
+  ck_assert_ptr_nonnull(
+      strstr(st.msg, "the C compiler failed (status 3): kernels.c:1: error: something broke"));
   o.cc = slow;
   o.cc_timeout_s = 0.5;
   ck_assert_int_eq(compile_status(simple_hlo, &o, &st), KILN_ELIMIT);
@@ -589,10 +679,13 @@ START_TEST(no_client_strings_in_source) {
   char dir[] = "/tmp/kiln-cgsrc-XXXXXX", path[300];
   ck_assert_ptr_nonnull(mkdtemp(dir));
   const char *hlo = "HloModule evil_module\n"
-                    "evil_reducer_name { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
-                    "ENTRY main {\n  system_rm_rf = f32[8] parameter(0), metadata={op_name=\"__asm__ injected\"}\n"
+                    "evil_reducer_name { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = "
+                    "f32[] add(a, b) }\n"
+                    "ENTRY main {\n  system_rm_rf = f32[8] parameter(0), "
+                    "metadata={op_name=\"__asm__ injected\"}\n"
                     "  z = f32[] constant(0)\n"
-                    "  evil_instruction_name = f32[] reduce(system_rm_rf, z), dimensions={0}, to_apply=evil_reducer_name\n"
+                    "  evil_instruction_name = f32[] reduce(system_rm_rf, z), dimensions={0}, "
+                    "to_apply=evil_reducer_name\n"
                     "  ROOT r = f32[] sine(evil_instruction_name)\n}\n";
   kiln_compile_options o;
   kiln_compile_options_init(&o);
@@ -647,7 +740,8 @@ static void executor_matches(const char *hlo, uint64_t seed) {
   kiln_status st;
   kiln_status_clear(&st);
   for (uint32_t i = 0; i < np; i++) {
-    ck_assert_int_eq(kiln_literal_create(NULL, &kiln_computation_param(m, ent, i)->shape, 0, &args[i], &st), 0);
+    ck_assert_int_eq(
+        kiln_literal_create(NULL, &kiln_computation_param(m, ent, i)->shape, 0, &args[i], &st), 0);
     cg_fill(args[i], &seed, false);
   }
   kiln_literal *want, *got;
@@ -665,10 +759,11 @@ static void executor_matches(const char *hlo, uint64_t seed) {
 
 START_TEST(executor_end_to_end) {
   executor_matches(fusion_hlo, 4);
-  executor_matches("HloModule big\nENTRY main {\n  a = f32[300,200] parameter(0)\n  b = f32[200] parameter(1)\n"
-                   "  bb = f32[300,200] broadcast(b), dimensions={1}\n  t = f32[300,200] tanh(a)\n"
-                   "  ROOT m = f32[300,200] multiply(t, bb)\n}\n",
-                   3);
+  executor_matches(
+      "HloModule big\nENTRY main {\n  a = f32[300,200] parameter(0)\n  b = f32[200] parameter(1)\n"
+      "  bb = f32[300,200] broadcast(b), dimensions={1}\n  t = f32[300,200] tanh(a)\n"
+      "  ROOT m = f32[300,200] multiply(t, bb)\n}\n",
+      3);
 }
 END_TEST
 #endif

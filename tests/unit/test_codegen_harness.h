@@ -73,7 +73,7 @@ typedef struct cg_run {
   void *dl;
   kiln_kernel_fn *k;
   uint8_t *temp;
-  uint8_t **param_leaf; /* per flattened parameter leaf */
+  uint8_t **param_leaf;  /* per flattened parameter leaf */
   uint32_t *param_first; /* per parameter: first flattened leaf */
   uint8_t **out;         /* per result leaf */
   uint64_t iterations;
@@ -219,7 +219,8 @@ static inline void cg_execute(const kiln_executable *e, kiln_literal *const *arg
       memcpy(r.param_leaf[i] + cg_phys(s, j) * es, (const uint8_t *)lv[i]->data + j * es, es);
   }
   r.out = calloc(e->nresults + 1, sizeof *r.out);
-  for (uint32_t o = 0; o < e->nresults; o++) r.out[o] = malloc((size_t)kiln_shape_bytes(&e->results[o].shape) + 8);
+  for (uint32_t o = 0; o < e->nresults; o++)
+    r.out[o] = malloc((size_t)kiln_shape_bytes(&e->results[o].shape) + 8);
   cg_program(&r, 0);
   kiln_status st;
   kiln_status_clear(&st);
@@ -306,8 +307,8 @@ static inline int64_t cg_diff(const kiln_literal *a, const kiln_literal *b, doub
       else
         ok = kiln_literal_get_u64(la[k], i) == kiln_literal_get_u64(lb[k], i);
       if (!ok) {
-        snprintf(why, n, "leaf %u element %lld: %.17g vs %.17g (bits %llx vs %llx)", k, (long long)i,
-                 kiln_literal_get_f64(la[k], i), kiln_literal_get_f64(lb[k], i),
+        snprintf(why, n, "leaf %u element %lld: %.17g vs %.17g (bits %llx vs %llx)", k,
+                 (long long)i, kiln_literal_get_f64(la[k], i), kiln_literal_get_f64(lb[k], i),
                  (unsigned long long)kiln_literal_get_u64(la[k], i),
                  (unsigned long long)kiln_literal_get_u64(lb[k], i));
         return i;
@@ -330,7 +331,8 @@ static inline kiln_executable *cg_check_full(const char *hlo, uint64_t seed, boo
   kiln_status st;
   kiln_status_clear(&st);
   for (uint32_t i = 0; i < np; i++) {
-    ck_assert_int_eq(kiln_literal_create(NULL, &kiln_computation_param(m, ent, i)->shape, 0, &args[i], &st), 0);
+    ck_assert_int_eq(
+        kiln_literal_create(NULL, &kiln_computation_param(m, ent, i)->shape, 0, &args[i], &st), 0);
     cg_fill(args[i], &seed, edges);
   }
   kiln_literal *want = NULL, *got = NULL;

@@ -76,15 +76,22 @@ static kiln_executable *sample(void) {
   e->nprograms = 4;
   e->programs = kiln_arena_calloc(a, 4, sizeof(kiln_program));
   kiln_step *s = kiln_arena_calloc(a, 5, sizeof *s);
-  s[0] = (kiln_step){.kind = KILN_STEP_KERNEL, .kernel = 1, .range = 16, .args = ids(a, 3, 0, 4, 3), .nargs = 3};
+  s[0] = (kiln_step){
+      .kind = KILN_STEP_KERNEL, .kernel = 1, .range = 16, .args = ids(a, 3, 0, 4, 3), .nargs = 3};
   s[1] = (kiln_step){.kind = KILN_STEP_GEMM, .args = ids(a, 3, 0, 4, 5), .nargs = 3};
   s[1].gemm = (kiln_gemm){KILN_F32, 1, 4, 4, 4, 4, 4, 4, 16, 16, 16, 1, 0, 1.0, -0.0};
   s[2] = (kiln_step){.kind = KILN_STEP_COPY, .range = 64, .args = ids(a, 2, 3, 5), .nargs = 2};
-  s[3] = (kiln_step){.kind = KILN_STEP_WHILE, .args = ids(a, 1, 2), .nargs = 1, .sub = ids(a, 2, 1, 2), .nsub = 2};
-  s[4] = (kiln_step){.kind = KILN_STEP_CONDITIONAL, .args = ids(a, 1, 1), .nargs = 1, .sub = ids(a, 2, 2, 3), .nsub = 2};
+  s[3] = (kiln_step){
+      .kind = KILN_STEP_WHILE, .args = ids(a, 1, 2), .nargs = 1, .sub = ids(a, 2, 1, 2), .nsub = 2};
+  s[4] = (kiln_step){.kind = KILN_STEP_CONDITIONAL,
+                     .args = ids(a, 1, 1),
+                     .nargs = 1,
+                     .sub = ids(a, 2, 2, 3),
+                     .nsub = 2};
   e->programs[0] = (kiln_program){s, 5};
   kiln_step *k = kiln_arena_calloc(a, 1, sizeof *k);
-  k[0] = (kiln_step){.kind = KILN_STEP_KERNEL, .kernel = 0, .range = 1, .args = ids(a, 1, 2), .nargs = 1};
+  k[0] = (kiln_step){
+      .kind = KILN_STEP_KERNEL, .kernel = 0, .range = 1, .args = ids(a, 1, 2), .nargs = 1};
   e->programs[1] = (kiln_program){k, 1};
   e->programs[2] = (kiln_program){NULL, 0};
   kiln_step *c = kiln_arena_calloc(a, 1, sizeof *c);
@@ -258,7 +265,8 @@ START_TEST(header_checks) {
   b[0] = 'K';
   b[8] = 2; /* format version, little-endian u32 after the magic */
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
-  ck_assert_str_eq(st.msg, "format version at offset 12: unsupported format version 2 (expected 1)");
+  ck_assert_str_eq(st.msg,
+                   "format version at offset 12: unsupported format version 2 (expected 1)");
   b[8] = 1;
   ck_assert_int_eq(load(b, len, &st), 0);
   b[len - 1] ^= 1;
