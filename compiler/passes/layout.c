@@ -10,11 +10,12 @@
  *     transpose flag. The same holds for the dot inside a kOutput fusion
  *     whose parameter only feeds the dot. A transpose left without users is
  *     dropped.
- *  2. Entry parameters take the entry_computation_layout when the module
- *     gives one; other values keep a layout written in the input (a dump
- *     after XLA's own layout assignment stays as it is, and bitcasts keep
- *     their meaning); everything else is row-major ({rank-1,...,0}).
- *     Scalars carry no layout (the empty one is implied).
+ *  2. Entry parameters and the entry result take the
+ *     entry_computation_layout when the module gives one; other values keep
+ *     a layout written in the input (a dump after XLA's own layout
+ *     assignment stays as it is, and bitcasts keep their meaning);
+ *     everything else is row-major ({rank-1,...,0}). Scalars carry no
+ *     layout (the empty one is implied).
  *  3. Values that alias or cross a call boundary agree exactly: a tuple's
  *     shape is its operands' shapes, a get-tuple-element's is its tuple
  *     element's; a while's state has the body parameter's layouts (operand,
@@ -101,26 +102,6 @@ static int fill_from(kiln_module *m, kiln_shape *s, const kiln_shape *from, int 
   if (kiln_shape_is_array(s) && s->rank && !has_layout(s) && has_layout(from))
     return set_m2m(m, s, from->layout->minor_to_major);
   return fill_default(m, s, depth);
-}
-
-/* dst = src with every array leaf row-major (allocated in arena a). */
-static int row_major_copy(kiln_arena *a, const kiln_shape *src, kiln_shape *dst, int depth) {
-  if (depth > 64 || kiln_shape_copy(a, dst, src)) return KILN_ENOMEM;
-  if (kiln_shape_is_tuple(dst)) {
-    for (uint32_t i = 0; i < dst->rank; i++)
-      if (row_major_copy(a, &src->tuple[i], &dst->tuple[i], depth + 1)) return KILN_ENOMEM;
-    return 0;
-  }
-  dst->layout = NULL;
-  if (!kiln_shape_is_array(dst) || dst->rank == 0) return 0;
-  kiln_layout *lay = kiln_arena_calloc(a, 1, sizeof *lay);
-  int64_t *v = kiln_arena_alloc(a, dst->rank * sizeof *v);
-  if (lay == NULL || v == NULL) return KILN_ENOMEM;
-  for (uint32_t i = 0; i < dst->rank; i++) v[i] = (int64_t)dst->rank - 1 - i;
-  lay->minor_to_major = v;
-  lay->rank = dst->rank;
-  dst->layout = lay;
-  return 0;
 }
 
 static bool is_row_major(const kiln_shape *s) {
@@ -514,20 +495,24 @@ static int assign_comp(lctx *l, uint32_t comp, const kiln_instr *fusion) {
   kiln_id *order = kiln_arena_memdup(l->a, c->instrs, (n ? n : 1) * sizeof *order);
   if (order == NULL) return oom(l);
   int rc;
-  for (uint32_t i = 0; i < n; i++)
-    if ((rc = assign_instr(l, comp, m->instrs[order[i]], fusion))) return rc;
   kiln_instr *root = kiln_computation_root(m, c);
   const kiln_shape *want = l->want_root[comp];
   kiln_shape entry_result;
   if (c->is_entry && root) {
-    /* The entry result: the given layout, else row-major. */
+    /* The entry result: the given layout, else the root's written layout
+     * with row-major where none is written (taken before any rewrite). */
     if (m->entry_layout && kiln_shape_equal(&m->entry_layout->result, &root->shape, false)) {
       want = &m->entry_layout->result;
     } else {
-      if (row_major_copy(l->a, &root->shape, &entry_result, 0)) return oom(l);
+      if (kiln_shape_copy(l->a, &entry_result, &root->shape) ||
+          fill_default(m, &entry_result, 0))
+        return oom(l);
       want = &entry_result;
     }
   }
+  for (uint32_t i = 0; i < n; i++)
+    if ((rc = assign_instr(l, comp, m->instrs[order[i]], fusion))) return rc;
+  root = kiln_computation_root(m, c);
   if (root && want) {
     kiln_id v;
     if ((rc = coerce(l, comp, root->id, want, 0, &v))) return rc;
