@@ -3,7 +3,9 @@
 #   1. scripts/setup.sh (Debian packages, .venv)
 #   2. build/       RelWithDebInfo, -Werror; ctest: every registered test
 #                   (unit, golden, corpus conformance, JAX peer)
-#   3. build-asan/  ASan+UBSan, -Werror; ctest -L unit
+#   3. build-asan/  ASan+UBSan, -Werror; ctest -L unit -LE slow (the suites
+#                   labelled slow compile every case with cc; the main build
+#                   runs them)
 #   4. build-fuzz/  clang + libFuzzer; each fuzz target for a short smoke run,
 #                   seeded with examples/, tests/golden/, the corpus (as text,
 #                   or encoded by `kiln print --proto` for fuzz_proto) and
@@ -88,7 +90,7 @@ if cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=ON
   -DKILN_WERROR=ON && cmake --build build-asan -j "$JOBS"; then
   record asan-build PASS $(($(date +%s) - t)) ""
   t=$(date +%s)
-  if ctest --test-dir build-asan -L unit -j "$JOBS" --output-on-failure 2>&1 |
+  if ctest --test-dir build-asan -L unit -LE slow -j "$JOBS" --output-on-failure 2>&1 |
     tee "$LOGS/ctest-asan.log"; then
     record asan-unit PASS $(($(date +%s) - t)) "$(ctest_counts "$LOGS/ctest-asan.log")"
   else
