@@ -141,8 +141,8 @@ static int spawn(const kiln__cc_options *o, const char *dir, const char *out_pat
   if (e) {
     close(pin[1]);
     close(pout[0]);
-    return kiln_status_set(st, KILN_ENOTFOUND, "cc", "cannot start the C compiler '%s': %s", cc,
-                           strerror(e));
+    return kiln_status_set(st, e == ENOMEM ? KILN_ENOMEM : KILN_ENOTFOUND, "cc",
+                           "cannot start the C compiler '%s': %s", cc, strerror(e));
   }
   c->in = pin[1];
   c->out = pout[0];

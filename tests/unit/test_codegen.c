@@ -709,6 +709,28 @@ START_TEST(no_client_strings_in_source) {
 }
 END_TEST
 
+START_TEST(out_of_memory_everywhere) {
+  /* Every allocation of a compile failing in turn: KILN_ENOMEM, no crash,
+   * no leak (the sanitizer build checks the last two). */
+  kiln_module *m = cg_parse(fusion_hlo);
+  kiln_status st;
+  for (long k = 1;; k++) {
+    kiln_executable *e = NULL;
+    kiln_status_clear(&st);
+    kiln_alloc_fail_after(k);
+    int rc = kiln_compile(m, NULL, &e, NULL, &st);
+    kiln_alloc_fail_after(0);
+    if (rc == 0) {
+      kiln_executable_destroy(e);
+      break;
+    }
+    ck_assert_msg(rc == KILN_ENOMEM, "allocation %ld: %s: %s", k, st.where, st.msg);
+    ck_assert_ptr_null(e);
+  }
+  kiln_module_destroy(m);
+}
+END_TEST
+
 /* ---- the executable and the executor ------------------------------------ */
 
 START_TEST(serialized_executable_runs) {
@@ -801,6 +823,7 @@ int main(void) {
   tcase_add_test(tf, compiler_failure_and_timeout);
   tcase_add_test(tf, no_client_strings_in_source);
   tcase_add_test(tf, serialized_executable_runs);
+  tcase_add_test(tf, out_of_memory_everywhere);
 #ifdef HAVE_EXECUTOR
   tcase_add_test(tf, executor_end_to_end);
 #endif
