@@ -60,6 +60,10 @@ int kiln__cgen_dus(kiln__cgen *g, const kiln__kernel_spec *k, kiln_id dus, uint3
  * output arguments, which already hold the operands. */
 int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
                        uint64_t *range);
+/* select-and-scatter (k->root): one sequential iteration; the operand,
+ * source and init value are bound inputs. */
+int kiln__cgen_select_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                              uint64_t *range);
 /* sort (k->root): one iteration per row; outputs args out_arg[], the
  * inputs bound by binds, and argument `scratch` holding 2 x len int64 per
  * row for the permutation. */

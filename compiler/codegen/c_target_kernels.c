@@ -1,9 +1,12 @@
 /* Kernels that are not one value per output element: dynamic-update-slice
  * in place (iterates over the update), scatter (one sequential iteration
  * applying updates in order through the combiner, as XLA's evaluator and
- * the interpreter do), and sort (one iteration per row: a stable bottom-up
- * merge sort of a permutation under the comparator, then a gather of every
- * operand through it).
+ * the interpreter do), select-and-scatter (likewise sequential: the
+ * result filled with the init value, then for each source element the
+ * window position `select` prefers, scanned in row-major order, combined
+ * with it through `scatter`), and sort (one iteration per row: a stable
+ * bottom-up merge sort of a permutation under the comparator, then a
+ * gather of every operand through it).
  */
 #include <stdio.h>
 #include <string.h>
@@ -364,4 +367,146 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
   kiln__cgen_finish(g, k, kiln_sbuf_str(&b), *range);
   kiln_sbuf_free(&b);
   return 0;
+}
+
+/* ---- select-and-scatter ------------------------------------------------- */
+
+/* The window scan for source position s[]: keeps the preferred position in
+ * bp<d> and its value in bv, found set once any position is valid. */
+static int sas_scan(kiln__emit_fn *f, const kiln_instr *sas, const kiln_window *w,
+                    const uint32_t *sl, uint32_t fsel, uint32_t found, uint32_t bv,
+                    const uint32_t *bp) {
+  const kiln_instr *a = f->mod->m->instrs[sas->operands[0]];
+  uint32_t r = a->shape.rank, wl[KILN__EMIT_MAXR], marks[KILN__EMIT_MAXR], nm = 0;
+  for (uint32_t d = 0; d < r; d++) {
+    wl[d] = kiln__emit_newvar(f);
+    marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", wl[d], wl[d],
+                                  (long long)w->dims[d].size, wl[d]);
+  }
+  kiln__ix pos;
+  int rc = kiln__ix_new(f, r, &pos);
+  kiln_sbuf skip = KILN_SBUF_INIT;
+  for (uint32_t d = 0; rc == 0 && d < r; d++) {
+    const kiln_window_dim *wd = &w->dims[d];
+    char u[KILN__IX_LEN];
+    long long dil = wd->lhs_dilate;
+    kiln__ix_var(f, u, "r%u * %lld + r%u * %lld - %lld", sl[d], (long long)wd->stride, wl[d],
+                 (long long)wd->rhs_dilate, (long long)wd->pad_lo);
+    kiln_sbuf_printf(&skip, "%s%s < 0 || %s %% %lld != 0 || %s / %lld >= %lld",
+                     skip.len ? " || " : "", u, u, dil, u, dil, (long long)a->shape.dims[d]);
+    kiln__ix_var(f, pos.c[d], "%s / %lld", u, dil);
+  }
+  if (rc == 0 && r) kiln__emit_line(f, "if (%s) continue;", kiln_sbuf_str(&skip));
+  kiln_sbuf_free(&skip);
+  uint32_t cv = 0;
+  if (rc == 0) rc = kiln__emit_value1(f, a->id, &pos, &cv);
+  if (rc == 0) {
+    uint32_t keep = kiln__emit_newvar(f), args[2] = {bv, cv};
+    kiln__emit_line(f, "uint8_t v%u = 1;", keep);
+    uint32_t m1 = kiln__emit_open(f, "if (v%u)", found);
+    kiln__emit_call_fn(f, fsel, args, 2, &keep, 1);
+    kiln__emit_line(f, "v%u = !v%u;", keep, keep);
+    kiln__emit_close(f, m1, NULL);
+    uint32_t m2 = kiln__emit_open(f, "if (v%u)", keep);
+    kiln__emit_line(f, "v%u = 1;", found);
+    kiln__emit_line(f, "v%u = v%u;", bv, cv);
+    for (uint32_t d = 0; d < r; d++) kiln__emit_line(f, "x%u = %s;", bp[d], pos.c[d]);
+    kiln__emit_close(f, m2, NULL);
+  }
+  while (nm-- > 0) kiln__emit_close(f, marks[nm], NULL);
+  return rc;
+}
+
+static int sas_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
+                    const kiln_instr *sas, const kiln_window *w, uint32_t fsel, uint32_t fsca) {
+  const kiln_module *m = g->mod.m;
+  const kiln_instr *a = m->instrs[sas->operands[0]], *src = m->instrs[sas->operands[1]];
+  const kiln_shape *os = k->out_shape[0];
+  kiln_dtype t = os->dtype;
+  uint32_t r = a->shape.rank, init, sl[KILN__EMIT_MAXR], marks[KILN__EMIT_MAXR], nm = 0;
+  kiln__ix s0 = {0};
+  int rc = kiln__emit_value1(f, sas->operands[2], &s0, &init);
+  if (rc) return rc;
+  char iv[16], e[64];
+  snprintf(iv, sizeof iv, "v%u", init);
+  kiln__emit_store_expr(t, iv, e, sizeof e);
+  kiln__emit_line(f, "for (int64_t q = 0; q < %lldLL; q++) b%u[q] = %s;",
+                  (long long)kiln_shape_elements(os), k->out_arg[0], e);
+  for (uint32_t d = 0; d < r; d++) {
+    sl[d] = kiln__emit_newvar(f);
+    marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", sl[d], sl[d],
+                                  (long long)src->shape.dims[d], sl[d]);
+  }
+  uint32_t found = kiln__emit_newvar(f), bv = kiln__emit_newvar(f), bp[KILN__EMIT_MAXR];
+  kiln__emit_line(f, "uint8_t v%u = 0;", found);
+  kiln__emit_line(f, "%s v%u = 0;", kiln__ctype(a->shape.dtype), bv);
+  kiln__ix best, si;
+  rc = kiln__ix_new(f, r, &best);
+  if (rc == 0) rc = kiln__ix_new(f, r, &si);
+  for (uint32_t d = 0; rc == 0 && d < r; d++) {
+    bp[d] = kiln__emit_newvar(f);
+    kiln__emit_line(f, "int64_t x%u = 0;", bp[d]);
+    kiln__ix_set(&best, d, "x%u", bp[d]);
+    kiln__ix_set(&si, d, "r%u", sl[d]);
+  }
+  if (rc == 0) rc = sas_scan(f, sas, w, sl, fsel, found, bv, bp);
+  if (rc == 0) {
+    uint32_t mk = kiln__emit_open(f, "if (v%u)", found), sv, cur = kiln__emit_newvar(f);
+    char off[512], le[600];
+    kiln__ix_offset(f, &best, os, off, sizeof off);
+    kiln__emit_load_expr(t, k->out_arg[0], off, le, sizeof le);
+    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(t), cur, le);
+    rc = kiln__emit_value1(f, src->id, &si, &sv);
+    if (rc == 0) {
+      uint32_t args[2] = {cur, sv}, out = kiln__emit_newvar(f);
+      kiln__emit_line(f, "%s v%u;", kiln__ctype(t), out);
+      kiln__emit_call_fn(f, fsca, args, 2, &out, 1);
+      char v[16];
+      snprintf(v, sizeof v, "v%u", out);
+      kiln__emit_store_expr(t, v, e, sizeof e);
+      kiln__emit_line(f, "b%u[%s] = %s;", k->out_arg[0], off, e);
+    }
+    kiln__emit_close(f, mk, NULL);
+  }
+  while (nm-- > 0) kiln__emit_close(f, marks[nm], NULL);
+  return rc;
+}
+
+int kiln__cgen_select_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                              uint64_t *range) {
+  const kiln_module *m = g->mod.m;
+  const kiln_instr *s = ins_of(g, k->root);
+  const kiln_attr *wa = kiln_instr_attr(s, KILN_ATTR_WINDOW);
+  const kiln_window *w = wa ? wa->v.window : NULL;
+  if (s->noperands != 3 || s->ncalled != 2 || k->nouts != 1 || w == NULL ||
+      w->rank != m->instrs[s->operands[0]]->shape.rank ||
+      m->instrs[s->operands[1]]->shape.rank != w->rank)
+    return fail(g, s, "malformed select-and-scatter");
+  const kiln_instr *a = m->instrs[s->operands[0]], *src = m->instrs[s->operands[1]];
+  const kiln_computation *sc = m->comps[s->called[1]], *se = m->comps[s->called[0]];
+  const kiln_instr *p0 = kiln_computation_param(m, se, 0), *q0 = kiln_computation_param(m, sc, 0);
+  const kiln_instr *q1 = kiln_computation_param(m, sc, 1);
+  if (!p0 || !q0 || !q1 || p0->shape.dtype != a->shape.dtype ||
+      q0->shape.dtype != k->out_shape[0]->dtype || q1->shape.dtype != src->shape.dtype)
+    return fail(g, s, "select and scatter must take the operand's and source's element types");
+  uint32_t fsel, fsca;
+  int rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fsel);
+  if (rc == 0) rc = kiln__emit_comp_fn(&g->mod, s->called[1], s, &fsca);
+  if (rc) return rc;
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  rc = kiln__cgen_begin(g, k, &body, &f, 1);
+  if (rc == 0) rc = sas_body(g, &f, k, s, w, fsel, fsca);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc == 0) {
+    kiln_sbuf_puts(&out, "  if (begin > 0 || end < 1) return;\n");
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    *kernel = g->nkernels;
+    *range = 1;
+    kiln__cgen_finish(g, k, kiln_sbuf_str(&out), 1);
+  }
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&out);
+  return rc;
 }

@@ -441,6 +441,25 @@ static int sort_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   return rc;
 }
 
+static int select_scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  if (!kiln_shape_is_array(&ins->shape))
+    return kiln__lower_fail(c, ins, KILN_EINVAL, "result must be an array");
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = kb_bind_operands(b, ins);
+  kb_output(b, 0, leaf0(c, ins->id), &ins->shape);
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, ins->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__cgen_select_scatter(c->g, &k, &kernel, &range);
+    if (rc == 0) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  return rc;
+}
+
 int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   switch (ins->op) {
   case KILN_OP_FUSION: return lower_fusion(c, prog, ins);
@@ -453,6 +472,7 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     break;
   }
   case KILN_OP_SORT: return sort_kernel(c, prog, ins);
+  case KILN_OP_SELECT_AND_SCATTER: return select_scatter_kernel(c, prog, ins);
   case KILN_OP_SCATTER: {
     uint32_t n = (ins->noperands - 1) / 2;
     const kiln_instr *ops[MAXA];

@@ -311,6 +311,22 @@ START_TEST(sort_stable_multi_operand) {
 }
 END_TEST
 
+START_TEST(select_and_scatter) {
+  /* The gradient of a max pool: overlapping and padded windows, and a
+   * first-position tie break (GE keeps the current pick). */
+  cg_check(
+      "HloModule sas\n"
+      "ge { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT c = pred[] compare(a, b), "
+      "direction=GE }\n"
+      "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+      "ENTRY main {\n  x = f32[6,7] parameter(0)\n  r = f32[6,7] round-nearest-even(x)\n"
+      "  s = f32[3,4] parameter(1)\n  z = f32[] constant(0)\n"
+      "  ROOT g = f32[6,7] select-and-scatter(r, s, z), window={size=3x3 stride=2x2 pad=1_1x1_1}, "
+      "select=ge, scatter=add\n}\n",
+      false);
+}
+END_TEST
+
 /* ---- reductions and contractions ---------------------------------------- */
 
 START_TEST(reductions) {
@@ -804,6 +820,7 @@ int main(void) {
   tcase_add_test(tc, dynamic_update_in_place);
   tcase_add_test(tc, gather_and_scatter);
   tcase_add_test(tc, sort_stable_multi_operand);
+  tcase_add_test(tc, select_and_scatter);
   tcase_add_test(tc, reductions);
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, dots);
