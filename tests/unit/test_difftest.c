@@ -19,7 +19,9 @@
  * configuration, the first differing element and the module text.
  *
  * Time: a few hundred generated modules, bounded for a 2-core machine;
- * KILN_DIFFTEST_SEEDS=N runs N seeds instead (longer soak runs).
+ * KILN_DIFFTEST_SEEDS=N runs N seeds instead, for soak runs (with
+ * CK_TIMEOUT_MULTIPLIER=K to give each case K times its 300 s, and
+ * CK_RUN_CASE=cpu or pipeline to pick one).
  */
 #include <check.h>
 #include <dirent.h>
