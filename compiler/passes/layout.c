@@ -249,7 +249,8 @@ static int fold_transposes(lctx *l, uint32_t comp) {
     kiln_computation *fc = m->comps[x->called[0]];
     for (uint32_t j = 0; j < fc->ninstrs; j++) {
       kiln_instr *d = m->instrs[fc->instrs[j]];
-      if (d->op != KILN_OP_DOT || d->noperands != 2) continue;
+      /* (A parameter read as both operands would need both sides folded.) */
+      if (d->op != KILN_OP_DOT || d->noperands != 2 || d->operands[0] == d->operands[1]) continue;
       for (uint32_t s = 0; s < 2; s++) {
         kiln_instr *p = m->instrs[d->operands[s]];
         if (p->op != KILN_OP_PARAMETER || p->param_number < 0 ||

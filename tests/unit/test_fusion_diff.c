@@ -290,6 +290,21 @@ static const struct {
      "  e = f32[2,3,5] exponential(bd)\n"
      "  ROOT o = (f32[7,4], f32[2,3,5]) tuple(t, e)\n"
      "}\n"},
+    {"gram_matrix", 2,
+     "HloModule gram_matrix\n"
+     "ENTRY main {\n"
+     "  x = f32[4,6] parameter(0)\n"
+     "  xt = f32[6,4] transpose(x), dimensions={1,0}\n"
+     "  g = f32[6,6] dot(xt, xt), lhs_contracting_dims={1}, rhs_contracting_dims={1}\n"
+     "  z = f32[] constant(0)\n"
+     "  zb = f32[6,6] broadcast(z), dimensions={}\n"
+     "  r = f32[6,6] maximum(g, zb)\n"
+     "  y = f32[6,4] parameter(1)\n"
+     "  yt = f32[4,6] transpose(y), dimensions={1,0}\n"
+     "  h = f32[4,4] dot(yt, xt), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+     "  hn = f32[4,4] negate(h)\n"
+     "  ROOT o = (f32[6,6], f32[4,4]) tuple(r, hn)\n"
+     "}\n"},
     {"while_loop", 1,
      "HloModule while_loop\n" REDUCERS
      "cond {\n"
