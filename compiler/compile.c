@@ -115,11 +115,6 @@ static int check_target(const kiln_compile_options *o, const kiln_target **t, ki
   return 0;
 }
 
-int kiln__compile_noreport(const kiln_module *m, const kiln_compile_options *o,
-                           kiln_executable **out, kiln_status *st) {
-  return kiln_compile(m, o, out, NULL, st);
-}
-
 int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_executable **out,
                   kiln_compile_report *report, kiln_status *st) {
   *out = NULL;

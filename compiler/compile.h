@@ -62,14 +62,6 @@ void kiln_compile_options_init(kiln_compile_options *o);
 int kiln_compile(const kiln_module *m, const kiln_compile_options *o, kiln_executable **out,
                  kiln_compile_report *report, kiln_status *st);
 
-/* The same without a report: kiln_compile(m, o, out, st) is accepted too
- * (the call is picked by its argument count). */
-int kiln__compile_noreport(const kiln_module *m, const kiln_compile_options *o,
-                           kiln_executable **out, kiln_status *st);
-#define KILN__COMPILE_PICK(a, b, c, d, e, name, ...) name
-#define kiln_compile(...) \
-  KILN__COMPILE_PICK(__VA_ARGS__, kiln_compile, kiln__compile_noreport, ~, ~, ~)(__VA_ARGS__)
-
 #ifdef __cplusplus
 }
 #endif

@@ -45,7 +45,7 @@ static int run_cpu(const kiln_module *m, const kiln_compile_options *copts,
                    const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
                    kiln_status *st) {
   kiln_executable *e = NULL;
-  int rc = kiln_compile(m, copts, &e, st);
+  int rc = kiln_compile(m, copts, &e, NULL, st);
   if (rc == 0) rc = kiln_run_executable(e, bopts, ropts, args, nargs, out, st);
   kiln_executable_destroy(e);
   return rc;

@@ -360,7 +360,7 @@ int kiln__cmd_run(const kiln__args *a) {
   kiln_status st;
   kiln_status_clear(&st);
   if (cpu) { /* compile first: an unsupported op fails before arguments are read */
-    if (kiln_compile(m, &co, &e, &st)) {
+    if (kiln_compile(m, &co, &e, NULL, &st)) {
       kiln__report(file, m, &st);
       rc = kiln__exit_code(st.code);
     } else {

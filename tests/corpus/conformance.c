@@ -603,7 +603,7 @@ static const char *run_truth_table(const kiln_module *m, const char *text, bool 
 static bool compile_cpu(const kiln_module *m, runner *r, char *out, size_t outsize, bool *ok) {
   kiln_status st;
   kiln_status_clear(&st);
-  int rc = kiln_compile(m, NULL, &r->exe, &st);
+  int rc = kiln_compile(m, NULL, &r->exe, NULL, &st);
   if (rc == 0) return true;
   if (rc == KILN_EUNIMPL) {
     snprintf(out, outsize, "unsupported (%s%s%.200s)", st.where, st.where[0] ? ": " : "", st.msg);

@@ -170,7 +170,7 @@ static outcome run_both(const kiln_module *m, uint64_t seed, kiln_sbuf *why) {
   }
   kiln_status_clear(&st);
   kiln_executable *e = NULL;
-  int rc = kiln_compile(m, NULL, &e, &st);
+  int rc = kiln_compile(m, NULL, &e, NULL, &st);
   if (rc) {
     kiln_sbuf_printf(why, "compile: %s: %s: %.300s", kiln_err_name(rc), st.where, st.msg);
     o = rc == KILN_EUNIMPL ? CPU_UNSUPPORTED : COMPILE_FAILED;
