@@ -385,30 +385,51 @@ static bool same_space(const fctx *f, uint32_t a, uint32_t b) {
                               &f->m->instrs[rb->operands[0]]->shape);
 }
 
-/* Whether some root of group a reaches some root of group b through the
- * original graph (then one kernel writing both would feed itself). */
+#define REACH_BUDGET 4096 /* nodes one merge check may visit before refusing */
+
+/* Whether group a's outputs may reach group b's inputs in the graph where
+ * every group is one node (what the program would be with both written
+ * out): merging them would then make a kernel that feeds itself. Entering a
+ * group (at any member) reaches all of its outputs, and a multi-output
+ * group's roots can sit before some of its members, so positions bound
+ * nothing here: the walk is a plain search, cut off (answering yes) after
+ * REACH_BUDGET nodes. A duplicated instruction's original is taken as
+ * present, which can only refuse a merge, never allow a bad one.
+ *
+ * Merges are the only step that needs this. Every other step adds
+ * producers below the instruction being visited, and nothing can reach
+ * those from a group: every group root is an instruction already visited,
+ * an edge leads to a later instruction, and leaving a group lands on a
+ * root. */
 static bool reaches(fctx *f, uint32_t a, uint32_t b) {
-  const group *A = &f->g[a], *B = &f->g[b];
-  uint32_t limit = 0;
-  for (uint32_t i = 0; i < B->nroots; i++)
-    if (f->pos[B->roots[i]] > limit) limit = f->pos[B->roots[i]];
-  f->stampv++;
-  uint32_t top = 0;
+  const group *A = &f->g[a];
+  uint32_t mark = ++f->stampv, top = 0, seen = 0;
   for (uint32_t i = 0; i < A->nroots; i++) {
-    f->stamp[A->roots[i]] = f->stampv;
+    f->stamp[A->roots[i]] = mark;
     f->stack[top++] = A->roots[i];
   }
   while (top) {
     kiln_id v = f->stack[--top];
-    for (uint32_t i = 0; i < B->nroots; i++)
-      if (B->roots[i] == v) return true;
+    if (++seen > REACH_BUDGET) return true;
     uint32_t nu;
     const kiln_id *us = kiln_users_of(f->users, v, &nu);
     for (uint32_t i = 0; i < nu; i++) {
-      kiln_id u = us[i];
-      if (!in_comp(f, u) || f->pos[u] > limit || f->stamp[u] == f->stampv) continue;
-      f->stamp[u] = f->stampv;
-      f->stack[top++] = u;
+      kiln_id w = us[i];
+      if (!in_comp(f, w)) continue;
+      if (in_group(f, w, b)) return true;
+      if (f->stamp[w] != mark) {
+        f->stamp[w] = mark;
+        f->stack[top++] = w;
+      }
+      for (uint32_t e = f->mhead[w]; e != NO_GROUP; e = f->mb[e].next) {
+        const group *G = &f->g[find(f, f->mb[e].group)];
+        for (uint32_t r = 0; r < G->nroots; r++) {
+          kiln_id x = G->roots[r];
+          if (f->stamp[x] == mark) continue;
+          f->stamp[x] = mark;
+          f->stack[top++] = x;
+        }
+      }
     }
   }
   return false;

@@ -7,7 +7,8 @@
  * with bias, relu and softmax, elementwise chains, reductions, dot chains,
  * loops), the conformance corpus (KILN_CORPUS_DIR, else
  * ../shared/corpus/xla-hlo next to the source tree; skipped when absent),
- * and random programs from the generator. Structural checks ride along:
+ * and random programs from the generator (KILN_FUSION_SEEDS=N for N of
+ * them instead of 120). Structural checks ride along:
  * every fusion's shape is its fused root's, its computation has one
  * parameter per operand with the operand's shape, its kind is kLoop,
  * kInput or kOutput; after layout every array value has a layout.
@@ -305,6 +306,72 @@ static const struct {
      "  hn = f32[4,4] negate(h)\n"
      "  ROOT o = (f32[6,6], f32[4,4]) tuple(r, hn)\n"
      "}\n"},
+    /* Regressions: sibling merges that closed a cycle through other
+     * multi-output groups (generated programs, seeds 1027 and 5997). */
+    {"sibling_cycle_a", 1,
+     "HloModule progen_1027\n"
+     "\n"
+     "ENTRY main {\n"
+     "  v0 = f32[4] parameter(0)\n"
+     "  v1 = f32[4] parameter(1)\n"
+     "  v2 = f32[4] minimum(v1, v0)\n"
+     "  v3 = f32[4] abs(v1)\n"
+     "  v4 = f32[4] transpose(v2), dimensions={0}\n"
+     "  v5 = f32[4] abs(v0)\n"
+     "  v6 = f32[4] sqrt(v5)\n"
+     "  v7 = f32[4] minimum(v0, v3)\n"
+     "  v8 = f32[] dot(v3, v1), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+     "  v9 = f32[4] subtract(v7, v4)\n"
+     "  v10 = f32[] dot(v7, v3), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+     "  v11 = f32[] tanh(v8)\n"
+     "  v12 = f32[4] subtract(v1, v4)\n"
+     "  v13 = f32[] dot(v12, v2), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+     "  v14 = f32[] multiply(v10, v10)\n"
+     "  v15 = f32[] constant(1)\n"
+     "  v16 = f32[] add(v14, v15)\n"
+     "  v17 = f32[] divide(v11, v16)\n"
+     "  v18 = f32[4,4,4] broadcast(v2), dimensions={0}\n"
+     "  v19 = pred[4] compare(v3, v12), direction=GT\n"
+     "  v20 = f32[4] constant({ 0.75, -0.125, -0.125, 1 })\n"
+     "  v21 = f32[4] select(v19, v20, v3)\n"
+     "  ROOT v22 = (f32[4], f32[4], f32[], f32[], f32[4,4,4], f32[4]) tuple(v6, v9, v13, v17, v18, v21)\n"
+     "}\n"},
+    {"sibling_cycle_b", 1,
+     "HloModule progen_5997\n"
+     "\n"
+     "ENTRY main {\n"
+     "  v0 = f32[6] parameter(0)\n"
+     "  v1 = f32[6] multiply(v0, v0)\n"
+     "  v2 = f32[6] log-plus-one(v1)\n"
+     "  v3 = f32[6] constant({ 0.875, 0.25, 0.25, -0.75, -0.125, -0.125 })\n"
+     "  v4 = f32[6] multiply(v0, v3)\n"
+     "  v5 = f32[] constant(-0.53125)\n"
+     "  v6 = f32[] constant(0.3125)\n"
+     "  v7 = f32[6] clamp(v5, v0, v6)\n"
+     "  v8 = f32[] dot(v2, v0), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+     "  v9 = f32[6] multiply(v7, v7)\n"
+     "  v10 = f32[] constant(1)\n"
+     "  v11 = f32[6] broadcast(v10), dimensions={}\n"
+     "  v12 = f32[6] add(v9, v11)\n"
+     "  v13 = f32[6] log(v12)\n"
+     "  v14 = f32[] tanh(v8)\n"
+     "  v15 = f32[6] negate(v7)\n"
+     "  v16 = f32[6] maximum(v15, v15)\n"
+     "  v17 = f32[] dot(v16, v13), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+     "  v18 = f32[3] broadcast(v17), dimensions={}\n"
+     "  v19 = f32[6] add(v16, v0)\n"
+     "  v20 = f32[1,3] broadcast(v18), dimensions={1}\n"
+     "  v21 = f32[6] tanh(v15)\n"
+     "  v22 = f32[6] transpose(v15), dimensions={0}\n"
+     "  v23 = f32[6,1,6] broadcast(v21), dimensions={0}\n"
+     "  v24 = f32[6] multiply(v13, v13)\n"
+     "  v25 = f32[] constant(1)\n"
+     "  v26 = f32[6] broadcast(v25), dimensions={}\n"
+     "  v27 = f32[6] add(v24, v26)\n"
+     "  v28 = f32[6] atan2(v22, v27)\n"
+     "  v29 = f32[6,1,6] transpose(v23), dimensions={2,1,0}\n"
+     "  ROOT v30 = (f32[6], f32[], f32[6], f32[1,3], f32[6], f32[6,1,6]) tuple(v4, v14, v19, v20, v28, v29)\n"
+     "}\n"},
     {"while_loop", 1,
      "HloModule while_loop\n" REDUCERS
      "cond {\n"
@@ -438,7 +505,9 @@ START_TEST(test_generated) {
       0, /* everything */
   };
   int ran = 0, total = 0, fusions = 0;
-  for (uint64_t seed = 1; seed <= 120; seed++) {
+  const char *env = getenv("KILN_FUSION_SEEDS"); /* longer soak runs */
+  uint64_t nseeds = env && atoi(env) > 0 ? (uint64_t)atoi(env) : 120;
+  for (uint64_t seed = 1; seed <= nseeds; seed++) {
     kiln_progen_options o = {0};
     o.seed = seed;
     o.ninstrs = 12 + (int)(seed % 20);
