@@ -24,7 +24,8 @@
  *    reduce input dimensions and reduced dimensions) merge into one
  *    multi-output fusion (tuple root, users through get-tuple-element) when
  *    the model says one kernel reading the shared operands once is faster
- *    and no root depends on another. The shared value may then be absorbed
+ *    and the merged kernel would not feed itself (checked in the graph
+ *    whose nodes are the groups). The shared value may then be absorbed
  *    into the merged group like any producer.
  * Never fused: parameters, while/conditional/call, custom calls,
  * collectives, anything with side effects (rng included), instructions with
