@@ -77,7 +77,6 @@ typedef struct fctx {
   uint32_t nids;            /* instructions when the analysis began: arrays' size */
   kiln_id *clone;           /* per instruction: its copy in the fused computation */
   uint32_t *pos;            /* per instruction: position in comp, or NO_POS */
-  uint32_t cur;             /* position being visited */
   uint8_t *state;           /* 0 unvisited, 1 kept on its own, 2 absorbed */
   bool *ctrl_succ;          /* is a control predecessor of something */
   uint32_t *root_of;        /* group whose root it is (before merges), or NO_GROUP */
@@ -731,6 +730,64 @@ static void final_needed(fctx *f, const kiln_id *order, uint32_t n, bool *need) 
   }
 }
 
+/* The fused computation of group G: parameters for the external operands
+ * `ext` (in order), the members cloned in computation order, and the root
+ * (a tuple of the roots for a multi-output group). */
+static int fused_body(fctx *f, const group *G, const kiln_id *ext, uint32_t next, names *nm,
+                      uint32_t *fc, kiln_instr **rootp) {
+  kiln_module *m = f->m;
+  const kiln_id *mem = G->mem;
+  const char *cname = ns_unique(f->a, &nm->comps, "fused_computation", &nm->ncomp);
+  if (cname == NULL || kiln_module_add_computation(m, cname, fc)) return oom(f);
+  nameset inner = {0};
+  uint32_t zero = 0;
+  for (uint32_t i = 0; i < G->nmem; i++)
+    if (ns_add(f->a, &inner, m->instrs[mem[i]]->name)) return oom(f);
+  for (uint32_t k = 0; k < next; k++) {
+    char base[32];
+    snprintf(base, sizeof base, "param_%u", (unsigned)k);
+    zero = 0;
+    const char *pn = ns_unique(f->a, &inner, base, &zero);
+    kiln_instr *p = pn ? kiln_module_add_instr(m, *fc, KILN_OP_PARAMETER, pn) : NULL;
+    if (p == NULL || kiln_instr_set_shape(m, p, &m->instrs[ext[k]]->shape)) return oom(f);
+    p->param_number = k;
+    f->clone[ext[k]] = p->id;
+  }
+  kiln_id ops[64], *opv = ops;
+  for (uint32_t i = 0; i < G->nmem; i++) {
+    const kiln_instr *x = m->instrs[mem[i]];
+    if (x->noperands > 64 && (opv = kiln_arena_alloc(f->a, x->noperands * sizeof *opv)) == NULL)
+      return oom(f);
+    for (uint32_t k = 0; k < x->noperands; k++) opv[k] = f->clone[x->operands[k]];
+    kiln_instr *c = kiln_instr_clone(m, *fc, x, opv, x->noperands, NULL, x->name);
+    if (c == NULL) return oom(f);
+    f->clone[x->id] = c->id;
+    opv = ops;
+  }
+  kiln_instr *root;
+  if (G->nroots == 1) {
+    root = m->instrs[f->clone[G->roots[0]]];
+  } else {
+    zero = 0;
+    const char *tn = ns_unique(f->a, &inner, "tuple", &zero);
+    kiln_shape *ss = kiln_arena_alloc(f->a, G->nroots * sizeof *ss);
+    kiln_id *rs = kiln_arena_alloc(f->a, G->nroots * sizeof *rs);
+    if (tn == NULL || ss == NULL || rs == NULL) return oom(f);
+    for (uint32_t r = 0; r < G->nroots; r++) {
+      rs[r] = f->clone[G->roots[r]];
+      ss[r] = m->instrs[G->roots[r]]->shape;
+    }
+    kiln_shape ts;
+    root = kiln_module_add_instr(m, *fc, KILN_OP_TUPLE, tn);
+    if (root == NULL || kiln_shape_make_tuple(m->arena, &ts, ss, G->nroots) ||
+        kiln_instr_set_operands(m, root, rs, G->nroots) || kiln_instr_set_shape(m, root, &ts))
+      return oom(f);
+  }
+  m->comps[*fc]->root = root->id;
+  *rootp = root;
+  return 0;
+}
+
 /* Writes group g as a fused computation and a fusion instruction in the
  * parent (appended; the caller orders it). *first is the fusion's id; for a
  * multi-output group its get-tuple-elements follow it, one per root. */
@@ -755,55 +812,10 @@ static int write_group(fctx *f, uint32_t g, names *nm, kiln_id *first) {
       ext[next++] = o;
     }
   }
-  uint32_t fc;
-  const char *cname = ns_unique(f->a, &nm->comps, "fused_computation", &nm->ncomp);
-  if (cname == NULL || kiln_module_add_computation(m, cname, &fc)) return oom(f);
-  nameset inner = {0};
-  uint32_t zero = 0;
-  for (uint32_t i = 0; i < G->nmem; i++)
-    if (ns_add(f->a, &inner, m->instrs[mem[i]]->name)) return oom(f);
-  for (uint32_t k = 0; k < next; k++) {
-    char base[32];
-    snprintf(base, sizeof base, "param_%u", (unsigned)k);
-    zero = 0;
-    const char *pn = ns_unique(f->a, &inner, base, &zero);
-    kiln_instr *p = pn ? kiln_module_add_instr(m, fc, KILN_OP_PARAMETER, pn) : NULL;
-    if (p == NULL || kiln_instr_set_shape(m, p, &m->instrs[ext[k]]->shape)) return oom(f);
-    p->param_number = k;
-    f->clone[ext[k]] = p->id;
-  }
-  kiln_id ops[64], *opv = ops;
-  for (uint32_t i = 0; i < G->nmem; i++) {
-    const kiln_instr *x = m->instrs[mem[i]];
-    if (x->noperands > 64 && (opv = kiln_arena_alloc(f->a, x->noperands * sizeof *opv)) == NULL)
-      return oom(f);
-    for (uint32_t k = 0; k < x->noperands; k++) opv[k] = f->clone[x->operands[k]];
-    kiln_instr *c = kiln_instr_clone(m, fc, x, opv, x->noperands, NULL, x->name);
-    if (c == NULL) return oom(f);
-    f->clone[x->id] = c->id;
-    opv = ops;
-  }
-  kiln_computation *fcomp = m->comps[fc];
-  kiln_instr *root;
-  if (G->nroots == 1) {
-    root = m->instrs[f->clone[G->roots[0]]];
-  } else {
-    zero = 0;
-    const char *tn = ns_unique(f->a, &inner, "tuple", &zero);
-    kiln_shape *ss = kiln_arena_alloc(f->a, G->nroots * sizeof *ss);
-    kiln_id *rs = kiln_arena_alloc(f->a, G->nroots * sizeof *rs);
-    if (tn == NULL || ss == NULL || rs == NULL) return oom(f);
-    for (uint32_t r = 0; r < G->nroots; r++) {
-      rs[r] = f->clone[G->roots[r]];
-      ss[r] = m->instrs[G->roots[r]]->shape;
-    }
-    kiln_shape ts;
-    root = kiln_module_add_instr(m, fc, KILN_OP_TUPLE, tn);
-    if (root == NULL || kiln_shape_make_tuple(m->arena, &ts, ss, G->nroots) ||
-        kiln_instr_set_operands(m, root, rs, G->nroots) || kiln_instr_set_shape(m, root, &ts))
-      return oom(f);
-  }
-  fcomp->root = root->id;
+  uint32_t fc = 0;
+  kiln_instr *root = NULL;
+  int rc = fused_body(f, G, ext, next, nm, &fc, &root);
+  if (rc) return rc;
   const char *fn = ns_unique(f->a, &nm->parent, "fusion", &nm->nfusion);
   kiln_instr *fu = fn ? kiln_module_add_instr(m, f->comp, KILN_OP_FUSION, fn) : NULL;
   if (fu == NULL || kiln_instr_set_operands(m, fu, ext, next) ||
@@ -918,7 +930,6 @@ static int fuse_computation(fctx *f, names *nm) {
       if (x->control_preds[k] < n) f->ctrl_succ[x->control_preds[k]] = true;
   }
   for (uint32_t i = c->ninstrs; i-- > 0;) {
-    f->cur = i;
     int rc = visit(f, c->instrs[i]);
     if (rc) return rc;
   }
