@@ -124,7 +124,8 @@ static double conv_flops(const kiln_module *m, const kiln_instr *ins) {
     return 2 * elems(&ins->shape);
   const kiln_conv_dims *cd = a->v.conv;
   double per = 1;
-  if (cd->kernel_in >= 0 && cd->kernel_in < k->shape.rank) per *= (double)k->shape.dims[cd->kernel_in];
+  if (cd->kernel_in >= 0 && cd->kernel_in < k->shape.rank)
+    per *= (double)k->shape.dims[cd->kernel_in];
   for (uint32_t i = 0; i < cd->nspatial; i++)
     if (cd->kernel_spatial[i] >= 0 && cd->kernel_spatial[i] < k->shape.rank)
       per *= (double)k->shape.dims[cd->kernel_spatial[i]];
@@ -138,8 +139,8 @@ static void cost_add(kiln_cost *a, const kiln_cost *b) {
   a->kernels += b->kernels;
 }
 
-static void instr_cost(const kiln_module *m, const kiln_instr *ins, const kiln_target *t,
-                       int depth, kiln_cost *out);
+static void instr_cost(const kiln_module *m, const kiln_instr *ins, const kiln_target *t, int depth,
+                       kiln_cost *out);
 
 /* One pass through every instruction of a called computation. */
 static void called_cost(const kiln_module *m, uint32_t comp, const kiln_target *t, int depth,
@@ -163,8 +164,9 @@ static double standalone_flops(const kiln_module *m, const kiln_instr *ins) {
   case KILN_OP_SELECT_AND_SCATTER: return operand_elems(m, ins, 0) * window_size(ins);
   case KILN_OP_DOT: {
     const kiln_instr *l = operand(m, ins, 0);
-    double k = l ? product_of_dims(&l->shape, kiln_instr_attr_ints(ins, KILN_ATTR_LHS_CONTRACTING_DIMS))
-                 : 1;
+    double k =
+        l ? product_of_dims(&l->shape, kiln_instr_attr_ints(ins, KILN_ATTR_LHS_CONTRACTING_DIMS))
+          : 1;
     return 2 * k * elems(&ins->shape);
   }
   case KILN_OP_CONVOLUTION: return conv_flops(m, ins);
@@ -192,11 +194,11 @@ static bool seen_before(const kiln_instr *ins, uint32_t k) {
   return false;
 }
 
-static int group_cost(const kiln_module *m, const kiln_id *members, uint32_t n, const kiln_id *roots,
-                      uint32_t nroots, const kiln_target *t, kiln_cost *out);
+static int group_cost(const kiln_module *m, const kiln_id *members, uint32_t n,
+                      const kiln_id *roots, uint32_t nroots, const kiln_target *t, kiln_cost *out);
 
-static void instr_cost(const kiln_module *m, const kiln_instr *ins, const kiln_target *t,
-                       int depth, kiln_cost *out) {
+static void instr_cost(const kiln_module *m, const kiln_instr *ins, const kiln_target *t, int depth,
+                       kiln_cost *out) {
   memset(out, 0, sizeof *out);
   if (no_kernel(ins->op)) return;
   switch (ins->op) {
@@ -326,8 +328,8 @@ static int topo(const kiln_module *m, const kiln_id *set, uint32_t n, uint32_t *
   return rc;
 }
 
-static int group_cost(const kiln_module *m, const kiln_id *members, uint32_t n, const kiln_id *roots,
-                      uint32_t nroots, const kiln_target *t, kiln_cost *out) {
+static int group_cost(const kiln_module *m, const kiln_id *members, uint32_t n,
+                      const kiln_id *roots, uint32_t nroots, const kiln_target *t, kiln_cost *out) {
   memset(out, 0, sizeof *out);
   kiln_id *set = kiln_malloc((n ? n : 1) * sizeof *set);
   uint32_t *order = kiln_malloc((n ? n : 1) * sizeof *order);
@@ -397,8 +399,7 @@ out_free:
 }
 
 int kiln_cost_group(const kiln_module *m, const kiln_id *members, uint32_t nmembers,
-                    const kiln_id *roots, uint32_t nroots, const kiln_target *t,
-                    kiln_cost *out) {
+                    const kiln_id *roots, uint32_t nroots, const kiln_target *t, kiln_cost *out) {
   return group_cost(m, members, nmembers, roots, nroots, t, out);
 }
 
@@ -415,7 +416,8 @@ static int64_t own_bytes(const kiln_instr *ins) {
 
 /* Drops one reference to x; when none is left, x's bytes are freed and, for
  * an alias, the references it held on its operands. */
-static void release(const kiln_module *m, kiln_id x, uint32_t *refs, int64_t *live, kiln_id *stack) {
+static void release(const kiln_module *m, kiln_id x, uint32_t *refs, int64_t *live,
+                    kiln_id *stack) {
   uint32_t top = 0;
   stack[top++] = x;
   while (top) {

@@ -58,8 +58,7 @@ void kiln_cost_instr(const kiln_module *m, const kiln_instr *ins, const kiln_tar
  * sliced part when every use slices them); the roots are written once.
  * Returns 0, or KILN_ENOMEM. */
 int kiln_cost_group(const kiln_module *m, const kiln_id *members, uint32_t nmembers,
-                    const kiln_id *roots, uint32_t nroots, const kiln_target *t,
-                    kiln_cost *out);
+                    const kiln_id *roots, uint32_t nroots, const kiln_target *t, kiln_cost *out);
 
 /* Peak bytes of temporaries live at once when computation `comp` runs in
  * the order `order` (its instruction list when NULL): every value except

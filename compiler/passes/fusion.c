@@ -49,45 +49,45 @@
 
 #define NO_GROUP UINT32_MAX
 #define NO_POS UINT32_MAX
-#define MAX_MEMBERS 128   /* instructions in one fused kernel */
-#define MAX_SIBLINGS 8    /* consumer groups of one value tried for merging */
+#define MAX_MEMBERS 128 /* instructions in one fused kernel */
+#define MAX_SIBLINGS 8  /* consumer groups of one value tried for merging */
 
 typedef enum fkind { K_LOOP, K_INPUT, K_OUTPUT } fkind;
 static const char *const kind_names[] = {"kLoop", "kInput", "kOutput"};
 
 typedef struct group {
   fkind kind;
-  kiln_id *mem;          /* members (original ids), first the root(s) */
+  kiln_id *mem; /* members (original ids), first the root(s) */
   uint32_t nmem, capm;
-  kiln_id *roots;        /* values the kernel writes, by position */
+  kiln_id *roots; /* values the kernel writes, by position */
   uint32_t nroots, capr;
-  kiln_cost cost;        /* of the group as one kernel */
-  uint32_t merged_into;  /* NO_GROUP while alive */
-  kiln_id dot;           /* kOutput: the dot member */
+  kiln_cost cost;       /* of the group as one kernel */
+  uint32_t merged_into; /* NO_GROUP while alive */
+  kiln_id dot;          /* kOutput: the dot member */
 } group;
 
 /* Analysis state for one computation. */
 typedef struct fctx {
   kiln_module *m;
   const kiln_target *t;
-  kiln_arena *a;            /* scratch, freed at the end of the pass */
+  kiln_arena *a; /* scratch, freed at the end of the pass */
   kiln_status *st;
   uint32_t comp;
   const kiln_users *users;
-  uint32_t nids;            /* instructions when the analysis began: arrays' size */
-  kiln_id *clone;           /* per instruction: its copy in the fused computation */
-  uint32_t *pos;            /* per instruction: position in comp, or NO_POS */
-  uint8_t *state;           /* 0 unvisited, 1 kept on its own, 2 absorbed */
-  bool *ctrl_succ;          /* is a control predecessor of something */
-  uint32_t *root_of;        /* group whose root it is (before merges), or NO_GROUP */
+  uint32_t nids;     /* instructions when the analysis began: arrays' size */
+  kiln_id *clone;    /* per instruction: its copy in the fused computation */
+  uint32_t *pos;     /* per instruction: position in comp, or NO_POS */
+  uint8_t *state;    /* 0 unvisited, 1 kept on its own, 2 absorbed */
+  bool *ctrl_succ;   /* is a control predecessor of something */
+  uint32_t *root_of; /* group whose root it is (before merges), or NO_GROUP */
   group *g;
   uint32_t ng, capg;
-  uint32_t *mhead;          /* per instruction: its first membership, or NO_GROUP */
+  uint32_t *mhead; /* per instruction: its first membership, or NO_GROUP */
   struct memb {
-    uint32_t group, next;   /* a group holding the instruction; the next membership */
-  } *mb;
+    uint32_t group, next; /* a group holding the instruction; the next membership */
+  } * mb;
   uint32_t nmb, capmb;
-  uint32_t *stamp, stampv;  /* visited marks for searches */
+  uint32_t *stamp, stampv; /* visited marks for searches */
   kiln_id *stack;
 } fctx;
 
@@ -696,9 +696,9 @@ static const char *ns_unique(kiln_arena *a, nameset *ns, const char *base, uint3
 /* ---- writing groups out ------------------------------------------------- */
 
 typedef struct names {
-  nameset comps;     /* computation names of the module */
-  uint32_t ncomp;    /* counter for fused_computation.N */
-  nameset parent;    /* instruction names of the computation being fused */
+  nameset comps;  /* computation names of the module */
+  uint32_t ncomp; /* counter for fused_computation.N */
+  nameset parent; /* instruction names of the computation being fused */
   uint32_t nfusion, ngte;
 } names;
 
@@ -911,8 +911,8 @@ static int fuse_computation(fctx *f, names *nm) {
   f->stamp = kiln_arena_calloc(f->a, n, sizeof *f->stamp);
   f->stack = kiln_arena_alloc(f->a, (size_t)n * sizeof *f->stack);
   f->clone = kiln_arena_alloc(f->a, (size_t)n * sizeof *f->clone);
-  if (!f->pos || !f->state || !f->ctrl_succ || !f->root_of || !f->mhead || !f->stamp ||
-      !f->stack || !f->clone)
+  if (!f->pos || !f->state || !f->ctrl_succ || !f->root_of || !f->mhead || !f->stamp || !f->stack ||
+      !f->clone)
     return oom(f);
   f->stampv = 0;
   f->g = NULL;

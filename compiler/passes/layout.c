@@ -45,11 +45,11 @@
 typedef struct lctx {
   kiln_module *m;
   kiln_status *st;
-  kiln_users *users;        /* built before any rewrite; original ids only */
-  uint32_t nids;            /* instructions when users were built */
+  kiln_users *users;            /* built before any rewrite; original ids only */
+  uint32_t nids;                /* instructions when users were built */
   const kiln_shape **want_root; /* per computation: the root's required shape, or NULL */
-  bool *fused;              /* per computation: called by a fusion */
-  bool *done;               /* per computation: layouts assigned */
+  bool *fused;                  /* per computation: called by a fusion */
+  bool *done;                   /* per computation: layouts assigned */
   kiln_arena *a;
 } lctx;
 
@@ -184,8 +184,8 @@ static bool is_iota_prefix(const kiln_i64s *v) {
  * current operand is transpose(src, perm), when the dot stays a plain
  * batched matrix product: batch dims leading in order, one contracting dim,
  * at most one other dim. Returns whether it did. */
-static int fold_into_dot(lctx *l, kiln_instr *d, uint32_t s, const kiln_shape *src,
-                         kiln_id src_id, const kiln_i64s *perm, bool *folded) {
+static int fold_into_dot(lctx *l, kiln_instr *d, uint32_t s, const kiln_shape *src, kiln_id src_id,
+                         const kiln_i64s *perm, bool *folded) {
   *folded = false;
   kiln_attr_key bk = s ? KILN_ATTR_RHS_BATCH_DIMS : KILN_ATTR_LHS_BATCH_DIMS;
   kiln_attr_key ck = s ? KILN_ATTR_RHS_CONTRACTING_DIMS : KILN_ATTR_LHS_CONTRACTING_DIMS;
@@ -253,8 +253,8 @@ static int fold_transposes(lctx *l, uint32_t comp) {
       if (d->op != KILN_OP_DOT || d->noperands != 2 || d->operands[0] == d->operands[1]) continue;
       for (uint32_t s = 0; s < 2; s++) {
         kiln_instr *p = m->instrs[d->operands[s]];
-        if (p->op != KILN_OP_PARAMETER || p->param_number < 0 ||
-            p->param_number >= x->noperands || p->id >= l->nids || !only_user(l, p->id, d->id))
+        if (p->op != KILN_OP_PARAMETER || p->param_number < 0 || p->param_number >= x->noperands ||
+            p->id >= l->nids || !only_user(l, p->id, d->id))
           continue;
         kiln_instr *t = m->instrs[x->operands[p->param_number]];
         if (!foldable_transpose(l, t, comp)) continue;
@@ -311,7 +311,8 @@ static bool reads_any_layout(const kiln_instr *u) {
   case KILN_OP_OPTIMIZATION_BARRIER:
   case KILN_OP_DOMAIN: return false;
   default:
-    return !(kiln_opcode_flags(u->op) & (KILN_OPF_COLLECTIVE | KILN_OPF_ASYNC | KILN_OPF_SIDE_EFFECT));
+    return !(kiln_opcode_flags(u->op) &
+             (KILN_OPF_COLLECTIVE | KILN_OPF_ASYNC | KILN_OPF_SIDE_EFFECT));
   }
 }
 
@@ -385,7 +386,8 @@ static int drop_dead_moves(lctx *l, uint32_t comp) {
   bool any = false;
   for (uint32_t i = c->ninstrs; i-- > 0;) {
     const kiln_instr *x = m->instrs[c->instrs[i]];
-    bool move = x->op == KILN_OP_TUPLE || x->op == KILN_OP_GET_TUPLE_ELEMENT || x->op == KILN_OP_COPY;
+    bool move =
+        x->op == KILN_OP_TUPLE || x->op == KILN_OP_GET_TUPLE_ELEMENT || x->op == KILN_OP_COPY;
     if (!move || uses[x->id] || x->id == c->root || x->ncontrol) continue;
     keep[x->id] = false;
     any = true;
@@ -505,8 +507,7 @@ static int assign_comp(lctx *l, uint32_t comp, const kiln_instr *fusion) {
     if (m->entry_layout && kiln_shape_equal(&m->entry_layout->result, &root->shape, false)) {
       want = &m->entry_layout->result;
     } else {
-      if (kiln_shape_copy(l->a, &entry_result, &root->shape) ||
-          fill_default(m, &entry_result, 0))
+      if (kiln_shape_copy(l->a, &entry_result, &root->shape) || fill_default(m, &entry_result, 0))
         return oom(l);
       want = &entry_result;
     }
@@ -564,7 +565,8 @@ static int record_entry_layout(lctx *l) {
   if (root == NULL) return 0;
   uint32_t np = kiln_computation_nparams(m, e);
   kiln_program_shape *ps = kiln_arena_calloc(m->arena, 1, sizeof *ps);
-  if (ps == NULL || (np && (ps->params = kiln_arena_calloc(m->arena, np, sizeof *ps->params)) == NULL))
+  if (ps == NULL ||
+      (np && (ps->params = kiln_arena_calloc(m->arena, np, sizeof *ps->params)) == NULL))
     return oom(l);
   for (uint32_t i = 0; i < np; i++) {
     const kiln_instr *p = kiln_computation_param(m, e, i);
@@ -584,8 +586,7 @@ int kiln_pass_layout(kiln_module *m, const kiln_pass_ctx *ctx) {
   uint32_t *order = NULL, norder = 0;
   int rc = 0;
   l.a = kiln_arena_create();
-  if (l.a == NULL || kiln_users_build(m, &l.users) ||
-      kiln_module_post_order(m, &order, &norder)) {
+  if (l.a == NULL || kiln_users_build(m, &l.users) || kiln_module_post_order(m, &order, &norder)) {
     rc = oom(&l);
     goto out_free;
   }

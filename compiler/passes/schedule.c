@@ -32,13 +32,13 @@ typedef struct sctx {
   const kiln_module *m;
   const kiln_computation *c;
   uint32_t n;
-  uint32_t *local;      /* per module instruction id: index in c, or UINT32_MAX */
-  uint32_t *pstart;     /* CSR of predecessors (edges counted with multiplicity) */
+  uint32_t *local;  /* per module instruction id: index in c, or UINT32_MAX */
+  uint32_t *pstart; /* CSR of predecessors (edges counted with multiplicity) */
   uint32_t *preds;
-  uint32_t *sstart;     /* CSR of successors */
+  uint32_t *sstart; /* CSR of successors */
   uint32_t *succs;
-  int64_t *bytes;       /* own bytes per local index */
-  bool *alias;          /* tuple / get-tuple-element / bitcast */
+  int64_t *bytes; /* own bytes per local index */
+  bool *alias;    /* tuple / get-tuple-element / bitcast */
 } sctx;
 
 static bool ordered(const kiln_instr *x) {

@@ -25,7 +25,7 @@ static const kiln_instr *find(const kiln_module *m, const char *name) {
   return NULL;
 }
 
-#define ASSERT_NEAR(a, b)                                                             \
+#define ASSERT_NEAR(a, b) \
   ck_assert_msg(fabs((double)(a) - (double)(b)) <= 1e-12 * (fabs((double)(b)) + 1e-30), \
                 "%s = %.17g, expected %.17g", #a, (double)(a), (double)(b))
 
@@ -68,8 +68,8 @@ START_TEST(test_op_flops) {
   ck_assert(kiln_cost_op_flops(KILN_OP_POWER) == 16);
   ck_assert(kiln_cost_op_flops(KILN_OP_BROADCAST) == 0);
   ck_assert(kiln_cost_op_flops(KILN_OP_DOT) == 0);
-  ASSERT_NEAR(kiln_cost_time(&T, 2e9, 1e9), 2.0 + 1e-6);  /* compute-bound */
-  ASSERT_NEAR(kiln_cost_time(&T, 1e9, 3e9), 3.0 + 1e-6);  /* memory-bound */
+  ASSERT_NEAR(kiln_cost_time(&T, 2e9, 1e9), 2.0 + 1e-6); /* compute-bound */
+  ASSERT_NEAR(kiln_cost_time(&T, 1e9, 3e9), 3.0 + 1e-6); /* memory-bound */
 }
 END_TEST
 
@@ -158,20 +158,19 @@ END_TEST
 
 START_TEST(test_fusion_instr_cost) {
   /* A fusion instruction costs what its fused body costs as one kernel. */
-  kiln_module *m = parse(
-      "HloModule m\n"
-      "f {\n"
-      "  p0 = f32[256] parameter(0)\n"
-      "  p1 = f32[] parameter(1)\n"
-      "  b = f32[256] broadcast(p1), dimensions={}\n"
-      "  e = f32[256] exponential(p0)\n"
-      "  ROOT r = f32[256] multiply(e, b)\n"
-      "}\n"
-      "ENTRY main {\n"
-      "  x = f32[256] parameter(0)\n"
-      "  s = f32[] parameter(1)\n"
-      "  ROOT fu = f32[256] fusion(x, s), kind=kLoop, calls=f\n"
-      "}\n");
+  kiln_module *m = parse("HloModule m\n"
+                         "f {\n"
+                         "  p0 = f32[256] parameter(0)\n"
+                         "  p1 = f32[] parameter(1)\n"
+                         "  b = f32[256] broadcast(p1), dimensions={}\n"
+                         "  e = f32[256] exponential(p0)\n"
+                         "  ROOT r = f32[256] multiply(e, b)\n"
+                         "}\n"
+                         "ENTRY main {\n"
+                         "  x = f32[256] parameter(0)\n"
+                         "  s = f32[] parameter(1)\n"
+                         "  ROOT fu = f32[256] fusion(x, s), kind=kLoop, calls=f\n"
+                         "}\n");
   kiln_cost c;
   kiln_cost_instr(m, find(m, "fu"), &T, &c);
   ASSERT_NEAR(c.flops, 17 * 256);

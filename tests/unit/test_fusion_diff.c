@@ -41,8 +41,8 @@ static void check_fusions(const kiln_module *m, kiln_id first, const char *what)
       ck_assert_msg(f->ncalled == 1, "%s: %s calls %u computations", what, f->name, f->ncalled);
       const kiln_computation *fc = m->comps[f->called[0]];
       const kiln_instr *root = kiln_computation_root(m, fc);
-      ck_assert_msg(kiln_shape_equal(&f->shape, &root->shape, false), "%s: %s shape != root",
-                    what, f->name);
+      ck_assert_msg(kiln_shape_equal(&f->shape, &root->shape, false), "%s: %s shape != root", what,
+                    f->name);
       ck_assert_uint_eq(kiln_computation_nparams(m, fc), f->noperands);
       for (uint32_t k = 0; k < f->noperands; k++) {
         const kiln_instr *p = kiln_computation_param(m, fc, k);
@@ -51,9 +51,9 @@ static void check_fusions(const kiln_module *m, kiln_id first, const char *what)
                       "%s: %s parameter %u differs from its operand", what, f->name, k);
       }
       const char *kind = kiln_instr_attr_str(f, KILN_ATTR_KIND);
-      ck_assert_msg(kind && (!strcmp(kind, "kLoop") || !strcmp(kind, "kInput") ||
-                             !strcmp(kind, "kOutput")),
-                    "%s: %s kind %s", what, f->name, kind ? kind : "(none)");
+      ck_assert_msg(
+          kind && (!strcmp(kind, "kLoop") || !strcmp(kind, "kInput") || !strcmp(kind, "kOutput")),
+          "%s: %s kind %s", what, f->name, kind ? kind : "(none)");
     }
   }
 }
@@ -73,8 +73,7 @@ static void check_layouts(const kiln_module *m, const char *what) {
     const kiln_computation *comp = m->comps[c];
     for (uint32_t i = 0; i < comp->ninstrs; i++) {
       const kiln_instr *x = m->instrs[comp->instrs[i]];
-      ck_assert_msg(all_laid_out(&x->shape), "%s: %s/%s has no layout", what, comp->name,
-                    x->name);
+      ck_assert_msg(all_laid_out(&x->shape), "%s: %s/%s has no layout", what, comp->name, x->name);
     }
   }
   ck_assert_msg(m->entry_layout != NULL, "%s: no entry_computation_layout", what);
@@ -161,8 +160,8 @@ static outcome diff_module(const char *text, size_t len, const char *what, bool 
       }
       if (!kiln_literal_equal(r, ref[s])) {
         char *a = fh_lit_text(ref[s]), *b = fh_lit_text(r), *t = kiln_module_print(m, NULL);
-        ck_abort_msg("%s: results differ (seed %d)\nbefore: %.2000s\nafter:  %.2000s\n%s", where,
-                     s, a, b, t);
+        ck_abort_msg("%s: results differ (seed %d)\nbefore: %.2000s\nafter:  %.2000s\n%s", where, s,
+                     a, b, t);
       }
       kiln_literal_destroy(r);
     }
@@ -179,9 +178,10 @@ static outcome diff_module(const char *text, size_t len, const char *what, bool 
 
 /* ---- hand-written programs --------------------------------------------------- */
 
-#define REDUCERS                                                                       \
+#define REDUCERS \
   "add_f32 {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n" \
-  "max_f32 {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT m = f32[] maximum(a, b)\n}\n"
+  "max_f32 {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT m = f32[] maximum(a, " \
+  "b)\n}\n"
 
 static const struct {
   const char *name;
@@ -189,8 +189,7 @@ static const struct {
   const char *text;
 } k_programs[] = {
     {"mlp_softmax", 3,
-     "HloModule mlp_softmax\n" REDUCERS
-     "ENTRY main {\n"
+     "HloModule mlp_softmax\n" REDUCERS "ENTRY main {\n"
      "  x = f32[8,16] parameter(0)\n"
      "  w1 = f32[16,32] parameter(1)\n"
      "  b1 = f32[32] parameter(2)\n"
@@ -233,8 +232,7 @@ static const struct {
      "  ROOT o = f32[20] tanh(sl)\n"
      "}\n"},
     {"reductions", 2,
-     "HloModule reductions\n" REDUCERS
-     "ENTRY main {\n"
+     "HloModule reductions\n" REDUCERS "ENTRY main {\n"
      "  x = f32[12,9] parameter(0)\n"
      "  z = f32[] constant(0)\n"
      "  ninf = f32[] constant(-inf)\n"
@@ -248,8 +246,7 @@ static const struct {
      "  ROOT t = (f32[12], f32[9], f32[]) tuple(mean, cols, all)\n"
      "}\n"},
     {"layer_norm", 2,
-     "HloModule layer_norm\n" REDUCERS
-     "ENTRY main {\n"
+     "HloModule layer_norm\n" REDUCERS "ENTRY main {\n"
      "  x = f32[4,32] parameter(0)\n"
      "  g = f32[32] parameter(1)\n"
      "  z = f32[] constant(0)\n"
@@ -287,7 +284,8 @@ static const struct {
      "  p = f32[2,3,4] parameter(3)\n"
      "  q = f32[2,5,4] parameter(4)\n"
      "  qt = f32[2,4,5] transpose(q), dimensions={0,2,1}\n"
-     "  bd = f32[2,3,5] dot(p, qt), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
+     "  bd = f32[2,3,5] dot(p, qt), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+     "rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
      "  e = f32[2,3,5] exponential(bd)\n"
      "  ROOT o = (f32[7,4], f32[2,3,5]) tuple(t, e)\n"
      "}\n"},
@@ -334,7 +332,8 @@ static const struct {
      "  v19 = pred[4] compare(v3, v12), direction=GT\n"
      "  v20 = f32[4] constant({ 0.75, -0.125, -0.125, 1 })\n"
      "  v21 = f32[4] select(v19, v20, v3)\n"
-     "  ROOT v22 = (f32[4], f32[4], f32[], f32[], f32[4,4,4], f32[4]) tuple(v6, v9, v13, v17, v18, v21)\n"
+     "  ROOT v22 = (f32[4], f32[4], f32[], f32[], f32[4,4,4], f32[4]) tuple(v6, v9, v13, v17, v18, "
+     "v21)\n"
      "}\n"},
     {"sibling_cycle_b", 1,
      "HloModule progen_5997\n"
@@ -370,11 +369,11 @@ static const struct {
      "  v27 = f32[6] add(v24, v26)\n"
      "  v28 = f32[6] atan2(v22, v27)\n"
      "  v29 = f32[6,1,6] transpose(v23), dimensions={2,1,0}\n"
-     "  ROOT v30 = (f32[6], f32[], f32[6], f32[1,3], f32[6], f32[6,1,6]) tuple(v4, v14, v19, v20, v28, v29)\n"
+     "  ROOT v30 = (f32[6], f32[], f32[6], f32[1,3], f32[6], f32[6,1,6]) tuple(v4, v14, v19, v20, "
+     "v28, v29)\n"
      "}\n"},
     {"while_loop", 1,
-     "HloModule while_loop\n" REDUCERS
-     "cond {\n"
+     "HloModule while_loop\n" REDUCERS "cond {\n"
      "  s = (s32[], f32[6,6]) parameter(0)\n"
      "  i = s32[] get-tuple-element(s), index=0\n"
      "  n = s32[] constant(3)\n"
@@ -427,7 +426,8 @@ static const struct {
      "  ROOT r = s32[8] xor(sh, x)\n"
      "}\n"},
     {"column_major_entry", 1,
-     "HloModule column_major_entry, entry_computation_layout={(f32[3,5]{0,1}, f32[5,3]{1,0})->(f32[5,3]{0,1}, f32[3,5]{1,0})}\n"
+     "HloModule column_major_entry, entry_computation_layout={(f32[3,5]{0,1}, "
+     "f32[5,3]{1,0})->(f32[5,3]{0,1}, f32[3,5]{1,0})}\n"
      "ENTRY main {\n"
      "  x = f32[3,5] parameter(0)\n"
      "  y = f32[5,3] parameter(1)\n"

@@ -95,8 +95,8 @@ static void assert_same_results(const char *file, const kiln_module *m0, const k
                   st0.msg, st1.msg);
     if (r0 && r1 && !kiln_literal_equal(r0, r1)) {
       char *t0 = fh_lit_text(r0), *t1 = fh_lit_text(r1);
-      ck_abort_msg("%s: results differ (seed %u):\n before: %s\n after:  %s", file,
-                   (unsigned)seed, t0, t1);
+      ck_abort_msg("%s: results differ (seed %u):\n before: %s\n after:  %s", file, (unsigned)seed,
+                   t0, t1);
     }
     kiln_literal_destroy(r0);
     kiln_literal_destroy(r1);
