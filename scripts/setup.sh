@@ -19,6 +19,7 @@ ROOT=$PWD
 #   python3 python3-venv                the .venv for the JAX peer tests
 #   libopenblas-dev                     dot on the CPU backend (cblas)
 #   libgrpc-dev libuv1-dev libssl-dev   kilnd: gRPC core, its event loop, SHA-256
+#   libhiredis-dev redis-server         the shared cache tier and its tests
 PACKAGES=(
   build-essential cmake pkg-config
   protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
@@ -27,6 +28,7 @@ PACKAGES=(
   python3 python3-venv
   libopenblas-dev
   libgrpc-dev libuv1-dev libssl-dev
+  libhiredis-dev redis-server
 )
 
 say() { printf 'setup: %s\n' "$*"; }
