@@ -54,7 +54,8 @@ typedef enum kiln_cache_source {
   KILN_CACHE_SRC_DISK,
   KILN_CACHE_SRC_REDIS,
   KILN_CACHE_SRC_COMPILED,      /* built by this call */
-  KILN_CACHE_SRC_SINGLE_FLIGHT, /* built by a concurrent call in this process it waited for */
+  KILN_CACHE_SRC_SINGLE_FLIGHT, /* built by a concurrent call it waited for: in this process,
+                                 * or on another server holding the Redis lock */
 } kiln_cache_source;
 
 const char *kiln_cache_source_name(kiln_cache_source s); /* "memory", ... */
