@@ -139,6 +139,8 @@ void kilnd_config_free(kilnd_config *c) {
     }
   kiln_free(c->config_path);
   c->config_path = NULL;
+  kiln_free(c->cache_secret);
+  c->cache_secret = NULL;
 }
 
 int kilnd_config_set(kilnd_config *c, const char *name, const char *value, const char *source,
@@ -196,11 +198,12 @@ int kilnd_config_apply_file_text(kilnd_config *c, const char *text, const char *
   return rc;
 }
 
-static int read_file(const char *path, char **out, kiln_status *st) {
+/* `what` names the file in messages ("config file"). */
+static int read_file(const char *path, const char *what, char **out, kiln_status *st) {
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (f == NULL)
-    return kiln_status_set(st, KILN_EIO, path, "cannot open config file: %s", strerror(errno));
+    return kiln_status_set(st, KILN_EIO, path, "cannot open %s: %s", what, strerror(errno));
   char *buf = NULL;
   size_t len = 0, cap = 0;
   int rc = 0;
@@ -213,11 +216,11 @@ static int read_file(const char *path, char **out, kiln_status *st) {
     len += n;
     if (n < 4096) break;
     if (len > (1u << 20)) {
-      rc = kiln_status_set(st, KILN_ELIMIT, path, "config file larger than 1 MiB");
+      rc = kiln_status_set(st, KILN_ELIMIT, path, "%s larger than 1 MiB", what);
       break;
     }
   }
-  if (rc == 0 && ferror(f)) rc = kiln_status_set(st, KILN_EIO, path, "cannot read config file");
+  if (rc == 0 && ferror(f)) rc = kiln_status_set(st, KILN_EIO, path, "cannot read %s", what);
   fclose(f);
   if (rc) {
     kiln_free(buf);
@@ -225,7 +228,7 @@ static int read_file(const char *path, char **out, kiln_status *st) {
   }
   buf[len] = '\0';
   if (memchr(buf, '\0', len))
-    rc = kiln_status_set(st, KILN_EINVAL, path, "config file contains a NUL byte");
+    rc = kiln_status_set(st, KILN_EINVAL, path, "%s contains a NUL byte", what);
   if (rc) kiln_free(buf);
   else *out = buf;
   return rc;
@@ -246,6 +249,13 @@ int kilnd_config_apply_env(kilnd_config *c, char *const *envp, kiln_status *st) 
   for (size_t i = 0; envp && envp[i]; i++) {
     const char *eq = strchr(envp[i], '=');
     char name[64];
+    if (eq && strncmp(envp[i], "KILN_CACHE_SECRET=", 18) == 0) {
+      char *copy = kiln_strdup(eq + 1);
+      if (copy == NULL) return kiln_status_set(st, KILN_ENOMEM, "KILN_CACHE_SECRET", "out of memory");
+      kiln_free(c->cache_secret);
+      c->cache_secret = copy;
+      continue;
+    }
     if (eq == NULL || !env_to_option(envp[i], (size_t)(eq - envp[i]), name, sizeof name)) continue;
     /* KILN_CONFIG names the file; other KILN_ variables belong to other
      * parts of Kiln (KILN_CC, KILN_CORPUS_DIR): only known options apply. */
@@ -284,7 +294,7 @@ static int apply_config_file(kilnd_config *c, int argc, char *const *argv, char 
   c->config_path = kiln_strdup(path);
   char *text = NULL;
   if (c->config_path == NULL) return kiln_status_set(st, KILN_ENOMEM, path, "out of memory");
-  rc = read_file(path, &text, st);
+  rc = read_file(path, "config file", &text, st);
   if (rc == 0) rc = kilnd_config_apply_file_text(c, text, path, st);
   kiln_free(text);
   return rc;
@@ -350,8 +360,15 @@ int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
       (rc = range(st, "max-module-bytes", c->max_module_bytes, 1, INT32_MAX)) ||
       (rc = range(st, "max-elements", c->max_elements, 1, UINT64_C(1) << 40)) ||
       (rc = range(st, "max-executables", c->max_executables, 1, 1u << 20)) ||
-      (rc = range(st, "chunk-bytes", c->chunk_bytes, 1, INT32_MAX)))
+      (rc = range(st, "chunk-bytes", c->chunk_bytes, 1, INT32_MAX)) ||
+      (rc = range(st, "redis-ttl-s", c->redis_ttl_s, 0, UINT32_MAX)) ||
+      (rc = range(st, "redis-timeout-ms", c->redis_timeout_ms, 1, 600000)) ||
+      (rc = range(st, "cache-min-compile-ms", c->cache_min_compile_ms, 0, UINT64_C(1) << 40)) ||
+      (rc = range(st, "cache-lock-ttl-ms", c->cache_lock_ttl_ms, 100, 86400000)))
     return rc;
+  if (c->cache_secret && c->cache_secret_file[0])
+    return kiln_status_set(st, KILN_EINVAL, "cache-secret-file",
+                           "KILN_CACHE_SECRET is set too: give the secret one way");
   if (strcmp(c->default_backend, "cpu") != 0 && strcmp(c->default_backend, "interp") != 0)
     return kiln_status_set(st, KILN_EINVAL, "default-backend", "'%.64s' is not cpu or interp",
                            c->default_backend);
@@ -373,6 +390,9 @@ void kilnd_config_usage(FILE *out) {
           "case, '_' for '-'). Flags override the environment, which overrides the file.\n"
           "\n"
           "  --config PATH\n      read options from this file first\n"
+          "  KILN_CACHE_SECRET   (environment only)\n"
+          "      the cluster secret that signs executable cache entries, 16 bytes or more;\n"
+          "      servers sharing a --cache-dir or --redis-url need the same one\n"
           "  --help, --version\n      print this text, or the version, and exit\n");
   static const char *const kinds[] = {"TEXT", "N", "SECONDS", "BOOL"};
   for (size_t i = 0; i < NOPTIONS; i++) {
@@ -385,4 +405,26 @@ void kilnd_config_usage(FILE *out) {
     fprintf(out, "  --%s %s   (KILN_%s, default %s)\n      %s\n", o->name, kinds[o->k], env,
             o->dflt[0] ? o->dflt : "\"\"", o->help);
   }
+}
+
+int kilnd_config_cache_secret(const kilnd_config *c, char **out, kiln_status *st) {
+  *out = NULL;
+  if (c->cache_secret) {
+    *out = kiln_strdup(c->cache_secret);
+    return *out ? 0 : kiln_status_set(st, KILN_ENOMEM, "KILN_CACHE_SECRET", "out of memory");
+  }
+  if (c->cache_secret_file[0] == '\0') return 0;
+  char *text = NULL;
+  int rc = read_file(c->cache_secret_file, "cache secret file", &text, st);
+  if (rc) return rc;
+  /* `echo secret > file` writes a newline that is no part of the secret. */
+  size_t n = strlen(text);
+  if (n && text[n - 1] == '\n') text[--n] = '\0';
+  if (n && text[n - 1] == '\r') text[--n] = '\0';
+  if (n == 0) {
+    kiln_free(text);
+    return kiln_status_set(st, KILN_EINVAL, c->cache_secret_file, "the cache secret file is empty");
+  }
+  *out = text;
+  return 0;
 }

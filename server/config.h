@@ -76,7 +76,29 @@ extern "C" {
   X("drain-timeout", SEC, drain_timeout, "30",                                               \
     "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")        \
   X("chunk-bytes", U64, chunk_bytes, "1Mi", "GetBuffer chunk size when the request sets none")\
-  X("log-requests", BOOL, log_requests, "false", "log every finished call on stderr")
+  X("log-requests", BOOL, log_requests, "false", "log every finished call on stderr")      \
+  X("cache-memory-bytes", U64, cache_memory_bytes, "256Mi",                                  \
+    "executable cache: bytes of serialized executables kept in memory; 0 disables the tier") \
+  X("cache-dir", STR, cache_dir, "",                                                         \
+    "executable cache: a local directory tier (created 0700); \"\": none")                  \
+  X("cache-disk-bytes", U64, cache_disk_bytes, "4Gi",                                        \
+    "executable cache: most bytes the directory tier holds")                                 \
+  X("redis-url", STR, redis_url, "",                                                         \
+    "executable cache shared by servers: host:port, redis://[:password@]host:port[/db] or "  \
+    "unix:/path[?db=N]; \"\": none. Run Redis with maxmemory-policy allkeys-lru")            \
+  X("redis-ttl-s", U64, redis_ttl_s, "604800", "lifetime of a Redis cache entry, seconds")  \
+  X("redis-timeout-ms", U64, redis_timeout_ms, "200",                                        \
+    "limit on each Redis operation and connect; a slow or down Redis is a miss, never a "    \
+    "failed request")                                                                        \
+  X("cache-secret-file", STR, cache_secret_file, "",                                         \
+    "file holding the cluster secret that signs cache entries (16 bytes or more; one "       \
+    "trailing newline is ignored); KILN_CACHE_SECRET gives it directly (environment only). " \
+    "None: <cache-dir>/secret, generated there if missing, or a random one per process")     \
+  X("cache-min-compile-ms", U64, cache_min_compile_ms, "0",                                  \
+    "builds faster than this many milliseconds are not stored in the cache")                 \
+  X("cache-lock-ttl-ms", U64, cache_lock_ttl_ms, "30000",                                    \
+    "how long a server's Redis build lock lasts: the longest other servers wait for its "    \
+    "build before building themselves")
 
 typedef struct kilnd_config {
 #define KILND_FIELD_STR char *
@@ -87,6 +109,9 @@ typedef struct kilnd_config {
   KILND_OPTIONS(X)
 #undef X
   char *config_path; /* --config / KILN_CONFIG, or NULL */
+  /* KILN_CACHE_SECRET, from the environment only (a flag would show in
+   * ps), or NULL. */
+  char *cache_secret;
 } kilnd_config;
 
 typedef enum kilnd_config_action {
@@ -119,6 +144,11 @@ int kilnd_config_load(kilnd_config *c, int argc, char *const *argv, char *const 
 
 /* Checks ranges that span options (device counts, queue depths). */
 int kilnd_config_check(const kilnd_config *c, kiln_status *st);
+
+/* The cluster secret of the executable cache: KILN_CACHE_SECRET, else the
+ * contents of --cache-secret-file without one trailing newline, else NULL
+ * (*out kiln_malloc'd). KILN_EIO naming the file when it cannot be read. */
+int kilnd_config_cache_secret(const kilnd_config *c, char **out, kiln_status *st);
 
 /* Writes the usage text, one paragraph per option. */
 void kilnd_config_usage(FILE *out);

@@ -7,6 +7,7 @@
  * links only the Kiln libraries, so the file is compiled into this test
  * directly. */
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +199,124 @@ START_TEST(test_flags) {
 }
 END_TEST
 
+/* The executable cache's options: defaults as documented, each from the
+ * three sources, and the secret from the environment or a file only. */
+START_TEST(test_cache_options) {
+  kilnd_config c;
+  ck_assert_int_eq(kilnd_config_init(&c, NULL), 0);
+  ck_assert_uint_eq(c.cache_memory_bytes, UINT64_C(268435456));
+  ck_assert_str_eq(c.cache_dir, "");
+  ck_assert_uint_eq(c.cache_disk_bytes, UINT64_C(4294967296));
+  ck_assert_str_eq(c.redis_url, "");
+  ck_assert_uint_eq(c.redis_ttl_s, 604800);
+  ck_assert_uint_eq(c.redis_timeout_ms, 200);
+  ck_assert_str_eq(c.cache_secret_file, "");
+  ck_assert_uint_eq(c.cache_min_compile_ms, 0);
+  ck_assert_uint_eq(c.cache_lock_ttl_ms, 30000);
+  ck_assert_ptr_null(c.cache_secret);
+  char *secret = (char *)1;
+  ck_assert_int_eq(kilnd_config_cache_secret(&c, &secret, NULL), 0);
+  ck_assert_ptr_null(secret);
+  kilnd_config_free(&c);
+
+  char *argv[] = {"kilnd", "--cache-dir", "/var/cache/kiln", "--redis-url=redis://r:6380/2",
+                  "--cache-memory-bytes", "0", NULL};
+  char *env[] = {"KILN_CACHE_DISK_BYTES=1Gi", "KILN_REDIS_TIMEOUT_MS=50",
+                 "KILN_CACHE_SECRET=0123456789abcdef-cluster", "KILN_CACHE_DIR=/ignored", NULL};
+  kilnd_config_action action;
+  kiln_status_clear(&st);
+  ck_assert_msg(kilnd_config_load(&c, 6, argv, env, &action, &st) == 0, "%s", st.msg);
+  ck_assert_str_eq(c.cache_dir, "/var/cache/kiln");
+  ck_assert_str_eq(c.redis_url, "redis://r:6380/2");
+  ck_assert_uint_eq(c.cache_memory_bytes, 0);
+  ck_assert_uint_eq(c.cache_disk_bytes, UINT64_C(1) << 30);
+  ck_assert_uint_eq(c.redis_timeout_ms, 50);
+  ck_assert_str_eq(c.cache_secret, "0123456789abcdef-cluster");
+  ck_assert_int_eq(kilnd_config_cache_secret(&c, &secret, NULL), 0);
+  ck_assert_str_eq(secret, "0123456789abcdef-cluster");
+  kiln_free(secret);
+  kilnd_config_free(&c);
+
+  kilnd_config_init(&c, NULL);
+  ck_assert_int_eq(kilnd_config_apply_file_text(&c, "cache_lock_ttl_ms = 5000\nredis-ttl-s=60\n"
+                                                    "cache-min-compile-ms = 250\n",
+                                                "k.conf", NULL),
+                   0);
+  ck_assert_uint_eq(c.cache_lock_ttl_ms, 5000);
+  ck_assert_uint_eq(c.redis_ttl_s, 60);
+  ck_assert_uint_eq(c.cache_min_compile_ms, 250);
+  /* The secret is never a config file key nor a flag. */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_apply_file_text(&c, "cache-secret = x\n", "k.conf", &st),
+                   KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "unknown option 'cache-secret' (see kilnd --help)");
+  kilnd_config_free(&c);
+  char *flag[] = {"kilnd", "--cache-secret", "0123456789abcdef", NULL};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_load(&c, 3, flag, NULL, &action, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "--cache-secret");
+  ck_assert_str_eq(st.msg, "unknown option (see kilnd --help)");
+  kilnd_config_free(&c);
+
+  char *range[] = {"kilnd", "--redis-timeout-ms=0", NULL};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_load(&c, 2, range, NULL, &action, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "redis-timeout-ms");
+  ck_assert_str_eq(st.msg, "0 is out of range (1 to 600000)");
+  kilnd_config_free(&c);
+  char *lock[] = {"kilnd", "--cache-lock-ttl-ms=10", NULL};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_load(&c, 2, lock, NULL, &action, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "10 is out of range (100 to 86400000)");
+  kilnd_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_cache_secret_file) {
+  char path[] = "/tmp/kilnd-secret-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  const char *text = "s3cret-of-the-cluster\n";
+  ck_assert_int_eq(write(fd, text, strlen(text)), (int)strlen(text));
+  close(fd);
+  char *argv[] = {"kilnd", "--cache-secret-file", path, NULL};
+  kilnd_config c;
+  kilnd_config_action action;
+  ck_assert_int_eq(kilnd_config_load(&c, 3, argv, NULL, &action, NULL), 0);
+  char *secret = NULL;
+  ck_assert_int_eq(kilnd_config_cache_secret(&c, &secret, NULL), 0);
+  ck_assert_str_eq(secret, "s3cret-of-the-cluster");
+  kiln_free(secret);
+  kilnd_config_free(&c);
+
+  /* Two ways at once is a mistake, not a precedence. */
+  char *env[] = {"KILN_CACHE_SECRET=another-secret-16b", NULL};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_load(&c, 3, argv, env, &action, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "cache-secret-file");
+  ck_assert_str_eq(st.msg, "KILN_CACHE_SECRET is set too: give the secret one way");
+  kilnd_config_free(&c);
+
+  fd = open(path, O_WRONLY | O_TRUNC);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, "\n", 1), 1);
+  close(fd);
+  ck_assert_int_eq(kilnd_config_load(&c, 3, argv, NULL, &action, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_cache_secret(&c, &secret, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "the cache secret file is empty");
+  kilnd_config_free(&c);
+  unlink(path);
+
+  ck_assert_int_eq(kilnd_config_load(&c, 3, argv, NULL, &action, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_cache_secret(&c, &secret, &st), KILN_EIO);
+  ck_assert_str_eq(st.where, path);
+  ck_assert_ptr_nonnull(strstr(st.msg, "cannot open cache secret file: "));
+  kilnd_config_free(&c);
+}
+END_TEST
+
 /* --help names every option with its environment variable. */
 START_TEST(test_usage_lists_everything) {
   char *buf = NULL;
@@ -212,6 +331,9 @@ START_TEST(test_usage_lists_everything) {
   }
   ck_assert_ptr_nonnull(strstr(buf, "(KILN_CLIENT_MEMORY_BYTES, default 4Gi)"));
   ck_assert_ptr_nonnull(strstr(buf, "--config PATH"));
+  ck_assert_ptr_nonnull(strstr(buf, "(KILN_CACHE_MEMORY_BYTES, default 256Mi)"));
+  ck_assert_ptr_nonnull(strstr(buf, "(KILN_CACHE_DIR, default \"\")"));
+  ck_assert_ptr_nonnull(strstr(buf, "KILN_CACHE_SECRET   (environment only)"));
   free(buf);
 }
 END_TEST
@@ -226,6 +348,8 @@ int main(void) {
   tcase_add_test(tc, test_env);
   tcase_add_test(tc, test_precedence);
   tcase_add_test(tc, test_flags);
+  tcase_add_test(tc, test_cache_options);
+  tcase_add_test(tc, test_cache_secret_file);
   tcase_add_test(tc, test_usage_lists_everything);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
