@@ -35,6 +35,8 @@ static const char *const method_paths[KILN__M_COUNT] = {
     [KILN__M_RELEASE_BUFFERS] = "/kiln.v1.Kiln/ReleaseBuffers",
     [KILN__M_STATS] = "/kiln.v1.Kiln/Stats",
     [KILN__M_HEALTH_CHECK] = "/grpc.health.v1.Health/Check",
+    [KILN__M_CACHE_LIST] = "/kiln.v1.Kiln/CacheList",
+    [KILN__M_CACHE_EVICT] = "/kiln.v1.Kiln/CacheEvict",
 };
 
 #define DEFAULT_DEADLINE_MS INT64_C(300000)

@@ -29,6 +29,8 @@ typedef enum kiln__method {
   KILN__M_RELEASE_BUFFERS,
   KILN__M_STATS,
   KILN__M_HEALTH_CHECK,
+  KILN__M_CACHE_LIST,
+  KILN__M_CACHE_EVICT,
   KILN__M_COUNT
 } kiln__method;
 
@@ -109,6 +111,9 @@ int kiln__shape_decode(kiln_arena *a, const Kiln__V1__Shape *ps, const char *wha
 /* Decodes a literal from the server as a new heap literal. */
 int kiln__literal_decode(const Kiln__V1__Literal *pl, const char *what, kiln_literal **out,
                          kiln_status *st);
+/* Copies key components from the server into `a` (cache.c). */
+int kiln__key_components_decode(kiln_arena *a, Kiln__V1__KeyComponent *const *v, size_t n,
+                                kiln_remote_key_component **out, uint32_t *nout, kiln_status *st);
 /* Fills b from a BufferInfo message. */
 int kiln__remote_buffer_decode(const Kiln__V1__BufferInfo *pi, kiln_remote_buffer *b,
                                kiln_status *st);

@@ -220,6 +220,9 @@ static int decode_response(const Kiln__V1__CompileResponse *r, kiln_remote_execu
   e->cache_key = kiln_arena_strdup(e->arena, r->cache_key ? r->cache_key : "");
   if (e->id == NULL || e->cache_key == NULL) goto out_oom;
   e->cache_source = (kiln_remote_source)r->cache_source;
+  if ((rc = kiln__key_components_decode(e->arena, r->key_components, r->n_key_components,
+                                        &e->key_components, &e->nkey_components, st)))
+    goto out_free;
   e->compile_wall_ns = r->compile_wall_ns;
   e->peak_bytes = r->peak_bytes;
   e->device_count = r->device_count;

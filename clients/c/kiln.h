@@ -174,6 +174,14 @@ typedef struct kiln_remote_compile_options {
   const char *request_id; /* echoed back and logged by the server; NULL: none */
 } kiln_remote_compile_options;
 
+/* One input of a cache key and its SHA-256 (64 lowercase hex digits):
+ * "module", "signature", "options", "target", "version", in that order.
+ * Two keys differ exactly where their components do. */
+typedef struct kiln_remote_key_component {
+  const char *name;
+  const char *digest;
+} kiln_remote_key_component;
+
 typedef struct kiln_remote_executable {
   char *id; /* executable_id, for kiln_client_execute */
   uint32_t nparams;
@@ -182,6 +190,8 @@ typedef struct kiln_remote_executable {
   uint32_t noutputs;  /* outputs of Execute: tuple elements, or 1 */
   kiln_remote_source cache_source;
   char *cache_key; /* lowercase hex SHA-256; "" when not sent */
+  uint32_t nkey_components; /* 5 from a current server; 0 when not sent */
+  kiln_remote_key_component *key_components;
   int64_t compile_wall_ns;
   int64_t peak_bytes;
   int32_t device_count;
@@ -331,6 +341,43 @@ typedef struct kiln_server_stats {
 int kiln_client_stats(kiln_client *c, kiln_server_stats *out, kiln_status *st);
 /* Frees what `s` holds and zeroes it. */
 void kiln_server_stats_clear(kiln_server_stats *s);
+
+/* ---- the server's executable cache --------------------------------------------------- */
+
+/* One entry of the server's local cache tiers (CacheList). */
+typedef struct kiln_server_cache_entry {
+  const char *key;    /* 64 lowercase hex digits: the executable id */
+  uint32_t ntiers;
+  const char **tiers; /* "memory", "disk" */
+  int64_t bytes;
+  int64_t compile_ns; /* what compiling it took: what a hit saves */
+  int64_t created_unix_ms;
+  uint32_t ncomponents;
+  kiln_remote_key_component *components;
+} kiln_server_cache_entry;
+
+typedef struct kiln_server_cache_list {
+  uint32_t nentries;
+  kiln_server_cache_entry *entries;
+  bool truncated;    /* the server holds more than it returned */
+  kiln_arena *arena; /* owns everything above */
+} kiln_server_cache_list;
+
+/* Lists the entries of the server's memory and disk tiers: only `keys`
+ * when nkeys > 0 (each 64 hex digits), at most `limit` (0: the server's
+ * default, 1000). A key that is not a cache key is INVALID_ARGUMENT naming
+ * it ("keys[1]"). */
+int kiln_client_cache_list(kiln_client *c, const char *const *keys, uint32_t nkeys, int32_t limit,
+                           kiln_server_cache_list *out, kiln_status *st);
+/* Frees what `l` holds and zeroes it. */
+void kiln_server_cache_list_clear(kiln_server_cache_list *l);
+
+/* Removes `keys` (or, with `all` and no keys, every entry) from the
+ * server's memory and disk tiers and its table of loaded executables (those
+ * no Execute is running), and from the shared Redis tier too when `shared`.
+ * *evicted (may be NULL) counts removals summed over tiers and the table. */
+int kiln_client_cache_evict(kiln_client *c, const char *const *keys, uint32_t nkeys, bool all,
+                            bool shared, int64_t *evicted, kiln_status *st);
 
 /* ---- building modules ------------------------------------------------------------- */
 

@@ -1,0 +1,75 @@
+/* Target and options components of cache keys (see compile_key.h).
+ *
+ * "native" code is whatever cc -march=native makes of this machine, so its
+ * target component names the machine's CPU: the vendor, family, model and
+ * feature flags of the first processor in /proc/cpuinfo, hashed. Servers
+ * on identical hardware share entries; a server whose CPU lacks a feature
+ * another one used can never load that one's code. The text is computed
+ * once per process.
+ */
+#include "server/compile_key.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache/key.h"
+#include "common/sbuf.h"
+
+static char native_target[KILND_KEY_TEXT_MAX];
+static pthread_once_t native_once = PTHREAD_ONCE_INIT;
+
+/* Lines of the first processor block that decide what -march=native
+ * selects (x86 and arm spellings). */
+static bool identifies_cpu(const char *line) {
+  static const char *const keys[] = {"vendor_id", "cpu family", "model", "model name", "flags",
+                                     "Features",  "CPU implementer", "CPU architecture",
+                                     "CPU variant", "CPU part"};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    size_t n = strlen(keys[i]);
+    if (strncmp(line, keys[i], n) == 0 && (line[n] == '\t' || line[n] == ' ' || line[n] == ':'))
+      return true;
+  }
+  return false;
+}
+
+static void compute_native(void) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[8192];
+  while (f && fgets(line, sizeof line, f)) {
+    if (line[0] == '\n' && b.len) break; /* end of the first processor */
+    if (identifies_cpu(line)) kiln_sbuf_puts(&b, line);
+  }
+  if (f) fclose(f);
+  uint8_t d[KILN_CACHE_DIGEST_LEN];
+  if (b.len && !b.failed) {
+    kiln_cache_sha256(b.data, b.len, d);
+  } else {
+    /* No description of the CPU: only this host may reuse its code. */
+    char host[256] = "host ";
+    if (gethostname(host + 5, sizeof host - 6) != 0) snprintf(host + 5, sizeof host - 5, "?");
+    host[sizeof host - 1] = '\0';
+    kiln_cache_sha256(host, strlen(host), d);
+  }
+  kiln_sbuf_free(&b);
+  char hex[2 * KILN_CACHE_DIGEST_LEN + 1];
+  kiln_cache_to_hex(d, KILN_CACHE_DIGEST_LEN, hex);
+  snprintf(native_target, sizeof native_target, "native-%.16s", hex);
+}
+
+void kilnd_key_target(const char *target_name, char out[KILND_KEY_TEXT_MAX]) {
+  if (target_name == NULL || strcmp(target_name, "cpu") == 0) {
+    pthread_once(&native_once, compute_native);
+    snprintf(out, KILND_KEY_TEXT_MAX, "%s", native_target);
+    return;
+  }
+  const char *t = strncmp(target_name, "cpu-", 4) == 0 ? target_name + 4 : target_name;
+  snprintf(out, KILND_KEY_TEXT_MAX, "%.80s", t);
+}
+
+void kilnd_key_options(int opt_level, uint32_t ndevices, char out[KILND_KEY_TEXT_MAX]) {
+  snprintf(out, KILND_KEY_TEXT_MAX, "opt=%d\ndevices=%u\n", opt_level, ndevices);
+}
