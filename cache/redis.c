@@ -607,11 +607,11 @@ static int get_value(redis_store *s, const char *key, bool counted, uint8_t **va
     return KILN_ENOTFOUND;
   }
   if (rep->type != REDIS_REPLY_STRING) return unexpected(s, rep, what, st);
-  *val = kiln_malloc(rep->len ? rep->len : 1);
+  size_t n = rep->len;
+  *val = kiln_malloc(n ? n : 1);
   if (!*val) {
     freeReplyObject(rep);
-    return kiln_status_set(st, KILN_ENOMEM, s->where, "%s: out of memory for %zu bytes", what,
-                           rep->len);
+    return kiln_status_set(st, KILN_ENOMEM, s->where, "%s: out of memory for %zu bytes", what, n);
   }
   memcpy(*val, rep->str, rep->len);
   *len = rep->len;

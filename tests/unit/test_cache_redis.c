@@ -276,6 +276,15 @@ START_TEST(test_round_trip) {
   ck_assert_uint_eq(len, 0);
   ck_assert_int_eq(st.code, 0); /* a miss is not an error */
 
+  /* Out of memory for the value: a status, not a crash, and no hit. */
+  kiln_alloc_fail_after(1);
+  ck_assert_int_eq(get(s, key_a, &val, &len), KILN_ENOMEM);
+  kiln_alloc_fail_after(0);
+  ck_assert_ptr_null(val);
+  char want[160];
+  snprintf(want, sizeof want, "GET kiln:v1:exe:%s: out of memory for 4 bytes", key_a);
+  ck_assert_str_eq(st.msg, want);
+
   kiln_cache_store_stats x = stats_of(s);
   ck_assert_uint_eq(x.hits, 4);
   ck_assert_uint_eq(x.misses, 1);
