@@ -155,11 +155,20 @@ static int jvp_checkpoint_call(kiln__ad *c, const kiln_instr *ins, const kiln_co
   return tx->err;
 }
 
+static int jvp_inline(kiln__ad *c, const kiln_instr *ins, const kiln_computation *f, bool primal);
+
 int kiln__jvp_call(kiln__ad *c, const kiln_instr *ins) {
   kiln__tx *tx = c->tx;
   const kiln_computation *f = called(tx, ins, 0);
   if (f == NULL || ins->ncalled != 1) return kiln__ad_not_diff(c, ins);
   if (kiln__tf_is_checkpoint(ins)) return jvp_checkpoint_call(c, ins, f);
+  return jvp_inline(c, ins, f, true);
+}
+
+/* The jvp of f inlined with ins's operands (and their tangents) bound to
+ * its parameters; sets the tangent of ins, and its primal when asked. */
+static int jvp_inline(kiln__ad *c, const kiln_instr *ins, const kiln_computation *f, bool primal) {
+  kiln__tx *tx = c->tx;
   kiln_id *ps = kiln__b_ids(tx, ins->noperands), *ts = kiln__b_ids(tx, ins->noperands);
   if (ps == NULL || ts == NULL) return tx->err;
   for (uint32_t k = 0; k < ins->noperands; k++) {
@@ -169,9 +178,15 @@ int kiln__jvp_call(kiln__ad *c, const kiln_instr *ins) {
   kiln__ad child;
   if (kiln__ad_init(&child, tx, c->b.comp, f) || kiln__jvp_region(&child, ps, ts)) return tx->err;
   const kiln_instr *root = kiln_computation_root(tx->m, f);
-  c->prim[ins->id] = child.prim[root->id];
+  if (primal) c->prim[ins->id] = child.prim[root->id];
   c->tan[ins->id] = child.tan[root->id];
   return tx->err;
+}
+
+int kiln__jvp_via(kiln__ad *c, const kiln_instr *ins, uint32_t comp) {
+  const kiln_computation *f = comp == KILN_NO_ID ? NULL : kiln_module_computation(c->tx->m, comp);
+  if (f == NULL) return c->tx->err ? c->tx->err : kiln__ad_not_diff(c, ins);
+  return jvp_inline(c, ins, f, false);
 }
 
 /* ---- reverse mode: while ------------------------------------------------- */
@@ -471,11 +486,36 @@ int kiln__fwd_call(kiln__ad *c, const kiln_instr *ins) {
     c->prim[ins->id] = kiln__b_clone_same(B, ins, ops, ins->noperands);
     return tx->err;
   }
+  return kiln__fwd_via(c, ins, f->id);
+}
+
+int kiln__fwd_via(kiln__ad *c, const kiln_instr *ins, uint32_t comp) {
+  kiln__tx *tx = c->tx;
+  const kiln_computation *f = comp == KILN_NO_ID ? NULL : kiln_module_computation(tx->m, comp);
+  if (f == NULL) return tx->err ? tx->err : kiln__ad_not_diff(c, ins);
   kiln__ad *child = call_forward(c, ins, f);
   if (child == NULL) return tx->err;
   c->aux[ins->id] = child;
   c->prim[ins->id] = child->prim[kiln_computation_root(tx->m, f)->id];
   return tx->err;
+}
+
+/* Pulls ct back through the forward copy `child` of computation f. */
+static int pull_back(kiln__ad *c, const kiln_instr *ins, kiln__ad *child, kiln_id ct) {
+  kiln__tx *tx = c->tx;
+  if (child == NULL || kiln__vjp_backward(child, ct)) return tx->err;
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    kiln_id pid = param_id(tx, child->src, k);
+    if (pid != KILN_NO_ID) kiln__ad_accum(c, ins, k, child->cot[pid]);
+  }
+  return tx->err;
+}
+
+int kiln__vjp_via(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
+  if (c->aux[ins->id] == NULL)
+    return kiln__tx_fail(c->tx, KILN_EINTERNAL, ins, "%s: internal error: no forward copy to differentiate",
+                         c->tx->name);
+  return pull_back(c, ins, c->aux[ins->id], ct);
 }
 
 int kiln__vjp_call(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
@@ -484,10 +524,5 @@ int kiln__vjp_call(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   if (f == NULL) return kiln__ad_not_diff(c, ins);
   kiln__ad *child = c->aux[ins->id];
   if (child == NULL) child = call_forward(c, ins, f); /* checkpoint: recompute here */
-  if (child == NULL || kiln__vjp_backward(child, ct)) return tx->err;
-  for (uint32_t k = 0; k < ins->noperands; k++) {
-    kiln_id pid = param_id(tx, f, k);
-    if (pid != KILN_NO_ID) kiln__ad_accum(c, ins, k, child->cot[pid]);
-  }
-  return tx->err;
+  return pull_back(c, ins, child, ct);
 }

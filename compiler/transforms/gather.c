@@ -13,6 +13,13 @@
  * transpose scatters each update's own id the same way and gathers it back
  * to see who won (JAX does the same with ids), and the operand keeps the
  * cotangent only where nothing was written.
+ *
+ * scatter with a multiplying combiner (.at[].multiply) is x * P, P the
+ * product of the updates at each position; each update's derivative is x
+ * times the product of the others landing with it, computed without
+ * dividing by zero. scatter with a max/min combiner (.at[].max, .at[].min)
+ * shares the derivative at each position equally among the operand element
+ * and the updates that equal the result, as JAX does.
  */
 #include <string.h>
 
@@ -158,15 +165,123 @@ static kiln_id inbounds_mask(kiln__ad *c, kiln_id idx, const kiln_shape *xs, con
   return kiln__b_broadcast(B, ok, us->dims, us->rank, sdims.v, sdims.n);
 }
 
+/* ---- scatter with a multiplying combiner ---------------------------------- */
+
+/* y = x * P where P is the product of the updates landing at each position.
+ * *prod is P; *others, per update element, the product of the other
+ * updates landing where it does, exact at zeros (no division by a zero: the
+ * zero updates are counted apart from the product of the nonzero ones). */
+static void mul_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims *sd, const kiln__gdims *g,
+                      kiln_id *prod, kiln_id *others) {
+  kiln__tx *tx = c->tx;
+  kiln_id x = kiln__X(c, ins, 0), idx = kiln__X(c, ins, 1), u = kiln__X(c, ins, 2);
+  kiln_dtype t = kiln__b_shape(tx, x)->dtype;
+  kiln_id uzero = kiln__b_cmp(B, u, kiln__b_zeros_like(B, u), KILN_CMP_EQ);
+  kiln_id unz = kiln__b_select(B, uzero, kiln__b_full_like(B, u, 1), u);
+  kiln_id pn = kiln__tf_scatter(B, kiln__b_full_like(B, x, 1), idx, unz, sd, kiln__b_reducer(tx, KILN_OP_MULTIPLY, t));
+  kiln_id nz = kiln__tf_scatter(B, kiln__b_full_like(B, x, 0), idx, kiln__b_convert(B, uzero, t), sd,
+                                kiln__b_reducer(tx, KILN_OP_ADD, t));
+  *prod = kiln__b_select(B, kiln__b_cmp(B, nz, kiln__b_full_like(B, nz, 0), KILN_CMP_EQ), pn, kiln__b_zeros_like(B, pn));
+  if (others == NULL) return;
+  kiln_id gp = kiln__tf_gather(B, pn, idx, g), gz = kiln__tf_gather(B, nz, idx, g);
+  kiln_id z = kiln__b_zeros_like(B, gp);
+  kiln_id one_zero = kiln__b_cmp(B, gz, kiln__b_full_like(B, gz, 1), KILN_CMP_EQ);
+  kiln_id no_zero = kiln__b_cmp(B, gz, kiln__b_full_like(B, gz, 0), KILN_CMP_EQ);
+  *others = kiln__b_select(B, uzero, kiln__b_select(B, one_zero, gp, z),
+                           kiln__b_select(B, no_zero, kiln__b_div(B, gp, unz), z));
+}
+
+/* ---- scatter with a max/min combiner ----------------------------------------- */
+
+/* As JAX: the derivative at a position is shared equally by the operand
+ * element (when it equals the result) and every update equal to the result
+ * landing there. *succ marks the updates that share; *share is 1 / the
+ * number of sharers per position; *keep the operand's part (share where it
+ * equals the result, else 0). */
+static void extremal_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims *sd, const kiln__gdims *g,
+                           kiln_id *succ, kiln_id *share, kiln_id *keep) {
+  kiln__tx *tx = c->tx;
+  const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
+  const kiln_shape *us = &tx->m->instrs[ins->operands[2]]->shape;
+  kiln_id x = kiln__X(c, ins, 0), idx = kiln__X(c, ins, 1), u = kiln__X(c, ins, 2), y = kiln__Y(c, ins);
+  kiln_dtype t = xs->dtype;
+  *succ = kiln__b_bin(B, KILN_OP_AND, kiln__b_cmp(B, u, kiln__tf_gather(B, y, idx, g), KILN_CMP_EQ),
+                      inbounds_mask(c, idx, xs, us, g));
+  kiln_id n = kiln__tf_scatter(B, kiln__b_full_like(B, x, 0), idx, kiln__b_convert(B, *succ, t), sd,
+                               kiln__b_reducer(tx, KILN_OP_ADD, t));
+  kiln_id ret = kiln__b_convert(B, kiln__b_cmp(B, x, y, KILN_CMP_EQ), t);
+  kiln_id one = kiln__b_full_like(B, n, 1);
+  kiln_id denom = kiln__b_bin(B, KILN_OP_MAXIMUM, kiln__b_add(B, n, ret), one); /* NaN results: nobody */
+  *share = kiln__b_div(B, one, denom);
+  *keep = kiln__b_mul(B, ret, *share);
+}
+
+static kiln__red scatter_kind(const kiln__ad *c, const kiln_instr *ins) {
+  if (ins->noperands != 3 || ins->ncalled != 1) return KILN__RED_OTHER;
+  return kiln__tf_reducer_kind(c->tx->m, ins->called[0]);
+}
+
 int kiln__jvp_scatter(kiln__ad *c, const kiln_instr *ins) {
-  kiln__red k = ins->ncalled == 1 ? kiln__tf_reducer_kind(c->tx->m, ins->called[0]) : KILN__RED_OTHER;
-  if (k != KILN__RED_ADD && k != KILN__RED_REPLACE) return kiln__ad_not_diff(c, ins);
-  return kiln__jvp_linear(c, ins);
+  kiln__red k = scatter_kind(c, ins);
+  if (k == KILN__RED_ADD || k == KILN__RED_REPLACE) return kiln__jvp_linear(c, ins);
+  if (k != KILN__RED_MUL && k != KILN__RED_MAX && k != KILN__RED_MIN) return kiln__ad_not_diff(c, ins);
+  kiln__tx *tx = c->tx;
+  kiln__gdims sd = kiln__tf_scatter_dims(ins);
+  kiln__gdims g = readback_dims(c, ins, &sd);
+  kiln_id x = kiln__X(c, ins, 0), idx = kiln__X(c, ins, 1);
+  kiln_id tx_ = kiln__ad_tmat(c, ins, 0), tu = kiln__ad_tmat(c, ins, 2);
+  uint32_t add = kiln__b_reducer(tx, KILN_OP_ADD, kiln__b_shape(tx, x)->dtype);
+  kiln_id zx = kiln__b_zeros_like(B, x);
+  if (k == KILN__RED_MUL) {
+    kiln_id prod, others;
+    mul_parts(c, ins, &sd, &g, &prod, &others);
+    kiln_id dp = kiln__tf_scatter(B, zx, idx, kiln__b_mul(B, tu, others), &sd, add);
+    c->tan[ins->id] = kiln__b_add(B, kiln__b_mul(B, tx_, prod), kiln__b_mul(B, x, dp));
+    return tx->err;
+  }
+  kiln_id succ, share, keep;
+  extremal_parts(c, ins, &sd, &g, &succ, &share, &keep);
+  kiln_id picked = kiln__b_select(B, succ, tu, kiln__b_zeros_like(B, tu));
+  kiln_id du = kiln__b_mul(B, kiln__tf_scatter(B, zx, idx, picked, &sd, add), share);
+  c->tan[ins->id] = kiln__b_add(B, kiln__b_mul(B, tx_, keep), du);
+  return tx->err;
+}
+
+/* Transposes of the scatters above: the same coefficients, read back per
+ * update by a gather (out-of-bounds updates, which wrote nothing, get
+ * nothing). */
+static int vjp_scatter_nonlinear(kiln__ad *c, const kiln_instr *ins, kiln_id ct, kiln__red k) {
+  kiln__tx *tx = c->tx;
+  const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
+  const kiln_shape *us = &tx->m->instrs[ins->operands[2]]->shape;
+  kiln__gdims sd = kiln__tf_scatter_dims(ins);
+  kiln__gdims g = readback_dims(c, ins, &sd);
+  kiln_id idx = kiln__X(c, ins, 1);
+  if (k == KILN__RED_MUL) {
+    kiln_id prod, others;
+    mul_parts(c, ins, &sd, &g, &prod, kiln__ad_wants(c, ins, 2) ? &others : NULL);
+    kiln__ad_accum(c, ins, 0, kiln__b_mul(B, ct, prod));
+    if (kiln__ad_wants(c, ins, 2)) {
+      kiln_id got = kiln__b_mul(B, kiln__tf_gather(B, kiln__b_mul(B, ct, kiln__X(c, ins, 0)), idx, &g), others);
+      kiln_id mask = inbounds_mask(c, idx, xs, us, &g);
+      kiln__ad_accum(c, ins, 2, kiln__b_select(B, mask, got, kiln__b_zeros_like(B, got)));
+    }
+    return tx->err;
+  }
+  kiln_id succ, share, keep;
+  extremal_parts(c, ins, &sd, &g, &succ, &share, &keep);
+  kiln__ad_accum(c, ins, 0, kiln__b_mul(B, ct, keep));
+  if (kiln__ad_wants(c, ins, 2)) {
+    kiln_id got = kiln__tf_gather(B, kiln__b_mul(B, ct, share), idx, &g);
+    kiln__ad_accum(c, ins, 2, kiln__b_select(B, succ, got, kiln__b_zeros_like(B, got)));
+  }
+  return tx->err;
 }
 
 int kiln__vjp_scatter(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
-  kiln__red k = ins->ncalled == 1 ? kiln__tf_reducer_kind(c->tx->m, ins->called[0]) : KILN__RED_OTHER;
-  if (ins->noperands != 3 || (k != KILN__RED_ADD && k != KILN__RED_REPLACE)) return kiln__ad_not_diff(c, ins);
+  kiln__red k = scatter_kind(c, ins);
+  if (k == KILN__RED_MUL || k == KILN__RED_MAX || k == KILN__RED_MIN) return vjp_scatter_nonlinear(c, ins, ct, k);
+  if (k != KILN__RED_ADD && k != KILN__RED_REPLACE) return kiln__ad_not_diff(c, ins);
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
   const kiln_shape *us = &tx->m->instrs[ins->operands[2]]->shape;

@@ -1,5 +1,6 @@
-/* Derivatives of reductions: reduce (sum, max, min, product), reduce-window
- * (sum, max, min) and select-and-scatter.
+/* Derivatives of reductions: reduce (sum, max, min, product; any other
+ * reducer through tree.c), reduce-window (sum, max, min) and
+ * select-and-scatter.
  *
  * The choices follow JAX. A max/min reduction splits the derivative equally
  * among the elements equal to the result (jax.grad of jnp.max at a tie). A
@@ -9,7 +10,9 @@
  * element of each window in row-major order: the forward rule carries
  * (value, tangent) pairs through a two-operand reduce-window that keeps the
  * running pick unless the candidate is strictly better, and the transpose is
- * select-and-scatter with a GE (LE) select, which picks the same element.
+ * select-and-scatter with a GE (LE) select, which picks the same element
+ * (with dilations, a scatter at the positions the same pair reduce-window
+ * picks).
  */
 #include <math.h>
 #include <stdio.h>
@@ -111,10 +114,26 @@ static void ties(kiln__ad *c, const kiln_instr *ins, kiln_id *loc, kiln_id *coun
   *count = kiln__b_bin(B, KILN_OP_MAXIMUM, n, kiln__b_full_like(B, n, 1));
 }
 
+/* Reducers with rules of their own; the others go through a tree (tree.c). */
+static bool known(const kiln_instr *ins, kiln__red k) {
+  return ins->noperands == 2 &&
+         (k == KILN__RED_ADD || k == KILN__RED_MAX || k == KILN__RED_MIN || k == KILN__RED_MUL);
+}
+
+int kiln__fwd_reduce(kiln__ad *c, const kiln_instr *ins) {
+  if (!known(ins, reducer(c, ins))) return kiln__fwd_via(c, ins, kiln__tf_reduce_tree(c->tx, ins));
+  kiln_id *ops = kiln__b_ids(c->tx, ins->noperands);
+  if (ops == NULL) return c->tx->err;
+  for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = kiln__X(c, ins, k);
+  c->prim[ins->id] = kiln__b_clone_same(B, ins, ops, ins->noperands);
+  return c->tx->err;
+}
+
 int kiln__jvp_reduce(kiln__ad *c, const kiln_instr *ins) {
   kiln__red k = reducer(c, ins);
   const kiln_i64s *dims = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
-  if (ins->noperands != 2 || dims == NULL) return kiln__ad_not_diff(c, ins);
+  if (dims == NULL) return kiln__ad_not_diff(c, ins);
+  if (!known(ins, k)) return kiln__jvp_via(c, ins, kiln__tf_reduce_tree(c->tx, ins));
   if (k == KILN__RED_ADD) return reduce_sum_jvp(c, ins);
   kiln_id x = kiln__X(c, ins, 0), init = kiln__X(c, ins, 1);
   kiln_id tx_ = kiln__ad_tmat(c, ins, 0), ti = kiln__T(c, ins, 1);
@@ -145,7 +164,8 @@ int kiln__jvp_reduce(kiln__ad *c, const kiln_instr *ins) {
 int kiln__vjp_reduce(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__red k = reducer(c, ins);
   const kiln_i64s *dims = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
-  if (ins->noperands != 2 || dims == NULL) return kiln__ad_not_diff(c, ins);
+  if (!known(ins, k)) return kiln__vjp_via(c, ins, ct);
+  if (dims == NULL) return kiln__ad_not_diff(c, ins);
   const kiln_shape *xs = src_shape(c, ins, 0);
   kiln_id x = kiln__X(c, ins, 0), init = kiln__X(c, ins, 1);
   int64_t *all = kiln__b_i64s(c->tx, ins->shape.rank);
@@ -186,19 +206,20 @@ int kiln__vjp_reduce(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
 
 /* (v0, t0, v1, t1) -> (v0 dir v1 ? v0 : v1, v0 dir v1 ? t0 : t1): carries the
  * tangent of the running pick; keeps the earlier element on ties. */
-static uint32_t pick_pair(kiln__tx *tx, kiln_cmp_dir dir, kiln_dtype t) {
+static uint32_t pick_pair(kiln__tx *tx, kiln_cmp_dir dir, kiln_dtype t, kiln_dtype t2) {
   if (tx->err) return KILN_NO_ID;
   char name[64];
-  snprintf(name, sizeof name, "kiln.pick_%s.%s", kiln_cmp_dir_name(dir), kiln_dtype_name(t));
+  snprintf(name, sizeof name, "kiln.pick_%s.%s.%s", kiln_cmp_dir_name(dir), kiln_dtype_name(t), kiln_dtype_name(t2));
   const kiln_computation *have = kiln_module_find_computation(tx->m, name);
   if (have) return have->id;
   uint32_t comp;
   if (kiln_module_add_computation(tx->m, name, &comp)) return kiln__tx_oom(tx), KILN_NO_ID;
   kiln__b b = {tx, comp};
-  kiln_shape s;
-  if (kiln_shape_make_array(tx->m->arena, &s, t, NULL, 0)) return kiln__tx_oom(tx), KILN_NO_ID;
+  kiln_shape s, s2;
+  if (kiln_shape_make_array(tx->m->arena, &s, t, NULL, 0) || kiln_shape_make_array(tx->m->arena, &s2, t2, NULL, 0))
+    return kiln__tx_oom(tx), KILN_NO_ID;
   kiln_id p[4];
-  for (int i = 0; i < 4; i++) p[i] = kiln__b_param(&b, i, &s, NULL);
+  for (int i = 0; i < 4; i++) p[i] = kiln__b_param(&b, i, i % 2 ? &s2 : &s, NULL);
   kiln_id keep = kiln__b_cmp(&b, p[0], p[2], dir);
   kiln_id r[2] = {kiln__b_select(&b, keep, p[0], p[2]), kiln__b_select(&b, keep, p[1], p[3])};
   kiln_id root = kiln__b_tuple(&b, r, 2);
@@ -212,7 +233,7 @@ static uint32_t pick_pair(kiln__tx *tx, kiln_cmp_dir dir, kiln_dtype t) {
 static kiln_id gather_picks(kiln__ad *c, const kiln_instr *win, kiln_id x, kiln_id init,
                             kiln_id v, kiln_id vinit, kiln_cmp_dir dir) {
   kiln_dtype t = kiln__b_shape(c->tx, x)->dtype;
-  uint32_t comp = pick_pair(c->tx, dir, t);
+  uint32_t comp = pick_pair(c->tx, dir, t, kiln__b_shape(c->tx, v)->dtype);
   kiln_id o[4] = {x, v, init, vinit};
   kiln_instr *ins = kiln__b_start(B, KILN_OP_REDUCE_WINDOW, o, 4);
   if (ins == NULL) return KILN_NO_ID;
@@ -275,6 +296,26 @@ static bool has_dilation(const kiln_instr *ins) {
   return false;
 }
 
+/* Transpose of a windowed max/min with dilations, which select-and-scatter
+ * cannot express: the pick of every window is found by carrying each
+ * element's flat position through the same pair reduce-window as the
+ * forward rule (padding and holes carry -1), and the cotangents are
+ * scatter-added at those positions (-1 is out of bounds: dropped). */
+static kiln_id window_pick_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct, kiln_cmp_dir dir) {
+  kiln__tx *tx = c->tx;
+  const kiln_shape *xs = src_shape(c, ins, 0);
+  int64_t n = kiln_shape_elements(xs), m = kiln_shape_elements(&ins->shape);
+  kiln_dtype it = n < INT32_MAX ? KILN_S32 : KILN_S64;
+  kiln_id pos = kiln__b_reshape(B, kiln__b_iota(B, it, &n, 1, 0), xs->dims, xs->rank);
+  kiln_id picks = gather_picks(c, ins, kiln__X(c, ins, 0), kiln__X(c, ins, 1), pos, kiln__b_iscalar(B, it, -1), dir);
+  int64_t m1[2] = {m, 1}, zero = 0;
+  kiln_i64s none = {NULL, 0}, d0 = {&zero, 1};
+  kiln__gdims sd = {none, d0, d0, none, none, none, 1};
+  kiln_id flat = kiln__tf_scatter(B, kiln__b_full(B, xs->dtype, &n, 1, 0), kiln__b_reshape(B, picks, m1, 2),
+                                  kiln__b_reshape(B, ct, &m, 1), &sd, kiln__b_reducer(tx, KILN_OP_ADD, xs->dtype));
+  return kiln__b_reshape(B, flat, xs->dims, xs->rank);
+}
+
 int kiln__vjp_reduce_window(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__red k = reducer(c, ins);
   if (ins->noperands != 2 || !kiln_instr_has_attr(ins, KILN_ATTR_WINDOW)) return kiln__ad_not_diff(c, ins);
@@ -288,10 +329,9 @@ int kiln__vjp_reduce_window(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
     return c->tx->err;
   }
   if (k != KILN__RED_MAX && k != KILN__RED_MIN) return kiln__ad_not_diff(c, ins);
-  if (kiln__ad_wants(c, ins, 0)) {
-    if (has_dilation(ins))
-      return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
-                           "%s: reduce-window max/min with dilation has no transpose yet", c->tx->name);
+  if (kiln__ad_wants(c, ins, 0) && has_dilation(ins)) {
+    kiln__ad_accum(c, ins, 0, window_pick_transpose(c, ins, ct, k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE));
+  } else if (kiln__ad_wants(c, ins, 0)) {
     kiln_dtype t = ins->shape.dtype;
     uint32_t sel = kiln__b_comparator(c->tx, k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE, t);
     uint32_t add = kiln__b_reducer(c->tx, KILN_OP_ADD, t);

@@ -151,6 +151,16 @@ kiln_id kiln__tf_scatter(kiln__b *b, kiln_id x, kiln_id idx, kiln_id u, const ki
 bool kiln__tf_is_checkpoint(const kiln_instr *ins);
 #define KILN__CHECKPOINT_ATTR "{_kiln_checkpoint=\"true\"}"
 
+/* tree.c: the scalar computation f applied elementwise to arrays args (of
+ * dims[rank]), its constants broadcast; f's root value (a tuple when f
+ * returns one). Fails naming `where` when f holds an op that is not
+ * elementwise. */
+kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_id *args, const int64_t *dims,
+                              uint32_t rank, const kiln_instr *where);
+/* tree.c: a new computation taking reduce `red`'s operands and computing
+ * its result as a tree of elementwise reducer steps; KILN_NO_ID on error. */
+uint32_t kiln__tf_reduce_tree(kiln__tx *tx, const kiln_instr *red);
+
 /* Trip count of a while loop known at compile time, or -1. */
 int64_t kiln__tf_trip_count(const kiln_module *m, const kiln_instr *w);
 
@@ -197,6 +207,7 @@ int kiln__jvp_tuple(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_gte(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_dot(kiln__ad *c, const kiln_instr *ins);     /* also convolution */
 int kiln__jvp_reduce(kiln__ad *c, const kiln_instr *ins);
+int kiln__fwd_reduce(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_reduce_window(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_scatter(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_select_and_scatter(kiln__ad *c, const kiln_instr *ins);
@@ -234,6 +245,12 @@ int kiln__fwd_call(kiln__ad *c, const kiln_instr *ins);
 int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 int kiln__vjp_conditional(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 int kiln__vjp_call(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+/* ins differentiated as if it were a call of computation comp on its
+ * operands: jvp_via sets its tangent; fwd_via emits its forward value and
+ * keeps what vjp_via (which must follow it) differentiates. */
+int kiln__jvp_via(kiln__ad *c, const kiln_instr *ins, uint32_t comp);
+int kiln__fwd_via(kiln__ad *c, const kiln_instr *ins, uint32_t comp);
+int kiln__vjp_via(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 
 /* batch*.c */
 int kiln__bt_init(kiln__bt *c, kiln__tx *tx, uint32_t dst, const kiln_computation *src,

@@ -119,6 +119,39 @@ def scalar(x):
     return jnp.sin(x) * x ** 3 + jnp.exp(x / 2)
 
 
+def argmax_pick(x, w):
+    """jnp.argmax's index picks values (no derivative through the index),
+    and the same maximum taken as the value of a variadic (value, index)
+    reduce."""
+    i = jnp.argmax(x, axis=1)
+    picked = jnp.take_along_axis(x, i[:, None], axis=1)[:, 0]
+    io = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+
+    def sel(a, b):
+        (av, ai), (bv, bi) = a, b
+        pick = (av > bv) | ((av == bv) & (ai < bi))
+        return (jnp.where(pick, av, bv), jnp.where(pick, ai, bi))
+    v, _ = lax.reduce((x, io), (np.float32(-np.inf), np.int32(0)), sel, (1,))
+    return jnp.sum(picked * w) + jnp.sum(jnp.sin(v))
+
+
+def argmax_pick_oracle(x, w):
+    """argmax_pick without ties, as JAX can differentiate it."""
+    return jnp.sum(jnp.max(x, axis=1) * w) + jnp.sum(jnp.sin(jnp.max(x, axis=1)))
+
+
+def scatter_combiners(x, u):
+    return (jnp.sum(x.at[jnp.array([1, 0, 2])].multiply(u, unique_indices=True) ** 2)
+            + jnp.sum(x.at[jnp.array([1, 1, 0])].max(u))
+            + jnp.sum(jnp.sin(x.at[jnp.array([2, 1, 2])].min(u))))
+
+
+def dilated_max_pool(x):
+    y = lax.reduce_window(x, -jnp.inf, lax.max, (2, 2), (1, 1), ((1, 1), (0, 0)),
+                          base_dilation=(2, 1), window_dilation=(1, 2))
+    return jnp.sum(y ** 2)
+
+
 class JaxTransformsTest(unittest.TestCase):
     def kiln(self, name, fn, args, transforms, kiln_args=None):
         """Exports fn at args, runs kiln with the transforms, returns outputs."""
@@ -196,6 +229,20 @@ class JaxTransformsTest(unittest.TestCase):
         for p in (np.float32(1.0), np.float32(-1.0)):
             got = self.kiln("cond", branch, (p, x), ["grad:wrt=1"])
             self.same(f"cond p={p}", got, jax.value_and_grad(branch, argnums=1)(p, x))
+
+    def test_grad_of_general_reductions_and_scatters(self):
+        rng = _rng(7)
+        x, w = _f32(rng, 3, 5), _f32(rng, 3)
+        got = self.kiln("argmax", argmax_pick, (x, w), ["grad:wrt=0,1"])
+        # JAX cannot differentiate a variadic reduce with an integer operand:
+        # the same function written with jnp.max is the oracle
+        self.same("argmax pick", got, jax.value_and_grad(argmax_pick_oracle, argnums=(0, 1))(x, w))
+        x, u = _f32(rng, 3, 5), _f32(rng, 3, 5)
+        got = self.kiln("scatter_comb", scatter_combiners, (x, u), ["grad:wrt=0,1"])
+        self.same("scatter mul/max/min", got, jax.value_and_grad(scatter_combiners, argnums=(0, 1))(x, u))
+        # JAX has no VJP for a dilated max window; its forward mode is the oracle
+        got = self.kiln("dilated_pool", dilated_max_pool, (x,), ["grad"])
+        self.same("dilated max window", got, (dilated_max_pool(x), jax.jacfwd(dilated_max_pool)(x)))
 
     # ---- jvp and vjp -----------------------------------------------------------
 

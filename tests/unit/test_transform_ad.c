@@ -10,7 +10,26 @@
 #define MUL_F64 "ml { a = f64[] parameter(0)  b = f64[] parameter(1)  ROOT s = f64[] multiply(a, b) }\n"
 #define REP_F64 "rep { a = f64[] parameter(0)  ROOT b = f64[] parameter(1) }\n"
 #define GE_F64 "ge { a = f64[] parameter(0)  b = f64[] parameter(1)  ROOT c = pred[] compare(a, b), direction=GE }\n"
-#define HELPERS ADD_F64 MAX_F64 MUL_F64 REP_F64 GE_F64
+/* argmax as jnp.argmax exports it: the value picks b unless a is greater
+ * (or NaN), the index takes the smaller one at ties */
+#define ARGMAX_JAX                                                                                           \
+  "amax { a = f64[] parameter(0)  i = s32[] parameter(1)  b = f64[] parameter(2)  j = s32[] parameter(3)\n"  \
+  "  gt = pred[] compare(a, b), direction=GT  nn = pred[] compare(a, a), direction=NE  g = pred[] or(gt, nn)\n" \
+  "  eq = pred[] compare(a, b), direction=EQ  lt = pred[] compare(i, j), direction=LT  t = pred[] and(eq, lt)\n" \
+  "  pk = pred[] or(g, t)  v = f64[] select(g, a, b)  k = s32[] select(pk, i, j)\n"                            \
+  "  ROOT r = (f64[], s32[]) tuple(v, k) }\n"
+/* argmin whose value and index follow one pick (the first minimum) */
+#define ARGMIN_F64                                                                                           \
+  "amin { a = f64[] parameter(0)  i = s32[] parameter(1)  b = f64[] parameter(2)  j = s32[] parameter(3)\n"  \
+  "  lt = pred[] compare(a, b), direction=LT  eq = pred[] compare(a, b), direction=EQ\n"                      \
+  "  il = pred[] compare(i, j), direction=LT  t = pred[] and(eq, il)  pk = pred[] or(lt, t)\n"               \
+  "  v = f64[] select(pk, a, b)  k = s32[] select(pk, i, j)  ROOT r = (f64[], s32[]) tuple(v, k) }\n"
+/* a sum and a max in one reduce, with a constant inside the reducer */
+#define SUMMAX_F64                                                                                           \
+  "smx { a = f64[] parameter(0)  c = f64[] parameter(1)  b = f64[] parameter(2)  d = f64[] parameter(3)\n"   \
+  "  h = f64[] constant(0.5)  s = f64[] add(a, b)  m = f64[] maximum(c, d)  hm = f64[] multiply(m, h)\n"      \
+  "  m2 = f64[] add(hm, hm)  ROOT r = (f64[], f64[]) tuple(s, m2) }\n"
+#define HELPERS ADD_F64 MAX_F64 MIN_F64 MUL_F64 REP_F64 GE_F64 ARGMAX_JAX ARGMIN_F64 SUMMAX_F64
 
 /* sum(op(x)) over f64[2,3], and op(x) itself, for a unary op. */
 static void unary_case(const char *op, double lo, double hi) {
@@ -258,6 +277,65 @@ START_TEST(test_reductions) {
              "  ROOT y = f64[3,3] reduce-window(x, z), window={size=2x2 stride=2x1}, to_apply=mx\n", "[3,3]", "{0,1}", "grad");
   shape_case("  x = f64[5] parameter(0)  z = f64[] constant(-inf)\n"
              "  ROOT y = f64[3] reduce-window(x, z), window={size=3 stride=2 pad=1_1}, to_apply=mx\n", "[3]", "{0}", "grad");
+  /* max/min windows with dilations (holes and padding never win) */
+  shape_case("  x = f64[7] parameter(0)  z = f64[] constant(-inf)\n"
+             "  ROOT y = f64[5] reduce-window(x, z), window={size=3 pad=1_1 rhs_dilate=2}, to_apply=mx\n", "[5]", "{0}", "grad");
+  shape_case("  x = f64[4] parameter(0)  z = f64[] constant(-inf)\n"
+             "  ROOT y = f64[6] reduce-window(x, z), window={size=2 pad=0_0 lhs_dilate=2}, to_apply=mx\n", "[6]", "{0}", "grad");
+  shape_case("  x = f64[4,5] parameter(0)  z = f64[] constant(inf)\n"
+             "  ROOT y = f64[4,2] reduce-window(x, z), window={size=2x2 stride=2x1 pad=1_1x0_0 lhs_dilate=2x1 rhs_dilate=1x3}, to_apply=mn\n",
+             "[4,2]", "{0,1}", "grad");
+}
+END_TEST
+
+START_TEST(test_variadic_reductions) {
+  /* the value of jnp.argmax's reduce: its derivative is the picked element's */
+  shape_case("  x = f64[3,5] parameter(0)  io = s32[3,5] iota(), iota_dimension=1\n"
+             "  ninf = f64[] constant(-inf)  z = s32[] constant(0)\n"
+             "  am = (f64[3], s32[3]) reduce(x, io, ninf, z), dimensions={1}, to_apply=amax\n"
+             "  ROOT y = f64[3] get-tuple-element(am), index=0\n", "[3]", "{0}", "grad");
+  /* over two dims of six elements (padded to eight), the init a parameter */
+  shape_case("  x = f64[3,4,2] parameter(0)  io = s32[3,4,2] iota(), iota_dimension=0\n"
+             "  big = f64[] parameter(1)  z = s32[] constant(0)\n"
+             "  am = (f64[4], s32[4]) reduce(x, io, big, z), dimensions={0,2}, to_apply=amin\n"
+             "  ROOT y = f64[4] get-tuple-element(am), index=0\n", "[4]", "{0}", "grad:wrt=0,1");
+  /* two float outputs at once: a sum and a max */
+  shape_case("  x = f64[4,3] parameter(0)  w = f64[4,3] parameter(1)  z = f64[] constant(0)\n"
+             "  ninf = f64[] constant(-inf)\n"
+             "  sm = (f64[3], f64[3]) reduce(x, w, z, ninf), dimensions={0}, to_apply=smx\n"
+             "  s = f64[3] get-tuple-element(sm), index=0  m = f64[3] get-tuple-element(sm), index=1\n"
+             "  ROOT y = f64[3] multiply(s, m)\n", "[3]", "{0}", "grad:wrt=0,1");
+  /* a tie: the whole derivative goes to the element the index names */
+  const char *tie = "HloModule m\n" ARGMIN_F64
+                    "ENTRY e { x = f64[4] parameter(0)  io = s32[4] iota(), iota_dimension=0\n"
+                    "  inf = f64[] constant(inf)  z = s32[] constant(0)\n"
+                    "  am = (f64[], s32[]) reduce(x, io, inf, z), dimensions={0}, to_apply=amin\n"
+                    "  ROOT v = f64[] get-tuple-element(am), index=0 }\n";
+  expect_grad(tie, "grad", "(f64[], f64[4]) (1, {0, 1, 0, 0})", "f64[4] {3, 1, 1, 2}", NULL, NULL);
+  expect_grad(tie, "grad", "(f64[], f64[4]) (-1, {0, 0, 0, 1})", "f64[4] {3, 1, 1, -1}", NULL, NULL);
+  /* both outputs, the index among them: it takes (and passes back) nothing */
+  const char *both = "HloModule m\n" ARGMAX_JAX
+                     "ENTRY e { x = f64[2,5] parameter(0)  io = s32[2,5] iota(), iota_dimension=1\n"
+                     "  ninf = f64[] constant(-inf)  z = s32[] constant(0)\n"
+                     "  ROOT am = (f64[2], s32[2]) reduce(x, io, ninf, z), dimensions={1}, to_apply=amax }\n";
+  tx_check_jvp(both, 91, -1, 1);
+  tx_check_vjp_dot(both, 92, -1, 1);
+  kiln_module *v = tx_apply(both, "vjp");
+  char *sig = tx_signature(v);
+  ck_assert_str_eq(sig, "(f64[2,5], f64[2], s32[2]) -> (f64[2], s32[2], f64[2,5])");
+  free(sig);
+  kiln_literal *args[3] = {NULL};
+  const char *at[3] = {"f64[2,5] {{0, 4, 1, 4, 2}, {-1, -2, 7, 3, 0}}", "f64[2] {10, 20}", "s32[2] {5, 6}"};
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(kiln_literal_parse_text(at[i], strlen(at[i]), &args[i], NULL), 0);
+  kiln_literal *r = tx_run(v, args, 3);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_literal_print(&b, r, true);
+  /* jnp.argmax's reducer takes the value of the later of two tied maxima */
+  ck_assert_str_eq(kiln_sbuf_str(&b), "(f64[2], s32[2], f64[2,5]) ({4, 7}, {1, 2}, {{0, 0, 0, 10, 0}, {0, 0, 20, 0, 0}})");
+  kiln_sbuf_free(&b);
+  kiln_literal_destroy(r);
+  for (int i = 0; i < 3; i++) kiln_literal_destroy(args[i]);
+  kiln_module_destroy(v);
 }
 END_TEST
 
@@ -273,6 +351,35 @@ START_TEST(test_gather_scatter) {
   shape_case("  x = f64[5,3] parameter(0)  i = s32[4,1] constant({{1}, {3}, {1}, {9}})  u = f64[4,3] parameter(1)\n"
              "  ROOT y = f64[5,3] scatter(x, i, u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n",
              "[5,3]", "{0,1}", "grad:wrt=0,1");
+  /* x.at[idx].multiply(u), .max(u), .min(u) with a repeated and an out-of-range index */
+  static const char *const comb[] = {"ml", "mx", "mn"};
+  for (int i = 0; i < 3; i++) {
+    char body[1024];
+    snprintf(body, sizeof body,
+             "  x = f64[5,3] parameter(0)  i = s32[4,1] constant({{1}, {3}, {1}, {9}})  u = f64[4,3] parameter(1)\n"
+             "  ROOT y = f64[5,3] scatter(x, i, u), update_window_dims={1}, inserted_window_dims={0}, "
+             "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%s\n",
+             comb[i]);
+    shape_case(body, "[5,3]", "{0,1}", "grad:wrt=0,1");
+  }
+  /* zeros among the multiplied updates: no division by them */
+  const char *mulz = "HloModule m\n" ADD_F64 MUL_F64
+                     "ENTRY e { x = f64[3] parameter(0)  i = s32[3,1] constant({{0}, {0}, {2}})  u = f64[3] parameter(1)\n"
+                     "  y = f64[3] scatter(x, i, u), update_window_dims={}, inserted_window_dims={0}, "
+                     "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=ml\n"
+                     "  z = f64[] constant(0)  ROOT r = f64[] reduce(y, z), dimensions={0}, to_apply=add }\n";
+  expect_grad(mulz, "grad:wrt=0,1", "(f64[], f64[3], f64[3]) (4, {0, 1, 3}, {2, 0, 1})", "f64[3] {1, 1, 1}",
+              "f64[3] {0, 2, 3}", NULL);
+  expect_grad(mulz, "grad:wrt=0,1", "(f64[], f64[3], f64[3]) (1, {0, 1, 0}, {0, 0, 1})", "f64[3] {1, 1, 1}",
+              "f64[3] {0, 0, 0}", NULL);
+  /* ties of a max: shared equally by the operand and the updates, as in JAX */
+  const char *maxt = "HloModule m\n" ADD_F64 MAX_F64
+                     "ENTRY e { x = f64[3] parameter(0)  i = s32[3,1] constant({{0}, {0}, {1}})  u = f64[3] parameter(1)\n"
+                     "  y = f64[3] scatter(x, i, u), update_window_dims={}, inserted_window_dims={0}, "
+                     "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=mx\n"
+                     "  z = f64[] constant(0)  ROOT r = f64[] reduce(y, z), dimensions={0}, to_apply=add }\n";
+  expect_grad(maxt, "grad:wrt=0,1", "(f64[], f64[3], f64[3]) (8, {0, 0.5, 1}, {0.5, 0.5, 0.5})",
+              "f64[3] {1, 5, 0}", "f64[3] {3, 3, 5}", NULL);
   /* x.at[idx].set(u) with a repeated index: only the winner gets a gradient */
   shape_case("  x = f64[5,3] parameter(0)  i = s32[3,1] constant({{1}, {3}, {1}})  u = f64[3,3] parameter(1)\n"
              "  ROOT y = f64[5,3] scatter(x, i, u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=rep\n",
@@ -556,6 +663,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_dot_ops);
   tcase_add_test(tc, test_convolution);
   tcase_add_test(tc, test_reductions);
+  tcase_add_test(tc, test_variadic_reductions);
   tcase_add_test(tc, test_gather_scatter);
   tcase_add_test(tc, test_select_and_scatter);
   tcase_add_test(tc, test_while_known_trip_count);
