@@ -365,14 +365,15 @@ typedef struct kiln_server_cache_list {
 
 /* Lists the entries of the server's memory and disk tiers: only `keys`
  * when nkeys > 0 (each 64 hex digits), at most `limit` (0: the server's
- * default, 1000). A key that is not a cache key is INVALID_ARGUMENT naming
- * it ("keys[1]"). */
+ * default, 1000; at most 100000). The server refuses a key that is not 64
+ * hex digits with INVALID_ARGUMENT naming it ("keys[1]"). */
 int kiln_client_cache_list(kiln_client *c, const char *const *keys, uint32_t nkeys, int32_t limit,
                            kiln_server_cache_list *out, kiln_status *st);
 /* Frees what `l` holds and zeroes it. */
 void kiln_server_cache_list_clear(kiln_server_cache_list *l);
 
-/* Removes `keys` (or, with `all` and no keys, every entry) from the
+/* Removes `keys` (or, with `all` and no keys, every entry; one or the
+ * other, else INVALID_ARGUMENT) from the
  * server's memory and disk tiers and its table of loaded executables (those
  * no Execute is running), and from the shared Redis tier too when `shared`.
  * *evicted (may be NULL) counts removals summed over tiers and the table. */
