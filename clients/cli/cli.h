@@ -69,6 +69,7 @@ int kiln__cmd_compile(const kiln__args *a);
 int kiln__cmd_stats(const kiln__args *a);
 int kiln__cmd_dot(const kiln__args *a);
 int kiln__cmd_bench(const kiln__args *a);
+int kiln__cmd_cache(const kiln__args *a);
 
 /* Remote modes (remote.c, through libkiln): the same contract as the local
  * handlers (output, diagnostics, exit codes). */
@@ -76,6 +77,13 @@ int kiln__remote_check(const kiln__args *a);
 int kiln__remote_compile(const kiln__args *a);
 int kiln__remote_run(const kiln__args *a);
 int kiln__remote_bench(const kiln__args *a);
+
+/* For other remote commands (cmd_cache.c): connects to --server (an exit
+ * code; usage errors printed), and prints a failed call as "WHAT: error:
+ * MESSAGE [CODE]" returning its exit code. */
+typedef struct kiln_client kiln_client;
+int kiln__remote_connect(const kiln__args *a, kiln_client **out);
+int kiln__remote_report(const char *what, const kiln_status *st);
 
 /* Exit code for a KILN_E* code: out of memory and internal errors are 3,
  * everything else a rejected input (1). */

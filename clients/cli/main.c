@@ -99,6 +99,18 @@ static const kiln__opt compile_opts[] = {
     {0},
 };
 
+static const kiln__opt cache_opts[] = {
+    {"server", 0, "HOST:PORT", false, "the kilnd whose cache to ask"},
+    {"all", 0, NULL, false, "evict: every entry"},
+    {"shared", 0, NULL, false, "evict: from the shared Redis tier too"},
+    {"limit", 0, "N", false, "list: at most N entries (default: the server's, 1000)"},
+    {"components", 0, NULL, false, "list: also print each entry's key components"},
+    {"backend", 0, "NAME", false, "explain: the backend the keys are for, cpu (default) or interp"},
+    {"target", 0, "TARGET", false, "explain: the code target, as for compile (default native)"},
+    {"opt-level", 'O', "N", false, "explain: optimization level 0-3 (default 2)"},
+    {0},
+};
+
 static const kiln__opt stats_opts[] = {
     {"server", 0, "HOST:PORT", false, "the kilnd to ask (required)"},
     {"counters", 0, NULL, false, "also list every counter, as NAME{LABELS} VALUE"},
@@ -114,6 +126,7 @@ FITS(compile_opts);
 FITS(stats_opts);
 FITS(dot_opts);
 FITS(bench_opts);
+FITS(cache_opts);
 
 static const kiln__cmd commands[] = {
     {"check", "check [--server HOST:PORT] FILE...", "parse and verify modules",
@@ -186,6 +199,29 @@ static const kiln__cmd commands[] = {
      "Prints the server's version and uptime, compiles and cache hits, executions, live\n"
      "buffers and per-device figures; --counters adds every counter the server keeps.\n",
      stats_opts, 0, 0, kiln__cmd_stats, NULL},
+    {"cache",
+     "cache stats --server HOST:PORT\n"
+     "       kiln cache list --server HOST:PORT [KEY...] [--limit N] [--components]\n"
+     "       kiln cache evict --server HOST:PORT KEY... | --all [--shared]\n"
+     "       kiln cache explain A B [--backend B] [--target T] [-O N] [--server HOST:PORT]",
+     "inspect a server's executable cache; explain cache misses",
+     "stats prints the server's cache hits, misses and compiles, then every kiln_cache_*\n"
+     "counter as NAME{LABELS} VALUE. list prints one line per entry of the server's memory\n"
+     "and disk tiers (only the KEYs given, if any):\n"
+     "  KEY TIERS BYTES COMPILE_MS CREATED\n"
+     "(TIERS as memory,disk; CREATED in UTC, ISO 8601), with --components followed by one\n"
+     "'  NAME DIGEST' line per key component. evict removes the KEYs (or --all) from the\n"
+     "memory and disk tiers and the server's loaded executables, and with --shared from\n"
+     "Redis too, then prints 'evicted N' (removals summed over tiers).\n"
+     "\n"
+     "explain compares two cache keys: A and B are both module files, whose keys are\n"
+     "computed here as the server would for 'kiln compile --server' with the same\n"
+     "--backend, --target and -O, or both keys (64 hex digits), whose components are\n"
+     "fetched from --server. It prints 'KEY  ARG' for each, then 'differs: COMPONENT' for\n"
+     "each of module, signature, options, target, version that differs, or 'same key'.\n"
+     "Exit status of explain: 0 same key, 1 the keys differ, 2 trouble (usage, an input\n"
+     "that cannot be read or verified, a key the server does not hold), 3 internal error.\n",
+     cache_opts, 1, -1, kiln__cmd_cache, NULL},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

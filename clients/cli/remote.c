@@ -125,6 +125,9 @@ static int connect_to(const kiln__args *a, kiln_client **out) {
   return KILN_EXIT_OK;
 }
 
+int kiln__remote_connect(const kiln__args *a, kiln_client **out) { return connect_to(a, out); }
+int kiln__remote_report(const char *what, const kiln_status *st) { return report(what, st); }
+
 /* Reads FILE and compiles it on the server. */
 static int compile_file(kiln_client *c, const char *path, const kiln_remote_compile_options *o,
                         kiln_remote_executable **exe) {
