@@ -111,6 +111,7 @@ int kiln_cache_entry_seal(const kiln_cache_secret *sec, const kiln_cache_meta *m
 }
 
 static void read_meta(const uint8_t *buf, kiln_cache_meta *meta) {
+  memset(meta, 0, sizeof *meta); /* padding too: metas compare with memcmp */
   meta->kind = get32(buf + OFF_KIND);
   memcpy(meta->key, buf + OFF_KEY, KILN_CACHE_DIGEST_LEN);
   memcpy(meta->parts, buf + OFF_PARTS, sizeof meta->parts);
