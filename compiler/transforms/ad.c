@@ -52,6 +52,12 @@ int kiln__ad_init(kiln__ad *c, kiln__tx *tx, uint32_t dst, const kiln_computatio
 int kiln__ad_not_diff(kiln__ad *c, const kiln_instr *ins) {
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(c->tx->m, ins, where, sizeof where);
+  const char *target = ins->op == KILN_OP_CUSTOM_CALL ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET) : NULL;
+  if (ins->op == KILN_OP_CUSTOM_CALL)
+    return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
+                         "%s: custom-call target \"%.80s\" (%s) has no derivative rule: its body is opaque "
+                         "to the transforms (write it with HLO ops, or keep it off the differentiated path)",
+                         c->tx->name, target ? target : "", where);
   return kiln__tx_fail(c->tx, KILN_EINVAL, ins, "%s: op %s (%s) is not differentiable", c->tx->name,
                        kiln_opcode_name(ins->op), where);
 }

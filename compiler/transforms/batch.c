@@ -112,6 +112,13 @@ int kiln__bt_init(kiln__bt *c, kiln__tx *tx, uint32_t dst, const kiln_computatio
 static int no_rule(kiln__bt *c, const kiln_instr *ins) {
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(c->tx->m, ins, where, sizeof where);
+  if (ins->op == KILN_OP_CUSTOM_CALL) {
+    const char *target = kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET);
+    return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
+                         "%s: custom-call target \"%.80s\" (%s) has no batching rule: its body is opaque to "
+                         "the transforms",
+                         c->tx->name, target ? target : "", where);
+  }
   return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) has no batching rule", c->tx->name,
                        kiln_opcode_name(ins->op), where);
 }

@@ -3,7 +3,7 @@
  * rule, reverse-mode forward hook and batching rule (see rules.h). Every op
  * is listed, so that what an op lacks is written here as an empty slot, not
  * forgotten; the bodies live in jvp.c (elementwise), linear.c, reduce.c,
- * gather.c, conv.c, ad_control.c and batch*.c.
+ * gather.c, conv.c, sort.c, tree.c, ad_control.c and batch*.c.
  *
  * Ops whose result is piecewise constant (sign, floor, ceil, round) or not
  * floating point (compare, integer and bit ops) have zero derivatives:
@@ -113,13 +113,14 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
                                     .vjp = kiln__vjp_select_and_scatter,
                                     .batch = kiln__batch_select_and_scatter},
     [KILN_OP_MAP] = {.batch = kiln__batch_map},
-    [KILN_OP_SORT] = {.batch = kiln__batch_dims_attr},
+    [KILN_OP_SORT] = {.jvp = kiln__jvp_sort, .vjp = kiln__vjp_sort, .fwd = kiln__fwd_sort,
+                      .batch = kiln__batch_dims_attr, .own_primal = true},
     [KILN_OP_GATHER] = LINEAR(kiln__vjp_gather, kiln__batch_gather),
     [KILN_OP_SCATTER] = {.jvp = kiln__jvp_scatter, .vjp = kiln__vjp_scatter, .batch = kiln__batch_scatter},
     [KILN_OP_FFT] = {.batch = kiln__batch_same},
     [KILN_OP_CHOLESKY] = {.batch = kiln__batch_same},
     [KILN_OP_TRIANGULAR_SOLVE] = {.batch = kiln__batch_same},
-    [KILN_OP_TOPK] = {.batch = kiln__batch_same},
+    [KILN_OP_TOPK] = {.jvp = kiln__jvp_topk, .vjp = kiln__vjp_topk, .batch = kiln__batch_same},
     [KILN_OP_BATCH_NORM_TRAINING] = NONE,
     [KILN_OP_BATCH_NORM_INFERENCE] = NONE,
     [KILN_OP_BATCH_NORM_GRAD] = NONE,

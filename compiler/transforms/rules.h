@@ -236,6 +236,13 @@ int kiln__vjp_select_and_scatter(kiln__ad *c, const kiln_instr *ins, kiln_id ct)
 int kiln__vjp_all_reduce(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 int kiln__vjp_barrier(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 
+/* sort.c */
+int kiln__jvp_sort(kiln__ad *c, const kiln_instr *ins);
+int kiln__fwd_sort(kiln__ad *c, const kiln_instr *ins);
+int kiln__vjp_sort(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+int kiln__jvp_topk(kiln__ad *c, const kiln_instr *ins);
+int kiln__vjp_topk(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+
 /* ad_control.c: while, conditional, call. */
 int kiln__jvp_while(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_conditional(kiln__ad *c, const kiln_instr *ins);

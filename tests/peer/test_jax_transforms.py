@@ -152,6 +152,12 @@ def dilated_max_pool(x):
     return jnp.sum(y ** 2)
 
 
+def sort_topk(x, v):
+    ks, vs = lax.sort((x, v), dimension=1, num_keys=1)
+    w = jnp.arange(1.0, 1.0 + x.shape[1], dtype=jnp.float32)
+    return jnp.sum(jnp.sort(x, axis=0) * w) + jnp.sum(vs * w) + jnp.sum(jnp.sin(lax.top_k(x, 2)[0]))
+
+
 class JaxTransformsTest(unittest.TestCase):
     def kiln(self, name, fn, args, transforms, kiln_args=None):
         """Exports fn at args, runs kiln with the transforms, returns outputs."""
@@ -230,7 +236,7 @@ class JaxTransformsTest(unittest.TestCase):
             got = self.kiln("cond", branch, (p, x), ["grad:wrt=1"])
             self.same(f"cond p={p}", got, jax.value_and_grad(branch, argnums=1)(p, x))
 
-    def test_grad_of_general_reductions_and_scatters(self):
+    def test_grad_of_general_reductions_sorts_and_scatters(self):
         rng = _rng(7)
         x, w = _f32(rng, 3, 5), _f32(rng, 3)
         got = self.kiln("argmax", argmax_pick, (x, w), ["grad:wrt=0,1"])
@@ -240,6 +246,11 @@ class JaxTransformsTest(unittest.TestCase):
         x, u = _f32(rng, 3, 5), _f32(rng, 3, 5)
         got = self.kiln("scatter_comb", scatter_combiners, (x, u), ["grad:wrt=0,1"])
         self.same("scatter mul/max/min", got, jax.value_and_grad(scatter_combiners, argnums=(0, 1))(x, u))
+        got = self.kiln("sort_topk", sort_topk, (x, u), ["grad:wrt=0,1"])
+        self.same("sort and top_k", got, jax.value_and_grad(sort_topk, argnums=(0, 1))(x, u))
+        tx, tu = _f32(rng, 3, 5), _f32(rng, 3, 5)
+        got = self.kiln("sort_topk_jvp", sort_topk, (x, u), ["jvp"], kiln_args=(x, u, tx, tu))
+        self.same("jvp sort and top_k", got, jax.jvp(sort_topk, (x, u), (tx, tu)))
         # JAX has no VJP for a dilated max window; its forward mode is the oracle
         got = self.kiln("dilated_pool", dilated_max_pool, (x,), ["grad"])
         self.same("dilated max window", got, (dilated_max_pool(x), jax.jacfwd(dilated_max_pool)(x)))

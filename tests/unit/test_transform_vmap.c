@@ -275,7 +275,7 @@ START_TEST(test_infer_sizes_and_errors) {
                  "vmap: output 0 depends on a batched input; out_axes none needs an unbatched output");
   const char *cc = "HloModule m\nENTRY main { x = f64[3] parameter(0)\n"
                    "  c = f64[3] custom-call(x), custom_call_target=\"foo\"  ROOT y = f64[3] sine(c) }\n";
-  tx_expect_fail(cc, "vmap:size=2", KILN_EUNIMPL, "vmap: op custom-call (main/c) has no batching rule");
+  tx_expect_fail(cc, "vmap:size=2", KILN_EUNIMPL, "vmap: custom-call target \"foo\" (main/c) has no batching rule: its body is opaque to the transforms");
   const char *rng = "HloModule m\nENTRY main { a = f64[] parameter(0)  b = f64[] constant(1)\n"
                     "  ROOT r = f64[3] rng(a, b), distribution=rng_uniform }\n";
   tx_expect_fail(rng, "vmap:size=2", KILN_EUNIMPL, "vmap: op rng (main/r) cannot take a batched operand");
