@@ -202,8 +202,10 @@ static int rescan(disk_store *d) {
   /* Oldest first through add_oldest would invert them: add newest first. */
   for (size_t i = n; i-- > 0;) {
     kiln__lru_node *node = kiln__lru_find(&d->lru, v[i].key);
-    if (node) kiln__lru_set_bytes(&d->lru, node, v[i].bytes);
-    else kiln__lru_add_oldest(&d->lru, v[i].key, v[i].bytes);
+    if (node)
+      kiln__lru_set_bytes(&d->lru, node, v[i].bytes);
+    else
+      kiln__lru_add_oldest(&d->lru, v[i].key, v[i].bytes);
   }
   /* Indexed but not seen: gone, unless a put renamed it in after the scan
    * passed its directory; only those few cost a stat. */
@@ -281,8 +283,10 @@ static int disk_get(kiln_cache_store *s, const char *key, uint8_t **val, size_t 
   kiln__lru_node *n = kiln__lru_find(&d->lru, key);
   if (rc == 0) {
     d->hits++;
-    if (n == NULL) n = kiln__lru_add(&d->lru, key, *len);
-    else kiln__lru_set_bytes(&d->lru, n, *len);
+    if (n == NULL)
+      n = kiln__lru_add(&d->lru, key, *len);
+    else
+      kiln__lru_set_bytes(&d->lru, n, *len);
     if (n) kiln__lru_touch(&d->lru, n);
   } else {
     d->misses++;
@@ -378,9 +382,9 @@ static int disk_del(kiln_cache_store *s, const char *key, kiln_status *st) {
   entry_path(d, key, path, sizeof path);
   int rc = 0;
   if (unlink(path) != 0) {
-    rc = errno == ENOENT ? KILN_ENOTFOUND
-                         : kiln_status_set(st, KILN_EIO, "cache disk", "unlink %s: %s", path,
-                                           strerror(errno));
+    rc = errno == ENOENT
+             ? KILN_ENOTFOUND
+             : kiln_status_set(st, KILN_EIO, "cache disk", "unlink %s: %s", path, strerror(errno));
   }
   pthread_mutex_lock(&d->mu);
   kiln__lru_node *n = kiln__lru_find(&d->lru, key);

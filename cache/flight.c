@@ -87,8 +87,10 @@ static void flight_finish(kiln_cache *c, kiln__flight *f, int rc, const kiln_cac
   if (rc == 0 && waiters > 0) {
     /* Copied outside the lock: a payload may be megabytes. */
     copy = kiln_malloc(res->len ? res->len : 1);
-    if (copy) memcpy(copy, res->payload, res->len);
-    else rc = KILN_ENOMEM; /* the waiters build themselves */
+    if (copy)
+      memcpy(copy, res->payload, res->len);
+    else
+      rc = KILN_ENOMEM; /* the waiters build themselves */
   }
   pthread_mutex_lock(&c->mu);
   f->done = true;
@@ -141,8 +143,8 @@ static int flight_wait(kiln_cache *c, kiln__flight *f, int64_t deadline_ns,
 /* ---- building --------------------------------------------------------------- */
 
 /* Runs build and fills res (source COMPILED) with the meta of key. */
-static int run_build(kiln_cache *c, const kiln_cache_key *key, kiln_cache_build_fn build,
-                     void *ctx, kiln_cache_result *res, kiln_status *st) {
+static int run_build(kiln_cache *c, const kiln_cache_key *key, kiln_cache_build_fn build, void *ctx,
+                     kiln_cache_result *res, kiln_status *st) {
   uint8_t *payload = NULL;
   size_t len = 0;
   uint32_t kind = 0;

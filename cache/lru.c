@@ -101,10 +101,14 @@ static void link_head(kiln__lru *l, kiln__lru_node *n) {
 }
 
 static void unlink_list(kiln__lru *l, kiln__lru_node *n) {
-  if (n->prev) n->prev->next = n->next;
-  else l->head = n->next;
-  if (n->next) n->next->prev = n->prev;
-  else l->tail = n->prev;
+  if (n->prev)
+    n->prev->next = n->next;
+  else
+    l->head = n->next;
+  if (n->next)
+    n->next->prev = n->prev;
+  else
+    l->tail = n->prev;
   n->prev = n->next = NULL;
 }
 

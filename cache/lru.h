@@ -20,8 +20,8 @@
 typedef struct kiln__lru_node {
   char key[KILN_CACHE_HEX_LEN + 1];
   uint64_t hash;
-  uint64_t bytes; /* what the node counts against the bound */
-  void *val;      /* the store's own data (memory: the value), or NULL */
+  uint64_t bytes;                     /* what the node counts against the bound */
+  void *val;                          /* the store's own data (memory: the value), or NULL */
   struct kiln__lru_node *prev, *next; /* recency list */
   struct kiln__lru_node *chain;       /* hash bucket */
 } kiln__lru_node;

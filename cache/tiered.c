@@ -63,8 +63,7 @@ static int read_secret_file(const char *path, kiln_cache_secret *sec, kiln_statu
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return KILN_ENOTFOUND;
-    return kiln_status_set(st, KILN_EIO, path, "cannot read the cache secret: %s",
-                           strerror(errno));
+    return kiln_status_set(st, KILN_EIO, path, "cannot read the cache secret: %s", strerror(errno));
   }
   char buf[KILN_CACHE_SECRET_MAX + 64];
   size_t n = 0;
@@ -118,8 +117,7 @@ static int make_secret_file(const char *dir, const char *path, kiln_cache_secret
 
 static int load_secret(const kiln_cache_config *cfg, kiln_cache_secret *sec, kiln_status *st) {
   if (cfg->secret && cfg->secret[0]) return kiln_cache_secret_from_string(cfg->secret, sec, st);
-  if (cfg->disk_dir == NULL || cfg->disk_dir[0] == '\0')
-    return kiln_cache_secret_generate(sec, st);
+  if (cfg->disk_dir == NULL || cfg->disk_dir[0] == '\0') return kiln_cache_secret_generate(sec, st);
   char path[PATH_MAX];
   int n = snprintf(path, sizeof path, "%s/secret", cfg->disk_dir);
   if (n < 0 || (size_t)n >= sizeof path)
@@ -141,8 +139,7 @@ int kiln_cache_create(const kiln_cache_config *cfg, kiln_cache **out, kiln_statu
   c->wait_poll_ms = cfg->wait_poll_ms ? cfg->wait_poll_ms : 20;
   int rc = 0;
   if (cfg->disk_dir && cfg->disk_dir[0])
-    rc = kiln_cache_disk_create(cfg->disk_dir, cfg->disk_bytes, &c->tier[KILN_CACHE_TIER_DISK],
-                                st);
+    rc = kiln_cache_disk_create(cfg->disk_dir, cfg->disk_bytes, &c->tier[KILN_CACHE_TIER_DISK], st);
   if (rc == 0) rc = load_secret(cfg, &c->secret, st);
   if (rc == 0 && cfg->memory_bytes > 0)
     rc = kiln_cache_memory_create(cfg->memory_bytes, &c->tier[KILN_CACHE_TIER_MEMORY], st);
@@ -381,14 +378,16 @@ int kiln_cache_list(kiln_cache *c, kiln_cache_entry_fn fn, void *ctx, kiln_statu
   return 0;
 }
 
-static void evict_one(kiln_cache *c, const char *hex, bool shared, uint64_t *evicted,
-                      int *fault, kiln_status *st) {
+static void evict_one(kiln_cache *c, const char *hex, bool shared, uint64_t *evicted, int *fault,
+                      kiln_status *st) {
   for (int t = 0; t < KILN_CACHE_NTIERS; t++) {
     kiln_cache_store *s = c->tier[t];
     if (s == NULL || (t == KILN_CACHE_TIER_REDIS && !shared)) continue;
     int rc = s->ops->del(s, hex, st);
-    if (rc == 0) (*evicted)++;
-    else if (rc != KILN_ENOTFOUND && *fault == 0) *fault = rc;
+    if (rc == 0)
+      (*evicted)++;
+    else if (rc != KILN_ENOTFOUND && *fault == 0)
+      *fault = rc;
   }
 }
 
@@ -401,8 +400,8 @@ int kiln_cache_evict(kiln_cache *c, const char *key_hex, bool shared, uint64_t *
     uint8_t digest[KILN_CACHE_DIGEST_LEN];
     char hex[KILN_CACHE_HEX_LEN + 1];
     if (kiln_cache_from_hex(key_hex, digest, sizeof digest) != 0)
-      return kiln_status_set(st, KILN_EINVAL, "cache evict",
-                             "key \"%.80s\" is not 64 hex digits", key_hex);
+      return kiln_status_set(st, KILN_EINVAL, "cache evict", "key \"%.80s\" is not 64 hex digits",
+                             key_hex);
     kiln_cache_to_hex(digest, sizeof digest, hex);
     evict_one(c, hex, shared, &n, &fault, st);
   } else {

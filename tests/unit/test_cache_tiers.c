@@ -20,6 +20,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -350,7 +351,8 @@ START_TEST(disk_refuses_non_hex_keys) {
                        "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef",
                        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde",
                        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0",
-                       "../23456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", ""};
+                       "../23456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                       ""};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     kiln_status st = {0};
     ck_assert_int_eq(s->ops->put(s, bad[i], (const uint8_t *)"x", 1, &st), KILN_EINVAL);
@@ -435,13 +437,13 @@ END_TEST
 /* ---- the tiered cache ------------------------------------------------------ */
 
 typedef struct build_ctx {
-  atomic_int *calls;     /* shared by the caches of a test */
-  int fail_calls;        /* calls numbered up to this fail */
-  int sleep_ms;          /* after the gate */
-  uint64_t compile_ns;   /* reported */
-  uint8_t fill;          /* payload bytes */
+  atomic_int *calls;   /* shared by the caches of a test */
+  int fail_calls;      /* calls numbered up to this fail */
+  int sleep_ms;        /* after the gate */
+  uint64_t compile_ns; /* reported */
+  uint8_t fill;        /* payload bytes */
   size_t len;
-  atomic_int *started;   /* set when a build starts */
+  atomic_int *started; /* set when a build starts */
   /* Gate: wait until these counters reach these values (20 s at most). */
   kiln_cache *gate_cache[2];
   uint64_t gate_sf_waits[2];
@@ -458,8 +460,7 @@ static void gate(const build_ctx *b) {
       if (s.single_flight_waits >= b->gate_sf_waits[i] && s.lock_waits >= b->gate_lock_waits[i])
         break;
       ck_assert_msg(now_ns() < until, "waiters never arrived: %llu flight, %llu lock",
-                    (unsigned long long)s.single_flight_waits,
-                    (unsigned long long)s.lock_waits);
+                    (unsigned long long)s.single_flight_waits, (unsigned long long)s.lock_waits);
       sleep_ms(2);
     }
   }
@@ -738,8 +739,12 @@ START_TEST(single_flight_32_threads) {
   /* No tier at all: the waiters can only be served by the hand-over. */
   kiln_cache *c = new_cache(0, NULL, TEST_SECRET);
   atomic_int calls = 0;
-  build_ctx b = {.calls = &calls, .sleep_ms = 100, .fill = 0x5a, .len = 4096,
-                 .gate_cache = {c, NULL}, .gate_sf_waits = {31, 0}};
+  build_ctx b = {.calls = &calls,
+                 .sleep_ms = 100,
+                 .fill = 0x5a,
+                 .len = 4096,
+                 .gate_cache = {c, NULL},
+                 .gate_sf_waits = {31, 0}};
   caller cl[32];
   memset(cl, 0, sizeof cl);
   for (int i = 0; i < 32; i++) cl[i] = (caller){.c = c, .key = 42, .b = &b};
@@ -767,8 +772,13 @@ START_TEST(failed_build_waiters_build) {
   kiln_cache *c = new_cache(1 << 20, NULL, TEST_SECRET);
   atomic_int calls = 0;
   /* The first build fails once all 7 others wait on it. */
-  build_ctx b = {.calls = &calls, .fail_calls = 1, .sleep_ms = 50, .fill = 0x33, .len = 100,
-                 .gate_cache = {c, NULL}, .gate_sf_waits = {7, 0}};
+  build_ctx b = {.calls = &calls,
+                 .fail_calls = 1,
+                 .sleep_ms = 50,
+                 .fill = 0x33,
+                 .len = 100,
+                 .gate_cache = {c, NULL},
+                 .gate_sf_waits = {7, 0}};
   caller cl[8];
   memset(cl, 0, sizeof cl);
   for (int i = 0; i < 8; i++) cl[i] = (caller){.c = c, .key = 7, .b = &b};
@@ -860,8 +870,12 @@ START_TEST(min_compile_ns) {
 
   /* Fast builds are not stored but still handed to concurrent waiters. */
   atomic_int calls3 = 0;
-  build_ctx gated = {.calls = &calls3, .compile_ns = 5, .fill = 'g', .len = 8,
-                     .gate_cache = {c, NULL}, .gate_sf_waits = {3, 0}};
+  build_ctx gated = {.calls = &calls3,
+                     .compile_ns = 5,
+                     .fill = 'g',
+                     .len = 8,
+                     .gate_cache = {c, NULL},
+                     .gate_sf_waits = {3, 0}};
   caller cl[4];
   memset(cl, 0, sizeof cl);
   for (int i = 0; i < 4; i++) cl[i] = (caller){.c = c, .key = 3, .b = &gated};
@@ -1064,8 +1078,13 @@ START_TEST(redis_single_flight_across_servers) {
   atomic_int calls = 0;
   /* Whichever cache builds waits until the other's leader waits on the
    * Redis lock and every in-process caller waits on its leader. */
-  build_ctx ba = {.calls = &calls, .sleep_ms = 50, .fill = 'x', .len = 5000,
-                  .gate_cache = {a, b}, .gate_sf_waits = {15, 15}, .gate_lock_waits = {0, 1}};
+  build_ctx ba = {.calls = &calls,
+                  .sleep_ms = 50,
+                  .fill = 'x',
+                  .len = 5000,
+                  .gate_cache = {a, b},
+                  .gate_sf_waits = {15, 15},
+                  .gate_lock_waits = {0, 1}};
   build_ctx bb = ba;
   bb.gate_lock_waits[0] = 1;
   bb.gate_lock_waits[1] = 0;
@@ -1133,6 +1152,77 @@ START_TEST(redis_killed_builds_locally) {
 }
 END_TEST
 
+/* Sets the lock of key as another server would, for ttl_ms. */
+static void hold_lock(int key, int ttl_ms) {
+  kiln_cache_key k = make_key(key);
+  redisReply *rep =
+      kiln_test_redis_command(redis, "SET kiln:v1:lock:%s other-server PX %d", k.hex, ttl_ms);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->type, REDIS_REPLY_STATUS);
+  freeReplyObject(rep);
+}
+
+START_TEST(redis_lock_of_dead_holder_expires) {
+  make_tmp();
+  if (!start_redis()) return;
+  kiln_cache *c = redis_cache("a", 1000);
+  hold_lock(21, 400); /* a holder that died: its lock only expires */
+  atomic_int calls = 0;
+  build_ctx b = {.calls = &calls, .fill = 'e', .len = 32};
+  caller cl = {.c = c, .key = 21, .b = &b};
+  call_thread(&cl);
+  ck_assert_int_eq(cl.rc, 0);
+  ck_assert_int_eq(cl.r.source, KILN_CACHE_SRC_COMPILED);
+  check_payload(&cl.r, 'e', 32);
+  kiln_free(cl.r.payload);
+  ck_assert_int_ge(cl.took_ns, 300000000);
+  ck_assert_int_eq(atomic_load(&calls), 1);
+  kiln_cache_stats s = stats_of(c);
+  ck_assert_uint_eq(s.lock_waits, 1);
+  ck_assert_uint_eq(s.builds, 1);
+  /* The builder released its own lock after storing. */
+  kiln_cache_key k = make_key(21);
+  redisReply *rep = kiln_test_redis_command(redis, "EXISTS kiln:v1:lock:%s", k.hex);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->integer, 0);
+  freeReplyObject(rep);
+  rep = kiln_test_redis_command(redis, "EXISTS kiln:v1:exe:%s", k.hex);
+  ck_assert_int_eq(rep->integer, 1);
+  freeReplyObject(rep);
+  kiln_cache_destroy(c);
+  kiln_test_redis_destroy(redis);
+  remove_tmp();
+}
+END_TEST
+
+START_TEST(redis_lock_wait_deadline) {
+  make_tmp();
+  if (!start_redis()) return;
+  kiln_cache *c = redis_cache("a", 1000);
+  hold_lock(22, 20000); /* another server building for a long time */
+  atomic_int calls = 0;
+  build_ctx b = {.calls = &calls, .fill = 'w', .len = 16};
+  caller cl = {.c = c, .key = 22, .b = &b, .deadline_ns = now_ns() + 200000000};
+  call_thread(&cl);
+  ck_assert_int_eq(cl.rc, 0);
+  ck_assert_int_eq(cl.r.source, KILN_CACHE_SRC_COMPILED);
+  kiln_free(cl.r.payload);
+  ck_assert_int_ge(cl.took_ns, 150000000);
+  ck_assert_int_lt(cl.took_ns, 5000000000);
+  ck_assert_uint_eq(stats_of(c).lock_waits, 1);
+  /* The other server's lock is not ours to release. */
+  kiln_cache_key k = make_key(22);
+  redisReply *rep = kiln_test_redis_command(redis, "GET kiln:v1:lock:%s", k.hex);
+  ck_assert_ptr_nonnull(rep);
+  ck_assert_int_eq(rep->type, REDIS_REPLY_STRING);
+  ck_assert_str_eq(rep->str, "other-server");
+  freeReplyObject(rep);
+  kiln_cache_destroy(c);
+  kiln_test_redis_destroy(redis);
+  remove_tmp();
+}
+END_TEST
+
 static Suite *tiers_suite(void) {
   Suite *s = suite_create("cache_tiers");
   TCase *mem = tcase_create("memory");
@@ -1167,6 +1257,8 @@ static Suite *tiers_suite(void) {
   tcase_add_test(rd, redis_shared_between_servers);
   tcase_add_test(rd, redis_single_flight_across_servers);
   tcase_add_test(rd, redis_killed_builds_locally);
+  tcase_add_test(rd, redis_lock_of_dead_holder_expires);
+  tcase_add_test(rd, redis_lock_wait_deadline);
   suite_add_tcase(s, rd);
   return s;
 }
