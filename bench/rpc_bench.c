@@ -12,8 +12,15 @@
  * 3. kilnd's resident memory over N executes (default 100,000): the figure
  *    after warm-up and at each quarter; a leak shows as steady growth.
  *
- *   rpc_bench --kilnd PATH --echo PATH [--clients 8] [--seconds 5]
+ *   rpc_bench --kilnd PATH --echo PATH [--clients 8] [--seconds 5] [--rounds 1]
  *             [--mib 256] [--rss-executes 100000] [--backend cpu] [--chunk-kib 1024]
+ *
+ * --rounds R repeats the Execute/echo pair R times, alternating, and reports
+ * the median ratio with its spread; --mib 0 and --rss-executes 0 skip parts
+ * 2 and 3. The CPU time per call of the server and of the clients (this
+ * process; from /proc) is printed beside the throughput: on a shared
+ * machine it moves much less than calls/s, and on a small one the clients'
+ * share bounds both sides.
  *
  * Prints a human-readable report and one JSON line at the end.
  */
@@ -86,6 +93,23 @@ static void stop(child *c) {
   waitpid(c->pid, NULL, 0);
 }
 
+/* User plus system CPU seconds a process has used so far. */
+static double cpu_seconds(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+  unsigned long ut = 0, st = 0;
+  if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+                          &st) != 2)
+    return 0;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 static long rss_kib(pid_t pid) {
   char path[64], line[256];
   snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
@@ -119,6 +143,8 @@ static int cmp_double(const void *a, const void *b) {
 
 typedef struct result {
   double rps, p50_us, p99_us;
+  double server_cpu_us; /* the server's CPU time per call */
+  double client_cpu_us; /* this process's (the clients') CPU time per call */
   long calls, errors;
 } result;
 
@@ -259,9 +285,10 @@ static void *echo_worker(void *arg) {
   return NULL;
 }
 
-static void run_load(void *(*fn)(void *), load *proto, int nthreads, result *r) {
+static void run_load(void *(*fn)(void *), load *proto, int nthreads, pid_t server, result *r) {
   load *w = calloc((size_t)nthreads, sizeof *w);
   pthread_t *t = calloc((size_t)nthreads, sizeof *t);
+  double cpu0 = cpu_seconds(server), self0 = cpu_seconds(getpid());
   double t0 = now();
   for (int i = 0; i < nthreads; i++) {
     w[i] = *proto;
@@ -275,9 +302,12 @@ static void run_load(void *(*fn)(void *), load *proto, int nthreads, result *r) 
       fprintf(stderr, "rpc_bench: client %d: %ld errors: %s\n", i, w[i].errors, w[i].error);
   }
   double secs = now() - t0;
+  double cpu = cpu_seconds(server) - cpu0, self = cpu_seconds(getpid()) - self0;
   lat *all = calloc((size_t)nthreads, sizeof *all);
   for (int i = 0; i < nthreads; i++) all[i] = w[i].lat;
   summarize(all, nthreads, secs, errors, r);
+  r->server_cpu_us = r->calls ? cpu / (double)r->calls * 1e6 : 0;
+  r->client_cpu_us = r->calls ? self / (double)r->calls * 1e6 : 0;
   for (int i = 0; i < nthreads; i++) free(all[i].v);
   free(all);
   free(w);
@@ -377,19 +407,127 @@ static uint8_t *execute_bytes(const char *id, size_t *len) {
   return buf;
 }
 
+static int cmp_result_ratio(const void *a, const void *b) {
+  double x = ((const double *)a)[0], y = ((const double *)b)[0];
+  return x < y ? -1 : x > y;
+}
+
+/* The round whose ratio is the median, and the spread of the ratios. */
+typedef struct execute_summary {
+  result echo, kilnd; /* of the median round */
+  double ratio, ratio_min, ratio_max;
+} execute_summary;
+
+/* 1. Execute vs echo, `rounds` times, each round an echo load then a kilnd
+ * load of `seconds` each (after a short warm-up of both), so that both
+ * sides of every ratio saw about the same machine load. */
+static void bench_execute(const child *k, const child *e, const char *exe_id,
+                          const uint8_t *payload, size_t plen, int clients, double seconds,
+                          int rounds, execute_summary *out) {
+  atomic_long total = 0;
+  load proto = {.addr = e->addr, .payload = payload, .payload_len = plen, .seconds = 0.5};
+  load kproto = {.addr = k->addr, .exe_id = exe_id, .seconds = 0.5, .total = &total};
+  result warm;
+  run_load(echo_worker, &proto, clients, e->pid, &warm);
+  run_load(kiln_worker, &kproto, clients, k->pid, &warm);
+  proto.seconds = kproto.seconds = seconds;
+  double(*r)[2] = calloc((size_t)rounds, sizeof *r); /* ratio, round index */
+  result *re = calloc((size_t)rounds, sizeof *re), *rk = calloc((size_t)rounds, sizeof *rk);
+  for (int i = 0; i < rounds; i++) {
+    run_load(echo_worker, &proto, clients, e->pid, &re[i]);
+    run_load(kiln_worker, &kproto, clients, k->pid, &rk[i]);
+    r[i][0] = rk[i].rps / re[i].rps;
+    r[i][1] = i;
+    printf("  round %d: echo %6.0f calls/s (p50 %6.1f, p99 %7.1f us; CPU/call server %5.1f, "
+           "clients %5.1f us), kilnd %6.0f calls/s (p50 %6.1f, p99 %7.1f us; CPU/call server "
+           "%5.1f, clients %5.1f us): %.3f\n",
+           i + 1, re[i].rps, re[i].p50_us, re[i].p99_us, re[i].server_cpu_us,
+           re[i].client_cpu_us, rk[i].rps, rk[i].p50_us, rk[i].p99_us, rk[i].server_cpu_us,
+           rk[i].client_cpu_us, r[i][0]);
+    fflush(stdout);
+  }
+  qsort(r, (size_t)rounds, sizeof *r, cmp_result_ratio);
+  int m = (int)r[rounds / 2][1];
+  out->echo = re[m];
+  out->kilnd = rk[m];
+  out->ratio = r[rounds / 2][0];
+  out->ratio_min = r[0][0];
+  out->ratio_max = r[rounds - 1][0];
+  free(r);
+  free(re);
+  free(rk);
+}
+
+typedef struct buffer_summary {
+  double put_gbs, get_gbs, tcp_gbs;
+} buffer_summary;
+
+/* 2. PutBuffer then GetBuffer of `mib` MiB, best of three, vs loopback TCP. */
+static void bench_buffers(kiln_client *c, size_t mib, buffer_summary *out) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  size_t bytes = mib << 20;
+  uint8_t *src = malloc(bytes), *dst = malloc(bytes);
+  for (size_t i = 0; i < bytes; i++) src[i] = (uint8_t)(i * 131u);
+  memset(dst, 0, bytes);
+  kiln_arena *ar = kiln_arena_create();
+  kiln_shape shape;
+  int64_t n = (int64_t)(bytes / 4);
+  kiln_shape_make_array(ar, &shape, KILN_F32, &n, 1);
+  double best_put = 1e9, best_get = 1e9, best_tcp = 1e9;
+  for (int rep = 0; rep < 3; rep++) {
+    kiln_remote_buffer h;
+    double t0 = now();
+    if (kiln_client_put_buffer_raw(c, &shape, src, bytes, NULL, &h, &st)) fail("put", &st);
+    double t1 = now();
+    size_t got;
+    kiln_remote_get_options go = {.release = true};
+    if (kiln_client_get_buffer_raw(c, h.handle, &go, dst, bytes, &got, NULL, &st)) fail("get", &st);
+    double t2 = now();
+    if (got != bytes || memcmp(src, dst, bytes) != 0) fprintf(stderr, "rpc_bench: data differs\n");
+    memset(dst, 0, bytes);
+    kiln_remote_buffer_clear(&h);
+    if (t1 - t0 < best_put) best_put = t1 - t0;
+    if (t2 - t1 < best_get) best_get = t2 - t1;
+    double tt = tcp_copy(src, dst, bytes);
+    if (tt > 0 && tt < best_tcp) best_tcp = tt;
+  }
+  out->put_gbs = (double)bytes / best_put / 1e9;
+  out->get_gbs = (double)bytes / best_get / 1e9;
+  out->tcp_gbs = (double)bytes / best_tcp / 1e9;
+  free(src);
+  free(dst);
+  kiln_arena_destroy(ar);
+}
+
+/* 3. kilnd's RSS after warm-up and after each quarter of n executes. */
+static void bench_rss(const child *k, const char *exe_id, int clients, long n, long rss[5]) {
+  atomic_long total = 0;
+  rss[0] = rss_kib(k->pid);
+  for (int q = 1; q <= 4; q++) {
+    atomic_store(&total, 0);
+    load rp = {.addr = k->addr, .exe_id = exe_id, .max_calls = n / 4, .total = &total};
+    result rr;
+    run_load(kiln_worker, &rp, clients, k->pid, &rr);
+    rss[q] = rss_kib(k->pid);
+  }
+}
+
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   const char *kilnd = opt(argc, argv, "--kilnd", getenv("KILND"));
   const char *echo = opt(argc, argv, "--echo", NULL);
   int clients = atoi(opt(argc, argv, "--clients", "8"));
   double seconds = atof(opt(argc, argv, "--seconds", "5"));
+  int rounds = atoi(opt(argc, argv, "--rounds", "1"));
   size_t mib = (size_t)atol(opt(argc, argv, "--mib", "256"));
   long rss_n = atol(opt(argc, argv, "--rss-executes", "100000"));
   const char *backend = opt(argc, argv, "--backend", "cpu");
   int64_t chunk_kib = atol(opt(argc, argv, "--chunk-kib", "1024"));
-  if (kilnd == NULL || echo == NULL) {
+  if (kilnd == NULL || echo == NULL || clients < 1 || rounds < 1) {
     fprintf(stderr, "usage: rpc_bench --kilnd PATH --echo PATH [--clients N] [--seconds S] "
-                    "[--mib M] [--rss-executes N] [--backend cpu|interp]\n");
+                    "[--rounds R] [--mib M (0: skip)] [--rss-executes N (0: skip)] "
+                    "[--backend cpu|interp] [--chunk-kib K]\n");
     return 2;
   }
   char *kargv[] = {(char *)kilnd, "--listen", "127.0.0.1:0", "--metrics-listen", "off", NULL};
@@ -413,81 +551,49 @@ int main(int argc, char **argv) {
   size_t plen;
   uint8_t *payload = execute_bytes(exe->id, &plen);
 
-  /* 1. Execute vs echo. A short warm-up of each first. */
-  atomic_long total = 0;
-  load proto = {.addr = e.addr, .payload = payload, .payload_len = plen, .seconds = 0.5};
-  result re, rk;
-  run_load(echo_worker, &proto, clients, &re);
-  proto.seconds = seconds;
-  run_load(echo_worker, &proto, clients, &re);
-  load kproto = {.addr = k.addr, .exe_id = exe->id, .seconds = 0.5, .total = &total};
-  run_load(kiln_worker, &kproto, clients, &rk);
-  kproto.seconds = seconds;
-  run_load(kiln_worker, &kproto, clients, &rk);
-  printf("Execute f32[1024] -> f32[1024] (%s backend, %zu-byte request), %d clients, %.0f s:\n",
-         backend, plen, clients, seconds);
-  printf("  echo    %9.0f calls/s  p50 %7.1f us  p99 %7.1f us  (%ld calls, %ld errors)\n", re.rps,
-         re.p50_us, re.p99_us, re.calls, re.errors);
-  printf("  kilnd   %9.0f calls/s  p50 %7.1f us  p99 %7.1f us  (%ld calls, %ld errors)\n", rk.rps,
-         rk.p50_us, rk.p99_us, rk.calls, rk.errors);
-  printf("  ratio   %9.3f (throughput kilnd/echo), p50 %.2fx, p99 %.2fx\n", rk.rps / re.rps,
-         rk.p50_us / re.p50_us, rk.p99_us / re.p99_us);
+  printf("Execute f32[1024] -> f32[1024] (%s backend, %zu-byte request), %d clients, "
+         "%d round(s) of %.0f s:\n",
+         backend, plen, clients, rounds, seconds);
+  execute_summary ex;
+  bench_execute(&k, &e, exe->id, payload, plen, clients, seconds, rounds, &ex);
+  const result *re = &ex.echo, *rk = &ex.kilnd;
+  printf("  median round:\n");
+  printf("  echo    %9.0f calls/s  p50 %7.1f us  p99 %7.1f us  CPU/call server %5.1f, clients "
+         "%5.1f us  (%ld calls, %ld errors)\n",
+         re->rps, re->p50_us, re->p99_us, re->server_cpu_us, re->client_cpu_us, re->calls,
+         re->errors);
+  printf("  kilnd   %9.0f calls/s  p50 %7.1f us  p99 %7.1f us  CPU/call server %5.1f, clients "
+         "%5.1f us  (%ld calls, %ld errors)\n",
+         rk->rps, rk->p50_us, rk->p99_us, rk->server_cpu_us, rk->client_cpu_us, rk->calls,
+         rk->errors);
+  printf("  ratio   %9.3f (throughput kilnd/echo; rounds %.3f to %.3f), p50 %.2fx, p99 %.2fx\n",
+         ex.ratio, ex.ratio_min, ex.ratio_max, rk->p50_us / re->p50_us, rk->p99_us / re->p99_us);
 
-  /* 2. 256 MiB up and down, best of three, vs loopback TCP. */
-  size_t bytes = mib << 20;
-  uint8_t *src = malloc(bytes), *dst = malloc(bytes);
-  for (size_t i = 0; i < bytes; i++) src[i] = (uint8_t)(i * 131u);
-  memset(dst, 0, bytes);
-  kiln_arena *ar = kiln_arena_create();
-  kiln_shape shape;
-  int64_t n = (int64_t)(bytes / 4);
-  kiln_shape_make_array(ar, &shape, KILN_F32, &n, 1);
-  double best_put = 1e9, best_get = 1e9, best_tcp = 1e9;
-  for (int rep = 0; rep < 3; rep++) {
-    kiln_remote_buffer h;
-    double t0 = now();
-    if (kiln_client_put_buffer_raw(c, &shape, src, bytes, NULL, &h, &st)) fail("put", &st);
-    double t1 = now();
-    size_t got;
-    kiln_remote_get_options go = {.release = true};
-    if (kiln_client_get_buffer_raw(c, h.handle, &go, dst, bytes, &got, NULL, &st)) fail("get", &st);
-    double t2 = now();
-    if (got != bytes || memcmp(src, dst, bytes) != 0) fprintf(stderr, "rpc_bench: data differs\n");
-    kiln_remote_buffer_clear(&h);
-    if (t1 - t0 < best_put) best_put = t1 - t0;
-    if (t2 - t1 < best_get) best_get = t2 - t1;
-    double tt = tcp_copy(src, dst, bytes);
-    if (tt > 0 && tt < best_tcp) best_tcp = tt;
+  buffer_summary bs = {0};
+  if (mib > 0) {
+    bench_buffers(c, mib, &bs);
+    printf("%zu MiB buffer (%lld KiB chunks), best of 3:\n", mib, (long long)chunk_kib);
+    printf("  PutBuffer %6.2f GB/s, GetBuffer %6.2f GB/s, loopback TCP copy %6.2f GB/s\n",
+           bs.put_gbs, bs.get_gbs, bs.tcp_gbs);
+    printf("  ratio     put %.3f, get %.3f of TCP\n", bs.put_gbs / bs.tcp_gbs,
+           bs.get_gbs / bs.tcp_gbs);
   }
-  double gput = (double)bytes / best_put / 1e9, gget = (double)bytes / best_get / 1e9,
-         gtcp = (double)bytes / best_tcp / 1e9;
-  printf("%zu MiB buffer (%lld KiB chunks), best of 3:\n", mib, (long long)chunk_kib);
-  printf("  PutBuffer %6.2f GB/s, GetBuffer %6.2f GB/s, loopback TCP copy %6.2f GB/s\n", gput, gget,
-         gtcp);
-  printf("  ratio     put %.3f, get %.3f of TCP\n", gput / gtcp, gget / gtcp);
-  free(src);
-  free(dst);
-  kiln_arena_destroy(ar);
 
-  /* 3. RSS over rss_n executes. */
-  long rss[5];
-  rss[0] = rss_kib(k.pid);
-  for (int q = 1; q <= 4; q++) {
-    atomic_store(&total, 0);
-    load rp = {.addr = k.addr, .exe_id = exe->id, .max_calls = rss_n / 4, .total = &total};
-    result rr;
-    run_load(kiln_worker, &rp, clients, &rr);
-    rss[q] = rss_kib(k.pid);
+  long rss[5] = {0};
+  if (rss_n > 0) {
+    bench_rss(&k, exe->id, clients, rss_n, rss);
+    printf("kilnd RSS over %ld executes (KiB): %ld -> %ld -> %ld -> %ld -> %ld (%+.1f%%)\n", rss_n,
+           rss[0], rss[1], rss[2], rss[3], rss[4],
+           100.0 * (double)(rss[4] - rss[0]) / (double)rss[0]);
   }
-  printf("kilnd RSS over %ld executes (KiB): %ld -> %ld -> %ld -> %ld -> %ld (%+.1f%%)\n", rss_n,
-         rss[0], rss[1], rss[2], rss[3], rss[4],
-         100.0 * (double)(rss[4] - rss[0]) / (double)rss[0]);
-  printf("{\"bench\":\"rpc\",\"clients\":%d,\"echo_rps\":%.0f,\"echo_p50_us\":%.1f,"
-         "\"echo_p99_us\":%.1f,\"execute_rps\":%.0f,\"execute_p50_us\":%.1f,"
-         "\"execute_p99_us\":%.1f,\"ratio\":%.3f,\"put_gbs\":%.3f,\"get_gbs\":%.3f,"
-         "\"tcp_gbs\":%.3f,\"rss_kib\":[%ld,%ld,%ld,%ld,%ld]}\n",
-         clients, re.rps, re.p50_us, re.p99_us, rk.rps, rk.p50_us, rk.p99_us, rk.rps / re.rps, gput,
-         gget, gtcp, rss[0], rss[1], rss[2], rss[3], rss[4]);
+  printf("{\"bench\":\"rpc\",\"clients\":%d,\"rounds\":%d,\"echo_rps\":%.0f,\"echo_p50_us\":%.1f,"
+         "\"echo_p99_us\":%.1f,\"echo_cpu_us\":%.1f,\"execute_rps\":%.0f,"
+         "\"execute_p50_us\":%.1f,\"execute_p99_us\":%.1f,\"execute_cpu_us\":%.1f,"
+         "\"ratio\":%.3f,\"ratio_min\":%.3f,\"ratio_max\":%.3f,\"put_gbs\":%.3f,"
+         "\"get_gbs\":%.3f,\"tcp_gbs\":%.3f,\"rss_kib\":[%ld,%ld,%ld,%ld,%ld]}\n",
+         clients, rounds, re->rps, re->p50_us, re->p99_us, re->server_cpu_us, rk->rps,
+         rk->p50_us, rk->p99_us, rk->server_cpu_us, ex.ratio, ex.ratio_min, ex.ratio_max,
+         bs.put_gbs, bs.get_gbs, bs.tcp_gbs, rss[0], rss[1], rss[2], rss[3], rss[4]);
   free(payload);
   kiln_remote_executable_free(exe);
   kiln_client_close(c);

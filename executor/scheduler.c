@@ -47,7 +47,10 @@ typedef struct device {
 
 struct kiln_sched {
   pthread_mutex_t mu;
-  pthread_cond_t work_cv; /* jobs queued, devices freed, stop */
+  /* Per class: jobs of the class queued, its devices freed, stop. Waking
+   * only the workers that can take the work keeps a submit from waking
+   * every idle device of the other classes. */
+  pthread_cond_t work_cv[KILN_SCHED_MAX_CLASSES];
   pthread_cond_t idle_cv; /* queue empty and nothing running */
   kiln_sched_options o;
   uint32_t first[KILN_SCHED_MAX_CLASSES];
@@ -55,6 +58,7 @@ struct kiln_sched {
   uint32_t ndevs;
   sclient *cursor; /* next client to serve; NULL when the ring is empty */
   uint32_t queued, running;
+  uint32_t queued_class[KILN_SCHED_MAX_CLASSES]; /* of queued, per class */
   uint32_t dropping; /* jobs taken out to be dropped, callbacks not yet done */
   bool closed, stop;
 };
@@ -118,6 +122,7 @@ static void unlink_job(kiln_sched *s, job *j, job *prev) {
   j->next = NULL;
   c->n--;
   s->queued--;
+  s->queued_class[j->j.dev_class]--;
 }
 
 /* ---- taking work ------------------------------------------------------------------- */
@@ -233,21 +238,38 @@ static void claim(kiln_sched *s, device *self, uint32_t n, uint32_t *ids) {
   }
 }
 
-static void run_job(kiln_sched *s, job *j, const uint32_t *ids) {
+/* Runs a claimed job on the calling thread, frees its devices, then calls
+ * its done callback. */
+static void run_claimed(kiln_sched *s, const kiln_sched_job *jd, const uint32_t *ids) {
   int64_t t0 = kiln_sched_now_ns();
-  j->j.run(j->j.arg, ids, j->j.ndevices);
+  jd->run(jd->arg, ids, jd->ndevices);
   int64_t dt = kiln_sched_now_ns() - t0;
   pthread_mutex_lock(&s->mu);
-  for (uint32_t i = 0; i < j->j.ndevices; i++) {
+  for (uint32_t i = 0; i < jd->ndevices; i++) {
     device *d = &s->devs[ids[i]];
     d->busy = false;
     d->executions++;
     d->busy_ns += (uint64_t)(dt > 0 ? dt : 0);
   }
+  /* Only waiting work needs the freed devices; waking idle workers for
+   * nothing would cost two context switches per job. */
+  if (s->queued_class[jd->dev_class]) pthread_cond_broadcast(&s->work_cv[jd->dev_class]);
+  if (jd->done == NULL) {
+    s->running--;
+    if (idle(s)) pthread_cond_broadcast(&s->idle_cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (jd->done == NULL) return;
+  jd->done(jd->arg, ids, jd->ndevices);
+  /* Counted as running until done returns, so that wait_idle waits for it. */
+  pthread_mutex_lock(&s->mu);
   s->running--;
   if (idle(s)) pthread_cond_broadcast(&s->idle_cv);
-  pthread_cond_broadcast(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
+}
+
+static void run_job(kiln_sched *s, job *j, const uint32_t *ids) {
+  run_claimed(s, &j->j, ids);
   kiln_free(j);
 }
 
@@ -260,7 +282,7 @@ static void *worker(void *arg) {
     job *drops = NULL, *j = NULL;
     while (!s->stop &&
            (self->busy || ((j = pick(s, self->dev_class, &drops)) == NULL && drops == NULL)))
-      pthread_cond_wait(&s->work_cv, &s->mu);
+      pthread_cond_wait(&s->work_cv[self->dev_class], &s->mu);
     if (j) {
       claim(s, self, j->j.ndevices, ids);
       s->running++;
@@ -328,7 +350,7 @@ int kiln_sched_create(const kiln_sched_options *o, kiln_sched **out, kiln_status
       d->s = s;
     }
   pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->work_cv, NULL);
+  for (uint32_t c = 0; c < KILN_SCHED_MAX_CLASSES; c++) pthread_cond_init(&s->work_cv[c], NULL);
   pthread_cond_init(&s->idle_cv, NULL);
   rc = start_workers(s, st);
   if (rc) kiln_sched_destroy(s);
@@ -352,12 +374,12 @@ void kiln_sched_destroy(kiln_sched *s) {
     }
     ring_remove(s, c);
   }
-  pthread_cond_broadcast(&s->work_cv);
+  for (uint32_t c = 0; c < KILN_SCHED_MAX_CLASSES; c++) pthread_cond_broadcast(&s->work_cv[c]);
   pthread_mutex_unlock(&s->mu);
   drop_all(s, drops, KILN_EUNAVAIL);
   for (uint32_t i = 0; i < s->ndevs; i++)
     if (s->devs[i].started) pthread_join(s->devs[i].thread, NULL);
-  pthread_cond_destroy(&s->work_cv);
+  for (uint32_t c = 0; c < KILN_SCHED_MAX_CLASSES; c++) pthread_cond_destroy(&s->work_cv[c]);
   pthread_cond_destroy(&s->idle_cv);
   pthread_mutex_destroy(&s->mu);
   kiln_free(s->devs);
@@ -410,11 +432,35 @@ int kiln_sched_submit(kiln_sched *s, const kiln_sched_job *jd, kiln_status *st) 
     c->tail = j;
     c->n++;
     s->queued++;
-    pthread_cond_broadcast(&s->work_cv);
+    s->queued_class[jd->dev_class]++;
+    pthread_cond_broadcast(&s->work_cv[jd->dev_class]);
   }
   pthread_mutex_unlock(&s->mu);
   if (rc) kiln_free(j);
   return rc;
+}
+
+bool kiln_sched_run_now(kiln_sched *s, const kiln_sched_job *jd) {
+  if (check_job(s, jd, NULL) != 0) return false;
+  uint32_t ids[KILN_SCHED_MAX_DEVICES > 64 ? 64 : KILN_SCHED_MAX_DEVICES];
+  if (jd->ndevices > sizeof ids / sizeof ids[0]) return false;
+  uint32_t cls = jd->dev_class, got = 0;
+  pthread_mutex_lock(&s->mu);
+  /* Anything of the class already waiting goes first: running now would
+   * overtake it. */
+  bool can = !s->closed && s->queued_class[cls] == 0 && free_devices(s, cls) >= jd->ndevices;
+  for (uint32_t i = 0; can && got < jd->ndevices && i < s->o.class_devices[cls]; i++) {
+    device *d = &s->devs[s->first[cls] + i];
+    if (!d->busy) {
+      d->busy = true;
+      ids[got++] = d->id;
+    }
+  }
+  if (can) s->running++;
+  pthread_mutex_unlock(&s->mu);
+  if (!can) return false;
+  run_claimed(s, jd, ids);
+  return true;
 }
 
 uint32_t kiln_sched_expire(kiln_sched *s) {

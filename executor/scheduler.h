@@ -18,9 +18,12 @@
  * still queued with KILN_EUNAVAIL and joins the workers.
  *
  * Exactly one of run and drop is called for every accepted job, once, from a
- * worker thread (run, and drops noticed by a worker), from
- * kiln_sched_expire's caller, or from kiln_sched_destroy's caller. Neither
- * is called with the scheduler's lock held, so they may submit new jobs.
+ * worker thread (run, and drops noticed by a worker), from kiln_sched_expire's
+ * caller, or from kiln_sched_destroy's caller. Neither is called with the
+ * scheduler's lock held, so they may submit new jobs. kiln_sched_run_now
+ * runs a job on its caller's thread instead, when no queued job would be
+ * overtaken. A job's optional done callback follows its run on the same
+ * thread, after the devices were freed.
  */
 #ifndef KILN_EXECUTOR_SCHEDULER_H
 #define KILN_EXECUTOR_SCHEDULER_H
@@ -62,6 +65,10 @@ typedef struct kiln_sched_job {
    * has been called. May be NULL. */
   const atomic_int *cancelled;
   kiln_sched_run_fn run;
+  /* May be NULL. Called after run, on the same thread, once the devices are
+   * free again (other jobs may already use them): for the part of the work
+   * that needs no device, such as sending the reply. */
+  kiln_sched_run_fn done;
   kiln_sched_drop_fn drop;
   void *arg;
 } kiln_sched_job;
@@ -83,6 +90,15 @@ void kiln_sched_destroy(kiln_sched *s);
  * KILN_EUNAVAIL once closed, KILN_EINVAL for a bad class or device count.
  * On error neither callback is called. */
 int kiln_sched_submit(kiln_sched *s, const kiln_sched_job *job, kiln_status *st);
+
+/* Runs the job on the calling thread, at once, when that overtakes no one:
+ * the scheduler is open, no job of the job's class is queued, and enough
+ * devices of the class are free. Then the devices are claimed as a worker
+ * would claim them, run is called here and true returned once it has
+ * returned (drop is never called). Otherwise nothing happens and false is
+ * returned: submit the job instead. For work too small to be worth a hand-off
+ * to a worker thread. */
+bool kiln_sched_run_now(kiln_sched *s, const kiln_sched_job *job);
 
 /* Drops queued jobs past their deadline or cancelled, calling their drop
  * callbacks from the calling thread. Returns how many were dropped. Meant

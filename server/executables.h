@@ -32,6 +32,8 @@ struct kilnd_exe {
   kiln_module *module;   /* verified, transformed: signature and interp runs */
   kiln_executable *exe;  /* cpu: the compiled code; NULL for interp */
   uint64_t peak_bytes;
+  /* Recent run time in ns, biased up (handlers_execute.c); 0: never ran. */
+  _Atomic int64_t run_ns;
   /* cpu: the executable loaded per device, created on first use. */
   pthread_mutex_t mu;
   kiln_loaded **loaded;

@@ -11,6 +11,13 @@
  * The job runs on a device worker of the scheduler, which honours the call's
  * deadline and skips it if the caller went away while it waited. Outputs
  * come back inline or stay on the server as new handles of the caller.
+ *
+ * Tiny programs skip the hand-off: when an executable's recent runs were
+ * short, its device is free and nobody is queued for the class, the job runs
+ * right here on the completion-queue thread (kiln_sched_run_now). Waking a
+ * worker and waking a cq thread again for the reply cost more than such a
+ * run. At most cq-threads - 1 calls run that way at once, so one cq thread
+ * always keeps serving the queue (cancellations, health checks).
  */
 #include <string.h>
 
@@ -27,6 +34,11 @@
 #include "server/server.h"
 
 #define MAX_ARGS 4096
+/* Programs whose recent runs took less than this run on the cq thread. */
+#define INLINE_RUN_NS 200000
+
+/* Calls running on cq threads now (kilnd serves one server per process). */
+static atomic_int inline_runs;
 
 typedef struct exec_state {
   kilnd_exe *e;
@@ -37,6 +49,11 @@ typedef struct exec_state {
   uint32_t nheld;
   int64_t queued_at;
   kiln_literal *out;
+  /* The run's outcome, from exec_run to exec_done. */
+  int rc;
+  kiln_status st;
+  int64_t t0, t1;
+  bool counted_inline; /* in inline_runs until the run is over */
 } exec_state;
 
 static void exec_free(kilnd_call *c) {
@@ -249,23 +266,45 @@ static int blame_deadline(kilnd_call *c, int rc, kiln_status *st) {
   return rc;
 }
 
+/* Follows a rise at once and a fall slowly: one long run is enough to keep
+ * an executable off the cq threads for a while. */
+static void note_run_time(kilnd_exe *e, int64_t ns) {
+  int64_t old = atomic_load_explicit(&e->run_ns, memory_order_relaxed);
+  int64_t est = old == 0 || ns > old ? ns : old - old / 8 + ns / 8;
+  atomic_store_explicit(&e->run_ns, est > 0 ? est : 1, memory_order_relaxed);
+}
+
+/* The device's part: the run alone. The reply is built in exec_done, after
+ * the device was handed back. */
 static void exec_run(void *arg, const uint32_t *devices, uint32_t ndev) {
   kilnd_call *c = arg;
   exec_state *es = c->state;
+  (void)ndev;
+  kiln_status_clear(&es->st);
+  es->t0 = kiln_sched_now_ns();
+  es->rc = run_program(c, es, devices[0], &es->st);
+  es->t1 = kiln_sched_now_ns();
+  if (es->counted_inline) {
+    atomic_fetch_sub(&inline_runs, 1);
+    es->counted_inline = false;
+  }
+  note_run_time(es->e, es->t1 - es->t0);
+}
+
+static void exec_done(void *arg, const uint32_t *devices, uint32_t ndev) {
+  kilnd_call *c = arg;
+  exec_state *es = c->state;
   const Kiln__V1__ExecuteRequest *r = (const void *)c->req;
-  kiln_status st;
-  kiln_status_clear(&st);
-  int64_t t0 = kiln_sched_now_ns();
-  int rc = run_program(c, es, devices[0], &st);
-  int64_t t1 = kiln_sched_now_ns();
+  int64_t t0 = es->t0, t1 = es->t1;
   kilnd_metrics_execute(c->srv, t1 - t0, t0 - es->queued_at);
   Kiln__V1__ExecuteResponse resp = KILN__V1__EXECUTE_RESPONSE__INIT;
   Kiln__V1__ExecuteTiming timing = KILN__V1__EXECUTE_TIMING__INIT;
   int32_t ids[KILN_SCHED_MAX_DEVICES > 64 ? 64 : KILN_SCHED_MAX_DEVICES];
-  if (rc) rc = blame_deadline(c, rc, &st);
-  if (rc == 0) rc = outputs(c, es, r, devices[0], &resp, &st);
+  int rc = es->rc;
+  if (rc) rc = blame_deadline(c, rc, &es->st);
+  if (rc == 0) rc = outputs(c, es, r, devices[0], &resp, &es->st);
   if (rc) {
-    kilnd_call_finish(c, NULL, rc, &st);
+    kilnd_call_finish(c, NULL, rc, &es->st);
     return;
   }
   for (uint32_t i = 0; i < ndev && i < 64; i++) ids[i] = (int32_t)devices[i];
@@ -286,6 +325,22 @@ static void exec_drop(void *arg, int code) {
                   code == KILN_EDEADLINE ? "the call's deadline passed while it waited for a device"
                   : code == KILN_ECANCELED ? "the caller went away"
                                            : "the server is shutting down");
+}
+
+/* True when the job ran on this (cq) thread; see the top of the file. The
+ * count covers the run itself (exec_run ends it), not the reply. */
+static bool run_here(kilnd *srv, exec_state *es, const kiln_sched_job *job) {
+  int64_t est = atomic_load_explicit(&es->e->run_ns, memory_order_relaxed);
+  if (est == 0 || est > INLINE_RUN_NS || srv->cfg.cq_threads < 2) return false;
+  if (atomic_fetch_add(&inline_runs, 1) >= (int)srv->cfg.cq_threads - 1) {
+    atomic_fetch_sub(&inline_runs, 1);
+    return false;
+  }
+  es->counted_inline = true;
+  if (kiln_sched_run_now(srv->sched, job)) return true;
+  es->counted_inline = false;
+  atomic_fetch_sub(&inline_runs, 1);
+  return false;
 }
 
 void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
@@ -310,8 +365,10 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
     es->queued_at = kiln_sched_now_ns();
     kiln_sched_job job = {.client = c->client, .dev_class = (uint32_t)es->e->dev_class,
                           .ndevices = es->e->ndevices, .deadline_ns = c->deadline_ns,
-                          .cancelled = &c->cancelled, .run = exec_run, .drop = exec_drop,
+                          .cancelled = &c->cancelled, .run = exec_run, .done = exec_done,
+                          .drop = exec_drop,
                           .arg = c};
+    if (run_here(c->srv, es, &job)) return; /* c may be gone */
     rc = kiln_sched_submit(c->srv->sched, &job, &st);
   }
   if (rc) kilnd_call_finish(c, NULL, rc, &st);

@@ -1,7 +1,8 @@
 /* Unit tests for the scheduler: round-robin order across clients, FIFO
  * within one, the queue bounds (total and per client) with their messages,
  * deadlines and cancellation of waiting jobs, device classes, gang jobs on
- * several devices, close and destroy with queued work. A "gate" job holds a
+ * several devices, close and destroy with queued work, running at once on
+ * the caller's thread, the done callback. A "gate" job holds a
  * device until the test opens it, so the queue can be filled first. */
 #include <check.h>
 #include <pthread.h>
@@ -244,6 +245,99 @@ START_TEST(test_bad_options) {
 }
 END_TEST
 
+/* run_now runs on the calling thread only when no queued job of the class
+ * would be overtaken and a device is free; a refusal calls nothing. */
+static pthread_t ran_on;
+static void where_run(void *arg, const uint32_t *devices, uint32_t n) {
+  ran_on = pthread_self();
+  run(arg, devices, n);
+}
+
+START_TEST(test_run_now) {
+  kiln_sched *s = make(1, 1, 0, 0);
+  tjob now1 = {.label = "now1"}, now2 = {.label = "now2"}, cls1 = {.label = "cls1"};
+  kiln_sched_job d = {.client = "a", .ndevices = 1, .run = where_run, .drop = drop, .arg = &now1};
+  ck_assert(kiln_sched_run_now(s, &d));
+  ck_assert(pthread_equal(ran_on, pthread_self()));
+  ck_assert_int_eq(nrun, 1);
+  ck_assert_str_eq(order[0], "now1");
+  ck_assert_uint_eq(last_devices[0], 0);
+  ck_assert_uint_eq(kiln_sched_running(s), 0);
+  kiln_sched_device_stats ds;
+  ck_assert(kiln_sched_device_stats_get(s, 0, &ds));
+  ck_assert_uint_eq(ds.executions, 1);
+  ck_assert(!ds.busy);
+  /* The device is busy: refused. */
+  ck_assert_int_eq(submit(s, "a", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  d.arg = &now2;
+  ck_assert(!kiln_sched_run_now(s, &d));
+  /* Another class is free: runs. */
+  kiln_sched_job d1 = {.client = "b", .dev_class = 1, .ndevices = 1, .run = where_run,
+                       .drop = drop, .arg = &cls1};
+  ck_assert(kiln_sched_run_now(s, &d1));
+  ck_assert_uint_eq(last_devices[0], 1);
+  /* A queued job of the class is never overtaken, even once a device is
+   * free: the queued one runs first, then run_now succeeds again. */
+  ck_assert_int_eq(submit(s, "b", "q1", 0, 1, 0, NULL, NULL), 0);
+  ck_assert(!kiln_sched_run_now(s, &d));
+  open_gate();
+  kiln_sched_wait_idle(s);
+  ck_assert(kiln_sched_run_now(s, &d));
+  /* (the gate job records its label when it is let through) */
+  const char *want[] = {"now1", "cls1", "gate", "q1", "now2"};
+  ck_assert_int_eq(nrun, 5);
+  for (int i = 0; i < 5; i++) ck_assert_str_eq(order[i], want[i]);
+  ck_assert_int_eq(ndrops, 0);
+  /* Closed: refused. Bad jobs: refused. */
+  kiln_sched_close(s);
+  ck_assert(!kiln_sched_run_now(s, &d));
+  d.dev_class = 5;
+  ck_assert(!kiln_sched_run_now(s, &d));
+  ck_assert_int_eq(nrun, 5);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+/* done follows run on the same thread, after the devices were freed, and
+ * wait_idle waits for it. */
+static kiln_sched *done_sched;
+static atomic_int done_calls;
+static bool done_saw_free, done_same_thread;
+static pthread_t run_thread;
+
+static void run_then(void *arg, const uint32_t *devices, uint32_t n) {
+  (void)arg, (void)devices, (void)n;
+  run_thread = pthread_self();
+}
+
+static void done_fn(void *arg, const uint32_t *devices, uint32_t n) {
+  (void)arg, (void)n;
+  kiln_sched_device_stats ds;
+  kiln_sched_device_stats_get(done_sched, devices[0], &ds);
+  done_saw_free = !ds.busy && ds.executions == 1;
+  done_same_thread = pthread_equal(run_thread, pthread_self());
+  usleep(20000);
+  atomic_fetch_add(&done_calls, 1);
+}
+
+START_TEST(test_done_after_devices_free) {
+  kiln_sched *s = done_sched = make(1, 0, 0, 0);
+  kiln_sched_job d = {.client = "a", .ndevices = 1, .run = run_then, .done = done_fn,
+                      .drop = drop};
+  ck_assert_int_eq(kiln_sched_submit(s, &d, NULL), 0);
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(atomic_load(&done_calls), 1);
+  ck_assert(done_saw_free);
+  ck_assert(done_same_thread);
+  ck_assert(kiln_sched_run_now(s, &d));
+  ck_assert_int_eq(atomic_load(&done_calls), 2);
+  ck_assert(pthread_equal(run_thread, pthread_self()));
+  ck_assert_uint_eq(kiln_sched_running(s), 0);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
 /* Many clients, many jobs, four devices: everything runs exactly once. */
 static void count_run(void *arg, const uint32_t *devices, uint32_t n) {
   (void)devices, (void)n;
@@ -281,6 +375,8 @@ int main(void) {
   tcase_add_test(tc, test_classes_and_gangs);
   tcase_add_test(tc, test_close_and_destroy);
   tcase_add_test(tc, test_bad_options);
+  tcase_add_test(tc, test_run_now);
+  tcase_add_test(tc, test_done_after_devices_free);
   tcase_add_test(tc, test_stress);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
