@@ -79,9 +79,13 @@ static int read_secret_file(const char *path, kiln_cache_secret *sec, kiln_statu
   buf[n] = '\0';
   if (strlen(buf) != n)
     return kiln_status_set(st, KILN_EINVAL, path, "the cache secret file contains a NUL byte");
-  int rc = kiln_cache_secret_from_string(buf, sec, st);
+  int rc = kiln_cache_secret_from_string(buf, sec, NULL);
   memset(buf, 0, sizeof buf);
-  return rc;
+  if (rc != 0)
+    return kiln_status_set(st, rc, path,
+                           "the cache secret file holds %zu bytes, 16 to %d are needed", n,
+                           KILN_CACHE_SECRET_MAX);
+  return 0;
 }
 
 /* Creates <dir>/secret unless another process got there first; either way

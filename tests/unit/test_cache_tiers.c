@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -430,6 +431,28 @@ START_TEST(disk_two_stores_one_dir) {
   ck_assert_int_eq(files, 7);
   kiln_cache_store_destroy(s1);
   kiln_cache_store_destroy(s2);
+
+  /* The same from two processes. */
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    kiln_cache_store *cs = NULL;
+    atomic_int child_bad = 0;
+    if (kiln_cache_disk_create(dir, 1 << 20, &cs, NULL) != 0) _exit(2);
+    sharer sc = {cs, 3, &child_bad};
+    share_loop(&sc);
+    kiln_cache_store_destroy(cs);
+    _exit(atomic_load(&child_bad) ? 1 : 0);
+  }
+  ck_assert_int_eq(kiln_cache_disk_create(dir, 1 << 20, &s1, NULL), 0);
+  sharer p = {s1, 4, &bad};
+  share_loop(&p);
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  ck_assert_int_eq(WEXITSTATUS(status), 0);
+  ck_assert_int_eq(atomic_load(&bad), 0);
+  kiln_cache_store_destroy(s1);
   remove_tmp();
 }
 END_TEST
@@ -574,6 +597,23 @@ START_TEST(secret_file_shared_by_restarts) {
   kiln_free(r.payload);
   ck_assert_int_eq(atomic_load(b.calls), 1);
   kiln_cache_destroy(c2);
+  /* A secret file too short to be one is an error, not a fresh secret. */
+  char dir[128];
+  sub_path(dir, sizeof dir, "e");
+  ck_assert_int_eq(mkdir(dir, 0700), 0);
+  sub_path(path, sizeof path, "e/secret");
+  FILE *f = fopen(path, "w");
+  fputs("short\n", f);
+  fclose(f);
+  kiln_cache_config cfg;
+  kiln_cache_config_init(&cfg);
+  cfg.disk_dir = dir;
+  kiln_cache *c3 = NULL;
+  kiln_status st = {0};
+  ck_assert_int_eq(kiln_cache_create(&cfg, &c3, &st), KILN_EINVAL);
+  ck_assert_ptr_null(c3);
+  ck_assert_str_eq(st.where, path);
+  ck_assert_str_eq(st.msg, "the cache secret file holds 5 bytes, 16 to 256 are needed");
   remove_tmp();
 }
 END_TEST
