@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
@@ -33,14 +32,6 @@ void kilnd_sha256_init(void) {
    * compile thread hashes first and leave that thread's error state behind.
    * Hashing needs no configuration. */
   OPENSSL_init_crypto(OPENSSL_INIT_NO_LOAD_CONFIG, NULL);
-}
-
-void kilnd_sha256_hex(const void *data, size_t len, char out[KILND_EXE_ID_LEN + 1]) {
-  unsigned char md[32];
-  unsigned int mdlen = 0;
-  EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
-  for (unsigned i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
-  out[KILND_EXE_ID_LEN] = '\0';
 }
 
 static unsigned bucket_of(const char *id) {
@@ -124,31 +115,41 @@ static kilnd_exe *find_locked(kilnd_exes *t, const char *id) {
   return e;
 }
 
-int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, kilnd_exe **out, bool *hit, kiln_status *st) {
+int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out,
+                      kiln_status *st) {
   *out = NULL;
-  *hit = false;
   pthread_mutex_lock(&t->mu);
-  kilnd_exe *old = find_locked(t, e->id);
+  kilnd_exe **pp = &t->buckets[bucket_of(e->id)];
+  while (*pp && strcmp((*pp)->id, e->id) != 0) pp = &(*pp)->next;
+  kilnd_exe *old = *pp, *drop = NULL;
   int rc = 0;
-  if (old) {
-    *hit = true;
+  if (old && !replace) {
     atomic_fetch_add(&old->refs, 1);
     old->last_used = ++t->clock;
     *out = old;
+    drop = e;
+  } else if (old) {
+    e->next = old->next;
+    *pp = e;
+    e->last_used = ++t->clock;
+    atomic_fetch_add(&e->refs, 1); /* the table's and the caller's */
+    *out = e;
+    drop = old;
   } else if (t->n >= t->max && !evict_one(t)) {
     rc = kiln_status_set(st, KILN_ELIMIT, "executables",
                          "%u executables are kept and all are in use (max-executables)", t->n);
+    drop = e;
   } else {
     unsigned b = bucket_of(e->id);
     e->next = t->buckets[b];
     t->buckets[b] = e;
     t->n++;
     e->last_used = ++t->clock;
-    atomic_fetch_add(&e->refs, 1); /* the table's and the caller's */
+    atomic_fetch_add(&e->refs, 1);
     *out = e;
   }
   pthread_mutex_unlock(&t->mu);
-  if (old || rc) kilnd_exe_unref(e);
+  kilnd_exe_unref(drop);
   return rc;
 }
 
@@ -165,6 +166,38 @@ int kilnd_exes_get(kilnd_exes *t, const char *id, kilnd_exe **out, kiln_status *
     return kiln_status_set(st, KILN_ENOTFOUND, "executable_id",
                            "unknown executable id '%.80s' (compile it first)", id);
   return 0;
+}
+
+uint32_t kilnd_exes_drop(kilnd_exes *t, const char *id, uint32_t *busy) {
+  uint32_t dropped = 0, running = 0;
+  kilnd_exe *gone = NULL; /* unreferenced outside the lock: freeing unloads code */
+  pthread_mutex_lock(&t->mu);
+  for (unsigned b = id ? bucket_of(id) : 0; b < NBUCKETS; b++) {
+    for (kilnd_exe **pp = &t->buckets[b]; *pp;) {
+      kilnd_exe *e = *pp;
+      if (id && strcmp(e->id, id) != 0) {
+        pp = &e->next;
+      } else if (atomic_load(&e->refs) > 1) {
+        running++;
+        pp = &e->next;
+      } else {
+        *pp = e->next;
+        e->next = gone;
+        gone = e;
+        t->n--;
+        dropped++;
+      }
+    }
+    if (id) break;
+  }
+  pthread_mutex_unlock(&t->mu);
+  while (gone) {
+    kilnd_exe *next = gone->next;
+    kilnd_exe_unref(gone);
+    gone = next;
+  }
+  if (busy) *busy = running;
+  return dropped;
 }
 
 uint32_t kilnd_exes_count(kilnd_exes *t) {

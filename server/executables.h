@@ -1,12 +1,12 @@
-/* Compiled executables kept by the server, by id.
+/* Compiled executables kept by the server, by id: the loaded-executable
+ * table in front of the executable cache (cache/cache.h).
  *
- * An executable's id is the lowercase hex SHA-256 of everything that makes
- * its code: backend, target, optimization level, transforms and the
- * canonical text of the program, so identical Compile requests from any
- * client share one entry (the second is a memory-cache hit). Entries are
+ * An executable's id is the hex of its cache key (cache/key.h: module,
+ * signature, options, target, version), so identical Compile requests from
+ * any client share one entry (the second is a memory hit). Entries are
  * reference counted: the table holds one, every Execute in flight another.
  * Past --max-executables the least recently used entry nobody is running
- * is evicted.
+ * is evicted; CacheEvict drops entries nobody is running.
  */
 #ifndef KILN_SERVER_EXECUTABLES_H
 #define KILN_SERVER_EXECUTABLES_H
@@ -53,20 +53,25 @@ kilnd_exe *kilnd_exe_create(const char *id, int dev_class, uint32_t ndevices, ki
                             kiln_executable *exe, uint32_t ndevice_slots);
 void kilnd_exe_unref(kilnd_exe *e);
 
-/* Adds e, or finds an entry of the same id (then e is freed and *hit set).
- * *out receives a reference either way. */
-int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, kilnd_exe **out, bool *hit, kiln_status *st);
+/* Adds e. An entry of the same id already there is kept (e is freed and
+ * *out is that entry) unless `replace`, when e takes its place (Executes
+ * holding the old one finish with it). *out receives a reference. */
+int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out,
+                      kiln_status *st);
 /* A reference to the entry `id`, KILN_ENOTFOUND when there is none. */
 int kilnd_exes_get(kilnd_exes *t, const char *id, kilnd_exe **out, kiln_status *st);
 uint32_t kilnd_exes_count(kilnd_exes *t);
+/* Removes entry `id` (every entry when id is NULL) unless an Execute holds
+ * it. Returns how many were removed; *busy (may be NULL) counts those kept
+ * because they are running. */
+uint32_t kilnd_exes_drop(kilnd_exes *t, const char *id, uint32_t *busy);
 
 /* cpu entries: the executable loaded on device `index` of backend b. */
 int kilnd_exe_loaded(kilnd_exe *e, kiln_backend *b, uint32_t index, kiln_loaded **out,
                      kiln_status *st);
 
-/* SHA-256 of data as 64 hex digits (server/executables.c, on libcrypto).
- * kilnd_sha256_init is called once from main before threads start. */
+/* Initializes libcrypto (SHA-256 and HMAC of the cache); called once from
+ * main before threads start. */
 void kilnd_sha256_init(void);
-void kilnd_sha256_hex(const void *data, size_t len, char out[KILND_EXE_ID_LEN + 1]);
 
 #endif /* KILN_SERVER_EXECUTABLES_H */

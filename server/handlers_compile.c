@@ -3,19 +3,29 @@
  * On the completion-queue thread only what is cheap is checked (sizes, the
  * option values) and the compile-queue bound applied; the work itself runs
  * on the loop's compile pool: parse or decode, verify, apply the requested
- * transforms, then either compile for the cpu backend or keep the verified
- * module for the interpreter. The executable id is the SHA-256 of what
- * determines the code, computed before compiling, so a repeated request is
- * answered from the table without compiling again.
+ * transforms, compute the cache key (cache/key.h: module, signature,
+ * options, target, version), then find or build the executable:
  *
- * A request that names no backend gets --default-backend; when that is cpu
- * and the cpu compiler cannot take the program (an op it has no code for,
- * no C compiler), the program runs on the interpreter instead and the
- * response says so in warnings.
+ *   1. the loaded-executable table (executables.c), by key: MEMORY;
+ *   2. cpu programs: the executable cache (cache/cache.h) by key, which
+ *      answers from its memory, disk or Redis tier, waits for a concurrent
+ *      build of the same key (here or on another server), or calls back to
+ *      compile; the built executable is kept as it is, an entry read from a
+ *      tier is deserialized;
+ *   3. interpreter programs: the verified module is the executable; they
+ *      live in the table only.
+ *
+ * The executable id is the key's hex. A request that names no backend gets
+ * --default-backend; when that is cpu and the cpu compiler cannot take the
+ * program (an op it has no code for, no C compiler), the program runs on
+ * the interpreter instead, under the cpu key, and the response says so in
+ * warnings. Redis being slow or down never fails a compile: the cache
+ * counts the fault and serves from the local tiers or builds.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "common/alloc.h"
 #include "common/sbuf.h"
 #include "compiler/ir/ir.h"
@@ -24,6 +34,7 @@
 #include "compiler/ir/verify.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
+#include "server/compile_key.h"
 #include "server/compile_prep.h"
 #include "server/convert.h"
 #include "server/executables.h"
@@ -102,6 +113,11 @@ typedef struct job {
   size_t ntimings;
   int64_t t0;
   uint8_t *blob; /* serialized executable */
+  size_t blob_len;
+  kiln_cache_key key;
+  kiln_cache_policy policy;
+  int source;      /* Kiln__V1__CacheSource of the answer */
+  bool from_table; /* found in the loaded-executable table */
   kiln_status st;
 } job;
 
@@ -150,17 +166,33 @@ static int load_program(job *j) {
   return rc;
 }
 
-/* The id: everything that determines the code, hashed. */
-static int make_id(job *j, char id[KILND_EXE_ID_LEN + 1]) {
-  kiln_sbuf b = KILN_SBUF_INIT;
-  kiln_sbuf_printf(&b, "kiln-exe-1\nbackend=%s\ntarget=%s\nopt=%d\ndevices=%u\n",
-                   j->plan.backend, j->plan.target ? j->plan.target : "",
-                   j->plan.opt_level, j->plan.ndevices);
-  kiln_module_print_to(&b, j->m);
-  int rc = b.failed ? KILN_ENOMEM : 0;
-  if (rc == 0) kilnd_sha256_hex(b.data, b.len, id);
-  kiln_sbuf_free(&b);
-  return rc ? kiln_status_set(&j->st, rc, "compile", "out of memory") : 0;
+/* The key: everything that determines the code, hashed by component. */
+static int make_key(job *j) {
+  char target[KILND_KEY_TEXT_MAX], options[KILND_KEY_TEXT_MAX];
+  bool cpu = strcmp(j->plan.backend, "cpu") == 0;
+  if (cpu) kilnd_key_target(j->plan.target, target);
+  kilnd_key_options(j->plan.opt_level, j->plan.ndevices, options);
+  kiln_cache_key_inputs in = {.backend = j->plan.backend, .target = cpu ? target : NULL,
+                              .options = options};
+  return kiln_cache_key_compute(j->m, &in, &j->key, &j->st);
+}
+
+static kiln_cache_policy policy_of(const Kiln__V1__CompileRequest *r) {
+  switch (r->options ? r->options->cache_policy : KILN__V1__CACHE_POLICY__CACHE_POLICY_DEFAULT) {
+  case KILN__V1__CACHE_POLICY__CACHE_POLICY_REFRESH: return KILN_CACHE_POLICY_REFRESH;
+  case KILN__V1__CACHE_POLICY__CACHE_POLICY_BYPASS: return KILN_CACHE_POLICY_BYPASS;
+  default: return KILN_CACHE_POLICY_DEFAULT;
+  }
+}
+
+static int proto_source(kiln_cache_source s) {
+  switch (s) {
+  case KILN_CACHE_SRC_MEMORY: return KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY;
+  case KILN_CACHE_SRC_DISK: return KILN__V1__CACHE_SOURCE__CACHE_SOURCE_DISK;
+  case KILN_CACHE_SRC_REDIS: return KILN__V1__CACHE_SOURCE__CACHE_SOURCE_SHARED;
+  case KILN_CACHE_SRC_SINGLE_FLIGHT: return KILN__V1__CACHE_SOURCE__CACHE_SOURCE_SINGLE_FLIGHT;
+  default: return KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
+  }
 }
 
 #ifdef KILND_HAVE_COMPILER
@@ -173,7 +205,8 @@ static void report_timings(job *j, const kiln_compile_report *rep) {
 }
 
 /* cpu: compile; *fallback when the default backend should give way. */
-static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fallback) {
+static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fallback,
+                       kiln_status *out_st) {
   kiln_compile_options o;
   kiln_compile_options_init(&o);
   o.target = j->plan.target;
@@ -194,11 +227,84 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
     snprintf(msg, sizeof msg, "running on the interpreter: the cpu compiler refused: %s", st.msg);
     warn(j, msg);
     *fallback = true;
-    return 0;
+    return kiln_status_set(out_st, KILN_EUNIMPL, "compile", "the cpu compiler refused");
   }
   if (rc == KILN_ENOTFOUND) rc = KILN_EINTERNAL; /* no C compiler: the server's fault */
-  kiln_status_set(&j->st, rc, st.where, "%s", st.msg);
-  return rc;
+  return kiln_status_set(out_st, rc, st.where, "%s", st.msg);
+}
+
+/* The cache's build callback: compile, and hand the cache the serialized
+ * executable while this request keeps the executable itself. */
+typedef struct build_ctx {
+  job *j;
+  kiln_executable *exe; /* built by this request */
+  uint64_t peak;
+  bool fallback; /* the cpu compiler refused: run on the interpreter */
+} build_ctx;
+
+static int build_cpu(void *ctx, uint8_t **payload, size_t *len, uint32_t *kind,
+                     uint64_t *peak_bytes, uint64_t *compile_ns, kiln_status *st) {
+  build_ctx *b = ctx;
+  int64_t t0 = kiln_sched_now_ns();
+  kiln_executable_destroy(b->exe); /* a REFRESH after a payload that did not load */
+  b->exe = NULL;
+  int rc = compile_cpu(b->j, &b->exe, &b->peak, &b->fallback, st);
+  if (rc) return rc;
+  *compile_ns = (uint64_t)(kiln_sched_now_ns() - t0);
+  *kind = KILN_CACHE_PAYLOAD_CPU_EXE;
+  *peak_bytes = b->peak;
+  return kiln_executable_serialize(b->exe, payload, len, st);
+}
+
+/* cpu through the cache. On success either *exe is the executable to
+ * load (j->source says where it came from), or *loaded is the table's
+ * entry (a concurrent request here loaded it first), or *fallback is set
+ * (the program goes to the interpreter). */
+static int cache_cpu(job *j, kiln_executable **exe, kilnd_exe **loaded, uint64_t *peak,
+                     bool *fallback) {
+  build_ctx b = {.j = j};
+  kiln_cache_result res = {0};
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_cache_policy policy = j->policy;
+  int rc;
+  for (int attempt = 0;; attempt++) {
+    rc = kiln_cache_get_or_build(j->srv->cache, &j->key, policy, j->c->deadline_ns, build_cpu, &b,
+                                 &res, &st);
+    if (rc || b.exe) break; /* failed, or built by this request */
+    j->source = proto_source(res.source);
+    if (kilnd_exes_get(j->srv->exes, j->key.hex, loaded, NULL) == 0) break;
+    rc = kiln_executable_deserialize(res.payload, res.len, &b.exe, &st);
+    if (rc == 0 || attempt > 0) break;
+    /* It passed the MAC, so a Kiln wrote it: one whose executable format
+     * differs, or a bug. Either way a rebuild replaces it. */
+    kilnd_log("cache entry %s from %s does not load (%s: %s); rebuilding", j->key.hex,
+              kiln_cache_source_name(res.source), st.where, st.msg);
+    kiln_free(res.payload);
+    res = (kiln_cache_result){0};
+    kiln_status_clear(&st);
+    policy = KILN_CACHE_POLICY_REFRESH;
+  }
+  if (rc) {
+    kiln_executable_destroy(b.exe);
+    kiln_free(res.payload);
+    if (b.fallback) return *fallback = true, 0;
+    return kiln_status_set(&j->st, rc, st.where, "%s", st.msg);
+  }
+  if (*loaded) {
+    kiln_free(res.payload);
+    return 0;
+  }
+  j->source = proto_source(res.source);
+  *exe = b.exe;
+  *peak = res.source == KILN_CACHE_SRC_COMPILED ? b.peak : res.meta.peak_bytes;
+  if (j->r->options && j->r->options->return_executable && res.payload) {
+    j->blob = res.payload; /* the response returns it: no second serialization */
+    j->blob_len = res.len;
+  } else {
+    kiln_free(res.payload);
+  }
+  return 0;
 }
 #endif
 
@@ -214,17 +320,26 @@ static uint64_t interp_peak(const kiln_module *m) {
   return sum;
 }
 
-/* Compiles (or finds) the executable; *out holds a reference. */
-static int build(job *j, kilnd_exe **out, bool *hit) {
-  char id[KILND_EXE_ID_LEN + 1];
-  int rc = make_id(j, id);
+/* Finds or builds the executable; *out holds a reference. */
+static int build(job *j, kilnd_exe **out) {
+  int rc = make_key(j);
   if (rc) return rc;
-  if (kilnd_exes_get(j->srv->exes, id, out, NULL) == 0) return *hit = true, 0;
+  j->policy = policy_of(j->r);
+  j->source = KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
+  if (j->policy == KILN_CACHE_POLICY_DEFAULT &&
+      kilnd_exes_get(j->srv->exes, j->key.hex, out, NULL) == 0) {
+    j->source = KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY;
+    j->from_table = true;
+    return 0;
+  }
   bool fallback = strcmp(j->plan.backend, "interp") == 0;
   kiln_executable *exe = NULL;
   uint64_t peak = 0;
 #ifdef KILND_HAVE_COMPILER
-  if (!fallback && (rc = compile_cpu(j, &exe, &peak, &fallback))) return rc;
+  if (!fallback) {
+    if ((rc = cache_cpu(j, &exe, out, &peak, &fallback))) return rc;
+    if (*out) return 0;
+  }
 #else
   if (!fallback) {
     if (j->plan.explicit_backend)
@@ -234,35 +349,59 @@ static int build(job *j, kilnd_exe **out, bool *hit) {
     fallback = true;
   }
 #endif
-  if (fallback) peak = interp_peak(j->m);
+  if (fallback) {
+    peak = interp_peak(j->m);
+    j->source = KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
+  }
   uint32_t slots = kiln_sched_class_devices(j->srv->sched, KILND_CLASS_CPU);
-  kilnd_exe *e = kilnd_exe_create(id, fallback ? KILND_CLASS_INTERP : KILND_CLASS_CPU,
+  kilnd_exe *e = kilnd_exe_create(j->key.hex, fallback ? KILND_CLASS_INTERP : KILND_CLASS_CPU,
                                   j->plan.ndevices, j->m, exe, slots);
   j->m = NULL;
   if (e == NULL) return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
   e->peak_bytes = peak;
-  return kilnd_exes_insert(j->srv->exes, e, out, hit, &j->st);
+  /* REFRESH and BYPASS answer with what they built, in place of an entry
+   * the table may hold (Executes running that one keep it alive). */
+  return kilnd_exes_insert(j->srv->exes, e, j->policy != KILN_CACHE_POLICY_DEFAULT, out, &j->st);
 }
 
-static int fill_response(job *j, kilnd_exe *e, bool hit) {
+static int fill_components(job *j) {
   Kiln__V1__CompileResponse *r = &j->resp;
+  r->key_components = kiln_arena_calloc(j->a, KILN_CACHE_NPARTS, sizeof *r->key_components);
+  if (r->key_components == NULL) return KILN_ENOMEM;
+  for (int i = 0; i < KILN_CACHE_NPARTS; i++) {
+    Kiln__V1__KeyComponent *k = kiln_arena_alloc(j->a, sizeof *k);
+    char *hex = kiln_arena_alloc(j->a, KILN_CACHE_HEX_LEN + 1);
+    if (k == NULL || hex == NULL) return KILN_ENOMEM;
+    kiln__v1__key_component__init(k);
+    kiln_cache_to_hex(j->key.parts[i], KILN_CACHE_DIGEST_LEN, hex);
+    k->name = (char *)kiln_cache_part_name(i);
+    k->digest = hex;
+    r->key_components[r->n_key_components++] = k;
+  }
+  return 0;
+}
+
+static int fill_response(job *j, kilnd_exe *e) {
+  Kiln__V1__CompileResponse *r = &j->resp;
+  bool hit = j->source != KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
   r->executable_id = e->id;
   r->cache_key = e->id;
-  r->cache_source = hit ? KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY
-                        : KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
+  r->cache_source = (Kiln__V1__CacheSource)j->source;
   r->peak_bytes = (int64_t)e->peak_bytes;
   r->device_count = (int32_t)e->ndevices;
   r->request_id = j->r->request_id;
   r->signature = kilnd_signature_to_proto(j->a, e->module);
-  if (r->signature == NULL) return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
+  if (r->signature == NULL || fill_components(j))
+    return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
   if (j->r->options && j->r->options->return_executable) {
 #ifdef KILND_HAVE_COMPILER
-    size_t len = 0;
-    if (e->exe) {
-      int rc = kiln_executable_serialize(e->exe, &j->blob, &len, &j->st);
+    if (e->exe && j->blob == NULL) {
+      int rc = kiln_executable_serialize(e->exe, &j->blob, &j->blob_len, &j->st);
       if (rc) return rc;
+    }
+    if (e->exe) {
       r->serialized_executable.data = j->blob;
-      r->serialized_executable.len = len;
+      r->serialized_executable.len = j->blob_len;
     }
 #endif
     if (e->exe == NULL) warn(j, "return_executable: interpreter programs have no executable");
@@ -292,10 +431,9 @@ static int run_job(job *j, kilnd_call *c) {
   if ((rc = kilnd_compile_plan_apply(&j->plan, j->m, &j->st))) return rc;
   if (j->plan.ntransforms) timing(j, "transforms", kiln_sched_now_ns() - t0, live_instrs(j->m));
   kilnd_exe *e = NULL;
-  bool hit = false;
-  if ((rc = build(j, &e, &hit))) return rc;
-  rc = fill_response(j, e, hit);
-  kilnd_metrics_compile(j->srv, kiln_sched_now_ns() - j->t0, hit);
+  if ((rc = build(j, &e))) return rc;
+  rc = fill_response(j, e);
+  kilnd_metrics_compile(j->srv, kiln_sched_now_ns() - j->t0, j->source, j->from_table);
   if (rc == 0) kilnd_call_finish(c, &j->resp.base, 0, NULL);
   kilnd_exe_unref(e);
   return rc ? rc : 1; /* 1: answered */
@@ -303,6 +441,11 @@ static int run_job(job *j, kilnd_call *c) {
 
 void kilnd_compile_work(kilnd_call *c) {
   kilnd *srv = c->srv;
+  if (c->method->id != KILND_M_COMPILE) {
+    kilnd_cache_work(c);
+    atomic_fetch_sub(&srv->compiles, 1);
+    return;
+  }
   job j = {.srv = srv, .c = c, .r = (const Kiln__V1__CompileRequest *)c->req, .t0 = kiln_sched_now_ns()};
   kiln__v1__compile_response__init(&j.resp);
   kiln_status_clear(&j.st);

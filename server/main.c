@@ -1,7 +1,8 @@
 /* kilnd: start, serve, drain, stop.
  *
- * Start-up builds the parts bottom-up (buffer store, executable table, cpu
- * backend, scheduler, metrics, loop and its HTTP endpoint, gRPC server),
+ * Start-up builds the parts bottom-up (buffer store, executable table, the
+ * executable cache, cpu backend, scheduler, metrics, loop and its HTTP
+ * endpoint, gRPC server),
  * requests one call per method plus one for unregistered methods, starts the
  * completion-queue threads and runs the loop until the server has drained.
  * Tear-down follows gRPC's order: every call finished (the shutdown tag),
@@ -20,6 +21,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
+#include "cache/cache.h"
 #include "common/alloc.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
@@ -100,6 +102,37 @@ static int start_grpc(kilnd *srv, kiln_status *st) {
   return 0;
 }
 
+/* The executable cache: one object for the whole server. A bad Redis URL
+ * or an unreadable secret stops start-up; a Redis that is down does not
+ * (the cache reconnects in the background). */
+static int start_cache(kilnd *srv, kiln_status *st) {
+  const kilnd_config *cfg = &srv->cfg;
+  kiln_cache_config cc;
+  kiln_cache_config_init(&cc);
+  cc.memory_bytes = cfg->cache_memory_bytes;
+  cc.disk_dir = cfg->cache_dir;
+  cc.disk_bytes = cfg->cache_disk_bytes;
+  cc.redis.url = cfg->redis_url;
+  cc.redis.ttl_s = (uint32_t)cfg->redis_ttl_s;
+  cc.redis.timeout_ms = (uint32_t)cfg->redis_timeout_ms;
+  cc.min_compile_ns = cfg->cache_min_compile_ms * UINT64_C(1000000);
+  cc.lock_ttl_ms = (uint32_t)cfg->cache_lock_ttl_ms;
+  char *secret = NULL;
+  int rc = kilnd_config_cache_secret(cfg, &secret, st);
+  if (rc) return rc;
+  cc.secret = secret;
+  bool shared_secret = secret != NULL;
+  rc = kiln_cache_create(&cc, &srv->cache, st);
+  if (secret) {
+    memset(secret, 0, strlen(secret));
+    kiln_free(secret);
+  }
+  if (rc == 0 && cfg->redis_url[0] && !shared_secret)
+    kilnd_log("warning: --redis-url without KILN_CACHE_SECRET or --cache-secret-file: entries "
+              "of servers with another secret fail their check and are rebuilt");
+  return rc;
+}
+
 static int start_parts(kilnd *srv, kiln_status *st) {
   const kilnd_config *cfg = &srv->cfg;
   kiln_buffer_store_options bo = {.client_quota_bytes = cfg->client_memory_bytes,
@@ -107,6 +140,7 @@ static int start_parts(kilnd *srv, kiln_status *st) {
                                   .max_buffers_per_client = (uint32_t)cfg->max_buffers_per_client};
   int rc = kiln_buffer_store_create(&bo, &srv->buffers, st);
   if (rc == 0) rc = kilnd_exes_create((uint32_t)cfg->max_executables, &srv->exes, st);
+  if (rc == 0) rc = start_cache(srv, st);
   if (rc) return rc;
   kiln_backend_options cpu = {.ndevices = (uint32_t)cfg->cpu_devices,
                               .threads_per_device = (uint32_t)cfg->cpu_threads};
@@ -159,6 +193,8 @@ static void stop_parts(kilnd *srv) {
   kiln_backend_destroy(srv->cpu);
   kiln_buffer_store_destroy(srv->buffers);
   kilnd_loop_destroy(srv);
+  kiln_cache_destroy(srv->cache); /* after the compile pool */
+  srv->cache = NULL;
   kilnd_metrics_destroy(srv);
 }
 

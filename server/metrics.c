@@ -5,14 +5,22 @@
  * (on the loop thread, for /metrics; on a cq thread, for Stats) reads a
  * consistent-enough snapshot without locks. Gauges (queue depth, live
  * buffers, executables) are read from their owners at render time.
+ *
+ * The executable cache's counters (kiln_cache_*) come from the cache
+ * itself (kiln_cache_get_stats), except that a Compile answered from the
+ * loaded-executable table, which sits in front of the memory tier, counts
+ * as a memory hit. One list of rows (cache_rows) feeds both /metrics and
+ * Stats, so the two always carry the same names.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "common/alloc.h"
 #include "common/sbuf.h"
 #include "executor/buffers.h"
 #include "executor/scheduler.h"
+#include "kiln/v1/kiln.pb-c.h"
 #include "server/executables.h"
 #include "server/server.h"
 
@@ -40,6 +48,7 @@ struct kilnd_metrics {
   hist latency[KILND_M_COUNT + 1];
   hist compile, execute, queue_wait;
   atomic_ullong compiles, cache_hits, cache_misses, executions;
+  atomic_ullong table_hits; /* Compiles answered from the loaded-executable table */
 };
 
 int kilnd_metrics_create(kilnd *srv, kiln_status *st) {
@@ -69,11 +78,24 @@ void kilnd_metrics_request(kilnd *srv, kilnd_method_id m, grpc_status_code code,
   observe(&k->latency[m], ns);
 }
 
-void kilnd_metrics_compile(kilnd *srv, int64_t ns, bool cache_hit) {
+/* Hits: answered from a tier or the table. Misses: built here, or waited
+ * for a build. Compiles: built by this request. */
+void kilnd_metrics_compile(kilnd *srv, int64_t ns, int cache_source, bool from_table) {
   kilnd_metrics *k = srv->metrics;
   observe(&k->compile, ns);
-  atomic_fetch_add(cache_hit ? &k->cache_hits : &k->compiles, 1);
-  if (!cache_hit) atomic_fetch_add(&k->cache_misses, 1);
+  switch (cache_source) {
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY:
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_DISK:
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_SHARED: atomic_fetch_add(&k->cache_hits, 1); break;
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_SINGLE_FLIGHT:
+    atomic_fetch_add(&k->cache_misses, 1);
+    break;
+  default:
+    atomic_fetch_add(&k->cache_misses, 1);
+    atomic_fetch_add(&k->compiles, 1);
+    break;
+  }
+  if (from_table) atomic_fetch_add(&k->table_hits, 1);
 }
 
 void kilnd_metrics_execute(kilnd *srv, int64_t run_ns, int64_t queue_ns) {
@@ -90,6 +112,73 @@ uint64_t kilnd_metrics_total(kilnd *srv, const char *what) {
   if (strcmp(what, "cache_misses") == 0) return atomic_load(&k->cache_misses);
   if (strcmp(what, "executions") == 0) return atomic_load(&k->executions);
   return 0;
+}
+
+/* ---- the cache's rows ----------------------------------------------------------------- */
+
+typedef struct cache_row {
+  const char *name, *type, *help;
+  const char *label, *value; /* NULL when unlabelled */
+  uint64_t v;
+} cache_row;
+
+#define CACHE_ROWS (6 * KILN_CACHE_NTIERS + KILN_CACHE_NREJECTS + 8)
+
+static const char *const tier_names[KILN_CACHE_NTIERS] = {"memory", "disk", "redis"};
+
+/* Every kiln_cache_* sample, families in order; returns the count. Tiers
+ * that are not configured are listed with zeros, so queries never find a
+ * series missing. */
+static size_t cache_rows(kilnd *srv, cache_row *rows) {
+  kiln_cache_stats cs;
+  memset(&cs, 0, sizeof cs);
+  if (srv->cache) kiln_cache_get_stats(srv->cache, &cs);
+  cs.tier[KILN_CACHE_TIER_MEMORY].hits += atomic_load(&srv->metrics->table_hits);
+  size_t n = 0;
+  static const struct {
+    const char *name, *type, *help;
+  } fam[] = {
+      {"kiln_cache_hits_total", "counter",
+       "Valid entries handed out by each cache tier (memory includes the loaded-executable "
+       "table)."},
+      {"kiln_cache_misses_total", "counter", "Lookups that found nothing usable in each tier."},
+      {"kiln_cache_bytes", "gauge", "Bytes each tier holds now (redis: not known, 0)."},
+      {"kiln_cache_entries", "gauge", "Entries each tier holds now (redis: not known, 0)."},
+      {"kiln_cache_evictions_total", "counter", "Entries a tier removed to stay within its bound."},
+  };
+  for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++)
+    for (int t = 0; t < KILN_CACHE_NTIERS; t++) {
+      const kiln_cache_store_stats *ts = &cs.tier[t];
+      uint64_t v = f == 0 ? ts->hits : f == 1 ? ts->misses : f == 2 ? ts->bytes
+                   : f == 3 ? ts->entries : ts->evictions;
+      rows[n++] = (cache_row){fam[f].name, fam[f].type, fam[f].help, "tier", tier_names[t], v};
+    }
+  for (int r = 1; r < KILN_CACHE_NREJECTS; r++)
+    rows[n++] = (cache_row){"kiln_cache_integrity_failures_total", "counter",
+                            "Entries refused (and deleted) by reason: never loaded.", "reason",
+                            kiln_cache_reject_name((kiln_cache_reject)r), cs.rejects[r]};
+  const kiln_cache_store_stats *rs = &cs.tier[KILN_CACHE_TIER_REDIS];
+  rows[n++] = (cache_row){"kiln_cache_redis_faults_total", "counter",
+                          "Redis operations that failed (down, timeout, full); never a failed "
+                          "request.", NULL, NULL, rs->faults};
+  rows[n++] = (cache_row){"kiln_cache_redis_up", "gauge", "1 while the Redis tier is connected.",
+                          NULL, NULL, cs.enabled[KILN_CACHE_TIER_REDIS] && rs->up};
+  rows[n++] = (cache_row){"kiln_cache_builds_total", "counter",
+                          "cpu compiles performed through the cache (builds).", NULL, NULL,
+                          cs.builds};
+  rows[n++] = (cache_row){"kiln_cache_single_flight_waits_total", "counter",
+                          "Compiles that waited for a concurrent build of the same key.", NULL,
+                          NULL, cs.single_flight_waits};
+  rows[n++] = (cache_row){"kiln_cache_lock_waits_total", "counter",
+                          "Waits on another server's Redis build lock.", NULL, NULL,
+                          cs.lock_waits};
+  rows[n++] = (cache_row){"kiln_cache_compile_ns_saved_total", "counter",
+                          "Compile time of the entries hits handed out, nanoseconds.", NULL, NULL,
+                          cs.compile_ns_saved};
+  rows[n++] = (cache_row){"kiln_cache_skipped_fast_total", "counter",
+                          "Builds faster than cache-min-compile-ms, not stored.", NULL, NULL,
+                          cs.skipped_fast};
+  return n;
 }
 
 /* ---- rendering ----------------------------------------------------------------------- */
@@ -169,6 +258,20 @@ static void render_devices(kiln_sbuf *b, kilnd *srv) {
   }
 }
 
+static void render_cache(kiln_sbuf *b, kilnd *srv) {
+  cache_row rows[CACHE_ROWS];
+  size_t n = cache_rows(srv, rows);
+  for (size_t i = 0; i < n; i++) {
+    const cache_row *r = &rows[i];
+    if (i == 0 || strcmp(rows[i - 1].name, r->name) != 0) header(b, r->name, r->type, r->help);
+    if (r->label)
+      kiln_sbuf_printf(b, "%s{%s=\"%s\"} %llu\n", r->name, r->label, r->value,
+                       (unsigned long long)r->v);
+    else
+      kiln_sbuf_printf(b, "%s %llu\n", r->name, (unsigned long long)r->v);
+  }
+}
+
 char *kilnd_metrics_render(kilnd *srv, size_t *len) {
   kilnd_metrics *k = srv->metrics;
   kiln_sbuf b = KILN_SBUF_INIT;
@@ -179,9 +282,10 @@ char *kilnd_metrics_render(kilnd *srv, size_t *len) {
   render_hist(&b, "kiln_execute_seconds", "", &k->execute);
   header(&b, "kiln_execute_queue_seconds", "histogram", "Executions' wait for a device.");
   render_hist(&b, "kiln_execute_queue_seconds", "", &k->queue_wait);
-  counter(&b, "kiln_compiles_total", "Programs compiled (cache misses).", atomic_load(&k->compiles));
-  counter(&b, "kiln_compile_cache_hits_total", "Compile requests answered from the executable table.",
-          atomic_load(&k->cache_hits));
+  counter(&b, "kiln_compiles_total", "Compile requests that built their executable.",
+          atomic_load(&k->compiles));
+  counter(&b, "kiln_compile_cache_hits_total",
+          "Compile requests answered from the executable table.", atomic_load(&k->table_hits));
   counter(&b, "kiln_executions_total", "Executions run.", atomic_load(&k->executions));
   kiln_buffer_store_totals bt;
   kiln_buffer_store_get_totals(srv->buffers, &bt);
@@ -197,6 +301,7 @@ char *kilnd_metrics_render(kilnd *srv, size_t *len) {
   gauge(&b, "kiln_uptime_seconds", "Seconds since the server started.",
         (double)(kiln_sched_now_ns() - srv->start_ns) / 1e9);
   render_devices(&b, srv);
+  render_cache(&b, srv);
   if (b.failed) {
     kiln_sbuf_free(&b);
     return NULL;
@@ -215,7 +320,7 @@ void kilnd_metrics_each_counter(kilnd *srv, kilnd_counter_fn fn, void *arg) {
     }
   fn(arg, "kiln_compiles_total", NULL, NULL, NULL, NULL, (int64_t)atomic_load(&k->compiles));
   fn(arg, "kiln_compile_cache_hits_total", NULL, NULL, NULL, NULL,
-     (int64_t)atomic_load(&k->cache_hits));
+     (int64_t)atomic_load(&k->table_hits));
   fn(arg, "kiln_executions_total", NULL, NULL, NULL, NULL, (int64_t)atomic_load(&k->executions));
   fn(arg, "kiln_execute_seconds_sum_ns", NULL, NULL, NULL, NULL,
      (int64_t)atomic_load(&k->execute.sum_ns));
@@ -227,4 +332,8 @@ void kilnd_metrics_each_counter(kilnd *srv, kilnd_counter_fn fn, void *arg) {
   fn(arg, "kiln_live_buffer_bytes", NULL, NULL, NULL, NULL, (int64_t)bt.live_bytes);
   fn(arg, "kiln_queue_depth", NULL, NULL, NULL, NULL, kiln_sched_queued(srv->sched));
   fn(arg, "kiln_executables", NULL, NULL, NULL, NULL, kilnd_exes_count(srv->exes));
+  cache_row rows[CACHE_ROWS];
+  size_t n = cache_rows(srv, rows);
+  for (size_t i = 0; i < n; i++)
+    fn(arg, rows[i].name, rows[i].label, rows[i].value, NULL, NULL, (int64_t)rows[i].v);
 }

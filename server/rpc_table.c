@@ -41,6 +41,12 @@ static const kilnd_method methods[KILND_M_COUNT] = {
     [KILND_M_HEALTH_CHECK] = {KILND_M_HEALTH_CHECK, "/grpc.health.v1.Health/Check", "Health.Check",
                               KILND_UNARY, &grpc__health__v1__health_check_request__descriptor,
                               kilnd_handle_health_check},
+    [KILND_M_CACHE_LIST] = {KILND_M_CACHE_LIST, "/kiln.v1.Kiln/CacheList", "CacheList",
+                            KILND_UNARY, &kiln__v1__cache_list_request__descriptor,
+                            kilnd_handle_cache_list},
+    [KILND_M_CACHE_EVICT] = {KILND_M_CACHE_EVICT, "/kiln.v1.Kiln/CacheEvict", "CacheEvict",
+                             KILND_UNARY, &kiln__v1__cache_evict_request__descriptor,
+                             kilnd_handle_cache_evict},
 };
 
 const kilnd_method *kilnd_methods(void) { return methods; }

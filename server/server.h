@@ -40,6 +40,7 @@ typedef struct kilnd_loop kilnd_loop;
 typedef struct kiln_sched kiln_sched;
 typedef struct kiln_buffer_store kiln_buffer_store;
 typedef struct kiln_backend kiln_backend;
+typedef struct kiln_cache kiln_cache;
 
 /* ---- completion-queue tags ------------------------------------------------------------ */
 
@@ -59,6 +60,8 @@ typedef enum kilnd_method_id {
   KILND_M_RELEASE_BUFFERS,
   KILND_M_STATS,
   KILND_M_HEALTH_CHECK,
+  KILND_M_CACHE_LIST,
+  KILND_M_CACHE_EVICT,
   KILND_M_COUNT,
   KILND_M_UNKNOWN = KILND_M_COUNT, /* unregistered paths, for metrics */
 } kilnd_method_id;
@@ -107,6 +110,8 @@ struct kilnd_call {
   atomic_int refs;      /* the handler (until its last batch) + the close tag */
   atomic_int cancelled; /* the caller went away (RECV_CLOSE_ON_SERVER said so) */
   int close_cancelled;  /* written by gRPC for RECV_CLOSE_ON_SERVER */
+  bool close_watched;   /* RECV_CLOSE_ON_SERVER started (own batch or the final one) */
+  bool close_in_final;  /* ... as part of the final status batch */
   kilnd_tag new_tag, close_tag, send_tag, stream_tag;
 
   bool md_sent;          /* initial metadata went out (server streams) */
@@ -158,6 +163,13 @@ void kilnd_call_note_created(kilnd_call *c, const char *handle);
 /* Drops the handler's reference without a reply (the call is dead). */
 void kilnd_call_abandon(kilnd_call *c);
 
+/* Starts watching for the caller going away (c->cancelled), once. Every
+ * call is watched from its arrival except Execute, whose handler starts the
+ * watch only when the call waits for a device: a call answered at once
+ * learns it with its final batch instead, one batch and one completion
+ * fewer. Call before handing the call to another thread. */
+void kilnd_call_watch_close(kilnd_call *c);
+
 /* True once the deadline has passed or the caller went away; fills rc. */
 bool kilnd_call_expired(kilnd_call *c, int *rc);
 /* Seconds left before the deadline (capped at `cap`; cap when none). */
@@ -195,6 +207,7 @@ struct kilnd {
   kiln_buffer_store *buffers;
   kilnd_exes *exes;
   kiln_backend *cpu;   /* NULL when the build has no CPU compiler */
+  kiln_cache *cache;   /* the executable cache's tiers (cache/cache.h) */
   atomic_bool draining;  /* SIGTERM seen: health says NOT_SERVING */
   _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */
   atomic_bool shutdown;  /* grpc_server_shutdown_and_notify called */
@@ -216,9 +229,14 @@ void kilnd_handle_get_buffer(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_release_buffers(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_stats(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_health_check(kilnd_call *c, ProtobufCMessage *req);
+void kilnd_handle_cache_list(kilnd_call *c, ProtobufCMessage *req);
+void kilnd_handle_cache_evict(kilnd_call *c, ProtobufCMessage *req);
 
-/* Compile's pool job, run by the loop's thread pool (handlers_compile.c). */
+/* Compile's pool job, run by the loop's thread pool (handlers_compile.c).
+ * CacheList and CacheEvict share the pool: their jobs arrive here too and
+ * go on to kilnd_cache_work (handlers_cache.c). */
 void kilnd_compile_work(kilnd_call *c);
+void kilnd_cache_work(kilnd_call *c);
 
 /* ---- the loop (loop.c) ----------------------------------------------------------------- */
 
@@ -242,7 +260,9 @@ void kilnd_loop_server_down(kilnd *srv);
 int kilnd_metrics_create(kilnd *srv, kiln_status *st);
 void kilnd_metrics_destroy(kilnd *srv);
 void kilnd_metrics_request(kilnd *srv, kilnd_method_id m, grpc_status_code code, int64_t ns);
-void kilnd_metrics_compile(kilnd *srv, int64_t ns, bool cache_hit);
+/* A Compile answered: its Kiln__V1__CacheSource, and whether the
+ * loaded-executable table had it. */
+void kilnd_metrics_compile(kilnd *srv, int64_t ns, int cache_source, bool from_table);
 void kilnd_metrics_execute(kilnd *srv, int64_t run_ns, int64_t queue_ns);
 /* The Prometheus text exposition; kiln_malloc'd. */
 char *kilnd_metrics_render(kilnd *srv, size_t *len);
