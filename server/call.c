@@ -4,11 +4,13 @@
  * freed when its last reference goes. Once the call has arrived it holds two
  * references: the handler's (passed along the batches the handler starts,
  * and dropped when its final status has been sent) and the close tag's (a
- * RECV_CLOSE_ON_SERVER batch started on arrival, which completes when the
- * call is over and says whether the caller cancelled it; that is how queued
- * work learns its caller went away). Freeing a call whose caller cancelled
- * also releases the buffer handles the call created, which the caller never
- * saw.
+ * RECV_CLOSE_ON_SERVER batch, which completes when the call is over and
+ * says whether the caller cancelled it; that is how queued and running work
+ * learns its caller went away). The close batch starts on arrival, except
+ * for Execute, which starts it only when the call has to wait for a device;
+ * an Execute answered at once puts RECV_CLOSE_ON_SERVER in its final batch
+ * instead. Freeing a call whose caller cancelled also releases the buffer
+ * handles the call created, which the caller never saw.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,12 +86,19 @@ static void on_close(kilnd_tag *tag, bool ok) {
   unref(c);
 }
 
-static void start_close_watch(kilnd_call *c) {
+void kilnd_call_watch_close(kilnd_call *c) {
+  if (c->close_watched) return;
+  c->close_watched = true;
   grpc_op op = {.op = GRPC_OP_RECV_CLOSE_ON_SERVER};
   op.data.recv_close_on_server.cancelled = &c->close_cancelled;
   c->close_tag.fn = on_close;
   atomic_fetch_add(&c->refs, 1);
   if (grpc_call_start_batch(c->call, &op, 1, &c->close_tag, NULL) != GRPC_CALL_OK) unref(c);
+}
+
+/* Execute starts its watch only if it queues (handlers_execute.c). */
+static bool watch_on_arrival(const kilnd_method *m) {
+  return m == NULL || m->id != KILND_M_EXECUTE;
 }
 
 static int64_t deadline_to_ns(gpr_timespec d) {
@@ -127,7 +136,7 @@ static void on_new(kilnd_tag *tag, bool ok) {
   c->start_ns = kiln_sched_now_ns();
   c->deadline_ns = deadline_to_ns(c->method ? c->deadline : c->details.deadline);
   atomic_store(&c->refs, 1);
-  start_close_watch(c);
+  if (watch_on_arrival(c->method)) kilnd_call_watch_close(c);
   if (c->method == NULL) unimplemented(c);
   else kilnd_rpc_dispatch(c);
 }
@@ -166,7 +175,7 @@ bool kilnd_call_request(kilnd *srv, const kilnd_method *m) {
 
 static void on_sent(kilnd_tag *tag, bool ok) {
   kilnd_call *c = KILND_CALL_FROM_TAG(tag, send_tag);
-  (void)ok;
+  if (c->close_in_final && (!ok || c->close_cancelled)) atomic_store(&c->cancelled, 1);
   int64_t ns = kiln_sched_now_ns() - c->start_ns;
   kilnd_metrics_request(c->srv, c->method ? c->method->id : KILND_M_UNKNOWN, c->code, ns);
   if (c->srv->cfg.log_requests)
@@ -189,10 +198,15 @@ static grpc_byte_buffer *pack(const ProtobufCMessage *msg) {
 
 static void send_status(kilnd_call *c, const ProtobufCMessage *msg, grpc_status_code code,
                         const char *text, bool initial_md_sent) {
-  grpc_op ops[3];
+  grpc_op ops[4];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
   if (!initial_md_sent) ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  if (!c->close_watched) { /* see kilnd_call_watch_close */
+    c->close_watched = c->close_in_final = true;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n++].data.recv_close_on_server.cancelled = &c->close_cancelled;
+  }
   if (code == GRPC_STATUS_OK && msg) {
     c->reply = pack(msg);
     if (c->reply == NULL) {

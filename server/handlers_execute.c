@@ -369,6 +369,7 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
                           .drop = exec_drop,
                           .arg = c};
     if (run_here(c->srv, es, &job)) return; /* c may be gone */
+    kilnd_call_watch_close(c); /* it waits: learn if the caller leaves */
     rc = kiln_sched_submit(c->srv->sched, &job, &st);
   }
   if (rc) kilnd_call_finish(c, NULL, rc, &st);
