@@ -112,8 +112,6 @@ struct kilnd_call {
   int close_cancelled;  /* written by gRPC for RECV_CLOSE_ON_SERVER */
   bool close_watched;   /* RECV_CLOSE_ON_SERVER started (own batch or the final one) */
   bool close_in_final;  /* ... as part of the final status batch */
-  bool close_watched;   /* RECV_CLOSE_ON_SERVER started (own batch or the final one) */
-  bool close_in_final;  /* ... as part of the final status batch */
   kilnd_tag new_tag, close_tag, send_tag, stream_tag;
 
   bool md_sent;          /* initial metadata went out (server streams) */
@@ -164,13 +162,6 @@ void kilnd_call_note_created(kilnd_call *c, const char *handle);
 
 /* Drops the handler's reference without a reply (the call is dead). */
 void kilnd_call_abandon(kilnd_call *c);
-
-/* Starts watching for the caller going away (c->cancelled), once. Every
- * call is watched from its arrival except Execute, whose handler starts the
- * watch only when the call waits for a device: a call answered at once
- * learns it with its final batch instead, one batch and one completion
- * fewer. Call before handing the call to another thread. */
-void kilnd_call_watch_close(kilnd_call *c);
 
 /* Starts watching for the caller going away (c->cancelled), once. Every
  * call is watched from its arrival except Execute, whose handler starts the
