@@ -62,7 +62,7 @@ typedef struct redis_store {
   char where[300]; /* "redis HOST:PORT" or "redis unix:PATH": status where and log lines */
   uint32_t ttl_s, timeout_ms, pool_max;
 
-  pthread_mutex_t mu; /* guards everything below */
+  pthread_mutex_t mu;   /* guards everything below */
   pthread_cond_t freed; /* a connection came back, or the store changed state */
   pthread_cond_t wake;  /* for the reconnect thread: the store went down, or stops */
   redisContext **idle;  /* pool_max + 1 slots; only connections of the current epoch */
@@ -204,8 +204,7 @@ fail:
 }
 
 /* Splits "host[:port]" or "[v6][:port]" at hp[0..n). */
-static int parse_hostport(const char *url, const char *hp, size_t n, target *t,
-                          kiln_status *st) {
+static int parse_hostport(const char *url, const char *hp, size_t n, target *t, kiln_status *st) {
   const char *host = hp, *port = NULL;
   size_t hostn = n, portn = 0;
   if (n > 0 && hp[0] == '[') {
@@ -234,7 +233,8 @@ static int parse_hostport(const char *url, const char *hp, size_t n, target *t,
     long v = parse_uint(port, portn, 1, 65535);
     if (portn == 0) return url_error(st, url, "port is empty");
     if (v == -1) return url_error(st, url, "port '%.*s' is not a number", (int)portn, port);
-    if (v < 0) return url_error(st, url, "port '%.*s' is out of range (1 to 65535)", (int)portn, port);
+    if (v < 0)
+      return url_error(st, url, "port '%.*s' is out of range (1 to 65535)", (int)portn, port);
     t->port = (int)v;
   }
   t->host = kiln_strndup(host, hostn);
@@ -321,8 +321,9 @@ static void pipe_restore(const sigset_t *old) {
 
 /* What went wrong on a context, in words (a timeout says so). */
 static void describe_io(const redis_store *s, const redisContext *c, char *buf, size_t n) {
-  if (c->err == REDIS_ERR_IO && (strstr(c->errstr, "temporarily unavailable") ||
-                                 strstr(c->errstr, "timed out") || strstr(c->errstr, "would block")))
+  if (c->err == REDIS_ERR_IO &&
+      (strstr(c->errstr, "temporarily unavailable") || strstr(c->errstr, "timed out") ||
+       strstr(c->errstr, "would block")))
     snprintf(buf, n, "no answer within %u ms", s->timeout_ms);
   else if (c->err == REDIS_ERR_EOF)
     snprintf(buf, n, "connection closed by the server");
@@ -445,8 +446,8 @@ static int borrow(redis_store *s, const char *what, lease *l, kiln_status *st) {
     if (s->nconns < s->pool_max) break;
     if (pthread_cond_timedwait(&s->freed, &s->mu, &deadline) == ETIMEDOUT) {
       pthread_mutex_unlock(&s->mu);
-      return fault(s, st, "%s: no free connection within %u ms (pool of %u)", what,
-                   s->timeout_ms, s->pool_max);
+      return fault(s, st, "%s: no free connection within %u ms (pool of %u)", what, s->timeout_ms,
+                   s->pool_max);
     }
   }
   s->nconns++;
@@ -766,8 +767,7 @@ static int redis_unlock(kiln_cache_store *base, const char *key_hex, const char 
   return 0;
 }
 
-static int redis_locked(kiln_cache_store *base, const char *key_hex, bool *held,
-                        kiln_status *st) {
+static int redis_locked(kiln_cache_store *base, const char *key_hex, bool *held, kiln_status *st) {
   redis_store *s = (redis_store *)base;
   *held = false;
   char key[MAX_PREFIX + 80], what[MAX_PREFIX + 96];

@@ -36,11 +36,11 @@ struct kiln_test_redis {
   pid_t pid; /* 0 while not running */
   uint16_t port;
   char addr[32];
-  char dir[64];  /* mkdtemp'd; removed by destroy */
-  char sock[96]; /* dir/redis.sock */
-  char *bin;     /* resolved path of redis-server */
+  char dir[64];   /* mkdtemp'd; removed by destroy */
+  char sock[96];  /* dir/redis.sock */
+  char *bin;      /* resolved path of redis-server */
   char *password; /* from --requirepass among the extra args, or NULL */
-  char **extra;  /* owned copies, NULL-terminated */
+  char **extra;   /* owned copies, NULL-terminated */
 };
 
 static int64_t now_ms(void) {
@@ -131,10 +131,10 @@ static int spawn(kiln_test_redis *r) {
   snprintf(out, sizeof out, "%s/redis.out", r->dir);
   const char *argv[MAX_ARGS + 24];
   int n = 0;
-  const char *fixed[] = {r->bin,        "--port",      port,     "--bind",         "127.0.0.1",
-                         "--save",      "",            "--appendonly", "no",         "--daemonize",
-                         "no",          "--dir",       r->dir,   "--logfile",      log,
-                         "--unixsocket", r->sock,      "--unixsocketperm", "700"};
+  const char *fixed[] = {
+      r->bin,  "--port",           port, "--bind", "127.0.0.1", "--save",    "",  "--appendonly",
+      "no",    "--daemonize",      "no", "--dir",  r->dir,      "--logfile", log, "--unixsocket",
+      r->sock, "--unixsocketperm", "700"};
   for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) argv[n++] = fixed[i];
   for (int i = 0; r->extra[i] && i < MAX_ARGS; i++) argv[n++] = r->extra[i];
   argv[n] = NULL;
@@ -259,13 +259,11 @@ static int launch(kiln_test_redis *r, bool pick_port, kiln_status *st) {
     if (ready < 0) break;
     if (!pick_port) sleep_ms(100); /* the same port: give the old socket a moment */
   }
-  return kiln_status_set(st, KILN_EUNAVAIL, "redis-server",
-                         "did not answer PING on port %u: %s", (unsigned)r->port,
-                         last[0] ? last : "no output");
+  return kiln_status_set(st, KILN_EUNAVAIL, "redis-server", "did not answer PING on port %u: %s",
+                         (unsigned)r->port, last[0] ? last : "no output");
 }
 
-int kiln_test_redis_start(const char *const *extra_args, kiln_test_redis **out,
-                          kiln_status *st) {
+int kiln_test_redis_start(const char *const *extra_args, kiln_test_redis **out, kiln_status *st) {
   *out = NULL;
   size_t n = 0;
   while (extra_args && extra_args[n]) n++;

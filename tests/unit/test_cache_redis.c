@@ -118,13 +118,16 @@ START_TEST(test_url_errors) {
   expect_url_error("rediss://h:1", "redis url 'rediss://h:1': TLS (rediss://) is not supported");
   expect_url_error("unix:", "redis url 'unix:': socket path is empty");
   expect_url_error("unix:?db=1", "redis url 'unix:?db=1': socket path is empty");
-  expect_url_error("unix:/tmp/s?db=x", "redis url 'unix:/tmp/s?db=x': database 'x' is not a number");
-  expect_url_error("/tmp/s?timeout=1",
-                   "redis url '/tmp/s?timeout=1': parameter 'timeout=1' is not supported (only db=N)");
+  expect_url_error("unix:/tmp/s?db=x",
+                   "redis url 'unix:/tmp/s?db=x': database 'x' is not a number");
+  expect_url_error(
+      "/tmp/s?timeout=1",
+      "redis url '/tmp/s?timeout=1': parameter 'timeout=1' is not supported (only db=N)");
   expect_url_error("[::1", "redis url '[::1': missing ']' after the IPv6 address");
   expect_url_error("[::1]x", "redis url '[::1]x': expected ':' after ']'");
   expect_url_error("[]:1", "redis url '[]:1': host is empty");
-  expect_url_error("::1:6379", "redis url '::1:6379': an IPv6 address needs brackets, as in [::1]:6379");
+  expect_url_error("::1:6379",
+                   "redis url '::1:6379': an IPv6 address needs brackets, as in [::1]:6379");
   expect_url_error("redis://:%zz@h:1", "redis url 'redis://:%zz@h:1': the credentials hold a "
                                        "malformed %-escape");
   expect_url_error("redis://:pw%4@h:1", "redis url 'redis://:pw%4@h:1': the credentials hold a "
@@ -310,8 +313,8 @@ START_TEST(test_ttl_and_prefix) {
   kiln_cache_store_destroy(s);
 
   /* ttl 0: no expiry; a custom prefix (with glob characters, for SCAN). */
-  kiln_cache_redis_config cfg = {.url = kiln_test_redis_addr(r), .prefix = "t*[1]:",
-                                 .timeout_ms = TIMEOUT_MS};
+  kiln_cache_redis_config cfg = {
+      .url = kiln_test_redis_addr(r), .prefix = "t*[1]:", .timeout_ms = TIMEOUT_MS};
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_cache_redis_create(&cfg, &s, &st), 0);
   ck_assert_int_eq(put(s, key_b, "w", 1), 0);
@@ -336,8 +339,8 @@ static int stop_at_first(void *ctx, const char *key_hex, const uint8_t *val, siz
 
 START_TEST(test_list) {
   kiln_test_redis *r = start_redis(NULL);
-  kiln_cache_redis_config cfg = {.url = kiln_test_redis_addr(r), .prefix = "t*[1]:",
-                                 .timeout_ms = TIMEOUT_MS};
+  kiln_cache_redis_config cfg = {
+      .url = kiln_test_redis_addr(r), .prefix = "t*[1]:", .timeout_ms = TIMEOUT_MS};
   kiln_cache_store *s = NULL;
   ck_assert_int_eq(kiln_cache_redis_create(&cfg, &s, &st), 0);
   kiln_cache_store *other = open_store(kiln_test_redis_addr(r), 0);
@@ -345,8 +348,10 @@ START_TEST(test_list) {
   ck_assert_int_eq(put(s, key_b, "B", 1), 0);
   ck_assert_int_eq(put(other, key_c, "C", 1), 0); /* another prefix: not listed */
   freeReplyObject(kiln_test_redis_command(r, "SET %s x", "t*[1]:exe:short"));
-  freeReplyObject(kiln_test_redis_command(r, "SET %s x", "t11:exe:" "0123456789abcdef0123456789"
-                                                         "abcdef0123456789abcdef0123456789abcdef"));
+  freeReplyObject(kiln_test_redis_command(r, "SET %s x",
+                                          "t11:exe:"
+                                          "0123456789abcdef0123456789"
+                                          "abcdef0123456789abcdef0123456789abcdef"));
   char seen[512] = "";
   kiln_status_clear(&st);
   ck_assert_int_eq(s->ops->list(s, collect, seen, &st), 0);
@@ -450,8 +455,8 @@ START_TEST(test_password_and_db) {
   expect_value(s, key_a, "in3", 3);
   kiln_cache_store_destroy(s);
   snprintf(url, sizeof url, "redis://:wrong@127.0.0.1:%u/1", port);
-  kiln_cache_redis_config cfg = {.url = url, .password = "s3cr@t", .db = 3,
-                                 .timeout_ms = TIMEOUT_MS};
+  kiln_cache_redis_config cfg = {
+      .url = url, .password = "s3cr@t", .db = 3, .timeout_ms = TIMEOUT_MS};
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_cache_redis_create(&cfg, &s, &st), 0);
   expect_value(s, key_a, "in3", 3);
