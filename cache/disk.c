@@ -231,7 +231,7 @@ static int rescan(disk_store *d) {
 
 /* Reads the whole file at path; KILN_ENOTFOUND when it is absent or is no
  * regular file that could be an entry. */
-static int read_entry(const disk_store *d, const char *path, uint8_t **val, size_t *len,
+static int read_entry(const disk_store *d, const char *path, bool touch, uint8_t **val, size_t *len,
                       kiln_status *st) {
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
@@ -263,7 +263,7 @@ static int read_entry(const disk_store *d, const char *path, uint8_t **val, size
   }
   /* Recency for the next open's scan; fails harmlessly on others' files. */
   struct timespec now[2] = {{.tv_nsec = UTIME_NOW}, {.tv_nsec = UTIME_NOW}};
-  futimens(fd, now);
+  if (touch) futimens(fd, now);
   close(fd);
   *val = buf;
   *len = got;
@@ -278,7 +278,7 @@ static int disk_get(kiln_cache_store *s, const char *key, uint8_t **val, size_t 
   if (!kiln__cache_hex_ok(key)) return bad_key(st);
   char path[PATH_MAX];
   entry_path(d, key, path, sizeof path);
-  int rc = read_entry(d, path, val, len, st);
+  int rc = read_entry(d, path, true, val, len, st);
   pthread_mutex_lock(&d->mu);
   kiln__lru_node *n = kiln__lru_find(&d->lru, key);
   if (rc == 0) {
@@ -370,6 +370,11 @@ static int disk_put(kiln_cache_store *s, const char *key, const uint8_t *val, si
   }
   evict_locked(d, n);
   bool stale = ++d->puts_since_scan >= RESCAN_PUTS || mono_ns() - d->last_scan_ns > RESCAN_NS;
+  if (stale) {
+    /* Claimed here so that concurrent puts do not all rescan. */
+    d->puts_since_scan = 0;
+    d->last_scan_ns = mono_ns();
+  }
   pthread_mutex_unlock(&d->mu);
   if (stale) rescan(d);
   return 0;
@@ -414,7 +419,8 @@ static int disk_list(kiln_cache_store *s, kiln_cache_list_fn fn, void *ctx, kiln
     uint8_t *val = NULL;
     size_t len = 0;
     entry_path(d, keys[k], path, sizeof path);
-    if (read_entry(d, path, &val, &len, NULL) != 0) continue; /* vanished meanwhile */
+    /* Listing is no use: recency stays as it was. */
+    if (read_entry(d, path, false, &val, &len, NULL) != 0) continue; /* vanished meanwhile */
     int stop = fn(ctx, keys[k], val, len);
     kiln_free(val);
     if (stop) break;

@@ -315,6 +315,12 @@ START_TEST(disk_bound_under_flood) {
 }
 END_TEST
 
+static int count_listed(void *ctx, const char *key, const uint8_t *val, size_t len) {
+  (void)key, (void)val, (void)len;
+  (*(int *)ctx)++;
+  return 0;
+}
+
 START_TEST(disk_recency_survives_reopen) {
   make_tmp();
   char dir[128];
@@ -330,6 +336,10 @@ START_TEST(disk_recency_survives_reopen) {
   put_bytes(s, c, 'c', 100);
   sleep_ms(20);
   ck_assert(get_bytes(s, a, 'a', 100)); /* a's file time moves to now */
+  sleep_ms(20);
+  int listed = 0;
+  ck_assert_int_eq(s->ops->list(s, count_listed, &listed, NULL), 0); /* no use: no recency */
+  ck_assert_int_eq(listed, 3);
   kiln_cache_store_destroy(s);
   ck_assert_int_eq(kiln_cache_disk_create(dir, 300, &s, NULL), 0);
   put_bytes(s, d, 'd', 100); /* b is the oldest after the reopen */
