@@ -567,6 +567,32 @@ START_TEST(test_broken_builder) {
 }
 END_TEST
 
+/* Every allocation failure is KILN_ENOMEM, never a crash or a wrong key. */
+START_TEST(test_out_of_memory) {
+  kiln_module *m = parse_ok(base);
+  kiln_cache_key want, k;
+  kiln_status st = {0};
+  ck_assert_int_eq(kiln_cache_key_compute(m, &cpu_inputs, &want, &st), 0);
+  int failures = 0;
+  for (long n = 1;; n++) {
+    kiln_status_clear(&st);
+    kiln_alloc_fail_after(n);
+    int rc = kiln_cache_key_compute(m, &cpu_inputs, &k, &st);
+    kiln_alloc_fail_after(0);
+    if (rc == 0) {
+      ck_assert_str_eq(k.hex, want.hex);
+      break;
+    }
+    ck_assert_int_eq(rc, KILN_ENOMEM);
+    ck_assert_int_eq(st.code, KILN_ENOMEM);
+    ck_assert_str_eq(k.hex, "");
+    failures++;
+  }
+  ck_assert_int_gt(failures, 3);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 /* A chain far deeper than a recursive walk could take. */
 START_TEST(test_deep_chain) {
   enum { N = 100000 };
@@ -685,6 +711,7 @@ static Suite *key_suite(void) {
   tcase_set_timeout(edge, 300);
   tcase_add_test(edge, test_errors);
   tcase_add_test(edge, test_broken_builder);
+  tcase_add_test(edge, test_out_of_memory);
   tcase_add_test(edge, test_deep_chain);
   suite_add_tcase(s, edge);
 
