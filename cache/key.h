@@ -12,7 +12,7 @@
  *   options    the compile options that change code, as canonical text the
  *              caller builds ("opt=2\ndevices=1\n"), never device ids,
  *              replica or host identities, addresses or timestamps.
- *   target     backend and ISA: "cpu/x86-64-v3", "interp", "cuda/sm_90".
+ *   target     backend and ISA: "cpu/x86-64-v3", "interp/", "cuda/sm_90".
  *   version    the compiler version and the executable format version.
  *
  * The digests are kept with each cache entry and returned by Compile, so a
