@@ -295,11 +295,21 @@ static kiln_id dot_side(kiln__ad *c, kiln_id ct, kiln_id other, const kiln_shape
   int64_t *perm = kiln__b_i64s(tx, self->rank);
   if (tx->err) return KILN_NO_ID;
   kiln_dtype ctt = kiln__b_shape(tx, ct)->dtype;
-  kiln_id r = kiln__b_dot(&c->b, ct, kiln__b_as(&c->b, other, ctt), &lb, &lc, &ob, &ofree);
+  /* dot(other, ct) puts the contracting dims first: when that is this
+   * side's order (the rhs of a plain matmul: dW = x^T . ct) no transpose is
+   * left for the compiler to materialize. */
+  bool swap = true, plain = true;
   for (uint32_t i = 0; i < nb; i++) perm[sb.v[i]] = i;
+  for (uint32_t k = 0; k < sc.n; k++) perm[sc.v[k]] = nb + sorted_pos(&oc, oc.v[k]);
+  for (uint32_t j = 0; j < sfree.n; j++) perm[sfree.v[j]] = nb + sc.n + j;
+  for (uint32_t d = 0; d < self->rank; d++) swap &= perm[d] == (int64_t)d;
+  kiln_id o = kiln__b_as(&c->b, other, ctt), r;
+  if (swap) return kiln__b_as(&c->b, kiln__b_dot(&c->b, o, ct, &ob, &ofree, &lb, &lc), self->dtype);
+  r = kiln__b_dot(&c->b, ct, o, &lb, &lc, &ob, &ofree);
   for (uint32_t j = 0; j < sfree.n; j++) perm[sfree.v[j]] = nb + j;
   for (uint32_t k = 0; k < sc.n; k++) perm[sc.v[k]] = nb + sfree.n + sorted_pos(&oc, oc.v[k]);
-  r = kiln__b_transpose(&c->b, r, perm, self->rank);
+  for (uint32_t d = 0; d < self->rank; d++) plain &= perm[d] == (int64_t)d;
+  if (!plain) r = kiln__b_transpose(&c->b, r, perm, self->rank);
   return kiln__b_as(&c->b, r, self->dtype);
 }
 

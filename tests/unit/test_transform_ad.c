@@ -219,6 +219,18 @@ START_TEST(test_shape_ops) {
 END_TEST
 
 START_TEST(test_dot_ops) {
+  /* a matmul's gradients are dots whose results are already in the
+   * parameters' order: dx = ct . w^T and dw = x^T . ct, no transposes for
+   * the compiler to materialize */
+  const char *mm = "HloModule m\nENTRY main { x = f32[4,3] parameter(0)  w = f32[3,5] parameter(1)\n"
+                   "  ROOT y = f32[4,5] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0} }\n";
+  kiln_module *v = tx_apply(mm, "vjp");
+  char *text = kiln_module_print(v, NULL);
+  ck_assert_msg(strstr(text, "transpose(") == NULL, "%s", text);
+  ck_assert_msg(strstr(text, "f32[4,3] dot(%cotangent.6, %w.4), lhs_contracting_dims={1}, rhs_contracting_dims={1}") != NULL, "%s", text);
+  ck_assert_msg(strstr(text, "f32[3,5] dot(%x.3, %cotangent.6), lhs_contracting_dims={0}, rhs_contracting_dims={0}") != NULL, "%s", text);
+  kiln_free(text);
+  kiln_module_destroy(v);
   shape_case("  x = f64[2,3] parameter(0)  w = f64[3,4] parameter(1)\n"
              "  ROOT y = f64[2,4] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n",
              "[2,4]", "{0,1}", "grad:wrt=0,1");
