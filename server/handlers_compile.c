@@ -381,17 +381,53 @@ static int fill_components(job *j) {
   return 0;
 }
 
+/* The signature's arrays point into the entry's module; the job releases
+ * the entry before replying, so they are copied into the job's arena. */
+static bool own_shape(kiln_arena *a, Kiln__V1__Shape *s) {
+  if (s == NULL) return true;
+  if (s->n_dimensions &&
+      !(s->dimensions = kiln_arena_memdup(a, s->dimensions, s->n_dimensions * sizeof(int64_t))))
+    return false;
+  Kiln__V1__Layout *l = s->layout;
+  if (l && l->n_minor_to_major &&
+      !(l->minor_to_major =
+            kiln_arena_memdup(a, l->minor_to_major, l->n_minor_to_major * sizeof(int64_t))))
+    return false;
+  if (l && l->tail && !(l->tail = kiln_arena_strdup(a, l->tail))) return false;
+  for (size_t i = 0; i < s->n_tuple_shapes; i++)
+    if (!own_shape(a, s->tuple_shapes[i])) return false;
+  return true;
+}
+
+static bool own_signature(kiln_arena *a, Kiln__V1__ProgramSignature *sig) {
+  for (size_t i = 0; i < sig->n_parameters; i++)
+    if (!own_shape(a, sig->parameters[i])) return false;
+  if (!own_shape(a, sig->result)) return false;
+  for (size_t i = 0; i < sig->n_input_output_alias; i++) {
+    Kiln__V1__InputOutputAlias *al = sig->input_output_alias[i];
+    if (al->n_output_shape_index &&
+        !(al->output_shape_index = kiln_arena_memdup(
+              a, al->output_shape_index, al->n_output_shape_index * sizeof(int64_t))))
+      return false;
+    if (al->n_parameter_shape_index &&
+        !(al->parameter_shape_index = kiln_arena_memdup(
+              a, al->parameter_shape_index, al->n_parameter_shape_index * sizeof(int64_t))))
+      return false;
+  }
+  return true;
+}
+
 static int fill_response(job *j, kilnd_exe *e) {
   Kiln__V1__CompileResponse *r = &j->resp;
   bool hit = j->source != KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
-  r->executable_id = e->id;
-  r->cache_key = e->id;
+  r->executable_id = j->key.hex; /* the job's: e is released before the reply */
+  r->cache_key = j->key.hex;
   r->cache_source = (Kiln__V1__CacheSource)j->source;
   r->peak_bytes = (int64_t)e->peak_bytes;
   r->device_count = (int32_t)e->ndevices;
   r->request_id = j->r->request_id;
   r->signature = kilnd_signature_to_proto(j->a, e->module);
-  if (r->signature == NULL || fill_components(j))
+  if (r->signature == NULL || !own_signature(j->a, r->signature) || fill_components(j))
     return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
   if (j->r->options && j->r->options->return_executable) {
 #ifdef KILND_HAVE_COMPILER
@@ -433,9 +469,11 @@ static int run_job(job *j, kilnd_call *c) {
   kilnd_exe *e = NULL;
   if ((rc = build(j, &e))) return rc;
   rc = fill_response(j, e);
+  /* Released before the reply: a caller that evicts or compiles the next
+   * program right after it must not find this entry still in use. */
+  kilnd_exe_unref(e);
   kilnd_metrics_compile(j->srv, kiln_sched_now_ns() - j->t0, j->source, j->from_table);
   if (rc == 0) kilnd_call_finish(c, &j->resp.base, 0, NULL);
-  kilnd_exe_unref(e);
   return rc ? rc : 1; /* 1: answered */
 }
 

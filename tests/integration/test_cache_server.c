@@ -36,6 +36,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cache/cache.h"
 #include "clients/c/kiln.h"
 #include "tests/integration/itest.h"
 
@@ -417,27 +418,25 @@ END_TEST
 /* ---- single flight on a small pool ----------------------------------------------------- */
 
 typedef struct racer {
+  kiln_client *c; /* shared: libkiln clients are thread-safe */
   const char *text;
   kiln_remote_source source;
   char key[65];
   int rc;
+  kiln_status st;
 } racer;
 
 static void *race(void *arg) {
   racer *r = arg;
-  kiln_client *c = NULL;
-  kiln_status st;
-  kiln_status_clear(&st);
-  r->rc = kiln_client_connect(server.addr, NULL, &c, &st);
+  kiln_status_clear(&r->st);
   kiln_remote_compile_options o = {.backend = "cpu"};
   kiln_remote_executable *e = NULL;
-  if (r->rc == 0) r->rc = kiln_client_compile_text(c, r->text, strlen(r->text), &o, &e, &st);
+  r->rc = kiln_client_compile_text(r->c, r->text, strlen(r->text), &o, &e, &r->st);
   if (r->rc == 0) {
     r->source = e->cache_source;
     snprintf(r->key, sizeof r->key, "%s", e->cache_key);
   }
   kiln_remote_executable_free(e);
-  kiln_client_close(c);
   return NULL;
 }
 
@@ -448,13 +447,13 @@ START_TEST(test_32_concurrent_compiles) {
   racer rs[32];
   pthread_t th[32];
   for (int i = 0; i < 32; i++) {
-    rs[i] = (racer){.text = text};
+    rs[i] = (racer){.c = c, .text = text};
     ck_assert_int_eq(pthread_create(&th[i], NULL, race, &rs[i]), 0);
   }
   int compiled = 0;
   for (int i = 0; i < 32; i++) {
     pthread_join(th[i], NULL);
-    ck_assert_int_eq(rs[i].rc, 0);
+    ck_assert_msg(rs[i].rc == 0, "compile %d: %s: %s", i, rs[i].st.where, rs[i].st.msg);
     ck_assert_str_eq(rs[i].key, rs[0].key);
     compiled += rs[i].source == KILN_REMOTE_SOURCE_COMPILED;
     ck_assert(rs[i].source == KILN_REMOTE_SOURCE_COMPILED ||
@@ -470,22 +469,50 @@ END_TEST
 
 /* ---- the disk tier: behind the table, across restarts, tampered ------------------------ */
 
+/* Writes a validly sealed entry holding no executable for e's key into the
+ * disk tier at dir (whose secret file the server reads too). */
+static void put_garbage(const char *dir, const kiln_remote_executable *e) {
+  kiln_cache_config cfg;
+  kiln_cache_config_init(&cfg);
+  cfg.memory_bytes = 0;
+  cfg.disk_dir = dir;
+  kiln_cache *cache;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_cache_create(&cfg, &cache, &st) == 0, "%s", st.msg);
+  kiln_cache_meta meta;
+  memset(&meta, 0, sizeof meta);
+  ck_assert_int_eq(kiln_cache_from_hex(e->cache_key, meta.key, KILN_CACHE_DIGEST_LEN), 0);
+  for (int i = 0; i < KILN_CACHE_NPARTS; i++)
+    ck_assert_int_eq(
+        kiln_cache_from_hex(e->key_components[i].digest, meta.parts[i], KILN_CACHE_DIGEST_LEN), 0);
+  meta.kind = KILN_CACHE_PAYLOAD_CPU_EXE;
+  meta.compile_ns = 1000000;
+  const char junk[] = "KILNEXE1 but not really an executable";
+  ck_assert_int_eq(kiln_cache_put(cache, &meta, junk, sizeof junk, &st), 0);
+  kiln_cache_destroy(cache);
+}
+
 START_TEST(test_disk_tier) {
   char dir[512];
   snprintf(dir, sizeof dir, "%s/disk", tmp);
-  /* No memory tier and a table of one: the second program pushes the first
-   * out, so the first comes back from disk. */
-  const char *extra[] = {"--cache-dir", dir, "--cache-memory-bytes", "0", "--max-executables", "1",
+  /* No memory tier and a table of two: programs pushed out of the table
+   * (the least recently used) come back from disk. */
+  const char *extra[] = {"--cache-dir", dir, "--cache-memory-bytes", "0", "--max-executables", "2",
                          NULL};
   itest_kilnd k;
   ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
   kiln_client *c = connect_to(&k);
-  char *t1 = program("f32", 6.5, false), *t2 = program("f32", 7.5, false);
+  char *t1 = program("f32", 6.5, false), *t2 = program("f32", 7.5, false),
+       *t3 = program("f32", 12.5, false);
   kiln_remote_executable *e1 = compile(c, t1, "cpu");
   ASSERT_SOURCE(e1, KILN_REMOTE_SOURCE_COMPILED);
   kiln_remote_executable *e2 = compile(c, t2, "cpu");
   ASSERT_SOURCE(e2, KILN_REMOTE_SOURCE_COMPILED);
-  kiln_remote_executable *d1 = compile(c, t1, "cpu");
+  kiln_remote_executable *e3 = compile(c, t3, "cpu"); /* t1 leaves the table */
+  ASSERT_SOURCE(e3, KILN_REMOTE_SOURCE_COMPILED);
+  kiln_remote_executable_free(e3);
+  kiln_remote_executable *d1 = compile(c, t1, "cpu"); /* t2 leaves the table */
   ASSERT_SOURCE(d1, KILN_REMOTE_SOURCE_DISK);
   check_run(c, d1, 6.5);
   ck_assert_int_eq(counter(c, "kiln_cache_hits_total", "tier=\"disk\""), 1);
@@ -520,13 +547,38 @@ START_TEST(test_disk_tier) {
   ck_assert_str_eq(again->cache_key, e1->cache_key);
   check_run(c, again, 6.5);
   kiln_client_close(c);
+  ck_assert_int_ne(itest_kilnd_stop(&k, SIGTERM, 30), -1);
+
+  /* An entry that passes every check but is no executable (a Kiln with
+   * another executable format would write one): rebuilt, not fatal. */
+  put_garbage(dir, e2);
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  c = connect_to(&k);
+  kiln_remote_executable *rebuilt = compile(c, t2, "cpu");
+  ASSERT_SOURCE(rebuilt, KILN_REMOTE_SOURCE_COMPILED);
+  check_run(c, rebuilt, 7.5);
+  kiln_remote_executable_free(rebuilt);
+  rebuilt = compile(c, t2, "cpu");
+  ASSERT_SOURCE(rebuilt, KILN_REMOTE_SOURCE_MEMORY);
+  kiln_remote_executable_free(rebuilt);
+  kiln_client_close(c);
   itest_kilnd_stop(&k, SIGTERM, 30);
+  char logpath[400];
+  snprintf(logpath, sizeof logpath, "%s/kilnd.err", k.dir);
+  FILE *f = fopen(logpath, "r");
+  ck_assert_ptr_nonnull(f);
+  char log[8192] = "";
+  log[fread(log, 1, sizeof log - 1, f)] = '\0';
+  fclose(f);
+  char want[160];
+  snprintf(want, sizeof want, "cache entry %s from disk does not load", e2->cache_key);
+  ck_assert_msg(strstr(log, want) != NULL, "kilnd.err: %s", log);
   kiln_remote_executable_free(e1);
   kiln_remote_executable_free(e2);
   kiln_remote_executable_free(d1);
   kiln_remote_executable_free(r2);
   kiln_remote_executable_free(again);
-  free(t1), free(t2);
+  free(t1), free(t2), free(t3);
 }
 END_TEST
 
