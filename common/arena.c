@@ -38,6 +38,21 @@ void kiln_arena_destroy(kiln_arena *a) {
   kiln_free(a);
 }
 
+void kiln_arena_reset(kiln_arena *a) {
+  block *keep = NULL;
+  for (block *b = a->head, *n; b; b = n) {
+    n = b->next;
+    if (keep == NULL && b->size == BLOCK_MIN) keep = b;
+    else kiln_free(b);
+  }
+  if (keep) {
+    keep->next = NULL;
+    keep->used = 0;
+  }
+  a->head = keep;
+  a->used = 0;
+}
+
 void *kiln_arena_alloc(kiln_arena *a, size_t size) {
   if (size > SIZE_MAX - 2 * ALIGN - sizeof(block)) return NULL;
   size_t rounded = (size + ALIGN - 1) & ~(size_t)(ALIGN - 1);

@@ -26,6 +26,10 @@ void *kiln_arena_memdup(kiln_arena *a, const void *p, size_t size);
 char *kiln_arena_strdup(kiln_arena *a, const char *s);
 char *kiln_arena_strndup(kiln_arena *a, const char *s, size_t n);
 
+/* Forgets everything handed out, keeping one 64 KiB block for reuse, so
+ * that an arena recycled between requests allocates nothing. */
+void kiln_arena_reset(kiln_arena *a);
+
 /* Bytes handed out so far (for limits and statistics). */
 size_t kiln_arena_used(const kiln_arena *a);
 

@@ -57,6 +57,27 @@ START_TEST(arena_used_counts_rounded_sizes) {
 }
 END_TEST
 
+START_TEST(arena_reset_keeps_one_block) {
+  kiln_arena *a = kiln_arena_create();
+  kiln_arena_reset(a); /* empty: nothing to keep */
+  ck_assert_uint_eq(kiln_arena_used(a), 0);
+  unsigned char *first = kiln_arena_alloc(a, 32);
+  ck_assert_ptr_nonnull(kiln_arena_alloc(a, 3u << 20)); /* a block of its own */
+  for (int i = 0; i < 100; i++) ck_assert_ptr_nonnull(kiln_arena_alloc(a, 1000)); /* a 2nd */
+  kiln_arena_reset(a);
+  ck_assert_uint_eq(kiln_arena_used(a), 0);
+  /* One 64 KiB block survives and is bumped from its start again. */
+  unsigned char *again = kiln_arena_alloc(a, 32);
+  ck_assert_ptr_nonnull(again);
+  ck_assert_uint_eq(kiln_arena_used(a), 32);
+  memset(again, 7, 32);
+  kiln_arena_reset(a);
+  ck_assert_ptr_eq(kiln_arena_alloc(a, 16), again);
+  (void)first;
+  kiln_arena_destroy(a);
+}
+END_TEST
+
 START_TEST(arena_large_blocks) {
   kiln_arena *a = kiln_arena_create();
   unsigned char *small1 = kiln_arena_alloc(a, 32);
@@ -731,6 +752,7 @@ static Suite *common_suite(void) {
   tcase_add_test(arena, arena_alignment);
   tcase_add_test(arena, arena_used_counts_rounded_sizes);
   tcase_add_test(arena, arena_large_blocks);
+  tcase_add_test(arena, arena_reset_keeps_one_block);
   tcase_add_test(arena, arena_many_small_allocations);
   tcase_add_test(arena, arena_calloc_zeroes_and_checks_overflow);
   tcase_add_test(arena, arena_dup_helpers);
