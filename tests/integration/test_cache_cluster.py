@@ -410,8 +410,9 @@ def dir_bytes(path):
 class Env:
     """What a scenario starts; everything is stopped at its end."""
 
-    def __init__(self, kilnd_bin, tmp):
-        self.kilnd_bin, self.tmp = kilnd_bin, tmp
+    def __init__(self, kilnd_bin, tmp, scenario=""):
+        self.kilnd_bin, self.tmp = kilnd_bin, os.path.join(tmp, scenario) if scenario else tmp
+        os.makedirs(self.tmp, exist_ok=True)
         self.servers, self.redises = [], []
 
     def redis(self, extra=()):
@@ -665,15 +666,25 @@ def scenario_redis_down(env):
 def scenario_redis_full(env):
     r = env.redis(["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"])
     rc = r.client()
-    filled = False
     for i in range(400):
         try:
             rc.cmd("SET", f"filler:{i}", b"x" * 16384)
-        except RespError as e:
-            filled = "OOM" in str(e)
+        except RespError:
             break
+    # Redis checks maxmemory before a write, not after: memory freed by a
+    # closing client would let the next write through. Put the limit well
+    # under what is held so that every write is refused.
+    info = rc.cmd("INFO", "memory").decode()
+    used = int(next(x for x in info.split() if x.startswith("used_memory:")).split(":")[1])
+    rc.cmd("CONFIG", "SET", "maxmemory", str(max(used // 2, 1 << 20)))
     rc.close()
-    check(filled, "redis_full: Redis refuses writes (OOM) once prefilled")
+    refused = False
+    rc = r.client()
+    try:
+        rc.cmd("SET", "probe", "1")
+    except RespError as e:
+        refused = "OOM" in str(e)
+    check(refused, "redis_full: Redis refuses writes (OOM) once prefilled")
     a = env.kilnd("A", redis=r)
     b = env.kilnd("B", redis=r)
     for s in (a, b):
@@ -681,6 +692,8 @@ def scenario_redis_full(env):
         c = s.compile(hlo)
         check(src(c) == "COMPILED", f"redis_full: compile on {s.name} succeeds: COMPILED "
               f"(got {src(c)})")
+        check(rc.cmd("EXISTS", PREFIX + "exe:" + c.cache_key) == 0,
+              f"redis_full: Redis refused {s.name}'s entry")
         check(close(s.execute(c.executable_id), want), f"redis_full: executing on {s.name} right")
         c2 = s.compile(hlo)
         check(src(c2) == "MEMORY", f"redis_full: again on {s.name} is MEMORY (got {src(c2)})")
@@ -778,7 +791,7 @@ def main():
         if only and name not in only:
             continue
         log(f"== {name}")
-        env = Env(opts.kilnd, tmp)
+        env = Env(opts.kilnd, tmp, name)
         n_fail, t0 = len(FAILURES), time.time()
         try:
             fn(env)
