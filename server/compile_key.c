@@ -24,9 +24,9 @@ static pthread_once_t native_once = PTHREAD_ONCE_INIT;
 /* Lines of the first processor block that decide what -march=native
  * selects (x86 and arm spellings). */
 static bool identifies_cpu(const char *line) {
-  static const char *const keys[] = {"vendor_id", "cpu family", "model", "model name", "flags",
-                                     "Features",  "CPU implementer", "CPU architecture",
-                                     "CPU variant", "CPU part"};
+  static const char *const keys[] = {
+      "vendor_id",       "cpu family",       "model",       "model name", "flags", "Features",
+      "CPU implementer", "CPU architecture", "CPU variant", "CPU part"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
     size_t n = strlen(keys[i]);
     if (strncmp(line, keys[i], n) == 0 && (line[n] == '\t' || line[n] == ' ' || line[n] == ':'))

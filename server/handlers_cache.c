@@ -10,9 +10,9 @@
  * Compile of it really goes back to the tiers.
  */
 #include <ctype.h>
-#include <strings.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cache/cache.h"
 #include "common/alloc.h"
@@ -35,8 +35,8 @@ static int check_keys(char **keys, size_t n, size_t max, kiln_status *st) {
     if (kiln_cache_from_hex(keys[i], d, sizeof d) != 0) {
       char where[32];
       snprintf(where, sizeof where, "keys[%zu]", i);
-      return kiln_status_set(st, KILN_EINVAL, where,
-                             "'%.80s' is not a cache key (64 hex digits)", keys[i]);
+      return kiln_status_set(st, KILN_EINVAL, where, "'%.80s' is not a cache key (64 hex digits)",
+                             keys[i]);
     }
   }
   return 0;
@@ -187,7 +187,8 @@ static void evict_work(kilnd_call *c) {
   }
   for (size_t i = 0; i < r->n_keys; i++) {
     char hex[KILN_CACHE_HEX_LEN + 1];
-    for (int k = 0; k < KILN_CACHE_HEX_LEN; k++) hex[k] = (char)tolower((unsigned char)r->keys[i][k]);
+    for (int k = 0; k < KILN_CACHE_HEX_LEN; k++)
+      hex[k] = (char)tolower((unsigned char)r->keys[i][k]);
     hex[KILN_CACHE_HEX_LEN] = '\0';
     uint64_t n = 0;
     int krc = kiln_cache_evict(srv->cache, hex, r->shared, &n, &st);
@@ -210,6 +211,8 @@ static void evict_work(kilnd_call *c) {
 }
 
 void kilnd_cache_work(kilnd_call *c) {
-  if (c->method->id == KILND_M_CACHE_LIST) list_work(c);
-  else evict_work(c);
+  if (c->method->id == KILND_M_CACHE_LIST)
+    list_work(c);
+  else
+    evict_work(c);
 }

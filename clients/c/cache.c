@@ -87,9 +87,8 @@ int kiln_client_cache_list(kiln_client *c, const char *const *keys, uint32_t nke
     rc = kiln__client_oom(st);
   } else if (r->n_entries > UINT32_MAX / 2) {
     rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent too many entries");
-  } else if (r->n_entries &&
-             (out->entries = kiln_arena_calloc(out->arena, r->n_entries, sizeof *out->entries)) ==
-                 NULL) {
+  } else if (r->n_entries && (out->entries = kiln_arena_calloc(out->arena, r->n_entries,
+                                                               sizeof *out->entries)) == NULL) {
     rc = kiln__client_oom(st);
   }
   for (size_t i = 0; rc == 0 && i < r->n_entries; i++) {

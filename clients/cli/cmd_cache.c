@@ -69,12 +69,12 @@ static int key_inputs(const kiln__args *a, const char **backend, char target[KIL
   return KILN_EXIT_OK;
 }
 
-static int file_key(const char *path, const char *backend, const char *target,
-                    const char *options, kiln_cache_key *key) {
+static int file_key(const char *path, const char *backend, const char *target, const char *options,
+                    kiln_cache_key *key) {
   kiln_module *m;
   if (kiln__module_load(path, true, &m)) return EXPLAIN_TROUBLE;
-  kiln_cache_key_inputs in = {.backend = backend, .target = target[0] ? target : NULL,
-                              .options = options};
+  kiln_cache_key_inputs in = {
+      .backend = backend, .target = target[0] ? target : NULL, .options = options};
   kiln_status st;
   kiln_status_clear(&st);
   int rc = kiln_cache_key_compute(m, &in, key, &st);
@@ -198,8 +198,8 @@ static int cache_stats(const kiln__args *a) {
   for (uint32_t i = 0; i < s.ncounters; i++) {
     const kiln_server_counter *k = &s.counters[i];
     if (strncmp(k->name, "kiln_cache_", 11) != 0) continue;
-    printf("%s%s%s%s %lld\n", k->name, k->labels[0] ? "{" : "", k->labels,
-           k->labels[0] ? "}" : "", (long long)k->value);
+    printf("%s%s%s%s %lld\n", k->name, k->labels[0] ? "{" : "", k->labels, k->labels[0] ? "}" : "",
+           (long long)k->value);
   }
   kiln_server_stats_clear(&s);
   kiln_client_close(c);

@@ -162,7 +162,8 @@ static bool find_entry(const char *dir, const char *key, char *out, size_t size)
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
     struct stat sb;
     if (lstat(path, &sb) != 0) continue;
-    if (S_ISDIR(sb.st_mode)) found = find_entry(path, key, out, size);
+    if (S_ISDIR(sb.st_mode))
+      found = find_entry(path, key, out, size);
     else if (S_ISREG(sb.st_mode) && strstr(de->d_name, key)) {
       snprintf(out, size, "%s", path);
       found = true;
@@ -257,8 +258,8 @@ START_TEST(test_key_ignores_names_not_dtypes) {
   ck_assert_str_eq(component(w, "target"), component(a, "target"));
   ck_assert_str_eq(component(w, "version"), component(a, "version"));
   /* The backend is part of the target: interp and cpu never share. */
-  kiln_remote_compile_options o = {.backend = "cpu", .has_optimization_level = true,
-                                   .optimization_level = 0};
+  kiln_remote_compile_options o = {
+      .backend = "cpu", .has_optimization_level = true, .optimization_level = 0};
   kiln_remote_executable *o0 = NULL;
   kiln_status st;
   kiln_status_clear(&st);
@@ -323,9 +324,10 @@ START_TEST(test_bad_requests) {
   kiln_server_cache_list l;
   kiln_status st;
   kiln_status_clear(&st);
-  expect_invalid(kiln_client_cache_list(c, bad, 2, 0, &l, &st), &st,
-                 "keys[1]: error: '00112233445566778899aabbccddeeff00112233445566778899aabbccddeef' is "
-                 "not a cache key (64 hex digits)");
+  expect_invalid(
+      kiln_client_cache_list(c, bad, 2, 0, &l, &st), &st,
+      "keys[1]: error: '00112233445566778899aabbccddeeff00112233445566778899aabbccddeef' is "
+      "not a cache key (64 hex digits)");
   kiln_status_clear(&st);
   const char *third[] = {good, good, "zz"};
   expect_invalid(kiln_client_cache_list(c, third, 3, 0, &l, &st), &st,
@@ -352,8 +354,8 @@ START_TEST(test_bad_requests) {
   ck_assert_uint_eq(l.nentries, 0);
   kiln_server_cache_list_clear(&l);
   /* Uppercase hex names the same entry. */
-  kiln_remote_executable *e = compile(c, "HloModule u\nENTRY e {\n  ROOT p = s32[3] parameter(0)\n}\n",
-                                      "interp");
+  kiln_remote_executable *e =
+      compile(c, "HloModule u\nENTRY e {\n  ROOT p = s32[3] parameter(0)\n}\n", "interp");
   char upper[65];
   for (int i = 0; i < 65; i++) upper[i] = (char)toupper((unsigned char)e->cache_key[i]);
   const char *ukeys[] = {upper};
@@ -393,9 +395,8 @@ START_TEST(test_counters) {
   itest_metrics m;
   char err[256];
   ck_assert_msg(itest_metrics_parse(body, &m, err, sizeof err) == 0, "%s", err);
-  const char *names[] = {"kiln_cache_hits_total",     "kiln_cache_misses_total",
-                         "kiln_cache_bytes",          "kiln_cache_entries",
-                         "kiln_cache_evictions_total"};
+  const char *names[] = {"kiln_cache_hits_total", "kiln_cache_misses_total", "kiln_cache_bytes",
+                         "kiln_cache_entries", "kiln_cache_evictions_total"};
   const char *tiers[] = {"tier=\"memory\"", "tier=\"disk\"", "tier=\"redis\""};
   for (int i = 0; i < 5; i++)
     for (int t = 0; t < 3; t++)
@@ -407,9 +408,9 @@ START_TEST(test_counters) {
     snprintf(lab, sizeof lab, "reason=\"%s\"", reasons[r]);
     ck_assert(!isnan(itest_metrics_value(&m, "kiln_cache_integrity_failures_total", lab)));
   }
-  const char *plain[] = {"kiln_cache_redis_faults_total",  "kiln_cache_redis_up",
-                         "kiln_cache_builds_total",        "kiln_cache_single_flight_waits_total",
-                         "kiln_cache_lock_waits_total",    "kiln_cache_compile_ns_saved_total",
+  const char *plain[] = {"kiln_cache_redis_faults_total", "kiln_cache_redis_up",
+                         "kiln_cache_builds_total",       "kiln_cache_single_flight_waits_total",
+                         "kiln_cache_lock_waits_total",   "kiln_cache_compile_ns_saved_total",
                          "kiln_cache_skipped_fast_total"};
   for (int i = 0; i < 7; i++)
     ck_assert_msg(!isnan(itest_metrics_value(&m, plain[i], NULL)), "no %s", plain[i]);
@@ -507,8 +508,8 @@ START_TEST(test_disk_tier) {
   snprintf(dir, sizeof dir, "%s/disk", tmp);
   /* No memory tier and a table of two: programs pushed out of the table
    * (the least recently used) come back from disk. */
-  const char *extra[] = {"--cache-dir", dir, "--cache-memory-bytes", "0", "--max-executables", "2",
-                         NULL};
+  const char *extra[] = {"--cache-dir", dir, "--cache-memory-bytes", "0", "--max-executables",
+                         "2",           NULL};
   itest_kilnd k;
   ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
   kiln_client *c = connect_to(&k);
@@ -659,8 +660,8 @@ START_TEST(test_cli_explain) {
   snprintf(line, sizeof line, "%s  %s\n", e->cache_key, a);
   ck_assert_msg(strncmp(out, line, strlen(line)) == 0, "%s vs %s", out, line);
   free(out), free(err);
-  const char *keys[] = {"cache", "explain", e->cache_key, w->cache_key, "--server", server.addr,
-                        NULL};
+  const char *keys[] = {"cache",    "explain",   e->cache_key, w->cache_key,
+                        "--server", server.addr, NULL};
   ck_assert_int_eq(kiln_cmd(keys, &out, &err), 1);
   ck_assert_msg(strstr(out, "differs: signature\n") != NULL, "%s", out);
   free(out), free(err);
@@ -691,8 +692,8 @@ START_TEST(test_cli_cache) {
   ck_assert(strstr(out, "\nkiln_cache_integrity_failures_total{reason=\"mac\"} ") != NULL);
   free(out), free(err);
 
-  const char *list[] = {"cache", "list", "--server", server.addr, e->cache_key, "--components",
-                        NULL};
+  const char *list[] = {"cache",      "list",         "--server", server.addr,
+                        e->cache_key, "--components", NULL};
   ck_assert_int_eq(kiln_cmd(list, &out, &err), 0);
   char head[128];
   snprintf(head, sizeof head, "%s memory,disk ", e->cache_key);

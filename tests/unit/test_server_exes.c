@@ -61,7 +61,7 @@ START_TEST(test_lru_bound) {
   put(t, 2, false);
   kilnd_exe *held;
   ck_assert_int_eq(kilnd_exes_get(t, id(1), &held, NULL), 0); /* 1 is now the most recent */
-  put(t, 3, false); /* evicts 2 */
+  put(t, 3, false);                                           /* evicts 2 */
   kilnd_exe *got;
   ck_assert_int_eq(kilnd_exes_get(t, id(2), &got, NULL), KILN_ENOTFOUND);
   ck_assert_int_eq(kilnd_exes_get(t, id(3), &got, NULL), 0);
