@@ -7,7 +7,8 @@ free loopback port) and kilnd processes (free ports, a temporary
 small cpu-backend programs and counts with the Stats RPC:
 
   shared       a module compiled on one server is a SHARED hit on the other,
-               and runs there with the right numbers;
+               and runs there with the right numbers; CacheList, /metrics,
+               CacheEvict with shared=true;
   single       32 concurrent identical compiles, 16 on each of two servers:
                one build over the cluster, one key, the rest wait or hit;
   integrity    entries written into Redis behind the servers' backs (a
@@ -15,9 +16,14 @@ small cpu-backend programs and counts with the Stats RPC:
                sealed with another secret) are refused by a server with no
                local copy, counted by reason, rebuilt, and replaced in Redis
                by a good entry;
+  lock         the Redis lock driven by hand: a server finding another's
+               lock waits for its entry (SINGLE_FLIGHT, nothing built); a
+               lock whose holder died expires and the module is built;
   redis_down   Redis killed under a stream of compiles: no request fails,
                faults are counted and redis_up drops to 0; Redis restarted on
                the same port: shared hits resume without restarting kilnd;
+  redis_slow   Redis stopped (SIGSTOP): compiles are not held up past the
+               timeouts and faults are counted; SIGCONT: hits resume;
   redis_full   a Redis at maxmemory under noeviction: compiles succeed and
                the refused writes are counted as faults;
   disk         the disk tier survives a restart, and the memory and disk
@@ -45,6 +51,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.request
 
 try:
     import grpc
@@ -473,9 +480,29 @@ def scenario_shared(env):
     cb2 = b.compile(hlo)
     check(src(cb2) == "MEMORY", f"shared: again on B is MEMORY (got {src(cb2)})")
     lst = b.cache_list([ca.cache_key])
-    check(len(lst.entries) == 1 and "memory" in lst.entries[0].tiers
-          and "disk" in lst.entries[0].tiers,
-          f"shared: B lists the entry in memory and disk (got {list(lst.entries)})")
+    tiers = [list(e.tiers) for e in lst.entries]
+    check(tiers == [["memory", "disk"]], f"shared: B lists the entry in memory and disk ({tiers})")
+    if lst.entries:
+        e = lst.entries[0]
+        check(e.key == ca.cache_key and e.bytes > 0 and e.compile_ns > 0
+              and [(k.name, k.digest) for k in e.components]
+              == [(k.name, k.digest) for k in ca.key_components],
+              "shared: the listed entry has its key, size, compile time and components")
+    text = urllib.request.urlopen(f"http://{b.metrics}/metrics", timeout=10).read().decode()
+    line = 'kiln_cache_hits_total{tier="redis"} 1'
+    check(line in text.splitlines(), f"shared: B's /metrics has the line {line}")
+
+    # Evicting with shared=true also removes the Redis entry: B, emptied of
+    # its local copy too, then builds again.
+    n = a.evict([ca.cache_key], shared=True)
+    check(n >= 2, f"shared: A evicts the key from its tiers and Redis ({n} removals)")
+    check(r.client().cmd("EXISTS", PREFIX + "exe:" + ca.cache_key) == 0,
+          "shared: the Redis entry is gone")
+    b.evict([ca.cache_key])
+    check(len(b.cache_list([ca.cache_key]).entries) == 0, "shared: B lists no entry after evict")
+    cb3 = b.compile(hlo)
+    check(src(cb3) == "COMPILED", f"shared: after both evictions B builds (got {src(cb3)})")
+    check(close(b.execute(cb3.executable_id), want), "shared: and it runs right")
 
 
 def scenario_single(env):
@@ -660,7 +687,116 @@ def scenario_redis_down(env):
           f"is a SHARED hit on B (after {shared_after and round(shared_after, 2)} s)")
     for s in (a, b):
         st = s.stats()
-        check(ctr(st, "kiln_cache_redis_up") == 1, f"redis_down: {s.name} reports redis_up 1 again")
+        check(ctr(st, "kiln_cache_redis_up") == 1,
+              f"redis_down: {s.name} reports redis_up 1 again")
+
+
+def timed_compile(server, hlo, out):
+    t0 = time.time()
+    try:
+        out["resp"] = server.compile(hlo)
+    except Exception as e:  # noqa: BLE001
+        out["resp"] = e
+    out["s"] = time.time() - t0
+
+
+def scenario_lock(env):
+    """The Redis lock between servers, driven by hand: a server that finds
+    another one's lock waits for its entry; a lock whose holder died (it
+    expires with no entry) is taken over and the module built."""
+    r = env.redis()
+    aux = env.redis()
+    a = env.kilnd("A", redis=r, cache_dir=None)
+    x = env.kilnd("X", redis=aux, cache_dir=None)  # same secret, its own Redis
+    rc = r.client()
+
+    # Another server holds the lock and stores its entry 0.8 s later.
+    hlo, want = program()
+    kx = x.compile(hlo)
+    val = aux.client().cmd("GET", PREFIX + "exe:" + kx.cache_key)
+    rc.cmd("SET", PREFIX + "lock:" + kx.cache_key, "another-server", "PX", "20000")
+    before = a.stats()
+    out = {}
+    t = threading.Thread(target=timed_compile, args=(a, hlo, out))
+    t.start()
+    time.sleep(0.8)
+    rc.cmd("SET", PREFIX + "exe:" + kx.cache_key, val)
+    t.join(RPC_TIMEOUT + 10)
+    after = a.stats()
+    ka = out.get("resp")
+    ok = hasattr(ka, "cache_key")
+    check(ok, "lock: the compile waiting on another server's lock succeeds"
+          + ("" if ok else f" ({ka!r:.300})"))
+    if ok:
+        check(src(ka) == "SINGLE_FLIGHT" and ka.cache_key == kx.cache_key,
+              f"lock: it is served the other server's entry: SINGLE_FLIGHT (got {src(ka)})")
+        check(0.7 <= out["s"] < 10, f"lock: it waited for the entry ({out['s']:.2f} s)")
+        check(close(a.execute(ka.executable_id), want), "lock: and it runs right")
+    d = delta(before, after, "kiln_cache_lock_waits_total")
+    check(d == 1, f"lock: kiln_cache_lock_waits_total +1 (got {d})")
+    d = delta(before, after, "kiln_cache_builds_total")
+    check(d == 0, f"lock: nothing built (got {d})")
+
+    # A lock left by a server that died: it expires (1.5 s) with no entry.
+    hlo, want = program()
+    kx = x.compile(hlo)
+    rc.cmd("SET", PREFIX + "lock:" + kx.cache_key, "a-dead-server", "PX", "1500")
+    before = a.stats()
+    out = {}
+    timed_compile(a, hlo, out)
+    after = a.stats()
+    ka = out.get("resp")
+    ok = hasattr(ka, "cache_key")
+    check(ok, "lock: the compile behind a dead server's lock succeeds"
+          + ("" if ok else f" ({ka!r:.300})"))
+    if ok:
+        check(src(ka) == "COMPILED", f"lock: built once the lock expired (got {src(ka)})")
+        check(1.2 <= out["s"] < 10,
+              f"lock: after waiting about the lock's life ({out['s']:.2f} s)")
+        check(close(a.execute(ka.executable_id), want), "lock: and it runs right")
+    check(delta(before, after, "kiln_cache_builds_total") == 1, "lock: one build")
+    check(rc.cmd("EXISTS", PREFIX + "lock:" + kx.cache_key) == 0, "lock: A released its lock")
+    check(rc.cmd("EXISTS", PREFIX + "exe:" + kx.cache_key) == 1, "lock: A stored its entry")
+    rc.close()
+
+
+def scenario_redis_slow(env):
+    """Redis stopped (SIGSTOP: connections open, no answers): compiles are
+    served within the Redis timeouts, faults counted; SIGCONT: hits resume."""
+    r = env.redis()
+    a = env.kilnd("A", "--redis-timeout-ms", "200", redis=r)
+    b = env.kilnd("B", "--redis-timeout-ms", "200", redis=r)
+    hlo, want = program()
+    a.compile(hlo)
+    check(src(b.compile(hlo)) == "SHARED", "redis_slow: a SHARED hit before Redis stops")
+    before = a.stats()
+    r.proc.send_signal(signal.SIGSTOP)
+    try:
+        for i in range(3):
+            hlo, want = program()
+            t0 = time.time()
+            c = a.compile(hlo)
+            took = time.time() - t0
+            check(src(c) == "COMPILED" and close(a.execute(c.executable_id), want),
+                  f"redis_slow: compile {i} with Redis stopped is COMPILED and right "
+                  f"(got {src(c)}, {took:.2f} s)")
+            check(took < 5, f"redis_slow: compile {i} is not held up by Redis ({took:.2f} s)")
+        after = a.stats()
+        d = delta(before, after, "kiln_cache_redis_faults_total")
+        check(d is not None and d > 0, f"redis_slow: A counts the timeouts as faults (+{d})")
+    finally:
+        r.proc.send_signal(signal.SIGCONT)
+    t0 = time.time()
+    shared_after = None
+    while time.time() - t0 < 20:
+        hlo, want = program()
+        a.compile(hlo)
+        if src(b.compile(hlo)) == "SHARED":
+            shared_after = time.time() - t0
+            break
+        time.sleep(0.2)
+    check(shared_after is not None, "redis_slow: after SIGCONT, SHARED hits resume "
+          f"(after {shared_after and round(shared_after, 2)} s)")
 
 
 def scenario_redis_full(env):
@@ -762,7 +898,8 @@ def scenario_disk(env):
 
 
 SCENARIOS = [("shared", scenario_shared), ("single", scenario_single),
-             ("integrity", scenario_integrity), ("redis_down", scenario_redis_down),
+             ("integrity", scenario_integrity), ("lock", scenario_lock),
+             ("redis_down", scenario_redis_down), ("redis_slow", scenario_redis_slow),
              ("redis_full", scenario_redis_full), ("disk", scenario_disk)]
 
 
