@@ -37,9 +37,18 @@ void kiln__cpu_pool_run(kiln__cpu_pool *p, kiln__cpu_task_fn fn, void *ctx, uint
 
 /* ---- devices and loaded executables -------------------------------------- */
 
+/* Large device buffers freed recently, kept for the next allocation of
+ * about the same size (see cpu_backend.c). */
+#define KILN__CPU_BUFFER_CACHE 8
+
 typedef struct kiln__cpu_device {
   kiln__cpu_pool *pool;
   uint64_t max_temp_bytes;
+  pthread_mutex_t cache_mu;
+  void *cache[KILN__CPU_BUFFER_CACHE]; /* buffer headers, most recently freed last */
+  uint32_t ncache;
+  uint64_t cache_bytes;     /* capacity held in cache[] */
+  uint64_t max_cache_bytes; /* at most this much is kept */
 } kiln__cpu_device;
 
 #define KILN__CPU_ARENA_CACHE 4

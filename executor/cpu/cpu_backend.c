@@ -6,6 +6,18 @@
  * aligned. Parallelism is ours, not OpenBLAS's: the backend sets OpenBLAS to
  * one thread per call and splits GEMMs over the device pool, so devices
  * running side by side never oversubscribe the cores.
+ *
+ * Large buffers are recycled: a freed buffer of at least CACHE_MIN_BYTES
+ * stays in a small per-device cache and the next allocation of about its
+ * size takes it back, pages already mapped. A program's outputs are the
+ * typical case (allocated, written, read back, freed, run after run);
+ * without the cache every run would map, fault in and zero fresh pages,
+ * which costs as much as a memory-bound kernel itself. The zero-fill the
+ * vtable promises is lazy for recycled buffers: the buffer is marked
+ * pending and zeroed on first access (write, read, use as an argument),
+ * except when a run writes it whole as a result, where the zeroes would
+ * only be overwritten. Memory handed out is reachable only through this
+ * vtable, so nobody can observe a pending buffer's old contents.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -21,6 +33,8 @@
 
 #define MAX_DEVICES 1024u
 #define MAX_THREADS 1024u
+#define CACHE_MIN_BYTES (UINT64_C(256) << 10) /* smaller buffers: malloc does well */
+#define CACHE_MAX_BYTES (UINT64_C(1) << 30)   /* per device, at most */
 
 typedef struct cpu_backend {
   uint32_t threads_per_device;
@@ -96,13 +110,150 @@ static int kiln_cpu_init(kiln_backend *b, const kiln_backend_options *opts, uint
 
 static void kiln_cpu_fini(kiln_backend *b) { kiln_free(b->ctx); }
 
+/* ---- buffers ------------------------------------------------------------ */
+
+/* The 64 bytes before a buffer's memory. */
+typedef struct buf_hdr {
+  void *raw;        /* what kiln_free takes */
+  size_t size;      /* bytes asked for */
+  size_t cap;       /* bytes usable from the buffer's start */
+  _Atomic int zero; /* ZERO_*: whether the promised zeroes are still owed */
+} buf_hdr;
+
+_Static_assert(sizeof(buf_hdr) <= 64, "the buffer header fits its 64 bytes");
+
+enum { ZERO_DONE, ZERO_PENDING, ZERO_BUSY };
+
+static buf_hdr *hdr_of(const void *mem) { return (buf_hdr *)((uintptr_t)mem - 64); }
+
+/* Pays the zeroes a recycled buffer owes; concurrent callers wait for the
+ * one that zeroes. */
+static void buffer_settle(const void *mem) {
+  buf_hdr *h = hdr_of(mem);
+  int z = atomic_load_explicit(&h->zero, memory_order_acquire);
+  if (z == ZERO_DONE) return;
+  if (z == ZERO_PENDING && atomic_compare_exchange_strong(&h->zero, &z, ZERO_BUSY)) {
+    memset((void *)mem, 0, h->size);
+    atomic_store_explicit(&h->zero, ZERO_DONE, memory_order_release);
+    return;
+  }
+  while (atomic_load_explicit(&h->zero, memory_order_acquire) != ZERO_DONE) sched_yield();
+}
+
+/* The caller is about to write all of mem: the zeroes need not be paid. */
+static void buffer_overwritten(void *mem) {
+  atomic_store_explicit(&hdr_of(mem)->zero, ZERO_DONE, memory_order_release);
+}
+
+/* A cached buffer that fits `bytes` without wasting more than a quarter of
+ * it, the smallest such; NULL when none. */
+static buf_hdr *cache_take(kiln__cpu_device *dev, size_t bytes) {
+  if (bytes < CACHE_MIN_BYTES) return NULL;
+  buf_hdr *best = NULL;
+  uint32_t at = 0;
+  pthread_mutex_lock(&dev->cache_mu);
+  for (uint32_t i = 0; i < dev->ncache; i++) {
+    buf_hdr *h = dev->cache[i];
+    if (h->cap >= bytes && h->cap - bytes <= h->cap / 4 && (best == NULL || h->cap < best->cap)) {
+      best = h;
+      at = i;
+    }
+  }
+  if (best) {
+    memmove(&dev->cache[at], &dev->cache[at + 1], (dev->ncache - at - 1) * sizeof *dev->cache);
+    dev->ncache--;
+    dev->cache_bytes -= best->cap;
+  }
+  pthread_mutex_unlock(&dev->cache_mu);
+  return best;
+}
+
+/* Keeps h for reuse, evicting the oldest entries to make room; false when
+ * h is not worth keeping (the caller frees it). */
+static bool cache_put(kiln__cpu_device *dev, buf_hdr *h) {
+  if (h->cap < CACHE_MIN_BYTES || h->cap > dev->max_cache_bytes) return false;
+  void *evicted[KILN__CPU_BUFFER_CACHE];
+  uint32_t nev = 0;
+  pthread_mutex_lock(&dev->cache_mu);
+  while (dev->ncache > 0 && (dev->ncache == KILN__CPU_BUFFER_CACHE ||
+                             dev->cache_bytes + h->cap > dev->max_cache_bytes)) {
+    buf_hdr *old = dev->cache[0];
+    evicted[nev++] = old->raw;
+    dev->cache_bytes -= old->cap;
+    memmove(&dev->cache[0], &dev->cache[1], (dev->ncache - 1) * sizeof *dev->cache);
+    dev->ncache--;
+  }
+  dev->cache[dev->ncache++] = h;
+  dev->cache_bytes += h->cap;
+  pthread_mutex_unlock(&dev->cache_mu);
+  for (uint32_t i = 0; i < nev; i++) kiln_free(evicted[i]);
+  return true;
+}
+
+static void cache_clear(kiln__cpu_device *dev) {
+  for (uint32_t i = 0; i < dev->ncache; i++) kiln_free(((buf_hdr *)dev->cache[i])->raw);
+  dev->ncache = 0;
+  dev->cache_bytes = 0;
+}
+
+/* Fresh buffers come from calloc: large ones are new mappings the kernel
+ * has zeroed already, so calloc skips the memset malloc + memset would do. */
+static int kiln_cpu_buffer_alloc(kiln_device *d, size_t bytes, void **mem, kiln_status *st) {
+  kiln__cpu_device *dev = d->ctx;
+  buf_hdr *h = cache_take(dev, bytes);
+  if (h) {
+    h->size = bytes;
+    atomic_store_explicit(&h->zero, ZERO_PENDING, memory_order_relaxed);
+    *mem = (char *)h + 64;
+    return 0;
+  }
+  char *raw = bytes > SIZE_MAX - 128 ? NULL : kiln_calloc(1, bytes + 128);
+  if (raw == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "cpu", "out of memory for a buffer of %zu bytes",
+                           bytes);
+  h = (buf_hdr *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+  h->raw = raw;
+  h->size = h->cap = bytes;
+  atomic_init(&h->zero, ZERO_DONE);
+  *mem = (char *)h + 64;
+  return 0;
+}
+
+static void kiln_cpu_buffer_free(kiln_device *d, void *mem) {
+  buf_hdr *h = hdr_of(mem);
+  if (!cache_put(d->ctx, h)) kiln_free(h->raw);
+}
+
+static int kiln_cpu_buffer_write(kiln_device *d, void *mem, size_t offset, const void *src,
+                                 size_t n, kiln_status *st) {
+  if (offset == 0 && n == hdr_of(mem)->size)
+    buffer_overwritten(mem);
+  else
+    buffer_settle(mem);
+  memcpy((char *)mem + offset, src, n);
+  return 0;
+}
+
+static int kiln_cpu_buffer_read(kiln_device *d, const void *mem, size_t offset, void *dst, size_t n,
+                                kiln_status *st) {
+  buffer_settle(mem);
+  memcpy(dst, (const char *)mem + offset, n);
+  return 0;
+}
+
+/* ---- devices ------------------------------------------------------------ */
+
 static int kiln_cpu_device_init(kiln_device *d, kiln_status *st) {
   cpu_backend *c = d->backend->ctx;
   kiln__cpu_device *dev = kiln_calloc(1, sizeof *dev);
   if (dev == NULL) return kiln_status_set(st, KILN_ENOMEM, "cpu", "out of memory");
   dev->max_temp_bytes = c->max_temp_bytes;
+  dev->max_cache_bytes =
+      default_max_temp() / 8 < CACHE_MAX_BYTES ? default_max_temp() / 8 : CACHE_MAX_BYTES;
+  pthread_mutex_init(&dev->cache_mu, NULL);
   int rc = kiln__cpu_pool_create(c->threads_per_device, &dev->pool, st);
   if (rc) {
+    pthread_mutex_destroy(&dev->cache_mu);
     kiln_free(dev);
     return rc;
   }
@@ -114,34 +265,9 @@ static int kiln_cpu_device_init(kiln_device *d, kiln_status *st) {
 static void kiln_cpu_device_fini(kiln_device *d) {
   kiln__cpu_device *dev = d->ctx;
   kiln__cpu_pool_destroy(dev->pool);
+  cache_clear(dev);
+  pthread_mutex_destroy(&dev->cache_mu);
   kiln_free(dev);
-}
-
-/* Buffers keep their raw allocation pointer just before the aligned start. */
-static int kiln_cpu_buffer_alloc(kiln_device *d, size_t bytes, void **mem, kiln_status *st) {
-  void *raw;
-  char *p = bytes > SIZE_MAX - 128 ? NULL : kiln__cpu_aligned_alloc(bytes + 64, &raw);
-  if (p == NULL)
-    return kiln_status_set(st, KILN_ENOMEM, "cpu", "out of memory for a buffer of %zu bytes",
-                           bytes);
-  ((void **)(p + 64))[-1] = raw;
-  memset(p + 64, 0, bytes);
-  *mem = p + 64;
-  return 0;
-}
-
-static void kiln_cpu_buffer_free(kiln_device *d, void *mem) { kiln_free(((void **)mem)[-1]); }
-
-static int kiln_cpu_buffer_write(kiln_device *d, void *mem, size_t offset, const void *src,
-                                 size_t n, kiln_status *st) {
-  memcpy((char *)mem + offset, src, n);
-  return 0;
-}
-
-static int kiln_cpu_buffer_read(kiln_device *d, const void *mem, size_t offset, void *dst, size_t n,
-                                kiln_status *st) {
-  memcpy(dst, (const char *)mem + offset, n);
-  return 0;
 }
 
 static int kiln_cpu_load(kiln_loaded *l, kiln_status *st) {
@@ -163,8 +289,16 @@ static int kiln_cpu_execute(kiln_loaded *l, kiln_buffer *const *args, const kiln
     kiln_status_set(st, rc, "cpu", "out of memory");
     goto out_free;
   }
-  for (uint32_t i = 0; i < e->nparam_leaves; i++) params[i] = args[i]->mem;
-  for (uint32_t i = 0; i < e->nresults; i++) outs[i] = results[i]->mem;
+  for (uint32_t i = 0; i < e->nparam_leaves; i++) {
+    buffer_settle(args[i]->mem);
+    params[i] = args[i]->mem;
+  }
+  /* A run writes every byte of every result (a program stores each output
+   * element, or copies a whole leaf into it), so their zeroes are moot. */
+  for (uint32_t i = 0; i < e->nresults; i++) {
+    buffer_overwritten(results[i]->mem);
+    outs[i] = results[i]->mem;
+  }
   rc = kiln__cpu_run(l->ctx, params, outs, opts, st);
 out_free:
   kiln_free(params);

@@ -4,7 +4,7 @@
  * a code object; each test assembles a kiln_executable around it (slots,
  * steps, bindings) and runs it: elementwise add, a blocked reduction,
  * while/conditional/call control flow, layouts and tuples at the boundary,
- * donation, buffers, concurrency, several devices, GEMM steps against a
+ * donation, buffers (and their recycling), concurrency, several devices, GEMM steps against a
  * naive triple loop, and hostile tables that must fail with a status.
  * A last case prints the runtime's overheads. */
 #include <cblas.h>
@@ -665,6 +665,77 @@ START_TEST(test_execute_buffers) {
   kiln_loaded_destroy(l);
   kiln_backend_destroy(be);
   kiln_executable_destroy(e);
+}
+END_TEST
+
+/* Large buffers come back from the device's cache: a recycled buffer
+ * still reads as zeroes (whole, around a partial write, and as a run's
+ * argument), and a run's result reuses the memory of a freed one. */
+START_TEST(test_buffer_recycling) {
+  const int64_t n = 1 << 18; /* 1 MiB of f32: above the cache's lower bound */
+  const size_t bytes = (size_t)n * 4;
+  kiln_backend *be = cpu(1, 2);
+  kiln_device *d = kiln_backend_device(be, 0);
+  float *h = malloc(bytes), *hy = malloc(bytes);
+  ck_assert_ptr_nonnull(h);
+  ck_assert_ptr_nonnull(hy);
+  kiln_buffer *a = NULL, *b = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d, bytes, &a, &st), 0);
+  void *mem = a->mem;
+  memset(h, 0xab, bytes);
+  ck_assert_int_eq(kiln_buffer_write(a, 0, h, bytes, &st), 0);
+  kiln_buffer_free(a);
+  ck_assert_int_eq(kiln_buffer_alloc(d, bytes, &b, &st), 0);
+  ck_assert_ptr_eq(b->mem, mem);
+  ck_assert_int_eq(kiln_buffer_read(b, 0, h, bytes, &st), 0);
+  for (int64_t i = 0; i < n; i++) ck_assert_float_eq(h[i], 0.0f);
+
+  /* A partial write into a recycled buffer keeps zeroes around it. */
+  memset(h, 0xab, bytes);
+  ck_assert_int_eq(kiln_buffer_write(b, 0, h, bytes, &st), 0);
+  kiln_buffer_free(b);
+  ck_assert_int_eq(kiln_buffer_alloc(d, bytes, &b, &st), 0);
+  ck_assert_ptr_eq(b->mem, mem);
+  float seven = 7.0f;
+  ck_assert_int_eq(kiln_buffer_write(b, 40, &seven, 4, &st), 0);
+  ck_assert_int_eq(kiln_buffer_read(b, 0, h, bytes, &st), 0);
+  for (int64_t i = 0; i < n; i++) ck_assert_float_eq(h[i], i == 10 ? 7.0f : 0.0f);
+
+  /* A recycled, never written buffer as an argument: x = 0, so z = y. */
+  kiln_executable *e = add_exe(n);
+  kiln_loaded *l = NULL;
+  ck_assert_int_eq(kiln_device_load(d, e, &l, &st), 0);
+  memset(h, 0xab, bytes);
+  ck_assert_int_eq(kiln_buffer_write(b, 0, h, bytes, &st), 0);
+  kiln_buffer_free(b);
+  kiln_buffer *x = NULL, *y = NULL, *out[1] = {NULL};
+  ck_assert_int_eq(kiln_buffer_alloc(d, bytes, &x, &st), 0);
+  ck_assert_ptr_eq(x->mem, mem);
+  ck_assert_int_eq(kiln_buffer_alloc(d, bytes, &y, &st), 0);
+  for (int64_t i = 0; i < n; i++) hy[i] = gi(i);
+  ck_assert_int_eq(kiln_buffer_write(y, 0, hy, bytes, &st), 0);
+  kiln_buffer *args[] = {x, y};
+  ck_assert_int_eq(kiln_loaded_execute(l, args, 2, NULL, out, 1, &st), 0);
+  ck_assert_int_eq(kiln_buffer_read(out[0], 0, h, bytes, &st), 0);
+  for (int64_t i = 0; i < n; i++) ck_assert_float_eq(h[i], gi(i));
+
+  /* The next run's result takes the freed result's memory. */
+  void *out_mem = out[0]->mem;
+  kiln_buffer_free(out[0]);
+  for (int64_t i = 0; i < n; i++) h[i] = fi(i);
+  ck_assert_int_eq(kiln_buffer_write(x, 0, h, bytes, &st), 0);
+  ck_assert_int_eq(kiln_loaded_execute(l, args, 2, NULL, out, 1, &st), 0);
+  ck_assert_ptr_eq(out[0]->mem, out_mem);
+  ck_assert_int_eq(kiln_buffer_read(out[0], 0, h, bytes, &st), 0);
+  for (int64_t i = 0; i < n; i++) ck_assert_float_eq(h[i], fi(i) + gi(i));
+  kiln_buffer_free(out[0]);
+  kiln_buffer_free(x);
+  kiln_buffer_free(y);
+  kiln_loaded_destroy(l);
+  kiln_executable_destroy(e);
+  kiln_backend_destroy(be);
+  free(h);
+  free(hy);
 }
 END_TEST
 
@@ -1349,6 +1420,7 @@ int main(void) {
   tcase_add_test(tc, test_tuples);
   tcase_add_test(tc, test_donation);
   tcase_add_test(tc, test_execute_buffers);
+  tcase_add_test(tc, test_buffer_recycling);
   tcase_add_test(tc, test_concurrent_runs);
   tcase_add_test(tc, test_devices_side_by_side);
   tcase_add_test(tc, test_serialized_roundtrip);
