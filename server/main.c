@@ -25,6 +25,7 @@
 #include "common/alloc.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
+#include "executor/cpu/cpu_blas.h"
 #include "executor/scheduler.h"
 #include "server/executables.h"
 #include "server/server.h"
@@ -231,6 +232,8 @@ static int serve(kilnd *srv, kiln_status *st) {
 }
 
 int main(int argc, char **argv) {
+  /* Before anything else: OpenBLAS may need its core chosen (cpu_blas.h). */
+  kiln_cpu_blas_select_core(argv);
   kilnd srv;
   memset(&srv, 0, sizeof srv);
   kiln_status st;

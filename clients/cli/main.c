@@ -15,6 +15,7 @@
 
 #include "clients/cli/cli.h"
 #include "common/alloc.h"
+#include "executor/cpu/cpu_blas.h"
 
 static const kiln__opt check_opts[] = {
     {"server", 0, "HOST:PORT", false,
@@ -399,6 +400,8 @@ static bool wants_help(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  /* Before anything else: OpenBLAS may need its core chosen (cpu_blas.h). */
+  kiln_cpu_blas_select_core(argv);
   /* A closed pipe on stdout must be a write error we report, not a signal. */
   signal(SIGPIPE, SIG_IGN);
   if (argc < 2) return usage_error(NULL, "%s", "missing command");
