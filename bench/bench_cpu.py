@@ -24,6 +24,14 @@ to stderr. Nothing here is part of the test suite.
 
 NumPy and JAX come from the Python running this script; without JAX the JAX
 figures are null.
+
+OpenBLAS: kiln and the cblas_sgemm baseline use the system library, NumPy its
+own bundled one. An OpenBLAS older than the CPU falls back to generic kernels;
+kiln then re-executes itself with OPENBLAS_CORETYPE set to the core the CPU's
+features call for (executor/cpu/cpu_blas.h), and by default (--openblas-coretype
+auto) the baseline library is loaded with the same choice, so that both sides
+of the dot ratio run the same kernels. The meta line records what the library
+detected on its own and what each side ran.
 """
 
 import argparse
@@ -70,10 +78,49 @@ def timed(fn, iters):
 
 def kiln_bench(kiln, path, iters, extra=()):
     cmd = [kiln, "bench", path, "--iters", str(iters)] + list(extra)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=KILN_ENV or None)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr}")
     return json.loads(p.stdout)
+
+
+ENV_AT_START = dict(os.environ)
+KILN_ENV = {}
+
+
+def cpu_blas_tier():
+    """2 with AVX-512 (F, CD, BW, DQ, VL), 1 with AVX2 and FMA, else 0: the
+    rule of kiln_cpu_blas_better_core."""
+    try:
+        flags = next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return 0
+    if all(f in flags for f in ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")):
+        return 2
+    return 1 if "avx2" in flags and "fma" in flags else 0
+
+
+def openblas_cores(option):
+    """(core the system OpenBLAS detects on its own, OPENBLAS_CORETYPE to use
+    or None). Probed in a child process: the variable only counts before the
+    library loads."""
+    probe = ("import ctypes, ctypes.util; l = ctypes.CDLL(ctypes.util.find_library('openblas') "
+             "or 'libopenblas.so.0'); f = l.openblas_get_corename; f.restype = ctypes.c_char_p; "
+             "print(f().decode())")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    detected = p.stdout.strip() or None
+    if option == "none":
+        return detected, os.environ.get("OPENBLAS_CORETYPE")
+    if option != "auto":
+        return detected, option
+    if "OPENBLAS_CORETYPE" in os.environ:
+        return detected, os.environ["OPENBLAS_CORETYPE"]
+    tiers = {"skylakex": 2, "cooperlake": 2, "sapphirerapids": 2, "haswell": 1, "zen": 1}
+    want = cpu_blas_tier()
+    if detected is None or want == 0 or tiers.get(detected.lower(), 0) >= want:
+        return detected, None
+    return detected, "SkylakeX" if want == 2 else "Haswell"
 
 
 def build_baselines(tmp):
@@ -368,12 +415,21 @@ def main():
     ap.add_argument("--chain-n", type=int, default=16 * 1024 * 1024)
     ap.add_argument("--dot-n", type=int, default=2048)
     ap.add_argument("--only", default=",".join(BENCHES))
-    ap.add_argument("--openblas-coretype", default=None,
-                    help="set OPENBLAS_CORETYPE for kiln and the OpenBLAS baseline (an OpenBLAS "
-                         "that misdetects the CPU falls back to a generic kernel)")
+    ap.add_argument("--openblas-coretype", default="auto",
+                    help="OPENBLAS_CORETYPE for the OpenBLAS baseline: 'auto' (default) picks the "
+                         "core kiln itself selects at start (executor/cpu/cpu_blas.h), 'none' "
+                         "leaves the library's own detection, any other value is set for the "
+                         "baseline and for kiln")
     o = ap.parse_args()
-    if o.openblas_coretype:
-        os.environ["OPENBLAS_CORETYPE"] = o.openblas_coretype  # before the library loads
+    detected, chosen = openblas_cores(o.openblas_coretype)
+    # Before the baseline library loads. kiln gets the same variable only when
+    # it was given explicitly: on 'auto' it makes the same choice itself.
+    if chosen:
+        os.environ["OPENBLAS_CORETYPE"] = chosen
+    kiln_env = dict(os.environ)
+    if o.openblas_coretype == "auto" and "OPENBLAS_CORETYPE" not in ENV_AT_START:
+        kiln_env.pop("OPENBLAS_CORETYPE", None)
+    KILN_ENV.update(kiln_env)
     if not os.path.exists(o.kiln):
         sys.exit(f"bench_cpu: no kiln binary at {o.kiln} (--kiln or KILN_BIN)")
     with tempfile.TemporaryDirectory(prefix="kiln_bench_") as tmp:
@@ -383,7 +439,9 @@ def main():
                 "loadavg_start": os.getloadavg()[0], "numpy": np.__version__,
                 "jax": jax.__version__ if jax else None, "baseline_cc": cc_cmd,
                 "rounds": o.rounds, "iters": o.iters,
-                "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
+                "openblas_core_detected": detected,
+                "openblas_coretype_baseline": os.environ.get("OPENBLAS_CORETYPE"),
+                "openblas_coretype_kiln": KILN_ENV.get("OPENBLAS_CORETYPE", "auto")}
         print(json.dumps(meta), flush=True)
         for name in o.only.split(","):
             print(json.dumps(BENCHES[name](o, lib, tmp)), flush=True)
