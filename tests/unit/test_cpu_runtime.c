@@ -21,6 +21,7 @@
 #include "compiler/codegen/executable.h"
 #include "executor/backend.h"
 #include "executor/cpu/cpu.h"
+#include "executor/cpu/cpu_blas.h"
 #include "executor/run.h"
 
 /* ---- the code object ---------------------------------------------------- */
@@ -739,6 +740,26 @@ START_TEST(test_buffer_recycling) {
 }
 END_TEST
 
+/* OpenBLAS core selection: a core the user set is never overridden, and a
+ * suggestion is only ever one of the two cores kiln knows to ask for. */
+START_TEST(test_blas_core) {
+  ck_assert_ptr_nonnull(kiln_cpu_blas_core());
+  ck_assert_int_gt((int)strlen(kiln_cpu_blas_core()), 0);
+  ck_assert_int_eq(setenv("OPENBLAS_CORETYPE", "Prescott", 1), 0);
+  ck_assert_ptr_null(kiln_cpu_blas_better_core());
+  char *argv[] = {"not-a-program", NULL};
+  kiln_cpu_blas_select_core(argv); /* returns: nothing to change */
+  ck_assert_str_eq(getenv("OPENBLAS_CORETYPE"), "Prescott");
+  ck_assert_int_eq(unsetenv("OPENBLAS_CORETYPE"), 0);
+  const char *better = kiln_cpu_blas_better_core();
+  if (better) {
+    ck_assert_msg(strcmp(better, "SkylakeX") == 0 || strcmp(better, "Haswell") == 0, "%s",
+                  better);
+    ck_assert_str_ne(better, kiln_cpu_blas_core());
+  }
+}
+END_TEST
+
 /* ---- concurrency and devices -------------------------------------------- */
 
 typedef struct worker_arg {
@@ -1421,6 +1442,7 @@ int main(void) {
   tcase_add_test(tc, test_donation);
   tcase_add_test(tc, test_execute_buffers);
   tcase_add_test(tc, test_buffer_recycling);
+  tcase_add_test(tc, test_blas_core);
   tcase_add_test(tc, test_concurrent_runs);
   tcase_add_test(tc, test_devices_side_by_side);
   tcase_add_test(tc, test_serialized_roundtrip);
