@@ -9,6 +9,8 @@ small cpu-backend programs and counts with the Stats RPC:
   shared       a module compiled on one server is a SHARED hit on the other,
                and runs there with the right numbers; CacheList, /metrics,
                CacheEvict with shared=true;
+  policy       REFRESH builds and overwrites the shared entry; BYPASS builds,
+               reads and stores nothing;
   single       32 concurrent identical compiles, 16 on each of two servers:
                one build over the cluster, one key, the rest wait or hit;
   integrity    entries written into Redis behind the servers' backs (a
@@ -41,6 +43,7 @@ import argparse
 import hashlib
 import hmac
 import os
+import re
 import shutil
 import signal
 import socket
@@ -74,6 +77,8 @@ ENTRY_MAGIC = b"KILNCE\r\n"
 ENTRY_HEADER = 8 + 4 + 4 + 32 + 5 * 32 + 4 * 8
 ENTRY_MAC = 32
 OFF_VERSION = 8
+
+SANITIZER_MARK = re.compile(r"ERROR: (Address|Leak|Thread)Sanitizer|runtime error: ")
 
 FAILURES = []
 pb = None  # the generated modules, once loaded: pb.kiln, pb.grpc
@@ -437,6 +442,11 @@ class Env:
             rc = k.stop()
             if rc not in (0, None):
                 check(False, f"kilnd {k.name} exits 0 on SIGTERM (got {rc})")
+            # A sanitizer build reports on stderr and may still exit 0.
+            bad = [x for x in k.tail(100000).splitlines() if SANITIZER_MARK.search(x)]
+            if bad:
+                check(False, f"kilnd {k.name}: sanitizer report: {bad[0].strip()}")
+                log(k.tail(80))
         for r in self.redises:
             r.kill()
 
@@ -799,6 +809,51 @@ def scenario_redis_slow(env):
           f"(after {shared_after and round(shared_after, 2)} s)")
 
 
+def scenario_policy(env):
+    """CompileOptions.cache_policy: REFRESH builds and overwrites every tier,
+    BYPASS builds and stores nothing."""
+    r = env.redis()
+    a = env.kilnd("A", redis=r)
+    b = env.kilnd("B", redis=r)
+    refresh = pb.kiln.CachePolicy.Value("CACHE_POLICY_REFRESH")
+    bypass = pb.kiln.CachePolicy.Value("CACHE_POLICY_BYPASS")
+    rc = r.client()
+
+    hlo, want = program()
+    c1 = a.compile(hlo)
+    key = PREFIX + "exe:" + c1.cache_key
+    v1 = rc.cmd("GET", key)
+    time.sleep(0.01)  # created_unix_ms must move
+    before = a.stats()
+    c2 = a.compile(hlo, policy=refresh)
+    after = a.stats()
+    check(src(c2) == "COMPILED", f"policy: REFRESH of a cached module is COMPILED (got {src(c2)})")
+    d = delta(before, after, "kiln_cache_builds_total")
+    check(d == 1, f"policy: REFRESH builds once (+{d})")
+    v2 = rc.cmd("GET", key)
+    check(v1 is not None and v2 is not None and entry_mac_ok(v2, SECRET)
+          and v2[216:224] != v1[216:224], "policy: REFRESH overwrote the Redis entry")
+    check(close(a.execute(c2.executable_id), want), "policy: the refreshed module runs right")
+    check(src(b.compile(hlo)) == "SHARED", "policy: the refreshed entry is shared")
+
+    hlo, want = program()
+    before = a.stats()
+    c3 = a.compile(hlo, policy=bypass)
+    after = a.stats()
+    check(src(c3) == "COMPILED", f"policy: BYPASS is COMPILED (got {src(c3)})")
+    check(delta(before, after, "kiln_cache_builds_total") == 1, "policy: BYPASS builds once")
+    check(close(a.execute(c3.executable_id), want), "policy: the BYPASS module runs right")
+    check(rc.cmd("EXISTS", PREFIX + "exe:" + c3.cache_key) == 0,
+          "policy: BYPASS stored nothing in Redis")
+    check(len(a.cache_list([c3.cache_key]).entries) == 0,
+          "policy: BYPASS stored nothing in the local tiers")
+    c4 = b.compile(hlo)
+    check(src(c4) == "COMPILED", f"policy: another server builds it again (got {src(c4)})")
+    c5 = a.compile(hlo, policy=bypass)
+    check(src(c5) == "COMPILED", f"policy: BYPASS does not read Redis either (got {src(c5)})")
+    rc.close()
+
+
 def scenario_redis_full(env):
     r = env.redis(["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"])
     rc = r.client()
@@ -898,7 +953,8 @@ def scenario_disk(env):
 
 
 SCENARIOS = [("shared", scenario_shared), ("single", scenario_single),
-             ("integrity", scenario_integrity), ("lock", scenario_lock),
+             ("policy", scenario_policy), ("integrity", scenario_integrity),
+             ("lock", scenario_lock),
              ("redis_down", scenario_redis_down), ("redis_slow", scenario_redis_slow),
              ("redis_full", scenario_redis_full), ("disk", scenario_disk)]
 
