@@ -460,10 +460,12 @@ static void bench_execute(const child *k, const child *e, const char *exe_id,
 
 typedef struct buffer_summary {
   double put_gbs, get_gbs, tcp_gbs;
+  /* CPU seconds of kilnd and of the client during the fastest put / get */
+  double put_cpu_server, put_cpu_client, get_cpu_server, get_cpu_client;
 } buffer_summary;
 
 /* 2. PutBuffer then GetBuffer of `mib` MiB, best of three, vs loopback TCP. */
-static void bench_buffers(kiln_client *c, size_t mib, buffer_summary *out) {
+static void bench_buffers(kiln_client *c, pid_t server, size_t mib, buffer_summary *out) {
   kiln_status st;
   kiln_status_clear(&st);
   size_t bytes = mib << 20;
@@ -477,18 +479,29 @@ static void bench_buffers(kiln_client *c, size_t mib, buffer_summary *out) {
   double best_put = 1e9, best_get = 1e9, best_tcp = 1e9;
   for (int rep = 0; rep < 3; rep++) {
     kiln_remote_buffer h;
+    double s0 = cpu_seconds(server), c0 = cpu_seconds(getpid());
     double t0 = now();
     if (kiln_client_put_buffer_raw(c, &shape, src, bytes, NULL, &h, &st)) fail("put", &st);
     double t1 = now();
+    double s1 = cpu_seconds(server), c1 = cpu_seconds(getpid());
     size_t got;
     kiln_remote_get_options go = {.release = true};
     if (kiln_client_get_buffer_raw(c, h.handle, &go, dst, bytes, &got, NULL, &st)) fail("get", &st);
     double t2 = now();
+    double s2 = cpu_seconds(server), c2 = cpu_seconds(getpid());
     if (got != bytes || memcmp(src, dst, bytes) != 0) fprintf(stderr, "rpc_bench: data differs\n");
     memset(dst, 0, bytes);
     kiln_remote_buffer_clear(&h);
-    if (t1 - t0 < best_put) best_put = t1 - t0;
-    if (t2 - t1 < best_get) best_get = t2 - t1;
+    if (t1 - t0 < best_put) {
+      best_put = t1 - t0;
+      out->put_cpu_server = s1 - s0;
+      out->put_cpu_client = c1 - c0;
+    }
+    if (t2 - t1 < best_get) {
+      best_get = t2 - t1;
+      out->get_cpu_server = s2 - s1;
+      out->get_cpu_client = c2 - c1;
+    }
     double tt = tcp_copy(src, dst, bytes);
     if (tt > 0 && tt < best_tcp) best_tcp = tt;
   }
@@ -571,12 +584,16 @@ int main(int argc, char **argv) {
 
   buffer_summary bs = {0};
   if (mib > 0) {
-    bench_buffers(c, mib, &bs);
+    bench_buffers(c, k.pid, mib, &bs);
     printf("%zu MiB buffer (%lld KiB chunks), best of 3:\n", mib, (long long)chunk_kib);
     printf("  PutBuffer %6.2f GB/s, GetBuffer %6.2f GB/s, loopback TCP copy %6.2f GB/s\n",
            bs.put_gbs, bs.get_gbs, bs.tcp_gbs);
     printf("  ratio     put %.3f, get %.3f of TCP\n", bs.put_gbs / bs.tcp_gbs,
            bs.get_gbs / bs.tcp_gbs);
+    printf("  CPU s     put: kilnd %.2f, client %.2f; get: kilnd %.2f, client %.2f (%.2f / %.2f "
+           "s wall)\n",
+           bs.put_cpu_server, bs.put_cpu_client, bs.get_cpu_server, bs.get_cpu_client,
+           (double)(mib << 20) / bs.put_gbs / 1e9, (double)(mib << 20) / bs.get_gbs / 1e9);
   }
 
   long rss[5] = {0};
