@@ -790,7 +790,7 @@ def scenario_redis_slow(env):
             check(src(c) == "COMPILED" and close(a.execute(c.executable_id), want),
                   f"redis_slow: compile {i} with Redis stopped is COMPILED and right "
                   f"(got {src(c)}, {took:.2f} s)")
-            check(took < 5, f"redis_slow: compile {i} is not held up by Redis ({took:.2f} s)")
+            check(took < 10, f"redis_slow: compile {i} is not held up by Redis ({took:.2f} s)")
         after = a.stats()
         d = delta(before, after, "kiln_cache_redis_faults_total")
         check(d is not None and d > 0, f"redis_slow: A counts the timeouts as faults (+{d})")
