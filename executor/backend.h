@@ -22,6 +22,7 @@
 #ifndef KILN_EXECUTOR_BACKEND_H
 #define KILN_EXECUTOR_BACKEND_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,6 +58,10 @@ typedef struct kiln_backend_options {
 typedef struct kiln_run_options {
   uint64_t max_while_iterations; /* per while loop; 0: default 1e9 */
   double timeout_seconds;        /* wall-clock limit, checked between steps; 0: none */
+  /* May be NULL. Once it reads nonzero the run stops at its next check
+   * (between steps, between while iterations) with KILN_ECANCELED: how a
+   * server stops work whose caller went away. */
+  const atomic_int *cancel;
 } kiln_run_options;
 
 /* ---- the registry ------------------------------------------------------- */

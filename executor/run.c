@@ -65,6 +65,7 @@ int kiln_run_module_with(const kiln_module *m, const char *backend,
     kiln_interp_options io = {
         .max_while_iterations = ropts->max_while_iterations,
         .timeout_seconds = ropts->timeout_seconds,
+        .cancel = ropts->cancel,
     };
     return kiln_interp_run(m, args, nargs, &io, out, st);
   }

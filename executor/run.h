@@ -28,8 +28,9 @@ int kiln_run_module(const kiln_module *m, const char *backend, const kiln_compil
                     const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
                     kiln_status *st);
 
-/* The same with run options (iteration and time limits; NULL: defaults)
- * and backend options for the cpu backend (NULL: defaults). */
+/* The same with run options (iteration and time limits, a cancel flag;
+ * NULL: defaults) and backend options for the cpu backend (NULL:
+ * defaults). A run whose cancel flag is raised stops with KILN_ECANCELED. */
 int kiln_run_module_with(const kiln_module *m, const char *backend,
                          const kiln_compile_options *copts, const kiln_backend_options *bopts,
                          const kiln_run_options *ropts, const kiln_literal *const *args,

@@ -240,13 +240,13 @@ static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_stat
   double timeout = kilnd_call_time_left(c, srv->cfg.run_timeout);
   if (es->e->dev_class == KILND_CLASS_INTERP) {
     kiln_interp_options io = {.max_live_bytes = srv->cfg.run_memory_bytes,
-                              .timeout_seconds = timeout};
+                              .timeout_seconds = timeout, .cancel = &c->cancelled};
     return kiln_interp_run(es->e->module, es->args, es->nargs, &io, &es->out, st);
   }
   kiln_loaded *l = NULL;
   uint32_t index = device - kiln_sched_class_first(srv->sched, KILND_CLASS_CPU);
   int rc = kilnd_exe_loaded(es->e, srv->cpu, index, &l, st);
-  kiln_run_options ro = {.timeout_seconds = timeout};
+  kiln_run_options ro = {.timeout_seconds = timeout, .cancel = &c->cancelled};
   if (rc == 0) rc = kiln_loaded_run(l, es->args, es->nargs, &ro, &es->out, st);
   return rc;
 }
@@ -298,18 +298,24 @@ static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest
   return 0;
 }
 
-/* A limit hit because the call's deadline came is the deadline's doing. */
+/* A time limit hit, or a run stopped by its cancel flag, because the call's
+ * deadline came is the deadline's doing; a run stopped otherwise was
+ * cancelled by its caller (gRPC cancels the call at its deadline too, so the
+ * deadline is asked first). */
 static int blame_deadline(kilnd_call *c, int rc, kiln_status *st) {
-  int why;
-  if (rc == KILN_ELIMIT && kilnd_call_expired(c, &why) && why == KILN_EDEADLINE) {
-    kiln_status fresh;
-    kiln_status_clear(&fresh);
+  int why = 0;
+  if ((rc != KILN_ELIMIT && rc != KILN_ECANCELED) || !kilnd_call_expired(c, &why)) return rc;
+  if (rc == KILN_ELIMIT && why != KILN_EDEADLINE) return rc;
+  kiln_status fresh;
+  kiln_status_clear(&fresh);
+  if (why == KILN_EDEADLINE)
     kiln_status_set(&fresh, KILN_EDEADLINE, "Execute",
                     "the call's deadline passed while the program ran (%s)", st->msg);
-    *st = fresh;
-    return KILN_EDEADLINE;
-  }
-  return rc;
+  else
+    kiln_status_set(&fresh, KILN_ECANCELED, "Execute",
+                    "the caller went away while the program ran (%s)", st->msg);
+  *st = fresh;
+  return why;
 }
 
 /* Follows a rise at once and a fall slowly: one long run is enough to keep

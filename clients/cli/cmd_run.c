@@ -307,7 +307,8 @@ int kiln__cmd_run(const kiln__args *a) {
   bool cpu = setup.cpu, compile_given = setup.compile_given;
   kiln_compile_options co = setup.co;
   kiln_interp_options opts = setup.opts;
-  kiln_run_options ropts = {opts.max_while_iterations, opts.timeout_seconds};
+  kiln_run_options ropts = {.max_while_iterations = opts.max_while_iterations,
+                            .timeout_seconds = opts.timeout_seconds};
   if (is_executable(file)) {
     int ntransforms;
     kiln__args_all(a, "transform", &ntransforms);

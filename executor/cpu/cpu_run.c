@@ -33,6 +33,7 @@ typedef struct run_ctx {
   void **argv; /* l->nargv step arguments */
   uint64_t max_iterations;
   double deadline; /* monotonic seconds; 0: none */
+  const atomic_int *cancel; /* kiln_run_options.cancel */
   kiln_status *st;
 } run_ctx;
 
@@ -135,6 +136,9 @@ static void run_copy(run_ctx *r, void *dst, const void *src, uint64_t bytes) {
 static int run_program(run_ctx *r, uint32_t p);
 
 static int check_deadline(run_ctx *r) {
+  /* cancel flag (kiln_run_options.cancel): polled with the time limit */
+  if (r->cancel && atomic_load_explicit(r->cancel, memory_order_relaxed))
+    return kiln_status_set(r->st, KILN_ECANCELED, "run", "cancelled");
   if (r->deadline > 0 && now_seconds() > r->deadline)
     return kiln_status_set(r->st, KILN_ELIMIT, "run", "time limit exceeded");
   return 0;
@@ -243,6 +247,7 @@ int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *r
   r.max_iterations =
       opts->max_while_iterations ? opts->max_while_iterations : DEFAULT_MAX_ITERATIONS;
   if (opts->timeout_seconds > 0) r.deadline = now_seconds() + opts->timeout_seconds;
+  r.cancel = opts->cancel;
   resolve_slots(l, arena, params, results, slot);
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {

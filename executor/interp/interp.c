@@ -50,6 +50,9 @@ static double now_seconds(void) {
 }
 
 int kiln__interp_check_time(kiln__interp_ctx *c, const kiln_instr *ins) {
+  if (c->opts.cancel && atomic_load_explicit(c->opts.cancel, memory_order_relaxed))
+    return kiln__interp_fail(c, ins, KILN_ECANCELED, "%s %s: evaluation cancelled",
+                             kiln_opcode_name(ins->op), ins->name);
   if (c->deadline <= 0 || now_seconds() < c->deadline) return 0;
   return kiln__interp_fail(c, ins, KILN_ELIMIT, "%s %s: evaluation ran past the time limit of %g s",
                            kiln_opcode_name(ins->op), ins->name, c->opts.timeout_seconds);

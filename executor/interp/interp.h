@@ -6,6 +6,7 @@
 #ifndef KILN_EXECUTOR_INTERP_INTERP_H
 #define KILN_EXECUTOR_INTERP_INTERP_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +22,9 @@ typedef struct kiln_interp_options {
   int64_t replica_id;            /* value of replica-id (single replica: 0) */
   int64_t partition_id;
   double timeout_seconds; /* wall-clock limit; 0: none */
+  /* May be NULL. Once it reads nonzero, evaluation stops at the next time
+   * check (between instructions, while iterations) with KILN_ECANCELED. */
+  const atomic_int *cancel;
 } kiln_interp_options;
 
 /* Runs the ENTRY computation of a module on `args` (one literal per

@@ -52,6 +52,7 @@ static int kiln_interp_run_module(kiln_device *d, const kiln_module *m,
   kiln_interp_options io = {
       .max_while_iterations = opts->max_while_iterations,
       .timeout_seconds = opts->timeout_seconds,
+      .cancel = opts->cancel,
   };
   return kiln_interp_run(m, args, nargs, &io, out, st);
 }
