@@ -472,6 +472,36 @@ START_TEST(test_while_timeout) {
 }
 END_TEST
 
+/* A cancel flag raised while the loop runs stops it between iterations. */
+static void *raise_later(void *arg) {
+  usleep(100000);
+  atomic_store((atomic_int *)arg, 1);
+  return NULL;
+}
+
+START_TEST(test_while_cancel) {
+  kiln_executable *e = counter_exe(true);
+  kiln_literal *a = s32(0), *res = NULL;
+  const kiln_literal *args[] = {a};
+  static atomic_int cancel;
+  kiln_run_options o = {.cancel = &cancel};
+  pthread_t t;
+  pthread_create(&t, NULL, raise_later, &cancel);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ck_assert_int_eq(run1(e, 1, args, 1, &o, &res), KILN_ECANCELED);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  pthread_join(t, NULL);
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  ck_assert_str_eq(st.msg, "cancelled");
+  ck_assert_ptr_null(res);
+  ck_assert_double_gt(s, 0.05);
+  ck_assert_double_lt(s, 5.0);
+  kiln_literal_destroy(a);
+  kiln_executable_destroy(e);
+}
+END_TEST
+
 /* Branch k copies constant k+1 into the result; selector is param 0. */
 static kiln_executable *cond_exe(kiln_dtype sel, uint32_t nbranches) {
   xb *b = xb_new();
@@ -1436,6 +1466,7 @@ int main(void) {
   tcase_add_test(tc, test_reduction);
   tcase_add_test(tc, test_while_counter);
   tcase_add_test(tc, test_while_timeout);
+  tcase_add_test(tc, test_while_cancel);
   tcase_add_test(tc, test_conditional_and_call);
   tcase_add_test(tc, test_layouts);
   tcase_add_test(tc, test_tuples);

@@ -126,6 +126,15 @@ START_TEST(test_while_timeout) {
 }
 END_TEST
 
+/* A raised cancel flag stops evaluation at the next check, with the time
+ * limit's place and its own code. */
+START_TEST(test_while_cancel) {
+  static atomic_int cancel = 1;
+  kiln_interp_options o = {.cancel = &cancel};
+  expect_fail_opts(forever, &o, KILN_ECANCELED, "evaluation cancelled", NULL);
+}
+END_TEST
+
 START_TEST(test_conditional_indexed) {
   const char *hlo = "HloModule m\n"
                     "b0 { p = f32[] parameter(0)\n ROOT n = f32[] negate(p) }\n"
@@ -318,6 +327,7 @@ int main(void) {
   tcase_add_test(tc, test_while_counts);
   tcase_add_test(tc, test_while_iteration_limit);
   tcase_add_test(tc, test_while_timeout);
+  tcase_add_test(tc, test_while_cancel);
   tcase_add_test(tc, test_conditional_indexed);
   tcase_add_test(tc, test_call_and_async_generic);
   tcase_add_test(tc, test_copy_start_done_barrier_domain);
