@@ -303,9 +303,13 @@ static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest
  * cancelled by its caller (gRPC cancels the call at its deadline too, so the
  * deadline is asked first). */
 static int blame_deadline(kilnd_call *c, int rc, kiln_status *st) {
+  if (rc != KILN_ELIMIT && rc != KILN_ECANCELED) return rc;
+  /* gRPC's clock and ours may disagree by a little at the deadline */
+  const int64_t slack_ns = 20000000;
   int why = 0;
-  if ((rc != KILN_ELIMIT && rc != KILN_ECANCELED) || !kilnd_call_expired(c, &why)) return rc;
-  if (rc == KILN_ELIMIT && why != KILN_EDEADLINE) return rc;
+  if (c->deadline_ns && kiln_sched_now_ns() >= c->deadline_ns - slack_ns) why = KILN_EDEADLINE;
+  else if (atomic_load(&c->cancelled)) why = KILN_ECANCELED;
+  if (why == 0 || (rc == KILN_ELIMIT && why != KILN_EDEADLINE)) return rc;
   kiln_status fresh;
   kiln_status_clear(&fresh);
   if (why == KILN_EDEADLINE)
