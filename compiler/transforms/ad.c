@@ -58,6 +58,15 @@ int kiln__ad_not_diff(kiln__ad *c, const kiln_instr *ins) {
                          "%s: custom-call target \"%.80s\" (%s) has no derivative rule: its body is opaque "
                          "to the transforms (write it with HLO ops, or keep it off the differentiated path)",
                          c->tx->name, target ? target : "", where);
+  if (ins->op == KILN_OP_MAP && ins->ncalled == 1)
+    return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
+                         "%s: op map (%s) is not differentiable: its computation %s is not elementwise (only "
+                         "maps of elementwise computations are applied to whole arrays and differentiated)",
+                         c->tx->name, where, kiln_module_computation(c->tx->m, ins->called[0])->name);
+  const char *why = kiln__tf_no_rule_why(kiln__tf_no_derivative, kiln__tf_no_derivative_count, ins->op);
+  if (why)
+    return kiln__tx_fail(c->tx, KILN_EINVAL, ins, "%s: op %s (%s) is not differentiable: %s", c->tx->name,
+                         kiln_opcode_name(ins->op), where, why);
   return kiln__tx_fail(c->tx, KILN_EINVAL, ins, "%s: op %s (%s) is not differentiable", c->tx->name,
                        kiln_opcode_name(ins->op), where);
 }

@@ -119,8 +119,9 @@ static int no_rule(kiln__bt *c, const kiln_instr *ins) {
                          "the transforms",
                          c->tx->name, target ? target : "", where);
   }
-  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) has no batching rule", c->tx->name,
-                       kiln_opcode_name(ins->op), where);
+  const char *why = kiln__tf_no_rule_why(kiln__tf_no_batching, kiln__tf_no_batching_count, ins->op);
+  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) has no batching rule%s%s", c->tx->name,
+                       kiln_opcode_name(ins->op), where, why ? ": " : "", why ? why : "");
 }
 
 int kiln__batch_region(kiln__bt *c, const kiln_id *args, kiln__bsig *const *sigs) {

@@ -66,9 +66,10 @@ static kiln_id conv(kiln__ad *c, const kiln_instr *src, kiln_id lhs, kiln_id rhs
 
 /* Splits dimension `axis` of v into (g, n/g) and merges the g part into
  * dimension `into` (as its major part): the kernel regrouping of feature
- * groups. Returns the new value; *out_at is where `into` ended up. */
-static kiln_id regroup(kiln__ad *c, kiln_id v, int64_t axis, int64_t into, int64_t g) {
-  kiln__tx *tx = c->tx;
+ * groups, and the batch groups a lowered convolution folds into its features. */
+kiln_id kiln__tf_regroup(kiln__b *b, kiln_id v, int64_t axis, int64_t into, int64_t g) {
+  kiln__tx *tx = b->tx;
+  if (tx->err) return KILN_NO_ID;
   const kiln_shape *s = kiln__b_shape(tx, v);
   uint32_t r = s->rank;
   int64_t *dims = kiln__b_i64s(tx, r + 1), *perm = kiln__b_i64s(tx, r + 1);
@@ -82,7 +83,7 @@ static kiln_id regroup(kiln__ad *c, kiln_id v, int64_t axis, int64_t into, int64
       dims[o++] = s->dims[d];
     }
   }
-  kiln_id x = kiln__b_reshape(B, v, dims, r + 1);
+  kiln_id x = kiln__b_reshape(b, v, dims, r + 1);
   /* positions in the split value: g at `axis`, others shifted past it */
   int64_t gpos = axis, ipos = into < axis ? into : into + 1;
   /* move g right before `into` */
@@ -92,7 +93,7 @@ static kiln_id regroup(kiln__ad *c, kiln_id v, int64_t axis, int64_t into, int64
     if ((int64_t)d == ipos) perm[o++] = gpos;
     perm[o++] = d;
   }
-  x = kiln__b_transpose(B, x, perm, r + 1);
+  x = kiln__b_transpose(b, x, perm, r + 1);
   const kiln_shape *t = kiln__b_shape(tx, x);
   if (t == NULL || tx->err) return KILN_NO_ID;
   int64_t at = 0;
@@ -107,7 +108,7 @@ static kiln_id regroup(kiln__ad *c, kiln_id v, int64_t axis, int64_t into, int64
       dims[o++] = t->dims[d];
     }
   }
-  return kiln__b_reshape(B, x, dims, r);
+  return kiln__b_reshape(b, x, dims, r);
 }
 
 static kiln_id lhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct, const kiln_conv_dims *cd,
@@ -117,7 +118,7 @@ static kiln_id lhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct, con
   const kiln_shape *ks = &tx->m->instrs[ins->operands[1]]->shape;
   uint32_t ns = cd->nspatial;
   kiln_id k = kiln__b_reverse(B, kiln__X(c, ins, 1), cd->kernel_spatial, ns);
-  if (fgc > 1) k = regroup(c, k, cd->kernel_out, cd->kernel_in, fgc);
+  if (fgc > 1) k = kiln__tf_regroup(B, k, cd->kernel_out, cd->kernel_in, fgc);
   kiln_conv_dims *nd = dims_copy(tx, cd);
   kiln_window *nw = window_new(tx, ns);
   if (nd == NULL || nw == NULL) return kiln__tx_oom(tx), KILN_NO_ID;

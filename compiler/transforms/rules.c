@@ -3,7 +3,10 @@
  * rule, reverse-mode forward hook and batching rule (see rules.h). Every op
  * is listed, so that what an op lacks is written here as an empty slot, not
  * forgotten; the bodies live in jvp.c (elementwise), linear.c, reduce.c,
- * gather.c, conv.c, sort.c, tree.c, ad_control.c and batch*.c.
+ * gather.c, conv.c, sort.c, tree.c, collective.c, ad_control.c and
+ * batch*.c. Rows marked LOWERED are rewritten by lower.c into ops with
+ * rules before a transform runs; ops deliberately without rules are listed
+ * with the reason at the end of this file.
  *
  * Ops whose result is piecewise constant (sign, floor, ceil, round) or not
  * floating point (compare, integer and bit ops) have zero derivatives:
@@ -25,6 +28,8 @@
 #define CONTROL(j, v, f, b) { .jvp = j, .vjp = v, .fwd = f, .batch = b, .own_primal = true }
 #define UNBATCHED { .batch = kiln__batch_unbatched }
 #define NONE { .batch = NULL }
+/* rewritten by lower.c into ops with rules before any transform runs */
+#define LOWERED { .lowered = true }
 
 const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_INVALID] = NONE,
@@ -112,7 +117,7 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_SELECT_AND_SCATTER] = {.jvp = kiln__jvp_select_and_scatter,
                                     .vjp = kiln__vjp_select_and_scatter,
                                     .batch = kiln__batch_select_and_scatter},
-    [KILN_OP_MAP] = {.batch = kiln__batch_map},
+    [KILN_OP_MAP] = {.batch = kiln__batch_map, .lowered = true}, /* elementwise bodies only */
     [KILN_OP_SORT] = {.jvp = kiln__jvp_sort, .vjp = kiln__vjp_sort, .fwd = kiln__fwd_sort,
                       .batch = kiln__batch_dims_attr, .own_primal = true},
     [KILN_OP_GATHER] = LINEAR(kiln__vjp_gather, kiln__batch_gather),
@@ -121,9 +126,9 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_CHOLESKY] = {.batch = kiln__batch_same},
     [KILN_OP_TRIANGULAR_SOLVE] = {.batch = kiln__batch_same},
     [KILN_OP_TOPK] = {.jvp = kiln__jvp_topk, .vjp = kiln__vjp_topk, .batch = kiln__batch_same},
-    [KILN_OP_BATCH_NORM_TRAINING] = NONE,
-    [KILN_OP_BATCH_NORM_INFERENCE] = NONE,
-    [KILN_OP_BATCH_NORM_GRAD] = NONE,
+    [KILN_OP_BATCH_NORM_TRAINING] = LOWERED,
+    [KILN_OP_BATCH_NORM_INFERENCE] = LOWERED,
+    [KILN_OP_BATCH_NORM_GRAD] = LOWERED,
     /* control flow and calls */
     [KILN_OP_WHILE] = CONTROL(kiln__jvp_while, kiln__vjp_while, kiln__fwd_while, kiln__batch_while),
     [KILN_OP_CONDITIONAL] = CONTROL(kiln__jvp_conditional, kiln__vjp_conditional, NULL,
@@ -131,9 +136,9 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_CALL] = CONTROL(kiln__jvp_call, kiln__vjp_call, kiln__fwd_call, kiln__batch_call),
     [KILN_OP_FUSION] = CONTROL(kiln__jvp_call, kiln__vjp_call, kiln__fwd_call, kiln__batch_call),
     [KILN_OP_CUSTOM_CALL] = NONE,
-    [KILN_OP_ASYNC_START] = NONE,
-    [KILN_OP_ASYNC_UPDATE] = NONE,
-    [KILN_OP_ASYNC_DONE] = NONE,
+    [KILN_OP_ASYNC_START] = LOWERED,
+    [KILN_OP_ASYNC_UPDATE] = LOWERED,
+    [KILN_OP_ASYNC_DONE] = LOWERED,
     [KILN_OP_OPTIMIZATION_BARRIER] = {.jvp = kiln__jvp_barrier, .vjp = kiln__vjp_barrier,
                                       .batch = kiln__batch_passthrough},
     [KILN_OP_DOMAIN] = {.jvp = kiln__jvp_barrier, .vjp = kiln__vjp_barrier,
@@ -152,23 +157,90 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_SEND_DONE] = UNBATCHED,
     [KILN_OP_RECV] = UNBATCHED,
     [KILN_OP_RECV_DONE] = UNBATCHED,
-    [KILN_OP_COPY_START] = NONE,
-    [KILN_OP_COPY_DONE] = NONE,
+    [KILN_OP_COPY_START] = LOWERED,
+    [KILN_OP_COPY_DONE] = LOWERED,
     /* collectives */
     [KILN_OP_REPLICA_ID] = UNBATCHED,
     [KILN_OP_PARTITION_ID] = UNBATCHED,
     [KILN_OP_ALL_REDUCE] = {.jvp = kiln__jvp_all_reduce, .vjp = kiln__vjp_all_reduce,
                             .batch = kiln__batch_same},
-    [KILN_OP_ALL_REDUCE_START] = NONE,
-    [KILN_OP_ALL_REDUCE_DONE] = NONE,
-    [KILN_OP_ALL_GATHER] = LINEAR(NULL, kiln__batch_dims_attr),
-    [KILN_OP_ALL_GATHER_START] = NONE,
-    [KILN_OP_ALL_GATHER_DONE] = NONE,
-    [KILN_OP_REDUCE_SCATTER] = {.batch = kiln__batch_dims_attr},
-    [KILN_OP_ALL_TO_ALL] = LINEAR(NULL, kiln__batch_dims_attr),
+    [KILN_OP_ALL_REDUCE_START] = LOWERED,
+    [KILN_OP_ALL_REDUCE_DONE] = LOWERED,
+    [KILN_OP_ALL_GATHER] = LINEAR(kiln__vjp_all_gather, kiln__batch_dims_attr),
+    [KILN_OP_ALL_GATHER_START] = LOWERED,
+    [KILN_OP_ALL_GATHER_DONE] = LOWERED,
+    [KILN_OP_REDUCE_SCATTER] = {.jvp = kiln__jvp_reduce_scatter, .vjp = kiln__vjp_reduce_scatter,
+                               .batch = kiln__batch_dims_attr},
+    [KILN_OP_ALL_TO_ALL] = LINEAR(kiln__vjp_all_to_all, kiln__batch_dims_attr),
     [KILN_OP_RAGGED_ALL_TO_ALL] = NONE,
-    [KILN_OP_COLLECTIVE_PERMUTE] = LINEAR(NULL, kiln__batch_same),
-    [KILN_OP_COLLECTIVE_PERMUTE_START] = NONE,
-    [KILN_OP_COLLECTIVE_PERMUTE_DONE] = NONE,
-    [KILN_OP_COLLECTIVE_BROADCAST] = LINEAR(NULL, kiln__batch_same),
+    [KILN_OP_COLLECTIVE_PERMUTE] = LINEAR(kiln__vjp_collective_permute, kiln__batch_same),
+    [KILN_OP_COLLECTIVE_PERMUTE_START] = LOWERED,
+    [KILN_OP_COLLECTIVE_PERMUTE_DONE] = LOWERED,
+    [KILN_OP_COLLECTIVE_BROADCAST] = LINEAR(kiln__vjp_collective_broadcast, kiln__batch_same),
 };
+
+/* Ops deliberately left without derivative rules (no jvp/vjp and not
+ * lowered), each with the reason a refusal names. Reaching one with a
+ * nonzero tangent or cotangent is an error naming the op; off the
+ * differentiated path they are copied as they are. The rule-table test
+ * holds this list to the table above, both ways. */
+const kiln__no_rule kiln__tf_no_derivative[] = {
+    {KILN_OP_INVALID, "not an op"},
+    {KILN_OP_PARAMETER, "bound by the region drivers"},
+    {KILN_OP_CONSTANT, "no operands"},
+    {KILN_OP_IOTA, "no operands"},
+    {KILN_OP_CLZ, "integer values"},
+    {KILN_OP_BITCAST_CONVERT, "reinterprets bits"},
+    {KILN_OP_IMAG, "complex values are not differentiated"},
+    {KILN_OP_IS_FINITE, "pred result"},
+    {KILN_OP_NOT, "integer or pred values"},
+    {KILN_OP_POPCNT, "integer values"},
+    {KILN_OP_REAL, "complex values are not differentiated"},
+    {KILN_OP_AND, "integer or pred values"},
+    {KILN_OP_COMPARE, "pred result"},
+    {KILN_OP_COMPLEX, "complex values are not differentiated"},
+    {KILN_OP_OR, "integer or pred values"},
+    {KILN_OP_SHIFT_LEFT, "integer values"},
+    {KILN_OP_SHIFT_RIGHT_ARITH, "integer values"},
+    {KILN_OP_SHIFT_RIGHT_LOGICAL, "integer values"},
+    {KILN_OP_XOR, "integer or pred values"},
+    {KILN_OP_STOCHASTIC_CONVERT, "random rounding"},
+    {KILN_OP_DYNAMIC_RESHAPE, "dynamic shapes are not transformed"},
+    {KILN_OP_GET_DIMENSION_SIZE, "integer result"},
+    {KILN_OP_SET_DIMENSION_SIZE, "dynamic shapes are not transformed"},
+    {KILN_OP_FFT, "complex values are not differentiated"},
+    {KILN_OP_CHOLESKY, "no rule yet"},
+    {KILN_OP_TRIANGULAR_SOLVE, "no rule yet"},
+    {KILN_OP_CUSTOM_CALL, "its body is opaque to the transforms"},
+    {KILN_OP_RNG, "random values"},
+    {KILN_OP_RNG_BIT_GENERATOR, "random values"},
+    {KILN_OP_RNG_GET_AND_UPDATE_STATE, "random values"},
+    {KILN_OP_AFTER_ALL, "tokens"},
+    {KILN_OP_INFEED, "side effect"},
+    {KILN_OP_OUTFEED, "side effect"},
+    {KILN_OP_SEND, "side effect"},
+    {KILN_OP_SEND_DONE, "side effect"},
+    {KILN_OP_RECV, "side effect"},
+    {KILN_OP_RECV_DONE, "side effect"},
+    {KILN_OP_REPLICA_ID, "integer result"},
+    {KILN_OP_PARTITION_ID, "integer result"},
+    {KILN_OP_RAGGED_ALL_TO_ALL, "no rule yet"},
+};
+const uint32_t kiln__tf_no_derivative_count = sizeof kiln__tf_no_derivative / sizeof kiln__tf_no_derivative[0];
+
+/* Ops deliberately left without a batching rule (and not lowered). */
+const kiln__no_rule kiln__tf_no_batching[] = {
+    {KILN_OP_INVALID, "not an op"},
+    {KILN_OP_PARAMETER, "bound by the region drivers"},
+    {KILN_OP_DYNAMIC_RESHAPE, "dynamic shapes are not transformed"},
+    {KILN_OP_SET_DIMENSION_SIZE, "dynamic shapes are not transformed"},
+    {KILN_OP_CUSTOM_CALL, "its body is opaque to the transforms"},
+    {KILN_OP_RAGGED_ALL_TO_ALL, "no rule yet"},
+};
+const uint32_t kiln__tf_no_batching_count = sizeof kiln__tf_no_batching / sizeof kiln__tf_no_batching[0];
+
+const char *kiln__tf_no_rule_why(const kiln__no_rule *list, uint32_t n, kiln_opcode op) {
+  for (uint32_t i = 0; i < n; i++)
+    if (list[i].op == op) return list[i].why;
+  return NULL;
+}

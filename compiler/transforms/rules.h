@@ -81,9 +81,23 @@ typedef struct kiln__rule {
   kiln__fwd_fn fwd;
   kiln__batch_fn batch;
   bool own_primal;            /* jvp emits the primal value too */
+  bool lowered;               /* lower.c rewrites it into ops with rules first */
 } kiln__rule;
 
 extern const kiln__rule kiln__tf_rules[KILN_OP_COUNT];
+
+/* Ops deliberately without derivative (or batching) rules, with the
+ * reason; rules.c. */
+typedef struct kiln__no_rule {
+  kiln_opcode op;
+  const char *why;
+} kiln__no_rule;
+extern const kiln__no_rule kiln__tf_no_derivative[];
+extern const uint32_t kiln__tf_no_derivative_count;
+extern const kiln__no_rule kiln__tf_no_batching[];
+extern const uint32_t kiln__tf_no_batching_count;
+/* The reason op is in list[0..n), or NULL. */
+const char *kiln__tf_no_rule_why(const kiln__no_rule *list, uint32_t n, kiln_opcode op);
 
 /* ---- region drivers (ad.c) ---------------------------------------------- */
 
@@ -157,9 +171,27 @@ bool kiln__tf_is_checkpoint(const kiln_instr *ins);
  * elementwise. */
 kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_id *args, const int64_t *dims,
                               uint32_t rank, const kiln_instr *where);
+/* tree.c: whether kiln__tf_apply_scalar can apply f (scalar elementwise
+ * ops, constants, tuples, calls of such computations). */
+bool kiln__tf_scalar_comp_ok(const kiln_module *m, const kiln_computation *f, uint32_t depth);
 /* tree.c: a new computation taking reduce `red`'s operands and computing
  * its result as a tree of elementwise reducer steps; KILN_NO_ID on error. */
 uint32_t kiln__tf_reduce_tree(kiln__tx *tx, const kiln_instr *red);
+
+/* conv.c: splits dimension `axis` of v into (g, n/g) and merges the g part
+ * into dimension `into` as its major part. */
+kiln_id kiln__tf_regroup(kiln__b *b, kiln_id v, int64_t axis, int64_t into, int64_t g);
+
+/* lower.c: rewrites the computations reachable from the ENTRY whose ops
+ * have no rules of their own but equal compositions of ops that do (async
+ * wrappers, batch norms, maps of elementwise bodies, batch-grouped
+ * convolutions) into new computations; *entry is the lowered ENTRY (the
+ * ENTRY itself when nothing needed lowering). The module's computations
+ * are not changed. */
+int kiln__tf_lower(kiln__tx *tx, uint32_t *entry);
+/* Whether kiln__tf_lower rewrites instructions of this op (always, or for
+ * map: when its body is elementwise; for convolution: with batch groups). */
+bool kiln__tf_lowered_op(kiln_opcode op);
 
 /* Trip count of a while loop known at compile time, or -1. */
 int64_t kiln__tf_trip_count(const kiln_module *m, const kiln_instr *w);
@@ -235,6 +267,14 @@ int kiln__vjp_scatter(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 int kiln__vjp_select_and_scatter(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 int kiln__vjp_all_reduce(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 int kiln__vjp_barrier(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+
+/* collective.c */
+int kiln__jvp_reduce_scatter(kiln__ad *c, const kiln_instr *ins);
+int kiln__vjp_all_gather(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+int kiln__vjp_reduce_scatter(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+int kiln__vjp_all_to_all(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+int kiln__vjp_collective_permute(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+int kiln__vjp_collective_broadcast(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 
 /* sort.c */
 int kiln__jvp_sort(kiln__ad *c, const kiln_instr *ins);

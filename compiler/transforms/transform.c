@@ -1,6 +1,7 @@
 /* The transforms as whole-program rewrites: each builds a new ENTRY from
  * the old one with the signature transform.h documents, makes it the entry
- * and lets DCE drop what the rules built but nobody uses. The old entry
+ * and lets DCE drop what the rules built but nobody uses. Ops without rules
+ * of their own are first lowered into ops that have them (lower.c). The old entry
  * stays in the module as an ordinary computation (a checkpoint calls it;
  * otherwise it is unreferenced).
  */
@@ -269,9 +270,16 @@ static int apply_one(kiln_module *m, const kiln_transform *t, kiln_transform_sta
                      kiln_status *st) {
   kiln__tx tx;
   if (kiln__tx_init(&tx, m, kiln_transform_kind_name(t->kind), st)) return KILN_ENOMEM;
-  uint32_t comp = KILN_NO_ID;
+  uint32_t comp = KILN_NO_ID, old = m->entry, low = old;
   vjp_marks mk = {0, 0};
-  switch (t->kind) {
+  /* the transform reads the lowered ENTRY (lower.c); on failure the old
+   * one is the entry again */
+  if (kiln__tf_lower(&tx, &low) == 0 && low != old) {
+    m->comps[old]->is_entry = false;
+    m->comps[low]->is_entry = true;
+    m->entry = low;
+  }
+  if (tx.err == 0) switch (t->kind) {
   case KILN_TRANSFORM_JVP: apply_jvp(&tx, t, &comp); break;
   case KILN_TRANSFORM_VJP: apply_vjp(&tx, t, false, &comp, &mk); break;
   case KILN_TRANSFORM_GRAD: apply_vjp(&tx, t, true, &comp, &mk); break;
@@ -280,6 +288,11 @@ static int apply_one(kiln_module *m, const kiln_transform *t, kiln_transform_sta
   default: kiln__tx_fail(&tx, KILN_EINVAL, NULL, "unknown transform kind %d", (int)t->kind);
   }
   int rc = tx.err;
+  if (rc && low != old) {
+    m->comps[low]->is_entry = false;
+    m->comps[old]->is_entry = true;
+    m->entry = old;
+  }
   if (rc == 0) {
     m->comps[m->entry]->is_entry = false;
     m->comps[comp]->is_entry = true;

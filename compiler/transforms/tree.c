@@ -29,6 +29,18 @@ static bool scalar_op_ok(kiln_opcode op) {
          op == KILN_OP_PARAMETER || op == KILN_OP_CONSTANT || op == KILN_OP_CALL;
 }
 
+bool kiln__tf_scalar_comp_ok(const kiln_module *m, const kiln_computation *f, uint32_t depth) {
+  if (f == NULL || depth > 16 || kiln_computation_root(m, f) == NULL) return false;
+  for (uint32_t i = 0; i < f->ninstrs; i++) {
+    const kiln_instr *s = m->instrs[f->instrs[i]];
+    if (!scalar_op_ok(s->op) || (kiln_shape_is_array(&s->shape) && s->shape.rank != 0)) return false;
+    if (s->op == KILN_OP_CALL &&
+        (s->ncalled != 1 || !kiln__tf_scalar_comp_ok(m, kiln_module_computation(m, s->called[0]), depth + 1)))
+      return false;
+  }
+  return true;
+}
+
 kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_id *args, const int64_t *dims,
                               uint32_t rank, const kiln_instr *where) {
   kiln__tx *tx = b->tx;
@@ -42,9 +54,10 @@ kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_
     const kiln_instr *s = m->instrs[f->instrs[i]];
     if (!scalar_op_ok(s->op) || (kiln_shape_is_array(&s->shape) && s->shape.rank != 0))
       return kiln__tx_fail(tx, KILN_EUNIMPL, where,
-                           "%s: reducer %s uses %s %s, which cannot be applied elementwise; the reduction "
-                           "has no derivative yet",
-                           tx->name, f->name, kiln_opcode_name(s->op), s->name ? s->name : ""),
+                           "%s: computation %s uses %s %s, which cannot be applied elementwise to arrays; "
+                           "the %s has no derivative yet",
+                           tx->name, f->name, kiln_opcode_name(s->op), s->name ? s->name : "",
+                           where ? kiln_opcode_name(where->op) : "computation"),
              KILN_NO_ID;
     kiln_id *ops = kiln__b_ids(tx, s->noperands);
     if (ops == NULL) return KILN_NO_ID;
