@@ -9,15 +9,21 @@
  * goes when the run is over.
  *
  * The job runs on a device worker of the scheduler, which honours the call's
- * deadline and skips it if the caller went away while it waited. Outputs
- * come back inline or stay on the server as new handles of the caller.
+ * deadline and skips it if the caller went away while it waited. A running
+ * job stops too: the run's cancel flag is the call's `cancelled`, which the
+ * close watch raises when the caller goes away or gRPC ends the call at its
+ * deadline, and the run's time limit is the time left. The device is handed
+ * back before the reply is built (exec_done). Outputs come back inline or
+ * stay on the server as new handles of the caller.
  *
  * Tiny programs skip the hand-off: when an executable's recent runs were
  * short, its device is free and nobody is queued for the class, the job runs
  * right here on the completion-queue thread (kiln_sched_run_now). Waking a
  * worker and waking a cq thread again for the reply cost more than such a
  * run. At most cq-threads - 1 calls run that way at once, so one cq thread
- * always keeps serving the queue (cancellations, health checks).
+ * always keeps serving the queue (cancellations, health checks). Such a call
+ * starts no close watch (call.c): only its deadline can stop it, which is
+ * fine for work that short.
  */
 #include <pthread.h>
 #include <string.h>
