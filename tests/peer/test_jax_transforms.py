@@ -158,6 +158,40 @@ def sort_topk(x, v):
     return jnp.sum(jnp.sort(x, axis=0) * w) + jnp.sum(vs * w) + jnp.sum(jnp.sin(lax.top_k(x, 2)[0]))
 
 
+def batch_grouped_conv(x, k):
+    """A convolution with batch groups, as the kernel gradient of a
+    depthwise convolution has them."""
+    y = lax.conv_general_dilated(x, k, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"),
+                                 batch_group_count=2)
+    return jnp.sum(jnp.sin(y))
+
+
+def depthwise_conv(x, k):
+    y = lax.conv_general_dilated(x, k, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"),
+                                 feature_group_count=2)
+    return jnp.sum(jnp.sin(y))
+
+
+def one_device_collectives():
+    """Collectives over the one device a shard_map of one device has."""
+    try:
+        from jax import shard_map
+    except ImportError:  # older JAX
+        from jax.experimental.shard_map import shard_map
+    from jax.sharding import Mesh, PartitionSpec as P
+    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+
+    def body(x):
+        a = lax.all_gather(x, "i", axis=1, tiled=True)
+        b = lax.psum_scatter(a * 2.0, "i", scatter_dimension=0, tiled=True)
+        c = lax.ppermute(jnp.sin(b), "i", perm=[(0, 0)])
+        return jnp.tanh(c) * x
+    try:
+        return shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+    except TypeError:  # older JAX
+        return shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(), check_rep=False)
+
+
 class JaxTransformsTest(unittest.TestCase):
     def kiln(self, name, fn, args, transforms, kiln_args=None):
         """Exports fn at args, runs kiln with the transforms, returns outputs."""
@@ -332,6 +366,38 @@ class JaxTransformsTest(unittest.TestCase):
             *params, x, labels)
         self.same("vmap of grad", got, want)
 
+
+    # ---- lowered ops and collectives ---------------------------------------------
+
+    def test_batch_grouped_convolution(self):
+        rng = _rng(8)
+        x, k = _f32(rng, 4, 6, 2), _f32(rng, 3, 2, 4)
+        got = self.kiln("bgc", batch_grouped_conv, (x, k), ["grad:wrt=0,1"])
+        self.same("batch-grouped convolution", got, jax.value_and_grad(batch_grouped_conv, argnums=(0, 1))(x, k))
+        tx, tk = _f32(rng, 4, 6, 2), _f32(rng, 3, 2, 4)
+        got = self.kiln("bgc_jvp", batch_grouped_conv, (x, k), ["jvp"], kiln_args=(x, k, tx, tk))
+        self.same("jvp batch-grouped convolution", got, jax.jvp(batch_grouped_conv, (x, k), (tx, tk)))
+        # the inner kernel gradient of a depthwise convolution is batch-grouped
+        x, k = _f32(rng, 2, 5, 2), _f32(rng, 2, 1, 2)
+        tx, tk = _f32(rng, 2, 5, 2), _f32(rng, 2, 1, 2)
+        got = self.kiln("dw_hvp", depthwise_conv, (x, k), ["grad:wrt=1", "jvp"], kiln_args=(x, k, tx, tk))
+        self.same("jvp of the kernel gradient of a depthwise convolution", got,
+                  jax.jvp(jax.value_and_grad(depthwise_conv, argnums=1), (x, k), (tx, tk)))
+
+    def test_collectives_one_device(self):
+        f = one_device_collectives()
+        rng = _rng(9)
+        x = _f32(rng, 2, 3)
+        u = _f32(rng, 2, 3)
+        got = self.kiln("coll_vjp", f, (x,), ["vjp"], kiln_args=(x, u))
+        out, pullback = jax.vjp(f, x)
+        self.same("vjp of all-gather, reduce-scatter, collective-permute", got, (out, pullback(u)))
+        t = _f32(rng, 2, 3)
+        got = self.kiln("coll_jvp", f, (x,), ["jvp"], kiln_args=(x, t))
+        self.same("jvp of collectives", got, jax.jvp(f, (x,), (t,)))
+        xs = _f32(rng, 4, 2, 3)
+        got = self.kiln("coll_vmap", f, (x,), ["vmap:in_axes=1,out_axes=2"], kiln_args=(xs.transpose(1, 0, 2),))
+        self.same("vmap of collectives", got, jax.vmap(f, in_axes=1, out_axes=2)(xs.transpose(1, 0, 2)))
 
 if __name__ == "__main__":
     unittest.main()
