@@ -24,12 +24,16 @@ small cpu-backend programs and counts with the Stats RPC:
   redis_down   Redis killed under a stream of compiles: no request fails,
                faults are counted and redis_up drops to 0; Redis restarted on
                the same port: shared hits resume without restarting kilnd;
+  redis_late   kilnd started before Redis: served meanwhile, sharing once
+               Redis is up;
   redis_slow   Redis stopped (SIGSTOP): compiles are not held up past the
                timeouts and faults are counted; SIGCONT: hits resume;
   redis_full   a Redis at maxmemory under noeviction: compiles succeed and
                the refused writes are counted as faults;
-  disk         the disk tier survives a restart, and the memory and disk
-               tiers stay within their bounds under a flood of modules.
+  disk         the disk tier survives a restart; a file damaged meanwhile is
+               refused and rebuilt, a dead writer's temporary file removed;
+               the memory and disk tiers stay within their bounds under a
+               flood of modules.
 
 The helpers (RESP client, Redis and kilnd processes, programs) are also used
 by bench/bench_cache.py. Usage:
@@ -770,6 +774,37 @@ def scenario_lock(env):
     rc.close()
 
 
+def scenario_redis_late(env):
+    """kilnd started before its Redis: compiles are served meanwhile, and
+    once Redis comes up the servers share without a restart."""
+    port = free_port()
+    a = env.kilnd("A", "--redis-url", f"127.0.0.1:{port}")
+    b = env.kilnd("B", "--redis-url", f"127.0.0.1:{port}")
+    hlo, want = program()
+    c = a.compile(hlo)
+    check(src(c) == "COMPILED" and close(a.execute(c.executable_id), want),
+          f"redis_late: a compile with no Redis yet is COMPILED and right (got {src(c)})")
+    st = a.stats()
+    check(has(st, "kiln_cache_redis_up") and ctr(st, "kiln_cache_redis_up") == 0,
+          "redis_late: kiln_cache_redis_up 0")
+    r = Redis(env.tmp, port=port)
+    env.redises.append(r)
+    t0 = time.time()
+    shared_after = None
+    while time.time() - t0 < 20:
+        hlo, want = program()
+        a.compile(hlo)
+        cb = b.compile(hlo)
+        if src(cb) == "SHARED":
+            shared_after = time.time() - t0
+            check(close(b.execute(cb.executable_id), want),
+                  "redis_late: the shared hit runs right")
+            break
+        time.sleep(0.2)
+    check(shared_after is not None, "redis_late: once Redis is up, SHARED hits begin "
+          f"(after {shared_after and round(shared_after, 2)} s)")
+
+
 def scenario_redis_slow(env):
     """Redis stopped (SIGSTOP: connections open, no answers): compiles are
     served within the Redis timeouts, faults counted; SIGCONT: hits resume."""
@@ -911,6 +946,30 @@ def scenario_disk(env):
           f"(got {src(c2)})")
     check(c2.cache_key == c1.cache_key, "disk: same key after the restart")
     check(close(e.execute(c2.executable_id), want), "disk: the disk hit executes right")
+
+    # A file damaged while kilnd was down is refused and rebuilt; a
+    # temporary file left by a writer that died is removed at open.
+    path = os.path.join(cache_dir, c1.cache_key[:2], c1.cache_key)
+    check(os.path.isfile(path), "disk: the entry is the file <dir>/<2 hex>/<key>")
+    e.stop()
+    if os.path.isfile(path):
+        with open(path, "r+b") as fh:
+            raw = fh.read()
+            fh.seek(0)
+            fh.write(flip(raw, len(raw) // 2))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = os.path.join(cache_dir, c1.cache_key[:2], f".tmp-{dead.pid}-leftover")
+    with open(leftover, "wb") as fh:
+        fh.write(b"half an entry")
+    e.start()
+    c3 = e.compile(hlo)
+    st = e.stats()
+    check(src(c3) == "COMPILED", f"disk: a damaged file is refused and rebuilt (got {src(c3)})")
+    check(ctr(st, "kiln_cache_integrity_failures_total", reason="mac") == 1,
+          "disk: counted as integrity failure reason mac")
+    check(close(e.execute(c3.executable_id), want), "disk: the rebuilt module runs right")
+    check(not os.path.exists(leftover), "disk: the dead writer's temporary file is gone")
     if size <= 0:
         return
 
@@ -955,7 +1014,8 @@ def scenario_disk(env):
 SCENARIOS = [("shared", scenario_shared), ("single", scenario_single),
              ("policy", scenario_policy), ("integrity", scenario_integrity),
              ("lock", scenario_lock),
-             ("redis_down", scenario_redis_down), ("redis_slow", scenario_redis_slow),
+             ("redis_down", scenario_redis_down), ("redis_late", scenario_redis_late),
+             ("redis_slow", scenario_redis_slow),
              ("redis_full", scenario_redis_full), ("disk", scenario_disk)]
 
 
