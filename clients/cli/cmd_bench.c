@@ -1,6 +1,12 @@
 /* kiln bench FILE [--backend cpu|interp] [--iters N] [--warmup N]
- * [--random-args SEED] [--target T] [--opt-level N] [--disable-pass NAME]...:
- * compile once, run many times, print one JSON object.
+ * [--random-args SEED] [--target T] [--opt-level N] [--disable-pass NAME]...
+ * [--transform SPEC]...: compile once, run many times, print one JSON object.
+ *
+ * --transform applies function transforms first, innermost first, as
+ * `kiln run` does (grad, vjp, jvp, vmap:...,size=N, checkpoint): what is
+ * compiled and timed is the transformed program, on random arguments of
+ * its signature (so a vmap needs size=N), and the JSON lists the specs in
+ * "transforms".
  *
  *   {"file": ..., "backend": "cpu", "target": "cpu", "opt_level": 2,
  *    "iters": 20, "warmup": 1, "mode": "buffers",
@@ -32,6 +38,8 @@
 #include "common/alloc.h"
 #include "compiler/compile.h"
 #include "executor/backend.h"
+#include "compiler/ir/verify.h"
+#include "compiler/transforms/transform.h"
 #include "executor/interp/interp.h"
 
 static double now_us(void) {
@@ -71,6 +79,8 @@ static int cmp_double(const void *a, const void *b) {
 
 typedef struct bench {
   const char *file;
+  const char **transforms; /* --transform specs, as given */
+  int ntransforms;
   kiln_module *m;
   kiln_literal **args;
   uint32_t nargs;
@@ -175,6 +185,41 @@ out:
   return rc;
 }
 
+/* Applies the --transform specs, innermost first; 0 or an exit code. */
+static int apply_transforms(bench *b) {
+  if (b->ntransforms == 0) return KILN_EXIT_OK;
+  kiln_transform *ts = kiln_calloc((size_t)b->ntransforms, sizeof *ts);
+  if (ts == NULL) {
+    fprintf(stderr, "kiln bench: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = KILN_EXIT_OK;
+  for (int i = 0; i < b->ntransforms && rc == KILN_EXIT_OK; i++) {
+    if (kiln_transform_parse(b->transforms[i], &ts[i], &st)) {
+      fprintf(stderr, "kiln bench: --transform '%s': %s\n", b->transforms[i], st.msg);
+      rc = KILN_EXIT_USAGE;
+    } else if (ts[i].kind == KILN_TRANSFORM_VMAP && ts[i].axis_size <= 0) {
+      fprintf(stderr,
+              "kiln bench: --transform '%s': the arguments are random, so vmap needs its batch "
+              "size (size=N)\n",
+              b->transforms[i]);
+      rc = KILN_EXIT_USAGE;
+    }
+  }
+  if (rc == KILN_EXIT_OK && kiln_transforms_apply(b->m, ts, (uint32_t)b->ntransforms, &st)) {
+    kiln__report(b->file, b->m, &st);
+    rc = kiln__exit_code(st.code);
+  }
+  if (rc == KILN_EXIT_OK && kiln_module_verify(b->m, NULL, &st)) {
+    kiln__report(b->file, b->m, &st); /* a transform built an invalid program: our bug */
+    rc = KILN_EXIT_INTERNAL;
+  }
+  kiln_free(ts);
+  return rc;
+}
+
 static int run_interp(bench *b, kiln_status *st) {
   int rc = 0;
   for (long i = 0; i < b->warmup + b->iters && rc == 0; i++) {
@@ -200,6 +245,14 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
     printf(", \"target\": ");
     json_string(co->target ? co->target : "cpu");
     printf(", \"opt_level\": %d", co->opt_level);
+  }
+  if (b->ntransforms) {
+    printf(", \"transforms\": [");
+    for (int i = 0; i < b->ntransforms; i++) {
+      if (i) printf(", ");
+      json_string(b->transforms[i]);
+    }
+    printf("]");
   }
   printf(", \"iters\": %ld, \"warmup\": %ld, \"mode\": \"%s\"", b->iters, b->warmup,
          !cpu ? "interpreter" : b->buffers ? "buffers" : "literals");
@@ -253,7 +306,12 @@ int kiln__cmd_bench(const kiln__args *a) {
                     "--backend cpu\n");
     return KILN_EXIT_USAGE;
   }
+  b.transforms = kiln__args_all(a, "transform", &b.ntransforms);
   if ((rc = kiln__module_load(b.file, true, &b.m))) return rc;
+  if ((rc = apply_transforms(&b))) {
+    kiln_module_destroy(b.m);
+    return rc;
+  }
   kiln_status st;
   kiln_status_clear(&st);
   const kiln_computation *entry = kiln_module_entry(b.m);

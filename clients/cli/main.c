@@ -85,6 +85,9 @@ static const kiln__opt bench_opts[] = {
     {"target", 0, "NAME", false, "cpu code target (default cpu)"},
     {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
     {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
+    {"transform", 0, "SPEC", true,
+     "time the transformed program, transforms innermost first: grad, vjp, jvp, "
+     "vmap:in_axes=0,size=N, checkpoint"},
     {0},
 };
 
@@ -186,7 +189,7 @@ static const kiln__cmd commands[] = {
      "Graphviz DOT, one cluster per computation. Render it with 'dot -Tsvg'.\n",
      dot_opts, 1, 1, kiln__cmd_dot, NULL},
     {"bench", "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
-              "         [--target T] [-O N] [--disable-pass NAME]...",
+              "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
      "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"

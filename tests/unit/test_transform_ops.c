@@ -5,7 +5,11 @@
  * every batch element; transposed collectives checked by structure over
  * several devices (the interpreter runs one) and by value over one. Last,
  * the rule table itself: every op has derivative and batching rules, is
- * lowered, or is on the documented list of ops without them. */
+ * lowered, or is on the documented list of ops without them; and `kiln
+ * bench --transform`. */
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "compiler/transforms/rules.h"
 #include "tests/unit/test_transform_harness.h"
 
@@ -47,7 +51,7 @@ static void expect_ints(const kiln_instr *ins, kiln_attr_key key, const int64_t 
 
 static const char *k_async =
     "HloModule m\n" ADD_F64 "wrapped { p = f64[4] parameter(0)  q = f64[4] parameter(1)  s = "
-                            "f64[4] sine(p)  ROOT r = f64[4] multiply(s, q) }\n"
+    "f64[4] sine(p)  ROOT r = f64[4] multiply(s, q) }\n"
     "ENTRY main { x = f64[4] parameter(0)  y = f64[4] parameter(1)\n"
     "  st = ((f64[4], f64[4]), f64[4], s32[]) async-start(x, y), calls=wrapped\n"
     "  up = ((f64[4], f64[4]), f64[4], s32[]) async-update(st), calls=wrapped\n"
@@ -116,7 +120,7 @@ START_TEST(test_batch_norm) {
   /* sum(y^2) + sum(var) + sum(mean): every output reaches the scalar */
   const char *train =
       "HloModule m\n" ADD_F64 "ENTRY main { x = f64[2,3,4] parameter(0)  sc = f64[3] parameter(1)  "
-                              "of = f64[3] parameter(2)\n"
+      "of = f64[3] parameter(2)\n"
       "  bn = (f64[2,3,4], f64[3], f64[3]) batch-norm-training(x, sc, of), epsilon=0.001, "
       "feature_index=1\n"
       "  y = f64[2,3,4] get-tuple-element(bn), index=0  mu = f64[3] get-tuple-element(bn), "
@@ -136,7 +140,7 @@ START_TEST(test_batch_norm) {
   diff_all(infer, "grad:wrt=0,1,2,3,4", 34, 0.2, 1);
   const char *grad =
       "HloModule m\n" ADD_F64 "ENTRY main { x = f64[2,2,3] parameter(0)  sc = f64[2] parameter(1)  "
-                              "mu = f64[2] parameter(2)\n"
+      "mu = f64[2] parameter(2)\n"
       "  v = f64[2] parameter(3)  dy = f64[2,2,3] parameter(4)\n"
       "  g = (f64[2,2,3], f64[2], f64[2]) batch-norm-grad(x, sc, mu, v, dy), epsilon=0.001, "
       "feature_index=1\n"
@@ -157,7 +161,7 @@ END_TEST
 START_TEST(test_map) {
   const char *mp =
       "HloModule m\n" ADD_F64 "f { a = f64[] parameter(0)  b = f64[] parameter(1)  s = f64[] "
-                              "sine(a)  c = f64[] constant(2)\n"
+      "sine(a)  c = f64[] constant(2)\n"
       "  t = f64[] multiply(s, c)  ROOT r = f64[] multiply(t, b) }\n"
       "ENTRY main { x = f64[2,3] parameter(0)  y = f64[2,3] parameter(1)\n"
       "  mm = f64[2,3] map(x, y), dimensions={0,1}, to_apply=f  z = f64[] constant(0)\n"
@@ -362,6 +366,51 @@ START_TEST(test_collective_batching) {
 }
 END_TEST
 
+/* ---- kiln bench --transform ----------------------------------------------- */
+
+START_TEST(test_bench_transform) {
+  char kiln[4096], dir[] = "/tmp/kiln_txops_XXXXXX", path[4200], cmd[12000], out[4096] = "";
+  snprintf(kiln, sizeof kiln, "%s/kiln", KILN_BINARY_DIR);
+  FILE *f = fopen(kiln, "rb");
+  if (f == NULL) {
+    fprintf(stderr, "test_bench_transform: skipped, %s is not built\n", kiln);
+    return;
+  }
+  fclose(f);
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/bn.hlo", dir);
+  f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("HloModule m\n" ADD_F64
+        "ENTRY main { x = f64[2,3] parameter(0)  s = f64[2,3] sine(x)  z = f64[] constant(0)\n"
+        "  ROOT r = f64[] reduce(s, z), dimensions={0,1}, to_apply=add }\n",
+        f);
+  fclose(f);
+  snprintf(
+      cmd, sizeof cmd,
+      "'%s' bench '%s' --backend interp --iters 2 --transform grad --transform vmap:size=3 2>&1",
+      kiln, path);
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  ck_assert_int_eq(pclose(p), 0);
+  ck_assert_msg(strstr(out, "\"transforms\": [\"grad\", \"vmap:size=3\"], \"iters\": 2") != NULL,
+                "%s", out);
+  snprintf(cmd, sizeof cmd, "'%s' bench '%s' --backend interp --transform vmap 2>&1", kiln, path);
+  p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  ck_assert_int_eq(WEXITSTATUS(pclose(p)), 2);
+  ck_assert_str_eq(
+      out, "kiln bench: --transform 'vmap': the arguments are random, so vmap needs its batch size "
+           "(size=N)\n");
+  remove(path);
+  rmdir(dir);
+}
+END_TEST
+
 /* ---- the rule table ------------------------------------------------------- */
 
 static bool listed(const kiln__no_rule *l, uint32_t n, kiln_opcode op) {
@@ -421,6 +470,7 @@ int main(void) {
   tcase_add_test(tc, test_collective_transposes);
   tcase_add_test(tc, test_collective_batching);
   tcase_add_test(tc, test_rule_table_coverage);
+  tcase_add_test(tc, test_bench_transform);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
