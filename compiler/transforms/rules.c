@@ -3,7 +3,7 @@
  * rule, reverse-mode forward hook and batching rule (see rules.h). Every op
  * is listed, so that what an op lacks is written here as an empty slot, not
  * forgotten; the bodies live in jvp.c (elementwise), linear.c, reduce.c,
- * gather.c, conv.c, sort.c, tree.c, collective.c, ad_control.c and
+ * gather.c, conv.c, sort.c, tree.c, collective.c, linalg.c, ad_control.c and
  * batch*.c. Rows marked LOWERED are rewritten by lower.c into ops with
  * rules before a transform runs; ops deliberately without rules are listed
  * with the reason at the end of this file.
@@ -124,7 +124,8 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_SCATTER] = {.jvp = kiln__jvp_scatter, .vjp = kiln__vjp_scatter, .batch = kiln__batch_scatter},
     [KILN_OP_FFT] = {.batch = kiln__batch_same},
     [KILN_OP_CHOLESKY] = {.batch = kiln__batch_same},
-    [KILN_OP_TRIANGULAR_SOLVE] = {.batch = kiln__batch_same},
+    [KILN_OP_TRIANGULAR_SOLVE] = {.jvp = kiln__jvp_triangular_solve, .vjp = kiln__vjp_triangular_solve,
+                                  .batch = kiln__batch_same},
     [KILN_OP_TOPK] = {.jvp = kiln__jvp_topk, .vjp = kiln__vjp_topk, .batch = kiln__batch_same},
     [KILN_OP_BATCH_NORM_TRAINING] = LOWERED,
     [KILN_OP_BATCH_NORM_INFERENCE] = LOWERED,
@@ -210,7 +211,6 @@ const kiln__no_rule kiln__tf_no_derivative[] = {
     {KILN_OP_SET_DIMENSION_SIZE, "dynamic shapes are not transformed"},
     {KILN_OP_FFT, "complex values are not differentiated"},
     {KILN_OP_CHOLESKY, "no rule yet"},
-    {KILN_OP_TRIANGULAR_SOLVE, "no rule yet"},
     {KILN_OP_CUSTOM_CALL, "its body is opaque to the transforms"},
     {KILN_OP_RNG, "random values"},
     {KILN_OP_RNG_BIT_GENERATOR, "random values"},

@@ -1,0 +1,104 @@
+/* Derivatives of triangular-solve.
+ *
+ * With M = op(a) (a or its transpose) and only a's triangle read (lower or
+ * upper, its diagonal too unless unit_diagonal), the op computes
+ * x = M^-1 b (left_side) or x = b M^-1 (right side). Differentiating
+ * M x = b gives
+ *   left:  dx = M^-1 (db - dM x)        right: dx = (db - x dM) M^-1
+ * so the tangent is one more solve with the same a. Transposing:
+ *   left:  ct_b = M^-T ct_x, ct_M = -ct_b x^T
+ *   right: ct_b = ct_x M^-T, ct_M = -x^T ct_b
+ * where M^-T is a solve with transpose_a flipped, and ct_a is ct_M (or its
+ * transpose) kept on the triangle the op reads. Leading dimensions are
+ * batch dimensions throughout.
+ */
+#include <string.h>
+
+#include "compiler/transforms/rules.h"
+
+#define B (&c->b)
+
+typedef struct tri {
+  bool left, lower, unit, trans;
+  uint32_t r;      /* rank */
+  kiln_i64s batch; /* 0 .. r-3 */
+} tri;
+
+static int tri_of(kiln__ad *c, const kiln_instr *ins, tri *t) {
+  const kiln_shape *as = &c->tx->m->instrs[ins->operands[0]]->shape;
+  t->left = kiln_instr_attr_int(ins, KILN_ATTR_LEFT_SIDE, 0) != 0;
+  t->lower = kiln_instr_attr_int(ins, KILN_ATTR_LOWER, 0) != 0;
+  t->unit = kiln_instr_attr_int(ins, KILN_ATTR_UNIT_DIAGONAL, 0) != 0;
+  const char *ta = kiln_instr_attr_str(ins, KILN_ATTR_TRANSPOSE_A);
+  t->trans = ta && (strcmp(ta, "TRANSPOSE") == 0 || strcmp(ta, "ADJOINT") == 0);
+  t->r = as->rank;
+  if (ins->noperands != 2 || t->r < 2 || !kiln_shape_is_array(as)) return kiln__ad_not_diff(c, ins);
+  t->batch.n = t->r - 2;
+  t->batch.v = kiln__b_i64s(c->tx, t->r);
+  if (t->batch.v == NULL) return c->tx->err;
+  for (uint32_t d = 0; d + 2 < t->r; d++) t->batch.v[d] = d;
+  return 0;
+}
+
+/* v (shaped like a) kept on the triangle the op reads, zeros elsewhere. */
+static kiln_id on_triangle(kiln__ad *c, const tri *t, kiln_id v) {
+  const kiln_shape *s = kiln__b_shape(c->tx, v);
+  kiln_id row = kiln__b_iota(B, KILN_S32, s->dims, s->rank, t->r - 2);
+  kiln_id col = kiln__b_iota(B, KILN_S32, s->dims, s->rank, t->r - 1);
+  kiln_cmp_dir dir =
+      t->lower ? (t->unit ? KILN_CMP_GT : KILN_CMP_GE) : (t->unit ? KILN_CMP_LT : KILN_CMP_LE);
+  return kiln__b_select(B, kiln__b_cmp(B, row, col, dir), v, kiln__b_zeros_like(B, v));
+}
+
+/* Batched matrix product of the last two dims: x^(tx) y^(ty). */
+static kiln_id matmul(kiln__ad *c, const tri *t, kiln_id x, bool tx, kiln_id y, bool ty) {
+  int64_t lc = tx ? t->r - 2 : t->r - 1, rc = ty ? t->r - 1 : t->r - 2;
+  kiln_i64s l = {&lc, 1}, r = {&rc, 1};
+  return kiln__b_dot(B, x, y, &t->batch, &l, &t->batch, &r);
+}
+
+/* A triangular-solve like ins on (a, rhs), transpose_a flipped if asked. */
+static kiln_id solve(kiln__ad *c, const kiln_instr *ins, const tri *t, kiln_id a, kiln_id rhs,
+                     bool flip) {
+  kiln_id o[2] = {a, rhs};
+  kiln_instr *s = kiln__b_clone_start(B, ins, o, 2);
+  if (s == NULL) return KILN_NO_ID;
+  if (flip && kiln_instr_set_attr_str(c->tx->m, s, KILN_ATTR_TRANSPOSE_A,
+                                      t->trans ? "NO_TRANSPOSE" : "TRANSPOSE"))
+    return kiln__tx_oom(c->tx), KILN_NO_ID;
+  return kiln__b_finish(B, s);
+}
+
+int kiln__jvp_triangular_solve(kiln__ad *c, const kiln_instr *ins) {
+  tri t;
+  if (tri_of(c, ins, &t)) return c->tx->err;
+  kiln_id x = kiln__Y(c, ins), rhs = kiln__T(c, ins, 1);
+  if (kiln__T(c, ins, 0) != KILN_NO_ID) {
+    kiln_id da = on_triangle(c, &t, kiln__T(c, ins, 0));
+    /* left: dM x with dM = op(da); right: x dM */
+    kiln_id dmx =
+        t.left ? matmul(c, &t, da, t.trans, x, false) : matmul(c, &t, x, false, da, t.trans);
+    rhs = rhs == KILN_NO_ID ? kiln__b_neg(B, dmx) : kiln__b_sub(B, rhs, dmx);
+  }
+  c->tan[ins->id] =
+      rhs == KILN_NO_ID ? KILN_NO_ID : solve(c, ins, &t, kiln__X(c, ins, 0), rhs, false);
+  return c->tx->err;
+}
+
+int kiln__vjp_triangular_solve(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
+  tri t;
+  if (tri_of(c, ins, &t)) return c->tx->err;
+  kiln_id ctb = solve(c, ins, &t, kiln__X(c, ins, 0), ct, true);
+  kiln__ad_accum(c, ins, 1, ctb);
+  if (!kiln__ad_wants(c, ins, 0)) return c->tx->err;
+  kiln_id x = kiln__Y(c, ins);
+  /* ct_M = -ct_b x^T (left) or -x^T ct_b (right); ct_a = ct_M or ct_M^T,
+   * written directly in the orientation a has */
+  kiln_id cta;
+  if (t.left)
+    cta = t.trans ? matmul(c, &t, x, false, ctb, true) : matmul(c, &t, ctb, false, x, true);
+  else
+    cta = t.trans ? matmul(c, &t, ctb, true, x, false) : matmul(c, &t, x, true, ctb, false);
+  kiln__ad_accum(c, ins, 0, on_triangle(c, &t, kiln__b_neg(B, cta)));
+  return c->tx->err;
+}
