@@ -84,10 +84,35 @@ static int generate(stage *s, kiln_executable *e, kiln_compile_report *r, kiln_s
   return rc;
 }
 
+/* Kernels that touch little data finish in microseconds whatever the
+ * optimizer does, and -O3's extra passes (unrolling, peeling, versioning)
+ * cost the C compiler about a third more time on them. Code whose kernels
+ * all run once per run (in the entry program, not in a loop body or
+ * branch) on arguments of at most LIGHT_MAX_BYTES each is compiled at -O2
+ * with -O3's vectorizer cost model, so its loops still vectorize; anything
+ * larger keeps -O3. */
+#define LIGHT_MAX_BYTES (UINT64_C(4) << 20)
+
+static bool light_code(const kiln_executable *e) {
+  for (uint32_t p = 0; p < e->nprograms; p++)
+    for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {
+      const kiln_step *k = &e->programs[p].steps[i];
+      if (k->kind != KILN_STEP_KERNEL) continue;
+      if (p > 0) return false;
+      for (uint32_t a = 0; a < k->nargs; a++)
+        if (e->slots[k->args[a]].size > LIGHT_MAX_BYTES) return false;
+    }
+  return true;
+}
+
 static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target *t,
                      kiln_executable *e, kiln_compile_report *r, kiln_status *st) {
   const char *cc = o->cc ? o->cc : getenv("KILN_CC");
   kiln__cc_options co = {.cc = cc, .march = t->march, .timeout_s = o->cc_timeout_s};
+  if (light_code(e)) {
+    co.opt = "-O2";
+    co.tune = "-fvect-cost-model=dynamic";
+  }
   uint8_t *so = NULL;
   size_t nso = 0;
   double t0 = now_ms();

@@ -100,6 +100,7 @@ static int spawn(const kiln__cc_options *o, const char *dir, const char *out_pat
   int n = 0;
   argv[n++] = cc;
   argv[n++] = o->opt ? o->opt : "-O3";
+  if (o->tune && *o->tune) argv[n++] = o->tune;
   if (o->march && *o->march) {
     snprintf(march, sizeof march, "-march=%s", o->march);
     argv[n++] = march;

@@ -12,6 +12,7 @@ typedef struct kiln__cc_options {
   const char *march; /* -march= value; NULL or "": none */
   double timeout_s;  /* wall-clock limit; <= 0: 120 s */
   const char *opt;   /* optimization flag; NULL: "-O3" */
+  const char *tune;  /* one more flag after it (a -f option); NULL: none */
 } kiln__cc_options;
 
 /* Compiles C source `src` (len bytes, fed on stdin) into a shared object
