@@ -9,6 +9,7 @@
 #include "executor/cpu/cpu_blas.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,15 @@ void kiln_cpu_blas_select_core(char **argv) {
   /* OPENBLAS_CORETYPE now set, the new image takes the early return above
    * whatever core it gets: no loop. */
   if (setenv("OPENBLAS_CORETYPE", core, 1) != 0) return;
+  /* The program's own path first: the kernel names a process after the
+   * file it executes, and "exe" would stand in ps and logs instead of
+   * kiln or kilnd. /proc/self/exe still works when that path is gone. */
+  char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    execv(path, argv);
+  }
   execv("/proc/self/exe", argv);
   /* Still here: this image keeps the generic core. Leaving the variable
    * set is harmless (OpenBLAS read it long ago), and says what was tried. */
