@@ -1,4 +1,4 @@
-/* Derivatives of triangular-solve.
+/* Derivatives of triangular-solve and cholesky (below).
  *
  * With M = op(a) (a or its transpose) and only a's triangle read (lower or
  * upper, its diagonal too unless unit_diagonal), the op computes
@@ -100,5 +100,96 @@ int kiln__vjp_triangular_solve(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   else
     cta = t.trans ? matmul(c, &t, ctb, true, x, false) : matmul(c, &t, x, true, ctb, false);
   kiln__ad_accum(c, ins, 0, on_triangle(c, &t, kiln__b_neg(B, cta)));
+  return c->tx->err;
+}
+
+/* ---- cholesky ------------------------------------------------------------------
+ *
+ * The op reads a's lower triangle (upper=false: its upper one, which is the
+ * lower triangle of a^T, giving U = L^T) and returns the factor L with
+ * zeros above the diagonal. As a function of the lower triangle T of da,
+ * the symmetric matrix read is S = T + T^T - diag(T), and
+ *   dL = L Phi(L^-1 S L^-T),  Phi(X) = the lower triangle of X, diagonal halved.
+ * Phi is its own adjoint, so for a cotangent c of L (upper part ignored)
+ *   H = L^-T Phi(L^T c) L^-1,  ct_a = lower triangle of H + H^T - diag(H).
+ * The upper form runs the same on transposes.
+ */
+
+static kiln_id swap_last(kiln__ad *c, const tri *t, kiln_id v) {
+  int64_t *perm = kiln__b_i64s(c->tx, t->r);
+  if (perm == NULL) return KILN_NO_ID;
+  for (uint32_t d = 0; d < t->r; d++) perm[d] = d;
+  perm[t->r - 2] = t->r - 1;
+  perm[t->r - 1] = t->r - 2;
+  return kiln__b_transpose(B, v, perm, t->r);
+}
+
+/* Strictly-lower part of v scaled by `off`, its diagonal by `diag`. */
+static kiln_id lower_part(kiln__ad *c, const tri *t, kiln_id v, double off, double diag) {
+  const kiln_shape *s = kiln__b_shape(c->tx, v);
+  kiln_id row = kiln__b_iota(B, KILN_S32, s->dims, s->rank, t->r - 2);
+  kiln_id col = kiln__b_iota(B, KILN_S32, s->dims, s->rank, t->r - 1);
+  kiln_id z = kiln__b_zeros_like(B, v);
+  kiln_id lo = off == 1 ? v : kiln__b_mul(B, v, kiln__b_full_like(B, v, off));
+  kiln_id dg = diag == 1 ? v : kiln__b_mul(B, v, kiln__b_full_like(B, v, diag));
+  return kiln__b_select(B, kiln__b_cmp(B, row, col, KILN_CMP_GT), lo,
+                        kiln__b_select(B, kiln__b_cmp(B, row, col, KILN_CMP_EQ), dg, z));
+}
+
+/* Solves with the lower factor l: op(l) x = v (left) or x op(l) = v. */
+static kiln_id lsolve(kiln__ad *c, kiln_id l, kiln_id v, bool left, bool trans) {
+  kiln_id o[2] = {l, v};
+  kiln_instr *s = kiln__b_start(B, KILN_OP_TRIANGULAR_SOLVE, o, 2);
+  if (s == NULL) return KILN_NO_ID;
+  if (kiln_instr_set_attr_int(c->tx->m, s, KILN_ATTR_LEFT_SIDE, left) ||
+      kiln_instr_set_attr_int(c->tx->m, s, KILN_ATTR_LOWER, 1) ||
+      kiln_instr_set_attr_str(c->tx->m, s, KILN_ATTR_TRANSPOSE_A,
+                              trans ? "TRANSPOSE" : "NO_TRANSPOSE"))
+    return kiln__tx_oom(c->tx), KILN_NO_ID;
+  return kiln__b_finish(B, s);
+}
+
+static int chol_of(kiln__ad *c, const kiln_instr *ins, tri *t) {
+  const kiln_shape *as = &c->tx->m->instrs[ins->operands[0]]->shape;
+  memset(t, 0, sizeof *t);
+  t->lower = kiln_instr_attr_int(ins, KILN_ATTR_LOWER, 0) != 0;
+  t->r = as->rank;
+  if (ins->noperands != 1 || t->r < 2 || !kiln_shape_is_array(as)) return kiln__ad_not_diff(c, ins);
+  t->batch.n = t->r - 2;
+  t->batch.v = kiln__b_i64s(c->tx, t->r);
+  if (t->batch.v == NULL) return c->tx->err;
+  for (uint32_t d = 0; d + 2 < t->r; d++) t->batch.v[d] = d;
+  return 0;
+}
+
+int kiln__jvp_cholesky(kiln__ad *c, const kiln_instr *ins) {
+  tri t;
+  if (chol_of(c, ins, &t)) return c->tx->err;
+  kiln_id l = kiln__Y(c, ins), da = kiln__ad_tmat(c, ins, 0);
+  if (!t.lower) {
+    l = swap_last(c, &t, l);
+    da = swap_last(c, &t, da);
+  }
+  kiln_id tl = lower_part(c, &t, da, 1, 1);
+  kiln_id s = kiln__b_sub(B, kiln__b_add(B, tl, swap_last(c, &t, tl)), lower_part(c, &t, da, 0, 1));
+  kiln_id v = lsolve(c, l, lsolve(c, l, s, true, false), false, true); /* L^-1 S L^-T */
+  kiln_id dl = matmul(c, &t, l, false, lower_part(c, &t, v, 1, 0.5), false);
+  c->tan[ins->id] = t.lower ? dl : swap_last(c, &t, dl);
+  return c->tx->err;
+}
+
+int kiln__vjp_cholesky(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
+  tri t;
+  if (chol_of(c, ins, &t)) return c->tx->err;
+  kiln_id l = kiln__Y(c, ins);
+  if (!t.lower) {
+    l = swap_last(c, &t, l);
+    ct = swap_last(c, &t, ct);
+  }
+  ct = lower_part(c, &t, ct, 1, 1); /* L is zero above the diagonal whatever a is */
+  kiln_id g = lower_part(c, &t, matmul(c, &t, l, true, ct, false), 1, 0.5);
+  kiln_id h = lsolve(c, l, lsolve(c, l, g, true, true), false, false); /* L^-T G L^-1 */
+  kiln_id cta = lower_part(c, &t, kiln__b_add(B, h, swap_last(c, &t, h)), 1, 0.5);
+  kiln__ad_accum(c, ins, 0, t.lower ? cta : swap_last(c, &t, cta));
   return c->tx->err;
 }

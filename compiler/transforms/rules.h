@@ -271,6 +271,8 @@ int kiln__vjp_barrier(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 /* linalg.c */
 int kiln__jvp_triangular_solve(kiln__ad *c, const kiln_instr *ins);
 int kiln__vjp_triangular_solve(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+int kiln__jvp_cholesky(kiln__ad *c, const kiln_instr *ins);
+int kiln__vjp_cholesky(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 
 /* collective.c */
 int kiln__jvp_reduce_scatter(kiln__ad *c, const kiln_instr *ins);

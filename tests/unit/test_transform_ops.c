@@ -254,6 +254,40 @@ START_TEST(test_triangular_solve) {
 }
 END_TEST
 
+START_TEST(test_cholesky) {
+  for (int lower = 0; lower < 2; lower++) {
+    char text[2048];
+    /* through a0 a0^T + 3 I (both triangles move) and a1 + 4 I (only the
+     * triangle the op reads matters) */
+    snprintf(text, sizeof text,
+             "HloModule m\n" ADD_F64
+             "ENTRY main { a0 = f64[2,3,3] parameter(0)  a1 = f64[2,3,3] parameter(1)\n"
+             "  p = f64[2,3,3] dot(a0, a0), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+             "rhs_batch_dims={0}, "
+             "rhs_contracting_dims={2}\n"
+             "  i = f64[3,3] constant({{1,0,0},{0,1,0},{0,0,1}})  ib = f64[2,3,3] broadcast(i), "
+             "dimensions={1,2}\n"
+             "  i3 = f64[2,3,3] multiply(ib, ib)  c3 = f64[] constant(3)  b3 = f64[2,3,3] "
+             "broadcast(c3), dimensions={}\n"
+             "  d3 = f64[2,3,3] multiply(i3, b3)  c4 = f64[] constant(4)  b4 = f64[2,3,3] "
+             "broadcast(c4), dimensions={}\n"
+             "  d4 = f64[2,3,3] multiply(ib, b4)  s0 = f64[2,3,3] add(p, d3)  s1 = f64[2,3,3] "
+             "add(a1, d4)\n"
+             "  l0 = f64[2,3,3] cholesky(s0), lower=%s  l1 = f64[2,3,3] cholesky(s1), lower=%s\n"
+             "  m = f64[2,3,3] multiply(l0, l1)  s = f64[2,3,3] sine(m)  z = f64[] constant(0)\n"
+             "  ROOT r = f64[] reduce(s, z), dimensions={0,1,2}, to_apply=add }\n",
+             lower ? "true" : "false", lower ? "true" : "false");
+    diff_all(text, "grad:wrt=0,1", 140 + 3 * lower, -1, 1);
+  }
+  const char *ch =
+      "HloModule m\n"
+      "ENTRY main { a0 = f64[3,3] parameter(0)  i = f64[3,3] constant({{4,0,0},{0,4,0},{0,0,4}})\n"
+      "  a = f64[3,3] add(a0, i)  ROOT l = f64[3,3] cholesky(a), lower=true }\n";
+  const int64_t in[] = {1};
+  vmap_case(ch, "vmap:in_axes=1,size=2", in, 1);
+}
+END_TEST
+
 /* ---- collectives ---------------------------------------------------------- */
 
 /* Over one device every collective is an identity (or a copy): values. */
@@ -474,7 +508,7 @@ START_TEST(test_rule_table_coverage) {
       "invalid parameter constant iota count-leading-zeros bitcast-convert imag is-finite not "
       "popcnt "
       "real and compare complex or shift-left shift-right-arithmetic shift-right-logical xor "
-      "stochastic-convert dynamic-reshape get-dimension-size set-dimension-size fft cholesky "
+      "stochastic-convert dynamic-reshape get-dimension-size set-dimension-size fft "
       "custom-call rng rng-bit-generator rng-get-and-update-state after-all "
       "infeed "
       "outfeed send send-done recv recv-done replica-id partition-id ragged-all-to-all");
@@ -484,10 +518,10 @@ START_TEST(test_rule_table_coverage) {
   kiln_sbuf_free(&nd);
   kiln_sbuf_free(&nb);
   /* a refusal names the op and the reason */
-  tx_expect_fail("HloModule m\nENTRY main { x = f64[3,3] parameter(0)\n"
-                 "  c = f64[3,3] cholesky(x), lower=true  ROOT y = f64[3,3] sine(c) }\n",
+  tx_expect_fail("HloModule m\nENTRY main { x = f64[] parameter(0)  one = f64[] constant(1)\n"
+                 "  r = f64[3] rng(x, one), distribution=rng_uniform  ROOT y = f64[3] sine(r) }\n",
                  "jvp", KILN_EINVAL,
-                 "main/c: jvp: op cholesky (main/c) is not differentiable: no rule yet");
+                 "main/r: jvp: op rng (main/r) is not differentiable: random values");
 }
 END_TEST
 
@@ -501,6 +535,7 @@ int main(void) {
   tcase_add_test(tc, test_map);
   tcase_add_test(tc, test_batch_group_convolution);
   tcase_add_test(tc, test_triangular_solve);
+  tcase_add_test(tc, test_cholesky);
   tcase_add_test(tc, test_collectives_one_device);
   tcase_add_test(tc, test_collective_transposes);
   tcase_add_test(tc, test_collective_batching);
