@@ -364,6 +364,63 @@ static kiln_id split_axis(kiln__bt *c, kiln_id v, int64_t axis) {
   return kiln__bt_move_axis(B, kiln__b_reshape(B, v, dims, o), axis, 0);
 }
 
+/* Dims of v with dimension `axis` split into the given parts. */
+static kiln_id split_into(kiln__b *b, kiln_id v, int64_t axis, const int64_t *parts, uint32_t np) {
+  if (b->tx->err) return KILN_NO_ID;
+  const kiln_shape *s = kiln__b_shape(b->tx, v);
+  int64_t *dims = kiln__b_i64s(b->tx, s->rank + np);
+  if (dims == NULL) return KILN_NO_ID;
+  uint32_t o = 0;
+  for (uint32_t d = 0; d < s->rank; d++) {
+    if ((int64_t)d != axis) {
+      dims[o++] = s->dims[d];
+      continue;
+    }
+    for (uint32_t k = 0; k < np; k++) dims[o++] = parts[k];
+  }
+  return kiln__b_reshape(b, v, dims, o);
+}
+
+/* Dims of v with the n dimensions from `axis` merged into one. */
+static kiln_id merge_run(kiln__b *b, kiln_id v, int64_t axis, uint32_t n) {
+  if (b->tx->err) return KILN_NO_ID;
+  const kiln_shape *s = kiln__b_shape(b->tx, v);
+  int64_t *dims = kiln__b_i64s(b->tx, s->rank);
+  if (dims == NULL) return KILN_NO_ID;
+  uint32_t o = 0;
+  for (uint32_t d = 0; d < s->rank; d++) {
+    if ((int64_t)d == axis) {
+      int64_t p = 1;
+      for (uint32_t k = 0; k < n; k++) p *= s->dims[d + k];
+      dims[o++] = p;
+      d += n - 1;
+    } else {
+      dims[o++] = s->dims[d];
+    }
+  }
+  return kiln__b_reshape(b, v, dims, o);
+}
+
+/* A batched kernel of a convolution with G feature groups, the input not
+ * batched: the kernel's output features (G, O/G) take the batch inside
+ * each group, (G, B, O/G), so every group still reads its own inputs; the
+ * result's features come out in that order and the batch moves first. */
+static int grouped_batched_kernel(kiln__bt *c, const kiln_instr *ins, const kiln_conv_dims *cd, int64_t g) {
+  kiln__tx *tx = c->tx;
+  kiln_id l = c->val[ins->operands[0]], r = c->val[ins->operands[1]];
+  int64_t ko = cd->kernel_out + 1, of = cd->out_feature;
+  int64_t o = kiln__b_shape(tx, r)->dims[ko];
+  int64_t kp[2] = {g, o / g};
+  r = kiln__bt_move_axis(B, split_into(B, r, ko, kp, 2), 0, ko); /* ..., G, B, O/G, ... */
+  r = merge_run(B, r, ko - 1, 3);
+  kiln_id ops[2] = {l, r};
+  kiln_id y = kiln__b_clone(B, ins, ops, 2);
+  int64_t yp[3] = {g, c->bsize, o / g};
+  y = kiln__bt_move_axis(B, split_into(B, y, of, yp, 3), of + 1, 0);
+  kiln__bt_set(c, ins, merge_run(B, y, of + 1, 2), true);
+  return tx->err;
+}
+
 int kiln__batch_convolution(kiln__bt *c, const kiln_instr *ins) {
   kiln__tx *tx = c->tx;
   const kiln_attr *la = kiln_instr_attr(ins, KILN_ATTR_DIM_LABELS);
@@ -382,14 +439,15 @@ int kiln__batch_convolution(kiln__bt *c, const kiln_instr *ins) {
     kiln__bt_set(c, ins, split_axis(c, y, cd->out_batch), true);
     return tx->err;
   }
-  if (fgc != 1) return cannot(c, ins, "a batched kernel with feature_group_count other than 1");
+  if (fgc != 1 && !bl) return grouped_batched_kernel(c, ins, cd, fgc);
   r = merge_axis(B, r, 0, cd->kernel_out + 1, &at);
   kiln_instr *y;
   if (bl) {
+    /* batch elements become groups of their own: (b, g) is group b*G + g */
     l = merge_axis(B, l, 0, cd->in_feature + 1, &at);
     kiln_id o[2] = {l, r};
     y = kiln__b_clone_start(B, ins, o, 2);
-    if (y && kiln_instr_set_attr_int(tx->m, y, KILN_ATTR_FEATURE_GROUP_COUNT, c->bsize))
+    if (y && kiln_instr_set_attr_int(tx->m, y, KILN_ATTR_FEATURE_GROUP_COUNT, c->bsize * fgc))
       return kiln__tx_oom(tx);
   } else {
     kiln_id o[2] = {l, r};

@@ -195,8 +195,12 @@ START_TEST(test_batch_group_convolution) {
                    "  s = f64[2,4,4] sine(c)  z = f64[] constant(0)\n"
                    "  ROOT r = f64[] reduce(s, z), dimensions={0,1,2}, to_apply=add }\n";
   diff_all(bg, "grad:wrt=0,1", 51, -1, 1);
-  const int64_t in[] = {0, N};
+  const int64_t in[] = {0, N}, in2[] = {N, 2}, in3[] = {1, 0};
   vmap_case(bg, "vmap:in_axes=0,none,size=2", in, 1);
+  /* a batched kernel, lowered to feature groups: batched kernels of
+   * grouped convolutions, with and without a batched input */
+  vmap_case(bg, "vmap:in_axes=none,2,size=2", in2, 1);
+  vmap_case(bg, "vmap:in_axes=1,0,size=2", in3, 1);
   /* strided, padded, spatial dims first */
   const char *bg2 = "HloModule m\n" ADD_F64
                     "ENTRY main { x = f64[5,2,3] parameter(0)  k = f64[2,2,6] parameter(1)\n"
@@ -214,6 +218,9 @@ START_TEST(test_batch_group_convolution) {
                    "feature_group_count=2\n"
                    "  s = f64[2,4,2] sine(c)  z = f64[] constant(0)\n"
                    "  ROOT r = f64[] reduce(s, z), dimensions={0,1,2}, to_apply=add }\n";
+  const int64_t dn[] = {N, 0}, db[] = {0, 0};
+  vmap_case(dw, "vmap:in_axes=none,0,size=3", dn, 1);
+  vmap_case(dw, "vmap:size=3", db, 1);
   const char *specs[] = {"grad:wrt=1", "jvp", NULL};
   kiln_module *hv = tx_apply_list(dw, specs, NULL);
   kiln_module_destroy(hv);
