@@ -46,6 +46,17 @@
  * (vmap:in_axes=none,0). Integer and pred values have zero tangents and
  * cotangents (written as zeros of their own type).
  *
+ * Coverage. Every op of ops.def has derivative and batching rules, is
+ * first rewritten into ops that have them (async wrappers and the -start/
+ * -done forms, batch norms, maps of elementwise computations,
+ * batch-grouped convolutions: lower.c), or is listed in rules.c as without
+ * them, with the reason an error gives when a transform reaches it
+ * (integer, pred and complex values, random numbers, side effects, dynamic
+ * shapes, custom calls, ragged-all-to-all). Collectives transpose into
+ * collectives over the same devices (all-gather <-> reduce-scatter,
+ * all-to-all, collective-permute inverted, collective-broadcast as a sum
+ * kept on the source).
+ *
  * Spec strings, as given to `kiln run --transform` and in compile options:
  *   grad | grad:wrt=0,1 | grad:wrt=0,output=1 | vjp:wrt=0 | vjp:output=1
  *   jvp | jvp:wrt=0 | vmap:in_axes=0,none,1 | vmap:in_axes=0,out_axes=1
