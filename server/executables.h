@@ -32,6 +32,9 @@ struct kilnd_exe {
   kiln_module *module;   /* verified, transformed: signature and interp runs */
   kiln_executable *exe;  /* cpu: the compiled code; NULL for interp */
   uint64_t peak_bytes;
+  /* cpu: built under CACHE_POLICY_BYPASS and so in no cache tier yet; the
+   * first default-policy Compile that finds it here stores it. */
+  atomic_bool uncached;
   /* Recent run time in ns, biased up (handlers_execute.c); 0: never ran. */
   _Atomic int64_t run_ns;
   /* cpu: the executable loaded per device, created on first use. */

@@ -35,6 +35,7 @@
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/compile_key.h"
+#include "server/compile_memo.h"
 #include "server/compile_prep.h"
 #include "server/convert.h"
 #include "server/executables.h"
@@ -75,6 +76,8 @@ static int check_request(kilnd *srv, const Kiln__V1__CompileRequest *r, kiln_sta
   return rc;
 }
 
+static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r);
+
 void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req) {
   kilnd *srv = c->srv;
   kiln_status st;
@@ -84,6 +87,7 @@ void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req) {
     kilnd_call_finish(c, NULL, rc, &st);
     return;
   }
+  if (answer_from_memo(c, (const Kiln__V1__CompileRequest *)req)) return;
   if ((uint64_t)atomic_fetch_add(&srv->compiles, 1) >= srv->cfg.compile_queue_depth) {
     atomic_fetch_sub(&srv->compiles, 1);
     kilnd_call_fail(c, KILN_ELIMIT, "compile queue is full (%llu compiles, compile-queue-depth)",
@@ -267,10 +271,18 @@ static int cache_cpu(job *j, kiln_executable **exe, kilnd_exe **loaded, uint64_t
   kiln_status st;
   kiln_status_clear(&st);
   kiln_cache_policy policy = j->policy;
+  /* Waiting for another build (here or on a server holding the Redis lock)
+   * may take half of the time the call has left; then this request builds
+   * itself, with the other half still its own. */
+  int64_t wait_until = 0;
+  if (j->c->deadline_ns) {
+    int64_t now = kiln_sched_now_ns();
+    wait_until = j->c->deadline_ns > now ? now + (j->c->deadline_ns - now) / 2 : now;
+  }
   int rc;
   for (int attempt = 0;; attempt++) {
-    rc = kiln_cache_get_or_build(j->srv->cache, &j->key, policy, j->c->deadline_ns, build_cpu, &b,
-                                 &res, &st);
+    rc = kiln_cache_get_or_build(j->srv->cache, &j->key, policy, wait_until, build_cpu, &b, &res,
+                                 &st);
     if (rc || b.exe) break; /* failed, or built by this request */
     j->source = proto_source(res.source);
     if (kilnd_exes_get(j->srv->exes, j->key.hex, loaded, NULL) == 0) break;
@@ -320,6 +332,28 @@ static uint64_t interp_peak(const kiln_module *m) {
   return sum;
 }
 
+/* A default-policy request found an executable that a BYPASS request
+ * built: it goes to the tiers now, as if this request had built it. A
+ * failure only costs other servers a compile; it is logged. */
+static void store_uncached(job *j, kilnd_exe *e) {
+#ifdef KILND_HAVE_COMPILER
+  if (e->exe == NULL) return;
+  uint8_t *blob = NULL;
+  size_t len = 0;
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_cache_meta meta = {.kind = KILN_CACHE_PAYLOAD_CPU_EXE, .peak_bytes = e->peak_bytes};
+  memcpy(meta.key, j->key.digest, sizeof meta.key);
+  memcpy(meta.parts, j->key.parts, sizeof meta.parts);
+  int rc = kiln_executable_serialize(e->exe, &blob, &len, &st);
+  if (rc == 0) rc = kiln_cache_put(j->srv->cache, &meta, blob, len, &st);
+  if (rc) kilnd_log("cache: storing %s built under BYPASS failed: %s: %s", j->key.hex, st.where, st.msg);
+  kiln_free(blob);
+#else
+  (void)j, (void)e;
+#endif
+}
+
 /* Finds or builds the executable; *out holds a reference. */
 static int build(job *j, kilnd_exe **out) {
   int rc = make_key(j);
@@ -330,6 +364,7 @@ static int build(job *j, kilnd_exe **out) {
       kilnd_exes_get(j->srv->exes, j->key.hex, out, NULL) == 0) {
     j->source = KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY;
     j->from_table = true;
+    if (atomic_exchange(&(*out)->uncached, false)) store_uncached(j, *out);
     return 0;
   }
   bool fallback = strcmp(j->plan.backend, "interp") == 0;
@@ -359,21 +394,22 @@ static int build(job *j, kilnd_exe **out) {
   j->m = NULL;
   if (e == NULL) return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
   e->peak_bytes = peak;
+  atomic_store(&e->uncached, exe != NULL && j->policy == KILN_CACHE_POLICY_BYPASS);
   /* REFRESH and BYPASS answer with what they built, in place of an entry
    * the table may hold (Executes running that one keep it alive). */
   return kilnd_exes_insert(j->srv->exes, e, j->policy != KILN_CACHE_POLICY_DEFAULT, out, &j->st);
 }
 
-static int fill_components(job *j) {
-  Kiln__V1__CompileResponse *r = &j->resp;
-  r->key_components = kiln_arena_calloc(j->a, KILN_CACHE_NPARTS, sizeof *r->key_components);
+static int fill_components(kiln_arena *a, Kiln__V1__CompileResponse *r,
+                           const kiln_cache_key *key) {
+  r->key_components = kiln_arena_calloc(a, KILN_CACHE_NPARTS, sizeof *r->key_components);
   if (r->key_components == NULL) return KILN_ENOMEM;
   for (int i = 0; i < KILN_CACHE_NPARTS; i++) {
-    Kiln__V1__KeyComponent *k = kiln_arena_alloc(j->a, sizeof *k);
-    char *hex = kiln_arena_alloc(j->a, KILN_CACHE_HEX_LEN + 1);
+    Kiln__V1__KeyComponent *k = kiln_arena_alloc(a, sizeof *k);
+    char *hex = kiln_arena_alloc(a, KILN_CACHE_HEX_LEN + 1);
     if (k == NULL || hex == NULL) return KILN_ENOMEM;
     kiln__v1__key_component__init(k);
-    kiln_cache_to_hex(j->key.parts[i], KILN_CACHE_DIGEST_LEN, hex);
+    kiln_cache_to_hex(key->parts[i], KILN_CACHE_DIGEST_LEN, hex);
     k->name = (char *)kiln_cache_part_name(i);
     k->digest = hex;
     r->key_components[r->n_key_components++] = k;
@@ -417,17 +453,26 @@ static bool own_signature(kiln_arena *a, Kiln__V1__ProgramSignature *sig) {
   return true;
 }
 
+/* What every answer carries, from the key and the entry: the same whether
+ * the compile pool or the completion-queue thread (the memo) answers. */
+static int fill_answer(kiln_arena *a, Kiln__V1__CompileResponse *r, const kiln_cache_key *key,
+                       const kilnd_exe *e, int source, char *request_id) {
+  r->executable_id = (char *)key->hex; /* not e->id: e is released before the reply */
+  r->cache_key = (char *)key->hex;
+  r->cache_source = (Kiln__V1__CacheSource)source;
+  r->peak_bytes = (int64_t)e->peak_bytes;
+  r->device_count = (int32_t)e->ndevices;
+  r->request_id = request_id;
+  r->signature = kilnd_signature_to_proto(a, e->module);
+  if (r->signature == NULL || !own_signature(a, r->signature) || fill_components(a, r, key))
+    return KILN_ENOMEM;
+  return 0;
+}
+
 static int fill_response(job *j, kilnd_exe *e) {
   Kiln__V1__CompileResponse *r = &j->resp;
   bool hit = j->source != KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
-  r->executable_id = j->key.hex; /* the job's: e is released before the reply */
-  r->cache_key = j->key.hex;
-  r->cache_source = (Kiln__V1__CacheSource)j->source;
-  r->peak_bytes = (int64_t)e->peak_bytes;
-  r->device_count = (int32_t)e->ndevices;
-  r->request_id = j->r->request_id;
-  r->signature = kilnd_signature_to_proto(j->a, e->module);
-  if (r->signature == NULL || !own_signature(j->a, r->signature) || fill_components(j))
+  if (fill_answer(j->a, r, &j->key, e, j->source, j->r->request_id))
     return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
   if (j->r->options && j->r->options->return_executable) {
 #ifdef KILND_HAVE_COMPILER
@@ -469,6 +514,9 @@ static int run_job(job *j, kilnd_call *c) {
   kilnd_exe *e = NULL;
   if ((rc = build(j, &e))) return rc;
   rc = fill_response(j, e);
+  uint8_t digest[KILN_CACHE_DIGEST_LEN];
+  if (rc == 0 && j->nwarnings == 0 && kilnd_memo_digest(j->r, digest))
+    kilnd_memo_put(j->srv->memo, digest, &j->key);
   /* Released before the reply: a caller that evicts or compiles the next
    * program right after it must not find this entry still in use. */
   kilnd_exe_unref(e);
@@ -495,4 +543,34 @@ void kilnd_compile_work(kilnd_call *c) {
   kiln_arena_destroy(j.a);
   kilnd_compile_plan_free(&j.plan);
   atomic_fetch_sub(&srv->compiles, 1);
+}
+
+/* ---- the memo: repeated requests answered on the completion-queue thread --------------- */
+
+static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r) {
+  kilnd *srv = c->srv;
+  int64_t t0 = kiln_sched_now_ns();
+  uint8_t digest[KILN_CACHE_DIGEST_LEN];
+  kiln_cache_key key;
+  kilnd_exe *e = NULL;
+  if (!kilnd_memo_digest(r, digest) || !kilnd_memo_get(srv->memo, digest, &key) ||
+      kilnd_exes_get(srv->exes, key.hex, &e, NULL) != 0)
+    return false;
+  if (atomic_load(&e->uncached)) { /* the pool stores it first */
+    kilnd_exe_unref(e);
+    return false;
+  }
+  kiln_arena *a = kiln_arena_create();
+  Kiln__V1__CompileResponse resp;
+  kiln__v1__compile_response__init(&resp);
+  int source = KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY;
+  bool ok = a && fill_answer(a, &resp, &key, e, source, r->request_id) == 0;
+  kilnd_exe_unref(e);
+  if (ok) {
+    resp.compile_wall_ns = kiln_sched_now_ns() - t0;
+    kilnd_metrics_compile(srv, resp.compile_wall_ns, source, true);
+    kilnd_call_finish(c, &resp.base, 0, NULL);
+  }
+  kiln_arena_destroy(a);
+  return ok;
 }

@@ -28,6 +28,7 @@
 #include "executor/buffers.h"
 #include "executor/cpu/cpu_blas.h"
 #include "executor/scheduler.h"
+#include "server/compile_memo.h"
 #include "server/executables.h"
 #include "server/server.h"
 
@@ -143,6 +144,8 @@ static int start_parts(kilnd *srv, kiln_status *st) {
   int rc = kiln_buffer_store_create(&bo, &srv->buffers, st);
   if (rc == 0) rc = kilnd_exes_create((uint32_t)cfg->max_executables, &srv->exes, st);
   if (rc == 0) rc = start_cache(srv, st);
+  if (rc == 0 && (srv->memo = kilnd_memo_create()) == NULL)
+    rc = kiln_status_set(st, KILN_ENOMEM, "kilnd", "out of memory");
   if (rc) return rc;
   kiln_backend_options cpu = {.ndevices = (uint32_t)cfg->cpu_devices,
                               .threads_per_device = (uint32_t)cfg->cpu_threads};
@@ -197,6 +200,8 @@ static void stop_parts(kilnd *srv) {
   kilnd_loop_destroy(srv);
   kiln_cache_destroy(srv->cache); /* after the compile pool */
   srv->cache = NULL;
+  kilnd_memo_destroy(srv->memo);
+  srv->memo = NULL;
   kilnd_metrics_destroy(srv);
 }
 

@@ -35,6 +35,7 @@ typedef struct kilnd_call kilnd_call;
 typedef struct kilnd_method kilnd_method;
 typedef struct kilnd_exe kilnd_exe;
 typedef struct kilnd_exes kilnd_exes;
+typedef struct kilnd_memo kilnd_memo;
 typedef struct kilnd_metrics kilnd_metrics;
 typedef struct kilnd_loop kilnd_loop;
 typedef struct kiln_sched kiln_sched;
@@ -207,6 +208,7 @@ struct kilnd {
   kiln_buffer_store *buffers;
   kilnd_exes *exes;
   kiln_backend *cpu;   /* NULL when the build has no CPU compiler */
+  kilnd_memo *memo;    /* Compile requests answered before (compile_memo.h) */
   kiln_cache *cache;   /* the executable cache's tiers (cache/cache.h) */
   atomic_bool draining;  /* SIGTERM seen: health says NOT_SERVING */
   _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */

@@ -310,6 +310,57 @@ START_TEST(test_evict) {
 }
 END_TEST
 
+/* The request memo answers repeats without the compile pool, but only with
+ * what the pool would say: options take part in it (another optimization
+ * level is another key), and an executable built under BYPASS reaches the
+ * tiers when a default-policy request finds it. */
+START_TEST(test_memo_and_bypass) {
+  kiln_client *c = connect_to(&server);
+  char *text = program("f32", 6.25, false);
+  kiln_remote_executable *a = compile_with(c, text, "cpu", KILN_REMOTE_CACHE_BYPASS);
+  ASSERT_SOURCE(a, KILN_REMOTE_SOURCE_COMPILED);
+  const char *keys[] = {a->cache_key};
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_server_cache_list l;
+  ck_assert_int_eq(kiln_client_cache_list(c, keys, 1, 0, &l, &st), 0);
+  ck_assert_uint_eq(l.nentries, 0); /* BYPASS wrote no tier */
+  kiln_server_cache_list_clear(&l);
+  kiln_remote_executable *b = compile(c, text, "cpu");
+  ASSERT_SOURCE(b, KILN_REMOTE_SOURCE_MEMORY);
+  ck_assert_str_eq(b->cache_key, a->cache_key);
+  ck_assert_int_eq(kiln_client_cache_list(c, keys, 1, 0, &l, &st), 0);
+  ck_assert_uint_eq(l.nentries, 1); /* stored by the default-policy hit */
+  ck_assert_uint_ge(l.entries[0].ntiers, 1);
+  kiln_server_cache_list_clear(&l);
+  /* Repeats: answered from the memo, the same answer every time. */
+  for (int i = 0; i < 3; i++) {
+    kiln_remote_executable *r = compile(c, text, "cpu");
+    ASSERT_SOURCE(r, KILN_REMOTE_SOURCE_MEMORY);
+    ck_assert_str_eq(r->cache_key, a->cache_key);
+    ck_assert_uint_eq(r->nkey_components, 5);
+    ck_assert_uint_eq(r->nparams, 1);
+    ck_assert_int_eq(r->nwarnings, 0);
+    check_run(c, r, 6.25);
+    kiln_remote_executable_free(r);
+  }
+  /* The same text at another optimization level: another key. */
+  kiln_remote_compile_options o = {.backend = "cpu", .has_optimization_level = true,
+                                   .optimization_level = 1};
+  kiln_remote_executable *d = NULL;
+  ck_assert_int_eq(kiln_client_compile_text(c, text, strlen(text), &o, &d, &st), 0);
+  ck_assert_str_ne(d->cache_key, a->cache_key);
+  ck_assert_str_ne(component(d, "options"), component(a, "options"));
+  ASSERT_SOURCE(d, KILN_REMOTE_SOURCE_COMPILED);
+  check_run(c, d, 6.25);
+  kiln_remote_executable_free(a);
+  kiln_remote_executable_free(b);
+  kiln_remote_executable_free(d);
+  free(text);
+  kiln_client_close(c);
+}
+END_TEST
+
 static void expect_invalid(int rc, const kiln_status *st, const char *msg) {
   ck_assert_int_eq(rc, KILN_EINVAL);
   ck_assert_int_eq(kiln_rpc_status_code(st), KILN_RPC_INVALID_ARGUMENT);
@@ -745,6 +796,7 @@ static Suite *cache_suite(void) {
   tcase_add_test(tc, test_second_compile_is_memory);
   tcase_add_test(tc, test_key_ignores_names_not_dtypes);
   tcase_add_test(tc, test_evict);
+  tcase_add_test(tc, test_memo_and_bypass);
   tcase_add_test(tc, test_bad_requests);
   tcase_add_test(tc, test_counters);
   tcase_add_test(tc, test_32_concurrent_compiles);
