@@ -773,16 +773,18 @@ START_TEST(test_run_transform_errors) {
   EXPECT(r, 1, "", want);
   result_free(&r);
   /* the error names the instruction and its place in the file */
-  const char *g = write_file("sort.hlo",
+  const char *g = write_file("rng.hlo",
                              "HloModule s\n"
-                             "lt { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT c = pred[] compare(a, b), direction=LT }\n"
                              "ENTRY main {\n"
                              "  x = f32[3] parameter(0)\n"
-                             "  s.3 = f32[3] sort(x), dimensions={0}, to_apply=lt\n"
-                             "  ROOT y = f32[3] negate(s.3)\n"
+                             "  lo = f32[] parameter(1)\n"
+                             "  hi = f32[] constant(1)\n"
+                             "  s.3 = f32[3] rng(lo, hi), distribution=rng_uniform\n"
+                             "  ROOT y = f32[3] add(x, s.3)\n"
                              "}\n");
   r = run("run", g, "--transform", "jvp", "--random-args", "1", NULL);
-  snprintf(want, sizeof want, "%s:5:3: error: main/s.3: jvp: op sort (main/s.3) is not differentiable\n", g);
+  snprintf(want, sizeof want,
+           "%s:6:3: error: main/s.3: jvp: op rng (main/s.3) is not differentiable: random values\n", g);
   EXPECT(r, 1, "", want);
   result_free(&r);
   r = run("run", f, "--transform", "vmap:in_axes=0,none", "--random-args", "1", NULL);
