@@ -264,9 +264,12 @@ int main(int argc, char **argv) {
   /* Streams pass megabyte messages through short-lived buffers: keep freed
    * heap memory for reuse rather than trimming it and faulting it in again
    * per message (PutBuffer ran at half speed), and serve allocations up to
-   * 4 MiB from the heap; larger ones are mapped and returned when freed. */
+   * 4 MiB from the heap; larger ones are mapped and returned when freed.
+   * Few arenas, so that what one thread frees another reuses and the memory
+   * kept stays small (bench/RESULTS.md, rpc_bench). */
   mallopt(M_MMAP_THRESHOLD, 4 << 20);
   mallopt(M_TRIM_THRESHOLD, 32 << 20);
+  mallopt(M_ARENA_MAX, 4);
   srv.start_ns = kiln_sched_now_ns();
   srv.shutdown_tag.fn = on_shutdown;
   kilnd_sha256_init();
