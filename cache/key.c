@@ -46,7 +46,7 @@
 
 /* Bumped whenever the canonical text or a component's serialization
  * changes on purpose; every key changes with it. */
-#define CANONICAL_FORM_VERSION 1
+#define CANONICAL_FORM_VERSION 2
 
 static const char where_key[] = "cache key";
 
@@ -323,6 +323,65 @@ static int canon_order(canon *k, const kiln_module *m) {
   return 0;
 }
 
+/* ---- layouts ------------------------------------------------------------ */
+
+/* A layout that says nothing beyond the default (major-to-minor dims in
+ * order, no tiles, no memory space) is dropped: `f32[2,3]` and
+ * `f32[2,3]{1,0}` are one program, as kiln_shape_equal has it. */
+static bool layout_is_default(const kiln_layout *l, uint32_t rank) {
+  if (l->tail || l->memory_space || l->rank != rank) return false;
+  for (uint32_t i = 0; i < rank; i++)
+    if (l->minor_to_major[i] != (int64_t)(rank - 1 - i)) return false;
+  return true;
+}
+
+/* dst = src with default layouts dropped, sharing what does not change. */
+static int shape_canon(kiln_arena *a, const kiln_shape *src, kiln_shape *dst) {
+  *dst = *src;
+  if (src->dtype == KILN_TUPLE && src->rank) {
+    kiln_shape *t = kiln_arena_alloc(a, (size_t)src->rank * sizeof *t);
+    if (t == NULL) return KILN_ENOMEM;
+    for (uint32_t i = 0; i < src->rank; i++)
+      if (shape_canon(a, &src->tuple[i], &t[i])) return KILN_ENOMEM;
+    dst->tuple = t;
+  } else if (src->layout && layout_is_default(src->layout, src->rank)) {
+    dst->layout = NULL;
+  }
+  return 0;
+}
+
+static bool shape_has_layout(const kiln_shape *s) {
+  if (s->dtype == KILN_TUPLE) {
+    for (uint32_t i = 0; i < s->rank; i++)
+      if (shape_has_layout(&s->tuple[i])) return true;
+    return false;
+  }
+  return s->layout != NULL;
+}
+
+/* The entry layout with default layouts dropped; NULL (*out) when nothing
+ * is left of it: the instructions' own shapes then say all it said. */
+static int entry_layout_canon(kiln_arena *a, const kiln_program_shape *src,
+                              kiln_program_shape **out) {
+  *out = NULL;
+  if (src == NULL) return 0;
+  kiln_program_shape *p = kiln_arena_alloc(a, sizeof *p);
+  if (p == NULL) return KILN_ENOMEM;
+  *p = *src;
+  if (src->nparams &&
+      (p->params = kiln_arena_alloc(a, (size_t)src->nparams * sizeof *p->params)) == NULL)
+    return KILN_ENOMEM;
+  bool any = false;
+  for (uint32_t i = 0; i < src->nparams; i++) {
+    if (shape_canon(a, &src->params[i], &p->params[i])) return KILN_ENOMEM;
+    any = any || shape_has_layout(&p->params[i]);
+  }
+  if (shape_canon(a, &src->result, &p->result)) return KILN_ENOMEM;
+  any = any || shape_has_layout(&p->result);
+  if (any) *out = p;
+  return 0;
+}
+
 /* ---- the view ----------------------------------------------------------- */
 
 static const char *seq_name(kiln_arena *a, char prefix, uint32_t n) {
@@ -363,6 +422,7 @@ static int view_instr(const canon *k, kiln_arena *a, kiln_instr *rec, kiln_id id
   rec->comp = p;
   rec->line = rec->col = 0;
   if ((rec->name = seq_name(a, 'v', pos)) == NULL) return KILN_ENOMEM;
+  if (shape_canon(a, &src->shape, &rec->shape)) return KILN_ENOMEM;
   if (src->ncalled) {
     uint32_t *called = kiln_arena_alloc(a, (size_t)src->ncalled * sizeof *called);
     if (called == NULL) return KILN_ENOMEM;
@@ -376,6 +436,8 @@ static int view_instr(const canon *k, kiln_arena *a, kiln_instr *rec, kiln_id id
 static int build_view(const canon *k, kiln_arena *a, kiln_module *v) {
   const kiln_module *m = k->m;
   view_header(v, m, a);
+  if (entry_layout_canon(a, m->entry_layout, &v->entry_layout))
+    return KILN_ENOMEM;
   v->ninstrs = m->ninstrs;
   v->instrs = kiln_arena_calloc(a, m->ninstrs ? m->ninstrs : 1, sizeof *v->instrs);
   kiln_instr *recs = kiln_arena_alloc(a, (k->norder ? k->norder : 1) * sizeof *recs);
@@ -494,7 +556,15 @@ static void put_aliases(kiln_sbuf *b, const kiln_module *m) {
 
 /* The ENTRY interface: parameters by number, the result, the entry layout
  * when given, the aliases. */
-static int put_signature(kiln_sbuf *b, const kiln_module *m, kiln_status *st) {
+static void put_shape(kiln_sbuf *b, kiln_arena *a, const kiln_shape *s) {
+  kiln_shape c;
+  if (shape_canon(a, s, &c) == 0)
+    kiln_shape_print(b, &c);
+  else
+    b->failed = true;
+}
+
+static int put_signature(kiln_sbuf *b, kiln_arena *a, const kiln_module *m, kiln_status *st) {
   const kiln_computation *e = comp_ok(m, m->entry) ? m->comps[m->entry] : NULL;
   if (e == NULL) return kiln_status_set(st, KILN_EINVAL, where_key, "the module has no ENTRY");
   if (e->root >= m->ninstrs || m->instrs[e->root] == NULL)
@@ -512,16 +582,17 @@ static int put_signature(kiln_sbuf *b, const kiln_module *m, kiln_status *st) {
   for (uint32_t i = 0; i < np; i++) {
     const kiln_instr *p = m->instrs[ps[i].id];
     kiln_sbuf_printf(b, "param %lld ", (long long)p->param_number);
-    kiln_shape_print(b, &p->shape);
+    put_shape(b, a, &p->shape);
     put_instr_sharding(b, p);
   }
   kiln_free(ps);
   const kiln_instr *root = m->instrs[e->root];
   kiln_sbuf_puts(b, "result ");
-  kiln_shape_print(b, &root->shape);
+  put_shape(b, a, &root->shape);
   put_instr_sharding(b, root);
-  if (m->entry_layout) {
-    const kiln_program_shape *l = m->entry_layout;
+  kiln_program_shape *l = NULL;
+  if (entry_layout_canon(a, m->entry_layout, &l)) b->failed = true;
+  if (l) {
     kiln_sbuf_puts(b, "layout (");
     for (uint32_t i = 0; i < l->nparams; i++) {
       if (i) kiln_sbuf_puts(b, ", ");
@@ -552,7 +623,11 @@ int kiln_cache_key_compute(const kiln_module *m, const kiln_cache_key_inputs *in
   hash_buf(&b, out->parts[KILN_CACHE_PART_MODULE]);
 
   kiln_sbuf_reset(&b);
-  if ((rc = put_signature(&b, m, st))) goto out;
+  kiln_arena *a = kiln_arena_create();
+  rc = a ? put_signature(&b, a, m, st) : KILN_ENOMEM;
+  kiln_arena_destroy(a);
+  if (rc == KILN_ENOMEM) goto out_nomem;
+  if (rc) goto out;
   if (kiln_sbuf_failed(&b)) goto out_nomem;
   hash_buf(&b, out->parts[KILN_CACHE_PART_SIGNATURE]);
 

@@ -145,8 +145,7 @@ static const char base[] =
 
 /* What the module component of `base` hashes. */
 static const char base_canonical[] =
-    "HloModule m, entry_computation_layout={(f32[3,3]{1,0}, f32[3,3]{1,0})->(f32[3]{0}, "
-    "pred[3,3]{1,0})}\n"
+    "HloModule m\n"
     "\n"
     "%c0 (v0: f32[], v1: f32[]) -> f32[] {\n"
     "  %v0 = f32[] parameter(0)\n"
@@ -154,16 +153,16 @@ static const char base_canonical[] =
     "  ROOT %v2 = f32[] add(%v0, %v1)\n"
     "}\n"
     "\n"
-    "ENTRY %c1 (v0: f32[3,3]{1,0}, v2: f32[3,3]{1,0}) -> (f32[3]{0}, pred[3,3]{1,0}) {\n"
-    "  %v0 = f32[3,3]{1,0} parameter(0), sharding={replicated}\n"
-    "  %v1 = f32[3,3]{1,0} negate(%v0)\n"
-    "  %v2 = f32[3,3]{1,0} parameter(1)\n"
-    "  %v3 = f32[3,3]{1,0} exponential(%v2)\n"
-    "  %v4 = f32[3,3]{1,0} subtract(%v1, %v3), sharding={replicated}\n"
+    "ENTRY %c1 (v0: f32[3,3], v2: f32[3,3]) -> (f32[3], pred[3,3]) {\n"
+    "  %v0 = f32[3,3] parameter(0), sharding={replicated}\n"
+    "  %v1 = f32[3,3] negate(%v0)\n"
+    "  %v2 = f32[3,3] parameter(1)\n"
+    "  %v3 = f32[3,3] exponential(%v2)\n"
+    "  %v4 = f32[3,3] subtract(%v1, %v3), sharding={replicated}\n"
     "  %v5 = f32[] constant(0)\n"
-    "  %v6 = f32[3]{0} reduce(%v4, %v5), dimensions={0}, to_apply=%c0\n"
-    "  %v7 = pred[3,3]{1,0} compare(%v1, %v3), direction=LT\n"
-    "  ROOT %v8 = (f32[3]{0}, pred[3,3]{1,0}) tuple(%v6, %v7)\n"
+    "  %v6 = f32[3] reduce(%v4, %v5), dimensions={0}, to_apply=%c0\n"
+    "  %v7 = pred[3,3] compare(%v1, %v3), direction=LT\n"
+    "  ROOT %v8 = (f32[3], pred[3,3]) tuple(%v6, %v7)\n"
     "}\n";
 
 /* A small one-computation module. */
@@ -333,6 +332,23 @@ START_TEST(test_same_whitespace_comments) {
 }
 END_TEST
 
+/* A default layout written out or left to the default: one program. */
+START_TEST(test_same_default_layouts) {
+  kiln_cache_key a = key_of(base);
+  char *t1 = subst(base, "{1,0}", "");
+  char *t2 = subst(t1, "f32[3]{0}", "f32[3]");
+  char *t3 = subst(t2, "HloModule base, entry_computation_layout={(f32[3,3], f32[3,3])->(f32[3], "
+                       "pred[3,3])}",
+                   "HloModule base");
+  kiln_cache_key b = key_of(t2), c = key_of(t3);
+  expect_same(&a, &b, "default layouts left out");
+  expect_same(&a, &c, "an entry layout of defaults left out");
+  kiln_free(t1);
+  kiln_free(t2);
+  kiln_free(t3);
+}
+END_TEST
+
 START_TEST(test_same_module_name) {
   kiln_cache_key a = key_of(base);
   kiln_cache_key b = key_subst(base, "HloModule base", "HloModule jit_other_name.7");
@@ -488,12 +504,12 @@ START_TEST(test_component_texts) {
   expect_part(&k, KILN_CACHE_PART_TARGET, "cpu/x86-64-v3");
   char version[256];
   snprintf(version, sizeof version,
-           "compiler=%s\nexe_format=%u\ncache_entry=%u\ncanonical_form=1\n", KILN_COMPILER_VERSION,
+           "compiler=%s\nexe_format=%u\ncache_entry=%u\ncanonical_form=2\n", KILN_COMPILER_VERSION,
            (unsigned)KILN_EXE_FORMAT_VERSION, (unsigned)KILN_CACHE_ENTRY_VERSION);
   expect_part(&k, KILN_CACHE_PART_VERSION, version);
   expect_part(&k, KILN_CACHE_PART_SIGNATURE,
-              "params 1\nparam 0 f32[2,3]{1,0} sharding=none\n"
-              "result f32[2,3]{1,0} sharding=none\n");
+              "params 1\nparam 0 f32[2,3] sharding=none\n"
+              "result f32[2,3] sharding=none\n");
   char *canon = canonical_text(simple);
   expect_part(&k, KILN_CACHE_PART_MODULE, canon);
   kiln_free(canon);
@@ -509,7 +525,7 @@ END_TEST
  * key.c when the canonical form changed), never otherwise. */
 START_TEST(test_golden_key) {
   kiln_cache_key k = key_of(simple);
-  ck_assert_str_eq(k.hex, "b563659e019a8574b82203062f948f4f797a6b2f33815a0f7e0dededc8234e7c");
+  ck_assert_str_eq(k.hex, "928e94e065d173d8215dcbf0d7cf39aa831b50822fa91e6f44a7b606a0a9c807");
 }
 END_TEST
 
@@ -690,6 +706,7 @@ static Suite *key_suite(void) {
   tcase_add_test(same, test_same_metadata);
   tcase_add_test(same, test_same_whitespace_comments);
   tcase_add_test(same, test_same_module_name);
+  tcase_add_test(same, test_same_default_layouts);
   tcase_add_test(same, test_same_null_inputs);
   suite_add_tcase(s, same);
 
