@@ -369,9 +369,10 @@ START_TEST(test_service_schema) {
    * the contract clients are written against. */
   const ProtobufCServiceDescriptor *s = &kiln__v1__kiln__descriptor;
   ck_assert_str_eq(s->name, "kiln.v1.Kiln");
-  ck_assert_uint_eq(s->n_methods, 6);
-  const char *want[] = {"Compile", "Execute", "PutBuffer", "GetBuffer", "ReleaseBuffers", "Stats"};
-  for (unsigned i = 0; i < 6; i++) ck_assert_str_eq(s->methods[i].name, want[i]);
+  ck_assert_uint_eq(s->n_methods, 8);
+  const char *want[] = {"Compile",        "Execute", "PutBuffer", "GetBuffer",
+                        "ReleaseBuffers", "Stats",   "CacheList", "CacheEvict"};
+  for (unsigned i = 0; i < 8; i++) ck_assert_str_eq(s->methods[i].name, want[i]);
   ck_assert_str_eq(s->methods[2].input->name, "kiln.v1.PutBufferChunk");
   ck_assert_str_eq(s->methods[3].output->name, "kiln.v1.BufferChunk");
   const ProtobufCFieldDescriptor *f =
