@@ -10,6 +10,7 @@
 #include "tests/integration/itest.h"
 
 #include <arpa/inet.h>
+#include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -289,7 +290,7 @@ static bool name_start(char c) {
 }
 static bool name_char(char c) { return name_start(c) || (c >= '0' && c <= '9'); }
 
-static int fail(char *err, size_t errlen, int line, const char *msg) {
+static int metrics_error(char *err, size_t errlen, int line, const char *msg) {
   snprintf(err, errlen, "line %d: %s", line, msg);
   return -1;
 }
@@ -299,16 +300,16 @@ static int parse_labels(const char **p, char *out, size_t size, char *err, size_
                         int line) {
   const char *s = *p, *start = s;
   while (*s != '}') {
-    if (!name_start(*s) || *s == ':') return fail(err, errlen, line, "bad label name");
+    if (!name_start(*s) || *s == ':') return metrics_error(err, errlen, line, "bad label name");
     while (name_char(*s) && *s != ':') s++;
-    if (*s++ != '=') return fail(err, errlen, line, "label without '='");
-    if (*s++ != '"') return fail(err, errlen, line, "label value not quoted");
+    if (*s++ != '=') return metrics_error(err, errlen, line, "label without '='");
+    if (*s++ != '"') return metrics_error(err, errlen, line, "label value not quoted");
     while (*s != '"') {
-      if (*s == '\0' || *s == '\n') return fail(err, errlen, line, "unterminated label value");
+      if (*s == '\0' || *s == '\n') return metrics_error(err, errlen, line, "unterminated label value");
       if (*s == '\\') {
         s++;
         if (*s != '\\' && *s != '"' && *s != 'n')
-          return fail(err, errlen, line, "bad escape in label value");
+          return metrics_error(err, errlen, line, "bad escape in label value");
       }
       s++;
     }
@@ -316,10 +317,10 @@ static int parse_labels(const char **p, char *out, size_t size, char *err, size_
     if (*s == ',')
       s++;
     else if (*s != '}')
-      return fail(err, errlen, line, "expected ',' or '}' after a label");
+      return metrics_error(err, errlen, line, "expected ',' or '}' after a label");
   }
   size_t n = (size_t)(s - start);
-  if (n >= size) return fail(err, errlen, line, "labels too long");
+  if (n >= size) return metrics_error(err, errlen, line, "labels too long");
   memcpy(out, start, n);
   out[n] = '\0';
   *p = s + 1;
@@ -354,9 +355,9 @@ static int parse_value(const char **p, double *v) {
 static int parse_comment(const char *s, int line, itest_metrics *m, char *err, size_t errlen) {
   if (strncmp(s, "# TYPE ", 7) == 0) {
     s += 7;
-    if (!name_start(*s)) return fail(err, errlen, line, "bad metric name in TYPE");
+    if (!name_start(*s)) return metrics_error(err, errlen, line, "bad metric name in TYPE");
     while (name_char(*s)) s++;
-    if (*s++ != ' ') return fail(err, errlen, line, "TYPE without a type");
+    if (*s++ != ' ') return metrics_error(err, errlen, line, "TYPE without a type");
     static const char *const types[] = {"counter", "gauge", "histogram", "summary", "untyped"};
     for (size_t i = 0; i < 5; i++) {
       size_t n = strlen(types[i]);
@@ -365,7 +366,7 @@ static int parse_comment(const char *s, int line, itest_metrics *m, char *err, s
         return 0;
       }
     }
-    return fail(err, errlen, line, "unknown metric type");
+    return metrics_error(err, errlen, line, "unknown metric type");
   }
   if (strncmp(s, "# HELP ", 7) == 0 && name_start(s[7])) return 0;
   return 0; /* other comments are free text */
@@ -378,7 +379,7 @@ int itest_metrics_parse(const char *text, itest_metrics *m, char *err, size_t er
   for (const char *s = text; *s;) {
     line++;
     const char *nl = strchr(s, '\n');
-    if (nl == NULL) return fail(err, errlen, line, "last line has no newline");
+    if (nl == NULL) return metrics_error(err, errlen, line, "last line has no newline");
     if (*s == '#') {
       if (parse_comment(s, line, m, err, errlen)) return -1;
       s = nl + 1;
@@ -391,30 +392,30 @@ int itest_metrics_parse(const char *text, itest_metrics *m, char *err, size_t er
     if (m->n == cap) {
       cap = cap ? cap * 2 : 256;
       itest_sample *ns = realloc(m->samples, cap * sizeof *ns);
-      if (ns == NULL) return fail(err, errlen, line, "out of memory");
+      if (ns == NULL) return metrics_error(err, errlen, line, "out of memory");
       m->samples = ns;
     }
     itest_sample *x = &m->samples[m->n];
     memset(x, 0, sizeof *x);
-    if (!name_start(*s)) return fail(err, errlen, line, "bad metric name");
+    if (!name_start(*s)) return metrics_error(err, errlen, line, "bad metric name");
     const char *start = s;
     while (name_char(*s)) s++;
-    if ((size_t)(s - start) >= sizeof x->name) return fail(err, errlen, line, "name too long");
+    if ((size_t)(s - start) >= sizeof x->name) return metrics_error(err, errlen, line, "name too long");
     memcpy(x->name, start, (size_t)(s - start));
     if (*s == '{') {
       s++;
       if (parse_labels(&s, x->labels, sizeof x->labels, err, errlen, line)) return -1;
     }
-    if (*s++ != ' ') return fail(err, errlen, line, "expected a space before the value");
-    if (parse_value(&s, &x->value)) return fail(err, errlen, line, "bad value");
+    if (*s++ != ' ') return metrics_error(err, errlen, line, "expected a space before the value");
+    if (parse_value(&s, &x->value)) return metrics_error(err, errlen, line, "bad value");
     if (*s == ' ') { /* optional timestamp */
       s++;
       char *end;
       strtoll(s, &end, 10);
-      if (end == s) return fail(err, errlen, line, "bad timestamp");
+      if (end == s) return metrics_error(err, errlen, line, "bad timestamp");
       s = end;
     }
-    if (s != nl) return fail(err, errlen, line, "trailing characters");
+    if (s != nl) return metrics_error(err, errlen, line, "trailing characters");
     m->n++;
     s = nl + 1;
   }
@@ -491,4 +492,23 @@ int itest_run(char *const *argv, char **out, char **err) {
   int status;
   if (waitpid(pid, &status, 0) != pid) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int itest_run_suite(const char *test_name, Suite *s, itest_kilnd *k) {
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  if (!itest_kilnd_alive(k)) {
+    fprintf(stderr, "%s: kilnd died during the tests\n", test_name);
+    failed++;
+  }
+  int status = itest_kilnd_stop(k, SIGTERM, 30);
+  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "%s: kilnd did not exit 0 after SIGTERM (status %d)\n", test_name, status);
+    failed++;
+  }
+  if (failed) itest_kilnd_dump_log(k);
+  return failed ? 1 : 0;
 }

@@ -39,6 +39,13 @@ bool itest_kilnd_alive(const itest_kilnd *k);
 /* Prints the server's stderr log (for failures). */
 void itest_kilnd_dump_log(const itest_kilnd *k);
 
+struct Suite; /* Check's */
+/* Runs suite s (fork mode) against the started kilnd k, then stops k with
+ * SIGTERM. A kilnd that died during the tests or does not exit 0 is a
+ * failure too; on any failure its log is printed. Returns main's exit
+ * status: 0 or 1. */
+int itest_run_suite(const char *test_name, struct Suite *s, itest_kilnd *k);
+
 /* Seconds on a monotonic clock. */
 double itest_now(void);
 

@@ -821,19 +821,7 @@ int main(void) {
   snprintf(dir, sizeof dir, "%s/main", tmp);
   const char *extra[] = {"--cache-dir", dir, "--compile-threads", "2", NULL};
   if (itest_kilnd_start(&server, extra)) return 1;
-  SRunner *sr = srunner_create(cache_suite());
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  bool alive = itest_kilnd_alive(&server);
-  int status = itest_kilnd_stop(&server, SIGTERM, 30);
-  if (!alive) fprintf(stderr, "test_cache_server: kilnd died during the tests\n");
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "test_cache_server: kilnd did not exit 0 after SIGTERM (status %d)\n", status);
-    failed++;
-  }
-  if (failed) itest_kilnd_dump_log(&server);
+  int rc = itest_run_suite("test_cache_server", cache_suite(), &server);
   nftw(tmp, remove_one, 16, FTW_DEPTH | FTW_PHYS);
-  return failed ? 1 : 0;
+  return rc;
 }

@@ -232,18 +232,5 @@ int main(void) {
   itest_require_kilnd("test_cancel");
   const char *extra[] = {"--cpu-devices", "1", "--interp-devices", "1", NULL};
   if (itest_kilnd_start(&server, extra)) return 1;
-  SRunner *sr = srunner_create(cancel_suite());
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  bool alive = itest_kilnd_alive(&server);
-  int status = itest_kilnd_stop(&server, SIGTERM, 30);
-  if (!alive) fprintf(stderr, "test_cancel: kilnd died during the tests\n");
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "test_cancel: kilnd did not exit 0 after SIGTERM (status %d)\n", status);
-    failed++;
-  }
-  if (failed) itest_kilnd_dump_log(&server);
-  return failed ? 1 : 0;
+  return itest_run_suite("test_cancel", cancel_suite(), &server);
 }

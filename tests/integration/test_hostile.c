@@ -732,18 +732,5 @@ int main(void) {
   tcase_add_test(tc, test_deadlines);
   tcase_add_test(tc, test_too_many_arguments);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  bool alive = itest_kilnd_alive(&server);
-  int status = itest_kilnd_stop(&server, SIGTERM, 30);
-  if (!alive) fprintf(stderr, "test_hostile: kilnd died during the tests\n"), failed++;
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "test_hostile: kilnd did not exit 0 after SIGTERM (status %d)\n", status);
-    failed++;
-  }
-  if (failed) itest_kilnd_dump_log(&server);
-  return failed ? 1 : 0;
+  return itest_run_suite("test_hostile", s, &server);
 }

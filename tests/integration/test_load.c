@@ -367,16 +367,5 @@ int main(void) {
   tcase_add_test(tc, test_mixed_load);
   tcase_add_test(tc, test_shared_client);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  int status = itest_kilnd_stop(&server, SIGTERM, 30);
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "test_load: kilnd did not exit 0 after SIGTERM (status %d)\n", status);
-    failed++;
-  }
-  if (failed) itest_kilnd_dump_log(&server);
-  return failed ? 1 : 0;
+  return itest_run_suite("test_load", s, &server);
 }

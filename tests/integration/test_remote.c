@@ -773,18 +773,5 @@ static Suite *remote_suite(void) {
 int main(void) {
   itest_require_kilnd("test_remote");
   if (itest_kilnd_start(&server, NULL)) return 1;
-  SRunner *sr = srunner_create(remote_suite());
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  bool alive = itest_kilnd_alive(&server);
-  int status = itest_kilnd_stop(&server, SIGTERM, 30);
-  if (!alive) fprintf(stderr, "test_remote: kilnd died during the tests\n");
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "test_remote: kilnd did not exit 0 after SIGTERM (status %d)\n", status);
-    failed++;
-  }
-  if (failed) itest_kilnd_dump_log(&server);
-  return failed ? 1 : 0;
+  return itest_run_suite("test_remote", remote_suite(), &server);
 }

@@ -296,16 +296,5 @@ static Suite *wire_suite(void) {
 int main(void) {
   itest_require_kilnd("test_upload_wire");
   if (itest_kilnd_start(&server, NULL)) return 1;
-  SRunner *sr = srunner_create(wire_suite());
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  int status = itest_kilnd_stop(&server, SIGTERM, 30);
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "test_upload_wire: kilnd did not exit 0 after SIGTERM (status %d)\n", status);
-    failed++;
-  }
-  if (failed) itest_kilnd_dump_log(&server);
-  return failed ? 1 : 0;
+  return itest_run_suite("test_upload_wire", wire_suite(), &server);
 }
