@@ -344,8 +344,130 @@ out:
   return rc;
 }
 
+/* ---- reductions over major dims ----------------------------------------- */
+
+static bool plain_type(kiln_dtype t) {
+  switch (t) {
+  case KILN_S8:
+  case KILN_S16:
+  case KILN_S32:
+  case KILN_S64:
+  case KILN_U8:
+  case KILN_U16:
+  case KILN_U32:
+  case KILN_U64:
+  case KILN_F32:
+  case KILN_F64: return true;
+  default: return false;
+  }
+}
+
+/* The reduce the kernel stores when it may run in the row form: one
+ * reduce of one input, every type the same and held in the buffer as it is
+ * computed (the accumulator lives in the output between rows), an output
+ * that no input shares, and in the input's layout the reduced dims all
+ * more major than the kept ones, which keep their order in the output's
+ * layout (so that consecutive outputs read consecutive input elements). */
+static const kiln_instr *rows_reduce(kiln__cgen *g, const kiln__kernel_spec *k, bool *red) {
+  const kiln_module *m = g->mod.m;
+  uint32_t leaf = k->out_leaf[0];
+  if (k->nouts != 1 || (k->arg_shared && k->arg_shared[k->out_arg[0]])) return NULL;
+  const kiln_instr *r = m->instrs[producer(m, k->root, &leaf)];
+  if (r->op != KILN_OP_REDUCE || r->noperands != 2 || r->ncalled != 1 || leaf != 0 ||
+      r->called[0] >= m->ncomps)
+    return NULL;
+  const kiln_shape *os = k->out_shape[0], *in = &m->instrs[r->operands[0]]->shape;
+  const kiln_shape *init = &m->instrs[r->operands[1]]->shape;
+  const kiln_computation *c = m->comps[r->called[0]];
+  const kiln_instr *p0 = kiln_computation_param(m, c, 0), *p1 = kiln_computation_param(m, c, 1);
+  kiln_dtype t = os->dtype;
+  if (!plain_type(t) || !kiln_shape_is_array(&r->shape) || !kiln_shape_is_array(in) ||
+      !kiln_shape_is_array(init) || r->shape.dtype != t || in->dtype != t || init->dtype != t ||
+      p0 == NULL || p1 == NULL || !kiln_shape_is_array(&p0->shape) ||
+      !kiln_shape_is_array(&p1->shape) || p0->shape.dtype != t || p1->shape.dtype != t ||
+      kiln_computation_nparams(m, c) != 2)
+    return NULL;
+  const kiln_i64s *dl = kiln_instr_attr_ints(r, KILN_ATTR_DIMENSIONS);
+  if (dl == NULL || dl->n == 0 || dl->n >= in->rank || os->rank + dl->n != in->rank) return NULL;
+  memset(red, 0, in->rank * sizeof *red);
+  for (uint32_t i = 0; i < dl->n; i++) {
+    if (dl->v[i] < 0 || dl->v[i] >= in->rank || red[dl->v[i]]) return NULL;
+    red[dl->v[i]] = true;
+  }
+  int64_t im[KILN__EMIT_MAXR], om[KILN__EMIT_MAXR], out_dim[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(in, im);
+  kiln_shape_minor_to_major(os, om);
+  for (uint32_t d = 0, j = 0; d < in->rank; d++) out_dim[d] = red[d] ? -1 : (int64_t)j++;
+  for (uint32_t q = 0; q < in->rank; q++) {
+    bool kept = q < os->rank;
+    if (red[im[q]] == kept || (kept && out_dim[im[q]] != om[q])) return NULL;
+  }
+  return r;
+}
+
+/* The row form of a reduce over major dims: the outputs [begin, end) take
+ * the init value, then each reduced position, in row-major order, is
+ * combined into all of them. Every output still combines its inputs in the
+ * interpreter's order, but consecutive iterations read consecutive inputs
+ * and the inner loop vectorizes, where one output at a time would walk its
+ * column with a stride of a whole row. */
+static int reduce_rows(kiln__cgen *g, const kiln__kernel_spec *k, const kiln_instr *r,
+                       const bool *red, kiln_sbuf *out) {
+  const kiln_module *m = g->mod.m;
+  const kiln_shape *os = k->out_shape[0];
+  const kiln_instr *in = m->instrs[r->operands[0]];
+  const char *t = kiln__ctype(os->dtype);
+  uint32_t ob = k->out_arg[0], fn, init, marks[KILN__EMIT_MAXR + 1], nl = 0;
+  kiln__emit_fn f;
+  kiln__ix s0 = {0}, y;
+  int rc = kiln__cgen_begin(g, k, out, &f, 1);
+  if (rc == 0) rc = kiln__emit_comp_fn(&g->mod, r->called[0], r, &fn);
+  if (rc == 0) rc = kiln__emit_value1(&f, r->operands[1], &s0, &init);
+  if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
+  if (rc) goto out;
+  kiln__emit_line(&f, "for (int64_t i = begin; i < end; i++) b%u[i] = v%u;", ob, init);
+  for (uint32_t d = 0, j = 0; d < in->shape.rank; d++) {
+    if (!red[d]) {
+      kiln__ix_set(&y, d, "o%u", j++);
+      continue;
+    }
+    uint32_t rv = kiln__emit_newvar(&f);
+    marks[nl++] = kiln__emit_open(&f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", rv, rv,
+                                  (long long)in->shape.dims[d], rv);
+    kiln__ix_set(&y, d, "r%u", rv);
+  }
+  marks[nl++] = kiln__emit_open(&f, "for (int64_t i = begin; i < end; i++)");
+  kiln__cgen_decompose(f.out, os, "i", 0, "o", f.indent);
+  uint32_t v, acc = kiln__emit_newvar(&f);
+  rc = kiln__emit_value1(&f, in->id, &y, &v);
+  if (rc == 0) {
+    uint32_t args[2] = {acc, v};
+    kiln__emit_line(&f, "%s v%u = b%u[i];", t, acc, ob);
+    kiln__emit_call_fn(&f, fn, args, 2, &acc, 1);
+    kiln__emit_line(&f, "b%u[i] = v%u;", ob, acc);
+  }
+  while (nl-- > 0) kiln__emit_close(&f, marks[nl], NULL);
+  if (rc == 0 && f.rc) rc = f.rc;
+out:
+  kiln__emit_fn_free(&f);
+  return rc;
+}
+
 int kiln__cgen_loop(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel, uint64_t *range) {
   const kiln_shape *s = k->out_shape[0];
+  bool red[KILN__EMIT_MAXR];
+  const kiln_instr *r = rows_reduce(g, k, red);
+  if (r != NULL) {
+    kiln_sbuf out = KILN_SBUF_INIT;
+    int rc = reduce_rows(g, k, r, red, &out);
+    if (rc == 0) {
+      *range = (uint64_t)kiln_shape_elements(s);
+      *kernel = g->nkernels;
+      kiln__cgen_finish(g, k, kiln_sbuf_str(&out), *range);
+    }
+    kiln_sbuf_free(&out);
+    return rc;
+  }
   int64_t n = kiln_shape_elements(s);
   kiln_sbuf out = KILN_SBUF_INIT;
   bool used = false;

@@ -281,6 +281,25 @@ START_TEST(test_reduce) {
         "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[6,7,8] parameter(0)\n"
         "  z = s32[] constant(-100)\n"
         "  ROOT r = s32[6,8] reduce(a, z), dimensions={1}, to_apply=max\n}\n");
+  /* Reductions over the physically major dims run in the row form
+   * (accumulating into the output a row at a time): a fused input, two
+   * reduced dims, a column-major input, a range the pool splits. */
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[30,7,1100] parameter(0)\n"
+           "  b = f32[30,7,1100] parameter(1)\n  m = f32[30,7,1100] multiply(a, b)\n"
+           "  z = f32[] constant(0.5)\n"
+           "  ROOT r = f32[1100] reduce(m, z), dimensions={0,1}, to_apply=add\n}\n",
+           add);
+  agree(text);
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[40,50]{0,1} parameter(0)\n  z = f32[] constant(0)\n"
+           "  ROOT r = f32[40] reduce(a, z), dimensions={1}, to_apply=add\n}\n",
+           add);
+  agree(text);
+  agree("HloModule m\nmax {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n"
+        "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[9,4,33] parameter(0)\n"
+        "  z = s32[] constant(-100)\n"
+        "  ROOT r = s32[4,33] reduce(a, z), dimensions={0}, to_apply=max\n}\n");
 }
 END_TEST
 
