@@ -26,43 +26,53 @@
 #define PATH_CAP 200
 #define MAX_COUNTED_FIELDS 64
 
+/* The walk keeps the fields it is inside as (descriptor, index) frames and
+ * spells them out as a path only when it reports an error: nearly every
+ * message is fine, and formatting a path segment per field was a visible
+ * share of a server's time per small request. One frame per nesting level
+ * (the depth check fails with its frame pushed, so the limit plus one). */
+typedef struct frame {
+  const ProtobufCFieldDescriptor *f;
+  uint32_t index;
+} frame;
+
 typedef struct walker {
   kiln_status *st;
   const ProtobufCMessageDescriptor *top;
-  char path[PATH_CAP + 8];
-  size_t plen;
+  frame frames[KILN_PROTO_MAX_MESSAGE_DEPTH + 1];
+  unsigned nframes;
 } walker;
 
 static int malformed(walker *w) {
   return kiln_status_set(w->st, KILN_EINVAL, NULL, "not a valid %s message", w->top->name);
 }
 
-static int field_error(walker *w, const char *what) {
-  return kiln_status_set(w->st, KILN_EINVAL, NULL, "%s: %s", w->path, what);
-}
-
-static size_t path_push(walker *w, const ProtobufCFieldDescriptor *f, uint32_t index) {
-  size_t old = w->plen;
-  if (w->plen >= PATH_CAP) return old;
+/* Appends one segment ("name" or "name[i]", after a "." unless first) the
+ * way the path has always been cut: a segment that would pass PATH_CAP
+ * becomes "..." and nothing is added after it. */
+static void path_append(char *path, size_t *plen, const frame *fr) {
+  if (*plen >= PATH_CAP) return;
   char seg[96];
-  int n = f->label == PROTOBUF_C_LABEL_REPEATED
-              ? snprintf(seg, sizeof seg, "%s%s[%u]", w->plen ? "." : "", f->name, index)
-              : snprintf(seg, sizeof seg, "%s%s", w->plen ? "." : "", f->name);
+  int n = fr->f->label == PROTOBUF_C_LABEL_REPEATED
+              ? snprintf(seg, sizeof seg, "%s%s[%u]", *plen ? "." : "", fr->f->name, fr->index)
+              : snprintf(seg, sizeof seg, "%s%s", *plen ? "." : "", fr->f->name);
   if (n < 0) n = 0;
   if ((size_t)n >= sizeof seg) n = sizeof seg - 1;
-  if (w->plen + (size_t)n > PATH_CAP) {
-    memcpy(w->path + w->plen, "...", 4);
-    w->plen = PATH_CAP;
-    return old;
+  if (*plen + (size_t)n > PATH_CAP) {
+    memcpy(path + *plen, "...", 4);
+    *plen = PATH_CAP;
+    return;
   }
-  memcpy(w->path + w->plen, seg, (size_t)n + 1);
-  w->plen += (size_t)n;
-  return old;
+  memcpy(path + *plen, seg, (size_t)n + 1);
+  *plen += (size_t)n;
 }
 
-static void path_pop(walker *w, size_t old) {
-  w->plen = old;
-  w->path[old] = '\0';
+static int field_error(walker *w, const char *what) {
+  char path[PATH_CAP + 8];
+  size_t plen = 0;
+  path[0] = '\0';
+  for (unsigned i = 0; i < w->nframes; i++) path_append(path, &plen, &w->frames[i]);
+  return kiln_status_set(w->st, KILN_EINVAL, NULL, "%s: %s", path, what);
 }
 
 static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
@@ -115,7 +125,9 @@ static int check_delimited(walker *w, const ProtobufCFieldDescriptor *f, uint32_
                            const uint8_t *p, size_t len, unsigned depth) {
   int rc = 0;
   if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE) return 0;
-  size_t old = path_push(w, f, index);
+  /* nframes < the array's size: one frame per level, and depth is checked
+   * below before a message one level deeper is walked */
+  w->frames[w->nframes++] = (frame){f, index};
   if (f->type == PROTOBUF_C_TYPE_STRING) {
     if (memchr(p, 0, len) != NULL) rc = field_error(w, "contains a NUL character");
     else if (!valid_utf8(p, len)) rc = field_error(w, "not valid UTF-8");
@@ -127,7 +139,7 @@ static int check_delimited(walker *w, const ProtobufCFieldDescriptor *f, uint32_
   } else {
     rc = walk(w, f->descriptor, p, p + len, depth + 1);
   }
-  path_pop(w, old);
+  w->nframes--;
   return rc;
 }
 
@@ -174,8 +186,10 @@ static int walk(walker *w, const ProtobufCMessageDescriptor *desc, const uint8_t
 
 int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
                            size_t len, kiln_status *st) {
-  walker w = {.st = st, .top = desc, .plen = 0};
-  w.path[0] = '\0';
+  walker w; /* not zeroed: frames are written before they are read */
+  w.st = st;
+  w.top = desc;
+  w.nframes = 0;
   if (len == 0) return 0;
   if (buf == NULL) return malformed(&w);
   return walk(&w, desc, buf, buf + len, 1);
