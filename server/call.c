@@ -184,13 +184,25 @@ static void on_sent(kilnd_tag *tag, bool ok) {
   unref(c);
 }
 
-/* Packs a protobuf-c message into a byte buffer without copying it twice. */
+/* Replies up to this size are packed into a gRPC slice allocated with its
+ * reference count in one block; bigger ones into a kiln_malloc'd block
+ * (gRPC's allocator aborts when memory runs out; ours reports it). */
+#define SMALL_REPLY (64 * 1024)
+
+/* Packs a protobuf-c message into a byte buffer, once: protobuf-c writes
+ * the bytes gRPC sends. */
 static grpc_byte_buffer *pack(const ProtobufCMessage *msg) {
   size_t len = protobuf_c_message_get_packed_size(msg);
-  uint8_t *buf = kiln_malloc(len ? len : 1);
-  if (buf == NULL) return NULL;
-  protobuf_c_message_pack(msg, buf);
-  grpc_slice s = grpc_slice_new(buf, len, kiln_free);
+  grpc_slice s;
+  if (len <= SMALL_REPLY) {
+    s = grpc_slice_malloc(len);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+  } else {
+    uint8_t *buf = kiln_malloc(len);
+    if (buf == NULL) return NULL;
+    protobuf_c_message_pack(msg, buf);
+    s = grpc_slice_new(buf, len, kiln_free);
+  }
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
   grpc_slice_unref(s);
   return bb;

@@ -5,7 +5,8 @@
  * kilnd_rpc_dispatch: the caller's identity is established and checked, an
  * expired deadline is answered at once, and the request bytes are checked
  * as wire data (depth, lengths, UTF-8 strings) before protobuf-c unpacks
- * them with a bounded allocator. Handlers therefore see only well-formed
+ * them with a bounded allocator. Both read the bytes where gRPC received
+ * them when they are one slice, as a small request's are. Handlers therefore see only well-formed
  * messages of the right type and validate meaning, not bytes.
  */
 #include <stdio.h>
@@ -101,14 +102,28 @@ void kilnd_call_free_message(kilnd_call *c, ProtobufCMessage *msg) {
   if (msg) protobuf_c_message_free_unpacked(msg, &c->req_alloc.base);
 }
 
+/* The message's bytes: in place when gRPC holds them as one uncompressed
+ * slice (a small request nearly always arrives so), else gathered into one
+ * (readall). Either way *s holds a reference the caller drops. */
+static bool message_bytes(grpc_byte_buffer *bb, grpc_slice *s) {
+  if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+      bb->data.raw.slice_buffer.count == 1) {
+    *s = grpc_slice_ref(bb->data.raw.slice_buffer.slices[0]);
+    return true;
+  }
+  grpc_byte_buffer_reader r;
+  if (!grpc_byte_buffer_reader_init(&r, bb)) return false;
+  *s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  return true;
+}
+
 int kilnd_rpc_unpack(kilnd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
                      ProtobufCMessage **out, kiln_status *st) {
   *out = NULL;
-  grpc_byte_buffer_reader r;
-  if (!grpc_byte_buffer_reader_init(&r, bb))
+  grpc_slice s;
+  if (!message_bytes(bb, &s))
     return kiln_status_set(st, KILN_EINVAL, desc->name, "unreadable request message");
-  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
-  grpc_byte_buffer_reader_destroy(&r);
   const uint8_t *p = GRPC_SLICE_START_PTR(s);
   size_t len = GRPC_SLICE_LENGTH(s);
   int rc = 0;
