@@ -135,6 +135,46 @@ int kiln__unpack(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, siz
   return 0;
 }
 
+/* Requests up to this size are packed into a gRPC slice allocated with its
+ * reference count in one block; bigger ones into a kiln_malloc'd block, so
+ * that running out of memory is an error, not gRPC's abort. */
+#define SMALL_MESSAGE (64 * 1024)
+
+grpc_byte_buffer *kiln__pack_buffer(const ProtobufCMessage *msg) {
+  size_t len = protobuf_c_message_get_packed_size(msg);
+  grpc_slice s;
+  if (len <= SMALL_MESSAGE) {
+    s = grpc_slice_malloc(len);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+  } else {
+    uint8_t *buf = kiln_malloc(len);
+    if (buf == NULL) return NULL;
+    protobuf_c_message_pack(msg, buf);
+    s = grpc_slice_new(buf, len, kiln_free);
+  }
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  return bb;
+}
+
+int kiln__unpack_buffer(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
+                        ProtobufCMessage **out, kiln_status *st) {
+  /* A small reply is nearly always one uncompressed slice: read it where
+   * it lies instead of gathering a copy. */
+  if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+      bb->data.raw.slice_buffer.count == 1) {
+    grpc_slice s = bb->data.raw.slice_buffer.slices[0];
+    return kiln__unpack(desc, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), out, st);
+  }
+  uint8_t *bytes;
+  size_t len;
+  int rc = kiln__buffer_to_bytes(bb, &bytes, &len, st);
+  if (rc) return rc;
+  rc = kiln__unpack(desc, bytes, len, out, st);
+  kiln_free(bytes);
+  return rc;
+}
+
 grpc_byte_buffer *kiln__bytes_to_buffer(const uint8_t *buf, size_t len) {
   grpc_slice s = grpc_slice_from_copied_buffer((const char *)buf, len);
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
@@ -293,18 +333,12 @@ int kiln__call_finish(kiln__call *k, kiln_status *st) {
   return rc;
 }
 
-int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8_t *req, size_t len,
-                uint8_t **reply, size_t *reply_len, kiln_status *st) {
+int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms,
+                       grpc_byte_buffer *send, grpc_byte_buffer **reply, kiln_status *st) {
   *reply = NULL;
-  *reply_len = 0;
-  grpc_byte_buffer *send = kiln__bytes_to_buffer(req, len);
-  if (send == NULL) return kiln__client_oom(st);
   kiln__call k;
   int rc = kiln__call_start(c, m, deadline_ms, &k, st);
-  if (rc) {
-    grpc_byte_buffer_destroy(send);
-    return rc;
-  }
+  if (rc) return rc;
   grpc_byte_buffer *recv = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
@@ -324,15 +358,29 @@ int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8
   ops[5].data.recv_status_on_client.status_details = &k.details;
   ops[5].data.recv_status_on_client.error_string = &k.error_string;
   bool ok = kiln__call_batch(&k, ops, 6);
-  grpc_byte_buffer_destroy(send);
   k.status_received = ok;
   if (!ok) k.status = GRPC_STATUS_INTERNAL;
   rc = kiln__call_finish(&k, st);
   if (rc == 0 && recv == NULL)
     rc = kiln__client_fail(st, KILN_RPC_INTERNAL, "%s succeeded without a reply message",
                            method_paths[m]);
-  if (rc == 0) rc = kiln__buffer_to_bytes(recv, reply, reply_len, st);
-  if (recv) grpc_byte_buffer_destroy(recv);
+  if (rc == 0) *reply = recv;
+  else if (recv) grpc_byte_buffer_destroy(recv);
+  return rc;
+}
+
+int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8_t *req, size_t len,
+                uint8_t **reply, size_t *reply_len, kiln_status *st) {
+  *reply = NULL;
+  *reply_len = 0;
+  grpc_byte_buffer *send = kiln__bytes_to_buffer(req, len);
+  if (send == NULL) return kiln__client_oom(st);
+  grpc_byte_buffer *recv;
+  int rc = kiln__unary_buffer(c, m, deadline_ms, send, &recv, st);
+  grpc_byte_buffer_destroy(send);
+  if (rc) return rc;
+  rc = kiln__buffer_to_bytes(recv, reply, reply_len, st);
+  grpc_byte_buffer_destroy(recv);
   return rc;
 }
 

@@ -78,6 +78,17 @@ void kiln__call_abandon(kiln__call *k);
 int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8_t *req, size_t len,
                 uint8_t **reply, size_t *reply_len, kiln_status *st);
 
+/* The same with the request and the reply as byte buffers: `send` stays
+ * the caller's; *reply is set on success (destroy it). */
+int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms,
+                       grpc_byte_buffer *send, grpc_byte_buffer **reply, kiln_status *st);
+/* A byte buffer holding the packed message (packed once, into the slice
+ * gRPC sends). NULL on out-of-memory. */
+grpc_byte_buffer *kiln__pack_buffer(const ProtobufCMessage *msg);
+/* kiln__unpack of a received byte buffer, in place when it is one slice. */
+int kiln__unpack_buffer(const ProtobufCMessageDescriptor *desc, grpc_byte_buffer *bb,
+                        ProtobufCMessage **out, kiln_status *st);
+
 /* A byte buffer holding a copy of buf. NULL on out-of-memory. */
 grpc_byte_buffer *kiln__bytes_to_buffer(const uint8_t *buf, size_t len);
 /* The contents of a received byte buffer (kiln_malloc'd). */
