@@ -8,6 +8,9 @@
  * physical dim is long enough, it is written again in the row form: one
  * iteration per row, an inner counted loop over the innermost dim, so the
  * index arithmetic happens once per row and the inner loop stays simple.
+ * A reduce over the physically major dims of its input (a bias gradient)
+ * accumulates in its output instead, one input row at a time, so that it
+ * reads memory in order rather than down columns.
  */
 #include <stdio.h>
 #include <string.h>
