@@ -269,6 +269,14 @@ kiln_id kiln__b_as(kiln__b *b, kiln_id x, kiln_dtype t) {
   return kiln__b_convert(b, x, t);
 }
 
+kiln_id kiln__b_complex(kiln__b *b, kiln_id re, kiln_id im) {
+  return kiln__b_bin(b, KILN_OP_COMPLEX, re, im);
+}
+
+kiln_id kiln__b_conj(kiln__b *b, kiln_id x) {
+  return kiln__b_complex(b, kiln__b_un(b, KILN_OP_REAL, x), kiln__b_neg(b, kiln__b_un(b, KILN_OP_IMAG, x)));
+}
+
 /* ---- constants ---------------------------------------------------------- */
 
 static kiln_id constant(kiln__b *b, kiln_dtype t, double v, int64_t iv, bool integral) {
@@ -285,7 +293,7 @@ static kiln_id constant(kiln__b *b, kiln_dtype t, double v, int64_t iv, bool int
     kiln__tx_oom(b->tx);
     return KILN_NO_ID;
   }
-  if (integral || !kiln_dtype_is_float(t)) {
+  if (integral || !(kiln_dtype_is_float(t) || kiln_dtype_is_complex(t))) {
     if (kiln_dtype_is_unsigned_int(t))
       kiln_literal_set_u64(lit, 0, (uint64_t)(integral ? iv : (int64_t)v));
     else

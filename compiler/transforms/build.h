@@ -88,6 +88,9 @@ kiln_id kiln__b_neg(kiln__b *b, kiln_id x);
 kiln_id kiln__b_cmp(kiln__b *b, kiln_id x, kiln_id y, kiln_cmp_dir dir);
 kiln_id kiln__b_select(kiln__b *b, kiln_id p, kiln_id x, kiln_id y);
 kiln_id kiln__b_convert(kiln__b *b, kiln_id x, kiln_dtype t);
+/* complex(re, im), and the conjugate complex(real(x), -imag(x)). */
+kiln_id kiln__b_complex(kiln__b *b, kiln_id re, kiln_id im);
+kiln_id kiln__b_conj(kiln__b *b, kiln_id x);
 /* x converted to `t` only when its type differs. */
 kiln_id kiln__b_as(kiln__b *b, kiln_id x, kiln_dtype t);
 
@@ -150,10 +153,13 @@ kiln_id kiln__b_call(kiln__b *b, uint32_t comp, const kiln_id *ops, uint32_t n);
 
 /* ---- small helpers over shapes ------------------------------------------ */
 
+/* A differentiable array: real or complex floating point. Complex values
+ * carry tangents and cotangents as JAX's do (transposes without
+ * conjugation); only grad's output must be real. */
 static inline bool kiln__b_is_float_shape(const kiln_shape *s) {
-  return kiln_shape_is_array(s) && kiln_dtype_is_float(s->dtype);
+  return kiln_shape_is_array(s) && (kiln_dtype_is_float(s->dtype) || kiln_dtype_is_complex(s->dtype));
 }
-/* Any floating-point leaf. */
+/* Any differentiable (real or complex floating) leaf. */
 bool kiln__b_has_float(const kiln_shape *s);
 /* Number of leaves (1 for an array or token). */
 uint32_t kiln__b_leaf_count(const kiln_shape *s);

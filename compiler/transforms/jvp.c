@@ -22,9 +22,42 @@ static kiln_id full(kiln__ad *c, kiln_id like, double v) { return kiln__b_full_l
 
 kiln_id kiln__d_identity(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) { return v; }
 
+static bool is_complex(const kiln__ad *c, kiln_id v) {
+  return c->tx->err == 0 && v != KILN_NO_ID && kiln_dtype_is_complex(kiln__b_shape(c->tx, v)->dtype);
+}
+
+/* On complex x, JAX's rule: d|x| = real(dx * conj(x) / |x|) (|x| = 0 read
+ * as 1), transposed as ct * conj(x) / |x|. */
 kiln_id kiln__d_abs(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
   kiln_id x = kiln__X(c, ins, 0);
+  if (is_complex(c, x)) {
+    kiln_id y = kiln__Y(c, ins), zero = full(c, y, 0);
+    kiln_id nz = kiln__b_select(B, kiln__b_cmp(B, y, zero, KILN_CMP_EQ), full(c, y, 1), y);
+    kiln_id s = kiln__b_div(B, kiln__b_conj(B, x), kiln__b_complex(B, nz, zero));
+    if (is_complex(c, v)) return kiln__b_un(B, KILN_OP_REAL, kiln__b_mul(B, v, s));
+    return kiln__b_mul(B, kiln__b_complex(B, v, full(c, v, 0)), s);
+  }
   return kiln__b_select(B, kiln__b_cmp(B, x, full(c, x, 0), KILN_CMP_GE), v, kiln__b_neg(B, v));
+}
+
+/* JAX's transposes: real^T t = complex(t, 0), imag^T t = complex(0, -t),
+ * complex^T t = (real(t), -imag(t)); so that grad of a real function of
+ * z = x + iy is df/dx - i df/dy, as jax.grad gives. */
+kiln_id kiln__d_real(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
+  if (is_complex(c, v)) return kiln__b_un(B, KILN_OP_REAL, v);
+  return kiln__b_complex(B, v, full(c, v, 0));
+}
+
+kiln_id kiln__d_imag(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
+  if (is_complex(c, v)) return kiln__b_un(B, KILN_OP_IMAG, v);
+  return kiln__b_complex(B, full(c, v, 0), kiln__b_neg(B, v));
+}
+
+kiln_id kiln__d_complex(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
+  if (is_complex(c, v))
+    return k == 0 ? kiln__b_un(B, KILN_OP_REAL, v) : kiln__b_neg(B, kiln__b_un(B, KILN_OP_IMAG, v));
+  kiln_id z = full(c, v, 0);
+  return k == 0 ? kiln__b_complex(B, v, z) : kiln__b_complex(B, z, v);
 }
 
 kiln_id kiln__d_cbrt(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
@@ -196,12 +229,22 @@ int kiln__vjp_elementwise(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   return c->tx->err;
 }
 
-int kiln__jvp_zero(kiln__ad *c, const kiln_instr *ins) {
-  c->tan[ins->id] = KILN_NO_ID;
-  return 0;
+/* sign(z) = z / |z| is not piecewise constant on complex values: refused
+ * there rather than given a wrong zero derivative. */
+static int complex_sign(kiln__ad *c, const kiln_instr *ins) {
+  if (!kiln_dtype_is_complex(c->tx->m->instrs[ins->operands[0]]->shape.dtype)) return 0;
+  char where[KILN_STATUS_WHERE_MAX];
+  kiln_instr_where(c->tx->m, ins, where, sizeof where);
+  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) has no derivative rule on complex values",
+                       c->tx->name, kiln_opcode_name(ins->op), where);
 }
 
-int kiln__vjp_zero(kiln__ad *c, const kiln_instr *ins, kiln_id ct) { return 0; }
+int kiln__jvp_zero(kiln__ad *c, const kiln_instr *ins) {
+  c->tan[ins->id] = KILN_NO_ID;
+  return complex_sign(c, ins);
+}
+
+int kiln__vjp_zero(kiln__ad *c, const kiln_instr *ins, kiln_id ct) { return complex_sign(c, ins); }
 
 /* convert between floating types is the identity on tangents, rounded to
  * the other type; from or to integers it has no derivative (the activity

@@ -193,3 +193,71 @@ int kiln__vjp_cholesky(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__ad_accum(c, ins, 0, t.lower ? cta : swap_last(c, &t, cta));
   return c->tx->err;
 }
+
+/* ---- fft ------------------------------------------------------------------
+ * fft is linear: its tangent is the same fft of the tangent (the generic
+ * linear jvp). Transposes are JAX's, without conjugation: FFT and IFFT are
+ * their own transposes (the DFT matrix is symmetric); RFFT is a full FFT of
+ * the real input seen as complex, sliced to the n/2+1 half spectrum, so its
+ * transpose pads the cotangent back to n with zeros, applies FFT and keeps
+ * the real part; IRFFT's is conj(RFFT(ct) * mask / prod(fft_length)), the
+ * mask 2 on half-spectrum entries that stand for a Hermitian twin too and 1
+ * on DC (and on Nyquist for even n). */
+
+static kiln_id fft_as(kiln__ad *c, const kiln_instr *ins, kiln_id x, const char *type) {
+  kiln_instr *f = kiln__b_clone_start(B, ins, &x, 1);
+  if (f && kiln_instr_set_attr_str(c->tx->m, f, KILN_ATTR_FFT_TYPE, type)) kiln__tx_oom(c->tx);
+  return kiln__b_finish(B, f);
+}
+
+/* RFFT^T: real(FFT(ct padded to n along the last dim)). */
+static kiln_id rfft_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct, int64_t n) {
+  const kiln_shape *s = kiln__b_shape(c->tx, ct);
+  uint32_t r = s->rank;
+  int64_t *lo = kiln__b_i64s(c->tx, r), *hi = kiln__b_i64s(c->tx, r), *in = kiln__b_i64s(c->tx, r);
+  if (lo == NULL || hi == NULL || in == NULL) return KILN_NO_ID;
+  for (uint32_t d = 0; d < r; d++) lo[d] = hi[d] = in[d] = 0;
+  hi[r - 1] = n - s->dims[r - 1];
+  kiln_id p = kiln__b_pad(B, ct, kiln__b_scalar(B, s->dtype, 0), lo, hi, in);
+  return kiln__b_un(B, KILN_OP_REAL, fft_as(c, ins, p, "FFT"));
+}
+
+/* IRFFT^T: conj(RFFT(ct) * mask / prod(fft_length)). */
+static kiln_id irfft_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct, const kiln_i64s *len) {
+  kiln_id x = fft_as(c, ins, ct, "RFFT");
+  if (c->tx->err) return KILN_NO_ID;
+  const kiln_shape *xs = kiln__b_shape(c->tx, x);
+  uint32_t r = xs->rank;
+  int64_t m = xs->dims[r - 1], n = len->v[len->n - 1], total = 1;
+  for (uint32_t i = 0; i < len->n; i++) total *= len->v[i];
+  kiln_dtype rt = kiln__b_shape(c->tx, ct)->dtype;
+  kiln_id i = kiln__b_iota(B, KILN_S64, &m, 1, 0);
+  kiln_id single = kiln__b_cmp(B, i, kiln__b_full(B, KILN_S64, &m, 1, 0), KILN_CMP_EQ);
+  if (n % 2 == 0)
+    single = kiln__b_bin(B, KILN_OP_OR, single, kiln__b_cmp(B, i, kiln__b_full(B, KILN_S64, &m, 1, (double)(m - 1)), KILN_CMP_EQ));
+  double one = 1.0 / (double)total;
+  kiln_id mask = kiln__b_select(B, single, kiln__b_full(B, rt, &m, 1, one), kiln__b_full(B, rt, &m, 1, 2 * one));
+  kiln_id cm = kiln__b_complex(B, mask, kiln__b_full(B, rt, &m, 1, 0));
+  int64_t last = (int64_t)r - 1;
+  kiln_id bm = kiln__b_broadcast(B, cm, xs->dims, r, &last, 1);
+  return kiln__b_conj(B, kiln__b_mul(B, x, bm));
+}
+
+int kiln__vjp_fft(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
+  const char *type = kiln_instr_attr_str(ins, KILN_ATTR_FFT_TYPE);
+  const kiln_i64s *len = kiln_instr_attr_ints(ins, KILN_ATTR_FFT_LENGTH);
+  const kiln_shape *xs = &c->tx->m->instrs[ins->operands[0]]->shape;
+  if (type == NULL || len == NULL || len->n < 1 || len->n > xs->rank || ins->noperands != 1)
+    return kiln__ad_not_diff(c, ins);
+  kiln_id g;
+  if (strcmp(type, "FFT") == 0 || strcmp(type, "IFFT") == 0)
+    g = kiln__b_clone_same(B, ins, &ct, 1);
+  else if (strcmp(type, "RFFT") == 0)
+    g = rfft_transpose(c, ins, ct, len->v[len->n - 1]);
+  else if (strcmp(type, "IRFFT") == 0)
+    g = irfft_transpose(c, ins, ct, len);
+  else
+    return kiln__ad_not_diff(c, ins);
+  kiln__ad_accum(c, ins, 0, g);
+  return c->tx->err;
+}

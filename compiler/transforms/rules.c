@@ -3,15 +3,18 @@
  * rule, reverse-mode forward hook and batching rule (see rules.h). Every op
  * is listed, so that what an op lacks is written here as an empty slot, not
  * forgotten; the bodies live in jvp.c (elementwise), linear.c, reduce.c,
- * gather.c, conv.c, sort.c, tree.c, collective.c, linalg.c, ad_control.c and
- * batch*.c. Rows marked LOWERED are rewritten by lower.c into ops with
+ * gather.c, conv.c, sort.c, tree.c, collective.c, linalg.c (with fft),
+ * ad_control.c and batch*.c. Rows marked LOWERED are rewritten by lower.c into ops with
  * rules before a transform runs; ops deliberately without rules are listed
  * with the reason at the end of this file.
  *
  * Ops whose result is piecewise constant (sign, floor, ceil, round) or not
  * floating point (compare, integer and bit ops) have zero derivatives:
  * activity analysis never hands them a tangent or cotangent, and those
- * with float results have explicit zero rules.
+ * with float results have explicit zero rules (sign of a complex value is
+ * refused instead). Complex values are differentiated as JAX does:
+ * holomorphic ops keep their formulas, transposes do not conjugate, and
+ * real/imag/complex/abs/fft follow JAX's transposes (jvp.c, linalg.c).
  */
 #include "compiler/transforms/rules.h"
 
@@ -21,7 +24,7 @@
     .batch = kiln__batch_elementwise }
 /* elementwise with a zero derivative */
 #define EW_ZERO { .jvp = kiln__jvp_zero, .vjp = kiln__vjp_zero, .batch = kiln__batch_elementwise }
-/* elementwise, not differentiable (integer, pred or complex values) */
+/* elementwise, not differentiable (integer or pred values) */
 #define EW_NONE { .batch = kiln__batch_elementwise }
 /* linear in its floating operands: the jvp applies the op to the tangents */
 #define LINEAR(t, b) { .jvp = kiln__jvp_linear, .vjp = t, .batch = b }
@@ -51,7 +54,7 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_EXP] = EW(kiln__d_exp),
     [KILN_OP_EXPM1] = EW(kiln__d_expm1),
     [KILN_OP_FLOOR] = EW_ZERO,
-    [KILN_OP_IMAG] = EW_NONE,
+    [KILN_OP_IMAG] = EW(kiln__d_imag),
     [KILN_OP_IS_FINITE] = EW_NONE,
     [KILN_OP_LOG] = EW(kiln__d_log),
     [KILN_OP_LOG1P] = EW(kiln__d_log1p),
@@ -59,7 +62,7 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_NEGATE] = EW(kiln__d_negate),
     [KILN_OP_NOT] = EW_NONE,
     [KILN_OP_POPCNT] = EW_NONE,
-    [KILN_OP_REAL] = EW_NONE,
+    [KILN_OP_REAL] = EW(kiln__d_real),
     [KILN_OP_REDUCE_PRECISION] = EW(kiln__d_reduce_precision),
     [KILN_OP_ROUND_AFZ] = EW_ZERO,
     [KILN_OP_ROUND_EVEN] = EW_ZERO,
@@ -74,7 +77,7 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_ATAN2] = EW(kiln__d_atan2),
     [KILN_OP_AND] = EW_NONE,
     [KILN_OP_COMPARE] = EW_NONE,
-    [KILN_OP_COMPLEX] = EW_NONE,
+    [KILN_OP_COMPLEX] = EW(kiln__d_complex),
     [KILN_OP_DIVIDE] = EW(kiln__d_div),
     [KILN_OP_MAXIMUM] = EW(kiln__d_maxmin),
     [KILN_OP_MINIMUM] = EW(kiln__d_maxmin),
@@ -122,7 +125,7 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
                       .batch = kiln__batch_dims_attr, .own_primal = true},
     [KILN_OP_GATHER] = LINEAR(kiln__vjp_gather, kiln__batch_gather),
     [KILN_OP_SCATTER] = {.jvp = kiln__jvp_scatter, .vjp = kiln__vjp_scatter, .batch = kiln__batch_scatter},
-    [KILN_OP_FFT] = {.batch = kiln__batch_same},
+    [KILN_OP_FFT] = LINEAR(kiln__vjp_fft, kiln__batch_same), /* over the trailing dims */
     [KILN_OP_CHOLESKY] = {.jvp = kiln__jvp_cholesky, .vjp = kiln__vjp_cholesky, .batch = kiln__batch_same},
     [KILN_OP_TRIANGULAR_SOLVE] = {.jvp = kiln__jvp_triangular_solve, .vjp = kiln__vjp_triangular_solve,
                                   .batch = kiln__batch_same},
@@ -192,14 +195,11 @@ const kiln__no_rule kiln__tf_no_derivative[] = {
     {KILN_OP_IOTA, "no operands"},
     {KILN_OP_CLZ, "integer values"},
     {KILN_OP_BITCAST_CONVERT, "reinterprets bits"},
-    {KILN_OP_IMAG, "complex values are not differentiated"},
     {KILN_OP_IS_FINITE, "pred result"},
     {KILN_OP_NOT, "integer or pred values"},
     {KILN_OP_POPCNT, "integer values"},
-    {KILN_OP_REAL, "complex values are not differentiated"},
     {KILN_OP_AND, "integer or pred values"},
     {KILN_OP_COMPARE, "pred result"},
-    {KILN_OP_COMPLEX, "complex values are not differentiated"},
     {KILN_OP_OR, "integer or pred values"},
     {KILN_OP_SHIFT_LEFT, "integer values"},
     {KILN_OP_SHIFT_RIGHT_ARITH, "integer values"},
@@ -209,7 +209,6 @@ const kiln__no_rule kiln__tf_no_derivative[] = {
     {KILN_OP_DYNAMIC_RESHAPE, "dynamic shapes are not transformed"},
     {KILN_OP_GET_DIMENSION_SIZE, "integer result"},
     {KILN_OP_SET_DIMENSION_SIZE, "dynamic shapes are not transformed"},
-    {KILN_OP_FFT, "complex values are not differentiated"},
     {KILN_OP_CUSTOM_CALL, "its body is opaque to the transforms"},
     {KILN_OP_RNG, "random values"},
     {KILN_OP_RNG_BIT_GENERATOR, "random values"},

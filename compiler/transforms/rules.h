@@ -200,6 +200,12 @@ int64_t kiln__tf_trip_count(const kiln_module *m, const kiln_instr *w);
 
 /* jvp.c: elementwise partials and the generic elementwise jvp/vjp. */
 kiln_id kiln__d_abs(kiln__ad *, const kiln_instr *, uint32_t, kiln_id);
+/* real, imag and complex take their direction from v's type: a complex v
+ * on a real result (or a real v on a complex one) is a tangent, the other
+ * way a cotangent. */
+kiln_id kiln__d_real(kiln__ad *, const kiln_instr *, uint32_t, kiln_id);
+kiln_id kiln__d_imag(kiln__ad *, const kiln_instr *, uint32_t, kiln_id);
+kiln_id kiln__d_complex(kiln__ad *, const kiln_instr *, uint32_t, kiln_id);
 kiln_id kiln__d_cbrt(kiln__ad *, const kiln_instr *, uint32_t, kiln_id);
 kiln_id kiln__d_identity(kiln__ad *, const kiln_instr *, uint32_t, kiln_id);
 kiln_id kiln__d_cos(kiln__ad *, const kiln_instr *, uint32_t, kiln_id);
@@ -271,6 +277,7 @@ int kiln__vjp_barrier(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 /* linalg.c */
 int kiln__jvp_triangular_solve(kiln__ad *c, const kiln_instr *ins);
 int kiln__vjp_triangular_solve(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
+int kiln__vjp_fft(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 int kiln__jvp_cholesky(kiln__ad *c, const kiln_instr *ins);
 int kiln__vjp_cholesky(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 

@@ -184,7 +184,7 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, uint32_t 
                          tx->name, chosen, e.comp->name, nl, nl == 1 ? "" : "s");
   if (grad) {
     const kiln_shape *os = leaf_shape_at(rs, (uint32_t)chosen, &k);
-    if (!kiln__b_is_float_shape(os) || os->rank != 0) {
+    if (!kiln_shape_is_array(os) || !kiln_dtype_is_float(os->dtype) || os->rank != 0) {
       char buf[128];
       kiln_sbuf sb = KILN_SBUF_INIT;
       kiln_shape_print_short(&sb, os);

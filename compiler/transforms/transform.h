@@ -51,8 +51,11 @@
  * -done forms, batch norms, maps of elementwise computations,
  * batch-grouped convolutions: lower.c), or is listed in rules.c as without
  * them, with the reason an error gives when a transform reaches it
- * (integer, pred and complex values, random numbers, side effects, dynamic
- * shapes, custom calls, ragged-all-to-all). Collectives transpose into
+ * (integer and pred values, random numbers, side effects, dynamic shapes,
+ * custom calls, ragged-all-to-all). Complex values are differentiated with
+ * JAX's conventions (transposes without conjugation; the gradient of a
+ * real function of z = x + iy is df/dx - i df/dy); real, imag, complex and
+ * fft (all four types) have rules. Collectives transpose into
  * collectives over the same devices (all-gather <-> reduce-scatter,
  * all-to-all, collective-permute inverted, collective-broadcast as a sum
  * kept on the source).

@@ -492,6 +492,81 @@ static bool listed(const kiln__no_rule *l, uint32_t n, kiln_opcode op) {
   return kiln__tf_no_rule_why(l, n, op) != NULL;
 }
 
+/* ---- complex values and fft ---------------------------------------------- */
+
+/* z = complex(x, y) through holomorphic arithmetic, abs, real and imag,
+ * back to a real scalar: gradients against finite differences in x and y
+ * (the conventions only show through real parameters and outputs). */
+static const char *k_complex =
+    "HloModule m\n" ADD_F64 "ENTRY main { x = f64[3] parameter(0)  y = f64[3] parameter(1)\n"
+    "  z = c128[3] complex(x, y)  zz = c128[3] multiply(z, z)  zx = c128[3] convert(x)\n"
+    "  q = c128[3] divide(zz, zx)  a = f64[3] abs(q)  s = c128[3] subtract(q, z)\n"
+    "  re = f64[3] real(s)  im = f64[3] imag(zz)  n = c128[3] negate(z)  ee = f64[3] imag(n)\n"
+    "  t = f64[3] add(re, im)  u = f64[3] multiply(t, a)  v = f64[3] add(u, ee)\n"
+    "  zero = f64[] constant(0)  ROOT r = f64[] reduce(v, zero), dimensions={0}, to_apply=add }\n";
+
+/* fft of each type, each followed by real and imag parts so that outputs are real. */
+#define FFT_CASE(decl, body)                                                                     \
+  "HloModule m\n" ADD_F64 "ENTRY main { " decl "\n" body "\n"                                    \
+  "  zero = f64[] constant(0)  ROOT r = f64[] reduce(o, zero), dimensions={0,1}, to_apply=add }\n"
+
+static const char *k_fft = FFT_CASE(
+    "x = f64[2,4] parameter(0)  y = f64[2,4] parameter(1)",
+    "  z = c128[2,4] complex(x, y)  f = c128[2,4] fft(z), fft_type=FFT, fft_length={2,4}\n"
+    "  g = c128[2,4] fft(f), fft_type=IFFT, fft_length={4}  h = c128[2,4] multiply(g, f)\n"
+    "  re = f64[2,4] real(h)  im = f64[2,4] imag(f)  sq = f64[2,4] multiply(im, im)\n"
+    "  o = f64[2,4] add(re, sq)");
+static const char *k_rfft_even = FFT_CASE(
+    "x = f64[2,6] parameter(0)  w = f64[2,4] parameter(1)",
+    "  f = c128[2,4] fft(x), fft_type=RFFT, fft_length={6}  a = f64[2,4] abs(f)\n"
+    "  im = f64[2,4] imag(f)  m = f64[2,4] multiply(im, w)  o = f64[2,4] add(a, m)");
+static const char *k_rfft_odd = FFT_CASE(
+    "x = f64[3,5] parameter(0)  w = f64[3,3] parameter(1)",
+    "  f = c128[3,3] fft(x), fft_type=RFFT, fft_length={3,5}  re = f64[3,3] real(f)\n"
+    "  im = f64[3,3] imag(f)  m = f64[3,3] multiply(im, w)  o = f64[3,3] add(re, m)");
+static const char *k_irfft_even = FFT_CASE(
+    "x = f64[2,4] parameter(0)  y = f64[2,4] parameter(1)  w = f64[2,6] parameter(2)",
+    "  z = c128[2,4] complex(x, y)  f = f64[2,6] fft(z), fft_type=IRFFT, fft_length={6}\n"
+    "  ff = f64[2,6] multiply(f, f)  o = f64[2,6] multiply(ff, w)");
+static const char *k_irfft_odd = FFT_CASE(
+    "x = f64[2,3] parameter(0)  y = f64[2,3] parameter(1)  w = f64[2,5] parameter(2)",
+    "  z = c128[2,3] complex(x, y)  f = f64[2,5] fft(z), fft_type=IRFFT, fft_length={2,5}\n"
+    "  ff = f64[2,5] multiply(f, f)  o = f64[2,5] multiply(ff, w)");
+
+START_TEST(test_complex_and_fft) {
+  diff_all(k_complex, "grad:wrt=0,1", 41, 0.5, 1.5);
+  diff_all(k_fft, "grad:wrt=0,1", 42, -1, 1);
+  diff_all(k_rfft_even, "grad:wrt=0,1", 43, -1, 1);
+  diff_all(k_rfft_odd, "grad:wrt=0,1", 44, -1, 1);
+  diff_all(k_irfft_even, "grad:wrt=0,1,2", 45, -1, 1);
+  diff_all(k_irfft_odd, "grad:wrt=0,1,2", 46, -1, 1);
+  const int64_t in2[] = {0, 0}, in3[] = {0, 0, 0}, in_mix[] = {1, N};
+  vmap_case(k_complex, "vmap:size=3", in2, 1);
+  vmap_case(k_fft, "vmap:size=3", in2, 1);
+  vmap_case(k_rfft_odd, "vmap:in_axes=1,none,size=2", in_mix, 1);
+  vmap_case(k_irfft_even, "vmap:size=2", in3, 1);
+  /* vmap of grad: per-example gradients through fft */
+  const char *ps[] = {"grad:wrt=0,1", "vmap:size=2", NULL};
+  kiln_transform_stats stats;
+  kiln_module *pg = tx_apply_list(k_rfft_even, ps, &stats);
+  ck_assert_ptr_nonnull(find_op(pg, KILN_OP_FFT));
+  kiln_module_destroy(pg);
+  /* the transpose of FFT is an FFT of the cotangent (no conjugation) */
+  kiln_module *g = tx_apply(k_rfft_even, "grad");
+  const kiln_instr *f = find_op(g, KILN_OP_FFT);
+  ck_assert_ptr_nonnull(f);
+  ck_assert_str_eq(kiln_instr_attr_str(f, KILN_ATTR_FFT_TYPE), "FFT");
+  kiln_module_destroy(g);
+  /* sign has no zero derivative on complex values */
+  tx_expect_fail("HloModule m\nENTRY main { x = f64[2] parameter(0)  z = c128[2] convert(x)\n"
+                 "  s = c128[2] sign(z)  ROOT r = f64[2] real(s) }\n",
+                 "jvp", KILN_EUNIMPL, "jvp: op sign (main/s) has no derivative rule on complex values");
+  /* grad needs a real output */
+  tx_expect_fail("HloModule m\nENTRY main { x = f64[] parameter(0)  ROOT z = c128[] convert(x) }\n",
+                 "grad", KILN_EINVAL, "grad: output 0 is c128[]; grad needs a floating-point scalar");
+}
+END_TEST
+
 START_TEST(test_rule_table_coverage) {
   /* every op: rules, lowered, or documented as without (never both) */
   kiln_sbuf nd = KILN_SBUF_INIT, nb = KILN_SBUF_INIT;
@@ -512,10 +587,10 @@ START_TEST(test_rule_table_coverage) {
   /* the documented lists, exactly */
   ck_assert_str_eq(
       kiln_sbuf_str(&nd),
-      "invalid parameter constant iota count-leading-zeros bitcast-convert imag is-finite not "
+      "invalid parameter constant iota count-leading-zeros bitcast-convert is-finite not "
       "popcnt "
-      "real and compare complex or shift-left shift-right-arithmetic shift-right-logical xor "
-      "stochastic-convert dynamic-reshape get-dimension-size set-dimension-size fft "
+      "and compare or shift-left shift-right-arithmetic shift-right-logical xor "
+      "stochastic-convert dynamic-reshape get-dimension-size set-dimension-size "
       "custom-call rng rng-bit-generator rng-get-and-update-state after-all "
       "infeed "
       "outfeed send send-done recv recv-done replica-id partition-id ragged-all-to-all");
@@ -546,6 +621,7 @@ int main(void) {
   tcase_add_test(tc, test_collectives_one_device);
   tcase_add_test(tc, test_collective_transposes);
   tcase_add_test(tc, test_collective_batching);
+  tcase_add_test(tc, test_complex_and_fft);
   tcase_add_test(tc, test_rule_table_coverage);
   tcase_add_test(tc, test_bench_transform);
   suite_add_tcase(s, tc);
