@@ -172,6 +172,30 @@ def depthwise_conv(x, k):
     return jnp.sum(jnp.sin(y))
 
 
+def fft_power(x):
+    return jnp.sum(jnp.abs(jnp.fft.fft(x)) ** 2)
+
+
+def fft_kinds(x, y, w):
+    z = lax.complex(x, y)
+    f = jnp.fft.fft2(z)
+    g = jnp.fft.ifft(f * z)
+    r = jnp.fft.rfft(x * w, axis=-1)
+    i = jnp.fft.irfft(z, n=6, axis=-1)
+    return (jnp.sum(jnp.real(g) * w) + jnp.sum(jnp.imag(f) ** 2) + jnp.sum(jnp.abs(r))
+            + jnp.sum(i * i))
+
+
+def complex_parts(x, y):
+    z = lax.complex(x, y)
+    q = z * jnp.conj(z) + z * z / (z + 2.0)
+    return jnp.sum(jnp.real(q) * x) + jnp.sum(jnp.imag(q - z) * y) + jnp.sum(jnp.abs(z * 3.0 - 1.0))
+
+
+def fft_complex_out(x, y):
+    return jnp.fft.fft(lax.complex(x, y)) * lax.complex(y, x)
+
+
 def one_device_collectives():
     """Collectives over the one device a shard_map of one device has."""
     try:
@@ -230,7 +254,7 @@ class JaxTransformsTest(unittest.TestCase):
         self.assertEqual(len(got), len(want), f"{name}: kiln gave {len(got)} outputs, JAX {len(want)}")
         for i, (g, w) in enumerate(zip(got, want)):
             self.assertEqual(g.shape, w.shape, f"{name}: output {i} shape")
-            if np.issubdtype(w.dtype, np.floating):
+            if np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.complexfloating):
                 np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"{name}: output {i}")
             else:
                 np.testing.assert_array_equal(g, w, err_msg=f"{name}: output {i}")
@@ -366,6 +390,38 @@ class JaxTransformsTest(unittest.TestCase):
             *params, x, labels)
         self.same("vmap of grad", got, want)
 
+
+    # ---- complex values and fft ----------------------------------------------------
+
+    def test_complex_and_fft(self):
+        rng = _rng(10)
+        x = _f32(rng, 3, 8)
+        got = self.kiln("fft_power", fft_power, (x,), ["grad"])
+        self.same("grad of sum(abs(fft(x))**2)", got, jax.value_and_grad(fft_power)(x))
+        x, y, w = _f32(rng, 2, 4), _f32(rng, 2, 4), _f32(rng, 2, 4)
+        got = self.kiln("fft_kinds", fft_kinds, (x, y, w), ["grad:wrt=0,1,2"])
+        self.same("grad through fft, ifft, rfft, irfft", got,
+                  jax.value_and_grad(fft_kinds, argnums=(0, 1, 2))(x, y, w))
+        got = self.kiln("complex_parts", complex_parts, (x, y), ["grad:wrt=0,1"])
+        self.same("grad through complex, conj, real, imag, abs", got,
+                  jax.value_and_grad(complex_parts, argnums=(0, 1))(x, y))
+        tx, ty = _f32(rng, 2, 4), _f32(rng, 2, 4)
+        got = self.kiln("fft_jvp", fft_complex_out, (x, y), ["jvp"], kiln_args=(x, y, tx, ty))
+        self.same("jvp of fft", got, jax.jvp(fft_complex_out, (x, y), (tx, ty)))
+        u = (_f32(rng, 2, 4) + 1j * _f32(rng, 2, 4)).astype(np.complex64)
+        got = self.kiln("fft_vjp", fft_complex_out, (x, y), ["vjp"], kiln_args=(x, y, u))
+        out, pullback = jax.vjp(fft_complex_out, x, y)
+        self.same("vjp of fft (complex cotangent)", got, (out, pullback(u)))
+        # a complex parameter: jax.grad's convention, df/dx - i df/dy
+        z = (_f32(rng, 3) + 1j * _f32(rng, 3)).astype(np.complex64)
+
+        def of_z(v):
+            return jnp.sum(jnp.abs(v) ** 2 + jnp.real(v ** 3) + jnp.imag(jnp.fft.fft(v) * v))
+        got = self.kiln("complex_param", of_z, (z,), ["grad"])
+        self.same("grad wrt a complex parameter", got, jax.value_and_grad(of_z)(z))
+        xs, ys = _f32(rng, 5, 2, 4), _f32(rng, 2, 5, 4)
+        got = self.kiln("fft_vmap", fft_complex_out, (x, y), ["vmap:in_axes=0,1"], kiln_args=(xs, ys))
+        self.same("vmap of fft", got, jax.vmap(fft_complex_out, in_axes=(0, 1))(xs, ys))
 
     # ---- lowered ops and collectives ---------------------------------------------
 
