@@ -246,19 +246,28 @@ int kiln__jvp_zero(kiln__ad *c, const kiln_instr *ins) {
 
 int kiln__vjp_zero(kiln__ad *c, const kiln_instr *ins, kiln_id ct) { return complex_sign(c, ins); }
 
-/* convert between floating types is the identity on tangents, rounded to
- * the other type; from or to integers it has no derivative (the activity
- * analysis never hands it an integer result). */
+/* v (real or complex) as type t. Complex to real keeps the real part
+ * through real(), since XLA has no complex-to-real convert; this is the
+ * transpose of real-to-complex, as JAX's. */
+static kiln_id convert_to(kiln__ad *c, kiln_id v, kiln_dtype t) {
+  if (c->tx->err == 0 && is_complex(c, v) && !kiln_dtype_is_complex(t))
+    v = kiln__b_un(B, KILN_OP_REAL, v);
+  return kiln__b_as(B, v, t);
+}
+
+/* convert between floating types (real or complex) is the identity on
+ * tangents, rounded to the other type; from or to integers it has no
+ * derivative (the activity analysis never hands it an integer result). */
 int kiln__jvp_convert(kiln__ad *c, const kiln_instr *ins) {
   kiln_id t = kiln__T(c, ins, 0);
   c->tan[ins->id] = float_operand(c, ins, 0) && kiln__b_is_float_shape(&ins->shape)
-                        ? kiln__b_as(B, t, ins->shape.dtype)
+                        ? convert_to(c, t, ins->shape.dtype)
                         : KILN_NO_ID;
   return c->tx->err;
 }
 
 int kiln__vjp_convert(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   if (float_operand(c, ins, 0))
-    kiln__ad_accum(c, ins, 0, kiln__b_as(B, ct, c->tx->m->instrs[ins->operands[0]]->shape.dtype));
+    kiln__ad_accum(c, ins, 0, convert_to(c, ct, c->tx->m->instrs[ins->operands[0]]->shape.dtype));
   return c->tx->err;
 }

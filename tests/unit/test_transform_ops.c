@@ -557,6 +557,18 @@ START_TEST(test_complex_and_fft) {
   ck_assert_ptr_nonnull(f);
   ck_assert_str_eq(kiln_instr_attr_str(f, KILN_ATTR_FFT_TYPE), "FFT");
   kiln_module_destroy(g);
+  /* the transpose of real-to-complex convert is real(), never a
+   * complex-to-real convert (XLA has none) */
+  kiln_module *gc = tx_apply(k_complex, "grad:wrt=0,1");
+  const kiln_computation *e = kiln_module_entry(gc);
+  for (uint32_t i = 0; i < e->ninstrs; i++) {
+    const kiln_instr *ci = gc->instrs[e->instrs[i]];
+    if (ci->op == KILN_OP_CONVERT)
+      ck_assert_msg(!kiln_dtype_is_complex(gc->instrs[ci->operands[0]]->shape.dtype) ||
+                        kiln_dtype_is_complex(ci->shape.dtype),
+                    "%s converts complex to real", ci->name);
+  }
+  kiln_module_destroy(gc);
   /* sign has no zero derivative on complex values */
   tx_expect_fail("HloModule m\nENTRY main { x = f64[2] parameter(0)  z = c128[2] convert(x)\n"
                  "  s = c128[2] sign(z)  ROOT r = f64[2] real(s) }\n",
