@@ -192,6 +192,11 @@ def complex_parts(x, y):
     return jnp.sum(jnp.real(q) * x) + jnp.sum(jnp.imag(q - z) * y) + jnp.sum(jnp.abs(z * 3.0 - 1.0))
 
 
+def complex_dot(x, y):
+    a, b = lax.complex(x, y), lax.complex(y, -x)
+    return jnp.sum(jnp.abs(a @ b.T)) + jnp.real(jnp.sum(a * 2.0 - b))
+
+
 def fft_complex_out(x, y):
     return jnp.fft.fft(lax.complex(x, y)) * lax.complex(y, x)
 
@@ -405,6 +410,9 @@ class JaxTransformsTest(unittest.TestCase):
         got = self.kiln("complex_parts", complex_parts, (x, y), ["grad:wrt=0,1"])
         self.same("grad through complex, conj, real, imag, abs", got,
                   jax.value_and_grad(complex_parts, argnums=(0, 1))(x, y))
+        got = self.kiln("complex_dot", complex_dot, (x, y), ["grad:wrt=0,1"])
+        self.same("grad through a complex dot and sum", got,
+                  jax.value_and_grad(complex_dot, argnums=(0, 1))(x, y))
         tx, ty = _f32(rng, 2, 4), _f32(rng, 2, 4)
         got = self.kiln("fft_jvp", fft_complex_out, (x, y), ["jvp"], kiln_args=(x, y, tx, ty))
         self.same("jvp of fft", got, jax.jvp(fft_complex_out, (x, y), (tx, ty)))
