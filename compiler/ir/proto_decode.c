@@ -44,21 +44,40 @@ typedef struct dec {
 
 /* ---- paths and errors ----------------------------------------------------- */
 
-static size_t push(dec *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static size_t push(dec *d, const char *fmt, ...) {
+/* Paths are built as the decoder descends (every field it enters), so
+ * pushing must be cheap: plain copies and a small integer formatter, no
+ * printf. A segment that does not fit is left out whole: the path keeps its
+ * head. */
+static size_t push_seg(dec *d, const char *name, size_t nlen, const char *index, size_t ilen) {
   size_t old = d->plen;
-  char seg[128];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(seg, sizeof seg, fmt, ap);
-  va_end(ap);
-  if (n < 0) n = 0;
-  if ((size_t)n >= sizeof seg) n = sizeof seg - 1;
-  const char *dot = d->plen && seg[0] != '[' ? "." : "";
-  size_t need = strlen(dot) + (size_t)n;
-  if (d->plen + need > PATH_MAX_LEN) return old; /* too deep to print: keep the head */
-  d->plen += (size_t)snprintf(d->path + d->plen, sizeof d->path - d->plen, "%s%s", dot, seg);
+  size_t dot = d->plen && name[0] != '[' ? 1 : 0;
+  if (d->plen + dot + nlen + ilen > PATH_MAX_LEN) return old;
+  char *p = d->path + d->plen;
+  if (dot) *p++ = '.';
+  memcpy(p, name, nlen);
+  memcpy(p + nlen, index, ilen);
+  d->plen += dot + nlen + ilen;
+  d->path[d->plen] = '\0';
   return old;
+}
+
+/* Enters field `name`. */
+static size_t push(dec *d, const char *name) {
+  return push_seg(d, name, strnlen(name, PATH_MAX_LEN + 1), "", 0);
+}
+
+/* Enters element i of repeated field `name`: "name[i]". */
+static size_t push_at(dec *d, const char *name, uint64_t i) {
+  char digits[24], index[26];
+  size_t nd = 0, n = 0;
+  do {
+    digits[nd++] = (char)('0' + i % 10);
+    i /= 10;
+  } while (i);
+  index[n++] = '[';
+  while (nd) index[n++] = digits[--nd];
+  index[n++] = ']';
+  return push_seg(d, name, strnlen(name, PATH_MAX_LEN + 1), index, n);
 }
 
 static void pop(dec *d, size_t old) {
@@ -86,7 +105,7 @@ static int fail_at(dec *d, const char *field, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  size_t old = push(d, "%s", field);
+  size_t old = push(d, field);
   int rc = fail(d, "%s", msg);
   pop(d, old);
   return rc;
@@ -111,7 +130,7 @@ static int copy_i64s(dec *d, const int64_t *v, size_t n, kiln_i64s *out) {
 
 /* Field `field` (a repeated int64) copied into `out`. */
 static int i64s_at(dec *d, const char *field, const int64_t *v, size_t n, kiln_i64s *out) {
-  size_t old = push(d, "%s", field);
+  size_t old = push(d, field);
   int rc = copy_i64s(d, v, n, out);
   pop(d, old);
   return rc;
@@ -152,7 +171,7 @@ static int dec_layout(dec *d, const Kiln__V1__Layout *pl, const kiln_shape *s, k
   for (uint32_t i = 0; i < s->rank; i++) {
     int64_t v = pl->minor_to_major[i];
     if (v < 0 || v >= (int64_t)s->rank || seen[v]) {
-      size_t o2 = push(d, "minor_to_major[%u]", i);
+      size_t o2 = push_at(d, "minor_to_major", i);
       rc = v < 0 || v >= (int64_t)s->rank
                ? fail(d, "dimension %lld out of range for rank %u", (long long)v, s->rank)
                : fail(d, "dimension %lld listed twice", (long long)v);
@@ -183,7 +202,7 @@ static int dec_array_dims(dec *d, const Kiln__V1__Shape *ps, kiln_shape *s) {
   int64_t elems = 1;
   for (uint32_t i = 0; i < s->rank; i++) {
     int64_t v = ps->dimensions[i];
-    size_t old = push(d, "dimensions[%u]", i);
+    size_t old = push_at(d, "dimensions", i);
     int rc = 0;
     if (v < 0) rc = fail(d, "size %lld is negative", (long long)v);
     else if (v > KILN_PROTO_MAX_DIM) rc = fail(d, "size %lld is over the limit of 2^40", (long long)v);
@@ -229,7 +248,7 @@ static int dec_tuple_shape(dec *d, const Kiln__V1__Shape *ps, kiln_shape *s, uns
   s->tuple = kiln_arena_calloc(d->a, s->rank, sizeof *s->tuple);
   if (s->tuple == NULL) return oom(d);
   for (uint32_t i = 0; i < s->rank; i++) {
-    size_t old = push(d, "tuple_shapes[%u]", i);
+    size_t old = push_at(d, "tuple_shapes", i);
     int rc = dec_shape_rec(d, ps->tuple_shapes[i], &s->tuple[i], depth + 1, root);
     if (rc) return rc; /* the path stays as the error left it */
     pop(d, old);
@@ -267,7 +286,7 @@ static int dec_shape_at(dec *d, const char *field, const Kiln__V1__Shape *ps, bo
                         kiln_shape *s) {
   memset(s, 0, sizeof *s);
   if (ps == NULL) return required ? fail_at(d, field, "missing") : 0;
-  size_t old = push(d, "%s", field);
+  size_t old = push(d, field);
   int rc = dec_shape_rec(d, ps, s, 0, d->plen);
   pop(d, old);
   return rc;
@@ -337,7 +356,7 @@ static int dec_array_literal(dec *d, const Kiln__V1__Literal *pl, kiln_literal *
   for (uint32_t i = 0; i < s->rank; i++) {
     int64_t v = pl->dynamic_sizes[i];
     if (v < 0 || v > s->dims[i]) {
-      size_t old = push(d, "dynamic_sizes[%u]", i);
+      size_t old = push_at(d, "dynamic_sizes", i);
       int rc = fail(d, "size %lld is outside 0..%lld", (long long)v, (long long)s->dims[i]);
       pop(d, old);
       return rc;
@@ -382,7 +401,7 @@ static int dec_literal_rec(dec *d, const Kiln__V1__Literal *pl, const kiln_shape
     if (lit->elems == NULL) return oom(d);
   }
   for (uint32_t i = 0; i < s->rank; i++) {
-    size_t old = push(d, "tuple_literals[%u]", i);
+    size_t old = push_at(d, "tuple_literals", i);
     rc = dec_literal_rec(d, pl->tuple_literals[i], &s->tuple[i], depth + 1, root, &lit->elems[i]);
     if (rc) return rc;
     pop(d, old);
@@ -395,7 +414,7 @@ int kiln__proto_literal_decode(kiln_arena *a, const Kiln__V1__Literal *pl, const
                                kiln_literal **out, kiln_status *st) {
   dec d = {.a = a, .st = st};
   d.path[0] = '\0';
-  if (path && path[0]) push(&d, "%s", path);
+  if (path && path[0]) push(&d, path);
   *out = NULL;
   return dec_literal_rec(&d, pl, NULL, 0, d.plen, out);
 }
@@ -423,7 +442,7 @@ static int dec_sharding_rec(dec *d, const Kiln__V1__Sharding *ps, kiln_sharding 
     s->last_tile_dims.n = (uint32_t)ps->n_last_tile_dims;
     for (size_t i = 0; i < ps->n_last_tile_dims; i++) {
       if ((unsigned)ps->last_tile_dims[i] > KILN_SHARD_TUPLE) {
-        size_t old = push(d, "last_tile_dims[%zu]", i);
+        size_t old = push_at(d, "last_tile_dims", i);
         rc = fail(d, "%d is not a kiln.v1.ShardingKind value", (int)ps->last_tile_dims[i]);
         pop(d, old);
         return rc;
@@ -444,7 +463,7 @@ static int dec_sharding_rec(dec *d, const Kiln__V1__Sharding *ps, kiln_sharding 
   s->elems = kiln_arena_calloc(d->a, s->nelems, sizeof *s->elems);
   if (s->elems == NULL) return oom(d);
   for (uint32_t i = 0; i < s->nelems; i++) {
-    size_t old = push(d, "tuple_shardings[%u]", i);
+    size_t old = push_at(d, "tuple_shardings", i);
     rc = dec_sharding_rec(d, ps->tuple_shardings[i], &s->elems[i], depth + 1, root);
     if (rc) return rc;
     pop(d, old);
@@ -519,7 +538,8 @@ static int dec_groups(dec *d, const Kiln__V1__ReplicaGroups *pg, kiln_replica_gr
     if (g->groups == NULL) return oom(d);
   }
   for (uint32_t i = 0; i < g->ngroups; i++) {
-    size_t old = push(d, "groups[%u].values", i);
+    size_t old = push_at(d, "groups", i);
+    push(d, "values");
     rc = copy_i64s(d, pg->groups[i]->values, pg->groups[i]->n_values, &g->groups[i]);
     pop(d, old);
     if (rc) return rc;
@@ -678,7 +698,7 @@ static int dec_refs(dec *d, const char *field, const int64_t *v, size_t n, uint3
   kiln_id *ids = kiln_arena_alloc(d->a, n * sizeof *ids);
   if (ids == NULL) return oom(d);
   for (size_t i = 0; i < n; i++) {
-    size_t old = push(d, "%s[%zu]", field, i);
+    size_t old = push_at(d, field, i);
     int rc = check_ref(d, v[i], comp);
     pop(d, old);
     if (rc) return rc;
@@ -698,7 +718,7 @@ static int dec_called(dec *d, const Kiln__V1__Instruction *pi, kiln_instr *ins) 
   for (size_t i = 0; i < n; i++) {
     int64_t v = pi->called_computations[i];
     if (v < 0 || v >= (int64_t)d->m->ncomps) {
-      size_t old = push(d, "called_computations[%zu]", i);
+      size_t old = push_at(d, "called_computations", i);
       int rc = fail(d, "index %lld out of range (module has %u computations)", (long long)v,
                     d->m->ncomps);
       pop(d, old);
@@ -745,7 +765,7 @@ static int dec_instr_body(dec *d, const Kiln__V1__Instruction *pi, kiln_instr *i
     return rc;
   uint8_t seen[KILN_ATTR_COUNT] = {0};
   for (size_t i = 0; i < pi->n_attributes; i++) {
-    size_t old = push(d, "attributes[%zu]", i);
+    size_t old = push_at(d, "attributes", i);
     rc = dec_attr(d, ins, pi->attributes[i], seen);
     pop(d, old);
     if (rc) return rc;
@@ -783,7 +803,9 @@ static int index_ids(dec *d, const Kiln__V1__Module *pm) {
     for (uint32_t k = 0; k < pc->n_instructions; k++) {
       int64_t id = pc->instructions[k]->id;
       int rc = 0;
-      size_t old = push(d, "computations[%u].instructions[%u].id", c, k);
+      size_t old = push_at(d, "computations", c);
+      push_at(d, "instructions", k);
+      push(d, "id");
       if (id < 0 || id >= (int64_t)total)
         rc = fail(d, "id %lld out of range (module has %zu instructions)", (long long)id, total);
       else if (d->owners[id].comp != UINT32_MAX)
@@ -804,7 +826,7 @@ static int create_skeleton(dec *d, const Kiln__V1__Module *pm) {
   kiln_module *m = d->m;
   for (uint32_t c = 0; c < pm->n_computations; c++) {
     const Kiln__V1__Computation *pc = pm->computations[c];
-    size_t old = push(d, "computations[%u]", c);
+    size_t old = push_at(d, "computations", c);
     if (pc->name == NULL || pc->name[0] == '\0') return fail_at(d, "name", "empty");
     pop(d, old);
     if (kiln_module_add_computation(m, pc->name, NULL)) return oom(d);
@@ -828,7 +850,7 @@ static int create_skeleton(dec *d, const Kiln__V1__Module *pm) {
 
 static int dec_computation(dec *d, const Kiln__V1__Computation *pc, kiln_computation *c) {
   for (uint32_t k = 0; k < pc->n_instructions; k++) {
-    size_t old = push(d, "instructions[%u]", k);
+    size_t old = push_at(d, "instructions", k);
     int rc = dec_instr_body(d, pc->instructions[k], d->m->instrs[c->instrs[k]]);
     pop(d, old);
     if (rc) return rc;
@@ -901,7 +923,7 @@ static int dec_header(dec *d, const Kiln__V1__Module *pm) {
     m->naliases = (uint32_t)pm->n_input_output_alias;
   }
   for (uint32_t i = 0; i < m->naliases; i++) {
-    size_t old = push(d, "input_output_alias[%u]", i);
+    size_t old = push_at(d, "input_output_alias", i);
     rc = dec_alias(d, pm->input_output_alias[i], &m->aliases[i]);
     pop(d, old);
     if (rc) return rc;
@@ -916,7 +938,7 @@ static int dec_header(dec *d, const Kiln__V1__Module *pm) {
   }
   for (uint32_t i = 0; i < m->nheader_extra; i++) {
     const Kiln__V1__HeaderAttribute *ph = pm->header_attributes[i];
-    size_t old = push(d, "header_attributes[%u]", i);
+    size_t old = push_at(d, "header_attributes", i);
     rc = need_name(d, ph->name, &m->header_extra[i].name);
     if (rc == 0) {
       m->header_extra[i].text = kiln_arena_strdup(d->a, ph->text ? ph->text : "");
@@ -932,7 +954,7 @@ static int dec_module(dec *d, const Kiln__V1__Module *pm) {
   int rc;
   if ((rc = index_ids(d, pm)) || (rc = create_skeleton(d, pm))) return rc;
   for (uint32_t c = 0; c < pm->n_computations; c++) {
-    size_t old = push(d, "computations[%u]", c);
+    size_t old = push_at(d, "computations", c);
     rc = dec_computation(d, pm->computations[c], d->m->comps[c]);
     pop(d, old);
     if (rc) return rc;
