@@ -60,6 +60,21 @@ typedef struct kiln_cache_key_inputs {
   const char *options; /* canonical option text built by the caller; NULL means none */
 } kiln_cache_key_inputs;
 
+#define KILN_CACHE_TEXT_MAX 96
+
+/* The target text for a cpu kiln_target name ("cpu", "cpu-x86-64-v3";
+ * NULL means "cpu"): the ISA level as given ("x86-64-v3"), or for "cpu"
+ * (cc -march=native) "native-" and 16 hex digits of this machine's CPU
+ * model and feature flags, so that machines whose native code differs
+ * never share an entry (key_inputs.c). */
+void kiln_cache_target_text(const char *target_name, char out[KILN_CACHE_TEXT_MAX]);
+
+/* The options text: "opt=N\ndevices=N\n". Transforms are not in it: they
+ * are applied before the module is hashed. Diagnostics (dumps,
+ * verify_each_pass), return_executable, request_id and cache_policy never
+ * change code and are left out. */
+void kiln_cache_options_text(int opt_level, uint32_t ndevices, char out[KILN_CACHE_TEXT_MAX]);
+
 /* Computes the key of a verified module. */
 int kiln_cache_key_compute(const kiln_module *m, const kiln_cache_key_inputs *in,
                            kiln_cache_key *out, kiln_status *st);

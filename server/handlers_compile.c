@@ -34,7 +34,6 @@
 #include "compiler/ir/verify.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
-#include "server/compile_key.h"
 #include "server/compile_memo.h"
 #include "server/compile_prep.h"
 #include "server/convert.h"
@@ -172,10 +171,10 @@ static int load_program(job *j) {
 
 /* The key: everything that determines the code, hashed by component. */
 static int make_key(job *j) {
-  char target[KILND_KEY_TEXT_MAX], options[KILND_KEY_TEXT_MAX];
+  char target[KILN_CACHE_TEXT_MAX], options[KILN_CACHE_TEXT_MAX];
   bool cpu = strcmp(j->plan.backend, "cpu") == 0;
-  if (cpu) kilnd_key_target(j->plan.target, target);
-  kilnd_key_options(j->plan.opt_level, j->plan.ndevices, options);
+  if (cpu) kiln_cache_target_text(j->plan.target, target);
+  kiln_cache_options_text(j->plan.opt_level, j->plan.ndevices, options);
   kiln_cache_key_inputs in = {.backend = j->plan.backend, .target = cpu ? target : NULL,
                               .options = options};
   return kiln_cache_key_compute(j->m, &in, &j->key, &j->st);

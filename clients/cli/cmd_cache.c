@@ -5,9 +5,8 @@
  * explain compares two cache keys component by component (module,
  * signature, options, target, version): keys of two module files are
  * computed here exactly as kilnd computes them (the same key code and the
- * same target and option texts: server/compile_key.c is compiled into this
- * file), keys given as 64 hex digits are looked up on the server with
- * CacheList. Like diff, explain exits 0 when the keys are the same, 1 when
+ * same target and option texts, cache/key_inputs.c), keys given as 64 hex
+ * digits are looked up on the server with CacheList. Like diff, explain exits 0 when the keys are the same, 1 when
  * they differ, 2 on trouble.
  */
 #include <stdio.h>
@@ -21,9 +20,6 @@
 #include "common/alloc.h"
 #include "compiler/pass.h"
 
-/* The server's own target and options texts (no gRPC in it). */
-#include "server/compile_key.c"
-
 #define EXPLAIN_SAME 0
 #define EXPLAIN_DIFFERS 1
 #define EXPLAIN_TROUBLE 2
@@ -36,8 +32,8 @@ static bool is_key(const char *s) {
 /* ---- explain ------------------------------------------------------------------------- */
 
 /* --backend/--target/-O as kilnd resolves them (server/compile_prep.c). */
-static int key_inputs(const kiln__args *a, const char **backend, char target[KILND_KEY_TEXT_MAX],
-                      char options[KILND_KEY_TEXT_MAX]) {
+static int key_inputs(const kiln__args *a, const char **backend, char target[KILN_CACHE_TEXT_MAX],
+                      char options[KILN_CACHE_TEXT_MAX]) {
   const char *b = kiln__args_get(a, "backend");
   *backend = b ? b : "cpu";
   if (strcmp(*backend, "cpu") != 0 && strcmp(*backend, "interp") != 0) {
@@ -47,12 +43,12 @@ static int key_inputs(const kiln__args *a, const char **backend, char target[KIL
   const char *level = kiln__args_get(a, "opt-level");
   int opt = 2;
   if (level && kiln__opt_level_parse("cache explain", level, &opt)) return KILN_EXIT_USAGE;
-  kilnd_key_options(opt, 1, options);
+  kiln_cache_options_text(opt, 1, options);
   const char *t = kiln__args_get(a, "target");
   target[0] = '\0';
   if (strcmp(*backend, "interp") == 0) return KILN_EXIT_OK;
   if (t == NULL || t[0] == '\0' || strcmp(t, "native") == 0) {
-    kilnd_key_target(NULL, target);
+    kiln_cache_target_text(NULL, target);
     return KILN_EXIT_OK;
   }
   char name[64];
@@ -65,7 +61,7 @@ static int key_inputs(const kiln__args *a, const char **backend, char target[KIL
             t);
     return KILN_EXIT_USAGE;
   }
-  kilnd_key_target(kt->name, target);
+  kiln_cache_target_text(kt->name, target);
   return KILN_EXIT_OK;
 }
 
@@ -102,7 +98,7 @@ static int cache_explain(const kiln__args *a) {
     return KILN_EXIT_USAGE;
   } else {
     const char *backend;
-    char target[KILND_KEY_TEXT_MAX], options[KILND_KEY_TEXT_MAX];
+    char target[KILN_CACHE_TEXT_MAX], options[KILN_CACHE_TEXT_MAX];
     rc = key_inputs(a, &backend, target, options);
     for (int i = 0; i < 2 && rc == KILN_EXIT_OK; i++)
       rc = file_key(args[i], backend, target, options, &keys[i]);

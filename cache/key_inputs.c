@@ -1,4 +1,6 @@
-/* Target and options components of cache keys (see compile_key.h).
+/* The texts of the target and options components of cache keys (key.h):
+ * one definition for kilnd and for `kiln cache explain`, so that a key
+ * computed locally is the key a server gives the same request.
  *
  * "native" code is whatever cc -march=native makes of this machine, so its
  * target component names the machine's CPU: the vendor, family, model and
@@ -7,7 +9,7 @@
  * another one used can never load that one's code. The text is computed
  * once per process.
  */
-#include "server/compile_key.h"
+#include "cache/key.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -15,10 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/key.h"
 #include "common/sbuf.h"
 
-static char native_target[KILND_KEY_TEXT_MAX];
+static char native_target[KILN_CACHE_TEXT_MAX];
 static pthread_once_t native_once = PTHREAD_ONCE_INIT;
 
 /* Lines of the first processor block that decide what -march=native
@@ -60,16 +61,16 @@ static void compute_native(void) {
   snprintf(native_target, sizeof native_target, "native-%.16s", hex);
 }
 
-void kilnd_key_target(const char *target_name, char out[KILND_KEY_TEXT_MAX]) {
+void kiln_cache_target_text(const char *target_name, char out[KILN_CACHE_TEXT_MAX]) {
   if (target_name == NULL || strcmp(target_name, "cpu") == 0) {
     pthread_once(&native_once, compute_native);
-    snprintf(out, KILND_KEY_TEXT_MAX, "%s", native_target);
+    snprintf(out, KILN_CACHE_TEXT_MAX, "%s", native_target);
     return;
   }
   const char *t = strncmp(target_name, "cpu-", 4) == 0 ? target_name + 4 : target_name;
-  snprintf(out, KILND_KEY_TEXT_MAX, "%.80s", t);
+  snprintf(out, KILN_CACHE_TEXT_MAX, "%.80s", t);
 }
 
-void kilnd_key_options(int opt_level, uint32_t ndevices, char out[KILND_KEY_TEXT_MAX]) {
-  snprintf(out, KILND_KEY_TEXT_MAX, "opt=%d\ndevices=%u\n", opt_level, ndevices);
+void kiln_cache_options_text(int opt_level, uint32_t ndevices, char out[KILN_CACHE_TEXT_MAX]) {
+  snprintf(out, KILN_CACHE_TEXT_MAX, "opt=%d\ndevices=%u\n", opt_level, ndevices);
 }
