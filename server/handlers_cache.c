@@ -57,23 +57,12 @@ static int check_evict(const Kiln__V1__CacheEvictRequest *r, kiln_status *st) {
   return check_keys(r->keys, r->n_keys, EVICT_MAX_KEYS, st);
 }
 
+/* Checked requests go to the compile pool, under its bound. */
 static void queue(kilnd_call *c, int rc, kiln_status *st) {
-  kilnd *srv = c->srv;
-  if (rc) {
+  if (rc)
     kilnd_call_finish(c, NULL, rc, st);
-    return;
-  }
-  /* The compile pool's bound covers this work too. */
-  if ((uint64_t)atomic_fetch_add(&srv->compiles, 1) >= srv->cfg.compile_queue_depth) {
-    atomic_fetch_sub(&srv->compiles, 1);
-    kilnd_call_fail(c, KILN_ELIMIT, "compile queue is full (%llu compiles, compile-queue-depth)",
-                    (unsigned long long)srv->cfg.compile_queue_depth);
-    return;
-  }
-  if (!kilnd_loop_queue_compile(srv, c)) {
-    atomic_fetch_sub(&srv->compiles, 1);
-    kilnd_call_fail(c, KILN_EUNAVAIL, "the server is shutting down");
-  }
+  else
+    kilnd_compile_submit(c);
 }
 
 void kilnd_handle_cache_list(kilnd_call *c, ProtobufCMessage *req) {

@@ -87,6 +87,11 @@ void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req) {
     return;
   }
   if (answer_from_memo(c, (const Kiln__V1__CompileRequest *)req)) return;
+  kilnd_compile_submit(c);
+}
+
+void kilnd_compile_submit(kilnd_call *c) {
+  kilnd *srv = c->srv;
   if ((uint64_t)atomic_fetch_add(&srv->compiles, 1) >= srv->cfg.compile_queue_depth) {
     atomic_fetch_sub(&srv->compiles, 1);
     kilnd_call_fail(c, KILN_ELIMIT, "compile queue is full (%llu compiles, compile-queue-depth)",

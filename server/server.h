@@ -238,6 +238,10 @@ void kilnd_handle_cache_evict(kilnd_call *c, ProtobufCMessage *req);
  * CacheList and CacheEvict share the pool: their jobs arrive here too and
  * go on to kilnd_cache_work (handlers_cache.c). */
 void kilnd_compile_work(kilnd_call *c);
+/* Queues c for the compile pool under --compile-queue-depth (Compile,
+ * CacheList and CacheEvict share the bound), or answers RESOURCE_EXHAUSTED
+ * or UNAVAILABLE (draining). */
+void kilnd_compile_submit(kilnd_call *c);
 void kilnd_cache_work(kilnd_call *c);
 
 /* ---- the loop (loop.c) ----------------------------------------------------------------- */
