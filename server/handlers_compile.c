@@ -75,6 +75,25 @@ static int check_request(kilnd *srv, const Kiln__V1__CompileRequest *r, kiln_sta
   return rc;
 }
 
+/* A request the memo could not answer takes its digest to the compile pool
+ * (c->state), which remembers the key under it: the program is hashed once. */
+typedef struct memo_state {
+  uint8_t digest[KILN_CACHE_DIGEST_LEN];
+} memo_state;
+
+static void memo_state_free(kilnd_call *c) {
+  kiln_free(c->state);
+  c->state = NULL;
+}
+
+static void keep_digest(kilnd_call *c, const uint8_t digest[KILN_CACHE_DIGEST_LEN]) {
+  memo_state *ms = kiln_malloc(sizeof *ms);
+  if (ms == NULL) return; /* only a repeat that will not be answered early */
+  memcpy(ms->digest, digest, sizeof ms->digest);
+  c->state = ms;
+  c->state_free = memo_state_free;
+}
+
 static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r);
 
 void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req) {
@@ -518,9 +537,8 @@ static int run_job(job *j, kilnd_call *c) {
   kilnd_exe *e = NULL;
   if ((rc = build(j, &e))) return rc;
   rc = fill_response(j, e);
-  uint8_t digest[KILN_CACHE_DIGEST_LEN];
-  if (rc == 0 && j->nwarnings == 0 && kilnd_memo_digest(j->r, digest))
-    kilnd_memo_put(j->srv->memo, digest, &j->key);
+  const memo_state *ms = c->state; /* set when the request may be memoized */
+  if (rc == 0 && j->nwarnings == 0 && ms) kilnd_memo_put(j->srv->memo, ms->digest, &j->key);
   /* Released before the reply: a caller that evicts or compiles the next
    * program right after it must not find this entry still in use. */
   kilnd_exe_unref(e);
@@ -557,11 +575,15 @@ static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r) {
   uint8_t digest[KILN_CACHE_DIGEST_LEN];
   kiln_cache_key key;
   kilnd_exe *e = NULL;
-  if (!kilnd_memo_digest(r, digest) || !kilnd_memo_get(srv->memo, digest, &key) ||
-      kilnd_exes_get(srv->exes, key.hex, &e, NULL) != 0)
+  if (!kilnd_memo_digest(r, digest)) return false;
+  if (!kilnd_memo_get(srv->memo, digest, &key) ||
+      kilnd_exes_get(srv->exes, key.hex, &e, NULL) != 0) {
+    keep_digest(c, digest);
     return false;
+  }
   if (atomic_load(&e->uncached)) { /* the pool stores it first */
     kilnd_exe_unref(e);
+    keep_digest(c, digest);
     return false;
   }
   kiln_arena *a = kiln_arena_create();
