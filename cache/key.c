@@ -328,11 +328,9 @@ static int canon_order(canon *k, const kiln_module *m) {
 /* A layout that says nothing beyond the default (major-to-minor dims in
  * order, no tiles, no memory space) is dropped: `f32[2,3]` and
  * `f32[2,3]{1,0}` are one program, as kiln_shape_equal has it. */
-static bool layout_is_default(const kiln_layout *l, uint32_t rank) {
-  if (l->tail || l->memory_space || l->rank != rank) return false;
-  for (uint32_t i = 0; i < rank; i++)
-    if (l->minor_to_major[i] != (int64_t)(rank - 1 - i)) return false;
-  return true;
+static bool layout_is_default(const kiln_shape *s) {
+  const kiln_layout *l = s->layout;
+  return !l->tail && !l->memory_space && l->rank == s->rank && kiln_shape_is_row_major(s);
 }
 
 /* dst = src with default layouts dropped, sharing what does not change. */
@@ -344,7 +342,7 @@ static int shape_canon(kiln_arena *a, const kiln_shape *src, kiln_shape *dst) {
     for (uint32_t i = 0; i < src->rank; i++)
       if (shape_canon(a, &src->tuple[i], &t[i])) return KILN_ENOMEM;
     dst->tuple = t;
-  } else if (src->layout && layout_is_default(src->layout, src->rank)) {
+  } else if (src->layout && layout_is_default(src)) {
     dst->layout = NULL;
   }
   return 0;

@@ -109,6 +109,9 @@ const kiln_shape *kiln_shape_subshape(const kiln_shape *s, const int64_t *index,
 /* Physical dimension order: minor_to_major of the layout, or the default
  * (rank-1 .. 0) when there is none. `out` has rank entries. */
 void kiln_shape_minor_to_major(const kiln_shape *s, int64_t *out);
+/* Whether that order is the default one (row-major): true without a
+ * layout. Tiles and memory space in the layout's tail are not looked at. */
+bool kiln_shape_is_row_major(const kiln_shape *s);
 /* HLO text: "f32[2,<=3]{1,0}", "(f32[], token[])". */
 void kiln_shape_print(kiln_sbuf *b, const kiln_shape *s);
 /* Same without layouts: "f32[2,3]". */

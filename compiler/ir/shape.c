@@ -60,6 +60,14 @@ void kiln_shape_minor_to_major(const kiln_shape *s, int64_t *out) {
   for (uint32_t i = 0; i < s->rank; i++) out[i] = (int64_t)s->rank - 1 - i;
 }
 
+bool kiln_shape_is_row_major(const kiln_shape *s) {
+  const kiln_layout *l = s->layout;
+  if (l == NULL || l->rank != s->rank || l->minor_to_major == NULL) return true;
+  for (uint32_t i = 0; i < s->rank; i++)
+    if (l->minor_to_major[i] != (int64_t)s->rank - 1 - i) return false;
+  return true;
+}
+
 static bool layouts_equal(const kiln_shape *a, const kiln_shape *b) {
   for (uint32_t i = 0; i < a->rank; i++) {
     int64_t da = a->layout && a->layout->rank == a->rank ? a->layout->minor_to_major[i]

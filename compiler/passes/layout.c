@@ -104,13 +104,6 @@ static int fill_from(kiln_module *m, kiln_shape *s, const kiln_shape *from, int 
   return fill_default(m, s, depth);
 }
 
-static bool is_row_major(const kiln_shape *s) {
-  if (!has_layout(s)) return true;
-  for (uint32_t i = 0; i < s->rank; i++)
-    if (s->layout->minor_to_major[i] != (int64_t)s->rank - 1 - i) return false;
-  return true;
-}
-
 /* ---- names ------------------------------------------------------------------ */
 
 static bool name_taken(const kiln_module *m, const kiln_computation *c, const char *s) {
@@ -335,7 +328,8 @@ static int maybe_bitcast(lctx *l, kiln_instr *x, uint32_t comp, bool written) {
       kiln_shape_is_dynamic(&o->shape) || o->shape.dtype != x->shape.dtype)
     return 0;
   if (x->op == KILN_OP_RESHAPE) {
-    if (is_row_major(&o->shape) && is_row_major(&x->shape)) return to_bitcast(m, x);
+    if (kiln_shape_is_row_major(&o->shape) && kiln_shape_is_row_major(&x->shape))
+      return to_bitcast(m, x);
     return 0;
   }
   uint32_t nu, r = x->shape.rank;

@@ -100,8 +100,6 @@ int kiln__cpu_run_literals(kiln_loaded *l, const kiln_literal *const *args,
 /* Row-major (logical) order <-> the physical order of shape's layout.
  * to_physical: dst is laid out by the layout, src row-major. */
 void kiln__cpu_relayout(void *dst, const void *src, const kiln_shape *shape, int to_physical);
-/* True when the layout is absent or the default (rank-1, ..., 0). */
-bool kiln__cpu_layout_is_default(const kiln_shape *shape);
 
 /* The GEMM step: C[b] = alpha op(A[b]) op(B[b]) + beta C[b], split over the
  * pool. Arguments are checked at load. */

@@ -14,13 +14,6 @@
 #include "common/sbuf.h"
 #include "executor/cpu/cpu.h"
 
-bool kiln__cpu_layout_is_default(const kiln_shape *shape) {
-  if (shape->layout == NULL) return true;
-  for (uint32_t i = 0; i < shape->rank; i++)
-    if (shape->layout->minor_to_major[i] != (int64_t)(shape->rank - 1 - i)) return false;
-  return true;
-}
-
 static void copy_elem(char *dst, const char *src, size_t esize) {
   switch (esize) {
   case 1: *dst = *src; break;
@@ -109,7 +102,7 @@ static int bind_params(const kiln__cpu_loaded *l, const kiln_literal *const *arg
     }
     if (rc) break;
     params[i] = leaf->data;
-    bool relayout = !kiln__cpu_layout_is_default(bs);
+    bool relayout = !kiln_shape_is_row_major(bs);
     if ((!relayout && !l->donated[i]) || bytes == 0) continue;
     void *raw;
     void *t = kiln__cpu_aligned_alloc(bytes, &raw);
@@ -153,7 +146,7 @@ int kiln__cpu_run_literals(kiln_loaded *ld, const kiln_literal *const *args,
   for (uint32_t i = 0; i < nr; i++) {
     const kiln_shape *bs = &e->results[i].shape;
     results[i] = rleaves[i]->data;
-    if (kiln__cpu_layout_is_default(bs) || kiln_shape_bytes(bs) == 0) continue;
+    if (kiln_shape_is_row_major(bs) || kiln_shape_bytes(bs) == 0) continue;
     results[i] = kiln__cpu_aligned_alloc((size_t)kiln_shape_bytes(bs), &rtemps[i]);
     if (results[i] == NULL) {
       rc = kiln_status_set(st, KILN_ENOMEM, "run", "out of memory for result leaf %u", i);

@@ -122,12 +122,17 @@ START_TEST(test_shape_overflow_and_layout) {
   kiln_shape_minor_to_major(&s, m2m);
   ck_assert_int_eq(m2m[0], 1);
   ck_assert_int_eq(m2m[1], 0);
+  ck_assert(kiln_shape_is_row_major(&s)); /* no layout */
   kiln_layout l = {0};
+  int64_t row_major[] = {1, 0};
+  l.minor_to_major = row_major;
+  l.rank = 2;
+  s.layout = &l;
+  ck_assert(kiln_shape_is_row_major(&s));
   int64_t order[] = {0, 1};
   l.minor_to_major = order;
-  l.rank = 2;
   l.tail = "T(8,128)";
-  s.layout = &l;
+  ck_assert(!kiln_shape_is_row_major(&s));
   kiln_shape_minor_to_major(&s, m2m);
   ck_assert_int_eq(m2m[0], 0);
   char *txt = shape_text(&s);
