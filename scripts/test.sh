@@ -10,6 +10,9 @@
 #                   seeded with examples/, tests/golden/, the corpus (as text,
 #                   or encoded by `kiln print --proto` for fuzz_proto) and
 #                   the inputs kept in tests/fuzz/regressions/<target>/
+#   5. scripts/demo.sh, the README's first command, with
+#                   KILN_DEMO_REQUIRE_SERVER=1: it must start kilnd, compile
+#                   and run through it, and drain it (exit 0)
 # Every step runs even when an earlier one failed (as far as its build
 # allows); the exit status is non-zero if any step failed. A summary closes
 # the output.
@@ -153,6 +156,18 @@ if cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithD
   shopt -u nullglob
 else
   record fuzz-build FAIL $(($(date +%s) - t)) "see the compiler output above"
+fi
+
+# ---- 5. the demo, through kilnd -------------------------------------------------
+banner "demo (scripts/demo.sh through kilnd)"
+t=$(date +%s)
+if KILN_DEMO_REQUIRE_SERVER=1 ./scripts/demo.sh 2>&1 | tee "$LOGS/demo.log" &&
+  grep -q '^kilnd is listening on ' "$LOGS/demo.log" &&
+  grep -q -- '--server ' "$LOGS/demo.log" &&
+  grep -q '^kilnd exited with status 0$' "$LOGS/demo.log"; then
+  record demo PASS $(($(date +%s) - t)) "compiled and ran through kilnd, drained"
+else
+  record demo FAIL $(($(date +%s) - t)) "see $LOGS/demo.log"
 fi
 
 # ---- summary ---------------------------------------------------------------------
