@@ -12,7 +12,7 @@
 
 #include "compiler/codegen/executable.h"
 #include "compiler/compile.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 int kiln_run_executable(const kiln_executable *e, const kiln_backend_options *bopts,
                         const kiln_run_options *ropts, const kiln_literal *const *args,

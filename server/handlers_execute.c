@@ -33,7 +33,7 @@
 #include "compiler/ir/proto_internal.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/convert.h"

@@ -40,7 +40,7 @@
 #include "executor/backend.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 static double now_us(void) {
   struct timespec ts;

@@ -30,7 +30,7 @@
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
 #include "compiler/compile.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 #include "executor/run.h"
 
 static const char *const backends[] = {"interp", "cpu"};

@@ -9,7 +9,7 @@
 
 #include "common/alloc.h"
 #include "executor/backend_impl.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 static int kiln_interp_init(kiln_backend *b, const kiln_backend_options *opts, uint32_t *ndevices,
                             kiln_status *st) {

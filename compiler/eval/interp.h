@@ -3,8 +3,8 @@
  * and every pass is checked against, so it is written to be obviously
  * correct, not fast.
  */
-#ifndef KILN_EXECUTOR_INTERP_INTERP_H
-#define KILN_EXECUTOR_INTERP_INTERP_H
+#ifndef KILN_COMPILER_EVAL_INTERP_H
+#define KILN_COMPILER_EVAL_INTERP_H
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -44,4 +44,4 @@ int kiln_interp_run(const kiln_module *m, const kiln_literal *const *args, uint3
 #ifdef __cplusplus
 }
 #endif
-#endif /* KILN_EXECUTOR_INTERP_INTERP_H */
+#endif /* KILN_COMPILER_EVAL_INTERP_H */
