@@ -53,6 +53,7 @@ static int kiln_interp_run_module(kiln_device *d, const kiln_module *m,
       .max_while_iterations = opts->max_while_iterations,
       .timeout_seconds = opts->timeout_seconds,
       .cancel = opts->cancel,
+      .max_live_bytes = opts->max_live_bytes,
   };
   return kiln_interp_run(m, args, nargs, &io, out, st);
 }
