@@ -1,4 +1,5 @@
-/* The interp backend: the reference interpreter behind the backend vtable.
+/* The interp backend: the reference interpreter (compiler/eval) behind the
+ * backend vtable, a thin adapter from kiln_run_options to its options.
  *
  * One device, host memory, no executables: it runs modules as such
  * (kiln_device_run_module), which is what "disable_jit" debugging and the
