@@ -78,7 +78,7 @@ const char *const *kiln_backend_names(uint32_t *n);
 
 /* What a backend runs, as bits (kiln_backend_caps). A caller asks these
  * instead of comparing names: a new backend then needs no branch. */
-#define KILN_BACKEND_LOADS 1u       /* loads compiled executables (kiln_device_load) */
+#define KILN_BACKEND_LOADS 1u        /* loads compiled executables (kiln_device_load) */
 #define KILN_BACKEND_RUNS_MODULES 2u /* runs modules as such (kiln_device_run_module) */
 
 /* The KILN_BACKEND_* bits of registered backend `name`, known without

@@ -255,7 +255,8 @@ static void render_devices(kiln_sbuf *b, kilnd *srv) {
     kiln_sched_device_stats ds;
     kiln_sched_device_stats_get(srv->sched, d, &ds);
     kiln_sbuf_printf(b, "kiln_device_busy_seconds_total{device=\"%u\",backend=\"%s\"} %.9f\n", d,
-                     kiln_backend_name(kilnd_class_backend(srv, (int)ds.dev_class)), (double)ds.busy_ns / 1e9);
+                     kiln_backend_name(kilnd_class_backend(srv, (int)ds.dev_class)),
+                     (double)ds.busy_ns / 1e9);
   }
 }
 

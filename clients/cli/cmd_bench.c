@@ -40,9 +40,9 @@
 #include "clients/cli/cli.h"
 #include "common/alloc.h"
 #include "compiler/compile.h"
-#include "executor/backend.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
+#include "executor/backend.h"
 
 static double now_us(void) {
   struct timespec ts;
@@ -226,8 +226,8 @@ static int run_module(bench *b, kiln_backend *be, kiln_status *st) {
   for (long i = 0; i < b->warmup + b->iters && rc == 0; i++) {
     kiln_literal *out = NULL;
     double t0 = now_us();
-    rc = kiln_device_run_module(d, b->m, (const kiln_literal *const *)b->args, b->nargs, NULL,
-                                &out, st);
+    rc = kiln_device_run_module(d, b->m, (const kiln_literal *const *)b->args, b->nargs, NULL, &out,
+                                st);
     if (i >= b->warmup) b->us[i - b->warmup] = now_us() - t0;
     kiln_literal_destroy(out);
   }
@@ -257,7 +257,9 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
     printf("]");
   }
   printf(", \"iters\": %ld, \"warmup\": %ld, \"mode\": \"%s\"", b->iters, b->warmup,
-         !compiled ? "interpreter" : b->buffers ? "buffers" : "literals");
+         !compiled    ? "interpreter"
+         : b->buffers ? "buffers"
+                      : "literals");
   if (compiled) {
     const kiln_compile_report *r = &b->rep;
     printf(", \"compile_ms\": %.3f, \"passes_ms\": {", r->total_ms);
@@ -309,8 +311,10 @@ int kiln__cmd_bench(const kiln__args *a) {
   if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;
   if (given && !compiles) {
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
-    fprintf(stderr, "kiln bench: --target, --opt-level, --disable-pass and --dump-dir need "
-                    "--backend %s\n", names);
+    fprintf(stderr,
+            "kiln bench: --target, --opt-level, --disable-pass and --dump-dir need "
+            "--backend %s\n",
+            names);
     return KILN_EXIT_USAGE;
   }
   b.transforms = kiln__args_all(a, "transform", &b.ntransforms);

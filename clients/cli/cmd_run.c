@@ -28,10 +28,10 @@
 #include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/compile.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
-#include "compiler/compile.h"
 #include "executor/run.h"
 
 /* A non-negative decimal integer (seeds, iteration counts). */
@@ -202,8 +202,8 @@ static int run_compiled(const char *file, const kiln_module *m, const char *what
   if (rc == 0) {
     kiln_status st;
     kiln_status_clear(&st);
-    int err = kiln_run_executable_on(backend, e, NULL, ropts, (const kiln_literal *const *)args,
-                                     n, &result, &st);
+    int err = kiln_run_executable_on(backend, e, NULL, ropts, (const kiln_literal *const *)args, n,
+                                     &result, &st);
     if (err == 0 && result == NULL) err = kiln_status_set(&st, KILN_EINTERNAL, NULL, "no result");
     if (err) {
       kiln__report(file, m, &st);
@@ -236,8 +236,8 @@ static int run_executable_file(const char *file, const char *backend, const kiln
     kiln__report(file, NULL, &st);
     return kiln__exit_code(rc);
   }
-  rc = run_compiled(file, NULL, "the executable", backend, e, e->param_shapes, e->nparams, a,
-                    ropts);
+  rc =
+      run_compiled(file, NULL, "the executable", backend, e, e->param_shapes, e->nparams, a, ropts);
   kiln_executable_destroy(e);
   return rc;
 }
@@ -269,8 +269,10 @@ static int check_options(const kiln__args *a, run_setup *r) {
   if (crc) return crc;
   if (r->compile_given && !r->compiled) {
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
-    fprintf(stderr, "kiln run: --target, --opt-level, --disable-pass and --dump-dir need "
-                    "--backend %s\n", names);
+    fprintf(stderr,
+            "kiln run: --target, --opt-level, --disable-pass and --dump-dir need "
+            "--backend %s\n",
+            names);
     return KILN_EXIT_USAGE;
   }
   const char *seed_text = kiln__args_get(a, "random-args");
