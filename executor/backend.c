@@ -8,6 +8,7 @@
  */
 #include "executor/backend.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,11 +22,53 @@ static const kiln_backend_iface *const registry[] = {
 };
 #define NREGISTRY (sizeof registry / sizeof registry[0])
 
-static const char *const registry_names[] = {"cpu", "interp"};
+/* The names, taken from the ifaces once: the registry above is the only
+ * place a backend is listed. */
+static const char *registry_names[NREGISTRY];
+static pthread_once_t registry_names_once = PTHREAD_ONCE_INIT;
+
+static void fill_registry_names(void) {
+  for (size_t i = 0; i < NREGISTRY; i++) registry_names[i] = registry[i]->name;
+}
 
 const char *const *kiln_backend_names(uint32_t *n) {
+  pthread_once(&registry_names_once, fill_registry_names);
   if (n) *n = (uint32_t)NREGISTRY;
   return registry_names;
+}
+
+static const kiln_backend_iface *registry_find(const char *name) {
+  if (name == NULL) return NULL;
+  for (size_t i = 0; i < NREGISTRY; i++)
+    if (strcmp(registry[i]->name, name) == 0) return registry[i];
+  return NULL;
+}
+
+static unsigned iface_caps(const kiln_backend_iface *iface) {
+  return (iface->load ? KILN_BACKEND_LOADS : 0) |
+         (iface->run_module ? KILN_BACKEND_RUNS_MODULES : 0);
+}
+
+unsigned kiln_backend_caps(const char *name) {
+  const kiln_backend_iface *iface = registry_find(name);
+  return iface ? iface_caps(iface) : 0;
+}
+
+bool kiln_backend_runs_modules(const kiln_backend *b) {
+  return b != NULL && b->iface->run_module != NULL;
+}
+
+void kiln_backend_names_join(unsigned caps, const char *sep, char *buf, size_t size) {
+  if (buf == NULL || size == 0) return;
+  buf[0] = '\0';
+  if (sep == NULL) sep = ", ";
+  size_t len = 0;
+  for (size_t i = 0; i < NREGISTRY && len < size; i++) {
+    if ((iface_caps(registry[i]) & caps) != caps) continue;
+    int k = snprintf(buf + len, size - len, "%s%s", len ? sep : "", registry[i]->name);
+    if (k < 0) break;
+    len += (size_t)k;
+  }
 }
 
 /* ---- backends ----------------------------------------------------------- */
@@ -42,12 +85,13 @@ int kiln_backend_create(const char *name, const kiln_backend_options *opts, kiln
   if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "backend", "no result pointer");
   *out = NULL;
   if (name == NULL) return kiln_status_set(st, KILN_EINVAL, "backend", "no backend name");
-  const kiln_backend_iface *iface = NULL;
-  for (size_t i = 0; i < NREGISTRY; i++)
-    if (strcmp(registry[i]->name, name) == 0) iface = registry[i];
-  if (iface == NULL)
-    return kiln_status_set(st, KILN_ENOTFOUND, "backend",
-                           "unknown backend '%.64s' (known: cpu, interp)", name);
+  const kiln_backend_iface *iface = registry_find(name);
+  if (iface == NULL) {
+    char known[256];
+    kiln_backend_names_join(0, ", ", known, sizeof known);
+    return kiln_status_set(st, KILN_ENOTFOUND, "backend", "unknown backend '%.64s' (known: %s)",
+                           name, known);
+  }
   kiln_backend_options defaults = {0};
   if (opts == NULL) opts = &defaults;
 

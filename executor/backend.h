@@ -1,7 +1,7 @@
 /* The executor's public face: backends, their devices, device memory and
  * loaded executables, behind opaque handles.
  *
- * A backend is created by name from a registry ("cpu", "interp") and owns a
+ * A backend is created by name from a registry (kiln_backend_names) and owns a
  * fixed set of devices for its whole life. A device allocates buffers, loads
  * executables (kiln_executable from compiler/codegen/executable.h) and runs
  * them. Every entry point checks its arguments and turns every failure into
@@ -23,6 +23,7 @@
 #define KILN_EXECUTOR_BACKEND_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,15 +63,37 @@ typedef struct kiln_run_options {
    * (between steps, between while iterations) with KILN_ECANCELED: how a
    * server stops work whose caller went away. */
   const atomic_int *cancel;
+  /* Backends that interpret (interp): literal bytes alive at once; 0:
+   * default 8 GiB. Compiled backends size their memory at load and ignore
+   * it. */
+  size_t max_live_bytes;
 } kiln_run_options;
 
 /* ---- the registry ------------------------------------------------------- */
 
-/* Names of the registered backends, in registry order; *n receives the count. */
+/* Names of the registered backends, in registry order; *n receives the
+ * count. The one list of backend names: messages and option checks are
+ * built from it, never from a list of their own. */
 const char *const *kiln_backend_names(uint32_t *n);
 
-/* Creates backend `name` ("cpu", "interp"). `opts` may be NULL. Unknown
- * names are KILN_ENOTFOUND with a message listing the known ones. */
+/* What a backend runs, as bits (kiln_backend_caps). A caller asks these
+ * instead of comparing names: a new backend then needs no branch. */
+#define KILN_BACKEND_LOADS 1u        /* loads compiled executables (kiln_device_load) */
+#define KILN_BACKEND_RUNS_MODULES 2u /* runs modules as such (kiln_device_run_module) */
+
+/* The KILN_BACKEND_* bits of registered backend `name`, known without
+ * creating it; 0 when no backend has that name (or name is NULL). */
+unsigned kiln_backend_caps(const char *name);
+/* Whether backend b runs modules as such (it interprets; nothing to compile). */
+bool kiln_backend_runs_modules(const kiln_backend *b);
+
+/* The names of the registered backends that have every bit of `caps` (0:
+ * all of them), in registry order, joined by `sep` ("cpu, interp"), for
+ * messages. Writes at most size bytes, NUL-terminated. */
+void kiln_backend_names_join(unsigned caps, const char *sep, char *buf, size_t size);
+
+/* Creates backend `name` (one of kiln_backend_names). `opts` may be NULL.
+ * Unknown names are KILN_ENOTFOUND with a message listing the known ones. */
 int kiln_backend_create(const char *name, const kiln_backend_options *opts, kiln_backend **out,
                         kiln_status *st);
 /* Stops the backend's threads and frees it and its devices. NULL is a no-op. */

@@ -12,19 +12,51 @@
 
 #include "compiler/codegen/executable.h"
 #include "compiler/compile.h"
-#include "executor/interp/interp.h"
+#include "compiler/pass.h"
+
+/* The backend for an executable when none is named: its target's backend
+ * when that one loads executables, else the first registered backend that
+ * does (whose loader then says what is wrong with the target). */
+static const char *backend_for(const kiln_executable *e) {
+  const kiln_target *t = e && e->target ? kiln_target_find(e->target) : NULL;
+  if (t && (kiln_backend_caps(t->backend) & KILN_BACKEND_LOADS)) return t->backend;
+  uint32_t n;
+  const char *const *names = kiln_backend_names(&n);
+  for (uint32_t i = 0; i < n; i++)
+    if (kiln_backend_caps(names[i]) & KILN_BACKEND_LOADS) return names[i];
+  return NULL;
+}
+
+/* Loads e on device 0 of b and runs it. */
+static int run_loaded(kiln_backend *b, const kiln_executable *e, const kiln_run_options *ropts,
+                      const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
+                      kiln_status *st) {
+  kiln_loaded *l = NULL;
+  int rc = kiln_device_load(kiln_backend_device(b, 0), e, &l, st);
+  if (rc == 0) rc = kiln_loaded_run(l, args, nargs, ropts, out, st);
+  kiln_loaded_destroy(l);
+  return rc;
+}
+
+int kiln_run_executable_on(const char *backend, const kiln_executable *e,
+                           const kiln_backend_options *bopts, const kiln_run_options *ropts,
+                           const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
+                           kiln_status *st) {
+  if (out) *out = NULL;
+  if (e == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no executable");
+  if (backend == NULL && (backend = backend_for(e)) == NULL)
+    return kiln_status_set(st, KILN_EUNIMPL, "run", "no backend here loads executables");
+  kiln_backend *b = NULL;
+  int rc = kiln_backend_create(backend, bopts, &b, st);
+  if (rc == 0) rc = run_loaded(b, e, ropts, args, nargs, out, st);
+  kiln_backend_destroy(b);
+  return rc;
+}
 
 int kiln_run_executable(const kiln_executable *e, const kiln_backend_options *bopts,
                         const kiln_run_options *ropts, const kiln_literal *const *args,
                         uint32_t nargs, kiln_literal **out, kiln_status *st) {
-  kiln_backend *b = NULL;
-  kiln_loaded *l = NULL;
-  int rc = kiln_backend_create("cpu", bopts, &b, st);
-  if (rc == 0) rc = kiln_device_load(kiln_backend_device(b, 0), e, &l, st);
-  if (rc == 0) rc = kiln_loaded_run(l, args, nargs, ropts, out, st);
-  kiln_loaded_destroy(l);
-  kiln_backend_destroy(b);
-  return rc;
+  return kiln_run_executable_on(NULL, e, bopts, ropts, args, nargs, out, st);
 }
 
 int kiln_run_executable_blob(const uint8_t *blob, size_t len, const kiln_backend_options *bopts,
@@ -40,17 +72,6 @@ int kiln_run_executable_blob(const uint8_t *blob, size_t len, const kiln_backend
   return rc;
 }
 
-static int run_cpu(const kiln_module *m, const kiln_compile_options *copts,
-                   const kiln_backend_options *bopts, const kiln_run_options *ropts,
-                   const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
-                   kiln_status *st) {
-  kiln_executable *e = NULL;
-  int rc = kiln_compile(m, copts, &e, NULL, st);
-  if (rc == 0) rc = kiln_run_executable(e, bopts, ropts, args, nargs, out, st);
-  kiln_executable_destroy(e);
-  return rc;
-}
-
 int kiln_run_module_with(const kiln_module *m, const char *backend,
                          const kiln_compile_options *copts, const kiln_backend_options *bopts,
                          const kiln_run_options *ropts, const kiln_literal *const *args,
@@ -59,19 +80,19 @@ int kiln_run_module_with(const kiln_module *m, const char *backend,
   *out = NULL;
   if (m == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no module");
   if (args == NULL && nargs > 0) return kiln_status_set(st, KILN_EINVAL, "run", "no arguments");
-  kiln_run_options defaults = {0};
-  if (ropts == NULL) ropts = &defaults;
-  if (backend == NULL || strcmp(backend, "interp") == 0) {
-    kiln_interp_options io = {
-        .max_while_iterations = ropts->max_while_iterations,
-        .timeout_seconds = ropts->timeout_seconds,
-        .cancel = ropts->cancel,
-    };
-    return kiln_interp_run(m, args, nargs, &io, out, st);
+  kiln_backend *b = NULL;
+  int rc = kiln_backend_create(backend ? backend : KILN_RUN_DEFAULT_BACKEND, bopts, &b, st);
+  if (rc) return rc;
+  if (kiln_backend_runs_modules(b)) {
+    rc = kiln_device_run_module(kiln_backend_device(b, 0), m, args, nargs, ropts, out, st);
+  } else { /* compile first, then load what came out */
+    kiln_executable *e = NULL;
+    rc = kiln_compile(m, copts, &e, NULL, st);
+    if (rc == 0) rc = run_loaded(b, e, ropts, args, nargs, out, st);
+    kiln_executable_destroy(e);
   }
-  if (strcmp(backend, "cpu") == 0) return run_cpu(m, copts, bopts, ropts, args, nargs, out, st);
-  return kiln_status_set(st, KILN_ENOTFOUND, "run", "unknown backend '%.64s' (known: cpu, interp)",
-                         backend);
+  kiln_backend_destroy(b);
+  return rc;
 }
 
 int kiln_run_module(const kiln_module *m, const char *backend, const kiln_compile_options *copts,

@@ -19,33 +19,46 @@ extern "C" {
 
 typedef struct kiln_compile_options kiln_compile_options;
 
+/* The backend kiln_run_module uses when none is named. */
+#define KILN_RUN_DEFAULT_BACKEND "interp"
+
 /* Runs the ENTRY computation of m on `args` (one literal per parameter,
- * row-major) with backend "interp" (the reference interpreter) or "cpu"
- * (compiled with kiln_compile, `copts` may be NULL for the defaults, and run
- * on a cpu device). NULL backend means "interp". *out is a new heap literal.
- * Unknown backends are KILN_ENOTFOUND. */
+ * row-major) on device 0 of a fresh backend `backend` (a name from
+ * kiln_backend_names; NULL: KILN_RUN_DEFAULT_BACKEND). A backend that runs
+ * modules (kiln_backend_runs_modules) gets the module as it is; any other is
+ * given it compiled with kiln_compile (`copts` may be NULL for the
+ * defaults). *out is a new heap literal. Unknown backends are
+ * KILN_ENOTFOUND with a message naming the known ones. */
 int kiln_run_module(const kiln_module *m, const char *backend, const kiln_compile_options *copts,
                     const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
                     kiln_status *st);
 
 /* The same with run options (iteration and time limits, a cancel flag;
- * NULL: defaults) and backend options for the cpu backend (NULL:
- * defaults). A run whose cancel flag is raised stops with KILN_ECANCELED. */
+ * NULL: defaults) and backend options (NULL: defaults). A run whose cancel
+ * flag is raised stops with KILN_ECANCELED. */
 int kiln_run_module_with(const kiln_module *m, const char *backend,
                          const kiln_compile_options *copts, const kiln_backend_options *bopts,
                          const kiln_run_options *ropts, const kiln_literal *const *args,
                          uint32_t nargs, kiln_literal **out, kiln_status *st);
 
 /* Runs a serialized executable (a .kexe blob from kiln_executable_serialize)
- * on the cpu backend. The blob is checked as hostile input first. */
+ * as kiln_run_executable does. The blob is checked as hostile input first. */
 int kiln_run_executable_blob(const uint8_t *blob, size_t len, const kiln_backend_options *bopts,
                              const kiln_run_options *ropts, const kiln_literal *const *args,
                              uint32_t nargs, kiln_literal **out, kiln_status *st);
 
-/* Runs an in-memory executable on a fresh cpu backend. */
+/* Runs an in-memory executable on device 0 of a fresh backend: the one its
+ * target names (cpu for cpu targets), else the first registered backend
+ * that loads executables. */
 int kiln_run_executable(const kiln_executable *e, const kiln_backend_options *bopts,
                         const kiln_run_options *ropts, const kiln_literal *const *args,
                         uint32_t nargs, kiln_literal **out, kiln_status *st);
+
+/* The same on backend `backend` (NULL: as kiln_run_executable chooses). */
+int kiln_run_executable_on(const char *backend, const kiln_executable *e,
+                           const kiln_backend_options *bopts, const kiln_run_options *ropts,
+                           const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
+                           kiln_status *st);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
 #include "compiler/ir/ir.h"
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
+#include "executor/backend.h"
 #include "server/convert.h"
 
 #if defined(__has_include)
@@ -31,14 +32,20 @@ static int plan_backend(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_com
   const char *b = o && o->backend && o->backend[0] ? o->backend : NULL;
   p->explicit_backend = b != NULL;
   if (b == NULL) b = srv->cfg.default_backend;
-  if (strcmp(b, "cpu") == 0) p->backend = "cpu";
-  else if (strcmp(b, "interp") == 0) p->backend = "interp";
-  else if (strcmp(b, "cuda") == 0)
-    return kiln_status_set(st, KILN_EUNIMPL, "options.backend",
-                           "this server has no cuda backend (available: cpu, interp)");
-  else
+  uint32_t nnames;
+  const char *const *names = kiln_backend_names(&nnames);
+  p->backend = NULL;
+  for (uint32_t i = 0; i < nnames; i++)
+    if (strcmp(b, names[i]) == 0) p->backend = names[i]; /* static, as the plan needs */
+  if (p->backend == NULL) {
+    char known[256];
+    kiln_backend_names_join(0, ", ", known, sizeof known);
+    if (strcmp(b, "cuda") == 0)
+      return kiln_status_set(st, KILN_EUNIMPL, "options.backend",
+                             "this server has no cuda backend (available: %s)", known);
     return kiln_status_set(st, KILN_EINVAL, "options.backend",
-                           "unknown backend '%.64s' (available: cpu, interp)", b);
+                           "unknown backend '%.64s' (available: %s)", b, known);
+  }
   const char *t = o && o->target ? o->target : "";
   if (t[0] == '\0' || strcmp(t, "native") == 0) return 0;
   if (strcmp(p->backend, "interp") == 0) {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "executor/backend.h"
 
 typedef enum kind { K_STR, K_U64, K_SEC, K_BOOL } kind;
 
@@ -369,9 +370,12 @@ int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
   if (c->cache_secret && c->cache_secret_file[0])
     return kiln_status_set(st, KILN_EINVAL, "cache-secret-file",
                            "KILN_CACHE_SECRET is set too: give the secret one way");
-  if (strcmp(c->default_backend, "cpu") != 0 && strcmp(c->default_backend, "interp") != 0)
-    return kiln_status_set(st, KILN_EINVAL, "default-backend", "'%.64s' is not cpu or interp",
-                           c->default_backend);
+  if (kiln_backend_caps(c->default_backend) == 0) {
+    char names[256];
+    kiln_backend_names_join(0, " or ", names, sizeof names);
+    return kiln_status_set(st, KILN_EINVAL, "default-backend", "'%.64s' is not %s",
+                           c->default_backend, names);
+  }
   if (c->listen[0] == '\0')
     return kiln_status_set(st, KILN_EINVAL, "listen", "needs an address HOST:PORT");
   return 0;

@@ -33,7 +33,6 @@
 #include "compiler/ir/proto_internal.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
-#include "executor/interp/interp.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/convert.h"
@@ -241,18 +240,24 @@ static int take_donated(kilnd_call *c, const Kiln__V1__ExecuteRequest *r, kiln_s
 
 /* ---- running ------------------------------------------------------------------------- */
 
+/* Runs on the backend of the executable's device class, through the
+ * backend vtable: a backend that interprets gets the module, any other the
+ * executable loaded on the scheduler's device. */
 static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_status *st) {
   kilnd *srv = c->srv;
-  double timeout = kilnd_call_time_left(c, srv->cfg.run_timeout);
-  if (es->e->dev_class == KILND_CLASS_INTERP) {
-    kiln_interp_options io = {.max_live_bytes = srv->cfg.run_memory_bytes,
-                              .timeout_seconds = timeout, .cancel = &c->cancelled};
-    return kiln_interp_run(es->e->module, es->args, es->nargs, &io, &es->out, st);
+  kiln_run_options ro = {.timeout_seconds = kilnd_call_time_left(c, srv->cfg.run_timeout),
+                         .cancel = &c->cancelled,
+                         .max_live_bytes = srv->cfg.run_memory_bytes};
+  int dev_class = es->e->dev_class;
+  kiln_backend *b = kilnd_class_backend(srv, dev_class);
+  uint32_t index = device - kiln_sched_class_first(srv->sched, (uint32_t)dev_class);
+  if (kiln_backend_runs_modules(b)) {
+    /* the class may have more scheduler slots than the backend devices */
+    kiln_device *d = kiln_backend_device(b, index % kiln_backend_device_count(b));
+    return kiln_device_run_module(d, es->e->module, es->args, es->nargs, &ro, &es->out, st);
   }
   kiln_loaded *l = NULL;
-  uint32_t index = device - kiln_sched_class_first(srv->sched, KILND_CLASS_CPU);
-  int rc = kilnd_exe_loaded(es->e, srv->cpu, index, &l, st);
-  kiln_run_options ro = {.timeout_seconds = timeout, .cancel = &c->cancelled};
+  int rc = kilnd_exe_loaded(es->e, b, index, &l, st);
   if (rc == 0) rc = kiln_loaded_run(l, es->args, es->nargs, &ro, &es->out, st);
   return rc;
 }

@@ -7,6 +7,7 @@
 
 #include "common/alloc.h"
 #include "common/arena.h"
+#include "executor/backend.h"
 #include "executor/buffers.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
@@ -68,10 +69,10 @@ static int add_devices(kilnd *srv, kiln_arena *a, Kiln__V1__StatsResponse *r) {
     if (p == NULL) return KILN_ENOMEM;
     kiln__v1__device_stats__init(p);
     p->device = (int32_t)d;
-    bool cpu = ds.dev_class == KILND_CLASS_CPU;
+    const char *backend = kiln_backend_name(kilnd_class_backend(srv, (int)ds.dev_class));
     uint32_t local = d - kiln_sched_class_first(srv->sched, ds.dev_class);
-    p->backend = cpu ? "cpu" : "interp";
-    snprintf(desc, sizeof desc, "%s:%u", cpu ? "cpu" : "interp", local);
+    p->backend = (char *)backend; /* static; protobuf-c only reads it */
+    snprintf(desc, sizeof desc, "%s:%u", backend, local);
     p->description = kiln_arena_strdup(a, desc);
     if (p->description == NULL) return KILN_ENOMEM;
     p->executions = (int64_t)ds.executions;

@@ -150,6 +150,7 @@ static int start_parts(kilnd *srv, kiln_status *st) {
   kiln_backend_options cpu = {.ndevices = (uint32_t)cfg->cpu_devices,
                               .threads_per_device = (uint32_t)cfg->cpu_threads};
   if ((rc = kiln_backend_create("cpu", &cpu, &srv->cpu, st))) return rc;
+  if ((rc = kiln_backend_create("interp", NULL, &srv->interp, st))) return rc;
   kiln_sched_options so = {.nclasses = 2,
                            .class_devices = {(uint32_t)cfg->cpu_devices,
                                              (uint32_t)cfg->interp_devices},
@@ -196,6 +197,7 @@ static void stop_parts(kilnd *srv) {
   kiln_sched_destroy(srv->sched);
   kilnd_exes_destroy(srv->exes);
   kiln_backend_destroy(srv->cpu);
+  kiln_backend_destroy(srv->interp);
   kiln_buffer_store_destroy(srv->buffers);
   kilnd_loop_destroy(srv);
   kiln_cache_destroy(srv->cache); /* after the compile pool */

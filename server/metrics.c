@@ -18,6 +18,7 @@
 #include "cache/cache.h"
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "executor/backend.h"
 #include "executor/buffers.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
@@ -246,7 +247,7 @@ static void render_devices(kiln_sbuf *b, kilnd *srv) {
     kiln_sched_device_stats ds;
     kiln_sched_device_stats_get(srv->sched, d, &ds);
     kiln_sbuf_printf(b, "kiln_device_executions_total{device=\"%u\",backend=\"%s\"} %llu\n", d,
-                     ds.dev_class == KILND_CLASS_CPU ? "cpu" : "interp",
+                     kiln_backend_name(kilnd_class_backend(srv, (int)ds.dev_class)),
                      (unsigned long long)ds.executions);
   }
   header(b, "kiln_device_busy_seconds_total", "counter", "Time each device spent running.");
@@ -254,7 +255,8 @@ static void render_devices(kiln_sbuf *b, kilnd *srv) {
     kiln_sched_device_stats ds;
     kiln_sched_device_stats_get(srv->sched, d, &ds);
     kiln_sbuf_printf(b, "kiln_device_busy_seconds_total{device=\"%u\",backend=\"%s\"} %.9f\n", d,
-                     ds.dev_class == KILND_CLASS_CPU ? "cpu" : "interp", (double)ds.busy_ns / 1e9);
+                     kiln_backend_name(kilnd_class_backend(srv, (int)ds.dev_class)),
+                     (double)ds.busy_ns / 1e9);
   }
 }
 

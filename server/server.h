@@ -193,7 +193,8 @@ void kilnd_call_free_message(kilnd_call *c, ProtobufCMessage *msg);
 
 /* ---- the server ------------------------------------------------------------------------ */
 
-/* Device classes of the scheduler. */
+/* Device classes of the scheduler, one per backend the server runs on
+ * (kilnd_class_backend). */
 enum { KILND_CLASS_CPU = 0, KILND_CLASS_INTERP = 1 };
 
 struct kilnd {
@@ -208,6 +209,7 @@ struct kilnd {
   kiln_buffer_store *buffers;
   kilnd_exes *exes;
   kiln_backend *cpu;   /* NULL when the build has no CPU compiler */
+  kiln_backend *interp; /* runs the modules of KILND_CLASS_INTERP */
   kilnd_memo *memo;    /* Compile requests answered before (compile_memo.h) */
   kiln_cache *cache;   /* the executable cache's tiers (cache/cache.h) */
   atomic_bool draining;  /* SIGTERM seen: health says NOT_SERVING */
@@ -222,6 +224,12 @@ struct kilnd {
   int64_t start_ns;
   kilnd_tag shutdown_tag;
 };
+
+/* The backend that runs the work of device class `dev_class`; a run asks it
+ * what it runs (kiln_backend_runs_modules), not its name. */
+static inline kiln_backend *kilnd_class_backend(const kilnd *srv, int dev_class) {
+  return dev_class == KILND_CLASS_INTERP ? srv->interp : srv->cpu;
+}
 
 /* Handlers (handlers_*.c, health.c). */
 void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req);

@@ -1,4 +1,4 @@
-/* kiln bench FILE [--backend cpu|interp] [--iters N] [--warmup N]
+/* kiln bench FILE [--backend NAME] [--iters N] [--warmup N]
  * [--random-args SEED] [--target T] [--opt-level N] [--disable-pass NAME]...
  * [--transform SPEC]...: compile once, run many times, print one JSON object.
  *
@@ -16,12 +16,15 @@
  *    "peak_bytes": ..., "temp_peak_bytes": ..., "temp_bytes": ...,
  *    "param_bytes": ..., "output_bytes": ...}
  *
- * What is timed: on cpu, one execution of the loaded executable on device
- * buffers that already hold the arguments ("mode": "buffers"), including
- * the allocation of its outputs but not copies from or to host literals;
- * when a parameter's binding is not row-major the run goes through host
- * literals instead ("mode": "literals"), which the field says. On interp,
- * one kiln_interp_run. Warm-up runs come first and are not counted.
+ * The backend (default cpu) is created once, before the timed loop. What
+ * is timed: on a backend that loads executables (cpu), one execution of the
+ * loaded executable on device buffers that already hold the arguments
+ * ("mode": "buffers"), including the allocation of its outputs but not
+ * copies from or to host literals; when a parameter's binding is not
+ * row-major the run goes through host literals instead ("mode":
+ * "literals"), which the field says. On one that runs modules (interp), one
+ * kiln_device_run_module ("mode": "interpreter"). Warm-up runs come first
+ * and are not counted.
  * peak_bytes is what a run holds at once at most: parameters, outputs and
  * the peak of live temporaries from buffer assignment (an upper bound, as
  * outputs need not all be live at that peak); the interpreter does not
@@ -37,10 +40,9 @@
 #include "clients/cli/cli.h"
 #include "common/alloc.h"
 #include "compiler/compile.h"
-#include "executor/backend.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
-#include "executor/interp/interp.h"
+#include "executor/backend.h"
 
 static double now_us(void) {
   struct timespec ts;
@@ -147,9 +149,9 @@ static int one_cpu_run(bench *b, kiln_loaded *l, const kiln_executable *e, kiln_
   return rc;
 }
 
-static int run_cpu(bench *b, const kiln_compile_options *co, kiln_status *st) {
+static int run_compiled(bench *b, kiln_backend *be, const kiln_compile_options *co,
+                        kiln_status *st) {
   kiln_executable *e = NULL;
-  kiln_backend *be = NULL;
   kiln_loaded *l = NULL;
   kiln_buffer **in = NULL, **outs = NULL;
   int rc = kiln_compile(b->m, co, &e, &b->rep, st);
@@ -165,7 +167,6 @@ static int run_cpu(bench *b, const kiln_compile_options *co, kiln_status *st) {
     rc = kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
     goto out;
   }
-  if ((rc = kiln_backend_create("cpu", NULL, &be, st))) goto out;
   kiln_device *d = kiln_backend_device(be, 0);
   if ((rc = kiln_device_load(d, e, &l, st))) goto out;
   if ((rc = upload(b, d, e, in, &b->buffers, st))) goto out;
@@ -180,7 +181,6 @@ out:
   kiln_free(in);
   kiln_free(outs);
   kiln_loaded_destroy(l);
-  kiln_backend_destroy(be);
   kiln_executable_destroy(e);
   return rc;
 }
@@ -220,12 +220,14 @@ static int apply_transforms(bench *b) {
   return rc;
 }
 
-static int run_interp(bench *b, kiln_status *st) {
+static int run_module(bench *b, kiln_backend *be, kiln_status *st) {
+  kiln_device *d = kiln_backend_device(be, 0);
   int rc = 0;
   for (long i = 0; i < b->warmup + b->iters && rc == 0; i++) {
     kiln_literal *out = NULL;
     double t0 = now_us();
-    rc = kiln_interp_run(b->m, (const kiln_literal *const *)b->args, b->nargs, NULL, &out, st);
+    rc = kiln_device_run_module(d, b->m, (const kiln_literal *const *)b->args, b->nargs, NULL, &out,
+                                st);
     if (i >= b->warmup) b->us[i - b->warmup] = now_us() - t0;
     kiln_literal_destroy(out);
   }
@@ -240,8 +242,8 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
   printf("{\"file\": ");
   json_string(b->file);
   printf(", \"backend\": \"%s\"", backend);
-  bool cpu = strcmp(backend, "cpu") == 0;
-  if (cpu) {
+  bool compiled = b->compiled;
+  if (compiled) {
     printf(", \"target\": ");
     json_string(co->target ? co->target : "cpu");
     printf(", \"opt_level\": %d", co->opt_level);
@@ -255,8 +257,10 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
     printf("]");
   }
   printf(", \"iters\": %ld, \"warmup\": %ld, \"mode\": \"%s\"", b->iters, b->warmup,
-         !cpu ? "interpreter" : b->buffers ? "buffers" : "literals");
-  if (cpu) {
+         !compiled    ? "interpreter"
+         : b->buffers ? "buffers"
+                      : "literals");
+  if (compiled) {
     const kiln_compile_report *r = &b->rep;
     printf(", \"compile_ms\": %.3f, \"passes_ms\": {", r->total_ms);
     for (uint32_t i = 0, k = 0; i < r->npasses; i++)
@@ -270,7 +274,7 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
   }
   printf(", \"run_us_median\": %.3f, \"run_us_p90\": %.3f, \"run_us_min\": %.3f", median,
          b->us[p90], b->us[0]);
-  if (cpu)
+  if (compiled)
     printf(", \"peak_bytes\": %" PRIu64 ", \"temp_peak_bytes\": %" PRIu64
            ", \"temp_bytes\": %" PRIu64 ", \"param_bytes\": %" PRIu64
            ", \"output_bytes\": %" PRIu64 ", \"kernels\": %u, \"steps\": %u}\n",
@@ -288,10 +292,14 @@ int kiln__cmd_bench(const kiln__args *a) {
   b.warmup = 1;
   const char *backend = kiln__args_get(a, "backend");
   if (backend == NULL) backend = "cpu";
-  if (strcmp(backend, "cpu") != 0 && strcmp(backend, "interp") != 0) {
-    fprintf(stderr, "kiln bench: unknown backend '%s' (available: cpu, interp)\n", backend);
+  unsigned caps = kiln_backend_caps(backend);
+  char names[256];
+  if (caps == 0) {
+    kiln_backend_names_join(0, ", ", names, sizeof names);
+    fprintf(stderr, "kiln bench: unknown backend '%s' (available: %s)\n", backend, names);
     return KILN_EXIT_USAGE;
   }
+  bool compiles = !(caps & KILN_BACKEND_RUNS_MODULES);
   long seed = 0;
   int rc;
   if ((rc = parse_count(kiln__args_get(a, "iters"), "iters", 1, &b.iters)) ||
@@ -301,9 +309,12 @@ int kiln__cmd_bench(const kiln__args *a) {
   kiln_compile_options co;
   bool given;
   if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;
-  if (given && strcmp(backend, "cpu") != 0) {
-    fprintf(stderr, "kiln bench: --target, --opt-level, --disable-pass and --dump-dir need "
-                    "--backend cpu\n");
+  if (given && !compiles) {
+    kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
+    fprintf(stderr,
+            "kiln bench: --target, --opt-level, --disable-pass and --dump-dir need "
+            "--backend %s\n",
+            names);
     return KILN_EXIT_USAGE;
   }
   b.transforms = kiln__args_all(a, "transform", &b.ntransforms);
@@ -314,6 +325,7 @@ int kiln__cmd_bench(const kiln__args *a) {
   }
   kiln_status st;
   kiln_status_clear(&st);
+  kiln_backend *be = NULL;
   const kiln_computation *entry = kiln_module_entry(b.m);
   b.nargs = entry ? kiln_computation_nparams(b.m, entry) : 0;
   b.args = kiln_calloc(b.nargs + 1, sizeof *b.args);
@@ -325,13 +337,15 @@ int kiln__cmd_bench(const kiln__args *a) {
   uint64_t state = (uint64_t)seed;
   for (uint32_t i = 0; i < b.nargs && rc == 0; i++)
     rc = kiln__arg_random(&kiln_computation_param(b.m, entry, i)->shape, &state, &b.args[i], &st);
-  if (rc == 0) rc = strcmp(backend, "cpu") == 0 ? run_cpu(&b, &co, &st) : run_interp(&b, &st);
+  if (rc == 0) rc = kiln_backend_create(backend, NULL, &be, &st);
+  if (rc == 0) rc = compiles ? run_compiled(&b, be, &co, &st) : run_module(&b, be, &st);
   if (rc == 0) print_json(&b, backend, &co);
 out:
   if (rc) kiln__report(b.file, b.m, &st);
   for (uint32_t i = 0; b.args && i < b.nargs; i++) kiln_literal_destroy(b.args[i]);
   kiln_free(b.args);
   kiln_free(b.us);
+  kiln_backend_destroy(be);
   kiln_module_destroy(b.m);
   return kiln__exit_code(rc);
 }

@@ -19,6 +19,7 @@
 #include "clients/cli/cli.h"
 #include "common/alloc.h"
 #include "compiler/pass.h"
+#include "executor/backend.h"
 
 #define EXPLAIN_SAME 0
 #define EXPLAIN_DIFFERS 1
@@ -36,8 +37,10 @@ static int key_inputs(const kiln__args *a, const char **backend, char target[KIL
                       char options[KILN_CACHE_TEXT_MAX]) {
   const char *b = kiln__args_get(a, "backend");
   *backend = b ? b : "cpu";
-  if (strcmp(*backend, "cpu") != 0 && strcmp(*backend, "interp") != 0) {
-    fprintf(stderr, "kiln cache explain: unknown backend '%s' (cpu or interp)\n", *backend);
+  if (kiln_backend_caps(*backend) == 0) {
+    char names[256];
+    kiln_backend_names_join(0, " or ", names, sizeof names);
+    fprintf(stderr, "kiln cache explain: unknown backend '%s' (%s)\n", *backend, names);
     return KILN_EXIT_USAGE;
   }
   const char *level = kiln__args_get(a, "opt-level");

@@ -1,12 +1,14 @@
-/* kiln run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED]
+/* kiln run FILE [--backend NAME] [--arg ARG]... [--random-args SEED]
  * [--out DIR] [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...
  * [--target T] [--opt-level N] [--disable-pass NAME]... [--dump-dir DIR]:
  * run the ENTRY computation and print its outputs.
  *
- * Backends: interp, the reference interpreter, runs the module as written;
- * cpu compiles it (compiler/compile.h, with the compiler options given)
- * and runs the executable on a cpu device. A serialized executable (FILE
- * ending in .kexe, or starting with its magic) runs on cpu as it is. The
+ * Backends come from the registry (kiln_backend_names; default interp). One
+ * that runs modules (interp, the reference interpreter) runs the module as
+ * written; one that loads executables (cpu) gets it compiled
+ * (compiler/compile.h, with the compiler options given) and runs it on its
+ * device 0. A serialized executable (FILE ending in .kexe, or starting with
+ * its magic) runs as it is on a backend that loads executables. The
  * contract is the same for all: the arguments, the output lines, the .npy
  * files and the exit codes.
  *
@@ -26,14 +28,11 @@
 #include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/compile.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
-#include "compiler/compile.h"
-#include "executor/interp/interp.h"
 #include "executor/run.h"
-
-static const char *const backends[] = {"interp", "cpu"};
 
 /* A non-negative decimal integer (seeds, iteration counts). */
 static int parse_seed(const char *s, uint64_t *out) {
@@ -188,11 +187,11 @@ static bool is_executable(const char *path) {
   return kiln__is_executable_file(path, head, n);
 }
 
-/* Builds the arguments for `shapes`, runs `e` on a cpu device and prints
- * the outputs; 0 or an exit code. */
+/* Builds the arguments for `shapes`, runs `e` (on `backend`; NULL: the one
+ * its target names) and prints the outputs; 0 or an exit code. */
 static int run_compiled(const char *file, const kiln_module *m, const char *what,
-                        const kiln_executable *e, const kiln_shape *shapes, uint32_t n,
-                        const kiln__args *a, const kiln_run_options *ropts) {
+                        const char *backend, const kiln_executable *e, const kiln_shape *shapes,
+                        uint32_t n, const kiln__args *a, const kiln_run_options *ropts) {
   kiln_literal **args = kiln_calloc(n ? n : 1, sizeof *args);
   if (args == NULL) {
     fprintf(stderr, "kiln run: error: out of memory\n");
@@ -203,8 +202,8 @@ static int run_compiled(const char *file, const kiln_module *m, const char *what
   if (rc == 0) {
     kiln_status st;
     kiln_status_clear(&st);
-    int err = kiln_run_executable(e, NULL, ropts, (const kiln_literal *const *)args, n, &result,
-                                  &st);
+    int err = kiln_run_executable_on(backend, e, NULL, ropts, (const kiln_literal *const *)args, n,
+                                     &result, &st);
     if (err == 0 && result == NULL) err = kiln_status_set(&st, KILN_EINTERNAL, NULL, "no result");
     if (err) {
       kiln__report(file, m, &st);
@@ -221,7 +220,7 @@ static int run_compiled(const char *file, const kiln_module *m, const char *what
 
 /* kiln run FILE.kexe: the blob is hostile input until deserialize has
  * checked every table in it. */
-static int run_executable_file(const char *file, const kiln__args *a,
+static int run_executable_file(const char *file, const char *backend, const kiln__args *a,
                                const kiln_run_options *ropts) {
   kiln_status st;
   kiln_status_clear(&st);
@@ -237,37 +236,43 @@ static int run_executable_file(const char *file, const kiln__args *a,
     kiln__report(file, NULL, &st);
     return kiln__exit_code(rc);
   }
-  rc = run_compiled(file, NULL, "the executable", e, e->param_shapes, e->nparams, a, ropts);
+  rc =
+      run_compiled(file, NULL, "the executable", backend, e, e->param_shapes, e->nparams, a, ropts);
   kiln_executable_destroy(e);
   return rc;
 }
 
 /* The run's settings, from the command line. */
 typedef struct run_setup {
-  bool cpu;                 /* --backend cpu */
-  kiln_compile_options co;  /* for cpu */
-  bool compile_given;       /* any compiler option was given */
-  kiln_interp_options opts; /* limits (interp; copied into kiln_run_options for cpu) */
+  const char *backend;     /* --backend, a registered name */
+  bool compiled;           /* the backend runs compiled executables, not modules */
+  kiln_compile_options co; /* for a compiling backend */
+  bool compile_given;      /* any compiler option was given */
+  kiln_run_options opts;   /* limits */
 } run_setup;
 
 /* Checks every option before anything is read: 0 or a usage exit code. */
 static int check_options(const kiln__args *a, run_setup *r) {
   memset(r, 0, sizeof *r);
   const char *backend = kiln__args_get(a, "backend");
-  if (backend == NULL) backend = "interp";
-  bool known = false;
-  for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
-    known |= strcmp(backend, backends[i]) == 0;
-  if (!known) {
-    fprintf(stderr, "kiln run: unknown backend '%s' (available: interp, cpu)\n", backend);
+  if (backend == NULL) backend = KILN_RUN_DEFAULT_BACKEND;
+  unsigned caps = kiln_backend_caps(backend);
+  char names[256];
+  if (caps == 0) {
+    kiln_backend_names_join(0, ", ", names, sizeof names);
+    fprintf(stderr, "kiln run: unknown backend '%s' (available: %s)\n", backend, names);
     return KILN_EXIT_USAGE;
   }
-  r->cpu = strcmp(backend, "cpu") == 0;
+  r->backend = backend;
+  r->compiled = !(caps & KILN_BACKEND_RUNS_MODULES);
   int crc = kiln__compile_options_parse(a, &r->co, &r->compile_given);
   if (crc) return crc;
-  if (r->compile_given && !r->cpu) {
-    fprintf(stderr, "kiln run: --target, --opt-level, --disable-pass and --dump-dir need "
-                    "--backend cpu\n");
+  if (r->compile_given && !r->compiled) {
+    kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
+    fprintf(stderr,
+            "kiln run: --target, --opt-level, --disable-pass and --dump-dir need "
+            "--backend %s\n",
+            names);
     return KILN_EXIT_USAGE;
   }
   const char *seed_text = kiln__args_get(a, "random-args");
@@ -304,16 +309,18 @@ int kiln__cmd_run(const kiln__args *a) {
   run_setup setup;
   int crc = check_options(a, &setup);
   if (crc) return crc;
-  bool cpu = setup.cpu, compile_given = setup.compile_given;
+  bool compiled = setup.compiled, compile_given = setup.compile_given;
   kiln_compile_options co = setup.co;
-  kiln_interp_options opts = setup.opts;
-  kiln_run_options ropts = {.max_while_iterations = opts.max_while_iterations,
-                            .timeout_seconds = opts.timeout_seconds};
+  kiln_run_options ropts = setup.opts;
   if (is_executable(file)) {
     int ntransforms;
     kiln__args_all(a, "transform", &ntransforms);
-    if (kiln__args_get(a, "backend") && !cpu) {
-      fprintf(stderr, "kiln run: %s is a compiled executable; it runs on the cpu backend\n", file);
+    const char *named = kiln__args_get(a, "backend");
+    if (named && !(kiln_backend_caps(named) & KILN_BACKEND_LOADS)) {
+      char names[256];
+      kiln_backend_names_join(KILN_BACKEND_LOADS, " or ", names, sizeof names);
+      fprintf(stderr, "kiln run: %s is a compiled executable; it runs on the %s backend\n", file,
+              names);
       return KILN_EXIT_USAGE;
     }
     if (compile_given || ntransforms) {
@@ -321,7 +328,7 @@ int kiln__cmd_run(const kiln__args *a) {
                       "need a module\n", file);
       return KILN_EXIT_USAGE;
     }
-    return run_executable_file(file, a, &ropts);
+    return run_executable_file(file, named, a, &ropts);
   }
 
   kiln_module *m;
@@ -360,19 +367,20 @@ int kiln__cmd_run(const kiln__args *a) {
   }
   kiln_status st;
   kiln_status_clear(&st);
-  if (cpu) { /* compile first: an unsupported op fails before arguments are read */
+  if (compiled) { /* compile first: an unsupported op fails before arguments are read */
     if (kiln_compile(m, &co, &e, NULL, &st)) {
       kiln__report(file, m, &st);
       rc = kiln__exit_code(st.code);
     } else {
-      rc = run_compiled(file, m, what, e, shapes, n, a, &ropts);
+      rc = run_compiled(file, m, what, setup.backend, e, shapes, n, a, &ropts);
     }
     goto out_free_args;
   }
   rc = build_args(file, what, shapes, a, args, n);
   if (rc) goto out_free_args;
 
-  int err = kiln_interp_run(m, (const kiln_literal *const *)args, n, &opts, &result, &st);
+  int err = kiln_run_module_with(m, setup.backend, NULL, NULL, &ropts,
+                                 (const kiln_literal *const *)args, n, &result, &st);
   if (err == 0 && result == NULL) err = kiln_status_set(&st, KILN_EINTERNAL, NULL, "no result");
   if (err) {
     kiln__report(file, m, &st);

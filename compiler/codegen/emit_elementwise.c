@@ -1,5 +1,5 @@
 /* Elementwise ops as C expressions, with the reference interpreter's
- * semantics (executor/interp/interp_elementwise.c): one rounding per op for
+ * semantics (compiler/eval/interp_elementwise.c): one rounding per op for
  * floats (f16/bf16 computed in double then rounded by krh/krb; f32
  * transcendentals computed in double and rounded once), integer arithmetic
  * in unsigned types so that it wraps without undefined behaviour, and

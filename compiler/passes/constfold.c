@@ -24,7 +24,7 @@
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/build.h"
 #include "compiler/passes/passes.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 #define FOLD_MAX_BYTES (1 << 20)
 #define FOLD_MAX_WORK (1 << 22)

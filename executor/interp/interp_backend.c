@@ -1,4 +1,5 @@
-/* The interp backend: the reference interpreter behind the backend vtable.
+/* The interp backend: the reference interpreter (compiler/eval) behind the
+ * backend vtable, a thin adapter from kiln_run_options to its options.
  *
  * One device, host memory, no executables: it runs modules as such
  * (kiln_device_run_module), which is what "disable_jit" debugging and the
@@ -9,7 +10,7 @@
 
 #include "common/alloc.h"
 #include "executor/backend_impl.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 static int kiln_interp_init(kiln_backend *b, const kiln_backend_options *opts, uint32_t *ndevices,
                             kiln_status *st) {
@@ -53,6 +54,7 @@ static int kiln_interp_run_module(kiln_device *d, const kiln_module *m,
       .max_while_iterations = opts->max_while_iterations,
       .timeout_seconds = opts->timeout_seconds,
       .cancel = opts->cancel,
+      .max_live_bytes = opts->max_live_bytes,
   };
   return kiln_interp_run(m, args, nargs, &io, out, st);
 }

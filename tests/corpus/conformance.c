@@ -48,7 +48,7 @@
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/compile.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 #include "executor/run.h"
 
 #define MAX_ARGS 16

@@ -20,7 +20,7 @@
 #include "common/alloc.h"
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 #include "tests/integration/itest.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"

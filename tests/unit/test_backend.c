@@ -1,15 +1,21 @@
 /* Unit tests for the backend registry and its checked forwarders: creating
  * backends by name, device counts and thread shares, buffers (alloc, write,
- * read, bounds), the interp backend running modules, and every misuse
- * turning into a status with the exact message. */
+ * read, bounds), the interp backend running modules, every registered
+ * backend running a module the way callers drive it (by what the backend
+ * says it runs, never by its name), the run options reaching the
+ * interpreter through the vtable, and every misuse turning into a status
+ * with the exact message. */
 #include <check.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
+#include "compiler/compile.h"
 #include "compiler/ir/text.h"
 #include "executor/backend.h"
+#include "executor/run.h"
 
 static kiln_status st;
 
@@ -240,6 +246,154 @@ START_TEST(test_interp_backend) {
 }
 END_TEST
 
+/* Runs m on device 0 of b as the server and the CLI do: the module itself
+ * when the backend interprets, else compiled and loaded. */
+static int run_on(kiln_backend *b, const kiln_module *m, const kiln_literal *const *args,
+                  uint32_t nargs, const kiln_run_options *ro, kiln_literal **out) {
+  kiln_device *d = kiln_backend_device(b, 0);
+  if (kiln_backend_runs_modules(b)) return kiln_device_run_module(d, m, args, nargs, ro, out, &st);
+  kiln_executable *e = NULL;
+  kiln_loaded *l = NULL;
+  int rc = kiln_compile(m, NULL, &e, NULL, &st);
+  if (rc == 0) rc = kiln_device_load(d, e, &l, &st);
+  if (rc == 0) rc = kiln_loaded_run(l, args, nargs, ro, out, &st);
+  kiln_loaded_destroy(l);
+  kiln_executable_destroy(e);
+  return rc;
+}
+
+/* Every name of the registry creates a backend that says what it runs and
+ * runs a small module through the vtable, alone and through
+ * kiln_run_module_with, with the same result. */
+START_TEST(test_every_backend_runs) {
+  kiln_module *m = parse("HloModule m\nENTRY e {\n  p = s32[3] parameter(0)\n"
+                         "  q = s32[3] multiply(p, p)\n  ROOT r = s32[3] add(q, p)\n}\n");
+  kiln_literal *arg = NULL;
+  kiln_shape s = {.dtype = KILN_S32, .rank = 1, .dims = (int64_t[]){3}};
+  ck_assert_int_eq(kiln_literal_create(NULL, &s, 0, &arg, &st), 0);
+  for (int i = 0; i < 3; i++) kiln_literal_set_s64(arg, i, i + 2);
+  const kiln_literal *args[] = {arg};
+  uint32_t n = 0;
+  const char *const *names = kiln_backend_names(&n);
+  ck_assert_uint_ge(n, 2);
+  for (uint32_t i = 0; i < n; i++) {
+    unsigned caps = kiln_backend_caps(names[i]);
+    ck_assert_msg(caps != 0, "%s: registered but runs nothing", names[i]);
+    kiln_backend *b = make(names[i], 0, 1);
+    ck_assert_str_eq(kiln_backend_name(b), names[i]);
+    ck_assert(kiln_backend_runs_modules(b) == ((caps & KILN_BACKEND_RUNS_MODULES) != 0));
+    kiln_literal *out = NULL, *again = NULL;
+    kiln_status_clear(&st);
+    ck_assert_msg(run_on(b, m, args, 1, NULL, &out) == 0, "%s: %s", names[i], st.msg);
+    for (int k = 0; k < 3; k++) ck_assert_int_eq(kiln_literal_get_s64(out, k), (k + 2) * (k + 3));
+    kiln_status_clear(&st);
+    ck_assert_msg(kiln_run_module_with(m, names[i], NULL, NULL, NULL, args, 1, &again, &st) == 0,
+                  "%s: %s", names[i], st.msg);
+    for (int k = 0; k < 3; k++)
+      ck_assert_int_eq(kiln_literal_get_s64(again, k), kiln_literal_get_s64(out, k));
+    kiln_literal_destroy(again);
+    kiln_literal_destroy(out);
+    kiln_backend_destroy(b);
+  }
+  kiln_literal_destroy(arg);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* Unknown names: refused by every entry that takes a name, with a message
+ * that lists exactly the registry's names, in its order. */
+START_TEST(test_unknown_backend_lists_registry) {
+  uint32_t n = 0;
+  const char *const *names = kiln_backend_names(&n);
+  char want[512] = "unknown backend 'tpu' (known: ";
+  for (uint32_t i = 0; i < n; i++) {
+    if (i) strcat(want, ", ");
+    strcat(want, names[i]);
+  }
+  strcat(want, ")");
+  kiln_backend *b = (kiln_backend *)1;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_backend_create("tpu", NULL, &b, &st), KILN_ENOTFOUND);
+  ck_assert_ptr_null(b);
+  ck_assert_str_eq(st.msg, want);
+  kiln_module *m = parse("HloModule m\nENTRY e {\n  ROOT c = s32[] constant(1)\n}\n");
+  kiln_literal *out = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_run_module(m, "tpu", NULL, NULL, 0, &out, &st), KILN_ENOTFOUND);
+  ck_assert_ptr_null(out);
+  ck_assert_str_eq(st.msg, want);
+  kiln_module_destroy(m);
+  ck_assert_uint_eq(kiln_backend_caps("tpu"), 0);
+  ck_assert_uint_eq(kiln_backend_caps(NULL), 0);
+
+  /* The joined list: all names, or those with the bits asked, cut to fit. */
+  char all[256], loads[256], tiny[4];
+  kiln_backend_names_join(0, " or ", all, sizeof all);
+  kiln_backend_names_join(KILN_BACKEND_LOADS, ", ", loads, sizeof loads);
+  ck_assert_str_eq(all, "cpu or interp");
+  ck_assert_str_eq(loads, "cpu");
+  kiln_backend_names_join(KILN_BACKEND_LOADS | KILN_BACKEND_RUNS_MODULES, ", ", loads,
+                          sizeof loads);
+  ck_assert_str_eq(loads, "");
+  kiln_backend_names_join(0, ", ", tiny, sizeof tiny);
+  ck_assert_str_eq(tiny, "cpu");
+  ck_assert_uint_eq(kiln_backend_caps("cpu"), KILN_BACKEND_LOADS);
+  ck_assert_uint_eq(kiln_backend_caps("interp"), KILN_BACKEND_RUNS_MODULES);
+}
+END_TEST
+
+static const char *const forever =
+    "HloModule m\n"
+    "cond { p = s32[] parameter(0)\n ROOT t = pred[] constant(true) }\n"
+    "body { p = s32[] parameter(0)\n one = s32[] constant(1)\n ROOT a = s32[] add(p, one) }\n"
+    "ENTRY e { z = s32[] constant(0)\n ROOT w = s32[] while(z), condition=cond, body=body }\n";
+
+/* kiln_run_options reach the interpreter through the vtable: the while
+ * limit, the cancel flag, the time limit and the live-bytes limit. */
+START_TEST(test_interp_run_options) {
+  kiln_backend *b = make("interp", 0, 0);
+  kiln_device *d = kiln_backend_device(b, 0);
+  kiln_module *m = parse(forever);
+  kiln_literal *out = NULL;
+
+  kiln_run_options ro = {.max_while_iterations = 1000};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_device_run_module(d, m, NULL, 0, &ro, &out, &st), KILN_ELIMIT);
+  ck_assert_ptr_null(out);
+  ck_assert_msg(strstr(st.msg, "still running after 1000 iterations"), "%s", st.msg);
+
+  static atomic_int cancel = 1;
+  kiln_run_options rc = {.cancel = &cancel};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_device_run_module(d, m, NULL, 0, &rc, &out, &st), KILN_ECANCELED);
+  ck_assert_msg(strstr(st.msg, "cancelled"), "%s", st.msg);
+  /* the same through the one-call API */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_run_module_with(m, "interp", NULL, NULL, &rc, NULL, 0, &out, &st),
+                   KILN_ECANCELED);
+
+  kiln_run_options rt = {.timeout_seconds = 0.2};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_device_run_module(d, m, NULL, 0, &rt, &out, &st), KILN_ELIMIT);
+  ck_assert_msg(strstr(st.msg, "time limit"), "%s", st.msg);
+  kiln_module_destroy(m);
+
+  m = parse("HloModule m\n"
+            "ENTRY e { x = f32[] constant(1)\n ROOT b = f32[1000] broadcast(x), dimensions={} }\n");
+  kiln_run_options rm = {.max_live_bytes = 1000};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_device_run_module(d, m, NULL, 0, &rm, &out, &st), KILN_ELIMIT);
+  ck_assert_msg(strstr(st.msg, "needs 4000 bytes"), "%s", st.msg);
+  /* without the limit it runs */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_device_run_module(d, m, NULL, 0, NULL, &out, &st), 0);
+  ck_assert_int_eq(kiln_literal_elements(out), 1000);
+  kiln_literal_destroy(out);
+  kiln_module_destroy(m);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
 START_TEST(test_forwarders_refuse_nulls) {
   kiln_literal *out = (kiln_literal *)1;
   kiln_status_clear(&st);
@@ -284,6 +438,9 @@ int main(void) {
   tcase_add_test(tc, test_buffers_out_of_memory);
   tcase_add_test(tc, test_interp_backend);
   tcase_add_test(tc, test_forwarders_refuse_nulls);
+  tcase_add_test(tc, test_every_backend_runs);
+  tcase_add_test(tc, test_unknown_backend_lists_registry);
+  tcase_add_test(tc, test_interp_run_options);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);

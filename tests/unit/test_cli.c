@@ -194,7 +194,7 @@ START_TEST(test_usage_errors) {
   ck_assert_ptr_nonnull(strstr(r.err, "kiln run: option '--out' given more than once\n"));
   result_free(&r);
   r = run("run", f, "--backend", "tpu", NULL);
-  EXPECT(r, 2, "", "kiln run: unknown backend 'tpu' (available: interp, cpu)\n");
+  EXPECT(r, 2, "", "kiln run: unknown backend 'tpu' (available: cpu, interp)\n");
   result_free(&r);
   r = run("run", f, "--random-args", "-3", NULL);
   EXPECT(r, 2, "", "kiln run: --random-args needs a non-negative integer seed, not '-3'\n");

@@ -21,7 +21,7 @@
 #include "compiler/codegen/executable.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 static inline kiln_module *cg_parse(const char *text) {
   kiln_module *m = NULL;

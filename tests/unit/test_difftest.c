@@ -37,7 +37,7 @@
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 #include "executor/run.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"

@@ -15,7 +15,7 @@
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
 #include "compiler/passes/passes.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 static inline kiln_module *fh_parse(const char *text, size_t len, const char *file) {
   kiln_module *m = NULL;

@@ -13,7 +13,7 @@
 #include "common/alloc.h"
 #include "common/sbuf.h"
 #include "compiler/ir/text.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 static inline kiln_module *parse_ok(const char *text) {
   kiln_module *m = NULL;

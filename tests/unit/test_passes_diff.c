@@ -24,7 +24,7 @@
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 #include "tests/support/golden.h"
 #include "tests/support/progen.h"
 

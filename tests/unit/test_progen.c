@@ -11,7 +11,7 @@
 #include "common/alloc.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"
 

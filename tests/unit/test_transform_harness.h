@@ -16,7 +16,7 @@
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 #define TX_MAX 16
 

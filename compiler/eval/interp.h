@@ -2,9 +2,16 @@
  * following XLA's operation semantics. It is the oracle every other backend
  * and every pass is checked against, so it is written to be obviously
  * correct, not fast.
+ *
+ * It is the IR's reference semantics, so it lives with the compiler
+ * (compiler/eval, library kiln_interp), which uses it for constant folding;
+ * the names kept their interp_ / kiln_interp_ spelling from before the move.
+ * Execution goes through the interp backend instead
+ * (executor/interp/interp_backend.c, behind executor/backend.h): only the
+ * compiler and tests that need the oracle itself call kiln_interp_run.
  */
-#ifndef KILN_EXECUTOR_INTERP_INTERP_H
-#define KILN_EXECUTOR_INTERP_INTERP_H
+#ifndef KILN_COMPILER_EVAL_INTERP_H
+#define KILN_COMPILER_EVAL_INTERP_H
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -44,4 +51,4 @@ int kiln_interp_run(const kiln_module *m, const kiln_literal *const *args, uint3
 #ifdef __cplusplus
 }
 #endif
-#endif /* KILN_EXECUTOR_INTERP_INTERP_H */
+#endif /* KILN_COMPILER_EVAL_INTERP_H */

@@ -9,15 +9,15 @@
  * live in interp_elementwise.c and serve both whole-array elementwise ops and
  * the small scalar computations that reducers, comparators and combiners are.
  */
-#ifndef KILN_EXECUTOR_INTERP_INTERP_INTERNAL_H
-#define KILN_EXECUTOR_INTERP_INTERP_INTERNAL_H
+#ifndef KILN_COMPILER_EVAL_INTERP_INTERNAL_H
+#define KILN_COMPILER_EVAL_INTERP_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "compiler/ir/ir.h"
-#include "executor/interp/interp.h"
+#include "compiler/eval/interp.h"
 
 /* CMPLX is C11, but clang with glibc does not define it: build the value
  * without arithmetic, so that infinities and NaNs survive as they are. */
@@ -187,4 +187,4 @@ kiln__interp_op_fn kiln__interp_eval_cholesky, kiln__interp_eval_triangular_solv
     kiln__interp_eval_fft, kiln__interp_eval_batch_norm_inference,
     kiln__interp_eval_batch_norm_training, kiln__interp_eval_batch_norm_grad;
 
-#endif /* KILN_EXECUTOR_INTERP_INTERP_INTERNAL_H */
+#endif /* KILN_COMPILER_EVAL_INTERP_INTERNAL_H */

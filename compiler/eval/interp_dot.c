@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "executor/interp/interp_internal.h"
+#include "compiler/eval/interp_internal.h"
 
 #define R KILN_INTERP_MAX_RANK
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "executor/interp/interp_internal.h"
+#include "compiler/eval/interp_internal.h"
 
 static int bad(kiln__interp_ctx *c, const kiln_instr *ins, const char *what) {
   return kiln__interp_fail(c, ins, KILN_EINVAL, "%s %s: %s", kiln_opcode_name(ins->op), ins->name,

@@ -19,7 +19,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
-#include "executor/interp/interp_internal.h"
+#include "compiler/eval/interp_internal.h"
 
 #define MAX_CALL_DEPTH 200
 #define DEFAULT_MAX_LIVE ((size_t)8 << 30)

@@ -19,7 +19,7 @@
 
 #include "common/alloc.h"
 #include "common/fp16.h"
-#include "executor/interp/interp_internal.h"
+#include "compiler/eval/interp_internal.h"
 
 /* ---- type helpers ------------------------------------------------------- */
 

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "executor/interp/interp_internal.h"
+#include "compiler/eval/interp_internal.h"
 
 static int unimpl(kiln__interp_ctx *c, const kiln_instr *ins, const char *why) {
   return kiln__interp_fail(c, ins, KILN_EUNIMPL, "%s %s: %s", kiln_opcode_name(ins->op), ins->name,
