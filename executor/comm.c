@@ -372,6 +372,8 @@ int kiln_mesh_execute_async(kiln_mesh *m, kiln_buffer *const *const *args, uint3
   if ((args == NULL && nargs > 0) || (results == NULL && nresults > 0))
     return kiln_status_set(st, KILN_EINVAL, "mesh", "no per-rank %s",
                            args == NULL ? "arguments" : "results");
+  for (uint32_t k = 0; k < n && nresults; k++)
+    for (uint32_t i = 0; i < nresults; i++) results[k][i] = NULL;
   int rc = 0;
   uint32_t r = 0;
   for (; r < n && rc == 0; r++) {
