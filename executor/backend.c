@@ -264,6 +264,8 @@ void kiln_loaded_destroy(kiln_loaded *l) {
 
 const kiln_executable *kiln_loaded_executable(const kiln_loaded *l) { return l ? l->exe : NULL; }
 
+kiln_device *kiln_loaded_device(const kiln_loaded *l) { return l ? l->device : NULL; }
+
 int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t nargs,
                     const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
   if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no result pointer");

@@ -151,6 +151,7 @@ bool kiln_device_can_access(const kiln_device *d, const kiln_buffer *b);
  * `e` must outlive the loaded executable. */
 int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out, kiln_status *st);
 void kiln_loaded_destroy(kiln_loaded *l); /* NULL is a no-op */
+kiln_device *kiln_loaded_device(const kiln_loaded *l); /* where it was loaded */
 const kiln_executable *kiln_loaded_executable(const kiln_loaded *l);
 
 /* Runs a loaded executable on host literals: one per entry parameter (shapes
