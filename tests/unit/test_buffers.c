@@ -284,6 +284,15 @@ START_TEST(test_device_buffers) {
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_stored_view(x, &view, &st), KILN_EUNIMPL);
   ck_assert_ptr_null(view.data);
+  /* read back row-major: physical a00 a10 a01 a11 a02 a12 */
+  float phys[6] = {0, 10, 1, 11, 2, 12}, logical[6];
+  ck_assert_int_eq(kiln_buffer_write(x->buf, 0, phys, sizeof phys, &st), 0);
+  ck_assert_int_eq(kiln_array_read_row_major(x->buf, x->shape, logical, &st), 0);
+  const float want[6] = {0, 1, 2, 10, 11, 12};
+  ck_assert_mem_eq(logical, want, sizeof want);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_array_read_row_major(x->buf, f32shape(5), logical, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "a buffer of 24 bytes does not hold an array of 20 bytes");
   kiln_buffer_store_unref(s, x);
   kiln_buffer_store_destroy(s);
 }
