@@ -232,6 +232,48 @@ int kiln_buffer_read(const kiln_buffer *b, size_t offset, void *dst, size_t n, k
   return b->device->backend->iface->buffer_read(b->device, b->mem, offset, dst, n, st);
 }
 
+int kiln_buffer_copy(kiln_buffer *dst, size_t dst_offset, const kiln_buffer *src,
+                     size_t src_offset, size_t n, kiln_status *st) {
+  int rc = check_range(dst, dst_offset, n, "", "copy to", st);
+  if (rc == 0) rc = check_range(src, src_offset, n, "", "copy from", st);
+  if (rc || n == 0) return rc;
+  kiln_backend *b = dst->device->backend;
+  if (src->device->backend != b)
+    return kiln_status_set(st, KILN_EINVAL, "buffer",
+                           "copy: from a buffer of backend %s to one of backend %s (copy "
+                           "through the host)",
+                           src->device->backend->iface->name, b->iface->name);
+  if (src == dst && src_offset < dst_offset + n && dst_offset < src_offset + n)
+    return kiln_status_set(st, KILN_EINVAL, "buffer",
+                           "copy: bytes [%zu, %zu + %zu) and [%zu, %zu + %zu) of one buffer overlap",
+                           src_offset, src_offset, n, dst_offset, dst_offset, n);
+  if (b->iface->buffer_copy)
+    return b->iface->buffer_copy(dst->device, dst->mem, dst_offset, src->device, src->mem,
+                                 src_offset, n, st);
+  /* No device copy: bounce through host memory, a bounded block at a time. */
+  size_t block = n < ((size_t)1 << 20) ? n : ((size_t)1 << 20);
+  char *tmp = kiln_malloc(block);
+  if (tmp == NULL) return kiln_status_set(st, KILN_ENOMEM, "buffer", "copy: out of memory");
+  for (size_t done = 0; done < n && rc == 0; done += block) {
+    size_t m = n - done < block ? n - done : block;
+    rc = b->iface->buffer_read(src->device, src->mem, src_offset + done, tmp, m, st);
+    if (rc == 0) rc = b->iface->buffer_write(dst->device, dst->mem, dst_offset + done, tmp, m, st);
+  }
+  kiln_free(tmp);
+  return rc;
+}
+
+void *kiln_buffer_host(kiln_buffer *b, bool discard) {
+  if (b == NULL || b->device->backend->iface->buffer_host == NULL) return NULL;
+  return b->device->backend->iface->buffer_host(b->device, b->mem, discard);
+}
+
+bool kiln_device_can_access(const kiln_device *d, const kiln_buffer *b) {
+  if (d == NULL || b == NULL) return false;
+  if (b->device == d) return true;
+  return b->device->backend == d->backend && d->backend->iface->shared_memory;
+}
+
 /* ---- executables -------------------------------------------------------- */
 
 int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out, kiln_status *st) {
@@ -266,6 +308,8 @@ void kiln_loaded_destroy(kiln_loaded *l) {
 
 const kiln_executable *kiln_loaded_executable(const kiln_loaded *l) { return l ? l->exe : NULL; }
 
+kiln_device *kiln_loaded_device(const kiln_loaded *l) { return l ? l->device : NULL; }
+
 int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t nargs,
                     const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
   if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no result pointer");
@@ -281,54 +325,122 @@ int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t na
   return l->device->backend->iface->run(l, args, opts ? opts : &defaults, out, st);
 }
 
+static void free_results(kiln_buffer **results, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    kiln_buffer_free(results[i]);
+    results[i] = NULL;
+  }
+}
+
 /* Bytes of result/parameter binding `b`'s dense storage (checked at load). */
 static size_t binding_bytes(const kiln_binding *b) { return (size_t)kiln_shape_bytes(&b->shape); }
 
-int kiln_loaded_execute(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
-                        const kiln_run_options *opts, kiln_buffer **results, uint32_t nresults,
-                        kiln_status *st) {
-  if (l == NULL) return kiln_status_set(st, KILN_EINVAL, "execute", "no loaded executable");
+/* Array leaves of an entry shape (depth checked at load). */
+static uint32_t shape_leaves(const kiln_shape *s) {
+  if (s->dtype == KILN_TOKEN) return 0;
+  if (s->dtype != KILN_TUPLE) return 1;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->rank; i++) n += shape_leaves(&s->tuple[i]);
+  return n;
+}
+
+bool kiln_loaded_donates(const kiln_loaded *l, uint32_t leaf) {
+  if (l == NULL || leaf >= l->exe->nparam_leaves) return false;
+  const kiln_executable *e = l->exe;
+  for (uint32_t i = 0; i < e->nresults; i++) {
+    const kiln_slot *s = &e->slots[e->results[i].slot];
+    if (s->kind != KILN_SLOT_PARAM || s->index >= e->nparams) continue;
+    uint32_t base = 0; /* the first leaf of parameter s->index */
+    for (uint32_t p = 0; p < s->index; p++) base += shape_leaves(&e->param_shapes[p]);
+    if (base + s->leaf == leaf) return true;
+  }
+  return false;
+}
+
+/* The checks kiln_loaded_execute and its async form share, then the result
+ * buffers; on failure nothing is left allocated. */
+int kiln__loaded_execute_prepare(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
+                                 kiln_buffer **results, uint32_t nresults, const char *verb,
+                                 kiln_status *st) {
+  if (l == NULL) return kiln_status_set(st, KILN_EINVAL, verb, "no loaded executable");
   const kiln_executable *e = l->exe;
   if (results == NULL && nresults > 0)
-    return kiln_status_set(st, KILN_EINVAL, "execute", "no result array");
+    return kiln_status_set(st, KILN_EINVAL, verb, "no result array");
   for (uint32_t i = 0; i < nresults; i++) results[i] = NULL;
   const kiln_backend_iface *iface = l->device->backend->iface;
   if (iface->execute == NULL)
-    return kiln_status_set(st, KILN_EUNIMPL, "execute", "backend %s does not execute on buffers",
+    return kiln_status_set(st, KILN_EUNIMPL, verb, "backend %s does not execute on buffers",
                            iface->name);
   if (nargs != e->nparam_leaves)
-    return kiln_status_set(st, KILN_EINVAL, "execute",
+    return kiln_status_set(st, KILN_EINVAL, verb,
                            "the executable takes %u parameter leaves, %u buffers given",
                            e->nparam_leaves, nargs);
   if (nresults != e->nresults)
-    return kiln_status_set(st, KILN_EINVAL, "execute",
+    return kiln_status_set(st, KILN_EINVAL, verb,
                            "the executable returns %u result leaves, room for %u given",
                            e->nresults, nresults);
   for (uint32_t i = 0; i < nargs; i++) {
     if (args == NULL || args[i] == NULL)
-      return kiln_status_set(st, KILN_EINVAL, "execute", "parameter leaf %u: no buffer", i);
-    if (args[i]->device != l->device)
-      return kiln_status_set(st, KILN_EINVAL, "execute",
+      return kiln_status_set(st, KILN_EINVAL, verb, "parameter leaf %u: no buffer", i);
+    if (!kiln_device_can_access(l->device, args[i]))
+      return kiln_status_set(st, KILN_EINVAL, verb,
                              "parameter leaf %u: buffer lives on %s:%u, the executable on %s:%u", i,
                              args[i]->device->backend->iface->name, args[i]->device->index,
                              iface->name, l->device->index);
     if (args[i]->size != binding_bytes(&e->params[i]))
-      return kiln_status_set(st, KILN_EINVAL, "execute",
+      return kiln_status_set(st, KILN_EINVAL, verb,
                              "parameter leaf %u: buffer has %zu bytes, expected %zu", i,
                              args[i]->size, binding_bytes(&e->params[i]));
   }
   int rc = 0;
   for (uint32_t i = 0; i < nresults && rc == 0; i++)
     rc = kiln_buffer_alloc(l->device, binding_bytes(&e->results[i]), &results[i], st);
-  kiln_run_options defaults = {0};
-  if (rc == 0) rc = iface->execute(l, args, opts ? opts : &defaults, results, st);
-  if (rc) {
-    for (uint32_t i = 0; i < nresults; i++) {
-      kiln_buffer_free(results[i]);
-      results[i] = NULL;
-    }
-  }
+  if (rc) free_results(results, nresults);
   return rc;
+}
+
+int kiln_loaded_execute(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
+                        const kiln_run_options *opts, kiln_buffer **results, uint32_t nresults,
+                        kiln_status *st) {
+  int rc = kiln__loaded_execute_prepare(l, args, nargs, results, nresults, "execute", st);
+  if (rc) return rc;
+  kiln_run_options defaults = {0};
+  rc = l->device->backend->iface->execute(l, args, opts ? opts : &defaults, results, st);
+  if (rc) free_results(results, nresults);
+  return rc;
+}
+
+int kiln_loaded_execute_async(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
+                              const kiln_run_options *opts, kiln_buffer **results,
+                              uint32_t nresults, kiln_event **ev, kiln_status *st) {
+  if (ev == NULL) return kiln_status_set(st, KILN_EINVAL, "execute", "no event pointer");
+  *ev = NULL;
+  int rc = kiln__loaded_execute_prepare(l, args, nargs, results, nresults, "execute", st);
+  if (rc) return rc;
+  kiln_event *e = kiln__event_create();
+  if (e == NULL) {
+    free_results(results, nresults);
+    return kiln_status_set(st, KILN_ENOMEM, "execute", "out of memory for an event");
+  }
+  kiln_run_options defaults = {0};
+  if (opts == NULL) opts = &defaults;
+  const kiln_backend_iface *iface = l->device->backend->iface;
+  if (iface->execute_async) {
+    rc = iface->execute_async(l, args, opts, results, e, st);
+    if (rc) {
+      kiln__event_free(e);
+      free_results(results, nresults);
+      return rc;
+    }
+  } else {
+    /* Synchronous completion: the run's outcome goes to the event. */
+    kiln_status run_st;
+    kiln_status_clear(&run_st);
+    int run_rc = iface->execute(l, args, opts, results, &run_st);
+    kiln__event_signal(e, run_rc, &run_st);
+  }
+  *ev = e;
+  return 0;
 }
 
 int kiln_device_run_module(kiln_device *d, const kiln_module *m, const kiln_literal *const *args,

@@ -1,16 +1,54 @@
 /* The backend vtable: what a backend implements to plug into the executor.
  *
  * The public handles of executor/backend.h are thin structs defined here;
- * backend.c owns them and calls the vtable only after checking every
- * argument, so an implementation may assume valid handles, in-range indices
- * and sizes that fit. Each backend fills one kiln_backend_iface with
- * designated initializers (implementations named kiln_<backend>_<verb>) and
- * writes its missing optional slots out as NULL. (After ggml-backend's
- * interface table and PJRT's client/device/executable split.)
+ * backend.c (and comm.c, for events, communicators and meshes) owns them
+ * and calls the vtable only after checking every argument, so an
+ * implementation may assume valid handles, in-range indices and sizes that
+ * fit. Each backend fills one kiln_backend_iface with designated
+ * initializers (implementations named kiln_<backend>_<verb>) and writes its
+ * missing optional slots out as NULL. (After ggml-backend's interface table
+ * and PJRT's client/device/executable split.)
+ *
+ * The contract, slot by slot (the caller's side is at the top of backend.h):
+ *
+ * Ownership: the handles (kiln_buffer, kiln_loaded, kiln_comm, kiln_mesh,
+ * kiln_event) are allocated and freed by the forwarders; a slot fills or
+ * undoes only its ctx/mem field. A slot never frees what it was given.
+ *
+ * Memory: `mem` is the implementation's handle for a buffer; only the
+ * implementation dereferences it. buffer_host returns a host address for it
+ * or the slot is NULL (device memory of its own). `shared_memory` says that
+ * every device of the backend addresses every other device's buffers as its
+ * own (cpu); execute may then get buffers of sibling devices.
+ *
+ * Blocking: every slot but execute_async returns with its work done.
+ * execute_async returns once the work is queued, and signals the event it
+ * was given exactly once (kiln__event_signal), from any thread, when the
+ * work has finished and its writes are visible to the host; it may signal
+ * before it returns. A backend without execute_async gets synchronous
+ * semantics from backend.c: execute is called and the event is signalled
+ * before the launch returns.
+ *
+ * Threads: any slot may be called from several threads at once, on the same
+ * device too (runs of one loaded executable overlap), except that init/fini
+ * and device_init/device_fini run alone and comm_init/comm_fini run alone
+ * for their communicator.
+ *
+ * Communicators: comm_init gets a communicator whose devices were checked
+ * (non-empty, distinct, all of this backend) and may set c->ctx. The
+ * collective slot gets a descriptor checked against the communicator
+ * (buffers in rank order on devices the ranks can access, sizes for
+ * `count`, pairs in range and distinct, no forbidden aliasing) and runs the
+ * whole collective before returning; an op or dtype it does not implement
+ * is KILN_EUNIMPL with a message naming the collective and the backend.
+ * A gang launch needs nothing of the backend but execute: comm.c runs the
+ * ranks on threads of their own, all at once.
  */
 #ifndef KILN_EXECUTOR_BACKEND_IMPL_H
 #define KILN_EXECUTOR_BACKEND_IMPL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,24 +87,42 @@ struct kiln_loaded {
   void *ctx;                  /* the implementation's loaded state */
 };
 
-/* Collectives between the devices of one backend (all-reduce, all-gather,
- * reduce-scatter, all-to-all, collective-permute). Descriptor reserved for
- * the shared-memory and NCCL implementations; no backend fills these slots
- * yet. */
-typedef struct kiln_collective {
-  kiln_opcode op; /* KILN_OP_ALL_REDUCE, ... */
-  kiln_dtype dtype;
-  kiln_opcode reduce_op; /* all-reduce/reduce-scatter: add, max, ... */
-  uint64_t count;        /* elements per device (send side) */
-  uint32_t ndevices;
-  kiln_device *const *devices; /* participants, in rank order */
-  kiln_buffer *const *send;    /* one per participant */
-  kiln_buffer *const *recv;    /* one per participant */
-  const uint32_t *pairs;       /* collective-permute: (source, target) pairs */
-  uint32_t npairs;
-} kiln_collective;
+/* An event: the completion of a launch (comm.c). Signalled once; waiters
+ * sleep on cv. */
+struct kiln_event {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;      /* under mu */
+  int rc;         /* the work's outcome, once done */
+  kiln_status st; /* its status, once done */
+};
 
-typedef int (*kiln_collective_fn)(const kiln_collective *c, kiln_status *st);
+/* Creates an unsignalled event; NULL on out-of-memory. */
+kiln_event *kiln__event_create(void);
+/* Signals ev with the work's outcome (st may be NULL when rc is 0). Once. */
+void kiln__event_signal(kiln_event *ev, int rc, const kiln_status *st);
+/* Frees an event nobody waits on (a launch that failed before it began). */
+void kiln__event_free(kiln_event *ev);
+
+/* kiln_loaded_execute's argument checks, then the result buffers (results
+ * are NULLed first and freed again on failure). `where` names the caller in
+ * the status. */
+int kiln__loaded_execute_prepare(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
+                                 kiln_buffer **results, uint32_t nresults, const char *where,
+                                 kiln_status *st);
+
+struct kiln_comm {
+  kiln_backend *backend;
+  kiln_device **devices; /* ndevices, rank order, distinct, all of backend */
+  uint32_t ndevices;
+  void *ctx; /* the implementation's communicator state (comm_init) */
+};
+
+struct kiln_mesh {
+  kiln_comm *comm;        /* borrowed */
+  const kiln_executable *exe; /* borrowed */
+  kiln_loaded **ranks;    /* comm->ndevices loaded executables */
+};
 
 struct kiln_backend_iface {
   const char *name;
@@ -88,6 +144,16 @@ struct kiln_backend_iface {
                       kiln_status *st);
   int (*buffer_read)(kiln_device *d, const void *mem, size_t offset, void *dst, size_t n,
                      kiln_status *st);
+  /* Device to device (optional: NULL bounces through host memory, read
+   * then write). Both devices are of this backend, maybe the same one;
+   * ranges are within the buffers and do not overlap. */
+  int (*buffer_copy)(kiln_device *dd, void *dst, size_t dst_offset, kiln_device *sd,
+                     const void *src, size_t src_offset, size_t n, kiln_status *st);
+  /* The host address of mem (optional: NULL for device memory of its own).
+   * discard: see kiln_buffer_host. */
+  void *(*buffer_host)(kiln_device *d, void *mem, bool discard);
+  /* Every device addresses every sibling's buffers directly (see above). */
+  bool shared_memory;
 
   /* Executables (optional: NULL for backends that only interpret modules).
    * load validates e and sets l->ctx. run gets args already counted (nargs
@@ -100,18 +166,25 @@ struct kiln_backend_iface {
              kiln_literal **out, kiln_status *st);
   int (*execute)(kiln_loaded *l, kiln_buffer *const *args, const kiln_run_options *opts,
                  kiln_buffer *const *results, kiln_status *st);
+  /* The same, launched (optional: NULL runs execute synchronously). On 0
+   * the backend owns the launch and signals ev when it is over (the run's
+   * outcome goes to the event); a nonzero return means nothing was
+   * launched and ev will not be signalled. */
+  int (*execute_async)(kiln_loaded *l, kiln_buffer *const *args, const kiln_run_options *opts,
+                       kiln_buffer *const *results, kiln_event *ev, kiln_status *st);
 
   /* Modules (optional: only interpreters run a module as such). */
   int (*run_module)(kiln_device *d, const kiln_module *m, const kiln_literal *const *args,
                     uint32_t nargs, const kiln_run_options *opts, kiln_literal **out,
                     kiln_status *st);
 
-  /* Collectives (optional). */
-  kiln_collective_fn all_reduce;
-  kiln_collective_fn all_gather;
-  kiln_collective_fn reduce_scatter;
-  kiln_collective_fn all_to_all;
-  kiln_collective_fn collective_permute;
+  /* Communicators (optional: NULL when the backend needs no state for a
+   * device set). comm_fini undoes comm_init. */
+  int (*comm_init)(kiln_comm *c, kiln_status *st);
+  void (*comm_fini)(kiln_comm *c);
+  /* Collectives on a communicator (optional: NULL makes every collective
+   * KILN_EUNIMPL). See the contract above. */
+  int (*collective)(kiln_comm *c, const kiln_collective *desc, kiln_status *st);
 
   /* Waits for submitted work (optional: NULL when every call is synchronous). */
   int (*synchronize)(kiln_device *d, kiln_status *st);

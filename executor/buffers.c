@@ -22,6 +22,7 @@
 
 #include "common/alloc.h"
 #include "compiler/ir/ir.h"
+#include "executor/backend.h"
 
 typedef struct client {
   char *name;
@@ -33,6 +34,8 @@ typedef struct client {
 
 typedef struct entry {
   kiln_stored pub; /* first: a kiln_stored * is an entry * */
+  kiln_shape shape; /* pub.shape points here; dims and layout in one block */
+  void *shape_mem;
   uint8_t key[16];
   client *owner;
   uint32_t refs;
@@ -239,7 +242,8 @@ out_nomem:
 }
 
 static void entry_free(entry *e) {
-  kiln_literal_destroy(e->pub.lit);
+  kiln_buffer_free(e->pub.buf);
+  kiln_free(e->shape_mem);
   kiln_free(e->pub.label);
   kiln_free(e);
 }
@@ -292,18 +296,59 @@ void kiln_buffer_store_unreserve(kiln_buffer_store *s, const char *client_name, 
   pthread_mutex_unlock(&s->mu);
 }
 
-static entry *entry_new(kiln_literal *lit, int32_t device, const char *label) {
+/* Copies array shape src into e->shape: dims, dynamic flags and layout in
+ * one allocation (an arena per entry would cost a block per buffer). */
+static bool entry_shape(entry *e, const kiln_shape *src) {
+  uint32_t r = src->rank;
+  const kiln_layout *lo = src->layout;
+  size_t tail = lo && lo->tail ? strlen(lo->tail) + 1 : 0;
+  size_t lr = lo ? lo->rank : 0;
+  size_t n = (size_t)r * sizeof(int64_t) + (lo ? sizeof(kiln_layout) + lr * sizeof(int64_t) : 0) +
+             r + tail + 1;
+  char *m = kiln_malloc(n);
+  if (m == NULL) return false;
+  e->shape_mem = m;
+  e->shape = (kiln_shape){.dtype = src->dtype, .rank = r};
+  e->shape.layout = lo ? (kiln_layout *)m : NULL;
+  if (lo) {
+    *e->shape.layout = *lo;
+    m += sizeof(kiln_layout);
+  }
+  e->shape.dims = (int64_t *)m;
+  if (r) memcpy(m, src->dims, r * sizeof(int64_t));
+  m += r * sizeof(int64_t);
+  if (lo) {
+    e->shape.layout->minor_to_major = (int64_t *)m;
+    if (lr) memcpy(m, lo->minor_to_major, lr * sizeof(int64_t));
+    m += lr * sizeof(int64_t);
+  }
+  if (src->dynamic) {
+    e->shape.dynamic = (uint8_t *)m;
+    memcpy(m, src->dynamic, r);
+  }
+  m += r;
+  if (tail) {
+    memcpy(m, lo->tail, tail);
+    e->shape.layout->tail = m;
+  }
+  e->pub.shape = &e->shape;
+  return true;
+}
+
+static entry *entry_new(kiln_buffer *buf, const kiln_shape *shape, int32_t device,
+                        const char *label) {
   entry *e = kiln_calloc(1, sizeof *e);
   if (e == NULL) return NULL;
   e->pub.label = kiln_strdup(label ? label : "");
-  if (e->pub.label == NULL || random_bytes(e->key, sizeof e->key) != 0) {
+  if (e->pub.label == NULL || !entry_shape(e, shape) || random_bytes(e->key, sizeof e->key) != 0) {
     kiln_free(e->pub.label);
+    kiln_free(e->shape_mem);
     kiln_free(e);
     return NULL;
   }
   to_hex(e->key, sizeof e->key, e->pub.handle);
-  e->pub.lit = lit;
-  e->pub.bytes = lit->nbytes;
+  e->pub.buf = buf;
+  e->pub.bytes = kiln_buffer_size(buf);
   e->pub.device = device;
   return e;
 }
@@ -343,19 +388,24 @@ static int insert_locked(kiln_buffer_store *s, const char *client_name, entry *e
   return 0;
 }
 
-int kiln_buffer_store_add(kiln_buffer_store *s, const char *client_name, kiln_literal *lit,
-                          int32_t device, const char *label, bool reserved, kiln_stored **out,
-                          kiln_status *st) {
+int kiln_buffer_store_add(kiln_buffer_store *s, const char *client_name, kiln_buffer *buf,
+                          const kiln_shape *shape, int32_t device, const char *label,
+                          bool reserved, kiln_stored **out, kiln_status *st) {
   if (out) *out = NULL;
   int rc = 0;
   entry *e = NULL;
-  if (lit == NULL || !kiln_shape_is_array(&lit->shape))
+  uint64_t size = kiln_buffer_size(buf);
+  if (buf == NULL || shape == NULL || !kiln_shape_is_array(shape))
     rc = kiln_status_set(st, KILN_EINVAL, "buffers", "only arrays can be stored");
-  else if ((e = entry_new(lit, device, label)) == NULL)
+  else if (kiln_shape_bytes(shape) < 0 || (uint64_t)kiln_shape_bytes(shape) != size)
+    rc = kiln_status_set(st, KILN_EINVAL, "buffers",
+                         "a buffer of %llu bytes cannot hold an array of %lld bytes",
+                         (unsigned long long)size, (long long)kiln_shape_bytes(shape));
+  else if ((e = entry_new(buf, shape, device, label)) == NULL)
     rc = kiln_status_set(st, KILN_ENOMEM, "buffers", "out of memory storing a buffer");
   if (rc) {
-    if (reserved && lit) kiln_buffer_store_unreserve(s, client_name, lit->nbytes);
-    kiln_literal_destroy(lit);
+    if (reserved && buf) kiln_buffer_store_unreserve(s, client_name, size);
+    kiln_buffer_free(buf);
     return rc;
   }
   pthread_mutex_lock(&s->mu);
@@ -368,6 +418,21 @@ int kiln_buffer_store_add(kiln_buffer_store *s, const char *client_name, kiln_li
   pthread_mutex_unlock(&s->mu);
   if (rc) entry_free(e);
   return rc;
+}
+
+int kiln_stored_view(const kiln_stored *b, kiln_literal *view, kiln_status *st) {
+  memset(view, 0, sizeof *view);
+  void *host = kiln_buffer_host(b->buf, false);
+  if (host == NULL)
+    return kiln_status_set(st, KILN_EUNIMPL, "buffers",
+                           "buffer '%.8s...' is not in host memory", b->handle);
+  if (!kiln_shape_is_row_major(b->shape))
+    return kiln_status_set(st, KILN_EUNIMPL, "buffers",
+                           "buffer '%.8s...' is not laid out row-major", b->handle);
+  view->shape = *b->shape;
+  view->data = host;
+  view->nbytes = (size_t)b->bytes;
+  return 0;
 }
 
 static int not_found(kiln_status *st, const char *handle) {
@@ -453,4 +518,49 @@ void kiln_buffer_store_get_totals(kiln_buffer_store *s, kiln_buffer_store_totals
   out->live_bytes = s->total_charged;
   out->clients = s->nclients;
   pthread_mutex_unlock(&s->mu);
+}
+
+/* dst (row-major) from src (laid out by shape's minor_to_major): walks the
+ * logical order, keeping the physical offset with an odometer. */
+static void to_row_major(char *dst, const char *src, const kiln_shape *shape) {
+  uint32_t rank = shape->rank;
+  size_t esize = kiln_dtype_size(shape->dtype);
+  int64_t n = kiln_shape_elements(shape);
+  if (n <= 0 || rank == 0 || rank > 64) {
+    if (n > 0) memcpy(dst, src, (size_t)n * esize);
+    return;
+  }
+  int64_t m2m[64], stride[64], idx[64] = {0};
+  kiln_shape_minor_to_major(shape, m2m);
+  int64_t acc = 1;
+  for (uint32_t i = 0; i < rank; i++) {
+    stride[m2m[i]] = acc;
+    acc *= shape->dims[m2m[i]];
+  }
+  int64_t phys = 0;
+  for (int64_t lin = 0; lin < n; lin++) {
+    memcpy(dst + (size_t)lin * esize, src + (size_t)phys * esize, esize);
+    for (uint32_t k = rank; k-- > 0;) {
+      phys += stride[k];
+      if (++idx[k] < shape->dims[k]) break;
+      phys -= stride[k] * idx[k];
+      idx[k] = 0;
+    }
+  }
+}
+
+int kiln_array_read_row_major(const kiln_buffer *buf, const kiln_shape *shape, void *dst,
+                              kiln_status *st) {
+  int64_t bytes = kiln_shape_bytes(shape);
+  if (bytes < 0 || (uint64_t)bytes != kiln_buffer_size(buf))
+    return kiln_status_set(st, KILN_EINVAL, "buffers",
+                           "a buffer of %zu bytes does not hold an array of %lld bytes",
+                           kiln_buffer_size(buf), (long long)bytes);
+  if (kiln_shape_is_row_major(shape)) return kiln_buffer_read(buf, 0, dst, (size_t)bytes, st);
+  char *tmp = kiln_malloc(bytes ? (size_t)bytes : 1);
+  if (tmp == NULL) return kiln_status_set(st, KILN_ENOMEM, "buffers", "out of memory");
+  int rc = kiln_buffer_read(buf, 0, tmp, (size_t)bytes, st);
+  if (rc == 0) to_row_major(dst, tmp, shape);
+  kiln_free(tmp);
+  return rc;
 }

@@ -1,7 +1,8 @@
 /* Server-resident buffers addressed by handle.
  *
- * A buffer store keeps arrays (heap literals, row-major, as Execute and the
- * interpreter consume them) for remote clients under unguessable handles:
+ * A buffer store keeps arrays in device memory (a kiln_buffer of
+ * executor/backend.h, host memory on cpu and interp) with their shape,
+ * element type and layout, for remote clients under unguessable handles:
  * 128 random bits written as 32 lowercase hex digits. Every buffer belongs to
  * the client that created it; another client naming its handle gets exactly
  * what an unknown handle gets (KILN_ENOTFOUND), so handles leak nothing.
@@ -14,7 +15,8 @@
  * Lifetime: a kiln_stored is reference counted. The table holds one
  * reference while the handle is live; acquire hands out another, which the
  * caller returns with kiln_buffer_store_unref. The array of a kiln_stored is
- * immutable once added, so holders may read it without the store's lock.
+ * immutable once added, so holders may read it without the store's lock;
+ * only the holder of a taken (donated) buffer may let a run write it.
  *
  * Threads: every function may be called from any thread.
  */
@@ -32,6 +34,8 @@ extern "C" {
 #endif
 
 typedef struct kiln_literal kiln_literal;
+typedef struct kiln_buffer kiln_buffer;
+typedef struct kiln_shape kiln_shape;
 typedef struct kiln_buffer_store kiln_buffer_store;
 
 #define KILN_HANDLE_HEX_LEN 32 /* 128 bits */
@@ -39,10 +43,11 @@ typedef struct kiln_buffer_store kiln_buffer_store;
 /* One stored array. Fields are read-only for holders of a reference. */
 typedef struct kiln_stored {
   char handle[KILN_HANDLE_HEX_LEN + 1];
-  kiln_literal *lit; /* an array literal (no tuples), owned */
-  uint64_t bytes;    /* lit->nbytes: what the owner is charged */
-  int32_t device;    /* where the client asked to place it */
-  char *label;       /* free-form, from the client; never NULL */
+  kiln_buffer *buf;    /* device memory, owned: the array's bytes in shape's layout */
+  const kiln_shape *shape; /* an array shape with its layout (NULL: row-major), owned */
+  uint64_t bytes;      /* kiln_buffer_size(buf): what the owner is charged */
+  int32_t device;      /* where the client asked to place it (the server's id) */
+  char *label;         /* free-form, from the client; never NULL */
 } kiln_stored;
 
 typedef struct kiln_buffer_store_options {
@@ -71,14 +76,29 @@ int kiln_buffer_store_reserve(kiln_buffer_store *s, const char *client, uint64_t
 /* Returns a reservation that will not be used (an upload that failed). */
 void kiln_buffer_store_unreserve(kiln_buffer_store *s, const char *client, uint64_t bytes);
 
-/* Stores array literal `lit` for `client` under a fresh handle. Takes
- * ownership of lit in every case (freed on failure). When `reserved`, the
- * bytes were reserved before and the reservation becomes the charge;
+/* Stores device buffer `buf`, holding an array of `shape` (copied; its
+ * layout says how the bytes lie), for `client` under a fresh handle. Takes
+ * ownership of buf in every case (freed on failure). A tuple shape, or a
+ * buffer whose size is not the shape's, is KILN_EINVAL. When `reserved`,
+ * the bytes were reserved before and the reservation becomes the charge;
  * otherwise they are charged now (KILN_ELIMIT over quota). `label` may be
  * NULL. With out non-NULL, *out receives an extra reference. */
-int kiln_buffer_store_add(kiln_buffer_store *s, const char *client, kiln_literal *lit,
-                          int32_t device, const char *label, bool reserved, kiln_stored **out,
-                          kiln_status *st);
+int kiln_buffer_store_add(kiln_buffer_store *s, const char *client, kiln_buffer *buf,
+                          const kiln_shape *shape, int32_t device, const char *label,
+                          bool reserved, kiln_stored **out, kiln_status *st);
+
+/* A literal viewing a stored array in place (no copy): view->data is the
+ * buffer's host memory. KILN_EUNIMPL when the device's memory is not host
+ * memory or the bytes are not row-major (literals are); the caller then
+ * reads or relayouts a copy. The view lives as long as the reference. */
+int kiln_stored_view(const kiln_stored *b, kiln_literal *view, kiln_status *st);
+
+/* Reads the array held in `buf`, its bytes laid out as `shape`'s layout
+ * says, into dst in row-major order (kiln_shape_bytes(shape) bytes, which
+ * must be the buffer's size): a plain read when the layout is row-major, a
+ * relayout otherwise. */
+int kiln_array_read_row_major(const kiln_buffer *buf, const kiln_shape *shape, void *dst,
+                              kiln_status *st);
 
 /* Finds `handle` among `client`'s buffers and returns a reference in *out.
  * With `take`, the handle is also removed from the table (donation,

@@ -155,6 +155,9 @@ Kiln__V1__BufferInfo *kilnd_buffer_info(kiln_arena *a, const kiln_stored *b) {
   bi->handle = (char *)b->handle;
   bi->size_bytes = (int64_t)b->bytes;
   bi->device = b->device;
-  bi->shape = kilnd_shape_to_proto(a, &b->lit->shape);
+  /* GetBuffer sends row-major bytes whatever the device layout is */
+  kiln_shape logical = *b->shape;
+  if (!kiln_shape_is_row_major(&logical)) logical.layout = NULL;
+  bi->shape = kilnd_shape_to_proto(a, &logical);
   return bi->shape ? bi : NULL;
 }

@@ -2,15 +2,20 @@
  * streams of chunks, so a tensor of any size travels in messages well under
  * gRPC's per-message limit.
  *
- * PutBuffer learns the array's shape from the header in its first message,
- * reserves the bytes against the client's quota and allocates the array
- * before accepting any data, and then copies each chunk's bytes into place
+ * A stored array is device memory (kilnd_buffer_home picks the device for
+ * the server's device id). PutBuffer learns the array's shape from the
+ * header in its first message, reserves the bytes against the client's
+ * quota and allocates the device buffer before accepting any data, and then
+ * copies each chunk's bytes into place (into host memory directly where the
+ * device's memory is host memory, through kiln_buffer_write otherwise)
  * straight from the slices gRPC received them in (the chunk message is read
  * field by field; only its small header goes through the usual unpack);
  * more bytes than the shape holds are refused at once, fewer at the end. A stream that breaks or whose caller
  * goes away returns the reservation. GetBuffer sends the description first,
  * then the bytes in order, one message in flight at a time, holding a
- * reference so that a concurrent release cannot free the data under it.
+ * reference so that a concurrent release cannot free the data under it:
+ * straight from host memory when the array is there and row-major, else
+ * from one row-major copy read from the device at the start.
  */
 #include <string.h>
 #include <sys/mman.h>
@@ -20,6 +25,7 @@
 
 #include "common/alloc.h"
 #include "compiler/ir/ir.h"
+#include "executor/backend.h"
 #include "executor/buffers.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
@@ -31,8 +37,10 @@
 /* ---- PutBuffer ----------------------------------------------------------------------- */
 
 typedef struct put_state {
-  kiln_arena *arena; /* the shape */
-  kiln_literal *lit; /* being filled; NULL until the header */
+  kiln_arena *arena;  /* the shape */
+  kiln_shape shape;   /* row-major, from the header */
+  kiln_buffer *buf;   /* being filled; NULL until the header */
+  uint8_t *host;      /* its host memory; NULL when the device has its own */
   uint64_t size, got;
   bool reserved;     /* size bytes reserved for c->client */
   int32_t device;
@@ -42,7 +50,7 @@ typedef struct put_state {
 static void put_free(kilnd_call *c) {
   put_state *ps = c->state;
   if (ps->reserved) kiln_buffer_store_unreserve(c->srv->buffers, c->client, ps->size);
-  kiln_literal_destroy(ps->lit);
+  kiln_buffer_free(ps->buf);
   kiln_arena_destroy(ps->arena);
   kiln_free(ps);
 }
@@ -61,26 +69,30 @@ static void ask_huge_pages(void *data, uint64_t bytes) {
 #endif
 }
 
-/* A heap literal (ir.h: it owns a private arena holding itself, its shape
- * and its data) whose data is left unwritten: kiln_literal_create would zero
- * it, touching every page of a large upload once before its chunks write it
- * again, and before the huge-page hint could matter. The upload writes every
- * byte before the literal is stored (put_finish checks the count). */
-static int upload_literal(const kiln_shape *shape, uint64_t bytes, kiln_literal **out,
-                          kiln_status *st) {
-  *out = NULL;
-  kiln_arena *own = kiln_arena_create();
-  kiln_literal *lit = own ? kiln_arena_calloc(own, 1, sizeof *lit) : NULL;
-  if (lit == NULL || kiln_shape_copy(own, &lit->shape, shape) != 0 ||
-      (lit->data = kiln_arena_alloc(own, bytes ? (size_t)bytes : 1)) == NULL) {
-    kiln_arena_destroy(own);
+kiln_device *kilnd_buffer_home(kilnd *srv, int32_t device) {
+  uint32_t first = kiln_sched_class_first(srv->sched, KILND_CLASS_CPU);
+  uint32_t n = kiln_backend_device_count(srv->cpu);
+  if (device >= (int32_t)first && (uint32_t)device - first < n)
+    return kiln_backend_device(srv->cpu, (uint32_t)device - first);
+  /* The interpreter's devices run on host literals: their arrays live in
+   * host memory, the first cpu device's, viewed in place. */
+  return kiln_backend_device(srv->cpu, 0);
+}
+
+/* The device buffer an upload fills. Its bytes are not zeroed first (a
+ * discarding host view): the upload writes every byte before the buffer is
+ * stored (put_finish checks the count), and zeroes would touch every page
+ * of a large upload once before its chunks write it again. */
+static int upload_buffer(kilnd *srv, put_state *ps, kiln_status *st) {
+  kiln_device *d = kilnd_buffer_home(srv, ps->device);
+  int rc = kiln_buffer_alloc(d, (size_t)ps->size, &ps->buf, st);
+  if (rc == KILN_ENOMEM)
     return kiln_status_set(st, KILN_ENOMEM, "header.shape",
-                           "out of memory for a buffer of %llu bytes", (unsigned long long)bytes);
-  }
-  lit->nbytes = (size_t)bytes;
-  lit->own = own;
-  ask_huge_pages(lit->data, bytes);
-  *out = lit;
+                           "out of memory for a buffer of %llu bytes",
+                           (unsigned long long)ps->size);
+  if (rc) return rc;
+  ps->host = kiln_buffer_host(ps->buf, true);
+  if (ps->host) ask_huge_pages(ps->host, ps->size);
   return 0;
 }
 
@@ -108,7 +120,10 @@ static int put_header(kilnd_call *c, put_state *ps, const Kiln__V1__PutBufferHea
   ps->size = (uint64_t)bytes;
   ps->device = h->device;
   snprintf(ps->label, sizeof ps->label, "%s", h->label ? h->label : "");
-  return upload_literal(&shape, ps->size, &ps->lit, st);
+  /* the bytes come row-major whatever layout the header names */
+  if (!kiln_shape_is_row_major(&shape)) shape.layout = NULL;
+  ps->shape = shape;
+  return upload_buffer(c->srv, ps, st);
 }
 
 /* ---- reading a chunk where it lies ----------------------------------------------------- */
@@ -143,6 +158,24 @@ static bool cur_read(cursor *k, uint8_t *dst, uint64_t n) {
       memcpy(dst, k->p, m);
       dst += m;
     }
+    k->p += m;
+    n -= m;
+  }
+  return true;
+}
+
+/* cur_read into device memory of its own: slice by slice through
+ * kiln_buffer_write. False when the message ends first (*rc stays 0) or the
+ * write fails (*rc is its code). */
+static bool cur_write_buffer(cursor *k, kiln_buffer *b, uint64_t at, uint64_t n, int *rc,
+                             kiln_status *st) {
+  if (n > k->left) return false;
+  k->left -= n;
+  while (n) {
+    if (!cur_fill(k)) return false;
+    size_t m = (size_t)(k->end - k->p) < n ? (size_t)(k->end - k->p) : (size_t)n;
+    if ((*rc = kiln_buffer_write(b, (size_t)at, k->p, m, st)) != 0) return false;
+    at += m;
     k->p += m;
     n -= m;
   }
@@ -238,7 +271,7 @@ static int put_chunk_header(kilnd_call *c, put_state *ps, const chunk_fields *f,
   grpc_byte_buffer_destroy(bb);
   const Kiln__V1__PutBufferChunk *ch = (const void *)msg;
   if (rc == 0 && ch->header) {
-    if (ps->lit)
+    if (ps->buf)
       rc = kiln_status_set(st, KILN_EINVAL, "header", "sent again after the first message");
     else
       rc = put_header(c, ps, ch->header, st);
@@ -280,20 +313,23 @@ static int put_chunk_raw(kilnd_call *c, put_state *ps, grpc_byte_buffer *bb, kil
   chunk_fields f = {0};
   int rc = scan_chunk(&k, &f, st);
   if (rc == 0 && f.header) rc = put_chunk_header(c, ps, &f, st);
-  if (rc == 0 && ps->lit == NULL)
+  if (rc == 0 && ps->buf == NULL)
     rc = kiln_status_set(st, KILN_EINVAL, "header", "the first message must carry the header");
   uint64_t n = f.has_data ? f.data_len : 0;
   if (rc == 0 && n > ps->size - ps->got) {
     char shape[128];
-    kilnd_shape_str(&ps->lit->shape, shape, sizeof shape);
+    kilnd_shape_str(&ps->shape, shape, sizeof shape);
     rc = kiln_status_set(st, KILN_EINVAL, "data",
                          "more data than %s holds: %llu bytes after %llu of %llu", shape,
                          (unsigned long long)n, (unsigned long long)ps->got,
                          (unsigned long long)ps->size);
   }
   if (rc == 0 && n) {
-    if (cur_read(&f.data, (uint8_t *)ps->lit->data + ps->got, n)) ps->got += n;
-    else rc = malformed(st);
+    if (ps->host ? cur_read(&f.data, ps->host + ps->got, n)
+                 : cur_write_buffer(&f.data, ps->buf, ps->got, n, &rc, st))
+      ps->got += n;
+    else if (rc == 0)
+      rc = malformed(st);
   }
   kiln_free(f.header);
   grpc_byte_buffer_reader_destroy(&k.r); /* f.data is a copy of k: destroyed once */
@@ -304,7 +340,7 @@ static void put_finish(kilnd_call *c, put_state *ps) {
   kiln_status st;
   kiln_status_clear(&st);
   int rc = 0;
-  if (ps->lit == NULL)
+  if (ps->buf == NULL)
     rc = kiln_status_set(&st, KILN_EINVAL, "PutBuffer", "the stream ended before a header");
   else if (ps->got != ps->size)
     rc = kiln_status_set(&st, KILN_EINVAL, "PutBuffer",
@@ -315,11 +351,11 @@ static void put_finish(kilnd_call *c, put_state *ps) {
     return;
   }
   kiln_stored *b = NULL;
-  kiln_literal *lit = ps->lit;
-  ps->lit = NULL;
-  ps->reserved = false; /* add takes over the reservation, even when it fails */
-  rc = kiln_buffer_store_add(c->srv->buffers, c->client, lit, ps->device, ps->label, true, &b,
-                             &st);
+  kiln_buffer *buf = ps->buf;
+  ps->buf = NULL;
+  ps->reserved = false; /* add takes over the reservation and the buffer, even when it fails */
+  rc = kiln_buffer_store_add(c->srv->buffers, c->client, buf, &ps->shape, ps->device, ps->label,
+                             true, &b, &st);
   if (rc) {
     kilnd_call_finish(c, NULL, rc, &st);
     return;
@@ -373,6 +409,8 @@ void kilnd_handle_put_buffer(kilnd_call *c, ProtobufCMessage *req) {
 
 typedef struct get_state {
   kiln_stored *b;
+  const uint8_t *data; /* b's bytes row-major: its host memory, or `copy` */
+  uint8_t *copy;       /* a row-major copy read from the device; NULL when none */
   uint64_t off, chunk;
   kiln_arena *arena;
 } get_state;
@@ -380,6 +418,7 @@ typedef struct get_state {
 static void get_free(kilnd_call *c) {
   get_state *gs = c->state;
   kiln_buffer_store_unref(c->srv->buffers, gs->b);
+  kiln_free(gs->copy);
   kiln_arena_destroy(gs->arena);
   kiln_free(gs);
 }
@@ -399,11 +438,25 @@ static void get_on_sent(kilnd_tag *tag, bool ok) {
   if (n > gs->chunk) n = gs->chunk;
   Kiln__V1__BufferChunk msg = KILN__V1__BUFFER_CHUNK__INIT;
   msg.offset = (int64_t)gs->off;
-  msg.data.data = (uint8_t *)gs->b->lit->data + gs->off;
+  msg.data.data = (uint8_t *)gs->data + gs->off;
   msg.data.len = n;
   gs->off += n; /* before sending: the completion may run on another thread at once */
   if (kilnd_call_send_message(c, &msg.base, get_on_sent) != 0)
     kilnd_call_fail(c, KILN_ENOMEM, "cannot send a chunk");
+}
+
+/* Where the bytes are sent from: the array's host memory when it is there
+ * and row-major, else one row-major copy. */
+static int get_source(get_state *gs, kiln_status *st) {
+  kiln_literal view;
+  if (kiln_stored_view(gs->b, &view, NULL) == 0) {
+    gs->data = view.data;
+    return 0;
+  }
+  gs->copy = kiln_malloc(gs->b->bytes ? (size_t)gs->b->bytes : 1);
+  if (gs->copy == NULL) return kiln_status_set(st, KILN_ENOMEM, "GetBuffer", "out of memory");
+  gs->data = gs->copy;
+  return kiln_array_read_row_major(gs->b->buf, gs->b->shape, gs->copy, st);
 }
 
 void kilnd_handle_get_buffer(kilnd_call *c, ProtobufCMessage *req) {
@@ -435,6 +488,7 @@ void kilnd_handle_get_buffer(kilnd_call *c, ProtobufCMessage *req) {
   kiln_status_clear(&st);
   int rc = kiln_buffer_store_acquire(c->srv->buffers, c->client, r->handle, r->release, &gs->b,
                                      &st);
+  if (rc == 0) rc = get_source(gs, &st);
   if (rc) {
     kilnd_call_finish(c, NULL, rc, &st);
     return;

@@ -16,6 +16,19 @@
  * back before the reply is built (exec_done). Outputs come back inline or
  * stay on the server as new handles of the caller.
  *
+ * Buffer handles name device memory. A cpu program whose call names a
+ * handle or keeps an output runs on device buffers (kiln_loaded_execute):
+ * a handle's buffer is passed as it is (cpu devices share the host's
+ * memory), inline arguments are written into fresh device buffers, and an
+ * output kept on the server is the result buffer itself, stored with its
+ * layout; inline outputs are sent from the result buffers' host memory.
+ * Programs with tuple parameters or nested tuple results, handles whose
+ * layout is not the program's, and interpreter runs take host literals
+ * instead: a handle in host memory is viewed as a literal in place (a copy
+ * only when its bytes are not row-major), and a kept output is written into
+ * a device buffer. Calls with inline arguments only and nothing kept run on
+ * literals as they always did: zero-copy binding, the fastest path.
+ *
  * Tiny programs skip the hand-off: when an executable's recent runs were
  * short, its device is free and nobody is queued for the class, the job runs
  * right here on the completion-queue thread (kiln_sched_run_now). Waking a
@@ -29,6 +42,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/codegen/executable.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/proto_internal.h"
 #include "executor/backend.h"
@@ -53,6 +67,15 @@ typedef struct exec_state {
   uint32_t nargs;
   kiln_stored **held;          /* buffer references, one per handle argument */
   uint32_t nheld;
+  kiln_stored **arg_buf;       /* per parameter: its handle's buffer, or NULL (inline) */
+  bool *arg_donated;           /* per parameter: the caller donated it */
+  /* The device path (see the top of the file): parameter buffers (those not
+   * a handle's are owned, freed in exec_free) and result buffers. */
+  bool on_device;
+  kiln_buffer **dargs;
+  bool *dargs_owned;
+  kiln_buffer **dres;
+  uint32_t ndres;
   int64_t queued_at;
   kiln_literal *out;
   /* The run's outcome, from exec_run to exec_done. */
@@ -88,6 +111,9 @@ static exec_state *exec_new(void) {
 
 static void exec_free(kilnd_call *c) {
   exec_state *es = c->state;
+  for (uint32_t i = 0; es->dargs && i < es->nargs; i++)
+    if (es->dargs_owned[i]) kiln_buffer_free(es->dargs[i]);
+  for (uint32_t i = 0; es->dres && i < es->ndres; i++) kiln_buffer_free(es->dres[i]);
   for (uint32_t i = 0; i < es->nheld; i++) kiln_buffer_store_unref(c->srv->buffers, es->held[i]);
   kiln_literal_destroy(es->out);
   kilnd_exe_unref(es->e);
@@ -150,6 +176,26 @@ static void arg_path(char out[48], uint32_t i) {
   memcpy(p, "]", 2);
 }
 
+/* A handle's array as a host literal for the literal path (and the shape
+ * checks): a view of its host memory, or a row-major copy in the arena. */
+static int handle_literal(exec_state *es, const kiln_stored *b, const char *path,
+                          const kiln_literal **out, kiln_status *st) {
+  kiln_literal *view = kiln_arena_alloc(es->arena, sizeof *view);
+  if (view == NULL) return kiln_status_set(st, KILN_ENOMEM, path, "out of memory");
+  if (kiln_stored_view(b, view, NULL) != 0) {
+    memset(view, 0, sizeof *view);
+    view->shape = *b->shape;
+    view->shape.layout = NULL;
+    view->nbytes = (size_t)b->bytes;
+    view->data = kiln_arena_alloc(es->arena, view->nbytes ? view->nbytes : 1);
+    if (view->data == NULL) return kiln_status_set(st, KILN_ENOMEM, path, "out of memory");
+    int rc = kiln_array_read_row_major(b->buf, b->shape, view->data, st);
+    if (rc) return rc;
+  }
+  *out = view;
+  return 0;
+}
+
 static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
                        uint32_t i, kiln_status *st) {
   const Kiln__V1__Argument *a = r->arguments[i];
@@ -171,7 +217,9 @@ static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteReq
     int rc = kiln_buffer_store_acquire(c->srv->buffers, c->client, a->buffer_handle, false, &b, st);
     if (rc) return rc;
     es->held[es->nheld++] = b;
-    lit = b->lit;
+    es->arg_buf[i] = b;
+    es->arg_donated[i] = a->donate;
+    if ((rc = handle_literal(es, b, path, &lit, st)) != 0) return rc;
   } else {
     return kiln_status_set(st, KILN_EINVAL, path, "neither literal nor buffer_handle is set");
   }
@@ -199,6 +247,42 @@ static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__Execute
   return 0;
 }
 
+/* Whether the run goes on device buffers (see the top of the file): a cpu
+ * program with array parameters and array (or tuple of arrays) results,
+ * called with a handle or keeping an output, every handle in the layout of
+ * its parameter's binding, every inline argument's binding row-major. */
+static int choose_path(exec_state *es, const Kiln__V1__ExecuteRequest *r, kiln_status *st) {
+  es->on_device = false;
+  const kiln_executable *e = es->e->exe;
+  if (es->e->dev_class != KILND_CLASS_CPU || e == NULL) return 0;
+  bool wanted = es->nheld > 0;
+  for (size_t i = 0; i < r->n_keep_on_server; i++) wanted |= r->keep_on_server[i];
+  if (!wanted || e->nparam_leaves != e->nparams || e->nparams != es->nargs) return 0;
+  const kiln_shape *rs = &e->result_shape;
+  if (kiln_shape_is_tuple(rs)) {
+    if (e->nresults != rs->rank) return 0;
+    for (uint32_t i = 0; i < rs->rank; i++)
+      if (!kiln_shape_is_array(&rs->tuple[i])) return 0;
+  } else if (!kiln_shape_is_array(rs) || e->nresults != 1) {
+    return 0;
+  }
+  for (uint32_t i = 0; i < e->nparams; i++) {
+    const kiln_shape *bs = &e->params[i].shape;
+    if (!kiln_shape_is_array(&e->param_shapes[i])) return 0;
+    if (es->arg_buf[i] ? !kiln_shape_equal(es->arg_buf[i]->shape, bs, true)
+                       : !kiln_shape_is_row_major(bs) || es->args[i]->dynamic_sizes)
+      return 0;
+  }
+  size_t np = e->nparams ? e->nparams : 1, nr = e->nresults ? e->nresults : 1;
+  es->dargs = kiln_arena_calloc(es->arena, np, sizeof *es->dargs);
+  es->dargs_owned = kiln_arena_calloc(es->arena, np, sizeof *es->dargs_owned);
+  es->dres = kiln_arena_calloc(es->arena, nr, sizeof *es->dres);
+  if (es->dargs == NULL || es->dargs_owned == NULL || es->dres == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+  es->on_device = true;
+  return 0;
+}
+
 static int resolve(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
                    kiln_status *st) {
   if (r->executable_id == NULL || r->executable_id[0] == '\0')
@@ -215,14 +299,17 @@ static int resolve(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest
     return kiln_status_set(st, KILN_EINVAL, "keep_on_server", "%zu entries for %u outputs",
                            r->n_keep_on_server, nout);
   if ((rc = check_devices(c->srv, es->e, r, st))) return rc;
-  es->args = kiln_arena_calloc(es->arena, nparams ? nparams : 1, sizeof *es->args);
-  es->held = kiln_arena_calloc(es->arena, nparams ? nparams : 1, sizeof *es->held);
-  if (es->args == NULL || es->held == NULL)
+  size_t np = nparams ? nparams : 1;
+  es->args = kiln_arena_calloc(es->arena, np, sizeof *es->args);
+  es->held = kiln_arena_calloc(es->arena, np, sizeof *es->held);
+  es->arg_buf = kiln_arena_calloc(es->arena, np, sizeof *es->arg_buf);
+  es->arg_donated = kiln_arena_calloc(es->arena, np, sizeof *es->arg_donated);
+  if (es->args == NULL || es->held == NULL || es->arg_buf == NULL || es->arg_donated == NULL)
     return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
   es->nargs = nparams;
   for (uint32_t i = 0; i < nparams; i++)
     if ((rc = resolve_arg(c, es, r, i, st))) return rc;
-  return 0;
+  return choose_path(es, r, st);
 }
 
 /* Takes donated handles out of the table; the references stay held. */
@@ -239,6 +326,36 @@ static int take_donated(kilnd_call *c, const Kiln__V1__ExecuteRequest *r, kiln_s
 }
 
 /* ---- running ------------------------------------------------------------------------- */
+
+/* Parameter i's buffer on l's device: the handle's own when the device can
+ * use it and the run may write it (the caller donated it, or the program
+ * does not write it), else a copy; inline arguments are written into fresh
+ * buffers. */
+static int device_arg(exec_state *es, kiln_loaded *l, uint32_t i, kiln_status *st) {
+  kiln_device *dev = kiln_loaded_device(l);
+  const kiln_stored *b = es->arg_buf[i];
+  if (b && kiln_device_can_access(dev, b->buf) &&
+      (es->arg_donated[i] || !kiln_loaded_donates(l, i))) {
+    es->dargs[i] = b->buf;
+    return 0;
+  }
+  size_t bytes = b ? (size_t)b->bytes : es->args[i]->nbytes;
+  int rc = kiln_buffer_alloc(dev, bytes, &es->dargs[i], st);
+  if (rc) return rc;
+  es->dargs_owned[i] = true;
+  if (b) return kiln_buffer_copy(es->dargs[i], 0, b->buf, 0, bytes, st);
+  return kiln_buffer_write(es->dargs[i], 0, es->args[i]->data, bytes, st);
+}
+
+static int run_on_device(exec_state *es, kiln_loaded *l, const kiln_run_options *ro,
+                         kiln_status *st) {
+  for (uint32_t i = 0; i < es->nargs; i++) {
+    int rc = device_arg(es, l, i, st);
+    if (rc) return rc;
+  }
+  es->ndres = kiln_loaded_executable(l)->nresults;
+  return kiln_loaded_execute(l, es->dargs, es->nargs, ro, es->dres, es->ndres, st);
+}
 
 /* Runs on the backend of the executable's device class, through the
  * backend vtable: a backend that interprets gets the module, any other the
@@ -258,22 +375,18 @@ static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_stat
   }
   kiln_loaded *l = NULL;
   int rc = kilnd_exe_loaded(es->e, b, index, &l, st);
+  if (rc == 0 && es->on_device) return run_on_device(es, l, &ro, st);
   if (rc == 0) rc = kiln_loaded_run(l, es->args, es->nargs, &ro, &es->out, st);
   return rc;
 }
 
-static int keep_output(kilnd_call *c, exec_state *es, kiln_literal *lit, bool owned,
+/* Stores `buf` (ownership passes, even on failure) holding an array of
+ * `shape` as a new handle of the caller, described in o. */
+static int keep_buffer(kilnd_call *c, exec_state *es, kiln_buffer *buf, const kiln_shape *shape,
                        uint32_t device, Kiln__V1__Output *o, kiln_status *st) {
-  if (!kiln_shape_is_array(&lit->shape))
-    return kiln_status_set(st, KILN_EINVAL, "keep_on_server",
-                           "only array outputs can be kept on the server");
-  kiln_literal *copy = lit;
-  int rc = owned ? 0 : kiln_literal_clone(NULL, lit, &copy, st);
-  if (rc) return rc;
-  if (owned) es->out = NULL;
   kiln_stored *b = NULL;
-  rc = kiln_buffer_store_add(c->srv->buffers, c->client, copy, (int32_t)device, "execute output",
-                             false, &b, st);
+  int rc = kiln_buffer_store_add(c->srv->buffers, c->client, buf, shape, (int32_t)device,
+                                 "execute output", false, &b, st);
   if (rc) return rc;
   kilnd_call_note_created(c, b->handle);
   o->value_case = KILN__V1__OUTPUT__VALUE_BUFFER;
@@ -284,21 +397,70 @@ static int keep_output(kilnd_call *c, exec_state *es, kiln_literal *lit, bool ow
   return o->buffer ? 0 : kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
 }
 
+/* The literal path's kept output: its bytes written into device memory. */
+static int keep_literal(kilnd_call *c, exec_state *es, const kiln_literal *lit, uint32_t device,
+                        Kiln__V1__Output *o, kiln_status *st) {
+  if (!kiln_shape_is_array(&lit->shape) || lit->dynamic_sizes)
+    return kiln_status_set(st, KILN_EINVAL, "keep_on_server",
+                           "only array outputs can be kept on the server");
+  kiln_buffer *buf = NULL;
+  int rc = kiln_buffer_alloc(kilnd_buffer_home(c->srv, (int32_t)device), lit->nbytes, &buf, st);
+  if (rc == 0) rc = kiln_buffer_write(buf, 0, lit->data, lit->nbytes, st);
+  if (rc) {
+    kiln_buffer_free(buf);
+    return rc;
+  }
+  kiln_shape shape = lit->shape;
+  if (!kiln_shape_is_row_major(&shape)) shape.layout = NULL; /* literals are row-major */
+  return keep_buffer(c, es, buf, &shape, device, o, st);
+}
+
+/* The device path's inline output i: the result buffer seen as a literal
+ * (its host memory when row-major, else a row-major copy in the arena). */
+static int device_literal(exec_state *es, uint32_t i, const kiln_literal **out, kiln_status *st) {
+  const kiln_executable *e = es->e->exe;
+  const kiln_shape *rs = &e->result_shape, *bs = &e->results[i].shape;
+  kiln_literal *lit = kiln_arena_alloc(es->arena, sizeof *lit);
+  if (lit == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+  memset(lit, 0, sizeof *lit);
+  lit->shape = kiln_shape_is_tuple(rs) ? rs->tuple[i] : *rs;
+  lit->nbytes = kiln_buffer_size(es->dres[i]);
+  lit->data = kiln_shape_is_row_major(bs) ? kiln_buffer_host(es->dres[i], false) : NULL;
+  if (lit->data == NULL) {
+    lit->data = kiln_arena_alloc(es->arena, lit->nbytes ? lit->nbytes : 1);
+    if (lit->data == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+    int rc = kiln_array_read_row_major(es->dres[i], bs, lit->data, st);
+    if (rc) return rc;
+  }
+  *out = lit;
+  return 0;
+}
+
 static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
                    uint32_t device, Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
-  bool tuple = kiln_shape_is_tuple(&es->out->shape);
-  uint32_t n = tuple ? es->out->shape.rank : 1;
+  bool tuple = es->on_device ? kiln_shape_is_tuple(&es->e->exe->result_shape)
+                             : kiln_shape_is_tuple(&es->out->shape);
+  uint32_t n = es->on_device ? es->ndres : tuple ? es->out->shape.rank : 1;
   resp->outputs = kiln_arena_calloc(es->arena, n ? n : 1, sizeof *resp->outputs);
   if (resp->outputs == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
   for (uint32_t i = 0; i < n; i++) {
     Kiln__V1__Output *o = kiln_arena_alloc(es->arena, sizeof *o);
     if (o == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
     kiln__v1__output__init(o);
-    kiln_literal *lit = tuple ? es->out->elems[i] : es->out;
+    bool keep = i < r->n_keep_on_server && r->keep_on_server[i];
+    const kiln_literal *lit = NULL;
     int rc = 0;
-    if (i < r->n_keep_on_server && r->keep_on_server[i]) {
-      rc = keep_output(c, es, lit, !tuple, device, o, st);
+    if (es->on_device && keep) {
+      kiln_buffer *buf = es->dres[i];
+      es->dres[i] = NULL; /* the store's now */
+      rc = keep_buffer(c, es, buf, &es->e->exe->results[i].shape, device, o, st);
+    } else if (es->on_device) {
+      rc = device_literal(es, i, &lit, st);
     } else {
+      lit = tuple ? es->out->elems[i] : es->out;
+      if (keep) rc = keep_literal(c, es, lit, device, o, st);
+    }
+    if (rc == 0 && !keep) {
       o->value_case = KILN__V1__OUTPUT__VALUE_LITERAL;
       o->literal = kilnd_literal_to_proto(es->arena, lit);
       if (o->literal == NULL) rc = kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");

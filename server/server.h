@@ -41,6 +41,7 @@ typedef struct kilnd_loop kilnd_loop;
 typedef struct kiln_sched kiln_sched;
 typedef struct kiln_buffer_store kiln_buffer_store;
 typedef struct kiln_backend kiln_backend;
+typedef struct kiln_device kiln_device;
 typedef struct kiln_cache kiln_cache;
 
 /* ---- completion-queue tags ------------------------------------------------------------ */
@@ -230,6 +231,11 @@ struct kilnd {
 static inline kiln_backend *kilnd_class_backend(const kilnd *srv, int dev_class) {
   return dev_class == KILND_CLASS_INTERP ? srv->interp : srv->cpu;
 }
+
+/* The device whose memory holds the arrays stored for server device id
+ * `device` (handlers_buffers.c): the cpu device of a cpu id, host memory
+ * for the interpreter's. */
+kiln_device *kilnd_buffer_home(kilnd *srv, int32_t device);
 
 /* Handlers (handlers_*.c, health.c). */
 void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req);

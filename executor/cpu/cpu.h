@@ -5,7 +5,7 @@
  * object (memfd + dlopen). cpu_run.c: resolves slots and interprets the
  * step programs. cpu_bind.c: host literals to and from the bindings
  * (layouts, tuples, donation). cpu_gemm.c: GEMM steps through OpenBLAS,
- * split over the pool.
+ * split over the pool. cpu_collective.c: collectives between devices.
  */
 #ifndef KILN_EXECUTOR_CPU_CPU_H
 #define KILN_EXECUTOR_CPU_CPU_H
@@ -100,6 +100,11 @@ int kiln__cpu_run_literals(kiln_loaded *l, const kiln_literal *const *args,
 /* Row-major (logical) order <-> the physical order of shape's layout.
  * to_physical: dst is laid out by the layout, src row-major. */
 void kiln__cpu_relayout(void *dst, const void *src, const kiln_shape *shape, int to_physical);
+
+/* The vtable's collective slot: all-reduce, all-gather, reduce-scatter,
+ * all-to-all and collective-permute between the communicator's devices, in
+ * host memory (cpu_collective.c). */
+int kiln__cpu_collective(kiln_comm *c, const kiln_collective *d, kiln_status *st);
 
 /* The GEMM step: C[b] = alpha op(A[b]) op(B[b]) + beta C[b], split over the
  * pool. Arguments are checked at load. */

@@ -241,6 +241,26 @@ static int kiln_cpu_buffer_read(kiln_device *d, const void *mem, size_t offset, 
   return 0;
 }
 
+/* Devices share the host's memory: a copy between two of them is a memcpy. */
+static int kiln_cpu_buffer_copy(kiln_device *dd, void *dst, size_t dst_offset, kiln_device *sd,
+                                const void *src, size_t src_offset, size_t n, kiln_status *st) {
+  (void)dd, (void)sd, (void)st;
+  buffer_settle(src);
+  if (dst_offset == 0 && n == hdr_of(dst)->size)
+    buffer_overwritten(dst);
+  else
+    buffer_settle(dst);
+  memcpy((char *)dst + dst_offset, (const char *)src + src_offset, n);
+  return 0;
+}
+
+static void *kiln_cpu_buffer_host(kiln_device *d, void *mem, bool discard) {
+  (void)d;
+  if (discard) buffer_overwritten(mem);
+  else buffer_settle(mem);
+  return mem;
+}
+
 /* ---- devices ------------------------------------------------------------ */
 
 static int kiln_cpu_device_init(kiln_device *d, kiln_status *st) {
@@ -316,15 +336,17 @@ const kiln_backend_iface kiln_cpu_backend_iface = {
     .buffer_free = kiln_cpu_buffer_free,
     .buffer_write = kiln_cpu_buffer_write,
     .buffer_read = kiln_cpu_buffer_read,
+    .buffer_copy = kiln_cpu_buffer_copy,
+    .buffer_host = kiln_cpu_buffer_host,
+    .shared_memory = true,
     .load = kiln_cpu_load,
     .unload = kiln_cpu_unload,
     .run = kiln__cpu_run_literals,
     .execute = kiln_cpu_execute,
+    .execute_async = NULL, /* launches complete before they return */
     .run_module = NULL,
-    .all_reduce = NULL,
-    .all_gather = NULL,
-    .reduce_scatter = NULL,
-    .all_to_all = NULL,
-    .collective_permute = NULL,
+    .comm_init = NULL,
+    .comm_fini = NULL,
+    .collective = kiln__cpu_collective,
     .synchronize = NULL,
 };

@@ -46,6 +46,12 @@ static int kiln_interp_buffer_read(kiln_device *d, const void *mem, size_t offse
   return 0;
 }
 
+/* Buffers are host memory; a module runs on them viewed as literals. */
+static void *kiln_interp_buffer_host(kiln_device *d, void *mem, bool discard) {
+  (void)d, (void)discard;
+  return mem;
+}
+
 static int kiln_interp_run_module(kiln_device *d, const kiln_module *m,
                                   const kiln_literal *const *args, uint32_t nargs,
                                   const kiln_run_options *opts, kiln_literal **out,
@@ -69,15 +75,17 @@ const kiln_backend_iface kiln_interp_backend_iface = {
     .buffer_free = kiln_interp_buffer_free,
     .buffer_write = kiln_interp_buffer_write,
     .buffer_read = kiln_interp_buffer_read,
+    .buffer_copy = NULL, /* through the host: it is host memory anyway */
+    .buffer_host = kiln_interp_buffer_host,
+    .shared_memory = false, /* one device */
     .load = NULL,
     .unload = NULL,
     .run = NULL,
     .execute = NULL,
+    .execute_async = NULL,
     .run_module = kiln_interp_run_module,
-    .all_reduce = NULL,
-    .all_gather = NULL,
-    .reduce_scatter = NULL,
-    .all_to_all = NULL,
-    .collective_permute = NULL,
+    .comm_init = NULL,
+    .comm_fini = NULL,
+    .collective = NULL,
     .synchronize = NULL,
 };

@@ -4,7 +4,11 @@
  * backend running a module the way callers drive it (by what the backend
  * says it runs, never by its name), the run options reaching the
  * interpreter through the vtable, and every misuse turning into a status
- * with the exact message. */
+ * with the exact message; then the multi-device half: device-to-device
+ * copies, host views, asynchronous launches and their events (after success
+ * and after a failed run), communicators (and the device sets they refuse),
+ * mesh loads with gang launches on 4 cpu devices, and the cpu collectives
+ * against results computed by hand. */
 #include <check.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -427,6 +431,495 @@ START_TEST(test_forwarders_refuse_nulls) {
 }
 END_TEST
 
+
+/* ---- copies, host views ---------------------------------------------------- */
+
+START_TEST(test_buffer_copy) {
+  kiln_backend *b = make("cpu", 2, 1);
+  kiln_device *d0 = kiln_backend_device(b, 0), *d1 = kiln_backend_device(b, 1);
+  kiln_buffer *x = NULL, *y = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d0, 16, &x, &st), 0);
+  ck_assert_int_eq(kiln_buffer_alloc(d1, 16, &y, &st), 0);
+  const char text[16] = "0123456789abcde";
+  ck_assert_int_eq(kiln_buffer_write(x, 0, text, 16, &st), 0);
+  /* across devices, then within one buffer (disjoint ranges) */
+  ck_assert_int_eq(kiln_buffer_copy(y, 4, x, 0, 8, &st), 0);
+  ck_assert_int_eq(kiln_buffer_copy(x, 0, x, 8, 8, &st), 0);
+  char back[16];
+  ck_assert_int_eq(kiln_buffer_read(y, 0, back, 16, &st), 0);
+  ck_assert_mem_eq(back, "\0\0\0\0" "01234567" "\0\0\0\0", 16);
+  ck_assert_int_eq(kiln_buffer_read(x, 0, back, 8, &st), 0);
+  ck_assert_mem_eq(back, "89abcde", 8);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_copy(x, 2, x, 0, 4, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "copy: bytes [0, 0 + 4) and [2, 2 + 4) of one buffer overlap");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_copy(y, 10, x, 0, 8, &st), KILN_ERANGE);
+  ck_assert_str_eq(st.msg, "copy to: bytes [10, 10 + 8) outside a buffer of 16 bytes");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_copy(NULL, 0, x, 0, 1, &st), KILN_EINVAL);
+
+  /* host views and who can access what */
+  char *h = kiln_buffer_host(y, false);
+  ck_assert_ptr_nonnull(h);
+  ck_assert_mem_eq(h + 4, "01234567", 8);
+  ck_assert(kiln_device_can_access(d0, y)); /* cpu devices share the host's memory */
+  ck_assert_ptr_null(kiln_buffer_host(NULL, false));
+
+  /* another backend: refused; interp copies bounce through the host */
+  kiln_backend *ib = make("interp", 0, 0);
+  kiln_buffer *z = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(kiln_backend_device(ib, 0), 16, &z, &st), 0);
+  ck_assert(!kiln_device_can_access(d0, z));
+  ck_assert(!kiln_device_can_access(kiln_backend_device(ib, 0), x));
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_copy(z, 0, x, 0, 4, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "copy: from a buffer of backend cpu to one of backend interp (copy "
+                           "through the host)");
+  ck_assert_int_eq(kiln_buffer_write(z, 0, "wxyz", 4, &st), 0);
+  ck_assert_int_eq(kiln_buffer_copy(z, 8, z, 0, 4, &st), 0);
+  ck_assert_mem_eq((char *)kiln_buffer_host(z, false) + 8, "wxyz", 4);
+  kiln_buffer_free(z);
+  kiln_backend_destroy(ib);
+  kiln_buffer_free(x);
+  kiln_buffer_free(y);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
+/* A recycled cpu buffer owes zeroes: a host view pays them, a discarding
+ * one does not need to; either way the caller sees no old bytes unless it
+ * promised to overwrite them. */
+START_TEST(test_host_view_zeroes) {
+  kiln_backend *b = make("cpu", 1, 1);
+  kiln_device *d = kiln_backend_device(b, 0);
+  size_t big = (size_t)1 << 20;
+  kiln_buffer *x = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d, big, &x, &st), 0);
+  memset(kiln_buffer_host(x, true), 0x5a, big);
+  kiln_buffer_free(x); /* into the device's cache */
+  ck_assert_int_eq(kiln_buffer_alloc(d, big, &x, &st), 0);
+  unsigned char *h = kiln_buffer_host(x, false);
+  for (size_t i = 0; i < big; i += 4096) ck_assert_uint_eq(h[i], 0);
+  kiln_buffer_free(x);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
+/* ---- executables: async launch, events, meshes -------------------------- */
+
+static kiln_executable *compile(const char *text) {
+  kiln_module *m = parse(text);
+  kiln_executable *e = NULL;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_compile(m, NULL, &e, NULL, &st) == 0, "%s", st.msg);
+  kiln_module_destroy(m);
+  return e;
+}
+
+static const char add_text[] = "HloModule m\nENTRY e {\n  p = f32[4] parameter(0)\n"
+                               "  q = f32[4] parameter(1)\n  ROOT r = f32[4] add(p, q)\n}\n";
+
+static kiln_buffer *f32_buffer(kiln_device *d, const float *v, size_t n) {
+  kiln_buffer *b = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d, n * sizeof *v, &b, &st), 0);
+  ck_assert_int_eq(kiln_buffer_write(b, 0, v, n * sizeof *v, &st), 0);
+  return b;
+}
+
+START_TEST(test_async_launch) {
+  kiln_backend *b = make("cpu", 2, 1);
+  kiln_device *d0 = kiln_backend_device(b, 0), *d1 = kiln_backend_device(b, 1);
+  kiln_executable *e = compile(add_text);
+  kiln_loaded *l = NULL;
+  ck_assert_int_eq(kiln_device_load(d0, e, &l, &st), 0);
+  ck_assert(!kiln_loaded_donates(l, 0));
+  /* a sibling device's buffer is taken as it is */
+  kiln_buffer *args[2] = {f32_buffer(d0, (float[]){1, 2, 3, 4}, 4),
+                          f32_buffer(d1, (float[]){10, 20, 30, 40}, 4)};
+  kiln_buffer *res[1] = {NULL};
+  kiln_event *ev = NULL;
+  ck_assert_int_eq(kiln_loaded_execute_async(l, args, 2, NULL, res, 1, &ev, &st), 0);
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(kiln_event_wait(ev, &st), 0);
+  ck_assert(kiln_event_query(ev));
+  ck_assert_int_eq(kiln_event_wait(ev, &st), 0); /* again: same answer */
+  float out[4];
+  ck_assert_int_eq(kiln_buffer_read(res[0], 0, out, sizeof out, &st), 0);
+  ck_assert_float_eq(out[0], 11);
+  ck_assert_float_eq(out[3], 44);
+  kiln_event_destroy(ev);
+  kiln_buffer_free(res[0]);
+
+  /* argument errors come back at once, with no event */
+  ev = (kiln_event *)1;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_loaded_execute_async(l, args, 1, NULL, res, 1, &ev, &st), KILN_EINVAL);
+  ck_assert_ptr_null(ev);
+  ck_assert_ptr_null(res[0]);
+  ck_assert_str_eq(st.msg, "the executable takes 2 parameter leaves, 1 buffers given");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_loaded_execute_async(l, args, 2, NULL, res, 1, NULL, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "no event pointer");
+  kiln_event_destroy(NULL);
+  ck_assert(!kiln_event_query(NULL));
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_event_wait(NULL, &st), KILN_EINVAL);
+
+  kiln_buffer_free(args[0]);
+  kiln_buffer_free(args[1]);
+  kiln_loaded_destroy(l);
+  kiln_executable_destroy(e);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
+/* A run that fails is launched fine: its failure is the event's. */
+START_TEST(test_event_after_error) {
+  kiln_backend *b = make("cpu", 1, 1);
+  kiln_device *d = kiln_backend_device(b, 0);
+  kiln_executable *e = compile("HloModule w\n"
+                               "cond {\n  p = s32[] parameter(0)\n  c = s32[] constant(1000000)\n"
+                               "  ROOT lt = pred[] compare(p, c), direction=LT\n}\n"
+                               "body {\n  p = s32[] parameter(0)\n  one = s32[] constant(1)\n"
+                               "  ROOT a = s32[] add(p, one)\n}\n"
+                               "ENTRY e {\n  x = s32[] parameter(0)\n"
+                               "  ROOT w = s32[] while(x), condition=cond, body=body\n}\n");
+  kiln_loaded *l = NULL;
+  ck_assert_int_eq(kiln_device_load(d, e, &l, &st), 0);
+  kiln_buffer *arg = NULL, *res[1] = {NULL};
+  ck_assert_int_eq(kiln_buffer_alloc(d, 4, &arg, &st), 0);
+  kiln_run_options ro = {.max_while_iterations = 3};
+  kiln_event *ev = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_loaded_execute_async(l, &arg, 1, &ro, res, 1, &ev, &st), 0);
+  ck_assert_int_eq(st.code, 0); /* the launch itself went fine */
+  ck_assert_ptr_nonnull(res[0]);
+  ck_assert_int_eq(kiln_event_wait(ev, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "while loop ran past 3 iterations");
+  ck_assert(kiln_event_query(ev));
+  kiln_event_destroy(ev);
+  kiln_buffer_free(res[0]); /* the caller's in every case */
+  /* the synchronous form frees the results itself */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_loaded_execute(l, &arg, 1, &ro, res, 1, &st), KILN_ELIMIT);
+  ck_assert_ptr_null(res[0]);
+  kiln_buffer_free(arg);
+  kiln_loaded_destroy(l);
+  kiln_executable_destroy(e);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
+START_TEST(test_comm_create) {
+  kiln_backend *b = make("cpu", 4, 1), *ib = make("interp", 0, 0);
+  kiln_device *d[4];
+  for (uint32_t i = 0; i < 4; i++) d[i] = kiln_backend_device(b, i);
+  kiln_comm *c = (kiln_comm *)1;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_create(b, d, 0, &c, &st), KILN_EINVAL);
+  ck_assert_ptr_null(c);
+  ck_assert_str_eq(st.msg, "an empty device set");
+  kiln_device *dup[3] = {d[0], d[2], d[0]};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_create(b, dup, 3, &c, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "rank 2: device cpu:0 is already rank 0");
+  kiln_device *mixed[2] = {d[1], kiln_backend_device(ib, 0)};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_create(b, mixed, 2, &c, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "rank 1: device interp:0 belongs to another backend than this cpu one");
+  kiln_device *none[1] = {NULL};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_create(b, none, 1, &c, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "rank 0: no device");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_create(NULL, d, 4, &c, &st), KILN_EINVAL);
+
+  /* any order of distinct devices */
+  kiln_device *order[3] = {d[3], d[1], d[2]};
+  ck_assert_int_eq(kiln_comm_create(b, order, 3, &c, &st), 0);
+  order[0] = NULL; /* copied */
+  ck_assert_uint_eq(kiln_comm_size(c), 3);
+  ck_assert_ptr_eq(kiln_comm_device(c, 0), d[3]);
+  ck_assert_ptr_eq(kiln_comm_device(c, 2), d[2]);
+  ck_assert_ptr_null(kiln_comm_device(c, 3));
+  kiln_comm_destroy(c);
+  kiln_comm_destroy(NULL);
+  ck_assert_uint_eq(kiln_comm_size(NULL), 0);
+  kiln_backend_destroy(ib);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
+START_TEST(test_mesh_gang_launch) {
+  kiln_backend *b = make("cpu", 4, 1);
+  kiln_device *d[4];
+  for (uint32_t i = 0; i < 4; i++) d[i] = kiln_backend_device(b, i);
+  kiln_comm *c = NULL;
+  ck_assert_int_eq(kiln_comm_create(b, d, 4, &c, &st), 0);
+  kiln_executable *e = compile(add_text);
+  kiln_mesh *m = NULL;
+  ck_assert_int_eq(kiln_comm_load(c, e, &m, &st), 0);
+  ck_assert_ptr_eq(kiln_loaded_executable(kiln_mesh_rank(m, 3)), e);
+  ck_assert_ptr_null(kiln_mesh_rank(m, 4));
+  kiln_buffer *argv[4][2], *resv[4][1];
+  kiln_buffer *const *args[4];
+  kiln_buffer **res[4];
+  for (uint32_t r = 0; r < 4; r++) {
+    float x = (float)r;
+    argv[r][0] = f32_buffer(d[r], (float[]){x, x, x, x}, 4);
+    argv[r][1] = f32_buffer(d[r], (float[]){1, 2, 3, 4}, 4);
+    args[r] = argv[r];
+    res[r] = resv[r];
+  }
+  ck_assert_int_eq(kiln_mesh_execute(m, args, 2, NULL, res, 1, &st), 0);
+  for (uint32_t r = 0; r < 4; r++) {
+    float out[4];
+    ck_assert_ptr_eq(kiln_buffer_device(resv[r][0]), d[r]);
+    ck_assert_int_eq(kiln_buffer_read(resv[r][0], 0, out, sizeof out, &st), 0);
+    for (int i = 0; i < 4; i++) ck_assert_float_eq(out[i], (float)r + (float)(i + 1));
+    kiln_buffer_free(resv[r][0]);
+  }
+  /* async: one event for the gang */
+  kiln_event *ev = NULL;
+  ck_assert_int_eq(kiln_mesh_execute_async(m, args, 2, NULL, res, 1, &ev, &st), 0);
+  ck_assert_int_eq(kiln_event_wait(ev, &st), 0);
+  kiln_event_destroy(ev);
+  for (uint32_t r = 0; r < 4; r++) kiln_buffer_free(resv[r][0]);
+  /* a bad argument on one rank: nothing runs, nothing is left allocated */
+  kiln_buffer *short_buf = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d[2], 8, &short_buf, &st), 0);
+  argv[2][1] = short_buf;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_mesh_execute(m, args, 2, NULL, res, 1, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "mesh rank 2");
+  ck_assert_str_eq(st.msg, "parameter leaf 1: buffer has 8 bytes, expected 16");
+  for (uint32_t r = 0; r < 4; r++) ck_assert_ptr_null(resv[r][0]);
+  kiln_buffer_free(short_buf);
+  for (uint32_t r = 0; r < 4; r++) {
+    kiln_buffer_free(argv[r][0]);
+    if (r != 2) kiln_buffer_free(argv[r][1]);
+  }
+  kiln_mesh_destroy(m);
+  kiln_mesh_destroy(NULL);
+  kiln_comm_destroy(c);
+  kiln_executable_destroy(e);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
+/* ---- collectives on 4 cpu devices ------------------------------------------ */
+
+typedef struct ring {
+  kiln_backend *b;
+  kiln_comm *c;
+  kiln_buffer *send[4], *recv[4];
+} ring;
+
+/* 4 devices; send[r] holds `count` elements of `esize` bytes from `init`
+ * (rank-major), recv[r] has room for recv_count elements. */
+static void ring_open(ring *g, const void *init, size_t esize, uint64_t count,
+                      uint64_t recv_count) {
+  g->b = make("cpu", 4, 1);
+  kiln_device *d[4];
+  for (uint32_t r = 0; r < 4; r++) d[r] = kiln_backend_device(g->b, r);
+  ck_assert_int_eq(kiln_comm_create(g->b, d, 4, &g->c, &st), 0);
+  for (uint32_t r = 0; r < 4; r++) {
+    ck_assert_int_eq(kiln_buffer_alloc(d[r], count * esize, &g->send[r], &st), 0);
+    ck_assert_int_eq(kiln_buffer_alloc(d[r], recv_count * esize, &g->recv[r], &st), 0);
+    ck_assert_int_eq(
+        kiln_buffer_write(g->send[r], 0, (const char *)init + r * count * esize, count * esize,
+                          &st),
+        0);
+  }
+}
+
+static void ring_close(ring *g) {
+  for (uint32_t r = 0; r < 4; r++) {
+    kiln_buffer_free(g->send[r]);
+    kiln_buffer_free(g->recv[r]);
+  }
+  kiln_comm_destroy(g->c);
+  kiln_backend_destroy(g->b);
+}
+
+static int collective(ring *g, int op, int dtype, int reduce_op, uint64_t count) {
+  kiln_collective k = {.op = op, .dtype = dtype, .reduce_op = reduce_op, .count = count,
+                       .send = g->send, .recv = g->recv};
+  kiln_status_clear(&st);
+  return kiln_comm_collective(g->c, &k, &st);
+}
+
+START_TEST(test_all_reduce) {
+  /* f32: rank r holds {r+1, -r, r/2, 2} */
+  float f[16];
+  for (int r = 0; r < 4; r++) {
+    f[4 * r] = (float)(r + 1);
+    f[4 * r + 1] = (float)-r;
+    f[4 * r + 2] = (float)r / 2;
+    f[4 * r + 3] = 2;
+  }
+  ring g;
+  ring_open(&g, f, 4, 4, 4);
+  const struct {
+    int op;
+    float want[4];
+  } cases[] = {
+      {KILN_OP_ADD, {10, -6, 3, 8}},
+      {KILN_OP_MULTIPLY, {24, 0, 0, 16}},
+      {KILN_OP_MAXIMUM, {4, 0, 1.5f, 2}},
+      {KILN_OP_MINIMUM, {1, -3, 0, 2}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_msg(collective(&g, KILN_OP_ALL_REDUCE, KILN_F32, cases[i].op, 4) == 0, "%s", st.msg);
+    for (uint32_t r = 0; r < 4; r++) {
+      float out[4];
+      ck_assert_int_eq(kiln_buffer_read(g.recv[r], 0, out, sizeof out, &st), 0);
+      for (int j = 0; j < 4; j++) ck_assert_float_eq(out[j], cases[i].want[j]);
+    }
+  }
+  ring_close(&g);
+
+  /* f64 over more than one block, in place */
+  enum { N = 1300 };
+  double *dv = malloc(4 * N * sizeof *dv);
+  for (int r = 0; r < 4; r++)
+    for (int j = 0; j < N; j++) dv[r * N + j] = j * 0.5 + r;
+  ring_open(&g, dv, 8, N, N);
+  kiln_collective k = {.op = KILN_OP_ALL_REDUCE, .dtype = KILN_F64, .reduce_op = KILN_OP_ADD,
+                       .count = N, .send = g.send, .recv = g.send};
+  ck_assert_int_eq(kiln_comm_collective(g.c, &k, &st), 0);
+  for (uint32_t r = 0; r < 4; r++) {
+    const double *h = kiln_buffer_host(g.send[r], false);
+    for (int j = 0; j < N; j++) ck_assert_double_eq(h[j], j * 2.0 + 6);
+  }
+  ring_close(&g);
+  free(dv);
+
+  /* s32: sum, max, min, product */
+  int32_t s[8] = {1, -5, 2, 7, -3, 0, 4, 2}; /* 2 elements per rank */
+  ring_open(&g, s, 4, 2, 2);
+  const struct {
+    int op;
+    int32_t want[2];
+  } sc[] = {{KILN_OP_ADD, {4, 4}}, {KILN_OP_MAXIMUM, {4, 7}}, {KILN_OP_MINIMUM, {-3, -5}},
+            {KILN_OP_MULTIPLY, {-24, 0}}};
+  for (size_t i = 0; i < 4; i++) {
+    ck_assert_int_eq(collective(&g, KILN_OP_ALL_REDUCE, KILN_S32, sc[i].op, 2), 0);
+    int32_t out[2];
+    ck_assert_int_eq(kiln_buffer_read(g.recv[3], 0, out, sizeof out, &st), 0);
+    ck_assert_int_eq(out[0], sc[i].want[0]);
+    ck_assert_int_eq(out[1], sc[i].want[1]);
+  }
+  /* refused: a reduction that is none, a type cpu does not reduce */
+  ck_assert_int_eq(collective(&g, KILN_OP_ALL_REDUCE, KILN_S32, KILN_OP_SUBTRACT, 2), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "all-reduce");
+  ck_assert_int_eq(collective(&g, KILN_OP_ALL_REDUCE, KILN_F16, KILN_OP_ADD, 2), KILN_EUNIMPL);
+  ck_assert_str_eq(st.msg, "all-reduce over f16 is not implemented by backend cpu (f32, f64, s32, "
+                           "s64, u32, u64 are)");
+  ck_assert_int_eq(collective(&g, KILN_OP_ALL_REDUCE, KILN_S32, KILN_OP_ADD, 3), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "rank 0: the send buffer has 8 bytes, 12 needed");
+  ck_assert_int_eq(collective(&g, KILN_OP_ADD, KILN_S32, KILN_OP_ADD, 2), KILN_EINVAL);
+  ring_close(&g);
+}
+END_TEST
+
+START_TEST(test_all_gather_and_friends) {
+  int32_t s[8] = {0, 1, 10, 11, 20, 21, 30, 31};
+  ring g;
+  ring_open(&g, s, 4, 2, 8);
+  ck_assert_msg(collective(&g, KILN_OP_ALL_GATHER, KILN_S32, 0, 2) == 0, "%s", st.msg);
+  for (uint32_t r = 0; r < 4; r++) {
+    int32_t out[8];
+    ck_assert_int_eq(kiln_buffer_read(g.recv[r], 0, out, sizeof out, &st), 0);
+    ck_assert_mem_eq(out, s, sizeof s);
+  }
+  /* the recv buffers must hold every rank's part */
+  ck_assert_int_eq(collective(&g, KILN_OP_ALL_GATHER, KILN_S32, 0, 3), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "rank 0: the send buffer has 8 bytes, 12 needed");
+  ring_close(&g);
+
+  /* reduce-scatter and all-to-all: 4 elements per rank, one per peer */
+  int32_t t[16];
+  for (int i = 0; i < 16; i++) t[i] = i; /* rank r: 4r .. 4r+3 */
+  ring_open(&g, t, 4, 4, 4);
+  ck_assert_int_eq(collective(&g, KILN_OP_REDUCE_SCATTER, KILN_S32, KILN_OP_ADD, 4), 0);
+  for (uint32_t r = 0; r < 4; r++) {
+    int32_t out;
+    ck_assert_int_eq(kiln_buffer_read(g.recv[r], 0, &out, 4, &st), 0);
+    ck_assert_int_eq(out, (int32_t)(4 * r + 24)); /* r + (4 + r) + (8 + r) + (12 + r) */
+  }
+  ck_assert_int_eq(collective(&g, KILN_OP_ALL_TO_ALL, KILN_S32, 0, 4), 0);
+  for (uint32_t r = 0; r < 4; r++) {
+    int32_t out[4];
+    ck_assert_int_eq(kiln_buffer_read(g.recv[r], 0, out, sizeof out, &st), 0);
+    for (int k = 0; k < 4; k++) ck_assert_int_eq(out[k], 4 * k + (int)r); /* element r of rank k */
+  }
+  ck_assert_int_eq(collective(&g, KILN_OP_ALL_TO_ALL, KILN_S32, 0, 3), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "3 elements per rank do not split over 4 ranks");
+  ring_close(&g);
+}
+END_TEST
+
+START_TEST(test_collective_permute) {
+  float f[8] = {0, 0.5f, 1, 1.5f, 2, 2.5f, 3, 3.5f};
+  ring g;
+  ring_open(&g, f, 4, 2, 2);
+  /* a shift by one that leaves rank 0 nothing: {0->1, 1->2, 2->3} */
+  const uint32_t pairs[] = {0, 1, 1, 2, 2, 3};
+  kiln_collective k = {.op = KILN_OP_COLLECTIVE_PERMUTE, .dtype = KILN_F32, .count = 2,
+                       .send = g.send, .recv = g.recv, .pairs = pairs, .npairs = 3};
+  ck_assert_int_eq(kiln_buffer_write(g.recv[0], 0, "garbage!", 8, &st), 0);
+  ck_assert_int_eq(kiln_comm_collective(g.c, &k, &st), 0);
+  float out[2];
+  ck_assert_int_eq(kiln_buffer_read(g.recv[0], 0, out, sizeof out, &st), 0);
+  ck_assert_float_eq(out[0], 0); /* no pair's target: zeros */
+  ck_assert_float_eq(out[1], 0);
+  for (uint32_t r = 1; r < 4; r++) {
+    ck_assert_int_eq(kiln_buffer_read(g.recv[r], 0, out, sizeof out, &st), 0);
+    ck_assert_float_eq(out[0], (float)(r - 1));
+    ck_assert_float_eq(out[1], (float)(r - 1) + 0.5f);
+  }
+  /* refused: repeated targets, ranks out of range, aliasing */
+  const uint32_t twice[] = {0, 1, 2, 1};
+  k.pairs = twice;
+  k.npairs = 2;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_collective(g.c, &k, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "pairs 0 and 1 both send to rank 1");
+  const uint32_t far[] = {0, 4};
+  k.pairs = far;
+  k.npairs = 1;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_collective(g.c, &k, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "pair 0: {0,4} outside ranks 0 to 3");
+  k.recv = g.send;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_collective(g.c, &k, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "rank 0: the recv buffer is also rank 0's send buffer");
+  ring_close(&g);
+
+  /* a backend with no collectives says so */
+  kiln_backend *ib = make("interp", 0, 0);
+  kiln_device *d = kiln_backend_device(ib, 0);
+  kiln_comm *c = NULL;
+  ck_assert_int_eq(kiln_comm_create(ib, &d, 1, &c, &st), 0);
+  kiln_buffer *x = NULL, *y = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d, 4, &x, &st), 0);
+  ck_assert_int_eq(kiln_buffer_alloc(d, 4, &y, &st), 0);
+  kiln_collective ar = {.op = KILN_OP_ALL_REDUCE, .dtype = KILN_F32, .reduce_op = KILN_OP_ADD,
+                        .count = 1, .send = &x, .recv = &y};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_comm_collective(c, &ar, &st), KILN_EUNIMPL);
+  ck_assert_str_eq(st.msg, "backend interp implements no collectives");
+  ck_assert_str_eq(st.where, "all-reduce");
+  kiln_buffer_free(x);
+  kiln_buffer_free(y);
+  kiln_comm_destroy(c);
+  kiln_backend_destroy(ib);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("backend");
   TCase *tc = tcase_create("registry");
@@ -442,6 +935,18 @@ int main(void) {
   tcase_add_test(tc, test_unknown_backend_lists_registry);
   tcase_add_test(tc, test_interp_run_options);
   suite_add_tcase(s, tc);
+  TCase *multi = tcase_create("multi-device");
+  tcase_set_timeout(multi, 120);
+  tcase_add_test(multi, test_buffer_copy);
+  tcase_add_test(multi, test_host_view_zeroes);
+  tcase_add_test(multi, test_async_launch);
+  tcase_add_test(multi, test_event_after_error);
+  tcase_add_test(multi, test_comm_create);
+  tcase_add_test(multi, test_mesh_gang_launch);
+  tcase_add_test(multi, test_all_reduce);
+  tcase_add_test(multi, test_all_gather_and_friends);
+  tcase_add_test(multi, test_collective_permute);
+  suite_add_tcase(s, multi);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
   srunner_run_all(sr, CK_NORMAL);

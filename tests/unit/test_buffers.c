@@ -1,8 +1,9 @@
 /* Unit tests for the server's buffer store: random hex handles, ownership
  * (a foreign handle is exactly as unknown as a made-up one), references that
  * outlive release, take-on-acquire for donation, per-client and total quotas
- * with reservations, per-client handle limits, and client records that go
- * away with their last byte. */
+ * with reservations, per-client handle limits, client records that go
+ * away with their last byte, and the stored arrays themselves: device
+ * buffers with their shape and layout, viewed as literals in place. */
 #include <check.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -11,20 +12,45 @@
 
 #include "common/alloc.h"
 #include "compiler/ir/ir.h"
+#include "executor/backend.h"
 #include "executor/buffers.h"
 
 static kiln_status st;
+static kiln_backend *cpu; /* device memory for the stored arrays, one per test process */
 
-/* A heap f32[n] literal filled with v. */
-static kiln_literal *f32s(int64_t n, float v) {
-  kiln_arena *a = kiln_arena_create();
-  kiln_shape s;
-  ck_assert_int_eq(kiln_shape_make_array(a, &s, KILN_F32, &n, 1), 0);
-  kiln_literal *lit = NULL;
-  ck_assert_int_eq(kiln_literal_create(NULL, &s, 0, &lit, NULL), 0);
-  kiln_arena_destroy(a);
-  for (int64_t i = 0; i < n; i++) ((float *)lit->data)[i] = v;
-  return lit;
+static kiln_device *device(void) {
+  if (cpu == NULL)
+    ck_assert_int_eq(kiln_backend_create(
+                         "cpu", &(kiln_backend_options){.ndevices = 2, .threads_per_device = 1},
+                         &cpu, NULL),
+                     0);
+  return kiln_backend_device(cpu, 0);
+}
+
+/* A cpu device buffer holding f32[n], every element v. */
+static kiln_buffer *f32buf(int64_t n, float v) {
+  kiln_buffer *b = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(device(), (size_t)n * 4, &b, NULL), 0);
+  float *h = kiln_buffer_host(b, true);
+  for (int64_t i = 0; i < n; i++) h[i] = v;
+  return b;
+}
+
+static const kiln_shape *f32shape(int64_t n) {
+  static int64_t dims[64];
+  static kiln_shape s[64];
+  static int k;
+  k = (k + 1) % 64;
+  dims[k] = n;
+  s[k] = (kiln_shape){.dtype = KILN_F32, .rank = 1, .dims = &dims[k]};
+  return &s[k];
+}
+
+/* The buffer and shape arguments of kiln_buffer_store_add for f32[n] = v. */
+#define f32s(n, v) f32buf((n), (v)), f32shape(n)
+
+static float first(const kiln_stored *b, int64_t i) {
+  return ((const float *)kiln_buffer_host(b->buf, false))[i];
 }
 
 static kiln_buffer_store *store(uint64_t client_quota, uint64_t total, uint32_t maxbufs) {
@@ -90,7 +116,7 @@ START_TEST(test_foreign_and_unknown_handles) {
   got = NULL;
   ck_assert_int_eq(kiln_buffer_store_release(s, "bob", h, NULL), KILN_ENOTFOUND);
   ck_assert_int_eq(kiln_buffer_store_acquire(s, "alice", h, false, &got, &st), 0);
-  ck_assert_float_eq(((float *)got->lit->data)[1], 3.0f);
+  ck_assert_float_eq(first(got, 1), 3.0f);
   kiln_buffer_store_unref(s, got);
   kiln_buffer_store_destroy(s);
 }
@@ -110,7 +136,7 @@ START_TEST(test_release_while_held) {
   ck_assert_uint_eq(t.live_buffers, 0);
   ck_assert_uint_eq(t.live_bytes, 1024); /* still held: still charged */
   ck_assert_uint_eq(kiln_buffer_store_client_bytes(s, "c"), 1024);
-  ck_assert_float_eq(((float *)held->lit->data)[255], 7.0f);
+  ck_assert_float_eq(first(held, 255), 7.0f);
   ck_assert_int_eq(kiln_buffer_store_release(s, "c", held->handle, NULL), KILN_ENOTFOUND);
   kiln_buffer_store_unref(s, held);
   kiln_buffer_store_get_totals(s, &t);
@@ -177,8 +203,9 @@ START_TEST(test_total_quota_and_unreserve) {
   ck_assert_uint_eq(t.clients, 0);
   ck_assert_int_eq(kiln_buffer_store_reserve(s, "b", 40, NULL), 0);
   /* A failed add returns its reservation. */
-  ck_assert_int_eq(kiln_buffer_store_add(s, "b", NULL, 0, NULL, true, NULL, NULL), KILN_EINVAL);
-  kiln_buffer_store_unreserve(s, "b", 40);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "b", f32buf(10, 0), f32shape(4), 0, NULL, true, NULL,
+                                         NULL),
+                   KILN_EINVAL);
   kiln_buffer_store_get_totals(s, &t);
   ck_assert_uint_eq(t.live_bytes, 0);
   kiln_buffer_store_destroy(s);
@@ -207,12 +234,66 @@ START_TEST(test_tuples_refused) {
   kiln_shape e, t;
   ck_assert_int_eq(kiln_shape_make_array(a, &e, KILN_F32, NULL, 0), 0);
   ck_assert_int_eq(kiln_shape_make_tuple(a, &t, &e, 1), 0);
-  kiln_literal *lit = NULL;
-  ck_assert_int_eq(kiln_literal_create(NULL, &t, 0, &lit, NULL), 0);
-  kiln_arena_destroy(a);
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_buffer_store_add(s, "a", lit, 0, NULL, false, NULL, &st), KILN_EINVAL);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32buf(1, 0), &t, 0, NULL, false, NULL, &st),
+                   KILN_EINVAL);
   ck_assert_str_eq(st.msg, "only arrays can be stored");
+  /* the buffer must be the array's size */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32buf(3, 0), f32shape(4), 0, NULL, false, NULL,
+                                         &st),
+                   KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "a buffer of 12 bytes cannot hold an array of 16 bytes");
+  kiln_buffer_store_totals tot;
+  kiln_buffer_store_get_totals(s, &tot);
+  ck_assert_uint_eq(tot.live_bytes, 0);
+  kiln_arena_destroy(a);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+/* Stored arrays are device buffers with their layout; a row-major one is
+ * viewed as a literal in place, another is not. */
+START_TEST(test_device_buffers) {
+  kiln_buffer_store *s = store(0, 0, 0);
+  kiln_stored *x = NULL;
+  kiln_buffer *buf = f32buf(6, 2.5f);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "c", buf, f32shape(6), 1, "w", false, &x, &st), 0);
+  ck_assert_ptr_eq(x->buf, buf);
+  ck_assert_uint_eq(x->bytes, 24);
+  ck_assert_int_eq(x->device, 1);
+  ck_assert_uint_eq(x->shape->rank, 1);
+  ck_assert_int_eq(x->shape->dims[0], 6);
+  kiln_literal view;
+  ck_assert_int_eq(kiln_stored_view(x, &view, &st), 0);
+  ck_assert_ptr_eq(view.data, kiln_buffer_host(buf, false)); /* no copy */
+  ck_assert_uint_eq(view.nbytes, 24);
+  ck_assert_int_eq(kiln_literal_elements(&view), 6);
+  kiln_buffer_store_unref(s, x);
+
+  /* f32[2,3]{0,1}: column-major bytes keep their layout */
+  int64_t dims[2] = {2, 3}, m2m[2] = {0, 1};
+  kiln_layout lo = {.minor_to_major = m2m, .rank = 2, .tail = "T(8,128)"};
+  kiln_shape cm = {.dtype = KILN_F32, .rank = 2, .dims = dims, .layout = &lo};
+  ck_assert_int_eq(kiln_buffer_store_add(s, "c", f32buf(6, 1), &cm, 0, NULL, false, &x, &st), 0);
+  m2m[0] = 1; /* copied, not borrowed */
+  ck_assert(x->shape->layout != NULL && x->shape->layout != &lo);
+  ck_assert_int_eq(x->shape->layout->minor_to_major[0], 0);
+  ck_assert_str_eq(x->shape->layout->tail, "T(8,128)");
+  ck_assert(!kiln_shape_is_row_major(x->shape));
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_stored_view(x, &view, &st), KILN_EUNIMPL);
+  ck_assert_ptr_null(view.data);
+  /* read back row-major: physical a00 a10 a01 a11 a02 a12 */
+  float phys[6] = {0, 10, 1, 11, 2, 12}, logical[6];
+  ck_assert_int_eq(kiln_buffer_write(x->buf, 0, phys, sizeof phys, &st), 0);
+  ck_assert_int_eq(kiln_array_read_row_major(x->buf, x->shape, logical, &st), 0);
+  const float want[6] = {0, 1, 2, 10, 11, 12};
+  ck_assert_mem_eq(logical, want, sizeof want);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_array_read_row_major(x->buf, f32shape(5), logical, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "a buffer of 24 bytes does not hold an array of 20 bytes");
+  kiln_buffer_store_unref(s, x);
   kiln_buffer_store_destroy(s);
 }
 END_TEST
@@ -233,7 +314,7 @@ START_TEST(test_many_buffers) {
     kiln_stored *b = NULL;
     ck_assert_int_eq(kiln_buffer_store_acquire(s, i % 2 ? "odd" : "even", handles[i], false, &b,
                                                NULL), 0);
-    ck_assert_float_eq(((float *)b->lit->data)[0], (float)i);
+    ck_assert_float_eq(first(b, 0), (float)i);
     kiln_buffer_store_unref(s, b);
   }
   for (int i = 0; i < N; i += 2) ck_assert_int_eq(kiln_buffer_store_release(s, "even", handles[i], NULL), 0);
@@ -277,11 +358,11 @@ END_TEST
 START_TEST(test_out_of_memory) {
   for (long n = 1; n < 12; n++) {
     kiln_buffer_store *s = NULL;
-    kiln_literal *lit = f32s(4, 0);
+    kiln_buffer *buf = f32buf(4, 0);
     kiln_alloc_fail_after(n);
     int rc = kiln_buffer_store_create(NULL, &s, NULL);
-    if (rc == 0) rc = kiln_buffer_store_add(s, "a", lit, 0, "label", false, NULL, NULL);
-    else kiln_literal_destroy(lit);
+    if (rc == 0) rc = kiln_buffer_store_add(s, "a", buf, f32shape(4), 0, "label", false, NULL, NULL);
+    else kiln_buffer_free(buf);
     kiln_alloc_fail_after(0);
     ck_assert(rc == 0 || rc == KILN_ENOMEM);
     if (s) {
@@ -306,6 +387,7 @@ int main(void) {
   tcase_add_test(tc, test_total_quota_and_unreserve);
   tcase_add_test(tc, test_buffer_count_limit);
   tcase_add_test(tc, test_tuples_refused);
+  tcase_add_test(tc, test_device_buffers);
   tcase_add_test(tc, test_many_buffers);
   tcase_add_test(tc, test_threads);
   tcase_add_test(tc, test_out_of_memory);

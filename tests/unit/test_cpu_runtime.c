@@ -686,9 +686,24 @@ START_TEST(test_execute_buffers) {
   ck_assert_int_eq(kiln_loaded_execute(l, bad1, 2, NULL, out, 1, &st), KILN_EINVAL);
   ck_assert_str_eq(st.msg, "parameter leaf 1: buffer has 8 bytes, expected 256");
   ck_assert_ptr_null(out[0]);
+  /* A sibling cpu device's buffer is host memory the executable's device
+   * addresses too: taken as it is. Another backend's is refused. */
+  ck_assert_int_eq(kiln_buffer_write(other, 0, hx, sizeof hx, &st), 0);
+  ck_assert_int_eq(kiln_loaded_execute(l, bad2, 2, NULL, out, 1, &st), 0);
+  ck_assert_int_eq(kiln_buffer_read(out[0], 0, hz, sizeof hz, &st), 0);
+  for (int i = 0; i < n; i++) ck_assert_float_eq(hz[i], hx[i] + hy[i]);
+  kiln_buffer_free(out[0]);
+  kiln_backend *ib = NULL;
+  ck_assert_int_eq(kiln_backend_create("interp", NULL, &ib, &st), 0);
+  kiln_buffer *foreign = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(kiln_backend_device(ib, 0), n * 4, &foreign, &st), 0);
+  kiln_buffer *bad3[] = {foreign, y};
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_loaded_execute(l, bad2, 2, NULL, out, 1, &st), KILN_EINVAL);
-  ck_assert_str_eq(st.msg, "parameter leaf 0: buffer lives on cpu:0, the executable on cpu:1");
+  ck_assert_int_eq(kiln_loaded_execute(l, bad3, 2, NULL, out, 1, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "parameter leaf 0: buffer lives on interp:0, the executable on cpu:1");
+  ck_assert_ptr_null(out[0]);
+  kiln_buffer_free(foreign);
+  kiln_backend_destroy(ib);
   kiln_buffer_free(small);
   kiln_buffer_free(other);
   kiln_buffer_free(x);
