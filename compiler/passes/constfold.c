@@ -7,7 +7,7 @@
  * own and run there. The instruction is then turned into a constant in
  * place, keeping its id, name and users.
  *
- * Not folded: anything impure (see build.h) or calling into control flow
+ * Not folded: anything impure (see ir/build.h) or calling into control flow
  * (while, conditional, call, fusion); results that are tuples, dynamic, or
  * over FOLD_MAX_BYTES (a constant is data the module must carry); work
  * estimated over FOLD_MAX_WORK element operations (compile time is bounded
@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/ir/build.h"
 #include "compiler/ir/rewrite.h"
-#include "compiler/passes/build.h"
 #include "compiler/passes/passes.h"
 #include "executor/interp/interp.h"
 

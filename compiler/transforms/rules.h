@@ -28,7 +28,7 @@
 #ifndef KILN_COMPILER_TRANSFORMS_RULES_H
 #define KILN_COMPILER_TRANSFORMS_RULES_H
 
-#include "compiler/transforms/build.h"
+#include "compiler/ir/build.h"
 
 /* ---- differentiation (jvp and vjp) -------------------------------------- */
 
