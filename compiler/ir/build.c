@@ -772,23 +772,10 @@ static bool has_token(const kiln_shape *s) {
   return false;
 }
 
-/* The instruction alone, not what it calls. */
+/* The instruction alone, not what it calls: its op (ops.def) and whether
+ * it carries a token. */
 static bool self_pure(const kiln_instr *ins) {
-  unsigned f = kiln_opcode_flags(ins->op);
-  if (f & (KILN_OPF_SIDE_EFFECT | KILN_OPF_ASYNC | KILN_OPF_COLLECTIVE)) return false;
-  switch (ins->op) {
-  case KILN_OP_INVALID:
-  case KILN_OP_RNG:
-  case KILN_OP_RNG_BIT_GENERATOR:
-  case KILN_OP_RNG_GET_AND_UPDATE_STATE:
-  case KILN_OP_OPTIMIZATION_BARRIER:
-  case KILN_OP_DOMAIN:
-  case KILN_OP_AFTER_ALL:
-  case KILN_OP_ADD_DEPENDENCY:
-  case KILN_OP_CUSTOM_CALL: return false;
-  default: break;
-  }
-  return !has_token(&ins->shape);
+  return kiln_opcode_is_pure(ins->op) && !has_token(&ins->shape);
 }
 
 bool kiln__instr_is_pure(const kiln_module *m, const kiln_instr *ins, const bool *impure) {
