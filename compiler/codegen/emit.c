@@ -485,32 +485,13 @@ static int constant_value(kiln__emit_fn *f, const kiln_instr *ins, uint32_t *var
   return 0;
 }
 
+/* The op classes of ops.def pick the kernel: index mappings (flag I) are
+ * movement kernels, the reduction family reduction kernels. */
 static bool is_movement(kiln_opcode op) {
-  switch (op) {
-  case KILN_OP_BITCAST:
-  case KILN_OP_BROADCAST:
-  case KILN_OP_RESHAPE:
-  case KILN_OP_TRANSPOSE:
-  case KILN_OP_SLICE:
-  case KILN_OP_DYNAMIC_SLICE:
-  case KILN_OP_DYNAMIC_UPDATE_SLICE:
-  case KILN_OP_CONCATENATE:
-  case KILN_OP_PAD:
-  case KILN_OP_REVERSE:
-  case KILN_OP_IOTA:
-  case KILN_OP_GATHER:
-  case KILN_OP_BITCAST_CONVERT:
-  case KILN_OP_OPTIMIZATION_BARRIER:
-  case KILN_OP_REPLICA_ID:
-  case KILN_OP_PARTITION_ID: return true;
-  default: return false;
-  }
+  return (kiln_opcode_flags(op) & KILN_OPF_INDEXING) != 0;
 }
 
-static bool is_reduction(kiln_opcode op) {
-  return op == KILN_OP_REDUCE || op == KILN_OP_REDUCE_WINDOW || op == KILN_OP_DOT ||
-         op == KILN_OP_CONVOLUTION || op == KILN_OP_MAP;
-}
+static bool is_reduction(kiln_opcode op) { return kiln_opcode_family(op) == KILN_FAM_REDUCTION; }
 
 static int check_types(kiln__emit_fn *f, const kiln_instr *ins) {
   const kiln_shape *s = &ins->shape;

@@ -874,16 +874,11 @@ int kiln__interp_eval_instr(kiln__interp_ctx *c, const kiln_instr *ins,
   case KILN_OP_OPTIMIZATION_BARRIER:
   case KILN_OP_DOMAIN:
   case KILN_OP_ASYNC_UPDATE: return kiln__interp_lit_clone(c, ins, ops[0], out);
-  case KILN_OP_INFEED:
-  case KILN_OP_OUTFEED:
-  case KILN_OP_SEND:
-  case KILN_OP_SEND_DONE:
-  case KILN_OP_RECV:
-  case KILN_OP_RECV_DONE:
-    return unsupported(c, ins, "host and peer channels do not exist in the interpreter");
   case KILN_OP_STOCHASTIC_CONVERT:
   default: break;
   }
+  if (kiln_opcode_family(ins->op) == KILN_FAM_CHANNEL)
+    return unsupported(c, ins, "host and peer channels do not exist in the interpreter");
   kiln__interp_op_fn *fn = handler(ins->op);
   if (fn == NULL) return unsupported(c, ins, "not an operation the interpreter knows");
   rc = fn(c, ins, ops, out);

@@ -687,58 +687,11 @@ int kiln__infer_elementwise(kiln__ictx *cx, kiln_shape *out) {
   case KILN_OP_COPY: return kiln__copy(cx, out, kiln__oshape(cx, 0));
   default: break;
   }
-  int arity = kiln_opcode_arity(cx->ins->op);
-  if (arity == 1) return infer_unary(cx, out);
+  if (kiln_opcode_family(cx->ins->op) == KILN_FAM_UNARY) return infer_unary(cx, out);
   return infer_binary(cx, out);
 }
 
 /* ---- dispatch ------------------------------------------------------------- */
-
-static bool is_elementwise_family(kiln_opcode op) {
-  return (kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) || op == KILN_OP_BITCAST_CONVERT;
-}
-
-static bool is_compute_family(kiln_opcode op) {
-  switch (op) {
-  case KILN_OP_DOT:
-  case KILN_OP_CONVOLUTION:
-  case KILN_OP_REDUCE:
-  case KILN_OP_REDUCE_WINDOW:
-  case KILN_OP_SELECT_AND_SCATTER:
-  case KILN_OP_MAP:
-  case KILN_OP_SORT:
-  case KILN_OP_GATHER:
-  case KILN_OP_SCATTER:
-  case KILN_OP_FFT:
-  case KILN_OP_CHOLESKY:
-  case KILN_OP_TRIANGULAR_SOLVE:
-  case KILN_OP_TOPK:
-  case KILN_OP_BATCH_NORM_TRAINING:
-  case KILN_OP_BATCH_NORM_INFERENCE:
-  case KILN_OP_BATCH_NORM_GRAD: return true;
-  default: return false;
-  }
-}
-
-static bool is_data_movement_family(kiln_opcode op) {
-  switch (op) {
-  case KILN_OP_BITCAST:
-  case KILN_OP_BROADCAST:
-  case KILN_OP_RESHAPE:
-  case KILN_OP_DYNAMIC_RESHAPE:
-  case KILN_OP_TRANSPOSE:
-  case KILN_OP_SLICE:
-  case KILN_OP_DYNAMIC_SLICE:
-  case KILN_OP_DYNAMIC_UPDATE_SLICE:
-  case KILN_OP_CONCATENATE:
-  case KILN_OP_PAD:
-  case KILN_OP_REVERSE:
-  case KILN_OP_GET_DIMENSION_SIZE:
-  case KILN_OP_SET_DIMENSION_SIZE:
-  case KILN_OP_IOTA: return true;
-  default: return false;
-  }
-}
 
 int kiln__infer(kiln__ictx *cx, kiln_shape *out) {
   const kiln_instr *ins = cx->ins;
@@ -764,10 +717,17 @@ int kiln__infer(kiln__ictx *cx, kiln_shape *out) {
     int rc = kiln__expect_operands(cx, arity, arity);
     if (rc) return rc;
   }
-  if (is_elementwise_family(ins->op)) return kiln__infer_elementwise(cx, out);
-  if (is_data_movement_family(ins->op)) return kiln__infer_data_movement(cx, out);
-  if (is_compute_family(ins->op)) return kiln__infer_compute(cx, out);
-  return kiln__infer_control(cx, out);
+  /* One inference file per family of ops.def. */
+  switch (kiln_opcode_family(ins->op)) {
+  case KILN_FAM_UNARY:
+  case KILN_FAM_BINARY:
+  case KILN_FAM_COMPARE:
+  case KILN_FAM_TERNARY: return kiln__infer_elementwise(cx, out);
+  case KILN_FAM_MOVEMENT: return kiln__infer_data_movement(cx, out);
+  case KILN_FAM_REDUCTION:
+  case KILN_FAM_COMPUTE: return kiln__infer_compute(cx, out);
+  default: return kiln__infer_control(cx, out);
+  }
 }
 
 int kiln_infer_shape(const kiln_module *m, const kiln_instr *ins, kiln_arena *a, kiln_shape *out,

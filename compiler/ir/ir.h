@@ -168,11 +168,32 @@ bool kiln_literal_equal(const kiln_literal *a, const kiln_literal *b);
 /* ---- opcodes and attributes --------------------------------------------- */
 
 typedef enum kiln_opcode {
-#define X(e, s, arity, flags) KILN_OP_##e,
+#define X(e, s, arity, family, flags) KILN_OP_##e,
 #include "compiler/ir/ops.def"
 #undef X
   KILN_OP_COUNT
 } kiln_opcode;
+
+/* What kind of computation an op is: the family column of ops.def. */
+typedef enum kiln_op_family {
+  KILN_FAM_NONE,       /* invalid */
+  KILN_FAM_LEAF,       /* parameter, constant */
+  KILN_FAM_TUPLE,      /* tuple, get-tuple-element */
+  KILN_FAM_UNARY,      /* elementwise, one operand (and bitcast-convert) */
+  KILN_FAM_BINARY,     /* elementwise, two operands, not compare */
+  KILN_FAM_COMPARE,    /* compare */
+  KILN_FAM_TERNARY,    /* elementwise, three operands: select, clamp */
+  KILN_FAM_MOVEMENT,   /* shape manipulation and iota: elements moved, not computed */
+  KILN_FAM_REDUCTION,  /* combines many operand elements per result element: dot,
+                        * convolution, reduce, reduce-window, and map (a called
+                        * computation per element) */
+  KILN_FAM_COMPUTE,    /* the other array computations: sort, gather, scatter, fft, ... */
+  KILN_FAM_CONTROL,    /* control flow, calls, async wrappers, barriers */
+  KILN_FAM_RANDOM,     /* random number generation */
+  KILN_FAM_TOKEN,      /* token plumbing: after-all, add-dependency */
+  KILN_FAM_CHANNEL,    /* host and peer channels: infeed, outfeed, send, recv */
+  KILN_FAM_COLLECTIVE, /* replica/partition ids and communication across them */
+} kiln_op_family;
 
 enum {
   KILN_OPF_ELEMENTWISE = 1u << 0, /* E: result element i depends on operand elements i */
@@ -181,12 +202,30 @@ enum {
   KILN_OPF_SIDE_EFFECT = 1u << 3, /* S: not removable even when unused */
   KILN_OPF_ASYNC = 1u << 4,       /* A: part of a start/update/done chain */
   KILN_OPF_COLLECTIVE = 1u << 5,  /* L: communicates across replicas/partitions */
+  KILN_OPF_RANDOM = 1u << 6,      /* R: draws random numbers (two evaluations differ) */
+  KILN_OPF_BARRIER = 1u << 7,     /* B: orders or fences other instructions; keep in place */
+  /* I: each result element is an operand element found by index arithmetic,
+   * or is computed from its index alone, on arrays of static size: no
+   * arithmetic on element values (the kernel emitter's movement kernels). */
+  KILN_OPF_INDEXING = 1u << 8,
+  /* F: constant folding may evaluate it at compile time when its operands
+   * are constants (the interpreter computes it exactly, layout-free). */
+  KILN_OPF_FOLDABLE = 1u << 9,
 };
 
 const char *kiln_opcode_name(kiln_opcode op);   /* text spelling */
 bool kiln_opcode_from_name(const char *s, size_t n, kiln_opcode *out);
 int kiln_opcode_arity(kiln_opcode op);          /* -1: variadic */
 unsigned kiln_opcode_flags(kiln_opcode op);
+kiln_op_family kiln_opcode_family(kiln_opcode op); /* KILN_FAM_NONE when invalid */
+/* UNARY, BINARY, COMPARE or TERNARY. */
+bool kiln_opcode_is_elementwise_family(kiln_opcode op);
+/* The op alone (not what it calls, not its shape) may be removed, merged,
+ * moved or evaluated early: valid, and no side effect, async step,
+ * communication, randomness or barrier. */
+bool kiln_opcode_is_pure(kiln_opcode op);
+bool kiln_opcode_has_side_effects(kiln_opcode op); /* S */
+bool kiln_opcode_is_foldable(kiln_opcode op);      /* F */
 
 typedef enum kiln_attr_key {
 #define X(e, s, kind) KILN_ATTR_##e,

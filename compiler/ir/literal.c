@@ -203,10 +203,31 @@ static int64_t wrap_signed(uint64_t v, int bits) {
   return (int64_t)v;
 }
 
+/* The integer -mag (neg) or mag as a double that kiln_literal_set_f64 then
+ * rounds to type t in what amounts to one step: exact below 2^53; beyond,
+ * correctly rounded for the 53-bit types (f64, c128) and rounded to odd for
+ * the narrower ones, whose nearest-even rounding of a round-to-odd value
+ * with at least two more bits is the nearest-even rounding of the exact
+ * integer (no double rounding at the halfway points). */
+static double int_to_f64(uint64_t mag, bool neg, kiln_dtype t) {
+  double d;
+  if (mag < (UINT64_C(1) << 53) || t == KILN_F64 || t == KILN_C128) {
+    d = (double)mag;
+  } else {
+    int shift = 0;
+    while ((mag >> shift) >= (UINT64_C(1) << 53)) shift++;
+    uint64_t kept = mag >> shift;
+    if (mag & ((UINT64_C(1) << shift) - 1)) kept |= 1; /* sticky: round to odd */
+    d = ldexp((double)kept, shift);
+  }
+  return neg ? -d : d;
+}
+
 void kiln_literal_set_s64(kiln_literal *lit, int64_t i, int64_t v) {
   kiln_dtype t = lit->shape.dtype;
   if (kiln_dtype_is_float(t) || kiln_dtype_is_complex(t)) {
-    kiln_literal_set_f64(lit, i, (double)v);
+    uint64_t mag = v < 0 ? -(uint64_t)v : (uint64_t)v;
+    kiln_literal_set_f64(lit, i, int_to_f64(mag, v < 0, t));
     return;
   }
   kiln_literal_set_u64(lit, i, (uint64_t)v);
@@ -228,7 +249,7 @@ void kiln_literal_set_u64(kiln_literal *lit, int64_t i, uint64_t v) {
   case KILN_U16: AT(uint16_t) = (uint16_t)v; return;
   case KILN_U32: AT(uint32_t) = (uint32_t)v; return;
   case KILN_U64: AT(uint64_t) = v; return;
-  default: kiln_literal_set_f64(lit, i, (double)v); return;
+  default: kiln_literal_set_f64(lit, i, int_to_f64(v, false, t)); return;
   }
 }
 

@@ -23,7 +23,7 @@
                  "hlo.proto ElementType disagrees with types.def at " #e);
 #include "compiler/ir/types.def"
 #undef X
-#define X(e, s, arity, flags)                                                              \
+#define X(e, s, arity, family, flags)                                                      \
   _Static_assert((int)KILN__V1__OPCODE__OPCODE_##e == (int)KILN_OP_##e,                  \
                  "hlo.proto Opcode disagrees with ops.def at " #e);
 #include "compiler/ir/ops.def"

@@ -63,6 +63,7 @@ bool kiln_dtype_is_array(kiln_dtype t) {
 typedef struct op_info {
   const char *name;
   int arity;
+  kiln_op_family family;
   unsigned flags;
 } op_info;
 
@@ -72,8 +73,12 @@ typedef struct op_info {
 #define S KILN_OPF_SIDE_EFFECT
 #define A KILN_OPF_ASYNC
 #define L KILN_OPF_COLLECTIVE
+#define R KILN_OPF_RANDOM
+#define B KILN_OPF_BARRIER
+#define I KILN_OPF_INDEXING
+#define F KILN_OPF_FOLDABLE
 static const op_info ops[KILN_OP_COUNT] = {
-#define X(e, s, arity, flags) {s, arity, flags},
+#define X(e, s, arity, family, flags) {s, arity, KILN_FAM_##family, flags},
 #include "compiler/ir/ops.def"
 #undef X
 };
@@ -83,6 +88,10 @@ static const op_info ops[KILN_OP_COUNT] = {
 #undef S
 #undef A
 #undef L
+#undef R
+#undef B
+#undef I
+#undef F
 
 const char *kiln_opcode_name(kiln_opcode op) {
   return (unsigned)op < KILN_OP_COUNT ? ops[op].name : "invalid";
@@ -101,6 +110,30 @@ bool kiln_opcode_from_name(const char *s, size_t n, kiln_opcode *out) {
 int kiln_opcode_arity(kiln_opcode op) { return (unsigned)op < KILN_OP_COUNT ? ops[op].arity : 0; }
 unsigned kiln_opcode_flags(kiln_opcode op) {
   return (unsigned)op < KILN_OP_COUNT ? ops[op].flags : 0;
+}
+
+kiln_op_family kiln_opcode_family(kiln_opcode op) {
+  return (unsigned)op < KILN_OP_COUNT ? ops[op].family : KILN_FAM_NONE;
+}
+
+bool kiln_opcode_is_elementwise_family(kiln_opcode op) {
+  kiln_op_family f = kiln_opcode_family(op);
+  return f == KILN_FAM_UNARY || f == KILN_FAM_BINARY || f == KILN_FAM_COMPARE ||
+         f == KILN_FAM_TERNARY;
+}
+
+bool kiln_opcode_is_pure(kiln_opcode op) {
+  const unsigned impure = KILN_OPF_SIDE_EFFECT | KILN_OPF_ASYNC | KILN_OPF_COLLECTIVE |
+                          KILN_OPF_RANDOM | KILN_OPF_BARRIER;
+  return kiln_opcode_family(op) != KILN_FAM_NONE && !(kiln_opcode_flags(op) & impure);
+}
+
+bool kiln_opcode_has_side_effects(kiln_opcode op) {
+  return (kiln_opcode_flags(op) & KILN_OPF_SIDE_EFFECT) != 0;
+}
+
+bool kiln_opcode_is_foldable(kiln_opcode op) {
+  return (kiln_opcode_flags(op) & KILN_OPF_FOLDABLE) != 0;
 }
 
 typedef struct attr_info {

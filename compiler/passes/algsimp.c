@@ -36,8 +36,8 @@
 
 #include "common/alloc.h"
 #include "common/fp16.h"
+#include "compiler/ir/build.h"
 #include "compiler/ir/rewrite.h"
-#include "compiler/passes/build.h"
 #include "compiler/passes/passes.h"
 
 enum { NO_CHANGE = 0, REPLACED = 1, MUTATED = 2 };
@@ -45,8 +45,7 @@ enum { NO_CHANGE = 0, REPLACED = 1, MUTATED = 2 };
 typedef struct simp {
   kiln_module *m;
   uint32_t comp;
-  kiln__namer namer;
-  bool have_namer;
+  kiln__tx tx;    /* builds the new constants and splats; one per pass run */
   bool added;     /* instructions appended to comp: it needs sorting */
   kiln_id *fwd;   /* replacement of each instruction (itself when none) */
   uint8_t *splat; /* per id: 0 not known yet, 1 not a splat, 2 a splat */
@@ -72,13 +71,10 @@ static int grow(simp *s) {
   return 0;
 }
 
-static kiln__namer *namer(simp *s) {
-  if (!s->have_namer) {
-    if (kiln__namer_init(&s->namer, s->m, s->comp)) return NULL;
-    s->have_namer = true;
-  }
+/* Where new instructions of the computation being walked go. */
+static kiln__b builder(simp *s) {
   s->added = true;
-  return &s->namer;
+  return (kiln__b){&s->tx, s->comp};
 }
 
 static kiln_instr *opnd(const simp *s, const kiln_instr *ins, uint32_t k) {
@@ -160,11 +156,10 @@ static int replace(const simp *s, const kiln_instr *ins, kiln_id v, kiln_id *out
  * operand that already is that splat with that shape, by it. */
 static int replace_splat(simp *s, const kiln_instr *ins, double v, kiln_id have, kiln_id *out) {
   if (have != KILN_NO_ID && replace(s, ins, have, out) == REPLACED) return REPLACED;
-  kiln__namer *n = namer(s);
-  kiln_instr *c = n ? kiln__build_scalar(n, ins->shape.dtype, v) : NULL;
-  kiln_instr *b = c ? kiln__build_splat(n, c->id, &ins->shape) : NULL;
-  if (b == NULL || grow(s)) return KILN_ENOMEM;
-  *out = b->id;
+  kiln__b b = builder(s);
+  kiln_id sp = kiln__b_splat(&b, kiln__b_scalar(&b, ins->shape.dtype, v), &ins->shape);
+  if (sp == KILN_NO_ID || grow(s)) return KILN_ENOMEM;
+  *out = sp;
   return REPLACED;
 }
 
@@ -240,12 +235,11 @@ static int simp_divide(simp *s, kiln_instr *ins, kiln_id *out) {
   if (splat_one(s, b) && (rc = replace(s, ins, a, out))) return rc;
   double r = is_real_float(t) ? exact_reciprocal(s, b, t) : 0;
   if (r == 0) return NO_CHANGE;
-  kiln__namer *n = namer(s);
-  kiln_instr *c = n ? kiln__build_scalar(n, t, r) : NULL;
-  kiln_instr *sp = c ? kiln__build_splat(n, c->id, &opnd(s, ins, 1)->shape) : NULL;
-  if (sp == NULL || grow(s)) return KILN_ENOMEM;
+  kiln__b bd = builder(s);
+  kiln_id sp = kiln__b_splat(&bd, kiln__b_scalar(&bd, t, r), &opnd(s, ins, 1)->shape);
+  if (sp == KILN_NO_ID || grow(s)) return KILN_ENOMEM;
   ins->op = KILN_OP_MULTIPLY;
-  ins->operands[1] = sp->id;
+  ins->operands[1] = sp;
   return MUTATED;
 }
 
@@ -551,7 +545,6 @@ static kiln_id resolve(const simp *s, kiln_id id) {
 static int walk(simp *s, uint32_t comp, bool *changed, kiln_status *st) {
   kiln_module *m = s->m;
   s->comp = comp;
-  s->have_namer = false;
   s->added = false;
   uint32_t n0 = m->comps[comp]->ninstrs;
   int rc = 0;
@@ -570,7 +563,6 @@ static int walk(simp *s, uint32_t comp, bool *changed, kiln_status *st) {
       *changed = true;
     }
   }
-  if (s->have_namer) kiln__namer_free(&s->namer);
   if (rc < 0) return kiln_status_set(st, rc, "algsimp", "out of memory");
   if (grow(s)) return kiln_status_set(st, KILN_ENOMEM, "algsimp", "out of memory");
   kiln_computation *c = m->comps[comp];
@@ -587,8 +579,8 @@ static int walk(simp *s, uint32_t comp, bool *changed, kiln_status *st) {
 int kiln_pass_algsimp(kiln_module *m, const kiln_pass_ctx *ctx) {
   simp s = {0};
   s.m = m;
-  int rc = 0;
-  if (grow(&s)) {
+  int rc = kiln__tx_init(&s.tx, m, "algsimp", NULL);
+  if (rc || grow(&s)) {
     rc = kiln_status_set(ctx->st, KILN_ENOMEM, "algsimp", "out of memory");
     goto out_free;
   }
@@ -601,6 +593,7 @@ int kiln_pass_algsimp(kiln_module *m, const kiln_pass_ctx *ctx) {
     if (rc || !changed) break;
   }
 out_free:
+  kiln__tx_fini(&s.tx);
   kiln_free(s.fwd);
   kiln_free(s.splat);
   return rc;

@@ -7,7 +7,7 @@
  * own and run there. The instruction is then turned into a constant in
  * place, keeping its id, name and users.
  *
- * Not folded: anything impure (see build.h) or calling into control flow
+ * Not folded: anything impure (see ir/build.h) or calling into control flow
  * (while, conditional, call, fusion); results that are tuples, dynamic, or
  * over FOLD_MAX_BYTES (a constant is data the module must carry); work
  * estimated over FOLD_MAX_WORK element operations (compile time is bounded
@@ -21,43 +21,13 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/ir/build.h"
 #include "compiler/ir/rewrite.h"
-#include "compiler/passes/build.h"
 #include "compiler/passes/passes.h"
 #include "compiler/eval/interp.h"
 
 #define FOLD_MAX_BYTES (1 << 20)
 #define FOLD_MAX_WORK (1 << 22)
-
-static bool foldable_op(kiln_opcode op) {
-  if (kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) return true;
-  switch (op) {
-  case KILN_OP_BITCAST_CONVERT:
-  case KILN_OP_BROADCAST:
-  case KILN_OP_RESHAPE:
-  case KILN_OP_TRANSPOSE:
-  case KILN_OP_SLICE:
-  case KILN_OP_DYNAMIC_SLICE:
-  case KILN_OP_DYNAMIC_UPDATE_SLICE:
-  case KILN_OP_CONCATENATE:
-  case KILN_OP_PAD:
-  case KILN_OP_REVERSE:
-  case KILN_OP_GET_TUPLE_ELEMENT:
-  case KILN_OP_DOT:
-  case KILN_OP_CONVOLUTION:
-  case KILN_OP_REDUCE:
-  case KILN_OP_REDUCE_WINDOW:
-  case KILN_OP_SELECT_AND_SCATTER:
-  case KILN_OP_MAP:
-  case KILN_OP_SORT:
-  case KILN_OP_GATHER:
-  case KILN_OP_SCATTER:
-  case KILN_OP_FFT:
-  case KILN_OP_CHOLESKY:
-  case KILN_OP_TRIANGULAR_SOLVE: return true;
-  default: return false;
-  }
-}
 
 static double elems(const kiln_shape *s) {
   if (!kiln_shape_is_array(s)) return 0;
@@ -107,7 +77,7 @@ static double work(const kiln_module *m, const kiln_instr *ins) {
 }
 
 static bool wants_folding(const kiln_module *m, const kiln_instr *ins, const bool *impure) {
-  if (!foldable_op(ins->op) || ins->noperands == 0 || !kiln__instr_is_pure(m, ins, impure))
+  if (!kiln_opcode_is_foldable(ins->op) || ins->noperands == 0 || !kiln__instr_is_pure(m, ins, impure))
     return false;
   if (!kiln_shape_is_array(&ins->shape) || kiln_shape_is_dynamic(&ins->shape)) return false;
   int64_t bytes = kiln_shape_bytes(&ins->shape);

@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/ir/build.h"
 #include "compiler/ir/rewrite.h"
-#include "compiler/passes/build.h"
 #include "compiler/passes/equal.h"
 #include "compiler/passes/passes.h"
 

@@ -3,7 +3,7 @@
  *
  * A state element i is invariant when the body's root tuple passes
  * get-tuple-element(param, i) through unchanged. An instruction of the body
- * is invariant when it is pure (build.h), has no control predecessors, is
+ * is invariant when it is pure (ir/build.h), has no control predecessors, is
  * not itself a loop, and all its operands are invariant; constants and
  * iotas are invariant. Invariant instructions that are worth moving (not
  * cheap: constants, iotas, tuples, get-tuple-element, broadcasts of
@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/ir/build.h"
 #include "compiler/ir/rewrite.h"
-#include "compiler/passes/build.h"
 #include "compiler/passes/passes.h"
 
 enum { F_INV = 1, F_WORTH = 2, F_HOIST = 4, F_NEED = 8 };
@@ -41,6 +41,7 @@ typedef struct licm {
   size_t cap;
   uint32_t gen;
   kiln_id *elem; /* the loop being rewritten: its state elements before it */
+  kiln__tx tx;    /* builds the copies, reads and tuples; one per pass run */
 } licm;
 
 static int grow(licm *l) {
@@ -152,19 +153,19 @@ static uint32_t analyse(licm *l, const kiln_computation *b, const kiln_instr *p,
 }
 
 /* The value of state element i before the loop (built once). */
-static kiln_id outside_elem(licm *l, kiln__namer *nc, const kiln_instr *init, const kiln_shape *s,
+static kiln_id outside_elem(licm *l, kiln__b *nc, const kiln_instr *init, const kiln_shape *s,
                             int64_t i) {
   if (i < 0 || i >= (int64_t)s->rank) return KILN_NO_ID;
   if (l->elem[i] != KILN_NO_ID) return l->elem[i];
   if (init->op == KILN_OP_TUPLE && init->noperands == s->rank)
     return l->elem[i] = init->operands[i];
-  kiln_instr *g = kiln__build(nc, KILN_OP_GET_TUPLE_ELEMENT, &s->tuple[i], &init->id, 1);
-  if (g == NULL || kiln_instr_set_attr_int(nc->m, g, KILN_ATTR_INDEX, i)) return KILN_NO_ID;
+  kiln_instr *g = kiln__b_make(nc, KILN_OP_GET_TUPLE_ELEMENT, &s->tuple[i], &init->id, 1);
+  if (g == NULL || kiln_instr_set_attr_int(l->m, g, KILN_ATTR_INDEX, i)) return KILN_NO_ID;
   return l->elem[i] = g->id;
 }
 
 /* Copies the needed cone before the loop; fills l->outer. */
-static int copy_out(licm *l, kiln__namer *nc, const kiln_computation *b, const kiln_instr *p,
+static int copy_out(licm *l, kiln__b *nc, const kiln_computation *b, const kiln_instr *p,
                     const kiln_instr *w) {
   kiln_module *m = l->m;
   const kiln_instr *init = m->instrs[w->operands[0]];
@@ -179,8 +180,7 @@ static int copy_out(licm *l, kiln__namer *nc, const kiln_computation *b, const k
     } else {
       if (x->noperands > 64) return KILN_EINVAL;
       for (uint32_t k = 0; k < x->noperands; k++) ops[k] = l->outer[x->operands[k]];
-      kiln_instr *c = kiln__clone(nc, x, ops, x->noperands);
-      v = c ? c->id : KILN_NO_ID;
+      v = kiln__b_clone_keep_name(nc, x, ops, x->noperands);
     }
     if (v == KILN_NO_ID || grow(l)) return KILN_ENOMEM;
     l->outer[x->id] = v;
@@ -211,12 +211,12 @@ static bool eligible(const licm *l, const kiln_instr *w, kiln_computation **bp,
 
 /* Inside body b, each hoisted value becomes state element k + j, read from
  * parameter p; root_ops[k + j] receives those reads. */
-static int thread_inside(licm *l, kiln__namer *nb, kiln_computation *b, const kiln_instr *p,
+static int thread_inside(licm *l, kiln__b *nb, kiln_computation *b, const kiln_instr *p,
                          const kiln_id *hoisted, uint32_t nh, uint32_t k, kiln_id *root_ops) {
   kiln_module *m = l->m;
   for (uint32_t j = 0; j < nh; j++) {
     const kiln_instr *x = m->instrs[hoisted[j]];
-    kiln_instr *g = kiln__build(nb, KILN_OP_GET_TUPLE_ELEMENT, &x->shape, &p->id, 1);
+    kiln_instr *g = kiln__b_make(nb, KILN_OP_GET_TUPLE_ELEMENT, &x->shape, &p->id, 1);
     if (g == NULL || kiln_instr_set_attr_int(m, g, KILN_ATTR_INDEX, k + j) || grow(l))
       return KILN_ENOMEM;
     l->outer[x->id] = g->id; /* from here on: the replacement inside */
@@ -234,7 +234,7 @@ static int thread_inside(licm *l, kiln__namer *nb, kiln_computation *b, const ki
 }
 
 /* Grows the loop state by the hoisted values. *done tells whether it did. */
-static int hoist(licm *l, kiln__namer *nc, kiln_instr *w, bool *done) {
+static int hoist(licm *l, kiln__b *nc, kiln_instr *w, bool *done) {
   kiln_module *m = l->m;
   kiln_computation *b, *c;
   kiln_instr *p, *q, *r;
@@ -253,11 +253,9 @@ static int hoist(licm *l, kiln__namer *nc, kiln_instr *w, bool *done) {
   kiln_id *init_ops = kiln_malloc(k2 * sizeof *init_ops);
   kiln_id *root_ops = kiln_malloc(k2 * sizeof *root_ops);
   kiln_id *hoisted = kiln_malloc(nh * sizeof *hoisted);
-  kiln__namer nb;
-  bool have_nb = false;
+  kiln__b nb = {&l->tx, b->id};
   rc = KILN_ENOMEM;
-  if (!elems || !init_ops || !root_ops || !hoisted || kiln__namer_init(&nb, m, b->id)) goto out;
-  have_nb = true;
+  if (!elems || !init_ops || !root_ops || !hoisted) goto out;
   const kiln_instr *init = m->instrs[w->operands[0]];
   for (uint32_t i = 0; i < k; i++) {
     elems[i] = w->shape.tuple[i];
@@ -274,7 +272,7 @@ static int hoist(licm *l, kiln__namer *nc, kiln_instr *w, bool *done) {
     init_ops[k + j] = l->outer[hoisted[j]];
   }
   if (kiln_shape_make_tuple(m->arena, &grown, elems, k2)) goto out;
-  kiln_instr *ninit = kiln__build(nc, KILN_OP_TUPLE, &grown, init_ops, k2);
+  kiln_instr *ninit = kiln__b_make(nc, KILN_OP_TUPLE, &grown, init_ops, k2);
   if (ninit == NULL) goto out;
   if (thread_inside(l, &nb, b, p, hoisted, nh, k, root_ops)) goto out;
   for (uint32_t i = 0; i < k; i++) root_ops[i] = r->operands[i]; /* after the remap */
@@ -286,7 +284,6 @@ static int hoist(licm *l, kiln__namer *nc, kiln_instr *w, bool *done) {
   *done = true;
   rc = kiln_computation_sort(m, b->id, NULL);
 out:
-  if (have_nb) kiln__namer_free(&nb);
   kiln_free(init_ops);
   kiln_free(root_ops);
   kiln_free(hoisted);
@@ -301,7 +298,7 @@ typedef struct grown_loop {
 
 /* Non-get-tuple-element users of grown loops (and the root) get a tuple of
  * the original elements instead. */
-static int rewrap(licm *l, kiln__namer *nc, grown_loop *g, uint32_t ng) {
+static int rewrap(licm *l, kiln__b *nc, grown_loop *g, uint32_t ng) {
   kiln_module *m = l->m;
   kiln_computation *c = m->comps[nc->comp];
   /* Here F_INV marks a grown loop and outer[] holds its index in g. */
@@ -323,11 +320,11 @@ static int rewrap(licm *l, kiln__namer *nc, grown_loop *g, uint32_t ng) {
       grown_loop *gl = &g[l->outer[*slot]];
       if (gl->wrap == KILN_NO_ID) {
         for (uint32_t e = 0; e < gl->old.rank; e++) {
-          kiln_instr *x = kiln__build(nc, KILN_OP_GET_TUPLE_ELEMENT, &gl->old.tuple[e], &gl->w, 1);
+          kiln_instr *x = kiln__b_make(nc, KILN_OP_GET_TUPLE_ELEMENT, &gl->old.tuple[e], &gl->w, 1);
           if (x == NULL || kiln_instr_set_attr_int(m, x, KILN_ATTR_INDEX, e)) return KILN_ENOMEM;
           ops[e] = x->id;
         }
-        kiln_instr *t2 = kiln__build(nc, KILN_OP_TUPLE, &gl->old, ops, gl->old.rank);
+        kiln_instr *t2 = kiln__b_make(nc, KILN_OP_TUPLE, &gl->old, ops, gl->old.rank);
         if (t2 == NULL || grow(l)) return KILN_ENOMEM;
         gl->wrap = t2->id;
       }
@@ -344,11 +341,8 @@ static int licm_computation(licm *l, uint32_t comp) {
   for (uint32_t i = 0; i < c->ninstrs; i++) nw += m->instrs[c->instrs[i]]->op == KILN_OP_WHILE;
   if (nw == 0) return 0;
   grown_loop *g = kiln_malloc(nw * sizeof *g);
-  kiln__namer nc;
-  if (g == NULL || kiln__namer_init(&nc, m, comp)) {
-    kiln_free(g);
-    return KILN_ENOMEM;
-  }
+  kiln__b nc = {&l->tx, comp};
+  if (g == NULL) return KILN_ENOMEM;
   uint32_t ng = 0;
   for (uint32_t i = 0; i < c->ninstrs; i++)
     if (m->instrs[c->instrs[i]]->op == KILN_OP_WHILE) g[ng++].w = c->instrs[i];
@@ -363,7 +357,6 @@ static int licm_computation(licm *l, uint32_t comp) {
   }
   if (rc == 0 && grown) rc = rewrap(l, &nc, g, grown);
   if (rc == 0 && grown) rc = kiln_computation_sort(m, comp, NULL);
-  kiln__namer_free(&nc);
   kiln_free(g);
   return rc;
 }
@@ -376,7 +369,8 @@ int kiln_pass_while_licm(kiln_module *m, const kiln_pass_ctx *ctx) {
   l.impure = impure;
   l.ncallers = kiln_calloc(m->ncomps ? m->ncomps : 1, sizeof *l.ncallers);
   int rc = KILN_ENOMEM;
-  if (impure == NULL || l.ncallers == NULL || grow(&l) || kiln_module_post_order(m, &order, &n))
+  if (kiln__tx_init(&l.tx, m, "while_licm", NULL) || impure == NULL || l.ncallers == NULL ||
+      grow(&l) || kiln_module_post_order(m, &order, &n))
     goto out;
   for (uint32_t c = 0; c < m->ncomps; c++) {
     const kiln_computation *comp = m->comps[c];
@@ -389,6 +383,7 @@ int kiln_pass_while_licm(kiln_module *m, const kiln_pass_ctx *ctx) {
   rc = 0;
   for (uint32_t i = 0; i < n && rc == 0; i++) rc = licm_computation(&l, order[i]);
 out:
+  kiln__tx_fini(&l.tx);
   kiln_free(order);
   kiln_free(impure);
   kiln_free(l.ncallers);

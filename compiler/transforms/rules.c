@@ -112,7 +112,8 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     /* contractions, reductions, data movement */
     [KILN_OP_DOT] = {.jvp = kiln__jvp_dot, .vjp = kiln__vjp_dot, .batch = kiln__batch_dot},
     [KILN_OP_CONVOLUTION] = {.jvp = kiln__jvp_dot, .vjp = kiln__vjp_convolution,
-                             .batch = kiln__batch_convolution},
+                             .batch = kiln__batch_convolution,
+                             .lowered = true}, /* with batch_group_count > 1 only */
     [KILN_OP_REDUCE] = {.jvp = kiln__jvp_reduce, .vjp = kiln__vjp_reduce, .fwd = kiln__fwd_reduce,
                         .batch = kiln__batch_reduce},
     [KILN_OP_REDUCE_WINDOW] = {.jvp = kiln__jvp_reduce_window, .vjp = kiln__vjp_reduce_window,

@@ -28,7 +28,7 @@
 #ifndef KILN_COMPILER_TRANSFORMS_RULES_H
 #define KILN_COMPILER_TRANSFORMS_RULES_H
 
-#include "compiler/transforms/build.h"
+#include "compiler/ir/build.h"
 
 /* ---- differentiation (jvp and vjp) -------------------------------------- */
 
@@ -81,7 +81,10 @@ typedef struct kiln__rule {
   kiln__fwd_fn fwd;
   kiln__batch_fn batch;
   bool own_primal;            /* jvp emits the primal value too */
-  bool lowered;               /* lower.c rewrites it into ops with rules first */
+  /* lower.c rewrites it into ops with rules first: always, or for map when
+   * its body is elementwise, for convolution when it has batch groups
+   * (lower.c reads this column; it keeps no list of its own). */
+  bool lowered;
 } kiln__rule;
 
 extern const kiln__rule kiln__tf_rules[KILN_OP_COUNT];
@@ -190,7 +193,8 @@ kiln_id kiln__tf_regroup(kiln__b *b, kiln_id v, int64_t axis, int64_t into, int6
  * are not changed. */
 int kiln__tf_lower(kiln__tx *tx, uint32_t *entry);
 /* Whether kiln__tf_lower rewrites instructions of this op (always, or for
- * map: when its body is elementwise; for convolution: with batch groups). */
+ * map: when its body is elementwise; for convolution: with batch groups):
+ * the lowered column of the rule table. */
 bool kiln__tf_lowered_op(kiln_opcode op);
 
 /* Trip count of a while loop known at compile time, or -1. */

@@ -60,6 +60,120 @@ START_TEST(test_opcode_table) {
 }
 END_TEST
 
+/* The op-class columns of ops.def, pinned: for each class, exactly these
+ * ops (every op is looked at, so a row that drifts is caught both ways). */
+static bool in_list(kiln_opcode op, const kiln_opcode *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (list[i] == op) return true;
+  return false;
+}
+
+#define CHECK_CLASS(pred, ...)                                                             \
+  do {                                                                                     \
+    static const kiln_opcode want[] = {__VA_ARGS__};                                       \
+    for (int i = 0; i < KILN_OP_COUNT; i++)                                                \
+      ck_assert_msg((pred((kiln_opcode)i)) == in_list((kiln_opcode)i, want,                \
+                                                      sizeof want / sizeof *want),         \
+                    "%s: %s", #pred, kiln_opcode_name((kiln_opcode)i));                    \
+  } while (0)
+
+static bool impure(kiln_opcode op) { return !kiln_opcode_is_pure(op); }
+static bool indexing(kiln_opcode op) { return kiln_opcode_flags(op) & KILN_OPF_INDEXING; }
+static bool reduction(kiln_opcode op) { return kiln_opcode_family(op) == KILN_FAM_REDUCTION; }
+static bool channel(kiln_opcode op) { return kiln_opcode_family(op) == KILN_FAM_CHANNEL; }
+static bool movement(kiln_opcode op) { return kiln_opcode_family(op) == KILN_FAM_MOVEMENT; }
+static bool compute(kiln_opcode op) {
+  return kiln_opcode_family(op) == KILN_FAM_COMPUTE || kiln_opcode_family(op) == KILN_FAM_REDUCTION;
+}
+static bool elementwise_not_e(kiln_opcode op) {
+  return kiln_opcode_is_elementwise_family(op) && !(kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE);
+}
+static bool e_not_elementwise(kiln_opcode op) {
+  return !kiln_opcode_is_elementwise_family(op) && (kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE);
+}
+
+START_TEST(test_opcode_classes) {
+  /* Representative rows. */
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_NEGATE), KILN_FAM_UNARY);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_BITCAST_CONVERT), KILN_FAM_UNARY);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_ADD), KILN_FAM_BINARY);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_ATAN2), KILN_FAM_BINARY);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_COMPARE), KILN_FAM_COMPARE);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_SELECT), KILN_FAM_TERNARY);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_CLAMP), KILN_FAM_TERNARY);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_PARAMETER), KILN_FAM_LEAF);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_GET_TUPLE_ELEMENT), KILN_FAM_TUPLE);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_WHILE), KILN_FAM_CONTROL);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_RNG_BIT_GENERATOR), KILN_FAM_RANDOM);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_AFTER_ALL), KILN_FAM_TOKEN);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_ALL_REDUCE), KILN_FAM_COLLECTIVE);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_INVALID), KILN_FAM_NONE);
+  ck_assert_int_eq(kiln_opcode_family(KILN_OP_COUNT), KILN_FAM_NONE);
+  ck_assert(kiln_opcode_is_pure(KILN_OP_ADD) && kiln_opcode_is_pure(KILN_OP_WHILE));
+  ck_assert(kiln_opcode_is_pure(KILN_OP_REPLICA_ID));
+  ck_assert(!kiln_opcode_is_pure(KILN_OP_COUNT));
+  ck_assert(kiln_opcode_has_side_effects(KILN_OP_OUTFEED));
+  ck_assert(kiln_opcode_has_side_effects(KILN_OP_CUSTOM_CALL));
+  ck_assert(!kiln_opcode_has_side_effects(KILN_OP_RNG_BIT_GENERATOR));
+  ck_assert(!kiln_opcode_has_side_effects(KILN_OP_ADD));
+  ck_assert(!kiln_opcode_has_side_effects(KILN_OP_COUNT));
+  /* Whole classes. Elementwise families are exactly the E ops plus
+   * bitcast-convert (which may change the shape). */
+  CHECK_CLASS(elementwise_not_e, KILN_OP_BITCAST_CONVERT);
+  for (int i = 0; i < KILN_OP_COUNT; i++)
+    ck_assert_msg(!e_not_elementwise((kiln_opcode)i), "%s", kiln_opcode_name((kiln_opcode)i));
+  CHECK_CLASS(impure, KILN_OP_INVALID, KILN_OP_RNG, KILN_OP_RNG_BIT_GENERATOR,
+              KILN_OP_RNG_GET_AND_UPDATE_STATE, KILN_OP_OPTIMIZATION_BARRIER, KILN_OP_DOMAIN,
+              KILN_OP_AFTER_ALL, KILN_OP_ADD_DEPENDENCY, KILN_OP_CUSTOM_CALL, KILN_OP_ASYNC_START,
+              KILN_OP_ASYNC_UPDATE, KILN_OP_ASYNC_DONE, KILN_OP_INFEED, KILN_OP_OUTFEED,
+              KILN_OP_SEND, KILN_OP_SEND_DONE, KILN_OP_RECV, KILN_OP_RECV_DONE,
+              KILN_OP_COPY_START, KILN_OP_COPY_DONE, KILN_OP_ALL_REDUCE, KILN_OP_ALL_REDUCE_START,
+              KILN_OP_ALL_REDUCE_DONE, KILN_OP_ALL_GATHER, KILN_OP_ALL_GATHER_START,
+              KILN_OP_ALL_GATHER_DONE, KILN_OP_REDUCE_SCATTER, KILN_OP_ALL_TO_ALL,
+              KILN_OP_RAGGED_ALL_TO_ALL, KILN_OP_COLLECTIVE_PERMUTE,
+              KILN_OP_COLLECTIVE_PERMUTE_START, KILN_OP_COLLECTIVE_PERMUTE_DONE,
+              KILN_OP_COLLECTIVE_BROADCAST);
+  CHECK_CLASS(kiln_opcode_has_side_effects, KILN_OP_CUSTOM_CALL, KILN_OP_RNG,
+              KILN_OP_RNG_GET_AND_UPDATE_STATE, KILN_OP_INFEED, KILN_OP_OUTFEED, KILN_OP_SEND,
+              KILN_OP_SEND_DONE, KILN_OP_RECV, KILN_OP_RECV_DONE);
+  CHECK_CLASS(channel, KILN_OP_INFEED, KILN_OP_OUTFEED, KILN_OP_SEND, KILN_OP_SEND_DONE,
+              KILN_OP_RECV, KILN_OP_RECV_DONE);
+  CHECK_CLASS(movement, KILN_OP_IOTA, KILN_OP_BITCAST, KILN_OP_BROADCAST, KILN_OP_RESHAPE,
+              KILN_OP_DYNAMIC_RESHAPE, KILN_OP_TRANSPOSE, KILN_OP_SLICE, KILN_OP_DYNAMIC_SLICE,
+              KILN_OP_DYNAMIC_UPDATE_SLICE, KILN_OP_CONCATENATE, KILN_OP_PAD, KILN_OP_REVERSE,
+              KILN_OP_GET_DIMENSION_SIZE, KILN_OP_SET_DIMENSION_SIZE);
+  CHECK_CLASS(compute, KILN_OP_DOT, KILN_OP_CONVOLUTION, KILN_OP_REDUCE, KILN_OP_REDUCE_WINDOW,
+              KILN_OP_SELECT_AND_SCATTER, KILN_OP_MAP, KILN_OP_SORT, KILN_OP_GATHER,
+              KILN_OP_SCATTER, KILN_OP_FFT, KILN_OP_CHOLESKY, KILN_OP_TRIANGULAR_SOLVE,
+              KILN_OP_TOPK, KILN_OP_BATCH_NORM_TRAINING, KILN_OP_BATCH_NORM_INFERENCE,
+              KILN_OP_BATCH_NORM_GRAD);
+  CHECK_CLASS(reduction, KILN_OP_REDUCE, KILN_OP_REDUCE_WINDOW, KILN_OP_DOT,
+              KILN_OP_CONVOLUTION, KILN_OP_MAP);
+  CHECK_CLASS(indexing, KILN_OP_BITCAST, KILN_OP_BROADCAST, KILN_OP_RESHAPE, KILN_OP_TRANSPOSE,
+              KILN_OP_SLICE, KILN_OP_DYNAMIC_SLICE, KILN_OP_DYNAMIC_UPDATE_SLICE,
+              KILN_OP_CONCATENATE, KILN_OP_PAD, KILN_OP_REVERSE, KILN_OP_IOTA, KILN_OP_GATHER,
+              KILN_OP_BITCAST_CONVERT, KILN_OP_OPTIMIZATION_BARRIER, KILN_OP_REPLICA_ID,
+              KILN_OP_PARTITION_ID);
+  /* Foldable: every E op, and these. */
+  for (int i = 0; i < KILN_OP_COUNT; i++)
+    if (kiln_opcode_flags((kiln_opcode)i) & KILN_OPF_ELEMENTWISE)
+      ck_assert_msg(kiln_opcode_is_foldable((kiln_opcode)i), "%s", kiln_opcode_name(i));
+  static const kiln_opcode fold[] = {
+      KILN_OP_BITCAST_CONVERT, KILN_OP_BROADCAST, KILN_OP_RESHAPE, KILN_OP_TRANSPOSE,
+      KILN_OP_SLICE, KILN_OP_DYNAMIC_SLICE, KILN_OP_DYNAMIC_UPDATE_SLICE, KILN_OP_CONCATENATE,
+      KILN_OP_PAD, KILN_OP_REVERSE, KILN_OP_GET_TUPLE_ELEMENT, KILN_OP_DOT, KILN_OP_CONVOLUTION,
+      KILN_OP_REDUCE, KILN_OP_REDUCE_WINDOW, KILN_OP_SELECT_AND_SCATTER, KILN_OP_MAP,
+      KILN_OP_SORT, KILN_OP_GATHER, KILN_OP_SCATTER, KILN_OP_FFT, KILN_OP_CHOLESKY,
+      KILN_OP_TRIANGULAR_SOLVE};
+  for (int i = 0; i < KILN_OP_COUNT; i++) {
+    kiln_opcode op = (kiln_opcode)i;
+    bool want = (kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) ||
+                in_list(op, fold, sizeof fold / sizeof *fold);
+    ck_assert_msg(kiln_opcode_is_foldable(op) == want, "foldable: %s", kiln_opcode_name(op));
+  }
+}
+END_TEST
+
 START_TEST(test_attr_table) {
   kiln_attr_key k;
   ck_assert(kiln_attr_key_from_name("lhs_contracting_dims", 20, &k));
@@ -318,6 +432,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_dtype_table);
   tcase_add_test(tc, test_opcode_table);
+  tcase_add_test(tc, test_opcode_classes);
   tcase_add_test(tc, test_attr_table);
   tcase_add_test(tc, test_shape_basics);
   tcase_add_test(tc, test_shape_overflow_and_layout);

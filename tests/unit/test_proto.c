@@ -347,7 +347,7 @@ START_TEST(test_enums_mirror_tables) {
 #undef X
   d = &kiln__v1__opcode__descriptor;
   ck_assert_uint_eq(d->n_values, KILN_OP_COUNT);
-#define X(e, s, arity, flags)                                                   \
+#define X(e, s, arity, family, flags)                                           \
   snprintf(want, sizeof want, "OPCODE_%s", #e);                                \
   ck_assert_str_eq(protobuf_c_enum_descriptor_get_value(d, KILN_OP_##e)->name, want);
 #include "compiler/ir/ops.def"

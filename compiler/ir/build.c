@@ -1,11 +1,17 @@
-/* Instruction builders for the transforms (see build.h).
+/* The instruction builder of the passes and the transforms (see build.h).
  *
  * Names: a new instruction is called after its opcode (or, for a copy, after
  * the source instruction with trailing ".N" parts dropped) followed by "."
- * and its own module-wide id. Since ids are unique, so are the names within
- * any computation the transforms build, however many copies of one source
- * instruction land in it. */
-#include "compiler/transforms/build.h"
+ * and its own module-wide id: "add.57". A parsed module may already hold
+ * such a name (XLA numbers its own), so each candidate is checked against
+ * the computation's name set and a counter suffix added until it is free
+ * ("add.57.1"). The set of a computation is filled once, on its first
+ * build, so naming stays O(1) per instruction.
+ *
+ * Constants: one conversion per entry point, done by the literal setters
+ * (which round once and wrap or saturate as the element type calls for), so
+ * that a value means the same constant whichever pass or rule asks. */
+#include "compiler/ir/build.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -23,13 +29,20 @@ int kiln__tx_init(kiln__tx *tx, kiln_module *m, const char *name, kiln_status *s
   tx->st = st;
   tx->name = name;
   tx->scratch = kiln_arena_create();
-  if (tx->scratch == NULL) return kiln_status_set(st, KILN_ENOMEM, NULL, "%s: out of memory", name);
+  if (tx->scratch == NULL) return kiln__tx_oom(tx);
   return 0;
 }
 
 void kiln__tx_fini(kiln__tx *tx) {
   kiln_free(tx->zero);
   tx->zero = NULL;
+  for (size_t c = 0; c < tx->ncomps_named; c++)
+    if (tx->named[c]) kiln_strmap_free(&tx->names[c]);
+  kiln_free(tx->names);
+  kiln_free(tx->named);
+  tx->names = NULL;
+  tx->named = NULL;
+  tx->ncomps_named = 0;
   kiln_arena_destroy(tx->scratch);
   tx->scratch = NULL;
 }
@@ -105,13 +118,63 @@ static void base_name(const char *src, char *buf, size_t size) {
   snprintf(buf, size, "%.*s", (int)n, src);
 }
 
-static kiln_instr *add_named(kiln__b *b, kiln_opcode op, const char *base) {
-  char bb[128], name[160];
+/* The name set of b's computation, filled on first use; NULL on
+ * out-of-memory (recorded). */
+static kiln_strmap *names_of(kiln__b *b) {
+  kiln__tx *tx = b->tx;
+  uint32_t c = b->comp;
+  if (c >= tx->ncomps_named) {
+    size_t cap = tx->ncomps_named ? tx->ncomps_named : 8;
+    while (cap <= c) cap *= 2;
+    kiln_strmap *nm = kiln_realloc(tx->names, cap * sizeof *nm);
+    if (nm == NULL) return kiln__tx_oom(tx), NULL;
+    tx->names = nm;
+    uint8_t *nd = kiln_realloc(tx->named, cap);
+    if (nd == NULL) return kiln__tx_oom(tx), NULL;
+    memset(nd + tx->ncomps_named, 0, cap - tx->ncomps_named);
+    tx->named = nd;
+    tx->ncomps_named = cap;
+  }
+  kiln_strmap *set = &tx->names[c];
+  if (!tx->named[c]) {
+    kiln_strmap_init(set);
+    tx->named[c] = 1;
+    const kiln_computation *comp = tx->m->comps[c];
+    for (uint32_t i = 0; i < comp->ninstrs; i++) {
+      const char *name = tx->m->instrs[comp->instrs[i]]->name;
+      if (name && kiln_strmap_put(set, name, strlen(name), 0, NULL) < 0)
+        return kiln__tx_oom(tx), NULL;
+    }
+  }
+  return set;
+}
+
+/* Writes into buf "<base>.<next id>", or that with ".k" appended for the
+ * first k that makes it free in `set`. */
+static void fresh_name(const kiln__b *b, const kiln_strmap *set, const char *base, char *buf,
+                       size_t size) {
+  char bb[128];
   base_name(base, bb, sizeof bb);
-  snprintf(name, sizeof name, "%s.%u", bb, (unsigned)b->tx->m->ninstrs);
-  kiln_instr *ins = kiln_module_add_instr(b->tx->m, b->comp, op, name);
-  if (ins == NULL) kiln__tx_oom(b->tx);
+  snprintf(buf, size, "%s.%u", bb, (unsigned)b->tx->m->ninstrs);
+  size_t len = strlen(buf);
+  for (unsigned k = 1; kiln_strmap_get(set, buf, strlen(buf), NULL); k++)
+    snprintf(buf + len, size - len, ".%u", k);
+}
+
+/* Records the name of a new instruction of b's computation. */
+static kiln_instr *named(kiln__b *b, kiln_strmap *set, kiln_instr *ins) {
+  if (ins == NULL) return kiln__tx_oom(b->tx), NULL;
+  if (kiln_strmap_put(set, ins->name, strlen(ins->name), 0, NULL) < 0)
+    return kiln__tx_oom(b->tx), NULL;
   return ins;
+}
+
+static kiln_instr *add_named(kiln__b *b, kiln_opcode op, const char *base) {
+  kiln_strmap *set = names_of(b);
+  if (set == NULL) return NULL;
+  char name[160];
+  fresh_name(b, set, base, name, sizeof name);
+  return named(b, set, kiln_module_add_instr(b->tx->m, b->comp, op, name));
 }
 
 static bool ops_ok(kiln__b *b, const kiln_id *ops, uint32_t n) {
@@ -157,6 +220,16 @@ kiln_id kiln__b_op(kiln__b *b, kiln_opcode op, const kiln_id *ops, uint32_t n) {
   return kiln__b_finish(b, kiln__b_start(b, op, ops, n));
 }
 
+kiln_instr *kiln__b_make(kiln__b *b, kiln_opcode op, const kiln_shape *shape, const kiln_id *ops,
+                         uint32_t n) {
+  kiln_instr *ins = kiln__b_start(b, op, ops, n);
+  if (ins && kiln_instr_set_shape(b->tx->m, ins, shape)) {
+    kiln__tx_oom(b->tx);
+    return NULL;
+  }
+  return ins;
+}
+
 /* Gives ins a written result shape (for ops whose inference reads it). */
 static bool set_written(kiln__b *b, kiln_instr *ins, kiln_dtype t, const int64_t *dims,
                         uint32_t rank) {
@@ -181,18 +254,26 @@ bool kiln__b_drop_attr(kiln_instr *ins, kiln_attr_key key) {
   return false;
 }
 
-static kiln_instr *clone_raw(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n) {
+/* A copy of src on new operands; keep_name: named src->name when free. */
+static kiln_instr *clone_raw(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n,
+                             bool keep_name) {
   if (!ops_ok(b, ops, n)) return NULL;
-  char bb[128], name[160];
-  base_name(src->name ? src->name : kiln_opcode_name(src->op), bb, sizeof bb);
-  snprintf(name, sizeof name, "%s.%u", bb, (unsigned)b->tx->m->ninstrs);
-  kiln_instr *ins = kiln_instr_clone(b->tx->m, b->comp, src, ops, n, NULL, name);
-  if (ins == NULL) kiln__tx_oom(b->tx);
-  return ins;
+  kiln_strmap *set = names_of(b);
+  if (set == NULL) return NULL;
+  char buf[160];
+  const char *name = src->name;
+  if (!keep_name || name == NULL || kiln_strmap_get(set, name, strlen(name), NULL)) {
+    /* A plain copy is named after its source, a moved one that could not
+     * keep its name after its opcode, as a new instruction is. */
+    const char *base = keep_name || src->name == NULL ? kiln_opcode_name(src->op) : src->name;
+    fresh_name(b, set, base, buf, sizeof buf);
+    name = buf;
+  }
+  return named(b, set, kiln_instr_clone(b->tx->m, b->comp, src, ops, n, NULL, name));
 }
 
 kiln_instr *kiln__b_clone_start(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n) {
-  kiln_instr *ins = clone_raw(b, src, ops, n);
+  kiln_instr *ins = clone_raw(b, src, ops, n, false);
   if (ins) kiln__b_drop_attr(ins, KILN_ATTR_SHARDING);
   return ins;
 }
@@ -202,7 +283,12 @@ kiln_id kiln__b_clone(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uin
 }
 
 kiln_id kiln__b_clone_same(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n) {
-  kiln_instr *ins = clone_raw(b, src, ops, n);
+  kiln_instr *ins = clone_raw(b, src, ops, n, false);
+  return ins ? ins->id : KILN_NO_ID;
+}
+
+kiln_id kiln__b_clone_keep_name(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n) {
+  kiln_instr *ins = clone_raw(b, src, ops, n, true);
   return ins ? ins->id : KILN_NO_ID;
 }
 
@@ -279,34 +365,63 @@ kiln_id kiln__b_conj(kiln__b *b, kiln_id x) {
 
 /* ---- constants ---------------------------------------------------------- */
 
-static kiln_id constant(kiln__b *b, kiln_dtype t, double v, int64_t iv, bool integral) {
-  if (b->tx->err) return KILN_NO_ID;
+/* A scalar constant of type t, zero until the caller sets its element;
+ * NULL after an error. */
+static kiln_literal *constant(kiln__b *b, kiln_dtype t, kiln_id *out) {
+  *out = KILN_NO_ID;
+  if (b->tx->err) return NULL;
+  if (!kiln_dtype_is_array(t)) {
+    kiln__tx_fail(b->tx, KILN_EINTERNAL, NULL, "%s: internal error: scalar constant of type %s",
+                  b->tx->name, kiln_dtype_name(t));
+    return NULL;
+  }
   kiln_module *m = b->tx->m;
   kiln_instr *ins = add_named(b, KILN_OP_CONSTANT, "constant");
-  if (ins == NULL) return KILN_NO_ID;
+  if (ins == NULL) return NULL;
   kiln_shape s;
   kiln_literal *lit = NULL;
-  kiln_status lst;
-  kiln_status_clear(&lst);
   if (kiln_shape_make_array(m->arena, &s, t, NULL, 0) ||
-      kiln_literal_create(m->arena, &s, 0, &lit, &lst) || kiln_instr_set_shape(m, ins, &s)) {
+      kiln_literal_create(m->arena, &s, 0, &lit, NULL) || kiln_instr_set_shape(m, ins, &s)) {
+    kiln__tx_oom(b->tx);
+    return NULL;
+  }
+  ins->literal = lit;
+  *out = ins->id;
+  return lit;
+}
+
+kiln_id kiln__b_scalar(kiln__b *b, kiln_dtype t, double v) {
+  kiln_id id;
+  kiln_literal *lit = constant(b, t, &id);
+  if (lit) kiln_literal_set_f64(lit, 0, v);
+  return id;
+}
+
+kiln_id kiln__b_iscalar(kiln__b *b, kiln_dtype t, int64_t v) {
+  kiln_id id;
+  kiln_literal *lit = constant(b, t, &id);
+  if (lit) kiln_literal_set_s64(lit, 0, v);
+  return id;
+}
+
+kiln_id kiln__b_uscalar(kiln__b *b, kiln_dtype t, uint64_t v) {
+  kiln_id id;
+  kiln_literal *lit = constant(b, t, &id);
+  if (lit) kiln_literal_set_u64(lit, 0, v);
+  return id;
+}
+
+kiln_id kiln__b_splat(kiln__b *b, kiln_id scalar, const kiln_shape *shape) {
+  if (b->tx->err) return KILN_NO_ID;
+  if (shape->rank == 0) return scalar;
+  kiln_instr *ins = kiln__b_make(b, KILN_OP_BROADCAST, shape, &scalar, 1);
+  if (ins == NULL) return KILN_NO_ID;
+  if (kiln_instr_set_attr_ints(b->tx->m, ins, KILN_ATTR_DIMENSIONS, NULL, 0)) {
     kiln__tx_oom(b->tx);
     return KILN_NO_ID;
   }
-  if (integral || !(kiln_dtype_is_float(t) || kiln_dtype_is_complex(t))) {
-    if (kiln_dtype_is_unsigned_int(t))
-      kiln_literal_set_u64(lit, 0, (uint64_t)(integral ? iv : (int64_t)v));
-    else
-      kiln_literal_set_s64(lit, 0, integral ? iv : (int64_t)v);
-  } else {
-    kiln_literal_set_f64(lit, 0, v);
-  }
-  ins->literal = lit;
   return ins->id;
 }
-
-kiln_id kiln__b_scalar(kiln__b *b, kiln_dtype t, double v) { return constant(b, t, v, 0, false); }
-kiln_id kiln__b_iscalar(kiln__b *b, kiln_dtype t, int64_t v) { return constant(b, t, 0, v, true); }
 
 kiln_id kiln__b_full(kiln__b *b, kiln_dtype t, const int64_t *dims, uint32_t rank, double v) {
   kiln_id c = kiln__b_scalar(b, t, v);
@@ -645,4 +760,50 @@ int kiln__b_shape_batched(kiln__tx *tx, const kiln_shape *s, int64_t bsize, kiln
   for (uint32_t i = 0; i < s->rank; i++) dims[i + 1] = s->dims[i];
   if (kiln_shape_make_array(tx->m->arena, out, s->dtype, dims, s->rank + 1)) return kiln__tx_oom(tx);
   return 0;
+}
+
+/* ---- purity ------------------------------------------------------------- */
+
+static bool has_token(const kiln_shape *s) {
+  if (s->dtype == KILN_TOKEN) return true;
+  if (!kiln_shape_is_tuple(s)) return false;
+  for (uint32_t i = 0; i < s->rank; i++)
+    if (has_token(&s->tuple[i])) return true;
+  return false;
+}
+
+/* The instruction alone, not what it calls: its op (ops.def) and whether
+ * it carries a token. */
+static bool self_pure(const kiln_instr *ins) {
+  return kiln_opcode_is_pure(ins->op) && !has_token(&ins->shape);
+}
+
+bool kiln__instr_is_pure(const kiln_module *m, const kiln_instr *ins, const bool *impure) {
+  if (!self_pure(ins)) return false;
+  for (uint32_t i = 0; i < ins->ncalled; i++) {
+    if (ins->called[i] >= m->ncomps) return false;
+    if (impure && impure[ins->called[i]]) return false;
+  }
+  return true;
+}
+
+bool *kiln__impure_computations(const kiln_module *m) {
+  bool *impure = kiln_malloc((m->ncomps ? m->ncomps : 1) * sizeof *impure);
+  if (impure == NULL) return NULL;
+  /* Unreachable computations stay impure: nothing reachable calls them. */
+  for (uint32_t c = 0; c < m->ncomps; c++) impure[c] = true;
+  uint32_t *order = NULL, n = 0;
+  if (kiln_module_post_order(m, &order, &n)) {
+    kiln_free(order);
+    return impure; /* a call cycle or no entry: everything impure */
+  }
+  for (uint32_t k = 0; k < n; k++) {
+    const kiln_computation *c = m->comps[order[k]];
+    bool bad = false;
+    for (uint32_t i = 0; i < c->ninstrs && !bad; i++)
+      bad = !kiln__instr_is_pure(m, m->instrs[c->instrs[i]], impure);
+    impure[order[k]] = bad;
+  }
+  kiln_free(order);
+  return impure;
 }

@@ -1,38 +1,58 @@
-/* Instruction builders for the transforms: "emit add(a, b)" in one line.
+/* The instruction builder shared by the passes and the transforms: "emit
+ * add(a, b)" in one line.
  *
- * Every builder appends one instruction to the computation of a kiln__b,
- * infers its result shape (kiln_infer_shape) and returns its id. Errors are
- * sticky in the shared kiln__tx: after the first failure every builder
- * returns KILN_NO_ID and does nothing, so rule bodies can chain builders and
- * check once at the end. get-tuple-element of a tuple instruction folds to
- * the element, and zeros made by kiln__b_zeros are remembered (kiln__b_is_zero)
- * so that rules can keep symbolic zeros symbolic.
+ * A kiln__tx is one building session over a module (a transform, or one run
+ * of a pass); a kiln__b says where instructions go: one computation of it.
+ * Every builder appends one instruction, gives it a name that is unique in
+ * its computation (see build.c), infers its result shape (kiln_infer_shape)
+ * unless the caller gives one, and returns its id. Errors are sticky in the
+ * session: after the first failure every builder returns KILN_NO_ID (or
+ * NULL) and does nothing, so callers can chain builders and check once at
+ * the end. get-tuple-element of a tuple instruction folds to the element,
+ * and zeros made by kiln__b_zeros are remembered (kiln__b_is_zero) so that
+ * rules can keep symbolic zeros symbolic.
+ *
+ * Scalar constants convert their value to the element type in one step, the
+ * same for every caller (kiln__b_scalar, kiln__b_iscalar, kiln__b_uscalar).
+ *
+ * The purity questions that decide whether a pass may move, merge, remove
+ * or evaluate an instruction live here too, next to the builders that do
+ * the moving.
  */
-#ifndef KILN_COMPILER_TRANSFORMS_BUILD_H
-#define KILN_COMPILER_TRANSFORMS_BUILD_H
+#ifndef KILN_COMPILER_IR_BUILD_H
+#define KILN_COMPILER_IR_BUILD_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/strmap.h"
 #include "compiler/ir/ir.h"
 
-/* State shared by everything one transform builds. */
+/* State shared by everything one session builds. */
 typedef struct kiln__tx {
   kiln_module *m;
-  kiln_status *st;
-  const char *name;   /* the transform, as messages name it: "grad" */
+  kiln_status *st;    /* may be NULL: the caller reports errors itself */
+  const char *name;   /* the transform or pass, as messages name it: "grad" */
   int err;            /* first error code; 0 while none */
   uint8_t *zero;      /* zero[id]: instruction id is known to be all zeros */
   size_t zcap;
-  kiln_arena *scratch; /* freed when the transform ends */
+  kiln_arena *scratch; /* freed when the session ends */
+  /* names[c]: the names in use in computation c, filled on the first build
+   * into c (valid when c < ncomps_named and named[c]); keys point at arena
+   * names, which outlive the session. Instructions added to c behind the
+   * builder's back afterwards are not seen. */
+  kiln_strmap *names;
+  uint8_t *named;
+  size_t ncomps_named;
 } kiln__tx;
 
-/* Where builders append: one computation. */
+/* Where builders append: one computation. Plain value; {tx, comp}. */
 typedef struct kiln__b {
   kiln__tx *tx;
   uint32_t comp;
 } kiln__b;
 
+/* `st` may be NULL. kiln__tx_fini is needed even after a failed init. */
 int kiln__tx_init(kiln__tx *tx, kiln_module *m, const char *name, kiln_status *st);
 void kiln__tx_fini(kiln__tx *tx);
 
@@ -62,6 +82,11 @@ int kiln__b_new_comp(kiln__tx *tx, const char *base, uint32_t *out);
 kiln_instr *kiln__b_start(kiln__b *b, kiln_opcode op, const kiln_id *ops, uint32_t n);
 kiln_id kiln__b_finish(kiln__b *b, kiln_instr *ins);
 kiln_id kiln__b_op(kiln__b *b, kiln_opcode op, const kiln_id *ops, uint32_t n);
+/* A new instruction with operands and result shape `shape` (copied, layout
+ * included; not inferred), for passes that must keep layouts: set its
+ * attributes, nothing to finish. NULL after an error. */
+kiln_instr *kiln__b_make(kiln__b *b, kiln_opcode op, const kiln_shape *shape, const kiln_id *ops,
+                         uint32_t n);
 /* A copy of `src` (attributes and called computations; no sharding, no
  * control edges) on new operands, its shape inferred again. */
 kiln_id kiln__b_clone(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n);
@@ -71,9 +96,13 @@ kiln_instr *kiln__b_clone_start(kiln__b *b, const kiln_instr *src, const kiln_id
 /* Same but keeps src's result shape and sharding (operands of the same
  * shapes as src's). */
 kiln_id kiln__b_clone_same(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n);
-/* Parameter `number`, named after `base` (NULL: "param"). */
+/* kiln__b_clone_same that keeps src's very name when it is free in b's
+ * computation (an instruction moved out of a loop body stays recognisable);
+ * otherwise named after its opcode, as kiln__b_make names. */
+kiln_id kiln__b_clone_keep_name(kiln__b *b, const kiln_instr *src, const kiln_id *ops, uint32_t n);
 /* Removes attribute `key` from ins; whether it was there. */
 bool kiln__b_drop_attr(kiln_instr *ins, kiln_attr_key key);
+/* Parameter `number`, named after `base` (NULL: "param"). */
 kiln_id kiln__b_param(kiln__b *b, int64_t number, const kiln_shape *shape, const char *base);
 
 /* ---- elementwise -------------------------------------------------------- */
@@ -96,8 +125,26 @@ kiln_id kiln__b_as(kiln__b *b, kiln_id x, kiln_dtype t);
 
 /* ---- constants ---------------------------------------------------------- */
 
+/* A scalar constant of type t. Each converts its value to t in one step,
+ * the same way for every type:
+ * - kiln__b_scalar: v as convert(f64 -> t) is in Kiln (kiln_literal_set_f64):
+ *   real floats round to nearest even (f16, bf16 and f8 straight from the
+ *   double, never through f32), complex types hold (v, 0), pred is v != 0,
+ *   integers truncate toward zero and saturate to the type's range (NaN is
+ *   0), so u64 values above 2^63 and the s64 extremes are exact where the
+ *   double is.
+ * - kiln__b_iscalar: the integer v exactly; integers wrap to the width
+ *   (two's complement: -1 is all ones in an unsigned type), floats and
+ *   complex types round the exact integer to nearest even once, pred is
+ *   v != 0.
+ * - kiln__b_uscalar: the same for an unsigned v (all of u64). */
 kiln_id kiln__b_scalar(kiln__b *b, kiln_dtype t, double v);
 kiln_id kiln__b_iscalar(kiln__b *b, kiln_dtype t, int64_t v);
+kiln_id kiln__b_uscalar(kiln__b *b, kiln_dtype t, uint64_t v);
+/* An array of shape `shape` (layout included) whose elements all equal the
+ * scalar instruction `scalar` (of the same element type): the scalar itself
+ * when the shape is a scalar, else a broadcast with dimensions={}. */
+kiln_id kiln__b_splat(kiln__b *b, kiln_id scalar, const kiln_shape *shape);
 /* An array of `dims` filled with v (broadcast of a scalar constant). */
 kiln_id kiln__b_full(kiln__b *b, kiln_dtype t, const int64_t *dims, uint32_t rank, double v);
 /* v shaped like x (dtype and dims). */
@@ -166,4 +213,18 @@ uint32_t kiln__b_leaf_count(const kiln_shape *s);
 /* Copies a shape with the batch size inserted at dim 0. */
 int kiln__b_shape_batched(kiln__tx *tx, const kiln_shape *s, int64_t bsize, kiln_shape *out);
 
-#endif /* KILN_COMPILER_TRANSFORMS_BUILD_H */
+/* ---- purity ------------------------------------------------------------- */
+
+/* Whether the instruction may be removed, merged with an equal one,
+ * evaluated at compile time or moved: no side effect, no randomness, no
+ * communication, no async or token plumbing, no optimization barrier, and
+ * (given `impure`, indexed by computation id, or NULL) no call into a
+ * computation that is impure. */
+bool kiln__instr_is_pure(const kiln_module *m, const kiln_instr *ins, const bool *impure);
+
+/* impure[c] for every computation: it holds, or calls into, an instruction
+ * that is not pure. kiln_malloc'd (m->ncomps entries); NULL on
+ * out-of-memory. */
+bool *kiln__impure_computations(const kiln_module *m);
+
+#endif /* KILN_COMPILER_IR_BUILD_H */
