@@ -1,6 +1,7 @@
-/* The kernel emitter: C source for "the value of instruction X at element
- * index I", shared by the CPU target (which wraps it in loops over an index
- * range) and the CUDA target (grid-stride loops).
+/* The kernel emitter: source for "the value of instruction X at element
+ * index I", shared by every code target (target_iface.h): the C target
+ * wraps it in loops over an index range, a CUDA target in grid-stride
+ * loops.
  *
  * An index is a vector of C expressions, one per logical dim (variables or
  * integer literals the emitter made up), plus optionally the name of the
@@ -16,7 +17,7 @@
  * are computed in double and rounded to nearest even after every op, f32
  * transcendentals are computed in double and rounded once, integers wrap,
  * and division, remainder, shifts, conversions, min/max and comparisons use
- * XLA's edge semantics (helpers in the prelude, c_target.c).
+ * XLA's edge semantics (the prelude's helpers).
  *
  * Identifiers in the generated code are the emitter's own (v12, x3, b0,
  * kf2); no name or string from the module ever reaches the source.
@@ -28,6 +29,7 @@
 #include <stdint.h>
 
 #include "common/sbuf.h"
+#include "compiler/codegen/target_iface.h"
 #include "compiler/ir/ir.h"
 
 #define KILN__EMIT_MAXR 32 /* largest rank code generation handles */
@@ -38,9 +40,10 @@
  * comparators, map functions), shared by every kernel of the module. */
 typedef struct kiln__emit_mod {
   const kiln_module *m;
-  kiln_sbuf funcs;   /* file-scope helper functions */
-  int32_t *comp_fn;  /* per computation: its helper function's number, or -1 */
-  uint8_t *fn_tuple; /* per helper function: returns through pointers (tuple root) */
+  const kiln__cg_target *target; /* the dialect everything is written in */
+  kiln_sbuf funcs;               /* file-scope helper functions */
+  int32_t *comp_fn;              /* per computation: its helper function's number, or -1 */
+  uint8_t *fn_tuple;             /* per helper function: returns through pointers (tuple root) */
   uint32_t nfns;
   size_t fncap;
   kiln_status *st;
@@ -88,7 +91,8 @@ typedef struct kiln__emit_fn {
 
 /* ---- setup (emit.c) ----------------------------------------------------- */
 
-int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, kiln_status *st);
+int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, const kiln__cg_target *target,
+                        kiln_status *st);
 void kiln__emit_mod_free(kiln__emit_mod *mod);
 int kiln__emit_fn_init(kiln__emit_fn *f, kiln__emit_mod *mod, kiln_sbuf *out, int indent);
 void kiln__emit_fn_free(kiln__emit_fn *f);
@@ -143,14 +147,18 @@ int kiln__emit_memo_put(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, const u
 
 /* Whether code generation computes on this element type. */
 bool kiln__emit_dtype_ok(kiln_dtype t);
-const char *kiln__ctype(kiln_dtype t); /* compute type: "float", "double" for f16/bf16 */
-const char *kiln__stype(kiln_dtype t); /* storage type: "uint16_t" for f16/bf16 */
+/* The target's spelling of t's compute type ("float"; "double" for
+ * f16/bf16) and storage type ("uint16_t" for f16/bf16); that of u8 for a
+ * type the emitter does not compute on. */
+const char *kiln__ctype(const kiln__emit_mod *mod, kiln_dtype t);
+const char *kiln__stype(const kiln__emit_mod *mod, kiln_dtype t);
 /* Loads element `off` of buffer b<arg> as a compute value expression. */
 void kiln__emit_load_expr(kiln_dtype t, uint32_t arg, const char *off, char *dst, size_t size);
 /* Writes `v` (compute value expression) converted to storage form. */
 void kiln__emit_store_expr(kiln_dtype t, const char *v, char *dst, size_t size);
 /* A scalar literal of type t from the literal's element i. */
-void kiln__emit_literal(kiln_dtype t, const kiln_literal *lit, int64_t i, char *dst, size_t size);
+void kiln__emit_literal(const kiln__emit_mod *mod, kiln_dtype t, const kiln_literal *lit, int64_t i,
+                        char *dst, size_t size);
 
 /* ---- op families -------------------------------------------------------- */
 
@@ -173,8 +181,9 @@ int kiln__emit_dus_target(kiln__emit_fn *f, const kiln_instr *dus, const kiln__i
 int kiln__emit_reduction(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
                          const uint32_t **vars, uint32_t *n);
 /* Writes (once per computation) a helper function computing scalar
- * computation comp: "static inline T kf<N>(T p0, ...)" returning the root,
- * or, for a tuple root, "static inline void kf<N>(T p0, ..., T *r0, ...)". */
+ * computation comp: "<helper_qual> T kf<N>(T p0, ...)" returning the root,
+ * or, for a tuple root, "<helper_qual> void kf<N>(T p0, ..., T *restrict
+ * r0, ...)". */
 int kiln__emit_comp_fn(kiln__emit_mod *mod, uint32_t comp, const kiln_instr *caller, uint32_t *fn);
 /* Calls helper fn with argument variables args[0..nargs) and stores its
  * results into variables outs[0..nouts). */
