@@ -12,6 +12,20 @@
 #include "compiler/buffer_assign.h"
 #include "compiler/codegen/emit.h"
 
+/* ---- the prelude contract ----------------------------------------------- */
+
+const kiln__prelude_helper kiln__prelude_helpers[] = {
+#define X(name, sig) {#name, sig},
+    KILN__PRELUDE_HELPERS(X)
+#undef X
+        {NULL, NULL}};
+
+const char *const kiln__emit_std_funcs[] = {
+#define X(name) #name,
+    KILN__EMIT_STD_FUNCS(X)
+#undef X
+        NULL};
+
 /* ---- setup -------------------------------------------------------------- */
 
 int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, const kiln__cg_target *target,
