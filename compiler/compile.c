@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "compiler/buffer_assign.h"
+#include "compiler/codegen/c_target.h"
 #include "compiler/codegen/cc.h"
 #include "compiler/codegen/lower.h"
 #include "compiler/compile.h"
@@ -41,7 +42,7 @@ typedef struct stage {
   kiln_module *m;
   kiln_buffer_assignment *ba;
   uint64_t *scratch;
-  kiln__cgen g;
+  kiln__codegen g;
   bool g_init;
   char *src;
   size_t nsrc;
@@ -72,10 +73,11 @@ static int generate(stage *s, kiln_executable *e, kiln_compile_report *r, kiln_s
   r->temp_bytes = s->ba->temp_bytes;
   r->peak_bytes = s->ba->peak_bytes;
   t0 = now_ms();
-  if ((rc = kiln__cgen_init(&s->g, s->m, st))) return rc;
+  /* check_target admits cpu targets only: their code is C. */
+  if ((rc = kiln__codegen_init(&s->g, s->m, &kiln__c_target, st))) return rc;
   s->g_init = true;
   rc = kiln__lower(s->m, s->ba, &s->g, e, st);
-  if (rc == 0 && (s->src = kiln__cgen_source(&s->g, &s->nsrc)) == NULL)
+  if (rc == 0 && (s->src = kiln__codegen_source(&s->g, &s->nsrc)) == NULL)
     rc = kiln_status_set(st, KILN_ENOMEM, "codegen", "out of memory");
   r->codegen_ms = now_ms() - t0;
   r->nkernels = s->g.nkernels;
@@ -175,7 +177,7 @@ out:
   r->total_ms = now_ms() - t0;
   kiln_executable_destroy(e);
   kiln_free(s.src);
-  if (s.g_init) kiln__cgen_free(&s.g);
+  if (s.g_init) kiln__codegen_free(&s.g);
   kiln_buffer_assignment_destroy(s.ba);
   kiln_free(s.scratch);
   kiln_module_destroy(s.m);

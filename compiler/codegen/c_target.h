@@ -1,80 +1,14 @@
-/* The C target: one translation unit per module, built from the kernel
- * emitter's bodies. It writes a fixed prelude (element conversions and
- * XLA's edge semantics as static inline helpers), the helper functions the
- * emitter asked for, and one exported function per kernel,
- * void kiln_kernel_N(void *const *bufs, int64_t begin, int64_t end),
- * that computes iterations [begin, end) so that a step can be split by
- * range across threads.
+/* The C target: the first implementation of the code target interface
+ * (target_iface.h). Kernels are C11 compiled by the system C compiler
+ * (cc.c) into a shared object; a step runs kiln_kernel_N over a range of
+ * iterations that the executor may split across threads, so an invocation
+ * loops over all of [begin, end) it is given.
  */
 #ifndef KILN_COMPILER_CODEGEN_C_TARGET_H
 #define KILN_COMPILER_CODEGEN_C_TARGET_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "compiler/codegen/target_iface.h"
 
-#include "compiler/codegen/emit.h"
-
-/* An instruction whose leaves are read from kernel arguments. */
-typedef struct kiln__kbind {
-  kiln_id id;
-  uint32_t nleaves;
-  const uint32_t *args;            /* per leaf: argument number */
-  const kiln_shape *const *shapes; /* per leaf: the buffer's shape (layout) */
-} kiln__kbind;
-
-typedef struct kiln__kernel_spec {
-  uint32_t nargs;
-  const kiln_dtype *arg_dtype; /* element type behind each argument */
-  const uint8_t *arg_out;      /* written by the kernel */
-  const uint8_t *arg_shared;   /* the same memory as another argument: no restrict */
-  const kiln__kbind *binds;
-  uint32_t nbinds;
-  kiln_id root;   /* the value computed (an array or a tuple) */
-  uint32_t nouts; /* leaves of root's value stored, all of one dims */
-  const uint32_t *out_leaf;
-  const uint32_t *out_arg;
-  const kiln_shape *const *out_shape;
-} kiln__kernel_spec;
-
-typedef struct kiln__cgen {
-  kiln__emit_mod mod;
-  kiln_sbuf kernels;
-  uint32_t nkernels;
-  kiln_status *st;
-} kiln__cgen;
-
-int kiln__cgen_init(kiln__cgen *g, const kiln_module *m, kiln_status *st);
-void kiln__cgen_free(kiln__cgen *g);
-/* The whole translation unit; kiln_malloc'd, NUL-terminated. */
-char *kiln__cgen_source(kiln__cgen *g, size_t *len);
-
-/* A loop kernel over the elements of the outputs: *range is the number of
- * iterations the step runs (elements, or rows of the innermost dim). */
-int kiln__cgen_loop(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel, uint64_t *range);
-/* dynamic-update-slice `dus` (k->root, or the root inside a fused
- * computation) written in place: iterates over the update only; the
- * output argument already holds the operand. */
-int kiln__cgen_dus(kiln__cgen *g, const kiln__kernel_spec *k, kiln_id dus, uint32_t *kernel,
-                   uint64_t *range);
-/* scatter (k->root): one iteration applying every update in order to the
- * output arguments, which already hold the operands. */
-int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
-                       uint64_t *range);
-/* select-and-scatter (k->root): one sequential iteration; the operand,
- * source and init value are bound inputs. */
-int kiln__cgen_select_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
-                              uint64_t *range);
-/* sort (k->root): one iteration per row; outputs args out_arg[], the
- * inputs bound by binds, and argument `scratch` holding 2 x len int64 per
- * row for the permutation. */
-int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch, uint32_t *kernel,
-                    uint64_t *range);
-
-/* Shared by c_target.c and c_target_kernels.c. */
-int kiln__cgen_begin(kiln__cgen *g, const kiln__kernel_spec *k, kiln_sbuf *body, kiln__emit_fn *f,
-                     int indent);
-void kiln__cgen_finish(kiln__cgen *g, const kiln__kernel_spec *k, const char *body, uint64_t range);
-void kiln__cgen_decompose(kiln_sbuf *b, const kiln_shape *s, const char *lin, uint32_t skip_minor,
-                          const char *prefix, int indent);
+extern const kiln__cg_target kiln__c_target;
 
 #endif /* KILN_COMPILER_CODEGEN_C_TARGET_H */

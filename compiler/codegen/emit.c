@@ -12,11 +12,27 @@
 #include "compiler/buffer_assign.h"
 #include "compiler/codegen/emit.h"
 
+/* ---- the prelude contract ----------------------------------------------- */
+
+const kiln__prelude_helper kiln__prelude_helpers[] = {
+#define X(name, sig) {#name, sig},
+    KILN__PRELUDE_HELPERS(X)
+#undef X
+        {NULL, NULL}};
+
+const char *const kiln__emit_std_funcs[] = {
+#define X(name) #name,
+    KILN__EMIT_STD_FUNCS(X)
+#undef X
+        NULL};
+
 /* ---- setup -------------------------------------------------------------- */
 
-int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, kiln_status *st) {
+int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, const kiln__cg_target *target,
+                        kiln_status *st) {
   memset(mod, 0, sizeof *mod);
   mod->m = m;
+  mod->target = target;
   mod->st = st;
   kiln_sbuf_init(&mod->funcs);
   mod->comp_fn = kiln_malloc((m->ncomps ? m->ncomps : 1) * sizeof *mod->comp_fn);
@@ -278,28 +294,14 @@ bool kiln__emit_dtype_ok(kiln_dtype t) {
   }
 }
 
-const char *kiln__ctype(kiln_dtype t) {
-  switch (t) {
-  case KILN_PRED: return "uint8_t";
-  case KILN_S8: return "int8_t";
-  case KILN_S16: return "int16_t";
-  case KILN_S32: return "int32_t";
-  case KILN_S64: return "int64_t";
-  case KILN_U8: return "uint8_t";
-  case KILN_U16: return "uint16_t";
-  case KILN_U32: return "uint32_t";
-  case KILN_U64: return "uint64_t";
-  case KILN_F32: return "float";
-  case KILN_F16:
-  case KILN_BF16:
-  case KILN_F64: return "double";
-  default: return "uint8_t";
-  }
+const char *kiln__ctype(const kiln__emit_mod *mod, kiln_dtype t) {
+  const char *s = (unsigned)t < KILN_DTYPE_COUNT ? mod->target->ctype[t] : NULL;
+  return s ? s : mod->target->ctype[KILN_U8];
 }
 
-const char *kiln__stype(kiln_dtype t) {
-  if (t == KILN_F16 || t == KILN_BF16) return "uint16_t";
-  return kiln__ctype(t);
+const char *kiln__stype(const kiln__emit_mod *mod, kiln_dtype t) {
+  const char *s = (unsigned)t < KILN_DTYPE_COUNT ? mod->target->stype[t] : NULL;
+  return s ? s : mod->target->stype[KILN_U8];
 }
 
 void kiln__emit_load_expr(kiln_dtype t, uint32_t arg, const char *off, char *dst, size_t size) {
@@ -319,7 +321,8 @@ void kiln__emit_store_expr(kiln_dtype t, const char *v, char *dst, size_t size) 
   }
 }
 
-void kiln__emit_literal(kiln_dtype t, const kiln_literal *lit, int64_t i, char *dst, size_t size) {
+void kiln__emit_literal(const kiln__emit_mod *mod, kiln_dtype t, const kiln_literal *lit, int64_t i,
+                        char *dst, size_t size) {
   switch (kiln_dtype_kind_of(t)) {
   case KILN_KIND_PRED: snprintf(dst, size, "%d", kiln_literal_get_pred(lit, i) ? 1 : 0); break;
   case KILN_KIND_SINT: {
@@ -327,11 +330,11 @@ void kiln__emit_literal(kiln_dtype t, const kiln_literal *lit, int64_t i, char *
     if (v == INT64_MIN)
       snprintf(dst, size, "((int64_t)(-9223372036854775807LL - 1))");
     else
-      snprintf(dst, size, "((%s)%lldLL)", kiln__ctype(t), (long long)v);
+      snprintf(dst, size, "((%s)%lldLL)", kiln__ctype(mod, t), (long long)v);
     break;
   }
   case KILN_KIND_UINT:
-    snprintf(dst, size, "((%s)%lluULL)", kiln__ctype(t),
+    snprintf(dst, size, "((%s)%lluULL)", kiln__ctype(mod, t),
              (unsigned long long)kiln_literal_get_u64(lit, i));
     break;
   default: {
@@ -385,7 +388,7 @@ static int load_input(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x
     const kiln_shape *ls = in->shape ? in->shape : s;
     uint32_t v = kiln__emit_newvar(f);
     if (in->arg == KILN__NO_INPUT) {
-      kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(ls->dtype), v, in->var);
+      kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, ls->dtype), v, in->var);
     } else if (!kiln_shape_is_array(ls)) {
       kiln__emit_line(f, "uint8_t v%u = 0;", v);
     } else {
@@ -398,7 +401,7 @@ static int load_input(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x
       else
         kiln__ix_offset(f, x, ls, off, sizeof off);
       kiln__emit_load_expr(ls->dtype, in->arg, off, e, sizeof e);
-      kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(ls->dtype), v, e);
+      kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, ls->dtype), v, e);
     }
     vars[k] = v;
   }
@@ -479,9 +482,9 @@ static int constant_value(kiln__emit_fn *f, const kiln_instr *ins, uint32_t *var
     return kiln__emit_fail(f, ins, KILN_EINTERNAL, "constant %s is not bound to a buffer",
                            ins->name);
   char lit[128];
-  kiln__emit_literal(ins->shape.dtype, ins->literal, 0, lit, sizeof lit);
+  kiln__emit_literal(f->mod, ins->shape.dtype, ins->literal, 0, lit, sizeof lit);
   *var = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(ins->shape.dtype), *var, lit);
+  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, ins->shape.dtype), *var, lit);
   return 0;
 }
 
@@ -502,13 +505,13 @@ static int check_types(kiln__emit_fn *f, const kiln_instr *ins) {
   }
   if (kiln_shape_is_array(s) && !kiln__emit_dtype_ok(s->dtype)) goto bad;
   if (kiln_shape_is_array(s) && s->rank > KILN__EMIT_MAXR)
-    return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the cpu backend cannot compile rank-%u arrays",
-                           s->rank);
+    return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the %s backend cannot compile rank-%u arrays",
+                           f->mod->target->name, s->rank);
   return 0;
 bad:
   return kiln__emit_fail(f, ins, KILN_EUNIMPL,
-                         "the cpu backend cannot compile %s %s: element type %s is not supported",
-                         kiln_opcode_name(ins->op), ins->name,
+                         "the %s backend cannot compile %s %s: element type %s is not supported",
+                         f->mod->target->name, kiln_opcode_name(ins->op), ins->name,
                          kiln_dtype_name(kiln_shape_is_tuple(s) ? KILN_C64 : s->dtype));
 }
 
@@ -537,8 +540,8 @@ static int compute(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, u
     return kiln__emit_elementwise(f, ins, x, one);
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(f->mod->m, ins, where, sizeof where);
-  return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the cpu backend cannot compile %s %s yet",
-                         kiln_opcode_name(ins->op), where);
+  return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the %s backend cannot compile %s %s yet",
+                         f->mod->target->name, kiln_opcode_name(ins->op), where);
 }
 
 int kiln__emit_value(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, const uint32_t **vars,

@@ -1,6 +1,7 @@
-/* The kernel emitter: C source for "the value of instruction X at element
- * index I", shared by the CPU target (which wraps it in loops over an index
- * range) and the CUDA target (grid-stride loops).
+/* The kernel emitter: source for "the value of instruction X at element
+ * index I", shared by every code target (target_iface.h): the C target
+ * wraps it in loops over an index range, a CUDA target in grid-stride
+ * loops.
  *
  * An index is a vector of C expressions, one per logical dim (variables or
  * integer literals the emitter made up), plus optionally the name of the
@@ -16,7 +17,7 @@
  * are computed in double and rounded to nearest even after every op, f32
  * transcendentals are computed in double and rounded once, integers wrap,
  * and division, remainder, shifts, conversions, min/max and comparisons use
- * XLA's edge semantics (helpers in the prelude, c_target.c).
+ * XLA's edge semantics (the prelude's helpers: the contract below).
  *
  * Identifiers in the generated code are the emitter's own (v12, x3, b0,
  * kf2); no name or string from the module ever reaches the source.
@@ -28,6 +29,7 @@
 #include <stdint.h>
 
 #include "common/sbuf.h"
+#include "compiler/codegen/target_iface.h"
 #include "compiler/ir/ir.h"
 
 #define KILN__EMIT_MAXR 32 /* largest rank code generation handles */
@@ -38,9 +40,10 @@
  * comparators, map functions), shared by every kernel of the module. */
 typedef struct kiln__emit_mod {
   const kiln_module *m;
-  kiln_sbuf funcs;   /* file-scope helper functions */
-  int32_t *comp_fn;  /* per computation: its helper function's number, or -1 */
-  uint8_t *fn_tuple; /* per helper function: returns through pointers (tuple root) */
+  const kiln__cg_target *target; /* the dialect everything is written in */
+  kiln_sbuf funcs;               /* file-scope helper functions */
+  int32_t *comp_fn;              /* per computation: its helper function's number, or -1 */
+  uint8_t *fn_tuple;             /* per helper function: returns through pointers (tuple root) */
   uint32_t nfns;
   size_t fncap;
   kiln_status *st;
@@ -88,7 +91,8 @@ typedef struct kiln__emit_fn {
 
 /* ---- setup (emit.c) ----------------------------------------------------- */
 
-int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, kiln_status *st);
+int kiln__emit_mod_init(kiln__emit_mod *mod, const kiln_module *m, const kiln__cg_target *target,
+                        kiln_status *st);
 void kiln__emit_mod_free(kiln__emit_mod *mod);
 int kiln__emit_fn_init(kiln__emit_fn *f, kiln__emit_mod *mod, kiln_sbuf *out, int indent);
 void kiln__emit_fn_free(kiln__emit_fn *f);
@@ -143,14 +147,18 @@ int kiln__emit_memo_put(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, const u
 
 /* Whether code generation computes on this element type. */
 bool kiln__emit_dtype_ok(kiln_dtype t);
-const char *kiln__ctype(kiln_dtype t); /* compute type: "float", "double" for f16/bf16 */
-const char *kiln__stype(kiln_dtype t); /* storage type: "uint16_t" for f16/bf16 */
+/* The target's spelling of t's compute type ("float"; "double" for
+ * f16/bf16) and storage type ("uint16_t" for f16/bf16); that of u8 for a
+ * type the emitter does not compute on. */
+const char *kiln__ctype(const kiln__emit_mod *mod, kiln_dtype t);
+const char *kiln__stype(const kiln__emit_mod *mod, kiln_dtype t);
 /* Loads element `off` of buffer b<arg> as a compute value expression. */
 void kiln__emit_load_expr(kiln_dtype t, uint32_t arg, const char *off, char *dst, size_t size);
 /* Writes `v` (compute value expression) converted to storage form. */
 void kiln__emit_store_expr(kiln_dtype t, const char *v, char *dst, size_t size);
 /* A scalar literal of type t from the literal's element i. */
-void kiln__emit_literal(kiln_dtype t, const kiln_literal *lit, int64_t i, char *dst, size_t size);
+void kiln__emit_literal(const kiln__emit_mod *mod, kiln_dtype t, const kiln_literal *lit, int64_t i,
+                        char *dst, size_t size);
 
 /* ---- op families -------------------------------------------------------- */
 
@@ -173,12 +181,207 @@ int kiln__emit_dus_target(kiln__emit_fn *f, const kiln_instr *dus, const kiln__i
 int kiln__emit_reduction(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
                          const uint32_t **vars, uint32_t *n);
 /* Writes (once per computation) a helper function computing scalar
- * computation comp: "static inline T kf<N>(T p0, ...)" returning the root,
- * or, for a tuple root, "static inline void kf<N>(T p0, ..., T *r0, ...)". */
+ * computation comp: "<helper_qual> T kf<N>(T p0, ...)" returning the root,
+ * or, for a tuple root, "<helper_qual> void kf<N>(T p0, ..., T *restrict
+ * r0, ...)". */
 int kiln__emit_comp_fn(kiln__emit_mod *mod, uint32_t comp, const kiln_instr *caller, uint32_t *fn);
 /* Calls helper fn with argument variables args[0..nargs) and stores its
  * results into variables outs[0..nouts). */
 void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uint32_t nargs,
                         const uint32_t *outs, uint32_t nouts);
+
+/* ---- the prelude contract ------------------------------------------------
+ *
+ * Every target's prelude defines each helper below under this name, with
+ * this signature (its own qualifiers; the types are the vocabulary's) and
+ * exactly these semantics, so that a kernel computes the same bits on
+ * every target. Shared code calls helpers only by these names; the C
+ * prelude (c_target.c) is the reference implementation, and a test checks
+ * that it defines every name listed with its signature and no other.
+ *
+ * Bits and values (exact):
+ *   kbf32, kbf64      the float/double whose IEEE-754 bit pattern is u.
+ *   kf32bits, kf64bits  the bit pattern of f (NaN payloads kept).
+ * f16 and bf16, held in double while computed:
+ *   kh2d   binary16 bits -> its exact value; exponent 31 with a nonzero
+ *          mantissa -> a quiet NaN, else +-infinity; subnormals exact; the
+ *          sign bit applies to every result, NaN and zero included.
+ *   kb2d   bfloat16 bits -> its exact value (the f32 whose upper half the
+ *          bits are); a NaN pattern -> a quiet NaN of the same sign.
+ *   kround(x, emin, mb, maxv, up, down)  x rounded to the nearest value
+ *          (ties to even) of a binary format with mb explicit mantissa bits
+ *          and smallest normal exponent emin: normal results by rounding
+ *          x's mantissa at bit 52 - mb; below 2^emin at the format's
+ *          subnormal quantum, as rint(x * up) * down under the default
+ *          rounding mode (up = 1/quantum, down = quantum); a result whose
+ *          magnitude exceeds maxv (the largest finite value) becomes an
+ *          infinity; the sign is x's (-0 stays -0); NaN and infinities are
+ *          returned as they are.
+ *   krh    kround for f16: emin -14, 10 bits, maxv 65504, quantum 2^-24.
+ *   krb    kround for bf16: emin -126, 7 bits, maxv 0x1.fep127, quantum
+ *          2^-133.
+ *   kd2h   an f16 value (a result of krh or kh2d) -> its binary16 bits; the
+ *          mantissa is truncated, so x must already be representable; any
+ *          NaN -> sign | 0x7e00; |x| >= 2^16 -> sign | infinity.
+ *   kd2b   a bf16 value (a result of krb or kb2d) -> its bfloat16 bits: the
+ *          upper half of (float)x's bits; any NaN -> 0xffc0 when its sign
+ *          is set, else 0x7fc0.
+ * Float operations (a and b of the helper's type; double for f16/bf16):
+ *   ktot   total-order key of x: the bit pattern as int64_t, with the
+ *          magnitude bits inverted when negative, so that signed integer
+ *          comparison orders -NaN < -inf < ... < -0 < +0 < ... < inf < NaN.
+ *   ksign, ksignf  NaN -> x; +-0 -> x (its sign kept); else +-1 with x's
+ *          sign.
+ *   klogistic  1 / (1 + exp(-x)), in double.
+ *   krsqrt     1 / sqrt(x), in double.
+ *   kpowd  a^b: 1 when a == 1 or b == 0 (even when the other is NaN), else
+ *          the C library's pow(a, b).
+ *   kmaxf, kmaxd, kminf, kmind  NaN-propagating max/min: a when a is NaN,
+ *          else b when b is NaN, else the larger (smaller) value, a on ties
+ *          (so max(-0, +0) and max(+0, -0) return their first operand).
+ *   kclampf, kclampd(l, x, h)  the first NaN of l, x, h in that order; else
+ *          y = x < l ? l : x, then y < h ? y : h (h wins when l > h).
+ * Integers (index arithmetic and XLA's edges):
+ *   kclampi(v, hi)  v < 0 -> 0, v > hi -> hi, else v (hi >= 0).
+ *   kf2s(x, w)  double -> signed w-bit integer (w = 8, 16, 32, 64),
+ *          saturating: NaN -> 0; x >= 2^(w-1) -> the largest; x <= -2^(w-1)
+ *          -> the smallest; else truncated toward zero.
+ *   kf2u(x, w)  double -> unsigned w-bit integer, saturating: NaN or x <= 0
+ *          -> 0; x >= 2^w -> 2^w - 1; else truncated toward zero.
+ *   kdivs32, kdivs64  a / b truncated toward zero; b == 0 -> -1; MIN / -1
+ *          -> MIN (no trap).
+ *   krems32, krems64  a % b with the sign of a; b == 0 -> a; MIN % -1 -> 0.
+ *   kdivu64  a / b; b == 0 -> all ones (the caller's wrap to the width
+ *          gives that width's maximum).
+ *   kremu64  a % b; b == 0 -> a.
+ *   kipow(x, y, neg)  x^y modulo 2^64 by repeated squaring (the caller wraps
+ *          to the width; signed operands come sign-extended): 1 when x == 1
+ *          or y == 0, else 0 when neg (a negative signed exponent).
+ *   kclz(x, w)  leading zero bits of x as a w-bit value (x < 2^w): w when x
+ *          is 0.
+ *   kshl<W>, kshrl<W>, kshra<W> (W = 8, 16, 32, 64; uint<W>_t operands, the
+ *          shift amount y taken as unsigned, so a negative signed amount
+ *          is out of range): y >= W -> 0 for shl and shrl, and for shra
+ *          all ones when x is negative as int<W>_t, else 0; otherwise
+ *          x << y (wrapped to W bits), logical x >> y, and arithmetic
+ *          (sign-filling) x >> y.
+ * reduce-precision (eb exponent bits, mb mantissa bits, as the attribute
+ * gives them):
+ *   krpbits(bits, se, sm, eb, mb)  on the bits of a non-NaN value of a
+ *          format with se exponent and sm mantissa bits: unchanged when
+ *          eb < 1 or mb < 0; else the mantissa rounded to mb bits (ties to
+ *          even, carrying into the exponent) when mb < sm, then, when
+ *          eb < se, exponents above the eb-bit range -> +-infinity and
+ *          those at or below its bottom (subnormals included) -> +-0.
+ *   krpf, krpd (float, double), krph, krpb (f16, bf16 values in double)
+ *          krpbits on the value's bits (through kd2h/kd2b and back for
+ *          f16/bf16); a NaN stays NaN unless mb == 0 and eb >= 1, when it
+ *          becomes an infinity of its sign.
+ *
+ * Vocabulary the emitter spells directly, which every prelude must make
+ * available (the C prelude includes <math.h>, <stdint.h>, <string.h>): the
+ * exact-width integer types int8_t ... uint64_t and INT64_MAX; float and
+ * double with C99 arithmetic, casts (float to integer truncating, integer
+ * to float rounding to nearest) and comparisons; and the functions of
+ * KILN__EMIT_STD_FUNCS with their C99 meaning (correctly rounded where C99
+ * says so, the others as the platform's libm computes them, which is what
+ * the reference interpreter uses too). Besides these, generated code calls
+ * only the target's popcount64 and names the emitter makes up: kf<N>
+ * (scalar computations), kless<N> and LESS (sort comparators),
+ * kiln_kernel_<N> (kernels); a test checks this on generated programs. */
+
+/* X(name, signature) for each prelude helper. */
+#define KILN__PRELUDE_HELPERS(X) \
+  X(kbf32, "float kbf32(uint32_t u)") \
+  X(kbf64, "double kbf64(uint64_t u)") \
+  X(kf32bits, "uint32_t kf32bits(float f)") \
+  X(kf64bits, "uint64_t kf64bits(double f)") \
+  X(kh2d, "double kh2d(uint16_t h)") \
+  X(kb2d, "double kb2d(uint16_t h)") \
+  X(kround, "double kround(double x, int emin, int mb, double maxv, double up, double down)") \
+  X(krh, "double krh(double x)") \
+  X(krb, "double krb(double x)") \
+  X(kd2h, "uint16_t kd2h(double x)") \
+  X(kd2b, "uint16_t kd2b(double x)") \
+  X(ktot, "int64_t ktot(double x)") \
+  X(ksign, "double ksign(double x)") \
+  X(ksignf, "float ksignf(float x)") \
+  X(klogistic, "double klogistic(double x)") \
+  X(krsqrt, "double krsqrt(double x)") \
+  X(kpowd, "double kpowd(double a, double b)") \
+  X(kmaxf, "float kmaxf(float a, float b)") \
+  X(kminf, "float kminf(float a, float b)") \
+  X(kmaxd, "double kmaxd(double a, double b)") \
+  X(kmind, "double kmind(double a, double b)") \
+  X(kclampf, "float kclampf(float l, float x, float h)") \
+  X(kclampd, "double kclampd(double l, double x, double h)") \
+  X(kclampi, "int64_t kclampi(int64_t v, int64_t hi)") \
+  X(kf2s, "int64_t kf2s(double x, int w)") \
+  X(kf2u, "uint64_t kf2u(double x, int w)") \
+  X(kdivs32, "int32_t kdivs32(int32_t a, int32_t b)") \
+  X(krems32, "int32_t krems32(int32_t a, int32_t b)") \
+  X(kdivs64, "int64_t kdivs64(int64_t a, int64_t b)") \
+  X(krems64, "int64_t krems64(int64_t a, int64_t b)") \
+  X(kdivu64, "uint64_t kdivu64(uint64_t a, uint64_t b)") \
+  X(kremu64, "uint64_t kremu64(uint64_t a, uint64_t b)") \
+  X(kipow, "uint64_t kipow(uint64_t x, uint64_t y, int neg)") \
+  X(kclz, "uint64_t kclz(uint64_t x, int w)") \
+  X(kshl8, "uint8_t kshl8(uint8_t x, uint8_t y)") \
+  X(kshrl8, "uint8_t kshrl8(uint8_t x, uint8_t y)") \
+  X(kshra8, "uint8_t kshra8(uint8_t x, uint8_t y)") \
+  X(kshl16, "uint16_t kshl16(uint16_t x, uint16_t y)") \
+  X(kshrl16, "uint16_t kshrl16(uint16_t x, uint16_t y)") \
+  X(kshra16, "uint16_t kshra16(uint16_t x, uint16_t y)") \
+  X(kshl32, "uint32_t kshl32(uint32_t x, uint32_t y)") \
+  X(kshrl32, "uint32_t kshrl32(uint32_t x, uint32_t y)") \
+  X(kshra32, "uint32_t kshra32(uint32_t x, uint32_t y)") \
+  X(kshl64, "uint64_t kshl64(uint64_t x, uint64_t y)") \
+  X(kshrl64, "uint64_t kshrl64(uint64_t x, uint64_t y)") \
+  X(kshra64, "uint64_t kshra64(uint64_t x, uint64_t y)") \
+  X(krpbits, "uint64_t krpbits(uint64_t bits, int se, int sm, long long eb, long long mb)") \
+  X(krpf, "float krpf(float x, long long eb, long long mb)") \
+  X(krpd, "double krpd(double x, long long eb, long long mb)") \
+  X(krph, "double krph(double x, long long eb, long long mb)") \
+  X(krpb, "double krpb(double x, long long eb, long long mb)")
+
+/* X(name) for each standard function the emitter calls by name. */
+#define KILN__EMIT_STD_FUNCS(X) \
+  X(fabs) \
+  X(fabsf) \
+  X(ceil) \
+  X(ceilf) \
+  X(floor) \
+  X(floorf) \
+  X(round) \
+  X(roundf) \
+  X(rint) \
+  X(rintf) \
+  X(sqrt) \
+  X(sqrtf) \
+  X(cbrt) \
+  X(cos) \
+  X(sin) \
+  X(tan) \
+  X(tanh) \
+  X(erf) \
+  X(exp) \
+  X(expm1) \
+  X(log) \
+  X(log1p) \
+  X(atan2) \
+  X(fmod) \
+  X(fmodf) \
+  X(isfinite) \
+  X(memcpy)
+
+typedef struct kiln__prelude_helper {
+  const char *name;
+  const char *signature;
+} kiln__prelude_helper;
+
+/* The helpers of KILN__PRELUDE_HELPERS, in order, and the standard
+ * functions of KILN__EMIT_STD_FUNCS; each list ends with a NULL name. */
+extern const kiln__prelude_helper kiln__prelude_helpers[];
+extern const char *const kiln__emit_std_funcs[];
 
 #endif /* KILN_COMPILER_CODEGEN_EMIT_H */

@@ -42,11 +42,11 @@ static void fround(dt t, const char *e, char *dst, size_t n) {
 }
 
 /* Wraps an unsigned arithmetic result to t (pred: nonzero). */
-static void iwrap(dt t, const char *e, char *dst, size_t n) {
+static void iwrap(const kiln__emit_fn *f, dt t, const char *e, char *dst, size_t n) {
   if (t == KILN_PRED)
     snprintf(dst, n, "(uint8_t)((%s) != 0)", e);
   else
-    snprintf(dst, n, "(%s)(%s)", kiln__ctype(t), e);
+    snprintf(dst, n, "(%s)(%s)", kiln__ctype(f->mod, t), e);
 }
 
 /* ---- floats ------------------------------------------------------------- */
@@ -160,7 +160,7 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
 
 static int int_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, const char *a, dt t,
                      char *dst, size_t n) {
-  const char *U = utype(t), *T = kiln__ctype(t);
+  const char *U = utype(t), *T = kiln__ctype(f->mod, t);
   int w = kiln_dtype_bits(t);
   char e[512];
   bool pred = t == KILN_PRED;
@@ -174,7 +174,7 @@ static int int_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, co
     return 0;
   case KILN_OP_NEGATE:
     snprintf(e, sizeof e, "(%s)0 - (%s)%s", U, U, a);
-    iwrap(t, e, dst, n);
+    iwrap(f, t, e, dst, n);
     return 0;
   case KILN_OP_NOT:
     if (pred)
@@ -190,7 +190,7 @@ static int int_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, co
     return 0;
   case KILN_OP_POPCNT:
     if (pred) break;
-    snprintf(dst, n, "(%s)__builtin_popcountll((uint64_t)(%s)%s)", T, uwidth(t), a);
+    snprintf(dst, n, "(%s)%s((uint64_t)(%s)%s)", T, f->mod->target->popcount64, uwidth(t), a);
     return 0;
   case KILN_OP_CLZ:
     if (pred) break;
@@ -202,13 +202,14 @@ static int int_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, co
                          kiln_opcode_name(op), ins->name, pred ? "pred" : "integer");
 }
 
-static int int_shift(kiln_opcode op, const char *a, const char *b, dt t, char *dst, size_t n) {
+static int int_shift(const kiln__emit_fn *f, kiln_opcode op, const char *a, const char *b, dt t,
+                     char *dst, size_t n) {
   int w = kiln_dtype_bits(t);
   const char *h = op == KILN_OP_SHIFT_LEFT            ? "kshl"
                   : op == KILN_OP_SHIFT_RIGHT_LOGICAL ? "kshrl"
                                                       : "kshra";
   const char *uw = uwidth(t);
-  snprintf(dst, n, "(%s)%s%d((%s)%s, (%s)%s)", kiln__ctype(t), h, w, uw, a, uw, b);
+  snprintf(dst, n, "(%s)%s%d((%s)%s, (%s)%s)", kiln__ctype(f->mod, t), h, w, uw, a, uw, b);
   return 0;
 }
 
@@ -235,7 +236,7 @@ static int int_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
                w64 ? "64" : "32", a, w64 ? "64" : "32", b);
     else
       snprintf(e, sizeof e, "%su64((uint64_t)%s, (uint64_t)%s)", h, a, b);
-    iwrap(t, e, dst, n);
+    iwrap(f, t, e, dst, n);
     return 0;
   }
   case KILN_OP_POWER:
@@ -243,20 +244,20 @@ static int int_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
       snprintf(e, sizeof e, "kipow((uint64_t)(int64_t)%s, (uint64_t)(int64_t)%s, %s < 0)", a, b, b);
     else
       snprintf(e, sizeof e, "kipow((uint64_t)%s, (uint64_t)%s, 0)", a, b);
-    iwrap(t, e, dst, n);
+    iwrap(f, t, e, dst, n);
     return 0;
   case KILN_OP_SHIFT_LEFT:
   case KILN_OP_SHIFT_RIGHT_LOGICAL:
   case KILN_OP_SHIFT_RIGHT_ARITH:
     if (pred) break;
-    return int_shift(op, a, b, t, dst, n);
+    return int_shift(f, op, a, b, t, dst, n);
   default: break;
   }
   if (sym == NULL)
     return kiln__emit_fail(f, ins, KILN_EINVAL, "%s %s: not defined on %s values",
                            kiln_opcode_name(op), ins->name, pred ? "pred" : "integer");
   snprintf(e, sizeof e, "(%s)%s %s (%s)%s", U, a, sym, U, b);
-  iwrap(t, e, dst, n);
+  iwrap(f, t, e, dst, n);
   return 0;
 }
 
@@ -273,14 +274,14 @@ static void to_bits(dt t, const char *a, char *dst, size_t n) {
   }
 }
 
-static void from_bits(dt t, const char *a, char *dst, size_t n) {
+static void from_bits(const kiln__emit_fn *f, dt t, const char *a, char *dst, size_t n) {
   switch (t) {
   case KILN_F16: snprintf(dst, n, "kh2d((uint16_t)%s)", a); break;
   case KILN_BF16: snprintf(dst, n, "kb2d((uint16_t)%s)", a); break;
   case KILN_F32: snprintf(dst, n, "kbf32((uint32_t)%s)", a); break;
   case KILN_F64: snprintf(dst, n, "kbf64((uint64_t)%s)", a); break;
   case KILN_PRED: snprintf(dst, n, "(uint8_t)(%s != 0)", a); break;
-  default: snprintf(dst, n, "(%s)%s", kiln__ctype(t), a); break;
+  default: snprintf(dst, n, "(%s)%s", kiln__ctype(f->mod, t), a); break;
   }
 }
 
@@ -297,11 +298,11 @@ int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char 
   }
   if (!is_f(to)) {
     if (!is_f(from)) {
-      snprintf(dst, n, "(%s)%s", kiln__ctype(to), a);
+      snprintf(dst, n, "(%s)%s", kiln__ctype(f->mod, to), a);
     } else if (is_s(to)) {
-      snprintf(dst, n, "(%s)kf2s((double)%s, %d)", kiln__ctype(to), a, kiln_dtype_bits(to));
+      snprintf(dst, n, "(%s)kf2s((double)%s, %d)", kiln__ctype(f->mod, to), a, kiln_dtype_bits(to));
     } else {
-      snprintf(dst, n, "(%s)kf2u((double)%s, %d)", kiln__ctype(to), a, kiln_dtype_bits(to));
+      snprintf(dst, n, "(%s)kf2u((double)%s, %d)", kiln__ctype(f->mod, to), a, kiln_dtype_bits(to));
     }
     return 0;
   }
@@ -319,7 +320,6 @@ int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char 
   }
   snprintf(e, sizeof e, "(double)%s", a);
   fround(to, e, dst, n);
-  (void)f;
   (void)ins;
   return 0;
 }
@@ -361,9 +361,10 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
   for (uint32_t i = 0; i < n; i++)
     if (!kiln__emit_dtype_ok(at[i]))
       return kiln__emit_fail(f, ins, KILN_EUNIMPL,
-                             "the cpu backend cannot compile %s %s: element type %s is not "
+                             "the %s backend cannot compile %s %s: element type %s is not "
                              "supported",
-                             kiln_opcode_name(op), ins->name, kiln_dtype_name(at[i]));
+                             f->mod->target->name, kiln_opcode_name(op), ins->name,
+                             kiln_dtype_name(at[i]));
   dt t = at[0];
   switch (op) {
   case KILN_OP_CONVERT: return kiln__emit_convert_expr(f, ins, a[0], t, rt, dst, size);
@@ -371,7 +372,7 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
     char e[256];
     if (kiln_dtype_bits(t) != kiln_dtype_bits(rt)) break;
     to_bits(t, a[0], e, sizeof e);
-    from_bits(rt, e, dst, size);
+    from_bits(f, rt, e, dst, size);
     return 0;
   }
   case KILN_OP_COMPARE:
@@ -395,7 +396,7 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
     break;
   case KILN_OP_IMAG:
     if (is_f(t)) {
-      snprintf(dst, size, "(%s)0", kiln__ctype(t));
+      snprintf(dst, size, "(%s)0", kiln__ctype(f->mod, t));
       return 0;
     }
     break;
@@ -410,16 +411,16 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
   }
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(f->mod->m, ins, where, sizeof where);
-  return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the cpu backend cannot compile %s %s (%s) yet",
-                         kiln_opcode_name(op), where, kiln_dtype_name(t));
+  return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the %s backend cannot compile %s %s (%s) yet",
+                         f->mod->target->name, kiln_opcode_name(op), where, kiln_dtype_name(t));
 }
 
 int kiln__emit_elementwise(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x,
                            uint32_t *var) {
   uint32_t n = ins->noperands;
   if (n < 1 || n > 3 || !kiln_shape_is_array(&ins->shape))
-    return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the cpu backend cannot compile %s %s yet",
-                           kiln_opcode_name(ins->op), ins->name);
+    return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the %s backend cannot compile %s %s yet",
+                           f->mod->target->name, kiln_opcode_name(ins->op), ins->name);
   char names[3][24];
   const char *a[3];
   dt at[3];
@@ -441,6 +442,6 @@ int kiln__emit_elementwise(kiln__emit_fn *f, const kiln_instr *ins, const kiln__
   int rc = kiln__emit_scalar_op(f, ins, ins->op, a, at, n, ins->shape.dtype, e, sizeof e);
   if (rc) return rc;
   *var = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(ins->shape.dtype), *var, e);
+  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, ins->shape.dtype), *var, e);
   return 0;
 }

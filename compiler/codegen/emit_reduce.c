@@ -49,23 +49,23 @@ static int comp_params(kiln__emit_mod *mod, const kiln_computation *c, const kil
       char where[KILN_STATUS_WHERE_MAX];
       kiln_instr_where(mod->m, caller, where, sizeof where);
       return kiln_status_set(mod->st, KILN_EUNIMPL, where,
-                             "the cpu backend cannot compile %s %s: its computation takes a "
+                             "the %s backend cannot compile %s %s: its computation takes a "
                              "parameter that is not a supported scalar",
-                             kiln_opcode_name(caller->op), where);
+                             mod->target->name, kiln_opcode_name(caller->op), where);
     }
   }
   return 0;
 }
 
-static void fn_header(kiln_sbuf *h, uint32_t fn, const kiln_instr *root, const kiln_instr **params,
-                      uint32_t np, bool tuple) {
-  kiln_sbuf_printf(h, "static inline %s kf%u(", tuple ? "void" : kiln__ctype(root->shape.dtype),
-                   fn);
+static void fn_header(const kiln__emit_mod *mod, kiln_sbuf *h, uint32_t fn, const kiln_instr *root,
+                      const kiln_instr **params, uint32_t np, bool tuple) {
+  kiln_sbuf_printf(h, "%s %s kf%u(", mod->target->helper_qual,
+                   tuple ? "void" : kiln__ctype(mod, root->shape.dtype), fn);
   for (uint32_t i = 0; i < np; i++)
-    kiln_sbuf_printf(h, "%s%s p%u", i ? ", " : "", kiln__ctype(params[i]->shape.dtype), i);
+    kiln_sbuf_printf(h, "%s%s p%u", i ? ", " : "", kiln__ctype(mod, params[i]->shape.dtype), i);
   for (uint32_t k = 0; tuple && k < root->shape.rank; k++)
-    kiln_sbuf_printf(h, "%s%s *restrict r%u", np + k ? ", " : "",
-                     kiln__ctype(root->shape.tuple[k].dtype), k);
+    kiln_sbuf_printf(h, "%s%s *%s r%u", np + k ? ", " : "",
+                     kiln__ctype(mod, root->shape.tuple[k].dtype), mod->target->restrict_qual, k);
   kiln_sbuf_puts(h, ") {\n");
 }
 
@@ -107,7 +107,7 @@ int kiln__emit_comp_fn(kiln__emit_mod *mod, uint32_t comp, const kiln_instr *cal
   } else if (rc == 0) {
     kiln__emit_line(&g, "return v%u;", v[0]);
   }
-  fn_header(&head, *fn, root, params, np, tuple);
+  fn_header(mod, &head, *fn, root, params, np, tuple);
   kiln_sbuf_puts(&mod->funcs, kiln_sbuf_str(&head));
   kiln_sbuf_puts(&mod->funcs, kiln_sbuf_str(&body));
   kiln_sbuf_puts(&mod->funcs, "}\n\n");
@@ -145,7 +145,7 @@ static int converted(kiln__emit_fn *f, const kiln_instr *ins, uint32_t v, kiln_d
   int rc = kiln__emit_convert_expr(f, ins, a, from, to, e, sizeof e);
   if (rc) return rc;
   *out = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(to), *out, e);
+  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, to), *out, e);
   return 0;
 }
 
@@ -176,7 +176,7 @@ static int start_accs(kiln__emit_fn *f, const kiln_instr *ins, uint32_t first_in
     if ((rc = kiln__emit_value1(f, iv->id, &s0, &v))) return rc;
     if ((rc = converted(f, ins, v, iv->shape.dtype, a->t[k], &c))) return rc;
     a->acc[k] = kiln__emit_newvar(f);
-    kiln__emit_line(f, "%s v%u = v%u;", kiln__ctype(a->t[k]), a->acc[k], c);
+    kiln__emit_line(f, "%s v%u = v%u;", kiln__ctype(f->mod, a->t[k]), a->acc[k], c);
   }
   return 0;
 }
@@ -326,7 +326,7 @@ static int close_acc(kiln__emit_fn *f, const kiln_instr *ins, uint32_t acc, kiln
                                    sizeof e);
   if (rc) return rc;
   *var = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(t), *var, e);
+  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, t), *var, e);
   return 0;
 }
 
@@ -495,7 +495,7 @@ static int map(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint3
   }
   uint32_t out = kiln__emit_newvar(f);
   const kiln_instr *root = kiln_computation_root(f->mod->m, f->mod->m->comps[ins->called[0]]);
-  kiln__emit_line(f, "%s v%u;", kiln__ctype(root->shape.dtype), out);
+  kiln__emit_line(f, "%s v%u;", kiln__ctype(f->mod, root->shape.dtype), out);
   kiln__emit_call_fn(f, fn, args, ins->noperands, &out, 1);
   return converted(f, ins, out, root->shape.dtype, ins->shape.dtype, var);
 }

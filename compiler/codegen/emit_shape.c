@@ -171,7 +171,7 @@ static int iota(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint
   if ((rc = kiln__emit_convert_expr(f, ins, src, KILN_S64, ins->shape.dtype, e, sizeof e)))
     return rc;
   *var = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(ins->shape.dtype), *var, e);
+  kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, ins->shape.dtype), *var, e);
   return 0;
 }
 
@@ -232,7 +232,7 @@ static int dynamic_slice(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix
 /* Declares "T v<N>;" for a value assigned in branches. */
 static uint32_t declare(kiln__emit_fn *f, kiln_dtype t) {
   uint32_t v = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u;", kiln__ctype(t), v);
+  kiln__emit_line(f, "%s v%u;", kiln__ctype(f->mod, t), v);
   return v;
 }
 
@@ -329,7 +329,7 @@ static int pad(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint3
     }
   }
   *var = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = v%u;", kiln__ctype(ins->shape.dtype), *var, pv);
+  kiln__emit_line(f, "%s v%u = v%u;", kiln__ctype(f->mod, ins->shape.dtype), *var, pv);
   uint32_t v, mark = kiln__emit_open(f, "if (%s)", cond.len ? kiln_sbuf_str(&cond) : "1");
   kiln_sbuf_free(&cond);
   if ((rc = forward(f, ins, 0, &y, &v))) return rc;
@@ -423,18 +423,17 @@ static int bitcast_convert(kiln__emit_fn *f, const kiln_instr *ins, const kiln__
   const kiln_instr *a = opnd(f, ins, 0);
   if (kiln_dtype_bits(a->shape.dtype) != kiln_dtype_bits(ins->shape.dtype))
     return kiln__emit_fail(f, ins, KILN_EUNIMPL,
-                           "the cpu backend cannot compile bitcast-convert %s between widths "
+                           "the %s backend cannot compile bitcast-convert %s between widths "
                            "%d and %d yet",
-                           ins->name, kiln_dtype_bits(a->shape.dtype),
+                           f->mod->target->name, ins->name, kiln_dtype_bits(a->shape.dtype),
                            kiln_dtype_bits(ins->shape.dtype));
   return kiln__emit_elementwise(f, ins, x, var);
 }
 
 int kiln__emit_movement(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t *var) {
   if (!kiln_shape_is_array(&ins->shape))
-    return kiln__emit_fail(f, ins, KILN_EUNIMPL,
-                           "the cpu backend cannot compile tuple-shaped %s %s",
-                           kiln_opcode_name(ins->op), ins->name);
+    return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the %s backend cannot compile tuple-shaped %s %s",
+                           f->mod->target->name, kiln_opcode_name(ins->op), ins->name);
   switch (ins->op) {
   case KILN_OP_BROADCAST: return broadcast(f, ins, x, var);
   case KILN_OP_RESHAPE: return reshape(f, ins, x, var);
@@ -453,12 +452,12 @@ int kiln__emit_movement(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix 
   case KILN_OP_REPLICA_ID:
   case KILN_OP_PARTITION_ID:
     *var = kiln__emit_newvar(f);
-    kiln__emit_line(f, "%s v%u = 0;", kiln__ctype(ins->shape.dtype), *var);
+    kiln__emit_line(f, "%s v%u = 0;", kiln__ctype(f->mod, ins->shape.dtype), *var);
     return 0;
   default: break;
   }
-  return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the cpu backend cannot compile %s %s yet",
-                         kiln_opcode_name(ins->op), ins->name);
+  return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the %s backend cannot compile %s %s yet",
+                         f->mod->target->name, kiln_opcode_name(ins->op), ins->name);
 }
 
 int kiln__emit_dus_target(kiln__emit_fn *f, const kiln_instr *dus, const kiln__ix *u, uint32_t *var,

@@ -10,6 +10,7 @@
  * copies of result leaves that do not already sit in their output or
  * donated parameter slot.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -96,8 +97,12 @@ int kiln__lower_prepare(kiln_module *m, uint64_t **scratch, kiln_status *st) {
 
 /* ---- steps and slots ---------------------------------------------------- */
 
-int kiln__lower_fail(kiln__lctx *c, const kiln_instr *ins, int code, const char *what) {
-  char where[KILN_STATUS_WHERE_MAX];
+int kiln__lower_fail(kiln__lctx *c, const kiln_instr *ins, int code, const char *fmt, ...) {
+  char where[KILN_STATUS_WHERE_MAX], what[KILN_STATUS_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
   kiln_instr_where(c->m, ins, where, sizeof where);
   return kiln_status_set(c->st, code, where, "%s %s: %s", kiln_opcode_name(ins->op), where, what);
 }
@@ -483,12 +488,13 @@ static int check_ranks(kiln__lctx *c) {
     const kiln_instr *ins = c->m->instrs[i];
     if (ins->comp != KILN_NO_ID && !rank_ok(&ins->shape))
       return kiln__lower_fail(c, ins, KILN_EUNIMPL,
-                              "the cpu backend cannot compile arrays of rank above 32");
+                              "the %s backend cannot compile arrays of rank above %d",
+                              c->g->mod.target->name, KILN__EMIT_MAXR);
   }
   return 0;
 }
 
-int kiln__lower(const kiln_module *m, const kiln_buffer_assignment *ba, kiln__cgen *g,
+int kiln__lower(const kiln_module *m, const kiln_buffer_assignment *ba, kiln__codegen *g,
                 kiln_executable *e, kiln_status *st) {
   kiln__lctx c = {.m = m, .ba = ba, .g = g, .e = e, .st = st};
   uint32_t entry;

@@ -6,8 +6,8 @@
 #include <stdint.h>
 
 #include "compiler/buffer_assign.h"
-#include "compiler/codegen/c_target.h"
 #include "compiler/codegen/executable.h"
+#include "compiler/codegen/kernel.h"
 
 /* Gives every computation that runs as a step program (while condition
  * and body, branches, called computations) a single caller, cloning where
@@ -15,9 +15,10 @@
  * instruction's lowering needs (*scratch: per instruction id, kiln_malloc'd). */
 int kiln__lower_prepare(kiln_module *m, uint64_t **scratch, kiln_status *st);
 
-/* Writes the kernels into g and fills e's signature, bindings, slots,
- * constants and programs (everything but the header and the code). */
-int kiln__lower(const kiln_module *m, const kiln_buffer_assignment *ba, kiln__cgen *g,
+/* Writes the kernels into g (in g's target's dialect) and fills e's
+ * signature, bindings, slots, constants and programs (everything but the
+ * header and the code). */
+int kiln__lower(const kiln_module *m, const kiln_buffer_assignment *ba, kiln__codegen *g,
                 kiln_executable *e, kiln_status *st);
 
 #endif /* KILN_COMPILER_CODEGEN_LOWER_H */

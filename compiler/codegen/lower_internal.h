@@ -14,7 +14,7 @@ typedef struct kiln__prog {
 typedef struct kiln__lctx {
   const kiln_module *m;
   const kiln_buffer_assignment *ba;
-  kiln__cgen *g;
+  kiln__codegen *g;
   kiln_executable *e;
   kiln_status *st;
   kiln__prog *progs;
@@ -33,7 +33,8 @@ int kiln__lower_copy(kiln__lctx *c, uint32_t prog, uint32_t dst, uint32_t src, u
 uint32_t kiln__lower_leaf_shapes(const kiln_shape *s, const kiln_shape **out, uint32_t cap);
 /* A constant slot for a constant instruction that lives inside a fusion. */
 int kiln__lower_const_slot(kiln__lctx *c, const kiln_instr *k, uint32_t **slots);
-int kiln__lower_fail(kiln__lctx *c, const kiln_instr *ins, int code, const char *what);
+int kiln__lower_fail(kiln__lctx *c, const kiln_instr *ins, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* lower_kernels.c: the steps of one instruction that is not control flow
  * or pure aliasing. */

@@ -170,7 +170,7 @@ static int loop_kernels(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, kil
       kiln__kernel_spec k = kb_spec(b, root);
       uint32_t kernel;
       uint64_t range;
-      rc = kiln__cgen_loop(c->g, &k, &kernel, &range);
+      rc = kiln__kernel_loop(c->g, &k, &kernel, &range);
       if (rc == 0) rc = kb_step(b, prog, kernel, range);
     }
     kiln_free(b);
@@ -343,7 +343,7 @@ static int dus_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const
     kiln__kernel_spec k = kb_spec(b, dus->id);
     uint32_t kernel;
     uint64_t range;
-    rc = kiln__cgen_dus(c->g, &k, dus->id, &kernel, &range);
+    rc = kiln__kernel_dus(c->g, &k, dus->id, &kernel, &range);
     if (rc == 0) rc = kb_step(b, prog, kernel, range);
   }
   kiln_free(b);
@@ -362,7 +362,8 @@ static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, c
   for (uint32_t k = 0; k < n; k++) {
     if (!kiln__same_layout(&operands[k]->shape, ls[k]))
       return kiln__lower_fail(c, ins, KILN_EUNIMPL,
-                              "the cpu backend cannot scatter between layouts yet");
+                              "the %s backend cannot scatter between layouts yet",
+                              c->g->mod.target->name);
     int rc = kiln__lower_copy(c, prog, outs[k], leaf0(c, operands[k]->id),
                               (uint64_t)kiln_shape_bytes(ls[k]));
     if (rc) return rc;
@@ -376,7 +377,7 @@ static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, c
     kiln__kernel_spec k = kb_spec(b, sc->id);
     uint32_t kernel;
     uint64_t range;
-    rc = kiln__cgen_scatter(c->g, &k, &kernel, &range);
+    rc = kiln__kernel_scatter(c->g, &k, &kernel, &range);
     if (rc == 0) rc = kb_step(b, prog, kernel, range);
   }
   kiln_free(b);
@@ -434,7 +435,7 @@ static int sort_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     kiln__kernel_spec k = kb_spec(b, ins->id);
     uint32_t kernel;
     uint64_t range;
-    rc = kiln__cgen_sort(c->g, &k, sarg, &kernel, &range);
+    rc = kiln__kernel_sort(c->g, &k, sarg, &kernel, &range);
     if (rc == 0) rc = kb_step(b, prog, kernel, range);
   }
   kiln_free(b);
@@ -453,7 +454,7 @@ static int select_scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr 
     kiln__kernel_spec k = kb_spec(b, ins->id);
     uint32_t kernel;
     uint64_t range;
-    rc = kiln__cgen_select_scatter(c->g, &k, &kernel, &range);
+    rc = kiln__kernel_select_scatter(c->g, &k, &kernel, &range);
     if (rc == 0) rc = kb_step(b, prog, kernel, range);
   }
   kiln_free(b);

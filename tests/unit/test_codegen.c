@@ -4,9 +4,12 @@
  * interpreter on random inputs with edge values; layouts; fusions; control
  * flow; the executor end to end; and the compiler's refusals and failure
  * modes (unsupported ops, the C compiler failing or hanging, no temporary
- * files left, no client string in generated source).
+ * files left, no client string in generated source); and the prelude
+ * contract (emit.h): the C prelude defines every listed helper with its
+ * signature, and generated code calls nothing else.
  */
 #include <check.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -16,6 +19,8 @@
 #include <unistd.h>
 
 #include "common/sbuf.h"
+#include "compiler/codegen/c_target.h"
+#include "compiler/codegen/emit.h"
 #include "test_codegen_harness.h"
 
 #if defined(__has_include)
@@ -725,6 +730,162 @@ START_TEST(no_client_strings_in_source) {
 }
 END_TEST
 
+/* ---- the prelude contract ----------------------------------------------- */
+
+static bool listed(const char *name, size_t n) {
+  for (const kiln__prelude_helper *h = kiln__prelude_helpers; h->name; h++)
+    if (strlen(h->name) == n && strncmp(h->name, name, n) == 0) return true;
+  return false;
+}
+
+START_TEST(prelude_defines_every_helper) {
+  /* The prelude, then each listed signature declared again (a conflicting
+   * type is an error) and every name used (one never defined is an error
+   * under -Werror), compiled by the system C compiler. */
+  const kiln__cg_target *t = &kiln__c_target;
+  char path[] = "/tmp/kiln-prelude-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  FILE *f = fdopen(fd, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(t->prelude, f);
+  int n = 0;
+  for (const kiln__prelude_helper *h = kiln__prelude_helpers; h->name; h++, n++)
+    fprintf(f, "%s %s;\n", t->helper_qual, h->signature);
+  fputs("void kiln_contract_use(void) {\n", f);
+  for (const kiln__prelude_helper *h = kiln__prelude_helpers; h->name; h++)
+    fprintf(f, "  (void)%s;\n", h->name);
+  fputs("}\n", f);
+  fclose(f);
+  ck_assert_int_ge(n, 40);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "cc -std=c11 -fsyntax-only -Werror -x c %s", path);
+  int rc = system(cmd);
+  unlink(path);
+  ck_assert_msg(rc == 0, "the C prelude does not define every listed helper (%s)", cmd);
+  /* The other way round: every function the prelude defines outright is
+   * listed (KSHIFTS' templates expand to the listed kshl8 ... kshra64). */
+  for (const char *p = strstr(t->prelude, "\nKI "); p; p = strstr(p + 1, "\nKI ")) {
+    const char *paren = strchr(p + 4, '('), *name = paren;
+    while (name > p && (isalnum((unsigned char)name[-1]) || name[-1] == '_')) name--;
+    if (name[-1] == '#') continue; /* a template: kshl##W */
+    ck_assert_msg(listed(name, (size_t)(paren - name)), "prelude helper %.*s is not in emit.h",
+                  (int)(paren - name), name);
+  }
+}
+END_TEST
+
+/* Whether the identifier s[0..n) called in generated code is part of the
+ * contract: a listed helper, a standard function, the target's popcount,
+ * a keyword, or a name the emitter made up (kf<N>, kless<N>,
+ * kiln_kernel_<N>, the sort's LESS macro). */
+static bool callable(const char *s, size_t n) {
+  static const char *const fixed[] = {"if", "for", "while", "switch", "return", "sizeof", "LESS"};
+  static const char *const numbered[] = {"kf", "kless", "kiln_kernel_"};
+  if (listed(s, n)) return true;
+  for (const char *const *q = kiln__emit_std_funcs; *q; q++)
+    if (strlen(*q) == n && strncmp(*q, s, n) == 0) return true;
+  if (strlen(kiln__c_target.popcount64) == n && strncmp(kiln__c_target.popcount64, s, n) == 0)
+    return true;
+  for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
+    if (strlen(fixed[i]) == n && strncmp(fixed[i], s, n) == 0) return true;
+  for (size_t i = 0; i < sizeof numbered / sizeof *numbered; i++) {
+    size_t k = strlen(numbered[i]);
+    if (n <= k || strncmp(numbered[i], s, k) != 0) continue;
+    while (k < n && isdigit((unsigned char)s[k])) k++;
+    if (k == n) return true;
+  }
+  return false;
+}
+
+/* Compiles hlo with its source dumped and checks that the source is the
+ * C prelude followed by code that calls only what the contract allows. */
+static void check_calls(const char *hlo) {
+  char dir[] = "/tmp/kiln-cgcalls-XXXXXX", path[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_msg(compile_status(hlo, &o, &st) == 0, "%s: %s", st.where, st.msg);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  static char src[1 << 22];
+  size_t len = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[len] = 0;
+  unlink(path);
+  rmdir(dir);
+  size_t np = strlen(kiln__c_target.prelude);
+  ck_assert_msg(len > np && memcmp(src, kiln__c_target.prelude, np) == 0,
+                "the source does not open with the prelude");
+  int calls = 0;
+  for (const char *p = src + np; *p;) {
+    if (isdigit((unsigned char)*p)) { /* a number, suffixes and exponents included */
+      while (isalnum((unsigned char)*p) || *p == '.' || *p == '_') p++;
+      continue;
+    }
+    if (!isalpha((unsigned char)*p) && *p != '_') {
+      p++;
+      continue;
+    }
+    const char *id = p;
+    while (isalnum((unsigned char)*p) || *p == '_') p++;
+    const char *q = p;
+    while (*q == ' ') q++;
+    if (*q != '(') continue;
+    calls++;
+    ck_assert_msg(callable(id, (size_t)(p - id)), "generated code calls %.*s, not in the contract",
+                  (int)(p - id), id);
+  }
+  ck_assert_int_gt(calls, 0);
+}
+
+START_TEST(generated_code_calls_only_contract) {
+  for (int i = 0; types[i]; i++) {
+    char *hlo = elementwise_module(types[i]);
+    check_calls(hlo);
+    kiln_free(hlo);
+  }
+  check_calls(fusion_hlo);
+  check_calls(
+      "HloModule mix\n"
+      "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+      "cmp { a = f32[] parameter(0)  b = f32[] parameter(1)  c = s32[] parameter(2)  d = s32[] "
+      "parameter(3)\n  ROOT lt = pred[] compare(a, b), direction=LT, type=TOTALORDER }\n"
+      "ge { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT c = pred[] compare(a, b), "
+      "direction=GE }\n"
+      "ENTRY main {\n"
+      "  p0 = f32[5,4] parameter(0)\n  idx = s32[3] parameter(1)\n  up = f32[3,4] parameter(2)\n"
+      "  g = f32[3,4] gather(p0, idx), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,4}\n"
+      "  i2 = s32[3,1] reshape(idx)\n"
+      "  s = f32[5,4] scatter(p0, i2, up), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n"
+      "  io = s32[5,4] iota(), iota_dimension=1\n"
+      "  so = (f32[5,4], s32[5,4]) sort(s, io), dimensions={1}, is_stable=true, to_apply=cmp\n"
+      "  x = f32[6,7] parameter(3)\n  src = f32[3,4] parameter(4)\n  z = f32[] constant(0)\n"
+      "  sas = f32[6,7] select-and-scatter(x, src, z), window={size=3x3 stride=2x2 "
+      "pad=1_1x1_1}, select=ge, scatter=add\n"
+      "  rw = f32[3,4] reduce-window(x, z), window={size=2x2 stride=2x2 pad=0_0x0_1}, "
+      "to_apply=add\n"
+      "  bias = f32[7] reduce(x, z), dimensions={0}, to_apply=add\n"
+      "  row = f32[6] reduce(x, z), dimensions={1}, to_apply=add\n"
+      "  w = f32[3,3,1,2] parameter(5)\n  x4 = f32[1,6,7,1] reshape(x)\n"
+      "  cv = f32[1,6,7,2] convolution(x4, w), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f\n"
+      "  j = s32[] parameter(6)\n  nu = f32[3,4] negate(up)\n"
+      "  ds = f32[2,4] dynamic-slice(p0, j, j), dynamic_slice_sizes={2,4}\n"
+      "  dus = f32[5,4] dynamic-update-slice(p0, ds, j, j)\n"
+      "  a = s32[4,3] parameter(7)\n  b = s32[3,2] parameter(8)\n"
+      "  d = s32[4,2] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  ROOT t = (f32[3,4], (f32[5,4], s32[5,4]), f32[6,7], f32[3,4], f32[7], f32[6], "
+      "f32[1,6,7,2], f32[3,4], f32[5,4], s32[4,2]) tuple(g, so, sas, rw, bias, row, cv, nu, dus, "
+      "d)\n}\n");
+}
+END_TEST
+
 START_TEST(out_of_memory_everywhere) {
   /* Every allocation of a compile failing in turn: KILN_ENOMEM, no crash,
    * no leak (the sanitizer build checks the last two). */
@@ -845,6 +1006,11 @@ int main(void) {
   tcase_add_test(tf, executor_end_to_end);
 #endif
   suite_add_tcase(s, tf);
+  TCase *tk = tcase_create("contract");
+  tcase_set_timeout(tk, 240);
+  tcase_add_test(tk, prelude_defines_every_helper);
+  tcase_add_test(tk, generated_code_calls_only_contract);
+  suite_add_tcase(s, tk);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
   srunner_run_all(sr, CK_NORMAL);

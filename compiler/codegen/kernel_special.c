@@ -11,9 +11,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "compiler/codegen/c_target.h"
+#include "compiler/codegen/kernel.h"
 
-static const kiln_instr *ins_of(kiln__cgen *g, kiln_id id) { return g->mod.m->instrs[id]; }
+static const kiln_instr *ins_of(kiln__codegen *g, kiln_id id) { return g->mod.m->instrs[id]; }
 
 static void strides_of(const kiln_shape *s, int64_t *st) {
   int64_t m2m[KILN__EMIT_MAXR], acc = 1;
@@ -24,22 +24,22 @@ static void strides_of(const kiln_shape *s, int64_t *st) {
   }
 }
 
-static int fail(kiln__cgen *g, const kiln_instr *ins, const char *what) {
+static int fail(kiln__codegen *g, const kiln_instr *ins, const char *what) {
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(g->mod.m, ins, where, sizeof where);
-  return kiln_status_set(g->st, KILN_EUNIMPL, where, "the cpu backend cannot compile %s %s: %s",
-                         kiln_opcode_name(ins->op), where, what);
+  return kiln_status_set(g->st, KILN_EUNIMPL, where, "the %s backend cannot compile %s %s: %s",
+                         g->mod.target->name, kiln_opcode_name(ins->op), where, what);
 }
 
 /* ---- dynamic-update-slice in place -------------------------------------- */
 
-int kiln__cgen_dus(kiln__cgen *g, const kiln__kernel_spec *k, kiln_id dus, uint32_t *kernel,
-                   uint64_t *range) {
+int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, uint32_t *kernel,
+                     uint64_t *range) {
   const kiln_instr *d = ins_of(g, dus);
   const kiln_shape *us = &ins_of(g, d->operands[1])->shape;
   kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
   kiln__emit_fn f;
-  int rc = kiln__cgen_begin(g, k, &body, &f, 2);
+  int rc = kiln__kernel_begin(g, k, &body, &f, 2);
   kiln__ix u, t;
   if (rc == 0) rc = kiln__ix_new(&f, us->rank, &u);
   if (rc) goto done;
@@ -56,13 +56,15 @@ int kiln__cgen_dus(kiln__cgen *g, const kiln__kernel_spec *k, kiln_id dus, uint3
   snprintf(vs, sizeof vs, "v%u", v);
   kiln__emit_store_expr(k->out_shape[0]->dtype, vs, e, sizeof e);
   kiln__emit_line(&f, "b%u[%s] = %s;", k->out_arg[0], off, e);
-  kiln_sbuf_puts(&out, "  for (int64_t i = begin; i < end; i++) {\n");
-  kiln__cgen_decompose(&out, us, "i", 0, "o", 2);
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "i");
+  kiln_sbuf_printf(&out, "  %s {\n", loop);
+  kiln__kernel_decompose(&out, us, "i", 0, "o", 2);
   kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
   kiln_sbuf_puts(&out, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)kiln_shape_elements(us);
-  kiln__cgen_finish(g, k, kiln_sbuf_str(&out), *range);
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
 done:
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
@@ -94,7 +96,7 @@ typedef struct scat {
   int64_t wsize[KILN__EMIT_MAXR];
 } scat;
 
-static int scatter_plan(kiln__cgen *g, const kiln_instr *s, scat *p) {
+static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
   memset(p, 0, sizeof *p);
   p->s = s;
   p->n = (s->noperands - 1) / 2;
@@ -143,9 +145,9 @@ static int scatter_start(kiln__emit_fn *f, const scat *p, const uint32_t *gl, ui
   return 0;
 }
 
-static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k, const scat *p,
-                         const uint32_t *gl, const uint32_t *wl, char st[][KILN__IX_LEN],
-                         uint32_t fn) {
+static int scatter_apply(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
+                         const scat *p, const uint32_t *gl, const uint32_t *wl,
+                         char st[][KILN__IX_LEN], uint32_t fn) {
   kiln__ix pos, u;
   const kiln_shape *us = &p->upd0->shape;
   int rc = kiln__ix_new(f, p->ar, &pos);
@@ -169,7 +171,7 @@ static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spe
     if (pa == NULL || pb == NULL || pa->shape.dtype != os->dtype)
       return fail(g, p->s, "combiner parameters must be scalars of the operand types");
     args[q] = kiln__emit_newvar(f);
-    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(os->dtype), args[q], e);
+    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, os->dtype), args[q], e);
     const kiln_instr *ui = ins_of(g, p->s->operands[p->n + 1 + q]);
     if ((rc = kiln__emit_value1(f, ui->id, &u, &args[p->n + q]))) return rc;
     char a[16], ce[256];
@@ -177,9 +179,9 @@ static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spe
     if ((rc = kiln__emit_convert_expr(f, p->s, a, ui->shape.dtype, pb->shape.dtype, ce, sizeof ce)))
       return rc;
     args[p->n + q] = kiln__emit_newvar(f);
-    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(pb->shape.dtype), args[p->n + q], ce);
+    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, pb->shape.dtype), args[p->n + q], ce);
     outs[q] = kiln__emit_newvar(f);
-    kiln__emit_line(f, "%s v%u;", kiln__ctype(os->dtype), outs[q]);
+    kiln__emit_line(f, "%s v%u;", kiln__ctype(f->mod, os->dtype), outs[q]);
   }
   kiln__emit_call_fn(f, fn, args, 2 * p->n, outs, p->n);
   for (uint32_t q = 0; q < p->n; q++) {
@@ -191,8 +193,8 @@ static int scatter_apply(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spe
   return 0;
 }
 
-static int scatter_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k, const scat *p,
-                        uint32_t fn) {
+static int scatter_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
+                        const scat *p, uint32_t fn) {
   const kiln_shape *us = &p->upd0->shape, *as = k->out_shape[0];
   uint32_t gl[KILN__EMIT_MAXR], wl[KILN__EMIT_MAXR], marks[2 * KILN__EMIT_MAXR + 1], nm = 0;
   bool once = p->nus == 0; /* one update window: a loop for `continue` to leave */
@@ -232,8 +234,8 @@ static int scatter_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec
   return rc;
 }
 
-int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
-                       uint64_t *range) {
+int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                         uint64_t *range) {
   scat p;
   const kiln_instr *s = ins_of(g, k->root);
   int rc = scatter_plan(g, s, &p);
@@ -244,15 +246,17 @@ int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kern
   if ((rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn))) return rc;
   kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
   kiln__emit_fn f;
-  rc = kiln__cgen_begin(g, k, &body, &f, 1);
+  rc = kiln__kernel_begin(g, k, &body, &f, 1);
   if (rc == 0) rc = scatter_body(g, &f, k, &p, fn);
   if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) {
-    kiln_sbuf_puts(&out, "  if (begin > 0 || end < 1) return;\n");
+    char once[256];
+    g->mod.target->single(once, sizeof once);
+    kiln_sbuf_printf(&out, "  %s\n", once);
     kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
     *kernel = g->nkernels;
     *range = 1;
-    kiln__cgen_finish(g, k, kiln_sbuf_str(&out), 1);
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), 1);
   }
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
@@ -263,14 +267,14 @@ int kiln__cgen_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kern
 /* ---- sort --------------------------------------------------------------- */
 
 /* The comparator over positions a and b of the current row. */
-static int sort_less_fn(kiln__cgen *g, const kiln__kernel_spec *k, const kiln_instr *s, uint32_t fn,
-                        uint32_t id) {
+static int sort_less_fn(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *s,
+                        uint32_t fn, uint32_t id) {
   kiln_sbuf *b = &g->mod.funcs;
   const kiln_computation *c = g->mod.m->comps[s->called[0]];
   kiln_sbuf_printf(b,
-                   "static inline int kless%u(void *const *bufs, const int64_t *base, "
+                   "%s int kless%u(void *const *bufs, const int64_t *base, "
                    "const int64_t *st, int64_t a, int64_t b) {\n",
-                   id);
+                   g->mod.target->helper_qual, id);
   kiln_sbuf args = KILN_SBUF_INIT;
   for (uint32_t q = 0; q < s->noperands; q++) {
     const kiln_shape *is = k->binds[q].shapes[0];
@@ -279,12 +283,12 @@ static int sort_less_fn(kiln__cgen *g, const kiln__kernel_spec *k, const kiln_in
       kiln_sbuf_free(&args);
       return fail(g, s, "comparator parameters must be scalars of the operand types");
     }
-    const char *t = kiln__stype(is->dtype);
+    const char *t = kiln__stype(&g->mod, is->dtype);
     kiln_sbuf_printf(b, "  const %s *in%u = (const %s *)bufs[%u];\n", t, q, t, k->binds[q].args[0]);
     for (int side = 0; side < 2; side++) {
       char off[64];
       snprintf(off, sizeof off, "base[%u] + %s * st[%u]", q, side ? "b" : "a", q);
-      kiln_sbuf_printf(b, "  %s c%u%c = ", kiln__ctype(is->dtype), q, side ? 'b' : 'a');
+      kiln_sbuf_printf(b, "  %s c%u%c = ", kiln__ctype(&g->mod, is->dtype), q, side ? 'b' : 'a');
       switch (is->dtype) {
       case KILN_PRED: kiln_sbuf_printf(b, "(uint8_t)(in%u[%s] != 0);\n", q, off); break;
       case KILN_F16: kiln_sbuf_printf(b, "kh2d(in%u[%s]);\n", q, off); break;
@@ -312,8 +316,8 @@ static const char sort_loop[] =
     "      memcpy(perm, tmp, (size_t)len * sizeof *perm);\n"
     "    }\n";
 
-int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch, uint32_t *kernel,
-                    uint64_t *range) {
+int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scratch,
+                      uint32_t *kernel, uint64_t *range) {
   const kiln_instr *s = ins_of(g, k->root);
   uint32_t n = s->noperands, fn;
   if (n == 0 || n != k->nouts || k->nbinds != n || s->ncalled != 1)
@@ -329,7 +333,9 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_sbuf_printf(&b, "  const int64_t len = %lld;\n  int64_t base[%u], st[%u], ob[%u];\n",
                    (long long)len, n, n, n);
-  kiln_sbuf_puts(&b, "  for (int64_t r = begin; r < end; r++) {\n");
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "r");
+  kiln_sbuf_printf(&b, "  %s {\n", loop);
   /* Rows: the dims other than d, row-major; r splits into them. */
   kiln_shape rows = *s0;
   int64_t rdims[KILN__EMIT_MAXR];
@@ -337,7 +343,7 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
   rdims[d] = 1;
   rows.dims = rdims;
   rows.layout = NULL;
-  kiln__cgen_decompose(&b, &rows, "r", 0, "o", 2);
+  kiln__kernel_decompose(&b, &rows, "r", 0, "o", 2);
   for (uint32_t q = 0; q < n; q++) {
     const kiln_shape *is = k->binds[q].shapes[0], *os = k->out_shape[q];
     int64_t ist[KILN__EMIT_MAXR], ost[KILN__EMIT_MAXR];
@@ -364,7 +370,7 @@ int kiln__cgen_sort(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t scratch,
   kiln_sbuf_puts(&b, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)(len > 0 ? total / len : 0);
-  kiln__cgen_finish(g, k, kiln_sbuf_str(&b), *range);
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&b), *range);
   kiln_sbuf_free(&b);
   return 0;
 }
@@ -417,7 +423,7 @@ static int sas_scan(kiln__emit_fn *f, const kiln_instr *sas, const kiln_window *
   return rc;
 }
 
-static int sas_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
+static int sas_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
                     const kiln_instr *sas, const kiln_window *w, uint32_t fsel, uint32_t fsca) {
   const kiln_module *m = g->mod.m;
   const kiln_instr *a = m->instrs[sas->operands[0]], *src = m->instrs[sas->operands[1]];
@@ -439,7 +445,7 @@ static int sas_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
   }
   uint32_t found = kiln__emit_newvar(f), bv = kiln__emit_newvar(f), bp[KILN__EMIT_MAXR];
   kiln__emit_line(f, "uint8_t v%u = 0;", found);
-  kiln__emit_line(f, "%s v%u = 0;", kiln__ctype(a->shape.dtype), bv);
+  kiln__emit_line(f, "%s v%u = 0;", kiln__ctype(f->mod, a->shape.dtype), bv);
   kiln__ix best, si;
   rc = kiln__ix_new(f, r, &best);
   if (rc == 0) rc = kiln__ix_new(f, r, &si);
@@ -455,11 +461,11 @@ static int sas_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
     char off[512], le[600];
     kiln__ix_offset(f, &best, os, off, sizeof off);
     kiln__emit_load_expr(t, k->out_arg[0], off, le, sizeof le);
-    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(t), cur, le);
+    kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, t), cur, le);
     rc = kiln__emit_value1(f, src->id, &si, &sv);
     if (rc == 0) {
       uint32_t args[2] = {cur, sv}, out = kiln__emit_newvar(f);
-      kiln__emit_line(f, "%s v%u;", kiln__ctype(t), out);
+      kiln__emit_line(f, "%s v%u;", kiln__ctype(f->mod, t), out);
       kiln__emit_call_fn(f, fsca, args, 2, &out, 1);
       char v[16];
       snprintf(v, sizeof v, "v%u", out);
@@ -472,8 +478,8 @@ static int sas_body(kiln__cgen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
   return rc;
 }
 
-int kiln__cgen_select_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_t *kernel,
-                              uint64_t *range) {
+int kiln__kernel_select_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                                uint64_t *range) {
   const kiln_module *m = g->mod.m;
   const kiln_instr *s = ins_of(g, k->root);
   const kiln_attr *wa = kiln_instr_attr(s, KILN_ATTR_WINDOW);
@@ -495,15 +501,17 @@ int kiln__cgen_select_scatter(kiln__cgen *g, const kiln__kernel_spec *k, uint32_
   if (rc) return rc;
   kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
   kiln__emit_fn f;
-  rc = kiln__cgen_begin(g, k, &body, &f, 1);
+  rc = kiln__kernel_begin(g, k, &body, &f, 1);
   if (rc == 0) rc = sas_body(g, &f, k, s, w, fsel, fsca);
   if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) {
-    kiln_sbuf_puts(&out, "  if (begin > 0 || end < 1) return;\n");
+    char once[256];
+    g->mod.target->single(once, sizeof once);
+    kiln_sbuf_printf(&out, "  %s\n", once);
     kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
     *kernel = g->nkernels;
     *range = 1;
-    kiln__cgen_finish(g, k, kiln_sbuf_str(&out), 1);
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), 1);
   }
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);

@@ -1,0 +1,357 @@
+/* Kernel frames and loop kernels (see kernel.h), for any target: the
+ * entry function around a body, and the loops around the emitter's values,
+ * whose loops over the step's range come from the target's wrappers.
+ *
+ * A loop kernel first tries the flat form, one iteration per output
+ * element in physical order, where an elementwise chain over buffers of the
+ * output's layout reads b[i] and vectorizes. When the body needs the
+ * logical index (broadcasts, transposes, windows...) and the innermost
+ * physical dim is long enough, it is written again in the row form: one
+ * iteration per row, an inner counted loop over the innermost dim, so the
+ * index arithmetic happens once per row and the inner loop stays simple.
+ * A reduce over the physically major dims of its input (a bias gradient)
+ * accumulates in its output instead, one input row at a time, so that it
+ * reads memory in order rather than down columns.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/buffer_assign.h"
+#include "compiler/codegen/kernel.h"
+
+int kiln__codegen_init(kiln__codegen *g, const kiln_module *m, const kiln__cg_target *target,
+                       kiln_status *st) {
+  memset(g, 0, sizeof *g);
+  g->st = st;
+  kiln_sbuf_init(&g->kernels);
+  return kiln__emit_mod_init(&g->mod, m, target, st);
+}
+
+void kiln__codegen_free(kiln__codegen *g) {
+  kiln__emit_mod_free(&g->mod);
+  kiln_sbuf_free(&g->kernels);
+}
+
+char *kiln__codegen_source(kiln__codegen *g, size_t *len) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&b, g->mod.target->prelude);
+  kiln_sbuf_puts(&b, kiln_sbuf_str(&g->mod.funcs));
+  kiln_sbuf_puts(&b, kiln_sbuf_str(&g->kernels));
+  if (kiln_sbuf_failed(&g->mod.funcs) || kiln_sbuf_failed(&g->kernels)) {
+    kiln_sbuf_free(&b);
+    return NULL;
+  }
+  return kiln_sbuf_detach(&b, len);
+}
+
+/* ---- kernel frames ------------------------------------------------------ */
+
+int kiln__kernel_begin(kiln__codegen *g, const kiln__kernel_spec *k, kiln_sbuf *body,
+                       kiln__emit_fn *f, int indent) {
+  int rc = kiln__emit_fn_init(f, &g->mod, body, indent);
+  for (uint32_t i = 0; rc == 0 && i < k->nbinds; i++) {
+    const kiln__kbind *b = &k->binds[i];
+    rc = kiln__emit_bind(f, b->id, b->args, b->shapes, NULL, b->nleaves);
+  }
+  return rc;
+}
+
+/* Appends "<kernel_qual>void kiln_kernel_N(...) { <pointer declarations>
+ * <body> }". */
+void kiln__kernel_finish(kiln__codegen *g, const kiln__kernel_spec *k, const char *body,
+                         uint64_t range) {
+  const kiln__cg_target *tg = g->mod.target;
+  kiln_sbuf *b = &g->kernels;
+  kiln_sbuf_printf(b, "%svoid kiln_kernel_%u(void *const *bufs, int64_t begin, int64_t end) {\n",
+                   tg->kernel_qual, g->nkernels);
+  for (uint32_t a = 0; a < k->nargs; a++) {
+    const char *t = kiln__stype(&g->mod, k->arg_dtype[a]);
+    bool noalias = !(k->arg_shared && k->arg_shared[a]);
+    const char *q = noalias ? tg->restrict_qual : "", *sp = noalias ? " " : "";
+    if (k->arg_out[a])
+      kiln_sbuf_printf(b, "  %s *%s%sb%u = (%s *)bufs[%u];\n", t, q, sp, a, t, a);
+    else
+      kiln_sbuf_printf(b, "  const %s *%s%sb%u = (const %s *)bufs[%u];\n", t, q, sp, a, t, a);
+  }
+  /* A step never runs a kernel past its own range, whatever it is told. */
+  kiln_sbuf_printf(b, "  if (end > %lldLL) end = %lldLL;\n", (long long)range, (long long)range);
+  kiln_sbuf_puts(b, body);
+  kiln_sbuf_puts(b, "}\n\n");
+  g->nkernels++;
+}
+
+/* Writes "const int64_t <prefix><d> = ..." for every logical dim d of s
+ * from the physical linear index `lin` (the minor dim too unless
+ * skip_minor). */
+void kiln__kernel_decompose(kiln_sbuf *b, const kiln_shape *s, const char *lin, uint32_t skip_minor,
+                            const char *prefix, int indent) {
+  int64_t m2m[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(s, m2m);
+  char cur[64];
+  snprintf(cur, sizeof cur, "%s", lin);
+  uint32_t r = s->rank;
+  for (uint32_t k = skip_minor ? 1 : 0; k < r; k++) {
+    int64_t d = m2m[k];
+    for (int i = 0; i < indent; i++) kiln_sbuf_puts(b, "  ");
+    if (s->dims[d] == 1)
+      kiln_sbuf_printf(b, "const int64_t %s%lld = 0;\n", prefix, (long long)d);
+    else if (k + 1 == r)
+      kiln_sbuf_printf(b, "const int64_t %s%lld = %s;\n", prefix, (long long)d, cur);
+    else {
+      kiln_sbuf_printf(b, "const int64_t %s%lld = %s %% %lld, q%s%lld = %s / %lld;\n", prefix,
+                       (long long)d, cur, (long long)s->dims[d], prefix, (long long)d, cur,
+                       (long long)s->dims[d]);
+      snprintf(cur, sizeof cur, "q%s%lld", prefix, (long long)d);
+    }
+  }
+}
+
+/* ---- loop kernels ------------------------------------------------------- */
+
+static uint32_t count_leaves(const kiln_shape *s) {
+  if (!kiln_shape_is_tuple(s)) return 1;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->rank; i++) n += count_leaves(&s->tuple[i]);
+  return n;
+}
+
+/* Follows tuple instructions down to the instruction that produces leaf
+ * *leaf of id's value, so that a kernel computes only the outputs it
+ * stores (a multi-output fusion's outputs may differ in dims). */
+static kiln_id producer(const kiln_module *m, kiln_id id, uint32_t *leaf) {
+  for (;;) {
+    const kiln_instr *ins = m->instrs[id];
+    if (ins->op != KILN_OP_TUPLE) return id;
+    uint32_t j = 0;
+    for (; j < ins->noperands; j++) {
+      uint32_t n = count_leaves(&m->instrs[ins->operands[j]]->shape);
+      if (*leaf < n) break;
+      *leaf -= n;
+    }
+    if (j == ins->noperands) return id;
+    id = ins->operands[j];
+  }
+}
+
+/* Emits the stores of the outputs at index x. */
+static int store_outputs(kiln__emit_fn *f, const kiln__kernel_spec *k, const kiln__ix *x) {
+  for (uint32_t o = 0; o < k->nouts; o++) {
+    const uint32_t *vars;
+    uint32_t n, leaf = k->out_leaf[o];
+    kiln_id id = producer(f->mod->m, k->root, &leaf);
+    int rc = kiln__emit_value(f, id, x, &vars, &n);
+    if (rc) return rc;
+    if (leaf >= n) return KILN_EINTERNAL;
+    char off[512], v[16], e[64];
+    kiln__ix_offset(f, x, k->out_shape[o], off, sizeof off);
+    snprintf(v, sizeof v, "v%u", vars[leaf]);
+    kiln__emit_store_expr(k->out_shape[o]->dtype, v, e, sizeof e);
+    kiln__emit_line(f, "b%u[%s] = %s;", k->out_arg[o], off, e);
+  }
+  return 0;
+}
+
+static int minor_dim(const kiln_shape *s) {
+  int64_t m2m[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(s, m2m);
+  return (int)m2m[0];
+}
+
+/* One form of the loop kernel; *used says whether the body read the
+ * logical index (flat form) so the caller may prefer rows. */
+static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, kiln_sbuf *out,
+                     bool *used) {
+  const kiln_shape *s = k->out_shape[0];
+  uint32_t r = s->rank;
+  kiln_sbuf body = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  int indent = rows ? 3 : 2;
+  int rc = kiln__kernel_begin(g, k, &body, &f, indent);
+  kiln__ix x;
+  if (rc == 0) rc = kiln__ix_new(&f, r, &x);
+  if (rc) goto out;
+  int md = r ? minor_dim(s) : 0;
+  int64_t minor = r ? s->dims[md] : 1;
+  char lin[96];
+  if (rows)
+    snprintf(lin, sizeof lin, "(r * %lld + j)", (long long)minor);
+  else
+    snprintf(lin, sizeof lin, "i");
+  for (uint32_t d = 0; d < r; d++) {
+    if (rows && (int)d == md)
+      kiln__ix_set(&x, d, "j");
+    else
+      kiln__ix_set(&x, d, "o%u", d);
+  }
+  x.root = true;
+  x.lin = lin;
+  x.lin_shape = s;
+  rc = store_outputs(&f, k, &x);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc) goto out;
+  *used = f.used_root;
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, rows ? "r" : "i");
+  kiln_sbuf_printf(out, "  %s {\n", loop);
+  if (rows) {
+    kiln__kernel_decompose(out, s, "r", 1, "o", 2);
+    kiln_sbuf_printf(out, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)minor);
+    kiln_sbuf_puts(out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(out, "    }\n  }\n");
+  } else {
+    if (f.used_root) kiln__kernel_decompose(out, s, "i", 0, "o", 2);
+    kiln_sbuf_puts(out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(out, "  }\n");
+  }
+out:
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  return rc;
+}
+
+/* ---- reductions over major dims ----------------------------------------- */
+
+static bool plain_type(kiln_dtype t) {
+  switch (t) {
+  case KILN_S8:
+  case KILN_S16:
+  case KILN_S32:
+  case KILN_S64:
+  case KILN_U8:
+  case KILN_U16:
+  case KILN_U32:
+  case KILN_U64:
+  case KILN_F32:
+  case KILN_F64: return true;
+  default: return false;
+  }
+}
+
+/* The reduce the kernel stores when it may run in the row form: one
+ * reduce of one input, every type the same and held in the buffer as it is
+ * computed (the accumulator lives in the output between rows), an output
+ * that no input shares, and in the input's layout the reduced dims all
+ * more major than the kept ones, which keep their order in the output's
+ * layout (so that consecutive outputs read consecutive input elements). */
+static const kiln_instr *rows_reduce(kiln__codegen *g, const kiln__kernel_spec *k, bool *red) {
+  const kiln_module *m = g->mod.m;
+  uint32_t leaf = k->out_leaf[0];
+  if (k->nouts != 1 || (k->arg_shared && k->arg_shared[k->out_arg[0]])) return NULL;
+  const kiln_instr *r = m->instrs[producer(m, k->root, &leaf)];
+  if (r->op != KILN_OP_REDUCE || r->noperands != 2 || r->ncalled != 1 || leaf != 0 ||
+      r->called[0] >= m->ncomps)
+    return NULL;
+  const kiln_shape *os = k->out_shape[0], *in = &m->instrs[r->operands[0]]->shape;
+  const kiln_shape *init = &m->instrs[r->operands[1]]->shape;
+  const kiln_computation *c = m->comps[r->called[0]];
+  const kiln_instr *p0 = kiln_computation_param(m, c, 0), *p1 = kiln_computation_param(m, c, 1);
+  kiln_dtype t = os->dtype;
+  if (!plain_type(t) || !kiln_shape_is_array(&r->shape) || !kiln_shape_is_array(in) ||
+      !kiln_shape_is_array(init) || r->shape.dtype != t || in->dtype != t || init->dtype != t ||
+      p0 == NULL || p1 == NULL || !kiln_shape_is_array(&p0->shape) ||
+      !kiln_shape_is_array(&p1->shape) || p0->shape.dtype != t || p1->shape.dtype != t ||
+      kiln_computation_nparams(m, c) != 2)
+    return NULL;
+  const kiln_i64s *dl = kiln_instr_attr_ints(r, KILN_ATTR_DIMENSIONS);
+  if (dl == NULL || dl->n == 0 || dl->n >= in->rank || os->rank + dl->n != in->rank) return NULL;
+  memset(red, 0, in->rank * sizeof *red);
+  for (uint32_t i = 0; i < dl->n; i++) {
+    if (dl->v[i] < 0 || dl->v[i] >= in->rank || red[dl->v[i]]) return NULL;
+    red[dl->v[i]] = true;
+  }
+  int64_t im[KILN__EMIT_MAXR], om[KILN__EMIT_MAXR], out_dim[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(in, im);
+  kiln_shape_minor_to_major(os, om);
+  for (uint32_t d = 0, j = 0; d < in->rank; d++) out_dim[d] = red[d] ? -1 : (int64_t)j++;
+  for (uint32_t q = 0; q < in->rank; q++) {
+    bool kept = q < os->rank;
+    if (red[im[q]] == kept || (kept && out_dim[im[q]] != om[q])) return NULL;
+  }
+  return r;
+}
+
+/* The row form of a reduce over major dims: the outputs [begin, end) take
+ * the init value, then each reduced position, in row-major order, is
+ * combined into all of them. Every output still combines its inputs in the
+ * interpreter's order, but consecutive iterations read consecutive inputs
+ * and the inner loop vectorizes, where one output at a time would walk its
+ * column with a stride of a whole row. */
+static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *r,
+                       const bool *red, kiln_sbuf *out) {
+  const kiln_module *m = g->mod.m;
+  const kiln_shape *os = k->out_shape[0];
+  const kiln_instr *in = m->instrs[r->operands[0]];
+  const char *t = kiln__ctype(&g->mod, os->dtype);
+  uint32_t ob = k->out_arg[0], fn, init, marks[KILN__EMIT_MAXR + 1], nl = 0;
+  kiln__emit_fn f;
+  kiln__ix s0 = {0}, y;
+  int rc = kiln__kernel_begin(g, k, out, &f, 1);
+  if (rc == 0) rc = kiln__emit_comp_fn(&g->mod, r->called[0], r, &fn);
+  if (rc == 0) rc = kiln__emit_value1(&f, r->operands[1], &s0, &init);
+  if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
+  if (rc) goto out;
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "i");
+  kiln__emit_line(&f, "%s b%u[i] = v%u;", loop, ob, init);
+  for (uint32_t d = 0, j = 0; d < in->shape.rank; d++) {
+    if (!red[d]) {
+      kiln__ix_set(&y, d, "o%u", j++);
+      continue;
+    }
+    uint32_t rv = kiln__emit_newvar(&f);
+    marks[nl++] = kiln__emit_open(&f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", rv, rv,
+                                  (long long)in->shape.dims[d], rv);
+    kiln__ix_set(&y, d, "r%u", rv);
+  }
+  marks[nl++] = kiln__emit_open(&f, "%s", loop);
+  kiln__kernel_decompose(f.out, os, "i", 0, "o", f.indent);
+  uint32_t v, acc = kiln__emit_newvar(&f);
+  rc = kiln__emit_value1(&f, in->id, &y, &v);
+  if (rc == 0) {
+    uint32_t args[2] = {acc, v};
+    kiln__emit_line(&f, "%s v%u = b%u[i];", t, acc, ob);
+    kiln__emit_call_fn(&f, fn, args, 2, &acc, 1);
+    kiln__emit_line(&f, "b%u[i] = v%u;", ob, acc);
+  }
+  while (nl-- > 0) kiln__emit_close(&f, marks[nl], NULL);
+  if (rc == 0 && f.rc) rc = f.rc;
+out:
+  kiln__emit_fn_free(&f);
+  return rc;
+}
+
+int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                      uint64_t *range) {
+  const kiln_shape *s = k->out_shape[0];
+  bool red[KILN__EMIT_MAXR];
+  const kiln_instr *r = rows_reduce(g, k, red);
+  if (r != NULL) {
+    kiln_sbuf out = KILN_SBUF_INIT;
+    int rc = reduce_rows(g, k, r, red, &out);
+    if (rc == 0) {
+      *range = (uint64_t)kiln_shape_elements(s);
+      *kernel = g->nkernels;
+      kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+    }
+    kiln_sbuf_free(&out);
+    return rc;
+  }
+  int64_t n = kiln_shape_elements(s);
+  kiln_sbuf out = KILN_SBUF_INIT;
+  bool used = false;
+  int rc = loop_body(g, k, false, &out, &used);
+  int64_t minor = s->rank ? s->dims[minor_dim(s)] : 1;
+  *range = (uint64_t)(n > 0 ? n : 0);
+  if (rc == 0 && used && s->rank >= 2 && minor >= 8 && n > 0) {
+    kiln_sbuf_reset(&out);
+    rc = loop_body(g, k, true, &out, &used);
+    *range = (uint64_t)(n / minor);
+  }
+  if (rc == 0) {
+    *kernel = g->nkernels;
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+  }
+  kiln_sbuf_free(&out);
+  return rc;
+}

@@ -1,0 +1,71 @@
+/* The interface between the shared kernel emitter and a code target.
+ *
+ * Lowering (lower*.c) decides which kernels a module needs; the shared
+ * kernel builders (kernel*.c) and the emitter (emit*.c) write their bodies.
+ * What differs between targets is kept here, in one table per target: the
+ * dialect (how the generated source spells qualifiers, types and
+ * intrinsics, and the prelude of helpers every kernel may call) and the
+ * kernel wrappers (how the iterations [begin, end) a step hands a kernel
+ * are visited: a plain loop on the CPU, a grid-stride loop on CUDA). The
+ * shared code reaches a target only through this table and never names
+ * one; the C target (c_target.c) is the first implementation.
+ *
+ * Every prelude implements the helper contract written in emit.h
+ * (KILN__PRELUDE_HELPERS) with exactly those semantics, so that generated
+ * code computes the same bits on every target.
+ */
+#ifndef KILN_COMPILER_CODEGEN_TARGET_IFACE_H
+#define KILN_COMPILER_CODEGEN_TARGET_IFACE_H
+
+#include <stddef.h>
+
+#include "compiler/ir/ir.h"
+
+typedef struct kiln__cg_target {
+  /* The backend's name in messages: "the %s backend cannot compile ...". */
+  const char *name;
+
+  /* ---- dialect ---------------------------------------------------------- */
+
+  /* Opens every translation unit: defines each helper of
+   * KILN__PRELUDE_HELPERS and makes the vocabulary the emitter spells
+   * directly available (emit.h, "vocabulary"). */
+  const char *prelude;
+  /* Written before each helper function the emitter writes (kf<N>,
+   * kless<N>), followed by a space: "static inline". */
+  const char *helper_qual;
+  /* Written before "void kiln_kernel_<N>(void *const *bufs, int64_t begin,
+   * int64_t end)": "" for C, e.g. "extern \"C\" __global__ " for CUDA
+   * (including its trailing space when not empty). */
+  const char *kernel_qual;
+  /* The pointer qualifier that promises no aliasing: "restrict". */
+  const char *restrict_qual;
+  /* A function counting the set bits of a uint64_t (returns an int). */
+  const char *popcount64;
+  /* Per element type the emitter computes on (kiln__emit_dtype_ok): the
+   * type values are computed in (ctype; f16/bf16 in double) and the type
+   * of a buffer element (stype; f16/bf16 as their 16-bit patterns).
+   * Entries for other types are NULL. */
+  const char *ctype[KILN_DTYPE_COUNT];
+  const char *stype[KILN_DTYPE_COUNT];
+
+  /* ---- kernel wrappers -------------------------------------------------- */
+
+  /* Writes into dst the header of the loop that visits, in `var` (an
+   * int64_t), this invocation's share of the kernel's iterations
+   * [begin, end), each once; the caller appends the body (" {" or one
+   * statement). Every kernel over an index range uses it: elementwise
+   * kernels (one iteration per element), row kernels (one per row, the
+   * inner loop over the row written by the shared code), reductions into
+   * their output (the range visited once per reduced position: an
+   * invocation must see the same share of iterations each time) and sort
+   * (one per row). */
+  void (*range_loop)(char *dst, size_t size, const char *var);
+  /* Writes into dst the first statement of a kernel that is one
+   * sequential iteration (scatter, select-and-scatter): it returns from
+   * every invocation but the single one that runs iteration 0 of
+   * [begin, end). */
+  void (*single)(char *dst, size_t size);
+} kiln__cg_target;
+
+#endif /* KILN_COMPILER_CODEGEN_TARGET_IFACE_H */
