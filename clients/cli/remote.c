@@ -25,7 +25,9 @@
 #include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
+#include "compiler/transforms/transform.h"
 
 static const char *const remote_backends[] = {"interp", "cpu", "cuda"};
 
@@ -79,6 +81,13 @@ static int position_suffix(const char *where) {
  * copy of the text becomes one in FILE, and a verifier's
  * "computation/instruction" is looked up in the file for its line. */
 static int report_program(const char *path, const kiln_status *st) {
+  if (kiln_rpc_status_code(st) == KILN_RPC_INVALID_ARGUMENT && strncmp(st->msg, "error: ", 7) == 0) {
+    kiln_status local = *st; /* the server's status had no where: FILE stands for it */
+    snprintf(local.msg, sizeof local.msg, "%s", st->msg + 7);
+    local.where[0] = '\0';
+    kiln__report(path, NULL, &local);
+    return kiln__exit_code(local.code);
+  }
   const char *sep = strstr(st->msg, ": error: ");
   if (kiln_rpc_status_code(st) != KILN_RPC_INVALID_ARGUMENT || sep == NULL ||
       (size_t)(sep - st->msg) >= KILN_STATUS_WHERE_MAX)
@@ -224,9 +233,85 @@ static int remote_compile_options(const kiln__args *a, kiln_remote_compile_optio
   return KILN_EXIT_OK;
 }
 
+/* The --transform specs checked as the local command checks them, with
+ * its messages and exit codes; *need_size: a vmap gives no size=N. */
+static int remote_transforms_check(const kiln__args *a, bool *need_size) {
+  int n;
+  const char **specs = kiln__args_all(a, "transform", &n);
+  *need_size = false;
+  for (int i = 0; i < n; i++) {
+    kiln_transform t;
+    kiln_status st;
+    kiln_status_clear(&st);
+    if (kiln_transform_parse(specs[i], &t, &st)) {
+      fprintf(stderr, "kiln %s: --transform '%s': %s\n", a->cmd->name, specs[i], st.msg);
+      return KILN_EXIT_USAGE;
+    }
+    if (t.kind == KILN_TRANSFORM_VMAP && t.axis_size <= 0) {
+      if (strcmp(a->cmd->name, "bench") == 0) {
+        fprintf(stderr,
+                "kiln bench: --transform '%s': the arguments are random, so vmap needs its "
+                "batch size (size=N)\n",
+                specs[i]);
+        return KILN_EXIT_USAGE;
+      }
+      *need_size = true;
+    }
+  }
+  return KILN_EXIT_OK;
+}
+
+/* The shapes of the --arg values, for a vmap that takes its batch size from
+ * them (the request then carries it, as the local run infers it); they
+ * live in `ar`. The shapes' own errors read as a local run reports them. */
+static int arg_shapes(const char *file, const kiln__args *a, kiln_arena *ar,
+                      kiln_remote_compile_options *o) {
+  int ngiven;
+  const char **given = kiln__args_all(a, "arg", &ngiven);
+  size_t cap = ngiven ? (size_t)ngiven : 1; /* none given is still "infer from these" */
+  kiln_shape *store = kiln_arena_calloc(ar, cap, sizeof *store);
+  const kiln_shape **shapes = kiln_arena_calloc(ar, cap, sizeof *shapes);
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (store == NULL || shapes == NULL) kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory");
+  for (int i = 0; i < ngiven && st.code == 0; i++) {
+    kiln__arg_shape(given[i], ar, &store[i], &st);
+    shapes[i] = &store[i];
+  }
+  if (st.code) {
+    kiln__report(file, NULL, &st);
+    return kiln__exit_code(st.code);
+  }
+  o->arg_shapes = shapes;
+  o->narg_shapes = (uint32_t)ngiven;
+  return KILN_EXIT_OK;
+}
+
+/* "ENTRY computation NAME" when FILE parses here (as a local run names
+ * it), else "the executable". */
+static void entry_what(const char *path, char *what, size_t size) {
+  snprintf(what, size, "the executable");
+  uint8_t *buf;
+  size_t len;
+  kiln_status ignore;
+  kiln_status_clear(&ignore);
+  if (kiln__file_read(path, &buf, &len, &ignore)) return;
+  kiln_module *m = NULL;
+  if (is_proto_path(path))
+    kiln_module_from_proto(buf, len, &m, &ignore);
+  else
+    kiln_module_parse_text((const char *)buf, len, path, NULL, &m, &ignore);
+  kiln_free(buf);
+  const kiln_computation *e = m ? kiln_module_entry(m) : NULL;
+  if (e) snprintf(what, size, "ENTRY computation %s", e->name);
+  kiln_module_destroy(m);
+}
+
 int kiln__remote_compile(const kiln__args *a) {
   kiln_remote_compile_options o;
+  bool need_size;
   int rc = remote_compile_options(a, &o);
+  if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
   const char *out = kiln__args_get(a, "output");
   o.return_executable = out != NULL;
@@ -291,12 +376,14 @@ static int timeout_ms(const kiln__args *a, int64_t *ms) {
  * --random-args, exactly as local runs build them. */
 static int build_args(const char *file, const kiln_remote_executable *e, const kiln__args *a,
                       kiln_literal **args) {
+  char what[300];
   int ngiven;
   const char **given = kiln__args_all(a, "arg", &ngiven);
   const char *seed_text = kiln__args_get(a, "random-args");
   uint32_t n = e->nparams;
   if ((uint32_t)ngiven > n || ((uint32_t)ngiven < n && seed_text == NULL)) {
-    fprintf(stderr, "%s: error: the executable takes %u parameter%s, %d argument%s given%s\n", file,
+    entry_what(file, what, sizeof what);
+    fprintf(stderr, "%s: error: %s takes %u parameter%s, %d argument%s given%s\n", file, what,
             n, n == 1 ? "" : "s", ngiven, ngiven == 1 ? "" : "s",
             (uint32_t)ngiven < n ? " (--random-args SEED fills the rest)" : "");
     return KILN_EXIT_INVALID;
@@ -379,14 +466,30 @@ int kiln__remote_run(const kiln__args *a) {
   }
   int64_t deadline;
   kiln_remote_compile_options o;
+  bool need_size = false;
   int rc = timeout_ms(a, &deadline);
   if (rc == 0) rc = remote_compile_options(a, &o);
+  if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
+  kiln_arena *shapes = kiln_arena_create();
+  if (shapes == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  if (need_size && (rc = arg_shapes(file, a, shapes, &o))) {
+    kiln_arena_destroy(shapes);
+    return rc;
+  }
   kiln_client *c;
-  if ((rc = connect_to(a, &c))) return rc;
+  if ((rc = connect_to(a, &c))) {
+    kiln_arena_destroy(shapes);
+    return rc;
+  }
   kiln_remote_executable *e = NULL;
   kiln_literal **args = NULL;
-  if ((rc = compile_file(c, file, &o, &e))) goto out_close;
+  rc = compile_file(c, file, &o, &e);
+  kiln_arena_destroy(shapes);
+  if (rc) goto out_close;
   args = kiln_calloc(e->nparams ? e->nparams : 1, sizeof *args);
   if (args == NULL) {
     fprintf(stderr, "kiln run: error: out of memory\n");
@@ -547,6 +650,8 @@ int kiln__remote_bench(const kiln__args *a) {
   if (rc == 0) rc = bench_count(a, "warmup", 0, 1, &b.warmup);
   if (rc == 0) rc = bench_count(a, "random-args", 0, 0, &seed);
   if (rc == 0) rc = remote_compile_options(a, &o);
+  bool need_size;
+  if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
   kiln_client *c;
   if ((rc = connect_to(a, &c))) return rc;
