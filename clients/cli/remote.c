@@ -81,7 +81,10 @@ static int position_suffix(const char *where) {
  * copy of the text becomes one in FILE, and a verifier's
  * "computation/instruction" is looked up in the file for its line. */
 static int report_program(const char *path, const kiln_status *st) {
-  if (kiln_rpc_status_code(st) == KILN_RPC_INVALID_ARGUMENT && strncmp(st->msg, "error: ", 7) == 0) {
+  /* Refusals of the program (a local run reports them with no code) */
+  kiln_rpc_code code = kiln_rpc_status_code(st);
+  if (code != KILN_RPC_INVALID_ARGUMENT && code != KILN_RPC_UNIMPLEMENTED) return report(path, st);
+  if (strncmp(st->msg, "error: ", 7) == 0) {
     kiln_status local = *st; /* the server's status had no where: FILE stands for it */
     snprintf(local.msg, sizeof local.msg, "%s", st->msg + 7);
     local.where[0] = '\0';
@@ -89,9 +92,12 @@ static int report_program(const char *path, const kiln_status *st) {
     return kiln__exit_code(local.code);
   }
   const char *sep = strstr(st->msg, ": error: ");
-  if (kiln_rpc_status_code(st) != KILN_RPC_INVALID_ARGUMENT || sep == NULL ||
-      (size_t)(sep - st->msg) >= KILN_STATUS_WHERE_MAX)
-    return report(path, st);
+  if (sep == NULL || (size_t)(sep - st->msg) >= KILN_STATUS_WHERE_MAX) {
+    kiln_status local = *st; /* the text as it came, without the code's name */
+    local.where[0] = '\0';
+    kiln__report(path, NULL, &local);
+    return kiln__exit_code(local.code);
+  }
   kiln_status local;
   kiln_status_clear(&local);
   local.code = st->code;
@@ -149,8 +155,18 @@ static int compile_file(kiln_client *c, const char *path, const kiln_remote_comp
     kiln__report(path, NULL, &st);
     return kiln__exit_code(rc);
   }
-  if (is_proto_path(path))
+  if (is_proto_path(path)) {
+    /* Bytes that are no Module would reach the server as a CompileRequest
+     * that does not decode: told apart here, as a local load reports them. */
+    kiln_module *m = NULL;
+    if (kiln_module_from_proto(buf, len, &m, &st)) {
+      kiln_free(buf);
+      kiln__report(path, NULL, &st);
+      return kiln__exit_code(st.code);
+    }
+    kiln_module_destroy(m);
     rc = kiln_client_compile_proto(c, buf, len, o, exe, &st);
+  }
   else
     rc = kiln_client_compile_text(c, (const char *)buf, len, o, exe, &st);
   kiln_free(buf);
@@ -164,8 +180,13 @@ static int backend_ok(const kiln__args *a, const char **out) {
   if (b == NULL) return KILN_EXIT_OK;
   for (size_t i = 0; i < sizeof remote_backends / sizeof remote_backends[0]; i++)
     if (strcmp(b, remote_backends[i]) == 0) return KILN_EXIT_OK;
-  fprintf(stderr, "kiln %s: unknown backend '%s' (available: interp, cpu, cuda)\n", a->cmd->name,
-          b);
+  /* Worded as the local command words it: an unknown name is the same
+   * mistake with or without --server. */
+  const char *avail = strcmp(a->cmd->name, "compile") == 0 ? "available here: cpu; a server may "
+                                                             "also have cuda"
+                      : strcmp(a->cmd->name, "bench") == 0 ? "available: cpu, interp"
+                                                           : "available: interp, cpu";
+  fprintf(stderr, "kiln %s: unknown backend '%s' (%s)\n", a->cmd->name, b, avail);
   return KILN_EXIT_USAGE;
 }
 
@@ -509,7 +530,7 @@ int kiln__remote_run(const kiln__args *a) {
   kiln_status st;
   kiln_status_clear(&st);
   if (kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st)) {
-    rc = report(file, &st);
+    rc = report_program(file, &st);
   } else {
     rc = print_outputs(&r, kiln__args_get(a, "out"));
     kiln_remote_result_free(&r);
@@ -591,7 +612,7 @@ static int rbench_run(kiln_client *c, const kiln_remote_executable *e, kiln_lite
     kiln_remote_result r;
     double t0 = now_us();
     if (kiln_client_execute(c, e->id, b->args, e->nparams, NULL, &r, &st)) {
-      rc = report(file, &st);
+      rc = report_program(file, &st);
       break;
     }
     if (i >= b->warmup) {
