@@ -27,6 +27,7 @@
 #include "common/sbuf.h"
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
+#include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
 
 static const char *const remote_backends[] = {"interp", "cpu", "cuda"};
@@ -80,7 +81,28 @@ static int position_suffix(const char *where) {
  * the server's "WHERE: error: MESSAGE" is split, a parse position in its
  * copy of the text becomes one in FILE, and a verifier's
  * "computation/instruction" is looked up in the file for its line. */
-static int report_program(const char *path, const kiln_status *st) {
+/* m transformed as the request asked (a local command reports on the
+ * transformed module, whose new instructions keep the source lines), for
+ * finding positions only: failures leave m as far as it got. */
+static void transform_for_positions(kiln_module *m, const kiln_remote_compile_options *o) {
+  kiln_transform *ts = kiln_calloc(o->ntransforms, sizeof *ts);
+  kiln_status ignore;
+  kiln_status_clear(&ignore);
+  bool ok = ts != NULL && kiln_module_verify(m, NULL, &ignore) == 0;
+  bool need = false;
+  for (uint32_t i = 0; ok && i < o->ntransforms; i++) {
+    ok = kiln_transform_parse(o->transforms[i], &ts[i], &ignore) == 0;
+    need |= ok && ts[i].kind == KILN_TRANSFORM_VMAP && ts[i].axis_size <= 0;
+  }
+  if (ok && need && o->arg_shapes)
+    ok = kiln_transforms_infer_sizes(ts, o->ntransforms, o->arg_shapes, o->narg_shapes,
+                                     &ignore) == 0;
+  if (ok) kiln_transforms_apply(m, ts, o->ntransforms, &ignore);
+  kiln_free(ts);
+}
+
+static int report_program(const char *path, const kiln_status *st,
+                          const kiln_remote_compile_options *o) {
   /* Refusals of the program (a local run reports them with no code) */
   kiln_rpc_code code = kiln_rpc_status_code(st);
   if (code != KILN_RPC_INVALID_ARGUMENT && code != KILN_RPC_UNIMPLEMENTED) return report(path, st);
@@ -119,6 +141,7 @@ static int report_program(const char *path, const kiln_status *st) {
       kiln_module_parse_text((const char *)buf, len, path, NULL, &m, &ignore);
       kiln_free(buf);
     }
+    if (m && o && o->ntransforms) transform_for_positions(m, o);
   }
   kiln__report(path, m, &local);
   kiln_module_destroy(m);
@@ -170,7 +193,7 @@ static int compile_file(kiln_client *c, const char *path, const kiln_remote_comp
   else
     rc = kiln_client_compile_text(c, (const char *)buf, len, o, exe, &st);
   kiln_free(buf);
-  return rc ? report_program(path, &st) : KILN_EXIT_OK;
+  return rc ? report_program(path, &st, o) : KILN_EXIT_OK;
 }
 
 /* --backend for remote commands: the names any server may know. */
@@ -508,9 +531,7 @@ int kiln__remote_run(const kiln__args *a) {
   }
   kiln_remote_executable *e = NULL;
   kiln_literal **args = NULL;
-  rc = compile_file(c, file, &o, &e);
-  kiln_arena_destroy(shapes);
-  if (rc) goto out_close;
+  if ((rc = compile_file(c, file, &o, &e))) goto out_close;
   args = kiln_calloc(e->nparams ? e->nparams : 1, sizeof *args);
   if (args == NULL) {
     fprintf(stderr, "kiln run: error: out of memory\n");
@@ -530,7 +551,7 @@ int kiln__remote_run(const kiln__args *a) {
   kiln_status st;
   kiln_status_clear(&st);
   if (kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st)) {
-    rc = report_program(file, &st);
+    rc = report_program(file, &st, &o);
   } else {
     rc = print_outputs(&r, kiln__args_get(a, "out"));
     kiln_remote_result_free(&r);
@@ -542,6 +563,7 @@ out_free_args:
 out_close:
   kiln_remote_executable_free(e);
   kiln_client_close(c);
+  kiln_arena_destroy(shapes); /* o.arg_shapes, read until here */
   return rc;
 }
 
@@ -587,6 +609,7 @@ static void json_string(const char *s) {
 }
 
 typedef struct rbench {
+  const kiln_remote_compile_options *o; /* for the positions of errors */
   long iters, warmup;
   double *us, *server_us;
   kiln_remote_arg *args;
@@ -612,7 +635,7 @@ static int rbench_run(kiln_client *c, const kiln_remote_executable *e, kiln_lite
     kiln_remote_result r;
     double t0 = now_us();
     if (kiln_client_execute(c, e->id, b->args, e->nparams, NULL, &r, &st)) {
-      rc = report_program(file, &st);
+      rc = report_program(file, &st, b->o);
       break;
     }
     if (i >= b->warmup) {
@@ -700,6 +723,7 @@ int kiln__remote_bench(const kiln__args *a) {
     rc = kiln__exit_code(st.code);
     goto out_free;
   }
+  b.o = &o;
   if ((rc = rbench_run(c, e, lits, &b, file)) == KILN_EXIT_OK)
     rbench_print(a, &o, e, compile_ms, &b);
 out_free:
