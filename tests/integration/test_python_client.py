@@ -7,7 +7,10 @@ compiles a small model from HLO text, executes it with numpy arrays and
 compares with numpy, moves a 64 MiB array up with a client stream of
 chunks and back down with a server stream, feeds that buffer to an
 execution by handle, reads the server's stats and asks the standard health
-service.
+service. It also checks that every field of the wire schema it can set is
+honoured (grad with and without its value, vmap's axis_size, grad's output,
+device_ids where there is one placement) or refused with UNIMPLEMENTED
+naming the field.
 
     KILND=build/server/kilnd test_python_client.py --proto-dir proto
 
