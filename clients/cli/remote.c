@@ -9,7 +9,13 @@
  * a bad command line is 2; a server that reports an internal error, or a
  * reply that does not decode, is 3. Arguments are matched against the
  * calling convention the server returns from Compile, so transforms that
- * change the parameters work the same as they would locally.
+ * change the parameters work the same as they would locally. Transform
+ * specs are checked here as the local command checks them, a vmap without
+ * size=N gets its size from the --arg shapes before the request goes out
+ * (libkiln encodes it through compiler/transforms/transform_proto.c, the
+ * mapping kilnd decodes with), and a program the server refuses
+ * (INVALID_ARGUMENT, UNIMPLEMENTED) is reported with the file's line, on
+ * the module transformed as the request asked, as a local run reports it.
  */
 #include <errno.h>
 #include <stdio.h>

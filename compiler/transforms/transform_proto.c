@@ -43,7 +43,8 @@ static int put_axes(kiln_arena *a, const int64_t *axes, uint32_t n, Kiln__V1__Vm
 }
 
 /* Allocates and initializes one sub-message; false on out-of-memory. */
-#define NEW_MSG(a, T, init_fn, out) (((out) = kiln_arena_alloc((a), sizeof(T))) ? (init_fn(out), 1) : 0)
+#define NEW_MSG(a, T, init_fn, out) \
+  (((out) = kiln_arena_alloc((a), sizeof(T))) ? (init_fn(out), 1) : 0)
 
 static int encode(kiln_arena *a, const kiln_transform *t, Kiln__V1__Transform *pt) {
   switch (t->kind) {
@@ -125,8 +126,10 @@ int kiln_transform_specs_to_proto(kiln_arena *a, const char *const *specs, uint3
       rc = kiln_status_set(st, KILN_EINVAL, NULL, "transform %u: no spec given", i);
     else
       rc = kiln_transform_parse(specs[i], &ts[i], st);
-    if (rc) *bad = (int)i;
-    else need |= ts[i].kind == KILN_TRANSFORM_VMAP && ts[i].axis_size <= 0;
+    if (rc)
+      *bad = (int)i;
+    else
+      need |= ts[i].kind == KILN_TRANSFORM_VMAP && ts[i].axis_size <= 0;
   }
   if (rc == 0 && need && args != NULL) rc = kiln_transforms_infer_sizes(ts, n, args, nargs, st);
   for (uint32_t i = 0; i < n && rc == 0; i++) rc = kiln_transform_to_proto(a, &ts[i], &pts[i], st);
@@ -143,8 +146,8 @@ static int take_wrt(const int64_t *v, size_t n, kiln_transform *t, const char *p
     return kiln_status_set(st, KILN_EINVAL, path, "more than %d entries", KILN_TRANSFORM_MAX_ARGS);
   for (size_t i = 0; i < n; i++) {
     if (v[i] < 0 || v[i] > MAX_PARAM)
-      return kiln_status_set(st, KILN_EINVAL, path, "entry %zu is %lld, not a parameter number",
-                             i, (long long)v[i]);
+      return kiln_status_set(st, KILN_EINVAL, path, "entry %zu is %lld, not a parameter number", i,
+                             (long long)v[i]);
     for (size_t k = 0; k < i; k++)
       if (v[k] == v[i])
         return kiln_status_set(st, KILN_EINVAL, path, "parameter %lld is listed twice",
@@ -155,12 +158,10 @@ static int take_wrt(const int64_t *v, size_t n, kiln_transform *t, const char *p
   return 0;
 }
 
-static int take_output(bool has, int64_t v, kiln_transform *t, const char *path,
-                       kiln_status *st) {
+static int take_output(bool has, int64_t v, kiln_transform *t, const char *path, kiln_status *st) {
   if (!has) {
     if (v != 0)
-      return kiln_status_set(st, KILN_EINVAL, path, "%lld given without has_output",
-                             (long long)v);
+      return kiln_status_set(st, KILN_EINVAL, path, "%lld given without has_output", (long long)v);
     return 0;
   }
   if (v < 0 || v > MAX_PARAM)
@@ -176,8 +177,8 @@ static int take_axes(Kiln__V1__VmapAxis *const *v, size_t n, int64_t *out, uint3
   for (size_t i = 0; i < n; i++) {
     if (v[i] == NULL) return kiln_status_set(st, KILN_EINVAL, path, "entry %zu is missing", i);
     if (v[i]->not_mapped && v[i]->axis != 0)
-      return kiln_status_set(st, KILN_EINVAL, path, "entry %zu: axis %lld given with not_mapped",
-                             i, (long long)v[i]->axis);
+      return kiln_status_set(st, KILN_EINVAL, path, "entry %zu: axis %lld given with not_mapped", i,
+                             (long long)v[i]->axis);
     if (v[i]->axis < -MAX_AXIS || v[i]->axis > MAX_AXIS)
       return kiln_status_set(st, KILN_EINVAL, path, "entry %zu: axis %lld is out of range", i,
                              (long long)v[i]->axis);
@@ -193,8 +194,8 @@ static const char *field(char *buf, size_t size, const char *path, const char *n
   return buf;
 }
 
-int kiln_transform_from_proto(const Kiln__V1__Transform *pt, const char *path,
-                              kiln_transform *out, bool *drop_value, kiln_status *st) {
+int kiln_transform_from_proto(const Kiln__V1__Transform *pt, const char *path, kiln_transform *out,
+                              bool *drop_value, kiln_status *st) {
   kiln_transform t;
   memset(&t, 0, sizeof t);
   t.output = -1;

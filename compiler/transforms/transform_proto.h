@@ -48,8 +48,8 @@ int kiln_transform_to_proto(kiln_arena *a, const kiln_transform *t, Kiln__V1__Tr
  * ("options.transforms[1]", extended with the field: ".vmap.in_axes").
  * *drop_value is set for a grad without with_value. A malformed message is
  * KILN_EINVAL, a field that cannot be honoured KILN_EUNIMPL. */
-int kiln_transform_from_proto(const Kiln__V1__Transform *pt, const char *path,
-                              kiln_transform *out, bool *drop_value, kiln_status *st);
+int kiln_transform_from_proto(const Kiln__V1__Transform *pt, const char *path, kiln_transform *out,
+                              bool *drop_value, kiln_status *st);
 
 /* Parses specs[0..n), fills in the vmap sizes from args[0..nargs) when
  * some vmap has none and args is not NULL (nargs may be 0: no arguments
