@@ -1,11 +1,12 @@
 /* Compile options -> plan, transforms, and the program signature.
  *
- * The proto's transforms map onto the compiler's (compiler/transforms):
- * grad, vjp, jvp, vmap and checkpoint. The compiler's grad returns the
- * value with the gradients, as jax.value_and_grad; a GradTransform without
- * with_value is that program with the value taken out of its result, done
- * right after that transform so that later transforms see the right
- * signature.
+ * Every option is honoured or refused: a field this server cannot do is
+ * KILN_EUNIMPL (UNIMPLEMENTED) naming it, never a warning. The proto's
+ * transforms map onto the compiler's through
+ * compiler/transforms/transform_proto.c, the mapping the clients encode
+ * with: a GradTransform without with_value is jax.grad, the compiler's
+ * value_and_grad with the value dropped right after that transform so
+ * that later transforms see the right signature.
  */
 #include "server/compile_prep.h"
 
@@ -18,12 +19,8 @@
 #include "executor/backend.h"
 #include "server/convert.h"
 
-#if defined(__has_include)
-#if __has_include("compiler/transforms/transform.h")
 #include "compiler/transforms/transform.h"
-#define KILND_HAVE_TRANSFORMS 1
-#endif
-#endif
+#include "compiler/transforms/transform_proto.h"
 
 /* ---- backend, target, levels --------------------------------------------------------- */
 
@@ -64,6 +61,40 @@ static int plan_backend(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_com
   return 0;
 }
 
+/* Fields of CompileOptions this server cannot honour yet: refused, naming
+ * the field, rather than accepted and ignored (a client that asked for a
+ * layout or a memory budget must not get a program without one). */
+static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kiln_status *st) {
+  if (o->n_dump_after_passes)
+    return kiln_status_set(st, KILN_EUNIMPL, "options.dump_after_passes",
+                           "pass dumps are not supported by this server yet");
+  if (o->argument_layouts)
+    return kiln_status_set(st, KILN_EUNIMPL, "options.argument_layouts",
+                           "caller-chosen layouts are not supported yet (arguments and results "
+                           "travel in row-major order)");
+  if (o->memory_budget_bytes)
+    return kiln_status_set(st, KILN_EUNIMPL, "options.memory_budget_bytes",
+                           "memory budgets are not supported yet (no rematerialization pass)");
+  return 0;
+}
+
+/* What the interpreter has nothing to honour with: a code target ("native"
+ * and empty mean "whatever runs here" and are fine) and a serialized
+ * executable. plan_backend resolved the backend. */
+static int plan_refuse_interp_target(const Kiln__V1__CompileOptions *o,
+                                     const kilnd_compile_plan *p, kiln_status *st) {
+  if (p->backend == NULL || strcmp(p->backend, "interp") != 0) return 0;
+  if (o && o->return_executable)
+    return kiln_status_set(st, KILN_EUNIMPL, "options.return_executable",
+                           "the interp backend has no serialized executable");
+  const char *t = o && o->target ? o->target : "";
+  if (t[0] == '\0' || strcmp(t, "native") == 0) return 0;
+  return kiln_status_set(st, KILN_EUNIMPL, "options.target",
+                         "the interp backend has no code targets ('%.64s' given; leave it "
+                         "empty or native)",
+                         t);
+}
+
 static int plan_levels(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p, kiln_status *st) {
   p->opt_level = 2;
   p->ndevices = 1;
@@ -98,84 +129,10 @@ static int plan_levels(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
   if ((unsigned)o->cache_policy > KILN__V1__CACHE_POLICY__CACHE_POLICY_BYPASS)
     return kiln_status_set(st, KILN_EINVAL, "options.cache_policy", "%d is not a CachePolicy",
                            (int)o->cache_policy);
-  if (o->n_dump_after_passes && p->nwarnings < KILND_MAX_PLAN_WARNINGS)
-    p->warnings[p->nwarnings++] = "options.dump_after_passes is not supported by this server";
-  if (o->argument_layouts && p->nwarnings < KILND_MAX_PLAN_WARNINGS)
-    p->warnings[p->nwarnings++] = "options.argument_layouts is ignored: arguments and results "
-                                  "travel in row-major order";
-  if (o->memory_budget_bytes && p->nwarnings < KILND_MAX_PLAN_WARNINGS)
-    p->warnings[p->nwarnings++] = "options.memory_budget_bytes is ignored (no rematerialization "
-                                  "yet)";
-  return 0;
+  return plan_refuse_unhonoured(o, st);
 }
 
 /* ---- transforms ---------------------------------------------------------------------- */
-
-#ifdef KILND_HAVE_TRANSFORMS
-static int copy_wrt(const int64_t *v, size_t n, kiln_transform *t, const char *path,
-                    kiln_status *st) {
-  if (n > KILN_TRANSFORM_MAX_ARGS)
-    return kiln_status_set(st, KILN_EINVAL, path, "more than %d entries", KILN_TRANSFORM_MAX_ARGS);
-  for (size_t i = 0; i < n; i++) {
-    if (v[i] < 0 || v[i] > 1000000)
-      return kiln_status_set(st, KILN_EINVAL, path, "entry %zu is %lld", i, (long long)v[i]);
-    t->wrt[i] = v[i];
-  }
-  t->nwrt = (uint32_t)n;
-  return 0;
-}
-
-static int copy_axes(Kiln__V1__VmapAxis *const *v, size_t n, int64_t *out, uint32_t *nout,
-                     const char *path, kiln_status *st) {
-  if (n > KILN_TRANSFORM_MAX_ARGS)
-    return kiln_status_set(st, KILN_EINVAL, path, "more than %d entries", KILN_TRANSFORM_MAX_ARGS);
-  for (size_t i = 0; i < n; i++) {
-    if (v[i]->axis < -64 || v[i]->axis > 64)
-      return kiln_status_set(st, KILN_EINVAL, path, "entry %zu: axis %lld is out of range", i,
-                             (long long)v[i]->axis);
-    out[i] = v[i]->not_mapped ? KILN_AXIS_NONE : v[i]->axis;
-  }
-  *nout = (uint32_t)n;
-  return 0;
-}
-
-static int one_transform(const Kiln__V1__Transform *pt, kiln_transform *t, bool *drop_value,
-                         const char *path, kiln_status *st) {
-  memset(t, 0, sizeof *t);
-  t->output = -1;
-  switch (pt->kind_case) {
-  case KILN__V1__TRANSFORM__KIND_GRAD:
-    if (pt->grad->has_aux)
-      return kiln_status_set(st, KILN_EUNIMPL, path, "grad with has_aux is not supported yet");
-    t->kind = KILN_TRANSFORM_GRAD;
-    *drop_value = !pt->grad->with_value;
-    return copy_wrt(pt->grad->wrt, pt->grad->n_wrt, t, path, st);
-  case KILN__V1__TRANSFORM__KIND_VJP:
-    t->kind = KILN_TRANSFORM_VJP;
-    return copy_wrt(pt->vjp->wrt, pt->vjp->n_wrt, t, path, st);
-  case KILN__V1__TRANSFORM__KIND_JVP:
-    t->kind = KILN_TRANSFORM_JVP;
-    return copy_wrt(pt->jvp->wrt, pt->jvp->n_wrt, t, path, st);
-  case KILN__V1__TRANSFORM__KIND_VMAP:
-    t->kind = KILN_TRANSFORM_VMAP;
-    if (pt->vmap->axis_size != 0)
-      return kiln_status_set(st, KILN_EUNIMPL, path, "vmap axis_size is not supported yet");
-    return copy_axes(pt->vmap->in_axes, pt->vmap->n_in_axes, t->in_axes, &t->nin_axes, path, st)
-               ? st->code
-               : copy_axes(pt->vmap->out_axes, pt->vmap->n_out_axes, t->out_axes, &t->nout_axes,
-                           path, st);
-  case KILN__V1__TRANSFORM__KIND_CHECKPOINT: {
-    const char *pol = pt->checkpoint->policy ? pt->checkpoint->policy : "";
-    if (pol[0] && strcmp(pol, "nothing_saveable") != 0)
-      return kiln_status_set(st, KILN_EUNIMPL, path, "checkpoint policy '%.64s' is not supported "
-                             "yet (only nothing_saveable)", pol);
-    t->kind = KILN_TRANSFORM_CHECKPOINT;
-    return 0;
-  }
-  default: return kiln_status_set(st, KILN_EINVAL, path, "no transform kind set");
-  }
-}
-#endif
 
 static int plan_transforms(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
                            kiln_status *st) {
@@ -183,7 +140,6 @@ static int plan_transforms(const Kiln__V1__CompileOptions *o, kilnd_compile_plan
   if (o->n_transforms > KILND_MAX_TRANSFORMS)
     return kiln_status_set(st, KILN_EINVAL, "options.transforms", "more than %d transforms",
                            KILND_MAX_TRANSFORMS);
-#ifdef KILND_HAVE_TRANSFORMS
   p->transforms = kiln_calloc(o->n_transforms, sizeof *p->transforms);
   p->drop_value = kiln_calloc(o->n_transforms, sizeof *p->drop_value);
   if (p->transforms == NULL || p->drop_value == NULL)
@@ -192,20 +148,18 @@ static int plan_transforms(const Kiln__V1__CompileOptions *o, kilnd_compile_plan
   for (size_t i = 0; i < o->n_transforms; i++) {
     char path[48];
     snprintf(path, sizeof path, "options.transforms[%zu]", i);
-    int rc = one_transform(o->transforms[i], &p->transforms[i], &p->drop_value[i], path, st);
+    int rc = kiln_transform_from_proto(o->transforms[i], path, &p->transforms[i],
+                                       &p->drop_value[i], st);
     if (rc) return rc;
   }
   return 0;
-#else
-  return kiln_status_set(st, KILN_EUNIMPL, "options.transforms",
-                         "this server was built without transforms");
-#endif
 }
 
 int kilnd_compile_plan_make(kilnd *srv, const Kiln__V1__CompileOptions *o,
                             kilnd_compile_plan *p, kiln_status *st) {
   memset(p, 0, sizeof *p);
   int rc = plan_backend(srv, o, p, st);
+  if (rc == 0) rc = plan_refuse_interp_target(o, p, st);
   if (rc == 0) rc = plan_levels(o, p, st);
   if (rc == 0) rc = plan_transforms(o, p, st);
   if (rc) kilnd_compile_plan_free(p);
@@ -222,46 +176,14 @@ void kilnd_compile_plan_free(kilnd_compile_plan *p) {
 
 /* ---- applying ------------------------------------------------------------------------ */
 
-#ifdef KILND_HAVE_TRANSFORMS
-/* grad without with_value: the root (value, g...) becomes g (one wrt) or
- * (g...). */
-static int drop_grad_value(kiln_module *m, kiln_status *st) {
-  kiln_computation *e = kiln_module_entry(m);
-  kiln_instr *root = kiln_computation_root(m, e);
-  if (root == NULL || root->op != KILN_OP_TUPLE || root->noperands < 2)
-    return kiln_status_set(st, KILN_EINTERNAL, "grad", "unexpected result of the grad transform");
-  if (root->noperands == 2) {
-    e->root = root->operands[1];
-    return 0;
-  }
-  kiln_instr *t = kiln_module_add_instr(m, e->id, KILN_OP_TUPLE, NULL);
-  kiln_shape *elems = t ? kiln_arena_calloc(m->arena, root->noperands - 1, sizeof *elems) : NULL;
-  if (elems == NULL) return kiln_status_set(st, KILN_ENOMEM, "grad", "out of memory");
-  for (uint32_t i = 1; i < root->noperands; i++)
-    elems[i - 1] = kiln_module_instr(m, root->operands[i])->shape;
-  kiln_shape shape;
-  int rc = kiln_instr_set_operands(m, t, root->operands + 1, root->noperands - 1);
-  if (rc == 0) rc = kiln_shape_make_tuple(m->arena, &shape, elems, root->noperands - 1);
-  if (rc == 0) rc = kiln_instr_set_shape(m, t, &shape);
-  if (rc) return kiln_status_set(st, KILN_ENOMEM, "grad", "out of memory");
-  e->root = t->id;
-  return 0;
-}
-#endif
-
 int kilnd_compile_plan_apply(const kilnd_compile_plan *p, kiln_module *m, kiln_status *st) {
   if (p->ntransforms == 0) return 0;
-#ifdef KILND_HAVE_TRANSFORMS
   for (uint32_t i = 0; i < p->ntransforms; i++) {
     int rc = kiln_transforms_apply(m, &p->transforms[i], 1, st);
-    if (rc == 0 && p->drop_value[i]) rc = drop_grad_value(m, st);
+    if (rc == 0 && p->drop_value[i]) rc = kiln_transform_drop_value(m, st);
     if (rc) return rc;
   }
   return kiln_module_verify(m, NULL, st);
-#else
-  (void)m;
-  return kiln_status_set(st, KILN_EUNIMPL, "options.transforms", "no transforms in this build");
-#endif
 }
 
 /* ---- the signature ------------------------------------------------------------------- */

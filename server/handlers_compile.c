@@ -508,7 +508,10 @@ static int fill_response(job *j, kilnd_exe *e) {
       r->serialized_executable.len = j->blob_len;
     }
 #endif
-    if (e->exe == NULL) warn(j, "return_executable: interpreter programs have no executable");
+    if (e->exe == NULL) /* the default backend fell back to the interpreter */
+      return kiln_status_set(&j->st, KILN_EUNIMPL, "options.return_executable",
+                             "the program runs on the interpreter, which has no serialized "
+                             "executable");
   }
   r->pass_timings = j->timings;
   r->n_pass_timings = hit ? 0 : j->ntimings;

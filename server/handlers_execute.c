@@ -231,6 +231,7 @@ static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteReq
   return check_shape(param_shape(es->e->module, i), &lit->shape, i, st);
 }
 
+/* ExecuteRequest.device_ids: checked, then honoured or refused. */
 static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__ExecuteRequest *r,
                          kiln_status *st) {
   if (r->n_device_ids == 0) return 0;
@@ -244,6 +245,13 @@ static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__Execute
       return kiln_status_set(st, KILN_EINVAL, "device_ids",
                              "device %d cannot run this program (its devices are %u to %u)",
                              r->device_ids[i], first, first + n - 1);
+  /* The scheduler places runs itself: a list is honoured only where it
+   * names the one placement there is, never accepted and then ignored. */
+  if (n != e->ndevices)
+    return kiln_status_set(st, KILN_EUNIMPL, "device_ids",
+                           "choosing devices is not supported yet (%u devices can run this "
+                           "program; leave device_ids empty and the scheduler chooses)",
+                           n);
   return 0;
 }
 

@@ -13,7 +13,7 @@
 #include "clients/c/client_internal.h"
 #include "common/alloc.h"
 #include "compiler/ir/proto_codec.h"
-#include "compiler/transforms/transform.h"
+#include "compiler/transforms/transform_proto.h"
 
 const char *kiln_remote_source_name(kiln_remote_source s) {
   switch (s) {
@@ -26,89 +26,23 @@ const char *kiln_remote_source_name(kiln_remote_source s) {
   }
 }
 
-/* vmap axes: KILN_AXIS_NONE is "not mapped". */
-static int put_axes(kiln_arena *a, const int64_t *axes, uint32_t n, Kiln__V1__VmapAxis ***out,
-                    size_t *nout) {
-  *nout = 0;
-  if (n == 0) return 0;
-  *out = kiln_arena_calloc(a, n, sizeof **out);
-  if (*out == NULL) return KILN_ENOMEM;
-  for (uint32_t i = 0; i < n; i++) {
-    Kiln__V1__VmapAxis *ax = kiln_arena_alloc(a, sizeof *ax);
-    if (ax == NULL) return KILN_ENOMEM;
-    kiln__v1__vmap_axis__init(ax);
-    ax->not_mapped = axes[i] == KILN_AXIS_NONE;
-    ax->axis = ax->not_mapped ? 0 : axes[i];
-    (*out)[i] = ax;
-  }
-  *nout = n;
-  return 0;
-}
-
-#define NEW_MSG(a, T, init_fn, out) \
-  do { \
-    (out) = kiln_arena_alloc((a), sizeof(T)); \
-    if ((out) == NULL) return KILN_ENOMEM; \
-    init_fn(out); \
-  } while (0)
-
-/* A parsed transform spec as a kiln.v1.Transform. */
-static int encode_transform(kiln_arena *a, const kiln_transform *t, Kiln__V1__Transform *pt) {
-  switch (t->kind) {
-  case KILN_TRANSFORM_GRAD:
-    NEW_MSG(a, Kiln__V1__GradTransform, kiln__v1__grad_transform__init, pt->grad);
-    pt->kind_case = KILN__V1__TRANSFORM__KIND_GRAD;
-    pt->grad->n_wrt = t->nwrt;
-    pt->grad->wrt = t->nwrt ? (int64_t *)t->wrt : NULL;
-    return 0;
-  case KILN_TRANSFORM_VJP:
-    NEW_MSG(a, Kiln__V1__VjpTransform, kiln__v1__vjp_transform__init, pt->vjp);
-    pt->kind_case = KILN__V1__TRANSFORM__KIND_VJP;
-    pt->vjp->n_wrt = t->nwrt;
-    pt->vjp->wrt = t->nwrt ? (int64_t *)t->wrt : NULL;
-    return 0;
-  case KILN_TRANSFORM_JVP:
-    NEW_MSG(a, Kiln__V1__JvpTransform, kiln__v1__jvp_transform__init, pt->jvp);
-    pt->kind_case = KILN__V1__TRANSFORM__KIND_JVP;
-    pt->jvp->n_wrt = t->nwrt;
-    pt->jvp->wrt = t->nwrt ? (int64_t *)t->wrt : NULL;
-    return 0;
-  case KILN_TRANSFORM_VMAP:
-    NEW_MSG(a, Kiln__V1__VmapTransform, kiln__v1__vmap_transform__init, pt->vmap);
-    pt->kind_case = KILN__V1__TRANSFORM__KIND_VMAP;
-    pt->vmap->axis_size = t->axis_size;
-    if (put_axes(a, t->in_axes, t->nin_axes, &pt->vmap->in_axes, &pt->vmap->n_in_axes) ||
-        put_axes(a, t->out_axes, t->nout_axes, &pt->vmap->out_axes, &pt->vmap->n_out_axes))
-      return KILN_ENOMEM;
-    return 0;
-  case KILN_TRANSFORM_CHECKPOINT:
-    NEW_MSG(a, Kiln__V1__CheckpointTransform, kiln__v1__checkpoint_transform__init, pt->checkpoint);
-    pt->kind_case = KILN__V1__TRANSFORM__KIND_CHECKPOINT;
-    return 0;
-  }
-  return KILN_EINVAL;
-}
-
-/* One transform spec ("grad", "grad:wrt=0,1", "vmap:in_axes=0,none"), as
- * kiln_transform_parse reads it. */
-static int build_transform(kiln_arena *a, const char *spec, Kiln__V1__Transform **out,
-                           kiln_status *st) {
-  kiln_transform *t = kiln_arena_alloc(a, sizeof *t);
-  Kiln__V1__Transform *pt = kiln_arena_alloc(a, sizeof *pt);
-  if (t == NULL || pt == NULL) return kiln__client_oom(st);
-  kiln__v1__transform__init(pt);
+/* The transforms, as the kiln command would apply them in process: parsed
+ * and encoded by the one mapping clients and server share
+ * (compiler/transforms/transform_proto.c), vmap sizes inferred from the
+ * argument shapes when the caller gave them. */
+static int build_transforms(kiln_arena *a, const kiln_remote_compile_options *o,
+                            Kiln__V1__CompileOptions *po, kiln_status *st) {
   kiln_status local;
   kiln_status_clear(&local);
-  if (spec == NULL || kiln_transform_parse(spec, t, &local))
+  int bad = -1;
+  int rc = kiln_transform_specs_to_proto(a, o->transforms, o->ntransforms, o->arg_shapes,
+                                         o->narg_shapes, &po->transforms, &bad, &local);
+  if (rc == KILN_ENOMEM) return kiln__client_oom(st);
+  if (rc && bad >= 0)
     return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "transform '%s': %s",
-                             spec ? spec : "(null)", spec ? local.msg : "no spec given");
-  if (t->output >= 0)
-    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
-                             "transform '%s': output= has no kiln.v1 form; the server "
-                             "differentiates output 0 (grad) or all outputs (vjp)",
-                             spec);
-  if (encode_transform(a, t, pt)) return kiln__client_oom(st);
-  *out = pt;
+                             o->transforms[bad] ? o->transforms[bad] : "(null)", local.msg);
+  if (rc) return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "%s", local.msg);
+  po->n_transforms = o->ntransforms;
   return 0;
 }
 
@@ -131,14 +65,7 @@ static int build_options(kiln_arena *a, const kiln_remote_compile_options *o,
   default: po->cache_policy = KILN__V1__CACHE_POLICY__CACHE_POLICY_DEFAULT; break;
   }
   if (o->ntransforms == 0) return 0;
-  po->transforms = kiln_arena_calloc(a, o->ntransforms, sizeof *po->transforms);
-  if (po->transforms == NULL) return kiln__client_oom(st);
-  po->n_transforms = o->ntransforms;
-  for (uint32_t i = 0; i < o->ntransforms; i++) {
-    int rc = build_transform(a, o->transforms[i], &po->transforms[i], st);
-    if (rc) return rc;
-  }
-  return 0;
+  return build_transforms(a, o, po, st);
 }
 
 static size_t put_varint(uint8_t *p, uint64_t v) {

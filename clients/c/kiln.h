@@ -158,9 +158,10 @@ typedef struct kiln_remote_compile_options {
   const char *target;   /* "x86-64-v3", "native", "sm_90"; NULL: the server's devices */
   int32_t device_count; /* 0: 1, or the module's num_partitions */
   /* Function transforms, innermost first, as specs: "grad", "grad:wrt=0,1",
-   * "vjp", "jvp:wrt=1", "vmap", "vmap:in_axes=0,none:size=8", "checkpoint"
-   * (the spec syntax of compiler/transforms/transform.h; output= has no
-   * form in kiln.v1 and is refused). */
+   * "grad:output=1", "vjp", "jvp:wrt=1", "vmap", "vmap:in_axes=0,none,size=8",
+   * "checkpoint" (the spec syntax of compiler/transforms/transform.h, with
+   * the meaning `kiln run --transform` gives it: grad returns the value
+   * first, then the gradients). */
   const char *const *transforms;
   uint32_t ntransforms;
   /* 0: verify and compile only, no optimization passes; 1: cheap
@@ -172,6 +173,13 @@ typedef struct kiln_remote_compile_options {
   bool return_executable; /* fill kiln_remote_executable.serialized */
   int64_t deadline_ms;    /* 0: the client's default; negative: none */
   const char *request_id; /* echoed back and logged by the server; NULL: none */
+  /* Appended (ABI): the shapes of the arguments the program will be executed with, in
+   * parameter order (may be fewer than the parameters, or none): a vmap
+   * without size=N takes its batch size from them, as `kiln run` does from
+   * its --arg values. NULL: such a vmap needs size=N (the server says so);
+   * non-NULL with narg_shapes 0: inferring from no arguments fails here. */
+  const kiln_shape *const *arg_shapes;
+  uint32_t narg_shapes;
 } kiln_remote_compile_options;
 
 /* One input of a cache key and its SHA-256 (64 lowercase hex digits):

@@ -9,7 +9,13 @@
  * a bad command line is 2; a server that reports an internal error, or a
  * reply that does not decode, is 3. Arguments are matched against the
  * calling convention the server returns from Compile, so transforms that
- * change the parameters work the same as they would locally.
+ * change the parameters work the same as they would locally. Transform
+ * specs are checked here as the local command checks them, a vmap without
+ * size=N gets its size from the --arg shapes before the request goes out
+ * (libkiln encodes it through compiler/transforms/transform_proto.c, the
+ * mapping kilnd decodes with), and a program the server refuses
+ * (INVALID_ARGUMENT, UNIMPLEMENTED) is reported with the file's line, on
+ * the module transformed as the request asked, as a local run reports it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -25,7 +31,10 @@
 #include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
+#include "compiler/ir/verify.h"
+#include "compiler/transforms/transform.h"
 
 static const char *const remote_backends[] = {"interp", "cpu", "cuda"};
 
@@ -78,11 +87,45 @@ static int position_suffix(const char *where) {
  * the server's "WHERE: error: MESSAGE" is split, a parse position in its
  * copy of the text becomes one in FILE, and a verifier's
  * "computation/instruction" is looked up in the file for its line. */
-static int report_program(const char *path, const kiln_status *st) {
+/* m transformed as the request asked (a local command reports on the
+ * transformed module, whose new instructions keep the source lines), for
+ * finding positions only: failures leave m as far as it got. */
+static void transform_for_positions(kiln_module *m, const kiln_remote_compile_options *o) {
+  kiln_transform *ts = kiln_calloc(o->ntransforms, sizeof *ts);
+  kiln_status ignore;
+  kiln_status_clear(&ignore);
+  bool ok = ts != NULL && kiln_module_verify(m, NULL, &ignore) == 0;
+  bool need = false;
+  for (uint32_t i = 0; ok && i < o->ntransforms; i++) {
+    ok = kiln_transform_parse(o->transforms[i], &ts[i], &ignore) == 0;
+    need |= ok && ts[i].kind == KILN_TRANSFORM_VMAP && ts[i].axis_size <= 0;
+  }
+  if (ok && need && o->arg_shapes)
+    ok = kiln_transforms_infer_sizes(ts, o->ntransforms, o->arg_shapes, o->narg_shapes,
+                                     &ignore) == 0;
+  if (ok) kiln_transforms_apply(m, ts, o->ntransforms, &ignore);
+  kiln_free(ts);
+}
+
+static int report_program(const char *path, const kiln_status *st,
+                          const kiln_remote_compile_options *o) {
+  /* Refusals of the program (a local run reports them with no code) */
+  kiln_rpc_code code = kiln_rpc_status_code(st);
+  if (code != KILN_RPC_INVALID_ARGUMENT && code != KILN_RPC_UNIMPLEMENTED) return report(path, st);
+  if (strncmp(st->msg, "error: ", 7) == 0) {
+    kiln_status local = *st; /* the server's status had no where: FILE stands for it */
+    snprintf(local.msg, sizeof local.msg, "%s", st->msg + 7);
+    local.where[0] = '\0';
+    kiln__report(path, NULL, &local);
+    return kiln__exit_code(local.code);
+  }
   const char *sep = strstr(st->msg, ": error: ");
-  if (kiln_rpc_status_code(st) != KILN_RPC_INVALID_ARGUMENT || sep == NULL ||
-      (size_t)(sep - st->msg) >= KILN_STATUS_WHERE_MAX)
-    return report(path, st);
+  if (sep == NULL || (size_t)(sep - st->msg) >= KILN_STATUS_WHERE_MAX) {
+    kiln_status local = *st; /* the text as it came, without the code's name */
+    local.where[0] = '\0';
+    kiln__report(path, NULL, &local);
+    return kiln__exit_code(local.code);
+  }
   kiln_status local;
   kiln_status_clear(&local);
   local.code = st->code;
@@ -104,6 +147,7 @@ static int report_program(const char *path, const kiln_status *st) {
       kiln_module_parse_text((const char *)buf, len, path, NULL, &m, &ignore);
       kiln_free(buf);
     }
+    if (m && o && o->ntransforms) transform_for_positions(m, o);
   }
   kiln__report(path, m, &local);
   kiln_module_destroy(m);
@@ -140,12 +184,22 @@ static int compile_file(kiln_client *c, const char *path, const kiln_remote_comp
     kiln__report(path, NULL, &st);
     return kiln__exit_code(rc);
   }
-  if (is_proto_path(path))
+  if (is_proto_path(path)) {
+    /* Bytes that are no Module would reach the server as a CompileRequest
+     * that does not decode: told apart here, as a local load reports them. */
+    kiln_module *m = NULL;
+    if (kiln_module_from_proto(buf, len, &m, &st)) {
+      kiln_free(buf);
+      kiln__report(path, NULL, &st);
+      return kiln__exit_code(st.code);
+    }
+    kiln_module_destroy(m);
     rc = kiln_client_compile_proto(c, buf, len, o, exe, &st);
+  }
   else
     rc = kiln_client_compile_text(c, (const char *)buf, len, o, exe, &st);
   kiln_free(buf);
-  return rc ? report_program(path, &st) : KILN_EXIT_OK;
+  return rc ? report_program(path, &st, o) : KILN_EXIT_OK;
 }
 
 /* --backend for remote commands: the names any server may know. */
@@ -155,8 +209,13 @@ static int backend_ok(const kiln__args *a, const char **out) {
   if (b == NULL) return KILN_EXIT_OK;
   for (size_t i = 0; i < sizeof remote_backends / sizeof remote_backends[0]; i++)
     if (strcmp(b, remote_backends[i]) == 0) return KILN_EXIT_OK;
-  fprintf(stderr, "kiln %s: unknown backend '%s' (available: interp, cpu, cuda)\n", a->cmd->name,
-          b);
+  /* Worded as the local command words it: an unknown name is the same
+   * mistake with or without --server. */
+  const char *avail = strcmp(a->cmd->name, "compile") == 0 ? "available here: cpu; a server may "
+                                                             "also have cuda"
+                      : strcmp(a->cmd->name, "bench") == 0 ? "available: cpu, interp"
+                                                           : "available: interp, cpu";
+  fprintf(stderr, "kiln %s: unknown backend '%s' (%s)\n", a->cmd->name, b, avail);
   return KILN_EXIT_USAGE;
 }
 
@@ -224,9 +283,85 @@ static int remote_compile_options(const kiln__args *a, kiln_remote_compile_optio
   return KILN_EXIT_OK;
 }
 
+/* The --transform specs checked as the local command checks them, with
+ * its messages and exit codes; *need_size: a vmap gives no size=N. */
+static int remote_transforms_check(const kiln__args *a, bool *need_size) {
+  int n;
+  const char **specs = kiln__args_all(a, "transform", &n);
+  *need_size = false;
+  for (int i = 0; i < n; i++) {
+    kiln_transform t;
+    kiln_status st;
+    kiln_status_clear(&st);
+    if (kiln_transform_parse(specs[i], &t, &st)) {
+      fprintf(stderr, "kiln %s: --transform '%s': %s\n", a->cmd->name, specs[i], st.msg);
+      return KILN_EXIT_USAGE;
+    }
+    if (t.kind == KILN_TRANSFORM_VMAP && t.axis_size <= 0) {
+      if (strcmp(a->cmd->name, "bench") == 0) {
+        fprintf(stderr,
+                "kiln bench: --transform '%s': the arguments are random, so vmap needs its "
+                "batch size (size=N)\n",
+                specs[i]);
+        return KILN_EXIT_USAGE;
+      }
+      *need_size = true;
+    }
+  }
+  return KILN_EXIT_OK;
+}
+
+/* The shapes of the --arg values, for a vmap that takes its batch size from
+ * them (the request then carries it, as the local run infers it); they
+ * live in `ar`. The shapes' own errors read as a local run reports them. */
+static int arg_shapes(const char *file, const kiln__args *a, kiln_arena *ar,
+                      kiln_remote_compile_options *o) {
+  int ngiven;
+  const char **given = kiln__args_all(a, "arg", &ngiven);
+  size_t cap = ngiven ? (size_t)ngiven : 1; /* none given is still "infer from these" */
+  kiln_shape *store = kiln_arena_calloc(ar, cap, sizeof *store);
+  const kiln_shape **shapes = kiln_arena_calloc(ar, cap, sizeof *shapes);
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (store == NULL || shapes == NULL) kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory");
+  for (int i = 0; i < ngiven && st.code == 0; i++) {
+    kiln__arg_shape(given[i], ar, &store[i], &st);
+    shapes[i] = &store[i];
+  }
+  if (st.code) {
+    kiln__report(file, NULL, &st);
+    return kiln__exit_code(st.code);
+  }
+  o->arg_shapes = shapes;
+  o->narg_shapes = (uint32_t)ngiven;
+  return KILN_EXIT_OK;
+}
+
+/* "ENTRY computation NAME" when FILE parses here (as a local run names
+ * it), else "the executable". */
+static void entry_what(const char *path, char *what, size_t size) {
+  snprintf(what, size, "the executable");
+  uint8_t *buf;
+  size_t len;
+  kiln_status ignore;
+  kiln_status_clear(&ignore);
+  if (kiln__file_read(path, &buf, &len, &ignore)) return;
+  kiln_module *m = NULL;
+  if (is_proto_path(path))
+    kiln_module_from_proto(buf, len, &m, &ignore);
+  else
+    kiln_module_parse_text((const char *)buf, len, path, NULL, &m, &ignore);
+  kiln_free(buf);
+  const kiln_computation *e = m ? kiln_module_entry(m) : NULL;
+  if (e) snprintf(what, size, "ENTRY computation %s", e->name);
+  kiln_module_destroy(m);
+}
+
 int kiln__remote_compile(const kiln__args *a) {
   kiln_remote_compile_options o;
+  bool need_size;
   int rc = remote_compile_options(a, &o);
+  if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
   const char *out = kiln__args_get(a, "output");
   o.return_executable = out != NULL;
@@ -291,12 +426,14 @@ static int timeout_ms(const kiln__args *a, int64_t *ms) {
  * --random-args, exactly as local runs build them. */
 static int build_args(const char *file, const kiln_remote_executable *e, const kiln__args *a,
                       kiln_literal **args) {
+  char what[300];
   int ngiven;
   const char **given = kiln__args_all(a, "arg", &ngiven);
   const char *seed_text = kiln__args_get(a, "random-args");
   uint32_t n = e->nparams;
   if ((uint32_t)ngiven > n || ((uint32_t)ngiven < n && seed_text == NULL)) {
-    fprintf(stderr, "%s: error: the executable takes %u parameter%s, %d argument%s given%s\n", file,
+    entry_what(file, what, sizeof what);
+    fprintf(stderr, "%s: error: %s takes %u parameter%s, %d argument%s given%s\n", file, what,
             n, n == 1 ? "" : "s", ngiven, ngiven == 1 ? "" : "s",
             (uint32_t)ngiven < n ? " (--random-args SEED fills the rest)" : "");
     return KILN_EXIT_INVALID;
@@ -379,11 +516,25 @@ int kiln__remote_run(const kiln__args *a) {
   }
   int64_t deadline;
   kiln_remote_compile_options o;
+  bool need_size = false;
   int rc = timeout_ms(a, &deadline);
   if (rc == 0) rc = remote_compile_options(a, &o);
+  if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
+  kiln_arena *shapes = kiln_arena_create();
+  if (shapes == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  if (need_size && (rc = arg_shapes(file, a, shapes, &o))) {
+    kiln_arena_destroy(shapes);
+    return rc;
+  }
   kiln_client *c;
-  if ((rc = connect_to(a, &c))) return rc;
+  if ((rc = connect_to(a, &c))) {
+    kiln_arena_destroy(shapes);
+    return rc;
+  }
   kiln_remote_executable *e = NULL;
   kiln_literal **args = NULL;
   if ((rc = compile_file(c, file, &o, &e))) goto out_close;
@@ -406,7 +557,7 @@ int kiln__remote_run(const kiln__args *a) {
   kiln_status st;
   kiln_status_clear(&st);
   if (kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st)) {
-    rc = report(file, &st);
+    rc = report_program(file, &st, &o);
   } else {
     rc = print_outputs(&r, kiln__args_get(a, "out"));
     kiln_remote_result_free(&r);
@@ -418,6 +569,7 @@ out_free_args:
 out_close:
   kiln_remote_executable_free(e);
   kiln_client_close(c);
+  kiln_arena_destroy(shapes); /* o.arg_shapes, read until here */
   return rc;
 }
 
@@ -463,6 +615,7 @@ static void json_string(const char *s) {
 }
 
 typedef struct rbench {
+  const kiln_remote_compile_options *o; /* for the positions of errors */
   long iters, warmup;
   double *us, *server_us;
   kiln_remote_arg *args;
@@ -488,7 +641,7 @@ static int rbench_run(kiln_client *c, const kiln_remote_executable *e, kiln_lite
     kiln_remote_result r;
     double t0 = now_us();
     if (kiln_client_execute(c, e->id, b->args, e->nparams, NULL, &r, &st)) {
-      rc = report(file, &st);
+      rc = report_program(file, &st, b->o);
       break;
     }
     if (i >= b->warmup) {
@@ -547,6 +700,8 @@ int kiln__remote_bench(const kiln__args *a) {
   if (rc == 0) rc = bench_count(a, "warmup", 0, 1, &b.warmup);
   if (rc == 0) rc = bench_count(a, "random-args", 0, 0, &seed);
   if (rc == 0) rc = remote_compile_options(a, &o);
+  bool need_size;
+  if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
   kiln_client *c;
   if ((rc = connect_to(a, &c))) return rc;
@@ -574,6 +729,7 @@ int kiln__remote_bench(const kiln__args *a) {
     rc = kiln__exit_code(st.code);
     goto out_free;
   }
+  b.o = &o;
   if ((rc = rbench_run(c, e, lits, &b, file)) == KILN_EXIT_OK)
     rbench_print(a, &o, e, compile_ms, &b);
 out_free:

@@ -51,3 +51,23 @@ set_tests_properties(test_python_client PROPERTIES LABELS integration TIMEOUT 60
 add_test(NAME test_libkiln_install
   COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_libkiln_install.sh ${CMAKE_BINARY_DIR})
 set_tests_properties(test_libkiln_install PROPERTIES LABELS integration TIMEOUT 300)
+
+# The differential test of the one contract: every program of the test set
+# (JAX peer programs, examples, a sample of the corpus, bad inputs) through
+# `kiln` in process and through a real kilnd, outputs, diagnostics and exit
+# codes compared (test_remote_diff.py says what is compared and sampled).
+if(TARGET kilnd)
+  if(DEFINED ENV{KILN_CORPUS_DIR})
+    set(_kiln_diff_corpus "$ENV{KILN_CORPUS_DIR}")
+  elseif(DEFINED KILN_CORPUS_DIR)
+    set(_kiln_diff_corpus "${KILN_CORPUS_DIR}")
+  else()
+    set(_kiln_diff_corpus "${CMAKE_SOURCE_DIR}/../shared/corpus/xla-hlo")
+  endif()
+  add_test(NAME test_remote_diff
+    COMMAND sh -c "exec \"\${KILN_PYTHON:-${KILN_ITEST_PYTHON}}\" \"$@\"" test_remote_diff
+            ${CMAKE_CURRENT_LIST_DIR}/test_remote_diff.py --source-dir ${CMAKE_SOURCE_DIR}
+            --corpus-default ${_kiln_diff_corpus})
+  set_tests_properties(test_remote_diff PROPERTIES LABELS "integration;peer" TIMEOUT 900
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV};JAX_PLATFORMS=cpu")
+endif()

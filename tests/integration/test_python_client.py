@@ -7,7 +7,10 @@ compiles a small model from HLO text, executes it with numpy arrays and
 compares with numpy, moves a 64 MiB array up with a client stream of
 chunks and back down with a server stream, feeds that buffer to an
 execution by handle, reads the server's stats and asks the standard health
-service.
+service. It also checks that every field of the wire schema it can set is
+honoured (grad with and without its value, vmap's axis_size, grad's output,
+device_ids where there is one placement) or refused with UNIMPLEMENTED
+naming the field.
 
     KILND=build/server/kilnd test_python_client.py --proto-dir proto
 
@@ -79,8 +82,107 @@ def gen_stubs(proto_dir, out):
     os.rename(os.path.join(out, "grpc"), os.path.join(out, "grpc_health_gen"))
 
 
+SUMSQ = """
+HloModule sumsq
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[3] parameter(0)
+  m = f32[3] multiply(x, x)
+  z = f32[] constant(0)
+  ROOT s = f32[] reduce(m, z), dimensions={0}, to_apply=add
+}
+"""
+
+
+def wire_schema_checks(stub, md, kiln_pb2, hlo_pb2, literal, array):
+    """Every field of CompileOptions, Transform and ExecuteRequest is
+    honoured or refused with UNIMPLEMENTED naming it."""
+    def compile_(timeout=60, **opts):
+        transforms = opts.pop("transforms", [])
+        o = kiln_pb2.CompileOptions(**opts)
+        for t in transforms:
+            o.transforms.add().CopyFrom(t)
+        return stub.Compile(kiln_pb2.CompileRequest(hlo_text=SUMSQ, options=o), metadata=md,
+                            timeout=timeout)
+
+    def refused(what, field, code=grpc.StatusCode.UNIMPLEMENTED, **opts):
+        try:
+            compile_(**opts)
+            check(False, f"{what}: refused")
+        except grpc.RpcError as e:
+            check(e.code() == code and field in e.details(),
+                  f"{what}: {e.code()} naming {field} ({e.details()})")
+
+    def run(exe, *arrays, **kw):
+        req = kiln_pb2.ExecuteRequest(executable_id=exe, **kw)
+        for a in arrays:
+            req.arguments.add().literal.CopyFrom(literal(a))
+        return stub.Execute(req, metadata=md, timeout=60)
+
+    x = np.array([1, 2, 3], np.float32)
+    T = kiln_pb2.Transform
+    # grad: with_value is the CLI's grad (value, then gradient); without it, jax.grad
+    vg = compile_(backend="interp", transforms=[T(grad=kiln_pb2.GradTransform(with_value=True))])
+    r = run(vg.executable_id, x)
+    check(len(r.outputs) == 2 and float(array(r.outputs[0].literal)) == 14.0
+          and np.array_equal(array(r.outputs[1].literal), 2 * x), "grad with_value: (14, 2x)")
+    g = compile_(backend="interp", transforms=[T(grad=kiln_pb2.GradTransform())])
+    r = run(g.executable_id, x)
+    check(len(r.outputs) == 1 and np.array_equal(array(r.outputs[0].literal), 2 * x),
+          "grad without with_value: the gradient alone")
+    # output travels: the outer grad differentiates output 0 (the value) again
+    gg = compile_(backend="interp", transforms=[
+        T(grad=kiln_pb2.GradTransform(with_value=True)),
+        T(grad=kiln_pb2.GradTransform(with_value=True, has_output=True, output=0))])
+    check(len(gg.signature.parameters) == 1, "grad output=0 composed: compiles")
+    vm = compile_(backend="interp", transforms=[T(vmap=kiln_pb2.VmapTransform(axis_size=2))])
+    check(list(vm.signature.parameters[0].dimensions) == [2, 3],
+          f"vmap axis_size=2: parameter f32[2,3] ({list(vm.signature.parameters[0].dimensions)})")
+    xs = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+    r = run(vm.executable_id, xs)
+    check(np.array_equal(array(r.outputs[0].literal), np.array([14, 77], np.float32)),
+          "vmap axis_size=2: runs")
+
+    refused("dump_after_passes", "options.dump_after_passes", dump_after_passes=["*"])
+    refused("argument_layouts", "options.argument_layouts",
+            argument_layouts=hlo_pb2.ProgramShape())
+    refused("memory_budget_bytes", "options.memory_budget_bytes", memory_budget_bytes=1 << 20)
+    refused("interp target", "options.target", backend="interp", target="x86-64-v3")
+    refused("interp return_executable", "options.return_executable", backend="interp",
+            return_executable=True)
+    refused("grad has_aux", "grad.has_aux",
+            transforms=[T(grad=kiln_pb2.GradTransform(has_aux=True))])
+    refused("checkpoint policy", "checkpoint.policy",
+            transforms=[T(checkpoint=kiln_pb2.CheckpointTransform(policy="dots_saveable"))])
+    refused("grad output without has_output", "grad.output", grpc.StatusCode.INVALID_ARGUMENT,
+            transforms=[T(grad=kiln_pb2.GradTransform(output=1))])
+    refused("vmap negative axis_size", "vmap.axis_size", grpc.StatusCode.INVALID_ARGUMENT,
+            transforms=[T(vmap=kiln_pb2.VmapTransform(axis_size=-1))])
+
+    # device_ids: the one placement there is is honoured; a choice is refused
+    plain = compile_(backend="interp")
+    ids = list(run(plain.executable_id, x).device_ids)
+    try:
+        run(plain.executable_id, x, device_ids=ids)
+        check(False, "device_ids among two interp devices: refused")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.UNIMPLEMENTED and "device_ids" in e.details(),
+              f"device_ids among two interp devices: {e.code()} ({e.details()})")
+    cpu = compile_(backend="cpu", timeout=120)
+    cids = list(run(cpu.executable_id, x).device_ids)
+    r = run(cpu.executable_id, x, device_ids=cids)
+    check(list(r.device_ids) == cids and float(array(r.outputs[0].literal)) == 14.0,
+          f"device_ids {cids} on the one cpu device: honoured")
+
+
 def start_kilnd(kilnd):
-    cmd = [kilnd, "--listen", "127.0.0.1:0", "--metrics-listen", "off"]
+    # two interpreter devices: a device_ids list then names a choice the
+    # scheduler would have to honour (refused), one cpu device: no choice
+    cmd = [kilnd, "--listen", "127.0.0.1:0", "--metrics-listen", "off", "--interp-devices", "2"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -214,6 +316,8 @@ def main():
             check(False, "compile: garbage fails")
         except grpc.RpcError as e:
             check(e.code() == grpc.StatusCode.INVALID_ARGUMENT, f"compile: garbage: {e.code()}")
+
+        wire_schema_checks(stub, md, kiln_pb2, hlo_pb2, literal, array)
 
         # Stats see all of it.
         st = stub.Stats(kiln_pb2.StatsRequest(), metadata=md, timeout=10)

@@ -2,8 +2,10 @@
  * reference interpreter, buffers round-trip exactly (64 MiB and more,
  * through chunked streams), handles, donation and kept outputs work, errors
  * come back with the right gRPC code, stats and /metrics tell the truth,
- * health says SERVING, and the kiln command's --server mode matches its
- * local mode.
+ * health says SERVING, transforms compiled through libkiln (vmap sizes
+ * inferred from argument shapes too) agree bit for bit with the same
+ * transforms applied in process, and the kiln command's --server mode
+ * matches its local mode.
  *
  * One kilnd serves the whole suite; Check runs each case in a forked
  * child, which connects on its own.
@@ -21,6 +23,8 @@
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
 #include "compiler/eval/interp.h"
+#include "compiler/ir/verify.h"
+#include "compiler/transforms/transform.h"
 #include "tests/integration/itest.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"
@@ -563,6 +567,112 @@ END_TEST
 
 /* ---- stats and metrics ----------------------------------------------------------------- */
 
+/* ---- transforms: libkiln's requests against kiln_transforms_apply in process ---------- */
+
+static const char *const TX_PROGRAM =
+    "HloModule tx\n"
+    "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] add(a, b)\n}\n"
+    "ENTRY main {\n  x = f32[3] parameter(0)\n  y = f32[3] parameter(1)\n"
+    "  m = f32[3] multiply(x, y)\n  t = f32[3] tanh(x)\n  s = f32[3] add(m, t)\n"
+    "  z = f32[] constant(0)\n  ROOT r = f32[] reduce(s, z), dimensions={0}, to_apply=add\n}\n";
+
+/* Applies `local` specs in process and sends `remote` specs (with the
+ * parameter shapes of the locally transformed program as arg_shapes when
+ * infer is set, so that a vmap without size=N takes it from them, as `kiln
+ * run` does), runs both on the same arguments and wants the same
+ * signature and bit-identical outputs. */
+static void check_transforms(kiln_client *c, const char *const *local, const char *const *remote,
+                             uint32_t n, bool infer, uint64_t seed) {
+  char label[256] = "";
+  for (uint32_t i = 0; i < n; i++)
+    snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? " " : "", remote[i]);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_module *m;
+  ck_assert_int_eq(kiln_module_parse_text(TX_PROGRAM, strlen(TX_PROGRAM), "tx", NULL, &m, &st), 0);
+  ck_assert_int_eq(kiln_module_verify(m, NULL, &st), 0);
+  kiln_transform ts[8];
+  for (uint32_t i = 0; i < n; i++)
+    ck_assert_msg(kiln_transform_parse(local[i], &ts[i], &st) == 0, "%s: %s", local[i], st.msg);
+  ck_assert_msg(kiln_transforms_apply(m, ts, n, &st) == 0, "%s: local: %s", label, st.msg);
+  kiln_literal **args;
+  uint32_t nargs;
+  ck_assert_int_eq(kiln_test_args_random(m, seed, &args, &nargs, &st), 0);
+  kiln_literal *want;
+  ck_assert_msg(kiln_interp_run(m, (const kiln_literal *const *)args, nargs, NULL, &want, &st) == 0,
+                "%s: local run: %s", label, st.msg);
+
+  const kiln_shape *shapes[16];
+  for (uint32_t i = 0; i < nargs && i < 16; i++) shapes[i] = &args[i]->shape;
+  kiln_remote_compile_options o = {.backend = "interp", .transforms = remote, .ntransforms = n,
+                                   .arg_shapes = infer ? shapes : NULL,
+                                   .narg_shapes = infer ? nargs : 0};
+  kiln_remote_executable *e = NULL;
+  ck_assert_msg(kiln_client_compile_text(c, TX_PROGRAM, strlen(TX_PROGRAM), &o, &e, &st) == 0,
+                "%s: compile: %s: %s", label, st.where, st.msg);
+  ck_assert_msg(e->nparams == nargs, "%s: %u parameters remotely, %u locally", label, e->nparams,
+                nargs);
+  for (uint32_t i = 0; i < nargs; i++)
+    ck_assert_msg(kiln_shape_equal(&e->params[i], &args[i]->shape, false),
+                  "%s: parameter %u differs", label, i);
+  kiln_remote_arg rargs[16];
+  for (uint32_t i = 0; i < nargs; i++) rargs[i] = (kiln_remote_arg){.literal = args[i]};
+  kiln_remote_result r;
+  ck_assert_msg(kiln_client_execute(c, e->id, rargs, nargs, NULL, &r, &st) == 0,
+                "%s: execute: %s: %s", label, st.where, st.msg);
+  bool tuple = kiln_shape_is_tuple(&want->shape);
+  ck_assert_msg(r.noutputs == (tuple ? want->shape.rank : 1), "%s: %u outputs remotely, %u locally",
+                label, r.noutputs, tuple ? want->shape.rank : 1);
+  for (uint32_t i = 0; i < r.noutputs; i++) {
+    char why[256];
+    ck_assert_msg(leaves_match(tuple ? want->elems[i] : want, r.outputs[i].literal, true, why,
+                               sizeof why),
+                  "%s: output %u: %s", label, i, why);
+  }
+  kiln_remote_result_free(&r);
+  kiln_remote_executable_free(e);
+  kiln_literal_destroy(want);
+  kiln_test_args_free(args, nargs);
+  kiln_module_destroy(m);
+}
+
+START_TEST(test_transforms_match_in_process) {
+  kiln_client *c = connect_as("transforms");
+  static const char *const lists[][4] = {
+      {"grad"}, {"grad:wrt=0,1"}, {"grad:wrt=1"}, {"jvp"}, {"jvp:wrt=1"}, {"vjp"},
+      {"vjp:wrt=0,output=0"}, {"checkpoint", "grad"}, {"jvp:wrt=0", "grad:wrt=0,2,output=1"},
+      {"grad", "jvp"}, {"vmap:size=3"}, {"vmap:in_axes=0,none,size=2"},
+      {"grad:wrt=0,1", "vmap:in_axes=none,0,size=4"}, {"grad", "jvp", "vmap:in_axes=none,none,0,none,size=3"},
+  };
+  for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
+    uint32_t n = 0;
+    while (n < 4 && lists[k][n]) n++;
+    check_transforms(c, lists[k], lists[k], n, false, 40 + k);
+  }
+  /* vmap without size=N: the client infers it from the argument shapes */
+  const char *sized[] = {"grad:wrt=0,1", "vmap:in_axes=0,none,size=5"};
+  const char *unsized[] = {"grad:wrt=0,1", "vmap:in_axes=0,none"};
+  check_transforms(c, sized, unsized, 2, true, 7);
+  const char *vs[] = {"vmap:size=2"}, *vu[] = {"vmap"};
+  check_transforms(c, vs, vu, 1, true, 8);
+
+  /* ... and without shapes to infer from it is the server's refusal */
+  kiln_remote_compile_options o = {.backend = "interp", .transforms = vu, .ntransforms = 1};
+  kiln_remote_executable *e = NULL;
+  kiln_status st;
+  EXPECT_CODE(kiln_client_compile_text(c, TX_PROGRAM, strlen(TX_PROGRAM), &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(st.msg, "batch size") != NULL, "message: %s", st.msg);
+  /* a bad spec: refused before sending, naming it */
+  const char *bad[] = {"vmap:in_axes=x"};
+  o.transforms = bad;
+  EXPECT_CODE(kiln_client_compile_text(c, TX_PROGRAM, strlen(TX_PROGRAM), &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(st.msg, "vmap:in_axes=x") != NULL, "message: %s", st.msg);
+  kiln_client_close(c);
+}
+END_TEST
+
 START_TEST(test_stats) {
   kiln_client *c = connect_as("stats");
   kiln_server_stats s0, s1;
@@ -757,6 +867,7 @@ static Suite *remote_suite(void) {
   tcase_add_test(tc, test_axpy);
   tcase_add_test(tc, test_examples_match_interp);
   tcase_add_test(tc, test_generated_match_interp);
+  tcase_add_test(tc, test_transforms_match_in_process);
   tcase_add_test(tc, test_cache_and_proto);
   tcase_add_test(tc, test_builder);
   tcase_add_test(tc, test_buffer_roundtrip_large);
