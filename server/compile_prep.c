@@ -14,7 +14,7 @@
 #include "common/alloc.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/verify.h"
-#include "compiler/pass.h"
+#include "compiler/target.h"
 #include "server/convert.h"
 
 #if defined(__has_include)
@@ -40,20 +40,17 @@ static int plan_backend(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_com
     return kiln_status_set(st, KILN_EINVAL, "options.backend",
                            "unknown backend '%.64s' (available: cpu, interp)", b);
   const char *t = o && o->target ? o->target : "";
-  if (t[0] == '\0' || strcmp(t, "native") == 0) return 0;
   if (strcmp(p->backend, "interp") == 0) {
-    p->warnings[p->nwarnings++] = "options.target is ignored by the interp backend";
+    /* Naming the default (the host's CPU) asks for nothing: no warning. */
+    const kiln_target *any;
+    if (kiln_target_resolve(NULL, t, &any, NULL) != 0 || any != kiln_target_default())
+      p->warnings[p->nwarnings++] = "options.target is ignored by the interp backend";
     return 0;
   }
-  snprintf(p->target_buf, sizeof p->target_buf, "%s%.48s", strncmp(t, "cpu", 3) == 0 ? "" : "cpu-",
-           t);
-  const kiln_target *kt = kiln_target_find(p->target_buf);
-  if (kt == NULL || strcmp(kt->backend, "cpu") != 0)
-    return kiln_status_set(st, KILN_EINVAL, "options.target",
-                           "unknown cpu target '%.64s' (native, x86-64, x86-64-v2, x86-64-v3, "
-                           "x86-64-v4)",
-                           t);
-  p->target = p->target_buf;
+  kiln_status rs;
+  kiln_status_clear(&rs);
+  if (kiln_target_resolve(p->backend, t, &p->target, &rs))
+    return kiln_status_set(st, rs.code, "options.target", "%s", rs.msg);
   return 0;
 }
 

@@ -2,7 +2,7 @@
  * --target NAME, --opt-level N, --disable-pass NAME (repeatable) and
  * --dump-dir DIR, each read only when the command's option table has it.
  *
- * Every value is checked against the compiler's own tables (kiln_target_find,
+ * Every value is checked against the compiler's own tables (kiln_target_resolve,
  * kiln_pipeline_find) before anything is loaded, so a misspelt pass or
  * target is a usage error that lists the valid names rather than an option
  * the compiler would silently ignore.
@@ -14,20 +14,7 @@
 #include "common/sbuf.h"
 #include "compiler/compile.h"
 #include "compiler/pass.h"
-
-/* Target names offered on the command line: those the compiler knows
- * among the CPU ISA levels. */
-static const char *const cpu_targets[] = {"cpu", "cpu-x86-64", "cpu-x86-64-v2", "cpu-x86-64-v3",
-                                          "cpu-x86-64-v4"};
-
-static void list_targets(kiln_sbuf *b) {
-  int k = 0;
-  for (size_t i = 0; i < sizeof cpu_targets / sizeof cpu_targets[0]; i++) {
-    const kiln_target *t = kiln_target_find(cpu_targets[i]);
-    if (t && strcmp(t->backend, "cpu") == 0)
-      kiln_sbuf_printf(b, "%s%s", k++ ? ", " : "", cpu_targets[i]);
-  }
-}
+#include "compiler/target.h"
 
 static void list_passes(kiln_sbuf *b) {
   uint32_t n;
@@ -53,15 +40,15 @@ int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bo
   const char *target = kiln__args_get(a, "target");
   if (target) {
     *given = true;
-    const kiln_target *t = kiln_target_find(target);
-    if (t == NULL || strcmp(t->backend, "cpu") != 0) {
-      list_targets(&names);
-      fprintf(stderr, "kiln %s: unknown target '%s' (cpu targets: %s)\n", cmd, target,
-              kiln_sbuf_str(&names));
+    const kiln_target *t;
+    kiln_status st;
+    kiln_status_clear(&st);
+    if (kiln_target_resolve("cpu", target, &t, &st)) { /* kiln_compile builds cpu code */
+      fprintf(stderr, "kiln %s: %s\n", cmd, st.msg);
       rc = KILN_EXIT_USAGE;
       goto out;
     }
-    o->target = target;
+    o->target = t->name;
   }
   const char *level = kiln__args_get(a, "opt-level");
   if (level) {

@@ -881,8 +881,9 @@ START_TEST(test_run_cpu_errors) {
   const char *f = write_file("add.hlo", add_module);
   result r = run("run", f, "--backend", "cpu", "--target", "z80", "--random-args", "1", NULL);
   EXPECT(r, 2, "",
-         "kiln run: unknown target 'z80' (cpu targets: cpu, cpu-x86-64, cpu-x86-64-v2, "
-         "cpu-x86-64-v3, cpu-x86-64-v4)\n");
+         "kiln run: unknown cpu target 'z80' (known: cpu, cpu-x86-64, cpu-x86-64-v2, "
+         "cpu-x86-64-v3, cpu-x86-64-v4; or by ISA: native, x86-64, x86-64-v2, x86-64-v3, "
+         "x86-64-v4)\n");
   result_free(&r);
   r = run("run", f, "--backend", "cpu", "--disable-pass", "frob", "--random-args", "1", NULL);
   ck_assert_int_eq(r.code, 2);
