@@ -62,12 +62,14 @@ typedef struct kiln_cache_key_inputs {
 
 #define KILN_CACHE_TEXT_MAX 96
 
-/* The target text for a cpu kiln_target name ("cpu", "cpu-x86-64-v3";
- * NULL means "cpu"): the ISA level as given ("x86-64-v3"), or for "cpu"
- * (cc -march=native) "native-" and 16 hex digits of this machine's CPU
- * model and feature flags, so that machines whose native code differs
- * never share an entry (key_inputs.c). */
-void kiln_cache_target_text(const char *target_name, char out[KILN_CACHE_TEXT_MAX]);
+/* The target text of a resolved target: its ISA (kiln_target.isa,
+ * compiler/target.h, after kiln_target_resolve) as given ("x86-64-v3",
+ * "sm_90"), or for "native" (cc -march=native; NULL is taken as native)
+ * "native-" and 16 hex digits of this machine's CPU model and feature flags,
+ * so that machines whose native code differs never share an entry
+ * (key_inputs.c). The cache does not resolve names itself: it links kiln_ir
+ * only, and the target table belongs to the compiler. */
+void kiln_cache_target_text(const char *isa, char out[KILN_CACHE_TEXT_MAX]);
 
 /* The options text: "opt=N\ndevices=N\n". Transforms are not in it: they
  * are applied before the module is hashed. Diagnostics (dumps,

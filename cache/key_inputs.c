@@ -8,6 +8,12 @@
  * on identical hardware share entries; a server whose CPU lacks a feature
  * another one used can never load that one's code. The text is computed
  * once per process.
+ *
+ * Layering: kiln_cache links kiln_ir only, and the target table with its
+ * resolver (compiler/target.h) is the compiler's. So names are never
+ * resolved here: kilnd's plan and `kiln cache explain` resolve --target
+ * with kiln_target_resolve and hand over the row's ISA, the already
+ * canonical text. Only the meaning of "native" for a key is the cache's.
  */
 #include "cache/key.h"
 
@@ -61,14 +67,13 @@ static void compute_native(void) {
   snprintf(native_target, sizeof native_target, "native-%.16s", hex);
 }
 
-void kiln_cache_target_text(const char *target_name, char out[KILN_CACHE_TEXT_MAX]) {
-  if (target_name == NULL || strcmp(target_name, "cpu") == 0) {
+void kiln_cache_target_text(const char *isa, char out[KILN_CACHE_TEXT_MAX]) {
+  if (isa == NULL || strcmp(isa, "native") == 0) {
     pthread_once(&native_once, compute_native);
     snprintf(out, KILN_CACHE_TEXT_MAX, "%s", native_target);
     return;
   }
-  const char *t = strncmp(target_name, "cpu-", 4) == 0 ? target_name + 4 : target_name;
-  snprintf(out, KILN_CACHE_TEXT_MAX, "%.80s", t);
+  snprintf(out, KILN_CACHE_TEXT_MAX, "%.80s", isa);
 }
 
 void kiln_cache_options_text(int opt_level, uint32_t ndevices, char out[KILN_CACHE_TEXT_MAX]) {

@@ -16,6 +16,7 @@
 #include "compiler/compile.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/verify.h"
+#include "compiler/target.h"
 
 static double now_ms(void) {
   struct timespec ts;
@@ -129,16 +130,19 @@ static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target 
   return e->code ? 0 : kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
 }
 
+/* The target by any spelling kiln_target_resolve accepts (an unknown one
+ * is KILN_ENOTFOUND, as compile.h promises); this compiler builds C for
+ * the CPU, so rows of other backends are refused here. */
 static int check_target(const kiln_compile_options *o, const kiln_target **t, kiln_status *st) {
-  const char *name = o->target ? o->target : "cpu";
-  *t = kiln_target_find(name);
-  if (*t == NULL)
-    return kiln_status_set(st, KILN_ENOTFOUND, "compile", "unknown target '%s'", name);
+  kiln_status rs;
+  kiln_status_clear(&rs);
+  if (kiln_target_resolve(NULL, o->target, t, &rs))
+    return kiln_status_set(st, KILN_ENOTFOUND, "options.target", "%s", rs.msg);
   if (strcmp((*t)->backend, "cpu") != 0)
-    return kiln_status_set(st, KILN_EUNIMPL, "compile",
+    return kiln_status_set(st, KILN_EUNIMPL, "options.target",
                            "target '%s' (backend %s) has no code generator here yet; use a cpu "
                            "target",
-                           name, (*t)->backend);
+                           (*t)->name, (*t)->backend);
   return 0;
 }
 

@@ -24,7 +24,7 @@ extern "C" {
 #define KILN_COMPILE_MAX_PASSES 64
 
 typedef struct kiln_compile_options {
-  const char *target;          /* kiln_target name; NULL: "cpu" */
+  const char *target;          /* any spelling kiln_target_resolve takes; NULL: "cpu" */
   int opt_level;               /* passed to the pipeline (0: only what correctness needs) */
   bool verify_each;            /* verify after every pass */
   const char *dump_dir;        /* NULL, or a directory for pass dumps and the generated source */

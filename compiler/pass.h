@@ -13,24 +13,11 @@
 #include <stdint.h>
 
 #include "compiler/ir/ir.h"
+#include "compiler/target.h" /* kiln_target */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Per-target constants for the cost model and code generation. */
-typedef struct kiln_target {
-  const char *name;      /* "cpu", "cpu-x86-64-v3", "cuda-sm_90" */
-  const char *backend;   /* "cpu", "cuda", "interp" */
-  const char *march;     /* C compiler -march value for CPU targets */
-  double peak_flops;     /* per second, per device */
-  double bandwidth;      /* bytes per second, per device */
-  double launch_overhead;/* seconds per kernel launch */
-} kiln_target;
-
-/* Looks a target up by name; NULL when unknown. */
-const kiln_target *kiln_target_find(const char *name);
-const kiln_target *kiln_target_default(void); /* "cpu" */
 
 typedef struct kiln_pass_ctx {
   const kiln_target *target;

@@ -35,26 +35,6 @@ const kiln_pass *kiln_pipeline_find(const char *name) {
   return NULL;
 }
 
-/* Per-target constants: rough figures for one device (a core group for
- * CPU), used by the cost model only in ratios. */
-static const kiln_target targets[] = {
-    {"cpu", "cpu", "native", 1.0e11, 2.0e10, 2e-6},
-    {"cpu-x86-64", "cpu", "x86-64", 5.0e10, 2.0e10, 2e-6},
-    {"cpu-x86-64-v2", "cpu", "x86-64-v2", 5.0e10, 2.0e10, 2e-6},
-    {"cpu-x86-64-v3", "cpu", "x86-64-v3", 1.0e11, 2.0e10, 2e-6},
-    {"cpu-x86-64-v4", "cpu", "x86-64-v4", 2.0e11, 2.0e10, 2e-6},
-    {"interp", "interp", NULL, 1.0e8, 1.0e9, 0},
-    {"cuda-sm_90", "cuda", NULL, 5.0e13, 4.0e12, 5e-6},
-};
-
-const kiln_target *kiln_target_find(const char *name) {
-  for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++)
-    if (strcmp(targets[i].name, name) == 0) return &targets[i];
-  return NULL;
-}
-
-const kiln_target *kiln_target_default(void) { return &targets[0]; }
-
 static bool is_disabled(const kiln_pipeline_options *o, const char *name) {
   for (uint32_t i = 0; i < o->ndisabled; i++)
     if (strcmp(o->disabled[i], name) == 0) return true;

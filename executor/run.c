@@ -12,13 +12,14 @@
 
 #include "compiler/codegen/executable.h"
 #include "compiler/compile.h"
-#include "compiler/pass.h"
+#include "compiler/target.h"
 
 /* The backend for an executable when none is named: its target's backend
  * when that one loads executables, else the first registered backend that
  * does (whose loader then says what is wrong with the target). */
 static const char *backend_for(const kiln_executable *e) {
-  const kiln_target *t = e && e->target ? kiln_target_find(e->target) : NULL;
+  const kiln_target *t = NULL;
+  if (e && e->target && kiln_target_resolve(NULL, e->target, &t, NULL) != 0) t = NULL;
   if (t && (kiln_backend_caps(t->backend) & KILN_BACKEND_LOADS)) return t->backend;
   uint32_t n;
   const char *const *names = kiln_backend_names(&n);

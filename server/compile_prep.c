@@ -15,7 +15,7 @@
 #include "common/alloc.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/verify.h"
-#include "compiler/pass.h"
+#include "compiler/target.h"
 #include "executor/backend.h"
 #include "server/convert.h"
 
@@ -44,20 +44,13 @@ static int plan_backend(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_com
                            "unknown backend '%.64s' (available: %s)", b, known);
   }
   const char *t = o && o->target ? o->target : "";
-  if (t[0] == '\0' || strcmp(t, "native") == 0) return 0;
-  if (strcmp(p->backend, "interp") == 0) {
-    p->warnings[p->nwarnings++] = "options.target is ignored by the interp backend";
-    return 0;
-  }
-  snprintf(p->target_buf, sizeof p->target_buf, "%s%.48s", strncmp(t, "cpu", 3) == 0 ? "" : "cpu-",
-           t);
-  const kiln_target *kt = kiln_target_find(p->target_buf);
-  if (kt == NULL || strcmp(kt->backend, "cpu") != 0)
-    return kiln_status_set(st, KILN_EINVAL, "options.target",
-                           "unknown cpu target '%.64s' (native, x86-64, x86-64-v2, x86-64-v3, "
-                           "x86-64-v4)",
-                           t);
-  p->target = p->target_buf;
+  /* A backend that interprets modules has no code targets: a target named
+   * for it is refused by plan_refuse_interp_target. */
+  if (!(kiln_backend_caps(p->backend) & KILN_BACKEND_LOADS)) return 0;
+  kiln_status rs;
+  kiln_status_clear(&rs);
+  if (kiln_target_resolve(p->backend, t, &p->target, &rs))
+    return kiln_status_set(st, rs.code, "options.target", "%s", rs.msg);
   return 0;
 }
 
@@ -83,16 +76,18 @@ static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kiln_status
  * executable. plan_backend resolved the backend. */
 static int plan_refuse_interp_target(const Kiln__V1__CompileOptions *o,
                                      const kilnd_compile_plan *p, kiln_status *st) {
-  if (p->backend == NULL || strcmp(p->backend, "interp") != 0) return 0;
+  if (p->backend == NULL || (kiln_backend_caps(p->backend) & KILN_BACKEND_LOADS)) return 0;
   if (o && o->return_executable)
     return kiln_status_set(st, KILN_EUNIMPL, "options.return_executable",
-                           "the interp backend has no serialized executable");
+                           "the %s backend has no serialized executable", p->backend);
   const char *t = o && o->target ? o->target : "";
-  if (t[0] == '\0' || strcmp(t, "native") == 0) return 0;
+  /* Naming the default (the host's CPU, in any spelling) asks for nothing. */
+  const kiln_target *any;
+  if (kiln_target_resolve(NULL, t, &any, NULL) == 0 && any == kiln_target_default()) return 0;
   return kiln_status_set(st, KILN_EUNIMPL, "options.target",
-                         "the interp backend has no code targets ('%.64s' given; leave it "
+                         "the %s backend has no code targets ('%.64s' given; leave it "
                          "empty or native)",
-                         t);
+                         p->backend, t);
 }
 
 static int plan_levels(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p, kiln_status *st) {

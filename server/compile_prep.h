@@ -18,12 +18,12 @@
 #define KILND_MAX_PLAN_WARNINGS 4
 
 typedef struct kiln_transform kiln_transform;
+typedef struct kiln_target kiln_target;
 
 typedef struct kilnd_compile_plan {
   const char *backend;    /* "cpu" or "interp" (static strings) */
   bool explicit_backend;  /* the request named it */
-  char target_buf[64];
-  const char *target;     /* kiln_target name for cpu, or NULL */
+  const kiln_target *target; /* resolved (compiler/target.h); NULL: none (interp) */
   int opt_level;
   uint32_t ndevices;
   kiln_transform *transforms; /* kiln_malloc'd, ntransforms */

@@ -32,6 +32,7 @@
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
+#include "compiler/target.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/compile_memo.h"
@@ -196,10 +197,9 @@ static int load_program(job *j) {
 /* The key: everything that determines the code, hashed by component. */
 static int make_key(job *j) {
   char target[KILN_CACHE_TEXT_MAX], options[KILN_CACHE_TEXT_MAX];
-  bool cpu = strcmp(j->plan.backend, "cpu") == 0;
-  if (cpu) kiln_cache_target_text(j->plan.target, target);
+  if (j->plan.target) kiln_cache_target_text(j->plan.target->isa, target);
   kiln_cache_options_text(j->plan.opt_level, j->plan.ndevices, options);
-  kiln_cache_key_inputs in = {.backend = j->plan.backend, .target = cpu ? target : NULL,
+  kiln_cache_key_inputs in = {.backend = j->plan.backend, .target = j->plan.target ? target : NULL,
                               .options = options};
   return kiln_cache_key_compute(j->m, &in, &j->key, &j->st);
 }
@@ -236,7 +236,7 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
                        kiln_status *out_st) {
   kiln_compile_options o;
   kiln_compile_options_init(&o);
-  o.target = j->plan.target;
+  o.target = j->plan.target ? j->plan.target->name : NULL;
   o.opt_level = j->plan.opt_level;
   o.verify_each = j->r->options && j->r->options->verify_each_pass;
   o.cc_timeout_s = kilnd_call_time_left(j->c, j->srv->cfg.compile_timeout);

@@ -112,6 +112,12 @@ typedef struct kiln_compile_options kiln_compile_options;
  * targets and passes; *given says whether any was on the command line.
  * Returns an exit code (usage errors printed). Pointers refer to argv. */
 int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bool *given);
+/* --backend NAME of command `cmd`. In process (remote false) NAME must be
+ * a backend registered here with every KILN_BACKEND_* bit of `caps`;
+ * through a server (remote true) any registered backend or one the target
+ * table names (a server may have it) will do. An unknown name prints the
+ * one message both paths share and is KILN_EXIT_USAGE. */
+int kiln__backend_check(const char *cmd, const char *name, unsigned caps, bool remote);
 /* "0".."3" into *out; a usage error naming `cmd` otherwise. */
 int kiln__opt_level_parse(const char *cmd, const char *text, int *out);
 /* A serialized executable: named *.kexe, or starting with the format's

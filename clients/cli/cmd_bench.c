@@ -292,13 +292,9 @@ int kiln__cmd_bench(const kiln__args *a) {
   b.warmup = 1;
   const char *backend = kiln__args_get(a, "backend");
   if (backend == NULL) backend = "cpu";
+  int brc = kiln__backend_check("bench", backend, 0, false);
+  if (brc) return brc;
   unsigned caps = kiln_backend_caps(backend);
-  char names[256];
-  if (caps == 0) {
-    kiln_backend_names_join(0, ", ", names, sizeof names);
-    fprintf(stderr, "kiln bench: unknown backend '%s' (available: %s)\n", backend, names);
-    return KILN_EXIT_USAGE;
-  }
   bool compiles = !(caps & KILN_BACKEND_RUNS_MODULES);
   long seed = 0;
   int rc;
@@ -310,6 +306,7 @@ int kiln__cmd_bench(const kiln__args *a) {
   bool given;
   if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;
   if (given && !compiles) {
+    char names[256];
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
     fprintf(stderr,
             "kiln bench: --target, --opt-level, --disable-pass and --dump-dir need "

@@ -18,7 +18,7 @@
 #include "cache/key.h"
 #include "clients/cli/cli.h"
 #include "common/alloc.h"
-#include "compiler/pass.h"
+#include "compiler/target.h"
 #include "executor/backend.h"
 
 #define EXPLAIN_SAME 0
@@ -32,7 +32,8 @@ static bool is_key(const char *s) {
 
 /* ---- explain ------------------------------------------------------------------------- */
 
-/* --backend/--target/-O as kilnd resolves them (server/compile_prep.c). */
+/* --backend/--target/-O as kilnd resolves them (server/compile_prep.c): the
+ * target by kiln_target_resolve, the texts by the cache's key_inputs.c. */
 static int key_inputs(const kiln__args *a, const char **backend, char target[KILN_CACHE_TEXT_MAX],
                       char options[KILN_CACHE_TEXT_MAX]) {
   const char *b = kiln__args_get(a, "backend");
@@ -47,24 +48,16 @@ static int key_inputs(const kiln__args *a, const char **backend, char target[KIL
   int opt = 2;
   if (level && kiln__opt_level_parse("cache explain", level, &opt)) return KILN_EXIT_USAGE;
   kiln_cache_options_text(opt, 1, options);
-  const char *t = kiln__args_get(a, "target");
   target[0] = '\0';
-  if (strcmp(*backend, "interp") == 0) return KILN_EXIT_OK;
-  if (t == NULL || t[0] == '\0' || strcmp(t, "native") == 0) {
-    kiln_cache_target_text(NULL, target);
-    return KILN_EXIT_OK;
-  }
-  char name[64];
-  snprintf(name, sizeof name, "%s%.48s", strncmp(t, "cpu", 3) == 0 ? "" : "cpu-", t);
-  const kiln_target *kt = kiln_target_find(name);
-  if (kt == NULL || strcmp(kt->backend, "cpu") != 0) {
-    fprintf(stderr,
-            "kiln cache explain: unknown cpu target '%s' (native, x86-64, x86-64-v2, x86-64-v3, "
-            "x86-64-v4)\n",
-            t);
+  if (strcmp(*backend, "interp") == 0) return KILN_EXIT_OK; /* kilnd ignores the target */
+  const kiln_target *kt;
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_target_resolve(*backend, kiln__args_get(a, "target"), &kt, &st)) {
+    fprintf(stderr, "kiln cache explain: %s\n", st.msg);
     return KILN_EXIT_USAGE;
   }
-  kiln_cache_target_text(kt->name, target);
+  kiln_cache_target_text(kt->isa, target);
   return KILN_EXIT_OK;
 }
 

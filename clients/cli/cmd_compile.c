@@ -15,7 +15,9 @@
 #include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "compiler/compile.h"
+#include "compiler/target.h"
 #include "compiler/transforms/transform.h"
+#include "executor/backend.h"
 
 static int apply_transforms(const kiln__args *a, kiln_module *m) {
   int n;
@@ -56,20 +58,31 @@ static int write_executable(const char *path, const kiln_executable *e) {
   return kiln__exit_code(rc);
 }
 
+/* --target as kilnd resolves it for the cpu backend, before the module is
+ * read, so that a bad name gets what --server prints:
+ * "FILE: error: options.target: MESSAGE", exit 1. The canonical name, or
+ * NULL after reporting. */
+static const char *resolve_target(const kiln__args *a) {
+  const kiln_target *t;
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_target_resolve("cpu", kiln__args_get(a, "target"), &t, &st) == 0) return t->name;
+  snprintf(st.where, sizeof st.where, "options.target");
+  kiln__report(a->pos[0], NULL, &st);
+  return NULL;
+}
+
 int kiln__cmd_compile(const kiln__args *a) {
   if (kiln__args_get(a, "server")) return kiln__remote_compile(a);
   const char *file = a->pos[0];
   const char *backend = kiln__args_get(a, "backend");
-  if (backend && strcmp(backend, "cpu") != 0) {
-    fprintf(stderr,
-            "kiln compile: unknown backend '%s' (available here: cpu; a server may "
-            "also have cuda)\n",
-            backend);
-    return KILN_EXIT_USAGE;
+  if (backend) {
+    int brc = kiln__backend_check("compile", backend, KILN_BACKEND_LOADS, false);
+    if (brc) return brc;
   }
   kiln_compile_options o;
   kiln_compile_options_init(&o);
-  o.target = kiln__args_get(a, "target");
+  if ((o.target = resolve_target(a)) == NULL) return KILN_EXIT_INVALID;
   const char *level = kiln__args_get(a, "opt-level");
   if (level) {
     if (strlen(level) != 1 || level[0] < '0' || level[0] > '3') {

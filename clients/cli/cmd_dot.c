@@ -18,6 +18,7 @@
 #include "common/sbuf.h"
 #include "compiler/compile.h"
 #include "compiler/pass.h"
+#include "compiler/target.h"
 
 int kiln__cmd_dot(const kiln__args *a) {
   const char *file = a->pos[0];
@@ -42,7 +43,7 @@ int kiln__cmd_dot(const kiln__args *a) {
   kiln_status_clear(&st);
   if (!input_only) {
     kiln_pipeline_options po = {0};
-    po.target = kiln_target_find(co.target ? co.target : "cpu");
+    kiln_target_resolve("cpu", co.target, &po.target, NULL); /* checked by copts.c */
     po.opt_level = co.opt_level;
     po.verify_each = true;
     po.dump_dir = co.dump_dir;

@@ -256,13 +256,10 @@ static int check_options(const kiln__args *a, run_setup *r) {
   memset(r, 0, sizeof *r);
   const char *backend = kiln__args_get(a, "backend");
   if (backend == NULL) backend = KILN_RUN_DEFAULT_BACKEND;
+  int brc = kiln__backend_check("run", backend, 0, false);
+  if (brc) return brc;
   unsigned caps = kiln_backend_caps(backend);
   char names[256];
-  if (caps == 0) {
-    kiln_backend_names_join(0, ", ", names, sizeof names);
-    fprintf(stderr, "kiln run: unknown backend '%s' (available: %s)\n", backend, names);
-    return KILN_EXIT_USAGE;
-  }
   r->backend = backend;
   r->compiled = !(caps & KILN_BACKEND_RUNS_MODULES);
   int crc = kiln__compile_options_parse(a, &r->co, &r->compile_given);

@@ -2,7 +2,7 @@
  * --target NAME, --opt-level N, --disable-pass NAME (repeatable) and
  * --dump-dir DIR, each read only when the command's option table has it.
  *
- * Every value is checked against the compiler's own tables (kiln_target_find,
+ * Every value is checked against the compiler's own tables (kiln_target_resolve,
  * kiln_pipeline_find) before anything is loaded, so a misspelt pass or
  * target is a usage error that lists the valid names rather than an option
  * the compiler would silently ignore.
@@ -14,20 +14,8 @@
 #include "common/sbuf.h"
 #include "compiler/compile.h"
 #include "compiler/pass.h"
-
-/* Target names offered on the command line: those the compiler knows
- * among the CPU ISA levels. */
-static const char *const cpu_targets[] = {"cpu", "cpu-x86-64", "cpu-x86-64-v2", "cpu-x86-64-v3",
-                                          "cpu-x86-64-v4"};
-
-static void list_targets(kiln_sbuf *b) {
-  int k = 0;
-  for (size_t i = 0; i < sizeof cpu_targets / sizeof cpu_targets[0]; i++) {
-    const kiln_target *t = kiln_target_find(cpu_targets[i]);
-    if (t && strcmp(t->backend, "cpu") == 0)
-      kiln_sbuf_printf(b, "%s%s", k++ ? ", " : "", cpu_targets[i]);
-  }
-}
+#include "compiler/target.h"
+#include "executor/backend.h"
 
 static void list_passes(kiln_sbuf *b) {
   uint32_t n;
@@ -53,15 +41,15 @@ int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bo
   const char *target = kiln__args_get(a, "target");
   if (target) {
     *given = true;
-    const kiln_target *t = kiln_target_find(target);
-    if (t == NULL || strcmp(t->backend, "cpu") != 0) {
-      list_targets(&names);
-      fprintf(stderr, "kiln %s: unknown target '%s' (cpu targets: %s)\n", cmd, target,
-              kiln_sbuf_str(&names));
+    const kiln_target *t;
+    kiln_status st;
+    kiln_status_clear(&st);
+    if (kiln_target_resolve("cpu", target, &t, &st)) { /* kiln_compile builds cpu code */
+      fprintf(stderr, "kiln %s: %s\n", cmd, st.msg);
       rc = KILN_EXIT_USAGE;
       goto out;
     }
-    o->target = target;
+    o->target = t->name;
   }
   const char *level = kiln__args_get(a, "opt-level");
   if (level) {
@@ -93,4 +81,44 @@ bool kiln__is_executable_file(const char *path, const uint8_t *head, size_t len)
   size_t n = strlen(path), k = strlen(KILN_EXECUTABLE_SUFFIX);
   if (n >= k && strcmp(path + n - k, KILN_EXECUTABLE_SUFFIX) == 0) return true;
   return head && len >= 8 && memcmp(head, KILN_EXE_MAGIC, 8) == 0;
+}
+
+/* Backends that the target table names but that are not registered here
+ * (a server built with them may have them), joined by ", ". */
+static void elsewhere_backends(char *buf, size_t size) {
+  uint32_t n;
+  const kiln_target *t = kiln_targets(&n);
+  size_t used = 0;
+  buf[0] = '\0';
+  for (uint32_t i = 0; i < n; i++) {
+    if (kiln_backend_caps(t[i].backend) != 0) continue;
+    bool seen = false;
+    for (uint32_t j = 0; j < i; j++) seen |= strcmp(t[j].backend, t[i].backend) == 0;
+    if (seen) continue;
+    int w = snprintf(buf + used, size - used, "%s%s", used ? ", " : "", t[i].backend);
+    if (w < 0 || (size_t)w >= size - used) break;
+    used += (size_t)w;
+  }
+}
+
+int kiln__backend_check(const char *cmd, const char *name, unsigned caps, bool remote) {
+  unsigned have = kiln_backend_caps(name);
+  if (have != 0 && (have & caps) == caps) return KILN_EXIT_OK;
+  if (remote && name) {
+    if (have != 0) return KILN_EXIT_OK; /* registered: the server knows it too */
+    uint32_t n;
+    const kiln_target *t = kiln_targets(&n);
+    for (uint32_t i = 0; i < n; i++)
+      if (strcmp(t[i].backend, name) == 0) return KILN_EXIT_OK;
+  }
+  char here[256], other[256];
+  kiln_backend_names_join(caps, ", ", here, sizeof here);
+  elsewhere_backends(other, sizeof other);
+  if (other[0])
+    fprintf(stderr, "kiln %s: unknown backend '%s' (available here: %s; a server may also have %s)\n",
+            cmd, name ? name : "", here, other);
+  else
+    fprintf(stderr, "kiln %s: unknown backend '%s' (available: %s)\n", cmd, name ? name : "",
+            here);
+  return KILN_EXIT_USAGE;
 }

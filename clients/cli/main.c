@@ -54,8 +54,8 @@ static const kiln__opt run_opts[] = {
      "grad:wrt=0,output=1, vjp, jvp:wrt=0, vmap:in_axes=0,none (batch size from the "
      "arguments, or size=N), checkpoint; --arg values then follow its parameters"},
     {"target", 0, "NAME", false,
-     "cpu code target: cpu (this machine, default), cpu-x86-64, cpu-x86-64-v2, cpu-x86-64-v3, "
-     "cpu-x86-64-v4"},
+     "cpu code target: native (this machine, default) or an ISA level such as x86-64-v3, "
+     "with or without cpu- (an unknown name lists them all)"},
     {"opt-level", 'O', "N", false, "cpu: optimization level 0-3 (default 2)"},
     {"disable-pass", 0, "NAME", true, "cpu: switch compiler pass NAME off"},
     {"dump-dir", 0, "DIR", false,

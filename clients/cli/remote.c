@@ -35,8 +35,7 @@
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
-
-static const char *const remote_backends[] = {"interp", "cpu", "cuda"};
+#include "executor/backend.h"
 
 /* "HOST:PORT" with a numeric port in 1..65535 ("[v6]:PORT" too); the rest
  * is gRPC's to resolve. */
@@ -202,21 +201,15 @@ static int compile_file(kiln_client *c, const char *path, const kiln_remote_comp
   return rc ? report_program(path, &st, o) : KILN_EXIT_OK;
 }
 
-/* --backend for remote commands: the names any server may know. */
+/* --backend for remote commands: any backend a server may have, checked
+ * and worded as the local command checks it (an unknown name is the same
+ * mistake with or without --server). */
 static int backend_ok(const kiln__args *a, const char **out) {
   const char *b = kiln__args_get(a, "backend");
   *out = b;
   if (b == NULL) return KILN_EXIT_OK;
-  for (size_t i = 0; i < sizeof remote_backends / sizeof remote_backends[0]; i++)
-    if (strcmp(b, remote_backends[i]) == 0) return KILN_EXIT_OK;
-  /* Worded as the local command words it: an unknown name is the same
-   * mistake with or without --server. */
-  const char *avail = strcmp(a->cmd->name, "compile") == 0 ? "available here: cpu; a server may "
-                                                             "also have cuda"
-                      : strcmp(a->cmd->name, "bench") == 0 ? "available: cpu, interp"
-                                                           : "available: interp, cpu";
-  fprintf(stderr, "kiln %s: unknown backend '%s' (%s)\n", a->cmd->name, b, avail);
-  return KILN_EXIT_USAGE;
+  unsigned caps = strcmp(a->cmd->name, "compile") == 0 ? KILN_BACKEND_LOADS : 0;
+  return kiln__backend_check(a->cmd->name, b, caps, true);
 }
 
 /* ---- check -------------------------------------------------------------------------------- */

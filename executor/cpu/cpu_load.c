@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
-#include "compiler/pass.h"
+#include "compiler/target.h"
 #include "executor/cpu/cpu.h"
 
 #define MAX_NESTING 64       /* programs inside programs (while in while ...) */
@@ -460,10 +460,10 @@ static int check_header(const kiln__cpu_device *dev, const kiln_executable *e, k
     return kiln_status_set(st, KILN_EINVAL, "load",
                            "executable format version %u, this executor runs version %u",
                            e->format_version, KILN_EXE_FORMAT_VERSION);
-  if (e->target == NULL)
+  if (e->target == NULL || e->target[0] == '\0') /* "" would resolve to the default */
     return kiln_status_set(st, KILN_EINVAL, "load", "executable names no target");
-  const kiln_target *t = kiln_target_find(e->target);
-  if (t == NULL || strcmp(t->backend, "cpu") != 0)
+  const kiln_target *t;
+  if (kiln_target_resolve("cpu", e->target, &t, NULL))
     return kiln_status_set(st, KILN_EINVAL, "load",
                            "executable compiled for target '%.64s', not a cpu target", e->target);
   if (!host_runs(t->march))

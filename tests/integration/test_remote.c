@@ -5,7 +5,7 @@
  * health says SERVING, transforms compiled through libkiln (vmap sizes
  * inferred from argument shapes too) agree bit for bit with the same
  * transforms applied in process, and the kiln command's --server mode
- * matches its local mode.
+ * matches its local mode (target names included).
  *
  * One kilnd serves the whole suite; Check runs each case in a forked
  * child, which connects on its own.
@@ -20,6 +20,7 @@
 
 #include "clients/c/kiln.h"
 #include "common/alloc.h"
+#include "compiler/codegen/executable.h"
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
 #include "compiler/eval/interp.h"
@@ -859,6 +860,112 @@ START_TEST(test_cli_remote) {
 }
 END_TEST
 
+/* Target names resolve alike in process and on the server (one resolver,
+ * compiler/target.h): for every spelling, `kiln compile --target T` exits
+ * alike both ways, the executables record the same canonical target, and
+ * the server's cache key is the one `kiln cache explain --target T`
+ * computes; a bad name gets the same diagnostic and exit code both ways. */
+static bool host_runs_isa(const char *isa) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+  if (strcmp(isa, "x86-64-v3") == 0) return __builtin_cpu_supports("x86-64-v3");
+  return true;
+#elif defined(__x86_64__)
+  return strcmp(isa, "x86-64-v3") != 0;
+#else
+  return strncmp(isa, "x86-64", 6) != 0;
+#endif
+}
+
+static kiln_executable *read_executable(const char *path) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot open %s", path);
+  static uint8_t buf[1 << 20];
+  size_t len = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  ck_assert_uint_lt(len, sizeof buf);
+  kiln_executable *e = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_executable_deserialize(buf, len, &e, &st) == 0, "%s: %s", path, st.msg);
+  return e;
+}
+
+/* The hex key on the "cache SOURCE KEY" line of a remote compile. */
+static void cache_key_of(const char *out, char key[65]) {
+  const char *p = strstr(out, "\ncache ");
+  ck_assert_msg(p != NULL, "stdout: %s", out);
+  p = strchr(p + 7, ' ');
+  ck_assert_msg(p != NULL && strlen(p + 1) >= 64, "stdout: %s", out);
+  snprintf(key, 65, "%.64s", p + 1);
+}
+
+START_TEST(test_cli_targets) {
+  char axpy[1024], dir[] = "/tmp/kiln-targets-XXXXXX";
+  snprintf(axpy, sizeof axpy, "%s/examples/axpy.hlo", KILN_SOURCE_DIR);
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  const char *good[][3] = {
+      {"x86-64-v3", "cpu-x86-64-v3", "x86-64-v3"},
+      {"cpu-x86-64-v3", "cpu-x86-64-v3", "x86-64-v3"},
+      {"x86-64", "cpu-x86-64", "x86-64"},
+      {"cpu-x86-64", "cpu-x86-64", "x86-64"},
+      {"native", "cpu", "native"},
+      {"cpu", "cpu", "native"},
+      {"cpu-native", "cpu", "native"},
+  };
+  int ran = 0;
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    if (!host_runs_isa(good[i][2])) continue;
+    ran++;
+    char lpath[512], rpath[512], *lout, *lerr, *rout, *rerr, *xout, *xerr;
+    snprintf(lpath, sizeof lpath, "%s/local-%zu.kexe", dir, i);
+    snprintf(rpath, sizeof rpath, "%s/remote-%zu.kexe", dir, i);
+    const char *local[] = {"compile", axpy, "--target", good[i][0], "-o", lpath, NULL};
+    const char *remote[] = {"compile", axpy,  "--target", good[i][0],  "--backend", "cpu",
+                            "-o",      rpath, "--server", server.addr, NULL};
+    ck_assert_msg(kiln_cmd(local, &lout, &lerr) == 0, "%s: %s", good[i][0], lerr);
+    ck_assert_msg(kiln_cmd(remote, &rout, &rerr) == 0, "%s: %s", good[i][0], rerr);
+    char want[1200];
+    snprintf(want, sizeof want, "%s: compiled for %s: ", axpy, good[i][1]);
+    ck_assert_msg(strncmp(lout, want, strlen(want)) == 0, "%s: %s", good[i][0], lout);
+    kiln_executable *le = read_executable(lpath), *re = read_executable(rpath);
+    ck_assert_str_eq(le->target, good[i][1]);
+    ck_assert_str_eq(re->target, good[i][1]);
+    kiln_executable_destroy(le);
+    kiln_executable_destroy(re);
+    /* the key kilnd used is the one computed here for the same spelling */
+    char key[65], line[1200];
+    cache_key_of(rout, key);
+    const char *explain[] = {"cache", "explain", axpy, axpy, "--target", good[i][0], NULL};
+    ck_assert_msg(kiln_cmd(explain, &xout, &xerr) == 0, "%s: %s", good[i][0], xerr);
+    snprintf(line, sizeof line, "%s  %s\n", key, axpy);
+    ck_assert_msg(strncmp(xout, line, strlen(line)) == 0, "%s: %s vs %s", good[i][0], xout, line);
+    free(lout), free(lerr), free(rout), free(rerr), free(xout), free(xerr);
+  }
+  ck_assert_int_ge(ran, 3);
+
+  const char *bad[] = {"z80", "cuda-sm_90", "sm_90", "x86-64-v9", "CPU", "interp"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *lout, *lerr, *rout, *rerr;
+    const char *local[] = {"compile", axpy, "--target", bad[i], NULL};
+    const char *remote[] = {"compile", axpy,       "--target",  bad[i], "--backend",
+                            "cpu",     "--server", server.addr, NULL};
+    int lrc = kiln_cmd(local, &lout, &lerr), rrc = kiln_cmd(remote, &rout, &rerr);
+    ck_assert_msg(lrc == 1 && rrc == 1, "%s: exit %d in process, %d with --server", bad[i], lrc,
+                  rrc);
+    ck_assert_str_eq(lerr, rerr);
+    char want[1200];
+    snprintf(want, sizeof want, "%s: error: options.target: ", axpy);
+    ck_assert_msg(strncmp(lerr, want, strlen(want)) == 0, "%s: %s", bad[i], lerr);
+    ck_assert_msg(strstr(lerr, "cpu-x86-64-v3") != NULL, "no list of targets: %s", lerr);
+    ck_assert_str_eq(lout, "");
+    free(lout), free(lerr), free(rout), free(rerr);
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *remote_suite(void) {
   Suite *s = suite_create("remote");
   TCase *tc = tcase_create("core");
@@ -877,6 +984,7 @@ static Suite *remote_suite(void) {
   tcase_add_test(tc, test_stats);
   tcase_add_test(tc, test_metrics);
   tcase_add_test(tc, test_cli_remote);
+  tcase_add_test(tc, test_cli_targets);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -194,7 +194,7 @@ START_TEST(test_usage_errors) {
   ck_assert_ptr_nonnull(strstr(r.err, "kiln run: option '--out' given more than once\n"));
   result_free(&r);
   r = run("run", f, "--backend", "tpu", NULL);
-  EXPECT(r, 2, "", "kiln run: unknown backend 'tpu' (available: cpu, interp)\n");
+  EXPECT(r, 2, "", "kiln run: unknown backend 'tpu' (available here: cpu, interp; a server may also have cuda)\n");
   result_free(&r);
   r = run("run", f, "--random-args", "-3", NULL);
   EXPECT(r, 2, "", "kiln run: --random-args needs a non-negative integer seed, not '-3'\n");
@@ -881,8 +881,9 @@ START_TEST(test_run_cpu_errors) {
   const char *f = write_file("add.hlo", add_module);
   result r = run("run", f, "--backend", "cpu", "--target", "z80", "--random-args", "1", NULL);
   EXPECT(r, 2, "",
-         "kiln run: unknown target 'z80' (cpu targets: cpu, cpu-x86-64, cpu-x86-64-v2, "
-         "cpu-x86-64-v3, cpu-x86-64-v4)\n");
+         "kiln run: unknown cpu target 'z80' (known: cpu, cpu-x86-64, cpu-x86-64-v2, "
+         "cpu-x86-64-v3, cpu-x86-64-v4; or by ISA: native, x86-64, x86-64-v2, x86-64-v3, "
+         "x86-64-v4)\n");
   result_free(&r);
   r = run("run", f, "--backend", "cpu", "--disable-pass", "frob", "--random-args", "1", NULL);
   ck_assert_int_eq(r.code, 2);
@@ -914,6 +915,66 @@ START_TEST(test_run_cpu_errors) {
           NULL);
   ck_assert_int_eq(r.code, 1);
   ck_assert_ptr_nonnull(strstr(r.err, "parameter 0: expected f32[2], found f32[3]"));
+  result_free(&r);
+}
+END_TEST
+
+/* --target takes every spelling of kiln_target_resolve in run, compile and
+ * cache explain, and an unknown one is refused listing the table. */
+START_TEST(test_target_spellings) {
+  const char *f = write_file("add.hlo", add_module);
+  const char *spell[][2] = {{"x86-64", "cpu-x86-64"}, {"cpu-x86-64", "cpu-x86-64"},
+                            {"x86-64-v3", "cpu-x86-64-v3"}, {"cpu-x86-64-v3", "cpu-x86-64-v3"},
+                            {"native", "cpu"}, {"cpu", "cpu"}};
+  char want[1024];
+  for (size_t i = 0; i < sizeof spell / sizeof spell[0]; i++) {
+    result r = run("compile", f, "--target", spell[i][0], NULL);
+    snprintf(want, sizeof want, "%s: compiled for %s: ", f, spell[i][1]);
+    ck_assert_msg(r.code == 0 && strncmp(r.out, want, strlen(want)) == 0, "%s: %s%s",
+                  spell[i][0], r.out, r.err);
+    result_free(&r);
+  }
+  result r = run("run", f, "--backend", "cpu", "--target", "x86-64", "--arg", "f32[2] {1, 2}",
+                 "--arg", "f32[2] {3, 4}", NULL);
+  EXPECT(r, 0, "f32[2] {4, 6}\n", "");
+  result_free(&r);
+  r = run("run", f, "--backend", "cpu", "--target", "native", "--arg", "f32[2] {1, 2}", "--arg",
+          "f32[2] {3, 4}", NULL);
+  EXPECT(r, 0, "f32[2] {4, 6}\n", "");
+  result_free(&r);
+  /* in process, a bad name reads as kilnd's answer to --server */
+  r = run("compile", f, "--target", "z80", NULL);
+  snprintf(want, sizeof want,
+           "%s: error: options.target: unknown cpu target 'z80' (known: cpu, cpu-x86-64, "
+           "cpu-x86-64-v2, cpu-x86-64-v3, cpu-x86-64-v4; or by ISA: native, x86-64, x86-64-v2, "
+           "x86-64-v3, x86-64-v4)\n",
+           f);
+  EXPECT(r, 1, "", want);
+  result_free(&r);
+  r = run("compile", f, "--target", "cuda-sm_90", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "target 'cuda-sm_90' is for the cuda backend, not cpu (known: "),
+                "%s", r.err);
+  result_free(&r);
+  r = run("run", f, "--backend", "cpu", "--target", "cuda-sm_90", "--random-args", "1", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_msg(strstr(r.err, "kiln run: target 'cuda-sm_90' is for the cuda backend, not cpu"),
+                "%s", r.err);
+  result_free(&r);
+  /* the cache key's target: one text per row, whatever the spelling */
+  result a = run("cache", "explain", f, f, "--target", "x86-64-v3", NULL);
+  result b = run("cache", "explain", f, f, "--target", "cpu-x86-64-v3", NULL);
+  result c = run("cache", "explain", f, f, "--target", "cpu", NULL);
+  result d = run("cache", "explain", f, f, NULL);
+  ck_assert_int_eq(a.code, 0);
+  ck_assert_str_eq(a.out, b.out);
+  ck_assert_str_eq(c.out, d.out);
+  ck_assert_str_ne(a.out, c.out);
+  result_free(&a), result_free(&b), result_free(&c), result_free(&d);
+  r = run("cache", "explain", f, f, "--target", "z80", NULL);
+  ck_assert_int_eq(r.code, 2);
+  const char *bad = "kiln cache explain: unknown cpu target 'z80' (known: cpu, ";
+  ck_assert_msg(strncmp(r.err, bad, strlen(bad)) == 0, "%s", r.err);
   result_free(&r);
 }
 END_TEST
@@ -1101,7 +1162,7 @@ START_TEST(test_bench) {
   EXPECT(r, 2, "", "kiln bench: --iters needs an integer from 1 to 1000000, not '0'\n");
   result_free(&r);
   r = run("bench", f, "--backend", "tpu", NULL);
-  EXPECT(r, 2, "", "kiln bench: unknown backend 'tpu' (available: cpu, interp)\n");
+  EXPECT(r, 2, "", "kiln bench: unknown backend 'tpu' (available here: cpu, interp; a server may also have cuda)\n");
   result_free(&r);
   r = run("bench", f, "--backend", "interp", "-O", "1", NULL);
   ck_assert_int_eq(r.code, 2);
@@ -1134,6 +1195,7 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_examples);
   tcase_add_test(tc, test_run_cpu);
   tcase_add_test(tc, test_run_cpu_errors);
+  tcase_add_test(tc, test_target_spellings);
   tcase_add_test(tc, test_compile_and_run_executable);
   tcase_add_test(tc, test_corrupt_executable);
   tcase_add_test(tc, test_damaged_executable_tables);

@@ -8,7 +8,8 @@
 #include "test_fusion_harness.h"
 
 /* A target with round numbers: 1 GFLOP/s, 1 GB/s, 1 us per launch. */
-static const kiln_target T = {"test", "cpu", NULL, 1e9, 1e9, 1e-6};
+static const kiln_target T = {
+    .name = "test", .backend = "cpu", .peak_flops = 1e9, .bandwidth = 1e9, .launch_overhead = 1e-6};
 
 static kiln_module *parse(const char *text) {
   kiln_module *m = fh_parse(text, strlen(text), "cost.hlo");

@@ -1064,6 +1064,8 @@ START_TEST(test_hostile_header_and_code) {
         "executable compiled for target 'cuda-sm_90', not a cpu target");
   BREAK(e->target = "zx81", KILN_EINVAL, "executable compiled for target 'zx81', not a cpu target");
   BREAK(e->target = NULL, KILN_EINVAL, "executable names no target");
+  BREAK(e->target = "", KILN_EINVAL, "executable names no target"); /* not the default */
+  BREAK(e->target = "interp", KILN_EINVAL, "executable compiled for target 'interp', not a cpu");
   BREAK(e->code = (uint8_t *)"not an elf at all, not an elf at all, not an elf at all, really!",
         KILN_EINVAL, "the code object is not an ELF shared object");
   BREAK(e->ncode = 10, KILN_EINVAL, "the code object is not an ELF shared object");
