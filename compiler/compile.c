@@ -10,7 +10,7 @@
 
 #include "common/alloc.h"
 #include "compiler/buffer_assign.h"
-#include "compiler/codegen/c_target.h"
+#include "compiler/codegen/target_iface.h"
 #include "compiler/codegen/cc.h"
 #include "compiler/codegen/lower.h"
 #include "compiler/compile.h"
@@ -64,7 +64,8 @@ static int run_pipeline(stage *s, const kiln_compile_options *o, const kiln_targ
   return rc;
 }
 
-static int generate(stage *s, kiln_executable *e, kiln_compile_report *r, kiln_status *st) {
+static int generate(stage *s, const kiln_target *t, kiln_executable *e, kiln_compile_report *r,
+                    kiln_status *st) {
   double t0 = now_ms();
   int rc = kiln__lower_prepare(s->m, &s->scratch, st);
   kiln_buffer_options bo = {.scratch_bytes = s->scratch};
@@ -74,8 +75,9 @@ static int generate(stage *s, kiln_executable *e, kiln_compile_report *r, kiln_s
   r->temp_bytes = s->ba->temp_bytes;
   r->peak_bytes = s->ba->peak_bytes;
   t0 = now_ms();
-  /* check_target admits cpu targets only: their code is C. */
-  if ((rc = kiln__codegen_init(&s->g, s->m, &kiln__c_target, st))) return rc;
+  /* check_target admitted only targets that have a code generator. */
+  if ((rc = kiln__codegen_init(&s->g, s->m, kiln__cg_target_for(t->backend), st)))
+    return rc;
   s->g_init = true;
   rc = kiln__lower(s->m, s->ba, &s->g, e, st);
   if (rc == 0 && (s->src = kiln__codegen_source(&s->g, &s->nsrc)) == NULL)
@@ -138,7 +140,7 @@ static int check_target(const kiln_compile_options *o, const kiln_target **t, ki
   kiln_status_clear(&rs);
   if (kiln_target_resolve(NULL, o->target, t, &rs))
     return kiln_status_set(st, KILN_ENOTFOUND, "options.target", "%s", rs.msg);
-  if (strcmp((*t)->backend, "cpu") != 0)
+  if (kiln__cg_target_for((*t)->backend) == NULL)
     return kiln_status_set(st, KILN_EUNIMPL, "options.target",
                            "target '%s' (backend %s) has no code generator here yet; use a cpu "
                            "target",
@@ -173,7 +175,7 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
   }
   e->target = kiln_arena_strdup(e->arena, t->name);
   if ((rc = run_pipeline(&s, o, t, r, st))) goto out;
-  if ((rc = generate(&s, e, r, st))) goto out;
+  if ((rc = generate(&s, t, e, r, st))) goto out;
   if ((rc = compile_c(&s, o, t, e, r, st))) goto out;
   *out = e;
   e = NULL;

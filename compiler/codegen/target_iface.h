@@ -68,4 +68,10 @@ typedef struct kiln__cg_target {
   void (*single)(char *dst, size_t size);
 } kiln__cg_target;
 
+/* The code generator for targets of backend `backend` ("cpu": the C
+ * target), or NULL when this compiler has none for it. The one place that
+ * ties a backend's targets (compiler/target.h) to their emitter
+ * (codegen/targets.c). */
+const kiln__cg_target *kiln__cg_target_for(const char *backend);
+
 #endif /* KILN_COMPILER_CODEGEN_TARGET_IFACE_H */
