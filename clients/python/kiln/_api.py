@@ -122,7 +122,9 @@ def trace_function(fn, args, kwargs, dyn_mask, avals, name):
         _stack().pop()
         for c in [g.entry] + g.comps:
             c.finished = True
-    return _Trace(text, list(g.hidden), out_tree, [(o.shape, o.dtype) for o in outs])
+    tr = _Trace(text, list(g.hidden), out_tree, [(o.shape, o.dtype) for o in outs])
+    tr.stop_gradient = getattr(g, "stop_gradient", False)
+    return tr
 
 
 class Staged:
@@ -273,6 +275,10 @@ class Staged:
         T = kiln_pb2.Transform
         for li, L in enumerate(self.layers):
             users = level_avals[li]
+            if L.kind in ("grad", "jvp", "vjp") and tr.stop_gradient:
+                raise NotImplementedError(
+                    f"kiln.{L.kind} of '{self.name}': the function uses lax.stop_gradient, which "
+                    "the server's transforms cannot see (they differentiate the whole program)")
             if L.kind == "grad":
                 wrt, rebuild = _argnum_leaves(args, L.argnums)
                 for w in wrt:

@@ -130,7 +130,7 @@ class Connection:
         return outs
 
     def put(self, a, device=0, label=""):
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a, order="C")
         dt = _dtypes.canonical(a.dtype)
         a = a.astype(dt, copy=False)
         raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
@@ -197,7 +197,7 @@ def shape_proto(shape, dtype):
 
 def literal_of(a):
     dt = _dtypes.canonical(a.dtype)
-    a = np.ascontiguousarray(a, dtype=dt)
+    a = np.asarray(a, dtype=dt, order="C")
     lit = hlo_pb2.Literal()
     lit.shape.CopyFrom(shape_proto(a.shape, dt))
     lit.data = a.astype(dt.newbyteorder("<"), copy=False).tobytes()

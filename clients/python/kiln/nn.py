@@ -38,7 +38,7 @@ def logsumexp(a, axis=None, keepdims=False, b=None, return_sign=False):
     if b is not None or return_sign:
         raise NotImplementedError("kiln.nn.logsumexp with b or return_sign")
     a = jnp.asarray(a)
-    m = lax.stop_gradient(jnp.max(a, axis=axis, keepdims=True))
+    m = jnp.max(a, axis=axis, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
     s = jnp.log(jnp.sum(jnp.exp(jnp.subtract(a, m)), axis=axis, keepdims=True))
     r = jnp.add(s, m)
@@ -47,13 +47,13 @@ def logsumexp(a, axis=None, keepdims=False, b=None, return_sign=False):
 
 def log_softmax(x, axis=-1):
     x = jnp.asarray(x)
-    shifted = jnp.subtract(x, lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True)))
+    shifted = jnp.subtract(x, jnp.max(x, axis=axis, keepdims=True))
     return jnp.subtract(shifted, jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)))
 
 
 def softmax(x, axis=-1):
     x = jnp.asarray(x)
-    e = jnp.exp(jnp.subtract(x, lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))))
+    e = jnp.exp(jnp.subtract(x, jnp.max(x, axis=axis, keepdims=True)))
     return jnp.divide(e, jnp.sum(e, axis=axis, keepdims=True))
 
 

@@ -971,7 +971,7 @@ def _getitem(a, idx):
     # one integer-array index (the others full slices), or a scalar traced index
     arr_pos = [k for k, i in enumerate(full) if i is not None and not (
         isinstance(i, builtins.slice) and i == builtins.slice(None))]
-    if len(arr_pos) == 1 and None not in full:
+    if len(arr_pos) == 1 and not builtins.any(i is None for i in full):
         k = arr_pos[0]
         ind = full[k]
         if isinstance(ind, (list, tuple)):
@@ -1004,7 +1004,7 @@ class _IndexUpdateRef:
             full = _expand_index(self.idx, len(_shape(a)))
             arr_pos = [k for k, i in enumerate(full)
                        if not (isinstance(i, builtins.slice) and i == builtins.slice(None))]
-            if len(arr_pos) != 1 or arr_pos[0] != 0 or None in full:
+            if len(arr_pos) != 1 or arr_pos[0] != 0 or builtins.any(i is None for i in full):
                 raise NotImplementedError(
                     "kiln.numpy: .at[] with a traced index is supported on the first axis only")
             ind = asarray(full[0], int32)
