@@ -14,7 +14,6 @@ import atexit
 import os
 import threading
 import time
-import weakref
 
 import grpc
 import numpy as np
@@ -22,7 +21,7 @@ import numpy as np
 from . import _dtypes
 from ._core import ArrayOps, shape_str
 from ._proto import hlo_pb2, kiln_pb2, kiln_pb2_grpc
-from .errors import KilnError, UnavailableError, from_rpc_error
+from .errors import UnavailableError, from_rpc_error
 
 CHUNK = 1 << 20
 _conn = None

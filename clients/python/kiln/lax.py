@@ -677,10 +677,6 @@ def _trace_sub(fn, avals, base, parent):
     return c, outs, tree
 
 
-def _carry_avals(leaves):
-    return [aval_of(x) for x in leaves]
-
-
 def while_loop(cond_fun, body_fun, init_val):
     init_leaves, tree = tree_util.tree_flatten(init_val)
     if not _stack():
