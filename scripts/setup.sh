@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prepares a Debian 12 machine to build and test Kiln: installs the Debian
-# packages the build needs (only those missing) and the project's Python
+# packages the build needs (only those missing), the project's Python
 # virtual environment .venv (only when requirements.txt changed since the last
-# install). Idempotent: a second run does nothing and says so.
+# install) and the Python client clients/python into it (only when its sources,
+# proto/ or the environment changed). Idempotent: a second run does nothing and
+# says so.
 #
 # Runs as root, or through sudo when that is available.
 set -euo pipefail
@@ -90,5 +92,28 @@ else
   "$VENV/bin/python" -m pip check --disable-pip-version-check >/dev/null
   echo "$want" > "$STAMP"
   say ".venv: installed $(grep -c '==' requirements.txt) pinned packages"
+fi
+
+# ---- the Python client (package kiln) --------------------------------------
+# Built without isolation from .venv's own pinned setuptools and grpcio-tools
+# (the stubs are generated from proto/ at build time) and without touching
+# the pinned dependencies. Re-installed when any file it is built from, or the
+# environment above, changed.
+CLIENT_STAMP=$VENV/.kiln-client.sha256
+client_want=$( { echo "$want"; find clients/python proto -type f \
+                   ! -path '*/__pycache__/*' ! -path 'clients/python/build/*' \
+                   ! -path '*.egg-info/*' ! -path 'clients/python/tests/*' \
+                   -print0 | LC_ALL=C sort -z | xargs -0 sha256sum; } | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$CLIENT_STAMP" 2>/dev/null)" = "$client_want" ] &&
+   "$VENV/bin/python" -c 'import kiln.v1.kiln_pb2' 2>/dev/null; then
+  say "kiln client: up to date with clients/python"
+else
+  say "kiln client: installing clients/python into .venv"
+  rm -f "$CLIENT_STAMP"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input \
+    --no-deps --no-build-isolation --force-reinstall ./clients/python
+  rm -rf clients/python/build clients/python/*.egg-info
+  echo "$client_want" > "$CLIENT_STAMP"
+  say "kiln client: installed"
 fi
 say "done"

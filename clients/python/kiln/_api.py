@@ -1,0 +1,518 @@
+"""jit, grad, value_and_grad, vmap, jvp, vjp, checkpoint: functions staged out
+to kilnd.
+
+A Staged function is a Python function plus a list of transform layers,
+innermost first (jit(vmap(grad(f))) is f with [grad, vmap]). Calling it
+traces f once per argument signature (pytree structure, shapes and dtypes of
+the array leaves, values of the static arguments) into an HLO module with the
+signature the innermost layer sees (a vmap layer strips its batch axes), and
+compiles that module on kilnd with one kiln.v1.Transform per layer, in the
+same order. The layers say what the transformed program's parameters and
+outputs are (compiler/transforms/transform.h):
+
+  the program's parameters: the user's array leaves, the trace's hidden
+  parameters (lifted constants and captured server arrays), then what each
+  layer adds at the end (vjp's cotangents, jvp's tangents), innermost first;
+  its outputs: a flat list of leaves that each layer regroups into the pytree
+  JAX would return.
+
+grad with has_aux is vjp of output 0 with a cotangent of one (the server's
+grad refuses has_aux): vjp returns every output, so the auxiliary values come
+back alongside. A Staged function with no layers called inside a trace is
+inlined, as jax.jit is; a transformed one is refused there
+(NotImplementedError): the server transforms whole programs.
+"""
+import functools
+
+import numpy as np
+
+from . import _core, _dtypes, tree_util
+from ._client import Array, connection
+from ._core import Graph, Tracer, _stack, aval_of, to_tracer
+from ._proto import kiln_pb2
+
+
+def _is_array_leaf(x):
+    return isinstance(x, (Array, Tracer, np.ndarray, np.generic, bool, int, float, complex))
+
+
+class Layer:
+    kind = None
+
+
+class GradLayer(Layer):
+    kind = "grad"
+
+    def __init__(self, argnums, has_aux, with_value):
+        self.argnums, self.has_aux, self.with_value = argnums, has_aux, with_value
+
+
+class VmapLayer(Layer):
+    kind = "vmap"
+
+    def __init__(self, in_axes, out_axes, axis_size):
+        self.in_axes, self.out_axes, self.axis_size = in_axes, out_axes, axis_size
+
+
+class CheckpointLayer(Layer):
+    kind = "checkpoint"
+
+    def __init__(self, policy):
+        self.policy = policy
+
+
+class JvpLayer(Layer):
+    kind = "jvp"
+
+
+class VjpLayer(Layer):
+    kind = "vjp"
+
+
+def _argnum_leaves(in_tree_args, argnums):
+    """User-leaf indices of the positional arguments argnums, and a rebuild
+    function giving the pytree of per-leaf values grouped as JAX does."""
+    counts = [tree_util.tree_structure(a).num_leaves for a in in_tree_args]
+    starts = np.cumsum([0] + counts).tolist()
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    idx = []
+    for n in nums:
+        if not -len(counts) <= n < len(counts):
+            raise ValueError(f"kiln: argnums {n} is out of range for {len(counts)} arguments")
+        n %= len(counts)
+        idx.extend(range(starts[n], starts[n] + counts[n]))
+
+    def rebuild(vals):
+        out, k = [], 0
+        for n in nums:
+            n %= len(counts)
+            td = tree_util.tree_structure(in_tree_args[n])
+            out.append(td.unflatten(vals[k:k + counts[n]]))
+            k += counts[n]
+        return out[0] if isinstance(argnums, int) else tuple(out)
+
+    return idx, rebuild
+
+
+class _Trace:
+    """One traced signature: the module text, its hidden values and the
+    output tree of the base function."""
+
+    def __init__(self, text, hidden, out_tree, out_avals):
+        self.text, self.hidden, self.out_tree, self.out_avals = text, hidden, out_tree, out_avals
+        self.hidden_arrays = None  # hidden numpy values uploaded once
+
+
+def trace_function(fn, args, kwargs, dyn_mask, avals, name):
+    """Traces fn(*args, **kwargs) with the dynamic leaves (dyn_mask) replaced
+    by parameters of the given avals."""
+    leaves, tree = tree_util.tree_flatten((args, kwargs))
+    g = Graph(name)
+    params = []
+    for leaf, dyn, av in zip(leaves, dyn_mask, avals):
+        params.append(g.add_parameter(*av) if dyn else leaf)
+    _stack().append(g.entry)
+    try:
+        a, k = tree.unflatten(params)
+        out = fn(*a, **k)
+        out_leaves, out_tree = tree_util.tree_flatten(out)
+        outs = [to_tracer(o, g.entry) for o in out_leaves]
+        text = g.render(outs)
+    finally:
+        _stack().pop()
+        for c in [g.entry] + g.comps:
+            c.finished = True
+    tr = _Trace(text, list(g.hidden), out_tree, [(o.shape, o.dtype) for o in outs])
+    tr.stop_gradient = getattr(g, "stop_gradient", False)
+    return tr
+
+
+class Staged:
+    """A function traced and compiled on kilnd, with transform layers."""
+
+    def __init__(self, fn, layers=(), static_argnums=(), donate_argnums=(), name=None):
+        functools.update_wrapper(self, fn, updated=())
+        self.fn = fn
+        self.layers = list(layers)
+        self.static_argnums = tuple(static_argnums)
+        self.donate_argnums = tuple(donate_argnums)
+        self.name = name or getattr(fn, "__name__", "fn")
+        self._traces = {}
+
+    def with_layer(self, layer):
+        return Staged(self.fn, self.layers + [layer], self.static_argnums, (), self.name)
+
+    def _cache_size(self):
+        return len(self._traces)
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else functools.partial(self, obj)
+
+    def lower(self, *args, **kwargs):
+        return self._prepare(args, kwargs, ())[0].text
+
+    def __call__(self, *args, **kwargs):
+        return self._run(args, kwargs, ())
+
+    # ---- the work ----
+    def _split(self, args, kwargs):
+        static = {i % max(len(args), 1) for i in self.static_argnums}
+        leaves, tree = tree_util.tree_flatten((args, kwargs))
+        # leaf index ranges of the static positional args
+        is_static = []
+        for i, a in enumerate(args):
+            n = tree_util.tree_structure(a).num_leaves
+            is_static += [i in static] * n
+        is_static += [False] * (len(leaves) - len(is_static))
+        pred = getattr(self, "_dyn_pred", _is_array_leaf)
+        dyn = [not s and pred(x) for s, x in zip(is_static, leaves)]
+        return leaves, tree, dyn
+
+    def _prepare(self, args, kwargs, extras_spec):
+        if any(isinstance(x, Tracer) for x in tree_util.tree_leaves((args, kwargs))) or _stack():
+            raise NotImplementedError(
+                f"kiln: {'/'.join(l.kind for l in self.layers)} of '{self.name}' called inside "
+                "a traced function: the server transforms whole programs; apply the transform "
+                "to the outermost function (e.g. jit(value_and_grad(loss))) instead")
+        leaves, tree, dyn = self._split(args, kwargs)
+        user = [x for x, d in zip(leaves, dyn) if d]
+        outer_avals = [aval_of(x) for x in user]
+        # per layer, outer to inner: the avals of the user leaves it sees
+        level_avals = [None] * len(self.layers)
+        cur = outer_avals
+        vmap_axes = {}
+        for li in range(len(self.layers) - 1, -1, -1):
+            level_avals[li] = cur
+            L = self.layers[li]
+            if L.kind == "vmap":
+                axes, size = self._vmap_axes(L, args, kwargs, leaves, dyn, cur)
+                vmap_axes[li] = (axes, size)
+                cur = [(s[:a] + s[a + 1:], d) if a is not None else (s, d)
+                       for (s, d), a in zip(cur, axes)]
+        statics = tuple(_hashable(x) for x, d in zip(leaves, dyn) if not d)
+        key = (tree, tuple(cur), statics)
+        tr = self._traces.get(key)
+        if tr is None:
+            it = iter(cur)
+            avals = [next(it) if d else None for d in dyn]
+            tr = trace_function(self.fn, args, kwargs, dyn, avals, f"jit_{_ident(self.name)}")
+            self._traces[key] = tr
+        return tr, user, level_avals, vmap_axes
+
+    def _vmap_axes(self, L, args, kwargs, leaves, dyn, cur):
+        in_axes = L.in_axes
+        if isinstance(in_axes, list):
+            in_axes = tuple(in_axes)
+        if not isinstance(in_axes, tuple) or len(args) == 1 and not isinstance(L.in_axes, tuple):
+            per_arg = [in_axes] * len(args)
+        else:
+            if len(in_axes) != len(args):
+                raise ValueError(f"kiln.vmap: in_axes has {len(in_axes)} entries for "
+                                 f"{len(args)} positional arguments")
+            per_arg = list(in_axes)
+        axes_all = []
+        for a, ax in zip(args, per_arg):
+            n = tree_util.tree_structure(a).num_leaves
+            axes_all += tree_util.broadcast_prefix(ax, a) if ax is not None else [None] * n
+        axes_all += [0] * (len(leaves) - len(axes_all))  # kwargs: batched along 0, as JAX
+        axes = []
+        size = L.axis_size
+        for (s, d), ax in zip(cur, [a for a, dd in zip(axes_all, dyn) if dd]):
+            if ax is None:
+                axes.append(None)
+                continue
+            if not -len(s) <= ax < len(s) or not s:
+                raise ValueError(f"kiln.vmap: in_axes {ax} is out of range for an argument of "
+                                 f"shape {s}")
+            ax %= len(s)
+            if size is not None and s[ax] != size:
+                raise ValueError(f"kiln.vmap: mapped axes have different sizes: {size} and "
+                                 f"{s[ax]} (shape {s}, axis {ax})")
+            size = s[ax]
+            axes.append(ax)
+        if size is None:
+            raise ValueError("kiln.vmap: no argument is mapped; give axis_size")
+        return axes, size
+
+    def _run(self, args, kwargs, extra_values):
+        """Runs the program; extra_values: the values of the parameters the
+        layers add, outermost layer's last (as in _plan)."""
+        if _stack() and not self.layers:
+            return self.fn(*args, **kwargs)  # jit inside a trace: inline
+        tr, user, level_avals, vmap_axes = self._prepare(args, kwargs, extra_values)
+        transforms, nparams, out_avals, regroup, seeds = self._plan(tr, args, len(user),
+                                                                    level_avals, vmap_axes)
+        conn = connection()
+        if tr.hidden_arrays is None:
+            tr.hidden_arrays = [h if isinstance(h, Array) else conn.put(np.asarray(h))
+                                for h in tr.hidden]
+        values = list(user) + list(tr.hidden_arrays) + seeds + list(extra_values)
+        if len(values) != nparams:
+            raise AssertionError(f"kiln: {len(values)} arguments for {nparams} parameters")
+        exe = conn.compile(tr.text, transforms)
+        donate = self._donated_leaves(args)
+        outs = conn.execute(exe.executable_id, values, donate=donate, nout=len(out_avals))
+        return regroup(outs)
+
+    def _donated_leaves(self, args):
+        if not self.donate_argnums:
+            return ()
+        counts = [tree_util.tree_structure(a).num_leaves for a in args]
+        starts = np.cumsum([0] + counts).tolist()
+        out = set()
+        for n in self.donate_argnums:
+            out.update(range(starts[n], starts[n] + counts[n]))
+        return out
+
+    def _plan(self, tr, args, nuser, level_avals, vmap_axes):
+        """The transforms list, the parameter count, the output avals and the
+        regrouping of the flat outputs into the result pytree."""
+        out_avals = list(tr.out_avals)
+        nparams = nuser + len(tr.hidden)
+        seeds = []
+        regroup = tr.out_tree.unflatten
+        transforms = []
+        T = kiln_pb2.Transform
+        for li, L in enumerate(self.layers):
+            users = level_avals[li]
+            if L.kind in ("grad", "jvp", "vjp") and tr.stop_gradient:
+                raise NotImplementedError(
+                    f"kiln.{L.kind} of '{self.name}': the function uses lax.stop_gradient, which "
+                    "the server's transforms cannot see (they differentiate the whole program)")
+            if L.kind == "grad":
+                wrt, rebuild = _argnum_leaves(args, L.argnums)
+                for w in wrt:
+                    if not _dtypes.is_float(users[w][1]):
+                        raise TypeError(f"kiln.grad: argument leaf {w} has dtype {users[w][1]}; "
+                                        "grad requires floating-point inputs")
+                grads_avals = [users[w] for w in wrt]
+                if not L.has_aux:
+                    if len(out_avals) != 1 or out_avals[0][0] != ():
+                        raise TypeError("kiln.grad: the function must return a scalar; it "
+                                        f"returns {len(out_avals)} array(s) of shapes "
+                                        f"{[a[0] for a in out_avals]}")
+                    if not _dtypes.is_float(out_avals[0][1]):
+                        raise TypeError("kiln.grad: the function's result must be floating point")
+                    transforms.append(T(grad=kiln_pb2.GradTransform(wrt=wrt,
+                                                                     with_value=L.with_value)))
+                    if L.with_value:
+                        regroup = _grad_regroup(rebuild, True, len(wrt))
+                        out_avals = out_avals[:1] + grads_avals
+                    else:
+                        regroup = _grad_regroup(rebuild, False, len(wrt))
+                        out_avals = grads_avals
+                else:
+                    if not out_avals or out_avals[0][0] != ():
+                        raise TypeError("kiln.grad(has_aux=True): the function must return "
+                                        "(scalar, aux)")
+                    transforms.append(T(vjp=kiln_pb2.VjpTransform(wrt=wrt, output=0,
+                                                                   has_output=True)))
+                    seeds.append(np.ones((), out_avals[0][1]))
+                    nparams += 1
+                    nout = len(out_avals)
+                    prev = regroup
+                    regroup = _aux_regroup(prev, rebuild, nout, L.with_value)
+                    out_avals = out_avals + grads_avals
+            elif L.kind == "vmap":
+                axes, size = vmap_axes[li]
+                pin = [kiln_pb2.VmapAxis(not_mapped=True) if a is None else
+                       kiln_pb2.VmapAxis(axis=a) for a in axes]
+                pin += [kiln_pb2.VmapAxis(not_mapped=True)] * (nparams - len(pin))
+                outs = _out_axes(L.out_axes, regroup, len(out_avals))
+                pout = [kiln_pb2.VmapAxis(not_mapped=True) if a is None else
+                        kiln_pb2.VmapAxis(axis=a) for a in outs]
+                transforms.append(T(vmap=kiln_pb2.VmapTransform(in_axes=pin, out_axes=pout,
+                                                                 axis_size=size)))
+                new = []
+                for (s, d), a in zip(out_avals, outs):
+                    if a is None:
+                        new.append((s, d))
+                    else:
+                        a = a % (len(s) + 1)
+                        new.append((s[:a] + (size,) + s[a:], d))
+                out_avals = new
+            elif L.kind == "checkpoint":
+                transforms.append(T(checkpoint=kiln_pb2.CheckpointTransform(policy=L.policy)))
+            elif L.kind == "jvp":
+                wrt = list(range(nuser))
+                transforms.append(T(jvp=kiln_pb2.JvpTransform(wrt=wrt)))
+                nparams += nuser
+                prev, n = regroup, len(out_avals)
+                regroup = lambda outs, prev=prev, n=n: (prev(outs[:n]), prev(outs[n:]))  # noqa
+                out_avals = out_avals + out_avals
+            elif L.kind == "vjp":
+                wrt = list(range(nuser))
+                transforms.append(T(vjp=kiln_pb2.VjpTransform(wrt=wrt)))
+                nparams += len(out_avals)
+                prev, n = regroup, len(out_avals)
+                _, rebuild = _argnum_leaves(args, tuple(range(len(args))))
+                regroup = lambda outs, prev=prev, n=n, rb=rebuild: (prev(outs[:n]),  # noqa
+                                                                     rb(outs[n:]))
+                out_avals = out_avals + list(users)
+        return transforms, nparams, out_avals, regroup, seeds
+
+
+def _grad_regroup(rebuild, with_value, n):
+    if with_value:
+        return lambda outs: (outs[0], rebuild(outs[1:]))
+    return lambda outs: rebuild(outs)
+
+
+def _aux_regroup(prev, rebuild, nout, with_value):
+    def f(outs):
+        value_aux = prev(outs[:nout])
+        if not isinstance(value_aux, (tuple, list)) or len(value_aux) != 2:
+            raise TypeError("kiln.grad(has_aux=True): the function must return a pair "
+                            "(scalar, aux)")
+        g = rebuild(outs[nout:])
+        if with_value:
+            return (value_aux[0], value_aux[1]), g
+        return g, value_aux[1]
+
+    return f
+
+
+def _out_axes(out_axes, regroup, n):
+    """One out axis per output leaf from a prefix of the result tree."""
+    if out_axes is None or isinstance(out_axes, int):
+        return [out_axes] * n
+    # a prefix: build the result tree of placeholders to broadcast over
+    marks = regroup(list(range(n)))
+    return [int(a) if a is not None else None
+            for a in tree_util.broadcast_prefix(out_axes, marks)]
+
+
+def _hashable(x):
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return ("<id>", id(x))
+
+
+def _ident(name):
+    s = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    return s or "fn"
+
+
+# ---- the public transforms -------------------------------------------------------
+
+def _staged(fun):
+    return fun if isinstance(fun, Staged) else Staged(fun)
+
+
+def jit(fun=None, *, static_argnums=(), donate_argnums=(), static_argnames=None, **kw):
+    """Stages fun out to kilnd: traced once per signature, compiled, run on
+    server-resident arrays."""
+    if fun is None:
+        return lambda f: jit(f, static_argnums=static_argnums, donate_argnums=donate_argnums)
+    if static_argnames:
+        raise NotImplementedError("kiln.jit: static_argnames (use static_argnums)")
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    if isinstance(donate_argnums, int):
+        donate_argnums = (donate_argnums,)
+    s = _staged(fun)
+    return Staged(s.fn, s.layers, static_argnums or s.static_argnums,
+                  donate_argnums or s.donate_argnums, s.name)
+
+
+def grad(fun, argnums=0, has_aux=False, holomorphic=False, allow_int=False):
+    if holomorphic or allow_int:
+        raise NotImplementedError("kiln.grad: holomorphic and allow_int")
+    return _staged(fun).with_layer(GradLayer(argnums, has_aux, False))
+
+
+def value_and_grad(fun, argnums=0, has_aux=False, holomorphic=False, allow_int=False):
+    if holomorphic or allow_int:
+        raise NotImplementedError("kiln.value_and_grad: holomorphic and allow_int")
+    return _staged(fun).with_layer(GradLayer(argnums, has_aux, True))
+
+
+def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_name=None):
+    if axis_name is not None or spmd_axis_name is not None:
+        raise NotImplementedError("kiln.vmap: axis_name (collectives inside vmap)")
+    return _staged(fun).with_layer(VmapLayer(in_axes, out_axes, axis_size))
+
+
+def checkpoint(fun=None, *, prevent_cse=True, policy=None, static_argnums=()):
+    if fun is None:
+        return lambda f: checkpoint(f, policy=policy)
+    name = getattr(policy, "_kiln_name", policy) or ""
+    return _staged(fun).with_layer(CheckpointLayer(name))
+
+
+remat = checkpoint
+
+
+class _Policies:
+    def __getattr__(self, name):
+        if name in ("nothing_saveable", "dots_saveable", "everything_saveable",
+                    "dots_with_no_batch_dims_saveable"):
+            def pol(*a, **k):
+                return False
+            pol._kiln_name = name
+            return pol
+        raise NotImplementedError(f"kiln.checkpoint_policies.{name}")
+
+
+checkpoint_policies = _Policies()
+
+
+def jvp(fun, primals, tangents, has_aux=False):
+    if has_aux:
+        raise NotImplementedError("kiln.jvp: has_aux")
+    primals, tangents = tuple(primals), tuple(tangents)
+    if len(primals) != len(tangents):
+        raise ValueError(f"kiln.jvp: {len(primals)} primals but {len(tangents)} tangents")
+    pl, pt = tree_util.tree_flatten(primals)
+    tl, tt = tree_util.tree_flatten(tangents)
+    if pt != tt:
+        raise ValueError("kiln.jvp: primals and tangents have different tree structures")
+    for p, t in zip(pl, tl):
+        if aval_of(p)[0] != aval_of(t)[0]:
+            raise ValueError(f"kiln.jvp: a tangent of shape {aval_of(t)[0]} for a primal of "
+                             f"shape {aval_of(p)[0]}")
+    s = _staged(fun).with_layer(JvpLayer())
+    tl = [np.asarray(t, dtype=aval_of(p)[1]) if not isinstance(t, Array) else t
+          for p, t in zip(pl, tl)]
+    return s._run(primals, {}, tl)
+
+
+def vjp(fun, *primals, has_aux=False):
+    if has_aux:
+        raise NotImplementedError("kiln.vjp: has_aux")
+    base = _staged(fun)
+    out = base(*primals)
+    s = base.with_layer(VjpLayer())
+
+    def vjp_fn(ct):
+        cl, ct_tree = tree_util.tree_flatten(ct)
+        ol, o_tree = tree_util.tree_flatten(out)
+        if ct_tree != o_tree:
+            raise ValueError("kiln.vjp: the cotangent's tree structure differs from the output's")
+        for c, o in zip(cl, ol):
+            if aval_of(c)[0] != tuple(o.shape):
+                raise ValueError(f"kiln.vjp: a cotangent of shape {aval_of(c)[0]} for an output "
+                                 f"of shape {tuple(o.shape)}")
+        cl = [c if isinstance(c, Array) else np.asarray(c, dtype=o.dtype) for c, o in zip(cl, ol)]
+        _, grads = s._run(primals, {}, cl)
+        return grads
+
+    return out, vjp_fn
+
+
+def _unsupported(name):
+    def f(*a, **k):
+        raise NotImplementedError(f"kiln.{name} is not supported by the kiln client yet")
+
+    f.__name__ = name
+    return f
+
+
+hessian = _unsupported("hessian")
+jacfwd = _unsupported("jacfwd")
+jacrev = _unsupported("jacrev")
+custom_vjp = _unsupported("custom_vjp")
+custom_jvp = _unsupported("custom_jvp")
+pmap = _unsupported("pmap")

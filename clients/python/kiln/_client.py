@@ -1,0 +1,358 @@
+"""The connection to kilnd and the arrays that live on it.
+
+An Array is a handle to a server-resident buffer: uploaded with PutBuffer
+(a header, then the bytes in chunks), fetched with GetBuffer, produced by
+Execute with keep_on_server. Dropping the last Python reference releases the
+buffer: handles are queued by __del__ (which must not block or raise) and
+sent in one ReleaseBuffers with the next call, or at exit.
+
+Executables are cached per connection by (module text, transforms): a
+second call with the same program costs no Compile, and the server's own
+cache makes another process's first Compile of it a hit.
+"""
+import atexit
+import os
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from . import _dtypes
+from ._core import ArrayOps, shape_str
+from ._proto import hlo_pb2, kiln_pb2, kiln_pb2_grpc
+from .errors import UnavailableError, from_rpc_error
+
+CHUNK = 1 << 20
+_conn = None
+_conn_lock = threading.Lock()
+_IDEMPOTENT_RETRIES = 3
+
+
+class Device:
+    def __init__(self, index, backend, description):
+        self.id, self.platform, self.device_kind = index, backend, description
+
+    def __repr__(self):
+        return f"KilnDevice(id={self.id}, platform={self.platform!r}, kind={self.device_kind!r})"
+
+
+class Connection:
+    """One channel to kilnd."""
+
+    def __init__(self, address, token=None, tls=None, timeout=600.0):
+        self.address = address
+        opts = [("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20)]
+        if tls:
+            creds = tls if isinstance(tls, grpc.ChannelCredentials) else grpc.ssl_channel_credentials()
+            self.channel = grpc.secure_channel(address, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(address, options=opts)
+        self.stub = kiln_pb2_grpc.KilnStub(self.channel)
+        self.metadata = [("kiln-client", "python")]
+        if token:
+            self.metadata.append(("authorization", f"Bearer {token}"))
+        self.timeout = timeout
+        self._executables = {}
+        self._pending_release = []
+        self._lock = threading.Lock()
+        self.closed = False
+        self.rpc_count = 0
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=30)
+        except grpc.FutureTimeoutError:
+            self.channel.close()
+            raise UnavailableError(f"kiln.connect: no kilnd answering at {address}")
+
+    # ---- calls ----
+    def _call(self, what, fn, *args, idempotent=False, **kw):
+        self.flush_releases()
+        delay = 0.1
+        for attempt in range(_IDEMPOTENT_RETRIES + 1):
+            try:
+                self.rpc_count += 1
+                return fn(*args, metadata=self.metadata, timeout=self.timeout, **kw)
+            except grpc.RpcError as e:
+                if (idempotent and e.code() == grpc.StatusCode.UNAVAILABLE
+                        and attempt < _IDEMPOTENT_RETRIES):
+                    time.sleep(delay)
+                    delay *= 4
+                    continue
+                raise from_rpc_error(e, f"kiln: {what}") from None
+
+    def stats(self):
+        return self._call("Stats", self.stub.Stats, kiln_pb2.StatsRequest(), idempotent=True)
+
+    def devices(self):
+        st = self.stats()
+        return [Device(d.device, d.backend, d.description) for d in st.devices]
+
+    def compile(self, hlo_text, transforms=()):
+        key = (hlo_text, tuple(t.SerializeToString(deterministic=True) for t in transforms))
+        hit = self._executables.get(key)
+        if hit is not None:
+            return hit
+        opts = kiln_pb2.CompileOptions()
+        for t in transforms:
+            opts.transforms.add().CopyFrom(t)
+        req = kiln_pb2.CompileRequest(hlo_text=hlo_text, options=opts)
+        resp = self._call("Compile", self.stub.Compile, req, idempotent=True)
+        self._executables[key] = resp
+        return resp
+
+    def execute(self, executable_id, args, donate=(), nout=None):
+        """Runs with args (Arrays or numpy arrays); every output stays on the
+        server and comes back as an Array."""
+        req = kiln_pb2.ExecuteRequest(executable_id=executable_id)
+        for i, a in enumerate(args):
+            arg = req.arguments.add()
+            if isinstance(a, Array):
+                a._check_live()
+                arg.buffer_handle = a.handle
+                if i in donate:
+                    arg.donate = True
+            else:
+                arg.literal.CopyFrom(literal_of(np.asarray(a)))
+        if nout is not None:
+            req.keep_on_server.extend([True] * nout)
+        resp = self._call("Execute", self.stub.Execute, req)
+        for i in donate:
+            if isinstance(args[i], Array):
+                args[i]._donated()
+        outs = []
+        for o in resp.outputs:
+            if o.WhichOneof("value") == "buffer":
+                outs.append(Array._from_info(self, o.buffer))
+            else:
+                outs.append(array_of(o.literal))
+        return outs
+
+    def put(self, a, device=0, label=""):
+        a = np.asarray(a, order="C")
+        dt = _dtypes.canonical(a.dtype)
+        a = a.astype(dt, copy=False)
+        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+
+        def chunks():
+            head = kiln_pb2.PutBufferChunk()
+            head.header.shape.CopyFrom(shape_proto(a.shape, dt))
+            head.header.device = device
+            head.header.label = label
+            yield head
+            for off in range(0, len(raw), CHUNK):
+                yield kiln_pb2.PutBufferChunk(data=raw[off:off + CHUNK])
+
+        resp = self._call("PutBuffer", self.stub.PutBuffer, chunks())
+        return Array._from_info(self, resp.buffer)
+
+    def get(self, handle):
+        self.flush_releases()
+        parts, info = [], None
+        try:
+            self.rpc_count += 1
+            for ch in self.stub.GetBuffer(kiln_pb2.GetBufferRequest(handle=handle),
+                                          metadata=self.metadata, timeout=self.timeout):
+                if ch.HasField("info"):
+                    info = ch.info
+                if ch.data:
+                    parts.append(ch.data)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "kiln: GetBuffer") from None
+        dt = _dtypes.FROM_WIRE[hlo_pb2.ElementType.Name(info.shape.element_type)[13:]]
+        data = b"".join(parts)
+        return np.frombuffer(data, dtype=dt.newbyteorder("<")).astype(dt).reshape(
+            tuple(info.shape.dimensions))
+
+    def release_later(self, handle):
+        with self._lock:
+            self._pending_release.append(handle)
+
+    def flush_releases(self):
+        with self._lock:
+            handles, self._pending_release = self._pending_release, []
+        if not handles or self.closed:
+            return
+        try:
+            self.rpc_count += 1
+            self.stub.ReleaseBuffers(kiln_pb2.ReleaseBuffersRequest(handles=handles),
+                                     metadata=self.metadata, timeout=30)
+        except grpc.RpcError:
+            pass  # the server frees them with the connection anyway
+
+    def close(self):
+        if not self.closed:
+            self.flush_releases()
+            self.closed = True
+            self.channel.close()
+
+
+def shape_proto(shape, dtype):
+    s = hlo_pb2.Shape()
+    s.element_type = hlo_pb2.ElementType.Value("ELEMENT_TYPE_" + _dtypes.WIRE_NAME[np.dtype(dtype)])
+    s.dimensions.extend(int(d) for d in shape)
+    return s
+
+
+def literal_of(a):
+    dt = _dtypes.canonical(a.dtype)
+    a = np.asarray(a, dtype=dt, order="C")
+    lit = hlo_pb2.Literal()
+    lit.shape.CopyFrom(shape_proto(a.shape, dt))
+    lit.data = a.astype(dt.newbyteorder("<"), copy=False).tobytes()
+    return lit
+
+
+def array_of(lit):
+    dt = _dtypes.FROM_WIRE[hlo_pb2.ElementType.Name(lit.shape.element_type)[13:]]
+    return np.frombuffer(lit.data, dtype=dt.newbyteorder("<")).astype(dt).reshape(
+        tuple(lit.shape.dimensions))
+
+
+class Array(ArrayOps):
+    """An array resident on kilnd."""
+
+    def __init__(self, conn, handle, shape, dtype, size_bytes=0, device=0):
+        self._conn, self.handle = conn, handle
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.nbytes, self._device = size_bytes, device
+        self._deleted = None  # why the handle is no longer valid
+        self._value = None
+
+    @classmethod
+    def _from_info(cls, conn, info):
+        dt = _dtypes.FROM_WIRE[hlo_pb2.ElementType.Name(info.shape.element_type)[13:]]
+        return cls(conn, info.handle, tuple(info.shape.dimensions), dt, info.size_bytes,
+                   info.device)
+
+    def _check_live(self):
+        if self._deleted:
+            raise RuntimeError(f"kiln: this array was {self._deleted}; it can no longer be used")
+
+    def _donated(self):
+        self._deleted = "donated to a computation"
+
+    def delete(self):
+        if not self._deleted:
+            self._deleted = "deleted"
+            self._conn.release_later(self.handle)
+            self._conn.flush_releases()
+
+    def is_deleted(self):
+        return bool(self._deleted)
+
+    def __del__(self):
+        try:
+            if not self._deleted and not self._conn.closed:
+                self._conn.release_later(self.handle)
+        except Exception:
+            pass
+
+    def block_until_ready(self):
+        # Execute answers once the outputs exist.
+        self._check_live()
+        return self
+
+    def _fetch(self):
+        self._check_live()
+        if self._value is None:
+            self._value = self._conn.get(self.handle)
+            self._value.setflags(write=False)
+        return self._value
+
+    def __array__(self, dtype=None, copy=None):
+        v = self._fetch()
+        if dtype is not None:
+            return v.astype(dtype)
+        return v.copy() if copy else v
+
+    def item(self):
+        return self._fetch().item()
+
+    def tolist(self):
+        return self._fetch().tolist()
+
+    def __bool__(self): return bool(self._fetch())
+    def __int__(self): return int(self._fetch())
+    def __float__(self): return float(self._fetch())
+    def __index__(self): return int(self._fetch())
+    def __complex__(self): return complex(self._fetch())
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __format__(self, spec):
+        return format(self._fetch(), spec) if self.ndim == 0 else str(self)
+
+    def __repr__(self):
+        if self._deleted:
+            return f"Array(<{self._deleted}>, {shape_str(self.shape, self.dtype)})"
+        return f"Array({np.array2string(self._fetch(), separator=', ')}, dtype={self.dtype})"
+
+    def __str__(self):
+        return str(self._fetch())
+
+    @property
+    def device(self):
+        return self._device
+
+    def devices(self):
+        return {self._device}
+
+
+def connect(address=None, *, token=None, tls=None):
+    """Connects to kilnd at address (default: $KILN_SERVER, else
+    127.0.0.1:50051) and makes it the default connection."""
+    global _conn
+    address = address or os.environ.get("KILN_SERVER") or "127.0.0.1:50051"
+    token = token if token is not None else os.environ.get("KILN_TOKEN")
+    with _conn_lock:
+        if _conn is not None:
+            _conn.close()
+        _conn = Connection(address, token=token, tls=tls)
+    return _conn
+
+
+def connection():
+    """The default connection, made on first use."""
+    if _conn is None or _conn.closed:
+        return connect()
+    return _conn
+
+
+@atexit.register
+def _close_at_exit():
+    if _conn is not None:
+        try:
+            _conn.close()
+        except Exception:
+            pass
+
+
+def devices():
+    return connection().devices()
+
+
+def device_put(x, device=None):
+    """x (a pytree of numpy-like values) uploaded to the server."""
+    from . import tree_util
+
+    dev = device.id if isinstance(device, Device) else (device or 0)
+
+    def put(v):
+        if isinstance(v, Array):
+            return v
+        from ._core import Tracer
+
+        if isinstance(v, Tracer):
+            return v
+        return connection().put(np.asarray(v), device=dev)
+
+    return tree_util.tree_map(put, x)
+
+
+def device_get(x):
+    from . import tree_util
+
+    return tree_util.tree_map(lambda v: np.asarray(v) if isinstance(v, Array) else v, x)
