@@ -14,6 +14,7 @@
 #include "compiler/passes/passes.h"
 
 static const kiln_pass passes[] = {
+    {"annotations", kiln_pass_annotations, 0},
     {"algsimp", kiln_pass_algsimp, 1},
     {"constfold", kiln_pass_constfold, 1},
     {"cse", kiln_pass_cse, 1},
