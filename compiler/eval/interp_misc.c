@@ -103,6 +103,7 @@ static int permute_receives(kiln__interp_ctx *c, const kiln_instr *ins, bool *re
 
 int kiln__interp_eval_collective(kiln__interp_ctx *c, const kiln_instr *ins,
                                  const kiln_literal *const *ops, kiln_literal **out) {
+  if (c->opts.mesh) return kiln__interp_eval_collective_mesh(c, ins, ops, out);
   bool copy = true, start = false;
   int rc = 0;
   switch (ins->op) {
