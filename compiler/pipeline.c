@@ -14,12 +14,12 @@
 #include "compiler/passes/passes.h"
 
 static const kiln_pass passes[] = {
-    {"annotations", kiln_pass_annotations, 0},
     {"algsimp", kiln_pass_algsimp, 1},
     {"constfold", kiln_pass_constfold, 1},
     {"cse", kiln_pass_cse, 1},
     {"dce", kiln_pass_dce, 0},
     {"while_licm", kiln_pass_while_licm, 1},
+    {"annotations", kiln_pass_annotations, 0},
     {"fusion", kiln_pass_fusion, 1},
     {"layout", kiln_pass_layout, 1},
     {"schedule", kiln_pass_schedule, 0},

@@ -317,7 +317,9 @@ static int mesh_count(const char *text, int64_t dflt, const char *what, uint32_t
   return KILN_EXIT_OK;
 }
 
-/* Device K's arguments from "FILE,FILE,..." into dev[0..n); 0 or an exit code. */
+/* Device K's arguments from "FILE,FILE,..." into dev[0..n); 0 or an exit
+ * code. Commas inside braces or brackets belong to an HLO literal value
+ * ("s32[2] {1, 2}"), so those are not separators. */
 static int device_args(const char *file, const char *k_text, const char *list,
                        const kiln_shape *shapes, uint32_t n, kiln_literal **dev) {
   char *copy = kiln_malloc(strlen(list) + 1);
@@ -325,29 +327,32 @@ static int device_args(const char *file, const char *k_text, const char *list,
     fprintf(stderr, "kiln run: error: out of memory\n");
     return KILN_EXIT_INTERNAL;
   }
-  strcpy(copy, list);
-  uint32_t i = 0;
+  uint32_t given = 0;
   int rc = KILN_EXIT_OK;
   kiln_status st;
   kiln_status_clear(&st);
-  for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    if (i == n) break;
-    if (kiln__arg_load(tok, &shapes[i], i, &dev[i], &st)) {
+  for (const char *p = list; rc == KILN_EXIT_OK;) {
+    size_t len = 0;
+    int depth = 0;
+    while (p[len] && (p[len] != ',' || depth > 0)) {
+      depth += p[len] == '{' || p[len] == '[';
+      depth -= (p[len] == '}' || p[len] == ']') && depth > 0;
+      len++;
+    }
+    memcpy(copy, p, len);
+    copy[len] = '\0';
+    if (given < n && kiln__arg_load(copy, &shapes[given], given, &dev[given], &st)) {
       kiln__report(file, NULL, &st);
       rc = kiln__exit_code(st.code);
-      break;
     }
-    i++;
+    given++;
+    if (p[len] == '\0') break;
+    p += len + 1;
   }
-  if (rc == KILN_EXIT_OK) {
-    uint32_t given = 0;
-    for (const char *p = list; *p; p++) given += *p == ',';
-    given += *list != '\0';
-    if (given != n) {
-      fprintf(stderr, "%s: error: --device-args %s gives %u argument%s, the ENTRY takes %u\n", file,
-              k_text, given, given == 1 ? "" : "s", n);
-      rc = KILN_EXIT_INVALID;
-    }
+  if (rc == KILN_EXIT_OK && given != n) {
+    fprintf(stderr, "%s: error: --device-args %s gives %u argument%s, the ENTRY takes %u\n", file,
+            k_text, given, given == 1 ? "" : "s", n);
+    rc = KILN_EXIT_INVALID;
   }
   kiln_free(copy);
   return rc;

@@ -3,8 +3,8 @@
  * markers, host-offloading moves; the list is sharding.h's) when their
  * result has the operand's shape, so that code generation never sees them.
  *
- * It runs first and at every optimization level: correctness needs it (the
- * backends have no kernel for an annotation), and Shardy marks
+ * It runs before fusion and at every optimization level: correctness needs
+ * it (the backends have no kernel for an annotation), and Shardy marks
  * FuncResultSharding as having a side effect, which DCE would keep. An
  * annotation that changes the shape (a manual region over several devices)
  * is left alone, for the backend to refuse by name. The shardings these
