@@ -38,6 +38,7 @@
 
 #include "cache/entry.h"
 #include "cache/key.h"
+#include "compiler/ir/sharding.h"
 #include "common/alloc.h"
 #include "common/arena.h"
 #include "compiler/codegen/executable.h"
@@ -46,7 +47,7 @@
 
 /* Bumped whenever the canonical text or a component's serialization
  * changes on purpose; every key changes with it. */
-#define CANONICAL_FORM_VERSION 2
+#define CANONICAL_FORM_VERSION 3
 
 static const char where_key[] = "cache key";
 
@@ -146,8 +147,7 @@ static int view_attrs(kiln_arena *a, const kiln_instr *src, kiln_instr *dst) {
   bool change = false;
   for (uint32_t i = 0; i < src->nattrs && !change; i++) {
     const kiln_attr *at = &src->attrs[i];
-    change = is_debug_attr(at->key) ||
-             (at->key == KILN_ATTR_SHARDING && sharding_has_metadata(at->v.sharding));
+    change = is_debug_attr(at->key) || (at->key == KILN_ATTR_SHARDING && at->v.sharding);
   }
   if (!change) return 0;
   kiln_attr *v = kiln_arena_alloc(a, (size_t)src->nattrs * sizeof *v);
@@ -157,9 +157,14 @@ static int view_attrs(kiln_arena *a, const kiln_instr *src, kiln_instr *dst) {
     const kiln_attr *at = &src->attrs[i];
     if (is_debug_attr(at->key)) continue;
     v[n] = *at;
-    if (at->key == KILN_ATTR_SHARDING && sharding_has_metadata(at->v.sharding) &&
-        (v[n].v.sharding = strip_sharding(a, at->v.sharding)) == NULL)
-      return KILN_ENOMEM;
+    if (at->key == KILN_ATTR_SHARDING && at->v.sharding) {
+      const kiln_sharding *sh = at->v.sharding;
+      if (sharding_has_metadata(sh) && (sh = strip_sharding(a, sh)) == NULL) return KILN_ENOMEM;
+      /* One spelling per assignment (iota or explicit devices alike); a
+       * malformed one keeps its own. */
+      kiln_sharding *cs = kiln_sharding_canonical(a, sh);
+      v[n].v.sharding = cs ? cs : (kiln_sharding *)sh;
+    }
     n++;
   }
   dst->attrs = v;
@@ -537,7 +542,12 @@ static void put_sharding(kiln_sbuf *b, const kiln_sharding *s) {
 static void put_instr_sharding(kiln_sbuf *b, const kiln_instr *ins) {
   const kiln_attr *at = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
   kiln_sbuf_puts(b, " sharding=");
-  put_sharding(b, at ? at->v.sharding : NULL);
+  const kiln_sharding *s = at ? at->v.sharding : NULL;
+  kiln_arena *a = s ? kiln_arena_create() : NULL;
+  const kiln_sharding *cs = a ? kiln_sharding_canonical(a, s) : NULL;
+  if (s && a == NULL) b->failed = true; /* out of memory: the key fails */
+  put_sharding(b, cs ? cs : s);
+  kiln_arena_destroy(a);
   kiln_sbuf_putc(b, '\n');
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compiler/codegen/executable.h"
+#include "compiler/eval/interp.h"
 #include "compiler/compile.h"
 #include "compiler/target.h"
 
@@ -100,4 +101,27 @@ int kiln_run_module(const kiln_module *m, const char *backend, const kiln_compil
                     const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
                     kiln_status *st) {
   return kiln_run_module_with(m, backend, copts, NULL, NULL, args, nargs, out, st);
+}
+
+int kiln_run_module_mesh(const kiln_module *m, const char *backend, const kiln_run_options *ropts,
+                         uint32_t replicas, uint32_t partitions,
+                         const kiln_literal *const *const *args, uint32_t nargs,
+                         kiln_literal **outs, kiln_status *st) {
+  if (backend == NULL) backend = KILN_RUN_DEFAULT_BACKEND;
+  /* A mesh of interpreters is the interp backend's: it runs modules. A
+   * compiled backend runs a mesh through kiln_comm_load and a gang launch
+   * (backend.h), which needs collective steps in the executable. */
+  if (strcmp(backend, "interp") != 0)
+    return kiln_status_set(st, KILN_EUNIMPL, "run",
+                           "the %s backend does not run per-device programs on a mesh yet; "
+                           "use the interp backend",
+                           backend);
+  kiln_interp_options io = {0};
+  if (ropts) {
+    io.max_while_iterations = ropts->max_while_iterations;
+    io.timeout_seconds = ropts->timeout_seconds;
+    io.cancel = ropts->cancel;
+    io.max_live_bytes = ropts->max_live_bytes;
+  }
+  return kiln_interp_run_mesh(m, replicas, partitions, args, nargs, &io, outs, st);
 }

@@ -60,6 +60,20 @@ int kiln_run_executable_on(const char *backend, const kiln_executable *e,
                            const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
                            kiln_status *st);
 
+/* Runs a per-device program (explicit collectives, replica-id and
+ * partition-id; what XLA's collective tests and post-partitioning dumps
+ * are) on replicas x partitions devices of backend `backend` (NULL: the
+ * default), device K = replica * partitions + partition: args[K] holds
+ * device K's nargs arguments, outs[K] receives its result. On the interp
+ * backend the devices are interpreters meeting at every collective (the
+ * oracle); a backend that cannot run a mesh of module programs is
+ * KILN_EUNIMPL saying so. On failure every outs[K] is NULL and st names the
+ * first failing device. */
+int kiln_run_module_mesh(const kiln_module *m, const char *backend, const kiln_run_options *ropts,
+                         uint32_t replicas, uint32_t partitions,
+                         const kiln_literal *const *const *args, uint32_t nargs,
+                         kiln_literal **outs, kiln_status *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -28,7 +28,9 @@ enum {
 typedef struct kiln__opt {
   const char *name;    /* long name without "--" */
   char shortname;      /* 0 when none */
-  const char *metavar; /* value placeholder; NULL for a flag */
+  const char *metavar; /* value placeholder; NULL for a flag; with a space
+                        * ("K FILES") the option takes two values, stored
+                        * one after the other in its value list */
   bool repeat;         /* may be given several times (values kept in order) */
   const char *help;
 } kiln__opt;

@@ -301,6 +301,147 @@ static int check_options(const kiln__args *a, run_setup *r) {
   return KILN_EXIT_OK;
 }
 
+/* ---- per-device programs on a mesh ----------------------------------- */
+
+/* --replicas / --partitions: a positive count, or the module's default. */
+static int mesh_count(const char *text, int64_t dflt, const char *what, uint32_t *out) {
+  uint64_t v = dflt > 0 ? (uint64_t)dflt : 1;
+  if (text && (parse_seed(text, &v) || v == 0 || v > 4096)) {
+    fprintf(stderr, "kiln run: --%s needs an integer from 1 to 4096, not '%s'\n", what, text);
+    return KILN_EXIT_USAGE;
+  }
+  *out = (uint32_t)v;
+  return KILN_EXIT_OK;
+}
+
+/* Device K's arguments from "FILE,FILE,..." into dev[0..n); 0 or an exit
+ * code. Commas inside braces or brackets belong to an HLO literal value
+ * ("s32[2] {1, 2}"), so those are not separators. */
+static int device_args(const char *file, const char *k_text, const char *list,
+                       const kiln_shape *shapes, uint32_t n, kiln_literal **dev) {
+  char *copy = kiln_malloc(strlen(list) + 1);
+  if (copy == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  uint32_t given = 0;
+  int rc = KILN_EXIT_OK;
+  kiln_status st;
+  kiln_status_clear(&st);
+  for (const char *p = list; rc == KILN_EXIT_OK;) {
+    size_t len = 0;
+    int depth = 0;
+    while (p[len] && (p[len] != ',' || depth > 0)) {
+      depth += p[len] == '{' || p[len] == '[';
+      depth -= (p[len] == '}' || p[len] == ']') && depth > 0;
+      len++;
+    }
+    memcpy(copy, p, len);
+    copy[len] = '\0';
+    if (given < n && kiln__arg_load(copy, &shapes[given], given, &dev[given], &st)) {
+      kiln__report(file, NULL, &st);
+      rc = kiln__exit_code(st.code);
+    }
+    given++;
+    if (p[len] == '\0') break;
+    p += len + 1;
+  }
+  if (rc == KILN_EXIT_OK && given != n) {
+    fprintf(stderr, "%s: error: --device-args %s gives %u argument%s, the ENTRY takes %u\n", file,
+            k_text, given, given == 1 ? "" : "s", n);
+    rc = KILN_EXIT_INVALID;
+  }
+  kiln_free(copy);
+  return rc;
+}
+
+/* Runs m on R x P devices and prints each device's outputs; 0 or an exit
+ * code. The --arg values (built once) are shared by the devices that have
+ * no --device-args. */
+static int run_mesh(const char *file, const kiln_module *m, const char *what, const char *backend,
+                    const kiln_shape *shapes, uint32_t n, const kiln__args *a,
+                    const kiln_run_options *ropts) {
+  uint32_t R, P;
+  int rc = mesh_count(kiln__args_get(a, "replicas"), m->replica_count, "replicas", &R);
+  if (rc == 0) rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
+  if (rc) return rc;
+  uint32_t ndev = R * P;
+  if (ndev > 4096) {
+    fprintf(stderr, "kiln run: a mesh of %u x %u devices is too large (at most 4096)\n", R, P);
+    return KILN_EXIT_USAGE;
+  }
+  int npairs;
+  const char **pairs = kiln__args_all(a, "device-args", &npairs);
+  kiln_literal **base = kiln_calloc(n ? n : 1, sizeof *base);
+  kiln_literal **own = kiln_calloc((size_t)ndev * (n ? n : 1), sizeof *own);
+  const kiln_literal **views = kiln_calloc((size_t)ndev * (n ? n : 1), sizeof *views);
+  const kiln_literal *const **per = kiln_calloc(ndev, sizeof *per);
+  kiln_literal **outs = kiln_calloc(ndev, sizeof *outs);
+  bool *has_own = kiln_calloc(ndev, sizeof *has_own);
+  if (!base || !own || !views || !per || !outs || !has_own) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    rc = KILN_EXIT_INTERNAL;
+    goto out_free;
+  }
+  for (int i = 0; i + 1 < npairs && rc == 0; i += 2) {
+    uint64_t k;
+    if (parse_seed(pairs[i], &k) || k >= ndev) {
+      fprintf(stderr, "kiln run: --device-args needs a device number below %u, not '%s'\n", ndev,
+              pairs[i]);
+      rc = KILN_EXIT_USAGE;
+      break;
+    }
+    if (has_own[k]) {
+      fprintf(stderr, "kiln run: --device-args gives device %llu twice\n", (unsigned long long)k);
+      rc = KILN_EXIT_USAGE;
+      break;
+    }
+    has_own[k] = true;
+    rc = device_args(file, pairs[i], pairs[i + 1], shapes, n, own + k * n);
+  }
+  bool need_base = false;
+  for (uint32_t k = 0; k < ndev; k++) need_base = need_base || !has_own[k];
+  if (rc == 0 && need_base) rc = build_args(file, what, shapes, a, base, n);
+  if (rc) goto out_free;
+  for (uint32_t k = 0; k < ndev; k++) {
+    for (uint32_t i = 0; i < n; i++) views[k * n + i] = has_own[k] ? own[k * n + i] : base[i];
+    per[k] = views + k * n;
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_run_module_mesh(m, backend, ropts, R, P, per, n, outs, &st)) {
+    kiln__report(file, m, &st);
+    rc = kiln__exit_code(st.code);
+    goto out_free;
+  }
+  const char *out_dir = kiln__args_get(a, "out");
+  for (uint32_t k = 0; k < ndev && rc == 0; k++) {
+    char dir[4096];
+    if (out_dir) snprintf(dir, sizeof dir, "%s/device%u", out_dir, k);
+    printf("device %u:\n", k);
+    if (out_dir) {
+      kiln_status_clear(&st);
+      if (kiln__dir_make(out_dir, &st)) {
+        kiln__report("kiln run", NULL, &st);
+        rc = kiln__exit_code(st.code);
+        break;
+      }
+    }
+    rc = emit_outputs(outs[k], out_dir ? dir : NULL);
+  }
+out_free:
+  for (uint32_t k = 0; outs && k < ndev; k++) kiln_literal_destroy(outs[k]);
+  for (uint32_t i = 0; base && i < n; i++) kiln_literal_destroy(base[i]);
+  for (size_t i = 0; own && i < (size_t)ndev * n; i++) kiln_literal_destroy(own[i]);
+  kiln_free(has_own);
+  kiln_free(outs);
+  kiln_free(per);
+  kiln_free(views);
+  kiln_free(own);
+  kiln_free(base);
+  return rc;
+}
+
 int kiln__cmd_run(const kiln__args *a) {
   const char *file = a->pos[0];
   run_setup setup;
@@ -361,6 +502,11 @@ int kiln__cmd_run(const kiln__args *a) {
       goto out_free_args;
     }
     shapes[i] = p->shape;
+  }
+  if (kiln__args_get(a, "replicas") || kiln__args_get(a, "partitions") ||
+      kiln__args_get(a, "device-args")) {
+    rc = run_mesh(file, m, what, setup.backend, shapes, n, a, &ropts);
+    goto out_free_args;
   }
   kiln_status st;
   kiln_status_clear(&st);

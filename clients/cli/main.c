@@ -60,6 +60,13 @@ static const kiln__opt run_opts[] = {
     {"disable-pass", 0, "NAME", true, "cpu: switch compiler pass NAME off"},
     {"dump-dir", 0, "DIR", false,
      "cpu: write the module after each pass (NN-pass.hlo, .dot) and the generated C into DIR"},
+    {"replicas", 0, "R", false,
+     "run a per-device program on R x P devices (default: the module's replica_count, else 1)"},
+    {"partitions", 0, "P", false,
+     "run a per-device program on R x P devices (default: the module's num_partitions, else 1)"},
+    {"device-args", 0, "K FILES", true,
+     "device K's arguments, comma-separated (as --arg values); other devices get the --arg "
+     "values"},
     {0},
 };
 
@@ -150,7 +157,8 @@ static const kiln__cmd commands[] = {
     {"run",
      "run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
      "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
-     "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]",
+     "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
+     "         [--replicas R] [--partitions P] [--device-args K FILES]...",
      "run a module's ENTRY computation",
      "Verifies FILE and runs its ENTRY computation. Arguments are given in parameter order;\n"
      "their number and shapes must match the parameters (layouts are ignored). An .npy\n"
@@ -170,7 +178,14 @@ static const kiln__cmd commands[] = {
      "--disable-pass and --dump-dir steer the compiler) and runs on a cpu device; an\n"
      "operation the compiler does not support exits 1 naming the instruction. FILE may\n"
      "also be a serialized executable from 'kiln compile -o FILE.kexe' (recognized by its\n"
-     "name or its contents), which runs on the cpu backend as compiled.\n",
+     "name or its contents), which runs on the cpu backend as compiled.\n"
+     "\n"
+     "With --replicas R and/or --partitions P the module is a per-device program (explicit\n"
+     "collectives, replica-id, partition-id: XLA's collective tests, compile().as_text())\n"
+     "run on R x P devices of the interp backend, device K = replica x P + partition.\n"
+     "Every device gets the --arg values unless --device-args K FILE,FILE,... gives device\n"
+     "K its own. Outputs are printed per device after a line 'device K:'; with --out DIR\n"
+     "device K's outputs go to DIR/deviceK/i.npy.\n",
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
@@ -382,6 +397,10 @@ static int parse_args(const kiln__cmd *c, int argc, char **argv, kiln__args *a) 
     if (!o->repeat && a->nvals[k])
       return usage_error(c, "option '--%s' given more than once", o->name);
     a->vals[k][a->nvals[k]++] = val;
+    if (o->metavar && strchr(o->metavar, ' ')) {
+      if (eq || i + 1 >= argc) return usage_error(c, "option '%s' needs two values", s);
+      a->vals[k][a->nvals[k]++] = argv[++i];
+    }
   }
   if (a->npos < c->min_pos) return usage_error(c, "%s", "missing FILE operand");
   if (c->max_pos >= 0 && a->npos > c->max_pos)

@@ -23,6 +23,9 @@
 extern "C" {
 #endif
 
+/* The rendezvous of the devices of a kiln_interp_run_mesh (opaque). */
+typedef struct kiln_interp_mesh kiln_interp_mesh;
+
 typedef struct kiln_interp_options {
   uint64_t max_while_iterations; /* per while loop; 0: default 1e9 */
   size_t max_live_bytes;         /* total literal bytes alive; 0: default 8 GiB */
@@ -32,6 +35,9 @@ typedef struct kiln_interp_options {
   /* May be NULL. Once it reads nonzero, evaluation stops at the next time
    * check (between instructions, while iterations) with KILN_ECANCELED. */
   const atomic_int *cancel;
+  /* Set by kiln_interp_run_mesh for each device (callers leave it NULL):
+   * collectives then meet the other devices' interpreters. */
+  kiln_interp_mesh *mesh;
 } kiln_interp_options;
 
 /* Runs the ENTRY computation of a module on `args` (one literal per
@@ -47,6 +53,20 @@ typedef struct kiln_interp_options {
  * malformed input is KILN_EINVAL, never a crash. `opts` may be NULL. */
 int kiln_interp_run(const kiln_module *m, const kiln_literal *const *args, uint32_t nargs,
                     const kiln_interp_options *opts, kiln_literal **out, kiln_status *st);
+
+/* Runs a per-device program (explicit collectives, replica-id and
+ * partition-id, per-device shapes) on replicas x partitions devices, device
+ * K = replica * partitions + partition, each on an interpreter of its own in
+ * a thread of its own; collectives meet at a rendezvous. args[K] are device
+ * K's nargs arguments; outs[K] receives its result (all NULL on failure).
+ * Replica groups are read as XLA does (channel_id, use_global_device_ids).
+ * The first failing device's status is returned (lowest K first), naming
+ * the device; a device waiting on a peer that failed or finished without
+ * reaching the collective fails too, never hangs. opts->replica_id,
+ * partition_id and mesh are ignored. */
+int kiln_interp_run_mesh(const kiln_module *m, uint32_t replicas, uint32_t partitions,
+                         const kiln_literal *const *const *args, uint32_t nargs,
+                         const kiln_interp_options *opts, kiln_literal **outs, kiln_status *st);
 
 #ifdef __cplusplus
 }

@@ -157,6 +157,24 @@ int kiln__interp_eval_instr(kiln__interp_ctx *c, const kiln_instr *ins,
 /* The called computation number i, checked. */
 int kiln__interp_called(kiln__interp_ctx *c, const kiln_instr *ins, uint32_t i, uint32_t *out);
 
+/* ---- the device mesh (interp_mesh.c) ------------------------------------ */
+
+int64_t kiln__interp_mesh_replicas(const kiln_interp_mesh *mh);
+int64_t kiln__interp_mesh_partitions(const kiln_interp_mesh *mh);
+/* Posts this device's operands for collective `ins` with `group` (global
+ * device ids, rank order, this device among them) and waits until every
+ * member has posted; peer_ops[i] then holds member i's operands. After a
+ * successful enter the device must call leave (once it has read them),
+ * whatever happens in between. */
+int kiln__interp_mesh_enter(kiln__interp_ctx *c, const kiln_instr *ins, const int64_t *group,
+                            int64_t ngroup, const kiln_literal *const *ops, uint32_t nops,
+                            const kiln_literal *const **peer_ops);
+int kiln__interp_mesh_leave(kiln__interp_ctx *c, const kiln_instr *ins, const int64_t *group,
+                            int64_t ngroup);
+/* A collective evaluated across the mesh (interp_collective.c). */
+int kiln__interp_eval_collective_mesh(kiln__interp_ctx *c, const kiln_instr *ins,
+                                      const kiln_literal *const *ops, kiln_literal **out);
+
 /* ---- op handlers: (context, instruction, operands, result) -------------- */
 
 typedef int kiln__interp_op_fn(kiln__interp_ctx *c, const kiln_instr *ins,

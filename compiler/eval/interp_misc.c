@@ -16,10 +16,12 @@
  * seed: deterministic, not XLA's sequence.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compiler/eval/interp_internal.h"
+#include "compiler/ir/sharding.h"
 
 static int unimpl(kiln__interp_ctx *c, const kiln_instr *ins, const char *why) {
   return kiln__interp_fail(c, ins, KILN_EUNIMPL, "%s %s: %s", kiln_opcode_name(ins->op), ins->name,
@@ -101,6 +103,7 @@ static int permute_receives(kiln__interp_ctx *c, const kiln_instr *ins, bool *re
 
 int kiln__interp_eval_collective(kiln__interp_ctx *c, const kiln_instr *ins,
                                  const kiln_literal *const *ops, kiln_literal **out) {
+  if (c->opts.mesh) return kiln__interp_eval_collective_mesh(c, ins, ops, out);
   bool copy = true, start = false;
   int rc = 0;
   switch (ins->op) {
@@ -144,18 +147,24 @@ int kiln__interp_eval_collective(kiln__interp_ctx *c, const kiln_instr *ins,
 
 /* ---- custom calls ------------------------------------------------------- */
 
-/* Targets that only annotate (sharding, host offloading): identities here. */
-static const char *const identity_targets[] = {
-    "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost", "MoveToDevice",
-};
-
+/* Targets that only annotate (sharding, Shardy's markers, host offloading):
+ * identities here, when the result has the operand's shape. A Shardy
+ * GlobalToLocalShape or LocalToGlobalShape that changes the shape marks a
+ * manual (shard_map) region over several devices: that needs the
+ * partitioner, which is named in the refusal. */
 int kiln__interp_eval_custom_call(kiln__interp_ctx *c, const kiln_instr *ins,
                                   const kiln_literal *const *ops, kiln_literal **out) {
   const char *t = kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET);
-  for (size_t i = 0; t && i < sizeof identity_targets / sizeof *identity_targets; i++) {
-    if (strcmp(t, identity_targets[i]) != 0) continue;
+  if (kiln_custom_call_is_annotation(t)) {
     if (ins->noperands != 1)
       return kiln__interp_fail(c, ins, KILN_EINVAL, "custom-call %s: %s takes one operand",
+                               ins->name, t);
+    if (!kiln__interp_same_dims(&ins->shape, &ops[0]->shape) ||
+        ins->shape.dtype != ops[0]->shape.dtype)
+      return kiln__interp_fail(c, ins, KILN_EUNIMPL,
+                               "custom-call %s: %s changes the shape (a region partitioned by "
+                               "hand over several devices); Kiln does not partition modules yet: "
+                               "run the per-device program (compile().as_text()) instead",
                                ins->name, t);
     int rc = kiln__interp_lit_result(c, ins, out);
     if (rc == 0) rc = kiln__interp_lit_copy_into(c, ins, (*out)->own, *out, ops[0]);
@@ -165,10 +174,16 @@ int kiln__interp_eval_custom_call(kiln__interp_ctx *c, const kiln_instr *ins,
     }
     return rc;
   }
+  uint32_t n;
+  const char *const *names = kiln_annotation_targets(&n);
+  char list[512] = "";
+  for (uint32_t i = 0; i < n; i++) {
+    size_t l = strlen(list);
+    snprintf(list + l, sizeof list - l, "%s%s", i ? ", " : "", names[i]);
+  }
   return kiln__interp_fail(c, ins, KILN_EUNIMPL,
-                           "custom-call %s: target \"%s\" is not built in (built in: Sharding, "
-                           "SPMDFullToShardShape, SPMDShardToFullShape, MoveToHost, MoveToDevice)",
-                           ins->name, t ? t : "");
+                           "custom-call %s: target \"%s\" is not built in (built in: %s)",
+                           ins->name, t ? t : "", list);
 }
 
 /* ---- rng (distributions) ------------------------------------------------ */

@@ -424,6 +424,12 @@ typedef struct kiln_module {
   int64_t num_partitions;       /* 0 when absent */
   kiln_raw_attr *header_extra;  /* other header attributes, verbatim */
   uint32_t nheader_extra;
+  /* Debug-info sections after the header (FileNames, FunctionNames,
+   * FileLocations, StackFrames: what compile().as_text() writes), in order:
+   * name is the section's, text its entries verbatim, one a line. They only
+   * resolve metadata's stack_frame_id, so the cache key drops them. */
+  kiln_raw_attr *sections;
+  uint32_t nsections;
 } kiln_module;
 
 /* Creates an empty module named `name` (copied). NULL on out-of-memory. */

@@ -414,6 +414,15 @@ static int enc_header(enc *e, const kiln_module *m, Kiln__V1__Module *pm) {
     ph->text = str(m->header_extra[i].text);
     pm->header_attributes[i] = ph;
   }
+  if (new_ptrs(e, m->nsections, (void ***)&pm->debug_sections)) return KILN_ENOMEM;
+  pm->n_debug_sections = m->nsections;
+  for (uint32_t i = 0; i < m->nsections; i++) {
+    Kiln__V1__HeaderAttribute *ph;
+    NEW(e, Kiln__V1__HeaderAttribute, kiln__v1__header_attribute__init, ph);
+    ph->name = str(m->sections[i].name);
+    ph->text = str(m->sections[i].text);
+    pm->debug_sections[i] = ph;
+  }
   return 0;
 }
 

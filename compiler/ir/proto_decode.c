@@ -947,6 +947,23 @@ static int dec_header(dec *d, const Kiln__V1__Module *pm) {
     pop(d, old);
     if (rc) return rc;
   }
+  if (pm->n_debug_sections > UINT32_MAX) return fail_at(d, "debug_sections", "too many");
+  if (pm->n_debug_sections) {
+    m->sections = kiln_arena_calloc(d->a, pm->n_debug_sections, sizeof *m->sections);
+    if (m->sections == NULL) return oom(d);
+    m->nsections = (uint32_t)pm->n_debug_sections;
+  }
+  for (uint32_t i = 0; i < m->nsections; i++) {
+    const Kiln__V1__HeaderAttribute *ph = pm->debug_sections[i];
+    size_t old = push_at(d, "debug_sections", i);
+    rc = need_name(d, ph->name, &m->sections[i].name);
+    if (rc == 0) {
+      m->sections[i].text = kiln_arena_strdup(d->a, ph->text ? ph->text : "");
+      if (m->sections[i].text == NULL) rc = oom(d);
+    }
+    pop(d, old);
+    if (rc) return rc;
+  }
   return 0;
 }
 

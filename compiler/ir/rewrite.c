@@ -332,6 +332,16 @@ static int copy_header(kiln_module *d, const kiln_module *s) {
     }
     d->nheader_extra = s->nheader_extra;
   }
+  if (s->nsections) {
+    d->sections = kiln_arena_calloc(a, s->nsections, sizeof *d->sections);
+    if (d->sections == NULL) return KILN_ENOMEM;
+    for (uint32_t i = 0; i < s->nsections; i++) {
+      d->sections[i].name = kiln_arena_strdup(a, s->sections[i].name);
+      d->sections[i].text = kiln_arena_strdup(a, s->sections[i].text);
+      if (!d->sections[i].name || !d->sections[i].text) return KILN_ENOMEM;
+    }
+    d->nsections = s->nsections;
+  }
   return 0;
 }
 

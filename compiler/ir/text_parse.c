@@ -1045,6 +1045,70 @@ static int parse_header(parser *P) {
   return 0;
 }
 
+/* The debug-info sections XLA writes after the header of a compiled
+ * module: a section name on a line of its own, then "ID VALUE" entries (a
+ * "string" or a {...} group). A computation of that name would be followed
+ * by '{' or '(' instead, so the two never mix up. Kept verbatim. */
+static const char *const section_names[] = {"FileNames", "FunctionNames", "FileLocations",
+                                            "StackFrames"};
+
+static int parse_sections(parser *P) {
+  kiln__lex *lx = &P->lx;
+  kiln_module *m = P->m;
+  size_t cap = 0;
+  for (;;) {
+    kiln__lex_skip(lx);
+    const char *save = lx->p;
+    kiln__tok w;
+    if (!kiln__lex_try_name(lx, &w)) return 0;
+    const char *name = NULL;
+    for (size_t i = 0; i < sizeof section_names / sizeof *section_names; i++)
+      if (tok_is(w, section_names[i])) name = section_names[i];
+    int c = kiln__lex_peek(lx);
+    if (name == NULL || c == '{' || c == '(') {
+      lx->p = save;
+      return 0;
+    }
+    kiln_sbuf text = KILN_SBUF_INIT;
+    int rc = 0;
+    while (kiln__lex_skip(lx), lx->p < lx->end && *lx->p >= '0' && *lx->p <= '9') {
+      int64_t id;
+      kiln__tok v;
+      if ((rc = kiln__lex_uint(lx, &id, "a section entry id")) ||
+          (rc = kiln__lex_verbatim(lx, &v, "a section entry value")))
+        break;
+      if (v.n == 0 || (v.s[0] != '"' && v.s[0] != '{')) {
+        rc = kiln__lex_error(lx, v.s, "%s entry %lld: expected a \"string\" or {...}", name,
+                             (long long)id);
+        break;
+      }
+      if (text.len) kiln_sbuf_putc(&text, '\n');
+      kiln_sbuf_printf(&text, "%lld ", (long long)id);
+      kiln_sbuf_putn(&text, v.s, v.n);
+    }
+    if (rc == 0 && m->nsections == cap) {
+      size_t ncap = cap ? cap * 2 : 4;
+      kiln_raw_attr *na = kiln_arena_alloc(m->arena, ncap * sizeof *na);
+      if (na == NULL) rc = oom(P);
+      else {
+        if (m->nsections) memcpy(na, m->sections, m->nsections * sizeof *na);
+        m->sections = na;
+        cap = ncap;
+      }
+    }
+    if (rc == 0 && kiln_sbuf_failed(&text)) rc = oom(P);
+    if (rc == 0) {
+      kiln_raw_attr *ra = &m->sections[m->nsections];
+      ra->name = name;
+      ra->text = kiln_arena_strdup(m->arena, text.data ? kiln_sbuf_str(&text) : "");
+      if (ra->text == NULL) rc = oom(P);
+      else m->nsections++;
+    }
+    kiln_sbuf_free(&text);
+    if (rc) return rc;
+  }
+}
+
 /* ---- after the whole module is read ------------------------------------- */
 
 static int resolve_calls(parser *P) {
@@ -1177,6 +1241,7 @@ static int parse_module(parser *P, const kiln_parse_options *opts) {
   kiln_module *m = P->m;
   int rc;
   if ((rc = parse_header(P))) return rc;
+  if ((rc = parse_sections(P))) return rc;
   bool saw_entry = false;
   for (;;) {
     int c = kiln__lex_peek(lx);

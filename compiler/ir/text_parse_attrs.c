@@ -440,12 +440,140 @@ static int parse_dim_labels(kiln__lex *lx, kiln_arena *a, kiln_conv_dims **out) 
 
 /* ---- replica groups ----------------------------------------------------- */
 
+/* 'name' (single quotes, as XLA prints mesh axes). */
+static int quoted_axis(kiln__lex *lx, kiln__tok *t) {
+  kiln__lex_skip(lx);
+  const char *at = lx->p;
+  if (kiln__lex_peek(lx) != '\'') {
+    char f[64];
+    return kiln__lex_error(lx, NULL, "expected a quoted mesh axis name 'x', found %s",
+                           found(lx, f, sizeof f));
+  }
+  const char *s = ++lx->p;
+  while (lx->p < lx->end && *lx->p != '\'' && *lx->p != '\n') lx->p++;
+  if (lx->p >= lx->end || *lx->p != '\'')
+    return kiln__lex_error(lx, at, "unterminated mesh axis name");
+  t->s = s;
+  t->n = (size_t)(lx->p - s);
+  lx->p++;
+  return 0;
+}
+
+#define MESH_MAX_AXES 16
+
+/* replica_groups=mesh['x'=2,'y'=4] {'y'} (or {'x':(1)2}, a sub-axis: size 2
+ * of 'x' above a minor part of 1): the devices 0..n laid out as the mesh, a
+ * group per index of the axes not named, its members along the named axes
+ * in the order named. That is exactly an iota list, [groups,size]<=[mesh
+ * dims]T(other axes, named axes) with a sub-axis split into (major, sub,
+ * minor) dims, which is how it is kept (and printed). */
+static int parse_mesh_groups(kiln__lex *lx, kiln_arena *a, kiln_replica_groups *g,
+                             const char *at) {
+  kiln__tok names[MESH_MAX_AXES];
+  int64_t sizes[MESH_MAX_AXES];
+  uint32_t naxes = 0;
+  int rc;
+  if ((rc = kiln__lex_expect(lx, '[', "to open the mesh axes"))) return rc;
+  do {
+    if (naxes == MESH_MAX_AXES)
+      return kiln__lex_error(lx, at, "a replica group mesh has at most %d axes", MESH_MAX_AXES);
+    if ((rc = quoted_axis(lx, &names[naxes]))) return rc;
+    if ((rc = kiln__lex_expect(lx, '=', "after a mesh axis name"))) return rc;
+    if ((rc = kiln__lex_uint(lx, &sizes[naxes], "a mesh axis size"))) return rc;
+    if (sizes[naxes] < 1 || sizes[naxes] > (1 << 20))
+      return kiln__lex_error(lx, at, "mesh axis '%.*s' has size %lld", (int)names[naxes].n,
+                             names[naxes].s, (long long)sizes[naxes]);
+    for (uint32_t j = 0; j < naxes; j++)
+      if (names[j].n == names[naxes].n && memcmp(names[j].s, names[naxes].s, names[j].n) == 0)
+        return kiln__lex_error(lx, at, "mesh axis '%.*s' appears twice", (int)names[j].n,
+                               names[j].s);
+    naxes++;
+  } while (kiln__lex_accept(lx, ','));
+  if ((rc = kiln__lex_expect(lx, ']', "to close the mesh axes"))) return rc;
+  /* Virtual dims: each axis is (major, sub, minor); unsplit axes have
+   * major = 1 and minor = 1, dropped below. */
+  int64_t major[MESH_MAX_AXES], sub[MESH_MAX_AXES], minor[MESH_MAX_AXES];
+  int order[MESH_MAX_AXES]; /* named axes, in the order named */
+  uint32_t nnamed = 0;
+  for (uint32_t i = 0; i < naxes; i++) major[i] = 1, sub[i] = sizes[i], minor[i] = 1;
+  if ((rc = kiln__lex_expect(lx, '{', "to open the replica group axes"))) return rc;
+  if (!kiln__lex_accept(lx, '}')) {
+    do {
+      kiln__tok t;
+      const char *aat = lx->p;
+      if ((rc = quoted_axis(lx, &t))) return rc;
+      uint32_t i = 0;
+      while (i < naxes && !(names[i].n == t.n && memcmp(names[i].s, t.s, t.n) == 0)) i++;
+      if (i == naxes)
+        return kiln__lex_error(lx, aat, "replica group axis '%.*s' is not a mesh axis", (int)t.n,
+                               t.s);
+      for (uint32_t j = 0; j < nnamed; j++)
+        if (order[j] == (int)i)
+          return kiln__lex_error(lx, aat, "replica group axis '%.*s' is named twice", (int)t.n,
+                                 t.s);
+      if (kiln__lex_accept(lx, ':')) {
+        int64_t pre, sz;
+        if ((rc = kiln__lex_expect(lx, '(', "to open a sub-axis (pre-size)"))) return rc;
+        if ((rc = kiln__lex_uint(lx, &pre, "a sub-axis pre-size"))) return rc;
+        if ((rc = kiln__lex_expect(lx, ')', "to close a sub-axis pre-size"))) return rc;
+        if ((rc = kiln__lex_uint(lx, &sz, "a sub-axis size"))) return rc;
+        if (pre < 1 || sz < 1 || sizes[i] % (pre * sz) != 0)
+          return kiln__lex_error(lx, aat, "sub-axis (%lld)%lld does not divide mesh axis '%.*s' of %lld",
+                                 (long long)pre, (long long)sz, (int)t.n, t.s,
+                                 (long long)sizes[i]);
+        major[i] = sizes[i] / (pre * sz);
+        sub[i] = sz;
+        minor[i] = pre;
+      }
+      order[nnamed++] = (int)i;
+    } while (kiln__lex_accept(lx, ','));
+    if ((rc = kiln__lex_expect(lx, '}', "to close the replica group axes"))) return rc;
+  }
+  /* Lay out the virtual dims; remember which are in the groups. */
+  int64_t dims[3 * MESH_MAX_AXES];
+  int vsub[MESH_MAX_AXES];
+  bool in_group[3 * MESH_MAX_AXES];
+  uint32_t nd = 0;
+  for (uint32_t i = 0; i < naxes; i++) {
+    bool named = false;
+    for (uint32_t j = 0; j < nnamed; j++) named = named || order[j] == (int)i;
+    if (major[i] > 1) in_group[nd] = false, dims[nd++] = major[i];
+    vsub[i] = (int)nd;
+    in_group[nd] = named, dims[nd++] = sub[i];
+    if (minor[i] > 1) in_group[nd] = false, dims[nd++] = minor[i];
+  }
+  int64_t perm[3 * MESH_MAX_AXES], ng = 1, gs = 1;
+  uint32_t np = 0;
+  for (uint32_t d = 0; d < nd; d++)
+    if (!in_group[d]) perm[np++] = d, ng *= dims[d];
+  for (uint32_t j = 0; j < nnamed; j++) perm[np++] = vsub[order[j]], gs *= dims[vsub[order[j]]];
+  bool identity = true;
+  for (uint32_t d = 0; d < nd; d++) identity = identity && perm[d] == (int64_t)d;
+  int64_t shape[2] = {ng, gs};
+  g->iota = true;
+  g->iota_shape.v = kiln_arena_memdup(a, shape, sizeof shape);
+  g->iota_shape.n = 2;
+  g->iota_reshape.v = kiln_arena_memdup(a, dims, nd * sizeof *dims);
+  g->iota_reshape.n = nd;
+  if (!identity) {
+    g->iota_perm.v = kiln_arena_memdup(a, perm, nd * sizeof *perm);
+    g->iota_perm.n = nd;
+  }
+  if (!g->iota_shape.v || !g->iota_reshape.v || (!identity && !g->iota_perm.v)) return nomem(lx);
+  return 0;
+}
+
 static int parse_replica_groups(kiln__lex *lx, kiln_arena *a, kiln_replica_groups **out) {
   kiln_replica_groups *g = kiln_arena_calloc(a, 1, sizeof *g);
   if (g == NULL) return nomem(lx);
   int rc;
   kiln__lex_skip(lx);
   const char *at = lx->p;
+  if (kiln__lex_accept_word(lx, "mesh")) {
+    if ((rc = parse_mesh_groups(lx, a, g, at))) return rc;
+    *out = g;
+    return 0;
+  }
   if (kiln__lex_peek(lx) == '[') { /* [2,2]<=[4] or [2,2]<=[2,2]T(1,0) */
     g->iota = true;
     if ((rc = bracket_ints(lx, a, &g->iota_shape, "the replica group shape"))) return rc;

@@ -732,6 +732,14 @@ static void put_header(kiln_sbuf *b, const kiln_module *m) {
 
 void kiln_module_print_to(kiln_sbuf *b, const kiln_module *m) {
   put_header(b, m);
+  for (uint32_t i = 0; i < m->nsections; i++) {
+    const char *t = m->sections[i].text;
+    kiln_sbuf_printf(b, "\n%s\n", m->sections[i].name);
+    if (t && *t) {
+      kiln_sbuf_puts(b, t);
+      kiln_sbuf_putc(b, '\n');
+    }
+  }
   for (uint32_t i = 0; i < m->ncomps && !b->failed; i++) {
     kiln_sbuf_putc(b, '\n');
     put_computation(b, m, m->comps[i]);

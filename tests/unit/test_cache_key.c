@@ -414,6 +414,46 @@ START_TEST(test_diff_sharding) {
 }
 END_TEST
 
+/* Two spellings of one device assignment are one key; a different
+ * assignment, replication or subgroup kind is another. */
+START_TEST(test_sharding_spellings) {
+  static const char *const P0 = "parameter(0), sharding={replicated}";
+  struct {
+    const char *x, *y;
+    bool same;
+  } cases[] = {
+      {"{devices=[2,4]<=[8]}", "{devices=[2,4]0,1,2,3,4,5,6,7}", true},
+      {"{devices=[4,2]<=[2,4]T(1,0)}", "{devices=[4,2]0,4,1,5,2,6,3,7}", true},
+      {"{devices=[2,1,4]<=[8] last_tile_dim_replicate}",
+       "{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dims={replicated}}", true},
+      {"{devices=[1,1,4]<=[4] last_tile_dim_replicate}", "{replicated}", true},
+      {"{devices=[4,2]<=[2,4]T(1,0)}", "{devices=[4,2]<=[8]}", false},
+      {"{devices=[2,1,2]<=[4] last_tile_dims={manual}}",
+       "{devices=[2,1,2]<=[4] last_tile_dim_replicate}", false},
+      {"{devices=[2,2]<=[4]}", "{devices=[2,1,2]<=[4] last_tile_dim_replicate}", false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char x[128], y[128];
+    snprintf(x, sizeof x, "parameter(0), sharding=%s", cases[i].x);
+    snprintf(y, sizeof y, "parameter(0), sharding=%s", cases[i].y);
+    kiln_cache_key a = key_subst(base, P0, x), b = key_subst(base, P0, y);
+    if (cases[i].same) expect_same(&a, &b, cases[i].x);
+    else expect_diff(&a, &b, M | SIG, cases[i].x);
+  }
+}
+END_TEST
+
+/* compile().as_text()'s debug sections only resolve metadata: no key change. */
+START_TEST(test_debug_sections_ignored) {
+  kiln_cache_key a = key_of(base);
+  char *t = subst(base, "\n%sum", "\nFileNames\n1 \"f.py\"\n\nStackFrames\n1 {file_location_id=1 "
+                                  "parent_frame_id=1}\n\n%sum");
+  kiln_cache_key b = key_of(t);
+  kiln_free(t);
+  expect_same(&a, &b, "debug sections");
+}
+END_TEST
+
 START_TEST(test_diff_constant) {
   kiln_cache_key a = key_of(base), b = key_subst(base, "constant(0)", "constant(1)");
   expect_diff(&a, &b, M, "a constant");
@@ -504,7 +544,7 @@ START_TEST(test_component_texts) {
   expect_part(&k, KILN_CACHE_PART_TARGET, "cpu/x86-64-v3");
   char version[256];
   snprintf(version, sizeof version,
-           "compiler=%s\nexe_format=%u\ncache_entry=%u\ncanonical_form=2\n", KILN_COMPILER_VERSION,
+           "compiler=%s\nexe_format=%u\ncache_entry=%u\ncanonical_form=3\n", KILN_COMPILER_VERSION,
            (unsigned)KILN_EXE_FORMAT_VERSION, (unsigned)KILN_CACHE_ENTRY_VERSION);
   expect_part(&k, KILN_CACHE_PART_VERSION, version);
   expect_part(&k, KILN_CACHE_PART_SIGNATURE,
@@ -525,7 +565,7 @@ END_TEST
  * key.c when the canonical form changed), never otherwise. */
 START_TEST(test_golden_key) {
   kiln_cache_key k = key_of(simple);
-  ck_assert_str_eq(k.hex, "928e94e065d173d8215dcbf0d7cf39aa831b50822fa91e6f44a7b606a0a9c807");
+  ck_assert_str_eq(k.hex, "779f32bdd538cbd864ff6f33ebd558130a7a94e70ea5032dcfb042552992abce");
 }
 END_TEST
 
@@ -695,6 +735,8 @@ static Suite *key_suite(void) {
   tcase_add_test(canon, test_canonical_text_reparses);
   tcase_add_test(canon, test_component_texts);
   tcase_add_test(canon, test_golden_key);
+  tcase_add_test(canon, test_sharding_spellings);
+  tcase_add_test(canon, test_debug_sections_ignored);
   suite_add_tcase(s, canon);
 
   TCase *same = tcase_create("same");

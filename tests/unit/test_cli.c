@@ -124,6 +124,48 @@ static const char add_module[] =
 
 /* ---- help and usage ----------------------------------------------------- */
 
+/* A per-device program on R x P devices: shared --arg values, a device of
+ * its own by --device-args, per-device output lines and files. */
+START_TEST(test_run_mesh) {
+  const char *f = write_file("mesh.hlo",
+                             "HloModule m\n"
+                             "add {\n x = s32[] parameter(0)\n y = s32[] parameter(1)\n"
+                             " ROOT s = s32[] add(x, y)\n}\n"
+                             "ENTRY e {\n p = s32[2] parameter(0)\n id = u32[] partition-id()\n"
+                             " i = s32[] convert(id)\n b = s32[2] broadcast(i), dimensions={}\n"
+                             " x = s32[2] add(p, b)\n"
+                             " ROOT r = s32[2] all-reduce(x), channel_id=1, replica_groups={{0,1},{2,3}}, "
+                             "use_global_device_ids=true, to_apply=add\n}\n");
+  const char *dir = tpath("mesh_out");
+  result r = run("run", f, "--replicas", "2", "--partitions", "2", "--arg", "s32[2] {1, 2}",
+                 "--device-args", "3", "s32[2] {10, 20}", "--out", dir, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_str_eq(r.out,
+                   "device 0:\ns32[2] {3, 5}\ndevice 1:\ns32[2] {3, 5}\n"
+                   "device 2:\ns32[2] {12, 23}\ndevice 3:\ns32[2] {12, 23}\n");
+  char p3[600];
+  snprintf(p3, sizeof p3, "%s/device3/0.npy", dir);
+  ck_assert_int_eq(access(p3, R_OK), 0);
+  result_free(&r);
+  r = run("run", f, "--partitions", "4", "--device-args", "4", "s32[2] {1, 2}", NULL);
+  ck_assert_int_eq(r.code, 2);
+  ck_assert_ptr_nonnull(strstr(r.err, "device number below 4"));
+  result_free(&r);
+  r = run("run", f, "--partitions", "2", "--device-args", "1", "s32[2] {1, 2},s32[2] {1, 2}",
+          "--arg", "s32[2] {0, 0}", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "gives 2 arguments, the ENTRY takes 1"));
+  result_free(&r);
+  r = run("run", f, "--partitions", "2", "--backend", "cpu", "--arg", "s32[2] {0, 0}", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "does not run per-device programs"));
+  result_free(&r);
+  r = run("run", f, "--partitions", "0", "--arg", "s32[2] {0, 0}", NULL);
+  ck_assert_int_eq(r.code, 2);
+  result_free(&r);
+}
+END_TEST
+
 START_TEST(test_help) {
   result r = run("--help", NULL);
   ck_assert_int_eq(r.code, 0);
@@ -175,6 +217,7 @@ START_TEST(test_usage_errors) {
          "usage: kiln run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
          "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
          "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
+         "         [--replicas R] [--partitions P] [--device-args K FILES]...\n"
          "Run 'kiln help run' for details.\n");
   result_free(&r);
   r = run("check", NULL);
@@ -1176,6 +1219,7 @@ static Suite *cli_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_help);
+  tcase_add_test(tc, test_run_mesh);
   tcase_add_test(tc, test_usage_errors);
   tcase_add_test(tc, test_check_ok);
   tcase_add_test(tc, test_check_parse_error);
