@@ -340,6 +340,71 @@ END_TEST
 
 /* ---- reductions and contractions ---------------------------------------- */
 
+/* Random reduction shapes against the interpreter: rank 1-4, dims up to
+ * 70 (so that rows are long enough for the vector lanes, with tails), a
+ * random set of reduced dims, a random layout, f32/f64/s32/bf16 and add,
+ * max or min, with a fused producer; reassociated float sums within
+ * kiln_tol_reduce_f32 of the number reduced (tolerance.h), the rest exact
+ * or within the f32 tolerance. */
+START_TEST(reductions_random) {
+  static const char *const rtypes[] = {"f32", "f32", "f64", "s32", "bf16"};
+  static const char *const ops[] = {"add", "maximum", "minimum"};
+  uint64_t rng = 0x9e3779b97f4a7c15ull + (uint64_t)_i;
+  for (int it = 0; it < 12; it++) {
+#define RND(n) ((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n)
+    uint32_t rank = 1 + (uint32_t)RND(4);
+    int64_t dims[4], n = 1;
+    for (uint32_t d = 0; d < rank; d++) {
+      dims[d] = d + 1 == rank ? 1 + (int64_t)RND(70) : 1 + (int64_t)RND(rank > 2 ? 6 : 12);
+      n *= dims[d];
+    }
+    uint32_t redmask = 1 + (uint32_t)RND((1u << rank) - 1), m2m[4];
+    for (uint32_t d = 0; d < rank; d++) m2m[d] = rank - 1 - d;
+    if (rank > 1 && RND(3) == 0) { /* swap the two most minor dims in the layout */
+      m2m[0] = rank - 2;
+      m2m[1] = rank - 1;
+    }
+    const char *t = rtypes[RND(5)], *op = ops[RND(3)];
+    char in[128] = "", out[128] = "", lay[64] = "", redl[64] = "", olay[64] = "";
+    int64_t nred = 1;
+    uint32_t orank = 0;
+    for (uint32_t d = 0; d < rank; d++) {
+      snprintf(in + strlen(in), sizeof in - strlen(in), "%s%lld", d ? "," : "", (long long)dims[d]);
+      snprintf(lay + strlen(lay), sizeof lay - strlen(lay), "%s%u", d ? "," : "", m2m[d]);
+      if (redmask & (1u << d)) {
+        nred *= dims[d];
+        snprintf(redl + strlen(redl), sizeof redl - strlen(redl), "%s%u", redl[0] ? "," : "", d);
+      } else {
+        snprintf(out + strlen(out), sizeof out - strlen(out), "%s%lld", orank ? "," : "",
+                 (long long)dims[d]);
+        orank++;
+      }
+    }
+    for (uint32_t d = 0; d < orank; d++)
+      snprintf(olay + strlen(olay), sizeof olay - strlen(olay), "%s%u", d ? "," : "",
+               orank - 1 - d);
+    const char *init = strcmp(op, "add") == 0 ? "0" : strcmp(op, "maximum") == 0 ? "-inf" : "inf";
+    if (t[0] == 's')
+      init = strcmp(op, "add") == 0       ? "0"
+             : strcmp(op, "maximum") == 0 ? "-2147483648"
+                                          : "2147483647";
+    char hlo[2048];
+    snprintf(hlo, sizeof hlo,
+             "HloModule rr\nr { a = %s[] parameter(0)  b = %s[] parameter(1)  ROOT s = %s[] "
+             "%s(a, b) }\n"
+             "ENTRY main {\n  p = %s[%s]{%s} parameter(0)\n  q = %s[%s]{%s} multiply(p, p)\n"
+             "  y = %s[%s]{%s} add(q, p)\n  z = %s[] constant(%s)\n"
+             "  ROOT o = %s[%s]{%s} reduce(y, z), dimensions={%s}, to_apply=r\n}\n",
+             t, t, t, op, t, in, lay, t, in, lay, t, in, lay, t, init, t, out, olay, redl);
+    double tol = strcmp(t, "f32") == 0 ? kiln_tol_reduce_f32(nred) : 1e-9;
+    cg_check_full(hlo, 100 + (uint64_t)it, false, tol, 0, false);
+    cg_check_full(hlo, 200 + (uint64_t)it, false, tol, 2, false);
+    (void)n;
+#undef RND
+  }
+}
+END_TEST
+
 START_TEST(reductions) {
   cg_check("HloModule red\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
            "add(a, b) }\n"
@@ -1073,6 +1138,7 @@ int main(void) {
   tcase_add_test(tc, sort_stable_multi_operand);
   tcase_add_test(tc, select_and_scatter);
   tcase_add_test(tc, reductions);
+  tcase_add_loop_test(tc, reductions_random, 0, 4);
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, dots);
   tcase_add_test(tc, convolutions);
