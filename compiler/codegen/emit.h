@@ -13,9 +13,12 @@
  * a lone instruction, constants) are inputs: a buffer argument with its
  * physical shape, or a C variable (the parameters of a scalar function).
  *
- * Arithmetic follows XLA and the reference interpreter exactly: f16/bf16
- * are computed in double and rounded to nearest even after every op, f32
- * transcendentals are computed in double and rounded once, integers wrap,
+ * Arithmetic follows XLA and the reference interpreter: f16/bf16 are
+ * computed in double and rounded to nearest even after every op; f32 exp,
+ * log, log1p, expm1, tanh, logistic and erf are computed in f32 by the
+ * prelude's vectorizable helpers, within the ULP bounds listed below (as
+ * XLA's CPU backend does; the other f32 transcendentals are computed in
+ * double and rounded once, like the interpreter); integers wrap,
  * and division, remainder, shifts, conversions, min/max and comparisons use
  * XLA's edge semantics (the prelude's helpers: the contract below).
  *
@@ -265,6 +268,24 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *          all ones when x is negative as int<W>_t, else 0; otherwise
  *          x << y (wrapped to W bits), logical x >> y, and arithmetic
  *          (sign-filling) x >> y.
+ * f32 math in f32 (branch-free, no libm calls, so that gcc vectorizes the
+ * loops that call them). Bounds are in ULPs of the f32 result against the
+ * correctly rounded value (what the interpreter computes in double and
+ * rounds once), measured on a dense sweep of every f32 range by
+ * test_codegen.c (f32_math_ulp_bounds) and written in
+ * tests/support/tolerance.h; NaN in -> NaN out, and the edges as C99:
+ *   kldexpf(p, n)  p * 2^n rounded once, for integral n in [-150, 128] and
+ *          p in [0.5, 2] (two normal power-of-two factors).
+ *   kexpf      e^x, <= 2 ULP; +inf above 88.73, +0 below -103.98.
+ *   klog1pm(f) log(1 + f) for f in [sqrt(1/2) - 1, sqrt(2) - 1] (klogf's
+ *          kernel), <= 2 ULP.
+ *   klogf      log x, <= 2 ULP; -inf at +-0, NaN below 0, +inf at +inf.
+ *   klog1pf    log(1 + x), <= 2 ULP; -inf at -1, NaN below -1.
+ *   kexpm1f    e^x - 1, <= 2 ULP; -1 below -30, as kexpf above 20.
+ *   ktanhf     tanh x, <= 3 ULP; +-1 beyond +-10, the sign of zero kept.
+ *   klogisticf 1 / (1 + e^-x), <= 3 ULP (e^x / (1 + e^x) below 0, so that
+ *          it stays accurate down to the subnormals).
+ *   kerff      erf x, <= 3 ULP; +-1 beyond +-4, the sign of zero kept.
  * reduce-precision (eb exponent bits, mb mantissa bits, as the attribute
  * gives them):
  *   krpbits(bits, se, sm, eb, mb)  on the bits of a non-NaN value of a
@@ -342,7 +363,16 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(krpf, "float krpf(float x, long long eb, long long mb)") \
   X(krpd, "double krpd(double x, long long eb, long long mb)") \
   X(krph, "double krph(double x, long long eb, long long mb)") \
-  X(krpb, "double krpb(double x, long long eb, long long mb)")
+  X(krpb, "double krpb(double x, long long eb, long long mb)") \
+  X(kldexpf, "float kldexpf(float p, int32_t n)") \
+  X(kexpf, "float kexpf(float x)") \
+  X(klog1pm, "float klog1pm(float f)") \
+  X(klogf, "float klogf(float x)") \
+  X(klog1pf, "float klog1pf(float x)") \
+  X(kexpm1f, "float kexpm1f(float x)") \
+  X(ktanhf, "float ktanhf(float x)") \
+  X(klogisticf, "float klogisticf(float x)") \
+  X(kerff, "float kerff(float x)")
 
 /* X(name) for each standard function the emitter calls by name. */
 #define KILN__EMIT_STD_FUNCS(X) \

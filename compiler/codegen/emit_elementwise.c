@@ -1,7 +1,9 @@
 /* Elementwise ops as C expressions, with the reference interpreter's
  * semantics (compiler/eval/interp_elementwise.c): one rounding per op for
  * floats (f16/bf16 computed in double then rounded by krh/krb; f32
- * transcendentals computed in double and rounded once), integer arithmetic
+ * transcendentals computed in double and rounded once), except the f32
+ * exp/log/log1p/expm1/tanh/logistic/erf, computed in f32 by the prelude's
+ * vectorizable helpers within a few ULP (emit.h); integer arithmetic
  * in unsigned types so that it wraps without undefined behaviour, and
  * XLA's edges (x/0 = -1, INT_MIN/-1 = INT_MIN, x%0 = x, shifts past the
  * width, saturating float->int conversion with NaN -> 0, NaN-propagating
@@ -67,6 +69,20 @@ static const char *float_exact_unary(kiln_opcode op, dt t) {
   }
 }
 
+/* f32 ops computed in f32 by the prelude (emit.h gives their ULP bounds). */
+static const char *float_f32_unary(kiln_opcode op) {
+  switch (op) {
+  case KILN_OP_ERF: return "kerff";
+  case KILN_OP_EXP: return "kexpf";
+  case KILN_OP_EXPM1: return "kexpm1f";
+  case KILN_OP_LOG: return "klogf";
+  case KILN_OP_LOG1P: return "klog1pf";
+  case KILN_OP_LOGISTIC: return "klogisticf";
+  case KILN_OP_TANH: return "ktanhf";
+  default: return NULL;
+  }
+}
+
 /* Ops computed in double and rounded once. */
 static const char *float_double_unary(kiln_opcode op) {
   switch (op) {
@@ -97,6 +113,10 @@ static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, 
   }
   if (op == KILN_OP_SQRT && t == KILN_F32) {
     snprintf(dst, n, "sqrtf(%s)", a);
+    return 0;
+  }
+  if (t == KILN_F32 && (fn = float_f32_unary(op))) {
+    snprintf(dst, n, "%s(%s)", fn, a);
     return 0;
   }
   if ((fn = float_double_unary(op))) {

@@ -5,7 +5,8 @@
  *
  * Combination orders follow the reference interpreter so that results
  * match it: reductions start from the init value and visit the reduced
- * positions in row-major order; windows skip padding and dilation holes;
+ * positions in row-major order (except float add/max/min over a row, which
+ * run in vector lanes: see "row reductions" below); windows skip padding and dilation holes;
  * dot and convolution convert operands to the result type, accumulate
  * products in double (floats) or wrapping 64-bit integers, and round once.
  */
@@ -212,6 +213,130 @@ static int finish_accs(kiln__emit_fn *f, const kiln_instr *ins, accs *a, const u
   return 0;
 }
 
+/* ---- row reductions in vector lanes --------------------------------------
+ *
+ * A float reduce whose reducer is add, max or min of its two parameters and
+ * whose innermost loop runs over the input's physically minor dim (a row
+ * reduction: softmax, layernorm) is combined in ROW_LANES partial
+ * accumulators, lane l taking positions l, l + ROW_LANES, ... of each row
+ * (the last reduced dim; the tail goes to lane 0), and the lanes are
+ * combined pairwise at the end, as XLA does. The lanes are independent, so
+ * gcc vectorizes the loop; the sum is reassociated, which the tests allow
+ * for (tests/support/tolerance.h: kiln_tol_reduce_f32). Lane 0 starts from
+ * the init value, the others from the reducer's identity. */
+
+#define ROW_LANES 16
+
+/* The identity of reducer comp on float type t (a C literal), or NULL when
+ * comp is not add/max/min of its two parameters of type t. */
+static const char *lane_identity(const kiln_module *m, uint32_t comp, kiln_dtype t) {
+  if (comp >= m->ncomps || (t != KILN_F32 && t != KILN_F64)) return NULL;
+  const kiln_computation *c = m->comps[comp];
+  const kiln_instr *root = kiln_computation_root(m, c);
+  const kiln_instr *p0 = kiln_computation_param(m, c, 0), *p1 = kiln_computation_param(m, c, 1);
+  if (root == NULL || p0 == NULL || p1 == NULL || kiln_computation_nparams(m, c) != 2 ||
+      root->noperands != 2 || !kiln_shape_is_array(&root->shape) || root->shape.dtype != t ||
+      p0->shape.dtype != t || p1->shape.dtype != t || p0->shape.rank || p1->shape.rank)
+    return NULL;
+  kiln_id a = root->operands[0], b = root->operands[1];
+  if (!((a == p0->id && b == p1->id) || (a == p1->id && b == p0->id))) return NULL;
+  bool f32 = t == KILN_F32;
+  switch (root->op) {
+  case KILN_OP_ADD: return f32 ? "-0.0f" : "-0.0";
+  case KILN_OP_MAXIMUM: return "-INFINITY";
+  case KILN_OP_MINIMUM: return "INFINITY";
+  default: return NULL;
+  }
+}
+
+/* lanes[l] = kf(lanes[l], value of the input at y), lane expression l. */
+static int lane_combine(kiln__emit_fn *f, const kiln_instr *ins, accs *a, uint32_t lanes,
+                        const char *l, const kiln__ix *y) {
+  uint32_t v, cur = kiln__emit_newvar(f);
+  const kiln_instr *in = opnd(f, ins, 0);
+  int rc = kiln__emit_value1(f, in->id, y, &v);
+  if (rc == 0) rc = converted(f, ins, v, in->shape.dtype, a->t[0], &v);
+  if (rc) return rc;
+  uint32_t args[2] = {cur, v};
+  kiln__emit_line(f, "%s v%u = v%u[%s];", kiln__ctype(f->mod, a->t[0]), cur, lanes, l);
+  kiln__emit_call_fn(f, a->fn, args, 2, &cur, 1);
+  kiln__emit_line(f, "v%u[%s] = v%u;", lanes, l, cur);
+  return 0;
+}
+
+/* The reduce in lanes (see above); red[d] marks reduced dims, last the
+ * innermost (physically minor) one. */
+static int reduce_lanes(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, accs *a,
+                        const bool *red, uint32_t last, const char *ident) {
+  const kiln_shape *in = &opnd(f, ins, 0)->shape;
+  const char *T = kiln__ctype(f->mod, a->t[0]);
+  uint32_t lanes = kiln__emit_newvar(f), marks[KILN__EMIT_MAXR + 2], nl = 0;
+  kiln__emit_line(f, "%s v%u[%d];", T, lanes, ROW_LANES);
+  kiln__emit_line(f, "for (int l = 1; l < %d; l++) v%u[l] = %s;", ROW_LANES, lanes, ident);
+  kiln__emit_line(f, "v%u[0] = v%u;", lanes, a->acc[0]);
+  kiln__ix y, t;
+  int rc = kiln__ix_new(f, in->rank, &y);
+  if (rc == 0) rc = kiln__ix_new(f, in->rank, &t);
+  if (rc) return rc;
+  for (uint32_t d = 0, j = 0; d < in->rank; d++) {
+    if (!red[d]) {
+      const char *c = kiln__ix_get(f, x, j++);
+      kiln__ix_set(&y, d, "%s", c);
+      kiln__ix_set(&t, d, "%s", c);
+    } else if (d != last) {
+      uint32_t r = kiln__emit_newvar(f);
+      marks[nl++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", r, r,
+                                    (long long)in->dims[d], r);
+      kiln__ix_set(&y, d, "r%u", r);
+      kiln__ix_set(&t, d, "r%u", r);
+    }
+  }
+  long long len = (long long)in->dims[last], full = len - len % ROW_LANES;
+  uint32_t r = kiln__emit_newvar(f), l = kiln__emit_newvar(f), q = kiln__emit_newvar(f);
+  char lv[16];
+  snprintf(lv, sizeof lv, "l%u", l);
+  uint32_t m1 = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u += %d)", r, r, full, r,
+                                ROW_LANES);
+  uint32_t m2 = kiln__emit_open(f, "for (int l%u = 0; l%u < %d; l%u++)", l, l, ROW_LANES, l);
+  kiln__ix_set(&y, last, "(r%u + l%u)", r, l);
+  rc = lane_combine(f, ins, a, lanes, lv, &y);
+  kiln__emit_close(f, m2, NULL);
+  kiln__emit_close(f, m1, NULL);
+  if (rc == 0 && full < len) {
+    uint32_t m3 =
+        kiln__emit_open(f, "for (int64_t r%u = %lld; r%u < %lld; r%u++)", q, full, q, len, q);
+    kiln__ix_set(&t, last, "r%u", q);
+    rc = lane_combine(f, ins, a, lanes, "0", &t);
+    kiln__emit_close(f, m3, NULL);
+  }
+  while (nl-- > 0) kiln__emit_close(f, marks[nl], NULL);
+  if (rc) return rc;
+  for (int w = ROW_LANES / 2; w >= 1; w /= 2) {
+    uint32_t m = kiln__emit_open(f, "for (int l = 0; l < %d; l++)", w);
+    uint32_t c0 = kiln__emit_newvar(f), c1 = kiln__emit_newvar(f), args[2] = {c0, c1};
+    kiln__emit_line(f, "%s v%u = v%u[l], v%u = v%u[l + %d];", T, c0, lanes, c1, lanes, w);
+    kiln__emit_call_fn(f, a->fn, args, 2, &c0, 1);
+    kiln__emit_line(f, "v%u[l] = v%u;", lanes, c0);
+    kiln__emit_close(f, m, NULL);
+  }
+  kiln__emit_line(f, "v%u = v%u[0];", a->acc[0], lanes);
+  return 0;
+}
+
+/* The reduced dim the lanes run over: the input's physically minor dim,
+ * when it is reduced, the last reduced dim in logical order (the innermost
+ * loop) and long enough; else -1. */
+static int lanes_dim(const kiln_shape *in, const bool *red) {
+  int64_t m2m[KILN__EMIT_MAXR];
+  if (in->rank == 0) return -1;
+  kiln_shape_minor_to_major(in, m2m);
+  int64_t d = m2m[0];
+  if (!red[d] || in->dims[d] < 2 * ROW_LANES) return -1;
+  for (uint32_t e = (uint32_t)d + 1; e < in->rank; e++)
+    if (red[e]) return -1;
+  return (int)d;
+}
+
 static int reduce(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, const uint32_t **vars,
                   uint32_t *n) {
   accs a = {.n = ins->noperands / 2};
@@ -225,8 +350,15 @@ static int reduce(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, co
     red[dl->v[i]] = true;
   }
   int rc = start_accs(f, ins, a.n, &a);
+  if (rc) return rc;
+  const char *ident = a.n == 1 ? lane_identity(f->mod->m, a.comp, a.t[0]) : NULL;
+  int last = ident && opnd(f, ins, 0)->shape.dtype == a.t[0] ? lanes_dim(in, red) : -1;
+  if (last >= 0) {
+    if ((rc = reduce_lanes(f, ins, x, &a, red, (uint32_t)last, ident))) return rc;
+    return finish_accs(f, ins, &a, vars, n);
+  }
   kiln__ix y;
-  if (rc || (rc = kiln__ix_new(f, in->rank, &y))) return rc;
+  if ((rc = kiln__ix_new(f, in->rank, &y))) return rc;
   uint32_t marks[KILN__EMIT_MAXR], nl = 0;
   for (uint32_t d = 0, j = 0; d < in->rank; d++) {
     if (!red[d]) {

@@ -6,7 +6,11 @@
  * modes (unsupported ops, the C compiler failing or hanging, no temporary
  * files left, no client string in generated source); and the prelude
  * contract (emit.h): the C prelude defines every listed helper with its
- * signature, and generated code calls nothing else.
+ * signature, and generated code calls nothing else; and the ULP bounds of
+ * the prelude's f32 math, measured over a dense sweep of f32 inputs.
+ * Tolerances against the interpreter are those of tests/support/tolerance.h
+ * (per-op ULP bounds for f32 exp/log/log1p/expm1/tanh/logistic/erf, a
+ * size-scaled bound for reassociated reductions; everything else exact).
  */
 #include <check.h>
 #include <ctype.h>
@@ -22,6 +26,7 @@
 #include "compiler/codegen/c_target.h"
 #include "compiler/codegen/emit.h"
 #include "test_codegen_harness.h"
+#include "tests/support/tolerance.h"
 
 #if defined(__has_include)
 #if __has_include("executor/run.h")
@@ -168,7 +173,7 @@ START_TEST(bitcast_convert_same_width) {
   cg_check("HloModule bc\nENTRY main {\n"
            "  a = f32[9] parameter(0)\n  b = f16[9] parameter(1)\n  c = bf16[9] parameter(2)\n"
            "  d = f64[9] parameter(3)\n  e = s8[9] parameter(4)\n"
-           "  x = f32[9] exponential(a)\n  r0 = s32[9] bitcast-convert(x)\n"
+           "  x = f32[9] multiply(a, a)\n  r0 = s32[9] bitcast-convert(x)\n"
            "  y = f16[9] negate(b)\n  r1 = u16[9] bitcast-convert(y)\n"
            "  z = bf16[9] add(c, c)\n  r2 = s16[9] bitcast-convert(z)\n"
            "  w = f64[9] sqrt(d)\n  r3 = u64[9] bitcast-convert(w)\n"
@@ -260,7 +265,8 @@ START_TEST(dynamic_update_in_place) {
       "  p0 = f32[64,16] parameter(0)\n  e = f32[64,16] exponential(p0)\n"
       "  u = f32[2,16] parameter(1)\n  i = s32[] parameter(2)\n  z = s32[] constant(0)\n"
       "  d = f32[64,16] dynamic-update-slice(e, u, i, z)\n"
-      "  ROOT s = f32[64,16] sine(d)\n}\n";
+      "  ROOT s = f32[64,16] negate(d)\n}\n";
+  /* exp within KILN_TOL_ULP_EXP ULPs (tolerance.h), and negate exact. */
   kiln_executable *e = cg_check_full(hlo, 3, false, 1e-6, 0, true);
   for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
     ck_assert_int_ne(e->programs[0].steps[i].kind, KILN_STEP_COPY);
@@ -333,6 +339,71 @@ START_TEST(select_and_scatter) {
 END_TEST
 
 /* ---- reductions and contractions ---------------------------------------- */
+
+/* Random reduction shapes against the interpreter: rank 1-4, dims up to
+ * 70 (so that rows are long enough for the vector lanes, with tails), a
+ * random set of reduced dims, a random layout, f32/f64/s32/bf16 and add,
+ * max or min, with a fused producer; reassociated float sums within
+ * kiln_tol_reduce_f32 of the number reduced (tolerance.h), the rest exact
+ * or within the f32 tolerance. */
+START_TEST(reductions_random) {
+  static const char *const rtypes[] = {"f32", "f32", "f64", "s32", "bf16"};
+  static const char *const ops[] = {"add", "maximum", "minimum"};
+  uint64_t rng = 0x9e3779b97f4a7c15ull + (uint64_t)_i;
+  for (int it = 0; it < 12; it++) {
+#define RND(n) ((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n)
+    uint32_t rank = 1 + (uint32_t)RND(4);
+    int64_t dims[4], n = 1;
+    for (uint32_t d = 0; d < rank; d++) {
+      dims[d] = d + 1 == rank ? 1 + (int64_t)RND(70) : 1 + (int64_t)RND(rank > 2 ? 6 : 12);
+      n *= dims[d];
+    }
+    uint32_t redmask = 1 + (uint32_t)RND((1u << rank) - 1), m2m[4];
+    for (uint32_t d = 0; d < rank; d++) m2m[d] = rank - 1 - d;
+    if (rank > 1 && RND(3) == 0) { /* swap the two most minor dims in the layout */
+      m2m[0] = rank - 2;
+      m2m[1] = rank - 1;
+    }
+    const char *t = rtypes[RND(5)], *op = ops[RND(3)];
+    char in[128] = "", out[128] = "", lay[64] = "", redl[64] = "", olay[64] = "";
+    int64_t nred = 1;
+    uint32_t orank = 0;
+    for (uint32_t d = 0; d < rank; d++) {
+      snprintf(in + strlen(in), sizeof in - strlen(in), "%s%lld", d ? "," : "", (long long)dims[d]);
+      snprintf(lay + strlen(lay), sizeof lay - strlen(lay), "%s%u", d ? "," : "", m2m[d]);
+      if (redmask & (1u << d)) {
+        nred *= dims[d];
+        snprintf(redl + strlen(redl), sizeof redl - strlen(redl), "%s%u", redl[0] ? "," : "", d);
+      } else {
+        snprintf(out + strlen(out), sizeof out - strlen(out), "%s%lld", orank ? "," : "",
+                 (long long)dims[d]);
+        orank++;
+      }
+    }
+    for (uint32_t d = 0; d < orank; d++)
+      snprintf(olay + strlen(olay), sizeof olay - strlen(olay), "%s%u", d ? "," : "",
+               orank - 1 - d);
+    const char *init = strcmp(op, "add") == 0 ? "0" : strcmp(op, "maximum") == 0 ? "-inf" : "inf";
+    if (t[0] == 's')
+      init = strcmp(op, "add") == 0       ? "0"
+             : strcmp(op, "maximum") == 0 ? "-2147483648"
+                                          : "2147483647";
+    char hlo[2048];
+    snprintf(hlo, sizeof hlo,
+             "HloModule rr\nr { a = %s[] parameter(0)  b = %s[] parameter(1)  ROOT s = %s[] "
+             "%s(a, b) }\n"
+             "ENTRY main {\n  p = %s[%s]{%s} parameter(0)\n  q = %s[%s]{%s} multiply(p, p)\n"
+             "  y = %s[%s]{%s} add(q, p)\n  z = %s[] constant(%s)\n"
+             "  ROOT o = %s[%s]{%s} reduce(y, z), dimensions={%s}, to_apply=r\n}\n",
+             t, t, t, op, t, in, lay, t, in, lay, t, in, lay, t, init, t, out, olay, redl);
+    double tol = strcmp(t, "f32") == 0 ? kiln_tol_reduce_f32(nred) : 1e-9;
+    cg_check_full(hlo, 100 + (uint64_t)it, false, tol, 0, false);
+    cg_check_full(hlo, 200 + (uint64_t)it, false, tol, 2, false);
+    (void)n;
+#undef RND
+  }
+}
+END_TEST
 
 START_TEST(reductions) {
   cg_check("HloModule red\nadd { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
@@ -730,6 +801,89 @@ START_TEST(no_client_strings_in_source) {
 }
 END_TEST
 
+/* ---- f32 math in f32: ULP bounds ----------------------------------------- */
+
+static double ref_logistic(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* Each prelude f32 helper, compiled as a kernel over a dense sweep of f32
+ * inputs (every 4099th bit pattern, so every binade of both signs, NaNs
+ * and infinities included, plus [-6, 6] by 2^-15 and the edges), against
+ * the correctly rounded result (libm in double, rounded once: what the
+ * interpreter computes), within its bound of tolerance.h. */
+START_TEST(f32_math_ulp_bounds) {
+  static const struct {
+    const char *op;
+    double (*ref)(double);
+    uint32_t bound;
+  } fns[] = {
+      {"exponential", exp, KILN_TOL_ULP_EXP},
+      {"log", log, KILN_TOL_ULP_LOG},
+      {"log-plus-one", log1p, KILN_TOL_ULP_LOG1P},
+      {"exponential-minus-one", expm1, KILN_TOL_ULP_EXPM1},
+      {"tanh", tanh, KILN_TOL_ULP_TANH},
+      {"logistic", ref_logistic, KILN_TOL_ULP_LOGISTIC},
+      {"erf", erf, KILN_TOL_ULP_ERF},
+  };
+  enum { NF = sizeof fns / sizeof fns[0] };
+  static const float edges[] = {0.0f,    -0.0f,     INFINITY,   -INFINITY, NAN,       1.0f,
+                                -1.0f,   0x1p-149f, -0x1p-149f, 0x1p-126f, 88.72f,    88.73f,
+                                -103.9f, -104.1f,   20.0f,      30.0f,     -30.0f,    4.0f,
+                                -4.0f,   10.0f,     -10.0f,     0x1p-24f,  -0x1p-24f, 3e38f};
+  int64_t n = 0, cap = (int64_t)(UINT32_MAX / 4099u) + 1 + 393216 + 32;
+  float *x = kiln_malloc((size_t)cap * sizeof *x);
+  ck_assert_ptr_nonnull(x);
+  for (uint64_t u = 0; u <= UINT32_MAX; u += 4099u) {
+    uint32_t b = (uint32_t)u;
+    memcpy(&x[n++], &b, 4);
+  }
+  for (int i = -196608; i < 196608; i++) x[n++] = (float)i * 0x1p-15f;
+  for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++) x[n++] = edges[i];
+  kiln_sbuf b = KILN_SBUF_INIT, root = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b, "HloModule ulp\nENTRY main {\n  a = f32[%lld] parameter(0)\n", (long long)n);
+  for (int i = 0; i < NF; i++) {
+    kiln_sbuf_printf(&b, "  r%d = f32[%lld] %s(a)\n", i, (long long)n, fns[i].op);
+    kiln_sbuf_printf(&root, "%sf32[%lld]", i ? ", " : "", (long long)n);
+  }
+  kiln_sbuf_printf(&b, "  ROOT t = (%s) tuple(", kiln_sbuf_str(&root));
+  for (int i = 0; i < NF; i++) kiln_sbuf_printf(&b, "%sr%d", i ? ", " : "", i);
+  kiln_sbuf_puts(&b, ")\n}\n");
+  kiln_module *m = cg_parse(kiln_sbuf_str(&b));
+  kiln_executable *e = cg_compile(m, 0);
+  kiln_literal *arg = NULL, *got = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_literal_create(NULL,
+                                       &kiln_computation_param(m, kiln_module_entry(m), 0)->shape,
+                                       0, &arg, &st),
+                   0);
+  for (int64_t i = 0; i < n; i++) kiln_literal_set_f64(arg, i, x[i]);
+  cg_execute(e, &arg, &got);
+  for (int f = 0; f < NF; f++) {
+    const kiln_literal *out = got->elems[f];
+    uint32_t worst = 0;
+    float at = 0;
+    for (int64_t i = 0; i < n; i++) {
+      float want = (float)fns[f].ref((double)x[i]);
+      uint32_t d = kiln_tol_ulp_f32((float)kiln_literal_get_f64(out, i), want);
+      if (d > worst) {
+        worst = d;
+        at = x[i];
+      }
+    }
+    ck_assert_msg(worst <= fns[f].bound, "f32 %s: %u ULPs at %a (bound %u): %a vs %a", fns[f].op,
+                  worst, (double)at, fns[f].bound, (double)(float)kiln_literal_get_f64(out, 0),
+                  (double)(float)fns[f].ref(at));
+  }
+  kiln_literal_destroy(arg);
+  kiln_literal_destroy(got);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+  kiln_sbuf_free(&b);
+  kiln_sbuf_free(&root);
+  kiln_free(x);
+}
+END_TEST
+
 /* ---- the prelude contract ----------------------------------------------- */
 
 static bool listed(const char *name, size_t n) {
@@ -974,6 +1128,7 @@ int main(void) {
   tcase_add_loop_test(tc, elementwise_every_type, 0, 13);
   tcase_add_loop_test(tc, convert_every_pair, 0, 13);
   tcase_add_test(tc, bitcast_convert_same_width);
+  tcase_add_test(tc, f32_math_ulp_bounds);
   tcase_add_test(tc, integer_edges_exact);
   tcase_add_test(tc, movement_ops);
   tcase_add_test(tc, layouts_honoured);
@@ -983,6 +1138,7 @@ int main(void) {
   tcase_add_test(tc, sort_stable_multi_operand);
   tcase_add_test(tc, select_and_scatter);
   tcase_add_test(tc, reductions);
+  tcase_add_loop_test(tc, reductions_random, 0, 4);
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, dots);
   tcase_add_test(tc, convolutions);

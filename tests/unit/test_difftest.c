@@ -13,7 +13,9 @@
  *  - cpu: kiln_run_module(m, "cpu") with the same pass configurations.
  *    Integers and preds must be identical; floats agree within a small
  *    tolerance, because the backend sums in its own order (BLAS, vector
- *    lanes) and has its own transcendental functions. Ops the backend
+ *    lanes) and has its own transcendental functions (the per-op ULP bounds
+ *    and the size-scaled reduction bound are in tests/support/tolerance.h;
+ *    the relative tolerance here covers both). Ops the backend
  *    refuses with KILN_EUNIMPL are counted and listed, not failures.
  * On a mismatch the test prints what to replay: the seed (or file), the
  * configuration, the first differing element and the module text.

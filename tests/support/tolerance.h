@@ -1,0 +1,65 @@
+/* How closely the compiled backends must agree with the reference
+ * interpreter, in one place (the headers of test_codegen.c and
+ * test_difftest.c point here).
+ *
+ * The interpreter is the oracle. It computes f32 transcendentals in double
+ * and rounds once (so it is correctly rounded but for rare ties), and it
+ * combines a reduction's inputs one at a time in row-major order. The cpu
+ * backend instead computes f32 exp, log, log1p, expm1, tanh, logistic and
+ * erf in f32 with the prelude's vectorizable helpers (emit.h states their
+ * bounds), and sums a row in several vector lanes and partial
+ * accumulators combined at the end, as XLA does. So:
+ *  - an f32 elementwise result of one of those ops is within
+ *    KILN_TOL_ULP_<OP> units in the last place of the interpreter's
+ *    (counted as the distance between the two bit patterns);
+ *  - a chain of ops compounds those bounds with each op's conditioning:
+ *    tests of chains use a relative tolerance, a small multiple of
+ *    KILN_TOL_F32_EPS times the sum of the bounds involved;
+ *  - a reassociated f32 reduction over n elements is within
+ *    kiln_tol_reduce_f32(n) relative to max(1, |result|), for inputs of
+ *    magnitude about 1 (the tests' random inputs): each order's rounding
+ *    error is at most about n * eps * sum|x|, and for random signs it grows
+ *    like sqrt(n) in practice; the bound allows 4 (n + 1) eps.
+ * Integers, predicates, f16/bf16 values and every op not listed stay
+ * bit-exact.
+ */
+#ifndef KILN_TESTS_SUPPORT_TOLERANCE_H
+#define KILN_TESTS_SUPPORT_TOLERANCE_H
+
+#include <stdint.h>
+
+#define KILN_TOL_F32_EPS 0x1p-23 /* one ULP of f32 at 1 */
+
+/* ULPs of the f32 result, helper by helper (emit.h, c_target.c). */
+#define KILN_TOL_ULP_EXP 2
+#define KILN_TOL_ULP_LOG 2
+#define KILN_TOL_ULP_LOG1P 2
+#define KILN_TOL_ULP_EXPM1 2
+#define KILN_TOL_ULP_TANH 3
+#define KILN_TOL_ULP_LOGISTIC 3
+#define KILN_TOL_ULP_ERF 3
+#define KILN_TOL_ULP_MAX 3 /* the largest of the above */
+
+/* Relative tolerance (of max(1, |result|)) of an f32 reduction over n
+ * reassociated elements. */
+static inline double kiln_tol_reduce_f32(int64_t n) {
+  return 4.0 * (double)(n + 1) * KILN_TOL_F32_EPS;
+}
+
+/* The distance in ULPs between two f32 values: the difference of their
+ * bit patterns mapped to a monotone integer scale (so that -0 and +0 are
+ * 1 apart and the sign change costs nothing extra); 0 for two NaNs, and
+ * UINT32_MAX when only one is NaN. */
+static inline uint32_t kiln_tol_ulp_f32(float a, float b) {
+  if (a != a || b != b) return (a != a && b != b) ? 0 : UINT32_MAX;
+  union {
+    float f;
+    uint32_t u;
+  } x = {a}, y = {b};
+  int64_t ka = (x.u & 0x80000000u) ? -(int64_t)(x.u & 0x7fffffffu) - 1 : (int64_t)x.u;
+  int64_t kb = (y.u & 0x80000000u) ? -(int64_t)(y.u & 0x7fffffffu) - 1 : (int64_t)y.u;
+  int64_t d = ka > kb ? ka - kb : kb - ka;
+  return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
+}
+
+#endif /* KILN_TESTS_SUPPORT_TOLERANCE_H */
