@@ -500,6 +500,14 @@ int kiln__remote_run(const kiln__args *a) {
     fprintf(stderr, "kiln run: --disable-pass and --dump-dir apply to local runs\n");
     return KILN_EXIT_USAGE;
   }
+  /* Refused rather than ignored: the server runs single-device programs
+   * only, and a mesh program run on one device would print something else. */
+  if (kiln__args_get(a, "replicas") || kiln__args_get(a, "partitions") ||
+      kiln__args_get(a, "device-args")) {
+    fprintf(stderr, "kiln run: --replicas, --partitions and --device-args are not supported with "
+                    "--server yet (the server runs single-device programs)\n");
+    return KILN_EXIT_USAGE;
+  }
   uint64_t seed;
   const char *seed_text = kiln__args_get(a, "random-args");
   if (seed_text && parse_count(seed_text, &seed)) {

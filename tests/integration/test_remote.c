@@ -899,6 +899,24 @@ static void cache_key_of(const char *out, char key[65]) {
   snprintf(key, 65, "%.64s", p + 1);
 }
 
+/* A mesh run is refused through a server, not run on one device. */
+START_TEST(test_cli_mesh_refused) {
+  char axpy[1024];
+  snprintf(axpy, sizeof axpy, "%s/examples/axpy.hlo", KILN_SOURCE_DIR);
+  const char *flags[][3] = {{"--partitions", "2", NULL}, {"--replicas", "2", NULL}};
+  for (size_t i = 0; i < 2; i++) {
+    char *out, *err;
+    const char *cmd[] = {"run", axpy, "--random-args", "0", flags[i][0], flags[i][1],
+                         "--server", server.addr, NULL};
+    ck_assert_int_eq(kiln_cmd(cmd, &out, &err), 2);
+    ck_assert_str_eq(out, "");
+    ck_assert_str_eq(err, "kiln run: --replicas, --partitions and --device-args are not supported "
+                          "with --server yet (the server runs single-device programs)\n");
+    free(out), free(err);
+  }
+}
+END_TEST
+
 START_TEST(test_cli_targets) {
   char axpy[1024], dir[] = "/tmp/kiln-targets-XXXXXX";
   snprintf(axpy, sizeof axpy, "%s/examples/axpy.hlo", KILN_SOURCE_DIR);
@@ -985,6 +1003,7 @@ static Suite *remote_suite(void) {
   tcase_add_test(tc, test_metrics);
   tcase_add_test(tc, test_cli_remote);
   tcase_add_test(tc, test_cli_targets);
+  tcase_add_test(tc, test_cli_mesh_refused);
   suite_add_tcase(s, tc);
   return s;
 }
