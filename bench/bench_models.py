@@ -253,7 +253,8 @@ def w_transformer_lm_adam(rng):
     """A causal LM training step: embedding, 4 pre-LN blocks, final LN, tied
     output projection, next-token cross-entropy, value_and_grad and Adam."""
     c = LM
-    p = {"emb": uni(rng, c["vocab"], c["d"], scale=0.02), "pos": uni(rng, c["seq"], c["d"], scale=0.02),
+    p = {"emb": uni(rng, c["vocab"], c["d"], scale=0.02),
+         "pos": uni(rng, c["seq"], c["d"], scale=0.02),
          "blocks": [block_params(rng, c["d"], c["ff"]) for _ in range(c["layers"])],
          "lnf_g": np.ones(c["d"], np.float32), "lnf_b": np.zeros(c["d"], np.float32)}
 
