@@ -594,6 +594,8 @@ def main():
         for k, (d, _) in WORKLOADS.items():
             print(f"{k:22s} {d}")
         return
+    if o.rounds < 1:
+        sys.exit("bench_models: --rounds must be at least 1")
     names = o.only.split(",") if o.only else list(WORKLOADS)
     bad = [n for n in names if n not in WORKLOADS]
     if bad:
@@ -637,7 +639,14 @@ def main():
             t0 = time.time()
             wd = os.path.join(tmp, n)
             os.makedirs(wd)
-            r = bench_one(o, n, wd)
+            try:
+                r = bench_one(o, n, wd)
+            except Exception as e:  # JAX could not export or run it: say so, go on
+                first = (str(e).splitlines() or [type(e).__name__])[0]
+                r = {"workload": n, "description": WORKLOADS[n][0], "ratio": None,
+                     "kiln_error": f"not measured: JAX failed: {type(e).__name__}: {first}",
+                     "kiln_error_in": "jax"}
+                log(f"{n}: JAX failed: {e!r}")
             r["seconds"] = round(time.time() - t0, 1)
             results.append(r)
             if out:
