@@ -38,6 +38,7 @@ struct kiln__cpu_conv {
   bool library;
   bool stage_zero;            /* the staged input has holes: zero it first */
   int64_t lhs_off;            /* elements into the lhs where the (cropped) view starts */
+  int64_t stage_off;          /* elements into the staged buffer where the input goes */
   dnnl_primitive_t prim[NPRIM];  /* NULL: not needed */
   /* memory descriptors: user lhs view, staged buffer view (reorder dst),
    * conv input as the operand lies (user view or staged), and as the
@@ -140,28 +141,42 @@ static bool crop(const kiln_conv *c, geo *g, int64_t *off) {
 }
 
 /* The input as the convolution reads it: the lhs view, or the staged one. */
-static dnnl_status_t plan_input(kiln__cpu_conv *p, const geo *g) {
+static dnnl_status_t plan_input(kiln__cpu_conv *p, geo *g) {
   const kiln_conv *c = &p->c;
   int64_t G = c->batch_groups, N = c->lhs_dims[0], C = c->lhs_dims[1];
-  bool stage = G > 1;
-  for (int i = 0; i < g->n; i++) stage |= g->ld[i] > 1;
+  bool stage = G > 1, pad = false;
+  for (int i = 0; i < g->n; i++) {
+    int64_t window = (g->k[i] - 1) * (g->dil[i] + 1) + 1;
+    stage |= g->ld[i] > 1;
+    pad |= g->lo[i] >= window || g->hi[i] >= window; /* oneDNN wants less padding */
+  }
+  stage |= pad;
   dnnl_dims_t dims = {0}, str = {0};
   if (!stage) {
     dims[0] = N, dims[1] = C, str[0] = c->lhs_strides[0], str[1] = c->lhs_strides[1];
     for (int i = 0; i < g->n; i++) dims[2 + i] = g->in[i], str[2 + i] = g->ls[i];
     return strided(&p->src_md, 2 + g->n, dims, str);
   }
-  /* Staged: [N/G][ext...][G][C] dense; the conv reads [N/G, G*C, ext...]. */
+  /* Staged: [N/G][in*ld...][G][C] dense (a dilated dimension is kept
+   * in*ld long, not (in-1)*ld+1, so that oneDNN's stride check, which
+   * takes size times stride as a dimension's extent, sees no overlap);
+   * the conv reads [N/G, G*C, ext...] of it. */
+  /* With `pad` the padding is zeros in the buffer too (lo before, hi
+   * after each dimension) and the conv pads nothing. */
   int64_t B = N / G, inner = G * C, sp[KILN_CONV_MAX_SPATIAL], run = inner;
   for (int i = g->n; i-- > 0;) {
     sp[i] = run;
-    run *= g->ext[i];
+    run *= g->in[i] * g->ld[i] + (pad ? g->lo[i] + g->hi[i] : 0);
   }
   dims[0] = B, dims[1] = inner, str[0] = run, str[1] = 1;
-  for (int i = 0; i < g->n; i++) dims[2 + i] = g->ext[i], str[2 + i] = sp[i];
+  p->stage_off = 0;
+  for (int i = 0; i < g->n; i++) {
+    dims[2 + i] = g->ext[i] + (pad ? g->lo[i] + g->hi[i] : 0), str[2 + i] = sp[i];
+    if (pad) p->stage_off += g->lo[i] * sp[i], g->lo[i] = g->hi[i] = 0;
+  }
   dnnl_status_t s = strided(&p->src_md, 2 + g->n, dims, str);
   p->stage_bytes = (size_t)B * (size_t)run * sizeof(float);
-  p->stage_zero = false;
+  p->stage_zero = pad;
   for (int i = 0; i < g->n; i++) p->stage_zero |= g->ld[i] > 1;
   /* The reorder: lhs as [G, B, C, in...] into the staged buffer. */
   dnnl_dims_t ud = {0}, us = {0}, ss = {0};
@@ -262,7 +277,9 @@ static void release(kiln__cpu_conv *p) {
   p->library = false;
 }
 
-/* Whether oneDNN takes c (f32; feature and batch groups not both). */
+/* Whether oneDNN takes c (f32; feature and batch groups not both; some
+ * input inside the window: when padding and cropping leave none, the
+ * output is zeros and the direct loop writes them). */
 static void plan_library(kiln__cpu_conv *p) {
   const kiln_conv *c = &p->c;
   geo g;
@@ -332,7 +349,8 @@ static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs
   void *x = (float *)lhs + p->lhs_off;
   if (p->prim[P_STAGE]) {
     if (p->stage_zero) memset(stage, 0, p->stage_bytes);
-    rc = exec(s, p->prim[P_STAGE], &p->lhs_md, x, DNNL_ARG_FROM, NULL, NULL, &p->stage_md, stage,
+    rc = exec(s, p->prim[P_STAGE], &p->lhs_md, x, DNNL_ARG_FROM, NULL, NULL, &p->stage_md,
+              (float *)stage + p->stage_off,
               DNNL_ARG_TO, &p->scratch_md[P_STAGE], scratch);
     x = stage;
   }
