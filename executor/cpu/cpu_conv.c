@@ -280,15 +280,38 @@ static void release(kiln__cpu_conv *p) {
 /* Whether oneDNN takes c (f32; feature and batch groups not both; some
  * input inside the window: when padding and cropping leave none, the
  * output is zeros and the direct loop writes them). */
+/* Elements of an operand, and whether its strides could be a layout:
+ * more elements than its span means they overlap (a hostile step), which
+ * the direct loop survives and a library need not. */
+static bool distinct(const int64_t *dims, const int64_t *strides, uint32_t n) {
+  __int128 count = 1, last = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (dims[i] == 0) return false;
+    count *= dims[i];
+    if (count > ((__int128)1 << 62)) return false; /* more than any slot holds */
+    last += (__int128)(dims[i] - 1) * strides[i];
+  }
+  return count <= last + 1;
+}
+
+/* The staged input's bytes stay far from overflowing size_t. */
+static bool stage_fits(const kiln_conv *c, const geo *g) {
+  __int128 n = (__int128)c->lhs_dims[0] * c->lhs_dims[1] * (int64_t)sizeof(float);
+  for (int i = 0; i < g->n && n <= ((__int128)1 << 40); i++)
+    n *= (__int128)g->in[i] * g->ld[i] + g->lo[i] + g->hi[i];
+  return n <= ((__int128)1 << 40);
+}
+
 static void plan_library(kiln__cpu_conv *p) {
   const kiln_conv *c = &p->c;
   geo g;
+  uint32_t nd = c->nspatial + 2;
   pthread_once(&engine_once, make_engine);
   if (engine_status != dnnl_success || c->dtype != KILN_F32 ||
-      (c->feature_groups > 1 && c->batch_groups > 1) || !crop(c, &g, &p->lhs_off))
+      (c->feature_groups > 1 && c->batch_groups > 1) || !crop(c, &g, &p->lhs_off) ||
+      !distinct(c->lhs_dims, c->lhs_strides, nd) || !distinct(c->rhs_dims, c->rhs_strides, nd) ||
+      !distinct(c->out_dims, c->out_strides, nd) || !stage_fits(c, &g))
     return;
-  for (uint32_t i = 0; i < KILN_CONV_MAX_DIMS && i < c->nspatial + 2u; i++)
-    if (c->lhs_dims[i] == 0 || c->rhs_dims[i] == 0 || c->out_dims[i] == 0) return;
   p->library = true;
   if (plan_input(p, &g) != dnnl_success || plan_weights_output(p, &g) != dnnl_success ||
       plan_conv(p, &g) != dnnl_success)

@@ -371,7 +371,8 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
     return 0;
   case KILN_STEP_CONV: {
     char why[160];
-    if (s->nargs != 3 || s->conv == NULL)
+    if (s->conv == NULL) return kiln_status_set(st, KILN_EINVAL, w, "conv step without a description");
+    if (s->nargs != 3)
       return kiln_status_set(st, KILN_EINVAL, w, "conv takes 3 slots (lhs, rhs, out), %u given",
                              s->nargs);
     if (!kiln_conv_check(s->conv, e->slots[s->args[0]].size, e->slots[s->args[1]].size,
