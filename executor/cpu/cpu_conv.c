@@ -27,9 +27,52 @@
 #include "executor/cpu/cpu.h"
 
 #ifdef KILN_HAVE_DNNL
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 
 #include <dnnl.h>
+
+/* oneDNN is opened at the first plan, not linked: its OpenMP runtime
+ * (libgomp) reads OMP_WAIT_POLICY when it is loaded, and the default
+ * policy keeps oneDNN's idle threads spinning after every primitive,
+ * taking the cores from the device pool's kernels that run next (a
+ * convnet ran 10x slower so on a loaded 2-core machine). The plan sets
+ * the policy to passive first unless the environment already says. */
+#define DNNL_FNS(X) \
+  X(dnnl_dilated_convolution_forward_desc_init) X(dnnl_engine_create) X(dnnl_memory_create) \
+  X(dnnl_memory_desc_equal) X(dnnl_memory_desc_get_size) X(dnnl_memory_desc_init_by_strides) \
+  X(dnnl_memory_desc_init_by_tag) X(dnnl_memory_destroy) X(dnnl_primitive_attr_create) \
+  X(dnnl_primitive_attr_destroy) X(dnnl_primitive_attr_set_scratchpad_mode) \
+  X(dnnl_primitive_create) X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) \
+  X(dnnl_primitive_desc_query) X(dnnl_primitive_desc_query_md) X(dnnl_primitive_destroy) \
+  X(dnnl_primitive_execute) X(dnnl_reorder_primitive_desc_create) X(dnnl_stream_create) \
+  X(dnnl_stream_destroy) X(dnnl_stream_wait)
+#define DECLARE(f) static __typeof__(f) *p_##f;
+DNNL_FNS(DECLARE)
+#undef DECLARE
+#define dnnl_dilated_convolution_forward_desc_init p_dnnl_dilated_convolution_forward_desc_init
+#define dnnl_engine_create p_dnnl_engine_create
+#define dnnl_memory_create p_dnnl_memory_create
+#define dnnl_memory_desc_equal p_dnnl_memory_desc_equal
+#define dnnl_memory_desc_get_size p_dnnl_memory_desc_get_size
+#define dnnl_memory_desc_init_by_strides p_dnnl_memory_desc_init_by_strides
+#define dnnl_memory_desc_init_by_tag p_dnnl_memory_desc_init_by_tag
+#define dnnl_memory_destroy p_dnnl_memory_destroy
+#define dnnl_primitive_attr_create p_dnnl_primitive_attr_create
+#define dnnl_primitive_attr_destroy p_dnnl_primitive_attr_destroy
+#define dnnl_primitive_attr_set_scratchpad_mode p_dnnl_primitive_attr_set_scratchpad_mode
+#define dnnl_primitive_create p_dnnl_primitive_create
+#define dnnl_primitive_desc_create p_dnnl_primitive_desc_create
+#define dnnl_primitive_desc_destroy p_dnnl_primitive_desc_destroy
+#define dnnl_primitive_desc_query p_dnnl_primitive_desc_query
+#define dnnl_primitive_desc_query_md p_dnnl_primitive_desc_query_md
+#define dnnl_primitive_destroy p_dnnl_primitive_destroy
+#define dnnl_primitive_execute p_dnnl_primitive_execute
+#define dnnl_reorder_primitive_desc_create p_dnnl_reorder_primitive_desc_create
+#define dnnl_stream_create p_dnnl_stream_create
+#define dnnl_stream_destroy p_dnnl_stream_destroy
+#define dnnl_stream_wait p_dnnl_stream_wait
 
 enum { P_STAGE, P_SRC, P_WEI, P_CONV, P_DST, NPRIM };
 
@@ -53,7 +96,19 @@ static dnnl_engine_t engine;
 static dnnl_status_t engine_status = dnnl_runtime_error;
 static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 
-static void make_engine(void) { engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0); }
+/* Opens oneDNN (KILN_DNNL_LIBRARY from the build, else its soname) and
+ * makes the cpu engine; engine_status stays an error when it cannot. */
+static void make_engine(void) {
+  setenv("OMP_WAIT_POLICY", "passive", 0);
+  void *h = dlopen(KILN_DNNL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) return;
+  bool ok = true;
+#define RESOLVE(f) ok = ok && (*(void **)&p_##f = dlsym(h, #f)) != NULL;
+  DNNL_FNS(RESOLVE)
+#undef RESOLVE
+  if (ok) engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
+}
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
