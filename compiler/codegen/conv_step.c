@@ -14,11 +14,11 @@
 
 #include "compiler/codegen/lower_internal.h"
 
-#define MAX_EXTENT ((int64_t)1 << 31)  /* sizes, group counts, window values */
-#define MAX_STRIDE ((int64_t)1 << 40)  /* element strides */
+#define MAX_EXTENT ((int64_t)1 << 31) /* sizes, group counts, window values */
+#define MAX_STRIDE ((int64_t)1 << 40) /* element strides */
 
-static int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t lo, int64_t hi,
-                        int64_t ld, int64_t rd) {
+static int64_t out_size(int64_t in, int64_t k, int64_t stride, int64_t lo, int64_t hi, int64_t ld,
+                        int64_t rd) {
   int64_t padded = lo + hi + (in > 0 ? (in - 1) * ld + 1 : 0);
   int64_t window = k > 0 ? (k - 1) * rd + 1 : 0;
   if (in == 0 || k == 0 || padded < window) return 0;
@@ -38,8 +38,8 @@ static __int128 span(const int64_t *dims, const int64_t *strides, uint32_t n) {
 
 static bool in_range(int64_t v, int64_t lo, int64_t hi) { return v >= lo && v < hi; }
 
-bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes,
-                     uint64_t out_bytes, char *why, size_t nwhy) {
+bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes, uint64_t out_bytes,
+                     char *why, size_t nwhy) {
 #define NO(...) return snprintf(why, nwhy, __VA_ARGS__), false
   if (c->dtype != KILN_F32 && c->dtype != KILN_F64)
     NO("element type %d (f32 or f64 only)", (int)c->dtype);
@@ -59,7 +59,8 @@ bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes,
            (long long)strides[k][i]);
   for (uint32_t i = 0; i < c->nspatial; i++)
     if (!in_range(c->stride[i], 1, MAX_EXTENT) || !in_range(c->lhs_dilate[i], 1, MAX_EXTENT) ||
-        !in_range(c->rhs_dilate[i], 1, MAX_EXTENT) || !in_range(c->pad_lo[i], -MAX_EXTENT, MAX_EXTENT) ||
+        !in_range(c->rhs_dilate[i], 1, MAX_EXTENT) ||
+        !in_range(c->pad_lo[i], -MAX_EXTENT, MAX_EXTENT) ||
         !in_range(c->pad_hi[i], -MAX_EXTENT, MAX_EXTENT))
       NO("window dimension %u: stride %lld, padding %lld_%lld, dilation %lld/%lld", i,
          (long long)c->stride[i], (long long)c->pad_lo[i], (long long)c->pad_hi[i],
@@ -188,9 +189,9 @@ bool kiln__conv_plan(const kiln_module *m, const kiln_instr *ins, kiln_conv *c) 
   const kiln_conv_dims *d = da ? da->v.conv : NULL;
   const kiln_window *w = wa ? wa->v.window : NULL;
   if (os->dtype != KILN_F32 || ls->dtype != os->dtype || rs->dtype != os->dtype || d == NULL ||
-      d->nspatial > KILN_CONV_MAX_SPATIAL || ls->rank != d->nspatial + 2 ||
-      rs->rank != ls->rank || os->rank != ls->rank || (w && w->rank != d->nspatial) ||
-      os->dynamic || ls->dynamic || rs->dynamic)
+      d->nspatial > KILN_CONV_MAX_SPATIAL || ls->rank != d->nspatial + 2 || rs->rank != ls->rank ||
+      os->rank != ls->rank || (w && w->rank != d->nspatial) || os->dynamic || ls->dynamic ||
+      rs->dynamic)
     return false;
   int64_t lst[KILN_CONV_MAX_DIMS], rst[KILN_CONV_MAX_DIMS], ost[KILN_CONV_MAX_DIMS];
   if (!dim_strides(ls, lst) || !dim_strides(rs, rst) || !dim_strides(os, ost)) return false;

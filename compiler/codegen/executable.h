@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define KILN_EXE_MAGIC "KILNEXE1"      /* 8 bytes */
-#define KILN_EXE_FORMAT_VERSION 2u /* 2: the convolution step */
+#define KILN_EXE_FORMAT_VERSION 2u     /* 2: the convolution step */
 #define KILN_COMPILER_VERSION "0.1.0"
 
 typedef enum kiln_slot_kind {
@@ -89,8 +89,8 @@ typedef struct kiln_gemm {
 #define KILN_CONV_MAX_SPATIAL 3
 #define KILN_CONV_MAX_DIMS (KILN_CONV_MAX_SPATIAL + 2)
 typedef struct kiln_conv {
-  kiln_dtype dtype;            /* of all three operands (F32 or F64) */
-  uint32_t nspatial;           /* 0 .. KILN_CONV_MAX_SPATIAL */
+  kiln_dtype dtype;  /* of all three operands (F32 or F64) */
+  uint32_t nspatial; /* 0 .. KILN_CONV_MAX_SPATIAL */
   int64_t feature_groups, batch_groups;
   int64_t lhs_dims[KILN_CONV_MAX_DIMS], lhs_strides[KILN_CONV_MAX_DIMS];
   int64_t rhs_dims[KILN_CONV_MAX_DIMS], rhs_strides[KILN_CONV_MAX_DIMS];
@@ -173,8 +173,8 @@ int kiln_executable_deserialize(const uint8_t *buf, size_t len, kiln_executable 
 
 /* Whether c is a well-formed convolution whose operands fit in lhs_bytes,
  * rhs_bytes and out_bytes; on false, why[] says what is wrong. */
-bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes,
-                     uint64_t out_bytes, char *why, size_t nwhy);
+bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes, uint64_t out_bytes,
+                     char *why, size_t nwhy);
 /* The direct loop (accumulating in double): the reference for the step
  * and the fallback when no library takes it. c must pass kiln_conv_check. */
 void kiln_conv_reference(const kiln_conv *c, const void *lhs, const void *rhs, void *out);

@@ -39,15 +39,31 @@
  * taking the cores from the device pool's kernels that run next (a
  * convnet ran 10x slower so on a loaded 2-core machine). The plan sets
  * the policy to passive first unless the environment already says. */
+/* clang-format off */
 #define DNNL_FNS(X) \
-  X(dnnl_dilated_convolution_forward_desc_init) X(dnnl_engine_create) X(dnnl_memory_create) \
-  X(dnnl_memory_desc_equal) X(dnnl_memory_desc_get_size) X(dnnl_memory_desc_init_by_strides) \
-  X(dnnl_memory_desc_init_by_tag) X(dnnl_memory_destroy) X(dnnl_primitive_attr_create) \
-  X(dnnl_primitive_attr_destroy) X(dnnl_primitive_attr_set_scratchpad_mode) \
-  X(dnnl_primitive_create) X(dnnl_primitive_desc_create) X(dnnl_primitive_desc_destroy) \
-  X(dnnl_primitive_desc_query) X(dnnl_primitive_desc_query_md) X(dnnl_primitive_destroy) \
-  X(dnnl_primitive_execute) X(dnnl_reorder_primitive_desc_create) X(dnnl_stream_create) \
-  X(dnnl_stream_destroy) X(dnnl_stream_wait)
+  X(dnnl_dilated_convolution_forward_desc_init) \
+  X(dnnl_engine_create) \
+  X(dnnl_memory_create) \
+  X(dnnl_memory_desc_equal) \
+  X(dnnl_memory_desc_get_size) \
+  X(dnnl_memory_desc_init_by_strides) \
+  X(dnnl_memory_desc_init_by_tag) \
+  X(dnnl_memory_destroy) \
+  X(dnnl_primitive_attr_create) \
+  X(dnnl_primitive_attr_destroy) \
+  X(dnnl_primitive_attr_set_scratchpad_mode) \
+  X(dnnl_primitive_create) \
+  X(dnnl_primitive_desc_create) \
+  X(dnnl_primitive_desc_destroy) \
+  X(dnnl_primitive_desc_query) \
+  X(dnnl_primitive_desc_query_md) \
+  X(dnnl_primitive_destroy) \
+  X(dnnl_primitive_execute) \
+  X(dnnl_reorder_primitive_desc_create) \
+  X(dnnl_stream_create) \
+  X(dnnl_stream_destroy) \
+  X(dnnl_stream_wait)
+/* clang-format on */
 #define DECLARE(f) static __typeof__(f) *p_##f;
 DNNL_FNS(DECLARE)
 #undef DECLARE
@@ -79,10 +95,10 @@ enum { P_STAGE, P_SRC, P_WEI, P_CONV, P_DST, NPRIM };
 struct kiln__cpu_conv {
   kiln_conv c;
   bool library;
-  bool stage_zero;            /* the staged input has holes: zero it first */
-  int64_t lhs_off;            /* elements into the lhs where the (cropped) view starts */
-  int64_t stage_off;          /* elements into the staged buffer where the input goes */
-  dnnl_primitive_t prim[NPRIM];  /* NULL: not needed */
+  bool stage_zero;              /* the staged input has holes: zero it first */
+  int64_t lhs_off;              /* elements into the lhs where the (cropped) view starts */
+  int64_t stage_off;            /* elements into the staged buffer where the input goes */
+  dnnl_primitive_t prim[NPRIM]; /* NULL: not needed */
   /* memory descriptors: user lhs view, staged buffer view (reorder dst),
    * conv input as the operand lies (user view or staged), and as the
    * primitive takes it; the same for weights and output */
@@ -123,7 +139,8 @@ static dnnl_status_t any(dnnl_memory_desc_t *md, int n, const dnnl_dims_t dims) 
 
 static dnnl_status_t make_attr(dnnl_primitive_attr_t *attr) {
   dnnl_status_t s = dnnl_primitive_attr_create(attr);
-  if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user);
+  if (s == dnnl_success)
+    s = dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user);
   return s;
 }
 
@@ -152,10 +169,10 @@ static dnnl_status_t reorder(kiln__cpu_conv *p, int k, const dnnl_memory_desc_t 
 
 /* Per spatial dimension after cropping. */
 typedef struct geo {
-  int n;                                /* spatial dims given to oneDNN (>= 1) */
-  int64_t in[KILN_CONV_MAX_SPATIAL];    /* input elements kept */
-  int64_t ext[KILN_CONV_MAX_SPATIAL];   /* their extent once dilated */
-  dnnl_dims_t lo, hi, st, dil;                /* as oneDNN takes them */
+  int n;                              /* spatial dims given to oneDNN (>= 1) */
+  int64_t in[KILN_CONV_MAX_SPATIAL];  /* input elements kept */
+  int64_t ext[KILN_CONV_MAX_SPATIAL]; /* their extent once dilated */
+  dnnl_dims_t lo, hi, st, dil;        /* as oneDNN takes them */
   int64_t k[KILN_CONV_MAX_SPATIAL], out[KILN_CONV_MAX_SPATIAL];
   int64_t ls[KILN_CONV_MAX_SPATIAL], ks[KILN_CONV_MAX_SPATIAL], os[KILN_CONV_MAX_SPATIAL];
   int64_t ld[KILN_CONV_MAX_SPATIAL];
@@ -283,8 +300,8 @@ static dnnl_status_t conv_pd(kiln__cpu_conv *p, const geo *g, bool as_is,
   dnnl_convolution_desc_t cd;
   if (s == dnnl_success)
     s = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                   dnnl_convolution_direct, &src, &wei, NULL,
-                                                   &dst, g->st, g->dil, g->lo, g->hi);
+                                                   dnnl_convolution_direct, &src, &wei, NULL, &dst,
+                                                   g->st, g->dil, g->lo, g->hi);
   dnnl_primitive_attr_t attr;
   if (s == dnnl_success) s = make_attr(&attr);
   if (s != dnnl_success) return s;
@@ -428,8 +445,7 @@ static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs
   if (p->prim[P_STAGE]) {
     if (p->stage_zero) memset(stage, 0, p->stage_bytes);
     rc = exec(s, p->prim[P_STAGE], &p->lhs_md, x, DNNL_ARG_FROM, NULL, NULL, &p->stage_md,
-              (float *)stage + p->stage_off,
-              DNNL_ARG_TO, &p->scratch_md[P_STAGE], scratch);
+              (float *)stage + p->stage_off, DNNL_ARG_TO, &p->scratch_md[P_STAGE], scratch);
     x = stage;
   }
   if (rc == dnnl_success && p->prim[P_SRC]) {

@@ -35,7 +35,7 @@
 #define MAX_KERNELS (1u << 20)
 #define MAX_CODE_BYTES (UINT64_C(1) << 30)
 
-static const char *const step_names[] = {"kernel", "gemm",  "copy", "while",
+static const char *const step_names[] = {"kernel",      "gemm", "copy", "while",
                                          "conditional", "call", "conv"};
 
 /* ---- shapes and bindings ------------------------------------------------ */
@@ -371,7 +371,8 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
     return 0;
   case KILN_STEP_CONV: {
     char why[160];
-    if (s->conv == NULL) return kiln_status_set(st, KILN_EINVAL, w, "conv step without a description");
+    if (s->conv == NULL)
+      return kiln_status_set(st, KILN_EINVAL, w, "conv step without a description");
     if (s->nargs != 3)
       return kiln_status_set(st, KILN_EINVAL, w, "conv takes 3 slots (lhs, rhs, out), %u given",
                              s->nargs);
@@ -391,9 +392,11 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
 static int plan_conv(kiln__cpu_loaded *l, kiln_arena *a, uint32_t p, uint32_t i, const char *w,
                      kiln_status *st) {
   const kiln_program *pr = &l->exe->programs[p];
-  if (l->conv == NULL && (l->conv = kiln_arena_calloc(a, l->exe->nprograms, sizeof *l->conv)) == NULL)
+  if (l->conv == NULL &&
+      (l->conv = kiln_arena_calloc(a, l->exe->nprograms, sizeof *l->conv)) == NULL)
     return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
-  if (l->conv[p] == NULL && (l->conv[p] = kiln_arena_calloc(a, pr->nsteps, sizeof **l->conv)) == NULL)
+  if (l->conv[p] == NULL &&
+      (l->conv[p] = kiln_arena_calloc(a, pr->nsteps, sizeof **l->conv)) == NULL)
     return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
   return kiln__cpu_conv_create(pr->steps[i].conv, &l->conv[p][i], w, st);
 }

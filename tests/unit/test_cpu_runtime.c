@@ -1129,15 +1129,15 @@ START_TEST(test_conv_step) {
 END_TEST
 
 START_TEST(test_hostile_conv_step) {
-  BREAK(as_conv(e); e->programs[0].steps[0].conv = NULL, KILN_EINVAL,
-        "conv step without a description");
+  BREAK(as_conv(e);
+        e->programs[0].steps[0].conv = NULL, KILN_EINVAL, "conv step without a description");
   BREAK(as_conv(e)->out_dims[2] = 2, KILN_EINVAL,
         "conv: out spatial dimension 0 has size 2, the window gives 1");
   BREAK(as_conv(e)->lhs_strides[2] = 2, KILN_EINVAL, "conv: lhs spans 60 bytes, its slot has 32");
   BREAK(as_conv(e)->nspatial = 4, KILN_EINVAL, "conv: 4 spatial dimensions (at most 3)");
   BREAK(as_conv(e)->dtype = KILN_BF16, KILN_EINVAL, "conv: element type");
   BREAK(as_conv(e); e->programs[0].steps[0].args[2] = 0, KILN_EINVAL,
-        "conv writes slot 0, a parameter or constant");
+                    "conv writes slot 0, a parameter or constant");
 }
 END_TEST
 
