@@ -20,6 +20,7 @@ ROOT=$PWD
 #   clang libclang-rt-14-dev            libFuzzer builds (tests/fuzz)
 #   python3 python3-venv                the .venv for the JAX peer tests
 #   libopenblas-dev                     dot on the CPU backend (cblas)
+#   libdnnl-dev                         convolution on the CPU backend (oneDNN)
 #   libgrpc-dev libuv1-dev libssl-dev   kilnd: gRPC core, its event loop, SHA-256
 #   libhiredis-dev redis-server         the shared cache tier and its tests
 PACKAGES=(
@@ -28,7 +29,7 @@ PACKAGES=(
   check libsubunit-dev
   clang libclang-rt-14-dev
   python3 python3-venv
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libgrpc-dev libuv1-dev libssl-dev
   libhiredis-dev redis-server
 )

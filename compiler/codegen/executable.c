@@ -126,6 +126,31 @@ static void put_binding(writer *w, const kiln_binding *b) {
   put_u32(w, b->slot);
 }
 
+/* The convolution payload, after the common step fields of a CONV step. */
+static void put_conv(writer *w, const kiln_conv *c) {
+  kiln_conv zero = {0};
+  if (c == NULL) c = &zero;
+  put_u32(w, (uint32_t)c->dtype);
+  put_u32(w, c->nspatial);
+  put_i64(w, c->feature_groups);
+  put_i64(w, c->batch_groups);
+  for (int i = 0; i < KILN_CONV_MAX_DIMS; i++) {
+    put_i64(w, c->lhs_dims[i]);
+    put_i64(w, c->lhs_strides[i]);
+    put_i64(w, c->rhs_dims[i]);
+    put_i64(w, c->rhs_strides[i]);
+    put_i64(w, c->out_dims[i]);
+    put_i64(w, c->out_strides[i]);
+  }
+  for (int i = 0; i < KILN_CONV_MAX_SPATIAL; i++) {
+    put_i64(w, c->stride[i]);
+    put_i64(w, c->pad_lo[i]);
+    put_i64(w, c->pad_hi[i]);
+    put_i64(w, c->lhs_dilate[i]);
+    put_i64(w, c->rhs_dilate[i]);
+  }
+}
+
 static void put_step(writer *w, const kiln_step *s) {
   put_u32(w, (uint32_t)s->kind);
   put_u32(w, s->kernel);
@@ -143,6 +168,7 @@ static void put_step(writer *w, const kiln_step *s) {
   put_u8(w, g->trans_b);
   put_f64(w, g->alpha);
   put_f64(w, g->beta);
+  if (s->kind == KILN_STEP_CONV) put_conv(w, s->conv);
 }
 
 int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *len,
@@ -348,9 +374,35 @@ static void get_slot(reader *r, kiln_slot *s) {
   s->size = get_u64(r, "slot size");
 }
 
+/* Read as it comes; kiln_conv_check judges it with the slots (check_step). */
+static void get_conv(reader *r, kiln_step *s) {
+  kiln_conv *c = arr(r, 1, sizeof *c);
+  if (c == NULL) return;
+  c->dtype = (kiln_dtype)get_u32(r, "conv dtype");
+  c->nspatial = get_u32(r, "conv nspatial");
+  c->feature_groups = get_i64(r, "conv feature_groups");
+  c->batch_groups = get_i64(r, "conv batch_groups");
+  for (int i = 0; i < KILN_CONV_MAX_DIMS; i++) {
+    c->lhs_dims[i] = get_i64(r, "conv lhs dims");
+    c->lhs_strides[i] = get_i64(r, "conv lhs strides");
+    c->rhs_dims[i] = get_i64(r, "conv rhs dims");
+    c->rhs_strides[i] = get_i64(r, "conv rhs strides");
+    c->out_dims[i] = get_i64(r, "conv out dims");
+    c->out_strides[i] = get_i64(r, "conv out strides");
+  }
+  for (int i = 0; i < KILN_CONV_MAX_SPATIAL; i++) {
+    c->stride[i] = get_i64(r, "conv window stride");
+    c->pad_lo[i] = get_i64(r, "conv window pad_lo");
+    c->pad_hi[i] = get_i64(r, "conv window pad_hi");
+    c->lhs_dilate[i] = get_i64(r, "conv window lhs_dilate");
+    c->rhs_dilate[i] = get_i64(r, "conv window rhs_dilate");
+  }
+  s->conv = c;
+}
+
 static void get_step(reader *r, kiln_step *s) {
   uint32_t k = get_u32(r, "step kind");
-  if (r->rc == 0 && k > KILN_STEP_CALL) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
+  if (r->rc == 0 && k > KILN_STEP_CONV) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
   s->kind = (kiln_step_kind)k;
   s->kernel = get_u32(r, "step kernel");
   s->range = get_u64(r, "step range");
@@ -370,6 +422,8 @@ static void get_step(reader *r, kiln_step *s) {
   uint64_t a = get_u64(r, "gemm alpha"), b = get_u64(r, "gemm beta");
   memcpy(&g->alpha, &a, sizeof a);
   memcpy(&g->beta, &b, sizeof b);
+  s->conv = NULL;
+  if (r->rc == 0 && s->kind == KILN_STEP_CONV) get_conv(r, s);
 }
 
 /* ---- checks of the whole ------------------------------------------------ */
@@ -490,6 +544,16 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
   case KILN_STEP_CALL:
     if (s->nsub != 1) return bad(st, "call step in program", p, "needs 1 program");
     break;
+  case KILN_STEP_CONV: {
+    char why[160];
+    if (s->nargs != 3 || s->conv == NULL)
+      return bad(st, "conv step in program", p, "needs 3 slots (lhs, rhs, out) and a description");
+    if (!kiln_conv_check(s->conv, slot_size(e, s->args[0]), slot_size(e, s->args[1]),
+                         slot_size(e, s->args[2]), why, sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, "executable blob", "conv step in program %u: %s", p,
+                             why);
+    break;
+  }
   }
   return 0;
 }

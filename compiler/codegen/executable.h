@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define KILN_EXE_MAGIC "KILNEXE1"      /* 8 bytes */
-#define KILN_EXE_FORMAT_VERSION 1u
+#define KILN_EXE_FORMAT_VERSION 2u     /* 2: the convolution step */
 #define KILN_COMPILER_VERSION "0.1.0"
 
 typedef enum kiln_slot_kind {
@@ -64,6 +64,9 @@ typedef enum kiln_step_kind {
   KILN_STEP_CONDITIONAL,
   /* Runs program sub[0] (a call or an inlined computation). */
   KILN_STEP_CALL,
+  /* out = convolution(lhs, rhs) as kiln_conv describes; args = {lhs, rhs,
+   * out}. Through oneDNN on CPU (executor/cpu/cpu_conv.c). */
+  KILN_STEP_CONV,
 } kiln_step_kind;
 
 typedef struct kiln_gemm {
@@ -75,6 +78,29 @@ typedef struct kiln_gemm {
   double alpha, beta;
 } kiln_gemm;
 
+/* A convolution with its operands' layouts resolved: each operand is
+ * described by the sizes and element strides of its dimensions in a fixed
+ * role order, so every dim_labels permutation and every layout is the same
+ * step. lhs and out: [batch, feature, spatial...]; rhs: [output feature,
+ * input feature, spatial...]. Semantics are XLA's (see compiler/eval):
+ * output feature o belongs to feature group o / (O / feature_groups) and to
+ * batch group o / (O / batch_groups); out batch b reads lhs batch
+ * b + group * (lhs batch / batch_groups). No window reversal. */
+#define KILN_CONV_MAX_SPATIAL 3
+#define KILN_CONV_MAX_DIMS (KILN_CONV_MAX_SPATIAL + 2)
+typedef struct kiln_conv {
+  kiln_dtype dtype;  /* of all three operands (F32 or F64) */
+  uint32_t nspatial; /* 0 .. KILN_CONV_MAX_SPATIAL */
+  int64_t feature_groups, batch_groups;
+  int64_t lhs_dims[KILN_CONV_MAX_DIMS], lhs_strides[KILN_CONV_MAX_DIMS];
+  int64_t rhs_dims[KILN_CONV_MAX_DIMS], rhs_strides[KILN_CONV_MAX_DIMS];
+  int64_t out_dims[KILN_CONV_MAX_DIMS], out_strides[KILN_CONV_MAX_DIMS];
+  /* per spatial dimension */
+  int64_t stride[KILN_CONV_MAX_SPATIAL];
+  int64_t pad_lo[KILN_CONV_MAX_SPATIAL], pad_hi[KILN_CONV_MAX_SPATIAL]; /* may be negative */
+  int64_t lhs_dilate[KILN_CONV_MAX_SPATIAL], rhs_dilate[KILN_CONV_MAX_SPATIAL];
+} kiln_conv;
+
 typedef struct kiln_step {
   kiln_step_kind kind;
   uint32_t kernel;             /* KERNEL */
@@ -84,6 +110,7 @@ typedef struct kiln_step {
   uint32_t *sub;               /* program ids (WHILE: 2, CONDITIONAL: n, CALL: 1) */
   uint32_t nsub;
   kiln_gemm gemm;              /* GEMM */
+  kiln_conv *conv;             /* CONV (owned by the executable's arena); else NULL */
 } kiln_step;
 
 typedef struct kiln_program {
@@ -143,6 +170,14 @@ int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *l
  * or magic is KILN_EINVAL with a message saying so. */
 int kiln_executable_deserialize(const uint8_t *buf, size_t len, kiln_executable **out,
                                 kiln_status *st);
+
+/* Whether c is a well-formed convolution whose operands fit in lhs_bytes,
+ * rhs_bytes and out_bytes; on false, why[] says what is wrong. */
+bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes, uint64_t out_bytes,
+                     char *why, size_t nwhy);
+/* The direct loop (accumulating in double): the reference for the step
+ * and the fallback when no library takes it. c must pass kiln_conv_check. */
+void kiln_conv_reference(const kiln_conv *c, const void *lhs, const void *rhs, void *out);
 
 #ifdef __cplusplus
 }

@@ -316,6 +316,29 @@ static uint32_t leaf0(kiln__lctx *c, kiln_id id) {
   return n ? s[0] : KILN_NO_SLOT;
 }
 
+/* A convolution as one CONV step (through oneDNN on the cpu backend), when
+ * the build has the library and the step can describe it; *done false
+ * leaves it to the loop kernel. */
+static int conv_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, bool *done) {
+  *done = false;
+#ifdef KILN_HAVE_DNNL
+  kiln_conv cv;
+  if (strcmp(c->g->mod.target->name, "cpu") != 0 || !kiln__conv_plan(c->m, ins, &cv)) return 0;
+  uint32_t args[3] = {leaf0(c, ins->operands[0]), leaf0(c, ins->operands[1]), leaf0(c, ins->id)};
+  if (args[0] == KILN_NO_SLOT || args[1] == KILN_NO_SLOT || args[2] == KILN_NO_SLOT) return 0;
+  kiln_step s = {.kind = KILN_STEP_CONV, .nargs = 3};
+  s.args = kiln_arena_memdup(c->e->arena, args, sizeof args);
+  s.conv = kiln_arena_memdup(c->e->arena, &cv, sizeof cv);
+  if (s.args == NULL || s.conv == NULL)
+    return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  *done = true;
+  return kiln__lower_step(c, prog, &s);
+#else
+  (void)c, (void)prog, (void)ins;
+  return 0;
+#endif
+}
+
 /* ---- fusions ------------------------------------------------------------ */
 
 static int bind_fusion_cb(kb *b, const kiln_instr *ins) { return kb_bind_fusion(b, ins); }
@@ -470,6 +493,12 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     if (kiln__gemm_plan(c->m, ins, &g, &swap))
       return gemm_step(c, prog, ins, leaf0(c, ins->operands[0]), leaf0(c, ins->operands[1]),
                        leaf0(c, ins->id));
+    break;
+  }
+  case KILN_OP_CONVOLUTION: {
+    bool done;
+    int rc = conv_step(c, prog, ins, &done);
+    if (rc || done) return rc;
     break;
   }
   case KILN_OP_SORT: return sort_kernel(c, prog, ins);

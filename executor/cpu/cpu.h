@@ -6,6 +6,7 @@
  * step programs. cpu_bind.c: host literals to and from the bindings
  * (layouts, tuples, donation). cpu_gemm.c: GEMM steps through OpenBLAS,
  * split over the pool. cpu_collective.c: collectives between devices.
+ * cpu_conv.c: convolution steps through oneDNN.
  */
 #ifndef KILN_EXECUTOR_CPU_CPU_H
 #define KILN_EXECUTOR_CPU_CPU_H
@@ -67,6 +68,9 @@ typedef struct kiln__cpu_loaded {
   uint64_t **argv_base;
   uint64_t nargv;
   uint32_t *leaf_base; /* nparams: first flattened leaf of parameter p */
+  /* conv[p][s]: the plan of CONV step s of program p (cpu_conv.c); NULL
+   * for other steps, and conv[p] NULL for programs without one. */
+  struct kiln__cpu_conv ***conv;
   /* Per parameter leaf: a result is bound to its slot (input_output_alias
    * donation), so the program may write it. The literal API copies such a
    * leaf first; the buffer API writes the caller's buffer. */
@@ -110,5 +114,17 @@ int kiln__cpu_collective(kiln_comm *c, const kiln_collective *d, kiln_status *st
  * pool. Arguments are checked at load. */
 void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
                     void *c);
+
+/* The CONV step (cpu_conv.c): primitives made once at load (through
+ * oneDNN when the build has it, else the direct loop); running one is safe
+ * from several runs at once. c must have passed kiln_conv_check. */
+typedef struct kiln__cpu_conv kiln__cpu_conv;
+int kiln__cpu_conv_create(const kiln_conv *c, kiln__cpu_conv **out, const char *where,
+                          kiln_status *st);
+void kiln__cpu_conv_destroy(kiln__cpu_conv *p);
+int kiln__cpu_conv_run(const kiln__cpu_conv *p, const void *lhs, const void *rhs, void *out,
+                       kiln_status *st);
+/* Whether the plan runs through oneDNN (false: the direct loop). */
+bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p);
 
 #endif /* KILN_EXECUTOR_CPU_CPU_H */

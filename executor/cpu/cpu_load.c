@@ -35,7 +35,8 @@
 #define MAX_KERNELS (1u << 20)
 #define MAX_CODE_BYTES (UINT64_C(1) << 30)
 
-static const char *const step_names[] = {"kernel", "gemm", "copy", "while", "conditional", "call"};
+static const char *const step_names[] = {"kernel",      "gemm", "copy", "while",
+                                         "conditional", "call", "conv"};
 
 /* ---- shapes and bindings ------------------------------------------------ */
 
@@ -368,8 +369,36 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
     if (s->nsub != 1)
       return kiln_status_set(st, KILN_EINVAL, w, "call takes 1 program, has %u", s->nsub);
     return 0;
+  case KILN_STEP_CONV: {
+    char why[160];
+    if (s->conv == NULL)
+      return kiln_status_set(st, KILN_EINVAL, w, "conv step without a description");
+    if (s->nargs != 3)
+      return kiln_status_set(st, KILN_EINVAL, w, "conv takes 3 slots (lhs, rhs, out), %u given",
+                             s->nargs);
+    if (!kiln_conv_check(s->conv, e->slots[s->args[0]].size, e->slots[s->args[1]].size,
+                         e->slots[s->args[2]].size, why, sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, w, "conv: %s", why);
+    if (!slot_writable(e, l, s->args[2]))
+      return kiln_status_set(st, KILN_EINVAL, w, "conv writes slot %u, a parameter or constant",
+                             s->args[2]);
+    return 0;
+  }
   }
   return kiln_status_set(st, KILN_EINVAL, w, "unknown step kind %d", s->kind);
+}
+
+/* The library primitives of CONV step i of program p, made once here. */
+static int plan_conv(kiln__cpu_loaded *l, kiln_arena *a, uint32_t p, uint32_t i, const char *w,
+                     kiln_status *st) {
+  const kiln_program *pr = &l->exe->programs[p];
+  if (l->conv == NULL &&
+      (l->conv = kiln_arena_calloc(a, l->exe->nprograms, sizeof *l->conv)) == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
+  if (l->conv[p] == NULL &&
+      (l->conv[p] = kiln_arena_calloc(a, pr->nsteps, sizeof **l->conv)) == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
+  return kiln__cpu_conv_create(pr->steps[i].conv, &l->conv[p][i], w, st);
 }
 
 /* Height of program p's nesting below it; rejects cycles and depth beyond
@@ -426,6 +455,7 @@ static int check_programs(const kiln_executable *e, kiln__cpu_loaded *l, kiln_ar
       snprintf(w, sizeof w, "program %u step %u (%s)", p, i,
                kind < sizeof step_names / sizeof step_names[0] ? step_names[kind] : "?");
       int rc = check_step(e, l, s, w, st);
+      if (rc == 0 && s->kind == KILN_STEP_CONV) rc = plan_conv(l, a, p, i, w, st);
       if (rc) return rc;
       l->argv_base[p][i] = nargv;
       nargv += s->nargs;
@@ -609,6 +639,9 @@ void kiln__cpu_unload(kiln__cpu_loaded *l) {
   if (l == NULL) return;
   if (l->dl) dlclose(l->dl);
   if (l->memfd >= 0) close(l->memfd);
+  for (uint32_t p = 0; l->conv && p < l->exe->nprograms; p++)
+    for (uint32_t i = 0; l->conv[p] && i < l->exe->programs[p].nsteps; i++)
+      kiln__cpu_conv_destroy(l->conv[p][i]);
   for (uint32_t i = 0; i < l->narena_cache; i++) kiln_free(l->arena_cache[i]);
   pthread_mutex_destroy(&l->mu);
   loaded_block *blk = (loaded_block *)l;

@@ -181,6 +181,7 @@ static inline void cg_program(cg_run *r, uint32_t p) {
       break;
     }
     case KILN_STEP_CALL: cg_program(r, s->sub[0]); break;
+    case KILN_STEP_CONV: kiln_conv_reference(s->conv, ptr[0], ptr[1], ptr[2]); break;
     }
   }
 }

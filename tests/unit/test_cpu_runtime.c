@@ -1058,8 +1058,8 @@ END_TEST
   } while (0)
 
 START_TEST(test_hostile_header_and_code) {
-  BREAK(e->format_version = 2, KILN_EINVAL,
-        "executable format version 2, this executor runs version 1");
+  BREAK(e->format_version = 99, KILN_EINVAL,
+        "executable format version 99, this executor runs version 2");
   BREAK(e->target = "cuda-sm_90", KILN_EINVAL,
         "executable compiled for target 'cuda-sm_90', not a cpu target");
   BREAK(e->target = "zx81", KILN_EINVAL, "executable compiled for target 'zx81', not a cpu target");
@@ -1083,6 +1083,63 @@ START_TEST(test_hostile_header_and_code) {
   BREAK(e->temp_bytes = UINT64_C(1) << 62, KILN_ELIMIT,
         "executable needs a 4611686018427387904-byte temporary arena, the limit is "
         "1073741824");
+}
+END_TEST
+
+/* Makes step 0 of the add executable a convolution of x [1, 1, 8] with y
+ * as a [1, 1, 8] kernel into z [1, 1, 1] (a dot product); returns it. */
+static kiln_conv *as_conv(kiln_executable *e) {
+  kiln_step *s = &e->programs[0].steps[0];
+  kiln_conv *c = kiln_arena_calloc(e->arena, 1, sizeof *c);
+  *c = (kiln_conv){.dtype = KILN_F32,
+                   .nspatial = 1,
+                   .feature_groups = 1,
+                   .batch_groups = 1,
+                   .lhs_dims = {1, 1, 8},
+                   .lhs_strides = {8, 8, 1},
+                   .rhs_dims = {1, 1, 8},
+                   .rhs_strides = {8, 8, 1},
+                   .out_dims = {1, 1, 1},
+                   .out_strides = {1, 1, 1},
+                   .stride = {1},
+                   .lhs_dilate = {1},
+                   .rhs_dilate = {1}};
+  s->kind = KILN_STEP_CONV;
+  s->conv = c;
+  return c;
+}
+
+START_TEST(test_conv_step) {
+  kiln_executable *e = add_exe(8);
+  as_conv(e);
+  kiln_literal *x = lit(KILN_F32, 1, (int64_t[]){8}), *y = lit(KILN_F32, 1, (int64_t[]){8});
+  float want = 0;
+  for (int i = 0; i < 8; i++) {
+    ((float *)x->data)[i] = fi(i);
+    ((float *)y->data)[i] = gi(i);
+    want += fi(i) * gi(i);
+  }
+  kiln_literal *out = NULL;
+  const kiln_literal *args[] = {x, y};
+  ck_assert_int_eq(run1(e, 2, args, 2, NULL, &out), 0);
+  ck_assert_float_eq(((float *)out->data)[0], want);
+  kiln_literal_destroy(out);
+  kiln_literal_destroy(x);
+  kiln_literal_destroy(y);
+  kiln_executable_destroy(e);
+}
+END_TEST
+
+START_TEST(test_hostile_conv_step) {
+  BREAK(as_conv(e);
+        e->programs[0].steps[0].conv = NULL, KILN_EINVAL, "conv step without a description");
+  BREAK(as_conv(e)->out_dims[2] = 2, KILN_EINVAL,
+        "conv: out spatial dimension 0 has size 2, the window gives 1");
+  BREAK(as_conv(e)->lhs_strides[2] = 2, KILN_EINVAL, "conv: lhs spans 60 bytes, its slot has 32");
+  BREAK(as_conv(e)->nspatial = 4, KILN_EINVAL, "conv: 4 spatial dimensions (at most 3)");
+  BREAK(as_conv(e)->dtype = KILN_BF16, KILN_EINVAL, "conv: element type");
+  BREAK(as_conv(e); e->programs[0].steps[0].args[2] = 0, KILN_EINVAL,
+                    "conv writes slot 0, a parameter or constant");
 }
 END_TEST
 
@@ -1507,6 +1564,8 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_hostile_header_and_code);
   tcase_add_test(tc, test_hostile_tables);
+  tcase_add_test(tc, test_conv_step);
+  tcase_add_test(tc, test_hostile_conv_step);
   tcase_add_test(tc, test_hostile_steps);
   tcase_add_test(tc, test_hostile_deep_nesting);
   tcase_add_test(tc, test_temp_limit);

@@ -37,7 +37,7 @@ static uint32_t *ids(kiln_arena *a, uint32_t n, ...) {
 
 /* A small executable touching every field: a tuple parameter, a layout
  * with a tail, all slot kinds, a GEMM, a copy, a kernel, a while loop with
- * two nested programs, and a conditional. */
+ * two nested programs, a conditional and a convolution. */
 static kiln_executable *sample(void) {
   kiln_executable *e = kiln_executable_create();
   ck_assert_ptr_nonnull(e);
@@ -97,7 +97,25 @@ static kiln_executable *sample(void) {
   kiln_step *c = kiln_arena_calloc(a, 1, sizeof *c);
   c[0] = (kiln_step){.kind = KILN_STEP_CALL, .sub = ids(a, 1, 3), .nsub = 1};
   e->programs[2] = (kiln_program){c, 1};
-  e->programs[3] = (kiln_program){NULL, 0};
+  /* A convolution: lhs [b 1, f 4, x 4] in slot 0, kernel [o 2, i 4, x 2]
+   * in the constants, out [1, 2, 3] in the temporary slot 3. */
+  kiln_step *v = kiln_arena_calloc(a, 1, sizeof *v);
+  kiln_conv *cv = kiln_arena_calloc(a, 1, sizeof *cv);
+  *cv = (kiln_conv){.dtype = KILN_F32,
+                    .nspatial = 1,
+                    .feature_groups = 1,
+                    .batch_groups = 1,
+                    .lhs_dims = {1, 4, 4},
+                    .lhs_strides = {16, 4, 1},
+                    .rhs_dims = {2, 4, 2},
+                    .rhs_strides = {8, 2, 1},
+                    .out_dims = {1, 2, 3},
+                    .out_strides = {6, 3, 1},
+                    .stride = {1},
+                    .lhs_dilate = {1},
+                    .rhs_dilate = {1}};
+  v[0] = (kiln_step){.kind = KILN_STEP_CONV, .args = ids(a, 3, 0, 4, 3), .nargs = 3, .conv = cv};
+  e->programs[3] = (kiln_program){v, 1};
   e->nkernels = 2;
   e->ncode = 100;
   e->code = kiln_arena_calloc(a, 100, 1);
@@ -233,6 +251,31 @@ static void bad_layout(kiln_executable *e) { e->param_shapes[0].layout->minor_to
 static void leaves_count(kiln_executable *e) { e->nparam_leaves = 2; }
 static void result_small(kiln_executable *e) { e->slots[5].size = 8; }
 
+static kiln_conv *conv_of(kiln_executable *e) { return e->programs[3].steps[0].conv; }
+static void conv_out_size(kiln_executable *e) { conv_of(e)->out_dims[2] = 4; }
+static void conv_past_slot(kiln_executable *e) { conv_of(e)->lhs_strides[1] = 100; }
+static void conv_spatial(kiln_executable *e) { conv_of(e)->nspatial = 9; }
+static void conv_dtype(kiln_executable *e) { conv_of(e)->dtype = KILN_S32; }
+static void conv_groups(kiln_executable *e) { conv_of(e)->feature_groups = 0; }
+static void conv_features(kiln_executable *e) { conv_of(e)->feature_groups = 2; }
+static void conv_stride(kiln_executable *e) { conv_of(e)->stride[0] = 0; }
+static void conv_negative(kiln_executable *e) { conv_of(e)->rhs_strides[1] = -2; }
+static void conv_args(kiln_executable *e) { e->programs[3].steps[0].nargs = 2; }
+
+START_TEST(bad_conv_steps_named) {
+  expect_rejected(conv_out_size,
+                  "conv step in program 3: out spatial dimension 0 has size 4, the window gives 3");
+  expect_rejected(conv_past_slot, "conv step in program 3: lhs spans 1216 bytes, its slot has 64");
+  expect_rejected(conv_spatial, "conv step in program 3: 9 spatial dimensions (at most 3)");
+  expect_rejected(conv_dtype, "conv step in program 3: element type");
+  expect_rejected(conv_groups, "conv step in program 3: feature_groups 0");
+  expect_rejected(conv_features, "do not fit the groups (2, 1)");
+  expect_rejected(conv_stride, "conv step in program 3: window dimension 0: stride 0");
+  expect_rejected(conv_negative, "conv step in program 3: rhs dimension 1: size 4, stride -2");
+  expect_rejected(conv_args, "conv step in program 3: needs 3 slots (lhs, rhs, out)");
+}
+END_TEST
+
 START_TEST(out_of_range_fields_named) {
   expect_rejected(slot_past_arena, "slot 3: lies outside the temporary arena");
   expect_rejected(slot_id, "step slot in program 0: out of range");
@@ -263,11 +306,11 @@ START_TEST(header_checks) {
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
   ck_assert_str_eq(st.msg, "magic at offset 0: not a Kiln executable");
   b[0] = 'K';
-  b[8] = 2; /* format version, little-endian u32 after the magic */
+  b[8] = 99; /* format version, little-endian u32 after the magic */
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
   ck_assert_str_eq(st.msg,
-                   "format version at offset 12: unsupported format version 2 (expected 1)");
-  b[8] = 1;
+                   "format version at offset 12: unsupported format version 99 (expected 2)");
+  b[8] = 2;
   ck_assert_int_eq(load(b, len, &st), 0);
   b[len - 1] ^= 1;
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
@@ -327,6 +370,7 @@ int main(void) {
   tcase_add_test(tc, every_truncation_fails_cleanly);
   tcase_add_test(tc, flipped_bytes_never_crash);
   tcase_add_test(tc, out_of_range_fields_named);
+  tcase_add_test(tc, bad_conv_steps_named);
   tcase_add_test(tc, header_checks);
   tcase_add_test(tc, out_of_memory_is_reported);
   suite_add_tcase(s, tc);
