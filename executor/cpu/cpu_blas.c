@@ -53,6 +53,11 @@ const char *kiln_cpu_blas_better_core(void) {
 }
 
 void kiln_cpu_blas_select_core(char **argv) {
+  /* oneDNN's OpenMP threads (executor/cpu/cpu_conv.c) spin after each
+   * convolution unless told to wait passively; set here, before any thread
+   * of ours exists, so that nothing later has to change the environment
+   * while other threads may read it. A user's own value stays. */
+  setenv("OMP_WAIT_POLICY", "passive", 0);
   const char *core = kiln_cpu_blas_better_core();
   if (core == NULL || argv == NULL || argv[0] == NULL) return;
   /* OPENBLAS_CORETYPE now set, the new image takes the early return above

@@ -30,7 +30,8 @@ const char *kiln_cpu_blas_core(void);
  * DQ, VL), "Haswell" with AVX2 and FMA. NULL when nothing is to change. */
 const char *kiln_cpu_blas_better_core(void);
 
-/* Call first thing in main(), before any thread of ours starts: when
+/* Call first thing in main(), before any thread of ours starts. Sets
+ * OMP_WAIT_POLICY=passive unless set (for oneDNN's OpenMP threads), then, when
  * kiln_cpu_blas_better_core() names a core, sets OPENBLAS_CORETYPE to it
  * and re-executes the program (/proc/self/exe) with the same argv and the
  * environment otherwise unchanged. Returns only when nothing was to change

@@ -126,7 +126,11 @@ static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 /* Opens oneDNN (KILN_DNNL_LIBRARY from the build, else its soname) and
  * makes the cpu engine; engine_status stays an error when it cannot. */
 static void make_engine(void) {
-  setenv("OMP_WAIT_POLICY", "passive", 0);
+  /* kiln and kilnd set OMP_WAIT_POLICY at start (kiln_cpu_blas_select_core);
+   * a process that did not (a test, another program linking the executor)
+   * gets it here, before oneDNN's runtime first reads it. setenv is not
+   * safe against a concurrent getenv, so it is skipped when already set. */
+  if (getenv("OMP_WAIT_POLICY") == NULL) setenv("OMP_WAIT_POLICY", "passive", 0);
   void *h = dlopen(KILN_DNNL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
   if (h == NULL) return;
