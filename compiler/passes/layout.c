@@ -302,7 +302,10 @@ static bool reads_any_layout(const kiln_instr *u) {
   case KILN_OP_CUSTOM_CALL:
   case KILN_OP_BITCAST:
   case KILN_OP_OPTIMIZATION_BARRIER:
-  case KILN_OP_DOMAIN: return false;
+  case KILN_OP_DOMAIN:
+  /* A dot's GEMM needs its batch dims major: a transpose in front of one
+   * (dot_canon puts them only where the bytes must move) stays a copy. */
+  case KILN_OP_DOT: return false;
   default:
     return !(kiln_opcode_flags(u->op) &
              (KILN_OPF_COLLECTIVE | KILN_OPF_ASYNC | KILN_OPF_SIDE_EFFECT));
