@@ -20,11 +20,15 @@
  *  - bf16 and f16 operands are converted to f32, and the product
  *    accumulates in f32 (as XLA's CPU backend does); the result is
  *    converted back to the dot's type.
- * The result is reshaped back to the dot's dims. A dot that already has
- * that form (one free dim or none per side, one contracting dim, batch
- * dims physically major, f32 or f64) is left alone, as are integer dots,
- * dots of other types, dynamic shapes and empty arrays, and fused
- * computations (already past this point). */
+ * The result is reshaped back to the dot's dims. Integer dots stay loop
+ * kernels (no BLAS for them) but get the same form with K minor on both
+ * sides, [batch..., M, K] x [batch..., N, K], so that each result element
+ * is one contiguous inner product the C compiler vectorizes. A dot that
+ * already has its form (one free dim or none per side, one contracting
+ * dim, batch dims physically major, f32 or f64, or K minor for integers)
+ * is left alone, as are dots of other types (f8, complex, mixed), dynamic
+ * shapes and empty arrays, and fused computations (already past this
+ * point). */
 #include <stdio.h>
 #include <string.h>
 
@@ -93,10 +97,11 @@ static void side_order(const side *s, const uint32_t *ord, bool free_first, int6
 }
 
 /* Picks the group order of side s for ord: the one its physical order
- * already is, if any (no copy), else the default. */
-static void side_pick(const side *s, const uint32_t *ord, bool dflt_free_first, int64_t *q,
-                      bool *fc, bool *copy) {
-  for (uint32_t t = 0; t < 2; t++) {
+ * already is, if any (no copy), else the default; `strict` accepts only
+ * the default. */
+static void side_pick(const side *s, const uint32_t *ord, bool dflt_free_first, bool strict,
+                      int64_t *q, bool *fc, bool *copy) {
+  for (uint32_t t = 0; t < (strict ? 1u : 2u); t++) {
     bool ff = t == 0 ? dflt_free_first : !dflt_free_first;
     side_order(s, ord, ff, q);
     if (memcmp(q, s->phys, s->rank * sizeof *q) == 0) {
@@ -118,7 +123,9 @@ static void order_by(const side *s, uint32_t *ord) {
       if (s->c->v[i] == s->phys[k]) ord[n++] = i;
 }
 
-static void make_plan(const side *l, const side *r, plan *p) {
+/* `loop`: the dot stays a loop kernel (integers), which vectorizes when
+ * both sides keep K minor ([M, K] and [N, K]); a GEMM takes either order. */
+static void make_plan(const side *l, const side *r, bool loop, plan *p) {
   uint32_t cand[3][MAXR];
   for (uint32_t i = 0; i < l->nc; i++) cand[0][i] = i;
   order_by(l, cand[1]);
@@ -127,8 +134,8 @@ static void make_plan(const side *l, const side *r, plan *p) {
   for (uint32_t k = 0; k < 3; k++) {
     plan t;
     memcpy(t.ord, cand[k], l->nc * sizeof *t.ord);
-    side_pick(l, t.ord, true, t.q[0], &t.fc[0], &t.copy[0]);
-    side_pick(r, t.ord, false, t.q[1], &t.fc[1], &t.copy[1]);
+    side_pick(l, t.ord, true, loop, t.q[0], &t.fc[0], &t.copy[0]);
+    side_pick(r, t.ord, loop, loop, t.q[1], &t.fc[1], &t.copy[1]);
     int cost = t.copy[0] + t.copy[1];
     if (best < 0 || cost < best) {
       best = cost;
@@ -215,9 +222,12 @@ static int side_build(kiln_module *m, uint32_t comp, const kiln_instr *d, const 
   return 0;
 }
 
-/* The type the GEMM runs in, or KILN_INVALID to leave d alone. */
+/* The type the GEMM runs in (an integer dot: its own type, for the loop
+ * kernel), or KILN_INVALID to leave d alone. */
 static kiln_dtype gemm_type(kiln_dtype l, kiln_dtype r, kiln_dtype o) {
   if (l == KILN_F64 && r == KILN_F64 && o == KILN_F64) return KILN_F64;
+  if (l == o && r == o && (kiln_dtype_is_signed_int(o) || kiln_dtype_is_unsigned_int(o)))
+    return o;
   bool lf = l == KILN_F32 || l == KILN_BF16 || l == KILN_F16;
   bool rf = r == KILN_F32 || r == KILN_BF16 || r == KILN_F16;
   bool of = o == KILN_F32 || o == KILN_BF16 || o == KILN_F16;
@@ -245,7 +255,8 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_instr *d, bool *done) {
       l.nb != r.nb || l.nc != r.nc || d->shape.rank != l.nb + l.nf + r.nf)
     return 0;
   plan p;
-  make_plan(&l, &r, &p);
+  bool loop = t != KILN_F32 && t != KILN_F64;
+  make_plan(&l, &r, loop, &p);
   bool same_type = a->shape.dtype == t && b->shape.dtype == t && d->shape.dtype == t;
   if (same_type && l.nc == 1 && l.nf <= 1 && r.nf <= 1 && !p.copy[0] && !p.copy[1])
     return 0; /* a GEMM already */

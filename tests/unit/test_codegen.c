@@ -451,6 +451,20 @@ START_TEST(dots_become_gemms) {
       "  c = f32[8,4,128,64] dot(s, r), lhs_batch_dims={0,1}, rhs_batch_dims={0,2}, "
       "lhs_contracting_dims={3}, rhs_contracting_dims={1}\n"
       "  ROOT t = (f32[8,128,256], f32[8,4,128,64]) tuple(p, c)\n}\n";
+  /* Integer dots stay loops, K made minor on both sides; extreme values
+   * wrap as the interpreter's do (32-bit and narrower accumulate in
+   * uint32_t, 64-bit in uint64_t). */
+  static const char ints[] =
+      "HloModule di\nENTRY main {\n"
+      "  x = s32[2,6,8] parameter(0)\n  w = s32[8,5] parameter(1)\n"
+      "  d0 = s32[2,6,5] dot(x, w), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n"
+      "  a = u8[3,7,4] parameter(2)\n  b = u8[4,7,2] parameter(3)\n"
+      "  d1 = u8[3,2] dot(a, b), lhs_contracting_dims={1,2}, rhs_contracting_dims={1,0}\n"
+      "  c = s64[5,9] parameter(4)\n  e = s64[9,3] parameter(5)\n"
+      "  d2 = s64[5,3] dot(c, e), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  ROOT t = (s32[2,6,5], u8[3,2], s64[5,3]) tuple(d0, d1, d2)\n}\n";
+  for (uint64_t seed = 1; seed < 4; seed++) cg_check_full(ints, seed, true, 0, 2, false);
+
   kiln_module *m = cg_parse(big);
   e = cg_compile(m, 2);
   ck_assert_uint_eq(gemm_steps(e, g, 8), 3);
