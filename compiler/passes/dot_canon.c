@@ -120,7 +120,9 @@ static void order_by(const side *s, uint32_t *ord) {
   uint32_t n = 0;
   for (uint32_t k = 0; k < s->rank; k++)
     for (uint32_t i = 0; i < s->nc; i++)
-      if (s->c->v[i] == s->phys[k]) ord[n++] = i;
+      if (s->c->v[i] == s->phys[k] && n < s->nc) ord[n++] = i;
+  if (n != s->nc) /* not a permutation (the verifier refuses such layouts) */
+    for (uint32_t i = 0; i < s->nc; i++) ord[i] = i;
 }
 
 /* `loop`: the dot stays a loop kernel (integers), which vectorizes when
@@ -285,6 +287,12 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_instr *d, bool *done) {
       kiln_instr_set_attr_ints(m, g, KILN_ATTR_LHS_CONTRACTING_DIMS, &lc, 1) ||
       kiln_instr_set_attr_ints(m, g, KILN_ATTR_RHS_CONTRACTING_DIMS, &rc, 1))
     return KILN_ENOMEM;
+  if (!same_dims) { /* a sharding describes the old dims: the reshape's users keep theirs */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < g->nattrs; i++)
+      if (g->attrs[i].key != KILN_ATTR_SHARDING) g->attrs[k++] = g->attrs[i];
+    g->nattrs = k;
+  }
   kiln_id y = g->id;
   const kiln_shape *ds = &d->shape;
   if (!same_dims) {
