@@ -7,7 +7,9 @@
  * match it: reductions start from the init value and visit the reduced
  * positions in row-major order; windows skip padding and dilation holes;
  * dot and convolution convert operands to the result type, accumulate
- * products in double (floats) or wrapping 64-bit integers, and round once.
+ * products in double (floats) or wrapping integers (32-bit for results of
+ * up to 32 bits, which vectorizes and keeps the same low bits, else
+ * 64-bit), and round once.
  */
 #include <stdio.h>
 #include <string.h>
@@ -324,8 +326,8 @@ static int accumulate(kiln__emit_fn *f, const kiln_instr *ins, uint32_t acc, kil
 
 static uint32_t open_acc(kiln__emit_fn *f, kiln_dtype t) {
   uint32_t acc = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = 0;",
-                  kiln_dtype_is_float(t) ? "double" : narrow_int(t) ? "uint32_t" : "uint64_t", acc);
+  const char *ty = kiln_dtype_is_float(t) ? "double" : narrow_int(t) ? "uint32_t" : "uint64_t";
+  kiln__emit_line(f, "%s v%u = 0;", ty, acc);
   return acc;
 }
 

@@ -162,8 +162,8 @@ static kiln_instr *add(kiln_module *m, uint32_t comp, kiln_opcode op, const kiln
 /* A new instruction `op` of operand x with dtype t and dims (layout
  * `lay`, or none). */
 static kiln_id unary(kiln_module *m, uint32_t comp, kiln_opcode op, const kiln_instr *d,
-                     const char *what, kiln_id x, kiln_dtype t, const int64_t *dims,
-                     uint32_t rank, const kiln_layout *lay) {
+                     const char *what, kiln_id x, kiln_dtype t, const int64_t *dims, uint32_t rank,
+                     const kiln_layout *lay) {
   kiln_instr *u = add(m, comp, op, d, what);
   kiln_shape s;
   if (u == NULL || kiln_shape_make_array(m->arena, &s, t, dims, rank)) return KILN_NO_ID;
@@ -228,8 +228,7 @@ static int side_build(kiln_module *m, uint32_t comp, const kiln_instr *d, const 
  * kernel), or KILN_INVALID to leave d alone. */
 static kiln_dtype gemm_type(kiln_dtype l, kiln_dtype r, kiln_dtype o) {
   if (l == KILN_F64 && r == KILN_F64 && o == KILN_F64) return KILN_F64;
-  if (l == o && r == o && (kiln_dtype_is_signed_int(o) || kiln_dtype_is_unsigned_int(o)))
-    return o;
+  if (l == o && r == o && (kiln_dtype_is_signed_int(o) || kiln_dtype_is_unsigned_int(o))) return o;
   bool lf = l == KILN_F32 || l == KILN_BF16 || l == KILN_F16;
   bool rf = r == KILN_F32 || r == KILN_BF16 || r == KILN_F16;
   bool of = o == KILN_F32 || o == KILN_BF16 || o == KILN_F16;
@@ -301,8 +300,7 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_instr *d, bool *done) {
     if (y == KILN_NO_ID) return KILN_ENOMEM;
   }
   if (ds->dtype != t) {
-    y = unary(m, comp, KILN_OP_CONVERT, d, "convert", y, ds->dtype, ds->dims, ds->rank,
-              ds->layout);
+    y = unary(m, comp, KILN_OP_CONVERT, d, "convert", y, ds->dtype, ds->dims, ds->rank, ds->layout);
     if (y == KILN_NO_ID) return KILN_ENOMEM;
   }
   kiln_replace_all_uses(m, comp, d->id, y);
