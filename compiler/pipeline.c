@@ -20,6 +20,7 @@ static const kiln_pass passes[] = {
     {"dce", kiln_pass_dce, 0},
     {"while_licm", kiln_pass_while_licm, 1},
     {"annotations", kiln_pass_annotations, 0},
+    {"dot_canon", kiln_pass_dot_canon, 1},
     {"fusion", kiln_pass_fusion, 1},
     {"layout", kiln_pass_layout, 1},
     {"schedule", kiln_pass_schedule, 0},

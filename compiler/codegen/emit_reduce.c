@@ -8,7 +8,9 @@
  * positions in row-major order (except float add/max/min over a row, which
  * run in vector lanes: see "row reductions" below); windows skip padding and dilation holes;
  * dot and convolution convert operands to the result type, accumulate
- * products in double (floats) or wrapping 64-bit integers, and round once.
+ * products in double (floats) or wrapping integers (32-bit for results of
+ * up to 32 bits, which vectorizes and keeps the same low bits, else
+ * 64-bit), and round once.
  */
 #include <stdio.h>
 #include <string.h>
@@ -425,6 +427,12 @@ static int reduce_window(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix
 
 /* ---- dot and convolution ------------------------------------------------ */
 
+/* Integer results of at most 32 bits accumulate in uint32_t: the same
+ * bits modulo 2^32 as a 64-bit sum, and a loop the compiler vectorizes. */
+static bool narrow_int(kiln_dtype t) {
+  return (kiln_dtype_is_signed_int(t) || kiln_dtype_is_unsigned_int(t)) && kiln_dtype_bits(t) <= 32;
+}
+
 /* acc += convert(l) * convert(r), in the accumulator of result type t. */
 static int accumulate(kiln__emit_fn *f, const kiln_instr *ins, uint32_t acc, kiln_dtype t,
                       const kiln__ix *ly, const kiln__ix *ry) {
@@ -437,6 +445,10 @@ static int accumulate(kiln__emit_fn *f, const kiln_instr *ins, uint32_t acc, kil
   if (rc) return rc;
   if (kiln_dtype_is_float(t))
     kiln__emit_line(f, "v%u += (double)v%u * (double)v%u;", acc, lv, rv);
+  else if (narrow_int(t) && kiln_dtype_is_signed_int(t))
+    kiln__emit_line(f, "v%u += (uint32_t)(int32_t)v%u * (uint32_t)(int32_t)v%u;", acc, lv, rv);
+  else if (narrow_int(t))
+    kiln__emit_line(f, "v%u += (uint32_t)v%u * (uint32_t)v%u;", acc, lv, rv);
   else if (kiln_dtype_is_signed_int(t))
     kiln__emit_line(f, "v%u += (uint64_t)(int64_t)v%u * (uint64_t)(int64_t)v%u;", acc, lv, rv);
   else
@@ -446,7 +458,8 @@ static int accumulate(kiln__emit_fn *f, const kiln_instr *ins, uint32_t acc, kil
 
 static uint32_t open_acc(kiln__emit_fn *f, kiln_dtype t) {
   uint32_t acc = kiln__emit_newvar(f);
-  kiln__emit_line(f, "%s v%u = 0;", kiln_dtype_is_float(t) ? "double" : "uint64_t", acc);
+  const char *ty = kiln_dtype_is_float(t) ? "double" : narrow_int(t) ? "uint32_t" : "uint64_t";
+  kiln__emit_line(f, "%s v%u = 0;", ty, acc);
   return acc;
 }
 
@@ -454,8 +467,8 @@ static int close_acc(kiln__emit_fn *f, const kiln_instr *ins, uint32_t acc, kiln
                      uint32_t *var) {
   char a[16], e[256];
   snprintf(a, sizeof a, "v%u", acc);
-  int rc = kiln__emit_convert_expr(f, ins, a, kiln_dtype_is_float(t) ? KILN_F64 : KILN_U64, t, e,
-                                   sizeof e);
+  kiln_dtype at = kiln_dtype_is_float(t) ? KILN_F64 : narrow_int(t) ? KILN_U32 : KILN_U64;
+  int rc = kiln__emit_convert_expr(f, ins, a, at, t, e, sizeof e);
   if (rc) return rc;
   *var = kiln__emit_newvar(f);
   kiln__emit_line(f, "%s v%u = %s;", kiln__ctype(f->mod, t), *var, e);

@@ -5,7 +5,8 @@
  *
  * The rules, in order:
  *  1. A dot operand that is a transpose is folded into the dot's dimension
- *     numbers when the dot stays a plain (batched) matrix product: the dot
+ *     numbers when the dot is f32 or f64 (a GEMM) and stays a plain
+ *     (batched) matrix product: the dot
  *     reads the transpose's operand directly and the GEMM runs with a
  *     transpose flag. The same holds for the dot inside a kOutput fusion
  *     whose parameter only feeds the dot. A transpose left without users is
@@ -180,6 +181,9 @@ static bool is_iota_prefix(const kiln_i64s *v) {
 static int fold_into_dot(lctx *l, kiln_instr *d, uint32_t s, const kiln_shape *src, kiln_id src_id,
                          const kiln_i64s *perm, bool *folded) {
   *folded = false;
+  /* Only a GEMM reads a transposed operand for free; an integer dot's loop
+   * wants the copy dot_canon made (K minor on both sides). */
+  if (d->shape.dtype != KILN_F32 && d->shape.dtype != KILN_F64) return 0;
   kiln_attr_key bk = s ? KILN_ATTR_RHS_BATCH_DIMS : KILN_ATTR_LHS_BATCH_DIMS;
   kiln_attr_key ck = s ? KILN_ATTR_RHS_CONTRACTING_DIMS : KILN_ATTR_LHS_CONTRACTING_DIMS;
   const kiln_i64s *b = kiln_instr_attr_ints(d, bk), *c = kiln_instr_attr_ints(d, ck);
@@ -302,7 +306,10 @@ static bool reads_any_layout(const kiln_instr *u) {
   case KILN_OP_CUSTOM_CALL:
   case KILN_OP_BITCAST:
   case KILN_OP_OPTIMIZATION_BARRIER:
-  case KILN_OP_DOMAIN: return false;
+  case KILN_OP_DOMAIN:
+  /* A dot's GEMM needs its batch dims major: a transpose in front of one
+   * (dot_canon puts them only where the bytes must move) stays a copy. */
+  case KILN_OP_DOT: return false;
   default:
     return !(kiln_opcode_flags(u->op) &
              (KILN_OPF_COLLECTIVE | KILN_OPF_ASYNC | KILN_OPF_SIDE_EFFECT));

@@ -10,6 +10,7 @@ int kiln_pass_algsimp(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_constfold(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_cse(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_while_licm(kiln_module *m, const kiln_pass_ctx *ctx);
+int kiln_pass_dot_canon(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_fusion(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_layout(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_schedule(kiln_module *m, const kiln_pass_ctx *ctx);

@@ -473,6 +473,83 @@ START_TEST(dots) {
 }
 END_TEST
 
+/* The GEMM steps of program 0, in order, into g (at most n); returns how
+ * many there are. */
+static uint32_t gemm_steps(const kiln_executable *e, kiln_gemm *g, uint32_t n) {
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
+    if (e->programs[0].steps[i].kind == KILN_STEP_GEMM) {
+      if (k < n) g[k] = e->programs[0].steps[i].gemm;
+      k++;
+    }
+  return k;
+}
+
+/* After the pipeline every floating-point dot is a GEMM step, whatever its
+ * dimension numbers: a projection of [batch, seq, d] (two lhs free dims,
+ * merged by a bitcast), attention scores and context (batch dims {0,2}:
+ * the operands are transposed first), a weight gradient (two contracting
+ * dims) and a bf16 dot (run in f32). Small shapes run against the
+ * interpreter; the transformer's own shapes are checked for the plan. */
+START_TEST(dots_become_gemms) {
+  static const char small[] =
+      "HloModule dg\nENTRY main {\n"
+      "  x = f32[2,6,8] parameter(0)\n  w = f32[8,5] parameter(1)\n"
+      "  d0 = f32[2,6,5] dot(x, w), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n"
+      "  q = f32[2,6,3,4] parameter(2)\n  k = f32[2,6,3,4] parameter(3)\n"
+      "  v = f32[2,6,3,4] parameter(4)\n"
+      "  s = f32[2,3,6,6] dot(q, k), lhs_batch_dims={0,2}, rhs_batch_dims={0,2}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={3}\n"
+      "  c = f32[2,3,6,4] dot(s, v), lhs_batch_dims={0,1}, rhs_batch_dims={0,2}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={1}\n"
+      "  dy = f32[2,6,5] parameter(5)\n"
+      "  dw = f32[8,5] dot(x, dy), lhs_contracting_dims={0,1}, rhs_contracting_dims={0,1}\n"
+      "  hx = bf16[2,6,8] parameter(6)\n  hw = bf16[8,5] parameter(7)\n"
+      "  h = bf16[2,6,5] dot(hx, hw), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n"
+      "  ROOT t = (f32[2,6,5], f32[2,3,6,4], f32[8,5], bf16[2,6,5]) tuple(d0, c, dw, h)\n}\n";
+  kiln_gemm g[8];
+  kiln_executable *e = cg_check_full(small, 3, false, 1e-5, 2, true);
+  ck_assert_uint_eq(gemm_steps(e, g, 8), 5);
+  kiln_executable_destroy(e);
+
+  static const char big[] =
+      "HloModule tb\nENTRY main {\n"
+      "  x = f32[8,128,256] parameter(0)\n  w = f32[256,256] parameter(1)\n"
+      "  p = f32[8,128,256] dot(x, w), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n"
+      "  r = f32[8,128,4,64] reshape(p)\n"
+      "  s = f32[8,4,128,128] dot(r, r), lhs_batch_dims={0,2}, rhs_batch_dims={0,2}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={3}\n"
+      "  c = f32[8,4,128,64] dot(s, r), lhs_batch_dims={0,1}, rhs_batch_dims={0,2}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={1}\n"
+      "  ROOT t = (f32[8,128,256], f32[8,4,128,64]) tuple(p, c)\n}\n";
+  /* Integer dots stay loops, K made minor on both sides; extreme values
+   * wrap as the interpreter's do (32-bit and narrower accumulate in
+   * uint32_t, 64-bit in uint64_t). */
+  static const char ints[] =
+      "HloModule di\nENTRY main {\n"
+      "  x = s32[2,6,8] parameter(0)\n  w = s32[8,5] parameter(1)\n"
+      "  d0 = s32[2,6,5] dot(x, w), lhs_contracting_dims={2}, rhs_contracting_dims={0}\n"
+      "  a = u8[3,7,4] parameter(2)\n  b = u8[4,7,2] parameter(3)\n"
+      "  d1 = u8[3,2] dot(a, b), lhs_contracting_dims={1,2}, rhs_contracting_dims={1,0}\n"
+      "  c = s64[5,9] parameter(4)\n  e = s64[9,3] parameter(5)\n"
+      "  d2 = s64[5,3] dot(c, e), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  ROOT t = (s32[2,6,5], u8[3,2], s64[5,3]) tuple(d0, d1, d2)\n}\n";
+  for (uint64_t seed = 1; seed < 4; seed++) cg_check_full(ints, seed, true, 0, 2, false);
+
+  kiln_module *m = cg_parse(big);
+  e = cg_compile(m, 2);
+  ck_assert_uint_eq(gemm_steps(e, g, 8), 3);
+  /* the projection: one [1024,256] x [256,256] product, no copy in front */
+  ck_assert(g[0].batch == 1 && g[0].m == 1024 && g[0].n == 256 && g[0].k == 256);
+  ck_assert_uint_eq(e->programs[0].steps[0].kind, KILN_STEP_GEMM);
+  /* scores and context: 32 heads of 128x128x64 and 128x64x128 */
+  ck_assert(g[1].batch == 32 && g[1].m == 128 && g[1].n == 128 && g[1].k == 64);
+  ck_assert(g[2].batch == 32 && g[2].m == 128 && g[2].n == 64 && g[2].k == 128);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(convolutions) {
   cg_check("HloModule conv\nENTRY main {\n  p0 = f32[2,6,6,3] parameter(0)\n  p1 = f32[3,3,3,4] "
            "parameter(1)\n"
@@ -1141,6 +1218,7 @@ int main(void) {
   tcase_add_loop_test(tc, reductions_random, 0, 4);
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, dots);
+  tcase_add_test(tc, dots_become_gemms);
   tcase_add_test(tc, convolutions);
   tcase_add_test(tc, map_calls_computation);
   tcase_add_test(tc, fusion_kinds);

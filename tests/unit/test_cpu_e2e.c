@@ -263,6 +263,100 @@ START_TEST(test_dot) {
 }
 END_TEST
 
+/* Dots over random dimension numbers: 0-2 batch, contracting and free
+ * dims per side in random positions and pairings, random operand and
+ * result layouts, each element type the dot canonicalization handles
+ * (f32, f64, bf16, f16, bf16 operands with an f32 result) and s32 (left
+ * to the loop form). The argument values (multiples of 1/8 in [-2, 2])
+ * make every product and partial sum exact in f32, so the results agree
+ * within the per-type tolerances above whatever the summation order; bf16
+ * and f16 results are rounded once from an exact f32 sum, as the
+ * interpreter rounds its exact double sum. */
+static void perm_of(uint64_t *s, int64_t *p, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) p[i] = i;
+  for (uint32_t i = n; i > 1; i--) {
+    uint32_t j = (uint32_t)(rng_next(s) % i);
+    int64_t t = p[i - 1];
+    p[i - 1] = p[j];
+    p[j] = t;
+  }
+}
+
+static void put_list(kiln_sbuf *b, const char *name, const int64_t *v, uint32_t n) {
+  kiln_sbuf_printf(b, ", %s={", name);
+  for (uint32_t i = 0; i < n; i++) kiln_sbuf_printf(b, "%s%lld", i ? "," : "", (long long)v[i]);
+  kiln_sbuf_puts(b, "}");
+}
+
+static void put_shape(kiln_sbuf *b, const char *t, const int64_t *dims, uint32_t n, uint64_t *s,
+                      bool layout) {
+  kiln_sbuf_printf(b, "%s[", t);
+  for (uint32_t i = 0; i < n; i++) kiln_sbuf_printf(b, "%s%lld", i ? "," : "", (long long)dims[i]);
+  kiln_sbuf_puts(b, "]");
+  if (!layout || n < 2) return;
+  int64_t m2m[8];
+  perm_of(s, m2m, n);
+  kiln_sbuf_puts(b, "{");
+  for (uint32_t i = 0; i < n; i++) kiln_sbuf_printf(b, "%s%lld", i ? "," : "", (long long)m2m[i]);
+  kiln_sbuf_puts(b, "}");
+}
+
+static void random_dot(uint64_t *s, kiln_sbuf *b) {
+  static const char *const types[][2] = {{"f32", "f32"}, {"f64", "f64"},  {"bf16", "bf16"},
+                                         {"f16", "f16"}, {"bf16", "f32"}, {"s32", "s32"}};
+  uint32_t ty = (uint32_t)(rng_next(s) % 6);
+  uint32_t nb = rng_next(s) % 3, nc = rng_next(s) % 3, nf[2];
+  nf[0] = rng_next(s) % 3;
+  nf[1] = rng_next(s) % 3;
+  int64_t bs[2], cs[2], pos[2][8], dims[2][8], bd[2][2], cd[2][2], out[8];
+  uint32_t rank[2], no = 0;
+  for (uint32_t i = 0; i < nb; i++) bs[i] = 1 + (int64_t)(rng_next(s) % 4);
+  for (uint32_t i = 0; i < nc; i++) cs[i] = rng_next(s) % 4 ? 1 + (int64_t)(rng_next(s) % 6) : 19;
+  for (uint32_t k = 0; k < 2; k++) {
+    rank[k] = nb + nc + nf[k];
+    perm_of(s, pos[k], rank[k]);
+    for (uint32_t i = 0; i < nb; i++) dims[k][pos[k][i]] = bs[i], bd[k][i] = pos[k][i];
+    for (uint32_t i = 0; i < nc; i++) dims[k][pos[k][nb + i]] = cs[i], cd[k][i] = pos[k][nb + i];
+    for (uint32_t i = nb + nc; i < rank[k]; i++)
+      dims[k][pos[k][i]] = 1 + (int64_t)(rng_next(s) % 7);
+  }
+  for (uint32_t i = 0; i < nb; i++) out[no++] = bs[i];
+  for (uint32_t k = 0; k < 2; k++)
+    for (uint32_t d = 0; d < rank[k]; d++) {
+      bool used = false;
+      for (uint32_t i = 0; i < nb + nc; i++) used |= pos[k][i] == d;
+      if (!used) out[no++] = dims[k][d];
+    }
+  kiln_sbuf_puts(b, "HloModule m\nENTRY e {\n  a = ");
+  put_shape(b, types[ty][0], dims[0], rank[0], s, rng_next(s) % 2);
+  kiln_sbuf_puts(b, " parameter(0)\n  b = ");
+  put_shape(b, types[ty][0], dims[1], rank[1], s, rng_next(s) % 2);
+  kiln_sbuf_puts(b, " parameter(1)\n  ROOT d = ");
+  put_shape(b, types[ty][1], out, no, s, rng_next(s) % 3 == 0);
+  kiln_sbuf_puts(b, " dot(a, b)");
+  if (nb) put_list(b, "lhs_batch_dims", bd[0], nb);
+  if (nb) put_list(b, "rhs_batch_dims", bd[1], nb);
+  put_list(b, "lhs_contracting_dims", cd[0], nc);
+  put_list(b, "rhs_contracting_dims", cd[1], nc);
+  kiln_sbuf_puts(b, "\n}\n");
+}
+
+START_TEST(test_dot_random) {
+  uint64_t s = 12345;
+  for (int i = 0; i < 60; i++) {
+    kiln_sbuf text = KILN_SBUF_INIT, why = KILN_SBUF_INIT;
+    random_dot(&s, &text);
+    kiln_module *m = parse(kiln_sbuf_str(&text), text.len, "t.hlo");
+    ck_assert_msg(m != NULL, "parse: %s: %s\n%s", st.where, st.msg, kiln_sbuf_str(&text));
+    outcome o = run_both(m, (uint64_t)i + 1, &why);
+    ck_assert_msg(o == SAME, "case %d: %s\n%s", i, kiln_sbuf_str(&why), kiln_sbuf_str(&text));
+    kiln_module_destroy(m);
+    kiln_sbuf_free(&text);
+    kiln_sbuf_free(&why);
+  }
+}
+END_TEST
+
 START_TEST(test_reduce) {
   static const char add[] = "add {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n"
                             "  ROOT s = f32[] add(x, y)\n}\n";
@@ -432,6 +526,7 @@ int main(void) {
   tcase_add_test(tc, test_elementwise_chains);
   tcase_add_test(tc, test_shape_ops);
   tcase_add_test(tc, test_dot);
+  tcase_add_test(tc, test_dot_random);
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
   tcase_add_test(tc, test_run_limits);
