@@ -222,7 +222,10 @@ static int load_certificates(const kilnd_config *cfg, grpc_ssl_server_certificat
   if (rc == 0 && ca) rc = check_ca(ca, cfg->tls_client_ca, st);
   if (rc == 0) {
     grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-    *out = grpc_ssl_server_certificate_config_create(ca, &pair, 1);
+    /* The core 1.51 asserts that a fetched config has root certificates
+     * even when it requests no client certificate; then they are never
+     * used for anything, so the server's own chain stands in for them. */
+    *out = grpc_ssl_server_certificate_config_create(ca ? ca : cert, &pair, 1);
     if (*out == NULL) rc = kiln_status_set(st, KILN_EINTERNAL, "tls", "cannot build the config");
   }
   if (key) OPENSSL_cleanse(key, strlen(key));
