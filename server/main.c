@@ -210,9 +210,11 @@ static void stop_grpc(kilnd *srv, pthread_t *threads, uint32_t nthreads) {
 static void stop_parts(kilnd *srv) {
   kiln_sched_destroy(srv->sched);
   kilnd_exes_destroy(srv->exes);
+  /* Buffers still held at exit live in the backends' device memory: free
+   * them before the devices go. */
+  kiln_buffer_store_destroy(srv->buffers);
   kiln_backend_destroy(srv->cpu);
   kiln_backend_destroy(srv->interp);
-  kiln_buffer_store_destroy(srv->buffers);
   kilnd_loop_destroy(srv);
   kiln_cache_destroy(srv->cache); /* after the compile pool */
   srv->cache = NULL;

@@ -425,6 +425,40 @@ START_TEST(test_malformed_token_files) {
 }
 END_TEST
 
+/* Mutual TLS without tokens: the certificate's subject is the identity,
+ * whatever kiln-client says. */
+START_TEST(test_mtls_subject_is_identity) {
+  itest_kilnd k;
+  const char *extra[] = {"--tls-cert", path("srv.crt"), "--tls-key", path("srv.key"),
+                         "--tls-client-ca", path("ca.crt"), NULL};
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  creds w1 = good(NULL), w2 = good(NULL);
+  w1.client_id = "one";
+  w2.client_id = "two";
+  kiln_client *c1 = connect_ok(k.addr, w1), *c2 = connect_ok(k.addr, w2);
+  char *h = put(c1, 9.0f);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_literal *got = NULL;
+  ck_assert_msg(kiln_client_get_buffer(c2, h, NULL, &got, &st) == 0,
+                "the same certificate under another kiln-client: %s", st.msg);
+  ck_assert(((const float *)got->data)[0] == 9.0f);
+  kiln_literal_destroy(got);
+  /* No roles without tokens: Stats is served. */
+  kiln_server_stats s;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_stats(c2, &s, &st), 0);
+  kiln_server_stats_clear(&s);
+  /* h stays live: a server exiting with cpu buffers must free them
+   * before their devices (it crashed there once). */
+  free(h);
+  kiln_client_close(c1);
+  kiln_client_close(c2);
+  ck_assert_int_eq(itest_kilnd_stop(&k, SIGTERM, 30), 0);
+  good_client_served();
+}
+END_TEST
+
 /* ---- the health port ---------------------------------------------------------------- */
 
 START_TEST(test_health_port_plaintext_without_token) {
@@ -548,6 +582,7 @@ static Suite *security_suite(void) {
   tcase_add_test(tls, test_client_cert_of_another_ca_refused);
   tcase_add_test(tls, test_expired_server_cert_refused);
   tcase_add_test(tls, test_sighup_reload_keeps_calls);
+  tcase_add_test(tls, test_mtls_subject_is_identity);
   suite_add_tcase(s, tls);
   TCase *tok = tcase_create("tokens");
   tcase_set_timeout(tok, 120);
