@@ -459,6 +459,35 @@ START_TEST(test_mtls_subject_is_identity) {
 }
 END_TEST
 
+/* The kiln command: --tls-ca, --tls-cert/--tls-key and --token, or
+ * KILN_TOKEN. */
+START_TEST(test_cli_flags_and_env) {
+  const char *cli = getenv("KILN_CLI");
+  ck_assert_msg(cli && cli[0], "KILN_CLI is not set");
+  char *argv[] = {(char *)cli, (char *)"stats", (char *)"--server", server.addr,
+                  (char *)"--tls-ca", (char *)path("ca.crt"), (char *)"--tls-cert",
+                  (char *)path("cli.crt"), (char *)"--tls-key", (char *)path("cli.key"),
+                  (char *)"--token", (char *)"tok-root", NULL};
+  char *out = NULL, *err = NULL;
+  ck_assert_msg(itest_run(argv, &out, &err) == 0, "kiln stats: %s", err ? err : "");
+  ck_assert_ptr_nonnull(strstr(out, "server "));
+  free(out);
+  free(err);
+  argv[10] = NULL; /* no --token: KILN_TOKEN */
+  setenv("KILN_TOKEN", "tok-alice", 1);
+  ck_assert_int_ne(itest_run(argv, &out, &err), 0);
+  ck_assert_msg(err && strstr(err, "PERMISSION_DENIED"), "stderr: %s", err ? err : "");
+  free(out);
+  free(err);
+  unsetenv("KILN_TOKEN");
+  ck_assert_int_ne(itest_run(argv, &out, &err), 0);
+  ck_assert_msg(err && strstr(err, "UNAUTHENTICATED"), "stderr: %s", err ? err : "");
+  free(out);
+  free(err);
+  good_client_served();
+}
+END_TEST
+
 /* ---- the health port ---------------------------------------------------------------- */
 
 START_TEST(test_health_port_plaintext_without_token) {
@@ -593,6 +622,7 @@ static Suite *security_suite(void) {
   tcase_add_test(tok, test_spoofed_kiln_client_header_ignored);
   tcase_add_test(tok, test_malformed_token_files);
   tcase_add_test(tok, test_health_port_plaintext_without_token);
+  tcase_add_test(tok, test_cli_flags_and_env);
   suite_add_tcase(s, tok);
   return s;
 }
