@@ -155,8 +155,8 @@ static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_s
   return 0;
 }
 
-int kilnd_auth_parse_tokens(kilnd_auth *a, const char *text, const char *filename,
-                            kiln_status *st) {
+static int parse_tokens(kilnd_auth *a, const char *text, const char *filename,
+                        kiln_status *st) {
   char *copy = kiln_strdup(text);
   if (copy == NULL) return kiln_status_set(st, KILN_ENOMEM, filename, "out of memory");
   int rc = 0;
@@ -294,7 +294,7 @@ int kilnd_auth_create(kilnd *srv, kiln_status *st) {
   if (cfg->tokens[0]) {
     char *text = NULL;
     int rc = slurp(cfg->tokens, "token file", &text, st);
-    if (rc == 0) rc = kilnd_auth_parse_tokens(a, text, cfg->tokens, st);
+    if (rc == 0) rc = parse_tokens(a, text, cfg->tokens, st);
     kiln_free(text);
     if (rc) return rc;
   }
@@ -316,8 +316,6 @@ void kilnd_auth_destroy(kilnd *srv) {
   kiln_free(a);
   srv->auth = NULL;
 }
-
-bool kilnd_auth_tokens_on(const kilnd *srv) { return srv->auth && srv->auth->ntokens > 0; }
 
 grpc_server_credentials *kilnd_auth_main_credentials(kilnd *srv, kiln_status *st) {
   kilnd_auth *a = srv->auth;

@@ -61,12 +61,4 @@ void kilnd_auth_reload(kilnd *srv);
  * value). Never blocks. */
 int kilnd_auth_identify(kilnd_call *c, kiln_status *st);
 
-/* True when tokens are configured. */
-bool kilnd_auth_tokens_on(const kilnd *srv);
-
-/* Parses token-file text (exposed for tests). Entries are kept in the auth
- * object; `filename` names lines in messages. */
-int kilnd_auth_parse_tokens(kilnd_auth *a, const char *text, const char *filename,
-                            kiln_status *st);
-
 #endif /* KILN_SERVER_AUTH_H */
