@@ -34,6 +34,20 @@ extern "C" {
     "gRPC address HOST:PORT; port 0 picks a free port (printed on stdout)")                  \
   X("metrics-listen", STR, metrics_listen, "127.0.0.1:9464",                                 \
     "Prometheus /metrics HTTP address HOST:PORT; port 0 picks one; 'off' disables it")      \
+  X("health-listen", STR, health_listen, "",                                               \
+    "plaintext HOST:PORT serving only grpc.health.v1 (for probes that send no TLS and no "   \
+    "token); port 0 picks one (printed on stdout); \"\": none")                              \
+  X("tls-cert", STR, tls_cert, "",                                                           \
+    "PEM certificate chain of the gRPC port; with --tls-key the port speaks TLS only. "      \
+    "Reloaded with the key (and client CA) on SIGHUP, for new connections")                  \
+  X("tls-key", STR, tls_key, "", "PEM private key matching --tls-cert")                      \
+  X("tls-client-ca", STR, tls_client_ca, "",                                                 \
+    "PEM CA certificates: clients must present a certificate they signed (mutual TLS); "     \
+    "without --tokens the certificate's subject is the client's identity")                   \
+  X("tokens", STR, tokens, "",                                                               \
+    "bearer token file, lines 'sha256:<hex digest of the token> CLIENT ROLE' (ROLE user or " \
+    "admin); calls then need 'authorization: Bearer TOKEN' and the client is CLIENT, not "   \
+    "its kiln-client metadata; \"\": no authentication")                                     \
   X("cpu-devices", U64, cpu_devices, "1", "CPU worker devices (1 to 256)")                   \
   X("cpu-threads", U64, cpu_threads, "0",                                                    \
     "threads per CPU device; 0 shares the cores among the devices")                          \

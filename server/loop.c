@@ -1,6 +1,7 @@
 /* The server's own event loop (libuv, on the main thread).
  *
- * It owns what has a file descriptor or a clock: SIGTERM/SIGINT, the
+ * It owns what has a file descriptor or a clock: SIGTERM/SIGINT, SIGHUP
+ * (certificate reload), the
  * housekeeping timer (drops queued executions whose deadline passed or whose
  * caller went away, even while every device is busy), the drain timer, the
  * /metrics listener; and it feeds the compile pool (libuv's work queue, sized
@@ -42,7 +43,7 @@ typedef struct post_item {
 struct kilnd_loop {
   uv_loop_t loop;
   uv_async_t async;
-  uv_signal_t sigterm, sigint;
+  uv_signal_t sigterm, sigint, sighup;
   uv_timer_t tick, drain;
   pthread_mutex_t mu;
   post_item *head, *tail;
@@ -141,6 +142,7 @@ static void close_loop(kilnd *srv) {
   uv_close((uv_handle_t *)&l->async, NULL);
   uv_close((uv_handle_t *)&l->sigterm, NULL);
   uv_close((uv_handle_t *)&l->sigint, NULL);
+  uv_close((uv_handle_t *)&l->sighup, NULL);
   uv_close((uv_handle_t *)&l->tick, NULL);
   uv_close((uv_handle_t *)&l->drain, NULL);
   kilnd_http_close(srv);
@@ -215,6 +217,12 @@ static void begin_drain(kilnd *srv, int signum) {
 
 static void on_signal(uv_signal_t *h, int signum) { begin_drain(h->data, signum); }
 
+/* SIGHUP: TLS certificates read again for new connections (auth.c). */
+static void on_sighup(uv_signal_t *h, int signum) {
+  (void)signum;
+  kilnd_auth_reload(h->data);
+}
+
 static void server_down(kilnd *srv, void *arg) {
   (void)arg;
   maybe_finish(srv);
@@ -236,13 +244,15 @@ int kilnd_loop_create(kilnd *srv, kiln_status *st) {
   if (rc == 0) rc = uv_async_init(&l->loop, &l->async, on_async);
   if (rc == 0) rc = uv_signal_init(&l->loop, &l->sigterm);
   if (rc == 0) rc = uv_signal_init(&l->loop, &l->sigint);
+  if (rc == 0) rc = uv_signal_init(&l->loop, &l->sighup);
   if (rc == 0) rc = uv_timer_init(&l->loop, &l->tick);
   if (rc == 0) rc = uv_timer_init(&l->loop, &l->drain);
   if (rc) return kiln_status_set(st, KILN_EINTERNAL, "loop", "libuv: %s", uv_strerror(rc));
-  l->async.data = l->sigterm.data = l->sigint.data = srv;
+  l->async.data = l->sigterm.data = l->sigint.data = l->sighup.data = srv;
   l->tick.data = l->drain.data = srv;
   rc = uv_signal_start(&l->sigterm, on_signal, SIGTERM);
   if (rc == 0) rc = uv_signal_start(&l->sigint, on_signal, SIGINT);
+  if (rc == 0) rc = uv_signal_start(&l->sighup, on_sighup, SIGHUP);
   if (rc == 0) rc = uv_timer_start(&l->tick, on_tick, TICK_MS, TICK_MS);
   if (rc) return kiln_status_set(st, KILN_EINTERNAL, "loop", "libuv: %s", uv_strerror(rc));
   return 0;

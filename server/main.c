@@ -67,11 +67,11 @@ static void on_shutdown(kilnd_tag *tag, bool ok) {
 
 /* ---- the gRPC server ----------------------------------------------------------------- */
 
-/* "HOST:PORT" with the bound port. */
-static void print_listen(const char *spec, int port) {
+/* "HOST:PORT" with the bound port; `what` is "" or "health ". */
+static void print_listen(const char *what, const char *spec, int port) {
   const char *colon = strrchr(spec, ':');
   int hl = colon ? (int)(colon - spec) : (int)strlen(spec);
-  printf("kilnd: listening on %.*s:%d\n", hl, spec, port);
+  printf("kilnd: %slistening on %.*s:%d\n", what, hl, spec, port);
   fflush(stdout);
 }
 
@@ -95,13 +95,26 @@ static int start_grpc(kilnd *srv, kiln_status *st) {
         m[i].kind == KILND_CLIENT_STREAM ? GRPC_SRM_PAYLOAD_NONE
                                          : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
         0);
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+  grpc_server_credentials *creds = kilnd_auth_main_credentials(srv, st);
+  if (creds == NULL) return KILN_EINTERNAL;
   int port = grpc_server_add_http2_port(srv->server, srv->cfg.listen, creds);
   grpc_server_credentials_release(creds);
   if (port == 0)
     return kiln_status_set(st, KILN_EIO, "listen", "cannot listen on '%s'", srv->cfg.listen);
+  /* The health port is a second port of the same server: its calls are
+   * marked (auth.c) and the validation point serves them health only. */
+  int hport = 0;
+  if (srv->cfg.health_listen[0]) {
+    creds = kilnd_auth_health_credentials(srv);
+    hport = grpc_server_add_http2_port(srv->server, srv->cfg.health_listen, creds);
+    grpc_server_credentials_release(creds);
+    if (hport == 0)
+      return kiln_status_set(st, KILN_EIO, "health-listen", "cannot listen on '%s'",
+                             srv->cfg.health_listen);
+  }
   grpc_server_start(srv->server);
-  print_listen(srv->cfg.listen, port);
+  print_listen("", srv->cfg.listen, port);
+  if (hport) print_listen("health ", srv->cfg.health_listen, hport);
   return 0;
 }
 
@@ -143,6 +156,7 @@ static int start_parts(kilnd *srv, kiln_status *st) {
                                   .max_buffers_per_client = (uint32_t)cfg->max_buffers_per_client};
   int rc = kiln_buffer_store_create(&bo, &srv->buffers, st);
   if (rc == 0) rc = kilnd_exes_create((uint32_t)cfg->max_executables, &srv->exes, st);
+  if (rc == 0) rc = kilnd_auth_create(srv, st);
   if (rc == 0) rc = start_cache(srv, st);
   if (rc == 0 && (srv->memo = kilnd_memo_create()) == NULL)
     rc = kiln_status_set(st, KILN_ENOMEM, "kilnd", "out of memory");
@@ -196,15 +210,18 @@ static void stop_grpc(kilnd *srv, pthread_t *threads, uint32_t nthreads) {
 static void stop_parts(kilnd *srv) {
   kiln_sched_destroy(srv->sched);
   kilnd_exes_destroy(srv->exes);
+  /* Buffers still held at exit live in the backends' device memory: free
+   * them before the devices go. */
+  kiln_buffer_store_destroy(srv->buffers);
   kiln_backend_destroy(srv->cpu);
   kiln_backend_destroy(srv->interp);
-  kiln_buffer_store_destroy(srv->buffers);
   kilnd_loop_destroy(srv);
   kiln_cache_destroy(srv->cache); /* after the compile pool */
   srv->cache = NULL;
   kilnd_memo_destroy(srv->memo);
   srv->memo = NULL;
   kilnd_metrics_destroy(srv);
+  kilnd_auth_destroy(srv); /* after the gRPC server: its handshakes read it */
 }
 
 /* ---- main ---------------------------------------------------------------------------- */

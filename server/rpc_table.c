@@ -2,7 +2,8 @@
  *
  * Every method kilnd serves is one row: path, kind, request type, handler
  * (the Redis command table). Nothing reaches a handler without passing
- * kilnd_rpc_dispatch: the caller's identity is established and checked, an
+ * kilnd_rpc_dispatch: the caller's identity is established (auth.c) and its
+ * role checked against the method, an
  * expired deadline is answered at once, and the request bytes are checked
  * as wire data (depth, lengths, UTF-8 strings) before protobuf-c unpacks
  * them with a bounded allocator. Both read the bytes where gRPC received
@@ -56,44 +57,24 @@ const char *kilnd_method_name(kilnd_method_id id) {
   return id < KILND_M_COUNT ? methods[id].name : "unknown";
 }
 
-/* ---- identity ------------------------------------------------------------------------ */
+/* ---- identity and roles --------------------------------------------------------------- */
 
-static bool metadata_key_is(const grpc_metadata *md, const char *key) {
-  size_t n = strlen(key);
-  return GRPC_SLICE_LENGTH(md->key) == n && memcmp(GRPC_SLICE_START_PTR(md->key), key, n) == 0;
-}
-
-/* The kiln-client metadata value, else the peer's address without its port
- * (so that reconnecting keeps the identity). Identity is not
- * authentication: it separates cooperating clients' queues, quotas and
- * handles. */
-static int identify(kilnd_call *c, kiln_status *st) {
-  for (size_t i = 0; i < c->md.count; i++) {
-    if (!metadata_key_is(&c->md.metadata[i], "kiln-client")) continue;
-    grpc_slice v = c->md.metadata[i].value;
-    size_t n = GRPC_SLICE_LENGTH(v);
-    const uint8_t *p = GRPC_SLICE_START_PTR(v);
-    if (n == 0 || n > KILND_CLIENT_MAX)
-      return kiln_status_set(st, KILN_EINVAL, "kiln-client",
-                             "metadata value must have 1 to %d characters, not %zu",
-                             KILND_CLIENT_MAX, n);
-    for (size_t k = 0; k < n; k++)
-      if (p[k] < 0x21 || p[k] > 0x7e)
-        return kiln_status_set(st, KILN_EINVAL, "kiln-client",
-                               "metadata value must be printable ASCII without spaces");
-    memcpy(c->client, p, n);
-    c->client[n] = '\0';
-    return 0;
+/* Who the caller is comes from auth.c: the token's client name, the
+ * verified certificate's subject, or (no authentication configured) the
+ * kiln-client metadata. What a user token may not do: the cache is shared
+ * by every client and the server does not record who built an entry, so
+ * listing and evicting it are for admins; Stats reports every client's
+ * work together, so it is for admins too. */
+static int authorize(const kilnd_call *c, kiln_status *st) {
+  if (c->role != KILND_ROLE_USER) return 0;
+  switch (c->method->id) {
+  case KILND_M_CACHE_LIST:
+  case KILND_M_CACHE_EVICT:
+  case KILND_M_STATS:
+    return kiln_status_set(st, KILND_EPERM, c->method->name,
+                           "needs an admin token (client '%s' is a user)", c->client);
+  default: return 0;
   }
-  char *peer = grpc_call_get_peer(c->call);
-  snprintf(c->client, sizeof c->client, "%s", peer ? peer : "unknown");
-  gpr_free(peer);
-  /* "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" -> without ":port" */
-  if (strncmp(c->client, "ipv4:", 5) == 0 || strncmp(c->client, "ipv6:", 5) == 0) {
-    char *colon = strrchr(c->client, ':');
-    if (colon && colon > c->client + 4) *colon = '\0';
-  }
-  return 0;
 }
 
 /* ---- request bytes ------------------------------------------------------------------- */
@@ -155,7 +136,8 @@ void kilnd_rpc_dispatch(kilnd_call *c) {
   const kilnd_method *m = c->method;
   kiln_status st;
   kiln_status_clear(&st);
-  int rc = identify(c, &st);
+  int rc = kilnd_auth_identify(c, &st);
+  if (rc == 0) rc = authorize(c, &st);
   /* Draining: after the grace period (for calls that were on their way
    * when the signal came) new work is refused while the work already
    * accepted finishes; health checks are still answered (NOT_SERVING). */

@@ -28,6 +28,7 @@
 
 #include "common/status.h"
 #include "compiler/ir/proto_internal.h"
+#include "server/auth.h"
 #include "server/config.h"
 
 typedef struct kilnd kilnd;
@@ -108,6 +109,7 @@ struct kilnd_call {
   int64_t deadline_ns;        /* kiln_sched_now_ns clock; 0: none */
   int64_t start_ns;
   char client[KILND_CLIENT_MAX + 1];
+  kilnd_role role; /* from the token (auth.h); OPEN without tokens */
 
   atomic_int refs;      /* the handler (until its last batch) + the close tag */
   atomic_int cancelled; /* the caller went away (RECV_CLOSE_ON_SERVER said so) */
@@ -213,6 +215,7 @@ struct kilnd {
   kiln_backend *interp; /* runs the modules of KILND_CLASS_INTERP */
   kilnd_memo *memo;    /* Compile requests answered before (compile_memo.h) */
   kiln_cache *cache;   /* the executable cache's tiers (cache/cache.h) */
+  kilnd_auth *auth;    /* TLS, tokens, health port (auth.h) */
   atomic_bool draining;  /* SIGTERM seen: health says NOT_SERVING */
   _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */
   atomic_bool shutdown;  /* grpc_server_shutdown_and_notify called */

@@ -130,8 +130,8 @@ int kiln_client_put_buffer_raw(kiln_client *c, const kiln_shape *shape, const vo
   grpc_op op;
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_SEND_INITIAL_METADATA;
-  op.data.send_initial_metadata.count = 1;
-  op.data.send_initial_metadata.metadata = &k.md;
+  op.data.send_initial_metadata.count = k.nmd;
+  op.data.send_initial_metadata.metadata = k.md;
   if (!kiln__call_batch(&k, &op, 1) || !kiln__call_recv_start(&k, &reply)) {
     rc = kiln__call_finish(&k, st);
     if (rc == 0) rc = kiln__client_fail(st, KILN_RPC_INTERNAL, "PutBuffer could not start");
@@ -374,8 +374,8 @@ static int get_buffer(kiln_client *c, const char *handle, const kiln_remote_get_
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[0].data.send_initial_metadata.count = 1;
-  ops[0].data.send_initial_metadata.metadata = &k.md;
+  ops[0].data.send_initial_metadata.count = k.nmd;
+  ops[0].data.send_initial_metadata.metadata = k.md;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = req;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -12,6 +12,7 @@
  * code maps to (kiln__rpc_errno), whether the error came from the server or
  * was found before anything was sent.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -235,8 +236,14 @@ int kiln__call_start(kiln_client *c, kiln__method m, int64_t deadline_ms, kiln__
     k->cq = NULL;
     return kiln__client_fail(st, KILN_RPC_INTERNAL, "cannot create a %s call", method_paths[m]);
   }
-  k->md.key = grpc_slice_from_static_string("kiln-client");
-  k->md.value = grpc_slice_from_static_string(c->client_id);
+  k->md[0].key = grpc_slice_from_static_string("kiln-client");
+  k->md[0].value = grpc_slice_from_static_string(c->client_id);
+  k->nmd = 1;
+  if (c->authorization) {
+    k->md[1].key = grpc_slice_from_static_string("authorization");
+    k->md[1].value = grpc_slice_from_static_string(c->authorization);
+    k->nmd = 2;
+  }
   return 0;
 }
 
@@ -343,8 +350,8 @@ int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms,
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[0].data.send_initial_metadata.count = 1;
-  ops[0].data.send_initial_metadata.metadata = &k.md;
+  ops[0].data.send_initial_metadata.count = k.nmd;
+  ops[0].data.send_initial_metadata.metadata = k.md;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = send;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -434,7 +441,78 @@ static int check_options(const kiln_client_options *o, kiln_status *st) {
     if (*p < 0x20 || *p > 0x7e)
       return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
                                "client_id may hold only printable ASCII characters");
+  if ((o->tls_cert_file == NULL) != (o->tls_key_file == NULL))
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                             "tls_cert_file and tls_key_file go together");
+  if (o->token && (o->token[0] == '\0' || strlen(o->token) > 4096))
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "token must be 1 to 4096 bytes");
+  for (const char *p = o->token; p && *p; p++)
+    if (*p < 0x21 || *p > 0x7e)
+      return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                               "token may hold only printable ASCII characters without spaces");
   return 0;
+}
+
+/* A PEM file, NUL-terminated (kiln_malloc'd). */
+static int read_pem(const char *path, const char *what, char **out, kiln_status *st) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "cannot open %s %s: %s", what, path,
+                             strerror(errno));
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  int rc = 0;
+  for (;;) {
+    if (kiln_grow((void **)&buf, &cap, len + 4097, 1)) {
+      rc = kiln__client_oom(st);
+      break;
+    }
+    size_t n = fread(buf + len, 1, 4096, f);
+    len += n;
+    if (n < 4096) break;
+    if (len > (4u << 20)) {
+      rc = kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "%s %s is larger than 4 MiB", what,
+                             path);
+      break;
+    }
+  }
+  if (rc == 0 && ferror(f))
+    rc = kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "cannot read %s %s", what, path);
+  fclose(f);
+  if (rc) {
+    kiln_free(buf);
+    return rc;
+  }
+  buf[len] = '\0';
+  *out = buf;
+  return 0;
+}
+
+/* Plaintext, or TLS with the given roots and optional client pair. */
+static int channel_credentials(const kiln_client_options *o, grpc_channel_credentials **out,
+                               kiln_status *st) {
+  *out = NULL;
+  if (!o->tls && o->tls_ca_file == NULL && o->tls_cert_file == NULL) {
+    *out = grpc_insecure_credentials_create();
+    return 0;
+  }
+  char *ca = NULL, *cert = NULL, *key = NULL;
+  int rc = 0;
+  if (o->tls_ca_file) rc = read_pem(o->tls_ca_file, "CA file", &ca, st);
+  if (rc == 0 && o->tls_cert_file) rc = read_pem(o->tls_cert_file, "certificate file", &cert, st);
+  if (rc == 0 && o->tls_key_file) rc = read_pem(o->tls_key_file, "key file", &key, st);
+  if (rc == 0) {
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+    *out = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
+    if (*out == NULL)
+      rc = kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "cannot create TLS credentials");
+  }
+  if (key) memset(key, 0, strlen(key));
+  kiln_free(ca);
+  kiln_free(cert);
+  kiln_free(key);
+  return rc;
 }
 
 int kiln_client_connect(const char *target, const kiln_client_options *opts, kiln_client **out,
@@ -460,9 +538,15 @@ int kiln_client_connect(const char *target, const kiln_client_options *opts, kil
              atomic_fetch_add(&client_serial, 1) + 1);
     c->client_id = kiln_strdup(id);
   }
-  if (c->target == NULL || c->client_id == NULL) {
+  if (o.token) {
+    size_t n = strlen(o.token);
+    c->authorization = kiln_malloc(n + 8);
+    if (c->authorization) snprintf(c->authorization, n + 8, "Bearer %s", o.token);
+  }
+  if (c->target == NULL || c->client_id == NULL || (o.token && c->authorization == NULL)) {
     kiln_free(c->target);
     kiln_free(c->client_id);
+    kiln_free(c->authorization);
     kiln_free(c);
     return kiln__client_oom(st);
   }
@@ -479,7 +563,8 @@ int kiln_client_connect(const char *target, const kiln_client_options *opts, kil
   args[2].key = (char *)GRPC_ARG_PRIMARY_USER_AGENT_STRING;
   args[2].value.string = (char *)"libkiln/0.1.0";
   grpc_channel_args cargs = {.num_args = 3, .args = args};
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel_credentials *creds;
+  if ((rc = channel_credentials(&o, &creds, st))) goto out_close;
   c->channel = grpc_channel_create(target, creds, &cargs);
   grpc_channel_credentials_release(creds);
   if (c->channel == NULL) {
@@ -502,6 +587,10 @@ void kiln_client_close(kiln_client *c) {
   if (c->channel) grpc_channel_destroy(c->channel);
   kiln_free(c->target);
   kiln_free(c->client_id);
+  if (c->authorization) {
+    memset(c->authorization, 0, strlen(c->authorization));
+    kiln_free(c->authorization);
+  }
   kiln_free(c);
   grpc_shutdown();
 }

@@ -39,6 +39,7 @@ struct kiln_client {
   void *registered[KILN__M_COUNT]; /* grpc_channel_register_call handles */
   char *target;
   char *client_id;
+  char *authorization; /* "Bearer TOKEN", or NULL */
   int64_t deadline_ms; /* resolved: > 0, or < 0 for none */
   int64_t max_receive_bytes;
   int64_t chunk_bytes;
@@ -50,7 +51,8 @@ typedef struct kiln__call {
   kiln__method method;
   grpc_completion_queue *cq;
   grpc_call *call;
-  grpc_metadata md; /* kiln-client */
+  grpc_metadata md[2]; /* kiln-client, authorization */
+  size_t nmd;
   grpc_metadata_array initial_md, trailing_md;
   grpc_status_code status;
   grpc_slice details;

@@ -115,6 +115,22 @@ typedef struct kiln_client_options {
    * server by GetBuffer. 0: 1 MiB. Must stay under the server's receive
    * limit (4 MiB by default). */
   int64_t chunk_bytes;
+  /* Fields below were added later; a zeroed options struct keeps the old
+   * behaviour (plaintext, no token). */
+  /* TLS: a PEM file of the CA certificates that sign the server's
+   * certificate. NULL and `tls` false: plaintext. NULL and `tls` true:
+   * gRPC's default roots. */
+  const char *tls_ca_file;
+  /* Mutual TLS: this client's PEM certificate chain and private key (both
+   * or neither). */
+  const char *tls_cert_file;
+  const char *tls_key_file;
+  /* Bearer token, sent as "authorization: Bearer TOKEN" with every call
+   * (printable ASCII without spaces). NULL: none. On a server with
+   * --tokens the token, not client_id, says who the client is. */
+  const char *token;
+  /* TLS even without tls_ca_file. */
+  bool tls;
 } kiln_client_options;
 
 /* Connects to `target` ("HOST:PORT", "[::1]:PORT", "unix:PATH": any gRPC

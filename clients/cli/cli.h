@@ -23,7 +23,7 @@ enum {
   KILN_EXIT_INTERNAL = 3, /* out of memory or a bug in kiln */
 };
 
-#define KILN_CLI_MAX_OPTS 16
+#define KILN_CLI_MAX_OPTS 24
 
 typedef struct kiln__opt {
   const char *name;    /* long name without "--" */

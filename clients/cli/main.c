@@ -17,10 +17,22 @@
 #include "common/alloc.h"
 #include "executor/cpu/cpu_blas.h"
 
+/* How to reach a secured kilnd: every command with --server takes these. */
+#define KILN_SERVER_SECURITY_OPTS                                                              \
+  {"tls-ca", 0, "FILE", false,                                                                 \
+   "connect with TLS, trusting the PEM CA certificates in FILE (KILN_TLS_CA)"},                \
+      {"tls-cert", 0, "FILE", false,                                                           \
+       "mutual TLS: this client's PEM certificate (with --tls-key; KILN_TLS_CERT)"},           \
+      {"tls-key", 0, "FILE", false, "mutual TLS: this client's PEM private key (KILN_TLS_KEY)"}, \
+      {"token", 0, "TOKEN", false,                                                             \
+       "bearer token for a server with --tokens (default: the environment variable "            \
+       "KILN_TOKEN; flags show in ps, the environment does not)"}
+
 static const kiln__opt check_opts[] = {
     {"server", 0, "HOST:PORT", false,
      "ask the kilnd at HOST:PORT to verify the modules (it compiles them for its interpreter "
      "at optimization level 0, without its cache)"},
+    KILN_SERVER_SECURITY_OPTS,
     {0},
 };
 
@@ -34,6 +46,7 @@ static const kiln__opt run_opts[] = {
     {"server", 0, "HOST:PORT", false,
      "compile and run on the kilnd at HOST:PORT; arguments are matched against the signature "
      "it returns"},
+    KILN_SERVER_SECURITY_OPTS,
     {"backend", 0, "NAME", false,
      "where to run: interp (the reference interpreter, default) or cpu (compiled to native "
      "code)"},
@@ -85,6 +98,7 @@ static const kiln__opt bench_opts[] = {
     {"server", 0, "HOST:PORT", false,
      "compile on the kilnd at HOST:PORT, put the arguments there once and time Execute calls "
      "by handle (round trip and the server's run time)"},
+    KILN_SERVER_SECURITY_OPTS,
     {"backend", 0, "NAME", false, "cpu (default) or interp"},
     {"iters", 0, "N", false, "timed runs (default 20)"},
     {"warmup", 0, "N", false, "untimed runs first (default 1)"},
@@ -100,6 +114,7 @@ static const kiln__opt bench_opts[] = {
 
 static const kiln__opt compile_opts[] = {
     {"server", 0, "HOST:PORT", false, "compile on the kilnd at HOST:PORT"},
+    KILN_SERVER_SECURITY_OPTS,
     {"backend", 0, "NAME", false, "cpu (the default here); a server may also offer interp, cuda"},
     {"target", 0, "TARGET", false, "code target within the backend (a CPU ISA, sm_XX)"},
     {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
@@ -112,6 +127,7 @@ static const kiln__opt compile_opts[] = {
 
 static const kiln__opt cache_opts[] = {
     {"server", 0, "HOST:PORT", false, "the kilnd whose cache to ask"},
+    KILN_SERVER_SECURITY_OPTS,
     {"all", 0, NULL, false, "evict: every entry"},
     {"shared", 0, NULL, false, "evict: from the shared Redis tier too"},
     {"limit", 0, "N", false, "list: at most N entries (default: the server's, 1000)"},
@@ -124,6 +140,7 @@ static const kiln__opt cache_opts[] = {
 
 static const kiln__opt stats_opts[] = {
     {"server", 0, "HOST:PORT", false, "the kilnd to ask (required)"},
+    KILN_SERVER_SECURITY_OPTS,
     {"counters", 0, NULL, false, "also list every counter, as NAME{LABELS} VALUE"},
     {0},
 };

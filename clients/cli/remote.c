@@ -162,6 +162,24 @@ static int connect_to(const kiln__args *a, kiln_client **out) {
     return KILN_EXIT_USAGE;
   }
   kiln_client_options o = {.connect_timeout_ms = 5000};
+  /* A flag, else the environment ("" there counts as unset). */
+  static const struct { const char *opt, *env; } sec[] = {
+      {"tls-ca", "KILN_TLS_CA"}, {"tls-cert", "KILN_TLS_CERT"},
+      {"tls-key", "KILN_TLS_KEY"}, {"token", "KILN_TOKEN"}};
+  const char *v[4];
+  for (int i = 0; i < 4; i++) {
+    v[i] = kiln__args_get(a, sec[i].opt);
+    if (v[i] == NULL && getenv(sec[i].env) && getenv(sec[i].env)[0]) v[i] = getenv(sec[i].env);
+  }
+  o.tls_ca_file = v[0];
+  o.tls_cert_file = v[1];
+  o.tls_key_file = v[2];
+  o.token = v[3];
+  o.tls = v[0] || v[1];
+  if ((v[1] == NULL) != (v[2] == NULL)) {
+    fprintf(stderr, "%s: --tls-cert and --tls-key go together\n", what);
+    return KILN_EXIT_USAGE;
+  }
   kiln_status st;
   kiln_status_clear(&st);
   if (kiln_client_connect(server, &o, out, &st)) return report(what, &st);
