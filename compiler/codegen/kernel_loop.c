@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "compiler/buffer_assign.h"
 #include "compiler/codegen/kernel.h"
+#include "compiler/passes/row_reduce.h"
 
 int kiln__codegen_init(kiln__codegen *g, const kiln_module *m, const kiln__cg_target *target,
                        kiln_status *st) {
@@ -158,17 +159,117 @@ static int minor_dim(const kiln_shape *s) {
   return (int)m2m[0];
 }
 
+/* ---- row reductions (compiler/passes/row_reduce.h) ---------------------- */
+
+/* The values kernel k computes (not its inputs), every one after its
+ * operands: a post-order walk from the root that stops at bound inputs. */
+static int kernel_members(kiln__emit_fn *f, kiln_id root, kiln_id **out, uint32_t *n) {
+  const kiln_module *m = f->mod->m;
+  uint32_t ni = m->ninstrs;
+  uint8_t *state = kiln_calloc(ni ? ni : 1, 1);
+  uint32_t *next = kiln_calloc(ni ? ni : 1, sizeof *next);
+  kiln_id *stack = kiln_malloc((ni ? ni : 1) * sizeof *stack);
+  kiln_id *mem = kiln_malloc((ni ? ni : 1) * sizeof *mem);
+  uint32_t top = 0, nm = 0;
+  if (state == NULL || next == NULL || stack == NULL || mem == NULL || root >= ni) {
+    kiln_free(state);
+    kiln_free(next);
+    kiln_free(stack);
+    kiln_free(mem);
+    return root >= ni ? KILN_EINTERNAL : KILN_ENOMEM;
+  }
+  stack[top++] = root;
+  state[root] = 1;
+  while (top) {
+    kiln_id x = stack[top - 1];
+    const kiln_instr *ins = m->instrs[x];
+    bool leaf = f->in_first[x] != KILN__NO_INPUT || ins->op == KILN_OP_PARAMETER;
+    if (!leaf && next[x] < ins->noperands) {
+      kiln_id o = ins->operands[next[x]++];
+      if (o < ni && state[o] == 0) {
+        state[o] = 1;
+        stack[top++] = o;
+      }
+      continue;
+    }
+    top--;
+    if (!leaf) mem[nm++] = x;
+  }
+  kiln_free(state);
+  kiln_free(next);
+  kiln_free(stack);
+  *out = mem;
+  *n = nm;
+  return 0;
+}
+
+/* In the row form: computes the kernel's row reductions, and the row
+ * broadcasts of their results, once per row into `pre` (the code before
+ * the loop over the row), in computation order, and binds each to its C
+ * variable so that the loop over the row reads it for free. */
+static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_fn *f,
+                      kiln_sbuf *pre) {
+  const kiln_module *m = g->mod.m;
+  const kiln_shape *s = k->out_shape[0];
+  int md = kiln__row_minor(s);
+  if (md < 0 || k->nouts > KILN__EMIT_MAXR) return 0;
+  kiln_id *mem = NULL, roots[KILN__EMIT_MAXR];
+  uint32_t n = 0, stranded = 0;
+  for (uint32_t o = 0; o < k->nouts; o++) {
+    uint32_t leaf = k->out_leaf[o];
+    roots[o] = producer(m, k->root, &leaf);
+  }
+  int rc = kernel_members(f, k->root, &mem, &n);
+  uint8_t *role = rc ? NULL : kiln_malloc(n ? n : 1);
+  if (rc == 0 && role == NULL) rc = KILN_ENOMEM;
+  if (rc == 0) rc = kiln__row_plan(m, mem, n, roots, k->nouts, s, role, &stranded);
+  if (rc) {
+    kiln_free(mem);
+    kiln_free(role);
+    return rc == KILN_ENOMEM ? kiln_status_set(g->st, rc, "codegen", "out of memory") : rc;
+  }
+  kiln_sbuf *body = f->out;
+  int indent = f->indent;
+  f->out = pre;
+  f->indent = 2;
+  for (uint32_t i = 0; i < n && rc == 0; i++) {
+    if (role[i] == KILN__ROW_NONE) continue;
+    const kiln_instr *x = m->instrs[mem[i]];
+    kiln__ix y;
+    if ((rc = kiln__ix_new(f, x->shape.rank, &y))) break;
+    for (uint32_t d = 0, j = 0; d < s->rank; d++) {
+      if ((int)d != md)
+        kiln__ix_set(&y, j++, "o%u", d);
+      else if (role[i] == KILN__ROW_BCAST)
+        kiln__ix_set(&y, j++, "0");
+    }
+    uint32_t v;
+    if ((rc = kiln__emit_value1(f, x->id, &y, &v))) break;
+    char name[16];
+    const char *nm = name;
+    snprintf(name, sizeof name, "v%u", v);
+    rc = kiln__emit_bind(f, x->id, NULL, NULL, &nm, 1);
+  }
+  f->out = body;
+  f->indent = indent;
+  kiln_free(mem);
+  kiln_free(role);
+  return rc;
+}
+
 /* One form of the loop kernel; *used says whether the body read the
  * logical index (flat form) so the caller may prefer rows. */
 static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, kiln_sbuf *out,
                      bool *used) {
   const kiln_shape *s = k->out_shape[0];
   uint32_t r = s->rank;
-  kiln_sbuf body = KILN_SBUF_INIT;
+  kiln_sbuf body = KILN_SBUF_INIT, pre = KILN_SBUF_INIT;
   kiln__emit_fn f;
   int indent = rows ? 3 : 2;
   int rc = kiln__kernel_begin(g, k, &body, &f, indent);
   kiln__ix x;
+  if (rc == 0 && rows) rc = hoist_rows(g, k, &f, &pre);
+  if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) rc = kiln__ix_new(&f, r, &x);
   if (rc) goto out;
   int md = r ? minor_dim(s) : 0;
@@ -196,6 +297,7 @@ static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, ki
   kiln_sbuf_printf(out, "  %s {\n", loop);
   if (rows) {
     kiln__kernel_decompose(out, s, "r", 1, "o", 2);
+    kiln_sbuf_puts(out, kiln_sbuf_str(&pre));
     kiln_sbuf_printf(out, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)minor);
     kiln_sbuf_puts(out, kiln_sbuf_str(&body));
     kiln_sbuf_puts(out, "    }\n  }\n");
@@ -207,6 +309,7 @@ static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, ki
 out:
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
+  kiln_sbuf_free(&pre);
   return rc;
 }
 

@@ -46,6 +46,7 @@
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/cost.h"
 #include "compiler/passes/passes.h"
+#include "compiler/passes/row_reduce.h"
 
 #define NO_GROUP UINT32_MAX
 #define NO_POS UINT32_MAX
@@ -64,6 +65,7 @@ typedef struct group {
   kiln_cost cost;       /* of the group as one kernel */
   uint32_t merged_into; /* NO_GROUP while alive */
   kiln_id dot;          /* kOutput: the dot member */
+  uint32_t nred;        /* kLoop: row reduces among the members */
 } group;
 
 /* Analysis state for one computation. */
@@ -293,14 +295,54 @@ static int output_ok(fctx *f, uint32_t g, const kiln_instr *d, bool *ok) {
   return 0;
 }
 
+/* Whether the loop kernel of mem[0..n) plus `extra` (KILN_NO_ID: none)
+ * writing `roots` computes every reduce among them once per row
+ * (row_reduce.h). */
+static int rows_ok(fctx *f, const kiln_id *mem, uint32_t n, kiln_id extra, const kiln_id *roots,
+                   uint32_t nroots, bool *ok) {
+  *ok = false;
+  kiln_id *tmp = kiln_malloc(((size_t)n + 1) * sizeof *tmp);
+  uint8_t *role = kiln_malloc((size_t)n + 1);
+  int rc = 0;
+  if (tmp == NULL || role == NULL) {
+    rc = oom(f);
+    goto out_free;
+  }
+  memcpy(tmp, mem, (size_t)n * sizeof *tmp);
+  if (extra != KILN_NO_ID) tmp[n++] = extra;
+  sort_by_pos(f, tmp, n);
+  uint32_t stranded = 0;
+  if (kiln__row_plan(f->m, tmp, n, roots, nroots, &f->m->instrs[roots[0]]->shape, role,
+                     &stranded)) {
+    rc = oom(f);
+    goto out_free;
+  }
+  *ok = stranded == 0;
+out_free:
+  kiln_free(tmp);
+  kiln_free(role);
+  return rc;
+}
+
+/* A row reduce: one input reduced over one dim (row_reduce.h decides the
+ * rest, for the kernel it would join). */
+static bool reduce_op(const kiln_instr *x) {
+  return x->op == KILN_OP_REDUCE && x->noperands == 2 && x->ncalled == 1;
+}
+
 /* Whether producer p may structurally join group g (the model not asked). */
 static int eligible(fctx *f, uint32_t g, kiln_id p, bool *ok) {
   *ok = false;
   if (!in_comp(f, p) || f->state[p] != 0 || in_group(f, p, g)) return 0;
   const kiln_instr *x = f->m->instrs[p];
-  if (x->op == KILN_OP_PARAMETER || !basic_ok(f, x) || f->g[g].nmem >= MAX_MEMBERS) return 0;
-  if (x->op == KILN_OP_DOT) return output_ok(f, g, x, ok);
-  *ok = loop_op(x) && !(f->g[g].kind == K_OUTPUT && uses(f->m->instrs[f->g[g].dot], p));
+  const group *G = &f->g[g];
+  if (x->op == KILN_OP_PARAMETER || !basic_ok(f, x) || G->nmem >= MAX_MEMBERS) return 0;
+  if (x->op == KILN_OP_DOT) return G->nred ? 0 : output_ok(f, g, x, ok);
+  /* A reduce joins a loop kernel that reads it only along its rows, and
+   * nothing joins that kernel that would make it read a reduce otherwise. */
+  bool red = G->kind == K_LOOP && reduce_op(x);
+  *ok = (loop_op(x) || red) && !(G->kind == K_OUTPUT && uses(f->m->instrs[G->dot], p));
+  if (*ok && (red || G->nred)) return rows_ok(f, G->mem, G->nmem, p, G->roots, G->nroots, ok);
   return 0;
 }
 
@@ -312,6 +354,7 @@ static int join(fctx *f, uint32_t g, kiln_id p, const kiln_cost *after) {
     f->g[g].kind = K_OUTPUT;
     f->g[g].dot = p;
   }
+  if (f->g[g].kind == K_LOOP && f->m->instrs[p]->op == KILN_OP_REDUCE) f->g[g].nred++;
   return 0;
 }
 
@@ -323,7 +366,8 @@ static int try_add(fctx *f, uint32_t g, kiln_id p, bool *added) {
   if (rc || !ok) return rc;
   const kiln_instr *x = f->m->instrs[p];
   bool stays = would_be_needed(f, p, g);
-  if (x->op == KILN_OP_DOT && stays) return 0; /* a GEMM is never computed twice */
+  /* A GEMM is never computed twice, nor a reduce. */
+  if ((x->op == KILN_OP_DOT || x->op == KILN_OP_REDUCE) && stays) return 0;
   kiln_cost after, before = f->g[g].cost;
   if ((rc = cost_of(f, f->g[g].mem, f->g[g].nmem, p, f->g[g].roots, f->g[g].nroots, &after)))
     return rc;
@@ -453,7 +497,13 @@ static int try_merge(fctx *f, uint32_t a, uint32_t b) {
   memcpy(roots + A->nroots, B->roots, (size_t)B->nroots * sizeof *roots);
   sort_by_pos(f, roots, nr);
   kiln_cost merged, apart = A->cost;
-  int rc = cost_of(f, mem, n, KILN_NO_ID, roots, nr, &merged);
+  bool rows = true;
+  int rc = A->nred || B->nred ? rows_ok(f, mem, n, KILN_NO_ID, roots, nr, &rows) : 0;
+  if (rc || !rows) {
+    kiln_free(mem);
+    return rc;
+  }
+  rc = cost_of(f, mem, n, KILN_NO_ID, roots, nr, &merged);
   sum_cost(&apart, &B->cost);
   if (rc == 0 && better(&merged, &apart)) {
     uint32_t cap = n;
@@ -467,6 +517,7 @@ static int try_merge(fctx *f, uint32_t a, uint32_t b) {
       A->roots = roots;
       A->nroots = A->capr = nr;
       A->cost = merged;
+      A->nred += B->nred;
       B->merged_into = a;
     }
   }
@@ -577,6 +628,7 @@ static int fuse_into_all(fctx *f, kiln_id x, const uint32_t *cg, uint32_t n, boo
   for (uint32_t i = 0; i < n && rc == 0; i++) {
     const group *G = &f->g[cg[i]];
     bool ok;
+    if (G->nred) return 0; /* row kernels take their producers one by one */
     for (uint32_t c = 0; c < nc && rc == 0; c++) {
       if ((rc = eligible(f, cg[i], cone[c], &ok)) || !ok) return rc;
     }
