@@ -313,7 +313,7 @@ static int rows_ok(fctx *f, const kiln_id *mem, uint32_t n, kiln_id extra, const
   sort_by_pos(f, tmp, n);
   uint32_t stranded = 0;
   if (kiln__row_plan(f->m, tmp, n, roots, nroots, &f->m->instrs[roots[0]]->shape, role,
-                     &stranded)) {
+                     &stranded, NULL)) {
     rc = oom(f);
     goto out_free;
   }

@@ -118,8 +118,10 @@ static bool elementwise(const kiln_instr *x) {
 }
 
 int kiln__row_plan(const kiln_module *m, const kiln_id *members, uint32_t n, const kiln_id *roots,
-                   uint32_t nroots, const kiln_shape *out, uint8_t *role, uint32_t *stranded) {
+                   uint32_t nroots, const kiln_shape *out, uint8_t *role, uint32_t *stranded,
+                   bool *in_row) {
   memset(role, 0, n);
+  if (in_row) memset(in_row, 0, n * sizeof *in_row);
   *stranded = 0;
   int md = kiln__row_minor(out);
   slot *s = kiln_malloc((n ? n : 1) * sizeof *s);
@@ -186,6 +188,7 @@ int kiln__row_plan(const kiln_module *m, const kiln_id *members, uint32_t n, con
   }
   for (uint32_t i = 0; i < n; i++) {
     const kiln_instr *x = m->instrs[members[i]];
+    if (in_row) in_row[i] = ordered && md >= 0 && mode[i] == M_ROW;
     bool is_root = false;
     for (uint32_t r = 0; r < nroots && !is_root; r++) is_root = roots[r] == members[i];
     if (x->op == KILN_OP_REDUCE && !is_root && role[i] != KILN__ROW_REDUCE) (*stranded)++;

@@ -43,8 +43,13 @@ int kiln__row_minor(const kiln_shape *out);
  * values roots[0..nroots) at its output index, rows taken from `out` (the
  * dims and layout of the output). role[i] receives member i's role
  * (KILN__ROW_*); *stranded the number of member reduces (not roots) left
- * without a row role. Returns 0 or KILN_ENOMEM. */
+ * without a row role; in_row (NULL: not wanted) whether member i is read
+ * only at indices of the current row with the output's dims, at the
+ * position in the row of the loop that reads it (so that a value one pass
+ * over the row computed may be kept for the next, indexed by that
+ * position). Returns 0 or KILN_ENOMEM. */
 int kiln__row_plan(const kiln_module *m, const kiln_id *members, uint32_t n, const kiln_id *roots,
-                   uint32_t nroots, const kiln_shape *out, uint8_t *role, uint32_t *stranded);
+                   uint32_t nroots, const kiln_shape *out, uint8_t *role, uint32_t *stranded,
+                   bool *in_row);
 
 #endif /* KILN_COMPILER_PASSES_ROW_REDUCE_H */

@@ -785,6 +785,50 @@ static int compile_status(const char *hlo, const kiln_compile_options *o, kiln_s
   return rc;
 }
 
+/* The row kernel of a softmax, in its source: one kernel; exp written once
+ * (the sum's pass keeps it in a row temporary that the output loop reads);
+ * the output loop over the row calls no reducer. */
+START_TEST(row_kernel_source) {
+  char dir[] = "/tmp/kiln-cgrow-XXXXXX", path[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  const char *hlo =
+      "HloModule sm\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] "
+      "maximum(a, b) }\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+      "add(a, b) }\nENTRY main {\n  p = f32[64,256] parameter(0)\n  ninf = f32[] constant(-inf)\n"
+      "  m = f32[64] reduce(p, ninf), dimensions={1}, to_apply=mx\n"
+      "  mb = f32[64,256] broadcast(m), dimensions={0}\n  d = f32[64,256] subtract(p, mb)\n"
+      "  e = f32[64,256] exponential(d)\n  z = f32[] constant(0)\n"
+      "  s = f32[64] reduce(e, z), dimensions={1}, to_apply=ad\n"
+      "  sb = f32[64,256] broadcast(s), dimensions={0}\n  ROOT o = f32[64,256] divide(e, sb)\n}\n";
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  static char src[1 << 20];
+  size_t n = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[n] = 0;
+  const char *k0 = strstr(src, "void kiln_kernel_0");
+  ck_assert_ptr_nonnull(k0);
+  ck_assert_ptr_null(strstr(src, "void kiln_kernel_1"));
+  int exps = 0;
+  for (const char *q = k0; (q = strstr(q, "kexpf(")) != NULL; q++) exps++;
+  ck_assert_int_eq(exps, 1);
+  const char *row = strstr(k0, "for (int64_t j = 0;");
+  ck_assert_ptr_nonnull(row);
+  for (const char *q = row; (q = strstr(q, "kf")) != NULL; q++)
+    ck_assert_msg(!isdigit((unsigned char)q[2]), "a reducer in the loop over the row:\n%s", row);
+  cg_check_full(hlo, 5, false, 8 * kiln_tol_reduce_f32(256), 2, false);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(unsupported_ops_named) {
   kiln_status st;
   int rc =
@@ -1269,6 +1313,7 @@ int main(void) {
   tcase_add_test(tf, unsupported_ops_named);
   tcase_add_test(tf, compiler_failure_and_timeout);
   tcase_add_test(tf, no_client_strings_in_source);
+  tcase_add_test(tf, row_kernel_source);
   tcase_add_test(tf, serialized_executable_runs);
   tcase_add_test(tf, out_of_memory_everywhere);
 #ifdef HAVE_EXECUTOR
