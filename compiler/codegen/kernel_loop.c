@@ -9,6 +9,12 @@
  * physical dim is long enough, it is written again in the row form: one
  * iteration per row, an inner counted loop over the innermost dim, so the
  * index arithmetic happens once per row and the inner loop stays simple.
+ * In the row form, the kernel's row reductions (compiler/passes/row_reduce.h:
+ * softmax's max and sum, layernorm's mean and variance) and the broadcasts
+ * of their results are computed once per row, in computation order, before
+ * the inner loop, each bound to a C variable; each reduce's loop is one
+ * pass over the row, read from cache after the first, and a value two
+ * passes share is kept in a row temporary on the stack.
  * A reduce over the physically major dims of its input (a bias gradient)
  * accumulates in its output instead, one input row at a time, so that it
  * reads memory in order rather than down columns.

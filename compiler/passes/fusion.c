@@ -19,6 +19,17 @@
  *    dimensions as the dot, e.g. bias add then relu) joins a single-root
  *    kLoop group, which becomes kOutput: the backend runs the GEMM and then
  *    the epilogue. Nothing is fused into a dot's operands.
+ *  - A reduce joins a kLoop group as a row reduce when the group's kernel
+ *    can compute it once per row of the output (compiler/passes/row_reduce.h:
+ *    it reduces exactly the output's minor dim of an input with the
+ *    output's dims, and is read only through broadcasts along that dim,
+ *    reshapes of size-1 dims and elementwise ops on its own dims), every use
+ *    of it is in the group (a reduce is never computed twice), and the model
+ *    says so (cost.c charges such a broadcast once per row). Chains of them
+ *    (softmax: max, exp, sum, divide; layernorm: mean, variance, normalize)
+ *    become one kernel that reads each row from memory once. From then on
+ *    nothing joins that group, or merges with it, unless every reduce in it
+ *    still has that form; no dot joins it.
  *  - When visiting a value that several groups read (siblings), groups with
  *    the same iteration space (kLoop: same root dimensions; kInput: same
  *    reduce input dimensions and reduced dimensions) merge into one
@@ -37,7 +48,7 @@
  * cloned in computation order, root = the group root or a tuple of roots),
  * a fusion instruction in place of the root, and the instructions no longer
  * needed by anything dropped. Decisions never reassociate arithmetic, so
- * results stay bit-identical.
+ * the interpreter's results stay bit-identical.
  */
 #include <stdio.h>
 #include <string.h>
