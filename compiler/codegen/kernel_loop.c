@@ -278,6 +278,38 @@ out_free:
   return rc;
 }
 
+/* Declares the row temporaries of members with a pass (row_temps):
+ * b<nargs + i>, in the compute type; (*targ)[i] is member i's argument
+ * number and (*tshape)[i] the shape it is read through (the output's
+ * layout, every dim but the row's of size 1, so that its offset is the
+ * position in the row). */
+static int declare_temps(kiln__emit_fn *f, const kiln__kernel_spec *k, const kiln_id *mem,
+                         uint32_t n, const uint32_t *pass, int md, uint32_t **targ,
+                         kiln_shape **tshape) {
+  const kiln_module *m = f->mod->m;
+  const kiln_shape *s = k->out_shape[0];
+  int64_t len = s->dims[md];
+  uint32_t ntemp = 0;
+  *targ = kiln_arena_alloc(f->arena, (n ? n : 1) * sizeof **targ);
+  *tshape = kiln_arena_alloc(f->arena, (n ? n : 1) * sizeof **tshape);
+  int64_t *tdims = kiln_arena_alloc(f->arena, (size_t)s->rank * sizeof *tdims);
+  if (*targ == NULL || *tshape == NULL || tdims == NULL) return KILN_ENOMEM;
+  for (uint32_t d = 0; d < s->rank; d++) tdims[d] = (int)d == md ? len : 1;
+  for (uint32_t i = 0; i < n; i++) {
+    if (pass[i] == UINT32_MAX) continue;
+    kiln_dtype t = m->instrs[mem[i]]->shape.dtype;
+    if (t == KILN_F16 || t == KILN_BF16) t = KILN_F64; /* held in double */
+    kiln_shape *ts = &(*tshape)[i];
+    *ts = *s;
+    ts->dtype = t;
+    ts->dims = tdims;
+    ts->dynamic = NULL;
+    (*targ)[i] = k->nargs + ntemp++;
+    kiln__emit_line(f, "%s b%u[%lld];", kiln__ctype(f->mod, t), (*targ)[i], (long long)len);
+  }
+  return 0;
+}
+
 /* In the row form: computes the kernel's row reductions, and the row
  * broadcasts of their results, once per row into `pre` (the code before
  * the loop over the row), in computation order, and binds each to its C
@@ -315,26 +347,9 @@ static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_f
   f->out = pre;
   f->indent = 2;
   f->row_dim = (uint32_t)md;
-  /* The temporaries: b<nargs + i>, in the compute type. */
-  uint32_t ntemp = 0, *targ = kiln_arena_alloc(f->arena, (n ? n : 1) * sizeof *targ);
-  kiln_shape *tshape = kiln_arena_alloc(f->arena, (n ? n : 1) * sizeof *tshape);
-  int64_t *tdims = kiln_arena_alloc(f->arena, (size_t)s->rank * sizeof *tdims);
-  if (targ == NULL || tshape == NULL || tdims == NULL) {
-    rc = KILN_ENOMEM;
-    goto out_restore;
-  }
-  for (uint32_t d = 0; d < s->rank; d++) tdims[d] = (int)d == md ? len : 1;
-  for (uint32_t i = 0; i < n; i++) {
-    if (pass[i] == UINT32_MAX) continue;
-    kiln_dtype t = m->instrs[mem[i]]->shape.dtype;
-    if (t == KILN_F16 || t == KILN_BF16) t = KILN_F64; /* held in double */
-    tshape[i] = *s;
-    tshape[i].dtype = t;
-    tshape[i].dims = tdims;
-    tshape[i].dynamic = NULL;
-    targ[i] = k->nargs + ntemp++;
-    kiln__emit_line(f, "%s b%u[%lld];", kiln__ctype(&g->mod, t), targ[i], (long long)len);
-  }
+  uint32_t *targ;
+  kiln_shape *tshape;
+  if ((rc = declare_temps(f, k, mem, n, pass, md, &targ, &tshape))) goto out_restore;
   uint32_t np = 0;
   for (uint32_t i = 0; i < n && rc == 0; i++) {
     if (role[i] == KILN__ROW_NONE) continue;

@@ -63,6 +63,7 @@
 #define NO_POS UINT32_MAX
 #define MAX_MEMBERS 128 /* instructions in one fused kernel */
 #define MAX_SIBLINGS 8  /* consumer groups of one value tried for merging */
+#define ROWS_MAXR 64    /* rank of a row kernel's outputs compared for layout */
 
 typedef enum fkind { K_LOOP, K_INPUT, K_OUTPUT } fkind;
 static const char *const kind_names[] = {"kLoop", "kInput", "kOutput"};
@@ -329,6 +330,20 @@ static int rows_ok(fctx *f, const kiln_id *mem, uint32_t n, kiln_id extra, const
     goto out_free;
   }
   *ok = stranded == 0;
+  /* The code generator takes its rows from the first output's layout. */
+  const kiln_shape *s0 = &f->m->instrs[roots[0]]->shape;
+  for (uint32_t r = 1; r < nroots && *ok; r++) {
+    const kiln_shape *sr = &f->m->instrs[roots[r]]->shape;
+    int64_t a[ROWS_MAXR], b[ROWS_MAXR];
+    if (!kiln_shape_is_array(s0) || !kiln_shape_is_array(sr) || sr->rank != s0->rank ||
+        sr->rank > ROWS_MAXR) {
+      *ok = false;
+      break;
+    }
+    kiln_shape_minor_to_major(s0, a);
+    kiln_shape_minor_to_major(sr, b);
+    *ok = memcmp(a, b, s0->rank * sizeof *a) == 0;
+  }
 out_free:
   kiln_free(tmp);
   kiln_free(role);
