@@ -571,6 +571,8 @@ int kiln__emit_value(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, const uint
   }
   if (rc == 0 && f->rc) rc = f->rc;
   if (rc) return rc;
+  if (f->row_store && f->row_store[id] != KILN__NO_INPUT && nv == 1 && use->rank > f->row_dim)
+    kiln__emit_line(f, "b%u[%s] = v%u;", f->row_store[id], kiln__ix_get(f, use, f->row_dim), v[0]);
   if ((rc = kiln__emit_memo_put(f, id, use, v, nv))) return rc;
   *vars = v;
   *n = nv;

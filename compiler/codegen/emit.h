@@ -88,6 +88,11 @@ typedef struct kiln__emit_fn {
   uint32_t nmemo;
   size_t memocap;
   bool used_root;    /* a component of the root index was read */
+  /* Row kernels (kernel_loop.c): per instruction id, the row temporary
+   * b<N> that a value computed here is also stored into, at component
+   * row_dim of its index, or KILN__NO_INPUT; NULL when none is. */
+  const uint32_t *row_store;
+  uint32_t row_dim;
   kiln_arena *arena; /* index vectors, value lists; freed with the function */
   int rc;
 } kiln__emit_fn;

@@ -9,6 +9,12 @@
  * physical dim is long enough, it is written again in the row form: one
  * iteration per row, an inner counted loop over the innermost dim, so the
  * index arithmetic happens once per row and the inner loop stays simple.
+ * In the row form, the kernel's row reductions (compiler/passes/row_reduce.h:
+ * softmax's max and sum, layernorm's mean and variance) and the broadcasts
+ * of their results are computed once per row, in computation order, before
+ * the inner loop, each bound to a C variable; each reduce's loop is one
+ * pass over the row, read from cache after the first, and a value two
+ * passes share is kept in a row temporary on the stack.
  * A reduce over the physically major dims of its input (a bias gradient)
  * accumulates in its output instead, one input row at a time, so that it
  * reads memory in order rather than down columns.
@@ -19,6 +25,7 @@
 #include "common/alloc.h"
 #include "compiler/buffer_assign.h"
 #include "compiler/codegen/kernel.h"
+#include "compiler/passes/row_reduce.h"
 
 int kiln__codegen_init(kiln__codegen *g, const kiln_module *m, const kiln__cg_target *target,
                        kiln_status *st) {
@@ -158,17 +165,252 @@ static int minor_dim(const kiln_shape *s) {
   return (int)m2m[0];
 }
 
+/* ---- row reductions (compiler/passes/row_reduce.h) ---------------------- */
+
+/* The values kernel k computes (not its inputs), every one after its
+ * operands: a post-order walk from the root that stops at bound inputs. */
+static int kernel_members(kiln__emit_fn *f, kiln_id root, kiln_id **out, uint32_t *n) {
+  const kiln_module *m = f->mod->m;
+  uint32_t ni = m->ninstrs;
+  uint8_t *state = kiln_calloc(ni ? ni : 1, 1);
+  uint32_t *next = kiln_calloc(ni ? ni : 1, sizeof *next);
+  kiln_id *stack = kiln_malloc((ni ? ni : 1) * sizeof *stack);
+  kiln_id *mem = kiln_malloc((ni ? ni : 1) * sizeof *mem);
+  uint32_t top = 0, nm = 0;
+  if (state == NULL || next == NULL || stack == NULL || mem == NULL || root >= ni) {
+    kiln_free(state);
+    kiln_free(next);
+    kiln_free(stack);
+    kiln_free(mem);
+    return root >= ni ? KILN_EINTERNAL : KILN_ENOMEM;
+  }
+  stack[top++] = root;
+  state[root] = 1;
+  while (top) {
+    kiln_id x = stack[top - 1];
+    const kiln_instr *ins = m->instrs[x];
+    bool leaf = f->in_first[x] != KILN__NO_INPUT || ins->op == KILN_OP_PARAMETER;
+    if (!leaf && next[x] < ins->noperands) {
+      kiln_id o = ins->operands[next[x]++];
+      if (o < ni && state[o] == 0) {
+        state[o] = 1;
+        stack[top++] = o;
+      }
+      continue;
+    }
+    top--;
+    if (!leaf) mem[nm++] = x;
+  }
+  kiln_free(state);
+  kiln_free(next);
+  kiln_free(stack);
+  *out = mem;
+  *n = nm;
+  return 0;
+}
+
+#define ROW_TEMP_BYTES 32768 /* row temporaries of one kernel, on the stack */
+
+/* Row temporaries: the passes over the row are each hoisted reduce's
+ * input loop, in computation order, then the output loop. A value that a
+ * pass computes and a later one reads again (an elementwise member read
+ * only at the row position of the loop, row_reduce.h) is stored into a row
+ * array by the first and loaded by the later ones, rather than recomputed
+ * with everything below it (softmax's exp, layernorm's output under the
+ * softmax). pass[i] receives the pass that stores member i, or UINT32_MAX. */
+static int row_temps(const kiln_module *m, const kiln_id *mem, uint32_t n, const uint8_t *role,
+                     const bool *in_row, const kiln_id *roots, uint32_t nroots, int64_t row_bytes,
+                     uint32_t *pass) {
+  uint32_t ni = m->ninstrs;
+  uint32_t *at = kiln_malloc((ni ? ni : 1) * sizeof *at), *first = kiln_malloc((n ? n : 1) * 4);
+  uint32_t *seen = kiln_calloc(n ? n : 1, sizeof *seen), *stack = kiln_malloc((n ? n : 1) * 4);
+  int rc = at && first && seen && stack ? 0 : KILN_ENOMEM;
+  if (rc) goto out_free;
+  for (uint32_t i = 0; i < ni; i++) at[i] = UINT32_MAX;
+  for (uint32_t i = 0; i < n; i++) {
+    at[mem[i]] = i;
+    first[i] = pass[i] = UINT32_MAX;
+  }
+  int64_t budget = ROW_TEMP_BYTES;
+  uint32_t np = 0; /* passes so far */
+  for (uint32_t q = 0; q <= n; q++) {
+    if (q < n && role[q] != KILN__ROW_REDUCE) continue;
+    /* Pass np reads the reduce's input, or (q == n) the roots. */
+    uint32_t top = 0, stamp = np + 1;
+    const kiln_id *from = q < n ? &m->instrs[mem[q]]->operands[0] : roots;
+    for (uint32_t r = 0; r < (q < n ? 1u : nroots); r++) {
+      uint32_t x = from[r] < ni ? at[from[r]] : UINT32_MAX;
+      if (x != UINT32_MAX && seen[x] != stamp) {
+        seen[x] = stamp;
+        stack[top++] = x;
+      }
+    }
+    while (top) {
+      uint32_t x = stack[--top];
+      const kiln_instr *ins = m->instrs[mem[x]];
+      if (role[x] != KILN__ROW_NONE) continue; /* bound before this pass */
+      if (first[x] != UINT32_MAX) {
+        bool ew = (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) != 0;
+        if (pass[x] != UINT32_MAX) continue; /* kept already */
+        if (ew && in_row[x] && budget >= row_bytes) {
+          pass[x] = first[x];
+          budget -= row_bytes;
+          continue;
+        }
+      } else {
+        first[x] = np;
+      }
+      for (uint32_t k = 0; k < ins->noperands; k++) {
+        uint32_t o = ins->operands[k] < ni ? at[ins->operands[k]] : UINT32_MAX;
+        if (o != UINT32_MAX && seen[o] != stamp) {
+          seen[o] = stamp;
+          stack[top++] = o;
+        }
+      }
+    }
+    np++;
+  }
+out_free:
+  kiln_free(at);
+  kiln_free(first);
+  kiln_free(seen);
+  kiln_free(stack);
+  return rc;
+}
+
+/* Declares the row temporaries of members with a pass (row_temps):
+ * b<nargs + i>, in the compute type; (*targ)[i] is member i's argument
+ * number and (*tshape)[i] the shape it is read through (the output's
+ * layout, every dim but the row's of size 1, so that its offset is the
+ * position in the row). */
+static int declare_temps(kiln__emit_fn *f, const kiln__kernel_spec *k, const kiln_id *mem,
+                         uint32_t n, const uint32_t *pass, int md, uint32_t **targ,
+                         kiln_shape **tshape) {
+  const kiln_module *m = f->mod->m;
+  const kiln_shape *s = k->out_shape[0];
+  int64_t len = s->dims[md];
+  uint32_t ntemp = 0;
+  *targ = kiln_arena_alloc(f->arena, (n ? n : 1) * sizeof **targ);
+  *tshape = kiln_arena_alloc(f->arena, (n ? n : 1) * sizeof **tshape);
+  int64_t *tdims = kiln_arena_alloc(f->arena, (size_t)s->rank * sizeof *tdims);
+  if (*targ == NULL || *tshape == NULL || tdims == NULL) return KILN_ENOMEM;
+  for (uint32_t d = 0; d < s->rank; d++) tdims[d] = (int)d == md ? len : 1;
+  for (uint32_t i = 0; i < n; i++) {
+    if (pass[i] == UINT32_MAX) continue;
+    kiln_dtype t = m->instrs[mem[i]]->shape.dtype;
+    if (t == KILN_F16 || t == KILN_BF16) t = KILN_F64; /* held in double */
+    kiln_shape *ts = &(*tshape)[i];
+    *ts = *s;
+    ts->dtype = t;
+    ts->dims = tdims;
+    ts->dynamic = NULL;
+    (*targ)[i] = k->nargs + ntemp++;
+    kiln__emit_line(f, "%s b%u[%lld];", kiln__ctype(f->mod, t), (*targ)[i], (long long)len);
+  }
+  return 0;
+}
+
+/* In the row form: computes the kernel's row reductions, and the row
+ * broadcasts of their results, once per row into `pre` (the code before
+ * the loop over the row), in computation order, and binds each to its C
+ * variable so that the loop over the row reads it for free; the values the
+ * passes share go through row temporaries (row_temps). */
+static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_fn *f,
+                      kiln_sbuf *pre) {
+  const kiln_module *m = g->mod.m;
+  const kiln_shape *s = k->out_shape[0];
+  int md = kiln__row_minor(s);
+  if (md < 0 || k->nouts > KILN__EMIT_MAXR) return 0;
+  kiln_id *mem = NULL, roots[KILN__EMIT_MAXR];
+  uint32_t n = 0, stranded = 0, *pass = NULL, *store = NULL;
+  for (uint32_t o = 0; o < k->nouts; o++) {
+    uint32_t leaf = k->out_leaf[o];
+    roots[o] = producer(m, k->root, &leaf);
+  }
+  uint8_t *role = NULL;
+  bool *in_row = NULL;
+  int rc = kernel_members(f, k->root, &mem, &n);
+  if (rc == 0) {
+    role = kiln_malloc(n ? n : 1);
+    in_row = kiln_malloc((n ? n : 1) * sizeof *in_row);
+    pass = kiln_malloc((n ? n : 1) * sizeof *pass);
+    store = kiln_malloc((m->ninstrs ? m->ninstrs : 1) * sizeof *store);
+    if (role == NULL || in_row == NULL || pass == NULL || store == NULL) rc = KILN_ENOMEM;
+  }
+  if (rc == 0) rc = kiln__row_plan(m, mem, n, roots, k->nouts, s, role, &stranded, in_row);
+  int64_t len = s->dims[md];
+  if (rc == 0) rc = row_temps(m, mem, n, role, in_row, roots, k->nouts, len * 8, pass);
+  if (rc) goto out_free;
+  for (uint32_t i = 0; i < m->ninstrs; i++) store[i] = KILN__NO_INPUT;
+  kiln_sbuf *body = f->out;
+  int indent = f->indent;
+  f->out = pre;
+  f->indent = 2;
+  f->row_dim = (uint32_t)md;
+  uint32_t *targ;
+  kiln_shape *tshape;
+  if ((rc = declare_temps(f, k, mem, n, pass, md, &targ, &tshape))) goto out_restore;
+  uint32_t np = 0;
+  for (uint32_t i = 0; i < n && rc == 0; i++) {
+    if (role[i] == KILN__ROW_NONE) continue;
+    const kiln_instr *x = m->instrs[mem[i]];
+    if (role[i] == KILN__ROW_REDUCE) {
+      f->row_store = store;
+      for (uint32_t j = 0; j < n; j++)
+        if (pass[j] == np) store[mem[j]] = targ[j];
+    }
+    kiln__ix y;
+    if ((rc = kiln__ix_new(f, x->shape.rank, &y))) break;
+    for (uint32_t d = 0, j = 0; d < s->rank; d++) {
+      if ((int)d != md)
+        kiln__ix_set(&y, j++, "o%u", d);
+      else if (role[i] == KILN__ROW_BCAST)
+        kiln__ix_set(&y, j++, "0");
+    }
+    uint32_t v;
+    if ((rc = kiln__emit_value1(f, x->id, &y, &v))) break;
+    char name[16];
+    const char *nm = name;
+    snprintf(name, sizeof name, "v%u", v);
+    rc = kiln__emit_bind(f, x->id, NULL, NULL, &nm, 1);
+    if (role[i] != KILN__ROW_REDUCE) continue;
+    /* Later passes load what this one stored. */
+    f->row_store = NULL;
+    for (uint32_t j = 0; j < n && rc == 0; j++) {
+      if (pass[j] != np) continue;
+      const kiln_shape *ts = &tshape[j];
+      store[mem[j]] = KILN__NO_INPUT;
+      rc = kiln__emit_bind(f, mem[j], &targ[j], &ts, NULL, 1);
+    }
+    np++;
+  }
+out_restore:
+  f->row_store = NULL;
+  f->out = body;
+  f->indent = indent;
+out_free:
+  kiln_free(mem);
+  kiln_free(role);
+  kiln_free(in_row);
+  kiln_free(pass);
+  kiln_free(store);
+  if (rc == KILN_ENOMEM) return kiln_status_set(g->st, rc, "codegen", "out of memory");
+  return rc;
+}
+
 /* One form of the loop kernel; *used says whether the body read the
  * logical index (flat form) so the caller may prefer rows. */
 static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, kiln_sbuf *out,
                      bool *used) {
   const kiln_shape *s = k->out_shape[0];
   uint32_t r = s->rank;
-  kiln_sbuf body = KILN_SBUF_INIT;
+  kiln_sbuf body = KILN_SBUF_INIT, pre = KILN_SBUF_INIT;
   kiln__emit_fn f;
   int indent = rows ? 3 : 2;
   int rc = kiln__kernel_begin(g, k, &body, &f, indent);
   kiln__ix x;
+  if (rc == 0 && rows) rc = hoist_rows(g, k, &f, &pre);
+  if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) rc = kiln__ix_new(&f, r, &x);
   if (rc) goto out;
   int md = r ? minor_dim(s) : 0;
@@ -196,6 +438,7 @@ static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, ki
   kiln_sbuf_printf(out, "  %s {\n", loop);
   if (rows) {
     kiln__kernel_decompose(out, s, "r", 1, "o", 2);
+    kiln_sbuf_puts(out, kiln_sbuf_str(&pre));
     kiln_sbuf_printf(out, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)minor);
     kiln_sbuf_puts(out, kiln_sbuf_str(&body));
     kiln_sbuf_puts(out, "    }\n  }\n");
@@ -207,6 +450,7 @@ static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, ki
 out:
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
+  kiln_sbuf_free(&pre);
   return rc;
 }
 

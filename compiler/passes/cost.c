@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/passes/row_reduce.h"
 
 #define MAX_DEPTH 16 /* nesting of while/call/conditional/fusion followed */
 
@@ -334,12 +335,32 @@ static int group_cost(const kiln_module *m, const kiln_id *members, uint32_t n,
   kiln_id *set = kiln_malloc((n ? n : 1) * sizeof *set);
   uint32_t *order = kiln_malloc((n ? n : 1) * sizeof *order);
   double *count = kiln_calloc(n ? n : 1, sizeof *count);
+  uint8_t *row_role = NULL; /* per position in order: KILN__ROW_* */
   /* Per external operand: bytes read; one slot per member operand edge. */
   int rc = KILN_ENOMEM;
   if (set == NULL || order == NULL || count == NULL) goto out_free;
   memcpy(set, members, n * sizeof *set);
   qsort(set, n, sizeof *set, cmp_id);
   if ((rc = topo(m, set, n, order))) goto out_free;
+  /* A row kernel computes its row broadcasts once per row (row_reduce.h). */
+  bool reduces = false;
+  for (uint32_t i = 0; i < n && !reduces; i++) {
+    reduces = m->instrs[set[i]]->op == KILN_OP_REDUCE;
+    for (uint32_t r = 0; r < nroots && reduces; r++) reduces = roots[r] != set[i];
+  }
+  if (reduces && nroots > 0 && roots[0] < m->ninstrs) {
+    kiln_id *ids = kiln_malloc(n * sizeof *ids);
+    uint32_t stranded;
+    rc = KILN_ENOMEM;
+    if (ids == NULL || (row_role = kiln_malloc(n)) == NULL) {
+      kiln_free(ids);
+      goto out_free;
+    }
+    for (uint32_t i = 0; i < n; i++) ids[i] = set[order[i]];
+    rc = kiln__row_plan(m, ids, n, roots, nroots, &m->instrs[roots[0]]->shape, row_role, &stranded, NULL);
+    kiln_free(ids);
+    if (rc) goto out_free;
+  }
   for (uint32_t r = 0; r < nroots; r++) {
     int64_t x = find(set, n, roots[r]);
     if (x >= 0) {
@@ -356,7 +377,9 @@ static int group_cost(const kiln_module *m, const kiln_id *members, uint32_t n,
     for (uint32_t k = 0; k < j->noperands; k++) {
       int64_t o = find(set, n, j->operands[k]);
       if (o < 0) continue;
-      double r = reads_of(m, j, k, count[x]);
+      double r = row_role && row_role[i] == KILN__ROW_BCAST
+                     ? count[x] * operand_elems(m, j, k) / elems(&j->shape)
+                     : reads_of(m, j, k, count[x]);
       if (r > count[o]) count[o] = r;
     }
   }
@@ -395,6 +418,7 @@ out_free:
   kiln_free(set);
   kiln_free(order);
   kiln_free(count);
+  kiln_free(row_role);
   return rc;
 }
 

@@ -17,7 +17,9 @@
  * of whatever reads it (a loop kernel computes element index -> value), so
  * a producer under a broadcast is recomputed for every broadcast element:
  * the model charges that, which is what keeps expensive producers out of
- * kernels that would repeat them.
+ * kernels that would repeat them. The exception is a row kernel's row
+ * broadcast (row_reduce.h), which the code generator computes once per
+ * row: it is charged once per operand element.
  */
 #ifndef KILN_COMPILER_PASSES_COST_H
 #define KILN_COMPILER_PASSES_COST_H

@@ -19,6 +19,17 @@
  *    dimensions as the dot, e.g. bias add then relu) joins a single-root
  *    kLoop group, which becomes kOutput: the backend runs the GEMM and then
  *    the epilogue. Nothing is fused into a dot's operands.
+ *  - A reduce joins a kLoop group as a row reduce when the group's kernel
+ *    can compute it once per row of the output (compiler/passes/row_reduce.h:
+ *    it reduces exactly the output's minor dim of an input with the
+ *    output's dims, and is read only through broadcasts along that dim,
+ *    reshapes of size-1 dims and elementwise ops on its own dims), every use
+ *    of it is in the group (a reduce is never computed twice), and the model
+ *    says so (cost.c charges such a broadcast once per row). Chains of them
+ *    (softmax: max, exp, sum, divide; layernorm: mean, variance, normalize)
+ *    become one kernel that reads each row from memory once. From then on
+ *    nothing joins that group, or merges with it, unless every reduce in it
+ *    still has that form; no dot joins it.
  *  - When visiting a value that several groups read (siblings), groups with
  *    the same iteration space (kLoop: same root dimensions; kInput: same
  *    reduce input dimensions and reduced dimensions) merge into one
@@ -37,7 +48,7 @@
  * cloned in computation order, root = the group root or a tuple of roots),
  * a fusion instruction in place of the root, and the instructions no longer
  * needed by anything dropped. Decisions never reassociate arithmetic, so
- * results stay bit-identical.
+ * the interpreter's results stay bit-identical.
  */
 #include <stdio.h>
 #include <string.h>
@@ -46,11 +57,13 @@
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/cost.h"
 #include "compiler/passes/passes.h"
+#include "compiler/passes/row_reduce.h"
 
 #define NO_GROUP UINT32_MAX
 #define NO_POS UINT32_MAX
 #define MAX_MEMBERS 128 /* instructions in one fused kernel */
 #define MAX_SIBLINGS 8  /* consumer groups of one value tried for merging */
+#define ROWS_MAXR 64    /* rank of a row kernel's outputs compared for layout */
 
 typedef enum fkind { K_LOOP, K_INPUT, K_OUTPUT } fkind;
 static const char *const kind_names[] = {"kLoop", "kInput", "kOutput"};
@@ -64,6 +77,7 @@ typedef struct group {
   kiln_cost cost;       /* of the group as one kernel */
   uint32_t merged_into; /* NO_GROUP while alive */
   kiln_id dot;          /* kOutput: the dot member */
+  uint32_t nred;        /* kLoop: row reduces among the members */
 } group;
 
 /* Analysis state for one computation. */
@@ -293,14 +307,68 @@ static int output_ok(fctx *f, uint32_t g, const kiln_instr *d, bool *ok) {
   return 0;
 }
 
+/* Whether the loop kernel of mem[0..n) plus `extra` (KILN_NO_ID: none)
+ * writing `roots` computes every reduce among them once per row
+ * (row_reduce.h). */
+static int rows_ok(fctx *f, const kiln_id *mem, uint32_t n, kiln_id extra, const kiln_id *roots,
+                   uint32_t nroots, bool *ok) {
+  *ok = false;
+  kiln_id *tmp = kiln_malloc(((size_t)n + 1) * sizeof *tmp);
+  uint8_t *role = kiln_malloc((size_t)n + 1);
+  int rc = 0;
+  if (tmp == NULL || role == NULL) {
+    rc = oom(f);
+    goto out_free;
+  }
+  memcpy(tmp, mem, (size_t)n * sizeof *tmp);
+  if (extra != KILN_NO_ID) tmp[n++] = extra;
+  sort_by_pos(f, tmp, n);
+  uint32_t stranded = 0;
+  if (kiln__row_plan(f->m, tmp, n, roots, nroots, &f->m->instrs[roots[0]]->shape, role,
+                     &stranded, NULL)) {
+    rc = oom(f);
+    goto out_free;
+  }
+  *ok = stranded == 0;
+  /* The code generator takes its rows from the first output's layout. */
+  const kiln_shape *s0 = &f->m->instrs[roots[0]]->shape;
+  for (uint32_t r = 1; r < nroots && *ok; r++) {
+    const kiln_shape *sr = &f->m->instrs[roots[r]]->shape;
+    int64_t a[ROWS_MAXR], b[ROWS_MAXR];
+    if (!kiln_shape_is_array(s0) || !kiln_shape_is_array(sr) || sr->rank != s0->rank ||
+        sr->rank > ROWS_MAXR) {
+      *ok = false;
+      break;
+    }
+    kiln_shape_minor_to_major(s0, a);
+    kiln_shape_minor_to_major(sr, b);
+    *ok = memcmp(a, b, s0->rank * sizeof *a) == 0;
+  }
+out_free:
+  kiln_free(tmp);
+  kiln_free(role);
+  return rc;
+}
+
+/* A row reduce: one input reduced over one dim (row_reduce.h decides the
+ * rest, for the kernel it would join). */
+static bool reduce_op(const kiln_instr *x) {
+  return x->op == KILN_OP_REDUCE && x->noperands == 2 && x->ncalled == 1;
+}
+
 /* Whether producer p may structurally join group g (the model not asked). */
 static int eligible(fctx *f, uint32_t g, kiln_id p, bool *ok) {
   *ok = false;
   if (!in_comp(f, p) || f->state[p] != 0 || in_group(f, p, g)) return 0;
   const kiln_instr *x = f->m->instrs[p];
-  if (x->op == KILN_OP_PARAMETER || !basic_ok(f, x) || f->g[g].nmem >= MAX_MEMBERS) return 0;
-  if (x->op == KILN_OP_DOT) return output_ok(f, g, x, ok);
-  *ok = loop_op(x) && !(f->g[g].kind == K_OUTPUT && uses(f->m->instrs[f->g[g].dot], p));
+  const group *G = &f->g[g];
+  if (x->op == KILN_OP_PARAMETER || !basic_ok(f, x) || G->nmem >= MAX_MEMBERS) return 0;
+  if (x->op == KILN_OP_DOT) return G->nred ? 0 : output_ok(f, g, x, ok);
+  /* A reduce joins a loop kernel that reads it only along its rows, and
+   * nothing joins that kernel that would make it read a reduce otherwise. */
+  bool red = G->kind == K_LOOP && reduce_op(x);
+  *ok = (loop_op(x) || red) && !(G->kind == K_OUTPUT && uses(f->m->instrs[G->dot], p));
+  if (*ok && (red || G->nred)) return rows_ok(f, G->mem, G->nmem, p, G->roots, G->nroots, ok);
   return 0;
 }
 
@@ -312,6 +380,7 @@ static int join(fctx *f, uint32_t g, kiln_id p, const kiln_cost *after) {
     f->g[g].kind = K_OUTPUT;
     f->g[g].dot = p;
   }
+  if (f->g[g].kind == K_LOOP && f->m->instrs[p]->op == KILN_OP_REDUCE) f->g[g].nred++;
   return 0;
 }
 
@@ -323,7 +392,8 @@ static int try_add(fctx *f, uint32_t g, kiln_id p, bool *added) {
   if (rc || !ok) return rc;
   const kiln_instr *x = f->m->instrs[p];
   bool stays = would_be_needed(f, p, g);
-  if (x->op == KILN_OP_DOT && stays) return 0; /* a GEMM is never computed twice */
+  /* A GEMM is never computed twice, nor a reduce. */
+  if ((x->op == KILN_OP_DOT || x->op == KILN_OP_REDUCE) && stays) return 0;
   kiln_cost after, before = f->g[g].cost;
   if ((rc = cost_of(f, f->g[g].mem, f->g[g].nmem, p, f->g[g].roots, f->g[g].nroots, &after)))
     return rc;
@@ -453,7 +523,13 @@ static int try_merge(fctx *f, uint32_t a, uint32_t b) {
   memcpy(roots + A->nroots, B->roots, (size_t)B->nroots * sizeof *roots);
   sort_by_pos(f, roots, nr);
   kiln_cost merged, apart = A->cost;
-  int rc = cost_of(f, mem, n, KILN_NO_ID, roots, nr, &merged);
+  bool rows = true;
+  int rc = A->nred || B->nred ? rows_ok(f, mem, n, KILN_NO_ID, roots, nr, &rows) : 0;
+  if (rc || !rows) {
+    kiln_free(mem);
+    return rc;
+  }
+  rc = cost_of(f, mem, n, KILN_NO_ID, roots, nr, &merged);
   sum_cost(&apart, &B->cost);
   if (rc == 0 && better(&merged, &apart)) {
     uint32_t cap = n;
@@ -467,6 +543,7 @@ static int try_merge(fctx *f, uint32_t a, uint32_t b) {
       A->roots = roots;
       A->nroots = A->capr = nr;
       A->cost = merged;
+      A->nred += B->nred;
       B->merged_into = a;
     }
   }
@@ -577,6 +654,7 @@ static int fuse_into_all(fctx *f, kiln_id x, const uint32_t *cg, uint32_t n, boo
   for (uint32_t i = 0; i < n && rc == 0; i++) {
     const group *G = &f->g[cg[i]];
     bool ok;
+    if (G->nred) return 0; /* row kernels take their producers one by one */
     for (uint32_t c = 0; c < nc && rc == 0; c++) {
       if ((rc = eligible(f, cg[i], cone[c], &ok)) || !ok) return rc;
     }

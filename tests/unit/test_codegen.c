@@ -429,6 +429,118 @@ START_TEST(reductions) {
 }
 END_TEST
 
+/* ---- row kernels: softmax, log-softmax, layernorm, rmsnorm -------------- */
+/* (The norms go through size-1 dims and back, as JAX exports them.) */
+
+/* Kernel steps of program 0. */
+static uint32_t kernel_steps(const kiln_executable *e) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
+    n += e->programs[0].steps[i].kind == KILN_STEP_KERNEL;
+  return n;
+}
+
+/* One of the four patterns over random shapes, layouts and types, reduced
+ * over one dim: compared with the interpreter, and, when that dim is the
+ * physically minor one and long enough for the row form, compiled to one
+ * kernel (the reduces computed once per row, kernel_loop.c). */
+START_TEST(row_fusions_random) {
+  static const char *const rtypes[] = {"f32", "f32", "bf16"};
+  uint64_t rng = 0x2545f4914f6cdd1dull + (uint64_t)_i * 977;
+  for (int it = 0; it < 6; it++) {
+#define RND(n) ((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n)
+    int pat = (int)((_i + it) % 4);
+    uint32_t rank = 2 + (uint32_t)RND(2), m2m[3];
+    int64_t dims[3];
+    for (uint32_t d = 0; d < rank; d++) dims[d] = 1 + (int64_t)RND(d + 1 == rank ? 90 : 7);
+    for (uint32_t d = 0; d < rank; d++) m2m[d] = rank - 1 - d;
+    if (RND(3) == 0) { /* the two most minor dims swapped in the layout */
+      m2m[0] = rank - 2;
+      m2m[1] = rank - 1;
+    }
+    if (RND(4) == 0) dims[m2m[0]] = 1 + (int64_t)RND(7); /* short rows */
+    uint32_t rd = RND(3) == 0 ? (uint32_t)RND(rank) : m2m[0];
+    const char *t = rtypes[RND(3)];
+    char S[64] = "", L[32] = "", R[64] = "", R1[64] = "", K[32] = "", ALL[32] = "";
+    for (uint32_t d = 0; d < rank; d++) {
+      const char *c = d ? "," : "";
+      snprintf(S + strlen(S), sizeof S - strlen(S), "%s%lld", c, (long long)dims[d]);
+      snprintf(L + strlen(L), sizeof L - strlen(L), "%s%u", c, m2m[d]);
+      snprintf(R1 + strlen(R1), sizeof R1 - strlen(R1), "%s%lld", c,
+               (long long)(d == rd ? 1 : dims[d]));
+      snprintf(ALL + strlen(ALL), sizeof ALL - strlen(ALL), "%s%u", c, d);
+      if (d == rd) continue;
+      snprintf(R + strlen(R), sizeof R - strlen(R), "%s%lld", R[0] ? "," : "", (long long)dims[d]);
+      snprintf(K + strlen(K), sizeof K - strlen(K), "%s%u", K[0] ? "," : "", d);
+    }
+    char hlo[4096];
+    int o = snprintf(hlo, sizeof hlo,
+                     "HloModule rows\nmx { a = %s[] parameter(0)  b = %s[] parameter(1)  ROOT m = "
+                     "%s[] maximum(a, b) }\nad { a = %s[] parameter(0)  b = %s[] parameter(1)  "
+                     "ROOT s = %s[] add(a, b) }\nENTRY main {\n  p = %s[%s]{%s} parameter(0)\n"
+                     "  z = %s[] constant(0)\n",
+                     t, t, t, t, t, t, t, S, L, t);
+#define ADD(...) o += snprintf(hlo + o, sizeof hlo - (size_t)o, __VA_ARGS__)
+    if (pat <= 1) { /* softmax, log-softmax */
+      ADD("  ninf = %s[] constant(-inf)\n  m = %s[%s] reduce(p, ninf), dimensions={%u}, "
+          "to_apply=mx\n",
+          t, t, R, rd);
+      ADD("  mb = %s[%s]{%s} broadcast(m), dimensions={%s}\n  d = %s[%s]{%s} subtract(p, mb)\n", t,
+          S, L, K, t, S, L);
+      ADD("  e = %s[%s]{%s} exponential(d)\n  s = %s[%s] reduce(e, z), dimensions={%u}, "
+          "to_apply=ad\n",
+          t, S, L, t, R, rd);
+      if (pat == 0) {
+        ADD("  sb = %s[%s]{%s} broadcast(s), dimensions={%s}\n  ROOT o = %s[%s]{%s} divide(e, "
+            "sb)\n}\n",
+            t, S, L, K, t, S, L);
+      } else {
+        ADD("  ls = %s[%s] log(s)\n  lb = %s[%s]{%s} broadcast(ls), dimensions={%s}\n"
+            "  ROOT o = %s[%s]{%s} subtract(d, lb)\n}\n",
+            t, R, t, S, L, K, t, S, L);
+      }
+    } else { /* layernorm, rmsnorm: through reshapes to a size-1 dim, as JAX writes them */
+      ADD("  g = %s[%lld] parameter(1)\n  gb = %s[%s]{%s} broadcast(g), dimensions={%u}\n", t,
+          (long long)dims[rd], t, S, L, rd);
+      ADD("  nc = %s[] constant(%lld)\n  nb = %s[%s] broadcast(nc), dimensions={}\n"
+          "  ec = %s[] constant(1e-05)\n  eb = %s[%s] broadcast(ec), dimensions={}\n",
+          t, (long long)dims[rd], t, R, t, t, R);
+      const char *x = "p";
+      if (pat == 2) {
+        ADD("  s1 = %s[%s] reduce(p, z), dimensions={%u}, to_apply=ad\n  mean = %s[%s] "
+            "divide(s1, nb)\n",
+            t, R, rd, t, R);
+        ADD("  mr = %s[%s] reshape(mean)\n  mr2 = %s[%s] broadcast(mr), dimensions={%s}\n"
+            "  mr3 = %s[%s] reshape(mr2)\n  mbc = %s[%s]{%s} broadcast(mr3), dimensions={%s}\n"
+            "  c = %s[%s]{%s} subtract(p, mbc)\n",
+            t, R1, t, R1, ALL, t, R, t, S, L, K, t, S, L);
+        x = "c";
+      }
+      ADD("  sq = %s[%s]{%s} multiply(%s, %s)\n  v = %s[%s] reduce(sq, z), dimensions={%u}, "
+          "to_apply=ad\n",
+          t, S, L, x, x, t, R, rd);
+      ADD("  var = %s[%s] divide(v, nb)\n  ve = %s[%s] add(var, eb)\n  rs = %s[%s] rsqrt(ve)\n",
+          t, R, t, R, t, R);
+      ADD("  rr = %s[%s] reshape(rs)\n  rr2 = %s[%s] broadcast(rr), dimensions={%s}\n"
+          "  rr3 = %s[%s] reshape(rr2)\n  rb = %s[%s]{%s} broadcast(rr3), dimensions={%s}\n",
+          t, R1, t, R1, ALL, t, R, t, S, L, K);
+      ADD("  y = %s[%s]{%s} multiply(%s, rb)\n  ROOT o = %s[%s]{%s} multiply(y, gb)\n}\n", t, S, L,
+          x, t, S, L);
+    }
+#undef ADD
+    ck_assert_int_lt(o, (int)sizeof hlo);
+    /* Two reassociated reductions of about |x| <= 10 feed each result. */
+    double tol = 8 * kiln_tol_reduce_f32(dims[rd]) + 8 * KILN_TOL_ULP_MAX * KILN_TOL_F32_EPS;
+    cg_check_full(hlo, 300 + (uint64_t)it, false, tol, 0, false);
+    kiln_executable *e = cg_check_full(hlo, 400 + (uint64_t)it, false, tol, 2, true);
+    if (rd == m2m[0] && dims[rd] >= 8)
+      ck_assert_msg(kernel_steps(e) == 1, "%u kernels for\n%s", kernel_steps(e), hlo);
+    kiln_executable_destroy(e);
+#undef RND
+  }
+}
+END_TEST
+
 START_TEST(reduce_window_padded_dilated) {
   cg_check("HloModule rw\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
            "maximum(a, b) }\n"
@@ -749,6 +861,50 @@ static int compile_status(const char *hlo, const kiln_compile_options *o, kiln_s
   kiln_module_destroy(m);
   return rc;
 }
+
+/* The row kernel of a softmax, in its source: one kernel; exp written once
+ * (the sum's pass keeps it in a row temporary that the output loop reads);
+ * the output loop over the row calls no reducer. */
+START_TEST(row_kernel_source) {
+  char dir[] = "/tmp/kiln-cgrow-XXXXXX", path[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  const char *hlo =
+      "HloModule sm\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] "
+      "maximum(a, b) }\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+      "add(a, b) }\nENTRY main {\n  p = f32[64,256] parameter(0)\n  ninf = f32[] constant(-inf)\n"
+      "  m = f32[64] reduce(p, ninf), dimensions={1}, to_apply=mx\n"
+      "  mb = f32[64,256] broadcast(m), dimensions={0}\n  d = f32[64,256] subtract(p, mb)\n"
+      "  e = f32[64,256] exponential(d)\n  z = f32[] constant(0)\n"
+      "  s = f32[64] reduce(e, z), dimensions={1}, to_apply=ad\n"
+      "  sb = f32[64,256] broadcast(s), dimensions={0}\n  ROOT o = f32[64,256] divide(e, sb)\n}\n";
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  static char src[1 << 20];
+  size_t n = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[n] = 0;
+  const char *k0 = strstr(src, "void kiln_kernel_0");
+  ck_assert_ptr_nonnull(k0);
+  ck_assert_ptr_null(strstr(src, "void kiln_kernel_1"));
+  int exps = 0;
+  for (const char *q = k0; (q = strstr(q, "kexpf(")) != NULL; q++) exps++;
+  ck_assert_int_eq(exps, 1);
+  const char *row = strstr(k0, "for (int64_t j = 0;");
+  ck_assert_ptr_nonnull(row);
+  for (const char *q = row; (q = strstr(q, "kf")) != NULL; q++)
+    ck_assert_msg(!isdigit((unsigned char)q[2]), "a reducer in the loop over the row:\n%s", row);
+  cg_check_full(hlo, 5, false, 8 * kiln_tol_reduce_f32(256), 2, false);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
 
 START_TEST(unsupported_ops_named) {
   kiln_status st;
@@ -1216,6 +1372,7 @@ int main(void) {
   tcase_add_test(tc, select_and_scatter);
   tcase_add_test(tc, reductions);
   tcase_add_loop_test(tc, reductions_random, 0, 4);
+  tcase_add_loop_test(tc, row_fusions_random, 0, 8);
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, dots);
   tcase_add_test(tc, dots_become_gemms);
@@ -1234,6 +1391,7 @@ int main(void) {
   tcase_add_test(tf, unsupported_ops_named);
   tcase_add_test(tf, compiler_failure_and_timeout);
   tcase_add_test(tf, no_client_strings_in_source);
+  tcase_add_test(tf, row_kernel_source);
   tcase_add_test(tf, serialized_executable_runs);
   tcase_add_test(tf, out_of_memory_everywhere);
 #ifdef HAVE_EXECUTOR

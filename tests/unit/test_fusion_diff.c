@@ -188,7 +188,9 @@ static const struct {
   int min_fusions; /* the pass must find at least this many */
   const char *text;
 } k_programs[] = {
-    {"mlp_softmax", 3,
+    /* the first GEMM with its epilogue; the softmax, with the second bias add, as one row
+     * kernel (the second GEMM stays on its own: nothing joins a dot into a row kernel) */
+    {"mlp_softmax", 2,
      "HloModule mlp_softmax\n" REDUCERS "ENTRY main {\n"
      "  x = f32[8,16] parameter(0)\n"
      "  w1 = f32[16,32] parameter(1)\n"
@@ -245,7 +247,7 @@ static const struct {
      "  mean = f32[12] add(rows, rows2)\n"
      "  ROOT t = (f32[12], f32[9], f32[]) tuple(mean, cols, all)\n"
      "}\n"},
-    {"layer_norm", 2,
+    {"layer_norm", 1, /* one row kernel */
      "HloModule layer_norm\n" REDUCERS "ENTRY main {\n"
      "  x = f32[4,32] parameter(0)\n"
      "  g = f32[32] parameter(1)\n"
@@ -464,6 +466,98 @@ static bool find_corpus(void) {
   return true;
 }
 
+/* Softmax, log-softmax, layernorm and rmsnorm over one dim of random
+ * shapes, layouts and types (f32, bf16): bit-identical after every pass;
+ * when the dim is the output's minor one and at least 8 long, one row
+ * kernel (every reduce inside the fusion). */
+START_TEST(test_row_patterns) {
+  static const char *const ts[] = {"f32", "bf16"};
+  uint64_t rng = 0x9e3779b97f4a7c15ull ^ ((uint64_t)_i * 7919);
+  for (int it = 0; it < 4; it++) {
+#define RND(n) ((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (n)
+    int pat = (int)((_i + it) % 4);
+    uint32_t rank = 2 + (uint32_t)RND(2), minor = rank - 1;
+    int64_t dims[3];
+    for (uint32_t d = 0; d < rank; d++) dims[d] = 1 + (int64_t)RND(d + 1 == rank ? 40 : 5);
+    char L[16] = "";
+    bool swap = RND(3) == 0;
+    if (swap) minor = rank - 2;
+    for (uint32_t q = 0; q < rank; q++) {
+      uint32_t d = swap && q < 2 ? (q == 0 ? rank - 2 : rank - 1) : rank - 1 - q;
+      snprintf(L + strlen(L), sizeof L - strlen(L), "%s%u", q ? "," : "", d);
+    }
+    uint32_t rd = RND(3) == 0 ? (uint32_t)RND(rank) : minor;
+    const char *t = ts[RND(2)];
+    char S[64] = "", R[64] = "", K[16] = "";
+    for (uint32_t d = 0; d < rank; d++) {
+      snprintf(S + strlen(S), sizeof S - strlen(S), "%s%lld", d ? "," : "", (long long)dims[d]);
+      if (d == rd) continue;
+      snprintf(R + strlen(R), sizeof R - strlen(R), "%s%lld", R[0] ? "," : "", (long long)dims[d]);
+      snprintf(K + strlen(K), sizeof K - strlen(K), "%s%u", K[0] ? "," : "", d);
+    }
+    char text[4096];
+    int o = snprintf(text, sizeof text,
+                     "HloModule rows\nmx { a = %s[] parameter(0)  b = %s[] parameter(1)  ROOT m = "
+                     "%s[] maximum(a, b) }\nad { a = %s[] parameter(0)  b = %s[] parameter(1)  "
+                     "ROOT s = %s[] add(a, b) }\nENTRY main {\n  p = %s[%s]{%s} parameter(0)\n"
+                     "  z = %s[] constant(0)\n  ninf = %s[] constant(-inf)\n",
+                     t, t, t, t, t, t, t, S, L, t, t);
+#define ADD(...) o += snprintf(text + o, sizeof text - (size_t)o, __VA_ARGS__)
+#define BC(name, src) ADD("  " name " = %s[%s]{%s} broadcast(" src "), dimensions={%s}\n", t, S, L, K)
+#define EW(name, op, a, b) ADD("  " name " = %s[%s]{%s} " op "(" a ", " b ")\n", t, S, L)
+#define RED(name, src, fn) \
+  ADD("  " name " = %s[%s] reduce(" src ", %s), dimensions={%u}, to_apply=" fn "\n", t, R, \
+      strcmp(fn, "mx") ? "z" : "ninf", rd)
+    if (pat <= 1) {
+      RED("m", "p", "mx");
+      BC("mb", "m");
+      EW("d", "subtract", "p", "mb");
+      ADD("  e = %s[%s]{%s} exponential(d)\n", t, S, L);
+      RED("s", "e", "ad");
+      if (pat == 0) {
+        BC("sb", "s");
+        EW("o", "divide", "e", "sb");
+      } else {
+        ADD("  ls = %s[%s] log(s)\n", t, R);
+        BC("lb", "ls");
+        EW("o", "subtract", "d", "lb");
+      }
+    } else {
+      const char *x = "p";
+      ADD("  nc = %s[] constant(%lld)\n  nb = %s[%s] broadcast(nc), dimensions={}\n", t,
+          (long long)dims[rd], t, R);
+      if (pat == 2) {
+        RED("s1", "p", "ad");
+        ADD("  mean = %s[%s] divide(s1, nb)\n", t, R);
+        BC("mbc", "mean");
+        EW("c", "subtract", "p", "mbc");
+        x = "c";
+      }
+      ADD("  sq = %s[%s]{%s} multiply(%s, %s)\n", t, S, L, x, x);
+      RED("v", "sq", "ad");
+      ADD("  var = %s[%s] divide(v, nb)\n  rs = %s[%s] rsqrt(var)\n", t, R, t, R);
+      BC("rb", "rs");
+      ADD("  o = %s[%s]{%s} multiply(%s, rb)\n", t, S, L, x);
+    }
+    ADD("}\n");
+    char *root = strstr(text, "\n  o = ");
+    ck_assert_ptr_nonnull(root);
+    memmove(root + 8, root + 3, strlen(root + 3) + 1); /* "  o =" -> "  ROOT o =" */
+    memcpy(root + 3, "ROOT ", 5);
+#undef RED
+#undef EW
+#undef BC
+#undef ADD
+    ck_assert_int_lt(o, (int)sizeof text);
+    outcome out = diff_module(text, strlen(text), "row pattern", true, 2);
+    ck_assert_int_eq(out.ran, 1);
+    if (rd == minor && dims[rd] >= 8)
+      ck_assert_msg(out.fusions == 1, "%d fusions for\n%s", out.fusions, text);
+#undef RND
+  }
+}
+END_TEST
+
 START_TEST(test_corpus) {
   if (!find_corpus()) {
     fprintf(stderr, "test_corpus: skipped: no corpus at %s\n", corpus_dir);
@@ -586,6 +680,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_programs, 0, (int)(sizeof k_programs / sizeof k_programs[0]));
   tcase_add_test(tc, test_pipeline_levels);
+  tcase_add_loop_test(tc, test_row_patterns, 0, 8);
   tcase_add_test(tc, test_idempotent);
   suite_add_tcase(s, tc);
   TCase *big = tcase_create("corpus_and_generated");
