@@ -18,20 +18,22 @@ ROOT=$PWD
 #                                       proto/ stubs (protoc-c) and their runtime
 #   check libsubunit-dev                the unit test framework
 #   clang libclang-rt-14-dev            libFuzzer builds (tests/fuzz)
+#   clang-format                        the house format (scripts/format.sh)
 #   python3 python3-venv                the .venv for the JAX peer tests
 #   libopenblas-dev                     dot on the CPU backend (cblas)
 #   libdnnl-dev                         convolution on the CPU backend (oneDNN)
 #   libgrpc-dev libuv1-dev libssl-dev   kilnd: gRPC core, its event loop, SHA-256
 #   libhiredis-dev redis-server         the shared cache tier and its tests
+#   openssl                             test certificates (tests/integration/test_security.c)
 PACKAGES=(
   build-essential cmake pkg-config
   protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
   check libsubunit-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
   python3 python3-venv
   libopenblas-dev libdnnl-dev
   libgrpc-dev libuv1-dev libssl-dev
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server openssl
 )
 
 say() { printf 'setup: %s\n' "$*"; }
