@@ -124,6 +124,36 @@ struct kiln_mesh {
   kiln_loaded **ranks;    /* comm->ndevices loaded executables */
 };
 
+/* The rendezvous of one gang launch (comm.c): every rank that reaches a
+ * collective step posts its operands' addresses under the step's key and
+ * waits for its group. A slot per rank with a generation counter (the
+ * collectives it has entered), so consecutive collectives and collectives
+ * in loops never mix: a rank cannot run ahead into the next one until
+ * every member has finished reading its operands (leave). A rank whose run
+ * ends marks its slot gone, and whoever waits on it fails naming it.
+ * Waits wake every 50 ms for the cancel flag and the deadline. */
+typedef struct kiln__rendezvous kiln__rendezvous;
+typedef struct kiln__gang_rank kiln__gang_rank;
+
+struct kiln__gang_rank {
+  kiln__rendezvous *rv;
+  uint32_t rank, nranks;
+};
+
+/* Posts `ptrs` (this rank's operand addresses; they must stay valid until
+ * leave returns) under `key`, then waits until every rank in members[0..n)
+ * (rank order, this rank among them) has posted the same generation and
+ * key; peers[j] receives member j's ptrs. deadline is CLOCK_MONOTONIC
+ * seconds (0: none). On failure the rank's slot is withdrawn. */
+int kiln__rendezvous_enter(const struct kiln__gang_rank *g, uint64_t key, const uint32_t *members,
+                           uint32_t n, void *const *ptrs, void *const **peers,
+                           const atomic_int *cancel, double deadline, kiln_status *st);
+/* Counts this rank as done reading its members' operands and waits until
+ * every member has read this rank's (or is gone). */
+int kiln__rendezvous_leave(const struct kiln__gang_rank *g, const uint32_t *members, uint32_t n,
+                           const atomic_int *cancel, double deadline, kiln_status *st);
+double kiln__monotonic_seconds(void);
+
 struct kiln_backend_iface {
   const char *name;
 

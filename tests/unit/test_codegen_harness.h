@@ -181,6 +181,7 @@ static inline void cg_program(cg_run *r, uint32_t p) {
       break;
     }
     case KILN_STEP_CALL: cg_program(r, s->sub[0]); break;
+    case KILN_STEP_COLLECTIVE: ck_abort_msg("collective steps run on the cpu backend"); break;
     }
   }
 }
