@@ -469,7 +469,8 @@ static void gang_run_rank(gang *g, uint32_t r) {
   kiln__gang_rank link = {.rv = g->rv, .rank = r, .nranks = g->m->comm->ndevices};
   kiln_run_options opts = g->opts;
   opts.gang = &link;
-  int rc = g->louts ? l->device->backend->iface->run(l, g->largs[r], &opts, &g->louts[r], &st)
+  int rc = g->louts ? l->device->backend->iface->run(l, g->largs ? g->largs[r] : NULL, &opts,
+                                                     &g->louts[r], &st)
                     : l->device->backend->iface->execute(l, g->args[r], &opts, g->results[r], &st);
   rv_gone(g->rv, r, rc != 0);
   gang_finish(g, r, rc, &st);
