@@ -6,6 +6,7 @@
 #include <check.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,7 +98,24 @@ static kiln_executable *sample(void) {
   kiln_step *c = kiln_arena_calloc(a, 1, sizeof *c);
   c[0] = (kiln_step){.kind = KILN_STEP_CALL, .sub = ids(a, 1, 3), .nsub = 1};
   e->programs[2] = (kiln_program){c, 1};
-  e->programs[3] = (kiln_program){NULL, 0};
+  /* Program 3: an all-reduce and a collective-permute on 2 devices. */
+  kiln_step *cs = kiln_arena_calloc(a, 2, sizeof *cs);
+  uint64_t *rows = kiln_arena_calloc(a, 1, sizeof *rows);
+  rows[0] = 1;
+  int32_t *src = kiln_arena_calloc(a, 2, sizeof *src);
+  src[0] = 1;
+  src[1] = 0;
+  kiln_coll ar = {.op = KILN_OP_ALL_REDUCE, .reduce = KILN_OP_ADD, .dtype = KILN_F32,
+                  .replicas = 2, .partitions = 1, .nops = 1, .gsize = 2,
+                  .members = ids(a, 4, 0, 1, 0, 1), .outer = rows};
+  cs[0] = (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = ar};
+  kiln_coll cp = ar;
+  cp.op = KILN_OP_COLLECTIVE_PERMUTE;
+  cp.reduce = 0;
+  cp.members = ids(a, 4, 0, 1, 0, 1);
+  cp.source = src;
+  cs[1] = (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = cp};
+  e->programs[3] = (kiln_program){cs, 2};
   e->nkernels = 2;
   e->ncode = 100;
   e->code = kiln_arena_calloc(a, 100, 1);
@@ -232,6 +250,16 @@ static void no_programs(kiln_executable *e) { e->nprograms = 0; }
 static void bad_layout(kiln_executable *e) { e->param_shapes[0].layout->minor_to_major[1] = 0; }
 static void leaves_count(kiln_executable *e) { e->nparam_leaves = 2; }
 static void result_small(kiln_executable *e) { e->slots[5].size = 8; }
+static kiln_coll *coll(kiln_executable *e, uint32_t i) { return &e->programs[3].steps[i].coll; }
+static void coll_member(kiln_executable *e) { coll(e, 0)->members[1] = 7; }
+static void coll_disagree(kiln_executable *e) { coll(e, 0)->members[2] = 1, coll(e, 0)->members[3] = 0; }
+static void coll_reduce(kiln_executable *e) { coll(e, 0)->reduce = KILN_OP_AND; }
+static void coll_rows(kiln_executable *e) { coll(e, 0)->outer[0] = 3; }
+static void coll_source(kiln_executable *e) { coll(e, 1)->source[0] = 5; }
+static void coll_mesh(kiln_executable *e) { coll(e, 0)->replicas = 0; }
+static void coll_op(kiln_executable *e) { coll(e, 0)->op = KILN_OP_ADD; }
+static void coll_args(kiln_executable *e) { e->programs[3].steps[0].nargs = 1; }
+static void coll_dtype(kiln_executable *e) { coll(e, 0)->dtype = KILN_TUPLE; }
 
 START_TEST(out_of_range_fields_named) {
   expect_rejected(slot_past_arena, "slot 3: lies outside the temporary arena");
@@ -251,6 +279,15 @@ START_TEST(out_of_range_fields_named) {
   expect_rejected(bad_layout, "layout minor_to_major at offset");
   expect_rejected(leaves_count, "differs from the parameter shapes' leaves");
   expect_rejected(result_small, "result binding 0: slot is smaller than the result");
+  expect_rejected(coll_member, "collective step in program 3: a group member is outside the mesh");
+  expect_rejected(coll_disagree, "collective step in program 3: members disagree on their group");
+  expect_rejected(coll_reduce, "collective step in program 3: unknown reduction");
+  expect_rejected(coll_rows, "collective step in program 3: rows do not divide the operand");
+  expect_rejected(coll_source, "collective step in program 3: a source is outside the mesh");
+  expect_rejected(coll_mesh, "bad replicas, partitions or group size");
+  expect_rejected(coll_op, "collective step in program 3: unknown collective");
+  expect_rejected(coll_args, "collective step in program 3: needs its operands and as many results");
+  expect_rejected(coll_dtype, "collective step in program 3: bad element type");
 }
 END_TEST
 
@@ -263,11 +300,14 @@ START_TEST(header_checks) {
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
   ck_assert_str_eq(st.msg, "magic at offset 0: not a Kiln executable");
   b[0] = 'K';
-  b[8] = 2; /* format version, little-endian u32 after the magic */
+  b[8] = KILN_EXE_FORMAT_VERSION + 1; /* format version, little-endian u32 after the magic */
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
-  ck_assert_str_eq(st.msg,
-                   "format version at offset 12: unsupported format version 2 (expected 1)");
-  b[8] = 1;
+  char want[128];
+  snprintf(want, sizeof want,
+           "format version at offset 12: unsupported format version %u (expected %u)",
+           KILN_EXE_FORMAT_VERSION + 1, KILN_EXE_FORMAT_VERSION);
+  ck_assert_str_eq(st.msg, want);
+  b[8] = KILN_EXE_FORMAT_VERSION;
   ck_assert_int_eq(load(b, len, &st), 0);
   b[len - 1] ^= 1;
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
