@@ -15,7 +15,10 @@
 #include "common/alloc.h"
 #include "common/sbuf.h"
 #include "compiler/ir/ir.h"
+#include "compiler/compile.h"
+#include "compiler/codegen/executable.h"
 #include "compiler/ir/text.h"
+#include "executor/backend.h"
 #include "executor/run.h"
 
 static kiln_module *parse_ok(const char *text) {
@@ -322,6 +325,67 @@ START_TEST(test_failing_ranks) {
 }
 END_TEST
 
+/* The buffer API: one executable loaded on a communicator of 4 cpu
+ * devices, a gang launch on device buffers, an all-reduce in a while loop
+ * run twice on the same mesh load (the rendezvous is per launch). A mesh
+ * program run on one device alone fails saying what it needs. */
+START_TEST(test_buffer_gang) {
+  static const char text[] =
+      "HloModule c, replica_count=4\n"
+      "add {\n x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = f32[] add(x, y)\n}\n"
+      "ENTRY e {\n p = f32[64] parameter(0)\n"
+      " ROOT r = f32[64] all-reduce(p), replica_groups={}, to_apply=add\n}\n";
+  kiln_module *m = parse_ok(text);
+  kiln_executable *e = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_compile(m, NULL, &e, NULL, &st), 0);
+  kiln_backend *b = NULL;
+  kiln_backend_options bo = {.ndevices = 4};
+  ck_assert_int_eq(kiln_backend_create("cpu", &bo, &b, &st), 0);
+  kiln_device *devs[4];
+  for (uint32_t k = 0; k < 4; k++) devs[k] = kiln_backend_device(b, k);
+  kiln_comm *comm = NULL;
+  kiln_mesh *mesh = NULL;
+  ck_assert_int_eq(kiln_comm_create(b, devs, 4, &comm, &st), 0);
+  ck_assert_int_eq(kiln_comm_load(comm, e, &mesh, &st), 0);
+  kiln_buffer *in[4], *out[4] = {0};
+  kiln_buffer *const *args[4];
+  kiln_buffer **res[4];
+  for (uint32_t k = 0; k < 4; k++) {
+    float v[64];
+    for (int i = 0; i < 64; i++) v[i] = (float)(k * 100 + (uint32_t)i);
+    ck_assert_int_eq(kiln_buffer_alloc(devs[k], sizeof v, &in[k], &st), 0);
+    ck_assert_int_eq(kiln_buffer_write(in[k], 0, v, sizeof v, &st), 0);
+    args[k] = &in[k];
+    res[k] = &out[k];
+  }
+  for (int round = 0; round < 2; round++) {
+    ck_assert_msg(kiln_mesh_execute(mesh, args, 1, NULL, res, 1, &st) == 0, "%s", st.msg);
+    for (uint32_t k = 0; k < 4; k++) {
+      float v[64];
+      ck_assert_int_eq(kiln_buffer_read(out[k], 0, v, sizeof v, &st), 0);
+      for (int i = 0; i < 64; i++) ck_assert_float_eq(v[i], (float)(600 + 4 * i));
+      kiln_buffer_free(out[k]);
+      out[k] = NULL;
+    }
+  }
+  /* Alone on one device, the same executable refuses to run. */
+  kiln_literal *lit = NULL, *arg = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &e->param_shapes[0], 0, &arg, &st), 0);
+  const kiln_literal *one[1] = {arg};
+  ck_assert_int_eq(kiln_run_executable(e, NULL, NULL, one, 1, &lit, &st), KILN_EINVAL);
+  ck_assert_msg(strstr(st.msg, "4 replicas x 1 partitions") != NULL, "%s", st.msg);
+  kiln_literal_destroy(arg);
+  for (uint32_t k = 0; k < 4; k++) kiln_buffer_free(in[k]);
+  kiln_mesh_destroy(mesh);
+  kiln_comm_destroy(comm);
+  kiln_backend_destroy(b);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("cpu_mesh");
   TCase *tc = tcase_create("collectives");
@@ -331,6 +395,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_partitions);
   tcase_add_test(tc, test_while_loop);
   tcase_add_test(tc, test_failing_ranks);
+  tcase_add_test(tc, test_buffer_gang);
   suite_add_tcase(s, tc);
   return s;
 }
