@@ -41,8 +41,11 @@
  * `count`, pairs in range and distinct, no forbidden aliasing) and runs the
  * whole collective before returning; an op or dtype it does not implement
  * is KILN_EUNIMPL with a message naming the collective and the backend.
- * A gang launch needs nothing of the backend but execute: comm.c runs the
- * ranks on threads of their own, all at once.
+ * A gang launch needs nothing of the backend but execute (run, for
+ * kiln_mesh_run): comm.c runs the ranks on threads of their own, all at
+ * once, each with its own copy of the run options whose `gang` names the
+ * rank and the launch's rendezvous (kiln__rendezvous_enter/leave below),
+ * where a backend's collective steps meet their peers.
  */
 #ifndef KILN_EXECUTOR_BACKEND_IMPL_H
 #define KILN_EXECUTOR_BACKEND_IMPL_H

@@ -10,7 +10,11 @@
  * collective slot sees them. A gang launch runs every rank of a mesh load on
  * a thread of its own, all released together once every thread exists, so
  * a program that meets its peers in a collective finds them running; the
- * launch's one event signals when the last rank is done.
+ * launch's one event signals when the last rank is done. Each launch has a
+ * rendezvous where the ranks' collective steps meet (the interpreter
+ * mesh's protocol, interp_mesh.c: a slot per rank, a generation counter,
+ * readers counted before a slot may be reused; a rank whose run ends marks
+ * its slot gone and releases whoever waits on it with an error).
  */
 #include <pthread.h>
 #include <stdio.h>

@@ -244,13 +244,20 @@ static void step_combine(void *acc, const void *x, size_t n, uint32_t dtype, uin
   }
 }
 
-/* dst = the fold of the members' bytes at offset `off` (len bytes). */
+/* dst = the fold of the members' bytes at offset `off` (len bytes), a
+ * block at a time so that the partial result stays in cache while every
+ * member's block is folded in. */
+#define STEP_BLOCK_BYTES (32u << 10)
+
 static void reduce_members(const kiln_coll *c, void *const *const *peer, uint32_t i, size_t off,
                            size_t len, char *dst) {
   size_t es = kiln_dtype_size((kiln_dtype)c->dtype);
-  memcpy(dst, (const char *)peer[0][i] + off, len);
-  for (uint32_t j = 1; j < c->gsize; j++)
-    step_combine(dst, (const char *)peer[j][i] + off, len / es, c->dtype, c->reduce);
+  for (size_t at = 0; at < len; at += STEP_BLOCK_BYTES) {
+    size_t m = len - at < STEP_BLOCK_BYTES ? len - at : STEP_BLOCK_BYTES;
+    memcpy(dst + at, (const char *)peer[0][i] + off + at, m);
+    for (uint32_t j = 1; j < c->gsize; j++)
+      step_combine(dst + at, (const char *)peer[j][i] + off + at, m / es, c->dtype, c->reduce);
+  }
 }
 
 static bool overlaps(const char *a, size_t an, const char *b, size_t bn) {

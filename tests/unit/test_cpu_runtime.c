@@ -1058,8 +1058,8 @@ END_TEST
   } while (0)
 
 START_TEST(test_hostile_header_and_code) {
-  BREAK(e->format_version = 2, KILN_EINVAL,
-        "executable format version 2, this executor runs version 1");
+  BREAK(e->format_version = KILN_EXE_FORMAT_VERSION + 1, KILN_EINVAL,
+        "executable format version 3, this executor runs version 2");
   BREAK(e->target = "cuda-sm_90", KILN_EINVAL,
         "executable compiled for target 'cuda-sm_90', not a cpu target");
   BREAK(e->target = "zx81", KILN_EINVAL, "executable compiled for target 'zx81', not a cpu target");
