@@ -88,6 +88,10 @@ typedef struct kiln_run_options {
    * default 8 GiB. Compiled backends size their memory at load and ignore
    * it. */
   size_t max_live_bytes;
+  /* Set by a gang launch (kiln_mesh_execute) on the copy each rank runs
+   * with: where the rank meets its peers in a collective step. Callers
+   * leave it NULL; a run without one is a mesh of one device. */
+  const struct kiln__gang_rank *gang;
 } kiln_run_options;
 
 /* ---- the registry ------------------------------------------------------- */
@@ -290,6 +294,15 @@ int kiln_mesh_execute_async(kiln_mesh *m, kiln_buffer *const *const *args, uint3
 int kiln_mesh_execute(kiln_mesh *m, kiln_buffer *const *const *args, uint32_t nargs,
                       const kiln_run_options *opts, kiln_buffer **const *results,
                       uint32_t nresults, kiln_status *st);
+
+/* A gang launch on host literals, as kiln_loaded_run is for one device:
+ * rank r runs on args[r][0..nargs) and outs[r] receives its result (a new
+ * heap literal). Returns once every rank has finished: 0, or the lowest
+ * failing rank's code with st naming the rank (every outs[r] is then
+ * NULL). A rank that fails releases the peers waiting for it in a
+ * collective with an error; none hangs. */
+int kiln_mesh_run(kiln_mesh *m, const kiln_literal *const *const *args, uint32_t nargs,
+                  const kiln_run_options *opts, kiln_literal **outs, kiln_status *st);
 
 /* Runs a module directly, for backends that interpret modules (interp).
  * Backends that only run executables fail with KILN_EUNIMPL. */

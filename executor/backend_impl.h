@@ -41,8 +41,11 @@
  * `count`, pairs in range and distinct, no forbidden aliasing) and runs the
  * whole collective before returning; an op or dtype it does not implement
  * is KILN_EUNIMPL with a message naming the collective and the backend.
- * A gang launch needs nothing of the backend but execute: comm.c runs the
- * ranks on threads of their own, all at once.
+ * A gang launch needs nothing of the backend but execute (run, for
+ * kiln_mesh_run): comm.c runs the ranks on threads of their own, all at
+ * once, each with its own copy of the run options whose `gang` names the
+ * rank and the launch's rendezvous (kiln__rendezvous_enter/leave below),
+ * where a backend's collective steps meet their peers.
  */
 #ifndef KILN_EXECUTOR_BACKEND_IMPL_H
 #define KILN_EXECUTOR_BACKEND_IMPL_H
@@ -123,6 +126,36 @@ struct kiln_mesh {
   const kiln_executable *exe; /* borrowed */
   kiln_loaded **ranks;    /* comm->ndevices loaded executables */
 };
+
+/* The rendezvous of one gang launch (comm.c): every rank that reaches a
+ * collective step posts its operands' addresses under the step's key and
+ * waits for its group. A slot per rank with a generation counter (the
+ * collectives it has entered), so consecutive collectives and collectives
+ * in loops never mix: a rank cannot run ahead into the next one until
+ * every member has finished reading its operands (leave). A rank whose run
+ * ends marks its slot gone, and whoever waits on it fails naming it.
+ * Waits wake every 50 ms for the cancel flag and the deadline. */
+typedef struct kiln__rendezvous kiln__rendezvous;
+typedef struct kiln__gang_rank kiln__gang_rank;
+
+struct kiln__gang_rank {
+  kiln__rendezvous *rv;
+  uint32_t rank, nranks;
+};
+
+/* Posts `ptrs` (this rank's operand addresses; they must stay valid until
+ * leave returns) under `key`, then waits until every rank in members[0..n)
+ * (rank order, this rank among them) has posted the same generation and
+ * key; peers[j] receives member j's ptrs. deadline is CLOCK_MONOTONIC
+ * seconds (0: none). On failure the rank's slot is withdrawn. */
+int kiln__rendezvous_enter(const struct kiln__gang_rank *g, uint64_t key, const uint32_t *members,
+                           uint32_t n, void *const *ptrs, void *const **peers,
+                           const atomic_int *cancel, double deadline, kiln_status *st);
+/* Counts this rank as done reading its members' operands and waits until
+ * every member has read this rank's (or is gone). */
+int kiln__rendezvous_leave(const struct kiln__gang_rank *g, const uint32_t *members, uint32_t n,
+                           const atomic_int *cancel, double deadline, kiln_status *st);
+double kiln__monotonic_seconds(void);
 
 struct kiln_backend_iface {
   const char *name;

@@ -10,11 +10,16 @@
  * collective slot sees them. A gang launch runs every rank of a mesh load on
  * a thread of its own, all released together once every thread exists, so
  * a program that meets its peers in a collective finds them running; the
- * launch's one event signals when the last rank is done.
+ * launch's one event signals when the last rank is done. Each launch has a
+ * rendezvous where the ranks' collective steps meet (the interpreter
+ * mesh's protocol, interp_mesh.c: a slot per rank, a generation counter,
+ * readers counted before a slot may be reused; a rank whose run ends marks
+ * its slot gone and releases whoever waits on it with an error).
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
@@ -238,6 +243,151 @@ int kiln_comm_collective(kiln_comm *c, const kiln_collective *d, kiln_status *st
   return c->backend->iface->collective(c, d, st);
 }
 
+/* ---- the rendezvous of a gang launch ------------------------------------ */
+
+typedef struct rv_slot {
+  uint64_t seq;        /* collectives entered so far */
+  bool posted;         /* ptrs/key below are this seq's */
+  bool gone, failed;   /* the rank's run has ended (with an error) */
+  uint64_t key;
+  void *const *ptrs;
+  uint32_t ngroup;
+  uint32_t readers;    /* members done reading this slot */
+} rv_slot;
+
+struct kiln__rendezvous {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* CLOCK_MONOTONIC */
+  uint32_t n;
+  rv_slot *slots;
+};
+
+double kiln__monotonic_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static kiln__rendezvous *rv_create(uint32_t n) {
+  kiln__rendezvous *rv = kiln_calloc(1, sizeof *rv);
+  if (rv) rv->slots = kiln_calloc(n, sizeof *rv->slots);
+  if (rv == NULL || rv->slots == NULL) {
+    kiln_free(rv);
+    return NULL;
+  }
+  rv->n = n;
+  pthread_mutex_init(&rv->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&rv->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  return rv;
+}
+
+static void rv_destroy(kiln__rendezvous *rv) {
+  if (rv == NULL) return;
+  pthread_cond_destroy(&rv->cv);
+  pthread_mutex_destroy(&rv->mu);
+  kiln_free(rv->slots);
+  kiln_free(rv);
+}
+
+/* Marks rank r's run over: whoever waits on it stops waiting. */
+static void rv_gone(kiln__rendezvous *rv, uint32_t r, bool failed) {
+  if (rv == NULL) return;
+  pthread_mutex_lock(&rv->mu);
+  rv->slots[r].gone = true;
+  rv->slots[r].failed = failed;
+  rv->slots[r].posted = false;
+  pthread_cond_broadcast(&rv->cv);
+  pthread_mutex_unlock(&rv->mu);
+}
+
+/* Sleeps on the condition for at most 50 ms, then checks the run's limits
+ * (with the mutex released). */
+static int rv_nap(kiln__rendezvous *rv, const atomic_int *cancel, double deadline,
+                  kiln_status *st) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_nsec += 50 * 1000 * 1000;
+  if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+  pthread_cond_timedwait(&rv->cv, &rv->mu, &ts);
+  if (cancel && atomic_load_explicit(cancel, memory_order_relaxed))
+    return kiln_status_set(st, KILN_ECANCELED, "run", "cancelled");
+  if (deadline > 0 && kiln__monotonic_seconds() > deadline)
+    return kiln_status_set(st, KILN_ELIMIT, "run", "time limit exceeded in a collective");
+  return 0;
+}
+
+int kiln__rendezvous_enter(const kiln__gang_rank *g, uint64_t key, const uint32_t *members,
+                           uint32_t n, void *const *ptrs, void *const **peers,
+                           const atomic_int *cancel, double deadline, kiln_status *st) {
+  kiln__rendezvous *rv = g->rv;
+  pthread_mutex_lock(&rv->mu);
+  rv_slot *s = &rv->slots[g->rank];
+  s->seq++;
+  s->posted = true;
+  s->key = key;
+  s->ptrs = ptrs;
+  s->ngroup = n;
+  s->readers = 0;
+  pthread_cond_broadcast(&rv->cv);
+  int rc = 0;
+  for (;;) {
+    bool waiting = false;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+      const rv_slot *p = &rv->slots[members[i]];
+      if (p->posted && p->seq == s->seq) {
+        if (p->key != key || p->ngroup != n)
+          rc = kiln_status_set(st, KILN_EINVAL, "collective",
+                               "rank %u meets rank %u in its collective number %llu, which there "
+                               "is another collective step",
+                               g->rank, members[i], (unsigned long long)s->seq);
+        else
+          peers[i] = p->ptrs;
+      } else if (p->gone) {
+        rc = kiln_status_set(st, p->failed ? KILN_ECANCELED : KILN_EINVAL, "collective",
+                             "rank %u waits for rank %u, which %s before reaching its "
+                             "collective number %llu",
+                             g->rank, members[i], p->failed ? "failed" : "finished",
+                             (unsigned long long)s->seq);
+      } else {
+        waiting = true;
+      }
+    }
+    if (rc || !waiting) break;
+    rc = rv_nap(rv, cancel, deadline, st);
+    if (rc) break;
+  }
+  if (rc) { /* nobody may read this slot any more */
+    s->posted = false;
+    pthread_cond_broadcast(&rv->cv);
+  }
+  pthread_mutex_unlock(&rv->mu);
+  return rc;
+}
+
+int kiln__rendezvous_leave(const kiln__gang_rank *g, const uint32_t *members, uint32_t n,
+                           const atomic_int *cancel, double deadline, kiln_status *st) {
+  kiln__rendezvous *rv = g->rv;
+  pthread_mutex_lock(&rv->mu);
+  for (uint32_t i = 0; i < n; i++) rv->slots[members[i]].readers++;
+  pthread_cond_broadcast(&rv->cv);
+  rv_slot *s = &rv->slots[g->rank];
+  int rc = 0;
+  while (s->readers < n) {
+    bool lost = false; /* a member that is gone never counts itself */
+    for (uint32_t i = 0; i < n; i++) lost = lost || rv->slots[members[i]].gone;
+    if (lost) break;
+    if ((rc = rv_nap(rv, cancel, deadline, st))) break;
+  }
+  s->posted = false;
+  pthread_cond_broadcast(&rv->cv);
+  pthread_mutex_unlock(&rv->mu);
+  return rc;
+}
+
 /* ---- mesh loads and gang launches --------------------------------------- */
 
 int kiln_comm_load(kiln_comm *c, const kiln_executable *e, kiln_mesh **out, kiln_status *st) {
@@ -290,6 +440,10 @@ typedef struct gang {
   uint32_t failed_rank;
   kiln_status st;
   kiln_event *ev;
+  kiln__rendezvous *rv;
+  /* kiln_mesh_run: host literals in and out instead of buffers */
+  const kiln_literal *const *const *largs;
+  kiln_literal **louts;
 } gang;
 
 typedef struct gang_rank {
@@ -300,7 +454,9 @@ typedef struct gang_rank {
 
 static void gang_finish(gang *g, uint32_t rank, int rc, const kiln_status *st) {
   pthread_mutex_lock(&g->mu);
-  if (rc && (g->rc == 0 || rank < g->failed_rank)) {
+  /* A rank that failed on its own outranks one released by a peer's failure. */
+  bool own = rc != KILN_ECANCELED, had_own = g->rc != KILN_ECANCELED;
+  if (rc && (g->rc == 0 || (own && !had_own) || (own == had_own && rank < g->failed_rank))) {
     g->rc = rc;
     g->failed_rank = rank;
     g->st = *st;
@@ -314,7 +470,13 @@ static void gang_run_rank(gang *g, uint32_t r) {
   kiln_loaded *l = g->m->ranks[r];
   kiln_status st;
   kiln_status_clear(&st);
-  int rc = l->device->backend->iface->execute(l, g->args[r], &g->opts, g->results[r], &st);
+  kiln__gang_rank link = {.rv = g->rv, .rank = r, .nranks = g->m->comm->ndevices};
+  kiln_run_options opts = g->opts;
+  opts.gang = &link;
+  int rc = g->louts ? l->device->backend->iface->run(l, g->largs ? g->largs[r] : NULL, &opts,
+                                                     &g->louts[r], &st)
+                    : l->device->backend->iface->execute(l, g->args[r], &opts, g->results[r], &st);
+  rv_gone(g->rv, r, rc != 0);
   gang_finish(g, r, rc, &st);
 }
 
@@ -392,12 +554,15 @@ int kiln_mesh_execute_async(kiln_mesh *m, kiln_buffer *const *const *args, uint3
   pthread_mutex_init(&g.mu, NULL);
   pthread_cond_init(&g.cv, NULL);
   g.ev = kiln__event_create();
-  if (g.ev == NULL) rc = kiln_status_set(st, KILN_ENOMEM, "mesh", "out of memory for an event");
+  g.rv = rv_create(n);
+  if (g.ev == NULL || g.rv == NULL)
+    rc = kiln_status_set(st, KILN_ENOMEM, "mesh", "out of memory for an event");
   /* cpu-like backends complete here: every rank has finished when
    * gang_run returns, and the event is signalled. */
   if (rc == 0) rc = gang_run(&g, st);
   pthread_cond_destroy(&g.cv);
   pthread_mutex_destroy(&g.mu);
+  rv_destroy(g.rv);
   if (rc) {
     kiln__event_free(g.ev);
     if (nresults) free_rank_results(results, n, nresults);
@@ -416,5 +581,49 @@ int kiln_mesh_execute(kiln_mesh *m, kiln_buffer *const *const *args, uint32_t na
   rc = kiln_event_wait(ev, st);
   kiln_event_destroy(ev);
   if (rc && nresults) free_rank_results(results, m->comm->ndevices, nresults);
+  return rc;
+}
+
+int kiln_mesh_run(kiln_mesh *m, const kiln_literal *const *const *args, uint32_t nargs,
+                  const kiln_run_options *opts, kiln_literal **outs, kiln_status *st) {
+  if (m == NULL || outs == NULL) return kiln_status_set(st, KILN_EINVAL, "mesh", "no mesh or results");
+  uint32_t n = m->comm->ndevices;
+  for (uint32_t r = 0; r < n; r++) outs[r] = NULL;
+  if (m->ranks[0]->device->backend->iface->run == NULL)
+    return kiln_status_set(st, KILN_EUNIMPL, "mesh", "backend %s runs no executables",
+                           m->comm->backend->iface->name);
+  if (nargs != m->exe->nparams)
+    return kiln_status_set(st, KILN_EINVAL, "mesh", "the executable takes %u parameter%s, %u given",
+                           m->exe->nparams, m->exe->nparams == 1 ? "" : "s", nargs);
+  for (uint32_t r = 0; r < n; r++)
+    for (uint32_t i = 0; i < nargs; i++)
+      if (args == NULL || args[r] == NULL || args[r][i] == NULL)
+        return kiln_status_set(st, KILN_EINVAL, "mesh", "rank %u: argument %u is missing", r, i);
+  gang g = {.m = m, .largs = args, .louts = outs, .left = n};
+  if (opts) g.opts = *opts;
+  g.opts.gang = NULL;
+  kiln_status_clear(&g.st);
+  pthread_mutex_init(&g.mu, NULL);
+  pthread_cond_init(&g.cv, NULL);
+  g.ev = kiln__event_create();
+  g.rv = rv_create(n);
+  int rc = 0;
+  if (g.ev == NULL || g.rv == NULL)
+    rc = kiln_status_set(st, KILN_ENOMEM, "mesh", "out of memory for a gang launch");
+  if (rc == 0) rc = gang_run(&g, st); /* returns once every rank has finished */
+  if (rc == 0) {
+    rc = kiln_event_wait(g.ev, NULL);
+    if (rc) kiln_status_set(st, rc, g.st.where[0] ? g.st.where : "mesh", "rank %u: %s",
+                            g.failed_rank, g.st.msg);
+  }
+  pthread_cond_destroy(&g.cv);
+  pthread_mutex_destroy(&g.mu);
+  rv_destroy(g.rv);
+  kiln__event_free(g.ev);
+  if (rc)
+    for (uint32_t r = 0; r < n; r++) {
+      kiln_literal_destroy(outs[r]);
+      outs[r] = NULL;
+    }
   return rc;
 }

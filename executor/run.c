@@ -14,6 +14,8 @@
 #include "compiler/eval/interp.h"
 #include "compiler/compile.h"
 #include "compiler/target.h"
+#include "compiler/ir/rewrite.h"
+#include "common/alloc.h"
 
 /* The backend for an executable when none is named: its target's backend
  * when that one loads executables, else the first registered backend that
@@ -103,19 +105,63 @@ int kiln_run_module(const kiln_module *m, const char *backend, const kiln_compil
   return kiln_run_module_with(m, backend, copts, NULL, NULL, args, nargs, out, st);
 }
 
+/* A compiled backend's mesh: the module compiled once for replicas x
+ * partitions (its own counts are replaced by those), loaded on that many
+ * devices of one backend (backend option ndevices), run as one gang. */
+static int run_compiled_mesh(const kiln_module *m, const char *backend,
+                             const kiln_run_options *ropts, uint32_t replicas, uint32_t partitions,
+                             const kiln_literal *const *const *args, uint32_t nargs,
+                             kiln_literal **outs, kiln_status *st) {
+  if (m == NULL || outs == NULL || (nargs && args == NULL))
+    return kiln_status_set(st, KILN_EINVAL, "mesh", "missing module, arguments or results");
+  if (replicas == 0 || partitions == 0 || (uint64_t)replicas * partitions > 4096)
+    return kiln_status_set(st, KILN_EINVAL, "mesh",
+                           "a mesh of %u replicas x %u partitions: each must be at least 1 and "
+                           "the product at most 4096",
+                           replicas, partitions);
+  uint32_t n = replicas * partitions;
+  for (uint32_t k = 0; k < n; k++) outs[k] = NULL;
+  if (!(kiln_backend_caps(backend) & KILN_BACKEND_LOADS))
+    return kiln_status_set(st, kiln_backend_caps(backend) ? KILN_EUNIMPL : KILN_ENOTFOUND, "run",
+                           "backend %s does not run compiled per-device programs", backend);
+  kiln_module *mm = NULL;
+  kiln_executable *e = NULL;
+  kiln_backend *b = NULL;
+  kiln_comm *comm = NULL;
+  kiln_mesh *mesh = NULL;
+  kiln_device **devs = kiln_calloc(n, sizeof *devs);
+  int rc = devs ? kiln_module_clone(m, &mm) : KILN_ENOMEM;
+  if (rc) {
+    kiln_free(devs);
+    return kiln_status_set(st, KILN_ENOMEM, "mesh", "out of memory");
+  }
+  mm->replica_count = replicas;
+  mm->num_partitions = partitions;
+  kiln_backend_options bo = {.ndevices = n};
+  rc = kiln_compile(mm, NULL, &e, NULL, st);
+  if (rc == 0) rc = kiln_backend_create(backend, &bo, &b, st);
+  for (uint32_t k = 0; rc == 0 && k < n; k++)
+    if ((devs[k] = kiln_backend_device(b, k)) == NULL)
+      rc = kiln_status_set(st, KILN_ELIMIT, "mesh", "backend %s has no device %u", backend, k);
+  if (rc == 0) rc = kiln_comm_create(b, devs, n, &comm, st);
+  if (rc == 0) rc = kiln_comm_load(comm, e, &mesh, st);
+  if (rc == 0) rc = kiln_mesh_run(mesh, args, nargs, ropts, outs, st);
+  kiln_mesh_destroy(mesh);
+  kiln_comm_destroy(comm);
+  kiln_backend_destroy(b);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(mm);
+  kiln_free(devs);
+  return rc;
+}
+
 int kiln_run_module_mesh(const kiln_module *m, const char *backend, const kiln_run_options *ropts,
                          uint32_t replicas, uint32_t partitions,
                          const kiln_literal *const *const *args, uint32_t nargs,
                          kiln_literal **outs, kiln_status *st) {
   if (backend == NULL) backend = KILN_RUN_DEFAULT_BACKEND;
-  /* A mesh of interpreters is the interp backend's: it runs modules. A
-   * compiled backend runs a mesh through kiln_comm_load and a gang launch
-   * (backend.h), which needs collective steps in the executable. */
   if (strcmp(backend, "interp") != 0)
-    return kiln_status_set(st, KILN_EUNIMPL, "run",
-                           "the %s backend does not run per-device programs on a mesh yet; "
-                           "use the interp backend",
-                           backend);
+    return run_compiled_mesh(m, backend, ropts, replicas, partitions, args, nargs, outs, st);
   kiln_interp_options io = {0};
   if (ropts) {
     io.max_while_iterations = ropts->max_while_iterations;

@@ -66,8 +66,10 @@ int kiln_run_executable_on(const char *backend, const kiln_executable *e,
  * default), device K = replica * partitions + partition: args[K] holds
  * device K's nargs arguments, outs[K] receives its result. On the interp
  * backend the devices are interpreters meeting at every collective (the
- * oracle); a backend that cannot run a mesh of module programs is
- * KILN_EUNIMPL saying so. On failure every outs[K] is NULL and st names the
+ * oracle); a backend that loads executables (cpu) gets the module
+ * compiled once for that mesh (replica_count and num_partitions set to
+ * replicas and partitions), loaded on that many devices and run as one gang
+ * (kiln_mesh_run). Other backends are KILN_EUNIMPL. On failure every outs[K] is NULL and st names the
  * first failing device. */
 int kiln_run_module_mesh(const kiln_module *m, const char *backend, const kiln_run_options *ropts,
                          uint32_t replicas, uint32_t partitions,

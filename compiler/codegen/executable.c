@@ -151,6 +151,17 @@ static void put_conv(writer *w, const kiln_conv *c) {
   }
 }
 
+/* A collective step's description: only collective steps carry one. */
+static void put_coll(writer *w, const kiln_coll *c) {
+  uint32_t v[7] = {c->op, c->reduce, c->dtype, c->replicas, c->partitions, c->nops, c->gsize};
+  for (int i = 0; i < 7; i++) put_u32(w, v[i]);
+  uint64_t ndev = (uint64_t)c->replicas * c->partitions;
+  for (uint64_t i = 0; i < ndev * c->gsize; i++) put_u32(w, c->members[i]);
+  put_u8(w, c->source != NULL);
+  for (uint64_t i = 0; c->source && i < ndev; i++) put_u32(w, (uint32_t)c->source[i]);
+  for (uint32_t i = 0; i < c->nops; i++) put_u64(w, c->outer[i]);
+}
+
 static void put_step(writer *w, const kiln_step *s) {
   put_u32(w, (uint32_t)s->kind);
   put_u32(w, s->kernel);
@@ -169,6 +180,7 @@ static void put_step(writer *w, const kiln_step *s) {
   put_f64(w, g->alpha);
   put_f64(w, g->beta);
   if (s->kind == KILN_STEP_CONV) put_conv(w, s->conv);
+  if (s->kind == KILN_STEP_COLLECTIVE) put_coll(w, &s->coll);
 }
 
 int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *len,
@@ -400,9 +412,38 @@ static void get_conv(reader *r, kiln_step *s) {
   s->conv = c;
 }
 
+#define MAX_MESH 4096 /* devices of a collective step's mesh */
+
+static void get_coll(reader *r, kiln_coll *c) {
+  uint32_t *v[7] = {&c->op,         &c->reduce, &c->dtype, &c->replicas,
+                    &c->partitions, &c->nops,   &c->gsize};
+  for (int i = 0; i < 7; i++) *v[i] = get_u32(r, "collective fields");
+  uint64_t ndev = (uint64_t)c->replicas * c->partitions;
+  if (r->rc == 0 && (c->replicas == 0 || c->partitions == 0 || ndev > MAX_MESH ||
+                     c->gsize == 0 || c->gsize > ndev))
+    fail(r, KILN_EINVAL, "collective mesh", "bad replicas, partitions or group size", NULL);
+  if (r->rc == 0 && ndev * c->gsize * 4 > r->len - r->pos)
+    fail(r, KILN_EINVAL, "collective groups", "count exceeds the bytes left", NULL);
+  if (r->rc) return;
+  c->members = arr(r, (size_t)(ndev * c->gsize), sizeof *c->members);
+  for (uint64_t i = 0; r->rc == 0 && i < ndev * c->gsize; i++)
+    c->members[i] = get_u32(r, "collective groups");
+  if (get_bool(r, "collective source flag")) {
+    if (r->rc == 0 && ndev * 4 > r->len - r->pos)
+      fail(r, KILN_EINVAL, "collective sources", "count exceeds the bytes left", NULL);
+    c->source = arr(r, (size_t)ndev, sizeof *c->source);
+    for (uint64_t i = 0; r->rc == 0 && i < ndev; i++)
+      c->source[i] = (int32_t)get_u32(r, "collective sources");
+  }
+  if (r->rc == 0 && (uint64_t)c->nops * 8 > r->len - r->pos)
+    fail(r, KILN_EINVAL, "collective operands", "count exceeds the bytes left", NULL);
+  c->outer = arr(r, c->nops, sizeof *c->outer);
+  for (uint32_t i = 0; r->rc == 0 && i < c->nops; i++) c->outer[i] = get_u64(r, "collective rows");
+}
+
 static void get_step(reader *r, kiln_step *s) {
   uint32_t k = get_u32(r, "step kind");
-  if (r->rc == 0 && k > KILN_STEP_CONV) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
+  if (r->rc == 0 && k > KILN_STEP_COLLECTIVE) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
   s->kind = (kiln_step_kind)k;
   s->kernel = get_u32(r, "step kernel");
   s->range = get_u64(r, "step range");
@@ -424,6 +465,7 @@ static void get_step(reader *r, kiln_step *s) {
   memcpy(&g->beta, &b, sizeof b);
   s->conv = NULL;
   if (r->rc == 0 && s->kind == KILN_STEP_CONV) get_conv(r, s);
+  if (r->rc == 0 && s->kind == KILN_STEP_COLLECTIVE) get_coll(r, &s->coll);
 }
 
 /* ---- checks of the whole ------------------------------------------------ */
@@ -514,6 +556,91 @@ static int check_gemm(const kiln_executable *e, const kiln_step *s, uint32_t p) 
   return 0;
 }
 
+static bool is_reduction(uint32_t op, uint32_t dtype) {
+  bool logic = op == KILN_OP_AND || op == KILN_OP_OR;
+  bool arith = op == KILN_OP_ADD || op == KILN_OP_MULTIPLY || op == KILN_OP_MAXIMUM ||
+               op == KILN_OP_MINIMUM;
+  if (dtype == KILN_PRED) return logic || op == KILN_OP_MAXIMUM || op == KILN_OP_MINIMUM;
+  if (kiln_dtype_is_float((kiln_dtype)dtype)) return arith;
+  return arith || logic;
+}
+
+/* Whether the members of every device's group are in range, every row
+ * equals its first member's row and every member has that first member
+ * (so all members share one row), and every device is in its own row
+ * exactly once (which, rows being shared, rules out repeats): linear in
+ * the table, which is as long as the blob allows. */
+static const char *check_groups(const kiln_coll *c) {
+  uint32_t ndev = c->replicas * c->partitions, g = c->gsize;
+  for (uint32_t d = 0; d < ndev; d++) {
+    const uint32_t *row = c->members + (size_t)d * g;
+    uint32_t self = 0;
+    for (uint32_t k = 0; k < g; k++) {
+      if (row[k] >= ndev) return "a group member is outside the mesh";
+      self += row[k] == d;
+    }
+    if (self != 1) return "a device is not in its own group exactly once";
+    if (memcmp(c->members + (size_t)row[0] * g, row, g * sizeof *row) != 0)
+      return "members disagree on their group";
+    for (uint32_t k = 0; k < g; k++)
+      if (c->members[(size_t)row[k] * g] != row[0]) return "members disagree on their group";
+  }
+  return NULL;
+}
+
+const char *kiln_coll_check(const kiln_coll *c, uint32_t nargs, const kiln_slot *slots,
+                            const uint32_t *args) {
+  if (c->op == KILN_OP_REPLICA_ID || c->op == KILN_OP_PARTITION_ID) {
+    if (nargs != 1 || c->nops != 0 || slots[args[0]].size < 4) return "needs one u32 result slot";
+    if (c->members == NULL || check_groups(c)) return "bad mesh";
+    return NULL;
+  }
+  bool known = c->op == KILN_OP_ALL_REDUCE || c->op == KILN_OP_ALL_GATHER ||
+               c->op == KILN_OP_REDUCE_SCATTER || c->op == KILN_OP_ALL_TO_ALL ||
+               c->op == KILN_OP_COLLECTIVE_PERMUTE || c->op == KILN_OP_COLLECTIVE_BROADCAST;
+  if (!known) return "unknown collective";
+  if (c->dtype == KILN_INVALID || c->dtype >= KILN_DTYPE_COUNT ||
+      !kiln_dtype_is_array((kiln_dtype)c->dtype) || kiln_dtype_size((kiln_dtype)c->dtype) == 0)
+    return "bad element type";
+  if ((c->op == KILN_OP_ALL_REDUCE || c->op == KILN_OP_REDUCE_SCATTER) &&
+      !is_reduction(c->reduce, c->dtype))
+    return "unknown reduction for the element type";
+  if (c->nops == 0 || nargs != 2 * c->nops) return "needs its operands and as many results";
+  const char *why = check_groups(c);
+  if (why) return why;
+  uint32_t ndev = c->replicas * c->partitions, n = c->gsize;
+  if (c->op == KILN_OP_COLLECTIVE_PERMUTE) {
+    if (c->source == NULL || c->nops != 1) return "needs one operand and a source per device";
+    for (uint32_t d = 0; d < ndev; d++) {
+      int32_t s = c->source[d];
+      if (s < -1 || s >= (int32_t)ndev) return "a source is outside the mesh";
+      bool member = s < 0;
+      for (uint32_t k = 0; k < n && !member; k++) member = c->members[(size_t)d * n + k] == (uint32_t)s;
+      if (!member) return "a source is not a member of the device's group";
+    }
+  }
+  uint64_t es = kiln_dtype_size((kiln_dtype)c->dtype);
+  bool tuple_a2a = c->op == KILN_OP_ALL_TO_ALL && c->outer[0] == 0;
+  if (tuple_a2a && c->nops != n) return "the tuple all-to-all needs one operand per member";
+  uint64_t first = slots[args[0]].size;
+  for (uint32_t i = 0; i < c->nops; i++) {
+    uint64_t in = slots[args[i]].size, out = slots[args[c->nops + i]].size, rows = c->outer[i];
+    if (tuple_a2a) {
+      if (rows != 0 || in != first || out != first || in % es) return "operand sizes differ";
+      continue;
+    }
+    if (rows == 0 || in % rows || in / rows % es) return "rows do not divide the operand";
+    uint64_t row = in / rows, want = in;
+    if (c->op == KILN_OP_ALL_GATHER) want = in * n;
+    if (c->op == KILN_OP_REDUCE_SCATTER || c->op == KILN_OP_ALL_TO_ALL) {
+      if (row % (n * es)) return "a row does not split over the group";
+      if (c->op == KILN_OP_REDUCE_SCATTER) want = in / n;
+    }
+    if (out != want) return "result size does not match the operand";
+  }
+  return NULL;
+}
+
 static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, kiln_status *st) {
   for (uint32_t i = 0; i < s->nargs; i++)
     if (s->args[i] >= e->nslots) return bad(st, "step slot in program", p, "out of range");
@@ -552,6 +679,11 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
                          slot_size(e, s->args[2]), why, sizeof why))
       return kiln_status_set(st, KILN_EINVAL, "executable blob", "conv step in program %u: %s", p,
                              why);
+    break;
+  }
+  case KILN_STEP_COLLECTIVE: {
+    const char *why = kiln_coll_check(&s->coll, s->nargs, e->slots, s->args);
+    if (why) return bad(st, "collective step in program", p, why);
     break;
   }
   }

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define KILN_EXE_MAGIC "KILNEXE1"      /* 8 bytes */
-#define KILN_EXE_FORMAT_VERSION 2u     /* 2: the convolution step */
+#define KILN_EXE_FORMAT_VERSION 3u     /* 2: the convolution step; 3: the collective step */
 #define KILN_COMPILER_VERSION "0.1.0"
 
 typedef enum kiln_slot_kind {
@@ -67,7 +67,39 @@ typedef enum kiln_step_kind {
   /* out = convolution(lhs, rhs) as kiln_conv describes; args = {lhs, rhs,
    * out}. Through oneDNN on CPU (executor/cpu/cpu_conv.c). */
   KILN_STEP_CONV,
+  /* A collective between the devices of a mesh, or this device's replica or
+   * partition id, described by `coll` (kiln_coll below); args are the
+   * nops operand slots, then the nops result slots (REPLICA_ID and
+   * PARTITION_ID: one u32 result slot). The rank meets its group's members
+   * at the gang launch's rendezvous (executor/comm.c). */
+  KILN_STEP_COLLECTIVE,
 } kiln_step_kind;
+
+/* A collective step, with its replica groups resolved at compile time for
+ * a mesh of replicas x partitions devices (device d = replica * partitions
+ * + partition). Every operand i is outer[i] rows of equal bytes in its
+ * physical layout (the rows of the split or gathered dimension: dims more
+ * major than it; 1 for the others):
+ * - ALL_REDUCE: result = `reduce` folded over the members, rank order;
+ * - ALL_GATHER: result row = the members' rows one after another;
+ * - REDUCE_SCATTER: result row = block `rank` of the reduced row;
+ * - ALL_TO_ALL: outer[i] > 0: block j of the result row = block `rank` of
+ *   member j's row; outer[i] == 0 (the tuple form, nops == gsize): result
+ *   j = member j's operand `rank`;
+ * - COLLECTIVE_PERMUTE: result = the operand of device source[d] (zeros
+ *   when it is -1);
+ * - COLLECTIVE_BROADCAST: result = member 0's operand. */
+typedef struct kiln_coll {
+  uint32_t op;         /* kiln_opcode (the synchronous form) */
+  uint32_t reduce;     /* kiln_opcode: ADD, MULTIPLY, MAXIMUM, MINIMUM, AND, OR */
+  uint32_t dtype;      /* of the operands */
+  uint32_t replicas, partitions;
+  uint32_t nops;
+  uint32_t gsize;      /* members per group */
+  uint32_t *members;   /* replicas * partitions rows of gsize: device d's group */
+  int32_t *source;     /* COLLECTIVE_PERMUTE: per device, its source or -1 */
+  uint64_t *outer;     /* nops */
+} kiln_coll;
 
 typedef struct kiln_gemm {
   kiln_dtype dtype;            /* F32 or F64 (others: a kernel instead) */
@@ -111,6 +143,7 @@ typedef struct kiln_step {
   uint32_t nsub;
   kiln_gemm gemm;              /* GEMM */
   kiln_conv *conv;             /* CONV (owned by the executable's arena); else NULL */
+  kiln_coll coll;              /* COLLECTIVE */
 } kiln_step;
 
 typedef struct kiln_program {
@@ -178,6 +211,11 @@ bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes,
 /* The direct loop (accumulating in double): the reference for the step
  * and the fallback when no library takes it. c must pass kiln_conv_check. */
 void kiln_conv_reference(const kiln_conv *c, const void *lhs, const void *rhs, void *out);
+/* Why collective step c (with nargs slot ids args into slots, already in
+ * range) is malformed, or NULL when it is well formed: groups, sources,
+ * reduction, element type and every slot's size. */
+const char *kiln_coll_check(const kiln_coll *c, uint32_t nargs, const kiln_slot *slots,
+                            const uint32_t *args);
 
 #ifdef __cplusplus
 }

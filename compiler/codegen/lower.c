@@ -381,6 +381,8 @@ static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
       rc = lower_while(c, prog, ins);
     else if (ins->op == KILN_OP_CONDITIONAL || ins->op == KILN_OP_CALL)
       rc = lower_branches(c, prog, ins);
+    else if (kiln__lower_is_collective(c->m, ins))
+      rc = kiln__lower_collective(c, prog, ins);
     else
       rc = kiln__lower_compute(c, prog, ins);
     if (rc) return rc;

@@ -50,4 +50,9 @@ bool kiln__conv_plan(const kiln_module *m, const kiln_instr *ins, kiln_conv *c);
  * epilogue, or NULL. */
 const kiln_instr *kiln__fusion_gemm_dot(const kiln_module *m, const kiln_instr *f);
 
+/* lower_collective.c: whether ins becomes collective steps (or -done
+ * copies) on this module's mesh, and those steps. */
+bool kiln__lower_is_collective(const kiln_module *m, const kiln_instr *ins);
+int kiln__lower_collective(kiln__lctx *c, uint32_t prog, const kiln_instr *ins);
+
 #endif /* KILN_COMPILER_CODEGEN_LOWER_INTERNAL_H */

@@ -110,6 +110,13 @@ void kiln__cpu_relayout(void *dst, const void *src, const kiln_shape *shape, int
  * host memory (cpu_collective.c). */
 int kiln__cpu_collective(kiln_comm *c, const kiln_collective *d, kiln_status *st);
 
+/* A collective step (KILN_STEP_COLLECTIVE, checked at load) with its slot
+ * addresses a: meets the rank's group at the gang's rendezvous (g NULL: a
+ * run on one device) and writes this rank's results (cpu_collective.c). */
+int kiln__cpu_coll_step(const kiln_executable *e, const kiln_step *s, void *const *a,
+                        const kiln__gang_rank *g, const atomic_int *cancel, double deadline,
+                        kiln_status *st);
+
 /* The GEMM step: C[b] = alpha op(A[b]) op(B[b]) + beta C[b], split over the
  * pool. Arguments are checked at load. */
 void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,

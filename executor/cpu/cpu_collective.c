@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/fp16.h"
 #include "executor/cpu/cpu.h"
 
 #define BLOCK 512 /* elements per reduction block */
@@ -158,5 +159,206 @@ int kiln__cpu_collective(kiln_comm *c, const kiln_collective *d, kiln_status *st
 out_free:
   kiln_free(send);
   kiln_free(recv);
+  return rc;
+}
+
+/* ---- collective steps of a mesh program --------------------------------- */
+
+/* Per-rank collectives (KILN_STEP_COLLECTIVE): each rank's step program
+ * reaches the step on its own gang thread, posts its operands at the
+ * rendezvous (executor/comm.c) and, once its group has posted, computes
+ * its own results from the members' operands, read in place (every cpu
+ * device addresses host memory). A result that shares bytes with one of
+ * the rank's own operands (buffer assignment may put an all-reduce in
+ * place) is computed aside and copied in after every member has finished
+ * reading. Reductions fold in rank order from member 0, the order the
+ * interpreter's mesh uses, so the two agree bit for bit. */
+
+
+#define STEP_TYPES(X)   \
+  X(KILN_S8, int8_t, uint8_t)     \
+  X(KILN_S16, int16_t, uint16_t)  \
+  X(KILN_S32, int32_t, uint32_t)  \
+  X(KILN_S64, int64_t, uint64_t)  \
+  X(KILN_U8, uint8_t, uint8_t)    \
+  X(KILN_U16, uint16_t, uint16_t) \
+  X(KILN_U32, uint32_t, uint32_t) \
+  X(KILN_U64, uint64_t, uint64_t)
+
+#define DEFINE_INT_STEP(DT, T, U)                                          \
+  static void step_##T(T *acc, const T *x, size_t n, uint32_t op) {       \
+    for (size_t i = 0; i < n; i++) {                                       \
+      T a = acc[i], b = x[i];                                              \
+      switch (op) {                                                        \
+      case KILN_OP_ADD: a = (T)((U)a + (U)b); break;                       \
+      case KILN_OP_MULTIPLY: a = (T)((U)a * (U)b); break;                  \
+      case KILN_OP_MAXIMUM: a = a > b ? a : b; break;                      \
+      case KILN_OP_MINIMUM: a = a < b ? a : b; break;                      \
+      case KILN_OP_AND: a = (T)(a & b); break;                             \
+      default: a = (T)(a | b); break;                                      \
+      }                                                                    \
+      acc[i] = a;                                                          \
+    }                                                                      \
+  }
+STEP_TYPES(DEFINE_INT_STEP)
+
+static double fold_real(double a, double b, uint32_t op) {
+  switch (op) {
+  case KILN_OP_ADD: return a + b;
+  case KILN_OP_MULTIPLY: return a * b;
+  case KILN_OP_MAXIMUM: return a != a ? a : b != b ? b : (a > b ? a : b);
+  default: return a != a ? a : b != b ? b : (a < b ? a : b);
+  }
+}
+
+/* acc[i] = acc[i] reduce x[i] for n elements of dtype. */
+static void step_combine(void *acc, const void *x, size_t n, uint32_t dtype, uint32_t op) {
+  switch (dtype) {
+#define CASE(DT, T, U) \
+  case DT: step_##T(acc, x, n, op); return;
+    STEP_TYPES(CASE)
+#undef CASE
+  case KILN_PRED: {
+    uint8_t *a = acc;
+    const uint8_t *b = x;
+    bool any = op == KILN_OP_OR || op == KILN_OP_MAXIMUM || op == KILN_OP_ADD;
+    for (size_t i = 0; i < n; i++) a[i] = any ? (a[i] | b[i]) != 0 : (a[i] & b[i]) != 0;
+    return;
+  }
+  case KILN_F32: combine_float(acc, x, n, (int)op); return;
+  case KILN_F64: combine_double(acc, x, n, (int)op); return;
+  case KILN_F16:
+  case KILN_BF16: {
+    uint16_t *a = acc;
+    const uint16_t *b = x;
+    bool bf = dtype == KILN_BF16;
+    for (size_t i = 0; i < n; i++) {
+      double u = bf ? kiln_bf16_to_f64(a[i]) : kiln_f16_to_f64(a[i]);
+      double v = bf ? kiln_bf16_to_f64(b[i]) : kiln_f16_to_f64(b[i]);
+      double r = fold_real(u, v, op);
+      a[i] = bf ? kiln_f64_to_bf16(r) : kiln_f64_to_f16(r);
+    }
+    return;
+  }
+  default: return; /* refused at compile and load */
+  }
+}
+
+/* dst = the fold of the members' bytes at offset `off` (len bytes), a
+ * block at a time so that the partial result stays in cache while every
+ * member's block is folded in. */
+#define STEP_BLOCK_BYTES (32u << 10)
+
+static void reduce_members(const kiln_coll *c, void *const *const *peer, uint32_t i, size_t off,
+                           size_t len, char *dst) {
+  size_t es = kiln_dtype_size((kiln_dtype)c->dtype);
+  for (size_t at = 0; at < len; at += STEP_BLOCK_BYTES) {
+    size_t m = len - at < STEP_BLOCK_BYTES ? len - at : STEP_BLOCK_BYTES;
+    memcpy(dst + at, (const char *)peer[0][i] + off + at, m);
+    for (uint32_t j = 1; j < c->gsize; j++)
+      step_combine(dst + at, (const char *)peer[j][i] + off + at, m / es, c->dtype, c->reduce);
+  }
+}
+
+static bool overlaps(const char *a, size_t an, const char *b, size_t bn) {
+  return an && bn && a < b + bn && b < a + an;
+}
+
+/* Computes this rank's results into out[0..nops) from the members'
+ * operands. */
+static void coll_compute(const kiln_executable *e, const kiln_step *s, uint32_t me, uint32_t rank,
+                         void *const *const *peer, char **out) {
+  const kiln_coll *c = &s->coll;
+  uint32_t n = c->gsize, nops = c->nops;
+  for (uint32_t i = 0; i < nops; i++) {
+    size_t in = (size_t)e->slots[s->args[i]].size, outb = (size_t)e->slots[s->args[nops + i]].size;
+    size_t rows = c->outer[i] ? (size_t)c->outer[i] : 1, row = in / rows, blk = row / n;
+    char *dst = out[i];
+    switch (c->op) {
+    case KILN_OP_ALL_REDUCE: reduce_members(c, peer, i, 0, in, dst); break;
+    case KILN_OP_ALL_GATHER:
+      for (size_t o = 0; o < rows; o++)
+        for (uint32_t j = 0; j < n; j++)
+          memcpy(dst + (o * n + j) * row, (const char *)peer[j][i] + o * row, row);
+      break;
+    case KILN_OP_REDUCE_SCATTER:
+      for (size_t o = 0; o < rows; o++)
+        reduce_members(c, peer, i, o * row + rank * blk, blk, dst + o * blk);
+      break;
+    case KILN_OP_ALL_TO_ALL:
+      if (c->outer[i] == 0) { /* the tuple form */
+        memcpy(dst, peer[i][rank], outb);
+        break;
+      }
+      for (size_t o = 0; o < rows; o++)
+        for (uint32_t j = 0; j < n; j++)
+          memcpy(dst + o * row + j * blk, (const char *)peer[j][i] + o * row + rank * blk, blk);
+      break;
+    case KILN_OP_COLLECTIVE_PERMUTE: {
+      int32_t src = c->source[me];
+      memset(dst, 0, outb);
+      for (uint32_t j = 0; src >= 0 && j < n; j++)
+        if (c->members[(size_t)me * n + j] == (uint32_t)src) memcpy(dst, peer[j][0], outb);
+      break;
+    }
+    default: memcpy(dst, peer[0][i], outb); break; /* COLLECTIVE_BROADCAST */
+    }
+  }
+}
+
+int kiln__cpu_coll_step(const kiln_executable *e, const kiln_step *s, void *const *a,
+                        const kiln__gang_rank *g, const atomic_int *cancel, double deadline,
+                        kiln_status *st) {
+  const kiln_coll *c = &s->coll;
+  uint32_t ndev = c->replicas * c->partitions, me = g ? g->rank : 0;
+  if ((g ? g->nranks : 1) != ndev)
+    return kiln_status_set(st, KILN_EINVAL, "collective",
+                           "%s was compiled for %u replicas x %u partitions; this run has %u "
+                           "device%s (run it with kiln_mesh_execute on that many)",
+                           kiln_opcode_name((kiln_opcode)c->op), c->replicas, c->partitions,
+                           g ? g->nranks : 1, (g ? g->nranks : 1) == 1 ? "" : "s");
+  if (c->op == KILN_OP_REPLICA_ID || c->op == KILN_OP_PARTITION_ID) {
+    uint32_t v = c->op == KILN_OP_REPLICA_ID ? me / c->partitions : me % c->partitions;
+    memcpy(a[0], &v, sizeof v);
+    return 0;
+  }
+  uint32_t n = c->gsize, nops = c->nops, rank = 0;
+  const uint32_t *row = c->members + (size_t)me * n;
+  while (row[rank] != me) rank++; /* checked at load: me is a member */
+  void *const **peer = kiln_calloc(n, sizeof *peer);
+  char **out = kiln_calloc(nops, sizeof *out);
+  void **aside = kiln_calloc(nops, sizeof *aside);
+  int rc = 0;
+  if (peer == NULL || out == NULL || aside == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, "collective", "out of memory");
+    goto out_free;
+  }
+  for (uint32_t i = 0; i < nops && rc == 0; i++) {
+    size_t outb = (size_t)e->slots[s->args[nops + i]].size;
+    out[i] = a[nops + i];
+    for (uint32_t k = 0; k < nops; k++)
+      if (overlaps(out[i], outb, a[k], (size_t)e->slots[s->args[k]].size)) {
+        out[i] = kiln__cpu_aligned_alloc(outb, &aside[i]);
+        if (out[i] == NULL) rc = kiln_status_set(st, KILN_ENOMEM, "collective", "out of memory");
+        break;
+      }
+  }
+  if (rc) goto out_free;
+  if (g == NULL) {
+    peer[0] = a;
+    coll_compute(e, s, me, rank, peer, out);
+  } else {
+    rc = kiln__rendezvous_enter(g, (uint64_t)(uintptr_t)s, row, n, a, peer, cancel, deadline, st);
+    if (rc) goto out_free;
+    coll_compute(e, s, me, rank, peer, out);
+    rc = kiln__rendezvous_leave(g, row, n, cancel, deadline, st);
+  }
+  for (uint32_t i = 0; i < nops && rc == 0; i++)
+    if (aside[i]) memcpy(a[nops + i], out[i], (size_t)e->slots[s->args[nops + i]].size);
+out_free:
+  for (uint32_t i = 0; aside && i < nops; i++) kiln_free(aside[i]);
+  kiln_free(aside);
+  kiln_free(out);
+  kiln_free(peer);
   return rc;
 }

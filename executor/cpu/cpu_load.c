@@ -384,6 +384,16 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
                              s->args[2]);
     return 0;
   }
+  case KILN_STEP_COLLECTIVE: {
+    const char *why = kiln_coll_check(&s->coll, s->nargs, e->slots, s->args);
+    if (why) return kiln_status_set(st, KILN_EINVAL, w, "collective: %s", why);
+    uint32_t first = s->coll.nops; /* results follow the operands */
+    for (uint32_t i = first; i < s->nargs; i++)
+      if (!slot_writable(e, l, s->args[i]))
+        return kiln_status_set(st, KILN_EINVAL, w,
+                               "collective writes slot %u, a parameter or constant", s->args[i]);
+    return 0;
+  }
   }
   return kiln_status_set(st, KILN_EINVAL, w, "unknown step kind %d", s->kind);
 }

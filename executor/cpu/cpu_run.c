@@ -34,6 +34,7 @@ typedef struct run_ctx {
   uint64_t max_iterations;
   double deadline; /* monotonic seconds; 0: none */
   const atomic_int *cancel; /* kiln_run_options.cancel */
+  const kiln__gang_rank *gang; /* kiln_run_options.gang */
   kiln_status *st;
 } run_ctx;
 
@@ -187,6 +188,9 @@ static int run_program(run_ctx *r, uint32_t p) {
     case KILN_STEP_CONDITIONAL: rc = run_conditional(r, s, a); break;
     case KILN_STEP_CALL: rc = run_program(r, s->sub[0]); break;
     case KILN_STEP_CONV: rc = kiln__cpu_conv_run(r->l->conv[p][i], a[0], a[1], a[2], r->st); break;
+    case KILN_STEP_COLLECTIVE:
+      rc = kiln__cpu_coll_step(r->l->exe, s, a, r->gang, r->cancel, r->deadline, r->st);
+      break;
     }
     if (rc == 0) rc = check_deadline(r);
     if (rc) return rc;
@@ -249,6 +253,7 @@ int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *r
       opts->max_while_iterations ? opts->max_while_iterations : DEFAULT_MAX_ITERATIONS;
   if (opts->timeout_seconds > 0) r.deadline = now_seconds() + opts->timeout_seconds;
   r.cancel = opts->cancel;
+  r.gang = opts->gang;
   resolve_slots(l, arena, params, results, slot);
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {

@@ -598,7 +598,7 @@ static bool run_case(const kiln_module *m, expect_case *c, bool exact, const run
 
 /* A per-device program on the interpreter's mesh: every device gets the
  * case's inputs; device K must give e->per_device[K]. */
-static bool run_mesh_case(const kiln_module *m, const expectation *e) {
+static bool run_mesh_case(const kiln_module *m, const expectation *e, const runner *r) {
   uint32_t R = e->replicas > 0 ? (uint32_t)e->replicas : 1;
   uint32_t P = e->partitions > 0 ? (uint32_t)e->partitions : 1;
   const expect_case *c = &e->cases[0];
@@ -607,10 +607,10 @@ static bool run_mesh_case(const kiln_module *m, const expectation *e) {
   for (uint32_t k = 0; k < R * P; k++) args[k] = (const kiln_literal *const *)c->args;
   kiln_status st;
   kiln_status_clear(&st);
-  kiln_interp_options o = {.timeout_seconds = 60};
-  if (kiln_interp_run_mesh(m, R, P, args, (uint32_t)c->nargs, &o, outs, &st)) {
-    note("execute(interp, %u x %u devices): %s%s%s", R, P, st.where, st.where[0] ? ": " : "",
-         st.msg);
+  kiln_run_options o = {.timeout_seconds = 60};
+  if (kiln_run_module_mesh(m, r->backend, &o, R, P, args, (uint32_t)c->nargs, outs, &st)) {
+    note("execute(%s, %u x %u devices): %s%s%s", r->backend, R, P, st.where,
+         st.where[0] ? ": " : "", st.msg);
     return false;
   }
   bool ok = true;
@@ -620,7 +620,7 @@ static bool run_mesh_case(const kiln_module *m, const expectation *e) {
       char g[256], w[256];
       lit_str(outs[k], g, sizeof g);
       lit_str(e->per_device[k], w, sizeof w);
-      note("execute(interp): device %u: %s; got %s, expected %s", k, why, g, w);
+      note("execute(%s): device %u: %s; got %s, expected %s", r->backend, k, why, g, w);
       ok = false;
     }
     kiln_literal_destroy(outs[k]);
@@ -685,15 +685,6 @@ static bool stage_execute(const kiln_module *m, const char *dir, const char *fil
   char num[8] = "";
   snprintf(num, sizeof num, "%.3s", file);
   bool yes = strncmp(stated, "yes", 3) == 0, inputs_only = strncmp(stated, "inputs-only", 11) == 0;
-  const char *needs = strstr(row->notes, "needs ");
-  if ((yes || inputs_only) && needs && strstr(needs, "replica") &&
-      strcmp(r->backend, "interp") != 0) {
-    /* "needs 2 replicas; ..." -> "needs 2 replicas": a mesh of module
-     * programs runs on the interpreter only, for now. */
-    snprintf(out, outsize, "unsupported (%.*s: per-device programs run on the interp mesh)",
-             (int)strcspn(needs, ";"), needs);
-    return true;
-  }
   if (strncmp(stated, "partial", 7) == 0) {
     const char *why = strchr(stated, '(');
     snprintf(out, outsize, "skipped (%s)",
@@ -713,7 +704,10 @@ static bool stage_execute(const kiln_module *m, const char *dir, const char *fil
     return false;
   }
   bool ok = false;
-  if (strcmp(r->backend, "cpu") == 0 && r->exe == NULL) {
+  /* A per-device program ("replica K:" results) compiles for its mesh in
+   * kiln_run_module_mesh; anything else once here for the cpu backend. */
+  bool mesh = strstr(text, "replica 0:") != NULL || strstr(text, "replica_count") != NULL;
+  if (strcmp(r->backend, "cpu") == 0 && r->exe == NULL && !mesh) {
     ok = true;
     if (!compile_cpu(m, r, out, outsize, &ok)) {
       kiln_free(text);
@@ -740,7 +734,7 @@ static bool stage_execute(const kiln_module *m, const char *dir, const char *fil
     snprintf(out, outsize, "skipped (%s)", e.why_skip);
     ok = true;
   } else if (e.ndevices) {
-    ok = run_mesh_case(m, &e);
+    ok = run_mesh_case(m, &e, r);
     snprintf(out, outsize, ok ? "ok (%d devices)" : "FAIL", e.ndevices);
   } else {
     ok = true;

@@ -156,9 +156,13 @@ START_TEST(test_run_mesh) {
   ck_assert_int_eq(r.code, 1);
   ck_assert_ptr_nonnull(strstr(r.err, "gives 2 arguments, the ENTRY takes 1"));
   result_free(&r);
-  r = run("run", f, "--partitions", "2", "--backend", "cpu", "--arg", "s32[2] {0, 0}", NULL);
-  ck_assert_int_eq(r.code, 1);
-  ck_assert_ptr_nonnull(strstr(r.err, "does not run per-device programs"));
+  /* The cpu backend runs the same per-device program, compiled once. */
+  r = run("run", f, "--replicas", "2", "--partitions", "2", "--backend", "cpu", "--arg",
+          "s32[2] {1, 2}", "--device-args", "3", "s32[2] {10, 20}", NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_str_eq(r.out,
+                   "device 0:\ns32[2] {3, 5}\ndevice 1:\ns32[2] {3, 5}\n"
+                   "device 2:\ns32[2] {12, 23}\ndevice 3:\ns32[2] {12, 23}\n");
   result_free(&r);
   r = run("run", f, "--partitions", "0", "--arg", "s32[2] {0, 0}", NULL);
   ck_assert_int_eq(r.code, 2);

@@ -6,6 +6,7 @@
 #include <check.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,8 +74,8 @@ static kiln_executable *sample(void) {
   e->nconstants = 64;
   e->constants = kiln_arena_calloc(a, 64, 1);
   for (int i = 0; i < 64; i++) e->constants[i] = (uint8_t)(255 - i);
-  e->nprograms = 4;
-  e->programs = kiln_arena_calloc(a, 4, sizeof(kiln_program));
+  e->nprograms = 5;
+  e->programs = kiln_arena_calloc(a, 5, sizeof(kiln_program));
   kiln_step *s = kiln_arena_calloc(a, 5, sizeof *s);
   s[0] = (kiln_step){
       .kind = KILN_STEP_KERNEL, .kernel = 1, .range = 16, .args = ids(a, 3, 0, 4, 3), .nargs = 3};
@@ -116,6 +117,24 @@ static kiln_executable *sample(void) {
                     .rhs_dilate = {1}};
   v[0] = (kiln_step){.kind = KILN_STEP_CONV, .args = ids(a, 3, 0, 4, 3), .nargs = 3, .conv = cv};
   e->programs[3] = (kiln_program){v, 1};
+  /* Program 4: an all-reduce and a collective-permute on 2 devices. */
+  kiln_step *cs = kiln_arena_calloc(a, 2, sizeof *cs);
+  uint64_t *rows = kiln_arena_calloc(a, 1, sizeof *rows);
+  rows[0] = 1;
+  int32_t *src = kiln_arena_calloc(a, 2, sizeof *src);
+  src[0] = 1;
+  src[1] = 0;
+  kiln_coll ar = {.op = KILN_OP_ALL_REDUCE, .reduce = KILN_OP_ADD, .dtype = KILN_F32,
+                  .replicas = 2, .partitions = 1, .nops = 1, .gsize = 2,
+                  .members = ids(a, 4, 0, 1, 0, 1), .outer = rows};
+  cs[0] = (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = ar};
+  kiln_coll cp = ar;
+  cp.op = KILN_OP_COLLECTIVE_PERMUTE;
+  cp.reduce = 0;
+  cp.members = ids(a, 4, 0, 1, 0, 1);
+  cp.source = src;
+  cs[1] = (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = cp};
+  e->programs[4] = (kiln_program){cs, 2};
   e->nkernels = 2;
   e->ncode = 100;
   e->code = kiln_arena_calloc(a, 100, 1);
@@ -238,7 +257,7 @@ static void slot_id(kiln_executable *e) { e->programs[0].steps[0].args[1] = 6; }
 static void result_slot(kiln_executable *e) { e->results[0].slot = 77; }
 static void kernel_id(kiln_executable *e) { e->programs[1].steps[0].kernel = 2; }
 static void recursion(kiln_executable *e) { e->programs[2].steps[0].sub[0] = 2; }
-static void program_id(kiln_executable *e) { e->programs[0].steps[3].sub[1] = 4; }
+static void program_id(kiln_executable *e) { e->programs[0].steps[3].sub[1] = 5; }
 static void gemm_too_big(kiln_executable *e) { e->programs[0].steps[1].gemm.m = 5; }
 static void copy_too_big(kiln_executable *e) { e->programs[0].steps[2].range = 65; }
 static void param_leaf(kiln_executable *e) { e->slots[2].leaf = 2; }
@@ -250,6 +269,16 @@ static void no_programs(kiln_executable *e) { e->nprograms = 0; }
 static void bad_layout(kiln_executable *e) { e->param_shapes[0].layout->minor_to_major[1] = 0; }
 static void leaves_count(kiln_executable *e) { e->nparam_leaves = 2; }
 static void result_small(kiln_executable *e) { e->slots[5].size = 8; }
+static kiln_coll *coll(kiln_executable *e, uint32_t i) { return &e->programs[4].steps[i].coll; }
+static void coll_member(kiln_executable *e) { coll(e, 0)->members[1] = 7; }
+static void coll_disagree(kiln_executable *e) { coll(e, 0)->members[2] = 1, coll(e, 0)->members[3] = 0; }
+static void coll_reduce(kiln_executable *e) { coll(e, 0)->reduce = KILN_OP_AND; }
+static void coll_rows(kiln_executable *e) { coll(e, 0)->outer[0] = 3; }
+static void coll_source(kiln_executable *e) { coll(e, 1)->source[0] = 5; }
+static void coll_mesh(kiln_executable *e) { coll(e, 0)->replicas = 0; }
+static void coll_op(kiln_executable *e) { coll(e, 0)->op = KILN_OP_ADD; }
+static void coll_args(kiln_executable *e) { e->programs[4].steps[0].nargs = 1; }
+static void coll_dtype(kiln_executable *e) { coll(e, 0)->dtype = KILN_TUPLE; }
 
 static kiln_conv *conv_of(kiln_executable *e) { return e->programs[3].steps[0].conv; }
 static void conv_out_size(kiln_executable *e) { conv_of(e)->out_dims[2] = 4; }
@@ -294,6 +323,15 @@ START_TEST(out_of_range_fields_named) {
   expect_rejected(bad_layout, "layout minor_to_major at offset");
   expect_rejected(leaves_count, "differs from the parameter shapes' leaves");
   expect_rejected(result_small, "result binding 0: slot is smaller than the result");
+  expect_rejected(coll_member, "collective step in program 4: a group member is outside the mesh");
+  expect_rejected(coll_disagree, "collective step in program 4: members disagree on their group");
+  expect_rejected(coll_reduce, "collective step in program 4: unknown reduction");
+  expect_rejected(coll_rows, "collective step in program 4: rows do not divide the operand");
+  expect_rejected(coll_source, "collective step in program 4: a source is outside the mesh");
+  expect_rejected(coll_mesh, "bad replicas, partitions or group size");
+  expect_rejected(coll_op, "collective step in program 4: unknown collective");
+  expect_rejected(coll_args, "collective step in program 4: needs its operands and as many results");
+  expect_rejected(coll_dtype, "collective step in program 4: bad element type");
 }
 END_TEST
 
@@ -306,11 +344,14 @@ START_TEST(header_checks) {
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
   ck_assert_str_eq(st.msg, "magic at offset 0: not a Kiln executable");
   b[0] = 'K';
-  b[8] = 99; /* format version, little-endian u32 after the magic */
+  b[8] = KILN_EXE_FORMAT_VERSION + 1; /* format version, little-endian u32 after the magic */
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
-  ck_assert_str_eq(st.msg,
-                   "format version at offset 12: unsupported format version 99 (expected 2)");
-  b[8] = 2;
+  char want[128];
+  snprintf(want, sizeof want,
+           "format version at offset 12: unsupported format version %u (expected %u)",
+           KILN_EXE_FORMAT_VERSION + 1, KILN_EXE_FORMAT_VERSION);
+  ck_assert_str_eq(st.msg, want);
+  b[8] = KILN_EXE_FORMAT_VERSION;
   ck_assert_int_eq(load(b, len, &st), 0);
   b[len - 1] ^= 1;
   ck_assert_int_eq(load(b, len, &st), KILN_EINVAL);
