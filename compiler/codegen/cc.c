@@ -12,20 +12,25 @@
  * kiln__cc_build, a module's kernels: cc_split.c cuts the source into
  * translation units, each the prelude (its helpers are static inline) and
  * whole kernels, renamed by content: a kernel becomes kk<16 hex digits of
- * the SHA-256 of its canonical text> (hidden), its helpers kk<...>_h<j>,
- * so that a unit's text depends only on which kernels it holds, never on
- * the index a kernel got in its module. A unit's key is the SHA-256 of
- * "kiln-cc-unit-1", the compiler's identity (its `--version` output,
- * probed once per compiler file and kept while the file's inode, size and
- * mtime stay the same), the flags and the text; the kernel cache
- * (cc_cache.c) gives back the objects of units compiled before, in this
- * process or, with a cache directory, in any of ours. The other units are
- * compiled with -c, at most `jobs` at once (the CPUs sched_getaffinity
- * grants), largest first; then one link step compiles the glue, which
- * binds each kiln_kernel_N to its kk<hash> (a tail call), and links the
- * objects into the shared object. The time limit covers all of it: the
- * probe, the compilers and the link. A compiler's failure is reported with
- * its output and the unit and kernel it was compiling.
+ * the SHA-256 of its canonical text>, its helpers kk<...>_h<j>, so that a
+ * unit's text depends only on which kernels it holds, never on the index
+ * a kernel got in its module (kiln_kernel_N), nor on the numbers its
+ * helpers got (kf<N>). A unit's key is the SHA-256 of "kiln-cc-unit-1",
+ * the compiler's identity (the digest of its `--version` output and exit
+ * status, probed once per compiler file and kept while the file's device,
+ * inode, size and mtime stay the same), the flags (without the output
+ * path) and the text; the kernel cache (cc_cache.c) gives back the objects
+ * of units compiled before, in this process or, with a cache directory,
+ * in any process of ours. The other units are compiled with -c, at most
+ * `jobs` at once (the CPUs sched_getaffinity grants), largest first; when
+ * no lookup can hit (nothing in memory, no directory) the identity probe
+ * runs alongside them and the keys are computed afterwards. One link step
+ * then joins the objects into the shared object, with a linker script
+ * that makes each kiln_kernel_N an alias of its kk<hash> (identical
+ * kernels share one body). The time limit covers all of it: the probe,
+ * the compilers and the link. A compiler's failure is reported with its
+ * output and the unit it was compiling (its size in kernels, its first
+ * kiln_kernel_N).
  */
 #include <dirent.h>
 #include <sched.h>
@@ -320,6 +325,7 @@ typedef struct job {
   bool running, done;
   int status;
   uint32_t unit; /* index into the split's units; UINT32_MAX: probe or link */
+  bool may_fail; /* the probe: its status is data, not an error */
 } job;
 
 static double tv_ms(struct timeval tv) { return tv.tv_sec * 1e3 + tv.tv_usec / 1e3; }
@@ -394,7 +400,7 @@ static int run_jobs(job *jobs, uint32_t n, uint32_t par, const char *dir, double
       if (j->c.out < 0) { /* all output read: the compiler is done */
         reap(j, false, cpu_ms);
         running--, done++;
-        if (failed(j)) {
+        if (failed(j) && !j->may_fail) {
           *bad = i;
           goto out_kill;
         }
@@ -496,25 +502,24 @@ static void id_store(const char *cc, const struct stat *sb, const uint8_t *diges
   pthread_mutex_unlock(&id_mu);
 }
 
-/* The digest of `cc --version` (with its exit status), under the deadline. */
-static int identity(const kiln__cc_options *o, const char *dir, double deadline, char *out,
-                    double *cpu_ms, uint8_t *digest, kiln_status *st) {
+/* The identity of a compiler run before (its file unchanged since), or
+ * false; *sb, *known: the file, and whether it was found. */
+static bool identity_known(const kiln__cc_options *o, struct stat *sb, bool *known,
+                           uint8_t *digest) {
   const char *cc = o->cc && *o->cc ? o->cc : "cc";
-  struct stat sb;
-  bool known = resolve(cc, &sb);
-  if (known && id_lookup(cc, &sb, digest)) return 0;
-  const char *argv[] = {cc, "--version", NULL};
-  job j = {.argv = argv, .out = out, .unit = UINT32_MAX};
-  uint32_t bad;
-  int rc = run_jobs(&j, 1, 1, dir, deadline, cpu_ms, &bad, st);
-  if (rc) return rc;
+  *known = resolve(cc, sb);
+  return *known && id_lookup(cc, sb, digest);
+}
+
+/* The identity from the probe j (`cc --version`): its output and status. */
+static void identity_from(const kiln__cc_options *o, const job *j, const struct stat *sb,
+                          bool known, uint8_t *digest) {
   kiln__sha256 h;
   kiln__sha256_init(&h);
-  kiln__sha256_update(&h, &j.status, sizeof j.status);
-  kiln__sha256_update(&h, out, j.nout);
+  kiln__sha256_update(&h, &j->status, sizeof j->status);
+  kiln__sha256_update(&h, j->out, j->nout);
   kiln__sha256_final(&h, digest);
-  if (known && !failed(&j)) id_store(cc, &sb, digest);
-  return 0;
+  if (known && !failed(j)) id_store(o->cc && *o->cc ? o->cc : "cc", sb, digest);
 }
 
 /* ---- kiln__cc_build -------------------------------------------------------- */
@@ -589,20 +594,12 @@ static int write_file(const char *path, const uint8_t *data, size_t len, kiln_st
   return 0;
 }
 
-/* The glue: each kiln_kernel_N calls its content-named kernel. */
+/* The glue, a linker script: each kiln_kernel_N is an alias of its
+ * content-named kernel (the same address; nothing runs in between). */
 static char *glue_source(const kiln__cc_split *sp, size_t *len) {
   kiln_sbuf b = KILN_SBUF_INIT;
-  kiln_sbuf_puts(&b, "#include <stdint.h>\n#define KH __attribute__((visibility(\"hidden\")))\n");
-  for (uint32_t k = 0; k < sp->nkernels; k++) {
-    bool first = true;
-    for (uint32_t q = 0; q < k && first; q++) first = strcmp(sp->sym[q], sp->sym[k]) != 0;
-    if (first)
-      kiln_sbuf_printf(&b, "KH void %s(void *const *, int64_t, int64_t);\n", sp->sym[k]);
-  }
   for (uint32_t k = 0; k < sp->nkernels; k++)
-    kiln_sbuf_printf(&b,
-                     "void kiln_kernel_%u(void *const *b, int64_t x, int64_t y) { %s(b, x, y); }\n",
-                     k, sp->sym[k]);
+    kiln_sbuf_printf(&b, "kiln_kernel_%u = %s;\n", k, sp->sym[k]);
   return kiln_sbuf_detach(&b, len);
 }
 
@@ -617,38 +614,60 @@ static int fail_unit(const build *b, const job *j, kiln_status *st) {
                          u->first);
 }
 
-/* Units from the cache or compiled; their objects end up in b->objs. */
+static int took_too_long(const kiln__cc_options *o, kiln_status *st) {
+  return kiln_status_set(st, KILN_ELIMIT, "cc", "the C compiler took longer than %.0f s",
+                         o->timeout_s > 0 ? o->timeout_s : 120);
+}
+
+/* Units from the cache or compiled; their objects end up in b->objs. The
+ * compiler's identity (the keys) is needed before compiling only when a
+ * lookup can hit: with an empty in-process cache and no directory the
+ * probe runs alongside the compilers instead. */
 static int compile_units(build *b, const kiln__cc_options *o, const char *dir, double deadline,
                          const char *cache_dir, kiln__cc_stats *stats, kiln_status *st) {
   uint32_t nu = b->sp.nunits;
   uint8_t id[KILN__SHA256_LEN];
   char march[128];
-  b->jobs = kiln_calloc(nu + 1, sizeof *b->jobs);
+  b->jobs = kiln_calloc(nu + 2, sizeof *b->jobs);
   b->argv = kiln_calloc((size_t)(nu + 1) * UNIT_ARGS, sizeof *b->argv);
   b->paths = kiln_calloc(nu + 1, sizeof *b->paths);
-  b->outs = kiln_malloc((size_t)(nu + 1) * (OUT_MAX + 1));
+  b->outs = kiln_malloc((size_t)(nu + 2) * (OUT_MAX + 1));
   b->objs = kiln_calloc(nu + 1, sizeof *b->objs);
   b->nobjs = kiln_calloc(nu + 1, sizeof *b->nobjs);
   b->todo = kiln_calloc(nu + 1, sizeof *b->todo);
   if (!b->jobs || !b->argv || !b->paths || !b->outs || !b->objs || !b->nobjs || !b->todo)
     return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
-  int rc = o->no_cache ? 0 : identity(o, dir, deadline, b->outs, &stats->cpu_ms, id, st);
-  if (rc == 1)
-    return kiln_status_set(st, KILN_ELIMIT, "cc", "the C compiler took longer than %.0f s",
-                           o->timeout_s > 0 ? o->timeout_s : 120);
-  if (rc) return rc;
+  const char *cc = o->cc && *o->cc ? o->cc : "cc";
+  const char *probe_argv[] = {cc, "--version", NULL};
+  struct stat sb;
+  bool known = false, have_id = false, caching = !o->no_cache;
+  bool lookups = caching && ((cache_dir && *cache_dir) || !kiln__cc_cache_empty());
+  uint32_t bad;
+  int rc = 0;
+  if (caching) have_id = identity_known(o, &sb, &known, id);
+  if (lookups && !have_id) {
+    job pj = {.argv = probe_argv, .out = b->outs, .unit = UINT32_MAX, .may_fail = true};
+    rc = run_jobs(&pj, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
+    if (rc == 1) return took_too_long(o, st);
+    if (rc) return rc;
+    identity_from(o, &pj, &sb, known, id);
+    have_id = true;
+  }
   uint32_t ntodo = 0;
+  int *n_of = kiln_calloc(nu + 1, sizeof *n_of);
+  if (n_of == NULL) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
   for (uint32_t u = 0; u < nu; u++) {
     kiln__cc_unit *un = &b->sp.units[u];
     const char **argv = b->argv + (size_t)u * UNIT_ARGS;
     bool light = un->light && o->light_opt;
     int n = base_args(o, light ? o->light_opt : o->opt, light ? o->light_tune : o->tune, march,
                       sizeof march, argv);
-    if (!o->no_cache) unit_key(un, id, argv, n, un->key);
+    n_of[u] = n;
     snprintf(b->paths[u], sizeof b->paths[u], "%s/u%u.o", dir, u);
-    if (!o->no_cache && kiln__cc_cache_get(cache_dir, un->key, &b->objs[u], &b->nobjs[u])) {
+    if (have_id) unit_key(un, id, argv, n, un->key);
+    if (lookups && kiln__cc_cache_get(cache_dir, un->key, &b->objs[u], &b->nobjs[u])) {
       stats->units_cached++;
-      if ((rc = write_file(b->paths[u], b->objs[u], b->nobjs[u], st))) return rc;
+      if ((rc = write_file(b->paths[u], b->objs[u], b->nobjs[u], st))) goto out_free;
       continue;
     }
     /* The march buffer is shared: every unit spells it the same. */
@@ -664,54 +683,72 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
       uint32_t t = b->todo[q];
       b->todo[q] = b->todo[q - 1], b->todo[q - 1] = t;
     }
+  /* The probe, when still wanted, goes first: it is quick. */
+  uint32_t nj = 0;
+  bool probe = caching && !have_id;
+  if (probe)
+    b->jobs[nj++] = (job){.argv = probe_argv, .out = b->outs + (size_t)nu * (OUT_MAX + 1),
+                          .unit = UINT32_MAX, .may_fail = true};
   for (uint32_t i = 0; i < ntodo; i++) {
-    job *j = &b->jobs[i];
     uint32_t u = b->todo[i];
-    *j = (job){.argv = b->argv + (size_t)u * UNIT_ARGS, .in = b->sp.units[u].src,
-               .inlen = b->sp.units[u].len, .out = b->outs + (size_t)i * (OUT_MAX + 1), .unit = u};
+    b->jobs[nj++] = (job){.argv = b->argv + (size_t)u * UNIT_ARGS, .in = b->sp.units[u].src,
+                          .inlen = b->sp.units[u].len,
+                          .out = b->outs + (size_t)i * (OUT_MAX + 1), .unit = u};
   }
   uint32_t par = job_count(o);
   if (par > ntodo) par = ntodo ? ntodo : 1;
   stats->jobs = par;
-  uint32_t bad;
-  rc = run_jobs(b->jobs, ntodo, par, dir, deadline, &stats->cpu_ms, &bad, st);
-  if (rc == 1)
-    return kiln_status_set(st, KILN_ELIMIT, "cc", "the C compiler took longer than %.0f s",
-                           o->timeout_s > 0 ? o->timeout_s : 120);
-  if (rc) return rc;
-  if (bad != UINT32_MAX) return fail_unit(b, &b->jobs[bad], st);
+  rc = run_jobs(b->jobs, nj, par + (probe ? 1 : 0), dir, deadline, &stats->cpu_ms, &bad, st);
+  if (rc == 1) {
+    rc = took_too_long(o, st);
+    goto out_free;
+  }
+  if (rc) goto out_free;
+  if (bad != UINT32_MAX) {
+    rc = fail_unit(b, &b->jobs[bad], st);
+    goto out_free;
+  }
+  if (probe) {
+    identity_from(o, &b->jobs[0], &sb, known, id);
+    for (uint32_t u = 0; u < nu; u++)
+      unit_key(&b->sp.units[u], id, b->argv + (size_t)u * UNIT_ARGS, n_of[u], b->sp.units[u].key);
+  }
   for (uint32_t i = 0; i < ntodo; i++) {
     uint32_t u = b->todo[i];
-    if ((rc = read_file(b->paths[u], &b->objs[u], &b->nobjs[u], st))) return rc;
-    if (!o->no_cache) kiln__cc_cache_put(cache_dir, b->sp.units[u].key, b->objs[u], b->nobjs[u]);
+    if ((rc = read_file(b->paths[u], &b->objs[u], &b->nobjs[u], st))) goto out_free;
+    if (caching) kiln__cc_cache_put(cache_dir, b->sp.units[u].key, b->objs[u], b->nobjs[u]);
   }
-  return 0;
+out_free:
+  kiln_free(n_of);
+  return rc;
 }
 
 static int link_units(build *b, const kiln__cc_options *o, const char *dir, double deadline,
                       const char *so_path, kiln__cc_stats *stats, kiln_status *st) {
   size_t nglue;
+  char glue_path[4200];
   if ((b->glue = glue_source(&b->sp, &nglue)) == NULL)
     return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+  snprintf(glue_path, sizeof glue_path, "%s/glue.ld", dir);
+  int rc = write_file(glue_path, (const uint8_t *)b->glue, nglue, st);
+  if (rc) return rc;
   b->link_argv = kiln_calloc(b->sp.nunits + 16, sizeof *b->link_argv);
   if (b->link_argv == NULL) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
   int n = 0;
   const char **a = b->link_argv;
   a[n++] = o->cc && *o->cc ? o->cc : "cc";
-  const char *head[] = {"-O2", "-pipe", "-fPIC", "-shared", "-w", "-o", so_path};
+  const char *head[] = {"-fPIC", "-shared", "-o", so_path};
   for (size_t i = 0; i < sizeof head / sizeof *head; i++) a[n++] = head[i];
   for (uint32_t u = 0; u < b->sp.nunits; u++) a[n++] = b->paths[u];
-  const char *tail[] = {"-x", "c", "-", "-lm"};
-  for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) a[n++] = tail[i];
+  a[n++] = glue_path;
+  a[n++] = "-lm";
   a[n] = NULL;
-  job j = {.argv = a, .in = b->glue, .inlen = nglue, .out = b->outs, .unit = UINT32_MAX};
+  job j = {.argv = a, .out = b->outs, .unit = UINT32_MAX};
   uint32_t bad;
   double t0 = now_s();
-  int rc = run_jobs(&j, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
+  rc = run_jobs(&j, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
   stats->link_ms = (now_s() - t0) * 1e3;
-  if (rc == 1)
-    return kiln_status_set(st, KILN_ELIMIT, "cc", "the C compiler took longer than %.0f s",
-                           o->timeout_s > 0 ? o->timeout_s : 120);
+  if (rc == 1) return took_too_long(o, st);
   if (rc) return rc;
   if (bad != UINT32_MAX) {
     j.out[j.nout] = 0;
@@ -733,7 +770,10 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
   double deadline = now_s() + (o->timeout_s > 0 ? o->timeout_s : 120);
   const char *cache_dir = o->cache_dir ? o->cache_dir : getenv("KILN_KERNEL_CACHE_DIR");
   build b = {0};
-  int rc = kiln__cc_split_program(p, job_count(o), o->unit_bytes, &b.sp, st);
+  size_t unit_bytes = o->unit_bytes;
+  const char *ub = getenv("KILN_CC_UNIT_BYTES");
+  if (unit_bytes == 0 && ub && *ub) unit_bytes = (size_t)strtoull(ub, NULL, 10);
+  int rc = kiln__cc_split_program(p, job_count(o), unit_bytes, &b.sp, st);
   if (rc) return rc;
   stats->units = b.sp.nunits;
   stats->kernels_distinct = b.sp.ndistinct;

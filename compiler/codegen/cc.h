@@ -21,7 +21,7 @@ typedef struct kiln__cc_options {
   const char *light_opt;  /* for units of light kernels; NULL: opt */
   const char *light_tune; /* with light_opt; NULL: none */
   uint32_t jobs;          /* compilers at once; 0: env KILN_CC_JOBS, else the CPUs we may use */
-  size_t unit_bytes;      /* kernel text per unit; 0: the default (cc_split.c) */
+  size_t unit_bytes;      /* kernel text per unit; 0: env KILN_CC_UNIT_BYTES, else cc_split.c's */
   /* Directory of compiled units shared across processes; NULL: env
    * KILN_KERNEL_CACHE_DIR; "" (or unset): memory only. */
   const char *cache_dir;

@@ -111,6 +111,13 @@ void kiln__cc_cache_clear(void) {
   pthread_mutex_unlock(&mu);
 }
 
+bool kiln__cc_cache_empty(void) {
+  pthread_mutex_lock(&mu);
+  bool empty = head == NULL;
+  pthread_mutex_unlock(&mu);
+  return empty;
+}
+
 static bool memory_get(const uint8_t *key, uint8_t **obj, size_t *len) {
   bool hit = false;
   pthread_mutex_lock(&mu);

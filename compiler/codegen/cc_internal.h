@@ -49,4 +49,7 @@ bool kiln__cc_cache_get(const char *dir, const uint8_t key[KILN__SHA256_LEN], ui
 void kiln__cc_cache_put(const char *dir, const uint8_t key[KILN__SHA256_LEN], const uint8_t *obj,
                         size_t len);
 
+/* Nothing in memory: a lookup there cannot hit. */
+bool kiln__cc_cache_empty(void);
+
 #endif /* KILN_COMPILER_CODEGEN_CC_INTERNAL_H */

@@ -7,10 +7,10 @@
  * where it landed: the helpers it calls, transitively, are copied in front
  * of it (in their original order, so definitions precede uses) and renamed
  * kk<hash>_h<j> (j in order of first reference), and the kernel itself is
- * renamed kk<hash>, hidden, where <hash> is 16 hex digits of the SHA-256
+ * renamed kk<hash>, where <hash> is 16 hex digits of the SHA-256
  * of that same text written with a fixed placeholder prefix. Identical
- * kernels get one symbol and are compiled once; kiln_kernel_N is bound to
- * its kk<hash> by the glue the link step compiles (cc.c).
+ * kernels get one symbol and are compiled once; kiln_kernel_N is made an
+ * alias of its kk<hash> by the link step (cc.c).
  *
  * Distinct kernels are grouped into units by their hashes, not by their
  * positions: light and heavy kernels (compile flags) apart, each class in
@@ -18,10 +18,14 @@
  * kernel whose hash's last byte is 0 mod 4 once the unit holds half the
  * target size; always at 1.5 times it). A module that shares most kernels
  * with another therefore shares most units, and a unit's cache key (the
- * SHA-256 of its text, flags and compiler, cc.c) hits. Small modules
- * (below min_units targets) are instead spread over min_units units by
- * size, largest kernel first into the lightest unit, so that a parallel
- * build has work for every compiler.
+ * SHA-256 of its text, flags and compiler, cc.c) hits. The target size
+ * is a power of two between 8 KiB (or unit_bytes if less) and unit_bytes, at most the module's
+ * kernel text over min_units (the compilers that may run at once), so
+ * that every compiler has work and modules of about the same size cut
+ * alike. Smaller modules (under 8 KiB per wanted unit: a compiler process
+ * and the prelude cost more than such a unit saves) are instead spread
+ * over total / 8 KiB units (at least one) by size, largest kernel first
+ * into the lightest.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,7 +259,6 @@ static int emit(splitter *sp, uint32_t kk, const char *prefix, kiln_sbuf *b, kil
   }
   qsort(order, k->ncalls, sizeof *order, by_u32);
   for (uint32_t c = 0; c < k->ncalls; c++) put_renamed(sp, kk, sp->h[order[c]].text, prefix, b);
-  kiln_sbuf_puts(b, "__attribute__((visibility(\"hidden\"))) ");
   put_renamed(sp, kk, k->text, prefix, b);
   kiln_free(order);
   return kiln_sbuf_failed(b) ? oom(st) : 0;
@@ -290,16 +293,18 @@ static int by_bytes_desc(const void *a, const void *b) {
 }
 
 /* Programs below this many bytes per wanted unit are spread by size. */
-#define TINY_UNIT_BYTES 4096
+#define TINY_UNIT_BYTES 8192
 
 /* Assigns each distinct kernel (d[0..nd), sorted by class and hash) its
  * unit in d[].idx's place of unit_of; returns the number of units. */
 static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, uint32_t *unit_of,
                       uint64_t *load) {
-  size_t total = 0;
+  size_t tiny = target < TINY_UNIT_BYTES ? target : TINY_UNIT_BYTES, total = 0;
   for (uint32_t i = 0; i < nd; i++) total += d[i].bytes;
   uint32_t nunits = 0;
-  if (total < (uint64_t)min_units * TINY_UNIT_BYTES) {
+  if (total < (uint64_t)min_units * tiny) {
+    min_units = (uint32_t)(total / tiny);
+    if (min_units < 1) min_units = 1;
     /* Tiny: min_units bins per the classes' shares, largest kernel first
      * into the lightest bin (d is re-sorted; unit_of is by kernel index). */
     uint32_t nheavy = 0;
@@ -328,7 +333,7 @@ static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, ui
   }
   /* Content-defined cuts; the target is a power of two (so that modules of
    * about the same size cut alike) no larger than total / min_units. */
-  size_t t = TINY_UNIT_BYTES;
+  size_t t = tiny;
   while (2 * t <= target && 2 * t * min_units <= total) t *= 2;
   size_t acc = 0;
   for (uint32_t i = 0; i < nd; i++) {
