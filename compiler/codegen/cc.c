@@ -614,6 +614,28 @@ static int fail_unit(const build *b, const job *j, kiln_status *st) {
                          u->first);
 }
 
+/* The per-unit arrays (one spare job and output for the probe). */
+static int build_alloc(build *b, uint32_t nu) {
+  b->jobs = kiln_calloc(nu + 2, sizeof *b->jobs);
+  b->argv = kiln_calloc((size_t)(nu + 1) * UNIT_ARGS, sizeof *b->argv);
+  b->paths = kiln_calloc(nu + 1, sizeof *b->paths);
+  b->outs = kiln_malloc((size_t)(nu + 2) * (OUT_MAX + 1));
+  b->objs = kiln_calloc(nu + 1, sizeof *b->objs);
+  b->nobjs = kiln_calloc(nu + 1, sizeof *b->nobjs);
+  b->todo = kiln_calloc(nu + 1, sizeof *b->todo);
+  return !b->jobs || !b->argv || !b->paths || !b->outs || !b->objs || !b->nobjs || !b->todo;
+}
+
+/* Largest unit first, so that the last to finish is a small one. */
+static void sort_todo(build *b, uint32_t ntodo) {
+  for (uint32_t i = 1; i < ntodo; i++)
+    for (uint32_t q = i; q > 0 && b->sp.units[b->todo[q]].len > b->sp.units[b->todo[q - 1]].len;
+         q--) {
+      uint32_t t = b->todo[q];
+      b->todo[q] = b->todo[q - 1], b->todo[q - 1] = t;
+    }
+}
+
 static int took_too_long(const kiln__cc_options *o, kiln_status *st) {
   return kiln_status_set(st, KILN_ELIMIT, "cc", "the C compiler took longer than %.0f s",
                          o->timeout_s > 0 ? o->timeout_s : 120);
@@ -628,15 +650,7 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   uint32_t nu = b->sp.nunits;
   uint8_t id[KILN__SHA256_LEN];
   char march[128];
-  b->jobs = kiln_calloc(nu + 2, sizeof *b->jobs);
-  b->argv = kiln_calloc((size_t)(nu + 1) * UNIT_ARGS, sizeof *b->argv);
-  b->paths = kiln_calloc(nu + 1, sizeof *b->paths);
-  b->outs = kiln_malloc((size_t)(nu + 2) * (OUT_MAX + 1));
-  b->objs = kiln_calloc(nu + 1, sizeof *b->objs);
-  b->nobjs = kiln_calloc(nu + 1, sizeof *b->nobjs);
-  b->todo = kiln_calloc(nu + 1, sizeof *b->todo);
-  if (!b->jobs || !b->argv || !b->paths || !b->outs || !b->objs || !b->nobjs || !b->todo)
-    return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+  if (build_alloc(b, nu)) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
   const char *cc = o->cc && *o->cc ? o->cc : "cc";
   const char *probe_argv[] = {cc, "--version", NULL};
   struct stat sb;
@@ -676,13 +690,7 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
     argv[n] = NULL;
     b->todo[ntodo++] = u;
   }
-  /* Largest first, so that the last to finish is a small one. */
-  for (uint32_t i = 1; i < ntodo; i++)
-    for (uint32_t q = i; q > 0 && b->sp.units[b->todo[q]].len > b->sp.units[b->todo[q - 1]].len;
-         q--) {
-      uint32_t t = b->todo[q];
-      b->todo[q] = b->todo[q - 1], b->todo[q - 1] = t;
-    }
+  sort_todo(b, ntodo);
   /* The probe, when still wanted, goes first: it is quick. */
   uint32_t nj = 0;
   bool probe = caching && !have_id;
