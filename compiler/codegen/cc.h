@@ -64,7 +64,7 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
                    size_t *so_len, kiln__cc_stats *stats, kiln_status *st);
 
 /* The in-process kernel cache's bound in bytes of objects (the default is
- * env KILN_KERNEL_CACHE_BYTES, else 256 MiB; 0 turns it off); evicts down
+ * env KILN_KERNEL_CACHE_BYTES, else 64 MiB; 0 turns it off); evicts down
  * to it at once. */
 void kiln__cc_cache_set_limit(uint64_t bytes);
 typedef struct kiln__cc_cache_stats {

@@ -33,7 +33,7 @@
 #define MAGIC_LEN 8
 #define HEADER_LEN (MAGIC_LEN + KILN__SHA256_LEN)
 #define MAX_OBJECT (UINT64_C(256) << 20)
-#define DEFAULT_LIMIT (UINT64_C(256) << 20)
+#define DEFAULT_LIMIT (UINT64_C(64) << 20)
 
 typedef struct entry {
   uint8_t key[KILN__SHA256_LEN];
