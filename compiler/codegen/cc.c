@@ -326,6 +326,7 @@ typedef struct job {
   int status;
   uint32_t unit; /* index into the split's units; UINT32_MAX: probe or link */
   bool may_fail; /* the probe: its status is data, not an error */
+  bool own_out;  /* out allocated by run_jobs (kept only if the job failed) */
 } job;
 
 static double tv_ms(struct timeval tv) { return tv.tv_sec * 1e3 + tv.tv_usec / 1e3; }
@@ -388,6 +389,13 @@ static int run_jobs(job *jobs, uint32_t n, uint32_t par, const char *dir, double
     while (running < par && next < n) {
       job *j = &jobs[next++];
       j->c = (child){-1, -1, -1};
+      if (j->out == NULL) {
+        if ((j->out = kiln_malloc(OUT_MAX + 1)) == NULL) {
+          rc = kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+          goto out_kill;
+        }
+        j->own_out = true;
+      }
       if ((rc = spawn_argv(j->argv, dir, &j->c, st))) goto out_kill;
       j->running = true;
       running++;
@@ -404,6 +412,7 @@ static int run_jobs(job *jobs, uint32_t n, uint32_t par, const char *dir, double
           *bad = i;
           goto out_kill;
         }
+        if (j->own_out) kiln_free(j->out), j->out = NULL, j->own_out = false;
         continue;
       }
       p[np] = (struct pollfd){j->c.out, POLLIN, 0};
@@ -557,6 +566,8 @@ typedef struct build {
 } build;
 
 static void build_free(build *b) {
+  for (uint32_t i = 0; b->jobs && i < b->sp.nunits + 2; i++)
+    if (b->jobs[i].own_out) kiln_free(b->jobs[i].out);
   for (uint32_t u = 0; b->objs && u < b->sp.nunits; u++) kiln_free(b->objs[u]);
   kiln_free(b->objs);
   kiln_free(b->nobjs);
@@ -619,7 +630,7 @@ static int build_alloc(build *b, uint32_t nu) {
   b->jobs = kiln_calloc(nu + 2, sizeof *b->jobs);
   b->argv = kiln_calloc((size_t)(nu + 1) * UNIT_ARGS, sizeof *b->argv);
   b->paths = kiln_calloc(nu + 1, sizeof *b->paths);
-  b->outs = kiln_malloc((size_t)(nu + 2) * (OUT_MAX + 1));
+  b->outs = kiln_malloc(2 * (OUT_MAX + 1)); /* the probe's and the link's */
   b->objs = kiln_calloc(nu + 1, sizeof *b->objs);
   b->nobjs = kiln_calloc(nu + 1, sizeof *b->nobjs);
   b->todo = kiln_calloc(nu + 1, sizeof *b->todo);
@@ -695,13 +706,12 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   uint32_t nj = 0;
   bool probe = caching && !have_id;
   if (probe)
-    b->jobs[nj++] = (job){.argv = probe_argv, .out = b->outs + (size_t)nu * (OUT_MAX + 1),
-                          .unit = UINT32_MAX, .may_fail = true};
+    b->jobs[nj++] = (job){.argv = probe_argv, .out = b->outs + OUT_MAX + 1, .unit = UINT32_MAX,
+                          .may_fail = true};
   for (uint32_t i = 0; i < ntodo; i++) {
     uint32_t u = b->todo[i];
     b->jobs[nj++] = (job){.argv = b->argv + (size_t)u * UNIT_ARGS, .in = b->sp.units[u].src,
-                          .inlen = b->sp.units[u].len,
-                          .out = b->outs + (size_t)i * (OUT_MAX + 1), .unit = u};
+                          .inlen = b->sp.units[u].len, .unit = u};
   }
   uint32_t par = job_count(o);
   if (par > ntodo) par = ntodo ? ntodo : 1;
