@@ -31,7 +31,12 @@ typedef struct kiln_compile_options {
   const char *const *disabled; /* pass names switched off */
   uint32_t ndisabled;
   const char *cc;      /* C compiler; NULL: env KILN_CC, else "cc" */
-  double cc_timeout_s; /* limit on the C compiler; 0: 120 s */
+  double cc_timeout_s; /* limit on the C compiler (the whole build); 0: 120 s */
+  uint32_t cc_jobs;    /* C compilers at once; 0: env KILN_CC_JOBS, else the usable CPUs */
+  /* Directory of compiled kernels shared across processes (codegen/cc.c);
+   * NULL: env KILN_KERNEL_CACHE_DIR, if set; the in-process cache always. */
+  const char *kernel_cache_dir;
+  bool no_kernel_cache; /* neither read nor fill the kernel cache */
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {
@@ -42,6 +47,8 @@ typedef struct kiln_compile_report {
   double assign_ms;   /* buffer assignment */
   double codegen_ms;  /* lowering and C emission */
   double cc_ms;       /* the C compiler */
+  double cc_cpu_ms;   /* its user + system time, all compilers together */
+  uint32_t cc_units, cc_units_cached, cc_jobs; /* translation units, of them cached; parallelism */
   double total_ms;
   uint64_t temp_bytes; /* temporary arena */
   uint64_t peak_bytes; /* peak live temporary bytes */

@@ -1,30 +1,58 @@
-/* The system C compiler as a child process.
+/* The system C compiler as child processes.
  *
  * posix_spawn with three pipes' worth of plumbing: the source goes in on
  * stdin, stdout and stderr come back on one pipe, and a poll loop feeds
- * one and drains the other against a deadline. The child leads its own
- * process group so that a timeout kills the driver and everything it
- * started (cc1, as, ld). The object is written into a private temporary
+ * and drains every running compiler against one deadline. Each child leads
+ * its own process group so that a timeout kills the driver and everything
+ * it started (cc1, as, ld). Objects are written into a private temporary
  * directory (mode 0700), read back, and the directory removed, whatever
- * happened. SIGPIPE (the compiler quitting before reading all of its
- * input) is blocked on this thread and consumed, never delivered.
+ * happened. SIGPIPE (a compiler quitting before reading all of its input)
+ * is blocked on this thread and consumed, never delivered.
+ *
+ * kiln__cc_build, a module's kernels: cc_split.c cuts the source into
+ * translation units, each the prelude (its helpers are static inline) and
+ * whole kernels, renamed by content: a kernel becomes kk<16 hex digits of
+ * the SHA-256 of its canonical text>, its helpers kk<...>_h<j>, so that a
+ * unit's text depends only on which kernels it holds, never on the index
+ * a kernel got in its module (kiln_kernel_N), nor on the numbers its
+ * helpers got (kf<N>). A unit's key is the SHA-256 of "kiln-cc-unit-1",
+ * the compiler's identity (the digest of its `--version` output and exit
+ * status, probed once per compiler file and kept while the file's device,
+ * inode, size and mtime stay the same), the flags (without the output
+ * path) and the text; the kernel cache (cc_cache.c) gives back the objects
+ * of units compiled before, in this process or, with a cache directory,
+ * in any process of ours. The other units are compiled with -c, at most
+ * `jobs` at once (the CPUs sched_getaffinity grants), largest first; when
+ * no lookup can hit (nothing in memory, no directory) the identity probe
+ * runs alongside them and the keys are computed afterwards. One link step
+ * then joins the objects into the shared object, with a linker script
+ * that makes each kiln_kernel_N an alias of its kk<hash> (identical
+ * kernels share one body). The time limit covers all of it: the probe,
+ * the compilers and the link. A compiler's failure is reported with its
+ * output and the unit it was compiling (its size in kernels, its first
+ * kiln_kernel_N).
  */
 #include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/sbuf.h"
 #include "compiler/codegen/cc.h"
+#include "compiler/codegen/cc_internal.h"
 
 extern char **environ;
 
@@ -86,40 +114,14 @@ static void remove_dir(const char *dir) {
   rmdir(dir);
 }
 
-static int spawn(const kiln__cc_options *o, const char *dir, const char *out_path, child *c,
-                 kiln_status *st) {
+/* Starts argv[0] (PATH searched) with stdin and stdout+stderr on pipes. */
+static int spawn_argv(const char *const *argv, const char *dir, child *c, kiln_status *st) {
   int pin[2] = {-1, -1}, pout[2] = {-1, -1};
   if (pipe2(pin, O_CLOEXEC) || pipe2(pout, O_CLOEXEC)) {
     int e = errno;
     if (pin[0] >= 0) close(pin[0]), close(pin[1]);
     return kiln_status_set(st, KILN_EIO, "cc", "cannot create pipes: %s", strerror(e));
   }
-  char march[128];
-  const char *cc = o->cc && *o->cc ? o->cc : "cc";
-  const char *argv[28];
-  int n = 0;
-  argv[n++] = cc;
-  argv[n++] = o->opt ? o->opt : "-O3";
-  if (o->tune && *o->tune) argv[n++] = o->tune;
-  if (o->march && *o->march) {
-    snprintf(march, sizeof march, "-march=%s", o->march);
-    argv[n++] = march;
-  }
-  const char *fixed[] = {"-pipe",
-                         "-fPIC",
-                         "-shared",
-                         "-fno-math-errno",
-                         "-ffp-contract=off",
-                         "-fno-strict-aliasing",
-                         "-w",
-                         "-o",
-                         out_path,
-                         "-x",
-                         "c",
-                         "-",
-                         "-lm"};
-  for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) argv[n++] = fixed[i];
-  argv[n] = NULL;
   posix_spawn_file_actions_t fa;
   posix_spawnattr_t at;
   posix_spawn_file_actions_init(&fa);
@@ -133,7 +135,7 @@ static int spawn(const kiln__cc_options *o, const char *dir, const char *out_pat
   posix_spawnattr_setsigmask(&at, &none);
   posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
   char **env = child_env(dir);
-  int e = env ? posix_spawnp(&c->pid, cc, &fa, &at, (char *const *)argv, env) : ENOMEM;
+  int e = env ? posix_spawnp(&c->pid, argv[0], &fa, &at, (char *const *)argv, env) : ENOMEM;
   free_env(env);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&at);
@@ -143,12 +145,43 @@ static int spawn(const kiln__cc_options *o, const char *dir, const char *out_pat
     close(pin[1]);
     close(pout[0]);
     return kiln_status_set(st, e == ENOMEM ? KILN_ENOMEM : KILN_ENOTFOUND, "cc",
-                           "cannot start the C compiler '%s': %s", cc, strerror(e));
+                           "cannot start the C compiler '%s': %s", argv[0], strerror(e));
   }
   c->in = pin[1];
   c->out = pout[0];
   fcntl(c->in, F_SETFL, fcntl(c->in, F_GETFL) | O_NONBLOCK);
   return 0;
+}
+
+/* The flags every compile of generated code gets, after the options'. */
+static const char *const fixed_flags[] = {"-pipe", "-fPIC", "-fno-math-errno", "-ffp-contract=off",
+                                          "-fno-strict-aliasing", "-w"};
+#define NFIXED (sizeof fixed_flags / sizeof *fixed_flags)
+
+/* cc, opt, [tune], [-march=...], the fixed flags: n arguments into argv. */
+static int base_args(const kiln__cc_options *o, const char *opt, const char *tune, char *march,
+                     size_t march_size, const char **argv) {
+  int n = 0;
+  argv[n++] = o->cc && *o->cc ? o->cc : "cc";
+  argv[n++] = opt ? opt : "-O3";
+  if (tune && *tune) argv[n++] = tune;
+  if (o->march && *o->march) {
+    snprintf(march, march_size, "-march=%s", o->march);
+    argv[n++] = march;
+  }
+  for (size_t i = 0; i < NFIXED; i++) argv[n++] = fixed_flags[i];
+  return n;
+}
+
+static int spawn(const kiln__cc_options *o, const char *dir, const char *out_path, child *c,
+                 kiln_status *st) {
+  char march[128];
+  const char *argv[28];
+  int n = base_args(o, o->opt, o->tune, march, sizeof march, argv);
+  const char *tail[] = {"-shared", "-o", out_path, "-x", "c", "-", "-lm"};
+  for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[n++] = tail[i];
+  argv[n] = NULL;
+  return spawn_argv(argv, dir, c, st);
 }
 
 /* Feeds the source and collects output until both pipes are done or the
@@ -276,5 +309,508 @@ int kiln__cc_compile(const kiln__cc_options *o, const char *src, size_t len, uin
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   remove_dir(dir);
   kiln_free(out);
+  return rc;
+}
+
+/* ---- the parallel build ------------------------------------------------- */
+
+/* One compiler run: its arguments, the text it reads and what it says. */
+typedef struct job {
+  const char **argv;
+  const char *in;
+  size_t inlen, sent;
+  char *out; /* OUT_MAX + 1 bytes */
+  size_t nout;
+  child c;
+  bool running, done;
+  int status;
+  uint32_t unit; /* index into the split's units; UINT32_MAX: probe or link */
+  bool may_fail; /* the probe: its status is data, not an error */
+  bool own_out;  /* out allocated by run_jobs (kept only if the job failed) */
+} job;
+
+static double tv_ms(struct timeval tv) { return tv.tv_sec * 1e3 + tv.tv_usec / 1e3; }
+
+/* Reaps j's child (killing its group first when `kill_it`). */
+static void reap(job *j, bool kill_it, double *cpu_ms) {
+  if (j->c.in >= 0) close(j->c.in), j->c.in = -1;
+  if (j->c.out >= 0) close(j->c.out), j->c.out = -1;
+  if (kill_it) kill(-j->c.pid, SIGKILL);
+  struct rusage ru;
+  memset(&ru, 0, sizeof ru);
+  while (wait4(j->c.pid, &j->status, 0, &ru) < 0 && errno == EINTR) {
+  }
+  if (cpu_ms) *cpu_ms += tv_ms(ru.ru_utime) + tv_ms(ru.ru_stime);
+  j->running = false;
+  j->done = true;
+}
+
+/* One step of j's pipes after poll. */
+static void pump_one(job *j, short out_ev, short in_ev) {
+  if (out_ev) {
+    char buf[4096];
+    ssize_t k = read(j->c.out, buf, sizeof buf);
+    if (k > 0) {
+      size_t keep = j->nout + (size_t)k > OUT_MAX ? OUT_MAX - j->nout : (size_t)k;
+      memcpy(j->out + j->nout, buf, keep);
+      j->nout += keep;
+    } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
+      close(j->c.out);
+      j->c.out = -1;
+    }
+  }
+  if (j->c.in >= 0 && in_ev) {
+    ssize_t k = write(j->c.in, j->in + j->sent, j->inlen - j->sent);
+    if (k > 0) j->sent += (size_t)k;
+    if ((k < 0 && errno != EAGAIN && errno != EINTR) || j->sent == j->inlen) {
+      close(j->c.in);
+      j->c.in = -1;
+    }
+  }
+}
+
+static bool failed(const job *j) { return !WIFEXITED(j->status) || WEXITSTATUS(j->status) != 0; }
+
+/* Runs jobs[0..n) at most `par` at once until all are done, one fails
+ * (*bad: its index) or the deadline passes (1). Returns 0, 1, or a
+ * negative status when a compiler cannot be started. */
+static int run_jobs(job *jobs, uint32_t n, uint32_t par, const char *dir, double deadline,
+                    double *cpu_ms, uint32_t *bad, kiln_status *st) {
+  struct pollfd *p = kiln_malloc((2 * (size_t)n + 1) * sizeof *p);
+  uint32_t *who = kiln_malloc((2 * (size_t)n + 1) * sizeof *who);
+  int rc = 0;
+  uint32_t next = 0, running = 0, done = 0;
+  *bad = UINT32_MAX;
+  if (p == NULL || who == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+    goto out_kill;
+  }
+  while (done < n) {
+    while (running < par && next < n) {
+      job *j = &jobs[next++];
+      j->c = (child){-1, -1, -1};
+      if (j->out == NULL) {
+        if ((j->out = kiln_malloc(OUT_MAX + 1)) == NULL) {
+          rc = kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+          goto out_kill;
+        }
+        j->own_out = true;
+      }
+      if ((rc = spawn_argv(j->argv, dir, &j->c, st))) goto out_kill;
+      j->running = true;
+      running++;
+      if (j->inlen == 0) close(j->c.in), j->c.in = -1;
+    }
+    nfds_t np = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      job *j = &jobs[i];
+      if (!j->running) continue;
+      if (j->c.out < 0) { /* all output read: the compiler is done */
+        reap(j, false, cpu_ms);
+        running--, done++;
+        if (failed(j) && !j->may_fail) {
+          *bad = i;
+          goto out_kill;
+        }
+        if (j->own_out) kiln_free(j->out), j->out = NULL, j->own_out = false;
+        continue;
+      }
+      p[np] = (struct pollfd){j->c.out, POLLIN, 0};
+      who[np++] = i;
+      if (j->c.in >= 0) {
+        p[np] = (struct pollfd){j->c.in, POLLOUT, 0};
+        who[np++] = i | 0x80000000u;
+      }
+    }
+    if (np == 0) continue;
+    double left = deadline - now_s();
+    if (left <= 0) {
+      rc = 1;
+      goto out_kill;
+    }
+    int r = poll(p, np, (int)(left * 1000) + 1);
+    if (r < 0 && errno != EINTR) {
+      rc = 1;
+      goto out_kill;
+    }
+    for (nfds_t q = 0; r > 0 && q < np; q++) {
+      if (!p[q].revents) continue;
+      job *j = &jobs[who[q] & 0x7fffffffu];
+      if (who[q] & 0x80000000u) {
+        if (j->c.in >= 0) pump_one(j, 0, p[q].revents);
+      } else if (j->c.out >= 0) {
+        pump_one(j, p[q].revents, 0);
+      }
+    }
+  }
+out_kill:
+  for (uint32_t i = 0; i < n; i++)
+    if (jobs[i].running) reap(&jobs[i], true, cpu_ms);
+  kiln_free(p);
+  kiln_free(who);
+  return rc;
+}
+
+/* ---- the compiler's identity ---------------------------------------------- */
+
+static pthread_mutex_t id_mu = PTHREAD_MUTEX_INITIALIZER;
+typedef struct cc_id {
+  char *cc;      /* as given */
+  struct stat sb; /* of the file it resolved to */
+  uint8_t digest[KILN__SHA256_LEN]; /* of its --version output */
+  struct cc_id *next;
+} cc_id;
+static cc_id *ids; /* guarded by id_mu; never freed (one per compiler) */
+
+/* The file `cc` names, as posix_spawnp would find it. */
+static bool resolve(const char *cc, struct stat *sb) {
+  if (strchr(cc, '/')) return stat(cc, sb) == 0;
+  const char *path = getenv("PATH");
+  if (path == NULL) path = "/usr/bin:/bin";
+  for (const char *d = path;; d++) {
+    const char *e = strchr(d, ':');
+    size_t n = e ? (size_t)(e - d) : strlen(d);
+    char full[4400];
+    snprintf(full, sizeof full, "%.*s/%s", (int)n, n ? d : ".", cc);
+    if (access(full, X_OK) == 0 && stat(full, sb) == 0) return true;
+    if (e == NULL) return false;
+    d = e;
+  }
+}
+
+static bool same_file(const struct stat *a, const struct stat *b) {
+  return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+         a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+static bool id_lookup(const char *cc, const struct stat *sb, uint8_t *digest) {
+  bool hit = false;
+  pthread_mutex_lock(&id_mu);
+  for (cc_id *i = ids; i && !hit; i = i->next)
+    if (strcmp(i->cc, cc) == 0 && same_file(&i->sb, sb)) {
+      memcpy(digest, i->digest, KILN__SHA256_LEN);
+      hit = true;
+    }
+  pthread_mutex_unlock(&id_mu);
+  return hit;
+}
+
+static void id_store(const char *cc, const struct stat *sb, const uint8_t *digest) {
+  cc_id *i = kiln_calloc(1, sizeof *i);
+  char *name = i ? kiln_strdup(cc) : NULL;
+  if (name == NULL) {
+    kiln_free(i);
+    return;
+  }
+  i->cc = name;
+  i->sb = *sb;
+  memcpy(i->digest, digest, KILN__SHA256_LEN);
+  pthread_mutex_lock(&id_mu);
+  i->next = ids;
+  ids = i;
+  pthread_mutex_unlock(&id_mu);
+}
+
+/* The identity of a compiler run before (its file unchanged since), or
+ * false; *sb, *known: the file, and whether it was found. */
+static bool identity_known(const kiln__cc_options *o, struct stat *sb, bool *known,
+                           uint8_t *digest) {
+  const char *cc = o->cc && *o->cc ? o->cc : "cc";
+  *known = resolve(cc, sb);
+  return *known && id_lookup(cc, sb, digest);
+}
+
+/* The identity from the probe j (`cc --version`): its output and status. */
+static void identity_from(const kiln__cc_options *o, const job *j, const struct stat *sb,
+                          bool known, uint8_t *digest) {
+  kiln__sha256 h;
+  kiln__sha256_init(&h);
+  kiln__sha256_update(&h, &j->status, sizeof j->status);
+  kiln__sha256_update(&h, j->out, j->nout);
+  kiln__sha256_final(&h, digest);
+  if (known && !failed(j)) id_store(o->cc && *o->cc ? o->cc : "cc", sb, digest);
+}
+
+/* ---- kiln__cc_build -------------------------------------------------------- */
+
+static uint32_t cpu_count(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return (uint32_t)CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (uint32_t)n : 1;
+}
+
+static uint32_t job_count(const kiln__cc_options *o) {
+  if (o->jobs) return o->jobs;
+  const char *v = getenv("KILN_CC_JOBS");
+  long n = v && *v ? strtol(v, NULL, 10) : 0;
+  if (n > 0 && n <= 1024) return (uint32_t)n;
+  return cpu_count();
+}
+
+#define UNIT_ARGS 24
+
+/* Everything one build holds, freed in one place. */
+typedef struct build {
+  kiln__cc_split sp;
+  job *jobs;
+  const char **argv; /* UNIT_ARGS per unit */
+  char (*paths)[4200];
+  char *outs; /* (OUT_MAX + 1) per job */
+  uint8_t **objs;
+  size_t *nobjs;
+  uint32_t *todo;
+  char *glue;
+  const char **link_argv;
+} build;
+
+static void build_free(build *b) {
+  for (uint32_t i = 0; b->jobs && i < b->sp.nunits + 2; i++)
+    if (b->jobs[i].own_out) kiln_free(b->jobs[i].out);
+  for (uint32_t u = 0; b->objs && u < b->sp.nunits; u++) kiln_free(b->objs[u]);
+  kiln_free(b->objs);
+  kiln_free(b->nobjs);
+  kiln_free(b->jobs);
+  kiln_free(b->argv);
+  kiln_free(b->paths);
+  kiln_free(b->outs);
+  kiln_free(b->todo);
+  kiln_free(b->glue);
+  kiln_free(b->link_argv);
+  kiln__cc_split_free(&b->sp);
+}
+
+static void unit_key(const kiln__cc_unit *u, const uint8_t *id, const char *const *argv,
+                     int nargs, uint8_t *key) {
+  kiln__sha256 h;
+  kiln__sha256_init(&h);
+  kiln__sha256_update(&h, "kiln-cc-unit-1", 15);
+  kiln__sha256_update(&h, id, KILN__SHA256_LEN);
+  for (int i = 1; i < nargs; i++) kiln__sha256_update(&h, argv[i], strlen(argv[i]) + 1);
+  kiln__sha256_update(&h, u->src, u->len);
+  kiln__sha256_final(&h, key);
+}
+
+static int write_file(const char *path, const uint8_t *data, size_t len, kiln_status *st) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  size_t done = 0;
+  while (fd >= 0 && done < len) {
+    ssize_t k = write(fd, data + done, len - done);
+    if (k <= 0) break;
+    done += (size_t)k;
+  }
+  if (fd < 0 || close(fd) != 0 || done != len)
+    return kiln_status_set(st, KILN_EIO, "cc", "cannot write an object file: %s", strerror(errno));
+  return 0;
+}
+
+/* The glue, a linker script: each kiln_kernel_N is an alias of its
+ * content-named kernel (the same address; nothing runs in between). */
+static char *glue_source(const kiln__cc_split *sp, size_t *len) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  for (uint32_t k = 0; k < sp->nkernels; k++)
+    kiln_sbuf_printf(&b, "kiln_kernel_%u = %s;\n", k, sp->sym[k]);
+  return kiln_sbuf_detach(&b, len);
+}
+
+static int fail_unit(const build *b, const job *j, kiln_status *st) {
+  const kiln__cc_unit *u = &b->sp.units[j->unit];
+  j->out[j->nout] = 0;
+  return kiln_status_set(st, KILN_EINTERNAL, "cc",
+                         "the C compiler failed (status %d): %.*s%s [translation unit %u of %u, "
+                         "%u kernels, the first kiln_kernel_%u]",
+                         WIFEXITED(j->status) ? WEXITSTATUS(j->status) : -1, MSG_MAX, j->out,
+                         j->nout > MSG_MAX ? "..." : "", j->unit + 1, b->sp.nunits, u->nkernels,
+                         u->first);
+}
+
+/* The per-unit arrays (one spare job and output for the probe). */
+static int build_alloc(build *b, uint32_t nu) {
+  b->jobs = kiln_calloc(nu + 2, sizeof *b->jobs);
+  b->argv = kiln_calloc((size_t)(nu + 1) * UNIT_ARGS, sizeof *b->argv);
+  b->paths = kiln_calloc(nu + 1, sizeof *b->paths);
+  b->outs = kiln_malloc(2 * (OUT_MAX + 1)); /* the probe's and the link's */
+  b->objs = kiln_calloc(nu + 1, sizeof *b->objs);
+  b->nobjs = kiln_calloc(nu + 1, sizeof *b->nobjs);
+  b->todo = kiln_calloc(nu + 1, sizeof *b->todo);
+  return !b->jobs || !b->argv || !b->paths || !b->outs || !b->objs || !b->nobjs || !b->todo;
+}
+
+/* Largest unit first, so that the last to finish is a small one. */
+static void sort_todo(build *b, uint32_t ntodo) {
+  for (uint32_t i = 1; i < ntodo; i++)
+    for (uint32_t q = i; q > 0 && b->sp.units[b->todo[q]].len > b->sp.units[b->todo[q - 1]].len;
+         q--) {
+      uint32_t t = b->todo[q];
+      b->todo[q] = b->todo[q - 1], b->todo[q - 1] = t;
+    }
+}
+
+static int took_too_long(const kiln__cc_options *o, kiln_status *st) {
+  return kiln_status_set(st, KILN_ELIMIT, "cc", "the C compiler took longer than %.0f s",
+                         o->timeout_s > 0 ? o->timeout_s : 120);
+}
+
+/* Units from the cache or compiled; their objects end up in b->objs. The
+ * compiler's identity (the keys) is needed before compiling only when a
+ * lookup can hit: with an empty in-process cache and no directory the
+ * probe runs alongside the compilers instead. */
+static int compile_units(build *b, const kiln__cc_options *o, const char *dir, double deadline,
+                         const char *cache_dir, kiln__cc_stats *stats, kiln_status *st) {
+  uint32_t nu = b->sp.nunits;
+  uint8_t id[KILN__SHA256_LEN];
+  char march[128];
+  if (build_alloc(b, nu)) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+  const char *cc = o->cc && *o->cc ? o->cc : "cc";
+  const char *probe_argv[] = {cc, "--version", NULL};
+  struct stat sb;
+  bool known = false, have_id = false, caching = !o->no_cache;
+  bool lookups = caching && ((cache_dir && *cache_dir) || !kiln__cc_cache_empty());
+  uint32_t bad;
+  int rc = 0;
+  if (caching) have_id = identity_known(o, &sb, &known, id);
+  if (lookups && !have_id) {
+    job pj = {.argv = probe_argv, .out = b->outs, .unit = UINT32_MAX, .may_fail = true};
+    rc = run_jobs(&pj, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
+    if (rc == 1) return took_too_long(o, st);
+    if (rc) return rc;
+    identity_from(o, &pj, &sb, known, id);
+    have_id = true;
+  }
+  uint32_t ntodo = 0;
+  int *n_of = kiln_calloc(nu + 1, sizeof *n_of);
+  if (n_of == NULL) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+  for (uint32_t u = 0; u < nu; u++) {
+    kiln__cc_unit *un = &b->sp.units[u];
+    const char **argv = b->argv + (size_t)u * UNIT_ARGS;
+    bool light = un->light && o->light_opt;
+    int n = base_args(o, light ? o->light_opt : o->opt, light ? o->light_tune : o->tune, march,
+                      sizeof march, argv);
+    n_of[u] = n;
+    snprintf(b->paths[u], sizeof b->paths[u], "%s/u%u.o", dir, u);
+    if (have_id) unit_key(un, id, argv, n, un->key);
+    if (lookups && kiln__cc_cache_get(cache_dir, un->key, &b->objs[u], &b->nobjs[u])) {
+      stats->units_cached++;
+      if ((rc = write_file(b->paths[u], b->objs[u], b->nobjs[u], st))) goto out_free;
+      continue;
+    }
+    /* The march buffer is shared: every unit spells it the same. */
+    const char *tail[] = {"-c", "-o", b->paths[u], "-x", "c", "-"};
+    for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[n++] = tail[i];
+    argv[n] = NULL;
+    b->todo[ntodo++] = u;
+  }
+  sort_todo(b, ntodo);
+  /* The probe, when still wanted, goes first: it is quick. */
+  uint32_t nj = 0;
+  bool probe = caching && !have_id;
+  if (probe)
+    b->jobs[nj++] = (job){.argv = probe_argv, .out = b->outs + OUT_MAX + 1, .unit = UINT32_MAX,
+                          .may_fail = true};
+  for (uint32_t i = 0; i < ntodo; i++) {
+    uint32_t u = b->todo[i];
+    b->jobs[nj++] = (job){.argv = b->argv + (size_t)u * UNIT_ARGS, .in = b->sp.units[u].src,
+                          .inlen = b->sp.units[u].len, .unit = u};
+  }
+  uint32_t par = job_count(o);
+  if (par > ntodo) par = ntodo ? ntodo : 1;
+  stats->jobs = par;
+  rc = run_jobs(b->jobs, nj, par + (probe ? 1 : 0), dir, deadline, &stats->cpu_ms, &bad, st);
+  if (rc == 1) {
+    rc = took_too_long(o, st);
+    goto out_free;
+  }
+  if (rc) goto out_free;
+  if (bad != UINT32_MAX) {
+    rc = fail_unit(b, &b->jobs[bad], st);
+    goto out_free;
+  }
+  if (probe) {
+    identity_from(o, &b->jobs[0], &sb, known, id);
+    for (uint32_t u = 0; u < nu; u++)
+      unit_key(&b->sp.units[u], id, b->argv + (size_t)u * UNIT_ARGS, n_of[u], b->sp.units[u].key);
+  }
+  for (uint32_t i = 0; i < ntodo; i++) {
+    uint32_t u = b->todo[i];
+    if ((rc = read_file(b->paths[u], &b->objs[u], &b->nobjs[u], st))) goto out_free;
+    if (caching) kiln__cc_cache_put(cache_dir, b->sp.units[u].key, b->objs[u], b->nobjs[u]);
+  }
+out_free:
+  kiln_free(n_of);
+  return rc;
+}
+
+static int link_units(build *b, const kiln__cc_options *o, const char *dir, double deadline,
+                      const char *so_path, kiln__cc_stats *stats, kiln_status *st) {
+  size_t nglue;
+  char glue_path[4200];
+  if ((b->glue = glue_source(&b->sp, &nglue)) == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+  snprintf(glue_path, sizeof glue_path, "%s/glue.ld", dir);
+  int rc = write_file(glue_path, (const uint8_t *)b->glue, nglue, st);
+  if (rc) return rc;
+  b->link_argv = kiln_calloc(b->sp.nunits + 16, sizeof *b->link_argv);
+  if (b->link_argv == NULL) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+  int n = 0;
+  const char **a = b->link_argv;
+  a[n++] = o->cc && *o->cc ? o->cc : "cc";
+  const char *head[] = {"-fPIC", "-shared", "-o", so_path};
+  for (size_t i = 0; i < sizeof head / sizeof *head; i++) a[n++] = head[i];
+  for (uint32_t u = 0; u < b->sp.nunits; u++) a[n++] = b->paths[u];
+  a[n++] = glue_path;
+  a[n++] = "-lm";
+  a[n] = NULL;
+  job j = {.argv = a, .out = b->outs, .unit = UINT32_MAX};
+  uint32_t bad;
+  double t0 = now_s();
+  rc = run_jobs(&j, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
+  stats->link_ms = (now_s() - t0) * 1e3;
+  if (rc == 1) return took_too_long(o, st);
+  if (rc) return rc;
+  if (bad != UINT32_MAX) {
+    j.out[j.nout] = 0;
+    return kiln_status_set(st, KILN_EINTERNAL, "cc",
+                           "the C compiler failed (status %d) linking %u units: %.*s%s",
+                           WIFEXITED(j.status) ? WEXITSTATUS(j.status) : -1, b->sp.nunits,
+                           MSG_MAX, j.out, j.nout > MSG_MAX ? "..." : "");
+  }
+  return 0;
+}
+
+int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t **so,
+                   size_t *so_len, kiln__cc_stats *stats, kiln_status *st) {
+  *so = NULL;
+  *so_len = 0;
+  kiln__cc_stats scratch;
+  if (stats == NULL) stats = &scratch;
+  memset(stats, 0, sizeof *stats);
+  double deadline = now_s() + (o->timeout_s > 0 ? o->timeout_s : 120);
+  const char *cache_dir = o->cache_dir ? o->cache_dir : getenv("KILN_KERNEL_CACHE_DIR");
+  build b = {0};
+  size_t unit_bytes = o->unit_bytes;
+  const char *ub = getenv("KILN_CC_UNIT_BYTES");
+  if (unit_bytes == 0 && ub && *ub) unit_bytes = (size_t)strtoull(ub, NULL, 10);
+  int rc = kiln__cc_split_program(p, job_count(o), unit_bytes, &b.sp, st);
+  if (rc) return rc;
+  stats->units = b.sp.nunits;
+  stats->kernels_distinct = b.sp.ndistinct;
+  char dir[4096], path[4200];
+  if ((rc = make_dir(dir, sizeof dir, st))) goto out_free;
+  snprintf(path, sizeof path, "%s/k.so", dir);
+  sigset_t pipe_set, old;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  rc = compile_units(&b, o, dir, deadline, cache_dir, stats, st);
+  if (rc == 0) rc = link_units(&b, o, dir, deadline, path, stats, st);
+  if (rc == 0) rc = read_file(path, so, so_len, st);
+  struct timespec zero = {0, 0};
+  while (sigtimedwait(&pipe_set, NULL, &zero) > 0) {
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  remove_dir(dir);
+out_free:
+  build_free(&b);
   return rc;
 }

@@ -1,0 +1,462 @@
+/* A module's kernels as several translation units, named by content.
+ *
+ * Generated code names kernels and helpers by index (kiln_kernel_7, kf3),
+ * so the same kernel reads differently in two modules, and even the same
+ * helper (an add reducer) appears under many numbers in one. Each kernel
+ * is therefore rewritten into a canonical form that does not depend on
+ * where it landed: the helpers it calls, transitively, are copied in front
+ * of it (in their original order, so definitions precede uses) and renamed
+ * kk<hash>_h<j> (j in order of first reference), and the kernel itself is
+ * renamed kk<hash>, where <hash> is 16 hex digits of the SHA-256
+ * of that same text written with a fixed placeholder prefix. Identical
+ * kernels get one symbol and are compiled once; kiln_kernel_N is made an
+ * alias of its kk<hash> by the link step (cc.c).
+ *
+ * Distinct kernels are grouped into units by their hashes, not by their
+ * positions: light and heavy kernels (compile flags) apart, each class in
+ * hash order, cut into units by content-defined boundaries (a cut after a
+ * kernel whose hash's last byte is 0 mod 4 once the unit holds half the
+ * target size; always at 1.5 times it). A module that shares most kernels
+ * with another therefore shares most units, and a unit's cache key (the
+ * SHA-256 of its text, flags and compiler, cc.c) hits. The target size
+ * is a power of two between 8 KiB (or unit_bytes if less) and unit_bytes, at most the module's
+ * kernel text over min_units (the compilers that may run at once), so
+ * that every compiler has work and modules of about the same size cut
+ * alike. Smaller modules (under 8 KiB per wanted unit: a compiler process
+ * and the prelude cost more than such a unit saves) are instead spread
+ * over total / 8 KiB units (at least one) by size, largest kernel first
+ * into the lightest.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/codegen/cc_internal.h"
+
+#define UNIT_BYTES_DEFAULT (64 * 1024)
+#define PLACEHOLDER "kk0000000000000000"
+
+typedef struct span {
+  const char *p;
+  size_t n;
+} span;
+
+typedef struct helper {
+  span name, text;
+} helper;
+
+/* One kernel of the module. */
+typedef struct kern {
+  span name, text;
+  uint32_t *calls; /* helpers in its closure, in order of first reference */
+  uint32_t ncalls;
+  size_t bytes; /* its text and its helpers' */
+  uint8_t hash[KILN__SHA256_LEN];
+  bool light;
+} kern;
+
+typedef struct splitter {
+  const kiln__cc_program *p;
+  helper *h;
+  uint32_t nh;
+  uint32_t *table; /* open addressing over helper names: index + 1 */
+  uint32_t cap;
+  uint32_t *stamp, *local; /* per helper: kernel + 1 that saw it, its j there */
+  kern *k;
+  uint32_t nk;
+} splitter;
+
+static bool id_start(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+static bool id_char(char c) { return id_start(c) || (c >= '0' && c <= '9'); }
+
+/* The next identifier at or after *i in t[0..n) (not one that continues a
+ * number such as 0x1p24f); false at the end. */
+static bool next_id(const char *t, size_t n, size_t *i, span *out) {
+  size_t j = *i;
+  while (j < n) {
+    char c = t[j];
+    if (id_start(c) && (j == 0 || !(id_char(t[j - 1]) || t[j - 1] == '.'))) {
+      size_t e = j;
+      while (e < n && id_char(t[e])) e++;
+      out->p = t + j;
+      out->n = e - j;
+      *i = e;
+      return true;
+    }
+    j++;
+  }
+  *i = n;
+  return false;
+}
+
+static uint32_t hash_name(const char *p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)p[i]) * 16777619u;
+  return h;
+}
+
+/* The helper named s, or UINT32_MAX. */
+static uint32_t find_helper(const splitter *sp, span s) {
+  if (sp->cap == 0) return UINT32_MAX;
+  for (uint32_t i = hash_name(s.p, s.n) & (sp->cap - 1);; i = (i + 1) & (sp->cap - 1)) {
+    uint32_t v = sp->table[i];
+    if (v == 0) return UINT32_MAX;
+    const span *nm = &sp->h[v - 1].name;
+    if (nm->n == s.n && memcmp(nm->p, s.p, s.n) == 0) return v - 1;
+  }
+}
+
+static int oom(kiln_status *st) {
+  return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory splitting the kernels");
+}
+
+static int bad_source(kiln_status *st, const char *what) {
+  return kiln_status_set(st, KILN_EINTERNAL, "cc", "generated source: %s", what);
+}
+
+/* Helpers start in column 0 with anything but a brace or a blank. */
+static int parse_helpers(splitter *sp, kiln_status *st) {
+  const char *f = sp->p->funcs ? sp->p->funcs : "";
+  size_t n = strlen(f);
+  size_t cap = 0;
+  for (size_t i = 0; i < n;) {
+    size_t eol = i;
+    while (eol < n && f[eol] != '\n') eol++;
+    bool start = f[i] != ' ' && f[i] != '\t' && f[i] != '}' && f[i] != '\n';
+    if (start) {
+      if (kiln_grow((void **)&sp->h, &cap, sp->nh + 1, sizeof *sp->h)) return oom(st);
+      helper *h = &sp->h[sp->nh++];
+      h->text.p = f + i;
+      /* The name: the last identifier before the first '(' of the line. */
+      size_t j = i, paren = i;
+      while (paren < eol && f[paren] != '(') paren++;
+      span id = {0};
+      h->name.n = 0;
+      while (next_id(f, paren, &j, &id)) h->name = id;
+      if (h->name.n == 0) return bad_source(st, "a helper function without a name");
+    }
+    i = eol + 1;
+  }
+  for (uint32_t k = 0; k < sp->nh; k++) {
+    const char *end = k + 1 < sp->nh ? sp->h[k + 1].text.p : f + n;
+    sp->h[k].text.n = (size_t)(end - sp->h[k].text.p);
+  }
+  sp->cap = 16;
+  while (sp->cap < 2 * sp->nh) sp->cap *= 2;
+  sp->table = kiln_calloc(sp->cap, sizeof *sp->table);
+  sp->stamp = kiln_calloc(sp->nh + 1, sizeof *sp->stamp);
+  sp->local = kiln_calloc(sp->nh + 1, sizeof *sp->local);
+  if (!sp->table || !sp->stamp || !sp->local) return oom(st);
+  for (uint32_t k = 0; k < sp->nh; k++) {
+    if (find_helper(sp, sp->h[k].name) != UINT32_MAX)
+      return bad_source(st, "two helper functions of one name");
+    uint32_t i = hash_name(sp->h[k].name.p, sp->h[k].name.n) & (sp->cap - 1);
+    while (sp->table[i]) i = (i + 1) & (sp->cap - 1);
+    sp->table[i] = k + 1;
+  }
+  return 0;
+}
+
+static int parse_kernels(splitter *sp, kiln_status *st) {
+  static const char head[] = "void kiln_kernel_";
+  const char *t = sp->p->kernels ? sp->p->kernels : "";
+  size_t n = strlen(t);
+  sp->k = kiln_calloc(sp->p->nkernels + 1, sizeof *sp->k);
+  if (sp->k == NULL) return oom(st);
+  for (size_t i = 0; i < n;) {
+    size_t eol = i;
+    while (eol < n && t[eol] != '\n') eol++;
+    if (strncmp(t + i, head, sizeof head - 1) == 0) {
+      if (sp->nk == sp->p->nkernels) return bad_source(st, "more kernels than announced");
+      kern *k = &sp->k[sp->nk];
+      k->text.p = t + i;
+      k->name.p = t + i + 5;
+      char *e;
+      unsigned long idx = strtoul(t + i + sizeof head - 1, &e, 10);
+      if (idx != sp->nk || *e != '(') return bad_source(st, "kernels out of order");
+      k->name.n = (size_t)(e - k->name.p);
+      k->light = sp->p->light && sp->p->light[sp->nk];
+      sp->nk++;
+    } else if (sp->nk == 0 && i < eol) {
+      return bad_source(st, "text before the first kernel");
+    }
+    i = eol + 1;
+  }
+  if (sp->nk != sp->p->nkernels) return bad_source(st, "fewer kernels than announced");
+  for (uint32_t k = 0; k < sp->nk; k++) {
+    const char *end = k + 1 < sp->nk ? sp->k[k + 1].text.p : t + n;
+    sp->k[k].text.n = (size_t)(end - sp->k[k].text.p);
+  }
+  return 0;
+}
+
+/* Adds the helpers text t calls that kernel kk has not seen yet. */
+static int scan_calls(splitter *sp, uint32_t kk, span t, size_t *cap, kiln_status *st) {
+  kern *k = &sp->k[kk];
+  size_t i = 0;
+  span id;
+  while (next_id(t.p, t.n, &i, &id)) {
+    uint32_t h = find_helper(sp, id);
+    if (h == UINT32_MAX || sp->stamp[h] == kk + 1) continue;
+    if (kiln_grow((void **)&k->calls, cap, k->ncalls + 1, sizeof *k->calls)) return oom(st);
+    sp->stamp[h] = kk + 1;
+    sp->local[h] = k->ncalls;
+    k->calls[k->ncalls++] = h;
+  }
+  return 0;
+}
+
+static int closure(splitter *sp, uint32_t kk, kiln_status *st) {
+  kern *k = &sp->k[kk];
+  size_t cap = 0;
+  int rc = scan_calls(sp, kk, k->text, &cap, st);
+  for (uint32_t c = 0; rc == 0 && c < k->ncalls; c++)
+    rc = scan_calls(sp, kk, sp->h[k->calls[c]].text, &cap, st);
+  k->bytes = k->text.n;
+  for (uint32_t c = 0; c < k->ncalls; c++) k->bytes += sp->h[k->calls[c]].text.n;
+  return rc;
+}
+
+/* Copies t renaming kernel kk's helpers and its own name after prefix
+ * (the stamps must be kk's: emit() sets them). */
+static void put_renamed(const splitter *sp, uint32_t kk, span t, const char *prefix,
+                        kiln_sbuf *b) {
+  const kern *k = &sp->k[kk];
+  size_t i = 0, done = 0;
+  span id;
+  while (next_id(t.p, t.n, &i, &id)) {
+    uint32_t h = UINT32_MAX;
+    bool self = id.n == k->name.n && memcmp(id.p, k->name.p, id.n) == 0;
+    if (!self && (h = find_helper(sp, id)) == UINT32_MAX) continue;
+    kiln_sbuf_putn(b, t.p + done, (size_t)(id.p - (t.p + done)));
+    if (self)
+      kiln_sbuf_puts(b, prefix);
+    else
+      kiln_sbuf_printf(b, "%s_h%u", prefix, sp->local[h]);
+    done = (size_t)(id.p + id.n - t.p);
+  }
+  kiln_sbuf_putn(b, t.p + done, t.n - done);
+}
+
+static int by_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Kernel kk in canonical form, its names after prefix. */
+static int emit(splitter *sp, uint32_t kk, const char *prefix, kiln_sbuf *b, kiln_status *st) {
+  kern *k = &sp->k[kk];
+  uint32_t *order = kiln_malloc((k->ncalls + 1) * sizeof *order);
+  if (order == NULL) return oom(st);
+  for (uint32_t c = 0; c < k->ncalls; c++) {
+    order[c] = k->calls[c];
+    sp->stamp[k->calls[c]] = kk + 1;
+    sp->local[k->calls[c]] = c;
+  }
+  qsort(order, k->ncalls, sizeof *order, by_u32);
+  for (uint32_t c = 0; c < k->ncalls; c++) put_renamed(sp, kk, sp->h[order[c]].text, prefix, b);
+  put_renamed(sp, kk, k->text, prefix, b);
+  kiln_free(order);
+  return kiln_sbuf_failed(b) ? oom(st) : 0;
+}
+
+/* A kernel as the grouping sees it (sorted without a context pointer, so
+ * that concurrent compiles need no lock). */
+typedef struct rec {
+  uint8_t hash[KILN__SHA256_LEN];
+  bool light;
+  size_t bytes;
+  uint32_t idx;
+} rec;
+
+static int by_hash(const void *a, const void *b) {
+  const rec *x = a, *y = b;
+  int c = memcmp(x->hash, y->hash, KILN__SHA256_LEN);
+  return c ? c : x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Heavy kernels first, each class in hash order. */
+static int by_class_hash(const void *a, const void *b) {
+  const rec *x = a, *y = b;
+  if (x->light != y->light) return x->light ? 1 : -1;
+  return by_hash(a, b);
+}
+
+static int by_bytes_desc(const void *a, const void *b) {
+  const rec *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
+  return by_hash(a, b);
+}
+
+/* Programs below this many bytes per wanted unit are spread by size. */
+#define TINY_UNIT_BYTES 8192
+
+/* Assigns each distinct kernel (d[0..nd), sorted by class and hash) its
+ * unit in d[].idx's place of unit_of; returns the number of units. */
+static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, uint32_t *unit_of,
+                      uint64_t *load) {
+  size_t tiny = target < TINY_UNIT_BYTES ? target : TINY_UNIT_BYTES, total = 0;
+  for (uint32_t i = 0; i < nd; i++) total += d[i].bytes;
+  uint32_t nunits = 0;
+  if (total < (uint64_t)min_units * tiny) {
+    min_units = (uint32_t)(total / tiny);
+    if (min_units < 1) min_units = 1;
+    /* Tiny: min_units bins per the classes' shares, largest kernel first
+     * into the lightest bin (d is re-sorted; unit_of is by kernel index). */
+    uint32_t nheavy = 0;
+    size_t heavy_bytes = 0;
+    while (nheavy < nd && !d[nheavy].light) heavy_bytes += d[nheavy++].bytes;
+    for (int light = 0; light < 2; light++) {
+      rec *r = light ? d + nheavy : d;
+      uint32_t cnt = light ? nd - nheavy : nheavy;
+      size_t bytes = light ? total - heavy_bytes : heavy_bytes;
+      if (cnt == 0) continue;
+      uint32_t bins = (uint32_t)(((uint64_t)min_units * bytes + total / 2) / (total ? total : 1));
+      if (bins < 1) bins = 1;
+      if (bins > cnt) bins = cnt;
+      qsort(r, cnt, sizeof *r, by_bytes_desc);
+      for (uint32_t b = 0; b < bins; b++) load[nunits + b] = 0;
+      for (uint32_t i = 0; i < cnt; i++) {
+        uint32_t best = 0;
+        for (uint32_t b = 1; b < bins; b++)
+          if (load[nunits + b] < load[nunits + best]) best = b;
+        load[nunits + best] += r[i].bytes;
+        unit_of[r[i].idx] = nunits + best;
+      }
+      nunits += bins;
+    }
+    return nunits;
+  }
+  /* Content-defined cuts; the target is a power of two (so that modules of
+   * about the same size cut alike) no larger than total / min_units. */
+  size_t t = tiny;
+  while (2 * t <= target && 2 * t * min_units <= total) t *= 2;
+  size_t acc = 0;
+  for (uint32_t i = 0; i < nd; i++) {
+    if (i > 0 && d[i].light != d[i - 1].light && acc > 0) nunits++, acc = 0;
+    unit_of[d[i].idx] = nunits;
+    acc += d[i].bytes;
+    bool cut = (acc >= t / 2 && d[i].hash[KILN__SHA256_LEN - 1] % 4 == 0) || acc >= t + t / 2;
+    if (cut && i + 1 < nd) nunits++, acc = 0;
+  }
+  return nd ? nunits + 1 : 0;
+}
+
+static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc_split *out,
+                       kiln_status *st) {
+  int rc = 0;
+  kiln_sbuf *bufs = NULL;
+  rec *r = kiln_malloc((sp->nk + 1) * sizeof *r);
+  uint32_t *rep = kiln_malloc((sp->nk + 1) * sizeof *rep); /* kernel -> its group's first */
+  uint32_t *unit_of = kiln_malloc((sp->nk + 1) * sizeof *unit_of);
+  uint64_t *load = kiln_malloc((sp->nk + 2) * sizeof *load);
+  if (!r || !rep || !unit_of || !load) {
+    rc = oom(st);
+    goto out_free;
+  }
+  /* Identical kernels: one group, standing for it its lowest index, light
+   * only if all its members are. */
+  for (uint32_t i = 0; i < sp->nk; i++) {
+    memcpy(r[i].hash, sp->k[i].hash, KILN__SHA256_LEN);
+    r[i].light = sp->k[i].light;
+    r[i].bytes = sp->k[i].bytes;
+    r[i].idx = i;
+  }
+  qsort(r, sp->nk, sizeof *r, by_hash);
+  uint32_t nd = 0;
+  for (uint32_t i = 0; i < sp->nk;) {
+    uint32_t j = i;
+    bool light = true;
+    while (j < sp->nk && memcmp(r[j].hash, r[i].hash, KILN__SHA256_LEN) == 0) {
+      light = light && r[j].light;
+      rep[r[j].idx] = r[i].idx; /* the sort put the lowest index first */
+      j++;
+    }
+    r[nd] = r[i];
+    r[nd++].light = light;
+    i = j;
+  }
+  out->ndistinct = nd;
+  qsort(r, nd, sizeof *r, by_class_hash);
+  out->nunits = group(r, nd, min_units ? min_units : 1, target, unit_of, load);
+  out->units = kiln_calloc(out->nunits + 1, sizeof *out->units);
+  bufs = kiln_calloc(out->nunits + 1, sizeof *bufs);
+  if (out->units == NULL || bufs == NULL) {
+    rc = oom(st);
+    goto out_free;
+  }
+  for (uint32_t u = 0; u < out->nunits; u++) {
+    out->units[u].first = UINT32_MAX;
+    kiln_sbuf_init(&bufs[u]);
+    kiln_sbuf_puts(&bufs[u], sp->p->prelude ? sp->p->prelude : "");
+    kiln_sbuf_putc(&bufs[u], '\n');
+  }
+  /* Within a unit kernels go in hash order: its text depends only on
+   * which kernels it holds, never on where they stood in the module. */
+  qsort(r, nd, sizeof *r, by_hash);
+  for (uint32_t i = 0; rc == 0 && i < nd; i++) {
+    uint32_t k = r[i].idx, u = unit_of[k];
+    out->units[u].light = r[i].light;
+    out->units[u].nkernels++;
+    if (k < out->units[u].first) out->units[u].first = k;
+    rc = emit(sp, k, out->sym[k], &bufs[u], st);
+  }
+  for (uint32_t u = 0; u < out->nunits; u++) {
+    if (rc == 0 && (out->units[u].src = kiln_sbuf_detach(&bufs[u], &out->units[u].len)) == NULL)
+      rc = oom(st);
+    kiln_sbuf_free(&bufs[u]);
+  }
+  /* Every kernel index answers to its group's symbol. */
+  for (uint32_t i = 0; rc == 0 && i < sp->nk; i++)
+    memcpy(out->sym[i], out->sym[rep[i]], KILN__CC_SYM_LEN);
+out_free:
+  kiln_free(bufs);
+  kiln_free(r);
+  kiln_free(rep);
+  kiln_free(unit_of);
+  kiln_free(load);
+  return rc;
+}
+
+int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t unit_bytes,
+                           kiln__cc_split *out, kiln_status *st) {
+  memset(out, 0, sizeof *out);
+  splitter sp = {.p = p};
+  kiln_sbuf b = KILN_SBUF_INIT;
+  int rc = parse_helpers(&sp, st);
+  if (rc == 0) rc = parse_kernels(&sp, st);
+  if (rc == 0) {
+    out->nkernels = sp.nk;
+    out->sym = kiln_calloc(sp.nk + 1, sizeof *out->sym);
+    if (out->sym == NULL) rc = oom(st);
+  }
+  for (uint32_t k = 0; rc == 0 && k < sp.nk; k++) {
+    if ((rc = closure(&sp, k, st))) break;
+    kiln_sbuf_reset(&b);
+    if ((rc = emit(&sp, k, PLACEHOLDER, &b, st))) break;
+    kiln__sha256_of(b.data, b.len, sp.k[k].hash);
+    out->sym[k][0] = out->sym[k][1] = 'k';
+    kiln__hex(sp.k[k].hash, 8, out->sym[k] + 2);
+  }
+  if (rc == 0) rc = build_units(&sp, min_units, unit_bytes ? unit_bytes : UNIT_BYTES_DEFAULT, out, st);
+  kiln_sbuf_free(&b);
+  for (uint32_t k = 0; k < sp.nk; k++) kiln_free(sp.k[k].calls);
+  kiln_free(sp.k);
+  kiln_free(sp.h);
+  kiln_free(sp.table);
+  kiln_free(sp.stamp);
+  kiln_free(sp.local);
+  if (rc) kiln__cc_split_free(out);
+  return rc;
+}
+
+void kiln__cc_split_free(kiln__cc_split *s) {
+  for (uint32_t u = 0; s->units && u < s->nunits; u++) kiln_free(s->units[u].src);
+  kiln_free(s->units);
+  kiln_free(s->sym);
+  memset(s, 0, sizeof *s);
+}

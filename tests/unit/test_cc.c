@@ -1,0 +1,385 @@
+/* The C compiler driver: SHA-256, the split into content-named units, the
+ * parallel build, the kernel cache (hits, its bound, a corrupt or foreign
+ * file ignored) and the time limit over the whole build. */
+#include <check.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/codegen/cc_internal.h"
+#include "compiler/compile.h"
+#include "compiler/ir/text.h"
+
+static void hex_of(const char *msg, size_t len, char *out) {
+  uint8_t d[KILN__SHA256_LEN];
+  kiln__sha256_of(msg, len, d);
+  kiln__hex(d, sizeof d, out);
+}
+
+START_TEST(sha256_vectors) {
+  char h[65];
+  hex_of("", 0, h);
+  ck_assert_str_eq(h, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  hex_of("abc", 3, h);
+  ck_assert_str_eq(h, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  hex_of(m, strlen(m), h);
+  ck_assert_str_eq(h, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  /* A million 'a' in uneven pieces. */
+  static char a[1000];
+  memset(a, 'a', sizeof a);
+  kiln__sha256 s;
+  kiln__sha256_init(&s);
+  for (size_t done = 0, k = 1; done < 1000000; k = k % 997 + 1) {
+    size_t n = done + k > 1000000 ? 1000000 - done : k;
+    kiln__sha256_update(&s, a, n);
+    done += n;
+  }
+  uint8_t d[32];
+  kiln__sha256_final(&s, d);
+  kiln__hex(d, 32, h);
+  ck_assert_str_eq(h, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+END_TEST
+
+/* ---- the split --------------------------------------------------------- */
+
+static const char prelude[] = "#include <stdint.h>\n";
+
+/* Kernels 0 and 2 are the same kernel calling the same helper under two
+ * numbers; kernel 1 calls a helper that calls another. */
+static const char funcs_a[] = "static inline float kf0(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
+                              "static inline float kf1(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
+                              "static inline float kf2(float p0) {\n  return kf0(p0, 1.0f);\n}\n\n";
+static const char kernels_a[] =
+    "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *b0 = (float *)bufs[0];\n  b0[0] = kf0(b0[0], 0x1p3f);\n}\n\n"
+    "void kiln_kernel_1(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *b0 = (float *)bufs[0];\n  b0[1] = kf2(b0[1]);\n}\n\n"
+    "void kiln_kernel_2(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *b0 = (float *)bufs[0];\n  b0[0] = kf1(b0[0], 0x1p3f);\n}\n\n"
+    "void kiln_kernel_3(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *b0 = (float *)bufs[0];\n  b0[2] = 3;\n}\n\n";
+/* The same kernels elsewhere: kernel 1 of a is kernel 0 here. */
+static const char funcs_b[] = "static inline float kf0(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
+                              "static inline float kf1(float p0) {\n  return kf0(p0, 1.0f);\n}\n\n";
+static const char kernels_b[] =
+    "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *b0 = (float *)bufs[0];\n  b0[1] = kf1(b0[1]);\n}\n\n"
+    "void kiln_kernel_1(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *b0 = (float *)bufs[0];\n  b0[2] = 3;\n}\n\n"
+    "void kiln_kernel_2(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *b0 = (float *)bufs[0];\n  b0[0] = kf0(b0[0], 0x1p3f);\n}\n\n";
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+START_TEST(split_names_by_content) {
+  kiln__cc_program pa = {prelude, funcs_a, kernels_a, 4, NULL};
+  kiln__cc_program pb = {prelude, funcs_b, kernels_b, 3, NULL};
+  kiln__cc_split a, b;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 64, &a, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&pb, 2, 64, &b, &st), 0);
+  ck_assert_uint_eq(a.ndistinct, 3);
+  ck_assert_uint_eq(b.ndistinct, 3);
+  ck_assert_uint_ge(a.nunits, 2);
+  ck_assert_str_eq(a.sym[0], a.sym[2]); /* identical kernels: one symbol */
+  ck_assert_str_ne(a.sym[0], a.sym[1]);
+  ck_assert_str_eq(a.sym[1], b.sym[0]); /* independent of where a kernel lands */
+  ck_assert_str_eq(a.sym[3], b.sym[1]);
+  ck_assert_str_eq(a.sym[0], b.sym[2]);
+  /* Each distinct kernel is defined in exactly one unit, renamed. */
+  uint32_t kernels = 0;
+  for (uint32_t u = 0; u < a.nunits; u++) {
+    ck_assert_ptr_null(strstr(a.units[u].src, "kiln_kernel_"));
+    ck_assert_ptr_null(strstr(a.units[u].src, "kf1("));
+    ck_assert(strncmp(a.units[u].src, prelude, strlen(prelude)) == 0);
+    kernels += a.units[u].nkernels;
+  }
+  ck_assert_uint_eq(kernels, 3);
+  for (uint32_t k = 0; k < 4; k++) {
+    int defs = 0;
+    char def[64];
+    snprintf(def, sizeof def, "void %s(", a.sym[k]);
+    for (uint32_t u = 0; u < a.nunits; u++) defs += strstr(a.units[u].src, def) != NULL;
+    ck_assert_int_eq(defs, 1);
+  }
+  /* The same kernels make the same units, whatever their order. */
+  ck_assert_uint_eq(b.nunits, a.nunits);
+  ck_assert_uint_le(a.nunits, 3);
+  char *ta[8], *tb[8];
+  for (uint32_t u = 0; u < a.nunits; u++) ta[u] = a.units[u].src, tb[u] = b.units[u].src;
+  qsort(ta, a.nunits, sizeof *ta, cmp_str);
+  qsort(tb, b.nunits, sizeof *tb, cmp_str);
+  for (uint32_t u = 0; u < a.nunits; u++) ck_assert_str_eq(ta[u], tb[u]);
+  kiln__cc_split_free(&a);
+  kiln__cc_split_free(&b);
+  /* Below 8 KiB of kernels a module is one unit, however many compilers. */
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 16, 0, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 1);
+  ck_assert_uint_eq(a.units[0].nkernels, 3);
+  kiln__cc_split_free(&a);
+  /* Source that is not what the emitter writes is an error, not a crash. */
+  kiln__cc_program bad = {prelude, funcs_a, kernels_a, 5, NULL};
+  ck_assert_int_eq(kiln__cc_split_program(&bad, 2, 0, &a, &st), KILN_EINTERNAL);
+  kiln__cc_program wrong = {prelude, funcs_a, kernels_b + 1, 2, NULL};
+  ck_assert_int_eq(kiln__cc_split_program(&wrong, 2, 0, &a, &st), KILN_EINTERNAL);
+}
+END_TEST
+
+START_TEST(split_large_program_content_defined) {
+  /* 400 distinct kernels of ~1 KiB: many units, each within 1.5 targets. */
+  kiln_sbuf k = KILN_SBUF_INIT;
+  for (int i = 0; i < 400; i++) {
+    kiln_sbuf_printf(&k, "void kiln_kernel_%d(void *const *bufs, int64_t begin, int64_t end) {\n",
+                     i);
+    for (int l = 0; l < 30; l++) kiln_sbuf_printf(&k, "  ((float *)bufs[0])[%d] += %d;\n", l, i);
+    kiln_sbuf_puts(&k, "}\n\n");
+  }
+  kiln__cc_program p = {prelude, "", kiln_sbuf_str(&k), 400, NULL};
+  kiln__cc_split s;
+  kiln_status st;
+  ck_assert_int_eq(kiln__cc_split_program(&p, 2, 32768, &s, &st), 0);
+  ck_assert_uint_ge(s.nunits, 8);
+  for (uint32_t u = 0; u < s.nunits; u++)
+    ck_assert_uint_le(s.units[u].len, 32768 + 16384 + 4096);
+  kiln__cc_split_free(&s);
+  kiln_sbuf_free(&k);
+}
+END_TEST
+
+/* ---- builds through kiln_compile --------------------------------------- */
+
+/* Several kernels that do not fuse: a reduce, a sort, elementwise work. */
+static const char multi_hlo[] =
+    "HloModule m\n"
+    "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+    "lt { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT l = pred[] compare(a, b), "
+    "direction=LT }\n"
+    "ENTRY main {\n  p = f32[64,32] parameter(0)\n  e = f32[64,32] exponential(p)\n"
+    "  z = f32[] constant(0)\n  r = f32[64] reduce(e, z), dimensions={1}, to_apply=add\n"
+    "  s = f32[64] sort(r), dimensions={0}, to_apply=lt\n"
+    "  t = f32[64] tanh(s)\n  ROOT o = (f32[64], f32[64,32]) tuple(t, e)\n}\n";
+
+static kiln_module *parse(const char *hlo) {
+  kiln_module *m = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_module_parse_text(hlo, strlen(hlo), "t.hlo", NULL, &m, &st) == 0, "%s", st.msg);
+  return m;
+}
+
+static int compile(const char *hlo, const kiln_compile_options *o, kiln_compile_report *r,
+                   kiln_executable **out, kiln_status *st) {
+  kiln_module *m = parse(hlo);
+  kiln_executable *e = NULL;
+  kiln_status_clear(st);
+  int rc = kiln_compile(m, o, &e, r, st);
+  if (out)
+    *out = e;
+  else
+    kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+  return rc;
+}
+
+START_TEST(cache_hit_same_code) {
+  setenv("KILN_CC_UNIT_BYTES", "512", 1); /* several units of a small module */
+  kiln__cc_cache_clear();
+  kiln__cc_cache_set_limit(UINT64_C(64) << 20);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc_jobs = 2;
+  kiln_compile_report r1, r2, r3;
+  kiln_executable *e1, *e2, *e3;
+  kiln_status st;
+  ck_assert_int_eq(compile(multi_hlo, &o, &r1, &e1, &st), 0);
+  ck_assert_uint_ge(r1.nkernels, 2);
+  ck_assert_uint_ge(r1.cc_units, 2);
+  ck_assert_uint_eq(r1.cc_units_cached, 0);
+  ck_assert_int_eq(compile(multi_hlo, &o, &r2, &e2, &st), 0);
+  ck_assert_uint_eq(r2.cc_units_cached, r2.cc_units); /* every unit reused */
+  o.no_kernel_cache = true; /* compiled afresh, the same units */
+  ck_assert_int_eq(compile(multi_hlo, &o, &r3, &e3, &st), 0);
+  ck_assert_uint_eq(r3.cc_units_cached, 0);
+  /* The same objects make the same shared object. */
+  ck_assert_uint_eq(e1->ncode, e2->ncode);
+  ck_assert_int_eq(memcmp(e1->code, e2->code, e1->ncode), 0);
+  ck_assert_uint_eq(e1->ncode, e3->ncode);
+  ck_assert_int_eq(memcmp(e1->code, e3->code, e1->ncode), 0);
+  kiln_executable_destroy(e1);
+  kiln_executable_destroy(e2);
+  kiln_executable_destroy(e3);
+  kiln__cc_cache_stats cs;
+  kiln__cc_cache_stats_get(&cs);
+  ck_assert_uint_ge(cs.hits, r2.cc_units);
+  /* The bound: set below one object, everything goes. */
+  kiln__cc_cache_set_limit(100);
+  kiln__cc_cache_stats_get(&cs);
+  ck_assert_uint_le(cs.bytes, 100);
+  ck_assert_uint_eq(cs.entries, 0);
+  ck_assert_uint_gt(cs.evictions, 0);
+  o.no_kernel_cache = false;
+  ck_assert_int_eq(compile(multi_hlo, &o, &r2, NULL, &st), 0);
+  ck_assert_uint_eq(r2.cc_units_cached, 0);
+  kiln__cc_cache_stats_get(&cs);
+  ck_assert_uint_le(cs.bytes, 100);
+  kiln__cc_cache_set_limit(UINT64_C(64) << 20);
+}
+END_TEST
+
+static int list_objects(const char *dir, char names[][300], int max) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (strstr(e->d_name, ".o") && n < max) snprintf(names[n++], 300, "%s/%s", dir, e->d_name);
+  closedir(d);
+  return n;
+}
+
+START_TEST(disk_cache_and_corrupt_file) {
+  setenv("KILN_CC_UNIT_BYTES", "512", 1);
+  char dir[] = "/tmp/kiln-kcache-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  kiln__cc_cache_clear();
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.kernel_cache_dir = dir;
+  kiln_compile_report r;
+  kiln_status st;
+  ck_assert_int_eq(compile(multi_hlo, &o, &r, NULL, &st), 0);
+  char names[32][300];
+  int n = list_objects(dir, names, 32);
+  ck_assert_int_eq(n, (int)r.cc_units);
+  /* Another process (here: an empty memory cache) finds them on disk. */
+  kiln__cc_cache_clear();
+  ck_assert_int_eq(compile(multi_hlo, &o, &r, NULL, &st), 0);
+  ck_assert_uint_eq(r.cc_units_cached, r.cc_units);
+  kiln__cc_cache_stats cs;
+  kiln__cc_cache_stats_get(&cs);
+  ck_assert_uint_eq(cs.disk_hits, r.cc_units);
+  /* A flipped byte, a truncated file, a file others may write: misses. */
+  kiln__cc_cache_clear();
+  FILE *f = fopen(names[0], "r+b");
+  ck_assert_ptr_nonnull(f);
+  fseek(f, 100, SEEK_SET);
+  int c = fgetc(f);
+  fseek(f, 100, SEEK_SET);
+  fputc(c ^ 0x55, f);
+  fclose(f);
+  if (n > 1) ck_assert_int_eq(truncate(names[1], 20), 0);
+  if (n > 2) chmod(names[2], 0666);
+  kiln_executable *e = NULL;
+  ck_assert_int_eq(compile(multi_hlo, &o, &r, &e, &st), 0);
+  kiln__cc_cache_stats_get(&cs);
+  uint32_t bad = n > 2 ? 3 : (uint32_t)n;
+  ck_assert_uint_eq(cs.disk_rejected, bad);
+  ck_assert_uint_eq(r.cc_units_cached, r.cc_units - bad);
+  kiln_executable_destroy(e);
+  /* They were replaced by good ones. */
+  kiln__cc_cache_clear();
+  ck_assert_int_eq(compile(multi_hlo, &o, &r, NULL, &st), 0);
+  ck_assert_uint_eq(r.cc_units_cached, r.cc_units - (n > 2 ? 1 : 0)); /* 0666 one stays */
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+  kiln__cc_cache_clear();
+}
+END_TEST
+
+static void write_script(const char *path, const char *body) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(body, f);
+  fclose(f);
+  chmod(path, 0755);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+START_TEST(units_run_concurrently_and_time_limit) {
+  setenv("KILN_CC_UNIT_BYTES", "512", 1);
+  char dir[] = "/tmp/kiln-ccpar-XXXXXX", script[300], slow[300], marks[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(script, sizeof script, "%s/parcc", dir);
+  snprintf(slow, sizeof slow, "%s/slowcc", dir);
+  snprintf(marks, sizeof marks, "%s/marks", dir);
+  mkdir(marks, 0700);
+  /* A compile of a unit (-c) waits until two are running at once. */
+  char body[1200];
+  snprintf(body, sizeof body,
+           "#!/bin/sh\ncase \" $* \" in *\" -c \"*)\n  touch %s/$$\n  i=0\n"
+           "  while [ $(ls %s | wc -l) -lt 2 ]; do\n    i=$((i+1)); [ $i -gt 200 ] && "
+           "{ echo 'ran alone' >&2; exit 9; }\n    sleep 0.05\n  done;;\nesac\nexec cc \"$@\"\n",
+           marks, marks);
+  write_script(script, body);
+  write_script(slow, "#!/bin/sh\ncase \" $* \" in *\" -c \"*) sleep 30;; esac\nexec cc \"$@\"\n");
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc = script;
+  o.cc_jobs = 2;
+  o.no_kernel_cache = true;
+  kiln_compile_report r;
+  kiln_status st;
+  ck_assert_msg(compile(multi_hlo, &o, &r, NULL, &st) == 0, "%s", st.msg);
+  ck_assert_uint_ge(r.cc_units, 2);
+  ck_assert_uint_eq(r.cc_jobs, 2);
+  ck_assert_uint_gt(r.cc_cpu_ms, 0);
+  /* One at a time, the first would wait alone: the failure names its unit. */
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -f %s/*", marks);
+  ck_assert_int_eq(system(cmd), 0);
+  o.cc_jobs = 1;
+  ck_assert_int_eq(compile(multi_hlo, &o, &r, NULL, &st), KILN_EINTERNAL);
+  ck_assert_ptr_nonnull(strstr(st.msg, "the C compiler failed (status 9): ran alone"));
+  ck_assert_ptr_nonnull(strstr(st.msg, "translation unit"));
+  /* The limit covers the whole parallel build. */
+  o.cc = slow;
+  o.cc_jobs = 4;
+  o.cc_timeout_s = 1;
+  double t0 = now_s();
+  ck_assert_int_eq(compile(multi_hlo, &o, &r, NULL, &st), KILN_ELIMIT);
+  ck_assert_double_lt(now_s() - t0, 10);
+  ck_assert_str_eq(st.msg, "the C compiler took longer than 1 s");
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+Suite *cc_suite(void) {
+  Suite *s = suite_create("cc");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, sha256_vectors);
+  tcase_add_test(tc, split_names_by_content);
+  tcase_add_test(tc, split_large_program_content_defined);
+  tcase_add_test(tc, cache_hit_same_code);
+  tcase_add_test(tc, disk_cache_and_corrupt_file);
+  tcase_add_test(tc, units_run_concurrently_and_time_limit);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(cc_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
