@@ -37,7 +37,7 @@ class _Unsupported:
 
 
 ops = _Unsupported("ops")
-random = _Unsupported("random")
+from . import random  # noqa: E402
 
 
 def from_jax(f):
