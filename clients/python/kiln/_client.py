@@ -4,7 +4,9 @@ An Array is a handle to a server-resident buffer: uploaded with PutBuffer
 (a header, then the bytes in chunks), fetched with GetBuffer, produced by
 Execute with keep_on_server. Dropping the last Python reference releases the
 buffer: handles are queued by __del__ (which must not block or raise) and
-sent in one ReleaseBuffers with the next call, or at exit. The connection
+sent in one ReleaseBuffers before the next call once RELEASE_BATCH handles
+or RELEASE_BYTES bytes are waiting (so a training loop does not pay a round
+trip per step for them), on delete(), or at exit. The connection
 also remembers every handle it still owns, and close() (also run at exit)
 releases them all, so a client that ends normally leaves nothing on the
 server. (A client that is killed cannot: kilnd keeps a buffer until it is
@@ -36,6 +38,8 @@ CHUNK = 1 << 20
 _conn = None
 _conn_lock = threading.Lock()
 _IDEMPOTENT_RETRIES = 3
+RELEASE_BATCH = 64
+RELEASE_BYTES = 16 << 20
 
 
 class Device:
@@ -66,6 +70,7 @@ class Connection:
         self._executables = {}
         self._pending_release = []
         self._owned = set()  # handles of this connection's arrays not yet released
+        self._pending_bytes = 0
         self._lock = threading.Lock()
         self.closed = False
         self.rpc_count = 0
@@ -76,8 +81,13 @@ class Connection:
             raise UnavailableError(f"kiln.connect: no kilnd answering at {address}")
 
     # ---- calls ----
+    def _maybe_flush(self):
+        if (len(self._pending_release) >= RELEASE_BATCH
+                or self._pending_bytes >= RELEASE_BYTES):
+            self.flush_releases()
+
     def _call(self, what, fn, *args, idempotent=False, **kw):
-        self.flush_releases()
+        self._maybe_flush()
         delay = 0.1
         for attempt in range(_IDEMPOTENT_RETRIES + 1):
             try:
@@ -157,7 +167,7 @@ class Connection:
         return Array._from_info(self, resp.buffer)
 
     def get(self, handle):
-        self.flush_releases()
+        self._maybe_flush()
         parts, info = [], None
         try:
             self.rpc_count += 1
@@ -183,14 +193,16 @@ class Connection:
         with self._lock:
             self._owned.discard(handle)
 
-    def release_later(self, handle):
+    def release_later(self, handle, nbytes=0):
         with self._lock:
             self._owned.discard(handle)
             self._pending_release.append(handle)
+            self._pending_bytes += nbytes
 
     def flush_releases(self):
         with self._lock:
             handles, self._pending_release = self._pending_release, []
+            self._pending_bytes = 0
         if not handles or self.closed:
             return
         try:
@@ -270,7 +282,7 @@ class Array(ArrayOps):
     def __del__(self):
         try:
             if not self._deleted and not self._conn.closed:
-                self._conn.release_later(self.handle)
+                self._conn.release_later(self.handle, self.nbytes)
         except Exception:
             pass
 
