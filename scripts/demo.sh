@@ -2,7 +2,9 @@
 # Kiln's main job on its embedded defaults, end to end: set up the machine,
 # build, start the server kilnd on a free loopback port, then, as a client,
 # compile an example model on it, run it (random arguments from seed 0),
-# print the result and the server's stats, and stop the server with SIGTERM
+# print the result and the server's stats, train the Python client's digits
+# example for a few steps through it (when .venv has the client), and stop
+# the server with SIGTERM
 # (it drains and exits 0). Without kilnd (a build with no gRPC core) the
 # same module runs in process instead, unless KILN_DEMO_REQUIRE_SERVER=1
 # (scripts/test.sh sets it): then a missing kilnd is a failure.
@@ -85,6 +87,16 @@ echo "kilnd is listening on $addr (Prometheus metrics on http://$metrics/metrics
 show build/kiln compile "$MODULE" --server "$addr"
 show build/kiln run "$MODULE" --random-args 0 --server "$addr"
 show build/kiln stats --server "$addr"
+
+# The Python thin client (clients/python, installed into .venv by setup.sh):
+# a short digits training run through the same kilnd, when .venv has it.
+py=.venv/bin/python
+if [ -x "$py" ] && "$py" -c 'import kiln, sklearn' 2>/dev/null; then
+  show env KILN_SERVER="$addr" "$py" examples/python/train_digits.py --steps 40 --plot ''
+else
+  echo
+  echo "demo: skipping the Python client example (no .venv with the kiln client and scikit-learn)"
+fi
 
 echo
 echo "\$ kill -TERM $kilnd    # kilnd drains and exits"

@@ -27,21 +27,8 @@ __all__ = [
 ]
 
 
-class _Unsupported:
-    def __init__(self, name):
-        self._name = name
-
-    def __getattr__(self, attr):
-        raise NotImplementedError(f"kiln.{self._name}.{attr} is not supported by the kiln "
-                                  "client yet")
-
-
-ops = _Unsupported("ops")
-random = _Unsupported("random")
-
-
-def from_jax(f):
-    raise NotImplementedError("kiln.from_jax is not supported by the kiln client yet")
+from . import ops, random  # noqa: E402
+from ._from_jax import from_jax  # noqa: E402
 
 
 def block_until_ready(x):

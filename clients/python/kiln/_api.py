@@ -124,6 +124,7 @@ def trace_function(fn, args, kwargs, dyn_mask, avals, name):
             c.finished = True
     tr = _Trace(text, list(g.hidden), out_tree, [(o.shape, o.dtype) for o in outs])
     tr.stop_gradient = getattr(g, "stop_gradient", False)
+    tr.custom_rule = getattr(g, "custom_rule", None)
     return tr
 
 
@@ -275,6 +276,14 @@ class Staged:
         T = kiln_pb2.Transform
         for li, L in enumerate(self.layers):
             users = level_avals[li]
+            if L.kind in ("grad", "jvp", "vjp") and tr.custom_rule:
+                raise NotImplementedError(
+                    f"kiln.{L.kind} of '{self.name}': the function calls '{tr.custom_rule[1]}', "
+                    f"a kiln.{tr.custom_rule[0]} function; kilnd differentiates whole programs "
+                    "with its own rules and cannot apply a user-defined derivative (it would "
+                    "silently differentiate the primal instead). Differentiate a version "
+                    "without the custom rule, or run JAX code that needs it through "
+                    "kiln.from_jax(jax.grad(f))")
             if L.kind in ("grad", "jvp", "vjp") and tr.stop_gradient:
                 raise NotImplementedError(
                     f"kiln.{L.kind} of '{self.name}': the function uses lax.stop_gradient, which "
@@ -510,9 +519,85 @@ def _unsupported(name):
     return f
 
 
-hessian = _unsupported("hessian")
 jacfwd = _unsupported("jacfwd")
 jacrev = _unsupported("jacrev")
-custom_vjp = _unsupported("custom_vjp")
-custom_jvp = _unsupported("custom_jvp")
 pmap = _unsupported("pmap")
+
+
+def hessian(fun, argnums=0, has_aux=False, holomorphic=False):
+    """The Hessian of a scalar function with respect to one array argument,
+    as jvp of grad on the server (forward over reverse, as JAX): one
+    compiled program, run once per element of the argument (column i is
+    H @ e_i), so meant for small arguments."""
+    if has_aux or holomorphic:
+        raise NotImplementedError("kiln.hessian: has_aux / holomorphic")
+    if not isinstance(argnums, int):
+        raise NotImplementedError("kiln.hessian: argnums must be one int (a tuple of argnums "
+                                  "is not supported)")
+    g = grad(fun, argnums=argnums)
+
+    def h(*args):
+        if not -len(args) <= argnums < len(args):
+            raise ValueError(f"kiln.hessian: argnums {argnums} is out of range for "
+                             f"{len(args)} arguments")
+        n_arg = argnums % len(args)
+        x = args[n_arg]
+        if not _is_array_leaf(x):
+            raise NotImplementedError("kiln.hessian: the differentiated argument must be one "
+                                      "array (pytrees are not supported)")
+        shape, dt = aval_of(x)
+        if not _dtypes.is_float(dt):
+            raise TypeError(f"kiln.hessian: argument {n_arg} has dtype {dt}; floating point "
+                            "is required")
+        size = int(np.prod(shape, dtype=np.int64))
+        zeros = [tree_util.tree_map(lambda v: np.zeros(aval_of(v)[0], aval_of(v)[1]), a)
+                 for a in args]
+        cols = []
+        for i in range(size):
+            e = np.zeros(size, dt)
+            e[i] = 1
+            tangents = list(zeros)
+            tangents[n_arg] = e.reshape(shape)
+            _, t = jvp(g, tuple(args), tuple(tangents))
+            cols.append(np.asarray(t).reshape(size))
+        from ._client import device_put
+
+        # H[i, j] = d2f / dx_i dx_j; column i is H e_i, and H is symmetric
+        return device_put(np.stack(cols, axis=1).reshape(tuple(shape) + tuple(shape)))
+
+    return h
+
+
+class _CustomDerivative:
+    """custom_vjp / custom_jvp: the function runs as written (its primal),
+    and a program that calls it refuses to be differentiated by the server
+    (NotImplementedError naming it) rather than silently ignoring the rule."""
+
+    kind = None
+
+    def __init__(self, fun, nondiff_argnums=()):
+        functools.update_wrapper(self, fun)
+        self.fun = fun
+        self.nondiff_argnums = nondiff_argnums
+
+    def defvjp(self, fwd, bwd, symbolic_zeros=False):
+        return None
+
+    def defjvp(self, jvp_rule, symbolic_zeros=False):
+        return jvp_rule
+
+    def defjvps(self, *rules):
+        return None
+
+    def __call__(self, *args, **kwargs):
+        if _stack():
+            _stack()[0].graph.custom_rule = (self.kind, getattr(self.fun, "__name__", "f"))
+        return self.fun(*args, **kwargs)
+
+
+class custom_vjp(_CustomDerivative):  # noqa: N801  (JAX's name)
+    kind = "custom_vjp"
+
+
+class custom_jvp(_CustomDerivative):  # noqa: N801  (JAX's name)
+    kind = "custom_jvp"

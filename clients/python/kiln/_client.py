@@ -4,7 +4,18 @@ An Array is a handle to a server-resident buffer: uploaded with PutBuffer
 (a header, then the bytes in chunks), fetched with GetBuffer, produced by
 Execute with keep_on_server. Dropping the last Python reference releases the
 buffer: handles are queued by __del__ (which must not block or raise) and
-sent in one ReleaseBuffers with the next call, or at exit.
+sent in one ReleaseBuffers before the next call once RELEASE_BATCH handles
+or RELEASE_BYTES bytes are waiting (so a training loop does not pay a round
+trip per step for them), on delete(), or at exit. The connection
+also remembers every handle it still owns, and close() (also run at exit)
+releases them all, so a client that ends normally leaves nothing on the
+server. (A client that is killed cannot: kilnd keeps a buffer until it is
+released; see the README.)
+
+Every call has a deadline (connect(timeout=...), KILN_TIMEOUT, default 600 s),
+so a server that stops answering raises DeadlineExceededError rather than
+hanging, and one that is gone raises UnavailableError once the idempotent
+calls' retries are spent.
 
 Executables are cached per connection by (module text, transforms): a
 second call with the same program costs no Compile, and the server's own
@@ -27,6 +38,8 @@ CHUNK = 1 << 20
 _conn = None
 _conn_lock = threading.Lock()
 _IDEMPOTENT_RETRIES = 3
+RELEASE_BATCH = 64
+RELEASE_BYTES = 16 << 20
 
 
 class Device:
@@ -56,6 +69,8 @@ class Connection:
         self.timeout = timeout
         self._executables = {}
         self._pending_release = []
+        self._owned = set()  # handles of this connection's arrays not yet released
+        self._pending_bytes = 0
         self._lock = threading.Lock()
         self.closed = False
         self.rpc_count = 0
@@ -66,8 +81,13 @@ class Connection:
             raise UnavailableError(f"kiln.connect: no kilnd answering at {address}")
 
     # ---- calls ----
+    def _maybe_flush(self):
+        if (len(self._pending_release) >= RELEASE_BATCH
+                or self._pending_bytes >= RELEASE_BYTES):
+            self.flush_releases()
+
     def _call(self, what, fn, *args, idempotent=False, **kw):
-        self.flush_releases()
+        self._maybe_flush()
         delay = 0.1
         for attempt in range(_IDEMPOTENT_RETRIES + 1):
             try:
@@ -147,7 +167,7 @@ class Connection:
         return Array._from_info(self, resp.buffer)
 
     def get(self, handle):
-        self.flush_releases()
+        self._maybe_flush()
         parts, info = [], None
         try:
             self.rpc_count += 1
@@ -164,24 +184,40 @@ class Connection:
         return np.frombuffer(data, dtype=dt.newbyteorder("<")).astype(dt).reshape(
             tuple(info.shape.dimensions))
 
-    def release_later(self, handle):
+    def adopt(self, handle):
         with self._lock:
+            self._owned.add(handle)
+
+    def forget(self, handle):
+        """handle is no longer this connection's to release (donated)."""
+        with self._lock:
+            self._owned.discard(handle)
+
+    def release_later(self, handle, nbytes=0):
+        with self._lock:
+            self._owned.discard(handle)
             self._pending_release.append(handle)
+            self._pending_bytes += nbytes
 
     def flush_releases(self):
         with self._lock:
             handles, self._pending_release = self._pending_release, []
+            self._pending_bytes = 0
         if not handles or self.closed:
             return
         try:
             self.rpc_count += 1
             self.stub.ReleaseBuffers(kiln_pb2.ReleaseBuffersRequest(handles=handles),
-                                     metadata=self.metadata, timeout=30)
+                                     metadata=self.metadata, timeout=min(30.0, self.timeout))
         except grpc.RpcError:
             pass  # the server frees them with the connection anyway
 
     def close(self):
+        """Releases every buffer this connection still owns and closes it."""
         if not self.closed:
+            with self._lock:
+                self._pending_release.extend(self._owned)
+                self._owned.clear()
             self.flush_releases()
             self.closed = True
             self.channel.close()
@@ -222,6 +258,7 @@ class Array(ArrayOps):
     @classmethod
     def _from_info(cls, conn, info):
         dt = _dtypes.FROM_WIRE[hlo_pb2.ElementType.Name(info.shape.element_type)[13:]]
+        conn.adopt(info.handle)
         return cls(conn, info.handle, tuple(info.shape.dimensions), dt, info.size_bytes,
                    info.device)
 
@@ -231,6 +268,7 @@ class Array(ArrayOps):
 
     def _donated(self):
         self._deleted = "donated to a computation"
+        self._conn.forget(self.handle)
 
     def delete(self):
         if not self._deleted:
@@ -244,7 +282,7 @@ class Array(ArrayOps):
     def __del__(self):
         try:
             if not self._deleted and not self._conn.closed:
-                self._conn.release_later(self.handle)
+                self._conn.release_later(self.handle, self.nbytes)
         except Exception:
             pass
 
@@ -301,16 +339,19 @@ class Array(ArrayOps):
         return {self._device}
 
 
-def connect(address=None, *, token=None, tls=None):
+def connect(address=None, *, token=None, tls=None, timeout=None):
     """Connects to kilnd at address (default: $KILN_SERVER, else
-    127.0.0.1:50051) and makes it the default connection."""
+    127.0.0.1:50051) and makes it the default connection. timeout: the
+    deadline of every call in seconds (default $KILN_TIMEOUT, else 600)."""
     global _conn
     address = address or os.environ.get("KILN_SERVER") or "127.0.0.1:50051"
     token = token if token is not None else os.environ.get("KILN_TOKEN")
+    if timeout is None:
+        timeout = float(os.environ.get("KILN_TIMEOUT") or 600.0)
     with _conn_lock:
         if _conn is not None:
             _conn.close()
-        _conn = Connection(address, token=token, tls=tls)
+        _conn = Connection(address, token=token, tls=tls, timeout=timeout)
     return _conn
 
 
