@@ -43,8 +43,10 @@ void kiln_bench_triad(float *a, const float *b, const float *c, float s, int64_t
     job[t] = (triad_job){a, b, c, s, lo, hi};
   }
   for (int t = 0; t + 1 < threads; t++)
-    if (pthread_create(&tid[t], NULL, triad_worker, &job[t]) == 0) started[t] = 1;
-    else triad_worker(&job[t]);
+    if (pthread_create(&tid[t], NULL, triad_worker, &job[t]) == 0)
+      started[t] = 1;
+    else
+      triad_worker(&job[t]);
   triad_worker(&job[threads - 1]);
   for (int t = 0; t + 1 < threads; t++)
     if (started[t]) pthread_join(tid[t], NULL);

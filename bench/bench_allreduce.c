@@ -50,12 +50,13 @@ int main(int argc, char **argv) {
   printf("payload %zu MiB f32 per device, %d rounds\n", mib, rounds);
   for (uint32_t n = 2; n <= 4; n *= 2) {
     char text[1024];
-    snprintf(text, sizeof text,
-             "HloModule b, replica_count=%u\n"
-             "add {\n x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = f32[] add(x, y)\n}\n"
-             "ENTRY e {\n p = f32[%zu] parameter(0)\n"
-             " ROOT r = f32[%zu] all-reduce(p), replica_groups={}, to_apply=add\n}\n",
-             n, n_el, n_el);
+    snprintf(
+        text, sizeof text,
+        "HloModule b, replica_count=%u\n"
+        "add {\n x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = f32[] add(x, y)\n}\n"
+        "ENTRY e {\n p = f32[%zu] parameter(0)\n"
+        " ROOT r = f32[%zu] all-reduce(p), replica_groups={}, to_apply=add\n}\n",
+        n, n_el, n_el);
     kiln_module *m = NULL;
     kiln_executable *e = NULL;
     if (kiln_module_parse_text(text, strlen(text), "b.hlo", NULL, &m, &st)) die("parse", &st);

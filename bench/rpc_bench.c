@@ -104,8 +104,8 @@ static double cpu_seconds(pid_t pid) {
   buf[n] = '\0';
   char *p = strrchr(buf, ')'); /* the command name may hold spaces */
   unsigned long ut = 0, st = 0;
-  if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
-                          &st) != 2)
+  if (p == NULL ||
+      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
     return 0;
   return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
@@ -441,9 +441,9 @@ static void bench_execute(const child *k, const child *e, const char *exe_id,
     printf("  round %d: echo %6.0f calls/s (p50 %6.1f, p99 %7.1f us; CPU/call server %5.1f, "
            "clients %5.1f us), kilnd %6.0f calls/s (p50 %6.1f, p99 %7.1f us; CPU/call server "
            "%5.1f, clients %5.1f us): %.3f\n",
-           i + 1, re[i].rps, re[i].p50_us, re[i].p99_us, re[i].server_cpu_us,
-           re[i].client_cpu_us, rk[i].rps, rk[i].p50_us, rk[i].p99_us, rk[i].server_cpu_us,
-           rk[i].client_cpu_us, r[i][0]);
+           i + 1, re[i].rps, re[i].p50_us, re[i].p99_us, re[i].server_cpu_us, re[i].client_cpu_us,
+           rk[i].rps, rk[i].p50_us, rk[i].p99_us, rk[i].server_cpu_us, rk[i].client_cpu_us,
+           r[i][0]);
     fflush(stdout);
   }
   qsort(r, (size_t)rounds, sizeof *r, cmp_result_ratio);
@@ -608,9 +608,9 @@ int main(int argc, char **argv) {
          "\"execute_p50_us\":%.1f,\"execute_p99_us\":%.1f,\"execute_cpu_us\":%.1f,"
          "\"ratio\":%.3f,\"ratio_min\":%.3f,\"ratio_max\":%.3f,\"put_gbs\":%.3f,"
          "\"get_gbs\":%.3f,\"tcp_gbs\":%.3f,\"rss_kib\":[%ld,%ld,%ld,%ld,%ld]}\n",
-         clients, rounds, re->rps, re->p50_us, re->p99_us, re->server_cpu_us, rk->rps,
-         rk->p50_us, rk->p99_us, rk->server_cpu_us, ex.ratio, ex.ratio_min, ex.ratio_max,
-         bs.put_gbs, bs.get_gbs, bs.tcp_gbs, rss[0], rss[1], rss[2], rss[3], rss[4]);
+         clients, rounds, re->rps, re->p50_us, re->p99_us, re->server_cpu_us, rk->rps, rk->p50_us,
+         rk->p99_us, rk->server_cpu_us, ex.ratio, ex.ratio_min, ex.ratio_max, bs.put_gbs,
+         bs.get_gbs, bs.tcp_gbs, rss[0], rss[1], rss[2], rss[3], rss[4]);
   free(payload);
   kiln_remote_executable_free(exe);
   kiln_client_close(c);

@@ -91,7 +91,12 @@ int kiln_cache_get(kiln_cache *c, const kiln_cache_key *key, kiln_cache_result *
 int kiln_cache_put(kiln_cache *c, const kiln_cache_meta *meta, const void *payload, size_t len,
                    kiln_status *st);
 
-typedef enum kiln_cache_tier { KILN_CACHE_TIER_MEMORY, KILN_CACHE_TIER_DISK, KILN_CACHE_TIER_REDIS, KILN_CACHE_NTIERS } kiln_cache_tier;
+typedef enum kiln_cache_tier {
+  KILN_CACHE_TIER_MEMORY,
+  KILN_CACHE_TIER_DISK,
+  KILN_CACHE_TIER_REDIS,
+  KILN_CACHE_NTIERS
+} kiln_cache_tier;
 
 typedef struct kiln_cache_stats {
   bool enabled[KILN_CACHE_NTIERS];

@@ -38,11 +38,11 @@
 
 #include "cache/entry.h"
 #include "cache/key.h"
-#include "compiler/ir/sharding.h"
 #include "common/alloc.h"
 #include "common/arena.h"
 #include "compiler/codegen/executable.h"
 #include "compiler/ir/ir.h"
+#include "compiler/ir/sharding.h"
 #include "compiler/ir/text.h"
 
 /* Bumped whenever the canonical text or a component's serialization
@@ -439,8 +439,7 @@ static int view_instr(const canon *k, kiln_arena *a, kiln_instr *rec, kiln_id id
 static int build_view(const canon *k, kiln_arena *a, kiln_module *v) {
   const kiln_module *m = k->m;
   view_header(v, m, a);
-  if (entry_layout_canon(a, m->entry_layout, &v->entry_layout))
-    return KILN_ENOMEM;
+  if (entry_layout_canon(a, m->entry_layout, &v->entry_layout)) return KILN_ENOMEM;
   v->ninstrs = m->ninstrs;
   v->instrs = kiln_arena_calloc(a, m->ninstrs ? m->ninstrs : 1, sizeof *v->instrs);
   kiln_instr *recs = kiln_arena_alloc(a, (k->norder ? k->norder : 1) * sizeof *recs);

@@ -42,8 +42,10 @@ void kiln_arena_reset(kiln_arena *a) {
   block *keep = NULL;
   for (block *b = a->head, *n; b; b = n) {
     n = b->next;
-    if (keep == NULL && b->size == BLOCK_MIN) keep = b;
-    else kiln_free(b);
+    if (keep == NULL && b->size == BLOCK_MIN)
+      keep = b;
+    else
+      kiln_free(b);
   }
   if (keep) {
     keep->next = NULL;

@@ -18,7 +18,7 @@ uint32_t kiln_encode_ieee(double x, int ebits, int mbits) {
   int emin = 1 - bias;
   int e;
   frexp(a, &e);
-  int E = e - 1; /* a = 1.f * 2^E */
+  int E = e - 1;                                                    /* a = 1.f * 2^E */
   if (E + bias >= (int)expmax) return out_sign | (expmax << mbits); /* past the top binade */
   int qexp = (E < emin ? emin : E) - mbits;
   double v = ldexp(rint(ldexp(a, -qexp)), qexp); /* rounded value, exact */

@@ -20,7 +20,8 @@ typedef struct kiln_sbuf {
   bool failed;
 } kiln_sbuf;
 
-#define KILN_SBUF_INIT {NULL, 0, 0, false}
+#define KILN_SBUF_INIT \
+  { NULL, 0, 0, false }
 
 void kiln_sbuf_init(kiln_sbuf *b);
 void kiln_sbuf_free(kiln_sbuf *b);

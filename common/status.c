@@ -35,8 +35,7 @@ void kiln_status_clear(kiln_status *st) {
 
 bool kiln_status_is_ok(const kiln_status *st) { return st == NULL || st->code == 0; }
 
-int kiln_status_vset(kiln_status *st, int code, const char *where, const char *fmt,
-                     va_list ap) {
+int kiln_status_vset(kiln_status *st, int code, const char *where, const char *fmt, va_list ap) {
   if (st == NULL || st->code != 0) return code;
   st->code = code;
   snprintf(st->where, sizeof st->where, "%s", where ? where : "");

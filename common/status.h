@@ -17,19 +17,19 @@ extern "C" {
 #endif
 
 /* X(NAME, value, description) */
-#define KILN_ERRNO_MAP(X)                                            \
-  X(INVAL, -1, "invalid argument")                                   \
-  X(NOMEM, -2, "out of memory")                                      \
-  X(PARSE, -3, "parse error")                                        \
-  X(VERIFY, -4, "verification failed")                               \
-  X(UNIMPL, -5, "not implemented")                                   \
-  X(RANGE, -6, "value out of range")                                 \
-  X(IO, -7, "input/output error")                                    \
-  X(LIMIT, -8, "resource limit exceeded")                            \
-  X(INTERNAL, -9, "internal error")                                  \
-  X(NOTFOUND, -10, "not found")                                      \
-  X(DEADLINE, -11, "deadline exceeded")                              \
-  X(CANCELED, -12, "canceled")                                       \
+#define KILN_ERRNO_MAP(X) \
+  X(INVAL, -1, "invalid argument") \
+  X(NOMEM, -2, "out of memory") \
+  X(PARSE, -3, "parse error") \
+  X(VERIFY, -4, "verification failed") \
+  X(UNIMPL, -5, "not implemented") \
+  X(RANGE, -6, "value out of range") \
+  X(IO, -7, "input/output error") \
+  X(LIMIT, -8, "resource limit exceeded") \
+  X(INTERNAL, -9, "internal error") \
+  X(NOTFOUND, -10, "not found") \
+  X(DEADLINE, -11, "deadline exceeded") \
+  X(CANCELED, -12, "canceled") \
   X(UNAVAIL, -13, "unavailable")
 
 typedef enum kiln_errno {
@@ -43,9 +43,9 @@ typedef enum kiln_errno {
 #define KILN_STATUS_MSG_MAX 1024
 
 typedef struct kiln_status {
-  int code;                            /* 0 while no error was recorded */
-  char where[KILN_STATUS_WHERE_MAX];   /* "file:1:2", "computation/instr", or "" */
-  char msg[KILN_STATUS_MSG_MAX];       /* what is wrong: expected vs found */
+  int code;                          /* 0 while no error was recorded */
+  char where[KILN_STATUS_WHERE_MAX]; /* "file:1:2", "computation/instr", or "" */
+  char msg[KILN_STATUS_MSG_MAX];     /* what is wrong: expected vs found */
 } kiln_status;
 
 /* Short description of a KILN_E* code ("parse error"). Never NULL. */
@@ -61,10 +61,9 @@ bool kiln_status_is_ok(const kiln_status *st);
 /* Record an error unless one is already recorded (first error wins). `st` may
  * be NULL. `where` may be NULL. Returns `code`, so callers can write
  * `return kiln_status_set(st, KILN_EINVAL, w, "...")`. */
-int kiln_status_set(kiln_status *st, int code, const char *where, const char *fmt,
-                    ...) __attribute__((format(printf, 4, 5)));
-int kiln_status_vset(kiln_status *st, int code, const char *where, const char *fmt,
-                     va_list ap);
+int kiln_status_set(kiln_status *st, int code, const char *where, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int kiln_status_vset(kiln_status *st, int code, const char *where, const char *fmt, va_list ap);
 
 /* Format "where: error: msg" (or "error: msg" without where) into buf. */
 void kiln_status_format(const kiln_status *st, char *buf, unsigned long size);

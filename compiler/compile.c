@@ -10,9 +10,9 @@
 
 #include "common/alloc.h"
 #include "compiler/buffer_assign.h"
-#include "compiler/codegen/target_iface.h"
 #include "compiler/codegen/cc.h"
 #include "compiler/codegen/lower.h"
+#include "compiler/codegen/target_iface.h"
 #include "compiler/compile.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/verify.h"
@@ -76,8 +76,7 @@ static int generate(stage *s, const kiln_target *t, kiln_executable *e, kiln_com
   r->peak_bytes = s->ba->peak_bytes;
   t0 = now_ms();
   /* check_target admitted only targets that have a code generator. */
-  if ((rc = kiln__codegen_init(&s->g, s->m, kiln__cg_target_for(t->backend), st)))
-    return rc;
+  if ((rc = kiln__codegen_init(&s->g, s->m, kiln__cg_target_for(t->backend), st))) return rc;
   s->g_init = true;
   rc = kiln__lower(s->m, s->ba, &s->g, e, st);
   if (rc == 0 && (s->src = kiln__codegen_source(&s->g, &s->nsrc)) == NULL)

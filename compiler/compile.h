@@ -42,12 +42,12 @@ typedef struct kiln_compile_options {
 typedef struct kiln_compile_report {
   kiln_pass_timing passes[KILN_COMPILE_MAX_PASSES];
   uint32_t npasses;
-  double verify_ms;   /* verifying the input */
-  double pipeline_ms; /* all passes */
-  double assign_ms;   /* buffer assignment */
-  double codegen_ms;  /* lowering and C emission */
-  double cc_ms;       /* the C compiler */
-  double cc_cpu_ms;   /* its user + system time, all compilers together */
+  double verify_ms;                            /* verifying the input */
+  double pipeline_ms;                          /* all passes */
+  double assign_ms;                            /* buffer assignment */
+  double codegen_ms;                           /* lowering and C emission */
+  double cc_ms;                                /* the C compiler */
+  double cc_cpu_ms;                            /* its user + system time, all compilers together */
   uint32_t cc_units, cc_units_cached, cc_jobs; /* translation units, of them cached; parallelism */
   double total_ms;
   uint64_t temp_bytes; /* temporary arena */

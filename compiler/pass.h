@@ -21,7 +21,7 @@ extern "C" {
 
 typedef struct kiln_pass_ctx {
   const kiln_target *target;
-  kiln_arena *scratch;   /* freed after the pass */
+  kiln_arena *scratch; /* freed after the pass */
   kiln_status *st;
   int opt_level;
 } kiln_pass_ctx;
@@ -29,17 +29,17 @@ typedef struct kiln_pass_ctx {
 typedef int (*kiln_pass_fn)(kiln_module *m, const kiln_pass_ctx *ctx);
 
 typedef struct kiln_pass {
-  const char *name;      /* "simplify", "dce", ... as used by --disable-pass */
+  const char *name; /* "simplify", "dce", ... as used by --disable-pass */
   kiln_pass_fn run;
-  int min_opt_level;     /* runs when opt_level >= this */
+  int min_opt_level; /* runs when opt_level >= this */
 } kiln_pass;
 
 typedef struct kiln_pipeline_options {
-  const kiln_target *target; /* NULL: default */
-  int opt_level;             /* 0: only what correctness needs; 2: default */
-  bool verify_each;          /* run the verifier after every pass */
-  const char *dump_dir;      /* NULL: no dumps; else NN-pass.hlo and .dot per pass */
-  const char *stop_after;    /* NULL, or the name of the last pass to run */
+  const kiln_target *target;   /* NULL: default */
+  int opt_level;               /* 0: only what correctness needs; 2: default */
+  bool verify_each;            /* run the verifier after every pass */
+  const char *dump_dir;        /* NULL: no dumps; else NN-pass.hlo and .dot per pass */
+  const char *stop_after;      /* NULL, or the name of the last pass to run */
   const char *const *disabled; /* pass names switched off */
   uint32_t ndisabled;
 } kiln_pipeline_options;
@@ -56,8 +56,8 @@ const kiln_pass *kiln_pipeline_find(const char *name);
 
 /* Runs the pipeline on m. timings (may be NULL) receives one entry per pass
  * in the list (at most *ntimings on input; the count written on output). */
-int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts,
-                      kiln_pass_timing *timings, uint32_t *ntimings, kiln_status *st);
+int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts, kiln_pass_timing *timings,
+                      uint32_t *ntimings, kiln_status *st);
 
 /* Graphviz DOT of a module (one cluster per computation). kiln_malloc'd. */
 char *kiln_module_to_dot(const kiln_module *m, size_t *len);

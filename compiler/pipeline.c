@@ -55,8 +55,7 @@ static int write_file(const char *path, const char *data, size_t len, kiln_statu
 static int dump(const kiln_module *m, const char *dir, unsigned seq, const char *name,
                 kiln_status *st) {
   if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-    return kiln_status_set(st, KILN_EIO, dir, "cannot create dump directory: %s",
-                           strerror(errno));
+    return kiln_status_set(st, KILN_EIO, dir, "cannot create dump directory: %s", strerror(errno));
   char path[4096];
   size_t len;
   char *text = kiln_module_print(m, &len);
@@ -79,8 +78,8 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts,
-                      kiln_pass_timing *timings, uint32_t *ntimings, kiln_status *st) {
+int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts, kiln_pass_timing *timings,
+                      uint32_t *ntimings, kiln_status *st) {
   kiln_pipeline_options o = {0};
   if (opts) o = *opts;
   if (o.target == NULL) o.target = kiln_target_default();

@@ -232,8 +232,8 @@ int kiln_buffer_read(const kiln_buffer *b, size_t offset, void *dst, size_t n, k
   return b->device->backend->iface->buffer_read(b->device, b->mem, offset, dst, n, st);
 }
 
-int kiln_buffer_copy(kiln_buffer *dst, size_t dst_offset, const kiln_buffer *src,
-                     size_t src_offset, size_t n, kiln_status *st) {
+int kiln_buffer_copy(kiln_buffer *dst, size_t dst_offset, const kiln_buffer *src, size_t src_offset,
+                     size_t n, kiln_status *st) {
   int rc = check_range(dst, dst_offset, n, "", "copy to", st);
   if (rc == 0) rc = check_range(src, src_offset, n, "", "copy from", st);
   if (rc || n == 0) return rc;
@@ -244,9 +244,10 @@ int kiln_buffer_copy(kiln_buffer *dst, size_t dst_offset, const kiln_buffer *src
                            "through the host)",
                            src->device->backend->iface->name, b->iface->name);
   if (src == dst && src_offset < dst_offset + n && dst_offset < src_offset + n)
-    return kiln_status_set(st, KILN_EINVAL, "buffer",
-                           "copy: bytes [%zu, %zu + %zu) and [%zu, %zu + %zu) of one buffer overlap",
-                           src_offset, src_offset, n, dst_offset, dst_offset, n);
+    return kiln_status_set(
+        st, KILN_EINVAL, "buffer",
+        "copy: bytes [%zu, %zu + %zu) and [%zu, %zu + %zu) of one buffer overlap", src_offset,
+        src_offset, n, dst_offset, dst_offset, n);
   if (b->iface->buffer_copy)
     return b->iface->buffer_copy(dst->device, dst->mem, dst_offset, src->device, src->mem,
                                  src_offset, n, st);

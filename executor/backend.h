@@ -156,8 +156,8 @@ int kiln_buffer_read(const kiln_buffer *b, size_t offset, void *dst, size_t n, k
  * The buffers may live on the same device or on two devices of one backend
  * (another backend's is KILN_EINVAL); they may be the same buffer only if
  * the ranges do not overlap. Returns when the bytes are in place. */
-int kiln_buffer_copy(kiln_buffer *dst, size_t dst_offset, const kiln_buffer *src,
-                     size_t src_offset, size_t n, kiln_status *st);
+int kiln_buffer_copy(kiln_buffer *dst, size_t dst_offset, const kiln_buffer *src, size_t src_offset,
+                     size_t n, kiln_status *st);
 /* The host address of the buffer's bytes where device memory is host memory
  * (cpu, interp); NULL for a device with memory of its own, and for NULL.
  * With `discard` the caller promises to write every byte before reading
@@ -176,7 +176,7 @@ bool kiln_device_can_access(const kiln_device *d, const kiln_buffer *b);
  * mismatch or a corrupt table fails with a status naming it, never a crash.
  * `e` must outlive the loaded executable. */
 int kiln_device_load(kiln_device *d, const kiln_executable *e, kiln_loaded **out, kiln_status *st);
-void kiln_loaded_destroy(kiln_loaded *l); /* NULL is a no-op */
+void kiln_loaded_destroy(kiln_loaded *l);              /* NULL is a no-op */
 kiln_device *kiln_loaded_device(const kiln_loaded *l); /* where it was loaded */
 const kiln_executable *kiln_loaded_executable(const kiln_loaded *l);
 
@@ -261,10 +261,10 @@ kiln_device *kiln_comm_device(const kiln_comm *c, uint32_t rank);
  * every recv buffer holds its result. A collective or element type the
  * backend does not implement is KILN_EUNIMPL naming both. */
 typedef struct kiln_collective {
-  int op;                /* kiln_opcode: KILN_OP_ALL_REDUCE, ... */
-  int dtype;             /* kiln_dtype of the elements */
-  int reduce_op;         /* kiln_opcode, for all-reduce and reduce-scatter */
-  uint64_t count;        /* elements per rank, send side */
+  int op;                   /* kiln_opcode: KILN_OP_ALL_REDUCE, ... */
+  int dtype;                /* kiln_dtype of the elements */
+  int reduce_op;            /* kiln_opcode, for all-reduce and reduce-scatter */
+  uint64_t count;           /* elements per rank, send side */
   kiln_buffer *const *send; /* one per rank, in rank order */
   kiln_buffer *const *recv; /* one per rank, in rank order */
   const uint32_t *pairs;    /* collective-permute: npairs (source, target) pairs */
@@ -292,8 +292,8 @@ int kiln_mesh_execute_async(kiln_mesh *m, kiln_buffer *const *const *args, uint3
 /* The same, waiting for the event: 0 once every rank has finished, or the
  * first failing rank's code (results are then freed and NULLed). */
 int kiln_mesh_execute(kiln_mesh *m, kiln_buffer *const *const *args, uint32_t nargs,
-                      const kiln_run_options *opts, kiln_buffer **const *results,
-                      uint32_t nresults, kiln_status *st);
+                      const kiln_run_options *opts, kiln_buffer **const *results, uint32_t nresults,
+                      kiln_status *st);
 
 /* A gang launch on host literals, as kiln_loaded_run is for one device:
  * rank r runs on args[r][0..nargs) and outs[r] receives its result (a new

@@ -122,9 +122,9 @@ struct kiln_comm {
 };
 
 struct kiln_mesh {
-  kiln_comm *comm;        /* borrowed */
+  kiln_comm *comm;            /* borrowed */
   const kiln_executable *exe; /* borrowed */
-  kiln_loaded **ranks;    /* comm->ndevices loaded executables */
+  kiln_loaded **ranks;        /* comm->ndevices loaded executables */
 };
 
 /* The rendezvous of one gang launch (comm.c): every rank that reaches a

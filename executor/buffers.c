@@ -26,14 +26,14 @@
 
 typedef struct client {
   char *name;
-  uint64_t charged;   /* see the invariant above */
-  uint32_t nbufs;     /* entries in the table */
-  uint32_t nentries;  /* entries not yet freed */
+  uint64_t charged;  /* see the invariant above */
+  uint32_t nbufs;    /* entries in the table */
+  uint32_t nentries; /* entries not yet freed */
   struct client *next;
 } client;
 
 typedef struct entry {
-  kiln_stored pub; /* first: a kiln_stored * is an entry * */
+  kiln_stored pub;  /* first: a kiln_stored * is an entry * */
   kiln_shape shape; /* pub.shape points here; dims and layout in one block */
   void *shape_mem;
   uint8_t key[16];
@@ -91,8 +91,10 @@ static bool parse_handle(const char *h, uint8_t key[16]) {
     char c = h[i];
     int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
     if (v < 0) return false;
-    if (i % 2 == 0) key[i / 2] = (uint8_t)(v << 4);
-    else key[i / 2] |= (uint8_t)v;
+    if (i % 2 == 0)
+      key[i / 2] = (uint8_t)(v << 4);
+    else
+      key[i / 2] |= (uint8_t)v;
   }
   return true;
 }
@@ -116,25 +118,25 @@ static uint64_t name_hash(const kiln_buffer_store *s, const char *name) {
 
 /* Doubles a chained table when it holds more entries than buckets. On
  * out-of-memory the table simply stays as it is (longer chains). */
-#define GROW_TABLE(T, buckets, nbuckets, count, hashexpr)                   \
-  do {                                                                      \
-    if ((count) < (nbuckets)) break;                                        \
-    size_t nn = (nbuckets) * 2;                                             \
-    T **nb = kiln_calloc(nn, sizeof *nb);                                   \
-    if (nb == NULL) break;                                                  \
-    for (size_t i = 0; i < (nbuckets); i++) {                               \
-      T *it = (buckets)[i];                                                 \
-      while (it) {                                                          \
-        T *next = it->next;                                                 \
-        size_t b = (size_t)(hashexpr) & (nn - 1);                           \
-        it->next = nb[b];                                                   \
-        nb[b] = it;                                                         \
-        it = next;                                                          \
-      }                                                                     \
-    }                                                                       \
-    kiln_free(buckets);                                                     \
-    (buckets) = nb;                                                         \
-    (nbuckets) = nn;                                                        \
+#define GROW_TABLE(T, buckets, nbuckets, count, hashexpr) \
+  do { \
+    if ((count) < (nbuckets)) break; \
+    size_t nn = (nbuckets)*2; \
+    T **nb = kiln_calloc(nn, sizeof *nb); \
+    if (nb == NULL) break; \
+    for (size_t i = 0; i < (nbuckets); i++) { \
+      T *it = (buckets)[i]; \
+      while (it) { \
+        T *next = it->next; \
+        size_t b = (size_t)(hashexpr) & (nn - 1); \
+        it->next = nb[b]; \
+        nb[b] = it; \
+        it = next; \
+      } \
+    } \
+    kiln_free(buckets); \
+    (buckets) = nb; \
+    (nbuckets) = nn; \
   } while (0)
 
 static client *client_find(kiln_buffer_store *s, const char *name) {
@@ -192,15 +194,15 @@ static void entry_unlink(kiln_buffer_store *s, entry **pp) {
 
 static int charge(kiln_buffer_store *s, client *c, uint64_t bytes, kiln_status *st) {
   const kiln_buffer_store_options *o = &s->o;
-  if (o->client_quota_bytes && (bytes > o->client_quota_bytes ||
-                                c->charged > o->client_quota_bytes - bytes))
+  if (o->client_quota_bytes &&
+      (bytes > o->client_quota_bytes || c->charged > o->client_quota_bytes - bytes))
     return kiln_status_set(st, KILN_ELIMIT, "buffers",
                            "client memory quota exceeded: %llu bytes in use, %llu more "
                            "requested, quota %llu",
                            (unsigned long long)c->charged, (unsigned long long)bytes,
                            (unsigned long long)o->client_quota_bytes);
-  if (o->total_quota_bytes && (bytes > o->total_quota_bytes ||
-                               s->total_charged > o->total_quota_bytes - bytes))
+  if (o->total_quota_bytes &&
+      (bytes > o->total_quota_bytes || s->total_charged > o->total_quota_bytes - bytes))
     return kiln_status_set(st, KILN_ELIMIT, "buffers",
                            "server buffer memory exhausted: %llu bytes in use, %llu more "
                            "requested, limit %llu",
@@ -389,8 +391,8 @@ static int insert_locked(kiln_buffer_store *s, const char *client_name, entry *e
 }
 
 int kiln_buffer_store_add(kiln_buffer_store *s, const char *client_name, kiln_buffer *buf,
-                          const kiln_shape *shape, int32_t device, const char *label,
-                          bool reserved, kiln_stored **out, kiln_status *st) {
+                          const kiln_shape *shape, int32_t device, const char *label, bool reserved,
+                          kiln_stored **out, kiln_status *st) {
   if (out) *out = NULL;
   int rc = 0;
   entry *e = NULL;
@@ -424,8 +426,8 @@ int kiln_stored_view(const kiln_stored *b, kiln_literal *view, kiln_status *st) 
   memset(view, 0, sizeof *view);
   void *host = kiln_buffer_host(b->buf, false);
   if (host == NULL)
-    return kiln_status_set(st, KILN_EUNIMPL, "buffers",
-                           "buffer '%.8s...' is not in host memory", b->handle);
+    return kiln_status_set(st, KILN_EUNIMPL, "buffers", "buffer '%.8s...' is not in host memory",
+                           b->handle);
   if (!kiln_shape_is_row_major(b->shape))
     return kiln_status_set(st, KILN_EUNIMPL, "buffers",
                            "buffer '%.8s...' is not laid out row-major", b->handle);

@@ -43,16 +43,16 @@ typedef struct kiln_buffer_store kiln_buffer_store;
 /* One stored array. Fields are read-only for holders of a reference. */
 typedef struct kiln_stored {
   char handle[KILN_HANDLE_HEX_LEN + 1];
-  kiln_buffer *buf;    /* device memory, owned: the array's bytes in shape's layout */
+  kiln_buffer *buf;        /* device memory, owned: the array's bytes in shape's layout */
   const kiln_shape *shape; /* an array shape with its layout (NULL: row-major), owned */
-  uint64_t bytes;      /* kiln_buffer_size(buf): what the owner is charged */
-  int32_t device;      /* where the client asked to place it (the server's id) */
-  char *label;         /* free-form, from the client; never NULL */
+  uint64_t bytes;          /* kiln_buffer_size(buf): what the owner is charged */
+  int32_t device;          /* where the client asked to place it (the server's id) */
+  char *label;             /* free-form, from the client; never NULL */
 } kiln_stored;
 
 typedef struct kiln_buffer_store_options {
-  uint64_t client_quota_bytes; /* per client, live plus reserved; 0: no limit */
-  uint64_t total_quota_bytes;  /* the whole store; 0: no limit */
+  uint64_t client_quota_bytes;     /* per client, live plus reserved; 0: no limit */
+  uint64_t total_quota_bytes;      /* the whole store; 0: no limit */
   uint32_t max_buffers_per_client; /* 0: no limit */
 } kiln_buffer_store_options;
 
@@ -84,8 +84,8 @@ void kiln_buffer_store_unreserve(kiln_buffer_store *s, const char *client, uint6
  * otherwise they are charged now (KILN_ELIMIT over quota). `label` may be
  * NULL. With out non-NULL, *out receives an extra reference. */
 int kiln_buffer_store_add(kiln_buffer_store *s, const char *client, kiln_buffer *buf,
-                          const kiln_shape *shape, int32_t device, const char *label,
-                          bool reserved, kiln_stored **out, kiln_status *st);
+                          const kiln_shape *shape, int32_t device, const char *label, bool reserved,
+                          kiln_stored **out, kiln_status *st);
 
 /* A literal viewing a stored array in place (no copy): view->data is the
  * buffer's host memory. KILN_EUNIMPL when the device's memory is not host

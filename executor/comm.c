@@ -47,8 +47,10 @@ void kiln__event_free(kiln_event *ev) {
 void kiln__event_signal(kiln_event *ev, int rc, const kiln_status *st) {
   pthread_mutex_lock(&ev->mu);
   ev->rc = rc;
-  if (rc && st) ev->st = *st;
-  else if (rc) kiln_status_set(&ev->st, rc, "event", "the work failed");
+  if (rc && st)
+    ev->st = *st;
+  else if (rc)
+    kiln_status_set(&ev->st, rc, "event", "the work failed");
   ev->done = true;
   pthread_cond_broadcast(&ev->cv);
   pthread_mutex_unlock(&ev->mu);
@@ -92,13 +94,12 @@ int kiln_comm_create(kiln_backend *b, kiln_device *const *devices, uint32_t n, k
     if (d == NULL) return kiln_status_set(st, KILN_EINVAL, "comm", "rank %u: no device", r);
     if (d->backend != b)
       return kiln_status_set(st, KILN_EINVAL, "comm",
-                             "rank %u: device %s:%u belongs to another backend than this %s one",
-                             r, d->backend->iface->name, d->index, b->iface->name);
+                             "rank %u: device %s:%u belongs to another backend than this %s one", r,
+                             d->backend->iface->name, d->index, b->iface->name);
     for (uint32_t k = 0; k < r; k++)
       if (devices[k] == d)
-        return kiln_status_set(st, KILN_EINVAL, "comm",
-                               "rank %u: device %s:%u is already rank %u", r, b->iface->name,
-                               d->index, k);
+        return kiln_status_set(st, KILN_EINVAL, "comm", "rank %u: device %s:%u is already rank %u",
+                               r, b->iface->name, d->index, k);
   }
   kiln_comm *c = kiln_calloc(1, sizeof *c);
   if (c) c->devices = kiln_calloc(n, sizeof *c->devices);
@@ -176,7 +177,8 @@ static int check_buffers(const kiln_comm *c, const kiln_collective *d, const cha
       const kiln_buffer *b = side ? d->recv[r] : d->send[r];
       const char *what = side ? "recv" : "send";
       uint64_t need = side ? recv_bytes : send_bytes;
-      if (b == NULL) return kiln_status_set(st, KILN_EINVAL, name, "rank %u: no %s buffer", r, what);
+      if (b == NULL)
+        return kiln_status_set(st, KILN_EINVAL, name, "rank %u: no %s buffer", r, what);
       if (!kiln_device_can_access(c->devices[r], b))
         return kiln_status_set(st, KILN_EINVAL, name,
                                "rank %u: the %s buffer lives on %s:%u, the rank on %s:%u", r, what,
@@ -205,15 +207,15 @@ static int check_pairs(const kiln_comm *c, const kiln_collective *d, const char 
   for (uint32_t i = 0; i < d->npairs; i++) {
     uint32_t s = d->pairs[2 * i], t = d->pairs[2 * i + 1];
     if (s >= c->ndevices || t >= c->ndevices)
-      return kiln_status_set(st, KILN_EINVAL, name, "pair %u: {%u,%u} outside ranks 0 to %u", i,
-                             s, t, c->ndevices - 1);
+      return kiln_status_set(st, KILN_EINVAL, name, "pair %u: {%u,%u} outside ranks 0 to %u", i, s,
+                             t, c->ndevices - 1);
     for (uint32_t k = 0; k < i; k++) {
       if (d->pairs[2 * k] == s)
-        return kiln_status_set(st, KILN_EINVAL, name, "pairs %u and %u both send from rank %u",
-                               k, i, s);
+        return kiln_status_set(st, KILN_EINVAL, name, "pairs %u and %u both send from rank %u", k,
+                               i, s);
       if (d->pairs[2 * k + 1] == t)
-        return kiln_status_set(st, KILN_EINVAL, name, "pairs %u and %u both send to rank %u", k,
-                               i, t);
+        return kiln_status_set(st, KILN_EINVAL, name, "pairs %u and %u both send to rank %u", k, i,
+                               t);
     }
   }
   return 0;
@@ -227,8 +229,7 @@ int kiln_comm_collective(kiln_comm *c, const kiln_collective *d, kiln_status *st
   const char *name = kiln_opcode_name((kiln_opcode)d->op);
   if (d->dtype < 0 || d->dtype == KILN_TUPLE || d->dtype == KILN_TOKEN ||
       kiln_dtype_size((kiln_dtype)d->dtype) == 0)
-    return kiln_status_set(st, KILN_EINVAL, name, "element type %d is not an array type",
-                           d->dtype);
+    return kiln_status_set(st, KILN_EINVAL, name, "element type %d is not an array type", d->dtype);
   if ((d->op == KILN_OP_ALL_REDUCE || d->op == KILN_OP_REDUCE_SCATTER) &&
       !is_reduction(d->reduce_op))
     return kiln_status_set(st, KILN_EINVAL, name,
@@ -246,13 +247,13 @@ int kiln_comm_collective(kiln_comm *c, const kiln_collective *d, kiln_status *st
 /* ---- the rendezvous of a gang launch ------------------------------------ */
 
 typedef struct rv_slot {
-  uint64_t seq;        /* collectives entered so far */
-  bool posted;         /* ptrs/key below are this seq's */
-  bool gone, failed;   /* the rank's run has ended (with an error) */
+  uint64_t seq;      /* collectives entered so far */
+  bool posted;       /* ptrs/key below are this seq's */
+  bool gone, failed; /* the rank's run has ended (with an error) */
   uint64_t key;
   void *const *ptrs;
   uint32_t ngroup;
-  uint32_t readers;    /* members done reading this slot */
+  uint32_t readers; /* members done reading this slot */
 } rv_slot;
 
 struct kiln__rendezvous {
@@ -511,16 +512,18 @@ static int gang_run(gang *g, kiln_status *st) {
     if (pthread_create(&gr[r].thread, NULL, gang_thread, &gr[r]) != 0) break;
   }
   pthread_mutex_lock(&g->mu);
-  if (started == n - 1) g->go = true;
-  else g->abort = true;
+  if (started == n - 1)
+    g->go = true;
+  else
+    g->abort = true;
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
   if (g->go) gang_run_rank(g, 0);
   for (uint32_t r = 1; r <= started; r++) pthread_join(gr[r].thread, NULL);
   kiln_free(gr);
   if (!g->go)
-    return kiln_status_set(st, KILN_ELIMIT, "mesh",
-                           "could not start a thread for each of %u ranks", n);
+    return kiln_status_set(st, KILN_ELIMIT, "mesh", "could not start a thread for each of %u ranks",
+                           n);
   return 0;
 }
 
@@ -573,8 +576,8 @@ int kiln_mesh_execute_async(kiln_mesh *m, kiln_buffer *const *const *args, uint3
 }
 
 int kiln_mesh_execute(kiln_mesh *m, kiln_buffer *const *const *args, uint32_t nargs,
-                      const kiln_run_options *opts, kiln_buffer **const *results,
-                      uint32_t nresults, kiln_status *st) {
+                      const kiln_run_options *opts, kiln_buffer **const *results, uint32_t nresults,
+                      kiln_status *st) {
   kiln_event *ev = NULL;
   int rc = kiln_mesh_execute_async(m, args, nargs, opts, results, nresults, &ev, st);
   if (rc) return rc;
@@ -586,7 +589,8 @@ int kiln_mesh_execute(kiln_mesh *m, kiln_buffer *const *const *args, uint32_t na
 
 int kiln_mesh_run(kiln_mesh *m, const kiln_literal *const *const *args, uint32_t nargs,
                   const kiln_run_options *opts, kiln_literal **outs, kiln_status *st) {
-  if (m == NULL || outs == NULL) return kiln_status_set(st, KILN_EINVAL, "mesh", "no mesh or results");
+  if (m == NULL || outs == NULL)
+    return kiln_status_set(st, KILN_EINVAL, "mesh", "no mesh or results");
   uint32_t n = m->comm->ndevices;
   for (uint32_t r = 0; r < n; r++) outs[r] = NULL;
   if (m->ranks[0]->device->backend->iface->run == NULL)
@@ -613,8 +617,9 @@ int kiln_mesh_run(kiln_mesh *m, const kiln_literal *const *const *args, uint32_t
   if (rc == 0) rc = gang_run(&g, st); /* returns once every rank has finished */
   if (rc == 0) {
     rc = kiln_event_wait(g.ev, NULL);
-    if (rc) kiln_status_set(st, rc, g.st.where[0] ? g.st.where : "mesh", "rank %u: %s",
-                            g.failed_rank, g.st.msg);
+    if (rc)
+      kiln_status_set(st, rc, g.st.where[0] ? g.st.where : "mesh", "rank %u: %s", g.failed_rank,
+                      g.st.msg);
   }
   pthread_cond_destroy(&g.cv);
   pthread_mutex_destroy(&g.mu);

@@ -10,12 +10,12 @@
 
 #include <string.h>
 
-#include "compiler/codegen/executable.h"
-#include "compiler/eval/interp.h"
-#include "compiler/compile.h"
-#include "compiler/target.h"
-#include "compiler/ir/rewrite.h"
 #include "common/alloc.h"
+#include "compiler/codegen/executable.h"
+#include "compiler/compile.h"
+#include "compiler/eval/interp.h"
+#include "compiler/ir/rewrite.h"
+#include "compiler/target.h"
 
 /* The backend for an executable when none is named: its target's backend
  * when that one loads executables, else the first registered backend that

@@ -69,8 +69,8 @@ int kiln_run_executable_on(const char *backend, const kiln_executable *e,
  * oracle); a backend that loads executables (cpu) gets the module
  * compiled once for that mesh (replica_count and num_partitions set to
  * replicas and partitions), loaded on that many devices and run as one gang
- * (kiln_mesh_run). Other backends are KILN_EUNIMPL. On failure every outs[K] is NULL and st names the
- * first failing device. */
+ * (kiln_mesh_run). Other backends are KILN_EUNIMPL. On failure every outs[K] is NULL and st names
+ * the first failing device. */
 int kiln_run_module_mesh(const kiln_module *m, const char *backend, const kiln_run_options *ropts,
                          uint32_t replicas, uint32_t partitions,
                          const kiln_literal *const *const *args, uint32_t nargs,

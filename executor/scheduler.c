@@ -116,8 +116,10 @@ static void ring_remove(kiln_sched *s, sclient *c) {
 /* Unlinks j (whose predecessor in its client's queue is prev, or NULL). */
 static void unlink_job(kiln_sched *s, job *j, job *prev) {
   sclient *c = j->cl;
-  if (prev) prev->next = j->next;
-  else c->head = j->next;
+  if (prev)
+    prev->next = j->next;
+  else
+    c->head = j->next;
   if (c->tail == j) c->tail = prev;
   j->next = NULL;
   c->n--;
@@ -353,8 +355,10 @@ int kiln_sched_create(const kiln_sched_options *o, kiln_sched **out, kiln_status
   for (uint32_t c = 0; c < KILN_SCHED_MAX_CLASSES; c++) pthread_cond_init(&s->work_cv[c], NULL);
   pthread_cond_init(&s->idle_cv, NULL);
   rc = start_workers(s, st);
-  if (rc) kiln_sched_destroy(s);
-  else *out = s;
+  if (rc)
+    kiln_sched_destroy(s);
+  else
+    *out = s;
   return rc;
 }
 
@@ -392,9 +396,8 @@ static int check_job(const kiln_sched *s, const kiln_sched_job *jd, kiln_status 
   if (jd->dev_class >= s->o.nclasses)
     return kiln_status_set(st, KILN_EINVAL, "scheduler", "no device class %u", jd->dev_class);
   if (jd->ndevices == 0 || jd->ndevices > s->o.class_devices[jd->dev_class])
-    return kiln_status_set(st, KILN_EINVAL, "scheduler",
-                           "job needs %u devices; the class has %u", jd->ndevices,
-                           s->o.class_devices[jd->dev_class]);
+    return kiln_status_set(st, KILN_EINVAL, "scheduler", "job needs %u devices; the class has %u",
+                           jd->ndevices, s->o.class_devices[jd->dev_class]);
   return 0;
 }
 
@@ -427,8 +430,10 @@ int kiln_sched_submit(kiln_sched *s, const kiln_sched_job *jd, kiln_status *st) 
   if (rc == 0) {
     j->cl = c;
     j->j.client = c->name;
-    if (c->tail) c->tail->next = j;
-    else c->head = j;
+    if (c->tail)
+      c->tail->next = j;
+    else
+      c->head = j;
     c->tail = j;
     c->n++;
     s->queued++;

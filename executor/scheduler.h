@@ -46,8 +46,8 @@ typedef struct kiln_sched kiln_sched;
 typedef struct kiln_sched_options {
   uint32_t nclasses;
   uint32_t class_devices[KILN_SCHED_MAX_CLASSES]; /* devices per class, each >= 1 */
-  uint32_t max_queued;            /* all clients together; 0: 1024 */
-  uint32_t max_queued_per_client; /* 0: max_queued */
+  uint32_t max_queued;                            /* all clients together; 0: 1024 */
+  uint32_t max_queued_per_client;                 /* 0: max_queued */
 } kiln_sched_options;
 
 /* Runs the job on devices[0..n) (global device ids, all of the job's class). */
@@ -57,10 +57,10 @@ typedef void (*kiln_sched_run_fn)(void *arg, const uint32_t *devices, uint32_t n
 typedef void (*kiln_sched_drop_fn)(void *arg, int code);
 
 typedef struct kiln_sched_job {
-  const char *client;   /* copied */
+  const char *client; /* copied */
   uint32_t dev_class;
-  uint32_t ndevices;    /* >= 1, at most the class's device count */
-  int64_t deadline_ns;  /* kiln_sched_now_ns() clock; 0: none */
+  uint32_t ndevices;   /* >= 1, at most the class's device count */
+  int64_t deadline_ns; /* kiln_sched_now_ns() clock; 0: none */
   /* Nonzero once the caller went away. Must stay valid until run or drop
    * has been called. May be NULL. */
   const atomic_int *cancelled;

@@ -39,7 +39,7 @@ typedef struct token_entry {
 struct kilnd_auth {
   token_entry *tokens;
   size_t ntokens, cap;
-  bool tls;         /* --tls-cert given */
+  bool tls;          /* --tls-cert given */
   bool client_certs; /* --tls-client-ca given: verified client certificates */
   pthread_mutex_t mu;
   grpc_ssl_server_certificate_config *pending; /* for the next handshake */
@@ -115,7 +115,8 @@ static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_s
     return kiln_status_set(st, KILN_EINVAL, where,
                            "the digest must be 'sha256:' and 64 hex digits, not '%.80s'", digest);
   for (int i = 0; i < DIGEST_LEN; i++) {
-    int hi = hexval((unsigned char)digest[7 + 2 * i]), lo = hexval((unsigned char)digest[8 + 2 * i]);
+    int hi = hexval((unsigned char)digest[7 + 2 * i]),
+        lo = hexval((unsigned char)digest[8 + 2 * i]);
     if (hi < 0 || lo < 0)
       return kiln_status_set(st, KILN_EINVAL, where, "the digest holds a non-hex character");
     e.digest[i] = (uint8_t)(hi << 4 | lo);
@@ -128,8 +129,10 @@ static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_s
     if ((unsigned char)client[k] < 0x21 || (unsigned char)client[k] > 0x7e)
       return kiln_status_set(st, KILN_EINVAL, where, "client name must be printable ASCII");
   memcpy(e.client, client, n + 1);
-  if (strcmp(role, "user") == 0) e.role = KILND_ROLE_USER;
-  else if (strcmp(role, "admin") == 0) e.role = KILND_ROLE_ADMIN;
+  if (strcmp(role, "user") == 0)
+    e.role = KILND_ROLE_USER;
+  else if (strcmp(role, "admin") == 0)
+    e.role = KILND_ROLE_ADMIN;
   else
     return kiln_status_set(st, KILN_EINVAL, where, "role must be 'user' or 'admin', not '%.32s'",
                            role);
@@ -155,8 +158,7 @@ static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_s
   return 0;
 }
 
-static int parse_tokens(kilnd_auth *a, const char *text, const char *filename,
-                        kiln_status *st) {
+static int parse_tokens(kilnd_auth *a, const char *text, const char *filename, kiln_status *st) {
   char *copy = kiln_strdup(text);
   if (copy == NULL) return kiln_status_set(st, KILN_ENOMEM, filename, "out of memory");
   int rc = 0;
@@ -193,8 +195,7 @@ static int check_pair(const char *cert, const char *key, const kilnd_config *cfg
   else if (k == NULL)
     rc = kiln_status_set(st, KILN_EINVAL, cfg->tls_key, "no PEM private key in the file");
   else if (X509_check_private_key(x, k) != 1)
-    rc = kiln_status_set(st, KILN_EINVAL, cfg->tls_key, "the key does not match %s",
-                         cfg->tls_cert);
+    rc = kiln_status_set(st, KILN_EINVAL, cfg->tls_key, "the key does not match %s", cfg->tls_cert);
   X509_free(x);
   EVP_PKEY_free(k);
   BIO_free(cb);
@@ -237,8 +238,8 @@ static int load_certificates(const kilnd_config *cfg, grpc_ssl_server_certificat
 
 /* Called by the core at each new handshake (and once when the port is
  * added): a config loaded since the last call replaces the old one. */
-static grpc_ssl_certificate_config_reload_status fetch_config(
-    void *user, grpc_ssl_server_certificate_config **config) {
+static grpc_ssl_certificate_config_reload_status
+fetch_config(void *user, grpc_ssl_server_certificate_config **config) {
   kilnd_auth *a = user;
   pthread_mutex_lock(&a->mu);
   grpc_ssl_server_certificate_config *p = a->pending;

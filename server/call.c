@@ -139,8 +139,10 @@ static void on_new(kilnd_tag *tag, bool ok) {
   c->deadline_ns = deadline_to_ns(c->method ? c->deadline : c->details.deadline);
   atomic_store(&c->refs, 1);
   if (watch_on_arrival(c->method)) kilnd_call_watch_close(c);
-  if (c->method == NULL) unimplemented(c);
-  else kilnd_rpc_dispatch(c);
+  if (c->method == NULL)
+    unimplemented(c);
+  else
+    kilnd_rpc_dispatch(c);
 }
 
 bool kilnd_call_request(kilnd *srv, const kilnd_method *m) {
@@ -251,8 +253,10 @@ void kilnd_call_finish(kilnd_call *c, const ProtobufCMessage *msg, int rc, const
     return;
   }
   char text[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
-  if (st && st->code) kiln_status_format(st, text, sizeof text);
-  else snprintf(text, sizeof text, "%s", kiln_strerror(rc));
+  if (st && st->code)
+    kiln_status_format(st, text, sizeof text);
+  else
+    snprintf(text, sizeof text, "%s", kiln_strerror(rc));
   send_status(c, NULL, kilnd_status_code(rc), text, initial_md_sent(c));
 }
 

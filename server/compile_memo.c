@@ -38,8 +38,8 @@ void kilnd_memo_destroy(kilnd_memo *m) {
 
 static bool eligible(const Kiln__V1__CompileOptions *o) {
   if (o == NULL) return true;
-  return o->cache_policy == KILN__V1__CACHE_POLICY__CACHE_POLICY_DEFAULT &&
-         !o->return_executable && !o->verify_each_pass && o->n_dump_after_passes == 0;
+  return o->cache_policy == KILN__V1__CACHE_POLICY__CACHE_POLICY_DEFAULT && !o->return_executable &&
+         !o->verify_each_pass && o->n_dump_after_passes == 0;
 }
 
 bool kilnd_memo_digest(const Kiln__V1__CompileRequest *r, uint8_t digest[KILN_CACHE_DIGEST_LEN]) {

@@ -74,8 +74,8 @@ static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kiln_status
 /* What the interpreter has nothing to honour with: a code target ("native"
  * and empty mean "whatever runs here" and are fine) and a serialized
  * executable. plan_backend resolved the backend. */
-static int plan_refuse_interp_target(const Kiln__V1__CompileOptions *o,
-                                     const kilnd_compile_plan *p, kiln_status *st) {
+static int plan_refuse_interp_target(const Kiln__V1__CompileOptions *o, const kilnd_compile_plan *p,
+                                     kiln_status *st) {
   if (p->backend == NULL || (kiln_backend_caps(p->backend) & KILN_BACKEND_LOADS)) return 0;
   if (o && o->return_executable)
     return kiln_status_set(st, KILN_EUNIMPL, "options.return_executable",
@@ -143,15 +143,15 @@ static int plan_transforms(const Kiln__V1__CompileOptions *o, kilnd_compile_plan
   for (size_t i = 0; i < o->n_transforms; i++) {
     char path[48];
     snprintf(path, sizeof path, "options.transforms[%zu]", i);
-    int rc = kiln_transform_from_proto(o->transforms[i], path, &p->transforms[i],
-                                       &p->drop_value[i], st);
+    int rc =
+        kiln_transform_from_proto(o->transforms[i], path, &p->transforms[i], &p->drop_value[i], st);
     if (rc) return rc;
   }
   return 0;
 }
 
-int kilnd_compile_plan_make(kilnd *srv, const Kiln__V1__CompileOptions *o,
-                            kilnd_compile_plan *p, kiln_status *st) {
+int kilnd_compile_plan_make(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
+                            kiln_status *st) {
   memset(p, 0, sizeof *p);
   int rc = plan_backend(srv, o, p, st);
   if (rc == 0) rc = plan_refuse_interp_target(o, p, st);

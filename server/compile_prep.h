@@ -21,8 +21,8 @@ typedef struct kiln_transform kiln_transform;
 typedef struct kiln_target kiln_target;
 
 typedef struct kilnd_compile_plan {
-  const char *backend;    /* "cpu" or "interp" (static strings) */
-  bool explicit_backend;  /* the request named it */
+  const char *backend;       /* "cpu" or "interp" (static strings) */
+  bool explicit_backend;     /* the request named it */
   const kiln_target *target; /* resolved (compiler/target.h); NULL: none (interp) */
   int opt_level;
   uint32_t ndevices;
@@ -34,8 +34,8 @@ typedef struct kilnd_compile_plan {
 } kilnd_compile_plan;
 
 /* Checks options (may be NULL) and fills plan. Errors name the field. */
-int kilnd_compile_plan_make(kilnd *srv, const Kiln__V1__CompileOptions *o,
-                            kilnd_compile_plan *plan, kiln_status *st);
+int kilnd_compile_plan_make(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_compile_plan *plan,
+                            kiln_status *st);
 void kilnd_compile_plan_free(kilnd_compile_plan *plan);
 
 /* Applies the plan's transforms to a verified module, then verifies it

@@ -28,7 +28,8 @@ typedef struct option {
 } option;
 
 static const option options[] = {
-#define X(name, kind, field, dflt, help) {name, K_##kind, offsetof(kilnd_config, field), dflt, help},
+#define X(name, kind, field, dflt, help) \
+  {name, K_##kind, offsetof(kilnd_config, field), dflt, help},
     KILND_OPTIONS(X)
 #undef X
 };
@@ -58,11 +59,18 @@ static int parse_u64(const char *v, const char *source, uint64_t *out, kiln_stat
   char *end;
   unsigned long long n = strtoull(v, &end, 10);
   if (errno == ERANGE) return bad(st, source, v, "an integer below 2^64");
-  static const struct { const char *suffix; uint64_t mul; } units[] = {
+  static const struct {
+    const char *suffix;
+    uint64_t mul;
+  } units[] = {
       {"", 1},
-      {"K", UINT64_C(1000)}, {"M", UINT64_C(1000000)}, {"G", UINT64_C(1000000000)},
+      {"K", UINT64_C(1000)},
+      {"M", UINT64_C(1000000)},
+      {"G", UINT64_C(1000000000)},
       {"T", UINT64_C(1000000000000)},
-      {"Ki", UINT64_C(1) << 10}, {"Mi", UINT64_C(1) << 20}, {"Gi", UINT64_C(1) << 30},
+      {"Ki", UINT64_C(1) << 10},
+      {"Mi", UINT64_C(1) << 20},
+      {"Gi", UINT64_C(1) << 30},
       {"Ti", UINT64_C(1) << 40},
   };
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
@@ -79,7 +87,10 @@ static int parse_sec(const char *v, const char *source, double *out, kiln_status
     return bad(st, source, v, "a non-negative number of seconds");
   char *end;
   double x = strtod(v, &end);
-  static const struct { const char *suffix; double mul; } units[] = {
+  static const struct {
+    const char *suffix;
+    double mul;
+  } units[] = {
       {"", 1}, {"s", 1}, {"ms", 1e-3}, {"m", 60}, {"h", 3600},
   };
   for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
@@ -230,8 +241,10 @@ static int read_file(const char *path, const char *what, char **out, kiln_status
   buf[len] = '\0';
   if (memchr(buf, '\0', len))
     rc = kiln_status_set(st, KILN_EINVAL, path, "%s contains a NUL byte", what);
-  if (rc) kiln_free(buf);
-  else *out = buf;
+  if (rc)
+    kiln_free(buf);
+  else
+    *out = buf;
   return rc;
 }
 
@@ -252,7 +265,8 @@ int kilnd_config_apply_env(kilnd_config *c, char *const *envp, kiln_status *st) 
     char name[64];
     if (eq && strncmp(envp[i], "KILN_CACHE_SECRET=", 18) == 0) {
       char *copy = kiln_strdup(eq + 1);
-      if (copy == NULL) return kiln_status_set(st, KILN_ENOMEM, "KILN_CACHE_SECRET", "out of memory");
+      if (copy == NULL)
+        return kiln_status_set(st, KILN_ENOMEM, "KILN_CACHE_SECRET", "out of memory");
       kiln_free(c->cache_secret);
       c->cache_secret = copy;
       continue;
@@ -316,8 +330,7 @@ static int apply_flag(kilnd_config *c, int argc, char *const *argv, int *i,
     return 0;
   }
   const option *o = find_option(name, nlen);
-  if (o == NULL)
-    return kiln_status_set(st, KILN_EINVAL, arg, "unknown option (see kilnd --help)");
+  if (o == NULL) return kiln_status_set(st, KILN_EINVAL, arg, "unknown option (see kilnd --help)");
   const char *value = eq ? eq + 1 : NULL;
   if (value == NULL && o->k == K_BOOL) value = "true";
   if (value == NULL) {
@@ -382,22 +395,21 @@ int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
 }
 
 void kilnd_config_usage(FILE *out) {
-  fprintf(out,
-          "usage: kilnd [OPTION...]\n"
-          "\n"
-          "The Kiln compile-and-execute server: gRPC service kiln.v1.Kiln and\n"
-          "grpc.health.v1.Health on --listen, Prometheus metrics on --metrics-listen.\n"
-          "SIGTERM or SIGINT drains: no new calls, running ones finish, then exit 0.\n"
-          "\n"
-          "Every option is also a config file key (--config PATH, or KILN_CONFIG; lines\n"
-          "'key = value', '#' comments) and an environment variable KILN_<NAME> (upper\n"
-          "case, '_' for '-'). Flags override the environment, which overrides the file.\n"
-          "\n"
-          "  --config PATH\n      read options from this file first\n"
-          "  KILN_CACHE_SECRET   (environment only)\n"
-          "      the cluster secret that signs executable cache entries, 16 bytes or more;\n"
-          "      servers sharing a --cache-dir or --redis-url need the same one\n"
-          "  --help, --version\n      print this text, or the version, and exit\n");
+  fprintf(out, "usage: kilnd [OPTION...]\n"
+               "\n"
+               "The Kiln compile-and-execute server: gRPC service kiln.v1.Kiln and\n"
+               "grpc.health.v1.Health on --listen, Prometheus metrics on --metrics-listen.\n"
+               "SIGTERM or SIGINT drains: no new calls, running ones finish, then exit 0.\n"
+               "\n"
+               "Every option is also a config file key (--config PATH, or KILN_CONFIG; lines\n"
+               "'key = value', '#' comments) and an environment variable KILN_<NAME> (upper\n"
+               "case, '_' for '-'). Flags override the environment, which overrides the file.\n"
+               "\n"
+               "  --config PATH\n      read options from this file first\n"
+               "  KILN_CACHE_SECRET   (environment only)\n"
+               "      the cluster secret that signs executable cache entries, 16 bytes or more;\n"
+               "      servers sharing a --cache-dir or --redis-url need the same one\n"
+               "  --help, --version\n      print this text, or the version, and exit\n");
   static const char *const kinds[] = {"TEXT", "N", "SECONDS", "BOOL"};
   for (size_t i = 0; i < NOPTIONS; i++) {
     const option *o = &options[i];

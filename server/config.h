@@ -29,89 +29,89 @@ extern "C" {
 /* X(name, KIND, field, default, help). Kinds: STR (char *), U64 (uint64_t,
  * accepts K/M/G/T and Ki/Mi/Gi/Ti suffixes), SEC (double seconds, accepts
  * ms/s/m/h suffixes), BOOL (true/false/1/0/yes/no/on/off). */
-#define KILND_OPTIONS(X)                                                                      \
-  X("listen", STR, listen, "127.0.0.1:50051",                                                \
-    "gRPC address HOST:PORT; port 0 picks a free port (printed on stdout)")                  \
-  X("metrics-listen", STR, metrics_listen, "127.0.0.1:9464",                                 \
-    "Prometheus /metrics HTTP address HOST:PORT; port 0 picks one; 'off' disables it")      \
-  X("health-listen", STR, health_listen, "",                                               \
-    "plaintext HOST:PORT serving only grpc.health.v1 (for probes that send no TLS and no "   \
-    "token); port 0 picks one (printed on stdout); \"\": none")                              \
-  X("tls-cert", STR, tls_cert, "",                                                           \
-    "PEM certificate chain of the gRPC port; with --tls-key the port speaks TLS only. "      \
-    "Reloaded with the key (and client CA) on SIGHUP, for new connections")                  \
-  X("tls-key", STR, tls_key, "", "PEM private key matching --tls-cert")                      \
-  X("tls-client-ca", STR, tls_client_ca, "",                                                 \
-    "PEM CA certificates: clients must present a certificate they signed (mutual TLS); "     \
-    "without --tokens the certificate's subject is the client's identity")                   \
-  X("tokens", STR, tokens, "",                                                               \
+#define KILND_OPTIONS(X) \
+  X("listen", STR, listen, "127.0.0.1:50051", \
+    "gRPC address HOST:PORT; port 0 picks a free port (printed on stdout)") \
+  X("metrics-listen", STR, metrics_listen, "127.0.0.1:9464", \
+    "Prometheus /metrics HTTP address HOST:PORT; port 0 picks one; 'off' disables it") \
+  X("health-listen", STR, health_listen, "", \
+    "plaintext HOST:PORT serving only grpc.health.v1 (for probes that send no TLS and no " \
+    "token); port 0 picks one (printed on stdout); \"\": none") \
+  X("tls-cert", STR, tls_cert, "", \
+    "PEM certificate chain of the gRPC port; with --tls-key the port speaks TLS only. " \
+    "Reloaded with the key (and client CA) on SIGHUP, for new connections") \
+  X("tls-key", STR, tls_key, "", "PEM private key matching --tls-cert") \
+  X("tls-client-ca", STR, tls_client_ca, "", \
+    "PEM CA certificates: clients must present a certificate they signed (mutual TLS); " \
+    "without --tokens the certificate's subject is the client's identity") \
+  X("tokens", STR, tokens, "", \
     "bearer token file, lines 'sha256:<hex digest of the token> CLIENT ROLE' (ROLE user or " \
-    "admin); calls then need 'authorization: Bearer TOKEN' and the client is CLIENT, not "   \
-    "its kiln-client metadata; \"\": no authentication")                                     \
-  X("cpu-devices", U64, cpu_devices, "1", "CPU worker devices (1 to 256)")                   \
-  X("cpu-threads", U64, cpu_threads, "0",                                                    \
-    "threads per CPU device; 0 shares the cores among the devices")                          \
-  X("interp-devices", U64, interp_devices, "1",                                              \
-    "reference interpreter devices (1 to 256): executions of 'interp' programs at once")     \
-  X("default-backend", STR, default_backend, "cpu",                                          \
-    "backend for Compile requests that name none: cpu or interp (cpu falls back to interp "  \
-    "for programs it cannot compile)")                                                       \
-  X("cq-threads", U64, cq_threads, "2", "gRPC completion-queue threads (1 to 64)")           \
-  X("compile-threads", U64, compile_threads, "2", "compile thread pool size (1 to 128)")     \
-  X("compile-queue-depth", U64, compile_queue_depth, "64",                                   \
-    "compiles queued or running at once; more are RESOURCE_EXHAUSTED")                       \
-  X("queue-depth", U64, queue_depth, "1024",                                                 \
-    "executions queued for devices, all clients; more are RESOURCE_EXHAUSTED")               \
-  X("client-queue-depth", U64, client_queue_depth, "256",                                    \
-    "executions queued for devices per client")                                              \
-  X("max-message-bytes", U64, max_message_bytes, "64Mi",                                     \
-    "largest gRPC message received (bulk data goes through PutBuffer/GetBuffer streams)")   \
-  X("max-module-bytes", U64, max_module_bytes, "16Mi",                                       \
-    "largest program (HLO text or serialized module) accepted by Compile")                   \
-  X("max-elements", U64, max_elements, "256Mi",                                              \
-    "largest element count of any one array (shapes, arguments, buffers)")                   \
-  X("max-buffer-bytes", U64, max_buffer_bytes, "4Gi", "largest single uploaded buffer")      \
-  X("client-memory-bytes", U64, client_memory_bytes, "4Gi",                                  \
-    "per-client quota of server-resident buffer memory; 0: none")                            \
-  X("server-memory-bytes", U64, server_memory_bytes, "0",                                    \
-    "quota of all server-resident buffers together; 0: none")                                \
-  X("max-buffers-per-client", U64, max_buffers_per_client, "65536",                          \
-    "live buffer handles per client; 0: none")                                               \
-  X("max-executables", U64, max_executables, "1024",                                         \
-    "compiled executables kept; the least recently used unreferenced one is evicted")        \
-  X("run-timeout", SEC, run_timeout, "300",                                                  \
-    "longest one execution may run (the call's deadline may cut it shorter)")                \
-  X("run-memory-bytes", U64, run_memory_bytes, "4Gi",                                        \
-    "memory one interpreter execution may hold in live values")                              \
-  X("compile-timeout", SEC, compile_timeout, "120", "limit on the C compiler per Compile")  \
-  X("drain-grace", SEC, drain_grace, "1",                                                     \
-    "on SIGTERM/SIGINT, how long new calls are still served (health says NOT_SERVING at "   \
-    "once) before they are refused with UNAVAILABLE")                                        \
-  X("drain-timeout", SEC, drain_timeout, "30",                                               \
-    "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")        \
-  X("chunk-bytes", U64, chunk_bytes, "1Mi", "GetBuffer chunk size when the request sets none")\
-  X("log-requests", BOOL, log_requests, "false", "log every finished call on stderr")      \
-  X("cache-memory-bytes", U64, cache_memory_bytes, "256Mi",                                  \
+    "admin); calls then need 'authorization: Bearer TOKEN' and the client is CLIENT, not " \
+    "its kiln-client metadata; \"\": no authentication") \
+  X("cpu-devices", U64, cpu_devices, "1", "CPU worker devices (1 to 256)") \
+  X("cpu-threads", U64, cpu_threads, "0", \
+    "threads per CPU device; 0 shares the cores among the devices") \
+  X("interp-devices", U64, interp_devices, "1", \
+    "reference interpreter devices (1 to 256): executions of 'interp' programs at once") \
+  X("default-backend", STR, default_backend, "cpu", \
+    "backend for Compile requests that name none: cpu or interp (cpu falls back to interp " \
+    "for programs it cannot compile)") \
+  X("cq-threads", U64, cq_threads, "2", "gRPC completion-queue threads (1 to 64)") \
+  X("compile-threads", U64, compile_threads, "2", "compile thread pool size (1 to 128)") \
+  X("compile-queue-depth", U64, compile_queue_depth, "64", \
+    "compiles queued or running at once; more are RESOURCE_EXHAUSTED") \
+  X("queue-depth", U64, queue_depth, "1024", \
+    "executions queued for devices, all clients; more are RESOURCE_EXHAUSTED") \
+  X("client-queue-depth", U64, client_queue_depth, "256", \
+    "executions queued for devices per client") \
+  X("max-message-bytes", U64, max_message_bytes, "64Mi", \
+    "largest gRPC message received (bulk data goes through PutBuffer/GetBuffer streams)") \
+  X("max-module-bytes", U64, max_module_bytes, "16Mi", \
+    "largest program (HLO text or serialized module) accepted by Compile") \
+  X("max-elements", U64, max_elements, "256Mi", \
+    "largest element count of any one array (shapes, arguments, buffers)") \
+  X("max-buffer-bytes", U64, max_buffer_bytes, "4Gi", "largest single uploaded buffer") \
+  X("client-memory-bytes", U64, client_memory_bytes, "4Gi", \
+    "per-client quota of server-resident buffer memory; 0: none") \
+  X("server-memory-bytes", U64, server_memory_bytes, "0", \
+    "quota of all server-resident buffers together; 0: none") \
+  X("max-buffers-per-client", U64, max_buffers_per_client, "65536", \
+    "live buffer handles per client; 0: none") \
+  X("max-executables", U64, max_executables, "1024", \
+    "compiled executables kept; the least recently used unreferenced one is evicted") \
+  X("run-timeout", SEC, run_timeout, "300", \
+    "longest one execution may run (the call's deadline may cut it shorter)") \
+  X("run-memory-bytes", U64, run_memory_bytes, "4Gi", \
+    "memory one interpreter execution may hold in live values") \
+  X("compile-timeout", SEC, compile_timeout, "120", "limit on the C compiler per Compile") \
+  X("drain-grace", SEC, drain_grace, "1", \
+    "on SIGTERM/SIGINT, how long new calls are still served (health says NOT_SERVING at " \
+    "once) before they are refused with UNAVAILABLE") \
+  X("drain-timeout", SEC, drain_timeout, "30", \
+    "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled") \
+  X("chunk-bytes", U64, chunk_bytes, "1Mi", "GetBuffer chunk size when the request sets none") \
+  X("log-requests", BOOL, log_requests, "false", "log every finished call on stderr") \
+  X("cache-memory-bytes", U64, cache_memory_bytes, "256Mi", \
     "executable cache: bytes of serialized executables kept in memory; 0 disables the tier") \
-  X("cache-dir", STR, cache_dir, "",                                                         \
-    "executable cache: a local directory tier (created 0700); \"\": none")                  \
-  X("cache-disk-bytes", U64, cache_disk_bytes, "4Gi",                                        \
-    "executable cache: most bytes the directory tier holds")                                 \
-  X("redis-url", STR, redis_url, "",                                                         \
-    "executable cache shared by servers: host:port, redis://[:password@]host:port[/db] or "  \
-    "unix:/path[?db=N]; \"\": none. Run Redis with maxmemory-policy allkeys-lru")            \
-  X("redis-ttl-s", U64, redis_ttl_s, "604800", "lifetime of a Redis cache entry, seconds")  \
-  X("redis-timeout-ms", U64, redis_timeout_ms, "200",                                        \
-    "limit on each Redis operation and connect; a slow or down Redis is a miss, never a "    \
-    "failed request")                                                                        \
-  X("cache-secret-file", STR, cache_secret_file, "",                                         \
-    "file holding the cluster secret that signs cache entries (16 bytes or more; one "       \
+  X("cache-dir", STR, cache_dir, "", \
+    "executable cache: a local directory tier (created 0700); \"\": none") \
+  X("cache-disk-bytes", U64, cache_disk_bytes, "4Gi", \
+    "executable cache: most bytes the directory tier holds") \
+  X("redis-url", STR, redis_url, "", \
+    "executable cache shared by servers: host:port, redis://[:password@]host:port[/db] or " \
+    "unix:/path[?db=N]; \"\": none. Run Redis with maxmemory-policy allkeys-lru") \
+  X("redis-ttl-s", U64, redis_ttl_s, "604800", "lifetime of a Redis cache entry, seconds") \
+  X("redis-timeout-ms", U64, redis_timeout_ms, "200", \
+    "limit on each Redis operation and connect; a slow or down Redis is a miss, never a " \
+    "failed request") \
+  X("cache-secret-file", STR, cache_secret_file, "", \
+    "file holding the cluster secret that signs cache entries (16 bytes or more; one " \
     "trailing newline is ignored); KILN_CACHE_SECRET gives it directly (environment only). " \
-    "None: <cache-dir>/secret, generated there if missing, or a random one per process")     \
-  X("cache-min-compile-ms", U64, cache_min_compile_ms, "0",                                  \
-    "builds faster than this many milliseconds are not stored in the cache")                 \
-  X("cache-lock-ttl-ms", U64, cache_lock_ttl_ms, "30000",                                    \
-    "how long a server's Redis build lock lasts: the longest other servers wait for its "    \
+    "None: <cache-dir>/secret, generated there if missing, or a random one per process") \
+  X("cache-min-compile-ms", U64, cache_min_compile_ms, "0", \
+    "builds faster than this many milliseconds are not stored in the cache") \
+  X("cache-lock-ttl-ms", U64, cache_lock_ttl_ms, "30000", \
+    "how long a server's Redis build lock lasts: the longest other servers wait for its " \
     "build before building themselves")
 
 typedef struct kilnd_config {

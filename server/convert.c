@@ -82,11 +82,13 @@ static int dims_from_proto(const Kiln__V1__Shape *ps, uint64_t max_elements, con
   for (size_t i = 0; i < ps->n_dimensions; i++) {
     int64_t d = ps->dimensions[i];
     if (d < 0 || d > (INT64_C(1) << 40))
-      return kiln_status_set(st, KILN_EINVAL, path, "dimension %zu has size %lld", i,
-                             (long long)d);
-    if (d == 0) empty = true;
-    else if (elems > max_elements / (uint64_t)d) elems = max_elements + 1;
-    else elems *= (uint64_t)d;
+      return kiln_status_set(st, KILN_EINVAL, path, "dimension %zu has size %lld", i, (long long)d);
+    if (d == 0)
+      empty = true;
+    else if (elems > max_elements / (uint64_t)d)
+      elems = max_elements + 1;
+    else
+      elems *= (uint64_t)d;
   }
   if (!empty && elems > max_elements)
     return kiln_status_set(st, KILN_ELIMIT, path,

@@ -36,7 +36,8 @@ void kilnd_sha256_init(void) {
 
 static unsigned bucket_of(const char *id) {
   unsigned h = 0;
-  for (int i = 0; i < 4 && id[i]; i++) h = h * 16 + (unsigned)(id[i] <= '9' ? id[i] - '0' : id[i] - 'a' + 10);
+  for (int i = 0; i < 4 && id[i]; i++)
+    h = h * 16 + (unsigned)(id[i] <= '9' ? id[i] - '0' : id[i] - 'a' + 10);
   return h % NBUCKETS;
 }
 
@@ -99,7 +100,8 @@ static bool evict_one(kilnd_exes *t) {
   kilnd_exe **victim = NULL;
   for (unsigned b = 0; b < NBUCKETS; b++)
     for (kilnd_exe **pp = &t->buckets[b]; *pp; pp = &(*pp)->next)
-      if (atomic_load(&(*pp)->refs) == 1 && (victim == NULL || (*pp)->last_used < (*victim)->last_used))
+      if (atomic_load(&(*pp)->refs) == 1 &&
+          (victim == NULL || (*pp)->last_used < (*victim)->last_used))
         victim = pp;
   if (victim == NULL) return false;
   kilnd_exe *e = *victim;
@@ -115,8 +117,7 @@ static kilnd_exe *find_locked(kilnd_exes *t, const char *id) {
   return e;
 }
 
-int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out,
-                      kiln_status *st) {
+int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out, kiln_status *st) {
   *out = NULL;
   pthread_mutex_lock(&t->mu);
   kilnd_exe **pp = &t->buckets[bucket_of(e->id)];

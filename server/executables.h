@@ -27,10 +27,10 @@ typedef struct kiln_loaded kiln_loaded;
 
 struct kilnd_exe {
   char id[KILND_EXE_ID_LEN + 1];
-  int dev_class;         /* KILND_CLASS_CPU or KILND_CLASS_INTERP */
-  uint32_t ndevices;     /* partitions: devices one run needs */
-  kiln_module *module;   /* verified, transformed: signature and interp runs */
-  kiln_executable *exe;  /* cpu: the compiled code; NULL for interp */
+  int dev_class;        /* KILND_CLASS_CPU or KILND_CLASS_INTERP */
+  uint32_t ndevices;    /* partitions: devices one run needs */
+  kiln_module *module;  /* verified, transformed: signature and interp runs */
+  kiln_executable *exe; /* cpu: the compiled code; NULL for interp */
   uint64_t peak_bytes;
   /* cpu: built under CACHE_POLICY_BYPASS and so in no cache tier yet; the
    * first default-policy Compile that finds it here stores it. */
@@ -59,8 +59,7 @@ void kilnd_exe_unref(kilnd_exe *e);
 /* Adds e. An entry of the same id already there is kept (e is freed and
  * *out is that entry) unless `replace`, when e takes its place (Executes
  * holding the old one finish with it). *out receives a reference. */
-int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out,
-                      kiln_status *st);
+int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out, kiln_status *st);
 /* A reference to the entry `id`, KILN_ENOTFOUND when there is none. */
 int kilnd_exes_get(kilnd_exes *t, const char *id, kilnd_exe **out, kiln_status *st);
 uint32_t kilnd_exes_count(kilnd_exes *t);

@@ -10,12 +10,11 @@
  * device's memory is host memory, through kiln_buffer_write otherwise)
  * straight from the slices gRPC received them in (the chunk message is read
  * field by field; only its small header goes through the usual unpack);
- * more bytes than the shape holds are refused at once, fewer at the end. A stream that breaks or whose caller
- * goes away returns the reservation. GetBuffer sends the description first,
- * then the bytes in order, one message in flight at a time, holding a
- * reference so that a concurrent release cannot free the data under it:
- * straight from host memory when the array is there and row-major, else
- * from one row-major copy read from the device at the start.
+ * more bytes than the shape holds are refused at once, fewer at the end. A stream that breaks or
+ * whose caller goes away returns the reservation. GetBuffer sends the description first, then the
+ * bytes in order, one message in flight at a time, holding a reference so that a concurrent release
+ * cannot free the data under it: straight from host memory when the array is there and row-major,
+ * else from one row-major copy read from the device at the start.
  */
 #include <string.h>
 #include <sys/mman.h>
@@ -37,12 +36,12 @@
 /* ---- PutBuffer ----------------------------------------------------------------------- */
 
 typedef struct put_state {
-  kiln_arena *arena;  /* the shape */
-  kiln_shape shape;   /* row-major, from the header */
-  kiln_buffer *buf;   /* being filled; NULL until the header */
-  uint8_t *host;      /* its host memory; NULL when the device has its own */
+  kiln_arena *arena; /* the shape */
+  kiln_shape shape;  /* row-major, from the header */
+  kiln_buffer *buf;  /* being filled; NULL until the header */
+  uint8_t *host;     /* its host memory; NULL when the device has its own */
   uint64_t size, got;
-  bool reserved;     /* size bytes reserved for c->client */
+  bool reserved; /* size bytes reserved for c->client */
   int32_t device;
   char label[LABEL_MAX + 1];
 } put_state;
@@ -260,8 +259,7 @@ static int scan_chunk(cursor *k, chunk_fields *f, kiln_status *st) {
 
 /* The header's occurrences, unpacked through the validation point's own
  * check and bounded allocator (errors name "header.shape..." as before). */
-static int put_chunk_header(kilnd_call *c, put_state *ps, const chunk_fields *f,
-                            kiln_status *st) {
+static int put_chunk_header(kilnd_call *c, put_state *ps, const chunk_fields *f, kiln_status *st) {
   grpc_slice s = grpc_slice_from_copied_buffer((const char *)f->header, f->header_len);
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
   grpc_slice_unref(s);
@@ -319,10 +317,9 @@ static int put_chunk_raw(kilnd_call *c, put_state *ps, grpc_byte_buffer *bb, kil
   if (rc == 0 && n > ps->size - ps->got) {
     char shape[128];
     kilnd_shape_str(&ps->shape, shape, sizeof shape);
-    rc = kiln_status_set(st, KILN_EINVAL, "data",
-                         "more data than %s holds: %llu bytes after %llu of %llu", shape,
-                         (unsigned long long)n, (unsigned long long)ps->got,
-                         (unsigned long long)ps->size);
+    rc = kiln_status_set(
+        st, KILN_EINVAL, "data", "more data than %s holds: %llu bytes after %llu of %llu", shape,
+        (unsigned long long)n, (unsigned long long)ps->got, (unsigned long long)ps->size);
   }
   if (rc == 0 && n) {
     if (ps->host ? cur_read(&f.data, ps->host + ps->got, n)
@@ -343,8 +340,7 @@ static void put_finish(kilnd_call *c, put_state *ps) {
   if (ps->buf == NULL)
     rc = kiln_status_set(&st, KILN_EINVAL, "PutBuffer", "the stream ended before a header");
   else if (ps->got != ps->size)
-    rc = kiln_status_set(&st, KILN_EINVAL, "PutBuffer",
-                         "the stream ended after %llu of %llu bytes",
+    rc = kiln_status_set(&st, KILN_EINVAL, "PutBuffer", "the stream ended after %llu of %llu bytes",
                          (unsigned long long)ps->got, (unsigned long long)ps->size);
   if (rc) {
     kilnd_call_finish(c, NULL, rc, &st);
@@ -364,8 +360,10 @@ static void put_finish(kilnd_call *c, put_state *ps) {
   kiln_buffer_store *store = c->srv->buffers; /* c may be gone once finished */
   Kiln__V1__PutBufferResponse resp = KILN__V1__PUT_BUFFER_RESPONSE__INIT;
   resp.buffer = kilnd_buffer_info(ps->arena, b);
-  if (resp.buffer) kilnd_call_finish(c, &resp.base, 0, NULL);
-  else kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
+  if (resp.buffer)
+    kilnd_call_finish(c, &resp.base, 0, NULL);
+  else
+    kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
   kiln_buffer_store_unref(store, b);
 }
 
@@ -486,8 +484,8 @@ void kilnd_handle_get_buffer(kilnd_call *c, ProtobufCMessage *req) {
   if (gs->chunk > max_chunk) gs->chunk = max_chunk;
   kiln_status st;
   kiln_status_clear(&st);
-  int rc = kiln_buffer_store_acquire(c->srv->buffers, c->client, r->handle, r->release, &gs->b,
-                                     &st);
+  int rc =
+      kiln_buffer_store_acquire(c->srv->buffers, c->client, r->handle, r->release, &gs->b, &st);
   if (rc == 0) rc = get_source(gs, &st);
   if (rc) {
     kilnd_call_finish(c, NULL, rc, &st);

@@ -57,14 +57,14 @@ static int check_request(kilnd *srv, const Kiln__V1__CompileRequest *r, kiln_sta
     size_t n = strlen(r->hlo_text);
     if (n > max)
       return kiln_status_set(st, KILN_ELIMIT, "hlo_text",
-                             "program of %zu bytes exceeds the limit of %llu (max-module-bytes)",
-                             n, (unsigned long long)max);
+                             "program of %zu bytes exceeds the limit of %llu (max-module-bytes)", n,
+                             (unsigned long long)max);
   } else if (r->program_case == KILN__V1__COMPILE_REQUEST__PROGRAM_MODULE) {
     size_t n = protobuf_c_message_get_packed_size(&r->module->base);
     if (n > max)
       return kiln_status_set(st, KILN_ELIMIT, "module",
-                             "program of %zu bytes exceeds the limit of %llu (max-module-bytes)",
-                             n, (unsigned long long)max);
+                             "program of %zu bytes exceeds the limit of %llu (max-module-bytes)", n,
+                             (unsigned long long)max);
   } else {
     return kiln_status_set(st, KILN_EINVAL, "program", "neither hlo_text nor module is set");
   }
@@ -199,8 +199,8 @@ static int make_key(job *j) {
   char target[KILN_CACHE_TEXT_MAX], options[KILN_CACHE_TEXT_MAX];
   if (j->plan.target) kiln_cache_target_text(j->plan.target->isa, target);
   kiln_cache_options_text(j->plan.opt_level, j->plan.ndevices, options);
-  kiln_cache_key_inputs in = {.backend = j->plan.backend, .target = j->plan.target ? target : NULL,
-                              .options = options};
+  kiln_cache_key_inputs in = {
+      .backend = j->plan.backend, .target = j->plan.target ? target : NULL, .options = options};
   return kiln_cache_key_compute(j->m, &in, &j->key, &j->st);
 }
 
@@ -370,7 +370,8 @@ static void store_uncached(job *j, kilnd_exe *e) {
   memcpy(meta.parts, j->key.parts, sizeof meta.parts);
   int rc = kiln_executable_serialize(e->exe, &blob, &len, &st);
   if (rc == 0) rc = kiln_cache_put(j->srv->cache, &meta, blob, len, &st);
-  if (rc) kilnd_log("cache: storing %s built under BYPASS failed: %s: %s", j->key.hex, st.where, st.msg);
+  if (rc)
+    kilnd_log("cache: storing %s built under BYPASS failed: %s: %s", j->key.hex, st.where, st.msg);
   kiln_free(blob);
 #else
   (void)j, (void)e;
@@ -423,8 +424,7 @@ static int build(job *j, kilnd_exe **out) {
   return kilnd_exes_insert(j->srv->exes, e, j->policy != KILN_CACHE_POLICY_DEFAULT, out, &j->st);
 }
 
-static int fill_components(kiln_arena *a, Kiln__V1__CompileResponse *r,
-                           const kiln_cache_key *key) {
+static int fill_components(kiln_arena *a, Kiln__V1__CompileResponse *r, const kiln_cache_key *key) {
   r->key_components = kiln_arena_calloc(a, KILN_CACHE_NPARTS, sizeof *r->key_components);
   if (r->key_components == NULL) return KILN_ENOMEM;
   for (int i = 0; i < KILN_CACHE_NPARTS; i++) {
@@ -465,8 +465,8 @@ static bool own_signature(kiln_arena *a, Kiln__V1__ProgramSignature *sig) {
   for (size_t i = 0; i < sig->n_input_output_alias; i++) {
     Kiln__V1__InputOutputAlias *al = sig->input_output_alias[i];
     if (al->n_output_shape_index &&
-        !(al->output_shape_index = kiln_arena_memdup(
-              a, al->output_shape_index, al->n_output_shape_index * sizeof(int64_t))))
+        !(al->output_shape_index = kiln_arena_memdup(a, al->output_shape_index,
+                                                     al->n_output_shape_index * sizeof(int64_t))))
       return false;
     if (al->n_parameter_shape_index &&
         !(al->parameter_shape_index = kiln_arena_memdup(
@@ -524,7 +524,8 @@ static int fill_response(job *j, kilnd_exe *e) {
 static int run_job(job *j, kilnd_call *c) {
   int rc;
   if (kilnd_call_expired(c, &rc))
-    return kiln_status_set(&j->st, rc, "Compile", rc == KILN_EDEADLINE
+    return kiln_status_set(&j->st, rc, "Compile",
+                           rc == KILN_EDEADLINE
                                ? "the call's deadline passed while the compile was queued"
                                : "the caller went away");
   if ((rc = kilnd_compile_plan_make(j->srv, j->r->options, &j->plan, &j->st))) return rc;
@@ -557,7 +558,8 @@ void kilnd_compile_work(kilnd_call *c) {
     atomic_fetch_sub(&srv->compiles, 1);
     return;
   }
-  job j = {.srv = srv, .c = c, .r = (const Kiln__V1__CompileRequest *)c->req, .t0 = kiln_sched_now_ns()};
+  job j = {
+      .srv = srv, .c = c, .r = (const Kiln__V1__CompileRequest *)c->req, .t0 = kiln_sched_now_ns()};
   kiln__v1__compile_response__init(&j.resp);
   kiln_status_clear(&j.st);
   j.a = kiln_arena_create();

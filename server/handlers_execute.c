@@ -62,13 +62,13 @@ static atomic_int inline_runs;
 
 typedef struct exec_state {
   kilnd_exe *e;
-  kiln_arena *arena;           /* decoded arguments, reply pieces */
+  kiln_arena *arena; /* decoded arguments, reply pieces */
   const kiln_literal **args;
   uint32_t nargs;
-  kiln_stored **held;          /* buffer references, one per handle argument */
+  kiln_stored **held; /* buffer references, one per handle argument */
   uint32_t nheld;
-  kiln_stored **arg_buf;       /* per parameter: its handle's buffer, or NULL (inline) */
-  bool *arg_donated;           /* per parameter: the caller donated it */
+  kiln_stored **arg_buf; /* per parameter: its handle's buffer, or NULL (inline) */
+  bool *arg_donated;     /* per parameter: the caller donated it */
   /* The device path (see the top of the file): parameter buffers (those not
    * a handle's are owned, freed in exec_free) and result buffers. */
   bool on_device;
@@ -196,8 +196,8 @@ static int handle_literal(exec_state *es, const kiln_stored *b, const char *path
   return 0;
 }
 
-static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
-                       uint32_t i, kiln_status *st) {
+static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r, uint32_t i,
+                       kiln_status *st) {
   const Kiln__V1__Argument *a = r->arguments[i];
   char path[48];
   arg_path(path, i);
@@ -488,8 +488,10 @@ static int blame_deadline(kilnd_call *c, int rc, kiln_status *st) {
   /* gRPC's clock and ours may disagree by a little at the deadline */
   const int64_t slack_ns = 20000000;
   int why = 0;
-  if (c->deadline_ns && kiln_sched_now_ns() >= c->deadline_ns - slack_ns) why = KILN_EDEADLINE;
-  else if (atomic_load(&c->cancelled)) why = KILN_ECANCELED;
+  if (c->deadline_ns && kiln_sched_now_ns() >= c->deadline_ns - slack_ns)
+    why = KILN_EDEADLINE;
+  else if (atomic_load(&c->cancelled))
+    why = KILN_ECANCELED;
   if (why == 0 || (rc == KILN_ELIMIT && why != KILN_EDEADLINE)) return rc;
   kiln_status fresh;
   kiln_status_clear(&fresh);
@@ -598,13 +600,17 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
   if (rc == 0) rc = take_donated(c, r, &st);
   if (rc == 0) {
     es->queued_at = kiln_sched_now_ns();
-    kiln_sched_job job = {.client = c->client, .dev_class = (uint32_t)es->e->dev_class,
-                          .ndevices = es->e->ndevices, .deadline_ns = c->deadline_ns,
-                          .cancelled = &c->cancelled, .run = exec_run, .done = exec_done,
+    kiln_sched_job job = {.client = c->client,
+                          .dev_class = (uint32_t)es->e->dev_class,
+                          .ndevices = es->e->ndevices,
+                          .deadline_ns = c->deadline_ns,
+                          .cancelled = &c->cancelled,
+                          .run = exec_run,
+                          .done = exec_done,
                           .drop = exec_drop,
                           .arg = c};
     if (run_here(c->srv, es, &job)) return; /* c may be gone */
-    kilnd_call_watch_close(c); /* it waits: learn if the caller leaves */
+    kilnd_call_watch_close(c);              /* it waits: learn if the caller leaves */
     rc = kiln_sched_submit(c->srv->sched, &job, &st);
   }
   if (rc) kilnd_call_finish(c, NULL, rc, &st);

@@ -32,8 +32,8 @@ static Kiln__V1__Label *label(kiln_arena *a, const char *name, const char *value
   return l->name && l->value ? l : NULL;
 }
 
-static void add_counter(void *arg, const char *name, const char *l1, const char *v1,
-                        const char *l2, const char *v2, int64_t value) {
+static void add_counter(void *arg, const char *name, const char *l1, const char *v1, const char *l2,
+                        const char *v2, int64_t value) {
   counters *cs = arg;
   if (cs->failed || kiln_grow((void **)&cs->v, &cs->cap, cs->n + 1, sizeof *cs->v)) {
     cs->failed = true;
@@ -105,8 +105,10 @@ void kilnd_handle_stats(kilnd_call *c, ProtobufCMessage *req) {
   r.live_buffers = (int64_t)bt.live_buffers;
   r.live_buffer_bytes = (int64_t)bt.live_bytes;
   r.queued_requests = kiln_sched_queued(srv->sched);
-  if (cs.failed || add_devices(srv, cs.a, &r) != 0) kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
-  else kilnd_call_finish(c, &r.base, 0, NULL);
+  if (cs.failed || add_devices(srv, cs.a, &r) != 0)
+    kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
+  else
+    kilnd_call_finish(c, &r.base, 0, NULL);
   kiln_free(cs.v);
   kiln_arena_destroy(cs.a);
 }

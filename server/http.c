@@ -58,8 +58,10 @@ static void on_conn_closed(uv_handle_t *h) {
   http *hs = http_of(c->srv);
   if (hs) {
     hs->nconns--;
-    if (c->prev) c->prev->next = c->next;
-    else hs->conns = c->next;
+    if (c->prev)
+      c->prev->next = c->next;
+    else
+      hs->conns = c->next;
     if (c->next) c->next->prev = c->prev;
   }
   kilnd *srv = c->srv;
@@ -108,12 +110,16 @@ static void answer(conn *c) {
   } else if (strncmp(path, "/metrics ", 9) == 0 || strncmp(path, "/metrics?", 9) == 0) {
     size_t len = 0;
     char *body = kilnd_metrics_render(c->srv, &len);
-    if (body == NULL) respond(c, 500, "Internal Server Error", text, "out of memory\n", 14);
-    else respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, len);
+    if (body == NULL)
+      respond(c, 500, "Internal Server Error", text, "out of memory\n", 14);
+    else
+      respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", body, len);
     kiln_free(body);
   } else if (strncmp(path, "/healthz ", 9) == 0) {
-    if (atomic_load(&c->srv->draining)) respond(c, 503, "Service Unavailable", text, "draining\n", 9);
-    else respond(c, 200, "OK", text, "ok\n", 3);
+    if (atomic_load(&c->srv->draining))
+      respond(c, 503, "Service Unavailable", text, "draining\n", 9);
+    else
+      respond(c, 200, "OK", text, "ok\n", 3);
   } else {
     respond(c, 404, "Not Found", text, "not found (try /metrics)\n", 25);
   }
@@ -135,7 +141,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   c->len += (size_t)n;
   c->head[c->len] = '\0';
   if (c->answered) return;
-  if (strstr(c->head, "\r\n\r\n") || strstr(c->head, "\n\n")) answer(c);
+  if (strstr(c->head, "\r\n\r\n") || strstr(c->head, "\n\n"))
+    answer(c);
   else if (c->len >= HEAD_MAX - 1) {
     uv_read_stop(s);
     respond(c, 431, "Request Header Fields Too Large", "text/plain", "too large\n", 10);
@@ -176,8 +183,10 @@ static int parse_addr(const char *spec, struct sockaddr_storage *addr, char *hos
   if (colon == NULL || colon == spec)
     return kiln_status_set(st, KILN_EINVAL, "metrics-listen", "'%s' is not HOST:PORT", spec);
   size_t hl = (size_t)(colon - spec);
-  if (spec[0] == '[' && hl >= 2 && spec[hl - 1] == ']') snprintf(host, hsize, "%.*s", (int)hl - 2, spec + 1);
-  else snprintf(host, hsize, "%.*s", (int)hl, spec);
+  if (spec[0] == '[' && hl >= 2 && spec[hl - 1] == ']')
+    snprintf(host, hsize, "%.*s", (int)hl - 2, spec + 1);
+  else
+    snprintf(host, hsize, "%.*s", (int)hl, spec);
   char *end;
   long port = strtol(colon + 1, &end, 10);
   if (*end || port < 0 || port > 65535 || colon[1] == '\0')

@@ -67,8 +67,10 @@ bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) {
   pthread_mutex_lock(&l->mu);
   bool ok = !l->closed;
   if (ok) {
-    if (l->tail) l->tail->next = it;
-    else l->head = it;
+    if (l->tail)
+      l->tail->next = it;
+    else
+      l->head = it;
     l->tail = it;
     uv_async_send(&l->async);
   }
@@ -161,8 +163,7 @@ static void shutdown_grpc(kilnd *srv) {
  * when our own count of calls reaches zero too. */
 static void maybe_finish(kilnd *srv) {
   if (!atomic_load(&srv->draining)) return;
-  if (atomic_load(&srv->working) == 0 &&
-      kiln_sched_now_ns() >= atomic_load(&srv->refuse_after_ns))
+  if (atomic_load(&srv->working) == 0 && kiln_sched_now_ns() >= atomic_load(&srv->refuse_after_ns))
     shutdown_grpc(srv);
   if (atomic_load(&srv->grpc_down) && atomic_load(&srv->inflight) == 0 &&
       atomic_load(&srv->requested) == 0)

@@ -77,9 +77,11 @@ static void print_listen(const char *what, const char *spec, int port) {
 
 static int start_grpc(kilnd *srv, kiln_status *st) {
   grpc_arg args[3] = {
-      {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+      {.type = GRPC_ARG_INTEGER,
+       .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
        .value.integer = (int)srv->cfg.max_message_bytes},
-      {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+      {.type = GRPC_ARG_INTEGER,
+       .key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
        .value.integer = -1},
       /* Two servers on one port would split the calls between them. */
       {.type = GRPC_ARG_INTEGER, .key = (char *)GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
@@ -165,11 +167,11 @@ static int start_parts(kilnd *srv, kiln_status *st) {
                               .threads_per_device = (uint32_t)cfg->cpu_threads};
   if ((rc = kiln_backend_create("cpu", &cpu, &srv->cpu, st))) return rc;
   if ((rc = kiln_backend_create("interp", NULL, &srv->interp, st))) return rc;
-  kiln_sched_options so = {.nclasses = 2,
-                           .class_devices = {(uint32_t)cfg->cpu_devices,
-                                             (uint32_t)cfg->interp_devices},
-                           .max_queued = (uint32_t)cfg->queue_depth,
-                           .max_queued_per_client = (uint32_t)cfg->client_queue_depth};
+  kiln_sched_options so = {
+      .nclasses = 2,
+      .class_devices = {(uint32_t)cfg->cpu_devices, (uint32_t)cfg->interp_devices},
+      .max_queued = (uint32_t)cfg->queue_depth,
+      .max_queued_per_client = (uint32_t)cfg->client_queue_depth};
   if ((rc = kiln_sched_create(&so, &srv->sched, st))) return rc;
   if ((rc = kilnd_metrics_create(srv, st))) return rc;
   if ((rc = kilnd_loop_create(srv, st))) return rc;
@@ -243,8 +245,10 @@ static int serve(kilnd *srv, kiln_status *st) {
       if (pthread_create(&threads[nthreads], NULL, cq_thread, srv) != 0) break;
     if (nthreads == 0) rc = kiln_status_set(st, KILN_EINTERNAL, "cq-threads", "no thread started");
   }
-  if (rc == 0) kilnd_loop_run(srv);
-  else if (srv->loop) kilnd_http_close(srv);
+  if (rc == 0)
+    kilnd_loop_run(srv);
+  else if (srv->loop)
+    kilnd_http_close(srv);
   if (atomic_load(&srv->abandoned)) {
     /* Device threads still run code that will reply on these calls:
      * nothing may be torn down under them. */

@@ -32,10 +32,23 @@ static const double bounds[NBOUNDS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0
                                        1,      2.5,     5,      10,    30};
 
 static const char *const code_names[NCODES] = {
-    "OK",        "CANCELLED",         "UNKNOWN",         "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-    "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",    "UNIMPLEMENTED",      "INTERNAL",
-    "UNAVAILABLE", "DATA_LOSS",       "UNAUTHENTICATED",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
 };
 
 typedef struct hist {
@@ -150,34 +163,63 @@ static size_t cache_rows(kilnd *srv, cache_row *rows) {
   for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++)
     for (int t = 0; t < KILN_CACHE_NTIERS; t++) {
       const kiln_cache_store_stats *ts = &cs.tier[t];
-      uint64_t v = f == 0 ? ts->hits : f == 1 ? ts->misses : f == 2 ? ts->bytes
-                   : f == 3 ? ts->entries : ts->evictions;
+      uint64_t v = f == 0   ? ts->hits
+                   : f == 1 ? ts->misses
+                   : f == 2 ? ts->bytes
+                   : f == 3 ? ts->entries
+                            : ts->evictions;
       rows[n++] = (cache_row){fam[f].name, fam[f].type, fam[f].help, "tier", tier_names[t], v};
     }
   for (int r = 1; r < KILN_CACHE_NREJECTS; r++)
-    rows[n++] = (cache_row){"kiln_cache_integrity_failures_total", "counter",
-                            "Entries refused (and deleted) by reason: never loaded.", "reason",
-                            kiln_cache_reject_name((kiln_cache_reject)r), cs.rejects[r]};
+    rows[n++] = (cache_row){"kiln_cache_integrity_failures_total",
+                            "counter",
+                            "Entries refused (and deleted) by reason: never loaded.",
+                            "reason",
+                            kiln_cache_reject_name((kiln_cache_reject)r),
+                            cs.rejects[r]};
   const kiln_cache_store_stats *rs = &cs.tier[KILN_CACHE_TIER_REDIS];
-  rows[n++] = (cache_row){"kiln_cache_redis_faults_total", "counter",
+  rows[n++] = (cache_row){"kiln_cache_redis_faults_total",
+                          "counter",
                           "Redis operations that failed (down, timeout, full); never a failed "
-                          "request.", NULL, NULL, rs->faults};
-  rows[n++] = (cache_row){"kiln_cache_redis_up", "gauge", "1 while the Redis tier is connected.",
-                          NULL, NULL, cs.enabled[KILN_CACHE_TIER_REDIS] && rs->up};
-  rows[n++] = (cache_row){"kiln_cache_builds_total", "counter",
-                          "cpu compiles performed through the cache (builds).", NULL, NULL,
+                          "request.",
+                          NULL,
+                          NULL,
+                          rs->faults};
+  rows[n++] = (cache_row){"kiln_cache_redis_up",
+                          "gauge",
+                          "1 while the Redis tier is connected.",
+                          NULL,
+                          NULL,
+                          cs.enabled[KILN_CACHE_TIER_REDIS] && rs->up};
+  rows[n++] = (cache_row){"kiln_cache_builds_total",
+                          "counter",
+                          "cpu compiles performed through the cache (builds).",
+                          NULL,
+                          NULL,
                           cs.builds};
-  rows[n++] = (cache_row){"kiln_cache_single_flight_waits_total", "counter",
-                          "Compiles that waited for a concurrent build of the same key.", NULL,
-                          NULL, cs.single_flight_waits};
-  rows[n++] = (cache_row){"kiln_cache_lock_waits_total", "counter",
-                          "Waits on another server's Redis build lock.", NULL, NULL,
+  rows[n++] = (cache_row){"kiln_cache_single_flight_waits_total",
+                          "counter",
+                          "Compiles that waited for a concurrent build of the same key.",
+                          NULL,
+                          NULL,
+                          cs.single_flight_waits};
+  rows[n++] = (cache_row){"kiln_cache_lock_waits_total",
+                          "counter",
+                          "Waits on another server's Redis build lock.",
+                          NULL,
+                          NULL,
                           cs.lock_waits};
-  rows[n++] = (cache_row){"kiln_cache_compile_ns_saved_total", "counter",
-                          "Compile time of the entries hits handed out, nanoseconds.", NULL, NULL,
+  rows[n++] = (cache_row){"kiln_cache_compile_ns_saved_total",
+                          "counter",
+                          "Compile time of the entries hits handed out, nanoseconds.",
+                          NULL,
+                          NULL,
                           cs.compile_ns_saved};
-  rows[n++] = (cache_row){"kiln_cache_skipped_fast_total", "counter",
-                          "Builds faster than cache-min-compile-ms, not stored.", NULL, NULL,
+  rows[n++] = (cache_row){"kiln_cache_skipped_fast_total",
+                          "counter",
+                          "Builds faster than cache-min-compile-ms, not stored.",
+                          NULL,
+                          NULL,
                           cs.skipped_fast};
   return n;
 }
@@ -294,12 +336,14 @@ char *kilnd_metrics_render(kilnd *srv, size_t *len) {
   gauge(&b, "kiln_queue_depth", "Executions waiting for a device.", kiln_sched_queued(srv->sched));
   gauge(&b, "kiln_running_executions", "Executions running.", kiln_sched_running(srv->sched));
   gauge(&b, "kiln_compile_queue_depth", "Compiles queued or running.", atomic_load(&srv->compiles));
-  gauge(&b, "kiln_live_buffers", "Server-resident buffers (live handles).", (double)bt.live_buffers);
+  gauge(&b, "kiln_live_buffers", "Server-resident buffers (live handles).",
+        (double)bt.live_buffers);
   gauge(&b, "kiln_live_buffer_bytes", "Bytes charged for server-resident buffers.",
         (double)bt.live_bytes);
   gauge(&b, "kiln_executables", "Executables kept.", kilnd_exes_count(srv->exes));
   gauge(&b, "kiln_inflight_requests", "gRPC calls being served.", atomic_load(&srv->inflight));
-  gauge(&b, "kiln_draining", "1 while the server drains after SIGTERM.", atomic_load(&srv->draining));
+  gauge(&b, "kiln_draining", "1 while the server drains after SIGTERM.",
+        atomic_load(&srv->draining));
   gauge(&b, "kiln_uptime_seconds", "Seconds since the server started.",
         (double)(kiln_sched_now_ns() - srv->start_ns) / 1e9);
   render_devices(&b, srv);

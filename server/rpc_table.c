@@ -43,9 +43,8 @@ static const kilnd_method methods[KILND_M_COUNT] = {
     [KILND_M_HEALTH_CHECK] = {KILND_M_HEALTH_CHECK, "/grpc.health.v1.Health/Check", "Health.Check",
                               KILND_UNARY, &grpc__health__v1__health_check_request__descriptor,
                               kilnd_handle_health_check},
-    [KILND_M_CACHE_LIST] = {KILND_M_CACHE_LIST, "/kiln.v1.Kiln/CacheList", "CacheList",
-                            KILND_UNARY, &kiln__v1__cache_list_request__descriptor,
-                            kilnd_handle_cache_list},
+    [KILND_M_CACHE_LIST] = {KILND_M_CACHE_LIST, "/kiln.v1.Kiln/CacheList", "CacheList", KILND_UNARY,
+                            &kiln__v1__cache_list_request__descriptor, kilnd_handle_cache_list},
     [KILND_M_CACHE_EVICT] = {KILND_M_CACHE_EVICT, "/kiln.v1.Kiln/CacheEvict", "CacheEvict",
                              KILND_UNARY, &kiln__v1__cache_evict_request__descriptor,
                              kilnd_handle_cache_evict},
@@ -109,9 +108,10 @@ int kilnd_rpc_unpack(kilnd_call *c, grpc_byte_buffer *bb, const ProtobufCMessage
   size_t len = GRPC_SLICE_LENGTH(s);
   int rc = 0;
   if (len > c->srv->cfg.max_message_bytes)
-    rc = kiln_status_set(st, KILN_ELIMIT, desc->name, "message of %zu bytes exceeds the limit of "
-                         "%llu (max-message-bytes)", len,
-                         (unsigned long long)c->srv->cfg.max_message_bytes);
+    rc = kiln_status_set(st, KILN_ELIMIT, desc->name,
+                         "message of %zu bytes exceeds the limit of "
+                         "%llu (max-message-bytes)",
+                         len, (unsigned long long)c->srv->cfg.max_message_bytes);
   if (rc == 0) rc = kiln__proto_check_wire(desc, p, len, st);
   if (rc == 0) {
     /* The budget covers this message; a stream's messages share the call's
@@ -121,8 +121,7 @@ int kilnd_rpc_unpack(kilnd_call *c, grpc_byte_buffer *bb, const ProtobufCMessage
     if (*out == NULL)
       rc = c->req_alloc.over_budget || c->req_alloc.failed
                ? kiln_status_set(st, KILN_ELIMIT, desc->name, "message too complex to unpack")
-               : kiln_status_set(st, KILN_EINVAL, desc->name, "not a valid %s message",
-                                 desc->name);
+               : kiln_status_set(st, KILN_EINVAL, desc->name, "not a valid %s message", desc->name);
   }
   grpc_slice_unref(s);
   return rc;

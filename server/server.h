@@ -104,9 +104,9 @@ struct kilnd_call {
   grpc_call *call;
   gpr_timespec deadline;
   grpc_metadata_array md;
-  grpc_byte_buffer *payload;  /* unary request (registered) */
-  grpc_call_details details;  /* unregistered calls only */
-  int64_t deadline_ns;        /* kiln_sched_now_ns clock; 0: none */
+  grpc_byte_buffer *payload; /* unary request (registered) */
+  grpc_call_details details; /* unregistered calls only */
+  int64_t deadline_ns;       /* kiln_sched_now_ns clock; 0: none */
   int64_t start_ns;
   char client[KILND_CLIENT_MAX + 1];
   kilnd_role role; /* from the token (auth.h); OPEN without tokens */
@@ -180,7 +180,7 @@ bool kilnd_call_expired(kilnd_call *c, int *rc);
 double kilnd_call_time_left(const kilnd_call *c, double cap);
 
 #define KILND_CALL_FROM_TAG(tag, member) \
-  ((kilnd_call *)((char *)(tag) - offsetof(kilnd_call, member)))
+  ((kilnd_call *)((char *)(tag)-offsetof(kilnd_call, member)))
 
 /* The one mapping from KILN_E* codes to gRPC status codes. */
 grpc_status_code kilnd_status_code(int rc);
@@ -206,25 +206,25 @@ struct kilnd {
   grpc_completion_queue *cq;
   void *registered[KILND_M_COUNT]; /* grpc_server_register_method handles */
   kilnd_loop *loop;
-  void *http;            /* the /metrics endpoint (http.c) */
+  void *http; /* the /metrics endpoint (http.c) */
   kilnd_metrics *metrics;
   kiln_sched *sched;
   kiln_buffer_store *buffers;
   kilnd_exes *exes;
-  kiln_backend *cpu;   /* NULL when the build has no CPU compiler */
-  kiln_backend *interp; /* runs the modules of KILND_CLASS_INTERP */
-  kilnd_memo *memo;    /* Compile requests answered before (compile_memo.h) */
-  kiln_cache *cache;   /* the executable cache's tiers (cache/cache.h) */
-  kilnd_auth *auth;    /* TLS, tokens, health port (auth.h) */
-  atomic_bool draining;  /* SIGTERM seen: health says NOT_SERVING */
+  kiln_backend *cpu;               /* NULL when the build has no CPU compiler */
+  kiln_backend *interp;            /* runs the modules of KILND_CLASS_INTERP */
+  kilnd_memo *memo;                /* Compile requests answered before (compile_memo.h) */
+  kiln_cache *cache;               /* the executable cache's tiers (cache/cache.h) */
+  kilnd_auth *auth;                /* TLS, tokens, health port (auth.h) */
+  atomic_bool draining;            /* SIGTERM seen: health says NOT_SERVING */
   _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */
-  atomic_bool shutdown;  /* grpc_server_shutdown_and_notify called */
-  atomic_bool grpc_down; /* its shutdown tag completed */
-  atomic_bool abandoned; /* exiting with executions still running */
-  atomic_int inflight;   /* calls arrived and not yet freed */
-  atomic_int working;    /* of those, calls past validation (not refused) */
-  atomic_int requested;  /* requested calls not yet completed */
-  atomic_int compiles;   /* compiles queued or running */
+  atomic_bool shutdown;            /* grpc_server_shutdown_and_notify called */
+  atomic_bool grpc_down;           /* its shutdown tag completed */
+  atomic_bool abandoned;           /* exiting with executions still running */
+  atomic_int inflight;             /* calls arrived and not yet freed */
+  atomic_int working;              /* of those, calls past validation (not refused) */
+  atomic_int requested;            /* requested calls not yet completed */
+  atomic_int compiles;             /* compiles queued or running */
   int64_t start_ns;
   kilnd_tag shutdown_tag;
 };

@@ -340,8 +340,8 @@ int kiln__call_finish(kiln__call *k, kiln_status *st) {
   return rc;
 }
 
-int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms,
-                       grpc_byte_buffer *send, grpc_byte_buffer **reply, kiln_status *st) {
+int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms, grpc_byte_buffer *send,
+                       grpc_byte_buffer **reply, kiln_status *st) {
   *reply = NULL;
   kiln__call k;
   int rc = kiln__call_start(c, m, deadline_ms, &k, st);
@@ -371,8 +371,10 @@ int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms,
   if (rc == 0 && recv == NULL)
     rc = kiln__client_fail(st, KILN_RPC_INTERNAL, "%s succeeded without a reply message",
                            method_paths[m]);
-  if (rc == 0) *reply = recv;
-  else if (recv) grpc_byte_buffer_destroy(recv);
+  if (rc == 0)
+    *reply = recv;
+  else if (recv)
+    grpc_byte_buffer_destroy(recv);
   return rc;
 }
 

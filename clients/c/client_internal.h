@@ -82,8 +82,8 @@ int kiln__unary(kiln_client *c, kiln__method m, int64_t deadline_ms, const uint8
 
 /* The same with the request and the reply as byte buffers: `send` stays
  * the caller's; *reply is set on success (destroy it). */
-int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms,
-                       grpc_byte_buffer *send, grpc_byte_buffer **reply, kiln_status *st);
+int kiln__unary_buffer(kiln_client *c, kiln__method m, int64_t deadline_ms, grpc_byte_buffer *send,
+                       grpc_byte_buffer **reply, kiln_status *st);
 /* A byte buffer holding the packed message (packed once, into the slice
  * gRPC sends). NULL on out-of-memory. */
 grpc_byte_buffer *kiln__pack_buffer(const ProtobufCMessage *msg);

@@ -213,7 +213,7 @@ typedef struct kiln_remote_executable {
   kiln_shape result;  /* dtype KILN_INVALID when the server sent none */
   uint32_t noutputs;  /* outputs of Execute: tuple elements, or 1 */
   kiln_remote_source cache_source;
-  char *cache_key; /* lowercase hex SHA-256; "" when not sent */
+  char *cache_key;          /* lowercase hex SHA-256; "" when not sent */
   uint32_t nkey_components; /* 5 from a current server; 0 when not sent */
   kiln_remote_key_component *key_components;
   int64_t compile_wall_ns;
@@ -370,7 +370,7 @@ void kiln_server_stats_clear(kiln_server_stats *s);
 
 /* One entry of the server's local cache tiers (CacheList). */
 typedef struct kiln_server_cache_entry {
-  const char *key;    /* 64 lowercase hex digits: the executable id */
+  const char *key; /* 64 lowercase hex digits: the executable id */
   uint32_t ntiers;
   const char **tiers; /* "memory", "disk" */
   int64_t bytes;

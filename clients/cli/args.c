@@ -89,8 +89,8 @@ static int arg_from_text(const char *text, const kiln_shape *want, const char *l
   kiln_status_clear(&local);
   int rc = kiln_literal_parse_text(text, strlen(text), &lit, &local);
   if (rc)
-    return kiln_status_set(st, rc, NULL, "%s: cannot parse '%s' as a literal: %s%s%s", label,
-                           text, local.where, local.where[0] ? ": " : "", local.msg);
+    return kiln_status_set(st, rc, NULL, "%s: cannot parse '%s' as a literal: %s%s%s", label, text,
+                           local.where, local.where[0] ? ": " : "", local.msg);
   if (!kiln_shape_equal(&lit->shape, want, false)) {
     char exp[256], got[256];
     shape_str(want, exp, sizeof exp);
@@ -127,8 +127,8 @@ int kiln__arg_shape(const char *spec, kiln_arena *a, kiln_shape *out, kiln_statu
   kiln_status_clear(&local);
   int rc = kiln_literal_parse_text(spec, strlen(spec), &lit, &local);
   if (rc)
-    return kiln_status_set(st, rc, NULL, "cannot parse '%s' as a literal: %s%s%s", spec, local.where,
-                           local.where[0] ? ": " : "", local.msg);
+    return kiln_status_set(st, rc, NULL, "cannot parse '%s' as a literal: %s%s%s", spec,
+                           local.where, local.where[0] ? ": " : "", local.msg);
   rc = kiln_shape_copy(a, out, &lit->shape);
   kiln_literal_destroy(lit);
   return rc ? kiln_status_set(st, rc, NULL, "out of memory") : 0;
@@ -147,12 +147,15 @@ static uint64_t splitmix64(uint64_t *s) {
  * narrow float gets exactly the value generated and never rounds up to 1. */
 static int mantissa_bits(kiln_dtype t) {
   switch (t) {
-  case KILN_F64: case KILN_C128: return 52;
-  case KILN_F32: case KILN_C64: return 23;
+  case KILN_F64:
+  case KILN_C128: return 52;
+  case KILN_F32:
+  case KILN_C64: return 23;
   case KILN_F16: return 10;
   case KILN_BF16: return 7;
   case KILN_F8E3M4: return 4;
-  case KILN_F8E5M2: case KILN_F8E5M2FNUZ: return 2;
+  case KILN_F8E5M2:
+  case KILN_F8E5M2FNUZ: return 2;
   case KILN_F4E2M1FN: return 1;
   case KILN_F8E8M0FNU: return 0;
   default: return 3; /* the e4m3 family */

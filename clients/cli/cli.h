@@ -18,8 +18,9 @@
 /* Exit codes; `kiln --help` documents them. */
 enum {
   KILN_EXIT_OK = 0,
-  KILN_EXIT_INVALID = 1,  /* the input was rejected: parse, verify, arguments, files, unsupported op */
-  KILN_EXIT_USAGE = 2,    /* the command line is wrong */
+  KILN_EXIT_INVALID =
+      1,               /* the input was rejected: parse, verify, arguments, files, unsupported op */
+  KILN_EXIT_USAGE = 2, /* the command line is wrong */
   KILN_EXIT_INTERNAL = 3, /* out of memory or a bug in kiln */
 };
 
@@ -39,11 +40,11 @@ struct kiln__args;
 
 typedef struct kiln__cmd {
   const char *name;
-  const char *synopsis; /* "check FILE..." */
-  const char *summary;  /* one line for `kiln --help` */
-  const char *help;     /* the rest of `kiln help CMD` */
+  const char *synopsis;  /* "check FILE..." */
+  const char *summary;   /* one line for `kiln --help` */
+  const char *help;      /* the rest of `kiln help CMD` */
   const kiln__opt *opts; /* terminated by a zero entry */
-  int min_pos, max_pos; /* positional argument count; max -1: unlimited */
+  int min_pos, max_pos;  /* positional argument count; max -1: unlimited */
   int (*run)(const struct kiln__args *a);
   /* With --server HOST:PORT: the handler that asks the server instead
    * (remote.c); NULL when the command has no remote mode. */
@@ -142,8 +143,7 @@ int kiln__arg_shape(const char *spec, kiln_arena *a, kiln_shape *out, kiln_statu
 /* A deterministic pseudo-random literal of `shape` (tuples recursively):
  * floats in [-1, 1) on a grid exact in the element type, signed ints in
  * [-8, 8), unsigned ints in [0, 16), pred fair coins. `state` advances. */
-int kiln__arg_random(const kiln_shape *shape, uint64_t *state, kiln_literal **out,
-                     kiln_status *st);
+int kiln__arg_random(const kiln_shape *shape, uint64_t *state, kiln_literal **out, kiln_status *st);
 
 /* The leaves of a (nested) tuple literal depth-first, or the literal itself.
  * *leaves is kiln_malloc'd. */

@@ -67,9 +67,12 @@ static void json_string(const char *s) {
   putchar('"');
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') printf("\\%c", c);
-    else if (c < 0x20) printf("\\u%04x", c);
-    else putchar(c);
+    if (c == '"' || c == '\\')
+      printf("\\%c", c);
+    else if (c < 0x20)
+      printf("\\u%04x", c);
+    else
+      putchar(c);
   }
   putchar('"');
 }
@@ -87,8 +90,8 @@ typedef struct bench {
   kiln_literal **args;
   uint32_t nargs;
   long iters, warmup;
-  double *us;               /* iters samples */
-  bool buffers;             /* timed on device buffers */
+  double *us;   /* iters samples */
+  bool buffers; /* timed on device buffers */
   kiln_compile_report rep;
   bool compiled;
   uint64_t param_bytes, output_bytes;
@@ -105,8 +108,8 @@ static bool row_major(const kiln_shape *s) {
 
 /* Device buffers holding the arguments' leaves, in the executable's order;
  * false (and nothing allocated) when a binding is not row-major. */
-static int upload(bench *b, kiln_device *d, const kiln_executable *e, kiln_buffer **bufs,
-                  bool *ok, kiln_status *st) {
+static int upload(bench *b, kiln_device *d, const kiln_executable *e, kiln_buffer **bufs, bool *ok,
+                  kiln_status *st) {
   *ok = false;
   for (uint32_t i = 0; i < e->nparam_leaves; i++)
     if (!row_major(&e->params[i].shape)) return 0;
@@ -264,8 +267,8 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
     const kiln_compile_report *r = &b->rep;
     printf(", \"compile_ms\": %.3f, \"passes_ms\": {", r->total_ms);
     for (uint32_t i = 0, k = 0; i < r->npasses; i++)
-      if (r->passes[i].ran) printf("%s\"%s\": %.3f", k++ ? ", " : "", r->passes[i].name,
-                                   r->passes[i].ms);
+      if (r->passes[i].ran)
+        printf("%s\"%s\": %.3f", k++ ? ", " : "", r->passes[i].name, r->passes[i].ms);
     printf("}, \"verify_ms\": %.3f, \"pipeline_ms\": %.3f, \"assign_ms\": %.3f, "
            "\"codegen_ms\": %.3f, \"cc_ms\": %.3f",
            r->verify_ms, r->pipeline_ms, r->assign_ms, r->codegen_ms, r->cc_ms);
@@ -276,8 +279,8 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
          b->us[p90], b->us[0]);
   if (compiled)
     printf(", \"peak_bytes\": %" PRIu64 ", \"temp_peak_bytes\": %" PRIu64
-           ", \"temp_bytes\": %" PRIu64 ", \"param_bytes\": %" PRIu64
-           ", \"output_bytes\": %" PRIu64 ", \"kernels\": %u, \"steps\": %u}\n",
+           ", \"temp_bytes\": %" PRIu64 ", \"param_bytes\": %" PRIu64 ", \"output_bytes\": %" PRIu64
+           ", \"kernels\": %u, \"steps\": %u}\n",
            b->param_bytes + b->output_bytes + b->rep.peak_bytes, b->rep.peak_bytes,
            b->rep.temp_bytes, b->param_bytes, b->output_bytes, b->rep.nkernels, b->rep.nsteps);
   else

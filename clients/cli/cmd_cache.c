@@ -6,8 +6,8 @@
  * signature, options, target, version): keys of two module files are
  * computed here exactly as kilnd computes them (the same key code and the
  * same target and option texts, cache/key_inputs.c), keys given as 64 hex
- * digits are looked up on the server with CacheList. Like diff, explain exits 0 when the keys are the same, 1 when
- * they differ, 2 on trouble.
+ * digits are looked up on the server with CacheList. Like diff, explain exits 0 when the keys are
+ * the same, 1 when they differ, 2 on trouble.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -64,8 +64,10 @@ static int build_args(const char *file, const char *what, const kiln_shape *shap
   kiln_status st;
   kiln_status_clear(&st);
   for (uint32_t i = 0; i < n; i++) {
-    if (i < (uint32_t)ngiven) kiln__arg_load(given[i], &shapes[i], i, &args[i], &st);
-    else kiln__arg_random(&shapes[i], &state, &args[i], &st);
+    if (i < (uint32_t)ngiven)
+      kiln__arg_load(given[i], &shapes[i], i, &args[i], &st);
+    else
+      kiln__arg_random(&shapes[i], &state, &args[i], &st);
     if (st.code) {
       kiln__report(file, NULL, &st);
       return kiln__exit_code(st.code);
@@ -293,8 +295,8 @@ static int check_options(const kiln__args *a, run_setup *r) {
     }
   }
   const char *iter_text = kiln__args_get(a, "max-iterations");
-  if (iter_text && (parse_seed(iter_text, &r->opts.max_while_iterations) ||
-                    r->opts.max_while_iterations == 0)) {
+  if (iter_text &&
+      (parse_seed(iter_text, &r->opts.max_while_iterations) || r->opts.max_while_iterations == 0)) {
     fprintf(stderr, "kiln run: --max-iterations needs a positive integer, not '%s'\n", iter_text);
     return KILN_EXIT_USAGE;
   }
@@ -363,7 +365,8 @@ static int run_mesh(const char *file, const kiln_module *m, const char *what, co
                     const kiln_run_options *ropts) {
   uint32_t R, P;
   int rc = mesh_count(kiln__args_get(a, "replicas"), m->replica_count, "replicas", &R);
-  if (rc == 0) rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
+  if (rc == 0)
+    rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
   if (rc) return rc;
   uint32_t ndev = R * P;
   if (ndev > 4096) {
@@ -462,8 +465,10 @@ int kiln__cmd_run(const kiln__args *a) {
       return KILN_EXIT_USAGE;
     }
     if (compile_given || ntransforms) {
-      fprintf(stderr, "kiln run: %s is already compiled: compiler options and --transform "
-                      "need a module\n", file);
+      fprintf(stderr,
+              "kiln run: %s is already compiled: compiler options and --transform "
+              "need a module\n",
+              file);
       return KILN_EXIT_USAGE;
     }
     return run_executable_file(file, named, a, &ropts);

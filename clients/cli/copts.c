@@ -115,10 +115,10 @@ int kiln__backend_check(const char *cmd, const char *name, unsigned caps, bool r
   kiln_backend_names_join(caps, ", ", here, sizeof here);
   elsewhere_backends(other, sizeof other);
   if (other[0])
-    fprintf(stderr, "kiln %s: unknown backend '%s' (available here: %s; a server may also have %s)\n",
-            cmd, name ? name : "", here, other);
+    fprintf(stderr,
+            "kiln %s: unknown backend '%s' (available here: %s; a server may also have %s)\n", cmd,
+            name ? name : "", here, other);
   else
-    fprintf(stderr, "kiln %s: unknown backend '%s' (available: %s)\n", cmd, name ? name : "",
-            here);
+    fprintf(stderr, "kiln %s: unknown backend '%s' (available: %s)\n", cmd, name ? name : "", here);
   return KILN_EXIT_USAGE;
 }

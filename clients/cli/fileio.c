@@ -81,8 +81,8 @@ int kiln__dir_make(const char *path, kiln_status *st) {
     char saved = *s;
     *s = '\0';
     if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-      rc = kiln_status_set(st, KILN_EIO, path, "cannot create directory %s: %s", p,
-                           strerror(errno));
+      rc =
+          kiln_status_set(st, KILN_EIO, path, "cannot create directory %s: %s", p, strerror(errno));
       goto out;
     }
     *s = saved;

@@ -24,8 +24,7 @@ int kiln__exit_code(int err) {
 /* Finds "computation/instruction" (or a computation name) in m. Comparing
  * against kiln_instr_where's own spelling keeps this right even for names
  * that contain '/'. */
-static bool find_position(const kiln_module *m, const char *where, uint32_t *line,
-                          uint32_t *col) {
+static bool find_position(const kiln_module *m, const char *where, uint32_t *line, uint32_t *col) {
   if (*where == '%') where++;
   char buf[KILN_STATUS_WHERE_MAX];
   for (uint32_t i = 0; i < m->ninstrs; i++) {

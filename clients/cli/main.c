@@ -18,15 +18,16 @@
 #include "executor/cpu/cpu_blas.h"
 
 /* How to reach a secured kilnd: every command with --server takes these. */
-#define KILN_SERVER_SECURITY_OPTS                                                              \
-  {"tls-ca", 0, "FILE", false,                                                                 \
-   "connect with TLS, trusting the PEM CA certificates in FILE (KILN_TLS_CA)"},                \
-      {"tls-cert", 0, "FILE", false,                                                           \
-       "mutual TLS: this client's PEM certificate (with --tls-key; KILN_TLS_CERT)"},           \
-      {"tls-key", 0, "FILE", false, "mutual TLS: this client's PEM private key (KILN_TLS_KEY)"}, \
-      {"token", 0, "TOKEN", false,                                                             \
-       "bearer token for a server with --tokens (default: the environment variable "            \
-       "KILN_TOKEN; flags show in ps, the environment does not)"}
+#define KILN_SERVER_SECURITY_OPTS \
+  {"tls-ca", 0, "FILE", false, \
+   "connect with TLS, trusting the PEM CA certificates in FILE (KILN_TLS_CA)"}, \
+      {"tls-cert", 0, "FILE", false, \
+       "mutual TLS: this client's PEM certificate (with --tls-key; KILN_TLS_CERT)"}, \
+      {"tls-key", 0, "FILE", false, "mutual TLS: this client's PEM private key (KILN_TLS_KEY)"}, { \
+    "token", 0, "TOKEN", false, \
+        "bearer token for a server with --tokens (default: the environment variable " \
+        "KILN_TOKEN; flags show in ps, the environment does not)" \
+  }
 
 static const kiln__opt check_opts[] = {
     {"server", 0, "HOST:PORT", false,
@@ -220,8 +221,9 @@ static const kiln__cmd commands[] = {
      "'kiln run --backend cpu' would, verifying after every pass) and prints the module as\n"
      "Graphviz DOT, one cluster per computation. Render it with 'dot -Tsvg'.\n",
      dot_opts, 1, 1, kiln__cmd_dot, NULL},
-    {"bench", "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
-              "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
+    {"bench",
+     "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
+     "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
      "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"
@@ -404,10 +406,14 @@ static int parse_args(const kiln__cmd *c, int argc, char **argv, kiln__args *a) 
     const kiln__opt *o = &c->opts[k];
     const char *val = "";
     if (o->metavar) {
-      if (eq) val = eq + 1;
-      else if (!is_long && name[1]) val = name + 1;
-      else if (i + 1 < argc) val = argv[++i];
-      else return usage_error(c, "option '%s' needs a value", s);
+      if (eq)
+        val = eq + 1;
+      else if (!is_long && name[1])
+        val = name + 1;
+      else if (i + 1 < argc)
+        val = argv[++i];
+      else
+        return usage_error(c, "option '%s' needs a value", s);
     } else if (eq || (!is_long && name[1])) {
       return usage_error(c, "option '%s' takes no value", s);
     }

@@ -23,10 +23,10 @@ static const struct {
   const char *descr;
   kiln_dtype dtype;
 } npy_types[] = {
-    {"<f2", KILN_F16}, {"<f4", KILN_F32},  {"<f8", KILN_F64}, {"<c8", KILN_C64},
-    {"<c16", KILN_C128}, {"|b1", KILN_PRED}, {"|i1", KILN_S8}, {"<i2", KILN_S16},
-    {"<i4", KILN_S32}, {"<i8", KILN_S64},  {"|u1", KILN_U8},  {"<u2", KILN_U16},
-    {"<u4", KILN_U32}, {"<u8", KILN_U64},  {"<b1", KILN_PRED}, {"<i1", KILN_S8},
+    {"<f2", KILN_F16},   {"<f4", KILN_F32},  {"<f8", KILN_F64},  {"<c8", KILN_C64},
+    {"<c16", KILN_C128}, {"|b1", KILN_PRED}, {"|i1", KILN_S8},   {"<i2", KILN_S16},
+    {"<i4", KILN_S32},   {"<i8", KILN_S64},  {"|u1", KILN_U8},   {"<u2", KILN_U16},
+    {"<u4", KILN_U32},   {"<u8", KILN_U64},  {"<b1", KILN_PRED}, {"<i1", KILN_S8},
     {"<u1", KILN_U8},
 };
 
@@ -44,8 +44,7 @@ typedef struct hdr {
 } hdr;
 
 static void skip_ws(hdr *h) {
-  while (h->p < h->end && (*h->p == ' ' || *h->p == '\t' || *h->p == '\n' || *h->p == '\r'))
-    h->p++;
+  while (h->p < h->end && (*h->p == ' ' || *h->p == '\t' || *h->p == '\n' || *h->p == '\r')) h->p++;
 }
 
 static bool eat(hdr *h, char c) {
@@ -58,8 +57,8 @@ static bool eat(hdr *h, char c) {
 }
 
 static int bad(hdr *h, const char *what) {
-  return kiln_status_set(h->st, KILN_EINVAL, NULL,
-                         "malformed .npy header: %s at header offset %td", what, h->p - h->start);
+  return kiln_status_set(h->st, KILN_EINVAL, NULL, "malformed .npy header: %s at header offset %td",
+                         what, h->p - h->start);
 }
 
 /* A quoted string without escapes; s and n locate it in the header. */
@@ -182,7 +181,9 @@ static int parse_dict(hdr *h, kiln_npy *a) {
   }
   if (!seen_descr || !seen_order || !seen_shape)
     return kiln_status_set(h->st, KILN_EINVAL, NULL, "malformed .npy header: missing '%s'",
-                           !seen_descr ? "descr" : !seen_order ? "fortran_order" : "shape");
+                           !seen_descr   ? "descr"
+                           : !seen_order ? "fortran_order"
+                                         : "shape");
   skip_ws(h);
   if (h->p != h->end) return bad(h, "trailing characters after the dict");
   return 0;
@@ -204,8 +205,8 @@ int kiln_npy_parse(const uint8_t *buf, size_t len, kiln_npy *out, kiln_status *s
     hlen = (size_t)buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24;
     off = 12;
   } else {
-    return kiln_status_set(st, KILN_EINVAL, NULL, "unsupported .npy format version %u.%u",
-                           major, minor);
+    return kiln_status_set(st, KILN_EINVAL, NULL, "unsupported .npy format version %u.%u", major,
+                           minor);
   }
   if (hlen > len - off)
     return kiln_status_set(st, KILN_EINVAL, NULL,
@@ -280,8 +281,7 @@ int kiln_npy_encode(kiln_dtype t, const int64_t *dims, uint32_t rank, const void
   *len = 0;
   const char *descr = kiln_npy_descr(t);
   if (descr == NULL)
-    return kiln_status_set(st, KILN_EINVAL, NULL, "NumPy has no dtype for %s",
-                           kiln_dtype_name(t));
+    return kiln_status_set(st, KILN_EINVAL, NULL, "NumPy has no dtype for %s", kiln_dtype_name(t));
   uint64_t elems = 1;
   for (uint32_t i = 0; i < rank; i++)
     if (dims[i] < 0 || __builtin_mul_overflow(elems, (uint64_t)dims[i], &elems))
@@ -293,8 +293,7 @@ int kiln_npy_encode(kiln_dtype t, const int64_t *dims, uint32_t rank, const void
 
   kiln_sbuf h = KILN_SBUF_INIT;
   kiln_sbuf_printf(&h, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
-  for (uint32_t i = 0; i < rank; i++)
-    kiln_sbuf_printf(&h, "%s%" PRId64, i ? ", " : "", dims[i]);
+  for (uint32_t i = 0; i < rank; i++) kiln_sbuf_printf(&h, "%s%" PRId64, i ? ", " : "", dims[i]);
   kiln_sbuf_puts(&h, rank == 1 ? ",), }" : "), }");
   /* Pad with spaces so the data starts 64-byte aligned; the last byte is '\n'. */
   size_t pre = 10;

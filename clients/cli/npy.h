@@ -27,10 +27,10 @@ extern "C" {
 #define KILN_NPY_MAX_RANK 64
 
 typedef struct kiln_npy {
-  kiln_dtype dtype;  /* F16 F32 F64 C64 C128 PRED S8..S64 U8..U64 */
+  kiln_dtype dtype; /* F16 F32 F64 C64 C128 PRED S8..S64 U8..U64 */
   uint32_t rank;
   int64_t dims[KILN_NPY_MAX_RANK];
-  void *data;        /* kiln_malloc'd, row-major, nbytes long (NULL when empty) */
+  void *data; /* kiln_malloc'd, row-major, nbytes long (NULL when empty) */
   size_t nbytes;
 } kiln_npy;
 

@@ -100,8 +100,8 @@ static void transform_for_positions(kiln_module *m, const kiln_remote_compile_op
     need |= ok && ts[i].kind == KILN_TRANSFORM_VMAP && ts[i].axis_size <= 0;
   }
   if (ok && need && o->arg_shapes)
-    ok = kiln_transforms_infer_sizes(ts, o->ntransforms, o->arg_shapes, o->narg_shapes,
-                                     &ignore) == 0;
+    ok = kiln_transforms_infer_sizes(ts, o->ntransforms, o->arg_shapes, o->narg_shapes, &ignore) ==
+         0;
   if (ok) kiln_transforms_apply(m, ts, o->ntransforms, &ignore);
   kiln_free(ts);
 }
@@ -163,9 +163,12 @@ static int connect_to(const kiln__args *a, kiln_client **out) {
   }
   kiln_client_options o = {.connect_timeout_ms = 5000};
   /* A flag, else the environment ("" there counts as unset). */
-  static const struct { const char *opt, *env; } sec[] = {
-      {"tls-ca", "KILN_TLS_CA"}, {"tls-cert", "KILN_TLS_CERT"},
-      {"tls-key", "KILN_TLS_KEY"}, {"token", "KILN_TOKEN"}};
+  static const struct {
+    const char *opt, *env;
+  } sec[] = {{"tls-ca", "KILN_TLS_CA"},
+             {"tls-cert", "KILN_TLS_CERT"},
+             {"tls-key", "KILN_TLS_KEY"},
+             {"token", "KILN_TOKEN"}};
   const char *v[4];
   for (int i = 0; i < 4; i++) {
     v[i] = kiln__args_get(a, sec[i].opt);
@@ -212,8 +215,7 @@ static int compile_file(kiln_client *c, const char *path, const kiln_remote_comp
     }
     kiln_module_destroy(m);
     rc = kiln_client_compile_proto(c, buf, len, o, exe, &st);
-  }
-  else
+  } else
     rc = kiln_client_compile_text(c, (const char *)buf, len, o, exe, &st);
   kiln_free(buf);
   return rc ? report_program(path, &st, o) : KILN_EXIT_OK;
@@ -444,8 +446,8 @@ static int build_args(const char *file, const kiln_remote_executable *e, const k
   uint32_t n = e->nparams;
   if ((uint32_t)ngiven > n || ((uint32_t)ngiven < n && seed_text == NULL)) {
     entry_what(file, what, sizeof what);
-    fprintf(stderr, "%s: error: %s takes %u parameter%s, %d argument%s given%s\n", file, what,
-            n, n == 1 ? "" : "s", ngiven, ngiven == 1 ? "" : "s",
+    fprintf(stderr, "%s: error: %s takes %u parameter%s, %d argument%s given%s\n", file, what, n,
+            n == 1 ? "" : "s", ngiven, ngiven == 1 ? "" : "s",
             (uint32_t)ngiven < n ? " (--random-args SEED fills the rest)" : "");
     return KILN_EXIT_INVALID;
   }

@@ -33,18 +33,18 @@
  * kiln_kernel_N).
  */
 #include <dirent.h>
-#include <sched.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -154,8 +154,8 @@ static int spawn_argv(const char *const *argv, const char *dir, child *c, kiln_s
 }
 
 /* The flags every compile of generated code gets, after the options'. */
-static const char *const fixed_flags[] = {"-pipe", "-fPIC", "-fno-math-errno", "-ffp-contract=off",
-                                          "-fno-strict-aliasing", "-w"};
+static const char *const fixed_flags[] = {
+    "-pipe", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-fno-strict-aliasing", "-w"};
 #define NFIXED (sizeof fixed_flags / sizeof *fixed_flags)
 
 /* cc, opt, [tune], [-march=...], the fixed flags: n arguments into argv. */
@@ -455,8 +455,8 @@ out_kill:
 
 static pthread_mutex_t id_mu = PTHREAD_MUTEX_INITIALIZER;
 typedef struct cc_id {
-  char *cc;      /* as given */
-  struct stat sb; /* of the file it resolved to */
+  char *cc;                         /* as given */
+  struct stat sb;                   /* of the file it resolved to */
   uint8_t digest[KILN__SHA256_LEN]; /* of its --version output */
   struct cc_id *next;
 } cc_id;
@@ -581,8 +581,8 @@ static void build_free(build *b) {
   kiln__cc_split_free(&b->sp);
 }
 
-static void unit_key(const kiln__cc_unit *u, const uint8_t *id, const char *const *argv,
-                     int nargs, uint8_t *key) {
+static void unit_key(const kiln__cc_unit *u, const uint8_t *id, const char *const *argv, int nargs,
+                     uint8_t *key) {
   kiln__sha256 h;
   kiln__sha256_init(&h);
   kiln__sha256_update(&h, "kiln-cc-unit-1", 15);
@@ -706,12 +706,14 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   uint32_t nj = 0;
   bool probe = caching && !have_id;
   if (probe)
-    b->jobs[nj++] = (job){.argv = probe_argv, .out = b->outs + OUT_MAX + 1, .unit = UINT32_MAX,
-                          .may_fail = true};
+    b->jobs[nj++] = (job){
+        .argv = probe_argv, .out = b->outs + OUT_MAX + 1, .unit = UINT32_MAX, .may_fail = true};
   for (uint32_t i = 0; i < ntodo; i++) {
     uint32_t u = b->todo[i];
-    b->jobs[nj++] = (job){.argv = b->argv + (size_t)u * UNIT_ARGS, .in = b->sp.units[u].src,
-                          .inlen = b->sp.units[u].len, .unit = u};
+    b->jobs[nj++] = (job){.argv = b->argv + (size_t)u * UNIT_ARGS,
+                          .in = b->sp.units[u].src,
+                          .inlen = b->sp.units[u].len,
+                          .unit = u};
   }
   uint32_t par = job_count(o);
   if (par > ntodo) par = ntodo ? ntodo : 1;
@@ -772,8 +774,8 @@ static int link_units(build *b, const kiln__cc_options *o, const char *dir, doub
     j.out[j.nout] = 0;
     return kiln_status_set(st, KILN_EINTERNAL, "cc",
                            "the C compiler failed (status %d) linking %u units: %.*s%s",
-                           WIFEXITED(j.status) ? WEXITSTATUS(j.status) : -1, b->sp.nunits,
-                           MSG_MAX, j.out, j.nout > MSG_MAX ? "..." : "");
+                           WIFEXITED(j.status) ? WEXITSTATUS(j.status) : -1, b->sp.nunits, MSG_MAX,
+                           j.out, j.nout > MSG_MAX ? "..." : "");
   }
   return 0;
 }

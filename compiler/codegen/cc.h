@@ -43,9 +43,9 @@ typedef struct kiln__cc_stats {
   uint32_t units;        /* translation units */
   uint32_t units_cached; /* of which found in the kernel cache */
   uint32_t kernels_distinct;
-  uint32_t jobs;        /* compilers run at once at most */
-  double cpu_ms;        /* user + system time of the compilers and the link */
-  double link_ms;       /* the link step (wall) */
+  uint32_t jobs;  /* compilers run at once at most */
+  double cpu_ms;  /* user + system time of the compilers and the link */
+  double link_ms; /* the link step (wall) */
 } kiln__cc_stats;
 
 /* Compiles C source `src` (len bytes, fed on stdin) into a shared object

@@ -58,10 +58,14 @@ static void init_limit_locked(void) {
 }
 
 static void unlink_entry(entry *e) {
-  if (e->prev) e->prev->next = e->next;
-  else head = e->next;
-  if (e->next) e->next->prev = e->prev;
-  else tail = e->prev;
+  if (e->prev)
+    e->prev->next = e->next;
+  else
+    head = e->next;
+  if (e->next)
+    e->next->prev = e->prev;
+  else
+    tail = e->prev;
   e->prev = e->next = NULL;
 }
 
@@ -142,7 +146,8 @@ static void memory_put(const uint8_t *key, const uint8_t *obj, size_t len) {
   pthread_mutex_lock(&mu);
   init_limit_locked();
   bool present = false;
-  for (entry *e = head; e && !present; e = e->next) present = !memcmp(e->key, key, KILN__SHA256_LEN);
+  for (entry *e = head; e && !present; e = e->next)
+    present = !memcmp(e->key, key, KILN__SHA256_LEN);
   if (!present && len <= limit) {
     entry *e = kiln_calloc(1, sizeof *e);
     uint8_t *copy = e ? kiln_malloc(len ? len : 1) : NULL;
@@ -236,8 +241,10 @@ static void disk_put(const char *dir, const uint8_t *key, const uint8_t *obj, si
   bool ok = write(fd, header, HEADER_LEN) == HEADER_LEN;
   for (size_t done = 0; ok && done < len;) {
     ssize_t k = write(fd, obj + done, len - done);
-    if (k <= 0) ok = false;
-    else done += (size_t)k;
+    if (k <= 0)
+      ok = false;
+    else
+      done += (size_t)k;
   }
   ok = close(fd) == 0 && ok;
   if (!ok || rename(tmp, path) != 0) unlink(tmp);

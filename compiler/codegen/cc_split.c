@@ -223,8 +223,7 @@ static int closure(splitter *sp, uint32_t kk, kiln_status *st) {
 
 /* Copies t renaming kernel kk's helpers and its own name after prefix
  * (the stamps must be kk's: emit() sets them). */
-static void put_renamed(const splitter *sp, uint32_t kk, span t, const char *prefix,
-                        kiln_sbuf *b) {
+static void put_renamed(const splitter *sp, uint32_t kk, span t, const char *prefix, kiln_sbuf *b) {
   const kern *k = &sp->k[kk];
   size_t i = 0, done = 0;
   span id;
@@ -442,7 +441,8 @@ int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t
     out->sym[k][0] = out->sym[k][1] = 'k';
     kiln__hex(sp.k[k].hash, 8, out->sym[k] + 2);
   }
-  if (rc == 0) rc = build_units(&sp, min_units, unit_bytes ? unit_bytes : UNIT_BYTES_DEFAULT, out, st);
+  if (rc == 0)
+    rc = build_units(&sp, min_units, unit_bytes ? unit_bytes : UNIT_BYTES_DEFAULT, out, st);
   kiln_sbuf_free(&b);
   for (uint32_t k = 0; k < sp.nk; k++) kiln_free(sp.k[k].calls);
   kiln_free(sp.k);

@@ -490,9 +490,7 @@ static int constant_value(kiln__emit_fn *f, const kiln_instr *ins, uint32_t *var
 
 /* The op classes of ops.def pick the kernel: index mappings (flag I) are
  * movement kernels, the reduction family reduction kernels. */
-static bool is_movement(kiln_opcode op) {
-  return (kiln_opcode_flags(op) & KILN_OPF_INDEXING) != 0;
-}
+static bool is_movement(kiln_opcode op) { return (kiln_opcode_flags(op) & KILN_OPF_INDEXING) != 0; }
 
 static bool is_reduction(kiln_opcode op) { return kiln_opcode_family(op) == KILN_FAM_REDUCTION; }
 

@@ -87,7 +87,7 @@ typedef struct kiln__emit_fn {
   kiln__memo *memo;
   uint32_t nmemo;
   size_t memocap;
-  bool used_root;    /* a component of the root index was read */
+  bool used_root; /* a component of the root index was read */
   /* Row kernels (kernel_loop.c): per instruction id, the row temporary
    * b<N> that a value computed here is also stored into, at component
    * row_dim of its index, or KILN__NO_INPUT; NULL when none is. */

@@ -297,8 +297,8 @@ static int reduce_lanes(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix 
   uint32_t r = kiln__emit_newvar(f), l = kiln__emit_newvar(f), q = kiln__emit_newvar(f);
   char lv[16];
   snprintf(lv, sizeof lv, "l%u", l);
-  uint32_t m1 = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u += %d)", r, r, full, r,
-                                ROW_LANES);
+  uint32_t m1 =
+      kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u += %d)", r, r, full, r, ROW_LANES);
   uint32_t m2 = kiln__emit_open(f, "for (int l%u = 0; l%u < %d; l%u++)", l, l, ROW_LANES, l);
   kiln__ix_set(&y, last, "(r%u + l%u)", r, l);
   rc = lane_combine(f, ins, a, lanes, lv, &y);

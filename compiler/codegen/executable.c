@@ -419,8 +419,8 @@ static void get_coll(reader *r, kiln_coll *c) {
                     &c->partitions, &c->nops,   &c->gsize};
   for (int i = 0; i < 7; i++) *v[i] = get_u32(r, "collective fields");
   uint64_t ndev = (uint64_t)c->replicas * c->partitions;
-  if (r->rc == 0 && (c->replicas == 0 || c->partitions == 0 || ndev > MAX_MESH ||
-                     c->gsize == 0 || c->gsize > ndev))
+  if (r->rc == 0 && (c->replicas == 0 || c->partitions == 0 || ndev > MAX_MESH || c->gsize == 0 ||
+                     c->gsize > ndev))
     fail(r, KILN_EINVAL, "collective mesh", "bad replicas, partitions or group size", NULL);
   if (r->rc == 0 && ndev * c->gsize * 4 > r->len - r->pos)
     fail(r, KILN_EINVAL, "collective groups", "count exceeds the bytes left", NULL);
@@ -443,7 +443,8 @@ static void get_coll(reader *r, kiln_coll *c) {
 
 static void get_step(reader *r, kiln_step *s) {
   uint32_t k = get_u32(r, "step kind");
-  if (r->rc == 0 && k > KILN_STEP_COLLECTIVE) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
+  if (r->rc == 0 && k > KILN_STEP_COLLECTIVE)
+    fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
   s->kind = (kiln_step_kind)k;
   s->kernel = get_u32(r, "step kernel");
   s->range = get_u64(r, "step range");
@@ -558,8 +559,8 @@ static int check_gemm(const kiln_executable *e, const kiln_step *s, uint32_t p) 
 
 static bool is_reduction(uint32_t op, uint32_t dtype) {
   bool logic = op == KILN_OP_AND || op == KILN_OP_OR;
-  bool arith = op == KILN_OP_ADD || op == KILN_OP_MULTIPLY || op == KILN_OP_MAXIMUM ||
-               op == KILN_OP_MINIMUM;
+  bool arith =
+      op == KILN_OP_ADD || op == KILN_OP_MULTIPLY || op == KILN_OP_MAXIMUM || op == KILN_OP_MINIMUM;
   if (dtype == KILN_PRED) return logic || op == KILN_OP_MAXIMUM || op == KILN_OP_MINIMUM;
   if (kiln_dtype_is_float((kiln_dtype)dtype)) return arith;
   return arith || logic;
@@ -615,7 +616,8 @@ const char *kiln_coll_check(const kiln_coll *c, uint32_t nargs, const kiln_slot 
       int32_t s = c->source[d];
       if (s < -1 || s >= (int32_t)ndev) return "a source is outside the mesh";
       bool member = s < 0;
-      for (uint32_t k = 0; k < n && !member; k++) member = c->members[(size_t)d * n + k] == (uint32_t)s;
+      for (uint32_t k = 0; k < n && !member; k++)
+        member = c->members[(size_t)d * n + k] == (uint32_t)s;
       if (!member) return "a source is not a member of the device's group";
     }
   }

@@ -27,23 +27,23 @@
 extern "C" {
 #endif
 
-#define KILN_EXE_MAGIC "KILNEXE1"      /* 8 bytes */
-#define KILN_EXE_FORMAT_VERSION 3u     /* 2: the convolution step; 3: the collective step */
+#define KILN_EXE_MAGIC "KILNEXE1"  /* 8 bytes */
+#define KILN_EXE_FORMAT_VERSION 3u /* 2: the convolution step; 3: the collective step */
 #define KILN_COMPILER_VERSION "0.1.0"
 
 typedef enum kiln_slot_kind {
-  KILN_SLOT_TEMP,      /* offset/size within the temporary arena */
-  KILN_SLOT_PARAM,     /* leaf `leaf` of entry parameter `index` (caller's memory) */
-  KILN_SLOT_CONSTANT,  /* offset/size within the constants blob */
-  KILN_SLOT_OUTPUT,    /* leaf `index` of the flattened result (allocated per run) */
+  KILN_SLOT_TEMP,     /* offset/size within the temporary arena */
+  KILN_SLOT_PARAM,    /* leaf `leaf` of entry parameter `index` (caller's memory) */
+  KILN_SLOT_CONSTANT, /* offset/size within the constants blob */
+  KILN_SLOT_OUTPUT,   /* leaf `index` of the flattened result (allocated per run) */
 } kiln_slot_kind;
 
 typedef struct kiln_slot {
   kiln_slot_kind kind;
-  uint32_t index;      /* PARAM: parameter number; OUTPUT: flattened result index */
-  uint32_t leaf;       /* PARAM: leaf of a tuple-shaped parameter (0 for arrays) */
-  uint64_t offset;     /* TEMP / CONSTANT */
-  uint64_t size;       /* bytes */
+  uint32_t index;  /* PARAM: parameter number; OUTPUT: flattened result index */
+  uint32_t leaf;   /* PARAM: leaf of a tuple-shaped parameter (0 for arrays) */
+  uint64_t offset; /* TEMP / CONSTANT */
+  uint64_t size;   /* bytes */
 } kiln_slot;
 
 typedef enum kiln_step_kind {
@@ -90,23 +90,23 @@ typedef enum kiln_step_kind {
  *   when it is -1);
  * - COLLECTIVE_BROADCAST: result = member 0's operand. */
 typedef struct kiln_coll {
-  uint32_t op;         /* kiln_opcode (the synchronous form) */
-  uint32_t reduce;     /* kiln_opcode: ADD, MULTIPLY, MAXIMUM, MINIMUM, AND, OR */
-  uint32_t dtype;      /* of the operands */
+  uint32_t op;     /* kiln_opcode (the synchronous form) */
+  uint32_t reduce; /* kiln_opcode: ADD, MULTIPLY, MAXIMUM, MINIMUM, AND, OR */
+  uint32_t dtype;  /* of the operands */
   uint32_t replicas, partitions;
   uint32_t nops;
-  uint32_t gsize;      /* members per group */
-  uint32_t *members;   /* replicas * partitions rows of gsize: device d's group */
-  int32_t *source;     /* COLLECTIVE_PERMUTE: per device, its source or -1 */
-  uint64_t *outer;     /* nops */
+  uint32_t gsize;    /* members per group */
+  uint32_t *members; /* replicas * partitions rows of gsize: device d's group */
+  int32_t *source;   /* COLLECTIVE_PERMUTE: per device, its source or -1 */
+  uint64_t *outer;   /* nops */
 } kiln_coll;
 
 typedef struct kiln_gemm {
-  kiln_dtype dtype;            /* F32 or F64 (others: a kernel instead) */
+  kiln_dtype dtype; /* F32 or F64 (others: a kernel instead) */
   int64_t batch, m, n, k;
-  int64_t lda, ldb, ldc;       /* leading dimensions, in elements */
+  int64_t lda, ldb, ldc;                /* leading dimensions, in elements */
   int64_t stride_a, stride_b, stride_c; /* between batches, in elements */
-  uint8_t trans_a, trans_b;    /* 0/1 */
+  uint8_t trans_a, trans_b;             /* 0/1 */
   double alpha, beta;
 } kiln_gemm;
 
@@ -135,15 +135,15 @@ typedef struct kiln_conv {
 
 typedef struct kiln_step {
   kiln_step_kind kind;
-  uint32_t kernel;             /* KERNEL */
-  uint64_t range;              /* KERNEL: iterations; COPY: bytes */
-  uint32_t *args;              /* slot ids */
+  uint32_t kernel; /* KERNEL */
+  uint64_t range;  /* KERNEL: iterations; COPY: bytes */
+  uint32_t *args;  /* slot ids */
   uint32_t nargs;
-  uint32_t *sub;               /* program ids (WHILE: 2, CONDITIONAL: n, CALL: 1) */
+  uint32_t *sub; /* program ids (WHILE: 2, CONDITIONAL: n, CALL: 1) */
   uint32_t nsub;
-  kiln_gemm gemm;              /* GEMM */
-  kiln_conv *conv;             /* CONV (owned by the executable's arena); else NULL */
-  kiln_coll coll;              /* COLLECTIVE */
+  kiln_gemm gemm;  /* GEMM */
+  kiln_conv *conv; /* CONV (owned by the executable's arena); else NULL */
+  kiln_coll coll;  /* COLLECTIVE */
 } kiln_step;
 
 typedef struct kiln_program {
@@ -153,7 +153,7 @@ typedef struct kiln_program {
 
 /* A flattened array value at the boundary (parameter leaf or result leaf). */
 typedef struct kiln_binding {
-  kiln_shape shape;            /* array shape with layout */
+  kiln_shape shape; /* array shape with layout */
   uint32_t slot;
 } kiln_binding;
 
@@ -161,30 +161,30 @@ typedef struct kiln_executable {
   /* header */
   uint32_t format_version;
   const char *compiler_version;
-  const char *target;          /* kiln_target name */
-  uint8_t key[32];             /* cache key (zero when not computed) */
+  const char *target; /* kiln_target name */
+  uint8_t key[32];    /* cache key (zero when not computed) */
   /* entry signature */
-  kiln_shape *param_shapes;    /* nparams entry parameter shapes (may be tuples) */
+  kiln_shape *param_shapes; /* nparams entry parameter shapes (may be tuples) */
   uint32_t nparams;
-  kiln_shape result_shape;     /* the entry's result (may be a tuple) */
-  kiln_binding *params;        /* flattened parameter leaves, in order */
+  kiln_shape result_shape; /* the entry's result (may be a tuple) */
+  kiln_binding *params;    /* flattened parameter leaves, in order */
   uint32_t nparam_leaves;
-  kiln_binding *results;       /* flattened result leaves, in order */
+  kiln_binding *results; /* flattened result leaves, in order */
   uint32_t nresults;
   /* memory */
   kiln_slot *slots;
   uint32_t nslots;
-  uint64_t temp_bytes;         /* size of the temporary arena */
-  uint64_t peak_bytes;         /* buffer assignment's peak live bytes */
-  uint8_t *constants;          /* constants blob */
+  uint64_t temp_bytes; /* size of the temporary arena */
+  uint64_t peak_bytes; /* buffer assignment's peak live bytes */
+  uint8_t *constants;  /* constants blob */
   uint64_t nconstants;
   /* code */
-  kiln_program *programs;      /* programs[0] is the entry */
+  kiln_program *programs; /* programs[0] is the entry */
   uint32_t nprograms;
-  uint32_t nkernels;           /* kernels are kiln_kernel_0 .. kiln_kernel_{n-1} */
-  uint8_t *code;               /* ELF shared object (CPU) or cubin (CUDA) */
+  uint32_t nkernels; /* kernels are kiln_kernel_0 .. kiln_kernel_{n-1} */
+  uint8_t *code;     /* ELF shared object (CPU) or cubin (CUDA) */
   uint64_t ncode;
-  kiln_arena *arena;           /* owns everything above */
+  kiln_arena *arena; /* owns everything above */
 } kiln_executable;
 
 /* Kernel ABI (CPU): void kiln_kernel_N(void *const *bufs, int64_t begin,

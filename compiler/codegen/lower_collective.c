@@ -18,7 +18,9 @@
 #include "compiler/codegen/lower_internal.h"
 #include "compiler/ir/sharding.h"
 
-static int64_t mesh_replicas(const kiln_module *m) { return m->replica_count > 1 ? m->replica_count : 1; }
+static int64_t mesh_replicas(const kiln_module *m) {
+  return m->replica_count > 1 ? m->replica_count : 1;
+}
 static int64_t mesh_partitions(const kiln_module *m) {
   return m->num_partitions > 1 ? m->num_partitions : 1;
 }
@@ -52,7 +54,9 @@ bool kiln__lower_is_collective(const kiln_module *m, const kiln_instr *ins) {
   }
 }
 
-static int oom(kiln__lctx *c) { return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory"); }
+static int oom(kiln__lctx *c) {
+  return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+}
 
 /* Element types the cpu backend's collective steps reduce. */
 static bool reducible(kiln_dtype t) {
@@ -165,7 +169,8 @@ static int emit(kiln__lctx *c, uint32_t prog, const kiln_coll *k, const uint32_t
                 uint32_t nargs) {
   kiln_step s = {.kind = KILN_STEP_COLLECTIVE, .nargs = nargs, .coll = *k};
   s.args = kiln_arena_memdup(c->e->arena, args, nargs * sizeof *args);
-  s.coll.outer = kiln_arena_memdup(c->e->arena, k->outer, (k->nops ? k->nops : 1) * sizeof *k->outer);
+  s.coll.outer =
+      kiln_arena_memdup(c->e->arena, k->outer, (k->nops ? k->nops : 1) * sizeof *k->outer);
   if (s.args == NULL || s.coll.outer == NULL) return oom(c);
   return kiln__lower_step(c, prog, &s);
 }
@@ -274,7 +279,8 @@ int kiln__lower_collective(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) 
     k.nops = nops;
     k.outer = rows;
     if (nops != k.gsize)
-      return kiln__lower_fail(c, ins, KILN_EINVAL, "without dimensions it needs one operand per member");
+      return kiln__lower_fail(c, ins, KILN_EINVAL,
+                              "without dimensions it needs one operand per member");
     return emit(c, prog, &k, args, 2 * nops);
   }
   for (uint32_t i = 0; i < nops; i++) {
@@ -282,7 +288,8 @@ int kiln__lower_collective(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) 
     if (blocked) {
       if (dims == NULL || dims->n != 1 || dims->v[0] < 0 || dims->v[0] >= (int64_t)is[i]->rank ||
           ls[i]->rank != is[i]->rank)
-        return kiln__lower_fail(c, ins, KILN_EINVAL, "needs dimensions={d} naming one operand dimension");
+        return kiln__lower_fail(c, ins, KILN_EINVAL,
+                                "needs dimensions={d} naming one operand dimension");
       rows = rows_above(is[i], ls[i], dims->v[0]);
       if (rows == 0)
         return kiln__lower_fail(c, ins, KILN_EUNIMPL, "operand and result layouts differ");

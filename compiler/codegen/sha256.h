@@ -14,8 +14,8 @@
 
 typedef struct kiln__sha256 {
   uint32_t h[8];
-  uint64_t nbytes;  /* message length so far */
-  uint8_t buf[64];  /* the partial block */
+  uint64_t nbytes; /* message length so far */
+  uint8_t buf[64]; /* the partial block */
   uint32_t nbuf;
 } kiln__sha256;
 

@@ -152,7 +152,8 @@ static int blocked(const coll *x, kiln_literal *r, int mode) {
       if (rd * n != sd) return fail(x, KILN_EINVAL, "operand dimension is not members x result's");
       rc = for_blocks(x, k, dst, src, d, rd, x->g->rank * rd, fold_block, &comp);
     } else {
-      if (sd % n || rd != sd) return fail(x, KILN_EINVAL, "split dimension does not divide by members");
+      if (sd % n || rd != sd)
+        return fail(x, KILN_EINVAL, "split dimension does not divide by members");
       rc = for_blocks(x, k, dst, src, d, sd / n, x->g->rank * (sd / n), copy_from_block, NULL);
     }
   }
@@ -227,8 +228,9 @@ int kiln__interp_eval_collective_mesh(kiln__interp_ctx *c, const kiln_instr *ins
   const kiln_literal *const **peer = NULL;
   int rc = kiln_collective_group_of(ins, R, P, me, a, &g, c->st);
   if (rc) goto out;
-  bool start = (ins->op == KILN_OP_ALL_GATHER_START || ins->op == KILN_OP_COLLECTIVE_PERMUTE_START) &&
-               kiln_shape_is_tuple(&ins->shape) && ins->shape.rank >= 2;
+  bool start =
+      (ins->op == KILN_OP_ALL_GATHER_START || ins->op == KILN_OP_COLLECTIVE_PERMUTE_START) &&
+      kiln_shape_is_tuple(&ins->shape) && ins->shape.rank >= 2;
   const kiln_shape *rs = start ? &ins->shape.tuple[1] : &ins->shape;
   if ((rc = kiln__interp_lit_new(c, ins, rs, &r))) goto out;
   peer = kiln_arena_calloc(a, (size_t)(g.n ? g.n : 1), sizeof *peer);

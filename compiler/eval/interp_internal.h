@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "compiler/ir/ir.h"
 #include "compiler/eval/interp.h"
+#include "compiler/ir/ir.h"
 
 /* CMPLX is C11, but clang with glibc does not define it: build the value
  * without arithmetic, so that infinities and NaNs survive as they are. */

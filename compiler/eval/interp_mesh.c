@@ -24,16 +24,16 @@
 #include "compiler/eval/interp_internal.h"
 
 typedef struct slot {
-  uint64_t seq;                    /* collectives entered so far */
-  bool posted;                     /* ops/group below are this seq's */
-  bool gone;                       /* the device's run has ended */
-  bool failed;                     /* ... with an error */
+  uint64_t seq; /* collectives entered so far */
+  bool posted;  /* ops/group below are this seq's */
+  bool gone;    /* the device's run has ended */
+  bool failed;  /* ... with an error */
   const kiln_literal *const *ops;
   uint32_t nops;
   kiln_opcode op;
-  const int64_t *group;            /* members, rank order */
+  const int64_t *group; /* members, rank order */
   int64_t ngroup;
-  int64_t readers;                 /* members done reading this slot */
+  int64_t readers; /* members done reading this slot */
 } slot;
 
 struct kiln_interp_mesh {
@@ -56,7 +56,8 @@ static void nap(kiln_interp_mesh *mh) {
 }
 
 static bool same_group(const slot *a, const slot *b) {
-  return a->ngroup == b->ngroup && memcmp(a->group, b->group, (size_t)a->ngroup * sizeof *a->group) == 0;
+  return a->ngroup == b->ngroup &&
+         memcmp(a->group, b->group, (size_t)a->ngroup * sizeof *a->group) == 0;
 }
 
 int kiln__interp_mesh_enter(kiln__interp_ctx *c, const kiln_instr *ins, const int64_t *group,
@@ -234,8 +235,10 @@ int kiln_interp_run_mesh(const kiln_module *m, uint32_t replicas, uint32_t parti
                     (long long)bad, runs[bad].st.msg);
   }
   for (int64_t k = 0; k < n; k++) {
-    if (rc) kiln_literal_destroy(runs[k].out);
-    else outs[k] = runs[k].out;
+    if (rc)
+      kiln_literal_destroy(runs[k].out);
+    else
+      outs[k] = runs[k].out;
   }
   pthread_cond_destroy(&mh.cv);
   pthread_mutex_destroy(&mh.mu);

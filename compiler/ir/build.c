@@ -58,7 +58,9 @@ int kiln__tx_fail(kiln__tx *tx, int code, const kiln_instr *ins, const char *fmt
   return tx->err;
 }
 
-int kiln__tx_oom(kiln__tx *tx) { return kiln__tx_fail(tx, KILN_ENOMEM, NULL, "%s: out of memory", tx->name); }
+int kiln__tx_oom(kiln__tx *tx) {
+  return kiln__tx_fail(tx, KILN_ENOMEM, NULL, "%s: out of memory", tx->name);
+}
 
 bool kiln__b_is_zero(const kiln__tx *tx, kiln_id id) {
   return id != KILN_NO_ID && id < tx->zcap && tx->zero[id];
@@ -181,7 +183,8 @@ static bool ops_ok(kiln__b *b, const kiln_id *ops, uint32_t n) {
   if (b->tx->err) return false;
   for (uint32_t i = 0; i < n; i++) {
     if (ops[i] == KILN_NO_ID || ops[i] >= b->tx->m->ninstrs) {
-      kiln__tx_fail(b->tx, KILN_EINTERNAL, NULL, "%s: internal error: missing operand %u", b->tx->name, i);
+      kiln__tx_fail(b->tx, KILN_EINTERNAL, NULL, "%s: internal error: missing operand %u",
+                    b->tx->name, i);
       return false;
     }
   }
@@ -322,8 +325,12 @@ kiln_id kiln__b_sub(kiln__b *b, kiln_id x, kiln_id y) {
   if (kiln__b_is_zero(b->tx, y)) return x;
   return kiln__b_bin(b, KILN_OP_SUBTRACT, x, y);
 }
-kiln_id kiln__b_mul(kiln__b *b, kiln_id x, kiln_id y) { return kiln__b_bin(b, KILN_OP_MULTIPLY, x, y); }
-kiln_id kiln__b_div(kiln__b *b, kiln_id x, kiln_id y) { return kiln__b_bin(b, KILN_OP_DIVIDE, x, y); }
+kiln_id kiln__b_mul(kiln__b *b, kiln_id x, kiln_id y) {
+  return kiln__b_bin(b, KILN_OP_MULTIPLY, x, y);
+}
+kiln_id kiln__b_div(kiln__b *b, kiln_id x, kiln_id y) {
+  return kiln__b_bin(b, KILN_OP_DIVIDE, x, y);
+}
 kiln_id kiln__b_neg(kiln__b *b, kiln_id x) {
   if (kiln__b_is_zero(b->tx, x)) return x;
   return kiln__b_un(b, KILN_OP_NEGATE, x);
@@ -360,7 +367,8 @@ kiln_id kiln__b_complex(kiln__b *b, kiln_id re, kiln_id im) {
 }
 
 kiln_id kiln__b_conj(kiln__b *b, kiln_id x) {
-  return kiln__b_complex(b, kiln__b_un(b, KILN_OP_REAL, x), kiln__b_neg(b, kiln__b_un(b, KILN_OP_IMAG, x)));
+  return kiln__b_complex(b, kiln__b_un(b, KILN_OP_REAL, x),
+                         kiln__b_neg(b, kiln__b_un(b, KILN_OP_IMAG, x)));
 }
 
 /* ---- constants ---------------------------------------------------------- */
@@ -485,7 +493,7 @@ kiln_id kiln__b_iota(kiln__b *b, kiln_dtype t, const int64_t *dims, uint32_t ran
 /* ---- shapes ------------------------------------------------------------- */
 
 kiln_id kiln__b_broadcast(kiln__b *b, kiln_id x, const int64_t *dims, uint32_t rank,
-                        const int64_t *map, uint32_t nmap) {
+                          const int64_t *map, uint32_t nmap) {
   if (b->tx->err) return KILN_NO_ID;
   kiln_dtype t = kiln__b_shape(b->tx, x)->dtype;
   kiln_instr *ins = kiln__b_start(b, KILN_OP_BROADCAST, &x, 1);
@@ -526,7 +534,7 @@ kiln_id kiln__b_transpose(kiln__b *b, kiln_id x, const int64_t *perm, uint32_t r
 }
 
 kiln_id kiln__b_slice(kiln__b *b, kiln_id x, const int64_t *start, const int64_t *limit,
-                    const int64_t *stride) {
+                      const int64_t *stride) {
   if (b->tx->err) return KILN_NO_ID;
   const kiln_shape *s = kiln__b_shape(b->tx, x);
   uint32_t r = s->rank;
@@ -550,7 +558,8 @@ kiln_id kiln__b_slice_dim(kiln__b *b, kiln_id x, uint32_t dim, int64_t start, in
   if (b->tx->err) return KILN_NO_ID;
   const kiln_shape *s = kiln__b_shape(b->tx, x);
   int64_t st[64] = {0}, li[64];
-  if (s->rank > 64) return kiln__tx_fail(b->tx, KILN_EUNIMPL, NULL, "%s: rank over 64", b->tx->name), KILN_NO_ID;
+  if (s->rank > 64)
+    return kiln__tx_fail(b->tx, KILN_EUNIMPL, NULL, "%s: rank over 64", b->tx->name), KILN_NO_ID;
   for (uint32_t i = 0; i < s->rank; i++) li[i] = s->dims[i];
   st[dim] = start;
   li[dim] = limit;
@@ -558,7 +567,7 @@ kiln_id kiln__b_slice_dim(kiln__b *b, kiln_id x, uint32_t dim, int64_t start, in
 }
 
 kiln_id kiln__b_pad(kiln__b *b, kiln_id x, kiln_id v, const int64_t *lo, const int64_t *hi,
-                  const int64_t *interior) {
+                    const int64_t *interior) {
   if (b->tx->err) return KILN_NO_ID;
   uint32_t r = kiln__b_shape(b->tx, x)->rank;
   int64_t *p = kiln_arena_alloc(b->tx->scratch, (3 * r + 1) * sizeof *p);
@@ -595,7 +604,7 @@ kiln_id kiln__b_reverse(kiln__b *b, kiln_id x, const int64_t *dims, uint32_t n) 
 }
 
 kiln_id kiln__b_dyn_slice(kiln__b *b, kiln_id x, const kiln_id *idx, uint32_t n,
-                        const int64_t *sizes) {
+                          const int64_t *sizes) {
   if (b->tx->err) return KILN_NO_ID;
   kiln_id *o = kiln_arena_alloc(b->tx->scratch, (n + 1) * sizeof *o);
   if (o == NULL) return kiln__tx_oom(b->tx), KILN_NO_ID;
@@ -642,7 +651,7 @@ kiln_id kiln__b_gte(kiln__b *b, kiln_id x, int64_t i) {
 /* ---- contractions and reductions ---------------------------------------- */
 
 kiln_id kiln__b_dot(kiln__b *b, kiln_id x, kiln_id y, const kiln_i64s *lb, const kiln_i64s *lc,
-                  const kiln_i64s *rb, const kiln_i64s *rc) {
+                    const kiln_i64s *rb, const kiln_i64s *rc) {
   kiln_id o[2] = {x, y};
   kiln_instr *ins = kiln__b_start(b, KILN_OP_DOT, o, 2);
   if (ins == NULL) return KILN_NO_ID;
@@ -693,7 +702,7 @@ uint32_t kiln__b_comparator(kiln__tx *tx, kiln_cmp_dir dir, kiln_dtype t) {
 }
 
 kiln_id kiln__b_reduce(kiln__b *b, kiln_id x, kiln_id init, const int64_t *dims, uint32_t n,
-                     kiln_opcode op) {
+                       kiln_opcode op) {
   if (b->tx->err) return KILN_NO_ID;
   if (n == 0) return x;
   uint32_t c = kiln__b_reducer(b->tx, op, kiln__b_shape(b->tx, x)->dtype);
@@ -724,7 +733,8 @@ kiln_id kiln__b_sum_to_like(kiln__b *b, kiln_id x, kiln_id like) {
     return KILN_NO_ID;
   }
   int64_t dims[64];
-  if (xs->rank > 64) return kiln__tx_fail(b->tx, KILN_EUNIMPL, NULL, "%s: rank over 64", b->tx->name), KILN_NO_ID;
+  if (xs->rank > 64)
+    return kiln__tx_fail(b->tx, KILN_EUNIMPL, NULL, "%s: rank over 64", b->tx->name), KILN_NO_ID;
   for (uint32_t i = 0; i < xs->rank; i++) dims[i] = i;
   return kiln__b_reduce_sum(b, x, dims, xs->rank);
 }
@@ -758,7 +768,8 @@ int kiln__b_shape_batched(kiln__tx *tx, const kiln_shape *s, int64_t bsize, kiln
   if (s->rank > 64) return kiln__tx_fail(tx, KILN_EUNIMPL, NULL, "%s: rank over 64", tx->name);
   dims[0] = bsize;
   for (uint32_t i = 0; i < s->rank; i++) dims[i + 1] = s->dims[i];
-  if (kiln_shape_make_array(tx->m->arena, out, s->dtype, dims, s->rank + 1)) return kiln__tx_oom(tx);
+  if (kiln_shape_make_array(tx->m->arena, out, s->dtype, dims, s->rank + 1))
+    return kiln__tx_oom(tx);
   return 0;
 }
 

@@ -31,10 +31,10 @@
 /* State shared by everything one session builds. */
 typedef struct kiln__tx {
   kiln_module *m;
-  kiln_status *st;    /* may be NULL: the caller reports errors itself */
-  const char *name;   /* the transform or pass, as messages name it: "grad" */
-  int err;            /* first error code; 0 while none */
-  uint8_t *zero;      /* zero[id]: instruction id is known to be all zeros */
+  kiln_status *st;  /* may be NULL: the caller reports errors itself */
+  const char *name; /* the transform or pass, as messages name it: "grad" */
+  int err;          /* first error code; 0 while none */
+  uint8_t *zero;    /* zero[id]: instruction id is known to be all zeros */
   size_t zcap;
   kiln_arena *scratch; /* freed when the session ends */
   /* names[c]: the names in use in computation c, filled on the first build
@@ -159,20 +159,20 @@ kiln_id kiln__b_iota(kiln__b *b, kiln_dtype t, const int64_t *dims, uint32_t ran
 /* ---- shapes ------------------------------------------------------------- */
 
 kiln_id kiln__b_broadcast(kiln__b *b, kiln_id x, const int64_t *dims, uint32_t rank,
-                        const int64_t *map, uint32_t nmap);
+                          const int64_t *map, uint32_t nmap);
 /* x broadcast to the dims of `like` (x a scalar or already that shape). */
 kiln_id kiln__b_broadcast_like(kiln__b *b, kiln_id x, kiln_id like);
 kiln_id kiln__b_reshape(kiln__b *b, kiln_id x, const int64_t *dims, uint32_t rank);
 kiln_id kiln__b_transpose(kiln__b *b, kiln_id x, const int64_t *perm, uint32_t rank);
 kiln_id kiln__b_slice(kiln__b *b, kiln_id x, const int64_t *start, const int64_t *limit,
-                    const int64_t *stride);
+                      const int64_t *stride);
 kiln_id kiln__b_slice_dim(kiln__b *b, kiln_id x, uint32_t dim, int64_t start, int64_t limit);
 kiln_id kiln__b_pad(kiln__b *b, kiln_id x, kiln_id v, const int64_t *lo, const int64_t *hi,
-                  const int64_t *interior);
+                    const int64_t *interior);
 kiln_id kiln__b_concat(kiln__b *b, const kiln_id *xs, uint32_t n, int64_t dim);
 kiln_id kiln__b_reverse(kiln__b *b, kiln_id x, const int64_t *dims, uint32_t n);
 kiln_id kiln__b_dyn_slice(kiln__b *b, kiln_id x, const kiln_id *idx, uint32_t n,
-                        const int64_t *sizes);
+                          const int64_t *sizes);
 kiln_id kiln__b_dyn_update(kiln__b *b, kiln_id x, kiln_id u, const kiln_id *idx, uint32_t n);
 
 /* ---- tuples ------------------------------------------------------------- */
@@ -183,7 +183,7 @@ kiln_id kiln__b_gte(kiln__b *b, kiln_id x, int64_t i); /* folds gte(tuple(...)) 
 /* ---- contractions and reductions ---------------------------------------- */
 
 kiln_id kiln__b_dot(kiln__b *b, kiln_id x, kiln_id y, const kiln_i64s *lb, const kiln_i64s *lc,
-                  const kiln_i64s *rb, const kiln_i64s *rc);
+                    const kiln_i64s *rb, const kiln_i64s *rc);
 /* The computation (p0, p1) -> op(p0, p1) on scalars of type t, made once
  * per module; KILN_NO_ID after an error. op KILN_OP_INVALID: returns p1
  * ("replace", for scatter). */
@@ -191,7 +191,7 @@ uint32_t kiln__b_reducer(kiln__tx *tx, kiln_opcode op, kiln_dtype t);
 /* The computation (p0, p1) -> compare(p0, p1, dir), for select-and-scatter. */
 uint32_t kiln__b_comparator(kiln__tx *tx, kiln_cmp_dir dir, kiln_dtype t);
 kiln_id kiln__b_reduce(kiln__b *b, kiln_id x, kiln_id init, const int64_t *dims, uint32_t n,
-                     kiln_opcode op);
+                       kiln_opcode op);
 kiln_id kiln__b_reduce_sum(kiln__b *b, kiln_id x, const int64_t *dims, uint32_t n);
 /* Sums x down to the dims of `like`, where x is `like` broadcast (a scalar
  * `like` sums everything; equal shapes return x). */
@@ -204,7 +204,8 @@ kiln_id kiln__b_call(kiln__b *b, uint32_t comp, const kiln_id *ops, uint32_t n);
  * carry tangents and cotangents as JAX's do (transposes without
  * conjugation); only grad's output must be real. */
 static inline bool kiln__b_is_float_shape(const kiln_shape *s) {
-  return kiln_shape_is_array(s) && (kiln_dtype_is_float(s->dtype) || kiln_dtype_is_complex(s->dtype));
+  return kiln_shape_is_array(s) &&
+         (kiln_dtype_is_float(s->dtype) || kiln_dtype_is_complex(s->dtype));
 }
 /* Any differentiable (real or complex floating) leaf. */
 bool kiln__b_has_float(const kiln_shape *s);

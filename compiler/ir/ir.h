@@ -47,17 +47,17 @@ typedef enum kiln_dtype_kind {
   KILN_KIND_TUPLE,
 } kiln_dtype_kind;
 
-const char *kiln_dtype_name(kiln_dtype t);          /* "f32" */
+const char *kiln_dtype_name(kiln_dtype t); /* "f32" */
 bool kiln_dtype_from_name(const char *s, size_t n, kiln_dtype *out);
-int kiln_dtype_bits(kiln_dtype t);                  /* logical width */
-size_t kiln_dtype_size(kiln_dtype t);               /* storage bytes per element */
+int kiln_dtype_bits(kiln_dtype t);    /* logical width */
+size_t kiln_dtype_size(kiln_dtype t); /* storage bytes per element */
 kiln_dtype_kind kiln_dtype_kind_of(kiln_dtype t);
-bool kiln_dtype_is_float(kiln_dtype t);             /* any real floating type */
-bool kiln_dtype_is_integral(kiln_dtype t);          /* signed or unsigned int */
+bool kiln_dtype_is_float(kiln_dtype t);    /* any real floating type */
+bool kiln_dtype_is_integral(kiln_dtype t); /* signed or unsigned int */
 bool kiln_dtype_is_signed_int(kiln_dtype t);
 bool kiln_dtype_is_unsigned_int(kiln_dtype t);
 bool kiln_dtype_is_complex(kiln_dtype t);
-bool kiln_dtype_is_array(kiln_dtype t);             /* has elements: not tuple/token/opaque */
+bool kiln_dtype_is_array(kiln_dtype t); /* has elements: not tuple/token/opaque */
 
 /* ---- shapes ------------------------------------------------------------- */
 
@@ -77,11 +77,11 @@ typedef struct kiln_layout {
 } kiln_layout;
 
 typedef struct kiln_shape {
-  kiln_dtype dtype;      /* element type, or KILN_TUPLE / KILN_TOKEN */
-  uint32_t rank;         /* arrays: number of dims; tuples: number of elements */
-  int64_t *dims;         /* arrays: rank sizes (for a dynamic dim: its bound) */
-  uint8_t *dynamic;      /* NULL, or rank flags: dim i is bounded dynamic "<=N" */
-  kiln_layout *layout;   /* NULL when none was given */
+  kiln_dtype dtype;         /* element type, or KILN_TUPLE / KILN_TOKEN */
+  uint32_t rank;            /* arrays: number of dims; tuples: number of elements */
+  int64_t *dims;            /* arrays: rank sizes (for a dynamic dim: its bound) */
+  uint8_t *dynamic;         /* NULL, or rank flags: dim i is bounded dynamic "<=N" */
+  kiln_layout *layout;      /* NULL when none was given */
   struct kiln_shape *tuple; /* tuples: rank element shapes */
 } kiln_shape;
 
@@ -89,7 +89,7 @@ bool kiln_shape_is_array(const kiln_shape *s);
 bool kiln_shape_is_tuple(const kiln_shape *s);
 bool kiln_shape_is_token(const kiln_shape *s);
 bool kiln_shape_is_scalar(const kiln_shape *s);
-bool kiln_shape_is_dynamic(const kiln_shape *s);   /* any dynamic dim, recursively */
+bool kiln_shape_is_dynamic(const kiln_shape *s); /* any dynamic dim, recursively */
 /* Number of elements of an array shape; -1 on overflow past INT64_MAX. */
 int64_t kiln_shape_elements(const kiln_shape *s);
 /* Bytes of an array's dense storage; -1 on overflow. Tuples/tokens: 0. */
@@ -126,9 +126,9 @@ void kiln_shape_print_short(kiln_sbuf *b, const kiln_shape *s);
  * their byte, c64 as two floats (re, im), c128 as two doubles. */
 typedef struct kiln_literal {
   kiln_shape shape;
-  void *data;                   /* arrays: nbytes of element data */
+  void *data; /* arrays: nbytes of element data */
   size_t nbytes;
-  struct kiln_literal **elems;  /* tuples: shape.rank element literals */
+  struct kiln_literal **elems; /* tuples: shape.rank element literals */
   /* Arrays of a bounded-dynamic shape: NULL, or shape.rank runtime sizes
    * (each <= its bound). The data is always stored at the bound sizes
    * (padded), as XLA's dynamic padder lays it out. */
@@ -213,9 +213,9 @@ enum {
   KILN_OPF_FOLDABLE = 1u << 9,
 };
 
-const char *kiln_opcode_name(kiln_opcode op);   /* text spelling */
+const char *kiln_opcode_name(kiln_opcode op); /* text spelling */
 bool kiln_opcode_from_name(const char *s, size_t n, kiln_opcode *out);
-int kiln_opcode_arity(kiln_opcode op);          /* -1: variadic */
+int kiln_opcode_arity(kiln_opcode op); /* -1: variadic */
 unsigned kiln_opcode_flags(kiln_opcode op);
 kiln_op_family kiln_opcode_family(kiln_opcode op); /* KILN_FAM_NONE when invalid */
 /* UNARY, BINARY, COMPARE or TERNARY. */
@@ -268,10 +268,10 @@ const char *kiln_cmp_dir_name(kiln_cmp_dir d); /* "EQ" */
 
 typedef struct kiln_window_dim {
   int64_t size;
-  int64_t stride;      /* default 1 */
+  int64_t stride; /* default 1 */
   int64_t pad_lo, pad_hi;
-  int64_t lhs_dilate;  /* base dilation, default 1 */
-  int64_t rhs_dilate;  /* window dilation, default 1 */
+  int64_t lhs_dilate; /* base dilation, default 1 */
+  int64_t rhs_dilate; /* window dilation, default 1 */
   bool reversal;
 } kiln_window_dim;
 
@@ -292,10 +292,10 @@ typedef struct kiln_conv_dims {
 /* replica_groups={{0,1},{2,3}} or the iota form [2,2]<=[4] / [2,2]<=[2,2]T(1,0). */
 typedef struct kiln_replica_groups {
   bool iota;
-  kiln_i64s iota_shape;    /* [ngroups, group_size] */
-  kiln_i64s iota_reshape;  /* <=[...] */
-  kiln_i64s iota_perm;     /* T(...); n == 0 when absent */
-  uint32_t ngroups;        /* list form */
+  kiln_i64s iota_shape;   /* [ngroups, group_size] */
+  kiln_i64s iota_reshape; /* <=[...] */
+  kiln_i64s iota_perm;    /* T(...); n == 0 when absent */
+  uint32_t ngroups;       /* list form */
   kiln_i64s *groups;
 } kiln_replica_groups;
 
@@ -310,16 +310,16 @@ typedef enum kiln_sharding_kind {
 
 typedef struct kiln_sharding {
   kiln_sharding_kind kind;
-  int64_t device;               /* MAXIMAL: device=N */
-  kiln_i64s tile_dims;          /* TILED: devices=[a,b,...] */
-  kiln_i64s devices;            /* TILED, explicit list; n == 0 in the iota form */
-  kiln_i64s iota_reshape;       /* TILED, iota form <=[...] */
-  kiln_i64s iota_perm;          /* T(...) of the iota form; n == 0 when absent */
+  int64_t device;         /* MAXIMAL: device=N */
+  kiln_i64s tile_dims;    /* TILED: devices=[a,b,...] */
+  kiln_i64s devices;      /* TILED, explicit list; n == 0 in the iota form */
+  kiln_i64s iota_reshape; /* TILED, iota form <=[...] */
+  kiln_i64s iota_perm;    /* T(...) of the iota form; n == 0 when absent */
   bool last_tile_dim_replicate;
-  kiln_i64s last_tile_dims;     /* last_tile_dims={manual, replicated}: kiln_sharding_kind each */
-  uint32_t nelems;              /* TUPLE: {{...}, {...}} */
+  kiln_i64s last_tile_dims; /* last_tile_dims={manual, replicated}: kiln_sharding_kind each */
+  uint32_t nelems;          /* TUPLE: {{...}, {...}} */
   struct kiln_sharding *elems;
-  const char *extra;            /* other fields verbatim (metadata={...}, shard_as ...), or NULL */
+  const char *extra; /* other fields verbatim (metadata={...}, shard_as ...), or NULL */
 } kiln_sharding;
 
 typedef struct kiln_attr {
@@ -343,15 +343,15 @@ typedef uint32_t kiln_id;
 #define KILN_NO_ID UINT32_MAX
 
 typedef struct kiln_instr {
-  kiln_id id;            /* index in kiln_module.instrs */
-  uint32_t comp;         /* owning computation; KILN_NO_ID once removed by a pass
-                          * (it stays in kiln_module.instrs, unlisted) */
+  kiln_id id;    /* index in kiln_module.instrs */
+  uint32_t comp; /* owning computation; KILN_NO_ID once removed by a pass
+                  * (it stays in kiln_module.instrs, unlisted) */
   kiln_opcode op;
   /* async-start/update/done written as "negate-start" sugar: the wrapped op;
    * KILN_OP_INVALID otherwise. */
   kiln_opcode async_op;
-  const char *name;      /* unique within its computation */
-  kiln_shape shape;      /* result shape; dtype KILN_INVALID until inferred */
+  const char *name; /* unique within its computation */
+  kiln_shape shape; /* result shape; dtype KILN_INVALID until inferred */
   kiln_id *operands;
   uint32_t noperands;
   /* Called computations; their roles follow from op:
@@ -363,21 +363,21 @@ typedef struct kiln_instr {
   uint32_t ncalled;
   kiln_id *control_preds; /* control-predecessors={...} */
   uint32_t ncontrol;
-  kiln_attr *attrs;       /* at most one per key, except KILN_ATTR_UNKNOWN */
+  kiln_attr *attrs; /* at most one per key, except KILN_ATTR_UNKNOWN */
   uint32_t nattrs, attrcap;
-  kiln_literal *literal;  /* constant: its value (arena-owned) */
-  int64_t param_number;   /* parameter: its number */
+  kiln_literal *literal; /* constant: its value (arena-owned) */
+  int64_t param_number;  /* parameter: its number */
   /* Source position of the definition in text input (1-based; 0 = unknown),
    * so that verifier errors can point into the file. */
   uint32_t line, col;
 } kiln_instr;
 
 typedef struct kiln_computation {
-  uint32_t id;            /* index in kiln_module.comps */
+  uint32_t id; /* index in kiln_module.comps */
   const char *name;
-  kiln_id *instrs;        /* in order: operands before users */
+  kiln_id *instrs; /* in order: operands before users */
   uint32_t ninstrs, cap;
-  kiln_id root;           /* KILN_NO_ID until set */
+  kiln_id root; /* KILN_NO_ID until set */
   bool is_entry;
   uint32_t line, col;
 } kiln_computation;
@@ -407,22 +407,22 @@ typedef struct kiln_raw_attr {
 typedef struct kiln_module {
   kiln_arena *arena;
   const char *name;
-  kiln_instr **instrs;          /* all instructions, by id */
+  kiln_instr **instrs; /* all instructions, by id */
   uint32_t ninstrs;
   size_t instr_cap;
-  kiln_computation **comps;     /* computations, in text order */
+  kiln_computation **comps; /* computations, in text order */
   uint32_t ncomps;
   size_t comp_cap;
-  uint32_t entry;               /* index of the ENTRY computation; KILN_NO_ID if none */
+  uint32_t entry; /* index of the ENTRY computation; KILN_NO_ID if none */
   /* header */
   kiln_program_shape *entry_layout; /* entry_computation_layout, or NULL */
-  int is_scheduled;             /* -1 absent, 0 false, 1 true */
-  kiln_alias *aliases;          /* input_output_alias */
+  int is_scheduled;                 /* -1 absent, 0 false, 1 true */
+  kiln_alias *aliases;              /* input_output_alias */
   uint32_t naliases;
-  bool has_aliases;             /* written, even when empty */
-  int64_t replica_count;        /* 0 when absent */
-  int64_t num_partitions;       /* 0 when absent */
-  kiln_raw_attr *header_extra;  /* other header attributes, verbatim */
+  bool has_aliases;            /* written, even when empty */
+  int64_t replica_count;       /* 0 when absent */
+  int64_t num_partitions;      /* 0 when absent */
+  kiln_raw_attr *header_extra; /* other header attributes, verbatim */
   uint32_t nheader_extra;
   /* Debug-info sections after the header (FileNames, FunctionNames,
    * FileLocations, StackFrames: what compile().as_text() writes), in order:
@@ -445,8 +445,7 @@ kiln_computation *kiln_module_entry(const kiln_module *m);
 /* Appends an instruction to computation `comp`. `name` is copied; NULL makes
  * one up ("add.7"). The result has no operands, no attributes and an invalid
  * shape. NULL on out-of-memory. */
-kiln_instr *kiln_module_add_instr(kiln_module *m, uint32_t comp, kiln_opcode op,
-                                  const char *name);
+kiln_instr *kiln_module_add_instr(kiln_module *m, uint32_t comp, kiln_opcode op, const char *name);
 static inline kiln_instr *kiln_module_instr(const kiln_module *m, kiln_id id) {
   return m->instrs[id];
 }
@@ -467,10 +466,9 @@ const kiln_i64s *kiln_instr_attr_ints(const kiln_instr *ins, kiln_attr_key key);
 const char *kiln_instr_attr_str(const kiln_instr *ins, kiln_attr_key key);
 /* Convenience builders (values copied into the module arena). */
 int kiln_instr_set_attr_int(kiln_module *m, kiln_instr *ins, kiln_attr_key key, int64_t v);
-int kiln_instr_set_attr_ints(kiln_module *m, kiln_instr *ins, kiln_attr_key key,
-                             const int64_t *v, uint32_t n);
-int kiln_instr_set_attr_str(kiln_module *m, kiln_instr *ins, kiln_attr_key key,
-                            const char *s);
+int kiln_instr_set_attr_ints(kiln_module *m, kiln_instr *ins, kiln_attr_key key, const int64_t *v,
+                             uint32_t n);
+int kiln_instr_set_attr_str(kiln_module *m, kiln_instr *ins, kiln_attr_key key, const char *s);
 
 /* Parameter instruction number `n` of a computation, or NULL. */
 kiln_instr *kiln_computation_param(const kiln_module *m, const kiln_computation *c, int64_t n);

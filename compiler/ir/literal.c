@@ -188,9 +188,7 @@ void kiln_literal_get_c128(const kiln_literal *lit, int64_t i, double *re, doubl
     *re = ((const double *)lit->data)[2 * i];
     *im = ((const double *)lit->data)[2 * i + 1];
     return;
-  default:
-    *re = kiln_literal_get_f64(lit, i);
-    *im = 0;
+  default: *re = kiln_literal_get_f64(lit, i); *im = 0;
   }
 }
 
@@ -269,10 +267,14 @@ void kiln_literal_set_f64(kiln_literal *lit, int64_t i, double v) {
     if (kiln_dtype_is_signed_int(lit->shape.dtype)) {
       /* float -> signed int: truncate toward zero, saturate, NaN -> 0 (XLA). */
       int64_t x;
-      if (isnan(v)) x = 0;
-      else if (v >= 9223372036854775807.0) x = INT64_MAX;
-      else if (v <= -9223372036854775808.0) x = INT64_MIN;
-      else x = (int64_t)v;
+      if (isnan(v))
+        x = 0;
+      else if (v >= 9223372036854775807.0)
+        x = INT64_MAX;
+      else if (v <= -9223372036854775808.0)
+        x = INT64_MIN;
+      else
+        x = (int64_t)v;
       int bits = kiln_dtype_bits(lit->shape.dtype);
       if (bits < 64) {
         int64_t hi = (INT64_C(1) << (bits - 1)) - 1, lo = -hi - 1;
@@ -281,9 +283,12 @@ void kiln_literal_set_f64(kiln_literal *lit, int64_t i, double v) {
       kiln_literal_set_u64(lit, i, (uint64_t)x);
     } else if (kiln_dtype_is_unsigned_int(lit->shape.dtype)) {
       uint64_t x;
-      if (isnan(v) || v <= 0) x = 0;
-      else if (v >= 18446744073709551615.0) x = UINT64_MAX;
-      else x = (uint64_t)v;
+      if (isnan(v) || v <= 0)
+        x = 0;
+      else if (v >= 18446744073709551615.0)
+        x = UINT64_MAX;
+      else
+        x = (uint64_t)v;
       int bits = kiln_dtype_bits(lit->shape.dtype);
       if (bits < 64 && x > (UINT64_C(1) << bits) - 1) x = (UINT64_C(1) << bits) - 1;
       kiln_literal_set_u64(lit, i, x);

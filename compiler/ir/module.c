@@ -64,8 +64,7 @@ kiln_computation *kiln_module_entry(const kiln_module *m) {
   return kiln_module_computation(m, m->entry);
 }
 
-kiln_instr *kiln_module_add_instr(kiln_module *m, uint32_t comp, kiln_opcode op,
-                                  const char *name) {
+kiln_instr *kiln_module_add_instr(kiln_module *m, uint32_t comp, kiln_opcode op, const char *name) {
   kiln_computation *c = kiln_module_computation(m, comp);
   if (c == NULL || m->ninstrs >= UINT32_MAX - 1 || c->ninstrs >= UINT32_MAX - 1) return NULL;
   void *p = m->instrs;
@@ -180,8 +179,8 @@ int kiln_instr_set_attr_int(kiln_module *m, kiln_instr *ins, kiln_attr_key key, 
   return 0;
 }
 
-int kiln_instr_set_attr_ints(kiln_module *m, kiln_instr *ins, kiln_attr_key key,
-                             const int64_t *v, uint32_t n) {
+int kiln_instr_set_attr_ints(kiln_module *m, kiln_instr *ins, kiln_attr_key key, const int64_t *v,
+                             uint32_t n) {
   int64_t *copy = NULL;
   if (n) {
     copy = kiln_arena_memdup(m->arena, v, (size_t)n * sizeof *v);
@@ -194,8 +193,7 @@ int kiln_instr_set_attr_ints(kiln_module *m, kiln_instr *ins, kiln_attr_key key,
   return 0;
 }
 
-int kiln_instr_set_attr_str(kiln_module *m, kiln_instr *ins, kiln_attr_key key,
-                            const char *s) {
+int kiln_instr_set_attr_str(kiln_module *m, kiln_instr *ins, kiln_attr_key key, const char *s) {
   const char *copy = kiln_arena_strdup(m->arena, s);
   if (copy == NULL) return KILN_ENOMEM;
   kiln_attr *a = kiln_instr_add_attr(m, ins, key);

@@ -18,18 +18,18 @@
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/proto_internal.h"
 
-#define X(e, s, bits, bytes, kind)                                                        \
-  _Static_assert((int)KILN__V1__ELEMENT_TYPE__ELEMENT_TYPE_##e == (int)KILN_##e,         \
+#define X(e, s, bits, bytes, kind) \
+  _Static_assert((int)KILN__V1__ELEMENT_TYPE__ELEMENT_TYPE_##e == (int)KILN_##e, \
                  "hlo.proto ElementType disagrees with types.def at " #e);
 #include "compiler/ir/types.def"
 #undef X
-#define X(e, s, arity, family, flags)                                                      \
-  _Static_assert((int)KILN__V1__OPCODE__OPCODE_##e == (int)KILN_OP_##e,                  \
+#define X(e, s, arity, family, flags) \
+  _Static_assert((int)KILN__V1__OPCODE__OPCODE_##e == (int)KILN_OP_##e, \
                  "hlo.proto Opcode disagrees with ops.def at " #e);
 #include "compiler/ir/ops.def"
 #undef X
-#define X(e, s, kind)                                                                      \
-  _Static_assert((int)KILN__V1__ATTR_KEY__ATTR_KEY_##e == (int)KILN_ATTR_##e,            \
+#define X(e, s, kind) \
+  _Static_assert((int)KILN__V1__ATTR_KEY__ATTR_KEY_##e == (int)KILN_ATTR_##e, \
                  "hlo.proto AttrKey disagrees with attrs.def at " #e);
 #include "compiler/ir/attrs.def"
 #undef X
@@ -51,11 +51,11 @@ typedef struct enc {
  * per level: refuse here too, rather than emit what cannot come back. */
 static bool too_deep(unsigned depth) { return depth > KILN_PROTO_MAX_TUPLE_DEPTH; }
 
-#define NEW(e, T, init_fn, out)                                   \
-  do {                                                            \
-    (out) = kiln_arena_alloc((e)->a, sizeof(T));                  \
-    if ((out) == NULL) return KILN_ENOMEM;                        \
-    init_fn(out);                                                 \
+#define NEW(e, T, init_fn, out) \
+  do { \
+    (out) = kiln_arena_alloc((e)->a, sizeof(T)); \
+    if ((out) == NULL) return KILN_ENOMEM; \
+    init_fn(out); \
   } while (0)
 
 /* Arrays of message pointers. */

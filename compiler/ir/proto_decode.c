@@ -204,8 +204,10 @@ static int dec_array_dims(dec *d, const Kiln__V1__Shape *ps, kiln_shape *s) {
     int64_t v = ps->dimensions[i];
     size_t old = push_at(d, "dimensions", i);
     int rc = 0;
-    if (v < 0) rc = fail(d, "size %lld is negative", (long long)v);
-    else if (v > KILN_PROTO_MAX_DIM) rc = fail(d, "size %lld is over the limit of 2^40", (long long)v);
+    if (v < 0)
+      rc = fail(d, "size %lld is negative", (long long)v);
+    else if (v > KILN_PROTO_MAX_DIM)
+      rc = fail(d, "size %lld is over the limit of 2^40", (long long)v);
     pop(d, old);
     if (rc) return rc;
     /* Both factors are at most 2^40, so the check itself cannot overflow. */
@@ -237,8 +239,7 @@ static int dec_tuple_shape(dec *d, const Kiln__V1__Shape *ps, kiln_shape *s, uns
   if (ps->n_is_dynamic_dimension)
     return fail_at(d, "is_dynamic_dimension", "a tuple has no dimensions");
   if (ps->layout) return fail_at(d, "layout", "a tuple has no layout");
-  if (ps->n_tuple_shapes > UINT32_MAX - 1)
-    return fail_at(d, "tuple_shapes", "too many elements");
+  if (ps->n_tuple_shapes > UINT32_MAX - 1) return fail_at(d, "tuple_shapes", "too many elements");
   if (ps->n_tuple_shapes && too_deep(depth + 1)) {
     pop(d, root);
     return fail(d, "tuple shapes nested deeper than %d levels", KILN_PROTO_MAX_TUPLE_DEPTH);
@@ -268,8 +269,8 @@ static int dec_shape_rec(dec *d, const Kiln__V1__Shape *ps, kiln_shape *s, unsig
     return fail_at(d, "tuple_shapes", "only a tuple has element shapes, not %s",
                    kiln_dtype_name(s->dtype));
   if (!kiln_dtype_is_array(s->dtype)) {
-    if (ps->n_dimensions) return fail_at(d, "dimensions", "%s has no dimensions",
-                                         kiln_dtype_name(s->dtype));
+    if (ps->n_dimensions)
+      return fail_at(d, "dimensions", "%s has no dimensions", kiln_dtype_name(s->dtype));
     if (ps->n_is_dynamic_dimension)
       return fail_at(d, "is_dynamic_dimension", "%s has no dimensions", kiln_dtype_name(s->dtype));
     if (ps->layout) return fail_at(d, "layout", "%s has no layout", kiln_dtype_name(s->dtype));
@@ -310,8 +311,9 @@ static int check_elements(dec *d, const kiln_literal *lit) {
     if (v < lo || v > hi)
       return fail_at(d, "data", "element %zu (byte 0x%02x) is not a valid %s%s", i, b[i],
                      kiln_dtype_name(t),
-                     pred ? " (0 or 1)" : sint ? " (sign-extended, one per byte)"
-                                               : " (zero-extended, one per byte)");
+                     pred   ? " (0 or 1)"
+                     : sint ? " (sign-extended, one per byte)"
+                            : " (zero-extended, one per byte)");
   }
   return 0;
 }
@@ -325,8 +327,8 @@ static int dec_array_literal(dec *d, const Kiln__V1__Literal *pl, kiln_literal *
   if ((uint64_t)pl->data.len != (uint64_t)bytes) {
     kiln_sbuf sb = KILN_SBUF_INIT;
     kiln_shape_print_short(&sb, s);
-    int rc = fail_at(d, "data", "%zu bytes, but %s takes %lld", pl->data.len,
-                     kiln_sbuf_str(&sb), (long long)bytes);
+    int rc = fail_at(d, "data", "%zu bytes, but %s takes %lld", pl->data.len, kiln_sbuf_str(&sb),
+                     (long long)bytes);
     kiln_sbuf_free(&sb);
     return rc;
   }
@@ -390,8 +392,8 @@ static int dec_literal_rec(dec *d, const Kiln__V1__Literal *pl, const kiln_shape
   if (pl->data.len) return fail_at(d, "data", "a tuple literal has no data of its own");
   if (pl->n_dynamic_sizes) return fail_at(d, "dynamic_sizes", "a tuple literal has no sizes");
   if (pl->n_tuple_literals != s->rank)
-    return fail_at(d, "tuple_literals", "%zu elements, but the shape has %u",
-                   pl->n_tuple_literals, s->rank);
+    return fail_at(d, "tuple_literals", "%zu elements, but the shape has %u", pl->n_tuple_literals,
+                   s->rank);
   if (s->rank && too_deep(depth + 1)) {
     pop(d, root);
     return fail(d, "tuple literals nested deeper than %d levels", KILN_PROTO_MAX_TUPLE_DEPTH);
@@ -421,8 +423,8 @@ int kiln__proto_literal_decode(kiln_arena *a, const Kiln__V1__Literal *pl, const
 
 /* ---- attribute values ------------------------------------------------------------------- */
 
-static int dec_sharding_rec(dec *d, const Kiln__V1__Sharding *ps, kiln_sharding *s,
-                            unsigned depth, size_t root) {
+static int dec_sharding_rec(dec *d, const Kiln__V1__Sharding *ps, kiln_sharding *s, unsigned depth,
+                            size_t root) {
   memset(s, 0, sizeof *s);
   if ((unsigned)ps->kind > KILN_SHARD_TUPLE)
     return fail_at(d, "kind", "%d is not a kiln.v1.ShardingKind value", (int)ps->kind);
@@ -596,10 +598,10 @@ static int dec_ints_value(dec *d, kiln_attr_kind kind, const Kiln__V1__Int64List
                           kiln_i64s *out) {
   size_t group = kind == KILN_AK_PAIRS ? 2 : kind == KILN_AK_INTS ? 1 : 3;
   if (pv->n_values % group)
-    return fail_at(d, "ints.values", "%zu values, not a multiple of %zu (%s)", pv->n_values,
-                   group, kind == KILN_AK_PAIRS ? "source, target pairs"
-                          : kind == KILN_AK_SLICE ? "start, limit, stride triples"
-                                                  : "low, high, interior triples");
+    return fail_at(d, "ints.values", "%zu values, not a multiple of %zu (%s)", pv->n_values, group,
+                   kind == KILN_AK_PAIRS   ? "source, target pairs"
+                   : kind == KILN_AK_SLICE ? "start, limit, stride triples"
+                                           : "low, high, interior triples");
   return i64s_at(d, "ints.values", pv->values, pv->n_values, out);
 }
 
@@ -607,16 +609,14 @@ static int dec_attr_value(dec *d, const Kiln__V1__Attribute *pa, kiln_attr *at) 
   kiln_attr_kind kind = kiln_attr_key_kind(at->key);
   Kiln__V1__Attribute__ValueCase want = kind_case(kind);
   if (pa->value_case != want)
-    return fail(d, "key %s (%s) takes its value in %s, but %s is set", kiln_attr_key_name(at->key),
-                protobuf_c_enum_descriptor_get_value(&kiln__v1__attr_key__descriptor,
-                                                     (int)at->key)->name,
-                case_name(want), case_name(pa->value_case));
+    return fail(
+        d, "key %s (%s) takes its value in %s, but %s is set", kiln_attr_key_name(at->key),
+        protobuf_c_enum_descriptor_get_value(&kiln__v1__attr_key__descriptor, (int)at->key)->name,
+        case_name(want), case_name(pa->value_case));
   size_t old;
   int rc;
   switch (want) {
-  case KILN__V1__ATTRIBUTE__VALUE_I:
-    at->v.i = pa->i;
-    return dec_int_value(d, kind, pa->i);
+  case KILN__V1__ATTRIBUTE__VALUE_I: at->v.i = pa->i; return dec_int_value(d, kind, pa->i);
   case KILN__V1__ATTRIBUTE__VALUE_F: at->v.f = pa->f; return 0;
   case KILN__V1__ATTRIBUTE__VALUE_INTS: return dec_ints_value(d, kind, pa->ints, &at->v.ints);
   case KILN__V1__ATTRIBUTE__VALUE_WINDOW:
@@ -637,9 +637,7 @@ static int dec_attr_value(dec *d, const Kiln__V1__Attribute *pa, kiln_attr *at) 
     old = push(d, "sharding");
     rc = dec_sharding_rec(d, pa->sharding, at->v.sharding, 0, d->plen);
     break;
-  default:
-    at->v.s = kiln_arena_strdup(d->a, pa->s ? pa->s : "");
-    return at->v.s ? 0 : oom(d);
+  default: at->v.s = kiln_arena_strdup(d->a, pa->s ? pa->s : ""); return at->v.s ? 0 : oom(d);
   }
   pop(d, old);
   return rc;
@@ -680,8 +678,7 @@ static int dec_attr(dec *d, kiln_instr *ins, const Kiln__V1__Attribute *pa, uint
  * current path, which must name an instruction of computation `comp`. */
 static int check_ref(dec *d, int64_t v, uint32_t comp) {
   if (v < 0 || v >= (int64_t)d->ninstrs)
-    return fail(d, "id %lld out of range (module has %u instructions)", (long long)v,
-                d->ninstrs);
+    return fail(d, "id %lld out of range (module has %u instructions)", (long long)v, d->ninstrs);
   const owner *o = &d->owners[v];
   if (o->comp != comp)
     return fail(d, "id %lld is in computations[%u] (%s), not in this computation (%s)",
@@ -745,8 +742,10 @@ static int dec_opcodes(dec *d, const Kiln__V1__Instruction *pi, kiln_instr *ins)
     return fail_at(d, "async_op", "%d is not a kiln.v1.Opcode value", (int)pi->async_op);
   ins->async_op = (kiln_opcode)pi->async_op;
   if (ins->async_op != KILN_OP_INVALID && !is_async_wrapper(ins->op))
-    return fail_at(d, "async_op", "set on %s (only async-start, async-update and async-done "
-                   "wrap an op)", kiln_opcode_name(ins->op));
+    return fail_at(d, "async_op",
+                   "set on %s (only async-start, async-update and async-done "
+                   "wrap an op)",
+                   kiln_opcode_name(ins->op));
   return 0;
 }
 
@@ -760,8 +759,7 @@ static int dec_instr_body(dec *d, const Kiln__V1__Instruction *pi, kiln_instr *i
     return rc;
   if ((rc = dec_called(d, pi, ins))) return rc;
   if ((rc = dec_refs(d, "control_predecessors", pi->control_predecessors,
-                     pi->n_control_predecessors, ins->comp, &ins->control_preds,
-                     &ins->ncontrol)))
+                     pi->n_control_predecessors, ins->comp, &ins->control_preds, &ins->ncontrol)))
     return rc;
   uint8_t seen[KILN_ATTR_COUNT] = {0};
   for (size_t i = 0; i < pi->n_attributes; i++) {
@@ -792,8 +790,7 @@ static int index_ids(dec *d, const Kiln__V1__Module *pm) {
   size_t total = 0;
   for (size_t c = 0; c < pm->n_computations; c++) total += pm->computations[c]->n_instructions;
   if (total >= UINT32_MAX - 1 || pm->n_computations >= UINT32_MAX - 1)
-    return fail(d, "%zu instructions in %zu computations are too many", total,
-                pm->n_computations);
+    return fail(d, "%zu instructions in %zu computations are too many", total, pm->n_computations);
   d->ninstrs = (uint32_t)total;
   d->owners = kiln_malloc((total ? total : 1) * sizeof *d->owners);
   if (d->owners == NULL) return oom(d);
@@ -914,7 +911,7 @@ static int dec_header(dec *d, const Kiln__V1__Module *pm) {
     return fail_at(d, "is_scheduled", "%d is not a kiln.v1.Tristate value", (int)pm->is_scheduled);
   m->is_scheduled = pm->is_scheduled == KILN__V1__TRISTATE__TRISTATE_UNSET   ? -1
                     : pm->is_scheduled == KILN__V1__TRISTATE__TRISTATE_FALSE ? 0
-                                                                              : 1;
+                                                                             : 1;
   m->has_aliases = pm->has_input_output_alias;
   if (pm->n_input_output_alias > UINT32_MAX) return fail_at(d, "input_output_alias", "too many");
   if (pm->n_input_output_alias) {

@@ -18,9 +18,9 @@
 #include "kiln/v1/hlo.pb-c.h"
 
 /* Limits the decoder enforces. */
-#define KILN_PROTO_MAX_DIM (INT64_C(1) << 40)      /* one dimension, and elements per array */
-#define KILN_PROTO_MAX_TUPLE_DEPTH 64              /* tuple shapes, literals, shardings */
-#define KILN_PROTO_MAX_MESSAGE_DEPTH 100           /* nested messages on the wire */
+#define KILN_PROTO_MAX_DIM (INT64_C(1) << 40) /* one dimension, and elements per array */
+#define KILN_PROTO_MAX_TUPLE_DEPTH 64         /* tuple shapes, literals, shardings */
+#define KILN_PROTO_MAX_MESSAGE_DEPTH 100      /* nested messages on the wire */
 
 /* Checks a serialized message of type `desc` before unpacking: well-formed
  * wire data (tags, varints, lengths within bounds, no groups), messages
@@ -29,8 +29,8 @@
  * (protobuf-c checks neither, and a NUL would silently cut a C string).
  * Errors are KILN_EINVAL: malformed data is "not a valid <type> message";
  * the others name the field path. */
-int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
-                           size_t len, kiln_status *st);
+int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size_t len,
+                           kiln_status *st);
 
 /* A protobuf-c allocator over the allocation hook, with a budget: an
  * unpacked message tree of real modules takes about 10-15 times the bytes
@@ -44,7 +44,7 @@ typedef struct kiln__proto_alloc {
 } kiln__proto_alloc;
 /* The budget for unpacking a message of `len` bytes. */
 #define KILN_PROTO_UNPACK_BUDGET(len) \
-  (((size_t)16 << 20) + ((len) < SIZE_MAX / 64 ? (size_t)(len) * 32 : SIZE_MAX / 2))
+  (((size_t)16 << 20) + ((len) < SIZE_MAX / 64 ? (size_t)(len)*32 : SIZE_MAX / 2))
 void kiln__proto_alloc_init(kiln__proto_alloc *a, size_t budget);
 
 /* Message <-> IR for the pieces other messages reuse (Execute arguments

@@ -101,10 +101,14 @@ static bool valid_utf8(const uint8_t *s, size_t n) {
     }
     size_t len;
     uint32_t cp, min;
-    if ((c & 0xe0) == 0xc0) len = 2, cp = c & 0x1f, min = 0x80;
-    else if ((c & 0xf0) == 0xe0) len = 3, cp = c & 0x0f, min = 0x800;
-    else if ((c & 0xf8) == 0xf0) len = 4, cp = c & 0x07, min = 0x10000;
-    else return false;
+    if ((c & 0xe0) == 0xc0)
+      len = 2, cp = c & 0x1f, min = 0x80;
+    else if ((c & 0xf0) == 0xe0)
+      len = 3, cp = c & 0x0f, min = 0x800;
+    else if ((c & 0xf8) == 0xf0)
+      len = 4, cp = c & 0x07, min = 0x10000;
+    else
+      return false;
     if (n - i < len) return false;
     for (size_t k = 1; k < len; k++) {
       if ((s[i + k] & 0xc0) != 0x80) return false;
@@ -129,8 +133,10 @@ static int check_delimited(walker *w, const ProtobufCFieldDescriptor *f, uint32_
    * below before a message one level deeper is walked */
   w->frames[w->nframes++] = (frame){f, index};
   if (f->type == PROTOBUF_C_TYPE_STRING) {
-    if (memchr(p, 0, len) != NULL) rc = field_error(w, "contains a NUL character");
-    else if (!valid_utf8(p, len)) rc = field_error(w, "not valid UTF-8");
+    if (memchr(p, 0, len) != NULL)
+      rc = field_error(w, "contains a NUL character");
+    else if (!valid_utf8(p, len))
+      rc = field_error(w, "not valid UTF-8");
   } else if (depth + 1 > KILN_PROTO_MAX_MESSAGE_DEPTH) {
     char msg[80];
     snprintf(msg, sizeof msg, "messages nested deeper than %d levels",
@@ -177,15 +183,14 @@ static int walk(walker *w, const ProtobufCMessageDescriptor *desc, const uint8_t
       p += v;
       break;
     }
-    default: /* groups (3, 4) are not proto3; 6 and 7 do not exist */
-      return malformed(w);
+    default: /* groups (3, 4) are not proto3; 6 and 7 do not exist */ return malformed(w);
     }
   }
   return 0;
 }
 
-int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t *buf,
-                           size_t len, kiln_status *st) {
+int kiln__proto_check_wire(const ProtobufCMessageDescriptor *desc, const uint8_t *buf, size_t len,
+                           kiln_status *st) {
   walker w; /* not zeroed: frames are written before they are read */
   w.st = st;
   w.top = desc;
@@ -204,8 +209,10 @@ static void *hook_alloc(void *data, size_t size) {
     return NULL;
   }
   void *p = kiln_malloc(size ? size : 1);
-  if (p == NULL) a->failed = true;
-  else a->used += size;
+  if (p == NULL)
+    a->failed = true;
+  else
+    a->used += size;
   return p;
 }
 

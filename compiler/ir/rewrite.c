@@ -82,8 +82,7 @@ void kiln_remap_operands(kiln_module *m, uint32_t comp, const kiln_id *map) {
   for (uint32_t i = 0; i < c->ninstrs; i++) {
     kiln_instr *ins = m->instrs[c->instrs[i]];
     for (uint32_t k = 0; k < ins->noperands; k++) ins->operands[k] = map[ins->operands[k]];
-    for (uint32_t k = 0; k < ins->ncontrol; k++)
-      ins->control_preds[k] = map[ins->control_preds[k]];
+    for (uint32_t k = 0; k < ins->ncontrol; k++) ins->control_preds[k] = map[ins->control_preds[k]];
   }
   if (c->root != KILN_NO_ID) c->root = map[c->root];
 }
@@ -141,8 +140,8 @@ int kiln_computation_sort(kiln_module *m, uint32_t comp, kiln_status *st) {
         kiln_id d = e < ins->noperands ? ins->operands[e] : ins->control_preds[e - ins->noperands];
         if (d >= m->ninstrs || !member[d]) continue;
         if (state[d] == 1) {
-          rc = kiln_status_set(st, KILN_EINVAL, NULL, "cycle in computation %s through %s",
-                               c->name, m->instrs[d]->name);
+          rc = kiln_status_set(st, KILN_EINVAL, NULL, "cycle in computation %s through %s", c->name,
+                               m->instrs[d]->name);
           break;
         }
         if (state[d] == 0) {
@@ -176,7 +175,8 @@ static int copy_ints(kiln_arena *a, kiln_i64s *dst, const kiln_i64s *src) {
 
 static int copy_sharding(kiln_arena *a, kiln_sharding *dst, const kiln_sharding *src) {
   *dst = *src;
-  if (copy_ints(a, &dst->tile_dims, &src->tile_dims) || copy_ints(a, &dst->devices, &src->devices) ||
+  if (copy_ints(a, &dst->tile_dims, &src->tile_dims) ||
+      copy_ints(a, &dst->devices, &src->devices) ||
       copy_ints(a, &dst->iota_reshape, &src->iota_reshape) ||
       copy_ints(a, &dst->iota_perm, &src->iota_perm) ||
       copy_ints(a, &dst->last_tile_dims, &src->last_tile_dims))
@@ -266,8 +266,8 @@ int kiln_attr_copy(kiln_arena *a, kiln_attr *dst, const kiln_attr *src) {
 }
 
 kiln_instr *kiln_instr_clone(kiln_module *m, uint32_t comp, const kiln_instr *src,
-                             const kiln_id *operands, uint32_t noperands,
-                             const uint32_t *comp_map, const char *name) {
+                             const kiln_id *operands, uint32_t noperands, const uint32_t *comp_map,
+                             const char *name) {
   kiln_instr *ins = kiln_module_add_instr(m, comp, src->op, name ? name : src->name);
   if (ins == NULL) return NULL;
   ins->async_op = src->async_op;
@@ -286,8 +286,7 @@ kiln_instr *kiln_instr_clone(kiln_module *m, uint32_t comp, const kiln_instr *sr
       if (kiln_attr_copy(m->arena, &ins->attrs[i], &src->attrs[i])) return NULL;
     ins->nattrs = ins->attrcap = src->nattrs;
   }
-  if (src->literal && kiln_literal_clone(m->arena, src->literal, &ins->literal, NULL))
-    return NULL;
+  if (src->literal && kiln_literal_clone(m->arena, src->literal, &ins->literal, NULL)) return NULL;
   return ins;
 }
 

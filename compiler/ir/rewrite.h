@@ -46,8 +46,8 @@ int kiln_attr_copy(kiln_arena *a, kiln_attr *dst, const kiln_attr *src);
  * are copied as ids unchanged unless `comp_map` is given (then mapped).
  * NULL on out-of-memory. */
 kiln_instr *kiln_instr_clone(kiln_module *m, uint32_t comp, const kiln_instr *src,
-                             const kiln_id *operands, uint32_t noperands,
-                             const uint32_t *comp_map, const char *name);
+                             const kiln_id *operands, uint32_t noperands, const uint32_t *comp_map,
+                             const char *name);
 
 /* A deep copy of a whole module; identical ids, names and order. */
 int kiln_module_clone(const kiln_module *src, kiln_module **out);

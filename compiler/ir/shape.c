@@ -125,8 +125,8 @@ int kiln_shape_copy(kiln_arena *a, kiln_shape *dst, const kiln_shape *src) {
     if (l == NULL) return KILN_ENOMEM;
     *l = *src->layout;
     if (l->rank) {
-      l->minor_to_major = kiln_arena_memdup(a, src->layout->minor_to_major,
-                                            l->rank * sizeof *l->minor_to_major);
+      l->minor_to_major =
+          kiln_arena_memdup(a, src->layout->minor_to_major, l->rank * sizeof *l->minor_to_major);
       if (l->minor_to_major == NULL) return KILN_ENOMEM;
     }
     if (src->layout->tail) {

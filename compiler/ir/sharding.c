@@ -241,8 +241,7 @@ int kiln_collective_group_mode(const kiln_instr *ins, kiln_group_mode *mode, kil
   bool ugdi = kiln_instr_attr_int(ins, KILN_ATTR_USE_GLOBAL_DEVICE_IDS, 0) != 0;
   if (!channel) {
     if (ugdi)
-      return where_fail(st, ins, KILN_EINVAL,
-                        "use_global_device_ids=true needs a channel_id");
+      return where_fail(st, ins, KILN_EINVAL, "use_global_device_ids=true needs a channel_id");
     *mode = KILN_GROUPS_CROSS_REPLICA;
   } else if (!has_ugdi(ins->op)) {
     *mode = KILN_GROUPS_CROSS_PARTITION;
@@ -266,8 +265,8 @@ int kiln_replica_groups_expand(const kiln_replica_groups *g, kiln_arena *a, int6
     int64_t *v = kiln_arena_alloc(a, (size_t)(n ? n : 1) * sizeof *v);
     if (v == NULL) return kiln_status_set(st, KILN_ENOMEM, "replica_groups", "out of memory");
     if (!kiln_iota_expand(&g->iota_reshape, &g->iota_perm, v, n))
-      return where_fail(st, NULL, KILN_EINVAL,
-                        "the iota list does not hold %lld devices", (long long)n);
+      return where_fail(st, NULL, KILN_EINVAL, "the iota list does not hold %lld devices",
+                        (long long)n);
     *out = v;
     *ngroups = g->iota_shape.v[0];
     *size = g->iota_shape.v[1];
@@ -277,9 +276,10 @@ int kiln_replica_groups_expand(const kiln_replica_groups *g, kiln_arena *a, int6
   int64_t sz = g->groups[0].n;
   for (uint32_t i = 1; i < g->ngroups; i++)
     if ((int64_t)g->groups[i].n != sz)
-      return where_fail(st, NULL, KILN_EINVAL,
-                        "replica group %lld has %lld ids; every group must have as many as the first",
-                        (long long)i, (long long)g->groups[i].n);
+      return where_fail(
+          st, NULL, KILN_EINVAL,
+          "replica group %lld has %lld ids; every group must have as many as the first",
+          (long long)i, (long long)g->groups[i].n);
   int64_t total = (int64_t)g->ngroups * sz;
   int64_t *v = kiln_arena_alloc(a, (size_t)(total > 0 ? total : 1) * sizeof *v);
   if (v == NULL) return kiln_status_set(st, KILN_ENOMEM, "replica_groups", "out of memory");
@@ -315,8 +315,8 @@ int kiln_collective_group_of(const kiln_instr *ins, int64_t replicas, int64_t pa
   bool pairs = ins->op == KILN_OP_COLLECTIVE_PERMUTE || ins->op == KILN_OP_COLLECTIVE_PERMUTE_START;
   const kiln_attr *ga = kiln_instr_attr(ins, KILN_ATTR_REPLICA_GROUPS);
   int64_t *ids = NULL, ngroups = 0, size = 0;
-  if (!pairs && (rc = kiln_replica_groups_expand(ga ? ga->v.groups : NULL, a, &ids, &ngroups,
-                                                 &size, st)))
+  if (!pairs &&
+      (rc = kiln_replica_groups_expand(ga ? ga->v.groups : NULL, a, &ids, &ngroups, &size, st)))
     return rc;
   /* The id space the groups are written in, and its extent. */
   int64_t space = mode == KILN_GROUPS_CROSS_PARTITION ? partitions
@@ -326,8 +326,7 @@ int kiln_collective_group_of(const kiln_instr *ins, int64_t replicas, int64_t pa
                   : mode == KILN_GROUPS_FLATTENED_ID  ? device
                                                       : my_r;
   if (mode == KILN_GROUPS_FLATTENED_ID && ngroups == 0 && !pairs)
-    return where_fail(st, ins, KILN_EINVAL,
-                      "use_global_device_ids=true needs replica_groups");
+    return where_fail(st, ins, KILN_EINVAL, "use_global_device_ids=true needs replica_groups");
   for (int64_t i = 0; i < ngroups * size; i++)
     if (ids[i] < 0 || ids[i] >= space)
       return where_fail(st, ins, KILN_EINVAL,

@@ -87,10 +87,10 @@ int kiln_replica_groups_expand(const kiln_replica_groups *g, kiln_arena *a, int6
  * groups (an id out of range, a device in no group or in two) fail naming
  * the instruction. */
 typedef struct kiln_collective_group {
-  int64_t *members;    /* global device ids, rank order */
-  int64_t *ids;        /* the id of each member in the instruction's id space */
+  int64_t *members; /* global device ids, rank order */
+  int64_t *ids;     /* the id of each member in the instruction's id space */
   int64_t n;
-  int64_t rank;        /* of the asking device */
+  int64_t rank; /* of the asking device */
 } kiln_collective_group;
 
 int kiln_collective_group_of(const kiln_instr *ins, int64_t replicas, int64_t partitions,

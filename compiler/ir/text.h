@@ -29,8 +29,7 @@ typedef struct kiln_parse_options {
  * a new module owned by the caller. Missing result shapes are inferred
  * (kiln_infer_shape) unless options say otherwise. `opts` may be NULL. */
 int kiln_module_parse_text(const char *text, size_t len, const char *filename,
-                           const kiln_parse_options *opts, kiln_module **out,
-                           kiln_status *st);
+                           const kiln_parse_options *opts, kiln_module **out, kiln_status *st);
 
 /* Parses a literal in HLO text form, with its shape: "f32[2] {1, 2}",
  * "(s32[], pred[]) (1, true)", "bf16[] 1.5". *out is heap-owned. */

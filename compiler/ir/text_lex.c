@@ -94,8 +94,10 @@ const char *kiln__lex_found(const kiln__lex *lx, const char *at, char *buf, size
     while (at + n < lx->end && n < 40 && kiln__lex_is_name_char((unsigned char)at[n])) n++;
   }
   if (c < 0x20 || c >= 0x7f) {
-    if (c == '\n') snprintf(buf, size, "end of line");
-    else snprintf(buf, size, "byte 0x%02x", c);
+    if (c == '\n')
+      snprintf(buf, size, "end of line");
+    else
+      snprintf(buf, size, "byte 0x%02x", c);
     return buf;
   }
   bool more = at + n < lx->end && n == 40 && kiln__lex_is_name_char((unsigned char)at[n]);
@@ -183,8 +185,7 @@ bool kiln__lex_try_name(kiln__lex *lx, kiln__tok *tok) {
   if (pct) p++;
   if (p >= lx->end) return false;
   unsigned char c = (unsigned char)*p;
-  if (!(kiln__lex_is_name_start(c) || (pct && (is_digit(c) || c == '.' || c == '-'))))
-    return false;
+  if (!(kiln__lex_is_name_start(c) || (pct && (is_digit(c) || c == '.' || c == '-')))) return false;
   size_t n = name_run(p, lx->end);
   if (n == 0) return false;
   tok->s = p;
@@ -242,8 +243,10 @@ static long read_digits(const char *p, const char *end, uint64_t *out) {
   bool over = false;
   while (p + n < end && is_digit((unsigned char)p[n])) {
     unsigned d = (unsigned)(p[n] - '0');
-    if (v > (UINT64_MAX - d) / 10) over = true;
-    else v = v * 10 + d;
+    if (v > (UINT64_MAX - d) / 10)
+      over = true;
+    else
+      v = v * 10 + d;
     n++;
   }
   *out = v;
@@ -318,8 +321,7 @@ int kiln__lex_float(kiln__lex *lx, double *out, const char *what) {
     return int_error(lx, start, what);
   size_t n = (size_t)(q - start);
   char buf[512];
-  if (n >= sizeof buf)
-    return kiln__lex_error(lx, start, "number of %zu characters is too long", n);
+  if (n >= sizeof buf) return kiln__lex_error(lx, start, "number of %zu characters is too long", n);
   memcpy(buf, start, n);
   buf[n] = '\0';
   *out = strtod(buf, NULL);
@@ -379,10 +381,14 @@ int kiln__lex_string(kiln__lex *lx, kiln_arena *a, const char **out, size_t *len
     case 'b': buf[n++] = '\b'; break;
     case 'f': buf[n++] = '\f'; break;
     case 'v': buf[n++] = '\v'; break;
-    case '\\': case '"': case '\'': case '?': buf[n++] = c; break;
+    case '\\':
+    case '"':
+    case '\'':
+    case '?': buf[n++] = c; break;
     case 'x': {
       int v = 0, k = 0;
-      while (s < e && k < 2 && hexval((unsigned char)*s) >= 0) v = v * 16 + hexval((unsigned char)*s++), k++;
+      while (s < e && k < 2 && hexval((unsigned char)*s) >= 0)
+        v = v * 16 + hexval((unsigned char)*s++), k++;
       if (k == 0) return kiln__lex_error(lx, esc, "bad escape sequence '\\x' in string");
       if (v == 0) return kiln__lex_error(lx, esc, "NUL character in a string");
       buf[n++] = (char)v;
@@ -442,8 +448,9 @@ int kiln__lex_verbatim(kiln__lex *lx, kiln__tok *tok, const char *what) {
       if (c != want) {
         uint32_t l, col;
         kiln__lex_linecol(lx, open[depth - 1], &l, &col);
-        return kiln__lex_error(lx, p, "unbalanced brackets: expected '%c' to close '%c' at %u:%u, found '%c'",
-                               want, *open[depth - 1], (unsigned)l, (unsigned)col, c);
+        return kiln__lex_error(
+            lx, p, "unbalanced brackets: expected '%c' to close '%c' at %u:%u, found '%c'", want,
+            *open[depth - 1], (unsigned)l, (unsigned)col, c);
       }
       depth--;
       p++;

@@ -39,8 +39,7 @@ typedef struct kiln__lex {
   uint32_t lc_line;
 } kiln__lex;
 
-void kiln__lex_init(kiln__lex *lx, const char *text, size_t len, const char *file,
-                    kiln_status *st);
+void kiln__lex_init(kiln__lex *lx, const char *text, size_t len, const char *file, kiln_status *st);
 bool kiln__lex_failed(const kiln__lex *lx);
 
 /* Records a parse error at `at` (a position in the text; NULL = current).

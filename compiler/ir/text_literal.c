@@ -42,8 +42,10 @@ int kiln__literal_check_size(kiln__lex *lx, const kiln_shape *shape, const char 
   if (n >= 0 && (uint64_t)n <= (uint64_t)left) return 0;
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_shape_print_short(&b, shape);
-  int rc = kiln__lex_error(lx, at, "literal of shape %s has %lld elements, more than the %zu characters of text left can hold",
-                           kiln_sbuf_str(&b), (long long)n, left);
+  int rc = kiln__lex_error(
+      lx, at,
+      "literal of shape %s has %lld elements, more than the %zu characters of text left can hold",
+      kiln_sbuf_str(&b), (long long)n, left);
   kiln_sbuf_free(&b);
   return rc;
 }
@@ -52,9 +54,9 @@ int kiln__literal_check_size(kiln__lex *lx, const kiln_shape *shape, const char 
 
 typedef struct minifloat {
   int ebits, mbits, bias;
-  bool fnuz;     /* NaN is the negative-zero code 0x80; no negative zero */
-  bool fn;       /* NaN is all ones; the top exponent holds finite values */
-  bool unsig;    /* e8m0: no sign, no zero, NaN is all ones */
+  bool fnuz;  /* NaN is the negative-zero code 0x80; no negative zero */
+  bool fn;    /* NaN is all ones; the top exponent holds finite values */
+  bool unsig; /* e8m0: no sign, no zero, NaN is all ones */
 } minifloat;
 
 static bool minifloat_of(kiln_dtype t, minifloat *f) {
@@ -76,10 +78,14 @@ static bool minifloat_encode(const minifloat *f, double x, uint8_t *out) {
   unsigned sign = signbit(x) ? 1u : 0u;
   unsigned emax = (1u << f->ebits) - 1;
   if (isnan(x)) {
-    if (f->fnuz) *out = 0x80;
-    else if (f->unsig) *out = 0xff;
-    else if (f->fn) *out = (uint8_t)((sign << (width - 1)) | ((1u << (width - 1)) - 1));
-    else return false;
+    if (f->fnuz)
+      *out = 0x80;
+    else if (f->unsig)
+      *out = 0xff;
+    else if (f->fn)
+      *out = (uint8_t)((sign << (width - 1)) | ((1u << (width - 1)) - 1));
+    else
+      return false;
     return true;
   }
   if (isinf(x) || (f->unsig && sign && x != 0)) return false;
@@ -139,8 +145,10 @@ static int parse_int_elem(kiln__lex *lx, kiln_literal *lit, int64_t i) {
   const char *d0 = p;
   while (p < end && *p >= '0' && *p <= '9') {
     unsigned dg = (unsigned)(*p++ - '0');
-    if (mag > (UINT64_MAX - dg) / 10) over = true;
-    else mag = mag * 10 + dg;
+    if (mag > (UINT64_MAX - dg) / 10)
+      over = true;
+    else
+      mag = mag * 10 + dg;
   }
   if (p == d0 || (p < end && (kiln__lex_is_name_char((unsigned char)*p) && *p != '-')))
     return bad_value(lx, at, "an integer", t);
@@ -149,15 +157,16 @@ static int parse_int_elem(kiln__lex *lx, kiln_literal *lit, int64_t i) {
   if (kiln_dtype_is_signed_int(t)) {
     uint64_t hi = bits >= 64 ? (uint64_t)INT64_MAX : (UINT64_C(1) << (bits - 1)) - 1;
     if (over || mag > hi + (neg ? 1 : 0))
-      return kiln__lex_error_code(lx, at, KILN_ERANGE, "value %.*s is out of range for %s (%lld..%llu)",
-                                  shown, at, kiln_dtype_name(t), -(long long)hi - 1,
-                                  (unsigned long long)hi);
+      return kiln__lex_error_code(lx, at, KILN_ERANGE,
+                                  "value %.*s is out of range for %s (%lld..%llu)", shown, at,
+                                  kiln_dtype_name(t), -(long long)hi - 1, (unsigned long long)hi);
     kiln_literal_set_s64(lit, i, neg ? (int64_t)(0 - mag) : (int64_t)mag);
   } else {
     uint64_t hi = bits >= 64 ? UINT64_MAX : (UINT64_C(1) << bits) - 1;
     if (over || (neg && mag != 0) || mag > hi)
-      return kiln__lex_error_code(lx, at, KILN_ERANGE, "value %.*s is out of range for %s (0..%llu)",
-                                  shown, at, kiln_dtype_name(t), (unsigned long long)hi);
+      return kiln__lex_error_code(lx, at, KILN_ERANGE,
+                                  "value %.*s is out of range for %s (0..%llu)", shown, at,
+                                  kiln_dtype_name(t), (unsigned long long)hi);
     kiln_literal_set_u64(lit, i, mag);
   }
   lx->p = p;
@@ -189,11 +198,16 @@ static int parse_scalar(kiln__lex *lx, kiln_literal *lit, int64_t i) {
   kiln__lex_skip(lx);
   const char *at = lx->p;
   if (t == KILN_PRED) {
-    if (kiln__lex_accept_word(lx, "true")) kiln_literal_set_u64(lit, i, 1);
-    else if (kiln__lex_accept_word(lx, "false")) kiln_literal_set_u64(lit, i, 0);
-    else if (kiln__lex_accept_word(lx, "1")) kiln_literal_set_u64(lit, i, 1);
-    else if (kiln__lex_accept_word(lx, "0")) kiln_literal_set_u64(lit, i, 0);
-    else return bad_value(lx, at, "true or false", t);
+    if (kiln__lex_accept_word(lx, "true"))
+      kiln_literal_set_u64(lit, i, 1);
+    else if (kiln__lex_accept_word(lx, "false"))
+      kiln_literal_set_u64(lit, i, 0);
+    else if (kiln__lex_accept_word(lx, "1"))
+      kiln_literal_set_u64(lit, i, 1);
+    else if (kiln__lex_accept_word(lx, "0"))
+      kiln_literal_set_u64(lit, i, 0);
+    else
+      return bad_value(lx, at, "true or false", t);
     return 0;
   }
   if (kiln_dtype_is_integral(t)) return parse_int_elem(lx, lit, i);
@@ -285,7 +299,8 @@ static int parse_array(kiln__lex *lx, kiln_arena *a, kiln_literal *lit) {
       }
       if (dyn) {
         if (seen[level] >= 0 && seen[level] != n) {
-          rc = kiln__lex_error(lx, NULL, "dynamic dimension %lld has %lld elements here but %lld before",
+          rc = kiln__lex_error(lx, NULL,
+                               "dynamic dimension %lld has %lld elements here but %lld before",
                                (long long)level, (long long)n, (long long)seen[level]);
           goto out;
         }
@@ -365,7 +380,8 @@ int kiln_literal_parse_text(const char *text, size_t len, kiln_literal **out, ki
   if (tmp == NULL) return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
   kiln_literal *lit = NULL;
   kiln_shape shape;
-  int rc = kiln__parse_shape(&lx, tmp, KILN__DEFAULT_MAX_ELEMENTS, 0, KILN__SHAPE_GLUED_LAYOUT, &shape);
+  int rc =
+      kiln__parse_shape(&lx, tmp, KILN__DEFAULT_MAX_ELEMENTS, 0, KILN__SHAPE_GLUED_LAYOUT, &shape);
   if (rc) goto out;
   kiln__lex_skip(&lx);
   if ((rc = kiln__literal_check_size(&lx, &shape, lx.p))) goto out;

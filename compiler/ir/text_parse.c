@@ -42,7 +42,7 @@ typedef struct pend_call {
   kiln_id id;
   const char *attr; /* role, for messages */
   ref r;
-  uint32_t slot;    /* index into ins->called */
+  uint32_t slot; /* index into ins->called */
 } pend_call;
 
 /* Roles of called computations, in the order they are stored in
@@ -61,8 +61,16 @@ enum {
   ROLE_COUNT
 };
 static const char *const role_names[ROLE_COUNT] = {
-    "condition", "body",    "true_computation", "false_computation", "branch_computations",
-    "select",    "scatter", "to_apply",         "calls",             "called_computations",
+    "condition",
+    "body",
+    "true_computation",
+    "false_computation",
+    "branch_computations",
+    "select",
+    "scatter",
+    "to_apply",
+    "calls",
+    "called_computations",
 };
 static const bool role_is_list[ROLE_COUNT] = {
     [ROLE_BRANCHES] = true, [ROLE_CALLS] = true, [ROLE_CALLED] = true};
@@ -76,16 +84,16 @@ typedef struct parser {
   kiln__lex lx;
   kiln_module *m;
   int64_t max_elements;
-  kiln_arena *tmp;    /* per computation: discarded shapes, operand names */
-  kiln_strmap names;  /* instruction name -> index in the computation */
-  kiln_strmap comps;  /* computation name -> id */
-  pend_instr *pend;   /* instructions of the computation being read */
+  kiln_arena *tmp;   /* per computation: discarded shapes, operand names */
+  kiln_strmap names; /* instruction name -> index in the computation */
+  kiln_strmap comps; /* computation name -> id */
+  pend_instr *pend;  /* instructions of the computation being read */
   size_t npend, pendcap;
-  pend_call *calls;   /* unresolved called computations, whole module */
+  pend_call *calls; /* unresolved called computations, whole module */
   size_t ncalls, callcap;
   refvec roles[ROLE_COUNT];
-  refvec scratch;     /* operand names of the instruction being read */
-  kiln_id first;      /* id of the first instruction of the computation */
+  refvec scratch; /* operand names of the instruction being read */
+  kiln_id first;  /* id of the first instruction of the computation */
   size_t header_extra_cap;
 } parser;
 
@@ -101,9 +109,7 @@ static int refvec_push(parser *P, refvec *v, kiln__tok t, const char *at) {
   return 0;
 }
 
-static char *tok_dup(parser *P, kiln__tok t) {
-  return kiln_arena_strndup(P->m->arena, t.s, t.n);
-}
+static char *tok_dup(parser *P, kiln__tok t) { return kiln_arena_strndup(P->m->arena, t.s, t.n); }
 
 static bool tok_is(kiln__tok t, const char *w) {
   return strlen(w) == t.n && memcmp(t.s, w, t.n) == 0;
@@ -175,9 +181,12 @@ static int parse_layout_tail(kiln__lex *lx, kiln_arena *a, const char *open, kil
       lx->p = end;
       return kiln__lex_error(lx, open, "unbalanced braces: this '{' is never closed");
     }
-    if (*q == '(') depth++;
-    else if (*q == ')') depth--;
-    else if (*q == '}' && depth <= 0) break;
+    if (*q == '(')
+      depth++;
+    else if (*q == ')')
+      depth--;
+    else if (*q == '}' && depth <= 0)
+      break;
     else if (*q == '{' || *q == '"')
       return kiln__lex_error(lx, q, "unexpected '%c' in layout", *q);
     else if ((unsigned char)*q < 0x21 || (unsigned char)*q > 0x7e)
@@ -197,8 +206,10 @@ static int parse_layout_tail(kiln__lex *lx, kiln_arena *a, const char *open, kil
     /* memory space: S(n) at paren depth 0 */
     depth = 0;
     for (size_t i = 0; i < k; i++) {
-      if (buf[i] == '(') depth++;
-      else if (buf[i] == ')') depth--;
+      if (buf[i] == '(')
+        depth++;
+      else if (buf[i] == ')')
+        depth--;
       else if (depth == 0 && buf[i] == 'S' && i + 1 < k && buf[i + 1] == '(') {
         int64_t v = 0;
         size_t j = i + 2;
@@ -346,8 +357,8 @@ static bool at_layout(kiln__lex *lx, unsigned flags) {
   return (c >= '0' && c <= '9') || c == ':' || c == '}';
 }
 
-static int parse_array_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements,
-                             unsigned flags, kiln_shape *out) {
+static int parse_array_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, unsigned flags,
+                             kiln_shape *out) {
   char f[64];
   const char *at = lx->p;
   kiln__tok t;
@@ -424,8 +435,8 @@ out:
   return rc;
 }
 
-int kiln__parse_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, int depth,
-                      unsigned flags, kiln_shape *out) {
+int kiln__parse_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, int depth, unsigned flags,
+                      kiln_shape *out) {
   if (depth >= KILN__MAX_NESTING)
     return kiln__lex_error(lx, NULL, "nesting deeper than %d levels", KILN__MAX_NESTING);
   if (kiln__lex_peek(lx) == '(') return parse_tuple_shape(lx, a, max_elements, depth, flags, out);
@@ -622,8 +633,7 @@ static int finish_calls(parser *P, kiln_instr *ins, const char *at) {
 
 static int parse_constant(parser *P, kiln_instr *ins, bool has_shape, const char *op_at) {
   kiln__lex *lx = &P->lx;
-  if (!has_shape)
-    return kiln__lex_error(lx, op_at, "constant %s needs a result shape", ins->name);
+  if (!has_shape) return kiln__lex_error(lx, op_at, "constant %s needs a result shape", ins->name);
   kiln__lex_skip(lx);
   int rc = kiln__literal_check_size(lx, &ins->shape, lx->p);
   if (rc) return rc;
@@ -683,8 +693,8 @@ static int parse_instr(parser *P, uint32_t comp, kiln_id *root) {
   rc = kiln_strmap_put(&P->names, name.s, name.n, local, &prev);
   if (rc < 0) return oom(P);
   if (rc == 1)
-    return kiln__lex_error(lx, at, "duplicate instruction name %%%s in computation %s",
-                           ins->name, m->comps[comp]->name);
+    return kiln__lex_error(lx, at, "duplicate instruction name %%%s in computation %s", ins->name,
+                           m->comps[comp]->name);
   if (is_root) {
     if (*root != KILN_NO_ID)
       return kiln__lex_error(lx, at, "computation %s has a second ROOT %s (the first is %s)",
@@ -694,8 +704,7 @@ static int parse_instr(parser *P, uint32_t comp, kiln_id *root) {
 
   snprintf(ctx, sizeof ctx, "after opcode %s", kiln_opcode_name(op));
   if (async_op != KILN_OP_INVALID)
-    snprintf(ctx, sizeof ctx, "after opcode %.*s", (int)(opname.n > 80 ? 80 : opname.n),
-             opname.s);
+    snprintf(ctx, sizeof ctx, "after opcode %.*s", (int)(opname.n > 80 ? 80 : opname.n), opname.s);
   if ((rc = kiln__lex_expect(lx, '(', ctx))) return rc;
   pend_instr pi = {ins->id, NULL, 0, NULL, 0};
   if (op == KILN_OP_CONSTANT) {
@@ -729,8 +738,8 @@ static int parse_instr(parser *P, uint32_t comp, kiln_id *root) {
 
 /* ---- computations ------------------------------------------------------- */
 
-static int resolve_refs(parser *P, const ref *refs, uint32_t n, kiln_id *out,
-                        const kiln_instr *ins, const char *what) {
+static int resolve_refs(parser *P, const ref *refs, uint32_t n, kiln_id *out, const kiln_instr *ins,
+                        const char *what) {
   for (uint32_t i = 0; i < n; i++) {
     uint32_t local;
     if (!kiln_strmap_get(&P->names, refs[i].s, refs[i].n, &local))
@@ -741,8 +750,8 @@ static int resolve_refs(parser *P, const ref *refs, uint32_t n, kiln_id *out,
   return 0;
 }
 
-static int report_cycle(parser *P, const kiln_computation *c, const uint32_t *stack,
-                        size_t top, uint32_t t) {
+static int report_cycle(parser *P, const kiln_computation *c, const uint32_t *stack, size_t top,
+                        uint32_t t) {
   kiln_module *m = P->m;
   size_t from = 0;
   while (stack[from] != t) from++;
@@ -792,7 +801,8 @@ static int order_computation(parser *P, kiln_computation *c) {
       uint32_t k = edge[top - 1];
       if (k < ins->noperands + ins->ncontrol) {
         edge[top - 1]++;
-        kiln_id tid = k < ins->noperands ? ins->operands[k] : ins->control_preds[k - ins->noperands];
+        kiln_id tid =
+            k < ins->noperands ? ins->operands[k] : ins->control_preds[k - ins->noperands];
         uint32_t t = tid - P->first;
         if (state[t] == 0) {
           state[t] = 1;
@@ -825,8 +835,7 @@ static int finish_computation(parser *P, kiln_computation *c, kiln_id root) {
     pend_instr *pi = &P->pend[i];
     kiln_instr *ins = m->instrs[pi->id];
     if ((rc = resolve_refs(P, pi->ops, pi->nops, ins->operands, ins, "operand"))) return rc;
-    if ((rc = resolve_refs(P, pi->ctrl, pi->nctrl, ins->control_preds, ins,
-                           "control predecessor")))
+    if ((rc = resolve_refs(P, pi->ctrl, pi->nctrl, ins->control_preds, ins, "control predecessor")))
       return rc;
   }
   /* Without ROOT the last instruction in the text is the root. */
@@ -911,9 +920,8 @@ static int parse_computation(parser *P, bool *saw_entry) {
     if (kiln__lex_failed(lx)) return KILN_EPARSE;
     if (c0 == '}') break;
     if (c0 < 0) {
-      return kiln__lex_error(lx, NULL,
-                             "expected an instruction or '}' in computation %s, found end of input",
-                             cname);
+      return kiln__lex_error(
+          lx, NULL, "expected an instruction or '}' in computation %s, found end of input", cname);
     }
     if ((rc = parse_instr(P, cid, &root))) return rc;
   }
@@ -1030,8 +1038,10 @@ static int parse_header(parser *P) {
     switch (h) {
     case H_LAYOUT: rc = parse_entry_layout(P); break;
     case H_SCHED:
-      if (kiln__lex_accept_word(lx, "true")) m->is_scheduled = 1;
-      else if (kiln__lex_accept_word(lx, "false")) m->is_scheduled = 0;
+      if (kiln__lex_accept_word(lx, "true"))
+        m->is_scheduled = 1;
+      else if (kiln__lex_accept_word(lx, "false"))
+        m->is_scheduled = 0;
       else
         rc = kiln__lex_error(lx, NULL, "expected true or false for is_scheduled, found %s",
                              found(P, f, sizeof f));
@@ -1089,7 +1099,8 @@ static int parse_sections(parser *P) {
     if (rc == 0 && m->nsections == cap) {
       size_t ncap = cap ? cap * 2 : 4;
       kiln_raw_attr *na = kiln_arena_alloc(m->arena, ncap * sizeof *na);
-      if (na == NULL) rc = oom(P);
+      if (na == NULL)
+        rc = oom(P);
       else {
         if (m->nsections) memcpy(na, m->sections, m->nsections * sizeof *na);
         m->sections = na;
@@ -1101,8 +1112,10 @@ static int parse_sections(parser *P) {
       kiln_raw_attr *ra = &m->sections[m->nsections];
       ra->name = name;
       ra->text = kiln_arena_strdup(m->arena, text.data ? kiln_sbuf_str(&text) : "");
-      if (ra->text == NULL) rc = oom(P);
-      else m->nsections++;
+      if (ra->text == NULL)
+        rc = oom(P);
+      else
+        m->nsections++;
     }
     kiln_sbuf_free(&text);
     if (rc) return rc;
@@ -1124,7 +1137,6 @@ static int resolve_calls(parser *P) {
   }
   return 0;
 }
-
 
 /* The first array inside s with more than max elements (or overflowing). */
 static const kiln_shape *over_limit(const kiln_shape *s, int64_t max) {
@@ -1155,8 +1167,8 @@ static int infer_one(parser *P, kiln_instr *ins) {
       kiln_sbuf b = KILN_SBUF_INIT;
       kiln_shape_print_short(&b, big);
       kiln_status_set(P->lx.st, KILN_ELIMIT, where,
-                      "the inferred shape %s of %s has more than %lld elements",
-                      kiln_sbuf_str(&b), ins->name, (long long)P->max_elements);
+                      "the inferred shape %s of %s has more than %lld elements", kiln_sbuf_str(&b),
+                      ins->name, (long long)P->max_elements);
       kiln_sbuf_free(&b);
       return KILN_ELIMIT;
     }
@@ -1172,8 +1184,7 @@ static int infer_one(parser *P, kiln_instr *ins) {
 static int infer_shapes(parser *P) {
   kiln_module *m = P->m;
   bool any = false;
-  for (uint32_t i = 0; i < m->ninstrs && !any; i++)
-    any = m->instrs[i]->shape.dtype == KILN_INVALID;
+  for (uint32_t i = 0; i < m->ninstrs && !any; i++) any = m->instrs[i]->shape.dtype == KILN_INVALID;
   if (!any) return 0;
   uint32_t n = m->ncomps;
   int rc = 0;
@@ -1264,8 +1275,7 @@ static int parse_module(parser *P, const kiln_parse_options *opts) {
 }
 
 int kiln_module_parse_text(const char *text, size_t len, const char *filename,
-                           const kiln_parse_options *opts, kiln_module **out,
-                           kiln_status *st) {
+                           const kiln_parse_options *opts, kiln_module **out, kiln_status *st) {
   *out = NULL;
   kiln_status local;
   if (st == NULL) {
@@ -1277,8 +1287,7 @@ int kiln_module_parse_text(const char *text, size_t len, const char *filename,
   parser P;
   memset(&P, 0, sizeof P);
   kiln__lex_init(&P.lx, text ? text : "", text ? len : 0, filename, st);
-  P.max_elements = opts && opts->max_elements > 0 ? opts->max_elements
-                                                  : KILN__DEFAULT_MAX_ELEMENTS;
+  P.max_elements = opts && opts->max_elements > 0 ? opts->max_elements : KILN__DEFAULT_MAX_ELEMENTS;
   kiln_strmap_init(&P.names);
   kiln_strmap_init(&P.comps);
   int rc;

@@ -17,8 +17,8 @@
 /* A shape: "f32[2,<=3]{1,0:T(8)}", "(s32[], token[])", "()". Arrays are
  * checked against max_elements. Storage comes from arena a. `depth` is the
  * current tuple nesting (0 at the top); flags are KILN__SHAPE_*. */
-int kiln__parse_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, int depth,
-                      unsigned flags, kiln_shape *out);
+int kiln__parse_shape(kiln__lex *lx, kiln_arena *a, int64_t max_elements, int depth, unsigned flags,
+                      kiln_shape *out);
 /* Whether a shape starts at the cursor: '(' or an element type name followed
  * by '['. */
 bool kiln__at_shape(kiln__lex *lx);

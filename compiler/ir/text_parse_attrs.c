@@ -328,7 +328,8 @@ static int parse_window(kiln__lex *lx, kiln_arena *a, kiln_window **out) {
     goto out;
   }
   kiln_window *win = kiln_arena_calloc(a, 1, sizeof *win);
-  if (win == NULL || (rank && (win->dims = kiln_arena_calloc(a, rank, sizeof *win->dims)) == NULL)) {
+  if (win == NULL ||
+      (rank && (win->dims = kiln_arena_calloc(a, rank, sizeof *win->dims)) == NULL)) {
     rc = nomem(lx);
     goto out;
   }
@@ -394,8 +395,10 @@ static int parse_dim_labels(kiln__lex *lx, kiln_arena *a, kiln_conv_dims **out) 
     part[k] = p;
     while (p < end && ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z'))) p++;
     len[k] = (size_t)(p - part[k]);
-    if (k == 0 && p < end && *p == '_') p++;
-    else if (k == 1 && end - p >= 2 && p[0] == '-' && p[1] == '>') p += 2;
+    if (k == 0 && p < end && *p == '_')
+      p++;
+    else if (k == 1 && end - p >= 2 && p[0] == '-' && p[1] == '>')
+      p += 2;
     else if (k < 2) {
       lx->p = p;
       char f[64];
@@ -416,23 +419,27 @@ static int parse_dim_labels(kiln__lex *lx, kiln_arena *a, kiln_conv_dims **out) 
   cd->out_spatial = sp + 2 * maxn;
   uint32_t n0, n1, n2;
   if (!label_side(part[0], len[0], 'b', 'f', &cd->in_batch, &cd->in_feature, cd->in_spatial, &n0))
-    return kiln__lex_error(lx, at,
-                           "bad dim_labels %.*s: the input part needs b, f and spatial digits 0..n-1 once each",
-                           shown, at);
+    return kiln__lex_error(
+        lx, at,
+        "bad dim_labels %.*s: the input part needs b, f and spatial digits 0..n-1 once each", shown,
+        at);
   if (!label_side(part[1], len[1], 'i', 'o', &cd->kernel_in, &cd->kernel_out, cd->kernel_spatial,
                   &n1))
-    return kiln__lex_error(lx, at,
-                           "bad dim_labels %.*s: the kernel part needs i, o and spatial digits 0..n-1 once each",
-                           shown, at);
+    return kiln__lex_error(
+        lx, at,
+        "bad dim_labels %.*s: the kernel part needs i, o and spatial digits 0..n-1 once each",
+        shown, at);
   if (!label_side(part[2], len[2], 'b', 'f', &cd->out_batch, &cd->out_feature, cd->out_spatial,
                   &n2))
-    return kiln__lex_error(lx, at,
-                           "bad dim_labels %.*s: the output part needs b, f and spatial digits 0..n-1 once each",
-                           shown, at);
+    return kiln__lex_error(
+        lx, at,
+        "bad dim_labels %.*s: the output part needs b, f and spatial digits 0..n-1 once each",
+        shown, at);
   if (n0 != n1 || n0 != n2)
-    return kiln__lex_error(lx, at,
-                           "bad dim_labels %.*s: input, kernel and output have %u, %u and %u spatial dimensions",
-                           shown, at, (unsigned)n0, (unsigned)n1, (unsigned)n2);
+    return kiln__lex_error(
+        lx, at,
+        "bad dim_labels %.*s: input, kernel and output have %u, %u and %u spatial dimensions",
+        shown, at, (unsigned)n0, (unsigned)n1, (unsigned)n2);
   cd->nspatial = n0;
   *out = cd;
   return 0;
@@ -467,8 +474,7 @@ static int quoted_axis(kiln__lex *lx, kiln__tok *t) {
  * in the order named. That is exactly an iota list, [groups,size]<=[mesh
  * dims]T(other axes, named axes) with a sub-axis split into (major, sub,
  * minor) dims, which is how it is kept (and printed). */
-static int parse_mesh_groups(kiln__lex *lx, kiln_arena *a, kiln_replica_groups *g,
-                             const char *at) {
+static int parse_mesh_groups(kiln__lex *lx, kiln_arena *a, kiln_replica_groups *g, const char *at) {
   kiln__tok names[MESH_MAX_AXES];
   int64_t sizes[MESH_MAX_AXES];
   uint32_t naxes = 0;
@@ -518,9 +524,9 @@ static int parse_mesh_groups(kiln__lex *lx, kiln_arena *a, kiln_replica_groups *
         if ((rc = kiln__lex_expect(lx, ')', "to close a sub-axis pre-size"))) return rc;
         if ((rc = kiln__lex_uint(lx, &sz, "a sub-axis size"))) return rc;
         if (pre < 1 || sz < 1 || sizes[i] % (pre * sz) != 0)
-          return kiln__lex_error(lx, aat, "sub-axis (%lld)%lld does not divide mesh axis '%.*s' of %lld",
-                                 (long long)pre, (long long)sz, (int)t.n, t.s,
-                                 (long long)sizes[i]);
+          return kiln__lex_error(lx, aat,
+                                 "sub-axis (%lld)%lld does not divide mesh axis '%.*s' of %lld",
+                                 (long long)pre, (long long)sz, (int)t.n, t.s, (long long)sizes[i]);
         major[i] = sizes[i] / (pre * sz);
         sub[i] = sz;
         minor[i] = pre;
@@ -578,7 +584,8 @@ static int parse_replica_groups(kiln__lex *lx, kiln_arena *a, kiln_replica_group
     g->iota = true;
     if ((rc = bracket_ints(lx, a, &g->iota_shape, "the replica group shape"))) return rc;
     if (g->iota_shape.n != 2)
-      return kiln__lex_error(lx, at, "replica_groups iota shape needs 2 numbers [groups,size], found %u",
+      return kiln__lex_error(lx, at,
+                             "replica_groups iota shape needs 2 numbers [groups,size], found %u",
                              (unsigned)g->iota_shape.n);
     if (!accept_le(lx)) {
       char f[64];
@@ -639,10 +646,14 @@ static int sharding_kind_word(kiln__lex *lx, int64_t *out) {
   kiln__tok t;
   int rc = kiln__lex_bare_name(lx, &t, "a sharding kind");
   if (rc) return rc;
-  if (tok_is(t, "manual")) *out = KILN_SHARD_MANUAL;
-  else if (tok_is(t, "replicated")) *out = KILN_SHARD_REPLICATED;
-  else if (tok_is(t, "unknown")) *out = KILN_SHARD_UNKNOWN;
-  else if (tok_is(t, "maximal")) *out = KILN_SHARD_MAXIMAL;
+  if (tok_is(t, "manual"))
+    *out = KILN_SHARD_MANUAL;
+  else if (tok_is(t, "replicated"))
+    *out = KILN_SHARD_REPLICATED;
+  else if (tok_is(t, "unknown"))
+    *out = KILN_SHARD_UNKNOWN;
+  else if (tok_is(t, "maximal"))
+    *out = KILN_SHARD_MAXIMAL;
   else
     return kiln__lex_error(lx, at, "unknown sharding kind '%.*s' in last_tile_dims",
                            (int)(t.n > 60 ? 60 : t.n), t.s);
@@ -668,8 +679,8 @@ static int sharding_devices(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, cons
     if (!kiln__lex_accept(lx, ',')) break;
   }
   if ((int64_t)v.n != tiles) {
-    rc = kiln__lex_error(lx, at, "sharding lists %zu devices for %lld tiles", v.n,
-                         (long long)tiles);
+    rc =
+        kiln__lex_error(lx, at, "sharding lists %zu devices for %lld tiles", v.n, (long long)tiles);
     goto out;
   }
   rc = ivec_to(lx, a, &v, &s->devices);
@@ -718,8 +729,7 @@ static int sharding_body(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, const c
       }
       have_device = true;
       if ((rc = kiln__lex_uint(lx, &s->device, "a device number"))) goto out;
-    } else if (tok_is(w, "last_tile_dim_replicate") && !s->last_tile_dim_replicate &&
-               !have_ltd) {
+    } else if (tok_is(w, "last_tile_dim_replicate") && !s->last_tile_dim_replicate && !have_ltd) {
       s->last_tile_dim_replicate = true;
     } else if (tok_is(w, "last_tile_dims") && !have_ltd && !s->last_tile_dim_replicate &&
                kiln__lex_accept(lx, '=')) {
@@ -739,7 +749,8 @@ static int sharding_body(kiln__lex *lx, kiln_arena *a, kiln_sharding *s, const c
       kiln_free(v.v);
       if (rc) goto out;
     } else if (tok_is(w, "last_tile_dim_replicate") || tok_is(w, "last_tile_dims")) {
-      rc = kiln__lex_error(lx, at, "sharding gives last_tile_dim_replicate or last_tile_dims twice");
+      rc =
+          kiln__lex_error(lx, at, "sharding gives last_tile_dim_replicate or last_tile_dims twice");
       goto out;
     } else {
       /* Anything else (metadata={...}, shard_as 1, ...) is kept verbatim. */
@@ -826,7 +837,8 @@ static int parse_cmp_dir(kiln__lex *lx, int64_t *out) {
       return 0;
     }
   }
-  return kiln__lex_error(lx, at, "unknown comparison direction '%.*s' (expected EQ, NE, GE, GT, LE or LT)",
+  return kiln__lex_error(lx, at,
+                         "unknown comparison direction '%.*s' (expected EQ, NE, GE, GT, LE or LT)",
                          (int)(t.n > 60 ? 60 : t.n), t.s);
 }
 
@@ -840,8 +852,10 @@ int kiln__parse_attr_value(kiln__lex *lx, kiln_module *m, kiln_instr *ins, kiln_
   switch (kiln_attr_key_kind(key)) {
   case KILN_AK_INT: rc = kiln__lex_int(lx, &v.v.i, "an integer"); break;
   case KILN_AK_BOOL:
-    if (kiln__lex_accept_word(lx, "true")) v.v.i = 1;
-    else if (kiln__lex_accept_word(lx, "false")) v.v.i = 0;
+    if (kiln__lex_accept_word(lx, "true"))
+      v.v.i = 1;
+    else if (kiln__lex_accept_word(lx, "false"))
+      v.v.i = 0;
     else
       rc = kiln__lex_error(lx, NULL, "expected true or false for %s, found %s",
                            kiln_attr_key_name(key), found(lx, f, sizeof f));
@@ -892,7 +906,8 @@ static int parse_alias(kiln__lex *lx, kiln_arena *a, kiln_alias *al) {
     const char *at = lx->p;
     kiln__tok t;
     if ((rc = kiln__lex_bare_name(lx, &t, "may-alias or must-alias"))) return rc;
-    if (tok_is(t, "must-alias")) al->kind = KILN_ALIAS_MUST;
+    if (tok_is(t, "must-alias"))
+      al->kind = KILN_ALIAS_MUST;
     else if (!tok_is(t, "may-alias"))
       return kiln__lex_error(lx, at, "expected may-alias or must-alias, found '%.*s'",
                              (int)(t.n > 60 ? 60 : t.n), t.s);

@@ -248,8 +248,8 @@ static int64_t window_field(const kiln_window_dim *d, int f) {
 }
 
 static void put_window(kiln_sbuf *b, const kiln_window *w) {
-  static const char *const names[] = {"size", "stride", "pad", "lhs_dilate", "rhs_dilate",
-                                      "rhs_reversal"};
+  static const char *const names[] = {"size",       "stride",     "pad",
+                                      "lhs_dilate", "rhs_dilate", "rhs_reversal"};
   kiln_sbuf_putc(b, '{');
   bool first = true;
   for (int f = W_SIZE; w && f <= W_REV; f++) {
@@ -292,7 +292,8 @@ static void put_labels(kiln_sbuf *b, uint32_t rank, int64_t a, char ca, int64_t 
   if (a >= 0 && a < rank) buf[a] = ca;
   if (z >= 0 && z < rank) buf[z] = cz;
   for (uint32_t i = 0; i < nspatial; i++)
-    if (spatial && spatial[i] >= 0 && spatial[i] < rank) buf[spatial[i]] = i < 10 ? (char)('0' + i) : '?';
+    if (spatial && spatial[i] >= 0 && spatial[i] < rank)
+      buf[spatial[i]] = i < 10 ? (char)('0' + i) : '?';
   kiln_sbuf_putn(b, buf, rank);
   if (buf != small) kiln_free(buf);
 }
@@ -457,8 +458,8 @@ static void put_attr(kiln_sbuf *b, const kiln_attr *a) {
 
 /* ---- called computations --------------------------------------------- */
 
-static void put_comp_list(kiln_sbuf *b, const kiln_module *m, const char *key,
-                          const uint32_t *ids, uint32_t n) {
+static void put_comp_list(kiln_sbuf *b, const kiln_module *m, const char *key, const uint32_t *ids,
+                          uint32_t n) {
   kiln_sbuf_printf(b, ", %s={", key);
   for (uint32_t i = 0; i < n; i++) {
     if (i) kiln_sbuf_puts(b, ", ");
@@ -719,8 +720,7 @@ static void put_header(kiln_sbuf *b, const kiln_module *m) {
     kiln_sbuf_puts(b, m->naliases ? " }" : "}");
   }
   if (m->replica_count) kiln_sbuf_printf(b, ", replica_count=%lld", (long long)m->replica_count);
-  if (m->num_partitions)
-    kiln_sbuf_printf(b, ", num_partitions=%lld", (long long)m->num_partitions);
+  if (m->num_partitions) kiln_sbuf_printf(b, ", num_partitions=%lld", (long long)m->num_partitions);
   for (uint32_t i = 0; i < m->nheader_extra; i++) {
     kiln_sbuf_puts(b, ", ");
     put_name(b, m->header_extra[i].name, 0, i);

@@ -89,12 +89,12 @@ static double minifloat_decode(const minifloat *f, uint32_t code, uint32_t *mag_
 /* What a candidate decimal must read back to. */
 typedef struct target {
   kiln_dtype type;
-  double v;             /* the value, positive (signs are printed apart) */
-  float f;              /* f32: the value */
-  uint16_t h;           /* f16/bf16: the bit pattern, sign cleared */
-  const minifloat *mf;  /* small formats: the format, */
+  double v;              /* the value, positive (signs are printed apart) */
+  float f;               /* f32: the value */
+  uint16_t h;            /* f16/bf16: the bit pattern, sign cleared */
+  const minifloat *mf;   /* small formats: the format, */
   double lo_mid, hi_mid; /* and the value's rounding interval */
-  bool even;            /* ties round to this value */
+  bool even;             /* ties round to this value */
 } target;
 
 static bool reads_back(const target *t, const char *s) {
@@ -209,8 +209,10 @@ static void put_shortest_narrow(kiln_sbuf *b, const target *t) {
     int k = e10 - p + 1;
     int64_t first = up_first ? D + 1 : D, second = up_first ? D : D + 1;
     int64_t pick = -1;
-    if (candidate_reads_back(t, first, k)) pick = first;
-    else if (p < nd && candidate_reads_back(t, second, k)) pick = second;
+    if (candidate_reads_back(t, first, k))
+      pick = first;
+    else if (p < nd && candidate_reads_back(t, second, k))
+      pick = second;
     if (pick < 0) continue;
     char out[24];
     int n = snprintf(out, sizeof out, "%lld", (long long)pick);

@@ -19,8 +19,8 @@ extern "C" {
 #endif
 
 typedef struct kiln_verify_options {
-  int64_t max_elements;  /* per array; 0: default 2^40 */
-  int reserved;          /* zero */
+  int64_t max_elements; /* per array; 0: default 2^40 */
+  int reserved;         /* zero */
 } kiln_verify_options;
 
 int kiln_module_verify(const kiln_module *m, const kiln_verify_options *opts, kiln_status *st);
@@ -29,8 +29,8 @@ int kiln_module_verify(const kiln_module *m, const kiln_verify_options *opts, ki
  * called computations, as XLA's ShapeInference does. The shape is written
  * into `out`, allocated in arena `a`. Errors name the instruction. Layouts of
  * the result are left absent. */
-int kiln_infer_shape(const kiln_module *m, const kiln_instr *ins, kiln_arena *a,
-                     kiln_shape *out, kiln_status *st);
+int kiln_infer_shape(const kiln_module *m, const kiln_instr *ins, kiln_arena *a, kiln_shape *out,
+                     kiln_status *st);
 
 #ifdef __cplusplus
 }

@@ -21,10 +21,10 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/build.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/passes.h"
-#include "compiler/eval/interp.h"
 
 #define FOLD_MAX_BYTES (1 << 20)
 #define FOLD_MAX_WORK (1 << 22)
@@ -77,7 +77,8 @@ static double work(const kiln_module *m, const kiln_instr *ins) {
 }
 
 static bool wants_folding(const kiln_module *m, const kiln_instr *ins, const bool *impure) {
-  if (!kiln_opcode_is_foldable(ins->op) || ins->noperands == 0 || !kiln__instr_is_pure(m, ins, impure))
+  if (!kiln_opcode_is_foldable(ins->op) || ins->noperands == 0 ||
+      !kiln__instr_is_pure(m, ins, impure))
     return false;
   if (!kiln_shape_is_array(&ins->shape) || kiln_shape_is_dynamic(&ins->shape)) return false;
   int64_t bytes = kiln_shape_bytes(&ins->shape);

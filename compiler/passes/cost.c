@@ -357,7 +357,8 @@ static int group_cost(const kiln_module *m, const kiln_id *members, uint32_t n,
       goto out_free;
     }
     for (uint32_t i = 0; i < n; i++) ids[i] = set[order[i]];
-    rc = kiln__row_plan(m, ids, n, roots, nroots, &m->instrs[roots[0]]->shape, row_role, &stranded, NULL);
+    rc = kiln__row_plan(m, ids, n, roots, nroots, &m->instrs[roots[0]]->shape, row_role, &stranded,
+                        NULL);
     kiln_free(ids);
     if (rc) goto out_free;
   }

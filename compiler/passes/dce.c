@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "compiler/passes/passes.h"
 #include "compiler/ir/rewrite.h"
+#include "compiler/passes/passes.h"
 
 static bool must_keep(const kiln_instr *ins) {
   if (ins->op == KILN_OP_PARAMETER) return true;

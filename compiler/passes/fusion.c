@@ -324,8 +324,8 @@ static int rows_ok(fctx *f, const kiln_id *mem, uint32_t n, kiln_id extra, const
   if (extra != KILN_NO_ID) tmp[n++] = extra;
   sort_by_pos(f, tmp, n);
   uint32_t stranded = 0;
-  if (kiln__row_plan(f->m, tmp, n, roots, nroots, &f->m->instrs[roots[0]]->shape, role,
-                     &stranded, NULL)) {
+  if (kiln__row_plan(f->m, tmp, n, roots, nroots, &f->m->instrs[roots[0]]->shape, role, &stranded,
+                     NULL)) {
     rc = oom(f);
     goto out_free;
   }

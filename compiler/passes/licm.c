@@ -41,7 +41,7 @@ typedef struct licm {
   size_t cap;
   uint32_t gen;
   kiln_id *elem; /* the loop being rewritten: its state elements before it */
-  kiln__tx tx;    /* builds the copies, reads and tuples; one per pass run */
+  kiln__tx tx;   /* builds the copies, reads and tuples; one per pass run */
 } licm;
 
 static int grow(licm *l) {

@@ -138,8 +138,10 @@ int kiln__row_plan(const kiln_module *m, const kiln_id *members, uint32_t n, con
     for (uint32_t k = 0; k < x->noperands; k++) {
       int64_t o = member(s, n, x->operands[k]);
       if (o < 0) continue;
-      if ((uint64_t)o >= i) ordered = false;
-      else dep[i] |= dep[o];
+      if ((uint64_t)o >= i)
+        ordered = false;
+      else
+        dep[i] |= dep[o];
     }
   }
   int64_t rb[MAXR];

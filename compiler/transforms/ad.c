@@ -52,21 +52,26 @@ int kiln__ad_init(kiln__ad *c, kiln__tx *tx, uint32_t dst, const kiln_computatio
 int kiln__ad_not_diff(kiln__ad *c, const kiln_instr *ins) {
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(c->tx->m, ins, where, sizeof where);
-  const char *target = ins->op == KILN_OP_CUSTOM_CALL ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET) : NULL;
+  const char *target = ins->op == KILN_OP_CUSTOM_CALL
+                           ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
+                           : NULL;
   if (ins->op == KILN_OP_CUSTOM_CALL)
-    return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
-                         "%s: custom-call target \"%.80s\" (%s) has no derivative rule: its body is opaque "
-                         "to the transforms (write it with HLO ops, or keep it off the differentiated path)",
-                         c->tx->name, target ? target : "", where);
+    return kiln__tx_fail(
+        c->tx, KILN_EUNIMPL, ins,
+        "%s: custom-call target \"%.80s\" (%s) has no derivative rule: its body is opaque "
+        "to the transforms (write it with HLO ops, or keep it off the differentiated path)",
+        c->tx->name, target ? target : "", where);
   if (ins->op == KILN_OP_MAP && ins->ncalled == 1)
-    return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
-                         "%s: op map (%s) is not differentiable: its computation %s is not elementwise (only "
-                         "maps of elementwise computations are applied to whole arrays and differentiated)",
-                         c->tx->name, where, kiln_module_computation(c->tx->m, ins->called[0])->name);
-  const char *why = kiln__tf_no_rule_why(kiln__tf_no_derivative, kiln__tf_no_derivative_count, ins->op);
+    return kiln__tx_fail(
+        c->tx, KILN_EUNIMPL, ins,
+        "%s: op map (%s) is not differentiable: its computation %s is not elementwise (only "
+        "maps of elementwise computations are applied to whole arrays and differentiated)",
+        c->tx->name, where, kiln_module_computation(c->tx->m, ins->called[0])->name);
+  const char *why =
+      kiln__tf_no_rule_why(kiln__tf_no_derivative, kiln__tf_no_derivative_count, ins->op);
   if (why)
-    return kiln__tx_fail(c->tx, KILN_EINVAL, ins, "%s: op %s (%s) is not differentiable: %s", c->tx->name,
-                         kiln_opcode_name(ins->op), where, why);
+    return kiln__tx_fail(c->tx, KILN_EINVAL, ins, "%s: op %s (%s) is not differentiable: %s",
+                         c->tx->name, kiln_opcode_name(ins->op), where, why);
   return kiln__tx_fail(c->tx, KILN_EINVAL, ins, "%s: op %s (%s) is not differentiable", c->tx->name,
                        kiln_opcode_name(ins->op), where);
 }
@@ -80,7 +85,9 @@ static kiln_id copy_instr(kiln__ad *c, const kiln_instr *ins) {
 
 static const kiln_instr *root_of(kiln__ad *c) {
   const kiln_instr *r = kiln_computation_root(c->tx->m, c->src);
-  if (r == NULL) kiln__tx_fail(c->tx, KILN_EINVAL, NULL, "%s: computation %s has no root", c->tx->name, c->src->name);
+  if (r == NULL)
+    kiln__tx_fail(c->tx, KILN_EINVAL, NULL, "%s: computation %s has no root", c->tx->name,
+                  c->src->name);
   return r;
 }
 
@@ -149,8 +156,9 @@ int kiln__vjp_backward(kiln__ad *c, kiln_id ct_root) {
   const kiln_instr *root = root_of(c);
   if (root == NULL) return tx->err;
   if (c->active[root->id] && ct_root != KILN_NO_ID && !kiln__b_is_zero(tx, ct_root))
-    c->cot[root->id] = c->cot[root->id] == KILN_NO_ID ? ct_root
-                                                      : kiln__ad_add_any(&c->b, c->cot[root->id], ct_root);
+    c->cot[root->id] = c->cot[root->id] == KILN_NO_ID
+                           ? ct_root
+                           : kiln__ad_add_any(&c->b, c->cot[root->id], ct_root);
   for (uint32_t i = src->ninstrs; i-- > 0 && tx->err == 0;) {
     const kiln_instr *ins = m->instrs[src->instrs[i]];
     kiln_id ct = c->cot[ins->id];
@@ -164,7 +172,8 @@ int kiln__vjp_backward(kiln__ad *c, kiln_id ct_root) {
   return tx->err;
 }
 
-kiln_id kiln__ad_inline(kiln__tx *tx, kiln__b *b, const kiln_computation *src, const kiln_id *args) {
+kiln_id kiln__ad_inline(kiln__tx *tx, kiln__b *b, const kiln_computation *src,
+                        const kiln_id *args) {
   kiln__ad c;
   if (kiln__ad_init(&c, tx, b->comp, src)) return KILN_NO_ID;
   const kiln_instr *root = root_of(&c);
@@ -197,7 +206,8 @@ kiln_id kiln__ad_add_any(kiln__b *b, kiln_id x, kiln_id y) {
 }
 
 void kiln__ad_accum(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
-  if (!kiln__ad_wants(c, ins, k) || v == KILN_NO_ID || c->tx->err || kiln__b_is_zero(c->tx, v)) return;
+  if (!kiln__ad_wants(c, ins, k) || v == KILN_NO_ID || c->tx->err || kiln__b_is_zero(c->tx, v))
+    return;
   kiln_id op = ins->operands[k];
   c->cot[op] = c->cot[op] == KILN_NO_ID ? v : kiln__ad_add_any(&c->b, c->cot[op], v);
 }
@@ -220,7 +230,8 @@ kiln__red kiln__tf_reducer_kind(const kiln_module *m, uint32_t comp) {
   if (r->op == KILN_OP_PARAMETER) return r->param_number == 1 ? KILN__RED_REPLACE : KILN__RED_OTHER;
   if (r->noperands != 2) return KILN__RED_OTHER;
   const kiln_instr *a = m->instrs[r->operands[0]], *b = m->instrs[r->operands[1]];
-  if (a->op != KILN_OP_PARAMETER || b->op != KILN_OP_PARAMETER || a->param_number == b->param_number)
+  if (a->op != KILN_OP_PARAMETER || b->op != KILN_OP_PARAMETER ||
+      a->param_number == b->param_number)
     return KILN__RED_OTHER;
   switch (r->op) {
   case KILN_OP_ADD: return KILN__RED_ADD;
@@ -285,8 +296,11 @@ static int64_t trip_from_config(const kiln_instr *w) {
 }
 
 static kiln_cmp_dir mirror(kiln_cmp_dir d) {
-  return d == KILN_CMP_LT ? KILN_CMP_GT : d == KILN_CMP_GT ? KILN_CMP_LT
-         : d == KILN_CMP_LE ? KILN_CMP_GE : d == KILN_CMP_GE ? KILN_CMP_LE : d;
+  return d == KILN_CMP_LT   ? KILN_CMP_GT
+         : d == KILN_CMP_GT ? KILN_CMP_LT
+         : d == KILN_CMP_LE ? KILN_CMP_GE
+         : d == KILN_CMP_GE ? KILN_CMP_LE
+                            : d;
 }
 
 /* Iterations of `while (a dir b)` where a is a state element stepped by a
@@ -298,12 +312,14 @@ static int64_t count_with(const kiln_module *m, const kiln_instr *w, const kiln_
   if (!const_int(b, &bound)) {
     int64_t j = param_elem(m, b);
     const kiln_instr *e = body_elem(m, body, j);
-    if (j < 0 || j == k || e == NULL || param_elem(m, e) != j || !init_const(m, w, j, &bound)) return -1;
+    if (j < 0 || j == k || e == NULL || param_elem(m, e) != j || !init_const(m, w, j, &bound))
+      return -1;
   }
   const kiln_instr *upd = body_elem(m, body, k);
   if (upd == NULL || upd->op != KILN_OP_ADD) return -1;
   const kiln_instr *u0 = m->instrs[upd->operands[0]], *u1 = m->instrs[upd->operands[1]];
-  if (!(param_elem(m, u0) == k && const_int(u1, &step)) && !(param_elem(m, u1) == k && const_int(u0, &step)))
+  if (!(param_elem(m, u0) == k && const_int(u1, &step)) &&
+      !(param_elem(m, u1) == k && const_int(u0, &step)))
     return -1;
   /* Count arithmetically; refuse spans that could overflow. */
   const int64_t lim = INT64_C(1) << 40;
@@ -311,7 +327,8 @@ static int64_t count_with(const kiln_module *m, const kiln_instr *w, const kiln_
   switch (dir) {
   case KILN_CMP_LT: return step > 0 ? (start >= bound ? 0 : (bound - start + step - 1) / step) : -1;
   case KILN_CMP_LE: return step > 0 ? (start > bound ? 0 : (bound - start) / step + 1) : -1;
-  case KILN_CMP_GT: return step < 0 ? (start <= bound ? 0 : (start - bound - step - 1) / -step) : -1;
+  case KILN_CMP_GT:
+    return step < 0 ? (start <= bound ? 0 : (start - bound - step - 1) / -step) : -1;
   case KILN_CMP_GE: return step < 0 ? (start < bound ? 0 : (start - bound) / -step + 1) : -1;
   case KILN_CMP_NE:
     if ((bound - start) % step != 0 || (bound - start) / step < 0) return -1;

@@ -80,7 +80,8 @@ int kiln__jvp_while(kiln__ad *c, const kiln_instr *ins) {
   snprintf(name, sizeof name, "%.120s.jvp", cond->name);
   uint32_t ncond;
   kiln_shape ps;
-  if (nbody == KILN_NO_ID || kiln__b_new_comp(tx, name, &ncond) || pair_shape(tx, &ins->shape, &ins->shape, &ps))
+  if (nbody == KILN_NO_ID || kiln__b_new_comp(tx, name, &ncond) ||
+      pair_shape(tx, &ins->shape, &ins->shape, &ps))
     return tx->err;
   kiln__b cb = {tx, ncond};
   kiln_id p = kiln__b_param(&cb, 0, &ps, NULL);
@@ -334,8 +335,8 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
     one[0] = 1;
     if (ls->rank) memcpy(one + 1, ls->dims, ls->rank * sizeof *one);
     kiln_id v = kiln__b_reshape(&bb, sl[e], one, ls->rank + 1);
-    out[e + 2] = kiln__b_dyn_update(&bb, kiln__b_gte(&bb, p, e + 2), v, stack_index(&bb, j, ls->rank),
-                                  ls->rank + 1);
+    out[e + 2] = kiln__b_dyn_update(&bb, kiln__b_gte(&bb, p, e + 2), v,
+                                    stack_index(&bb, j, ls->rank), ls->rank + 1);
   }
   out[0] = kiln__ad_inline(tx, &bb, body, &s);
   out[1] = kiln__b_add(&bb, j, kiln__b_iscalar(&bb, KILN_S32, 1));
@@ -355,7 +356,8 @@ int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   const loop_save *sv = c->aux[ins->id];
   const kiln_computation *body = called(tx, ins, 1);
   const kiln_shape *S = &ins->shape;
-  if (sv == NULL || body == NULL) return kiln__tx_fail(tx, KILN_EINTERNAL, ins, "%s: loop not saved", tx->name);
+  if (sv == NULL || body == NULL)
+    return kiln__tx_fail(tx, KILN_EINTERNAL, ins, "%s: loop not saved", tx->name);
   if (sv->trips == 0) {
     kiln__ad_accum(c, ins, 0, ct);
     return tx->err;
@@ -382,7 +384,8 @@ int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
     one[0] = 1;
     if (ls->rank) memcpy(one + 1, ls->dims, ls->rank * sizeof *one);
     out[e + 2] = kiln__b_gte(&bb, p, e + 2);
-    kiln_id v = kiln__b_dyn_slice(&bb, out[e + 2], stack_index(&bb, i, ls->rank), ls->rank + 1, one);
+    kiln_id v =
+        kiln__b_dyn_slice(&bb, out[e + 2], stack_index(&bb, i, ls->rank), ls->rank + 1, one);
     el[e] = kiln__b_reshape(&bb, v, ls->dims, ls->rank);
   }
   uint32_t k0 = 0;
@@ -398,7 +401,9 @@ int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   set_root(tx, nbody, kiln__b_tuple(&bb, out, nl + 2));
   kiln__b cb = {tx, ncond};
   kiln_id cp = kiln__b_param(&cb, 0, &Q, NULL);
-  set_root(tx, ncond, kiln__b_cmp(&cb, kiln__b_gte(&cb, cp, 1), kiln__b_iscalar(&cb, KILN_S32, 0), KILN_CMP_GE));
+  set_root(
+      tx, ncond,
+      kiln__b_cmp(&cb, kiln__b_gte(&cb, cp, 1), kiln__b_iscalar(&cb, KILN_S32, 0), KILN_CMP_GE));
   kiln_id *init = kiln__b_ids(tx, nl + 2);
   if (init == NULL) return tx->err;
   init[0] = kiln__ad_mat(B, ct, S);
@@ -429,7 +434,8 @@ int kiln__vjp_conditional(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
     char name[160];
     snprintf(name, sizeof name, "%.120s.vjp", br->name);
     kiln_shape ps;
-    if (kiln__b_new_comp(tx, name, &nbr[k]) || pair_shape(tx, &outs[k], &ins->shape, &ps)) return tx->err;
+    if (kiln__b_new_comp(tx, name, &nbr[k]) || pair_shape(tx, &outs[k], &ins->shape, &ps))
+      return tx->err;
     kiln__b b = {tx, nbr[k]};
     kiln_id p = kiln__b_param(&b, 0, &ps, NULL);
     kiln_id x = kiln__b_gte(&b, p, 0);
@@ -513,8 +519,8 @@ static int pull_back(kiln__ad *c, const kiln_instr *ins, kiln__ad *child, kiln_i
 
 int kiln__vjp_via(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   if (c->aux[ins->id] == NULL)
-    return kiln__tx_fail(c->tx, KILN_EINTERNAL, ins, "%s: internal error: no forward copy to differentiate",
-                         c->tx->name);
+    return kiln__tx_fail(c->tx, KILN_EINTERNAL, ins,
+                         "%s: internal error: no forward copy to differentiate", c->tx->name);
   return pull_back(c, ins, c->aux[ins->id], ct);
 }
 

@@ -114,14 +114,16 @@ static int no_rule(kiln__bt *c, const kiln_instr *ins) {
   kiln_instr_where(c->tx->m, ins, where, sizeof where);
   if (ins->op == KILN_OP_CUSTOM_CALL) {
     const char *target = kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET);
-    return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
-                         "%s: custom-call target \"%.80s\" (%s) has no batching rule: its body is opaque to "
-                         "the transforms",
-                         c->tx->name, target ? target : "", where);
+    return kiln__tx_fail(
+        c->tx, KILN_EUNIMPL, ins,
+        "%s: custom-call target \"%.80s\" (%s) has no batching rule: its body is opaque to "
+        "the transforms",
+        c->tx->name, target ? target : "", where);
   }
   const char *why = kiln__tf_no_rule_why(kiln__tf_no_batching, kiln__tf_no_batching_count, ins->op);
-  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) has no batching rule%s%s", c->tx->name,
-                       kiln_opcode_name(ins->op), where, why ? ": " : "", why ? why : "");
+  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) has no batching rule%s%s",
+                       c->tx->name, kiln_opcode_name(ins->op), where, why ? ": " : "",
+                       why ? why : "");
 }
 
 int kiln__batch_region(kiln__bt *c, const kiln_id *args, kiln__bsig *const *sigs) {
@@ -232,7 +234,8 @@ int kiln__batch_elementwise(kiln__bt *c, const kiln_instr *ins) {
       int64_t zero = 0;
       ops[k] = kiln__b_broadcast(B, v, dims, r + 1, &zero, 1);
     } else
-      ops[k] = kiln__b_broadcast(B, v, dims, r + 1, s->rank == r ? map : NULL, s->rank == r ? r : 0);
+      ops[k] =
+          kiln__b_broadcast(B, v, dims, r + 1, s->rank == r ? map : NULL, s->rank == r ? r : 0);
   }
   kiln__bt_set(c, ins, kiln__b_clone(B, ins, ops, ins->noperands), true);
   return c->tx->err;
@@ -290,7 +293,8 @@ int kiln__batch_gte(kiln__bt *c, const kiln_instr *ins) {
 int kiln__batch_dims_attr(kiln__bt *c, const kiln_instr *ins) {
   kiln_id *ops = batched_operands(c, ins);
   kiln_instr *n = ops ? kiln__b_clone_start(B, ins, ops, ins->noperands) : NULL;
-  if (n && kiln_instr_has_attr(ins, KILN_ATTR_DIMENSIONS)) shift_attr(c, n, KILN_ATTR_DIMENSIONS, false);
+  if (n && kiln_instr_has_attr(ins, KILN_ATTR_DIMENSIONS))
+    shift_attr(c, n, KILN_ATTR_DIMENSIONS, false);
   kiln__bt_set(c, ins, kiln__b_finish(B, n), true);
   return c->tx->err;
 }
@@ -361,7 +365,8 @@ int kiln__batch_transpose(kiln__bt *c, const kiln_instr *ins) {
 int kiln__batch_slice(kiln__bt *c, const kiln_instr *ins) {
   const kiln_i64s *sl = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE);
   uint32_t r = ins->shape.rank;
-  int64_t *st = kiln__b_i64s(c->tx, r + 1), *li = kiln__b_i64s(c->tx, r + 1), *sd = kiln__b_i64s(c->tx, r + 1);
+  int64_t *st = kiln__b_i64s(c->tx, r + 1), *li = kiln__b_i64s(c->tx, r + 1),
+          *sd = kiln__b_i64s(c->tx, r + 1);
   if (st == NULL || li == NULL || sd == NULL || sl == NULL) return no_rule(c, ins);
   st[0] = 0, li[0] = c->bsize, sd[0] = 1;
   for (uint32_t d = 0; d < r; d++) {
@@ -376,7 +381,8 @@ int kiln__batch_slice(kiln__bt *c, const kiln_instr *ins) {
 int kiln__batch_pad(kiln__bt *c, const kiln_instr *ins) {
   const kiln_i64s *p = kiln_instr_attr_ints(ins, KILN_ATTR_PADDING);
   uint32_t r = ins->shape.rank;
-  int64_t *lo = kiln__b_i64s(c->tx, r + 1), *hi = kiln__b_i64s(c->tx, r + 1), *in = kiln__b_i64s(c->tx, r + 1);
+  int64_t *lo = kiln__b_i64s(c->tx, r + 1), *hi = kiln__b_i64s(c->tx, r + 1),
+          *in = kiln__b_i64s(c->tx, r + 1);
   if (lo == NULL || hi == NULL || in == NULL || p == NULL) return no_rule(c, ins);
   for (uint32_t d = 0; d < r; d++) {
     lo[d + 1] = p->v[3 * d];
@@ -438,7 +444,8 @@ typedef struct vout {
 } vout;
 
 /* Rebuilds the root with every leaf's batch dimension at its out axis. */
-static kiln_id place_outputs(kiln__bt *c, kiln_id v, const kiln_shape *s, const kiln__bsig *g, vout *o) {
+static kiln_id place_outputs(kiln__bt *c, kiln_id v, const kiln_shape *s, const kiln__bsig *g,
+                             vout *o) {
   kiln__tx *tx = c->tx;
   if (tx->err) return KILN_NO_ID;
   if (kiln_shape_is_tuple(s)) {
@@ -461,8 +468,11 @@ static kiln_id place_outputs(kiln__bt *c, kiln_id v, const kiln_shape *s, const 
   if (!kiln_shape_is_array(s)) return v;
   int64_t r = s->rank + 1;
   if (ax < -r || ax >= r)
-    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: out_axes %" PRId64 " is out of range for output %u of rank %" PRId64,
-                         ax, leaf, r), KILN_NO_ID;
+    return kiln__tx_fail(tx, KILN_EINVAL, NULL,
+                         "vmap: out_axes %" PRId64
+                         " is out of range for output %u of rank %" PRId64,
+                         ax, leaf, r),
+           KILN_NO_ID;
   if (ax < 0) ax += r;
   kiln__bsig yes = {true, 0, NULL};
   v = kiln__bt_coerce(c, v, g, &yes);
@@ -472,7 +482,8 @@ static kiln_id place_outputs(kiln__bt *c, kiln_id v, const kiln_shape *s, const 
 int kiln__tf_apply_vmap(kiln__tx *tx, const kiln_transform *t, uint32_t *out) {
   kiln_module *m = tx->m;
   const kiln_computation *e = kiln_module_entry(m);
-  if (e == NULL) return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: the module has no ENTRY computation");
+  if (e == NULL)
+    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: the module has no ENTRY computation");
   const kiln_instr *root = kiln_computation_root(m, e);
   uint32_t np = kiln_computation_nparams(m, e);
   if (t->nin_axes > 1 && t->nin_axes != np)
@@ -481,29 +492,36 @@ int kiln__tf_apply_vmap(kiln__tx *tx, const kiln_transform *t, uint32_t *out) {
                          t->nin_axes, e->name, np, np == 1 ? "" : "s");
   uint32_t nl = root ? kiln__b_leaf_count(&root->shape) : 0;
   if (t->nout_axes > 1 && t->nout_axes != nl)
-    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: out_axes has %u entries but ENTRY %s has %u output%s",
-                         t->nout_axes, e->name, nl, nl == 1 ? "" : "s");
+    return kiln__tx_fail(tx, KILN_EINVAL, NULL,
+                         "vmap: out_axes has %u entries but ENTRY %s has %u output%s", t->nout_axes,
+                         e->name, nl, nl == 1 ? "" : "s");
   int64_t bsize = t->axis_size;
   bool any = false;
   for (uint32_t i = 0; i < np; i++) {
     int64_t ax = axis_of(t->in_axes, t->nin_axes, i);
     const kiln_instr *p = kiln_computation_param(m, e, i);
-    if (p == NULL) return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: ENTRY %s has no parameter %u", e->name, i);
+    if (p == NULL)
+      return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: ENTRY %s has no parameter %u", e->name, i);
     if (ax == KILN_AXIS_NONE) continue;
     any = true;
     if (!kiln_shape_is_array(&p->shape))
-      return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: parameter %u is not an array; its in_axes must be none", i);
+      return kiln__tx_fail(tx, KILN_EINVAL, NULL,
+                           "vmap: parameter %u is not an array; its in_axes must be none", i);
     int64_t r = p->shape.rank + 1;
     if (ax < -r || ax >= r)
       return kiln__tx_fail(tx, KILN_EINVAL, NULL,
-                           "vmap: in_axes %" PRId64 " is out of range for parameter %u (rank %" PRId64
+                           "vmap: in_axes %" PRId64
+                           " is out of range for parameter %u (rank %" PRId64
                            " with the batch dimension)",
                            ax, i, r);
   }
-  if (!any) return kiln__tx_fail(tx, KILN_EINVAL, NULL, "vmap: no parameter is batched (in_axes are all none)");
-  if (bsize <= 0)
+  if (!any)
     return kiln__tx_fail(tx, KILN_EINVAL, NULL,
-                         "vmap: the batch size is not known (give size=N, or arguments to infer it from)");
+                         "vmap: no parameter is batched (in_axes are all none)");
+  if (bsize <= 0)
+    return kiln__tx_fail(
+        tx, KILN_EINVAL, NULL,
+        "vmap: the batch size is not known (give size=N, or arguments to infer it from)");
   uint32_t comp;
   char name[160];
   snprintf(name, sizeof name, "%.120s.vmap", e->name);
@@ -528,7 +546,8 @@ int kiln__tf_apply_vmap(kiln__tx *tx, const kiln_transform *t, uint32_t *out) {
     /* the batch dimension where the caller has it, then moved first */
     int64_t *dims = kiln__b_i64s(tx, s->rank + 1);
     if (dims == NULL) return tx->err;
-    for (uint32_t d = 0, o = 0; d <= s->rank; d++) dims[d] = (int64_t)d == ax ? bsize : s->dims[o++];
+    for (uint32_t d = 0, o = 0; d <= s->rank; d++)
+      dims[d] = (int64_t)d == ax ? bsize : s->dims[o++];
     bs.dims = dims;
     kiln_id p = kiln__b_param(&c.b, i, &bs, src->name);
     args[i] = kiln__bt_move_axis(&c.b, p, ax, 0);
@@ -545,6 +564,6 @@ int kiln__tf_apply_vmap(kiln__tx *tx, const kiln_transform *t, uint32_t *out) {
 
 /* Exposed for the control-flow rules. */
 int kiln__bt_shape(kiln__tx *tx, const kiln_shape *s, const kiln__bsig *g, int64_t bsize,
-                        kiln_shape *out) {
+                   kiln_shape *out) {
   return batched_shape(tx, s, g, bsize, out);
 }

@@ -47,8 +47,8 @@ static int set_list(kiln__tx *tx, kiln_instr *ins, kiln_attr_key k, kiln_i64s l)
 static int cannot(kiln__bt *c, const kiln_instr *ins, const char *why) {
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(c->tx->m, ins, where, sizeof where);
-  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) cannot be batched: %s", c->tx->name,
-                       kiln_opcode_name(ins->op), where, why);
+  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) cannot be batched: %s",
+                       c->tx->name, kiln_opcode_name(ins->op), where, why);
 }
 
 /* ---- dot ----------------------------------------------------------------- */
@@ -56,8 +56,10 @@ static int cannot(kiln__bt *c, const kiln_instr *ins, const char *why) {
 int kiln__batch_dot(kiln__bt *c, const kiln_instr *ins) {
   kiln__tx *tx = c->tx;
   bool bl = kiln__bt_batched(c, ins, 0), br = kiln__bt_batched(c, ins, 1);
-  kiln_i64s lb = list(ins, KILN_ATTR_LHS_BATCH_DIMS), lc = list(ins, KILN_ATTR_LHS_CONTRACTING_DIMS);
-  kiln_i64s rb = list(ins, KILN_ATTR_RHS_BATCH_DIMS), rc = list(ins, KILN_ATTR_RHS_CONTRACTING_DIMS);
+  kiln_i64s lb = list(ins, KILN_ATTR_LHS_BATCH_DIMS),
+            lc = list(ins, KILN_ATTR_LHS_CONTRACTING_DIMS);
+  kiln_i64s rb = list(ins, KILN_ATTR_RHS_BATCH_DIMS),
+            rc = list(ins, KILN_ATTR_RHS_CONTRACTING_DIMS);
   kiln_id o[2] = {c->val[ins->operands[0]], c->val[ins->operands[1]]};
   kiln_instr *d = kiln__b_clone_start(B, ins, o, 2);
   if (d == NULL) return tx->err;
@@ -125,7 +127,8 @@ static kiln_id *reduce_operands(kiln__bt *c, const kiln_instr *ins, kiln_id *lat
   for (uint32_t k = n; k < 2 * n; k++) {
     ops[k] = c->val[ins->operands[k]];
     if (!kiln__bt_batched(c, ins, k)) continue;
-    kiln__red rk = ins->ncalled == 1 ? kiln__tf_reducer_kind(c->tx->m, ins->called[0]) : KILN__RED_OTHER;
+    kiln__red rk =
+        ins->ncalled == 1 ? kiln__tf_reducer_kind(c->tx->m, ins->called[0]) : KILN__RED_OTHER;
     if (n != 1 || red_op(rk) == KILN_OP_INVALID) {
       cannot(c, ins, "a batched init value needs a plain add/multiply/max/min/and/or reducer");
       return NULL;
@@ -148,7 +151,8 @@ int kiln__batch_reduce(kiln__bt *c, const kiln_instr *ins) {
   kiln_id late;
   kiln_id *ops = reduce_operands(c, ins, &late);
   kiln_instr *r = ops ? kiln__b_clone_start(B, ins, ops, ins->noperands) : NULL;
-  if (r == NULL || set_list(c->tx, r, KILN_ATTR_DIMENSIONS, shifted(c->tx, list(ins, KILN_ATTR_DIMENSIONS), false)))
+  if (r == NULL || set_list(c->tx, r, KILN_ATTR_DIMENSIONS,
+                            shifted(c->tx, list(ins, KILN_ATTR_DIMENSIONS), false)))
     return c->tx->err;
   kiln__bt_set(c, ins, combine_late(c, ins, kiln__b_finish(B, r), late), true);
   return c->tx->err;
@@ -182,7 +186,8 @@ int kiln__batch_reduce_window(kiln__bt *c, const kiln_instr *ins) {
 
 int kiln__batch_select_and_scatter(kiln__bt *c, const kiln_instr *ins) {
   if (kiln__bt_batched(c, ins, 2)) return cannot(c, ins, "the init value is batched");
-  kiln_id o[3] = {kiln__bt_operand(c, ins, 0), kiln__bt_operand(c, ins, 1), c->val[ins->operands[2]]};
+  kiln_id o[3] = {kiln__bt_operand(c, ins, 0), kiln__bt_operand(c, ins, 1),
+                  c->val[ins->operands[2]]};
   kiln_instr *r = kiln__b_clone_start(B, ins, o, 3);
   if (r == NULL || batched_window(c, ins, r)) return c->tx->err;
   kiln__bt_set(c, ins, kiln__b_finish(B, r), true);
@@ -201,7 +206,8 @@ static kiln_id stack_indices(kiln__bt *c, const kiln_instr *ins, uint32_t from, 
   for (uint32_t k = 0; k < n; k++) {
     kiln_id v = kiln__b_as(B, kiln__bt_operand(c, ins, from + k), KILN_S32);
     if (hi) {
-      kiln_id o[3] = {kiln__b_iscalar(B, KILN_S32, 0), v, kiln__b_iscalar(B, KILN_S32, hi[k] < 0 ? 0 : hi[k])};
+      kiln_id o[3] = {kiln__b_iscalar(B, KILN_S32, 0), v,
+                      kiln__b_iscalar(B, KILN_S32, hi[k] < 0 ? 0 : hi[k])};
       v = kiln__b_op(B, KILN_OP_CLAMP, o, 3);
     }
     cols[k] = kiln__b_reshape(B, v, one, 2);
@@ -247,7 +253,8 @@ int kiln__batch_dynamic_slice(kiln__bt *c, const kiln_instr *ins) {
     kiln_dtype it = r ? tx->m->instrs[ins->operands[1]]->shape.dtype : KILN_S32;
     idx[0] = kiln__b_iscalar(B, it, 0);
     sz[0] = c->bsize;
-    for (uint32_t k = 0; k < r; k++) idx[k + 1] = c->val[ins->operands[k + 1]], sz[k + 1] = sizes->v[k];
+    for (uint32_t k = 0; k < r; k++)
+      idx[k + 1] = c->val[ins->operands[k + 1]], sz[k + 1] = sizes->v[k];
     kiln__bt_set(c, ins, kiln__b_dyn_slice(B, x, idx, r + 1, sz), true);
     return tx->err;
   }
@@ -405,7 +412,8 @@ static kiln_id merge_run(kiln__b *b, kiln_id v, int64_t axis, uint32_t n) {
  * batched: the kernel's output features (G, O/G) take the batch inside
  * each group, (G, B, O/G), so every group still reads its own inputs; the
  * result's features come out in that order and the batch moves first. */
-static int grouped_batched_kernel(kiln__bt *c, const kiln_instr *ins, const kiln_conv_dims *cd, int64_t g) {
+static int grouped_batched_kernel(kiln__bt *c, const kiln_instr *ins, const kiln_conv_dims *cd,
+                                  int64_t g) {
   kiln__tx *tx = c->tx;
   kiln_id l = c->val[ins->operands[0]], r = c->val[ins->operands[1]];
   int64_t ko = cd->kernel_out + 1, of = cd->out_feature;
@@ -461,7 +469,9 @@ int kiln__batch_convolution(kiln__bt *c, const kiln_instr *ins) {
 
 static kiln__bsig *analyze(kiln__bt *c, const kiln_computation *comp, kiln__bsig *const *ps);
 
-static kiln__bsig *all_batched(kiln__bt *c, const kiln_shape *s) { return kiln__bsig_make(c->tx, s, true); }
+static kiln__bsig *all_batched(kiln__bt *c, const kiln_shape *s) {
+  return kiln__bsig_make(c->tx, s, true);
+}
 
 /* The loop state's batching: the least fixed point above the init's. */
 static kiln__bsig *loop_sig(kiln__bt *c, const kiln_instr *w, kiln__bsig *init, bool *pred_b) {
@@ -518,7 +528,8 @@ static kiln__bsig *analyze(kiln__bt *c, const kiln_computation *comp, kiln__bsig
     }
     case KILN_OP_WHILE: {
       bool pb;
-      g = any ? loop_sig(c, ins, sig[ins->operands[0]], &pb) : kiln__bsig_make(tx, &ins->shape, false);
+      g = any ? loop_sig(c, ins, sig[ins->operands[0]], &pb)
+              : kiln__bsig_make(tx, &ins->shape, false);
       break;
     }
     case KILN_OP_CONDITIONAL: g = cond_sig(c, ins, sig); break;
@@ -537,7 +548,8 @@ static kiln__bsig *analyze(kiln__bt *c, const kiln_computation *comp, kiln__bsig
     default: g = kiln__bsig_make(tx, &ins->shape, any); break;
     }
     if (g == NULL) {
-      if (tx->err == 0) kiln__tx_fail(tx, KILN_EINTERNAL, ins, "%s: batching analysis failed", tx->name);
+      if (tx->err == 0)
+        kiln__tx_fail(tx, KILN_EINTERNAL, ins, "%s: batching analysis failed", tx->name);
       return NULL;
     }
     sig[ins->id] = g;
@@ -548,9 +560,9 @@ static kiln__bsig *analyze(kiln__bt *c, const kiln_computation *comp, kiln__bsig
 
 /* Batches computation src into a new computation whose parameters are
  * batched as sigs; its root is coerced to `want` (when given). */
-static uint32_t batch_comp(kiln__bt *c, const kiln_computation *src, const kiln_shape *const *pshapes,
-                           kiln__bsig *const *sigs, uint32_t np, const kiln__bsig *want,
-                           const char *suffix, kiln__bsig **got) {
+static uint32_t batch_comp(kiln__bt *c, const kiln_computation *src,
+                           const kiln_shape *const *pshapes, kiln__bsig *const *sigs, uint32_t np,
+                           const kiln__bsig *want, const char *suffix, kiln__bsig **got) {
   kiln__tx *tx = c->tx;
   char name[160];
   snprintf(name, sizeof name, "%.120s.%s", src->name, suffix);
@@ -610,9 +622,11 @@ int kiln__batch_while(kiln__bt *c, const kiln_instr *ins) {
     kiln_id newv = bcomp->root, old = KILN_NO_ID;
     for (uint32_t i = 0; i < bcomp->ninstrs; i++)
       if (tx->m->instrs[bcomp->instrs[i]]->op == KILN_OP_PARAMETER) old = bcomp->instrs[i];
-    if (kiln__bt_init(&bc, tx, nbody, cond, c->bsize) || kiln__batch_region(&bc, &old, &s)) return tx->err;
+    if (kiln__bt_init(&bc, tx, nbody, cond, c->bsize) || kiln__batch_region(&bc, &old, &s))
+      return tx->err;
     p = kiln__bt_coerce(&bc, bc.val[kiln_computation_root(tx->m, cond)->id],
-                        bc.sig[kiln_computation_root(tx->m, cond)->id], &(kiln__bsig){true, 0, NULL});
+                        bc.sig[kiln_computation_root(tx->m, cond)->id],
+                        &(kiln__bsig){true, 0, NULL});
     kiln__bt sel = bc;
     kiln_id r = select_leaves(&sel, p, newv, old);
     if (tx->err) return tx->err;
@@ -624,7 +638,7 @@ int kiln__batch_while(kiln__bt *c, const kiln_instr *ins) {
   if (pg && pg->b) {
     kiln__b cb = {tx, ncond};
     kiln_id any = kiln__b_reduce(&cb, tx->m->comps[ncond]->root, kiln__b_scalar(&cb, KILN_PRED, 0),
-                               &(int64_t){0}, 1, KILN_OP_OR);
+                                 &(int64_t){0}, 1, KILN_OP_OR);
     if (tx->err) return tx->err;
     tx->m->comps[ncond]->root = any;
   }
@@ -684,7 +698,8 @@ int kiln__batch_conditional(kiln__bt *c, const kiln_instr *ins) {
     kiln_dtype it = kiln__b_shape(tx, sel)->dtype;
     kiln_id lo = kiln__b_cmp(B, sel, kiln__b_full_like(B, sel, 0), KILN_CMP_LT);
     kiln_id hi = kiln__b_cmp(B, sel, kiln__b_full_like(B, sel, nb - 1), KILN_CMP_GT);
-    sel = kiln__b_select(B, kiln__b_bin(B, KILN_OP_OR, lo, hi), kiln__b_full_like(B, sel, nb - 1), sel);
+    sel = kiln__b_select(B, kiln__b_bin(B, KILN_OP_OR, lo, hi), kiln__b_full_like(B, sel, nb - 1),
+                         sel);
     r = res[nb - 1];
     for (uint32_t k = nb - 1; k-- > 0;) {
       kiln_id is = kiln__b_cmp(B, sel, kiln__b_full_like(B, sel, k), KILN_CMP_EQ);
@@ -699,7 +714,8 @@ int kiln__batch_conditional(kiln__bt *c, const kiln_instr *ins) {
 
 int kiln__batch_call(kiln__bt *c, const kiln_instr *ins) {
   kiln__tx *tx = c->tx;
-  const kiln_computation *f = ins->ncalled == 1 ? kiln_module_computation(tx->m, ins->called[0]) : NULL;
+  const kiln_computation *f =
+      ins->ncalled == 1 ? kiln_module_computation(tx->m, ins->called[0]) : NULL;
   if (f == NULL) return cannot(c, ins, "no called computation");
   const kiln_shape **ps = kiln_arena_calloc(tx->scratch, ins->noperands + 1, sizeof *ps);
   kiln__bsig **sigs = kiln_arena_calloc(tx->scratch, ins->noperands + 1, sizeof *sigs);

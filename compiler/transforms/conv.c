@@ -111,8 +111,8 @@ kiln_id kiln__tf_regroup(kiln__b *b, kiln_id v, int64_t axis, int64_t into, int6
   return kiln__b_reshape(b, x, dims, r);
 }
 
-static kiln_id lhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct, const kiln_conv_dims *cd,
-                             const kiln_window *w, int64_t fgc) {
+static kiln_id lhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct,
+                             const kiln_conv_dims *cd, const kiln_window *w, int64_t fgc) {
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
   const kiln_shape *ks = &tx->m->instrs[ins->operands[1]]->shape;
@@ -138,13 +138,14 @@ static kiln_id lhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct, con
     int64_t out_d = dilated(ins->shape.dims[cd->out_spatial[i]], wd->stride);
     int64_t before = rhs_d - wd->pad_lo - 1;
     int64_t after = lhs_d + rhs_d - 1 - out_d - before;
-    nw->dims[i] = (kiln_window_dim){wd->size, wd->lhs_dilate, before, after, wd->stride, wd->rhs_dilate, false};
+    nw->dims[i] = (kiln_window_dim){wd->size,   wd->lhs_dilate, before, after,
+                                    wd->stride, wd->rhs_dilate, false};
   }
   return conv(c, ins, ct, k, nw, nd, fgc, 1);
 }
 
-static kiln_id rhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct, const kiln_conv_dims *cd,
-                             const kiln_window *w, int64_t fgc) {
+static kiln_id rhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct,
+                             const kiln_conv_dims *cd, const kiln_window *w, int64_t fgc) {
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
   const kiln_shape *ks = &tx->m->instrs[ins->operands[1]]->shape;
@@ -167,8 +168,13 @@ static kiln_id rhs_cotangent(kiln__ad *c, const kiln_instr *ins, kiln_id ct, con
     int64_t rhs_d = dilated(ks->dims[cd->kernel_spatial[i]], wd->rhs_dilate);
     int64_t out_d = dilated(ins->shape.dims[cd->out_spatial[i]], wd->stride);
     int64_t hi = (out_d - lhs_d) + (rhs_d - wd->pad_lo - 1);
-    nw->dims[i] = (kiln_window_dim){ins->shape.dims[cd->out_spatial[i]], wd->rhs_dilate, wd->pad_lo, hi,
-                                    wd->lhs_dilate, wd->stride, false};
+    nw->dims[i] = (kiln_window_dim){ins->shape.dims[cd->out_spatial[i]],
+                                    wd->rhs_dilate,
+                                    wd->pad_lo,
+                                    hi,
+                                    wd->lhs_dilate,
+                                    wd->stride,
+                                    false};
   }
   return conv(c, ins, kiln__X(c, ins, 0), ct, nw, nd, 1, fgc);
 }
@@ -186,20 +192,29 @@ int kiln__vjp_convolution(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   if (w->rank != cd->nspatial) return kiln__ad_not_diff(c, ins);
   for (uint32_t i = 0; i < w->rank; i++)
     if (w->dims[i].reversal)
-      return kiln__tx_fail(tx, KILN_EUNIMPL, ins, "%s: convolution with window reversal has no transpose yet",
-                           tx->name);
+      return kiln__tx_fail(tx, KILN_EUNIMPL, ins,
+                           "%s: convolution with window reversal has no transpose yet", tx->name);
   if (bgc != 1)
-    return kiln__tx_fail(tx, KILN_EUNIMPL, ins, "%s: convolution with batch_group_count %lld has no transpose yet",
+    return kiln__tx_fail(tx, KILN_EUNIMPL, ins,
+                         "%s: convolution with batch_group_count %lld has no transpose yet",
                          tx->name, (long long)bgc);
   kiln_dtype t = ins->shape.dtype;
   if (kiln__ad_wants(c, ins, 0))
-    kiln__ad_accum(c, ins, 0,
-                   kiln__b_as(B, lhs_cotangent(c, ins, kiln__b_as(B, ct, kiln__b_shape(tx, kiln__X(c, ins, 1))->dtype), cd, w, fgc),
-                              tx->m->instrs[ins->operands[0]]->shape.dtype));
+    kiln__ad_accum(
+        c, ins, 0,
+        kiln__b_as(B,
+                   lhs_cotangent(c, ins,
+                                 kiln__b_as(B, ct, kiln__b_shape(tx, kiln__X(c, ins, 1))->dtype),
+                                 cd, w, fgc),
+                   tx->m->instrs[ins->operands[0]]->shape.dtype));
   if (kiln__ad_wants(c, ins, 1))
-    kiln__ad_accum(c, ins, 1,
-                   kiln__b_as(B, rhs_cotangent(c, ins, kiln__b_as(B, ct, kiln__b_shape(tx, kiln__X(c, ins, 0))->dtype), cd, w, fgc),
-                              tx->m->instrs[ins->operands[1]]->shape.dtype));
+    kiln__ad_accum(
+        c, ins, 1,
+        kiln__b_as(B,
+                   rhs_cotangent(c, ins,
+                                 kiln__b_as(B, ct, kiln__b_shape(tx, kiln__X(c, ins, 0))->dtype),
+                                 cd, w, fgc),
+                   tx->m->instrs[ins->operands[1]]->shape.dtype));
   (void)t;
   return tx->err;
 }

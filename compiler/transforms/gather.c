@@ -34,18 +34,24 @@ static kiln_i64s list(const kiln_instr *ins, kiln_attr_key k) {
 }
 
 kiln__gdims kiln__tf_gather_dims(const kiln_instr *g) {
-  kiln__gdims d = {list(g, KILN_ATTR_OFFSET_DIMS), list(g, KILN_ATTR_COLLAPSED_SLICE_DIMS),
-             list(g, KILN_ATTR_START_INDEX_MAP), list(g, KILN_ATTR_OPERAND_BATCHING_DIMS),
-             list(g, KILN_ATTR_START_INDICES_BATCHING_DIMS), list(g, KILN_ATTR_SLICE_SIZES),
-             kiln_instr_attr_int(g, KILN_ATTR_INDEX_VECTOR_DIM, 0)};
+  kiln__gdims d = {list(g, KILN_ATTR_OFFSET_DIMS),
+                   list(g, KILN_ATTR_COLLAPSED_SLICE_DIMS),
+                   list(g, KILN_ATTR_START_INDEX_MAP),
+                   list(g, KILN_ATTR_OPERAND_BATCHING_DIMS),
+                   list(g, KILN_ATTR_START_INDICES_BATCHING_DIMS),
+                   list(g, KILN_ATTR_SLICE_SIZES),
+                   kiln_instr_attr_int(g, KILN_ATTR_INDEX_VECTOR_DIM, 0)};
   return d;
 }
 
 kiln__gdims kiln__tf_scatter_dims(const kiln_instr *s) {
-  kiln__gdims d = {list(s, KILN_ATTR_UPDATE_WINDOW_DIMS), list(s, KILN_ATTR_INSERTED_WINDOW_DIMS),
-             list(s, KILN_ATTR_SCATTER_DIMS_TO_OPERAND_DIMS), list(s, KILN_ATTR_INPUT_BATCHING_DIMS),
-             list(s, KILN_ATTR_SCATTER_INDICES_BATCHING_DIMS), {NULL, 0},
-             kiln_instr_attr_int(s, KILN_ATTR_INDEX_VECTOR_DIM, 0)};
+  kiln__gdims d = {list(s, KILN_ATTR_UPDATE_WINDOW_DIMS),
+                   list(s, KILN_ATTR_INSERTED_WINDOW_DIMS),
+                   list(s, KILN_ATTR_SCATTER_DIMS_TO_OPERAND_DIMS),
+                   list(s, KILN_ATTR_INPUT_BATCHING_DIMS),
+                   list(s, KILN_ATTR_SCATTER_INDICES_BATCHING_DIMS),
+                   {NULL, 0},
+                   kiln_instr_attr_int(s, KILN_ATTR_INDEX_VECTOR_DIM, 0)};
   return d;
 }
 
@@ -71,7 +77,7 @@ kiln_id kiln__tf_gather(kiln__b *b, kiln_id x, kiln_id idx, const kiln__gdims *d
 }
 
 kiln_id kiln__tf_scatter(kiln__b *b, kiln_id x, kiln_id idx, kiln_id u, const kiln__gdims *d,
-                            uint32_t comp) {
+                         uint32_t comp) {
   kiln_id o[3] = {x, idx, u};
   kiln_instr *ins = kiln__b_start(b, KILN_OP_SCATTER, o, 3);
   if (ins == NULL) return KILN_NO_ID;
@@ -154,9 +160,9 @@ static kiln_i64s update_scatter_dims(kiln__tx *tx, const kiln_shape *us, const k
 static kiln_id inbounds_mask(kiln__ad *c, kiln_id idx, const kiln_shape *xs, const kiln_shape *us,
                              const kiln__gdims *g) {
   const kiln_shape *is = kiln__b_shape(c->tx, idx);
-  kiln_id ok = kiln__b_bin(B, KILN_OP_AND,
-                         kiln__b_cmp(B, idx, kiln__b_full_like(B, idx, 0), KILN_CMP_GE),
-                         kiln__b_cmp(B, idx, index_bounds(c, idx, xs, g), KILN_CMP_LE));
+  kiln_id ok =
+      kiln__b_bin(B, KILN_OP_AND, kiln__b_cmp(B, idx, kiln__b_full_like(B, idx, 0), KILN_CMP_GE),
+                  kiln__b_cmp(B, idx, index_bounds(c, idx, xs, g), KILN_CMP_LE));
   if (g->ivd < (int64_t)is->rank) {
     kiln_id t = kiln__b_scalar(B, KILN_PRED, 1);
     ok = kiln__b_reduce(B, ok, t, &g->ivd, 1, KILN_OP_AND);
@@ -171,17 +177,19 @@ static kiln_id inbounds_mask(kiln__ad *c, kiln_id idx, const kiln_shape *xs, con
  * *prod is P; *others, per update element, the product of the other
  * updates landing where it does, exact at zeros (no division by a zero: the
  * zero updates are counted apart from the product of the nonzero ones). */
-static void mul_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims *sd, const kiln__gdims *g,
-                      kiln_id *prod, kiln_id *others) {
+static void mul_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims *sd,
+                      const kiln__gdims *g, kiln_id *prod, kiln_id *others) {
   kiln__tx *tx = c->tx;
   kiln_id x = kiln__X(c, ins, 0), idx = kiln__X(c, ins, 1), u = kiln__X(c, ins, 2);
   kiln_dtype t = kiln__b_shape(tx, x)->dtype;
   kiln_id uzero = kiln__b_cmp(B, u, kiln__b_zeros_like(B, u), KILN_CMP_EQ);
   kiln_id unz = kiln__b_select(B, uzero, kiln__b_full_like(B, u, 1), u);
-  kiln_id pn = kiln__tf_scatter(B, kiln__b_full_like(B, x, 1), idx, unz, sd, kiln__b_reducer(tx, KILN_OP_MULTIPLY, t));
-  kiln_id nz = kiln__tf_scatter(B, kiln__b_full_like(B, x, 0), idx, kiln__b_convert(B, uzero, t), sd,
-                                kiln__b_reducer(tx, KILN_OP_ADD, t));
-  *prod = kiln__b_select(B, kiln__b_cmp(B, nz, kiln__b_full_like(B, nz, 0), KILN_CMP_EQ), pn, kiln__b_zeros_like(B, pn));
+  kiln_id pn = kiln__tf_scatter(B, kiln__b_full_like(B, x, 1), idx, unz, sd,
+                                kiln__b_reducer(tx, KILN_OP_MULTIPLY, t));
+  kiln_id nz = kiln__tf_scatter(B, kiln__b_full_like(B, x, 0), idx, kiln__b_convert(B, uzero, t),
+                                sd, kiln__b_reducer(tx, KILN_OP_ADD, t));
+  *prod = kiln__b_select(B, kiln__b_cmp(B, nz, kiln__b_full_like(B, nz, 0), KILN_CMP_EQ), pn,
+                         kiln__b_zeros_like(B, pn));
   if (others == NULL) return;
   kiln_id gp = kiln__tf_gather(B, pn, idx, g), gz = kiln__tf_gather(B, nz, idx, g);
   kiln_id z = kiln__b_zeros_like(B, gp);
@@ -198,12 +206,13 @@ static void mul_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims *sd,
  * landing there. *succ marks the updates that share; *share is 1 / the
  * number of sharers per position; *keep the operand's part (share where it
  * equals the result, else 0). */
-static void extremal_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims *sd, const kiln__gdims *g,
-                           kiln_id *succ, kiln_id *share, kiln_id *keep) {
+static void extremal_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims *sd,
+                           const kiln__gdims *g, kiln_id *succ, kiln_id *share, kiln_id *keep) {
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
   const kiln_shape *us = &tx->m->instrs[ins->operands[2]]->shape;
-  kiln_id x = kiln__X(c, ins, 0), idx = kiln__X(c, ins, 1), u = kiln__X(c, ins, 2), y = kiln__Y(c, ins);
+  kiln_id x = kiln__X(c, ins, 0), idx = kiln__X(c, ins, 1), u = kiln__X(c, ins, 2),
+          y = kiln__Y(c, ins);
   kiln_dtype t = xs->dtype;
   *succ = kiln__b_bin(B, KILN_OP_AND, kiln__b_cmp(B, u, kiln__tf_gather(B, y, idx, g), KILN_CMP_EQ),
                       inbounds_mask(c, idx, xs, us, g));
@@ -211,7 +220,8 @@ static void extremal_parts(kiln__ad *c, const kiln_instr *ins, const kiln__gdims
                                kiln__b_reducer(tx, KILN_OP_ADD, t));
   kiln_id ret = kiln__b_convert(B, kiln__b_cmp(B, x, y, KILN_CMP_EQ), t);
   kiln_id one = kiln__b_full_like(B, n, 1);
-  kiln_id denom = kiln__b_bin(B, KILN_OP_MAXIMUM, kiln__b_add(B, n, ret), one); /* NaN results: nobody */
+  kiln_id denom =
+      kiln__b_bin(B, KILN_OP_MAXIMUM, kiln__b_add(B, n, ret), one); /* NaN results: nobody */
   *share = kiln__b_div(B, one, denom);
   *keep = kiln__b_mul(B, ret, *share);
 }
@@ -224,7 +234,8 @@ static kiln__red scatter_kind(const kiln__ad *c, const kiln_instr *ins) {
 int kiln__jvp_scatter(kiln__ad *c, const kiln_instr *ins) {
   kiln__red k = scatter_kind(c, ins);
   if (k == KILN__RED_ADD || k == KILN__RED_REPLACE) return kiln__jvp_linear(c, ins);
-  if (k != KILN__RED_MUL && k != KILN__RED_MAX && k != KILN__RED_MIN) return kiln__ad_not_diff(c, ins);
+  if (k != KILN__RED_MUL && k != KILN__RED_MAX && k != KILN__RED_MIN)
+    return kiln__ad_not_diff(c, ins);
   kiln__tx *tx = c->tx;
   kiln__gdims sd = kiln__tf_scatter_dims(ins);
   kiln__gdims g = readback_dims(c, ins, &sd);
@@ -262,7 +273,8 @@ static int vjp_scatter_nonlinear(kiln__ad *c, const kiln_instr *ins, kiln_id ct,
     mul_parts(c, ins, &sd, &g, &prod, kiln__ad_wants(c, ins, 2) ? &others : NULL);
     kiln__ad_accum(c, ins, 0, kiln__b_mul(B, ct, prod));
     if (kiln__ad_wants(c, ins, 2)) {
-      kiln_id got = kiln__b_mul(B, kiln__tf_gather(B, kiln__b_mul(B, ct, kiln__X(c, ins, 0)), idx, &g), others);
+      kiln_id got = kiln__b_mul(
+          B, kiln__tf_gather(B, kiln__b_mul(B, ct, kiln__X(c, ins, 0)), idx, &g), others);
       kiln_id mask = inbounds_mask(c, idx, xs, us, &g);
       kiln__ad_accum(c, ins, 2, kiln__b_select(B, mask, got, kiln__b_zeros_like(B, got)));
     }
@@ -280,7 +292,8 @@ static int vjp_scatter_nonlinear(kiln__ad *c, const kiln_instr *ins, kiln_id ct,
 
 int kiln__vjp_scatter(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__red k = scatter_kind(c, ins);
-  if (k == KILN__RED_MUL || k == KILN__RED_MAX || k == KILN__RED_MIN) return vjp_scatter_nonlinear(c, ins, ct, k);
+  if (k == KILN__RED_MUL || k == KILN__RED_MAX || k == KILN__RED_MIN)
+    return vjp_scatter_nonlinear(c, ins, ct, k);
   if (k != KILN__RED_ADD && k != KILN__RED_REPLACE) return kiln__ad_not_diff(c, ins);
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;

@@ -23,7 +23,8 @@ static kiln_id full(kiln__ad *c, kiln_id like, double v) { return kiln__b_full_l
 kiln_id kiln__d_identity(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) { return v; }
 
 static bool is_complex(const kiln__ad *c, kiln_id v) {
-  return c->tx->err == 0 && v != KILN_NO_ID && kiln_dtype_is_complex(kiln__b_shape(c->tx, v)->dtype);
+  return c->tx->err == 0 && v != KILN_NO_ID &&
+         kiln_dtype_is_complex(kiln__b_shape(c->tx, v)->dtype);
 }
 
 /* On complex x, JAX's rule: d|x| = real(dx * conj(x) / |x|) (|x| = 0 read
@@ -159,7 +160,8 @@ kiln_id kiln__d_atan2(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v)
 kiln_id kiln__d_maxmin(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
   kiln_id y = kiln__Y(c, ins), me = kiln__X(c, ins, k), other = kiln__X(c, ins, 1 - k);
   kiln_id num = kiln__b_select(B, kiln__b_cmp(B, me, y, KILN_CMP_EQ), full(c, y, 1), full(c, y, 0));
-  kiln_id den = kiln__b_select(B, kiln__b_cmp(B, other, y, KILN_CMP_EQ), full(c, y, 2), full(c, y, 1));
+  kiln_id den =
+      kiln__b_select(B, kiln__b_cmp(B, other, y, KILN_CMP_EQ), full(c, y, 2), full(c, y, 1));
   return kiln__b_mul(B, v, kiln__b_div(B, num, den));
 }
 
@@ -177,7 +179,7 @@ kiln_id kiln__d_rem(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
   if (k == 0) return v;
   kiln_id q = kiln__b_div(B, kiln__X(c, ins, 0), kiln__X(c, ins, 1));
   kiln_id t = kiln__b_mul(B, kiln__b_un(B, KILN_OP_SIGN, q),
-                        kiln__b_un(B, KILN_OP_FLOOR, kiln__b_un(B, KILN_OP_ABS, q)));
+                          kiln__b_un(B, KILN_OP_FLOOR, kiln__b_un(B, KILN_OP_ABS, q)));
   return kiln__b_mul(B, kiln__b_neg(B, v), t);
 }
 
@@ -188,9 +190,11 @@ kiln_id kiln__d_clamp(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v)
   kiln_id hi = kiln__b_broadcast_like(B, kiln__X(c, ins, 2), y);
   kiln_id p;
   if (k == 0)
-    p = kiln__b_bin(B, KILN_OP_AND, kiln__b_cmp(B, lo, x, KILN_CMP_GT), kiln__b_cmp(B, lo, hi, KILN_CMP_LT));
+    p = kiln__b_bin(B, KILN_OP_AND, kiln__b_cmp(B, lo, x, KILN_CMP_GT),
+                    kiln__b_cmp(B, lo, hi, KILN_CMP_LT));
   else if (k == 1)
-    p = kiln__b_bin(B, KILN_OP_AND, kiln__b_cmp(B, x, lo, KILN_CMP_GT), kiln__b_cmp(B, x, hi, KILN_CMP_LT));
+    p = kiln__b_bin(B, KILN_OP_AND, kiln__b_cmp(B, x, lo, KILN_CMP_GT),
+                    kiln__b_cmp(B, x, hi, KILN_CMP_LT));
   else
     p = kiln__b_cmp(B, hi, x, KILN_CMP_LT);
   return kiln__b_select(B, p, v, full(c, v, 0));
@@ -224,7 +228,8 @@ int kiln__vjp_elementwise(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   const kiln__rule *r = &kiln__tf_rules[ins->op];
   for (uint32_t k = 0; k < ins->noperands && c->tx->err == 0; k++) {
     if (!kiln__ad_wants(c, ins, k) || !float_operand(c, ins, k)) continue;
-    kiln__ad_accum(c, ins, k, kiln__b_sum_to_like(B, r->partial(c, ins, k, ct), kiln__X(c, ins, k)));
+    kiln__ad_accum(c, ins, k,
+                   kiln__b_sum_to_like(B, r->partial(c, ins, k, ct), kiln__X(c, ins, k)));
   }
   return c->tx->err;
 }
@@ -235,8 +240,9 @@ static int complex_sign(kiln__ad *c, const kiln_instr *ins) {
   if (!kiln_dtype_is_complex(c->tx->m->instrs[ins->operands[0]]->shape.dtype)) return 0;
   char where[KILN_STATUS_WHERE_MAX];
   kiln_instr_where(c->tx->m, ins, where, sizeof where);
-  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins, "%s: op %s (%s) has no derivative rule on complex values",
-                       c->tx->name, kiln_opcode_name(ins->op), where);
+  return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
+                       "%s: op %s (%s) has no derivative rule on complex values", c->tx->name,
+                       kiln_opcode_name(ins->op), where);
 }
 
 int kiln__jvp_zero(kiln__ad *c, const kiln_instr *ins) {

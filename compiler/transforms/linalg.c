@@ -223,7 +223,8 @@ static kiln_id rfft_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct, in
 }
 
 /* IRFFT^T: conj(RFFT(ct) * mask / prod(fft_length)). */
-static kiln_id irfft_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct, const kiln_i64s *len) {
+static kiln_id irfft_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct,
+                               const kiln_i64s *len) {
   kiln_id x = fft_as(c, ins, ct, "RFFT");
   if (c->tx->err) return KILN_NO_ID;
   const kiln_shape *xs = kiln__b_shape(c->tx, x);
@@ -234,9 +235,12 @@ static kiln_id irfft_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct, c
   kiln_id i = kiln__b_iota(B, KILN_S64, &m, 1, 0);
   kiln_id single = kiln__b_cmp(B, i, kiln__b_full(B, KILN_S64, &m, 1, 0), KILN_CMP_EQ);
   if (n % 2 == 0)
-    single = kiln__b_bin(B, KILN_OP_OR, single, kiln__b_cmp(B, i, kiln__b_full(B, KILN_S64, &m, 1, (double)(m - 1)), KILN_CMP_EQ));
+    single = kiln__b_bin(
+        B, KILN_OP_OR, single,
+        kiln__b_cmp(B, i, kiln__b_full(B, KILN_S64, &m, 1, (double)(m - 1)), KILN_CMP_EQ));
   double one = 1.0 / (double)total;
-  kiln_id mask = kiln__b_select(B, single, kiln__b_full(B, rt, &m, 1, one), kiln__b_full(B, rt, &m, 1, 2 * one));
+  kiln_id mask = kiln__b_select(B, single, kiln__b_full(B, rt, &m, 1, one),
+                                kiln__b_full(B, rt, &m, 1, 2 * one));
   kiln_id cm = kiln__b_complex(B, mask, kiln__b_full(B, rt, &m, 1, 0));
   int64_t last = (int64_t)r - 1;
   kiln_id bm = kiln__b_broadcast(B, cm, xs->dims, r, &last, 1);

@@ -22,7 +22,8 @@ int kiln__jvp_linear(kiln__ad *c, const kiln_instr *ins) {
   kiln_id *ops = kiln__b_ids(c->tx, ins->noperands);
   if (ops == NULL) return c->tx->err;
   for (uint32_t k = 0; k < ins->noperands; k++)
-    ops[k] = kiln__b_has_float(src_shape(c, ins, k)) ? kiln__ad_tmat(c, ins, k) : kiln__X(c, ins, k);
+    ops[k] =
+        kiln__b_has_float(src_shape(c, ins, k)) ? kiln__ad_tmat(c, ins, k) : kiln__X(c, ins, k);
   c->tan[ins->id] = kiln__b_clone_same(B, ins, ops, ins->noperands);
   return c->tx->err;
 }
@@ -37,8 +38,9 @@ int kiln__jvp_tuple(kiln__ad *c, const kiln_instr *ins) {
 
 int kiln__jvp_gte(kiln__ad *c, const kiln_instr *ins) {
   kiln_id t = kiln__T(c, ins, 0);
-  c->tan[ins->id] =
-      t == KILN_NO_ID ? KILN_NO_ID : kiln__b_gte(B, t, kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0));
+  c->tan[ins->id] = t == KILN_NO_ID
+                        ? KILN_NO_ID
+                        : kiln__b_gte(B, t, kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0));
   return c->tx->err;
 }
 
@@ -102,10 +104,11 @@ int kiln__vjp_broadcast(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   const kiln_shape *xs = src_shape(c, ins, 0), *os = &ins->shape;
   const kiln_i64s *map = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
   uint32_t r = xs->rank, R = os->rank, nred = 0;
-  int64_t *red = kiln__b_i64s(c->tx, R), *order = kiln__b_i64s(c->tx, r), *dims = kiln__b_i64s(c->tx, r),
-          *perm = kiln__b_i64s(c->tx, r);
+  int64_t *red = kiln__b_i64s(c->tx, R), *order = kiln__b_i64s(c->tx, r),
+          *dims = kiln__b_i64s(c->tx, r), *perm = kiln__b_i64s(c->tx, r);
   uint8_t *mapped = (uint8_t *)kiln__b_i64s(c->tx, R);
-  if (red == NULL || order == NULL || dims == NULL || perm == NULL || mapped == NULL) return c->tx->err;
+  if (red == NULL || order == NULL || dims == NULL || perm == NULL || mapped == NULL)
+    return c->tx->err;
   if ((map ? map->n : 0) != r)
     return kiln__tx_fail(c->tx, KILN_EINTERNAL, ins, "%s: broadcast dimensions", c->tx->name);
   for (uint32_t i = 0; i < r; i++) {
@@ -201,7 +204,8 @@ int kiln__vjp_concatenate(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   int64_t off = 0;
   for (uint32_t k = 0; k < ins->noperands && c->tx->err == 0; k++) {
     int64_t n = src_shape(c, ins, k)->dims[d];
-    if (kiln__ad_wants(c, ins, k)) kiln__ad_accum(c, ins, k, kiln__b_slice_dim(B, ct, d, off, off + n));
+    if (kiln__ad_wants(c, ins, k))
+      kiln__ad_accum(c, ins, k, kiln__b_slice_dim(B, ct, d, off, off + n));
     off += n;
   }
   return c->tx->err;
@@ -236,7 +240,8 @@ int kiln__vjp_dynamic_update_slice(kiln__ad *c, const kiln_instr *ins, kiln_id c
   const kiln_shape *us = src_shape(c, ins, 1);
   if (kiln__ad_wants(c, ins, 0))
     kiln__ad_accum(c, ins, 0, kiln__b_dyn_update(B, ct, kiln__b_zeros(B, us), idx, n));
-  if (kiln__ad_wants(c, ins, 1)) kiln__ad_accum(c, ins, 1, kiln__b_dyn_slice(B, ct, idx, n, us->dims));
+  if (kiln__ad_wants(c, ins, 1))
+    kiln__ad_accum(c, ins, 1, kiln__b_dyn_slice(B, ct, idx, n, us->dims));
   return c->tx->err;
 }
 
@@ -314,12 +319,15 @@ static kiln_id dot_side(kiln__ad *c, kiln_id ct, kiln_id other, const kiln_shape
 }
 
 int kiln__vjp_dot(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
-  kiln_i64s lb = attr_list(ins, KILN_ATTR_LHS_BATCH_DIMS), lc = attr_list(ins, KILN_ATTR_LHS_CONTRACTING_DIMS);
-  kiln_i64s rb = attr_list(ins, KILN_ATTR_RHS_BATCH_DIMS), rc = attr_list(ins, KILN_ATTR_RHS_CONTRACTING_DIMS);
+  kiln_i64s lb = attr_list(ins, KILN_ATTR_LHS_BATCH_DIMS),
+            lc = attr_list(ins, KILN_ATTR_LHS_CONTRACTING_DIMS);
+  kiln_i64s rb = attr_list(ins, KILN_ATTR_RHS_BATCH_DIMS),
+            rc = attr_list(ins, KILN_ATTR_RHS_CONTRACTING_DIMS);
   const kiln_shape *ls = src_shape(c, ins, 0), *rs = src_shape(c, ins, 1);
   uint32_t nlfree = ls->rank - lb.n - lc.n;
   if (kiln__ad_wants(c, ins, 0))
-    kiln__ad_accum(c, ins, 0, dot_side(c, ct, kiln__X(c, ins, 1), ls, rs, lb, lc, rb, rc, lb.n + nlfree));
+    kiln__ad_accum(c, ins, 0,
+                   dot_side(c, ct, kiln__X(c, ins, 1), ls, rs, lb, lc, rb, rc, lb.n + nlfree));
   if (kiln__ad_wants(c, ins, 1))
     kiln__ad_accum(c, ins, 1, dot_side(c, ct, kiln__X(c, ins, 0), rs, ls, rb, rc, lb, lc, lb.n));
   return c->tx->err;

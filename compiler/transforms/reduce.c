@@ -55,7 +55,8 @@ static kiln_id cumprod_last(kiln__ad *c, kiln_id x) {
   kiln_window_dim *wd = w ? kiln_arena_calloc(c->tx->m->arena, 2, sizeof *wd) : NULL;
   uint32_t comp = kiln__b_reducer(c->tx, KILN_OP_MULTIPLY, s->dtype);
   kiln_attr *a = wd ? kiln_instr_add_attr(c->tx->m, ins, KILN_ATTR_WINDOW) : NULL;
-  if (a == NULL || kiln_instr_set_called(c->tx->m, ins, &comp, 1)) return kiln__tx_oom(c->tx), KILN_NO_ID;
+  if (a == NULL || kiln_instr_set_called(c->tx->m, ins, &comp, 1))
+    return kiln__tx_oom(c->tx), KILN_NO_ID;
   w->rank = 2;
   w->dims = wd;
   for (int i = 0; i < 2; i++) wd[i] = (kiln_window_dim){1, 1, 0, 0, 1, 1, false};
@@ -90,9 +91,11 @@ static kiln_id prod_others(kiln__ad *c, kiln_id x, const kiln_i64s *dims) {
   kiln_id flat = kiln__b_reshape(B, kiln__b_transpose(B, x, perm, r), kr, 2);
   kiln_id one = kiln__b_scalar(B, t, 1);
   /* prefix[i] = prod(x[0..i)), suffix[i] = prod(x(i..R)) */
-  kiln_id pre = kiln__b_slice_dim(B, cumprod_last(c, kiln__b_pad(B, flat, one, lo, hi, NULL)), 1, 0, R);
+  kiln_id pre =
+      kiln__b_slice_dim(B, cumprod_last(c, kiln__b_pad(B, flat, one, lo, hi, NULL)), 1, 0, R);
   kiln_id rflat = kiln__b_reverse(B, flat, &rev, 1);
-  kiln_id suf = kiln__b_slice_dim(B, cumprod_last(c, kiln__b_pad(B, rflat, one, lo, hi, NULL)), 1, 0, R);
+  kiln_id suf =
+      kiln__b_slice_dim(B, cumprod_last(c, kiln__b_pad(B, rflat, one, lo, hi, NULL)), 1, 0, R);
   kiln_id others = kiln__b_mul(B, pre, kiln__b_reverse(B, suf, &rev, 1));
   return kiln__b_transpose(B, kiln__b_reshape(B, others, tdims, r), inv, r);
 }
@@ -143,7 +146,9 @@ int kiln__jvp_reduce(kiln__ad *c, const kiln_instr *ins) {
     kiln_id picked = kiln__b_select(B, loc, tx_, kiln__b_zeros_like(B, tx_));
     kiln_id t = kiln__b_div(B, kiln__b_reduce_sum(B, picked, dims->v, dims->n), count);
     if (ti != KILN_NO_ID)
-      t = kiln__b_add(B, t, kiln__b_select(B, none, kiln__b_broadcast_like(B, ti, t), kiln__b_zeros_like(B, t)));
+      t = kiln__b_add(
+          B, t,
+          kiln__b_select(B, none, kiln__b_broadcast_like(B, ti, t), kiln__b_zeros_like(B, t)));
     c->tan[ins->id] = t;
     return c->tx->err;
   }
@@ -173,7 +178,8 @@ int kiln__vjp_reduce(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   for (uint32_t d = 0; d < ins->shape.rank; d++) all[d] = d;
   if (k == KILN__RED_ADD) {
     kiln__ad_accum(c, ins, 0, unreduce(c, ct, xs, dims));
-    if (kiln__ad_wants(c, ins, 1)) kiln__ad_accum(c, ins, 1, kiln__b_reduce_sum(B, ct, all, ins->shape.rank));
+    if (kiln__ad_wants(c, ins, 1))
+      kiln__ad_accum(c, ins, 1, kiln__b_reduce_sum(B, ct, all, ins->shape.rank));
     return c->tx->err;
   }
   if (k == KILN__RED_MAX || k == KILN__RED_MIN) {
@@ -209,14 +215,16 @@ int kiln__vjp_reduce(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
 static uint32_t pick_pair(kiln__tx *tx, kiln_cmp_dir dir, kiln_dtype t, kiln_dtype t2) {
   if (tx->err) return KILN_NO_ID;
   char name[64];
-  snprintf(name, sizeof name, "kiln.pick_%s.%s.%s", kiln_cmp_dir_name(dir), kiln_dtype_name(t), kiln_dtype_name(t2));
+  snprintf(name, sizeof name, "kiln.pick_%s.%s.%s", kiln_cmp_dir_name(dir), kiln_dtype_name(t),
+           kiln_dtype_name(t2));
   const kiln_computation *have = kiln_module_find_computation(tx->m, name);
   if (have) return have->id;
   uint32_t comp;
   if (kiln_module_add_computation(tx->m, name, &comp)) return kiln__tx_oom(tx), KILN_NO_ID;
   kiln__b b = {tx, comp};
   kiln_shape s, s2;
-  if (kiln_shape_make_array(tx->m->arena, &s, t, NULL, 0) || kiln_shape_make_array(tx->m->arena, &s2, t2, NULL, 0))
+  if (kiln_shape_make_array(tx->m->arena, &s, t, NULL, 0) ||
+      kiln_shape_make_array(tx->m->arena, &s2, t2, NULL, 0))
     return kiln__tx_oom(tx), KILN_NO_ID;
   kiln_id p[4];
   for (int i = 0; i < 4; i++) p[i] = kiln__b_param(&b, i, i % 2 ? &s2 : &s, NULL);
@@ -230,26 +238,29 @@ static uint32_t pick_pair(kiln__tx *tx, kiln_cmp_dir dir, kiln_dtype t, kiln_dty
 
 /* The tangent (or cotangent) carried by the pick of each window of x:
  * reduce-window over (x, v) with the pair reducer. */
-static kiln_id gather_picks(kiln__ad *c, const kiln_instr *win, kiln_id x, kiln_id init,
-                            kiln_id v, kiln_id vinit, kiln_cmp_dir dir) {
+static kiln_id gather_picks(kiln__ad *c, const kiln_instr *win, kiln_id x, kiln_id init, kiln_id v,
+                            kiln_id vinit, kiln_cmp_dir dir) {
   kiln_dtype t = kiln__b_shape(c->tx, x)->dtype;
   uint32_t comp = pick_pair(c->tx, dir, t, kiln__b_shape(c->tx, v)->dtype);
   kiln_id o[4] = {x, v, init, vinit};
   kiln_instr *ins = kiln__b_start(B, KILN_OP_REDUCE_WINDOW, o, 4);
   if (ins == NULL) return KILN_NO_ID;
   kiln_attr *a = kiln_instr_add_attr(c->tx->m, ins, KILN_ATTR_WINDOW);
-  if (a == NULL || kiln_instr_set_called(c->tx->m, ins, &comp, 1)) return kiln__tx_oom(c->tx), KILN_NO_ID;
+  if (a == NULL || kiln_instr_set_called(c->tx->m, ins, &comp, 1))
+    return kiln__tx_oom(c->tx), KILN_NO_ID;
   a->v.window = kiln_instr_attr(win, KILN_ATTR_WINDOW)->v.window;
   return kiln__b_gte(B, kiln__b_finish(B, ins), 1);
 }
 
 int kiln__jvp_reduce_window(kiln__ad *c, const kiln_instr *ins) {
   kiln__red k = reducer(c, ins);
-  if (ins->noperands != 2 || !kiln_instr_has_attr(ins, KILN_ATTR_WINDOW)) return kiln__ad_not_diff(c, ins);
+  if (ins->noperands != 2 || !kiln_instr_has_attr(ins, KILN_ATTR_WINDOW))
+    return kiln__ad_not_diff(c, ins);
   if (k == KILN__RED_ADD) return reduce_sum_jvp(c, ins);
   if (k != KILN__RED_MAX && k != KILN__RED_MIN) return kiln__ad_not_diff(c, ins);
-  c->tan[ins->id] = gather_picks(c, ins, kiln__X(c, ins, 0), kiln__X(c, ins, 1), kiln__ad_tmat(c, ins, 0),
-                                 kiln__ad_tmat(c, ins, 1), k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE);
+  c->tan[ins->id] =
+      gather_picks(c, ins, kiln__X(c, ins, 0), kiln__X(c, ins, 1), kiln__ad_tmat(c, ins, 0),
+                   kiln__ad_tmat(c, ins, 1), k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE);
   return c->tx->err;
 }
 
@@ -284,7 +295,8 @@ static kiln_id window_sum_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id 
   kiln_instr *rw = kiln__b_start(B, KILN_OP_REDUCE_WINDOW, o, 2);
   uint32_t add = kiln__b_reducer(c->tx, KILN_OP_ADD, xs->dtype);
   kiln_attr *a = rw ? kiln_instr_add_attr(c->tx->m, rw, KILN_ATTR_WINDOW) : NULL;
-  if (a == NULL || kiln_instr_set_called(c->tx->m, rw, &add, 1)) return kiln__tx_oom(c->tx), KILN_NO_ID;
+  if (a == NULL || kiln_instr_set_called(c->tx->m, rw, &add, 1))
+    return kiln__tx_oom(c->tx), KILN_NO_ID;
   a->v.window = nw;
   return kiln__b_slice(B, kiln__b_finish(B, rw), st, li, sd);
 }
@@ -301,24 +313,28 @@ static bool has_dilation(const kiln_instr *ins) {
  * element's flat position through the same pair reduce-window as the
  * forward rule (padding and holes carry -1), and the cotangents are
  * scatter-added at those positions (-1 is out of bounds: dropped). */
-static kiln_id window_pick_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct, kiln_cmp_dir dir) {
+static kiln_id window_pick_transpose(kiln__ad *c, const kiln_instr *ins, kiln_id ct,
+                                     kiln_cmp_dir dir) {
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = src_shape(c, ins, 0);
   int64_t n = kiln_shape_elements(xs), m = kiln_shape_elements(&ins->shape);
   kiln_dtype it = n < INT32_MAX ? KILN_S32 : KILN_S64;
   kiln_id pos = kiln__b_reshape(B, kiln__b_iota(B, it, &n, 1, 0), xs->dims, xs->rank);
-  kiln_id picks = gather_picks(c, ins, kiln__X(c, ins, 0), kiln__X(c, ins, 1), pos, kiln__b_iscalar(B, it, -1), dir);
+  kiln_id picks = gather_picks(c, ins, kiln__X(c, ins, 0), kiln__X(c, ins, 1), pos,
+                               kiln__b_iscalar(B, it, -1), dir);
   int64_t m1[2] = {m, 1}, zero = 0;
   kiln_i64s none = {NULL, 0}, d0 = {&zero, 1};
   kiln__gdims sd = {none, d0, d0, none, none, none, 1};
-  kiln_id flat = kiln__tf_scatter(B, kiln__b_full(B, xs->dtype, &n, 1, 0), kiln__b_reshape(B, picks, m1, 2),
-                                  kiln__b_reshape(B, ct, &m, 1), &sd, kiln__b_reducer(tx, KILN_OP_ADD, xs->dtype));
+  kiln_id flat = kiln__tf_scatter(B, kiln__b_full(B, xs->dtype, &n, 1, 0),
+                                  kiln__b_reshape(B, picks, m1, 2), kiln__b_reshape(B, ct, &m, 1),
+                                  &sd, kiln__b_reducer(tx, KILN_OP_ADD, xs->dtype));
   return kiln__b_reshape(B, flat, xs->dims, xs->rank);
 }
 
 int kiln__vjp_reduce_window(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__red k = reducer(c, ins);
-  if (ins->noperands != 2 || !kiln_instr_has_attr(ins, KILN_ATTR_WINDOW)) return kiln__ad_not_diff(c, ins);
+  if (ins->noperands != 2 || !kiln_instr_has_attr(ins, KILN_ATTR_WINDOW))
+    return kiln__ad_not_diff(c, ins);
   uint32_t r = ins->shape.rank;
   int64_t *all = kiln__b_i64s(c->tx, r);
   if (all == NULL) return c->tx->err;
@@ -330,7 +346,9 @@ int kiln__vjp_reduce_window(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   }
   if (k != KILN__RED_MAX && k != KILN__RED_MIN) return kiln__ad_not_diff(c, ins);
   if (kiln__ad_wants(c, ins, 0) && has_dilation(ins)) {
-    kiln__ad_accum(c, ins, 0, window_pick_transpose(c, ins, ct, k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE));
+    kiln__ad_accum(
+        c, ins, 0,
+        window_pick_transpose(c, ins, ct, k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE));
   } else if (kiln__ad_wants(c, ins, 0)) {
     kiln_dtype t = ins->shape.dtype;
     uint32_t sel = kiln__b_comparator(c->tx, k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE, t);
@@ -348,7 +366,9 @@ int kiln__vjp_reduce_window(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
      * windows where no element beats it (padding-only windows, say). */
     kiln_id init = kiln__b_broadcast_like(B, kiln__X(c, ins, 1), ct);
     kiln_id won = kiln__b_cmp(B, kiln__Y(c, ins), init, KILN_CMP_EQ);
-    kiln__ad_accum(c, ins, 1, kiln__b_reduce_sum(B, kiln__b_select(B, won, ct, kiln__b_zeros_like(B, ct)), all, r));
+    kiln__ad_accum(
+        c, ins, 1,
+        kiln__b_reduce_sum(B, kiln__b_select(B, won, ct, kiln__b_zeros_like(B, ct)), all, r));
   }
   return c->tx->err;
 }
@@ -372,14 +392,19 @@ int kiln__vjp_select_and_scatter(kiln__ad *c, const kiln_instr *ins, kiln_id ct)
   if (cmp == NULL || cmp->op != KILN_OP_COMPARE) return kiln__ad_not_diff(c, ins);
   kiln_cmp_dir dir = (kiln_cmp_dir)kiln_instr_attr_int(cmp, KILN_ATTR_DIRECTION, KILN_CMP_GE);
   if (m->instrs[cmp->operands[0]]->param_number != 0) /* compare(p1, p0): mirror */
-    dir = dir == KILN_CMP_GE ? KILN_CMP_LE : dir == KILN_CMP_LE ? KILN_CMP_GE
-          : dir == KILN_CMP_GT ? KILN_CMP_LT : dir == KILN_CMP_LT ? KILN_CMP_GT : dir;
+    dir = dir == KILN_CMP_GE   ? KILN_CMP_LE
+          : dir == KILN_CMP_LE ? KILN_CMP_GE
+          : dir == KILN_CMP_GT ? KILN_CMP_LT
+          : dir == KILN_CMP_LT ? KILN_CMP_GT
+                               : dir;
   uint32_t r = ins->shape.rank;
   if (kiln__ad_wants(c, ins, 1)) {
     kiln_id x = kiln__X(c, ins, 0);
     const kiln_shape *xs = kiln__b_shape(c->tx, x);
-    kiln_id lowest = kiln__b_scalar(B, xs->dtype, dir == KILN_CMP_GE || dir == KILN_CMP_GT ? -INFINITY : INFINITY);
-    kiln__ad_accum(c, ins, 1, gather_picks(c, ins, x, lowest, ct, kiln__b_scalar(B, xs->dtype, 0), dir));
+    kiln_id lowest = kiln__b_scalar(
+        B, xs->dtype, dir == KILN_CMP_GE || dir == KILN_CMP_GT ? -INFINITY : INFINITY);
+    kiln__ad_accum(c, ins, 1,
+                   gather_picks(c, ins, x, lowest, ct, kiln__b_scalar(B, xs->dtype, 0), dir));
   }
   if (kiln__ad_wants(c, ins, 2)) {
     int64_t *all = kiln__b_i64s(c->tx, r);

@@ -19,20 +19,29 @@
 #include "compiler/transforms/rules.h"
 
 /* elementwise, differentiable through `d` */
-#define EW(d)                                                                                     \
-  { .partial = d, .jvp = kiln__jvp_elementwise, .vjp = kiln__vjp_elementwise,                   \
-    .batch = kiln__batch_elementwise }
+#define EW(d) \
+  { \
+    .partial = d, .jvp = kiln__jvp_elementwise, .vjp = kiln__vjp_elementwise, \
+    .batch = kiln__batch_elementwise \
+  }
 /* elementwise with a zero derivative */
-#define EW_ZERO { .jvp = kiln__jvp_zero, .vjp = kiln__vjp_zero, .batch = kiln__batch_elementwise }
+#define EW_ZERO \
+  { .jvp = kiln__jvp_zero, .vjp = kiln__vjp_zero, .batch = kiln__batch_elementwise }
 /* elementwise, not differentiable (integer or pred values) */
-#define EW_NONE { .batch = kiln__batch_elementwise }
+#define EW_NONE \
+  { .batch = kiln__batch_elementwise }
 /* linear in its floating operands: the jvp applies the op to the tangents */
-#define LINEAR(t, b) { .jvp = kiln__jvp_linear, .vjp = t, .batch = b }
-#define CONTROL(j, v, f, b) { .jvp = j, .vjp = v, .fwd = f, .batch = b, .own_primal = true }
-#define UNBATCHED { .batch = kiln__batch_unbatched }
-#define NONE { .batch = NULL }
+#define LINEAR(t, b) \
+  { .jvp = kiln__jvp_linear, .vjp = t, .batch = b }
+#define CONTROL(j, v, f, b) \
+  { .jvp = j, .vjp = v, .fwd = f, .batch = b, .own_primal = true }
+#define UNBATCHED \
+  { .batch = kiln__batch_unbatched }
+#define NONE \
+  { .batch = NULL }
 /* rewritten by lower.c into ops with rules before any transform runs */
-#define LOWERED { .lowered = true }
+#define LOWERED \
+  { .lowered = true }
 
 const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_INVALID] = NONE,
@@ -40,13 +49,17 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_CONSTANT] = UNBATCHED,
     [KILN_OP_IOTA] = UNBATCHED,
     [KILN_OP_TUPLE] = {.jvp = kiln__jvp_tuple, .vjp = kiln__vjp_tuple, .batch = kiln__batch_tuple},
-    [KILN_OP_GET_TUPLE_ELEMENT] = {.jvp = kiln__jvp_gte, .vjp = kiln__vjp_gte, .batch = kiln__batch_gte},
+    [KILN_OP_GET_TUPLE_ELEMENT] = {.jvp = kiln__jvp_gte,
+                                   .vjp = kiln__vjp_gte,
+                                   .batch = kiln__batch_gte},
     /* elementwise unary */
     [KILN_OP_ABS] = EW(kiln__d_abs),
     [KILN_OP_CBRT] = EW(kiln__d_cbrt),
     [KILN_OP_CEIL] = EW_ZERO,
     [KILN_OP_CLZ] = EW_NONE,
-    [KILN_OP_CONVERT] = {.jvp = kiln__jvp_convert, .vjp = kiln__vjp_convert, .batch = kiln__batch_elementwise},
+    [KILN_OP_CONVERT] = {.jvp = kiln__jvp_convert,
+                         .vjp = kiln__vjp_convert,
+                         .batch = kiln__batch_elementwise},
     [KILN_OP_BITCAST_CONVERT] = {.batch = kiln__batch_same},
     [KILN_OP_COPY] = EW(kiln__d_identity),
     [KILN_OP_COS] = EW(kiln__d_cos),
@@ -111,24 +124,36 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_SET_DIMENSION_SIZE] = NONE,
     /* contractions, reductions, data movement */
     [KILN_OP_DOT] = {.jvp = kiln__jvp_dot, .vjp = kiln__vjp_dot, .batch = kiln__batch_dot},
-    [KILN_OP_CONVOLUTION] = {.jvp = kiln__jvp_dot, .vjp = kiln__vjp_convolution,
+    [KILN_OP_CONVOLUTION] = {.jvp = kiln__jvp_dot,
+                             .vjp = kiln__vjp_convolution,
                              .batch = kiln__batch_convolution,
                              .lowered = true}, /* with batch_group_count > 1 only */
-    [KILN_OP_REDUCE] = {.jvp = kiln__jvp_reduce, .vjp = kiln__vjp_reduce, .fwd = kiln__fwd_reduce,
+    [KILN_OP_REDUCE] = {.jvp = kiln__jvp_reduce,
+                        .vjp = kiln__vjp_reduce,
+                        .fwd = kiln__fwd_reduce,
                         .batch = kiln__batch_reduce},
-    [KILN_OP_REDUCE_WINDOW] = {.jvp = kiln__jvp_reduce_window, .vjp = kiln__vjp_reduce_window,
+    [KILN_OP_REDUCE_WINDOW] = {.jvp = kiln__jvp_reduce_window,
+                               .vjp = kiln__vjp_reduce_window,
                                .batch = kiln__batch_reduce_window},
     [KILN_OP_SELECT_AND_SCATTER] = {.jvp = kiln__jvp_select_and_scatter,
                                     .vjp = kiln__vjp_select_and_scatter,
                                     .batch = kiln__batch_select_and_scatter},
     [KILN_OP_MAP] = {.batch = kiln__batch_map, .lowered = true}, /* elementwise bodies only */
-    [KILN_OP_SORT] = {.jvp = kiln__jvp_sort, .vjp = kiln__vjp_sort, .fwd = kiln__fwd_sort,
-                      .batch = kiln__batch_dims_attr, .own_primal = true},
+    [KILN_OP_SORT] = {.jvp = kiln__jvp_sort,
+                      .vjp = kiln__vjp_sort,
+                      .fwd = kiln__fwd_sort,
+                      .batch = kiln__batch_dims_attr,
+                      .own_primal = true},
     [KILN_OP_GATHER] = LINEAR(kiln__vjp_gather, kiln__batch_gather),
-    [KILN_OP_SCATTER] = {.jvp = kiln__jvp_scatter, .vjp = kiln__vjp_scatter, .batch = kiln__batch_scatter},
+    [KILN_OP_SCATTER] = {.jvp = kiln__jvp_scatter,
+                         .vjp = kiln__vjp_scatter,
+                         .batch = kiln__batch_scatter},
     [KILN_OP_FFT] = LINEAR(kiln__vjp_fft, kiln__batch_same), /* over the trailing dims */
-    [KILN_OP_CHOLESKY] = {.jvp = kiln__jvp_cholesky, .vjp = kiln__vjp_cholesky, .batch = kiln__batch_same},
-    [KILN_OP_TRIANGULAR_SOLVE] = {.jvp = kiln__jvp_triangular_solve, .vjp = kiln__vjp_triangular_solve,
+    [KILN_OP_CHOLESKY] = {.jvp = kiln__jvp_cholesky,
+                          .vjp = kiln__vjp_cholesky,
+                          .batch = kiln__batch_same},
+    [KILN_OP_TRIANGULAR_SOLVE] = {.jvp = kiln__jvp_triangular_solve,
+                                  .vjp = kiln__vjp_triangular_solve,
                                   .batch = kiln__batch_same},
     [KILN_OP_TOPK] = {.jvp = kiln__jvp_topk, .vjp = kiln__vjp_topk, .batch = kiln__batch_same},
     [KILN_OP_BATCH_NORM_TRAINING] = LOWERED,
@@ -136,17 +161,19 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_BATCH_NORM_GRAD] = LOWERED,
     /* control flow and calls */
     [KILN_OP_WHILE] = CONTROL(kiln__jvp_while, kiln__vjp_while, kiln__fwd_while, kiln__batch_while),
-    [KILN_OP_CONDITIONAL] = CONTROL(kiln__jvp_conditional, kiln__vjp_conditional, NULL,
-                                    kiln__batch_conditional),
+    [KILN_OP_CONDITIONAL] =
+        CONTROL(kiln__jvp_conditional, kiln__vjp_conditional, NULL, kiln__batch_conditional),
     [KILN_OP_CALL] = CONTROL(kiln__jvp_call, kiln__vjp_call, kiln__fwd_call, kiln__batch_call),
     [KILN_OP_FUSION] = CONTROL(kiln__jvp_call, kiln__vjp_call, kiln__fwd_call, kiln__batch_call),
     [KILN_OP_CUSTOM_CALL] = NONE,
     [KILN_OP_ASYNC_START] = LOWERED,
     [KILN_OP_ASYNC_UPDATE] = LOWERED,
     [KILN_OP_ASYNC_DONE] = LOWERED,
-    [KILN_OP_OPTIMIZATION_BARRIER] = {.jvp = kiln__jvp_barrier, .vjp = kiln__vjp_barrier,
+    [KILN_OP_OPTIMIZATION_BARRIER] = {.jvp = kiln__jvp_barrier,
+                                      .vjp = kiln__vjp_barrier,
                                       .batch = kiln__batch_passthrough},
-    [KILN_OP_DOMAIN] = {.jvp = kiln__jvp_barrier, .vjp = kiln__vjp_barrier,
+    [KILN_OP_DOMAIN] = {.jvp = kiln__jvp_barrier,
+                        .vjp = kiln__vjp_barrier,
                         .batch = kiln__batch_passthrough},
     /* random numbers */
     [KILN_OP_RNG] = UNBATCHED,
@@ -154,7 +181,8 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     [KILN_OP_RNG_GET_AND_UPDATE_STATE] = UNBATCHED,
     /* tokens and side effects */
     [KILN_OP_AFTER_ALL] = UNBATCHED,
-    [KILN_OP_ADD_DEPENDENCY] = {.jvp = kiln__jvp_barrier, .vjp = kiln__vjp_barrier,
+    [KILN_OP_ADD_DEPENDENCY] = {.jvp = kiln__jvp_barrier,
+                                .vjp = kiln__vjp_barrier,
                                 .batch = kiln__batch_passthrough},
     [KILN_OP_INFEED] = UNBATCHED,
     [KILN_OP_OUTFEED] = UNBATCHED,
@@ -167,15 +195,17 @@ const kiln__rule kiln__tf_rules[KILN_OP_COUNT] = {
     /* collectives */
     [KILN_OP_REPLICA_ID] = UNBATCHED,
     [KILN_OP_PARTITION_ID] = UNBATCHED,
-    [KILN_OP_ALL_REDUCE] = {.jvp = kiln__jvp_all_reduce, .vjp = kiln__vjp_all_reduce,
+    [KILN_OP_ALL_REDUCE] = {.jvp = kiln__jvp_all_reduce,
+                            .vjp = kiln__vjp_all_reduce,
                             .batch = kiln__batch_same},
     [KILN_OP_ALL_REDUCE_START] = LOWERED,
     [KILN_OP_ALL_REDUCE_DONE] = LOWERED,
     [KILN_OP_ALL_GATHER] = LINEAR(kiln__vjp_all_gather, kiln__batch_dims_attr),
     [KILN_OP_ALL_GATHER_START] = LOWERED,
     [KILN_OP_ALL_GATHER_DONE] = LOWERED,
-    [KILN_OP_REDUCE_SCATTER] = {.jvp = kiln__jvp_reduce_scatter, .vjp = kiln__vjp_reduce_scatter,
-                               .batch = kiln__batch_dims_attr},
+    [KILN_OP_REDUCE_SCATTER] = {.jvp = kiln__jvp_reduce_scatter,
+                                .vjp = kiln__vjp_reduce_scatter,
+                                .batch = kiln__batch_dims_attr},
     [KILN_OP_ALL_TO_ALL] = LINEAR(kiln__vjp_all_to_all, kiln__batch_dims_attr),
     [KILN_OP_RAGGED_ALL_TO_ALL] = NONE,
     [KILN_OP_COLLECTIVE_PERMUTE] = LINEAR(kiln__vjp_collective_permute, kiln__batch_same),
@@ -225,7 +255,8 @@ const kiln__no_rule kiln__tf_no_derivative[] = {
     {KILN_OP_PARTITION_ID, "integer result"},
     {KILN_OP_RAGGED_ALL_TO_ALL, "no rule yet"},
 };
-const uint32_t kiln__tf_no_derivative_count = sizeof kiln__tf_no_derivative / sizeof kiln__tf_no_derivative[0];
+const uint32_t kiln__tf_no_derivative_count =
+    sizeof kiln__tf_no_derivative / sizeof kiln__tf_no_derivative[0];
 
 /* Ops deliberately left without a batching rule (and not lowered). */
 const kiln__no_rule kiln__tf_no_batching[] = {
@@ -236,7 +267,8 @@ const kiln__no_rule kiln__tf_no_batching[] = {
     {KILN_OP_CUSTOM_CALL, "its body is opaque to the transforms"},
     {KILN_OP_RAGGED_ALL_TO_ALL, "no rule yet"},
 };
-const uint32_t kiln__tf_no_batching_count = sizeof kiln__tf_no_batching / sizeof kiln__tf_no_batching[0];
+const uint32_t kiln__tf_no_batching_count =
+    sizeof kiln__tf_no_batching / sizeof kiln__tf_no_batching[0];
 
 const char *kiln__tf_no_rule_why(const kiln__no_rule *list, uint32_t n, kiln_opcode op) {
   for (uint32_t i = 0; i < n; i++)

@@ -36,15 +36,15 @@ typedef struct kiln__ad kiln__ad;
 
 struct kiln__ad {
   kiln__tx *tx;
-  kiln__b b;                  /* where instructions go */
+  kiln__b b; /* where instructions go */
   const kiln_computation *src;
-  kiln_id *prim;              /* source id -> destination primal value */
-  kiln_id *tan;               /* jvp: source id -> tangent; KILN_NO_ID is zero */
-  uint8_t *need;              /* jvp: the tangent of this value is used */
-  kiln_id *cot;               /* vjp: accumulated cotangent; KILN_NO_ID is zero */
-  uint8_t *active;            /* vjp: depends on a differentiated input */
-  void **aux;                 /* vjp: per-instruction data its fwd rule saved */
-  uint32_t n;                 /* table sizes (instructions of the module at start) */
+  kiln_id *prim;   /* source id -> destination primal value */
+  kiln_id *tan;    /* jvp: source id -> tangent; KILN_NO_ID is zero */
+  uint8_t *need;   /* jvp: the tangent of this value is used */
+  kiln_id *cot;    /* vjp: accumulated cotangent; KILN_NO_ID is zero */
+  uint8_t *active; /* vjp: depends on a differentiated input */
+  void **aux;      /* vjp: per-instruction data its fwd rule saved */
+  uint32_t n;      /* table sizes (instructions of the module at start) */
 };
 
 typedef kiln_id (*kiln__partial_fn)(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v);
@@ -57,8 +57,8 @@ typedef int (*kiln__fwd_fn)(kiln__ad *c, const kiln_instr *ins);
 /* Whether each leaf of a value is batched. Batched arrays always carry the
  * batch dimension first; a tuple lists its elements. */
 typedef struct kiln__bsig {
-  bool b;                     /* arrays: batched */
-  uint32_t n;                 /* tuples: elements */
+  bool b;     /* arrays: batched */
+  uint32_t n; /* tuples: elements */
   struct kiln__bsig *el;
 } kiln__bsig;
 
@@ -67,8 +67,8 @@ typedef struct kiln__bt {
   kiln__b b;
   const kiln_computation *src;
   int64_t bsize;
-  kiln_id *val;               /* source id -> destination value */
-  kiln__bsig **sig;           /* source id -> batching of that value */
+  kiln_id *val;     /* source id -> destination value */
+  kiln__bsig **sig; /* source id -> batching of that value */
   uint32_t n;
 } kiln__bt;
 
@@ -80,7 +80,7 @@ typedef struct kiln__rule {
   kiln__vjp_fn vjp;
   kiln__fwd_fn fwd;
   kiln__batch_fn batch;
-  bool own_primal;            /* jvp emits the primal value too */
+  bool own_primal; /* jvp emits the primal value too */
   /* lower.c rewrites it into ops with rules first: always, or for map when
    * its body is elementwise, for convolution when it has batch groups
    * (lower.c reads this column; it keeps no list of its own). */
@@ -162,7 +162,7 @@ kiln__gdims kiln__tf_gather_dims(const kiln_instr *gather);
 kiln__gdims kiln__tf_scatter_dims(const kiln_instr *scatter);
 kiln_id kiln__tf_gather(kiln__b *b, kiln_id x, kiln_id idx, const kiln__gdims *d);
 kiln_id kiln__tf_scatter(kiln__b *b, kiln_id x, kiln_id idx, kiln_id u, const kiln__gdims *d,
-                            uint32_t comp);
+                         uint32_t comp);
 
 /* Whether a call is marked for rematerialization. */
 bool kiln__tf_is_checkpoint(const kiln_instr *ins);
@@ -172,8 +172,8 @@ bool kiln__tf_is_checkpoint(const kiln_instr *ins);
  * dims[rank]), its constants broadcast; f's root value (a tuple when f
  * returns one). Fails naming `where` when f holds an op that is not
  * elementwise. */
-kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_id *args, const int64_t *dims,
-                              uint32_t rank, const kiln_instr *where);
+kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_id *args,
+                              const int64_t *dims, uint32_t rank, const kiln_instr *where);
 /* tree.c: whether kiln__tf_apply_scalar can apply f (scalar elementwise
  * ops, constants, tuples, calls of such computations). */
 bool kiln__tf_scalar_comp_ok(const kiln_module *m, const kiln_computation *f, uint32_t depth);
@@ -244,10 +244,10 @@ int kiln__jvp_convert(kiln__ad *c, const kiln_instr *ins);
 int kiln__vjp_convert(kiln__ad *c, const kiln_instr *ins, kiln_id ct);
 
 /* linear.c, reduce.c, gather.c, conv.c: structural, linear and reducing ops. */
-int kiln__jvp_linear(kiln__ad *c, const kiln_instr *ins);  /* op(tangents, same attrs) */
+int kiln__jvp_linear(kiln__ad *c, const kiln_instr *ins); /* op(tangents, same attrs) */
 int kiln__jvp_tuple(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_gte(kiln__ad *c, const kiln_instr *ins);
-int kiln__jvp_dot(kiln__ad *c, const kiln_instr *ins);     /* also convolution */
+int kiln__jvp_dot(kiln__ad *c, const kiln_instr *ins); /* also convolution */
 int kiln__jvp_reduce(kiln__ad *c, const kiln_instr *ins);
 int kiln__fwd_reduce(kiln__ad *c, const kiln_instr *ins);
 int kiln__jvp_reduce_window(kiln__ad *c, const kiln_instr *ins);
@@ -334,15 +334,15 @@ kiln_id kiln__bt_operand(kiln__bt *c, const kiln_instr *ins, uint32_t k);
 bool kiln__bt_batched(const kiln__bt *c, const kiln_instr *ins, uint32_t k);
 /* The shape of a value of source shape s batched as g. */
 int kiln__bt_shape(kiln__tx *tx, const kiln_shape *s, const kiln__bsig *g, int64_t bsize,
-                        kiln_shape *out);
+                   kiln_shape *out);
 /* Moves dimension `from` of v to position `to`. */
 kiln_id kiln__bt_move_axis(kiln__b *b, kiln_id v, int64_t from, int64_t to);
 /* Records the result of ins. */
 void kiln__bt_set(kiln__bt *c, const kiln_instr *ins, kiln_id v, bool batched);
 
 int kiln__batch_elementwise(kiln__bt *c, const kiln_instr *ins);
-int kiln__batch_same(kiln__bt *c, const kiln_instr *ins);      /* clone; batch stays leading */
-int kiln__batch_unbatched(kiln__bt *c, const kiln_instr *ins); /* no batched operand allowed */
+int kiln__batch_same(kiln__bt *c, const kiln_instr *ins);        /* clone; batch stays leading */
+int kiln__batch_unbatched(kiln__bt *c, const kiln_instr *ins);   /* no batched operand allowed */
 int kiln__batch_passthrough(kiln__bt *c, const kiln_instr *ins); /* result batched as operand 0 */
 int kiln__batch_map(kiln__bt *c, const kiln_instr *ins);
 int kiln__batch_tuple(kiln__bt *c, const kiln_instr *ins);

@@ -42,8 +42,11 @@ static kiln__gdims along(kiln__tx *tx, uint32_t r, int64_t d) {
 /* The comparator of `srt` taking one more (ignored) pair of parameters of
  * type t. */
 static uint32_t wider_comparator(kiln__tx *tx, const kiln_instr *srt, kiln_dtype t) {
-  const kiln_computation *cmp = srt->ncalled == 1 ? kiln_module_computation(tx->m, srt->called[0]) : NULL;
-  if (cmp == NULL) return kiln__tx_fail(tx, KILN_EINVAL, srt, "%s: sort without a comparator", tx->name), KILN_NO_ID;
+  const kiln_computation *cmp =
+      srt->ncalled == 1 ? kiln_module_computation(tx->m, srt->called[0]) : NULL;
+  if (cmp == NULL)
+    return kiln__tx_fail(tx, KILN_EINVAL, srt, "%s: sort without a comparator", tx->name),
+           KILN_NO_ID;
   char name[160];
   snprintf(name, sizeof name, "%.120s.perm", cmp->name);
   uint32_t comp, n = 2 * srt->noperands;
@@ -51,10 +54,14 @@ static uint32_t wider_comparator(kiln__tx *tx, const kiln_instr *srt, kiln_dtype
   kiln__b b = {tx, comp};
   kiln_id *ps = kiln__b_ids(tx, n + 2);
   kiln_shape s;
-  if (ps == NULL || kiln_shape_make_array(tx->m->arena, &s, t, NULL, 0)) return kiln__tx_oom(tx), KILN_NO_ID;
+  if (ps == NULL || kiln_shape_make_array(tx->m->arena, &s, t, NULL, 0))
+    return kiln__tx_oom(tx), KILN_NO_ID;
   for (uint32_t i = 0; i < n; i++) {
     const kiln_instr *p = kiln_computation_param(tx->m, cmp, i);
-    if (p == NULL) return kiln__tx_fail(tx, KILN_EINVAL, srt, "%s: comparator %s lacks parameter %u", tx->name, cmp->name, i), KILN_NO_ID;
+    if (p == NULL)
+      return kiln__tx_fail(tx, KILN_EINVAL, srt, "%s: comparator %s lacks parameter %u", tx->name,
+                           cmp->name, i),
+             KILN_NO_ID;
     ps[i] = kiln__b_param(&b, i, &p->shape, NULL);
   }
   ps[n] = kiln__b_param(&b, n, &s, NULL);
@@ -83,7 +90,8 @@ static kiln_id sort_with_perm(kiln__ad *c, const kiln_instr *ins) {
   if (s == NULL || cmp == KILN_NO_ID) return KILN_NO_ID;
   if (kiln_instr_set_attr_ints(tx->m, s, KILN_ATTR_DIMENSIONS, dd->v, 1) ||
       kiln_instr_set_called(tx->m, s, &cmp, 1) ||
-      kiln_instr_set_attr_int(tx->m, s, KILN_ATTR_IS_STABLE, kiln_instr_attr_int(ins, KILN_ATTR_IS_STABLE, 0)))
+      kiln_instr_set_attr_int(tx->m, s, KILN_ATTR_IS_STABLE,
+                              kiln_instr_attr_int(ins, KILN_ATTR_IS_STABLE, 0)))
     return kiln__tx_oom(tx), KILN_NO_ID;
   kiln_id r = kiln__b_finish(B, s);
   if (n == 1) {
@@ -113,8 +121,9 @@ int kiln__jvp_sort(kiln__ad *c, const kiln_instr *ins) {
   if (t == NULL) return tx->err;
   for (uint32_t k = 0; k < n; k++) {
     const kiln_shape *ks = &tx->m->instrs[ins->operands[k]]->shape;
-    t[k] = kiln__T(c, ins, k) == KILN_NO_ID || !kiln__b_is_float_shape(ks) ? kiln__b_zeros(B, ks)
-                                                                             : kiln__tf_gather(B, kiln__T(c, ins, k), perm, &g);
+    t[k] = kiln__T(c, ins, k) == KILN_NO_ID || !kiln__b_is_float_shape(ks)
+               ? kiln__b_zeros(B, ks)
+               : kiln__tf_gather(B, kiln__T(c, ins, k), perm, &g);
   }
   c->tan[ins->id] = n == 1 ? t[0] : kiln__b_tuple(B, t, n);
   return tx->err;
@@ -130,14 +139,16 @@ int kiln__vjp_sort(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__tx *tx = c->tx;
   kiln_id perm = (kiln_id)((uintptr_t)c->aux[ins->id] - 1u);
   if (c->aux[ins->id] == NULL)
-    return kiln__tx_fail(tx, KILN_EINTERNAL, ins, "%s: internal error: sort without its permutation", tx->name);
+    return kiln__tx_fail(tx, KILN_EINTERNAL, ins,
+                         "%s: internal error: sort without its permutation", tx->name);
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
   kiln__gdims g = along(tx, xs->rank, kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS)->v[0]);
   for (uint32_t k = 0; k < ins->noperands && tx->err == 0; k++) {
     const kiln_shape *ks = &tx->m->instrs[ins->operands[k]]->shape;
     if (!kiln__ad_wants(c, ins, k)) continue;
     uint32_t add = kiln__b_reducer(tx, KILN_OP_ADD, ks->dtype);
-    kiln__ad_accum(c, ins, k, kiln__tf_scatter(B, kiln__b_zeros(B, ks), perm, elem(c, ins, ct, k), &g, add));
+    kiln__ad_accum(c, ins, k,
+                   kiln__tf_scatter(B, kiln__b_zeros(B, ks), perm, elem(c, ins, ct, k), &g, add));
   }
   return tx->err;
 }
@@ -147,10 +158,12 @@ int kiln__vjp_sort(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
 int kiln__jvp_topk(kiln__ad *c, const kiln_instr *ins) {
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
-  if (!kiln_shape_is_tuple(&ins->shape) || ins->shape.rank != 2 || xs->rank == 0) return kiln__ad_not_diff(c, ins);
+  if (!kiln_shape_is_tuple(&ins->shape) || ins->shape.rank != 2 || xs->rank == 0)
+    return kiln__ad_not_diff(c, ins);
   kiln__gdims g = along(tx, xs->rank, xs->rank - 1);
-  kiln_id t[2] = {kiln__tf_gather(B, kiln__ad_tmat(c, ins, 0), kiln__b_gte(B, kiln__Y(c, ins), 1), &g),
-                  kiln__b_zeros(B, &ins->shape.tuple[1])};
+  kiln_id t[2] = {
+      kiln__tf_gather(B, kiln__ad_tmat(c, ins, 0), kiln__b_gte(B, kiln__Y(c, ins), 1), &g),
+      kiln__b_zeros(B, &ins->shape.tuple[1])};
   c->tan[ins->id] = kiln__b_tuple(B, t, 2);
   return tx->err;
 }
@@ -158,10 +171,12 @@ int kiln__jvp_topk(kiln__ad *c, const kiln_instr *ins) {
 int kiln__vjp_topk(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__tx *tx = c->tx;
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
-  if (!kiln_shape_is_tuple(&ins->shape) || ins->shape.rank != 2 || xs->rank == 0) return kiln__ad_not_diff(c, ins);
+  if (!kiln_shape_is_tuple(&ins->shape) || ins->shape.rank != 2 || xs->rank == 0)
+    return kiln__ad_not_diff(c, ins);
   kiln__gdims g = along(tx, xs->rank, xs->rank - 1);
   uint32_t add = kiln__b_reducer(tx, KILN_OP_ADD, xs->dtype);
   kiln__ad_accum(c, ins, 0,
-                 kiln__tf_scatter(B, kiln__b_zeros(B, xs), kiln__b_gte(B, kiln__Y(c, ins), 1), kiln__b_gte(B, ct, 0), &g, add));
+                 kiln__tf_scatter(B, kiln__b_zeros(B, xs), kiln__b_gte(B, kiln__Y(c, ins), 1),
+                                  kiln__b_gte(B, ct, 0), &g, add));
   return tx->err;
 }

@@ -73,7 +73,8 @@ static bool parse_int(const char *s, size_t n, int64_t *out) {
 static int add_value(kiln_transform *t, key y, const char *v, size_t n, kiln_status *st) {
   const char *kn = kiln_transform_kind_name(t->kind);
   int64_t x = 0;
-  if (n == 0) return kiln_status_set(st, KILN_EINVAL, NULL, "%s: %s needs a value", kn, key_names[y]);
+  if (n == 0)
+    return kiln_status_set(st, KILN_EINVAL, NULL, "%s: %s needs a value", kn, key_names[y]);
   bool none = n == 4 && memcmp(v, "none", 4) == 0;
   switch (y) {
   case KEY_WRT:
@@ -84,8 +85,8 @@ static int add_value(kiln_transform *t, key y, const char *v, size_t n, kiln_sta
                              kn, (int)n, v);
     for (uint32_t i = 0; i < t->nwrt; i++)
       if (t->wrt[i] == x)
-        return kiln_status_set(st, KILN_EINVAL, NULL, "%s: parameter %" PRId64
-                               " is listed twice in wrt", kn, x);
+        return kiln_status_set(st, KILN_EINVAL, NULL,
+                               "%s: parameter %" PRId64 " is listed twice in wrt", kn, x);
     if (t->nwrt == KILN_TRANSFORM_MAX_ARGS) goto too_many;
     t->wrt[t->nwrt++] = x;
     return 0;
@@ -102,9 +103,8 @@ static int add_value(kiln_transform *t, key y, const char *v, size_t n, kiln_sta
   case KEY_IN_AXES:
   case KEY_OUT_AXES: {
     if (!none && !parse_int(v, n, &x))
-      return kiln_status_set(st, KILN_EINVAL, NULL,
-                             "%s: %s entry '%.*s' is not an integer or none", kn, key_names[y],
-                             (int)n, v);
+      return kiln_status_set(st, KILN_EINVAL, NULL, "%s: %s entry '%.*s' is not an integer or none",
+                             kn, key_names[y], (int)n, v);
     uint32_t *cnt = y == KEY_IN_AXES ? &t->nin_axes : &t->nout_axes;
     int64_t *arr = y == KEY_IN_AXES ? t->in_axes : t->out_axes;
     if (*cnt == KILN_TRANSFORM_MAX_ARGS) goto too_many;
@@ -116,7 +116,8 @@ static int add_value(kiln_transform *t, key y, const char *v, size_t n, kiln_sta
       return kiln_status_set(st, KILN_EINVAL, NULL, "%s: size takes one batch size", kn);
     if (!parse_int(v, n, &x) || x <= 0)
       return kiln_status_set(st, KILN_EINVAL, NULL,
-                             "%s: size '%.*s' is not a batch size (a positive integer)", kn, (int)n, v);
+                             "%s: size '%.*s' is not a batch size (a positive integer)", kn, (int)n,
+                             v);
     t->axis_size = x;
     return 0;
   case KEY_NONE: break;
@@ -150,8 +151,8 @@ int kiln_transform_parse(const char *spec, kiln_transform *out, kiln_status *st)
   if (colon) {
     const char *p = colon + 1;
     if (*p == 0)
-      return kiln_status_set(st, KILN_EINVAL, NULL, "%s: nothing follows ':' (%s takes %s)", kn,
-                             kn, takes_text(t.kind));
+      return kiln_status_set(st, KILN_EINVAL, NULL, "%s: nothing follows ':' (%s takes %s)", kn, kn,
+                             takes_text(t.kind));
     key cur = KEY_NONE;
     for (;;) {
       const char *end = strchr(p, ',');

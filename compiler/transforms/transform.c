@@ -30,10 +30,12 @@ static int entry_of(kiln__tx *tx, entry_info *e) {
   const kiln_module *m = tx->m;
   e->comp = kiln_module_entry(m);
   if (e->comp == NULL)
-    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: the module has no ENTRY computation", tx->name);
+    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: the module has no ENTRY computation",
+                         tx->name);
   e->root = kiln_computation_root(m, e->comp);
   if (e->root == NULL)
-    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: ENTRY %s has no root", tx->name, e->comp->name);
+    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: ENTRY %s has no root", tx->name,
+                         e->comp->name);
   e->nparams = kiln_computation_nparams(m, e->comp);
   e->pshape = kiln_arena_calloc(tx->scratch, e->nparams + 1, sizeof *e->pshape);
   e->pname = kiln_arena_calloc(tx->scratch, e->nparams + 1, sizeof *e->pname);
@@ -102,7 +104,8 @@ static int wrt_list(kiln__tx *tx, const kiln_transform *t, const entry_info *e, 
       return kiln__tx_fail(tx, KILN_EINVAL, NULL,
                            "%s: wrt parameter %" PRId64 " does not exist (ENTRY %s takes %u "
                            "parameter%s)",
-                           tx->name, (*wrt)[i], e->comp->name, e->nparams, e->nparams == 1 ? "" : "s");
+                           tx->name, (*wrt)[i], e->comp->name, e->nparams,
+                           e->nparams == 1 ? "" : "s");
   return 0;
 }
 
@@ -119,7 +122,8 @@ static int apply_jvp(kiln__tx *tx, const kiln_transform *t, uint32_t *out) {
     prims[i] = kiln__b_param(&b, i, e.pshape[i], e.pname[i]);
     tans[i] = KILN_NO_ID;
   }
-  for (uint32_t j = 0; j < nw; j++) tans[wrt[j]] = kiln__b_param(&b, e.nparams + j, e.pshape[wrt[j]], "tangent");
+  for (uint32_t j = 0; j < nw; j++)
+    tans[wrt[j]] = kiln__b_param(&b, e.nparams + j, e.pshape[wrt[j]], "tangent");
   kiln__ad c;
   if (kiln__ad_init(&c, tx, comp, e.comp) || kiln__jvp_region(&c, prims, tans)) return tx->err;
   const kiln_shape *rs = &e.root->shape;
@@ -180,7 +184,8 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, uint32_t 
   uint32_t nl = kiln__b_leaf_count(rs), k = 0;
   int64_t chosen = t->output >= 0 ? t->output : grad ? 0 : -1;
   if (chosen >= (int64_t)nl)
-    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: output %" PRId64 " does not exist (ENTRY %s has %u output%s)",
+    return kiln__tx_fail(tx, KILN_EINVAL, NULL,
+                         "%s: output %" PRId64 " does not exist (ENTRY %s has %u output%s)",
                          tx->name, chosen, e.comp->name, nl, nl == 1 ? "" : "s");
   if (grad) {
     const kiln_shape *os = leaf_shape_at(rs, (uint32_t)chosen, &k);
@@ -280,13 +285,13 @@ static int apply_one(kiln_module *m, const kiln_transform *t, kiln_transform_sta
     m->entry = low;
   }
   if (tx.err == 0) switch (t->kind) {
-  case KILN_TRANSFORM_JVP: apply_jvp(&tx, t, &comp); break;
-  case KILN_TRANSFORM_VJP: apply_vjp(&tx, t, false, &comp, &mk); break;
-  case KILN_TRANSFORM_GRAD: apply_vjp(&tx, t, true, &comp, &mk); break;
-  case KILN_TRANSFORM_VMAP: kiln__tf_apply_vmap(&tx, t, &comp); break;
-  case KILN_TRANSFORM_CHECKPOINT: apply_checkpoint(&tx, &comp); break;
-  default: kiln__tx_fail(&tx, KILN_EINVAL, NULL, "unknown transform kind %d", (int)t->kind);
-  }
+    case KILN_TRANSFORM_JVP: apply_jvp(&tx, t, &comp); break;
+    case KILN_TRANSFORM_VJP: apply_vjp(&tx, t, false, &comp, &mk); break;
+    case KILN_TRANSFORM_GRAD: apply_vjp(&tx, t, true, &comp, &mk); break;
+    case KILN_TRANSFORM_VMAP: kiln__tf_apply_vmap(&tx, t, &comp); break;
+    case KILN_TRANSFORM_CHECKPOINT: apply_checkpoint(&tx, &comp); break;
+    default: kiln__tx_fail(&tx, KILN_EINVAL, NULL, "unknown transform kind %d", (int)t->kind);
+    }
   int rc = tx.err;
   if (rc && low != old) {
     m->comps[low]->is_entry = false;
@@ -347,7 +352,9 @@ int kiln_transforms_infer_sizes(kiln_transform *ts, uint32_t n, const kiln_shape
     }
   }
   for (uint32_t i = 0; i < nargs; i++) {
-    rank[i] = args[i] && kiln_shape_is_array(args[i]) && args[i]->rank <= KILN_TRANSFORM_MAX_ARGS ? args[i]->rank : 0;
+    rank[i] = args[i] && kiln_shape_is_array(args[i]) && args[i]->rank <= KILN_TRANSFORM_MAX_ARGS
+                  ? args[i]->rank
+                  : 0;
     for (uint32_t k = 0; k < rank[i]; k++) dims[i][k] = k;
   }
   for (uint32_t t = n; t-- > 0;) {
@@ -356,7 +363,10 @@ int kiln_transforms_infer_sizes(kiln_transform *ts, uint32_t n, const kiln_shape
     int64_t found = -1;
     uint32_t from = 0;
     for (uint32_t i = 0; i < nargs; i++) {
-      int64_t ax = v->nin_axes == 0 ? 0 : v->nin_axes == 1 ? v->in_axes[0] : i < v->nin_axes ? v->in_axes[i] : KILN_AXIS_NONE;
+      int64_t ax = v->nin_axes == 0   ? 0
+                   : v->nin_axes == 1 ? v->in_axes[0]
+                   : i < v->nin_axes  ? v->in_axes[i]
+                                      : KILN_AXIS_NONE;
       if (ax == KILN_AXIS_NONE || rank[i] == 0) continue;
       if (ax < 0) ax += rank[i];
       if (ax < 0 || ax >= (int64_t)rank[i]) continue;
@@ -366,8 +376,9 @@ int kiln_transforms_infer_sizes(kiln_transform *ts, uint32_t n, const kiln_shape
         from = i;
       } else if (b != found && i < v->nin_axes) {
         rc = kiln_status_set(st, KILN_EINVAL, NULL,
-                             "vmap: argument %u has batch size %" PRId64 " but argument %u has %" PRId64, i, b,
-                             from, found);
+                             "vmap: argument %u has batch size %" PRId64
+                             " but argument %u has %" PRId64,
+                             i, b, from, found);
         goto out;
       }
       memmove(&dims[i][ax], &dims[i][ax + 1], (rank[i] - ax - 1) * sizeof dims[i][0]);
@@ -375,7 +386,8 @@ int kiln_transforms_infer_sizes(kiln_transform *ts, uint32_t n, const kiln_shape
     }
     if (v->axis_size > 0 && found >= 0 && found != v->axis_size) {
       rc = kiln_status_set(st, KILN_EINVAL, NULL,
-                           "vmap: argument %u has batch size %" PRId64 " but the transform says size=%" PRId64,
+                           "vmap: argument %u has batch size %" PRId64
+                           " but the transform says size=%" PRId64,
                            from, found, v->axis_size);
       goto out;
     }

@@ -24,40 +24,47 @@
 
 /* ops a reducer may use when applied elementwise to arrays */
 static bool scalar_op_ok(kiln_opcode op) {
-  return (kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) || op == KILN_OP_COMPARE || op == KILN_OP_SELECT ||
-         op == KILN_OP_CLAMP || op == KILN_OP_TUPLE || op == KILN_OP_GET_TUPLE_ELEMENT ||
-         op == KILN_OP_PARAMETER || op == KILN_OP_CONSTANT || op == KILN_OP_CALL;
+  return (kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) || op == KILN_OP_COMPARE ||
+         op == KILN_OP_SELECT || op == KILN_OP_CLAMP || op == KILN_OP_TUPLE ||
+         op == KILN_OP_GET_TUPLE_ELEMENT || op == KILN_OP_PARAMETER || op == KILN_OP_CONSTANT ||
+         op == KILN_OP_CALL;
 }
 
 bool kiln__tf_scalar_comp_ok(const kiln_module *m, const kiln_computation *f, uint32_t depth) {
   if (f == NULL || depth > 16 || kiln_computation_root(m, f) == NULL) return false;
   for (uint32_t i = 0; i < f->ninstrs; i++) {
     const kiln_instr *s = m->instrs[f->instrs[i]];
-    if (!scalar_op_ok(s->op) || (kiln_shape_is_array(&s->shape) && s->shape.rank != 0)) return false;
+    if (!scalar_op_ok(s->op) || (kiln_shape_is_array(&s->shape) && s->shape.rank != 0))
+      return false;
     if (s->op == KILN_OP_CALL &&
-        (s->ncalled != 1 || !kiln__tf_scalar_comp_ok(m, kiln_module_computation(m, s->called[0]), depth + 1)))
+        (s->ncalled != 1 ||
+         !kiln__tf_scalar_comp_ok(m, kiln_module_computation(m, s->called[0]), depth + 1)))
       return false;
   }
   return true;
 }
 
-kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_id *args, const int64_t *dims,
-                              uint32_t rank, const kiln_instr *where) {
+kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_id *args,
+                              const int64_t *dims, uint32_t rank, const kiln_instr *where) {
   kiln__tx *tx = b->tx;
   const kiln_module *m = tx->m;
   const kiln_instr *root = kiln_computation_root(m, f);
   uint32_t n0 = m->ninstrs;
   kiln_id *val = kiln_arena_calloc(tx->scratch, n0 ? n0 : 1, sizeof *val);
   if (val == NULL) return kiln__tx_oom(tx), KILN_NO_ID;
-  if (root == NULL) return kiln__tx_fail(tx, KILN_EINVAL, where, "%s: computation %s has no root", tx->name, f->name), KILN_NO_ID;
+  if (root == NULL)
+    return kiln__tx_fail(tx, KILN_EINVAL, where, "%s: computation %s has no root", tx->name,
+                         f->name),
+           KILN_NO_ID;
   for (uint32_t i = 0; i < f->ninstrs && tx->err == 0; i++) {
     const kiln_instr *s = m->instrs[f->instrs[i]];
     if (!scalar_op_ok(s->op) || (kiln_shape_is_array(&s->shape) && s->shape.rank != 0))
-      return kiln__tx_fail(tx, KILN_EUNIMPL, where,
-                           "%s: computation %s uses %s %s, which cannot be applied elementwise to arrays; "
-                           "the %s has no derivative yet",
-                           tx->name, f->name, kiln_opcode_name(s->op), s->name ? s->name : "",
-                           where ? kiln_opcode_name(where->op) : "computation"),
+      return kiln__tx_fail(
+                 tx, KILN_EUNIMPL, where,
+                 "%s: computation %s uses %s %s, which cannot be applied elementwise to arrays; "
+                 "the %s has no derivative yet",
+                 tx->name, f->name, kiln_opcode_name(s->op), s->name ? s->name : "",
+                 where ? kiln_opcode_name(where->op) : "computation"),
              KILN_NO_ID;
     kiln_id *ops = kiln__b_ids(tx, s->noperands);
     if (ops == NULL) return KILN_NO_ID;
@@ -68,10 +75,14 @@ kiln_id kiln__tf_apply_scalar(kiln__b *b, const kiln_computation *f, const kiln_
       val[s->id] = kiln__b_broadcast(b, kiln__b_clone_same(b, s, NULL, 0), dims, rank, NULL, 0);
       break;
     case KILN_OP_TUPLE: val[s->id] = kiln__b_tuple(b, ops, s->noperands); break;
-    case KILN_OP_GET_TUPLE_ELEMENT: val[s->id] = kiln__b_gte(b, ops[0], kiln_instr_attr_int(s, KILN_ATTR_INDEX, 0)); break;
+    case KILN_OP_GET_TUPLE_ELEMENT:
+      val[s->id] = kiln__b_gte(b, ops[0], kiln_instr_attr_int(s, KILN_ATTR_INDEX, 0));
+      break;
     case KILN_OP_CALL: { /* JAX wraps jnp.where and friends in calls */
       const kiln_computation *g = s->ncalled == 1 ? kiln_module_computation(m, s->called[0]) : NULL;
-      if (g == NULL) return kiln__tx_fail(tx, KILN_EINVAL, where, "%s: malformed call in %s", tx->name, f->name), KILN_NO_ID;
+      if (g == NULL)
+        return kiln__tx_fail(tx, KILN_EINVAL, where, "%s: malformed call in %s", tx->name, f->name),
+               KILN_NO_ID;
       val[s->id] = kiln__tf_apply_scalar(b, g, ops, dims, rank, where);
       break;
     }
@@ -88,8 +99,8 @@ static kiln_id out_k(kiln__b *b, kiln_id r, uint32_t k) {
 }
 
 /* One application of the reducer to (acc..., x...) of dims [rows, w]. */
-static void step(kiln__b *b, const kiln_computation *f, kiln_id *acc, const kiln_id *x, uint32_t n, int64_t rows,
-                 int64_t w, const kiln_instr *where) {
+static void step(kiln__b *b, const kiln_computation *f, kiln_id *acc, const kiln_id *x, uint32_t n,
+                 int64_t rows, int64_t w, const kiln_instr *where) {
   kiln_id *args = kiln__b_ids(b->tx, 2 * n);
   if (args == NULL) return;
   for (uint32_t k = 0; k < n; k++) args[k] = acc[k], args[n + k] = x[k];
@@ -112,8 +123,10 @@ uint32_t kiln__tf_reduce_tree(kiln__tx *tx, const kiln_instr *red) {
   const kiln_shape *xs = &m->instrs[red->operands[0]]->shape;
   uint32_t r = xs->rank, nk = 0;
   int64_t *perm = kiln__b_i64s(tx, r + 1), *kept = kiln__b_i64s(tx, r + 1);
-  kiln_id *v = kiln__b_ids(tx, n), *init = kiln__b_ids(tx, n), *lo = kiln__b_ids(tx, n), *hi = kiln__b_ids(tx, n);
-  if (perm == NULL || kept == NULL || v == NULL || init == NULL || lo == NULL || hi == NULL) return KILN_NO_ID;
+  kiln_id *v = kiln__b_ids(tx, n), *init = kiln__b_ids(tx, n), *lo = kiln__b_ids(tx, n),
+          *hi = kiln__b_ids(tx, n);
+  if (perm == NULL || kept == NULL || v == NULL || init == NULL || lo == NULL || hi == NULL)
+    return KILN_NO_ID;
   int64_t rows = 1, cols = 1;
   for (uint32_t d = 0; d < r; d++) {
     bool reduced = false;

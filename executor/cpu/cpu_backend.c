@@ -256,8 +256,10 @@ static int kiln_cpu_buffer_copy(kiln_device *dd, void *dst, size_t dst_offset, k
 
 static void *kiln_cpu_buffer_host(kiln_device *d, void *mem, bool discard) {
   (void)d;
-  if (discard) buffer_overwritten(mem);
-  else buffer_settle(mem);
+  if (discard)
+    buffer_overwritten(mem);
+  else
+    buffer_settle(mem);
   return mem;
 }
 

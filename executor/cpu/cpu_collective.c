@@ -18,43 +18,43 @@
 #define BLOCK 512 /* elements per reduction block */
 
 #define REDUCE_TYPES(X) \
-  X(KILN_F32, float)    \
-  X(KILN_F64, double)   \
-  X(KILN_S32, int32_t)  \
-  X(KILN_S64, int64_t)  \
+  X(KILN_F32, float) \
+  X(KILN_F64, double) \
+  X(KILN_S32, int32_t) \
+  X(KILN_S64, int64_t) \
   X(KILN_U32, uint32_t) \
   X(KILN_U64, uint64_t)
 
 /* acc[i] = acc[i] op x[i] for i < n. Integer add and multiply wrap (as
  * XLA's do): done in the unsigned type. */
-#define DEFINE_COMBINE(DT, T)                                                        \
-  static void combine_##T(T *acc, const T *x, size_t n, int op) {                   \
-    switch (op) {                                                                    \
-    case KILN_OP_ADD:                                                                \
-      for (size_t i = 0; i < n; i++) acc[i] = wrap_add_##T(acc[i], x[i]);            \
-      break;                                                                         \
-    case KILN_OP_MULTIPLY:                                                           \
-      for (size_t i = 0; i < n; i++) acc[i] = wrap_mul_##T(acc[i], x[i]);            \
-      break;                                                                         \
-    case KILN_OP_MAXIMUM:                                                            \
-      for (size_t i = 0; i < n; i++) acc[i] = pick_max_##T(acc[i], x[i]);            \
-      break;                                                                         \
-    default:                                                                         \
-      for (size_t i = 0; i < n; i++) acc[i] = pick_min_##T(acc[i], x[i]);            \
-      break;                                                                         \
-    }                                                                                \
+#define DEFINE_COMBINE(DT, T) \
+  static void combine_##T(T *acc, const T *x, size_t n, int op) { \
+    switch (op) { \
+    case KILN_OP_ADD: \
+      for (size_t i = 0; i < n; i++) acc[i] = wrap_add_##T(acc[i], x[i]); \
+      break; \
+    case KILN_OP_MULTIPLY: \
+      for (size_t i = 0; i < n; i++) acc[i] = wrap_mul_##T(acc[i], x[i]); \
+      break; \
+    case KILN_OP_MAXIMUM: \
+      for (size_t i = 0; i < n; i++) acc[i] = pick_max_##T(acc[i], x[i]); \
+      break; \
+    default: \
+      for (size_t i = 0; i < n; i++) acc[i] = pick_min_##T(acc[i], x[i]); \
+      break; \
+    } \
   }
 
 /* Float max/min propagate NaN, as HLO's maximum and minimum do. */
-#define FLOAT_OPS(T)                                                                   \
-  static T wrap_add_##T(T a, T b) { return a + b; }                                    \
-  static T wrap_mul_##T(T a, T b) { return a * b; }                                    \
+#define FLOAT_OPS(T) \
+  static T wrap_add_##T(T a, T b) { return a + b; } \
+  static T wrap_mul_##T(T a, T b) { return a * b; } \
   static T pick_max_##T(T a, T b) { return a != a ? a : b != b ? b : (a > b ? a : b); } \
   static T pick_min_##T(T a, T b) { return a != a ? a : b != b ? b : (a < b ? a : b); }
-#define INT_OPS(T, U)                                                          \
-  static T wrap_add_##T(T a, T b) { return (T)((U)a + (U)b); }                 \
-  static T wrap_mul_##T(T a, T b) { return (T)((U)a * (U)b); }                 \
-  static T pick_max_##T(T a, T b) { return a > b ? a : b; }                    \
+#define INT_OPS(T, U) \
+  static T wrap_add_##T(T a, T b) { return (T)((U)a + (U)b); } \
+  static T wrap_mul_##T(T a, T b) { return (T)((U)a * (U)b); } \
+  static T pick_max_##T(T a, T b) { return a > b ? a : b; } \
   static T pick_min_##T(T a, T b) { return a < b ? a : b; }
 
 FLOAT_OPS(float)
@@ -174,31 +174,30 @@ out_free:
  * reading. Reductions fold in rank order from member 0, the order the
  * interpreter's mesh uses, so the two agree bit for bit. */
 
-
-#define STEP_TYPES(X)   \
-  X(KILN_S8, int8_t, uint8_t)     \
-  X(KILN_S16, int16_t, uint16_t)  \
-  X(KILN_S32, int32_t, uint32_t)  \
-  X(KILN_S64, int64_t, uint64_t)  \
-  X(KILN_U8, uint8_t, uint8_t)    \
+#define STEP_TYPES(X) \
+  X(KILN_S8, int8_t, uint8_t) \
+  X(KILN_S16, int16_t, uint16_t) \
+  X(KILN_S32, int32_t, uint32_t) \
+  X(KILN_S64, int64_t, uint64_t) \
+  X(KILN_U8, uint8_t, uint8_t) \
   X(KILN_U16, uint16_t, uint16_t) \
   X(KILN_U32, uint32_t, uint32_t) \
   X(KILN_U64, uint64_t, uint64_t)
 
-#define DEFINE_INT_STEP(DT, T, U)                                          \
-  static void step_##T(T *acc, const T *x, size_t n, uint32_t op) {       \
-    for (size_t i = 0; i < n; i++) {                                       \
-      T a = acc[i], b = x[i];                                              \
-      switch (op) {                                                        \
-      case KILN_OP_ADD: a = (T)((U)a + (U)b); break;                       \
-      case KILN_OP_MULTIPLY: a = (T)((U)a * (U)b); break;                  \
-      case KILN_OP_MAXIMUM: a = a > b ? a : b; break;                      \
-      case KILN_OP_MINIMUM: a = a < b ? a : b; break;                      \
-      case KILN_OP_AND: a = (T)(a & b); break;                             \
-      default: a = (T)(a | b); break;                                      \
-      }                                                                    \
-      acc[i] = a;                                                          \
-    }                                                                      \
+#define DEFINE_INT_STEP(DT, T, U) \
+  static void step_##T(T *acc, const T *x, size_t n, uint32_t op) { \
+    for (size_t i = 0; i < n; i++) { \
+      T a = acc[i], b = x[i]; \
+      switch (op) { \
+      case KILN_OP_ADD: a = (T)((U)a + (U)b); break; \
+      case KILN_OP_MULTIPLY: a = (T)((U)a * (U)b); break; \
+      case KILN_OP_MAXIMUM: a = a > b ? a : b; break; \
+      case KILN_OP_MINIMUM: a = a < b ? a : b; break; \
+      case KILN_OP_AND: a = (T)(a & b); break; \
+      default: a = (T)(a | b); break; \
+      } \
+      acc[i] = a; \
+    } \
   }
 STEP_TYPES(DEFINE_INT_STEP)
 

@@ -32,8 +32,8 @@ typedef struct run_ctx {
   void **slot; /* nslots addresses */
   void **argv; /* l->nargv step arguments */
   uint64_t max_iterations;
-  double deadline; /* monotonic seconds; 0: none */
-  const atomic_int *cancel; /* kiln_run_options.cancel */
+  double deadline;             /* monotonic seconds; 0: none */
+  const atomic_int *cancel;    /* kiln_run_options.cancel */
   const kiln__gang_rank *gang; /* kiln_run_options.gang */
   kiln_status *st;
 } run_ctx;

@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "executor/backend_impl.h"
 #include "compiler/eval/interp.h"
+#include "executor/backend_impl.h"
 
 static int kiln_interp_init(kiln_backend *b, const kiln_backend_options *opts, uint32_t *ndevices,
                             kiln_status *st) {

@@ -43,12 +43,12 @@
 
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/compile.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
-#include "compiler/compile.h"
-#include "compiler/eval/interp.h"
 #include "executor/run.h"
 
 #define MAX_ARGS 16
@@ -253,8 +253,10 @@ static kiln_literal *tuple_literal(const char *text) {
       *q = '\0';
       char *t = trim(start);
       if (*t) {
-        if (ne == 16 || (elems[ne] = parse_value(t)) == NULL) ok = false;
-        else ne++;
+        if (ne == 16 || (elems[ne] = parse_value(t)) == NULL)
+          ok = false;
+        else
+          ne++;
       }
       if (saved == '\0' || !ok) break;
       start = q + 1;
@@ -343,7 +345,7 @@ static int param_index(const char *line) {
   const char *colon = strchr(line, ':');
   for (const char *p = line; p && colon && p < colon; p++) {
     if (p[0] == 'p' && isdigit((unsigned char)p[1]) &&
-        (p == line || p[-1] == '(' || p[-1] == ' ') ) {
+        (p == line || p[-1] == '(' || p[-1] == ' ')) {
       char *end;
       long v = strtol(p + 1, &end, 10);
       if (*end == ')' || *end == ',') return (int)v;
@@ -449,8 +451,10 @@ static void lit_str(const kiln_literal *l, char *buf, size_t size) {
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_literal_print(&b, l, true);
   const char *s = kiln_sbuf_failed(&b) ? "?" : kiln_sbuf_str(&b);
-  if (strlen(s) >= size && size > 4) snprintf(buf, size, "%.*s...", (int)size - 4, s);
-  else snprintf(buf, size, "%s", s);
+  if (strlen(s) >= size && size > 4)
+    snprintf(buf, size, "%.*s...", (int)size - 4, s);
+  else
+    snprintf(buf, size, "%s", s);
   kiln_sbuf_free(&b);
 }
 
@@ -461,8 +465,8 @@ static bool close_enough(double got, double want, bool exact) {
   return fabs(got - want) <= 1e-6 * fmax(fabs(got), fabs(want));
 }
 
-static bool same_values(const kiln_literal *got, const kiln_literal *want, bool exact,
-                        char *why, size_t whysize) {
+static bool same_values(const kiln_literal *got, const kiln_literal *want, bool exact, char *why,
+                        size_t whysize) {
   if (!kiln_shape_equal(&got->shape, &want->shape, false)) {
     kiln_sbuf a = KILN_SBUF_INIT, b = KILN_SBUF_INIT;
     kiln_shape_print_short(&a, &got->shape);
@@ -782,14 +786,17 @@ static bool check_module(const char *dir, const char *file, const char *index) {
     int rc = kiln_module_verify(m, NULL, &st);
     if (want_invalid) {
       verified = rc != 0 && st.msg[0] != '\0';
-      if (verified) note_status("verify (rejected as expected)", &st);
-      else note("verify: INDEX.tsv calls this module invalid, the verifier accepted it");
+      if (verified)
+        note_status("verify (rejected as expected)", &st);
+      else
+        note("verify: INDEX.tsv calls this module invalid, the verifier accepted it");
       snprintf(exec, sizeof exec, "skipped (invalid module)");
       snprintf(exec_cpu, sizeof exec_cpu, "skipped (invalid module)");
       executed = true;
     } else {
       verified = rc == 0;
-      if (!verified) note_status("verify", &st);
+      if (!verified)
+        note_status("verify", &st);
       else {
         executed = stage_execute(m, dir, file, &row, exec, sizeof exec, &interp_runner);
         executed_cpu = stage_execute(m, dir, file, &row, exec_cpu, sizeof exec_cpu, &cpu);
@@ -802,9 +809,8 @@ static bool check_module(const char *dir, const char *file, const char *index) {
   kiln_executable_destroy(cpu.exe);
   kiln_module_destroy(m);
   cpu_unsupported = strncmp(exec_cpu, "unsupported", 11) == 0;
-  printf("%s: parsed %s, round-trip %s, verified %s, executed(interp) %s, executed(cpu) %s\n",
-         name, parsed ? "ok" : "FAIL", round ? "ok" : "FAIL", verified ? "ok" : "FAIL", exec,
-         exec_cpu);
+  printf("%s: parsed %s, round-trip %s, verified %s, executed(interp) %s, executed(cpu) %s\n", name,
+         parsed ? "ok" : "FAIL", round ? "ok" : "FAIL", verified ? "ok" : "FAIL", exec, exec_cpu);
   if (verbose && details.len) fputs(kiln_sbuf_str(&details), stdout);
   fflush(stdout);
   return parsed && round && verified && executed && executed_cpu;
@@ -824,10 +830,14 @@ static int usage(void) {
 int main(int argc, char **argv) {
   const char *dir = NULL;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "-v") == 0) verbose = true;
-    else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc) timeout_s = (unsigned)atoi(argv[++i]);
-    else if (argv[i][0] == '-' || dir) return usage();
-    else dir = argv[i];
+    if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "-v") == 0)
+      verbose = true;
+    else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc)
+      timeout_s = (unsigned)atoi(argv[++i]);
+    else if (argv[i][0] == '-' || dir)
+      return usage();
+    else
+      dir = argv[i];
   }
   if (dir == NULL) dir = getenv("KILN_CORPUS_DIR");
   if (dir == NULL) return usage();

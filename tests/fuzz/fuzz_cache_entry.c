@@ -24,8 +24,7 @@
 #include "compiler/codegen/executable.h"
 
 static void die(const char *what, const kiln_status *st) {
-  fprintf(stderr, "fuzz_cache_entry: %s (%s: %s)\n", what, st ? st->where : "",
-          st ? st->msg : "");
+  fprintf(stderr, "fuzz_cache_entry: %s (%s: %s)\n", what, st ? st->where : "", st ? st->msg : "");
   abort();
 }
 
@@ -56,8 +55,8 @@ static void seal_and_damage(const uint8_t *data, size_t size) {
   uint8_t flip = data[3];
   const uint8_t *payload = data + 4;
   size_t len = size - 4;
-  kiln_cache_meta meta = {.kind = KILN_CACHE_PAYLOAD_CPU_EXE, .compile_ns = len,
-                          .created_unix_ms = 1, .peak_bytes = 2};
+  kiln_cache_meta meta = {
+      .kind = KILN_CACHE_PAYLOAD_CPU_EXE, .compile_ns = len, .created_unix_ms = 1, .peak_bytes = 2};
   memset(meta.key, 0x11, sizeof meta.key);
   kiln_status st = {0};
   uint8_t *sealed = NULL;
@@ -92,7 +91,8 @@ static void deserialize(const uint8_t *data, size_t size) {
   }
   uint8_t *again = NULL;
   size_t len = 0;
-  if (kiln_executable_serialize(e, &again, &len, &st)) die("a loaded executable did not serialize", &st);
+  if (kiln_executable_serialize(e, &again, &len, &st))
+    die("a loaded executable did not serialize", &st);
   if (len != size || memcmp(again, data, size) != 0) die("round trip changed the bytes", NULL);
   kiln_free(again);
   kiln_executable_destroy(e);

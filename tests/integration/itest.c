@@ -305,7 +305,8 @@ static int parse_labels(const char **p, char *out, size_t size, char *err, size_
     if (*s++ != '=') return metrics_error(err, errlen, line, "label without '='");
     if (*s++ != '"') return metrics_error(err, errlen, line, "label value not quoted");
     while (*s != '"') {
-      if (*s == '\0' || *s == '\n') return metrics_error(err, errlen, line, "unterminated label value");
+      if (*s == '\0' || *s == '\n')
+        return metrics_error(err, errlen, line, "unterminated label value");
       if (*s == '\\') {
         s++;
         if (*s != '\\' && *s != '"' && *s != 'n')
@@ -400,7 +401,8 @@ int itest_metrics_parse(const char *text, itest_metrics *m, char *err, size_t er
     if (!name_start(*s)) return metrics_error(err, errlen, line, "bad metric name");
     const char *start = s;
     while (name_char(*s)) s++;
-    if ((size_t)(s - start) >= sizeof x->name) return metrics_error(err, errlen, line, "name too long");
+    if ((size_t)(s - start) >= sizeof x->name)
+      return metrics_error(err, errlen, line, "name too long");
     memcpy(x->name, start, (size_t)(s - start));
     if (*s == '{') {
       s++;

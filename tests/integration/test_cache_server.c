@@ -345,8 +345,8 @@ START_TEST(test_memo_and_bypass) {
     kiln_remote_executable_free(r);
   }
   /* The same text at another optimization level: another key. */
-  kiln_remote_compile_options o = {.backend = "cpu", .has_optimization_level = true,
-                                   .optimization_level = 1};
+  kiln_remote_compile_options o = {
+      .backend = "cpu", .has_optimization_level = true, .optimization_level = 1};
   kiln_remote_executable *d = NULL;
   ck_assert_int_eq(kiln_client_compile_text(c, text, strlen(text), &o, &d, &st), 0);
   ck_assert_str_ne(d->cache_key, a->cache_key);

@@ -21,9 +21,9 @@
 #include "clients/c/kiln.h"
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
-#include "compiler/eval/interp.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
 #include "tests/integration/itest.h"
@@ -605,7 +605,9 @@ static void check_transforms(kiln_client *c, const char *const *local, const cha
 
   const kiln_shape *shapes[16];
   for (uint32_t i = 0; i < nargs && i < 16; i++) shapes[i] = &args[i]->shape;
-  kiln_remote_compile_options o = {.backend = "interp", .transforms = remote, .ntransforms = n,
+  kiln_remote_compile_options o = {.backend = "interp",
+                                   .transforms = remote,
+                                   .ntransforms = n,
                                    .arg_shapes = infer ? shapes : NULL,
                                    .narg_shapes = infer ? nargs : 0};
   kiln_remote_executable *e = NULL;
@@ -626,9 +628,9 @@ static void check_transforms(kiln_client *c, const char *const *local, const cha
                 label, r.noutputs, tuple ? want->shape.rank : 1);
   for (uint32_t i = 0; i < r.noutputs; i++) {
     char why[256];
-    ck_assert_msg(leaves_match(tuple ? want->elems[i] : want, r.outputs[i].literal, true, why,
-                               sizeof why),
-                  "%s: output %u: %s", label, i, why);
+    ck_assert_msg(
+        leaves_match(tuple ? want->elems[i] : want, r.outputs[i].literal, true, why, sizeof why),
+        "%s: output %u: %s", label, i, why);
   }
   kiln_remote_result_free(&r);
   kiln_remote_executable_free(e);
@@ -640,10 +642,20 @@ static void check_transforms(kiln_client *c, const char *const *local, const cha
 START_TEST(test_transforms_match_in_process) {
   kiln_client *c = connect_as("transforms");
   static const char *const lists[][4] = {
-      {"grad"}, {"grad:wrt=0,1"}, {"grad:wrt=1"}, {"jvp"}, {"jvp:wrt=1"}, {"vjp"},
-      {"vjp:wrt=0,output=0"}, {"checkpoint", "grad"}, {"jvp:wrt=0", "grad:wrt=0,2,output=1"},
-      {"grad", "jvp"}, {"vmap:size=3"}, {"vmap:in_axes=0,none,size=2"},
-      {"grad:wrt=0,1", "vmap:in_axes=none,0,size=4"}, {"grad", "jvp", "vmap:in_axes=none,none,0,none,size=3"},
+      {"grad"},
+      {"grad:wrt=0,1"},
+      {"grad:wrt=1"},
+      {"jvp"},
+      {"jvp:wrt=1"},
+      {"vjp"},
+      {"vjp:wrt=0,output=0"},
+      {"checkpoint", "grad"},
+      {"jvp:wrt=0", "grad:wrt=0,2,output=1"},
+      {"grad", "jvp"},
+      {"vmap:size=3"},
+      {"vmap:in_axes=0,none,size=2"},
+      {"grad:wrt=0,1", "vmap:in_axes=none,0,size=4"},
+      {"grad", "jvp", "vmap:in_axes=none,none,0,none,size=3"},
   };
   for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
     uint32_t n = 0;
@@ -906,8 +918,8 @@ START_TEST(test_cli_mesh_refused) {
   const char *flags[][3] = {{"--partitions", "2", NULL}, {"--replicas", "2", NULL}};
   for (size_t i = 0; i < 2; i++) {
     char *out, *err;
-    const char *cmd[] = {"run", axpy, "--random-args", "0", flags[i][0], flags[i][1],
-                         "--server", server.addr, NULL};
+    const char *cmd[] = {"run",       axpy,       "--random-args", "0", flags[i][0],
+                         flags[i][1], "--server", server.addr,     NULL};
     ck_assert_int_eq(kiln_cmd(cmd, &out, &err), 2);
     ck_assert_str_eq(out, "");
     ck_assert_str_eq(err, "kiln run: --replicas, --partitions and --device-args are not supported "

@@ -27,8 +27,8 @@
 #include "tests/integration/itest.h"
 
 static itest_kilnd server;
-static char dir[256];          /* the certificates and token files */
-static char health_addr[128];  /* the main server's health port */
+static char dir[256];         /* the certificates and token files */
+static char health_addr[128]; /* the main server's health port */
 
 static const char negate_text[] = "HloModule neg\n"
                                   "ENTRY main {\n"
@@ -402,15 +402,22 @@ START_TEST(test_spoofed_kiln_client_header_ignored) {
 END_TEST
 
 START_TEST(test_malformed_token_files) {
-  static const struct { const char *file, *where, *what; } cases[] = {
+  static const struct {
+    const char *file, *where, *what;
+  } cases[] = {
       {"bad1", "bad1:2", "role must be"},
       {"bad2", "bad2:1", "memory-bytes"},
       {"bad3", "bad3:1", "64 hex digits"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char *argv[] = {(char *)itest_kilnd_path(), (char *)"--listen", (char *)"127.0.0.1:0",
-                    (char *)"--metrics-listen", (char *)"off", (char *)"--tokens",
-                    (char *)path(cases[i].file), NULL};
+    char *argv[] = {(char *)itest_kilnd_path(),
+                    (char *)"--listen",
+                    (char *)"127.0.0.1:0",
+                    (char *)"--metrics-listen",
+                    (char *)"off",
+                    (char *)"--tokens",
+                    (char *)path(cases[i].file),
+                    NULL};
     char *out = NULL, *err = NULL;
     int status = itest_run(argv, &out, &err);
     ck_assert_msg(status != 0, "kilnd started with %s", cases[i].file);
@@ -429,8 +436,8 @@ END_TEST
  * whatever kiln-client says. */
 START_TEST(test_mtls_subject_is_identity) {
   itest_kilnd k;
-  const char *extra[] = {"--tls-cert", path("srv.crt"), "--tls-key", path("srv.key"),
-                         "--tls-client-ca", path("ca.crt"), NULL};
+  const char *extra[] = {"--tls-cert",      path("srv.crt"), "--tls-key", path("srv.key"),
+                         "--tls-client-ca", path("ca.crt"),  NULL};
   ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
   creds w1 = good(NULL), w2 = good(NULL);
   w1.client_id = "one";
@@ -464,10 +471,19 @@ END_TEST
 START_TEST(test_cli_flags_and_env) {
   const char *cli = getenv("KILN_CLI");
   ck_assert_msg(cli && cli[0], "KILN_CLI is not set");
-  char *argv[] = {(char *)cli, (char *)"stats", (char *)"--server", server.addr,
-                  (char *)"--tls-ca", (char *)path("ca.crt"), (char *)"--tls-cert",
-                  (char *)path("cli.crt"), (char *)"--tls-key", (char *)path("cli.key"),
-                  (char *)"--token", (char *)"tok-root", NULL};
+  char *argv[] = {(char *)cli,
+                  (char *)"stats",
+                  (char *)"--server",
+                  server.addr,
+                  (char *)"--tls-ca",
+                  (char *)path("ca.crt"),
+                  (char *)"--tls-cert",
+                  (char *)path("cli.crt"),
+                  (char *)"--tls-key",
+                  (char *)path("cli.key"),
+                  (char *)"--token",
+                  (char *)"tok-root",
+                  NULL};
   char *out = NULL, *err = NULL;
   ck_assert_msg(itest_run(argv, &out, &err) == 0, "kiln stats: %s", err ? err : "");
   ck_assert_ptr_nonnull(strstr(out, "server "));
@@ -505,7 +521,8 @@ START_TEST(test_health_port_plaintext_without_token) {
   c = connect_ok(health_addr, (creds){.plaintext = true, .token = "tok-root"});
   kiln_server_stats s;
   kiln_status_clear(&st);
-  expect_code(kiln_client_stats(c, &s, &st), &st, KILN_RPC_UNIMPLEMENTED, "Stats on the health port");
+  expect_code(kiln_client_stats(c, &s, &st), &st, KILN_RPC_UNIMPLEMENTED,
+              "Stats on the health port");
   kiln_status_clear(&st);
   kiln_remote_executable *exe = NULL;
   expect_code(kiln_client_compile_text(c, negate_text, strlen(negate_text), NULL, &exe, &st), &st,
@@ -554,16 +571,16 @@ START_TEST(test_sighup_reload_keeps_calls) {
   snprintf(cmd, sizeof cmd, "cd '%s' && cp srv.crt live.crt && cp srv.key live.key", dir);
   ck_assert_int_eq(sh(cmd), 0);
   itest_kilnd k;
-  const char *extra[] = {"--tls-cert", path("live.crt"), "--tls-key", path("live.key"),
-                         "--interp-devices", "2", NULL};
+  const char *extra[] = {
+      "--tls-cert", path("live.crt"), "--tls-key", path("live.key"), "--interp-devices", "2", NULL};
   ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
   kiln_client *before = connect_ok(k.addr, (creds){0});
   kiln_status st;
   kiln_status_clear(&st);
   kiln_remote_compile_options co = {.backend = "interp"};
   kiln_remote_executable *exe = NULL;
-  ck_assert_int_eq(kiln_client_compile_text(before, negate_text, strlen(negate_text), &co, &exe,
-                                            &st), 0);
+  ck_assert_int_eq(
+      kiln_client_compile_text(before, negate_text, strlen(negate_text), &co, &exe, &st), 0);
   /* A thread keeps executing on the old connection through the reload. */
   runner r = {.c = before, .id = exe->id};
   pthread_t t;
@@ -573,8 +590,10 @@ START_TEST(test_sighup_reload_keeps_calls) {
   ck_assert_int_eq(sh(cmd), 0);
   kill(k.pid, SIGHUP);
   pthread_join(t, NULL);
-  ck_assert_msg(r.failed == 0 && r.done > 0, "executions on the old connection during the reload: "
-                "%d done, %d failed (%s)", r.done, r.failed, r.msg);
+  ck_assert_msg(r.failed == 0 && r.done > 0,
+                "executions on the old connection during the reload: "
+                "%d done, %d failed (%s)",
+                r.done, r.failed, r.msg);
   /* The parent's own connection, made before, still works too. */
   bool serving = false;
   kiln_status_clear(&st);
@@ -639,9 +658,18 @@ int main(void) {
     fprintf(stderr, "test_security: openssl failed; see %s/openssl.log\n", dir);
     return 1;
   }
-  const char *extra[] = {"--tls-cert",      path("srv.crt"), "--tls-key",       path("srv.key"),
-                         "--tls-client-ca", path("ca.crt"),  "--tokens",        path("tokens"),
-                         "--health-listen", "127.0.0.1:0",   "--interp-devices", "2",
+  const char *extra[] = {"--tls-cert",
+                         path("srv.crt"),
+                         "--tls-key",
+                         path("srv.key"),
+                         "--tls-client-ca",
+                         path("ca.crt"),
+                         "--tokens",
+                         path("tokens"),
+                         "--health-listen",
+                         "127.0.0.1:0",
+                         "--interp-devices",
+                         "2",
                          NULL};
   if (itest_kilnd_start(&server, extra)) return 1;
   find_health_addr(&server, health_addr, sizeof health_addr);

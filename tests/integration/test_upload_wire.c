@@ -99,9 +99,9 @@ static void put_call(const wbuf *msgs, int n, put_result *r) {
   grpc_channel_credentials_release(creds);
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
   grpc_call *call = grpc_channel_create_call(
-      ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, grpc_slice_from_static_string("/kiln.v1.Kiln/PutBuffer"),
-      NULL, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(20, GPR_TIMESPAN)),
-      NULL);
+      ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+      grpc_slice_from_static_string("/kiln.v1.Kiln/PutBuffer"), NULL,
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(20, GPR_TIMESPAN)), NULL);
   grpc_metadata md = {.key = grpc_slice_from_static_string("kiln-client"),
                       .value = grpc_slice_from_static_string("wire")};
   grpc_op op = {.op = GRPC_OP_SEND_INITIAL_METADATA};

@@ -48,17 +48,17 @@
 #include "common/alloc.h"
 #include "common/sbuf.h"
 
-#define MAXR 4           /* largest rank generated */
-#define MAX_ELEMS 1024   /* largest value generated, in elements */
+#define MAXR 4         /* largest rank generated */
+#define MAX_ELEMS 1024 /* largest value generated, in elements */
 #define SQUASH_BOUND 32.0
 
 typedef struct val {
-  kiln_dtype t;        /* KILN_F32/F64 for pool values; PRED/S32 temporaries */
+  kiln_dtype t; /* KILN_F32/F64 for pool values; PRED/S32 temporaries */
   int rank;
   int64_t dims[MAXR];
-  double bound;        /* |element| <= bound for arguments in [-1, 1] */
-  bool exact;          /* see the file comment */
-  bool pool;           /* may be picked as an operand / become the root */
+  double bound; /* |element| <= bound for arguments in [-1, 1] */
+  bool exact;   /* see the file comment */
+  bool pool;    /* may be picked as an operand / become the root */
   bool param;
   int uses;
 } val;
@@ -68,13 +68,13 @@ typedef struct gen {
   const kiln_progen_options *o;
   bool diff;
   int max_dim;
-  kiln_dtype ft;       /* the float type */
-  const char *fts;     /* its spelling */
-  kiln_sbuf comps;     /* called computations, written before ENTRY */
-  kiln_sbuf body;      /* the ENTRY's instructions */
+  kiln_dtype ft;   /* the float type */
+  const char *fts; /* its spelling */
+  kiln_sbuf comps; /* called computations, written before ENTRY */
+  kiln_sbuf body;  /* the ENTRY's instructions */
   val *vals;
   size_t nvals, cap;
-  int ncomps;          /* computations written so far (for unique names) */
+  int ncomps; /* computations written so far (for unique names) */
   bool oom;
   bool used_reducer[4];
   const char *tuple_shape; /* the text of the next tuple-shaped value emitted */
@@ -121,13 +121,15 @@ static void put_ints(kiln_sbuf *b, const int64_t *v, int n) {
 }
 
 static void put_float(kiln_sbuf *b, double v) {
-  if (isinf(v)) kiln_sbuf_puts(b, v < 0 ? "-inf" : "inf");
-  else kiln_sbuf_printf(b, "%.17g", v);
+  if (isinf(v))
+    kiln_sbuf_puts(b, v < 0 ? "-inf" : "inf");
+  else
+    kiln_sbuf_printf(b, "%.17g", v);
 }
 
 /* Appends a value to the table; returns its index, -1 on out-of-memory. */
-static int add_val(gen *g, kiln_dtype t, int rank, const int64_t *dims, double bound,
-                   bool exact, bool pool) {
+static int add_val(gen *g, kiln_dtype t, int rank, const int64_t *dims, double bound, bool exact,
+                   bool pool) {
   if (kiln_grow((void **)&g->vals, &g->cap, g->nvals + 1, sizeof *g->vals)) {
     g->oom = true;
     return -1;
@@ -146,16 +148,17 @@ static int add_val(gen *g, kiln_dtype t, int rank, const int64_t *dims, double b
 /* Writes "  vN = SHAPE TEXT" for a new value and returns N (-1 on OOM). The
  * text names operands as v<index>; call U() on each operand index. */
 __attribute__((format(printf, 8, 9))) static int emit(gen *g, kiln_dtype t, int rank,
-                                                       const int64_t *dims, double bound,
-                                                       bool exact, bool pool, const char *fmt,
-                                                       ...) {
+                                                      const int64_t *dims, double bound, bool exact,
+                                                      bool pool, const char *fmt, ...) {
   int64_t d[MAXR] = {0}; /* dims may point into g->vals, which add_val moves */
   for (int i = 0; i < rank && i < MAXR; i++) d[i] = dims[i];
   int id = add_val(g, t, rank, d, bound, exact, pool);
   if (id < 0) return -1;
   kiln_sbuf_printf(&g->body, "  v%d = ", id);
-  if (t == KILN_TUPLE) kiln_sbuf_puts(&g->body, g->tuple_shape);
-  else put_shape(&g->body, t, rank, d);
+  if (t == KILN_TUPLE)
+    kiln_sbuf_puts(&g->body, g->tuple_shape);
+  else
+    put_shape(&g->body, t, rank, d);
   kiln_sbuf_putc(&g->body, ' ');
   char line[1024];
   va_list ap;
@@ -249,8 +252,10 @@ static int const_like(gen *g, int x) {
   kiln_sbuf b = KILN_SBUF_INIT;
   put_literal(&b, g, v.rank, v.dims, 0);
   int id = -1;
-  if (kiln_sbuf_failed(&b)) g->oom = true;
-  else id = emit(g, v.t, v.rank, v.dims, 1.0, true, false, "constant(%s)", kiln_sbuf_str(&b));
+  if (kiln_sbuf_failed(&b))
+    g->oom = true;
+  else
+    id = emit(g, v.t, v.rank, v.dims, 1.0, true, false, "constant(%s)", kiln_sbuf_str(&b));
   kiln_sbuf_free(&b);
   return id;
 }
@@ -338,8 +343,7 @@ static int gen_unary(gen *g, int x) {
     double lo = -0.5 + grid_value(g) / 4, hi = 0.5 + grid_value(g) / 4;
     int l = scalar_const(g, g->ft, lo), h = scalar_const(g, g->ft, hi);
     if (l < 0 || h < 0) return -1;
-    return emit(g, X_SHAPE(g, x), 1, ex, true, "clamp(v%d, v%d, v%d)", U(g, l), U(g, x),
-                U(g, h));
+    return emit(g, X_SHAPE(g, x), 1, ex, true, "clamp(v%d, v%d, v%d)", U(g, l), U(g, x), U(g, h));
   }
   }
 }
@@ -386,8 +390,8 @@ static int gen_pred(gen *g, int x) {
   int io = emit(g, KILN_S32, v.rank, v.dims, 0, true, false, "iota(), iota_dimension=%d", d);
   int c = s32_const(g, rnd_in(g, 0, v.dims[d]));
   if (io < 0 || c < 0) return -1;
-  int cb = emit(g, KILN_S32, v.rank, v.dims, 0, true, false, "broadcast(v%d), dimensions={}",
-                U(g, c));
+  int cb =
+      emit(g, KILN_S32, v.rank, v.dims, 0, true, false, "broadcast(v%d), dimensions={}", U(g, c));
   if (cb < 0) return -1;
   return emit(g, KILN_PRED, v.rank, v.dims, 0, true, false, "compare(v%d, v%d), direction=%s",
               U(g, io), U(g, cb), cmp_dirs[rnd(g, 6)]);
@@ -473,8 +477,8 @@ static int fam_transpose(gen *g, int x) {
   put_ints(&b, perm, v.rank);
   snprintf(buf, sizeof buf, "%s", kiln_sbuf_failed(&b) ? "{}" : kiln_sbuf_str(&b));
   kiln_sbuf_free(&b);
-  return emit(g, v.t, v.rank, dims, v.bound, v.exact, true,
-              "transpose(v%d), dimensions=%s", U(g, x), buf);
+  return emit(g, v.t, v.rank, dims, v.bound, v.exact, true, "transpose(v%d), dimensions=%s",
+              U(g, x), buf);
 }
 
 static int fam_slice(gen *g, int x) {
@@ -487,8 +491,8 @@ static int fam_slice(gen *g, int x) {
     int64_t start = rnd(g, v.dims[i]), limit = rnd_in(g, start + 1, v.dims[i]);
     int64_t stride = rnd_in(g, 1, 3);
     dims[i] = (limit - start + stride - 1) / stride;
-    kiln_sbuf_printf(&b, "%s[%lld:%lld:%lld]", i ? ", " : "", (long long)start,
-                     (long long)limit, (long long)stride);
+    kiln_sbuf_printf(&b, "%s[%lld:%lld:%lld]", i ? ", " : "", (long long)start, (long long)limit,
+                     (long long)stride);
   }
   kiln_sbuf_putc(&b, '}');
   int id = kiln_sbuf_failed(&b) ? -1
@@ -663,11 +667,10 @@ static int fam_reduce(gen *g, int x) {
   kiln_sbuf b = KILN_SBUF_INIT;
   put_ints(&b, rd, nr);
   bool exact = v.exact && (kind == RED_MAX || kind == RED_MIN);
-  int id = kiln_sbuf_failed(&b)
-               ? -1
-               : emit(g, v.t, rank, dims, reduce_bound(kind, v.bound, n), exact, true,
-                      "reduce(v%d, v%d), dimensions=%s, to_apply=%s", U(g, x), U(g, c),
-                      kiln_sbuf_str(&b), reducer(g, kind));
+  int id = kiln_sbuf_failed(&b) ? -1
+                                : emit(g, v.t, rank, dims, reduce_bound(kind, v.bound, n), exact,
+                                       true, "reduce(v%d, v%d), dimensions=%s, to_apply=%s",
+                                       U(g, x), U(g, c), kiln_sbuf_str(&b), reducer(g, kind));
   kiln_sbuf_free(&b);
   return id;
 }
@@ -716,11 +719,10 @@ static int fam_reduce_window(gen *g, int x) {
   }
   kiln_sbuf_putc(&b, '}');
   double bound = kind == RED_ADD ? v.bound * (double)wn : fmax(v.bound, fabs(initv));
-  int id = kiln_sbuf_failed(&b)
-               ? -1
-               : emit(g, v.t, v.rank, dims, bound, v.exact && kind == RED_MAX, true,
-                      "reduce-window(v%d, v%d), window=%s, to_apply=%s", U(g, x), U(g, c),
-                      kiln_sbuf_str(&b), reducer(g, kind));
+  int id = kiln_sbuf_failed(&b) ? -1
+                                : emit(g, v.t, v.rank, dims, bound, v.exact && kind == RED_MAX,
+                                       true, "reduce-window(v%d, v%d), window=%s, to_apply=%s",
+                                       U(g, x), U(g, c), kiln_sbuf_str(&b), reducer(g, kind));
   kiln_sbuf_free(&b);
   return id;
 }
@@ -735,11 +737,10 @@ static int reduce_sum_all(gen *g, int x) {
   if (c < 0) return -1;
   kiln_sbuf b = KILN_SBUF_INIT;
   put_ints(&b, rd, v.rank);
-  int id = kiln_sbuf_failed(&b)
-               ? -1
-               : emit(g, v.t, 0, NULL, v.bound * (double)elems(v.rank, v.dims), false, false,
-                      "reduce(v%d, v%d), dimensions=%s, to_apply=%s", U(g, x), U(g, c),
-                      kiln_sbuf_str(&b), reducer(g, RED_ADD));
+  int id = kiln_sbuf_failed(&b) ? -1
+                                : emit(g, v.t, 0, NULL, v.bound * (double)elems(v.rank, v.dims),
+                                       false, false, "reduce(v%d, v%d), dimensions=%s, to_apply=%s",
+                                       U(g, x), U(g, c), kiln_sbuf_str(&b), reducer(g, RED_ADD));
   kiln_sbuf_free(&b);
   return id;
 }
@@ -769,8 +770,8 @@ static void write_while(gen *g, int k, const char *s, const char *tup, int trips
                      s);
     break;
   case 1: /* x' = x*c + sin(y) */
-    kiln_sbuf_printf(c, "  m = %s multiply(x, cb)\n  sy = %s sine(y)\n  x1 = %s add(m, sy)\n", s,
-                     s, s);
+    kiln_sbuf_printf(c, "  m = %s multiply(x, cb)\n  sy = %s sine(y)\n  x1 = %s add(m, sy)\n", s, s,
+                     s);
     break;
   case 2: /* x' = x + c*i */
     kiln_sbuf_printf(c, "  fi = %s[] convert(i)\n  bi = %s broadcast(fi), dimensions={}\n", g->fts,
@@ -811,8 +812,8 @@ static int fam_while(gen *g, int x) {
   int w = emit(g, KILN_TUPLE, 0, NULL, 0, false, false,
                "while(v%d), condition=while_cond.%d, body=while_body.%d", U(g, t), k, k);
   if (w < 0) goto out_free;
-  id = emit(g, v.t, v.rank, v.dims, bounds[variant], false, true,
-            "get-tuple-element(v%d), index=1", U(g, w));
+  id = emit(g, v.t, v.rank, v.dims, bounds[variant], false, true, "get-tuple-element(v%d), index=1",
+            U(g, w));
 out_free:
   g->tuple_shape = NULL;
   kiln_sbuf_free(&sh);
@@ -856,8 +857,8 @@ static int cond_selector(gen *g, int x, int nb, bool pred_form) {
   if (pred_form) {
     int c = scalar_const(g, g->vals[x].t, grid_value(g));
     if (c < 0) return -1;
-    return emit(g, KILN_PRED, 0, NULL, 0, true, false, "compare(v%d, v%d), direction=%s",
-                U(g, s), U(g, c), cmp_dirs[rnd(g, 6)]);
+    return emit(g, KILN_PRED, 0, NULL, 0, true, false, "compare(v%d, v%d), direction=%s", U(g, s),
+                U(g, c), cmp_dirs[rnd(g, 6)]);
   }
   int f = emit(g, g->vals[x].t, 0, NULL, g->vals[s].bound + 1, true, false, "floor(v%d)", U(g, s));
   if (f < 0) return -1;
@@ -891,8 +892,7 @@ static int fam_conditional(gen *g, int x) {
     kiln_sbuf_printf(&b, "conditional(v%d", U(g, sel));
     for (int j = 0; j < nb; j++) kiln_sbuf_printf(&b, ", v%d", U(g, x));
     if (pred_form) {
-      kiln_sbuf_printf(&b, "), true_computation=branch.%d.0, false_computation=branch.%d.1", k,
-                       k);
+      kiln_sbuf_printf(&b, "), true_computation=branch.%d.0, false_computation=branch.%d.1", k, k);
     } else {
       kiln_sbuf_puts(&b, "), branch_computations={");
       for (int j = 0; j < nb; j++) kiln_sbuf_printf(&b, "%sbranch.%d.%d", j ? ", " : "", k, j);
@@ -935,9 +935,9 @@ static int fam_dynamic_slice(gen *g, int x) {
   put_index_operands(&b, g, idx, v.rank);
   kiln_sbuf_puts(&b, "), dynamic_slice_sizes=");
   put_ints(&b, sizes, v.rank);
-  int id = kiln_sbuf_failed(&b) ? -1
-                                : emit(g, v.t, v.rank, sizes, v.bound, v.exact, true, "%s",
-                                       kiln_sbuf_str(&b));
+  int id = kiln_sbuf_failed(&b)
+               ? -1
+               : emit(g, v.t, v.rank, sizes, v.bound, v.exact, true, "%s", kiln_sbuf_str(&b));
   kiln_sbuf_free(&b);
   if (id < 0 || chance(g, 60)) return id;
   /* and write it back, negated, into x or a value of x's shape */
@@ -950,8 +950,8 @@ static int fam_dynamic_slice(gen *g, int x) {
   kiln_sbuf_putc(&b, ')');
   double bound = fmax(v.bound, g->vals[dst].bound);
   id = kiln_sbuf_failed(&b) ? -1
-                            : emit(g, v.t, v.rank, v.dims, bound,
-                                   v.exact && g->vals[dst].exact, true, "%s", kiln_sbuf_str(&b));
+                            : emit(g, v.t, v.rank, v.dims, bound, v.exact && g->vals[dst].exact,
+                                   true, "%s", kiln_sbuf_str(&b));
   kiln_sbuf_free(&b);
   return id;
 }
@@ -994,9 +994,9 @@ static int fam_gather(gen *g, int x) {
   }
   kiln_sbuf_puts(&b, " })");
   int64_t idims[2] = {nk, m};
-  int ind = kiln_sbuf_failed(&b) ? -1
-                                 : emit(g, KILN_S32, 2, idims, 0, true, false, "%s",
-                                        kiln_sbuf_str(&b));
+  int ind = kiln_sbuf_failed(&b)
+                ? -1
+                : emit(g, KILN_S32, 2, idims, 0, true, false, "%s", kiln_sbuf_str(&b));
   kiln_sbuf_reset(&b);
   int id = -1;
   if (ind >= 0) {
@@ -1103,7 +1103,8 @@ static int make_root(gen *g) {
     for (int i = n - 1; i >= 0; i--) {
       int s = reduce_sum_all(g, leaves[i]);
       if (s < 0) return -1;
-      if (acc < 0) acc = s;
+      if (acc < 0)
+        acc = s;
       else if ((acc = binary(g, "add", acc, s, g->vals[acc].bound + g->vals[s].bound, false)) < 0)
         return -1;
     }

@@ -14,8 +14,10 @@ static uint64_t splitmix64(uint64_t *s) {
 
 static int mantissa_bits(kiln_dtype t) {
   switch (t) {
-  case KILN_F64: case KILN_C128: return 52;
-  case KILN_F32: case KILN_C64: return 23;
+  case KILN_F64:
+  case KILN_C128: return 52;
+  case KILN_F32:
+  case KILN_C64: return 23;
   case KILN_F16: return 10;
   case KILN_BF16: return 7;
   default: return 2;

@@ -431,7 +431,6 @@ START_TEST(test_forwarders_refuse_nulls) {
 }
 END_TEST
 
-
 /* ---- copies, host views ---------------------------------------------------- */
 
 START_TEST(test_buffer_copy) {
@@ -447,7 +446,11 @@ START_TEST(test_buffer_copy) {
   ck_assert_int_eq(kiln_buffer_copy(x, 0, x, 8, 8, &st), 0);
   char back[16];
   ck_assert_int_eq(kiln_buffer_read(y, 0, back, 16, &st), 0);
-  ck_assert_mem_eq(back, "\0\0\0\0" "01234567" "\0\0\0\0", 16);
+  ck_assert_mem_eq(back,
+                   "\0\0\0\0"
+                   "01234567"
+                   "\0\0\0\0",
+                   16);
   ck_assert_int_eq(kiln_buffer_read(x, 0, back, 8, &st), 0);
   ck_assert_mem_eq(back, "89abcde", 8);
   kiln_status_clear(&st);
@@ -727,10 +730,9 @@ static void ring_open(ring *g, const void *init, size_t esize, uint64_t count,
   for (uint32_t r = 0; r < 4; r++) {
     ck_assert_int_eq(kiln_buffer_alloc(d[r], count * esize, &g->send[r], &st), 0);
     ck_assert_int_eq(kiln_buffer_alloc(d[r], recv_count * esize, &g->recv[r], &st), 0);
-    ck_assert_int_eq(
-        kiln_buffer_write(g->send[r], 0, (const char *)init + r * count * esize, count * esize,
-                          &st),
-        0);
+    ck_assert_int_eq(kiln_buffer_write(g->send[r], 0, (const char *)init + r * count * esize,
+                                       count * esize, &st),
+                     0);
   }
 }
 
@@ -744,8 +746,12 @@ static void ring_close(ring *g) {
 }
 
 static int collective(ring *g, int op, int dtype, int reduce_op, uint64_t count) {
-  kiln_collective k = {.op = op, .dtype = dtype, .reduce_op = reduce_op, .count = count,
-                       .send = g->send, .recv = g->recv};
+  kiln_collective k = {.op = op,
+                       .dtype = dtype,
+                       .reduce_op = reduce_op,
+                       .count = count,
+                       .send = g->send,
+                       .recv = g->recv};
   kiln_status_clear(&st);
   return kiln_comm_collective(g->c, &k, &st);
 }
@@ -786,8 +792,12 @@ START_TEST(test_all_reduce) {
   for (int r = 0; r < 4; r++)
     for (int j = 0; j < N; j++) dv[r * N + j] = j * 0.5 + r;
   ring_open(&g, dv, 8, N, N);
-  kiln_collective k = {.op = KILN_OP_ALL_REDUCE, .dtype = KILN_F64, .reduce_op = KILN_OP_ADD,
-                       .count = N, .send = g.send, .recv = g.send};
+  kiln_collective k = {.op = KILN_OP_ALL_REDUCE,
+                       .dtype = KILN_F64,
+                       .reduce_op = KILN_OP_ADD,
+                       .count = N,
+                       .send = g.send,
+                       .recv = g.send};
   ck_assert_int_eq(kiln_comm_collective(g.c, &k, &st), 0);
   for (uint32_t r = 0; r < 4; r++) {
     const double *h = kiln_buffer_host(g.send[r], false);
@@ -802,7 +812,9 @@ START_TEST(test_all_reduce) {
   const struct {
     int op;
     int32_t want[2];
-  } sc[] = {{KILN_OP_ADD, {4, 4}}, {KILN_OP_MAXIMUM, {4, 7}}, {KILN_OP_MINIMUM, {-3, -5}},
+  } sc[] = {{KILN_OP_ADD, {4, 4}},
+            {KILN_OP_MAXIMUM, {4, 7}},
+            {KILN_OP_MINIMUM, {-3, -5}},
             {KILN_OP_MULTIPLY, {-24, 0}}};
   for (size_t i = 0; i < 4; i++) {
     ck_assert_int_eq(collective(&g, KILN_OP_ALL_REDUCE, KILN_S32, sc[i].op, 2), 0);
@@ -867,8 +879,13 @@ START_TEST(test_collective_permute) {
   ring_open(&g, f, 4, 2, 2);
   /* a shift by one that leaves rank 0 nothing: {0->1, 1->2, 2->3} */
   const uint32_t pairs[] = {0, 1, 1, 2, 2, 3};
-  kiln_collective k = {.op = KILN_OP_COLLECTIVE_PERMUTE, .dtype = KILN_F32, .count = 2,
-                       .send = g.send, .recv = g.recv, .pairs = pairs, .npairs = 3};
+  kiln_collective k = {.op = KILN_OP_COLLECTIVE_PERMUTE,
+                       .dtype = KILN_F32,
+                       .count = 2,
+                       .send = g.send,
+                       .recv = g.recv,
+                       .pairs = pairs,
+                       .npairs = 3};
   ck_assert_int_eq(kiln_buffer_write(g.recv[0], 0, "garbage!", 8, &st), 0);
   ck_assert_int_eq(kiln_comm_collective(g.c, &k, &st), 0);
   float out[2];
@@ -907,8 +924,12 @@ START_TEST(test_collective_permute) {
   kiln_buffer *x = NULL, *y = NULL;
   ck_assert_int_eq(kiln_buffer_alloc(d, 4, &x, &st), 0);
   ck_assert_int_eq(kiln_buffer_alloc(d, 4, &y, &st), 0);
-  kiln_collective ar = {.op = KILN_OP_ALL_REDUCE, .dtype = KILN_F32, .reduce_op = KILN_OP_ADD,
-                        .count = 1, .send = &x, .recv = &y};
+  kiln_collective ar = {.op = KILN_OP_ALL_REDUCE,
+                        .dtype = KILN_F32,
+                        .reduce_op = KILN_OP_ADD,
+                        .count = 1,
+                        .send = &x,
+                        .recv = &y};
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_comm_collective(c, &ar, &st), KILN_EUNIMPL);
   ck_assert_str_eq(st.msg, "backend interp implements no collectives");

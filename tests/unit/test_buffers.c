@@ -20,10 +20,10 @@ static kiln_backend *cpu; /* device memory for the stored arrays, one per test p
 
 static kiln_device *device(void) {
   if (cpu == NULL)
-    ck_assert_int_eq(kiln_backend_create(
-                         "cpu", &(kiln_backend_options){.ndevices = 2, .threads_per_device = 1},
-                         &cpu, NULL),
-                     0);
+    ck_assert_int_eq(
+        kiln_backend_create("cpu", &(kiln_backend_options){.ndevices = 2, .threads_per_device = 1},
+                            &cpu, NULL),
+        0);
   return kiln_backend_device(cpu, 0);
 }
 
@@ -54,7 +54,8 @@ static float first(const kiln_stored *b, int64_t i) {
 }
 
 static kiln_buffer_store *store(uint64_t client_quota, uint64_t total, uint32_t maxbufs) {
-  kiln_buffer_store_options o = {.client_quota_bytes = client_quota, .total_quota_bytes = total,
+  kiln_buffer_store_options o = {.client_quota_bytes = client_quota,
+                                 .total_quota_bytes = total,
                                  .max_buffers_per_client = maxbufs};
   kiln_buffer_store *s = NULL;
   ck_assert_int_eq(kiln_buffer_store_create(&o, &s, NULL), 0);
@@ -170,7 +171,8 @@ START_TEST(test_client_quota) {
   kiln_buffer_store *s = store(100, 0, 0);
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(20, 0), 0, NULL, false, NULL, &st), 0);
-  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(6, 0), 0, NULL, false, NULL, &st), KILN_ELIMIT);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(6, 0), 0, NULL, false, NULL, &st),
+                   KILN_ELIMIT);
   ck_assert_str_eq(st.msg, "client memory quota exceeded: 80 bytes in use, 24 more requested, "
                            "quota 100");
   /* Another client has its own quota. */
@@ -203,9 +205,9 @@ START_TEST(test_total_quota_and_unreserve) {
   ck_assert_uint_eq(t.clients, 0);
   ck_assert_int_eq(kiln_buffer_store_reserve(s, "b", 40, NULL), 0);
   /* A failed add returns its reservation. */
-  ck_assert_int_eq(kiln_buffer_store_add(s, "b", f32buf(10, 0), f32shape(4), 0, NULL, true, NULL,
-                                         NULL),
-                   KILN_EINVAL);
+  ck_assert_int_eq(
+      kiln_buffer_store_add(s, "b", f32buf(10, 0), f32shape(4), 0, NULL, true, NULL, NULL),
+      KILN_EINVAL);
   kiln_buffer_store_get_totals(s, &t);
   ck_assert_uint_eq(t.live_bytes, 0);
   kiln_buffer_store_destroy(s);
@@ -240,9 +242,9 @@ START_TEST(test_tuples_refused) {
   ck_assert_str_eq(st.msg, "only arrays can be stored");
   /* the buffer must be the array's size */
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32buf(3, 0), f32shape(4), 0, NULL, false, NULL,
-                                         &st),
-                   KILN_EINVAL);
+  ck_assert_int_eq(
+      kiln_buffer_store_add(s, "a", f32buf(3, 0), f32shape(4), 0, NULL, false, NULL, &st),
+      KILN_EINVAL);
   ck_assert_str_eq(st.msg, "a buffer of 12 bytes cannot hold an array of 16 bytes");
   kiln_buffer_store_totals tot;
   kiln_buffer_store_get_totals(s, &tot);
@@ -306,18 +308,20 @@ START_TEST(test_many_buffers) {
   for (int i = 0; i < N; i++) {
     kiln_stored *b = NULL;
     ck_assert_int_eq(kiln_buffer_store_add(s, i % 2 ? "odd" : "even", f32s(1, (float)i), 0, NULL,
-                                           false, &b, NULL), 0);
+                                           false, &b, NULL),
+                     0);
     strcpy(handles[i], b->handle);
     kiln_buffer_store_unref(s, b);
   }
   for (int i = 0; i < N; i++) {
     kiln_stored *b = NULL;
-    ck_assert_int_eq(kiln_buffer_store_acquire(s, i % 2 ? "odd" : "even", handles[i], false, &b,
-                                               NULL), 0);
+    ck_assert_int_eq(
+        kiln_buffer_store_acquire(s, i % 2 ? "odd" : "even", handles[i], false, &b, NULL), 0);
     ck_assert_float_eq(first(b, 0), (float)i);
     kiln_buffer_store_unref(s, b);
   }
-  for (int i = 0; i < N; i += 2) ck_assert_int_eq(kiln_buffer_store_release(s, "even", handles[i], NULL), 0);
+  for (int i = 0; i < N; i += 2)
+    ck_assert_int_eq(kiln_buffer_store_release(s, "even", handles[i], NULL), 0);
   kiln_buffer_store_totals t;
   kiln_buffer_store_get_totals(s, &t);
   ck_assert_uint_eq(t.live_buffers, N / 2);
@@ -361,8 +365,10 @@ START_TEST(test_out_of_memory) {
     kiln_buffer *buf = f32buf(4, 0);
     kiln_alloc_fail_after(n);
     int rc = kiln_buffer_store_create(NULL, &s, NULL);
-    if (rc == 0) rc = kiln_buffer_store_add(s, "a", buf, f32shape(4), 0, "label", false, NULL, NULL);
-    else kiln_buffer_free(buf);
+    if (rc == 0)
+      rc = kiln_buffer_store_add(s, "a", buf, f32shape(4), 0, "label", false, NULL, NULL);
+    else
+      kiln_buffer_free(buf);
     kiln_alloc_fail_after(0);
     ck_assert(rc == 0 || rc == KILN_ENOMEM);
     if (s) {

@@ -178,8 +178,8 @@ START_TEST(test_scalar_f16_bf16_nearest_even) {
   ck_assert_uint_eq(bits16(&f, kiln__b_scalar(&f.b, KILN_F16, 65520.0)), 0x7c00); /* tie: inf */
   ck_assert_uint_eq(bits16(&f, kiln__b_scalar(&f.b, KILN_F16, ldexp(1, -24))), 0x0001);
   ck_assert_uint_eq(bits16(&f, kiln__b_scalar(&f.b, KILN_F16, ldexp(1, -25))), 0x0000); /* tie */
-  ck_assert_uint_eq(bits16(&f, kiln__b_iscalar(&f.b, KILN_F16, 2049)), 0x6800);  /* 2048 */
-  ck_assert_uint_eq(bits16(&f, kiln__b_iscalar(&f.b, KILN_F16, 2051)), 0x6802);  /* 2052 */
+  ck_assert_uint_eq(bits16(&f, kiln__b_iscalar(&f.b, KILN_F16, 2049)), 0x6800);         /* 2048 */
+  ck_assert_uint_eq(bits16(&f, kiln__b_iscalar(&f.b, KILN_F16, 2051)), 0x6802);         /* 2052 */
   /* bf16 (7 mantissa bits) around 1: halfway 2^-8. */
   ck_assert_uint_eq(bits16(&f, kiln__b_scalar(&f.b, KILN_BF16, 1 + ldexp(1, -8))), 0x3f80);
   ck_assert_uint_eq(bits16(&f, kiln__b_scalar(&f.b, KILN_BF16, 1 + 3 * ldexp(1, -8))), 0x3f82);
@@ -217,7 +217,8 @@ START_TEST(test_scalar_pred) {
   ck_assert(!kiln_literal_get_pred(lit_of(&f, kiln__b_scalar(&f.b, KILN_PRED, 0)), 0));
   ck_assert(!kiln_literal_get_pred(lit_of(&f, kiln__b_scalar(&f.b, KILN_PRED, -0.0)), 0));
   ck_assert(kiln_literal_get_pred(lit_of(&f, kiln__b_iscalar(&f.b, KILN_PRED, 2)), 0));
-  ck_assert(kiln_literal_get_pred(lit_of(&f, kiln__b_uscalar(&f.b, KILN_PRED, UINT64_C(1) << 63)), 0));
+  ck_assert(
+      kiln_literal_get_pred(lit_of(&f, kiln__b_uscalar(&f.b, KILN_PRED, UINT64_C(1) << 63)), 0));
   ck_assert(!kiln_literal_get_pred(lit_of(&f, kiln__b_iscalar(&f.b, KILN_PRED, 0)), 0));
   /* Stored as one 0/1 byte. */
   const kiln_literal *l = lit_of(&f, kiln__b_iscalar(&f.b, KILN_PRED, 256));

@@ -337,8 +337,9 @@ START_TEST(test_same_default_layouts) {
   kiln_cache_key a = key_of(base);
   char *t1 = subst(base, "{1,0}", "");
   char *t2 = subst(t1, "f32[3]{0}", "f32[3]");
-  char *t3 = subst(t2, "HloModule base, entry_computation_layout={(f32[3,3], f32[3,3])->(f32[3], "
-                       "pred[3,3])}",
+  char *t3 = subst(t2,
+                   "HloModule base, entry_computation_layout={(f32[3,3], f32[3,3])->(f32[3], "
+                   "pred[3,3])}",
                    "HloModule base");
   kiln_cache_key b = key_of(t2), c = key_of(t3);
   expect_same(&a, &b, "default layouts left out");
@@ -437,8 +438,10 @@ START_TEST(test_sharding_spellings) {
     snprintf(x, sizeof x, "parameter(0), sharding=%s", cases[i].x);
     snprintf(y, sizeof y, "parameter(0), sharding=%s", cases[i].y);
     kiln_cache_key a = key_subst(base, P0, x), b = key_subst(base, P0, y);
-    if (cases[i].same) expect_same(&a, &b, cases[i].x);
-    else expect_diff(&a, &b, M | SIG, cases[i].x);
+    if (cases[i].same)
+      expect_same(&a, &b, cases[i].x);
+    else
+      expect_diff(&a, &b, M | SIG, cases[i].x);
   }
 }
 END_TEST
@@ -446,8 +449,9 @@ END_TEST
 /* compile().as_text()'s debug sections only resolve metadata: no key change. */
 START_TEST(test_debug_sections_ignored) {
   kiln_cache_key a = key_of(base);
-  char *t = subst(base, "\n%sum", "\nFileNames\n1 \"f.py\"\n\nStackFrames\n1 {file_location_id=1 "
-                                  "parent_frame_id=1}\n\n%sum");
+  char *t = subst(base, "\n%sum",
+                  "\nFileNames\n1 \"f.py\"\n\nStackFrames\n1 {file_location_id=1 "
+                  "parent_frame_id=1}\n\n%sum");
   kiln_cache_key b = key_of(t);
   kiln_free(t);
   expect_same(&a, &b, "debug sections");

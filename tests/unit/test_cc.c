@@ -54,9 +54,10 @@ static const char prelude[] = "#include <stdint.h>\n";
 
 /* Kernels 0 and 2 are the same kernel calling the same helper under two
  * numbers; kernel 1 calls a helper that calls another. */
-static const char funcs_a[] = "static inline float kf0(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
-                              "static inline float kf1(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
-                              "static inline float kf2(float p0) {\n  return kf0(p0, 1.0f);\n}\n\n";
+static const char funcs_a[] =
+    "static inline float kf0(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
+    "static inline float kf1(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
+    "static inline float kf2(float p0) {\n  return kf0(p0, 1.0f);\n}\n\n";
 static const char kernels_a[] =
     "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
     "  float *b0 = (float *)bufs[0];\n  b0[0] = kf0(b0[0], 0x1p3f);\n}\n\n"
@@ -67,8 +68,9 @@ static const char kernels_a[] =
     "void kiln_kernel_3(void *const *bufs, int64_t begin, int64_t end) {\n"
     "  float *b0 = (float *)bufs[0];\n  b0[2] = 3;\n}\n\n";
 /* The same kernels elsewhere: kernel 1 of a is kernel 0 here. */
-static const char funcs_b[] = "static inline float kf0(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
-                              "static inline float kf1(float p0) {\n  return kf0(p0, 1.0f);\n}\n\n";
+static const char funcs_b[] =
+    "static inline float kf0(float p0, float p1) {\n  return p0 + p1;\n}\n\n"
+    "static inline float kf1(float p0) {\n  return kf0(p0, 1.0f);\n}\n\n";
 static const char kernels_b[] =
     "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
     "  float *b0 = (float *)bufs[0];\n  b0[1] = kf1(b0[1]);\n}\n\n"
@@ -150,8 +152,7 @@ START_TEST(split_large_program_content_defined) {
   kiln_status st;
   ck_assert_int_eq(kiln__cc_split_program(&p, 2, 32768, &s, &st), 0);
   ck_assert_uint_ge(s.nunits, 8);
-  for (uint32_t u = 0; u < s.nunits; u++)
-    ck_assert_uint_le(s.units[u].len, 32768 + 16384 + 4096);
+  for (uint32_t u = 0; u < s.nunits; u++) ck_assert_uint_le(s.units[u].len, 32768 + 16384 + 4096);
   kiln__cc_split_free(&s);
   kiln_sbuf_free(&k);
 }
@@ -174,7 +175,8 @@ static kiln_module *parse(const char *hlo) {
   kiln_module *m = NULL;
   kiln_status st;
   kiln_status_clear(&st);
-  ck_assert_msg(kiln_module_parse_text(hlo, strlen(hlo), "t.hlo", NULL, &m, &st) == 0, "%s", st.msg);
+  ck_assert_msg(kiln_module_parse_text(hlo, strlen(hlo), "t.hlo", NULL, &m, &st) == 0, "%s",
+                st.msg);
   return m;
 }
 
@@ -208,7 +210,7 @@ START_TEST(cache_hit_same_code) {
   ck_assert_uint_eq(r1.cc_units_cached, 0);
   ck_assert_int_eq(compile(multi_hlo, &o, &r2, &e2, &st), 0);
   ck_assert_uint_eq(r2.cc_units_cached, r2.cc_units); /* every unit reused */
-  o.no_kernel_cache = true; /* compiled afresh, the same units */
+  o.no_kernel_cache = true;                           /* compiled afresh, the same units */
   ck_assert_int_eq(compile(multi_hlo, &o, &r3, &e3, &st), 0);
   ck_assert_uint_eq(r3.cc_units_cached, 0);
   /* The same objects make the same shared object. */

@@ -23,12 +23,13 @@
 #define KILN KILN_BINARY_DIR "/kiln"
 
 /* The verifier's message for adding f32[2] and f32[3]. */
-#define VERIFY_ADD_MESSAGE "add: operand 1 (%q) has shape f32[3] but operand 0 (%p) has shape f32[2]"
+#define VERIFY_ADD_MESSAGE \
+  "add: operand 1 (%q) has shape f32[3] but operand 0 (%p) has shape f32[2]"
 
 typedef struct result {
-  int code;   /* exit status; -signal when killed by one */
-  char *out;  /* standard output */
-  char *err;  /* standard error */
+  int code;  /* exit status; -signal when killed by one */
+  char *out; /* standard output */
+  char *err; /* standard error */
 } result;
 
 static char tmpdir[64];
@@ -106,43 +107,41 @@ static void result_free(result *r) {
   kiln_free(r->err);
 }
 
-#define EXPECT(r, code_, out_, err_)       \
-  do {                                     \
-    ck_assert_str_eq((r).err, (err_));     \
-    ck_assert_str_eq((r).out, (out_));     \
-    ck_assert_int_eq((r).code, (code_));   \
+#define EXPECT(r, code_, out_, err_) \
+  do { \
+    ck_assert_str_eq((r).err, (err_)); \
+    ck_assert_str_eq((r).out, (out_)); \
+    ck_assert_int_eq((r).code, (code_)); \
   } while (0)
 
-static const char add_module[] =
-    "HloModule add\n"
-    "\n"
-    "ENTRY main {\n"
-    "  x = f32[2] parameter(0)\n"
-    "  y = f32[2] parameter(1)\n"
-    "  ROOT r = f32[2] add(x, y)\n"
-    "}\n";
+static const char add_module[] = "HloModule add\n"
+                                 "\n"
+                                 "ENTRY main {\n"
+                                 "  x = f32[2] parameter(0)\n"
+                                 "  y = f32[2] parameter(1)\n"
+                                 "  ROOT r = f32[2] add(x, y)\n"
+                                 "}\n";
 
 /* ---- help and usage ----------------------------------------------------- */
 
 /* A per-device program on R x P devices: shared --arg values, a device of
  * its own by --device-args, per-device output lines and files. */
 START_TEST(test_run_mesh) {
-  const char *f = write_file("mesh.hlo",
-                             "HloModule m\n"
-                             "add {\n x = s32[] parameter(0)\n y = s32[] parameter(1)\n"
-                             " ROOT s = s32[] add(x, y)\n}\n"
-                             "ENTRY e {\n p = s32[2] parameter(0)\n id = u32[] partition-id()\n"
-                             " i = s32[] convert(id)\n b = s32[2] broadcast(i), dimensions={}\n"
-                             " x = s32[2] add(p, b)\n"
-                             " ROOT r = s32[2] all-reduce(x), channel_id=1, replica_groups={{0,1},{2,3}}, "
-                             "use_global_device_ids=true, to_apply=add\n}\n");
+  const char *f = write_file(
+      "mesh.hlo", "HloModule m\n"
+                  "add {\n x = s32[] parameter(0)\n y = s32[] parameter(1)\n"
+                  " ROOT s = s32[] add(x, y)\n}\n"
+                  "ENTRY e {\n p = s32[2] parameter(0)\n id = u32[] partition-id()\n"
+                  " i = s32[] convert(id)\n b = s32[2] broadcast(i), dimensions={}\n"
+                  " x = s32[2] add(p, b)\n"
+                  " ROOT r = s32[2] all-reduce(x), channel_id=1, replica_groups={{0,1},{2,3}}, "
+                  "use_global_device_ids=true, to_apply=add\n}\n");
   const char *dir = tpath("mesh_out");
   result r = run("run", f, "--replicas", "2", "--partitions", "2", "--arg", "s32[2] {1, 2}",
                  "--device-args", "3", "s32[2] {10, 20}", "--out", dir, NULL);
   ck_assert_msg(r.code == 0, "%s", r.err);
-  ck_assert_str_eq(r.out,
-                   "device 0:\ns32[2] {3, 5}\ndevice 1:\ns32[2] {3, 5}\n"
-                   "device 2:\ns32[2] {12, 23}\ndevice 3:\ns32[2] {12, 23}\n");
+  ck_assert_str_eq(r.out, "device 0:\ns32[2] {3, 5}\ndevice 1:\ns32[2] {3, 5}\n"
+                          "device 2:\ns32[2] {12, 23}\ndevice 3:\ns32[2] {12, 23}\n");
   char p3[600];
   snprintf(p3, sizeof p3, "%s/device3/0.npy", dir);
   ck_assert_int_eq(access(p3, R_OK), 0);
@@ -160,9 +159,8 @@ START_TEST(test_run_mesh) {
   r = run("run", f, "--replicas", "2", "--partitions", "2", "--backend", "cpu", "--arg",
           "s32[2] {1, 2}", "--device-args", "3", "s32[2] {10, 20}", NULL);
   ck_assert_msg(r.code == 0, "%s", r.err);
-  ck_assert_str_eq(r.out,
-                   "device 0:\ns32[2] {3, 5}\ndevice 1:\ns32[2] {3, 5}\n"
-                   "device 2:\ns32[2] {12, 23}\ndevice 3:\ns32[2] {12, 23}\n");
+  ck_assert_str_eq(r.out, "device 0:\ns32[2] {3, 5}\ndevice 1:\ns32[2] {3, 5}\n"
+                          "device 2:\ns32[2] {12, 23}\ndevice 3:\ns32[2] {12, 23}\n");
   result_free(&r);
   r = run("run", f, "--partitions", "0", "--arg", "s32[2] {0, 0}", NULL);
   ck_assert_int_eq(r.code, 2);
@@ -180,7 +178,8 @@ START_TEST(test_help) {
   ck_assert_ptr_nonnull(strstr(r.out, "  3  internal error"));
   result_free(&r);
 
-  result h1 = run("help", "run", NULL), h2 = run("run", "--help", NULL), h3 = run("run", "x", "-h", NULL);
+  result h1 = run("help", "run", NULL), h2 = run("run", "--help", NULL),
+         h3 = run("run", "x", "-h", NULL);
   ck_assert_int_eq(h1.code, 0);
   ck_assert_str_eq(h1.out, h2.out);
   ck_assert_str_eq(h1.out, h3.out);
@@ -218,7 +217,8 @@ START_TEST(test_usage_errors) {
   r = run("run", f, "--bogus", NULL);
   EXPECT(r, 2, "",
          "kiln run: unknown option '--bogus'\n"
-         "usage: kiln run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
+         "usage: kiln run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out "
+         "DIR]\n"
          "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
          "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
          "         [--replicas R] [--partitions P] [--device-args K FILES]...\n"
@@ -241,7 +241,9 @@ START_TEST(test_usage_errors) {
   ck_assert_ptr_nonnull(strstr(r.err, "kiln run: option '--out' given more than once\n"));
   result_free(&r);
   r = run("run", f, "--backend", "tpu", NULL);
-  EXPECT(r, 2, "", "kiln run: unknown backend 'tpu' (available here: cpu, interp; a server may also have cuda)\n");
+  EXPECT(r, 2, "",
+         "kiln run: unknown backend 'tpu' (available here: cpu, interp; a server may also have "
+         "cuda)\n");
   result_free(&r);
   r = run("run", f, "--random-args", "-3", NULL);
   EXPECT(r, 2, "", "kiln run: --random-args needs a non-negative integer seed, not '-3'\n");
@@ -269,13 +271,12 @@ START_TEST(test_check_ok) {
 END_TEST
 
 START_TEST(test_check_parse_error) {
-  const char *f = write_file("bad.hlo",
-                             "HloModule m\n"
-                             "\n"
-                             "ENTRY e {\n"
-                             "  p = f32[2] parameter(0)\n"
-                             "  ROOT r = f32[2] add(p, q)\n"
-                             "}\n");
+  const char *f = write_file("bad.hlo", "HloModule m\n"
+                                        "\n"
+                                        "ENTRY e {\n"
+                                        "  p = f32[2] parameter(0)\n"
+                                        "  ROOT r = f32[2] add(p, q)\n"
+                                        "}\n");
   result r = run("check", f, NULL);
   char want[1024];
   snprintf(want, sizeof want, "%s:5:26: error: unknown operand %%q in r\n", f);
@@ -285,14 +286,13 @@ START_TEST(test_check_parse_error) {
 END_TEST
 
 START_TEST(test_check_verify_error) {
-  const char *f = write_file("bad.hlo",
-                             "HloModule m\n"
-                             "\n"
-                             "ENTRY e {\n"
-                             "  p = f32[2] parameter(0)\n"
-                             "  q = f32[3] parameter(1)\n"
-                             "  ROOT r = f32[2] add(p, q)\n"
-                             "}\n");
+  const char *f = write_file("bad.hlo", "HloModule m\n"
+                                        "\n"
+                                        "ENTRY e {\n"
+                                        "  p = f32[2] parameter(0)\n"
+                                        "  q = f32[3] parameter(1)\n"
+                                        "  ROOT r = f32[2] add(p, q)\n"
+                                        "}\n");
   result r = run("check", f, NULL);
   char want[1024];
   snprintf(want, sizeof want, "%s:6:8: error: e/r: %s\n", f, VERIFY_ADD_MESSAGE);
@@ -361,13 +361,12 @@ END_TEST
 /* ---- print -------------------------------------------------------------- */
 
 START_TEST(test_print) {
-  const char *f = write_file("m.hlo",
-                             "HloModule add   // a comment\n"
-                             "ENTRY main {\n"
-                             "  x = f32[2] parameter(0)\n"
-                             "  y = f32[2]{0} parameter(1)\n"
-                             "  r = f32[2] add(x, y)\n"
-                             "}\n");
+  const char *f = write_file("m.hlo", "HloModule add   // a comment\n"
+                                      "ENTRY main {\n"
+                                      "  x = f32[2] parameter(0)\n"
+                                      "  y = f32[2]{0} parameter(1)\n"
+                                      "  r = f32[2] add(x, y)\n"
+                                      "}\n");
   result r = run("print", f, NULL);
   EXPECT(r, 0,
          "HloModule add\n"
@@ -444,14 +443,13 @@ static kiln_npy read_npy(const char *path) {
 }
 
 START_TEST(test_run_npy_args_and_out) {
-  const char *f = write_file("mm.hlo",
-                             "HloModule mm\n"
-                             "ENTRY main {\n"
-                             "  a = f32[2,3] parameter(0)\n"
-                             "  b = f32[3] parameter(1)\n"
-                             "  bb = f32[2,3] broadcast(b), dimensions={1}\n"
-                             "  ROOT p = f32[2,3] multiply(a, bb)\n"
-                             "}\n");
+  const char *f = write_file("mm.hlo", "HloModule mm\n"
+                                       "ENTRY main {\n"
+                                       "  a = f32[2,3] parameter(0)\n"
+                                       "  b = f32[3] parameter(1)\n"
+                                       "  bb = f32[2,3] broadcast(b), dimensions={1}\n"
+                                       "  ROOT p = f32[2,3] multiply(a, bb)\n"
+                                       "}\n");
   int64_t da[2] = {2, 3}, db[1] = {3};
   float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {10, 0.5f, -1};
   write_npy_f32("a.npy", da, 2, a, 6);
@@ -478,18 +476,18 @@ START_TEST(test_run_npy_args_and_out) {
 END_TEST
 
 START_TEST(test_run_tuple_flattening) {
-  const char *f = write_file("t.hlo",
-                             "HloModule t\n"
-                             "ENTRY main {\n"
-                             "  x = s32[2] parameter(0)\n"
-                             "  p = pred[] parameter(1)\n"
-                             "  n = s32[2] negate(x)\n"
-                             "  c = f64[] constant(0.25)\n"
-                             "  pc = (pred[], f64[]) tuple(p, c)\n"
-                             "  inner = (s32[2], (pred[], f64[])) tuple(n, pc)\n"
-                             "  k = s8[] constant(-7)\n"
-                             "  ROOT t = (s32[2], (s32[2], (pred[], f64[])), s8[]) tuple(x, inner, k)\n"
-                             "}\n");
+  const char *f = write_file(
+      "t.hlo", "HloModule t\n"
+               "ENTRY main {\n"
+               "  x = s32[2] parameter(0)\n"
+               "  p = pred[] parameter(1)\n"
+               "  n = s32[2] negate(x)\n"
+               "  c = f64[] constant(0.25)\n"
+               "  pc = (pred[], f64[]) tuple(p, c)\n"
+               "  inner = (s32[2], (pred[], f64[])) tuple(n, pc)\n"
+               "  k = s8[] constant(-7)\n"
+               "  ROOT t = (s32[2], (s32[2], (pred[], f64[])), s8[]) tuple(x, inner, k)\n"
+               "}\n");
   const char *out = tpath("o");
   result r = run("run", f, "--arg", "s32[2] {5, -6}", "--arg", "pred[] true", "--out", out, NULL);
   EXPECT(r, 0,
@@ -527,12 +525,11 @@ START_TEST(test_run_tuple_flattening) {
 END_TEST
 
 START_TEST(test_run_bf16_from_f32_npy) {
-  const char *f = write_file("b.hlo",
-                             "HloModule b\n"
-                             "ENTRY main {\n"
-                             "  x = bf16[4] parameter(0)\n"
-                             "  ROOT y = bf16[4] add(x, x)\n"
-                             "}\n");
+  const char *f = write_file("b.hlo", "HloModule b\n"
+                                      "ENTRY main {\n"
+                                      "  x = bf16[4] parameter(0)\n"
+                                      "  ROOT y = bf16[4] add(x, x)\n"
+                                      "}\n");
   /* 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even is 1. 1 + 3*2^-8 ties
    * between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6. 1 + 2^-8 + 2^-20 is
    * above the tie: 1 + 2^-7. 3 is exact. */
@@ -550,8 +547,9 @@ START_TEST(test_run_bf16_from_f32_npy) {
   kiln_npy_free(&o);
 
   /* f16 is a NumPy dtype of its own: written natively. */
-  f = write_file("h.hlo",
-                 "HloModule h\nENTRY main {\n  x = f16[2] parameter(0)\n  ROOT y = f16[2] negate(x)\n}\n");
+  f = write_file(
+      "h.hlo",
+      "HloModule h\nENTRY main {\n  x = f16[2] parameter(0)\n  ROOT y = f16[2] negate(x)\n}\n");
   r = run("run", f, "--arg", "f16[2] {0.5, 65504}", "--out", tpath("h"), NULL);
   EXPECT(r, 0, "f16[2] {-0.5, -65500}\n", ""); /* 65500 reads back as f16 65504 */
   result_free(&r);
@@ -592,8 +590,8 @@ START_TEST(test_run_argument_mismatch) {
   write_npy_f32("three.npy", d3, 1, v, 3);
   write_npy_f32("onebytwo.npy", d2, 2, v, 2);
   r = run("run", f, "--arg", tpath("onebytwo.npy"), "--arg", tpath("three.npy"), NULL);
-  snprintf(want, sizeof want, "%s: error: parameter 0: expected f32[2], found f32[1,2] in %s\n",
-           f, tpath("onebytwo.npy"));
+  snprintf(want, sizeof want, "%s: error: parameter 0: expected f32[2], found f32[1,2] in %s\n", f,
+           tpath("onebytwo.npy"));
   EXPECT(r, 1, "", want);
   result_free(&r);
 
@@ -609,8 +607,8 @@ START_TEST(test_run_argument_mismatch) {
   result_free(&r);
 
   /* A bf16 parameter takes float32 only (and says so), not float64. */
-  const char *g = write_file("b.hlo",
-                             "HloModule b\nENTRY main {\n  ROOT x = bf16[2] parameter(0)\n}\n");
+  const char *g =
+      write_file("b.hlo", "HloModule b\nENTRY main {\n  ROOT x = bf16[2] parameter(0)\n}\n");
   double dv[2] = {1, 2};
   ck_assert_int_eq(kiln_npy_write(tpath("f64.npy"), KILN_F64, d1, 1, dv, sizeof dv, &st), 0);
   r = run("run", g, "--arg", tpath("f64.npy"), NULL);
@@ -641,24 +639,24 @@ START_TEST(test_run_argument_mismatch) {
   r = run("run", f, "--arg", "f32[2] {1, 2", "--arg", "f32[2] {0, 0}", NULL);
   ck_assert_int_eq(r.code, 1);
   ck_assert_str_eq(r.out, "");
-  snprintf(want, sizeof want, "%s: error: parameter 0: cannot parse 'f32[2] {1, 2' as a literal: ",
-           f);
+  snprintf(want, sizeof want,
+           "%s: error: parameter 0: cannot parse 'f32[2] {1, 2' as a literal: ", f);
   ck_assert_msg(strncmp(r.err, want, strlen(want)) == 0, "%s", r.err);
   result_free(&r);
 }
 END_TEST
 
 START_TEST(test_run_random_args) {
-  const char *f = write_file("r.hlo",
-                             "HloModule r\n"
-                             "ENTRY main {\n"
-                             "  a = f32[64] parameter(0)\n"
-                             "  b = s32[64] parameter(1)\n"
-                             "  c = pred[64] parameter(2)\n"
-                             "  d = bf16[64] parameter(3)\n"
-                             "  e = u8[64] parameter(4)\n"
-                             "  ROOT t = (f32[64], s32[64], pred[64], bf16[64], u8[64]) tuple(a, b, c, d, e)\n"
-                             "}\n");
+  const char *f = write_file(
+      "r.hlo", "HloModule r\n"
+               "ENTRY main {\n"
+               "  a = f32[64] parameter(0)\n"
+               "  b = s32[64] parameter(1)\n"
+               "  c = pred[64] parameter(2)\n"
+               "  d = bf16[64] parameter(3)\n"
+               "  e = u8[64] parameter(4)\n"
+               "  ROOT t = (f32[64], s32[64], pred[64], bf16[64], u8[64]) tuple(a, b, c, d, e)\n"
+               "}\n");
   result r1 = run("run", f, "--random-args", "7", "--out", tpath("o"), NULL);
   result r2 = run("run", f, "--random-args", "7", NULL);
   result r3 = run("run", f, "--random-args", "8", NULL);
@@ -704,9 +702,9 @@ END_TEST
 
 START_TEST(test_run_runtime_errors) {
   /* A module that fails verification: exit 1 before running. */
-  const char *f = write_file("v.hlo",
-                             "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n  q = f32[3] parameter(1)\n"
-                             "  ROOT r = f32[2] add(p, q)\n}\n");
+  const char *f = write_file(
+      "v.hlo", "HloModule m\nENTRY e {\n  p = f32[2] parameter(0)\n  q = f32[3] parameter(1)\n"
+               "  ROOT r = f32[2] add(p, q)\n}\n");
   result r = run("run", f, "--random-args", "0", NULL);
   ck_assert_int_eq(r.code, 1);
   ck_assert_str_eq(r.out, "");
@@ -796,8 +794,8 @@ START_TEST(test_run_transform) {
   ck_assert_int_eq(o.dims[0], 2);
   kiln_npy_free(&o);
   /* a batch axis elsewhere, and an explicit size */
-  r = run("run", f, "--transform", "vmap:in_axes=1,none,size=2", "--arg", "f32[3,2] {{0, 3}, {1, 4}, {2, 5}}",
-          "--arg", "f32[] 2", NULL);
+  r = run("run", f, "--transform", "vmap:in_axes=1,none,size=2", "--arg",
+          "f32[3,2] {{0, 3}, {1, 4}, {2, 5}}", "--arg", "f32[] 2", NULL);
   EXPECT(r, 0, "f32[2] {3.5015368, -3.1492136}\n", "");
   result_free(&r);
 }
@@ -812,35 +810,42 @@ START_TEST(test_run_transform_errors) {
   result_free(&r);
   r = run("run", f, "--transform", "grad:wrt=3", "--random-args", "1", NULL);
   char want[512];
-  snprintf(want, sizeof want, "%s: error: grad: wrt parameter 3 does not exist (ENTRY main takes 2 parameters)\n", f);
+  snprintf(want, sizeof want,
+           "%s: error: grad: wrt parameter 3 does not exist (ENTRY main takes 2 parameters)\n", f);
   EXPECT(r, 1, "", want);
   result_free(&r);
-  r = run("run", f, "--transform", "vmap:in_axes=0,none,size=2", "--transform", "grad", "--random-args", "1", NULL);
-  snprintf(want, sizeof want, "%s: error: grad: output 0 is f32[2]; grad needs a floating-point scalar output (vjp takes a cotangent for any output)\n", f);
+  r = run("run", f, "--transform", "vmap:in_axes=0,none,size=2", "--transform", "grad",
+          "--random-args", "1", NULL);
+  snprintf(want, sizeof want,
+           "%s: error: grad: output 0 is f32[2]; grad needs a floating-point scalar output (vjp "
+           "takes a cotangent for any output)\n",
+           f);
   EXPECT(r, 1, "", want);
   result_free(&r);
   /* the error names the instruction and its place in the file */
-  const char *g = write_file("rng.hlo",
-                             "HloModule s\n"
-                             "ENTRY main {\n"
-                             "  x = f32[3] parameter(0)\n"
-                             "  lo = f32[] parameter(1)\n"
-                             "  hi = f32[] constant(1)\n"
-                             "  s.3 = f32[3] rng(lo, hi), distribution=rng_uniform\n"
-                             "  ROOT y = f32[3] add(x, s.3)\n"
-                             "}\n");
+  const char *g = write_file("rng.hlo", "HloModule s\n"
+                                        "ENTRY main {\n"
+                                        "  x = f32[3] parameter(0)\n"
+                                        "  lo = f32[] parameter(1)\n"
+                                        "  hi = f32[] constant(1)\n"
+                                        "  s.3 = f32[3] rng(lo, hi), distribution=rng_uniform\n"
+                                        "  ROOT y = f32[3] add(x, s.3)\n"
+                                        "}\n");
   r = run("run", g, "--transform", "jvp", "--random-args", "1", NULL);
   snprintf(want, sizeof want,
-           "%s:6:3: error: main/s.3: jvp: op rng (main/s.3) is not differentiable: random values\n", g);
+           "%s:6:3: error: main/s.3: jvp: op rng (main/s.3) is not differentiable: random values\n",
+           g);
   EXPECT(r, 1, "", want);
   result_free(&r);
   r = run("run", f, "--transform", "vmap:in_axes=0,none", "--random-args", "1", NULL);
-  snprintf(want, sizeof want, "%s: error: vmap: cannot infer the batch size from the arguments (give size=N)\n", f);
+  snprintf(want, sizeof want,
+           "%s: error: vmap: cannot infer the batch size from the arguments (give size=N)\n", f);
   EXPECT(r, 1, "", want);
   result_free(&r);
-  r = run("run", f, "--transform", "vmap:in_axes=0,0", "--arg", "f32[4,3] {{0,0,0},{0,0,0},{0,0,0},{0,0,0}}",
-          "--arg", "f32[5] {0, 0, 0, 0, 0}", NULL);
-  snprintf(want, sizeof want, "%s: error: vmap: argument 1 has batch size 5 but argument 0 has 4\n", f);
+  r = run("run", f, "--transform", "vmap:in_axes=0,0", "--arg",
+          "f32[4,3] {{0,0,0},{0,0,0},{0,0,0},{0,0,0}}", "--arg", "f32[5] {0, 0, 0, 0, 0}", NULL);
+  snprintf(want, sizeof want, "%s: error: vmap: argument 1 has batch size 5 but argument 0 has 4\n",
+           f);
   EXPECT(r, 1, "", want);
   result_free(&r);
 }
@@ -944,12 +949,11 @@ START_TEST(test_run_cpu_errors) {
          "kiln run: --target, --opt-level, --disable-pass and --dump-dir need --backend cpu\n");
   result_free(&r);
   /* an op the cpu backend refuses: exit 1, naming the instruction */
-  const char *g = write_file("fft.hlo",
-                             "HloModule f\n"
-                             "ENTRY main {\n"
-                             "  x = c64[4] parameter(0)\n"
-                             "  ROOT y = c64[4] fft(x), fft_type=FFT, fft_length={4}\n"
-                             "}\n");
+  const char *g = write_file("fft.hlo", "HloModule f\n"
+                                        "ENTRY main {\n"
+                                        "  x = c64[4] parameter(0)\n"
+                                        "  ROOT y = c64[4] fft(x), fft_type=FFT, fft_length={4}\n"
+                                        "}\n");
   r = run("run", g, "--backend", "cpu", "--random-args", "1", NULL);
   ck_assert_int_eq(r.code, 1);
   ck_assert_str_eq(r.out, "");
@@ -970,15 +974,18 @@ END_TEST
  * cache explain, and an unknown one is refused listing the table. */
 START_TEST(test_target_spellings) {
   const char *f = write_file("add.hlo", add_module);
-  const char *spell[][2] = {{"x86-64", "cpu-x86-64"}, {"cpu-x86-64", "cpu-x86-64"},
-                            {"x86-64-v3", "cpu-x86-64-v3"}, {"cpu-x86-64-v3", "cpu-x86-64-v3"},
-                            {"native", "cpu"}, {"cpu", "cpu"}};
+  const char *spell[][2] = {{"x86-64", "cpu-x86-64"},
+                            {"cpu-x86-64", "cpu-x86-64"},
+                            {"x86-64-v3", "cpu-x86-64-v3"},
+                            {"cpu-x86-64-v3", "cpu-x86-64-v3"},
+                            {"native", "cpu"},
+                            {"cpu", "cpu"}};
   char want[1024];
   for (size_t i = 0; i < sizeof spell / sizeof spell[0]; i++) {
     result r = run("compile", f, "--target", spell[i][0], NULL);
     snprintf(want, sizeof want, "%s: compiled for %s: ", f, spell[i][1]);
-    ck_assert_msg(r.code == 0 && strncmp(r.out, want, strlen(want)) == 0, "%s: %s%s",
-                  spell[i][0], r.out, r.err);
+    ck_assert_msg(r.code == 0 && strncmp(r.out, want, strlen(want)) == 0, "%s: %s%s", spell[i][0],
+                  r.out, r.err);
     result_free(&r);
   }
   result r = run("run", f, "--backend", "cpu", "--target", "x86-64", "--arg", "f32[2] {1, 2}",
@@ -1076,8 +1083,8 @@ START_TEST(test_corrupt_executable) {
   const char *bad = write_file("bad.kexe", "this is not an executable\n");
   result r = run("run", bad, "--random-args", "1", NULL);
   char want[512];
-  snprintf(want, sizeof want, "%s: error: executable blob: magic at offset 0: not a Kiln executable\n",
-           bad);
+  snprintf(want, sizeof want,
+           "%s: error: executable blob: magic at offset 0: not a Kiln executable\n", bad);
   EXPECT(r, 1, "", want);
   result_free(&r);
   const char *g = write_file("add.hlo", add_module);
@@ -1136,8 +1143,7 @@ START_TEST(test_damaged_executable_tables) {
     blob[off] ^= 0xa5;
     r = run("run", tpath("flip.kexe"), "--arg", "f32[2] {1, 2}", "--arg", "f32[2] {3, 4}",
             "--timeout", "10", NULL);
-    ck_assert_msg(r.code == 0 || r.code == 1, "byte %zu flipped: exit %d: %s", off, r.code,
-                  r.err);
+    ck_assert_msg(r.code == 0 || r.code == 1, "byte %zu flipped: exit %d: %s", off, r.code, r.err);
     result_free(&r);
   }
   kiln_free(blob);
@@ -1188,9 +1194,9 @@ START_TEST(test_bench) {
   ck_assert_int_eq(r.out[0], '{');
   ck_assert_ptr_eq(strchr(r.out, '\n'), r.out + strlen(r.out) - 1);
   static const char *const fields[] = {
-      "\"backend\": \"cpu\"", "\"iters\": 3,",       "\"compile_ms\": ", "\"passes_ms\": {",
-      "\"cc_ms\": ",          "\"run_us_median\": ", "\"run_us_p90\": ", "\"peak_bytes\": ",
-      "\"mode\": \"buffers\""};
+      "\"backend\": \"cpu\"", "\"iters\": 3,",    "\"compile_ms\": ",
+      "\"passes_ms\": {",     "\"cc_ms\": ",      "\"run_us_median\": ",
+      "\"run_us_p90\": ",     "\"peak_bytes\": ", "\"mode\": \"buffers\""};
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
     ck_assert_msg(strstr(r.out, fields[i]) != NULL, "no %s in %s", fields[i], r.out);
   /* peak = parameters (24 + 4) + outputs (8 + 4 + 24) + temporaries */
@@ -1209,7 +1215,9 @@ START_TEST(test_bench) {
   EXPECT(r, 2, "", "kiln bench: --iters needs an integer from 1 to 1000000, not '0'\n");
   result_free(&r);
   r = run("bench", f, "--backend", "tpu", NULL);
-  EXPECT(r, 2, "", "kiln bench: unknown backend 'tpu' (available here: cpu, interp; a server may also have cuda)\n");
+  EXPECT(r, 2, "",
+         "kiln bench: unknown backend 'tpu' (available here: cpu, interp; a server may also have "
+         "cuda)\n");
   result_free(&r);
   r = run("bench", f, "--backend", "interp", "-O", "1", NULL);
   ck_assert_int_eq(r.code, 2);

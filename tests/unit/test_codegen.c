@@ -519,8 +519,8 @@ START_TEST(row_fusions_random) {
       ADD("  sq = %s[%s]{%s} multiply(%s, %s)\n  v = %s[%s] reduce(sq, z), dimensions={%u}, "
           "to_apply=ad\n",
           t, S, L, x, x, t, R, rd);
-      ADD("  var = %s[%s] divide(v, nb)\n  ve = %s[%s] add(var, eb)\n  rs = %s[%s] rsqrt(ve)\n",
-          t, R, t, R, t, R);
+      ADD("  var = %s[%s] divide(v, nb)\n  ve = %s[%s] add(var, eb)\n  rs = %s[%s] rsqrt(ve)\n", t,
+          R, t, R, t, R);
       ADD("  rr = %s[%s] reshape(rs)\n  rr2 = %s[%s] broadcast(rr), dimensions={%s}\n"
           "  rr3 = %s[%s] reshape(rr2)\n  rb = %s[%s]{%s} broadcast(rr3), dimensions={%s}\n",
           t, R1, t, R1, ALL, t, R, t, S, L, K);

@@ -20,8 +20,8 @@
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
 #include "compiler/compile.h"
-#include "compiler/ir/text.h"
 #include "compiler/eval/interp.h"
+#include "compiler/ir/text.h"
 
 static inline kiln_module *cg_parse(const char *text) {
   kiln_module *m = NULL;

@@ -104,7 +104,7 @@ START_TEST(test_env) {
   kilnd_config c;
   kilnd_config_init(&c, NULL);
   char *env[] = {"PATH=/bin", "KILN_CPU_DEVICES=3", "KILN_CC=gcc", "KILN_QUEUE_DEPTH=9",
-                 "KILN_=x", "KILNX_LISTEN=y", NULL};
+                 "KILN_=x",   "KILNX_LISTEN=y",     NULL};
   ck_assert_int_eq(kilnd_config_apply_env(&c, env, NULL), 0);
   ck_assert_uint_eq(c.cpu_devices, 3);
   ck_assert_uint_eq(c.queue_depth, 9);
@@ -219,8 +219,13 @@ START_TEST(test_cache_options) {
   ck_assert_ptr_null(secret);
   kilnd_config_free(&c);
 
-  char *argv[] = {"kilnd", "--cache-dir", "/var/cache/kiln", "--redis-url=redis://r:6380/2",
-                  "--cache-memory-bytes", "0", NULL};
+  char *argv[] = {"kilnd",
+                  "--cache-dir",
+                  "/var/cache/kiln",
+                  "--redis-url=redis://r:6380/2",
+                  "--cache-memory-bytes",
+                  "0",
+                  NULL};
   char *env[] = {"KILN_CACHE_DISK_BYTES=1Gi", "KILN_REDIS_TIMEOUT_MS=50",
                  "KILN_CACHE_SECRET=0123456789abcdef-cluster", "KILN_CACHE_DIR=/ignored", NULL};
   kilnd_config_action action;
@@ -238,8 +243,9 @@ START_TEST(test_cache_options) {
   kilnd_config_free(&c);
 
   kilnd_config_init(&c, NULL);
-  ck_assert_int_eq(kilnd_config_apply_file_text(&c, "cache_lock_ttl_ms = 5000\nredis-ttl-s=60\n"
-                                                    "cache-min-compile-ms = 250\n",
+  ck_assert_int_eq(kilnd_config_apply_file_text(&c,
+                                                "cache_lock_ttl_ms = 5000\nredis-ttl-s=60\n"
+                                                "cache-min-compile-ms = 250\n",
                                                 "k.conf", NULL),
                    0);
   ck_assert_uint_eq(c.cache_lock_ttl_ms, 5000);

@@ -14,9 +14,9 @@
 
 #include "common/alloc.h"
 #include "common/sbuf.h"
-#include "compiler/ir/ir.h"
-#include "compiler/compile.h"
 #include "compiler/codegen/executable.h"
+#include "compiler/compile.h"
+#include "compiler/ir/ir.h"
 #include "compiler/ir/text.h"
 #include "executor/backend.h"
 #include "executor/run.h"
@@ -65,7 +65,8 @@ static void same_as_interp(const char *text, uint32_t R, uint32_t P) {
   ck_assert_msg(rc == 0, "interp, %u x %u: %s: %s\n%s", R, P, st.where, st.msg, text);
   rc = run_on("cpu", text, R, P, NULL, got, sizeof got, &st);
   ck_assert_msg(rc == 0, "cpu, %u x %u: %s: %s\n%s", R, P, st.where, st.msg, text);
-  ck_assert_msg(strcmp(got, want) == 0, "%u x %u:\n%s\ncpu    %s\ninterp %s", R, P, text, got, want);
+  ck_assert_msg(strcmp(got, want) == 0, "%u x %u:\n%s\ncpu    %s\ninterp %s", R, P, text, got,
+                want);
 }
 
 static const char prelude[] =
@@ -95,7 +96,11 @@ static void program(char *text, size_t size, int n, const char *body) {
            " v3 = s32[%d] multiply(v, three)\n r0 = s32[1,%d] reshape(v)\n"
            " r1 = s32[1,%d] reshape(v3)\n m = s32[2,%d] concatenate(r0, r1), dimensions={0}\n%s}\n",
            prelude, n, n, n, n, n,
-           n == 1 ? "3" : n == 2 ? "3,3" : n == 4 ? "3,3,3,3" : "3,3,3,3,3,3,3,3", n, n, n, n, b);
+           n == 1   ? "3"
+           : n == 2 ? "3,3"
+           : n == 4 ? "3,3,3,3"
+                    : "3,3,3,3,3,3,3,3",
+           n, n, n, n, b);
 }
 
 static void each(const char *body, int n) {
@@ -141,20 +146,21 @@ START_TEST(test_each_collective) {
     char pairs[256] = "", line[256] = "", body[1024];
     size_t pl = 0, ll = 0;
     for (int k = 0; k < n; k++) {
-      pl += (size_t)snprintf(pairs + pl, sizeof pairs - pl, "%s{%d,%d}", k ? "," : "", k, (k + 1) % n);
+      pl += (size_t)snprintf(pairs + pl, sizeof pairs - pl, "%s{%d,%d}", k ? "," : "", k,
+                             (k + 1) % n);
       if (k + 1 < n)
         ll += (size_t)snprintf(line + ll, sizeof line - ll, "%s{%d,%d}", k ? "," : "", k, k + 1);
     }
-    snprintf(body, sizeof body, " ROOT r = s32[N] collective-permute(v), source_target_pairs={%s}\n",
-             pairs);
+    snprintf(body, sizeof body,
+             " ROOT r = s32[N] collective-permute(v), source_target_pairs={%s}\n", pairs);
     each(body, n);
     snprintf(body, sizeof body,
              " s = (s32[1], s32[1]) collective-permute-start(one), source_target_pairs={%s}\n"
              " ROOT r = s32[1] collective-permute-done(s)\n",
              pairs);
     each(body, n);
-    snprintf(body, sizeof body, " ROOT r = s32[2,N] collective-permute(m), source_target_pairs={%s}\n",
-             line);
+    snprintf(body, sizeof body,
+             " ROOT r = s32[2,N] collective-permute(m), source_target_pairs={%s}\n", line);
     each(body, n);
     /* the tuple all-to-all: one operand per member */
     char ops[512] = "", shapes[512] = "";
@@ -174,9 +180,9 @@ START_TEST(test_types_and_reductions) {
   static const struct {
     const char *type, *op;
   } cases[] = {
-      {"f32", "add"},     {"f32", "multiply"}, {"f32", "minimum"}, {"f64", "maximum"},
-      {"f16", "add"},     {"bf16", "add"},     {"s8", "multiply"}, {"u16", "maximum"},
-      {"u64", "add"},     {"s64", "minimum"},  {"s32", "and"},     {"u32", "or"},
+      {"f32", "add"}, {"f32", "multiply"}, {"f32", "minimum"}, {"f64", "maximum"},
+      {"f16", "add"}, {"bf16", "add"},     {"s8", "multiply"}, {"u16", "maximum"},
+      {"u64", "add"}, {"s64", "minimum"},  {"s32", "and"},     {"u32", "or"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     for (int n = 1; n <= 8; n *= 2) {
@@ -199,13 +205,14 @@ START_TEST(test_types_and_reductions) {
   for (int n = 1; n <= 8; n *= 2) {
     char text[2048];
     for (int o = 0; o < 2; o++) {
-      snprintf(text, sizeof text,
-               "HloModule c\nred {\n x = pred[] parameter(0)\n y = pred[] parameter(1)\n"
-               " ROOT s = pred[] %s(x, y)\n}\n"
-               "ENTRY e {\n id0 = u32[] replica-id()\n io = u32[4] iota(), iota_dimension=0\n"
-               " b = u32[4] broadcast(id0), dimensions={}\n c = pred[4] compare(b, io), direction=GE\n"
-               " ROOT r = pred[4] all-reduce(c), replica_groups={}, to_apply=red\n}\n",
-               o ? "or" : "and");
+      snprintf(
+          text, sizeof text,
+          "HloModule c\nred {\n x = pred[] parameter(0)\n y = pred[] parameter(1)\n"
+          " ROOT s = pred[] %s(x, y)\n}\n"
+          "ENTRY e {\n id0 = u32[] replica-id()\n io = u32[4] iota(), iota_dimension=0\n"
+          " b = u32[4] broadcast(id0), dimensions={}\n c = pred[4] compare(b, io), direction=GE\n"
+          " ROOT r = pred[4] all-reduce(c), replica_groups={}, to_apply=red\n}\n",
+          o ? "or" : "and");
       same_as_interp(text, (uint32_t)n, 1);
     }
   }
@@ -239,11 +246,12 @@ START_TEST(test_partitions) {
              " ROOT t = (s32[], u32[], u32[]) tuple(s, p0, r0)\n}\n");
     same_as_interp(fixed, 2, 4);
   }
-  snprintf(text, sizeof text,
-           "%sENTRY e {\n p0 = u32[] partition-id()\n r0 = u32[] replica-id()\n"
-           " ten = u32[] constant(10)\n rt = u32[] multiply(r0, ten)\n x = u32[] add(p0, rt)\n"
-           " ROOT s = u32[] collective-permute(x), channel_id=1, source_target_pairs={{0,1},{1,0}}\n}\n",
-           prelude);
+  snprintf(
+      text, sizeof text,
+      "%sENTRY e {\n p0 = u32[] partition-id()\n r0 = u32[] replica-id()\n"
+      " ten = u32[] constant(10)\n rt = u32[] multiply(r0, ten)\n x = u32[] add(p0, rt)\n"
+      " ROOT s = u32[] collective-permute(x), channel_id=1, source_target_pairs={{0,1},{1,0}}\n}\n",
+      prelude);
   same_as_interp(text, 2, 2);
   same_as_interp(text, 4, 2);
 }
@@ -281,20 +289,22 @@ START_TEST(test_failing_ranks) {
            "to_apply=add\n}\nskip {\n a = s32[] parameter(0)\n ROOT r = s32[] copy(a)\n}\n"
            "ENTRY e {\n id0 = u32[] replica-id()\n z = u32[] constant(0)\n"
            " c = pred[] compare(id0, z), direction=EQ\n one = s32[] constant(1)\n"
-           " ROOT r = s32[] conditional(c, one, one), true_computation=body, false_computation=skip\n}\n",
+           " ROOT r = s32[] conditional(c, one, one), true_computation=body, "
+           "false_computation=skip\n}\n",
            prelude);
   ck_assert_int_eq(run_on("cpu", text, 2, 1, NULL, got, sizeof got, &st), KILN_EINVAL);
   ck_assert_msg(strstr(st.msg, "rank 0") && strstr(st.msg, "finished before reaching"), "%s",
                 st.msg);
   /* Rank 1 loops past the iteration limit while rank 0 waits in the
    * all-reduce: rank 1's limit is the error, rank 0 is released. */
-  snprintf(text, sizeof text,
-           "%scond {\n s = s32[] parameter(0)\n id0 = u32[] replica-id()\n z = u32[] constant(0)\n"
-           " ROOT c = pred[] compare(id0, z), direction=NE\n}\n"
-           "body {\n s = s32[] parameter(0)\n one = s32[] constant(1)\n ROOT t = s32[] add(s, one)\n}\n"
-           "ENTRY e {\n z = s32[] constant(0)\n w = s32[] while(z), condition=cond, body=body\n"
-           " ROOT r = s32[] all-reduce(w), replica_groups={}, to_apply=add\n}\n",
-           prelude);
+  snprintf(
+      text, sizeof text,
+      "%scond {\n s = s32[] parameter(0)\n id0 = u32[] replica-id()\n z = u32[] constant(0)\n"
+      " ROOT c = pred[] compare(id0, z), direction=NE\n}\n"
+      "body {\n s = s32[] parameter(0)\n one = s32[] constant(1)\n ROOT t = s32[] add(s, one)\n}\n"
+      "ENTRY e {\n z = s32[] constant(0)\n w = s32[] while(z), condition=cond, body=body\n"
+      " ROOT r = s32[] all-reduce(w), replica_groups={}, to_apply=add\n}\n",
+      prelude);
   kiln_run_options lim = {.max_while_iterations = 1000, .timeout_seconds = 30};
   ck_assert_int_eq(run_on("cpu", text, 2, 1, &lim, got, sizeof got, &st), KILN_ELIMIT);
   ck_assert_msg(strstr(st.msg, "rank 1") && strstr(st.msg, "iterations"), "%s", st.msg);

@@ -798,8 +798,7 @@ START_TEST(test_blas_core) {
   ck_assert_int_eq(unsetenv("OPENBLAS_CORETYPE"), 0);
   const char *better = kiln_cpu_blas_better_core();
   if (better) {
-    ck_assert_msg(strcmp(better, "SkylakeX") == 0 || strcmp(better, "Haswell") == 0, "%s",
-                  better);
+    ck_assert_msg(strcmp(better, "SkylakeX") == 0 || strcmp(better, "Haswell") == 0, "%s", better);
     ck_assert_str_ne(better, kiln_cpu_blas_core());
   }
 }

@@ -36,14 +36,13 @@
 #include "common/alloc.h"
 #include "common/sbuf.h"
 #include "compiler/compile.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
-#include "compiler/eval/interp.h"
 #include "executor/run.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"
-
 
 #define MAX_PASSES 32
 
@@ -55,8 +54,8 @@ typedef struct tolerance {
 
 typedef struct diff {
   bool equal;
-  bool exact;         /* equal bit for bit (NaN == NaN) */
-  char where[512];    /* the first difference, when !equal */
+  bool exact;      /* equal bit for bit (NaN == NaN) */
+  char where[512]; /* the first difference, when !equal */
 } diff;
 
 static void multi_index(char *buf, size_t size, const kiln_shape *s, int64_t flat) {
@@ -100,8 +99,8 @@ static void compare_array(const kiln_literal *ref, const kiln_literal *got, cons
     kiln_sbuf a = KILN_SBUF_INIT, b = KILN_SBUF_INIT;
     kiln_shape_print_short(&a, &ref->shape);
     kiln_shape_print_short(&b, &got->shape);
-    snprintf(d->where, sizeof d->where, "output %s: shape %s, expected %s", path,
-             kiln_sbuf_str(&b), kiln_sbuf_str(&a));
+    snprintf(d->where, sizeof d->where, "output %s: shape %s, expected %s", path, kiln_sbuf_str(&b),
+             kiln_sbuf_str(&a));
     kiln_sbuf_free(&a);
     kiln_sbuf_free(&b);
     d->equal = d->exact = false;
@@ -176,12 +175,12 @@ static diff compare(const kiln_literal *ref, const kiln_literal *got, tolerance 
 /* ---- one case ----------------------------------------------------------- */
 
 typedef struct dcase {
-  char name[256];       /* "progen seed 17" or a file path */
-  const char *text;     /* the module as text (replayable) */
+  char name[256];   /* "progen seed 17" or a file path */
+  const char *text; /* the module as text (replayable) */
   size_t len;
   kiln_literal **args;
   uint32_t nargs;
-  kiln_literal *ref;    /* the interpreter on the unchanged module */
+  kiln_literal *ref; /* the interpreter on the unchanged module */
 } dcase;
 
 /* Totals over a test, printed at its end. */
@@ -223,8 +222,7 @@ static bool prepare(dcase *c, uint64_t seed, bool must_run, double timeout_s) {
     fprintf(stderr, "difftest: %s: skipped, the interpreter says %s%s%s\n", c->name, st.where,
             st.where[0] ? ": " : "", st.msg);
   if (rc && must_run)
-    ck_abort_msg("%s: interpreter: %s: %s\n%.*s", c->name, st.where, st.msg, (int)c->len,
-                 c->text);
+    ck_abort_msg("%s: interpreter: %s: %s\n%.*s", c->name, st.where, st.msg, (int)c->len, c->text);
   return rc == 0;
 }
 
@@ -236,12 +234,14 @@ static void release(dcase *c) {
 }
 
 static void config_name(char *buf, size_t size, const char *backend, const char *off) {
-  if (off) snprintf(buf, size, "%s, pass %s off", backend, off);
-  else snprintf(buf, size, "%s, all passes", backend);
+  if (off)
+    snprintf(buf, size, "%s, pass %s off", backend, off);
+  else
+    snprintf(buf, size, "%s, all passes", backend);
 }
 
-static void check_result(const dcase *c, const char *config, const kiln_literal *got,
-                         tolerance tol, tally *t) {
+static void check_result(const dcase *c, const char *config, const kiln_literal *got, tolerance tol,
+                         tally *t) {
   diff d = compare(c->ref, got, tol);
   if (!d.equal) {
     report(c, config, d.where);
@@ -277,12 +277,11 @@ static void run_pipeline(const dcase *c, const char *off, tally *t) {
     return;
   }
   kiln_literal *got = NULL;
-  rc = kiln_interp_run(m, (const kiln_literal *const *)c->args, c->nargs, &interp_limits, &got,
-                       &st);
+  rc =
+      kiln_interp_run(m, (const kiln_literal *const *)c->args, c->nargs, &interp_limits, &got, &st);
   if (rc) {
     char what[1400];
-    snprintf(what, sizeof what, "interpreter failed after the pipeline: %s: %s", st.where,
-             st.msg);
+    snprintf(what, sizeof what, "interpreter failed after the pipeline: %s: %s", st.where, st.msg);
     report(c, config, what);
     t->failures++;
     char *after = kiln_module_print(m, NULL);
@@ -344,8 +343,8 @@ static bool run_cpu(const dcase *c, const char *off, tally *t) {
   co.ndisabled = off ? 1 : 0;
   kiln_literal *got = NULL;
   t->runs++;
-  int rc = kiln_run_module(m, "cpu", &co, (const kiln_literal *const *)c->args, c->nargs, &got,
-                           &st);
+  int rc =
+      kiln_run_module(m, "cpu", &co, (const kiln_literal *const *)c->args, c->nargs, &got, &st);
   bool supported = true;
   if (rc == KILN_EUNIMPL) {
     t->runs--;
@@ -538,8 +537,8 @@ static void files(const char *dir, const char *what, bool all_must_run) {
     kiln_status st;
     kiln_status_clear(&st);
     kiln_module *m = parse(&c, &st);
-    bool ok = m && kiln_module_verify(m, NULL, &st) == 0 &&
-              m->replica_count <= 1 && m->num_partitions <= 1;
+    bool ok = m && kiln_module_verify(m, NULL, &st) == 0 && m->replica_count <= 1 &&
+              m->num_partitions <= 1;
     kiln_module_destroy(m);
     double t0 = now_s();
     if (ok && prepare(&c, 1, all_must_run, 3.0) && now_s() - t0 > 3.0) {
@@ -596,7 +595,8 @@ START_TEST(test_compare) {
   ck_assert(d.equal && d.exact);
   d = compare(a, b, (tolerance){0});
   ck_assert(!d.equal);
-  ck_assert_str_eq(d.where, "output {0} element [0,1] (flat 1): expected 2, got 2.0000100135803223");
+  ck_assert_str_eq(d.where,
+                   "output {0} element [0,1] (flat 1): expected 2, got 2.0000100135803223");
   d = compare(a, b, (tolerance){1e-5});
   ck_assert(d.equal && !d.exact);
   kiln_literal_destroy(b);

@@ -124,16 +124,24 @@ static kiln_executable *sample(void) {
   int32_t *src = kiln_arena_calloc(a, 2, sizeof *src);
   src[0] = 1;
   src[1] = 0;
-  kiln_coll ar = {.op = KILN_OP_ALL_REDUCE, .reduce = KILN_OP_ADD, .dtype = KILN_F32,
-                  .replicas = 2, .partitions = 1, .nops = 1, .gsize = 2,
-                  .members = ids(a, 4, 0, 1, 0, 1), .outer = rows};
-  cs[0] = (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = ar};
+  kiln_coll ar = {.op = KILN_OP_ALL_REDUCE,
+                  .reduce = KILN_OP_ADD,
+                  .dtype = KILN_F32,
+                  .replicas = 2,
+                  .partitions = 1,
+                  .nops = 1,
+                  .gsize = 2,
+                  .members = ids(a, 4, 0, 1, 0, 1),
+                  .outer = rows};
+  cs[0] =
+      (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = ar};
   kiln_coll cp = ar;
   cp.op = KILN_OP_COLLECTIVE_PERMUTE;
   cp.reduce = 0;
   cp.members = ids(a, 4, 0, 1, 0, 1);
   cp.source = src;
-  cs[1] = (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = cp};
+  cs[1] =
+      (kiln_step){.kind = KILN_STEP_COLLECTIVE, .args = ids(a, 2, 3, 5), .nargs = 2, .coll = cp};
   e->programs[4] = (kiln_program){cs, 2};
   e->nkernels = 2;
   e->ncode = 100;
@@ -271,7 +279,9 @@ static void leaves_count(kiln_executable *e) { e->nparam_leaves = 2; }
 static void result_small(kiln_executable *e) { e->slots[5].size = 8; }
 static kiln_coll *coll(kiln_executable *e, uint32_t i) { return &e->programs[4].steps[i].coll; }
 static void coll_member(kiln_executable *e) { coll(e, 0)->members[1] = 7; }
-static void coll_disagree(kiln_executable *e) { coll(e, 0)->members[2] = 1, coll(e, 0)->members[3] = 0; }
+static void coll_disagree(kiln_executable *e) {
+  coll(e, 0)->members[2] = 1, coll(e, 0)->members[3] = 0;
+}
 static void coll_reduce(kiln_executable *e) { coll(e, 0)->reduce = KILN_OP_AND; }
 static void coll_rows(kiln_executable *e) { coll(e, 0)->outer[0] = 3; }
 static void coll_source(kiln_executable *e) { coll(e, 1)->source[0] = 5; }
@@ -330,7 +340,8 @@ START_TEST(out_of_range_fields_named) {
   expect_rejected(coll_source, "collective step in program 4: a source is outside the mesh");
   expect_rejected(coll_mesh, "bad replicas, partitions or group size");
   expect_rejected(coll_op, "collective step in program 4: unknown collective");
-  expect_rejected(coll_args, "collective step in program 4: needs its operands and as many results");
+  expect_rejected(coll_args,
+                  "collective step in program 4: needs its operands and as many results");
   expect_rejected(coll_dtype, "collective step in program 4: bad element type");
 }
 END_TEST

@@ -503,7 +503,8 @@ START_TEST(test_row_patterns) {
                      "  z = %s[] constant(0)\n  ninf = %s[] constant(-inf)\n",
                      t, t, t, t, t, t, t, S, L, t, t);
 #define ADD(...) o += snprintf(text + o, sizeof text - (size_t)o, __VA_ARGS__)
-#define BC(name, src) ADD("  " name " = %s[%s]{%s} broadcast(" src "), dimensions={%s}\n", t, S, L, K)
+#define BC(name, src) \
+  ADD("  " name " = %s[%s]{%s} broadcast(" src "), dimensions={%s}\n", t, S, L, K)
 #define EW(name, op, a, b) ADD("  " name " = %s[%s]{%s} " op "(" a ", " b ")\n", t, S, L)
 #define RED(name, src, fn) \
   ADD("  " name " = %s[%s] reduce(" src ", %s), dimensions={%u}, to_apply=" fn "\n", t, R, \

@@ -10,12 +10,12 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
 #include "compiler/passes/passes.h"
-#include "compiler/eval/interp.h"
 
 static inline kiln_module *fh_parse(const char *text, size_t len, const char *file) {
   kiln_module *m = NULL;

@@ -12,8 +12,8 @@
 
 #include "common/alloc.h"
 #include "common/sbuf.h"
-#include "compiler/ir/text.h"
 #include "compiler/eval/interp.h"
+#include "compiler/ir/text.h"
 
 static inline kiln_module *parse_ok(const char *text) {
   kiln_module *m = NULL;

@@ -68,13 +68,13 @@ static bool in_list(kiln_opcode op, const kiln_opcode *list, size_t n) {
   return false;
 }
 
-#define CHECK_CLASS(pred, ...)                                                             \
-  do {                                                                                     \
-    static const kiln_opcode want[] = {__VA_ARGS__};                                       \
-    for (int i = 0; i < KILN_OP_COUNT; i++)                                                \
-      ck_assert_msg((pred((kiln_opcode)i)) == in_list((kiln_opcode)i, want,                \
-                                                      sizeof want / sizeof *want),         \
-                    "%s: %s", #pred, kiln_opcode_name((kiln_opcode)i));                    \
+#define CHECK_CLASS(pred, ...) \
+  do { \
+    static const kiln_opcode want[] = {__VA_ARGS__}; \
+    for (int i = 0; i < KILN_OP_COUNT; i++) \
+      ck_assert_msg((pred((kiln_opcode)i)) == \
+                        in_list((kiln_opcode)i, want, sizeof want / sizeof *want), \
+                    "%s: %s", #pred, kiln_opcode_name((kiln_opcode)i)); \
   } while (0)
 
 static bool impure(kiln_opcode op) { return !kiln_opcode_is_pure(op); }
@@ -122,17 +122,16 @@ START_TEST(test_opcode_classes) {
   CHECK_CLASS(elementwise_not_e, KILN_OP_BITCAST_CONVERT);
   for (int i = 0; i < KILN_OP_COUNT; i++)
     ck_assert_msg(!e_not_elementwise((kiln_opcode)i), "%s", kiln_opcode_name((kiln_opcode)i));
-  CHECK_CLASS(impure, KILN_OP_INVALID, KILN_OP_RNG, KILN_OP_RNG_BIT_GENERATOR,
-              KILN_OP_RNG_GET_AND_UPDATE_STATE, KILN_OP_OPTIMIZATION_BARRIER, KILN_OP_DOMAIN,
-              KILN_OP_AFTER_ALL, KILN_OP_ADD_DEPENDENCY, KILN_OP_CUSTOM_CALL, KILN_OP_ASYNC_START,
-              KILN_OP_ASYNC_UPDATE, KILN_OP_ASYNC_DONE, KILN_OP_INFEED, KILN_OP_OUTFEED,
-              KILN_OP_SEND, KILN_OP_SEND_DONE, KILN_OP_RECV, KILN_OP_RECV_DONE,
-              KILN_OP_COPY_START, KILN_OP_COPY_DONE, KILN_OP_ALL_REDUCE, KILN_OP_ALL_REDUCE_START,
-              KILN_OP_ALL_REDUCE_DONE, KILN_OP_ALL_GATHER, KILN_OP_ALL_GATHER_START,
-              KILN_OP_ALL_GATHER_DONE, KILN_OP_REDUCE_SCATTER, KILN_OP_ALL_TO_ALL,
-              KILN_OP_RAGGED_ALL_TO_ALL, KILN_OP_COLLECTIVE_PERMUTE,
-              KILN_OP_COLLECTIVE_PERMUTE_START, KILN_OP_COLLECTIVE_PERMUTE_DONE,
-              KILN_OP_COLLECTIVE_BROADCAST);
+  CHECK_CLASS(
+      impure, KILN_OP_INVALID, KILN_OP_RNG, KILN_OP_RNG_BIT_GENERATOR,
+      KILN_OP_RNG_GET_AND_UPDATE_STATE, KILN_OP_OPTIMIZATION_BARRIER, KILN_OP_DOMAIN,
+      KILN_OP_AFTER_ALL, KILN_OP_ADD_DEPENDENCY, KILN_OP_CUSTOM_CALL, KILN_OP_ASYNC_START,
+      KILN_OP_ASYNC_UPDATE, KILN_OP_ASYNC_DONE, KILN_OP_INFEED, KILN_OP_OUTFEED, KILN_OP_SEND,
+      KILN_OP_SEND_DONE, KILN_OP_RECV, KILN_OP_RECV_DONE, KILN_OP_COPY_START, KILN_OP_COPY_DONE,
+      KILN_OP_ALL_REDUCE, KILN_OP_ALL_REDUCE_START, KILN_OP_ALL_REDUCE_DONE, KILN_OP_ALL_GATHER,
+      KILN_OP_ALL_GATHER_START, KILN_OP_ALL_GATHER_DONE, KILN_OP_REDUCE_SCATTER, KILN_OP_ALL_TO_ALL,
+      KILN_OP_RAGGED_ALL_TO_ALL, KILN_OP_COLLECTIVE_PERMUTE, KILN_OP_COLLECTIVE_PERMUTE_START,
+      KILN_OP_COLLECTIVE_PERMUTE_DONE, KILN_OP_COLLECTIVE_BROADCAST);
   CHECK_CLASS(kiln_opcode_has_side_effects, KILN_OP_CUSTOM_CALL, KILN_OP_RNG,
               KILN_OP_RNG_GET_AND_UPDATE_STATE, KILN_OP_INFEED, KILN_OP_OUTFEED, KILN_OP_SEND,
               KILN_OP_SEND_DONE, KILN_OP_RECV, KILN_OP_RECV_DONE);
@@ -147,8 +146,8 @@ START_TEST(test_opcode_classes) {
               KILN_OP_SCATTER, KILN_OP_FFT, KILN_OP_CHOLESKY, KILN_OP_TRIANGULAR_SOLVE,
               KILN_OP_TOPK, KILN_OP_BATCH_NORM_TRAINING, KILN_OP_BATCH_NORM_INFERENCE,
               KILN_OP_BATCH_NORM_GRAD);
-  CHECK_CLASS(reduction, KILN_OP_REDUCE, KILN_OP_REDUCE_WINDOW, KILN_OP_DOT,
-              KILN_OP_CONVOLUTION, KILN_OP_MAP);
+  CHECK_CLASS(reduction, KILN_OP_REDUCE, KILN_OP_REDUCE_WINDOW, KILN_OP_DOT, KILN_OP_CONVOLUTION,
+              KILN_OP_MAP);
   CHECK_CLASS(indexing, KILN_OP_BITCAST, KILN_OP_BROADCAST, KILN_OP_RESHAPE, KILN_OP_TRANSPOSE,
               KILN_OP_SLICE, KILN_OP_DYNAMIC_SLICE, KILN_OP_DYNAMIC_UPDATE_SLICE,
               KILN_OP_CONCATENATE, KILN_OP_PAD, KILN_OP_REVERSE, KILN_OP_IOTA, KILN_OP_GATHER,
@@ -158,13 +157,29 @@ START_TEST(test_opcode_classes) {
   for (int i = 0; i < KILN_OP_COUNT; i++)
     if (kiln_opcode_flags((kiln_opcode)i) & KILN_OPF_ELEMENTWISE)
       ck_assert_msg(kiln_opcode_is_foldable((kiln_opcode)i), "%s", kiln_opcode_name(i));
-  static const kiln_opcode fold[] = {
-      KILN_OP_BITCAST_CONVERT, KILN_OP_BROADCAST, KILN_OP_RESHAPE, KILN_OP_TRANSPOSE,
-      KILN_OP_SLICE, KILN_OP_DYNAMIC_SLICE, KILN_OP_DYNAMIC_UPDATE_SLICE, KILN_OP_CONCATENATE,
-      KILN_OP_PAD, KILN_OP_REVERSE, KILN_OP_GET_TUPLE_ELEMENT, KILN_OP_DOT, KILN_OP_CONVOLUTION,
-      KILN_OP_REDUCE, KILN_OP_REDUCE_WINDOW, KILN_OP_SELECT_AND_SCATTER, KILN_OP_MAP,
-      KILN_OP_SORT, KILN_OP_GATHER, KILN_OP_SCATTER, KILN_OP_FFT, KILN_OP_CHOLESKY,
-      KILN_OP_TRIANGULAR_SOLVE};
+  static const kiln_opcode fold[] = {KILN_OP_BITCAST_CONVERT,
+                                     KILN_OP_BROADCAST,
+                                     KILN_OP_RESHAPE,
+                                     KILN_OP_TRANSPOSE,
+                                     KILN_OP_SLICE,
+                                     KILN_OP_DYNAMIC_SLICE,
+                                     KILN_OP_DYNAMIC_UPDATE_SLICE,
+                                     KILN_OP_CONCATENATE,
+                                     KILN_OP_PAD,
+                                     KILN_OP_REVERSE,
+                                     KILN_OP_GET_TUPLE_ELEMENT,
+                                     KILN_OP_DOT,
+                                     KILN_OP_CONVOLUTION,
+                                     KILN_OP_REDUCE,
+                                     KILN_OP_REDUCE_WINDOW,
+                                     KILN_OP_SELECT_AND_SCATTER,
+                                     KILN_OP_MAP,
+                                     KILN_OP_SORT,
+                                     KILN_OP_GATHER,
+                                     KILN_OP_SCATTER,
+                                     KILN_OP_FFT,
+                                     KILN_OP_CHOLESKY,
+                                     KILN_OP_TRIANGULAR_SOLVE};
   for (int i = 0; i < KILN_OP_COUNT; i++) {
     kiln_opcode op = (kiln_opcode)i;
     bool want = (kiln_opcode_flags(op) & KILN_OPF_ELEMENTWISE) ||
@@ -403,7 +418,8 @@ START_TEST(test_module_builder) {
   kiln_instr_where(m, neg, where, sizeof where);
   ck_assert_str_eq(where, "main/negate.1");
   /* Many instructions: ids stay stable, pointers too. */
-  for (int i = 0; i < 5000; i++) ck_assert_ptr_nonnull(kiln_module_add_instr(m, c, KILN_OP_ADD, NULL));
+  for (int i = 0; i < 5000; i++)
+    ck_assert_ptr_nonnull(kiln_module_add_instr(m, c, KILN_OP_ADD, NULL));
   ck_assert_ptr_eq(kiln_module_instr(m, neg->id), neg);
   kiln_module_destroy(m);
 }

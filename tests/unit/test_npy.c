@@ -17,8 +17,7 @@
 
 /* A .npy image with header dict `dict` (padded as NumPy pads), version
  * major.0, followed by `ndata` bytes of `data`. */
-static uint8_t *make_npy(int major, const char *dict, const void *data, size_t ndata,
-                         size_t *len) {
+static uint8_t *make_npy(int major, const char *dict, const void *data, size_t ndata, size_t *len) {
   size_t pre = major == 1 ? 10 : 12;
   size_t hlen = strlen(dict) + 1;
   while ((pre + hlen) % 64) hlen++;
@@ -54,9 +53,9 @@ static int parse_header(int major, const char *dict, size_t ndata, kiln_npy *a, 
 }
 
 START_TEST(test_roundtrip_all_dtypes) {
-  static const kiln_dtype types[] = {KILN_F16, KILN_F32, KILN_F64, KILN_C64, KILN_C128,
-                                     KILN_PRED, KILN_S8, KILN_S16, KILN_S32, KILN_S64,
-                                     KILN_U8, KILN_U16, KILN_U32, KILN_U64};
+  static const kiln_dtype types[] = {KILN_F16,  KILN_F32, KILN_F64, KILN_C64, KILN_C128,
+                                     KILN_PRED, KILN_S8,  KILN_S16, KILN_S32, KILN_S64,
+                                     KILN_U8,   KILN_U16, KILN_U32, KILN_U64};
   for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
     int64_t dims[2] = {2, 3};
     size_t nbytes = 6 * kiln_dtype_size(types[t]);
@@ -130,26 +129,36 @@ START_TEST(test_header_forms_accepted) {
   kiln_npy a;
   kiln_status st;
   /* Key order, spacing, double quotes, no trailing comma, Python 2 longs. */
-  ck_assert_int_eq(parse_header(1, "{'shape':(2,3),'fortran_order':False,'descr':'<i4'}", 24, &a, &st), 0);
+  ck_assert_int_eq(
+      parse_header(1, "{'shape':(2,3),'fortran_order':False,'descr':'<i4'}", 24, &a, &st), 0);
   ck_assert_int_eq(a.dtype, KILN_S32);
   ck_assert_int_eq(a.dims[1], 3);
   kiln_npy_free(&a);
-  ck_assert_int_eq(parse_header(1, "{ \"descr\" : \"|b1\" , \"fortran_order\" : False , \"shape\" : ( 4 , ) , }", 4, &a, &st), 0);
+  ck_assert_int_eq(
+      parse_header(1, "{ \"descr\" : \"|b1\" , \"fortran_order\" : False , \"shape\" : ( 4 , ) , }",
+                   4, &a, &st),
+      0);
   ck_assert_int_eq(a.dtype, KILN_PRED);
   ck_assert_uint_eq(a.rank, 1);
   kiln_npy_free(&a);
-  ck_assert_int_eq(parse_header(1, "{'descr': '<u2', 'fortran_order': False, 'shape': (2L, 1L), }", 4, &a, &st), 0);
+  ck_assert_int_eq(
+      parse_header(1, "{'descr': '<u2', 'fortran_order': False, 'shape': (2L, 1L), }", 4, &a, &st),
+      0);
   ck_assert_int_eq(a.dtype, KILN_U16);
   kiln_npy_free(&a);
   /* Versions 2.0 and 3.0 have a 4-byte header length. */
-  ck_assert_int_eq(parse_header(2, "{'descr': '<f2', 'fortran_order': False, 'shape': (5,), }", 10, &a, &st), 0);
+  ck_assert_int_eq(
+      parse_header(2, "{'descr': '<f2', 'fortran_order': False, 'shape': (5,), }", 10, &a, &st), 0);
   ck_assert_int_eq(a.dtype, KILN_F16);
   kiln_npy_free(&a);
-  ck_assert_int_eq(parse_header(3, "{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", 8, &a, &st), 0);
+  ck_assert_int_eq(
+      parse_header(3, "{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", 8, &a, &st), 0);
   ck_assert_int_eq(a.dtype, KILN_C64);
   kiln_npy_free(&a);
   /* Zero-sized arrays have no data. */
-  ck_assert_int_eq(parse_header(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 7), }", 0, &a, &st), 0);
+  ck_assert_int_eq(
+      parse_header(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 7), }", 0, &a, &st),
+      0);
   ck_assert_uint_eq(a.nbytes, 0);
   kiln_npy_free(&a);
 }
@@ -158,7 +167,8 @@ END_TEST
 START_TEST(test_pred_bytes_normalized) {
   uint8_t data[3] = {0, 1, 0x80};
   size_t len;
-  uint8_t *b = make_npy(1, "{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }", data, 3, &len);
+  uint8_t *b =
+      make_npy(1, "{'descr': '|b1', 'fortran_order': False, 'shape': (3,), }", data, 3, &len);
   kiln_npy a;
   kiln_status st;
   kiln_status_clear(&st);

@@ -110,10 +110,10 @@ static void ck_ints(const kiln_i64s *v, const int64_t *want, uint32_t n) {
   ck_assert_uint_eq(v->n, n);
   for (uint32_t i = 0; i < n; i++) ck_assert_int_eq(v->v[i], want[i]);
 }
-#define CK_INTS(v, ...)                                                      \
-  do {                                                                       \
-    const int64_t want_[] = {__VA_ARGS__};                                   \
-    ck_ints((v), want_, (uint32_t)(sizeof want_ / sizeof want_[0]));         \
+#define CK_INTS(v, ...) \
+  do { \
+    const int64_t want_[] = {__VA_ARGS__}; \
+    ck_ints((v), want_, (uint32_t)(sizeof want_ / sizeof want_[0])); \
   } while (0)
 
 /* ---- modules, computations, names ----------------------------------------- */
@@ -122,7 +122,8 @@ START_TEST(test_basic_module) {
   const char *t =
       "HloModule axpy_module, is_scheduled=true, entry_computation_layout={(f32[], "
       "f32[2,4]{1,0})->f32[2,4]{1,0}}, replica_count=2, num_partitions=4,\n"
-      "  input_output_alias={ {0}: (1, {}, must-alias), {1, 2}: (0, {3}), {}: (2, {}, may-alias) },\n"
+      "  input_output_alias={ {0}: (1, {}, must-alias), {1, 2}: (0, {3}), {}: (2, {}, may-alias) "
+      "},\n"
       "  allow_spmd_sharding_propagation_to_output={true}, frontend_attributes={a=\"b, c\"}\n"
       "\n"
       "%add.clone (x: f32[], y: f32[]) -> f32[] {\n"
@@ -232,7 +233,8 @@ START_TEST(test_comments_everywhere) {
                   "}\n"
                   "/* something else */\n"
                   "comp2 { a = (f32[], /*index=1*/ s32[ /*d*/ 2 /*e*/ ]{ /*f*/ 0 }) parameter(0)\n"
-                  "  b = f32[] get-tuple-element(/*x*/ (f32[], s32[2]) /*y*/ a /*z*/), /*w*/ index /*v*/= /*u*/0 }";
+                  "  b = f32[] get-tuple-element(/*x*/ (f32[], s32[2]) /*y*/ a /*z*/), /*w*/ index "
+                  "/*v*/= /*u*/0 }";
   kiln_module *m = parse(t);
   ck_assert_int_eq(m->replica_count, 3);
   kiln_instr *c = instr(m, "c1", "const1");
@@ -272,22 +274,21 @@ END_TEST
 /* ---- shapes and layouts --------------------------------------------------- */
 
 START_TEST(test_shapes) {
-  const char *t =
-      "HloModule m\n"
-      "ENTRY e {\n"
-      "  a = (f32[], (s32[], pred[]), ()) parameter(0)\n"
-      "  b = token[] after-all()\n"
-      "  c = () tuple()\n"
-      "  d = s32[<=4, 2] parameter(1)\n"
-      "  e = (s32[<=4 ,2]) tuple(d)\n"
-      "  f = f32[8,128]{1,0:T(8,128)} parameter(2)\n"
-      "  g = f32[]{:S(1)} parameter(3)\n"
-      "  h = f32[10,30,20]{2,0,1:T(256)} parameter(4)\n"
-      "  i = f32[2,3]{0,1: T(2, 128)(2,1) S(3) } parameter(5)\n"
-      "  j = bf16[0,5]{1,0} parameter(6)\n"
-      "  k = s32[<=4,2]set-dimension-size(d, d), dimensions={0}\n"
-      "  ROOT r = (f32[], token[]) tuple(g, b)\n"
-      "}\n";
+  const char *t = "HloModule m\n"
+                  "ENTRY e {\n"
+                  "  a = (f32[], (s32[], pred[]), ()) parameter(0)\n"
+                  "  b = token[] after-all()\n"
+                  "  c = () tuple()\n"
+                  "  d = s32[<=4, 2] parameter(1)\n"
+                  "  e = (s32[<=4 ,2]) tuple(d)\n"
+                  "  f = f32[8,128]{1,0:T(8,128)} parameter(2)\n"
+                  "  g = f32[]{:S(1)} parameter(3)\n"
+                  "  h = f32[10,30,20]{2,0,1:T(256)} parameter(4)\n"
+                  "  i = f32[2,3]{0,1: T(2, 128)(2,1) S(3) } parameter(5)\n"
+                  "  j = bf16[0,5]{1,0} parameter(6)\n"
+                  "  k = s32[<=4,2]set-dimension-size(d, d), dimensions={0}\n"
+                  "  ROOT r = (f32[], token[]) tuple(g, b)\n"
+                  "}\n";
   kiln_module *m = parse(t);
   kiln_instr *a = instr(m, "e", "a");
   ck_assert_int_eq(a->shape.dtype, KILN_TUPLE);
@@ -390,7 +391,8 @@ START_TEST(test_called_computations) {
       "  ROOT k = f32[4] call(p), to_apply=id\n"
       "}\n"
       "sum { x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = f32[] add(x, y) }\n"
-      "ge { x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = pred[] compare(x, y), direction=GE }\n"
+      "ge { x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = pred[] compare(x, y), "
+      "direction=GE }\n"
       "cond { x = (f32[4]) parameter(0)\n ROOT c = pred[] constant(false) }\n"
       "body { ROOT x = (f32[4]) parameter(0) }\n"
       "neg { x = f32[4] parameter(0)\n ROOT n = f32[4] negate(x) }\n"
@@ -469,33 +471,32 @@ static uint8_t byte_at(const kiln_literal *l, int64_t i) { return ((const uint8_
 static uint16_t u16_at(const kiln_literal *l, int64_t i) { return ((const uint16_t *)l->data)[i]; }
 
 START_TEST(test_constants) {
-  const char *t =
-      "HloModule m\n"
-      "ENTRY e {\n"
-      "  a = f32[] constant(3e+2)\n"
-      "  b = f32[2,3] constant({ { 1, 2.5, -3 }, {4e-1, inf, -inf} })\n"
-      "  c = f64[2] constant({nan, -0})\n"
-      "  d = pred[3] constant({true, false, true})\n"
-      "  e = c64[2] constant({(1, 2), (-3.5, 4e1)})\n"
-      "  f = (s32[], (f32[2], pred[])) constant((7, ({1, 2}, true)))\n"
-      "  g = s4[2] constant({-8, 7})\n"
-      "  h = u4[2] constant({0, 15})\n"
-      "  i = u8[2] constant({0, 255})\n"
-      "  j = s64[2] constant({-9223372036854775808, 9223372036854775807})\n"
-      "  k = u64[] constant(18446744073709551615)\n"
-      "  l = f16[2] constant({-65504, 1})\n"
-      "  n = bf16[] constant(1.5)\n"
-      "  o = f8e4m3fn[4] constant({448, -1, 0.0625, nan})\n"
-      "  q = f8e5m2[2] constant({57344, inf})\n"
-      "  r = f32[0] constant({})\n"
-      "  s = f32[2,0] constant({ {}, {} })\n"
-      "  u = f32[] constant(0.1)\n"
-      "  v = c128[] constant((1e308, -2))\n"
-      "  w = s32[<=4] constant({1, 2})\n"
-      "  x = f8e8m0fnu[2] constant({1, 0.25})\n"
-      "  y = f4e2m1fn[3] constant({6, -0.5, 1.5})\n"
-      "  z = f8e4m3fnuz[2] constant({-0, 240})\n"
-      "}\n";
+  const char *t = "HloModule m\n"
+                  "ENTRY e {\n"
+                  "  a = f32[] constant(3e+2)\n"
+                  "  b = f32[2,3] constant({ { 1, 2.5, -3 }, {4e-1, inf, -inf} })\n"
+                  "  c = f64[2] constant({nan, -0})\n"
+                  "  d = pred[3] constant({true, false, true})\n"
+                  "  e = c64[2] constant({(1, 2), (-3.5, 4e1)})\n"
+                  "  f = (s32[], (f32[2], pred[])) constant((7, ({1, 2}, true)))\n"
+                  "  g = s4[2] constant({-8, 7})\n"
+                  "  h = u4[2] constant({0, 15})\n"
+                  "  i = u8[2] constant({0, 255})\n"
+                  "  j = s64[2] constant({-9223372036854775808, 9223372036854775807})\n"
+                  "  k = u64[] constant(18446744073709551615)\n"
+                  "  l = f16[2] constant({-65504, 1})\n"
+                  "  n = bf16[] constant(1.5)\n"
+                  "  o = f8e4m3fn[4] constant({448, -1, 0.0625, nan})\n"
+                  "  q = f8e5m2[2] constant({57344, inf})\n"
+                  "  r = f32[0] constant({})\n"
+                  "  s = f32[2,0] constant({ {}, {} })\n"
+                  "  u = f32[] constant(0.1)\n"
+                  "  v = c128[] constant((1e308, -2))\n"
+                  "  w = s32[<=4] constant({1, 2})\n"
+                  "  x = f8e8m0fnu[2] constant({1, 0.25})\n"
+                  "  y = f4e2m1fn[3] constant({6, -0.5, 1.5})\n"
+                  "  z = f8e4m3fnuz[2] constant({-0, 240})\n"
+                  "}\n";
   kiln_module *m = parse(t);
   ck_assert(kiln_literal_get_f64(instr(m, "e", "a")->literal, 0) == 300.0);
   kiln_literal *b = instr(m, "e", "b")->literal;
@@ -509,7 +510,8 @@ START_TEST(test_constants) {
   ck_assert(isnan(kiln_literal_get_f64(c, 0)));
   ck_assert(kiln_literal_get_f64(c, 1) == 0 && signbit(kiln_literal_get_f64(c, 1)));
   kiln_literal *d = instr(m, "e", "d")->literal;
-  ck_assert(kiln_literal_get_pred(d, 0) && !kiln_literal_get_pred(d, 1) && kiln_literal_get_pred(d, 2));
+  ck_assert(kiln_literal_get_pred(d, 0) && !kiln_literal_get_pred(d, 1) &&
+            kiln_literal_get_pred(d, 2));
   kiln_literal *e = instr(m, "e", "e")->literal;
   double re, im;
   kiln_literal_get_c128(e, 1, &re, &im);
@@ -595,7 +597,8 @@ START_TEST(test_literal_parse_text) {
   const char *big = "f32[1000000] {1}";
   ck_assert_int_eq(kiln_literal_parse_text(big, strlen(big), &l, &st), KILN_EPARSE);
   ck_assert_str_eq(st.where, "<literal>:1:14");
-  ck_assert_str_eq(st.msg, "literal of shape f32[1000000] has 1000000 elements, more than the 3 characters of text left can hold");
+  ck_assert_str_eq(st.msg, "literal of shape f32[1000000] has 1000000 elements, more than the 3 "
+                           "characters of text left can hold");
   kiln_status_clear(&st);
   const char *u8 = "u8[] 256";
   ck_assert_int_eq(kiln_literal_parse_text(u8, strlen(u8), &l, &st), KILN_ERANGE);
@@ -615,17 +618,23 @@ START_TEST(test_attribute_kinds) {
       "  s = f32[4] slice(p), slice={[0:2], [1:5:2]}\n"
       "  pd = f32[4] pad(p, p), padding=0_0x1_2_1x-1_0\n"
       "  cp = f32[4] collective-permute(p), source_target_pairs={{0,1},{1,0}}, channel_id=5\n"
-      "  rw = f32[4] reduce-window(p, p), window={size=3x3 stride=2x1 pad=1_1x0_-1 lhs_dilate=1x2 rhs_dilate=2x1 rhs_reversal=0x1}, to_apply=e\n"
+      "  rw = f32[4] reduce-window(p, p), window={size=3x3 stride=2x1 pad=1_1x0_-1 lhs_dilate=1x2 "
+      "rhs_dilate=2x1 rhs_reversal=0x1}, to_apply=e\n"
       "  rw1 = f32[4] reduce-window(p, p), window={size=2 stride=2}, to_apply=e\n"
-      "  cv = f32[4] convolution(p, p), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01oi->f01b, feature_group_count=2\n"
+      "  cv = f32[4] convolution(p, p), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01oi->f01b, "
+      "feature_group_count=2\n"
       "  cm = pred[4] compare(p, p), direction=LT, type=TOTALORDER\n"
       "  ar = f32[4] all-reduce(p), replica_groups={{0,1},{2,3}}, to_apply=e\n"
       "  ar2 = f32[4] all-reduce(p), replica_groups={}, to_apply=e\n"
       "  ag = f32[4] all-gather(p), replica_groups=[2,2]<=[4], dimensions={0}\n"
       "  ag2 = f32[4] all-gather(p), replica_groups=[2,4]<=[2,2,2]T(2,1,0), dimensions={0}\n"
-      "  cc = f32[4] custom-call(p), custom_call_target=\"__cublas$gemm\", opaque=\"a\\\"b\\n\\x41\", api_version=API_VERSION_TYPED_FFI,\n"
-      "     backend_config={\"alpha\":1,\n      \"s\":\"}{\"},\n     metadata={op_type=\"Add\" op_name=\"a/b\" source_line=3}, frontend_attributes={_xla=\"x\"}\n"
-      "  cc2 = f32[4] custom-call(p), custom_call_target=\"y\", backend_config=\"{\\\"is_sync\\\":false}\", schedule=SCHEDULE_LATEST, foo={1, {2}}, bar=[2]<=[2]\n"
+      "  cc = f32[4] custom-call(p), custom_call_target=\"__cublas$gemm\", "
+      "opaque=\"a\\\"b\\n\\x41\", api_version=API_VERSION_TYPED_FFI,\n"
+      "     backend_config={\"alpha\":1,\n      \"s\":\"}{\"},\n     metadata={op_type=\"Add\" "
+      "op_name=\"a/b\" source_line=3}, frontend_attributes={_xla=\"x\"}\n"
+      "  cc2 = f32[4] custom-call(p), custom_call_target=\"y\", "
+      "backend_config=\"{\\\"is_sync\\\":false}\", schedule=SCHEDULE_LATEST, foo={1, {2}}, "
+      "bar=[2]<=[2]\n"
       "  ROOT r = f32[4] add(p, p), sharding={replicated}, operand_precision={high,default}\n"
       "}\n";
   kiln_module *m = parse(t);
@@ -679,7 +688,8 @@ START_TEST(test_attribute_kinds) {
   ck_assert_int_eq(kiln_instr_attr_int(cm, KILN_ATTR_DIRECTION, -1), KILN_CMP_LT);
   ck_assert_str_eq(kiln_instr_attr_str(cm, KILN_ATTR_TYPE), "TOTALORDER");
 
-  const kiln_replica_groups *rg = kiln_instr_attr(instr(m, "e", "ar"), KILN_ATTR_REPLICA_GROUPS)->v.groups;
+  const kiln_replica_groups *rg =
+      kiln_instr_attr(instr(m, "e", "ar"), KILN_ATTR_REPLICA_GROUPS)->v.groups;
   ck_assert(!rg->iota);
   ck_assert_uint_eq(rg->ngroups, 2);
   CK_INTS(&rg->groups[0], 0, 1);
@@ -706,7 +716,8 @@ START_TEST(test_attribute_kinds) {
                    "{op_type=\"Add\" op_name=\"a/b\" source_line=3}");
   ck_assert_str_eq(kiln_instr_attr_str(cc, KILN_ATTR_FRONTEND_ATTRIBUTES), "{_xla=\"x\"}");
   kiln_instr *cc2 = instr(m, "e", "cc2");
-  ck_assert_str_eq(kiln_instr_attr_str(cc2, KILN_ATTR_BACKEND_CONFIG), "\"{\\\"is_sync\\\":false}\"");
+  ck_assert_str_eq(kiln_instr_attr_str(cc2, KILN_ATTR_BACKEND_CONFIG),
+                   "\"{\\\"is_sync\\\":false}\"");
   ck_assert_str_eq(attr_named(cc2, "schedule")->v.s, "SCHEDULE_LATEST");
   ck_assert_str_eq(attr_named(cc2, "foo")->v.s, "{1, {2}}");
   ck_assert_str_eq(attr_named(cc2, "bar")->v.s, "[2]<=[2]");
@@ -763,7 +774,8 @@ START_TEST(test_sharding_forms) {
   s = sharding_of("{unknown shard_as 1}");
   ck_assert_int_eq(s->kind, KILN_SHARD_UNKNOWN);
   ck_assert_str_eq(s->extra, "shard_as 1");
-  s = sharding_of("{{replicated}, {maximal device=0}, {devices=[2]0,1 metadata={op_name=\"a b\"}}}");
+  s = sharding_of(
+      "{{replicated}, {maximal device=0}, {devices=[2]0,1 metadata={op_name=\"a b\"}}}");
   ck_assert_int_eq(s->kind, KILN_SHARD_TUPLE);
   ck_assert_uint_eq(s->nelems, 3);
   ck_assert_int_eq(s->elems[0].kind, KILN_SHARD_REPLICATED);
@@ -823,18 +835,20 @@ START_TEST(test_error_syntax) {
                "t.hlo:3:34", "window size has 2 dimensions but stride has 1");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), window={siz=2}\n}\n", "t.hlo:3:35",
                "unknown window field 'siz'");
-  expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), dim_labels=b01f_01io->b0f\n}\n",
-               "t.hlo:3:38",
-               "bad dim_labels b01f_01io->b0f: input, kernel and output have 2, 2 and 1 spatial dimensions");
+  expect_error(
+      HDR "ENTRY e {\n  x = f32[] parameter(0), dim_labels=b01f_01io->b0f\n}\n", "t.hlo:3:38",
+      "bad dim_labels b01f_01io->b0f: input, kernel and output have 2, 2 and 1 spatial dimensions");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), dim_labels=b01f_01io->b0x\n}\n",
                "t.hlo:3:38",
-               "bad dim_labels b01f_01io->b0x: the output part needs b, f and spatial digits 0..n-1 once each");
+               "bad dim_labels b01f_01io->b0x: the output part needs b, f and spatial digits "
+               "0..n-1 once each");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={devices=[2,2]0,1,2}\n}\n",
                "t.hlo:3:37", "sharding lists 3 devices for 4 tiles");
-  expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={devices=[2]0,1 devices=[2]<=[2]}\n}\n",
-               "t.hlo:3:52", "sharding gives both devices and devices");
-  expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={maximal}\n}\n",
-               "t.hlo:3:36", "maximal sharding needs device=");
+  expect_error(
+      HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={devices=[2]0,1 devices=[2]<=[2]}\n}\n",
+      "t.hlo:3:52", "sharding gives both devices and devices");
+  expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={maximal}\n}\n", "t.hlo:3:36",
+               "maximal sharding needs device=");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), sharding={replicated device=1}\n}\n",
                "t.hlo:3:36", "device= is only for maximal sharding");
   expect_error(HDR "ENTRY e {\n  x = f32[] parameter(0), replica_groups=[2,2]<=[8]\n}\n",
@@ -934,8 +948,8 @@ END_TEST
 START_TEST(test_error_constants) {
   expect_error_code(HDR "ENTRY e {\n  c = u8[] constant(300)\n}\n", KILN_ERANGE, "t.hlo:3:21",
                     "value 300 is out of range for u8 (0..255)");
-  expect_error_code(HDR "ENTRY e {\n  c = s8[2] constant({1, -129})\n}\n", KILN_ERANGE, "t.hlo:3:26",
-                    "value -129 is out of range for s8 (-128..127)");
+  expect_error_code(HDR "ENTRY e {\n  c = s8[2] constant({1, -129})\n}\n", KILN_ERANGE,
+                    "t.hlo:3:26", "value -129 is out of range for s8 (-128..127)");
   expect_error_code(HDR "ENTRY e {\n  c = u32[] constant(-1)\n}\n", KILN_ERANGE, "t.hlo:3:22",
                     "value -1 is out of range for u32 (0..4294967295)");
   expect_error_code(HDR "ENTRY e {\n  c = s4[] constant(8)\n}\n", KILN_ERANGE, "t.hlo:3:21",
@@ -957,7 +971,8 @@ START_TEST(test_error_constants) {
   expect_error(HDR "ENTRY e {\n  c = constant(1)\n}\n", "t.hlo:3:7",
                "constant c needs a result shape");
   expect_error(HDR "ENTRY e {\n  c = f32[1000000] constant({1})\n}\n", "t.hlo:3:29",
-               "literal of shape f32[1000000] has 1000000 elements, more than the 7 characters of text left can hold");
+               "literal of shape f32[1000000] has 1000000 elements, more than the 7 characters of "
+               "text left can hold");
   expect_error(HDR "ENTRY e {\n  c = f32[8] constant({...})\n}\n", "t.hlo:3:23",
                "the value of this constant was left out of the text ({...})");
   expect_error(HDR "ENTRY e {\n  c = (f32[], s32[]) constant((1 2))\n}\n", "t.hlo:3:34",
@@ -970,8 +985,8 @@ START_TEST(test_error_unterminated) {
                "unterminated /* comment");
   expect_error(HDR "ENTRY e {\n  p = f32[] parameter(0), custom_call_target=\"abc\n}\n",
                "t.hlo:3:46", "unterminated string");
-  expect_error(HDR "ENTRY e {\n  p = f32[] parameter(0), metadata={op_name=\"x\"\n",
-               "t.hlo:3:36", "unbalanced braces: this '{' is never closed");
+  expect_error(HDR "ENTRY e {\n  p = f32[] parameter(0), metadata={op_name=\"x\"\n", "t.hlo:3:36",
+               "unbalanced braces: this '{' is never closed");
   expect_error(HDR "ENTRY e {\n  p = f32[] parameter(0), foo={(]}\n}\n", "t.hlo:3:33",
                "unbalanced brackets: expected ')' to close '(' at 3:32, found ']'");
   expect_error(HDR "ENTRY e {\n  p = f32[] parameter(0), backend_config=\"a\n}\n", "t.hlo:3:42",
@@ -983,16 +998,19 @@ START_TEST(test_error_nul_bytes) {
   /* Values are kept as C strings: a NUL inside would silently cut them. */
   static const char t1[] = HDR "ENTRY e {\n  p = f32[] parameter(0), metadata={a=\"x\0y\"}\n}\n";
   static const char t2[] = HDR "ENTRY e {\n  p = f32[] parameter(0), foo=a\0b\n}\n";
-  static const char t3[] = HDR "ENTRY e {\n  p = f32[] parameter(0), custom_call_target=\"a\\x00\"\n}\n";
+  static const char t3[] =
+      HDR "ENTRY e {\n  p = f32[] parameter(0), custom_call_target=\"a\\x00\"\n}\n";
   const char *texts[] = {t1, t2, t3};
   size_t lens[] = {sizeof t1 - 1, sizeof t2 - 1, sizeof t3 - 1};
-  const char *want[] = {"t.hlo:3:41: NUL byte in a string", "t.hlo:3:32: NUL byte in an attribute value",
+  const char *want[] = {"t.hlo:3:41: NUL byte in a string",
+                        "t.hlo:3:32: NUL byte in an attribute value",
                         "t.hlo:3:48: NUL character in a string"};
   for (int i = 0; i < 3; i++) {
     kiln_status st;
     kiln_status_clear(&st);
     kiln_module *m = NULL;
-    ck_assert_int_eq(kiln_module_parse_text(texts[i], lens[i], "t.hlo", NULL, &m, &st), KILN_EPARSE);
+    ck_assert_int_eq(kiln_module_parse_text(texts[i], lens[i], "t.hlo", NULL, &m, &st),
+                     KILN_EPARSE);
     char got[2048];
     snprintf(got, sizeof got, "%s: %s", st.where, st.msg);
     ck_assert_str_eq(got, want[i]);
@@ -1060,10 +1078,11 @@ END_TEST
 
 START_TEST(test_out_of_memory) {
   /* Failing each allocation in turn turns into KILN_ENOMEM, never a crash. */
-  const char *t = HDR "add { x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = f32[] add(x, y) }\n"
-                  "ENTRY e {\n p = f32[4]{0} parameter(0), sharding={replicated}\n"
-                  " z = f32[] constant(0)\n ROOT r = f32[] reduce(p, z), dimensions={0}, to_apply=add,"
-                  " metadata={op_name=\"a\"}, window={size=2}\n}\n";
+  const char *t =
+      HDR "add { x = f32[] parameter(0)\n y = f32[] parameter(1)\n ROOT s = f32[] add(x, y) }\n"
+          "ENTRY e {\n p = f32[4]{0} parameter(0), sharding={replicated}\n"
+          " z = f32[] constant(0)\n ROOT r = f32[] reduce(p, z), dimensions={0}, to_apply=add,"
+          " metadata={op_name=\"a\"}, window={size=2}\n}\n";
   kiln_parse_options o = {0};
   o.no_infer = 1;
   int seen_ok = 0;
@@ -1196,8 +1215,10 @@ static void parse_corpus(int no_infer) {
           for (uint32_t j = 0; j < i; j++) before |= cp->instrs[j] == ins->operands[k];
           ck_assert_msg(before, "%s: operand %u of %s", e->d_name, k, ins->name);
         }
-        if (!no_infer) ck_assert_int_ne(ins->shape.dtype, KILN_INVALID);
-        else if (!needs_inference(e->d_name)) ck_assert_int_ne(ins->shape.dtype, KILN_INVALID);
+        if (!no_infer)
+          ck_assert_int_ne(ins->shape.dtype, KILN_INVALID);
+        else if (!needs_inference(e->d_name))
+          ck_assert_int_ne(ins->shape.dtype, KILN_INVALID);
       }
     }
     kiln_module_destroy(m);

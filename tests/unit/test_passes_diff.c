@@ -20,11 +20,11 @@
 #include "common/alloc.h"
 #include "common/fp16.h"
 #include "common/sbuf.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
-#include "compiler/eval/interp.h"
 #include "tests/support/golden.h"
 #include "tests/support/progen.h"
 

@@ -22,16 +22,14 @@
 #include "compiler/ir/ir.h"
 #include "compiler/ir/text.h"
 
-
 /* ---- literal helpers ---------------------------------------------------- */
 
 /* An assertion that talks to Check only when it fails: Check's own
  * assertions write to a pipe each time, too slow in loops over 10^5 values. */
-#define QUIET_ASSERT(cond, ...)                  \
-  do {                                           \
-    if (!(cond)) ck_abort_msg(__VA_ARGS__);      \
+#define QUIET_ASSERT(cond, ...) \
+  do { \
+    if (!(cond)) ck_abort_msg(__VA_ARGS__); \
   } while (0)
-
 
 static kiln_literal *make_lit(kiln_dtype t, const int64_t *dims, uint32_t rank) {
   kiln_arena *a = kiln_arena_create();
@@ -53,11 +51,11 @@ static char *lit_text(const kiln_literal *lit, bool with_shape) {
   return kiln_sbuf_detach(&b, NULL);
 }
 
-#define CHECK_LIT(lit, ws, want)               \
-  do {                                         \
-    char *got_ = lit_text((lit), (ws));        \
-    ck_assert_str_eq(got_, (want));            \
-    kiln_free(got_);                           \
+#define CHECK_LIT(lit, ws, want) \
+  do { \
+    char *got_ = lit_text((lit), (ws)); \
+    ck_assert_str_eq(got_, (want)); \
+    kiln_free(got_); \
   } while (0)
 
 /* A scalar f64-valued literal of type t holding v, printed without shape. */
@@ -107,7 +105,7 @@ START_TEST(test_lit_f32) {
   check_scalar(KILN_F32, FLT_MAX, "3.4028235e+38");
   check_scalar(KILN_F32, -FLT_MAX, "-3.4028235e+38");
   check_scalar(KILN_F32, FLT_MIN, "1.1754944e-38");
-  check_f32_bits(0x00000001u, "1e-45");    /* smallest subnormal */
+  check_f32_bits(0x00000001u, "1e-45"); /* smallest subnormal */
   check_f32_bits(0x00000003u, "4e-45");
   check_f32_bits(0x007fffffu, "1.1754942e-38"); /* largest subnormal */
   check_f32_bits(0x80000000u, "-0");
@@ -144,12 +142,12 @@ START_TEST(test_lit_f16_bf16) {
   check_scalar(KILN_F16, -65504, "-65500");
   check_scalar(KILN_F16, 2048, "2048");
   check_scalar(KILN_F16, 2050, "2050");
-  check_scalar(KILN_F16, 0.1, "0.1");   /* stored 0.0999755859375 */
+  check_scalar(KILN_F16, 0.1, "0.1"); /* stored 0.0999755859375 */
   check_scalar(KILN_F16, 1.0 / 3.0, "0.3333");
   check_scalar(KILN_F16, 1.0009765625, "1.001"); /* 1 + 2^-10 */
-  check_u16(KILN_F16, 0x0001, "6e-08"); /* 2^-24 */
-  check_u16(KILN_F16, 0x03ff, "6.1e-05"); /* largest subnormal */
-  check_u16(KILN_F16, 0x0400, "6.104e-05"); /* smallest normal 2^-14 */
+  check_u16(KILN_F16, 0x0001, "6e-08");          /* 2^-24 */
+  check_u16(KILN_F16, 0x03ff, "6.1e-05");        /* largest subnormal */
+  check_u16(KILN_F16, 0x0400, "6.104e-05");      /* smallest normal 2^-14 */
   check_u16(KILN_F16, 0x8000, "-0");
   check_u16(KILN_F16, 0x7c00, "inf");
   check_u16(KILN_F16, 0xfc00, "-inf");
@@ -427,8 +425,8 @@ START_TEST(test_lit_exhaustive_16bit) {
           snprintf(shorter, sizeof shorter, "%.*e", nd - 2, fabs(v));
           uint16_t habs = (uint16_t)(h & 0x7fff);
           QUIET_ASSERT(!f16_family_reads_back(types[k], habs, shorter),
-                        "%s bits 0x%04x: %s is shorter than %s", kiln_dtype_name(types[k]),
-                        bits, shorter, s);
+                       "%s bits 0x%04x: %s is shorter than %s", kiln_dtype_name(types[k]), bits,
+                       shorter, s);
         }
       }
       kiln_free(s);
@@ -471,7 +469,7 @@ START_TEST(test_lit_roundtrip_random) {
         QUIET_ASSERT(nd <= p, "f32 %a printed as %s, longer than %s", (double)f, s, ref);
         if (nd == p)
           QUIET_ASSERT(strtod(s, NULL) == strtod(ref, NULL), "f32 %a printed as %s, not %s",
-                        (double)f, s, ref);
+                       (double)f, s, ref);
       }
     }
     kiln_free(s);
@@ -497,11 +495,11 @@ static char *module_text(const kiln_module *m) {
   return s;
 }
 
-#define CHECK_MODULE(m, want)                 \
-  do {                                        \
-    char *got_ = module_text(m);              \
-    ck_assert_str_eq(got_, (want));           \
-    kiln_free(got_);                          \
+#define CHECK_MODULE(m, want) \
+  do { \
+    char *got_ = module_text(m); \
+    ck_assert_str_eq(got_, (want)); \
+    kiln_free(got_); \
   } while (0)
 
 static void set_shape(kiln_module *m, kiln_instr *ins, kiln_dtype t, const int64_t *dims,
@@ -518,8 +516,8 @@ static kiln_instr *param(kiln_module *m, uint32_t c, const char *name, int64_t n
   return p;
 }
 
-static kiln_instr *op2(kiln_module *m, uint32_t c, kiln_opcode op, const char *name,
-                       kiln_id a, kiln_id b, kiln_dtype t, const int64_t *dims, uint32_t rank) {
+static kiln_instr *op2(kiln_module *m, uint32_t c, kiln_opcode op, const char *name, kiln_id a,
+                       kiln_id b, kiln_dtype t, const int64_t *dims, uint32_t rank) {
   kiln_instr *ins = kiln_module_add_instr(m, c, op, name);
   ck_assert_ptr_nonnull(ins);
   kiln_id ops[2] = {a, b};
@@ -609,7 +607,9 @@ START_TEST(test_module_header) {
   kiln_alias al[2];
   int64_t zero = 0, one = 1;
   al[0] = (kiln_alias){.output_index = {&zero, 1}, .param_number = 0, .kind = KILN_ALIAS_MUST};
-  al[1] = (kiln_alias){.output_index = {&one, 1}, .param_number = 1, .param_index = {&one, 1},
+  al[1] = (kiln_alias){.output_index = {&one, 1},
+                       .param_number = 1,
+                       .param_index = {&one, 1},
                        .kind = KILN_ALIAS_MAY};
   m->aliases = al;
   m->naliases = 2;
@@ -680,9 +680,16 @@ START_TEST(test_module_attr_kinds) {
   at = kiln_instr_add_attr(m, x, KILN_ATTR_DIM_LABELS);
   kiln_conv_dims *cd = kiln_arena_calloc(a, 1, sizeof *cd);
   static int64_t in_sp[] = {1, 2}, k_sp[] = {0, 1}, out_sp[] = {1, 2};
-  *cd = (kiln_conv_dims){.in_batch = 0, .in_feature = 3, .kernel_in = 2, .kernel_out = 3,
-                         .out_batch = 0, .out_feature = 3, .nspatial = 2,
-                         .in_spatial = in_sp, .kernel_spatial = k_sp, .out_spatial = out_sp};
+  *cd = (kiln_conv_dims){.in_batch = 0,
+                         .in_feature = 3,
+                         .kernel_in = 2,
+                         .kernel_out = 3,
+                         .out_batch = 0,
+                         .out_feature = 3,
+                         .nspatial = 2,
+                         .in_spatial = in_sp,
+                         .kernel_spatial = k_sp,
+                         .out_spatial = out_sp};
   at->v.conv = cd;
   kiln_instr_set_attr_int(m, x, KILN_ATTR_DIRECTION, KILN_CMP_GE);
   at = kiln_instr_add_attr(m, x, KILN_ATTR_REPLICA_GROUPS);
@@ -779,11 +786,11 @@ static char *sharding_text(kiln_module *m, kiln_sharding *s) {
   return r;
 }
 
-#define CHECK_SHARDING(m, s, want)            \
-  do {                                        \
-    char *got_ = sharding_text((m), (s));     \
-    ck_assert_str_eq(got_, (want));           \
-    kiln_free(got_);                          \
+#define CHECK_SHARDING(m, s, want) \
+  do { \
+    char *got_ = sharding_text((m), (s)); \
+    ck_assert_str_eq(got_, (want)); \
+    kiln_free(got_); \
   } while (0)
 
 START_TEST(test_module_shardings) {
@@ -1083,7 +1090,7 @@ START_TEST(test_module_broken_builder) {
   kiln_instr_add_attr(m, x, KILN_ATTR_INVALID);
   kiln_instr_set_attr_int(m, x, KILN_ATTR_DIRECTION, 42);
   int64_t odd[] = {1, 2};
-  kiln_instr_set_attr_ints(m, x, KILN_ATTR_SLICE, odd, 2); /* not triples */
+  kiln_instr_set_attr_ints(m, x, KILN_ATTR_SLICE, odd, 2);    /* not triples */
   kiln_instr_set_attr_ints(m, x, KILN_ATTR_PADDING, NULL, 0); /* a scalar's: left out */
   m->comps[e]->root = 12345;
   CHECK_MODULE(m, "HloModule broken\n"
@@ -1109,8 +1116,10 @@ START_TEST(test_module_print_oom) {
     size_t len = 1;
     char *s = kiln_module_print(m, &len);
     kiln_alloc_fail_after(0);
-    if (s) kiln_free(s);
-    else ck_assert_uint_eq(len, 0);
+    if (s)
+      kiln_free(s);
+    else
+      ck_assert_uint_eq(len, 0);
   }
   kiln_module_destroy(m);
 }
@@ -1193,8 +1202,8 @@ static void assert_same_text(const char *what, const char *file, const char *wan
   }
   const char *ea = strchr(la, '\n'), *eb = strchr(lb, '\n');
   int na = ea ? (int)(ea - la) : (int)strlen(la), nb = eb ? (int)(eb - lb) : (int)strlen(lb);
-  ck_abort_msg("%s: %s differs at line %d:\n  want: %.*s\n  got:  %.*s", file, what, line, na,
-               la, nb, lb);
+  ck_abort_msg("%s: %s differs at line %d:\n  want: %.*s\n  got:  %.*s", file, what, line, na, la,
+               nb, lb);
 }
 
 /* print(parse(text)) == print(parse(print(parse(text)))); returns the first

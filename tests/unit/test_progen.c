@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
-#include "compiler/eval/interp.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"
 
@@ -62,8 +62,8 @@ static kiln_module *check_one(const kiln_progen_options *o, bool run) {
     ck_assert_int_eq(kiln_test_args_random(m, o->seed, &args, &n, &st), 0);
     kiln_literal *out = NULL;
     rc = kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &out, &st);
-    ck_assert_msg(rc == 0, "seed %llu: interp: %s: %s\n%s", (unsigned long long)o->seed,
-                  st.where, st.msg, text);
+    ck_assert_msg(rc == 0, "seed %llu: interp: %s: %s\n%s", (unsigned long long)o->seed, st.where,
+                  st.msg, text);
     ck_assert_msg(all_finite(out), "seed %llu: a result is not finite\n%s",
                   (unsigned long long)o->seed, text);
     kiln_literal_destroy(out);
@@ -144,9 +144,9 @@ END_TEST
 /* Differentiable mode writes none of the non-smooth ops, and compares only
  * iota with constants. */
 START_TEST(test_differentiable_is_smooth) {
-  static const char *const banned[] = {" abs(",   " sign(",    " floor(",   " ceil(",
-                                       " round-", " maximum(", " minimum(", " clamp(",
-                                       "maximum_", "minimum_", "multiply_"};
+  static const char *const banned[] = {" abs(",    " sign(",    " floor(",   " ceil(",
+                                       " round-",  " maximum(", " minimum(", " clamp(",
+                                       "maximum_", "minimum_",  "multiply_"};
   for (uint64_t s = 0; s < 300; s++) {
     kiln_progen_options o = options_for(s);
     o.differentiable = true;
@@ -164,8 +164,8 @@ START_TEST(test_differentiable_is_smooth) {
       char def[48];
       snprintf(def, sizeof def, "  %s = s32[", name);
       const char *d = strstr(text, def);
-      ck_assert_msg(d != NULL, "seed %llu: compare on %s, not an iota\n%s",
-                    (unsigned long long)s, name, text);
+      ck_assert_msg(d != NULL, "seed %llu: compare on %s, not an iota\n%s", (unsigned long long)s,
+                    name, text);
       ck_assert_msg(strstr(d, "iota()") < strchr(d, '\n'), "seed %llu: %s is not an iota",
                     (unsigned long long)s, name);
     }
@@ -200,8 +200,10 @@ START_TEST(test_out_of_memory) {
     kiln_alloc_fail_after(n);
     char *t = kiln_progen_text(&o);
     kiln_alloc_fail_after(0);
-    if (t == NULL) failures++;
-    else ck_assert_str_eq(t, ref); /* no partial output passed off as whole */
+    if (t == NULL)
+      failures++;
+    else
+      ck_assert_str_eq(t, ref); /* no partial output passed off as whole */
     kiln_free(t);
   }
   ck_assert_int_gt(failures, 0);

@@ -50,9 +50,9 @@ static bool differ(diff *df, const char *fmt, const char *a, const char *b) {
   return false;
 }
 
-#define SAME(cond, what)                                           \
-  do {                                                             \
-    if (!(cond)) return differ(df, "%s%s", ctx, " " what);        \
+#define SAME(cond, what) \
+  do { \
+    if (!(cond)) return differ(df, "%s%s", ctx, " " what); \
   } while (0)
 
 static bool same_i64s(const int64_t *a, uint32_t na, const int64_t *b, uint32_t nb) {
@@ -108,9 +108,9 @@ static bool same_sharding(diff *df, const char *ctx, const kiln_sharding *a,
        "iota_reshape");
   SAME(same_i64s(a->iota_perm.v, a->iota_perm.n, b->iota_perm.v, b->iota_perm.n), "iota_perm");
   SAME(a->last_tile_dim_replicate == b->last_tile_dim_replicate, "last_tile_dim_replicate");
-  SAME(same_i64s(a->last_tile_dims.v, a->last_tile_dims.n, b->last_tile_dims.v,
-                 b->last_tile_dims.n),
-       "last_tile_dims");
+  SAME(
+      same_i64s(a->last_tile_dims.v, a->last_tile_dims.n, b->last_tile_dims.v, b->last_tile_dims.n),
+      "last_tile_dims");
   SAME(same_str(a->extra, b->extra), "sharding extra");
   SAME(a->nelems == b->nelems, "sharding elements");
   for (uint32_t i = 0; i < a->nelems; i++)
@@ -154,11 +154,11 @@ static bool same_attr(diff *df, const char *ctx, const kiln_attr *a, const kiln_
   case KILN_AK_REPLICA_GROUPS: {
     const kiln_replica_groups *x = a->v.groups, *y = b->v.groups;
     SAME(x->iota == y->iota, "replica groups iota");
-    SAME(same_i64s(x->iota_shape.v, x->iota_shape.n, y->iota_shape.v, y->iota_shape.n) &&
-             same_i64s(x->iota_reshape.v, x->iota_reshape.n, y->iota_reshape.v,
-                       y->iota_reshape.n) &&
-             same_i64s(x->iota_perm.v, x->iota_perm.n, y->iota_perm.v, y->iota_perm.n),
-         "replica groups iota form");
+    SAME(
+        same_i64s(x->iota_shape.v, x->iota_shape.n, y->iota_shape.v, y->iota_shape.n) &&
+            same_i64s(x->iota_reshape.v, x->iota_reshape.n, y->iota_reshape.v, y->iota_reshape.n) &&
+            same_i64s(x->iota_perm.v, x->iota_perm.n, y->iota_perm.v, y->iota_perm.n),
+        "replica groups iota form");
     SAME(x->ngroups == y->ngroups, "replica group count");
     for (uint32_t i = 0; i < x->ngroups; i++)
       SAME(same_i64s(x->groups[i].v, x->groups[i].n, y->groups[i].v, y->groups[i].n),
@@ -180,12 +180,16 @@ static bool same_instr(diff *df, const kiln_instr *a, const kiln_instr *b) {
   SAME(a->op == b->op && a->async_op == b->async_op, "opcode");
   SAME(same_str(a->name, b->name), "name");
   if (!same_shape(df, ctx, &a->shape, &b->shape)) return false;
-  SAME(a->noperands == b->noperands && (a->noperands == 0 ||
-       memcmp(a->operands, b->operands, a->noperands * sizeof(kiln_id)) == 0), "operands");
-  SAME(a->ncalled == b->ncalled && (a->ncalled == 0 ||
-       memcmp(a->called, b->called, a->ncalled * sizeof(uint32_t)) == 0), "called");
-  SAME(a->ncontrol == b->ncontrol && (a->ncontrol == 0 ||
-       memcmp(a->control_preds, b->control_preds, a->ncontrol * sizeof(kiln_id)) == 0),
+  SAME(a->noperands == b->noperands &&
+           (a->noperands == 0 ||
+            memcmp(a->operands, b->operands, a->noperands * sizeof(kiln_id)) == 0),
+       "operands");
+  SAME(a->ncalled == b->ncalled &&
+           (a->ncalled == 0 || memcmp(a->called, b->called, a->ncalled * sizeof(uint32_t)) == 0),
+       "called");
+  SAME(a->ncontrol == b->ncontrol &&
+           (a->ncontrol == 0 ||
+            memcmp(a->control_preds, b->control_preds, a->ncontrol * sizeof(kiln_id)) == 0),
        "control predecessors");
   SAME(a->nattrs == b->nattrs, "attribute count");
   for (uint32_t i = 0; i < a->nattrs; i++)
@@ -234,7 +238,8 @@ static bool same_module(diff *df, const kiln_module *a, const kiln_module *b) {
   for (uint32_t c = 0; c < a->ncomps; c++) {
     const kiln_computation *x = a->comps[c], *y = b->comps[c];
     SAME(x->id == y->id && same_str(x->name, y->name), "computation name");
-    SAME(x->ninstrs == y->ninstrs && memcmp(x->instrs, y->instrs, x->ninstrs * sizeof(kiln_id)) == 0,
+    SAME(x->ninstrs == y->ninstrs &&
+             memcmp(x->instrs, y->instrs, x->ninstrs * sizeof(kiln_id)) == 0,
          "computation order");
     SAME(x->root == y->root && x->is_entry == y->is_entry, "root/entry");
     SAME(x->line == y->line && x->col == y->col, "computation position");
@@ -301,8 +306,7 @@ static kiln_instr *instr(kiln_module *m, uint32_t comp, kiln_opcode op, const ch
   return ins;
 }
 
-static kiln_instr *param(kiln_module *m, uint32_t comp, const char *name, kiln_shape s,
-                         int64_t n) {
+static kiln_instr *param(kiln_module *m, uint32_t comp, const char *name, kiln_shape s, int64_t n) {
   kiln_instr *ins = instr(m, comp, KILN_OP_PARAMETER, name, s, NULL, 0);
   ins->param_number = n;
   return ins;
@@ -340,22 +344,22 @@ START_TEST(test_enums_mirror_tables) {
   char want[80];
   d = &kiln__v1__element_type__descriptor;
   ck_assert_uint_eq(d->n_values, KILN_DTYPE_COUNT);
-#define X(e, s, bits, bytes, kind)                                              \
-  snprintf(want, sizeof want, "ELEMENT_TYPE_%s", #e);                          \
+#define X(e, s, bits, bytes, kind) \
+  snprintf(want, sizeof want, "ELEMENT_TYPE_%s", #e); \
   ck_assert_str_eq(protobuf_c_enum_descriptor_get_value(d, KILN_##e)->name, want);
 #include "compiler/ir/types.def"
 #undef X
   d = &kiln__v1__opcode__descriptor;
   ck_assert_uint_eq(d->n_values, KILN_OP_COUNT);
-#define X(e, s, arity, family, flags)                                           \
-  snprintf(want, sizeof want, "OPCODE_%s", #e);                                \
+#define X(e, s, arity, family, flags) \
+  snprintf(want, sizeof want, "OPCODE_%s", #e); \
   ck_assert_str_eq(protobuf_c_enum_descriptor_get_value(d, KILN_OP_##e)->name, want);
 #include "compiler/ir/ops.def"
 #undef X
   d = &kiln__v1__attr_key__descriptor;
   ck_assert_uint_eq(d->n_values, KILN_ATTR_COUNT);
-#define X(e, s, kind)                                                           \
-  snprintf(want, sizeof want, "ATTR_KEY_%s", #e);                              \
+#define X(e, s, kind) \
+  snprintf(want, sizeof want, "ATTR_KEY_%s", #e); \
   ck_assert_str_eq(protobuf_c_enum_descriptor_get_value(d, KILN_ATTR_##e)->name, want);
 #include "compiler/ir/attrs.def"
 #undef X
@@ -437,19 +441,21 @@ END_TEST
 /* Constants of every storage class, including nested tuples, an empty
  * tuple, a zero-element array and a bounded-dynamic literal. */
 static void add_literal_constants(kiln_module *m, uint32_t c) {
-  static const kiln_dtype all[] = {KILN_PRED, KILN_S2, KILN_S4, KILN_S8, KILN_S16, KILN_S32,
-                                   KILN_S64, KILN_U2, KILN_U4, KILN_U8, KILN_U16, KILN_U32,
-                                   KILN_U64, KILN_F16, KILN_BF16, KILN_F32, KILN_F64, KILN_C64,
-                                   KILN_C128, KILN_F8E5M2, KILN_F8E4M3FN, KILN_F8E4M3,
-                                   KILN_F8E3M4};
+  static const kiln_dtype all[] = {
+      KILN_PRED, KILN_S2,  KILN_S4,   KILN_S8,     KILN_S16,      KILN_S32,    KILN_S64,   KILN_U2,
+      KILN_U4,   KILN_U8,  KILN_U16,  KILN_U32,    KILN_U64,      KILN_F16,    KILN_BF16,  KILN_F32,
+      KILN_F64,  KILN_C64, KILN_C128, KILN_F8E5M2, KILN_F8E4M3FN, KILN_F8E4M3, KILN_F8E3M4};
   int64_t d3[] = {3};
   for (size_t k = 0; k < sizeof all / sizeof *all; k++) {
     kiln_shape s = arr(m, all[k], d3, 1);
     kiln_literal *lit = new_lit(&s);
     for (int64_t i = 0; i < 3; i++) {
-      if (kiln_dtype_is_complex(all[k])) kiln_literal_set_c128(lit, i, 1.5 * (double)i, -0.25);
-      else if (kiln_dtype_is_float(all[k])) kiln_literal_set_f64(lit, i, i == 2 ? -INFINITY : 0.5 + (double)i);
-      else kiln_literal_set_s64(lit, i, -i);
+      if (kiln_dtype_is_complex(all[k]))
+        kiln_literal_set_c128(lit, i, 1.5 * (double)i, -0.25);
+      else if (kiln_dtype_is_float(all[k]))
+        kiln_literal_set_f64(lit, i, i == 2 ? -INFINITY : 0.5 + (double)i);
+      else
+        kiln_literal_set_s64(lit, i, -i);
     }
     char name[32];
     snprintf(name, sizeof name, "c.%s", kiln_dtype_name(all[k]));
@@ -509,16 +515,16 @@ static void add_all_attribute_kinds(kiln_module *m, uint32_t c, kiln_id x) {
   kiln_id ops[] = {x, x};
   kiln_instr *ins = instr(m, c, KILN_OP_CUSTOM_CALL, "everything", s, ops, 2);
   int64_t dims[] = {1, 0};
-  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_DIMENSIONS, dims, 2), 0); /* INTS */
-  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_FFT_LENGTH, NULL, 0), 0); /* {} */
+  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_DIMENSIONS, dims, 2), 0);  /* INTS */
+  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_FFT_LENGTH, NULL, 0), 0);  /* {} */
   ck_assert_int_eq(kiln_instr_set_attr_int(m, ins, KILN_ATTR_INDEX, -3), 0);             /* INT */
   ck_assert_int_eq(kiln_instr_set_attr_int(m, ins, KILN_ATTR_INDICES_ARE_SORTED, 1), 0); /* BOOL */
   attr(m, ins, KILN_ATTR_EPSILON)->v.f = 0.001;                                          /* FLOAT */
-  attr(m, ins, KILN_ATTR_DIRECTION)->v.i = KILN_CMP_GE;                                  /* CMP_DIR */
+  attr(m, ins, KILN_ATTR_DIRECTION)->v.i = KILN_CMP_GE; /* CMP_DIR */
   int64_t sl[] = {0, 2, 1, 1, 5, 2};
-  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_SLICE, sl, 6), 0);         /* SLICE */
+  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_SLICE, sl, 6), 0); /* SLICE */
   int64_t pad[] = {0, 0, 0, 1, 2, 1};
-  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_PADDING, pad, 6), 0);      /* PADDING */
+  ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_PADDING, pad, 6), 0); /* PADDING */
   int64_t pairs[] = {0, 1, 1, 0};
   ck_assert_int_eq(kiln_instr_set_attr_ints(m, ins, KILN_ATTR_SOURCE_TARGET_PAIRS, pairs, 4), 0);
   kiln_window *w = kiln_arena_calloc(m->arena, 1, sizeof *w);
@@ -526,19 +532,19 @@ static void add_all_attribute_kinds(kiln_module *m, uint32_t c, kiln_id x) {
   w->dims = kiln_arena_calloc(m->arena, 2, sizeof *w->dims);
   w->dims[0] = (kiln_window_dim){3, 2, 1, 1, 1, 2, false};
   w->dims[1] = (kiln_window_dim){3, 1, 0, 1, 2, 1, true};
-  attr(m, ins, KILN_ATTR_WINDOW)->v.window = w;                                          /* WINDOW */
+  attr(m, ins, KILN_ATTR_WINDOW)->v.window = w; /* WINDOW */
   kiln_conv_dims *cd = kiln_arena_calloc(m->arena, 1, sizeof *cd);
   int64_t sp_in[] = {1, 2}, sp_k[] = {0, 1}, sp_o[] = {2, 1};
-  *cd = (kiln_conv_dims){0, 3, 2, 3, 0, 3, 2, i64dup(m, sp_in, 2), i64dup(m, sp_k, 2),
-                         i64dup(m, sp_o, 2)};
-  attr(m, ins, KILN_ATTR_DIM_LABELS)->v.conv = cd;                                       /* DIM_LABELS */
+  *cd = (kiln_conv_dims){
+      0, 3, 2, 3, 0, 3, 2, i64dup(m, sp_in, 2), i64dup(m, sp_k, 2), i64dup(m, sp_o, 2)};
+  attr(m, ins, KILN_ATTR_DIM_LABELS)->v.conv = cd; /* DIM_LABELS */
   kiln_replica_groups *g = kiln_arena_calloc(m->arena, 1, sizeof *g);
   int64_t g0[] = {0, 1}, g1[] = {2, 3};
   g->ngroups = 2;
   g->groups = kiln_arena_calloc(m->arena, 2, sizeof *g->groups);
   g->groups[0] = list(m, g0, 2);
   g->groups[1] = list(m, g1, 2);
-  attr(m, ins, KILN_ATTR_REPLICA_GROUPS)->v.groups = g;                                  /* REPLICA_GROUPS */
+  attr(m, ins, KILN_ATTR_REPLICA_GROUPS)->v.groups = g; /* REPLICA_GROUPS */
   kiln_sharding *sh = kiln_arena_calloc(m->arena, 1, sizeof *sh);
   int64_t td[] = {2, 1, 2}, devs[] = {0, 1, 2, 3};
   sh->kind = KILN_SHARD_TILED;
@@ -546,12 +552,13 @@ static void add_all_attribute_kinds(kiln_module *m, uint32_t c, kiln_id x) {
   sh->devices = list(m, devs, 4);
   sh->last_tile_dim_replicate = true;
   sh->extra = "metadata={op_name=\"s\"}";
-  attr(m, ins, KILN_ATTR_SHARDING)->v.sharding = sh;                                     /* SHARDING */
-  ck_assert_int_eq(kiln_instr_set_attr_str(m, ins, KILN_ATTR_KIND, "kLoop"), 0);         /* IDENT */
-  ck_assert_int_eq(kiln_instr_set_attr_str(m, ins, KILN_ATTR_CUSTOM_CALL_TARGET,
-                                           "my \"target\" \xc3\xa9"), 0);                  /* STRING */
+  attr(m, ins, KILN_ATTR_SHARDING)->v.sharding = sh;                             /* SHARDING */
+  ck_assert_int_eq(kiln_instr_set_attr_str(m, ins, KILN_ATTR_KIND, "kLoop"), 0); /* IDENT */
+  ck_assert_int_eq(
+      kiln_instr_set_attr_str(m, ins, KILN_ATTR_CUSTOM_CALL_TARGET, "my \"target\" \xc3\xa9"),
+      0); /* STRING */
   ck_assert_int_eq(kiln_instr_set_attr_str(m, ins, KILN_ATTR_BACKEND_CONFIG, "{\"a\":1}"), 0);
-  kiln_attr *u1 = attr(m, ins, KILN_ATTR_UNKNOWN);                                      /* UNKNOWN */
+  kiln_attr *u1 = attr(m, ins, KILN_ATTR_UNKNOWN); /* UNKNOWN */
   u1->name = "mystery";
   u1->v.s = "{1,2}";
   kiln_attr *u2 = attr(m, ins, KILN_ATTR_UNKNOWN);
@@ -613,8 +620,8 @@ static kiln_module *build_rich(void) {
   p1s.dynamic = kiln_arena_calloc(m->arena, 1, 1);
   p1s.dynamic[0] = 1;
   kiln_instr *p1 = param(m, main_c, "p1", p1s, 1);
-  kiln_instr *tok = instr(m, main_c, KILN_OP_AFTER_ALL, "tok", (kiln_shape){.dtype = KILN_TOKEN},
-                          NULL, 0);
+  kiln_instr *tok =
+      instr(m, main_c, KILN_OP_AFTER_ALL, "tok", (kiln_shape){.dtype = KILN_TOKEN}, NULL, 0);
   add_literal_constants(m, main_c);
   add_all_attribute_kinds(m, main_c, p0->id);
 
@@ -873,14 +880,14 @@ static int decode_msg(const Kiln__V1__Module *pm, kiln_status *st, kiln_module *
   return rc;
 }
 
-#define EXPECT_ERROR(pm, want)                                          \
-  do {                                                                  \
-    kiln_status st_ = {0};                                              \
-    kiln_module *m_ = NULL;                                             \
-    ck_assert_int_eq(decode_msg((pm), &st_, &m_), KILN_EINVAL);         \
-    ck_assert_int_eq(st_.code, KILN_EINVAL);                            \
-    ck_assert_ptr_null(m_);                                             \
-    ck_assert_str_eq(st_.msg, (want));                                  \
+#define EXPECT_ERROR(pm, want) \
+  do { \
+    kiln_status st_ = {0}; \
+    kiln_module *m_ = NULL; \
+    ck_assert_int_eq(decode_msg((pm), &st_, &m_), KILN_EINVAL); \
+    ck_assert_int_eq(st_.code, KILN_EINVAL); \
+    ck_assert_ptr_null(m_); \
+    ck_assert_str_eq(st_.msg, (want)); \
   } while (0)
 
 START_TEST(test_fixture_is_valid) {
@@ -931,8 +938,10 @@ START_TEST(test_garbage_and_truncation) {
     kiln_status_clear(&st);
     int rc = kiln_module_from_proto(buf, n, &m, &st);
     ck_assert(rc == 0 || rc == KILN_EINVAL);
-    if (rc == 0) kiln_module_destroy(m);
-    else ck_assert_ptr_null(m);
+    if (rc == 0)
+      kiln_module_destroy(m);
+    else
+      ck_assert_ptr_null(m);
   }
   /* Flipping each byte in turn: never a crash. */
   for (size_t n = 0; n < len; n++) {

@@ -54,8 +54,10 @@ static void open_gate(void) {
 }
 
 static kiln_sched *make(uint32_t cls0, uint32_t cls1, uint32_t maxq, uint32_t per_client) {
-  kiln_sched_options o = {.nclasses = cls1 ? 2 : 1, .class_devices = {cls0, cls1},
-                          .max_queued = maxq, .max_queued_per_client = per_client};
+  kiln_sched_options o = {.nclasses = cls1 ? 2 : 1,
+                          .class_devices = {cls0, cls1},
+                          .max_queued = maxq,
+                          .max_queued_per_client = per_client};
   kiln_sched *s = NULL;
   kiln_status st;
   kiln_status_clear(&st);
@@ -71,8 +73,13 @@ static int submit(kiln_sched *s, const char *client, const char *label, uint32_t
   tjob *j = &jobs[njobs++];
   snprintf(j->label, sizeof j->label, "%s", label);
   j->gate = strcmp(label, "gate") == 0;
-  kiln_sched_job d = {.client = client, .dev_class = cls, .ndevices = ndev,
-                      .deadline_ns = deadline, .cancelled = cancel, .run = run, .drop = drop,
+  kiln_sched_job d = {.client = client,
+                      .dev_class = cls,
+                      .ndevices = ndev,
+                      .deadline_ns = deadline,
+                      .cancelled = cancel,
+                      .run = run,
+                      .drop = drop,
                       .arg = j};
   return kiln_sched_submit(s, &d, st);
 }
@@ -273,8 +280,8 @@ START_TEST(test_run_now) {
   d.arg = &now2;
   ck_assert(!kiln_sched_run_now(s, &d));
   /* Another class is free: runs. */
-  kiln_sched_job d1 = {.client = "b", .dev_class = 1, .ndevices = 1, .run = where_run,
-                       .drop = drop, .arg = &cls1};
+  kiln_sched_job d1 = {
+      .client = "b", .dev_class = 1, .ndevices = 1, .run = where_run, .drop = drop, .arg = &cls1};
   ck_assert(kiln_sched_run_now(s, &d1));
   ck_assert_uint_eq(last_devices[0], 1);
   /* A queued job of the class is never overtaken, even once a device is
@@ -323,8 +330,7 @@ static void done_fn(void *arg, const uint32_t *devices, uint32_t n) {
 
 START_TEST(test_done_after_devices_free) {
   kiln_sched *s = done_sched = make(1, 0, 0, 0);
-  kiln_sched_job d = {.client = "a", .ndevices = 1, .run = run_then, .done = done_fn,
-                      .drop = drop};
+  kiln_sched_job d = {.client = "a", .ndevices = 1, .run = run_then, .done = done_fn, .drop = drop};
   ck_assert_int_eq(kiln_sched_submit(s, &d, NULL), 0);
   kiln_sched_wait_idle(s);
   ck_assert_int_eq(atomic_load(&done_calls), 1);
@@ -354,8 +360,11 @@ START_TEST(test_stress) {
   for (int i = 0; i < 20000; i++) {
     char client[16];
     snprintf(client, sizeof client, "c%d", i % 37);
-    kiln_sched_job d = {.client = client, .ndevices = 1 + (uint32_t)(i % 3 == 0),
-                        .run = count_run, .drop = count_drop, .arg = &count};
+    kiln_sched_job d = {.client = client,
+                        .ndevices = 1 + (uint32_t)(i % 3 == 0),
+                        .run = count_run,
+                        .drop = count_drop,
+                        .arg = &count};
     ck_assert_int_eq(kiln_sched_submit(s, &d, NULL), 0);
   }
   kiln_sched_wait_idle(s);

@@ -76,15 +76,22 @@ static const char all_forms[] =
     "  d = f32[8,8] parameter(3), sharding={unknown}\n"
     "  e1 = f32[8,8] parameter(4), sharding={devices=[2,4]0,1,2,3,4,5,6,7}\n"
     "  e2 = f32[8,8] parameter(5), sharding={devices=[2,1,4]<=[8] last_tile_dim_replicate}\n"
-    "  e3 = f32[8,8] parameter(6), sharding={devices=[4,1,2]<=[2,4]T(1,0) last_tile_dim_replicate}\n"
-    "  e4 = f32[8,8] parameter(7), sharding={devices=[2,1,2,2]<=[8] last_tile_dims={manual, replicated}}\n"
-    "  e5 = f32[8,8] parameter(8), sharding={devices=[2,1,4]0,2,4,6,1,3,5,7 last_tile_dims={manual}}\n"
+    "  e3 = f32[8,8] parameter(6), sharding={devices=[4,1,2]<=[2,4]T(1,0) "
+    "last_tile_dim_replicate}\n"
+    "  e4 = f32[8,8] parameter(7), sharding={devices=[2,1,2,2]<=[8] last_tile_dims={manual, "
+    "replicated}}\n"
+    "  e5 = f32[8,8] parameter(8), sharding={devices=[2,1,4]0,2,4,6,1,3,5,7 "
+    "last_tile_dims={manual}}\n"
     "  r1 = f32[8,8] all-reduce(a), replica_groups={{0,1},{2,3}}, to_apply=add\n"
-    "  r2 = f32[8,8] all-reduce(a), channel_id=1, replica_groups=[2,4]<=[8], use_global_device_ids=true, to_apply=add\n"
-    "  r3 = f32[8,8] all-reduce(a), channel_id=2, replica_groups=[4,2]<=[2,4]T(1,0), use_global_device_ids=true, to_apply=add\n"
-    "  r4 = f32[8,8] all-reduce(a), channel_id=3, replica_groups=mesh['x'=2,'y'=4] {'y'}, use_global_device_ids=true, to_apply=add\n"
+    "  r2 = f32[8,8] all-reduce(a), channel_id=1, replica_groups=[2,4]<=[8], "
+    "use_global_device_ids=true, to_apply=add\n"
+    "  r3 = f32[8,8] all-reduce(a), channel_id=2, replica_groups=[4,2]<=[2,4]T(1,0), "
+    "use_global_device_ids=true, to_apply=add\n"
+    "  r4 = f32[8,8] all-reduce(a), channel_id=3, replica_groups=mesh['x'=2,'y'=4] {'y'}, "
+    "use_global_device_ids=true, to_apply=add\n"
     "  r5 = f32[8,8] all-reduce(a), channel_id=4, replica_groups={}, to_apply=add\n"
-    "  ROOT t = (f32[8,8], f32[8,8], f32[8,8], f32[8,8], f32[8,8], f32[8,8]) tuple(r1, r2, r3, r4, r5, e5), "
+    "  ROOT t = (f32[8,8], f32[8,8], f32[8,8], f32[8,8], f32[8,8], f32[8,8]) tuple(r1, r2, r3, r4, "
+    "r5, e5), "
     "sharding={{replicated}, {maximal device=0}, {devices=[8,1]<=[8]}, {manual}, {unknown}, "
     "{devices=[2,4]<=[4,2]T(1,0) metadata={op_name=\"x\"}}}\n"
     "}\n";
@@ -154,10 +161,11 @@ static const kiln_sharding *param_sharding(const kiln_module *m, int64_t n) {
 
 static bool shardings_equal(const char *x, const char *y) {
   char text[512];
-  snprintf(text, sizeof text,
-           "HloModule s\nENTRY e {\n a = f32[8,8] parameter(0), sharding=%s\n"
-           " b = f32[8,8] parameter(1), sharding=%s\n ROOT t = (f32[8,8], f32[8,8]) tuple(a, b)\n}\n",
-           x, y);
+  snprintf(
+      text, sizeof text,
+      "HloModule s\nENTRY e {\n a = f32[8,8] parameter(0), sharding=%s\n"
+      " b = f32[8,8] parameter(1), sharding=%s\n ROOT t = (f32[8,8], f32[8,8]) tuple(a, b)\n}\n",
+      x, y);
   kiln_module *m = parse_ok(text);
   bool eq = kiln_sharding_equal(param_sharding(m, 0), param_sharding(m, 1));
   ck_assert(eq == kiln_sharding_equal(param_sharding(m, 1), param_sharding(m, 0)));
@@ -168,8 +176,8 @@ static bool shardings_equal(const char *x, const char *y) {
 START_TEST(test_sharding_equal) {
   ck_assert(shardings_equal("{devices=[2,4]<=[8]}", "{devices=[2,4]0,1,2,3,4,5,6,7}"));
   ck_assert(shardings_equal("{devices=[4,2]<=[2,4]T(1,0)}", "{devices=[4,2]0,4,1,5,2,6,3,7}"));
-  ck_assert(shardings_equal("{devices=[2,2,2]<=[2,2,2]T(2,0,1)}",
-                            "{devices=[2,2,2]0,2,4,6,1,3,5,7}"));
+  ck_assert(
+      shardings_equal("{devices=[2,2,2]<=[2,2,2]T(2,0,1)}", "{devices=[2,2,2]0,2,4,6,1,3,5,7}"));
   ck_assert(shardings_equal("{devices=[2,1,4]<=[8] last_tile_dim_replicate}",
                             "{devices=[2,1,4]<=[8] last_tile_dims={replicated}}"));
   ck_assert(shardings_equal("{devices=[1,1,8]<=[8] last_tile_dim_replicate}", "{replicated}"));
@@ -187,9 +195,9 @@ START_TEST(test_sharding_equal) {
 END_TEST
 
 START_TEST(test_sharding_canonical) {
-  kiln_module *m = parse_ok(
-      "HloModule s\nENTRY e {\n ROOT a = f32[8,8] parameter(0), "
-      "sharding={devices=[4,1,2]<=[2,4]T(1,0) last_tile_dims={replicated}}\n}\n");
+  kiln_module *m =
+      parse_ok("HloModule s\nENTRY e {\n ROOT a = f32[8,8] parameter(0), "
+               "sharding={devices=[4,1,2]<=[2,4]T(1,0) last_tile_dims={replicated}}\n}\n");
   kiln_arena *a = kiln_arena_create();
   const kiln_sharding *s = param_sharding(m, 0);
   kiln_sharding *c = kiln_sharding_canonical(a, s);
@@ -221,9 +229,10 @@ static void groups_text(const char *rg, char *out, size_t size) {
   kiln_arena *a = kiln_arena_create();
   int64_t *ids, ng, sz;
   kiln_status st = {0};
-  ck_assert_int_eq(kiln_replica_groups_expand(kiln_instr_attr(r, KILN_ATTR_REPLICA_GROUPS)->v.groups,
-                                              a, &ids, &ng, &sz, &st),
-                   0);
+  ck_assert_int_eq(
+      kiln_replica_groups_expand(kiln_instr_attr(r, KILN_ATTR_REPLICA_GROUPS)->v.groups, a, &ids,
+                                 &ng, &sz, &st),
+      0);
   size_t n = 0;
   out[0] = 0;
   for (int64_t g = 0; g < ng; g++) {
@@ -296,10 +305,10 @@ START_TEST(test_group_modes) {
   members("replica_groups={}", 4, 1, 2, g, sizeof g);
   ck_assert_str_eq(g, "r2:0,1,2,3");
   kiln_status st = {0};
-  kiln_module *m = parse_ok(
-      "HloModule g\nadd {\n x = f32[] parameter(0)\n y = f32[] parameter(1)\n"
-      " ROOT s = f32[] add(x, y)\n}\nENTRY e {\n a = f32[4] parameter(0)\n"
-      " ROOT r = f32[4] all-reduce(a), replica_groups={{0,1},{1,2}}, to_apply=add\n}\n");
+  kiln_module *m =
+      parse_ok("HloModule g\nadd {\n x = f32[] parameter(0)\n y = f32[] parameter(1)\n"
+               " ROOT s = f32[] add(x, y)\n}\nENTRY e {\n a = f32[4] parameter(0)\n"
+               " ROOT r = f32[4] all-reduce(a), replica_groups={{0,1},{1,2}}, to_apply=add\n}\n");
   kiln_arena *a = kiln_arena_create();
   kiln_collective_group cg;
   ck_assert_int_eq(kiln_collective_group_of(kiln_computation_root(m, kiln_module_entry(m)), 3, 1, 0,
@@ -347,8 +356,10 @@ static const char prelude[] =
 static void program(char *text, size_t size, int n, const char *body) {
   snprintf(text, size,
            "%sENTRY e {\n id0 = u32[] replica-id()\n id = s32[] convert(id0)\n"
-           " nn = s32[] constant(%d)\n idn = s32[] multiply(id, nn)\n b = s32[%d] broadcast(idn), dimensions={}\n"
-           " io = s32[%d] iota(), iota_dimension=0\n v = s32[%d] add(b, io)\n one = s32[1] reshape(id)\n%s}\n",
+           " nn = s32[] constant(%d)\n idn = s32[] multiply(id, nn)\n b = s32[%d] broadcast(idn), "
+           "dimensions={}\n"
+           " io = s32[%d] iota(), iota_dimension=0\n v = s32[%d] add(b, io)\n one = s32[1] "
+           "reshape(id)\n%s}\n",
            prelude, n, n, n, n, body);
 }
 
@@ -360,14 +371,16 @@ static void expect_devices(const char *body, int n, const char *const *want) {
   ck_assert_msg(rc == 0, "%d devices: %s: %s", n, st.where, st.msg);
   char expect[4096] = "";
   size_t len = 0;
-  for (int k = 0; k < n; k++) len += (size_t)snprintf(expect + len, sizeof expect - len, "%s%s", k ? "|" : "", want[k]);
-  ck_assert_msg(strcmp(got, expect) == 0, "%d devices, body\n%s\ngot    %s\nwanted %s", n, body, got,
-                expect);
+  for (int k = 0; k < n; k++)
+    len += (size_t)snprintf(expect + len, sizeof expect - len, "%s%s", k ? "|" : "", want[k]);
+  ck_assert_msg(strcmp(got, expect) == 0, "%d devices, body\n%s\ngot    %s\nwanted %s", n, body,
+                got, expect);
 }
 
 static void fmt_list(char *out, size_t size, const int64_t *v, int n) {
   size_t len = (size_t)snprintf(out, size, "{");
-  for (int i = 0; i < n; i++) len += (size_t)snprintf(out + len, size - len, "%s%lld", i ? ", " : "", (long long)v[i]);
+  for (int i = 0; i < n; i++)
+    len += (size_t)snprintf(out + len, size - len, "%s%lld", i ? ", " : "", (long long)v[i]);
   snprintf(out + len, size - len, "}");
 }
 
@@ -416,8 +429,9 @@ START_TEST(test_mesh_each_collective) {
       int64_t x = (int64_t)n * (n - 1) / 2 * n + (int64_t)n * k;
       fmt_list(ws[k], 512, &x, 1);
     }
-    expect_n(" ROOT r = s32[1] reduce-scatter(v), replica_groups={}, dimensions={0}, to_apply=add\n",
-             n, want);
+    expect_n(
+        " ROOT r = s32[1] reduce-scatter(v), replica_groups={}, dimensions={0}, to_apply=add\n", n,
+        want);
     /* all-to-all: device r gets element r of every device, in device order */
     for (int k = 0; k < n; k++) {
       for (int j = 0; j < n; j++) v[j] = (int64_t)j * n + k;
@@ -428,7 +442,8 @@ START_TEST(test_mesh_each_collective) {
     char pairs[256] = "";
     size_t pl = 0;
     for (int k = 0; k < n; k++)
-      pl += (size_t)snprintf(pairs + pl, sizeof pairs - pl, "%s{%d,%d}", k ? "," : "", k, (k + 1) % n);
+      pl += (size_t)snprintf(pairs + pl, sizeof pairs - pl, "%s{%d,%d}", k ? "," : "", k,
+                             (k + 1) % n);
     for (int k = 0; k < n; k++) {
       int64_t x = (k + n - 1) % n;
       fmt_list(ws[k], 512, &x, 1);
@@ -491,11 +506,12 @@ START_TEST(test_mesh_partitions) {
   ck_assert_int_eq(run_mesh(text, 2, 4, got, sizeof got, &st), 0);
   ck_assert_str_eq(got, "10|12|14|16|10|12|14|16");
   /* Cross-partition collective-permute: partition pairs, within each replica. */
-  snprintf(text, sizeof text,
-           "%sENTRY e {\n p0 = u32[] partition-id()\n r0 = u32[] replica-id()\n"
-           " ten = u32[] constant(10)\n rt = u32[] multiply(r0, ten)\n x = u32[] add(p0, rt)\n"
-           " ROOT s = u32[] collective-permute(x), channel_id=1, source_target_pairs={{0,1},{1,0}}\n}\n",
-           prelude);
+  snprintf(
+      text, sizeof text,
+      "%sENTRY e {\n p0 = u32[] partition-id()\n r0 = u32[] replica-id()\n"
+      " ten = u32[] constant(10)\n rt = u32[] multiply(r0, ten)\n x = u32[] add(p0, rt)\n"
+      " ROOT s = u32[] collective-permute(x), channel_id=1, source_target_pairs={{0,1},{1,0}}\n}\n",
+      prelude);
   ck_assert_int_eq(run_mesh(text, 2, 2, got, sizeof got, &st), 0);
   ck_assert_str_eq(got, "1|0|11|10");
 }
@@ -511,7 +527,8 @@ START_TEST(test_mesh_failures) {
            "to_apply=add\n}\nskip {\n a = s32[] parameter(0)\n ROOT r = s32[] copy(a)\n}\n"
            "ENTRY e {\n id0 = u32[] replica-id()\n z = u32[] constant(0)\n"
            " c = pred[] compare(id0, z), direction=EQ\n one = s32[] constant(1)\n"
-           " ROOT r = s32[] conditional(c, one, one), true_computation=body, false_computation=skip\n}\n",
+           " ROOT r = s32[] conditional(c, one, one), true_computation=body, "
+           "false_computation=skip\n}\n",
            prelude);
   ck_assert_int_eq(run_mesh(text, 2, 1, got, sizeof got, &st), KILN_EINVAL);
   ck_assert_msg(strstr(st.msg, "device 0") && strstr(st.msg, "finished before reaching"), "%s",
@@ -537,12 +554,15 @@ END_TEST
 START_TEST(test_annotations_identity) {
   char text[2048], got[256];
   kiln_status st;
-  snprintf(text, sizeof text,
-           "HloModule a, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<[\"x\"=2]>}}\n"
-           "ENTRY e {\n c = s32[2] constant({3, 4})\n"
-           " s = s32[2] custom-call(c), custom_call_target=\"Sharding\", sharding={devices=[2]<=[2]}\n"
-           " ROOT r = s32[2] custom-call(s), custom_call_target=\"xla.sdy.FuncResultSharding\", "
-           "custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding=\"#sdy.sharding_per_value<[<@mesh, [{\\\"x\\\"}]>]>\"}\n}\n");
+  snprintf(
+      text, sizeof text,
+      "HloModule a, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<[\"x\"=2]>}}\n"
+      "ENTRY e {\n c = s32[2] constant({3, 4})\n"
+      " s = s32[2] custom-call(c), custom_call_target=\"Sharding\", sharding={devices=[2]<=[2]}\n"
+      " ROOT r = s32[2] custom-call(s), custom_call_target=\"xla.sdy.FuncResultSharding\", "
+      "custom_call_has_side_effect=true, "
+      "frontend_attributes={xla.sdy.sharding=\"#sdy.sharding_per_value<[<@mesh, "
+      "[{\\\"x\\\"}]>]>\"}\n}\n");
   ck_assert_int_eq(run_mesh(text, 1, 1, got, sizeof got, &st), 0);
   ck_assert_str_eq(got, "{3, 4}");
 }

@@ -22,9 +22,9 @@ static char *after(const char *text, const char *const *specs) {
 
 /* f(x) = 1/2 x'Ax + b'x for a fixed A (not symmetric) and b. */
 static const char *k_quad =
-    "HloModule q\n" ADD_F64
-    "ENTRY main { x = f64[3] parameter(0)\n"
-    "  a = f64[3,3] constant({{2, 1, 0}, {3, 4, -1}, {0.5, -2, 5}})  b = f64[3] constant({1, -1, 2})\n"
+    "HloModule q\n" ADD_F64 "ENTRY main { x = f64[3] parameter(0)\n"
+    "  a = f64[3,3] constant({{2, 1, 0}, {3, 4, -1}, {0.5, -2, 5}})  b = f64[3] constant({1, -1, "
+    "2})\n"
     "  ax = f64[3] dot(a, x), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
     "  q = f64[] dot(x, ax), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
     "  h = f64[] constant(0.5)  hq = f64[] multiply(h, q)\n"
@@ -87,17 +87,19 @@ START_TEST(test_hessian_is_vmap_of_hvp) {
   ck_assert_uint_eq(tx_leaves(r, l, 8), 4);
   for (int i = 0; i < 3; i++)
     for (int j = 0; j < 3; j++)
-      ck_assert(tx_close(kiln_literal_get_f64(l[3], i * 3 + j), 0.5 * (k_A[i][j] + k_A[j][i]), 1e-13, 1e-13));
+      ck_assert(tx_close(kiln_literal_get_f64(l[3], i * 3 + j), 0.5 * (k_A[i][j] + k_A[j][i]),
+                         1e-13, 1e-13));
   kiln_literal_destroy(r);
   kiln_literal_destroy(a[0]);
   kiln_literal_destroy(a[1]);
   kiln_module_destroy(m);
   /* a nonlinear function: the Hessian against finite differences of its
    * gradient program, row by row */
-  const char *nl = "HloModule n\n" ADD_F64
-                   "ENTRY main { x = f64[3] parameter(0)  s = f64[3] sine(x)  e = f64[3] exponential(x)\n"
-                   "  p = f64[3] multiply(s, e)  q = f64[3] multiply(p, x)  z = f64[] constant(0)\n"
-                   "  r = f64[] reduce(q, z), dimensions={0}, to_apply=add  ROOT t = f64[] tanh(r) }\n";
+  const char *nl =
+      "HloModule n\n" ADD_F64
+      "ENTRY main { x = f64[3] parameter(0)  s = f64[3] sine(x)  e = f64[3] exponential(x)\n"
+      "  p = f64[3] multiply(s, e)  q = f64[3] multiply(p, x)  z = f64[] constant(0)\n"
+      "  r = f64[] reduce(q, z), dimensions={0}, to_apply=add  ROOT t = f64[] tanh(r) }\n";
   kiln_module *h = tx_apply_list(nl, specs, NULL);
   const char *gs[] = {"grad", NULL};
   kiln_module *g = tx_apply_list(nl, gs, NULL);
@@ -117,8 +119,10 @@ START_TEST(test_hessian_is_vmap_of_hvp) {
     kiln_literal *gm = tx_run(g, b, 1);
     kiln_literal_set_f64(b[0], j, x0);
     for (int i = 0; i < 3; i++) {
-      double fd = (kiln_literal_get_f64(gp->elems[1], i) - kiln_literal_get_f64(gm->elems[1], i)) / (2 * eps);
-      ck_assert_msg(tx_close(kiln_literal_get_f64(hl[3], j * 3 + i), fd, 1e-6, 1e-8), "H[%d][%d]", j, i);
+      double fd = (kiln_literal_get_f64(gp->elems[1], i) - kiln_literal_get_f64(gm->elems[1], i)) /
+                  (2 * eps);
+      ck_assert_msg(tx_close(kiln_literal_get_f64(hl[3], j * 3 + i), fd, 1e-6, 1e-8), "H[%d][%d]",
+                    j, i);
     }
     kiln_literal_destroy(gp);
     kiln_literal_destroy(gm);
@@ -133,9 +137,11 @@ END_TEST
 
 START_TEST(test_grad_of_grad) {
   /* f(x) = sin(x) x^3 + exp(x/2): grad:output=1 of grad is f'' */
-  const char *f = "HloModule s\nENTRY main { x = f64[] parameter(0)  s = f64[] sine(x)  x2 = f64[] multiply(x, x)\n"
-                  "  x3 = f64[] multiply(x2, x)  a = f64[] multiply(s, x3)  h = f64[] constant(0.5)\n"
-                  "  xh = f64[] multiply(x, h)  e = f64[] exponential(xh)  ROOT r = f64[] add(a, e) }\n";
+  const char *f =
+      "HloModule s\nENTRY main { x = f64[] parameter(0)  s = f64[] sine(x)  x2 = f64[] multiply(x, "
+      "x)\n"
+      "  x3 = f64[] multiply(x2, x)  a = f64[] multiply(s, x3)  h = f64[] constant(0.5)\n"
+      "  xh = f64[] multiply(x, h)  e = f64[] exponential(xh)  ROOT r = f64[] add(a, e) }\n";
   char *g = AFTER(f, "grad");
   tx_check_grad(g, "grad:output=1", 3, -2, 2);
   /* third order, through the same door */
@@ -153,7 +159,8 @@ START_TEST(test_grad_of_grad) {
       "cond { p = (s32[], f64[]) parameter(0)  i = s32[] get-tuple-element(p), index=0\n"
       "  n = s32[] constant(3)  ROOT c = pred[] compare(i, n), direction=LT }\n"
       "ENTRY main { x = f64[] parameter(0)  z = s32[] constant(0)  t = (s32[], f64[]) tuple(z, x)\n"
-      "  l = (s32[], f64[]) while(t), condition=cond, body=body  ROOT y = f64[] get-tuple-element(l), index=1 }\n";
+      "  l = (s32[], f64[]) while(t), condition=cond, body=body  ROOT y = f64[] "
+      "get-tuple-element(l), index=1 }\n";
   char *lg = AFTER(loop, "grad");
   tx_check_grad(lg, "grad:output=1", 5, 0.5, 1.5);
   tx_check_jvp(lg, 6, 0.5, 1.5);
@@ -162,10 +169,11 @@ START_TEST(test_grad_of_grad) {
 END_TEST
 
 static const char *k_loss =
-    "HloModule l\n" ADD_F64
-    "ENTRY main { x = f64[4] parameter(0)  w = f64[4,2] parameter(1)\n"
-    "  h = f64[2] dot(x, w), lhs_contracting_dims={0}, rhs_contracting_dims={0}  t = f64[2] tanh(h)\n"
-    "  q = f64[2] multiply(t, t)  z = f64[] constant(0)  ROOT r = f64[] reduce(q, z), dimensions={0}, to_apply=add }\n";
+    "HloModule l\n" ADD_F64 "ENTRY main { x = f64[4] parameter(0)  w = f64[4,2] parameter(1)\n"
+    "  h = f64[2] dot(x, w), lhs_contracting_dims={0}, rhs_contracting_dims={0}  t = f64[2] "
+    "tanh(h)\n"
+    "  q = f64[2] multiply(t, t)  z = f64[] constant(0)  ROOT r = f64[] reduce(q, z), "
+    "dimensions={0}, to_apply=add }\n";
 
 START_TEST(test_vmap_of_grad) {
   /* per-example gradients: [grad, vmap] is vmap(grad(f)) */

@@ -13,10 +13,10 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/eval/interp.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/transforms/transform.h"
-#include "compiler/eval/interp.h"
 
 #define TX_MAX 16
 
@@ -96,7 +96,8 @@ static inline void tx_expect_fail(const char *text, const char *spec, int code, 
   int rc = kiln_transforms_apply(m, &t, 1, &st);
   char full[KILN_STATUS_WHERE_MAX + KILN_STATUS_MSG_MAX + 4];
   snprintf(full, sizeof full, "%s: %s", st.where, st.msg);
-  ck_assert_msg(rc == code, "expected %s, got %s: %s", kiln_err_name(code), kiln_err_name(rc), full);
+  ck_assert_msg(rc == code, "expected %s, got %s: %s", kiln_err_name(code), kiln_err_name(rc),
+                full);
   ck_assert_msg(strstr(full, part) != NULL, "message \"%s\" lacks \"%s\"", full, part);
   kiln_module_destroy(m);
 }
@@ -199,8 +200,8 @@ static inline bool tx_close(double got, double want, double rtol, double atol) {
   return fabs(got - want) <= atol + rtol * fabs(want);
 }
 
-static inline void tx_expect_lit_close(const kiln_literal *got, const kiln_literal *want, double rtol,
-                                       double atol, const char *what) {
+static inline void tx_expect_lit_close(const kiln_literal *got, const kiln_literal *want,
+                                       double rtol, double atol, const char *what) {
   ck_assert_msg(kiln_shape_same_dims(&got->shape, &want->shape), "%s: shapes differ", what);
   int64_t n = kiln_literal_elements(want);
   for (int64_t i = 0; i < n; i++) {
@@ -246,18 +247,22 @@ static inline void tx_check_grad(const char *text, const char *spec, uint64_t se
   kiln_literal *fv = tx_run(f, args, n);
   const kiln_literal *fl[64];
   tx_leaves(fv, fl, 64);
-  ck_assert_msg(tx_close(kiln_literal_get_f64(lv[0], 0), kiln_literal_get_f64(fl[out], 0), 1e-12, 1e-12),
-                "value differs");
+  ck_assert_msg(
+      tx_close(kiln_literal_get_f64(lv[0], 0), kiln_literal_get_f64(fl[out], 0), 1e-12, 1e-12),
+      "value differs");
   kiln_literal_destroy(fv);
   for (uint32_t w = 0; w < nw; w++) {
     uint32_t p = t.nwrt ? (uint32_t)t.wrt[w] : 0;
     int64_t ne = kiln_literal_elements(args[p]);
     for (int64_t i = 0; i < ne; i++) {
       double h = 1e-6 * fmax(1.0, fabs(kiln_literal_get_f64(args[p], i)));
-      double fd = (tx_eval_shift(f, args, n, p, i, h, out) - tx_eval_shift(f, args, n, p, i, -h, out)) / (2 * h);
+      double fd =
+          (tx_eval_shift(f, args, n, p, i, h, out) - tx_eval_shift(f, args, n, p, i, -h, out)) /
+          (2 * h);
       double got = kiln_literal_get_f64(lv[1 + w], i);
-      ck_assert_msg(tx_close(got, fd, 1e-5, 1e-6), "%s: d/dparam%u[%lld] = %.12g, finite differences %.12g\n%s",
-                    spec, p, (long long)i, got, fd, tx_case);
+      ck_assert_msg(tx_close(got, fd, 1e-5, 1e-6),
+                    "%s: d/dparam%u[%lld] = %.12g, finite differences %.12g\n%s", spec, p,
+                    (long long)i, got, fd, tx_case);
     }
   }
   kiln_literal_destroy(r);
@@ -304,8 +309,9 @@ static inline void tx_check_jvp(const char *text, uint64_t seed, double lo, doub
     for (int64_t e = 0; e < kiln_literal_elements(zl[o]); e++) {
       double fd = (kiln_literal_get_f64(pl[o], e) - kiln_literal_get_f64(ml[o], e)) / (2 * h);
       double got = kiln_literal_get_f64(lv[m + o], e);
-      ck_assert_msg(tx_close(got, fd, 1e-5, 1e-6), "jvp output %u[%lld] = %.12g, finite differences %.12g\n%s",
-                    o, (long long)e, got, fd, tx_case);
+      ck_assert_msg(tx_close(got, fd, 1e-5, 1e-6),
+                    "jvp output %u[%lld] = %.12g, finite differences %.12g\n%s", o, (long long)e,
+                    got, fd, tx_case);
     }
   }
   kiln_literal_destroy(rp);
@@ -358,8 +364,8 @@ static inline void tx_check_vjp_dot(const char *text, uint64_t seed, double lo, 
     scale += fabs(tx_dot(vl[m + i], ja[n + i]));
   }
   for (uint32_t o = 0; o < m; o++) rhs += tx_dot(va[n + o], jl[m + o]);
-  ck_assert_msg(fabs(lhs - rhs) <= tx_dot_rtol * (1 + scale), "<vjp(u), v> = %.17g but <u, jvp(v)> = %.17g\n%s", lhs,
-                rhs, tx_case);
+  ck_assert_msg(fabs(lhs - rhs) <= tx_dot_rtol * (1 + scale),
+                "<vjp(u), v> = %.17g but <u, jvp(v)> = %.17g\n%s", lhs, rhs, tx_case);
   kiln_literal_destroy(jr);
   kiln_literal_destroy(vr);
   kiln_literal_destroy(r0);
@@ -387,7 +393,8 @@ static inline kiln_literal *tx_take(const kiln_literal *a, int64_t axis, int64_t
   size_t es = kiln_dtype_size(s->dtype);
   for (int64_t i = 0; i < outer; i++)
     memcpy((char *)o->data + (size_t)(i * inner) * es,
-           (const char *)a->data + (size_t)((i * s->dims[axis] + b) * inner) * es, (size_t)inner * es);
+           (const char *)a->data + (size_t)((i * s->dims[axis] + b) * inner) * es,
+           (size_t)inner * es);
   return o;
 }
 
@@ -403,7 +410,8 @@ static inline void tx_check_vmap(const char *text, const char *spec, const int64
   kiln_literal **args = tx_params_rand(v, seed, 0.1, 1.0, &n);
   int64_t bsize = -1, *ia = calloc(n + 1, sizeof *ia);
   for (uint32_t i = 0; i < n; i++) {
-    ia[i] = in_axes[i] == TX_NONE || in_axes[i] >= 0 ? in_axes[i] : in_axes[i] + args[i]->shape.rank;
+    ia[i] =
+        in_axes[i] == TX_NONE || in_axes[i] >= 0 ? in_axes[i] : in_axes[i] + args[i]->shape.rank;
     if (ia[i] != TX_NONE) bsize = args[i]->shape.dims[ia[i]];
   }
   ck_assert(bsize > 0);
@@ -412,12 +420,14 @@ static inline void tx_check_vmap(const char *text, const char *spec, const int64
   uint32_t m = tx_leaves(r, rl, 64);
   kiln_literal **sl = calloc(n + 1, sizeof *sl);
   for (int64_t b = 0; b < bsize; b++) {
-    for (uint32_t i = 0; i < n; i++) sl[i] = ia[i] != TX_NONE ? tx_take(args[i], ia[i], b) : tx_clone(args[i]);
+    for (uint32_t i = 0; i < n; i++)
+      sl[i] = ia[i] != TX_NONE ? tx_take(args[i], ia[i], b) : tx_clone(args[i]);
     kiln_literal *one = tx_run(f, sl, n);
     const kiln_literal *ol[64];
     ck_assert_uint_eq(tx_leaves(one, ol, 64), m);
     for (uint32_t o = 0; o < m; o++) {
-      int64_t oa = out_axes[o] == TX_NONE || out_axes[o] >= 0 ? out_axes[o] : out_axes[o] + rl[o]->shape.rank;
+      int64_t oa = out_axes[o] == TX_NONE || out_axes[o] >= 0 ? out_axes[o]
+                                                              : out_axes[o] + rl[o]->shape.rank;
       kiln_literal *got = oa != TX_NONE ? tx_take(rl[o], oa, b) : tx_clone(rl[o]);
       char what[64];
       snprintf(what, sizeof what, "vmap output %u, batch %lld", o, (long long)b);

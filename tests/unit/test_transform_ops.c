@@ -506,28 +506,28 @@ static const char *k_complex =
     "  zero = f64[] constant(0)  ROOT r = f64[] reduce(v, zero), dimensions={0}, to_apply=add }\n";
 
 /* fft of each type, each followed by real and imag parts so that outputs are real. */
-#define FFT_CASE(decl, body)                                                                     \
-  "HloModule m\n" ADD_F64 "ENTRY main { " decl "\n" body "\n"                                    \
+#define FFT_CASE(decl, body) \
+  "HloModule m\n" ADD_F64 "ENTRY main { " decl "\n" body "\n" \
   "  zero = f64[] constant(0)  ROOT r = f64[] reduce(o, zero), dimensions={0,1}, to_apply=add }\n"
 
-static const char *k_fft = FFT_CASE(
-    "x = f64[2,4] parameter(0)  y = f64[2,4] parameter(1)",
-    "  z = c128[2,4] complex(x, y)  f = c128[2,4] fft(z), fft_type=FFT, fft_length={2,4}\n"
-    "  g = c128[2,4] fft(f), fft_type=IFFT, fft_length={4}  h = c128[2,4] multiply(g, f)\n"
-    "  re = f64[2,4] real(h)  im = f64[2,4] imag(f)  sq = f64[2,4] multiply(im, im)\n"
-    "  o = f64[2,4] add(re, sq)");
-static const char *k_rfft_even = FFT_CASE(
-    "x = f64[2,6] parameter(0)  w = f64[2,4] parameter(1)",
-    "  f = c128[2,4] fft(x), fft_type=RFFT, fft_length={6}  a = f64[2,4] abs(f)\n"
-    "  im = f64[2,4] imag(f)  m = f64[2,4] multiply(im, w)  o = f64[2,4] add(a, m)");
-static const char *k_rfft_odd = FFT_CASE(
-    "x = f64[3,5] parameter(0)  w = f64[3,3] parameter(1)",
-    "  f = c128[3,3] fft(x), fft_type=RFFT, fft_length={3,5}  re = f64[3,3] real(f)\n"
-    "  im = f64[3,3] imag(f)  m = f64[3,3] multiply(im, w)  o = f64[3,3] add(re, m)");
-static const char *k_irfft_even = FFT_CASE(
-    "x = f64[2,4] parameter(0)  y = f64[2,4] parameter(1)  w = f64[2,6] parameter(2)",
-    "  z = c128[2,4] complex(x, y)  f = f64[2,6] fft(z), fft_type=IRFFT, fft_length={6}\n"
-    "  ff = f64[2,6] multiply(f, f)  o = f64[2,6] multiply(ff, w)");
+static const char *k_fft =
+    FFT_CASE("x = f64[2,4] parameter(0)  y = f64[2,4] parameter(1)",
+             "  z = c128[2,4] complex(x, y)  f = c128[2,4] fft(z), fft_type=FFT, fft_length={2,4}\n"
+             "  g = c128[2,4] fft(f), fft_type=IFFT, fft_length={4}  h = c128[2,4] multiply(g, f)\n"
+             "  re = f64[2,4] real(h)  im = f64[2,4] imag(f)  sq = f64[2,4] multiply(im, im)\n"
+             "  o = f64[2,4] add(re, sq)");
+static const char *k_rfft_even =
+    FFT_CASE("x = f64[2,6] parameter(0)  w = f64[2,4] parameter(1)",
+             "  f = c128[2,4] fft(x), fft_type=RFFT, fft_length={6}  a = f64[2,4] abs(f)\n"
+             "  im = f64[2,4] imag(f)  m = f64[2,4] multiply(im, w)  o = f64[2,4] add(a, m)");
+static const char *k_rfft_odd =
+    FFT_CASE("x = f64[3,5] parameter(0)  w = f64[3,3] parameter(1)",
+             "  f = c128[3,3] fft(x), fft_type=RFFT, fft_length={3,5}  re = f64[3,3] real(f)\n"
+             "  im = f64[3,3] imag(f)  m = f64[3,3] multiply(im, w)  o = f64[3,3] add(re, m)");
+static const char *k_irfft_even =
+    FFT_CASE("x = f64[2,4] parameter(0)  y = f64[2,4] parameter(1)  w = f64[2,6] parameter(2)",
+             "  z = c128[2,4] complex(x, y)  f = f64[2,6] fft(z), fft_type=IRFFT, fft_length={6}\n"
+             "  ff = f64[2,6] multiply(f, f)  o = f64[2,6] multiply(ff, w)");
 static const char *k_irfft_odd = FFT_CASE(
     "x = f64[2,3] parameter(0)  y = f64[2,3] parameter(1)  w = f64[2,5] parameter(2)",
     "  z = c128[2,3] complex(x, y)  f = f64[2,5] fft(z), fft_type=IRFFT, fft_length={2,5}\n"
@@ -572,10 +572,12 @@ START_TEST(test_complex_and_fft) {
   /* sign has no zero derivative on complex values */
   tx_expect_fail("HloModule m\nENTRY main { x = f64[2] parameter(0)  z = c128[2] convert(x)\n"
                  "  s = c128[2] sign(z)  ROOT r = f64[2] real(s) }\n",
-                 "jvp", KILN_EUNIMPL, "jvp: op sign (main/s) has no derivative rule on complex values");
+                 "jvp", KILN_EUNIMPL,
+                 "jvp: op sign (main/s) has no derivative rule on complex values");
   /* grad needs a real output */
   tx_expect_fail("HloModule m\nENTRY main { x = f64[] parameter(0)  ROOT z = c128[] convert(x) }\n",
-                 "grad", KILN_EINVAL, "grad: output 0 is c128[]; grad needs a floating-point scalar");
+                 "grad", KILN_EINVAL,
+                 "grad: output 0 is c128[]; grad needs a floating-point scalar");
 }
 END_TEST
 
@@ -593,7 +595,8 @@ START_TEST(test_rule_table_coverage) {
                   kiln_opcode_name((kiln_opcode)op), bat, lb);
     ck_assert_msg(r->lowered == kiln__tf_lowered_op((kiln_opcode)op),
                   "op %s: lowered mark disagrees with lower.c", kiln_opcode_name((kiln_opcode)op));
-    if (r->lowered) kiln_sbuf_printf(&nl, "%s%s", nl.len ? " " : "", kiln_opcode_name((kiln_opcode)op));
+    if (r->lowered)
+      kiln_sbuf_printf(&nl, "%s%s", nl.len ? " " : "", kiln_opcode_name((kiln_opcode)op));
     if (ld) kiln_sbuf_printf(&nd, "%s%s", nd.len ? " " : "", kiln_opcode_name((kiln_opcode)op));
     if (lb) kiln_sbuf_printf(&nb, "%s%s", nb.len ? " " : "", kiln_opcode_name((kiln_opcode)op));
   }

@@ -24,7 +24,8 @@ static char *program(uint64_t seed, bool diff, bool scalar, int nparams, kiln_dt
                            .max_dim = 3};
   char *text = kiln_progen_text(&o);
   ck_assert_ptr_nonnull(text);
-  if (getenv("KILN_PROGEN_PRINT")) fprintf(stderr, "seed %llu:\n%s\n", (unsigned long long)seed, text);
+  if (getenv("KILN_PROGEN_PRINT"))
+    fprintf(stderr, "seed %llu:\n%s\n", (unsigned long long)seed, text);
   return text;
 }
 
@@ -33,7 +34,8 @@ START_TEST(test_random_grad) {
     int np = 1 + s % 3;
     char *text = program(1000 + s, true, true, np, KILN_F64);
     char spec[64] = "grad:wrt=0";
-    for (int i = 1; i < np; i++) snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ",%d", i);
+    for (int i = 1; i < np; i++)
+      snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ",%d", i);
     tx_case = text;
     tx_check_grad(text, spec, s, -1, 1);
     kiln_free(text);
@@ -73,8 +75,9 @@ static void random_vmap(uint64_t pseed, bool diff) {
     if (i == np - 1 && !any) pick = 1;
     in[i] = pick == 0 ? TX_NONE : pick == 1 ? 0 : (int64_t)ps->rank; /* none, first, last */
     any |= in[i] != TX_NONE;
-    o += in[i] == TX_NONE ? snprintf(spec + o, sizeof spec - o, "%snone", i ? "," : "")
-                          : snprintf(spec + o, sizeof spec - o, "%s%lld", i ? "," : "", (long long)in[i]);
+    o += in[i] == TX_NONE
+             ? snprintf(spec + o, sizeof spec - o, "%snone", i ? "," : "")
+             : snprintf(spec + o, sizeof spec - o, "%s%lld", i ? "," : "", (long long)in[i]);
   }
   o += snprintf(spec + o, sizeof spec - o, ",out_axes=");
   for (uint32_t j = 0; j < nl && j < 64; j++) {

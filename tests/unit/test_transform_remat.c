@@ -15,19 +15,21 @@
  * attribute text. */
 static char *mlp_text(const char *mark) {
   kiln_sbuf b = KILN_SBUF_INIT;
-  kiln_sbuf_puts(&b,
-                 "HloModule mlp\n"
-                 "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
-                 "layer { x = f32[64,128] parameter(0)  w = f32[128,128] parameter(1)  b = f32[128] parameter(2)\n"
-                 "  d = f32[64,128] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
-                 "  bb = f32[64,128] broadcast(b), dimensions={1}  a = f32[64,128] add(d, bb)\n"
-                 "  s = f32[64,128] logistic(a)  ROOT h = f32[64,128] multiply(a, s) }\n"
-                 "ENTRY main { h0 = f32[64,128] parameter(0)\n");
+  kiln_sbuf_puts(
+      &b, "HloModule mlp\n"
+          "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+          "layer { x = f32[64,128] parameter(0)  w = f32[128,128] parameter(1)  b = f32[128] "
+          "parameter(2)\n"
+          "  d = f32[64,128] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+          "  bb = f32[64,128] broadcast(b), dimensions={1}  a = f32[64,128] add(d, bb)\n"
+          "  s = f32[64,128] logistic(a)  ROOT h = f32[64,128] multiply(a, s) }\n"
+          "ENTRY main { h0 = f32[64,128] parameter(0)\n");
   for (int i = 1; i <= NLAYERS; i++)
-    kiln_sbuf_printf(&b, "  w%d = f32[128,128] parameter(%d)  b%d = f32[128] parameter(%d)\n", i, i, i,
-                     NLAYERS + i);
+    kiln_sbuf_printf(&b, "  w%d = f32[128,128] parameter(%d)  b%d = f32[128] parameter(%d)\n", i, i,
+                     i, NLAYERS + i);
   for (int i = 1; i <= NLAYERS; i++)
-    kiln_sbuf_printf(&b, "  h%d = f32[64,128] call(h%d, w%d, b%d), to_apply=layer%s\n", i, i - 1, i, i, mark);
+    kiln_sbuf_printf(&b, "  h%d = f32[64,128] call(h%d, w%d, b%d), to_apply=layer%s\n", i, i - 1, i,
+                     i, mark);
   kiln_sbuf_printf(&b,
                    "  sq = f32[64,128] multiply(h%d, h%d)  zero = f32[] constant(0)\n"
                    "  ROOT loss = f32[] reduce(sq, zero), dimensions={0,1}, to_apply=add }\n",
@@ -59,10 +61,11 @@ START_TEST(test_checkpoint_lowers_peak_bytes) {
   ck_assert_uint_eq(tx_leaves(r0, l0, 16), 1 + 2 * NLAYERS);
   ck_assert_uint_eq(tx_leaves(r1, l1, 16), 1 + 2 * NLAYERS);
   /* The same operations on the same values: equal up to f32 summation order. */
-  for (int i = 0; i < 1 + 2 * NLAYERS; i++) tx_expect_lit_close(l1[i], l0[i], 1e-5, 1e-7, "checkpointed gradient");
+  for (int i = 0; i < 1 + 2 * NLAYERS; i++)
+    tx_expect_lit_close(l1[i], l0[i], 1e-5, 1e-7, "checkpointed gradient");
   uint64_t p0 = compiled_peak(g0), p1 = compiled_peak(g1);
-  fprintf(stderr, "mlp grad peak bytes: %llu without checkpoints, %llu with\n", (unsigned long long)p0,
-          (unsigned long long)p1);
+  fprintf(stderr, "mlp grad peak bytes: %llu without checkpoints, %llu with\n",
+          (unsigned long long)p0, (unsigned long long)p1);
   ck_assert_msg(p1 < p0, "checkpointed peak %llu is not below %llu", (unsigned long long)p1,
                 (unsigned long long)p0);
   kiln_literal_destroy(r0);
