@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test Kiln has, the way CI does:
-#   1. scripts/setup.sh (Debian packages, .venv)
+#   1. scripts/setup.sh (Debian packages, .venv), then scripts/format.sh
+#      --check: every tracked C file follows .clang-format
 #   2. build/       RelWithDebInfo, -Werror; ctest: every registered test
 #                   (unit, golden, corpus conformance, JAX peer)
 #   3. build-asan/  ASan+UBSan, -Werror; ctest -L unit -LE slow (the suites
@@ -50,6 +51,14 @@ if ! ./scripts/setup.sh; then
   exit 1
 fi
 record setup PASS $(($(date +%s) - t)) ""
+
+banner "format (.clang-format)"
+t=$(date +%s)
+if ./scripts/format.sh --check; then
+  record format PASS $(($(date +%s) - t)) ""
+else
+  record format FAIL $(($(date +%s) - t)) "run scripts/format.sh"
+fi
 
 export KILN_PYTHON=$ROOT/.venv/bin/python
 corpus=${KILN_CORPUS_DIR:-$ROOT/../shared/corpus/xla-hlo}
