@@ -486,7 +486,7 @@ START_TEST(test_sort_and_topk) {
   "  ROOT r = pred[] compare(a, b), direction=LT }\n"
   const char *one =
       "HloModule m\n" ADD_F64 LT_F64 "ENTRY main { x = f64[3,4] parameter(0)  ROOT y = f64[3,4] "
-                                     "sort(x), dimensions={1}, to_apply=lt }\n";
+      "sort(x), dimensions={1}, to_apply=lt }\n";
   tx_check_jvp(one, 101, -1, 1);
   tx_check_vjp_dot(one, 102, -1, 1);
   const char *sone =
@@ -553,7 +553,7 @@ START_TEST(test_gather_scatter) {
   /* zeros among the multiplied updates: no division by them */
   const char *mulz =
       "HloModule m\n" ADD_F64 MUL_F64 "ENTRY e { x = f64[3] parameter(0)  i = s32[3,1] "
-                                      "constant({{0}, {0}, {2}})  u = f64[3] parameter(1)\n"
+      "constant({{0}, {0}, {2}})  u = f64[3] parameter(1)\n"
       "  y = f64[3] scatter(x, i, u), update_window_dims={}, inserted_window_dims={0}, "
       "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=ml\n"
       "  z = f64[] constant(0)  ROOT r = f64[] reduce(y, z), dimensions={0}, to_apply=add }\n";
@@ -564,7 +564,7 @@ START_TEST(test_gather_scatter) {
   /* ties of a max: shared equally by the operand and the updates, as in JAX */
   const char *maxt =
       "HloModule m\n" ADD_F64 MAX_F64 "ENTRY e { x = f64[3] parameter(0)  i = s32[3,1] "
-                                      "constant({{0}, {0}, {1}})  u = f64[3] parameter(1)\n"
+      "constant({{0}, {0}, {1}})  u = f64[3] parameter(1)\n"
       "  y = f64[3] scatter(x, i, u), update_window_dims={}, inserted_window_dims={0}, "
       "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=mx\n"
       "  z = f64[] constant(0)  ROOT r = f64[] reduce(y, z), dimensions={0}, to_apply=add }\n";
@@ -659,7 +659,7 @@ START_TEST(test_conditional_and_call) {
   }
   const char *call =
       "HloModule m\n" ADD_F64 "f { a = f64[3] parameter(0)  b = f64[3] parameter(1)  t = f64[3] "
-                              "tanh(a)  ROOT m = f64[3] multiply(t, b) }\n"
+      "tanh(a)  ROOT m = f64[3] multiply(t, b) }\n"
       "ENTRY main { x = f64[3] parameter(0)  y = f64[3] parameter(1)  c = f64[3] call(x, y), "
       "to_apply=f\n"
       "  d = f64[3] call(c, x), to_apply=f  zero = f64[] constant(0)\n"
@@ -672,7 +672,7 @@ END_TEST
 
 START_TEST(test_checkpoint) {
   const char *mlp = "HloModule m\n" ADD_F64 "ENTRY main { x = f64[4,3] parameter(0)  w = f64[3,5] "
-                                            "parameter(1)  v = f64[5,2] parameter(2)\n"
+                    "parameter(1)  v = f64[5,2] parameter(2)\n"
                     "  h = f64[4,5] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}  "
                     "a = f64[4,5] tanh(h)\n"
                     "  e = f64[4,5] exponential(a)  o = f64[4,2] dot(e, v), "
