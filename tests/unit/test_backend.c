@@ -692,6 +692,7 @@ START_TEST(test_mesh_gang_launch) {
   /* a bad argument on one rank: nothing runs, nothing is left allocated */
   kiln_buffer *short_buf = NULL;
   ck_assert_int_eq(kiln_buffer_alloc(d[2], 8, &short_buf, &st), 0);
+  kiln_buffer *good_buf = argv[2][1];
   argv[2][1] = short_buf;
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_mesh_execute(m, args, 2, NULL, res, 1, &st), KILN_EINVAL);
@@ -699,6 +700,7 @@ START_TEST(test_mesh_gang_launch) {
   ck_assert_str_eq(st.msg, "parameter leaf 1: buffer has 8 bytes, expected 16");
   for (uint32_t r = 0; r < 4; r++) ck_assert_ptr_null(resv[r][0]);
   kiln_buffer_free(short_buf);
+  kiln_buffer_free(good_buf);
   for (uint32_t r = 0; r < 4; r++) {
     kiln_buffer_free(argv[r][0]);
     if (r != 2) kiln_buffer_free(argv[r][1]);
