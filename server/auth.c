@@ -27,7 +27,7 @@
 
 #define DIGEST_LEN 32
 #define TOKEN_MAX 4096
-#define FILE_MAX (4u << 20)
+#define FILE_MAX_MIB 4 /* certificate, key and token files */
 #define PORT_PROPERTY "kiln_port"
 
 typedef struct token_entry {
@@ -44,42 +44,6 @@ struct kilnd_auth {
   pthread_mutex_t mu;
   grpc_ssl_server_certificate_config *pending; /* for the next handshake */
 };
-
-/* ---- files --------------------------------------------------------------------------- */
-
-static int slurp(const char *path, const char *what, char **out, kiln_status *st) {
-  *out = NULL;
-  FILE *f = fopen(path, "rb");
-  if (f == NULL)
-    return kiln_status_set(st, KILN_EIO, path, "cannot open %s: %s", what, strerror(errno));
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  int rc = 0;
-  for (;;) {
-    if (kiln_grow((void **)&buf, &cap, len + 4097, 1)) {
-      rc = kiln_status_set(st, KILN_ENOMEM, path, "out of memory");
-      break;
-    }
-    size_t n = fread(buf + len, 1, 4096, f);
-    len += n;
-    if (n < 4096) break;
-    if (len > FILE_MAX) {
-      rc = kiln_status_set(st, KILN_ELIMIT, path, "%s larger than 4 MiB", what);
-      break;
-    }
-  }
-  if (rc == 0 && ferror(f)) rc = kiln_status_set(st, KILN_EIO, path, "cannot read %s", what);
-  fclose(f);
-  if (rc == 0 && memchr(buf, '\0', len))
-    rc = kiln_status_set(st, KILN_EINVAL, path, "%s contains a NUL byte", what);
-  if (rc) {
-    kiln_free(buf);
-    return rc;
-  }
-  buf[len] = '\0';
-  *out = buf;
-  return 0;
-}
 
 /* ---- tokens -------------------------------------------------------------------------- */
 
@@ -216,9 +180,10 @@ static int load_certificates(const kilnd_config *cfg, grpc_ssl_server_certificat
                              kiln_status *st) {
   *out = NULL;
   char *cert = NULL, *key = NULL, *ca = NULL;
-  int rc = slurp(cfg->tls_cert, "certificate file", &cert, st);
-  if (rc == 0) rc = slurp(cfg->tls_key, "key file", &key, st);
-  if (rc == 0 && cfg->tls_client_ca[0]) rc = slurp(cfg->tls_client_ca, "client CA file", &ca, st);
+  int rc = kilnd_read_file(cfg->tls_cert, "certificate file", FILE_MAX_MIB, &cert, st);
+  if (rc == 0) rc = kilnd_read_file(cfg->tls_key, "key file", FILE_MAX_MIB, &key, st);
+  if (rc == 0 && cfg->tls_client_ca[0])
+    rc = kilnd_read_file(cfg->tls_client_ca, "client CA file", FILE_MAX_MIB, &ca, st);
   if (rc == 0) rc = check_pair(cert, key, cfg, st);
   if (rc == 0 && ca) rc = check_ca(ca, cfg->tls_client_ca, st);
   if (rc == 0) {
@@ -294,7 +259,7 @@ int kilnd_auth_create(kilnd *srv, kiln_status *st) {
   }
   if (cfg->tokens[0]) {
     char *text = NULL;
-    int rc = slurp(cfg->tokens, "token file", &text, st);
+    int rc = kilnd_read_file(cfg->tokens, "token file", FILE_MAX_MIB, &text, st);
     if (rc == 0) rc = parse_tokens(a, text, cfg->tokens, st);
     kiln_free(text);
     if (rc) return rc;

@@ -211,7 +211,8 @@ int kilnd_config_apply_file_text(kilnd_config *c, const char *text, const char *
 }
 
 /* `what` names the file in messages ("config file"). */
-static int read_file(const char *path, const char *what, char **out, kiln_status *st) {
+int kilnd_read_file(const char *path, const char *what, size_t max_mib, char **out,
+                    kiln_status *st) {
   *out = NULL;
   FILE *f = fopen(path, "rb");
   if (f == NULL)
@@ -227,8 +228,8 @@ static int read_file(const char *path, const char *what, char **out, kiln_status
     size_t n = fread(buf + len, 1, 4096, f);
     len += n;
     if (n < 4096) break;
-    if (len > (1u << 20)) {
-      rc = kiln_status_set(st, KILN_ELIMIT, path, "%s larger than 1 MiB", what);
+    if (len > (max_mib << 20)) {
+      rc = kiln_status_set(st, KILN_ELIMIT, path, "%s larger than %zu MiB", what, max_mib);
       break;
     }
   }
@@ -309,7 +310,7 @@ static int apply_config_file(kilnd_config *c, int argc, char *const *argv, char 
   c->config_path = kiln_strdup(path);
   char *text = NULL;
   if (c->config_path == NULL) return kiln_status_set(st, KILN_ENOMEM, path, "out of memory");
-  rc = read_file(path, "config file", &text, st);
+  rc = kilnd_read_file(path, "config file", 1, &text, st);
   if (rc == 0) rc = kilnd_config_apply_file_text(c, text, path, st);
   kiln_free(text);
   return rc;
@@ -431,7 +432,7 @@ int kilnd_config_cache_secret(const kilnd_config *c, char **out, kiln_status *st
   }
   if (c->cache_secret_file[0] == '\0') return 0;
   char *text = NULL;
-  int rc = read_file(c->cache_secret_file, "cache secret file", &text, st);
+  int rc = kilnd_read_file(c->cache_secret_file, "cache secret file", 1, &text, st);
   if (rc) return rc;
   /* `echo secret > file` writes a newline that is no part of the secret. */
   size_t n = strlen(text);

@@ -136,6 +136,11 @@ typedef enum kilnd_config_action {
 
 /* Fills c with the defaults. Release with kilnd_config_free. */
 int kilnd_config_init(kilnd_config *c, kiln_status *st);
+/* Reads a whole text file of at most max_mib MiB into *out (NUL-terminated,
+ * the caller frees it with kiln_free); a file holding a NUL byte is refused.
+ * `what` names the file in messages ("config file"). */
+int kilnd_read_file(const char *path, const char *what, size_t max_mib, char **out,
+                    kiln_status *st);
 void kilnd_config_free(kilnd_config *c);
 
 /* Sets option `name` (flag spelling; '_' accepted for '-') from text.

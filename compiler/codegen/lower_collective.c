@@ -58,25 +58,9 @@ static int oom(kiln__lctx *c) {
   return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
 }
 
-/* Element types the cpu backend's collective steps reduce. */
-static bool reducible(kiln_dtype t) {
-  switch (t) {
-  case KILN_PRED:
-  case KILN_S8:
-  case KILN_S16:
-  case KILN_S32:
-  case KILN_S64:
-  case KILN_U8:
-  case KILN_U16:
-  case KILN_U32:
-  case KILN_U64:
-  case KILN_F16:
-  case KILN_BF16:
-  case KILN_F32:
-  case KILN_F64: return true;
-  default: return false;
-  }
-}
+/* Element types the cpu backend's collective steps reduce: those its
+ * kernels compute on. */
+static bool reducible(kiln_dtype t) { return kiln__emit_dtype_ok(t); }
 
 /* The reduction opcode of ins's to_apply: root = op(p0, p1). */
 static int reduction_of(kiln__lctx *c, const kiln_instr *ins, kiln_dtype dt, uint32_t *out) {
