@@ -173,53 +173,6 @@ static int base_args(const kiln__cc_options *o, const char *opt, const char *tun
   return n;
 }
 
-static int spawn(const kiln__cc_options *o, const char *dir, const char *out_path, child *c,
-                 kiln_status *st) {
-  char march[128];
-  const char *argv[28];
-  int n = base_args(o, o->opt, o->tune, march, sizeof march, argv);
-  const char *tail[] = {"-shared", "-o", out_path, "-x", "c", "-", "-lm"};
-  for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[n++] = tail[i];
-  argv[n] = NULL;
-  return spawn_argv(argv, dir, c, st);
-}
-
-/* Feeds the source and collects output until both pipes are done or the
- * deadline passes (then returns 1). */
-static int pump(child *c, const char *src, size_t len, double deadline, char *out, size_t *nout) {
-  size_t sent = 0;
-  if (len == 0) close(c->in), c->in = -1;
-  while (c->out >= 0) {
-    struct pollfd p[2] = {{c->out, POLLIN, 0}, {c->in, POLLOUT, 0}};
-    double left = deadline - now_s();
-    if (left <= 0) return 1;
-    int r = poll(p, c->in >= 0 ? 2 : 1, (int)(left * 1000) + 1);
-    if (r < 0 && errno != EINTR) return 1;
-    if (r <= 0) continue;
-    if (p[0].revents) {
-      char buf[4096];
-      ssize_t k = read(c->out, buf, sizeof buf);
-      if (k > 0) {
-        size_t keep = *nout + (size_t)k > OUT_MAX ? OUT_MAX - *nout : (size_t)k;
-        memcpy(out + *nout, buf, keep);
-        *nout += keep;
-      } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
-        close(c->out);
-        c->out = -1;
-      }
-    }
-    if (c->in >= 0 && p[1].revents) {
-      ssize_t k = write(c->in, src + sent, len - sent);
-      if (k > 0) sent += (size_t)k;
-      if ((k < 0 && errno != EAGAIN && errno != EINTR) || sent == len) {
-        close(c->in);
-        c->in = -1;
-      }
-    }
-  }
-  return 0;
-}
-
 static int read_file(const char *path, uint8_t **data, size_t *len, kiln_status *st) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat sb;
@@ -252,64 +205,6 @@ static int make_dir(char *dir, size_t size, kiln_status *st) {
     return kiln_status_set(st, KILN_EIO, "cc", "cannot create a temporary directory: %s",
                            strerror(errno));
   return 0;
-}
-
-/* Waits for the child; a SIGPIPE raised on this thread while writing is
- * consumed here. */
-static int finish(child *c, bool killed, int *status) {
-  if (c->in >= 0) close(c->in);
-  if (c->out >= 0) close(c->out);
-  if (killed) kill(-c->pid, SIGKILL);
-  while (waitpid(c->pid, status, 0) < 0 && errno == EINTR) {
-  }
-  sigset_t pipe_set;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  struct timespec zero = {0, 0};
-  while (sigtimedwait(&pipe_set, NULL, &zero) > 0) {
-  }
-  return 0;
-}
-
-int kiln__cc_compile(const kiln__cc_options *o, const char *src, size_t len, uint8_t **so,
-                     size_t *so_len, kiln_status *st) {
-  *so = NULL;
-  *so_len = 0;
-  char dir[4096], path[4200];
-  int rc = make_dir(dir, sizeof dir, st);
-  if (rc) return rc;
-  snprintf(path, sizeof path, "%s/k.so", dir);
-  char *out = kiln_malloc(OUT_MAX + 1);
-  if (out == NULL) {
-    rmdir(dir);
-    return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
-  }
-  sigset_t pipe_set, old;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
-  child c = {-1, -1, -1};
-  size_t nout = 0;
-  double limit = o->timeout_s > 0 ? o->timeout_s : 120;
-  rc = spawn(o, dir, path, &c, st);
-  if (rc == 0) {
-    bool late = pump(&c, src, len, now_s() + limit, out, &nout) != 0;
-    int status = 0;
-    finish(&c, late, &status);
-    out[nout] = 0;
-    if (late)
-      rc = kiln_status_set(st, KILN_ELIMIT, "cc", "the C compiler took longer than %.0f s", limit);
-    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      rc = kiln_status_set(st, KILN_EINTERNAL, "cc", "the C compiler failed (status %d): %.*s%s",
-                           WIFEXITED(status) ? WEXITSTATUS(status) : -1, MSG_MAX, out,
-                           nout > MSG_MAX ? "..." : "");
-    else
-      rc = read_file(path, so, so_len, st);
-  }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  remove_dir(dir);
-  kiln_free(out);
-  return rc;
 }
 
 /* ---- the parallel build ------------------------------------------------- */

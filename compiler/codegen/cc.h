@@ -1,7 +1,6 @@
-/* Running the system C compiler on generated source: one translation unit
- * (kiln__cc_compile), or a module's kernels split into units compiled in
- * parallel, reused from the kernel cache and linked once (kiln__cc_build;
- * cc.c's header says how). */
+/* Running the system C compiler on generated source: a module's kernels
+ * split into units compiled in parallel, reused from the kernel cache and
+ * linked once (kiln__cc_build; cc.c's header says how). */
 #ifndef KILN_COMPILER_CODEGEN_CC_H
 #define KILN_COMPILER_CODEGEN_CC_H
 
@@ -48,18 +47,14 @@ typedef struct kiln__cc_stats {
   double link_ms; /* the link step (wall) */
 } kiln__cc_stats;
 
-/* Compiles C source `src` (len bytes, fed on stdin) into a shared object
- * and returns its bytes in *so (kiln_malloc'd). The compiler runs in its
- * own process group with a private temporary directory that is removed
- * before returning. Failure is KILN_EINTERNAL carrying the compiler's
- * (truncated) output, a timeout KILN_ELIMIT, a compiler that cannot be
- * started KILN_ENOTFOUND. */
-int kiln__cc_compile(const kiln__cc_options *o, const char *src, size_t len, uint8_t **so,
-                     size_t *so_len, kiln_status *st);
-
-/* The same contract for a module's kernels: the shared object exports
- * kiln_kernel_0 .. kiln_kernel_{nkernels-1}, built from units compiled
- * concurrently or taken from the kernel cache. stats may be NULL. */
+/* Compiles a module's kernels into a shared object and returns its bytes
+ * in *so (kiln_malloc'd). The shared object exports kiln_kernel_0 ..
+ * kiln_kernel_{nkernels-1}, built from units compiled concurrently or taken
+ * from the kernel cache. Every compiler runs in its own process group with
+ * a private temporary directory that is removed before returning. Failure
+ * is KILN_EINTERNAL carrying the compiler's (truncated) output, a timeout
+ * KILN_ELIMIT, a compiler that cannot be started KILN_ENOTFOUND. stats may
+ * be NULL. */
 int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t **so,
                    size_t *so_len, kiln__cc_stats *stats, kiln_status *st);
 
