@@ -275,3 +275,22 @@ int kiln__literal_write_npy(const kiln_literal *lit, const char *path, kiln_stat
   kiln_free(data);
   return rc;
 }
+
+int kiln__arg_shapes(const kiln__args *a, kiln_arena *ar, const kiln_shape ***out, uint32_t *n,
+                     kiln_status *st) {
+  int ngiven;
+  const char **given = kiln__args_all(a, "arg", &ngiven);
+  size_t cap = ngiven ? (size_t)ngiven : 1; /* none given is still "infer from these" */
+  kiln_shape *store = kiln_arena_calloc(ar, cap, sizeof *store);
+  const kiln_shape **shapes = kiln_arena_calloc(ar, cap, sizeof *shapes);
+  if (store == NULL || shapes == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+  for (int i = 0; i < ngiven; i++) {
+    int rc = kiln__arg_shape(given[i], ar, &store[i], st);
+    if (rc) return rc;
+    shapes[i] = &store[i];
+  }
+  *out = shapes;
+  *n = (uint32_t)ngiven;
+  return 0;
+}

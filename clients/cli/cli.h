@@ -139,6 +139,10 @@ int kiln__arg_load(const char *spec, const kiln_shape *want, int64_t pnum, kiln_
 /* The shape of an argument spec (an .npy file's array, or literal text),
  * allocated in `a`: what vmap batch sizes are inferred from. */
 int kiln__arg_shape(const char *spec, kiln_arena *a, kiln_shape *out, kiln_status *st);
+/* The shapes of every --arg of the command line, in order, allocated in
+ * `ar` (*out is never NULL on success, also when none is given). */
+int kiln__arg_shapes(const struct kiln__args *a, kiln_arena *ar, const kiln_shape ***out,
+                     uint32_t *n, kiln_status *st);
 
 /* A deterministic pseudo-random literal of `shape` (tuples recursively):
  * floats in [-1, 1) on a grid exact in the element type, signed ints in

@@ -119,23 +119,12 @@ out_report:
 
 /* The batch sizes of vmaps that give none, from the --arg shapes. */
 static int infer_sizes(const kiln__args *a, kiln_transform *ts, uint32_t n, kiln_status *st) {
-  int ngiven;
-  const char **given = kiln__args_all(a, "arg", &ngiven);
   kiln_arena *ar = kiln_arena_create();
-  const kiln_shape **shapes = kiln_calloc(ngiven ? (size_t)ngiven : 1, sizeof *shapes);
-  kiln_shape *store = ar ? kiln_arena_calloc(ar, ngiven ? (size_t)ngiven : 1, sizeof *store) : NULL;
-  int rc = 0;
-  if (shapes == NULL || store == NULL) {
-    rc = kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
-    goto out;
-  }
-  for (int i = 0; i < ngiven && rc == 0; i++) {
-    rc = kiln__arg_shape(given[i], ar, &store[i], st);
-    shapes[i] = &store[i];
-  }
-  if (rc == 0) rc = kiln_transforms_infer_sizes(ts, n, shapes, (uint32_t)ngiven, st);
-out:
-  kiln_free(shapes);
+  if (ar == NULL) return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+  const kiln_shape **shapes;
+  uint32_t nshapes;
+  int rc = kiln__arg_shapes(a, ar, &shapes, &nshapes, st);
+  if (rc == 0) rc = kiln_transforms_infer_sizes(ts, n, shapes, nshapes, st);
   kiln_arena_destroy(ar);
   return rc;
 }

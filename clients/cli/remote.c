@@ -329,24 +329,14 @@ static int remote_transforms_check(const kiln__args *a, bool *need_size) {
  * live in `ar`. The shapes' own errors read as a local run reports them. */
 static int arg_shapes(const char *file, const kiln__args *a, kiln_arena *ar,
                       kiln_remote_compile_options *o) {
-  int ngiven;
-  const char **given = kiln__args_all(a, "arg", &ngiven);
-  size_t cap = ngiven ? (size_t)ngiven : 1; /* none given is still "infer from these" */
-  kiln_shape *store = kiln_arena_calloc(ar, cap, sizeof *store);
-  const kiln_shape **shapes = kiln_arena_calloc(ar, cap, sizeof *shapes);
   kiln_status st;
   kiln_status_clear(&st);
-  if (store == NULL || shapes == NULL) kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory");
-  for (int i = 0; i < ngiven && st.code == 0; i++) {
-    kiln__arg_shape(given[i], ar, &store[i], &st);
-    shapes[i] = &store[i];
-  }
-  if (st.code) {
+  const kiln_shape **shapes;
+  if (kiln__arg_shapes(a, ar, &shapes, &o->narg_shapes, &st)) {
     kiln__report(file, NULL, &st);
     return kiln__exit_code(st.code);
   }
   o->arg_shapes = shapes;
-  o->narg_shapes = (uint32_t)ngiven;
   return KILN_EXIT_OK;
 }
 
