@@ -18,14 +18,22 @@
 static kiln_status st;
 static kiln_backend *cpu; /* device memory for the stored arrays, one per test process */
 
-static kiln_device *device(void) {
-  if (cpu == NULL)
-    ck_assert_int_eq(
-        kiln_backend_create("cpu", &(kiln_backend_options){.ndevices = 2, .threads_per_device = 1},
-                            &cpu, NULL),
-        0);
-  return kiln_backend_device(cpu, 0);
+/* Made before each test and destroyed after it (a checked fixture, in the
+ * test's own process), never lazily: test_threads allocates from four
+ * threads at once. */
+static void make_backend(void) {
+  ck_assert_int_eq(
+      kiln_backend_create("cpu", &(kiln_backend_options){.ndevices = 2, .threads_per_device = 1},
+                          &cpu, NULL),
+      0);
 }
+
+static void destroy_backend(void) {
+  kiln_backend_destroy(cpu);
+  cpu = NULL;
+}
+
+static kiln_device *device(void) { return kiln_backend_device(cpu, 0); }
 
 /* A cpu device buffer holding f32[n], every element v. */
 static kiln_buffer *f32buf(int64_t n, float v) {
@@ -384,6 +392,7 @@ END_TEST
 int main(void) {
   Suite *s = suite_create("buffers");
   TCase *tc = tcase_create("store");
+  tcase_add_checked_fixture(tc, make_backend, destroy_backend);
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_handles_are_random_hex);
   tcase_add_test(tc, test_foreign_and_unknown_handles);
