@@ -31,6 +31,7 @@
 
 #include "cache/store.h"
 #include "common/alloc.h"
+#include "common/log.h"
 
 #define DEFAULT_PORT 6379
 #define DEFAULT_TIMEOUT_MS 200
@@ -406,7 +407,8 @@ static void mark_down(redis_store *s, uint64_t epoch, const char *why) {
   }
   pthread_mutex_unlock(&s->mu);
   if (news)
-    fprintf(stderr, "kiln cache: %s unreachable: %s; serving from local tiers\n", s->where, why);
+    kiln_log(KILN_LOG_WARN, "kiln cache", "%s unreachable: %s; serving from local tiers", s->where,
+             why);
 }
 
 /* Counts a fault and records it; returns KILN_EUNAVAIL. */
@@ -549,7 +551,7 @@ static void *reconnect_main(void *arg) {
       s->up = true;
       pthread_cond_broadcast(&s->freed);
       pthread_mutex_unlock(&s->mu);
-      fprintf(stderr, "kiln cache: %s reachable again\n", s->where);
+      kiln_log(KILN_LOG_INFO, "kiln cache", "%s reachable again", s->where);
       pthread_mutex_lock(&s->mu);
       continue;
     }
@@ -888,7 +890,8 @@ int kiln_cache_redis_create(const kiln_cache_redis_config *cfg, kiln_cache_store
     s->up = true;
   } else {
     snprintf(s->down_why, sizeof s->down_why, "%s", err);
-    fprintf(stderr, "kiln cache: %s unreachable: %s; serving from local tiers\n", s->where, err);
+    kiln_log(KILN_LOG_WARN, "kiln cache", "%s unreachable: %s; serving from local tiers", s->where,
+             err);
   }
   if (pthread_create(&s->thread, NULL, reconnect_main, s) != 0) {
     redis_destroy(&s->base);

@@ -136,6 +136,7 @@ static void on_new(kilnd_tag *tag, bool ok) {
   atomic_fetch_add(&srv->inflight, 1);
   kilnd_call_request(srv, c->method); /* keep one request pending per method */
   c->start_ns = kiln_sched_now_ns();
+  kilnd_log_request_id(c->request_id);
   c->deadline_ns = deadline_to_ns(c->method ? c->deadline : c->details.deadline);
   atomic_store(&c->refs, 1);
   if (watch_on_arrival(c->method)) kilnd_call_watch_close(c);
@@ -182,9 +183,7 @@ static void on_sent(kilnd_tag *tag, bool ok) {
   if (c->close_in_final && (!ok || c->close_cancelled)) atomic_store(&c->cancelled, 1);
   int64_t ns = kiln_sched_now_ns() - c->start_ns;
   kilnd_metrics_request(c->srv, c->method ? c->method->id : KILND_M_UNKNOWN, c->code, ns);
-  if (c->srv->cfg.log_requests)
-    kilnd_log("%s client=%s code=%d %.3f ms", c->method ? c->method->name : "unknown", c->client,
-              (int)c->code, (double)ns / 1e6);
+  kilnd_log_call(c, ns);
   unref(c);
 }
 
@@ -238,7 +237,12 @@ static void send_status(kilnd_call *c, const ProtobufCMessage *msg, grpc_status_
     c->details_slice = grpc_slice_from_copied_string(text);
     c->details_set = true;
   }
+  /* The id of the call's log line, for the caller to quote. */
+  c->trailer.key = grpc_slice_from_static_string("kiln-request-id");
+  c->trailer.value = grpc_slice_from_static_buffer(c->request_id, strlen(c->request_id));
   ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+  ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
   ops[n].data.send_status_from_server.status = code;
   ops[n++].data.send_status_from_server.status_details = c->details_set ? &c->details_slice : NULL;
   c->send_tag.fn = on_sent;

@@ -90,7 +90,14 @@ extern "C" {
   X("drain-timeout", SEC, drain_timeout, "30", \
     "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled") \
   X("chunk-bytes", U64, chunk_bytes, "1Mi", "GetBuffer chunk size when the request sets none") \
-  X("log-requests", BOOL, log_requests, "false", "log every finished call on stderr") \
+  X("log-requests", BOOL, log_requests, "false", \
+    "with --log-format text, log every finished call on stderr (the structured formats " \
+    "always do)") \
+  X("log-format", STR, log_format, "text", \
+    "stderr log lines: text (\"kilnd: message\"), logfmt or json (one record per line: " \
+    "time, level, msg and fields; a request line per finished call and audit lines)") \
+  X("log-level", STR, log_level, "info", \
+    "least severe log line written: debug, info, warn, error") \
   X("cache-memory-bytes", U64, cache_memory_bytes, "256Mi", \
     "executable cache: bytes of serialized executables kept in memory; 0 disables the tier") \
   X("cache-dir", STR, cache_dir, "", \

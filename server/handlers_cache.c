@@ -184,6 +184,14 @@ static void evict_work(kilnd_call *c) {
     if (rc == 0) rc = krc;
     total += n + kilnd_exes_drop(srv->exes, hex, NULL);
   }
+  kilnd_log_rec lr;
+  kilnd_log_audit(&lr, c, "evict");
+  kilnd_log_str(&lr, "keys", r->all ? "all" : r->n_keys == 1 ? r->keys[0] : "several");
+  kilnd_log_int(&lr, "nkeys", (int64_t)r->n_keys);
+  kilnd_log_str(&lr, "shared", r->shared ? "true" : "false");
+  kilnd_log_int(&lr, "evicted", (int64_t)total);
+  kilnd_log_str(&lr, "code", rc ? kilnd_log_code_name((int)kilnd_status_code(rc)) : "OK");
+  kilnd_log_end(&lr);
   if (rc) {
     /* The local tiers were pruned; a tier that failed (Redis down) is
      * worth telling, with what was done. */

@@ -49,6 +49,31 @@
 #endif
 #endif
 
+/* The log's name of a Kiln__V1__CacheSource (log.h). */
+static const char *log_source(int source) {
+  switch (source) {
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY: return "memory";
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_DISK: return "disk";
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_SHARED: return "redis";
+  case KILN__V1__CACHE_SOURCE__CACHE_SOURCE_SINGLE_FLIGHT: return "single-flight";
+  default: return "compiled";
+  }
+}
+
+/* What the call's log line says it found; a build is also audited. */
+static void note_answer(kilnd_call *c, const kiln_cache_key *key, int source, const char *backend,
+                        int64_t ns) {
+  c->log_cache = log_source(source);
+  snprintf(c->log_key, sizeof c->log_key, "%s", key->hex);
+  if (source != KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED) return;
+  kilnd_log_rec r;
+  kilnd_log_audit(&r, c, "compile");
+  kilnd_log_str(&r, "key", key->hex);
+  kilnd_log_str(&r, "backend", backend);
+  kilnd_log_ms(&r, "duration_ms", (double)ns / 1e6);
+  kilnd_log_end(&r);
+}
+
 /* ---- the cheap checks ---------------------------------------------------------------- */
 
 static int check_request(kilnd *srv, const Kiln__V1__CompileRequest *r, kiln_status *st) {
@@ -545,8 +570,10 @@ static int run_job(job *j, kilnd_call *c) {
   if (rc == 0 && j->nwarnings == 0 && ms) kilnd_memo_put(j->srv->memo, ms->digest, &j->key);
   /* Released before the reply: a caller that evicts or compiles the next
    * program right after it must not find this entry still in use. */
+  const char *backend = e->exe ? j->plan.backend : "interp";
   kilnd_exe_unref(e);
   kilnd_metrics_compile(j->srv, kiln_sched_now_ns() - j->t0, j->source, j->from_table);
+  if (rc == 0) note_answer(c, &j->key, j->source, backend, kiln_sched_now_ns() - j->t0);
   if (rc == 0) kilnd_call_finish(c, &j->resp.base, 0, NULL);
   return rc ? rc : 1; /* 1: answered */
 }
@@ -600,6 +627,7 @@ static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r) {
   if (ok) {
     resp.compile_wall_ns = kiln_sched_now_ns() - t0;
     kilnd_metrics_compile(srv, resp.compile_wall_ns, source, true);
+    note_answer(c, &key, source, "", resp.compile_wall_ns);
     kilnd_call_finish(c, &resp.base, 0, NULL);
   }
   kiln_arena_destroy(a);

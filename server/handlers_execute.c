@@ -39,6 +39,7 @@
  * fine for work that short.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -593,6 +594,7 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
   }
   c->state = es;
   c->state_free = exec_free;
+  if (r->executable_id) snprintf(c->log_key, sizeof c->log_key, "%s", r->executable_id);
   int rc = 0;
   if (r->n_arguments > MAX_ARGS)
     rc = kiln_status_set(&st, KILN_EINVAL, "arguments", "more than %d arguments", MAX_ARGS);

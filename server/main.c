@@ -37,15 +37,6 @@ extern char **environ;
 #define KILND_VERSION "0.1.0"
 #define REQUESTS_PER_METHOD 64
 
-void kilnd_log(const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "kilnd: %s\n", buf);
-}
-
 /* ---- completion-queue threads -------------------------------------------------------- */
 
 static void *cq_thread(void *arg) {
@@ -269,13 +260,15 @@ int main(int argc, char **argv) {
   kiln_status_clear(&st);
   kilnd_config_action action;
   int rc = kilnd_config_load(&srv.cfg, argc, argv, environ, &action, &st);
+  if (rc == 0 && action == KILND_CONFIG_RUN)
+    rc = kilnd_log_configure(srv.cfg.log_format, srv.cfg.log_level, &st);
   if (rc == 0 && action == KILND_CONFIG_HELP) kilnd_config_usage(stdout);
   if (rc == 0 && action == KILND_CONFIG_VERSION) printf("kilnd %s\n", KILND_VERSION);
   if (rc || action != KILND_CONFIG_RUN) {
     if (rc) {
       char msg[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
       kiln_status_format(&st, msg, sizeof msg);
-      fprintf(stderr, "kilnd: %s\n", msg);
+      kilnd_logl(KILN_LOG_ERROR, "%s", msg);
     }
     kilnd_config_free(&srv.cfg);
     return rc ? 2 : 0;
@@ -302,7 +295,7 @@ int main(int argc, char **argv) {
   if (rc) {
     char msg[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
     kiln_status_format(&st, msg, sizeof msg);
-    fprintf(stderr, "kilnd: %s\n", msg);
+    kilnd_logl(KILN_LOG_ERROR, "%s", msg);
   } else {
     kilnd_log("drained; exiting");
   }

@@ -76,6 +76,17 @@ static int authorize(const kilnd_call *c, kiln_status *st) {
   }
 }
 
+/* Every refusal by identity or role leaves an audit line (log.h). */
+static void audit_refusal(const kilnd_call *c, const char *event, const kiln_status *st) {
+  kilnd_log_rec r;
+  kilnd_log_audit(&r, c, event);
+  kilnd_log_str(&r, "reason", st->msg);
+  char *peer = grpc_call_get_peer(c->call);
+  kilnd_log_str(&r, "peer", peer ? peer : "");
+  gpr_free(peer);
+  kilnd_log_end(&r);
+}
+
 /* ---- request bytes ------------------------------------------------------------------- */
 
 void kilnd_call_free_message(kilnd_call *c, ProtobufCMessage *msg) {
@@ -136,7 +147,10 @@ void kilnd_rpc_dispatch(kilnd_call *c) {
   kiln_status st;
   kiln_status_clear(&st);
   int rc = kilnd_auth_identify(c, &st);
-  if (rc == 0) rc = authorize(c, &st);
+  if (rc == 0 && (rc = authorize(c, &st)) != 0)
+    audit_refusal(c, "permission_denied", &st);
+  else if (rc == KILND_EUNAUTH)
+    audit_refusal(c, "auth_failure", &st);
   /* Draining: after the grace period (for calls that were on their way
    * when the signal came) new work is refused while the work already
    * accepted finishes; health checks are still answered (NOT_SERVING). */

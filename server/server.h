@@ -30,6 +30,7 @@
 #include "compiler/ir/proto_internal.h"
 #include "server/auth.h"
 #include "server/config.h"
+#include "server/log.h"
 
 typedef struct kilnd kilnd;
 typedef struct kilnd_call kilnd_call;
@@ -110,6 +111,12 @@ struct kilnd_call {
   int64_t start_ns;
   char client[KILND_CLIENT_MAX + 1];
   kilnd_role role; /* from the token (auth.h); OPEN without tokens */
+  /* For the request log line (log.h): the id also sent as the trailing
+   * metadata kiln-request-id, and what Compile and Execute found. */
+  char request_id[17];
+  const char *log_cache; /* static: "memory", ..., "compiled"; NULL: none */
+  char log_key[65];      /* the executable key, "" when none */
+  grpc_metadata trailer;
 
   atomic_int refs;      /* the handler (until its last batch) + the close tag */
   atomic_int cancelled; /* the caller went away (RECV_CLOSE_ON_SERVER said so) */
@@ -298,9 +305,5 @@ uint64_t kilnd_metrics_total(kilnd *srv, const char *what); /* "compiles", "cach
 /* HTTP endpoint on the loop (metrics_http.c). */
 int kilnd_http_start(kilnd *srv, void *uv_loop, kiln_status *st);
 void kilnd_http_close(kilnd *srv);
-
-/* ---- logging --------------------------------------------------------------------------- */
-
-void kilnd_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif /* KILN_SERVER_SERVER_H */
