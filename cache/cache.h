@@ -85,6 +85,15 @@ int kiln_cache_get_or_build(kiln_cache *c, const kiln_cache_key *key, kiln_cache
                             int64_t deadline_ns, kiln_cache_build_fn build, void *ctx,
                             kiln_cache_result *res, kiln_status *st);
 
+/* Told when a kiln_cache_get_or_build on the calling thread starts
+ * waiting for another build of its key: other_server true for another
+ * server holding the Redis lock, false for a concurrent call in this
+ * process. The hook belongs to the thread (set it around the call, clear
+ * it with NULL after); it may run under the cache's lock, so it must not
+ * block or call into the cache. */
+typedef void (*kiln_cache_wait_fn)(void *arg, bool other_server);
+void kiln_cache_set_wait_hook(kiln_cache_wait_fn fn, void *arg);
+
 /* Plain lookups and stores, for tools and tests. get: KILN_ENOTFOUND on a miss. */
 int kiln_cache_get(kiln_cache *c, const kiln_cache_key *key, kiln_cache_result *res,
                    kiln_status *st);

@@ -245,6 +245,19 @@ static int poll_holder(kiln_cache *c, kiln_cache_store *r, const kiln_cache_key 
   }
 }
 
+/* The waiting hook of this thread (cache.h). */
+static _Thread_local kiln_cache_wait_fn wait_hook;
+static _Thread_local void *wait_hook_arg;
+
+void kiln_cache_set_wait_hook(kiln_cache_wait_fn fn, void *arg) {
+  wait_hook = fn;
+  wait_hook_arg = arg;
+}
+
+static void tell_wait(bool other_server) {
+  if (wait_hook) wait_hook(wait_hook_arg, other_server);
+}
+
 /* The builder's Redis protocol: CROSS_GOT when another server's result was
  * found (res filled), else CROSS_BUILD with *locked when this call holds
  * the lock under token and must unlock after storing. */
@@ -274,6 +287,7 @@ static int cross_server(kiln_cache *c, const kiln_cache_key *key, int64_t deadli
       pthread_mutex_lock(&c->mu);
       c->lock_waits++;
       pthread_mutex_unlock(&c->mu);
+      tell_wait(true);
     }
     bool retry = false;
     if (poll_holder(c, r, key, deadline_ns, res, &retry) == CROSS_GOT) return CROSS_GOT;
@@ -338,6 +352,7 @@ int kiln_cache_get_or_build(kiln_cache *c, const kiln_cache_key *key, kiln_cache
     if (!counted) {
       counted = true;
       c->single_flight_waits++;
+      tell_wait(false);
     }
     f->refs++;
     int w = flight_wait(c, f, deadline_ns, res);

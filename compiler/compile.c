@@ -197,8 +197,10 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
     goto out;
   }
   e->target = kiln_arena_strdup(e->arena, t->name);
+  if (o->progress) o->progress(o->progress_arg, "passes");
   if ((rc = run_pipeline(&s, o, t, r, st))) goto out;
   if ((rc = generate(&s, t, e, r, st))) goto out;
+  if (o->progress) o->progress(o->progress_arg, "cc");
   if ((rc = compile_c(&s, o, t, e, r, st))) goto out;
   *out = e;
   e = NULL;

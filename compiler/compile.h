@@ -37,6 +37,11 @@ typedef struct kiln_compile_options {
    * NULL: env KILN_KERNEL_CACHE_DIR, if set; the in-process cache always. */
   const char *kernel_cache_dir;
   bool no_kernel_cache; /* neither read nor fill the kernel cache */
+  /* Told on the compiling thread as the build enters a phase: "passes"
+   * (the pass pipeline and code generation), then "cc" (the C compiler).
+   * NULL: nobody is told. */
+  void (*progress)(void *arg, const char *phase);
+  void *progress_arg;
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {

@@ -39,6 +39,7 @@
 #include "server/compile_prep.h"
 #include "server/convert.h"
 #include "server/executables.h"
+#include "server/progress.h"
 #include "server/server.h"
 
 #if defined(__has_include)
@@ -101,23 +102,21 @@ static int check_request(kilnd *srv, const Kiln__V1__CompileRequest *r, kiln_sta
   return rc;
 }
 
-/* A request the memo could not answer takes its digest to the compile pool
- * (c->state), which remembers the key under it: the program is hashed once. */
-typedef struct memo_state {
+/* The state of a Compile call past its cheap checks (c->state): its
+ * progress (progress.h, first, as kilnd_progress_of expects) and, when the
+ * memo could not answer, the request's digest, which the compile pool
+ * remembers the key under: the program is hashed once. */
+typedef struct compile_state {
+  kilnd_progress progress;
+  bool has_digest;
   uint8_t digest[KILN_CACHE_DIGEST_LEN];
-} memo_state;
+} compile_state;
 
-static void memo_state_free(kilnd_call *c) {
-  kiln_free(c->state);
+static void compile_state_free(kilnd_call *c) {
+  compile_state *cs = c->state;
+  kilnd_progress_destroy(&cs->progress);
+  kiln_free(cs);
   c->state = NULL;
-}
-
-static void keep_digest(kilnd_call *c, const uint8_t digest[KILN_CACHE_DIGEST_LEN]) {
-  memo_state *ms = kiln_malloc(sizeof *ms);
-  if (ms == NULL) return; /* only a repeat that will not be answered early */
-  memcpy(ms->digest, digest, sizeof ms->digest);
-  c->state = ms;
-  c->state_free = memo_state_free;
 }
 
 static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r);
@@ -131,6 +130,14 @@ void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req) {
     kilnd_call_finish(c, NULL, rc, &st);
     return;
   }
+  compile_state *cs = kiln_calloc(1, sizeof *cs);
+  if (cs == NULL) {
+    kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
+    return;
+  }
+  kilnd_progress_init(&cs->progress, c, c->method->id == KILND_M_COMPILE_STREAM);
+  c->state = cs;
+  c->state_free = compile_state_free;
   if (answer_from_memo(c, (const Kiln__V1__CompileRequest *)req)) return;
   kilnd_compile_submit(c);
 }
@@ -143,8 +150,11 @@ void kilnd_compile_submit(kilnd_call *c) {
                     (unsigned long long)srv->cfg.compile_queue_depth);
     return;
   }
+  kilnd_progress *p = kilnd_progress_of(c);
+  if (p) kilnd_progress_set(p, KILN__V1__COMPILE_PHASE__COMPILE_PHASE_QUEUED, NULL);
   if (!kilnd_loop_queue_compile(srv, c)) {
     atomic_fetch_sub(&srv->compiles, 1);
+    if (p) kilnd_progress_stop(p);
     kilnd_call_fail(c, KILN_EUNAVAIL, "the server is shutting down");
   }
 }
@@ -154,6 +164,7 @@ void kilnd_compile_submit(kilnd_call *c) {
 typedef struct job {
   kilnd *srv;
   kilnd_call *c;
+  kilnd_progress *progress; /* the call's (progress.h) */
   const Kiln__V1__CompileRequest *r;
   kilnd_compile_plan plan;
   kiln_module *m;
@@ -256,6 +267,19 @@ static void report_timings(job *j, const kiln_compile_report *rep) {
   timing(j, "cc", (int64_t)(rep->cc_ms * 1e6), 0);
 }
 
+/* The compiler's phases and the cache's waits, as the call's phases. */
+static void compiler_phase(void *arg, const char *phase) {
+  kilnd_progress_set(arg,
+                     strcmp(phase, "cc") == 0 ? KILN__V1__COMPILE_PHASE__COMPILE_PHASE_CC
+                                              : KILN__V1__COMPILE_PHASE__COMPILE_PHASE_PASSES,
+                     NULL);
+}
+
+static void cache_wait(void *arg, bool other_server) {
+  kilnd_progress_set(arg, KILN__V1__COMPILE_PHASE__COMPILE_PHASE_WAITING,
+                     other_server ? "another server's build" : "a build on this server");
+}
+
 /* cpu: compile; *fallback when the default backend should give way. */
 static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fallback,
                        kiln_status *out_st) {
@@ -265,6 +289,8 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
   o.opt_level = j->plan.opt_level;
   o.verify_each = j->r->options && j->r->options->verify_each_pass;
   o.cc_timeout_s = kilnd_call_time_left(j->c, j->srv->cfg.compile_timeout);
+  o.progress = compiler_phase;
+  o.progress_arg = j->progress;
   kiln_compile_report rep;
   kiln_status st;
   kiln_status_clear(&st);
@@ -305,6 +331,8 @@ static int build_cpu(void *ctx, uint8_t **payload, size_t *len, uint32_t *kind,
   *compile_ns = (uint64_t)(kiln_sched_now_ns() - t0);
   *kind = KILN_CACHE_PAYLOAD_CPU_EXE;
   *peak_bytes = b->peak;
+  if (b->j->policy != KILN_CACHE_POLICY_BYPASS)
+    kilnd_progress_set(b->j->progress, KILN__V1__COMPILE_PHASE__COMPILE_PHASE_STORING, NULL);
   return kiln_executable_serialize(b->exe, payload, len, st);
 }
 
@@ -329,8 +357,10 @@ static int cache_cpu(job *j, kiln_executable **exe, kilnd_exe **loaded, uint64_t
   }
   int rc;
   for (int attempt = 0;; attempt++) {
+    kiln_cache_set_wait_hook(cache_wait, j->progress);
     rc = kiln_cache_get_or_build(j->srv->cache, &j->key, policy, wait_until, build_cpu, &b, &res,
                                  &st);
+    kiln_cache_set_wait_hook(NULL, NULL);
     if (rc || b.exe) break; /* failed, or built by this request */
     j->source = proto_source(res.source);
     if (kilnd_exes_get(j->srv->exes, j->key.hex, loaded, NULL) == 0) break;
@@ -553,6 +583,7 @@ static int run_job(job *j, kilnd_call *c) {
                            rc == KILN_EDEADLINE
                                ? "the call's deadline passed while the compile was queued"
                                : "the caller went away");
+  kilnd_progress_set(j->progress, KILN__V1__COMPILE_PHASE__COMPILE_PHASE_LOADING, NULL);
   if ((rc = kilnd_compile_plan_make(j->srv, j->r->options, &j->plan, &j->st))) return rc;
   j->warnings = kiln_arena_calloc(j->a, 16, sizeof *j->warnings);
   j->timings = kiln_arena_calloc(j->a, KILND_MAX_TIMINGS, sizeof *j->timings);
@@ -566,32 +597,36 @@ static int run_job(job *j, kilnd_call *c) {
   kilnd_exe *e = NULL;
   if ((rc = build(j, &e))) return rc;
   rc = fill_response(j, e);
-  const memo_state *ms = c->state; /* set when the request may be memoized */
-  if (rc == 0 && j->nwarnings == 0 && ms) kilnd_memo_put(j->srv->memo, ms->digest, &j->key);
+  const compile_state *cs = c->state; /* a digest when the request may be memoized */
+  if (rc == 0 && j->nwarnings == 0 && cs->has_digest)
+    kilnd_memo_put(j->srv->memo, cs->digest, &j->key);
   /* Released before the reply: a caller that evicts or compiles the next
    * program right after it must not find this entry still in use. */
   const char *backend = e->exe ? j->plan.backend : "interp";
   kilnd_exe_unref(e);
   kilnd_metrics_compile(j->srv, kiln_sched_now_ns() - j->t0, j->source, j->from_table);
   if (rc == 0) note_answer(c, &j->key, j->source, backend, kiln_sched_now_ns() - j->t0);
-  if (rc == 0) kilnd_call_finish(c, &j->resp.base, 0, NULL);
+  if (rc == 0) kilnd_progress_finish(j->progress, &j->resp, 0, NULL);
   return rc ? rc : 1; /* 1: answered */
 }
 
 void kilnd_compile_work(kilnd_call *c) {
   kilnd *srv = c->srv;
-  if (c->method->id != KILND_M_COMPILE) {
+  if (kilnd_progress_of(c) == NULL) { /* CacheList, CacheEvict */
     kilnd_cache_work(c);
     atomic_fetch_sub(&srv->compiles, 1);
     return;
   }
-  job j = {
-      .srv = srv, .c = c, .r = (const Kiln__V1__CompileRequest *)c->req, .t0 = kiln_sched_now_ns()};
+  job j = {.srv = srv,
+           .c = c,
+           .progress = kilnd_progress_of(c),
+           .r = (const Kiln__V1__CompileRequest *)c->req,
+           .t0 = kiln_sched_now_ns()};
   kiln__v1__compile_response__init(&j.resp);
   kiln_status_clear(&j.st);
   j.a = kiln_arena_create();
   int rc = j.a ? run_job(&j, c) : kiln_status_set(&j.st, KILN_ENOMEM, "compile", "out of memory");
-  if (rc < 0) kilnd_call_finish(c, NULL, rc, &j.st);
+  if (rc < 0) kilnd_progress_finish(j.progress, NULL, rc, &j.st);
   kiln_module_destroy(j.m);
   kiln_free(j.blob);
   kiln_arena_destroy(j.a);
@@ -608,14 +643,17 @@ static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r) {
   kiln_cache_key key;
   kilnd_exe *e = NULL;
   if (!kilnd_memo_digest(r, digest)) return false;
+  compile_state *cs = c->state;
   if (!kilnd_memo_get(srv->memo, digest, &key) ||
       kilnd_exes_get(srv->exes, key.hex, &e, NULL) != 0) {
-    keep_digest(c, digest);
+    memcpy(cs->digest, digest, sizeof cs->digest);
+    cs->has_digest = true;
     return false;
   }
   if (atomic_load(&e->uncached)) { /* the pool stores it first */
     kilnd_exe_unref(e);
-    keep_digest(c, digest);
+    memcpy(cs->digest, digest, sizeof cs->digest);
+    cs->has_digest = true;
     return false;
   }
   kiln_arena *a = kiln_arena_create();
@@ -628,7 +666,7 @@ static bool answer_from_memo(kilnd_call *c, const Kiln__V1__CompileRequest *r) {
     resp.compile_wall_ns = kiln_sched_now_ns() - t0;
     kilnd_metrics_compile(srv, resp.compile_wall_ns, source, true);
     note_answer(c, &key, source, "", resp.compile_wall_ns);
-    kilnd_call_finish(c, &resp.base, 0, NULL);
+    kilnd_progress_finish(&cs->progress, &resp, 0, NULL);
   }
   kiln_arena_destroy(a);
   return ok;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "common/alloc.h"
 #include "common/arena.h"
 #include "executor/backend.h"
@@ -12,6 +13,7 @@
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/executables.h"
+#include "server/progress.h"
 #include "server/server.h"
 
 #define KILND_VERSION "0.1.0"
@@ -82,6 +84,74 @@ static int add_devices(kilnd *srv, kiln_arena *a, Kiln__V1__StatsResponse *r) {
   return 0;
 }
 
+/* ---- what `kiln top` shows --------------------------------------------------------- */
+
+typedef struct actives {
+  kiln_arena *a;
+  Kiln__V1__ActiveCompile **v;
+  size_t n, cap;
+  int64_t now, queued, running;
+  bool failed;
+} actives;
+
+static void add_active(void *arg, const kilnd_call *c, int phase) {
+  actives *as = arg;
+  if (phase == KILN__V1__COMPILE_PHASE__COMPILE_PHASE_QUEUED ||
+      phase == KILN__V1__COMPILE_PHASE__COMPILE_PHASE_UNSPECIFIED)
+    as->queued++;
+  else if (phase != KILN__V1__COMPILE_PHASE__COMPILE_PHASE_DONE)
+    as->running++;
+  if (as->failed || kiln_grow((void **)&as->v, &as->cap, as->n + 1, sizeof *as->v)) {
+    as->failed = true;
+    return;
+  }
+  Kiln__V1__ActiveCompile *p = kiln_arena_alloc(as->a, sizeof *p);
+  if (p == NULL) {
+    as->failed = true;
+    return;
+  }
+  kiln__v1__active_compile__init(p);
+  p->request_id = kiln_arena_strdup(as->a, c->request_id);
+  p->client = kiln_arena_strdup(as->a, c->client);
+  p->phase = (Kiln__V1__CompilePhase)phase;
+  p->elapsed_ns = as->now - c->start_ns;
+  if (p->request_id == NULL || p->client == NULL) as->failed = true;
+  as->v[as->n++] = p;
+}
+
+/* VmRSS of /proc/self/status, bytes; 0 when unreadable. */
+static int64_t resident_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (f == NULL) return 0;
+  char line[256];
+  long long kib = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %lld kB", &kib) == 1) break;
+  fclose(f);
+  return (int64_t)kib * 1024;
+}
+
+static int add_top(kilnd *srv, kiln_arena *a, Kiln__V1__StatsResponse *r, actives *as) {
+  as->a = a;
+  as->now = kiln_sched_now_ns();
+  kilnd_progress_each(add_active, as);
+  if (as->failed) return KILN_ENOMEM;
+  r->active_compiles = as->v;
+  r->n_active_compiles = as->n;
+  r->compiles_queued = as->queued;
+  r->compiles_running = as->running;
+  r->resident_bytes = resident_bytes();
+  kiln_cache_stats cst;
+  kiln_cache_get_stats(srv->cache, &cst);
+  r->cache_memory_bytes = (int64_t)cst.tier[KILN_CACHE_TIER_MEMORY].bytes;
+  r->cache_memory_limit_bytes = (int64_t)srv->cfg.cache_memory_bytes;
+  int64_t looked = r->cache_hits + r->cache_misses;
+  r->cache_hit_rate = looked ? (double)r->cache_hits / (double)looked : 0.0;
+  r->compile_threads = (int64_t)srv->cfg.compile_threads;
+  r->compile_queue_depth = (int64_t)srv->cfg.compile_queue_depth;
+  return 0;
+}
+
 void kilnd_handle_stats(kilnd_call *c, ProtobufCMessage *req) {
   (void)req;
   kilnd *srv = c->srv;
@@ -105,10 +175,12 @@ void kilnd_handle_stats(kilnd_call *c, ProtobufCMessage *req) {
   r.live_buffers = (int64_t)bt.live_buffers;
   r.live_buffer_bytes = (int64_t)bt.live_bytes;
   r.queued_requests = kiln_sched_queued(srv->sched);
-  if (cs.failed || add_devices(srv, cs.a, &r) != 0)
+  actives as = {0};
+  if (cs.failed || add_devices(srv, cs.a, &r) != 0 || add_top(srv, cs.a, &r, &as) != 0)
     kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
   else
     kilnd_call_finish(c, &r.base, 0, NULL);
   kiln_free(cs.v);
+  kiln_free(as.v);
   kiln_arena_destroy(cs.a);
 }

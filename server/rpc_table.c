@@ -48,6 +48,10 @@ static const kilnd_method methods[KILND_M_COUNT] = {
     [KILND_M_CACHE_EVICT] = {KILND_M_CACHE_EVICT, "/kiln.v1.Kiln/CacheEvict", "CacheEvict",
                              KILND_UNARY, &kiln__v1__cache_evict_request__descriptor,
                              kilnd_handle_cache_evict},
+    /* Compile with its phases streamed (progress.h): the same handler. */
+    [KILND_M_COMPILE_STREAM] = {KILND_M_COMPILE_STREAM, "/kiln.v1.Kiln/CompileStream",
+                                "CompileStream", KILND_SERVER_STREAM,
+                                &kiln__v1__compile_request__descriptor, kilnd_handle_compile},
 };
 
 const kilnd_method *kilnd_methods(void) { return methods; }

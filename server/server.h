@@ -66,6 +66,7 @@ typedef enum kilnd_method_id {
   KILND_M_HEALTH_CHECK,
   KILND_M_CACHE_LIST,
   KILND_M_CACHE_EVICT,
+  KILND_M_COMPILE_STREAM,
   KILND_M_COUNT,
   KILND_M_UNKNOWN = KILND_M_COUNT, /* unregistered paths, for metrics */
 } kilnd_method_id;

@@ -38,7 +38,27 @@ static const char *const method_paths[KILN__M_COUNT] = {
     [KILN__M_HEALTH_CHECK] = "/grpc.health.v1.Health/Check",
     [KILN__M_CACHE_LIST] = "/kiln.v1.Kiln/CacheList",
     [KILN__M_CACHE_EVICT] = "/kiln.v1.Kiln/CacheEvict",
+    [KILN__M_COMPILE_STREAM] = "/kiln.v1.Kiln/CompileStream",
 };
+
+/* The kiln-request-id of the last call finished on this thread. */
+static _Thread_local char last_request_id[65];
+
+const char *kiln_client_last_request_id(void) { return last_request_id; }
+
+static void keep_request_id(const grpc_metadata_array *md) {
+  last_request_id[0] = '\0';
+  for (size_t i = 0; i < md->count; i++) {
+    const grpc_slice *k = &md->metadata[i].key, *v = &md->metadata[i].value;
+    if (GRPC_SLICE_LENGTH(*k) == 15 &&
+        memcmp(GRPC_SLICE_START_PTR(*k), "kiln-request-id", 15) == 0) {
+      size_t n = GRPC_SLICE_LENGTH(*v);
+      if (n >= sizeof last_request_id) n = sizeof last_request_id - 1;
+      memcpy(last_request_id, GRPC_SLICE_START_PTR(*v), n);
+      last_request_id[n] = '\0';
+    }
+  }
+}
 
 #define DEFAULT_DEADLINE_MS INT64_C(300000)
 #define DEFAULT_CONNECT_MS INT64_C(10000)
@@ -324,6 +344,7 @@ int kiln__call_finish(kiln__call *k, kiln_status *st) {
     wait_tag(k, TAG_STATUS);
     k->status_pending = false;
   }
+  keep_request_id(&k->trailing_md);
   int rc = 0;
   if (k->status != GRPC_STATUS_OK) {
     kiln_rpc_code code = (kiln_rpc_code)k->status;

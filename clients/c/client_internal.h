@@ -31,6 +31,7 @@ typedef enum kiln__method {
   KILN__M_HEALTH_CHECK,
   KILN__M_CACHE_LIST,
   KILN__M_CACHE_EVICT,
+  KILN__M_COMPILE_STREAM,
   KILN__M_COUNT
 } kiln__method;
 

@@ -175,6 +175,87 @@ out_free:
   return rc;
 }
 
+const char *kiln_remote_phase_name(kiln_remote_phase p) {
+  switch (p) {
+  case KILN_REMOTE_PHASE_QUEUED: return "queued";
+  case KILN_REMOTE_PHASE_LOADING: return "loading";
+  case KILN_REMOTE_PHASE_WAITING: return "waiting";
+  case KILN_REMOTE_PHASE_PASSES: return "passes";
+  case KILN_REMOTE_PHASE_CC: return "cc";
+  case KILN_REMOTE_PHASE_STORING: return "storing";
+  case KILN_REMOTE_PHASE_DONE: return "done";
+  default: return "unspecified";
+  }
+}
+
+/* CompileStream: each message is a phase, told to the caller; the last
+ * carries the result, left in *out (free with
+ * protobuf_c_message_free_unpacked). */
+static int receive_progress(kiln__call *k, const kiln_remote_compile_options *o,
+                            ProtobufCMessage **out, kiln_status *st) {
+  int rc = 0;
+  for (;;) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    if (!kiln__call_batch(k, &op, 1) || bb == NULL) return rc;
+    ProtobufCMessage *msg;
+    rc = kiln__unpack_buffer(&kiln__v1__compile_progress__descriptor, bb, &msg, st);
+    grpc_byte_buffer_destroy(bb);
+    if (rc) return rc;
+    const Kiln__V1__CompileProgress *p = (const Kiln__V1__CompileProgress *)msg;
+    kiln_remote_progress rp = {.phase = (kiln_remote_phase)p->phase,
+                               .elapsed_ns = p->elapsed_ns,
+                               .detail = p->detail ? p->detail : ""};
+    if (p->result && *out == NULL) {
+      /* The result outlives the message around it. */
+      *out = &p->result->base;
+      ((Kiln__V1__CompileProgress *)msg)->result = NULL;
+    }
+    o->progress.fn(o->progress.arg, &rp);
+    protobuf_c_message_free_unpacked(msg, NULL);
+  }
+}
+
+static int compile_stream(kiln_client *c, const kiln_remote_compile_options *o, const uint8_t *req,
+                          size_t len, ProtobufCMessage **out, kiln_status *st) {
+  *out = NULL;
+  grpc_byte_buffer *send = kiln__bytes_to_buffer(req, len);
+  if (send == NULL) return kiln__client_oom(st);
+  kiln__call k;
+  int rc = kiln__call_start(c, KILN__M_COMPILE_STREAM, o->deadline_ms, &k, st);
+  if (rc) {
+    grpc_byte_buffer_destroy(send);
+    return rc;
+  }
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = k.nmd;
+  ops[0].data.send_initial_metadata.metadata = k.md;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = send;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &k.initial_md;
+  bool ok = kiln__call_batch(&k, ops, 4);
+  grpc_byte_buffer_destroy(send);
+  if (ok && (rc = receive_progress(&k, o, out, st))) {
+    kiln__call_abandon(&k);
+  } else {
+    rc = kiln__call_finish(&k, st);
+    if (rc == 0 && *out == NULL)
+      rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "CompileStream ended without a result");
+  }
+  if (rc && *out) {
+    protobuf_c_message_free_unpacked(*out, NULL);
+    *out = NULL;
+  }
+  return rc;
+}
+
 static int compile(kiln_client *c, int field, const uint8_t *program, size_t len,
                    const kiln_remote_compile_options *opts, kiln_remote_executable **out,
                    kiln_status *st) {
@@ -185,13 +266,19 @@ static int compile(kiln_client *c, int field, const uint8_t *program, size_t len
   size_t req_len = 0, reply_len = 0;
   int rc = build_request(&o, field, program, len, &req, &req_len, st);
   if (rc) return rc;
-  rc = kiln__unary(c, KILN__M_COMPILE, o.deadline_ms, req, req_len, &reply, &reply_len, st);
-  kiln_free(req);
-  if (rc) return rc;
   ProtobufCMessage *msg;
-  rc = kiln__unpack(&kiln__v1__compile_response__descriptor, reply, reply_len, &msg, st);
-  kiln_free(reply);
-  if (rc) return rc;
+  if (o.progress.fn) {
+    rc = compile_stream(c, &o, req, req_len, &msg, st);
+    kiln_free(req);
+    if (rc) return rc;
+  } else {
+    rc = kiln__unary(c, KILN__M_COMPILE, o.deadline_ms, req, req_len, &reply, &reply_len, st);
+    kiln_free(req);
+    if (rc) return rc;
+    rc = kiln__unpack(&kiln__v1__compile_response__descriptor, reply, reply_len, &msg, st);
+    kiln_free(reply);
+    if (rc) return rc;
+  }
   rc = decode_response((const Kiln__V1__CompileResponse *)msg, out, st);
   protobuf_c_message_free_unpacked(msg, NULL);
   return rc;

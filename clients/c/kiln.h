@@ -169,6 +169,29 @@ typedef enum kiln_remote_source {
 /* "compiled", "memory", "disk", "shared", "single-flight", "unspecified". */
 const char *kiln_remote_source_name(kiln_remote_source s);
 
+/* The phases of a compile on the server (kiln.v1.CompilePhase), in the
+ * order they can happen; a cache hit goes from LOADING to DONE. */
+typedef enum kiln_remote_phase {
+  KILN_REMOTE_PHASE_UNSPECIFIED = 0,
+  KILN_REMOTE_PHASE_QUEUED = 1,  /* waiting for a compile thread */
+  KILN_REMOTE_PHASE_LOADING = 2, /* parse, verify, transforms, cache lookup */
+  KILN_REMOTE_PHASE_WAITING = 3, /* for another build of the same key (detail: whose) */
+  KILN_REMOTE_PHASE_PASSES = 4,  /* optimization passes and code generation */
+  KILN_REMOTE_PHASE_CC = 5,      /* the C compiler (or NVRTC) */
+  KILN_REMOTE_PHASE_STORING = 6, /* serializing and storing in the cache */
+  KILN_REMOTE_PHASE_DONE = 7,
+} kiln_remote_phase;
+
+/* "queued", "loading", "waiting", "passes", "cc", "storing", "done",
+ * "unspecified". */
+const char *kiln_remote_phase_name(kiln_remote_phase p);
+
+typedef struct kiln_remote_progress {
+  kiln_remote_phase phase;
+  int64_t elapsed_ns; /* since the call reached the server */
+  const char *detail; /* "another server's build", ...; "" when none; valid during the call */
+} kiln_remote_progress;
+
 typedef struct kiln_remote_compile_options {
   const char *backend;  /* "cpu", "cuda", "interp"; NULL: the server's default */
   const char *target;   /* "x86-64-v3", "native", "sm_90"; NULL: the server's devices */
@@ -196,6 +219,15 @@ typedef struct kiln_remote_compile_options {
    * non-NULL with narg_shapes 0: inferring from no arguments fails here. */
   const kiln_shape *const *arg_shapes;
   uint32_t narg_shapes;
+  /* Appended (ABI): told of each phase of the compile as the server enters
+   * it, on the calling thread, before kiln_client_compile_* returns (the
+   * last is KILN_REMOTE_PHASE_DONE, when the compile succeeded). Non-NULL:
+   * the compile goes through the CompileStream RPC (a server without it
+   * answers UNIMPLEMENTED). */
+  struct kiln_remote_progress_cb {
+    void (*fn)(void *arg, const struct kiln_remote_progress *p);
+    void *arg;
+  } progress;
 } kiln_remote_compile_options;
 
 /* One input of a cache key and its SHA-256 (64 lowercase hex digits):
@@ -225,6 +257,12 @@ typedef struct kiln_remote_executable {
   size_t serialized_len;
   kiln_arena *arena; /* owns everything above */
 } kiln_remote_executable;
+
+/* The server's id of the last call this thread finished through any
+ * client (its trailing metadata kiln-request-id: the request_id of the
+ * call's line in the server's log), failed calls included; "" when the
+ * server sent none. Valid until this thread's next call. */
+const char *kiln_client_last_request_id(void);
 
 /* Compiles HLO text (len bytes; need not be NUL-terminated). `opts` may be
  * NULL. *out is freed with kiln_remote_executable_free. */
@@ -365,6 +403,34 @@ typedef struct kiln_server_stats {
 int kiln_client_stats(kiln_client *c, kiln_server_stats *out, kiln_status *st);
 /* Frees what `s` holds and zeroes it. */
 void kiln_server_stats_clear(kiln_server_stats *s);
+
+/* One compile queued or running on the server. */
+typedef struct kiln_server_active_compile {
+  const char *request_id; /* the call's id in the server's log */
+  const char *client;
+  kiln_remote_phase phase;
+  int64_t elapsed_ns; /* since the call reached the server */
+} kiln_server_active_compile;
+
+/* What a live view of the server shows besides kiln_server_stats (a
+ * struct of its own, so kiln_server_stats keeps its size). A server that
+ * predates these fields reports zeros. */
+typedef struct kiln_server_activity {
+  int64_t compiles_queued, compiles_running;            /* waiting for / holding a compile thread */
+  int64_t compile_threads, compile_queue_depth;         /* the pool's size and the queue's bound */
+  int64_t resident_bytes;                               /* the server process's resident memory */
+  int64_t cache_memory_bytes, cache_memory_limit_bytes; /* the cache's memory tier */
+  double cache_hit_rate; /* hits / (hits + misses) since the start, 0 to 1 */
+  uint32_t ncompiles;
+  kiln_server_active_compile *compiles; /* oldest first */
+  kiln_arena *arena;                    /* owns everything above */
+} kiln_server_activity;
+
+/* Stats as kiln_client_stats gives them, and (activity non-NULL) the live
+ * figures, from one call. Free both with their _clear functions. */
+int kiln_client_stats_activity(kiln_client *c, kiln_server_stats *out,
+                               kiln_server_activity *activity, kiln_status *st);
+void kiln_server_activity_clear(kiln_server_activity *a);
 
 /* ---- the server's executable cache --------------------------------------------------- */
 

@@ -75,8 +75,42 @@ static int copy_stats(const Kiln__V1__StatsResponse *r, kiln_server_stats *s) {
   return 0;
 }
 
+static int copy_activity(const Kiln__V1__StatsResponse *r, kiln_server_activity *v) {
+  kiln_arena *a = v->arena;
+  v->compiles_queued = r->compiles_queued;
+  v->compiles_running = r->compiles_running;
+  v->compile_threads = r->compile_threads;
+  v->compile_queue_depth = r->compile_queue_depth;
+  v->resident_bytes = r->resident_bytes;
+  v->cache_memory_bytes = r->cache_memory_bytes;
+  v->cache_memory_limit_bytes = r->cache_memory_limit_bytes;
+  v->cache_hit_rate = r->cache_hit_rate;
+  if (r->n_active_compiles > UINT32_MAX / 2) return KILN_ELIMIT;
+  if (r->n_active_compiles) {
+    v->compiles = kiln_arena_calloc(a, r->n_active_compiles, sizeof *v->compiles);
+    if (v->compiles == NULL) return KILN_ENOMEM;
+  }
+  for (size_t i = 0; i < r->n_active_compiles; i++) {
+    const Kiln__V1__ActiveCompile *pa = r->active_compiles[i];
+    kiln_server_active_compile *ac = &v->compiles[i];
+    ac->request_id = dup(a, pa->request_id);
+    ac->client = dup(a, pa->client);
+    if (ac->request_id == NULL || ac->client == NULL) return KILN_ENOMEM;
+    ac->phase = (kiln_remote_phase)pa->phase;
+    ac->elapsed_ns = pa->elapsed_ns;
+    v->ncompiles = (uint32_t)i + 1;
+  }
+  return 0;
+}
+
 int kiln_client_stats(kiln_client *c, kiln_server_stats *out, kiln_status *st) {
+  return kiln_client_stats_activity(c, out, NULL, st);
+}
+
+int kiln_client_stats_activity(kiln_client *c, kiln_server_stats *out,
+                               kiln_server_activity *activity, kiln_status *st) {
   memset(out, 0, sizeof *out);
+  if (activity) memset(activity, 0, sizeof *activity);
   Kiln__V1__StatsRequest req;
   kiln__v1__stats_request__init(&req);
   uint8_t *buf, *reply;
@@ -98,8 +132,27 @@ int kiln_client_stats(kiln_client *c, kiln_server_stats *out, kiln_status *st) {
              : kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent too many counters");
     kiln_server_stats_clear(out);
   }
+  if (rc == 0 && activity) {
+    if ((activity->arena = kiln_arena_create()) == NULL) {
+      rc = kiln__client_oom(st);
+    } else if ((rc = copy_activity((const Kiln__V1__StatsResponse *)msg, activity))) {
+      rc = rc == KILN_ENOMEM ? kiln__client_oom(st)
+                             : kiln__client_fail(st, KILN_RPC_DATA_LOSS,
+                                                 "the server sent too many active compiles");
+    }
+    if (rc) {
+      kiln_server_activity_clear(activity);
+      kiln_server_stats_clear(out);
+    }
+  }
   protobuf_c_message_free_unpacked(msg, NULL);
   return rc;
+}
+
+void kiln_server_activity_clear(kiln_server_activity *v) {
+  if (v == NULL) return;
+  kiln_arena_destroy(v->arena);
+  memset(v, 0, sizeof *v);
 }
 
 void kiln_server_stats_clear(kiln_server_stats *s) {

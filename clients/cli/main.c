@@ -123,6 +123,12 @@ static const kiln__opt compile_opts[] = {
      "apply a function transform, innermost first: grad, grad:wrt=0,1, vjp, jvp, vmap, "
      "vmap:in_axes=0,none, checkpoint"},
     {"output", 'o', "OUT", false, "write the serialized executable to OUT"},
+    {"progress", 0, NULL, false,
+     "--server: print the server's phases on stderr, one line each (on a terminal they are "
+     "shown on one updating line without this flag)"},
+    {"deadline", 0, "SECONDS", false,
+     "--server: give up after SECONDS (DEADLINE_EXCEEDED); the server waits at most half of "
+     "it for another server's build of the same program, then builds it itself"},
     {0},
 };
 
@@ -136,6 +142,13 @@ static const kiln__opt cache_opts[] = {
     {"backend", 0, "NAME", false, "explain: the backend the keys are for, cpu (default) or interp"},
     {"target", 0, "TARGET", false, "explain: the code target, as for compile (default native)"},
     {"opt-level", 'O', "N", false, "explain: optimization level 0-3 (default 2)"},
+    {0},
+};
+
+static const kiln__opt top_opts[] = {
+    {"server", 0, "HOST:PORT", false, "the kilnd to watch (required)"},
+    KILN_SERVER_SECURITY_OPTS,
+    {"once", 0, NULL, false, "print one screen and exit"},
     {0},
 };
 
@@ -237,6 +250,13 @@ static const kiln__cmd commands[] = {
      "Prints the server's version and uptime, compiles and cache hits, executions, live\n"
      "buffers and per-device figures; --counters adds every counter the server keeps.\n",
      stats_opts, 0, 0, kiln__cmd_stats, NULL},
+    {"top", "top --server HOST:PORT [--once]", "watch a server live",
+     "Shows the server's compile pool (queued, running), cache hit rate and memory,\n"
+     "executions and buffers, resident memory, each device with how busy it has been, and\n"
+     "every compile queued or running with its phase (queued, loading, waiting, passes,\n"
+     "cc, storing), refreshed every second until Ctrl-C. --once prints one screen (device\n"
+     "figures since the server started) and exits.\n",
+     top_opts, 0, 0, kiln__cmd_top, NULL},
     {"cache",
      "cache stats --server HOST:PORT\n"
      "       kiln cache list --server HOST:PORT [KEY...] [--limit N] [--components]\n"

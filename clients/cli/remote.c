@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clients/cli/cli.h"
 
@@ -360,18 +361,72 @@ static void entry_what(const char *path, char *what, size_t size) {
   kiln_module_destroy(m);
 }
 
+/* The server's phases of the compile on stderr: on a terminal one line
+ * rewritten in place and erased at the end, elsewhere (with --progress) a
+ * plain line per phase. */
+typedef struct progress_view {
+  bool tty;
+  const char *file;
+  size_t shown; /* characters of the line on the terminal */
+} progress_view;
+
+static void show_phase(void *arg, const kiln_remote_progress *p) {
+  progress_view *v = arg;
+  char line[256];
+  int n = snprintf(line, sizeof line, "%s: %s%s%s%s (%.1f s)", v->file,
+                   kiln_remote_phase_name(p->phase), p->detail[0] ? " for " : "", p->detail,
+                   p->phase == KILN_REMOTE_PHASE_DONE ? "" : "...", (double)p->elapsed_ns / 1e9);
+  if (n < 0) return;
+  if (!v->tty) {
+    fprintf(stderr, "%s\n", line);
+    return;
+  }
+  if (p->phase == KILN_REMOTE_PHASE_DONE) { /* the summary on stdout says the rest */
+    fprintf(stderr, "\r%*s\r", (int)v->shown, "");
+    v->shown = 0;
+  } else {
+    fprintf(stderr, "\r%s\033[K", line);
+    v->shown = (size_t)n;
+  }
+  fflush(stderr);
+}
+
+/* --deadline SECONDS into o->deadline_ms. */
+static int compile_deadline(const kiln__args *a, kiln_remote_compile_options *o) {
+  const char *text = kiln__args_get(a, "deadline");
+  if (text == NULL) return KILN_EXIT_OK;
+  char *end;
+  errno = 0;
+  double sec = strtod(text, &end);
+  if (errno || *end || end == text || !(sec > 0) || sec > 1e7) {
+    fprintf(stderr, "kiln compile: --deadline needs a positive number of seconds, not '%s'\n",
+            text);
+    return KILN_EXIT_USAGE;
+  }
+  o->deadline_ms = (int64_t)(sec * 1000 + 0.5);
+  if (o->deadline_ms == 0) o->deadline_ms = 1;
+  return KILN_EXIT_OK;
+}
+
 int kiln__remote_compile(const kiln__args *a) {
   kiln_remote_compile_options o;
   bool need_size;
   int rc = remote_compile_options(a, &o);
   if (rc == 0) rc = remote_transforms_check(a, &need_size);
+  if (rc == 0) rc = compile_deadline(a, &o);
   if (rc) return rc;
   const char *out = kiln__args_get(a, "output");
   o.return_executable = out != NULL;
+  progress_view view = {.tty = isatty(STDERR_FILENO) == 1, .file = a->pos[0]};
+  if (view.tty || kiln__args_get(a, "progress")) {
+    o.progress.fn = show_phase;
+    o.progress.arg = &view;
+  }
   kiln_client *c;
   if ((rc = connect_to(a, &c))) return rc;
   kiln_remote_executable *e = NULL;
   rc = compile_file(c, a->pos[0], &o, &e);
+  if (view.shown) fprintf(stderr, "\r%*s\r", (int)view.shown, ""); /* a failure's line */
   if (rc == KILN_EXIT_OK) {
     printf("executable %s\n", e->id);
     printf("cache %s%s%s\n", kiln_remote_source_name(e->cache_source), e->cache_key[0] ? " " : "",
