@@ -25,6 +25,7 @@ ROOT=$PWD
 #   libgrpc-dev libuv1-dev libssl-dev   kilnd: gRPC core, its event loop, SHA-256
 #   libhiredis-dev redis-server         the shared cache tier and its tests
 #   openssl                             test certificates (tests/integration/test_security.c)
+#   systemd                             systemd-analyze verify of deploy/systemd (tests/deploy)
 PACKAGES=(
   build-essential cmake pkg-config
   protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
@@ -34,6 +35,7 @@ PACKAGES=(
   libopenblas-dev libdnnl-dev
   libgrpc-dev libuv1-dev libssl-dev
   libhiredis-dev redis-server openssl
+  systemd
 )
 
 say() { printf 'setup: %s\n' "$*"; }
