@@ -192,9 +192,9 @@ const char *kiln_remote_phase_name(kiln_remote_phase p) {
  * carries the result, left in *out (free with
  * protobuf_c_message_free_unpacked). */
 static int receive_progress(kiln__call *k, const kiln_remote_compile_options *o,
-                            ProtobufCMessage **out, kiln_status *st) {
+                            ProtobufCMessage **out, uint32_t *nmsgs, kiln_status *st) {
   int rc = 0;
-  for (;;) {
+  for (;; (*nmsgs)++) {
     grpc_byte_buffer *bb = NULL;
     grpc_op op;
     memset(&op, 0, sizeof op);
@@ -219,9 +219,15 @@ static int receive_progress(kiln__call *k, const kiln_remote_compile_options *o,
   }
 }
 
+/* *old_server: the server answered UNIMPLEMENTED before any phase (it has
+ * no CompileStream): the caller asks Compile instead. */
 static int compile_stream(kiln_client *c, const kiln_remote_compile_options *o, const uint8_t *req,
-                          size_t len, ProtobufCMessage **out, kiln_status *st) {
+                          size_t len, ProtobufCMessage **out, bool *old_server, kiln_status *st) {
   *out = NULL;
+  *old_server = false;
+  uint32_t nmsgs = 0;
+  kiln_status local;
+  kiln_status_clear(&local);
   grpc_byte_buffer *send = kiln__bytes_to_buffer(req, len);
   if (send == NULL) return kiln__client_oom(st);
   kiln__call k;
@@ -242,10 +248,15 @@ static int compile_stream(kiln_client *c, const kiln_remote_compile_options *o, 
   ops[3].data.recv_initial_metadata.recv_initial_metadata = &k.initial_md;
   bool ok = kiln__call_batch(&k, ops, 4);
   grpc_byte_buffer_destroy(send);
-  if (ok && (rc = receive_progress(&k, o, out, st))) {
+  if (ok && (rc = receive_progress(&k, o, out, &nmsgs, st))) {
     kiln__call_abandon(&k);
   } else {
-    rc = kiln__call_finish(&k, st);
+    rc = kiln__call_finish(&k, &local);
+    if (rc && nmsgs == 0 && kiln_rpc_status_code(&local) == KILN_RPC_UNIMPLEMENTED) {
+      *old_server = true;
+      return rc;
+    }
+    if (rc && st && st->code == 0) *st = local;
     if (rc == 0 && *out == NULL)
       rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "CompileStream ended without a result");
   }
@@ -267,8 +278,9 @@ static int compile(kiln_client *c, int field, const uint8_t *program, size_t len
   int rc = build_request(&o, field, program, len, &req, &req_len, st);
   if (rc) return rc;
   ProtobufCMessage *msg;
-  if (o.progress.fn) {
-    rc = compile_stream(c, &o, req, req_len, &msg, st);
+  bool old_server = false;
+  if (o.progress.fn) rc = compile_stream(c, &o, req, req_len, &msg, &old_server, st);
+  if (o.progress.fn && !old_server) {
     kiln_free(req);
     if (rc) return rc;
   } else {

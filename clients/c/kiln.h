@@ -222,8 +222,9 @@ typedef struct kiln_remote_compile_options {
   /* Appended (ABI): told of each phase of the compile as the server enters
    * it, on the calling thread, before kiln_client_compile_* returns (the
    * last is KILN_REMOTE_PHASE_DONE, when the compile succeeded). Non-NULL:
-   * the compile goes through the CompileStream RPC (a server without it
-   * answers UNIMPLEMENTED). */
+   * the compile goes through the CompileStream RPC; against a server
+   * without it (UNIMPLEMENTED before any phase) it falls back to Compile
+   * and the callback is not called. */
   struct kiln_remote_progress_cb {
     void (*fn)(void *arg, const struct kiln_remote_progress *p);
     void *arg;
