@@ -255,7 +255,8 @@ static const kiln__cmd commands[] = {
      "executions and buffers, resident memory, each device with how busy it has been, and\n"
      "every compile queued or running with its phase (queued, loading, waiting, passes,\n"
      "cc, storing), refreshed every second until Ctrl-C. --once prints one screen (device\n"
-     "figures since the server started) and exits.\n",
+     "figures since the server started) and exits. A server with --tokens answers only\n"
+     "admin tokens (Stats covers every client's work).\n",
      top_opts, 0, 0, kiln__cmd_top, NULL},
     {"cache",
      "cache stats --server HOST:PORT\n"
