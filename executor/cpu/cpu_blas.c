@@ -16,6 +16,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "common/log.h"
+
 enum { TIER_OTHER, TIER_AVX2, TIER_AVX512 };
 
 static int core_tier(const char *name) {
@@ -75,8 +77,8 @@ void kiln_cpu_blas_select_core(char **argv) {
   execv("/proc/self/exe", argv);
   /* Still here: this image keeps the generic core. Leaving the variable
    * set is harmless (OpenBLAS read it long ago), and says what was tried. */
-  fprintf(stderr,
-          "kiln: note: OpenBLAS runs its %s kernels; re-executing with "
-          "OPENBLAS_CORETYPE=%s failed, continuing\n",
-          kiln_cpu_blas_core(), core);
+  kiln_log(KILN_LOG_INFO, "kiln",
+           "note: OpenBLAS runs its %s kernels; re-executing with "
+           "OPENBLAS_CORETYPE=%s failed, continuing",
+           kiln_cpu_blas_core(), core);
 }

@@ -532,6 +532,43 @@ START_TEST(test_progress_cli) {
 }
 END_TEST
 
+/* On a terminal (a pty from script(1)) the phases share one line,
+ * rewritten in place, without --progress; it is erased before the
+ * summary. Skipped without script. */
+START_TEST(test_progress_tty) {
+  const char *cli = getenv("KILN_CLI");
+  ck_assert_msg(cli && cli[0], "KILN_CLI is not set");
+  if (sh("command -v script >/dev/null 2>&1") != 0) return;
+  FILE *f = fopen(path("p19.hlo"), "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(program(19), f);
+  fclose(f);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "script -qec \"'%s' compile '%s' --server %s\" /dev/null > '%s' 2>&1",
+           cli, path("p19.hlo"), server_a.addr, path("tty.out"));
+  ck_assert_int_eq(sh(cmd), 0);
+  f = fopen(path("tty.out"), "r");
+  ck_assert_ptr_nonnull(f);
+  static char out[16384];
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = '\0';
+  fclose(f);
+  char want[600];
+  snprintf(want, sizeof want, "\r%s: passes... (", path("p19.hlo"));
+  ck_assert_msg(strstr(out, want) != NULL, "no updating line in:\n%s", out);
+  snprintf(want, sizeof want, "\r%s: cc... (", path("p19.hlo"));
+  ck_assert_msg(strstr(out, want) != NULL, "%s", out);
+  ck_assert_msg(strstr(out, "\033[K") != NULL, "%s", out);
+  /* No phase has a line of its own: each follows a carriage return. */
+  snprintf(want, sizeof want, "\n%s: ", path("p19.hlo"));
+  ck_assert_msg(strstr(out, want) == NULL && strncmp(out, want + 1, strlen(want) - 1) != 0, "%s",
+                out);
+  const char *exe = strstr(out, "executable ");
+  ck_assert_msg(exe != NULL, "%s", out);
+  ck_assert_msg(strstr(exe, "...") == NULL, "a phase after the summary:\n%s", out);
+}
+END_TEST
+
 /* ---- kiln top ----------------------------------------------------------------------- */
 
 START_TEST(test_top_once) {
@@ -579,6 +616,7 @@ static Suite *ops_suite(void) {
   tcase_add_test(tc, test_json_and_auth_audit);
   tcase_add_test(tc, test_progress_libkiln);
   tcase_add_test(tc, test_progress_cli);
+  tcase_add_test(tc, test_progress_tty);
   tcase_add_test(tc, test_top_once);
   suite_add_tcase(s, tc);
   return s;
