@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <grpc/support/log.h>
+
 #include "server/server.h"
 
 static kilnd_log_format format = KILND_LOG_TEXT;
@@ -295,6 +297,25 @@ void kilnd_log_audit(kilnd_log_rec *r, const kilnd_call *c, const char *event) {
   kilnd_log_str(r, "request_id", c ? c->request_id : "");
   kilnd_log_str(r, "client", c ? c->client : "");
   kilnd_log_str(r, "method", c ? method_of(c) : "");
+}
+
+void kilnd_log_grpc(struct gpr_log_func_args *args) {
+  kiln_log_level level = args->severity == GPR_LOG_SEVERITY_ERROR  ? KILN_LOG_ERROR
+                         : args->severity == GPR_LOG_SEVERITY_INFO ? KILN_LOG_INFO
+                                                                   : KILN_LOG_DEBUG;
+  const char *msg = args->message ? args->message : "";
+  kilnd_log_rec r;
+  if (strstr(msg, "Handshake failed")) {
+    kilnd_log_audit(&r, NULL, "tls_failure");
+    kilnd_log_str(&r, "reason", msg);
+  } else {
+    kilnd_log_begin(&r, level, msg);
+    kilnd_log_str(&r, "component", "grpc");
+  }
+  const char *file = args->file ? strrchr(args->file, '/') : NULL;
+  kilnd_log_str(&r, "file", file ? file + 1 : args->file);
+  kilnd_log_int(&r, "line", args->line);
+  kilnd_log_end(&r);
 }
 
 /* splitmix64 over a random seed and a counter: distinct for every call of

@@ -16,8 +16,10 @@
  *                 --log-requests.
  *   msg=audit     event=compile (an executable built), event=evict (a
  *                 CacheEvict), event=auth_failure and event=permission_denied
- *                 (a call refused by authentication or by its role); with the
- *                 request id and client of the call that caused it.
+ *                 (a call refused by authentication or by its role), with the
+ *                 request id and client of the call that caused it;
+ *                 event=tls_failure (a TLS handshake that failed, reported
+ *                 by the gRPC core, which names no call).
  *   anything else kilnd or its libraries (common/log.h) report.
  *
  * A record is built in a fixed buffer on the caller's stack and written
@@ -78,6 +80,14 @@ void kilnd_log_call(const kilnd_call *c, int64_t ns);
 /* Starts an audit record for call c (event, request_id, client, method);
  * the caller adds fields and ends it. c may be NULL. */
 void kilnd_log_audit(kilnd_log_rec *r, const kilnd_call *c, const char *event);
+
+/* The gRPC core's own lines (gpr_set_log_function), in the structured
+ * formats: component=grpc with file and line; a failed TLS handshake (a
+ * client without a certificate, or one the CA did not sign) is an audit
+ * line, event=tls_failure. In text format kilnd leaves gRPC's lines as
+ * gRPC writes them. */
+struct gpr_log_func_args;
+void kilnd_log_grpc(struct gpr_log_func_args *args);
 
 /* A new request id: 16 lowercase hex digits, unique in this process and
  * unpredictable across processes. */

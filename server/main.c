@@ -20,6 +20,7 @@
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
 #include "cache/cache.h"
@@ -289,6 +290,7 @@ int main(int argc, char **argv) {
   srv.start_ns = kiln_sched_now_ns();
   srv.shutdown_tag.fn = on_shutdown;
   kilnd_sha256_init();
+  if (kilnd_log_get_format() != KILND_LOG_TEXT) gpr_set_log_function(kilnd_log_grpc);
   grpc_init();
   rc = serve(&srv, &st);
   grpc_shutdown();

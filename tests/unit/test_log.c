@@ -243,6 +243,31 @@ START_TEST(test_library_sink) {
 }
 END_TEST
 
+START_TEST(test_grpc_lines) {
+  configure("logfmt", "info");
+  capture();
+  gpr_log_func_args a = {.file = "src/core/tsi/ssl_transport_security.cc",
+                         .line = 1501,
+                         .severity = GPR_LOG_SEVERITY_ERROR,
+                         .message = "Handshake failed with fatal error SSL_ERROR_SSL: peer did not "
+                                    "return a certificate."};
+  kilnd_log_grpc(&a);
+  gpr_log_func_args b = {
+      .file = "x/y.cc", .line = 7, .severity = GPR_LOG_SEVERITY_INFO, .message = "plain"};
+  kilnd_log_grpc(&b);
+  b.severity = GPR_LOG_SEVERITY_DEBUG;
+  kilnd_log_grpc(&b); /* below info */
+  const char *out = collect();
+  ck_assert_ptr_nonnull(strstr(out, " level=info msg=audit event=tls_failure request_id=\"\" "
+                                    "client=\"\" method=\"\" reason=\"Handshake failed with fatal "
+                                    "error SSL_ERROR_SSL: peer did not return a certificate.\" "
+                                    "file=ssl_transport_security.cc line=1501\n"));
+  ck_assert_ptr_nonnull(strstr(out, " level=info msg=plain component=grpc file=y.cc line=7\n"));
+  const char *first = strstr(out, "msg=plain");
+  ck_assert_ptr_null(strstr(first + 1, "msg=plain")); /* the debug one was dropped */
+}
+END_TEST
+
 START_TEST(test_request_ids) {
   enum { N = 4096 };
   static char ids[N][17];
@@ -270,6 +295,7 @@ static Suite *log_suite(void) {
   tcase_add_test(tc, test_call_line);
   tcase_add_test(tc, test_code_names);
   tcase_add_test(tc, test_library_sink);
+  tcase_add_test(tc, test_grpc_lines);
   tcase_add_test(tc, test_request_ids);
   suite_add_tcase(s, tc);
   return s;
