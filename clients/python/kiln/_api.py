@@ -27,7 +27,7 @@ import functools
 import numpy as np
 
 from . import _core, _dtypes, tree_util
-from ._client import Array, connection
+from ._client import INLINE_MAX_ELEMENTS, Array, connection
 from ._core import Graph, Tracer, _stack, aval_of, to_tracer
 from ._proto import kiln_pb2
 
@@ -252,7 +252,9 @@ class Staged:
             raise AssertionError(f"kiln: {len(values)} arguments for {nparams} parameters")
         exe = conn.compile(tr.text, transforms)
         donate = self._donated_leaves(args)
-        outs = conn.execute(exe.executable_id, values, donate=donate, nout=len(out_avals))
+        inline = [int(np.prod(s, dtype=np.int64)) <= INLINE_MAX_ELEMENTS for s, _ in out_avals]
+        outs = conn.execute(exe.executable_id, values, donate=donate, nout=len(out_avals),
+                            inline=inline)
         return regroup(outs)
 
     def _donated_leaves(self, args):
