@@ -521,8 +521,129 @@ def _unsupported(name):
     return f
 
 
-jacfwd = _unsupported("jacfwd")
-jacrev = _unsupported("jacrev")
+def _jac_argnums(argnums, nargs, name):
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    for n in nums:
+        if not isinstance(n, int) or not -nargs <= n < nargs:
+            raise ValueError(f"kiln.{name}: argnums {argnums} is out of range for {nargs} "
+                             "arguments")
+    return [n % nargs for n in nums]
+
+
+def _jac_assemble(name, argnums, args, nums, out, block):
+    """The Jacobian pytree JAX returns: the output's tree, each leaf replaced
+    by the argument tree (a tuple of them for tuple argnums) of arrays of
+    shape out_leaf.shape + in_leaf.shape; block(o, n, k) is the flat
+    (out size, in size) block of output leaf o and leaf k of argument n."""
+    from ._client import device_put
+
+    out_leaves, out_tree = tree_util.tree_flatten(out)
+    per_out = []
+    for o, ol in enumerate(out_leaves):
+        oshape = aval_of(ol)[0]
+        trees = []
+        for n in nums:
+            xl, xt = tree_util.tree_flatten(args[n])
+            trees.append(xt.unflatten([
+                device_put(block(o, n, k).reshape(tuple(oshape) + tuple(aval_of(x)[0])))
+                for k, x in enumerate(xl)]))
+        per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
+    return out_tree.unflatten(per_out)
+
+
+def _jac_check(name, args, nums, has_aux, holomorphic):
+    if has_aux or holomorphic:
+        raise NotImplementedError(f"kiln.{name}: has_aux / holomorphic")
+    for n in nums:
+        for x in tree_util.tree_leaves(args[n]):
+            if not _dtypes.is_float(aval_of(x)[1]):
+                raise TypeError(f"kiln.{name}: argument {n} has a leaf of dtype "
+                                f"{aval_of(x)[1]}; floating point is required")
+
+
+def jacfwd(fun, argnums=0, has_aux=False, holomorphic=False):
+    """The Jacobian by forward mode, as JAX's: one jvp program on the
+    server, run once per element of the differentiated arguments (column j
+    is J @ e_j), so meant for small inputs."""
+
+    def jac(*args):
+        nums = _jac_argnums(argnums, len(args), "jacfwd")
+        _jac_check("jacfwd", args, nums, has_aux, holomorphic)
+        zeros = [tree_util.tree_map(lambda v: np.zeros(aval_of(v)[0], aval_of(v)[1]), a)
+                 for a in args]
+        cols = {}  # (n, k) -> per output leaf, a list of flat columns
+        out = None
+        for n in nums:
+            xl, xt = tree_util.tree_flatten(args[n])
+            for k, x in enumerate(xl):
+                shape, dt = aval_of(x)
+                size = int(np.prod(shape, dtype=np.int64))
+                cols[n, k] = None
+                for i in range(size):
+                    e = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in xl]
+                    e[k].reshape(-1)[i] = 1
+                    tangents = list(zeros)
+                    tangents[n] = xt.unflatten(e)
+                    out, t = jvp(fun, tuple(args), tuple(tangents))
+                    tl = [np.asarray(v).reshape(-1) for v in tree_util.tree_leaves(t)]
+                    if cols[n, k] is None:
+                        cols[n, k] = [[] for _ in tl]
+                    for o, v in enumerate(tl):
+                        cols[n, k][o].append(v)
+        if out is None:  # every differentiated leaf is empty
+            out = _staged(fun)(*args)
+
+        def block(o, n, k):
+            oshape = aval_of(tree_util.tree_leaves(out)[o])[0]
+            osize = int(np.prod(oshape, dtype=np.int64))
+            c = cols[n, k]
+            if not c or not c[o]:
+                return np.zeros((osize, 0), np.float32)
+            return np.stack(c[o], axis=1)
+
+        return _jac_assemble("jacfwd", argnums, args, nums, out, block)
+
+    return jac
+
+
+def jacrev(fun, argnums=0, has_aux=False, holomorphic=False, allow_int=False):
+    """The Jacobian by reverse mode, as JAX's: one vjp program on the
+    server, run once per element of the output (row i is e_i @ J), so meant
+    for small outputs."""
+
+    def jac(*args):
+        nums = _jac_argnums(argnums, len(args), "jacrev")
+        _jac_check("jacrev", args, nums, has_aux, holomorphic)
+        out, vjp_fn = vjp(fun, *args)
+        ol = tree_util.tree_leaves(out)
+        otree = tree_util.tree_structure(out)
+        rows = {}  # (o, n, k) -> list of flat rows
+        for o, leaf in enumerate(ol):
+            shape, dt = aval_of(leaf)
+            if not _dtypes.is_float(dt):
+                raise TypeError(f"kiln.jacrev: output leaf {o} has dtype {dt}; floating point "
+                                "is required")
+            size = int(np.prod(shape, dtype=np.int64))
+            for i in range(size):
+                ct = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in ol]
+                ct[o].reshape(-1)[i] = 1
+                grads = vjp_fn(otree.unflatten(ct))
+                for n in nums:
+                    for k, g in enumerate(tree_util.tree_leaves(grads[n])):
+                        rows.setdefault((o, n, k), []).append(np.asarray(g).reshape(-1))
+
+        def block(o, n, k):
+            r = rows.get((o, n, k))
+            if r:
+                return np.stack(r, axis=0)
+            x = tree_util.tree_leaves(args[n])[k]
+            return np.zeros((0, int(np.prod(aval_of(x)[0], dtype=np.int64))), np.float32)
+
+        return _jac_assemble("jacrev", argnums, args, nums, out, block)
+
+    return jac
+
+
 pmap = _unsupported("pmap")
 
 

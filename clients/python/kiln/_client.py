@@ -59,6 +59,7 @@ _IDEMPOTENT_RETRIES = 3
 RELEASE_BATCH = 64
 RELEASE_BYTES = 16 << 20
 INLINE_MAX_ELEMENTS = 1  # outputs this small come back in the Execute response
+LITERAL_MAX_BYTES = 64 << 10  # a client-held array larger than this is uploaded once
 
 
 def _identity():
@@ -187,6 +188,8 @@ class Connection:
         req = kiln_pb2.ExecuteRequest(executable_id=executable_id)
         for i, a in enumerate(args):
             arg = req.arguments.add()
+            if isinstance(a, Array) and a.handle is None and a.nbytes > LITERAL_MAX_BYTES:
+                a._upload()
             if isinstance(a, Array) and a.handle is not None:
                 a._check_live()
                 arg.buffer_handle = a.handle
@@ -341,6 +344,14 @@ class Array(ArrayOps):
         a = cls(conn, None, value.shape, value.dtype, value.nbytes)
         a._value = value
         return a
+
+    def _upload(self):
+        """A client-held array becomes a server one (the first time a call
+        uses it, when it is too large to travel as a literal every time)."""
+        self._check_live()
+        up = self._conn.put(self._value)
+        self.handle, up.handle = up.handle, None  # this array owns it now
+        self._device = up._device
 
     @classmethod
     def _from_info(cls, conn, info):
