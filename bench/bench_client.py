@@ -6,14 +6,17 @@ Two models, each the training step of its example: the digits MLP of
 examples/python/train_digits.py (64->128->10, batch 64, Adam) and the
 transformer block of examples/python/train_charlm.py (a character-level LM:
 2 pre-norm blocks of causal 4-head attention and a GELU MLP, d=64, batch 16
-x 32 characters, Adam). Each runs three ways in the same run:
+x 32 characters, Adam). Each runs four ways in the same run:
 
   kiln     the example's own step through kiln (import kiln as jax): one
-           jitted value_and_grad and one jitted Adam update that donates the
-           old parameters and moments, then float(loss);
-  fused    the same step lowered whole by JAX on the client and run through
-           kiln.from_jax (value_and_grad and Adam in one program, state
-           donated): the one-round-trip step;
+           jitted train step (value_and_grad inside, the server's gradient
+           program inlined, then Adam) donating the parameters and moments,
+           then float(loss);
+  split    the step as two jitted programs (value_and_grad, then the Adam
+           update), as the examples were written before transforms could be
+           called inside jit;
+  fused    the example's step lowered whole by JAX on the client and run
+           through kiln.from_jax (state donated);
   jax      the example's step in local jax.jit on JAX's CPU backend.
 
 A kilnd is started here on a free loopback port (--backend, default cpu).
@@ -21,7 +24,8 @@ Per round, after --warmup steps, --steps steps are timed; the figures are
 medians over --rounds rounds:
 
   *_ms               milliseconds per step (wall clock, client side);
-  ratio, fused_ratio kiln_ms / jax_ms and fused_ms / jax_ms (per-round ratios' median);
+  *ratio             kiln_ms / jax_ms, split_ms / jax_ms, fused_ms / jax_ms
+                     (the per-round ratios' median);
   rpcs_per_step      gRPC calls per steady-state step (Execute, GetBuffer,
                      ReleaseBuffers, ...), from the connection's counter;
   bytes_up/down      serialized request / response message bytes per step.
@@ -96,7 +100,7 @@ def digits_model(jax, jnp, n, seed=0):
     xtr, ytr, _, _ = td.load_data(seed)
     init = td.init_params(seed)
     data = [(xtr[i], ytr[i]) for i in td.batches(len(xtr), 64, n, seed)]
-    return init, data, td.make_step(jax, jnp)[:2]
+    return init, data, td.make_parts(jax, jnp)[0]
 
 
 def charlm_model(jax, jnp, n, seed=0):
@@ -105,14 +109,32 @@ def charlm_model(jax, jnp, n, seed=0):
     ids, vocab = tc.load_text()
     init = tc.init_params(len(vocab), 64, 2, 32, seed)
     data = list(tc.batches(ids, 16, 32, n, seed))
-    return init, data, tc.make_model(jax, jnp)[:2]
+    return init, data, tc.make_parts(jax, jnp)[0]
 
 
 MODELS = {"digits": digits_model, "charlm": charlm_model}
 
 
 def native_step(jax, jnp, model, n):
-    init, data, (loss_and_grad, adam) = model(jax, jnp, n)
+    init, data, train_step = model(jax, jnp, n)
+    train_step = jax.jit(train_step, donate_argnums=(0, 1, 2))
+    zeros = jax.tree_util.tree_map(lambda p: np.zeros(p.shape, np.float32), init)
+    state = [jax.device_put(init), jax.device_put(zeros), jax.device_put(zeros)]
+
+    def step(t, batch):
+        *new, value = train_step(*state, *batch, np.float32(t))
+        state[:] = new
+        return float(value)
+
+    return data, step
+
+
+def split_step(jax, jnp, model, n):
+    """The step as two programs: jit(value_and_grad(loss)), then jit(adam)."""
+    init, data, train_step = model(jax, jnp, n)
+    loss, adam = _parts(train_step)
+    loss_and_grad = jax.jit(jax.value_and_grad(loss))
+    adam = jax.jit(adam, donate_argnums=(0, 1, 2))
     zeros = jax.tree_util.tree_map(lambda p: np.zeros(p.shape, np.float32), init)
     state = [jax.device_put(init), jax.device_put(zeros), jax.device_put(zeros)]
 
@@ -125,19 +147,20 @@ def native_step(jax, jnp, model, n):
     return data, step
 
 
+def _parts(train_step):
+    """The loss and adam functions train_step closes over."""
+    cells = dict(zip(train_step.__code__.co_freevars,
+                     (c.cell_contents for c in train_step.__closure__)))
+    return cells["loss"], cells["adam"]
+
+
 def fused_step(model, n):
     """The whole step as one JAX program, run on kilnd through from_jax."""
     import jax
 
     import kiln
 
-    init, data, (loss_and_grad, adam) = model(jax, jax.numpy, n)
-
-    def train_step(params, m, v, x, y, t):
-        value, grads = loss_and_grad(params, x, y)
-        params, m, v = adam(params, m, v, grads, t)
-        return params, m, v, value
-
+    init, data, train_step = model(jax, jax.numpy, n)
     run = kiln.from_jax(train_step, donate_argnums=(0, 1, 2))
     zeros = jax.tree_util.tree_map(lambda p: np.zeros(p.shape, np.float32), init)
     state = [kiln.device_put(init), kiln.device_put(zeros), kiln.device_put(zeros)]
@@ -176,24 +199,30 @@ def bench_model(name, opts, conn):
     n = opts.warmup + opts.steps
     rows = []
     for r in range(opts.rounds):
-        k_ms, (rpcs, up, down) = timed(*native_step(kiln, knp, model, n), opts.warmup,
-                                       opts.steps, conn)
-        f_ms, (f_rpcs, f_up, f_down) = timed(*fused_step(model, n), opts.warmup, opts.steps,
-                                             conn)
-        j_ms, _ = timed(*native_step(jax, jnp, model, n), opts.warmup, opts.steps)
-        rows.append((k_ms, f_ms, j_ms, k_ms / j_ms, f_ms / j_ms, rpcs, up, down, f_rpcs, f_up,
-                     f_down))
-        print(f"{name} round {r + 1}: kiln {k_ms:.2f} ms ({rpcs:.2f} RPCs, {up:.0f} B up, "
-              f"{down:.0f} B down), fused {f_ms:.2f} ms ({f_rpcs:.2f} RPCs, {f_up:.0f} B up, "
-              f"{f_down:.0f} B down), jax {j_ms:.2f} ms per step", file=sys.stderr)
-    med = [statistics.median(c) for c in zip(*rows)]
-    return {"model": name, "backend": opts.backend, "steps": opts.steps, "rounds": opts.rounds,
-            "kiln_ms": round(med[0], 3), "fused_ms": round(med[1], 3),
-            "jax_ms": round(med[2], 3), "ratio": round(med[3], 2),
-            "fused_ratio": round(med[4], 2), "rpcs_per_step": round(med[5], 2),
-            "bytes_up_per_step": round(med[6]), "bytes_down_per_step": round(med[7]),
-            "fused_rpcs_per_step": round(med[8], 2), "fused_bytes_up_per_step": round(med[9]),
-            "fused_bytes_down_per_step": round(med[10])}
+        ways = {"kiln": lambda: native_step(kiln, knp, model, n),
+                "split": lambda: split_step(kiln, knp, model, n),
+                "fused": lambda: fused_step(model, n)}
+        row = {}
+        for way, make in ways.items():
+            ms, (rpcs, up, down) = timed(*make(), opts.warmup, opts.steps, conn)
+            row[way] = (ms, rpcs, up, down)
+        row["jax"] = (timed(*native_step(jax, jnp, model, n), opts.warmup, opts.steps)[0],)
+        rows.append(row)
+        print(f"{name} round {r + 1}: " + ", ".join(
+            f"{w} {v[0]:.2f} ms" + (f" ({v[1]:.2f} RPCs, {v[2]:.0f} B up, {v[3]:.0f} B down)"
+                                    if len(v) > 1 else "") for w, v in row.items()),
+            file=sys.stderr)
+    med = lambda f: statistics.median(f(r) for r in rows)  # noqa: E731
+    out = {"model": name, "backend": opts.backend, "steps": opts.steps, "rounds": opts.rounds,
+           "jax_ms": round(med(lambda r: r["jax"][0]), 3)}
+    for way in ("kiln", "split", "fused"):
+        p = "" if way == "kiln" else way + "_"
+        out[f"{way}_ms"] = round(med(lambda r: r[way][0]), 3)
+        out[f"{p}ratio"] = round(med(lambda r: r[way][0] / r["jax"][0]), 2)
+        out[f"{p}rpcs_per_step"] = round(med(lambda r: r[way][1]), 2)
+        out[f"{p}bytes_up_per_step"] = round(med(lambda r: r[way][2]))
+        out[f"{p}bytes_down_per_step"] = round(med(lambda r: r[way][3]))
+    return out
 
 
 def main():

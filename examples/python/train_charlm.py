@@ -7,9 +7,10 @@ token and position embeddings, --layers pre-norm blocks (causal multi-head
 self-attention and a GELU MLP, each with a residual), a final layer norm and
 a projection to the vocabulary, trained with next-character cross-entropy
 and Adam. As in train_digits.py the parameters and Adam's moments live on
-the server for the whole run: a step is one jitted value_and_grad and one
-jitted Adam update that donates the old state, so only the minibatch goes up
-and the scalar loss comes down (inline in the Execute response). Written with
+the server for the whole run: a step is one jitted program (value_and_grad
+of the loss, then the Adam update, donating the old state), one round trip,
+so only the minibatch goes up and the scalar loss comes down (inline in the
+Execute response). Written with
 JAX's names: the same functions train locally with import jax (the tests
 compare the two), and --jax does that here.
 
@@ -61,8 +62,9 @@ def batches(ids, batch, seq, steps, seed=0):
         yield ids[idx], ids[idx + 1]
 
 
-def make_model(jax, jnp, heads=4, lr=3e-3, b1=0.9, b2=0.99, eps=1e-8):
-    """(loss_and_grad, adam_update, loss) for the framework given."""
+def make_parts(jax, jnp, heads=4, lr=3e-3, b1=0.9, b2=0.99, eps=1e-8):
+    """(train_step, loss), not jitted, for the framework given:
+    train_step(params, m, v, tokens, targets, t) -> (params, m, v, loss)."""
     tu = jax.tree_util
 
     def layer_norm(x, p):
@@ -113,14 +115,24 @@ def make_model(jax, jnp, heads=4, lr=3e-3, b1=0.9, b2=0.99, eps=1e-8):
                              params, m, v)
         return params, m, v
 
-    return (jax.jit(jax.value_and_grad(loss)), jax.jit(adam, donate_argnums=(0, 1, 2)),
-            jax.jit(loss))
+    def train_step(params, m, v, tokens, targets, t):
+        value, grads = jax.value_and_grad(loss)(params, tokens, targets)
+        params, m, v = adam(params, m, v, grads, t)
+        return params, m, v, value
+
+    return train_step, loss
+
+
+def make_model(jax, jnp, **kw):
+    """(train_step, loss), jitted; train_step donates the state."""
+    train_step, loss = make_parts(jax, jnp, **kw)
+    return jax.jit(train_step, donate_argnums=(0, 1, 2)), jax.jit(loss)
 
 
 def train(jax, jnp, steps=300, batch=16, seq=32, d=64, layers=2, seed=0, progress=True):
     """Trains from a fixed seed; returns the per-step losses."""
     ids, vocab = load_text()
-    loss_and_grad, adam, _ = make_model(jax, jnp)
+    train_step, _ = make_model(jax, jnp)
     init = init_params(len(vocab), d, layers, seq, seed)
     params = jax.device_put(init)
     zeros = jax.tree_util.tree_map(lambda p: np.zeros(p.shape, np.float32), init)
@@ -132,8 +144,7 @@ def train(jax, jnp, steps=300, batch=16, seq=32, d=64, layers=2, seed=0, progres
 
         it = tqdm(it, total=steps, desc="charlm")
     for t, (x, y) in enumerate(it, start=1):
-        value, grads = loss_and_grad(params, x, y)
-        params, m, v = adam(params, m, v, grads, np.float32(t))
+        params, m, v, value = train_step(params, m, v, x, y, np.float32(t))
         losses.append(float(value))
         if progress:
             it.set_postfix(loss=f"{losses[-1]:.4f}")

@@ -19,9 +19,13 @@ outputs are (compiler/transforms/transform.h):
 grad with has_aux is vjp of output 0 with a cotangent of one (the server's
 grad refuses has_aux): vjp returns every output, so the auxiliary values come
 back alongside. A Staged function with no layers called inside a trace is
-inlined, as jax.jit is; a transformed one is refused there
-(NotImplementedError): the server transforms whole programs.
+inlined, as jax.jit is. A transformed one called inside a trace (grad inside
+jit: a whole training step as one program) is traced alone, transformed by
+the server (a Compile on the interpreter backend asking for the module text
+after the transforms, once per signature) and that text is inlined into the
+enclosing trace as computations called with HLO call.
 """
+import re
 import functools
 
 import numpy as np
@@ -169,8 +173,9 @@ class Staged:
         dyn = [not s and pred(x) for s, x in zip(is_static, leaves)]
         return leaves, tree, dyn
 
-    def _prepare(self, args, kwargs, extras_spec):
-        if any(isinstance(x, Tracer) for x in tree_util.tree_leaves((args, kwargs))) or _stack():
+    def _prepare(self, args, kwargs, extras_spec, inside=False):
+        if not inside and (any(isinstance(x, Tracer)
+                               for x in tree_util.tree_leaves((args, kwargs))) or _stack()):
             raise NotImplementedError(
                 f"kiln: {'/'.join(l.kind for l in self.layers)} of '{self.name}' called inside "
                 "a traced function: the server transforms whole programs; apply the transform "
@@ -240,6 +245,8 @@ class Staged:
         layers add, outermost layer's last (as in _plan)."""
         if _stack() and not self.layers:
             return self.fn(*args, **kwargs)  # jit inside a trace: inline
+        if _stack():
+            return self._run_inside(args, kwargs, extra_values)
         tr, user, level_avals, vmap_axes = self._prepare(args, kwargs, extra_values)
         transforms, nparams, out_avals, regroup, seeds = self._plan(tr, args, len(user),
                                                                     level_avals, vmap_axes)
@@ -256,6 +263,19 @@ class Staged:
         outs = conn.execute(exe.executable_id, values, donate=donate, nout=len(out_avals),
                             inline=inline)
         return regroup(outs)
+
+    def _run_inside(self, args, kwargs, extra_values):
+        """A transformed function called inside a trace: its own trace, the
+        server's transformed text of it, inlined here."""
+        comp = _core.current_computation()
+        tr, user, level_avals, vmap_axes = self._prepare(args, kwargs, extra_values, inside=True)
+        transforms, nparams, out_avals, regroup, seeds = self._plan(tr, args, len(user),
+                                                                    level_avals, vmap_axes)
+        values = list(user) + list(tr.hidden) + seeds + list(extra_values)
+        if len(values) != nparams:
+            raise AssertionError(f"kiln: {len(values)} arguments for {nparams} parameters")
+        text = connection().transformed_text(tr.text, transforms)
+        return regroup(_inline_module(comp, text, values, out_avals))
 
     def _donated_leaves(self, args):
         if not self.donate_argnums:
@@ -361,6 +381,55 @@ class Staged:
                                                                      rb(outs[n:]))
                 out_avals = out_avals + list(users)
         return transforms, nparams, out_avals, regroup, seeds
+
+
+class _RawComputation:
+    """Computations of another module's text, renamed, rendered as given."""
+
+    def __init__(self, text):
+        self.text, self.finished = text, True
+
+    def render(self):
+        return self.text
+
+
+_COMP_HEAD = re.compile(r"^(ENTRY\s+)?%?([A-Za-z_][\w.\-]*)\s*(\([^\n]*?\))?\s*(->[^\n{]*)?"
+                        r"\{\s*$", re.M)
+
+
+def _inline_module(comp, text, values, out_avals):
+    """Appends text's computations (renamed apart) to comp's graph and a call
+    of its ENTRY on values to comp; the call's outputs as tracers."""
+    g = comp.graph
+    body = text.split("\n", 1)[1] if text.startswith("HloModule") else text
+    heads = list(_COMP_HEAD.finditer(body))
+    names = {m.group(2) for m in heads}
+    entry = [m.group(2) for m in heads if m.group(1)]
+    if len(entry) != 1:
+        raise AssertionError("kiln: the transformed module has no single ENTRY computation")
+    prefix = f"inl{next(g.counter)}_"
+
+    def rename(m):
+        return "%" + prefix + m.group(1) if m.group(1) in names else m.group(0)
+
+    # every reference to a computation is %name in the server's text; the
+    # headers are renamed too (instruction names are local to a computation)
+    body = re.sub(r"(?m)^ENTRY\s+", "", body)
+    body = re.sub(r"(?m)^%?([A-Za-z_][\w.\-]*)(?=\s*[({])",
+                  lambda m: "%" + prefix + m.group(1) if m.group(1) in names else m.group(0),
+                  body)
+    body = re.sub(r"%([A-Za-z_][\w.\-]*)(?![\w.\-])", rename, body)
+    g.comps.append(_RawComputation(body.strip("\n") + "\n"))
+    ops = [to_tracer(v, comp) for v in values]
+    head = [m for m in heads if m.group(1)][0]
+    tuple_out = (head.group(4) or "->(").replace(" ", "").startswith("->(")
+    if tuple_out:
+        r = comp.add(list(out_avals), "call", [o.instr for o in ops],
+                     f", to_apply=%{prefix}{entry[0]}")
+        return [Tracer(comp.add(av, "get-tuple-element", [r], f", index={i}"))
+                for i, av in enumerate(out_avals)]
+    return [Tracer(comp.add(out_avals[0], "call", [o.instr for o in ops],
+                            f", to_apply=%{prefix}{entry[0]}"))]
 
 
 def _grad_regroup(rebuild, with_value, n):
@@ -485,7 +554,7 @@ def jvp(fun, primals, tangents, has_aux=False):
             raise ValueError(f"kiln.jvp: a tangent of shape {aval_of(t)[0]} for a primal of "
                              f"shape {aval_of(p)[0]}")
     s = _staged(fun).with_layer(JvpLayer())
-    tl = [np.asarray(t, dtype=aval_of(p)[1]) if not isinstance(t, Array) else t
+    tl = [np.asarray(t, dtype=aval_of(p)[1]) if not isinstance(t, (Array, Tracer)) else t
           for p, t in zip(pl, tl)]
     return s._run(primals, {}, tl)
 
@@ -506,7 +575,8 @@ def vjp(fun, *primals, has_aux=False):
             if aval_of(c)[0] != tuple(o.shape):
                 raise ValueError(f"kiln.vjp: a cotangent of shape {aval_of(c)[0]} for an output "
                                  f"of shape {tuple(o.shape)}")
-        cl = [c if isinstance(c, Array) else np.asarray(c, dtype=o.dtype) for c, o in zip(cl, ol)]
+        cl = [c if isinstance(c, (Array, Tracer)) else np.asarray(c, dtype=o.dtype)
+              for c, o in zip(cl, ol)]
         _, grads = s._run(primals, {}, cl)
         return grads
 

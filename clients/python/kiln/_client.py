@@ -50,7 +50,7 @@ import numpy as np
 from . import _dtypes
 from ._core import ArrayOps, shape_str
 from ._proto import hlo_pb2, kiln_pb2, kiln_pb2_grpc
-from .errors import UnavailableError, from_rpc_error
+from .errors import UnavailableError, UnimplementedError, from_rpc_error
 
 CHUNK = 1 << 20
 _conn = None
@@ -222,6 +222,29 @@ class Connection:
             else:
                 outs.append(array_of(o.literal))
         return outs
+
+    def transformed_text(self, hlo_text, transforms):
+        """The module text of hlo_text after the server applied transforms
+        (compiled on the interpreter, the cheapest backend, for its dump);
+        cached per connection."""
+        key = ("text", hlo_text,
+               tuple(t.SerializeToString(deterministic=True) for t in transforms))
+        hit = self._executables.get(key)
+        if hit is not None:
+            return hit
+        opts = kiln_pb2.CompileOptions(backend="interp", dump_after_passes=["transforms"])
+        for t in transforms:
+            opts.transforms.add().CopyFrom(t)
+        req = kiln_pb2.CompileRequest(hlo_text=hlo_text, options=opts)
+        resp = self._call("Compile", self.stub.Compile, req, idempotent=True)
+        text = next((d.hlo_text for d in resp.dumps if getattr(d, "pass") == "transforms"),
+                    None)
+        if text is None:
+            raise UnimplementedError("kiln: this kilnd does not return the transformed module "
+                                     "(dump_after_passes ['transforms']); apply transforms to "
+                                     "the outermost function instead")
+        self._executables[key] = text
+        return text
 
     def put(self, a, device=0, label=""):
         a = np.asarray(a, order="C")
