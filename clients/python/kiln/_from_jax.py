@@ -5,8 +5,10 @@ from_jax(f) returns a function that, per argument signature (pytree
 structure, shapes, dtypes, static arguments), lowers jax.jit(f,
 keep_unused=True) to HLO text (lower(...).as_text(dialect="hlo")) on the
 client, compiles it on kilnd once and runs it on server-resident arrays; the
-outputs stay on the server (kiln Arrays) in f's output pytree. JAX is needed
-only here.
+outputs stay on the server (kiln Arrays) in f's output pytree, scalars
+inline. donate_argnums, as jax.jit's: those arguments' server buffers may be
+reused for the outputs (a training step's state), so a step costs one
+Execute. JAX is needed only here.
 """
 import functools
 
