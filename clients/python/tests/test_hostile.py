@@ -206,6 +206,46 @@ def test_restart_mid_training_raises_clearly(private_kilnd):
     conn.close()
 
 
+LOOP = textwrap.dedent("""
+    import sys, numpy as np
+    import kiln, kiln.numpy as jnp
+    kiln.connect(sys.argv[1], timeout=20)
+    loss = lambda w, x: jnp.mean((x @ w - 1.0) ** 2)
+
+    @kiln.jit
+    def step(w, x):
+        v, g = kiln.value_and_grad(loss)(w, x)
+        return w - 0.1 * g, v
+
+    w = kiln.device_put(np.zeros((16, 4), np.float32))
+    x = np.ones((8, 16), np.float32)
+    for i in range(100000):
+        w, v = step(w, x)
+        print("step", float(v), flush=True)
+""")
+
+
+def test_restart_mid_training_loop_fails_clearly(private_kilnd):
+    """A training loop whose kilnd dies mid-run ends with UnavailableError
+    (after the retries of idempotent calls), not a hang, and exits."""
+    p, addr = private_kilnd()
+    env = dict(os.environ, PYTHONPATH=CLIENT)
+    c = subprocess.Popen([sys.executable, "-c", LOOP, addr], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, text=True)
+    for _ in range(3):
+        assert c.stdout.readline().startswith("step")
+    _stop(p)
+    t0 = time.time()
+    try:
+        _, err = c.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        c.kill()
+        pytest.fail("the client hung after kilnd died")
+    assert c.returncode != 0
+    assert "UnavailableError" in err, err[-2000:]
+    assert time.time() - t0 < 60
+
+
 def _wait_stopped(pid):
     deadline = time.time() + 10
     while time.time() < deadline:
