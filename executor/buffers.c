@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -29,6 +30,7 @@ typedef struct client {
   uint64_t charged;  /* see the invariant above */
   uint32_t nbufs;    /* entries in the table */
   uint32_t nentries; /* entries not yet freed */
+  int64_t seen_ns;   /* monotonic time of the client's last use of the store or touch */
   struct client *next;
 } client;
 
@@ -139,6 +141,12 @@ static uint64_t name_hash(const kiln_buffer_store *s, const char *name) {
     (nbuckets) = nn; \
   } while (0)
 
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static client *client_find(kiln_buffer_store *s, const char *name) {
   client *c = s->cbuckets[name_hash(s, name) & (s->ncbuckets - 1)];
   while (c && strcmp(c->name, name) != 0) c = c->next;
@@ -147,9 +155,13 @@ static client *client_find(kiln_buffer_store *s, const char *name) {
 
 static client *client_get(kiln_buffer_store *s, const char *name) {
   client *c = client_find(s, name);
-  if (c) return c;
+  if (c) {
+    c->seen_ns = now_ns();
+    return c;
+  }
   c = kiln_calloc(1, sizeof *c);
   if (c == NULL) return NULL;
+  c->seen_ns = now_ns();
   c->name = kiln_strdup(name);
   if (c->name == NULL) {
     kiln_free(c);
@@ -449,6 +461,7 @@ static entry *lookup_owned(kiln_buffer_store *s, const char *client_name, const 
   if (!parse_handle(handle, key)) return NULL;
   entry *e = entry_find(s, key, where);
   if (e == NULL || strcmp(e->owner->name, client_name) != 0) return NULL;
+  e->owner->seen_ns = now_ns();
   return e;
 }
 
@@ -504,6 +517,57 @@ int kiln_buffer_store_release(kiln_buffer_store *s, const char *client_name, con
   pthread_mutex_unlock(&s->mu);
   if (dead) entry_free(dead);
   return e ? 0 : KILN_ENOTFOUND;
+}
+
+void kiln_buffer_store_touch(kiln_buffer_store *s, const char *client_name) {
+  pthread_mutex_lock(&s->mu);
+  client *c = client_find(s, client_name);
+  if (c) c->seen_ns = now_ns();
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Under the lock: unlinks every table entry of a client idle since before
+ * `cutoff`; the entries no one else holds go on *dead for freeing outside. */
+static uint64_t expire_locked(kiln_buffer_store *s, int64_t cutoff, entry **dead, uint64_t *bytes) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < s->nebuckets; i++) {
+    entry **pp = &s->ebuckets[i];
+    while (*pp) {
+      entry *e = *pp;
+      if (e->owner->seen_ns >= cutoff) {
+        pp = &e->next;
+        continue;
+      }
+      n++;
+      *bytes += e->pub.bytes;
+      entry_unlink(s, pp); /* *pp is now the next entry */
+      if (unref_locked(s, e)) {
+        e->next = *dead;
+        *dead = e;
+      }
+    }
+  }
+  return n;
+}
+
+uint64_t kiln_buffer_store_expire(kiln_buffer_store *s, int64_t idle_ns, uint64_t *bytes) {
+  uint64_t freed = 0, n = 0;
+  entry *dead = NULL;
+  pthread_mutex_lock(&s->mu);
+  int64_t cutoff = now_ns() - idle_ns;
+  bool any = false;
+  for (size_t i = 0; i < s->ncbuckets && !any; i++)
+    for (client *c = s->cbuckets[i]; c && !any; c = c->next)
+      any = c->nbufs > 0 && c->seen_ns < cutoff;
+  if (any) n = expire_locked(s, cutoff, &dead, &freed);
+  pthread_mutex_unlock(&s->mu);
+  while (dead) {
+    entry *next = dead->next;
+    entry_free(dead);
+    dead = next;
+  }
+  if (bytes) *bytes = freed;
+  return n;
 }
 
 uint64_t kiln_buffer_store_client_bytes(kiln_buffer_store *s, const char *client_name) {

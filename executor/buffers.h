@@ -115,6 +115,17 @@ void kiln_buffer_store_unref(kiln_buffer_store *s, kiln_stored *b);
 int kiln_buffer_store_release(kiln_buffer_store *s, const char *client, const char *handle,
                               uint64_t *bytes);
 
+/* Leases: the store remembers when each client last used it (reserve, add,
+ * acquire, release, or touch), so that the buffers of a client that went
+ * away without releasing them (killed) can be reclaimed. touch renews
+ * `client`'s lease without creating a record for a client that holds
+ * nothing. expire releases every handle of each client idle for longer than
+ * `idle_ns`, as kiln_buffer_store_release would (a held reference keeps the
+ * array until it is returned); returns how many, with their bytes in *bytes
+ * (may be NULL). */
+void kiln_buffer_store_touch(kiln_buffer_store *s, const char *client);
+uint64_t kiln_buffer_store_expire(kiln_buffer_store *s, int64_t idle_ns, uint64_t *bytes);
+
 /* Bytes charged to `client` now (0 for an unknown client). */
 uint64_t kiln_buffer_store_client_bytes(kiln_buffer_store *s, const char *client);
 void kiln_buffer_store_get_totals(kiln_buffer_store *s, kiln_buffer_store_totals *out);

@@ -57,10 +57,17 @@ static int plan_backend(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_com
 /* Fields of CompileOptions this server cannot honour yet: refused, naming
  * the field, rather than accepted and ignored (a client that asked for a
  * layout or a memory budget must not get a program without one). */
-static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kiln_status *st) {
-  if (o->n_dump_after_passes)
-    return kiln_status_set(st, KILN_EUNIMPL, "options.dump_after_passes",
-                           "pass dumps are not supported by this server yet");
+static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
+                                  kiln_status *st) {
+  /* One dump is honoured: the module right after the transforms, which a
+   * client inlines to apply a transform inside a larger program. */
+  for (size_t i = 0; i < o->n_dump_after_passes; i++) {
+    if (strcmp(o->dump_after_passes[i], "transforms") != 0)
+      return kiln_status_set(st, KILN_EUNIMPL, "options.dump_after_passes",
+                             "dumps after '%.64s' are not supported (only 'transforms')",
+                             o->dump_after_passes[i]);
+    p->dump_transforms = true;
+  }
   if (o->argument_layouts)
     return kiln_status_set(st, KILN_EUNIMPL, "options.argument_layouts",
                            "caller-chosen layouts are not supported yet (arguments and results "
@@ -124,7 +131,7 @@ static int plan_levels(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
   if ((unsigned)o->cache_policy > KILN__V1__CACHE_POLICY__CACHE_POLICY_BYPASS)
     return kiln_status_set(st, KILN_EINVAL, "options.cache_policy", "%d is not a CachePolicy",
                            (int)o->cache_policy);
-  return plan_refuse_unhonoured(o, st);
+  return plan_refuse_unhonoured(o, p, st);
 }
 
 /* ---- transforms ---------------------------------------------------------------------- */

@@ -29,6 +29,7 @@ typedef struct kilnd_compile_plan {
   kiln_transform *transforms; /* kiln_malloc'd, ntransforms */
   bool *drop_value;           /* per transform: grad without with_value */
   uint32_t ntransforms;
+  bool dump_transforms; /* dump_after_passes ["transforms"]: the transformed module's text */
   const char *warnings[KILND_MAX_PLAN_WARNINGS]; /* static strings */
   uint32_t nwarnings;
 } kilnd_compile_plan;

@@ -77,6 +77,10 @@ extern "C" {
     "quota of all server-resident buffers together; 0: none") \
   X("max-buffers-per-client", U64, max_buffers_per_client, "65536", \
     "live buffer handles per client; 0: none") \
+  X("buffer-lease-seconds", SEC, buffer_lease_seconds, "600", \
+    "a client's buffers are released once it has made no call for this long (any call " \
+    "renews the lease; the Python client renews it while it runs), so a client that is " \
+    "killed leaks nothing; 0: buffers live until released") \
   X("max-executables", U64, max_executables, "1024", \
     "compiled executables kept; the least recently used unreferenced one is evicted") \
   X("run-timeout", SEC, run_timeout, "300", \

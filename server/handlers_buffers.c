@@ -16,6 +16,7 @@
  * cannot free the data under it: straight from host memory when the array is there and row-major,
  * else from one row-major copy read from the device at the start.
  */
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -495,6 +496,28 @@ void kilnd_handle_get_buffer(kilnd_call *c, ProtobufCMessage *req) {
   first.info = kilnd_buffer_info(gs->arena, gs->b);
   if (first.info == NULL || kilnd_call_send_message(c, &first.base, get_on_sent) != 0)
     kilnd_call_fail(c, KILN_ENOMEM, "out of memory");
+}
+
+/* ---- leases -------------------------------------------------------------------------- */
+
+/* Every call renews its client's lease (kilnd_rpc_dispatch touches the
+ * store), so only a client that made no call for a whole lease loses its
+ * buffers: one that was killed, or one idle for that long without renewing.
+ * gRPC's core tells a server nothing when a connection closes, and buffers
+ * belong to the client's identity, not to a connection, so a lease is what
+ * ties them to a client that is still there. */
+void kilnd_buffers_expire(kilnd *srv) {
+  static _Atomic int64_t next_ns; /* one sweep a second is plenty */
+  double lease = srv->cfg.buffer_lease_seconds;
+  if (lease <= 0) return;
+  int64_t now = kiln_sched_now_ns(), due = atomic_load(&next_ns);
+  if (now < due || !atomic_compare_exchange_strong(&next_ns, &due, now + 1000000000)) return;
+  uint64_t bytes = 0;
+  uint64_t n = kiln_buffer_store_expire(srv->buffers, (int64_t)(lease * 1e9), &bytes);
+  if (n)
+    kilnd_log("buffers: released %llu buffers (%llu bytes) of clients idle for over %g s "
+              "(buffer-lease-seconds)",
+              (unsigned long long)n, (unsigned long long)bytes, lease);
 }
 
 /* ---- ReleaseBuffers ------------------------------------------------------------------ */

@@ -576,6 +576,24 @@ static int fill_response(job *j, kilnd_exe *e) {
   return 0;
 }
 
+/* CompileResponse.dumps[0]: the module as the transforms left it. */
+static int dump_transforms(job *j) {
+  Kiln__V1__PassDump *d = kiln_arena_alloc(j->a, sizeof *d);
+  Kiln__V1__PassDump **list = kiln_arena_alloc(j->a, sizeof *list);
+  char *text = kiln_module_print(j->m, NULL);
+  char *copy = text ? kiln_arena_strdup(j->a, text) : NULL;
+  kiln_free(text);
+  if (d == NULL || list == NULL || copy == NULL)
+    return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory dumping the module");
+  kiln__v1__pass_dump__init(d);
+  d->pass = "transforms";
+  d->hlo_text = copy;
+  list[0] = d;
+  j->resp.dumps = list;
+  j->resp.n_dumps = 1;
+  return 0;
+}
+
 static int run_job(job *j, kilnd_call *c) {
   int rc;
   if (kilnd_call_expired(c, &rc))
@@ -594,6 +612,7 @@ static int run_job(job *j, kilnd_call *c) {
   int64_t t0 = kiln_sched_now_ns();
   if ((rc = kilnd_compile_plan_apply(&j->plan, j->m, &j->st))) return rc;
   if (j->plan.ntransforms) timing(j, "transforms", kiln_sched_now_ns() - t0, live_instrs(j->m));
+  if (j->plan.dump_transforms && (rc = dump_transforms(j))) return rc;
   kilnd_exe *e = NULL;
   if ((rc = build(j, &e))) return rc;
   rc = fill_response(j, e);

@@ -595,6 +595,8 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
   c->state = es;
   c->state_free = exec_free;
   if (r->executable_id) snprintf(c->log_key, sizeof c->log_key, "%s", r->executable_id);
+  for (size_t i = 0; i < r->n_release_handles; i++)
+    kiln_buffer_store_release(c->srv->buffers, c->client, r->release_handles[i], NULL);
   int rc = 0;
   if (r->n_arguments > MAX_ARGS)
     rc = kiln_status_set(&st, KILN_EINVAL, "arguments", "more than %d arguments", MAX_ARGS);

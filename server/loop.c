@@ -173,6 +173,7 @@ static void maybe_finish(kilnd *srv) {
 static void on_tick(uv_timer_t *h) {
   kilnd *srv = h->data;
   kiln_sched_expire(srv->sched);
+  kilnd_buffers_expire(srv);
   maybe_finish(srv);
 }
 

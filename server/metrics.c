@@ -376,6 +376,8 @@ void kilnd_metrics_each_counter(kilnd *srv, kilnd_counter_fn fn, void *arg) {
   kiln_buffer_store_get_totals(srv->buffers, &bt);
   fn(arg, "kiln_live_buffers", NULL, NULL, NULL, NULL, (int64_t)bt.live_buffers);
   fn(arg, "kiln_live_buffer_bytes", NULL, NULL, NULL, NULL, (int64_t)bt.live_bytes);
+  fn(arg, "kiln_buffer_lease_ms", NULL, NULL, NULL, NULL,
+     (int64_t)(srv->cfg.buffer_lease_seconds * 1000.0));
   fn(arg, "kiln_queue_depth", NULL, NULL, NULL, NULL, kiln_sched_queued(srv->sched));
   fn(arg, "kiln_executables", NULL, NULL, NULL, NULL, kilnd_exes_count(srv->exes));
   cache_row rows[CACHE_ROWS];

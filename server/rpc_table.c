@@ -18,6 +18,7 @@
 #include <grpc/support/alloc.h>
 
 #include "common/alloc.h"
+#include "executor/buffers.h"
 #include "executor/scheduler.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "kiln/v1/kiln.pb-c.h"
@@ -155,6 +156,7 @@ void kilnd_rpc_dispatch(kilnd_call *c) {
     audit_refusal(c, "permission_denied", &st);
   else if (rc == KILND_EUNAUTH)
     audit_refusal(c, "auth_failure", &st);
+  if (rc == 0) kiln_buffer_store_touch(c->srv->buffers, c->client); /* renews its lease */
   /* Draining: after the grace period (for calls that were on their way
    * when the signal came) new work is refused while the work already
    * accepted finishes; health checks are still answered (NOT_SERVING). */

@@ -247,6 +247,9 @@ static inline kiln_backend *kilnd_class_backend(const kilnd *srv, int dev_class)
  * `device` (handlers_buffers.c): the cpu device of a cpu id, host memory
  * for the interpreter's. */
 kiln_device *kilnd_buffer_home(kilnd *srv, int32_t device);
+/* Releases the buffers of clients whose lease (--buffer-lease-seconds)
+ * ran out; called from the loop's tick, does the work at most once a second. */
+void kilnd_buffers_expire(kilnd *srv);
 
 /* Handlers (handlers_*.c, health.c). */
 void kilnd_handle_compile(kilnd_call *c, ProtobufCMessage *req);

@@ -2,8 +2,8 @@
 """Trains an MLP classifier on scikit-learn's bundled digits through kilnd.
 
 The parameters and Adam's moments live on the server for the whole run: each
-step is one jitted value_and_grad (loss and gradients stay on the server) and
-one jitted Adam update that donates the old parameters, so nothing but the
+step is one jitted program (value_and_grad of the loss, then the Adam update,
+donating the old parameters and moments), one round trip, so nothing but the
 minibatch goes up and the loss comes down. Written against the kiln client
 with JAX's names: swapping the two imports for jax and jax.numpy trains the
 same model locally (tests/python compares the two).
@@ -42,8 +42,9 @@ def batches(n, batch, steps, seed=0):
         yield rng.choice(n, batch, replace=False)
 
 
-def make_step(jax, jnp, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
-    """(loss_and_grad, adam_update, predict) for the framework given."""
+def make_parts(jax, jnp, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
+    """(train_step, predict), not jitted, for the framework given:
+    train_step(params, m, v, x, y, t) -> (params, m, v, loss)."""
     tu = jax.tree_util
 
     def forward(params, x):
@@ -66,13 +67,23 @@ def make_step(jax, jnp, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
                              params, m, v)
         return params, m, v
 
-    return (jax.jit(jax.value_and_grad(loss)), jax.jit(adam, donate_argnums=(0, 1, 2)),
-            jax.jit(lambda p, x: jnp.argmax(forward(p, x), axis=-1)))
+    def train_step(params, m, v, x, y, t):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        params, m, v = adam(params, m, v, grads, t)
+        return params, m, v, value
+
+    return train_step, lambda p, x: jnp.argmax(forward(p, x), axis=-1)
+
+
+def make_step(jax, jnp, **kw):
+    """(train_step, predict), jitted; train_step donates the state."""
+    train_step, predict = make_parts(jax, jnp, **kw)
+    return jax.jit(train_step, donate_argnums=(0, 1, 2)), jax.jit(predict)
 
 
 def train(jax, jnp, steps=300, batch=64, seed=0, progress=True):
     xtr, ytr, xte, yte = load_data(seed)
-    loss_and_grad, adam, predict = make_step(jax, jnp)
+    train_step, predict = make_step(jax, jnp)
     params = jax.device_put(init_params(seed))
     zeros = jax.tree_util.tree_map(lambda p: np.zeros(p.shape, np.float32), init_params(seed))
     m, v = jax.device_put(zeros), jax.device_put(zeros)
@@ -83,8 +94,7 @@ def train(jax, jnp, steps=300, batch=64, seed=0, progress=True):
 
         it = tqdm(it, total=steps, desc="digits")
     for t, idx in enumerate(it, start=1):
-        value, grads = loss_and_grad(params, xtr[idx], ytr[idx])
-        params, m, v = adam(params, m, v, grads, np.float32(t))
+        params, m, v, value = train_step(params, m, v, xtr[idx], ytr[idx], np.float32(t))
         losses.append(float(value))
         if progress:
             it.set_postfix(loss=f"{losses[-1]:.4f}")

@@ -147,6 +147,18 @@ def wire_schema_checks(stub, md, kiln_pb2, hlo_pb2, literal, array):
     check(np.array_equal(array(r.outputs[0].literal), np.array([14, 77], np.float32)),
           "vmap axis_size=2: runs")
 
+    # the one dump honoured: the module as the transforms left it, which parses
+    d = compile_(backend="interp", dump_after_passes=["transforms"],
+                 transforms=[T(grad=kiln_pb2.GradTransform(with_value=True))])
+    check(len(d.dumps) == 1 and getattr(d.dumps[0], "pass") == "transforms"
+          and "ENTRY" in d.dumps[0].hlo_text and "-> (f32[], f32[3])" in d.dumps[0].hlo_text,
+          f"dump_after_passes transforms: the grad module's text ({d.dumps[:1]})")
+    back = stub.Compile(kiln_pb2.CompileRequest(
+        hlo_text=d.dumps[0].hlo_text, options=kiln_pb2.CompileOptions(backend="interp")),
+        metadata=md, timeout=60)
+    r = run(back.executable_id, x)
+    check(len(r.outputs) == 2 and float(array(r.outputs[0].literal)) == 14.0,
+          "dump_after_passes transforms: the text compiles and runs as the grad program")
     refused("dump_after_passes", "options.dump_after_passes", dump_after_passes=["*"])
     refused("argument_layouts", "options.argument_layouts",
             argument_layouts=hlo_pb2.ProgramShape())

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "compiler/ir/ir.h"
@@ -149,6 +150,56 @@ START_TEST(test_release_while_held) {
   ck_assert_int_eq(kiln_buffer_store_release(s, "c", held->handle, NULL), KILN_ENOTFOUND);
   kiln_buffer_store_unref(s, held);
   kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_bytes, 0);
+  ck_assert_uint_eq(t.clients, 0);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* A client idle past the lease loses its handles; one that used the store
+ * or touched its lease keeps them; a reference held across the expiry
+ * keeps the array (and its charge) until it is returned. */
+START_TEST(test_lease_expiry) {
+  kiln_buffer_store *s = store(0, 0, 0);
+  kiln_stored *a1 = NULL, *b1 = NULL, *held = NULL;
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(4, 1), 0, NULL, false, &a1, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(8, 2), 0, NULL, false, NULL, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "b", f32s(4, 3), 0, NULL, false, &b1, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "a", a1->handle, false, &held, &st), 0);
+  kiln_buffer_store_unref(s, a1);
+  uint64_t bytes = 99;
+  ck_assert_uint_eq(kiln_buffer_store_expire(s, INT64_C(10000000000), &bytes), 0);
+  ck_assert_uint_eq(bytes, 0);
+  sleep_ms(60);
+  kiln_buffer_store_touch(s, "b");
+  kiln_buffer_store_touch(s, "nobody"); /* makes no record */
+  ck_assert_uint_eq(kiln_buffer_store_expire(s, INT64_C(30000000), &bytes), 2);
+  ck_assert_uint_eq(bytes, 48);
+  kiln_buffer_store_totals t;
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_buffers, 1);
+  ck_assert_uint_eq(t.clients, 2); /* a still holds the acquired one */
+  ck_assert_uint_eq(kiln_buffer_store_client_bytes(s, "a"), 16);
+  ck_assert_float_eq(first(held, 3), 1.0f);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "a", held->handle, false, &a1, &st),
+                   KILN_ENOTFOUND);
+  kiln_buffer_store_unref(s, held);
+  ck_assert_uint_eq(kiln_buffer_store_client_bytes(s, "a"), 0);
+  /* b used its buffer: that renews too */
+  sleep_ms(60);
+  ck_assert_int_eq(kiln_buffer_store_acquire(s, "b", b1->handle, false, &held, &st), 0);
+  kiln_buffer_store_unref(s, held);
+  ck_assert_uint_eq(kiln_buffer_store_expire(s, INT64_C(30000000), NULL), 0);
+  sleep_ms(60);
+  ck_assert_uint_eq(kiln_buffer_store_expire(s, INT64_C(30000000), NULL), 1);
+  kiln_buffer_store_unref(s, b1);
+  kiln_buffer_store_get_totals(s, &t);
+  ck_assert_uint_eq(t.live_buffers, 0);
   ck_assert_uint_eq(t.live_bytes, 0);
   ck_assert_uint_eq(t.clients, 0);
   kiln_buffer_store_destroy(s);
@@ -398,6 +449,7 @@ int main(void) {
   tcase_add_test(tc, test_foreign_and_unknown_handles);
   tcase_add_test(tc, test_release_while_held);
   tcase_add_test(tc, test_take_for_donation);
+  tcase_add_test(tc, test_lease_expiry);
   tcase_add_test(tc, test_client_quota);
   tcase_add_test(tc, test_total_quota_and_unreserve);
   tcase_add_test(tc, test_buffer_count_limit);

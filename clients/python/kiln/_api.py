@@ -19,15 +19,19 @@ outputs are (compiler/transforms/transform.h):
 grad with has_aux is vjp of output 0 with a cotangent of one (the server's
 grad refuses has_aux): vjp returns every output, so the auxiliary values come
 back alongside. A Staged function with no layers called inside a trace is
-inlined, as jax.jit is; a transformed one is refused there
-(NotImplementedError): the server transforms whole programs.
+inlined, as jax.jit is. A transformed one called inside a trace (grad inside
+jit: a whole training step as one program) is traced alone, transformed by
+the server (a Compile on the interpreter backend asking for the module text
+after the transforms, once per signature) and that text is inlined into the
+enclosing trace as computations called with HLO call.
 """
+import re
 import functools
 
 import numpy as np
 
 from . import _core, _dtypes, tree_util
-from ._client import Array, connection
+from ._client import INLINE_MAX_ELEMENTS, Array, connection
 from ._core import Graph, Tracer, _stack, aval_of, to_tracer
 from ._proto import kiln_pb2
 
@@ -169,8 +173,9 @@ class Staged:
         dyn = [not s and pred(x) for s, x in zip(is_static, leaves)]
         return leaves, tree, dyn
 
-    def _prepare(self, args, kwargs, extras_spec):
-        if any(isinstance(x, Tracer) for x in tree_util.tree_leaves((args, kwargs))) or _stack():
+    def _prepare(self, args, kwargs, extras_spec, inside=False):
+        if not inside and (any(isinstance(x, Tracer)
+                               for x in tree_util.tree_leaves((args, kwargs))) or _stack()):
             raise NotImplementedError(
                 f"kiln: {'/'.join(l.kind for l in self.layers)} of '{self.name}' called inside "
                 "a traced function: the server transforms whole programs; apply the transform "
@@ -240,6 +245,8 @@ class Staged:
         layers add, outermost layer's last (as in _plan)."""
         if _stack() and not self.layers:
             return self.fn(*args, **kwargs)  # jit inside a trace: inline
+        if _stack():
+            return self._run_inside(args, kwargs, extra_values)
         tr, user, level_avals, vmap_axes = self._prepare(args, kwargs, extra_values)
         transforms, nparams, out_avals, regroup, seeds = self._plan(tr, args, len(user),
                                                                     level_avals, vmap_axes)
@@ -252,8 +259,23 @@ class Staged:
             raise AssertionError(f"kiln: {len(values)} arguments for {nparams} parameters")
         exe = conn.compile(tr.text, transforms)
         donate = self._donated_leaves(args)
-        outs = conn.execute(exe.executable_id, values, donate=donate, nout=len(out_avals))
+        inline = [int(np.prod(s, dtype=np.int64)) <= INLINE_MAX_ELEMENTS for s, _ in out_avals]
+        outs = conn.execute(exe.executable_id, values, donate=donate, nout=len(out_avals),
+                            inline=inline)
         return regroup(outs)
+
+    def _run_inside(self, args, kwargs, extra_values):
+        """A transformed function called inside a trace: its own trace, the
+        server's transformed text of it, inlined here."""
+        comp = _core.current_computation()
+        tr, user, level_avals, vmap_axes = self._prepare(args, kwargs, extra_values, inside=True)
+        transforms, nparams, out_avals, regroup, seeds = self._plan(tr, args, len(user),
+                                                                    level_avals, vmap_axes)
+        values = list(user) + list(tr.hidden) + seeds + list(extra_values)
+        if len(values) != nparams:
+            raise AssertionError(f"kiln: {len(values)} arguments for {nparams} parameters")
+        text = connection().transformed_text(tr.text, transforms)
+        return regroup(_inline_module(comp, text, values, out_avals))
 
     def _donated_leaves(self, args):
         if not self.donate_argnums:
@@ -359,6 +381,55 @@ class Staged:
                                                                      rb(outs[n:]))
                 out_avals = out_avals + list(users)
         return transforms, nparams, out_avals, regroup, seeds
+
+
+class _RawComputation:
+    """Computations of another module's text, renamed, rendered as given."""
+
+    def __init__(self, text):
+        self.text, self.finished = text, True
+
+    def render(self):
+        return self.text
+
+
+_COMP_HEAD = re.compile(r"^(ENTRY\s+)?%?([A-Za-z_][\w.\-]*)\s*(\([^\n]*?\))?\s*(->[^\n{]*)?"
+                        r"\{\s*$", re.M)
+
+
+def _inline_module(comp, text, values, out_avals):
+    """Appends text's computations (renamed apart) to comp's graph and a call
+    of its ENTRY on values to comp; the call's outputs as tracers."""
+    g = comp.graph
+    body = text.split("\n", 1)[1] if text.startswith("HloModule") else text
+    heads = list(_COMP_HEAD.finditer(body))
+    names = {m.group(2) for m in heads}
+    entry = [m.group(2) for m in heads if m.group(1)]
+    if len(entry) != 1:
+        raise AssertionError("kiln: the transformed module has no single ENTRY computation")
+    prefix = f"inl{next(g.counter)}_"
+
+    def rename(m):
+        return "%" + prefix + m.group(1) if m.group(1) in names else m.group(0)
+
+    # every reference to a computation is %name in the server's text; the
+    # headers are renamed too (instruction names are local to a computation)
+    body = re.sub(r"(?m)^ENTRY\s+", "", body)
+    body = re.sub(r"(?m)^%?([A-Za-z_][\w.\-]*)(?=\s*[({])",
+                  lambda m: "%" + prefix + m.group(1) if m.group(1) in names else m.group(0),
+                  body)
+    body = re.sub(r"%([A-Za-z_][\w.\-]*)(?![\w.\-])", rename, body)
+    g.comps.append(_RawComputation(body.strip("\n") + "\n"))
+    ops = [to_tracer(v, comp) for v in values]
+    head = [m for m in heads if m.group(1)][0]
+    tuple_out = (head.group(4) or "->(").replace(" ", "").startswith("->(")
+    if tuple_out:
+        r = comp.add(list(out_avals), "call", [o.instr for o in ops],
+                     f", to_apply=%{prefix}{entry[0]}")
+        return [Tracer(comp.add(av, "get-tuple-element", [r], f", index={i}"))
+                for i, av in enumerate(out_avals)]
+    return [Tracer(comp.add(out_avals[0], "call", [o.instr for o in ops],
+                            f", to_apply=%{prefix}{entry[0]}"))]
 
 
 def _grad_regroup(rebuild, with_value, n):
@@ -483,7 +554,7 @@ def jvp(fun, primals, tangents, has_aux=False):
             raise ValueError(f"kiln.jvp: a tangent of shape {aval_of(t)[0]} for a primal of "
                              f"shape {aval_of(p)[0]}")
     s = _staged(fun).with_layer(JvpLayer())
-    tl = [np.asarray(t, dtype=aval_of(p)[1]) if not isinstance(t, Array) else t
+    tl = [np.asarray(t, dtype=aval_of(p)[1]) if not isinstance(t, (Array, Tracer)) else t
           for p, t in zip(pl, tl)]
     return s._run(primals, {}, tl)
 
@@ -504,7 +575,8 @@ def vjp(fun, *primals, has_aux=False):
             if aval_of(c)[0] != tuple(o.shape):
                 raise ValueError(f"kiln.vjp: a cotangent of shape {aval_of(c)[0]} for an output "
                                  f"of shape {tuple(o.shape)}")
-        cl = [c if isinstance(c, Array) else np.asarray(c, dtype=o.dtype) for c, o in zip(cl, ol)]
+        cl = [c if isinstance(c, (Array, Tracer)) else np.asarray(c, dtype=o.dtype)
+              for c, o in zip(cl, ol)]
         _, grads = s._run(primals, {}, cl)
         return grads
 
@@ -519,8 +591,129 @@ def _unsupported(name):
     return f
 
 
-jacfwd = _unsupported("jacfwd")
-jacrev = _unsupported("jacrev")
+def _jac_argnums(argnums, nargs, name):
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    for n in nums:
+        if not isinstance(n, int) or not -nargs <= n < nargs:
+            raise ValueError(f"kiln.{name}: argnums {argnums} is out of range for {nargs} "
+                             "arguments")
+    return [n % nargs for n in nums]
+
+
+def _jac_assemble(name, argnums, args, nums, out, block):
+    """The Jacobian pytree JAX returns: the output's tree, each leaf replaced
+    by the argument tree (a tuple of them for tuple argnums) of arrays of
+    shape out_leaf.shape + in_leaf.shape; block(o, n, k) is the flat
+    (out size, in size) block of output leaf o and leaf k of argument n."""
+    from ._client import device_put
+
+    out_leaves, out_tree = tree_util.tree_flatten(out)
+    per_out = []
+    for o, ol in enumerate(out_leaves):
+        oshape = aval_of(ol)[0]
+        trees = []
+        for n in nums:
+            xl, xt = tree_util.tree_flatten(args[n])
+            trees.append(xt.unflatten([
+                device_put(block(o, n, k).reshape(tuple(oshape) + tuple(aval_of(x)[0])))
+                for k, x in enumerate(xl)]))
+        per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
+    return out_tree.unflatten(per_out)
+
+
+def _jac_check(name, args, nums, has_aux, holomorphic):
+    if has_aux or holomorphic:
+        raise NotImplementedError(f"kiln.{name}: has_aux / holomorphic")
+    for n in nums:
+        for x in tree_util.tree_leaves(args[n]):
+            if not _dtypes.is_float(aval_of(x)[1]):
+                raise TypeError(f"kiln.{name}: argument {n} has a leaf of dtype "
+                                f"{aval_of(x)[1]}; floating point is required")
+
+
+def jacfwd(fun, argnums=0, has_aux=False, holomorphic=False):
+    """The Jacobian by forward mode, as JAX's: one jvp program on the
+    server, run once per element of the differentiated arguments (column j
+    is J @ e_j), so meant for small inputs."""
+
+    def jac(*args):
+        nums = _jac_argnums(argnums, len(args), "jacfwd")
+        _jac_check("jacfwd", args, nums, has_aux, holomorphic)
+        zeros = [tree_util.tree_map(lambda v: np.zeros(aval_of(v)[0], aval_of(v)[1]), a)
+                 for a in args]
+        cols = {}  # (n, k) -> per output leaf, a list of flat columns
+        out = None
+        for n in nums:
+            xl, xt = tree_util.tree_flatten(args[n])
+            for k, x in enumerate(xl):
+                shape, dt = aval_of(x)
+                size = int(np.prod(shape, dtype=np.int64))
+                cols[n, k] = None
+                for i in range(size):
+                    e = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in xl]
+                    e[k].reshape(-1)[i] = 1
+                    tangents = list(zeros)
+                    tangents[n] = xt.unflatten(e)
+                    out, t = jvp(fun, tuple(args), tuple(tangents))
+                    tl = [np.asarray(v).reshape(-1) for v in tree_util.tree_leaves(t)]
+                    if cols[n, k] is None:
+                        cols[n, k] = [[] for _ in tl]
+                    for o, v in enumerate(tl):
+                        cols[n, k][o].append(v)
+        if out is None:  # every differentiated leaf is empty
+            out = _staged(fun)(*args)
+
+        def block(o, n, k):
+            oshape = aval_of(tree_util.tree_leaves(out)[o])[0]
+            osize = int(np.prod(oshape, dtype=np.int64))
+            c = cols[n, k]
+            if not c or not c[o]:
+                return np.zeros((osize, 0), np.float32)
+            return np.stack(c[o], axis=1)
+
+        return _jac_assemble("jacfwd", argnums, args, nums, out, block)
+
+    return jac
+
+
+def jacrev(fun, argnums=0, has_aux=False, holomorphic=False, allow_int=False):
+    """The Jacobian by reverse mode, as JAX's: one vjp program on the
+    server, run once per element of the output (row i is e_i @ J), so meant
+    for small outputs."""
+
+    def jac(*args):
+        nums = _jac_argnums(argnums, len(args), "jacrev")
+        _jac_check("jacrev", args, nums, has_aux, holomorphic)
+        out, vjp_fn = vjp(fun, *args)
+        ol = tree_util.tree_leaves(out)
+        otree = tree_util.tree_structure(out)
+        rows = {}  # (o, n, k) -> list of flat rows
+        for o, leaf in enumerate(ol):
+            shape, dt = aval_of(leaf)
+            if not _dtypes.is_float(dt):
+                raise TypeError(f"kiln.jacrev: output leaf {o} has dtype {dt}; floating point "
+                                "is required")
+            size = int(np.prod(shape, dtype=np.int64))
+            for i in range(size):
+                ct = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in ol]
+                ct[o].reshape(-1)[i] = 1
+                grads = vjp_fn(otree.unflatten(ct))
+                for n in nums:
+                    for k, g in enumerate(tree_util.tree_leaves(grads[n])):
+                        rows.setdefault((o, n, k), []).append(np.asarray(g).reshape(-1))
+
+        def block(o, n, k):
+            r = rows.get((o, n, k))
+            if r:
+                return np.stack(r, axis=0)
+            x = tree_util.tree_leaves(args[n])[k]
+            return np.zeros((0, int(np.prod(aval_of(x)[0], dtype=np.int64))), np.float32)
+
+        return _jac_assemble("jacrev", argnums, args, nums, out, block)
+
+    return jac
+
+
 pmap = _unsupported("pmap")
 
 

@@ -9,8 +9,23 @@ or RELEASE_BYTES bytes are waiting (so a training loop does not pay a round
 trip per step for them), on delete(), or at exit. The connection
 also remembers every handle it still owns, and close() (also run at exit)
 releases them all, so a client that ends normally leaves nothing on the
-server. (A client that is killed cannot: kilnd keeps a buffer until it is
-released; see the README.)
+server. (A client that is killed cannot; the lease below covers it.)
+
+Nothing a client owns outlives it on the server: kilnd releases the
+buffers of a client that made no call for --buffer-lease-seconds (600 s by
+default; Stats reports it as kiln_buffer_lease_ms), and every call renews the
+lease. A connection names itself with a kiln-client identity of its own
+(python-HOST-PID-RANDOM, or $KILN_CLIENT), so one process's calls never keep
+another's buffers alive, and while it is open a daemon thread makes a call
+(a ReleaseBuffers, carrying whatever is pending) whenever a quarter of the
+lease passed without one, so an idle or long-blocked client keeps its arrays.
+A client that is killed stops renewing and loses them one lease later.
+
+A training step costs one round trip in steady state: Execute carries the
+handles waiting to be released (release_handles) and scalar outputs come
+back inline in its response (an Array holding its value, with no server
+buffer, sent back as a literal when passed to another call), so neither
+releases nor fetching the loss needs a call of its own.
 
 Every call has a deadline (connect(timeout=...), KILN_TIMEOUT, default 600 s),
 so a server that stops answering raises DeadlineExceededError rather than
@@ -23,6 +38,9 @@ cache makes another process's first Compile of it a hit.
 """
 import atexit
 import os
+import re
+import secrets
+import socket
 import threading
 import time
 
@@ -32,7 +50,7 @@ import numpy as np
 from . import _dtypes
 from ._core import ArrayOps, shape_str
 from ._proto import hlo_pb2, kiln_pb2, kiln_pb2_grpc
-from .errors import UnavailableError, from_rpc_error
+from .errors import UnavailableError, UnimplementedError, from_rpc_error
 
 CHUNK = 1 << 20
 _conn = None
@@ -40,6 +58,18 @@ _conn_lock = threading.Lock()
 _IDEMPOTENT_RETRIES = 3
 RELEASE_BATCH = 64
 RELEASE_BYTES = 16 << 20
+INLINE_MAX_ELEMENTS = 1  # outputs this small come back in the Execute response
+LITERAL_MAX_BYTES = 64 << 10  # a client-held array larger than this is uploaded once
+
+
+def _identity():
+    """A kiln-client name for this connection: $KILN_CLIENT, else one unique
+    to the process (buffers and their lease belong to the name)."""
+    name = os.environ.get("KILN_CLIENT")
+    if not name:
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:48] or "host"
+        name = f"python-{host}-{os.getpid()}-{secrets.token_hex(4)}"
+    return name
 
 
 class Device:
@@ -63,7 +93,8 @@ class Connection:
         else:
             self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = kiln_pb2_grpc.KilnStub(self.channel)
-        self.metadata = [("kiln-client", "python")]
+        self.identity = _identity()
+        self.metadata = [("kiln-client", self.identity)]
         if token:
             self.metadata.append(("authorization", f"Bearer {token}"))
         self.timeout = timeout
@@ -74,11 +105,36 @@ class Connection:
         self._lock = threading.Lock()
         self.closed = False
         self.rpc_count = 0
+        self._last_call = time.monotonic()
+        self._stop = threading.Event()
+        self._keeper = None
+        self.lease = None  # seconds, from the server; None: no lease
         try:
             grpc.channel_ready_future(self.channel).result(timeout=30)
         except grpc.FutureTimeoutError:
             self.channel.close()
             raise UnavailableError(f"kiln.connect: no kilnd answering at {address}")
+        self._start_keeper()
+
+    # ---- the lease ----
+    def _start_keeper(self):
+        ms = None
+        try:
+            st = self.stats()
+            ms = next((c.value for c in st.counters if c.name == "kiln_buffer_lease_ms"), None)
+        except Exception:
+            pass  # a user token may not call Stats: renew at the default lease's pace
+        if ms is not None and ms <= 0:
+            return  # the server keeps buffers until released
+        self.lease = ms / 1000.0 if ms else None
+        self._keeper = threading.Thread(target=self._keep, name="kiln-lease", daemon=True)
+        self._keeper.start()
+
+    def _keep(self):
+        every = max(0.05, self.lease / 4) if self.lease else 60.0
+        while not self._stop.wait(every / 2):
+            if time.monotonic() - self._last_call >= every:
+                self.flush_releases(renew=True)
 
     # ---- calls ----
     def _maybe_flush(self):
@@ -86,12 +142,14 @@ class Connection:
                 or self._pending_bytes >= RELEASE_BYTES):
             self.flush_releases()
 
-    def _call(self, what, fn, *args, idempotent=False, **kw):
-        self._maybe_flush()
+    def _call(self, what, fn, *args, idempotent=False, flush=True, **kw):
+        if flush:
+            self._maybe_flush()
         delay = 0.1
         for attempt in range(_IDEMPOTENT_RETRIES + 1):
             try:
                 self.rpc_count += 1
+                self._last_call = time.monotonic()
                 return fn(*args, metadata=self.metadata, timeout=self.timeout, **kw)
             except grpc.RpcError as e:
                 if (idempotent and e.code() == grpc.StatusCode.UNAVAILABLE
@@ -121,13 +179,18 @@ class Connection:
         self._executables[key] = resp
         return resp
 
-    def execute(self, executable_id, args, donate=(), nout=None):
-        """Runs with args (Arrays or numpy arrays); every output stays on the
-        server and comes back as an Array."""
+    def execute(self, executable_id, args, donate=(), nout=None, inline=None):
+        """Runs with args (Arrays or numpy arrays). With nout, every output
+        stays on the server and comes back as an Array, except those marked
+        in inline (a list of nout bools), which come back in the response as
+        Arrays holding their value. The handles waiting to be released go
+        with the request."""
         req = kiln_pb2.ExecuteRequest(executable_id=executable_id)
         for i, a in enumerate(args):
             arg = req.arguments.add()
-            if isinstance(a, Array):
+            if isinstance(a, Array) and a.handle is None and a.nbytes > LITERAL_MAX_BYTES:
+                a._upload()
+            if isinstance(a, Array) and a.handle is not None:
                 a._check_live()
                 arg.buffer_handle = a.handle
                 if i in donate:
@@ -135,18 +198,53 @@ class Connection:
             else:
                 arg.literal.CopyFrom(literal_of(np.asarray(a)))
         if nout is not None:
-            req.keep_on_server.extend([True] * nout)
-        resp = self._call("Execute", self.stub.Execute, req)
+            req.keep_on_server.extend(
+                [not (inline and inline[k]) for k in range(nout)])
+        with self._lock:
+            released, self._pending_release = self._pending_release, []
+            self._pending_bytes = 0
+        req.release_handles.extend(released)
+        try:
+            resp = self._call("Execute", self.stub.Execute, req, flush=False)
+        except UnavailableError:
+            with self._lock:  # it never arrived: the handles are still to release
+                self._pending_release.extend(released)
+            raise
         for i in donate:
-            if isinstance(args[i], Array):
+            if isinstance(args[i], Array) and args[i].handle is not None:
                 args[i]._donated()
         outs = []
         for o in resp.outputs:
             if o.WhichOneof("value") == "buffer":
                 outs.append(Array._from_info(self, o.buffer))
+            elif nout is not None:
+                outs.append(Array._from_value(self, array_of(o.literal)))
             else:
                 outs.append(array_of(o.literal))
         return outs
+
+    def transformed_text(self, hlo_text, transforms):
+        """The module text of hlo_text after the server applied transforms
+        (compiled on the interpreter, the cheapest backend, for its dump);
+        cached per connection."""
+        key = ("text", hlo_text,
+               tuple(t.SerializeToString(deterministic=True) for t in transforms))
+        hit = self._executables.get(key)
+        if hit is not None:
+            return hit
+        opts = kiln_pb2.CompileOptions(backend="interp", dump_after_passes=["transforms"])
+        for t in transforms:
+            opts.transforms.add().CopyFrom(t)
+        req = kiln_pb2.CompileRequest(hlo_text=hlo_text, options=opts)
+        resp = self._call("Compile", self.stub.Compile, req, idempotent=True)
+        text = next((d.hlo_text for d in resp.dumps if getattr(d, "pass") == "transforms"),
+                    None)
+        if text is None:
+            raise UnimplementedError("kiln: this kilnd does not return the transformed module "
+                                     "(dump_after_passes ['transforms']); apply transforms to "
+                                     "the outermost function instead")
+        self._executables[key] = text
+        return text
 
     def put(self, a, device=0, label=""):
         a = np.asarray(a, order="C")
@@ -171,6 +269,7 @@ class Connection:
         parts, info = [], None
         try:
             self.rpc_count += 1
+            self._last_call = time.monotonic()
             for ch in self.stub.GetBuffer(kiln_pb2.GetBufferRequest(handle=handle),
                                           metadata=self.metadata, timeout=self.timeout):
                 if ch.HasField("info"):
@@ -199,14 +298,17 @@ class Connection:
             self._pending_release.append(handle)
             self._pending_bytes += nbytes
 
-    def flush_releases(self):
+    def flush_releases(self, renew=False):
+        """Sends the handles waiting to be released (with renew, also when
+        there are none: the call renews the lease)."""
         with self._lock:
             handles, self._pending_release = self._pending_release, []
             self._pending_bytes = 0
-        if not handles or self.closed:
+        if (not handles and not renew) or self.closed:
             return
         try:
             self.rpc_count += 1
+            self._last_call = time.monotonic()
             self.stub.ReleaseBuffers(kiln_pb2.ReleaseBuffersRequest(handles=handles),
                                      metadata=self.metadata, timeout=min(30.0, self.timeout))
         except grpc.RpcError:
@@ -215,6 +317,7 @@ class Connection:
     def close(self):
         """Releases every buffer this connection still owns and closes it."""
         if not self.closed:
+            self._stop.set()
             with self._lock:
                 self._pending_release.extend(self._owned)
                 self._owned.clear()
@@ -256,6 +359,24 @@ class Array(ArrayOps):
         self._value = None
 
     @classmethod
+    def _from_value(cls, conn, value):
+        """An array held by the client (a small output that came back
+        inline): no server buffer; passed to a call as a literal."""
+        value = np.array(value)
+        value.setflags(write=False)
+        a = cls(conn, None, value.shape, value.dtype, value.nbytes)
+        a._value = value
+        return a
+
+    def _upload(self):
+        """A client-held array becomes a server one (the first time a call
+        uses it, when it is too large to travel as a literal every time)."""
+        self._check_live()
+        up = self._conn.put(self._value)
+        self.handle, up.handle = up.handle, None  # this array owns it now
+        self._device = up._device
+
+    @classmethod
     def _from_info(cls, conn, info):
         dt = _dtypes.FROM_WIRE[hlo_pb2.ElementType.Name(info.shape.element_type)[13:]]
         conn.adopt(info.handle)
@@ -273,15 +394,16 @@ class Array(ArrayOps):
     def delete(self):
         if not self._deleted:
             self._deleted = "deleted"
-            self._conn.release_later(self.handle)
-            self._conn.flush_releases()
+            if self.handle is not None:
+                self._conn.release_later(self.handle)
+                self._conn.flush_releases()
 
     def is_deleted(self):
         return bool(self._deleted)
 
     def __del__(self):
         try:
-            if not self._deleted and not self._conn.closed:
+            if not self._deleted and self.handle is not None and not self._conn.closed:
                 self._conn.release_later(self.handle, self.nbytes)
         except Exception:
             pass

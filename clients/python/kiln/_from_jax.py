@@ -5,18 +5,20 @@ from_jax(f) returns a function that, per argument signature (pytree
 structure, shapes, dtypes, static arguments), lowers jax.jit(f,
 keep_unused=True) to HLO text (lower(...).as_text(dialect="hlo")) on the
 client, compiles it on kilnd once and runs it on server-resident arrays; the
-outputs stay on the server (kiln Arrays) in f's output pytree. JAX is needed
-only here.
+outputs stay on the server (kiln Arrays) in f's output pytree, scalars
+inline. donate_argnums, as jax.jit's: those arguments' server buffers may be
+reused for the outputs (a training step's state), so a step costs one
+Execute. JAX is needed only here.
 """
 import functools
 
 import numpy as np
 
 from . import _dtypes, tree_util
-from ._client import Array, connection
+from ._client import INLINE_MAX_ELEMENTS, Array, connection
 
 
-def from_jax(f, *, static_argnums=(), num_partitions=1):
+def from_jax(f, *, static_argnums=(), donate_argnums=(), num_partitions=1):
     try:
         import jax
     except ImportError:
@@ -27,6 +29,9 @@ def from_jax(f, *, static_argnums=(), num_partitions=1):
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     static_argnums = tuple(static_argnums)
+    if isinstance(donate_argnums, int):
+        donate_argnums = (donate_argnums,)
+    donate_argnums = tuple(donate_argnums)
     jitted = jax.jit(f, static_argnums=static_argnums, keep_unused=True)
     cache = {}
 
@@ -50,13 +55,31 @@ def from_jax(f, *, static_argnums=(), num_partitions=1):
             it = iter(jax.tree_util.tree_unflatten(tree, specs))
             largs = [args[i] if i in static else next(it) for i in range(nargs)]
             lowered = jitted.lower(*largs)
-            hit = cache[key] = (lowered.as_text(dialect="hlo"), lowered.out_tree)
-        text, out_tree = hit
+            try:
+                out_shapes = [o.shape for o in jax.tree_util.tree_leaves(lowered.out_info)]
+            except Exception:
+                out_shapes = None
+            donate = set()
+            k = 0
+            for i in range(nargs):
+                if i in static:
+                    continue
+                n = jax.tree_util.tree_structure(args[i]).num_leaves
+                if i in donate_argnums:
+                    donate.update(range(k, k + n))
+                k += n
+            hit = cache[key] = (lowered.as_text(dialect="hlo"), lowered.out_tree, out_shapes,
+                                donate)
+        text, out_tree, out_shapes, donate = hit
         conn = connection()
         exe = conn.compile(text)
         values = [x if isinstance(x, Array) else np.asarray(x, dtype=s.dtype)
                   for x, s in zip(leaves, specs)]
-        outs = conn.execute(exe.executable_id, values, nout=out_tree.num_leaves)
+        inline = None
+        if out_shapes is not None and len(out_shapes) == out_tree.num_leaves:
+            inline = [int(np.prod(s, dtype=np.int64)) <= INLINE_MAX_ELEMENTS for s in out_shapes]
+        outs = conn.execute(exe.executable_id, values, donate=donate, nout=out_tree.num_leaves,
+                            inline=inline)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     run.lower_text = lambda *args: jitted.lower(*args).as_text(dialect="hlo")

@@ -859,17 +859,289 @@ def map(f, xs):  # noqa: A001
     return ys
 
 
-def associative_scan(fn, elems, reverse=False, axis=0):
-    raise NotImplementedError("kiln.lax.associative_scan is not supported yet")
-
-
-def conv_general_dilated(*a, **k):
-    raise NotImplementedError("kiln.lax.conv_general_dilated is not supported yet")
-
-
-def conv_transpose(*a, **k):
-    raise NotImplementedError("kiln.lax.conv_transpose is not supported yet")
 
 
 def with_sharding_constraint(x, shardings):
     return x
+
+
+# ---- convolutions ---------------------------------------------------------------
+
+class ConvDimensionNumbers(tuple):
+    """(lhs_spec, rhs_spec, out_spec), each a tuple of dimension numbers:
+    lhs (batch, feature, spatial...), rhs (out feature, in feature,
+    spatial...), out (batch, feature, spatial...), as JAX's."""
+
+    def __new__(cls, lhs_spec, rhs_spec, out_spec):
+        return super().__new__(cls, (tuple(lhs_spec), tuple(rhs_spec), tuple(out_spec)))
+
+    lhs_spec = property(lambda self: self[0])
+    rhs_spec = property(lambda self: self[1])
+    out_spec = property(lambda self: self[2])
+
+
+def conv_dimension_numbers(lhs_shape, rhs_shape, dimension_numbers):
+    """ConvDimensionNumbers from None (NC01.., OI01.., NC01..), a triple of
+    strings such as ('NHWC', 'HWIO', 'NHWC'), or dimension-number tuples."""
+    nd = len(lhs_shape)
+    if len(rhs_shape) != nd:
+        raise TypeError(f"kiln.lax.conv_general_dilated: lhs of rank {nd} and rhs of rank "
+                        f"{len(rhs_shape)}; they must have the same rank")
+    if dimension_numbers is None:
+        iota_ = tuple(range(nd))
+        return ConvDimensionNumbers(iota_, iota_, iota_)
+    if isinstance(dimension_numbers, ConvDimensionNumbers) or (
+            len(dimension_numbers) == 3
+            and all(not isinstance(s, str) for s in dimension_numbers)):
+        return ConvDimensionNumbers(*dimension_numbers)
+    lhs, rhs, out = dimension_numbers
+    if not (len(lhs) == len(rhs) == len(out) == nd):
+        raise TypeError(f"kiln.lax.conv_general_dilated: dimension_numbers {dimension_numbers} "
+                        f"do not match rank {nd}")
+    if set(lhs) - set(rhs) - {"N", "C"} or set(out) - set(rhs) - {"N", "C"}:
+        raise TypeError(f"kiln.lax.conv_general_dilated: the spatial letters of "
+                        f"{dimension_numbers} differ between lhs, rhs and out")
+
+    def spec(s, a, b):
+        spatial = sorted((i for i, c in enumerate(s) if c not in (a, b)),
+                         key=lambda i: rhs.index(s[i]))
+        return (s.index(a), s.index(b)) + tuple(spatial)
+
+    return ConvDimensionNumbers(spec(lhs, "N", "C"), spec(rhs, "O", "I"), spec(out, "N", "C"))
+
+
+def padtype_to_pads(in_shape, window_shape, window_strides, padding):
+    """Explicit (lo, hi) pairs for 'SAME' / 'SAME_LOWER' / 'VALID' (JAX's)."""
+    p = padding.upper()
+    if p == "VALID":
+        return [(0, 0)] * len(in_shape)
+    if p not in ("SAME", "SAME_LOWER"):
+        raise ValueError(f"kiln.lax: unknown padding {padding!r} (SAME, SAME_LOWER or VALID)")
+    pads = []
+    for n, w, s in zip(in_shape, window_shape, window_strides):
+        out = -(-n // s)
+        tot = builtins.max(0, (out - 1) * s + w - n)
+        lo = tot // 2 if p == "SAME" else tot - tot // 2
+        pads.append((lo, tot - lo))
+    return pads
+
+
+@primitive
+def _conv(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dn, fgc, bgc, out_dtype):
+    lhs, rhs = _t(lhs), _t(rhs)
+    ls, rs, os_ = dn
+    nsp = lhs.ndim - 2
+    cin, cout = lhs.shape[ls[1]], rhs.shape[rs[0]]
+    if rhs.shape[rs[1]] * fgc != cin:
+        _err("conv_general_dilated", f"lhs has {cin} features, the kernel takes "
+             f"{rhs.shape[rs[1]]} input features with feature_group_count {fgc}", lhs, rhs)
+    if cout % fgc or cout % bgc or lhs.shape[ls[0]] % bgc:
+        _err("conv_general_dilated", f"the kernel's {cout} output features (and the lhs "
+             f"batch) must divide by feature_group_count {fgc} and batch_group_count {bgc}",
+             lhs, rhs)
+    out = [0] * lhs.ndim
+    out[os_[0]] = lhs.shape[ls[0]] // bgc
+    out[os_[1]] = cout
+    for i in range(nsp):
+        n, k = lhs.shape[ls[2 + i]], rhs.shape[rs[2 + i]]
+        lo, hi = padding[i]
+        nd_ = (n - 1) * lhs_dil[i] + 1 + lo + hi if n else 0
+        kd = (k - 1) * rhs_dil[i] + 1
+        if nd_ < kd or strides[i] < 1:
+            _err("conv_general_dilated", f"spatial dimension {i}: the padded input ({nd_}) is "
+                 f"smaller than the dilated window ({kd})", lhs, rhs)
+        out[os_[2 + i]] = (nd_ - kd) // strides[i] + 1
+
+    def labels(spec, a, b):
+        s = [""] * lhs.ndim
+        s[spec[0]], s[spec[1]] = a, b
+        for i in range(nsp):
+            s[spec[2 + i]] = str(i)
+        return "".join(s)
+
+    x = "x".join
+    win = (f"size={x(str(rhs.shape[rs[2 + i]]) for i in range(nsp))} "
+           f"stride={x(builtins.map(str, strides))} "
+           f"pad={x(f'{lo}_{hi}' for lo, hi in padding)} "
+           f"lhs_dilate={x(builtins.map(str, lhs_dil))} rhs_dilate={x(builtins.map(str, rhs_dil))}")
+    dt = _dtypes.canonical(out_dtype) if out_dtype is not None else lhs.dtype
+    if rhs.dtype != lhs.dtype:
+        rhs = convert(rhs, lhs.dtype)
+    attrs = (f", window={{{win}}}, dim_labels={labels(ls, 'b', 'f')}_{labels(rs, 'o', 'i')}->"
+             f"{labels(os_, 'b', 'f')}")
+    if fgc != 1:
+        attrs += f", feature_group_count={fgc}"
+    if bgc != 1:
+        attrs += f", batch_group_count={bgc}"
+    if nsp == 0:
+        attrs = attrs.replace("window={size= stride= pad= lhs_dilate= rhs_dilate=}, ", "")
+    return emit("convolution", [lhs, rhs], out, dt, attrs)
+
+
+def conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=None,
+                         rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
+                         batch_group_count=1, precision=None, preferred_element_type=None):
+    """A general convolution (HLO convolution), with JAX's arguments."""
+    (lshape, ldt), (rshape, _) = aval_of(lhs), aval_of(rhs)
+    if not _dtypes.is_float(ldt):
+        raise TypeError(f"kiln.lax.conv_general_dilated: lhs of dtype {ldt}; floating point "
+                        "is required")
+    dn = conv_dimension_numbers(lshape, rshape, dimension_numbers)
+    nsp = len(lshape) - 2
+    if nsp < 0:
+        raise TypeError(f"kiln.lax.conv_general_dilated: operands of rank {len(lshape)}; "
+                        "at least 2 (batch and feature) are needed")
+    strides = tuple(int(s) for s in window_strides) if window_strides else (1,) * nsp
+    lhs_dil = tuple(int(d) for d in lhs_dilation) if lhs_dilation else (1,) * nsp
+    rhs_dil = tuple(int(d) for d in rhs_dilation) if rhs_dilation else (1,) * nsp
+    for what, v in (("window_strides", strides), ("lhs_dilation", lhs_dil),
+                    ("rhs_dilation", rhs_dil)):
+        if len(v) != nsp:
+            raise TypeError(f"kiln.lax.conv_general_dilated: {what} {v} has {len(v)} entries "
+                            f"for {nsp} spatial dimensions")
+    if isinstance(padding, str):
+        if builtins.any(d != 1 for d in lhs_dil) and padding.upper() != "VALID":
+            raise NotImplementedError("kiln.lax.conv_general_dilated: string padding with "
+                                      "lhs_dilation (give explicit pads, or use conv_transpose)")
+        ksz = [(rshape[dn[1][2 + i]] - 1) * rhs_dil[i] + 1 for i in range(nsp)]
+        padding = padtype_to_pads([lshape[dn[0][2 + i]] for i in range(nsp)], ksz, strides,
+                                  padding)
+    padding = tuple((int(lo), int(hi)) for lo, hi in padding)
+    if len(padding) != nsp:
+        raise TypeError(f"kiln.lax.conv_general_dilated: padding {padding} has {len(padding)} "
+                        f"entries for {nsp} spatial dimensions")
+    return _conv(lhs, rhs, strides, padding, lhs_dil, rhs_dil, dn, int(feature_group_count),
+                 int(batch_group_count), preferred_element_type)
+
+
+def conv(lhs, rhs, window_strides, padding, precision=None, preferred_element_type=None):
+    return conv_general_dilated(lhs, rhs, window_strides, padding,
+                                preferred_element_type=preferred_element_type)
+
+
+def conv_with_general_padding(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                              precision=None, preferred_element_type=None):
+    return conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                                preferred_element_type=preferred_element_type)
+
+
+def _conv_transpose_padding(k, s, padding):
+    if padding == "SAME":
+        pad_len = k + s - 2
+        pad_a = k - 1 if s > k - 1 else -(-pad_len // 2)
+    elif padding == "VALID":
+        pad_len = k + s - 2 + builtins.max(k - s, 0)
+        pad_a = k - 1
+    else:
+        raise ValueError(f"kiln.lax.conv_transpose: unknown padding {padding!r}")
+    return pad_a, pad_len - pad_a
+
+
+def conv_transpose(lhs, rhs, strides, padding, rhs_dilation=None, dimension_numbers=None,
+                   transpose_kernel=False, precision=None, preferred_element_type=None):
+    """The gradient-of-convolution shaped transpose (JAX's conv_transpose):
+    a convolution of the lhs dilated by the strides."""
+    (lshape, _), (rshape, _) = aval_of(lhs), aval_of(rhs)
+    nd = len(lshape)
+    if dimension_numbers is None:
+        if nd == 3:
+            dimension_numbers = ("NHC", "HIO", "NHC")
+        elif nd == 4:
+            dimension_numbers = ("NHWC", "HWIO", "NHWC")
+        elif nd == 5:
+            dimension_numbers = ("NHWDC", "HWDIO", "NHWDC")
+        else:
+            raise TypeError(f"kiln.lax.conv_transpose: rank {nd}; give dimension_numbers")
+    dn = conv_dimension_numbers(lshape, rshape, dimension_numbers)
+    nsp = nd - 2
+    rhs_dil = tuple(rhs_dilation) if rhs_dilation else (1,) * nsp
+    k_sdims = [rshape[d] for d in dn[1][2:]]
+    if isinstance(padding, str):
+        kd = [(k - 1) * r + 1 for k, r in zip(k_sdims, rhs_dil)]
+        pads = [_conv_transpose_padding(k, s, padding.upper()) for k, s in zip(kd, strides)]
+    else:
+        pads = padding
+    if transpose_kernel:
+        rhs = rev(rhs, tuple(dn[1][2:]))
+        rs = list(dn[1])
+        rs[0], rs[1] = rs[1], rs[0]
+        dn = ConvDimensionNumbers(dn[0], rs, dn[2])
+    return conv_general_dilated(lhs, rhs, (1,) * nsp, pads, lhs_dilation=tuple(strides),
+                                rhs_dilation=rhs_dil, dimension_numbers=dn,
+                                preferred_element_type=preferred_element_type)
+
+
+# ---- associative_scan -------------------------------------------------------------
+
+def associative_scan(fn, elems, reverse=False, axis=0):
+    """Inclusive prefix scan with an associative fn over a pytree of arrays
+    along axis (JAX's semantics): the parallel odd/even recursion, log2(n)
+    levels of elementwise fn applications, traced into the program."""
+    leaves, tree = tree_util.tree_flatten(elems)
+    if not leaves:
+        return elems
+    leaves = [_t(x) if _stack() else x for x in leaves]
+    shapes = [aval_of(x)[0] for x in leaves]
+    nd = len(shapes[0])
+    if not -nd <= axis < nd:
+        raise ValueError(f"kiln.lax.associative_scan: axis {axis} is out of range for rank {nd}")
+    axis %= nd
+    n = shapes[0][axis]
+    if any(len(s) <= axis or s[axis] != n for s in shapes):
+        raise ValueError("kiln.lax.associative_scan: the elements differ in length along axis "
+                         f"{axis}: {[s[axis] if len(s) > axis else None for s in shapes]}")
+    from . import numpy as knp
+
+    def sl(xs, start, stop, step=1):
+        out = []
+        for x in xs:
+            s = aval_of(x)[0]
+            st = [0] * len(s)
+            lim = list(s)
+            strd = [1] * len(s)
+            st[axis] = start
+            lim[axis] = stop if stop is not None else s[axis]
+            strd[axis] = step
+            lim[axis] = builtins.max(lim[axis], start)
+            out.append(slice(x, st, lim, strd))
+        return out
+
+    def combine(a, b):
+        r = fn(tree.unflatten(a), tree.unflatten(b))
+        rl = tree_util.tree_leaves(r)
+        if len(rl) != len(a):
+            raise TypeError("kiln.lax.associative_scan: fn must return the elements' structure")
+        return rl
+
+    def interleave(a, b):  # a[0], b[0], a[1], b[1], ... ; len(a) is len(b) or len(b) + 1
+        na = aval_of(a)[0][axis]
+        nb = aval_of(b)[0][axis]
+        if na == nb + 1:
+            pad_cfg = [(0, 0, 0)] * len(aval_of(b)[0])
+            pad_cfg[axis] = (0, 1, 0)
+            b = pad(b, np.zeros((), aval_of(b)[1]), pad_cfg)
+        st = knp.stack([a, b], axis=axis + 1)
+        s = list(aval_of(a)[0])
+        s[axis] = 2 * na
+        r = reshape(st, s)
+        return sl([r], 0, na + nb)[0]
+
+    def scan(xs):
+        m = aval_of(xs[0])[0][axis]
+        if m < 2:
+            return xs
+        reduced = combine(sl(xs, 0, m - 1, 2), sl(xs, 1, m, 2))
+        odd = scan(reduced)
+        if m % 2 == 0:
+            even = combine(sl(odd, 0, aval_of(odd[0])[0][axis] - 1), sl(xs, 2, m, 2))
+        else:
+            even = combine(odd, sl(xs, 2, m, 2))
+        even = [concatenate([f, e], axis) for f, e in zip(sl(xs, 0, 1), even)]
+        return [interleave(e, o) for e, o in zip(even, odd)]
+
+    if reverse:
+        leaves = [rev(x, (axis,)) for x in leaves]
+    out = scan(leaves)
+    if reverse:
+        out = [rev(x, (axis,)) for x in out]
+    return tree.unflatten(out)

@@ -31,10 +31,10 @@ def _free_port():
     return port
 
 
-def _start(port):
+def _start(port, extra=()):
     backend = os.environ.get("KILN_TEST_BACKEND", "interp")
     p = subprocess.Popen([_kilnd(), "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off",
-                          "--default-backend", backend],
+                          "--default-backend", backend, *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -57,8 +57,8 @@ def _stop(p):
 def private_kilnd():
     procs = []
 
-    def start(port=None):
-        p, addr = _start(port or _free_port())
+    def start(port=None, extra=()):
+        p, addr = _start(port or _free_port(), extra)
         procs.append(p)
         return p, addr
 
@@ -89,6 +89,7 @@ TRAIN = textwrap.dedent("""
         v, g = step(w, x)
         w = w - 0.1 * g
     keep = [kiln.device_put(np.full(3, i, np.float32)) for i in range(4)]
+    kiln.connection().flush_releases()  # what it dropped is gone before it counts
     print("ready", flush=True)
     if sys.argv[2] == "hang":
         time.sleep(600)
@@ -110,23 +111,64 @@ def test_client_that_exits_leaves_no_buffers(private_kilnd):
     assert _live(addr) == 0  # close() at exit released every array it still held
 
 
-def test_killed_client_buffers(private_kilnd):
-    """A client SIGKILLed mid-training cannot release anything. kilnd keeps a
-    buffer until ReleaseBuffers (no per-connection ownership, no lease), so
-    the killed client's arrays stay: the issue asks for none to remain."""
-    _, addr = private_kilnd()
+LEASE = 1.5  # seconds: short, so that the tests below wait for it
+
+
+def _live_after(addr, want, wait):
+    deadline = time.time() + wait
+    while True:
+        n = _live(addr)
+        if n == want or time.time() > deadline:
+            return n
+        time.sleep(0.2)
+
+
+def test_killed_client_buffers_expire_with_the_lease(private_kilnd):
+    """A client SIGKILLed mid-training cannot release anything: its buffers
+    go when its lease runs out (--buffer-lease-seconds), while another
+    client's, kept alive by its connection's renewals, stay."""
+    _, addr = private_kilnd(extra=("--buffer-lease-seconds", str(LEASE)))
+    other = Connection(addr, timeout=20)
+    assert other.lease == LEASE
+    mine = other.put(np.arange(4, dtype=np.float32))
     c = _run_client(addr, "hang")
     assert c.stdout.readline().strip() == "ready"
     held = _live(addr)
-    assert held >= 5  # w, x, v, g and the four kept arrays, at least
+    assert held >= 6  # w, x and the four kept arrays, at least, and mine
+    time.sleep(2 * LEASE)  # the child is alive and idle: its renewals keep them
+    assert _live(addr) == held
     c.send_signal(signal.SIGKILL)
     c.wait(timeout=30)
-    time.sleep(1.0)
-    left = _live(addr)
-    if left:
-        pytest.xfail(f"kilnd keeps a killed client's buffers: {left} of {held} remain after "
-                     "SIGKILL (buffers are owned by the kiln-client name, not the "
-                     "connection, and have no lease)")
+    assert _live_after(addr, 1, LEASE + 5) == 1  # only mine is left
+    np.testing.assert_array_equal(other.get(mine.handle), np.arange(4, dtype=np.float32))
+    other.close()
+    assert _live(addr) == 0
+
+
+def test_lease_off_keeps_buffers(private_kilnd):
+    """--buffer-lease-seconds 0: buffers live until released, as before."""
+    _, addr = private_kilnd(extra=("--buffer-lease-seconds", "0"))
+    c = _run_client(addr, "hang")
+    assert c.stdout.readline().strip() == "ready"
+    held = _live(addr)
+    c.send_signal(signal.SIGKILL)
+    c.wait(timeout=30)
+    time.sleep(1.5)
+    assert _live(addr) == held
+
+
+def test_client_that_stops_renewing_loses_its_buffers(private_kilnd):
+    """The lease is the server's: a connection whose renewals stop (here its
+    keeper thread is stopped by hand) finds its handles gone, with a clear
+    NotFoundError rather than someone else's data."""
+    _, addr = private_kilnd(extra=("--buffer-lease-seconds", str(LEASE)))
+    conn = Connection(addr, timeout=20)
+    a = conn.put(np.ones(3, np.float32))
+    conn._stop.set()
+    assert _live_after(addr, 0, LEASE + 5) == 0
+    with pytest.raises(kiln.errors.NotFoundError):
+        conn.get(a.handle)
+    conn.close()
 
 
 def test_restart_mid_training_raises_clearly(private_kilnd):
@@ -162,6 +204,46 @@ def test_restart_mid_training_raises_clearly(private_kilnd):
     b = conn.put(np.ones(2, np.float32))  # and the connection works again
     np.testing.assert_array_equal(conn.get(b.handle), np.ones(2, np.float32))
     conn.close()
+
+
+LOOP = textwrap.dedent("""
+    import sys, numpy as np
+    import kiln, kiln.numpy as jnp
+    kiln.connect(sys.argv[1], timeout=20)
+    loss = lambda w, x: jnp.mean((x @ w - 1.0) ** 2)
+
+    @kiln.jit
+    def step(w, x):
+        v, g = kiln.value_and_grad(loss)(w, x)
+        return w - 0.1 * g, v
+
+    w = kiln.device_put(np.zeros((16, 4), np.float32))
+    x = np.ones((8, 16), np.float32)
+    for i in range(100000):
+        w, v = step(w, x)
+        print("step", float(v), flush=True)
+""")
+
+
+def test_restart_mid_training_loop_fails_clearly(private_kilnd):
+    """A training loop whose kilnd dies mid-run ends with UnavailableError
+    (after the retries of idempotent calls), not a hang, and exits."""
+    p, addr = private_kilnd()
+    env = dict(os.environ, PYTHONPATH=CLIENT)
+    c = subprocess.Popen([sys.executable, "-c", LOOP, addr], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, text=True)
+    for _ in range(3):
+        assert c.stdout.readline().startswith("step")
+    _stop(p)
+    t0 = time.time()
+    try:
+        _, err = c.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        c.kill()
+        pytest.fail("the client hung after kilnd died")
+    assert c.returncode != 0
+    assert "UnavailableError" in err, err[-2000:]
+    assert time.time() - t0 < 60
 
 
 def _wait_stopped(pid):

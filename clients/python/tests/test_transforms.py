@@ -189,6 +189,62 @@ def test_compositions_against_jax():
     close(kiln.grad(kiln.checkpoint(kf))(V), jax.grad(jax.checkpoint(jf))(V))
 
 
+def test_transforms_inside_jit_against_jax():
+    """grad, value_and_grad (has_aux), vmap, jvp and vjp called inside a
+    jitted function: the server's transformed program inlined as a call."""
+    kl, jl = loss(jnp), loss(jjnp)
+
+    def step(np_, vg):
+        def f(w, x):
+            v, g = vg(lambda w, x: (np_.sum(np_.tanh(x @ w) ** 2), np_.mean(w)),
+                      has_aux=True)(w, x)
+            return w - 0.1 * g, v[0], v[1]
+        return f
+
+    close(kiln.jit(step(jnp, kiln.value_and_grad))(W, X),
+          jax.jit(step(jjnp, jax.value_and_grad))(W, X))
+    close(kiln.jit(lambda w, x: kiln.grad(kl, argnums=(0, 1))(w, x))(W, X),
+          jax.grad(jl, argnums=(0, 1))(W, X))
+    kf = lambda x: jnp.sum(jnp.sin(x) * x)  # noqa: E731
+    jf = lambda x: jjnp.sum(jjnp.sin(x) * x)  # noqa: E731
+    close(kiln.jit(lambda x: kiln.vmap(kiln.grad(kf))(x) * 2)(X),
+          jax.vmap(jax.grad(jf))(X) * 2)
+    close(kiln.jit(lambda x, t: kiln.jvp(jnp.sin, (x,), (t,)))(V, V),
+          jax.jvp(jjnp.sin, (V,), (V,)))
+
+    def kv(x):
+        out, f = kiln.vjp(jnp.tanh, x)
+        return f(out * 2)
+
+    def jv(x):
+        out, f = jax.vjp(jjnp.tanh, x)
+        return f(out * 2)
+
+    close(kiln.jit(kv)(V), jax.jit(jv)(V))
+    # inside a scan body: the inlined program is called from the loop
+    close(kiln.jit(lambda x: lax.scan(lambda c, r: (c + kiln.grad(kf)(r), 0.0), V, x)[0])(X),
+          jax.jit(lambda x: jax.lax.scan(lambda c, r: (c + jax.grad(jf)(r), 0.0), V, x)[0])(X))
+
+
+def test_one_program_train_step_is_one_rpc():
+    kl = loss(jnp)
+
+    @kiln.jit
+    def step(w, x):
+        v, g = kiln.value_and_grad(kl)(w, x)
+        return w - 0.05 * g, v
+
+    w = kiln.device_put(W)
+    w, v0 = step(w, X)
+    conn = kiln.connection()
+    n = conn.rpc_count
+    for _ in range(5):
+        w, v = step(w, X)
+        float(v)
+    assert conn.rpc_count - n == 5
+    assert float(v) < float(v0)
+
+
 def test_vmap_axes_against_jax():
     kf = lambda x, w: x @ w  # noqa: E731
     close(kiln.vmap(kf, in_axes=(0, None))(X, W), jax.vmap(kf, in_axes=(0, None))(X, W))
@@ -207,12 +263,12 @@ def test_errors():
         kiln.vmap(lambda a, b: a + b)(X, X[:2])
     with pytest.raises(TypeError, match="scalar"):
         kiln.grad(lambda x: x * 2)(V)
-    with pytest.raises(NotImplementedError, match="jacfwd"):
-        kiln.jacfwd(lambda x: x)(V)
-    with pytest.raises(NotImplementedError, match="jacrev"):
-        kiln.jacrev(lambda x: x)(V)
-    with pytest.raises(NotImplementedError, match="inside a traced function"):
-        kiln.jit(lambda x: kiln.grad(lambda y: jnp.sum(y))(x))(V)
+    with pytest.raises(NotImplementedError, match="pmap"):
+        kiln.pmap(lambda x: x)(V)
+    with pytest.raises(NotImplementedError, match="jacfwd: has_aux"):
+        kiln.jacfwd(lambda x: x, has_aux=True)(V)
+    with pytest.raises(kiln.UnexpectedTracerError):  # closes over the outer trace's tracer
+        kiln.jit(lambda x: kiln.grad(lambda y: jnp.sum(y * x))(x))(V)
     with pytest.raises(kiln.errors.UnimplementedError):
         kiln.grad(kiln.checkpoint(lambda x: jnp.sum(x * x),
                                   policy=kiln.checkpoint_policies.dots_saveable))(V)

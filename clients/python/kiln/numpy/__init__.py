@@ -112,9 +112,11 @@ def asarray(a, dtype=None, copy=None):
     x = x.astype(_dtypes.canonical(x.dtype), copy=False)
     if _stack():
         return x  # a constant of the trace
-    from .._client import device_put
+    from .._client import Array, connection
 
-    return device_put(x)
+    # held by the client until a call uses it (as a literal, or uploaded
+    # once if large): an op that refuses its shapes has sent nothing
+    return Array._from_value(connection(), x)
 
 
 def _flat(a):
