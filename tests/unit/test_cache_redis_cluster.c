@@ -262,7 +262,8 @@ START_TEST(test_cluster_down_at_start) {
   size_t len = 0;
   double t0 = now_s();
   kiln_status_clear(&st);
-  ck_assert_int_eq(s->ops->get(s, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+  ck_assert_int_eq(s->ops->get(s,
+                               "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
                                &val, &len, &st),
                    KILN_EUNAVAIL);
   ck_assert_double_lt(now_s() - t0, 0.5);
@@ -343,8 +344,13 @@ static bool replica_synced(kiln_test_redis *r) {
 static void start_cluster(void) {
   /* Replicas sync at once (not after the default 5 s diskless delay), so a
    * primary killed early in a test has a replica able to take over. */
-  const char *args[] = {"--cluster-enabled",         "yes", "--cluster-node-timeout", "1000",
-                        "--repl-diskless-sync-delay", "0",   NULL};
+  const char *args[] = {"--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--repl-diskless-sync-delay",
+                        "0",
+                        NULL};
   for (int i = 0; i < NODES; i++) {
     kiln_status_clear(&st);
     ck_assert_msg(kiln_test_redis_start(args, &nodes[i], &st) == 0, "redis-server: %s", st.msg);
@@ -516,9 +522,10 @@ START_TEST(test_cluster_reshard_under_load) {
   load l = {.s = s};
   pthread_t t[2];
   for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, reader, &l);
-  const char *argv[] = {"redis-cli",     "--cluster",       "reshard", kiln_test_redis_addr(nodes[0]),
-                        "--cluster-from", fid,              "--cluster-to", tid,
-                        "--cluster-slots", "2000",          "--cluster-yes", NULL};
+  const char *argv[] = {
+      "redis-cli",       "--cluster", "reshard",       kiln_test_redis_addr(nodes[0]),
+      "--cluster-from",  fid,         "--cluster-to",  tid,
+      "--cluster-slots", "2000",      "--cluster-yes", NULL};
   ck_assert_int_eq(run(argv), 0);
   sleep_ms(300);
   atomic_store(&l.stop, true);
