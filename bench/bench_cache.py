@@ -15,7 +15,10 @@
                GET p50, client-side and server-side;
   (c) mlp      cold compile (BYPASS policy: build, store nothing) of the MLP
                of bench_cpu.py (batch 256, 784->1024->1024->10, bias, relu,
-               softmax) against a warm memory hit and a Redis hit of it.
+               softmax) against a warm memory hit and a Redis hit of it;
+  (d) cluster  with --cluster: (b) through a Redis Cluster of three
+               primaries and three replicas (redis-cluster:// URL), against
+               a raw GET on the primary that owns the entry's slot.
 
 Each round starts its own redis-server (maxmemory-policy allkeys-lru, as
 documented for Kiln) and kilnd (free loopback ports, --redis-url, no disk
@@ -25,7 +28,7 @@ benchmark on stdout (plus meta lines), progress on stderr. Not part of the
 test suite.
 
     .venv/bin/python bench/bench_cache.py [--kilnd build/server/kilnd] [--rounds 3]
-        [--hits 2000] [--shared 300] [--cold 3]
+        [--hits 2000] [--shared 300] [--cold 3] [--cluster]
 """
 import argparse
 import datetime
@@ -41,6 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import test_cache_cluster as cc  # noqa: E402  (helpers: Redis, RESP, kilnd)
 
 NS = time.perf_counter_ns
@@ -117,13 +121,28 @@ def bench_memory(o, k, hlo):
     }
 
 
+def owner(redis, rkey):
+    """A RESP client of the node holding rkey: the one Redis, or the cluster
+    primary that answers its GET (the others answer MOVED)."""
+    for node in getattr(redis, "nodes", [redis]):
+        if node.proc.poll() is not None:
+            continue
+        c = node.client()
+        try:
+            if c.cmd("GET", rkey) is not None:
+                return c
+        except cc.RespError:
+            pass
+        c.close()
+    raise RuntimeError("the entry is not in Redis")
+
+
 def bench_shared(o, k, redis, hlo, n):
     first = k.compile(hlo)
     key = first.cache_key
-    rc = redis.client()
-    val = rc.cmd("GET", cc.PREFIX + "exe:" + key)
-    if val is None:
-        raise RuntimeError("the entry is not in Redis")
+    rkey = cc.PREFIX + ("exe:{%s}" % key if hasattr(redis, "nodes") else "exe:" + key)
+    rc = owner(redis, rkey)
+    val = rc.cmd("GET", rkey)
     client, server, get, sources = [], [], [], {}
     for _ in range(n):
         k.evict([key])
@@ -134,7 +153,7 @@ def bench_shared(o, k, redis, hlo, n):
         s = cc.src(r)
         sources[s] = sources.get(s, 0) + 1
         t0 = NS()
-        got = rc.cmd("GET", cc.PREFIX + "exe:" + key)
+        got = rc.cmd("GET", rkey)
         get.append(NS() - t0)
         if got != val:
             raise RuntimeError("the entry changed in Redis")
@@ -183,6 +202,11 @@ def one_round(o, tmp, mlp):
         res = {"memory": bench_memory(o, k, small)}
         res["shared"] = bench_shared(o, k, redis, cc.program(2)[0], o.shared)
         res["mlp"] = bench_mlp(o, k, redis, mlp)
+        if o.cluster:
+            import test_cache_redis_topologies as topo
+            cl = topo.Cluster(env)
+            kc = env.kilnd("bench-cluster", redis=cl, cache_dir=None)
+            res["shared_cluster"] = bench_shared(o, kc, cl, cc.program(3)[0], o.shared)
         return res
     except Exception:
         env.dump_logs()
@@ -220,6 +244,9 @@ def main():
     ap.add_argument("--hits", type=int, default=2000, help="memory-hit compiles per round")
     ap.add_argument("--shared", type=int, default=300, help="Redis-hit compiles per round")
     ap.add_argument("--cold", type=int, default=3, help="cold MLP compiles per round")
+    ap.add_argument("--cluster", action="store_true",
+                    help="also a shared hit through a 3+3 Redis Cluster vs a raw GET on the "
+                         "node owning the entry (needs redis-cli)")
     o = ap.parse_args()
     if cc.protoc is None:
         sys.exit(f"bench_cache: needs grpcio and grpcio-tools ({cc.IMPORT_ERROR})")
@@ -252,6 +279,8 @@ def main():
     print(json.dumps({"bench": "cache_memory_hit", **m["memory"]}), flush=True)
     print(json.dumps({"bench": "cache_shared_hit", **m["shared"]}), flush=True)
     print(json.dumps({"bench": "cache_mlp_cold_vs_hit", **m["mlp"]}), flush=True)
+    if "shared_cluster" in m:
+        print(json.dumps({"bench": "cache_shared_hit_cluster", **m["shared_cluster"]}), flush=True)
     print(json.dumps({"bench": "meta_end", "loadavg": loadavg()}), flush=True)
     return 0
 

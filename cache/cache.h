@@ -107,6 +107,8 @@ typedef enum kiln_cache_tier {
   KILN_CACHE_NTIERS
 } kiln_cache_tier;
 
+#define KILN_CACHE_MAX_NODE_STATS 16
+
 typedef struct kiln_cache_stats {
   bool enabled[KILN_CACHE_NTIERS];
   kiln_cache_store_stats tier[KILN_CACHE_NTIERS];
@@ -116,6 +118,11 @@ typedef struct kiln_cache_stats {
   uint64_t lock_waits;                   /* waits on another server's Redis lock */
   uint64_t compile_ns_saved;             /* sum of compile_ns over hits */
   uint64_t skipped_fast;                 /* builds under min_compile_ns, not stored */
+  /* The shared tier's servers (its one Redis, a cluster's nodes, the
+   * sentinel-named primaries), the first KILN_CACHE_MAX_NODE_STATS of them;
+   * nnodes counts them all. */
+  uint32_t nnodes;
+  kiln_cache_node_stats nodes[KILN_CACHE_MAX_NODE_STATS];
 } kiln_cache_stats;
 
 void kiln_cache_get_stats(kiln_cache *c, kiln_cache_stats *out);

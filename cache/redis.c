@@ -1,85 +1,152 @@
 /* The Redis tier: one Redis string per entry, shared by every server that
- * points at the same Redis, through hiredis's blocking API.
+ * points at the same Redis, through hiredis's blocking API. Three
+ * topologies, one code path:
+ *
+ *   single    "host:port", "redis://...", "unix:/path": one node.
+ *   cluster   "redis-cluster://host:port[,host:port...]" (seed nodes): keys
+ *             are routed by hash slot to the primary that serves them,
+ *             from a slot map read with CLUSTER SLOTS; MOVED updates the
+ *             map and is followed, ASK is followed once after ASKING.
+ *   sentinel  "redis-sentinel://host:port[,host:port...]/MASTER": the
+ *             sentinels name the current primary of MASTER; every key goes
+ *             there, and a failover is followed when the sentinels name
+ *             another one.
  *
  * The idea is that Redis is an optimization, never a dependency. Every
- * operation borrows a connection from a small pool and is bounded by
- * timeout_ms (socket timeouts on connect, send and receive). When a
- * connection breaks or times out the store goes down: the pool is emptied,
- * callers get KILN_EUNAVAIL at once without touching the network, and one
- * background thread reconnects with backoff (50 ms doubling to 1 s) until
- * PING answers, then puts the store back up. Connections borrowed before an
- * outage carry the old epoch and are closed when returned, so no request
- * reuses a socket from before a restart. An error reply (OOM under
- * noeviction, READONLY, WRONGTYPE) leaves the connection usable: it is a
- * counted fault, not an outage; only LOADING (Redis is reading its data set
- * and will refuse everything for a while) takes the store down. Each outage
- * and each recovery is logged once.
+ * operation borrows a connection from its node's small pool and is bounded
+ * by timeout_ms (socket timeouts on connect, send and receive). When a
+ * connection breaks or times out its node goes down: the node's pool is
+ * emptied, callers of that node get KILN_EUNAVAIL at once without touching
+ * the network (the tiered cache then serves from its local tiers), and one
+ * background thread per node reconnects with backoff (50 ms doubling to
+ * 1 s) until PING answers. Connections borrowed before an outage carry the
+ * old epoch and are closed when returned, so no request reuses a socket
+ * from before a restart. An error reply (OOM under noeviction, READONLY,
+ * WRONGTYPE) leaves the connection usable: it is a counted fault, not an
+ * outage; only LOADING takes a node down.
+ *
+ * In the cluster and sentinel topologies one more thread keeps the map: it
+ * rereads it at start, after a MOVED, when a node goes down or answers
+ * READONLY / CLUSTERDOWN / TRYAGAIN (a failover under way), every second
+ * while some slot has no live primary, and every 30 s otherwise. Until the
+ * map names a live primary, operations on its slots are faults, as when a
+ * single Redis is down. Nothing wrong can be served meanwhile: values are
+ * sealed entries that the tiered cache verifies.
  *
  * Layout: "<prefix>exe:<hex>" holds a value (SET .. EX ttl), and
  * "<prefix>lock:<hex>" a random token (SET NX PX) released by a
- * compare-and-delete script, for single flight across servers.
+ * compare-and-delete script, for single flight across servers. In a cluster
+ * the hex is a hash tag, "<prefix>exe:{<hex>}" and "<prefix>lock:{<hex>}",
+ * so an entry and its lock live in one slot; the single and sentinel
+ * layouts are unchanged, so existing shared caches keep their entries.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cache/redis_slots.h"
 #include "cache/store.h"
 #include "common/alloc.h"
 #include "common/log.h"
 
 #define DEFAULT_PORT 6379
+#define DEFAULT_SENTINEL_PORT 26379
 #define DEFAULT_TIMEOUT_MS 200
 #define DEFAULT_POOL 4
 #define MAX_POOL 256
 #define MAX_PREFIX 256
 #define MAX_TOKEN 512
+#define MAX_SEEDS 64
+#define MAX_NODES 128 /* nodes a store ever learns of; NO_NODE marks an unserved slot */
+#define NO_NODE 0xFF
+#define MAX_HOPS 5 /* redirections followed for one operation */
+#define MAX_MASTER_NAME 128
 #define KEY_HEX 64
 /* Redis refuses bulk strings over proto-max-bulk-len (512 MiB by default)
  * by closing the connection; refuse them here instead. */
 #define MAX_VALUE ((size_t)512 << 20)
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
+#define REFRESH_MIN_MS 100       /* between two map reads */
+#define REFRESH_DEGRADED_MS 1000 /* while some slot has no live primary */
+#define REFRESH_IDLE_MS 30000
+
+typedef enum topology { TOPO_SINGLE, TOPO_CLUSTER, TOPO_SENTINEL } topology;
+
+typedef struct addr {
+  char *host; /* IPv6 without brackets */
+  int port;
+} addr;
 
 /* What a URL names. */
 typedef struct target {
-  char *host; /* TCP host, IPv6 without brackets; NULL for a unix socket */
-  int port;
-  char *path;     /* unix socket path, or NULL */
+  topology topo;
+  addr hosts[MAX_SEEDS]; /* single: one (none for a unix socket); else the seeds or sentinels */
+  size_t nhosts;
+  char *path;     /* unix socket path (single only), or NULL */
   char *user;     /* ACL user (AUTH user password), or NULL */
   char *password; /* or NULL */
+  char *master;   /* sentinel: the master set's name */
   int db;
 } target;
 
-typedef struct redis_store {
-  kiln_cache_store base;
-  target t;
-  char *prefix;
-  char where[300]; /* "redis HOST:PORT" or "redis unix:PATH": status where and log lines */
-  uint32_t ttl_s, timeout_ms, pool_max;
+struct redis_store;
 
-  pthread_mutex_t mu;   /* guards everything below */
-  pthread_cond_t freed; /* a connection came back, or the store changed state */
-  pthread_cond_t wake;  /* for the reconnect thread: the store went down, or stops */
+/* One Redis server and its connection pool. */
+typedef struct node {
+  struct redis_store *s;
+  char *host; /* NULL for a unix socket */
+  int port;
+  char *path;
+  char where[300]; /* "redis HOST:PORT" or "redis unix:PATH": status where and log lines */
+  char addr[280];  /* "HOST:PORT" for metrics */
+
+  pthread_mutex_t mu;   /* guards the pool and the state below */
+  pthread_cond_t freed; /* a connection came back, or the node changed state */
+  pthread_cond_t wake;  /* for the reconnect thread: the node went down, or stops */
   redisContext **idle;  /* pool_max + 1 slots; only connections of the current epoch */
   uint32_t nidle;
   uint32_t nconns; /* open or opening, of any epoch: idle + borrowed */
   uint64_t epoch;  /* bumped by every outage */
   bool up, stopping;
   char down_why[512]; /* the error that started the current outage */
-  uint64_t hits, misses, puts, faults;
   pthread_t thread;
   bool thread_started;
+
+  _Atomic uint64_t requests, errors, redirects, latency_us;
+} node;
+
+typedef struct redis_store {
+  kiln_cache_store base;
+  target t;
+  char *prefix;
+  char where[300]; /* the store's name in messages: its one node, or the topology */
+  uint32_t ttl_s, timeout_ms, pool_max;
+
+  pthread_mutex_t mu; /* guards the counters and the map below */
+  uint64_t hits, misses, puts, faults;
+  node *nodes[MAX_NODES]; /* grows only; freed at destroy */
+  uint32_t nnodes;
+  uint8_t slot_node[KILN__REDIS_SLOTS]; /* index into nodes, or NO_NODE */
+  bool map_known;                       /* a map was read at least once */
+  pthread_cond_t refresh_wake;
+  bool refresh_wanted, stopping;
+  uint64_t map_reads, map_failures;
+  char map_why[512]; /* why the last map read failed */
+  pthread_t refresher;
+  bool refresher_started;
 } redis_store;
 
 typedef struct lease {
   redisContext *c;
-  uint64_t epoch; /* the store's epoch when c was opened or borrowed */
+  uint64_t epoch; /* the node's epoch when c was opened or borrowed */
 } lease;
 
 static const char lock_release_script[] =
@@ -146,10 +213,11 @@ static char *percent_decode(const char *s, size_t n, bool *bad) {
 }
 
 static void target_free(target *t) {
-  kiln_free(t->host);
+  for (size_t i = 0; i < t->nhosts; i++) kiln_free(t->hosts[i].host);
   kiln_free(t->path);
   kiln_free(t->user);
   kiln_free(t->password);
+  kiln_free(t->master);
   memset(t, 0, sizeof *t);
 }
 
@@ -204,8 +272,10 @@ fail:
   return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
 }
 
-/* Splits "host[:port]" or "[v6][:port]" at hp[0..n). */
-static int parse_hostport(const char *url, const char *hp, size_t n, target *t, kiln_status *st) {
+/* Splits "host[:port]" or "[v6][:port]" at hp[0..n) into *a (port
+ * defaulting to defport). */
+static int parse_hostport(const char *url, const char *hp, size_t n, int defport, addr *a,
+                          kiln_status *st) {
   const char *host = hp, *port = NULL;
   size_t hostn = n, portn = 0;
   if (n > 0 && hp[0] == '[') {
@@ -230,19 +300,50 @@ static int parse_hostport(const char *url, const char *hp, size_t n, target *t, 
     }
   }
   if (hostn == 0) return url_error(st, url, "host is empty");
+  if (hostn >= KILN__REDIS_HOST_MAX)
+    return url_error(st, url, "host is longer than %d bytes", KILN__REDIS_HOST_MAX - 1);
+  a->port = defport;
   if (port) {
     long v = parse_uint(port, portn, 1, 65535);
     if (portn == 0) return url_error(st, url, "port is empty");
     if (v == -1) return url_error(st, url, "port '%.*s' is not a number", (int)portn, port);
     if (v < 0)
       return url_error(st, url, "port '%.*s' is out of range (1 to 65535)", (int)portn, port);
-    t->port = (int)v;
+    a->port = (int)v;
   }
-  t->host = kiln_strndup(host, hostn);
-  return t->host ? 0 : kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+  a->host = kiln_strndup(host, hostn);
+  return a->host ? 0 : kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
 }
 
-/* [userinfo@]host[:port][/db][?db=N] */
+/* "host:port[,host:port...]" at hp[0..n) into t->hosts. */
+static int parse_hostlist(const char *url, const char *hp, size_t n, int defport, target *t,
+                          kiln_status *st) {
+  const char *end = hp + n;
+  for (const char *p = hp;;) {
+    const char *comma = memchr(p, ',', (size_t)(end - p));
+    const char *stop = comma ? comma : end;
+    if (t->nhosts == MAX_SEEDS) return url_error(st, url, "more than %d hosts", MAX_SEEDS);
+    int rc = parse_hostport(url, p, (size_t)(stop - p), defport, &t->hosts[t->nhosts], st);
+    if (rc) return rc;
+    t->nhosts++;
+    if (!comma) return 0;
+    p = comma + 1;
+  }
+}
+
+/* A master set's name: what SENTINEL accepts, no spaces or controls. */
+static bool master_name_ok(const char *s, size_t n) {
+  if (n == 0 || n > MAX_MASTER_NAME) return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+          c == '_' || c == '.'))
+      return false;
+  }
+  return true;
+}
+
+/* [userinfo@]host[:port][,host[:port]...][/db-or-master][?db=N] */
 static int parse_tcp(const char *url, const char *rest, target *t, kiln_status *st) {
   const char *end = rest + strcspn(rest, "/?");
   const char *at = NULL;
@@ -251,20 +352,41 @@ static int parse_tcp(const char *url, const char *rest, target *t, kiln_status *
   int rc = 0;
   if (at) rc = parse_userinfo(url, rest, (size_t)(at - rest), t, st);
   const char *hp = at ? at + 1 : rest;
-  if (!rc) rc = parse_hostport(url, hp, (size_t)(end - hp), t, st);
   if (rc) return rc;
+  if (t->topo == TOPO_SINGLE) {
+    rc = parse_hostport(url, hp, (size_t)(end - hp), DEFAULT_PORT, &t->hosts[0], st);
+    if (rc) return rc;
+    t->nhosts = 1;
+  } else {
+    int defport = t->topo == TOPO_SENTINEL ? DEFAULT_SENTINEL_PORT : DEFAULT_PORT;
+    if ((rc = parse_hostlist(url, hp, (size_t)(end - hp), defport, t, st))) return rc;
+  }
   const char *next = end;
   if (*next == '/') {
     size_t n = strcspn(next + 1, "?");
-    if (n > 0 && (rc = parse_db(url, next + 1, n, t, st))) return rc;
+    if (t->topo == TOPO_SENTINEL) {
+      if (!master_name_ok(next + 1, n))
+        return url_error(st, url, "master name '%.*s' is not 1 to %d of [A-Za-z0-9._-]",
+                         (int)(n > 200 ? 200 : n), next + 1, MAX_MASTER_NAME);
+      t->master = kiln_strndup(next + 1, n);
+      if (!t->master) return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+    } else if (n > 0) {
+      if (t->topo == TOPO_CLUSTER) return url_error(st, url, "a Redis Cluster has only database 0");
+      if ((rc = parse_db(url, next + 1, n, t, st))) return rc;
+    }
     next += 1 + n;
   }
+  if (t->topo == TOPO_SENTINEL && !t->master)
+    return url_error(st, url,
+                     "name the master set after the sentinels, as in "
+                     "redis-sentinel://host:26379/mymaster");
+  if (*next == '?' && t->topo == TOPO_CLUSTER)
+    return url_error(st, url, "a Redis Cluster has only database 0");
   return *next == '?' ? parse_query(url, next + 1, t, st) : 0;
 }
 
 static int parse_url(const char *url, target *t, kiln_status *st) {
   memset(t, 0, sizeof *t);
-  t->port = DEFAULT_PORT;
   if (!url || !url[0]) return kiln_status_set(st, KILN_EINVAL, NULL, "redis url is empty");
   if (strncmp(url, "unix://", 7) == 0) return parse_unix(url, url + 7, t, st);
   if (strncmp(url, "unix:", 5) == 0) return parse_unix(url, url + 5, t, st);
@@ -273,9 +395,19 @@ static int parse_url(const char *url, target *t, kiln_status *st) {
   if (!sep) return parse_tcp(url, url, t, st);
   size_t n = (size_t)(sep - url);
   if (n == 5 && strncasecmp(url, "redis", 5) == 0) return parse_tcp(url, sep + 3, t, st);
+  if (n == 13 && strncasecmp(url, "redis-cluster", 13) == 0) {
+    t->topo = TOPO_CLUSTER;
+    return parse_tcp(url, sep + 3, t, st);
+  }
+  if (n == 14 && strncasecmp(url, "redis-sentinel", 14) == 0) {
+    t->topo = TOPO_SENTINEL;
+    return parse_tcp(url, sep + 3, t, st);
+  }
   if (n == 6 && strncasecmp(url, "rediss", 6) == 0)
     return url_error(st, url, "TLS (rediss://) is not supported");
-  return url_error(st, url, "scheme '%.*s' is not supported (use redis://, unix: or host:port)",
+  return url_error(st, url,
+                   "scheme '%.*s' is not supported (use redis://, redis-cluster://, "
+                   "redis-sentinel://, unix: or host:port)",
                    (int)n, url);
 }
 
@@ -296,6 +428,12 @@ static struct timespec deadline_after(uint32_t ms) {
     ts.tv_nsec -= 1000000000L;
   }
   return ts;
+}
+
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 /* hiredis writes with write(2): a peer that closed its end raises SIGPIPE,
@@ -321,11 +459,11 @@ static void pipe_restore(const sigset_t *old) {
 }
 
 /* What went wrong on a context, in words (a timeout says so). */
-static void describe_io(const redis_store *s, const redisContext *c, char *buf, size_t n) {
+static void describe_io(uint32_t timeout_ms, const redisContext *c, char *buf, size_t n) {
   if (c->err == REDIS_ERR_IO &&
       (strstr(c->errstr, "temporarily unavailable") || strstr(c->errstr, "timed out") ||
        strstr(c->errstr, "would block")))
-    snprintf(buf, n, "no answer within %u ms", s->timeout_ms);
+    snprintf(buf, n, "no answer within %u ms", timeout_ms);
   else if (c->err == REDIS_ERR_EOF)
     snprintf(buf, n, "connection closed by the server");
   else
@@ -333,7 +471,7 @@ static void describe_io(const redis_store *s, const redisContext *c, char *buf, 
 }
 
 /* Runs a setup command; false with err filled when it failed. */
-static bool setup_command(const redis_store *s, redisContext *c, const char *what, char *err,
+static bool setup_command(uint32_t timeout_ms, redisContext *c, const char *what, char *err,
                           size_t n, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -342,7 +480,7 @@ static bool setup_command(const redis_store *s, redisContext *c, const char *wha
   char why[256];
   bool ok = false;
   if (!rep) {
-    describe_io(s, c, why, sizeof why);
+    describe_io(timeout_ms, c, why, sizeof why);
     snprintf(err, n, "%s: %s", what, why);
   } else if (rep->type == REDIS_REPLY_ERROR) {
     snprintf(err, n, "%s: %.*s", what, (int)rep->len, rep->str);
@@ -355,32 +493,38 @@ static bool setup_command(const redis_store *s, redisContext *c, const char *wha
   return ok;
 }
 
-/* A new connection with timeouts, AUTH and SELECT done (and PING when
- * ping); NULL with err filled. */
-static redisContext *open_conn(const redis_store *s, bool ping, char *err, size_t n) {
+/* A new connection to host:port (or path) with timeouts, then AUTH (data
+ * nodes: not sentinel), SELECT (select) and PING (ping); NULL with err
+ * filled. */
+static redisContext *connect_to(const redis_store *s, const char *host, int port, const char *path,
+                                bool sentinel, bool select, bool ping, char *err, size_t n) {
   struct timeval tv = ms_tv(s->timeout_ms);
   sigset_t old;
   pipe_block(&old);
-  redisContext *c = s->t.path ? redisConnectUnixWithTimeout(s->t.path, tv)
-                              : redisConnectWithTimeout(s->t.host, s->t.port, tv);
+  redisContext *c =
+      path ? redisConnectUnixWithTimeout(path, tv) : redisConnectWithTimeout(host, port, tv);
   bool ok = false;
   char why[256];
   if (!c) {
     snprintf(err, n, "connect: out of memory");
   } else if (c->err) {
-    describe_io(s, c, why, sizeof why);
+    describe_io(s->timeout_ms, c, why, sizeof why);
     snprintf(err, n, "connect: %s", why);
   } else if (redisSetTimeout(c, tv) != REDIS_OK) {
     snprintf(err, n, "setting the socket timeout: %s", c->errstr);
   } else {
-    if (!s->t.path) redisEnableKeepAlive(c);
+    if (!path) redisEnableKeepAlive(c);
     ok = true;
-    if (s->t.password && s->t.user)
-      ok = setup_command(s, c, "AUTH", err, n, "AUTH %s %s", s->t.user, s->t.password);
-    else if (s->t.password)
-      ok = setup_command(s, c, "AUTH", err, n, "AUTH %s", s->t.password);
-    if (ok && s->t.db != 0) ok = setup_command(s, c, "SELECT", err, n, "SELECT %d", s->t.db);
-    if (ok && ping) ok = setup_command(s, c, "PING", err, n, "PING");
+    const target *t = &s->t;
+    if (sentinel)
+      ; /* sentinels are asked without the data nodes' credentials */
+    else if (t->password && t->user)
+      ok = setup_command(s->timeout_ms, c, "AUTH", err, n, "AUTH %s %s", t->user, t->password);
+    else if (t->password)
+      ok = setup_command(s->timeout_ms, c, "AUTH", err, n, "AUTH %s", t->password);
+    if (ok && select && t->db != 0)
+      ok = setup_command(s->timeout_ms, c, "SELECT", err, n, "SELECT %d", t->db);
+    if (ok && ping) ok = setup_command(s->timeout_ms, c, "PING", err, n, "PING");
   }
   pipe_restore(&old);
   if (!ok && c) {
@@ -390,31 +534,39 @@ static redisContext *open_conn(const redis_store *s, bool ping, char *err, size_
   return c;
 }
 
-/* Takes the store down unless it already went down since epoch (a second
+static redisContext *open_conn(const node *nd, bool ping, char *err, size_t n) {
+  return connect_to(nd->s, nd->host, nd->port, nd->path, false, true, ping, err, n);
+}
+
+static void want_refresh(redis_store *s);
+
+/* Takes the node down unless it already went down since epoch (a second
  * failure of the same outage is not news). Logs the outage once. */
-static void mark_down(redis_store *s, uint64_t epoch, const char *why) {
-  pthread_mutex_lock(&s->mu);
-  bool news = s->up && s->epoch == epoch;
+static void mark_down(node *nd, uint64_t epoch, const char *why) {
+  pthread_mutex_lock(&nd->mu);
+  bool news = nd->up && nd->epoch == epoch;
   if (news) {
-    s->up = false;
-    s->epoch++;
-    snprintf(s->down_why, sizeof s->down_why, "%s", why);
-    for (uint32_t i = 0; i < s->nidle; i++) redisFree(s->idle[i]);
-    s->nconns -= s->nidle;
-    s->nidle = 0;
-    pthread_cond_signal(&s->wake);
-    pthread_cond_broadcast(&s->freed);
+    nd->up = false;
+    nd->epoch++;
+    snprintf(nd->down_why, sizeof nd->down_why, "%s", why);
+    for (uint32_t i = 0; i < nd->nidle; i++) redisFree(nd->idle[i]);
+    nd->nconns -= nd->nidle;
+    nd->nidle = 0;
+    pthread_cond_signal(&nd->wake);
+    pthread_cond_broadcast(&nd->freed);
   }
-  pthread_mutex_unlock(&s->mu);
-  if (news)
-    kiln_log(KILN_LOG_WARN, "kiln cache", "%s unreachable: %s; serving from local tiers", s->where,
+  pthread_mutex_unlock(&nd->mu);
+  if (news) {
+    kiln_log(KILN_LOG_WARN, "kiln cache", "%s unreachable: %s; serving from local tiers", nd->where,
              why);
+    want_refresh(nd->s);
+  }
 }
 
 /* Counts a fault and records it; returns KILN_EUNAVAIL. */
-static int fault(redis_store *s, kiln_status *st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fault(redis_store *s, kiln_status *st, const char *fmt, ...) {
+static int fault(redis_store *s, const char *where, kiln_status *st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fault(redis_store *s, const char *where, kiln_status *st, const char *fmt, ...) {
   pthread_mutex_lock(&s->mu);
   s->faults++;
   pthread_mutex_unlock(&s->mu);
@@ -423,136 +575,241 @@ static int fault(redis_store *s, kiln_status *st, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return kiln_status_set(st, KILN_EUNAVAIL, s->where, "%s", msg);
+  return kiln_status_set(st, KILN_EUNAVAIL, where, "%s", msg);
 }
 
 /* A connection for one operation: an idle one, a new one while the pool has
- * room, or the next one returned within timeout_ms. While the store is down
+ * room, or the next one returned within timeout_ms. While the node is down
  * it fails at once. */
-static int borrow(redis_store *s, const char *what, lease *l, kiln_status *st) {
+static int borrow(node *nd, const char *what, lease *l, kiln_status *st) {
+  redis_store *s = nd->s;
   struct timespec deadline = deadline_after(s->timeout_ms);
-  char why[sizeof s->down_why];
-  pthread_mutex_lock(&s->mu);
+  char why[sizeof nd->down_why];
+  pthread_mutex_lock(&nd->mu);
   for (;;) {
-    if (!s->up || s->stopping) {
-      snprintf(why, sizeof why, "%s", s->down_why);
-      pthread_mutex_unlock(&s->mu);
-      return fault(s, st, "%s: redis is down (%s); reconnecting in the background", what, why);
+    if (!nd->up || nd->stopping) {
+      snprintf(why, sizeof why, "%s", nd->down_why);
+      pthread_mutex_unlock(&nd->mu);
+      return fault(s, nd->where, st, "%s: redis is down (%s); reconnecting in the background", what,
+                   why);
     }
-    if (s->nidle > 0) {
-      l->c = s->idle[--s->nidle];
-      l->epoch = s->epoch;
-      pthread_mutex_unlock(&s->mu);
+    if (nd->nidle > 0) {
+      l->c = nd->idle[--nd->nidle];
+      l->epoch = nd->epoch;
+      pthread_mutex_unlock(&nd->mu);
       return 0;
     }
-    if (s->nconns < s->pool_max) break;
-    if (pthread_cond_timedwait(&s->freed, &s->mu, &deadline) == ETIMEDOUT) {
-      pthread_mutex_unlock(&s->mu);
-      return fault(s, st, "%s: no free connection within %u ms (pool of %u)", what, s->timeout_ms,
-                   s->pool_max);
+    if (nd->nconns < s->pool_max) break;
+    if (pthread_cond_timedwait(&nd->freed, &nd->mu, &deadline) == ETIMEDOUT) {
+      pthread_mutex_unlock(&nd->mu);
+      return fault(s, nd->where, st, "%s: no free connection within %u ms (pool of %u)", what,
+                   s->timeout_ms, s->pool_max);
     }
   }
-  s->nconns++;
-  l->epoch = s->epoch;
-  pthread_mutex_unlock(&s->mu);
-  l->c = open_conn(s, false, why, sizeof why);
+  nd->nconns++;
+  l->epoch = nd->epoch;
+  pthread_mutex_unlock(&nd->mu);
+  l->c = open_conn(nd, false, why, sizeof why);
   if (l->c) return 0;
-  pthread_mutex_lock(&s->mu);
-  s->nconns--;
-  pthread_cond_signal(&s->freed);
-  pthread_mutex_unlock(&s->mu);
-  mark_down(s, l->epoch, why);
-  return fault(s, st, "%s: %s", what, why);
+  pthread_mutex_lock(&nd->mu);
+  nd->nconns--;
+  pthread_cond_signal(&nd->freed);
+  pthread_mutex_unlock(&nd->mu);
+  mark_down(nd, l->epoch, why);
+  return fault(s, nd->where, st, "%s: %s", what, why);
 }
 
 /* Returns a connection to the pool, or closes it when it broke or predates
  * the current epoch. */
-static void give_back(redis_store *s, lease *l, bool broken) {
+static void give_back(node *nd, lease *l, bool broken) {
   redisContext *drop = NULL;
-  pthread_mutex_lock(&s->mu);
-  if (broken || !s->up || s->stopping || l->epoch != s->epoch) {
+  pthread_mutex_lock(&nd->mu);
+  if (broken || !nd->up || nd->stopping || l->epoch != nd->epoch) {
     drop = l->c;
-    s->nconns--;
+    nd->nconns--;
   } else {
-    s->idle[s->nidle++] = l->c;
+    nd->idle[nd->nidle++] = l->c;
   }
-  pthread_cond_signal(&s->freed);
-  pthread_mutex_unlock(&s->mu);
+  pthread_cond_signal(&nd->freed);
+  pthread_mutex_unlock(&nd->mu);
   if (drop) redisFree(drop);
   l->c = NULL;
 }
 
-/* Runs one command. 0 with *out (never an error reply; the caller frees it
- * with freeReplyObject); KILN_EUNAVAIL after counting a fault. `what` names
- * the command and key for messages. */
-static int command(redis_store *s, redisReply **out, kiln_status *st, const char *what,
-                   const char *fmt, ...) {
+/* Sends the formatted command cmd[0..len) to nd (after ASKING when asking)
+ * and reads its reply. 0 with *out, which may be an error reply;
+ * KILN_EUNAVAIL after counting a fault when no reply came (the node is then
+ * down). */
+static int exchange(node *nd, const char *cmd, size_t len, bool asking, redisReply **out,
+                    const char *what, kiln_status *st) {
   *out = NULL;
   lease l;
-  int rc = borrow(s, what, &l, st);
+  int rc = borrow(nd, what, &l, st);
   if (rc) return rc;
+  atomic_fetch_add(&nd->requests, 1);
+  uint64_t t0 = now_us();
   sigset_t old;
   pipe_block(&old);
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *rep = redisvCommand(l.c, fmt, ap);
-  va_end(ap);
+  bool sent = (!asking || redisAppendCommand(l.c, "ASKING") == REDIS_OK) &&
+              redisAppendFormattedCommand(l.c, cmd, len) == REDIS_OK;
+  void *r1 = NULL, *r2 = NULL;
+  if (sent && asking) {
+    if (redisGetReply(l.c, &r1) != REDIS_OK) sent = false;
+    if (r1) freeReplyObject(r1);
+  }
+  if (sent && redisGetReply(l.c, &r2) != REDIS_OK) r2 = NULL;
   pipe_restore(&old);
+  atomic_fetch_add(&nd->latency_us, now_us() - t0);
+  redisReply *rep = sent ? r2 : NULL;
   if (!rep) {
     char why[256];
-    describe_io(s, l.c, why, sizeof why);
-    give_back(s, &l, true);
-    mark_down(s, l.epoch, why);
-    return fault(s, st, "%s: %s", what, why);
+    describe_io(nd->s->timeout_ms, l.c, why, sizeof why);
+    give_back(nd, &l, true);
+    atomic_fetch_add(&nd->errors, 1);
+    mark_down(nd, l.epoch, why);
+    return fault(nd->s, nd->where, st, "%s: %s", what, why);
   }
-  if (rep->type == REDIS_REPLY_ERROR) {
-    rc = fault(s, st, "%s: %.*s", what, (int)rep->len, rep->str);
-    /* LOADING: Redis refuses every command until its data set is read; let
-     * the reconnect thread wait for it rather than every request. */
-    if (strncmp(rep->str, "LOADING", 7) == 0) mark_down(s, l.epoch, rep->str);
-    freeReplyObject(rep);
-    give_back(s, &l, false);
-    return rc;
+  /* LOADING: Redis refuses every command until its data set is read; let
+   * the reconnect thread wait for it rather than every request. */
+  if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "LOADING", 7) == 0) {
+    give_back(nd, &l, false);
+    mark_down(nd, l.epoch, rep->str);
+  } else {
+    give_back(nd, &l, false);
   }
-  give_back(s, &l, false);
   *out = rep;
   return 0;
 }
 
-/* A reply of a type the command cannot return (a proxy, a module): a fault
- * with a message; the connection stays. */
-static int unexpected(redis_store *s, redisReply *rep, const char *what, kiln_status *st) {
-  int type = rep->type;
-  freeReplyObject(rep);
-  return fault(s, st, "%s: unexpected reply type %d", what, type);
+/* ---- nodes -------------------------------------------------------------------- */
+
+static void *reconnect_main(void *arg);
+
+static int node_init_sync(node *nd) {
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca)) return -1;
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int rc = pthread_mutex_init(&nd->mu, NULL);
+  if (!rc) rc = pthread_cond_init(&nd->freed, &ca);
+  if (!rc) rc = pthread_cond_init(&nd->wake, &ca);
+  pthread_condattr_destroy(&ca);
+  return rc;
+}
+
+static void node_free(node *nd) {
+  if (!nd) return;
+  pthread_mutex_lock(&nd->mu);
+  nd->stopping = true;
+  pthread_cond_signal(&nd->wake);
+  pthread_cond_broadcast(&nd->freed);
+  pthread_mutex_unlock(&nd->mu);
+  if (nd->thread_started) pthread_join(nd->thread, NULL);
+  for (uint32_t i = 0; i < nd->nidle; i++) redisFree(nd->idle[i]);
+  pthread_cond_destroy(&nd->wake);
+  pthread_cond_destroy(&nd->freed);
+  pthread_mutex_destroy(&nd->mu);
+  kiln_free(nd->host);
+  kiln_free(nd->path);
+  kiln_free(nd->idle);
+  kiln_free(nd);
+}
+
+/* A node for host:port (or path), connected once now when connect_now (a
+ * healthy Redis is up from the first request, and a missing one is reported
+ * at start), with its reconnect thread running. NULL when out of memory or
+ * threads. */
+static node *node_new(redis_store *s, const char *host, int port, const char *path,
+                      bool connect_now) {
+  node *nd = kiln_calloc(1, sizeof *nd);
+  if (!nd) return NULL;
+  nd->s = s;
+  nd->port = port;
+  nd->host = host ? kiln_strdup(host) : NULL;
+  nd->path = path ? kiln_strdup(path) : NULL;
+  nd->idle = kiln_calloc(s->pool_max + 1, sizeof *nd->idle);
+  if ((host && !nd->host) || (path && !nd->path) || !nd->idle || node_init_sync(nd) != 0) {
+    kiln_free(nd->host);
+    kiln_free(nd->path);
+    kiln_free(nd->idle);
+    kiln_free(nd);
+    return NULL;
+  }
+  if (path) {
+    snprintf(nd->where, sizeof nd->where, "redis unix:%s", path);
+    snprintf(nd->addr, sizeof nd->addr, "unix:%s", path);
+  } else {
+    bool v6 = strchr(host, ':') != NULL;
+    snprintf(nd->addr, sizeof nd->addr, v6 ? "[%s]:%d" : "%s:%d", host, port);
+    snprintf(nd->where, sizeof nd->where, "redis %s", nd->addr);
+  }
+  if (connect_now) {
+    char err[512];
+    redisContext *c = open_conn(nd, true, err, sizeof err);
+    if (c) {
+      nd->idle[nd->nidle++] = c;
+      nd->nconns = 1;
+      nd->up = true;
+    } else {
+      snprintf(nd->down_why, sizeof nd->down_why, "%s", err);
+      kiln_log(KILN_LOG_WARN, "kiln cache", "%s unreachable: %s; serving from local tiers",
+               nd->where, err);
+    }
+  } else {
+    snprintf(nd->down_why, sizeof nd->down_why, "not connected yet");
+  }
+  if (pthread_create(&nd->thread, NULL, reconnect_main, nd) != 0) {
+    node_free(nd);
+    return NULL;
+  }
+  nd->thread_started = true;
+  return nd;
+}
+
+/* The index of the node at host:port, added (and connecting in the
+ * background) when it is new; -1 when the table is full or out of memory.
+ * Called with s->mu held. */
+static int node_index_locked(redis_store *s, const char *host, int port) {
+  for (uint32_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i]->host && s->nodes[i]->port == port && strcmp(s->nodes[i]->host, host) == 0)
+      return (int)i;
+  if (s->nnodes == MAX_NODES) return -1;
+  node *nd = node_new(s, host, port, NULL, false);
+  if (!nd) return -1;
+  pthread_mutex_lock(&nd->mu);
+  pthread_cond_signal(&nd->wake); /* it starts down: connect now, in its thread */
+  pthread_mutex_unlock(&nd->mu);
+  s->nodes[s->nnodes] = nd;
+  return (int)s->nnodes++;
 }
 
 /* ---- the reconnect thread --------------------------------------------------- */
 
-/* Sleeps until the store is down, then tries a connection (with PING) with
+/* Sleeps until the node is down, then tries a connection (with PING) with
  * backoff until one answers; that connection opens the new epoch's pool. */
 static void *reconnect_main(void *arg) {
-  redis_store *s = arg;
+  node *nd = arg;
   uint32_t backoff = BACKOFF_MIN_MS;
-  pthread_mutex_lock(&s->mu);
-  while (!s->stopping) {
-    if (s->up) {
+  pthread_mutex_lock(&nd->mu);
+  while (!nd->stopping) {
+    if (nd->up) {
       backoff = BACKOFF_MIN_MS;
-      pthread_cond_wait(&s->wake, &s->mu);
+      pthread_cond_wait(&nd->wake, &nd->mu);
       continue;
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&nd->mu);
     char err[512];
-    redisContext *c = open_conn(s, true, err, sizeof err);
-    pthread_mutex_lock(&s->mu);
-    if (c && !s->stopping) {
-      s->idle[s->nidle++] = c;
-      s->nconns++;
-      s->up = true;
-      pthread_cond_broadcast(&s->freed);
-      pthread_mutex_unlock(&s->mu);
-      kiln_log(KILN_LOG_INFO, "kiln cache", "%s reachable again", s->where);
-      pthread_mutex_lock(&s->mu);
+    redisContext *c = open_conn(nd, true, err, sizeof err);
+    pthread_mutex_lock(&nd->mu);
+    if (c && !nd->stopping) {
+      nd->idle[nd->nidle++] = c;
+      nd->nconns++;
+      nd->up = true;
+      bool was_connected = strcmp(nd->down_why, "not connected yet") != 0;
+      pthread_cond_broadcast(&nd->freed);
+      pthread_mutex_unlock(&nd->mu);
+      if (was_connected) kiln_log(KILN_LOG_INFO, "kiln cache", "%s reachable again", nd->where);
+      want_refresh(nd->s);
+      pthread_mutex_lock(&nd->mu);
       continue;
     }
     if (c) {
@@ -560,12 +817,295 @@ static void *reconnect_main(void *arg) {
       break;
     }
     struct timespec deadline = deadline_after(backoff);
-    while (!s->stopping && pthread_cond_timedwait(&s->wake, &s->mu, &deadline) != ETIMEDOUT) {
+    while (!nd->stopping && pthread_cond_timedwait(&nd->wake, &nd->mu, &deadline) != ETIMEDOUT) {
     }
     backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
   }
-  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_unlock(&nd->mu);
   return NULL;
+}
+
+/* ---- the slot map (cluster and sentinel) -------------------------------------- */
+
+static void want_refresh(redis_store *s) {
+  if (s->t.topo == TOPO_SINGLE) return;
+  pthread_mutex_lock(&s->mu);
+  s->refresh_wanted = true;
+  pthread_cond_signal(&s->refresh_wake);
+  pthread_mutex_unlock(&s->mu);
+}
+
+typedef struct map_build {
+  redis_store *s;
+  const char *answered_host; /* for ranges whose address is empty */
+  int answered_port;
+  uint8_t map[KILN__REDIS_SLOTS];
+  bool full; /* the node table is full */
+} map_build;
+
+static int add_range(void *ctx, uint16_t first, uint16_t last, const char *host, int port) {
+  map_build *b = ctx;
+  if (!host[0]) {
+    host = b->answered_host;
+    port = b->answered_port;
+  }
+  pthread_mutex_lock(&b->s->mu);
+  int i = node_index_locked(b->s, host, port);
+  pthread_mutex_unlock(&b->s->mu);
+  if (i < 0) {
+    b->full = true;
+    return 1;
+  }
+  memset(b->map + first, i, (size_t)(last - first) + 1);
+  return 0;
+}
+
+/* Asks one server for the map: CLUSTER SLOTS on a cluster node, SENTINEL
+ * get-master-addr-by-name on a sentinel. 0 with b->map filled; -1 with why. */
+static int read_map_from(redis_store *s, const char *host, int port, map_build *b, char *why,
+                         size_t whyn) {
+  bool sentinel = s->t.topo == TOPO_SENTINEL;
+  /* Sentinels have no databases and usually no password of their own; data
+   * nodes get the URL's credentials (a cluster has no SELECT). */
+  redisContext *c = connect_to(s, host, port, NULL, sentinel, false, false, why, whyn);
+  if (!c) return -1;
+  sigset_t old;
+  pipe_block(&old);
+  redisReply *rep = sentinel ? redisCommand(c, "SENTINEL get-master-addr-by-name %s", s->t.master)
+                             : redisCommand(c, "CLUSTER SLOTS");
+  pipe_restore(&old);
+  int rc = -1;
+  if (!rep) {
+    describe_io(s->timeout_ms, c, why, whyn);
+  } else if (sentinel) {
+    if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+        rep->element[0]->type == REDIS_REPLY_STRING &&
+        rep->element[1]->type == REDIS_REPLY_STRING) {
+      long p = parse_uint(rep->element[1]->str, rep->element[1]->len, 1, 65535);
+      if (p > 0 && rep->element[0]->len > 0 && rep->element[0]->len < KILN__REDIS_HOST_MAX &&
+          !memchr(rep->element[0]->str, 0, rep->element[0]->len)) {
+        rc = add_range(b, 0, KILN__REDIS_SLOTS - 1, rep->element[0]->str, (int)p) ? -1 : 0;
+        if (rc) snprintf(why, whyn, "too many nodes");
+      } else {
+        snprintf(why, whyn, "the sentinel named an unusable address for '%s'", s->t.master);
+      }
+    } else if (rep->type == REDIS_REPLY_NIL) {
+      snprintf(why, whyn, "the sentinel does not know master '%s'", s->t.master);
+    } else {
+      snprintf(why, whyn, "SENTINEL get-master-addr-by-name answered %s",
+               rep->type == REDIS_REPLY_ERROR ? rep->str : "something unexpected");
+    }
+  } else {
+    b->answered_host = host;
+    b->answered_port = port;
+    rc = kiln__redis_walk_slots(rep, add_range, b, why, whyn);
+    if (rc && b->full) snprintf(why, whyn, "the cluster has more than %d nodes", MAX_NODES);
+    if (rc) rc = -1;
+  }
+  if (rep) freeReplyObject(rep);
+  redisFree(c);
+  return rc;
+}
+
+/* One map read: from the seeds (sentinels) in turn, then (cluster) from
+ * every node learnt so far, until one answers. */
+static void refresh_map(redis_store *s) {
+  map_build b;
+  memset(&b, 0, sizeof b);
+  b.s = s;
+  char why[512] = "no server to ask";
+  bool ok = false;
+  for (size_t i = 0; i < s->t.nhosts && !ok; i++) {
+    memset(b.map, NO_NODE, sizeof b.map);
+    ok = read_map_from(s, s->t.hosts[i].host, s->t.hosts[i].port, &b, why, sizeof why) == 0;
+  }
+  if (!ok && s->t.topo == TOPO_CLUSTER) {
+    pthread_mutex_lock(&s->mu);
+    uint32_t n = s->nnodes;
+    pthread_mutex_unlock(&s->mu);
+    for (uint32_t i = 0; i < n && !ok; i++) {
+      node *nd = s->nodes[i]; /* entries below nnodes never change */
+      memset(b.map, NO_NODE, sizeof b.map);
+      ok = read_map_from(s, nd->host, nd->port, &b, why, sizeof why) == 0;
+    }
+  }
+  pthread_mutex_lock(&s->mu);
+  s->map_reads++;
+  if (ok) {
+    memcpy(s->slot_node, b.map, sizeof b.map);
+    s->map_known = true;
+  } else {
+    s->map_failures++;
+    bool news = strcmp(s->map_why, why) != 0;
+    snprintf(s->map_why, sizeof s->map_why, "%s", why);
+    pthread_mutex_unlock(&s->mu);
+    if (news)
+      kiln_log(KILN_LOG_WARN, "kiln cache", "%s: cannot read the %s: %s", s->where,
+               s->t.topo == TOPO_SENTINEL ? "current master" : "slot map", why);
+    return;
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Whether every slot has a primary that is up. */
+static bool map_healthy(redis_store *s) {
+  pthread_mutex_lock(&s->mu);
+  bool ok = s->map_known;
+  uint8_t seen[MAX_NODES] = {0};
+  for (size_t i = 0; ok && i < KILN__REDIS_SLOTS; i++) {
+    uint8_t k = s->slot_node[i];
+    if (k == NO_NODE) {
+      ok = false;
+    } else if (!seen[k]) {
+      seen[k] = 1;
+      node *nd = s->nodes[k];
+      pthread_mutex_lock(&nd->mu);
+      ok = nd->up;
+      pthread_mutex_unlock(&nd->mu);
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return ok;
+}
+
+/* Rereads the map when asked (at most every REFRESH_MIN_MS), every
+ * REFRESH_DEGRADED_MS while it is not healthy, and every REFRESH_IDLE_MS. */
+static void *refresher_main(void *arg) {
+  redis_store *s = arg;
+  for (;;) {
+    uint32_t wait_ms = map_healthy(s) ? REFRESH_IDLE_MS : REFRESH_DEGRADED_MS;
+    struct timespec min = deadline_after(REFRESH_MIN_MS);
+    struct timespec deadline = deadline_after(wait_ms);
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping && pthread_cond_timedwait(&s->refresh_wake, &s->mu, &min) != ETIMEDOUT) {
+    }
+    while (!s->stopping && !s->refresh_wanted &&
+           pthread_cond_timedwait(&s->refresh_wake, &s->mu, &deadline) != ETIMEDOUT) {
+    }
+    bool stop = s->stopping;
+    s->refresh_wanted = false;
+    pthread_mutex_unlock(&s->mu);
+    if (stop) return NULL;
+    refresh_map(s);
+  }
+}
+
+/* Waits up to ms for every node the map names to connect (at start, so a
+ * healthy cluster serves from the first request). */
+static void await_nodes(redis_store *s, uint32_t ms) {
+  struct timespec deadline = deadline_after(ms);
+  pthread_mutex_lock(&s->mu);
+  uint32_t n = s->nnodes;
+  pthread_mutex_unlock(&s->mu);
+  for (uint32_t i = 0; i < n; i++) {
+    node *nd = s->nodes[i];
+    pthread_mutex_lock(&nd->mu);
+    while (!nd->up && !nd->stopping &&
+           pthread_cond_timedwait(&nd->freed, &nd->mu, &deadline) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&nd->mu);
+  }
+}
+
+/* The node serving slot; NULL when the map names none. */
+static node *route(redis_store *s, uint16_t slot) {
+  if (s->t.topo == TOPO_SINGLE) return s->nodes[0];
+  pthread_mutex_lock(&s->mu);
+  uint8_t k = s->slot_node[slot];
+  node *nd = k == NO_NODE ? NULL : s->nodes[k];
+  pthread_mutex_unlock(&s->mu);
+  return nd;
+}
+
+/* ---- commands ------------------------------------------------------------------- */
+
+/* Runs one command on the node serving key (or on pinned), following
+ * redirections. 0 with *out (never an error reply; the caller frees it with
+ * freeReplyObject); KILN_EUNAVAIL after counting a fault. `what` names the
+ * command and key for messages. */
+static int vcommand(redis_store *s, node *pinned, const char *key, redisReply **out,
+                    kiln_status *st, const char *what, const char *fmt, va_list ap) {
+  *out = NULL;
+  char *cmd = NULL;
+  int len = redisvFormatCommand(&cmd, fmt, ap);
+  if (len < 0) return kiln_status_set(st, KILN_ENOMEM, s->where, "%s: out of memory", what);
+  uint16_t slot = s->t.topo == TOPO_CLUSTER && key ? kiln__redis_slot(key, strlen(key)) : 0;
+  node *nd = pinned ? pinned : route(s, slot);
+  bool asking = false;
+  int rc = 0;
+  for (int hop = 0;; hop++) {
+    if (!nd) {
+      want_refresh(s);
+      rc = fault(s, s->where, st, "%s: no live primary is known for slot %u; rereading the map",
+                 what, (unsigned)slot);
+      break;
+    }
+    redisReply *rep;
+    rc = exchange(nd, cmd, (size_t)len, asking, &rep, what, st);
+    if (rc) break;
+    if (rep->type != REDIS_REPLY_ERROR) {
+      *out = rep;
+      break;
+    }
+    kiln__redis_redirect rd;
+    if (s->t.topo == TOPO_CLUSTER && !pinned &&
+        kiln__redis_parse_redirect(rep->str, rep->len, &rd)) {
+      atomic_fetch_add(&nd->redirects, 1);
+      if (hop >= MAX_HOPS) {
+        rc = fault(s, nd->where, st, "%s: more than %d redirections (last: %.*s)", what, MAX_HOPS,
+                   (int)rep->len, rep->str);
+        freeReplyObject(rep);
+        break;
+      }
+      pthread_mutex_lock(&s->mu);
+      int k = node_index_locked(s, rd.host[0] ? rd.host : nd->host, rd.port);
+      if (k >= 0 && !rd.ask) s->slot_node[rd.slot] = (uint8_t)k;
+      node *to = k >= 0 ? s->nodes[k] : NULL;
+      pthread_mutex_unlock(&s->mu);
+      if (!rd.ask) want_refresh(s);
+      freeReplyObject(rep);
+      /* A node just learnt of is still connecting: let the next request
+       * find it up rather than wait here. */
+      nd = to;
+      asking = rd.ask;
+      continue;
+    }
+    atomic_fetch_add(&nd->errors, 1);
+    rc = fault(s, nd->where, st, "%s: %.*s", what, (int)rep->len, rep->str);
+    if (strncmp(rep->str, "READONLY", 8) == 0 || strncmp(rep->str, "CLUSTERDOWN", 11) == 0 ||
+        strncmp(rep->str, "TRYAGAIN", 8) == 0 || strncmp(rep->str, "MASTERDOWN", 10) == 0)
+      want_refresh(s);
+    freeReplyObject(rep);
+    break;
+  }
+  redisFreeCommand(cmd);
+  return rc;
+}
+
+static int command(redis_store *s, const char *key, redisReply **out, kiln_status *st,
+                   const char *what, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = vcommand(s, NULL, key, out, st, what, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static int node_command(redis_store *s, node *nd, redisReply **out, kiln_status *st,
+                        const char *what, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = vcommand(s, nd, NULL, out, st, what, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* A reply of a type the command cannot return (a proxy, a module): a fault
+ * with a message; the connection stays. */
+static int unexpected(redis_store *s, redisReply *rep, const char *what, kiln_status *st) {
+  int type = rep->type;
+  freeReplyObject(rep);
+  return fault(s, s->where, st, "%s: unexpected reply type %d", what, type);
 }
 
 /* ---- the vtable ---------------------------------------------------------------- */
@@ -579,14 +1119,15 @@ static bool is_key_hex(const char *hex) {
   return hex[KEY_HEX] == 0;
 }
 
-/* "<prefix><kind>:<hex>" into buf (MAX_PREFIX + 80 bytes), after checking
- * the key. */
+/* "<prefix><kind>:<hex>" (a cluster: "<prefix><kind>:{<hex>}") into buf
+ * (MAX_PREFIX + 80 bytes), after checking the key. */
 static int make_key(const redis_store *s, const char *kind, const char *hex, char *buf,
                     kiln_status *st) {
   if (!is_key_hex(hex))
     return kiln_status_set(st, KILN_EINVAL, s->where, "key '%.80s' is not %d lowercase hex digits",
                            hex ? hex : "(null)", KEY_HEX);
-  snprintf(buf, MAX_PREFIX + 80, "%s%s:%s", s->prefix, kind, hex);
+  snprintf(buf, MAX_PREFIX + 80, s->t.topo == TOPO_CLUSTER ? "%s%s:{%s}" : "%s%s:%s", s->prefix,
+           kind, hex);
   return 0;
 }
 
@@ -596,13 +1137,15 @@ static void count(redis_store *s, uint64_t *counter) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* GET of a full Redis key; stats only when counted (listing does not). */
-static int get_value(redis_store *s, const char *key, bool counted, uint8_t **val, size_t *len,
-                     kiln_status *st) {
+/* GET of a full Redis key (on nd when given); stats only when counted
+ * (listing does not). */
+static int get_value(redis_store *s, node *nd, const char *key, bool counted, uint8_t **val,
+                     size_t *len, kiln_status *st) {
   char what[MAX_PREFIX + 96];
   snprintf(what, sizeof what, "GET %s", key);
   redisReply *rep;
-  int rc = command(s, &rep, st, what, "GET %s", key);
+  int rc = nd ? node_command(s, nd, &rep, st, what, "GET %s", key)
+              : command(s, key, &rep, st, what, "GET %s", key);
   if (rc) return rc;
   if (rep->type == REDIS_REPLY_NIL) {
     freeReplyObject(rep);
@@ -630,7 +1173,7 @@ static int redis_get(kiln_cache_store *base, const char *key_hex, uint8_t **val,
   *len = 0;
   char key[MAX_PREFIX + 80];
   int rc = make_key(s, "exe", key_hex, key, st);
-  return rc ? rc : get_value(s, key, true, val, len, st);
+  return rc ? rc : get_value(s, NULL, key, true, val, len, st);
 }
 
 static int redis_put(kiln_cache_store *base, const char *key_hex, const uint8_t *val, size_t len,
@@ -647,9 +1190,9 @@ static int redis_put(kiln_cache_store *base, const char *key_hex, const uint8_t 
   snprintf(what, sizeof what, "SET %s", key);
   redisReply *rep;
   if (s->ttl_s)
-    rc = command(s, &rep, st, what, "SET %s %b EX %u", key, val, len, s->ttl_s);
+    rc = command(s, key, &rep, st, what, "SET %s %b EX %u", key, val, len, s->ttl_s);
   else
-    rc = command(s, &rep, st, what, "SET %s %b", key, val, len);
+    rc = command(s, key, &rep, st, what, "SET %s %b", key, val, len);
   if (rc) return rc;
   if (rep->type != REDIS_REPLY_STATUS) return unexpected(s, rep, what, st);
   freeReplyObject(rep);
@@ -664,29 +1207,40 @@ static int redis_del(kiln_cache_store *base, const char *key_hex, kiln_status *s
   if (rc) return rc;
   snprintf(what, sizeof what, "DEL %s", key);
   redisReply *rep;
-  if ((rc = command(s, &rep, st, what, "DEL %s", key))) return rc;
+  if ((rc = command(s, key, &rep, st, what, "DEL %s", key))) return rc;
   if (rep->type != REDIS_REPLY_INTEGER) return unexpected(s, rep, what, st);
   long long n = rep->integer;
   freeReplyObject(rep);
   return n > 0 ? 0 : KILN_ENOTFOUND;
 }
 
-/* Calls fn for each "<prefix>exe:<hex>" found by SCAN; an entry that expires
- * between SCAN and GET is skipped. */
-static int redis_list(kiln_cache_store *base, kiln_cache_list_fn fn, void *ctx, kiln_status *st) {
-  redis_store *s = (redis_store *)base;
+/* The hex of a listed Redis key, or NULL when it is not one of ours. */
+static const char *listed_hex(const redis_store *s, const redisReply *k) {
+  size_t plen = strlen(s->prefix) + 4; /* "<prefix>exe:" */
+  bool tagged = s->t.topo == TOPO_CLUSTER;
+  size_t want = plen + KEY_HEX + (tagged ? 2 : 0);
+  if (k->type != REDIS_REPLY_STRING || k->len != want) return NULL;
+  if (tagged && (k->str[plen] != '{' || k->str[want - 1] != '}')) return NULL;
+  const char *hex = k->str + plen + (tagged ? 1 : 0);
+  for (int i = 0; i < KEY_HEX; i++)
+    if (!((hex[i] >= '0' && hex[i] <= '9') || (hex[i] >= 'a' && hex[i] <= 'f'))) return NULL;
+  return hex;
+}
+
+/* SCANs one node for "<prefix>exe:*" and calls fn for each entry; an entry
+ * that expires between SCAN and GET is skipped. *stop set when fn stopped. */
+static int list_node(redis_store *s, node *nd, kiln_cache_list_fn fn, void *ctx, int *stop,
+                     kiln_status *st) {
   char pattern[2 * MAX_PREFIX + 8], cursor[32] = "0";
   size_t n = 0;
   for (const char *p = s->prefix; *p; p++) {
-    if (strchr("*?[]\\", *p)) pattern[n++] = '\\';
+    if (strchr("*?[]\\{}", *p)) pattern[n++] = '\\';
     pattern[n++] = *p;
   }
   snprintf(pattern + n, sizeof pattern - n, "exe:*");
-  size_t plen = strlen(s->prefix) + 4;
-  int stop = 0;
   do {
     redisReply *rep;
-    int rc = command(s, &rep, st, "SCAN", "SCAN %s MATCH %s COUNT 256", cursor, pattern);
+    int rc = node_command(s, nd, &rep, st, "SCAN", "SCAN %s MATCH %s COUNT 256", cursor, pattern);
     if (rc) return rc;
     if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
         rep->element[0]->type != REDIS_REPLY_STRING || rep->element[0]->len >= sizeof cursor ||
@@ -694,23 +1248,59 @@ static int redis_list(kiln_cache_store *base, kiln_cache_list_fn fn, void *ctx, 
       return unexpected(s, rep, "SCAN", st);
     snprintf(cursor, sizeof cursor, "%s", rep->element[0]->str);
     redisReply *keys = rep->element[1];
-    for (size_t i = 0; i < keys->elements && !stop; i++) {
+    for (size_t i = 0; i < keys->elements && !*stop; i++) {
       const redisReply *k = keys->element[i];
-      if (k->type != REDIS_REPLY_STRING || k->len != plen + KEY_HEX || !is_key_hex(k->str + plen))
-        continue;
+      const char *hex = listed_hex(s, k);
+      if (!hex) continue;
+      char hexcopy[KEY_HEX + 1];
+      memcpy(hexcopy, hex, KEY_HEX);
+      hexcopy[KEY_HEX] = 0;
       uint8_t *val = NULL;
       size_t len = 0;
-      rc = get_value(s, k->str, false, &val, &len, st);
+      rc = get_value(s, nd, k->str, false, &val, &len, st);
       if (rc == KILN_ENOTFOUND) continue;
       if (rc) {
         freeReplyObject(rep);
         return rc;
       }
-      stop = fn(ctx, k->str + plen, val, len);
+      *stop = fn(ctx, hexcopy, val, len);
       kiln_free(val);
     }
     freeReplyObject(rep);
-  } while (!stop && strcmp(cursor, "0") != 0);
+  } while (!*stop && strcmp(cursor, "0") != 0);
+  return 0;
+}
+
+/* Lists every entry: the one node, or each primary of the map once. */
+static int redis_list(kiln_cache_store *base, kiln_cache_list_fn fn, void *ctx, kiln_status *st) {
+  redis_store *s = (redis_store *)base;
+  if (s->t.topo == TOPO_SINGLE) {
+    int stop = 0;
+    return list_node(s, s->nodes[0], fn, ctx, &stop, st);
+  }
+  node *primaries[MAX_NODES];
+  uint32_t np = 0;
+  bool seen[MAX_NODES] = {0}, gaps = false;
+  pthread_mutex_lock(&s->mu);
+  for (size_t i = 0; i < KILN__REDIS_SLOTS; i++) {
+    uint8_t k = s->slot_node[i];
+    if (k == NO_NODE) {
+      gaps = true;
+    } else if (!seen[k]) {
+      seen[k] = true;
+      primaries[np++] = s->nodes[k];
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (gaps) {
+    want_refresh(s);
+    return fault(s, s->where, st, "listing: some slots have no known primary; rereading the map");
+  }
+  int stop = 0;
+  for (uint32_t i = 0; i < np && !stop; i++) {
+    int rc = list_node(s, primaries[i], fn, ctx, &stop, st);
+    if (rc) return rc;
+  }
   return 0;
 }
 
@@ -722,8 +1312,39 @@ static void redis_stats(kiln_cache_store *base, kiln_cache_store_stats *out) {
   out->misses = s->misses;
   out->puts = s->puts;
   out->faults = s->faults;
-  out->up = s->up;
   pthread_mutex_unlock(&s->mu);
+  out->up = s->t.topo == TOPO_SINGLE ? false : map_healthy(s);
+  if (s->t.topo == TOPO_SINGLE) {
+    node *nd = s->nodes[0];
+    pthread_mutex_lock(&nd->mu);
+    out->up = nd->up;
+    pthread_mutex_unlock(&nd->mu);
+  }
+}
+
+static size_t redis_nodes(kiln_cache_store *base, kiln_cache_node_stats *out, size_t cap) {
+  redis_store *s = (redis_store *)base;
+  pthread_mutex_lock(&s->mu);
+  uint32_t n = s->nnodes;
+  uint32_t slots[MAX_NODES] = {0};
+  for (size_t i = 0; i < KILN__REDIS_SLOTS; i++)
+    if (s->slot_node[i] != NO_NODE) slots[s->slot_node[i]]++;
+  pthread_mutex_unlock(&s->mu);
+  for (uint32_t i = 0; i < n && i < cap; i++) {
+    node *nd = s->nodes[i];
+    kiln_cache_node_stats *o = &out[i];
+    memset(o, 0, sizeof *o);
+    snprintf(o->addr, sizeof o->addr, "%s", nd->addr);
+    pthread_mutex_lock(&nd->mu);
+    o->up = nd->up;
+    pthread_mutex_unlock(&nd->mu);
+    o->slots = s->t.topo == TOPO_SINGLE ? KILN__REDIS_SLOTS : slots[i];
+    o->requests = atomic_load(&nd->requests);
+    o->errors = atomic_load(&nd->errors);
+    o->redirects = atomic_load(&nd->redirects);
+    o->latency_us = atomic_load(&nd->latency_us);
+  }
+  return n;
 }
 
 static int check_token(const redis_store *s, const char *token, kiln_status *st) {
@@ -744,7 +1365,7 @@ static int redis_try_lock(kiln_cache_store *base, const char *key_hex, const cha
   if (ttl_ms == 0) return kiln_status_set(st, KILN_EINVAL, s->where, "lock ttl is 0 ms");
   snprintf(what, sizeof what, "SET %s NX", key);
   redisReply *rep;
-  if ((rc = command(s, &rep, st, what, "SET %s %s NX PX %u", key, token, ttl_ms))) return rc;
+  if ((rc = command(s, key, &rep, st, what, "SET %s %s NX PX %u", key, token, ttl_ms))) return rc;
   if (rep->type == REDIS_REPLY_STATUS)
     *acquired = true;
   else if (rep->type != REDIS_REPLY_NIL)
@@ -762,7 +1383,7 @@ static int redis_unlock(kiln_cache_store *base, const char *key_hex, const char 
   if (rc) return rc;
   snprintf(what, sizeof what, "EVAL (release) %s", key);
   redisReply *rep;
-  if ((rc = command(s, &rep, st, what, "EVAL %s 1 %s %s", lock_release_script, key, token)))
+  if ((rc = command(s, key, &rep, st, what, "EVAL %s 1 %s %s", lock_release_script, key, token)))
     return rc;
   if (rep->type != REDIS_REPLY_INTEGER) return unexpected(s, rep, what, st);
   freeReplyObject(rep);
@@ -777,7 +1398,7 @@ static int redis_locked(kiln_cache_store *base, const char *key_hex, bool *held,
   if (rc) return rc;
   snprintf(what, sizeof what, "EXISTS %s", key);
   redisReply *rep;
-  if ((rc = command(s, &rep, st, what, "EXISTS %s", key))) return rc;
+  if ((rc = command(s, key, &rep, st, what, "EXISTS %s", key))) return rc;
   if (rep->type != REDIS_REPLY_INTEGER) return unexpected(s, rep, what, st);
   *held = rep->integer > 0;
   freeReplyObject(rep);
@@ -788,17 +1409,14 @@ static void redis_destroy(kiln_cache_store *base) {
   redis_store *s = (redis_store *)base;
   pthread_mutex_lock(&s->mu);
   s->stopping = true;
-  pthread_cond_signal(&s->wake);
-  pthread_cond_broadcast(&s->freed);
+  pthread_cond_signal(&s->refresh_wake);
   pthread_mutex_unlock(&s->mu);
-  if (s->thread_started) pthread_join(s->thread, NULL);
-  for (uint32_t i = 0; i < s->nidle; i++) redisFree(s->idle[i]);
-  pthread_cond_destroy(&s->wake);
-  pthread_cond_destroy(&s->freed);
+  if (s->refresher_started) pthread_join(s->refresher, NULL);
+  for (uint32_t i = 0; i < s->nnodes; i++) node_free(s->nodes[i]);
+  pthread_cond_destroy(&s->refresh_wake);
   pthread_mutex_destroy(&s->mu);
   target_free(&s->t);
   kiln_free(s->prefix);
-  kiln_free(s->idle);
   kiln_free(s);
 }
 
@@ -812,6 +1430,7 @@ static const kiln_cache_store_ops redis_ops = {
     .try_lock = redis_try_lock,
     .unlock = redis_unlock,
     .locked = redis_locked,
+    .nodes = redis_nodes,
     .destroy = redis_destroy,
 };
 
@@ -826,7 +1445,11 @@ static int resolve_config(const kiln_cache_redis_config *cfg, target *t, kiln_st
     t->password = kiln_strdup(cfg->password);
     if (!t->password) return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
   }
-  if (cfg->db > 0) t->db = cfg->db;
+  if (cfg->db > 0) {
+    if (t->topo == TOPO_CLUSTER)
+      return kiln_status_set(st, KILN_EINVAL, NULL, "a Redis Cluster has only database 0");
+    t->db = cfg->db;
+  }
   if (cfg->prefix && strlen(cfg->prefix) > MAX_PREFIX)
     return kiln_status_set(st, KILN_EINVAL, NULL, "redis key prefix is longer than %d bytes",
                            MAX_PREFIX);
@@ -841,10 +1464,22 @@ static int init_sync(redis_store *s) {
   if (pthread_condattr_init(&ca)) return -1;
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   int rc = pthread_mutex_init(&s->mu, NULL);
-  if (!rc) rc = pthread_cond_init(&s->freed, &ca);
-  if (!rc) rc = pthread_cond_init(&s->wake, &ca);
+  if (!rc) rc = pthread_cond_init(&s->refresh_wake, &ca);
   pthread_condattr_destroy(&ca);
   return rc;
+}
+
+/* "redis cluster h:p,h:p" or "redis sentinel h:p,... master M". */
+static void name_store(redis_store *s) {
+  const target *t = &s->t;
+  size_t n = (size_t)snprintf(s->where, sizeof s->where, "redis %s",
+                              t->topo == TOPO_CLUSTER ? "cluster" : "sentinel");
+  for (size_t i = 0; i < t->nhosts && n < sizeof s->where; i++)
+    n += (size_t)snprintf(s->where + n, sizeof s->where - n,
+                          strchr(t->hosts[i].host, ':') ? "%s[%s]:%d" : "%s%s:%d", i ? "," : " ",
+                          t->hosts[i].host, t->hosts[i].port);
+  if (t->topo == TOPO_SENTINEL && n < sizeof s->where)
+    snprintf(s->where + n, sizeof s->where - n, " master %s", t->master);
 }
 
 int kiln_cache_redis_create(const kiln_cache_redis_config *cfg, kiln_cache_store **out,
@@ -858,14 +1493,9 @@ int kiln_cache_redis_create(const kiln_cache_redis_config *cfg, kiln_cache_store
     return rc;
   }
   redis_store *s = kiln_calloc(1, sizeof *s);
-  uint32_t pool = cfg->pool ? cfg->pool : DEFAULT_POOL;
-  if (s) s->idle = kiln_calloc(pool + 1, sizeof *s->idle);
   if (s) s->prefix = kiln_strdup(cfg->prefix ? cfg->prefix : "kiln:v1:");
-  if (!s || !s->idle || !s->prefix || init_sync(s) != 0) {
-    if (s) {
-      kiln_free(s->idle);
-      kiln_free(s->prefix);
-    }
+  if (!s || !s->prefix || init_sync(s) != 0) {
+    if (s) kiln_free(s->prefix);
     kiln_free(s);
     target_free(&t);
     return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
@@ -874,30 +1504,30 @@ int kiln_cache_redis_create(const kiln_cache_redis_config *cfg, kiln_cache_store
   s->t = t;
   s->ttl_s = cfg->ttl_s;
   s->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS;
-  s->pool_max = pool;
-  if (t.path)
-    snprintf(s->where, sizeof s->where, "redis unix:%s", t.path);
-  else
-    snprintf(s->where, sizeof s->where, strchr(t.host, ':') ? "redis [%s]:%d" : "redis %s:%d",
-             t.host, t.port);
-  /* One connection now: a healthy Redis is up from the first request, and a
-   * missing one is reported at start rather than by the first request. */
-  char err[512];
-  redisContext *c = open_conn(s, true, err, sizeof err);
-  if (c) {
-    s->idle[s->nidle++] = c;
-    s->nconns = 1;
-    s->up = true;
+  s->pool_max = cfg->pool ? cfg->pool : DEFAULT_POOL;
+  memset(s->slot_node, NO_NODE, sizeof s->slot_node);
+  if (t.topo == TOPO_SINGLE) {
+    node *nd = node_new(s, t.path ? NULL : t.hosts[0].host, t.hosts[0].port, t.path, true);
+    if (!nd) {
+      redis_destroy(&s->base);
+      return kiln_status_set(st, KILN_EINTERNAL, NULL, "cannot start the redis reconnect thread");
+    }
+    s->nodes[s->nnodes++] = nd;
+    memset(s->slot_node, 0, sizeof s->slot_node);
+    s->map_known = true;
+    snprintf(s->where, sizeof s->where, "%s", nd->where);
   } else {
-    snprintf(s->down_why, sizeof s->down_why, "%s", err);
-    kiln_log(KILN_LOG_WARN, "kiln cache", "%s unreachable: %s; serving from local tiers", s->where,
-             err);
+    name_store(s);
+    /* The first map now, so a healthy cluster serves from the first
+     * request; a cluster down at start is not an error, as for one Redis. */
+    refresh_map(s);
+    await_nodes(s, s->timeout_ms);
+    if (pthread_create(&s->refresher, NULL, refresher_main, s) != 0) {
+      redis_destroy(&s->base);
+      return kiln_status_set(st, KILN_EINTERNAL, NULL, "cannot start the redis map thread");
+    }
+    s->refresher_started = true;
   }
-  if (pthread_create(&s->thread, NULL, reconnect_main, s) != 0) {
-    redis_destroy(&s->base);
-    return kiln_status_set(st, KILN_EINTERNAL, NULL, "cannot start the redis reconnect thread");
-  }
-  s->thread_started = true;
   *out = &s->base;
   return 0;
 }

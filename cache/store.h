@@ -4,10 +4,11 @@
  *   disk    a local directory bounded in bytes; writes go to a temporary
  *           file renamed into place, so a crash mid-write leaves no entry
  *           (disk.c)
- *   redis   hiredis, one Redis key per entry with a TTL; faults (down,
- *           slow, restarted, full) are counted and reported as
- *           KILN_EUNAVAIL, never block past the configured timeout, and a
- *           background thread reconnects (redis.c)
+ *   redis   hiredis, one Redis key per entry with a TTL, on one Redis, a
+ *           Redis Cluster or a Sentinel-watched primary; faults (down,
+ *           slow, restarted, full, failing over) are counted and reported
+ *           as KILN_EUNAVAIL, never block past the configured timeout, and
+ *           background threads reconnect and follow the topology (redis.c)
  *
  * Keys are the 64 lowercase hex digits of a cache key. Values are sealed
  * entries (cache/entry.h); stores do not interpret them. Every operation is
@@ -38,6 +39,15 @@ typedef struct kiln_cache_store_stats {
   bool up;            /* redis: connected now; others always true */
 } kiln_cache_store_stats;
 
+/* One Redis server of the shared tier, as a store sees it. */
+typedef struct kiln_cache_node_stats {
+  char addr[280]; /* "HOST:PORT" or "unix:PATH" */
+  bool up;        /* connected now */
+  uint32_t slots; /* hash slots it serves as primary (0: a node known but serving none) */
+  uint64_t requests, errors, redirects;
+  uint64_t latency_us; /* summed over requests */
+} kiln_cache_node_stats;
+
 /* Called per listed entry; a nonzero return stops the listing. */
 typedef int (*kiln_cache_list_fn)(void *ctx, const char *key_hex, const uint8_t *val, size_t len);
 
@@ -61,6 +71,9 @@ typedef struct kiln_cache_store_ops {
   int (*unlock)(kiln_cache_store *s, const char *key_hex, const char *token, kiln_status *st);
   /* Whether the lock of key_hex is held by anyone (redis only). */
   int (*locked)(kiln_cache_store *s, const char *key_hex, bool *held, kiln_status *st);
+  /* The servers behind the store, up to cap of them into out; returns how
+   * many there are (redis only; NULL elsewhere). */
+  size_t (*nodes)(kiln_cache_store *s, kiln_cache_node_stats *out, size_t cap);
   void (*destroy)(kiln_cache_store *s);
 } kiln_cache_store_ops;
 
@@ -78,7 +91,10 @@ int kiln_cache_disk_create(const char *dir, uint64_t max_bytes, kiln_cache_store
 
 typedef struct kiln_cache_redis_config {
   /* "host:port", "redis://[:password@]host:port[/db]", "unix:/path/sock[?db=N]"
-   * or "/path/sock"; password and db may also be given below. */
+   * or "/path/sock" (one Redis); "redis-cluster://[:password@]host:port[,...]"
+   * (seed nodes of a Redis Cluster); "redis-sentinel://[:password@]host:port[,...]/MASTER"
+   * (sentinels and the master set they watch; the password is the data
+   * nodes'). password and db may also be given below. */
   const char *url;
   const char *password; /* NULL: none (or from url) */
   int db;               /* -1: from url, else 0 */

@@ -288,6 +288,9 @@ void kiln_cache_get_stats(kiln_cache *c, kiln_cache_stats *out) {
     out->enabled[t] = c->tier[t] != NULL;
     if (c->tier[t]) c->tier[t]->ops->stats(c->tier[t], &out->tier[t]);
   }
+  kiln_cache_store *shared = c->tier[KILN_CACHE_TIER_REDIS];
+  if (shared && shared->ops->nodes)
+    out->nnodes = (uint32_t)shared->ops->nodes(shared, out->nodes, KILN_CACHE_MAX_NODE_STATS);
   pthread_mutex_lock(&c->mu);
   for (int t = 0; t < KILN_CACHE_NTIERS; t++) {
     out->tier[t].hits = c->hits[t];

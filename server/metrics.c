@@ -136,18 +136,20 @@ typedef struct cache_row {
   uint64_t v;
 } cache_row;
 
-#define CACHE_ROWS (6 * KILN_CACHE_NTIERS + KILN_CACHE_NREJECTS + 8)
+#define NODE_FAMILIES 6
+#define CACHE_ROWS \
+  (6 * KILN_CACHE_NTIERS + KILN_CACHE_NREJECTS + 8 + NODE_FAMILIES * KILN_CACHE_MAX_NODE_STATS)
 
 static const char *const tier_names[KILN_CACHE_NTIERS] = {"memory", "disk", "redis"};
 
-/* Every kiln_cache_* sample, families in order; returns the count. Tiers
- * that are not configured are listed with zeros, so queries never find a
- * series missing. */
-static size_t cache_rows(kilnd *srv, cache_row *rows) {
-  kiln_cache_stats cs;
-  memset(&cs, 0, sizeof cs);
-  if (srv->cache) kiln_cache_get_stats(srv->cache, &cs);
-  cs.tier[KILN_CACHE_TIER_MEMORY].hits += atomic_load(&srv->metrics->table_hits);
+/* Every kiln_cache_* sample, families in order, read into the caller's cs
+ * (the rows' node labels point into it); returns the count. Tiers that are
+ * not configured are listed with zeros, so queries never find a series
+ * missing; the shared tier's nodes are listed as the store knows them. */
+static size_t cache_rows(kilnd *srv, kiln_cache_stats *cs, cache_row *rows) {
+  memset(cs, 0, sizeof *cs);
+  if (srv->cache) kiln_cache_get_stats(srv->cache, cs);
+  cs->tier[KILN_CACHE_TIER_MEMORY].hits += atomic_load(&srv->metrics->table_hits);
   size_t n = 0;
   static const struct {
     const char *name, *type, *help;
@@ -162,7 +164,7 @@ static size_t cache_rows(kilnd *srv, cache_row *rows) {
   };
   for (size_t f = 0; f < sizeof fam / sizeof fam[0]; f++)
     for (int t = 0; t < KILN_CACHE_NTIERS; t++) {
-      const kiln_cache_store_stats *ts = &cs.tier[t];
+      const kiln_cache_store_stats *ts = &cs->tier[t];
       uint64_t v = f == 0   ? ts->hits
                    : f == 1 ? ts->misses
                    : f == 2 ? ts->bytes
@@ -176,8 +178,8 @@ static size_t cache_rows(kilnd *srv, cache_row *rows) {
                             "Entries refused (and deleted) by reason: never loaded.",
                             "reason",
                             kiln_cache_reject_name((kiln_cache_reject)r),
-                            cs.rejects[r]};
-  const kiln_cache_store_stats *rs = &cs.tier[KILN_CACHE_TIER_REDIS];
+                            cs->rejects[r]};
+  const kiln_cache_store_stats *rs = &cs->tier[KILN_CACHE_TIER_REDIS];
   rows[n++] = (cache_row){"kiln_cache_redis_faults_total",
                           "counter",
                           "Redis operations that failed (down, timeout, full); never a failed "
@@ -190,37 +192,65 @@ static size_t cache_rows(kilnd *srv, cache_row *rows) {
                           "1 while the Redis tier is connected.",
                           NULL,
                           NULL,
-                          cs.enabled[KILN_CACHE_TIER_REDIS] && rs->up};
+                          cs->enabled[KILN_CACHE_TIER_REDIS] && rs->up};
   rows[n++] = (cache_row){"kiln_cache_builds_total",
                           "counter",
                           "cpu compiles performed through the cache (builds).",
                           NULL,
                           NULL,
-                          cs.builds};
+                          cs->builds};
   rows[n++] = (cache_row){"kiln_cache_single_flight_waits_total",
                           "counter",
                           "Compiles that waited for a concurrent build of the same key.",
                           NULL,
                           NULL,
-                          cs.single_flight_waits};
+                          cs->single_flight_waits};
   rows[n++] = (cache_row){"kiln_cache_lock_waits_total",
                           "counter",
                           "Waits on another server's Redis build lock.",
                           NULL,
                           NULL,
-                          cs.lock_waits};
+                          cs->lock_waits};
   rows[n++] = (cache_row){"kiln_cache_compile_ns_saved_total",
                           "counter",
                           "Compile time of the entries hits handed out, nanoseconds.",
                           NULL,
                           NULL,
-                          cs.compile_ns_saved};
+                          cs->compile_ns_saved};
   rows[n++] = (cache_row){"kiln_cache_skipped_fast_total",
                           "counter",
                           "Builds faster than cache-min-compile-ms, not stored.",
                           NULL,
                           NULL,
-                          cs.skipped_fast};
+                          cs->skipped_fast};
+  static const struct {
+    const char *name, *type, *help;
+  } node_fam[NODE_FAMILIES] = {
+      {"kiln_cache_redis_node_up", "gauge",
+       "1 while this Redis node of the shared tier is connected."},
+      {"kiln_cache_redis_node_slots", "gauge",
+       "Hash slots the node serves as primary (one Redis or a sentinel's primary: all 16384)."},
+      {"kiln_cache_redis_node_requests_total", "counter", "Commands sent to the node."},
+      {"kiln_cache_redis_node_errors_total", "counter",
+       "Commands to the node that failed (no answer, or an error other than a redirection)."},
+      {"kiln_cache_redis_node_redirects_total", "counter",
+       "MOVED and ASK answers from the node (a cluster resharding or a stale slot map)."},
+      {"kiln_cache_redis_node_latency_microseconds_total", "counter",
+       "Time spent waiting for the node's answers, microseconds."},
+  };
+  uint32_t nn = cs->nnodes < KILN_CACHE_MAX_NODE_STATS ? cs->nnodes : KILN_CACHE_MAX_NODE_STATS;
+  for (int f = 0; f < NODE_FAMILIES; f++)
+    for (uint32_t i = 0; i < nn; i++) {
+      const kiln_cache_node_stats *ns = &cs->nodes[i];
+      uint64_t v = f == 0   ? ns->up
+                   : f == 1 ? ns->slots
+                   : f == 2 ? ns->requests
+                   : f == 3 ? ns->errors
+                   : f == 4 ? ns->redirects
+                            : ns->latency_us;
+      rows[n++] =
+          (cache_row){node_fam[f].name, node_fam[f].type, node_fam[f].help, "node", ns->addr, v};
+    }
   return n;
 }
 
@@ -304,7 +334,8 @@ static void render_devices(kiln_sbuf *b, kilnd *srv) {
 
 static void render_cache(kiln_sbuf *b, kilnd *srv) {
   cache_row rows[CACHE_ROWS];
-  size_t n = cache_rows(srv, rows);
+  kiln_cache_stats cs;
+  size_t n = cache_rows(srv, &cs, rows);
   for (size_t i = 0; i < n; i++) {
     const cache_row *r = &rows[i];
     if (i == 0 || strcmp(rows[i - 1].name, r->name) != 0) header(b, r->name, r->type, r->help);
@@ -381,7 +412,8 @@ void kilnd_metrics_each_counter(kilnd *srv, kilnd_counter_fn fn, void *arg) {
   fn(arg, "kiln_queue_depth", NULL, NULL, NULL, NULL, kiln_sched_queued(srv->sched));
   fn(arg, "kiln_executables", NULL, NULL, NULL, NULL, kilnd_exes_count(srv->exes));
   cache_row rows[CACHE_ROWS];
-  size_t n = cache_rows(srv, rows);
+  kiln_cache_stats cs;
+  size_t n = cache_rows(srv, &cs, rows);
   for (size_t i = 0; i < n; i++)
     fn(arg, rows[i].name, rows[i].label, rows[i].value, NULL, NULL, (int64_t)rows[i].v);
 }

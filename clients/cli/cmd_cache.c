@@ -168,6 +168,62 @@ static int keys_from_server(const kiln__args *a, const char *const *hex, kiln_ca
 
 /* ---- stats, list, evict ------------------------------------------------------------- */
 
+#define MAX_NODES_SHOWN 64
+
+typedef struct node_row {
+  char addr[160];
+  int64_t up, slots, requests, errors, redirects, latency_us;
+} node_row;
+
+/* The shared tier's nodes, from the kiln_cache_redis_node_* counters, as a
+ * table: one Redis shows one line; a cluster its primaries and the nodes it
+ * learnt of; a sentinel setup the primaries it followed. */
+static void print_nodes(const kiln_server_stats *s) {
+  static const char *const fam[] = {"kiln_cache_redis_node_up",
+                                    "kiln_cache_redis_node_slots",
+                                    "kiln_cache_redis_node_requests_total",
+                                    "kiln_cache_redis_node_errors_total",
+                                    "kiln_cache_redis_node_redirects_total",
+                                    "kiln_cache_redis_node_latency_microseconds_total"};
+  node_row rows[MAX_NODES_SHOWN];
+  size_t n = 0;
+  for (uint32_t i = 0; i < s->ncounters; i++) {
+    const kiln_server_counter *k = &s->counters[i];
+    int f = -1;
+    for (int j = 0; j < 6; j++)
+      if (strcmp(k->name, fam[j]) == 0) f = j;
+    const char *q = strncmp(k->labels, "node=\"", 6) == 0 ? k->labels + 6 : NULL;
+    const char *end = q ? strchr(q, '"') : NULL;
+    if (f < 0 || !end || (size_t)(end - q) >= sizeof rows[0].addr) continue;
+    size_t r = 0;
+    while (r < n && (strlen(rows[r].addr) != (size_t)(end - q) ||
+                     strncmp(rows[r].addr, q, (size_t)(end - q)) != 0))
+      r++;
+    if (r == n) {
+      if (n == MAX_NODES_SHOWN) continue;
+      memset(&rows[n], 0, sizeof rows[n]);
+      memcpy(rows[n].addr, q, (size_t)(end - q));
+      n++;
+    }
+    int64_t *v[] = {&rows[r].up,     &rows[r].slots,     &rows[r].requests,
+                    &rows[r].errors, &rows[r].redirects, &rows[r].latency_us};
+    *v[f] = k->value;
+  }
+  if (n == 0) return;
+  printf("shared tier: %zu node%s\n", n, n == 1 ? "" : "s");
+  printf("  %-28s %-5s %6s %10s %8s %9s %12s\n", "node", "state", "slots", "requests", "errors",
+         "redirects", "avg latency");
+  for (size_t r = 0; r < n; r++) {
+    const node_row *x = &rows[r];
+    char lat[32] = "-";
+    if (x->requests > 0)
+      snprintf(lat, sizeof lat, "%.0f us", (double)x->latency_us / (double)x->requests);
+    printf("  %-28s %-5s %6lld %10lld %8lld %9lld %12s\n", x->addr, x->up ? "up" : "down",
+           (long long)x->slots, (long long)x->requests, (long long)x->errors,
+           (long long)x->redirects, lat);
+  }
+}
+
 static int cache_stats(const kiln__args *a) {
   if (a->npos != 1) {
     fprintf(stderr, "kiln cache stats: unexpected operand '%s'\n", a->pos[1]);
@@ -193,6 +249,7 @@ static int cache_stats(const kiln__args *a) {
     printf("%s%s%s%s %lld\n", k->name, k->labels[0] ? "{" : "", k->labels, k->labels[0] ? "}" : "",
            (long long)k->value);
   }
+  print_nodes(&s);
   kiln_server_stats_clear(&s);
   kiln_client_close(c);
   return KILN_EXIT_OK;

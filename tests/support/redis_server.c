@@ -41,6 +41,7 @@ struct kiln_test_redis {
   char *bin;      /* resolved path of redis-server */
   char *password; /* from --requirepass among the extra args, or NULL */
   char **extra;   /* owned copies, NULL-terminated */
+  char conf[96];  /* dir/redis.conf when started with a config text, else "" */
 };
 
 static int64_t now_ms(void) {
@@ -135,7 +136,10 @@ static int spawn(kiln_test_redis *r) {
       r->bin,  "--port",           port, "--bind", "127.0.0.1", "--save",    "",  "--appendonly",
       "no",    "--daemonize",      "no", "--dir",  r->dir,      "--logfile", log, "--unixsocket",
       r->sock, "--unixsocketperm", "700"};
-  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) argv[n++] = fixed[i];
+  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+    argv[n++] = fixed[i];
+    if (i == 0 && r->conf[0]) argv[n++] = r->conf; /* a config file comes first */
+  }
   for (int i = 0; r->extra[i] && i < MAX_ARGS; i++) argv[n++] = r->extra[i];
   argv[n] = NULL;
 
@@ -264,6 +268,11 @@ static int launch(kiln_test_redis *r, bool pick_port, kiln_status *st) {
 }
 
 int kiln_test_redis_start(const char *const *extra_args, kiln_test_redis **out, kiln_status *st) {
+  return kiln_test_redis_start_conf(NULL, extra_args, out, st);
+}
+
+int kiln_test_redis_start_conf(const char *conf_text, const char *const *extra_args,
+                               kiln_test_redis **out, kiln_status *st) {
   *out = NULL;
   size_t n = 0;
   while (extra_args && extra_args[n]) n++;
@@ -288,6 +297,16 @@ int kiln_test_redis_start(const char *const *extra_args, kiln_test_redis **out, 
     return kiln_status_set(st, KILN_EIO, "redis-server", "mkdtemp: %s", strerror(errno));
   }
   snprintf(r->sock, sizeof r->sock, "%s/redis.sock", r->dir);
+  if (conf_text) {
+    snprintf(r->conf, sizeof r->conf, "%s/redis.conf", r->dir);
+    FILE *f = fopen(r->conf, "w");
+    bool ok = f && fputs(conf_text, f) >= 0;
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok) {
+      kiln_test_redis_destroy(r);
+      return kiln_status_set(st, KILN_EIO, "redis-server", "cannot write its config file");
+    }
+  }
   int rc = launch(r, true, st);
   if (rc != 0) {
     kiln_test_redis_destroy(r);

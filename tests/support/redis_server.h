@@ -33,6 +33,12 @@ bool kiln_test_redis_available(const char **why);
  * Returns 0, KILN_EUNAVAIL when redis-server is missing or never answers. */
 int kiln_test_redis_start(const char *const *extra_args, kiln_test_redis **out, kiln_status *st);
 
+/* The same with a config file holding conf_text passed first (a sentinel
+ * needs one it can rewrite: conf_text "sentinel monitor ...", extra
+ * {"--sentinel", NULL}). The file lives in the server's directory. */
+int kiln_test_redis_start_conf(const char *conf_text, const char *const *extra_args,
+                               kiln_test_redis **out, kiln_status *st);
+
 /* Stops the server if it runs (SIGTERM, waitpid), removes its directory,
  * frees r. NULL is fine. */
 void kiln_test_redis_destroy(kiln_test_redis *r);

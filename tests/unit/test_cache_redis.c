@@ -114,7 +114,8 @@ START_TEST(test_url_errors) {
   expect_url_error("redis://h:1/99999999999",
                    "redis url 'redis://h:1/99999999999': database '99999999999' is out of range");
   expect_url_error("http://h:1", "redis url 'http://h:1': scheme 'http' is not supported (use "
-                                 "redis://, unix: or host:port)");
+                                 "redis://, redis-cluster://, redis-sentinel://, unix: or "
+                                 "host:port)");
   expect_url_error("rediss://h:1", "redis url 'rediss://h:1': TLS (rediss://) is not supported");
   expect_url_error("unix:", "redis url 'unix:': socket path is empty");
   expect_url_error("unix:?db=1", "redis url 'unix:?db=1': socket path is empty");
