@@ -795,6 +795,51 @@ START_TEST(while_passthrough_not_overwritten) {
 }
 END_TEST
 
+START_TEST(scan_moves_no_arrays) {
+  /* lax.scan as JAX exports it: slices and updates through calls, the
+   * weights passed through. A step copies at most the counter. */
+  const char *hlo =
+      "HloModule sc\n"
+      "ds { a = f32[8,16] parameter(0)  i = s32[] parameter(1)  z = s32[] constant(0)\n"
+      "  s = f32[1,16] dynamic-slice(a, i, z), dynamic_slice_sizes={1,16}\n"
+      "  ROOT r = f32[16] reshape(s) }\n"
+      "dus { a = f32[8,16] parameter(0)  u = f32[16] parameter(1)  i = s32[] parameter(2)\n"
+      "  z = s32[] constant(0)  r = f32[1,16] reshape(u)\n"
+      "  ROOT d = f32[8,16] dynamic-update-slice(a, r, i, z) }\n"
+      "cond { p = (s32[], f32[16], f32[8,16], f32[8,16], f32[16]) parameter(0)\n"
+      "  i = s32[] get-tuple-element(p), index=0  n = s32[] constant(8)\n"
+      "  ROOT lt = pred[] compare(i, n), direction=LT }\n"
+      "body { p = (s32[], f32[16], f32[8,16], f32[8,16], f32[16]) parameter(0)\n"
+      "  i = s32[] get-tuple-element(p), index=0  h = f32[16] get-tuple-element(p), index=1\n"
+      "  ys = f32[8,16] get-tuple-element(p), index=2\n"
+      "  xs = f32[8,16] get-tuple-element(p), index=3  w = f32[16] get-tuple-element(p), index=4\n"
+      "  x = f32[16] call(xs, i), to_apply=ds  y = f32[16] multiply(x, w)  h2 = f32[16] add(y, h)\n"
+      "  ys2 = f32[8,16] call(ys, h2, i), to_apply=dus  one = s32[] constant(1)\n"
+      "  i2 = s32[] add(i, one)\n"
+      "  ROOT t = (s32[], f32[16], f32[8,16], f32[8,16], f32[16]) tuple(i2, h2, ys2, xs, w) }\n"
+      "ENTRY main {\n  xs = f32[8,16] parameter(0)\n  w = f32[16] parameter(1)\n"
+      "  h = f32[16] parameter(2)  z = s32[] constant(0)  zf = f32[] constant(0)\n"
+      "  ys = f32[8,16] broadcast(zf), dimensions={}\n"
+      "  t = (s32[], f32[16], f32[8,16], f32[8,16], f32[16]) tuple(z, h, ys, xs, w)\n"
+      "  l = (s32[], f32[16], f32[8,16], f32[8,16], f32[16]) while(t), condition=cond, "
+      "body=body\n"
+      "  l1 = f32[16] get-tuple-element(l), index=1  l2 = f32[8,16] get-tuple-element(l), "
+      "index=2\n"
+      "  ROOT r = (f32[16], f32[8,16]) tuple(l1, l2)\n}\n";
+  for (int opt = 0; opt <= 2; opt += 2) {
+    kiln_executable *e = cg_check_full(hlo, 5, false, 1e-6, opt, true);
+    for (uint32_t p = 1; p < e->nprograms; p++)
+      for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {
+        const kiln_step *s = &e->programs[p].steps[i];
+        if (s->kind == KILN_STEP_COPY)
+          ck_assert_msg(s->range <= 4, "program %u copies %llu bytes", p,
+                        (unsigned long long)s->range);
+      }
+    kiln_executable_destroy(e);
+  }
+}
+END_TEST
+
 START_TEST(conditional_and_call) {
   const char *hlo =
       "HloModule cd\nb0 { p = f32[3] parameter(0)  ROOT n = f32[3] negate(p) }\n"
@@ -1382,6 +1427,7 @@ int main(void) {
   tcase_add_test(tc, while_loop);
   tcase_add_test(tc, while_swaps_state);
   tcase_add_test(tc, while_passthrough_not_overwritten);
+  tcase_add_test(tc, scan_moves_no_arrays);
   tcase_add_test(tc, conditional_and_call);
   tcase_add_test(tc, tuple_parameters_and_passthrough);
   tcase_add_test(tc, full_pipeline);
