@@ -302,6 +302,39 @@ START_TEST(gather_and_scatter) {
 }
 END_TEST
 
+START_TEST(scatter_blocks_keep_update_order) {
+  /* Windows one row wide: the kernel runs in blocks of rows, each walking
+   * every update. Repeated and out-of-range rows; combiners for which the
+   * order of the updates shows (the last one wins; a subtraction). */
+  const char *hlo =
+      "HloModule sb\nlast { a = f32[] parameter(0)  ROOT b = f32[] parameter(1) }\n"
+      "sub { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] subtract(a, b) }\n"
+      "ENTRY main {\n"
+      "  p0 = f32[40,3] parameter(0)\n  raw = s32[64] parameter(1)\n"
+      "  k = s32[] constant(44)  kb = s32[64] broadcast(k), dimensions={}\n"
+      "  r = s32[64] remainder(raw, kb)  idx = s32[64,1] reshape(r)\n"
+      "  up = f32[64,3] parameter(2)\n"
+      "  s1 = f32[40,3] scatter(p0, idx, up), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=last\n"
+      "  s2 = f32[40,3] scatter(p0, idx, up), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=sub\n"
+      "  q = f32[3,40,2] parameter(3)  uq = f32[64,3,2] parameter(4)\n"
+      "  s3 = f32[3,40,2] scatter(q, idx, uq), update_window_dims={1,2}, "
+      "inserted_window_dims={1}, scatter_dims_to_operand_dims={1}, index_vector_dim=1, "
+      "to_apply=sub\n"
+      "  ROOT t = (f32[40,3], f32[40,3], f32[3,40,2]) tuple(s1, s2, s3)\n}\n";
+  for (uint64_t seed = 1; seed < 4; seed++) {
+    kiln_executable *e = cg_check_full(hlo, seed, false, 0, 0, true);
+    uint32_t blocked = 0;
+    for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
+      blocked += e->programs[0].steps[i].kind == KILN_STEP_KERNEL &&
+                 e->programs[0].steps[i].range == 20; /* 40 rows in blocks of 2 */
+    ck_assert_uint_eq(blocked, 3);
+    kiln_executable_destroy(e);
+  }
+}
+END_TEST
+
 START_TEST(sort_stable_multi_operand) {
   cg_check(
       "HloModule srt\n"
@@ -1413,6 +1446,7 @@ int main(void) {
   tcase_add_test(tc, dynamic_slices_clamp);
   tcase_add_test(tc, dynamic_update_in_place);
   tcase_add_test(tc, gather_and_scatter);
+  tcase_add_test(tc, scatter_blocks_keep_update_order);
   tcase_add_test(tc, sort_stable_multi_operand);
   tcase_add_test(tc, select_and_scatter);
   tcase_add_test(tc, reductions);
