@@ -359,9 +359,14 @@ static int visit_while(ba_ctx *b, const kiln_instr *ins) {
   uint32_t *keep = NULL;
   int rc = passthrough_groups(b, ins, &keep);
   if (rc == 0) rc = leaves_keeping(b, ins, KILN_SLOT_TEMP, keep);
-  if (rc == 0) {
-    for (uint32_t i = 0; i < b->nleaves[ins->id]; i++)
-      if (keep[i] == KILN_NO_SLOT) b->g[b->lg[b->lstart[ins->id] + i]].loop = ins->id + 1;
+  /* A state leaf may take over the buffer of its operand leaf when that
+   * dies here (a candidate like an in-place write): no copy in. */
+  const kiln_instr *op = b->m->instrs[ins->operands[0]];
+  for (uint32_t i = 0; rc == 0 && i < b->nleaves[ins->id]; i++) {
+    if (keep[i] != KILN_NO_SLOT) continue;
+    uint32_t g = b->lg[b->lstart[ins->id] + i];
+    b->g[g].loop = ins->id + 1;
+    if (i < b->nleaves[op->id]) rc = add_cand(b, g, b->lg[b->lstart[op->id] + i]);
   }
   kiln_free(keep);
   if (rc) return rc;
@@ -545,8 +550,13 @@ static int visit(ba_ctx *b, uint32_t comp, kiln_id caller, bool is_entry) {
 static void merge_into(ba_ctx *b, uint32_t res, uint32_t opnd) {
   group *r = &b->g[res], *o = &b->g[opnd];
   r->parent = opnd;
+  if (r->loop) { /* a loop's state taking over its operand's dead buffer */
+    o->loop = r->loop;
+    o->loop_last = r->loop_last;
+  } else if (o->loop && r->last > o->loop_last) {
+    o->loop_last = r->last;
+  }
   if (r->last > o->last) o->last = r->last;
-  if (o->loop && r->last > o->loop_last) o->loop_last = r->last;
   o->entry_def |= r->entry_def;
 }
 
@@ -554,6 +564,7 @@ static void try_merge(ba_ctx *b, const cand *c) {
   uint32_t r = find(b, c->res), o = find(b, c->opnd);
   if (r == o || b->g[r].kind != KILN_SLOT_TEMP || b->g[o].kind != KILN_SLOT_TEMP) return;
   if (b->g[o].fixed || b->g[r].size != b->g[o].size || b->g[r].def != c->pos) return;
+  if (b->g[r].loop && b->g[o].loop) return; /* an outer loop's state stays its own */
   /* The loop state may be overwritten inside its body only when its last
    * read in the body is here; elsewhere only a dead buffer. */
   bool ok = b->g[o].loop ? b->g[o].loop_last == c->pos : b->g[o].last == c->pos;
@@ -647,7 +658,10 @@ static int claim_results(ba_ctx *b, kiln_buffer_assignment *ba) {
       }
       continue;
     }
-    if (gr->kind == KILN_SLOT_TEMP && gr->entry_def && !gr->loop) {
+    /* The state of a loop the entry runs may be the output buffer itself:
+     * the loop then writes the result in place. */
+    bool entry_loop = gr->loop && m->instrs[gr->loop - 1]->comp == m->entry;
+    if (gr->kind == KILN_SLOT_TEMP && (gr->loop ? entry_loop : gr->entry_def)) {
       gr->kind = KILN_SLOT_OUTPUT;
       gr->index = o;
       continue;

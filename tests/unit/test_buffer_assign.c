@@ -199,9 +199,12 @@ START_TEST(while_state_shared_and_updated_in_place) {
     if (strcmp(m->instrs[body->instrs[i]]->name, "x2") == 0)
       x2 = kiln_buffer_leaves(ba, body->instrs[i], &nb)[0];
   ck_assert_uint_eq(x2, w[1]);
-  /* The state is a temporary; r is an alias of it and is copied out. */
-  ck_assert_int_eq(ba->slots[w[1]].kind, KILN_SLOT_TEMP);
-  ck_assert_int_eq(ba->slots[ba->result_slots[0]].kind, KILN_SLOT_OUTPUT);
+  /* r is an alias of the state, which the entry runs: the state is the
+   * output buffer itself, nothing is copied out. */
+  ck_assert_int_eq(ba->slots[w[1]].kind, KILN_SLOT_OUTPUT);
+  ck_assert_uint_eq(ba->result_slots[0], w[1]);
+  /* p0, a parameter, is copied into the state. */
+  ck_assert_uint_ne(slot_of(m, ba, "p0", 0), w[1]);
   kiln_buffer_assignment_destroy(ba);
   kiln_module_destroy(m);
 }
@@ -247,8 +250,12 @@ START_TEST(scan_state_in_place_and_passed_through) {
   ck_assert_int_eq(ba->slots[l[3]].kind, KILN_SLOT_PARAM);
   ck_assert_uint_eq(l[2], slot_of(m, ba, "xs", 0));
   ck_assert_uint_eq(l[3], slot_of(m, ba, "w", 0));
-  /* The counter and the stacked output are the loop's own state. */
-  ck_assert_int_eq(ba->slots[l[1]].kind, KILN_SLOT_TEMP);
+  /* The stacked output is the loop's own state, in the buffer of its
+   * initial value (which dies at the loop: no copy in) and in the output
+   * buffer (no copy out). */
+  ck_assert_int_eq(ba->slots[l[1]].kind, KILN_SLOT_OUTPUT);
+  ck_assert_uint_eq(ba->result_slots[0], l[1]);
+  ck_assert_uint_eq(slot_of(m, ba, "ys", 0), l[1]);
   /* A call's result is the called root's buffer, and the update writes
    * the stacked output in place, so the body's result is the state. */
   const kiln_computation *body = kiln_module_find_computation(m, "body");
