@@ -1,16 +1,15 @@
 /* Kernels that are not one value per output element: dynamic-update-slice
  * in place (iterates over the update), scatter (updates applied in order
  * through the combiner, as XLA's evaluator and the interpreter do: when
- * every update window is one index wide along some operand dimension, the
- * range is blocks of that dimension, each iteration walking all updates
- * and applying those that land in its block, so that blocks run on
- * different threads and each element still sees its updates in order;
- * otherwise one sequential iteration), select-and-scatter (likewise sequential: the
- * result filled with the init value, then for each source element the
- * window position `select` prefers, scanned in row-major order, combined
- * with it through `scatter`), and sort (one iteration per row: a stable
- * bottom-up merge sort of a permutation under the comparator, then a
- * gather of every operand through it).
+ * every update window is one index wide along some operand dimension and
+ * at least 8 elements large, the range is blocks of that dimension, each
+ * iteration walking all updates and applying those that land in its
+ * block, so that blocks run on different threads and each element still
+ * sees its updates in order; otherwise one sequential iteration), select-and-scatter (likewise
+ * sequential: the result filled with the init value, then for each source element the window
+ * position `select` prefers, scanned in row-major order, combined with it through `scatter`), and
+ * sort (one iteration per row: a stable bottom-up merge sort of a permutation under the comparator,
+ * then a gather of every operand through it).
  */
 #include <stdio.h>
 #include <string.h>
@@ -130,15 +129,21 @@ static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
   for (uint32_t d = 0; d < p->ar; d++) p->wsize[d] = 1;
   for (uint32_t j = 0; j < p->nw; j++) p->wsize[p->wd[j]] = us->dims[p->uw->v[j]];
   /* Blocks of the largest operand dim every window is one index wide in:
-   * an update touches one block only, so blocks never share an element. */
+   * an update touches one block only, so blocks never share an element.
+   * Each block reads every update's indices, so there are fewer blocks
+   * for narrower windows (a window of w elements: at most w / 4 blocks,
+   * the index reads then cost a fraction of the updates), none below 2. */
   p->part_dim = -1;
-  for (uint32_t d = 0; d < p->ar; d++)
+  int64_t window = 1;
+  for (uint32_t d = 0; d < p->ar; d++) window *= p->wsize[d];
+  int64_t blocks = window / 4 < SCATTER_BLOCKS ? window / 4 : SCATTER_BLOCKS;
+  for (uint32_t d = 0; d < p->ar && blocks >= 2; d++)
     if (p->wsize[d] == 1 && as->dims[d] >= 2 &&
         (p->part_dim < 0 || as->dims[d] > as->dims[p->part_dim]))
       p->part_dim = d;
   if (p->part_dim >= 0) {
     int64_t n = as->dims[p->part_dim];
-    p->part_block = (n + SCATTER_BLOCKS - 1) / SCATTER_BLOCKS;
+    p->part_block = (n + blocks - 1) / blocks;
   }
   return 0;
 }

@@ -310,26 +310,32 @@ START_TEST(scatter_blocks_keep_update_order) {
       "HloModule sb\nlast { a = f32[] parameter(0)  ROOT b = f32[] parameter(1) }\n"
       "sub { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] subtract(a, b) }\n"
       "ENTRY main {\n"
-      "  p0 = f32[40,3] parameter(0)\n  raw = s32[64] parameter(1)\n"
+      "  p0 = f32[40,16] parameter(0)\n  raw = s32[64] parameter(1)\n"
       "  k = s32[] constant(44)  kb = s32[64] broadcast(k), dimensions={}\n"
       "  r = s32[64] remainder(raw, kb)  idx = s32[64,1] reshape(r)\n"
-      "  up = f32[64,3] parameter(2)\n"
-      "  s1 = f32[40,3] scatter(p0, idx, up), update_window_dims={1}, inserted_window_dims={0}, "
+      "  up = f32[64,16] parameter(2)\n"
+      "  s1 = f32[40,16] scatter(p0, idx, up), update_window_dims={1}, inserted_window_dims={0}, "
       "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=last\n"
-      "  s2 = f32[40,3] scatter(p0, idx, up), update_window_dims={1}, inserted_window_dims={0}, "
+      "  s2 = f32[40,16] scatter(p0, idx, up), update_window_dims={1}, inserted_window_dims={0}, "
       "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=sub\n"
-      "  q = f32[3,40,2] parameter(3)  uq = f32[64,3,2] parameter(4)\n"
-      "  s3 = f32[3,40,2] scatter(q, idx, uq), update_window_dims={1,2}, "
+      "  q = f32[3,40,4] parameter(3)  uq = f32[64,3,4] parameter(4)\n"
+      "  s3 = f32[3,40,4] scatter(q, idx, uq), update_window_dims={1,2}, "
       "inserted_window_dims={1}, scatter_dims_to_operand_dims={1}, index_vector_dim=1, "
       "to_apply=sub\n"
-      "  ROOT t = (f32[40,3], f32[40,3], f32[3,40,2]) tuple(s1, s2, s3)\n}\n";
+      "  n = f32[40,3] parameter(5)  un = f32[64,3] parameter(6)\n"
+      "  s4 = f32[40,3] scatter(n, idx, un), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=sub\n"
+      "  ROOT t = (f32[40,16], f32[40,16], f32[3,40,4], f32[40,3]) tuple(s1, s2, s3, s4)\n}\n";
   for (uint64_t seed = 1; seed < 4; seed++) {
     kiln_executable *e = cg_check_full(hlo, seed, false, 0, 0, true);
-    uint32_t blocked = 0;
-    for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
-      blocked += e->programs[0].steps[i].kind == KILN_STEP_KERNEL &&
-                 e->programs[0].steps[i].range == 20; /* 40 rows in blocks of 2 */
-    ck_assert_uint_eq(blocked, 3);
+    uint32_t by_range[8] = {0};
+    for (uint32_t i = 0; i < e->programs[0].nsteps; i++) {
+      const kiln_step *st = &e->programs[0].steps[i];
+      if (st->kind == KILN_STEP_KERNEL && st->range < 8) by_range[st->range]++;
+    }
+    ck_assert_uint_eq(by_range[4], 2); /* 16-wide windows: 4 blocks of 10 rows */
+    ck_assert_uint_eq(by_range[3], 1); /* 12-element windows: 3 blocks of 14 */
+    ck_assert_uint_ge(by_range[1], 1); /* 3-wide windows: one sequential pass */
     kiln_executable_destroy(e);
   }
 }
