@@ -1,12 +1,15 @@
 /* Kernels that are not one value per output element: dynamic-update-slice
- * in place (iterates over the update), scatter (one sequential iteration
- * applying updates in order through the combiner, as XLA's evaluator and
- * the interpreter do), select-and-scatter (likewise sequential: the
- * result filled with the init value, then for each source element the
- * window position `select` prefers, scanned in row-major order, combined
- * with it through `scatter`), and sort (one iteration per row: a stable
- * bottom-up merge sort of a permutation under the comparator, then a
- * gather of every operand through it).
+ * in place (iterates over the update), scatter (updates applied in order
+ * through the combiner, as XLA's evaluator and the interpreter do: when
+ * every update window is one index wide along some operand dimension and
+ * at least 8 elements large, the range is blocks of that dimension, each
+ * iteration walking all updates and applying those that land in its
+ * block, so that blocks run on different threads and each element still
+ * sees its updates in order; otherwise one sequential iteration), select-and-scatter (likewise
+ * sequential: the result filled with the init value, then for each source element the window
+ * position `select` prefers, scanned in row-major order, combined with it through `scatter`), and
+ * sort (one iteration per row: a stable bottom-up merge sort of a permutation under the comparator,
+ * then a gather of every operand through it).
  */
 #include <stdio.h>
 #include <string.h>
@@ -94,7 +97,11 @@ typedef struct scat {
   uint32_t wd[KILN__EMIT_MAXR], nw;   /* operand window dims */
   uint32_t usd[KILN__EMIT_MAXR], nus; /* update scatter dims */
   int64_t wsize[KILN__EMIT_MAXR];
+  int64_t part_dim;   /* operand dim the range is blocks of; -1: one iteration */
+  int64_t part_block; /* indices of part_dim per block */
 } scat;
+
+#define SCATTER_BLOCKS 32 /* at most, per scatter */
 
 static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
   memset(p, 0, sizeof *p);
@@ -121,6 +128,23 @@ static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
     return fail(g, s, "malformed scatter dimension numbers");
   for (uint32_t d = 0; d < p->ar; d++) p->wsize[d] = 1;
   for (uint32_t j = 0; j < p->nw; j++) p->wsize[p->wd[j]] = us->dims[p->uw->v[j]];
+  /* Blocks of the largest operand dim every window is one index wide in:
+   * an update touches one block only, so blocks never share an element.
+   * Each block reads every update's indices, so there are fewer blocks
+   * for narrower windows (a window of w elements: at most w / 4 blocks,
+   * the index reads then cost a fraction of the updates), none below 2. */
+  p->part_dim = -1;
+  int64_t window = 1;
+  for (uint32_t d = 0; d < p->ar; d++) window *= p->wsize[d];
+  int64_t blocks = window / 4 < SCATTER_BLOCKS ? window / 4 : SCATTER_BLOCKS;
+  for (uint32_t d = 0; d < p->ar && blocks >= 2; d++)
+    if (p->wsize[d] == 1 && as->dims[d] >= 2 &&
+        (p->part_dim < 0 || as->dims[d] > as->dims[p->part_dim]))
+      p->part_dim = d;
+  if (p->part_dim >= 0) {
+    int64_t n = as->dims[p->part_dim];
+    p->part_block = (n + blocks - 1) / blocks;
+  }
   return 0;
 }
 
@@ -224,6 +248,8 @@ static int scatter_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_s
                      (unsigned long long)(as->dims[d] - p->wsize[d]));
   if (p->ar) kiln__emit_line(f, "if (%s) continue;", kiln_sbuf_str(&fits));
   kiln_sbuf_free(&fits);
+  if (p->part_dim >= 0) /* in range: the fit test passed */
+    kiln__emit_line(f, "if (%s / %lld != i) continue;", st[p->part_dim], (long long)p->part_block);
   for (uint32_t j = 0; j < p->nw; j++) {
     wl[j] = kiln__emit_newvar(f);
     marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", wl[j], wl[j],
@@ -250,13 +276,22 @@ int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t 
   if (rc == 0) rc = scatter_body(g, &f, k, &p, fn);
   if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) {
-    char once[256];
-    g->mod.target->single(once, sizeof once);
-    kiln_sbuf_printf(&out, "  %s\n", once);
-    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    char head[256];
+    if (p.part_dim >= 0) {
+      int64_t n = k->out_shape[0]->dims[p.part_dim];
+      *range = (uint64_t)((n + p.part_block - 1) / p.part_block);
+      g->mod.target->range_loop(head, sizeof head, "i");
+      kiln_sbuf_printf(&out, "  %s {\n", head);
+      kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+      kiln_sbuf_puts(&out, "  }\n");
+    } else {
+      *range = 1;
+      g->mod.target->single(head, sizeof head);
+      kiln_sbuf_printf(&out, "  %s\n", head);
+      kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    }
     *kernel = g->nkernels;
-    *range = 1;
-    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), 1);
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
   }
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
