@@ -280,6 +280,67 @@ START_TEST(disk_leftover_temp_removed) {
 }
 END_TEST
 
+/* Whatever someone left at an entry path that is not a regular file is a
+ * miss at once: a FIFO (opening it for reading would wait for a writer), a
+ * link to a valid entry, a fan-out directory that is a link. A put then
+ * replaces the FIFO with a real entry. */
+START_TEST(disk_special_files_are_misses) {
+  make_tmp();
+  char dir[128], path[512], target[256];
+  sub_path(dir, sizeof dir, "d");
+  kiln_cache_store *s = NULL;
+  ck_assert_int_eq(kiln_cache_disk_create(dir, 1 << 20, &s, NULL), 0);
+  char kf[65], kl[65], kd[65];
+  hex_key(40, kf);
+  hex_key(41, kl);
+  for (int i = 42; i < 400; i++) { /* a key in a fan-out of its own */
+    hex_key(i, kd);
+    if (strncmp(kd, kf, 2) != 0 && strncmp(kd, kl, 2) != 0) break;
+  }
+  put_bytes(s, kl, 'l', 100);
+  /* The FIFO, and a link to a copy of kl's file under kl's own name. */
+  snprintf(path, sizeof path, "%s/%.2s", dir, kf);
+  mkdir(path, 0700);
+  snprintf(path, sizeof path, "%s/%.2s/%s", dir, kf, kf);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  snprintf(path, sizeof path, "%s/%.2s/%s", dir, kl, kl);
+  sub_path(target, sizeof target, "copy");
+  ck_assert_int_eq(rename(path, target), 0);
+  ck_assert_int_eq(symlink(target, path), 0);
+  /* kd's fan-out directory is a link to a directory holding a valid file. */
+  sub_path(target, sizeof target, "elsewhere");
+  ck_assert_int_eq(mkdir(target, 0700), 0);
+  snprintf(path, sizeof path, "%s/%s", target, kd);
+  FILE *f = fopen(path, "w");
+  fputs("not to be read", f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/%.2s", dir, kd);
+  ck_assert_int_eq(symlink(target, path), 0);
+
+  int64_t t0 = now_ns();
+  ck_assert(!get_bytes(s, kf, 'f', 10));
+  ck_assert(!get_bytes(s, kl, 'l', 100));
+  ck_assert(!get_bytes(s, kd, 'n', 14));
+  ck_assert_int_lt(now_ns() - t0, 2 * (int64_t)1000000000);
+  /* A reopen's scan indexes none of them, nor does it block. */
+  kiln_cache_store_destroy(s);
+  ck_assert_int_eq(kiln_cache_disk_create(dir, 1 << 20, &s, NULL), 0);
+  ck_assert_uint_eq(store_stats(s).entries, 0);
+  /* Writing kf replaces the FIFO; writing kd does not go through the link. */
+  put_bytes(s, kf, 'f', 10);
+  ck_assert(get_bytes(s, kf, 'f', 10));
+  uint8_t v[4] = {1, 2, 3, 4};
+  kiln_status st = {0};
+  ck_assert_int_eq(s->ops->put(s, kd, v, sizeof v, &st), KILN_EIO);
+  snprintf(path, sizeof path, "%s/%s", target, kd);
+  struct stat sb;
+  ck_assert_int_eq(stat(path, &sb), 0);
+  ck_assert_uint_eq(sb.st_size, 14);
+  kiln_cache_store_destroy(s);
+  remove_tmp();
+}
+END_TEST
+
 START_TEST(disk_bound_under_flood) {
   make_tmp();
   char dir[128];
@@ -1287,6 +1348,7 @@ static Suite *tiers_suite(void) {
   tcase_add_test(disk, disk_recency_survives_reopen);
   tcase_add_test(disk, disk_refuses_non_hex_keys);
   tcase_add_test(disk, disk_two_stores_one_dir);
+  tcase_add_test(disk, disk_special_files_are_misses);
   suite_add_tcase(s, disk);
   TCase *tiered = tcase_create("tiered");
   tcase_set_timeout(tiered, 120);
