@@ -495,6 +495,7 @@ static const kiln_cache_store_ops disk_ops = {
     .list = disk_list,
     .stats = disk_stats,
     .try_lock = NULL,
+    .take_over = NULL,
     .unlock = NULL,
     .locked = NULL,
     .destroy = disk_destroy,
