@@ -1,7 +1,7 @@
 /* The server's own event loop (libuv, on the main thread).
  *
  * It owns what has a file descriptor or a clock: SIGTERM/SIGINT, SIGHUP
- * (certificate reload), the
+ * (reload of certificates and tokens), the
  * housekeeping timer (drops queued executions whose deadline passed or whose
  * caller went away, even while every device is busy), the drain timer, the
  * /metrics listener; and it feeds the compile pool (libuv's work queue, sized
@@ -22,6 +22,7 @@
  * running.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -218,9 +219,13 @@ static void begin_drain(kilnd *srv, int signum) {
 
 static void on_signal(uv_signal_t *h, int signum) { begin_drain(h->data, signum); }
 
-/* SIGHUP: TLS certificates read again for new connections (auth.c). */
+/* SIGHUP reloads what can change without a restart and drains nothing:
+ * the TLS certificates (for new connections) and the token file (for new
+ * calls), auth.c; what cannot (ports, devices, limits) needs a restart.
+ * Anything else reloadable (a log level) belongs here too. */
 static void on_sighup(uv_signal_t *h, int signum) {
   (void)signum;
+  kilnd_log("SIGHUP: reloading; calls go on");
   kilnd_auth_reload(h->data);
 }
 
@@ -261,7 +266,12 @@ int kilnd_loop_create(kilnd *srv, kiln_status *st) {
 
 void *kilnd_loop_uv(kilnd *srv) { return &srv->loop->loop; }
 
-void kilnd_loop_run(kilnd *srv) { uv_run(&srv->loop->loop, UV_RUN_DEFAULT); }
+void kilnd_loop_run(kilnd *srv) {
+  uv_run(&srv->loop->loop, UV_RUN_DEFAULT);
+  /* libuv put SIGHUP back to its default (death) when its handle closed:
+   * a reload sent while the last of the shutdown runs is ignored. */
+  signal(SIGHUP, SIG_IGN);
+}
 
 static void close_one(uv_handle_t *h, void *arg) {
   (void)arg;
