@@ -118,9 +118,12 @@ void kilnd_compile_submit(kilnd_call *c) {
                     (unsigned long long)srv->cfg.compile_queue_depth);
     return;
   }
-  if (!kilnd_loop_queue_compile(srv, c)) {
+  int rc = kilnd_loop_queue_compile(srv, c);
+  if (rc) {
     atomic_fetch_sub(&srv->compiles, 1);
-    kilnd_call_fail(c, KILN_EUNAVAIL, "the server is shutting down");
+    kilnd_call_fail(c, rc, "%s",
+                    rc == KILN_ENOMEM ? "out of memory queueing the compile"
+                                      : "the server is shutting down");
   }
 }
 

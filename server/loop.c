@@ -58,10 +58,11 @@ typedef struct compile_req {
 
 /* ---- posting ------------------------------------------------------------------------- */
 
-bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) {
+/* 0, KILN_ENOMEM, or KILN_EUNAVAIL once the loop has closed. */
+static int post(kilnd *srv, kilnd_post_fn fn, void *arg) {
   kilnd_loop *l = srv->loop;
   post_item *it = kiln_malloc(sizeof *it);
-  if (it == NULL) return false;
+  if (it == NULL) return KILN_ENOMEM;
   it->fn = fn;
   it->arg = arg;
   it->next = NULL;
@@ -77,8 +78,10 @@ bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) {
   }
   pthread_mutex_unlock(&l->mu);
   if (!ok) kiln_free(it);
-  return ok;
+  return ok ? 0 : KILN_EUNAVAIL;
 }
+
+bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) { return post(srv, fn, arg) == 0; }
 
 static void run_posted(kilnd *srv) {
   kilnd_loop *l = srv->loop;
@@ -126,9 +129,7 @@ static void start_compile(kilnd *srv, void *arg) {
   }
 }
 
-bool kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c) {
-  return kilnd_loop_post(srv, start_compile, c);
-}
+int kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c) { return post(srv, start_compile, c); }
 
 /* ---- timers and signals -------------------------------------------------------------- */
 
@@ -174,6 +175,7 @@ static void maybe_finish(kilnd *srv) {
 static void on_tick(uv_timer_t *h) {
   kilnd *srv = h->data;
   kiln_sched_expire(srv->sched);
+  kilnd_call_repay(srv);
   maybe_finish(srv);
 }
 
