@@ -227,13 +227,13 @@ struct kilnd {
   atomic_int inflight;             /* calls arrived and not yet freed */
   atomic_int working;              /* of those, calls past validation (not refused) */
   atomic_int requested;            /* requested calls not yet completed */
+  atomic_int compiles;             /* compiles queued or running */
+  int64_t start_ns;
+  kilnd_tag shutdown_tag;
   /* Requests that could not be renewed (out of memory), per method and one
    * for unregistered calls: the loop's tick requests them again, so that a
    * passing allocation failure does not leave a method fewer calls. */
   atomic_int owed[KILND_M_COUNT + 1];
-  atomic_int compiles;             /* compiles queued or running */
-  int64_t start_ns;
-  kilnd_tag shutdown_tag;
 };
 
 /* The backend that runs the work of device class `dev_class`; a run asks it

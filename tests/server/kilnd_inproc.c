@@ -37,9 +37,8 @@ static void *loop_thread(void *arg) {
 
 int kilnd_inproc_start(const char *const *args, kilnd_inproc **out, kiln_status *st) {
   *out = NULL;
-  const char *argv[64] = {"kilnd",         "--listen",      "127.0.0.1:0",
-                          "--metrics-listen", "off",        "--drain-grace",
-                          "0"};
+  const char *argv[64] = {"kilnd",         "--listen", "127.0.0.1:0", "--metrics-listen", "off",
+                          "--drain-grace", "0"};
   int argc = 7;
   for (; args && *args && argc < 63; args++) argv[argc++] = *args;
   argv[argc] = NULL;
@@ -169,12 +168,11 @@ int kilnd_inproc_call(kilnd_inproc *k, const char *path, const char *client,
   memset(out, 0, sizeof *out);
   out->code = GRPC_STATUS_UNKNOWN;
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-  gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
-                                       gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+  gpr_timespec deadline =
+      gpr_time_add(gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
   grpc_slice method = grpc_slice_from_copied_string(path);
-  grpc_call *call =
-      grpc_channel_create_call(k->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
-                               deadline, NULL);
+  grpc_call *call = grpc_channel_create_call(k->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method,
+                                             NULL, deadline, NULL);
   grpc_slice_unref(method);
   int rc = -1;
   grpc_metadata md = {0};

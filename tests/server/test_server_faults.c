@@ -26,8 +26,15 @@
 #define MAX_FAULTS 200000
 #define TIMEOUT_MS 30000
 
-static const char *const server_args[] = {"--interp-devices", "1", "--cpu-devices", "1",
-                                          "--compile-threads", "1", "--cq-threads", "2", NULL};
+static const char *const server_args[] = {"--interp-devices",
+                                          "1",
+                                          "--cpu-devices",
+                                          "1",
+                                          "--compile-threads",
+                                          "1",
+                                          "--cq-threads",
+                                          "2",
+                                          NULL};
 
 /* x + K over f32[4]; K makes each program its own (no cache or memo hit). */
 static char *program(int k) {
