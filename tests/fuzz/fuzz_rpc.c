@@ -35,9 +35,9 @@
 #define MAX_MSGS 64
 
 static const char *const paths[] = {
-    "/kiln.v1.Kiln/Compile",         "/kiln.v1.Kiln/Execute",   "/kiln.v1.Kiln/PutBuffer",
-    "/kiln.v1.Kiln/GetBuffer",       "/kiln.v1.Kiln/ReleaseBuffers", "/kiln.v1.Kiln/Stats",
-    "/grpc.health.v1.Health/Check", "/kiln.v1.Kiln/CacheList", "/kiln.v1.Kiln/CacheEvict",
+    "/kiln.v1.Kiln/Compile",        "/kiln.v1.Kiln/Execute",        "/kiln.v1.Kiln/PutBuffer",
+    "/kiln.v1.Kiln/GetBuffer",      "/kiln.v1.Kiln/ReleaseBuffers", "/kiln.v1.Kiln/Stats",
+    "/grpc.health.v1.Health/Check", "/kiln.v1.Kiln/CacheList",      "/kiln.v1.Kiln/CacheEvict",
     "/kiln.v1.Kiln/NoSuchMethod",
 };
 #define NPATHS (sizeof paths / sizeof paths[0])
@@ -131,12 +131,30 @@ static void compile_program(void) {
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
-  static const char *const args[] = {"--interp-devices", "2",     "--cpu-devices",        "1",
-                                     "--default-backend", "interp", "--max-message-bytes", "4Mi",
-                                     "--max-module-bytes", "1Mi",  "--max-elements",       "1Mi",
-                                     "--client-memory-bytes", "64Mi", "--max-executables", "32",
-                                     "--cache-memory-bytes", "16Mi", "--run-timeout",      "5",
-                                     "--compile-timeout", "5",      "--chunk-bytes",       "64Ki",
+  static const char *const args[] = {"--interp-devices",
+                                     "2",
+                                     "--cpu-devices",
+                                     "1",
+                                     "--default-backend",
+                                     "interp",
+                                     "--max-message-bytes",
+                                     "4Mi",
+                                     "--max-module-bytes",
+                                     "1Mi",
+                                     "--max-elements",
+                                     "1Mi",
+                                     "--client-memory-bytes",
+                                     "64Mi",
+                                     "--max-executables",
+                                     "32",
+                                     "--cache-memory-bytes",
+                                     "16Mi",
+                                     "--run-timeout",
+                                     "5",
+                                     "--compile-timeout",
+                                     "5",
+                                     "--chunk-bytes",
+                                     "64Ki",
                                      NULL};
   kiln_status st;
   kiln_status_clear(&st);

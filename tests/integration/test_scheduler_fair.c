@@ -1,11 +1,12 @@
 /* Fair scheduling at one device, end to end: a kilnd with a single
  * interpreter device, a "heavy" client keeping four executions of about
- * 120 ms in flight at all times (so it always has work queued behind the
+ * 200 ms in flight at all times (so it always has work queued behind the
  * one running), and a "light" client sending one execution at a time.
  * Each light call must wait behind at most one run of the heavy client's:
  * at most one heavy call may end between the light call's send and its
- * answer (the run in progress when it came). Before the fix the light
- * client waited behind the heavy run in progress and the next one.
+ * answer (the run in progress when it came), give or take a reply in
+ * flight. Before the fix the light client waited behind the heavy run in
+ * progress and the next one.
  */
 #include <check.h>
 #include <pthread.h>
@@ -67,7 +68,7 @@ static int execute(kiln_client *c, int32_t n, kiln_status *st) {
   return rc;
 }
 
-/* One execution takes about 120 ms. */
+/* One execution takes about 200 ms. */
 static void calibrate(kiln_client *c) {
   kiln_status st;
   kiln_status_clear(&st);
@@ -76,10 +77,18 @@ static void calibrate(kiln_client *c) {
   ck_assert_msg(kiln_client_compile_text(c, spin, strlen(spin), &o, &e, &st) == 0, "%s", st.msg);
   snprintf(exe_id, sizeof exe_id, "%s", e->id);
   kiln_remote_executable_free(e);
-  double t0 = itest_now();
-  ck_assert_int_eq(execute(c, 100000, &st), 0);
-  double per = (itest_now() - t0) / 100000;
-  double want = 0.120 / (per > 0 ? per : 1e-9);
+  /* Twice: the first guess (call overhead included) sizes a run long
+   * enough for the second to measure the loop alone. */
+  int32_t n = 100000;
+  double per = 0;
+  for (int round = 0; round < 2; round++) {
+    double t0 = itest_now();
+    ck_assert_int_eq(execute(c, n, &st), 0);
+    per = (itest_now() - t0) / n;
+    double next = 0.05 / (per > 0 ? per : 1e-9);
+    n = next > 2e8 ? 200000000 : next < 1000 ? 1000 : (int32_t)next;
+  }
+  double want = 0.200 / (per > 0 ? per : 1e-9);
   spin_n = want > 2e8 ? 200000000 : want < 1000 ? 1000 : (int32_t)want;
 }
 
@@ -120,15 +129,24 @@ START_TEST(test_light_waits_one_heavy_run) {
   ck_assert_int_eq(atomic_load(&heavy_errors), 0);
   int n = atomic_load(&nheavy_ends);
   if (n > MAX_ENDS) n = MAX_ENDS;
-  int worst = 0;
+  /* A heavy answer seen after the light call was sent may belong to a run
+   * that ended on the device just before the light request got there (its
+   * reply was on its way); then the run in progress is the next one, and
+   * two heavy answers arrive meanwhile. That takes a light call landing
+   * within a reply's latency of a heavy run's end, rarely; waiting behind
+   * two runs, as before the fix, makes every light call see two or more. */
+  int worst = 0, twos = 0;
   for (int k = 0; k < NLIGHT; k++) {
     int ends = 0;
     for (int i = 0; i < n; i++) ends += heavy_ends[i] > sent[k] && heavy_ends[i] < answered[k];
     printf("test_scheduler_fair: light call %d: %.0f ms, %d heavy runs ended meanwhile\n", k,
            (answered[k] - sent[k]) * 1e3, ends);
     if (ends > worst) worst = ends;
+    twos += ends >= 2;
   }
-  ck_assert_msg(worst <= 1, "a light call waited behind %d heavy runs (at most 1 allowed)", worst);
+  ck_assert_msg(worst <= 2, "a light call waited behind %d heavy runs", worst);
+  ck_assert_msg(twos <= NLIGHT / 4, "%d of %d light calls saw two heavy runs end meanwhile", twos,
+                NLIGHT);
   kiln_client_close(light);
 }
 END_TEST
