@@ -6,7 +6,10 @@
  * max_queued clients however many names callers make up. A free worker walks
  * the ring from the cursor, takes the first client whose oldest job of the
  * worker's class can start (enough free devices of the class), and moves the
- * cursor past that client: that is the fairness. A gang job is run by the
+ * cursor past that client: that is the fairness. A client joining the ring
+ * goes just before the client served last (when that one is still in the
+ * ring), else at the end of the round: either way it waits behind at most
+ * one run of each other client before its own. A gang job is run by the
  * worker that took it; the other devices it needs are marked busy, and their
  * workers wait until it is done.
  *
@@ -57,6 +60,7 @@ struct kiln_sched {
   device *devs;
   uint32_t ndevs;
   sclient *cursor; /* next client to serve; NULL when the ring is empty */
+  sclient *last;   /* the client served last, while it is in the ring; else NULL */
   uint32_t queued, running;
   uint32_t queued_class[KILN_SCHED_MAX_CLASSES]; /* of queued, per class */
   uint32_t dropping; /* jobs taken out to be dropped, callbacks not yet done */
@@ -92,16 +96,25 @@ static sclient *ring_add(kiln_sched *s, const char *name) {
   if (s->cursor == NULL) {
     c->prev = c->next = c;
     s->cursor = c;
-  } else { /* just before the cursor: served last in this round */
-    c->next = s->cursor;
-    c->prev = s->cursor->prev;
-    c->prev->next = c;
-    s->cursor->prev = c;
+    return c;
   }
+  /* Served after every client in the ring that has waited since its last
+   * run, but before the one served last (whose run may still be going):
+   * then a newcomer waits behind at most one run of each other client. At
+   * the end of the round (before the cursor) alone, a newcomer facing a
+   * single busy client would wait behind two of its runs: the cursor is
+   * that client again once it was served. */
+  sclient *at = s->last ? s->last : s->cursor;
+  c->next = at;
+  c->prev = at->prev;
+  c->prev->next = c;
+  at->prev = c;
+  if (s->last && at == s->cursor) s->cursor = c; /* the one served last is next: c goes first */
   return c;
 }
 
 static void ring_remove(kiln_sched *s, sclient *c) {
+  if (s->last == c) s->last = NULL;
   if (c->next == c) {
     s->cursor = NULL;
   } else {
@@ -197,6 +210,7 @@ static job *pick(kiln_sched *s, uint32_t cls, job **drops) {
     if (j && j->j.ndevices <= nfree) {
       unlink_job(s, j, prev);
       s->cursor = c->next;
+      s->last = c;
       if (c->n == 0) ring_remove(s, c);
       return j;
     }

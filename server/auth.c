@@ -6,6 +6,8 @@
  * mutex, so it never blocks a handshake on the disk. Tokens are kept as
  * SHA-256 digests only: the table never holds a token, and a presented
  * token is hashed and compared with every digest without an early exit.
+ * SIGHUP reads the token file again into a new table swapped in under a
+ * read-write lock (lookups read); a file that fails to parse keeps the old.
  */
 #include "server/auth.h"
 
@@ -37,8 +39,10 @@ typedef struct token_entry {
 } token_entry;
 
 struct kilnd_auth {
+  pthread_rwlock_t tokens_mu; /* guards tokens/ntokens/cap: SIGHUP swaps them */
   token_entry *tokens;
   size_t ntokens, cap;
+  bool with_tokens;  /* --tokens given at start; fixed for the server's life */
   bool tls;          /* --tls-cert given */
   bool client_certs; /* --tls-client-ca given: verified client certificates */
   pthread_mutex_t mu;
@@ -215,8 +219,41 @@ fetch_config(void *user, grpc_ssl_server_certificate_config **config) {
   return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
 }
 
+/* Reads the token file into a table of its own and swaps it in; a file
+ * that fails to parse leaves the old table. */
+static void reload_tokens(kilnd *srv) {
+  kilnd_auth *a = srv->auth;
+  kilnd_auth fresh;
+  memset(&fresh, 0, sizeof fresh);
+  kiln_status st;
+  kiln_status_clear(&st);
+  char *text = NULL;
+  int rc = kilnd_read_file(srv->cfg.tokens, "token file", FILE_MAX_MIB, &text, &st);
+  if (rc == 0) rc = parse_tokens(&fresh, text, srv->cfg.tokens, &st);
+  kiln_free(text);
+  if (rc) {
+    char msg[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
+    kiln_status_format(&st, msg, sizeof msg);
+    kilnd_log("SIGHUP: tokens not reloaded, the old ones stay: %s", msg);
+    OPENSSL_cleanse(fresh.tokens, fresh.ntokens * sizeof *fresh.tokens);
+    kiln_free(fresh.tokens);
+    return;
+  }
+  pthread_rwlock_wrlock(&a->tokens_mu);
+  token_entry *old = a->tokens;
+  size_t nold = a->ntokens;
+  a->tokens = fresh.tokens;
+  a->ntokens = fresh.ntokens;
+  a->cap = fresh.cap;
+  pthread_rwlock_unlock(&a->tokens_mu);
+  OPENSSL_cleanse(old, nold * sizeof *old);
+  kiln_free(old);
+  kilnd_log("SIGHUP: %zu tokens reloaded from %s", fresh.ntokens, srv->cfg.tokens);
+}
+
 void kilnd_auth_reload(kilnd *srv) {
   kilnd_auth *a = srv->auth;
+  if (a && a->with_tokens) reload_tokens(srv);
   if (a == NULL || !a->tls) {
     kilnd_log("SIGHUP: no TLS certificates to reload");
     return;
@@ -245,6 +282,7 @@ int kilnd_auth_create(kilnd *srv, kiln_status *st) {
   kilnd_auth *a = kiln_calloc(1, sizeof *a);
   if (a == NULL) return kiln_status_set(st, KILN_ENOMEM, "auth", "out of memory");
   pthread_mutex_init(&a->mu, NULL);
+  pthread_rwlock_init(&a->tokens_mu, NULL);
   srv->auth = a;
   if (cfg->tls_cert[0] || cfg->tls_key[0]) {
     if (!cfg->tls_cert[0] || !cfg->tls_key[0])
@@ -263,6 +301,7 @@ int kilnd_auth_create(kilnd *srv, kiln_status *st) {
     if (rc == 0) rc = parse_tokens(a, text, cfg->tokens, st);
     kiln_free(text);
     if (rc) return rc;
+    a->with_tokens = true;
   }
   if (a->ntokens == 0 && !a->client_certs)
     kilnd_log("warning: unauthenticated: any client may connect and name itself with kiln-client "
@@ -278,6 +317,7 @@ void kilnd_auth_destroy(kilnd *srv) {
   if (a->pending) grpc_ssl_server_certificate_config_destroy(a->pending);
   OPENSSL_cleanse(a->tokens, a->ntokens * sizeof *a->tokens);
   kiln_free(a->tokens);
+  pthread_rwlock_destroy(&a->tokens_mu);
   pthread_mutex_destroy(&a->mu);
   kiln_free(a);
   srv->auth = NULL;
@@ -375,7 +415,7 @@ static int header_identity(kilnd_call *c, kiln_status *st) {
 
 /* The token of `authorization: Bearer T`, checked against every entry. */
 static int token_identity(kilnd_call *c, kiln_status *st) {
-  const kilnd_auth *a = c->srv->auth;
+  kilnd_auth *a = c->srv->auth;
   const grpc_slice *v = find_md(c, "authorization");
   if (v == NULL)
     return kiln_status_set(st, KILND_EUNAUTH, "authorization",
@@ -396,16 +436,20 @@ static int token_identity(kilnd_call *c, kiln_status *st) {
     return kiln_status_set(st, KILN_EINTERNAL, "authorization", "cannot hash the token");
   /* Every entry is compared in full, so the time does not tell which
    * entry, or how much of a digest, matched. */
+  pthread_rwlock_rdlock(&a->tokens_mu);
   size_t found = a->ntokens;
   for (size_t i = 0; i < a->ntokens; i++) {
     int diff = CRYPTO_memcmp(a->tokens[i].digest, d, DIGEST_LEN);
     size_t mask = (size_t)0 - (size_t)(diff == 0);
     found = (found & ~mask) | (i & mask);
   }
-  if (found == a->ntokens)
-    return kiln_status_set(st, KILND_EUNAUTH, "authorization", "unknown token");
-  memcpy(c->client, a->tokens[found].client, sizeof c->client);
-  c->role = a->tokens[found].role;
+  bool known = found != a->ntokens;
+  if (known) {
+    memcpy(c->client, a->tokens[found].client, sizeof c->client);
+    c->role = a->tokens[found].role;
+  }
+  pthread_rwlock_unlock(&a->tokens_mu);
+  if (!known) return kiln_status_set(st, KILND_EUNAUTH, "authorization", "unknown token");
   return 0;
 }
 
@@ -435,7 +479,7 @@ int kilnd_auth_identify(kilnd_call *c, kiln_status *st) {
       return 0;
     }
   }
-  if (a && a->ntokens) {
+  if (a && a->with_tokens) {
     /* Probes on the main port need no token either: health tells nothing
      * about anyone's work. */
     if (health && find_md(c, "authorization") == NULL) {

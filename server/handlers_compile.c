@@ -152,10 +152,13 @@ void kilnd_compile_submit(kilnd_call *c) {
   }
   kilnd_progress *p = kilnd_progress_of(c);
   if (p) kilnd_progress_set(p, KILN__V1__COMPILE_PHASE__COMPILE_PHASE_QUEUED, NULL);
-  if (!kilnd_loop_queue_compile(srv, c)) {
+  int rc = kilnd_loop_queue_compile(srv, c);
+  if (rc) {
     atomic_fetch_sub(&srv->compiles, 1);
     if (p) kilnd_progress_stop(p);
-    kilnd_call_fail(c, KILN_EUNAVAIL, "the server is shutting down");
+    kilnd_call_fail(c, rc, "%s",
+                    rc == KILN_ENOMEM ? "out of memory queueing the compile"
+                                      : "the server is shutting down");
   }
 }
 

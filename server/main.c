@@ -277,7 +277,14 @@ int main(int argc, char **argv) {
   char pool[16];
   snprintf(pool, sizeof pool, "%llu", (unsigned long long)srv.cfg.compile_threads);
   setenv("UV_THREADPOOL_SIZE", pool, 1);
+  /* Signals with no meaning here must not kill a server that others'
+   * work runs on: SIGPIPE (a peer gone: the write fails instead), SIGUSR1
+   * and SIGUSR2 (nothing to do), and SIGHUP until the loop takes it over to
+   * reload (loop.c). SIGTERM and SIGINT drain (loop.c). */
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGUSR1, SIG_IGN);
+  signal(SIGUSR2, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
   /* Streams pass megabyte messages through short-lived buffers: keep freed
    * heap memory for reuse rather than trimming it and faulting it in again
    * per message (PutBuffer ran at half speed), and serve allocations up to

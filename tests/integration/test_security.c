@@ -1,6 +1,7 @@
 /* kilnd's transport security and authentication against real clients
  * (libkiln): TLS with a CA made by openssl here, mutual TLS, bearer tokens
- * and roles, the plaintext health-only port, certificate reload on SIGHUP.
+ * and roles, the plaintext health-only port, certificate and token reload
+ * on SIGHUP.
  *
  * The main server runs with --tls-cert/--tls-key, --tls-client-ca,
  * --tokens (alice and bob are users, root is admin) and --health-listen.
@@ -619,6 +620,63 @@ START_TEST(test_sighup_reload_keeps_calls) {
 }
 END_TEST
 
+/* A compile over connection c; 0 or its rpc code. */
+static kiln_rpc_code compile_code(kiln_client *c) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_compile_options co = {.backend = "interp"};
+  kiln_remote_executable *exe = NULL;
+  int rc = kiln_client_compile_text(c, negate_text, strlen(negate_text), &co, &exe, &st);
+  if (rc == 0) kiln_remote_executable_free(exe);
+  return rc == 0 ? KILN_RPC_OK : kiln_rpc_status_code(&st);
+}
+
+/* SIGHUP reads the token file again: a token added is accepted, a token
+ * removed is refused from the next call on, on connections made before
+ * too; a file that no longer parses keeps the tokens that were. */
+START_TEST(test_sighup_reloads_tokens) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "cd '%s' && cp tokens live-tokens", dir);
+  ck_assert_int_eq(sh(cmd), 0);
+  itest_kilnd k;
+  const char *extra[] = {"--tokens", path("live-tokens"), NULL};
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  kiln_client *alice = connect_ok(k.addr, (creds){.plaintext = true, .token = "tok-alice"});
+  kiln_client *carol = connect_ok(k.addr, (creds){.plaintext = true, .token = "tok-carol"});
+  ck_assert_int_eq(compile_code(alice), KILN_RPC_OK);
+  ck_assert_int_eq(compile_code(carol), KILN_RPC_UNAUTHENTICATED);
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && d() { printf %%s \"$1\" | openssl dgst -sha256 -r | cut -c1-64; } && "
+           "{ echo \"sha256:$(d tok-carol) carol user\"; "
+           "echo \"sha256:$(d tok-root) root admin\"; } > live-tokens.new && "
+           "mv live-tokens.new live-tokens",
+           dir);
+  ck_assert_int_eq(sh(cmd), 0);
+  ck_assert_int_eq(kill(k.pid, SIGHUP), 0);
+  double t0 = itest_now();
+  while (compile_code(carol) != KILN_RPC_OK && itest_now() - t0 < 10) usleep(50000);
+  ck_assert_int_eq(compile_code(carol), KILN_RPC_OK);
+  ck_assert_int_eq(compile_code(alice), KILN_RPC_UNAUTHENTICATED);
+  /* A broken file: carol stays. */
+  snprintf(cmd, sizeof cmd, "cd '%s' && cp bad1 live-tokens", dir);
+  ck_assert_int_eq(sh(cmd), 0);
+  ck_assert_int_eq(kill(k.pid, SIGHUP), 0);
+  usleep(300000);
+  ck_assert_int_eq(compile_code(carol), KILN_RPC_OK);
+  ck_assert_int_eq(compile_code(alice), KILN_RPC_UNAUTHENTICATED);
+  kiln_client_close(alice);
+  kiln_client_close(carol);
+  ck_assert(itest_kilnd_alive(&k));
+  int status = itest_kilnd_stop(&k, SIGTERM, 30);
+  ck_assert_msg(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "kilnd status %d",
+                status);
+  char log[600];
+  snprintf(log, sizeof log, "grep -q 'tokens not reloaded, the old ones stay' '%s/kilnd.err'",
+           k.dir);
+  ck_assert_int_eq(sh(log), 0);
+}
+END_TEST
+
 static Suite *security_suite(void) {
   Suite *s = suite_create("security");
   TCase *tls = tcase_create("tls");
@@ -642,6 +700,7 @@ static Suite *security_suite(void) {
   tcase_add_test(tok, test_malformed_token_files);
   tcase_add_test(tok, test_health_port_plaintext_without_token);
   tcase_add_test(tok, test_cli_flags_and_env);
+  tcase_add_test(tok, test_sighup_reloads_tokens);
   suite_add_tcase(s, tok);
   return s;
 }

@@ -12,6 +12,8 @@
 #include <check.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,6 +389,49 @@ START_TEST(status_names) {
 END_TEST
 
 /* ---- allocation hook --------------------------------------------------- */
+
+/* Once: only the n-th fails; pending until then. */
+START_TEST(alloc_fail_once) {
+  kiln_alloc_fail_once(3);
+  ck_assert(kiln_alloc_failure_pending());
+  void *a = kiln_malloc(8), *b = kiln_malloc(8);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  ck_assert(kiln_alloc_failure_pending());
+  ck_assert_ptr_null(kiln_malloc(8));
+  ck_assert(!kiln_alloc_failure_pending());
+  void *c = kiln_calloc(2, 4), *d = kiln_strdup("x");
+  ck_assert_ptr_nonnull(c);
+  ck_assert_ptr_nonnull(d);
+  kiln_free(a), kiln_free(b), kiln_free(c), kiln_free(d);
+  kiln_alloc_fail_after(1); /* sticky is never "pending" */
+  ck_assert(!kiln_alloc_failure_pending());
+  ck_assert_ptr_null(kiln_malloc(1));
+  ck_assert_ptr_null(kiln_malloc(1));
+}
+END_TEST
+
+/* Armed while four threads allocate: exactly one allocation fails. */
+static _Atomic int failures;
+static void *alloc_loop(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 20000; i++) {
+    void *p = kiln_malloc(16);
+    if (p == NULL) atomic_fetch_add(&failures, 1);
+    kiln_free(p);
+  }
+  return NULL;
+}
+
+START_TEST(alloc_fail_once_threads) {
+  kiln_alloc_fail_once(30000);
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, alloc_loop, NULL), 0);
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  ck_assert_int_eq(atomic_load(&failures), 1);
+  ck_assert(!kiln_alloc_failure_pending());
+}
+END_TEST
 
 START_TEST(alloc_fail_nth) {
   kiln_alloc_fail_after(3);
@@ -781,6 +826,8 @@ static Suite *common_suite(void) {
   TCase *alloc = tcase_create("alloc");
   tcase_add_checked_fixture(alloc, NULL, reset_alloc_hook);
   tcase_add_test(alloc, alloc_fail_nth);
+  tcase_add_test(alloc, alloc_fail_once);
+  tcase_add_test(alloc, alloc_fail_once_threads);
   tcase_add_test(alloc, alloc_fail_each_position);
   tcase_add_test(alloc, alloc_zero_sizes_and_strings);
   tcase_add_test(alloc, alloc_grow);
