@@ -6,7 +6,8 @@
  * window position `select` prefers, scanned in row-major order, combined
  * with it through `scatter`), and sort (one iteration per row: a stable
  * bottom-up merge sort of a permutation under the comparator, then a
- * gather of every operand through it).
+ * gather of every operand through it), and topk (one iteration per row: a
+ * heap of the k best, never a sort of the row).
  */
 #include <stdio.h>
 #include <string.h>
@@ -370,6 +371,188 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
   kiln_sbuf_puts(&b, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)(len > 0 ? total / len : 0);
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&b), *range);
+  kiln_sbuf_free(&b);
+  return 0;
+}
+
+/* ---- topk --------------------------------------------------------------- */
+
+/* A row's k best elements without sorting the row: a binary heap of k
+ * indices whose root is the worst kept (held in the index output itself,
+ * at its stride), one comparison with the root per further element, and a
+ * heap sort of the k at the end, best first. "Better" is XLA's: larger
+ * (smaller unless `largest`) in the total order of the element type,
+ * ties going to the lower index. Floats compare through an unsigned key
+ * with that order (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN, the
+ * interpreter's ordering of sign and magnitude bits). */
+static const char topk_helpers[] =
+    "HQ KT ktkkey@(const ST *in, int64_t i) { ST x = in[i]; return KEYX; }\n"
+    "HQ int ktkbetter@(KT ka, int64_t ia, KT kb, int64_t ib) {\n"
+    "  return ka CMP kb || (ka == kb && ia < ib);\n"
+    "}\n"
+    "/* h: a heap of n indices at stride hs, each worse than its children;\n"
+    " * restores that below position p. */\n"
+    "HQ void ktksift@(const ST *in, int64_t base, int64_t st, IT *h, int64_t hs, int64_t n,\n"
+    "                 int64_t p) {\n"
+    "  int64_t x = h[p * hs];\n"
+    "  KT kx = ktkkey@(in, base + x * st);\n"
+    "  for (;;) {\n"
+    "    int64_t c = 2 * p + 1;\n"
+    "    if (c >= n) break;\n"
+    "    int64_t y = h[c * hs];\n"
+    "    KT ky = ktkkey@(in, base + y * st);\n"
+    "    if (c + 1 < n) {\n"
+    "      int64_t z = h[(c + 1) * hs];\n"
+    "      KT kz = ktkkey@(in, base + z * st);\n"
+    "      if (ktkbetter@(ky, y, kz, z)) { c++; y = z; ky = kz; }\n"
+    "    }\n"
+    "    if (!ktkbetter@(kx, x, ky, y)) break;\n"
+    "    h[p * hs] = (IT)y;\n"
+    "    p = c;\n"
+    "  }\n"
+    "  h[p * hs] = (IT)x;\n"
+    "}\n\n";
+
+static const char topk_row[] =
+    "    for (int64_t j = 0; j < kk; j++) {\n"
+    "      KT kj = ktkkey@(in, base + j * st);\n"
+    "      int64_t p = j;\n"
+    "      while (p > 0) {\n"
+    "        int64_t q = (p - 1) / 2, y = h[q * hs];\n"
+    "        if (!ktkbetter@(ktkkey@(in, base + y * st), y, kj, j)) break;\n"
+    "        h[p * hs] = (IT)y;\n"
+    "        p = q;\n"
+    "      }\n"
+    "      h[p * hs] = (IT)j;\n"
+    "    }\n"
+    "    KT thr = ktkkey@(in, base + (int64_t)h[0] * st);\n"
+    "    for (int64_t j = kk; j < len; j++) {\n"
+    "      KT kj = ktkkey@(in, base + j * st);\n"
+    "      if (!(kj CMP thr)) continue; /* j is past every kept index: ties lose */\n"
+    "      h[0] = (IT)j;\n"
+    "      ktksift@(in, base, st, h, hs, kk, 0);\n"
+    "      thr = ktkkey@(in, base + (int64_t)h[0] * st);\n"
+    "    }\n"
+    "    for (int64_t n = kk; n > 1; n--) {\n"
+    "      IT t = h[0];\n"
+    "      h[0] = h[(n - 1) * hs];\n"
+    "      h[(n - 1) * hs] = t;\n"
+    "      ktksift@(in, base, st, h, hs, n - 1, 0);\n"
+    "    }\n"
+    "    for (int64_t j = 0; j < kk; j++) vo[vb + j * vst] = in[base + (int64_t)h[j * hs] * st];\n";
+
+/* The key type, storage type read and key expression of x for dtype t;
+ * false when t has no order. */
+static bool topk_key(kiln__codegen *g, kiln_dtype t, const char **kt, const char **stt,
+                     const char **key) {
+  switch (t) {
+  case KILN_F16:
+  case KILN_BF16:
+    *kt = *stt = "uint16_t";
+    *key = "(uint16_t)((x & 0x8000u) ? ~x : (x | 0x8000u))";
+    return true;
+  case KILN_F32:
+    *kt = *stt = "uint32_t";
+    *key = "(x & 0x80000000u) ? ~x : (x | 0x80000000u)";
+    return true;
+  case KILN_F64:
+    *kt = *stt = "uint64_t";
+    *key = "(x & 0x8000000000000000ull) ? ~x : (x | 0x8000000000000000ull)";
+    return true;
+  case KILN_PRED:
+    *kt = *stt = "uint8_t";
+    *key = "(uint8_t)(x != 0)";
+    return true;
+  default:
+    if (!kiln_dtype_is_signed_int(t) && !kiln_dtype_is_unsigned_int(t)) return false;
+    *kt = *stt = kiln__stype(&g->mod, t);
+    *key = "x";
+    return true;
+  }
+}
+
+/* Writes template `tpl` with KT, ST, IT, KEYX, CMP and HQ replaced and `@` the
+ * kernel number. */
+static void topk_expand(kiln_sbuf *b, const char *tpl, const char *const *from,
+                        const char *const *to, uint32_t nrep, uint32_t id) {
+  for (const char *p = tpl; *p;) {
+    if (*p == '@') {
+      kiln_sbuf_printf(b, "%u", id);
+      p++;
+      continue;
+    }
+    uint32_t r = 0;
+    while (r < nrep && strncmp(p, from[r], strlen(from[r])) != 0) r++;
+    if (r < nrep) {
+      kiln_sbuf_puts(b, to[r]);
+      p += strlen(from[r]);
+      continue;
+    }
+    kiln_sbuf_printf(b, "%c", *p++);
+  }
+}
+
+int kiln__kernel_topk(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                      uint64_t *range) {
+  const kiln_instr *s = ins_of(g, k->root);
+  if (k->nbinds != 1 || k->nouts != 2 || s->noperands != 1)
+    return fail(g, s, "needs one operand and a (values, indices) result");
+  const kiln_shape *is = k->binds[0].shapes[0], *vs = k->out_shape[0], *xs = k->out_shape[1];
+  uint32_t d = is->rank ? is->rank - 1 : 0;
+  int64_t kk = kiln_instr_attr_int(s, KILN_ATTR_K, -1);
+  if (is->rank == 0 || vs->rank != is->rank || xs->rank != is->rank || kk < 0 || kk > is->dims[d] ||
+      vs->dims[d] != kk || xs->dims[d] != kk || vs->dtype != is->dtype ||
+      !kiln_dtype_is_signed_int(xs->dtype))
+    return fail(g, s, "needs k <= the last dim, values of the operand's type and integer indices");
+  const char *kt, *stt, *key;
+  if (!topk_key(g, is->dtype, &kt, &stt, &key)) {
+    char why[96];
+    snprintf(why, sizeof why, "element type %s has no order", kiln_dtype_name(is->dtype));
+    return fail(g, s, why);
+  }
+  bool largest = kiln_instr_attr_int(s, KILN_ATTR_LARGEST, 1) != 0;
+  const char *from[] = {"KEYX", "KT", "ST", "IT", "CMP", "HQ"};
+  const char *to[] = {key,
+                      kt,
+                      stt,
+                      kiln__stype(&g->mod, xs->dtype),
+                      largest ? ">" : "<",
+                      g->mod.target->helper_qual};
+  topk_expand(&g->mod.funcs, topk_helpers, from, to, 6, g->nkernels);
+  int64_t len = is->dims[d], total = kiln_shape_elements(is), rows = len ? total / len : 0;
+  int64_t ist[KILN__EMIT_MAXR], vst[KILN__EMIT_MAXR], xst[KILN__EMIT_MAXR];
+  strides_of(is, ist);
+  strides_of(vs, vst);
+  strides_of(xs, xst);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b, "  const int64_t len = %lld, kk = %lld;\n", (long long)len, (long long)kk);
+  kiln_sbuf_printf(&b, "  const %s *in = (const %s *)b%u;\n  %s *vo = (%s *)b%u;\n", stt, stt,
+                   k->binds[0].args[0], stt, stt, k->out_arg[0]);
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "r");
+  kiln_sbuf_printf(&b, "  %s {\n", loop);
+  kiln_shape rows_shape = *is;
+  int64_t rdims[KILN__EMIT_MAXR];
+  memcpy(rdims, is->dims, is->rank * sizeof *rdims);
+  rdims[d] = 1;
+  rows_shape.dims = rdims;
+  rows_shape.layout = NULL;
+  kiln__kernel_decompose(&b, &rows_shape, "r", 0, "o", 2);
+  const char *names[3] = {"base", "vb", "xb"};
+  const int64_t *sts[3] = {ist, vst, xst};
+  for (uint32_t q = 0; q < 3; q++) {
+    kiln_sbuf_printf(&b, "    const int64_t %s = 0", names[q]);
+    for (uint32_t e = 0; e < d; e++) kiln_sbuf_printf(&b, " + o%u * %lld", e, (long long)sts[q][e]);
+    kiln_sbuf_puts(&b, ";\n");
+  }
+  kiln_sbuf_printf(&b, "    const int64_t st = %lld, vst = %lld, hs = %lld;\n", (long long)ist[d],
+                   (long long)vst[d], (long long)xst[d]);
+  kiln_sbuf_printf(&b, "    %s *h = b%u + xb;\n", to[3], k->out_arg[1]);
+  topk_expand(&b, topk_row, from, to, 6, g->nkernels);
+  kiln_sbuf_puts(&b, "  }\n");
+  *kernel = g->nkernels;
+  *range = (uint64_t)(kk > 0 ? rows : 0);
   kiln__kernel_finish(g, k, kiln_sbuf_str(&b), *range);
   kiln_sbuf_free(&b);
   return 0;
