@@ -89,8 +89,8 @@ static bool close_to(double a, double b, double tol) {
 }
 
 /* rel < 0: bit-exact. Else floats and complex within rel * max(1, max |want|). */
-static void compare(const kiln_literal *want, const kiln_literal *got, const char *path,
-                    double rel, kiln_sbuf *why) {
+static void compare(const kiln_literal *want, const kiln_literal *got, const char *path, double rel,
+                    kiln_sbuf *why) {
   if (!kiln_shape_equal(&want->shape, &got->shape, false)) {
     kiln_sbuf_printf(why, "%s: shapes differ", path);
     return;
@@ -129,8 +129,8 @@ static void compare(const kiln_literal *want, const kiln_literal *got, const cha
     if (memcmp(a, b, w) != 0) {
       double x = kiln_dtype_is_complex(t) ? 0 : kiln_literal_get_f64(want, i);
       double y = kiln_dtype_is_complex(t) ? 0 : kiln_literal_get_f64(got, i);
-      kiln_sbuf_printf(why, "%s[%lld]: interp %.9g, cpu %.9g (bits differ)", path, (long long)i,
-                       x, y);
+      kiln_sbuf_printf(why, "%s[%lld]: interp %.9g, cpu %.9g (bits differ)", path, (long long)i, x,
+                       y);
       return;
     }
   }
@@ -300,8 +300,8 @@ static void sort_module(kiln_sbuf *b, uint64_t *s) {
   bool total = rng(s) % 2, lex = n > 1 && rng(s) % 4 == 0, stable = rng(s) % 2;
   kiln_sbuf_puts(b, "HloModule t\ncmp {\n");
   for (uint32_t q = 0; q < n; q++)
-    kiln_sbuf_printf(b, "  a%u = %s[] parameter(%u)\n  b%u = %s[] parameter(%u)\n", q, t[q],
-                     2 * q, q, t[q], 2 * q + 1);
+    kiln_sbuf_printf(b, "  a%u = %s[] parameter(%u)\n  b%u = %s[] parameter(%u)\n", q, t[q], 2 * q,
+                     q, t[q], 2 * q + 1);
   bool fl = t[0][0] == 'f' || t[0][0] == 'b';
   const char *ty0 = total && fl ? ", type=TOTALORDER" : "";
   if (!lex) {
@@ -356,6 +356,86 @@ START_TEST(test_sort_argsort) {
 }
 END_TEST
 
+/* ---- complex elementwise ------------------------------------------------ */
+
+/* A chain over c64 or c128 operands of random dims and layouts: every op
+ * the interpreter defines on complex values, conversions both ways, a
+ * select on an EQ/NE compare, and a complex sum. */
+static void complex_module(kiln_sbuf *b, uint64_t *s) {
+  uint32_t r = 1 + (uint32_t)(rng(s) % 3);
+  int64_t dims[3];
+  for (uint32_t i = 0; i < r; i++) dims[i] = 1 + (int64_t)(rng(s) % 9);
+  bool wide = rng(s) % 2;
+  const char *c = wide ? "c128" : "c64", *re = wide ? "f64" : "f32", *oc = wide ? "c64" : "c128";
+  kiln_sbuf sh = KILN_SBUF_INIT, rs = KILN_SBUF_INIT, os = KILN_SBUF_INIT, is = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&sh, c);
+  put_dims(&sh, dims, r);
+  kiln_sbuf_puts(&rs, re);
+  put_dims(&rs, dims, r);
+  kiln_sbuf_puts(&os, oc);
+  put_dims(&os, dims, r);
+  kiln_sbuf_puts(&is, "s32");
+  put_dims(&is, dims, r);
+  const char *S = kiln_sbuf_str(&sh), *R = kiln_sbuf_str(&rs), *O = kiln_sbuf_str(&os),
+             *I = kiln_sbuf_str(&is);
+  kiln_sbuf_printf(b,
+                   "HloModule t\nsum {\n  x = %s[] parameter(0)\n  y = %s[] parameter(1)\n"
+                   "  ROOT z = %s[] add(x, y)\n}\nENTRY e {\n",
+                   c, c, c);
+  kiln_sbuf_printf(b, "  a = ");
+  put_shape(b, c, dims, r, s);
+  kiln_sbuf_printf(b, " parameter(0)\n  bb = ");
+  put_shape(b, c, dims, r, s);
+  kiln_sbuf_printf(b, " parameter(1)\n  f = ");
+  put_shape(b, re, dims, r, s);
+  kiln_sbuf_printf(b, " parameter(2)\n  n = ");
+  put_shape(b, "s32", dims, r, s);
+  kiln_sbuf_printf(b, " parameter(3)\n");
+  kiln_sbuf_printf(b,
+                   "  ad = %s add(a, bb)\n  sb = %s subtract(ad, bb)\n  mu = %s multiply(sb, a)\n"
+                   "  dv = %s divide(mu, bb)\n  ng = %s negate(dv)\n  ab = %s abs(ng)\n"
+                   "  rl = %s real(mu)\n  im = %s imag(dv)\n  s1 = %s add(rl, im)\n"
+                   "  s2 = %s add(s1, ab)\n  s3 = %s add(s2, f)\n  cx = %s complex(s3, f)\n"
+                   "  ca = %s convert(n)\n  cf = %s convert(f)\n  c1 = %s add(cx, ca)\n"
+                   "  c2 = %s multiply(c1, cf)\n  eq = pred%s compare(a, bb), direction=EQ\n"
+                   "  ne = pred%s compare(c2, cx), direction=NE\n"
+                   "  se = %s select(ne, c2, dv)\n  sl = %s select(eq, se, mu)\n"
+                   "  oc = %s convert(sl)\n  bk = %s convert(oc)\n  fr = %s convert(sl)\n"
+                   "  ir = %s convert(bk)\n  k = %s[] constant((0, 0))\n",
+                   S, S, S, S, S, R, R, R, R, R, R, S, S, S, S, S, I + 3, I + 3, S, S, O, S, R, I,
+                   c);
+  kiln_sbuf_printf(b, "  rd = %s[] reduce(sl, k), dimensions={", c);
+  for (uint32_t i = 0; i < r; i++) kiln_sbuf_printf(b, "%s%u", i ? "," : "", i);
+  kiln_sbuf_printf(b,
+                   "}, to_apply=sum\n  ROOT t = (%s, %s, %s, %s, pred%s, %s[]) tuple(bk, fr, ir, "
+                   "ng, eq, rd)\n}\n",
+                   S, R, I, S, I + 3, c);
+  kiln_sbuf_free(&sh);
+  kiln_sbuf_free(&rs);
+  kiln_sbuf_free(&os);
+  kiln_sbuf_free(&is);
+}
+
+START_TEST(test_complex_random) {
+  uint64_t s = 4242;
+  for (int i = 0; i < 16; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    complex_module(&b, &s);
+    agree(kiln_sbuf_str(&b), KILN_TOL_C128_REL, true, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
+START_TEST(test_complex_refused) {
+  refused("HloModule t\nENTRY e {\n  a = c64[4] parameter(0)\n  b = c64[4] parameter(1)\n"
+          "  ROOT c = pred[4] compare(a, b), direction=LT\n}\n",
+          "only with EQ or NE");
+  refused("HloModule t\nENTRY e {\n  a = c64[4] parameter(0)\n  ROOT c = c64[4] sqrt(a)\n}\n",
+          "sqrt");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cpu_ops");
   TCase *tc = tcase_create("topk");
@@ -368,6 +448,11 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_sort_random);
   tcase_add_test(tc, test_sort_argsort);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("complex");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_complex_random);
+  tcase_add_test(tc, test_complex_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
