@@ -1,5 +1,5 @@
 /* Kernel steps for one instruction: which kernel shape (loop, in-place
- * update, scatter, sort, topk) or library call (GEMM) computes it, which slots
+ * update, scatter, sort, topk) or library call (GEMM, CONV, FFT) computes it, which slots
  * its arguments are, and how fusion parameters and constants bind to them.
  *
  * A fusion is one loop kernel whose body inlines the fused computation
@@ -339,6 +339,29 @@ static int conv_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, bool *
 #endif
 }
 
+/* fft: one FFT step (a library call on cpu); refused with the reason when
+ * the instruction does not describe one. */
+static int fft_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  kiln_fft f;
+  const char *why = kiln__fft_plan(c->m, ins, &f);
+  if (why)
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile it: %s",
+                            c->g->mod.target->name, why);
+  if (strcmp(c->g->mod.target->name, "cpu") != 0)
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile fft yet",
+                            c->g->mod.target->name);
+  if (kiln_shape_elements(&ins->shape) == 0) return 0;
+  uint32_t args[2] = {leaf0(c, ins->operands[0]), leaf0(c, ins->id)};
+  if (args[0] == KILN_NO_SLOT || args[1] == KILN_NO_SLOT)
+    return kiln__lower_fail(c, ins, KILN_EINTERNAL, "operand or result has no slot");
+  kiln_step s = {.kind = KILN_STEP_FFT, .nargs = 2};
+  s.args = kiln_arena_memdup(c->e->arena, args, sizeof args);
+  s.fft = kiln_arena_memdup(c->e->arena, &f, sizeof f);
+  if (s.args == NULL || s.fft == NULL)
+    return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  return kiln__lower_step(c, prog, &s);
+}
+
 /* ---- fusions ------------------------------------------------------------ */
 
 static int bind_fusion_cb(kb *b, const kiln_instr *ins) { return kb_bind_fusion(b, ins); }
@@ -528,6 +551,7 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   }
   case KILN_OP_SORT: return sort_kernel(c, prog, ins);
   case KILN_OP_TOPK: return topk_kernel(c, prog, ins);
+  case KILN_OP_FFT: return fft_step(c, prog, ins);
   case KILN_OP_SELECT_AND_SCATTER: return select_scatter_kernel(c, prog, ins);
   case KILN_OP_SCATTER: {
     uint32_t n = (ins->noperands - 1) / 2;

@@ -14,6 +14,7 @@
  * names the instruction and the reason.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #include "common/sbuf.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
+#include "executor/cpu/cpu.h"
 #include "executor/run.h"
 #include "tests/support/tolerance.h"
 
@@ -436,6 +438,112 @@ START_TEST(test_complex_refused) {
 }
 END_TEST
 
+/* ---- fft ---------------------------------------------------------------- */
+
+static const char *const fft_types[] = {"FFT", "IFFT", "RFFT", "IRFFT"};
+
+/* A random fft: rank 1-4, 1-3 transformed dims, lengths odd, even and
+ * powers of two, random layouts of operand and result. *points: the
+ * transform's size (product of the lengths). */
+static void fft_module(kiln_sbuf *b, uint64_t *s, int64_t *points) {
+  uint32_t r = 1 + (uint32_t)(rng(s) % 4), nf = 1 + (uint32_t)(rng(s) % (r < 3 ? r : 3));
+  int type = (int)(rng(s) % 4);
+  bool wide = rng(s) % 2;
+  static const int64_t lens[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 17, 30, 64};
+  int64_t len[4], in[4], out[4];
+  *points = 1;
+  for (uint32_t d = 0; d < r; d++) {
+    bool t = d + nf >= r;
+    len[d] = t ? lens[rng(s) % (sizeof lens / sizeof *lens)] : 1 + (int64_t)(rng(s) % 4);
+    if (t) *points *= len[d];
+    in[d] = out[d] = len[d];
+  }
+  if (type == 2) out[r - 1] = len[r - 1] / 2 + 1;
+  if (type == 3) in[r - 1] = len[r - 1] / 2 + 1;
+  const char *c = wide ? "c128" : "c64", *re = wide ? "f64" : "f32";
+  kiln_sbuf_puts(b, "HloModule t\nENTRY e {\n  p = ");
+  put_shape(b, type == 2 ? re : c, in, r, s);
+  kiln_sbuf_puts(b, " parameter(0)\n  ROOT f = ");
+  put_shape(b, type == 3 ? re : c, out, r, s);
+  kiln_sbuf_printf(b, " fft(p), fft_type=%s, fft_length={", fft_types[type]);
+  for (uint32_t d = r - nf; d < r; d++)
+    kiln_sbuf_printf(b, "%s%lld", d > r - nf ? "," : "", (long long)len[d]);
+  kiln_sbuf_puts(b, "}\n}\n");
+  (void)wide;
+}
+
+static void fft_random(uint64_t seed, int n) {
+  uint64_t s = seed;
+  for (int i = 0; i < n; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    int64_t points;
+    fft_module(&b, &s, &points);
+    bool c64 = strstr(kiln_sbuf_str(&b), "c64") != NULL;
+    agree(kiln_sbuf_str(&b), kiln_tol_fft(points, c64), true, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+
+START_TEST(test_fft_random) { fft_random(99, 40); }
+END_TEST
+
+/* The same modules through the direct DFT, as on a machine without FFTW. */
+START_TEST(test_fft_without_fftw) {
+  setenv("KILN_NO_FFTW", "1", 1);
+  fft_random(99, 12);
+}
+END_TEST
+
+/* jnp.fft.rfft, a filter, irfft: the round trip of a real signal. */
+START_TEST(test_fft_roundtrip) {
+  agree("HloModule t\nENTRY e {\n  x = f32[8,256] parameter(0)\n  h = c64[8,129] parameter(1)\n"
+        "  f = c64[8,129] fft(x), fft_type=RFFT, fft_length={256}\n"
+        "  g = c64[8,129] multiply(f, h)\n"
+        "  ROOT y = f32[8,256] fft(g), fft_type=IRFFT, fft_length={256}\n}\n",
+        kiln_tol_fft(256, 1), true, 2);
+  agree("HloModule t\nENTRY e {\n  x = c128[2,16,8,4] parameter(0)\n"
+        "  f = c128[2,16,8,4] fft(x), fft_type=FFT, fft_length={16,8,4}\n"
+        "  ROOT y = c128[2,16,8,4] fft(f), fft_type=IFFT, fft_length={16,8,4}\n}\n",
+        kiln_tol_fft(512, 0), true, 1);
+}
+END_TEST
+
+/* The plan goes through FFTW when the library is there. */
+START_TEST(test_fft_plan_uses_fftw) {
+  void *h = dlopen("libfftw3f.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "test_fft_plan_uses_fftw: libfftw3f.so.3 not found, skipped\n");
+    return;
+  }
+  dlclose(h);
+  kiln_fft f = {.type = KILN_FFT_FORWARD,
+                .dtype = KILN_C64,
+                .rank = 2,
+                .nfft = 1,
+                .len = {3, 8},
+                .in_dims = {3, 8},
+                .in_strides = {8, 1},
+                .out_dims = {3, 8},
+                .out_strides = {1, 3}};
+  char why[200];
+  ck_assert_msg(kiln_fft_check(&f, 192, 192, why, sizeof why), "%s", why);
+  ck_assert(!kiln_fft_check(&f, 192, 100, why, sizeof why));
+  ck_assert_ptr_nonnull(strstr(why, "result"));
+  kiln__cpu_fft *p = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__cpu_fft_create(&f, &p, "test", &st), 0);
+  ck_assert(kiln__cpu_fft_uses_library(p));
+  kiln__cpu_fft_destroy(p);
+}
+END_TEST
+
+START_TEST(test_fft_refused) {
+  refused("HloModule t\nENTRY e {\n  p = f32[4,8] parameter(0)\n"
+          "  ROOT f = c128[4,5] fft(p), fft_type=RFFT, fft_length={8}\n}\n",
+          "fft");
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cpu_ops");
   TCase *tc = tcase_create("topk");
@@ -453,6 +561,14 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_complex_random);
   tcase_add_test(tc, test_complex_refused);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("fft");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_fft_random);
+  tcase_add_test(tc, test_fft_without_fftw);
+  tcase_add_test(tc, test_fft_roundtrip);
+  tcase_add_test(tc, test_fft_plan_uses_fftw);
+  tcase_add_test(tc, test_fft_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
