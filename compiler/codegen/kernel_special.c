@@ -304,6 +304,131 @@ static int sort_less_fn(kiln__codegen *g, const kiln__kernel_spec *k, const kiln
   return 0;
 }
 
+/* Writes template `tpl` with each from[r] replaced by to[r] and `@` by
+ * the kernel number (the topk and sort fast path templates). */
+static void expand(kiln_sbuf *b, const char *tpl, const char *const *from, const char *const *to,
+                   uint32_t nrep, uint32_t id) {
+  for (const char *p = tpl; *p;) {
+    if (*p == '@') {
+      kiln_sbuf_printf(b, "%u", id);
+      p++;
+      continue;
+    }
+    uint32_t r = 0;
+    while (r < nrep && strncmp(p, from[r], strlen(from[r])) != 0) r++;
+    if (r < nrep) {
+      kiln_sbuf_puts(b, to[r]);
+      p += strlen(from[r]);
+      continue;
+    }
+    kiln_sbuf_printf(b, "%c", *p++);
+  }
+}
+
+/* ---- sort fast paths ---------------------------------------------------- */
+
+/* The comparators JAX and XLA write, compare(a0, b0) with direction LT or
+ * GT (either operand order) on operand 0 alone, have a faster sort with
+ * the same result as the merge sort under them:
+ *  - a strict weak order (integer or pred keys, or float keys compared
+ *    with type=TOTALORDER): every stable sort gives the same permutation,
+ *    so an LSD radix sort of 32-bit order-preserving keys with int32
+ *    indices (bytes on which all keys agree skipped), descending as the
+ *    complement of the key;
+ *  - float keys without total order: on a row without NaN, LT is a strict
+ *    weak order in which -0 equals +0, so the radix sort with -0 read as
+ *    +0; a row with a NaN (which compares false both ways, not a weak
+ *    order) takes the same bottom-up merge as the general path, so the
+ *    same comparisons, on contiguous (key, index) pairs instead of through
+ *    the permutation and the comparator function.
+ * Keys wider than 32 bits take the general path. Both fit the scratch of
+ * 16 bytes per element the general path has. */
+typedef enum sort_fast { SORT_GENERAL, SORT_RADIX, SORT_PAIRS } sort_fast;
+
+static sort_fast sort_fast_path(kiln__codegen *g, const kiln_instr *s, kiln_dtype kt, bool *desc) {
+  const kiln_module *m = g->mod.m;
+  const kiln_computation *c = m->comps[s->called[0]];
+  const kiln_instr *root = kiln_computation_root(m, c);
+  if (root == NULL || root->op != KILN_OP_COMPARE || root->noperands != 2) return SORT_GENERAL;
+  const kiln_instr *a = m->instrs[root->operands[0]], *b = m->instrs[root->operands[1]];
+  if (a->op != KILN_OP_PARAMETER || b->op != KILN_OP_PARAMETER ||
+      a->param_number + b->param_number != 1 || a->param_number * b->param_number != 0 ||
+      kiln_shape_is_tuple(&a->shape) || a->shape.dtype != kt)
+    return SORT_GENERAL;
+  const kiln_attr *d = kiln_instr_attr(root, KILN_ATTR_DIRECTION);
+  if (d == NULL || (d->v.i != KILN_CMP_LT && d->v.i != KILN_CMP_GT)) return SORT_GENERAL;
+  *desc = (d->v.i == KILN_CMP_GT) == (a->param_number == 0);
+  if (kiln_dtype_bits(kt) > 32 ||
+      (kt != KILN_PRED && !kiln_dtype_is_float(kt) && !kiln_dtype_is_signed_int(kt) &&
+       !kiln_dtype_is_unsigned_int(kt)))
+    return SORT_GENERAL;
+  if (!kiln_dtype_is_float(kt)) return SORT_RADIX;
+  const char *type = kiln_instr_attr_str(root, KILN_ATTR_TYPE);
+  return type && strcmp(type, "TOTALORDER") == 0 ? SORT_RADIX : SORT_PAIRS;
+}
+
+/* The 32-bit ascending key of x (read as type t's storage). */
+static const char *radix_key(kiln_dtype t) {
+  switch (t) {
+  case KILN_F32: return "(x & 0x80000000u) ? ~x : (x | 0x80000000u)";
+  case KILN_F16:
+  case KILN_BF16: return "(uint32_t)((x & 0x8000u) ? (~x & 0xffffu) : (x | 0x8000u))";
+  case KILN_PRED: return "(uint32_t)(x != 0)";
+  default:
+    return kiln_dtype_is_signed_int(t) ? "(uint32_t)(int32_t)x ^ 0x80000000u" : "(uint32_t)x";
+  }
+}
+
+static const char radix_row[] =
+    "    uint32_t *ka = (uint32_t *)(bSARG + r * 2 * len), *ia = ka + len, *kb = ia + len,"
+    " *ib = kb + len;\n"
+    "    uint32_t any = 0, all = ~0u;\n"
+    "    for (int64_t j = 0; j < len; j++) {\n"
+    "      RT x = (RT)in0[base[0] + j * st[0]];\n"
+    "      ZEROX\n"
+    "      uint32_t k = KEYX;\n"
+    "      k = DESC ? ~k : k;\n"
+    "      ka[j] = k;\n"
+    "      ia[j] = (uint32_t)j;\n"
+    "      any |= k;\n"
+    "      all &= k;\n"
+    "    }\n"
+    "    for (int sh = 0; sh < 32; sh += 8) {\n"
+    "      if ((((any ^ all) >> sh) & 255u) == 0) continue; /* every key has this byte */\n"
+    "      int64_t cnt[257] = {0};\n"
+    "      for (int64_t j = 0; j < len; j++) cnt[((ka[j] >> sh) & 255u) + 1]++;\n"
+    "      for (int q = 0; q < 256; q++) cnt[q + 1] += cnt[q];\n"
+    "      for (int64_t j = 0; j < len; j++) {\n"
+    "        int64_t o = cnt[(ka[j] >> sh) & 255u]++;\n"
+    "        kb[o] = ka[j];\n"
+    "        ib[o] = ia[j];\n"
+    "      }\n"
+    "      uint32_t *t = ka; ka = kb; kb = t;\n"
+    "      t = ia; ia = ib; ib = t;\n"
+    "    }\n"
+    "    order = ia;\n";
+
+static const char pairs_row[] =
+    "    struct kp@ { float k; uint32_t i; } *pa = (struct kp@ *)(bSARG + r * 2 * len),"
+    " *pb = pa + len;\n"
+    "    for (int64_t j = 0; j < len; j++) {\n"
+    "      pa[j].k = (float)LOADX;\n"
+    "      pa[j].i = (uint32_t)j;\n"
+    "    }\n"
+    "    for (int64_t w = 1; w < len; w *= 2) {\n"
+    "      for (int64_t lo = 0; lo < len; lo += 2 * w) {\n"
+    "        int64_t mid = lo + w < len ? lo + w : len, hi = lo + 2 * w < len ? lo + 2 * w : len;\n"
+    "        int64_t a = lo, c = mid, o = lo;\n"
+    "        while (a < mid && c < hi) pb[o++] = pa[c].k CMP pa[a].k ? pa[c++] : pa[a++];\n"
+    "        while (a < mid) pb[o++] = pa[a++];\n"
+    "        while (c < hi) pb[o++] = pa[c++];\n"
+    "      }\n"
+    "      struct kp@ *t = pa; pa = pb; pb = t;\n"
+    "    }\n"
+    "    uint32_t *ord = (uint32_t *)pb; /* pb is free now: the indices, in order */\n"
+    "    for (int64_t j = 0; j < len; j++) ord[j] = pa[j].i;\n"
+    "    order = ord;\n";
+
 static const char sort_loop[] =
     "    for (int64_t j = 0; j < len; j++) perm[j] = j;\n"
     "    for (int64_t w = 1; w < len; w *= 2) {\n"
@@ -327,10 +452,14 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
   const kiln_i64s *dl = kiln_instr_attr_ints(s, KILN_ATTR_DIMENSIONS);
   int64_t d = dl && dl->n == 1 ? dl->v[0] : (int64_t)s0->rank - 1;
   if (s0->rank == 0 || d < 0 || d >= s0->rank) return fail(g, s, "sort dimension out of range");
-  int rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn);
-  if (rc) return rc;
-  if ((rc = sort_less_fn(g, k, s, fn, g->nkernels))) return rc;
   int64_t len = s0->dims[d], total = kiln_shape_elements(s0);
+  bool desc = false;
+  sort_fast fast = len < ((int64_t)1 << 31) ? sort_fast_path(g, s, s0->dtype, &desc) : SORT_GENERAL;
+  int rc = 0;
+  if (fast == SORT_GENERAL) {
+    if ((rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn))) return rc;
+    if ((rc = sort_less_fn(g, k, s, fn, g->nkernels))) return rc;
+  }
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_sbuf_printf(&b, "  const int64_t len = %lld;\n  int64_t base[%u], st[%u], ob[%u];\n",
                    (long long)len, n, n, n);
@@ -358,16 +487,54 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
       if (e != d) kiln_sbuf_printf(&b, " + o%u * %lld", e, (long long)ost[e]);
     kiln_sbuf_printf(&b, ";\n    const int64_t ost%u = %lld;\n", q, (long long)ost[d]);
   }
-  kiln_sbuf_printf(
-      &b, "    int64_t *perm = (int64_t *)bufs[%u] + r * 2 * len, *tmp = perm + len;\n", scratch);
-  kiln_sbuf_printf(&b, "#define LESS(x, y) kless%u(bufs, base, st, x, y)\n", g->nkernels);
-  kiln_sbuf_puts(&b, sort_loop);
-  kiln_sbuf_puts(&b, "#undef LESS\n");
+  const char *order = "perm";
+  if (fast == SORT_GENERAL) {
+    kiln_sbuf_printf(
+        &b, "    int64_t *perm = (int64_t *)bufs[%u] + r * 2 * len, *tmp = perm + len;\n", scratch);
+    kiln_sbuf_printf(&b, "#define LESS(x, y) kless%u(bufs, base, st, x, y)\n", g->nkernels);
+    kiln_sbuf_puts(&b, sort_loop);
+    kiln_sbuf_puts(&b, "#undef LESS\n");
+  } else {
+    kiln_dtype t0 = s0->dtype;
+    char sarg[16], load[96];
+    snprintf(sarg, sizeof sarg, "%u", scratch);
+    kiln__emit_load_expr(t0, k->binds[0].args[0], "base[0] + j * st[0]", load, sizeof load);
+    /* in0: operand 0 read as bits, for the radix key */
+    const char *rt = t0 == KILN_F32                      ? "uint32_t"
+                     : t0 == KILN_F16 || t0 == KILN_BF16 ? "uint16_t"
+                                                         : kiln__stype(&g->mod, t0);
+    kiln_sbuf_printf(&b, "    const %s *in0 = (const %s *)b%u;\n    const uint32_t *order;\n", rt,
+                     rt, k->binds[0].args[0]);
+    bool w16 = t0 == KILN_F16 || t0 == KILN_BF16;
+    const char *zero = fast == SORT_PAIRS
+                           ? (w16 ? "if (x == 0x8000u) x = 0;" : "if (x == 0x80000000u) x = 0;")
+                           : "";
+    const char *from[] = {"KEYX", "RT", "DESC", "LOADX", "CMP", "SARG", "ZEROX"};
+    const char *to[] = {radix_key(t0), rt, desc ? "1" : "0", load, desc ? ">" : "<", sarg, zero};
+    if (fast == SORT_PAIRS) {
+      const char *nan = t0 == KILN_F32   ? "(x & 0x7fffffffu) > 0x7f800000u"
+                        : t0 == KILN_F16 ? "(x & 0x7fffu) > 0x7c00u"
+                                         : "(x & 0x7fffu) > 0x7f80u";
+      kiln_sbuf_printf(&b,
+                       "    int nan = 0;\n"
+                       "    for (int64_t j = 0; j < len; j++) {\n"
+                       "      %s x = in0[base[0] + j * st[0]];\n"
+                       "      nan |= %s;\n"
+                       "    }\n"
+                       "    if (nan) {\n",
+                       rt, nan);
+      expand(&b, pairs_row, from, to, 7, g->nkernels);
+      kiln_sbuf_puts(&b, "    } else {\n");
+    }
+    expand(&b, radix_row, from, to, 7, g->nkernels);
+    if (fast == SORT_PAIRS) kiln_sbuf_puts(&b, "    }\n");
+    order = "order";
+  }
   for (uint32_t q = 0; q < n; q++)
     kiln_sbuf_printf(&b,
                      "    for (int64_t j = 0; j < len; j++) b%u[ob[%u] + j * ost%u] = "
-                     "b%u[base[%u] + perm[j] * st[%u]];\n",
-                     k->out_arg[q], q, q, k->binds[q].args[0], q, q);
+                     "b%u[base[%u] + (int64_t)%s[j] * st[%u]];\n",
+                     k->out_arg[q], q, q, k->binds[q].args[0], q, order, q);
   kiln_sbuf_puts(&b, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)(len > 0 ? total / len : 0);
@@ -472,27 +639,6 @@ static bool topk_key(kiln__codegen *g, kiln_dtype t, const char **kt, const char
   }
 }
 
-/* Writes template `tpl` with KT, ST, IT, KEYX, CMP and HQ replaced and `@` the
- * kernel number. */
-static void topk_expand(kiln_sbuf *b, const char *tpl, const char *const *from,
-                        const char *const *to, uint32_t nrep, uint32_t id) {
-  for (const char *p = tpl; *p;) {
-    if (*p == '@') {
-      kiln_sbuf_printf(b, "%u", id);
-      p++;
-      continue;
-    }
-    uint32_t r = 0;
-    while (r < nrep && strncmp(p, from[r], strlen(from[r])) != 0) r++;
-    if (r < nrep) {
-      kiln_sbuf_puts(b, to[r]);
-      p += strlen(from[r]);
-      continue;
-    }
-    kiln_sbuf_printf(b, "%c", *p++);
-  }
-}
-
 int kiln__kernel_topk(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
                       uint64_t *range) {
   const kiln_instr *s = ins_of(g, k->root);
@@ -519,7 +665,7 @@ int kiln__kernel_topk(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
                       kiln__stype(&g->mod, xs->dtype),
                       largest ? ">" : "<",
                       g->mod.target->helper_qual};
-  topk_expand(&g->mod.funcs, topk_helpers, from, to, 6, g->nkernels);
+  expand(&g->mod.funcs, topk_helpers, from, to, 6, g->nkernels);
   int64_t len = is->dims[d], total = kiln_shape_elements(is), rows = len ? total / len : 0;
   int64_t ist[KILN__EMIT_MAXR], vst[KILN__EMIT_MAXR], xst[KILN__EMIT_MAXR];
   strides_of(is, ist);
@@ -549,7 +695,7 @@ int kiln__kernel_topk(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
   kiln_sbuf_printf(&b, "    const int64_t st = %lld, vst = %lld, hs = %lld;\n", (long long)ist[d],
                    (long long)vst[d], (long long)xst[d]);
   kiln_sbuf_printf(&b, "    %s *h = b%u + xb;\n", to[3], k->out_arg[1]);
-  topk_expand(&b, topk_row, from, to, 6, g->nkernels);
+  expand(&b, topk_row, from, to, 6, g->nkernels);
   kiln_sbuf_puts(&b, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)(kk > 0 ? rows : 0);
