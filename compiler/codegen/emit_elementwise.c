@@ -431,7 +431,7 @@ static int complex_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
   case KILN_OP_NEGATE: snprintf(dst, size, "(-%s)", a[0]); return 0;
   case KILN_OP_COPY: snprintf(dst, size, "%s", a[0]); return 0;
   case KILN_OP_ABS:
-    snprintf(e, sizeof e, "cabs(%s)", a[0]);
+    snprintf(e, sizeof e, "%s(%s)", rt == KILN_F32 ? "kc64abs" : "cabs", a[0]);
     fround(rt, e, dst, size);
     return 0;
   case KILN_OP_REAL:

@@ -144,7 +144,9 @@ typedef struct kiln__cpu_fft kiln__cpu_fft;
 int kiln__cpu_fft_create(const kiln_fft *f, kiln__cpu_fft **out, const char *where,
                          kiln_status *st);
 void kiln__cpu_fft_destroy(kiln__cpu_fft *p);
-int kiln__cpu_fft_run(const kiln__cpu_fft *p, const void *in, void *out, kiln_status *st);
+/* pool: where the batch is spread (NULL: this thread). */
+int kiln__cpu_fft_run(const kiln__cpu_fft *p, kiln__cpu_pool *pool, const void *in, void *out,
+                      kiln_status *st);
 /* Whether the plan runs through FFTW (false: the direct DFT). */
 bool kiln__cpu_fft_uses_library(const kiln__cpu_fft *p);
 
