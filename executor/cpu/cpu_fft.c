@@ -30,8 +30,9 @@
  * cover one index of the outermost batch dim, and a run spreads those
  * indices over the device's pool in chunks (the same plan for every
  * index, so results do not depend on the split). c2r overwrites
- * its input, so IRFFT (and an operand sharing the result's memory) runs
- * from a copy. FFTW does not normalize: the inverses scale by 1/N after.
+ * its input but for one transformed dim (FFTW_PRESERVE_INPUT), so a
+ * multi-dim IRFFT (and an operand sharing the result's memory) runs from a
+ * copy. FFTW does not normalize: the inverses scale by 1/N after.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -52,6 +53,7 @@ typedef struct fftw_iodim64 {
 #define FFTW_FORWARD (-1)
 #define FFTW_BACKWARD (+1)
 #define FFTW_UNALIGNED (1U << 1)
+#define FFTW_PRESERVE_INPUT (1U << 4)
 #define FFTW_ESTIMATE (1U << 6)
 #define FFTW_MEASURE 0U
 
@@ -124,6 +126,7 @@ struct kiln__cpu_fft {
   void *plan;                   /* for 64-byte aligned arrays (SIMD) */
   void *plan_unaligned;         /* for any arrays */
   int align_in, align_out;      /* fftw_alignment_of the planned arrays */
+  bool keeps_input;             /* c2r planned with FFTW_PRESERVE_INPUT: no copy */
   int64_t outer;                /* indices of the outermost batch dim (1: none) */
   uint64_t in_step, out_step;   /* bytes between them */
   uint64_t in_bytes, out_bytes; /* spans of the operand and result */
@@ -179,8 +182,18 @@ static void make_plan(kiln__cpu_fft *p) {
   void *in = aligned(p->in_bytes), *out = aligned(p->out_bytes);
   if (in && out) {
     pthread_mutex_lock(&plan_mu);
-    p->plan = plan_one(f, l, in, out, planner);
-    p->plan_unaligned = plan_one(f, l, in, out, FFTW_ESTIMATE | FFTW_UNALIGNED);
+    /* FFTW keeps a c2r input only for one transformed dim (else NULL) */
+    unsigned keep = f->type == KILN_FFT_REAL_INVERSE ? FFTW_PRESERVE_INPUT : 0;
+    p->plan = keep ? plan_one(f, l, in, out, planner | keep) : NULL;
+    p->plan_unaligned =
+        keep ? plan_one(f, l, in, out, FFTW_ESTIMATE | FFTW_UNALIGNED | keep) : NULL;
+    p->keeps_input = keep && p->plan && p->plan_unaligned;
+    if (!p->keeps_input) {
+      if (p->plan) l->destroy(p->plan);
+      if (p->plan_unaligned) l->destroy(p->plan_unaligned);
+      p->plan = plan_one(f, l, in, out, planner);
+      p->plan_unaligned = plan_one(f, l, in, out, FFTW_ESTIMATE | FFTW_UNALIGNED);
+    }
     p->align_in = l->alignment_of(in);
     p->align_out = l->alignment_of(out);
     pthread_mutex_unlock(&plan_mu);
@@ -310,7 +323,7 @@ int kiln__cpu_fft_run(const kiln__cpu_fft *p, kiln__cpu_pool *pool, const void *
   bool overlap = (const char *)in < (const char *)out + p->out_bytes &&
                  (const char *)out < (const char *)in + p->in_bytes;
   void *src = (void *)in, *copy = NULL;
-  if (f->type == KILN_FFT_REAL_INVERSE || overlap) {
+  if ((f->type == KILN_FFT_REAL_INVERSE && !p->keeps_input) || overlap) {
     if ((copy = aligned(p->in_bytes)) == NULL)
       return kiln_status_set(st, KILN_ENOMEM, "fft", "out of memory for the operand's copy");
     memcpy(copy, in, p->in_bytes);
