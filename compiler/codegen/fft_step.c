@@ -100,7 +100,7 @@ const char *kiln__fft_plan(const kiln_module *m, const kiln_instr *ins, kiln_fft
                                       : -1;
   if (kind < 0) return "fft_type must be FFT, IFFT, RFFT or IRFFT";
   if (is->rank < 1 || is->rank > KILN_FFT_MAX_RANK || os->rank != is->rank)
-    return "operand and result must have the same rank, 1 to 8";
+    return "operand and result ranks must be equal and 1 to 8";
   if (len == NULL || len->n < 1 || len->n > KILN_FFT_MAX_NFFT || len->n > is->rank)
     return "fft_length must give 1 to 3 lengths, no more than the rank";
   kiln_dtype cplx = kind == KILN_FFT_REAL_FORWARD ? os->dtype : is->dtype;

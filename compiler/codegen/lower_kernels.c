@@ -345,7 +345,7 @@ static int fft_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   kiln_fft f;
   const char *why = kiln__fft_plan(c->m, ins, &f);
   if (why)
-    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile it: %s",
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile this fft: %s",
                             c->g->mod.target->name, why);
   if (strcmp(c->g->mod.target->name, "cpu") != 0)
     return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile fft yet",

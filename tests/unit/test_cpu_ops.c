@@ -453,6 +453,15 @@ START_TEST(test_complex_random) {
 }
 END_TEST
 
+START_TEST(test_sort_refused) {
+  refused("HloModule t\ncmp {\n  a = c64[] parameter(0)\n  b = c64[] parameter(1)\n"
+          "  ROOT lt = pred[] compare(a, b), direction=LT\n}\nENTRY e {\n"
+          "  p = c64[4,8] parameter(0)\n  ROOT s = c64[4,8] sort(p), dimensions={1}, "
+          "to_apply=cmp\n}\n",
+          "compare lt: complex values compare only with EQ or NE");
+}
+END_TEST
+
 START_TEST(test_complex_refused) {
   refused("HloModule t\nENTRY e {\n  a = c64[4] parameter(0)\n  b = c64[4] parameter(1)\n"
           "  ROOT c = pred[4] compare(a, b), direction=LT\n}\n",
@@ -564,7 +573,11 @@ END_TEST
 START_TEST(test_fft_refused) {
   refused("HloModule t\nENTRY e {\n  p = f32[4,8] parameter(0)\n"
           "  ROOT f = c128[4,5] fft(p), fft_type=RFFT, fft_length={8}\n}\n",
-          "fft");
+          "does not match the inferred shape");
+  refused("HloModule t\nENTRY e {\n  p = c64[1,1,1,1,1,1,1,1,1,4] parameter(0)\n"
+          "  ROOT f = c64[1,1,1,1,1,1,1,1,1,4] fft(p), fft_type=FFT, fft_length={4}\n}\n",
+          "the cpu backend cannot compile this fft: operand and result ranks must be equal and 1 "
+          "to 8");
 }
 END_TEST
 
@@ -580,6 +593,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_sort_random);
   tcase_add_test(tc, test_sort_argsort);
+  tcase_add_test(tc, test_sort_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("complex");
   tcase_set_timeout(tc, 300);
