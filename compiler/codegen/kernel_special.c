@@ -9,6 +9,7 @@
  * gather of every operand through it), and topk (one iteration per row: a
  * heap of the k best, never a sort of the row).
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -341,16 +342,58 @@ static void expand(kiln_sbuf *b, const char *tpl, const char *const *from, const
  *    order) takes the same bottom-up merge as the general path, so the
  *    same comparisons, on contiguous (key, index) pairs instead of through
  *    the permutation and the comparator function.
+ *  - jnp.sort's and jnp.argsort's comparator, a total-order LT of each key
+ *    canonicalized (NaN as +NaN, -0 as +0, see uncanon): a strict weak
+ *    order, so the radix sort of the canonicalized keys.
  * Keys wider than 32 bits take the general path. Both fit the scratch of
  * 16 bytes per element the general path has. */
-typedef enum sort_fast { SORT_GENERAL, SORT_RADIX, SORT_PAIRS } sort_fast;
+typedef enum sort_fast { SORT_GENERAL, SORT_RADIX, SORT_PAIRS, SORT_RADIX_CANON } sort_fast;
+
+/* Whether x is a scalar constant: NaN with the sign clear (nan), or +0. */
+static bool is_const(const kiln_module *m, kiln_id id, bool nan) {
+  const kiln_instr *x = m->instrs[id];
+  if (x->op != KILN_OP_CONSTANT || x->literal == NULL || !kiln_shape_is_array(&x->shape) ||
+      x->shape.rank != 0 || !kiln_dtype_is_float(x->shape.dtype))
+    return false;
+  double v = kiln_literal_get_f64(x->literal, 0);
+  return nan ? v != v && !signbit(v) : v == 0 && !signbit(v);
+}
+
+static bool is_cmp(const kiln_instr *x, kiln_cmp_dir dir) {
+  const kiln_attr *d = kiln_instr_attr(x, KILN_ATTR_DIRECTION);
+  return x->op == KILN_OP_COMPARE && x->noperands == 2 && d && d->v.i == (int64_t)dir;
+}
+
+/* jnp.sort's canonicalization of a float key, x != x ? nan : x == 0 ? 0 :
+ * x (every NaN the positive one, -0 as +0): the parameter it reads, or
+ * x itself when it is not that. */
+static const kiln_instr *uncanon(const kiln_module *m, const kiln_instr *x, bool *canon) {
+  *canon = false;
+  if (x->op != KILN_OP_SELECT || x->noperands != 3) return x;
+  const kiln_instr *ne = m->instrs[x->operands[0]], *y = m->instrs[x->operands[2]];
+  if (!is_cmp(ne, KILN_CMP_NE) || ne->operands[0] != ne->operands[1] ||
+      !is_const(m, x->operands[1], true) || y->op != KILN_OP_SELECT || y->noperands != 3)
+    return x;
+  const kiln_instr *eq = m->instrs[y->operands[0]], *p = m->instrs[y->operands[2]];
+  if (p->op != KILN_OP_PARAMETER || ne->operands[0] != p->id || !is_cmp(eq, KILN_CMP_EQ) ||
+      !is_const(m, y->operands[1], false))
+    return x;
+  bool lhs = eq->operands[0] == p->id && is_const(m, eq->operands[1], false);
+  bool rhs = eq->operands[1] == p->id && is_const(m, eq->operands[0], false);
+  if (!lhs && !rhs) return x;
+  *canon = true;
+  return p;
+}
 
 static sort_fast sort_fast_path(kiln__codegen *g, const kiln_instr *s, kiln_dtype kt, bool *desc) {
   const kiln_module *m = g->mod.m;
   const kiln_computation *c = m->comps[s->called[0]];
   const kiln_instr *root = kiln_computation_root(m, c);
   if (root == NULL || root->op != KILN_OP_COMPARE || root->noperands != 2) return SORT_GENERAL;
-  const kiln_instr *a = m->instrs[root->operands[0]], *b = m->instrs[root->operands[1]];
+  bool ca, cb;
+  const kiln_instr *a = uncanon(m, m->instrs[root->operands[0]], &ca);
+  const kiln_instr *b = uncanon(m, m->instrs[root->operands[1]], &cb);
+  if (ca != cb || (ca && !kiln_dtype_is_float(kt))) return SORT_GENERAL;
   if (a->op != KILN_OP_PARAMETER || b->op != KILN_OP_PARAMETER ||
       a->param_number + b->param_number != 1 || a->param_number * b->param_number != 0 ||
       kiln_shape_is_tuple(&a->shape) || a->shape.dtype != kt)
@@ -364,7 +407,9 @@ static sort_fast sort_fast_path(kiln__codegen *g, const kiln_instr *s, kiln_dtyp
     return SORT_GENERAL;
   if (!kiln_dtype_is_float(kt)) return SORT_RADIX;
   const char *type = kiln_instr_attr_str(root, KILN_ATTR_TYPE);
-  return type && strcmp(type, "TOTALORDER") == 0 ? SORT_RADIX : SORT_PAIRS;
+  bool total = type && strcmp(type, "TOTALORDER") == 0;
+  if (ca) return total ? SORT_RADIX_CANON : SORT_GENERAL;
+  return total ? SORT_RADIX : SORT_PAIRS;
 }
 
 /* The 32-bit ascending key of x (read as type t's storage). */
@@ -506,9 +551,16 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
     kiln_sbuf_printf(&b, "    const %s *in0 = (const %s *)b%u;\n    const uint32_t *order;\n", rt,
                      rt, k->binds[0].args[0]);
     bool w16 = t0 == KILN_F16 || t0 == KILN_BF16;
-    const char *zero = fast == SORT_PAIRS
-                           ? (w16 ? "if (x == 0x8000u) x = 0;" : "if (x == 0x80000000u) x = 0;")
-                           : "";
+    const char *zero = "";
+    if (fast == SORT_PAIRS)
+      zero = w16 ? "if (x == 0x8000u) x = 0;" : "if (x == 0x80000000u) x = 0;";
+    else if (fast == SORT_RADIX_CANON && t0 == KILN_F32)
+      zero = "if ((x & 0x7fffffffu) > 0x7f800000u) x = 0x7fc00000u; "
+             "else if (x == 0x80000000u) x = 0;";
+    else if (fast == SORT_RADIX_CANON)
+      zero = t0 == KILN_F16
+                 ? "if ((x & 0x7fffu) > 0x7c00u) x = 0x7e00u; else if (x == 0x8000u) x = 0;"
+                 : "if ((x & 0x7fffu) > 0x7f80u) x = 0x7fc0u; else if (x == 0x8000u) x = 0;";
     const char *from[] = {"KEYX", "RT", "DESC", "LOADX", "CMP", "SARG", "ZEROX"};
     const char *to[] = {radix_key(t0), rt, desc ? "1" : "0", load, desc ? ">" : "<", sarg, zero};
     if (fast == SORT_PAIRS) {

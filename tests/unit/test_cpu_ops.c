@@ -453,6 +453,37 @@ START_TEST(test_complex_random) {
 }
 END_TEST
 
+/* jnp.argsort's comparator as JAX 0.10 exports it: each key canonicalized
+ * (NaN as +NaN, -0 as +0), then LT in total order. */
+static const char jax_argsort[] =
+    "HloModule t\nregion {\n  c = s32[] parameter(2)\n  d = s32[] parameter(3)\n"
+    "  a = @[] parameter(0)\n  ne.2 = pred[] compare(a, a), direction=NE\n"
+    "  nan = @[] constant(nan)\n  zero = @[] constant(0)\n"
+    "  eq.2 = pred[] compare(a, zero), direction=EQ\n  s4 = @[] select(eq.2, zero, a)\n"
+    "  s5 = @[] select(ne.2, nan, s4)\n  b = @[] parameter(1)\n"
+    "  ne.3 = pred[] compare(b, b), direction=NE\n  eq.3 = pred[] compare(b, zero), direction=EQ\n"
+    "  s6 = @[] select(eq.3, zero, b)\n  s7 = @[] select(ne.3, nan, s6)\n"
+    "  ROOT lt = pred[] compare(s5, s7), direction=LT, type=TOTALORDER\n}\n"
+    "ENTRY e {\n  x = @[16,333] parameter(0)\n  i = s32[16,333] iota(), iota_dimension=1\n"
+    "  ROOT s = (@[16,333], s32[16,333]) sort(x, i), dimensions={1}, is_stable=true, "
+    "to_apply=region\n}\n";
+
+START_TEST(test_sort_jax_comparator) {
+  const char *types[] = {"f32", "bf16", "f16"};
+  for (int v = 0; v < 3; v++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    for (const char *c = jax_argsort; *c; c++) {
+      if (*c == '@')
+        kiln_sbuf_puts(&b, types[v]);
+      else
+        kiln_sbuf_printf(&b, "%c", *c);
+    }
+    agree(kiln_sbuf_str(&b), -1, SPECIALS, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
 START_TEST(test_sort_refused) {
   refused("HloModule t\ncmp {\n  a = c64[] parameter(0)\n  b = c64[] parameter(1)\n"
           "  ROOT lt = pred[] compare(a, b), direction=LT\n}\nENTRY e {\n"
@@ -593,6 +624,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_sort_random);
   tcase_add_test(tc, test_sort_argsort);
+  tcase_add_test(tc, test_sort_jax_comparator);
   tcase_add_test(tc, test_sort_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("complex");
