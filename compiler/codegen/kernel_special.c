@@ -487,6 +487,51 @@ static const char sort_loop[] =
     "      memcpy(perm, tmp, (size_t)len * sizeof *perm);\n"
     "    }\n";
 
+/* The row of a fast-path sort (sort_fast_path): leaves `order`, the
+ * row's permutation, for the gather. */
+static void sort_fast_row(kiln_sbuf *bp, kiln__codegen *g, const kiln__kernel_spec *k,
+                          kiln_dtype t0, sort_fast fast, bool desc, uint32_t scratch) {
+  char sarg[16], load[96];
+  snprintf(sarg, sizeof sarg, "%u", scratch);
+  kiln__emit_load_expr(t0, k->binds[0].args[0], "base[0] + j * st[0]", load, sizeof load);
+  /* in0: operand 0 read as bits, for the radix key */
+  const char *rt = t0 == KILN_F32                      ? "uint32_t"
+                   : t0 == KILN_F16 || t0 == KILN_BF16 ? "uint16_t"
+                                                       : kiln__stype(&g->mod, t0);
+  kiln_sbuf_printf(bp, "    const %s *in0 = (const %s *)b%u;\n    const uint32_t *order;\n", rt, rt,
+                   k->binds[0].args[0]);
+  bool w16 = t0 == KILN_F16 || t0 == KILN_BF16;
+  const char *zero = "";
+  if (fast == SORT_PAIRS)
+    zero = w16 ? "if (x == 0x8000u) x = 0;" : "if (x == 0x80000000u) x = 0;";
+  else if (fast == SORT_RADIX_CANON && t0 == KILN_F32)
+    zero = "if ((x & 0x7fffffffu) > 0x7f800000u) x = 0x7fc00000u; "
+           "else if (x == 0x80000000u) x = 0;";
+  else if (fast == SORT_RADIX_CANON)
+    zero = t0 == KILN_F16
+               ? "if ((x & 0x7fffu) > 0x7c00u) x = 0x7e00u; else if (x == 0x8000u) x = 0;"
+               : "if ((x & 0x7fffu) > 0x7f80u) x = 0x7fc0u; else if (x == 0x8000u) x = 0;";
+  const char *from[] = {"KEYX", "RT", "DESC", "LOADX", "CMP", "SARG", "ZEROX"};
+  const char *to[] = {radix_key(t0), rt, desc ? "1" : "0", load, desc ? ">" : "<", sarg, zero};
+  if (fast == SORT_PAIRS) {
+    const char *nan = t0 == KILN_F32   ? "(x & 0x7fffffffu) > 0x7f800000u"
+                      : t0 == KILN_F16 ? "(x & 0x7fffu) > 0x7c00u"
+                                       : "(x & 0x7fffu) > 0x7f80u";
+    kiln_sbuf_printf(bp,
+                     "    int nan = 0;\n"
+                     "    for (int64_t j = 0; j < len; j++) {\n"
+                     "      %s x = in0[base[0] + j * st[0]];\n"
+                     "      nan |= %s;\n"
+                     "    }\n"
+                     "    if (nan) {\n",
+                     rt, nan);
+    expand(bp, pairs_row, from, to, 7, g->nkernels);
+    kiln_sbuf_puts(bp, "    } else {\n");
+  }
+  expand(bp, radix_row, from, to, 7, g->nkernels);
+  if (fast == SORT_PAIRS) kiln_sbuf_puts(bp, "    }\n");
+}
+
 int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scratch,
                       uint32_t *kernel, uint64_t *range) {
   const kiln_instr *s = ins_of(g, k->root);
@@ -540,46 +585,7 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
     kiln_sbuf_puts(&b, sort_loop);
     kiln_sbuf_puts(&b, "#undef LESS\n");
   } else {
-    kiln_dtype t0 = s0->dtype;
-    char sarg[16], load[96];
-    snprintf(sarg, sizeof sarg, "%u", scratch);
-    kiln__emit_load_expr(t0, k->binds[0].args[0], "base[0] + j * st[0]", load, sizeof load);
-    /* in0: operand 0 read as bits, for the radix key */
-    const char *rt = t0 == KILN_F32                      ? "uint32_t"
-                     : t0 == KILN_F16 || t0 == KILN_BF16 ? "uint16_t"
-                                                         : kiln__stype(&g->mod, t0);
-    kiln_sbuf_printf(&b, "    const %s *in0 = (const %s *)b%u;\n    const uint32_t *order;\n", rt,
-                     rt, k->binds[0].args[0]);
-    bool w16 = t0 == KILN_F16 || t0 == KILN_BF16;
-    const char *zero = "";
-    if (fast == SORT_PAIRS)
-      zero = w16 ? "if (x == 0x8000u) x = 0;" : "if (x == 0x80000000u) x = 0;";
-    else if (fast == SORT_RADIX_CANON && t0 == KILN_F32)
-      zero = "if ((x & 0x7fffffffu) > 0x7f800000u) x = 0x7fc00000u; "
-             "else if (x == 0x80000000u) x = 0;";
-    else if (fast == SORT_RADIX_CANON)
-      zero = t0 == KILN_F16
-                 ? "if ((x & 0x7fffu) > 0x7c00u) x = 0x7e00u; else if (x == 0x8000u) x = 0;"
-                 : "if ((x & 0x7fffu) > 0x7f80u) x = 0x7fc0u; else if (x == 0x8000u) x = 0;";
-    const char *from[] = {"KEYX", "RT", "DESC", "LOADX", "CMP", "SARG", "ZEROX"};
-    const char *to[] = {radix_key(t0), rt, desc ? "1" : "0", load, desc ? ">" : "<", sarg, zero};
-    if (fast == SORT_PAIRS) {
-      const char *nan = t0 == KILN_F32   ? "(x & 0x7fffffffu) > 0x7f800000u"
-                        : t0 == KILN_F16 ? "(x & 0x7fffu) > 0x7c00u"
-                                         : "(x & 0x7fffu) > 0x7f80u";
-      kiln_sbuf_printf(&b,
-                       "    int nan = 0;\n"
-                       "    for (int64_t j = 0; j < len; j++) {\n"
-                       "      %s x = in0[base[0] + j * st[0]];\n"
-                       "      nan |= %s;\n"
-                       "    }\n"
-                       "    if (nan) {\n",
-                       rt, nan);
-      expand(&b, pairs_row, from, to, 7, g->nkernels);
-      kiln_sbuf_puts(&b, "    } else {\n");
-    }
-    expand(&b, radix_row, from, to, 7, g->nkernels);
-    if (fast == SORT_PAIRS) kiln_sbuf_puts(&b, "    }\n");
+    sort_fast_row(&b, g, k, s0->dtype, fast, desc, scratch);
     order = "order";
   }
   for (uint32_t q = 0; q < n; q++)
