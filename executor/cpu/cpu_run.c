@@ -191,6 +191,9 @@ static int run_program(run_ctx *r, uint32_t p) {
     case KILN_STEP_COLLECTIVE:
       rc = kiln__cpu_coll_step(r->l->exe, s, a, r->gang, r->cancel, r->deadline, r->st);
       break;
+    case KILN_STEP_FFT:
+      rc = kiln__cpu_fft_run(r->l->fft[p][i], r->l->dev->pool, a[0], a[1], r->st);
+      break;
     }
     if (rc == 0) rc = check_deadline(r);
     if (rc) return rc;
