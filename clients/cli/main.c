@@ -123,6 +123,11 @@ static const kiln__opt compile_opts[] = {
      "apply a function transform, innermost first: grad, grad:wrt=0,1, vjp, jvp, vmap, "
      "vmap:in_axes=0,none, checkpoint"},
     {"output", 'o', "OUT", false, "write the serialized executable to OUT"},
+    {"partitions", 0, "P", false,
+     "partition a module whose ENTRY carries shardings over P devices and report the "
+     "collectives inserted"},
+    {"dump-dir", 0, "DIR", false,
+     "with --partitions: write the module after propagation and after partitioning to DIR"},
     {0},
 };
 
@@ -207,13 +212,15 @@ static const kiln__cmd commands[] = {
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
-     "         [--transform SPEC]... [-o OUT]",
+     "         [--transform SPEC]... [-o OUT] [--partitions P [--dump-dir DIR]]",
      "compile a module to an executable",
      "Verifies FILE, applies the transforms (innermost first) and compiles it. Locally the\n"
      "native CPU compiler runs in process and a summary is printed (kernels, code size,\n"
      "timings); -o writes the serialized executable. With --server the server compiles it\n"
      "(or finds it in its cache) and the executable id, cache source and key, and the\n"
-     "calling convention are printed.\n",
+     "calling convention are printed. With --partitions P a module whose ENTRY carries\n"
+     "shardings is partitioned first (one program per device, driven by partition-id) and\n"
+     "the collectives inserted are reported: count and bytes per device per run, by kind.\n",
      compile_opts, 1, 1, kiln__cmd_compile, NULL},
     {"dot", "dot FILE [--after PASS] [-o OUT] [-O N] [--target T] [--disable-pass NAME]...",
      "draw a module as a Graphviz graph",

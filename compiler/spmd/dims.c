@@ -59,8 +59,7 @@ static bool touched_dims(const kiln_module *m, const kiln_instr *ins, bool *touc
   case KILN_OP_PAD: {
     const kiln_i64s *p = kiln_instr_attr_ints(ins, KILN_ATTR_PADDING);
     if (p == NULL || p->n != 3 * r) return false;
-    for (uint32_t d = 0; d < r; d++)
-      touched[d] = p->v[3 * d] || p->v[3 * d + 1] || p->v[3 * d + 2];
+    for (uint32_t d = 0; d < r; d++) touched[d] = p->v[3 * d] || p->v[3 * d + 1] || p->v[3 * d + 2];
     return true;
   }
   case KILN_OP_REVERSE:
@@ -143,7 +142,8 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
   default: break;
   }
   bool touched[SPMD_MAX_RANK];
-  if (in->rank == out->rank && touched_dims(m, ins, touched)) return kiln__tiling_fold(a, tk, touched);
+  if (in->rank == out->rank && touched_dims(m, ins, touched))
+    return kiln__tiling_fold(a, tk, touched);
   return NULL;
 }
 

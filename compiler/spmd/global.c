@@ -10,8 +10,8 @@
 #include "compiler/spmd/spmd_internal.h"
 
 const char *kiln_spmd_kind_name(kiln_spmd_kind k) {
-  static const char *const names[KILN_SPMD_NKINDS] = {
-      "all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter"};
+  static const char *const names[KILN_SPMD_NKINDS] = {"all-reduce", "all-gather", "all-to-all",
+                                                      "collective-permute", "reduce-scatter"};
   return (unsigned)k < KILN_SPMD_NKINDS ? names[k] : "?";
 }
 
@@ -43,8 +43,10 @@ static void copy_shard(const kiln_shape *g, const spmd_tiling *t, int64_t dev, v
     }
     if (in) {
       char *gp = (char *)global + (size_t)gi * es, *sp = (char *)shard + (size_t)i * es;
-      if (to_global) memcpy(gp, sp, es);
-      else memcpy(sp, gp, es);
+      if (to_global)
+        memcpy(gp, sp, es);
+      else
+        memcpy(sp, gp, es);
     }
     for (uint32_t d = r; d-- > 0;) {
       if (++idx[d] < ld[d]) break;
@@ -62,8 +64,8 @@ int kiln_spmd_shard_arg(const kiln_spmd_program *p, uint32_t param, const kiln_l
   const kiln_shape *g = &p->param_shapes[param];
   if (!kiln_shape_is_array(g)) return kiln_literal_clone(NULL, global, out, st);
   if (!kiln_shape_same_dims(g, &global->shape) || global->shape.dtype != g->dtype)
-    return kiln_status_set(st, KILN_EINVAL, "spmd", "argument %u does not have the parameter's shape",
-                           param);
+    return kiln_status_set(st, KILN_EINVAL, "spmd",
+                           "argument %u does not have the parameter's shape", param);
   kiln_arena *a = kiln_arena_create();
   spmd_tiling *t;
   int rc = a ? kiln__tiling_from_sharding(a, p->param_shardings[param], g->rank, p->partitions,
@@ -89,8 +91,8 @@ static int assemble_one(const kiln_spmd_program *p, kiln_arena *a, uint32_t i,
   const kiln_shape *g = &p->result_shapes[i];
   if (!kiln_shape_is_array(g)) return 0; /* replicated: the caller copies device 0's */
   spmd_tiling *t;
-  int rc = kiln__tiling_from_sharding(a, p->result_shardings[i], g->rank, p->partitions, "spmd",
-                                      &t, st);
+  int rc =
+      kiln__tiling_from_sharding(a, p->result_shardings[i], g->rank, p->partitions, "spmd", &t, st);
   if (rc) return rc;
   for (int64_t k = 0; k < p->partitions; k++) {
     if (t->pos[k] % t->rep != 0) continue; /* another device holds this tile */
@@ -110,8 +112,8 @@ int kiln_spmd_assemble(const kiln_spmd_program *p, kiln_literal *const *outs, ki
                        kiln_status *st) {
   *out = NULL;
   for (int64_t k = 0; k < p->partitions; k++)
-    if (outs[k] == NULL || (p->result_is_tuple && (outs[k]->elems == NULL ||
-                                                  outs[k]->shape.rank != p->nresults)))
+    if (outs[k] == NULL ||
+        (p->result_is_tuple && (outs[k]->elems == NULL || outs[k]->shape.rank != p->nresults)))
       return kiln_status_set(st, KILN_EINTERNAL, "spmd", "device %lld returned no result",
                              (long long)k);
   kiln_arena *a = kiln_arena_create();

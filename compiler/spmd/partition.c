@@ -154,8 +154,8 @@ static kiln_id all_reduce(part *p, kiln_id x, uint32_t comp, const spmd_tiling *
 
 /* x (this device's shard under t of an array of global dims gdims) with the
  * padding of dim d replaced by the scalar v. */
-static kiln_id mask_dim(part *p, kiln_id x, const int64_t *gdims, const spmd_tiling *t,
-                        uint32_t d, kiln_id v) {
+static kiln_id mask_dim(part *p, kiln_id x, const int64_t *gdims, const spmd_tiling *t, uint32_t d,
+                        kiln_id v) {
   int64_t c = t->tiles[d], D = gdims[d];
   if (c <= 1 || D % c == 0 || !kiln__tx_ok(p->tx)) return x;
   const kiln_shape *s = kiln__b_shape(p->tx, x);
@@ -413,8 +413,8 @@ static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, 
     split = split || keep->tiles[ds->v[i]] > 1;
   }
   int64_t ob = kiln_shape_bytes(&ins->shape), xb = kiln_shape_bytes(xs);
-  int64_t cost_keep = (split ? 2 * ob / kiln__tiling_count(res) : 0) +
-                      kiln__reshard_cost(res, want, ob);
+  int64_t cost_keep =
+      (split ? 2 * ob / kiln__tiling_count(res) : 0) + kiln__reshard_cost(res, want, ob);
   int64_t cost_alt = kiln__reshard_cost(keep, alt, xb);
   spmd_tiling *tx = cost_keep <= cost_alt ? keep : alt;
   if (tx == alt) {
@@ -514,12 +514,12 @@ static int rule_gte(part *p, const kiln_instr *ins, const spmd_tiling *want, kil
 }
 
 static const rule_fn rules[KILN_OP_COUNT] = {
-    [KILN_OP_PARAMETER] = rule_parameter,     [KILN_OP_CUSTOM_CALL] = rule_annotation,
-    [KILN_OP_BROADCAST] = rule_movement,      [KILN_OP_TRANSPOSE] = rule_movement,
-    [KILN_OP_RESHAPE] = rule_movement,        [KILN_OP_SLICE] = rule_movement,
-    [KILN_OP_PAD] = rule_movement,            [KILN_OP_REVERSE] = rule_movement,
-    [KILN_OP_CONCATENATE] = rule_movement,    [KILN_OP_REDUCE] = rule_reduce,
-    [KILN_OP_DOT] = rule_contraction,         [KILN_OP_CONVOLUTION] = rule_contraction,
+    [KILN_OP_PARAMETER] = rule_parameter,   [KILN_OP_CUSTOM_CALL] = rule_annotation,
+    [KILN_OP_BROADCAST] = rule_movement,    [KILN_OP_TRANSPOSE] = rule_movement,
+    [KILN_OP_RESHAPE] = rule_movement,      [KILN_OP_SLICE] = rule_movement,
+    [KILN_OP_PAD] = rule_movement,          [KILN_OP_REVERSE] = rule_movement,
+    [KILN_OP_CONCATENATE] = rule_movement,  [KILN_OP_REDUCE] = rule_reduce,
+    [KILN_OP_DOT] = rule_contraction,       [KILN_OP_CONVOLUTION] = rule_contraction,
     [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte,
 };
 
@@ -681,13 +681,14 @@ static int combine(part *p) {
 
 /* ---- entry point --------------------------------------------------------- */
 
-static int record(part *p, kiln_spmd_program *prog, const kiln_computation *c,
-                  const kiln_id *order, uint32_t n0) {
+static int record(part *p, kiln_spmd_program *prog, const kiln_computation *c, const kiln_id *order,
+                  uint32_t n0) {
   kiln_arena *a = prog->arena;
   uint32_t np = 0;
   for (uint32_t i = 0; i < n0; i++) {
     const kiln_instr *ins = p->m->instrs[order[i]];
-    if (ins->op == KILN_OP_PARAMETER && ins->param_number >= np) np = (uint32_t)ins->param_number + 1;
+    if (ins->op == KILN_OP_PARAMETER && ins->param_number >= np)
+      np = (uint32_t)ins->param_number + 1;
   }
   prog->nparams = np;
   prog->param_shapes = kiln_arena_calloc(a, np ? np : 1, sizeof *prog->param_shapes);
@@ -711,8 +712,8 @@ static int record(part *p, kiln_spmd_program *prog, const kiln_computation *c,
   for (uint32_t i = 0; i < nr; i++) {
     const kiln_shape *s = prog->result_is_tuple ? &root->shape.tuple[i] : &root->shape;
     if (kiln_shape_copy(a, &prog->result_shapes[i], s)) return KILN_ENOMEM;
-    spmd_tiling *t = prog->result_is_tuple ? (p->le[root->id] ? p->le[root->id][i] : NULL)
-                                           : p->lt[root->id];
+    spmd_tiling *t =
+        prog->result_is_tuple ? (p->le[root->id] ? p->le[root->id][i] : NULL) : p->lt[root->id];
     if (t == NULL) t = replicated(p, is_array(s) ? s->rank : 0);
     if (!is_array(s) && !kiln__tiling_is_replicated(t)) return KILN_EUNIMPL;
     if ((prog->result_shardings[i] = kiln__tiling_to_sharding(a, t)) == NULL) return KILN_ENOMEM;
@@ -765,7 +766,9 @@ static int partition_entry(part *p, kiln_spmd_program *prog) {
   if (rc) return rc;
   kiln_id old_root = c->root;
   if ((rc = record(p, prog, c, order, n0)))
-    return rc == KILN_EUNIMPL ? fail(p, m->instrs[old_root], rc, "a token or nested tuple result split across devices") : kiln__tx_oom(p->tx);
+    return rc == KILN_EUNIMPL ? fail(p, m->instrs[old_root], rc,
+                                     "a token or nested tuple result split across devices")
+                              : kiln__tx_oom(p->tx);
   /* Keep only what was built. */
   bool *keep = kiln_calloc(m->ninstrs + 1, sizeof *keep);
   if (keep == NULL) return kiln__tx_oom(p->tx);
@@ -809,8 +812,13 @@ int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *
   }
   kiln__tx tx;
   rc = kiln__tx_init(&tx, m, "spmd", st);
-  part p = {.m = m, .tx = &tx, .b = {&tx, m->entry}, .a = kiln_arena_create(), .n = partitions,
-            .pid = KILN_NO_ID, .channel = max_channel(m) + 1};
+  part p = {.m = m,
+            .tx = &tx,
+            .b = {&tx, m->entry},
+            .a = kiln_arena_create(),
+            .n = partitions,
+            .pid = KILN_NO_ID,
+            .channel = max_channel(m) + 1};
   if (rc == 0 && p.a == NULL) rc = kiln__tx_oom(&tx);
   if (rc == 0) rc = partition_entry(&p, prog);
   if (rc == 0 && tx.err) rc = tx.err;

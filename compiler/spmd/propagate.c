@@ -81,7 +81,8 @@ static int inline_calls(kiln_module *m, kiln_status *st) {
   }
   if (rc == 0 && any) {
     bool *keep = kiln_malloc(m->ninstrs * sizeof *keep);
-    if (keep == NULL) rc = kiln__tx_oom(&tx);
+    if (keep == NULL)
+      rc = kiln__tx_oom(&tx);
     else {
       for (uint32_t i = 0; i < m->ninstrs; i++)
         keep[i] = !(m->instrs[i]->op == KILN_OP_CALL && m->instrs[i]->comp == entry);

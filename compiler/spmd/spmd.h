@@ -54,9 +54,9 @@ typedef struct kiln_spmd_program {
   kiln_module *module; /* the per-device program (num_partitions set) */
   int64_t partitions;
   uint32_t nparams;
-  kiln_shape *param_shapes;         /* global shapes */
-  kiln_sharding **param_shardings;  /* how each is split; never NULL */
-  bool result_is_tuple;             /* the ENTRY result is a tuple of nresults arrays */
+  kiln_shape *param_shapes;        /* global shapes */
+  kiln_sharding **param_shardings; /* how each is split; never NULL */
+  bool result_is_tuple;            /* the ENTRY result is a tuple of nresults arrays */
   uint32_t nresults;
   kiln_shape *result_shapes;        /* global */
   kiln_sharding **result_shardings; /* never NULL */

@@ -28,8 +28,8 @@
 typedef struct spmd_tiling {
   uint32_t rank;
   int64_t tiles[SPMD_MAX_RANK];
-  int64_t rep; /* devices per tile */
-  int64_t n;   /* devices in all */
+  int64_t rep;  /* devices per tile */
+  int64_t n;    /* devices in all */
   int64_t *dev; /* n entries, row-major over [tiles..., rep] */
   int64_t *pos; /* pos[device]: its position in dev */
 } spmd_tiling;

@@ -42,8 +42,8 @@ spmd_tiling *kiln__tiling_replicated(kiln_arena *a, uint32_t rank, int64_t n) {
 int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t rank, int64_t n,
                                const char *where, spmd_tiling **out, kiln_status *st) {
   if (rank > SPMD_MAX_RANK)
-    return kiln_status_set(st, KILN_EUNIMPL, where, "the partitioner takes arrays of rank %d at most",
-                           SPMD_MAX_RANK);
+    return kiln_status_set(st, KILN_EUNIMPL, where,
+                           "the partitioner takes arrays of rank %d at most", SPMD_MAX_RANK);
   if (s == NULL || s->kind == KILN_SHARD_REPLICATED || s->kind == KILN_SHARD_MAXIMAL ||
       s->kind == KILN_SHARD_UNKNOWN) {
     *out = kiln__tiling_replicated(a, rank, n);
@@ -57,8 +57,9 @@ int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t r
   uint32_t nsub = s->last_tile_dims.n ? s->last_tile_dims.n : (s->last_tile_dim_replicate ? 1 : 0);
   for (uint32_t i = 0; i < s->last_tile_dims.n; i++)
     if (s->last_tile_dims.v[i] == KILN_SHARD_MANUAL)
-      return kiln_status_set(st, KILN_EUNIMPL, where,
-                             "manual subgroups (shard_map) are not supported by the partitioner yet");
+      return kiln_status_set(
+          st, KILN_EUNIMPL, where,
+          "manual subgroups (shard_map) are not supported by the partitioner yet");
   if (s->tile_dims.n != rank + nsub)
     return kiln_status_set(st, KILN_EINVAL, where,
                            "sharding has %u tile dims for an array of rank %u (and %u subgroups)",
@@ -76,8 +77,7 @@ int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t r
   for (int64_t i = 0; i < n; i++) {
     if (t->dev[i] < 0 || t->dev[i] >= n || t->pos[t->dev[i]] >= 0)
       return kiln_status_set(st, KILN_EINVAL, where,
-                             "sharding devices are not a permutation of 0..%lld",
-                             (long long)n - 1);
+                             "sharding devices are not a permutation of 0..%lld", (long long)n - 1);
     t->pos[t->dev[i]] = i;
   }
   t->rep = 1;
@@ -253,9 +253,12 @@ void kiln__reshape_dims(const kiln_shape *in, const kiln_shape *out, int64_t *ma
     uint32_t i0 = i, j0 = j;
     int64_t pi = in->dims[i++], pj = out->dims[j++];
     while (pi != pj) {
-      if (pi < pj && i < in->rank) pi *= in->dims[i++];
-      else if (pj < pi && j < out->rank) pj *= out->dims[j++];
-      else return;
+      if (pi < pj && i < in->rank)
+        pi *= in->dims[i++];
+      else if (pj < pi && j < out->rank)
+        pj *= out->dims[j++];
+      else
+        return;
     }
     map[j0] = i0;
     lim[j0] = in->dims[i0] < out->dims[j0] ? in->dims[i0] : out->dims[j0];
@@ -304,8 +307,7 @@ bool kiln__contraction_loops(const kiln_module *m, const kiln_instr *ins, spmd_l
     loops[(*n)++] = (spmd_loop){-1, c->kernel_out, c->out_feature, false};
     loops[(*n)++] = (spmd_loop){c->in_feature, c->kernel_in, -1, false};
     for (uint32_t k = 0; k < c->nspatial; k++)
-      loops[(*n)++] =
-          (spmd_loop){c->in_spatial[k], c->kernel_spatial[k], c->out_spatial[k], true};
+      loops[(*n)++] = (spmd_loop){c->in_spatial[k], c->kernel_spatial[k], c->out_spatial[k], true};
     return true;
   }
   return false;
