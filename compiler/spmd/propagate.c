@@ -118,11 +118,24 @@ static bool better(const spmd_tiling *c, int64_t cost, const spmd_tiling *best, 
 static spmd_tiling *offer_forward(prop *p, const kiln_instr *ins) {
   spmd_tiling *best = NULL;
   int64_t best_cost = 0;
-  for (uint32_t k = 0; k < ins->noperands; k++) {
+  /* Each operand's offer, and the merge of two offers that split
+   * different dims (x split by rows, y by columns: the dot by both). */
+  spmd_tiling *offers[16];
+  uint32_t no = 0;
+  for (uint32_t k = 0; k < ins->noperands && no < 8; k++) {
     const spmd_tiling *tk = p->t[ins->operands[k]];
-    if (tk == NULL) continue;
-    spmd_tiling *c = kiln__spmd_fwd(p->a, p->m, ins, k, tk);
-    if (c == NULL || kiln__tiling_is_replicated(c)) continue;
+    spmd_tiling *c = tk ? kiln__spmd_fwd(p->a, p->m, ins, k, tk) : NULL;
+    if (c && !kiln__tiling_is_replicated(c)) offers[no++] = c;
+  }
+  for (uint32_t i = 0, n0 = no; i < n0 && no < 16; i++)
+    for (uint32_t j = i + 1; j < n0 && no < 16; j++) {
+      spmd_tiling *c = kiln__tiling_merge(p->a, offers[i], offers[j]);
+      if (c && kiln__tiling_count(c) > kiln__tiling_count(offers[i]) &&
+          kiln__tiling_count(c) > kiln__tiling_count(offers[j]))
+        offers[no++] = c;
+    }
+  for (uint32_t i = 0; i < no; i++) {
+    spmd_tiling *c = offers[i];
     int64_t cost = 0;
     for (uint32_t j = 0; j < ins->noperands; j++) {
       kiln_id o = ins->operands[j];

@@ -49,6 +49,9 @@ spmd_tiling *kiln__tiling_derive(kiln_arena *a, const spmd_tiling *t, const int6
                                  uint32_t rank);
 /* t with the dims fold[d] (true) folded into rep. */
 spmd_tiling *kiln__tiling_fold(kiln_arena *a, const spmd_tiling *t, const bool *fold);
+/* A tiling that splits every dim x or y splits, as they do (a dim split
+ * by both the same way), when the devices allow one; else NULL. */
+spmd_tiling *kiln__tiling_merge(kiln_arena *a, const spmd_tiling *x, const spmd_tiling *y);
 /* Same tile counts and every device holds the same tile. */
 bool kiln__tiling_equal(const spmd_tiling *a, const spmd_tiling *b);
 bool kiln__tiling_is_replicated(const spmd_tiling *t);

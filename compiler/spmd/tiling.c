@@ -230,6 +230,41 @@ int kiln__tiling_groups(kiln_arena *a, const spmd_tiling *t, const bool *dims, i
   return 0;
 }
 
+spmd_tiling *kiln__tiling_merge(kiln_arena *a, const spmd_tiling *x, const spmd_tiling *y) {
+  if (x->rank != y->rank || x->n != y->n) return NULL;
+  uint32_t r = x->rank;
+  int64_t tiles[SPMD_MAX_RANK], count = 1;
+  bool from_x[SPMD_MAX_RANK];
+  for (uint32_t d = 0; d < r; d++) {
+    if (x->tiles[d] > 1 && y->tiles[d] > 1) {
+      if (x->tiles[d] != y->tiles[d]) return NULL;
+      for (int64_t k = 0; k < x->n; k++)
+        if (kiln__tiling_coord(x, k, d) != kiln__tiling_coord(y, k, d)) return NULL;
+    }
+    from_x[d] = x->tiles[d] > 1;
+    tiles[d] = from_x[d] ? x->tiles[d] : y->tiles[d];
+    count *= tiles[d];
+  }
+  if (count <= 0 || x->n % count != 0) return NULL;
+  int64_t rep = x->n / count;
+  spmd_tiling *o = alloc_tiling(a, r, x->n);
+  int64_t *fill = kiln_arena_calloc(a, (size_t)count, sizeof *fill);
+  if (o == NULL || fill == NULL) return NULL;
+  for (uint32_t d = 0; d < r; d++) o->tiles[d] = tiles[d];
+  o->rep = rep;
+  /* Each device's tile: its x coordinates on x's dims, y's elsewhere; every
+   * tile must get exactly rep devices. */
+  for (int64_t k = 0; k < x->n; k++) {
+    int64_t lin = 0;
+    for (uint32_t d = 0; d < r; d++)
+      lin = lin * tiles[d] + kiln__tiling_coord(from_x[d] ? x : y, k, d);
+    if (fill[lin] == rep) return NULL;
+    o->dev[lin * rep + fill[lin]++] = k;
+  }
+  fill_pos(o);
+  return o;
+}
+
 int64_t kiln__reshard_cost(const spmd_tiling *from, const spmd_tiling *to, int64_t bytes) {
   if (kiln__tiling_equal(from, to) || kiln__tiling_covers(from, to)) return 0;
   return bytes;

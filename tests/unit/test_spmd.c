@@ -105,7 +105,8 @@ START_TEST(test_tiling_groups_and_derive) {
   ck_assert(!kiln__tiling_covers(t, kiln__tiling_replicated(a, 2, 8)));
   /* Round trip through a sharding. */
   spmd_tiling *back;
-  ck_assert_int_eq(kiln__tiling_from_sharding(a, kiln__tiling_to_sharding(a, f), 2, 8, "t", &back, &st), 0);
+  ck_assert_int_eq(
+      kiln__tiling_from_sharding(a, kiln__tiling_to_sharding(a, f), 2, 8, "t", &back, &st), 0);
   ck_assert(kiln__tiling_equal(f, back));
   /* Manual shardings are refused by name. */
   kiln_sharding man = {.kind = KILN_SHARD_MANUAL};
@@ -180,7 +181,8 @@ static const char megatron[] =
     " h = f32[8,32] dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
     " r = f32[8,32] call(h), to_apply=relu\n"
     " y = f32[8,16] dot(r, w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
-    " ROOT o = f32[8,16] custom-call(y), custom_call_target=\"Sharding\", sharding={replicated}\n}\n";
+    " ROOT o = f32[8,16] custom-call(y), custom_call_target=\"Sharding\", "
+    "sharding={replicated}\n}\n";
 
 START_TEST(test_megatron_one_all_reduce) { check_program(megatron, 4, "interp", 1, 0); }
 END_TEST
@@ -321,7 +323,8 @@ static bool random_case(uint64_t seed, int64_t p, const char *backend) {
   ck_assert_int_eq(kiln_test_args_random(m, seed, &args, &n, &st), 0);
   kiln_literal *want = NULL, *got = NULL;
   int wrc = kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &want, &st);
-  if (getenv("KILN_SPMD_VERBOSE")) fprintf(stderr, "seed %llu: oracle %d %s\n", (unsigned long long)seed, wrc, st.msg);
+  if (getenv("KILN_SPMD_VERBOSE"))
+    fprintf(stderr, "seed %llu: oracle %d %s\n", (unsigned long long)seed, wrc, st.msg);
   if (wrc == 0) {
     size_t dlen;
     char *dump = kiln_module_print(m, &dlen);
@@ -330,9 +333,8 @@ static bool random_case(uint64_t seed, int64_t p, const char *backend) {
     ck_assert_msg(rc == 0, "seed %llu, %lld devices, %s: %s: %s\n%s", (unsigned long long)seed,
                   (long long)p, backend, st.where, st.msg, dump);
     char why[200];
-    ck_assert_msg(close_enough(want, got, why, sizeof why),
-                  "seed %llu, %lld devices, %s: %s\n%s", (unsigned long long)seed, (long long)p,
-                  backend, why, dump);
+    ck_assert_msg(close_enough(want, got, why, sizeof why), "seed %llu, %lld devices, %s: %s\n%s",
+                  (unsigned long long)seed, (long long)p, backend, why, dump);
     kiln_free(dump);
   }
   kiln_literal_destroy(want);
