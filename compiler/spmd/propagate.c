@@ -309,7 +309,12 @@ static int write_back(prop *p, kiln_instr *ins) {
 
 bool kiln_spmd_module_is_sharded(const kiln_module *m) {
   const kiln_computation *c = kiln_module_entry(m);
-  if (c == NULL) return false;
+  if (c == NULL || m->is_scheduled == 1) return false; /* XLA's compiled, partitioned dumps */
+  for (uint32_t i = 0; i < m->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[i];
+    if (ins->comp != KILN_NO_ID && kiln_opcode_family(ins->op) == KILN_FAM_COLLECTIVE)
+      return false; /* explicit collectives, partition-id: a per-device program */
+  }
   for (uint32_t i = 0; i < c->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[c->instrs[i]];
     if (kiln_instr_has_attr(ins, KILN_ATTR_SHARDING)) return true;

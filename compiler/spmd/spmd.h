@@ -64,8 +64,10 @@ typedef struct kiln_spmd_program {
   kiln_arena *arena;
 } kiln_spmd_program;
 
-/* Whether the ENTRY carries a sharding (an attribute or a sharding custom
- * call): the module is a global program to partition. */
+/* Whether m is a global program to partition: its ENTRY carries a sharding
+ * (an attribute or a sharding custom call), and it is not already a
+ * per-device program (no collective, partition-id or replica-id anywhere;
+ * not scheduled, as XLA's compiled dumps are). */
 bool kiln_spmd_module_is_sharded(const kiln_module *m);
 
 /* In place: inlines calls made by the ENTRY and sets a sharding attribute
