@@ -173,9 +173,104 @@ static kiln_id mask_dim(part *p, kiln_id x, const int64_t *gdims, const spmd_til
 
 /* ---- resharding ---------------------------------------------------------- */
 
+/* Same tile counts, other devices: each tile's holders send it to the
+ * devices that need it (collective-permute, pairs matched in order). */
+static bool try_permute(part *p, kiln_id x, const spmd_tiling *from, const spmd_tiling *to,
+                        kiln_id *out) {
+  if (from->rep != to->rep) return false;
+  for (uint32_t d = 0; d < from->rank; d++)
+    if (from->tiles[d] != to->tiles[d]) return false;
+  int64_t *pairs = kiln__b_i64s(p->tx, (uint32_t)(2 * p->n));
+  if (pairs == NULL) return false;
+  /* dev[] is row-major over [tiles..., rep]: the i-th holder of a tile in
+   * from sends to its i-th holder in to. */
+  for (int64_t i = 0; i < p->n; i++) {
+    pairs[2 * i] = from->dev[i];
+    pairs[2 * i + 1] = to->dev[i];
+  }
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_COLLECTIVE_PERMUTE, kiln__b_shape(p->tx, x), &x, 1);
+  if (ins == NULL ||
+      kiln_instr_set_attr_ints(p->m, ins, KILN_ATTR_SOURCE_TARGET_PAIRS, pairs,
+                               (uint32_t)(2 * p->n)) ||
+      kiln_instr_set_attr_int(p->m, ins, KILN_ATTR_CHANNEL_ID, p->channel++)) {
+    kiln__tx_oom(p->tx);
+    return false;
+  }
+  *out = ins->id;
+  return true;
+}
+
+/* Dim a split t ways becomes whole while dim b becomes split t ways, the
+ * device of a's tile i getting b's tile i: one all-to-all among the
+ * devices that split a, then the received blocks (stacked along b) moved
+ * over to a. Both dims must divide evenly. */
+static bool try_all_to_all(part *p, kiln_id x, const kiln_shape *g, const spmd_tiling *from,
+                           const spmd_tiling *to, kiln_id *out) {
+  int a = -1, b = -1;
+  if (from->rep != to->rep) return false;
+  for (uint32_t d = 0; d < g->rank; d++) {
+    if (from->tiles[d] == to->tiles[d]) continue;
+    if (from->tiles[d] > 1 && to->tiles[d] == 1 && a < 0)
+      a = (int)d;
+    else if (from->tiles[d] == 1 && to->tiles[d] > 1 && b < 0)
+      b = (int)d;
+    else
+      return false;
+  }
+  if (a < 0 || b < 0) return false;
+  int64_t t = from->tiles[a];
+  if (to->tiles[b] != t || g->dims[a] % t || g->dims[b] % t) return false;
+  for (int64_t k = 0; k < p->n; k++) {
+    if (kiln__tiling_coord(from, k, (uint32_t)a) != kiln__tiling_coord(to, k, (uint32_t)b))
+      return false;
+    for (uint32_t d = 0; d < g->rank; d++)
+      if ((int)d != a && (int)d != b && from->tiles[d] > 1 &&
+          kiln__tiling_coord(from, k, d) != kiln__tiling_coord(to, k, d))
+        return false;
+  }
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_ALL_TO_ALL, kiln__b_shape(p->tx, x), &x, 1);
+  bool only[SPMD_MAX_RANK] = {false};
+  only[a] = true;
+  int64_t bb = b;
+  if (ins == NULL || !set_collective(p, ins, from, only) ||
+      kiln_instr_set_attr_ints(p->m, ins, KILN_ATTR_DIMENSIONS, &bb, 1)) {
+    kiln__tx_oom(p->tx);
+    return false;
+  }
+  /* [.., A/t @a, .., B @b, ..]: split b into [t, B/t], move the t axis in
+   * front of a, merge it with a. */
+  const kiln_shape *ls = kiln__b_shape(p->tx, ins->id);
+  uint32_t r = ls->rank;
+  int64_t ex[SPMD_MAX_RANK + 1], perm[SPMD_MAX_RANK + 1], fin[SPMD_MAX_RANK];
+  uint32_t ne = 0, axis[SPMD_MAX_RANK], taxis = 0;
+  for (uint32_t d = 0; d < r; d++) {
+    if ((int)d == b) {
+      taxis = ne;
+      ex[ne++] = t;
+    }
+    axis[d] = ne;
+    ex[ne++] = (int)d == b ? ls->dims[d] / t : ls->dims[d];
+  }
+  uint32_t np = 0;
+  for (uint32_t d = 0; d < r; d++) {
+    if ((int)d == a) perm[np++] = taxis;
+    perm[np++] = axis[d];
+    fin[d] = (int)d == a ? ls->dims[d] * t : (int)d == b ? ls->dims[d] / t : ls->dims[d];
+  }
+  kiln_id y = kiln__b_reshape(&p->b, ins->id, ex, ne);
+  y = kiln__b_transpose(&p->b, y, perm, ne);
+  *out = kiln__b_reshape(&p->b, y, fin, r);
+  return kiln__tx_ok(p->tx);
+}
+
 static kiln_id reshard(part *p, kiln_id x, const kiln_shape *g, const spmd_tiling *from,
                        const spmd_tiling *to) {
   if (!kiln__tx_ok(p->tx) || kiln__tiling_equal(from, to)) return x;
+  kiln_id y;
+  if (!kiln__tiling_covers(from, to) &&
+      (try_permute(p, x, from, to, &y) || try_all_to_all(p, x, g, from, to, &y)))
+    return y;
+  if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
   uint32_t r = g->rank;
   bool gather[SPMD_MAX_RANK];
   for (uint32_t d = 0; d < r; d++) {

@@ -248,6 +248,88 @@ START_TEST(test_uneven_shards) {
 }
 END_TEST
 
+/* Counts of one kind after partitioning text over p devices, and the
+ * result checked on the interp mesh. */
+static int count_of(const char *text, int64_t p, kiln_spmd_kind kind) {
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_spmd_program *prog;
+  ck_assert_msg(kiln_spmd_partition(m, p, NULL, &prog, &st) == 0, "%s", st.msg);
+  int n = (int)prog->stats.count[kind];
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+  check_program(text, p, "interp", -1, -1);
+  return n;
+}
+
+START_TEST(test_reshard_collectives) {
+  /* Rows to columns: one all-to-all; the same split on other devices: one
+   * collective-permute; to replicated: an all-gather. */
+  static const char swap[] =
+      "HloModule swap\n"
+      "ENTRY e {\n x = f32[8,12] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " n = f32[8,12] negate(x), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] custom-call(n), custom_call_target=\"Sharding\", "
+      "sharding={devices=[1,4]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(swap, 4, KILN_SPMD_ALL_TO_ALL), 1);
+  ck_assert_int_eq(count_of(swap, 4, KILN_SPMD_ALL_GATHER), 0);
+  static const char perm[] =
+      "HloModule perm\n"
+      "ENTRY e {\n x = f32[8,12] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " n = f32[8,12] negate(x), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] custom-call(n), custom_call_target=\"Sharding\", "
+      "sharding={devices=[4,1]3,1,0,2}\n}\n";
+  ck_assert_int_eq(count_of(perm, 4, KILN_SPMD_COLLECTIVE_PERMUTE), 1);
+  static const char gather[] =
+      "HloModule gather\n"
+      "ENTRY e {\n x = f32[7,12] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " n = f32[7,12] negate(x), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[7,12] custom-call(n), custom_call_target=\"Sharding\", "
+      "sharding={replicated}\n}\n";
+  ck_assert_int_eq(count_of(gather, 4, KILN_SPMD_ALL_GATHER), 1);
+}
+END_TEST
+
+START_TEST(test_combiner) {
+  /* Two independent gradient all-reduces become one. */
+  static const char two[] =
+      "HloModule two\n"
+      "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " dy = f32[16,4] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " dz = f32[16,2] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+      " g1 = f32[8,4] dot(x, dy), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+      " g2 = f32[8,2] dot(x, dz), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+      " ROOT o = (f32[8,4], f32[8,2]) tuple(g1, g2), sharding={{replicated}, {replicated}}\n}\n";
+  ck_assert_int_eq(count_of(two, 4, KILN_SPMD_ALL_REDUCE), 1);
+}
+END_TEST
+
+START_TEST(test_refusals) {
+  kiln_module *m = parse_ok("HloModule man\n"
+                            "ENTRY e {\n x = f32[8] parameter(0), sharding={manual}\n"
+                            " ROOT n = f32[8] negate(x)\n}\n");
+  kiln_status st = {0};
+  kiln_spmd_program *prog;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_ptr_nonnull(strstr(st.msg, "manual"));
+  kiln_module_destroy(m);
+  /* A sharding naming more devices than the mesh has. */
+  m = parse_ok("HloModule big\n"
+               "ENTRY e {\n x = f32[8] parameter(0), sharding={devices=[8]<=[8]}\n"
+               " ROOT n = f32[8] negate(x)\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_ptr_nonnull(strstr(st.msg, "8 devices"));
+  kiln_module_destroy(m);
+  /* Per-device programs are not global ones. */
+  m = parse_ok("HloModule pd\n"
+               "ENTRY e {\n x = f32[8] parameter(0), sharding={devices=[2]<=[2]}\n"
+               " ROOT p = u32[] partition-id()\n}\n");
+  ck_assert(!kiln_spmd_module_is_sharded(m));
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(test_megatron_cpu) { check_program(megatron, 4, "cpu", 1, 0); }
 END_TEST
 
@@ -380,6 +462,9 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_fsdp_all_gather);
   tcase_add_test(tc, test_2d_matmul);
   tcase_add_test(tc, test_uneven_shards);
+  tcase_add_test(tc, test_reshard_collectives);
+  tcase_add_test(tc, test_combiner);
+  tcase_add_test(tc, test_refusals);
   suite_add_tcase(s, tc);
   tc = tcase_create("random");
   tcase_set_timeout(tc, 300);
