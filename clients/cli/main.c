@@ -110,6 +110,9 @@ static const kiln__opt bench_opts[] = {
     {"transform", 0, "SPEC", true,
      "time the transformed program, transforms innermost first: grad, vjp, jvp, "
      "vmap:in_axes=0,size=N, checkpoint"},
+    {"partitions", 0, "P", false,
+     "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
+     "them (the JSON gains \"partitions\" and \"collectives\")"},
     {0},
 };
 
@@ -230,7 +233,8 @@ static const kiln__cmd commands[] = {
      dot_opts, 1, 1, kiln__cmd_dot, NULL},
     {"bench",
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
-     "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
+     "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
+     "         [--partitions P]",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
      "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"
