@@ -49,7 +49,8 @@ typedef struct part {
   /* Reshards already built: cached[old id][i] in tiling ctile[..][i]. */
   kiln_id (*cached)[CACHE];
   spmd_tiling *(*ctile)[CACHE];
-  kiln_id pid; /* s32 partition id, built once */
+  kiln_id pid; /* s32 partition id of the computation being built, built once */
+  size_t ncap; /* entries of local, lt, le, cached, ctile */
   int64_t channel;
 } part;
 
@@ -670,6 +671,53 @@ static int build_tuple(part *p, const kiln_instr *ins, spmd_tiling **elems) {
   return p->tx->err;
 }
 
+static int partition_sub(part *p, uint32_t comp);
+
+/* A loop state parameter (condition, body): each element's shard. */
+static int build_state_param(part *p, const kiln_instr *ins, spmd_tiling **elems) {
+  uint32_t r = ins->shape.rank;
+  kiln_shape *es = kiln_arena_calloc(p->tx->scratch, r ? r : 1, sizeof *es);
+  if (es == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t i = 0; i < r; i++) {
+    const kiln_shape *g = &ins->shape.tuple[i];
+    es[i] = *g;
+    if (!is_array(g) || elems[i] == NULL) continue;
+    int64_t dims[SPMD_MAX_RANK];
+    shard_dims(g, elems[i], dims);
+    if (kiln_shape_make_array(p->tx->scratch, &es[i], g->dtype, dims, g->rank))
+      return kiln__tx_oom(p->tx);
+  }
+  kiln_shape ts;
+  if (kiln_shape_make_tuple(p->tx->scratch, &ts, es, r)) return kiln__tx_oom(p->tx);
+  p->local[ins->id] = kiln__b_param(&p->b, ins->param_number, &ts, ins->name);
+  p->le[ins->id] = elems;
+  return p->tx->err;
+}
+
+/* A loop with split state: its init already in the state's tiling (else it
+ * runs whole), its condition and body partitioned with that state. */
+static int build_while(part *p, const kiln_instr *ins, spmd_tiling **elems) {
+  kiln_id init = ins->operands[0];
+  const kiln_shape *s = &ins->shape;
+  bool ok = p->le[init] != NULL && ins->ncalled == 2;
+  for (uint32_t i = 0; ok && i < s->rank; i++)
+    if (is_array(&s->tuple[i]))
+      ok = elems[i] && p->le[init][i] && kiln__tiling_equal(elems[i], p->le[init][i]);
+  if (!ok) {
+    kiln_id out;
+    spmd_tiling *got;
+    int rc = rule_whole(p, ins, NULL, &out, &got);
+    p->local[ins->id] = out;
+    return rc;
+  }
+  int rc = partition_sub(p, ins->called[0]);
+  if (rc == 0) rc = partition_sub(p, ins->called[1]);
+  if (rc) return rc;
+  p->local[ins->id] = kiln__b_clone(&p->b, ins, &p->local[init], 1);
+  p->le[ins->id] = elems;
+  return p->tx->err;
+}
+
 static int build(part *p, const kiln_instr *ins) {
   spmd_tiling *want, **elems;
   int rc = wanted(p, ins, &want, &elems);
@@ -678,6 +726,9 @@ static int build(part *p, const kiln_instr *ins) {
     return rc;
   }
   if (ins->op == KILN_OP_TUPLE) return build_tuple(p, ins, elems);
+  if (ins->op == KILN_OP_WHILE && elems) return build_while(p, ins, elems);
+  if (ins->op == KILN_OP_PARAMETER && elems && ins->comp != p->m->entry)
+    return build_state_param(p, ins, elems);
   kiln_id out = KILN_NO_ID;
   spmd_tiling *got = NULL;
   if ((rc = rule_of(ins)(p, ins, want, &out, &got))) return rc;
@@ -707,9 +758,9 @@ static bool same_groups(const kiln_instr *a, const kiln_instr *b) {
 
 /* Merges each all-reduce the partitioner made with later ones of the same
  * groups and reducer whose operands do not depend on it. */
-static int combine(part *p) {
+static int combine(part *p, uint32_t comp) {
   kiln_module *m = p->m;
-  kiln_computation *c = m->comps[m->entry];
+  kiln_computation *c = m->comps[comp];
   uint32_t n0 = c->ninstrs;
   uint8_t *dep = NULL;
   size_t ndep = 0;
@@ -761,7 +812,7 @@ static int combine(part *p) {
     at->v.groups = kiln_instr_attr(a, KILN_ATTR_REPLICA_GROUPS)->v.groups;
     for (uint32_t k = 0; k < ng; k++) {
       kiln_id e = kiln__b_gte(&p->b, t->id, k);
-      kiln_replace_all_uses(m, m->entry, group[k], e);
+      kiln_replace_all_uses(m, comp, group[k], e);
       m->instrs[group[k]]->comp = KILN_NO_ID; /* dropped below */
     }
   }
@@ -769,9 +820,9 @@ static int combine(part *p) {
   bool *keep = kiln_malloc((m->ninstrs + 1) * sizeof *keep);
   if (keep == NULL) return kiln__tx_oom(p->tx);
   for (uint32_t i = 0; i < m->ninstrs; i++) keep[i] = m->instrs[i]->comp != KILN_NO_ID;
-  kiln_computation_compact(m, m->entry, keep);
+  kiln_computation_compact(m, comp, keep);
   kiln_free(keep);
-  return kiln_computation_sort(m, m->entry, p->tx->st);
+  return kiln_computation_sort(m, comp, p->tx->st);
 }
 
 /* ---- entry point --------------------------------------------------------- */
@@ -842,6 +893,54 @@ static int64_t max_channel(const kiln_module *m) {
   return c;
 }
 
+/* Builds every instruction of comp (listed in order[0..n0), a snapshot)
+ * into comp itself, after the originals. */
+static int build_all(part *p, uint32_t comp, const kiln_id *order, uint32_t n0) {
+  int rc = 0;
+  for (uint32_t i = 0; i < n0 && rc == 0; i++) rc = build(p, p->m->instrs[order[i]]);
+  (void)comp;
+  return rc;
+}
+
+/* Drops the originals from comp, roots it at the local root, strips the
+ * shardings and combines all-reduces. */
+static int finish_comp(part *p, uint32_t comp, const kiln_id *order, uint32_t n0,
+                       kiln_id old_root) {
+  kiln_module *m = p->m;
+  kiln_computation *c = m->comps[comp];
+  bool *keep = kiln_calloc(m->ninstrs + 1, sizeof *keep);
+  if (keep == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t i = 0; i < c->ninstrs; i++) keep[c->instrs[i]] = true;
+  for (uint32_t i = 0; i < n0; i++) {
+    keep[order[i]] = false;
+    m->instrs[order[i]]->comp = KILN_NO_ID;
+  }
+  kiln_computation_compact(m, comp, keep);
+  kiln_free(keep);
+  c->root = p->local[old_root];
+  for (uint32_t i = 0; i < c->ninstrs; i++)
+    kiln__b_drop_attr(m->instrs[c->instrs[i]], KILN_ATTR_SHARDING);
+  return combine(p, comp);
+}
+
+/* Partitions a called computation (a loop's condition or body) in place. */
+static int partition_sub(part *p, uint32_t comp) {
+  kiln_computation *c = p->m->comps[comp];
+  uint32_t n0 = c->ninstrs;
+  kiln_id *order = kiln_arena_memdup(p->a, c->instrs, (n0 ? n0 : 1) * sizeof *order);
+  if (order == NULL) return kiln__tx_oom(p->tx);
+  kiln__b saved = p->b;
+  kiln_id saved_pid = p->pid;
+  p->b.comp = comp;
+  p->pid = KILN_NO_ID;
+  kiln_id old_root = c->root;
+  int rc = build_all(p, comp, order, n0);
+  if (rc == 0) rc = finish_comp(p, comp, order, n0, old_root);
+  p->b = saved;
+  p->pid = saved_pid;
+  return rc;
+}
+
 static int partition_entry(part *p, kiln_spmd_program *prog) {
   kiln_module *m = p->m;
   kiln_computation *c = m->comps[m->entry];
@@ -856,28 +955,15 @@ static int partition_entry(part *p, kiln_spmd_program *prog) {
   if (!order || !p->local || !p->lt || !p->le || !p->cached || !p->ctile)
     return kiln__tx_oom(p->tx);
   for (size_t i = 0; i < cap; i++) p->local[i] = KILN_NO_ID;
-  int rc = 0;
-  for (uint32_t i = 0; i < n0 && rc == 0; i++) rc = build(p, m->instrs[order[i]]);
+  p->ncap = cap;
+  int rc = build_all(p, m->entry, order, n0);
   if (rc) return rc;
   kiln_id old_root = c->root;
   if ((rc = record(p, prog, c, order, n0)))
     return rc == KILN_EUNIMPL ? fail(p, m->instrs[old_root], rc,
                                      "a token or nested tuple result split across devices")
                               : kiln__tx_oom(p->tx);
-  /* Keep only what was built. */
-  bool *keep = kiln_calloc(m->ninstrs + 1, sizeof *keep);
-  if (keep == NULL) return kiln__tx_oom(p->tx);
-  for (uint32_t i = 0; i < c->ninstrs; i++) keep[c->instrs[i]] = true;
-  for (uint32_t i = 0; i < n0; i++) {
-    keep[order[i]] = false;
-    m->instrs[order[i]]->comp = KILN_NO_ID;
-  }
-  kiln_computation_compact(m, m->entry, keep);
-  kiln_free(keep);
-  c->root = p->local[old_root];
-  for (uint32_t i = 0; i < c->ninstrs; i++)
-    kiln__b_drop_attr(m->instrs[c->instrs[i]], KILN_ATTR_SHARDING);
-  if ((rc = combine(p))) return rc;
+  if ((rc = finish_comp(p, m->entry, order, n0, old_root))) return rc;
   m->num_partitions = p->n;
   m->entry_layout = NULL;
   m->naliases = 0;

@@ -16,6 +16,7 @@
  * conditional, sort of several operands, ...) is computed replicated by the
  * partitioner, so nothing flows through it.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -27,6 +28,7 @@
 
 typedef struct prop {
   kiln_module *m;
+  uint32_t comp; /* the computation propagated */
   kiln_arena *a;
   kiln_status *st;
   int64_t n;
@@ -38,8 +40,7 @@ typedef struct prop {
 
 /* ---- inlining ----------------------------------------------------------- */
 
-static int inline_calls(kiln_module *m, kiln_status *st) {
-  uint32_t entry = m->entry;
+static int inline_calls(kiln_module *m, uint32_t entry, kiln_status *st) {
   kiln__tx tx;
   int rc = kiln__tx_init(&tx, m, "spmd", st);
   kiln__b b = {&tx, entry};
@@ -168,13 +169,13 @@ static spmd_tiling *offer_backward(prop *p, kiln_id id) {
   int64_t best_cost = 0;
   for (uint32_t i = 0; i < nu; i++) {
     const kiln_instr *u = p->m->instrs[us[i]];
-    if (u->comp != p->m->entry) continue;
+    if (u->comp != p->comp) continue;
     spmd_tiling *c = user_need(p, u, id);
     if (c == NULL || kiln__tiling_is_replicated(c)) continue;
     int64_t cost = 0;
     for (uint32_t j = 0; j < nu; j++) {
       const kiln_instr *v = p->m->instrs[us[j]];
-      if (v->comp != p->m->entry) continue;
+      if (v->comp != p->comp) continue;
       spmd_tiling *need = user_need(p, v, id);
       if (need) cost += kiln__reshard_cost(c, need, bytes_of(p, id));
     }
@@ -187,7 +188,7 @@ static spmd_tiling *offer_backward(prop *p, kiln_id id) {
 
 static bool tuple_tracked(const kiln_instr *ins) {
   return kiln_shape_is_tuple(&ins->shape) &&
-         (ins->op == KILN_OP_TUPLE || ins->op == KILN_OP_PARAMETER);
+         (ins->op == KILN_OP_TUPLE || ins->op == KILN_OP_PARAMETER || ins->op == KILN_OP_WHILE);
 }
 
 static int ensure_elems(prop *p, kiln_id id) {
@@ -347,14 +348,94 @@ static int sweep(prop *p, const kiln_computation *c) {
   return 0;
 }
 
-int kiln_spmd_propagate(kiln_module *m, int64_t partitions, kiln_status *st) {
-  if (kiln_module_entry(m) == NULL)
-    return kiln_status_set(st, KILN_EINVAL, "spmd", "module has no ENTRY computation");
-  if (partitions < 1 || partitions > 4096)
-    return kiln_status_set(st, KILN_EINVAL, "spmd", "partitions must be 1 to 4096");
-  int rc = inline_calls(m, st);
+/* ---- while loops -------------------------------------------------------- */
+
+/* A while whose init is a tuple instruction and whose body ends in one
+ * carries its state split as the init is (unknown elements replicated):
+ * the state's tiling S is a fixed point because the body's root is made to
+ * return S. Other loops run whole. */
+static bool loop_splittable(const prop *p, const kiln_instr *w) {
+  if (w->op != KILN_OP_WHILE || w->ncalled != 2 || w->noperands != 1) return false;
+  const kiln_instr *init = p->m->instrs[w->operands[0]];
+  const kiln_computation *body = p->m->comps[w->called[1]];
+  if (init->op != KILN_OP_TUPLE || p->e[init->id] == NULL || body->root == KILN_NO_ID) return false;
+  if (p->m->instrs[body->root]->op != KILN_OP_TUPLE) return false;
+  for (uint32_t i = 0; i < w->shape.rank; i++)
+    if (!kiln_shape_is_tuple(&w->shape.tuple[i]) && !kiln_shape_is_array(&w->shape.tuple[i]) &&
+        !kiln_shape_is_token(&w->shape.tuple[i]))
+      return false;
+  for (uint32_t i = 0; i < w->shape.rank; i++)
+    if (kiln_shape_is_tuple(&w->shape.tuple[i])) return false;
+  return true;
+}
+
+/* e[w] from its init: returns whether anything was set. */
+static bool loop_state(prop *p, const kiln_instr *w) {
+  if (!loop_splittable(p, w) || p->e[w->id] == NULL) return false;
+  bool any = false;
+  spmd_tiling **init = p->e[w->operands[0]];
+  for (uint32_t i = 0; i < w->shape.rank; i++)
+    if (p->e[w->id][i] == NULL && init[i] && !kiln__tiling_is_replicated(init[i])) {
+      p->e[w->id][i] = init[i];
+      any = true;
+    }
+  return any;
+}
+
+static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st);
+
+/* The tuple sharding of a loop's state, in the module arena. */
+static kiln_sharding *state_sharding(const kiln_instr *w) {
+  const kiln_attr *a = kiln_instr_attr(w, KILN_ATTR_SHARDING);
+  return a && a->v.sharding->kind == KILN_SHARD_TUPLE ? a->v.sharding : NULL;
+}
+
+static int set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
+  kiln_attr *a = kiln_instr_add_attr(m, ins, KILN_ATTR_SHARDING);
+  if (a == NULL) return KILN_ENOMEM;
+  a->v.sharding = s;
+  return 0;
+}
+
+/* Gives each splittable loop of comp private copies of its condition and
+ * body whose parameters (and the body's root) carry the state's sharding,
+ * and propagates inside them. */
+static int propagate_loops(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
+  for (uint32_t i = 0; i < m->comps[comp]->ninstrs; i++) {
+    kiln_instr *w = m->instrs[m->comps[comp]->instrs[i]];
+    if (w->op != KILN_OP_WHILE || w->ncalled != 2) continue;
+    kiln_sharding *s = state_sharding(w);
+    const kiln_instr *init = m->instrs[w->operands[0]];
+    if (s == NULL || init->op != KILN_OP_TUPLE) continue;
+    bool split = false;
+    for (uint32_t k = 0; k < s->nelems; k++) split = split || s->elems[k].kind == KILN_SHARD_TILED;
+    if (!split) continue;
+    uint32_t called[2];
+    for (int k = 0; k < 2; k++) {
+      char name[200];
+      snprintf(name, sizeof name, "%s.spmd", m->comps[w->called[k]]->name);
+      int rc = kiln_computation_clone(m, w->called[k], name, &called[k]);
+      if (rc) return kiln_status_set(st, rc, "spmd", "out of memory");
+    }
+    if (kiln_instr_set_called(m, w, called, 2))
+      return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+    for (int k = 0; k < 2; k++) {
+      kiln_computation *c = m->comps[called[k]];
+      kiln_instr *param = kiln_computation_param(m, c, 0);
+      if (param == NULL || set_sharding(m, param, s) ||
+          (k == 1 && set_sharding(m, m->instrs[c->root], s)))
+        return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+      int rc = propagate_comp(m, called[k], n, st);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
+  int rc = inline_calls(m, comp, st);
   if (rc) return rc;
-  prop p = {m, kiln_arena_create(), st, partitions, NULL, NULL, NULL, NULL};
+  prop p = {m, comp, kiln_arena_create(), st, n, NULL, NULL, NULL, NULL};
   if (p.a == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
   p.t = kiln_arena_calloc(p.a, m->ninstrs + 1, sizeof *p.t);
   p.e = kiln_arena_calloc(p.a, m->ninstrs + 1, sizeof *p.e);
@@ -363,14 +444,32 @@ int kiln_spmd_propagate(kiln_module *m, int64_t partitions, kiln_status *st) {
     rc = kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
     goto out;
   }
-  const kiln_computation *c = kiln_module_entry(m);
+  const kiln_computation *c = m->comps[comp];
   for (uint32_t i = 0; i < c->ninstrs && rc == 0; i++) rc = seed(&p, m->instrs[c->instrs[i]]);
-  if (rc == 0) rc = sweep(&p, c);
-  for (uint32_t i = 0; i < c->ninstrs && rc == 0; i++)
-    if ((rc = write_back(&p, m->instrs[c->instrs[i]])))
-      kiln_status_set(st, rc, "spmd", "out of memory");
+  /* Sweep; then loops take their init's tiling and the sweep goes on
+   * through their results. */
+  for (int round = 0; rc == 0 && round < 8; round++) {
+    rc = sweep(&p, c);
+    bool more = false;
+    for (uint32_t i = 0; i < c->ninstrs; i++) more |= loop_state(&p, m->instrs[c->instrs[i]]);
+    if (!more) break;
+  }
+  for (uint32_t i = 0; i < c->ninstrs && rc == 0; i++) {
+    kiln_instr *ins = m->instrs[c->instrs[i]];
+    if (ins->op == KILN_OP_WHILE && !loop_splittable(&p, ins)) continue; /* runs whole */
+    if ((rc = write_back(&p, ins))) kiln_status_set(st, rc, "spmd", "out of memory");
+  }
 out:
   kiln_users_destroy(p.users);
   kiln_arena_destroy(p.a);
+  if (rc == 0) rc = propagate_loops(m, comp, n, st);
   return rc;
+}
+
+int kiln_spmd_propagate(kiln_module *m, int64_t partitions, kiln_status *st) {
+  if (kiln_module_entry(m) == NULL)
+    return kiln_status_set(st, KILN_EINVAL, "spmd", "module has no ENTRY computation");
+  if (partitions < 1 || partitions > 4096)
+    return kiln_status_set(st, KILN_EINVAL, "spmd", "partitions must be 1 to 4096");
+  return propagate_comp(m, m->entry, partitions, st);
 }

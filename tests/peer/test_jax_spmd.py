@@ -199,6 +199,25 @@ class JaxSpmdTest(unittest.TestCase):
                               (sa, sb), so, (a, b), 8)
         self.assertGreaterEqual(kinds.get("all-reduce", (0, 0))[0], 1)
 
+    def test_loop_with_split_state(self):
+        """A fori_loop whose state stays batch-split: no gathers, one
+        all-reduce (the running sum) per trip."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal((16, 8)).astype(np.float32)
+        w = rng.standard_normal((8, 8)).astype(np.float32) * 0.5
+
+        def f(x, w):
+            def body(i, c):
+                x, s = c
+                x = jnp.tanh(x @ w)
+                return x, s + jnp.sum(x)
+            return jax.lax.fori_loop(0, 3, body, (x, jnp.float32(0)))
+
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        kinds = self.run_peer("loop", f, (bat, rep), (bat, rep), (x, w), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 4)})
+
 
 if __name__ == "__main__":
     unittest.main()

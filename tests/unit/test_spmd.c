@@ -304,6 +304,36 @@ START_TEST(test_combiner) {
 }
 END_TEST
 
+START_TEST(test_while_split_state) {
+  /* The state stays split through the loop: the body runs on shards, the
+   * running sum over the split dim is one all-reduce per trip, nothing is
+   * gathered. */
+  static const char loop[] =
+      "HloModule loop\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "cond { p = (s32[], f32[10,8], f32[]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n n = s32[] constant(3)\n"
+      " ROOT c = pred[] compare(i, n), direction=LT\n}\n"
+      "body { p = (s32[], f32[10,8], f32[]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n x = f32[10,8] get-tuple-element(p), index=1\n"
+      " s = f32[] get-tuple-element(p), index=2\n one = s32[] constant(1)\n"
+      " i2 = s32[] add(i, one)\n y = f32[10,8] tanh(x)\n z = f32[] constant(0)\n"
+      " r = f32[] reduce(y, z), dimensions={0,1}, to_apply=add\n s2 = f32[] add(s, r)\n"
+      " ROOT t = (s32[], f32[10,8], f32[]) tuple(i2, y, s2)\n}\n"
+      "ENTRY e {\n x = f32[10,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " z = s32[] constant(0)\n f = f32[] constant(0)\n"
+      " t = (s32[], f32[10,8], f32[]) tuple(z, x, f)\n"
+      " w = (s32[], f32[10,8], f32[]) while(t), condition=cond, body=body\n"
+      " y = f32[10,8] get-tuple-element(w), index=1\n"
+      " s = f32[] get-tuple-element(w), index=2\n"
+      " ROOT o = (f32[10,8], f32[]) tuple(y, s), sharding={{devices=[4,1]<=[4]}, "
+      "{replicated}}\n}\n";
+  ck_assert_int_eq(count_of(loop, 4, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(loop, 4, KILN_SPMD_ALL_REDUCE), 1);
+  check_program(loop, 4, "cpu", 1, 0);
+}
+END_TEST
+
 START_TEST(test_refusals) {
   kiln_module *m = parse_ok("HloModule man\n"
                             "ENTRY e {\n x = f32[8] parameter(0), sharding={manual}\n"
@@ -464,6 +494,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_uneven_shards);
   tcase_add_test(tc, test_reshard_collectives);
   tcase_add_test(tc, test_combiner);
+  tcase_add_test(tc, test_while_split_state);
   tcase_add_test(tc, test_refusals);
   suite_add_tcase(s, tc);
   tc = tcase_create("random");
