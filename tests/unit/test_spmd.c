@@ -334,6 +334,36 @@ START_TEST(test_while_split_state) {
 }
 END_TEST
 
+START_TEST(test_convolution_batch_and_features) {
+  /* Batch split: no communication. Output features split through the
+   * kernel: none either. Input features split: a partial sum, all-reduced
+   * (here cheaper than gathering the inputs). */
+  static const char batch[] =
+      "HloModule conv\n"
+      "ENTRY e {\n x = f32[4,6,6,3] parameter(0), sharding={devices=[2,1,1,1]<=[2]}\n"
+      " k = f32[3,3,3,8] parameter(1), sharding={replicated}\n"
+      " ROOT y = f32[4,6,6,8] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f\n}\n";
+  ck_assert_int_eq(count_of(batch, 2, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(batch, 2, KILN_SPMD_ALL_REDUCE), 0);
+  static const char feat[] =
+      "HloModule conv\n"
+      "ENTRY e {\n x = f32[4,6,6,3] parameter(0), sharding={replicated}\n"
+      " k = f32[3,3,3,8] parameter(1), sharding={devices=[1,1,1,4]<=[4]}\n"
+      " ROOT y = f32[4,6,6,8] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f\n}\n";
+  ck_assert_int_eq(count_of(feat, 4, KILN_SPMD_ALL_GATHER), 0);
+  static const char in[] =
+      "HloModule conv\n"
+      "ENTRY e {\n x = f32[4,6,6,16] parameter(0), sharding={devices=[1,1,1,2]<=[2]}\n"
+      " k = f32[3,3,16,8] parameter(1), sharding={devices=[1,1,2,1]<=[2]}\n"
+      " ROOT y = f32[4,6,6,8] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f, sharding={replicated}\n}\n";
+  ck_assert_int_eq(count_of(in, 2, KILN_SPMD_ALL_REDUCE), 1);
+  ck_assert_int_eq(count_of(in, 2, KILN_SPMD_ALL_GATHER), 0);
+}
+END_TEST
+
 START_TEST(test_refusals) {
   kiln_module *m = parse_ok("HloModule man\n"
                             "ENTRY e {\n x = f32[8] parameter(0), sharding={manual}\n"
@@ -495,6 +525,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_reshard_collectives);
   tcase_add_test(tc, test_combiner);
   tcase_add_test(tc, test_while_split_state);
+  tcase_add_test(tc, test_convolution_batch_and_features);
   tcase_add_test(tc, test_refusals);
   suite_add_tcase(s, tc);
   tc = tcase_create("random");
