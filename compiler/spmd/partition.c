@@ -51,6 +51,11 @@ typedef struct part {
   spmd_tiling *(*ctile)[CACHE];
   kiln_id pid; /* s32 partition id of the computation being built, built once */
   size_t ncap; /* entries of local, lt, le, cached, ctile */
+  /* The all-reduce the last rule ended with (KILN_NO_ID: none): the
+   * driver may turn it and the reshard after it into a reduce-scatter. */
+  kiln_id ar;
+  const spmd_tiling *ar_tiling; /* the loops' (or operand's) tiling ... */
+  bool ar_dims[SPMD_MAX_RANK];  /* ... and the split dims reduced over */
   int64_t channel;
 } part;
 
@@ -524,7 +529,12 @@ static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, 
     if (red[d]) lx = mask_dim(p, lx, xs->dims, tx, d, init);
   kiln_id ops[2] = {lx, init};
   kiln_id r = kiln__b_clone(&p->b, ins, ops, 2);
-  if (split) r = all_reduce(p, r, ins->called[0], tx, red);
+  if (split) {
+    r = all_reduce(p, r, ins->called[0], tx, red);
+    p->ar = r;
+    p->ar_tiling = tx;
+    memcpy(p->ar_dims, red, sizeof red);
+  }
   *out = r;
   *got = res;
   return p->tx->err;
@@ -592,6 +602,9 @@ static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *w
   if (any) {
     uint32_t add = kiln__b_reducer(p->tx, KILN_OP_ADD, ins->shape.dtype);
     y = all_reduce(p, y, add, it, ksplit);
+    p->ar = y;
+    p->ar_tiling = it;
+    memcpy(p->ar_dims, ksplit, sizeof ksplit);
   }
   *out = y;
   *got = best[3];
@@ -718,6 +731,51 @@ static int build_while(part *p, const kiln_instr *ins, spmd_tiling **elems) {
   return p->tx->err;
 }
 
+/* all-reduce(x) resharded from got to want, where want splits one more
+ * dim d exactly among each all-reduce group in rank order: one
+ * reduce-scatter along d instead. */
+static bool try_reduce_scatter(part *p, const kiln_shape *g, const spmd_tiling *got,
+                               const spmd_tiling *want, kiln_id *out) {
+  kiln_instr *ar = kiln__b_ins(p->tx, p->ar);
+  int d = -1;
+  for (uint32_t k = 0; k < g->rank; k++) {
+    if (want->tiles[k] == got->tiles[k]) continue;
+    if (got->tiles[k] != 1 || d >= 0) return false;
+    d = (int)k;
+  }
+  if (d < 0 || g->dims[d] % want->tiles[d] != 0 || ar->noperands != 1) return false;
+  for (uint32_t k = 0; k < g->rank; k++)
+    for (int64_t dev = 0; (int)k != d && got->tiles[k] > 1 && dev < p->n; dev++)
+      if (kiln__tiling_coord(got, dev, k) != kiln__tiling_coord(want, dev, k)) return false;
+  int64_t *v, ng, size;
+  if (kiln__tiling_groups(p->a, p->ar_tiling, p->ar_dims, &v, &ng, &size) || size != want->tiles[d])
+    return false;
+  for (int64_t i = 0; i < ng * size; i++)
+    if (kiln__tiling_coord(want, v[i], (uint32_t)d) != i % size) return false;
+  kiln_id x = ar->operands[0];
+  const kiln_shape *xs = kiln__b_shape(p->tx, x);
+  int64_t dims[SPMD_MAX_RANK];
+  for (uint32_t k = 0; k < xs->rank; k++) dims[k] = xs->dims[k];
+  dims[d] /= size;
+  kiln_shape rs;
+  if (kiln_shape_make_array(p->tx->scratch, &rs, xs->dtype, dims, xs->rank)) return false;
+  kiln_instr *r = kiln__b_make(&p->b, KILN_OP_REDUCE_SCATTER, &rs, &x, 1);
+  kiln_replica_groups *gr = r ? make_groups(p, v, ng, size) : NULL;
+  kiln_attr *at = gr ? kiln_instr_add_attr(p->m, r, KILN_ATTR_REPLICA_GROUPS) : NULL;
+  int64_t dd = d;
+  if (at == NULL || kiln_instr_set_called(p->m, r, ar->called, 1) ||
+      kiln_instr_set_attr_int(p->m, r, KILN_ATTR_CHANNEL_ID, p->channel++) ||
+      kiln_instr_set_attr_int(p->m, r, KILN_ATTR_USE_GLOBAL_DEVICE_IDS, 1) ||
+      kiln_instr_set_attr_ints(p->m, r, KILN_ATTR_DIMENSIONS, &dd, 1)) {
+    kiln__tx_oom(p->tx);
+    return false;
+  }
+  at->v.groups = gr;
+  ar->comp = KILN_NO_ID; /* dropped by finish_comp */
+  *out = r->id;
+  return true;
+}
+
 static int build(part *p, const kiln_instr *ins) {
   spmd_tiling *want, **elems;
   int rc = wanted(p, ins, &want, &elems);
@@ -731,8 +789,14 @@ static int build(part *p, const kiln_instr *ins) {
     return build_state_param(p, ins, elems);
   kiln_id out = KILN_NO_ID;
   spmd_tiling *got = NULL;
+  p->ar = KILN_NO_ID;
   if ((rc = rule_of(ins)(p, ins, want, &out, &got))) return rc;
-  if (want && got) {
+  kiln_id rs;
+  if (want && got && p->ar == out && !kiln__tiling_equal(got, want) &&
+      try_reduce_scatter(p, &ins->shape, got, want, &rs)) {
+    p->local[ins->id] = rs;
+    p->lt[ins->id] = want;
+  } else if (want && got) {
     p->local[ins->id] = reshard(p, out, &ins->shape, got, want);
     p->lt[ins->id] = want;
   } else {
@@ -910,7 +974,8 @@ static int finish_comp(part *p, uint32_t comp, const kiln_id *order, uint32_t n0
   kiln_computation *c = m->comps[comp];
   bool *keep = kiln_calloc(m->ninstrs + 1, sizeof *keep);
   if (keep == NULL) return kiln__tx_oom(p->tx);
-  for (uint32_t i = 0; i < c->ninstrs; i++) keep[c->instrs[i]] = true;
+  for (uint32_t i = 0; i < c->ninstrs; i++)
+    keep[c->instrs[i]] = m->instrs[c->instrs[i]]->comp != KILN_NO_ID;
   for (uint32_t i = 0; i < n0; i++) {
     keep[order[i]] = false;
     m->instrs[order[i]]->comp = KILN_NO_ID;
@@ -999,7 +1064,8 @@ int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *
             .a = kiln_arena_create(),
             .n = partitions,
             .pid = KILN_NO_ID,
-            .channel = max_channel(m) + 1};
+            .channel = max_channel(m) + 1,
+            .ar = KILN_NO_ID};
   if (rc == 0 && p.a == NULL) rc = kiln__tx_oom(&tx);
   if (rc == 0) rc = partition_entry(&p, prog);
   if (rc == 0 && tx.err) rc = tx.err;

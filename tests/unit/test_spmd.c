@@ -290,6 +290,40 @@ START_TEST(test_reshard_collectives) {
 }
 END_TEST
 
+START_TEST(test_reduce_scatter) {
+  /* A row-parallel matmul whose result stays split by rows over the same
+   * devices: a reduce-scatter, no all-reduce; likewise a reduce over a
+   * split dim whose result is split the other way. */
+  static const char rs[] =
+      "HloModule rs\n"
+      "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " w = f32[16,12] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+      "sharding={devices=[4,1]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(rs, 4, KILN_SPMD_REDUCE_SCATTER), 1);
+  ck_assert_int_eq(count_of(rs, 4, KILN_SPMD_ALL_REDUCE), 0);
+  ck_assert_int_eq(count_of(rs, 4, KILN_SPMD_ALL_GATHER), 0);
+  check_program(rs, 4, "cpu", 0, 0);
+  static const char red[] =
+      "HloModule red\n"
+      "mx { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] maximum(a, b)\n}\n"
+      "ENTRY e {\n x = f32[8,12] parameter(0), sharding={devices=[2,1]<=[2]}\n"
+      " ninf = f32[] constant(-inf)\n"
+      " ROOT m = f32[12] reduce(x, ninf), dimensions={0}, to_apply=mx, "
+      "sharding={devices=[2]<=[2]}\n}\n";
+  ck_assert_int_eq(count_of(red, 2, KILN_SPMD_REDUCE_SCATTER), 1);
+  /* The devices of the result's split are not the reduced group's order:
+   * all-reduce and slice, still correct. */
+  static const char other[] =
+      "HloModule other\n"
+      "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " w = f32[16,12] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+      "sharding={devices=[4,1]3,2,1,0}\n}\n";
+  ck_assert_int_eq(count_of(other, 4, KILN_SPMD_REDUCE_SCATTER), 0);
+}
+END_TEST
+
 START_TEST(test_combiner) {
   /* Two independent gradient all-reduces become one. */
   static const char two[] =
@@ -524,6 +558,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_uneven_shards);
   tcase_add_test(tc, test_reshard_collectives);
   tcase_add_test(tc, test_combiner);
+  tcase_add_test(tc, test_reduce_scatter);
   tcase_add_test(tc, test_while_split_state);
   tcase_add_test(tc, test_convolution_batch_and_features);
   tcase_add_test(tc, test_refusals);
