@@ -61,11 +61,16 @@ def xla_collective_bytes(text):
         shapes = re.findall(r"([a-z0-9]+)\[([0-9,]*)\]", m.group(1))
         if m.group(3) and m.group(2) != "all-reduce" and len(shapes) > 1:
             shapes = shapes[len(shapes) // 2:]  # (operands, results) of a -start
+        scale = 1
+        if m.group(2) == "reduce-scatter":  # kiln counts what is sent: the operand
+            gi = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+            gl = re.search(r"replica_groups=\{\{([0-9,]*)\}", line)
+            scale = int(gi.group(1)) if gi else len(gl.group(1).split(",")) if gl else 1
         for ty, dims in shapes:
             n = 1
             for d in filter(None, dims.split(",")):
                 n *= int(d)
-            total += n * sizes.get(ty, 4)
+            total += n * sizes.get(ty, 4) * scale
     return total
 
 
@@ -165,6 +170,18 @@ class JaxSpmdTest(unittest.TestCase):
         row = NamedSharding(m, P("t", None))
         kinds = self.run_peer("megatron", mlp, (rep, col, colb, row), rep, (x, w1, b1, w2), 4)
         self.assertEqual(kinds, {"all-reduce": (1, 8 * 16 * 4)})
+
+    def test_row_parallel_sequence_split(self):
+        """Row-parallel matmul whose result stays split by rows on the same
+        devices (sequence parallelism): one reduce-scatter."""
+        m = mesh((4,), ("t",))
+        rng = np.random.default_rng(7)
+        h = rng.standard_normal((8, 64)).astype(np.float32)
+        w = rng.standard_normal((64, 16)).astype(np.float32)
+        kinds = self.run_peer("rowpar", lambda h, w: h @ w,
+                              (NamedSharding(m, P(None, "t")), NamedSharding(m, P("t", None))),
+                              NamedSharding(m, P("t", None)), (h, w), 4)
+        self.assertEqual(kinds, {"reduce-scatter": (1, 8 * 16 * 4)})
 
     def test_fsdp_matmul(self):
         m = mesh((8,), ("d",))
