@@ -22,6 +22,7 @@
  * that do not depend on each other into one tuple all-reduce.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -495,6 +496,39 @@ static int rule_movement(part *p, const kiln_instr *ins, const spmd_tiling *want
   return p->tx->err;
 }
 
+/* Whether reduce ins may be split into partial reductions combined by an
+ * all-reduce with its reducer: the reducer is add, multiply, maximum,
+ * minimum, and or or of its two parameters and the init is a constant of
+ * that op's identity (each partial includes the init once). */
+static bool identity_init(const kiln_module *m, const kiln_instr *ins) {
+  const kiln_instr *init = m->instrs[ins->operands[1]];
+  const kiln_computation *c = m->comps[ins->called[0]];
+  if (init->op != KILN_OP_CONSTANT || init->literal == NULL || c->root == KILN_NO_ID ||
+      !kiln_shape_is_scalar(&init->shape))
+    return false;
+  const kiln_instr *r = m->instrs[c->root];
+  if (r->noperands != 2 || m->instrs[r->operands[0]]->op != KILN_OP_PARAMETER ||
+      m->instrs[r->operands[1]]->op != KILN_OP_PARAMETER || r->operands[0] == r->operands[1])
+    return false;
+  kiln_dtype t = init->shape.dtype;
+  double v = kiln_literal_get_f64(init->literal, 0);
+  int bits = kiln_dtype_bits(t);
+  double lo = kiln_dtype_is_float(t)        ? -INFINITY
+              : kiln_dtype_is_signed_int(t) ? -ldexp(1, bits - 1)
+                                            : 0,
+         hi = kiln_dtype_is_float(t) ? INFINITY
+                                     : ldexp(1, bits - !kiln_dtype_is_unsigned_int(t)) - 1;
+  switch (r->op) {
+  case KILN_OP_ADD: return v == 0;
+  case KILN_OP_MULTIPLY: return v == 1;
+  case KILN_OP_MAXIMUM: return v == lo || (t == KILN_PRED && v == 0);
+  case KILN_OP_MINIMUM: return v == hi || (t == KILN_PRED && v == 1);
+  case KILN_OP_AND: return t == KILN_PRED ? v == 1 : false;
+  case KILN_OP_OR: return v == 0;
+  default: return false;
+  }
+}
+
 static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                        spmd_tiling **got) {
   if (ins->noperands != 2 || !is_array(&ins->shape) || ins->ncalled != 1)
@@ -517,7 +551,7 @@ static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, 
   int64_t cost_keep =
       (split ? 2 * ob / kiln__tiling_count(res) : 0) + kiln__reshard_cost(res, want, ob);
   int64_t cost_alt = kiln__reshard_cost(keep, alt, xb);
-  spmd_tiling *tx = cost_keep <= cost_alt ? keep : alt;
+  spmd_tiling *tx = cost_keep <= cost_alt && (!split || identity_init(p->m, ins)) ? keep : alt;
   if (tx == alt) {
     res = kiln__spmd_fwd(p->a, p->m, ins, 0, alt);
     split = false;

@@ -424,6 +424,19 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+START_TEST(test_reduce_init_not_identity) {
+  /* sum with init 5 over a split dim: partial sums would add 5 once per
+   * device, so the operand is gathered instead. */
+  check_program("HloModule init5\n"
+                "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                " ROOT c = f32[] add(a, b)\n}\n"
+                "ENTRY e {\n x = f32[8,3] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                " five = f32[] constant(5)\n"
+                " ROOT s = f32[3] reduce(x, five), dimensions={0}, to_apply=add\n}\n",
+                4, "interp", 0, -1);
+}
+END_TEST
+
 START_TEST(test_megatron_cpu) { check_program(megatron, 4, "cpu", 1, 0); }
 END_TEST
 
@@ -559,6 +572,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_reshard_collectives);
   tcase_add_test(tc, test_combiner);
   tcase_add_test(tc, test_reduce_scatter);
+  tcase_add_test(tc, test_reduce_init_not_identity);
   tcase_add_test(tc, test_while_split_state);
   tcase_add_test(tc, test_convolution_batch_and_features);
   tcase_add_test(tc, test_refusals);
