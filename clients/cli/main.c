@@ -211,7 +211,15 @@ static const kiln__cmd commands[] = {
      "run on R x P devices of the interp backend, device K = replica x P + partition.\n"
      "Every device gets the --arg values unless --device-args K FILE,FILE,... gives device\n"
      "K its own. Outputs are printed per device after a line 'device K:'; with --out DIR\n"
-     "device K's outputs go to DIR/deviceK/i.npy.\n",
+     "device K's outputs go to DIR/deviceK/i.npy.\n"
+     "\n"
+     "A module whose ENTRY carries shardings over global shapes (jax.jit with in_shardings,\n"
+     "exported with as_text(dialect=\"hlo\")) is a global program: with --partitions P it is\n"
+     "partitioned over P devices, the --arg values (global arrays) are split by the\n"
+     "parameters' shardings, the P programs run as one gang (interp or cpu) and the global\n"
+     "result is printed, as PJRT runs it. --dump-dir (cpu) shows the module after\n"
+     "propagation and after partitioning; 'kiln compile --partitions P' reports the\n"
+     "collectives.\n",
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
