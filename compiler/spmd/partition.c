@@ -991,12 +991,11 @@ static int64_t max_channel(const kiln_module *m) {
   return c;
 }
 
-/* Builds every instruction of comp (listed in order[0..n0), a snapshot)
- * into comp itself, after the originals. */
-static int build_all(part *p, uint32_t comp, const kiln_id *order, uint32_t n0) {
+/* Builds every instruction listed in order[0..n0) (a snapshot of the
+ * computation being built, p->b.comp) after the originals. */
+static int build_all(part *p, const kiln_id *order, uint32_t n0) {
   int rc = 0;
   for (uint32_t i = 0; i < n0 && rc == 0; i++) rc = build(p, p->m->instrs[order[i]]);
-  (void)comp;
   return rc;
 }
 
@@ -1033,7 +1032,7 @@ static int partition_sub(part *p, uint32_t comp) {
   p->b.comp = comp;
   p->pid = KILN_NO_ID;
   kiln_id old_root = c->root;
-  int rc = build_all(p, comp, order, n0);
+  int rc = build_all(p, order, n0);
   if (rc == 0) rc = finish_comp(p, comp, order, n0, old_root);
   p->b = saved;
   p->pid = saved_pid;
@@ -1055,7 +1054,7 @@ static int partition_entry(part *p, kiln_spmd_program *prog) {
     return kiln__tx_oom(p->tx);
   for (size_t i = 0; i < cap; i++) p->local[i] = KILN_NO_ID;
   p->ncap = cap;
-  int rc = build_all(p, m->entry, order, n0);
+  int rc = build_all(p, order, n0);
   if (rc) return rc;
   kiln_id old_root = c->root;
   if ((rc = record(p, prog, c, order, n0)))

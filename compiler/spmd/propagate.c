@@ -360,12 +360,9 @@ static bool loop_splittable(const prop *p, const kiln_instr *w) {
   const kiln_computation *body = p->m->comps[w->called[1]];
   if (init->op != KILN_OP_TUPLE || p->e[init->id] == NULL || body->root == KILN_NO_ID) return false;
   if (p->m->instrs[body->root]->op != KILN_OP_TUPLE) return false;
-  for (uint32_t i = 0; i < w->shape.rank; i++)
-    if (!kiln_shape_is_tuple(&w->shape.tuple[i]) && !kiln_shape_is_array(&w->shape.tuple[i]) &&
-        !kiln_shape_is_token(&w->shape.tuple[i]))
+  for (uint32_t i = 0; i < w->shape.rank; i++) /* arrays and tokens: no nested tuples */
+    if (!kiln_shape_is_array(&w->shape.tuple[i]) && !kiln_shape_is_token(&w->shape.tuple[i]))
       return false;
-  for (uint32_t i = 0; i < w->shape.rank; i++)
-    if (kiln_shape_is_tuple(&w->shape.tuple[i])) return false;
   return true;
 }
 
