@@ -74,6 +74,36 @@ static bool touched_dims(const kiln_module *m, const kiln_instr *ins, bool *touc
   }
 }
 
+/* A gather whose batch dims (the result dims that are not offset dims)
+ * follow the index dims (all but index_vector_dim), in order:
+ * map[j] = the index dim of result dim j, or -1 (offset dims). False for
+ * gathers with operand batching dims. */
+static bool gather_map(const kiln_module *m, const kiln_instr *ins, int64_t *map) {
+  if (ins->op != KILN_OP_GATHER || ins->noperands != 2) return false;
+  const kiln_i64s *ob = kiln_instr_attr_ints(ins, KILN_ATTR_OPERAND_BATCHING_DIMS);
+  if (ob && ob->n) return false;
+  const kiln_i64s *off = kiln_instr_attr_ints(ins, KILN_ATTR_OFFSET_DIMS);
+  const kiln_shape *idx = op_shape(m, ins, 1);
+  int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, idx->rank);
+  uint32_t r = ins->shape.rank;
+  bool is_off[SPMD_MAX_RANK] = {false};
+  for (uint32_t i = 0; off && i < off->n; i++) {
+    if (off->v[i] < 0 || off->v[i] >= (int64_t)r) return false;
+    is_off[off->v[i]] = true;
+  }
+  int64_t next = 0;
+  for (uint32_t j = 0; j < r; j++) {
+    if (is_off[j]) {
+      map[j] = -1;
+      continue;
+    }
+    if (next == ivd) next++;
+    if (next >= (int64_t)idx->rank) return false;
+    map[j] = next++;
+  }
+  return true;
+}
+
 /* Reshape map with the tile counts of `t` (on the source side) checked:
  * map[j] = source dim, or -1 when its count does not divide cleanly. */
 static void reshape_map(const kiln_shape *from, const kiln_shape *to, const spmd_tiling *t,
@@ -125,6 +155,9 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
     if (j != out->rank) return NULL;
     return kiln__tiling_derive(a, tk, map, out->rank);
   }
+  case KILN_OP_GATHER:
+    if (k != 1 || !gather_map(m, ins, map)) return NULL;
+    return kiln__tiling_derive(a, tk, map, out->rank);
   case KILN_OP_DOT:
   case KILN_OP_CONVOLUTION: {
     spmd_loop loops[SPMD_MAX_RANK * 2];
@@ -179,6 +212,16 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
       if (ds->v[i] >= 0 && ds->v[i] < (int64_t)in->rank) red[ds->v[i]] = true;
     int64_t j = 0;
     for (uint32_t d = 0; d < in->rank; d++) map[d] = red[d] ? -1 : j++;
+    return kiln__tiling_derive(a, tout, map, in->rank);
+  }
+  case KILN_OP_GATHER: {
+    /* The table whole, the indices split as the result's batch dims. */
+    int64_t gm[SPMD_MAX_RANK];
+    if (!gather_map(m, ins, gm)) return NULL;
+    if (k == 0) return kiln__tiling_replicated(a, in->rank, tout->n);
+    for (uint32_t d = 0; d < in->rank; d++) map[d] = -1;
+    for (uint32_t j = 0; j < out->rank; j++)
+      if (gm[j] >= 0) map[gm[j]] = j;
     return kiln__tiling_derive(a, tout, map, in->rank);
   }
   case KILN_OP_DOT:

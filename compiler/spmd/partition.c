@@ -645,6 +645,21 @@ static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *w
   return p->tx->err;
 }
 
+/* gather: the table whole, the indices split as the result's batch dims
+ * (an embedding lookup of split ids needs no communication). */
+static int rule_gather(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                       spmd_tiling **got) {
+  spmd_tiling *ni = is_array(&ins->shape) ? kiln__spmd_bwd(p->a, p->m, ins, 1, want) : NULL;
+  spmd_tiling *g = ni ? kiln__spmd_fwd(p->a, p->m, ins, 1, ni) : NULL;
+  const kiln_shape *ts = gshape(p, ins->operands[0]);
+  if (g == NULL || !is_array(ts)) return rule_whole(p, ins, want, out, got);
+  kiln_id ops[2] = {local_as(p, ins->operands[0], replicated(p, ts->rank)),
+                    local_as(p, ins->operands[1], ni)};
+  *out = kiln__b_clone(&p->b, ins, ops, 2);
+  *got = g;
+  return p->tx->err;
+}
+
 static int rule_gte(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                     spmd_tiling **got) {
   kiln_id t = ins->operands[0];
@@ -663,7 +678,7 @@ static const rule_fn rules[KILN_OP_COUNT] = {
     [KILN_OP_PAD] = rule_movement,          [KILN_OP_REVERSE] = rule_movement,
     [KILN_OP_CONCATENATE] = rule_movement,  [KILN_OP_REDUCE] = rule_reduce,
     [KILN_OP_DOT] = rule_contraction,       [KILN_OP_CONVOLUTION] = rule_contraction,
-    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte,
+    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte, [KILN_OP_GATHER] = rule_gather,
 };
 
 static rule_fn rule_of(const kiln_instr *ins) {

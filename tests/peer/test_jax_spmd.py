@@ -183,6 +183,17 @@ class JaxSpmdTest(unittest.TestCase):
                               NamedSharding(m, P("t", None)), (h, w), 4)
         self.assertEqual(kinds, {"reduce-scatter": (1, 8 * 16 * 4)})
 
+    def test_embedding_lookup_split_ids(self):
+        """jnp.take of batch-split ids from a replicated table: no communication."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(8)
+        table = rng.standard_normal((50, 16)).astype(np.float32)
+        ids = rng.integers(0, 50, size=(32,)).astype(np.int32)
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b"))
+        kinds = self.run_peer("embed", lambda t, i: jnp.tanh(jnp.take(t, i, axis=0)),
+                              (rep, bat), NamedSharding(m, P("b", None)), (table, ids), 4)
+        self.assertEqual(kinds, {})
+
     def test_fsdp_matmul(self):
         m = mesh((8,), ("d",))
         rng = np.random.default_rng(3)

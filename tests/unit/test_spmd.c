@@ -424,6 +424,25 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+START_TEST(test_gather_embedding) {
+  /* Ids split by batch, the table replicated: no communication. */
+  static const char emb[] =
+      "HloModule emb\n"
+      "ENTRY e {\n t = f32[10,6] parameter(0), sharding={replicated}\n"
+      " ids = s32[8,1] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT g = f32[8,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n";
+  ck_assert_int_eq(count_of(emb, 4, KILN_SPMD_ALL_GATHER), 0);
+  /* A sharded table is gathered first; uneven ids too. */
+  check_program("HloModule emb2\n"
+                "ENTRY e {\n t = f32[10,6] parameter(0), sharding={devices=[2,1]<=[2]}\n"
+                " ids = s32[7] parameter(1), sharding={devices=[2]<=[2]}\n"
+                " ROOT g = f32[7,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+                "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n",
+                2, "interp", 0, 1);
+}
+END_TEST
+
 START_TEST(test_reduce_init_not_identity) {
   /* sum with init 5 over a split dim: partial sums would add 5 once per
    * device, so the operand is gathered instead. */
@@ -573,6 +592,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_combiner);
   tcase_add_test(tc, test_reduce_scatter);
   tcase_add_test(tc, test_reduce_init_not_identity);
+  tcase_add_test(tc, test_gather_embedding);
   tcase_add_test(tc, test_while_split_state);
   tcase_add_test(tc, test_convolution_batch_and_features);
   tcase_add_test(tc, test_refusals);
