@@ -65,6 +65,7 @@ struct kiln_sched {
   uint32_t queued_class[KILN_SCHED_MAX_CLASSES]; /* of queued, per class */
   uint32_t dropping; /* jobs taken out to be dropped, callbacks not yet done */
   bool closed, stop;
+  kiln_quota_table *quotas; /* per-client queue limits overriding o's, or NULL */
 };
 
 int64_t kiln_sched_now_ns(void) {
@@ -400,8 +401,21 @@ void kiln_sched_destroy(kiln_sched *s) {
   for (uint32_t c = 0; c < KILN_SCHED_MAX_CLASSES; c++) pthread_cond_destroy(&s->work_cv[c]);
   pthread_cond_destroy(&s->idle_cv);
   pthread_mutex_destroy(&s->mu);
+  kiln_quota_table_free(s->quotas);
   kiln_free(s->devs);
   kiln_free(s);
+}
+
+int kiln_sched_set_quotas(kiln_sched *s, const kiln_client_quota *q, size_t n, kiln_status *st) {
+  kiln_quota_table *t;
+  int rc = kiln_quota_table_make(q, n, &t, st);
+  if (rc) return rc;
+  pthread_mutex_lock(&s->mu);
+  kiln_quota_table *old = s->quotas;
+  s->quotas = t;
+  pthread_mutex_unlock(&s->mu);
+  kiln_quota_table_free(old);
+  return 0;
 }
 
 static int check_job(const kiln_sched *s, const kiln_sched_job *jd, kiln_status *st) {
@@ -423,7 +437,9 @@ static int admit(kiln_sched *s, const char *name, sclient **out, kiln_status *st
     return kiln_status_set(st, KILN_ELIMIT, "scheduler", "execution queue is full (%u jobs)",
                            s->o.max_queued);
   sclient *c = ring_find(s, name);
-  if (c && c->n >= s->o.max_queued_per_client)
+  const kiln_client_quota *q = kiln_quota_table_find(s->quotas, name);
+  uint32_t limit = q && q->queued ? q->queued : s->o.max_queued_per_client;
+  if (c && c->n >= limit)
     return kiln_status_set(st, KILN_ELIMIT, "scheduler",
                            "this client already has %u executions queued (the limit)", c->n);
   if (c == NULL && (c = ring_add(s, name)) == NULL)

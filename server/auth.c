@@ -25,6 +25,8 @@
 #include <openssl/x509.h>
 
 #include "common/alloc.h"
+#include "executor/buffers.h"
+#include "executor/scheduler.h"
 #include "server/server.h"
 
 #define DIGEST_LEN 32
@@ -36,6 +38,10 @@ typedef struct token_entry {
   uint8_t digest[DIGEST_LEN];
   char client[KILND_CLIENT_MAX + 1];
   kilnd_role role;
+  /* The line's own quotas (0: the server-wide value); has_quota when any. */
+  uint64_t memory_bytes;
+  uint32_t buffers, queued;
+  bool has_quota;
 } token_entry;
 
 struct kilnd_auth {
@@ -67,6 +73,34 @@ static char *next_field(char **s) {
   if (*p) *p++ = '\0';
   *s = p;
   return start;
+}
+
+/* A quota value: decimal from 1, with (bytes) an optional K/M/G/T (powers
+ * of 1000) or Ki/Mi/Gi/Ti (powers of 1024) suffix. -1 for anything else. */
+static int parse_quota(const char *v, bool bytes, uint64_t *out) {
+  uint64_t n = 0;
+  const char *p = v;
+  if (*p < '0' || *p > '9') return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (n > (UINT64_MAX - 9) / 10) return -1;
+    n = n * 10 + (uint64_t)(*p - '0');
+  }
+  if (*p && bytes) {
+    static const char units[] = "KMGT";
+    const char *u = strchr(units, *p);
+    if (u == NULL) return -1;
+    bool binary = p[1] == 'i';
+    if (p[binary ? 2 : 1] != '\0') return -1;
+    for (int i = 0; i <= u - units; i++) {
+      uint64_t m = binary ? 1024 : 1000;
+      if (n > UINT64_MAX / m) return -1;
+      n *= m;
+    }
+    p += binary ? 2 : 1;
+  }
+  if (*p != '\0' || n == 0) return -1;
+  *out = n;
+  return 0;
 }
 
 static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_status *st) {
@@ -108,14 +142,29 @@ static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_s
     char *eq = strchr(q, '=');
     if (eq == NULL || eq == q || eq[1] == '\0')
       return kiln_status_set(st, KILN_EINVAL, where, "expected key=value, found '%.64s'", q);
-    /* Accepting a quota and not enforcing it would mislead: the buffer
-     * store and scheduler have server-wide per-client limits only. */
     *eq = '\0';
-    return kiln_status_set(st, KILN_EUNIMPL, where,
-                           "per-token quota '%.32s' is not implemented yet; the server-wide "
-                           "--client-memory-bytes, --max-buffers-per-client and "
-                           "--client-queue-depth apply to every client",
-                           q);
+    const char *v = eq + 1;
+    uint64_t val;
+    if (strcmp(q, "memory") == 0) {
+      if (parse_quota(v, true, &val))
+        return kiln_status_set(st, KILN_EINVAL, where,
+                               "memory=%.32s: expected bytes from 1, with an optional K, M, G, "
+                               "T, Ki, Mi, Gi or Ti suffix",
+                               v);
+      e.memory_bytes = val;
+    } else if (strcmp(q, "buffers") == 0 || strcmp(q, "queue") == 0) {
+      if (parse_quota(v, false, &val) || val > UINT32_MAX)
+        return kiln_status_set(st, KILN_EINVAL, where, "%s=%.32s: expected a count from 1 to %u", q,
+                               v, UINT32_MAX);
+      if (q[0] == 'b')
+        e.buffers = (uint32_t)val;
+      else
+        e.queued = (uint32_t)val;
+    } else {
+      return kiln_status_set(st, KILN_EINVAL, where,
+                             "unknown quota '%.32s' (memory=BYTES, buffers=N, queue=N)", q);
+    }
+    e.has_quota = true;
   }
   for (size_t i = 0; i < a->ntokens; i++)
     if (memcmp(a->tokens[i].digest, e.digest, DIGEST_LEN) == 0)
@@ -219,6 +268,44 @@ fetch_config(void *user, grpc_ssl_server_certificate_config **config) {
   return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
 }
 
+/* The tokens' quotas, one entry per client (tokens of one client must agree),
+ * handed to the buffer store and the scheduler. */
+static int apply_quotas(kilnd *srv, const token_entry *t, size_t n, kiln_status *st) {
+  kiln_client_quota *q = n ? kiln_calloc(n, sizeof *q) : NULL;
+  if (n && q == NULL) return kiln_status_set(st, KILN_ENOMEM, "tokens", "out of memory");
+  size_t nq = 0;
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    size_t j = 0;
+    while (j < i && strcmp(t[j].client, t[i].client) != 0) j++;
+    if (j < i) {
+      if (t[j].memory_bytes != t[i].memory_bytes || t[j].buffers != t[i].buffers ||
+          t[j].queued != t[i].queued)
+        rc = kiln_status_set(st, KILN_EINVAL, "tokens",
+                             "client '%.64s' has two tokens with different quotas", t[i].client);
+      continue;
+    }
+    if (!t[i].has_quota) continue;
+    q[nq++] = (kiln_client_quota){.client = t[i].client,
+                                  .memory_bytes = t[i].memory_bytes,
+                                  .buffers = t[i].buffers,
+                                  .queued = t[i].queued};
+  }
+  if (rc == 0 && srv->buffers) rc = kiln_buffer_store_set_quotas(srv->buffers, q, nq, st);
+  if (rc == 0 && srv->sched) rc = kiln_sched_set_quotas(srv->sched, q, nq, st);
+  kiln_free(q);
+  return rc;
+}
+
+int kilnd_auth_apply_quotas(kilnd *srv, kiln_status *st) {
+  kilnd_auth *a = srv->auth;
+  if (a == NULL || !a->with_tokens) return 0;
+  pthread_rwlock_rdlock(&a->tokens_mu);
+  int rc = apply_quotas(srv, a->tokens, a->ntokens, st);
+  pthread_rwlock_unlock(&a->tokens_mu);
+  return rc;
+}
+
 /* Reads the token file into a table of its own and swaps it in; a file
  * that fails to parse leaves the old table. */
 static void reload_tokens(kilnd *srv) {
@@ -231,6 +318,7 @@ static void reload_tokens(kilnd *srv) {
   int rc = kilnd_read_file(srv->cfg.tokens, "token file", FILE_MAX_MIB, &text, &st);
   if (rc == 0) rc = parse_tokens(&fresh, text, srv->cfg.tokens, &st);
   kiln_free(text);
+  if (rc == 0) rc = apply_quotas(srv, fresh.tokens, fresh.ntokens, &st);
   if (rc) {
     char msg[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
     kiln_status_format(&st, msg, sizeof msg);

@@ -56,6 +56,9 @@ grpc_server_credentials *kilnd_auth_health_credentials(kilnd *srv);
  * certificates or tokens stay. Tokens cannot be turned on or off by a
  * reload: that needs a restart with or without --tokens. */
 void kilnd_auth_reload(kilnd *srv);
+/* Hands the token file's per-token quotas to the buffer store and the
+ * scheduler (at start, once both exist; a reload does it itself). */
+int kilnd_auth_apply_quotas(kilnd *srv, kiln_status *st);
 
 /* The validation point's identity step: sets c->client and c->role, or
  * fails with KILND_EUNAUTH (token missing or unknown), KILN_EUNIMPL (a

@@ -165,6 +165,7 @@ static int start_parts(kilnd *srv, kiln_status *st) {
       .max_queued = (uint32_t)cfg->queue_depth,
       .max_queued_per_client = (uint32_t)cfg->client_queue_depth};
   if ((rc = kiln_sched_create(&so, &srv->sched, st))) return rc;
+  if ((rc = kilnd_auth_apply_quotas(srv, st))) return rc;
   if ((rc = kilnd_metrics_create(srv, st))) return rc;
   if ((rc = kilnd_loop_create(srv, st))) return rc;
   return kilnd_http_start(srv, kilnd_loop_uv(srv), st);

@@ -73,10 +73,14 @@ static int make_files(void) {
            "d() { printf %%s \"$1\" | openssl dgst -sha256 -r | cut -c1-64; };"
            "{ echo '# test tokens'; echo \"sha256:$(d tok-alice) alice user\";"
            "  echo \"sha256:$(d tok-bob) bob user  # a comment\";"
+           "  echo \"sha256:$(d tok-quota) quota user memory=8 queue=1 buffers=2\";"
            "  echo; echo \"sha256:$(d tok-root) root admin\"; } > tokens;"
            "{ echo \"sha256:$(d a) alice user\"; echo \"sha256:$(d b) bob superuser\"; } > bad1;"
            "{ echo \"sha256:$(d a) alice user memory-bytes=1Gi\"; } > bad2;"
-           "echo 'sha256:12 alice user' > bad3",
+           "echo 'sha256:12 alice user' > bad3;"
+           "{ echo \"sha256:$(d a) alice user memory=0\"; } > bad4;"
+           "{ echo \"sha256:$(d a) alice user buffers=2\"; echo \"sha256:$(d b) alice user\"; } "
+           "> bad5",
            dir);
   char full[4400];
   snprintf(full, sizeof full, "( %s ) >'%s/openssl.log' 2>&1", cmd, dir);
@@ -402,6 +406,26 @@ START_TEST(test_spoofed_kiln_client_header_ignored) {
 }
 END_TEST
 
+/* A token's own quotas: client quota (memory=8) cannot store a 16-byte vector,
+ * while alice (the server-wide quota) can. */
+START_TEST(test_per_token_quota) {
+  kiln_client *q = connect_ok(server.addr, good("tok-quota"));
+  kiln_literal *x = vector4(1.0f);
+  kiln_remote_buffer b;
+  kiln_status st;
+  kiln_status_clear(&st);
+  expect_code(kiln_client_put_buffer(q, x, NULL, &b, &st), &st, KILN_RPC_RESOURCE_EXHAUSTED,
+              "a put over the token's quota");
+  ck_assert_msg(strstr(st.msg, "quota 8"), "%s", st.msg);
+  kiln_literal_destroy(x);
+  kiln_client_close(q);
+  kiln_client *alice = connect_ok(server.addr, good("tok-alice"));
+  free(put(alice, 2.0f));
+  kiln_client_close(alice);
+  good_client_served();
+}
+END_TEST
+
 START_TEST(test_malformed_token_files) {
   static const struct {
     const char *file, *where, *what;
@@ -409,6 +433,8 @@ START_TEST(test_malformed_token_files) {
       {"bad1", "bad1:2", "role must be"},
       {"bad2", "bad2:1", "memory-bytes"},
       {"bad3", "bad3:1", "64 hex digits"},
+      {"bad4", "bad4:1", "memory=0: expected bytes from 1"},
+      {"bad5", "tokens", "client 'alice' has two tokens with different quotas"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *argv[] = {(char *)itest_kilnd_path(),
@@ -697,6 +723,7 @@ static Suite *security_suite(void) {
   tcase_add_test(tok, test_user_token_on_admin_calls);
   tcase_add_test(tok, test_user_cannot_read_another_users_buffer);
   tcase_add_test(tok, test_spoofed_kiln_client_header_ignored);
+  tcase_add_test(tok, test_per_token_quota);
   tcase_add_test(tok, test_malformed_token_files);
   tcase_add_test(tok, test_health_port_plaintext_without_token);
   tcase_add_test(tok, test_cli_flags_and_env);

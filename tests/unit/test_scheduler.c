@@ -197,6 +197,38 @@ START_TEST(test_queue_bounds) {
 }
 END_TEST
 
+/* A client's own queue limit (a token's queue=N) overrides the server-wide
+ * one, both ways; an empty table restores the default. */
+START_TEST(test_queue_quota_override) {
+  kiln_sched *s = make(1, 0, 16, 2);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_client_quota q[] = {{.client = "big", .queued = 4}, {.client = "small", .queued = 1}};
+  ck_assert_int_eq(kiln_sched_set_quotas(s, q, 2, &st), 0);
+  ck_assert_int_eq(submit(s, "x", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(submit(s, "big", "b", 0, 1, 0, NULL, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(submit(s, "big", "b", 0, 1, 0, NULL, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "this client already has 4 executions queued (the limit)");
+  ck_assert_int_eq(submit(s, "small", "s", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "small", "s", 0, 1, 0, NULL, NULL), KILN_ELIMIT);
+  ck_assert_int_eq(submit(s, "other", "o", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "other", "o", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "other", "o", 0, 1, 0, NULL, NULL), KILN_ELIMIT);
+  ck_assert_int_eq(kiln_sched_set_quotas(s, NULL, 0, &st), 0);
+  ck_assert_int_eq(submit(s, "small", "s", 0, 1, 0, NULL, NULL), 0); /* back to 2 */
+  kiln_client_quota dup[] = {{.client = "a", .queued = 1}, {.client = "a", .queued = 2}};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_sched_set_quotas(s, dup, 2, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "client 'a' has two quota entries");
+  open_gate();
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(nrun, 9);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
 START_TEST(test_deadline_and_cancel) {
   kiln_sched *s = make(1, 0, 0, 0);
   static atomic_int cancel;
@@ -442,6 +474,7 @@ int main(void) {
   tcase_add_test(tc, test_round_robin);
   tcase_add_test(tc, test_newcomer_waits_one_run);
   tcase_add_test(tc, test_queue_bounds);
+  tcase_add_test(tc, test_queue_quota_override);
   tcase_add_test(tc, test_deadline_and_cancel);
   tcase_add_test(tc, test_worker_drops_expired);
   tcase_add_test(tc, test_classes_and_gangs);
