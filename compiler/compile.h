@@ -37,6 +37,9 @@ typedef struct kiln_compile_options {
    * NULL: env KILN_KERNEL_CACHE_DIR, if set; the in-process cache always. */
   const char *kernel_cache_dir;
   bool no_kernel_cache; /* neither read nor fill the kernel cache */
+  /* Deepest nesting of called computations accepted (verify.h); 0: the
+   * verifier's default. */
+  uint32_t max_nesting;
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {

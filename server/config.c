@@ -374,6 +374,7 @@ int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
       (rc = range(st, "max-message-bytes", c->max_message_bytes, 4096, INT32_MAX)) ||
       (rc = range(st, "max-module-bytes", c->max_module_bytes, 1, INT32_MAX)) ||
       (rc = range(st, "max-elements", c->max_elements, 1, UINT64_C(1) << 40)) ||
+      (rc = range(st, "max-nesting", c->max_nesting, 1, 4096)) || /* KILN_VERIFY_MAX_NESTING */
       (rc = range(st, "max-executables", c->max_executables, 1, 1u << 20)) ||
       (rc = range(st, "chunk-bytes", c->chunk_bytes, 1, INT32_MAX)) ||
       (rc = range(st, "redis-ttl-s", c->redis_ttl_s, 0, UINT32_MAX)) ||

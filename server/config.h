@@ -68,6 +68,9 @@ extern "C" {
     "largest gRPC message received (bulk data goes through PutBuffer/GetBuffer streams)") \
   X("max-module-bytes", U64, max_module_bytes, "16Mi", \
     "largest program (HLO text or serialized module) accepted by Compile") \
+  X("max-nesting", U64, max_nesting, "256", \
+    "deepest nesting of called computations (calls, whiles, conditionals, fusions) a Compile " \
+    "accepts, 1 to 4096; deeper programs are INVALID_ARGUMENT") \
   X("max-elements", U64, max_elements, "256Mi", \
     "largest element count of any one array (shapes, arguments, buffers)") \
   X("max-buffer-bytes", U64, max_buffer_bytes, "4Gi", "largest single uploaded buffer") \
@@ -83,7 +86,9 @@ extern "C" {
     "longest one execution may run (the call's deadline may cut it shorter)") \
   X("run-memory-bytes", U64, run_memory_bytes, "4Gi", \
     "memory one interpreter execution may hold in live values") \
-  X("compile-timeout", SEC, compile_timeout, "120", "limit on the C compiler per Compile") \
+  X("compile-timeout", SEC, compile_timeout, "120", \
+    "limit on one whole Compile (parse, verify, transforms, passes, code generation, the C " \
+    "compiler); the call's deadline may cut it shorter") \
   X("drain-grace", SEC, drain_grace, "1", \
     "on SIGTERM/SIGINT, how long new calls are still served (health says NOT_SERVING at " \
     "once) before they are refused with UNAVAILABLE") \

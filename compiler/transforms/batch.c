@@ -130,6 +130,7 @@ int kiln__batch_region(kiln__bt *c, const kiln_id *args, kiln__bsig *const *sigs
   kiln__tx *tx = c->tx;
   const kiln_module *m = tx->m;
   for (uint32_t i = 0; i < c->src->ninstrs && tx->err == 0; i++) {
+    if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = m->instrs[c->src->instrs[i]];
     if (ins->op == KILN_OP_PARAMETER) {
       c->val[ins->id] = args[ins->param_number];
