@@ -30,6 +30,7 @@
 #include "common/alloc.h"
 #include "executor/scheduler.h"
 #include "server/server.h"
+#include "server/stall.h"
 
 #define TICK_MS 50
 #define GIVE_UP_MS 5000 /* after the drain timeout cancelled what was left */
@@ -173,6 +174,7 @@ static void maybe_finish(kilnd *srv) {
 static void on_tick(uv_timer_t *h) {
   kilnd *srv = h->data;
   kiln_sched_expire(srv->sched);
+  kilnd_stall_sweep(srv, srv->cfg.stream_idle_timeout);
   maybe_finish(srv);
 }
 
