@@ -40,8 +40,10 @@ void kilnd_stall_end(kilnd_stall *w) {
 void kilnd_stall_forget(kilnd_stall *w) {
   pthread_mutex_lock(&mu);
   if (w->listed) {
-    if (w->prev) w->prev->next = w->next;
-    else head = w->next;
+    if (w->prev)
+      w->prev->next = w->next;
+    else
+      head = w->next;
     if (w->next) w->next->prev = w->prev;
     w->listed = false;
   }
