@@ -285,6 +285,11 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
     *fallback = true;
     return kiln_status_set(out_st, KILN_EUNIMPL, "compile", "the cpu compiler refused");
   }
+  /* The C compiler's limit is what the Compile had left: its running out
+   * is the Compile's deadline. */
+  if (rc == KILN_ELIMIT && j->deadline.at_ns && kiln_sched_now_ns() >= j->deadline.at_ns - 10000000)
+    return kiln_status_set(out_st, KILN_EDEADLINE, "cc", "%s passed during the C compiler: %s",
+                           j->deadline.limit, st.msg);
   if (rc == KILN_ENOTFOUND) rc = KILN_EINTERNAL; /* no C compiler: the server's fault */
   return kiln_status_set(out_st, rc, st.where, "%s", st.msg);
 }

@@ -37,7 +37,8 @@ static itest_kilnd server;
 /* A chain of `depth` computations calling each other (377 KB at 5000). */
 static char *deep_calls(int depth) {
   kiln_sbuf b = KILN_SBUF_INIT;
-  kiln_sbuf_puts(&b, "HloModule deep\nc0 {\n  p = f32[] parameter(0)\n  ROOT r = f32[] sine(p)\n}\n");
+  kiln_sbuf_puts(&b,
+                 "HloModule deep\nc0 {\n  p = f32[] parameter(0)\n  ROOT r = f32[] sine(p)\n}\n");
   for (int i = 1; i < depth; i++)
     kiln_sbuf_printf(&b,
                      "c%d {\n  p = f32[] parameter(0)\n  ROOT r = f32[] call(p), to_apply=c%d\n}\n",
@@ -60,8 +61,9 @@ static char *nested_whiles(int depth) {
                      "  two = s32[] constant(2)\n  ROOT lt = pred[] compare(i, two), "
                      "direction=LT\n}\n",
                      i, S);
-    kiln_sbuf_printf(&b, "body%d {\n  s = %s parameter(0)\n  i = s32[] get-tuple-element(s), "
-                         "index=0\n",
+    kiln_sbuf_printf(&b,
+                     "body%d {\n  s = %s parameter(0)\n  i = s32[] get-tuple-element(s), "
+                     "index=0\n",
                      i, S);
     if (i == 0)
       kiln_sbuf_puts(&b, "  x0 = f32[] get-tuple-element(s), index=1\n  x = f32[] sine(x0)\n");
@@ -132,9 +134,10 @@ static void bystander_served(const char *addr, double secs) {
   kiln_status_clear(&st);
   kiln_remote_compile_options o = {.backend = "interp", .deadline_ms = 60000};
   kiln_remote_executable *e;
-  ck_assert_msg(kiln_client_compile_text(c, text, strlen(text), &o, &e, &st) == 0, "%s: %s",
-                st.msg, text);
-  ck_assert_msg(e->cache_source == KILN_REMOTE_SOURCE_COMPILED, "the bystander's program was known");
+  ck_assert_msg(kiln_client_compile_text(c, text, strlen(text), &o, &e, &st) == 0, "%s: %s", st.msg,
+                text);
+  ck_assert_msg(e->cache_source == KILN_REMOTE_SOURCE_COMPILED,
+                "the bystander's program was known");
   kiln_literal *a = lit("f32[] 2"), *x = lit("f32[4] {1, 2, 3, 4}");
   kiln_remote_arg args[3] = {{.literal = a}, {.literal = x}, {.literal = x}};
   kiln_remote_execute_options xo = {.deadline_ms = 20000};
@@ -416,9 +419,9 @@ static void raw_call(const char *method, const char *client, const void *msg, si
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
   gpr_timespec deadline =
       gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(30000, GPR_TIMESPAN));
-  grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                             grpc_slice_from_static_string(method), NULL, deadline,
-                                             NULL);
+  grpc_call *call =
+      grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                               grpc_slice_from_static_string(method), NULL, deadline, NULL);
   grpc_metadata md = {.key = grpc_slice_from_static_string("kiln-client"),
                       .value = grpc_slice_from_static_string(client)};
   grpc_op op = {.op = GRPC_OP_SEND_INITIAL_METADATA};
