@@ -77,10 +77,16 @@ typedef struct kiln__bt {
   kiln__b b;
   const kiln_computation *src;
   int64_t bsize;
-  kiln_id *val;     /* source id -> destination value */
-  kiln__bsig **sig; /* source id -> batching of that value */
-  uint32_t n;
+  kiln_id *val;     /* source id -> destination value, indexed by kiln__bt_slot */
+  kiln__bsig **sig; /* source id -> batching of that value, likewise */
+  uint32_t lo, n;   /* the lowest id of src's instructions; the tables' length */
 } kiln__bt;
+
+/* The table index of source id `id`, an instruction of c->src. */
+static inline uint32_t kiln__bt_slot(const kiln__bt *c, kiln_id id) {
+  assert(id - c->lo < c->n);
+  return id - c->lo;
+}
 
 typedef int (*kiln__batch_fn)(kiln__bt *c, const kiln_instr *ins);
 
