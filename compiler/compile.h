@@ -44,6 +44,9 @@ typedef struct kiln_compile_options {
    * NULL: nobody is told. */
   void (*progress)(void *arg, const char *phase);
   void *progress_arg;
+  /* Deepest nesting of called computations accepted (verify.h); 0: the
+   * verifier's default. */
+  uint32_t max_nesting;
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {

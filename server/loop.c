@@ -33,6 +33,7 @@
 #include "server/config.h"
 #include "server/log.h"
 #include "server/server.h"
+#include "server/stall.h"
 
 #define TICK_MS 50
 #define GIVE_UP_MS 5000 /* after the drain timeout cancelled what was left */
@@ -179,6 +180,7 @@ static void on_tick(uv_timer_t *h) {
   kiln_sched_expire(srv->sched);
   kilnd_buffers_expire(srv);
   kilnd_call_repay(srv);
+  kilnd_stall_sweep(srv, srv->cfg.stream_idle_timeout);
   maybe_finish(srv);
 }
 

@@ -146,10 +146,12 @@ static int start_cache(kilnd *srv, kiln_status *st) {
 static int start_parts(kilnd *srv, kiln_status *st) {
   const kilnd_config *cfg = &srv->cfg;
   kiln_buffer_store_options bo = {.client_quota_bytes = cfg->client_memory_bytes,
-                                  .total_quota_bytes = cfg->server_memory_bytes,
+                                  .total_quota_bytes = kilnd_config_server_memory(cfg),
                                   .max_buffers_per_client = (uint32_t)cfg->max_buffers_per_client};
   int rc = kiln_buffer_store_create(&bo, &srv->buffers, st);
-  if (rc == 0) rc = kilnd_exes_create((uint32_t)cfg->max_executables, &srv->exes, st);
+  if (rc == 0)
+    rc = kilnd_exes_create((uint32_t)cfg->max_executables, cfg->executable_table_bytes, &srv->exes,
+                           st);
   if (rc == 0) rc = kilnd_auth_create(srv, st);
   if (rc == 0) rc = start_cache(srv, st);
   if (rc == 0 && (srv->memo = kilnd_memo_create()) == NULL)

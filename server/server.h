@@ -180,9 +180,10 @@ void kilnd_call_abandon(kilnd_call *c);
 
 /* Starts watching for the caller going away (c->cancelled), once. Every
  * call is watched from its arrival except Execute, whose handler starts the
- * watch only when the call waits for a device: a call answered at once
- * learns it with its final batch instead, one batch and one completion
- * fewer. Call before handing the call to another thread. */
+ * watch once the request resolved, before it runs (on a device worker or on
+ * the cq thread): a call refused at once learns it with its final batch
+ * instead, one batch and one completion fewer. Call before handing the call
+ * to another thread. */
 void kilnd_call_watch_close(kilnd_call *c);
 
 /* True once the deadline has passed or the caller went away; fills rc. */

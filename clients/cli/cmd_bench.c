@@ -278,7 +278,8 @@ static int apply_transforms(bench *b) {
     kiln__report(b->file, b->m, &st);
     rc = kiln__exit_code(st.code);
   }
-  if (rc == KILN_EXIT_OK && kiln_module_verify(b->m, NULL, &st)) {
+  kiln_verify_options vo = {.max_nesting = KILN_VERIFY_MAX_NESTING};
+  if (rc == KILN_EXIT_OK && kiln_module_verify(b->m, &vo, &st)) {
     kiln__report(b->file, b->m, &st); /* a transform built an invalid program: our bug */
     rc = KILN_EXIT_INTERNAL;
   }

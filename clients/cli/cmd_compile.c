@@ -16,6 +16,7 @@
 #include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "compiler/compile.h"
+#include "compiler/ir/verify.h"
 #include "compiler/spmd/spmd.h"
 #include "compiler/target.h"
 #include "compiler/transforms/transform.h"
@@ -120,6 +121,7 @@ int kiln__cmd_compile(const kiln__args *a) {
   }
   kiln_compile_options o;
   kiln_compile_options_init(&o);
+  o.max_nesting = KILN_VERIFY_MAX_NESTING; /* the input's is checked at load */
   if ((o.target = resolve_target(a)) == NULL) return KILN_EXIT_INVALID;
   const char *level = kiln__args_get(a, "opt-level");
   if (level) {

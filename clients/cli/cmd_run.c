@@ -160,7 +160,8 @@ static int run_transforms(const char *file, const kiln__args *a, kiln_module *m)
     kiln__report(file, m, &st);
     rc = kiln__exit_code(st.code);
   }
-  if (rc == KILN_EXIT_OK && kiln_module_verify(m, NULL, &st)) {
+  kiln_verify_options vo = {.max_nesting = KILN_VERIFY_MAX_NESTING};
+  if (rc == KILN_EXIT_OK && kiln_module_verify(m, &vo, &st)) {
     /* a transform built an invalid program: our bug, not the input's */
     kiln__report(file, m, &st);
     rc = KILN_EXIT_INTERNAL;

@@ -311,7 +311,11 @@ static const char exit_help[] =
     "     parameters, a file that cannot be read or written, or an operation or element\n"
     "     type the backend cannot run (the message names the instruction)\n"
     "  2  usage error: unknown command, option or backend, missing or extra operands\n"
-    "  3  internal error: out of memory, or a bug in kiln\n";
+    "  3  internal error: out of memory, or a bug in kiln\n"
+    "\n"
+    "Environment:\n"
+    "  KILN_MAX_NESTING  deepest nesting of called computations (calls, whiles,\n"
+    "                    conditionals, fusions) a module may have, 1 to 4096; default 256\n";
 
 static const kiln__cmd *find_command(const char *name) {
   for (size_t i = 0; i < NCOMMANDS; i++)

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/deadline.h"
 #include "compiler/codegen/lower_internal.h"
 #include "compiler/ir/rewrite.h"
 
@@ -388,6 +389,7 @@ static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
       rc = kiln__lower_collective(c, prog, ins);
     else
       rc = kiln__lower_compute(c, prog, ins);
+    if (rc == 0) rc = kiln__deadline_check("codegen", c->st);
     if (rc) return rc;
   }
   return 0;

@@ -20,6 +20,7 @@
 
 #include "common/alloc.h"
 #include "common/arena.h"
+#include "common/deadline.h"
 #include "common/fp16.h"
 #include "common/sbuf.h"
 #include "common/status.h"
@@ -787,10 +788,42 @@ START_TEST(fp16_tricky_values_table) {
 }
 END_TEST
 
+/* ---- deadlines ------------------------------------------------------------ */
+
+START_TEST(deadline_checks) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__deadline_check("nothing installed", &st), 0);
+  atomic_int cancelled = 0;
+  kiln_deadline far = {.at_ns = kiln__deadline_now_ns() + INT64_C(60000000000),
+                       .cancelled = &cancelled};
+  ck_assert_ptr_null(kiln__deadline_install(&far));
+  ck_assert_int_eq(kiln__deadline_check("fusion", &st), 0);
+  kiln_deadline past = {.at_ns = kiln__deadline_now_ns() - 1, .limit = "the test's limit"};
+  ck_assert_ptr_eq(kiln__deadline_install(&past), &far);
+  ck_assert_int_eq(kiln__deadline_check("fusion", &st), KILN_EDEADLINE);
+  ck_assert_str_eq(st.where, "fusion");
+  ck_assert_str_eq(st.msg, "the test's limit passed during fusion");
+  ck_assert_ptr_eq(kiln__deadline_install(&far), &past);
+  atomic_store(&cancelled, 1);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__deadline_check("grad", &st), KILN_ECANCELED);
+  ck_assert_str_eq(st.msg, "the caller cancelled the call during grad");
+  kiln_deadline none = {0}; /* no time limit, no flag */
+  kiln__deadline_install(&none);
+  ck_assert_int_eq(kiln__deadline_check("grad", NULL), 0);
+  ck_assert_ptr_eq(kiln__deadline_install(NULL), &none);
+}
+END_TEST
+
 /* ---- runner ------------------------------------------------------------ */
 
 static Suite *common_suite(void) {
   Suite *s = suite_create("common");
+
+  TCase *deadline = tcase_create("deadline");
+  tcase_add_test(deadline, deadline_checks);
+  suite_add_tcase(s, deadline);
 
   TCase *arena = tcase_create("arena");
   tcase_add_checked_fixture(arena, NULL, reset_alloc_hook);
