@@ -25,6 +25,7 @@
 #include "common/sbuf.h"
 #include "compiler/codegen/c_target.h"
 #include "compiler/codegen/emit.h"
+#include "compiler/passes/passes.h"
 #include "test_codegen_harness.h"
 #include "tests/support/tolerance.h"
 
@@ -658,6 +659,47 @@ START_TEST(dots_become_gemms) {
   ck_assert(g[1].batch == 32 && g[1].m == 128 && g[1].n == 128 && g[1].k == 64);
   ck_assert(g[2].batch == 32 && g[2].m == 128 && g[2].n == 64 && g[2].k == 128);
   kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* A dot operand whose written layout (JAX writes one on a transpose: the
+ * bitcast of its operand) keeps the logical order the GEMM wants but not
+ * the bytes: dot_canon copies it into row-major, once for both dots that
+ * read it, and both run as GEMMs; results agree with the interpreter. */
+START_TEST(written_layout_operand_gemm) {
+  static const char hlo[] =
+      "HloModule wl\nENTRY main {\n"
+      "  x = f32[2,6,12] parameter(0)\n  r = f32[2,6,3,4] reshape(x)\n"
+      "  t = f32[2,3,4,6]{2,1,3,0} transpose(r), dimensions={0,2,3,1}\n"
+      "  s = f32[2,3,6,5] parameter(1)\n  u = f32[2,3,6,7] parameter(2)\n"
+      "  c = f32[2,3,4,5] dot(t, s), lhs_batch_dims={0,1}, rhs_batch_dims={0,1}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={2}\n"
+      "  d = f32[2,3,4,7] dot(t, u), lhs_batch_dims={0,1}, rhs_batch_dims={0,1}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={2}\n"
+      "  ROOT o = (f32[2,3,4,5], f32[2,3,4,7]) tuple(c, d)\n}\n";
+  kiln_gemm g[4];
+  for (uint64_t seed = 1; seed < 3; seed++) {
+    kiln_executable *e = cg_check_full(hlo, seed, false, 1e-5, 2, true);
+    ck_assert_uint_eq(gemm_steps(e, g, 4), 2);
+    ck_assert(g[0].batch == 6 && g[0].k == 6 && g[1].batch == 6 && g[1].k == 6);
+    kiln_executable_destroy(e);
+  }
+  /* One copy of t, shared by the two dots. */
+  kiln_module *m = cg_parse(hlo);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_pass_ctx ctx = {.st = &st, .opt_level = 2};
+  ck_assert_int_eq(kiln_pass_dot_canon(m, &ctx), 0);
+  const kiln_computation *ent = kiln_module_entry(m);
+  uint32_t copies = 0;
+  for (uint32_t i = 0; i < ent->ninstrs; i++) {
+    const kiln_instr *x = m->instrs[ent->instrs[i]];
+    if (x->op != KILN_OP_COPY) continue;
+    copies++;
+    ck_assert(kiln_shape_is_row_major(&x->shape));
+  }
+  ck_assert_uint_eq(copies, 1);
   kiln_module_destroy(m);
 }
 END_TEST
@@ -1376,6 +1418,7 @@ int main(void) {
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, dots);
   tcase_add_test(tc, dots_become_gemms);
+  tcase_add_test(tc, written_layout_operand_gemm);
   tcase_add_test(tc, convolutions);
   tcase_add_test(tc, map_calls_computation);
   tcase_add_test(tc, fusion_kinds);
