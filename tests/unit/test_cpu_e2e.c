@@ -467,6 +467,17 @@ START_TEST(test_reduce) {
            "  ROOT r = f32[40] reduce(a, z), dimensions={1}, to_apply=add\n}\n",
            add);
   agree(text);
+  /* Two reduces over the same major dims in one kernel (a layernorm's
+   * bias and scale gradients): the row form accumulates both. */
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[6,9,70] parameter(0)\n"
+           "  b = f32[6,9,70] parameter(1)\n  c = f32[6,9,70] add(a, b)\n"
+           "  d = f32[6,9,70] multiply(c, a)\n  z = f32[] constant(0)\n"
+           "  r = f32[70] reduce(c, z), dimensions={0,1}, to_apply=add\n"
+           "  s = f32[70] reduce(d, z), dimensions={0,1}, to_apply=add\n"
+           "  ROOT t = (f32[70], f32[70]) tuple(r, s)\n}\n",
+           add);
+  agree(text);
   agree("HloModule m\nmax {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n"
         "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[9,4,33] parameter(0)\n"
         "  z = s32[] constant(-100)\n"
