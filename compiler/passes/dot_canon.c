@@ -97,8 +97,8 @@ static void side_order(const side *s, const uint32_t *ord, bool free_first, int6
 }
 
 /* Picks the group order of side s for ord: the one its physical order
- * already is, if any (no copy), else the default; `strict` accepts only
- * the default. */
+ * already is, if any (no copy), else the one that keeps its minor dim
+ * minor, else the default; `strict` accepts only the default. */
 static void side_pick(const side *s, const uint32_t *ord, bool dflt_free_first, bool strict,
                       int64_t *q, bool *fc, bool *copy) {
   for (uint32_t t = 0; t < (strict ? 1u : 2u); t++) {
@@ -110,8 +110,19 @@ static void side_pick(const side *s, const uint32_t *ord, bool dflt_free_first, 
       return;
     }
   }
-  side_order(s, ord, dflt_free_first, q);
-  *fc = dflt_free_first;
+  /* A copy either way: the order that keeps the physically minor dim
+   * minor, when only one does, moves whole runs of elements instead of
+   * single ones (the GEMM then reads its operand with a transpose flag). */
+  bool ff = dflt_free_first;
+  if (!strict) {
+    int64_t alt[MAXR];
+    side_order(s, ord, !ff, alt);
+    side_order(s, ord, ff, q);
+    int64_t minor = s->phys[s->rank - 1];
+    if (q[s->rank - 1] != minor && alt[s->rank - 1] == minor) ff = !ff;
+  }
+  side_order(s, ord, ff, q);
+  *fc = ff;
   *copy = true;
 }
 
