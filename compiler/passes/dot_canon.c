@@ -322,7 +322,8 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_id first, kiln_instr *d
   for (uint32_t i = 0; i < l.nb; i++) dims[n++] = a->shape.dims[l.b->v[i]];
   if (l.nf) dims[n++] = mdim;
   if (r.nf) dims[n++] = ndim;
-  bool same_dims = n == d->shape.rank && memcmp(dims, d->shape.dims, n * sizeof *dims) == 0;
+  bool same_dims =
+      n == d->shape.rank && (n == 0 || memcmp(dims, d->shape.dims, n * sizeof *dims) == 0);
   kiln_instr *g = kiln_instr_clone(m, comp, d, ops, 2, NULL, NULL);
   kiln_shape gs;
   if (g == NULL || kiln_shape_make_array(m->arena, &gs, t, dims, n)) return KILN_ENOMEM;
