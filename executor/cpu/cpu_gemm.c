@@ -21,8 +21,7 @@
 #include "executor/cpu/cpu.h"
 
 #define INLINE_FLOPS 2.0e6 /* below this, one thread does it all */
-#define MIN_BLOCK 64       /* rows or columns per piece, at least */
-#define PIECES_PER_THREAD 4
+#define MIN_BLOCK 32       /* rows or columns per piece, at least */
 
 typedef struct gemm_job {
   const kiln_gemm *g;
@@ -125,10 +124,7 @@ void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, con
   } else {
     j.split_n = g->n > g->m;
     int64_t dim = j.split_n ? g->n : g->m;
-    /* A few pieces per thread, so that a thread the OS holds back (a
-     * loaded machine) leaves its share to the others instead of making
-     * the whole product wait for it. */
-    int64_t parts = (PIECES_PER_THREAD * threads + g->batch - 1) / g->batch;
+    int64_t parts = (threads + g->batch - 1) / g->batch;
     int64_t most = (dim + MIN_BLOCK - 1) / MIN_BLOCK;
     if (parts > most) parts = most;
     j.block = (dim + parts - 1) / parts;
