@@ -37,6 +37,14 @@ uint32_t kiln__cpu_pool_threads(const kiln__cpu_pool *p);
  * several threads at once (their chunks share the workers). */
 void kiln__cpu_pool_run(kiln__cpu_pool *p, kiln__cpu_task_fn fn, void *ctx, uint64_t nchunks);
 
+/* Denormal floats flushed to zero (x86 MXCSR FTZ and DAZ) on the calling
+ * thread, as XLA's CPU backend runs its programs: a softmax or GELU whose
+ * values underflow otherwise runs tens of times slower. Workers run with it
+ * always; a run sets it on the submitting thread and puts back the state
+ * kiln__cpu_flush_denormals returned. Elsewhere (not x86): nothing. */
+unsigned kiln__cpu_flush_denormals(void);
+void kiln__cpu_restore_denormals(unsigned saved);
+
 /* ---- devices and loaded executables -------------------------------------- */
 
 /* Large device buffers freed recently, kept for the next allocation of

@@ -25,6 +25,7 @@
 #include "common/sbuf.h"
 #include "compiler/codegen/c_target.h"
 #include "compiler/codegen/emit.h"
+#include "compiler/passes/passes.h"
 #include "test_codegen_harness.h"
 #include "tests/support/tolerance.h"
 
@@ -697,6 +698,62 @@ START_TEST(dots_become_gemms) {
   ck_assert(g[1].batch == 32 && g[1].m == 128 && g[1].n == 128 && g[1].k == 64);
   ck_assert(g[2].batch == 32 && g[2].m == 128 && g[2].n == 64 && g[2].k == 128);
   kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* A dot operand whose written layout (JAX writes one on a transpose: the
+ * bitcast of its operand) keeps the logical order the GEMM wants but not
+ * the bytes: dot_canon copies it, once for both dots that read it, into
+ * an order that keeps its minor dim minor, and both run as GEMMs; an
+ * operand whose minor dim is a batch dim is copied into row-major (a
+ * `copy`: the logical order is already the GEMM's). Results agree with the
+ * interpreter. */
+START_TEST(written_layout_operand_gemm) {
+  static const char hlo[] =
+      "HloModule wl\nENTRY main {\n"
+      "  x = f32[2,6,12] parameter(0)\n  r = f32[2,6,3,4] reshape(x)\n"
+      "  t = f32[2,3,4,6]{2,1,3,0} transpose(r), dimensions={0,2,3,1}\n"
+      "  s = f32[2,3,6,5] parameter(1)\n  u = f32[2,3,6,7] parameter(2)\n"
+      "  c = f32[2,3,4,5] dot(t, s), lhs_batch_dims={0,1}, rhs_batch_dims={0,1}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={2}\n"
+      "  d = f32[2,3,4,7] dot(t, u), lhs_batch_dims={0,1}, rhs_batch_dims={0,1}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={2}\n"
+      "  v = f32[2,3,4,6]{0,3,2,1} parameter(3)\n"
+      "  w = f32[2,3,4,5] dot(v, s), lhs_batch_dims={0,1}, rhs_batch_dims={0,1}, "
+      "lhs_contracting_dims={3}, rhs_contracting_dims={2}\n"
+      "  ROOT o = (f32[2,3,4,5], f32[2,3,4,7], f32[2,3,4,5]) tuple(c, d, w)\n}\n";
+  kiln_gemm g[4];
+  for (uint64_t seed = 1; seed < 3; seed++) {
+    kiln_executable *e = cg_check_full(hlo, seed, false, 1e-5, 2, true);
+    ck_assert_uint_eq(gemm_steps(e, g, 4), 3);
+    for (int j = 0; j < 3; j++) ck_assert(g[j].batch == 6 && g[j].k == 6);
+    kiln_executable_destroy(e);
+  }
+  /* One transpose of t, shared by the two dots, and one copy of v. */
+  kiln_module *m = cg_parse(hlo);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_pass_ctx ctx = {.st = &st, .opt_level = 2};
+  kiln_id first = m->ninstrs;
+  ck_assert_int_eq(kiln_pass_dot_canon(m, &ctx), 0);
+  const kiln_computation *ent = kiln_module_entry(m);
+  uint32_t copies = 0, transposes = 0;
+  for (uint32_t i = 0; i < ent->ninstrs; i++) {
+    const kiln_instr *x = m->instrs[ent->instrs[i]];
+    if (x->id < first) continue;
+    if (x->op == KILN_OP_TRANSPOSE) {
+      transposes++;
+      const kiln_i64s *p = kiln_instr_attr_ints(x, KILN_ATTR_DIMENSIONS);
+      ck_assert(p && p->n == 4 && p->v[3] == 2);
+    }
+    if (x->op == KILN_OP_COPY) {
+      copies++;
+      ck_assert(kiln_shape_is_row_major(&x->shape));
+    }
+  }
+  ck_assert_uint_eq(transposes, 1);
+  ck_assert_uint_eq(copies, 1);
   kiln_module_destroy(m);
 }
 END_TEST
@@ -1461,6 +1518,7 @@ int main(void) {
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, dots);
   tcase_add_test(tc, dots_become_gemms);
+  tcase_add_test(tc, written_layout_operand_gemm);
   tcase_add_test(tc, convolutions);
   tcase_add_test(tc, map_calls_computation);
   tcase_add_test(tc, fusion_kinds);

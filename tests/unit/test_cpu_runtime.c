@@ -1020,7 +1020,7 @@ START_TEST(test_gemm_shapes) {
         check_gemm(gemm_of(types[t], 1, 5, 7, 3, ta, tb, 0), 1);
         check_gemm(gemm_of(types[t], 3, 4, 6, 5, ta, tb, 2), 1);     /* batches, padded lds */
         check_gemm(gemm_of(types[t], 2, 130, 70, 60, ta, tb, 1), 3); /* split over rows */
-        check_gemm(gemm_of(types[t], 1, 40, 300, 50, ta, tb, 0), 4); /* split over columns */
+        check_gemm(gemm_of(types[t], 1, 40, 600, 50, ta, tb, 0), 4); /* split over columns */
         check_gemm(gemm_of(types[t], 9, 33, 31, 40, ta, tb, 3), 2);  /* split over batches */
       }
 }
