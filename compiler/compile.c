@@ -243,3 +243,14 @@ out:
   kiln_module_destroy(s.m);
   return rc;
 }
+
+const char *kiln_compile_code_identity(const char *backend, char *buf, size_t size) {
+  const kiln__cg_target *g = kiln__cg_target_for(backend);
+  if (g == NULL || g->code != KILN__CODE_CUBIN || size == 0) return NULL;
+  int major = 0, minor = 0;
+  if (kiln__nvrtc_version(&major, &minor, NULL) != 0)
+    snprintf(buf, size, "nvrtc none");
+  else
+    snprintf(buf, size, "nvrtc %d.%d;%s", major, minor, kiln__nvrtc_flags());
+  return buf;
+}

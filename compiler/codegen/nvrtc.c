@@ -68,16 +68,18 @@ const char *kiln__nvrtc_flags(void) { return flags; }
 
 static void *sym(const char *name) {
   void *p = dlsym(nv.lib, name);
-  if (p == NULL && nv.why[0] == '\0')
-    snprintf(nv.why, sizeof nv.why, "libnvrtc has no %s", name);
+  if (p == NULL && nv.why[0] == '\0') snprintf(nv.why, sizeof nv.why, "libnvrtc has no %s", name);
   return p;
 }
 
 static void load(void) {
   const char *env = getenv("KILN_NVRTC_LIB");
-  static const char *const names[] = {
-      "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13",
-      "/usr/local/cuda/lib64/libnvrtc.so.12", "/usr/local/cuda/lib/libnvrtc.so.13"};
+  static const char *const names[] = {"libnvrtc.so.13",
+                                      "libnvrtc.so.12",
+                                      "libnvrtc.so",
+                                      "/usr/local/cuda/lib64/libnvrtc.so.13",
+                                      "/usr/local/cuda/lib64/libnvrtc.so.12",
+                                      "/usr/local/cuda/lib/libnvrtc.so.13"};
   if (env && env[0]) {
     nv.lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
     if (nv.lib == NULL) {
@@ -154,8 +156,7 @@ static void put_all(int fd, const void *p, size_t n) {
 static void child(int fd, const char *src, const char *arch) {
   char archopt[48];
   snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
-  const char *opts[] = {archopt, "--fmad=false", "-ftz=false", "-prec-div=true",
-                        "-prec-sqrt=true"};
+  const char *opts[] = {archopt, "--fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"};
   nvrtc_program p = NULL;
   int32_t r = nv.create(&p, src, KILN__NVRTC_SOURCE_NAME, 0, NULL, NULL);
   if (r == 0) r = nv.compile(p, (int)(sizeof opts / sizeof opts[0]), opts);
@@ -165,8 +166,8 @@ static void child(int fd, const char *src, const char *arch) {
       nv.log(p, log) != 0)
     nlog = 0;
   if (log == NULL) nlog = 0;
-  if (r == 0 && nv.cubin_size(p, &ncubin) == 0 && ncubin > 0 &&
-      (cubin = malloc(ncubin)) != NULL && nv.cubin(p, cubin) != 0)
+  if (r == 0 && nv.cubin_size(p, &ncubin) == 0 && ncubin > 0 && (cubin = malloc(ncubin)) != NULL &&
+      nv.cubin(p, cubin) != 0)
     ncubin = 0;
   if (cubin == NULL) ncubin = 0;
   uint64_t a = nlog, b = ncubin;
@@ -253,8 +254,8 @@ static int located_error(const char *src, size_t len, int32_t r, const char *log
                          (int)(nlog < LOG_KEEP ? nlog : LOG_KEEP), log ? log : "");
 }
 
-int kiln__nvrtc_compile(const kiln__nvrtc_options *o, const char *src, size_t len,
-                        uint8_t **cubin, size_t *n, kiln_status *st) {
+int kiln__nvrtc_compile(const kiln__nvrtc_options *o, const char *src, size_t len, uint8_t **cubin,
+                        size_t *n, kiln_status *st) {
   *cubin = NULL;
   *n = 0;
   int rc = kiln__nvrtc_check_arch(o ? o->arch : NULL, st);

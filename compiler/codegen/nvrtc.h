@@ -40,7 +40,7 @@ int kiln__nvrtc_check_arch(const char *arch, kiln_status *st);
  * holds the caller. A compile error is KILN_EINTERNAL located at the first
  * error of NVRTC's log ("kiln_kernels.cu:LINE", the kernel it lies in and
  * the message); no library KILN_EUNAVAIL. */
-int kiln__nvrtc_compile(const kiln__nvrtc_options *o, const char *src, size_t len,
-                        uint8_t **cubin, size_t *n, kiln_status *st);
+int kiln__nvrtc_compile(const kiln__nvrtc_options *o, const char *src, size_t len, uint8_t **cubin,
+                        size_t *n, kiln_status *st);
 
 #endif /* KILN_COMPILER_CODEGEN_NVRTC_H */

@@ -40,8 +40,8 @@ static int cubin_sm(const uint8_t *b, size_t n) {
   if (n < 64 || memcmp(b, "\177ELF", 4) != 0 || b[4] != 2 /* ELFCLASS64 */) return -1;
   uint16_t machine = (uint16_t)(b[18] | b[19] << 8);
   if (machine != EM_CUDA) return -1;
-  uint32_t flags = (uint32_t)b[48] | (uint32_t)b[49] << 8 | (uint32_t)b[50] << 16 |
-                   (uint32_t)b[51] << 24;
+  uint32_t flags =
+      (uint32_t)b[48] | (uint32_t)b[49] << 8 | (uint32_t)b[50] << 16 | (uint32_t)b[51] << 24;
   return b[8] >= 8 ? (int)((flags >> 8) & 0xff) : (int)(flags & 0xff);
 }
 
@@ -51,8 +51,8 @@ static int compile_text(const char *text, const char *name, const char *target, 
                         kiln_status *st) {
   kiln_module *m = NULL;
   kiln_status_clear(st);
-  ck_assert_msg(kiln_module_parse_text(text, strlen(text), name, NULL, &m, st) == 0, "%s: %s",
-                name, st->msg);
+  ck_assert_msg(kiln_module_parse_text(text, strlen(text), name, NULL, &m, st) == 0, "%s: %s", name,
+                st->msg);
   kiln_compile_options o;
   kiln_compile_options_init(&o);
   o.target = target;
@@ -129,8 +129,8 @@ END_TEST
 
 START_TEST(jax_programs_compile_for_sm_90) {
   if (!have_nvrtc()) return;
-  static const char *const files[] = {"layernorm_softmax", "mlp_grad", "transformer",
-                                      "embedding", "gru_scan"};
+  static const char *const files[] = {"layernorm_softmax", "mlp_grad", "transformer", "embedding",
+                                      "gru_scan"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char path[1024];
     snprintf(path, sizeof path, "%s/tests/data/jax/%s.hlo", KILN_SOURCE_DIR, files[i]);
@@ -195,8 +195,7 @@ START_TEST(compile_error_is_located) {
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln__nvrtc_compile(&o, src, strlen(src), &cubin, &n, &st), KILN_EINTERNAL);
   ck_assert_str_eq(st.where, "kiln_kernels.cu:6");
-  ck_assert_msg(strstr(st.msg, "kiln_kernel_1") && strstr(st.msg, "undefined_thing"), "%s",
-                st.msg);
+  ck_assert_msg(strstr(st.msg, "kiln_kernel_1") && strstr(st.msg, "undefined_thing"), "%s", st.msg);
   ck_assert_ptr_null(cubin);
 }
 END_TEST
