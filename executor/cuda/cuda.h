@@ -15,7 +15,7 @@
 
 typedef struct kiln_cuda_device_info {
   char name[128];
-  uint64_t total_memory; /* bytes */
+  uint64_t total_memory;  /* bytes */
   int cc_major, cc_minor; /* compute capability: sm_<major><minor> */
 } kiln_cuda_device_info;
 

@@ -54,8 +54,10 @@ static void load(void) {
   }
   get_proc_fn get = (get_proc_fn)dlsym(drv.lib, "cuGetProcAddress_v2");
   if (get == NULL) {
-    snprintf(drv.why, sizeof drv.why, "%.200s has no cuGetProcAddress_v2 (a driver older than "
-             "CUDA 12)", file);
+    snprintf(drv.why, sizeof drv.why,
+             "%.200s has no cuGetProcAddress_v2 (a driver older than "
+             "CUDA 12)",
+             file);
     return;
   }
   drv.init = (CUresult(*)(unsigned))entry(get, "cuInit");

@@ -28,7 +28,8 @@ static void load(void) {
   }
   nc.get_unique_id = (int (*)(void *))dlsym(nc.lib, "ncclGetUniqueId");
   nc.error_string = (const char *(*)(int))dlsym(nc.lib, "ncclGetErrorString");
-  if (nc.get_unique_id == NULL) snprintf(nc.why, sizeof nc.why, "%.200s has no ncclGetUniqueId", file);
+  if (nc.get_unique_id == NULL)
+    snprintf(nc.why, sizeof nc.why, "%.200s has no ncclGetUniqueId", file);
 }
 
 int kiln_nccl_mint_id(void *ctx, uint8_t *id, size_t n, kiln_status *st) {

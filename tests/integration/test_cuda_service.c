@@ -22,9 +22,10 @@
 static itest_kilnd server;
 static char cache_dir[300];
 
-static const char program[] = "HloModule plus\n\nENTRY main {\n  x = f32[4] parameter(0)\n"
-                              "  c = f32[] constant(2.5)\n  b = f32[4] broadcast(c), dimensions={}\n"
-                              "  ROOT r = f32[4] add(x, b)\n}\n";
+static const char program[] =
+    "HloModule plus\n\nENTRY main {\n  x = f32[4] parameter(0)\n"
+    "  c = f32[] constant(2.5)\n  b = f32[4] broadcast(c), dimensions={}\n"
+    "  ROOT r = f32[4] add(x, b)\n}\n";
 
 static kiln_client *connect_to(void) {
   kiln_status st;
