@@ -18,6 +18,9 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/codegen/cuda_target.h"
+#include "compiler/codegen/emit.h"
 #include "compiler/codegen/executable.h"
 #include "compiler/codegen/nvrtc.h"
 #include "compiler/compile.h"
@@ -217,6 +220,38 @@ START_TEST(deadline_is_kept) {
 }
 END_TEST
 
+/* emit.h's prelude contract on the CUDA target: its prelude, then every
+ * listed signature declared again (a conflicting one does not compile) and
+ * called from a kernel, so that NVRTC type-checks each helper's use. */
+START_TEST(cuda_prelude_defines_every_helper) {
+  if (!have_nvrtc()) return;
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&b, kiln__cuda_target.prelude);
+  uint32_t n = 0;
+  for (const kiln__prelude_helper *h = kiln__prelude_helpers; h->name; h++, n++)
+    kiln_sbuf_printf(&b, "%s %s;\n", kiln__cuda_target.helper_qual, h->signature);
+  kiln_sbuf_puts(&b, "extern \"C\" __global__ void kiln_kernel_0(void *const *bufs, int64_t begin, "
+                     "int64_t end) {\n  double *o = (double *)bufs[0];\n");
+  kiln_sbuf_printf(&b,
+                   "  o[0] = kh2d(0x3c00u) + kb2d(0x3f80u) + krh(1.0) + krb(1.0) + "
+                   "(double)kd2h(1.0) + (double)kd2b(1.0) + (double)ktot(-0.0) + "
+                   "(double)%s(7ull) + (double)kclz(1, 32) + kexpf(1.0f) + kerff(0.5f);\n}\n",
+                   kiln__cuda_target.popcount64);
+  ck_assert(!kiln_sbuf_failed(&b));
+  kiln__nvrtc_options o = {.arch = "sm_90"};
+  uint8_t *cubin = NULL;
+  size_t nc = 0;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = kiln__nvrtc_compile(&o, b.data, b.len, &cubin, &nc, &st);
+  ck_assert_msg(rc == 0, "the CUDA prelude breaks the contract (%u helpers): %s: %s", n, st.where,
+                st.msg);
+  ck_assert_int_eq(cubin_sm(cubin, nc), 90);
+  kiln_free(cubin);
+  kiln_sbuf_free(&b);
+}
+END_TEST
+
 START_TEST(interp_target_has_no_code_generator) {
   kiln_module *m = NULL;
   kiln_status st;
@@ -243,6 +278,7 @@ int main(void) {
   tcase_add_test(c, compile_error_is_located);
   tcase_add_test(c, deadline_is_kept);
   tcase_add_test(c, interp_target_has_no_code_generator);
+  tcase_add_test(c, cuda_prelude_defines_every_helper);
   suite_add_tcase(s, c);
   SRunner *r = srunner_create(s);
   srunner_run_all(r, CK_NORMAL);
