@@ -20,7 +20,8 @@ static double now_s(void) {
 
 static struct timeval tv_of(double s) {
   if (s < 0.001) s = 0.001;
-  struct timeval tv = {.tv_sec = (time_t)s, .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+  struct timeval tv = {.tv_sec = (time_t)s,
+                       .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6)};
   return tv;
 }
 
@@ -49,8 +50,7 @@ static int connect_to(const char *addr, double left, redisContext **out, kiln_st
 
 /* GET key: 1 and the value in id when it is there, 0 when not, else a
  * KILN_E* code. */
-static int get_id(redisContext *c, const kiln_rendezvous_options *o, uint8_t *id,
-                  kiln_status *st) {
+static int get_id(redisContext *c, const kiln_rendezvous_options *o, uint8_t *id, kiln_status *st) {
   redisReply *r = redisCommand(c, "GET %s", o->key);
   if (r == NULL)
     return kiln_status_set(st, KILN_EUNAVAIL, "rendezvous", "Redis at %.100s: %.200s", o->redis,
@@ -59,13 +59,14 @@ static int get_id(redisContext *c, const kiln_rendezvous_options *o, uint8_t *id
   if (r->type == REDIS_REPLY_NIL) {
     rc = 0;
   } else if (r->type != REDIS_REPLY_STRING) {
-    rc = kiln_status_set(st, KILN_EUNAVAIL, "rendezvous", "Redis at %.100s answered GET %.100s "
-                         "with %.200s", o->redis, o->key,
+    rc = kiln_status_set(st, KILN_EUNAVAIL, "rendezvous",
+                         "Redis at %.100s answered GET %.100s "
+                         "with %.200s",
+                         o->redis, o->key,
                          r->type == REDIS_REPLY_ERROR ? r->str : "a reply that is not a string");
   } else if (r->len != o->id_bytes) {
-    rc = kiln_status_set(st, KILN_EINVAL, "rendezvous",
-                         "%.100s holds %zu bytes, not a %zu-byte id", o->key, (size_t)r->len,
-                         o->id_bytes);
+    rc = kiln_status_set(st, KILN_EINVAL, "rendezvous", "%.100s holds %zu bytes, not a %zu-byte id",
+                         o->key, (size_t)r->len, o->id_bytes);
   } else {
     memcpy(id, r->str, o->id_bytes);
     rc = 1;
@@ -86,8 +87,10 @@ static int publish(redisContext *c, const kiln_rendezvous_options *o, uint8_t *i
   bool set = r->type == REDIS_REPLY_STATUS;
   bool exists = r->type == REDIS_REPLY_NIL;
   if (!set && !exists)
-    rc = kiln_status_set(st, KILN_EUNAVAIL, "rendezvous", "Redis at %.100s refused SET %.100s: "
-                         "%.200s", o->redis, o->key,
+    rc = kiln_status_set(st, KILN_EUNAVAIL, "rendezvous",
+                         "Redis at %.100s refused SET %.100s: "
+                         "%.200s",
+                         o->redis, o->key,
                          r->type == REDIS_REPLY_ERROR ? r->str : "an unexpected reply");
   freeReplyObject(r);
   if (rc || set) return rc;

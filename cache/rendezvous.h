@@ -24,13 +24,13 @@
 typedef int (*kiln_rendezvous_mint_fn)(void *ctx, uint8_t *id, size_t n, kiln_status *st);
 
 typedef struct kiln_rendezvous_options {
-  const char *redis;   /* "host:port" of the Redis holding the ids */
-  const char *key;     /* e.g. "kiln:nccl:<mesh>:<generation>" */
-  uint32_t rank;       /* rank 0 mints and publishes; the others wait */
-  size_t id_bytes;     /* the id's size (NCCL: 128), at most KILN_RENDEZVOUS_ID_MAX */
-  double timeout_s;    /* the whole rendezvous; <= 0: 30 s */
-  uint32_t ttl_s;      /* how long the published id lives; 0: 300 s */
-  double poll_s;       /* between GETs of a waiting rank; <= 0: 0.02 s */
+  const char *redis; /* "host:port" of the Redis holding the ids */
+  const char *key;   /* e.g. "kiln:nccl:<mesh>:<generation>" */
+  uint32_t rank;     /* rank 0 mints and publishes; the others wait */
+  size_t id_bytes;   /* the id's size (NCCL: 128), at most KILN_RENDEZVOUS_ID_MAX */
+  double timeout_s;  /* the whole rendezvous; <= 0: 30 s */
+  uint32_t ttl_s;    /* how long the published id lives; 0: 300 s */
+  double poll_s;     /* between GETs of a waiting rank; <= 0: 0.02 s */
   kiln_rendezvous_mint_fn mint;
   void *mint_ctx;
 } kiln_rendezvous_options;

@@ -119,8 +119,12 @@ START_TEST(two_minters_agree) {
   uint8_t a[ID_BYTES], b[ID_BYTES];
   kiln_status st;
   kiln_status_clear(&st);
-  kiln_rendezvous_options o = {.redis = kiln_test_redis_addr(r), .key = "kiln:nccl:mesh-b:1",
-                               .rank = 0, .id_bytes = ID_BYTES, .mint = fake_mint, .mint_ctx = &s1};
+  kiln_rendezvous_options o = {.redis = kiln_test_redis_addr(r),
+                               .key = "kiln:nccl:mesh-b:1",
+                               .rank = 0,
+                               .id_bytes = ID_BYTES,
+                               .mint = fake_mint,
+                               .mint_ctx = &s1};
   ck_assert_int_eq(kiln_rendezvous_id(&o, a, &st), 0);
   o.mint_ctx = &s2; /* a restarted rank 0 of the same generation */
   ck_assert_int_eq(kiln_rendezvous_id(&o, b, &st), 0);
@@ -135,8 +139,11 @@ START_TEST(missing_rank_0_is_a_deadline) {
   uint8_t id[ID_BYTES];
   kiln_status st;
   kiln_status_clear(&st);
-  kiln_rendezvous_options o = {.redis = kiln_test_redis_addr(r), .key = "kiln:nccl:mesh-c:1",
-                               .rank = 2, .id_bytes = ID_BYTES, .timeout_s = 0.3};
+  kiln_rendezvous_options o = {.redis = kiln_test_redis_addr(r),
+                               .key = "kiln:nccl:mesh-c:1",
+                               .rank = 2,
+                               .id_bytes = ID_BYTES,
+                               .timeout_s = 0.3};
   double t0 = now_s();
   ck_assert_int_eq(kiln_rendezvous_id(&o, id, &st), KILN_EDEADLINE);
   double took = now_s() - t0;
@@ -158,8 +165,8 @@ START_TEST(unreachable_redis_and_bad_options) {
   uint8_t id[ID_BYTES];
   kiln_status st;
   kiln_status_clear(&st);
-  kiln_rendezvous_options o = {.redis = "127.0.0.1:1", .key = "k", .rank = 1,
-                               .id_bytes = ID_BYTES, .timeout_s = 1};
+  kiln_rendezvous_options o = {
+      .redis = "127.0.0.1:1", .key = "k", .rank = 1, .id_bytes = ID_BYTES, .timeout_s = 1};
   ck_assert_int_eq(kiln_rendezvous_id(&o, id, &st), KILN_EUNAVAIL);
   ck_assert_msg(strstr(st.msg, "cannot be reached"), "%s", st.msg);
   o.rank = 0; /* rank 0 without a minter */
