@@ -3,8 +3,9 @@
  * executables that carry them.
  *
  * Every kernel of a differential corpus (random programs of
- * tests/support/progen.c, the families the CUDA target compiles) and of
- * programs exported from JAX (tests/data/jax) is compiled for sm_90; each
+ * tests/support/progen.c; KILN_CUDA_SEEDS=N for more), of programs exported
+ * from JAX (tests/data/jax) and of the XLA corpus (KILN_CORPUS_DIR: refused
+ * programs allowed, NVRTC failures not) is compiled for sm_90; each
  * cubin must be an ELF file of machine EM_CUDA (190) whose e_flags name
  * sm_90 (sm_80 for that row). NVRTC's arguments are checked: a virtual
  * architecture is refused, a compile error is located at its line and
@@ -13,6 +14,7 @@
  * scripts/gpu-check.sh, not this suite.
  */
 #include <check.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +149,53 @@ START_TEST(jax_programs_compile_for_sm_90) {
 }
 END_TEST
 
+/* The XLA corpus (env KILN_CORPUS_DIR): whatever the CUDA target emits,
+ * NVRTC compiles; a program may be refused (an op the target has not,
+ * a mesh it needs), never fail in NVRTC (KILN_EINTERNAL). */
+START_TEST(xla_corpus_never_fails_in_nvrtc) {
+  if (!have_nvrtc()) return;
+  const char *dir = getenv("KILN_CORPUS_DIR");
+  DIR *d = dir ? opendir(dir) : NULL;
+  if (d == NULL) {
+    fprintf(stderr, "skipped: KILN_CORPUS_DIR is not set or not a folder\n");
+    return;
+  }
+  int ok = 0, refused = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    size_t n = strlen(de->d_name);
+    if (n < 5 || strcmp(de->d_name + n - 4, ".hlo") != 0) continue;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    char *text = read_file(path);
+    if (text == NULL) continue;
+    kiln_module *m = NULL;
+    kiln_status st;
+    kiln_status_clear(&st);
+    if (kiln_module_parse_text(text, strlen(text), path, NULL, &m, &st) == 0) {
+      kiln_compile_options o;
+      kiln_compile_options_init(&o);
+      o.target = "cuda-sm_90";
+      kiln_executable *e = NULL;
+      int rc = kiln_compile(m, &o, &e, NULL, &st);
+      ck_assert_msg(rc != KILN_EINTERNAL, "%s: %s: %s", path, st.where, st.msg);
+      if (rc == 0) {
+        ck_assert_int_eq(cubin_sm(e->code, e->ncode), 90);
+        ok++;
+      } else {
+        refused++;
+      }
+      kiln_executable_destroy(e);
+      kiln_module_destroy(m);
+    }
+    kiln_free(text);
+  }
+  closedir(d);
+  fprintf(stderr, "corpus: %d compiled for sm_90, %d refused\n", ok, refused);
+  ck_assert_int_gt(ok, 0);
+}
+END_TEST
+
 static const char small[] = "HloModule m\n"
                             "ENTRY e {\n"
                             "  a = f32[64] parameter(0)\n"
@@ -273,6 +322,7 @@ int main(void) {
   tcase_set_timeout(c, 300);
   tcase_add_test(c, progen_corpus_compiles_for_sm_90);
   tcase_add_test(c, jax_programs_compile_for_sm_90);
+  tcase_add_test(c, xla_corpus_never_fails_in_nvrtc);
   tcase_add_test(c, sm_80_row_gives_an_sm_80_cubin);
   tcase_add_test(c, virtual_architecture_is_refused);
   tcase_add_test(c, compile_error_is_located);
