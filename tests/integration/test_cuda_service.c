@@ -1,5 +1,6 @@
 /* kilnd on a machine without a GPU (CI's): it starts as usual with zero
- * CUDA devices (its log says so and why) and serves cpu as before; Compile
+ * CUDA devices (its log says so and why, /metrics has kiln_cuda_devices 0)
+ * and serves cpu as before; Compile
  * for cuda-sm_90 answers with an executable built by NVRTC that lands in
  * the cache (the second compile is a memory hit, a disk tier holds its
  * entry); Execute of it is UNAVAILABLE saying that the server has no CUDA
@@ -71,6 +72,15 @@ START_TEST(starts_with_zero_cuda_devices_and_serves_cpu) {
   bool none = strstr(log, "cuda: 0 devices (") != NULL;
   ck_assert_msg(none || strstr(log, "cuda: "), "no cuda line in the log:\n%s", log);
   free(log);
+  /* /metrics has the count */
+  int status = 0;
+  char *body = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(itest_http_get(server.metrics, "/metrics", &status, &body, &len), 0);
+  ck_assert_int_eq(status, 200);
+  ck_assert_msg(strstr(body, none ? "\nkiln_cuda_devices 0\n" : "\nkiln_cuda_devices "), "%s",
+                body);
+  free(body);
   kiln_client *c = connect_to();
   kiln_remote_executable *e = NULL;
   kiln_status st;
