@@ -402,13 +402,13 @@ def kiln_call(cmd, timeout):
 
 
 def kiln_bench(o, path, iters, warmup=1):
-    cmd = [o.kiln, "bench", path, "--backend", "cpu", "--iters", str(iters), "--warmup",
+    cmd = [o.kiln, "bench", path, "--backend", o.backend, "--iters", str(iters), "--warmup",
            str(warmup)]
     return json.loads(kiln_call(cmd, o.timeout))
 
 
 def kiln_outputs(o, path, args, n_out, tmp):
-    cmd = [o.kiln, "run", path, "--backend", "cpu", "--out", os.path.join(tmp, "out")]
+    cmd = [o.kiln, "run", path, "--backend", o.backend, "--out", os.path.join(tmp, "out")]
     for i, a in enumerate(args):
         f = os.path.join(tmp, f"arg{i}.npy")
         np.save(f, np.asarray(a))
@@ -592,6 +592,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kiln", default=os.environ.get("KILN_BIN") or
                     os.path.join(ROOT, "build", "kiln"))
+    ap.add_argument("--backend", default="cpu",
+                    help="Kiln's backend (cuda: scripts/gpu-check.sh, JAX then runs on the GPU)")
     ap.add_argument("--only", default=None, help="comma-separated workloads (see --list)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--target-s", type=float, default=0.5,

@@ -71,6 +71,13 @@ typedef struct kiln_cache_key_inputs {
  * only, and the target table belongs to the compiler. */
 void kiln_cache_target_text(const char *isa, char out[KILN_CACHE_TEXT_MAX]);
 
+/* The target text of a target whose code compiler enters the key
+ * (kiln_compile_code_identity, compiler/compile.h: NVRTC's version and
+ * options for cuda): "ISA;IDENTITY" ("sm_90;nvrtc 13.0;--fmad=false ...").
+ * NULL or "" identity: kiln_cache_target_text. */
+void kiln_cache_code_target_text(const char *isa, const char *identity,
+                                 char out[KILN_CACHE_TEXT_MAX]);
+
 /* The options text: "opt=N\ndevices=N\n". Transforms are not in it: they
  * are applied before the module is hashed. Diagnostics (dumps,
  * verify_each_pass), return_executable, request_id and cache_policy never

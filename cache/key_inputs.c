@@ -76,6 +76,15 @@ void kiln_cache_target_text(const char *isa, char out[KILN_CACHE_TEXT_MAX]) {
   snprintf(out, KILN_CACHE_TEXT_MAX, "%.80s", isa);
 }
 
+void kiln_cache_code_target_text(const char *isa, const char *identity,
+                                 char out[KILN_CACHE_TEXT_MAX]) {
+  if (identity == NULL || identity[0] == '\0') {
+    kiln_cache_target_text(isa, out);
+    return;
+  }
+  snprintf(out, KILN_CACHE_TEXT_MAX, "%.16s;%.78s", isa ? isa : "", identity);
+}
+
 void kiln_cache_options_text(int opt_level, uint32_t ndevices, char out[KILN_CACHE_TEXT_MAX]) {
   snprintf(out, KILN_CACHE_TEXT_MAX, "opt=%d\ndevices=%u\n", opt_level, ndevices);
 }

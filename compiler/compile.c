@@ -1,5 +1,6 @@
-/* kiln_compile: verify, clone, pipeline, buffer assignment, lowering and C
- * emission, the C compiler, packaging. Each stage is timed for the report.
+/* kiln_compile: verify, clone, pipeline, buffer assignment, lowering and
+ * code emission for the target (C or CUDA C), the C compiler or NVRTC,
+ * packaging. Each stage is timed for the report.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "compiler/buffer_assign.h"
 #include "compiler/codegen/cc.h"
 #include "compiler/codegen/lower.h"
+#include "compiler/codegen/nvrtc.h"
 #include "compiler/codegen/target_iface.h"
 #include "compiler/compile.h"
 #include "compiler/ir/rewrite.h"
@@ -29,10 +31,10 @@ void kiln_compile_options_init(kiln_compile_options *o) {
   o->opt_level = 2;
 }
 
-static void dump_source(const char *dir, const char *src, size_t len) {
+static void dump_source(const char *dir, const char *name, const char *src, size_t len) {
   char path[4096];
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) return;
-  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE *f = fopen(path, "wb");
   if (f == NULL) return;
   fwrite(src, 1, len, f);
@@ -139,7 +141,7 @@ static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target 
   size_t nso = 0;
   kiln__cc_stats cs;
   double t0 = now_ms();
-  if (o->dump_dir) dump_source(o->dump_dir, s->src, s->nsrc);
+  if (o->dump_dir) dump_source(o->dump_dir, "kernels.c", s->src, s->nsrc);
   int rc = kiln__cc_build(&co, &prog, &so, &nso, &cs, st);
   r->cc_ms = now_ms() - t0;
   r->cc_cpu_ms = cs.cpu_ms;
@@ -155,9 +157,32 @@ static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target 
   return e->code ? 0 : kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
 }
 
+/* The CUDA target's code: the whole translation unit through NVRTC into
+ * one cubin for the row's architecture (codegen/nvrtc.c). No GPU is
+ * needed. */
+static int compile_cuda(stage *s, const kiln_compile_options *o, const kiln_target *t,
+                        kiln_executable *e, kiln_compile_report *r, kiln_status *st) {
+  kiln__nvrtc_options no = {.arch = t->isa, .timeout_s = o->cc_timeout_s};
+  uint8_t *cubin = NULL;
+  size_t n = 0;
+  double t0 = now_ms();
+  if (o->dump_dir) dump_source(o->dump_dir, "kernels.cu", s->src, s->nsrc);
+  int rc = kiln__nvrtc_compile(&no, s->src, s->nsrc, &cubin, &n, st);
+  r->cc_ms = now_ms() - t0;
+  r->cc_units = 1;
+  r->cc_jobs = 1;
+  if (rc) return rc;
+  e->code_kind = KILN_CODE_CUBIN;
+  e->code = kiln_arena_memdup(e->arena, cubin, n);
+  e->ncode = n;
+  r->code_bytes = n;
+  kiln_free(cubin);
+  return e->code ? 0 : kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
+}
+
 /* The target by any spelling kiln_target_resolve accepts (an unknown one
- * is KILN_ENOTFOUND, as compile.h promises); this compiler builds C for
- * the CPU, so rows of other backends are refused here. */
+ * is KILN_ENOTFOUND, as compile.h promises); a row whose backend has no
+ * code generator (interp) is refused here. */
 static int check_target(const kiln_compile_options *o, const kiln_target **t, kiln_status *st) {
   kiln_status rs;
   kiln_status_clear(&rs);
@@ -165,7 +190,7 @@ static int check_target(const kiln_compile_options *o, const kiln_target **t, ki
     return kiln_status_set(st, KILN_ENOTFOUND, "options.target", "%s", rs.msg);
   if (kiln__cg_target_for((*t)->backend) == NULL)
     return kiln_status_set(st, KILN_EUNIMPL, "options.target",
-                           "target '%s' (backend %s) has no code generator here yet; use a cpu "
+                           "target '%s' (backend %s) has no code generator; use a cpu or cuda "
                            "target",
                            (*t)->name, (*t)->backend);
   return 0;
@@ -202,7 +227,11 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
   if ((rc = run_pipeline(&s, o, t, r, st))) goto out;
   if ((rc = generate(&s, t, e, r, st))) goto out;
   if (o->progress) o->progress(o->progress_arg, "cc");
-  if ((rc = compile_c(&s, o, t, e, r, st))) goto out;
+  if (s.g.mod.target->code == KILN__CODE_CUBIN)
+    rc = compile_cuda(&s, o, t, e, r, st);
+  else
+    rc = compile_c(&s, o, t, e, r, st);
+  if (rc) goto out;
   *out = e;
   e = NULL;
 out:
@@ -214,4 +243,15 @@ out:
   kiln_free(s.scratch);
   kiln_module_destroy(s.m);
   return rc;
+}
+
+const char *kiln_compile_code_identity(const char *backend, char *buf, size_t size) {
+  const kiln__cg_target *g = kiln__cg_target_for(backend);
+  if (g == NULL || g->code != KILN__CODE_CUBIN || size == 0) return NULL;
+  int major = 0, minor = 0;
+  if (kiln__nvrtc_version(&major, &minor, NULL) != 0)
+    snprintf(buf, size, "nvrtc none");
+  else
+    snprintf(buf, size, "nvrtc %d.%d;%s", major, minor, kiln__nvrtc_flags());
+  return buf;
 }

@@ -75,9 +75,20 @@ void kiln_compile_options_init(kiln_compile_options *o);
  * KILN_EVERIFY for an invalid module, KILN_EUNIMPL naming the instruction
  * the target cannot compile, KILN_ENOTFOUND for an unknown target or a
  * missing C compiler, KILN_ELIMIT when the C compiler runs past its limit,
- * KILN_EINTERNAL with the compiler's output when it fails. */
+ * KILN_EINTERNAL with the compiler's output when it fails. For a cuda
+ * target the code is a cubin made by NVRTC (no GPU needed); no libnvrtc is
+ * KILN_EUNAVAIL. */
 int kiln_compile(const kiln_module *m, const kiln_compile_options *o, kiln_executable **out,
                  kiln_compile_report *report, kiln_status *st);
+
+/* The identity of the code compiler behind the target of `backend` when it
+ * enters cache keys beside the ISA (cache/key.h,
+ * kiln_cache_code_target_text): for cuda, "nvrtc MAJOR.MINOR;FLAGS" (or
+ * "nvrtc none" where libnvrtc cannot be loaded), so that a new NVRTC or
+ * other options never reuse a cubin; NULL for the others (the C compiler's
+ * identity keys the kernel cache instead, codegen/cc.c). Written into
+ * buf. */
+const char *kiln_compile_code_identity(const char *backend, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

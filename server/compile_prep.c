@@ -34,6 +34,18 @@ static int plan_backend(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_com
   p->backend = NULL;
   for (uint32_t i = 0; i < nnames; i++)
     if (strcmp(b, names[i]) == 0) p->backend = names[i]; /* static, as the plan needs */
+#if __has_include("compiler/compile.h")
+  /* Compile as a service: cuda code is built by NVRTC here whether or not
+   * this server has a GPU (Execute needs one: handlers_execute.c). */
+  if (p->backend == NULL && strcmp(b, "cuda") == 0) {
+    p->backend = "cuda";
+    kiln_status rs;
+    kiln_status_clear(&rs);
+    if (kiln_target_resolve("cuda", o && o->target ? o->target : "", &p->target, &rs))
+      return kiln_status_set(st, rs.code, "options.target", "%s", rs.msg);
+    return 0;
+  }
+#endif
   if (p->backend == NULL) {
     char known[256];
     kiln_backend_names_join(0, ", ", known, sizeof known);
@@ -83,7 +95,9 @@ static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kilnd_compi
  * executable. plan_backend resolved the backend. */
 static int plan_refuse_interp_target(const Kiln__V1__CompileOptions *o, const kilnd_compile_plan *p,
                                      kiln_status *st) {
-  if (p->backend == NULL || (kiln_backend_caps(p->backend) & KILN_BACKEND_LOADS)) return 0;
+  if (p->backend == NULL || (kiln_backend_caps(p->backend) & KILN_BACKEND_LOADS) ||
+      strcmp(p->backend, "cuda") == 0)
+    return 0;
   if (o && o->return_executable)
     return kiln_status_set(st, KILN_EUNIMPL, "options.return_executable",
                            "the %s backend has no serialized executable", p->backend);

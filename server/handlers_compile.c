@@ -264,7 +264,15 @@ static int load_program(job *j) {
 /* The key: everything that determines the code, hashed by component. */
 static int make_key(job *j) {
   char target[KILN_CACHE_TEXT_MAX], options[KILN_CACHE_TEXT_MAX];
-  if (j->plan.target) kiln_cache_target_text(j->plan.target->isa, target);
+  char ident[KILN_CACHE_TEXT_MAX];
+  const char *code_id = NULL; /* NVRTC's version and options, for cuda */
+#ifdef KILND_HAVE_COMPILER
+  if (j->plan.target)
+    code_id = kiln_compile_code_identity(j->plan.target->backend, ident, sizeof ident);
+#else
+  (void)ident;
+#endif
+  if (j->plan.target) kiln_cache_code_target_text(j->plan.target->isa, code_id, target);
   kiln_cache_options_text(j->plan.opt_level, j->plan.ndevices, options);
   kiln_cache_key_inputs in = {
       .backend = j->plan.backend, .target = j->plan.target ? target : NULL, .options = options};

@@ -383,6 +383,14 @@ static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_stat
     kiln_device *d = kiln_backend_device(b, index % kiln_backend_device_count(b));
     return kiln_device_run_module(d, es->e->module, es->args, es->nargs, &ro, &es->out, st);
   }
+  if (es->e->exe && es->e->exe->code_kind == KILN_CODE_CUBIN)
+    return kiln_status_set(st, KILN_EUNAVAIL, "execute",
+                           "the executable is CUDA code for %.32s and this server cannot run "
+                           "it: %s %s",
+                           es->e->exe->target ? es->e->exe->target : "a GPU",
+                           srv->cuda_devices ? "its CUDA devices cannot run executables yet"
+                                             : "it has no CUDA device:",
+                           srv->cuda_devices ? "" : srv->cuda_why);
   kiln_loaded *l = NULL;
   int rc = kilnd_exe_loaded(es->e, b, index, &l, st);
   if (rc == 0 && es->on_device) return run_on_device(es, l, &ro, st);

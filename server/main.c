@@ -28,6 +28,9 @@
 #include "executor/backend.h"
 #include "executor/buffers.h"
 #include "executor/cpu/cpu_blas.h"
+#ifdef KILN_HAVE_CUDA
+#include "executor/cuda/cuda.h"
+#endif
 #include "executor/scheduler.h"
 #include "server/compile_memo.h"
 #include "server/executables.h"
@@ -161,6 +164,19 @@ static int start_parts(kilnd *srv, kiln_status *st) {
                               .threads_per_device = (uint32_t)cfg->cpu_threads};
   if ((rc = kiln_backend_create("cpu", &cpu, &srv->cpu, st))) return rc;
   if ((rc = kiln_backend_create("interp", NULL, &srv->interp, st))) return rc;
+  /* GPUs: none without a driver, and the server serves as before (Compile
+   * for cuda targets needs none; Execute of their code says why not). */
+  snprintf(srv->cuda_why, sizeof srv->cuda_why, "this kilnd was built without the CUDA pool");
+#ifdef KILN_HAVE_CUDA
+  kiln_status cst;
+  kiln_status_clear(&cst);
+  srv->cuda_devices = kiln_cuda_device_count(&cst);
+  if (srv->cuda_devices == 0) snprintf(srv->cuda_why, sizeof srv->cuda_why, "%.200s", cst.msg);
+#endif
+  if (srv->cuda_devices)
+    kilnd_log("cuda: %u devices (executables for them cannot run here yet)", srv->cuda_devices);
+  else
+    kilnd_log("cuda: 0 devices (%s); cuda targets still compile", srv->cuda_why);
   kiln_sched_options so = {
       .nclasses = 2,
       .class_devices = {(uint32_t)cfg->cpu_devices, (uint32_t)cfg->interp_devices},

@@ -383,6 +383,8 @@ char *kilnd_metrics_render(kilnd *srv, size_t *len) {
         atomic_load(&srv->draining));
   gauge(&b, "kiln_uptime_seconds", "Seconds since the server started.",
         (double)(kiln_sched_now_ns() - srv->start_ns) / 1e9);
+  gauge(&b, "kiln_cuda_devices", "GPUs the CUDA driver sees (0 without a driver).",
+        srv->cuda_devices);
   render_devices(&b, srv);
   render_cache(&b, srv);
   if (b.failed) {

@@ -225,6 +225,8 @@ struct kilnd {
   kilnd_exes *exes;
   kiln_backend *cpu;               /* NULL when the build has no CPU compiler */
   kiln_backend *interp;            /* runs the modules of KILND_CLASS_INTERP */
+  uint32_t cuda_devices;           /* GPUs the CUDA driver sees (0 without one) */
+  char cuda_why[256];              /* why there are none, for Execute's refusal */
   kilnd_memo *memo;                /* Compile requests answered before (compile_memo.h) */
   kiln_cache *cache;               /* the executable cache's tiers (cache/cache.h) */
   kilnd_auth *auth;                /* TLS, tokens, health port (auth.h) */

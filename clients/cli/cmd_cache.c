@@ -18,6 +18,7 @@
 #include "cache/key.h"
 #include "clients/cli/cli.h"
 #include "common/alloc.h"
+#include "compiler/compile.h"
 #include "compiler/target.h"
 #include "executor/backend.h"
 
@@ -57,7 +58,9 @@ static int key_inputs(const kiln__args *a, const char **backend, char target[KIL
     fprintf(stderr, "kiln cache explain: %s\n", st.msg);
     return KILN_EXIT_USAGE;
   }
-  kiln_cache_target_text(kt->isa, target);
+  char ident[KILN_CACHE_TEXT_MAX];
+  kiln_cache_code_target_text(kt->isa, kiln_compile_code_identity(kt->backend, ident, sizeof ident),
+                              target);
   return KILN_EXIT_OK;
 }
 

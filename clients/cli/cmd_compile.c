@@ -61,15 +61,18 @@ static int write_executable(const char *path, const kiln_executable *e) {
   return kiln__exit_code(rc);
 }
 
-/* --target as kilnd resolves it for the cpu backend, before the module is
- * read, so that a bad name gets what --server prints:
- * "FILE: error: options.target: MESSAGE", exit 1. The canonical name, or
- * NULL after reporting. */
-static const char *resolve_target(const kiln__args *a) {
+/* --target as kilnd resolves it for the backend (--backend, else cpu, and
+ * a cuda row named without --backend: compiling for a GPU needs none
+ * here), before the module is read, so that a bad name gets what --server
+ * prints: "FILE: error: options.target: MESSAGE", exit 1. The canonical
+ * name, or NULL after reporting. */
+static const char *resolve_target(const kiln__args *a, const char *backend) {
   const kiln_target *t;
   kiln_status st;
   kiln_status_clear(&st);
-  if (kiln_target_resolve("cpu", kiln__args_get(a, "target"), &t, &st) == 0) return t->name;
+  const char *name = kiln__args_get(a, "target");
+  if (kiln_target_resolve(backend ? backend : "cpu", name, &t, &st) == 0) return t->name;
+  if (backend == NULL && kiln_target_resolve("cuda", name, &t, NULL) == 0) return t->name;
   snprintf(st.where, sizeof st.where, "options.target");
   kiln__report(a->pos[0], NULL, &st);
   return NULL;
@@ -122,7 +125,7 @@ int kiln__cmd_compile(const kiln__args *a) {
   kiln_compile_options o;
   kiln_compile_options_init(&o);
   o.max_nesting = KILN_VERIFY_MAX_NESTING; /* the input's is checked at load */
-  if ((o.target = resolve_target(a)) == NULL) return KILN_EXIT_INVALID;
+  if ((o.target = resolve_target(a, backend)) == NULL) return KILN_EXIT_INVALID;
   const char *level = kiln__args_get(a, "opt-level");
   if (level) {
     if (strlen(level) != 1 || level[0] < '0' || level[0] > '3') {
@@ -148,8 +151,9 @@ int kiln__cmd_compile(const kiln__args *a) {
   }
   printf("%s: compiled for %s: %u kernels, %u steps, %zu bytes of code\n", file, e->target,
          rep.nkernels, rep.nsteps, rep.code_bytes);
-  printf("peak %llu bytes of temporaries, %.3f ms (passes %.3f ms, C compiler %.3f ms)\n",
-         (unsigned long long)rep.peak_bytes, rep.total_ms, rep.pipeline_ms, rep.cc_ms);
+  printf("peak %llu bytes of temporaries, %.3f ms (passes %.3f ms, %s %.3f ms)\n",
+         (unsigned long long)rep.peak_bytes, rep.total_ms, rep.pipeline_ms,
+         e->code_kind == KILN_CODE_CUBIN ? "NVRTC" : "C compiler", rep.cc_ms);
   const char *out = kiln__args_get(a, "output");
   if (out) rc = write_executable(out, e);
   kiln_executable_destroy(e);

@@ -378,6 +378,7 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(ktanhf, "float ktanhf(float x)") \
   X(klogisticf, "float klogisticf(float x)") \
   X(kerff, "float kerff(float x)") \
+  /* complex: owed only by a target whose ctype has KILN_C64/KILN_C128 */ \
   X(kcx, "double _Complex kcx(double re, double im)") \
   X(kc64r, "double _Complex kc64r(double _Complex z)") \
   X(kc64abs, "double kc64abs(double _Complex z)")

@@ -235,6 +235,7 @@ int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *l
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) put_step(&w, &e->programs[p].steps[i]);
   }
   put_u32(&w, e->nkernels);
+  put_u32(&w, e->code_kind);
   put_u64(&w, e->ncode);
   put(&w, e->code, e->ncode);
   if (!w.failed) put_u64(&w, fnv1a(w.p, w.len));
@@ -813,6 +814,9 @@ static void get_body(reader *r, kiln_executable *e) {
     for (uint32_t i = 0; r->rc == 0 && i < pr->nsteps; i++) get_step(r, &pr->steps[i]);
   }
   e->nkernels = get_u32(r, "nkernels");
+  e->code_kind = get_u32(r, "code kind");
+  if (r->rc == 0 && e->code_kind > KILN_CODE_CUBIN)
+    fail(r, KILN_EINVAL, "code kind", "unknown code kind", NULL);
   e->ncode = get_u64(r, "ncode");
   if (r->rc == 0 && e->ncode > r->len - r->pos) fail(r, KILN_EINVAL, "ncode", "truncated", NULL);
   e->code = arr(r, (size_t)e->ncode, 1);

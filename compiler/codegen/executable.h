@@ -27,9 +27,18 @@
 extern "C" {
 #endif
 
-#define KILN_EXE_MAGIC "KILNEXE1"  /* 8 bytes */
-#define KILN_EXE_FORMAT_VERSION 4u /* 2: the convolution step; 3: the collective step; 4: fft */
+#define KILN_EXE_MAGIC "KILNEXE1" /* 8 bytes */
+/* 2: the convolution step; 3: the collective step; 4: the fft step; 5: the
+ * code kind (a shared object or a cubin) */
+#define KILN_EXE_FORMAT_VERSION 5u
 #define KILN_COMPILER_VERSION "0.1.0"
+
+/* What the code object is. */
+typedef enum kiln_code_kind {
+  KILN_CODE_SO = 0,    /* an ELF shared object for the target's CPU (cpu backend) */
+  KILN_CODE_CUBIN = 1, /* a cubin (ELF, machine EM_CUDA) for the target's sm (cuda backend):
+                        * its functions are kiln_kernel_<N>, each launched over a grid */
+} kiln_code_kind;
 
 typedef enum kiln_slot_kind {
   KILN_SLOT_TEMP,     /* offset/size within the temporary arena */
@@ -211,8 +220,9 @@ typedef struct kiln_executable {
   /* code */
   kiln_program *programs; /* programs[0] is the entry */
   uint32_t nprograms;
-  uint32_t nkernels; /* kernels are kiln_kernel_0 .. kiln_kernel_{n-1} */
-  uint8_t *code;     /* ELF shared object (CPU) or cubin (CUDA) */
+  uint32_t nkernels;  /* kernels are kiln_kernel_0 .. kiln_kernel_{n-1} */
+  uint32_t code_kind; /* kiln_code_kind */
+  uint8_t *code;      /* ELF shared object (CPU) or cubin (CUDA) */
   uint64_t ncode;
   kiln_arena *arena; /* owns everything above */
 } kiln_executable;

@@ -21,9 +21,17 @@
 
 #include "compiler/ir/ir.h"
 
+/* What a target's translation unit is compiled into (compile.c picks the
+ * compiler by it; the executable records it, executable.h). */
+typedef enum kiln__code_kind {
+  KILN__CODE_SO = 0,    /* the system C compiler: an ELF shared object (cc.c) */
+  KILN__CODE_CUBIN = 1, /* NVRTC: a cubin for the target's architecture (nvrtc.c) */
+} kiln__code_kind;
+
 typedef struct kiln__cg_target {
   /* The backend's name in messages: "the %s backend cannot compile ...". */
   const char *name;
+  kiln__code_kind code;
 
   /* ---- dialect ---------------------------------------------------------- */
 

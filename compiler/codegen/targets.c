@@ -1,10 +1,12 @@
 /* Code generators by backend: which kiln__cg_target writes the code of a
  * backend's targets. A new target (CUDA C through NVRTC) is one row here
- * and one implementation of target_iface.h beside c_target.c; nothing else
- * in the compiler asks a backend's name. */
+ * and one implementation of target_iface.h beside c_target.c (the CUDA
+ * target, cuda_target.c, is the second); nothing else in the compiler asks
+ * a backend's name. */
 #include <string.h>
 
 #include "compiler/codegen/c_target.h"
+#include "compiler/codegen/cuda_target.h"
 #include "compiler/codegen/target_iface.h"
 
 static const struct {
@@ -12,6 +14,7 @@ static const struct {
   const kiln__cg_target *target;
 } generators[] = {
     {"cpu", &kiln__c_target},
+    {"cuda", &kiln__cuda_target},
 };
 
 const kiln__cg_target *kiln__cg_target_for(const char *backend) {

@@ -976,7 +976,7 @@ START_TEST(test_cli_targets) {
   const char *bad[] = {"z80", "cuda-sm_90", "sm_90", "x86-64-v9", "CPU", "interp"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char *lout, *lerr, *rout, *rerr;
-    const char *local[] = {"compile", axpy, "--target", bad[i], NULL};
+    const char *local[] = {"compile", axpy, "--target", bad[i], "--backend", "cpu", NULL};
     const char *remote[] = {"compile", axpy,       "--target",  bad[i], "--backend",
                             "cpu",     "--server", server.addr, NULL};
     int lrc = kiln_cmd(local, &lout, &lerr), rrc = kiln_cmd(remote, &rout, &rerr);

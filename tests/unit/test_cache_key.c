@@ -563,14 +563,29 @@ START_TEST(test_component_texts) {
 }
 END_TEST
 
+/* A code compiler's identity (NVRTC's version and flags for cuda) joins
+ * the ISA in the target text; none keeps the plain text. */
+START_TEST(test_code_target_text) {
+  char a[KILN_CACHE_TEXT_MAX], b[KILN_CACHE_TEXT_MAX], c[KILN_CACHE_TEXT_MAX];
+  kiln_cache_code_target_text("sm_90", "nvrtc 13.0;--fmad=false", a);
+  ck_assert_str_eq(a, "sm_90;nvrtc 13.0;--fmad=false");
+  kiln_cache_code_target_text("sm_90", "nvrtc 12.8;--fmad=false", b);
+  ck_assert_str_ne(a, b);
+  kiln_cache_code_target_text("sm_90", NULL, c);
+  ck_assert_str_eq(c, "sm_90");
+  kiln_cache_code_target_text("x86-64-v3", "", c);
+  ck_assert_str_eq(c, "x86-64-v3");
+}
+END_TEST
+
 /* Pins the key of `simple` under cpu_inputs. It must change when the
  * canonical form, a component's text, a version or the way parts combine
  * changes on purpose: update it then (and bump CANONICAL_FORM_VERSION in
  * key.c when the canonical form changed), never otherwise. */
 START_TEST(test_golden_key) {
   kiln_cache_key k = key_of(simple);
-  /* Changed on purpose with executable format version 4 (the FFT step). */
-  ck_assert_str_eq(k.hex, "56b8e60605023d240775bfdf318b351521d6a82d1fd7c3966ad168efec2f6f1c");
+  /* Changed on purpose with executable format version 5 (the code kind). */
+  ck_assert_str_eq(k.hex, "3d6bc8c587999fcb2b880298634d80da3db6ac504057e46ef907ce80c8b98643");
 }
 END_TEST
 
@@ -740,6 +755,7 @@ static Suite *key_suite(void) {
   tcase_add_test(canon, test_canonical_text_reparses);
   tcase_add_test(canon, test_component_texts);
   tcase_add_test(canon, test_golden_key);
+  tcase_add_test(canon, test_code_target_text);
   tcase_add_test(canon, test_sharding_spellings);
   tcase_add_test(canon, test_debug_sections_ignored);
   suite_add_tcase(s, canon);

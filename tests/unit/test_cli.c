@@ -1006,7 +1006,14 @@ START_TEST(test_target_spellings) {
            f);
   EXPECT(r, 1, "", want);
   result_free(&r);
+  /* a cuda row compiles without --backend (NVRTC, no GPU needed) ... */
   r = run("compile", f, "--target", "cuda-sm_90", NULL);
+  ck_assert_msg(r.code == 0 ? strstr(r.out, "compiled for cuda-sm_90") != NULL
+                            : strstr(r.err, "libnvrtc") != NULL,
+                "%d: %s%s", r.code, r.out, r.err);
+  result_free(&r);
+  /* ... and is not a cpu target */
+  r = run("compile", f, "--backend", "cpu", "--target", "cuda-sm_90", NULL);
   ck_assert_int_eq(r.code, 1);
   ck_assert_msg(strstr(r.err, "target 'cuda-sm_90' is for the cuda backend, not cpu (known: "),
                 "%s", r.err);

@@ -1,0 +1,33 @@
+/* The CUDA device pool: the driver API opened lazily, so that a machine
+ * without an NVIDIA driver has zero CUDA devices and everything else runs
+ * as usual (cuda_driver.c). Built only where the toolkit's headers are
+ * found (KILN_HAVE_CUDA); cuda.h provides the types, nothing is linked.
+ */
+#ifndef KILN_EXECUTOR_CUDA_CUDA_H
+#define KILN_EXECUTOR_CUDA_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define KILN_CUDA_MAX_DEVICES 16
+
+typedef struct kiln_cuda_device_info {
+  char name[128];
+  uint64_t total_memory;  /* bytes */
+  int cc_major, cc_minor; /* compute capability: sm_<major><minor> */
+} kiln_cuda_device_info;
+
+/* The number of CUDA devices this process sees, after loading the driver
+ * once (dlopen("libcuda.so.1"), then cuGetProcAddress_v2 for every other
+ * entry point, so each is its current ABI version, and cuInit). No driver,
+ * an entry point missing or cuInit failing is 0 devices with the reason in
+ * st (KILN_EUNAVAIL); st may be NULL. Env KILN_CUDA_DRIVER names another
+ * file to open (tests). */
+uint32_t kiln_cuda_device_count(kiln_status *st);
+
+/* What device `index` (< kiln_cuda_device_count) is. */
+int kiln_cuda_device_info_get(uint32_t index, kiln_cuda_device_info *out, kiln_status *st);
+
+#endif /* KILN_EXECUTOR_CUDA_CUDA_H */
