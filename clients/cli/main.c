@@ -66,7 +66,8 @@ static const kiln__opt run_opts[] = {
     {"transform", 0, "SPEC", true,
      "run the transformed program, transforms innermost first: grad, grad:wrt=0,1, "
      "grad:wrt=0,output=1, vjp, jvp:wrt=0, vmap:in_axes=0,none (batch size from the "
-     "arguments, or size=N), checkpoint; --arg values then follow its parameters"},
+     "arguments, or size=N), checkpoint, autocast:bf16 or autocast:f16 (mixed precision); "
+     "--arg values then follow its parameters"},
     {"target", 0, "NAME", false,
      "cpu code target: native (this machine, default) or an ISA level such as x86-64-v3, "
      "with or without cpu- (an unknown name lists them all)"},

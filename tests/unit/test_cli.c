@@ -805,8 +805,8 @@ START_TEST(test_run_transform_errors) {
   const char *f = write_file("f.hlo", sine_loss);
   result r = run("run", f, "--transform", "hess", "--random-args", "1", NULL);
   EXPECT(r, 2, "",
-         "kiln run: --transform 'hess': unknown transform 'hess' (expected grad, vjp, jvp, vmap or "
-         "checkpoint, optionally followed by ':' and options)\n");
+         "kiln run: --transform 'hess': unknown transform 'hess' (expected grad, vjp, jvp, vmap, "
+         "checkpoint or autocast, optionally followed by ':' and options)\n");
   result_free(&r);
   r = run("run", f, "--transform", "grad:wrt=3", "--random-args", "1", NULL);
   char want[512];
