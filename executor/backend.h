@@ -92,6 +92,9 @@ typedef struct kiln_run_options {
    * with: where the rank meets its peers in a collective step. Callers
    * leave it NULL; a run without one is a mesh of one device. */
   const struct kiln__gang_rank *gang;
+  /* May be NULL: where kiln.debug_print custom calls print
+   * (compiler/ir/debug_print.h); called from the thread that runs. */
+  const struct kiln_debug_sink *debug;
 } kiln_run_options;
 
 /* ---- the registry ------------------------------------------------------- */

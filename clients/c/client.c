@@ -46,10 +46,32 @@ static _Thread_local char last_request_id[65];
 
 const char *kiln_client_last_request_id(void) { return last_request_id; }
 
+/* The kiln-debug trailer of that call, unescaped ("\n" -> newline). */
+static _Thread_local char last_debug[4097];
+
+const char *kiln_client_last_debug(void) { return last_debug; }
+
+static void keep_debug(const grpc_slice *v) {
+  const char *p = (const char *)GRPC_SLICE_START_PTR(*v);
+  size_t n = GRPC_SLICE_LENGTH(*v), o = 0;
+  for (size_t i = 0; i < n && o + 1 < sizeof last_debug; i++) {
+    if (p[i] == '\\' && i + 1 < n && p[i + 1] == 'n') {
+      last_debug[o++] = '\n';
+      i++;
+    } else {
+      last_debug[o++] = p[i];
+    }
+  }
+  last_debug[o] = '\0';
+}
+
 static void keep_request_id(const grpc_metadata_array *md) {
   last_request_id[0] = '\0';
+  last_debug[0] = '\0';
   for (size_t i = 0; i < md->count; i++) {
     const grpc_slice *k = &md->metadata[i].key, *v = &md->metadata[i].value;
+    if (GRPC_SLICE_LENGTH(*k) == 10 && memcmp(GRPC_SLICE_START_PTR(*k), "kiln-debug", 10) == 0)
+      keep_debug(v);
     if (GRPC_SLICE_LENGTH(*k) == 15 &&
         memcmp(GRPC_SLICE_START_PTR(*k), "kiln-request-id", 15) == 0) {
       size_t n = GRPC_SLICE_LENGTH(*v);

@@ -265,6 +265,12 @@ typedef struct kiln_remote_executable {
  * server sent none. Valid until this thread's next call. */
 const char *kiln_client_last_request_id(void);
 
+/* The kiln.debug_print output of the last call this thread finished (its
+ * trailing metadata kiln-debug, with the "\n" separators the server
+ * writes turned back into newlines); "" when there was none. Valid until
+ * this thread's next call. */
+const char *kiln_client_last_debug(void);
+
 /* Compiles HLO text (len bytes; need not be NUL-terminated). `opts` may be
  * NULL. *out is freed with kiln_remote_executable_free. */
 int kiln_client_compile_text(kiln_client *c, const char *text, size_t len,

@@ -622,7 +622,10 @@ int kiln__remote_run(const kiln__args *a) {
   kiln_remote_result r;
   kiln_status st;
   kiln_status_clear(&st);
-  if (kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st)) {
+  int xrc = kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st);
+  /* the server's kiln.debug_print output, as a local run prints it */
+  fputs(kiln_client_last_debug(), stderr);
+  if (xrc) {
     rc = report_program(file, &st, &o);
   } else {
     rc = print_outputs(&r, kiln__args_get(a, "out"));

@@ -73,6 +73,10 @@ typedef enum kiln_step_kind {
    * PARTITION_ID: one u32 result slot). The rank meets its group's members
    * at the gang launch's rendezvous (executor/comm.c). */
   KILN_STEP_COLLECTIVE,
+  /* kiln.debug_print: args = {value, record}; the record, a constant slot,
+   * holds the value's shape and the format (compiler/ir/debug_print.h);
+   * the runtime renders it to the run's debug sink. */
+  KILN_STEP_DEBUG_PRINT,
 } kiln_step_kind;
 
 /* A collective step, with its replica groups resolved at compile time for

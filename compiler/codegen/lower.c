@@ -16,6 +16,7 @@
 
 #include "common/alloc.h"
 #include "compiler/codegen/lower_internal.h"
+#include "compiler/ir/debug_print.h"
 #include "compiler/ir/rewrite.h"
 
 /* ---- preparation -------------------------------------------------------- */
@@ -359,6 +360,37 @@ static int lower_branches(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   return kiln__lower_step(c, prog, &s);
 }
 
+/* kiln.debug_print: the value copied on to the result, then a step that
+ * prints it; the format travels as constant bytes (debug_print.h), never
+ * as code. */
+static int lower_debug_print(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  int rc = kiln_debug_print_check(c->m, ins, c->st);
+  if (rc) return rc;
+  uint32_t ns, nd;
+  const uint32_t *src = kiln_buffer_leaves(c->ba, ins->operands[0], &ns);
+  const uint32_t *dst = kiln_buffer_leaves(c->ba, ins->id, &nd);
+  size_t nfmt;
+  const char *fmt = kiln_debug_print_format(ins, &nfmt);
+  size_t size = kiln_debug_record_size(&ins->shape, nfmt);
+  if (ns != 1 || nd != 1 || size == 0)
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "debug print of this value");
+  uint64_t off = (c->nconsts + 63) / 64 * 64;
+  if (kiln_grow((void **)&c->consts, &c->constcap, off + size + 1, 1) ||
+      kiln_grow((void **)&c->slots, &c->slotcap, c->nslots + 1, sizeof *c->slots))
+    return oom(c);
+  memset(c->consts + c->nconsts, 0, off - c->nconsts);
+  kiln_debug_record_write(c->consts + off, &ins->shape, fmt, nfmt);
+  c->nconsts = off + size;
+  c->slots[c->nslots] = (kiln_slot){.kind = KILN_SLOT_CONSTANT, .offset = off, .size = size};
+  uint32_t rec = (uint32_t)c->nslots++;
+  if ((rc = kiln__lower_copy(c, prog, dst[0], src[0], (uint64_t)leaf_bytes(&ins->shape))))
+    return rc;
+  uint32_t a[2] = {dst[0], rec};
+  kiln_step s = {.kind = KILN_STEP_DEBUG_PRINT, .nargs = 2};
+  if ((s.args = args_of(c, a, 2)) == NULL) return oom(c);
+  return kiln__lower_step(c, prog, &s);
+}
+
 static bool no_step(const kiln_module *m, const kiln_instr *ins) {
   switch (ins->op) {
   case KILN_OP_PARAMETER:
@@ -383,6 +415,8 @@ static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
       rc = lower_branches(c, prog, ins);
     else if (kiln__lower_is_collective(c->m, ins))
       rc = kiln__lower_collective(c, prog, ins);
+    else if (kiln_debug_print_is(ins))
+      rc = lower_debug_print(c, prog, ins);
     else
       rc = kiln__lower_compute(c, prog, ins);
     if (rc) return rc;

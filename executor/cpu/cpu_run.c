@@ -19,6 +19,8 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/ir/debug_print.h"
 #include "executor/cpu/cpu.h"
 
 #define DEFAULT_MAX_ITERATIONS UINT64_C(1000000000)
@@ -32,9 +34,10 @@ typedef struct run_ctx {
   void **slot; /* nslots addresses */
   void **argv; /* l->nargv step arguments */
   uint64_t max_iterations;
-  double deadline;             /* monotonic seconds; 0: none */
-  const atomic_int *cancel;    /* kiln_run_options.cancel */
-  const kiln__gang_rank *gang; /* kiln_run_options.gang */
+  double deadline;              /* monotonic seconds; 0: none */
+  const atomic_int *cancel;     /* kiln_run_options.cancel */
+  const kiln__gang_rank *gang;  /* kiln_run_options.gang */
+  const kiln_debug_sink *debug; /* kiln_run_options.debug */
   kiln_status *st;
 } run_ctx;
 
@@ -173,6 +176,21 @@ static int run_conditional(run_ctx *r, const kiln_step *s, void *const *a) {
   return run_program(r, s->sub[branch]);
 }
 
+/* The record was checked at load (cpu_load.c). */
+static void run_debug_print(run_ctx *r, const kiln_step *s, void *const *a) {
+  if (r->debug == NULL || r->debug->write == NULL) return;
+  const kiln_slot *rs = &r->l->exe->slots[s->args[1]];
+  kiln_debug_record rec;
+  char why[160];
+  if (!kiln_debug_record_read(a[1], rs->size, r->l->exe->slots[s->args[0]].size, &rec, why,
+                              sizeof why))
+    return;
+  kiln_sbuf sb = KILN_SBUF_INIT;
+  kiln_debug_record_render(&sb, &rec, a[0]);
+  if (!kiln_sbuf_failed(&sb)) r->debug->write(r->debug->ctx, sb.data, sb.len);
+  kiln_sbuf_free(&sb);
+}
+
 static int run_program(run_ctx *r, uint32_t p) {
   const kiln_program *pr = &r->l->exe->programs[p];
   const uint64_t *base = r->l->argv_base[p];
@@ -191,6 +209,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     case KILN_STEP_COLLECTIVE:
       rc = kiln__cpu_coll_step(r->l->exe, s, a, r->gang, r->cancel, r->deadline, r->st);
       break;
+    case KILN_STEP_DEBUG_PRINT: run_debug_print(r, s, a); break;
     }
     if (rc == 0) rc = check_deadline(r);
     if (rc) return rc;
@@ -254,6 +273,7 @@ int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *r
   if (opts->timeout_seconds > 0) r.deadline = now_seconds() + opts->timeout_seconds;
   r.cancel = opts->cancel;
   r.gang = opts->gang;
+  r.debug = opts->debug;
   resolve_slots(l, arena, params, results, slot);
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {

@@ -1,0 +1,133 @@
+"""kiln.debug_print through kilnd, next to the same program run locally.
+
+A program with a kiln.debug_print custom call is run with `kiln run`
+locally (interp and cpu backends) and through a kilnd started here
+(`kiln run --server`), plain and under grad and vmap: the text the local run
+prints on stderr is the text the server sends back in the call's kiln-debug
+trailer (which the kiln command prints on stderr). A huge value is cut to a
+bounded trailer, and a format the server must refuse (a lone brace) is an
+error naming the instruction, not a crash.
+
+Environment: KILND (the kilnd binary) and KILN_CLI (the kiln command), as
+for the other client tests. Exits 77 when either is missing.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+KILND = os.environ.get("KILND", "")
+KILN = os.environ.get("KILN_CLI", "")
+
+PROGRAM = """HloModule dp
+add_f {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[3] parameter(0)
+  y = f32[3] multiply(x, x)
+  p = f32[3] custom-call(y), custom_call_target="kiln.debug_print", backend_config="y = {} {{ok}}", custom_call_has_side_effect=true
+  zero = f32[] constant(0)
+  ROOT l = f32[] reduce(p, zero), dimensions={0}, to_apply=add_f
+}
+"""
+
+BIG = """HloModule big
+ENTRY main {
+  x = f32[4096] parameter(0)
+  a = f32[4096] custom-call(x), custom_call_target="kiln.debug_print", backend_config="a={}", custom_call_has_side_effect=true
+  b = f32[4096] custom-call(a), custom_call_target="kiln.debug_print", backend_config="b={}", custom_call_has_side_effect=true
+  ROOT c = f32[4096] custom-call(b), custom_call_target="kiln.debug_print", backend_config="c={}", custom_call_has_side_effect=true
+}
+"""
+
+BAD = PROGRAM.replace('backend_config="y = {} {{ok}}"', 'backend_config="y = {"')
+
+
+def start_kilnd():
+    cmd = [KILND, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    addr = None
+    deadline = time.time() + 30
+    while addr is None and time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        if line.startswith("kilnd: listening on "):
+            addr = line.split()[-1]
+    if addr is None:
+        p.kill()
+        raise RuntimeError("kilnd did not print its address")
+    return p, addr
+
+
+class DebugPrint(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory(prefix="kiln_toolbox_")
+        cls.files = {}
+        for name, text in (("dp", PROGRAM), ("big", BIG), ("bad", BAD)):
+            path = os.path.join(cls.dir.name, f"{name}.hlo")
+            with open(path, "w") as f:
+                f.write(text)
+            cls.files[name] = path
+        cls.kilnd, cls.addr = start_kilnd()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.kilnd.terminate()
+        cls.kilnd.wait(timeout=30)
+        cls.dir.cleanup()
+
+    def kiln(self, *args):
+        return subprocess.run([KILN, *args], capture_output=True, text=True, timeout=300)
+
+    def same_local_and_remote(self, name, *args):
+        outs = []
+        for where in ([], ["--server", self.addr]):
+            for backend in ("interp", "cpu"):
+                r = self.kiln("run", self.files[name], "--backend", backend, "--random-args", "1",
+                              *args, *where)
+                self.assertEqual(r.returncode, 0, f"{args} {where} {backend}: {r.stderr}")
+                outs.append((r.stdout, r.stderr))
+        for o in outs[1:]:
+            self.assertEqual(o, outs[0], f"{name} {args}: local and remote runs differ")
+        return outs[0]
+
+    def test_prints_locally_and_through_the_server(self):
+        out, err = self.same_local_and_remote("dp")
+        self.assertRegex(err, r"^y = \{[-0-9.e, ]+\} \{ok\}\n$")
+
+    def test_grad_and_vmap_pass_through(self):
+        _, plain = self.same_local_and_remote("dp")
+        _, err = self.same_local_and_remote("dp", "--transform", "grad")
+        self.assertEqual(err, plain, "grad prints the primal once, no tangents")
+        _, err = self.same_local_and_remote("dp", "--transform", "vmap:size=2")
+        self.assertRegex(err, r"^y = \{\{[-0-9.e, ]+\}, \{[-0-9.e, ]+\}\} \{ok\}\n$")
+
+    def test_trailer_is_bounded(self):
+        r = self.kiln("run", self.files["big"], "--backend", "cpu", "--random-args", "1",
+                      "--server", self.addr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertLessEqual(len(r.stderr), 4096 + 64)
+        self.assertTrue(r.stderr.startswith("a=f32[4096] {"), r.stderr[:80])
+        self.assertIn("...", r.stderr)
+
+    def test_bad_format_is_an_error(self):
+        for where in ([], ["--server", self.addr]):
+            r = self.kiln("run", self.files["bad"], "--backend", "cpu", "--random-args", "1", *where)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("lone '{'", r.stderr)
+            self.assertNotIn("Segmentation", r.stderr)
+
+
+if __name__ == "__main__":
+    if not (KILND and KILN and os.path.exists(KILND) and os.path.exists(KILN)):
+        print("test_toolbox: skipped, KILND and KILN_CLI must name the binaries")
+        sys.exit(77)
+    unittest.main()
