@@ -110,7 +110,10 @@ static const kiln__opt bench_opts[] = {
     {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
     {"transform", 0, "SPEC", true,
      "time the transformed program, transforms innermost first: grad, vjp, jvp, "
-     "vmap:in_axes=0,size=N, checkpoint"},
+     "vmap:in_axes=0,size=N, checkpoint, autocast:bf16"},
+    {"profile", 0, NULL, false,
+     "time every fused kernel, GEMM and convolution step; print a table on stderr"},
+    {"trace", 0, "FILE", false, "write the last timed run as Chrome trace JSON (Perfetto)"},
     {0},
 };
 

@@ -189,6 +189,12 @@ typedef struct kiln_executable {
   uint8_t *code;     /* ELF shared object (CPU) or cubin (CUDA) */
   uint64_t ncode;
   kiln_arena *arena; /* owns everything above */
+  /* In process only (not serialized; NULL after deserialize): for
+   * programs[p].steps[i], the instruction it was lowered from, as
+   * "name opcode" (a fusion: "name fusion(root opcode)"), and the op_name
+   * of its metadata ("" when none), for profiles. In `arena`. */
+  const char ***step_names;
+  const char ***step_op_names;
 } kiln_executable;
 
 /* Kernel ABI (CPU): void kiln_kernel_N(void *const *bufs, int64_t begin,

@@ -402,10 +402,22 @@ static bool no_step(const kiln_module *m, const kiln_instr *ins) {
   }
 }
 
+/* Steps [from, n) of prog came from instruction id (profiles name them). */
+static int mark_origin(kiln__lctx *c, uint32_t prog, size_t from, kiln_id id) {
+  kiln__prog *p = &c->progs[prog];
+  if (p->n == 0) return 0;
+  size_t old = p->ocap;
+  if (kiln_grow((void **)&p->origin, &p->ocap, p->n, sizeof *p->origin)) return oom(c);
+  for (size_t k = old; k < p->ocap; k++) p->origin[k] = KILN_NO_ID;
+  for (size_t k = from; k < p->n; k++) p->origin[k] = id;
+  return 0;
+}
+
 static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
   const kiln_computation *cp = c->m->comps[comp];
   for (uint32_t i = 0; i < cp->ninstrs; i++) {
     const kiln_instr *ins = c->m->instrs[cp->instrs[i]];
+    size_t from = c->progs[prog].n;
     int rc;
     if (no_step(c->m, ins))
       rc = 0;
@@ -419,6 +431,7 @@ static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
       rc = lower_debug_print(c, prog, ins);
     else
       rc = kiln__lower_compute(c, prog, ins);
+    if (rc == 0) rc = mark_origin(c, prog, from, ins->id);
     if (rc) return rc;
   }
   return 0;
@@ -489,6 +502,56 @@ static int fill_signature(kiln__lctx *c) {
   return 0;
 }
 
+/* The op_name="..." of an instruction's metadata, or "". */
+static const char *op_name_of(kiln_arena *a, const kiln_instr *ins) {
+  const char *md = ins ? kiln_instr_attr_str(ins, KILN_ATTR_METADATA) : NULL;
+  const char *p = md ? strstr(md, "op_name=\"") : NULL;
+  if (p == NULL) return "";
+  p += 9;
+  size_t n = 0;
+  while (p[n] && p[n] != '"') n += p[n] == '\\' && p[n + 1] ? 2 : 1;
+  char *out = kiln_arena_alloc(a, n + 1);
+  if (out == NULL) return "";
+  memcpy(out, p, n);
+  out[n] = 0;
+  return out;
+}
+
+/* e->step_names / step_op_names from the programs' origins. */
+static int step_origins(kiln__lctx *c) {
+  kiln_executable *e = c->e;
+  e->step_names = kiln_arena_calloc(e->arena, c->nprogs + 1, sizeof *e->step_names);
+  e->step_op_names = kiln_arena_calloc(e->arena, c->nprogs + 1, sizeof *e->step_op_names);
+  if (e->step_names == NULL || e->step_op_names == NULL) return oom(c);
+  for (size_t p = 0; p < c->nprogs; p++) {
+    const kiln__prog *pr = &c->progs[p];
+    e->step_names[p] = kiln_arena_calloc(e->arena, pr->n + 1, sizeof **e->step_names);
+    e->step_op_names[p] = kiln_arena_calloc(e->arena, pr->n + 1, sizeof **e->step_op_names);
+    if (e->step_names[p] == NULL || e->step_op_names[p] == NULL) return oom(c);
+    for (size_t i = 0; i < pr->n; i++) {
+      kiln_id id = i < pr->ocap ? pr->origin[i] : KILN_NO_ID;
+      const kiln_instr *ins = id != KILN_NO_ID ? c->m->instrs[id] : NULL;
+      char buf[256];
+      const char *on = op_name_of(e->arena, ins);
+      if (ins == NULL) {
+        snprintf(buf, sizeof buf, "result copy");
+      } else if (ins->op == KILN_OP_FUSION && ins->ncalled == 1) {
+        const kiln_computation *fc = c->m->comps[ins->called[0]];
+        const kiln_instr *root = fc->root != KILN_NO_ID ? c->m->instrs[fc->root] : NULL;
+        snprintf(buf, sizeof buf, "%.160s fusion(%s)", ins->name,
+                 root ? kiln_opcode_name(root->op) : "?");
+        if (on[0] == 0) on = op_name_of(e->arena, root);
+      } else {
+        snprintf(buf, sizeof buf, "%.160s %s", ins->name, kiln_opcode_name(ins->op));
+      }
+      e->step_names[p][i] = kiln_arena_strdup(e->arena, buf);
+      e->step_op_names[p][i] = on;
+      if (e->step_names[p][i] == NULL) return oom(c);
+    }
+  }
+  return 0;
+}
+
 static int fill_tables(kiln__lctx *c) {
   kiln_executable *e = c->e;
   e->nslots = (uint32_t)c->nslots;
@@ -508,7 +571,7 @@ static int fill_tables(kiln__lctx *c) {
     if (e->programs[p].steps == NULL) return oom(c);
   }
   e->nkernels = c->g->nkernels;
-  return 0;
+  return step_origins(c);
 }
 
 static bool rank_ok(const kiln_shape *s) {
@@ -553,7 +616,10 @@ int kiln__lower(const kiln_module *m, const kiln_buffer_assignment *ba, kiln__co
   if ((rc = fill_signature(&c))) goto out;
   rc = fill_tables(&c);
 out:
-  for (size_t p = 0; p < c.nprogs; p++) kiln_free(c.progs[p].steps);
+  for (size_t p = 0; p < c.nprogs; p++) {
+    kiln_free(c.progs[p].steps);
+    kiln_free(c.progs[p].origin);
+  }
   kiln_free(c.progs);
   kiln_free(c.slots);
   kiln_free(c.consts);

@@ -48,8 +48,8 @@ bool kiln_debug_format_ok(const char *fmt, size_t n, char *why, size_t nwhy) {
     } else if (ch == '}' && i + 1 < n && fmt[i + 1] == '}') {
       i++;
     } else if (ch == '{' || ch == '}') {
-      snprintf(why, nwhy, "byte %zu of the format is a lone '%c' (write {} for the value, {{ or }})",
-               i, ch);
+      snprintf(why, nwhy,
+               "byte %zu of the format is a lone '%c' (write {} for the value, {{ or }})", i, ch);
       return false;
     }
   }

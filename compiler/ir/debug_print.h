@@ -9,11 +9,10 @@
  * 3}") to the run's debug sink: the CLI prints it, kilnd returns it to the
  * caller in the `kiln-debug` trailing metadata. No sink: nothing printed.
  *
- * The format is client data. It is checked here (printable ASCII without quotes or backslashes, at most
- * KILN_DEBUG_FORMAT_MAX bytes, braces only as "{}" or the escapes "{{"
- * and "}}", at most one "{}") and is never put into generated code: a
- * compiled executable carries it as data in a debug-print step, and the
- * runtime renders it with kiln_debug_print_render.
+ * The format is client data. It is checked here (printable ASCII without quotes or backslashes, at
+ * most KILN_DEBUG_FORMAT_MAX bytes, braces only as "{}" or the escapes "{{" and "}}", at most one
+ * "{}") and is never put into generated code: a compiled executable carries it as data in a
+ * debug-print step, and the runtime renders it with kiln_debug_print_render.
  */
 #ifndef KILN_COMPILER_IR_DEBUG_PRINT_H
 #define KILN_COMPILER_IR_DEBUG_PRINT_H

@@ -34,10 +34,11 @@ typedef struct run_ctx {
   void **slot; /* nslots addresses */
   void **argv; /* l->nargv step arguments */
   uint64_t max_iterations;
-  double deadline;              /* monotonic seconds; 0: none */
-  const atomic_int *cancel;     /* kiln_run_options.cancel */
-  const kiln__gang_rank *gang;  /* kiln_run_options.gang */
-  const kiln_debug_sink *debug; /* kiln_run_options.debug */
+  double deadline;                    /* monotonic seconds; 0: none */
+  const atomic_int *cancel;           /* kiln_run_options.cancel */
+  const kiln__gang_rank *gang;        /* kiln_run_options.gang */
+  const kiln_debug_sink *debug;       /* kiln_run_options.debug */
+  const kiln_step_observer *observer; /* kiln_run_options.observer */
   kiln_status *st;
 } run_ctx;
 
@@ -45,6 +46,12 @@ static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* ---- kernel launches ---------------------------------------------------- */
@@ -198,6 +205,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     const kiln_step *s = &pr->steps[i];
     void *const *a = r->argv + base[i];
     int rc = 0;
+    int64_t t0 = r->observer ? now_ns() : 0;
     switch (s->kind) {
     case KILN_STEP_KERNEL: run_kernel(r, s, a); break;
     case KILN_STEP_GEMM: kiln__cpu_gemm(r->l->dev->pool, &s->gemm, a[0], a[1], a[2]); break;
@@ -211,6 +219,7 @@ static int run_program(run_ctx *r, uint32_t p) {
       break;
     case KILN_STEP_DEBUG_PRINT: run_debug_print(r, s, a); break;
     }
+    if (r->observer) r->observer->step(r->observer->ctx, p, i, t0, now_ns());
     if (rc == 0) rc = check_deadline(r);
     if (rc) return rc;
   }
@@ -274,6 +283,7 @@ int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *r
   r.cancel = opts->cancel;
   r.gang = opts->gang;
   r.debug = opts->debug;
+  r.observer = opts->observer;
   resolve_slots(l, arena, params, results, slot);
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {

@@ -166,9 +166,9 @@ START_TEST(test_interp_and_cpu_agree) {
   kiln_free(blob);
   kiln_run_options ro = {.debug = &sink};
   kiln_sbuf_reset(&got);
-  ck_assert_msg(kiln_run_executable(back, NULL, &ro, (const kiln_literal *const *)&x, 1, &out,
-                                    &st) == 0,
-                "%s: %s", st.where, st.msg);
+  ck_assert_msg(
+      kiln_run_executable(back, NULL, &ro, (const kiln_literal *const *)&x, 1, &out, &st) == 0,
+      "%s: %s", st.where, st.msg);
   ck_assert_str_eq(kiln_sbuf_str(&got), want);
   ck_assert_double_eq(kiln_literal_get_f64(out, 2), 12);
   kiln_literal_destroy(out);
