@@ -85,6 +85,14 @@ static const kiln__opt run_opts[] = {
     {0},
 };
 
+static const kiln__opt explain_opts[] = {
+    {"target", 0, "NAME", false, "cpu code target whose cost model fusion uses (default cpu)"},
+    {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
+    {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
+    {"transform", 0, "SPEC", true, "apply a function transform first, innermost first"},
+    {0},
+};
+
 static const kiln__opt dot_opts[] = {
     {"after", 0, "PASS", false,
      "draw the module after pass PASS of the pipeline ('input': before any pass; default: "
@@ -171,6 +179,7 @@ FITS(run_opts);
 FITS(compile_opts);
 FITS(stats_opts);
 FITS(dot_opts);
+FITS(explain_opts);
 FITS(bench_opts);
 FITS(cache_opts);
 
@@ -238,6 +247,13 @@ static const kiln__cmd commands[] = {
      "'kiln run --backend cpu' would, verifying after every pass) and prints the module as\n"
      "Graphviz DOT, one cluster per computation. Render it with 'dot -Tsvg'.\n",
      dot_opts, 1, 1, kiln__cmd_dot, NULL},
+    {"explain", "explain FILE [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
+     "print the fusion decisions with the cost model's numbers",
+     "Runs the compiler's pass pipeline on FILE as 'kiln compile' would and prints what\n"
+     "fusion decided and why: per computation each group it starts, each producer it\n"
+     "weighs (+ joins, - stays out) with the roofline cost fused against the cost apart,\n"
+     "each sibling merge it weighs, and each fusion it writes with its members and cost.\n",
+     explain_opts, 1, 1, kiln__cmd_explain, NULL},
     {"bench",
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
      "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",

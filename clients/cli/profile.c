@@ -51,8 +51,7 @@ static void on_step(void *ctx, uint32_t prog, uint32_t step, int64_t begin, int6
   uint64_t k = p->base[prog] + step;
   p->ns[k] += end - begin;
   p->calls[k]++;
-  if (p->nev < 1000000 &&
-      kiln_grow((void **)&p->ev, &p->evcap, p->nev + 1, sizeof *p->ev) == 0)
+  if (p->nev < 1000000 && kiln_grow((void **)&p->ev, &p->evcap, p->nev + 1, sizeof *p->ev) == 0)
     p->ev[p->nev++] = (event){prog, step, begin, end};
 }
 
@@ -171,9 +170,8 @@ void kiln__profile_print(const kiln__profile *p, FILE *f) {
     const row *w = &rows[r];
     fprintf(f, "%-12s %9.3f %8" PRIu64 " %10.2f %6.1f  %-40s %s\n",
             kind_name(e->programs[w->prog].steps[w->step].kind), (double)w->ns / 1e6, w->calls,
-            (double)w->ns / 1e3 / (double)w->calls,
-            total > 0 ? 100.0 * (double)w->ns / total : 0.0, step_name(e, w->prog, w->step),
-            step_op_name(e, w->prog, w->step));
+            (double)w->ns / 1e3 / (double)w->calls, total > 0 ? 100.0 * (double)w->ns / total : 0.0,
+            step_name(e, w->prog, w->step), step_op_name(e, w->prog, w->step));
   }
   kiln_free(rows);
 }
