@@ -73,8 +73,8 @@ int kiln__cmd_explain(const kiln__args *a) {
       kernels += x->op != KILN_OP_PARAMETER && x->op != KILN_OP_CONSTANT &&
                  x->op != KILN_OP_TUPLE && x->op != KILN_OP_GET_TUPLE_ELEMENT;
     }
-    printf("summary: ENTRY %s has %u fusions among %u instructions that run\n",
-           e ? e->name : "?", fusions, kernels);
+    printf("summary: ENTRY %s has %u fusions among %u instructions that run\n", e ? e->name : "?",
+           fusions, kernels);
   }
   kiln_sbuf_free(&text);
 out:

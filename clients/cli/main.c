@@ -127,6 +127,9 @@ static const kiln__opt bench_opts[] = {
 
 static const kiln__opt compile_opts[] = {
     {"server", 0, "HOST:PORT", false, "compile on the kilnd at HOST:PORT"},
+    {"shapes", 0, "SPEC", true,
+     "with --server: compile for the argument shapes SPEC (f32[8,3];s32[]) into the server's "
+     "cache; repeat for several signatures"},
     KILN_SERVER_SECURITY_OPTS,
     {"backend", 0, "NAME", false, "cpu (the default here); a server may also offer interp, cuda"},
     {"target", 0, "TARGET", false, "code target within the backend (a CPU ISA, sm_XX)"},

@@ -1,4 +1,4 @@
-"""kiln.debug_print through kilnd, next to the same program run locally.
+"""kiln.debug_print through kilnd, and ahead-of-time compiles into its cache.
 
 A program with a kiln.debug_print custom call is run with `kiln run`
 locally (interp and cpu backends) and through a kilnd started here
@@ -46,6 +46,22 @@ ENTRY main {
 }
 """
 
+POLY = """HloModule poly
+add_f {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[4,3] parameter(0)
+  w = f32[3,2] parameter(1)
+  d = f32[4,2] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  t = f32[4,2] tanh(d)
+  z = f32[] constant(0)
+  ROOT r = f32[4] reduce(t, z), dimensions={1}, to_apply=add_f
+}
+"""
+
 BAD = PROGRAM.replace('backend_config="y = {} {{ok}}"', 'backend_config="y = {"')
 
 
@@ -71,7 +87,7 @@ class DebugPrint(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory(prefix="kiln_toolbox_")
         cls.files = {}
-        for name, text in (("dp", PROGRAM), ("big", BIG), ("bad", BAD)):
+        for name, text in (("dp", PROGRAM), ("big", BIG), ("bad", BAD), ("poly", POLY)):
             path = os.path.join(cls.dir.name, f"{name}.hlo")
             with open(path, "w") as f:
                 f.write(text)
@@ -124,6 +140,46 @@ class DebugPrint(unittest.TestCase):
             self.assertNotEqual(r.returncode, 0)
             self.assertIn("lone '{'", r.stderr)
             self.assertNotIn("Segmentation", r.stderr)
+
+
+class AheadOfTime(DebugPrint):
+    """Shares DebugPrint's server and files (its tests run again: cheap)."""
+
+    def test_compile_several_signatures(self):
+        r = self.kiln("compile", self.files["poly"], "--server", self.addr,
+                      "--shapes", "f32[8,3];f32[3,2]", "--shapes", "f32[16,3];f32[3,5]",
+                      "--shapes", "f32[8,3];f32[3,2]")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual(len(lines), 3, r.stdout)
+        ids = [line.split()[2].rstrip(",") for line in lines]
+        self.assertNotEqual(ids[0], ids[1])
+        self.assertEqual(ids[0], ids[2])
+        self.assertTrue(lines[0].endswith("cache compiled") or lines[0].endswith("cache memory"))
+        self.assertTrue(lines[2].endswith("cache memory"), lines[2])
+        # the cache lists both
+        r = self.kiln("cache", "list", "--server", self.addr, ids[0], ids[1])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(ids[0], r.stdout)
+        self.assertIn(ids[1], r.stdout)
+
+    def test_vmap_batch_sizes(self):
+        r = self.kiln("compile", self.files["poly"], "--server", self.addr,
+                      "--transform", "vmap:in_axes=0,none",
+                      "--shapes", "f32[2,4,3];f32[3,2]", "--shapes", "f32[5,4,3];f32[3,2]")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(r.stdout.splitlines()), 2, r.stdout)
+
+    def test_signature_that_does_not_fit(self):
+        r = self.kiln("compile", self.files["poly"], "--server", self.addr,
+                      "--shapes", "f32[8,4];f32[3,2]")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("dot", r.stderr)
+        r = self.kiln("compile", self.files["poly"], "--server", self.addr, "--shapes", "f32[8")
+        self.assertEqual(r.returncode, 2)
+        r = self.kiln("compile", self.files["poly"], "--shapes", "f32[8,3];f32[3,2]")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--server", r.stderr)
 
 
 if __name__ == "__main__":
