@@ -67,6 +67,8 @@ typedef enum kilnd_method_id {
   KILND_M_CACHE_LIST,
   KILND_M_CACHE_EVICT,
   KILND_M_COMPILE_STREAM,
+  KILND_M_CACHE_EXPORT,
+  KILND_M_CACHE_IMPORT,
   KILND_M_COUNT,
   KILND_M_UNKNOWN = KILND_M_COUNT, /* unregistered paths, for metrics */
 } kilnd_method_id;
@@ -269,6 +271,8 @@ void kilnd_handle_stats(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_health_check(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_cache_list(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_cache_evict(kilnd_call *c, ProtobufCMessage *req);
+void kilnd_handle_cache_export(kilnd_call *c, ProtobufCMessage *req);
+void kilnd_handle_cache_import(kilnd_call *c, ProtobufCMessage *req);
 
 /* Compile's pool job, run by the loop's thread pool (handlers_compile.c).
  * CacheList and CacheEvict share the pool: their jobs arrive here too and

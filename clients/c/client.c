@@ -39,6 +39,8 @@ static const char *const method_paths[KILN__M_COUNT] = {
     [KILN__M_CACHE_LIST] = "/kiln.v1.Kiln/CacheList",
     [KILN__M_CACHE_EVICT] = "/kiln.v1.Kiln/CacheEvict",
     [KILN__M_COMPILE_STREAM] = "/kiln.v1.Kiln/CompileStream",
+    [KILN__M_CACHE_EXPORT] = "/kiln.v1.Kiln/CacheExport",
+    [KILN__M_CACHE_IMPORT] = "/kiln.v1.Kiln/CacheImport",
 };
 
 /* The kiln-request-id of the last call finished on this thread. */

@@ -477,6 +477,18 @@ void kiln_server_cache_list_clear(kiln_server_cache_list *l);
 int kiln_client_cache_evict(kiln_client *c, const char *const *keys, uint32_t nkeys, bool all,
                             bool shared, int64_t *evicted, kiln_status *st);
 
+/* The entries of `keys` (every local entry when nkeys is 0) as one export
+ * file signed with the server's cache secret: *file kiln_malloc'd (*len
+ * bytes), *entries (may be NULL) how many it holds. Admin role. */
+int kiln_client_cache_export(kiln_client *c, const char *const *keys, uint32_t nkeys,
+                             uint8_t **file, size_t *len, int64_t *entries, kiln_status *st);
+
+/* Stores the entries of an export file in the server's cache tiers. The
+ * server refuses a file changed in any way or signed with another secret
+ * (INVALID_ARGUMENT, nothing stored). Admin role. */
+int kiln_client_cache_import(kiln_client *c, const uint8_t *file, size_t len, int64_t *imported,
+                             kiln_status *st);
+
 /* ---- building modules ------------------------------------------------------------- */
 
 /* A small builder for the ENTRY computation of a new module, in the manner

@@ -285,6 +285,8 @@ static const kiln__cmd commands[] = {
      "cache stats --server HOST:PORT\n"
      "       kiln cache list --server HOST:PORT [KEY...] [--limit N] [--components]\n"
      "       kiln cache evict --server HOST:PORT KEY... | --all [--shared]\n"
+     "       kiln cache export --server HOST:PORT FILE [KEY...]\n"
+     "       kiln cache import --server HOST:PORT FILE\n"
      "       kiln cache explain A B [--backend B] [--target T] [-O N] [--server HOST:PORT]",
      "inspect a server's executable cache; explain cache misses",
      "stats prints the server's cache hits, misses and compiles, then every kiln_cache_*\n"
@@ -295,6 +297,9 @@ static const kiln__cmd commands[] = {
      "'  NAME DIGEST' line per key component. evict removes the KEYs (or --all) from the\n"
      "memory and disk tiers and the server's loaded executables, and with --shared from\n"
      "Redis too, then prints 'evicted N' (removals summed over tiers).\n"
+     "export writes the KEYs (every local entry without KEYs) to FILE as one file signed\n"
+     "with the server's cache secret; import stores such a file's entries on a server\n"
+     "with the same secret, which refuses a file changed in any way.\n"
      "\n"
      "explain compares two cache keys: A and B are both module files, whose keys are\n"
      "computed here as the server would for 'kiln compile --server' with the same\n"

@@ -65,9 +65,13 @@ ENTRY main {
 BAD = PROGRAM.replace('backend_config="y = {} {{ok}}"', 'backend_config="y = {"')
 
 
-def start_kilnd():
+def start_kilnd(secret=None):
     cmd = [KILND, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    env = dict(os.environ)
+    if secret:
+        env["KILN_CACHE_SECRET"] = secret
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env=env)
     addr = None
     deadline = time.time() + 30
     while addr is None and time.time() < deadline:
@@ -180,6 +184,67 @@ class AheadOfTime(DebugPrint):
         r = self.kiln("compile", self.files["poly"], "--shapes", "f32[8,3];f32[3,2]")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--server", r.stderr)
+
+
+class ExportImport(unittest.TestCase):
+    SECRET = "toolbox-test-secret-0123456789abcdef"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory(prefix="kiln_cxp_")
+        cls.poly = os.path.join(cls.dir.name, "poly.hlo")
+        with open(cls.poly, "w") as f:
+            f.write(POLY)
+        cls.servers = [start_kilnd(cls.SECRET), start_kilnd(cls.SECRET),
+                       start_kilnd("a-different-secret-for-the-third-one")]
+
+    @classmethod
+    def tearDownClass(cls):
+        for p, _ in cls.servers:
+            p.terminate()
+            p.wait(timeout=30)
+        cls.dir.cleanup()
+
+    def kiln(self, *args):
+        return subprocess.run([KILN, *args], capture_output=True, text=True, timeout=300)
+
+    def test_move_entries(self):
+        a, b, other = (addr for _, addr in self.servers)
+        r = self.kiln("compile", self.poly, "--server", a)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        key = r.stdout.split()[1]
+        path = os.path.join(self.dir.name, "entries.kcx")
+        r = self.kiln("cache", "export", "--server", a, path, key)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(r.stdout.startswith("exported 1 entries"), r.stdout)
+        with open(path, "rb") as f:
+            data = f.read()
+        self.assertEqual(data[:8], b"KILNCXP1")
+        # tampered: refused, nothing stored
+        bad = os.path.join(self.dir.name, "bad.kcx")
+        with open(bad, "wb") as f:
+            f.write(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+        r = self.kiln("cache", "import", "--server", b, bad)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("signature does not match", r.stderr)
+        r = self.kiln("cache", "list", "--server", b, key)
+        self.assertNotIn(key, r.stdout)
+        # another secret: refused
+        r = self.kiln("cache", "import", "--server", other, path)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("another cache secret", r.stderr)
+        # the same secret: stored, and a Compile there is a hit
+        r = self.kiln("cache", "import", "--server", b, path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "imported 1 entries")
+        r = self.kiln("compile", self.poly, "--server", b)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("cache memory", r.stdout)
+        # every entry, when no key is named
+        r = self.kiln("cache", "export", "--server", b, path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.kiln("cache", "export", "--server", b, path, "nothex")
+        self.assertEqual(r.returncode, 2)
 
 
 if __name__ == "__main__":
