@@ -146,7 +146,8 @@ int kiln_cache_import(kiln_cache *c, const uint8_t *file, size_t len, uint32_t *
   if (len < HEAD + MAC_LEN || memcmp(file, MAGIC, 8) != 0)
     return kiln_status_set(st, KILN_EINVAL, "import", "not a kiln cache export file");
   if (get_le(file + 8, 4) != VERSION)
-    return kiln_status_set(st, KILN_EINVAL, "import", "export file version %u (this server reads %u)",
+    return kiln_status_set(st, KILN_EINVAL, "import",
+                           "export file version %u (this server reads %u)",
                            (unsigned)get_le(file + 8, 4), VERSION);
   uint8_t m[MAC_LEN];
   if (!mac(&c->secret, file, len - MAC_LEN, m))
