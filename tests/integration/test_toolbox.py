@@ -5,7 +5,8 @@ locally (interp and cpu backends) and through a kilnd started here
 (`kiln run --server`), plain and under grad and vmap: the text the local run
 prints on stderr is the text the server sends back in the call's kiln-debug
 trailer (which the kiln command prints on stderr). A huge value is cut to a
-bounded trailer, and a format the server must refuse (a lone brace) is an
+bounded trailer, autocast:bf16 runs the same through kilnd's Compile as
+locally, and a format the server must refuse (a lone brace) is an
 error naming the instruction, not a crash.
 
 Environment: KILND (the kilnd binary) and KILN_CLI (the kiln command), as
@@ -129,6 +130,22 @@ class DebugPrint(unittest.TestCase):
         self.assertEqual(err, plain, "grad prints the primal once, no tangents")
         _, err = self.same_local_and_remote("dp", "--transform", "vmap:size=2")
         self.assertRegex(err, r"^y = \{\{[-0-9.e, ]+\}, \{[-0-9.e, ]+\}\} \{ok\}\n$")
+
+    def test_autocast_through_the_server(self):
+        """kilnd's Compile takes the autocast transform as kiln run does."""
+        outs = []
+        for where in ([], ["--server", self.addr]):
+            r = self.kiln("run", self.files["poly"], "--backend", "cpu", "--random-args", "3",
+                          "--transform", "autocast:bf16", *where)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            outs.append(r.stdout)
+        self.assertEqual(outs[0], outs[1])
+        r = self.kiln("run", self.files["poly"], "--backend", "cpu", "--random-args", "3")
+        self.assertNotEqual(r.stdout, outs[0], "bf16 inputs should move the result")
+        r = self.kiln("run", self.files["poly"], "--random-args", "3", "--server", self.addr,
+                      "--transform", "autocast:f32")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not bf16 or f16", r.stderr)
 
     def test_trailer_is_bounded(self):
         r = self.kiln("run", self.files["big"], "--backend", "cpu", "--random-args", "1",
