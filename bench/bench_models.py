@@ -314,6 +314,24 @@ def w_topk(rng):
     return acc, [uni(rng, 256, 1000), raw_ids(rng, 256)]
 
 
+def fft_filter(x, gain):
+    return jnp.fft.irfft(jnp.fft.rfft(x, axis=-1) * gain, n=x.shape[-1], axis=-1)
+
+
+def w_fft_filter(rng):
+    """Spectral filter of 64 real signals of 8192: rfft, a real gain per bin, irfft."""
+    return fft_filter, [uni(rng, 64, 8192), uni(rng, 64, 4097)]
+
+
+def fft2_mag(x):
+    return jnp.abs(jnp.fft.fft2(x))
+
+
+def w_fft2(rng):
+    """|fft2| of 16 real 256x256 images (a c64 2-D FFT)."""
+    return fft2_mag, [uni(rng, 16, 256, 256)]
+
+
 WORKLOADS = {
     "chain": ("10-op elementwise chain, 16M f32", w_chain),
     "dot": ("dot 2048x2048 f32", w_dot),
@@ -335,6 +353,8 @@ WORKLOADS = {
     "resnet_block": ("ResNet block, 2 conv3x3 + batch norm, batch 8, 16x16x64", w_resnet_block),
     "resnet_block_grad": ("its value_and_grad", w_resnet_block_grad),
     "topk": ("top-5 accuracy, lax.top_k over 256x1000 logits", w_topk),
+    "fft_filter": ("rfft, gain, irfft over 64 signals of 8192", w_fft_filter),
+    "fft2": ("|fft2| of 16 real 256x256 images", w_fft2),
 }
 
 

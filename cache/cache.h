@@ -116,6 +116,7 @@ typedef struct kiln_cache_stats {
   uint64_t builds;                       /* builds performed */
   uint64_t single_flight_waits;          /* calls that waited for another build */
   uint64_t lock_waits;                   /* waits on another server's Redis lock */
+  uint64_t lock_takeovers;               /* Redis locks without expiry or past it, taken over */
   uint64_t compile_ns_saved;             /* sum of compile_ns over hits */
   uint64_t skipped_fast;                 /* builds under min_compile_ns, not stored */
   /* The shared tier's servers (its one Redis, a cluster's nodes, the

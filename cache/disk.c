@@ -15,6 +15,10 @@
  * rescan every RESCAN_PUTS puts or RESCAN_NS, so the bound holds for the
  * directory as a whole up to what others wrote since the last rescan.
  * Keys are checked to be 64 lowercase hex digits before any path is built.
+ * Whoever can write the directory may leave anything at an entry path: only
+ * regular files are read or written, through the fan-out directory opened
+ * without following links, and opened non-blocking so that a FIFO or a
+ * device there is a miss at once instead of a thread held in open().
  */
 #include <dirent.h>
 #include <errno.h>
@@ -229,13 +233,36 @@ static int rescan(disk_store *d) {
   return 0;
 }
 
-/* Reads the whole file at path; KILN_ENOTFOUND when it is absent or is no
- * regular file that could be an entry. */
-static int read_entry(const disk_store *d, const char *path, bool touch, uint8_t **val, size_t *len,
+/* Opens the entry file of key for reading, -1 with errno when there is
+ * none. Anyone able to write the directory could have left anything at an
+ * entry path: neither the fan-out directory nor the file may be a symbolic
+ * link (O_NOFOLLOW on both), and O_NONBLOCK keeps open() from waiting for a
+ * writer on a FIFO or for a device; the caller's fstat() then refuses
+ * whatever is not a regular file. */
+static int open_entry(const disk_store *d, const char *key) {
+  char sub[PATH_MAX];
+  snprintf(sub, sizeof sub, "%s/%.2s", d->dir, key);
+  int dfd = open(sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return -1;
+  int fd = openat(dfd, key, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  int e = errno;
+  close(dfd);
+  errno = e;
+  return fd;
+}
+
+/* Reads the whole entry file of key; KILN_ENOTFOUND when it is absent or is
+ * no regular file that could be an entry (a link, a FIFO, a device, a
+ * directory: left where it is, a miss). */
+static int read_entry(const disk_store *d, const char *key, bool touch, uint8_t **val, size_t *len,
                       kiln_status *st) {
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  char path[PATH_MAX];
+  entry_path(d, key, path, sizeof path);
+  int fd = open_entry(d, key);
   if (fd < 0) {
-    if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) return KILN_ENOTFOUND;
+    if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR || errno == ENXIO ||
+        errno == EWOULDBLOCK || errno == ENODEV)
+      return KILN_ENOTFOUND;
     return kiln_status_set(st, KILN_EIO, "cache disk", "open %s: %s", path, strerror(errno));
   }
   struct stat sb;
@@ -276,9 +303,7 @@ static int disk_get(kiln_cache_store *s, const char *key, uint8_t **val, size_t 
   *val = NULL;
   *len = 0;
   if (!kiln__cache_hex_ok(key)) return bad_key(st);
-  char path[PATH_MAX];
-  entry_path(d, key, path, sizeof path);
-  int rc = read_entry(d, path, true, val, len, st);
+  int rc = read_entry(d, key, true, val, len, st);
   pthread_mutex_lock(&d->mu);
   kiln__lru_node *n = kiln__lru_find(&d->lru, key);
   if (rc == 0) {
@@ -307,38 +332,51 @@ static int write_all(int fd, const uint8_t *p, size_t len) {
   return 0;
 }
 
-/* Writes val to a fresh temporary file next to path and renames it there. */
+/* Opens the fan-out directory of key, creating it when missing; a link
+ * there is refused (ELOOP or ENOTDIR), never written through. */
+static int open_sub(const char *sub) {
+  int dfd = open(sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0 && errno == ENOENT) {
+    /* The fan-out directory (or the whole cache directory) is missing. */
+    int e = mkdir_p(sub);
+    if (e != 0) {
+      errno = e;
+      return -1;
+    }
+    dfd = open(sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  }
+  return dfd;
+}
+
+/* Writes val to a fresh temporary file next to path and renames it there,
+ * every step relative to the fan-out directory opened once. */
 static int write_atomic(disk_store *d, const char *key, const char *path, const uint8_t *val,
                         size_t len, kiln_status *st) {
-  char sub[PATH_MAX], tmp[PATH_MAX];
+  char sub[PATH_MAX], tmp[128];
   snprintf(sub, sizeof sub, "%s/%.2s", d->dir, key);
   pthread_mutex_lock(&d->mu);
   uint64_t seq = ++d->tmp_seq;
   pthread_mutex_unlock(&d->mu);
   uint32_t r = 0;
   if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = (uint32_t)mono_ns();
-  int tn = snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "%ld-%llu-%08x", sub, (long)getpid(),
-                    (unsigned long long)seq, r);
-  if (tn < 0 || (size_t)tn >= sizeof tmp)
-    return kiln_status_set(st, KILN_EINVAL, "cache disk", "path too long under %s", d->dir);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == ENOENT) {
-    /* The fan-out directory (or the whole cache directory) is missing. */
-    int e = mkdir_p(sub);
-    if (e != 0)
-      return kiln_status_set(st, KILN_EIO, "cache disk", "mkdir %s: %s", sub, strerror(e));
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  snprintf(tmp, sizeof tmp, TMP_PREFIX "%ld-%llu-%08x", (long)getpid(), (unsigned long long)seq, r);
+  int dfd = open_sub(sub);
+  if (dfd < 0)
+    return kiln_status_set(st, KILN_EIO, "cache disk", "directory %s: %s", sub, strerror(errno));
+  int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    int e = errno;
+    close(dfd);
+    return kiln_status_set(st, KILN_EIO, "cache disk", "create %s/%s: %s", sub, tmp, strerror(e));
   }
-  if (fd < 0)
-    return kiln_status_set(st, KILN_EIO, "cache disk", "create %s: %s", tmp, strerror(errno));
   int e = write_all(fd, val, len);
   if (e == 0 && fsync(fd) != 0) e = errno;
   if (close(fd) != 0 && e == 0) e = errno;
-  if (e == 0 && rename(tmp, path) != 0) e = errno;
-  if (e != 0) {
-    unlink(tmp);
+  if (e == 0 && renameat(dfd, tmp, dfd, key) != 0) e = errno;
+  if (e != 0) unlinkat(dfd, tmp, 0);
+  close(dfd);
+  if (e != 0)
     return kiln_status_set(st, KILN_EIO, "cache disk", "writing %s: %s", path, strerror(e));
-  }
   return 0;
 }
 
@@ -415,12 +453,10 @@ static int disk_list(kiln_cache_store *s, kiln_cache_list_fn fn, void *ctx, kiln
   pthread_mutex_unlock(&d->mu);
   int rc = 0;
   for (size_t k = 0; k < i; k++) {
-    char path[PATH_MAX];
     uint8_t *val = NULL;
     size_t len = 0;
-    entry_path(d, keys[k], path, sizeof path);
     /* Listing is no use: recency stays as it was. */
-    if (read_entry(d, path, false, &val, &len, NULL) != 0) continue; /* vanished meanwhile */
+    if (read_entry(d, keys[k], false, &val, &len, NULL) != 0) continue; /* vanished meanwhile */
     int stop = fn(ctx, keys[k], val, len);
     kiln_free(val);
     if (stop) break;
@@ -459,6 +495,7 @@ static const kiln_cache_store_ops disk_ops = {
     .list = disk_list,
     .stats = disk_stats,
     .try_lock = NULL,
+    .take_over = NULL,
     .unlock = NULL,
     .locked = NULL,
     .destroy = disk_destroy,

@@ -16,9 +16,13 @@
  * When another server holds it, the builder polls: the entry appearing in
  * Redis is the result; the lock vanishing without an entry means the
  * holder died or failed, so it tries to take the lock itself; a deadline
- * passed or a Redis fault means building here without the lock. A holder
- * stores before it unlocks, so after seeing the lock gone, and after taking
- * it, Redis is read once more before building.
+ * passed or a Redis fault means building here without the lock. A lock
+ * never outlives lock_ttl_ms unless something is wrong (no expiry, a hung
+ * holder, a hand-set key): without an expiry it is taken over at once, and
+ * one still held lock_ttl_ms after the wait began is taken over then, so a
+ * Compile without a deadline still never waits forever. A holder stores
+ * before it unlocks, so after seeing the lock gone, and after taking it,
+ * Redis is read once more before building.
  */
 #include <errno.h>
 #include <openssl/rand.h>
@@ -219,29 +223,27 @@ static void make_token(char out[33]) {
   kiln_cache_to_hex(r, sizeof r, out);
 }
 
-/* Polls while another server holds the lock. CROSS_GOT with res filled,
- * or CROSS_BUILD with *retry telling whether the lock is worth another
- * try (it vanished) or building here now is the answer. */
+enum { POLL_GOT, POLL_FREE, POLL_TIMEOUT, POLL_FAULT };
+
+/* Polls while another server holds the lock, until until_ns: POLL_GOT with
+ * res filled, POLL_FREE when the lock vanished (worth another try),
+ * POLL_TIMEOUT, or POLL_FAULT when Redis failed (build here now). */
 static int poll_holder(kiln_cache *c, kiln_cache_store *r, const kiln_cache_key *key,
-                       int64_t deadline_ns, kiln_cache_result *res, bool *retry) {
-  *retry = false;
+                       int64_t until_ns, kiln_cache_result *res) {
   for (;;) {
     int64_t wake = kiln__cache_mono_ns() + (int64_t)c->wait_poll_ms * 1000000;
-    if (deadline_ns != 0 && wake > deadline_ns) wake = deadline_ns;
+    if (wake > until_ns) wake = until_ns;
     sleep_until(wake);
     int rc = kiln__cache_redis_fetch(c, key->digest, res);
     if (rc == 0) {
       res->source = KILN_CACHE_SRC_SINGLE_FLIGHT;
-      return CROSS_GOT;
+      return POLL_GOT;
     }
-    if (rc != KILN_ENOTFOUND) return CROSS_BUILD;
-    if (deadline_ns != 0 && kiln__cache_mono_ns() >= deadline_ns) return CROSS_BUILD;
+    if (rc != KILN_ENOTFOUND) return POLL_FAULT;
+    if (kiln__cache_mono_ns() >= until_ns) return POLL_TIMEOUT;
     bool held = false;
-    if (r->ops->locked(r, key->hex, &held, NULL) != 0) return CROSS_BUILD;
-    if (!held) {
-      *retry = true;
-      return CROSS_BUILD;
-    }
+    if (r->ops->locked(r, key->hex, &held, NULL) != 0) return POLL_FAULT;
+    if (!held) return POLL_FREE;
   }
 }
 
@@ -258,9 +260,29 @@ static void tell_wait(bool other_server) {
   if (wait_hook) wait_hook(wait_hook_arg, other_server);
 }
 
+/* Takes the lock under token, once it is ours look in Redis again: the
+ * holder may have stored just before. */
+static int take_and_fetch(kiln_cache *c, kiln_cache_store *r, const kiln_cache_key *key,
+                          const char *token, bool waited, bool *locked, kiln_cache_result *res) {
+  int rc = kiln__cache_redis_fetch(c, key->digest, res);
+  if (rc == 0) {
+    r->ops->unlock(r, key->hex, token, NULL);
+    res->source = waited ? KILN_CACHE_SRC_SINGLE_FLIGHT : KILN_CACHE_SRC_REDIS;
+    return CROSS_GOT;
+  }
+  *locked = true;
+  return CROSS_BUILD;
+}
+
 /* The builder's Redis protocol: CROSS_GOT when another server's result was
  * found (res filled), else CROSS_BUILD with *locked when this call holds
- * the lock under token and must unlock after storing. */
+ * the lock under token and must unlock after storing.
+ *
+ * Every wait here ends: at the caller's deadline (then build without the
+ * lock, leaving the holder's), and in any case after lock_ttl_ms, the
+ * longest a live holder keeps a lock: a lock still there then is held past
+ * its expiry (a holder that hangs, a key set by hand with a long life) and
+ * is taken over. A lock without an expiry is taken over at once by try_lock. */
 static int cross_server(kiln_cache *c, const kiln_cache_key *key, int64_t deadline_ns,
                         const char *token, bool *locked, kiln_cache_result *res) {
   kiln_cache_store *r = c->tier[KILN_CACHE_TIER_REDIS];
@@ -268,30 +290,34 @@ static int cross_server(kiln_cache *c, const kiln_cache_key *key, int64_t deadli
   if (r == NULL || r->ops->try_lock == NULL || r->ops->unlock == NULL || r->ops->locked == NULL)
     return CROSS_BUILD;
   bool waited = false;
+  int64_t stale_ns = 0; /* when a lock still held counts as held past its expiry */
   for (;;) {
     bool acquired = false;
     if (r->ops->try_lock(r, key->hex, token, c->lock_ttl_ms, &acquired, NULL) != 0)
       return CROSS_BUILD;
-    if (acquired) {
-      int rc = kiln__cache_redis_fetch(c, key->digest, res);
-      if (rc == 0) {
-        r->ops->unlock(r, key->hex, token, NULL);
-        res->source = waited ? KILN_CACHE_SRC_SINGLE_FLIGHT : KILN_CACHE_SRC_REDIS;
-        return CROSS_GOT;
-      }
-      *locked = true;
-      return CROSS_BUILD;
-    }
+    if (acquired) return take_and_fetch(c, r, key, token, waited, locked, res);
     if (!waited) {
       waited = true;
+      stale_ns = kiln__cache_mono_ns() + (int64_t)c->lock_ttl_ms * 1000000;
       pthread_mutex_lock(&c->mu);
       c->lock_waits++;
       pthread_mutex_unlock(&c->mu);
       tell_wait(true);
     }
-    bool retry = false;
-    if (poll_holder(c, r, key, deadline_ns, res, &retry) == CROSS_GOT) return CROSS_GOT;
-    if (!retry) return CROSS_BUILD;
+    bool caller_first = deadline_ns != 0 && deadline_ns < stale_ns;
+    int p = poll_holder(c, r, key, caller_first ? deadline_ns : stale_ns, res);
+    if (p == POLL_GOT) return CROSS_GOT;
+    if (p == POLL_FAULT || (p == POLL_TIMEOUT && caller_first)) return CROSS_BUILD;
+    if (p == POLL_TIMEOUT) {
+      if (r->ops->take_over == NULL ||
+          r->ops->take_over(r, key->hex, token, c->lock_ttl_ms, NULL) != 0)
+        return CROSS_BUILD;
+      pthread_mutex_lock(&c->mu);
+      c->lock_takeovers++;
+      pthread_mutex_unlock(&c->mu);
+      return take_and_fetch(c, r, key, token, waited, locked, res);
+    }
+    /* POLL_FREE: try again. */
   }
 }
 

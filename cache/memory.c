@@ -147,6 +147,7 @@ static const kiln_cache_store_ops mem_ops = {
     .list = mem_list,
     .stats = mem_stats,
     .try_lock = NULL,
+    .take_over = NULL,
     .unlock = NULL,
     .locked = NULL,
     .destroy = mem_destroy,

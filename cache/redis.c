@@ -38,7 +38,9 @@
  * compare-and-delete script, for single flight across servers. In a cluster
  * the hex is a hash tag, "<prefix>exe:{<hex>}" and "<prefix>lock:{<hex>}",
  * so an entry and its lock live in one slot; the single and sentinel
- * layouts are unchanged, so existing shared caches keep their entries.
+ * layouts are unchanged, so existing shared caches keep their entries. A
+ * lock always carries an expiry: one found without (kiln never sets one)
+ * counts as free and is taken over by the next try_lock.
  */
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -152,6 +154,14 @@ typedef struct lease {
 static const char lock_release_script[] =
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) "
     "else return 0 end";
+
+/* SET NX PX, except that a lock without an expiry is taken over: kiln
+ * never sets one, so it is a leftover (a hand-made key, an older client)
+ * that would otherwise hold every server off the key for good. */
+static const char lock_take_script[] =
+    "local t = redis.call('pttl', KEYS[1]) "
+    "if t == -2 or t == -1 then redis.call('set', KEYS[1], ARGV[1], 'px', ARGV[2]) return 1 end "
+    "return 0";
 
 /* ---- URL ------------------------------------------------------------------ */
 
@@ -1363,13 +1373,29 @@ static int redis_try_lock(kiln_cache_store *base, const char *key_hex, const cha
   if (!rc) rc = check_token(s, token, st);
   if (rc) return rc;
   if (ttl_ms == 0) return kiln_status_set(st, KILN_EINVAL, s->where, "lock ttl is 0 ms");
-  snprintf(what, sizeof what, "SET %s NX", key);
+  snprintf(what, sizeof what, "EVAL (take) %s", key);
   redisReply *rep;
-  if ((rc = command(s, key, &rep, st, what, "SET %s %s NX PX %u", key, token, ttl_ms))) return rc;
-  if (rep->type == REDIS_REPLY_STATUS)
-    *acquired = true;
-  else if (rep->type != REDIS_REPLY_NIL)
-    return unexpected(s, rep, what, st);
+  if ((rc = command(s, key, &rep, st, what, "EVAL %s 1 %s %s %u", lock_take_script, key, token,
+                    ttl_ms)))
+    return rc;
+  if (rep->type != REDIS_REPLY_INTEGER) return unexpected(s, rep, what, st);
+  *acquired = rep->integer == 1;
+  freeReplyObject(rep);
+  return 0;
+}
+
+static int redis_take_over(kiln_cache_store *base, const char *key_hex, const char *token,
+                           uint32_t ttl_ms, kiln_status *st) {
+  redis_store *s = (redis_store *)base;
+  char key[MAX_PREFIX + 80], what[MAX_PREFIX + 96];
+  int rc = make_key(s, "lock", key_hex, key, st);
+  if (!rc) rc = check_token(s, token, st);
+  if (rc) return rc;
+  if (ttl_ms == 0) return kiln_status_set(st, KILN_EINVAL, s->where, "lock ttl is 0 ms");
+  snprintf(what, sizeof what, "SET %s PX", key);
+  redisReply *rep;
+  if ((rc = command(s, key, &rep, st, what, "SET %s %s PX %u", key, token, ttl_ms))) return rc;
+  if (rep->type != REDIS_REPLY_STATUS) return unexpected(s, rep, what, st);
   freeReplyObject(rep);
   return 0;
 }
@@ -1396,11 +1422,12 @@ static int redis_locked(kiln_cache_store *base, const char *key_hex, bool *held,
   char key[MAX_PREFIX + 80], what[MAX_PREFIX + 96];
   int rc = make_key(s, "lock", key_hex, key, st);
   if (rc) return rc;
-  snprintf(what, sizeof what, "EXISTS %s", key);
+  snprintf(what, sizeof what, "PTTL %s", key);
   redisReply *rep;
-  if ((rc = command(s, key, &rep, st, what, "EXISTS %s", key))) return rc;
+  if ((rc = command(s, key, &rep, st, what, "PTTL %s", key))) return rc;
   if (rep->type != REDIS_REPLY_INTEGER) return unexpected(s, rep, what, st);
-  *held = rep->integer > 0;
+  /* -2: no such key; -1: no expiry, a leftover that try_lock takes over. */
+  *held = rep->integer >= 0;
   freeReplyObject(rep);
   return 0;
 }
@@ -1428,6 +1455,7 @@ static const kiln_cache_store_ops redis_ops = {
     .list = redis_list,
     .stats = redis_stats,
     .try_lock = redis_try_lock,
+    .take_over = redis_take_over,
     .unlock = redis_unlock,
     .locked = redis_locked,
     .nodes = redis_nodes,

@@ -65,11 +65,17 @@ typedef struct kiln_cache_store_ops {
   void (*stats)(kiln_cache_store *s, kiln_cache_store_stats *out);
   /* Cross-server single flight (redis only; NULL elsewhere). try_lock sets
    * *acquired when this caller now holds the lock of key_hex for ttl_ms,
-   * under token; unlock removes it only if token still holds it. */
+   * under token (a lock found without an expiry is a leftover and is taken
+   * over); take_over sets it to token for ttl_ms whoever holds it (for a
+   * lock held past the longest a builder may hold one); unlock removes it
+   * only if token still holds it. */
   int (*try_lock)(kiln_cache_store *s, const char *key_hex, const char *token, uint32_t ttl_ms,
                   bool *acquired, kiln_status *st);
+  int (*take_over)(kiln_cache_store *s, const char *key_hex, const char *token, uint32_t ttl_ms,
+                   kiln_status *st);
   int (*unlock)(kiln_cache_store *s, const char *key_hex, const char *token, kiln_status *st);
-  /* Whether the lock of key_hex is held by anyone (redis only). */
+  /* Whether the lock of key_hex is held by anyone with an expiry (redis
+   * only): a lock without one counts as free. */
   int (*locked)(kiln_cache_store *s, const char *key_hex, bool *held, kiln_status *st);
   /* The servers behind the store, up to cap of them into out; returns how
    * many there are (redis only; NULL elsewhere). */

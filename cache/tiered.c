@@ -300,6 +300,7 @@ void kiln_cache_get_stats(kiln_cache *c, kiln_cache_stats *out) {
   out->builds = c->builds;
   out->single_flight_waits = c->single_flight_waits;
   out->lock_waits = c->lock_waits;
+  out->lock_takeovers = c->lock_takeovers;
   out->compile_ns_saved = c->compile_ns_saved;
   out->skipped_fast = c->skipped_fast;
   pthread_mutex_unlock(&c->mu);

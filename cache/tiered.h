@@ -24,7 +24,8 @@ struct kiln_cache {
   uint64_t hits[KILN_CACHE_NTIERS], misses[KILN_CACHE_NTIERS];
   uint64_t rejects[KILN_CACHE_NREJECTS];
   uint64_t builds, single_flight_waits, lock_waits, compile_ns_saved, skipped_fast;
-  kiln__flight *flights; /* builds in progress in this process, by key */
+  uint64_t lock_takeovers; /* locks held past their expiry, or without one, taken over */
+  kiln__flight *flights;   /* builds in progress in this process, by key */
 };
 
 /* Tier sets for kiln__cache_lookup. */

@@ -1,22 +1,47 @@
 /* The allocation hook: thin wrappers over libc with an injectable failure. */
 #include "common/alloc.h"
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
 
-static long fail_countdown; /* 0: never fail; n: fail from the n-th call on */
+/* 0: never fail; n: the n-th call from now fails (and, sticky, every one
+ * after it). Atomic because the server's threads all allocate while a test
+ * arms it; the common case is one relaxed load. */
+static _Atomic long fail_countdown;
+static atomic_bool fail_sticky;
 
 static int should_fail(void) {
-  if (fail_countdown <= 0) return 0;
-  if (fail_countdown == 1) return 1;
-  fail_countdown--;
+  long n = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
+  while (n > 0) {
+    if (n == 1) {
+      if (atomic_load(&fail_sticky)) return 1;
+      /* Once: whoever moves it from 1 to 0 fails. */
+      if (atomic_compare_exchange_weak(&fail_countdown, &n, 0)) return 1;
+      continue;
+    }
+    if (atomic_compare_exchange_weak(&fail_countdown, &n, n - 1)) return 0;
+  }
   return 0;
 }
 
-void kiln_alloc_fail_after(long n) { fail_countdown = n; }
+void kiln_alloc_fail_after(long n) {
+  atomic_store(&fail_sticky, true);
+  atomic_store(&fail_countdown, n);
+}
+
+void kiln_alloc_fail_once(long n) {
+  atomic_store(&fail_sticky, false);
+  atomic_store(&fail_countdown, n);
+}
+
+bool kiln_alloc_failure_pending(void) {
+  return !atomic_load(&fail_sticky) && atomic_load(&fail_countdown) > 0;
+}
 
 void *kiln_malloc(size_t size) {
   if (should_fail()) return NULL;

@@ -8,6 +8,7 @@
 #ifndef KILN_COMMON_ALLOC_H
 #define KILN_COMMON_ALLOC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -26,9 +27,16 @@ char *kiln_strndup(const char *s, size_t n);
  * Checks the size computation for overflow. */
 int kiln_grow(void **ptr, size_t *cap, size_t need, size_t elem);
 
-/* Test hook: the next `n`-th allocation (1 = the next one) and all after it
- * fail until reset with 0. Not thread-safe; tests only. */
+/* Test hooks (safe to arm while other threads allocate):
+ * kiln_alloc_fail_after: the `n`-th allocation from now (1 = the next one)
+ * and all after it fail until reset with 0. kiln_alloc_fail_once: only the
+ * `n`-th fails, later ones succeed; kiln_alloc_failure_pending tells whether
+ * it has not happened yet (fewer than n allocations since), which is how a
+ * test that fails each allocation of an operation in turn knows it has gone
+ * past the last one. */
 void kiln_alloc_fail_after(long n);
+void kiln_alloc_fail_once(long n);
+bool kiln_alloc_failure_pending(void);
 
 #ifdef __cplusplus
 }

@@ -268,12 +268,19 @@ static int set_leaves_from(ba_ctx *b, kiln_id id, kiln_id src, uint32_t first, u
   return 0;
 }
 
-static int fresh_leaves(ba_ctx *b, const kiln_instr *ins, kiln_slot_kind kind) {
+/* New groups for ins's leaves, except where keep[k] names a group leaf k
+ * shares instead (keep NULL: none). */
+static int leaves_keeping(ba_ctx *b, const kiln_instr *ins, kiln_slot_kind kind,
+                          const uint32_t *keep) {
   uint32_t n = count_leaves(&ins->shape);
   if (kiln_grow((void **)&b->lg, &b->lgcap, b->nlg + n + 1, sizeof *b->lg)) return oom(b);
   b->lstart[ins->id] = (uint32_t)b->nlg;
   b->nleaves[ins->id] = n;
   for (uint32_t k = 0; k < n; k++) {
+    if (keep && keep[k] != KILN_NO_SLOT) {
+      b->lg[b->nlg++] = keep[k];
+      continue;
+    }
     uint32_t kk = k, gid;
     const kiln_shape *ls = leaf_shape(&ins->shape, &kk);
     int64_t bytes = ls && kiln_shape_is_array(ls) ? kiln_shape_bytes(ls) : 0;
@@ -283,6 +290,10 @@ static int fresh_leaves(ba_ctx *b, const kiln_instr *ins, kiln_slot_kind kind) {
     b->lg[b->nlg++] = gid;
   }
   return 0;
+}
+
+static int fresh_leaves(ba_ctx *b, const kiln_instr *ins, kiln_slot_kind kind) {
+  return leaves_keeping(b, ins, kind, NULL);
 }
 
 static int add_cand(ba_ctx *b, uint32_t res, uint32_t opnd) {
@@ -310,15 +321,55 @@ static int visit_nested(ba_ctx *b, const kiln_instr *ins, uint32_t comp) {
   return visit(b, comp, ins->id, false);
 }
 
+/* Per leaf of while w's state: the operand's group when the body returns
+ * that leaf unchanged (element j of its root tuple is element j of its
+ * parameter), else KILN_NO_SLOT. Such a leaf is never written by the loop,
+ * so it stays in the operand's buffer: no copy in, none back, no slot of
+ * its own. Its last use is at least the copies after the body, so nothing
+ * in the body writes over it in place. */
+static int passthrough_groups(ba_ctx *b, const kiln_instr *w, uint32_t **out) {
+  const kiln_module *m = b->m;
+  kiln_id op = w->operands[0];
+  uint32_t n = b->nleaves[op];
+  uint32_t *keep = kiln_malloc((n ? n : 1) * sizeof *keep);
+  if (keep == NULL) return oom(b);
+  memset(keep, 0xff, (n ? n : 1) * sizeof *keep);
+  *out = keep;
+  const kiln_instr *root = kiln_computation_root(m, m->comps[w->called[1]]);
+  if (!kiln_shape_is_tuple(&w->shape) || n != count_leaves(&w->shape) || root == NULL ||
+      root->op != KILN_OP_TUPLE || root->noperands != w->shape.rank)
+    return 0;
+  uint32_t leaf = 0;
+  for (uint32_t j = 0; j < w->shape.rank; leaf += count_leaves(&w->shape.tuple[j]), j++) {
+    if (!kiln_shape_is_array(&w->shape.tuple[j])) continue;
+    const kiln_instr *g = m->instrs[root->operands[j]];
+    if (g->op != KILN_OP_GET_TUPLE_ELEMENT || kiln_instr_attr_int(g, KILN_ATTR_INDEX, -1) != j)
+      continue;
+    const kiln_instr *p = m->instrs[g->operands[0]];
+    if (p->op == KILN_OP_PARAMETER && p->comp == w->called[1] && p->param_number == 0)
+      keep[leaf] = b->lg[b->lstart[op] + leaf];
+  }
+  return 0;
+}
+
 static int visit_while(ba_ctx *b, const kiln_instr *ins) {
   if (ins->ncalled != 2 || ins->noperands != 1) return bad_comp(b, ins, 0);
+  if (ins->called[1] >= b->m->ncomps) return bad_comp(b, ins, ins->called[1]);
   use_instr(b, ins->operands[0], b->pos);
-  int rc = fresh_leaves(b, ins, KILN_SLOT_TEMP);
-  if (rc) return rc;
-  for (uint32_t i = 0; i < b->nleaves[ins->id]; i++) {
-    group *g = &b->g[b->lg[b->lstart[ins->id] + i]];
-    g->loop = ins->id + 1;
+  uint32_t *keep = NULL;
+  int rc = passthrough_groups(b, ins, &keep);
+  if (rc == 0) rc = leaves_keeping(b, ins, KILN_SLOT_TEMP, keep);
+  /* A state leaf may take over the buffer of its operand leaf when that
+   * dies here (a candidate like an in-place write): no copy in. */
+  const kiln_instr *op = b->m->instrs[ins->operands[0]];
+  for (uint32_t i = 0; rc == 0 && i < b->nleaves[ins->id]; i++) {
+    if (keep[i] != KILN_NO_SLOT) continue;
+    uint32_t g = b->lg[b->lstart[ins->id] + i];
+    b->g[g].loop = ins->id + 1;
+    if (i < b->nleaves[op->id]) rc = add_cand(b, g, b->lg[b->lstart[op->id] + i]);
   }
+  kiln_free(keep);
+  if (rc) return rc;
   rc = visit_nested(b, ins, ins->called[0]);
   if (rc) return rc;
   b->bodies[b->nbodies++] = ins->id;
@@ -333,6 +384,24 @@ static int visit_while(ba_ctx *b, const kiln_instr *ins) {
   b->nbodies--;
   use_instr(b, ins->id, b->pos);
   b->wpos[ins->id] = b->pos;
+  return 0;
+}
+
+/* A call's result is its computation's root: the call's leaves are the
+ * root's buffers, so nothing is copied out of the called program. */
+static int visit_call(ba_ctx *b, const kiln_instr *ins) {
+  if (ins->ncalled != 1) return bad_comp(b, ins, 0);
+  for (uint32_t j = 0; j < ins->noperands; j++) use_instr(b, ins->operands[j], b->pos);
+  int rc = visit_nested(b, ins, ins->called[0]);
+  if (rc) return rc;
+  b->pos++;
+  const kiln_instr *root = kiln_computation_root(b->m, b->m->comps[ins->called[0]]);
+  if (count_leaves(&root->shape) != count_leaves(&ins->shape) ||
+      b->nleaves[root->id] != count_leaves(&ins->shape))
+    return kiln_status_set(b->st, KILN_EINVAL, ins->name,
+                           "call: the called computation's result has another shape");
+  if ((rc = set_leaves_from(b, ins->id, root->id, 0, b->nleaves[root->id]))) return rc;
+  use_instr(b, ins->id, b->pos);
   return 0;
 }
 
@@ -444,8 +513,8 @@ static int visit_instr(ba_ctx *b, const kiln_instr *ins, kiln_id caller, bool is
     return set_leaves_from(b, ins->id, ins->operands[0], first, count_leaves(&ts->tuple[idx]));
   }
   case KILN_OP_WHILE: return visit_while(b, ins);
-  case KILN_OP_CONDITIONAL:
-  case KILN_OP_CALL: return visit_branches(b, ins);
+  case KILN_OP_CONDITIONAL: return visit_branches(b, ins);
+  case KILN_OP_CALL: return visit_call(b, ins);
   case KILN_OP_AFTER_ALL: return fresh_leaves(b, ins, KILN_SLOT_TEMP);
   default: break;
   }
@@ -458,13 +527,16 @@ static int visit(ba_ctx *b, uint32_t comp, kiln_id caller, bool is_entry) {
   const kiln_computation *c = b->m->comps[comp];
   for (uint32_t i = 0; i < c->ninstrs; i++) {
     const kiln_instr *ins = b->m->instrs[c->instrs[i]];
-    b->pos++;
+    int64_t start = ++b->pos;
     int rc = visit_instr(b, ins, caller, is_entry);
     if (rc) return rc;
     if (is_entry && b->nleaves[ins->id]) {
+      /* A call's result was defined inside the called program. */
+      int64_t from = ins->op == KILN_OP_CALL ? start : b->pos;
       for (uint32_t k = 0; k < b->nleaves[ins->id]; k++) {
         group *g = &b->g[b->lg[b->lstart[ins->id] + k]];
-        if (g->def == b->pos && g->kind == KILN_SLOT_TEMP) g->entry_def = true;
+        if (g->def >= from && g->def <= b->pos && g->kind == KILN_SLOT_TEMP && !g->loop)
+          g->entry_def = true;
       }
     }
   }
@@ -478,21 +550,38 @@ static int visit(ba_ctx *b, uint32_t comp, kiln_id caller, bool is_entry) {
 static void merge_into(ba_ctx *b, uint32_t res, uint32_t opnd) {
   group *r = &b->g[res], *o = &b->g[opnd];
   r->parent = opnd;
+  if (r->loop) { /* a loop's state taking over its operand's dead buffer */
+    o->loop = r->loop;
+    o->loop_last = r->loop_last;
+  } else if (o->loop && r->last > o->loop_last) {
+    o->loop_last = r->last;
+  }
   if (r->last > o->last) o->last = r->last;
-  if (o->loop && r->last > o->loop_last) o->loop_last = r->last;
   o->entry_def |= r->entry_def;
 }
 
+static void try_merge(ba_ctx *b, const cand *c) {
+  uint32_t r = find(b, c->res), o = find(b, c->opnd);
+  if (r == o || b->g[r].kind != KILN_SLOT_TEMP || b->g[o].kind != KILN_SLOT_TEMP) return;
+  if (b->g[o].fixed || b->g[r].size != b->g[o].size || b->g[r].def != c->pos) return;
+  if (b->g[r].loop && b->g[o].loop) return; /* an outer loop's state stays its own */
+  /* The loop state may be overwritten inside its body only when its last
+   * read in the body is here; elsewhere only a dead buffer. */
+  bool ok = b->g[o].loop ? b->g[o].loop_last == c->pos : b->g[o].last == c->pos;
+  if (ok) merge_into(b, r, o);
+}
+
+/* The candidates of one instruction are adjacent; of those, the ones over
+ * a loop state leaf go first: writing the state in place saves the copy
+ * back at the end of every iteration, a dead temporary saves nothing. */
 static void do_merges(ba_ctx *b) {
-  for (size_t i = 0; i < b->nc; i++) {
-    const cand *c = &b->c[i];
-    uint32_t r = find(b, c->res), o = find(b, c->opnd);
-    if (r == o || b->g[r].kind != KILN_SLOT_TEMP || b->g[o].kind != KILN_SLOT_TEMP) continue;
-    if (b->g[o].fixed || b->g[r].size != b->g[o].size || b->g[r].def != c->pos) continue;
-    /* The loop state may be overwritten inside its body only when its last
-     * read in the body is here; elsewhere only a dead buffer. */
-    bool ok = b->g[o].loop ? b->g[o].loop_last == c->pos : b->g[o].last == c->pos;
-    if (ok) merge_into(b, r, o);
+  for (size_t i = 0; i < b->nc;) {
+    size_t j = i;
+    while (j < b->nc && b->c[j].pos == b->c[i].pos && b->c[j].res == b->c[i].res) j++;
+    for (int state = 1; state >= 0; state--)
+      for (size_t k = i; k < j; k++)
+        if ((b->g[find(b, b->c[k].opnd)].loop != 0) == (state == 1)) try_merge(b, &b->c[k]);
+    i = j;
   }
 }
 
@@ -569,7 +658,10 @@ static int claim_results(ba_ctx *b, kiln_buffer_assignment *ba) {
       }
       continue;
     }
-    if (gr->kind == KILN_SLOT_TEMP && gr->entry_def && !gr->loop) {
+    /* The state of a loop the entry runs may be the output buffer itself:
+     * the loop then writes the result in place. */
+    bool entry_loop = gr->loop && m->instrs[gr->loop - 1]->comp == m->entry;
+    if (gr->kind == KILN_SLOT_TEMP && (gr->loop ? entry_loop : gr->entry_def)) {
       gr->kind = KILN_SLOT_OUTPUT;
       gr->index = o;
       continue;

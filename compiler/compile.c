@@ -188,7 +188,8 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
   kiln_executable *e = NULL;
   int rc = check_target(o, &t, st);
   if (rc) return rc;
-  if ((rc = kiln_module_verify(m, NULL, st))) return rc;
+  kiln_verify_options vo = {.max_nesting = o->max_nesting};
+  if ((rc = kiln_module_verify(m, &vo, st))) return rc;
   r->verify_ms = now_ms() - t0;
   if ((rc = kiln_module_clone(m, &s.m)))
     return kiln_status_set(st, rc, "compile", "out of memory cloning the module");

@@ -34,7 +34,9 @@ typedef struct kiln_compile_options {
   double cc_timeout_s; /* limit on the C compiler (the whole build); 0: 120 s */
   uint32_t cc_jobs;    /* C compilers at once; 0: env KILN_CC_JOBS, else the usable CPUs */
   /* Directory of compiled kernels shared across processes (codegen/cc.c);
-   * NULL: env KILN_KERNEL_CACHE_DIR, if set; the in-process cache always. */
+   * NULL: env KILN_KERNEL_CACHE_DIR, if set; the in-process cache always.
+   * Bounded by env KILN_KERNEL_CACHE_DIR_BYTES (default 1 GiB, 0: no
+   * bound), least recently used objects removed first. */
   const char *kernel_cache_dir;
   bool no_kernel_cache; /* neither read nor fill the kernel cache */
   /* Told on the compiling thread as the build enters a phase: "passes"
@@ -42,6 +44,9 @@ typedef struct kiln_compile_options {
    * NULL: nobody is told. */
   void (*progress)(void *arg, const char *phase);
   void *progress_arg;
+  /* Deepest nesting of called computations accepted (verify.h); 0: the
+   * verifier's default. */
+  uint32_t max_nesting;
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {

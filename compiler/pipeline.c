@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/deadline.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/pass.h"
@@ -106,11 +107,15 @@ int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts, kiln_pa
       explain_to = NULL;
       ms = now_ms() - t0;
       kiln_arena_destroy(scratch);
+      if (rc == 0) rc = kiln__deadline_check(p->name, st);
       if (rc) {
         if (kiln_status_is_ok(st)) kiln_status_set(st, rc, p->name, "pass failed");
         return rc;
       }
-      if (o.verify_each && (rc = kiln_module_verify(m, NULL, st))) {
+      /* The input's nesting was checked before the pipeline; a pass may
+       * add a level (a fusion in a loop body), never many. */
+      kiln_verify_options vo = {.max_nesting = KILN_VERIFY_MAX_NESTING};
+      if (o.verify_each && (rc = kiln_module_verify(m, &vo, st))) {
         char msg[KILN_STATUS_MSG_MAX + 64];
         snprintf(msg, sizeof msg, "after pass %s: %s", p->name, st->msg);
         snprintf(st->msg, sizeof st->msg, "%.*s", (int)sizeof st->msg - 1, msg);

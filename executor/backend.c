@@ -311,6 +311,24 @@ const kiln_executable *kiln_loaded_executable(const kiln_loaded *l) { return l ?
 
 kiln_device *kiln_loaded_device(const kiln_loaded *l) { return l ? l->device : NULL; }
 
+/* Bytes of result/parameter binding `b`'s dense storage (checked at load). */
+static size_t binding_bytes(const kiln_binding *b) { return (size_t)kiln_shape_bytes(&b->shape); }
+
+int kiln__run_memory_check(const kiln_executable *e, const kiln_run_options *opts, const char *verb,
+                           kiln_status *st) {
+  if (opts == NULL || opts->max_live_bytes == 0) return 0;
+  uint64_t results = 0;
+  for (uint32_t i = 0; i < e->nresults; i++) results += (uint64_t)binding_bytes(&e->results[i]);
+  uint64_t need = e->temp_bytes + results;
+  if (need <= opts->max_live_bytes) return 0;
+  return kiln_status_set(st, KILN_ELIMIT, verb,
+                         "the run needs %llu bytes (%llu of temporaries, %llu in %u result%s), "
+                         "over the run memory limit of %llu bytes (run-memory-bytes)",
+                         (unsigned long long)need, (unsigned long long)e->temp_bytes,
+                         (unsigned long long)results, e->nresults, e->nresults == 1 ? "" : "s",
+                         (unsigned long long)opts->max_live_bytes);
+}
+
 int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t nargs,
                     const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
   if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no result pointer");
@@ -322,6 +340,8 @@ int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t na
   for (uint32_t i = 0; i < nargs; i++)
     if (args == NULL || args[i] == NULL)
       return kiln_status_set(st, KILN_EINVAL, "run", "argument %u is missing", i);
+  int rc = kiln__run_memory_check(l->exe, opts, "run", st);
+  if (rc) return rc;
   kiln_run_options defaults = {0};
   return l->device->backend->iface->run(l, args, opts ? opts : &defaults, out, st);
 }
@@ -332,9 +352,6 @@ static void free_results(kiln_buffer **results, uint32_t n) {
     results[i] = NULL;
   }
 }
-
-/* Bytes of result/parameter binding `b`'s dense storage (checked at load). */
-static size_t binding_bytes(const kiln_binding *b) { return (size_t)kiln_shape_bytes(&b->shape); }
 
 /* Array leaves of an entry shape (depth checked at load). */
 static uint32_t shape_leaves(const kiln_shape *s) {
@@ -403,7 +420,8 @@ int kiln__loaded_execute_prepare(kiln_loaded *l, kiln_buffer *const *args, uint3
 int kiln_loaded_execute(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
                         const kiln_run_options *opts, kiln_buffer **results, uint32_t nresults,
                         kiln_status *st) {
-  int rc = kiln__loaded_execute_prepare(l, args, nargs, results, nresults, "execute", st);
+  int rc = l ? kiln__run_memory_check(l->exe, opts, "execute", st) : 0;
+  if (rc == 0) rc = kiln__loaded_execute_prepare(l, args, nargs, results, nresults, "execute", st);
   if (rc) return rc;
   kiln_run_options defaults = {0};
   rc = l->device->backend->iface->execute(l, args, opts ? opts : &defaults, results, st);
@@ -416,7 +434,8 @@ int kiln_loaded_execute_async(kiln_loaded *l, kiln_buffer *const *args, uint32_t
                               uint32_t nresults, kiln_event **ev, kiln_status *st) {
   if (ev == NULL) return kiln_status_set(st, KILN_EINVAL, "execute", "no event pointer");
   *ev = NULL;
-  int rc = kiln__loaded_execute_prepare(l, args, nargs, results, nresults, "execute", st);
+  int rc = l ? kiln__run_memory_check(l->exe, opts, "execute", st) : 0;
+  if (rc == 0) rc = kiln__loaded_execute_prepare(l, args, nargs, results, nresults, "execute", st);
   if (rc) return rc;
   kiln_event *e = kiln__event_create();
   if (e == NULL) {

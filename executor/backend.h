@@ -84,9 +84,10 @@ typedef struct kiln_run_options {
    * (between steps, between while iterations) with KILN_ECANCELED: how a
    * server stops work whose caller went away. */
   const atomic_int *cancel;
-  /* Backends that interpret (interp): literal bytes alive at once; 0:
-   * default 8 GiB. Compiled backends size their memory at load and ignore
-   * it. */
+  /* Bytes a run may hold. Backends that interpret (interp): literal bytes
+   * alive at once; 0: default 8 GiB. Compiled executables: the temporary
+   * arena and the result buffers the run allocates, checked before it
+   * allocates any (KILN_ELIMIT naming the limit); 0: none. */
   size_t max_live_bytes;
   /* Set by a gang launch (kiln_mesh_execute) on the copy each rank runs
    * with: where the rank meets its peers in a collective step. Callers

@@ -110,6 +110,12 @@ void kiln__event_free(kiln_event *ev);
 /* kiln_loaded_execute's argument checks, then the result buffers (results
  * are NULLed first and freed again on failure). `where` names the caller in
  * the status. */
+/* KILN_ELIMIT when a run of e would hold more than opts->max_live_bytes
+ * (its temporary arena and its results); 0 when it fits or there is no
+ * limit. `verb` names the call in where. */
+int kiln__run_memory_check(const kiln_executable *e, const kiln_run_options *opts, const char *verb,
+                           kiln_status *st);
+
 int kiln__loaded_execute_prepare(kiln_loaded *l, kiln_buffer *const *args, uint32_t nargs,
                                  kiln_buffer **results, uint32_t nresults, const char *where,
                                  kiln_status *st);

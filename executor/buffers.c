@@ -54,6 +54,7 @@ struct kiln_buffer_store {
   size_t ncbuckets, nclients;
   uint64_t total_charged;
   uint64_t seed;
+  kiln_quota_table *quotas; /* per-client overrides of o's quotas, or NULL */
 };
 
 /* ---- random handles ----------------------------------------------------------------- */
@@ -204,15 +205,26 @@ static void entry_unlink(kiln_buffer_store *s, entry **pp) {
 
 /* ---- quota ------------------------------------------------------------------------- */
 
+/* The client's memory quota and buffer limit: its own, else the store's. */
+static uint64_t quota_bytes(const kiln_buffer_store *s, const client *c) {
+  const kiln_client_quota *q = kiln_quota_table_find(s->quotas, c->name);
+  return q && q->memory_bytes ? q->memory_bytes : s->o.client_quota_bytes;
+}
+
+static uint32_t max_buffers(const kiln_buffer_store *s, const client *c) {
+  const kiln_client_quota *q = kiln_quota_table_find(s->quotas, c->name);
+  return q && q->buffers ? q->buffers : s->o.max_buffers_per_client;
+}
+
 static int charge(kiln_buffer_store *s, client *c, uint64_t bytes, kiln_status *st) {
   const kiln_buffer_store_options *o = &s->o;
-  if (o->client_quota_bytes &&
-      (bytes > o->client_quota_bytes || c->charged > o->client_quota_bytes - bytes))
+  uint64_t quota = quota_bytes(s, c);
+  if (quota && (bytes > quota || c->charged > quota - bytes))
     return kiln_status_set(st, KILN_ELIMIT, "buffers",
                            "client memory quota exceeded: %llu bytes in use, %llu more "
                            "requested, quota %llu",
                            (unsigned long long)c->charged, (unsigned long long)bytes,
-                           (unsigned long long)o->client_quota_bytes);
+                           (unsigned long long)quota);
   if (o->total_quota_bytes &&
       (bytes > o->total_quota_bytes || s->total_charged > o->total_quota_bytes - bytes))
     return kiln_status_set(st, KILN_ELIMIT, "buffers",
@@ -277,8 +289,22 @@ void kiln_buffer_store_destroy(kiln_buffer_store *s) {
     }
   kiln_free(s->ebuckets);
   kiln_free(s->cbuckets);
+  kiln_quota_table_free(s->quotas);
   pthread_mutex_destroy(&s->mu);
   kiln_free(s);
+}
+
+int kiln_buffer_store_set_quotas(kiln_buffer_store *s, const kiln_client_quota *q, size_t n,
+                                 kiln_status *st) {
+  kiln_quota_table *t;
+  int rc = kiln_quota_table_make(q, n, &t, st);
+  if (rc) return rc;
+  pthread_mutex_lock(&s->mu);
+  kiln_quota_table *old = s->quotas;
+  s->quotas = t;
+  pthread_mutex_unlock(&s->mu);
+  kiln_quota_table_free(old);
+  return 0;
 }
 
 int kiln_buffer_store_reserve(kiln_buffer_store *s, const char *client_name, uint64_t bytes,
@@ -373,7 +399,8 @@ static int insert_locked(kiln_buffer_store *s, const char *client_name, entry *e
   client *c = client_get(s, client_name);
   if (c == NULL) return kiln_status_set(st, KILN_ENOMEM, "buffers", "out of memory");
   int rc = 0;
-  if (s->o.max_buffers_per_client && c->nbufs >= s->o.max_buffers_per_client)
+  uint32_t limit = max_buffers(s, c);
+  if (limit && c->nbufs >= limit)
     rc = kiln_status_set(st, KILN_ELIMIT, "buffers", "client already holds %u buffers (the limit)",
                          c->nbufs);
   else if (!reserved)

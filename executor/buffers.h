@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "executor/quota.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,6 +66,10 @@ typedef struct kiln_buffer_store_totals {
 /* `o` may be NULL (no limits). Fails only with KILN_ENOMEM. */
 int kiln_buffer_store_create(const kiln_buffer_store_options *o, kiln_buffer_store **out,
                              kiln_status *st);
+/* Replaces the per-client overrides of the quotas (executor/quota.h):
+ * charges already made stay; the new limits apply from the next charge. */
+int kiln_buffer_store_set_quotas(kiln_buffer_store *s, const kiln_client_quota *q, size_t n,
+                                 kiln_status *st);
 /* Frees every buffer still stored. References still held must have been
  * returned before. NULL is a no-op. */
 void kiln_buffer_store_destroy(kiln_buffer_store *s);

@@ -544,8 +544,10 @@ int kiln_mesh_execute_async(kiln_mesh *m, kiln_buffer *const *const *args, uint3
   for (; r < n && rc == 0; r++) {
     char where[32];
     snprintf(where, sizeof where, "mesh rank %u", r);
-    rc = kiln__loaded_execute_prepare(m->ranks[r], nargs ? args[r] : NULL, nargs,
-                                      nresults ? results[r] : NULL, nresults, where, st);
+    rc = kiln__run_memory_check(m->ranks[r]->exe, opts, where, st);
+    if (rc == 0)
+      rc = kiln__loaded_execute_prepare(m->ranks[r], nargs ? args[r] : NULL, nargs,
+                                        nresults ? results[r] : NULL, nresults, where, st);
   }
   if (rc) {
     if (nresults) free_rank_results(results, r - 1, nresults);

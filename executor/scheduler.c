@@ -6,7 +6,10 @@
  * max_queued clients however many names callers make up. A free worker walks
  * the ring from the cursor, takes the first client whose oldest job of the
  * worker's class can start (enough free devices of the class), and moves the
- * cursor past that client: that is the fairness. A gang job is run by the
+ * cursor past that client: that is the fairness. A client joining the ring
+ * goes just before the client served last (when that one is still in the
+ * ring), else at the end of the round: either way it waits behind at most
+ * one run of each other client before its own. A gang job is run by the
  * worker that took it; the other devices it needs are marked busy, and their
  * workers wait until it is done.
  *
@@ -57,10 +60,12 @@ struct kiln_sched {
   device *devs;
   uint32_t ndevs;
   sclient *cursor; /* next client to serve; NULL when the ring is empty */
+  sclient *last;   /* the client served last, while it is in the ring; else NULL */
   uint32_t queued, running;
   uint32_t queued_class[KILN_SCHED_MAX_CLASSES]; /* of queued, per class */
   uint32_t dropping; /* jobs taken out to be dropped, callbacks not yet done */
   bool closed, stop;
+  kiln_quota_table *quotas; /* per-client queue limits overriding o's, or NULL */
 };
 
 int64_t kiln_sched_now_ns(void) {
@@ -92,16 +97,25 @@ static sclient *ring_add(kiln_sched *s, const char *name) {
   if (s->cursor == NULL) {
     c->prev = c->next = c;
     s->cursor = c;
-  } else { /* just before the cursor: served last in this round */
-    c->next = s->cursor;
-    c->prev = s->cursor->prev;
-    c->prev->next = c;
-    s->cursor->prev = c;
+    return c;
   }
+  /* Served after every client in the ring that has waited since its last
+   * run, but before the one served last (whose run may still be going):
+   * then a newcomer waits behind at most one run of each other client. At
+   * the end of the round (before the cursor) alone, a newcomer facing a
+   * single busy client would wait behind two of its runs: the cursor is
+   * that client again once it was served. */
+  sclient *at = s->last ? s->last : s->cursor;
+  c->next = at;
+  c->prev = at->prev;
+  c->prev->next = c;
+  at->prev = c;
+  if (s->last && at == s->cursor) s->cursor = c; /* the one served last is next: c goes first */
   return c;
 }
 
 static void ring_remove(kiln_sched *s, sclient *c) {
+  if (s->last == c) s->last = NULL;
   if (c->next == c) {
     s->cursor = NULL;
   } else {
@@ -197,6 +211,7 @@ static job *pick(kiln_sched *s, uint32_t cls, job **drops) {
     if (j && j->j.ndevices <= nfree) {
       unlink_job(s, j, prev);
       s->cursor = c->next;
+      s->last = c;
       if (c->n == 0) ring_remove(s, c);
       return j;
     }
@@ -386,8 +401,21 @@ void kiln_sched_destroy(kiln_sched *s) {
   for (uint32_t c = 0; c < KILN_SCHED_MAX_CLASSES; c++) pthread_cond_destroy(&s->work_cv[c]);
   pthread_cond_destroy(&s->idle_cv);
   pthread_mutex_destroy(&s->mu);
+  kiln_quota_table_free(s->quotas);
   kiln_free(s->devs);
   kiln_free(s);
+}
+
+int kiln_sched_set_quotas(kiln_sched *s, const kiln_client_quota *q, size_t n, kiln_status *st) {
+  kiln_quota_table *t;
+  int rc = kiln_quota_table_make(q, n, &t, st);
+  if (rc) return rc;
+  pthread_mutex_lock(&s->mu);
+  kiln_quota_table *old = s->quotas;
+  s->quotas = t;
+  pthread_mutex_unlock(&s->mu);
+  kiln_quota_table_free(old);
+  return 0;
 }
 
 static int check_job(const kiln_sched *s, const kiln_sched_job *jd, kiln_status *st) {
@@ -409,7 +437,9 @@ static int admit(kiln_sched *s, const char *name, sclient **out, kiln_status *st
     return kiln_status_set(st, KILN_ELIMIT, "scheduler", "execution queue is full (%u jobs)",
                            s->o.max_queued);
   sclient *c = ring_find(s, name);
-  if (c && c->n >= s->o.max_queued_per_client)
+  const kiln_client_quota *q = kiln_quota_table_find(s->quotas, name);
+  uint32_t limit = q && q->queued ? q->queued : s->o.max_queued_per_client;
+  if (c && c->n >= limit)
     return kiln_status_set(st, KILN_ELIMIT, "scheduler",
                            "this client already has %u executions queued (the limit)", c->n);
   if (c == NULL && (c = ring_add(s, name)) == NULL)

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "executor/quota.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -84,6 +85,9 @@ typedef struct kiln_sched_device_stats {
 int kiln_sched_create(const kiln_sched_options *o, kiln_sched **out, kiln_status *st);
 /* Drops every queued job with KILN_EUNAVAIL, waits for running ones and
  * joins the workers. NULL is a no-op. */
+/* Replaces the per-client queue limits (executor/quota.h: `queued`);
+ * executions already queued stay. */
+int kiln_sched_set_quotas(kiln_sched *s, const kiln_client_quota *q, size_t n, kiln_status *st);
 void kiln_sched_destroy(kiln_sched *s);
 
 /* Queues a job. KILN_ELIMIT when the queue (or the client's share) is full,

@@ -22,6 +22,8 @@ ROOT=$PWD
 #   python3 python3-venv                the .venv for the JAX peer tests
 #   libopenblas-dev                     dot on the CPU backend (cblas)
 #   libdnnl-dev                         convolution on the CPU backend (oneDNN)
+#   libfftw3-dev                        fft on the CPU backend (FFTW, opened at run
+#                                       time: without it ffts run as a direct DFT)
 #   libgrpc-dev libuv1-dev libssl-dev   kilnd: gRPC core, its event loop, SHA-256
 #   libhiredis-dev redis-server         the shared cache tier and its tests
 #   openssl                             test certificates (tests/integration/test_security.c)
@@ -32,7 +34,7 @@ PACKAGES=(
   check libsubunit-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-venv
-  libopenblas-dev libdnnl-dev
+  libopenblas-dev libdnnl-dev libfftw3-dev
   libgrpc-dev libuv1-dev libssl-dev
   libhiredis-dev redis-server openssl
   systemd

@@ -9,8 +9,9 @@
 #                   runs them)
 #   4. build-fuzz/  clang + libFuzzer; each fuzz target for a short smoke run,
 #                   seeded with examples/, tests/golden/, the corpus (as text,
-#                   or encoded by `kiln print --proto` for fuzz_proto) and
-#                   the inputs kept in tests/fuzz/regressions/<target>/
+#                   or encoded by `kiln print --proto` for fuzz_proto; the
+#                   request corpus tests/fuzz/corpus/fuzz_rpc/ for fuzz_rpc)
+#                   and the inputs kept in tests/fuzz/regressions/<target>/
 #   5. scripts/demo.sh, the README's first command, with
 #                   KILN_DEMO_REQUIRE_SERVER=1: it must start kilnd, compile
 #                   and run through it, and drain it (exit 0)
@@ -134,7 +135,10 @@ if cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithD
     mkdir -p "$seeds" "$arts"
     seed_texts=(examples/*.hlo tests/golden/*.hlo)
     [ -n "${KILN_CORPUS_DIR:-}" ] && seed_texts+=("$KILN_CORPUS_DIR"/*.hlo)
-    if [ "$name" = fuzz_proto ] && [ -x build/kiln ]; then
+    if [ "$name" = fuzz_rpc ]; then
+      # Requests, not modules: the committed corpus (tests/fuzz/make_rpc_seeds.py).
+      cp tests/fuzz/corpus/fuzz_rpc/* "$seeds/"
+    elif [ "$name" = fuzz_proto ] && [ -x build/kiln ]; then
       # The proto decoder's seeds: the same modules, encoded.
       for f in "${seed_texts[@]}"; do
         base=$(basename "$(dirname "$f")")_$(basename "$f" .hlo)

@@ -6,6 +6,8 @@
  * mutex, so it never blocks a handshake on the disk. Tokens are kept as
  * SHA-256 digests only: the table never holds a token, and a presented
  * token is hashed and compared with every digest without an early exit.
+ * SIGHUP reads the token file again into a new table swapped in under a
+ * read-write lock (lookups read); a file that fails to parse keeps the old.
  */
 #include "server/auth.h"
 
@@ -23,6 +25,8 @@
 #include <openssl/x509.h>
 
 #include "common/alloc.h"
+#include "executor/buffers.h"
+#include "executor/scheduler.h"
 #include "server/server.h"
 
 #define DIGEST_LEN 32
@@ -34,11 +38,17 @@ typedef struct token_entry {
   uint8_t digest[DIGEST_LEN];
   char client[KILND_CLIENT_MAX + 1];
   kilnd_role role;
+  /* The line's own quotas (0: the server-wide value); has_quota when any. */
+  uint64_t memory_bytes;
+  uint32_t buffers, queued;
+  bool has_quota;
 } token_entry;
 
 struct kilnd_auth {
+  pthread_rwlock_t tokens_mu; /* guards tokens/ntokens/cap: SIGHUP swaps them */
   token_entry *tokens;
   size_t ntokens, cap;
+  bool with_tokens;  /* --tokens given at start; fixed for the server's life */
   bool tls;          /* --tls-cert given */
   bool client_certs; /* --tls-client-ca given: verified client certificates */
   pthread_mutex_t mu;
@@ -63,6 +73,34 @@ static char *next_field(char **s) {
   if (*p) *p++ = '\0';
   *s = p;
   return start;
+}
+
+/* A quota value: decimal from 1, with (bytes) an optional K/M/G/T (powers
+ * of 1000) or Ki/Mi/Gi/Ti (powers of 1024) suffix. -1 for anything else. */
+static int parse_quota(const char *v, bool bytes, uint64_t *out) {
+  uint64_t n = 0;
+  const char *p = v;
+  if (*p < '0' || *p > '9') return -1;
+  for (; *p >= '0' && *p <= '9'; p++) {
+    if (n > (UINT64_MAX - 9) / 10) return -1;
+    n = n * 10 + (uint64_t)(*p - '0');
+  }
+  if (*p && bytes) {
+    static const char units[] = "KMGT";
+    const char *u = strchr(units, *p);
+    if (u == NULL) return -1;
+    bool binary = p[1] == 'i';
+    if (p[binary ? 2 : 1] != '\0') return -1;
+    for (int i = 0; i <= u - units; i++) {
+      uint64_t m = binary ? 1024 : 1000;
+      if (n > UINT64_MAX / m) return -1;
+      n *= m;
+    }
+    p += binary ? 2 : 1;
+  }
+  if (*p != '\0' || n == 0) return -1;
+  *out = n;
+  return 0;
 }
 
 static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_status *st) {
@@ -104,14 +142,29 @@ static int parse_token_line(kilnd_auth *a, char *line, const char *where, kiln_s
     char *eq = strchr(q, '=');
     if (eq == NULL || eq == q || eq[1] == '\0')
       return kiln_status_set(st, KILN_EINVAL, where, "expected key=value, found '%.64s'", q);
-    /* Accepting a quota and not enforcing it would mislead: the buffer
-     * store and scheduler have server-wide per-client limits only. */
     *eq = '\0';
-    return kiln_status_set(st, KILN_EUNIMPL, where,
-                           "per-token quota '%.32s' is not implemented yet; the server-wide "
-                           "--client-memory-bytes, --max-buffers-per-client and "
-                           "--client-queue-depth apply to every client",
-                           q);
+    const char *v = eq + 1;
+    uint64_t val;
+    if (strcmp(q, "memory") == 0) {
+      if (parse_quota(v, true, &val))
+        return kiln_status_set(st, KILN_EINVAL, where,
+                               "memory=%.32s: expected bytes from 1, with an optional K, M, G, "
+                               "T, Ki, Mi, Gi or Ti suffix",
+                               v);
+      e.memory_bytes = val;
+    } else if (strcmp(q, "buffers") == 0 || strcmp(q, "queue") == 0) {
+      if (parse_quota(v, false, &val) || val > UINT32_MAX)
+        return kiln_status_set(st, KILN_EINVAL, where, "%s=%.32s: expected a count from 1 to %u", q,
+                               v, UINT32_MAX);
+      if (q[0] == 'b')
+        e.buffers = (uint32_t)val;
+      else
+        e.queued = (uint32_t)val;
+    } else {
+      return kiln_status_set(st, KILN_EINVAL, where,
+                             "unknown quota '%.32s' (memory=BYTES, buffers=N, queue=N)", q);
+    }
+    e.has_quota = true;
   }
   for (size_t i = 0; i < a->ntokens; i++)
     if (memcmp(a->tokens[i].digest, e.digest, DIGEST_LEN) == 0)
@@ -215,8 +268,80 @@ fetch_config(void *user, grpc_ssl_server_certificate_config **config) {
   return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
 }
 
+/* The tokens' quotas, one entry per client (tokens of one client must agree),
+ * handed to the buffer store and the scheduler. */
+static int apply_quotas(kilnd *srv, const token_entry *t, size_t n, kiln_status *st) {
+  kiln_client_quota *q = n ? kiln_calloc(n, sizeof *q) : NULL;
+  if (n && q == NULL) return kiln_status_set(st, KILN_ENOMEM, "tokens", "out of memory");
+  size_t nq = 0;
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    size_t j = 0;
+    while (j < i && strcmp(t[j].client, t[i].client) != 0) j++;
+    if (j < i) {
+      if (t[j].memory_bytes != t[i].memory_bytes || t[j].buffers != t[i].buffers ||
+          t[j].queued != t[i].queued)
+        rc = kiln_status_set(st, KILN_EINVAL, "tokens",
+                             "client '%.64s' has two tokens with different quotas", t[i].client);
+      continue;
+    }
+    if (!t[i].has_quota) continue;
+    q[nq++] = (kiln_client_quota){.client = t[i].client,
+                                  .memory_bytes = t[i].memory_bytes,
+                                  .buffers = t[i].buffers,
+                                  .queued = t[i].queued};
+  }
+  if (rc == 0 && srv->buffers) rc = kiln_buffer_store_set_quotas(srv->buffers, q, nq, st);
+  if (rc == 0 && srv->sched) rc = kiln_sched_set_quotas(srv->sched, q, nq, st);
+  kiln_free(q);
+  return rc;
+}
+
+int kilnd_auth_apply_quotas(kilnd *srv, kiln_status *st) {
+  kilnd_auth *a = srv->auth;
+  if (a == NULL || !a->with_tokens) return 0;
+  pthread_rwlock_rdlock(&a->tokens_mu);
+  int rc = apply_quotas(srv, a->tokens, a->ntokens, st);
+  pthread_rwlock_unlock(&a->tokens_mu);
+  return rc;
+}
+
+/* Reads the token file into a table of its own and swaps it in; a file
+ * that fails to parse leaves the old table. */
+static void reload_tokens(kilnd *srv) {
+  kilnd_auth *a = srv->auth;
+  kilnd_auth fresh;
+  memset(&fresh, 0, sizeof fresh);
+  kiln_status st;
+  kiln_status_clear(&st);
+  char *text = NULL;
+  int rc = kilnd_read_file(srv->cfg.tokens, "token file", FILE_MAX_MIB, &text, &st);
+  if (rc == 0) rc = parse_tokens(&fresh, text, srv->cfg.tokens, &st);
+  kiln_free(text);
+  if (rc == 0) rc = apply_quotas(srv, fresh.tokens, fresh.ntokens, &st);
+  if (rc) {
+    char msg[KILN_STATUS_MSG_MAX + KILN_STATUS_WHERE_MAX + 16];
+    kiln_status_format(&st, msg, sizeof msg);
+    kilnd_log("SIGHUP: tokens not reloaded, the old ones stay: %s", msg);
+    OPENSSL_cleanse(fresh.tokens, fresh.ntokens * sizeof *fresh.tokens);
+    kiln_free(fresh.tokens);
+    return;
+  }
+  pthread_rwlock_wrlock(&a->tokens_mu);
+  token_entry *old = a->tokens;
+  size_t nold = a->ntokens;
+  a->tokens = fresh.tokens;
+  a->ntokens = fresh.ntokens;
+  a->cap = fresh.cap;
+  pthread_rwlock_unlock(&a->tokens_mu);
+  OPENSSL_cleanse(old, nold * sizeof *old);
+  kiln_free(old);
+  kilnd_log("SIGHUP: %zu tokens reloaded from %s", fresh.ntokens, srv->cfg.tokens);
+}
+
 void kilnd_auth_reload(kilnd *srv) {
   kilnd_auth *a = srv->auth;
+  if (a && a->with_tokens) reload_tokens(srv);
   if (a == NULL || !a->tls) {
     kilnd_log("SIGHUP: no TLS certificates to reload");
     return;
@@ -245,6 +370,7 @@ int kilnd_auth_create(kilnd *srv, kiln_status *st) {
   kilnd_auth *a = kiln_calloc(1, sizeof *a);
   if (a == NULL) return kiln_status_set(st, KILN_ENOMEM, "auth", "out of memory");
   pthread_mutex_init(&a->mu, NULL);
+  pthread_rwlock_init(&a->tokens_mu, NULL);
   srv->auth = a;
   if (cfg->tls_cert[0] || cfg->tls_key[0]) {
     if (!cfg->tls_cert[0] || !cfg->tls_key[0])
@@ -263,6 +389,7 @@ int kilnd_auth_create(kilnd *srv, kiln_status *st) {
     if (rc == 0) rc = parse_tokens(a, text, cfg->tokens, st);
     kiln_free(text);
     if (rc) return rc;
+    a->with_tokens = true;
   }
   if (a->ntokens == 0 && !a->client_certs)
     kilnd_log("warning: unauthenticated: any client may connect and name itself with kiln-client "
@@ -278,6 +405,7 @@ void kilnd_auth_destroy(kilnd *srv) {
   if (a->pending) grpc_ssl_server_certificate_config_destroy(a->pending);
   OPENSSL_cleanse(a->tokens, a->ntokens * sizeof *a->tokens);
   kiln_free(a->tokens);
+  pthread_rwlock_destroy(&a->tokens_mu);
   pthread_mutex_destroy(&a->mu);
   kiln_free(a);
   srv->auth = NULL;
@@ -375,7 +503,7 @@ static int header_identity(kilnd_call *c, kiln_status *st) {
 
 /* The token of `authorization: Bearer T`, checked against every entry. */
 static int token_identity(kilnd_call *c, kiln_status *st) {
-  const kilnd_auth *a = c->srv->auth;
+  kilnd_auth *a = c->srv->auth;
   const grpc_slice *v = find_md(c, "authorization");
   if (v == NULL)
     return kiln_status_set(st, KILND_EUNAUTH, "authorization",
@@ -396,16 +524,20 @@ static int token_identity(kilnd_call *c, kiln_status *st) {
     return kiln_status_set(st, KILN_EINTERNAL, "authorization", "cannot hash the token");
   /* Every entry is compared in full, so the time does not tell which
    * entry, or how much of a digest, matched. */
+  pthread_rwlock_rdlock(&a->tokens_mu);
   size_t found = a->ntokens;
   for (size_t i = 0; i < a->ntokens; i++) {
     int diff = CRYPTO_memcmp(a->tokens[i].digest, d, DIGEST_LEN);
     size_t mask = (size_t)0 - (size_t)(diff == 0);
     found = (found & ~mask) | (i & mask);
   }
-  if (found == a->ntokens)
-    return kiln_status_set(st, KILND_EUNAUTH, "authorization", "unknown token");
-  memcpy(c->client, a->tokens[found].client, sizeof c->client);
-  c->role = a->tokens[found].role;
+  bool known = found != a->ntokens;
+  if (known) {
+    memcpy(c->client, a->tokens[found].client, sizeof c->client);
+    c->role = a->tokens[found].role;
+  }
+  pthread_rwlock_unlock(&a->tokens_mu);
+  if (!known) return kiln_status_set(st, KILND_EUNAUTH, "authorization", "unknown token");
   return 0;
 }
 
@@ -435,7 +567,7 @@ int kilnd_auth_identify(kilnd_call *c, kiln_status *st) {
       return 0;
     }
   }
-  if (a && a->ntokens) {
+  if (a && a->with_tokens) {
     /* Probes on the main port need no token either: health tells nothing
      * about anyone's work. */
     if (health && find_md(c, "authorization") == NULL) {

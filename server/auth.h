@@ -50,10 +50,15 @@ grpc_server_credentials *kilnd_auth_main_credentials(kilnd *srv, kiln_status *st
 /* Plaintext credentials for the health port, marking its calls. */
 grpc_server_credentials *kilnd_auth_health_credentials(kilnd *srv);
 
-/* SIGHUP (loop thread): reads the certificate files again; the next
- * handshake uses them. A file that fails to load is logged and the old
- * certificates stay. */
+/* SIGHUP (loop thread): reads the certificate files again (the next
+ * handshake uses them) and the token file (the next call is checked
+ * against it). A file that fails to load is logged and the old
+ * certificates or tokens stay. Tokens cannot be turned on or off by a
+ * reload: that needs a restart with or without --tokens. */
 void kilnd_auth_reload(kilnd *srv);
+/* Hands the token file's per-token quotas to the buffer store and the
+ * scheduler (at start, once both exist; a reload does it itself). */
+int kilnd_auth_apply_quotas(kilnd *srv, kiln_status *st);
 
 /* The validation point's identity step: sets c->client and c->role, or
  * fails with KILND_EUNAUTH (token missing or unknown), KILN_EUNIMPL (a

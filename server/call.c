@@ -150,7 +150,8 @@ bool kilnd_call_request(kilnd *srv, const kilnd_method *m) {
   if (atomic_load(&srv->shutdown)) return false;
   kilnd_call *c = kiln_calloc(1, sizeof *c);
   if (c == NULL) {
-    kilnd_log("out of memory requesting a call");
+    kilnd_log("out of memory requesting a call; requested again later");
+    atomic_fetch_add(&srv->owed[m ? m->id : KILND_M_COUNT], 1);
     return false;
   }
   c->srv = srv;
@@ -174,6 +175,17 @@ bool kilnd_call_request(kilnd *srv, const kilnd_method *m) {
     return false;
   }
   return true;
+}
+
+void kilnd_call_repay(kilnd *srv) {
+  const kilnd_method *methods = kilnd_methods();
+  for (int i = 0; i <= KILND_M_COUNT; i++) {
+    const kilnd_method *m = i < KILND_M_COUNT ? &methods[i] : NULL;
+    while (atomic_load(&srv->owed[i]) > 0 && !atomic_load(&srv->shutdown)) {
+      atomic_fetch_sub(&srv->owed[i], 1);
+      if (!kilnd_call_request(srv, m)) return; /* owed again, or shutting down */
+    }
+  }
 }
 
 /* ---- replies ------------------------------------------------------------------------- */

@@ -185,7 +185,10 @@ int kilnd_compile_plan_apply(const kilnd_compile_plan *p, kiln_module *m, kiln_s
     if (rc == 0 && p->drop_value[i]) rc = kiln_transform_drop_value(m, st);
     if (rc) return rc;
   }
-  return kiln_module_verify(m, NULL, st);
+  /* The input's nesting was checked against max-nesting; a transform adds
+   * a bounded number of levels. */
+  kiln_verify_options vo = {.max_nesting = KILN_VERIFY_MAX_NESTING};
+  return kiln_module_verify(m, &vo, st);
 }
 
 /* ---- the signature ------------------------------------------------------------------- */

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "executor/backend.h"
@@ -361,6 +362,13 @@ static int range(kiln_status *st, const char *name, uint64_t v, uint64_t lo, uin
                          (unsigned long long)v, (unsigned long long)lo, (unsigned long long)hi);
 }
 
+uint64_t kilnd_config_server_memory(const kilnd_config *c) {
+  if (c->server_memory_bytes) return c->server_memory_bytes;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 4 * KILND_GiB;
+  return (uint64_t)pages * (uint64_t)page / 2;
+}
+
 int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
   int rc;
   if ((rc = range(st, "cpu-devices", c->cpu_devices, 1, 256)) ||
@@ -374,8 +382,9 @@ int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
       (rc = range(st, "max-message-bytes", c->max_message_bytes, 4096, INT32_MAX)) ||
       (rc = range(st, "max-module-bytes", c->max_module_bytes, 1, INT32_MAX)) ||
       (rc = range(st, "max-elements", c->max_elements, 1, UINT64_C(1) << 40)) ||
+      (rc = range(st, "max-nesting", c->max_nesting, 1, 4096)) || /* KILN_VERIFY_MAX_NESTING */
       (rc = range(st, "max-executables", c->max_executables, 1, 1u << 20)) ||
-      (rc = range(st, "chunk-bytes", c->chunk_bytes, 1, INT32_MAX)) ||
+      (rc = range(st, "chunk-bytes", c->chunk_bytes, 65536, INT32_MAX)) ||
       (rc = range(st, "redis-ttl-s", c->redis_ttl_s, 0, UINT32_MAX)) ||
       (rc = range(st, "redis-timeout-ms", c->redis_timeout_ms, 1, 600000)) ||
       (rc = range(st, "cache-min-compile-ms", c->cache_min_compile_ms, 0, UINT64_C(1) << 40)) ||
@@ -401,6 +410,9 @@ void kilnd_config_usage(FILE *out) {
                "The Kiln compile-and-execute server: gRPC service kiln.v1.Kiln and\n"
                "grpc.health.v1.Health on --listen, Prometheus metrics on --metrics-listen.\n"
                "SIGTERM or SIGINT drains: no new calls, running ones finish, then exit 0.\n"
+               "SIGHUP reloads the TLS certificates and the --tokens file, draining nothing\n"
+               "(a file that fails to load keeps the old one); SIGUSR1, SIGUSR2 and SIGPIPE\n"
+               "are ignored.\n"
                "\n"
                "Every option is also a config file key (--config PATH, or KILN_CONFIG; lines\n"
                "'key = value', '#' comments) and an environment variable KILN_<NAME> (upper\n"

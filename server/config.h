@@ -68,13 +68,16 @@ extern "C" {
     "largest gRPC message received (bulk data goes through PutBuffer/GetBuffer streams)") \
   X("max-module-bytes", U64, max_module_bytes, "16Mi", \
     "largest program (HLO text or serialized module) accepted by Compile") \
+  X("max-nesting", U64, max_nesting, "256", \
+    "deepest nesting of called computations (calls, whiles, conditionals, fusions) a Compile " \
+    "accepts, 1 to 4096; deeper programs are INVALID_ARGUMENT") \
   X("max-elements", U64, max_elements, "256Mi", \
     "largest element count of any one array (shapes, arguments, buffers)") \
   X("max-buffer-bytes", U64, max_buffer_bytes, "4Gi", "largest single uploaded buffer") \
   X("client-memory-bytes", U64, client_memory_bytes, "4Gi", \
     "per-client quota of server-resident buffer memory; 0: none") \
   X("server-memory-bytes", U64, server_memory_bytes, "0", \
-    "quota of all server-resident buffers together; 0: none") \
+    "quota of all server-resident buffers together; 0: half of the physical memory") \
   X("max-buffers-per-client", U64, max_buffers_per_client, "65536", \
     "live buffer handles per client; 0: none") \
   X("buffer-lease-seconds", SEC, buffer_lease_seconds, "600", \
@@ -83,17 +86,28 @@ extern "C" {
     "killed leaks nothing; 0: buffers live until released") \
   X("max-executables", U64, max_executables, "1024", \
     "compiled executables kept; the least recently used unreferenced one is evicted") \
+  X("executable-table-bytes", U64, executable_table_bytes, "2Gi", \
+    "memory of the compiled executables kept (modules, tables, code); past it the least " \
+    "recently used unreferenced one is evicted; 0: no bound but max-executables") \
   X("run-timeout", SEC, run_timeout, "300", \
     "longest one execution may run (the call's deadline may cut it shorter)") \
   X("run-memory-bytes", U64, run_memory_bytes, "4Gi", \
-    "memory one interpreter execution may hold in live values") \
-  X("compile-timeout", SEC, compile_timeout, "120", "limit on the C compiler per Compile") \
+    "memory one execution may hold: the interpreter's live values, a compiled program's " \
+    "temporaries and results (checked before they are allocated)") \
+  X("compile-timeout", SEC, compile_timeout, "120", \
+    "limit on one whole Compile (parse, verify, transforms, passes, code generation, the C " \
+    "compiler); the call's deadline may cut it shorter") \
   X("drain-grace", SEC, drain_grace, "1", \
     "on SIGTERM/SIGINT, how long new calls are still served (health says NOT_SERVING at " \
     "once) before they are refused with UNAVAILABLE") \
   X("drain-timeout", SEC, drain_timeout, "30", \
     "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled") \
-  X("chunk-bytes", U64, chunk_bytes, "1Mi", "GetBuffer chunk size when the request sets none") \
+  X("chunk-bytes", U64, chunk_bytes, "1Mi", \
+    "GetBuffer chunk size when the request sets none (64Ki at least; smaller requests get " \
+    "64Ki chunks)") \
+  X("stream-idle-timeout", SEC, stream_idle_timeout, "30", \
+    "a PutBuffer stream that sends nothing for this long gives back its memory reservation " \
+    "and ends with DEADLINE_EXCEEDED; 0: never") \
   X("log-requests", BOOL, log_requests, "false", \
     "with --log-format text, log every finished call on stderr (the structured formats " \
     "always do)") \
@@ -179,6 +193,10 @@ int kilnd_config_check(const kilnd_config *c, kiln_status *st);
  * contents of --cache-secret-file without one trailing newline, else NULL
  * (*out kiln_malloc'd). KILN_EIO naming the file when it cannot be read. */
 int kilnd_config_cache_secret(const kilnd_config *c, char **out, kiln_status *st);
+
+/* --server-memory-bytes, or half of the physical memory when it is 0
+ * (sysconf; 4 GiB when that cannot be read). */
+uint64_t kilnd_config_server_memory(const kilnd_config *c);
 
 /* Writes the usage text, one paragraph per option. */
 void kilnd_config_usage(FILE *out);

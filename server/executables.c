@@ -23,7 +23,8 @@ struct kilnd_exes {
   pthread_mutex_t mu;
   kilnd_exe *buckets[NBUCKETS];
   uint32_t n, max;
-  uint64_t clock; /* for last_used */
+  uint64_t bytes, max_bytes; /* of the entries kept (kilnd_exe.bytes); the bound */
+  uint64_t clock;            /* for last_used */
 };
 
 void kilnd_sha256_init(void) {
@@ -41,11 +42,12 @@ static unsigned bucket_of(const char *id) {
   return h % NBUCKETS;
 }
 
-int kilnd_exes_create(uint32_t max, kilnd_exes **out, kiln_status *st) {
+int kilnd_exes_create(uint32_t max, uint64_t max_bytes, kilnd_exes **out, kiln_status *st) {
   *out = kiln_calloc(1, sizeof **out);
   if (*out == NULL) return kiln_status_set(st, KILN_ENOMEM, "executables", "out of memory");
   pthread_mutex_init(&(*out)->mu, NULL);
   (*out)->max = max;
+  (*out)->max_bytes = max_bytes ? max_bytes : UINT64_MAX;
   return 0;
 }
 
@@ -85,6 +87,10 @@ kilnd_exe *kilnd_exe_create(const char *id, int dev_class, uint32_t ndevices, ki
   e->module = module;
   e->exe = exe;
   e->nloaded = ndevice_slots;
+  /* The module, the executable (its tables and code in its arena) and the
+   * code once more for the one device a program is usually loaded on. */
+  e->bytes = sizeof *e + (module ? kiln_arena_used(module->arena) : 0) +
+             (exe ? kiln_arena_used(exe->arena) + exe->ncode : 0);
   pthread_mutex_init(&e->mu, NULL);
   atomic_store(&e->refs, 1);
   return e;
@@ -107,7 +113,16 @@ static bool evict_one(kilnd_exes *t) {
   kilnd_exe *e = *victim;
   *victim = e->next;
   t->n--;
+  t->bytes -= e->bytes;
   kilnd_exe_unref(e);
+  return true;
+}
+
+/* Under the lock: evicts until `bytes` more fit under both bounds with
+ * `more` entries more. False when what is in use leaves no room. */
+static bool make_room(kilnd_exes *t, uint32_t more, uint64_t bytes) {
+  while (t->n + more > t->max || t->bytes + bytes > t->max_bytes)
+    if (!evict_one(t)) return false;
   return true;
 }
 
@@ -129,6 +144,12 @@ int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out
     old->last_used = ++t->clock;
     *out = old;
     drop = e;
+  } else if (e->bytes > t->max_bytes) {
+    rc = kiln_status_set(st, KILN_ELIMIT, "executables",
+                         "the executable takes %llu bytes, more than the whole table may hold "
+                         "(%llu, executable-table-bytes)",
+                         (unsigned long long)e->bytes, (unsigned long long)t->max_bytes);
+    drop = e;
   } else if (old) {
     e->next = old->next;
     *pp = e;
@@ -136,15 +157,25 @@ int kilnd_exes_insert(kilnd_exes *t, kilnd_exe *e, bool replace, kilnd_exe **out
     atomic_fetch_add(&e->refs, 1); /* the table's and the caller's */
     *out = e;
     drop = old;
-  } else if (t->n >= t->max && !evict_one(t)) {
-    rc = kiln_status_set(st, KILN_ELIMIT, "executables",
-                         "%u executables are kept and all are in use (max-executables)", t->n);
+    t->bytes += e->bytes - old->bytes;
+    make_room(t, 0, 0); /* a bigger replacement: others go, if they can */
+  } else if (!make_room(t, 1, e->bytes)) {
+    if (t->n >= t->max)
+      rc = kiln_status_set(st, KILN_ELIMIT, "executables",
+                           "%u executables are kept and all are in use (max-executables)", t->n);
+    else
+      rc = kiln_status_set(st, KILN_ELIMIT, "executables",
+                           "%llu bytes of executables are kept and in use; %llu more do not fit "
+                           "in %llu (executable-table-bytes)",
+                           (unsigned long long)t->bytes, (unsigned long long)e->bytes,
+                           (unsigned long long)t->max_bytes);
     drop = e;
   } else {
     unsigned b = bucket_of(e->id);
     e->next = t->buckets[b];
     t->buckets[b] = e;
     t->n++;
+    t->bytes += e->bytes;
     e->last_used = ++t->clock;
     atomic_fetch_add(&e->refs, 1);
     *out = e;
@@ -186,6 +217,7 @@ uint32_t kilnd_exes_drop(kilnd_exes *t, const char *id, uint32_t *busy) {
         e->next = gone;
         gone = e;
         t->n--;
+        t->bytes -= e->bytes;
         dropped++;
       }
     }

@@ -5,8 +5,9 @@
  * signature, options, target, version), so identical Compile requests from
  * any client share one entry (the second is a memory hit). Entries are
  * reference counted: the table holds one, every Execute in flight another.
- * Past --max-executables the least recently used entry nobody is running
- * is evicted; CacheEvict drops entries nobody is running.
+ * Past --max-executables entries or --executable-table-bytes of them the
+ * least recently used entry nobody is running is evicted; CacheEvict drops entries nobody is
+ * running.
  */
 #ifndef KILN_SERVER_EXECUTABLES_H
 #define KILN_SERVER_EXECUTABLES_H
@@ -32,6 +33,7 @@ struct kilnd_exe {
   kiln_module *module;  /* verified, transformed: signature and interp runs */
   kiln_executable *exe; /* cpu: the compiled code; NULL for interp */
   uint64_t peak_bytes;
+  uint64_t bytes; /* memory it holds, as the table counts it (set at create) */
   /* cpu: built under CACHE_POLICY_BYPASS and so in no cache tier yet; the
    * first default-policy Compile that finds it here stores it. */
   atomic_bool uncached;
@@ -47,7 +49,10 @@ struct kilnd_exe {
   struct kilnd_exe *next;
 };
 
-int kilnd_exes_create(uint32_t max, kilnd_exes **out, kiln_status *st);
+/* A table of at most `max` entries holding at most `max_bytes` together
+ * (0: no byte bound); past either the least recently used entry nobody is
+ * running is evicted. */
+int kilnd_exes_create(uint32_t max, uint64_t max_bytes, kilnd_exes **out, kiln_status *st);
 void kilnd_exes_destroy(kilnd_exes *t);
 
 /* A new entry owning module and exe (either may be NULL on failure paths);

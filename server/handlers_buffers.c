@@ -31,8 +31,12 @@
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/convert.h"
 #include "server/server.h"
+#include "server/stall.h"
 
 #define LABEL_MAX 256
+/* GetBuffer chunks are at least this big, whatever the request asks: a
+ * 1-byte chunk size would turn a buffer into as many messages. */
+#define MIN_CHUNK (64u << 10)
 
 /* ---- PutBuffer ----------------------------------------------------------------------- */
 
@@ -42,13 +46,22 @@ typedef struct put_state {
   kiln_buffer *buf;  /* being filled; NULL until the header */
   uint8_t *host;     /* its host memory; NULL when the device has its own */
   uint64_t size, got;
-  bool reserved; /* size bytes reserved for c->client */
+  bool reserved;     /* size bytes reserved for c->client */
+  kilnd_stall stall; /* released when the stream idles (stall.h) */
   int32_t device;
   char label[LABEL_MAX + 1];
 } put_state;
 
+/* The stall sweep's release, under its lock (the handler is not running). */
+static void put_release(kilnd_call *c) {
+  put_state *ps = c->state;
+  if (ps->reserved) kiln_buffer_store_unreserve(c->srv->buffers, c->client, ps->size);
+  ps->reserved = false;
+}
+
 static void put_free(kilnd_call *c) {
   put_state *ps = c->state;
+  kilnd_stall_forget(&ps->stall);
   if (ps->reserved) kiln_buffer_store_unreserve(c->srv->buffers, c->client, ps->size);
   kiln_buffer_free(ps->buf);
   kiln_arena_destroy(ps->arena);
@@ -376,6 +389,10 @@ static void put_on_message(kilnd_tag *tag, bool ok) {
     kilnd_call_fail(c, KILN_ECANCELED, "the stream broke");
     return;
   }
+  if (!kilnd_stall_begin(&ps->stall)) {
+    kilnd_stall_fail(c);
+    return;
+  }
   if (c->recv_buf == NULL) {
     put_finish(c, ps);
     return;
@@ -385,7 +402,10 @@ static void put_on_message(kilnd_tag *tag, bool ok) {
   rc = put_chunk(c, ps, c->recv_buf, &st);
   if (rc == 0 && kilnd_call_expired(c, &rc))
     kiln_status_set(&st, rc, "PutBuffer", "the call's deadline passed during the upload");
-  if (rc == 0) rc = kilnd_call_recv_message(c, put_on_message);
+  if (rc == 0) {
+    kilnd_stall_end(&ps->stall);
+    rc = kilnd_call_recv_message(c, put_on_message);
+  }
   if (rc) kilnd_call_finish(c, NULL, rc, &st);
 }
 
@@ -400,6 +420,7 @@ void kilnd_handle_put_buffer(kilnd_call *c, ProtobufCMessage *req) {
   }
   c->state = ps;
   c->state_free = put_free;
+  kilnd_stall_watch(&ps->stall, c, put_release);
   if (kilnd_call_recv_message(c, put_on_message) != 0)
     kilnd_call_fail(c, KILN_EINTERNAL, "cannot receive the stream");
 }
@@ -482,6 +503,7 @@ void kilnd_handle_get_buffer(kilnd_call *c, ProtobufCMessage *req) {
    * 4 MiB unless it raised it; a larger request is the client's choice. */
   uint64_t max_chunk = cfg->max_message_bytes > 1024 ? cfg->max_message_bytes - 1024 : 1;
   gs->chunk = r->chunk_bytes ? (uint64_t)r->chunk_bytes : cfg->chunk_bytes;
+  if (gs->chunk < MIN_CHUNK) gs->chunk = MIN_CHUNK; /* tiny chunks only cost messages */
   if (gs->chunk > max_chunk) gs->chunk = max_chunk;
   kiln_status st;
   kiln_status_clear(&st);

@@ -27,6 +27,7 @@
 
 #include "cache/cache.h"
 #include "common/alloc.h"
+#include "common/deadline.h"
 #include "common/sbuf.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/proto_codec.h"
@@ -152,10 +153,13 @@ void kilnd_compile_submit(kilnd_call *c) {
   }
   kilnd_progress *p = kilnd_progress_of(c);
   if (p) kilnd_progress_set(p, KILN__V1__COMPILE_PHASE__COMPILE_PHASE_QUEUED, NULL);
-  if (!kilnd_loop_queue_compile(srv, c)) {
+  int rc = kilnd_loop_queue_compile(srv, c);
+  if (rc) {
     atomic_fetch_sub(&srv->compiles, 1);
     if (p) kilnd_progress_stop(p);
-    kilnd_call_fail(c, KILN_EUNAVAIL, "the server is shutting down");
+    kilnd_call_fail(c, rc, "%s",
+                    rc == KILN_ENOMEM ? "out of memory queueing the compile"
+                                      : "the server is shutting down");
   }
 }
 
@@ -180,7 +184,12 @@ typedef struct job {
   size_t blob_len;
   kiln_cache_key key;
   kiln_cache_policy policy;
-  int source;      /* Kiln__V1__CacheSource of the answer */
+  int source; /* Kiln__V1__CacheSource of the answer */
+  /* The whole Compile's deadline (parse to stored executable): the call's,
+   * or --compile-timeout after the work began when that is sooner; the
+   * passes and transforms poll it (common/deadline.h). */
+  kiln_deadline deadline;
+  char limit[96];  /* deadline.limit's text */
   bool from_table; /* found in the loaded-executable table */
   kiln_status st;
 } job;
@@ -209,6 +218,27 @@ static void timing(job *j, const char *pass, int64_t ns, uint32_t instrs) {
   j->timings[j->ntimings++] = t;
 }
 
+static void set_deadline(job *j) {
+  double cap = j->srv->cfg.compile_timeout;
+  kiln_deadline *d = &j->deadline;
+  *d = (kiln_deadline){.cancelled = &j->c->cancelled, .limit = j->limit};
+  if (cap > 0) {
+    d->at_ns = j->t0 + (int64_t)(cap * 1e9);
+    snprintf(j->limit, sizeof j->limit, "the compile time limit of %g s (compile-timeout)", cap);
+  }
+  if (j->c->deadline_ns && (d->at_ns == 0 || j->c->deadline_ns < d->at_ns)) {
+    d->at_ns = j->c->deadline_ns;
+    snprintf(j->limit, sizeof j->limit, "the call's deadline");
+  }
+}
+
+/* Seconds the C compiler may take: what the Compile has left. */
+static double time_left(const job *j) {
+  if (j->deadline.at_ns == 0) return 0; /* the compiler's own default */
+  double left = (double)(j->deadline.at_ns - kiln_sched_now_ns()) / 1e9;
+  return left < 0.001 ? 0.001 : left;
+}
+
 static int load_program(job *j) {
   const kilnd_config *cfg = &j->srv->cfg;
   int64_t t0 = kiln_sched_now_ns();
@@ -224,7 +254,8 @@ static int load_program(job *j) {
   }
   if (rc) return rc;
   t0 = kiln_sched_now_ns();
-  kiln_verify_options vo = {.max_elements = (int64_t)cfg->max_elements};
+  kiln_verify_options vo = {.max_elements = (int64_t)cfg->max_elements,
+                            .max_nesting = (uint32_t)cfg->max_nesting};
   rc = kiln_module_verify(j->m, &vo, &j->st);
   if (rc == 0) timing(j, "verify", kiln_sched_now_ns() - t0, live_instrs(j->m));
   return rc;
@@ -288,7 +319,8 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
   o.target = j->plan.target ? j->plan.target->name : NULL;
   o.opt_level = j->plan.opt_level;
   o.verify_each = j->r->options && j->r->options->verify_each_pass;
-  o.cc_timeout_s = kilnd_call_time_left(j->c, j->srv->cfg.compile_timeout);
+  o.cc_timeout_s = time_left(j);
+  o.max_nesting = KILN_VERIFY_MAX_NESTING; /* the input's was checked at load */
   o.progress = compiler_phase;
   o.progress_arg = j->progress;
   kiln_compile_report rep;
@@ -307,6 +339,11 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
     *fallback = true;
     return kiln_status_set(out_st, KILN_EUNIMPL, "compile", "the cpu compiler refused");
   }
+  /* The C compiler's limit is what the Compile had left: its running out
+   * is the Compile's deadline. */
+  if (rc == KILN_ELIMIT && j->deadline.at_ns && kiln_sched_now_ns() >= j->deadline.at_ns - 10000000)
+    return kiln_status_set(out_st, KILN_EDEADLINE, "cc", "%s passed during the C compiler: %s",
+                           j->deadline.limit, st.msg);
   if (rc == KILN_ENOTFOUND) rc = KILN_EINTERNAL; /* no C compiler: the server's fault */
   return kiln_status_set(out_st, rc, st.where, "%s", st.msg);
 }
@@ -608,9 +645,11 @@ static int run_job(job *j, kilnd_call *c) {
   if (j->warnings == NULL || j->timings == NULL)
     return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
   for (uint32_t i = 0; i < j->plan.nwarnings; i++) warn(j, j->plan.warnings[i]);
-  if ((rc = load_program(j))) return rc;
+  if ((rc = load_program(j)) || (rc = kiln__deadline_check("verify", &j->st))) return rc;
   int64_t t0 = kiln_sched_now_ns();
-  if ((rc = kilnd_compile_plan_apply(&j->plan, j->m, &j->st))) return rc;
+  if ((rc = kilnd_compile_plan_apply(&j->plan, j->m, &j->st)) ||
+      (rc = kiln__deadline_check("transforms", &j->st)))
+    return rc;
   if (j->plan.ntransforms) timing(j, "transforms", kiln_sched_now_ns() - t0, live_instrs(j->m));
   if (j->plan.dump_transforms && (rc = dump_transforms(j))) return rc;
   kilnd_exe *e = NULL;
@@ -644,7 +683,10 @@ void kilnd_compile_work(kilnd_call *c) {
   kiln__v1__compile_response__init(&j.resp);
   kiln_status_clear(&j.st);
   j.a = kiln_arena_create();
+  set_deadline(&j);
+  const kiln_deadline *outer = kiln__deadline_install(&j.deadline);
   int rc = j.a ? run_job(&j, c) : kiln_status_set(&j.st, KILN_ENOMEM, "compile", "out of memory");
+  kiln__deadline_install(outer);
   if (rc < 0) kilnd_progress_finish(j.progress, NULL, rc, &j.st);
   kiln_module_destroy(j.m);
   kiln_free(j.blob);

@@ -35,8 +35,9 @@
  * worker and waking a cq thread again for the reply cost more than such a
  * run. At most cq-threads - 1 calls run that way at once, so one cq thread
  * always keeps serving the queue (cancellations, health checks). Such a call
- * starts no close watch (call.c): only its deadline can stop it, which is
- * fine for work that short.
+ * starts its close watch first like any other: a program whose recent runs
+ * were short may run long on this call's arguments, and only the watch
+ * (served by another cq thread) tells its run that the caller went away.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -644,8 +645,8 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
                           .done = exec_done,
                           .drop = exec_drop,
                           .arg = c};
+    kilnd_call_watch_close(c);              /* learn if the caller leaves, wherever it runs */
     if (run_here(c->srv, es, &job)) return; /* c may be gone */
-    kilnd_call_watch_close(c);              /* it waits: learn if the caller leaves */
     rc = kiln_sched_submit(c->srv->sched, &job, &st);
   }
   if (rc) kilnd_call_finish(c, NULL, rc, &st);

@@ -1,10 +1,17 @@
 /* The HTTP endpoint for Prometheus: GET /metrics on the loop thread.
  *
  * A deliberately small HTTP/1.0-style server: read one request head (at most
- * 8 KiB, within 10 seconds), answer /metrics with the text exposition,
- * /healthz with "ok" (or 503 while draining), anything else with 404, and
- * close the connection. At most 64 connections at once; more are closed at
- * accept. It never blocks the loop and never grows with what a peer sends.
+ * 8 KiB), answer /metrics with the text exposition, /healthz with "ok" (or
+ * 503 while draining), anything else with 404, and close the connection.
+ * It never blocks the loop and never grows with what a peer sends.
+ *
+ * Connections are served concurrently (libuv), each with a deadline of its
+ * own: the request head must arrive within READ_MS of the accept and the
+ * reply must be taken within WRITE_MS of the answer, else the connection is
+ * closed. At most MAX_CONNS are open at once; at the limit a new connection
+ * takes the place of the oldest one that has sent no request yet (idle
+ * sockets cannot starve a scraper, which sends its request at once), and is
+ * refused only when every open connection is being answered.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +24,8 @@
 
 #define HEAD_MAX 8192
 #define MAX_CONNS 64
-#define IDLE_MS 10000
+#define READ_MS 5000   /* accept to a complete request head */
+#define WRITE_MS 10000 /* answer to the reply taken by the peer */
 
 typedef struct conn {
   uv_tcp_t tcp;
@@ -26,8 +34,9 @@ typedef struct conn {
   kilnd *srv;
   char head[HEAD_MAX];
   size_t len;
-  char *reply; /* header + body, kiln_malloc'd */
-  bool answered;
+  char *reply;   /* header + body, kiln_malloc'd */
+  bool answered; /* a reply is being written: not idle */
+  bool closing;  /* conn_close ran; counted in nclosing until freed */
   int open_handles;
   struct conn *prev, *next; /* open connections, to close them at shutdown */
 } conn;
@@ -35,7 +44,8 @@ typedef struct conn {
 typedef struct http {
   uv_tcp_t listener;
   bool listening, listener_closed;
-  int nconns;
+  int nconns;   /* in the list, closing ones included */
+  int nclosing; /* of those, closing: they no longer count against MAX_CONNS */
   conn *conns;
 } http;
 
@@ -58,6 +68,7 @@ static void on_conn_closed(uv_handle_t *h) {
   http *hs = http_of(c->srv);
   if (hs) {
     hs->nconns--;
+    hs->nclosing--;
     if (c->prev)
       c->prev->next = c->next;
     else
@@ -71,9 +82,17 @@ static void on_conn_closed(uv_handle_t *h) {
 }
 
 static void conn_close(conn *c) {
+  if (!c->closing) {
+    c->closing = true;
+    http *hs = http_of(c->srv);
+    if (hs) hs->nclosing++;
+  }
   if (!uv_is_closing((uv_handle_t *)&c->tcp)) uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
   if (!uv_is_closing((uv_handle_t *)&c->timer)) uv_close((uv_handle_t *)&c->timer, on_conn_closed);
 }
+
+/* The read or the write deadline passed. */
+static void on_deadline(uv_timer_t *t) { conn_close(t->data); }
 
 static void on_written(uv_write_t *w, int status) {
   (void)status;
@@ -97,6 +116,7 @@ static void respond(conn *c, int code, const char *reason, const char *type, con
   uv_buf_t buf = uv_buf_init(c->reply, (unsigned)((size_t)hl + blen));
   c->wreq.data = c;
   c->answered = true;
+  uv_timer_start(&c->timer, on_deadline, WRITE_MS, 0);
   if (uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0) conn_close(c);
 }
 
@@ -149,7 +169,16 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
 }
 
-static void on_idle(uv_timer_t *t) { conn_close(t->data); }
+/* Closes the oldest connection (other than keep) that has sent no
+ * complete request; false when every one is being answered. */
+static bool evict_idle(http *hs, const conn *keep) {
+  conn *oldest = NULL;
+  for (conn *c = hs->conns; c; c = c->next) /* newest first */
+    if (c != keep && !c->answered && !c->closing) oldest = c;
+  if (oldest == NULL) return false;
+  conn_close(oldest);
+  return true;
+}
 
 static void on_connection(uv_stream_t *listener, int status) {
   kilnd *srv = listener->data;
@@ -166,11 +195,15 @@ static void on_connection(uv_stream_t *listener, int status) {
   c->next = hs->conns;
   if (hs->conns) hs->conns->prev = c;
   hs->conns = c;
-  if (uv_accept(listener, (uv_stream_t *)&c->tcp) != 0 || hs->nconns > MAX_CONNS) {
+  if (uv_accept(listener, (uv_stream_t *)&c->tcp) != 0) {
     conn_close(c);
     return;
   }
-  uv_timer_start(&c->timer, on_idle, IDLE_MS, 0);
+  if (hs->nconns - hs->nclosing > MAX_CONNS && !evict_idle(hs, c)) {
+    conn_close(c);
+    return;
+  }
+  uv_timer_start(&c->timer, on_deadline, READ_MS, 0);
   if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) conn_close(c);
 }
 

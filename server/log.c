@@ -21,7 +21,8 @@
 #include "server/server.h"
 
 static kilnd_log_format format = KILND_LOG_TEXT;
-static kiln_log_level min_level = KILN_LOG_INFO;
+/* Changed by a SIGHUP reload on the loop thread while others log. */
+static _Atomic int min_level = KILN_LOG_INFO;
 
 /* ---- settings ------------------------------------------------------------------------ */
 
@@ -48,14 +49,28 @@ int kilnd_log_configure(const char *fmt, const char *level, kiln_status *st) {
                            "'%s' is not a log level (debug, info, warn or error)",
                            level ? level : "");
   format = (kilnd_log_format)f;
-  min_level = (kiln_log_level)l;
+  atomic_store(&min_level, l);
   kiln_log_set_sink(library_sink);
   return 0;
 }
 
+int kilnd_log_set_level(const char *level, kiln_status *st) {
+  return kilnd_log_configure(kilnd_log_format_name(format), level, st);
+}
+
+const char *kilnd_log_format_name(kilnd_log_format f) {
+  static const char *const names[] = {"text", "logfmt", "json"};
+  return names[f];
+}
+
+const char *kilnd_log_level_now(void) {
+  static const char *const levels[] = {"debug", "info", "warn", "error"};
+  return levels[atomic_load(&min_level)];
+}
+
 kilnd_log_format kilnd_log_get_format(void) { return format; }
 
-bool kilnd_log_enabled(kiln_log_level level) { return level >= min_level; }
+bool kilnd_log_enabled(kiln_log_level level) { return (int)level >= atomic_load(&min_level); }
 
 /* ---- the builder --------------------------------------------------------------------- */
 

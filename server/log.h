@@ -48,6 +48,10 @@ typedef enum kilnd_log_format {
  * "info", "warn", "error"), and makes this logger the sink of common/log.h.
  * KILN_EINVAL naming the option for any other spelling. */
 int kilnd_log_configure(const char *format, const char *level, kiln_status *st);
+/* Changes the level alone (SIGHUP's reload); the format stays. */
+int kilnd_log_set_level(const char *level, kiln_status *st);
+const char *kilnd_log_level_now(void);
+const char *kilnd_log_format_name(kilnd_log_format f);
 kilnd_log_format kilnd_log_get_format(void);
 bool kilnd_log_enabled(kiln_log_level level);
 

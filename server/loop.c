@@ -1,7 +1,7 @@
 /* The server's own event loop (libuv, on the main thread).
  *
  * It owns what has a file descriptor or a clock: SIGTERM/SIGINT, SIGHUP
- * (certificate reload), the
+ * (reload of certificates and tokens), the
  * housekeeping timer (drops queued executions whose deadline passed or whose
  * caller went away, even while every device is busy), the drain timer, the
  * /metrics listener; and it feeds the compile pool (libuv's work queue, sized
@@ -22,6 +22,7 @@
  * running.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,10 @@
 
 #include "common/alloc.h"
 #include "executor/scheduler.h"
+#include "server/config.h"
+#include "server/log.h"
 #include "server/server.h"
+#include "server/stall.h"
 
 #define TICK_MS 50
 #define GIVE_UP_MS 5000 /* after the drain timeout cancelled what was left */
@@ -57,10 +61,11 @@ typedef struct compile_req {
 
 /* ---- posting ------------------------------------------------------------------------- */
 
-bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) {
+/* 0, KILN_ENOMEM, or KILN_EUNAVAIL once the loop has closed. */
+static int post(kilnd *srv, kilnd_post_fn fn, void *arg) {
   kilnd_loop *l = srv->loop;
   post_item *it = kiln_malloc(sizeof *it);
-  if (it == NULL) return false;
+  if (it == NULL) return KILN_ENOMEM;
   it->fn = fn;
   it->arg = arg;
   it->next = NULL;
@@ -76,8 +81,10 @@ bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) {
   }
   pthread_mutex_unlock(&l->mu);
   if (!ok) kiln_free(it);
-  return ok;
+  return ok ? 0 : KILN_EUNAVAIL;
 }
+
+bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg) { return post(srv, fn, arg) == 0; }
 
 static void run_posted(kilnd *srv) {
   kilnd_loop *l = srv->loop;
@@ -125,9 +132,7 @@ static void start_compile(kilnd *srv, void *arg) {
   }
 }
 
-bool kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c) {
-  return kilnd_loop_post(srv, start_compile, c);
-}
+int kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c) { return post(srv, start_compile, c); }
 
 /* ---- timers and signals -------------------------------------------------------------- */
 
@@ -174,6 +179,8 @@ static void on_tick(uv_timer_t *h) {
   kilnd *srv = h->data;
   kiln_sched_expire(srv->sched);
   kilnd_buffers_expire(srv);
+  kilnd_call_repay(srv);
+  kilnd_stall_sweep(srv, srv->cfg.stream_idle_timeout);
   maybe_finish(srv);
 }
 
@@ -219,10 +226,39 @@ static void begin_drain(kilnd *srv, int signum) {
 
 static void on_signal(uv_signal_t *h, int signum) { begin_drain(h->data, signum); }
 
-/* SIGHUP: TLS certificates read again for new connections (auth.c). */
+/* The config file's log-level, when the file sets one, becomes the level
+ * (a file that no longer parses keeps the old level and says why). The
+ * level from the flags or the environment at start stays unless the file
+ * names one: only the file can be changed under a running server. */
+static void reload_log_level(kilnd *srv) {
+  if (!srv->cfg.config_path) return;
+  kiln_status st;
+  kiln_status_clear(&st);
+  char *text = NULL;
+  kilnd_config fresh;
+  bool have = kilnd_config_init(&fresh, &st) == 0;
+  int rc = have ? kilnd_config_set(&fresh, "log-level", kilnd_log_level_now(), "current", &st) : -1;
+  if (rc == 0) rc = kilnd_read_file(srv->cfg.config_path, "config file", 16, &text, &st);
+  if (rc == 0) rc = kilnd_config_apply_file_text(&fresh, text, srv->cfg.config_path, &st);
+  const char *before = kilnd_log_level_now();
+  if (rc == 0 && strcmp(fresh.log_level, before) != 0) {
+    rc = kilnd_log_set_level(fresh.log_level, &st);
+    if (rc == 0) kilnd_log("SIGHUP: log level %s (was %s)", fresh.log_level, before);
+  }
+  if (rc) kilnd_log("SIGHUP: log level kept (%s)", st.msg[0] ? st.msg : "cannot reload it");
+  kiln_free(text);
+  if (have) kilnd_config_free(&fresh);
+}
+
+/* SIGHUP reloads what can change without a restart and drains nothing:
+ * the TLS certificates (for new connections) and the token file (for new
+ * calls), auth.c, and the config file's log level; what cannot (ports,
+ * devices, limits) needs a restart. */
 static void on_sighup(uv_signal_t *h, int signum) {
   (void)signum;
+  kilnd_log("SIGHUP: reloading; calls go on");
   kilnd_auth_reload(h->data);
+  reload_log_level(h->data);
 }
 
 static void server_down(kilnd *srv, void *arg) {
@@ -262,7 +298,12 @@ int kilnd_loop_create(kilnd *srv, kiln_status *st) {
 
 void *kilnd_loop_uv(kilnd *srv) { return &srv->loop->loop; }
 
-void kilnd_loop_run(kilnd *srv) { uv_run(&srv->loop->loop, UV_RUN_DEFAULT); }
+void kilnd_loop_run(kilnd *srv) {
+  uv_run(&srv->loop->loop, UV_RUN_DEFAULT);
+  /* libuv put SIGHUP back to its default (death) when its handle closed:
+   * a reload sent while the last of the shutdown runs is ignored. */
+  signal(SIGHUP, SIG_IGN);
+}
 
 static void close_one(uv_handle_t *h, void *arg) {
   (void)arg;

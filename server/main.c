@@ -146,10 +146,12 @@ static int start_cache(kilnd *srv, kiln_status *st) {
 static int start_parts(kilnd *srv, kiln_status *st) {
   const kilnd_config *cfg = &srv->cfg;
   kiln_buffer_store_options bo = {.client_quota_bytes = cfg->client_memory_bytes,
-                                  .total_quota_bytes = cfg->server_memory_bytes,
+                                  .total_quota_bytes = kilnd_config_server_memory(cfg),
                                   .max_buffers_per_client = (uint32_t)cfg->max_buffers_per_client};
   int rc = kiln_buffer_store_create(&bo, &srv->buffers, st);
-  if (rc == 0) rc = kilnd_exes_create((uint32_t)cfg->max_executables, &srv->exes, st);
+  if (rc == 0)
+    rc = kilnd_exes_create((uint32_t)cfg->max_executables, cfg->executable_table_bytes, &srv->exes,
+                           st);
   if (rc == 0) rc = kilnd_auth_create(srv, st);
   if (rc == 0) rc = start_cache(srv, st);
   if (rc == 0 && (srv->memo = kilnd_memo_create()) == NULL)
@@ -165,6 +167,7 @@ static int start_parts(kilnd *srv, kiln_status *st) {
       .max_queued = (uint32_t)cfg->queue_depth,
       .max_queued_per_client = (uint32_t)cfg->client_queue_depth};
   if ((rc = kiln_sched_create(&so, &srv->sched, st))) return rc;
+  if ((rc = kilnd_auth_apply_quotas(srv, st))) return rc;
   if ((rc = kilnd_metrics_create(srv, st))) return rc;
   if ((rc = kilnd_loop_create(srv, st))) return rc;
   return kilnd_http_start(srv, kilnd_loop_uv(srv), st);
@@ -277,7 +280,14 @@ int main(int argc, char **argv) {
   char pool[16];
   snprintf(pool, sizeof pool, "%llu", (unsigned long long)srv.cfg.compile_threads);
   setenv("UV_THREADPOOL_SIZE", pool, 1);
+  /* Signals with no meaning here must not kill a server that others'
+   * work runs on: SIGPIPE (a peer gone: the write fails instead), SIGUSR1
+   * and SIGUSR2 (nothing to do), and SIGHUP until the loop takes it over to
+   * reload (loop.c). SIGTERM and SIGINT drain (loop.c). */
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGUSR1, SIG_IGN);
+  signal(SIGUSR2, SIG_IGN);
+  signal(SIGHUP, SIG_IGN);
   /* Streams pass megabyte messages through short-lived buffers: keep freed
    * heap memory for reuse rather than trimming it and faulting it in again
    * per message (PutBuffer ran at half speed), and serve allocations up to

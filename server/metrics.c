@@ -211,6 +211,12 @@ static size_t cache_rows(kilnd *srv, kiln_cache_stats *cs, cache_row *rows) {
                           NULL,
                           NULL,
                           cs->lock_waits};
+  rows[n++] = (cache_row){"kiln_cache_lock_takeovers_total",
+                          "counter",
+                          "Redis build locks without an expiry or held past it, taken over.",
+                          NULL,
+                          NULL,
+                          cs->lock_takeovers};
   rows[n++] = (cache_row){"kiln_cache_compile_ns_saved_total",
                           "counter",
                           "Compile time of the entries hits handed out, nanoseconds.",

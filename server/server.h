@@ -160,8 +160,11 @@ struct kilnd_call {
 };
 
 /* Requests the next call of method m (or, with m NULL, an unregistered one)
- * from the server. False once the server is shutting down. */
+ * from the server. False once the server is shutting down, or when out of
+ * memory (then the request is owed and kilnd_call_repay retries it). */
 bool kilnd_call_request(kilnd *srv, const kilnd_method *m);
+/* Loop thread: requests again the calls owed after allocation failures. */
+void kilnd_call_repay(kilnd *srv);
 
 /* Sends the final status, with `msg` (a protobuf-c message, may be NULL) as
  * the one message when code is OK. `rc`/`st` give the status: rc 0 is OK;
@@ -187,9 +190,10 @@ void kilnd_call_abandon(kilnd_call *c);
 
 /* Starts watching for the caller going away (c->cancelled), once. Every
  * call is watched from its arrival except Execute, whose handler starts the
- * watch only when the call waits for a device: a call answered at once
- * learns it with its final batch instead, one batch and one completion
- * fewer. Call before handing the call to another thread. */
+ * watch once the request resolved, before it runs (on a device worker or on
+ * the cq thread): a call refused at once learns it with its final batch
+ * instead, one batch and one completion fewer. Call before handing the call
+ * to another thread. */
 void kilnd_call_watch_close(kilnd_call *c);
 
 /* True once the deadline has passed or the caller went away; fills rc. */
@@ -245,6 +249,10 @@ struct kilnd {
   atomic_int compiles;             /* compiles queued or running */
   int64_t start_ns;
   kilnd_tag shutdown_tag;
+  /* Requests that could not be renewed (out of memory), per method and one
+   * for unregistered calls: the loop's tick requests them again, so that a
+   * passing allocation failure does not leave a method fewer calls. */
+  atomic_int owed[KILND_M_COUNT + 1];
 };
 
 /* The backend that runs the work of device class `dev_class`; a run asks it
@@ -297,7 +305,7 @@ void *kilnd_loop_uv(kilnd *srv); /* the uv_loop_t */
  * loop has closed (fn is not called). */
 bool kilnd_loop_post(kilnd *srv, kilnd_post_fn fn, void *arg);
 /* From any thread: runs kilnd_compile_work(c) on the compile pool. */
-bool kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c);
+int kilnd_loop_queue_compile(kilnd *srv, kilnd_call *c); /* 0, KILN_ENOMEM or KILN_EUNAVAIL */
 /* From a cq thread: the server's shutdown tag completed. */
 void kilnd_loop_server_down(kilnd *srv);
 

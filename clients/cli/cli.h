@@ -105,6 +105,12 @@ void kiln__report(const char *file, const kiln_module *m, const kiln_status *st)
  * stderr; returns an exit code, and *out (owned by the caller) on success. */
 int kiln__module_load(const char *path, bool verify, kiln_module **out);
 
+/* The deepest nesting of called computations a loaded module may have:
+ * KILN_MAX_NESTING from the environment (as kilnd's --max-nesting), else
+ * the verifier's default. Modules built by a transform are checked against
+ * KILN_VERIFY_MAX_NESTING instead: the transform adds a few levels. */
+uint32_t kiln__max_nesting(void);
+
 /* ---- compiler options (copts.c) ------------------------------------------ */
 
 typedef struct kiln_compile_options kiln_compile_options;

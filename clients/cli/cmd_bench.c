@@ -46,8 +46,10 @@
 #include "common/alloc.h"
 #include "compiler/compile.h"
 #include "compiler/ir/verify.h"
+#include "compiler/spmd/spmd.h"
 #include "compiler/transforms/transform.h"
 #include "executor/backend.h"
+#include "executor/run.h"
 
 static double now_us(void) {
   struct timespec ts;
@@ -102,6 +104,8 @@ typedef struct bench {
   uint64_t param_bytes, output_bytes;
   bool profile;      /* --profile or --trace */
   const char *trace; /* --trace FILE, or NULL */
+  uint32_t partitions;  /* --partitions: a global program on a mesh; 0 otherwise */
+  kiln_spmd_stats coll; /* its collectives per device per run */
 } bench;
 
 static bool row_major(const kiln_shape *s) {
@@ -212,6 +216,65 @@ out:
   return rc;
 }
 
+/* --partitions P: the global program partitioned, its arguments sharded,
+ * and each timed run one gang launch on host literals (interp: a mesh of
+ * interpreters). */
+static int run_partitioned(bench *b, const char *backend, bool compiles,
+                           const kiln_compile_options *co, kiln_status *st) {
+  uint32_t P = b->partitions, n = b->nargs;
+  kiln_spmd_program *prog;
+  int rc = kiln_spmd_partition(b->m, P, co->dump_dir, &prog, st);
+  if (rc) return rc;
+  b->coll = prog->stats;
+  kiln_literal **shards = kiln_calloc((size_t)P * (n + 1), sizeof *shards);
+  const kiln_literal *const **per = kiln_calloc(P, sizeof *per);
+  kiln_literal **outs = kiln_calloc(P, sizeof *outs);
+  kiln_device **devs = kiln_calloc(P, sizeof *devs);
+  kiln_executable *e = NULL;
+  kiln_backend *be = NULL;
+  kiln_comm *comm = NULL;
+  kiln_mesh *mesh = NULL;
+  if (!shards || !per || !outs || !devs)
+    rc = kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+  for (uint32_t k = 0; rc == 0 && k < P; k++) {
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+      rc = kiln_spmd_shard_arg(prog, i, b->args[i], k, &shards[(size_t)k * (n + 1) + i], st);
+    per[k] = (const kiln_literal *const *)&shards[(size_t)k * (n + 1)];
+  }
+  if (rc == 0 && compiles) {
+    kiln_backend_options bo = {.ndevices = P};
+    rc = kiln_compile(prog->module, co, &e, &b->rep, st);
+    b->compiled = rc == 0;
+    if (rc == 0) rc = kiln_backend_create(backend, &bo, &be, st);
+    for (uint32_t k = 0; rc == 0 && k < P; k++)
+      if ((devs[k] = kiln_backend_device(be, k)) == NULL)
+        rc = kiln_status_set(st, KILN_ELIMIT, "bench", "backend %s has no device %u", backend, k);
+    if (rc == 0) rc = kiln_comm_create(be, devs, P, &comm, st);
+    if (rc == 0) rc = kiln_comm_load(comm, e, &mesh, st);
+  }
+  for (long i = 0; rc == 0 && i < b->warmup + b->iters; i++) {
+    double t0 = now_us();
+    rc = compiles ? kiln_mesh_run(mesh, per, n, NULL, outs, st)
+                  : kiln_run_module_mesh(prog->module, backend, NULL, 1, P, per, n, outs, st);
+    if (i >= b->warmup) b->us[i - b->warmup] = now_us() - t0;
+    for (uint32_t k = 0; k < P; k++) {
+      kiln_literal_destroy(outs[k]);
+      outs[k] = NULL;
+    }
+  }
+  kiln_mesh_destroy(mesh);
+  kiln_comm_destroy(comm);
+  kiln_backend_destroy(be);
+  kiln_executable_destroy(e);
+  for (size_t i = 0; shards && i < (size_t)P * (n + 1); i++) kiln_literal_destroy(shards[i]);
+  kiln_free(shards);
+  kiln_free(per);
+  kiln_free(outs);
+  kiln_free(devs);
+  kiln_spmd_program_destroy(prog);
+  return rc;
+}
+
 /* Applies the --transform specs, innermost first; 0 or an exit code. */
 static int apply_transforms(bench *b) {
   if (b->ntransforms == 0) return KILN_EXIT_OK;
@@ -239,7 +302,8 @@ static int apply_transforms(bench *b) {
     kiln__report(b->file, b->m, &st);
     rc = kiln__exit_code(st.code);
   }
-  if (rc == KILN_EXIT_OK && kiln_module_verify(b->m, NULL, &st)) {
+  kiln_verify_options vo = {.max_nesting = KILN_VERIFY_MAX_NESTING};
+  if (rc == KILN_EXIT_OK && kiln_module_verify(b->m, &vo, &st)) {
     kiln__report(b->file, b->m, &st); /* a transform built an invalid program: our bug */
     rc = KILN_EXIT_INTERNAL;
   }
@@ -284,9 +348,19 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
     printf("]");
   }
   printf(", \"iters\": %ld, \"warmup\": %ld, \"mode\": \"%s\"", b->iters, b->warmup,
-         !compiled    ? "interpreter"
-         : b->buffers ? "buffers"
-                      : "literals");
+         b->partitions ? "mesh-literals"
+         : !compiled   ? "interpreter"
+         : b->buffers  ? "buffers"
+                       : "literals");
+  if (b->partitions) {
+    printf(", \"partitions\": %u, \"collectives\": {", b->partitions);
+    for (int k = 0, j = 0; k < KILN_SPMD_NKINDS; k++)
+      if (b->coll.count[k])
+        printf("%s\"%s\": {\"count\": %u, \"bytes\": %lld}", j++ ? ", " : "",
+               kiln_spmd_kind_name((kiln_spmd_kind)k), b->coll.count[k],
+               (long long)b->coll.bytes[k]);
+    printf("}");
+  }
   if (compiled) {
     const kiln_compile_report *r = &b->rep;
     printf(", \"compile_ms\": %.3f, \"passes_ms\": {", r->total_ms);
@@ -301,7 +375,7 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
   }
   printf(", \"run_us_median\": %.3f, \"run_us_p90\": %.3f, \"run_us_min\": %.3f", median,
          b->us[p90], b->us[0]);
-  if (compiled)
+  if (compiled && !b->partitions)
     printf(", \"peak_bytes\": %" PRIu64 ", \"temp_peak_bytes\": %" PRIu64
            ", \"temp_bytes\": %" PRIu64 ", \"param_bytes\": %" PRIu64 ", \"output_bytes\": %" PRIu64
            ", \"kernels\": %u, \"steps\": %u}\n",
@@ -329,6 +403,13 @@ int kiln__cmd_bench(const kiln__args *a) {
       (rc = parse_count(kiln__args_get(a, "warmup"), "warmup", 0, &b.warmup)) ||
       (rc = parse_count(kiln__args_get(a, "random-args"), "random-args", 0, &seed)))
     return rc;
+  long parts = 0;
+  if ((rc = parse_count(kiln__args_get(a, "partitions"), "partitions", 1, &parts))) return rc;
+  if (parts > 4096) {
+    fprintf(stderr, "kiln bench: --partitions takes at most 4096 devices\n");
+    return KILN_EXIT_USAGE;
+  }
+  b.partitions = (uint32_t)parts;
   kiln_compile_options co;
   bool given;
   if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;
@@ -368,11 +449,20 @@ int kiln__cmd_bench(const kiln__args *a) {
   uint64_t state = (uint64_t)seed;
   for (uint32_t i = 0; i < b.nargs && rc == 0; i++)
     rc = kiln__arg_random(&kiln_computation_param(b.m, entry, i)->shape, &state, &b.args[i], &st);
-  if (rc == 0) rc = kiln_backend_create(backend, NULL, &be, &st);
-  if (rc == 0) rc = compiles ? run_compiled(&b, be, &co, &st) : run_module(&b, be, &st);
+  if (rc == 0 && b.partitions) {
+    if (!kiln_spmd_module_is_sharded(b.m))
+      rc = kiln_status_set(&st, KILN_EINVAL, NULL,
+                           "--partitions needs a module whose ENTRY carries shardings");
+    else
+      rc = run_partitioned(&b, backend, compiles, &co, &st);
+  } else {
+    if (rc == 0) rc = kiln_backend_create(backend, NULL, &be, &st);
+    if (rc == 0) rc = compiles ? run_compiled(&b, be, &co, &st) : run_module(&b, be, &st);
+  }
   if (rc == 0) print_json(&b, backend, &co);
 out:
   if (rc) kiln__report(b.file, b.m, &st);
+
   for (uint32_t i = 0; b.args && i < b.nargs; i++) kiln_literal_destroy(b.args[i]);
   kiln_free(b.args);
   kiln_free(b.us);

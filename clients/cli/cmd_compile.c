@@ -9,12 +9,15 @@
  * the calling convention.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "clients/cli/cli.h"
 #include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "compiler/compile.h"
+#include "compiler/ir/verify.h"
+#include "compiler/spmd/spmd.h"
 #include "compiler/target.h"
 #include "compiler/transforms/transform.h"
 #include "executor/backend.h"
@@ -72,6 +75,42 @@ static const char *resolve_target(const kiln__args *a) {
   return NULL;
 }
 
+/* --partitions P: m replaced by its per-device program; the collectives
+ * are printed. 0 or an exit code. */
+static int partition(const kiln__args *a, const char *text, kiln_module **m) {
+  char *end;
+  long p = strtol(text, &end, 10);
+  if (*end || p < 1 || p > 4096) {
+    fprintf(stderr, "kiln compile: --partitions needs an integer from 1 to 4096, not '%s'\n", text);
+    return KILN_EXIT_USAGE;
+  }
+  if (!kiln_spmd_module_is_sharded(*m)) {
+    fprintf(stderr, "%s: error: --partitions needs a module whose ENTRY carries shardings\n",
+            a->pos[0]);
+    return KILN_EXIT_INVALID;
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_spmd_program *prog;
+  if (kiln_spmd_partition(*m, p, kiln__args_get(a, "dump-dir"), &prog, &st)) {
+    kiln__report(a->pos[0], *m, &st);
+    return kiln__exit_code(st.code);
+  }
+  uint32_t total = 0;
+  for (int k = 0; k < KILN_SPMD_NKINDS; k++) total += prog->stats.count[k];
+  printf("%s: partitioned over %ld devices: %u collective%s per device per run\n", a->pos[0], p,
+         total, total == 1 ? "" : "s");
+  for (int k = 0; k < KILN_SPMD_NKINDS; k++)
+    if (prog->stats.count[k])
+      printf("  %s: %u, %lld bytes\n", kiln_spmd_kind_name((kiln_spmd_kind)k), prog->stats.count[k],
+             (long long)prog->stats.bytes[k]);
+  kiln_module_destroy(*m);
+  *m = prog->module;
+  prog->module = NULL;
+  kiln_spmd_program_destroy(prog);
+  return 0;
+}
+
 int kiln__cmd_compile(const kiln__args *a) {
   if (kiln__args_get(a, "server")) return kiln__remote_compile(a);
   if (kiln__args_get(a, "shapes")) {
@@ -86,6 +125,7 @@ int kiln__cmd_compile(const kiln__args *a) {
   }
   kiln_compile_options o;
   kiln_compile_options_init(&o);
+  o.max_nesting = KILN_VERIFY_MAX_NESTING; /* the input's is checked at load */
   if ((o.target = resolve_target(a)) == NULL) return KILN_EXIT_INVALID;
   const char *level = kiln__args_get(a, "opt-level");
   if (level) {
@@ -99,6 +139,8 @@ int kiln__cmd_compile(const kiln__args *a) {
   int rc = kiln__module_load(file, true, &m);
   if (rc) return rc;
   if ((rc = apply_transforms(a, m))) goto out_free_module;
+  const char *parts = kiln__args_get(a, "partitions");
+  if (parts && (rc = partition(a, parts, &m))) goto out_free_module;
   kiln_status st;
   kiln_status_clear(&st);
   kiln_executable *e;

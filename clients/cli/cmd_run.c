@@ -32,8 +32,10 @@
 #include "compiler/ir/debug_print.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
+#include "compiler/spmd/spmd.h"
 #include "compiler/transforms/transform.h"
 #include "executor/run.h"
+#include "executor/run_spmd.h"
 
 /* A non-negative decimal integer (seeds, iteration counts). */
 static int parse_seed(const char *s, uint64_t *out) {
@@ -159,7 +161,8 @@ static int run_transforms(const char *file, const kiln__args *a, kiln_module *m)
     kiln__report(file, m, &st);
     rc = kiln__exit_code(st.code);
   }
-  if (rc == KILN_EXIT_OK && kiln_module_verify(m, NULL, &st)) {
+  kiln_verify_options vo = {.max_nesting = KILN_VERIFY_MAX_NESTING};
+  if (rc == KILN_EXIT_OK && kiln_module_verify(m, &vo, &st)) {
     /* a transform built an invalid program: our bug, not the input's */
     kiln__report(file, m, &st);
     rc = KILN_EXIT_INTERNAL;
@@ -445,6 +448,35 @@ static void debug_to_stderr(void *ctx, const char *text, size_t n) {
 
 static const kiln_debug_sink stderr_sink = {debug_to_stderr, NULL};
 
+/* A global program (its ENTRY carries shardings) on P partitions: global
+ * arguments in, the global result out, as PJRT runs it. */
+static int run_global(const char *file, const kiln_module *m, const char *what,
+                      const run_setup *setup, const kiln_shape *shapes, uint32_t n,
+                      const kiln__args *a) {
+  uint32_t P;
+  int rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
+  if (rc) return rc;
+  kiln_literal **args = kiln_calloc(n ? n : 1, sizeof *args);
+  if (args == NULL) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    return KILN_EXIT_INTERNAL;
+  }
+  rc = build_args(file, what, shapes, a, args, n);
+  kiln_literal *result = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (rc == 0 && kiln_run_module_global(m, setup->backend, &setup->opts, P, setup->co.dump_dir,
+                                        (const kiln_literal *const *)args, n, &result, NULL, &st)) {
+    kiln__report(file, m, &st);
+    rc = kiln__exit_code(st.code);
+  }
+  if (rc == 0) rc = emit_outputs(result, kiln__args_get(a, "out"));
+  kiln_literal_destroy(result);
+  for (uint32_t i = 0; i < n; i++) kiln_literal_destroy(args[i]);
+  kiln_free(args);
+  return rc;
+}
+
 int kiln__cmd_run(const kiln__args *a) {
   const char *file = a->pos[0];
   run_setup setup;
@@ -511,7 +543,12 @@ int kiln__cmd_run(const kiln__args *a) {
   }
   if (kiln__args_get(a, "replicas") || kiln__args_get(a, "partitions") ||
       kiln__args_get(a, "device-args")) {
-    rc = run_mesh(file, m, what, setup.backend, shapes, n, a, &ropts);
+    const char *rt = kiln__args_get(a, "replicas");
+    if (!kiln__args_get(a, "device-args") && (rt == NULL || strcmp(rt, "1") == 0) &&
+        kiln_spmd_module_is_sharded(m))
+      rc = run_global(file, m, what, &setup, shapes, n, a);
+    else
+      rc = run_mesh(file, m, what, setup.backend, shapes, n, a, &ropts);
     goto out_free_args;
   }
   kiln_status st;

@@ -13,6 +13,7 @@
 #include "clients/cli/cli.h"
 #include "common/sbuf.h"
 #include "compiler/compile.h"
+#include "compiler/ir/verify.h"
 #include "compiler/pass.h"
 #include "compiler/target.h"
 #include "executor/backend.h"
@@ -35,6 +36,7 @@ int kiln__opt_level_parse(const char *cmd, const char *text, int *out) {
 int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bool *given) {
   const char *cmd = a->cmd->name;
   kiln_compile_options_init(o);
+  o->max_nesting = KILN_VERIFY_MAX_NESTING; /* the input's is checked at load */
   *given = false;
   kiln_sbuf names = KILN_SBUF_INIT;
   int rc = KILN_EXIT_OK;

@@ -6,6 +6,7 @@
  * The verifier knows instructions by name ("computation/instruction"); the
  * position comes from the instruction the parser recorded it on. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "clients/cli/cli.h"
@@ -69,6 +70,19 @@ static bool is_proto_path(const char *path) {
          (n >= 6 && strcmp(path + n - 6, ".binpb") == 0);
 }
 
+uint32_t kiln__max_nesting(void) {
+  const char *v = getenv("KILN_MAX_NESTING");
+  char *end;
+  unsigned long n = v && *v ? strtoul(v, &end, 10) : 0;
+  if (n == 0 || *end != '\0' || n > KILN_VERIFY_MAX_NESTING) {
+    if (v && *v)
+      fprintf(stderr, "kiln: KILN_MAX_NESTING='%s' is not a depth from 1 to %u; using %u\n", v,
+              (unsigned)KILN_VERIFY_MAX_NESTING, (unsigned)KILN_VERIFY_DEFAULT_MAX_NESTING);
+    return KILN_VERIFY_DEFAULT_MAX_NESTING;
+  }
+  return (uint32_t)n;
+}
+
 int kiln__module_load(const char *path, bool verify, kiln_module **out) {
   *out = NULL;
   kiln_status st;
@@ -92,7 +106,8 @@ int kiln__module_load(const char *path, bool verify, kiln_module **out) {
     return kiln__exit_code(rc);
   }
   if (verify) {
-    rc = kiln_module_verify(m, NULL, &st);
+    kiln_verify_options vo = {.max_nesting = kiln__max_nesting()};
+    rc = kiln_module_verify(m, &vo, &st);
     if (rc) {
       kiln__report(path, m, &st);
       kiln_module_destroy(m);

@@ -122,6 +122,9 @@ static const kiln__opt bench_opts[] = {
     {"profile", 0, NULL, false,
      "time every fused kernel, GEMM and convolution step; print a table on stderr"},
     {"trace", 0, "FILE", false, "write the last timed run as Chrome trace JSON (Perfetto)"},
+    {"partitions", 0, "P", false,
+     "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
+     "them (the JSON gains \"partitions\" and \"collectives\")"},
     {0},
 };
 
@@ -144,6 +147,11 @@ static const kiln__opt compile_opts[] = {
     {"deadline", 0, "SECONDS", false,
      "--server: give up after SECONDS (DEADLINE_EXCEEDED); the server waits at most half of "
      "it for another server's build of the same program, then builds it itself"},
+    {"partitions", 0, "P", false,
+     "partition a module whose ENTRY carries shardings over P devices and report the "
+     "collectives inserted"},
+    {"dump-dir", 0, "DIR", false,
+     "with --partitions: write the module after propagation and after partitioning to DIR"},
     {0},
 };
 
@@ -232,17 +240,27 @@ static const kiln__cmd commands[] = {
      "run on R x P devices of the interp backend, device K = replica x P + partition.\n"
      "Every device gets the --arg values unless --device-args K FILE,FILE,... gives device\n"
      "K its own. Outputs are printed per device after a line 'device K:'; with --out DIR\n"
-     "device K's outputs go to DIR/deviceK/i.npy.\n",
+     "device K's outputs go to DIR/deviceK/i.npy.\n"
+     "\n"
+     "A module whose ENTRY carries shardings over global shapes (jax.jit with in_shardings,\n"
+     "exported with as_text(dialect=\"hlo\")) is a global program: with --partitions P it is\n"
+     "partitioned over P devices, the --arg values (global arrays) are split by the\n"
+     "parameters' shardings, the P programs run as one gang (interp or cpu) and the global\n"
+     "result is printed, as PJRT runs it. --dump-dir (cpu) shows the module after\n"
+     "propagation and after partitioning; 'kiln compile --partitions P' reports the\n"
+     "collectives.\n",
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
-     "         [--transform SPEC]... [-o OUT]",
+     "         [--transform SPEC]... [-o OUT] [--partitions P [--dump-dir DIR]]",
      "compile a module to an executable",
      "Verifies FILE, applies the transforms (innermost first) and compiles it. Locally the\n"
      "native CPU compiler runs in process and a summary is printed (kernels, code size,\n"
      "timings); -o writes the serialized executable. With --server the server compiles it\n"
      "(or finds it in its cache) and the executable id, cache source and key, and the\n"
-     "calling convention are printed.\n",
+     "calling convention are printed. With --partitions P a module whose ENTRY carries\n"
+     "shardings is partitioned first (one program per device, driven by partition-id) and\n"
+     "the collectives inserted are reported: count and bytes per device per run, by kind.\n",
      compile_opts, 1, 1, kiln__cmd_compile, NULL},
     {"dot", "dot FILE [--after PASS] [-o OUT] [-O N] [--target T] [--disable-pass NAME]...",
      "draw a module as a Graphviz graph",
@@ -259,7 +277,8 @@ static const kiln__cmd commands[] = {
      explain_opts, 1, 1, kiln__cmd_explain, NULL},
     {"bench",
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
-     "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
+     "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
+     "         [--partitions P]",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
      "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"
@@ -320,7 +339,11 @@ static const char exit_help[] =
     "     parameters, a file that cannot be read or written, or an operation or element\n"
     "     type the backend cannot run (the message names the instruction)\n"
     "  2  usage error: unknown command, option or backend, missing or extra operands\n"
-    "  3  internal error: out of memory, or a bug in kiln\n";
+    "  3  internal error: out of memory, or a bug in kiln\n"
+    "\n"
+    "Environment:\n"
+    "  KILN_MAX_NESTING  deepest nesting of called computations (calls, whiles,\n"
+    "                    conditionals, fusions) a module may have, 1 to 4096; default 256\n";
 
 static const kiln__cmd *find_command(const char *name) {
   for (size_t i = 0; i < NCOMMANDS; i++)

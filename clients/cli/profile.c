@@ -122,6 +122,7 @@ static const char *kind_name(kiln_step_kind k) {
   case KILN_STEP_CONV: return "conv";
   case KILN_STEP_COLLECTIVE: return "collective";
   case KILN_STEP_DEBUG_PRINT: return "debug-print";
+  case KILN_STEP_FFT: return "fft";
   }
   return "?";
 }

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/deadline.h"
 #include "common/sbuf.h"
 #include "compiler/codegen/cc.h"
 #include "compiler/codegen/cc_internal.h"
@@ -323,11 +324,14 @@ static int run_jobs(job *jobs, uint32_t n, uint32_t par, const char *dir, double
       rc = 1;
       goto out_kill;
     }
-    int r = poll(p, np, (int)(left * 1000) + 1);
+    /* Woken at least every 100 ms to see whether the Compile was
+     * cancelled or ran out of time (common/deadline.h). */
+    int r = poll(p, np, left < 0.1 ? (int)(left * 1000) + 1 : 100);
     if (r < 0 && errno != EINTR) {
       rc = 1;
       goto out_kill;
     }
+    if ((rc = kiln__deadline_check("the C compiler", st))) goto out_kill;
     for (nfds_t q = 0; r > 0 && q < np; q++) {
       if (!p[q].revents) continue;
       job *j = &jobs[who[q] & 0x7fffffffu];

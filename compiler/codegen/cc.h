@@ -62,8 +62,13 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
  * env KILN_KERNEL_CACHE_BYTES, else 64 MiB; 0 turns it off); evicts down
  * to it at once. */
 void kiln__cc_cache_set_limit(uint64_t bytes);
+/* The cache directory's bound in bytes of objects (the default is env
+ * KILN_KERNEL_CACHE_DIR_BYTES, else 1 GiB; 0: no bound), applied after
+ * each put by removing the least recently used objects (cc_cache.c). */
+void kiln__cc_cache_set_dir_limit(uint64_t bytes);
 typedef struct kiln__cc_cache_stats {
   uint64_t bytes, entries, hits, misses, evictions, disk_hits, disk_rejected;
+  uint64_t disk_evictions; /* objects this process removed from cache directories */
 } kiln__cc_cache_stats;
 void kiln__cc_cache_stats_get(kiln__cc_cache_stats *out);
 /* Empties the in-process cache (tests). */

@@ -14,9 +14,19 @@
  * are owned by this user and writable by nobody else, the file is regular
  * (opened without following links), no larger than MAX_OBJECT, and its
  * checksum matches; anything else is a miss (counted in disk_rejected),
- * and the next put replaces it. The directory is not bounded here; it is
- * meant to be a cache that an operator may empty at any time.
+ * and the next put replaces it. An operator may empty the directory at any
+ * time.
+ *
+ * The directory is bounded in bytes of objects (env
+ * KILN_KERNEL_CACHE_DIR_BYTES, default 1 GiB, 0: no bound), least recently
+ * used first: a hit sets the file's mtime to now, and after each put the
+ * directory is listed and, when its objects add up to more than the bound,
+ * the oldest are removed until they fit in 7/8 of it (so that the next few
+ * puts do not each remove one). Other processes trim the same directory
+ * concurrently; a file already removed by one of them is simply skipped.
+ * Temporary files older than an hour (a process killed mid-write) go too.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -24,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -34,6 +45,8 @@
 #define HEADER_LEN (MAGIC_LEN + KILN__SHA256_LEN)
 #define MAX_OBJECT (UINT64_C(256) << 20)
 #define DEFAULT_LIMIT (UINT64_C(64) << 20)
+#define DEFAULT_DIR_LIMIT (UINT64_C(1) << 30)
+#define STALE_TMP_SECONDS 3600
 
 typedef struct entry {
   uint8_t key[KILN__SHA256_LEN];
@@ -47,6 +60,8 @@ static entry *head, *tail; /* guarded by mu, like everything below */
 static uint64_t limit;
 static bool limit_set;
 static kiln__cc_cache_stats stats;
+static uint64_t dir_limit;
+static bool dir_limit_set;
 
 static void init_limit_locked(void) {
   if (limit_set) return;
@@ -87,6 +102,22 @@ static void evict_locked(void) {
     kiln_free(e->obj);
     kiln_free(e);
   }
+}
+
+static void init_dir_limit_locked(void) {
+  if (dir_limit_set) return;
+  const char *v = getenv("KILN_KERNEL_CACHE_DIR_BYTES");
+  char *end;
+  unsigned long long n = v && *v ? strtoull(v, &end, 10) : 0;
+  dir_limit = v && *v && *end == 0 ? (uint64_t)n : DEFAULT_DIR_LIMIT;
+  dir_limit_set = true;
+}
+
+void kiln__cc_cache_set_dir_limit(uint64_t bytes) {
+  pthread_mutex_lock(&mu);
+  dir_limit = bytes;
+  dir_limit_set = true;
+  pthread_mutex_unlock(&mu);
 }
 
 void kiln__cc_cache_set_limit(uint64_t bytes) {
@@ -221,6 +252,8 @@ static bool disk_get(const char *dir, const uint8_t *key, uint8_t **obj, size_t 
     return false;
   }
   memmove(buf, buf + HEADER_LEN, n - HEADER_LEN);
+  /* Used now: the trim removes the least recently used first. */
+  utimensat(AT_FDCWD, path, NULL, AT_SYMLINK_NOFOLLOW);
   *obj = buf;
   *len = n - HEADER_LEN;
   return true;
@@ -250,6 +283,69 @@ static void disk_put(const char *dir, const uint8_t *key, const uint8_t *obj, si
   if (!ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
+/* An object file of ours: 64 hex digits and ".o". */
+static bool object_name(const char *name) {
+  size_t n = strlen(name);
+  if (n != 2 * KILN__SHA256_LEN + 2 || strcmp(name + n - 2, ".o") != 0) return false;
+  for (size_t i = 0; i + 2 < n; i++)
+    if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f'))) return false;
+  return true;
+}
+
+typedef struct dir_file {
+  int64_t mtime_ns;
+  uint64_t bytes;
+  char name[2 * KILN__SHA256_LEN + 3];
+} dir_file;
+
+static int cmp_oldest(const void *x, const void *y) {
+  const dir_file *a = x, *b = y;
+  if (a->mtime_ns != b->mtime_ns) return a->mtime_ns < b->mtime_ns ? -1 : 1;
+  return strcmp(a->name, b->name);
+}
+
+/* Removes the least recently used objects of dir until they fit in 7/8 of
+ * bound, when they exceed it; and stale temporary files. */
+static void trim_dir(const char *dir, uint64_t bound) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return;
+  int fd = dirfd(d);
+  dir_file *files = NULL;
+  size_t n = 0, cap = 0;
+  uint64_t total = 0;
+  time_t now = time(NULL);
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    struct stat sb;
+    bool tmp = strncmp(de->d_name, ".tmp-", 5) == 0;
+    if ((!tmp && !object_name(de->d_name)) ||
+        fstatat(fd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) ||
+        sb.st_uid != geteuid())
+      continue;
+    if (tmp) {
+      if (now - sb.st_mtime > STALE_TMP_SECONDS) unlinkat(fd, de->d_name, 0);
+      continue;
+    }
+    if (kiln_grow((void **)&files, &cap, n + 1, sizeof *files)) break; /* trim what we saw */
+    files[n].mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    files[n].bytes = (uint64_t)sb.st_size;
+    snprintf(files[n].name, sizeof files[n].name, "%s", de->d_name);
+    total += files[n++].bytes;
+  }
+  if (total > bound) {
+    qsort(files, n, sizeof *files, cmp_oldest);
+    uint64_t goal = bound / 8 * 7;
+    for (size_t i = 0; i < n && total > goal; i++) {
+      if (unlinkat(fd, files[i].name, 0) == 0 || errno == ENOENT) {
+        total -= files[i].bytes;
+        count(&stats.disk_evictions);
+      }
+    }
+  }
+  kiln_free(files);
+  closedir(d);
+}
+
 bool kiln__cc_cache_get(const char *dir, const uint8_t key[KILN__SHA256_LEN], uint8_t **obj,
                         size_t *len) {
   if (memory_get(key, obj, len)) {
@@ -268,5 +364,11 @@ bool kiln__cc_cache_get(const char *dir, const uint8_t key[KILN__SHA256_LEN], ui
 void kiln__cc_cache_put(const char *dir, const uint8_t key[KILN__SHA256_LEN], const uint8_t *obj,
                         size_t len) {
   memory_put(key, obj, len);
-  if (dir && *dir) disk_put(dir, key, obj, len);
+  if (dir == NULL || *dir == 0) return;
+  disk_put(dir, key, obj, len);
+  pthread_mutex_lock(&mu);
+  init_dir_limit_locked();
+  uint64_t bound = dir_limit;
+  pthread_mutex_unlock(&mu);
+  if (bound) trim_dir(dir, bound);
 }

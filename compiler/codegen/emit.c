@@ -289,7 +289,9 @@ bool kiln__emit_dtype_ok(kiln_dtype t) {
   case KILN_F16:
   case KILN_BF16:
   case KILN_F32:
-  case KILN_F64: return true;
+  case KILN_F64:
+  case KILN_C64:
+  case KILN_C128: return true;
   default: return false;
   }
 }
@@ -347,6 +349,15 @@ void kiln__emit_literal(const kiln__emit_mod *mod, kiln_dtype t, const kiln_lite
       uint32_t u;
       memcpy(&u, p, 4);
       snprintf(dst, size, "kbf32(0x%08xu)", u);
+    } else if (t == KILN_C64) {
+      uint32_t u[2];
+      memcpy(u, p, 8);
+      snprintf(dst, size, "kcx(kbf32(0x%08xu), kbf32(0x%08xu))", u[0], u[1]);
+    } else if (t == KILN_C128) {
+      uint64_t u[2];
+      memcpy(u, p, 16);
+      snprintf(dst, size, "kcx(kbf64(0x%016llxULL), kbf64(0x%016llxULL))", (unsigned long long)u[0],
+               (unsigned long long)u[1]);
     } else {
       uint64_t u;
       memcpy(&u, p, 8);

@@ -377,7 +377,10 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(kexpm1f, "float kexpm1f(float x)") \
   X(ktanhf, "float ktanhf(float x)") \
   X(klogisticf, "float klogisticf(float x)") \
-  X(kerff, "float kerff(float x)")
+  X(kerff, "float kerff(float x)") \
+  X(kcx, "double _Complex kcx(double re, double im)") \
+  X(kc64r, "double _Complex kc64r(double _Complex z)") \
+  X(kc64abs, "double kc64abs(double _Complex z)")
 
 /* X(name) for each standard function the emitter calls by name. */
 #define KILN__EMIT_STD_FUNCS(X) \
@@ -407,6 +410,10 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(fmod) \
   X(fmodf) \
   X(isfinite) \
+  X(cabs) \
+  X(isinf) \
+  X(creal) \
+  X(cimag) \
   X(memcpy)
 
 typedef struct kiln__prelude_helper {

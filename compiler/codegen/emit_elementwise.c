@@ -8,6 +8,8 @@
  * XLA's edges (x/0 = -1, INT_MIN/-1 = INT_MIN, x%0 = x, shifts past the
  * width, saturating float->int conversion with NaN -> 0, NaN-propagating
  * max/min/clamp, total-order comparison) through the prelude's helpers.
+ * Complex values (c64, c128) are double _Complex, each c64 result rounded
+ * to float parts, for the interpreter's complex ops only.
  */
 #include <stdio.h>
 #include <string.h>
@@ -305,11 +307,44 @@ static void from_bits(const kiln__emit_fn *f, dt t, const char *a, char *dst, si
   }
 }
 
+/* Conversions from or to complex, as the interpreter converts: a real
+ * value becomes the real part (integers reach c64 through f32), a complex
+ * one gives its real part, or for pred whether it is nonzero. */
+static void complex_convert(const kiln__emit_fn *f, const char *a, dt from, dt to, char *dst,
+                            size_t n) {
+  char e[512];
+  bool cf = kiln_dtype_is_complex(from);
+  if (kiln_dtype_is_complex(to)) {
+    if (cf)
+      snprintf(e, sizeof e, "%s", a);
+    else if (!is_f(from) && to == KILN_C64)
+      snprintf(e, sizeof e, "kcx((double)(float)%s, 0.0)", a);
+    else
+      snprintf(e, sizeof e, "kcx((double)%s, 0.0)", a);
+    if (to == KILN_C64 && from != KILN_C64)
+      snprintf(dst, n, "kc64r(%s)", e);
+    else
+      snprintf(dst, n, "%s", e);
+  } else if (to == KILN_PRED) {
+    snprintf(dst, n, "(uint8_t)(%s != 0)", a);
+  } else if (is_f(to)) {
+    snprintf(e, sizeof e, "creal(%s)", a);
+    fround(to, e, dst, n);
+  } else {
+    snprintf(dst, n, "(%s)%s(creal(%s), %d)", kiln__ctype(f->mod, to), is_s(to) ? "kf2s" : "kf2u",
+             a, kiln_dtype_bits(to));
+  }
+}
+
 int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char *a, dt from, dt to,
                             char *dst, size_t n) {
   char e[512];
   if (from == to) {
     snprintf(dst, n, "%s", a);
+    return 0;
+  }
+  if (kiln_dtype_is_complex(from) || kiln_dtype_is_complex(to)) {
+    complex_convert(f, a, from, to, dst, n);
     return 0;
   }
   if (to == KILN_PRED) {
@@ -375,6 +410,56 @@ static int clamp(const char *const *a, dt t, char *dst, size_t n) {
   return 0;
 }
 
+/* The interpreter's complex ops (add, subtract, multiply, divide, negate,
+ * abs, real, imag, complex, EQ/NE compare), in double _Complex; a c64
+ * result is rounded to float parts (kc64r). 1 when op is not one. */
+static int complex_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, const char *const *a,
+                      uint32_t n, dt rt, char *dst, size_t size) {
+  static const char sym[] = {[KILN_OP_ADD] = '+',
+                             [KILN_OP_SUBTRACT] = '-',
+                             [KILN_OP_MULTIPLY] = '*',
+                             [KILN_OP_DIVIDE] = '/'};
+  char e[512];
+  switch (op) {
+  case KILN_OP_ADD:
+  case KILN_OP_SUBTRACT:
+  case KILN_OP_MULTIPLY:
+  case KILN_OP_DIVIDE:
+    if (n != 2) return 1;
+    snprintf(e, sizeof e, "(%s %c %s)", a[0], sym[op], a[1]);
+    break;
+  case KILN_OP_NEGATE: snprintf(dst, size, "(-%s)", a[0]); return 0;
+  case KILN_OP_COPY: snprintf(dst, size, "%s", a[0]); return 0;
+  case KILN_OP_ABS:
+    snprintf(e, sizeof e, "%s(%s)", rt == KILN_F32 ? "kc64abs" : "cabs", a[0]);
+    fround(rt, e, dst, size);
+    return 0;
+  case KILN_OP_REAL:
+  case KILN_OP_IMAG:
+    snprintf(dst, size, "(%s)%s(%s)", kiln__ctype(f->mod, rt),
+             op == KILN_OP_REAL ? "creal" : "cimag", a[0]);
+    return 0;
+  case KILN_OP_COMPLEX:
+    if (n != 2) return 1;
+    snprintf(e, sizeof e, "kcx((double)%s, (double)%s)", a[0], a[1]);
+    break;
+  case KILN_OP_COMPARE: {
+    const kiln_attr *d = kiln_instr_attr(ins, KILN_ATTR_DIRECTION);
+    if (n != 2 || d == NULL || (d->v.i != KILN_CMP_EQ && d->v.i != KILN_CMP_NE))
+      return kiln__emit_fail(f, ins, KILN_EUNIMPL,
+                             "compare %s: complex values compare only with EQ or NE", ins->name);
+    snprintf(dst, size, "(uint8_t)(%s %s %s)", a[0], d->v.i == KILN_CMP_EQ ? "==" : "!=", a[1]);
+    return 0;
+  }
+  default: return 1;
+  }
+  if (rt == KILN_C64)
+    snprintf(dst, size, "kc64r(%s)", e);
+  else
+    snprintf(dst, size, "%s", e);
+  return 0;
+}
+
 int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
                          const char *const *a, const dt *at, uint32_t n, dt rt, char *dst,
                          size_t size) {
@@ -386,6 +471,17 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
                              f->mod->target->name, kiln_opcode_name(op), ins->name,
                              kiln_dtype_name(at[i]));
   dt t = at[0];
+  bool cplx = kiln_dtype_is_complex(t) || (op == KILN_OP_COMPLEX && kiln_dtype_is_complex(rt));
+  if (op == KILN_OP_BITCAST_CONVERT && (kiln_dtype_is_complex(t) || kiln_dtype_is_complex(rt)))
+    cplx = true; /* refused below: no bit view of a complex value */
+  if (cplx && op != KILN_OP_CONVERT && op != KILN_OP_SELECT) {
+    int rc = complex_op(f, ins, op, a, n, rt, dst, size);
+    if (rc <= 0) return rc;
+    char where[KILN_STATUS_WHERE_MAX];
+    kiln_instr_where(f->mod->m, ins, where, sizeof where);
+    return kiln__emit_fail(f, ins, KILN_EUNIMPL, "the %s backend cannot compile %s %s on %s values",
+                           f->mod->target->name, kiln_opcode_name(op), where, kiln_dtype_name(t));
+  }
   switch (op) {
   case KILN_OP_CONVERT: return kiln__emit_convert_expr(f, ins, a[0], t, rt, dst, size);
   case KILN_OP_BITCAST_CONVERT: {

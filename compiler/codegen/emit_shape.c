@@ -49,6 +49,49 @@ static uint32_t big_dims(const kiln_shape *s, uint32_t *out) {
   return n;
 }
 
+/* The operand index of a reshape, one group of dims at a time: the dims
+ * of both shapes are cut where their running products agree, and each
+ * group's components come from its own linear index alone. A trailing dim
+ * that the reshape keeps ([1024,1024] -> [8,128,1024]) thus maps one to
+ * one, with no division or remainder that would stop the C compiler from
+ * vectorizing the minor loop. Empty shapes take the whole-index form. */
+static int reshape_groups(kiln__emit_fn *f, const kiln__ix *x, const kiln_shape *as,
+                          const kiln_shape *rs, kiln__ix *y) {
+  int rc;
+  char lin[1024];
+  if (kiln_shape_elements(as) == 0) {
+    kiln__ix_linear(f, x, rs->dims, lin, sizeof lin);
+    return kiln__ix_split(f, lin, as->dims, as->rank, y);
+  }
+  if ((rc = kiln__ix_new(f, as->rank, y))) return rc;
+  uint32_t i = 0, j = 0;
+  while (i < as->rank || j < rs->rank) {
+    uint32_t i0 = i, j0 = j;
+    int64_t pa = 1, pr = 1;
+    /* Take at least one dim from a side that still has any, then grow the
+     * smaller product until they agree (they must: equal totals). */
+    if (i < as->rank) pa *= as->dims[i++];
+    if (j < rs->rank) pr *= rs->dims[j++];
+    while (pa != pr && (i < as->rank || j < rs->rank)) {
+      if ((pa < pr && i < as->rank) || j >= rs->rank)
+        pa *= as->dims[i++];
+      else
+        pr *= rs->dims[j++];
+    }
+    /* Trailing size-1 dims join the group they follow. */
+    while (i < as->rank && as->dims[i] == 1 && (j >= rs->rank || rs->dims[j] != 1)) i++;
+    while (j < rs->rank && rs->dims[j] == 1 && (i >= as->rank || as->dims[i] != 1)) j++;
+    kiln__ix sub = *x;
+    sub.rank = j - j0;
+    sub.c = x->c + j0;
+    kiln__ix_linear(f, &sub, rs->dims + j0, lin, sizeof lin);
+    kiln__ix part;
+    if ((rc = kiln__ix_split(f, lin, as->dims + i0, i - i0, &part))) return rc;
+    for (uint32_t d = i0; d < i; d++) kiln__ix_set(y, d, "%s", part.c[d - i0]);
+  }
+  return 0;
+}
+
 static int reshape(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, uint32_t *var) {
   const kiln_instr *a = opnd(f, ins, 0);
   const kiln_shape *as = &a->shape, *rs = &ins->shape;
@@ -63,10 +106,8 @@ static int reshape(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, u
     if ((rc = kiln__ix_new(f, as->rank, &y))) return rc;
     for (uint32_t d = 0; d < as->rank; d++) kiln__ix_set(&y, d, "0");
     for (uint32_t i = 0; i < na; i++) kiln__ix_set(&y, ab[i], "%s", kiln__ix_get(f, x, rb[i]));
-  } else {
-    char lin[1024];
-    kiln__ix_linear(f, x, rs->dims, lin, sizeof lin);
-    if ((rc = kiln__ix_split(f, lin, as->dims, as->rank, &y))) return rc;
+  } else if ((rc = reshape_groups(f, x, as, rs, &y))) {
+    return rc;
   }
   if (x->lin && kiln__reshape_is_bitcast(as, rs) && kiln__same_layout(x->lin_shape, rs)) {
     y.lin = x->lin;

@@ -152,6 +152,23 @@ static void put_conv(writer *w, const kiln_conv *c) {
   }
 }
 
+/* The fft payload, after the common step fields of an FFT step. */
+static void put_fft(writer *w, const kiln_fft *f) {
+  kiln_fft zero = {0};
+  if (f == NULL) f = &zero;
+  put_u32(w, f->type);
+  put_u32(w, f->dtype);
+  put_u32(w, f->rank);
+  put_u32(w, f->nfft);
+  for (int i = 0; i < KILN_FFT_MAX_RANK; i++) {
+    put_i64(w, f->len[i]);
+    put_i64(w, f->in_dims[i]);
+    put_i64(w, f->in_strides[i]);
+    put_i64(w, f->out_dims[i]);
+    put_i64(w, f->out_strides[i]);
+  }
+}
+
 /* A collective step's description: only collective steps carry one. */
 static void put_coll(writer *w, const kiln_coll *c) {
   uint32_t v[7] = {c->op, c->reduce, c->dtype, c->replicas, c->partitions, c->nops, c->gsize};
@@ -182,6 +199,7 @@ static void put_step(writer *w, const kiln_step *s) {
   put_f64(w, g->beta);
   if (s->kind == KILN_STEP_CONV) put_conv(w, s->conv);
   if (s->kind == KILN_STEP_COLLECTIVE) put_coll(w, &s->coll);
+  if (s->kind == KILN_STEP_FFT) put_fft(w, s->fft);
 }
 
 int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *len,
@@ -413,6 +431,24 @@ static void get_conv(reader *r, kiln_step *s) {
   s->conv = c;
 }
 
+/* Read as it comes; kiln_fft_check judges it with the slots (check_step). */
+static void get_fft(reader *r, kiln_step *s) {
+  kiln_fft *f = arr(r, 1, sizeof *f);
+  if (f == NULL) return;
+  f->type = get_u32(r, "fft type");
+  f->dtype = get_u32(r, "fft dtype");
+  f->rank = get_u32(r, "fft rank");
+  f->nfft = get_u32(r, "fft nfft");
+  for (int i = 0; i < KILN_FFT_MAX_RANK; i++) {
+    f->len[i] = get_i64(r, "fft lengths");
+    f->in_dims[i] = get_i64(r, "fft operand dims");
+    f->in_strides[i] = get_i64(r, "fft operand strides");
+    f->out_dims[i] = get_i64(r, "fft result dims");
+    f->out_strides[i] = get_i64(r, "fft result strides");
+  }
+  s->fft = f;
+}
+
 #define MAX_MESH 4096 /* devices of a collective step's mesh */
 
 static void get_coll(reader *r, kiln_coll *c) {
@@ -466,7 +502,9 @@ static void get_step(reader *r, kiln_step *s) {
   memcpy(&g->alpha, &a, sizeof a);
   memcpy(&g->beta, &b, sizeof b);
   s->conv = NULL;
+  s->fft = NULL;
   if (r->rc == 0 && s->kind == KILN_STEP_CONV) get_conv(r, s);
+  if (r->rc == 0 && s->kind == KILN_STEP_FFT) get_fft(r, s);
   if (r->rc == 0 && s->kind == KILN_STEP_COLLECTIVE) get_coll(r, &s->coll);
 }
 
@@ -699,6 +737,16 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
                                 why, sizeof why))
       return kiln_status_set(st, KILN_EINVAL, "executable blob",
                              "debug print step in program %u: %s", p, why);
+    break;
+  }
+  case KILN_STEP_FFT: {
+    char why[200];
+    if (s->nargs != 2 || s->fft == NULL)
+      return bad(st, "fft step in program", p, "needs 2 slots (operand, result) and a description");
+    if (!kiln_fft_check(s->fft, slot_size(e, s->args[0]), slot_size(e, s->args[1]), why,
+                        sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, "executable blob", "fft step in program %u: %s", p,
+                             why);
     break;
   }
   }

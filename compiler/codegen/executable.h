@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define KILN_EXE_MAGIC "KILNEXE1"  /* 8 bytes */
-#define KILN_EXE_FORMAT_VERSION 3u /* 2: the convolution step; 3: the collective step */
+#define KILN_EXE_FORMAT_VERSION 4u /* 2: the convolution step; 3: the collective step; 4: fft */
 #define KILN_COMPILER_VERSION "0.1.0"
 
 typedef enum kiln_slot_kind {
@@ -73,6 +73,9 @@ typedef enum kiln_step_kind {
    * PARTITION_ID: one u32 result slot). The rank meets its group's members
    * at the gang launch's rendezvous (executor/comm.c). */
   KILN_STEP_COLLECTIVE,
+  /* out = fft(in) as kiln_fft describes; args = {in, out}. Through FFTW on
+   * CPU when it can be opened, else the direct DFT (executor/cpu/cpu_fft.c). */
+  KILN_STEP_FFT,
   /* kiln.debug_print: args = {value, record}; the record, a constant slot,
    * holds the value's shape and the format (compiler/ir/debug_print.h);
    * the runtime renders it to the run's debug sink. */
@@ -137,6 +140,32 @@ typedef struct kiln_conv {
   int64_t lhs_dilate[KILN_CONV_MAX_SPATIAL], rhs_dilate[KILN_CONV_MAX_SPATIAL];
 } kiln_conv;
 
+/* An fft with its operands' layouts resolved: per logical dimension of the
+ * operand and result, the size and element stride (elements of the side's
+ * own type: complex, or real for RFFT's input and IRFFT's result). The
+ * innermost `nfft` dims are transformed with lengths len[rank - nfft ..];
+ * the others are a batch (len = the common size). Semantics are XLA's (see
+ * compiler/eval/interp_linalg.c): FFT/IFFT complex to complex, RFFT real to
+ * the half spectrum (last dim len/2 + 1), IRFFT its inverse; the inverses
+ * scale by 1/N. dtype is the complex side's (C64: f32 real side). */
+#define KILN_FFT_MAX_RANK 8
+#define KILN_FFT_MAX_NFFT 3
+typedef enum kiln_fft_type {
+  KILN_FFT_FORWARD,
+  KILN_FFT_INVERSE,
+  KILN_FFT_REAL_FORWARD,
+  KILN_FFT_REAL_INVERSE
+} kiln_fft_type;
+typedef struct kiln_fft {
+  uint32_t type;  /* kiln_fft_type */
+  uint32_t dtype; /* C64 or C128 */
+  uint32_t rank;  /* 1 .. KILN_FFT_MAX_RANK */
+  uint32_t nfft;  /* 1 .. KILN_FFT_MAX_NFFT, <= rank */
+  int64_t len[KILN_FFT_MAX_RANK];
+  int64_t in_dims[KILN_FFT_MAX_RANK], in_strides[KILN_FFT_MAX_RANK];
+  int64_t out_dims[KILN_FFT_MAX_RANK], out_strides[KILN_FFT_MAX_RANK];
+} kiln_fft;
+
 typedef struct kiln_step {
   kiln_step_kind kind;
   uint32_t kernel; /* KERNEL */
@@ -147,6 +176,7 @@ typedef struct kiln_step {
   uint32_t nsub;
   kiln_gemm gemm;  /* GEMM */
   kiln_conv *conv; /* CONV (owned by the executable's arena); else NULL */
+  kiln_fft *fft;   /* FFT (likewise); else NULL */
   kiln_coll coll;  /* COLLECTIVE */
 } kiln_step;
 
@@ -221,6 +251,14 @@ bool kiln_conv_check(const kiln_conv *c, uint64_t lhs_bytes, uint64_t rhs_bytes,
 /* The direct loop (accumulating in double): the reference for the step
  * and the fallback when no library takes it. c must pass kiln_conv_check. */
 void kiln_conv_reference(const kiln_conv *c, const void *lhs, const void *rhs, void *out);
+/* Whether f is a well-formed fft whose operand and result fit in in_bytes
+ * and out_bytes; on false, why[] says what is wrong. */
+bool kiln_fft_check(const kiln_fft *f, uint64_t in_bytes, uint64_t out_bytes, char *why,
+                    size_t nwhy);
+/* The direct DFT in double, axis by axis as the interpreter computes it:
+ * the reference for the step and the fallback without FFTW. f must pass
+ * kiln_fft_check; KILN_ENOMEM when its work array cannot be allocated. */
+int kiln_fft_reference(const kiln_fft *f, const void *in, void *out);
 /* Why collective step c (with nargs slot ids args into slots, already in
  * range) is malformed, or NULL when it is well formed: groups, sources,
  * reduction, element type and every slot's size. */

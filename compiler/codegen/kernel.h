@@ -76,6 +76,11 @@ int kiln__kernel_select_scatter(kiln__codegen *g, const kiln__kernel_spec *k, ui
  * row for the permutation. */
 int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scratch,
                       uint32_t *kernel, uint64_t *range);
+/* topk (k->root) along the last dim: one iteration per row; binds[0] the
+ * operand, outputs 0 (values) and 1 (indices, which also hold the row's
+ * heap while it is built). */
+int kiln__kernel_topk(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                      uint64_t *range);
 
 /* Shared by kernel_loop.c and kernel_special.c. */
 int kiln__kernel_begin(kiln__codegen *g, const kiln__kernel_spec *k, kiln_sbuf *body,

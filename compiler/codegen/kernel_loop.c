@@ -17,7 +17,8 @@
  * passes share is kept in a row temporary on the stack.
  * A reduce over the physically major dims of its input (a bias gradient)
  * accumulates in its output instead, one input row at a time, so that it
- * reads memory in order rather than down columns.
+ * reads memory in order rather than down columns; several such reduces
+ * over the same rows (a layernorm's two parameter gradients) share them.
  */
 #include <stdio.h>
 #include <string.h>
@@ -472,21 +473,25 @@ static bool plain_type(kiln_dtype t) {
   }
 }
 
-/* The reduce the kernel stores when it may run in the row form: one
+/* Most outputs the row form of a reduce over major dims accumulates. */
+#define MAX_ROW_OUTS 8
+
+/* Whether output `o` of the kernel is a reduce the row form can store: one
  * reduce of one input, every type the same and held in the buffer as it is
  * computed (the accumulator lives in the output between rows), an output
  * that no input shares, and in the input's layout the reduced dims all
  * more major than the kept ones, which keep their order in the output's
  * layout (so that consecutive outputs read consecutive input elements). */
-static const kiln_instr *rows_reduce(kiln__codegen *g, const kiln__kernel_spec *k, bool *red) {
+static const kiln_instr *rows_reduce1(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t o,
+                                      bool *red) {
   const kiln_module *m = g->mod.m;
-  uint32_t leaf = k->out_leaf[0];
-  if (k->nouts != 1 || (k->arg_shared && k->arg_shared[k->out_arg[0]])) return NULL;
+  uint32_t leaf = k->out_leaf[o];
+  if (k->arg_shared && k->arg_shared[k->out_arg[o]]) return NULL;
   const kiln_instr *r = m->instrs[producer(m, k->root, &leaf)];
   if (r->op != KILN_OP_REDUCE || r->noperands != 2 || r->ncalled != 1 || leaf != 0 ||
       r->called[0] >= m->ncomps)
     return NULL;
-  const kiln_shape *os = k->out_shape[0], *in = &m->instrs[r->operands[0]]->shape;
+  const kiln_shape *os = k->out_shape[o], *in = &m->instrs[r->operands[0]]->shape;
   const kiln_shape *init = &m->instrs[r->operands[1]]->shape;
   const kiln_computation *c = m->comps[r->called[0]];
   const kiln_instr *p0 = kiln_computation_param(m, c, 0), *p1 = kiln_computation_param(m, c, 1);
@@ -515,29 +520,65 @@ static const kiln_instr *rows_reduce(kiln__codegen *g, const kiln__kernel_spec *
   return r;
 }
 
-/* The row form of a reduce over major dims: the outputs [begin, end) take
- * the init value, then each reduced position, in row-major order, is
+/* The reduces of every output when all of them can run in the row form
+ * together (each as rows_reduce1 accepts, over one input shape and layout,
+ * the same reduced dims and one output layout: a bias gradient and a
+ * layernorm's scale gradient share their rows); *n of them into rs. */
+static bool rows_reduces(kiln__codegen *g, const kiln__kernel_spec *k, bool *red,
+                         const kiln_instr **rs, uint32_t *n) {
+  const kiln_module *m = g->mod.m;
+  if (k->nouts == 0 || k->nouts > MAX_ROW_OUTS) return false;
+  for (uint32_t o = 0; o < k->nouts; o++) {
+    bool red1[KILN__EMIT_MAXR];
+    const kiln_instr *r = rows_reduce1(g, k, o, o ? red1 : red);
+    if (r == NULL) return false;
+    for (uint32_t j = 0; j < o; j++) /* two outputs of one reduce: not the row form */
+      if (rs[j] == r) return false;
+    rs[o] = r;
+    if (o == 0) continue;
+    const kiln_shape *in0 = &m->instrs[rs[0]->operands[0]]->shape;
+    const kiln_shape *in = &m->instrs[r->operands[0]]->shape;
+    if (!kiln_shape_equal(in0, in, true) ||
+        !kiln_shape_equal(k->out_shape[0], k->out_shape[o], true) ||
+        memcmp(red, red1, in->rank * sizeof *red) != 0)
+      return false;
+  }
+  *n = k->nouts;
+  return true;
+}
+
+/* The row form of reduces over major dims: the outputs [begin, end) take
+ * their init values, then each reduced position, in row-major order, is
  * combined into all of them. Every output still combines its inputs in the
  * interpreter's order, but consecutive iterations read consecutive inputs
  * and the inner loop vectorizes, where one output at a time would walk its
- * column with a stride of a whole row. */
-static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *r,
-                       const bool *red, kiln_sbuf *out) {
+ * column with a stride of a whole row. Several outputs share the loops and
+ * the values their inputs have in common. */
+static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *const *rs,
+                       uint32_t nr, const bool *red, kiln_sbuf *out) {
   const kiln_module *m = g->mod.m;
   const kiln_shape *os = k->out_shape[0];
-  const kiln_instr *in = m->instrs[r->operands[0]];
+  const kiln_instr *in = m->instrs[rs[0]->operands[0]];
   const char *t = kiln__ctype(&g->mod, os->dtype);
-  uint32_t ob = k->out_arg[0], fn, init, marks[KILN__EMIT_MAXR + 1], nl = 0;
+  uint32_t fn[MAX_ROW_OUTS], init[MAX_ROW_OUTS], marks[KILN__EMIT_MAXR + 1], nl = 0;
   kiln__emit_fn f;
   kiln__ix s0 = {0}, y;
   int rc = kiln__kernel_begin(g, k, out, &f, 1);
-  if (rc == 0) rc = kiln__emit_comp_fn(&g->mod, r->called[0], r, &fn);
-  if (rc == 0) rc = kiln__emit_value1(&f, r->operands[1], &s0, &init);
+  for (uint32_t o = 0; o < nr && rc == 0; o++) {
+    rc = kiln__emit_comp_fn(&g->mod, rs[o]->called[0], rs[o], &fn[o]);
+    if (rc == 0) rc = kiln__emit_value1(&f, rs[o]->operands[1], &s0, &init[o]);
+  }
   if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
   if (rc) goto out;
   char loop[256];
   g->mod.target->range_loop(loop, sizeof loop, "i");
-  kiln__emit_line(&f, "%s b%u[i] = v%u;", loop, ob, init);
+  if (nr == 1) {
+    kiln__emit_line(&f, "%s b%u[i] = v%u;", loop, k->out_arg[0], init[0]);
+  } else {
+    uint32_t mark = kiln__emit_open(&f, "%s", loop);
+    for (uint32_t o = 0; o < nr; o++) kiln__emit_line(&f, "b%u[i] = v%u;", k->out_arg[o], init[o]);
+    kiln__emit_close(&f, mark, NULL);
+  }
   for (uint32_t d = 0, j = 0; d < in->shape.rank; d++) {
     if (!red[d]) {
       kiln__ix_set(&y, d, "o%u", j++);
@@ -550,13 +591,15 @@ static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_
   }
   marks[nl++] = kiln__emit_open(&f, "%s", loop);
   kiln__kernel_decompose(f.out, os, "i", 0, "o", f.indent);
-  uint32_t v, acc = kiln__emit_newvar(&f);
-  rc = kiln__emit_value1(&f, in->id, &y, &v);
-  if (rc == 0) {
-    uint32_t args[2] = {acc, v};
-    kiln__emit_line(&f, "%s v%u = b%u[i];", t, acc, ob);
-    kiln__emit_call_fn(&f, fn, args, 2, &acc, 1);
-    kiln__emit_line(&f, "b%u[i] = v%u;", ob, acc);
+  for (uint32_t o = 0; o < nr && rc == 0; o++) {
+    uint32_t v, acc = kiln__emit_newvar(&f), ob = k->out_arg[o];
+    rc = kiln__emit_value1(&f, rs[o]->operands[0], &y, &v);
+    if (rc == 0) {
+      uint32_t args[2] = {acc, v};
+      kiln__emit_line(&f, "%s v%u = b%u[i];", t, acc, ob);
+      kiln__emit_call_fn(&f, fn[o], args, 2, &acc, 1);
+      kiln__emit_line(&f, "b%u[i] = v%u;", ob, acc);
+    }
   }
   while (nl-- > 0) kiln__emit_close(&f, marks[nl], NULL);
   if (rc == 0 && f.rc) rc = f.rc;
@@ -569,10 +612,11 @@ int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
                       uint64_t *range) {
   const kiln_shape *s = k->out_shape[0];
   bool red[KILN__EMIT_MAXR];
-  const kiln_instr *r = rows_reduce(g, k, red);
-  if (r != NULL) {
+  const kiln_instr *rs[MAX_ROW_OUTS];
+  uint32_t nr;
+  if (rows_reduces(g, k, red, rs, &nr)) {
     kiln_sbuf out = KILN_SBUF_INIT;
-    int rc = reduce_rows(g, k, r, red, &out);
+    int rc = reduce_rows(g, k, rs, nr, red, &out);
     if (rc == 0) {
       *range = (uint64_t)kiln_shape_elements(s);
       *kernel = g->nkernels;

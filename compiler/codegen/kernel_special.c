@@ -1,13 +1,20 @@
 /* Kernels that are not one value per output element: dynamic-update-slice
- * in place (iterates over the update), scatter (one sequential iteration
- * applying updates in order through the combiner, as XLA's evaluator and
- * the interpreter do), select-and-scatter (likewise sequential: the
- * result filled with the init value, then for each source element the
- * window position `select` prefers, scanned in row-major order, combined
- * with it through `scatter`), and sort (one iteration per row: a stable
- * bottom-up merge sort of a permutation under the comparator, then a
- * gather of every operand through it).
+ * in place (iterates over the update), scatter (updates applied in order
+ * through the combiner, as XLA's evaluator and the interpreter do: when
+ * every update window is one index wide along some operand dimension and
+ * at least 8 elements large, the range is blocks of that dimension, each
+ * iteration walking all updates and applying those that land in its
+ * block, so that blocks run on different threads and each element still
+ * sees its updates in order; otherwise one sequential iteration),
+ * select-and-scatter (likewise sequential: the result filled with the init
+ * value, then for each source element the window position `select`
+ * prefers, scanned in row-major order, combined with it through
+ * `scatter`), sort (one iteration per row: a stable bottom-up merge sort of
+ * a permutation under the comparator, then a gather of every operand
+ * through it), and topk (one iteration per row: a heap of the k best, never
+ * a sort of the row).
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -94,7 +101,11 @@ typedef struct scat {
   uint32_t wd[KILN__EMIT_MAXR], nw;   /* operand window dims */
   uint32_t usd[KILN__EMIT_MAXR], nus; /* update scatter dims */
   int64_t wsize[KILN__EMIT_MAXR];
+  int64_t part_dim;   /* operand dim the range is blocks of; -1: one iteration */
+  int64_t part_block; /* indices of part_dim per block */
 } scat;
+
+#define SCATTER_BLOCKS 32 /* at most, per scatter */
 
 static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
   memset(p, 0, sizeof *p);
@@ -121,6 +132,23 @@ static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
     return fail(g, s, "malformed scatter dimension numbers");
   for (uint32_t d = 0; d < p->ar; d++) p->wsize[d] = 1;
   for (uint32_t j = 0; j < p->nw; j++) p->wsize[p->wd[j]] = us->dims[p->uw->v[j]];
+  /* Blocks of the largest operand dim every window is one index wide in:
+   * an update touches one block only, so blocks never share an element.
+   * Each block reads every update's indices, so there are fewer blocks
+   * for narrower windows (a window of w elements: at most w / 4 blocks,
+   * the index reads then cost a fraction of the updates), none below 2. */
+  p->part_dim = -1;
+  int64_t window = 1;
+  for (uint32_t d = 0; d < p->ar; d++) window *= p->wsize[d];
+  int64_t blocks = window / 4 < SCATTER_BLOCKS ? window / 4 : SCATTER_BLOCKS;
+  for (uint32_t d = 0; d < p->ar && blocks >= 2; d++)
+    if (p->wsize[d] == 1 && as->dims[d] >= 2 &&
+        (p->part_dim < 0 || as->dims[d] > as->dims[p->part_dim]))
+      p->part_dim = d;
+  if (p->part_dim >= 0) {
+    int64_t n = as->dims[p->part_dim];
+    p->part_block = (n + blocks - 1) / blocks;
+  }
   return 0;
 }
 
@@ -224,6 +252,8 @@ static int scatter_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_s
                      (unsigned long long)(as->dims[d] - p->wsize[d]));
   if (p->ar) kiln__emit_line(f, "if (%s) continue;", kiln_sbuf_str(&fits));
   kiln_sbuf_free(&fits);
+  if (p->part_dim >= 0) /* in range: the fit test passed */
+    kiln__emit_line(f, "if (%s / %lld != i) continue;", st[p->part_dim], (long long)p->part_block);
   for (uint32_t j = 0; j < p->nw; j++) {
     wl[j] = kiln__emit_newvar(f);
     marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", wl[j], wl[j],
@@ -250,13 +280,22 @@ int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t 
   if (rc == 0) rc = scatter_body(g, &f, k, &p, fn);
   if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) {
-    char once[256];
-    g->mod.target->single(once, sizeof once);
-    kiln_sbuf_printf(&out, "  %s\n", once);
-    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    char head[256];
+    if (p.part_dim >= 0) {
+      int64_t n = k->out_shape[0]->dims[p.part_dim];
+      *range = (uint64_t)((n + p.part_block - 1) / p.part_block);
+      g->mod.target->range_loop(head, sizeof head, "i");
+      kiln_sbuf_printf(&out, "  %s {\n", head);
+      kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+      kiln_sbuf_puts(&out, "  }\n");
+    } else {
+      *range = 1;
+      g->mod.target->single(head, sizeof head);
+      kiln_sbuf_printf(&out, "  %s\n", head);
+      kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    }
     *kernel = g->nkernels;
-    *range = 1;
-    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), 1);
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
   }
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
@@ -303,6 +342,175 @@ static int sort_less_fn(kiln__codegen *g, const kiln__kernel_spec *k, const kiln
   return 0;
 }
 
+/* Writes template `tpl` with each from[r] replaced by to[r] and `@` by
+ * the kernel number (the topk and sort fast path templates). */
+static void expand(kiln_sbuf *b, const char *tpl, const char *const *from, const char *const *to,
+                   uint32_t nrep, uint32_t id) {
+  for (const char *p = tpl; *p;) {
+    if (*p == '@') {
+      kiln_sbuf_printf(b, "%u", id);
+      p++;
+      continue;
+    }
+    uint32_t r = 0;
+    while (r < nrep && strncmp(p, from[r], strlen(from[r])) != 0) r++;
+    if (r < nrep) {
+      kiln_sbuf_puts(b, to[r]);
+      p += strlen(from[r]);
+      continue;
+    }
+    kiln_sbuf_printf(b, "%c", *p++);
+  }
+}
+
+/* ---- sort fast paths ---------------------------------------------------- */
+
+/* The comparators JAX and XLA write, compare(a0, b0) with direction LT or
+ * GT (either operand order) on operand 0 alone, have a faster sort with
+ * the same result as the merge sort under them:
+ *  - a strict weak order (integer or pred keys, or float keys compared
+ *    with type=TOTALORDER): every stable sort gives the same permutation,
+ *    so an LSD radix sort of 32-bit order-preserving keys with int32
+ *    indices (bytes on which all keys agree skipped), descending as the
+ *    complement of the key;
+ *  - float keys without total order: on a row without NaN, LT is a strict
+ *    weak order in which -0 equals +0, so the radix sort with -0 read as
+ *    +0; a row with a NaN (which compares false both ways, not a weak
+ *    order) takes the same bottom-up merge as the general path, so the
+ *    same comparisons, on contiguous (key, index) pairs instead of through
+ *    the permutation and the comparator function.
+ *  - jnp.sort's and jnp.argsort's comparator, a total-order LT of each key
+ *    canonicalized (NaN as +NaN, -0 as +0, see uncanon): a strict weak
+ *    order, so the radix sort of the canonicalized keys.
+ * Keys wider than 32 bits take the general path. Both fit the scratch of
+ * 16 bytes per element the general path has. */
+typedef enum sort_fast { SORT_GENERAL, SORT_RADIX, SORT_PAIRS, SORT_RADIX_CANON } sort_fast;
+
+/* Whether x is a scalar constant: NaN with the sign clear (nan), or +0. */
+static bool is_const(const kiln_module *m, kiln_id id, bool nan) {
+  const kiln_instr *x = m->instrs[id];
+  if (x->op != KILN_OP_CONSTANT || x->literal == NULL || !kiln_shape_is_array(&x->shape) ||
+      x->shape.rank != 0 || !kiln_dtype_is_float(x->shape.dtype))
+    return false;
+  double v = kiln_literal_get_f64(x->literal, 0);
+  return nan ? v != v && !signbit(v) : v == 0 && !signbit(v);
+}
+
+static bool is_cmp(const kiln_instr *x, kiln_cmp_dir dir) {
+  const kiln_attr *d = kiln_instr_attr(x, KILN_ATTR_DIRECTION);
+  return x->op == KILN_OP_COMPARE && x->noperands == 2 && d && d->v.i == (int64_t)dir;
+}
+
+/* jnp.sort's canonicalization of a float key, x != x ? nan : x == 0 ? 0 :
+ * x (every NaN the positive one, -0 as +0): the parameter it reads, or
+ * x itself when it is not that. */
+static const kiln_instr *uncanon(const kiln_module *m, const kiln_instr *x, bool *canon) {
+  *canon = false;
+  if (x->op != KILN_OP_SELECT || x->noperands != 3) return x;
+  const kiln_instr *ne = m->instrs[x->operands[0]], *y = m->instrs[x->operands[2]];
+  if (!is_cmp(ne, KILN_CMP_NE) || ne->operands[0] != ne->operands[1] ||
+      !is_const(m, x->operands[1], true) || y->op != KILN_OP_SELECT || y->noperands != 3)
+    return x;
+  const kiln_instr *eq = m->instrs[y->operands[0]], *p = m->instrs[y->operands[2]];
+  if (p->op != KILN_OP_PARAMETER || ne->operands[0] != p->id || !is_cmp(eq, KILN_CMP_EQ) ||
+      !is_const(m, y->operands[1], false))
+    return x;
+  bool lhs = eq->operands[0] == p->id && is_const(m, eq->operands[1], false);
+  bool rhs = eq->operands[1] == p->id && is_const(m, eq->operands[0], false);
+  if (!lhs && !rhs) return x;
+  *canon = true;
+  return p;
+}
+
+static sort_fast sort_fast_path(kiln__codegen *g, const kiln_instr *s, kiln_dtype kt, bool *desc) {
+  const kiln_module *m = g->mod.m;
+  const kiln_computation *c = m->comps[s->called[0]];
+  const kiln_instr *root = kiln_computation_root(m, c);
+  if (root == NULL || root->op != KILN_OP_COMPARE || root->noperands != 2) return SORT_GENERAL;
+  bool ca, cb;
+  const kiln_instr *a = uncanon(m, m->instrs[root->operands[0]], &ca);
+  const kiln_instr *b = uncanon(m, m->instrs[root->operands[1]], &cb);
+  if (ca != cb || (ca && !kiln_dtype_is_float(kt))) return SORT_GENERAL;
+  if (a->op != KILN_OP_PARAMETER || b->op != KILN_OP_PARAMETER ||
+      a->param_number + b->param_number != 1 || a->param_number * b->param_number != 0 ||
+      kiln_shape_is_tuple(&a->shape) || a->shape.dtype != kt)
+    return SORT_GENERAL;
+  const kiln_attr *d = kiln_instr_attr(root, KILN_ATTR_DIRECTION);
+  if (d == NULL || (d->v.i != KILN_CMP_LT && d->v.i != KILN_CMP_GT)) return SORT_GENERAL;
+  *desc = (d->v.i == KILN_CMP_GT) == (a->param_number == 0);
+  if (kiln_dtype_bits(kt) > 32 ||
+      (kt != KILN_PRED && !kiln_dtype_is_float(kt) && !kiln_dtype_is_signed_int(kt) &&
+       !kiln_dtype_is_unsigned_int(kt)))
+    return SORT_GENERAL;
+  if (!kiln_dtype_is_float(kt)) return SORT_RADIX;
+  const char *type = kiln_instr_attr_str(root, KILN_ATTR_TYPE);
+  bool total = type && strcmp(type, "TOTALORDER") == 0;
+  if (ca) return total ? SORT_RADIX_CANON : SORT_GENERAL;
+  return total ? SORT_RADIX : SORT_PAIRS;
+}
+
+/* The 32-bit ascending key of x (read as type t's storage). */
+static const char *radix_key(kiln_dtype t) {
+  switch (t) {
+  case KILN_F32: return "(x & 0x80000000u) ? ~x : (x | 0x80000000u)";
+  case KILN_F16:
+  case KILN_BF16: return "(uint32_t)((x & 0x8000u) ? (~x & 0xffffu) : (x | 0x8000u))";
+  case KILN_PRED: return "(uint32_t)(x != 0)";
+  default:
+    return kiln_dtype_is_signed_int(t) ? "(uint32_t)(int32_t)x ^ 0x80000000u" : "(uint32_t)x";
+  }
+}
+
+static const char radix_row[] =
+    "    uint32_t *ka = (uint32_t *)(bSARG + r * 2 * len), *ia = ka + len, *kb = ia + len,"
+    " *ib = kb + len;\n"
+    "    uint32_t any = 0, all = ~0u;\n"
+    "    for (int64_t j = 0; j < len; j++) {\n"
+    "      RT x = (RT)in0[base[0] + j * st[0]];\n"
+    "      ZEROX\n"
+    "      uint32_t k = KEYX;\n"
+    "      k = DESC ? ~k : k;\n"
+    "      ka[j] = k;\n"
+    "      ia[j] = (uint32_t)j;\n"
+    "      any |= k;\n"
+    "      all &= k;\n"
+    "    }\n"
+    "    for (int sh = 0; sh < 32; sh += 8) {\n"
+    "      if ((((any ^ all) >> sh) & 255u) == 0) continue; /* every key has this byte */\n"
+    "      int64_t cnt[257] = {0};\n"
+    "      for (int64_t j = 0; j < len; j++) cnt[((ka[j] >> sh) & 255u) + 1]++;\n"
+    "      for (int q = 0; q < 256; q++) cnt[q + 1] += cnt[q];\n"
+    "      for (int64_t j = 0; j < len; j++) {\n"
+    "        int64_t o = cnt[(ka[j] >> sh) & 255u]++;\n"
+    "        kb[o] = ka[j];\n"
+    "        ib[o] = ia[j];\n"
+    "      }\n"
+    "      uint32_t *t = ka; ka = kb; kb = t;\n"
+    "      t = ia; ia = ib; ib = t;\n"
+    "    }\n"
+    "    order = ia;\n";
+
+static const char pairs_row[] =
+    "    struct kp@ { float k; uint32_t i; } *pa = (struct kp@ *)(bSARG + r * 2 * len),"
+    " *pb = pa + len;\n"
+    "    for (int64_t j = 0; j < len; j++) {\n"
+    "      pa[j].k = (float)LOADX;\n"
+    "      pa[j].i = (uint32_t)j;\n"
+    "    }\n"
+    "    for (int64_t w = 1; w < len; w *= 2) {\n"
+    "      for (int64_t lo = 0; lo < len; lo += 2 * w) {\n"
+    "        int64_t mid = lo + w < len ? lo + w : len, hi = lo + 2 * w < len ? lo + 2 * w : len;\n"
+    "        int64_t a = lo, c = mid, o = lo;\n"
+    "        while (a < mid && c < hi) pb[o++] = pa[c].k CMP pa[a].k ? pa[c++] : pa[a++];\n"
+    "        while (a < mid) pb[o++] = pa[a++];\n"
+    "        while (c < hi) pb[o++] = pa[c++];\n"
+    "      }\n"
+    "      struct kp@ *t = pa; pa = pb; pb = t;\n"
+    "    }\n"
+    "    uint32_t *ord = (uint32_t *)pb; /* pb is free now: the indices, in order */\n"
+    "    for (int64_t j = 0; j < len; j++) ord[j] = pa[j].i;\n"
+    "    order = ord;\n";
+
 static const char sort_loop[] =
     "    for (int64_t j = 0; j < len; j++) perm[j] = j;\n"
     "    for (int64_t w = 1; w < len; w *= 2) {\n"
@@ -316,6 +524,51 @@ static const char sort_loop[] =
     "      memcpy(perm, tmp, (size_t)len * sizeof *perm);\n"
     "    }\n";
 
+/* The row of a fast-path sort (sort_fast_path): leaves `order`, the
+ * row's permutation, for the gather. */
+static void sort_fast_row(kiln_sbuf *bp, kiln__codegen *g, const kiln__kernel_spec *k,
+                          kiln_dtype t0, sort_fast fast, bool desc, uint32_t scratch) {
+  char sarg[16], load[96];
+  snprintf(sarg, sizeof sarg, "%u", scratch);
+  kiln__emit_load_expr(t0, k->binds[0].args[0], "base[0] + j * st[0]", load, sizeof load);
+  /* in0: operand 0 read as bits, for the radix key */
+  const char *rt = t0 == KILN_F32                      ? "uint32_t"
+                   : t0 == KILN_F16 || t0 == KILN_BF16 ? "uint16_t"
+                                                       : kiln__stype(&g->mod, t0);
+  kiln_sbuf_printf(bp, "    const %s *in0 = (const %s *)b%u;\n    const uint32_t *order;\n", rt, rt,
+                   k->binds[0].args[0]);
+  bool w16 = t0 == KILN_F16 || t0 == KILN_BF16;
+  const char *zero = "";
+  if (fast == SORT_PAIRS)
+    zero = w16 ? "if (x == 0x8000u) x = 0;" : "if (x == 0x80000000u) x = 0;";
+  else if (fast == SORT_RADIX_CANON && t0 == KILN_F32)
+    zero = "if ((x & 0x7fffffffu) > 0x7f800000u) x = 0x7fc00000u; "
+           "else if (x == 0x80000000u) x = 0;";
+  else if (fast == SORT_RADIX_CANON)
+    zero = t0 == KILN_F16
+               ? "if ((x & 0x7fffu) > 0x7c00u) x = 0x7e00u; else if (x == 0x8000u) x = 0;"
+               : "if ((x & 0x7fffu) > 0x7f80u) x = 0x7fc0u; else if (x == 0x8000u) x = 0;";
+  const char *from[] = {"KEYX", "RT", "DESC", "LOADX", "CMP", "SARG", "ZEROX"};
+  const char *to[] = {radix_key(t0), rt, desc ? "1" : "0", load, desc ? ">" : "<", sarg, zero};
+  if (fast == SORT_PAIRS) {
+    const char *nan = t0 == KILN_F32   ? "(x & 0x7fffffffu) > 0x7f800000u"
+                      : t0 == KILN_F16 ? "(x & 0x7fffu) > 0x7c00u"
+                                       : "(x & 0x7fffu) > 0x7f80u";
+    kiln_sbuf_printf(bp,
+                     "    int nan = 0;\n"
+                     "    for (int64_t j = 0; j < len; j++) {\n"
+                     "      %s x = in0[base[0] + j * st[0]];\n"
+                     "      nan |= %s;\n"
+                     "    }\n"
+                     "    if (nan) {\n",
+                     rt, nan);
+    expand(bp, pairs_row, from, to, 7, g->nkernels);
+    kiln_sbuf_puts(bp, "    } else {\n");
+  }
+  expand(bp, radix_row, from, to, 7, g->nkernels);
+  if (fast == SORT_PAIRS) kiln_sbuf_puts(bp, "    }\n");
+}
+
 int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scratch,
                       uint32_t *kernel, uint64_t *range) {
   const kiln_instr *s = ins_of(g, k->root);
@@ -326,10 +579,14 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
   const kiln_i64s *dl = kiln_instr_attr_ints(s, KILN_ATTR_DIMENSIONS);
   int64_t d = dl && dl->n == 1 ? dl->v[0] : (int64_t)s0->rank - 1;
   if (s0->rank == 0 || d < 0 || d >= s0->rank) return fail(g, s, "sort dimension out of range");
-  int rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn);
-  if (rc) return rc;
-  if ((rc = sort_less_fn(g, k, s, fn, g->nkernels))) return rc;
   int64_t len = s0->dims[d], total = kiln_shape_elements(s0);
+  bool desc = false;
+  sort_fast fast = len < ((int64_t)1 << 31) ? sort_fast_path(g, s, s0->dtype, &desc) : SORT_GENERAL;
+  int rc = 0;
+  if (fast == SORT_GENERAL) {
+    if ((rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn))) return rc;
+    if ((rc = sort_less_fn(g, k, s, fn, g->nkernels))) return rc;
+  }
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_sbuf_printf(&b, "  const int64_t len = %lld;\n  int64_t base[%u], st[%u], ob[%u];\n",
                    (long long)len, n, n, n);
@@ -357,19 +614,186 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
       if (e != d) kiln_sbuf_printf(&b, " + o%u * %lld", e, (long long)ost[e]);
     kiln_sbuf_printf(&b, ";\n    const int64_t ost%u = %lld;\n", q, (long long)ost[d]);
   }
-  kiln_sbuf_printf(
-      &b, "    int64_t *perm = (int64_t *)bufs[%u] + r * 2 * len, *tmp = perm + len;\n", scratch);
-  kiln_sbuf_printf(&b, "#define LESS(x, y) kless%u(bufs, base, st, x, y)\n", g->nkernels);
-  kiln_sbuf_puts(&b, sort_loop);
-  kiln_sbuf_puts(&b, "#undef LESS\n");
+  const char *order = "perm";
+  if (fast == SORT_GENERAL) {
+    kiln_sbuf_printf(
+        &b, "    int64_t *perm = (int64_t *)bufs[%u] + r * 2 * len, *tmp = perm + len;\n", scratch);
+    kiln_sbuf_printf(&b, "#define LESS(x, y) kless%u(bufs, base, st, x, y)\n", g->nkernels);
+    kiln_sbuf_puts(&b, sort_loop);
+    kiln_sbuf_puts(&b, "#undef LESS\n");
+  } else {
+    sort_fast_row(&b, g, k, s0->dtype, fast, desc, scratch);
+    order = "order";
+  }
   for (uint32_t q = 0; q < n; q++)
     kiln_sbuf_printf(&b,
                      "    for (int64_t j = 0; j < len; j++) b%u[ob[%u] + j * ost%u] = "
-                     "b%u[base[%u] + perm[j] * st[%u]];\n",
-                     k->out_arg[q], q, q, k->binds[q].args[0], q, q);
+                     "b%u[base[%u] + (int64_t)%s[j] * st[%u]];\n",
+                     k->out_arg[q], q, q, k->binds[q].args[0], q, order, q);
   kiln_sbuf_puts(&b, "  }\n");
   *kernel = g->nkernels;
   *range = (uint64_t)(len > 0 ? total / len : 0);
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&b), *range);
+  kiln_sbuf_free(&b);
+  return 0;
+}
+
+/* ---- topk --------------------------------------------------------------- */
+
+/* A row's k best elements without sorting the row: a binary heap of k
+ * indices whose root is the worst kept (held in the index output itself,
+ * at its stride), one comparison with the root per further element, and a
+ * heap sort of the k at the end, best first. "Better" is XLA's: larger
+ * (smaller unless `largest`) in the total order of the element type,
+ * ties going to the lower index. Floats compare through an unsigned key
+ * with that order (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN, the
+ * interpreter's ordering of sign and magnitude bits). */
+static const char topk_helpers[] =
+    "HQ KT ktkkey@(const ST *in, int64_t i) { ST x = in[i]; return KEYX; }\n"
+    "HQ int ktkbetter@(KT ka, int64_t ia, KT kb, int64_t ib) {\n"
+    "  return ka CMP kb || (ka == kb && ia < ib);\n"
+    "}\n"
+    "/* h: a heap of n indices at stride hs, each worse than its children;\n"
+    " * restores that below position p. */\n"
+    "HQ void ktksift@(const ST *in, int64_t base, int64_t st, IT *h, int64_t hs, int64_t n,\n"
+    "                 int64_t p) {\n"
+    "  int64_t x = h[p * hs];\n"
+    "  KT kx = ktkkey@(in, base + x * st);\n"
+    "  for (;;) {\n"
+    "    int64_t c = 2 * p + 1;\n"
+    "    if (c >= n) break;\n"
+    "    int64_t y = h[c * hs];\n"
+    "    KT ky = ktkkey@(in, base + y * st);\n"
+    "    if (c + 1 < n) {\n"
+    "      int64_t z = h[(c + 1) * hs];\n"
+    "      KT kz = ktkkey@(in, base + z * st);\n"
+    "      if (ktkbetter@(ky, y, kz, z)) { c++; y = z; ky = kz; }\n"
+    "    }\n"
+    "    if (!ktkbetter@(kx, x, ky, y)) break;\n"
+    "    h[p * hs] = (IT)y;\n"
+    "    p = c;\n"
+    "  }\n"
+    "  h[p * hs] = (IT)x;\n"
+    "}\n\n";
+
+static const char topk_row[] =
+    "    for (int64_t j = 0; j < kk; j++) {\n"
+    "      KT kj = ktkkey@(in, base + j * st);\n"
+    "      int64_t p = j;\n"
+    "      while (p > 0) {\n"
+    "        int64_t q = (p - 1) / 2, y = h[q * hs];\n"
+    "        if (!ktkbetter@(ktkkey@(in, base + y * st), y, kj, j)) break;\n"
+    "        h[p * hs] = (IT)y;\n"
+    "        p = q;\n"
+    "      }\n"
+    "      h[p * hs] = (IT)j;\n"
+    "    }\n"
+    "    KT thr = ktkkey@(in, base + (int64_t)h[0] * st);\n"
+    "    for (int64_t j = kk; j < len; j++) {\n"
+    "      KT kj = ktkkey@(in, base + j * st);\n"
+    "      if (!(kj CMP thr)) continue; /* j is past every kept index: ties lose */\n"
+    "      h[0] = (IT)j;\n"
+    "      ktksift@(in, base, st, h, hs, kk, 0);\n"
+    "      thr = ktkkey@(in, base + (int64_t)h[0] * st);\n"
+    "    }\n"
+    "    for (int64_t n = kk; n > 1; n--) {\n"
+    "      IT t = h[0];\n"
+    "      h[0] = h[(n - 1) * hs];\n"
+    "      h[(n - 1) * hs] = t;\n"
+    "      ktksift@(in, base, st, h, hs, n - 1, 0);\n"
+    "    }\n"
+    "    for (int64_t j = 0; j < kk; j++) vo[vb + j * vst] = in[base + (int64_t)h[j * hs] * st];\n";
+
+/* The key type, storage type read and key expression of x for dtype t;
+ * false when t has no order. */
+static bool topk_key(kiln__codegen *g, kiln_dtype t, const char **kt, const char **stt,
+                     const char **key) {
+  switch (t) {
+  case KILN_F16:
+  case KILN_BF16:
+    *kt = *stt = "uint16_t";
+    *key = "(uint16_t)((x & 0x8000u) ? ~x : (x | 0x8000u))";
+    return true;
+  case KILN_F32:
+    *kt = *stt = "uint32_t";
+    *key = "(x & 0x80000000u) ? ~x : (x | 0x80000000u)";
+    return true;
+  case KILN_F64:
+    *kt = *stt = "uint64_t";
+    *key = "(x & 0x8000000000000000ull) ? ~x : (x | 0x8000000000000000ull)";
+    return true;
+  case KILN_PRED:
+    *kt = *stt = "uint8_t";
+    *key = "(uint8_t)(x != 0)";
+    return true;
+  default:
+    if (!kiln_dtype_is_signed_int(t) && !kiln_dtype_is_unsigned_int(t)) return false;
+    *kt = *stt = kiln__stype(&g->mod, t);
+    *key = "x";
+    return true;
+  }
+}
+
+int kiln__kernel_topk(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                      uint64_t *range) {
+  const kiln_instr *s = ins_of(g, k->root);
+  if (k->nbinds != 1 || k->nouts != 2 || s->noperands != 1)
+    return fail(g, s, "needs one operand and a (values, indices) result");
+  const kiln_shape *is = k->binds[0].shapes[0], *vs = k->out_shape[0], *xs = k->out_shape[1];
+  uint32_t d = is->rank ? is->rank - 1 : 0;
+  int64_t kk = kiln_instr_attr_int(s, KILN_ATTR_K, -1);
+  if (is->rank == 0 || vs->rank != is->rank || xs->rank != is->rank || kk < 0 || kk > is->dims[d] ||
+      vs->dims[d] != kk || xs->dims[d] != kk || vs->dtype != is->dtype ||
+      !kiln_dtype_is_signed_int(xs->dtype))
+    return fail(g, s, "needs k <= the last dim, values of the operand's type and integer indices");
+  const char *kt, *stt, *key;
+  if (!topk_key(g, is->dtype, &kt, &stt, &key)) {
+    char why[96];
+    snprintf(why, sizeof why, "element type %s has no order", kiln_dtype_name(is->dtype));
+    return fail(g, s, why);
+  }
+  bool largest = kiln_instr_attr_int(s, KILN_ATTR_LARGEST, 1) != 0;
+  const char *from[] = {"KEYX", "KT", "ST", "IT", "CMP", "HQ"};
+  const char *to[] = {key,
+                      kt,
+                      stt,
+                      kiln__stype(&g->mod, xs->dtype),
+                      largest ? ">" : "<",
+                      g->mod.target->helper_qual};
+  expand(&g->mod.funcs, topk_helpers, from, to, 6, g->nkernels);
+  int64_t len = is->dims[d], total = kiln_shape_elements(is), rows = len ? total / len : 0;
+  int64_t ist[KILN__EMIT_MAXR], vst[KILN__EMIT_MAXR], xst[KILN__EMIT_MAXR];
+  strides_of(is, ist);
+  strides_of(vs, vst);
+  strides_of(xs, xst);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b, "  const int64_t len = %lld, kk = %lld;\n", (long long)len, (long long)kk);
+  kiln_sbuf_printf(&b, "  const %s *in = (const %s *)b%u;\n  %s *vo = (%s *)b%u;\n", stt, stt,
+                   k->binds[0].args[0], stt, stt, k->out_arg[0]);
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "r");
+  kiln_sbuf_printf(&b, "  %s {\n", loop);
+  kiln_shape rows_shape = *is;
+  int64_t rdims[KILN__EMIT_MAXR];
+  memcpy(rdims, is->dims, is->rank * sizeof *rdims);
+  rdims[d] = 1;
+  rows_shape.dims = rdims;
+  rows_shape.layout = NULL;
+  kiln__kernel_decompose(&b, &rows_shape, "r", 0, "o", 2);
+  const char *names[3] = {"base", "vb", "xb"};
+  const int64_t *sts[3] = {ist, vst, xst};
+  for (uint32_t q = 0; q < 3; q++) {
+    kiln_sbuf_printf(&b, "    const int64_t %s = 0", names[q]);
+    for (uint32_t e = 0; e < d; e++) kiln_sbuf_printf(&b, " + o%u * %lld", e, (long long)sts[q][e]);
+    kiln_sbuf_puts(&b, ";\n");
+  }
+  kiln_sbuf_printf(&b, "    const int64_t st = %lld, vst = %lld, hs = %lld;\n", (long long)ist[d],
+                   (long long)vst[d], (long long)xst[d]);
+  kiln_sbuf_printf(&b, "    %s *h = b%u + xb;\n", to[3], k->out_arg[1]);
+  expand(&b, topk_row, from, to, 6, g->nkernels);
+  kiln_sbuf_puts(&b, "  }\n");
+  *kernel = g->nkernels;
+  *range = (uint64_t)(kk > 0 ? rows : 0);
   kiln__kernel_finish(g, k, kiln_sbuf_str(&b), *range);
   kiln_sbuf_free(&b);
   return 0;

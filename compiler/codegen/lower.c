@@ -3,10 +3,13 @@
  *
  * Program 0 runs the entry; every while, conditional and call gets nested
  * programs numbered after the one that runs them. A while's state lives in
- * its own slots: the operand is copied in before the loop and the body's
+ * its slots: the operand is copied in before the loop and the body's
  * result copied back at the end of each iteration (through a staging slot
- * when one state leaf feeds another). Branches and called computations
- * copy their result into the caller's result slots. The entry ends with
+ * when one state leaf feeds another), each copy only where buffer
+ * assignment gave the two values different slots (a leaf passed through,
+ * updated in place or taken over needs none). Branches copy their result
+ * into the caller's result slots; a call's result is already in them
+ * (buffer assignment). The entry ends with
  * copies of result leaves that do not already sit in their output or
  * donated parameter slot.
  */
@@ -15,6 +18,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/deadline.h"
 #include "compiler/codegen/lower_internal.h"
 #include "compiler/ir/debug_print.h"
 #include "compiler/ir/rewrite.h"
@@ -432,6 +436,7 @@ static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
     else
       rc = kiln__lower_compute(c, prog, ins);
     if (rc == 0) rc = mark_origin(c, prog, from, ins->id);
+    if (rc == 0) rc = kiln__deadline_check("codegen", c->st);
     if (rc) return rc;
   }
   return 0;

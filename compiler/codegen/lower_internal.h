@@ -48,6 +48,8 @@ bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bo
 /* conv_step.c: whether convolution `ins` becomes one CONV step (f32, at
  * most 3 spatial dims, no window reversal); fills c. */
 bool kiln__conv_plan(const kiln_module *m, const kiln_instr *ins, kiln_conv *c);
+/* fft_step.c: fills *f for fft `ins`; NULL, or why it cannot be a step. */
+const char *kiln__fft_plan(const kiln_module *m, const kiln_instr *ins, kiln_fft *f);
 /* The dot inside fusion f that becomes a GEMM step followed by an
  * epilogue, or NULL. */
 const kiln_instr *kiln__fusion_gemm_dot(const kiln_module *m, const kiln_instr *f);

@@ -1,5 +1,5 @@
 /* Kernel steps for one instruction: which kernel shape (loop, in-place
- * update, scatter, sort) or library call (GEMM) computes it, which slots
+ * update, scatter, sort, topk) or library call (GEMM, CONV, FFT) computes it, which slots
  * its arguments are, and how fusion parameters and constants bind to them.
  *
  * A fusion is one loop kernel whose body inlines the fused computation
@@ -339,6 +339,29 @@ static int conv_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, bool *
 #endif
 }
 
+/* fft: one FFT step (a library call on cpu); refused with the reason when
+ * the instruction does not describe one. */
+static int fft_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  kiln_fft f;
+  const char *why = kiln__fft_plan(c->m, ins, &f);
+  if (why)
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile this fft: %s",
+                            c->g->mod.target->name, why);
+  if (strcmp(c->g->mod.target->name, "cpu") != 0)
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile fft yet",
+                            c->g->mod.target->name);
+  if (kiln_shape_elements(&ins->shape) == 0) return 0;
+  uint32_t args[2] = {leaf0(c, ins->operands[0]), leaf0(c, ins->id)};
+  if (args[0] == KILN_NO_SLOT || args[1] == KILN_NO_SLOT)
+    return kiln__lower_fail(c, ins, KILN_EINTERNAL, "operand or result has no slot");
+  kiln_step s = {.kind = KILN_STEP_FFT, .nargs = 2};
+  s.args = kiln_arena_memdup(c->e->arena, args, sizeof args);
+  s.fft = kiln_arena_memdup(c->e->arena, &f, sizeof f);
+  if (s.args == NULL || s.fft == NULL)
+    return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  return kiln__lower_step(c, prog, &s);
+}
+
 /* ---- fusions ------------------------------------------------------------ */
 
 static int bind_fusion_cb(kb *b, const kiln_instr *ins) { return kb_bind_fusion(b, ins); }
@@ -465,6 +488,31 @@ static int sort_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   return rc;
 }
 
+/* topk: the operand bound, the two result leaves the outputs. */
+static int topk_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  uint32_t ns;
+  const kiln_shape *ls[MAXA];
+  const uint32_t *outs = kiln_buffer_leaves(c->ba, ins->id, &ns);
+  uint32_t nl = kiln__lower_leaf_shapes(&ins->shape, ls, MAXA);
+  if (ins->noperands != 1 || ns != 2 || nl != 2 || !kiln_shape_is_array(ls[0]) ||
+      !kiln_shape_is_array(ls[1]))
+    return kiln__lower_fail(c, ins, KILN_EINVAL, "needs one operand and (values, indices)");
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = kb_bind_operands(b, ins);
+  for (uint32_t k = 0; k < 2; k++) kb_output(b, k, outs[k], ls[k]);
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, ins->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__kernel_topk(c->g, &k, &kernel, &range);
+    if (rc == 0) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  return rc;
+}
+
 static int select_scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   if (!kiln_shape_is_array(&ins->shape))
     return kiln__lower_fail(c, ins, KILN_EINVAL, "result must be an array");
@@ -502,6 +550,8 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     break;
   }
   case KILN_OP_SORT: return sort_kernel(c, prog, ins);
+  case KILN_OP_TOPK: return topk_kernel(c, prog, ins);
+  case KILN_OP_FFT: return fft_step(c, prog, ins);
   case KILN_OP_SELECT_AND_SCATTER: return select_scatter_kernel(c, prog, ins);
   case KILN_OP_SCATTER: {
     uint32_t n = (ins->noperands - 1) / 2;

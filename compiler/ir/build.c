@@ -20,6 +20,7 @@
 
 #include "common/alloc.h"
 #include "common/arena.h"
+#include "common/deadline.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/verify.h"
 
@@ -56,6 +57,13 @@ int kiln__tx_fail(kiln__tx *tx, int code, const kiln_instr *ins, const char *fmt
   va_end(ap);
   if (tx->err == 0) tx->err = code;
   return tx->err;
+}
+
+int kiln__tx_poll(kiln__tx *tx) {
+  if (tx->err) return tx->err;
+  int rc = kiln__deadline_check(tx->name, tx->st);
+  if (rc) tx->err = rc;
+  return rc;
 }
 
 int kiln__tx_oom(kiln__tx *tx) {

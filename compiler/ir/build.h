@@ -62,6 +62,9 @@ int kiln__tx_fail(kiln__tx *tx, int code, const kiln_instr *ins, const char *fmt
     __attribute__((format(printf, 4, 5)));
 static inline bool kiln__tx_ok(const kiln__tx *tx) { return tx->err == 0; }
 int kiln__tx_oom(kiln__tx *tx);
+/* Polls the thread's deadline (common/deadline.h): its error, recorded as
+ * the session's, or 0. Cheap enough for every instruction of a walk. */
+int kiln__tx_poll(kiln__tx *tx);
 
 static inline const kiln_shape *kiln__b_shape(const kiln__tx *tx, kiln_id id) {
   return &tx->m->instrs[id]->shape;

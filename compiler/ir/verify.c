@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/deadline.h"
 #include "compiler/ir/infer_internal.h"
 #include "compiler/ir/verify.h"
 
@@ -31,6 +32,7 @@ typedef struct vctx {
   const kiln_module *m;
   kiln_status *st;
   int64_t max_elements;
+  uint32_t max_nesting;
   uint32_t *owner; /* instruction id -> computation listing it, or NONE */
   uint32_t *pos;   /* instruction id -> index in that computation */
 } vctx;
@@ -383,6 +385,53 @@ static int report_cycle(vctx *v, const frame *stack, uint32_t depth, uint32_t ta
   return rc;
 }
 
+/* The longest chain of calls from c: 1 + the deepest of its callees, all
+ * of which are done when c is (no recursion). */
+static uint32_t comp_height(const kiln_module *m, uint32_t comp, const uint32_t *height) {
+  const kiln_computation *c = m->comps[comp];
+  uint32_t h = 0;
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[c->instrs[i]];
+    for (uint32_t k = 0; k < ins->ncalled; k++)
+      if (height[ins->called[k]] > h) h = height[ins->called[k]];
+  }
+  return h + 1;
+}
+
+/* The deepest chain, from `top` down, named in the message: its first few
+ * and last links ("%main -> %c9 -> ... -> %c0"). */
+static int report_nesting(vctx *v, uint32_t top, const uint32_t *height, uint32_t max) {
+  const kiln_module *m = v->m;
+  kiln_sbuf b = KILN_SBUF_INIT;
+  uint32_t depth = height[top] - 1, comp = top;
+  for (uint32_t step = 0; step <= depth; step++) {
+    if (step < 6 || step + 3 > depth)
+      kiln_sbuf_printf(&b, "%s%%%.64s", step ? " -> " : "", cname(m->comps[comp]));
+    else if (step == 6)
+      kiln_sbuf_printf(&b, " -> ... (%u more)", (unsigned)(depth - 8));
+    const kiln_computation *c = m->comps[comp];
+    uint32_t next = NONE;
+    for (uint32_t i = 0; i < c->ninstrs && next == NONE; i++) {
+      const kiln_instr *ins = m->instrs[c->instrs[i]];
+      for (uint32_t k = 0; k < ins->ncalled && next == NONE; k++)
+        if (height[ins->called[k]] + 1 == height[comp]) next = ins->called[k];
+    }
+    if (next == NONE) break;
+    comp = next;
+  }
+  int rc = fail_at(v, cname(m->comps[top]),
+                   "computations nest %u deep (calls, whiles, conditionals, fusions and the "
+                   "other called computations), more than the limit of %u (max-nesting): %s",
+                   (unsigned)depth, (unsigned)max, kiln_sbuf_str(&b));
+  kiln_sbuf_free(&b);
+  return rc;
+}
+
+/* Called ids must exist; then an iterative DFS over computations: a call
+ * into a computation on the current path is recursion, and on the way
+ * back each computation's height (longest chain of calls below it) is
+ * known, so the nesting depth is checked here, before any walk that
+ * recurses into called computations (lowering, transforms, printing). */
 static int check_call_graph(vctx *v) {
   const kiln_module *m = v->m;
   char where[KILN_STATUS_WHERE_MAX];
@@ -397,12 +446,14 @@ static int check_call_graph(vctx *v) {
       }
   }
   uint8_t *state = kiln_calloc(m->ncomps, 1); /* 0 new, 1 on path, 2 done */
+  uint32_t *height = kiln_calloc(m->ncomps, sizeof *height);
   frame *stack = kiln_calloc(m->ncomps, sizeof *stack);
   int rc = 0;
-  if (state == NULL || stack == NULL) {
+  if (state == NULL || height == NULL || stack == NULL) {
     rc = kiln_status_set(v->st, KILN_ENOMEM, NULL, "out of memory");
     goto out_free;
   }
+  uint32_t top = NONE;
   for (uint32_t root = 0; root < m->ncomps && !rc; root++) {
     if (state[root]) continue;
     uint32_t depth = 0;
@@ -413,6 +464,8 @@ static int check_call_graph(vctx *v) {
       const kiln_computation *c = m->comps[f->comp];
       if (f->k >= c->ninstrs) {
         state[f->comp] = 2;
+        height[f->comp] = comp_height(m, f->comp, height);
+        if (top == NONE || height[f->comp] > height[top]) top = f->comp;
         depth--;
         continue;
       }
@@ -431,8 +484,11 @@ static int check_call_graph(vctx *v) {
       }
     }
   }
+  if (rc == 0 && top != NONE && height[top] - 1 > v->max_nesting)
+    rc = report_nesting(v, top, height, v->max_nesting);
 out_free:
   kiln_free(state);
+  kiln_free(height);
   kiln_free(stack);
   return rc;
 }
@@ -522,6 +578,7 @@ static int check_instrs(vctx *v) {
       }
       if (scratch == NULL) return kiln_status_set(v->st, KILN_ENOMEM, NULL, "out of memory");
       rc = check_instr(v, m->instrs[comp->instrs[k]], scratch);
+      if (rc == 0 && (k & 255) == 0) rc = kiln__deadline_check("verify", v->st);
     }
   }
   kiln_arena_destroy(scratch);
@@ -632,6 +689,8 @@ int kiln_module_verify(const kiln_module *m, const kiln_verify_options *opts, ki
   if (m == NULL) return kiln_status_set(st, KILN_EINVAL, NULL, "kiln_module_verify: NULL module");
   vctx v = {.m = m, .st = st, .max_elements = DEFAULT_MAX_ELEMENTS};
   if (opts && opts->max_elements > 0) v.max_elements = opts->max_elements;
+  v.max_nesting = opts && opts->max_nesting ? opts->max_nesting : KILN_VERIFY_DEFAULT_MAX_NESTING;
+  if (v.max_nesting > KILN_VERIFY_MAX_NESTING) v.max_nesting = KILN_VERIFY_MAX_NESTING;
   size_t n = m->ninstrs ? m->ninstrs : 1;
   v.owner = kiln_malloc(n * sizeof *v.owner);
   v.pos = kiln_malloc(n * sizeof *v.pos);

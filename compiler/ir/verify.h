@@ -2,7 +2,7 @@
  *
  * kiln_module_verify checks a whole module: structure (one ENTRY, roots,
  * operands defined before use and within their computation, no cycles in
- * calls), per-op operand counts and types, attribute ranges, called
+ * calls, nesting no deeper than a limit), per-op operand counts and types, attribute ranges, called
  * computations' signatures, and that every result shape equals the inferred
  * one. Each error names the computation and instruction in kiln_status.where
  * ("main/d3") and, in the message, the opcode, the operand and what was
@@ -18,9 +18,21 @@
 extern "C" {
 #endif
 
+/* Nesting depth: how many computations deep the longest chain of called
+ * computations reaches below any computation (a while in a call in the
+ * entry is 2). The walks that follow calls recurse, so the verifier refuses
+ * a module nested deeper than the limit before any of them runs. JAX
+ * programs nest a few tens deep; the largest limit a caller may set is
+ * what every recursive walk was measured to take on a compile thread's
+ * 8 MiB stack, with room to spare. */
+#define KILN_VERIFY_DEFAULT_MAX_NESTING 256
+#define KILN_VERIFY_MAX_NESTING 4096
+
 typedef struct kiln_verify_options {
   int64_t max_elements; /* per array; 0: default 2^40 */
-  int reserved;         /* zero */
+  /* 0: KILN_VERIFY_DEFAULT_MAX_NESTING; more than KILN_VERIFY_MAX_NESTING
+   * counts as that */
+  uint32_t max_nesting;
 } kiln_verify_options;
 
 int kiln_module_verify(const kiln_module *m, const kiln_verify_options *opts, kiln_status *st);

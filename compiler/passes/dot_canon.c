@@ -97,8 +97,8 @@ static void side_order(const side *s, const uint32_t *ord, bool free_first, int6
 }
 
 /* Picks the group order of side s for ord: the one its physical order
- * already is, if any (no copy), else the default; `strict` accepts only
- * the default. */
+ * already is, if any (no copy), else the one that keeps its minor dim
+ * minor, else the default; `strict` accepts only the default. */
 static void side_pick(const side *s, const uint32_t *ord, bool dflt_free_first, bool strict,
                       int64_t *q, bool *fc, bool *copy) {
   for (uint32_t t = 0; t < (strict ? 1u : 2u); t++) {
@@ -110,8 +110,19 @@ static void side_pick(const side *s, const uint32_t *ord, bool dflt_free_first, 
       return;
     }
   }
-  side_order(s, ord, dflt_free_first, q);
-  *fc = dflt_free_first;
+  /* A copy either way: the order that keeps the physically minor dim
+   * minor, when only one does, moves whole runs of elements instead of
+   * single ones (the GEMM then reads its operand with a transpose flag). */
+  bool ff = dflt_free_first;
+  if (!strict) {
+    int64_t alt[MAXR];
+    side_order(s, ord, !ff, alt);
+    side_order(s, ord, ff, q);
+    int64_t minor = s->phys[s->rank - 1];
+    if (q[s->rank - 1] != minor && alt[s->rank - 1] == minor) ff = !ff;
+  }
+  side_order(s, ord, ff, q);
+  *fc = ff;
   *copy = true;
 }
 
@@ -159,29 +170,64 @@ static kiln_instr *add(kiln_module *m, uint32_t comp, kiln_opcode op, const kiln
   return kiln_module_add_instr(m, comp, op, buf);
 }
 
-/* A new instruction `op` of operand x with dtype t and dims (layout
- * `lay`, or none). */
-static kiln_id unary(kiln_module *m, uint32_t comp, kiln_opcode op, const kiln_instr *d,
-                     const char *what, kiln_id x, kiln_dtype t, const int64_t *dims, uint32_t rank,
-                     const kiln_layout *lay) {
-  kiln_instr *u = add(m, comp, op, d, what);
+static bool same_ints(const kiln_i64s *a, const int64_t *v, uint32_t n) {
+  uint32_t an = a ? a->n : 0;
+  if (v == NULL) n = 0;
+  return an == n && (n == 0 || memcmp(a->v, v, n * sizeof *v) == 0);
+}
+
+/* Instruction `op` of operand x with dtype t and dims (layout `lay`, or
+ * none; permutation `perm` for a transpose): one this pass already made
+ * in comp (ids from `first` on) when it has all of these, so that the dots
+ * reading one value share its reshapes and copies, else a new one. */
+static kiln_id unary(kiln_module *m, uint32_t comp, kiln_id first, kiln_opcode op,
+                     const kiln_instr *d, const char *what, kiln_id x, kiln_dtype t,
+                     const int64_t *dims, uint32_t rank, const kiln_layout *lay,
+                     const int64_t *perm) {
   kiln_shape s;
-  if (u == NULL || kiln_shape_make_array(m->arena, &s, t, dims, rank)) return KILN_NO_ID;
+  if (kiln_shape_make_array(m->arena, &s, t, dims, rank)) return KILN_NO_ID;
   s.layout = (kiln_layout *)lay;
-  if (kiln_instr_set_operands(m, u, &x, 1) || kiln_instr_set_shape(m, u, &s)) return KILN_NO_ID;
+  const kiln_computation *c = m->comps[comp];
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *u = m->instrs[c->instrs[i]];
+    if (u->id < first || u->op != op || u->noperands != 1 || u->operands[0] != x ||
+        !kiln_shape_equal(&u->shape, &s, false) || (lay == NULL) != (u->shape.layout == NULL) ||
+        (lay && !kiln_shape_equal(&u->shape, &s, true)))
+      continue;
+    if (op == KILN_OP_TRANSPOSE &&
+        !same_ints(kiln_instr_attr_ints(u, KILN_ATTR_DIMENSIONS), perm, rank))
+      continue;
+    return u->id;
+  }
+  kiln_instr *u = add(m, comp, op, d, what);
+  if (u == NULL || kiln_instr_set_operands(m, u, &x, 1) || kiln_instr_set_shape(m, u, &s))
+    return KILN_NO_ID;
+  if (perm && kiln_instr_set_attr_ints(m, u, KILN_ATTR_DIMENSIONS, perm, rank)) return KILN_NO_ID;
   return u->id;
+}
+
+/* The row-major layout of a rank-r array, in m's arena (NULL: no memory). */
+static const kiln_layout *row_major(kiln_module *m, uint32_t r) {
+  kiln_layout *lay = kiln_arena_calloc(m->arena, 1, sizeof *lay);
+  int64_t *v = kiln_arena_alloc(m->arena, (r ? r : 1) * sizeof *v);
+  if (lay == NULL || v == NULL) return NULL;
+  for (uint32_t i = 0; i < r; i++) v[i] = (int64_t)r - 1 - i;
+  lay->minor_to_major = v;
+  lay->rank = r;
+  return lay;
 }
 
 /* The canonical operand of side k; fills its batch and contracting dims
  * in the new dot and the size of its free group (1 when none). */
-static int side_build(kiln_module *m, uint32_t comp, const kiln_instr *d, const side *s,
-                      const plan *p, uint32_t k, kiln_dtype t, kiln_id *out, int64_t *nb_dims,
-                      int64_t *cdim, int64_t *fsize) {
+static int side_build(kiln_module *m, uint32_t comp, kiln_id first, const kiln_instr *d,
+                      const side *s, const plan *p, uint32_t k, kiln_dtype t, kiln_id *out,
+                      int64_t *nb_dims, int64_t *cdim, int64_t *fsize) {
   const kiln_shape *sh = &s->op->shape;
   kiln_id x = s->op->id;
   if (sh->dtype != t) {
     /* Elementwise: keeps the operand's layout, so p's choice still holds. */
-    x = unary(m, comp, KILN_OP_CONVERT, d, "f32", x, t, sh->dims, sh->rank, sh->layout);
+    x = unary(m, comp, first, KILN_OP_CONVERT, d, "f32", x, t, sh->dims, sh->rank, sh->layout,
+              NULL);
     if (x == KILN_NO_ID) return KILN_ENOMEM;
   }
   int64_t csize = 1;
@@ -199,12 +245,16 @@ static int side_build(kiln_module *m, uint32_t comp, const kiln_instr *d, const 
   const int64_t *q = p->q[k];
   int64_t dims[MAXR];
   if (!is_identity(q, s->rank)) {
-    kiln_i64s perm = {(int64_t *)q, s->rank};
     for (uint32_t i = 0; i < s->rank; i++) dims[i] = sh->dims[q[i]];
-    x = unary(m, comp, KILN_OP_TRANSPOSE, d, "transpose", x, t, dims, s->rank, NULL);
-    if (x == KILN_NO_ID ||
-        kiln_instr_set_attr_ints(m, m->instrs[x], KILN_ATTR_DIMENSIONS, perm.v, perm.n))
-      return KILN_ENOMEM;
+    x = unary(m, comp, first, KILN_OP_TRANSPOSE, d, "transpose", x, t, dims, s->rank, NULL, q);
+    if (x == KILN_NO_ID) return KILN_ENOMEM;
+  } else if (p->copy[k]) {
+    /* The logical order is right but the bytes are not (a layout written
+     * in the input): a copy into row-major, which layout keeps. */
+    const kiln_layout *rm = row_major(m, s->rank);
+    x = rm ? unary(m, comp, first, KILN_OP_COPY, d, "copy", x, t, sh->dims, s->rank, rm, NULL)
+           : KILN_NO_ID;
+    if (x == KILN_NO_ID) return KILN_ENOMEM;
   }
   for (uint32_t i = 0; i < s->nb; i++) {
     dims[i] = sh->dims[s->b->v[i]];
@@ -217,7 +267,7 @@ static int side_build(kiln_module *m, uint32_t comp, const kiln_instr *d, const 
   dims[n++] = csize;
   if (!ff && s->nf) dims[n++] = *fsize;
   if (reshape) {
-    x = unary(m, comp, KILN_OP_RESHAPE, d, "reshape", x, t, dims, n, NULL);
+    x = unary(m, comp, first, KILN_OP_RESHAPE, d, "reshape", x, t, dims, n, NULL, NULL);
     if (x == KILN_NO_ID) return KILN_ENOMEM;
   }
   *out = x;
@@ -241,7 +291,7 @@ static bool usable(const kiln_shape *s) {
 }
 
 /* Rewrites dot d of computation comp; *done says whether it did. */
-static int canon_dot(kiln_module *m, uint32_t comp, kiln_instr *d, bool *done) {
+static int canon_dot(kiln_module *m, uint32_t comp, kiln_id first, kiln_instr *d, bool *done) {
   *done = false;
   if (d->noperands != 2 || d->ncontrol || !usable(&d->shape)) return 0;
   const kiln_instr *a = m->instrs[d->operands[0]], *b = m->instrs[d->operands[1]];
@@ -263,8 +313,8 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_instr *d, bool *done) {
     return 0; /* a GEMM already */
   kiln_id ops[2];
   int64_t lb[MAXR], rb[MAXR], lc, rc, mdim, ndim;
-  int err = side_build(m, comp, d, &l, &p, 0, t, &ops[0], lb, &lc, &mdim);
-  if (err == 0) err = side_build(m, comp, d, &r, &p, 1, t, &ops[1], rb, &rc, &ndim);
+  int err = side_build(m, comp, first, d, &l, &p, 0, t, &ops[0], lb, &lc, &mdim);
+  if (err == 0) err = side_build(m, comp, first, d, &r, &p, 1, t, &ops[1], rb, &rc, &ndim);
   if (err) return err;
   /* The product: [batch..., M?, N?]. */
   int64_t dims[MAXR];
@@ -272,7 +322,8 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_instr *d, bool *done) {
   for (uint32_t i = 0; i < l.nb; i++) dims[n++] = a->shape.dims[l.b->v[i]];
   if (l.nf) dims[n++] = mdim;
   if (r.nf) dims[n++] = ndim;
-  bool same_dims = n == d->shape.rank && memcmp(dims, d->shape.dims, n * sizeof *dims) == 0;
+  bool same_dims =
+      n == d->shape.rank && (n == 0 || memcmp(dims, d->shape.dims, n * sizeof *dims) == 0);
   kiln_instr *g = kiln_instr_clone(m, comp, d, ops, 2, NULL, NULL);
   kiln_shape gs;
   if (g == NULL || kiln_shape_make_array(m->arena, &gs, t, dims, n)) return KILN_ENOMEM;
@@ -296,11 +347,12 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_instr *d, bool *done) {
   const kiln_shape *ds = &d->shape;
   if (!same_dims) {
     const kiln_layout *lay = ds->dtype == t ? ds->layout : NULL;
-    y = unary(m, comp, KILN_OP_RESHAPE, d, "reshape", y, t, ds->dims, ds->rank, lay);
+    y = unary(m, comp, first, KILN_OP_RESHAPE, d, "reshape", y, t, ds->dims, ds->rank, lay, NULL);
     if (y == KILN_NO_ID) return KILN_ENOMEM;
   }
   if (ds->dtype != t) {
-    y = unary(m, comp, KILN_OP_CONVERT, d, "convert", y, ds->dtype, ds->dims, ds->rank, ds->layout);
+    y = unary(m, comp, first, KILN_OP_CONVERT, d, "convert", y, ds->dtype, ds->dims, ds->rank,
+              ds->layout, NULL);
     if (y == KILN_NO_ID) return KILN_ENOMEM;
   }
   kiln_replace_all_uses(m, comp, d->id, y);
@@ -324,11 +376,12 @@ int kiln_pass_dot_canon(kiln_module *m, const kiln_pass_ctx *ctx) {
   for (uint32_t c = 0; c < m->ncomps && rc == 0; c++) {
     if (fused[c]) continue;
     uint32_t n = m->comps[c]->ninstrs;
+    kiln_id first = m->ninstrs;
     bool any = false;
     for (uint32_t i = 0; i < n && rc == 0; i++) {
       kiln_instr *x = m->instrs[m->comps[c]->instrs[i]];
       bool done = false;
-      if (x->op == KILN_OP_DOT) rc = canon_dot(m, c, x, &done);
+      if (x->op == KILN_OP_DOT) rc = canon_dot(m, c, first, x, &done);
       any |= done;
     }
     if (rc || !any) continue;

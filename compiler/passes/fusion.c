@@ -56,6 +56,7 @@
 
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "common/deadline.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/cost.h"
 #include "compiler/passes/passes.h"
@@ -86,7 +87,11 @@ typedef struct group {
 typedef struct fctx {
   kiln_module *m;
   const kiln_target *t;
-  kiln_arena *a; /* scratch, freed at the end of the pass */
+  /* Scratch of the computation being fused, reset before the next one:
+   * its per-instruction arrays are as long as the module, so keeping them
+   * for every program computation made the pass's memory grow with the
+   * square of the module (a chain of N nested calls). */
+  kiln_arena *a;
   kiln_status *st;
   uint32_t comp;
   const kiln_users *users;
@@ -822,6 +827,7 @@ static const char *ns_unique(kiln_arena *a, nameset *ns, const char *base, uint3
 /* ---- writing groups out ------------------------------------------------- */
 
 typedef struct names {
+  kiln_arena *a;  /* comps' table and names: they outlive each computation's scratch */
   nameset comps;  /* computation names of the module */
   uint32_t ncomp; /* counter for fused_computation.N */
   nameset parent; /* instruction names of the computation being fused */
@@ -863,7 +869,7 @@ static int fused_body(fctx *f, const group *G, const kiln_id *ext, uint32_t next
                       uint32_t *fc, kiln_instr **rootp) {
   kiln_module *m = f->m;
   const kiln_id *mem = G->mem;
-  const char *cname = ns_unique(f->a, &nm->comps, "fused_computation", &nm->ncomp);
+  const char *cname = ns_unique(nm->a, &nm->comps, "fused_computation", &nm->ncomp);
   if (cname == NULL || kiln_module_add_computation(m, cname, fc)) return oom(f);
   nameset inner = {0};
   uint32_t zero = 0;
@@ -1115,9 +1121,11 @@ int kiln_pass_fusion(kiln_module *m, const kiln_pass_ctx *ctx) {
   uint32_t ncomps = m->ncomps;
   uint32_t *progs = kiln_malloc((ncomps ? ncomps : 1) * sizeof *progs);
   kiln_users *users = NULL;
+  names nm = {0};
+  nm.a = kiln_arena_create();
   f.a = kiln_arena_create();
   int rc = 0;
-  if (progs == NULL || f.a == NULL || kiln_users_build(m, &users)) {
+  if (progs == NULL || nm.a == NULL || f.a == NULL || kiln_users_build(m, &users)) {
     rc = oom(&f);
     goto out_free;
   }
@@ -1127,19 +1135,20 @@ int kiln_pass_fusion(kiln_module *m, const kiln_pass_ctx *ctx) {
     rc = oom(&f);
     goto out_free;
   }
-  names nm = {0};
   for (uint32_t i = 0; i < m->ncomps; i++)
-    if (ns_add(f.a, &nm.comps, m->comps[i]->name)) {
+    if (ns_add(nm.a, &nm.comps, m->comps[i]->name)) {
       rc = oom(&f);
       goto out_free;
     }
   for (uint32_t i = 0; i < np && rc == 0; i++) {
     f.comp = progs[i];
-    rc = fuse_computation(&f, &nm);
+    kiln_arena_reset(f.a);
+    if ((rc = fuse_computation(&f, &nm)) == 0) rc = kiln__deadline_check("fusion", f.st);
   }
 out_free:
   kiln_users_destroy(users);
   kiln_arena_destroy(f.a);
+  kiln_arena_destroy(nm.a);
   kiln_free(progs);
   return rc;
 }

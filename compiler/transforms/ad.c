@@ -28,13 +28,27 @@ static void *zalloc(kiln__tx *tx, size_t n, size_t size) {
   return p;
 }
 
+/* The tables cover the ids from the lowest to the highest of src's
+ * instructions, not the whole module: a region per called computation, kept
+ * for the backward walk, would otherwise cost the module's size each (the
+ * square of the depth for a chain of nested calls). The builder gives a
+ * computation's instructions consecutive ids, so the window is about its
+ * size. */
 int kiln__ad_init(kiln__ad *c, kiln__tx *tx, uint32_t dst, const kiln_computation *src) {
   memset(c, 0, sizeof *c);
   c->tx = tx;
   c->b.tx = tx;
   c->b.comp = dst;
   c->src = src;
-  c->n = tx->m->ninstrs;
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (uint32_t i = 0; i < src->ninstrs; i++) {
+    if (src->instrs[i] >= tx->m->ninstrs)
+      return kiln__tx_fail(tx, KILN_EINTERNAL, NULL, "%s: internal error: region grew", tx->name);
+    if (src->instrs[i] < lo) lo = src->instrs[i];
+    if (src->instrs[i] > hi) hi = src->instrs[i];
+  }
+  c->lo = src->ninstrs ? lo : 0;
+  c->n = src->ninstrs ? hi - lo + 1 : 0;
   c->prim = zalloc(tx, c->n, sizeof *c->prim);
   c->tan = zalloc(tx, c->n, sizeof *c->tan);
   c->cot = zalloc(tx, c->n, sizeof *c->cot);
@@ -43,9 +57,6 @@ int kiln__ad_init(kiln__ad *c, kiln__tx *tx, uint32_t dst, const kiln_computatio
   c->aux = zalloc(tx, c->n, sizeof *c->aux);
   if (tx->err) return tx->err;
   for (uint32_t i = 0; i < c->n; i++) c->prim[i] = c->tan[i] = c->cot[i] = KILN_NO_ID;
-  for (uint32_t i = 0; i < src->ninstrs; i++)
-    if (src->instrs[i] >= c->n)
-      return kiln__tx_fail(tx, KILN_EINTERNAL, NULL, "%s: internal error: region grew", tx->name);
   return 0;
 }
 
@@ -79,7 +90,8 @@ int kiln__ad_not_diff(kiln__ad *c, const kiln_instr *ins) {
 static kiln_id copy_instr(kiln__ad *c, const kiln_instr *ins) {
   kiln_id *ops = kiln__b_ids(c->tx, ins->noperands);
   if (ops == NULL) return KILN_NO_ID;
-  for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = c->prim[ins->operands[k]];
+  for (uint32_t k = 0; k < ins->noperands; k++)
+    ops[k] = c->prim[kiln__ad_slot(c, ins->operands[k])];
   return kiln__b_clone_same(&c->b, ins, ops, ins->noperands);
 }
 
@@ -97,30 +109,34 @@ int kiln__jvp_region(kiln__ad *c, const kiln_id *prim_in, const kiln_id *tan_in)
   const kiln_computation *src = c->src;
   const kiln_instr *root = root_of(c);
   if (root == NULL) return tx->err;
-  c->need[root->id] = kiln__b_has_float(&root->shape);
+  c->need[kiln__ad_slot(c, root->id)] = kiln__b_has_float(&root->shape);
   for (uint32_t i = src->ninstrs; i-- > 0;) {
     const kiln_instr *ins = m->instrs[src->instrs[i]];
-    if (!c->need[ins->id]) continue;
+    if (!c->need[kiln__ad_slot(c, ins->id)]) continue;
     for (uint32_t k = 0; k < ins->noperands; k++)
-      if (kiln__b_has_float(&m->instrs[ins->operands[k]]->shape)) c->need[ins->operands[k]] = 1;
+      if (kiln__b_has_float(&m->instrs[ins->operands[k]]->shape))
+        c->need[kiln__ad_slot(c, ins->operands[k])] = 1;
   }
   for (uint32_t i = 0; i < src->ninstrs && tx->err == 0; i++) {
+    if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = m->instrs[src->instrs[i]];
     const kiln__rule *r = kiln__tf_rule_of(ins);
     if (ins->op == KILN_OP_PARAMETER) {
-      c->prim[ins->id] = prim_in[ins->param_number];
-      c->tan[ins->id] = tan_in ? tan_in[ins->param_number] : KILN_NO_ID;
+      c->prim[kiln__ad_slot(c, ins->id)] = prim_in[ins->param_number];
+      c->tan[kiln__ad_slot(c, ins->id)] = tan_in ? tan_in[ins->param_number] : KILN_NO_ID;
     } else {
       bool any = false;
-      for (uint32_t k = 0; k < ins->noperands; k++) any |= c->tan[ins->operands[k]] != KILN_NO_ID;
-      bool run = any && c->need[ins->id] && kiln__b_has_float(&ins->shape);
-      if (!(run && r->own_primal)) c->prim[ins->id] = copy_instr(c, ins);
+      for (uint32_t k = 0; k < ins->noperands; k++)
+        any |= c->tan[kiln__ad_slot(c, ins->operands[k])] != KILN_NO_ID;
+      bool run = any && c->need[kiln__ad_slot(c, ins->id)] && kiln__b_has_float(&ins->shape);
+      if (!(run && r->own_primal)) c->prim[kiln__ad_slot(c, ins->id)] = copy_instr(c, ins);
       if (run) {
         if (r->jvp == NULL) return kiln__ad_not_diff(c, ins);
         r->jvp(c, ins);
       }
     }
-    if (kiln__b_is_zero(tx, c->tan[ins->id])) c->tan[ins->id] = KILN_NO_ID;
+    if (kiln__b_is_zero(tx, c->tan[kiln__ad_slot(c, ins->id)]))
+      c->tan[kiln__ad_slot(c, ins->id)] = KILN_NO_ID;
   }
   return tx->err;
 }
@@ -130,21 +146,24 @@ int kiln__vjp_forward(kiln__ad *c, const kiln_id *prim_in, const uint8_t *active
   const kiln_module *m = tx->m;
   const kiln_computation *src = c->src;
   for (uint32_t i = 0; i < src->ninstrs && tx->err == 0; i++) {
+    if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = m->instrs[src->instrs[i]];
     if (ins->op == KILN_OP_PARAMETER) {
-      c->prim[ins->id] = prim_in[ins->param_number];
-      c->active[ins->id] = active_in[ins->param_number] && kiln__b_has_float(&ins->shape);
+      c->prim[kiln__ad_slot(c, ins->id)] = prim_in[ins->param_number];
+      c->active[kiln__ad_slot(c, ins->id)] =
+          active_in[ins->param_number] && kiln__b_has_float(&ins->shape);
       continue;
     }
     bool act = false;
-    for (uint32_t k = 0; k < ins->noperands; k++) act |= c->active[ins->operands[k]] != 0;
+    for (uint32_t k = 0; k < ins->noperands; k++)
+      act |= c->active[kiln__ad_slot(c, ins->operands[k])] != 0;
     act &= kiln__b_has_float(&ins->shape);
-    c->active[ins->id] = act;
+    c->active[kiln__ad_slot(c, ins->id)] = act;
     const kiln__rule *r = kiln__tf_rule_of(ins);
     if (act && r->fwd)
       r->fwd(c, ins);
     else
-      c->prim[ins->id] = copy_instr(c, ins);
+      c->prim[kiln__ad_slot(c, ins->id)] = copy_instr(c, ins);
   }
   return tx->err;
 }
@@ -155,14 +174,17 @@ int kiln__vjp_backward(kiln__ad *c, kiln_id ct_root) {
   const kiln_computation *src = c->src;
   const kiln_instr *root = root_of(c);
   if (root == NULL) return tx->err;
-  if (c->active[root->id] && ct_root != KILN_NO_ID && !kiln__b_is_zero(tx, ct_root))
-    c->cot[root->id] = c->cot[root->id] == KILN_NO_ID
-                           ? ct_root
-                           : kiln__ad_add_any(&c->b, c->cot[root->id], ct_root);
+  if (c->active[kiln__ad_slot(c, root->id)] && ct_root != KILN_NO_ID &&
+      !kiln__b_is_zero(tx, ct_root))
+    c->cot[kiln__ad_slot(c, root->id)] =
+        c->cot[kiln__ad_slot(c, root->id)] == KILN_NO_ID
+            ? ct_root
+            : kiln__ad_add_any(&c->b, c->cot[kiln__ad_slot(c, root->id)], ct_root);
   for (uint32_t i = src->ninstrs; i-- > 0 && tx->err == 0;) {
+    if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = m->instrs[src->instrs[i]];
-    kiln_id ct = c->cot[ins->id];
-    if (ins->op == KILN_OP_PARAMETER || !c->active[ins->id] || ct == KILN_NO_ID ||
+    kiln_id ct = c->cot[kiln__ad_slot(c, ins->id)];
+    if (ins->op == KILN_OP_PARAMETER || !c->active[kiln__ad_slot(c, ins->id)] || ct == KILN_NO_ID ||
         kiln__b_is_zero(tx, ct))
       continue;
     const kiln__rule *r = kiln__tf_rule_of(ins);
@@ -179,16 +201,18 @@ kiln_id kiln__ad_inline(kiln__tx *tx, kiln__b *b, const kiln_computation *src,
   const kiln_instr *root = root_of(&c);
   if (root == NULL) return KILN_NO_ID;
   for (uint32_t i = 0; i < src->ninstrs && tx->err == 0; i++) {
+    if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = tx->m->instrs[src->instrs[i]];
-    c.prim[ins->id] = ins->op == KILN_OP_PARAMETER ? args[ins->param_number] : copy_instr(&c, ins);
+    c.prim[kiln__ad_slot(&c, ins->id)] =
+        ins->op == KILN_OP_PARAMETER ? args[ins->param_number] : copy_instr(&c, ins);
   }
-  return tx->err ? KILN_NO_ID : c.prim[root->id];
+  return tx->err ? KILN_NO_ID : c.prim[kiln__ad_slot(&c, root->id)];
 }
 
 /* ---- helpers for rules --------------------------------------------------- */
 
 bool kiln__ad_wants(const kiln__ad *c, const kiln_instr *ins, uint32_t k) {
-  return k < ins->noperands && c->active[ins->operands[k]];
+  return k < ins->noperands && c->active[kiln__ad_slot(c, ins->operands[k])];
 }
 
 kiln_id kiln__ad_add_any(kiln__b *b, kiln_id x, kiln_id y) {
@@ -209,7 +233,9 @@ void kiln__ad_accum(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v) {
   if (!kiln__ad_wants(c, ins, k) || v == KILN_NO_ID || c->tx->err || kiln__b_is_zero(c->tx, v))
     return;
   kiln_id op = ins->operands[k];
-  c->cot[op] = c->cot[op] == KILN_NO_ID ? v : kiln__ad_add_any(&c->b, c->cot[op], v);
+  c->cot[kiln__ad_slot(c, op)] = c->cot[kiln__ad_slot(c, op)] == KILN_NO_ID
+                                     ? v
+                                     : kiln__ad_add_any(&c->b, c->cot[kiln__ad_slot(c, op)], v);
 }
 
 kiln_id kiln__ad_mat(kiln__b *b, kiln_id v, const kiln_shape *s) {

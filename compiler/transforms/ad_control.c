@@ -66,7 +66,8 @@ static uint32_t jvp_pair_comp(kiln__ad *c, const kiln_computation *src, const ki
   kiln__ad child;
   if (kiln__ad_init(&child, tx, comp, src) || kiln__jvp_region(&child, &x, &t)) return KILN_NO_ID;
   const kiln_instr *root = kiln_computation_root(tx->m, src);
-  kiln_id r[2] = {child.prim[root->id], kiln__ad_mat(&b, child.tan[root->id], &root->shape)};
+  kiln_id r[2] = {child.prim[kiln__ad_slot(&child, root->id)],
+                  kiln__ad_mat(&b, child.tan[kiln__ad_slot(&child, root->id)], &root->shape)};
   set_root(tx, comp, kiln__b_tuple(&b, r, 2));
   return tx->err ? KILN_NO_ID : comp;
 }
@@ -98,8 +99,8 @@ int kiln__jvp_while(kiln__ad *c, const kiln_instr *ins) {
     if (a == NULL || kiln_attr_copy(tx->m->arena, a, bc)) return kiln__tx_oom(tx);
   }
   kiln_id wid = kiln__b_finish(B, w);
-  c->prim[ins->id] = kiln__b_gte(B, wid, 0);
-  c->tan[ins->id] = kiln__b_gte(B, wid, 1);
+  c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, wid, 0);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, wid, 1);
   return tx->err;
 }
 
@@ -119,8 +120,8 @@ int kiln__jvp_conditional(kiln__ad *c, const kiln_instr *ins) {
   kiln_instr *cd = kiln__b_start(B, KILN_OP_CONDITIONAL, ops, ins->noperands);
   if (cd && kiln_instr_set_called(tx->m, cd, nbr, nb)) return kiln__tx_oom(tx);
   kiln_id r = kiln__b_finish(B, cd);
-  c->prim[ins->id] = kiln__b_gte(B, r, 0);
-  c->tan[ins->id] = kiln__b_gte(B, r, 1);
+  c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, r, 0);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, r, 1);
   return tx->err;
 }
 
@@ -144,15 +145,16 @@ static int jvp_checkpoint_call(kiln__ad *c, const kiln_instr *ins, const kiln_co
   kiln__ad child;
   if (kiln__ad_init(&child, tx, comp, f) || kiln__jvp_region(&child, ps, ps + n)) return tx->err;
   const kiln_instr *root = kiln_computation_root(tx->m, f);
-  kiln_id r[2] = {child.prim[root->id], kiln__ad_mat(&b, child.tan[root->id], &root->shape)};
+  kiln_id r[2] = {child.prim[kiln__ad_slot(&child, root->id)],
+                  kiln__ad_mat(&b, child.tan[kiln__ad_slot(&child, root->id)], &root->shape)};
   set_root(tx, comp, kiln__b_tuple(&b, r, 2));
   kiln_id call = kiln__b_call(B, comp, ops, 2 * n);
   if (call != KILN_NO_ID &&
       kiln_instr_set_attr_str(tx->m, kiln__b_ins(tx, call), KILN_ATTR_FRONTEND_ATTRIBUTES,
                               KILN__CHECKPOINT_ATTR))
     return kiln__tx_oom(tx);
-  c->prim[ins->id] = kiln__b_gte(B, call, 0);
-  c->tan[ins->id] = kiln__b_gte(B, call, 1);
+  c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, call, 0);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, call, 1);
   return tx->err;
 }
 
@@ -179,8 +181,8 @@ static int jvp_inline(kiln__ad *c, const kiln_instr *ins, const kiln_computation
   kiln__ad child;
   if (kiln__ad_init(&child, tx, c->b.comp, f) || kiln__jvp_region(&child, ps, ts)) return tx->err;
   const kiln_instr *root = kiln_computation_root(tx->m, f);
-  if (primal) c->prim[ins->id] = child.prim[root->id];
-  c->tan[ins->id] = child.tan[root->id];
+  if (primal) c->prim[kiln__ad_slot(c, ins->id)] = child.prim[kiln__ad_slot(&child, root->id)];
+  c->tan[kiln__ad_slot(c, ins->id)] = child.tan[kiln__ad_slot(&child, root->id)];
   return tx->err;
 }
 
@@ -292,9 +294,9 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
   loop_save *sv = kiln_arena_calloc(tx->scratch, 1, sizeof *sv);
   if (sv == NULL) return kiln__tx_oom(tx);
   sv->trips = n;
-  c->aux[ins->id] = sv;
+  c->aux[kiln__ad_slot(c, ins->id)] = sv;
   if (n == 0) {
-    c->prim[ins->id] = kiln__X(c, ins, 0);
+    c->prim[kiln__ad_slot(c, ins->id)] = kiln__X(c, ins, 0);
     return tx->err;
   }
   uint32_t nl = kiln__b_leaf_count(S);
@@ -346,14 +348,14 @@ int kiln__fwd_while(kiln__ad *c, const kiln_instr *ins) {
   kiln_id cs = kiln__b_gte(&cb, cp, 0);
   set_root(tx, ncond, kiln__ad_inline(tx, &cb, cond, &cs));
   kiln_id w = make_while(B, kiln__b_tuple(B, zst, nl + 2), ncond, nbody, n);
-  c->prim[ins->id] = kiln__b_gte(B, w, 0);
+  c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, w, 0);
   for (uint32_t e = 0; e < nl; e++) sv->stacks[e] = kiln__b_gte(B, w, e + 2);
   return tx->err;
 }
 
 int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__tx *tx = c->tx;
-  const loop_save *sv = c->aux[ins->id];
+  const loop_save *sv = c->aux[kiln__ad_slot(c, ins->id)];
   const kiln_computation *body = called(tx, ins, 1);
   const kiln_shape *S = &ins->shape;
   if (sv == NULL || body == NULL)
@@ -396,7 +398,8 @@ int kiln__vjp_while(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
       kiln__vjp_backward(&child, cts))
     return tx->err;
   kiln_id pid = param_id(tx, body, 0);
-  out[0] = kiln__ad_mat(&bb, pid == KILN_NO_ID ? KILN_NO_ID : child.cot[pid], S);
+  out[0] =
+      kiln__ad_mat(&bb, pid == KILN_NO_ID ? KILN_NO_ID : child.cot[kiln__ad_slot(&child, pid)], S);
   out[1] = kiln__b_sub(&bb, i, kiln__b_iscalar(&bb, KILN_S32, 1));
   set_root(tx, nbody, kiln__b_tuple(&bb, out, nl + 2));
   kiln__b cb = {tx, ncond};
@@ -448,8 +451,11 @@ int kiln__vjp_conditional(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
     if (el == NULL) return tx->err;
     for (uint32_t j = 0; j < nb; j++) {
       kiln_id pid = param_id(tx, br, 0);
-      el[j] = j == k ? kiln__ad_mat(&b, pid == KILN_NO_ID ? KILN_NO_ID : child.cot[pid], &outs[j])
-                     : kiln__b_zeros(&b, &outs[j]);
+      el[j] = j == k
+                  ? kiln__ad_mat(
+                        &b, pid == KILN_NO_ID ? KILN_NO_ID : child.cot[kiln__ad_slot(&child, pid)],
+                        &outs[j])
+                  : kiln__b_zeros(&b, &outs[j]);
     }
     set_root(tx, nbr[k], kiln__b_tuple(&b, el, nb));
     kiln_id pr[2] = {kiln__X(c, ins, k + 1), ctm};
@@ -473,7 +479,7 @@ static kiln__ad *call_forward(kiln__ad *c, const kiln_instr *ins, const kiln_com
   if (child == NULL || ps == NULL || act == NULL) return kiln__tx_oom(tx), NULL;
   for (uint32_t k = 0; k < ins->noperands; k++) {
     ps[k] = kiln__X(c, ins, k);
-    act[k] = c->active[ins->operands[k]];
+    act[k] = c->active[kiln__ad_slot(c, ins->operands[k])];
   }
   if (kiln__ad_init(child, tx, c->b.comp, f) || kiln__vjp_forward(child, ps, act)) return NULL;
   return child;
@@ -489,7 +495,7 @@ int kiln__fwd_call(kiln__ad *c, const kiln_instr *ins) {
     kiln_id *ops = kiln__b_ids(tx, ins->noperands);
     if (ops == NULL) return tx->err;
     for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = kiln__X(c, ins, k);
-    c->prim[ins->id] = kiln__b_clone_same(B, ins, ops, ins->noperands);
+    c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_clone_same(B, ins, ops, ins->noperands);
     return tx->err;
   }
   return kiln__fwd_via(c, ins, f->id);
@@ -501,8 +507,9 @@ int kiln__fwd_via(kiln__ad *c, const kiln_instr *ins, uint32_t comp) {
   if (f == NULL) return tx->err ? tx->err : kiln__ad_not_diff(c, ins);
   kiln__ad *child = call_forward(c, ins, f);
   if (child == NULL) return tx->err;
-  c->aux[ins->id] = child;
-  c->prim[ins->id] = child->prim[kiln_computation_root(tx->m, f)->id];
+  c->aux[kiln__ad_slot(c, ins->id)] = child;
+  c->prim[kiln__ad_slot(c, ins->id)] =
+      child->prim[kiln__ad_slot(child, kiln_computation_root(tx->m, f)->id)];
   return tx->err;
 }
 
@@ -512,23 +519,23 @@ static int pull_back(kiln__ad *c, const kiln_instr *ins, kiln__ad *child, kiln_i
   if (child == NULL || kiln__vjp_backward(child, ct)) return tx->err;
   for (uint32_t k = 0; k < ins->noperands; k++) {
     kiln_id pid = param_id(tx, child->src, k);
-    if (pid != KILN_NO_ID) kiln__ad_accum(c, ins, k, child->cot[pid]);
+    if (pid != KILN_NO_ID) kiln__ad_accum(c, ins, k, child->cot[kiln__ad_slot(child, pid)]);
   }
   return tx->err;
 }
 
 int kiln__vjp_via(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
-  if (c->aux[ins->id] == NULL)
+  if (c->aux[kiln__ad_slot(c, ins->id)] == NULL)
     return kiln__tx_fail(c->tx, KILN_EINTERNAL, ins,
                          "%s: internal error: no forward copy to differentiate", c->tx->name);
-  return pull_back(c, ins, c->aux[ins->id], ct);
+  return pull_back(c, ins, c->aux[kiln__ad_slot(c, ins->id)], ct);
 }
 
 int kiln__vjp_call(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__tx *tx = c->tx;
   const kiln_computation *f = called(tx, ins, 0);
   if (f == NULL) return kiln__ad_not_diff(c, ins);
-  kiln__ad *child = c->aux[ins->id];
+  kiln__ad *child = c->aux[kiln__ad_slot(c, ins->id)];
   if (child == NULL) child = call_forward(c, ins, f); /* checkpoint: recompute here */
   return pull_back(c, ins, child, ct);
 }

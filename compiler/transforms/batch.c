@@ -99,13 +99,21 @@ int kiln__bt_init(kiln__bt *c, kiln__tx *tx, uint32_t dst, const kiln_computatio
   c->b.comp = dst;
   c->src = src;
   c->bsize = bsize;
-  c->n = tx->m->ninstrs;
-  c->val = kiln__b_ids(tx, c->n);
+  /* The tables cover src's ids only (as kiln__ad_init's): a region per
+   * called computation with module-sized tables cost the square of the
+   * nesting depth. */
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (uint32_t i = 0; i < src->ninstrs; i++) {
+    if (src->instrs[i] >= tx->m->ninstrs)
+      return kiln__tx_fail(tx, KILN_EINTERNAL, NULL, "%s: internal error: region grew", tx->name);
+    if (src->instrs[i] < lo) lo = src->instrs[i];
+    if (src->instrs[i] > hi) hi = src->instrs[i];
+  }
+  c->lo = src->ninstrs ? lo : 0;
+  c->n = src->ninstrs ? hi - lo + 1 : 0;
+  c->val = kiln__b_ids(tx, c->n ? c->n : 1);
   c->sig = kiln_arena_calloc(tx->scratch, c->n ? c->n : 1, sizeof *c->sig);
   if (c->val == NULL || c->sig == NULL) return kiln__tx_oom(tx);
-  for (uint32_t i = 0; i < src->ninstrs; i++)
-    if (src->instrs[i] >= c->n)
-      return kiln__tx_fail(tx, KILN_EINTERNAL, NULL, "%s: internal error: region grew", tx->name);
   return 0;
 }
 
@@ -130,20 +138,23 @@ int kiln__batch_region(kiln__bt *c, const kiln_id *args, kiln__bsig *const *sigs
   kiln__tx *tx = c->tx;
   const kiln_module *m = tx->m;
   for (uint32_t i = 0; i < c->src->ninstrs && tx->err == 0; i++) {
+    if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = m->instrs[c->src->instrs[i]];
     if (ins->op == KILN_OP_PARAMETER) {
-      c->val[ins->id] = args[ins->param_number];
-      c->sig[ins->id] = sigs[ins->param_number];
+      c->val[kiln__bt_slot(c, ins->id)] = args[ins->param_number];
+      c->sig[kiln__bt_slot(c, ins->id)] = sigs[ins->param_number];
       continue;
     }
     bool any = false;
-    for (uint32_t k = 0; k < ins->noperands; k++) any |= kiln__bsig_any(c->sig[ins->operands[k]]);
+    for (uint32_t k = 0; k < ins->noperands; k++)
+      any |= kiln__bsig_any(c->sig[kiln__bt_slot(c, ins->operands[k])]);
     if (!any) {
       kiln_id *ops = kiln__b_ids(tx, ins->noperands);
       if (ops == NULL) break;
-      for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = c->val[ins->operands[k]];
-      c->val[ins->id] = kiln__b_clone_same(B, ins, ops, ins->noperands);
-      c->sig[ins->id] = kiln__bsig_make(tx, &ins->shape, false);
+      for (uint32_t k = 0; k < ins->noperands; k++)
+        ops[k] = c->val[kiln__bt_slot(c, ins->operands[k])];
+      c->val[kiln__bt_slot(c, ins->id)] = kiln__b_clone_same(B, ins, ops, ins->noperands);
+      c->sig[kiln__bt_slot(c, ins->id)] = kiln__bsig_make(tx, &ins->shape, false);
       continue;
     }
     const kiln__rule *r = kiln__tf_rule_of(ins);
@@ -177,19 +188,19 @@ kiln_id kiln__bt_coerce(kiln__bt *c, kiln_id v, const kiln__bsig *have, const ki
 }
 
 bool kiln__bt_batched(const kiln__bt *c, const kiln_instr *ins, uint32_t k) {
-  return kiln__bsig_any(c->sig[ins->operands[k]]);
+  return kiln__bsig_any(c->sig[kiln__bt_slot(c, ins->operands[k])]);
 }
 
 kiln_id kiln__bt_operand(kiln__bt *c, const kiln_instr *ins, uint32_t k) {
   kiln_id op = ins->operands[k];
   kiln__bsig *all = kiln__bsig_make(c->tx, &c->tx->m->instrs[op]->shape, true);
   if (all == NULL) return KILN_NO_ID;
-  return kiln__bt_coerce(c, c->val[op], c->sig[op], all);
+  return kiln__bt_coerce(c, c->val[kiln__bt_slot(c, op)], c->sig[kiln__bt_slot(c, op)], all);
 }
 
 void kiln__bt_set(kiln__bt *c, const kiln_instr *ins, kiln_id v, bool batched) {
-  c->val[ins->id] = v;
-  c->sig[ins->id] = kiln__bsig_make(c->tx, &ins->shape, batched);
+  c->val[kiln__bt_slot(c, ins->id)] = v;
+  c->sig[kiln__bt_slot(c, ins->id)] = kiln__bsig_make(c->tx, &ins->shape, batched);
 }
 
 static kiln_id *batched_operands(kiln__bt *c, const kiln_instr *ins) {
@@ -225,7 +236,7 @@ int kiln__batch_elementwise(kiln__bt *c, const kiln_instr *ins) {
   dims[0] = c->bsize;
   for (uint32_t d = 0; d < r; d++) dims[d + 1] = os->dims[d], map[d] = d + 1;
   for (uint32_t k = 0; k < ins->noperands; k++) {
-    kiln_id v = c->val[ins->operands[k]];
+    kiln_id v = c->val[kiln__bt_slot(c, ins->operands[k])];
     const kiln_shape *s = &c->tx->m->instrs[ins->operands[k]]->shape;
     bool b = kiln__bt_batched(c, ins, k);
     if (b && s->rank == r)
@@ -259,9 +270,9 @@ int kiln__batch_passthrough(kiln__bt *c, const kiln_instr *ins) {
     if (kiln__bt_batched(c, ins, k)) return kiln__batch_unbatched(c, ins);
   kiln_id *ops = kiln__b_ids(c->tx, ins->noperands);
   if (ops == NULL) return c->tx->err;
-  for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = c->val[ins->operands[k]];
-  c->val[ins->id] = kiln__b_clone(B, ins, ops, ins->noperands);
-  c->sig[ins->id] = c->sig[ins->operands[0]];
+  for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = c->val[kiln__bt_slot(c, ins->operands[k])];
+  c->val[kiln__bt_slot(c, ins->id)] = kiln__b_clone(B, ins, ops, ins->noperands);
+  c->sig[kiln__bt_slot(c, ins->id)] = c->sig[kiln__bt_slot(c, ins->operands[0])];
   return c->tx->err;
 }
 
@@ -273,20 +284,20 @@ int kiln__batch_tuple(kiln__bt *c, const kiln_instr *ins) {
   g->el = kiln_arena_calloc(c->tx->scratch, g->n ? g->n : 1, sizeof *g->el);
   if (g->el == NULL) return kiln__tx_oom(c->tx);
   for (uint32_t k = 0; k < ins->noperands; k++) {
-    ops[k] = c->val[ins->operands[k]];
-    g->el[k] = *c->sig[ins->operands[k]];
+    ops[k] = c->val[kiln__bt_slot(c, ins->operands[k])];
+    g->el[k] = *c->sig[kiln__bt_slot(c, ins->operands[k])];
   }
-  c->val[ins->id] = kiln__b_tuple(B, ops, ins->noperands);
-  c->sig[ins->id] = g;
+  c->val[kiln__bt_slot(c, ins->id)] = kiln__b_tuple(B, ops, ins->noperands);
+  c->sig[kiln__bt_slot(c, ins->id)] = g;
   return c->tx->err;
 }
 
 int kiln__batch_gte(kiln__bt *c, const kiln_instr *ins) {
   int64_t i = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0);
-  const kiln__bsig *g = c->sig[ins->operands[0]];
+  const kiln__bsig *g = c->sig[kiln__bt_slot(c, ins->operands[0])];
   if (i < 0 || (uint64_t)i >= g->n) return no_rule(c, ins);
-  c->val[ins->id] = kiln__b_gte(B, c->val[ins->operands[0]], i);
-  c->sig[ins->id] = &g->el[i];
+  c->val[kiln__bt_slot(c, ins->id)] = kiln__b_gte(B, c->val[kiln__bt_slot(c, ins->operands[0])], i);
+  c->sig[kiln__bt_slot(c, ins->id)] = &g->el[i];
   return c->tx->err;
 }
 
@@ -312,7 +323,7 @@ int kiln__batch_map(kiln__bt *c, const kiln_instr *ins) {
 }
 
 int kiln__batch_get_dimension_size(kiln__bt *c, const kiln_instr *ins) {
-  kiln_id v = c->val[ins->operands[0]];
+  kiln_id v = c->val[kiln__bt_slot(c, ins->operands[0])];
   kiln_instr *n = kiln__b_clone_start(B, ins, &v, 1);
   if (n == NULL) return c->tx->err;
   if (kiln_instr_set_attr_int(c->tx->m, n, KILN_ATTR_DIMENSIONS, 0)) return kiln__tx_oom(c->tx);
@@ -391,7 +402,8 @@ int kiln__batch_pad(kiln__bt *c, const kiln_instr *ins) {
   }
   kiln_id x = kiln__bt_operand(c, ins, 0);
   if (!kiln__bt_batched(c, ins, 1)) {
-    kiln__bt_set(c, ins, kiln__b_pad(B, x, c->val[ins->operands[1]], lo, hi, in), true);
+    kiln__bt_set(c, ins, kiln__b_pad(B, x, c->val[kiln__bt_slot(c, ins->operands[1])], lo, hi, in),
+                 true);
     return c->tx->err;
   }
   /* A padding value per batch element: pad with zero, then put the values
@@ -403,7 +415,8 @@ int kiln__batch_pad(kiln__bt *c, const kiln_instr *ins) {
   kiln_id mask = kiln__b_pad(B, ones, kiln__b_scalar(B, KILN_PRED, 0), lo, hi, in);
   const kiln_shape *ps = kiln__b_shape(c->tx, padded);
   int64_t zero = 0;
-  kiln_id v = kiln__b_broadcast(B, c->val[ins->operands[1]], ps->dims, ps->rank, &zero, 1);
+  kiln_id v = kiln__b_broadcast(B, c->val[kiln__bt_slot(c, ins->operands[1])], ps->dims, ps->rank,
+                                &zero, 1);
   kiln__bt_set(c, ins, kiln__b_select(B, mask, padded, v), true);
   return c->tx->err;
 }
@@ -555,7 +568,8 @@ int kiln__tf_apply_vmap(kiln__tx *tx, const kiln_transform *t, uint32_t *out) {
   }
   if (tx->err || kiln__batch_region(&c, args, sigs)) return tx->err;
   vout o = {0, t->out_axes, t->nout_axes};
-  kiln_id r = place_outputs(&c, c.val[root->id], &root->shape, c.sig[root->id], &o);
+  kiln_id r = place_outputs(&c, c.val[kiln__bt_slot(&c, root->id)], &root->shape,
+                            c.sig[kiln__bt_slot(&c, root->id)], &o);
   if (tx->err) return tx->err;
   m->comps[comp]->root = r;
   *out = comp;

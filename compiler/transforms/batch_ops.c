@@ -60,7 +60,8 @@ int kiln__batch_dot(kiln__bt *c, const kiln_instr *ins) {
             lc = list(ins, KILN_ATTR_LHS_CONTRACTING_DIMS);
   kiln_i64s rb = list(ins, KILN_ATTR_RHS_BATCH_DIMS),
             rc = list(ins, KILN_ATTR_RHS_CONTRACTING_DIMS);
-  kiln_id o[2] = {c->val[ins->operands[0]], c->val[ins->operands[1]]};
+  kiln_id o[2] = {c->val[kiln__bt_slot(c, ins->operands[0])],
+                  c->val[kiln__bt_slot(c, ins->operands[1])]};
   kiln_instr *d = kiln__b_clone_start(B, ins, o, 2);
   if (d == NULL) return tx->err;
   if (bl && (set_list(tx, d, KILN_ATTR_LHS_BATCH_DIMS, shifted(tx, lb, br)) ||
@@ -125,7 +126,7 @@ static kiln_id *reduce_operands(kiln__bt *c, const kiln_instr *ins, kiln_id *lat
   *late = KILN_NO_ID;
   for (uint32_t k = 0; k < n; k++) ops[k] = kiln__bt_operand(c, ins, k);
   for (uint32_t k = n; k < 2 * n; k++) {
-    ops[k] = c->val[ins->operands[k]];
+    ops[k] = c->val[kiln__bt_slot(c, ins->operands[k])];
     if (!kiln__bt_batched(c, ins, k)) continue;
     kiln__red rk =
         ins->ncalled == 1 ? kiln__tf_reducer_kind(c->tx->m, ins->called[0]) : KILN__RED_OTHER;
@@ -187,7 +188,7 @@ int kiln__batch_reduce_window(kiln__bt *c, const kiln_instr *ins) {
 int kiln__batch_select_and_scatter(kiln__bt *c, const kiln_instr *ins) {
   if (kiln__bt_batched(c, ins, 2)) return cannot(c, ins, "the init value is batched");
   kiln_id o[3] = {kiln__bt_operand(c, ins, 0), kiln__bt_operand(c, ins, 1),
-                  c->val[ins->operands[2]]};
+                  c->val[kiln__bt_slot(c, ins->operands[2])]};
   kiln_instr *r = kiln__b_clone_start(B, ins, o, 3);
   if (r == NULL || batched_window(c, ins, r)) return c->tx->err;
   kiln__bt_set(c, ins, kiln__b_finish(B, r), true);
@@ -254,7 +255,7 @@ int kiln__batch_dynamic_slice(kiln__bt *c, const kiln_instr *ins) {
     idx[0] = kiln__b_iscalar(B, it, 0);
     sz[0] = c->bsize;
     for (uint32_t k = 0; k < r; k++)
-      idx[k + 1] = c->val[ins->operands[k + 1]], sz[k + 1] = sizes->v[k];
+      idx[k + 1] = c->val[kiln__bt_slot(c, ins->operands[k + 1])], sz[k + 1] = sizes->v[k];
     kiln__bt_set(c, ins, kiln__b_dyn_slice(B, x, idx, r + 1, sz), true);
     return tx->err;
   }
@@ -273,7 +274,7 @@ int kiln__batch_dynamic_update_slice(kiln__bt *c, const kiln_instr *ins) {
     if (idx == NULL) return tx->err;
     kiln_dtype it = r ? tx->m->instrs[ins->operands[2]]->shape.dtype : KILN_S32;
     idx[0] = kiln__b_iscalar(B, it, 0);
-    for (uint32_t k = 0; k < r; k++) idx[k + 1] = c->val[ins->operands[k + 2]];
+    for (uint32_t k = 0; k < r; k++) idx[k + 1] = c->val[kiln__bt_slot(c, ins->operands[k + 2])];
     kiln__bt_set(c, ins, kiln__b_dyn_update(B, x, u, idx, r + 1), true);
     return tx->err;
   }
@@ -415,7 +416,8 @@ static kiln_id merge_run(kiln__b *b, kiln_id v, int64_t axis, uint32_t n) {
 static int grouped_batched_kernel(kiln__bt *c, const kiln_instr *ins, const kiln_conv_dims *cd,
                                   int64_t g) {
   kiln__tx *tx = c->tx;
-  kiln_id l = c->val[ins->operands[0]], r = c->val[ins->operands[1]];
+  kiln_id l = c->val[kiln__bt_slot(c, ins->operands[0])],
+          r = c->val[kiln__bt_slot(c, ins->operands[1])];
   int64_t ko = cd->kernel_out + 1, of = cd->out_feature;
   int64_t o = kiln__b_shape(tx, r)->dims[ko];
   int64_t kp[2] = {g, o / g};
@@ -437,7 +439,8 @@ int kiln__batch_convolution(kiln__bt *c, const kiln_instr *ins) {
   int64_t fgc = kiln_instr_attr_int(ins, KILN_ATTR_FEATURE_GROUP_COUNT, 1);
   int64_t bgc = kiln_instr_attr_int(ins, KILN_ATTR_BATCH_GROUP_COUNT, 1);
   bool bl = kiln__bt_batched(c, ins, 0), br = kiln__bt_batched(c, ins, 1);
-  kiln_id l = c->val[ins->operands[0]], r = c->val[ins->operands[1]];
+  kiln_id l = c->val[kiln__bt_slot(c, ins->operands[0])],
+          r = c->val[kiln__bt_slot(c, ins->operands[1])];
   int64_t at;
   if (bgc != 1) return cannot(c, ins, "batch_group_count is not 1");
   if (bl && !br) {
@@ -492,12 +495,13 @@ static kiln__bsig *loop_sig(kiln__bt *c, const kiln_instr *w, kiln__bsig *init, 
   return tx->err ? NULL : s;
 }
 
-static kiln__bsig *cond_sig(kiln__bt *c, const kiln_instr *ins, kiln__bsig **sigs) {
-  if (kiln__bsig_any(sigs[ins->operands[0]])) return all_batched(c, &ins->shape);
+/* sigs[id - lo]: the batching of each value of ins's computation. */
+static kiln__bsig *cond_sig(kiln__bt *c, const kiln_instr *ins, kiln__bsig **sigs, uint32_t lo) {
+  if (kiln__bsig_any(sigs[ins->operands[0] - lo])) return all_batched(c, &ins->shape);
   kiln__bsig *r = kiln__bsig_make(c->tx, &ins->shape, false);
   for (uint32_t k = 0; r && k < ins->ncalled && k + 1 < ins->noperands; k++) {
     const kiln_computation *br = kiln_module_computation(c->tx->m, ins->called[k]);
-    kiln__bsig *o = analyze(c, br, &sigs[ins->operands[k + 1]]);
+    kiln__bsig *o = analyze(c, br, &sigs[ins->operands[k + 1] - lo]);
     r = o ? kiln__bsig_join(c->tx, r, o) : NULL;
   }
   return r;
@@ -507,44 +511,53 @@ static kiln__bsig *cond_sig(kiln__bt *c, const kiln_instr *ins, kiln__bsig **sig
 static kiln__bsig *analyze(kiln__bt *c, const kiln_computation *comp, kiln__bsig *const *ps) {
   kiln__tx *tx = c->tx;
   const kiln_module *m = tx->m;
-  kiln__bsig **sig = kiln_arena_calloc(tx->scratch, m->ninstrs + 1, sizeof *sig);
-  if (sig == NULL || comp == NULL) return kiln__tx_oom(tx), NULL;
+  if (comp == NULL) return kiln__tx_oom(tx), NULL;
+  /* sig[id - lo] over comp's ids only: each call analyzes its callee
+   * again, so module-sized tables made nesting cost its square. */
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (uint32_t i = 0; i < comp->ninstrs; i++) {
+    if (comp->instrs[i] < lo) lo = comp->instrs[i];
+    if (comp->instrs[i] > hi) hi = comp->instrs[i];
+  }
+  if (comp->ninstrs == 0) lo = hi = 0;
+  kiln__bsig **sig = kiln_arena_calloc(tx->scratch, hi - lo + 1, sizeof *sig);
+  if (sig == NULL) return kiln__tx_oom(tx), NULL;
   for (uint32_t i = 0; i < comp->ninstrs && tx->err == 0; i++) {
     const kiln_instr *ins = m->instrs[comp->instrs[i]];
     bool any = false;
-    for (uint32_t k = 0; k < ins->noperands; k++) any |= kiln__bsig_any(sig[ins->operands[k]]);
+    for (uint32_t k = 0; k < ins->noperands; k++) any |= kiln__bsig_any(sig[ins->operands[k] - lo]);
     kiln__bsig *g;
     switch (ins->op) {
     case KILN_OP_PARAMETER: g = ps[ins->param_number]; break;
     case KILN_OP_TUPLE:
       g = kiln__bsig_make(tx, &ins->shape, false);
-      for (uint32_t k = 0; g && k < ins->noperands; k++) g->el[k] = *sig[ins->operands[k]];
+      for (uint32_t k = 0; g && k < ins->noperands; k++) g->el[k] = *sig[ins->operands[k] - lo];
       break;
     case KILN_OP_GET_TUPLE_ELEMENT: {
       int64_t x = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0);
-      const kiln__bsig *t = sig[ins->operands[0]];
+      const kiln__bsig *t = sig[ins->operands[0] - lo];
       g = x >= 0 && (uint64_t)x < t->n ? &t->el[x] : NULL;
       break;
     }
     case KILN_OP_WHILE: {
       bool pb;
-      g = any ? loop_sig(c, ins, sig[ins->operands[0]], &pb)
+      g = any ? loop_sig(c, ins, sig[ins->operands[0] - lo], &pb)
               : kiln__bsig_make(tx, &ins->shape, false);
       break;
     }
-    case KILN_OP_CONDITIONAL: g = cond_sig(c, ins, sig); break;
+    case KILN_OP_CONDITIONAL: g = cond_sig(c, ins, sig, lo); break;
     case KILN_OP_CALL:
     case KILN_OP_FUSION: {
       kiln__bsig **args = kiln_arena_calloc(tx->scratch, ins->noperands + 1, sizeof *args);
       if (args == NULL) return kiln__tx_oom(tx), NULL;
-      for (uint32_t k = 0; k < ins->noperands; k++) args[k] = sig[ins->operands[k]];
+      for (uint32_t k = 0; k < ins->noperands; k++) args[k] = sig[ins->operands[k] - lo];
       g = analyze(c, kiln_module_computation(m, ins->called[0]), args);
       break;
     }
     case KILN_OP_GET_DIMENSION_SIZE: g = kiln__bsig_make(tx, &ins->shape, false); break;
     case KILN_OP_OPTIMIZATION_BARRIER:
     case KILN_OP_DOMAIN:
-    case KILN_OP_ADD_DEPENDENCY: g = sig[ins->operands[0]]; break;
+    case KILN_OP_ADD_DEPENDENCY: g = sig[ins->operands[0] - lo]; break;
     default: g = kiln__bsig_make(tx, &ins->shape, any); break;
     }
     if (g == NULL) {
@@ -552,10 +565,10 @@ static kiln__bsig *analyze(kiln__bt *c, const kiln_computation *comp, kiln__bsig
         kiln__tx_fail(tx, KILN_EINTERNAL, ins, "%s: batching analysis failed", tx->name);
       return NULL;
     }
-    sig[ins->id] = g;
+    sig[ins->id - lo] = g;
   }
   const kiln_instr *root = kiln_computation_root(m, comp);
-  return tx->err || root == NULL ? NULL : sig[root->id];
+  return tx->err || root == NULL ? NULL : sig[root->id - lo];
 }
 
 /* Batches computation src into a new computation whose parameters are
@@ -578,9 +591,9 @@ static uint32_t batch_comp(kiln__bt *c, const kiln_computation *src,
   }
   if (kiln__batch_region(&child, args, sigs)) return KILN_NO_ID;
   const kiln_instr *root = kiln_computation_root(tx->m, src);
-  kiln_id r = child.val[root->id];
-  if (want) r = kiln__bt_coerce(&child, r, child.sig[root->id], want);
-  if (got) *got = want ? (kiln__bsig *)want : child.sig[root->id];
+  kiln_id r = child.val[kiln__bt_slot(&child, root->id)];
+  if (want) r = kiln__bt_coerce(&child, r, child.sig[kiln__bt_slot(&child, root->id)], want);
+  if (got) *got = want ? (kiln__bsig *)want : child.sig[kiln__bt_slot(&child, root->id)];
   if (tx->err) return KILN_NO_ID;
   tx->m->comps[comp]->root = r;
   return comp;
@@ -607,7 +620,7 @@ int kiln__batch_while(kiln__bt *c, const kiln_instr *ins) {
   const kiln_computation *cond = kiln_module_computation(tx->m, ins->called[0]);
   const kiln_computation *body = kiln_module_computation(tx->m, ins->called[1]);
   bool pb = false;
-  kiln__bsig *s = loop_sig(c, ins, c->sig[ins->operands[0]], &pb);
+  kiln__bsig *s = loop_sig(c, ins, c->sig[kiln__bt_slot(c, ins->operands[0])], &pb);
   if (s == NULL) return tx->err;
   const kiln_shape *S = &ins->shape;
   uint32_t nbody = batch_comp(c, body, &S, &s, 1, s, "vmap", NULL);
@@ -624,8 +637,8 @@ int kiln__batch_while(kiln__bt *c, const kiln_instr *ins) {
       if (tx->m->instrs[bcomp->instrs[i]]->op == KILN_OP_PARAMETER) old = bcomp->instrs[i];
     if (kiln__bt_init(&bc, tx, nbody, cond, c->bsize) || kiln__batch_region(&bc, &old, &s))
       return tx->err;
-    p = kiln__bt_coerce(&bc, bc.val[kiln_computation_root(tx->m, cond)->id],
-                        bc.sig[kiln_computation_root(tx->m, cond)->id],
+    p = kiln__bt_coerce(&bc, bc.val[kiln__bt_slot(&bc, kiln_computation_root(tx->m, cond)->id)],
+                        bc.sig[kiln__bt_slot(&bc, kiln_computation_root(tx->m, cond)->id)],
                         &(kiln__bsig){true, 0, NULL});
     kiln__bt sel = bc;
     kiln_id r = select_leaves(&sel, p, newv, old);
@@ -642,14 +655,15 @@ int kiln__batch_while(kiln__bt *c, const kiln_instr *ins) {
     if (tx->err) return tx->err;
     tx->m->comps[ncond]->root = any;
   }
-  kiln_id init = kiln__bt_coerce(c, c->val[ins->operands[0]], c->sig[ins->operands[0]], s);
+  kiln_id init = kiln__bt_coerce(c, c->val[kiln__bt_slot(c, ins->operands[0])],
+                                 c->sig[kiln__bt_slot(c, ins->operands[0])], s);
   kiln_instr *w = kiln__b_clone_start(B, ins, &init, 1);
   uint32_t cs[2] = {ncond, nbody};
   if (w && kiln_instr_set_called(tx->m, w, cs, 2)) return kiln__tx_oom(tx);
   /* with a batched predicate the loop runs as long as its longest element */
   if (w && pb) kiln__b_drop_attr(w, KILN_ATTR_BACKEND_CONFIG);
-  c->val[ins->id] = kiln__b_finish(B, w);
-  c->sig[ins->id] = s;
+  c->val[kiln__bt_slot(c, ins->id)] = kiln__b_finish(B, w);
+  c->sig[kiln__bt_slot(c, ins->id)] = s;
   return tx->err;
 }
 
@@ -658,22 +672,22 @@ int kiln__batch_conditional(kiln__bt *c, const kiln_instr *ins) {
   uint32_t nb = ins->ncalled;
   if (ins->noperands != nb + 1) return cannot(c, ins, "operand count");
   if (!kiln__bt_batched(c, ins, 0)) {
-    kiln__bsig *want = cond_sig(c, ins, c->sig);
+    kiln__bsig *want = cond_sig(c, ins, c->sig, c->lo);
     uint32_t *nbr = kiln_arena_calloc(tx->scratch, nb + 1, sizeof *nbr);
     kiln_id *ops = kiln__b_ids(tx, nb + 1);
     if (want == NULL || nbr == NULL || ops == NULL) return tx->err ? tx->err : kiln__tx_oom(tx);
-    ops[0] = c->val[ins->operands[0]];
+    ops[0] = c->val[kiln__bt_slot(c, ins->operands[0])];
     for (uint32_t k = 0; k < nb; k++) {
       const kiln_shape *ps = &tx->m->instrs[ins->operands[k + 1]]->shape;
       nbr[k] = batch_comp(c, kiln_module_computation(tx->m, ins->called[k]), &ps,
-                          &c->sig[ins->operands[k + 1]], 1, want, "vmap", NULL);
+                          &c->sig[kiln__bt_slot(c, ins->operands[k + 1])], 1, want, "vmap", NULL);
       if (nbr[k] == KILN_NO_ID) return tx->err;
-      ops[k + 1] = c->val[ins->operands[k + 1]];
+      ops[k + 1] = c->val[kiln__bt_slot(c, ins->operands[k + 1])];
     }
     kiln_instr *cd = kiln__b_clone_start(B, ins, ops, nb + 1);
     if (cd && kiln_instr_set_called(tx->m, cd, nbr, nb)) return kiln__tx_oom(tx);
-    c->val[ins->id] = kiln__b_finish(B, cd);
-    c->sig[ins->id] = want;
+    c->val[kiln__bt_slot(c, ins->id)] = kiln__b_finish(B, cd);
+    c->sig[kiln__bt_slot(c, ins->id)] = want;
     return tx->err;
   }
   /* A batched predicate: run every branch and select per batch element. */
@@ -683,12 +697,13 @@ int kiln__batch_conditional(kiln__bt *c, const kiln_instr *ins) {
   for (uint32_t k = 0; k < nb; k++) {
     const kiln_computation *br = kiln_module_computation(tx->m, ins->called[k]);
     kiln__bt child;
-    kiln_id arg = c->val[ins->operands[k + 1]];
+    kiln_id arg = c->val[kiln__bt_slot(c, ins->operands[k + 1])];
     if (kiln__bt_init(&child, tx, c->b.comp, br, c->bsize) ||
-        kiln__batch_region(&child, &arg, &c->sig[ins->operands[k + 1]]))
+        kiln__batch_region(&child, &arg, &c->sig[kiln__bt_slot(c, ins->operands[k + 1])]))
       return tx->err;
     const kiln_instr *root = kiln_computation_root(tx->m, br);
-    res[k] = kiln__bt_coerce(&child, child.val[root->id], child.sig[root->id], all);
+    res[k] = kiln__bt_coerce(&child, child.val[kiln__bt_slot(&child, root->id)],
+                             child.sig[kiln__bt_slot(&child, root->id)], all);
   }
   kiln_id sel = kiln__bt_operand(c, ins, 0), r;
   if (kiln__b_shape(tx, sel)->dtype == KILN_PRED) {
@@ -707,8 +722,8 @@ int kiln__batch_conditional(kiln__bt *c, const kiln_instr *ins) {
     }
     (void)it;
   }
-  c->val[ins->id] = r;
-  c->sig[ins->id] = all;
+  c->val[kiln__bt_slot(c, ins->id)] = r;
+  c->sig[kiln__bt_slot(c, ins->id)] = all;
   return tx->err;
 }
 
@@ -723,15 +738,15 @@ int kiln__batch_call(kiln__bt *c, const kiln_instr *ins) {
   if (ps == NULL || sigs == NULL || ops == NULL) return tx->err ? tx->err : kiln__tx_oom(tx);
   for (uint32_t k = 0; k < ins->noperands; k++) {
     ps[k] = &tx->m->instrs[ins->operands[k]]->shape;
-    sigs[k] = c->sig[ins->operands[k]];
-    ops[k] = c->val[ins->operands[k]];
+    sigs[k] = c->sig[kiln__bt_slot(c, ins->operands[k])];
+    ops[k] = c->val[kiln__bt_slot(c, ins->operands[k])];
   }
   kiln__bsig *got = NULL;
   uint32_t nf = batch_comp(c, f, ps, sigs, ins->noperands, NULL, "vmap", &got);
   if (nf == KILN_NO_ID) return tx->err;
   kiln_instr *call = kiln__b_clone_start(B, ins, ops, ins->noperands);
   if (call && kiln_instr_set_called(tx->m, call, &nf, 1)) return kiln__tx_oom(tx);
-  c->val[ins->id] = kiln__b_finish(B, call);
-  c->sig[ins->id] = got;
+  c->val[kiln__bt_slot(c, ins->id)] = kiln__b_finish(B, call);
+  c->sig[kiln__bt_slot(c, ins->id)] = got;
   return tx->err;
 }

@@ -247,14 +247,15 @@ int kiln__jvp_scatter(kiln__ad *c, const kiln_instr *ins) {
     kiln_id prod, others;
     mul_parts(c, ins, &sd, &g, &prod, &others);
     kiln_id dp = kiln__tf_scatter(B, zx, idx, kiln__b_mul(B, tu, others), &sd, add);
-    c->tan[ins->id] = kiln__b_add(B, kiln__b_mul(B, tx_, prod), kiln__b_mul(B, x, dp));
+    c->tan[kiln__ad_slot(c, ins->id)] =
+        kiln__b_add(B, kiln__b_mul(B, tx_, prod), kiln__b_mul(B, x, dp));
     return tx->err;
   }
   kiln_id succ, share, keep;
   extremal_parts(c, ins, &sd, &g, &succ, &share, &keep);
   kiln_id picked = kiln__b_select(B, succ, tu, kiln__b_zeros_like(B, tu));
   kiln_id du = kiln__b_mul(B, kiln__tf_scatter(B, zx, idx, picked, &sd, add), share);
-  c->tan[ins->id] = kiln__b_add(B, kiln__b_mul(B, tx_, keep), du);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_add(B, kiln__b_mul(B, tx_, keep), du);
   return tx->err;
 }
 

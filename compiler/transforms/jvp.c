@@ -220,7 +220,7 @@ int kiln__jvp_elementwise(kiln__ad *c, const kiln_instr *ins) {
     kiln_id d = r->partial(c, ins, k, kiln__b_broadcast_like(B, t, y));
     acc = acc == KILN_NO_ID ? d : kiln__b_add(B, acc, d);
   }
-  c->tan[ins->id] = acc;
+  c->tan[kiln__ad_slot(c, ins->id)] = acc;
   return c->tx->err;
 }
 
@@ -246,7 +246,7 @@ static int complex_sign(kiln__ad *c, const kiln_instr *ins) {
 }
 
 int kiln__jvp_zero(kiln__ad *c, const kiln_instr *ins) {
-  c->tan[ins->id] = KILN_NO_ID;
+  c->tan[kiln__ad_slot(c, ins->id)] = KILN_NO_ID;
   return complex_sign(c, ins);
 }
 
@@ -266,9 +266,10 @@ static kiln_id convert_to(kiln__ad *c, kiln_id v, kiln_dtype t) {
  * derivative (the activity analysis never hands it an integer result). */
 int kiln__jvp_convert(kiln__ad *c, const kiln_instr *ins) {
   kiln_id t = kiln__T(c, ins, 0);
-  c->tan[ins->id] = float_operand(c, ins, 0) && kiln__b_is_float_shape(&ins->shape)
-                        ? convert_to(c, t, ins->shape.dtype)
-                        : KILN_NO_ID;
+  c->tan[kiln__ad_slot(c, ins->id)] =
+      float_operand(c, ins, 0) && kiln__b_is_float_shape(&ins->shape)
+          ? convert_to(c, t, ins->shape.dtype)
+          : KILN_NO_ID;
   return c->tx->err;
 }
 

@@ -80,7 +80,7 @@ int kiln__jvp_triangular_solve(kiln__ad *c, const kiln_instr *ins) {
         t.left ? matmul(c, &t, da, t.trans, x, false) : matmul(c, &t, x, false, da, t.trans);
     rhs = rhs == KILN_NO_ID ? kiln__b_neg(B, dmx) : kiln__b_sub(B, rhs, dmx);
   }
-  c->tan[ins->id] =
+  c->tan[kiln__ad_slot(c, ins->id)] =
       rhs == KILN_NO_ID ? KILN_NO_ID : solve(c, ins, &t, kiln__X(c, ins, 0), rhs, false);
   return c->tx->err;
 }
@@ -174,7 +174,7 @@ int kiln__jvp_cholesky(kiln__ad *c, const kiln_instr *ins) {
   kiln_id s = kiln__b_sub(B, kiln__b_add(B, tl, swap_last(c, &t, tl)), lower_part(c, &t, da, 0, 1));
   kiln_id v = lsolve(c, l, lsolve(c, l, s, true, false), false, true); /* L^-1 S L^-T */
   kiln_id dl = matmul(c, &t, l, false, lower_part(c, &t, v, 1, 0.5), false);
-  c->tan[ins->id] = t.lower ? dl : swap_last(c, &t, dl);
+  c->tan[kiln__ad_slot(c, ins->id)] = t.lower ? dl : swap_last(c, &t, dl);
   return c->tx->err;
 }
 

@@ -24,7 +24,7 @@ int kiln__jvp_linear(kiln__ad *c, const kiln_instr *ins) {
   for (uint32_t k = 0; k < ins->noperands; k++)
     ops[k] =
         kiln__b_has_float(src_shape(c, ins, k)) ? kiln__ad_tmat(c, ins, k) : kiln__X(c, ins, k);
-  c->tan[ins->id] = kiln__b_clone_same(B, ins, ops, ins->noperands);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_clone_same(B, ins, ops, ins->noperands);
   return c->tx->err;
 }
 
@@ -32,15 +32,15 @@ int kiln__jvp_tuple(kiln__ad *c, const kiln_instr *ins) {
   kiln_id *ops = kiln__b_ids(c->tx, ins->noperands);
   if (ops == NULL) return c->tx->err;
   for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = kiln__ad_tmat(c, ins, k);
-  c->tan[ins->id] = kiln__b_tuple(B, ops, ins->noperands);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_tuple(B, ops, ins->noperands);
   return c->tx->err;
 }
 
 int kiln__jvp_gte(kiln__ad *c, const kiln_instr *ins) {
   kiln_id t = kiln__T(c, ins, 0);
-  c->tan[ins->id] = t == KILN_NO_ID
-                        ? KILN_NO_ID
-                        : kiln__b_gte(B, t, kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0));
+  c->tan[kiln__ad_slot(c, ins->id)] =
+      t == KILN_NO_ID ? KILN_NO_ID
+                      : kiln__b_gte(B, t, kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0));
   return c->tx->err;
 }
 
@@ -56,12 +56,12 @@ int kiln__jvp_dot(kiln__ad *c, const kiln_instr *ins) {
     kiln_id d = kiln__b_clone_same(B, ins, o, 2);
     acc = acc == KILN_NO_ID ? d : kiln__b_add(B, acc, d);
   }
-  c->tan[ins->id] = acc;
+  c->tan[kiln__ad_slot(c, ins->id)] = acc;
   return c->tx->err;
 }
 
 int kiln__jvp_barrier(kiln__ad *c, const kiln_instr *ins) {
-  c->tan[ins->id] = kiln__T(c, ins, 0);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__T(c, ins, 0);
   return 0;
 }
 

@@ -267,14 +267,28 @@ static uint32_t rewrite(lw *L, const kiln_computation *src) {
   snprintf(name, sizeof name, "%.120s.lowered", src->name);
   if (kiln__b_new_comp(tx, name, &dst)) return KILN_NO_ID;
   kiln__b b = {tx, dst};
-  kiln_id *val = kiln_arena_calloc(tx->scratch, L->n0, sizeof *val);
-  uint8_t *tup = kiln_arena_calloc(tx->scratch, L->n0, 1);
+  /* val and tup cover src's ids only (lo and up), not the module: every
+   * caller of a rewritten computation is rewritten too, and module-sized
+   * tables for each made a chain of nested calls cost its square. */
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (uint32_t i = 0; i < src->ninstrs; i++) {
+    if (src->instrs[i] >= L->n0)
+      return kiln__tx_fail(tx, KILN_EINTERNAL, NULL, "%s: internal error: %s grew", tx->name,
+                           src->name),
+             KILN_NO_ID;
+    if (src->instrs[i] < lo) lo = src->instrs[i];
+    if (src->instrs[i] > hi) hi = src->instrs[i];
+  }
+  if (src->ninstrs == 0) lo = hi = 0;
+  kiln_id *val = kiln_arena_calloc(tx->scratch, hi - lo + 1, sizeof *val);
+  uint8_t *tup = kiln_arena_calloc(tx->scratch, hi - lo + 1, 1);
   if (val == NULL || tup == NULL) return kiln__tx_oom(tx), KILN_NO_ID;
   for (uint32_t i = 0; i < src->ninstrs && tx->err == 0; i++) {
+    if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = m->instrs[src->instrs[i]];
     kiln_id *ops = kiln__b_ids(tx, ins->noperands);
     if (ops == NULL) return KILN_NO_ID;
-    for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = val[ins->operands[k]];
+    for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = val[ins->operands[k] - lo];
     kiln_id v;
     bool t = false;
     if (!lowers(m, ins)) {
@@ -283,14 +297,14 @@ static uint32_t rewrite(lw *L, const kiln_computation *src) {
       switch (ins->op) {
       case KILN_OP_ASYNC_UPDATE:
         v = ops[0];
-        t = tup[ins->operands[0]];
+        t = tup[ins->operands[0] - lo];
         break;
       case KILN_OP_ASYNC_DONE:
       case KILN_OP_ALL_REDUCE_DONE:
       case KILN_OP_ALL_GATHER_DONE:
       case KILN_OP_COLLECTIVE_PERMUTE_DONE:
       case KILN_OP_COPY_DONE:
-        v = tup[ins->operands[0]] ? kiln__b_gte(&b, ops[0], 1) : ops[0];
+        v = tup[ins->operands[0] - lo] ? kiln__b_gte(&b, ops[0], 1) : ops[0];
         break;
       case KILN_OP_BATCH_NORM_TRAINING:
       case KILN_OP_BATCH_NORM_INFERENCE:
@@ -315,11 +329,11 @@ static uint32_t rewrite(lw *L, const kiln_computation *src) {
                            kiln_opcode_name(ins->op), ins->name ? ins->name : "", got, want),
              KILN_NO_ID;
     }
-    val[ins->id] = v;
-    tup[ins->id] = t;
+    val[ins->id - lo] = v;
+    tup[ins->id - lo] = t;
   }
   if (tx->err) return KILN_NO_ID;
-  tx->m->comps[dst]->root = val[src->root];
+  tx->m->comps[dst]->root = val[src->root - lo];
   return dst;
 }
 

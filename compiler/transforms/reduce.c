@@ -102,7 +102,7 @@ static kiln_id prod_others(kiln__ad *c, kiln_id x, const kiln_i64s *dims) {
 
 static int reduce_sum_jvp(kiln__ad *c, const kiln_instr *ins) {
   kiln_id o[2] = {kiln__ad_tmat(c, ins, 0), kiln__ad_tmat(c, ins, 1)};
-  c->tan[ins->id] = kiln__b_clone_same(B, ins, o, 2);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_clone_same(B, ins, o, 2);
   return c->tx->err;
 }
 
@@ -128,7 +128,7 @@ int kiln__fwd_reduce(kiln__ad *c, const kiln_instr *ins) {
   kiln_id *ops = kiln__b_ids(c->tx, ins->noperands);
   if (ops == NULL) return c->tx->err;
   for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = kiln__X(c, ins, k);
-  c->prim[ins->id] = kiln__b_clone_same(B, ins, ops, ins->noperands);
+  c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_clone_same(B, ins, ops, ins->noperands);
   return c->tx->err;
 }
 
@@ -149,7 +149,7 @@ int kiln__jvp_reduce(kiln__ad *c, const kiln_instr *ins) {
       t = kiln__b_add(
           B, t,
           kiln__b_select(B, none, kiln__b_broadcast_like(B, ti, t), kiln__b_zeros_like(B, t)));
-    c->tan[ins->id] = t;
+    c->tan[kiln__ad_slot(c, ins->id)] = t;
     return c->tx->err;
   }
   if (k == KILN__RED_MUL) {
@@ -160,7 +160,7 @@ int kiln__jvp_reduce(kiln__ad *c, const kiln_instr *ins) {
       kiln_id p = kiln__b_reduce(B, x, one, dims->v, dims->n, KILN_OP_MULTIPLY);
       t = kiln__b_add(B, t, kiln__b_mul(B, p, kiln__b_broadcast_like(B, ti, p)));
     }
-    c->tan[ins->id] = t;
+    c->tan[kiln__ad_slot(c, ins->id)] = t;
     return c->tx->err;
   }
   return kiln__ad_not_diff(c, ins);
@@ -258,7 +258,7 @@ int kiln__jvp_reduce_window(kiln__ad *c, const kiln_instr *ins) {
     return kiln__ad_not_diff(c, ins);
   if (k == KILN__RED_ADD) return reduce_sum_jvp(c, ins);
   if (k != KILN__RED_MAX && k != KILN__RED_MIN) return kiln__ad_not_diff(c, ins);
-  c->tan[ins->id] =
+  c->tan[kiln__ad_slot(c, ins->id)] =
       gather_picks(c, ins, kiln__X(c, ins, 0), kiln__X(c, ins, 1), kiln__ad_tmat(c, ins, 0),
                    kiln__ad_tmat(c, ins, 1), k == KILN__RED_MAX ? KILN_CMP_GE : KILN_CMP_LE);
   return c->tx->err;
@@ -379,7 +379,7 @@ int kiln__jvp_select_and_scatter(kiln__ad *c, const kiln_instr *ins) {
   if (ins->ncalled != 2 || kiln__tf_reducer_kind(c->tx->m, ins->called[1]) != KILN__RED_ADD)
     return kiln__ad_not_diff(c, ins);
   kiln_id o[3] = {kiln__X(c, ins, 0), kiln__ad_tmat(c, ins, 1), kiln__ad_tmat(c, ins, 2)};
-  c->tan[ins->id] = kiln__b_clone_same(B, ins, o, 3);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_clone_same(B, ins, o, 3);
   return c->tx->err;
 }
 

@@ -281,11 +281,11 @@ const char *kiln__tf_no_rule_why(const kiln__no_rule *list, uint32_t n, kiln_opc
 /* vmap of a debug print prints the whole batch: the same call on the
  * batched value, its result shaped like it. */
 static int batch_debug_print(kiln__bt *c, const kiln_instr *ins) {
-  kiln_id v = c->val[ins->operands[0]];
+  kiln_id v = c->val[kiln__bt_slot(c, ins->operands[0])];
   kiln_instr *n = kiln__b_clone_start(&c->b, ins, &v, 1);
   if (n && kiln_instr_set_shape(c->tx->m, n, kiln__b_shape(c->tx, v))) kiln__tx_oom(c->tx);
-  c->val[ins->id] = kiln__b_finish(&c->b, n);
-  c->sig[ins->id] = c->sig[ins->operands[0]];
+  c->val[kiln__bt_slot(c, ins->id)] = kiln__b_finish(&c->b, n);
+  c->sig[kiln__bt_slot(c, ins->id)] = c->sig[kiln__bt_slot(c, ins->operands[0])];
   return c->tx->err;
 }
 

@@ -28,6 +28,8 @@
 #ifndef KILN_COMPILER_TRANSFORMS_RULES_H
 #define KILN_COMPILER_TRANSFORMS_RULES_H
 
+#include <assert.h>
+
 #include "compiler/ir/build.h"
 
 /* ---- differentiation (jvp and vjp) -------------------------------------- */
@@ -38,14 +40,22 @@ struct kiln__ad {
   kiln__tx *tx;
   kiln__b b; /* where instructions go */
   const kiln_computation *src;
+  /* Tables over src's ids lo .. lo + n - 1, indexed by kiln__ad_slot. */
   kiln_id *prim;   /* source id -> destination primal value */
   kiln_id *tan;    /* jvp: source id -> tangent; KILN_NO_ID is zero */
   uint8_t *need;   /* jvp: the tangent of this value is used */
   kiln_id *cot;    /* vjp: accumulated cotangent; KILN_NO_ID is zero */
   uint8_t *active; /* vjp: depends on a differentiated input */
   void **aux;      /* vjp: per-instruction data its fwd rule saved */
-  uint32_t n;      /* table sizes (instructions of the module at start) */
+  uint32_t lo, n;  /* the lowest id of src's instructions; the tables' length */
 };
+
+/* The table index of source id `id`: an instruction of c->src (operands
+ * are in the same computation, the verifier says so). */
+static inline uint32_t kiln__ad_slot(const kiln__ad *c, kiln_id id) {
+  assert(id - c->lo < c->n);
+  return id - c->lo;
+}
 
 typedef kiln_id (*kiln__partial_fn)(kiln__ad *c, const kiln_instr *ins, uint32_t k, kiln_id v);
 typedef int (*kiln__jvp_fn)(kiln__ad *c, const kiln_instr *ins);
@@ -67,10 +77,16 @@ typedef struct kiln__bt {
   kiln__b b;
   const kiln_computation *src;
   int64_t bsize;
-  kiln_id *val;     /* source id -> destination value */
-  kiln__bsig **sig; /* source id -> batching of that value */
-  uint32_t n;
+  kiln_id *val;     /* source id -> destination value, indexed by kiln__bt_slot */
+  kiln__bsig **sig; /* source id -> batching of that value, likewise */
+  uint32_t lo, n;   /* the lowest id of src's instructions; the tables' length */
 } kiln__bt;
+
+/* The table index of source id `id`, an instruction of c->src. */
+static inline uint32_t kiln__bt_slot(const kiln__bt *c, kiln_id id) {
+  assert(id - c->lo < c->n);
+  return id - c->lo;
+}
 
 typedef int (*kiln__batch_fn)(kiln__bt *c, const kiln_instr *ins);
 
@@ -124,12 +140,14 @@ kiln_id kiln__ad_inline(kiln__tx *tx, kiln__b *b, const kiln_computation *src, c
 
 /* Rules call these. */
 static inline kiln_id kiln__X(const kiln__ad *c, const kiln_instr *ins, uint32_t k) {
-  return c->prim[ins->operands[k]];
+  return c->prim[kiln__ad_slot(c, ins->operands[k])];
 }
 static inline kiln_id kiln__T(const kiln__ad *c, const kiln_instr *ins, uint32_t k) {
-  return c->tan[ins->operands[k]];
+  return c->tan[kiln__ad_slot(c, ins->operands[k])];
 }
-static inline kiln_id kiln__Y(const kiln__ad *c, const kiln_instr *ins) { return c->prim[ins->id]; }
+static inline kiln_id kiln__Y(const kiln__ad *c, const kiln_instr *ins) {
+  return c->prim[kiln__ad_slot(c, ins->id)];
+}
 /* Whether operand k wants a cotangent. */
 bool kiln__ad_wants(const kiln__ad *c, const kiln_instr *ins, uint32_t k);
 /* Adds v to the cotangent of operand k (skipped when it wants none). */

@@ -95,12 +95,12 @@ static kiln_id sort_with_perm(kiln__ad *c, const kiln_instr *ins) {
     return kiln__tx_oom(tx), KILN_NO_ID;
   kiln_id r = kiln__b_finish(B, s);
   if (n == 1) {
-    c->prim[ins->id] = kiln__b_gte(B, r, 0);
+    c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_gte(B, r, 0);
   } else {
     kiln_id *el = kiln__b_ids(tx, n);
     if (el == NULL) return KILN_NO_ID;
     for (uint32_t k = 0; k < n; k++) el[k] = kiln__b_gte(B, r, k);
-    c->prim[ins->id] = kiln__b_tuple(B, el, n);
+    c->prim[kiln__ad_slot(c, ins->id)] = kiln__b_tuple(B, el, n);
   }
   return kiln__b_gte(B, r, n);
 }
@@ -125,20 +125,20 @@ int kiln__jvp_sort(kiln__ad *c, const kiln_instr *ins) {
                ? kiln__b_zeros(B, ks)
                : kiln__tf_gather(B, kiln__T(c, ins, k), perm, &g);
   }
-  c->tan[ins->id] = n == 1 ? t[0] : kiln__b_tuple(B, t, n);
+  c->tan[kiln__ad_slot(c, ins->id)] = n == 1 ? t[0] : kiln__b_tuple(B, t, n);
   return tx->err;
 }
 
 int kiln__fwd_sort(kiln__ad *c, const kiln_instr *ins) {
   kiln_id perm = sort_with_perm(c, ins);
-  c->aux[ins->id] = perm == KILN_NO_ID ? NULL : (void *)(uintptr_t)(perm + 1u);
+  c->aux[kiln__ad_slot(c, ins->id)] = perm == KILN_NO_ID ? NULL : (void *)(uintptr_t)(perm + 1u);
   return c->tx->err;
 }
 
 int kiln__vjp_sort(kiln__ad *c, const kiln_instr *ins, kiln_id ct) {
   kiln__tx *tx = c->tx;
-  kiln_id perm = (kiln_id)((uintptr_t)c->aux[ins->id] - 1u);
-  if (c->aux[ins->id] == NULL)
+  kiln_id perm = (kiln_id)((uintptr_t)c->aux[kiln__ad_slot(c, ins->id)] - 1u);
+  if (c->aux[kiln__ad_slot(c, ins->id)] == NULL)
     return kiln__tx_fail(tx, KILN_EINTERNAL, ins,
                          "%s: internal error: sort without its permutation", tx->name);
   const kiln_shape *xs = &tx->m->instrs[ins->operands[0]]->shape;
@@ -164,7 +164,7 @@ int kiln__jvp_topk(kiln__ad *c, const kiln_instr *ins) {
   kiln_id t[2] = {
       kiln__tf_gather(B, kiln__ad_tmat(c, ins, 0), kiln__b_gte(B, kiln__Y(c, ins), 1), &g),
       kiln__b_zeros(B, &ins->shape.tuple[1])};
-  c->tan[ins->id] = kiln__b_tuple(B, t, 2);
+  c->tan[kiln__ad_slot(c, ins->id)] = kiln__b_tuple(B, t, 2);
   return tx->err;
 }
 

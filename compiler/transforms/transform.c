@@ -131,8 +131,8 @@ static int apply_jvp(kiln__tx *tx, const kiln_transform *t, uint32_t *out) {
   uint32_t nl = kiln__b_leaf_count(rs), n = 0;
   kiln_id *outs = kiln__b_ids(tx, 2 * nl);
   if (outs == NULL) return tx->err;
-  leaves(&b, c.prim[e.root->id], rs, outs, &n);
-  leaves(&b, kiln__ad_mat(&b, c.tan[e.root->id], rs), rs, outs, &n);
+  leaves(&b, c.prim[kiln__ad_slot(&c, e.root->id)], rs, outs, &n);
+  leaves(&b, kiln__ad_mat(&b, c.tan[kiln__ad_slot(&c, e.root->id)], rs), rs, outs, &n);
   kiln_id root = kiln__b_tuple(&b, outs, n);
   if (tx->err) return tx->err;
   tx->m->comps[comp]->root = root;
@@ -261,7 +261,7 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, const kil
   kiln__ad c;
   if (kiln__ad_init(&c, tx, comp, e.comp) || kiln__vjp_forward(&c, prims, act)) return tx->err;
   uint32_t n = 0;
-  leaves(&b, c.prim[e.root->id], rs, outs, &n);
+  leaves(&b, c.prim[kiln__ad_slot(&c, e.root->id)], rs, outs, &n);
   if (grad) {
     outs[0] = outs[chosen];
     n = 1;
@@ -289,7 +289,7 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, const kil
   if (kiln__vjp_backward(&c, ct_root)) return tx->err;
   for (uint32_t j = 0; j < nw; j++) {
     const kiln_instr *p = kiln_computation_param(tx->m, e.comp, wrt[j]);
-    gs[j] = kiln__ad_mat(&b, c.cot[p->id], e.pshape[wrt[j]]);
+    gs[j] = kiln__ad_mat(&b, c.cot[kiln__ad_slot(&c, p->id)], e.pshape[wrt[j]]);
   }
   if (grad && ls)
     loss_scale_finish(&b, scale, good, ls->growth_interval > 0 ? ls->growth_interval : 2000, gs, nw,

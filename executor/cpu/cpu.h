@@ -7,6 +7,7 @@
  * (layouts, tuples, donation). cpu_gemm.c: GEMM steps through OpenBLAS,
  * split over the pool. cpu_collective.c: collectives between devices.
  * cpu_conv.c: convolution steps through oneDNN.
+ * cpu_fft.c: fft steps through FFTW (opened at the first plan).
  */
 #ifndef KILN_EXECUTOR_CPU_CPU_H
 #define KILN_EXECUTOR_CPU_CPU_H
@@ -35,6 +36,14 @@ uint32_t kiln__cpu_pool_threads(const kiln__cpu_pool *p);
  * calling thread; returns when all chunks have finished. Safe to call from
  * several threads at once (their chunks share the workers). */
 void kiln__cpu_pool_run(kiln__cpu_pool *p, kiln__cpu_task_fn fn, void *ctx, uint64_t nchunks);
+
+/* Denormal floats flushed to zero (x86 MXCSR FTZ and DAZ) on the calling
+ * thread, as XLA's CPU backend runs its programs: a softmax or GELU whose
+ * values underflow otherwise runs tens of times slower. Workers run with it
+ * always; a run sets it on the submitting thread and puts back the state
+ * kiln__cpu_flush_denormals returned. Elsewhere (not x86): nothing. */
+unsigned kiln__cpu_flush_denormals(void);
+void kiln__cpu_restore_denormals(unsigned saved);
 
 /* ---- devices and loaded executables -------------------------------------- */
 
@@ -71,6 +80,8 @@ typedef struct kiln__cpu_loaded {
   /* conv[p][s]: the plan of CONV step s of program p (cpu_conv.c); NULL
    * for other steps, and conv[p] NULL for programs without one. */
   struct kiln__cpu_conv ***conv;
+  /* fft[p][s]: the plan of FFT step s of program p (cpu_fft.c), likewise. */
+  struct kiln__cpu_fft ***fft;
   /* Per parameter leaf: a result is bound to its slot (input_output_alias
    * donation), so the program may write it. The literal API copies such a
    * leaf first; the buffer API writes the caller's buffer. */
@@ -133,5 +144,18 @@ int kiln__cpu_conv_run(const kiln__cpu_conv *p, const void *lhs, const void *rhs
                        kiln_status *st);
 /* Whether the plan runs through oneDNN (false: the direct loop). */
 bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p);
+
+/* The FFT step (cpu_fft.c): an FFTW plan made once at load (the direct DFT
+ * when FFTW cannot be opened); running one is safe from several runs at
+ * once. f must have passed kiln_fft_check. */
+typedef struct kiln__cpu_fft kiln__cpu_fft;
+int kiln__cpu_fft_create(const kiln_fft *f, kiln__cpu_fft **out, const char *where,
+                         kiln_status *st);
+void kiln__cpu_fft_destroy(kiln__cpu_fft *p);
+/* pool: where the batch is spread (NULL: this thread). */
+int kiln__cpu_fft_run(const kiln__cpu_fft *p, kiln__cpu_pool *pool, const void *in, void *out,
+                      kiln_status *st);
+/* Whether the plan runs through FFTW (false: the direct DFT). */
+bool kiln__cpu_fft_uses_library(const kiln__cpu_fft *p);
 
 #endif /* KILN_EXECUTOR_CPU_CPU_H */

@@ -36,8 +36,8 @@
 #define MAX_KERNELS (1u << 20)
 #define MAX_CODE_BYTES (UINT64_C(1) << 30)
 
-static const char *const step_names[] = {"kernel",      "gemm", "copy", "while",
-                                         "conditional", "call", "conv"};
+static const char *const step_names[] = {"kernel", "gemm", "copy",       "while", "conditional",
+                                         "call",   "conv", "collective", "fft"};
 
 /* ---- shapes and bindings ------------------------------------------------ */
 
@@ -406,6 +406,21 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
       return kiln_status_set(st, KILN_EINVAL, w, "%s", why);
     return 0;
   }
+  case KILN_STEP_FFT: {
+    char why[200];
+    if (s->fft == NULL)
+      return kiln_status_set(st, KILN_EINVAL, w, "fft step without a description");
+    if (s->nargs != 2)
+      return kiln_status_set(st, KILN_EINVAL, w, "fft takes 2 slots (operand, result), %u given",
+                             s->nargs);
+    if (!kiln_fft_check(s->fft, e->slots[s->args[0]].size, e->slots[s->args[1]].size, why,
+                        sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, w, "fft: %s", why);
+    if (!slot_writable(e, l, s->args[1]))
+      return kiln_status_set(st, KILN_EINVAL, w, "fft writes slot %u, a parameter or constant",
+                             s->args[1]);
+    return 0;
+  }
   }
   return kiln_status_set(st, KILN_EINVAL, w, "unknown step kind %d", s->kind);
 }
@@ -421,6 +436,17 @@ static int plan_conv(kiln__cpu_loaded *l, kiln_arena *a, uint32_t p, uint32_t i,
       (l->conv[p] = kiln_arena_calloc(a, pr->nsteps, sizeof **l->conv)) == NULL)
     return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
   return kiln__cpu_conv_create(pr->steps[i].conv, &l->conv[p][i], w, st);
+}
+
+/* The FFTW plan of FFT step i of program p, made once here. */
+static int plan_fft(kiln__cpu_loaded *l, kiln_arena *a, uint32_t p, uint32_t i, const char *w,
+                    kiln_status *st) {
+  const kiln_program *pr = &l->exe->programs[p];
+  if (l->fft == NULL && (l->fft = kiln_arena_calloc(a, l->exe->nprograms, sizeof *l->fft)) == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
+  if (l->fft[p] == NULL && (l->fft[p] = kiln_arena_calloc(a, pr->nsteps, sizeof **l->fft)) == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
+  return kiln__cpu_fft_create(pr->steps[i].fft, &l->fft[p][i], w, st);
 }
 
 /* Height of program p's nesting below it; rejects cycles and depth beyond
@@ -478,6 +504,7 @@ static int check_programs(const kiln_executable *e, kiln__cpu_loaded *l, kiln_ar
                kind < sizeof step_names / sizeof step_names[0] ? step_names[kind] : "?");
       int rc = check_step(e, l, s, w, st);
       if (rc == 0 && s->kind == KILN_STEP_CONV) rc = plan_conv(l, a, p, i, w, st);
+      if (rc == 0 && s->kind == KILN_STEP_FFT) rc = plan_fft(l, a, p, i, w, st);
       if (rc) return rc;
       l->argv_base[p][i] = nargv;
       nargv += s->nargs;
@@ -664,6 +691,9 @@ void kiln__cpu_unload(kiln__cpu_loaded *l) {
   for (uint32_t p = 0; l->conv && p < l->exe->nprograms; p++)
     for (uint32_t i = 0; l->conv[p] && i < l->exe->programs[p].nsteps; i++)
       kiln__cpu_conv_destroy(l->conv[p][i]);
+  for (uint32_t p = 0; l->fft && p < l->exe->nprograms; p++)
+    for (uint32_t i = 0; l->fft[p] && i < l->exe->programs[p].nsteps; i++)
+      kiln__cpu_fft_destroy(l->fft[p][i]);
   for (uint32_t i = 0; i < l->narena_cache; i++) kiln_free(l->arena_cache[i]);
   pthread_mutex_destroy(&l->mu);
   loaded_block *blk = (loaded_block *)l;

@@ -15,6 +15,9 @@
  * before it sleeps (OpenMP's "block time", kept short): consecutive split
  * launches, the common case in a step program, then find the workers awake
  * and pay no futex wake-up; the submitter signals only sleeping workers.
+ *
+ * Workers run with denormals flushed to zero, as runs do on the submitting
+ * thread (see kiln__cpu_flush_denormals).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -23,6 +26,11 @@
 
 #include "common/alloc.h"
 #include "executor/cpu/cpu.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define MXCSR_FTZ_DAZ 0x8040u
+#endif
 
 #define SPIN_NS 50000 /* how long an idle worker polls before sleeping */
 
@@ -97,8 +105,27 @@ static void spin_for_work(kiln__cpu_pool *p) {
   }
 }
 
+unsigned kiln__cpu_flush_denormals(void) {
+#ifdef MXCSR_FTZ_DAZ
+  unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | MXCSR_FTZ_DAZ);
+  return csr;
+#else
+  return 0;
+#endif
+}
+
+void kiln__cpu_restore_denormals(unsigned saved) {
+#ifdef MXCSR_FTZ_DAZ
+  _mm_setcsr(saved);
+#else
+  (void)saved;
+#endif
+}
+
 static void *worker_main(void *arg) {
   kiln__cpu_pool *p = arg;
+  (void)kiln__cpu_flush_denormals();
   pthread_mutex_lock(&p->mu);
   for (;;) {
     if (!p->stop && p->head == NULL) {

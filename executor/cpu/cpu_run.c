@@ -12,7 +12,8 @@
  * per iteration it measures (kept per kernel, refreshed as launches run)
  * decides between running the rest inline and cutting it into chunks of a
  * few tens of microseconds each. The step tables were checked at load
- * (cpu_load.c), so the interpreter indexes without checking.
+ * (cpu_load.c), so the interpreter indexes without checking. A run flushes
+ * denormals to zero on its thread, as the pool's workers do.
  */
 #include <math.h>
 #include <string.h>
@@ -218,6 +219,9 @@ static int run_program(run_ctx *r, uint32_t p) {
       rc = kiln__cpu_coll_step(r->l->exe, s, a, r->gang, r->cancel, r->deadline, r->st);
       break;
     case KILN_STEP_DEBUG_PRINT: run_debug_print(r, s, a); break;
+    case KILN_STEP_FFT:
+      rc = kiln__cpu_fft_run(r->l->fft[p][i], r->l->dev->pool, a[0], a[1], r->st);
+      break;
     }
     if (r->observer) r->observer->step(r->observer->ctx, p, i, t0, now_ns());
     if (rc == 0) rc = check_deadline(r);
@@ -290,7 +294,9 @@ int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *r
       const kiln_step *s = &e->programs[p].steps[i];
       for (uint32_t j = 0; j < s->nargs; j++) r.argv[l->argv_base[p][i] + j] = slot[s->args[j]];
     }
+  unsigned csr = kiln__cpu_flush_denormals();
   int rc = run_program(&r, 0);
+  kiln__cpu_restore_denormals(csr);
   /* Results bound to slots other than their own output slot are copied out. */
   for (uint32_t i = 0; rc == 0 && i < e->nresults; i++) {
     const kiln_slot *s = &e->slots[e->results[i].slot];

@@ -20,7 +20,8 @@ small cpu-backend programs and counts with the Stats RPC:
                by a good entry;
   lock         the Redis lock driven by hand: a server finding another's
                lock waits for its entry (SINGLE_FLIGHT, nothing built); a
-               lock whose holder died expires and the module is built;
+               lock whose holder died expires and the module is built; a
+               lock planted without an expiry is taken over at once;
   redis_down   Redis killed under a stream of compiles: no request fails,
                faults are counted and redis_up drops to 0; Redis restarted on
                the same port: shared hits resume without restarting kilnd;
@@ -771,6 +772,28 @@ def scenario_lock(env):
     check(delta(before, after, "kiln_cache_builds_total") == 1, "lock: one build")
     check(rc.cmd("EXISTS", PREFIX + "lock:" + kx.cache_key) == 0, "lock: A released its lock")
     check(rc.cmd("EXISTS", PREFIX + "exe:" + kx.cache_key) == 1, "lock: A stored its entry")
+
+    # A lock key planted without an expiry (kiln never sets one): it would
+    # hold every server off the key for good; a Compile without a deadline
+    # takes it over at once and builds.
+    hlo, want = program()
+    kx = x.compile(hlo)
+    rc.cmd("SET", PREFIX + "lock:" + kx.cache_key, "forever")
+    before = a.stats()
+    out = {}
+    timed_compile(a, hlo, out)
+    after = a.stats()
+    ka = out.get("resp")
+    ok = hasattr(ka, "cache_key")
+    check(ok, "lock: the compile behind a lock without expiry succeeds"
+          + ("" if ok else f" ({ka!r:.300})"))
+    if ok:
+        check(src(ka) == "COMPILED", f"lock: built at once (got {src(ka)})")
+        check(out["s"] < 10, f"lock: without waiting on the lock ({out['s']:.2f} s)")
+        check(close(a.execute(ka.executable_id), want), "lock: and it runs right")
+    check(delta(before, after, "kiln_cache_builds_total") == 1, "lock: one build")
+    check(rc.cmd("EXISTS", PREFIX + "lock:" + kx.cache_key) == 0,
+          "lock: the taken-over lock was released as A's own")
     rc.close()
 
 

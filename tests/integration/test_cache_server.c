@@ -6,6 +6,7 @@
  * INVALID_ARGUMENT naming the index; a disk entry serves after the loaded
  * table lost it and after a restart, and a disk entry with one byte
  * flipped is refused (counted as a MAC failure), rebuilt and runs right;
+ * a FIFO or a link at an entry path is a miss, never a thread held in open();
  * a Redis that is not there fails nothing; 32 concurrent compiles of one
  * program on a 2-thread compile pool build once; `kiln cache` prints what
  * it documents with its exit codes.
@@ -643,6 +644,56 @@ START_TEST(test_disk_tier) {
 }
 END_TEST
 
+/* Someone who can write the cache directory left a FIFO at one entry's path
+ * and a link (to a copy of the valid entry) at another's: each compile is a
+ * miss, built and answered at once, not a compile thread held in open(),
+ * and the server still drains. */
+START_TEST(test_disk_special_entries) {
+  char dir[512], copy[600];
+  snprintf(dir, sizeof dir, "%s/special", tmp);
+  const char *extra[] = {"--cache-dir", dir, "--cache-memory-bytes", "0", NULL};
+  itest_kilnd k;
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  kiln_client *c = connect_to(&k);
+  char *tf = program("f32", 13.5, false), *tl = program("f32", 14.5, false);
+  kiln_remote_executable *ef = compile(c, tf, "cpu"), *el = compile(c, tl, "cpu");
+  ASSERT_SOURCE(ef, KILN_REMOTE_SOURCE_COMPILED);
+  ASSERT_SOURCE(el, KILN_REMOTE_SOURCE_COMPILED);
+  kiln_client_close(c);
+  stop_ok(&k);
+
+  char pf[1024], pl[1024];
+  ck_assert(find_entry(dir, ef->cache_key, pf, sizeof pf));
+  ck_assert(find_entry(dir, el->cache_key, pl, sizeof pl));
+  ck_assert_int_eq(unlink(pf), 0);
+  ck_assert_int_eq(mkfifo(pf, 0600), 0);
+  snprintf(copy, sizeof copy, "%s/copy-of-entry", tmp);
+  ck_assert_int_eq(rename(pl, copy), 0);
+  ck_assert_int_eq(symlink(copy, pl), 0);
+
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  c = connect_to(&k);
+  kiln_remote_executable *rf = compile(c, tf, "cpu"), *rl = compile(c, tl, "cpu");
+  ASSERT_SOURCE(rf, KILN_REMOTE_SOURCE_COMPILED);
+  ASSERT_SOURCE(rl, KILN_REMOTE_SOURCE_COMPILED);
+  check_run(c, rf, 13.5);
+  check_run(c, rl, 14.5);
+  kiln_client_close(c);
+  stop_ok(&k);
+  /* The rebuilt entries replaced both with regular files. */
+  struct stat sb;
+  ck_assert_int_eq(lstat(pf, &sb), 0);
+  ck_assert(S_ISREG(sb.st_mode));
+  ck_assert_int_eq(lstat(pl, &sb), 0);
+  ck_assert(S_ISREG(sb.st_mode));
+  kiln_remote_executable_free(ef);
+  kiln_remote_executable_free(el);
+  kiln_remote_executable_free(rf);
+  kiln_remote_executable_free(rl);
+  free(tf), free(tl);
+}
+END_TEST
+
 /* ---- Redis that is not there ----------------------------------------------------------- */
 
 START_TEST(test_redis_down) {
@@ -801,6 +852,7 @@ static Suite *cache_suite(void) {
   tcase_add_test(tc, test_counters);
   tcase_add_test(tc, test_32_concurrent_compiles);
   tcase_add_test(tc, test_disk_tier);
+  tcase_add_test(tc, test_disk_special_entries);
   tcase_add_test(tc, test_redis_down);
   tcase_add_test(tc, test_cli_explain);
   tcase_add_test(tc, test_cli_cache);

@@ -6,7 +6,9 @@
  *
  * kilnd runs with one device per class, so a run that did not stop would
  * keep the next request waiting. A caller going away is a child process
- * killed in the middle of its call, once /metrics shows its run going.
+ * killed in the middle of its call, once /metrics shows its run going; the
+ * same for a run on the fast path (on the completion-queue thread, taken by
+ * an executable whose recent runs were short).
  */
 #include <check.h>
 #include <math.h>
@@ -46,6 +48,35 @@ static const char spin_text[] = "HloModule spin\n"
                                 "  w = (s32[], f32[1024]) while(t0), condition=cond, body=body\n"
                                 "  ROOT r = f32[1024] get-tuple-element(w), index=1\n"
                                 "}\n";
+
+/* n iterations of a sine over f32[1024], n the second argument: a few
+ * microseconds at n = 1, minutes at 2e9. */
+static const char spin_n_text[] = "HloModule spin_n\n"
+                                  "cond {\n"
+                                  "  p = (s32[], s32[], f32[1024]) parameter(0)\n"
+                                  "  i = s32[] get-tuple-element(p), index=0\n"
+                                  "  n = s32[] get-tuple-element(p), index=1\n"
+                                  "  ROOT lt = pred[] compare(i, n), direction=LT\n"
+                                  "}\n"
+                                  "body {\n"
+                                  "  p = (s32[], s32[], f32[1024]) parameter(0)\n"
+                                  "  i = s32[] get-tuple-element(p), index=0\n"
+                                  "  n = s32[] get-tuple-element(p), index=1\n"
+                                  "  x = f32[1024] get-tuple-element(p), index=2\n"
+                                  "  one = s32[] constant(1)\n"
+                                  "  i1 = s32[] add(i, one)\n"
+                                  "  y = f32[1024] sine(x)\n"
+                                  "  ROOT t = (s32[], s32[], f32[1024]) tuple(i1, n, y)\n"
+                                  "}\n"
+                                  "ENTRY main {\n"
+                                  "  x = f32[1024] parameter(0)\n"
+                                  "  n = s32[] parameter(1)\n"
+                                  "  z = s32[] constant(0)\n"
+                                  "  t0 = (s32[], s32[], f32[1024]) tuple(z, n, x)\n"
+                                  "  w = (s32[], s32[], f32[1024]) while(t0), condition=cond, "
+                                  "body=body\n"
+                                  "  ROOT r = f32[1024] get-tuple-element(w), index=2\n"
+                                  "}\n";
 
 static const char negate_text[] = "HloModule neg\n"
                                   "ENTRY main {\n"
@@ -209,6 +240,72 @@ static void caller_leaving_stops_run(const char *backend) {
   kiln_client_close(c);
 }
 
+/* Executes spin_n with n iterations and no deadline. */
+static int run_spin_n(kiln_client *c, const char *id, int n) {
+  kiln_literal *x = vector(1024, 0.5f);
+  char text[32];
+  snprintf(text, sizeof text, "s32[] %d", n);
+  kiln_literal *nl = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_literal_parse_text(text, strlen(text), &nl, &st)) return -1;
+  kiln_remote_arg args[2] = {{.literal = x}, {.literal = nl}};
+  kiln_remote_execute_options o = {.deadline_ms = -1};
+  kiln_remote_result r;
+  int rc = kiln_client_execute(c, id, args, 2, &o, &r, &st);
+  if (rc == 0) kiln_remote_result_free(&r);
+  kiln_literal_destroy(x);
+  kiln_literal_destroy(nl);
+  return rc;
+}
+
+/* The fast path: an executable whose recent runs were short runs on the
+ * completion-queue thread. This call's arguments make it run for minutes;
+ * its caller leaving must stop it as on a device worker. */
+static void caller_leaving_stops_fast_run(const char *backend) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    kiln_client_options o = {.client_id = "fast-leaver"};
+    kiln_client *c = NULL;
+    kiln_status st;
+    kiln_status_clear(&st);
+    if (kiln_client_connect(server.addr, &o, &c, &st) != 0) _exit(3);
+    char *id = compile(c, spin_n_text, backend);
+    for (int i = 0; i < 8; i++)
+      if (run_spin_n(c, id, 1) != 0) _exit(5);
+    run_spin_n(c, id, 2000000000);
+    _exit(4); /* not reached: killed first */
+  }
+  double running = 0;
+  for (int i = 0; i < 1200; i++) {
+    int st = 0;
+    ck_assert_msg(waitpid(pid, &st, WNOHANG) == 0, "the child ended before its long run");
+    /* the short runs come and go; the long one stays */
+    if ((running = metric("kiln_running_executions", NULL)) >= 1) {
+      usleep(300000);
+      if ((running = metric("kiln_running_executions", NULL)) >= 1) break;
+    }
+    usleep(20000);
+  }
+  ck_assert_msg(running >= 1, "the child's run never started");
+  double before = executes_answered("CANCELLED");
+  kill(pid, SIGKILL);
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFSIGNALED(status));
+  kiln_client *c = connect_as(backend);
+  next_runs_at_once(c, backend);
+  expect_answered("CANCELLED", before + 1);
+  kiln_client_close(c);
+}
+
+START_TEST(test_caller_leaves_fast_cpu) { caller_leaving_stops_fast_run("cpu"); }
+END_TEST
+
+START_TEST(test_caller_leaves_fast_interp) { caller_leaving_stops_fast_run("interp"); }
+END_TEST
+
 START_TEST(test_caller_leaves_cpu) { caller_leaving_stops_run("cpu"); }
 END_TEST
 
@@ -223,6 +320,8 @@ static Suite *cancel_suite(void) {
   tcase_add_test(tc, test_deadline_interp);
   tcase_add_test(tc, test_caller_leaves_cpu);
   tcase_add_test(tc, test_caller_leaves_interp);
+  tcase_add_test(tc, test_caller_leaves_fast_cpu);
+  tcase_add_test(tc, test_caller_leaves_fast_interp);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,5 +1,6 @@
 /* SIGTERM under load: the server drains, and no request it accepted is
- * lost.
+ * lost. Before it, the signals that must not drain (SIGHUP, SIGUSR1,
+ * SIGUSR2, SIGPIPE) come under the same load and refuse nothing.
  *
  * Eight clients keep executions (each a loop that runs for about 150 ms on
  * the interpreter) and uploads going; a second into the
@@ -147,6 +148,44 @@ static void calibrate(kiln_client *c) {
   spin_n = want > 2e8 ? 200000000 : want < 1000 ? 1000 : (int32_t)want;
 }
 
+/* SIGHUP (reload), SIGUSR1, SIGUSR2 and SIGPIPE under the same load drain
+ * nothing and refuse nothing: every call answers OK and right, the server
+ * stays up and healthy. (It runs before the SIGTERM case, on the same
+ * server.) */
+START_TEST(test_other_signals_keep_serving) {
+  kiln_client *c;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_connect(server.addr, NULL, &c, &st), 0);
+  calibrate(c);
+  pthread_t t[NWORKERS];
+  for (int i = 0; i < NWORKERS; i++)
+    ck_assert_int_eq(pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i), 0);
+  const int sigs[] = {SIGHUP, SIGUSR1, SIGUSR2, SIGPIPE, SIGHUP, SIGUSR1};
+  struct timespec gap = {0, 250000000};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+    nanosleep(&gap, NULL);
+    ck_assert_int_eq(kill(server.pid, sigs[i]), 0);
+  }
+  nanosleep(&gap, NULL);
+  atomic_store(&stop, true);
+  for (int i = 0; i < NWORKERS; i++) pthread_join(t[i], NULL);
+  ck_assert_msg(itest_kilnd_alive(&server), "kilnd died of a signal it should not die of");
+  int n = atomic_load(&ncalls);
+  for (int i = 0; i < n && i < MAX_CALLS; i++) {
+    ck_assert_msg(!calls[i].wrong, "call %d answered OK with a wrong result", i);
+    ck_assert_msg(calls[i].code == KILN_RPC_OK, "call %d (%s) failed with %s: %s", i, calls[i].what,
+                  kiln_rpc_code_name(calls[i].code), calls[i].msg);
+  }
+  ck_assert_int_gt(n, NWORKERS);
+  bool serving = false;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_health(c, NULL, &serving, &st), 0);
+  ck_assert(serving);
+  kiln_client_close(c);
+}
+END_TEST
+
 START_TEST(test_sigterm_under_load) {
   kiln_client *c;
   kiln_status st;
@@ -205,6 +244,7 @@ int main(void) {
   Suite *s = suite_create("drain");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_other_signals_keep_serving);
   tcase_add_test(tc, test_sigterm_under_load);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -4,19 +4,24 @@
  * and foreign handles, malformed uploads (no header, truncated, oversized,
  * a second header, impossible shapes), messages over the size limits, a
  * client that disconnects in the middle of a stream, runs past their
- * deadline, quotas. Each must get the right status with a message, and
- * after each the server must still serve everyone else: every case ends by
- * checking health and a real compile + execute.
+ * deadline, quotas, idle sockets on the metrics port. Each must get the right status with a
+ * message, and after each the server must still serve everyone else: every case ends by checking
+ * health and a real compile + execute.
  *
  * The server runs with small limits (2 MiB messages, 1 MiB modules, 48 MiB
  * per client) so that the limits are cheap to reach.
  */
+#include <arpa/inet.h>
 #include <check.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
@@ -705,6 +710,63 @@ START_TEST(test_too_many_arguments) {
 }
 END_TEST
 
+/* A TCP connection to addr ("HOST:PORT"), or -1. */
+static int tcp_connect(const char *addr) {
+  char host[128];
+  snprintf(host, sizeof host, "%s", addr);
+  char *colon = strrchr(host, ':');
+  if (colon == NULL) return -1;
+  *colon = '\0';
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* 100 sockets held open on the metrics port without a request (one with
+ * half a request head) do not stall /metrics: each scrape meanwhile is
+ * answered at once; the half request is closed by its read deadline. */
+START_TEST(test_metrics_idle_sockets) {
+  ck_assert_msg(server.metrics[0], "no metrics address");
+  enum { NIDLE = 100 };
+  int idle[NIDLE];
+  for (int i = 0; i < NIDLE; i++) {
+    idle[i] = tcp_connect(server.metrics);
+    ck_assert_int_ge(idle[i], 0);
+  }
+  int half = NIDLE - 1; /* the newest: scrapes push out older idle ones first */
+  ck_assert_int_eq(write(idle[half], "GET /metr", 9), 9);
+  for (int k = 0; k < 5; k++) {
+    double t0 = itest_now();
+    int status = 0;
+    char *body = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(itest_http_get(server.metrics, "/metrics", &status, &body, &len), 0);
+    ck_assert_int_eq(status, 200);
+    ck_assert_ptr_nonnull(strstr(body, "kiln_"));
+    free(body);
+    ck_assert_msg(itest_now() - t0 < 2.0, "scrape %d took %.2f s behind idle sockets", k,
+                  itest_now() - t0);
+  }
+  /* The half request gets no answer and is closed within its deadline. */
+  struct timeval tv = {.tv_sec = 15};
+  setsockopt(idle[half], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  double t0 = itest_now();
+  char b[64];
+  ssize_t n = read(idle[half], b, sizeof b);
+  ck_assert_int_eq(n, 0); /* closed by the server, not our receive timeout */
+  ck_assert_msg(itest_now() - t0 < 12.0, "half a request held %.2f s", itest_now() - t0);
+  /* Older idle sockets made room for the scrapes: the oldest is closed. */
+  ck_assert_int_eq(read(idle[0], b, sizeof b), 0);
+  for (int i = 0; i < NIDLE; i++) close(idle[i]);
+  still_serving();
+}
+END_TEST
+
 int main(void) {
   itest_require_kilnd("test_hostile");
   const char *extra[] = {"--max-message-bytes",
@@ -731,6 +793,7 @@ int main(void) {
   tcase_add_test(tc, test_disconnect_mid_download);
   tcase_add_test(tc, test_deadlines);
   tcase_add_test(tc, test_too_many_arguments);
+  tcase_add_test(tc, test_metrics_idle_sockets);
   suite_add_tcase(s, tc);
   return itest_run_suite("test_hostile", s, &server);
 }

@@ -606,6 +606,77 @@ START_TEST(test_top_once) {
 }
 END_TEST
 
+/* ---- SIGHUP: the log level --------------------------------------------------------- */
+
+/* Whether the log holds a request line for request id `id` (no waiting). */
+static bool has_request_line(const itest_kilnd *k, const char *id) {
+  char *text = read_log(k);
+  bool found = false;
+  for (char *line = strtok(text, "\n"); line && !found; line = strtok(NULL, "\n")) {
+    record r;
+    if (parse_logfmt(line, &r) && field(&r, "msg") && strcmp(field(&r, "msg"), "request") == 0 &&
+        field(&r, "request_id") && strcmp(field(&r, "request_id"), id) == 0)
+      found = true;
+  }
+  free(text);
+  return found;
+}
+
+static void write_conf(const char *level) {
+  FILE *f = fopen(path("kilnd.conf"), "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "# test config\nlog-format = logfmt\nlog-level = %s\n", level);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* A config file at log-level warn: request lines (info) are dropped. The
+ * file changed to info and SIGHUP sent: the next call's line is written,
+ * and nothing drained. A file that no longer parses keeps the level. */
+START_TEST(test_sighup_log_level) {
+  write_conf("warn");
+  itest_kilnd k;
+  const char *extra[] = {"--config", path("kilnd.conf"), NULL};
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  kiln_client *c = connect_to(&k, NULL);
+  kiln_server_stats s;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_stats(c, &s, &st), 0);
+  kiln_server_stats_clear(&s);
+  char id[65];
+  snprintf(id, sizeof id, "%s", kiln_client_last_request_id());
+  sleep_ms(500);
+  ck_assert_msg(!has_request_line(&k, id), "a request line was written at level warn");
+
+  write_conf("info");
+  ck_assert_int_eq(kill(k.pid, SIGHUP), 0);
+  record r;
+  ck_assert_msg(
+      find_record(&k, false, "SIGHUP: log level info (was warn)", NULL, "level", "info", &r),
+      "no reload line in the log");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_stats(c, &s, &st), 0);
+  kiln_server_stats_clear(&s);
+  snprintf(id, sizeof id, "%s", kiln_client_last_request_id());
+  ck_assert(find_record(&k, false, "request", NULL, "request_id", id, &r));
+
+  FILE *f = fopen(path("kilnd.conf"), "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("log-level = loud\n", f);
+  fclose(f);
+  ck_assert_int_eq(kill(k.pid, SIGHUP), 0);
+  sleep_ms(500);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_stats(c, &s, &st), 0);
+  kiln_server_stats_clear(&s);
+  snprintf(id, sizeof id, "%s", kiln_client_last_request_id());
+  ck_assert(find_record(&k, false, "request", NULL, "request_id", id, &r));
+  kiln_client_close(c);
+  ck_assert(itest_kilnd_alive(&k));
+  ck_assert_int_eq(itest_kilnd_stop(&k, SIGTERM, 30), 0);
+}
+END_TEST
+
 /* ---- set-up ------------------------------------------------------------------------- */
 
 static Suite *ops_suite(void) {
@@ -618,6 +689,7 @@ static Suite *ops_suite(void) {
   tcase_add_test(tc, test_progress_cli);
   tcase_add_test(tc, test_progress_tty);
   tcase_add_test(tc, test_top_once);
+  tcase_add_test(tc, test_sighup_log_level);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,6 +1,7 @@
 /* kilnd's transport security and authentication against real clients
  * (libkiln): TLS with a CA made by openssl here, mutual TLS, bearer tokens
- * and roles, the plaintext health-only port, certificate reload on SIGHUP.
+ * and roles, the plaintext health-only port, certificate and token reload
+ * on SIGHUP.
  *
  * The main server runs with --tls-cert/--tls-key, --tls-client-ca,
  * --tokens (alice and bob are users, root is admin) and --health-listen.
@@ -72,10 +73,14 @@ static int make_files(void) {
            "d() { printf %%s \"$1\" | openssl dgst -sha256 -r | cut -c1-64; };"
            "{ echo '# test tokens'; echo \"sha256:$(d tok-alice) alice user\";"
            "  echo \"sha256:$(d tok-bob) bob user  # a comment\";"
+           "  echo \"sha256:$(d tok-quota) quota user memory=8 queue=1 buffers=2\";"
            "  echo; echo \"sha256:$(d tok-root) root admin\"; } > tokens;"
            "{ echo \"sha256:$(d a) alice user\"; echo \"sha256:$(d b) bob superuser\"; } > bad1;"
            "{ echo \"sha256:$(d a) alice user memory-bytes=1Gi\"; } > bad2;"
-           "echo 'sha256:12 alice user' > bad3",
+           "echo 'sha256:12 alice user' > bad3;"
+           "{ echo \"sha256:$(d a) alice user memory=0\"; } > bad4;"
+           "{ echo \"sha256:$(d a) alice user buffers=2\"; echo \"sha256:$(d b) alice user\"; } "
+           "> bad5",
            dir);
   char full[4400];
   snprintf(full, sizeof full, "( %s ) >'%s/openssl.log' 2>&1", cmd, dir);
@@ -401,6 +406,26 @@ START_TEST(test_spoofed_kiln_client_header_ignored) {
 }
 END_TEST
 
+/* A token's own quotas: client quota (memory=8) cannot store a 16-byte vector,
+ * while alice (the server-wide quota) can. */
+START_TEST(test_per_token_quota) {
+  kiln_client *q = connect_ok(server.addr, good("tok-quota"));
+  kiln_literal *x = vector4(1.0f);
+  kiln_remote_buffer b;
+  kiln_status st;
+  kiln_status_clear(&st);
+  expect_code(kiln_client_put_buffer(q, x, NULL, &b, &st), &st, KILN_RPC_RESOURCE_EXHAUSTED,
+              "a put over the token's quota");
+  ck_assert_msg(strstr(st.msg, "quota 8"), "%s", st.msg);
+  kiln_literal_destroy(x);
+  kiln_client_close(q);
+  kiln_client *alice = connect_ok(server.addr, good("tok-alice"));
+  free(put(alice, 2.0f));
+  kiln_client_close(alice);
+  good_client_served();
+}
+END_TEST
+
 START_TEST(test_malformed_token_files) {
   static const struct {
     const char *file, *where, *what;
@@ -408,6 +433,8 @@ START_TEST(test_malformed_token_files) {
       {"bad1", "bad1:2", "role must be"},
       {"bad2", "bad2:1", "memory-bytes"},
       {"bad3", "bad3:1", "64 hex digits"},
+      {"bad4", "bad4:1", "memory=0: expected bytes from 1"},
+      {"bad5", "tokens", "client 'alice' has two tokens with different quotas"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char *argv[] = {(char *)itest_kilnd_path(),
@@ -619,6 +646,63 @@ START_TEST(test_sighup_reload_keeps_calls) {
 }
 END_TEST
 
+/* A compile over connection c; 0 or its rpc code. */
+static kiln_rpc_code compile_code(kiln_client *c) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_compile_options co = {.backend = "interp"};
+  kiln_remote_executable *exe = NULL;
+  int rc = kiln_client_compile_text(c, negate_text, strlen(negate_text), &co, &exe, &st);
+  if (rc == 0) kiln_remote_executable_free(exe);
+  return rc == 0 ? KILN_RPC_OK : kiln_rpc_status_code(&st);
+}
+
+/* SIGHUP reads the token file again: a token added is accepted, a token
+ * removed is refused from the next call on, on connections made before
+ * too; a file that no longer parses keeps the tokens that were. */
+START_TEST(test_sighup_reloads_tokens) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "cd '%s' && cp tokens live-tokens", dir);
+  ck_assert_int_eq(sh(cmd), 0);
+  itest_kilnd k;
+  const char *extra[] = {"--tokens", path("live-tokens"), NULL};
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  kiln_client *alice = connect_ok(k.addr, (creds){.plaintext = true, .token = "tok-alice"});
+  kiln_client *carol = connect_ok(k.addr, (creds){.plaintext = true, .token = "tok-carol"});
+  ck_assert_int_eq(compile_code(alice), KILN_RPC_OK);
+  ck_assert_int_eq(compile_code(carol), KILN_RPC_UNAUTHENTICATED);
+  snprintf(cmd, sizeof cmd,
+           "cd '%s' && d() { printf %%s \"$1\" | openssl dgst -sha256 -r | cut -c1-64; } && "
+           "{ echo \"sha256:$(d tok-carol) carol user\"; "
+           "echo \"sha256:$(d tok-root) root admin\"; } > live-tokens.new && "
+           "mv live-tokens.new live-tokens",
+           dir);
+  ck_assert_int_eq(sh(cmd), 0);
+  ck_assert_int_eq(kill(k.pid, SIGHUP), 0);
+  double t0 = itest_now();
+  while (compile_code(carol) != KILN_RPC_OK && itest_now() - t0 < 10) usleep(50000);
+  ck_assert_int_eq(compile_code(carol), KILN_RPC_OK);
+  ck_assert_int_eq(compile_code(alice), KILN_RPC_UNAUTHENTICATED);
+  /* A broken file: carol stays. */
+  snprintf(cmd, sizeof cmd, "cd '%s' && cp bad1 live-tokens", dir);
+  ck_assert_int_eq(sh(cmd), 0);
+  ck_assert_int_eq(kill(k.pid, SIGHUP), 0);
+  usleep(300000);
+  ck_assert_int_eq(compile_code(carol), KILN_RPC_OK);
+  ck_assert_int_eq(compile_code(alice), KILN_RPC_UNAUTHENTICATED);
+  kiln_client_close(alice);
+  kiln_client_close(carol);
+  ck_assert(itest_kilnd_alive(&k));
+  int status = itest_kilnd_stop(&k, SIGTERM, 30);
+  ck_assert_msg(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0, "kilnd status %d",
+                status);
+  char log[600];
+  snprintf(log, sizeof log, "grep -q 'tokens not reloaded, the old ones stay' '%s/kilnd.err'",
+           k.dir);
+  ck_assert_int_eq(sh(log), 0);
+}
+END_TEST
+
 static Suite *security_suite(void) {
   Suite *s = suite_create("security");
   TCase *tls = tcase_create("tls");
@@ -639,9 +723,11 @@ static Suite *security_suite(void) {
   tcase_add_test(tok, test_user_token_on_admin_calls);
   tcase_add_test(tok, test_user_cannot_read_another_users_buffer);
   tcase_add_test(tok, test_spoofed_kiln_client_header_ignored);
+  tcase_add_test(tok, test_per_token_quota);
   tcase_add_test(tok, test_malformed_token_files);
   tcase_add_test(tok, test_health_port_plaintext_without_token);
   tcase_add_test(tok, test_cli_flags_and_env);
+  tcase_add_test(tok, test_sighup_reloads_tokens);
   suite_add_tcase(s, tok);
   return s;
 }

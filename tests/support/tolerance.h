@@ -62,4 +62,21 @@ static inline uint32_t kiln_tol_ulp_f32(float a, float b) {
   return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
 }
 
+/* Complex elementwise ops (c64, c128) on the cpu backend are computed in
+ * double _Complex with the C library's formulas, as the interpreter
+ * computes them, each c64 result rounded to float parts: results agree to
+ * a few ULP of the result's largest magnitude (the interpreter may keep a
+ * c64 chain's intermediate on a different side of a rounding tie). The
+ * relative tolerances, of max(1, max |result|): */
+#define KILN_TOL_C64_REL (8 * KILN_TOL_F32_EPS)
+#define KILN_TOL_C128_REL 1e-6 /* covers a c64 leg in a c128 chain, as f32 eps */
+
+/* An FFT of n points through FFTW (a different summation order from the
+ * interpreter's direct DFT): relative to max(1, max |result|),
+ * a few eps times log2(n) + 1 for FFTW and n eps for the direct sum. */
+static inline double kiln_tol_fft(int64_t n, int c64) {
+  double eps = c64 ? (double)KILN_TOL_F32_EPS : 0x1p-52;
+  return 8.0 * (double)(n + 1) * eps;
+}
+
 #endif /* KILN_TESTS_SUPPORT_TOLERANCE_H */

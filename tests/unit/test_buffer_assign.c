@@ -199,9 +199,95 @@ START_TEST(while_state_shared_and_updated_in_place) {
     if (strcmp(m->instrs[body->instrs[i]]->name, "x2") == 0)
       x2 = kiln_buffer_leaves(ba, body->instrs[i], &nb)[0];
   ck_assert_uint_eq(x2, w[1]);
-  /* The state is a temporary; r is an alias of it and is copied out. */
-  ck_assert_int_eq(ba->slots[w[1]].kind, KILN_SLOT_TEMP);
-  ck_assert_int_eq(ba->slots[ba->result_slots[0]].kind, KILN_SLOT_OUTPUT);
+  /* r is an alias of the state, which the entry runs: the state is the
+   * output buffer itself, nothing is copied out. */
+  ck_assert_int_eq(ba->slots[w[1]].kind, KILN_SLOT_OUTPUT);
+  ck_assert_uint_eq(ba->result_slots[0], w[1]);
+  /* p0, a parameter, is copied into the state. */
+  ck_assert_uint_ne(slot_of(m, ba, "p0", 0), w[1]);
+  kiln_buffer_assignment_destroy(ba);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* A lax.scan as JAX exports it: the body calls a computation that slices
+ * the input, one that updates the stacked output, and passes the weights
+ * through. */
+static const char scan_hlo[] =
+    "HloModule t\n"
+    "ds { a = f32[8,16] parameter(0)  i = s32[] parameter(1)  z = s32[] constant(0)\n"
+    "  s = f32[1,16] dynamic-slice(a, i, z), dynamic_slice_sizes={1,16}\n"
+    "  ROOT r = f32[16] reshape(s) }\n"
+    "dus { a = f32[8,16] parameter(0)  u = f32[16] parameter(1)  i = s32[] parameter(2)\n"
+    "  z = s32[] constant(0)  r = f32[1,16] reshape(u)\n"
+    "  ROOT d = f32[8,16] dynamic-update-slice(a, r, i, z) }\n"
+    "cond { p = (s32[], f32[8,16], f32[8,16], f32[16]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(p), index=0  n = s32[] constant(8)\n"
+    "  ROOT lt = pred[] compare(i, n), direction=LT }\n"
+    "body { p = (s32[], f32[8,16], f32[8,16], f32[16]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(p), index=0  ys = f32[8,16] get-tuple-element(p), index=1\n"
+    "  xs = f32[8,16] get-tuple-element(p), index=2  w = f32[16] get-tuple-element(p), index=3\n"
+    "  x = f32[16] call(xs, i), to_apply=ds  y = f32[16] multiply(x, w)\n"
+    "  ys2 = f32[8,16] call(ys, y, i), to_apply=dus  one = s32[] constant(1)\n"
+    "  i2 = s32[] add(i, one)\n"
+    "  ROOT t = (s32[], f32[8,16], f32[8,16], f32[16]) tuple(i2, ys2, xs, w) }\n"
+    "ENTRY main {\n  xs = f32[8,16] parameter(0)\n  w = f32[16] parameter(1)\n"
+    "  z = s32[] constant(0)  zf = f32[] constant(0)\n"
+    "  ys = f32[8,16] broadcast(zf), dimensions={}\n"
+    "  t = (s32[], f32[8,16], f32[8,16], f32[16]) tuple(z, ys, xs, w)\n"
+    "  l = (s32[], f32[8,16], f32[8,16], f32[16]) while(t), condition=cond, body=body\n"
+    "  ROOT r = f32[8,16] get-tuple-element(l), index=1\n}\n";
+
+START_TEST(scan_state_in_place_and_passed_through) {
+  kiln_module *m = parse(scan_hlo);
+  kiln_buffer_assignment *ba = assign(m);
+  uint32_t n;
+  const uint32_t *l = kiln_buffer_leaves(ba, id_of(m, "l"), &n);
+  ck_assert_uint_eq(n, 4);
+  /* xs and w pass through the body: the loop reads the parameters'
+   * buffers, nothing is copied into a state slot of their own. */
+  ck_assert_int_eq(ba->slots[l[2]].kind, KILN_SLOT_PARAM);
+  ck_assert_int_eq(ba->slots[l[3]].kind, KILN_SLOT_PARAM);
+  ck_assert_uint_eq(l[2], slot_of(m, ba, "xs", 0));
+  ck_assert_uint_eq(l[3], slot_of(m, ba, "w", 0));
+  /* The stacked output is the loop's own state, in the buffer of its
+   * initial value (which dies at the loop: no copy in) and in the output
+   * buffer (no copy out). */
+  ck_assert_int_eq(ba->slots[l[1]].kind, KILN_SLOT_OUTPUT);
+  ck_assert_uint_eq(ba->result_slots[0], l[1]);
+  ck_assert_uint_eq(slot_of(m, ba, "ys", 0), l[1]);
+  /* A call's result is the called root's buffer, and the update writes
+   * the stacked output in place, so the body's result is the state. */
+  const kiln_computation *body = kiln_module_find_computation(m, "body");
+  const kiln_computation *dus = kiln_module_find_computation(m, "dus");
+  const uint32_t *root = kiln_buffer_leaves(ba, body->root, &n);
+  ck_assert_uint_eq(n, 4);
+  ck_assert_uint_eq(root[1], l[1]);
+  ck_assert_uint_eq(kiln_buffer_leaves(ba, dus->root, &n)[0], l[1]);
+  kiln_buffer_assignment_destroy(ba);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+START_TEST(call_result_is_root_buffer) {
+  kiln_module *m = parse("HloModule t\n"
+                         "f { a = f32[32] parameter(0)  ROOT e = f32[32] exponential(a) }\n"
+                         "g { a = f32[32] parameter(0)  b = f32[32] parameter(1)\n"
+                         "  ROOT t = (f32[32], f32[32]) tuple(b, a) }\n"
+                         "ENTRY main {\n  p = f32[32] parameter(0)\n  q = f32[32] parameter(1)\n"
+                         "  c = f32[32] call(p), to_apply=f\n"
+                         "  d = (f32[32], f32[32]) call(c, q), to_apply=g\n"
+                         "  d0 = f32[32] get-tuple-element(d), index=0\n"
+                         "  d1 = f32[32] get-tuple-element(d), index=1\n"
+                         "  ROOT s = f32[32] add(d0, d1)\n}\n");
+  kiln_buffer_assignment *ba = assign(m);
+  const kiln_computation *f = kiln_module_find_computation(m, "f");
+  uint32_t n;
+  ck_assert_uint_eq(slot_of(m, ba, "c", 0), kiln_buffer_leaves(ba, f->root, &n)[0]);
+  /* A call that returns its arguments is their buffers. */
+  ck_assert_uint_eq(slot_of(m, ba, "d", 0), slot_of(m, ba, "q", 0));
+  ck_assert_uint_eq(slot_of(m, ba, "d", 1), slot_of(m, ba, "c", 0));
+  ck_assert_int_eq(ba->slots[slot_of(m, ba, "s", 0)].kind, KILN_SLOT_OUTPUT);
   kiln_buffer_assignment_destroy(ba);
   kiln_module_destroy(m);
 }
@@ -269,6 +355,8 @@ int main(void) {
   tcase_add_test(tc, aliases_share_slots);
   tcase_add_test(tc, donated_parameter_written_in_place);
   tcase_add_test(tc, while_state_shared_and_updated_in_place);
+  tcase_add_test(tc, scan_state_in_place_and_passed_through);
+  tcase_add_test(tc, call_result_is_root_buffer);
   tcase_add_test(tc, refusals);
   tcase_add_test(tc, layout_predicates);
   suite_add_tcase(s, tc);

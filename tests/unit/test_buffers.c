@@ -250,6 +250,36 @@ START_TEST(test_client_quota) {
 }
 END_TEST
 
+/* Per-client overrides (a token's memory= and buffers=) replace the
+ * store-wide quota and count for that client only. */
+START_TEST(test_client_quota_overrides) {
+  kiln_buffer_store *s = store(100, 0, 2);
+  kiln_client_quota q[] = {{.client = "a", .memory_bytes = 200, .buffers = 3},
+                           {.client = "c", .buffers = 1}};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_set_quotas(s, q, 2, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(40, 0), 0, NULL, false, NULL, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(1, 0), 0, NULL, false, NULL, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(1, 0), 0, NULL, false, NULL, &st), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "a", f32s(1, 0), 0, NULL, false, NULL, &st),
+                   KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "client already holds 3 buffers (the limit)");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "b", f32s(40, 0), 0, NULL, false, NULL, &st),
+                   KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "client memory quota exceeded: 0 bytes in use, 160 more requested, "
+                           "quota 100");
+  /* c keeps the store-wide memory quota, with its own count. */
+  ck_assert_int_eq(kiln_buffer_store_add(s, "c", f32s(1, 0), 0, NULL, false, NULL, NULL), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "c", f32s(1, 0), 0, NULL, false, NULL, NULL),
+                   KILN_ELIMIT);
+  ck_assert_int_eq(kiln_buffer_store_set_quotas(s, NULL, 0, &st), 0);
+  ck_assert_int_eq(kiln_buffer_store_add(s, "c", f32s(1, 0), 0, NULL, false, NULL, NULL), 0);
+  kiln_buffer_store_destroy(s);
+}
+END_TEST
+
 START_TEST(test_total_quota_and_unreserve) {
   kiln_buffer_store *s = store(0, 64, 0);
   kiln_status_clear(&st);
@@ -451,6 +481,7 @@ int main(void) {
   tcase_add_test(tc, test_take_for_donation);
   tcase_add_test(tc, test_lease_expiry);
   tcase_add_test(tc, test_client_quota);
+  tcase_add_test(tc, test_client_quota_overrides);
   tcase_add_test(tc, test_total_quota_and_unreserve);
   tcase_add_test(tc, test_buffer_count_limit);
   tcase_add_test(tc, test_tuples_refused);

@@ -280,6 +280,67 @@ START_TEST(disk_leftover_temp_removed) {
 }
 END_TEST
 
+/* Whatever someone left at an entry path that is not a regular file is a
+ * miss at once: a FIFO (opening it for reading would wait for a writer), a
+ * link to a valid entry, a fan-out directory that is a link. A put then
+ * replaces the FIFO with a real entry. */
+START_TEST(disk_special_files_are_misses) {
+  make_tmp();
+  char dir[128], path[512], target[256];
+  sub_path(dir, sizeof dir, "d");
+  kiln_cache_store *s = NULL;
+  ck_assert_int_eq(kiln_cache_disk_create(dir, 1 << 20, &s, NULL), 0);
+  char kf[65], kl[65], kd[65];
+  hex_key(40, kf);
+  hex_key(41, kl);
+  for (int i = 42; i < 400; i++) { /* a key in a fan-out of its own */
+    hex_key(i, kd);
+    if (strncmp(kd, kf, 2) != 0 && strncmp(kd, kl, 2) != 0) break;
+  }
+  put_bytes(s, kl, 'l', 100);
+  /* The FIFO, and a link to a copy of kl's file under kl's own name. */
+  snprintf(path, sizeof path, "%s/%.2s", dir, kf);
+  mkdir(path, 0700);
+  snprintf(path, sizeof path, "%s/%.2s/%s", dir, kf, kf);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  snprintf(path, sizeof path, "%s/%.2s/%s", dir, kl, kl);
+  sub_path(target, sizeof target, "copy");
+  ck_assert_int_eq(rename(path, target), 0);
+  ck_assert_int_eq(symlink(target, path), 0);
+  /* kd's fan-out directory is a link to a directory holding a valid file. */
+  sub_path(target, sizeof target, "elsewhere");
+  ck_assert_int_eq(mkdir(target, 0700), 0);
+  snprintf(path, sizeof path, "%s/%s", target, kd);
+  FILE *f = fopen(path, "w");
+  fputs("not to be read", f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/%.2s", dir, kd);
+  ck_assert_int_eq(symlink(target, path), 0);
+
+  int64_t t0 = now_ns();
+  ck_assert(!get_bytes(s, kf, 'f', 10));
+  ck_assert(!get_bytes(s, kl, 'l', 100));
+  ck_assert(!get_bytes(s, kd, 'n', 14));
+  ck_assert_int_lt(now_ns() - t0, 2 * (int64_t)1000000000);
+  /* A reopen's scan indexes none of them, nor does it block. */
+  kiln_cache_store_destroy(s);
+  ck_assert_int_eq(kiln_cache_disk_create(dir, 1 << 20, &s, NULL), 0);
+  ck_assert_uint_eq(store_stats(s).entries, 0);
+  /* Writing kf replaces the FIFO; writing kd does not go through the link. */
+  put_bytes(s, kf, 'f', 10);
+  ck_assert(get_bytes(s, kf, 'f', 10));
+  uint8_t v[4] = {1, 2, 3, 4};
+  kiln_status st = {0};
+  ck_assert_int_eq(s->ops->put(s, kd, v, sizeof v, &st), KILN_EIO);
+  snprintf(path, sizeof path, "%s/%s", target, kd);
+  struct stat sb;
+  ck_assert_int_eq(stat(path, &sb), 0);
+  ck_assert_uint_eq(sb.st_size, 14);
+  kiln_cache_store_destroy(s);
+  remove_tmp();
+}
+END_TEST
+
 START_TEST(disk_bound_under_flood) {
   make_tmp();
   char dir[128];
@@ -1070,7 +1131,8 @@ static bool start_redis(void) {
   return true;
 }
 
-static kiln_cache *redis_cache(const char *disk_name, uint32_t timeout_ms) {
+static kiln_cache *redis_cache_ttl(const char *disk_name, uint32_t timeout_ms,
+                                   uint32_t lock_ttl_ms) {
   kiln_cache_config cfg;
   kiln_cache_config_init(&cfg);
   cfg.memory_bytes = 1 << 20;
@@ -1082,10 +1144,15 @@ static kiln_cache *redis_cache(const char *disk_name, uint32_t timeout_ms) {
   cfg.redis.url = kiln_test_redis_addr(redis);
   cfg.redis.timeout_ms = timeout_ms;
   cfg.wait_poll_ms = 10;
+  cfg.lock_ttl_ms = lock_ttl_ms;
   kiln_cache *c = NULL;
   kiln_status st = {0};
   ck_assert_msg(kiln_cache_create(&cfg, &c, &st) == 0, "create: %s", st.msg);
   return c;
+}
+
+static kiln_cache *redis_cache(const char *disk_name, uint32_t timeout_ms) {
+  return redis_cache_ttl(disk_name, timeout_ms, 0);
 }
 
 START_TEST(redis_shared_between_servers) {
@@ -1273,6 +1340,99 @@ START_TEST(redis_lock_wait_deadline) {
 }
 END_TEST
 
+/* The lock of key as this cache's builder left it: its token and PTTL. */
+static long long lock_pttl(int key, char *token, size_t size) {
+  kiln_cache_key k = make_key(key);
+  redisReply *rep = kiln_test_redis_command(redis, "GET kiln:v1:lock:%s", k.hex);
+  ck_assert_ptr_nonnull(rep);
+  snprintf(token, size, "%s", rep->type == REDIS_REPLY_STRING ? rep->str : "");
+  freeReplyObject(rep);
+  rep = kiln_test_redis_command(redis, "PTTL kiln:v1:lock:%s", k.hex);
+  long long t = rep->integer;
+  freeReplyObject(rep);
+  return t;
+}
+
+/* A lock key planted without an expiry (by hand, by a client of old) would
+ * hold every server off the key for good: it is taken over at once, and a
+ * Compile with no deadline finishes. While the build runs the lock is
+ * ours, with an expiry. */
+START_TEST(redis_lock_without_expiry_taken_over) {
+  make_tmp();
+  if (!start_redis()) return;
+  kiln_cache *c = redis_cache("a", 1000);
+  kiln_cache_key k = make_key(23);
+  redisReply *rep = kiln_test_redis_command(redis, "SET kiln:v1:lock:%s forever", k.hex);
+  ck_assert_int_eq(rep->type, REDIS_REPLY_STATUS);
+  freeReplyObject(rep);
+  atomic_int calls = 0;
+  build_ctx b = {.calls = &calls, .fill = 'n', .len = 24};
+  caller cl = {.c = c, .key = 23, .b = &b}; /* no deadline */
+  call_thread(&cl);
+  ck_assert_int_eq(cl.rc, 0);
+  ck_assert_int_eq(cl.r.source, KILN_CACHE_SRC_COMPILED);
+  check_payload(&cl.r, 'n', 24);
+  kiln_free(cl.r.payload);
+  ck_assert_int_lt(cl.took_ns, 2 * (int64_t)1000000000);
+  ck_assert_int_eq(atomic_load(&calls), 1);
+  /* Released after the store, as any lock of ours. */
+  char token[64];
+  ck_assert_int_eq(lock_pttl(23, token, sizeof token), -2);
+  rep = kiln_test_redis_command(redis, "EXISTS kiln:v1:exe:%s", k.hex);
+  ck_assert_int_eq(rep->integer, 1);
+  freeReplyObject(rep);
+  /* The lock try_lock sets carries the configured expiry. */
+  bool got = false;
+  kiln_cache_store *r = NULL;
+  kiln_status st = {0};
+  kiln_cache_redis_config rc;
+  memset(&rc, 0, sizeof rc);
+  rc.url = kiln_test_redis_addr(redis);
+  ck_assert_int_eq(kiln_cache_redis_create(&rc, &r, &st), 0);
+  rep = kiln_test_redis_command(redis, "SET kiln:v1:lock:%s forever", k.hex);
+  freeReplyObject(rep);
+  ck_assert_int_eq(r->ops->try_lock(r, k.hex, "mine", 5000, &got, &st), 0);
+  ck_assert(got);
+  long long t = lock_pttl(23, token, sizeof token);
+  ck_assert_str_eq(token, "mine");
+  ck_assert_int_gt(t, 4000);
+  ck_assert_int_le(t, 5000);
+  kiln_cache_store_destroy(r);
+  kiln_cache_destroy(c);
+  kiln_test_redis_destroy(redis);
+  remove_tmp();
+}
+END_TEST
+
+/* A lock that lives far longer than a builder may hold one (a hung holder,
+ * a key set by hand with a long life): a Compile with no deadline waits
+ * lock_ttl_ms at most, then takes the lock over and builds. */
+START_TEST(redis_lock_past_expiry_taken_over) {
+  make_tmp();
+  if (!start_redis()) return;
+  kiln_cache *c = redis_cache_ttl("a", 1000, 300);
+  hold_lock(24, 600000);
+  atomic_int calls = 0;
+  build_ctx b = {.calls = &calls, .fill = 'p', .len = 24};
+  caller cl = {.c = c, .key = 24, .b = &b};
+  call_thread(&cl);
+  ck_assert_int_eq(cl.rc, 0);
+  ck_assert_int_eq(cl.r.source, KILN_CACHE_SRC_COMPILED);
+  kiln_free(cl.r.payload);
+  ck_assert_int_ge(cl.took_ns, 250000000);
+  ck_assert_int_lt(cl.took_ns, 5 * (int64_t)1000000000);
+  kiln_cache_stats s = stats_of(c);
+  ck_assert_uint_eq(s.lock_waits, 1);
+  ck_assert_uint_eq(s.lock_takeovers, 1);
+  /* Taken over, so released as ours. */
+  char token[64];
+  ck_assert_int_eq(lock_pttl(24, token, sizeof token), -2);
+  kiln_cache_destroy(c);
+  kiln_test_redis_destroy(redis);
+  remove_tmp();
+}
+END_TEST
+
 static Suite *tiers_suite(void) {
   Suite *s = suite_create("cache_tiers");
   TCase *mem = tcase_create("memory");
@@ -1287,6 +1447,7 @@ static Suite *tiers_suite(void) {
   tcase_add_test(disk, disk_recency_survives_reopen);
   tcase_add_test(disk, disk_refuses_non_hex_keys);
   tcase_add_test(disk, disk_two_stores_one_dir);
+  tcase_add_test(disk, disk_special_files_are_misses);
   suite_add_tcase(s, disk);
   TCase *tiered = tcase_create("tiered");
   tcase_set_timeout(tiered, 120);
@@ -1309,6 +1470,8 @@ static Suite *tiers_suite(void) {
   tcase_add_test(rd, redis_killed_builds_locally);
   tcase_add_test(rd, redis_lock_of_dead_holder_expires);
   tcase_add_test(rd, redis_lock_wait_deadline);
+  tcase_add_test(rd, redis_lock_without_expiry_taken_over);
+  tcase_add_test(rd, redis_lock_past_expiry_taken_over);
   suite_add_tcase(s, rd);
   return s;
 }

@@ -3,6 +3,7 @@
  * file ignored) and the time limit over the whole build. */
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,6 +301,82 @@ START_TEST(disk_cache_and_corrupt_file) {
 }
 END_TEST
 
+static uint64_t object_bytes(const char *dir) {
+  char names[64][300];
+  int n = list_objects(dir, names, 64);
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    struct stat sb;
+    ck_assert_int_eq(stat(names[i], &sb), 0);
+    total += (uint64_t)sb.st_size;
+  }
+  return total;
+}
+
+static void object_path(const char *dir, int k, char *out, size_t size) {
+  uint8_t key[KILN__SHA256_LEN] = {(uint8_t)k};
+  char hex[2 * KILN__SHA256_LEN + 1];
+  kiln__hex(key, sizeof key, hex);
+  snprintf(out, size, "%s/%s.o", dir, hex);
+}
+
+START_TEST(disk_cache_bounded_lru) {
+  char dir[] = "/tmp/kiln-kcache-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  kiln__cc_cache_clear();
+  kiln__cc_cache_set_dir_limit(0); /* no bound: nothing is removed */
+  uint8_t obj[1000];
+  memset(obj, 0x5a, sizeof obj);
+  for (int k = 0; k < 4; k++) kiln__cc_cache_put(dir, (uint8_t[KILN__SHA256_LEN]){k}, obj, 1000);
+  uint64_t one = object_bytes(dir) / 4; /* an object and its header */
+  ck_assert_uint_gt(one, 1000);
+  /* Objects 0..3 used long ago, in that order; then a hit on object 0
+   * from another process (an empty memory cache) makes it the newest. */
+  char path[400], stale[400];
+  for (int k = 0; k < 4; k++) {
+    struct timespec t[2] = {{.tv_sec = 1000000 + k}, {.tv_sec = 1000000 + k}};
+    object_path(dir, k, path, sizeof path);
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, t, 0), 0);
+  }
+  kiln__cc_cache_clear();
+  uint8_t *got = NULL;
+  size_t len = 0;
+  ck_assert(kiln__cc_cache_get(dir, (uint8_t[KILN__SHA256_LEN]){0}, &got, &len));
+  ck_assert_uint_eq(len, 1000);
+  kiln_free(got);
+  struct stat sb;
+  object_path(dir, 0, path, sizeof path);
+  ck_assert_int_eq(stat(path, &sb), 0);
+  ck_assert_int_gt(sb.st_mtime, 1000000 + 3);
+  /* A temporary file a killed process left an hour ago. */
+  snprintf(stale, sizeof stale, "%s/.tmp-1-1", dir);
+  FILE *f = fopen(stale, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  struct timespec old[2] = {{.tv_sec = 1000000}, {.tv_sec = 1000000}};
+  ck_assert_int_eq(utimensat(AT_FDCWD, stale, old, 0), 0);
+  /* Bound: four objects. The fifth put trims to 7/8 of it (three fit):
+   * objects 1 and 2, the least recently used, go. */
+  kiln__cc_cache_set_dir_limit(4 * one);
+  kiln__cc_cache_put(dir, (uint8_t[KILN__SHA256_LEN]){4}, obj, 1000);
+  ck_assert_uint_le(object_bytes(dir), 4 * one / 8 * 7);
+  int left[5] = {1, 0, 0, 1, 1};
+  for (int k = 0; k < 5; k++) {
+    object_path(dir, k, path, sizeof path);
+    ck_assert_msg((stat(path, &sb) == 0) == left[k], "object %d", k);
+  }
+  ck_assert_int_ne(stat(stale, &sb), 0);
+  kiln__cc_cache_stats cs;
+  kiln__cc_cache_stats_get(&cs);
+  ck_assert_uint_eq(cs.disk_evictions, 2);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+  kiln__cc_cache_set_dir_limit(UINT64_C(1) << 30);
+  kiln__cc_cache_clear();
+}
+END_TEST
+
 static void write_script(const char *path, const char *body) {
   FILE *f = fopen(path, "w");
   ck_assert_ptr_nonnull(f);
@@ -372,6 +449,7 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, split_large_program_content_defined);
   tcase_add_test(tc, cache_hit_same_code);
   tcase_add_test(tc, disk_cache_and_corrupt_file);
+  tcase_add_test(tc, disk_cache_bounded_lru);
   tcase_add_test(tc, units_run_concurrently_and_time_limit);
   suite_add_tcase(s, tc);
   return s;

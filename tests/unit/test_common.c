@@ -12,12 +12,15 @@
 #include <check.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/arena.h"
+#include "common/deadline.h"
 #include "common/fp16.h"
 #include "common/sbuf.h"
 #include "common/status.h"
@@ -388,6 +391,49 @@ END_TEST
 
 /* ---- allocation hook --------------------------------------------------- */
 
+/* Once: only the n-th fails; pending until then. */
+START_TEST(alloc_fail_once) {
+  kiln_alloc_fail_once(3);
+  ck_assert(kiln_alloc_failure_pending());
+  void *a = kiln_malloc(8), *b = kiln_malloc(8);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  ck_assert(kiln_alloc_failure_pending());
+  ck_assert_ptr_null(kiln_malloc(8));
+  ck_assert(!kiln_alloc_failure_pending());
+  void *c = kiln_calloc(2, 4), *d = kiln_strdup("x");
+  ck_assert_ptr_nonnull(c);
+  ck_assert_ptr_nonnull(d);
+  kiln_free(a), kiln_free(b), kiln_free(c), kiln_free(d);
+  kiln_alloc_fail_after(1); /* sticky is never "pending" */
+  ck_assert(!kiln_alloc_failure_pending());
+  ck_assert_ptr_null(kiln_malloc(1));
+  ck_assert_ptr_null(kiln_malloc(1));
+}
+END_TEST
+
+/* Armed while four threads allocate: exactly one allocation fails. */
+static _Atomic int failures;
+static void *alloc_loop(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 20000; i++) {
+    void *p = kiln_malloc(16);
+    if (p == NULL) atomic_fetch_add(&failures, 1);
+    kiln_free(p);
+  }
+  return NULL;
+}
+
+START_TEST(alloc_fail_once_threads) {
+  kiln_alloc_fail_once(30000);
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, alloc_loop, NULL), 0);
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  ck_assert_int_eq(atomic_load(&failures), 1);
+  ck_assert(!kiln_alloc_failure_pending());
+}
+END_TEST
+
 START_TEST(alloc_fail_nth) {
   kiln_alloc_fail_after(3);
   void *p1 = kiln_malloc(8);
@@ -742,10 +788,42 @@ START_TEST(fp16_tricky_values_table) {
 }
 END_TEST
 
+/* ---- deadlines ------------------------------------------------------------ */
+
+START_TEST(deadline_checks) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__deadline_check("nothing installed", &st), 0);
+  atomic_int cancelled = 0;
+  kiln_deadline far = {.at_ns = kiln__deadline_now_ns() + INT64_C(60000000000),
+                       .cancelled = &cancelled};
+  ck_assert_ptr_null(kiln__deadline_install(&far));
+  ck_assert_int_eq(kiln__deadline_check("fusion", &st), 0);
+  kiln_deadline past = {.at_ns = kiln__deadline_now_ns() - 1, .limit = "the test's limit"};
+  ck_assert_ptr_eq(kiln__deadline_install(&past), &far);
+  ck_assert_int_eq(kiln__deadline_check("fusion", &st), KILN_EDEADLINE);
+  ck_assert_str_eq(st.where, "fusion");
+  ck_assert_str_eq(st.msg, "the test's limit passed during fusion");
+  ck_assert_ptr_eq(kiln__deadline_install(&far), &past);
+  atomic_store(&cancelled, 1);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__deadline_check("grad", &st), KILN_ECANCELED);
+  ck_assert_str_eq(st.msg, "the caller cancelled the call during grad");
+  kiln_deadline none = {0}; /* no time limit, no flag */
+  kiln__deadline_install(&none);
+  ck_assert_int_eq(kiln__deadline_check("grad", NULL), 0);
+  ck_assert_ptr_eq(kiln__deadline_install(NULL), &none);
+}
+END_TEST
+
 /* ---- runner ------------------------------------------------------------ */
 
 static Suite *common_suite(void) {
   Suite *s = suite_create("common");
+
+  TCase *deadline = tcase_create("deadline");
+  tcase_add_test(deadline, deadline_checks);
+  suite_add_tcase(s, deadline);
 
   TCase *arena = tcase_create("arena");
   tcase_add_checked_fixture(arena, NULL, reset_alloc_hook);
@@ -781,6 +859,8 @@ static Suite *common_suite(void) {
   TCase *alloc = tcase_create("alloc");
   tcase_add_checked_fixture(alloc, NULL, reset_alloc_hook);
   tcase_add_test(alloc, alloc_fail_nth);
+  tcase_add_test(alloc, alloc_fail_once);
+  tcase_add_test(alloc, alloc_fail_once_threads);
   tcase_add_test(alloc, alloc_fail_each_position);
   tcase_add_test(alloc, alloc_zero_sizes_and_strings);
   tcase_add_test(alloc, alloc_grow);

@@ -324,6 +324,40 @@ START_TEST(test_cache_secret_file) {
 END_TEST
 
 /* --help names every option with its environment variable. */
+/* The limits of issue 16: their defaults and ranges. */
+START_TEST(test_reliability_limits) {
+  kilnd_config c;
+  kilnd_config_action action;
+  ck_assert_int_eq(kilnd_config_init(&c, NULL), 0);
+  ck_assert_uint_eq(c.max_nesting, 256);
+  ck_assert_uint_eq(c.executable_table_bytes, UINT64_C(2) << 30);
+  ck_assert_double_eq(c.stream_idle_timeout, 30.0);
+  ck_assert_uint_eq(c.server_memory_bytes, 0); /* half the physical memory */
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  ck_assert_uint_eq(kilnd_config_server_memory(&c), (uint64_t)pages * (uint64_t)page / 2);
+  c.server_memory_bytes = 12345;
+  ck_assert_uint_eq(kilnd_config_server_memory(&c), 12345);
+  kilnd_config_free(&c);
+  char *deep[] = {"kilnd", "--max-nesting=5000", NULL};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_load(&c, 2, deep, NULL, &action, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "max-nesting");
+  ck_assert_str_eq(st.msg, "5000 is out of range (1 to 4096)");
+  kilnd_config_free(&c);
+  char *tiny[] = {"kilnd", "--chunk-bytes=1", NULL};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_config_load(&c, 2, tiny, NULL, &action, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "chunk-bytes");
+  kilnd_config_free(&c);
+  char *env[] = {"KILN_MAX_NESTING=64", "KILN_STREAM_IDLE_TIMEOUT=500ms", NULL};
+  char *none[] = {"kilnd", NULL};
+  ck_assert_int_eq(kilnd_config_load(&c, 1, none, env, &action, &st), 0);
+  ck_assert_uint_eq(c.max_nesting, 64);
+  ck_assert_double_eq(c.stream_idle_timeout, 0.5);
+  kilnd_config_free(&c);
+}
+END_TEST
+
 START_TEST(test_usage_lists_everything) {
   char *buf = NULL;
   size_t len = 0;
@@ -356,6 +390,7 @@ int main(void) {
   tcase_add_test(tc, test_flags);
   tcase_add_test(tc, test_cache_options);
   tcase_add_test(tc, test_cache_secret_file);
+  tcase_add_test(tc, test_reliability_limits);
   tcase_add_test(tc, test_usage_lists_everything);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

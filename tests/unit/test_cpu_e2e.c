@@ -357,6 +357,83 @@ START_TEST(test_dot_random) {
 }
 END_TEST
 
+/* Reshapes between random factorizations of a size (with size-1 dims
+ * coming and going), random layouts, fused with a broadcast along the
+ * result's minor dim and elementwise adds, and a second reshape as the
+ * root: the operand index is computed group by group (emit_shape.c), which
+ * must agree with the interpreter's whole-index arithmetic. */
+static uint32_t random_factoring(uint64_t *s, const int64_t *f, uint32_t nf, int64_t *dims) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < nf; i++) {
+    if (n == 0 || rng_next(s) % 2) dims[n++] = 1;
+    dims[n - 1] *= f[i];
+    if (rng_next(s) % 5 == 0) dims[n++] = 1;
+  }
+  return n;
+}
+
+START_TEST(test_reshape_random) {
+  uint64_t s = 777;
+  for (int i = 0; i < 40; i++) {
+    int64_t f[6], a[16], b[16], c[16];
+    uint32_t nf = 1 + (uint32_t)(rng_next(&s) % 6);
+    for (uint32_t k = 0; k < nf; k++) f[k] = 1 + (int64_t)(rng_next(&s) % 5);
+    uint32_t na = random_factoring(&s, f, nf, a), nb = random_factoring(&s, f, nf, b);
+    uint32_t nc = random_factoring(&s, f, nf, c);
+    kiln_sbuf t = KILN_SBUF_INIT, why = KILN_SBUF_INIT;
+    kiln_sbuf_puts(&t, "HloModule m\nENTRY e {\n  a = ");
+    put_shape(&t, "f32", a, na, &s, rng_next(&s) % 2);
+    kiln_sbuf_puts(&t, " parameter(0)\n  y = ");
+    put_shape(&t, "f32", b, nb, &s, rng_next(&s) % 2);
+    kiln_sbuf_printf(&t,
+                     " parameter(1)\n  v = f32[%lld] parameter(2)\n  r = ", (long long)b[nb - 1]);
+    put_shape(&t, "f32", b, nb, &s, false);
+    kiln_sbuf_puts(&t, " reshape(a)\n  w = ");
+    put_shape(&t, "f32", b, nb, &s, false);
+    kiln_sbuf_printf(&t, " broadcast(v), dimensions={%u}\n  x = ", nb - 1);
+    put_shape(&t, "f32", b, nb, &s, false);
+    kiln_sbuf_puts(&t, " add(r, y)\n  z = ");
+    put_shape(&t, "f32", b, nb, &s, false);
+    kiln_sbuf_puts(&t, " add(x, w)\n  ROOT o = ");
+    put_shape(&t, "f32", c, nc, &s, rng_next(&s) % 2);
+    kiln_sbuf_puts(&t, " reshape(z)\n}\n");
+    kiln_module *m = parse(kiln_sbuf_str(&t), t.len, "t.hlo");
+    ck_assert_msg(m != NULL, "parse: %s: %s\n%s", st.where, st.msg, kiln_sbuf_str(&t));
+    outcome o = run_both(m, (uint64_t)i + 1, &why);
+    ck_assert_msg(o == SAME, "case %d: %s\n%s", i, kiln_sbuf_str(&why), kiln_sbuf_str(&t));
+    kiln_module_destroy(m);
+    kiln_sbuf_free(&t);
+    kiln_sbuf_free(&why);
+  }
+}
+END_TEST
+
+/* A cpu run flushes denormal results to zero, as XLA's CPU backend does,
+ * and leaves the calling thread's floating-point state as it found it. */
+START_TEST(test_denormals_flushed) {
+  const char *text = "HloModule m\nENTRY e {\n  a = f32[64] parameter(0)\n"
+                     "  b = f32[64] parameter(1)\n  ROOT c = f32[64] multiply(a, b)\n}\n";
+  kiln_module *m = parse(text, strlen(text), "t.hlo");
+  ck_assert_ptr_nonnull(m);
+  kiln_literal *args[2] = {NULL, NULL}, *out = NULL;
+  const kiln_computation *e = kiln_module_entry(m);
+  for (uint32_t k = 0; k < 2; k++) {
+    ck_assert_int_eq(
+        kiln_literal_create(NULL, &kiln_computation_param(m, e, k)->shape, 0, &args[k], &st), 0);
+    for (int64_t i = 0; i < 64; i++) kiln_literal_set_f64(args[k], i, k ? 1e-10 : 1e-30);
+  }
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_run_module(m, "cpu", NULL, (const kiln_literal *const *)args, 2, &out, &st),
+                   0);
+  for (int64_t i = 0; i < 64; i++) ck_assert(kiln_literal_get_f64(out, i) == 0.0);
+  volatile float x = 1e-30f, y = 1e-10f;
+  ck_assert(x * y != 0.0f); /* this thread still computes denormals */
+  kiln_literal_destroy(out);
+  for (int k = 0; k < 2; k++) kiln_literal_destroy(args[k]);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(test_reduce) {
   static const char add[] = "add {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n"
                             "  ROOT s = f32[] add(x, y)\n}\n";
@@ -388,6 +465,17 @@ START_TEST(test_reduce) {
   snprintf(text, sizeof text,
            "HloModule m\n%sENTRY e {\n  a = f32[40,50]{0,1} parameter(0)\n  z = f32[] constant(0)\n"
            "  ROOT r = f32[40] reduce(a, z), dimensions={1}, to_apply=add\n}\n",
+           add);
+  agree(text);
+  /* Two reduces over the same major dims in one kernel (a layernorm's
+   * bias and scale gradients): the row form accumulates both. */
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[6,9,70] parameter(0)\n"
+           "  b = f32[6,9,70] parameter(1)\n  c = f32[6,9,70] add(a, b)\n"
+           "  d = f32[6,9,70] multiply(c, a)\n  z = f32[] constant(0)\n"
+           "  r = f32[70] reduce(c, z), dimensions={0,1}, to_apply=add\n"
+           "  s = f32[70] reduce(d, z), dimensions={0,1}, to_apply=add\n"
+           "  ROOT t = (f32[70], f32[70]) tuple(r, s)\n}\n",
            add);
   agree(text);
   agree("HloModule m\nmax {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n"
@@ -527,6 +615,8 @@ int main(void) {
   tcase_add_test(tc, test_shape_ops);
   tcase_add_test(tc, test_dot);
   tcase_add_test(tc, test_dot_random);
+  tcase_add_test(tc, test_reshape_random);
+  tcase_add_test(tc, test_denormals_flushed);
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
   tcase_add_test(tc, test_run_limits);

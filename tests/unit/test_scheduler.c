@@ -2,7 +2,8 @@
  * within one, the queue bounds (total and per client) with their messages,
  * deadlines and cancellation of waiting jobs, device classes, gang jobs on
  * several devices, close and destroy with queued work, running at once on
- * the caller's thread, the done callback. A "gate" job holds a
+ * the caller's thread, the done callback, a newcomer waiting behind at most
+ * one run of a busy client's. A "gate" job holds a
  * device until the test opens it, so the queue can be filled first. */
 #include <check.h>
 #include <pthread.h>
@@ -21,9 +22,12 @@ static int nrun;
 static int drops[64], ndrops;
 static uint32_t last_devices[8], last_ndev;
 
+static int holds_open; /* a job labelled "holdN" runs once this reaches N */
+
 typedef struct tjob {
   char label[16];
   bool gate;
+  int hold;
 } tjob;
 
 static void run(void *arg, const uint32_t *devices, uint32_t n) {
@@ -31,6 +35,7 @@ static void run(void *arg, const uint32_t *devices, uint32_t n) {
   pthread_mutex_lock(&mu);
   if (j->gate)
     while (!gate_open) pthread_cond_wait(&cv, &mu);
+  while (holds_open < j->hold) pthread_cond_wait(&cv, &mu);
   strcpy(order[nrun++], j->label);
   last_ndev = n;
   for (uint32_t i = 0; i < n && i < 8; i++) last_devices[i] = devices[i];
@@ -73,6 +78,7 @@ static int submit(kiln_sched *s, const char *client, const char *label, uint32_t
   tjob *j = &jobs[njobs++];
   snprintf(j->label, sizeof j->label, "%s", label);
   j->gate = strcmp(label, "gate") == 0;
+  j->hold = strncmp(label, "hold", 4) == 0 ? atoi(label + 4) : 0;
   kiln_sched_job d = {.client = client,
                       .dev_class = cls,
                       .ndevices = ndev,
@@ -113,6 +119,62 @@ START_TEST(test_round_robin) {
 }
 END_TEST
 
+static void open_hold(int n) {
+  pthread_mutex_lock(&mu);
+  holds_open = n;
+  pthread_cond_broadcast(&cv);
+  pthread_mutex_unlock(&mu);
+}
+
+static void wait_nrun(int n) {
+  for (int i = 0; i < 5000; i++) {
+    pthread_mutex_lock(&mu);
+    int got = nrun;
+    pthread_mutex_unlock(&mu);
+    if (got >= n) return;
+    usleep(1000);
+  }
+  ck_abort_msg("fewer than %d jobs ran", n);
+}
+
+/* One device, client a busy with more queued behind its running job: b,
+ * arriving while a runs, goes next, not after a's next job (it waits
+ * behind one run of a's, not two). The same with a third client c that
+ * waited already: c, then b, then a again. */
+START_TEST(test_newcomer_waits_one_run) {
+  kiln_sched *s = make(1, 0, 0, 0);
+  ck_assert_int_eq(submit(s, "a", "hold1", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  ck_assert_int_eq(submit(s, "a", "hold2", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "a", "a3", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "a", "hold3", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "a", "a5", 0, 1, 0, NULL, NULL), 0);
+  open_hold(1); /* hold1 ends; a's hold2 starts and a still has jobs queued */
+  wait_nrun(1);
+  wait_running(s, 1);
+  ck_assert_uint_eq(kiln_sched_queued(s), 3);
+  ck_assert_int_eq(submit(s, "b", "b1", 0, 1, 0, NULL, NULL), 0);
+  open_hold(2); /* hold2 ends: b1 next, then a3, hold3 (held) */
+  wait_nrun(3);
+  wait_running(s, 1);
+  pthread_mutex_lock(&mu);
+  ck_assert_str_eq(order[1], "hold2");
+  ck_assert_str_eq(order[2], "b1");
+  pthread_mutex_unlock(&mu);
+  /* a's hold3 runs now (a3 ran after b1); c waited, b comes back. */
+  for (int i = 0; i < 5000 && kiln_sched_queued(s) != 1; i++) usleep(1000);
+  ck_assert_int_eq(submit(s, "c", "c1", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "b", "b2", 0, 1, 0, NULL, NULL), 0);
+  open_hold(3);
+  kiln_sched_wait_idle(s);
+  const char *want[] = {"hold1", "hold2", "b1", "a3", "hold3", "c1", "b2", "a5"};
+  ck_assert_int_eq(nrun, 8);
+  for (int i = 0; i < 8; i++)
+    ck_assert_msg(strcmp(order[i], want[i]) == 0, "run %d: %s, not %s", i, order[i], want[i]);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
 START_TEST(test_queue_bounds) {
   kiln_sched *s = make(1, 0, 3, 2);
   kiln_status st;
@@ -131,6 +193,38 @@ START_TEST(test_queue_bounds) {
   kiln_sched_wait_idle(s);
   ck_assert_int_eq(nrun, 4);
   ck_assert_int_eq(ndrops, 0);
+  kiln_sched_destroy(s);
+}
+END_TEST
+
+/* A client's own queue limit (a token's queue=N) overrides the server-wide
+ * one, both ways; an empty table restores the default. */
+START_TEST(test_queue_quota_override) {
+  kiln_sched *s = make(1, 0, 16, 2);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_client_quota q[] = {{.client = "big", .queued = 4}, {.client = "small", .queued = 1}};
+  ck_assert_int_eq(kiln_sched_set_quotas(s, q, 2, &st), 0);
+  ck_assert_int_eq(submit(s, "x", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(submit(s, "big", "b", 0, 1, 0, NULL, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(submit(s, "big", "b", 0, 1, 0, NULL, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "this client already has 4 executions queued (the limit)");
+  ck_assert_int_eq(submit(s, "small", "s", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "small", "s", 0, 1, 0, NULL, NULL), KILN_ELIMIT);
+  ck_assert_int_eq(submit(s, "other", "o", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "other", "o", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "other", "o", 0, 1, 0, NULL, NULL), KILN_ELIMIT);
+  ck_assert_int_eq(kiln_sched_set_quotas(s, NULL, 0, &st), 0);
+  ck_assert_int_eq(submit(s, "small", "s", 0, 1, 0, NULL, NULL), 0); /* back to 2 */
+  kiln_client_quota dup[] = {{.client = "a", .queued = 1}, {.client = "a", .queued = 2}};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_sched_set_quotas(s, dup, 2, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.msg, "client 'a' has two quota entries");
+  open_gate();
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(nrun, 9);
   kiln_sched_destroy(s);
 }
 END_TEST
@@ -378,7 +472,9 @@ int main(void) {
   TCase *tc = tcase_create("sched");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_round_robin);
+  tcase_add_test(tc, test_newcomer_waits_one_run);
   tcase_add_test(tc, test_queue_bounds);
+  tcase_add_test(tc, test_queue_quota_override);
   tcase_add_test(tc, test_deadline_and_cancel);
   tcase_add_test(tc, test_worker_drops_expired);
   tcase_add_test(tc, test_classes_and_gangs);

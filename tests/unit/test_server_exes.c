@@ -1,6 +1,6 @@
 /* Unit tests for kilnd's loaded-executable table (server/executables.c):
  * insert keeps or replaces an entry of the same id, the least recently used
- * entry nobody holds is evicted past the bound, and drop (CacheEvict)
+ * entry nobody holds is evicted past the bounds (count and bytes), and drop (CacheEvict)
  * removes only entries no Execute holds, one id or all.
  *
  * Entries here carry neither module nor code: the table never looks inside
@@ -33,7 +33,7 @@ static void put(kilnd_exes *t, int n, bool replace) {
 
 START_TEST(test_insert_keeps_or_replaces) {
   kilnd_exes *t;
-  ck_assert_int_eq(kilnd_exes_create(4, &t, NULL), 0);
+  ck_assert_int_eq(kilnd_exes_create(4, 0, &t, NULL), 0);
   kilnd_exe *first, *second, *third;
   ck_assert_int_eq(kilnd_exes_insert(t, entry(1), false, &first, NULL), 0);
   ck_assert_int_eq(kilnd_exes_insert(t, entry(1), false, &second, NULL), 0);
@@ -56,7 +56,7 @@ END_TEST
 
 START_TEST(test_lru_bound) {
   kilnd_exes *t;
-  ck_assert_int_eq(kilnd_exes_create(2, &t, NULL), 0);
+  ck_assert_int_eq(kilnd_exes_create(2, 0, &t, NULL), 0);
   put(t, 1, false);
   put(t, 2, false);
   kilnd_exe *held;
@@ -78,9 +78,53 @@ START_TEST(test_lru_bound) {
 }
 END_TEST
 
+/* Entries of a given size (what kilnd_exe_create measured is replaced). */
+static kilnd_exe *sized(int n, uint64_t bytes) {
+  kilnd_exe *e = entry(n);
+  e->bytes = bytes;
+  return e;
+}
+
+START_TEST(test_byte_bound) {
+  kilnd_exes *t;
+  ck_assert_int_eq(kilnd_exes_create(100, 1000, &t, NULL), 0);
+  kilnd_exe *out, *held;
+  for (int n = 1; n <= 3; n++) {
+    ck_assert_int_eq(kilnd_exes_insert(t, sized(n, 300), false, &out, NULL), 0);
+    kilnd_exe_unref(out);
+  }
+  ck_assert_int_eq(kilnd_exes_get(t, id(1), &held, NULL), 0); /* 1 is the most recent, held */
+  ck_assert_int_eq(kilnd_exes_insert(t, sized(4, 500), false, &out, NULL), 0); /* 2 and 3 go */
+  kilnd_exe_unref(out);
+  kilnd_exe *got;
+  ck_assert_int_eq(kilnd_exes_get(t, id(2), &got, NULL), KILN_ENOTFOUND);
+  ck_assert_int_eq(kilnd_exes_get(t, id(3), &got, NULL), KILN_ENOTFOUND);
+  ck_assert_uint_eq(kilnd_exes_count(t), 2);
+  kiln_status st;
+  kiln_status_clear(&st);
+  /* Bigger than the whole table: refused, whatever could be evicted. */
+  ck_assert_int_eq(kilnd_exes_insert(t, sized(5, 1001), false, &out, &st), KILN_ELIMIT);
+  ck_assert_ptr_null(out);
+  ck_assert_str_eq(st.msg, "the executable takes 1001 bytes, more than the whole table may hold "
+                           "(1000, executable-table-bytes)");
+  /* 4 held too: 800 bytes in use leave no room for 300. */
+  ck_assert_int_eq(kilnd_exes_get(t, id(4), &got, NULL), 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kilnd_exes_insert(t, sized(6, 300), false, &out, &st), KILN_ELIMIT);
+  ck_assert_str_eq(st.msg, "800 bytes of executables are kept and in use; 300 more do not fit in "
+                           "1000 (executable-table-bytes)");
+  kilnd_exe_unref(got);
+  kilnd_exe_unref(held);
+  ck_assert_int_eq(kilnd_exes_insert(t, sized(6, 300), false, &out, NULL), 0); /* evicts one */
+  kilnd_exe_unref(out);
+  ck_assert_uint_eq(kilnd_exes_count(t), 2);
+  kilnd_exes_destroy(t);
+}
+END_TEST
+
 START_TEST(test_drop) {
   kilnd_exes *t;
-  ck_assert_int_eq(kilnd_exes_create(8, &t, NULL), 0);
+  ck_assert_int_eq(kilnd_exes_create(8, 0, &t, NULL), 0);
   for (int n = 1; n <= 4; n++) put(t, n, false);
   kilnd_exe *running;
   ck_assert_int_eq(kilnd_exes_get(t, id(2), &running, NULL), 0);
@@ -107,6 +151,7 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_insert_keeps_or_replaces);
   tcase_add_test(tc, test_lru_bound);
+  tcase_add_test(tc, test_byte_bound);
   tcase_add_test(tc, test_drop);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

@@ -223,6 +223,118 @@ START_TEST(test_recursion) {
 }
 END_TEST
 
+/* ---- nesting depth ----------------------------------------------------------------- */
+
+/* A chain of `depth` nested calls (the entry calls c<depth-1>, ... c0),
+ * or with whiles: body<i> runs the while over cond<i-1>/body<i-1>. */
+static char *deep_text(const char *kind, int depth) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&b, "HloModule deep\n");
+  if (strcmp(kind, "call") == 0) {
+    kiln_sbuf_puts(&b, "c0 {\n  p = f32[] parameter(0)\n  ROOT r = f32[] sine(p)\n}\n");
+    for (int i = 1; i < depth; i++)
+      kiln_sbuf_printf(
+          &b, "c%d {\n  p = f32[] parameter(0)\n  ROOT r = f32[] call(p), to_apply=c%d\n}\n", i,
+          i - 1);
+    kiln_sbuf_printf(&b,
+                     "ENTRY main {\n  p = f32[] parameter(0)\n  ROOT r = f32[] call(p), "
+                     "to_apply=c%d\n}\n",
+                     depth - 1);
+  } else {
+    const char *S = "(s32[], f32[])";
+    for (int i = 0; i < depth; i++) {
+      kiln_sbuf_printf(&b,
+                       "cond%d {\n  s = %s parameter(0)\n  i = s32[] get-tuple-element(s), "
+                       "index=0\n  two = s32[] constant(2)\n  ROOT lt = pred[] compare(i, two), "
+                       "direction=LT\n}\n",
+                       i, S);
+      kiln_sbuf_printf(&b,
+                       "body%d {\n  s = %s parameter(0)\n  i = s32[] get-tuple-element(s), "
+                       "index=0\n",
+                       i, S);
+      if (i == 0)
+        kiln_sbuf_puts(&b, "  x0 = f32[] get-tuple-element(s), index=1\n  x = f32[] sine(x0)\n");
+      else
+        kiln_sbuf_printf(&b,
+                         "  w = %s while(s), condition=cond%d, body=body%d\n  x = f32[] "
+                         "get-tuple-element(w), index=1\n",
+                         S, i - 1, i - 1);
+      kiln_sbuf_printf(&b,
+                       "  one = s32[] constant(1)\n  i1 = s32[] add(i, one)\n  ROOT t = %s "
+                       "tuple(i1, x)\n}\n",
+                       S);
+    }
+    kiln_sbuf_printf(&b,
+                     "ENTRY main {\n  p = f32[] parameter(0)\n  z = s32[] constant(0)\n  s = %s "
+                     "tuple(z, p)\n  w = %s while(s), condition=cond%d, body=body%d\n  ROOT r = "
+                     "f32[] get-tuple-element(w), index=1\n}\n",
+                     S, S, depth - 1, depth - 1);
+  }
+  return kiln_sbuf_detach(&b, NULL);
+}
+
+static kiln_module *parse_deep(const char *kind, int depth) {
+  char *text = deep_text(kind, depth);
+  kiln_module *m = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_module_parse_text(text, strlen(text), "deep", NULL, &m, &st) == 0, "%s: %s",
+                st.where, st.msg);
+  kiln_free(text);
+  return m;
+}
+
+START_TEST(test_nesting_limit) {
+  kiln_module *m = parse_deep("call", 256); /* the entry and 256 below it */
+  CHECK_VERDICT(m, NULL, "ok");
+  kiln_verify_options o = {.max_nesting = 255};
+  CHECK_VERDICT(m, &o,
+                "main|computations nest 256 deep (calls, whiles, conditionals, fusions and the "
+                "other called computations), more than the limit of 255 (max-nesting): %main -> "
+                "%c255 -> %c254 -> %c253 -> %c252 -> %c251 -> ... (248 more) -> %c2 -> %c1 -> %c0");
+  kiln_module_destroy(m);
+  m = parse_deep("call", 5000); /* the size that overflowed the lowering's stack */
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_verify(m, NULL, &st), KILN_EVERIFY);
+  ck_assert_ptr_nonnull(strstr(st.msg, "nest 5000 deep"));
+  ck_assert_ptr_nonnull(strstr(st.msg, "limit of 256 (max-nesting)"));
+  o.max_nesting = 5000; /* above the cap: counts as the cap */
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_verify(m, &o, &st), KILN_EVERIFY);
+  ck_assert_ptr_nonnull(strstr(st.msg, "limit of 4096"));
+  kiln_module_destroy(m);
+  m = parse_deep("while", 1000);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_verify(m, NULL, &st), KILN_EVERIFY);
+  ck_assert_ptr_nonnull(strstr(st.msg, "nest 1000 deep"));
+  ck_assert_ptr_nonnull(strstr(st.msg, "%main -> %body999 -> %body998"));
+  o.max_nesting = 1000;
+  CHECK_VERDICT(m, &o, "ok");
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* Many computations side by side are no nesting at all: 3000 whiles in a
+ * row in the entry is depth 1. */
+START_TEST(test_wide_is_not_deep) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&b, "HloModule wide\nc {\n  p = f32[] parameter(0)\n  ROOT r = f32[] sine(p)\n}\n"
+                     "ENTRY main {\n  x0 = f32[] parameter(0)\n");
+  for (int i = 1; i <= 3000; i++)
+    kiln_sbuf_printf(&b, "  x%d = f32[] call(x%d), to_apply=c\n", i, i - 1);
+  kiln_sbuf_puts(&b, "  ROOT r = f32[] negate(x3000)\n}\n");
+  kiln_module *m = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_parse_text(kiln_sbuf_str(&b), b.len, "wide", NULL, &m, &st), 0);
+  kiln_sbuf_free(&b);
+  kiln_verify_options o = {.max_nesting = 1};
+  CHECK_VERDICT(m, &o, "ok");
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(test_absurd_shapes) {
   bm b = new_module();
   kiln_instr *p = param(b.m, b.main, "p", 0);
@@ -715,6 +827,8 @@ int main(void) {
   tcase_add_test(tc, test_removed_instructions);
   tcase_add_test(tc, test_calls_on_non_calling_op);
   tcase_add_test(tc, test_constant_literal);
+  tcase_add_test(tc, test_nesting_limit);
+  tcase_add_test(tc, test_wide_is_not_deep);
   tcase_add_test(tc, test_null_module);
   suite_add_tcase(s, tc);
   TCase *tt = tcase_create("text");

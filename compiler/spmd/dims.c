@@ -1,0 +1,249 @@
+/* How a tiling passes through an op, both ways: the result tiling an op
+ * gets from one operand's tiling (forward), and the tiling an operand needs
+ * for the op to compute a given result tiling locally (backward). The
+ * propagation pass uses both to spread shardings; the partitioner uses the
+ * backward direction to decide what to reshard each operand to.
+ *
+ * The ops covered are those whose result dims correspond to operand dims:
+ * elementwise (and the annotation custom calls), broadcast, transpose,
+ * reshape (dims that split or merge cleanly), reduce, dot and convolution
+ * (through their loops: batch, free and contracting dims), and slice, pad,
+ * reverse and concatenate (along the dims they leave alone). NULL means the
+ * op has no such correspondence for that operand.
+ */
+#include <string.h>
+
+#include "compiler/ir/sharding.h"
+#include "compiler/spmd/spmd_internal.h"
+
+static const int64_t ident[SPMD_MAX_RANK] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+static const kiln_i64s no_dims = {NULL, 0};
+
+/* dimensions={...}; an empty list may be stored as no attribute. */
+static const kiln_i64s *dims_attr(const kiln_instr *ins) {
+  const kiln_i64s *d = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  return d ? d : &no_dims;
+}
+
+static const kiln_shape *op_shape(const kiln_module *m, const kiln_instr *ins, uint32_t k) {
+  return &m->instrs[ins->operands[k]]->shape;
+}
+
+static bool is_annotation(const kiln_instr *ins) {
+  return ins->op == KILN_OP_CUSTOM_CALL && ins->noperands == 1 &&
+         kiln_custom_call_is_annotation(kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET));
+}
+
+/* Elementwise in the partitioner's sense: result element i from operand
+ * elements i of operands of the result's dims. */
+static bool elementwise(const kiln_module *m, const kiln_instr *ins, uint32_t k) {
+  if (!(kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) && !is_annotation(ins)) return false;
+  const kiln_shape *s = op_shape(m, ins, k);
+  return kiln_shape_is_array(s) && kiln_shape_same_dims(s, &ins->shape);
+}
+
+/* The dims an op moves or cuts (they must stay whole): touched[d]. */
+static bool touched_dims(const kiln_module *m, const kiln_instr *ins, bool *touched) {
+  uint32_t r = ins->shape.rank;
+  for (uint32_t d = 0; d < r; d++) touched[d] = false;
+  switch (ins->op) {
+  case KILN_OP_SLICE: {
+    const kiln_i64s *sl = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE);
+    const kiln_shape *in = op_shape(m, ins, 0);
+    if (sl == NULL || sl->n != 3 * r) return false;
+    for (uint32_t d = 0; d < r; d++)
+      touched[d] = sl->v[3 * d] != 0 || sl->v[3 * d + 1] != in->dims[d] || sl->v[3 * d + 2] != 1;
+    return true;
+  }
+  case KILN_OP_PAD: {
+    const kiln_i64s *p = kiln_instr_attr_ints(ins, KILN_ATTR_PADDING);
+    if (p == NULL || p->n != 3 * r) return false;
+    for (uint32_t d = 0; d < r; d++) touched[d] = p->v[3 * d] || p->v[3 * d + 1] || p->v[3 * d + 2];
+    return true;
+  }
+  case KILN_OP_REVERSE:
+  case KILN_OP_CONCATENATE: {
+    const kiln_i64s *ds = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+    if (ds == NULL) return false;
+    for (uint32_t i = 0; i < ds->n; i++)
+      if (ds->v[i] >= 0 && ds->v[i] < (int64_t)r) touched[ds->v[i]] = true;
+    return true;
+  }
+  default: return false;
+  }
+}
+
+/* A gather whose batch dims (the result dims that are not offset dims)
+ * follow the index dims (all but index_vector_dim), in order:
+ * map[j] = the index dim of result dim j, or -1 (offset dims). False for
+ * gathers with operand batching dims. */
+static bool gather_map(const kiln_module *m, const kiln_instr *ins, int64_t *map) {
+  if (ins->op != KILN_OP_GATHER || ins->noperands != 2) return false;
+  const kiln_i64s *ob = kiln_instr_attr_ints(ins, KILN_ATTR_OPERAND_BATCHING_DIMS);
+  if (ob && ob->n) return false;
+  const kiln_i64s *off = kiln_instr_attr_ints(ins, KILN_ATTR_OFFSET_DIMS);
+  const kiln_shape *idx = op_shape(m, ins, 1);
+  int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, idx->rank);
+  uint32_t r = ins->shape.rank;
+  bool is_off[SPMD_MAX_RANK] = {false};
+  for (uint32_t i = 0; off && i < off->n; i++) {
+    if (off->v[i] < 0 || off->v[i] >= (int64_t)r) return false;
+    is_off[off->v[i]] = true;
+  }
+  int64_t next = 0;
+  for (uint32_t j = 0; j < r; j++) {
+    if (is_off[j]) {
+      map[j] = -1;
+      continue;
+    }
+    if (next == ivd) next++;
+    if (next >= (int64_t)idx->rank) return false;
+    map[j] = next++;
+  }
+  return true;
+}
+
+/* Reshape map with the tile counts of `t` (on the source side) checked:
+ * map[j] = source dim, or -1 when its count does not divide cleanly. */
+static void reshape_map(const kiln_shape *from, const kiln_shape *to, const spmd_tiling *t,
+                        int64_t *map) {
+  int64_t lim[SPMD_MAX_RANK];
+  kiln__reshape_dims(from, to, map, lim);
+  for (uint32_t j = 0; j < to->rank; j++) {
+    if (map[j] < 0) continue;
+    int64_t c = t->tiles[map[j]];
+    if (c > 1 && lim[j] >= 0 && lim[j] % c != 0) map[j] = -1;
+  }
+}
+
+spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_instr *ins, uint32_t k,
+                            const spmd_tiling *tk) {
+  const kiln_shape *out = &ins->shape;
+  if (!kiln_shape_is_array(out) || out->rank > SPMD_MAX_RANK || k >= ins->noperands) return NULL;
+  const kiln_shape *in = op_shape(m, ins, k);
+  if (!kiln_shape_is_array(in) || in->rank != tk->rank) return NULL;
+  int64_t map[SPMD_MAX_RANK];
+  if (elementwise(m, ins, k)) return kiln__tiling_derive(a, tk, ident, out->rank);
+  switch (ins->op) {
+  case KILN_OP_BROADCAST: {
+    const kiln_i64s *ds = dims_attr(ins);
+    if (k != 0 || ds->n != in->rank) return NULL;
+    for (uint32_t j = 0; j < out->rank; j++) map[j] = -1;
+    for (uint32_t i = 0; i < ds->n; i++)
+      if (ds->v[i] >= 0 && ds->v[i] < (int64_t)out->rank) map[ds->v[i]] = i;
+    return kiln__tiling_derive(a, tk, map, out->rank);
+  }
+  case KILN_OP_TRANSPOSE: {
+    const kiln_i64s *p = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+    if (p == NULL || p->n != out->rank) return NULL;
+    return kiln__tiling_derive(a, tk, p->v, out->rank);
+  }
+  case KILN_OP_RESHAPE:
+    if (in->rank == 0) return NULL;
+    reshape_map(in, out, tk, map);
+    return kiln__tiling_derive(a, tk, map, out->rank);
+  case KILN_OP_REDUCE: {
+    const kiln_i64s *ds = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+    if (ins->noperands != 2 || k != 0 || ds == NULL) return NULL;
+    bool red[SPMD_MAX_RANK] = {false};
+    for (uint32_t i = 0; i < ds->n; i++)
+      if (ds->v[i] >= 0 && ds->v[i] < (int64_t)in->rank) red[ds->v[i]] = true;
+    uint32_t j = 0;
+    for (uint32_t d = 0; d < in->rank; d++)
+      if (!red[d]) map[j++] = d;
+    if (j != out->rank) return NULL;
+    return kiln__tiling_derive(a, tk, map, out->rank);
+  }
+  case KILN_OP_GATHER:
+    if (k != 1 || !gather_map(m, ins, map)) return NULL;
+    return kiln__tiling_derive(a, tk, map, out->rank);
+  case KILN_OP_DOT:
+  case KILN_OP_CONVOLUTION: {
+    spmd_loop loops[SPMD_MAX_RANK * 2];
+    uint32_t nl;
+    if (!kiln__contraction_loops(m, ins, loops, &nl) || nl > SPMD_MAX_RANK || k > 1) return NULL;
+    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed ? -1 : (k ? loops[j].r : loops[j].l);
+    spmd_tiling *it = kiln__tiling_derive(a, tk, map, nl);
+    if (it == NULL) return NULL;
+    int64_t omap[SPMD_MAX_RANK];
+    for (uint32_t j = 0; j < out->rank; j++) omap[j] = -1;
+    for (uint32_t j = 0; j < nl; j++)
+      if (loops[j].o >= 0) omap[loops[j].o] = j;
+    return kiln__tiling_derive(a, it, omap, out->rank);
+  }
+  default: break;
+  }
+  bool touched[SPMD_MAX_RANK];
+  if (in->rank == out->rank && touched_dims(m, ins, touched))
+    return kiln__tiling_fold(a, tk, touched);
+  return NULL;
+}
+
+spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_instr *ins, uint32_t k,
+                            const spmd_tiling *tout) {
+  const kiln_shape *out = &ins->shape;
+  if (!kiln_shape_is_array(out) || k >= ins->noperands || tout->rank != out->rank) return NULL;
+  const kiln_shape *in = op_shape(m, ins, k);
+  if (!kiln_shape_is_array(in) || in->rank > SPMD_MAX_RANK) return NULL;
+  int64_t map[SPMD_MAX_RANK];
+  if (elementwise(m, ins, k)) return kiln__tiling_derive(a, tout, ident, in->rank);
+  switch (ins->op) {
+  case KILN_OP_BROADCAST: {
+    const kiln_i64s *ds = dims_attr(ins);
+    if (k != 0 || ds->n != in->rank) return NULL;
+    return kiln__tiling_derive(a, tout, ds->v, in->rank);
+  }
+  case KILN_OP_TRANSPOSE: {
+    const kiln_i64s *p = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+    if (p == NULL || p->n != in->rank) return NULL;
+    for (uint32_t j = 0; j < p->n; j++) map[p->v[j]] = j;
+    return kiln__tiling_derive(a, tout, map, in->rank);
+  }
+  case KILN_OP_RESHAPE:
+    if (out->rank == 0) return NULL;
+    reshape_map(out, in, tout, map);
+    return kiln__tiling_derive(a, tout, map, in->rank);
+  case KILN_OP_REDUCE: {
+    const kiln_i64s *ds = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+    if (ins->noperands != 2 || k != 0 || ds == NULL) return NULL;
+    bool red[SPMD_MAX_RANK] = {false};
+    for (uint32_t i = 0; i < ds->n; i++)
+      if (ds->v[i] >= 0 && ds->v[i] < (int64_t)in->rank) red[ds->v[i]] = true;
+    int64_t j = 0;
+    for (uint32_t d = 0; d < in->rank; d++) map[d] = red[d] ? -1 : j++;
+    return kiln__tiling_derive(a, tout, map, in->rank);
+  }
+  case KILN_OP_GATHER: {
+    /* The table whole, the indices split as the result's batch dims. */
+    int64_t gm[SPMD_MAX_RANK];
+    if (!gather_map(m, ins, gm)) return NULL;
+    if (k == 0) return kiln__tiling_replicated(a, in->rank, tout->n);
+    for (uint32_t d = 0; d < in->rank; d++) map[d] = -1;
+    for (uint32_t j = 0; j < out->rank; j++)
+      if (gm[j] >= 0) map[gm[j]] = j;
+    return kiln__tiling_derive(a, tout, map, in->rank);
+  }
+  case KILN_OP_DOT:
+  case KILN_OP_CONVOLUTION: {
+    spmd_loop loops[SPMD_MAX_RANK * 2];
+    uint32_t nl;
+    if (!kiln__contraction_loops(m, ins, loops, &nl) || nl > SPMD_MAX_RANK || k > 1) return NULL;
+    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed ? -1 : loops[j].o;
+    spmd_tiling *it = kiln__tiling_derive(a, tout, map, nl);
+    if (it == NULL) return NULL;
+    int64_t imap[SPMD_MAX_RANK];
+    for (uint32_t d = 0; d < in->rank; d++) imap[d] = -1;
+    for (uint32_t j = 0; j < nl; j++) {
+      int64_t d = k ? loops[j].r : loops[j].l;
+      if (d >= 0) imap[d] = j;
+    }
+    return kiln__tiling_derive(a, it, imap, in->rank);
+  }
+  default: break;
+  }
+  bool touched[SPMD_MAX_RANK];
+  if (in->rank == out->rank && touched_dims(m, ins, touched))
+    return kiln__tiling_fold(a, tout, touched);
+  return NULL;
+}

@@ -1,0 +1,1139 @@
+/* The SPMD partitioner: a propagated module (every ENTRY array instruction
+ * carries a sharding over its global shape) becomes one per-device program,
+ * driven by partition-id, that computes each instruction's shard.
+ *
+ * The ENTRY is walked in order; each instruction is built by the rule its
+ * opcode has in `rules` (one table, as the transforms' rules.c), which asks
+ * for its operands in the tilings it needs (kiln__spmd_bwd), emits the
+ * local op, and says what tiling its local result has; the driver then
+ * reshards that to the instruction's own sharding. An op without a rule is
+ * computed whole: its operands are gathered to replicated, it runs on every
+ * device as written, and each device slices out its shard. So an
+ * unsupported op costs communication, never a wrong result.
+ *
+ * Resharding (from -> to) all-gathers the dims whose split changes, cuts
+ * the padding off, and slices out the target shard with a dynamic-slice at
+ * an offset looked up by partition-id (a local slice is free). Reductions
+ * over a split dim (reduce, dot and convolution contracting dims) compute a
+ * partial result per device and all-reduce it over the devices that split
+ * that dim, with the op's own reducer; uneven shards are masked with the
+ * reducer's identity first (the init value, or zero for dot).
+ * The all-reduce combiner then merges all-reduces of one group and reducer
+ * that do not depend on each other into one tuple all-reduce.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/alloc.h"
+#include "compiler/ir/build.h"
+#include "compiler/ir/rewrite.h"
+#include "compiler/ir/sharding.h"
+#include "compiler/ir/text.h"
+#include "compiler/ir/verify.h"
+#include "compiler/spmd/spmd.h"
+#include "compiler/spmd/spmd_internal.h"
+
+#define CACHE 4
+
+typedef struct part {
+  kiln_module *m;
+  kiln__tx *tx;
+  kiln__b b;
+  kiln_arena *a; /* tilings, freed with the partitioner */
+  int64_t n;
+  kiln_id *local;    /* local[old id]: its shard in the new program */
+  spmd_tiling **lt;  /* arrays: the tiling of local[old id] */
+  spmd_tiling ***le; /* tuples: per element, NULL = all replicated */
+  /* Reshards already built: cached[old id][i] in tiling ctile[..][i]. */
+  kiln_id (*cached)[CACHE];
+  spmd_tiling *(*ctile)[CACHE];
+  kiln_id pid; /* s32 partition id of the computation being built, built once */
+  size_t ncap; /* entries of local, lt, le, cached, ctile */
+  /* The all-reduce the last rule ended with (KILN_NO_ID: none): the
+   * driver may turn it and the reshard after it into a reduce-scatter. */
+  kiln_id ar;
+  const spmd_tiling *ar_tiling; /* the loops' (or operand's) tiling ... */
+  bool ar_dims[SPMD_MAX_RANK];  /* ... and the split dims reduced over */
+  int64_t channel;
+} part;
+
+typedef int (*rule_fn)(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                       spmd_tiling **got);
+
+static int fail(part *p, const kiln_instr *ins, int code, const char *msg) {
+  return kiln__tx_fail(p->tx, code, ins, "spmd: %s", msg);
+}
+
+static const kiln_shape *gshape(const part *p, kiln_id old) { return &p->m->instrs[old]->shape; }
+
+static spmd_tiling *replicated(part *p, uint32_t rank) {
+  return kiln__tiling_replicated(p->a, rank, p->n);
+}
+
+/* ---- small builders ------------------------------------------------------ */
+
+static kiln_id pid(part *p) {
+  if (p->pid == KILN_NO_ID) {
+    kiln_id id = kiln__b_op(&p->b, KILN_OP_PARTITION_ID, NULL, 0);
+    p->pid = kiln__b_convert(&p->b, id, KILN_S32);
+  }
+  return p->pid;
+}
+
+/* vals[partition id] as an s32 scalar of this device. */
+static kiln_id lookup(part *p, const int64_t *vals) {
+  bool same = true;
+  for (int64_t k = 1; k < p->n; k++) same = same && vals[k] == vals[0];
+  if (same) return kiln__b_iscalar(&p->b, KILN_S32, vals[0]);
+  kiln_id table = kiln__b_const_ints(&p->b, KILN_S32, vals, (uint32_t)p->n);
+  kiln_id at = pid(p);
+  int64_t one = 1;
+  kiln_id s = kiln__b_dyn_slice(&p->b, table, &at, 1, &one);
+  return kiln__b_reshape(&p->b, s, NULL, 0);
+}
+
+static kiln_replica_groups *make_groups(part *p, const int64_t *v, int64_t ng, int64_t size) {
+  kiln_arena *ma = p->m->arena;
+  kiln_replica_groups *g = kiln_arena_calloc(ma, 1, sizeof *g);
+  if (g == NULL || (g->groups = kiln_arena_calloc(ma, (size_t)ng, sizeof *g->groups)) == NULL)
+    return NULL;
+  g->ngroups = (uint32_t)ng;
+  for (int64_t i = 0; i < ng; i++) {
+    g->groups[i].v = kiln_arena_memdup(ma, v + i * size, (size_t)size * sizeof *v);
+    if (g->groups[i].v == NULL) return NULL;
+    g->groups[i].n = (uint32_t)size;
+  }
+  return g;
+}
+
+/* Sets channel_id, replica_groups (the groups of t along dims) and
+ * use_global_device_ids on a collective. */
+static bool set_collective(part *p, kiln_instr *ins, const spmd_tiling *t, const bool *dims) {
+  int64_t *v, ng, size;
+  if (ins == NULL || kiln__tiling_groups(p->a, t, dims, &v, &ng, &size)) return false;
+  kiln_replica_groups *g = make_groups(p, v, ng, size);
+  kiln_attr *at = g ? kiln_instr_add_attr(p->m, ins, KILN_ATTR_REPLICA_GROUPS) : NULL;
+  if (at == NULL) return false;
+  at->v.groups = g;
+  return kiln_instr_set_attr_int(p->m, ins, KILN_ATTR_CHANNEL_ID, p->channel++) == 0 &&
+         kiln_instr_set_attr_int(p->m, ins, KILN_ATTR_USE_GLOBAL_DEVICE_IDS, 1) == 0;
+}
+
+static kiln_id all_gather(part *p, kiln_id x, uint32_t d, const spmd_tiling *t) {
+  if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  const kiln_shape *s = kiln__b_shape(p->tx, x);
+  int64_t dims[SPMD_MAX_RANK];
+  for (uint32_t k = 0; k < s->rank; k++) dims[k] = s->dims[k];
+  dims[d] *= t->tiles[d];
+  kiln_shape out;
+  if (kiln_shape_make_array(p->tx->scratch, &out, s->dtype, dims, s->rank)) {
+    kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_ALL_GATHER, &out, &x, 1);
+  bool only[SPMD_MAX_RANK] = {false};
+  only[d] = true;
+  int64_t dd = d;
+  if (ins == NULL || !set_collective(p, ins, t, only) ||
+      kiln_instr_set_attr_ints(p->m, ins, KILN_ATTR_DIMENSIONS, &dd, 1)) {
+    kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  return ins->id;
+}
+
+/* All-reduce of x with reducer comp over the devices of t that differ along
+ * dims. */
+static kiln_id all_reduce(part *p, kiln_id x, uint32_t comp, const spmd_tiling *t,
+                          const bool *dims) {
+  if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_ALL_REDUCE, kiln__b_shape(p->tx, x), &x, 1);
+  if (ins == NULL || kiln_instr_set_called(p->m, ins, &comp, 1) ||
+      !set_collective(p, ins, t, dims)) {
+    kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  return ins->id;
+}
+
+/* x (this device's shard under t of an array of global dims gdims) with the
+ * padding of dim d replaced by the scalar v. */
+static kiln_id mask_dim(part *p, kiln_id x, const int64_t *gdims, const spmd_tiling *t, uint32_t d,
+                        kiln_id v) {
+  int64_t c = t->tiles[d], D = gdims[d];
+  if (c <= 1 || D % c == 0 || !kiln__tx_ok(p->tx)) return x;
+  const kiln_shape *s = kiln__b_shape(p->tx, x);
+  int64_t sz = kiln__shard_size(D, c);
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (offs == NULL) return KILN_NO_ID;
+  for (int64_t k = 0; k < p->n; k++) offs[k] = kiln__tiling_coord(t, k, d) * sz;
+  kiln_id idx = kiln__b_iota(&p->b, KILN_S32, s->dims, s->rank, d);
+  kiln_id off = kiln__b_splat(&p->b, lookup(p, offs), kiln__b_shape(p->tx, idx));
+  kiln_id lim = kiln__b_full(&p->b, KILN_S32, s->dims, s->rank, (double)D);
+  kiln_id ok = kiln__b_cmp(&p->b, kiln__b_add(&p->b, idx, off), lim, KILN_CMP_LT);
+  kiln_id fill = kiln__b_splat(&p->b, v, kiln__b_shape(p->tx, x));
+  return kiln__b_select(&p->b, ok, x, fill);
+}
+
+/* ---- resharding ---------------------------------------------------------- */
+
+/* Same tile counts, other devices: each tile's holders send it to the
+ * devices that need it (collective-permute, pairs matched in order). */
+static bool try_permute(part *p, kiln_id x, const spmd_tiling *from, const spmd_tiling *to,
+                        kiln_id *out) {
+  if (from->rep != to->rep) return false;
+  for (uint32_t d = 0; d < from->rank; d++)
+    if (from->tiles[d] != to->tiles[d]) return false;
+  int64_t *pairs = kiln__b_i64s(p->tx, (uint32_t)(2 * p->n));
+  if (pairs == NULL) return false;
+  /* dev[] is row-major over [tiles..., rep]: the i-th holder of a tile in
+   * from sends to its i-th holder in to. */
+  for (int64_t i = 0; i < p->n; i++) {
+    pairs[2 * i] = from->dev[i];
+    pairs[2 * i + 1] = to->dev[i];
+  }
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_COLLECTIVE_PERMUTE, kiln__b_shape(p->tx, x), &x, 1);
+  if (ins == NULL ||
+      kiln_instr_set_attr_ints(p->m, ins, KILN_ATTR_SOURCE_TARGET_PAIRS, pairs,
+                               (uint32_t)(2 * p->n)) ||
+      kiln_instr_set_attr_int(p->m, ins, KILN_ATTR_CHANNEL_ID, p->channel++)) {
+    kiln__tx_oom(p->tx);
+    return false;
+  }
+  *out = ins->id;
+  return true;
+}
+
+/* Dim a split t ways becomes whole while dim b becomes split t ways, the
+ * device of a's tile i getting b's tile i: one all-to-all among the
+ * devices that split a, then the received blocks (stacked along b) moved
+ * over to a. Both dims must divide evenly. */
+static bool try_all_to_all(part *p, kiln_id x, const kiln_shape *g, const spmd_tiling *from,
+                           const spmd_tiling *to, kiln_id *out) {
+  int a = -1, b = -1;
+  if (from->rep != to->rep) return false;
+  for (uint32_t d = 0; d < g->rank; d++) {
+    if (from->tiles[d] == to->tiles[d]) continue;
+    if (from->tiles[d] > 1 && to->tiles[d] == 1 && a < 0)
+      a = (int)d;
+    else if (from->tiles[d] == 1 && to->tiles[d] > 1 && b < 0)
+      b = (int)d;
+    else
+      return false;
+  }
+  if (a < 0 || b < 0) return false;
+  int64_t t = from->tiles[a];
+  if (to->tiles[b] != t || g->dims[a] % t || g->dims[b] % t) return false;
+  for (int64_t k = 0; k < p->n; k++) {
+    if (kiln__tiling_coord(from, k, (uint32_t)a) != kiln__tiling_coord(to, k, (uint32_t)b))
+      return false;
+    for (uint32_t d = 0; d < g->rank; d++)
+      if ((int)d != a && (int)d != b && from->tiles[d] > 1 &&
+          kiln__tiling_coord(from, k, d) != kiln__tiling_coord(to, k, d))
+        return false;
+  }
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_ALL_TO_ALL, kiln__b_shape(p->tx, x), &x, 1);
+  bool only[SPMD_MAX_RANK] = {false};
+  only[a] = true;
+  int64_t bb = b;
+  if (ins == NULL || !set_collective(p, ins, from, only) ||
+      kiln_instr_set_attr_ints(p->m, ins, KILN_ATTR_DIMENSIONS, &bb, 1)) {
+    kiln__tx_oom(p->tx);
+    return false;
+  }
+  /* [.., A/t @a, .., B @b, ..]: split b into [t, B/t], move the t axis in
+   * front of a, merge it with a. */
+  const kiln_shape *ls = kiln__b_shape(p->tx, ins->id);
+  uint32_t r = ls->rank;
+  int64_t ex[SPMD_MAX_RANK + 1], perm[SPMD_MAX_RANK + 1], fin[SPMD_MAX_RANK];
+  uint32_t ne = 0, axis[SPMD_MAX_RANK], taxis = 0;
+  for (uint32_t d = 0; d < r; d++) {
+    if ((int)d == b) {
+      taxis = ne;
+      ex[ne++] = t;
+    }
+    axis[d] = ne;
+    ex[ne++] = (int)d == b ? ls->dims[d] / t : ls->dims[d];
+  }
+  uint32_t np = 0;
+  for (uint32_t d = 0; d < r; d++) {
+    if ((int)d == a) perm[np++] = taxis;
+    perm[np++] = axis[d];
+    fin[d] = (int)d == a ? ls->dims[d] * t : (int)d == b ? ls->dims[d] / t : ls->dims[d];
+  }
+  kiln_id y = kiln__b_reshape(&p->b, ins->id, ex, ne);
+  y = kiln__b_transpose(&p->b, y, perm, ne);
+  *out = kiln__b_reshape(&p->b, y, fin, r);
+  return kiln__tx_ok(p->tx);
+}
+
+static kiln_id reshard(part *p, kiln_id x, const kiln_shape *g, const spmd_tiling *from,
+                       const spmd_tiling *to) {
+  if (!kiln__tx_ok(p->tx) || kiln__tiling_equal(from, to)) return x;
+  kiln_id y;
+  if (!kiln__tiling_covers(from, to) &&
+      (try_permute(p, x, from, to, &y) || try_all_to_all(p, x, g, from, to, &y)))
+    return y;
+  if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  uint32_t r = g->rank;
+  bool gather[SPMD_MAX_RANK];
+  for (uint32_t d = 0; d < r; d++) {
+    gather[d] = false;
+    if (from->tiles[d] == 1) continue;
+    if (to->tiles[d] != from->tiles[d]) {
+      gather[d] = true;
+      continue;
+    }
+    for (int64_t k = 0; k < p->n && !gather[d]; k++)
+      gather[d] = kiln__tiling_coord(from, k, d) != kiln__tiling_coord(to, k, d);
+  }
+  for (uint32_t d = 0; d < r; d++) {
+    if (!gather[d]) continue;
+    x = all_gather(p, x, d, from);
+    if (from->tiles[d] * kiln__shard_size(g->dims[d], from->tiles[d]) != g->dims[d])
+      x = kiln__b_slice_dim(&p->b, x, d, 0, g->dims[d]);
+  }
+  /* Now dim d is whole unless it keeps from's split; slice out to's. */
+  bool slice = false;
+  int64_t lo[SPMD_MAX_RANK], hi[SPMD_MAX_RANK], in[SPMD_MAX_RANK], sizes[SPMD_MAX_RANK];
+  bool cut[SPMD_MAX_RANK];
+  for (uint32_t d = 0; d < r; d++) {
+    cut[d] = to->tiles[d] > 1 && (gather[d] || from->tiles[d] == 1);
+    int64_t sz = kiln__shard_size(g->dims[d], to->tiles[d]);
+    lo[d] = in[d] = 0;
+    hi[d] = cut[d] ? to->tiles[d] * sz - g->dims[d] : 0;
+    sizes[d] = cut[d] ? sz : kiln__b_shape(p->tx, x)->dims[d];
+    slice = slice || cut[d];
+  }
+  if (!slice || !kiln__tx_ok(p->tx)) return x;
+  bool padded = false;
+  for (uint32_t d = 0; d < r; d++) padded = padded || hi[d] > 0;
+  if (padded) {
+    kiln_id zero = kiln__b_scalar(&p->b, g->dtype, 0);
+    x = kiln__b_pad(&p->b, x, zero, lo, hi, in);
+  }
+  kiln_id *idx = kiln__b_ids(p->tx, r ? r : 1);
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (idx == NULL || offs == NULL) return KILN_NO_ID;
+  for (uint32_t d = 0; d < r; d++) {
+    for (int64_t k = 0; k < p->n; k++)
+      offs[k] = cut[d] ? kiln__tiling_coord(to, k, d) * sizes[d] : 0;
+    idx[d] = lookup(p, offs);
+  }
+  return kiln__b_dyn_slice(&p->b, x, idx, r, sizes);
+}
+
+/* The shard of old array instruction `old` in tiling `want`. */
+static kiln_id local_as(part *p, kiln_id old, const spmd_tiling *want) {
+  if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  if (kiln__tiling_equal(p->lt[old], want)) return p->local[old];
+  for (int i = 0; i < CACHE; i++)
+    if (p->ctile[old][i] && kiln__tiling_equal(p->ctile[old][i], want)) return p->cached[old][i];
+  kiln_id x = reshard(p, p->local[old], gshape(p, old), p->lt[old], want);
+  for (int i = 0; i < CACHE; i++)
+    if (p->ctile[old][i] == NULL) {
+      p->ctile[old][i] = (spmd_tiling *)want;
+      p->cached[old][i] = x;
+      break;
+    }
+  return x;
+}
+
+static bool is_array(const kiln_shape *s) {
+  return kiln_shape_is_array(s) && s->rank <= SPMD_MAX_RANK;
+}
+
+/* The whole value of old instruction `old` (any shape). */
+static kiln_id whole(part *p, kiln_id old) {
+  const kiln_shape *s = gshape(p, old);
+  if (is_array(s)) return local_as(p, old, replicated(p, s->rank));
+  if (!kiln_shape_is_tuple(s) || p->le[old] == NULL) return p->local[old];
+  kiln_id *xs = kiln__b_ids(p->tx, s->rank ? s->rank : 1);
+  if (xs == NULL) return KILN_NO_ID;
+  bool any = false;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    xs[i] = kiln__b_gte(&p->b, p->local[old], i);
+    if (p->le[old][i] && !kiln__tiling_is_replicated(p->le[old][i])) {
+      xs[i] = reshard(p, xs[i], &s->tuple[i], p->le[old][i], replicated(p, s->tuple[i].rank));
+      any = true;
+    }
+  }
+  return any ? kiln__b_tuple(&p->b, xs, s->rank) : p->local[old];
+}
+
+/* ---- rules --------------------------------------------------------------- */
+
+/* Computed whole on every device. */
+static int rule_whole(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                      spmd_tiling **got) {
+  (void)want;
+  kiln_id *ops = kiln__b_ids(p->tx, ins->noperands ? ins->noperands : 1);
+  if (ops == NULL) return p->tx->err;
+  for (uint32_t k = 0; k < ins->noperands; k++) ops[k] = whole(p, ins->operands[k]);
+  *out = kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
+  if (*out != KILN_NO_ID) kiln__b_drop_attr(kiln__b_ins(p->tx, *out), KILN_ATTR_SHARDING);
+  *got = is_array(&ins->shape) ? replicated(p, ins->shape.rank) : NULL;
+  return p->tx->err;
+}
+
+static int rule_parameter(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                          spmd_tiling **got) {
+  if (!is_array(&ins->shape)) {
+    const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+    const kiln_sharding *s = sa ? sa->v.sharding : NULL;
+    for (uint32_t i = 0; s && s->kind == KILN_SHARD_TUPLE && i < s->nelems; i++)
+      if (s->elems[i].kind == KILN_SHARD_TILED)
+        return fail(p, ins, KILN_EUNIMPL, "a tuple parameter split across devices");
+    return rule_whole(p, ins, want, out, got);
+  }
+  int64_t dims[SPMD_MAX_RANK];
+  for (uint32_t d = 0; d < ins->shape.rank; d++)
+    dims[d] = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
+  kiln_shape s;
+  if (kiln_shape_make_array(p->tx->scratch, &s, ins->shape.dtype, dims, ins->shape.rank))
+    return kiln__tx_oom(p->tx);
+  *out = kiln__b_param(&p->b, ins->param_number, &s, ins->name);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
+static int rule_elementwise(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                            spmd_tiling **got) {
+  kiln_id ops[8];
+  if (ins->noperands > 8 || !is_array(&ins->shape)) return rule_whole(p, ins, want, out, got);
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    kiln_id o = ins->operands[k];
+    if (!is_array(gshape(p, o))) return rule_whole(p, ins, want, out, got);
+    bool same = kiln_shape_same_dims(gshape(p, o), &ins->shape);
+    ops[k] = local_as(p, o, same ? want : replicated(p, gshape(p, o)->rank));
+  }
+  *out = kiln__b_clone(&p->b, ins, ops, ins->noperands);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
+static int rule_annotation(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                           spmd_tiling **got) {
+  if (ins->noperands != 1 || !is_array(&ins->shape) ||
+      !kiln_custom_call_is_annotation(kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)) ||
+      !kiln_shape_same_dims(gshape(p, ins->operands[0]), &ins->shape))
+    return rule_whole(p, ins, want, out, got);
+  *out = local_as(p, ins->operands[0], want);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
+/* The operands in the tilings kiln__spmd_bwd gives (arrays of other ranks,
+ * scalars: replicated); false when an operand has no rule. */
+static bool operands_as_needed(part *p, const kiln_instr *ins, const spmd_tiling *want,
+                               kiln_id *ops, spmd_tiling **need) {
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    kiln_id o = ins->operands[k];
+    if (!is_array(gshape(p, o))) return false;
+    need[k] = gshape(p, o)->rank == ins->shape.rank || k == 0
+                  ? kiln__spmd_bwd(p->a, p->m, ins, k, want)
+                  : replicated(p, gshape(p, o)->rank);
+    if (need[k] == NULL) return false;
+    ops[k] = local_as(p, o, need[k]);
+  }
+  return true;
+}
+
+/* Local shard dims of an array of global shape g under t. */
+static void shard_dims(const kiln_shape *g, const spmd_tiling *t, int64_t *dims) {
+  for (uint32_t d = 0; d < g->rank; d++) dims[d] = kiln__shard_size(g->dims[d], t->tiles[d]);
+}
+
+/* broadcast, transpose, reshape, slice, pad, reverse, concatenate: the ops
+ * whose result dims follow operand dims (dims.c). */
+static int rule_movement(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                         spmd_tiling **got) {
+  kiln_id ops[64];
+  spmd_tiling *need[64];
+  if (ins->noperands > 64 || ins->noperands == 0 || !is_array(&ins->shape))
+    return rule_whole(p, ins, want, out, got);
+  /* What the result can be from the first operand's needed tiling. */
+  spmd_tiling *n0 = kiln__spmd_bwd(p->a, p->m, ins, 0, want);
+  spmd_tiling *g0 = n0 ? kiln__spmd_fwd(p->a, p->m, ins, 0, n0) : NULL;
+  if (g0 == NULL) return rule_whole(p, ins, want, out, got);
+  if (!operands_as_needed(p, ins, g0, ops, need)) return rule_whole(p, ins, want, out, got);
+  int64_t dims[SPMD_MAX_RANK];
+  shard_dims(&ins->shape, g0, dims);
+  const kiln_shape *ls = kiln__b_shape(p->tx, ops[0]);
+  switch (ins->op) {
+  case KILN_OP_BROADCAST: {
+    const kiln_i64s *map = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+    *out = kiln__b_broadcast(&p->b, ops[0], dims, ins->shape.rank, map ? map->v : NULL,
+                             map ? map->n : 0);
+    break;
+  }
+  case KILN_OP_RESHAPE: {
+    int64_t a = 1, b = 1;
+    for (uint32_t d = 0; d < ls->rank; d++) a *= ls->dims[d];
+    for (uint32_t d = 0; d < ins->shape.rank; d++) b *= dims[d];
+    if (a != b) return rule_whole(p, ins, want, out, got);
+    *out = kiln__b_reshape(&p->b, ops[0], dims, ins->shape.rank);
+    break;
+  }
+  case KILN_OP_SLICE: {
+    kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, ins->noperands);
+    const kiln_i64s *sl = c ? kiln_instr_attr_ints(c, KILN_ATTR_SLICE) : NULL;
+    if (sl == NULL) return p->tx->err ? p->tx->err : fail(p, ins, KILN_EINTERNAL, "slice");
+    int64_t v[3 * SPMD_MAX_RANK];
+    memcpy(v, sl->v, sl->n * sizeof *v);
+    for (uint32_t d = 0; d < ins->shape.rank; d++)
+      if (g0->tiles[d] > 1) v[3 * d + 1] = ls->dims[d];
+    if (kiln_instr_set_attr_ints(p->m, c, KILN_ATTR_SLICE, v, sl->n)) return kiln__tx_oom(p->tx);
+    *out = kiln__b_finish(&p->b, c);
+    break;
+  }
+  default: *out = kiln__b_clone(&p->b, ins, ops, ins->noperands); break;
+  }
+  *got = g0;
+  return p->tx->err;
+}
+
+/* Whether reduce ins may be split into partial reductions combined by an
+ * all-reduce with its reducer: the reducer is add, multiply, maximum,
+ * minimum, and or or of its two parameters and the init is a constant of
+ * that op's identity (each partial includes the init once). */
+static bool identity_init(const kiln_module *m, const kiln_instr *ins) {
+  const kiln_instr *init = m->instrs[ins->operands[1]];
+  const kiln_computation *c = m->comps[ins->called[0]];
+  if (init->op != KILN_OP_CONSTANT || init->literal == NULL || c->root == KILN_NO_ID ||
+      !kiln_shape_is_scalar(&init->shape))
+    return false;
+  const kiln_instr *r = m->instrs[c->root];
+  if (r->noperands != 2 || m->instrs[r->operands[0]]->op != KILN_OP_PARAMETER ||
+      m->instrs[r->operands[1]]->op != KILN_OP_PARAMETER || r->operands[0] == r->operands[1])
+    return false;
+  kiln_dtype t = init->shape.dtype;
+  double v = kiln_literal_get_f64(init->literal, 0);
+  int bits = kiln_dtype_bits(t);
+  double lo = kiln_dtype_is_float(t)        ? -INFINITY
+              : kiln_dtype_is_signed_int(t) ? -ldexp(1, bits - 1)
+                                            : 0,
+         hi = kiln_dtype_is_float(t) ? INFINITY
+                                     : ldexp(1, bits - !kiln_dtype_is_unsigned_int(t)) - 1;
+  switch (r->op) {
+  case KILN_OP_ADD: return v == 0;
+  case KILN_OP_MULTIPLY: return v == 1;
+  case KILN_OP_MAXIMUM: return v == lo || (t == KILN_PRED && v == 0);
+  case KILN_OP_MINIMUM: return v == hi || (t == KILN_PRED && v == 1);
+  case KILN_OP_AND: return t == KILN_PRED ? v == 1 : false;
+  case KILN_OP_OR: return v == 0;
+  default: return false;
+  }
+}
+
+static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                       spmd_tiling **got) {
+  if (ins->noperands != 2 || !is_array(&ins->shape) || ins->ncalled != 1)
+    return rule_whole(p, ins, want, out, got);
+  kiln_id x = ins->operands[0];
+  const kiln_shape *xs = gshape(p, x);
+  const kiln_i64s *ds = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  /* Keep the operand's split (partial results, all-reduced) or reshard the
+   * operand so that no reduced dim is split: whichever moves less. */
+  spmd_tiling *keep = p->lt[x];
+  spmd_tiling *res = kiln__spmd_fwd(p->a, p->m, ins, 0, keep);
+  spmd_tiling *alt = kiln__spmd_bwd(p->a, p->m, ins, 0, want);
+  if (res == NULL || alt == NULL) return rule_whole(p, ins, want, out, got);
+  bool red[SPMD_MAX_RANK] = {false}, split = false;
+  for (uint32_t i = 0; i < ds->n; i++) {
+    red[ds->v[i]] = true;
+    split = split || keep->tiles[ds->v[i]] > 1;
+  }
+  int64_t ob = kiln_shape_bytes(&ins->shape), xb = kiln_shape_bytes(xs);
+  int64_t cost_keep =
+      (split ? 2 * ob / kiln__tiling_count(res) : 0) + kiln__reshard_cost(res, want, ob);
+  int64_t cost_alt = kiln__reshard_cost(keep, alt, xb);
+  spmd_tiling *tx = cost_keep <= cost_alt && (!split || identity_init(p->m, ins)) ? keep : alt;
+  if (tx == alt) {
+    res = kiln__spmd_fwd(p->a, p->m, ins, 0, alt);
+    split = false;
+    if (res == NULL) return rule_whole(p, ins, want, out, got);
+  }
+  kiln_id lx = local_as(p, x, tx);
+  kiln_id init = local_as(p, ins->operands[1], replicated(p, 0));
+  for (uint32_t d = 0; d < xs->rank; d++)
+    if (red[d]) lx = mask_dim(p, lx, xs->dims, tx, d, init);
+  kiln_id ops[2] = {lx, init};
+  kiln_id r = kiln__b_clone(&p->b, ins, ops, 2);
+  if (split) {
+    r = all_reduce(p, r, ins->called[0], tx, red);
+    p->ar = r;
+    p->ar_tiling = tx;
+    memcpy(p->ar_dims, red, sizeof red);
+  }
+  *out = r;
+  *got = res;
+  return p->tx->err;
+}
+
+/* dot and convolution: choose the tiling of the loops (from the result's,
+ * the lhs's or the rhs's), compute locally, all-reduce over split
+ * contracting loops. */
+static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                            spmd_tiling **got) {
+  spmd_loop loops[SPMD_MAX_RANK * 2];
+  uint32_t nl;
+  if (!is_array(&ins->shape) || !kiln__contraction_loops(p->m, ins, loops, &nl) ||
+      nl > SPMD_MAX_RANK)
+    return rule_whole(p, ins, want, out, got);
+  kiln_id l = ins->operands[0], r = ins->operands[1];
+  const kiln_shape *ls = gshape(p, l), *rs = gshape(p, r);
+  const spmd_tiling *src[3] = {want, p->lt[l], p->lt[r]};
+  spmd_tiling *best[4] = {NULL};
+  int64_t best_cost = 0;
+  for (int c = 0; c < 3; c++) {
+    int64_t map[SPMD_MAX_RANK];
+    for (uint32_t j = 0; j < nl; j++)
+      map[j] = loops[j].fixed ? -1 : (c == 0 ? loops[j].o : c == 1 ? loops[j].l : loops[j].r);
+    spmd_tiling *it = kiln__tiling_derive(p->a, src[c], map, nl);
+    int64_t lm[SPMD_MAX_RANK], rm[SPMD_MAX_RANK], om[SPMD_MAX_RANK];
+    for (uint32_t j = 0; j < nl; j++) {
+      if (loops[j].l >= 0) lm[loops[j].l] = j;
+      if (loops[j].r >= 0) rm[loops[j].r] = j;
+      if (loops[j].o >= 0) om[loops[j].o] = j;
+    }
+    if (it == NULL) return kiln__tx_oom(p->tx);
+    spmd_tiling *tl = kiln__tiling_derive(p->a, it, lm, ls->rank);
+    spmd_tiling *tr = kiln__tiling_derive(p->a, it, rm, rs->rank);
+    spmd_tiling *to = kiln__tiling_derive(p->a, it, om, ins->shape.rank);
+    if (!tl || !tr || !to) return kiln__tx_oom(p->tx);
+    bool ksplit = false;
+    for (uint32_t j = 0; j < nl; j++) ksplit = ksplit || (loops[j].o < 0 && it->tiles[j] > 1);
+    int64_t ob = kiln_shape_bytes(&ins->shape);
+    int64_t cost = kiln__reshard_cost(p->lt[l], tl, kiln_shape_bytes(ls)) +
+                   kiln__reshard_cost(p->lt[r], tr, kiln_shape_bytes(rs)) +
+                   (ksplit ? 2 * ob / kiln__tiling_count(to) : 0) +
+                   kiln__reshard_cost(to, want, ob);
+    if (best[0] == NULL || cost < best_cost) {
+      best[0] = it, best[1] = tl, best[2] = tr, best[3] = to;
+      best_cost = cost;
+    }
+  }
+  spmd_tiling *it = best[0];
+  kiln_id xl = local_as(p, l, best[1]), xr = local_as(p, r, best[2]);
+  bool ksplit[SPMD_MAX_RANK] = {false}, any = false;
+  kiln_id zl = KILN_NO_ID, zr = KILN_NO_ID;
+  for (uint32_t j = 0; j < nl; j++) {
+    if (loops[j].o >= 0 || it->tiles[j] <= 1) continue;
+    ksplit[j] = any = true;
+    if (zl == KILN_NO_ID) {
+      zl = kiln__b_scalar(&p->b, ls->dtype, 0);
+      zr = kiln__b_scalar(&p->b, rs->dtype, 0);
+    }
+    xl = mask_dim(p, xl, ls->dims, best[1], (uint32_t)loops[j].l, zl);
+    xr = mask_dim(p, xr, rs->dims, best[2], (uint32_t)loops[j].r, zr);
+  }
+  kiln_id ops[2] = {xl, xr};
+  kiln_id y = kiln__b_clone(&p->b, ins, ops, 2);
+  if (any) {
+    uint32_t add = kiln__b_reducer(p->tx, KILN_OP_ADD, ins->shape.dtype);
+    y = all_reduce(p, y, add, it, ksplit);
+    p->ar = y;
+    p->ar_tiling = it;
+    memcpy(p->ar_dims, ksplit, sizeof ksplit);
+  }
+  *out = y;
+  *got = best[3];
+  return p->tx->err;
+}
+
+/* gather: the table whole, the indices split as the result's batch dims
+ * (an embedding lookup of split ids needs no communication). */
+static int rule_gather(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                       spmd_tiling **got) {
+  spmd_tiling *ni = is_array(&ins->shape) ? kiln__spmd_bwd(p->a, p->m, ins, 1, want) : NULL;
+  spmd_tiling *g = ni ? kiln__spmd_fwd(p->a, p->m, ins, 1, ni) : NULL;
+  const kiln_shape *ts = gshape(p, ins->operands[0]);
+  if (g == NULL || !is_array(ts)) return rule_whole(p, ins, want, out, got);
+  kiln_id ops[2] = {local_as(p, ins->operands[0], replicated(p, ts->rank)),
+                    local_as(p, ins->operands[1], ni)};
+  *out = kiln__b_clone(&p->b, ins, ops, 2);
+  *got = g;
+  return p->tx->err;
+}
+
+static int rule_gte(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                    spmd_tiling **got) {
+  kiln_id t = ins->operands[0];
+  int64_t i = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0);
+  *out = kiln__b_gte(&p->b, p->local[t], i);
+  spmd_tiling *e = p->le[t] ? p->le[t][i] : NULL;
+  *got = is_array(&ins->shape) ? (e ? e : replicated(p, ins->shape.rank)) : NULL;
+  (void)want;
+  return p->tx->err;
+}
+
+static const rule_fn rules[KILN_OP_COUNT] = {
+    [KILN_OP_PARAMETER] = rule_parameter,   [KILN_OP_CUSTOM_CALL] = rule_annotation,
+    [KILN_OP_BROADCAST] = rule_movement,    [KILN_OP_TRANSPOSE] = rule_movement,
+    [KILN_OP_RESHAPE] = rule_movement,      [KILN_OP_SLICE] = rule_movement,
+    [KILN_OP_PAD] = rule_movement,          [KILN_OP_REVERSE] = rule_movement,
+    [KILN_OP_CONCATENATE] = rule_movement,  [KILN_OP_REDUCE] = rule_reduce,
+    [KILN_OP_DOT] = rule_contraction,       [KILN_OP_CONVOLUTION] = rule_contraction,
+    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte, [KILN_OP_GATHER] = rule_gather,
+};
+
+static rule_fn rule_of(const kiln_instr *ins) {
+  if (rules[ins->op]) return rules[ins->op];
+  if (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) return rule_elementwise;
+  return rule_whole;
+}
+
+/* ---- the driver ---------------------------------------------------------- */
+
+/* The tiling(s) propagation wrote on ins. */
+static int wanted(part *p, const kiln_instr *ins, spmd_tiling **want, spmd_tiling ***elems) {
+  const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  const kiln_sharding *s = sa ? sa->v.sharding : NULL;
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  *want = NULL;
+  *elems = NULL;
+  if (is_array(&ins->shape))
+    return kiln__tiling_from_sharding(p->a, s, ins->shape.rank, p->n, where, want, p->tx->st);
+  if (s && s->kind == KILN_SHARD_TUPLE && s->nelems == ins->shape.rank &&
+      kiln_shape_is_tuple(&ins->shape)) {
+    *elems = kiln_arena_calloc(p->a, s->nelems ? s->nelems : 1, sizeof **elems);
+    if (*elems == NULL) return KILN_ENOMEM;
+    for (uint32_t i = 0; i < s->nelems; i++) {
+      const kiln_shape *es = &ins->shape.tuple[i];
+      if (!is_array(es)) continue;
+      int rc = kiln__tiling_from_sharding(p->a, &s->elems[i], es->rank, p->n, where, &(*elems)[i],
+                                          p->tx->st);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+/* A tuple instruction: elements resharded to what was asked of them. */
+static int build_tuple(part *p, const kiln_instr *ins, spmd_tiling **elems) {
+  kiln_id *ops = kiln__b_ids(p->tx, ins->noperands ? ins->noperands : 1);
+  spmd_tiling **le = kiln_arena_calloc(p->a, ins->noperands ? ins->noperands : 1, sizeof *le);
+  if (ops == NULL || le == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    kiln_id o = ins->operands[k];
+    if (is_array(gshape(p, o))) {
+      le[k] = elems && elems[k] ? elems[k] : p->lt[o];
+      ops[k] = local_as(p, o, le[k]);
+    } else {
+      ops[k] = whole(p, o);
+    }
+  }
+  p->local[ins->id] = kiln__b_tuple(&p->b, ops, ins->noperands);
+  p->le[ins->id] = le;
+  return p->tx->err;
+}
+
+static int partition_sub(part *p, uint32_t comp);
+
+/* A loop state parameter (condition, body): each element's shard. */
+static int build_state_param(part *p, const kiln_instr *ins, spmd_tiling **elems) {
+  uint32_t r = ins->shape.rank;
+  kiln_shape *es = kiln_arena_calloc(p->tx->scratch, r ? r : 1, sizeof *es);
+  if (es == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t i = 0; i < r; i++) {
+    const kiln_shape *g = &ins->shape.tuple[i];
+    es[i] = *g;
+    if (!is_array(g) || elems[i] == NULL) continue;
+    int64_t dims[SPMD_MAX_RANK];
+    shard_dims(g, elems[i], dims);
+    if (kiln_shape_make_array(p->tx->scratch, &es[i], g->dtype, dims, g->rank))
+      return kiln__tx_oom(p->tx);
+  }
+  kiln_shape ts;
+  if (kiln_shape_make_tuple(p->tx->scratch, &ts, es, r)) return kiln__tx_oom(p->tx);
+  p->local[ins->id] = kiln__b_param(&p->b, ins->param_number, &ts, ins->name);
+  p->le[ins->id] = elems;
+  return p->tx->err;
+}
+
+/* A loop with split state: its init already in the state's tiling (else it
+ * runs whole), its condition and body partitioned with that state. */
+static int build_while(part *p, const kiln_instr *ins, spmd_tiling **elems) {
+  kiln_id init = ins->operands[0];
+  const kiln_shape *s = &ins->shape;
+  bool ok = p->le[init] != NULL && ins->ncalled == 2;
+  for (uint32_t i = 0; ok && i < s->rank; i++)
+    if (is_array(&s->tuple[i]))
+      ok = elems[i] && p->le[init][i] && kiln__tiling_equal(elems[i], p->le[init][i]);
+  if (!ok) {
+    kiln_id out;
+    spmd_tiling *got;
+    int rc = rule_whole(p, ins, NULL, &out, &got);
+    p->local[ins->id] = out;
+    return rc;
+  }
+  int rc = partition_sub(p, ins->called[0]);
+  if (rc == 0) rc = partition_sub(p, ins->called[1]);
+  if (rc) return rc;
+  p->local[ins->id] = kiln__b_clone(&p->b, ins, &p->local[init], 1);
+  p->le[ins->id] = elems;
+  return p->tx->err;
+}
+
+/* all-reduce(x) resharded from got to want, where want splits one more
+ * dim d exactly among each all-reduce group in rank order: one
+ * reduce-scatter along d instead. */
+static bool try_reduce_scatter(part *p, const kiln_shape *g, const spmd_tiling *got,
+                               const spmd_tiling *want, kiln_id *out) {
+  kiln_instr *ar = kiln__b_ins(p->tx, p->ar);
+  int d = -1;
+  for (uint32_t k = 0; k < g->rank; k++) {
+    if (want->tiles[k] == got->tiles[k]) continue;
+    if (got->tiles[k] != 1 || d >= 0) return false;
+    d = (int)k;
+  }
+  if (d < 0 || g->dims[d] % want->tiles[d] != 0 || ar->noperands != 1) return false;
+  for (uint32_t k = 0; k < g->rank; k++)
+    for (int64_t dev = 0; (int)k != d && got->tiles[k] > 1 && dev < p->n; dev++)
+      if (kiln__tiling_coord(got, dev, k) != kiln__tiling_coord(want, dev, k)) return false;
+  int64_t *v, ng, size;
+  if (kiln__tiling_groups(p->a, p->ar_tiling, p->ar_dims, &v, &ng, &size) || size != want->tiles[d])
+    return false;
+  for (int64_t i = 0; i < ng * size; i++)
+    if (kiln__tiling_coord(want, v[i], (uint32_t)d) != i % size) return false;
+  kiln_id x = ar->operands[0];
+  const kiln_shape *xs = kiln__b_shape(p->tx, x);
+  int64_t dims[SPMD_MAX_RANK];
+  for (uint32_t k = 0; k < xs->rank; k++) dims[k] = xs->dims[k];
+  dims[d] /= size;
+  kiln_shape rs;
+  if (kiln_shape_make_array(p->tx->scratch, &rs, xs->dtype, dims, xs->rank)) return false;
+  kiln_instr *r = kiln__b_make(&p->b, KILN_OP_REDUCE_SCATTER, &rs, &x, 1);
+  kiln_replica_groups *gr = r ? make_groups(p, v, ng, size) : NULL;
+  kiln_attr *at = gr ? kiln_instr_add_attr(p->m, r, KILN_ATTR_REPLICA_GROUPS) : NULL;
+  int64_t dd = d;
+  if (at == NULL || kiln_instr_set_called(p->m, r, ar->called, 1) ||
+      kiln_instr_set_attr_int(p->m, r, KILN_ATTR_CHANNEL_ID, p->channel++) ||
+      kiln_instr_set_attr_int(p->m, r, KILN_ATTR_USE_GLOBAL_DEVICE_IDS, 1) ||
+      kiln_instr_set_attr_ints(p->m, r, KILN_ATTR_DIMENSIONS, &dd, 1)) {
+    kiln__tx_oom(p->tx);
+    return false;
+  }
+  at->v.groups = gr;
+  ar->comp = KILN_NO_ID; /* dropped by finish_comp */
+  *out = r->id;
+  return true;
+}
+
+static int build(part *p, const kiln_instr *ins) {
+  spmd_tiling *want, **elems;
+  int rc = wanted(p, ins, &want, &elems);
+  if (rc) {
+    if (p->tx->err == 0) p->tx->err = rc;
+    return rc;
+  }
+  if (ins->op == KILN_OP_TUPLE) return build_tuple(p, ins, elems);
+  if (ins->op == KILN_OP_WHILE && elems) return build_while(p, ins, elems);
+  if (ins->op == KILN_OP_PARAMETER && elems && ins->comp != p->m->entry)
+    return build_state_param(p, ins, elems);
+  kiln_id out = KILN_NO_ID;
+  spmd_tiling *got = NULL;
+  p->ar = KILN_NO_ID;
+  if ((rc = rule_of(ins)(p, ins, want, &out, &got))) return rc;
+  kiln_id rs;
+  if (want && got && p->ar == out && !kiln__tiling_equal(got, want) &&
+      try_reduce_scatter(p, &ins->shape, got, want, &rs)) {
+    p->local[ins->id] = rs;
+    p->lt[ins->id] = want;
+  } else if (want && got) {
+    p->local[ins->id] = reshard(p, out, &ins->shape, got, want);
+    p->lt[ins->id] = want;
+  } else {
+    p->local[ins->id] = out;
+    p->lt[ins->id] = got;
+    if (ins->op == KILN_OP_PARAMETER && elems) p->le[ins->id] = elems;
+  }
+  return p->tx->err;
+}
+
+/* ---- the all-reduce combiner --------------------------------------------- */
+
+static bool same_groups(const kiln_instr *a, const kiln_instr *b) {
+  const kiln_replica_groups *ga = kiln_instr_attr(a, KILN_ATTR_REPLICA_GROUPS)->v.groups;
+  const kiln_replica_groups *gb = kiln_instr_attr(b, KILN_ATTR_REPLICA_GROUPS)->v.groups;
+  if (ga->ngroups != gb->ngroups) return false;
+  for (uint32_t i = 0; i < ga->ngroups; i++)
+    if (ga->groups[i].n != gb->groups[i].n ||
+        memcmp(ga->groups[i].v, gb->groups[i].v, ga->groups[i].n * sizeof(int64_t)))
+      return false;
+  return true;
+}
+
+/* Merges each all-reduce the partitioner made with later ones of the same
+ * groups and reducer whose operands do not depend on it. */
+static int combine(part *p, uint32_t comp) {
+  kiln_module *m = p->m;
+  kiln_computation *c = m->comps[comp];
+  uint32_t n0 = c->ninstrs;
+  uint8_t *dep = NULL;
+  size_t ndep = 0;
+  kiln_id base = m->ninstrs; /* made by the combiner: may depend on anything */
+  for (uint32_t i = 0; i < n0; i++) {
+    kiln_instr *a = m->instrs[c->instrs[i]];
+    if (a->op != KILN_OP_ALL_REDUCE || a->noperands != 1 || a->comp == KILN_NO_ID) continue;
+    /* dep[x]: x depends on a (ids past the array: made here, assume so). */
+    if (ndep < m->ninstrs + 1) {
+      kiln_free(dep);
+      ndep = m->ninstrs + 1;
+      if ((dep = kiln_malloc(ndep)) == NULL) return kiln__tx_oom(p->tx);
+    }
+    memset(dep, 0, ndep);
+    dep[a->id] = 1;
+    kiln_id group[16];
+    uint32_t ng = 0;
+    group[ng++] = a->id;
+    for (uint32_t j = i + 1; j < n0 && ng < 16; j++) {
+      kiln_instr *b = m->instrs[c->instrs[j]];
+      if (b->comp == KILN_NO_ID || b->id >= ndep) continue;
+      for (uint32_t k = 0; k < b->noperands; k++)
+        dep[b->id] |= b->operands[k] >= base ? 1 : dep[b->operands[k]];
+      if (dep[b->id] || b->op != KILN_OP_ALL_REDUCE || b->noperands != 1) continue;
+      if (b->called[0] != a->called[0] || !same_groups(a, b)) continue;
+      group[ng++] = b->id;
+      dep[b->id] = 1; /* its users come after the combined one */
+    }
+    if (ng < 2) continue;
+    kiln_id ops[16];
+    kiln_shape shapes[16];
+    for (uint32_t k = 0; k < ng; k++) {
+      ops[k] = m->instrs[group[k]]->operands[0];
+      shapes[k] = m->instrs[group[k]]->shape;
+    }
+    kiln_shape ts;
+    if (kiln_shape_make_tuple(p->tx->scratch, &ts, shapes, ng)) {
+      kiln_free(dep);
+      return kiln__tx_oom(p->tx);
+    }
+    kiln_instr *t = kiln__b_make(&p->b, KILN_OP_ALL_REDUCE, &ts, ops, ng);
+    kiln_attr *at = t ? kiln_instr_add_attr(m, t, KILN_ATTR_REPLICA_GROUPS) : NULL;
+    if (at == NULL || kiln_instr_set_called(m, t, a->called, 1) ||
+        kiln_instr_set_attr_int(m, t, KILN_ATTR_CHANNEL_ID, p->channel++) ||
+        kiln_instr_set_attr_int(m, t, KILN_ATTR_USE_GLOBAL_DEVICE_IDS, 1)) {
+      kiln_free(dep);
+      return kiln__tx_oom(p->tx);
+    }
+    at->v.groups = kiln_instr_attr(a, KILN_ATTR_REPLICA_GROUPS)->v.groups;
+    for (uint32_t k = 0; k < ng; k++) {
+      kiln_id e = kiln__b_gte(&p->b, t->id, k);
+      kiln_replace_all_uses(m, comp, group[k], e);
+      m->instrs[group[k]]->comp = KILN_NO_ID; /* dropped below */
+    }
+  }
+  kiln_free(dep);
+  bool *keep = kiln_malloc((m->ninstrs + 1) * sizeof *keep);
+  if (keep == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t i = 0; i < m->ninstrs; i++) keep[i] = m->instrs[i]->comp != KILN_NO_ID;
+  kiln_computation_compact(m, comp, keep);
+  kiln_free(keep);
+  return kiln_computation_sort(m, comp, p->tx->st);
+}
+
+/* ---- entry point --------------------------------------------------------- */
+
+static int record(part *p, kiln_spmd_program *prog, const kiln_computation *c, const kiln_id *order,
+                  uint32_t n0) {
+  kiln_arena *a = prog->arena;
+  uint32_t np = 0;
+  for (uint32_t i = 0; i < n0; i++) {
+    const kiln_instr *ins = p->m->instrs[order[i]];
+    if (ins->op == KILN_OP_PARAMETER && ins->param_number >= np)
+      np = (uint32_t)ins->param_number + 1;
+  }
+  prog->nparams = np;
+  prog->param_shapes = kiln_arena_calloc(a, np ? np : 1, sizeof *prog->param_shapes);
+  prog->param_shardings = kiln_arena_calloc(a, np ? np : 1, sizeof *prog->param_shardings);
+  if (!prog->param_shapes || !prog->param_shardings) return KILN_ENOMEM;
+  for (uint32_t j = 0; j < n0; j++) {
+    const kiln_instr *ins = p->m->instrs[order[j]];
+    if (ins->op != KILN_OP_PARAMETER) continue;
+    uint32_t i = (uint32_t)ins->param_number;
+    if (kiln_shape_copy(a, &prog->param_shapes[i], &ins->shape)) return KILN_ENOMEM;
+    spmd_tiling *t = p->lt[ins->id] ? p->lt[ins->id] : replicated(p, 0);
+    if ((prog->param_shardings[i] = kiln__tiling_to_sharding(a, t)) == NULL) return KILN_ENOMEM;
+  }
+  const kiln_instr *root = p->m->instrs[c->root];
+  prog->result_is_tuple = kiln_shape_is_tuple(&root->shape);
+  uint32_t nr = prog->result_is_tuple ? root->shape.rank : 1;
+  prog->nresults = nr;
+  prog->result_shapes = kiln_arena_calloc(a, nr ? nr : 1, sizeof *prog->result_shapes);
+  prog->result_shardings = kiln_arena_calloc(a, nr ? nr : 1, sizeof *prog->result_shardings);
+  if (!prog->result_shapes || !prog->result_shardings) return KILN_ENOMEM;
+  for (uint32_t i = 0; i < nr; i++) {
+    const kiln_shape *s = prog->result_is_tuple ? &root->shape.tuple[i] : &root->shape;
+    if (kiln_shape_copy(a, &prog->result_shapes[i], s)) return KILN_ENOMEM;
+    spmd_tiling *t =
+        prog->result_is_tuple ? (p->le[root->id] ? p->le[root->id][i] : NULL) : p->lt[root->id];
+    if (t == NULL) t = replicated(p, is_array(s) ? s->rank : 0);
+    if (!is_array(s) && !kiln__tiling_is_replicated(t)) return KILN_EUNIMPL;
+    if ((prog->result_shardings[i] = kiln__tiling_to_sharding(a, t)) == NULL) return KILN_ENOMEM;
+  }
+  return 0;
+}
+
+static int dump(const kiln_module *m, const char *dir, const char *name, kiln_status *st) {
+  if (dir == NULL) return 0;
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    return kiln_status_set(st, KILN_EIO, dir, "cannot create dump directory: %s", strerror(errno));
+  size_t len;
+  char *text = kiln_module_print(m, &len);
+  if (text == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory dumping");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s.hlo", dir, name);
+  FILE *f = fopen(path, "wb");
+  int rc = 0;
+  if (f == NULL || fwrite(text, 1, len, f) != len) rc = KILN_EIO;
+  if (f && fclose(f) != 0) rc = KILN_EIO;
+  kiln_free(text);
+  return rc ? kiln_status_set(st, rc, path, "cannot write dump") : 0;
+}
+
+static int64_t max_channel(const kiln_module *m) {
+  int64_t c = 0;
+  for (uint32_t i = 0; i < m->ninstrs; i++) {
+    int64_t v = kiln_instr_attr_int(m->instrs[i], KILN_ATTR_CHANNEL_ID, 0);
+    if (v > c) c = v;
+  }
+  return c;
+}
+
+/* Builds every instruction listed in order[0..n0) (a snapshot of the
+ * computation being built, p->b.comp) after the originals. */
+static int build_all(part *p, const kiln_id *order, uint32_t n0) {
+  int rc = 0;
+  for (uint32_t i = 0; i < n0 && rc == 0; i++) rc = build(p, p->m->instrs[order[i]]);
+  return rc;
+}
+
+/* Drops the originals from comp, roots it at the local root, strips the
+ * shardings and combines all-reduces. */
+static int finish_comp(part *p, uint32_t comp, const kiln_id *order, uint32_t n0,
+                       kiln_id old_root) {
+  kiln_module *m = p->m;
+  kiln_computation *c = m->comps[comp];
+  bool *keep = kiln_calloc(m->ninstrs + 1, sizeof *keep);
+  if (keep == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t i = 0; i < c->ninstrs; i++)
+    keep[c->instrs[i]] = m->instrs[c->instrs[i]]->comp != KILN_NO_ID;
+  for (uint32_t i = 0; i < n0; i++) {
+    keep[order[i]] = false;
+    m->instrs[order[i]]->comp = KILN_NO_ID;
+  }
+  kiln_computation_compact(m, comp, keep);
+  kiln_free(keep);
+  c->root = p->local[old_root];
+  for (uint32_t i = 0; i < c->ninstrs; i++)
+    kiln__b_drop_attr(m->instrs[c->instrs[i]], KILN_ATTR_SHARDING);
+  return combine(p, comp);
+}
+
+/* Partitions a called computation (a loop's condition or body) in place. */
+static int partition_sub(part *p, uint32_t comp) {
+  kiln_computation *c = p->m->comps[comp];
+  uint32_t n0 = c->ninstrs;
+  kiln_id *order = kiln_arena_memdup(p->a, c->instrs, (n0 ? n0 : 1) * sizeof *order);
+  if (order == NULL) return kiln__tx_oom(p->tx);
+  kiln__b saved = p->b;
+  kiln_id saved_pid = p->pid;
+  p->b.comp = comp;
+  p->pid = KILN_NO_ID;
+  kiln_id old_root = c->root;
+  int rc = build_all(p, order, n0);
+  if (rc == 0) rc = finish_comp(p, comp, order, n0, old_root);
+  p->b = saved;
+  p->pid = saved_pid;
+  return rc;
+}
+
+static int partition_entry(part *p, kiln_spmd_program *prog) {
+  kiln_module *m = p->m;
+  kiln_computation *c = m->comps[m->entry];
+  uint32_t n0 = c->ninstrs;
+  kiln_id *order = kiln_arena_memdup(p->a, c->instrs, (n0 ? n0 : 1) * sizeof *order);
+  size_t cap = m->ninstrs + 1;
+  p->local = kiln_arena_alloc(p->a, cap * sizeof *p->local);
+  p->lt = kiln_arena_calloc(p->a, cap, sizeof *p->lt);
+  p->le = kiln_arena_calloc(p->a, cap, sizeof *p->le);
+  p->cached = kiln_arena_calloc(p->a, cap, sizeof *p->cached);
+  p->ctile = kiln_arena_calloc(p->a, cap, sizeof *p->ctile);
+  if (!order || !p->local || !p->lt || !p->le || !p->cached || !p->ctile)
+    return kiln__tx_oom(p->tx);
+  for (size_t i = 0; i < cap; i++) p->local[i] = KILN_NO_ID;
+  p->ncap = cap;
+  int rc = build_all(p, order, n0);
+  if (rc) return rc;
+  kiln_id old_root = c->root;
+  if ((rc = record(p, prog, c, order, n0)))
+    return rc == KILN_EUNIMPL ? fail(p, m->instrs[old_root], rc,
+                                     "a token or nested tuple result split across devices")
+                              : kiln__tx_oom(p->tx);
+  if ((rc = finish_comp(p, m->entry, order, n0, old_root))) return rc;
+  m->num_partitions = p->n;
+  m->entry_layout = NULL;
+  m->naliases = 0;
+  m->has_aliases = false;
+  return 0;
+}
+
+int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *dump_dir,
+                        kiln_spmd_program **out, kiln_status *st) {
+  *out = NULL;
+  kiln_spmd_program *prog = kiln_calloc(1, sizeof *prog);
+  if (prog == NULL || (prog->arena = kiln_arena_create()) == NULL) {
+    kiln_free(prog);
+    return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  }
+  prog->partitions = partitions;
+  int rc = kiln_module_clone(src, &prog->module);
+  if (rc) {
+    kiln_spmd_program_destroy(prog);
+    return kiln_status_set(st, rc, "spmd", "out of memory");
+  }
+  kiln_module *m = prog->module;
+  if ((rc = kiln_spmd_propagate(m, partitions, st)) ||
+      (rc = dump(m, dump_dir, "spmd-propagated", st))) {
+    kiln_spmd_program_destroy(prog);
+    return rc;
+  }
+  kiln__tx tx;
+  rc = kiln__tx_init(&tx, m, "spmd", st);
+  part p = {.m = m,
+            .tx = &tx,
+            .b = {&tx, m->entry},
+            .a = kiln_arena_create(),
+            .n = partitions,
+            .pid = KILN_NO_ID,
+            .channel = max_channel(m) + 1,
+            .ar = KILN_NO_ID};
+  if (rc == 0 && p.a == NULL) rc = kiln__tx_oom(&tx);
+  if (rc == 0) rc = partition_entry(&p, prog);
+  if (rc == 0 && tx.err) rc = tx.err;
+  kiln__tx_fini(&tx);
+  kiln_arena_destroy(p.a);
+  if (rc == 0) rc = kiln_module_verify(m, NULL, st);
+  if (rc == 0) rc = dump(m, dump_dir, "spmd-partitioned", st);
+  if (rc) {
+    if (kiln_status_is_ok(st)) kiln_status_set(st, rc, "spmd", "partitioning failed");
+    kiln_spmd_program_destroy(prog);
+    return rc;
+  }
+  kiln_spmd_count_collectives(m, &prog->stats);
+  *out = prog;
+  return 0;
+}
+
+void kiln_spmd_program_destroy(kiln_spmd_program *p) {
+  if (p == NULL) return;
+  kiln_module_destroy(p->module);
+  kiln_arena_destroy(p->arena);
+  kiln_free(p);
+}

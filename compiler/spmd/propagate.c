@@ -1,0 +1,472 @@
+/* Sharding propagation: every array instruction of the ENTRY gets a
+ * sharding, starting from the user's (sharding= attributes, sharding custom
+ * calls, Shardy's attributes), which are never changed.
+ *
+ * Calls made by the ENTRY are inlined first (JAX wraps jax.nn functions in
+ * calls), so that one walk sees the whole program. Then rounds of a forward
+ * sweep (an unknown instruction takes a tiling offered by its operands,
+ * dims.c's forward rules) and a backward sweep (an unknown operand takes one
+ * its users need, the backward rules) until nothing changes. Where several
+ * offers conflict, the one that makes the fewest bytes move wins (each
+ * operand or user whose tiling it does not cover costs its array's bytes);
+ * ties go to the more finely tiled offer. Replicated offers are not taken:
+ * they carry no information, and whatever is still unknown at the end is
+ * replicated anyway. Tuples carry one tiling per element through tuple,
+ * parameter and get-tuple-element; every other tuple-valued op (while,
+ * conditional, sort of several operands, ...) is computed replicated by the
+ * partitioner, so nothing flows through it.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/ir/build.h"
+#include "compiler/ir/rewrite.h"
+#include "compiler/ir/sharding.h"
+#include "compiler/spmd/spmd.h"
+#include "compiler/spmd/spmd_internal.h"
+
+typedef struct prop {
+  kiln_module *m;
+  uint32_t comp; /* the computation propagated */
+  kiln_arena *a;
+  kiln_status *st;
+  int64_t n;
+  spmd_tiling **t;  /* arrays: t[id], NULL while unknown */
+  spmd_tiling ***e; /* tuples: e[id][i] per element, NULL while unknown */
+  bool *fixed;      /* user annotation: never changed */
+  kiln_users *users;
+} prop;
+
+/* ---- inlining ----------------------------------------------------------- */
+
+static int inline_calls(kiln_module *m, uint32_t entry, kiln_status *st) {
+  kiln__tx tx;
+  int rc = kiln__tx_init(&tx, m, "spmd", st);
+  kiln__b b = {&tx, entry};
+  bool any = false;
+  for (uint32_t i = 0; rc == 0 && i < m->comps[entry]->ninstrs; i++) {
+    kiln_instr *call = m->instrs[m->comps[entry]->instrs[i]];
+    if (call->op != KILN_OP_CALL || call->ncalled != 1) continue;
+    const kiln_computation *c = m->comps[call->called[0]];
+    kiln_id *map = kiln_arena_alloc(tx.scratch, (m->ninstrs + 1) * sizeof *map);
+    kiln_id ops[256];
+    if (map == NULL) {
+      rc = kiln__tx_oom(&tx);
+      break;
+    }
+    for (uint32_t k = 0; k < c->ninstrs; k++) {
+      const kiln_instr *src = m->instrs[c->instrs[k]];
+      if (src->op == KILN_OP_PARAMETER) {
+        if (src->param_number < 0 || src->param_number >= call->noperands) {
+          rc = kiln__tx_fail(&tx, KILN_EINVAL, call, "call parameter %lld out of range",
+                             (long long)src->param_number);
+          break;
+        }
+        map[src->id] = call->operands[src->param_number];
+        continue;
+      }
+      if (src->noperands > 256) {
+        rc = kiln__tx_fail(&tx, KILN_EUNIMPL, src, "spmd: too many operands to inline");
+        break;
+      }
+      for (uint32_t o = 0; o < src->noperands; o++) ops[o] = map[src->operands[o]];
+      map[src->id] = kiln__b_clone_same(&b, src, ops, src->noperands);
+      if (!kiln__tx_ok(&tx)) rc = tx.err;
+      /* Cloning may have grown m->instrs: map was sized before. */
+      if (map[src->id] >= m->ninstrs + 1) rc = kiln__tx_fail(&tx, KILN_EINTERNAL, src, "map");
+    }
+    if (rc) break;
+    kiln_replace_all_uses(m, entry, call->id, map[c->root]);
+    any = true;
+  }
+  if (rc == 0 && any) {
+    bool *keep = kiln_malloc(m->ninstrs * sizeof *keep);
+    if (keep == NULL)
+      rc = kiln__tx_oom(&tx);
+    else {
+      for (uint32_t i = 0; i < m->ninstrs; i++)
+        keep[i] = !(m->instrs[i]->op == KILN_OP_CALL && m->instrs[i]->comp == entry);
+      kiln_computation_compact(m, entry, keep);
+      kiln_free(keep);
+      rc = kiln_computation_sort(m, entry, st);
+    }
+  }
+  kiln__tx_fini(&tx);
+  return rc;
+}
+
+/* ---- offers ------------------------------------------------------------- */
+
+static int64_t bytes_of(const prop *p, kiln_id id) {
+  int64_t b = kiln_shape_bytes(&p->m->instrs[id]->shape);
+  return b > 0 ? b : 1;
+}
+
+static bool is_array(const prop *p, kiln_id id) {
+  const kiln_shape *s = &p->m->instrs[id]->shape;
+  return kiln_shape_is_array(s) && s->rank <= SPMD_MAX_RANK;
+}
+
+/* Better offer: lower cost, then more tiles. */
+static bool better(const spmd_tiling *c, int64_t cost, const spmd_tiling *best, int64_t best_cost) {
+  if (best == NULL) return true;
+  if (cost != best_cost) return cost < best_cost;
+  return kiln__tiling_count(c) > kiln__tiling_count(best);
+}
+
+/* Forward: an unknown array instruction from its operands. */
+static spmd_tiling *offer_forward(prop *p, const kiln_instr *ins) {
+  spmd_tiling *best = NULL;
+  int64_t best_cost = 0;
+  /* Each operand's offer, and the merge of two offers that split
+   * different dims (x split by rows, y by columns: the dot by both). */
+  spmd_tiling *offers[16];
+  uint32_t no = 0;
+  for (uint32_t k = 0; k < ins->noperands && no < 8; k++) {
+    const spmd_tiling *tk = p->t[ins->operands[k]];
+    spmd_tiling *c = tk ? kiln__spmd_fwd(p->a, p->m, ins, k, tk) : NULL;
+    if (c && !kiln__tiling_is_replicated(c)) offers[no++] = c;
+  }
+  for (uint32_t i = 0, n0 = no; i < n0 && no < 16; i++)
+    for (uint32_t j = i + 1; j < n0 && no < 16; j++) {
+      spmd_tiling *c = kiln__tiling_merge(p->a, offers[i], offers[j]);
+      if (c && kiln__tiling_count(c) > kiln__tiling_count(offers[i]) &&
+          kiln__tiling_count(c) > kiln__tiling_count(offers[j]))
+        offers[no++] = c;
+    }
+  for (uint32_t i = 0; i < no; i++) {
+    spmd_tiling *c = offers[i];
+    int64_t cost = 0;
+    for (uint32_t j = 0; j < ins->noperands; j++) {
+      kiln_id o = ins->operands[j];
+      if (p->t[o] == NULL) continue;
+      const spmd_tiling *need = kiln__spmd_bwd(p->a, p->m, ins, j, c);
+      if (need) cost += kiln__reshard_cost(p->t[o], need, bytes_of(p, o));
+    }
+    if (better(c, cost, best, best_cost)) best = c, best_cost = cost;
+  }
+  return best;
+}
+
+/* What user u needs of its operand `id` (NULL: no opinion). */
+static spmd_tiling *user_need(prop *p, const kiln_instr *u, kiln_id id) {
+  for (uint32_t k = 0; k < u->noperands; k++) {
+    if (u->operands[k] != id) continue;
+    if (u->op == KILN_OP_TUPLE) return p->e[u->id] ? p->e[u->id][k] : NULL;
+    if (p->t[u->id] == NULL) continue;
+    spmd_tiling *c = kiln__spmd_bwd(p->a, p->m, u, k, p->t[u->id]);
+    if (c) return c;
+  }
+  return NULL;
+}
+
+/* Backward: an unknown array instruction from its users. */
+static spmd_tiling *offer_backward(prop *p, kiln_id id) {
+  uint32_t nu;
+  const kiln_id *us = kiln_users_of(p->users, id, &nu);
+  spmd_tiling *best = NULL;
+  int64_t best_cost = 0;
+  for (uint32_t i = 0; i < nu; i++) {
+    const kiln_instr *u = p->m->instrs[us[i]];
+    if (u->comp != p->comp) continue;
+    spmd_tiling *c = user_need(p, u, id);
+    if (c == NULL || kiln__tiling_is_replicated(c)) continue;
+    int64_t cost = 0;
+    for (uint32_t j = 0; j < nu; j++) {
+      const kiln_instr *v = p->m->instrs[us[j]];
+      if (v->comp != p->comp) continue;
+      spmd_tiling *need = user_need(p, v, id);
+      if (need) cost += kiln__reshard_cost(c, need, bytes_of(p, id));
+    }
+    if (better(c, cost, best, best_cost)) best = c, best_cost = cost;
+  }
+  return best;
+}
+
+/* ---- tuples -------------------------------------------------------------- */
+
+static bool tuple_tracked(const kiln_instr *ins) {
+  return kiln_shape_is_tuple(&ins->shape) &&
+         (ins->op == KILN_OP_TUPLE || ins->op == KILN_OP_PARAMETER || ins->op == KILN_OP_WHILE);
+}
+
+static int ensure_elems(prop *p, kiln_id id) {
+  if (p->e[id]) return 0;
+  uint32_t r = p->m->instrs[id]->shape.rank;
+  p->e[id] = kiln_arena_calloc(p->a, r ? r : 1, sizeof **p->e);
+  return p->e[id] ? 0 : KILN_ENOMEM;
+}
+
+/* The flows through tuple and get-tuple-element, both ways. */
+static bool tuple_step(prop *p, const kiln_instr *ins) {
+  bool changed = false;
+  if (ins->op == KILN_OP_TUPLE && p->e[ins->id]) {
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      kiln_id o = ins->operands[k];
+      if (!is_array(p, o)) continue;
+      if (p->e[ins->id][k] == NULL && p->t[o] && !kiln__tiling_is_replicated(p->t[o])) {
+        p->e[ins->id][k] = p->t[o];
+        changed = true;
+      } else if (p->t[o] == NULL && p->e[ins->id][k] &&
+                 !kiln__tiling_is_replicated(p->e[ins->id][k])) {
+        p->t[o] = p->e[ins->id][k];
+        changed = true;
+      }
+    }
+  }
+  if (ins->op == KILN_OP_GET_TUPLE_ELEMENT && is_array(p, ins->id)) {
+    kiln_id o = ins->operands[0];
+    int64_t i = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, -1);
+    if (p->e[o] && i >= 0 && i < (int64_t)p->m->instrs[o]->shape.rank) {
+      if (p->t[ins->id] == NULL && p->e[o][i] && !kiln__tiling_is_replicated(p->e[o][i])) {
+        p->t[ins->id] = p->e[o][i];
+        changed = true;
+      } else if (p->e[o][i] == NULL && p->t[ins->id] &&
+                 !kiln__tiling_is_replicated(p->t[ins->id])) {
+        p->e[o][i] = p->t[ins->id];
+        changed = true;
+      }
+    }
+  }
+  return changed;
+}
+
+/* ---- seeds and results --------------------------------------------------- */
+
+static int seed(prop *p, const kiln_instr *ins) {
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  const kiln_sharding *s;
+  int rc = kiln__user_sharding(p->a, p->m, ins, &s, p->st);
+  if (rc) return kiln_status_set(p->st, rc, where, "out of memory");
+  if (tuple_tracked(ins) && (rc = ensure_elems(p, ins->id)))
+    return kiln_status_set(p->st, rc, where, "out of memory");
+  if (s == NULL) return 0;
+  if (is_array(p, ins->id)) {
+    if ((rc = kiln__tiling_from_sharding(p->a, s, ins->shape.rank, p->n, where, &p->t[ins->id],
+                                         p->st)))
+      return rc;
+    p->fixed[ins->id] = true;
+  } else if (tuple_tracked(ins) && s->kind == KILN_SHARD_TUPLE && s->nelems == ins->shape.rank) {
+    for (uint32_t i = 0; i < s->nelems; i++) {
+      const kiln_shape *es = &ins->shape.tuple[i];
+      if (!kiln_shape_is_array(es) || es->rank > SPMD_MAX_RANK) continue;
+      if ((rc = kiln__tiling_from_sharding(p->a, &s->elems[i], es->rank, p->n, where,
+                                           &p->e[ins->id][i], p->st)))
+        return rc;
+    }
+    p->fixed[ins->id] = true;
+  } else if (tuple_tracked(ins) && s->kind != KILN_SHARD_TUPLE) {
+    /* One sharding for every element (replicated, maximal). */
+    for (uint32_t i = 0; i < ins->shape.rank; i++) {
+      const kiln_shape *es = &ins->shape.tuple[i];
+      if (!kiln_shape_is_array(es) || es->rank > SPMD_MAX_RANK) continue;
+      if ((rc = kiln__tiling_from_sharding(p->a, s, es->rank, p->n, where, &p->e[ins->id][i],
+                                           p->st)))
+        return rc;
+    }
+    p->fixed[ins->id] = true;
+  }
+  return 0;
+}
+
+static int write_back(prop *p, kiln_instr *ins) {
+  kiln_arena *ma = p->m->arena;
+  kiln_sharding *s = NULL;
+  if (is_array(p, ins->id)) {
+    spmd_tiling *t = p->t[ins->id];
+    if (t == NULL && (t = kiln__tiling_replicated(p->a, ins->shape.rank, p->n)) == NULL)
+      return KILN_ENOMEM;
+    s = kiln__tiling_to_sharding(ma, t);
+  } else if (tuple_tracked(ins)) {
+    uint32_t r = ins->shape.rank;
+    for (uint32_t i = 0; i < r; i++)
+      if (!kiln_shape_is_array(&ins->shape.tuple[i])) return 0; /* nested: left replicated */
+    s = kiln_arena_calloc(ma, 1, sizeof *s);
+    if (s == NULL || (r && (s->elems = kiln_arena_calloc(ma, r, sizeof *s->elems)) == NULL))
+      return KILN_ENOMEM;
+    s->kind = KILN_SHARD_TUPLE;
+    s->nelems = r;
+    for (uint32_t i = 0; i < r; i++) {
+      spmd_tiling *t = p->e[ins->id][i];
+      if (t == NULL && (t = kiln__tiling_replicated(p->a, ins->shape.tuple[i].rank, p->n)) == NULL)
+        return KILN_ENOMEM;
+      kiln_sharding *es = kiln__tiling_to_sharding(ma, t);
+      if (es == NULL) return KILN_ENOMEM;
+      s->elems[i] = *es;
+    }
+  } else {
+    return 0;
+  }
+  if (s == NULL) return KILN_ENOMEM;
+  kiln_attr *at = kiln_instr_add_attr(p->m, ins, KILN_ATTR_SHARDING);
+  if (at == NULL) return KILN_ENOMEM;
+  at->v.sharding = s;
+  return 0;
+}
+
+/* ---- the pass ------------------------------------------------------------ */
+
+bool kiln_spmd_module_is_sharded(const kiln_module *m) {
+  const kiln_computation *c = kiln_module_entry(m);
+  if (c == NULL || m->is_scheduled == 1) return false; /* XLA's compiled, partitioned dumps */
+  for (uint32_t i = 0; i < m->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[i];
+    if (ins->comp != KILN_NO_ID && kiln_opcode_family(ins->op) == KILN_FAM_COLLECTIVE)
+      return false; /* explicit collectives, partition-id: a per-device program */
+  }
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[c->instrs[i]];
+    if (kiln_instr_has_attr(ins, KILN_ATTR_SHARDING)) return true;
+    if (ins->op == KILN_OP_CUSTOM_CALL &&
+        kiln_custom_call_is_annotation(kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)))
+      return true;
+  }
+  return false;
+}
+
+static int sweep(prop *p, const kiln_computation *c) {
+  for (int round = 0; round < 16; round++) {
+    bool changed = false;
+    for (uint32_t i = 0; i < c->ninstrs; i++) {
+      const kiln_instr *ins = p->m->instrs[c->instrs[i]];
+      changed |= tuple_step(p, ins);
+      if (p->t[ins->id] || !is_array(p, ins->id) || ins->op == KILN_OP_GET_TUPLE_ELEMENT) continue;
+      spmd_tiling *o = offer_forward(p, ins);
+      if (o) p->t[ins->id] = o, changed = true;
+    }
+    for (uint32_t i = c->ninstrs; i-- > 0;) {
+      const kiln_instr *ins = p->m->instrs[c->instrs[i]];
+      changed |= tuple_step(p, ins);
+      if (p->t[ins->id] || !is_array(p, ins->id)) continue;
+      spmd_tiling *o = offer_backward(p, ins->id);
+      if (o) p->t[ins->id] = o, changed = true;
+    }
+    if (!changed) break;
+  }
+  return 0;
+}
+
+/* ---- while loops -------------------------------------------------------- */
+
+/* A while whose init is a tuple instruction and whose body ends in one
+ * carries its state split as the init is (unknown elements replicated):
+ * the state's tiling S is a fixed point because the body's root is made to
+ * return S. Other loops run whole. */
+static bool loop_splittable(const prop *p, const kiln_instr *w) {
+  if (w->op != KILN_OP_WHILE || w->ncalled != 2 || w->noperands != 1) return false;
+  const kiln_instr *init = p->m->instrs[w->operands[0]];
+  const kiln_computation *body = p->m->comps[w->called[1]];
+  if (init->op != KILN_OP_TUPLE || p->e[init->id] == NULL || body->root == KILN_NO_ID) return false;
+  if (p->m->instrs[body->root]->op != KILN_OP_TUPLE) return false;
+  for (uint32_t i = 0; i < w->shape.rank; i++) /* arrays and tokens: no nested tuples */
+    if (!kiln_shape_is_array(&w->shape.tuple[i]) && !kiln_shape_is_token(&w->shape.tuple[i]))
+      return false;
+  return true;
+}
+
+/* e[w] from its init: returns whether anything was set. */
+static bool loop_state(prop *p, const kiln_instr *w) {
+  if (!loop_splittable(p, w) || p->e[w->id] == NULL) return false;
+  bool any = false;
+  spmd_tiling **init = p->e[w->operands[0]];
+  for (uint32_t i = 0; i < w->shape.rank; i++)
+    if (p->e[w->id][i] == NULL && init[i] && !kiln__tiling_is_replicated(init[i])) {
+      p->e[w->id][i] = init[i];
+      any = true;
+    }
+  return any;
+}
+
+static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st);
+
+/* The tuple sharding of a loop's state, in the module arena. */
+static kiln_sharding *state_sharding(const kiln_instr *w) {
+  const kiln_attr *a = kiln_instr_attr(w, KILN_ATTR_SHARDING);
+  return a && a->v.sharding->kind == KILN_SHARD_TUPLE ? a->v.sharding : NULL;
+}
+
+static int set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
+  kiln_attr *a = kiln_instr_add_attr(m, ins, KILN_ATTR_SHARDING);
+  if (a == NULL) return KILN_ENOMEM;
+  a->v.sharding = s;
+  return 0;
+}
+
+/* Gives each splittable loop of comp private copies of its condition and
+ * body whose parameters (and the body's root) carry the state's sharding,
+ * and propagates inside them. */
+static int propagate_loops(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
+  for (uint32_t i = 0; i < m->comps[comp]->ninstrs; i++) {
+    kiln_instr *w = m->instrs[m->comps[comp]->instrs[i]];
+    if (w->op != KILN_OP_WHILE || w->ncalled != 2) continue;
+    kiln_sharding *s = state_sharding(w);
+    const kiln_instr *init = m->instrs[w->operands[0]];
+    if (s == NULL || init->op != KILN_OP_TUPLE) continue;
+    bool split = false;
+    for (uint32_t k = 0; k < s->nelems; k++) split = split || s->elems[k].kind == KILN_SHARD_TILED;
+    if (!split) continue;
+    uint32_t called[2];
+    for (int k = 0; k < 2; k++) {
+      char name[200];
+      snprintf(name, sizeof name, "%s.spmd", m->comps[w->called[k]]->name);
+      int rc = kiln_computation_clone(m, w->called[k], name, &called[k]);
+      if (rc) return kiln_status_set(st, rc, "spmd", "out of memory");
+    }
+    if (kiln_instr_set_called(m, w, called, 2))
+      return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+    for (int k = 0; k < 2; k++) {
+      kiln_computation *c = m->comps[called[k]];
+      kiln_instr *param = kiln_computation_param(m, c, 0);
+      if (param == NULL || set_sharding(m, param, s) ||
+          (k == 1 && set_sharding(m, m->instrs[c->root], s)))
+        return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+      int rc = propagate_comp(m, called[k], n, st);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
+  int rc = inline_calls(m, comp, st);
+  if (rc) return rc;
+  prop p = {m, comp, kiln_arena_create(), st, n, NULL, NULL, NULL, NULL};
+  if (p.a == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  p.t = kiln_arena_calloc(p.a, m->ninstrs + 1, sizeof *p.t);
+  p.e = kiln_arena_calloc(p.a, m->ninstrs + 1, sizeof *p.e);
+  p.fixed = kiln_arena_calloc(p.a, m->ninstrs + 1, sizeof *p.fixed);
+  if (!p.t || !p.e || !p.fixed || kiln_users_build(m, &p.users)) {
+    rc = kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+    goto out;
+  }
+  const kiln_computation *c = m->comps[comp];
+  for (uint32_t i = 0; i < c->ninstrs && rc == 0; i++) rc = seed(&p, m->instrs[c->instrs[i]]);
+  /* Sweep; then loops take their init's tiling and the sweep goes on
+   * through their results. */
+  for (int round = 0; rc == 0 && round < 8; round++) {
+    rc = sweep(&p, c);
+    bool more = false;
+    for (uint32_t i = 0; i < c->ninstrs; i++) more |= loop_state(&p, m->instrs[c->instrs[i]]);
+    if (!more) break;
+  }
+  for (uint32_t i = 0; i < c->ninstrs && rc == 0; i++) {
+    kiln_instr *ins = m->instrs[c->instrs[i]];
+    if (ins->op == KILN_OP_WHILE && !loop_splittable(&p, ins)) continue; /* runs whole */
+    if ((rc = write_back(&p, ins))) kiln_status_set(st, rc, "spmd", "out of memory");
+  }
+out:
+  kiln_users_destroy(p.users);
+  kiln_arena_destroy(p.a);
+  if (rc == 0) rc = propagate_loops(m, comp, n, st);
+  return rc;
+}
+
+int kiln_spmd_propagate(kiln_module *m, int64_t partitions, kiln_status *st) {
+  if (kiln_module_entry(m) == NULL)
+    return kiln_status_set(st, KILN_EINVAL, "spmd", "module has no ENTRY computation");
+  if (partitions < 1 || partitions > 4096)
+    return kiln_status_set(st, KILN_EINVAL, "spmd", "partitions must be 1 to 4096");
+  return propagate_comp(m, m->entry, partitions, st);
+}

@@ -1,0 +1,192 @@
+/* User annotations: the sharding= attribute of any instruction, and the
+ * sharding custom calls (with_sharding_constraint's "Sharding", Shardy's
+ * xla.sdy.* markers), whose sharding is either an HLO sharding= attribute or
+ * only Shardy's frontend attribute xla.sdy.sharding.
+ *
+ * A Shardy sharding names a mesh of the module (frontend attribute
+ * xla.sdy.meshes: mesh = #sdy.mesh<["x"=2, "y"=4]>) and, per array dim, the
+ * mesh axes that split it, major first. As an HLO sharding that is the iota
+ * device array of the mesh's shape, transposed so that each dim's axes come
+ * in order followed by the unused axes (the replicated subgroup). Anything
+ * this reader does not understand (device_ids, sub-axes "x":(1)2, open dims
+ * are fine) leaves the annotation out: propagation then decides, which is
+ * never wrong, only perhaps slower.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "compiler/ir/sharding.h"
+#include "compiler/spmd/spmd_internal.h"
+
+#define MAX_AXES 16
+
+typedef struct mesh {
+  char names[MAX_AXES][32];
+  int64_t sizes[MAX_AXES];
+  uint32_t n;
+} mesh;
+
+/* Copies the value of key="..." in a frontend_attributes text, unescaped. */
+static bool attr_string(const char *text, const char *key, char *out, size_t cap) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "%s=\"", key);
+  const char *p = text ? strstr(text, pat) : NULL;
+  if (p == NULL) return false;
+  p += strlen(pat);
+  size_t n = 0;
+  for (; *p && *p != '"'; p++) {
+    if (*p == '\\' && p[1]) p++;
+    if (n + 1 >= cap) return false;
+    out[n++] = *p;
+  }
+  out[n] = '\0';
+  return *p == '"';
+}
+
+static const char *skip_ws(const char *p) {
+  while (*p == ' ' || *p == '\t' || *p == '\n') p++;
+  return p;
+}
+
+/* Reads a quoted axis name at p into name; returns the char after it. */
+static const char *quoted(const char *p, char *name, size_t cap) {
+  p = skip_ws(p);
+  if (*p != '"') return NULL;
+  p++;
+  size_t n = 0;
+  while (*p && *p != '"') {
+    if (n + 1 >= cap) return NULL;
+    name[n++] = *p++;
+  }
+  name[n] = '\0';
+  return *p == '"' ? p + 1 : NULL;
+}
+
+static bool find_mesh(const kiln_module *m, const char *name, mesh *out) {
+  const char *meshes = NULL;
+  for (uint32_t i = 0; i < m->nheader_extra; i++)
+    if (strcmp(m->header_extra[i].name, "frontend_attributes") == 0)
+      meshes = m->header_extra[i].text;
+  if (meshes == NULL) return false;
+  char pat[80];
+  snprintf(pat, sizeof pat, "%s = #sdy.mesh<", name);
+  const char *p = strstr(meshes, pat);
+  if (p == NULL) return false;
+  p = skip_ws(p + strlen(pat));
+  if (*p != '[') return false;
+  p++;
+  out->n = 0;
+  for (;;) {
+    p = skip_ws(p);
+    if (*p == ']') break;
+    if (out->n == MAX_AXES) return false;
+    p = quoted(p, out->names[out->n], sizeof out->names[0]);
+    if (p == NULL || *p != '=') return false;
+    long long v;
+    int used;
+    if (sscanf(p + 1, "%lld%n", &v, &used) != 1 || v <= 0) return false;
+    out->sizes[out->n++] = v;
+    p = skip_ws(p + 1 + used);
+    if (*p == ',') p++;
+  }
+  p = skip_ws(p + 1);
+  return *p == '>'; /* device_ids=... and the like: not understood */
+}
+
+int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
+                    const kiln_sharding **out) {
+  *out = NULL;
+  const char *p = strstr(text, "<@");
+  if (p == NULL || rank > SPMD_MAX_RANK) return 0;
+  p += 2;
+  char name[64];
+  size_t n = 0;
+  while (*p && *p != ',' && *p != '>' && n + 1 < sizeof name) name[n++] = *p++;
+  name[n] = '\0';
+  mesh me;
+  if (*p != ',' || !find_mesh(m, name, &me)) return 0;
+  p = skip_ws(p + 1);
+  if (*p != '[') return 0;
+  p++;
+  int64_t order[MAX_AXES], tiles[SPMD_MAX_RANK + 1];
+  bool used[MAX_AXES] = {false};
+  uint32_t norder = 0, d = 0;
+  for (;;) {
+    p = skip_ws(p);
+    if (*p == ']') break;
+    if (*p != '{' || d >= rank) return 0;
+    p++;
+    tiles[d] = 1;
+    for (;;) {
+      p = skip_ws(p);
+      if (*p == '}') break;
+      if (*p == '?') {
+        p++;
+        continue;
+      }
+      if (*p == ',') {
+        p++;
+        continue;
+      }
+      char ax[32];
+      p = quoted(p, ax, sizeof ax);
+      if (p == NULL) return 0;
+      uint32_t k = 0;
+      while (k < me.n && strcmp(me.names[k], ax) != 0) k++;
+      if (k == me.n || used[k] || *skip_ws(p) == ':') return 0;
+      used[k] = true;
+      order[norder++] = k;
+      tiles[d] *= me.sizes[k];
+    }
+    p = skip_ws(p + 1);
+    d++;
+    if (*p == ',') p++;
+  }
+  if (d != rank) return 0;
+  int64_t rep = 1;
+  for (uint32_t k = 0; k < me.n; k++)
+    if (!used[k]) {
+      order[norder++] = k;
+      rep *= me.sizes[k];
+    }
+  kiln_sharding *s = kiln_arena_calloc(a, 1, sizeof *s);
+  if (s == NULL) return KILN_ENOMEM;
+  bool any = false;
+  for (uint32_t k = 0; k < rank; k++) any = any || tiles[k] > 1;
+  if (!any) {
+    s->kind = KILN_SHARD_REPLICATED;
+    *out = s;
+    return 0;
+  }
+  s->kind = KILN_SHARD_TILED;
+  tiles[rank] = rep;
+  uint32_t nd = rank + (rep > 1);
+  s->tile_dims.v = kiln_arena_memdup(a, tiles, nd * sizeof(int64_t));
+  s->iota_reshape.v = kiln_arena_memdup(a, me.sizes, me.n * sizeof(int64_t));
+  s->iota_perm.v = kiln_arena_memdup(a, order, me.n * sizeof(int64_t));
+  if (!s->tile_dims.v || !s->iota_reshape.v || !s->iota_perm.v) return KILN_ENOMEM;
+  s->tile_dims.n = nd;
+  s->iota_reshape.n = s->iota_perm.n = me.n;
+  s->last_tile_dim_replicate = rep > 1;
+  *out = s;
+  return 0;
+}
+
+int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                        const kiln_sharding **out, kiln_status *st) {
+  (void)st;
+  *out = NULL;
+  const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  if (sa) {
+    *out = sa->v.sharding;
+    return 0;
+  }
+  if (ins->op != KILN_OP_CUSTOM_CALL ||
+      !kiln_custom_call_is_annotation(kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)) ||
+      !kiln_shape_is_array(&ins->shape))
+    return 0;
+  const kiln_attr *fa = kiln_instr_attr(ins, KILN_ATTR_FRONTEND_ATTRIBUTES);
+  char text[1024];
+  if (fa == NULL || !attr_string(fa->v.s, "xla.sdy.sharding", text, sizeof text)) return 0;
+  return kiln__sdy_parse(a, m, text, ins->shape.rank, out);
+}

@@ -1,0 +1,119 @@
+/* What the SPMD files share: tilings (the partitioner's view of a sharding)
+ * and the helpers the propagation pass and the partitioner both use.
+ *
+ * A tiling of an array of rank r over n devices is a device array of shape
+ * [tiles[0], ..., tiles[r-1], rep], read row-major: the device at position
+ * (c0, ..., c_{r-1}, k) holds tile (c0, ..., c_{r-1}), and the rep devices of
+ * one tile hold the same data. Every device holds exactly one tile, so the
+ * product of all the counts is n. Replicated, maximal and unknown shardings
+ * are the tiling with every count 1 (a maximal sharding computes everywhere,
+ * which is correct); last_tile_dim_replicate and replicated last_tile_dims
+ * are folded into rep. Manual subgroups are refused.
+ *
+ * Shards of a dim of size D tiled t ways hold ceil(D/t) elements each; the
+ * last ones are padded (their pad holds garbage unless masked).
+ */
+#ifndef KILN_COMPILER_SPMD_SPMD_INTERNAL_H
+#define KILN_COMPILER_SPMD_SPMD_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/arena.h"
+#include "common/status.h"
+#include "compiler/ir/ir.h"
+
+#define SPMD_MAX_RANK 16
+
+typedef struct spmd_tiling {
+  uint32_t rank;
+  int64_t tiles[SPMD_MAX_RANK];
+  int64_t rep;  /* devices per tile */
+  int64_t n;    /* devices in all */
+  int64_t *dev; /* n entries, row-major over [tiles..., rep] */
+  int64_t *pos; /* pos[device]: its position in dev */
+} spmd_tiling;
+
+/* The replicated tiling of rank `rank` over n devices (arena a). */
+spmd_tiling *kiln__tiling_replicated(kiln_arena *a, uint32_t rank, int64_t n);
+/* The tiling a sharding denotes for an array of rank `rank`; NULL sharding
+ * is replicated. Fails (status naming `where`) on manual or malformed
+ * shardings and device lists that are not 0..n-1. */
+int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t rank, int64_t n,
+                               const char *where, spmd_tiling **out, kiln_status *st);
+/* The sharding of a tiling (explicit devices), in arena a. */
+kiln_sharding *kiln__tiling_to_sharding(kiln_arena *a, const spmd_tiling *t);
+/* A tiling of rank `rank` whose dim j is t's dim map[j] (or an untiled dim
+ * when map[j] < 0); t's dims that no j names are folded into rep. */
+spmd_tiling *kiln__tiling_derive(kiln_arena *a, const spmd_tiling *t, const int64_t *map,
+                                 uint32_t rank);
+/* t with the dims fold[d] (true) folded into rep. */
+spmd_tiling *kiln__tiling_fold(kiln_arena *a, const spmd_tiling *t, const bool *fold);
+/* A tiling that splits every dim x or y splits, as they do (a dim split
+ * by both the same way), when the devices allow one; else NULL. */
+spmd_tiling *kiln__tiling_merge(kiln_arena *a, const spmd_tiling *x, const spmd_tiling *y);
+/* Same tile counts and every device holds the same tile. */
+bool kiln__tiling_equal(const spmd_tiling *a, const spmd_tiling *b);
+bool kiln__tiling_is_replicated(const spmd_tiling *t);
+int64_t kiln__tiling_count(const spmd_tiling *t); /* tiles (devices / rep) */
+/* Device `dev`'s tile coordinate along dim d. */
+int64_t kiln__tiling_coord(const spmd_tiling *t, int64_t dev, uint32_t d);
+/* Whether every device's tile under `from` contains its tile under `to`
+ * (a local slice reshards from -> to). */
+bool kiln__tiling_covers(const spmd_tiling *from, const spmd_tiling *to);
+/* The groups of devices that differ only in their coordinates along the
+ * dims dims[d] (true), each ordered by those coordinates row-major: ngroups
+ * groups of size members each into *out (arena a). */
+int kiln__tiling_groups(kiln_arena *a, const spmd_tiling *t, const bool *dims, int64_t **out,
+                        int64_t *ngroups, int64_t *size);
+
+/* Shard size of a dim of size d tiled t ways. */
+static inline int64_t kiln__shard_size(int64_t d, int64_t t) { return t > 1 ? (d + t - 1) / t : d; }
+
+/* Bytes a reshard from -> to of an array of `bytes` global bytes moves,
+ * roughly: 0 when a local slice does it, else the global bytes. */
+int64_t kiln__reshard_cost(const spmd_tiling *from, const spmd_tiling *to, int64_t bytes);
+
+/* ---- the correspondence of dims through ops ---------------------------- */
+
+/* For a reshape from `in` to `out`: map[j] is the in dim that out dim j
+ * shares its major elements with (a tiling of one tiles the other the same
+ * way when the count divides lim[j]), or -1. */
+void kiln__reshape_dims(const kiln_shape *in, const kiln_shape *out, int64_t *map, int64_t *lim);
+
+/* The iteration space of a dot or a convolution: one entry per loop, with
+ * the lhs, rhs and output dims it indexes (-1: none). Contracting loops
+ * have out < 0; `fixed` loops (convolution windows) must stay untiled. */
+typedef struct spmd_loop {
+  int64_t l, r, o;
+  bool fixed;
+} spmd_loop;
+
+/* The loops of ins (dot, or a convolution without feature or batch
+ * groups); false when ins is neither. */
+bool kiln__contraction_loops(const kiln_module *m, const kiln_instr *ins, spmd_loop *loops,
+                             uint32_t *n);
+
+/* The result tiling ins gets from operand k's tiling tk (forward), and the
+ * tiling operand k needs for ins to compute result tiling tout locally
+ * (backward); NULL when the op has no rule for that operand (dims.c). */
+spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_instr *ins, uint32_t k,
+                            const spmd_tiling *tk);
+spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_instr *ins, uint32_t k,
+                            const spmd_tiling *tout);
+
+/* Annotations on an instruction: its sharding= attribute, or for a
+ * sharding custom call (with_sharding_constraint, Shardy markers) the
+ * sharding it names (sharding=, or the xla.sdy.sharding frontend attribute
+ * read against the module's meshes). NULL when there is none. */
+int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                        const kiln_sharding **out, kiln_status *st);
+
+/* The Shardy sharding text "#sdy.sharding<@mesh, [{"x"}, {}]>" (or the
+ * first of a sharding_per_value list) as an HLO sharding, against the
+ * module's xla.sdy.meshes frontend attribute. NULL *out when the text is
+ * not understood (the annotation is then ignored: propagation decides). */
+int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
+                    const kiln_sharding **out);
+
+#endif /* KILN_COMPILER_SPMD_SPMD_INTERNAL_H */

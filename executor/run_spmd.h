@@ -1,0 +1,34 @@
+/* Running a global program (a module whose ENTRY carries shardings over
+ * global shapes) on a mesh of partitions, as PJRT runs a jitted function
+ * with sharded inputs: partition it (compiler/spmd), cut each global
+ * argument into the devices' shards, run the per-device program on the
+ * mesh (kiln_run_module_mesh: interpreters, or the cpu backend's gang) and
+ * put the global result back together.
+ */
+#ifndef KILN_EXECUTOR_RUN_SPMD_H
+#define KILN_EXECUTOR_RUN_SPMD_H
+
+#include <stdint.h>
+
+#include "executor/run.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_spmd_stats kiln_spmd_stats;
+
+/* Runs global program m on `partitions` devices of backend `backend` (NULL:
+ * the default) with global args; *out is the global result, a new heap
+ * literal. dump_dir (may be NULL) receives the module after propagation and
+ * after partitioning. stats (may be NULL) receives the collectives the
+ * per-device program runs. */
+int kiln_run_module_global(const kiln_module *m, const char *backend, const kiln_run_options *ropts,
+                           uint32_t partitions, const char *dump_dir,
+                           const kiln_literal *const *args, uint32_t nargs, kiln_literal **out,
+                           kiln_spmd_stats *stats, kiln_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_EXECUTOR_RUN_SPMD_H */

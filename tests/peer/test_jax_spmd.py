@@ -1,0 +1,251 @@
+"""JAX as the peer for SPMD partitioning: sharded programs over 8 CPU devices.
+
+Each test jits a JAX function with NamedSharding in/out shardings over a mesh
+of the 8 host devices JAX gets from
+XLA_FLAGS=--xla_force_host_platform_device_count=8, exports it with
+jax.jit(f).lower(*args).as_text(dialect="hlo") (an ENTRY whose parameters and
+result carry shardings over global shapes), and runs it with
+`kiln run FILE --partitions P --arg ... --out DIR` on global arrays, on the
+interp and the cpu backends: every output leaf must equal JAX's (float32
+within rtol 1e-4 / atol 1e-5). `kiln compile FILE --partitions P` must report
+the collectives expected of the sharding: exactly one all-reduce in a
+Megatron (column- then row-parallel) MLP forward pass, none in a
+data-parallel forward pass, and never more bytes per device than XLA's own
+partitioner moves on the same program (counted in compile().as_text()).
+
+The kiln binary is $KILN_BIN, else build/kiln. Exits 77 (skipped) when jax
+cannot be imported.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+try:
+    import numpy as np
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+except ImportError as e:  # pragma: no cover - depends on the environment
+    print(f"jax_spmd: skipped, cannot import jax/numpy ({e})")
+    sys.exit(77)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILN = os.environ.get("KILN_BIN") or os.path.join(ROOT, "build", "kiln")
+
+
+def mesh(shape, names):
+    types = (jax.sharding.AxisType.Auto,) * len(names)
+    return jax.make_mesh(shape, names, axis_types=types)
+
+
+def xla_collective_bytes(text):
+    """Bytes per device XLA's partitioned module moves (as kiln counts:
+    all-reduce operand, all-gather result, all-to-all / collective-permute
+    operand)."""
+    sizes = {"f32": 4, "f64": 8, "s32": 4, "bf16": 2, "f16": 2, "pred": 1, "s64": 8, "u32": 4}
+    total = 0
+    op = re.compile(r"= (.*?) (all-reduce|all-gather|all-to-all|collective-permute|"
+                    r"reduce-scatter)(-start)?\(")
+    for line in text.splitlines():
+        m = op.search(line)
+        if not m:
+            continue
+        shapes = re.findall(r"([a-z0-9]+)\[([0-9,]*)\]", m.group(1))
+        if m.group(3) and m.group(2) != "all-reduce" and len(shapes) > 1:
+            shapes = shapes[len(shapes) // 2:]  # (operands, results) of a -start
+        scale = 1
+        if m.group(2) == "reduce-scatter":  # kiln counts what is sent: the operand
+            gi = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+            gl = re.search(r"replica_groups=\{\{([0-9,]*)\}", line)
+            scale = int(gi.group(1)) if gi else len(gl.group(1).split(",")) if gl else 1
+        for ty, dims in shapes:
+            n = 1
+            for d in filter(None, dims.split(",")):
+                n *= int(d)
+            total += n * sizes.get(ty, 4) * scale
+    return total
+
+
+def kiln_collectives(path, parts):
+    out = subprocess.run([KILN, "compile", path, "--partitions", str(parts)],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise AssertionError(f"kiln compile failed: {out.stderr}")
+    kinds = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"\s+([a-z-]+): (\d+), (\d+) bytes", line)
+        if m:
+            kinds[m.group(1)] = (int(m.group(2)), int(m.group(3)))
+    return kinds
+
+
+class JaxSpmdTest(unittest.TestCase):
+    def run_peer(self, name, fn, in_sh, out_sh, args, parts, backends=("interp", "cpu")):
+        jitted = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh)
+        lowered = jitted.lower(*args)
+        hlo = lowered.as_text(dialect="hlo")
+        want = [np.asarray(v) for v in jax.tree_util.tree_leaves(jitted(*args))]
+        xla_bytes = xla_collective_bytes(lowered.compile().as_text())
+        with tempfile.TemporaryDirectory(prefix=f"kiln_spmd_{name}_") as tmp:
+            path = os.path.join(tmp, f"{name}.hlo")
+            with open(path, "w") as f:
+                f.write(hlo)
+            cmd_args = []
+            for i, a in enumerate(args):
+                p = os.path.join(tmp, f"a{i}.npy")
+                np.save(p, np.asarray(a))
+                cmd_args += ["--arg", p]
+            for backend in backends:
+                out_dir = os.path.join(tmp, f"out_{backend}")
+                r = subprocess.run([KILN, "run", path, "--partitions", str(parts), "--backend",
+                                    backend, "--out", out_dir] + cmd_args,
+                                   capture_output=True, text=True, timeout=600)
+                self.assertEqual(r.returncode, 0, f"{name} on {backend}: {r.stderr}")
+                for i, w in enumerate(want):
+                    got = np.load(os.path.join(out_dir, f"{i}.npy"))
+                    self.assertEqual(got.shape, w.shape, f"{name} {backend} output {i}")
+                    np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5,
+                                               err_msg=f"{name} on {backend}, output {i}")
+            kinds = kiln_collectives(path, parts)
+        kiln_bytes = sum(b for _, b in kinds.values())
+        if os.environ.get("KILN_SPMD_VERBOSE"):
+            print(f"{name}: kiln {kinds} = {kiln_bytes} bytes, XLA {xla_bytes} bytes")
+        self.assertLessEqual(kiln_bytes, xla_bytes,
+                             f"{name}: kiln moves {kiln_bytes} bytes per device, XLA {xla_bytes}")
+        return kinds
+
+    def test_data_parallel_mlp_step(self):
+        m = mesh((8,), ("b",))
+        rng = np.random.default_rng(0)
+        w1 = rng.standard_normal((16, 32)).astype(np.float32) * 0.3
+        w2 = rng.standard_normal((32, 4)).astype(np.float32) * 0.3
+        x = rng.standard_normal((64, 16)).astype(np.float32)
+        y = rng.standard_normal((64, 4)).astype(np.float32)
+
+        def loss(w1, w2, x, y):
+            h = jnp.tanh(x @ w1)
+            return jnp.mean((h @ w2 - y) ** 2)
+
+        def step(w1, w2, x, y):
+            l, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x, y)
+            return l, w1 - 0.1 * g1, w2 - 0.1 * g2
+
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        kinds = self.run_peer("dp_step", step, (rep, rep, bat, bat), (rep, rep, rep),
+                              (w1, w2, x, y), 8)
+        self.assertGreaterEqual(kinds.get("all-reduce", (0, 0))[0], 1)
+        self.assertNotIn("all-gather", kinds)
+
+    def test_data_parallel_forward_no_communication(self):
+        m = mesh((8,), ("b",))
+        rng = np.random.default_rng(1)
+        w = rng.standard_normal((16, 8)).astype(np.float32)
+        x = rng.standard_normal((32, 16)).astype(np.float32)
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        kinds = self.run_peer("dp_fwd", lambda w, x: jax.nn.relu(x @ w), (rep, bat), bat, (w, x),
+                              8)
+        self.assertEqual(kinds, {})
+
+    def test_megatron_mlp_one_all_reduce(self):
+        m = mesh((4,), ("t",))
+        rng = np.random.default_rng(2)
+        x = rng.standard_normal((8, 16)).astype(np.float32)
+        w1 = rng.standard_normal((16, 64)).astype(np.float32) * 0.3
+        b1 = rng.standard_normal((64,)).astype(np.float32)
+        w2 = rng.standard_normal((64, 16)).astype(np.float32) * 0.3
+
+        def mlp(x, w1, b1, w2):
+            return jax.nn.gelu(x @ w1 + b1) @ w2
+
+        rep = NamedSharding(m, P())
+        col, colb = NamedSharding(m, P(None, "t")), NamedSharding(m, P("t"))
+        row = NamedSharding(m, P("t", None))
+        kinds = self.run_peer("megatron", mlp, (rep, col, colb, row), rep, (x, w1, b1, w2), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 8 * 16 * 4)})
+
+    def test_row_parallel_sequence_split(self):
+        """Row-parallel matmul whose result stays split by rows on the same
+        devices (sequence parallelism): one reduce-scatter."""
+        m = mesh((4,), ("t",))
+        rng = np.random.default_rng(7)
+        h = rng.standard_normal((8, 64)).astype(np.float32)
+        w = rng.standard_normal((64, 16)).astype(np.float32)
+        kinds = self.run_peer("rowpar", lambda h, w: h @ w,
+                              (NamedSharding(m, P(None, "t")), NamedSharding(m, P("t", None))),
+                              NamedSharding(m, P("t", None)), (h, w), 4)
+        self.assertEqual(kinds, {"reduce-scatter": (1, 8 * 16 * 4)})
+
+    def test_embedding_lookup_split_ids(self):
+        """jnp.take of batch-split ids from a replicated table: no communication."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(8)
+        table = rng.standard_normal((50, 16)).astype(np.float32)
+        ids = rng.integers(0, 50, size=(32,)).astype(np.int32)
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b"))
+        kinds = self.run_peer("embed", lambda t, i: jnp.tanh(jnp.take(t, i, axis=0)),
+                              (rep, bat), NamedSharding(m, P("b", None)), (table, ids), 4)
+        self.assertEqual(kinds, {})
+
+    def test_fsdp_matmul(self):
+        m = mesh((8,), ("d",))
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((16, 32)).astype(np.float32)
+        w = rng.standard_normal((32, 24)).astype(np.float32)
+        bat = NamedSharding(m, P("d", None))
+        kinds = self.run_peer("fsdp", lambda x, w: x @ w, (bat, bat), bat, (x, w), 8)
+        self.assertEqual(kinds.get("all-gather", (0, 0))[0], 1)
+        self.assertNotIn("all-reduce", kinds)
+
+    def test_2d_sharded_matmul(self):
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(4)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+        b = rng.standard_normal((16, 12)).astype(np.float32)
+        sa = NamedSharding(m, P("x", "y"))
+        sb = NamedSharding(m, P("y", None))
+        so = NamedSharding(m, P("x", None))
+        kinds = self.run_peer("mm2d", lambda a, b: a @ b, (sa, sb), so, (a, b), 8)
+        self.assertEqual(kinds.get("all-reduce", (0, 0))[0], 1)
+
+    def test_2d_sharded_output(self):
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(5)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+        b = rng.standard_normal((16, 12)).astype(np.float32)
+        sa = NamedSharding(m, P("x", None))
+        sb = NamedSharding(m, P(None, "y"))
+        so = NamedSharding(m, P("x", "y"))
+        kinds = self.run_peer("mm2d_out", lambda a, b: jnp.sum(a @ b, axis=0) + (a @ b),
+                              (sa, sb), so, (a, b), 8)
+        self.assertGreaterEqual(kinds.get("all-reduce", (0, 0))[0], 1)
+
+    def test_loop_with_split_state(self):
+        """A fori_loop whose state stays batch-split: no gathers, one
+        all-reduce (the running sum) per trip."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal((16, 8)).astype(np.float32)
+        w = rng.standard_normal((8, 8)).astype(np.float32) * 0.5
+
+        def f(x, w):
+            def body(i, c):
+                x, s = c
+                x = jnp.tanh(x @ w)
+                return x, s + jnp.sum(x)
+            return jax.lax.fori_loop(0, 3, body, (x, jnp.float32(0)))
+
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        kinds = self.run_peer("loop", f, (bat, rep), (bat, rep), (x, w), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 4)})
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,649 @@
+/* The cpu backend's topk, sort, complex elementwise ops and fft against the
+ * reference interpreter.
+ *
+ * Each case is an HLO module generated from a seed (random dims, the
+ * dimension to sort or transform, layouts, element types, k, direction),
+ * compiled with kiln_compile, run on a cpu device and by the interpreter on
+ * the same arguments. Arguments include the values that break a careless
+ * ordering or complex formula: NaN of both signs, -0, infinities, ties.
+ * topk and sort move values, so their results must be bit-identical
+ * (NaNs included); complex arithmetic and fft are within the tolerances of
+ * tests/support/tolerance.h (KILN_TOL_C64_REL, KILN_TOL_C128_REL,
+ * kiln_tol_fft) relative to the largest magnitude of the result. Bad
+ * inputs (topk or sort of complex keys) must be refused with a status that
+ * names the instruction and the reason.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/compile.h"
+#include "compiler/ir/text.h"
+#include "executor/cpu/cpu.h"
+#include "executor/run.h"
+#include "tests/support/tolerance.h"
+
+static kiln_status st;
+
+static uint64_t rng(uint64_t *s) {
+  *s = *s * 6364136223846793005u + 1442695040888963407u;
+  return *s >> 33;
+}
+
+static double special(uint64_t r) {
+  static const double v[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, -NAN, 1.0, -1.0};
+  return v[r % 8];
+}
+
+/* Floats: mostly eighths in [-2, 2] (many ties), one in eight special;
+ * PLAIN leaves the specials out (for arithmetic whose NaN signs the two
+ * sides need not agree on), NO_NAN keeps the signed zeros and infinities. */
+enum { SPECIALS, PLAIN, NO_NAN };
+static void fill(kiln_literal *l, uint64_t *seed, int plain) {
+  if (l->shape.dtype == KILN_TUPLE) {
+    for (uint32_t i = 0; i < l->shape.rank; i++) fill(l->elems[i], seed, plain);
+    return;
+  }
+  int64_t n = kiln_literal_elements(l);
+  kiln_dtype t = l->shape.dtype;
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t r = rng(seed);
+    double f = (double)((int64_t)(r % 33) - 16) / 8.0;
+    if (plain != PLAIN && r % 8 == 0) f = special(r >> 8);
+    if (plain == NO_NAN && isnan(f)) f = -0.0;
+    if (t == KILN_PRED)
+      kiln_literal_set_u64(l, i, r & 1);
+    else if (kiln_dtype_is_float(t))
+      kiln_literal_set_f64(l, i, f);
+    else if (kiln_dtype_is_unsigned_int(t))
+      kiln_literal_set_u64(l, i, r % 13 == 0 ? UINT64_MAX : r % 11);
+    else if (kiln_dtype_is_signed_int(t))
+      kiln_literal_set_s64(l, i, r % 13 == 0 ? INT64_MIN : (int64_t)(r % 11) - 5);
+    else if (kiln_dtype_is_complex(t))
+      kiln_literal_set_c128(l, i, f, (double)((int64_t)(r >> 12) % 33 - 16) / 8.0);
+  }
+}
+
+/* ---- comparing ---------------------------------------------------------- */
+
+static double max_mag(const kiln_literal *l) {
+  double m = 0;
+  int64_t n = kiln_literal_elements(l);
+  for (int64_t i = 0; i < n; i++) {
+    double re, im = 0;
+    if (kiln_dtype_is_complex(l->shape.dtype))
+      kiln_literal_get_c128(l, i, &re, &im);
+    else
+      re = kiln_literal_get_f64(l, i);
+    if (isfinite(re) && fabs(re) > m) m = fabs(re);
+    if (isfinite(im) && fabs(im) > m) m = fabs(im);
+  }
+  return m;
+}
+
+static bool close_to(double a, double b, double tol) {
+  if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+  if (isinf(a) || isinf(b)) return a == b;
+  return fabs(a - b) <= tol;
+}
+
+/* rel < 0: bit-exact. Else floats and complex within rel * max(1, max |want|). */
+static void compare(const kiln_literal *want, const kiln_literal *got, const char *path, double rel,
+                    kiln_sbuf *why) {
+  if (!kiln_shape_equal(&want->shape, &got->shape, false)) {
+    kiln_sbuf_printf(why, "%s: shapes differ", path);
+    return;
+  }
+  if (want->shape.dtype == KILN_TUPLE) {
+    for (uint32_t i = 0; i < want->shape.rank && kiln_sbuf_str(why)[0] == '\0'; i++) {
+      char sub[64];
+      snprintf(sub, sizeof sub, "%s{%u}", path, i);
+      compare(want->elems[i], got->elems[i], sub, rel, why);
+    }
+    return;
+  }
+  kiln_dtype t = want->shape.dtype;
+  int64_t n = kiln_literal_elements(want);
+  double tol = rel * fmax(1.0, max_mag(want));
+  for (int64_t i = 0; i < n; i++) {
+    if (rel >= 0 && kiln_dtype_is_complex(t)) {
+      double ar, ai, br, bi;
+      kiln_literal_get_c128(want, i, &ar, &ai);
+      kiln_literal_get_c128(got, i, &br, &bi);
+      if (close_to(ar, br, tol) && close_to(ai, bi, tol)) continue;
+      kiln_sbuf_printf(why, "%s[%lld]: interp (%.9g, %.9g), cpu (%.9g, %.9g), tolerance %g", path,
+                       (long long)i, ar, ai, br, bi, tol);
+      return;
+    }
+    if (rel >= 0 && kiln_dtype_is_float(t)) {
+      double a = kiln_literal_get_f64(want, i), b = kiln_literal_get_f64(got, i);
+      if (close_to(a, b, tol)) continue;
+      kiln_sbuf_printf(why, "%s[%lld]: interp %.9g, cpu %.9g, tolerance %g", path, (long long)i, a,
+                       b, tol);
+      return;
+    }
+    size_t w = kiln_dtype_size(t);
+    const uint8_t *a = (const uint8_t *)want->data + (size_t)i * w;
+    const uint8_t *b = (const uint8_t *)got->data + (size_t)i * w;
+    if (memcmp(a, b, w) != 0) {
+      double x = kiln_dtype_is_complex(t) ? 0 : kiln_literal_get_f64(want, i);
+      double y = kiln_dtype_is_complex(t) ? 0 : kiln_literal_get_f64(got, i);
+      kiln_sbuf_printf(why, "%s[%lld]: interp %.9g, cpu %.9g (bits differ)", path, (long long)i, x,
+                       y);
+      return;
+    }
+  }
+}
+
+/* Runs `text` on both backends for seeds 1..nseeds; the results must agree
+ * (rel as in compare). */
+static void agree(const char *text, double rel, int plain, int nseeds) {
+  kiln_module *m = NULL;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_module_parse_text(text, strlen(text), "t.hlo", NULL, &m, &st) == 0,
+                "parse: %s: %s\n%s", st.where, st.msg, text);
+  kiln_executable *e = NULL;
+  kiln_status_clear(&st);
+  int rc = kiln_compile(m, NULL, &e, NULL, &st);
+  ck_assert_msg(rc == 0, "compile: %s: %s: %s\n%s", kiln_err_name(rc), st.where, st.msg, text);
+  const kiln_computation *en = kiln_module_entry(m);
+  uint32_t np = kiln_computation_nparams(m, en);
+  ck_assert_uint_le(np, 4);
+  kiln_run_options ro = {.max_while_iterations = 1000, .timeout_seconds = 60};
+  for (int seed = 1; seed <= nseeds; seed++) {
+    kiln_literal *args[4] = {0}, *want = NULL, *got = NULL;
+    uint64_t s = (uint64_t)seed * 7919u;
+    for (uint32_t i = 0; i < np; i++) {
+      const kiln_instr *p = kiln_computation_param(m, en, i);
+      ck_assert(kiln_literal_create(NULL, &p->shape, 64u << 20, &args[i], &st) == 0);
+      fill(args[i], &s, plain);
+    }
+    kiln_status_clear(&st);
+    rc = kiln_run_module_with(m, "interp", NULL, NULL, &ro, (const kiln_literal *const *)args, np,
+                              &want, &st);
+    ck_assert_msg(rc == 0, "interp: %s: %s\n%s", st.where, st.msg, text);
+    kiln_status_clear(&st);
+    rc = kiln_run_executable(e, NULL, &ro, (const kiln_literal *const *)args, np, &got, &st);
+    ck_assert_msg(rc == 0, "cpu: %s: %s\n%s", st.where, st.msg, text);
+    kiln_sbuf why = KILN_SBUF_INIT;
+    compare(want, got, "result", rel, &why);
+    ck_assert_msg(kiln_sbuf_str(&why)[0] == '\0', "seed %d: %s\n%s", seed, kiln_sbuf_str(&why),
+                  text);
+    kiln_sbuf_free(&why);
+    kiln_literal_destroy(want);
+    kiln_literal_destroy(got);
+    for (uint32_t i = 0; i < np; i++) kiln_literal_destroy(args[i]);
+  }
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+}
+
+/* kiln_compile must refuse `text` with KILN_EUNIMPL and a message that
+ * contains `needle`. */
+static void refused(const char *text, const char *needle) {
+  kiln_module *m = NULL;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_module_parse_text(text, strlen(text), "t.hlo", NULL, &m, &st) == 0,
+                "parse: %s: %s", st.where, st.msg);
+  kiln_executable *e = NULL;
+  kiln_status_clear(&st);
+  int rc = kiln_compile(m, NULL, &e, NULL, &st);
+  ck_assert_msg(rc != 0, "compiled, but should be refused:\n%s", text);
+  ck_assert_msg(strstr(st.msg, needle) != NULL, "message '%s' lacks '%s'", st.msg, needle);
+  kiln_module_destroy(m);
+}
+
+/* ---- generating --------------------------------------------------------- */
+
+static const char *const ordered_types[] = {"f32", "f64", "f16", "bf16", "s8",  "s16", "s32",
+                                            "s64", "u8",  "u16", "u32",  "u64", "pred"};
+#define NORDERED (sizeof ordered_types / sizeof *ordered_types)
+
+static void put_dims(kiln_sbuf *b, const int64_t *dims, uint32_t r) {
+  kiln_sbuf_puts(b, "[");
+  for (uint32_t i = 0; i < r; i++) kiln_sbuf_printf(b, "%s%lld", i ? "," : "", (long long)dims[i]);
+  kiln_sbuf_puts(b, "]");
+}
+
+/* A random minor-to-major layout of rank r. */
+static void put_layout(kiln_sbuf *b, uint32_t r, uint64_t *s) {
+  int64_t p[8];
+  for (uint32_t i = 0; i < r; i++) p[i] = i;
+  for (uint32_t i = r; i > 1; i--) {
+    uint32_t j = (uint32_t)(rng(s) % i);
+    int64_t t = p[i - 1];
+    p[i - 1] = p[j];
+    p[j] = t;
+  }
+  kiln_sbuf_puts(b, "{");
+  for (uint32_t i = 0; i < r; i++) kiln_sbuf_printf(b, "%s%lld", i ? "," : "", (long long)p[i]);
+  kiln_sbuf_puts(b, "}");
+}
+
+static void put_shape(kiln_sbuf *b, const char *t, const int64_t *dims, uint32_t r, uint64_t *s) {
+  kiln_sbuf_puts(b, t);
+  put_dims(b, dims, r);
+  put_layout(b, r, s);
+}
+
+/* ---- topk --------------------------------------------------------------- */
+
+static void topk_module(kiln_sbuf *b, uint64_t *s) {
+  uint32_t r = 1 + (uint32_t)(rng(s) % 3);
+  int64_t dims[3];
+  for (uint32_t i = 0; i < r; i++) dims[i] = 1 + (int64_t)(rng(s) % 6);
+  dims[r - 1] = 1 + (int64_t)(rng(s) % 40);
+  int64_t k = (int64_t)(rng(s) % (uint64_t)(dims[r - 1] + 1));
+  const char *t = ordered_types[rng(s) % NORDERED];
+  bool largest = rng(s) % 3 != 0;
+  int64_t od[3];
+  memcpy(od, dims, sizeof od);
+  od[r - 1] = k;
+  kiln_sbuf_puts(b, "HloModule t\nENTRY e {\n  p = ");
+  put_shape(b, t, dims, r, s);
+  kiln_sbuf_puts(b, " parameter(0)\n  ROOT k = (");
+  put_shape(b, t, od, r, s);
+  kiln_sbuf_puts(b, ", ");
+  put_shape(b, "s32", od, r, s);
+  kiln_sbuf_printf(b, ") topk(p), k=%lld, largest=%s\n}\n", (long long)k,
+                   largest ? "true" : "false");
+}
+
+START_TEST(test_topk_random) {
+  uint64_t s = 12345;
+  for (int i = 0; i < 40; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    topk_module(&b, &s);
+    agree(kiln_sbuf_str(&b), -1, SPECIALS, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
+/* The benchmark's shape: rows wide enough to split across threads. */
+START_TEST(test_topk_wide) {
+  agree("HloModule t\nENTRY e {\n  p = f32[300,1000] parameter(0)\n"
+        "  ROOT k = (f32[300,5], s32[300,5]) topk(p), k=5, largest=true\n}\n",
+        -1, SPECIALS, 2);
+  agree("HloModule t\nENTRY e {\n  p = bf16[7,513] parameter(0)\n"
+        "  ROOT k = (bf16[7,513], s32[7,513]) topk(p), k=513, largest=false\n}\n",
+        -1, SPECIALS, 1);
+}
+END_TEST
+
+START_TEST(test_topk_refused) {
+  refused("HloModule t\nENTRY e {\n  p = c64[4,8] parameter(0)\n"
+          "  ROOT k = (c64[4,2], s32[4,2]) topk(p), k=2\n}\n",
+          "topk");
+  refused("HloModule t\nENTRY e {\n  p = c64[4,8] parameter(0)\n"
+          "  ROOT k = (c64[4,2], s32[4,2]) topk(p), k=2\n}\n",
+          "no order");
+}
+END_TEST
+
+/* ---- sort --------------------------------------------------------------- */
+
+/* A sort of 1-3 operands (keys first) along a random dim, with the
+ * standard comparators JAX writes: LT/GT, total order or not, on the first
+ * operand; or a lexicographic one over the first two. */
+static void sort_module(kiln_sbuf *b, uint64_t *s) {
+  uint32_t r = 1 + (uint32_t)(rng(s) % 3), n = 1 + (uint32_t)(rng(s) % 3);
+  int64_t dims[3];
+  for (uint32_t i = 0; i < r; i++) dims[i] = 1 + (int64_t)(rng(s) % 7);
+  uint32_t d = (uint32_t)(rng(s) % r);
+  dims[d] = 1 + (int64_t)(rng(s) % 50);
+  const char *t[3];
+  for (uint32_t q = 0; q < n; q++) t[q] = ordered_types[rng(s) % NORDERED];
+  if (n > 1 && rng(s) % 2) t[n - 1] = "s32"; /* the argsort form: keys, iota */
+  const char *dir = rng(s) % 2 ? "LT" : "GT";
+  bool total = rng(s) % 2, lex = n > 1 && rng(s) % 4 == 0, stable = rng(s) % 2;
+  kiln_sbuf_puts(b, "HloModule t\ncmp {\n");
+  for (uint32_t q = 0; q < n; q++)
+    kiln_sbuf_printf(b, "  a%u = %s[] parameter(%u)\n  b%u = %s[] parameter(%u)\n", q, t[q], 2 * q,
+                     q, t[q], 2 * q + 1);
+  bool fl = t[0][0] == 'f' || t[0][0] == 'b';
+  const char *ty0 = total && fl ? ", type=TOTALORDER" : "";
+  if (!lex) {
+    kiln_sbuf_printf(b, "  ROOT c = pred[] compare(a0, b0), direction=%s%s\n}\n", dir, ty0);
+  } else {
+    kiln_sbuf_printf(b,
+                     "  l0 = pred[] compare(a0, b0), direction=%s%s\n"
+                     "  e0 = pred[] compare(a0, b0), direction=EQ%s\n"
+                     "  l1 = pred[] compare(a1, b1), direction=%s\n"
+                     "  t1 = pred[] and(e0, l1)\n  ROOT c = pred[] or(l0, t1)\n}\n",
+                     dir, ty0, ty0, dir);
+  }
+  kiln_sbuf_puts(b, "ENTRY e {\n");
+  for (uint32_t q = 0; q < n; q++) {
+    kiln_sbuf_printf(b, "  p%u = ", q);
+    put_shape(b, t[q], dims, r, s);
+    kiln_sbuf_printf(b, " parameter(%u)\n", q);
+  }
+  kiln_sbuf_puts(b, "  ROOT s = ");
+  if (n > 1) kiln_sbuf_puts(b, "(");
+  for (uint32_t q = 0; q < n; q++) {
+    if (q) kiln_sbuf_puts(b, ", ");
+    put_shape(b, t[q], dims, r, s);
+  }
+  if (n > 1) kiln_sbuf_puts(b, ")");
+  kiln_sbuf_puts(b, " sort(");
+  for (uint32_t q = 0; q < n; q++) kiln_sbuf_printf(b, "%sp%u", q ? ", " : "", q);
+  kiln_sbuf_printf(b, "), dimensions={%u}, is_stable=%s, to_apply=cmp\n}\n", d,
+                   stable ? "true" : "false");
+}
+
+START_TEST(test_sort_random) {
+  uint64_t s = 777;
+  for (int i = 0; i < 60; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    sort_module(&b, &s);
+    /* rows with NaN take the merge of pairs, rows without the radix sort */
+    agree(kiln_sbuf_str(&b), -1, i % 2 ? NO_NAN : SPECIALS, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
+/* jnp.argsort as JAX exports it: keys and an iota, total order on f32. */
+START_TEST(test_sort_argsort) {
+  agree("HloModule t\ncmp {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  c = s32[] parameter(2)\n  d = s32[] parameter(3)\n"
+        "  ROOT lt = pred[] compare(a, b), direction=LT, type=TOTALORDER\n}\n"
+        "ENTRY e {\n  p = f32[64,300] parameter(0)\n  i = s32[64,300] iota(), iota_dimension=1\n"
+        "  s = (f32[64,300], s32[64,300]) sort(p, i), dimensions={1}, is_stable=true, "
+        "to_apply=cmp\n  ROOT g = s32[64,300] get-tuple-element(s), index=1\n}\n",
+        -1, SPECIALS, 2);
+  /* LT without total order: rows without NaN (radix, -0 equal to +0) and
+   * with (the merge); GT on bf16 keys. */
+  const char *lt = "HloModule t\ncmp {\n  a = @[] parameter(0)\n  b = @[] parameter(1)\n"
+                   "  c = s32[] parameter(2)\n  d = s32[] parameter(3)\n"
+                   "  ROOT lt = pred[] compare(a, b), direction=~\n}\n"
+                   "ENTRY e {\n  p = @[32,700] parameter(0)\n  q = s32[32,700] parameter(1)\n"
+                   "  ROOT s = (@[32,700], s32[32,700]) sort(p, q), dimensions={1}, "
+                   "to_apply=cmp\n}\n";
+  for (int v = 0; v < 4; v++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    for (const char *c = lt; *c; c++) {
+      if (*c == '@')
+        kiln_sbuf_puts(&b, v < 2 ? "f32" : "bf16");
+      else if (*c == '~')
+        kiln_sbuf_puts(&b, v < 2 ? "LT" : "GT");
+      else
+        kiln_sbuf_printf(&b, "%c", *c);
+    }
+    agree(kiln_sbuf_str(&b), -1, v % 2 ? NO_NAN : SPECIALS, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
+/* ---- complex elementwise ------------------------------------------------ */
+
+/* A chain over c64 or c128 operands of random dims and layouts: every op
+ * the interpreter defines on complex values, conversions both ways, a
+ * select on an EQ/NE compare, and a complex sum. */
+static void complex_module(kiln_sbuf *b, uint64_t *s) {
+  uint32_t r = 1 + (uint32_t)(rng(s) % 3);
+  int64_t dims[3];
+  for (uint32_t i = 0; i < r; i++) dims[i] = 1 + (int64_t)(rng(s) % 9);
+  bool wide = rng(s) % 2;
+  const char *c = wide ? "c128" : "c64", *re = wide ? "f64" : "f32", *oc = wide ? "c64" : "c128";
+  kiln_sbuf sh = KILN_SBUF_INIT, rs = KILN_SBUF_INIT, os = KILN_SBUF_INIT, is = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&sh, c);
+  put_dims(&sh, dims, r);
+  kiln_sbuf_puts(&rs, re);
+  put_dims(&rs, dims, r);
+  kiln_sbuf_puts(&os, oc);
+  put_dims(&os, dims, r);
+  kiln_sbuf_puts(&is, "s32");
+  put_dims(&is, dims, r);
+  const char *S = kiln_sbuf_str(&sh), *R = kiln_sbuf_str(&rs), *O = kiln_sbuf_str(&os),
+             *I = kiln_sbuf_str(&is);
+  kiln_sbuf_printf(b,
+                   "HloModule t\nsum {\n  x = %s[] parameter(0)\n  y = %s[] parameter(1)\n"
+                   "  ROOT z = %s[] add(x, y)\n}\nENTRY e {\n",
+                   c, c, c);
+  kiln_sbuf_printf(b, "  a = ");
+  put_shape(b, c, dims, r, s);
+  kiln_sbuf_printf(b, " parameter(0)\n  bb = ");
+  put_shape(b, c, dims, r, s);
+  kiln_sbuf_printf(b, " parameter(1)\n  f = ");
+  put_shape(b, re, dims, r, s);
+  kiln_sbuf_printf(b, " parameter(2)\n  n = ");
+  put_shape(b, "s32", dims, r, s);
+  kiln_sbuf_printf(b, " parameter(3)\n");
+  kiln_sbuf_printf(b,
+                   "  ad = %s add(a, bb)\n  sb = %s subtract(ad, bb)\n  mu = %s multiply(sb, a)\n"
+                   "  dv = %s divide(mu, bb)\n  ng = %s negate(dv)\n  ab = %s abs(ng)\n"
+                   "  rl = %s real(mu)\n  im = %s imag(dv)\n  s1 = %s add(rl, im)\n"
+                   "  s2 = %s add(s1, ab)\n  s3 = %s add(s2, f)\n  cx = %s complex(s3, f)\n"
+                   "  ca = %s convert(n)\n  cf = %s convert(f)\n  c1 = %s add(cx, ca)\n"
+                   "  c2 = %s multiply(c1, cf)\n  eq = pred%s compare(a, bb), direction=EQ\n"
+                   "  ne = pred%s compare(c2, cx), direction=NE\n"
+                   "  se = %s select(ne, c2, dv)\n  sl = %s select(eq, se, mu)\n"
+                   "  oc = %s convert(sl)\n  bk = %s convert(oc)\n  fr = %s convert(sl)\n"
+                   "  ir = %s convert(bk)\n  k = %s[] constant((0, 0))\n",
+                   S, S, S, S, S, R, R, R, R, R, R, S, S, S, S, S, I + 3, I + 3, S, S, O, S, R, I,
+                   c);
+  kiln_sbuf_printf(b, "  rd = %s[] reduce(sl, k), dimensions={", c);
+  for (uint32_t i = 0; i < r; i++) kiln_sbuf_printf(b, "%s%u", i ? "," : "", i);
+  kiln_sbuf_printf(b,
+                   "}, to_apply=sum\n  ROOT t = (%s, %s, %s, %s, pred%s, %s[]) tuple(bk, fr, ir, "
+                   "ng, eq, rd)\n}\n",
+                   S, R, I, S, I + 3, c);
+  kiln_sbuf_free(&sh);
+  kiln_sbuf_free(&rs);
+  kiln_sbuf_free(&os);
+  kiln_sbuf_free(&is);
+}
+
+START_TEST(test_complex_random) {
+  uint64_t s = 4242;
+  for (int i = 0; i < 16; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    complex_module(&b, &s);
+    agree(kiln_sbuf_str(&b), KILN_TOL_C128_REL, PLAIN, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
+/* jnp.argsort's comparator as JAX 0.10 exports it: each key canonicalized
+ * (NaN as +NaN, -0 as +0), then LT in total order. */
+static const char jax_argsort[] =
+    "HloModule t\nregion {\n  c = s32[] parameter(2)\n  d = s32[] parameter(3)\n"
+    "  a = @[] parameter(0)\n  ne.2 = pred[] compare(a, a), direction=NE\n"
+    "  nan = @[] constant(nan)\n  zero = @[] constant(0)\n"
+    "  eq.2 = pred[] compare(a, zero), direction=EQ\n  s4 = @[] select(eq.2, zero, a)\n"
+    "  s5 = @[] select(ne.2, nan, s4)\n  b = @[] parameter(1)\n"
+    "  ne.3 = pred[] compare(b, b), direction=NE\n  eq.3 = pred[] compare(b, zero), direction=EQ\n"
+    "  s6 = @[] select(eq.3, zero, b)\n  s7 = @[] select(ne.3, nan, s6)\n"
+    "  ROOT lt = pred[] compare(s5, s7), direction=LT, type=TOTALORDER\n}\n"
+    "ENTRY e {\n  x = @[16,333] parameter(0)\n  i = s32[16,333] iota(), iota_dimension=1\n"
+    "  ROOT s = (@[16,333], s32[16,333]) sort(x, i), dimensions={1}, is_stable=true, "
+    "to_apply=region\n}\n";
+
+START_TEST(test_sort_jax_comparator) {
+  const char *types[] = {"f32", "bf16", "f16"};
+  for (int v = 0; v < 3; v++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    for (const char *c = jax_argsort; *c; c++) {
+      if (*c == '@')
+        kiln_sbuf_puts(&b, types[v]);
+      else
+        kiln_sbuf_printf(&b, "%c", *c);
+    }
+    agree(kiln_sbuf_str(&b), -1, SPECIALS, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
+START_TEST(test_sort_refused) {
+  refused("HloModule t\ncmp {\n  a = c64[] parameter(0)\n  b = c64[] parameter(1)\n"
+          "  ROOT lt = pred[] compare(a, b), direction=LT\n}\nENTRY e {\n"
+          "  p = c64[4,8] parameter(0)\n  ROOT s = c64[4,8] sort(p), dimensions={1}, "
+          "to_apply=cmp\n}\n",
+          "compare lt: complex values compare only with EQ or NE");
+}
+END_TEST
+
+START_TEST(test_complex_refused) {
+  refused("HloModule t\nENTRY e {\n  a = c64[4] parameter(0)\n  b = c64[4] parameter(1)\n"
+          "  ROOT c = pred[4] compare(a, b), direction=LT\n}\n",
+          "only with EQ or NE");
+  refused("HloModule t\nENTRY e {\n  a = c64[4] parameter(0)\n  ROOT c = c64[4] sqrt(a)\n}\n",
+          "sqrt");
+}
+END_TEST
+
+/* ---- fft ---------------------------------------------------------------- */
+
+static const char *const fft_types[] = {"FFT", "IFFT", "RFFT", "IRFFT"};
+
+/* A random fft: rank 1-4, 1-3 transformed dims, lengths odd, even and
+ * powers of two, random layouts of operand and result. *points: the
+ * transform's size (product of the lengths). */
+static void fft_module(kiln_sbuf *b, uint64_t *s, int64_t *points) {
+  uint32_t r = 1 + (uint32_t)(rng(s) % 4), nf = 1 + (uint32_t)(rng(s) % (r < 3 ? r : 3));
+  int type = (int)(rng(s) % 4);
+  bool wide = rng(s) % 2;
+  static const int64_t lens[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 17, 30, 64};
+  int64_t len[4], in[4], out[4];
+  *points = 1;
+  for (uint32_t d = 0; d < r; d++) {
+    bool t = d + nf >= r;
+    len[d] = t ? lens[rng(s) % (sizeof lens / sizeof *lens)] : 1 + (int64_t)(rng(s) % 4);
+    if (t) *points *= len[d];
+    in[d] = out[d] = len[d];
+  }
+  if (type == 2) out[r - 1] = len[r - 1] / 2 + 1;
+  if (type == 3) in[r - 1] = len[r - 1] / 2 + 1;
+  const char *c = wide ? "c128" : "c64", *re = wide ? "f64" : "f32";
+  kiln_sbuf_puts(b, "HloModule t\nENTRY e {\n  p = ");
+  put_shape(b, type == 2 ? re : c, in, r, s);
+  kiln_sbuf_puts(b, " parameter(0)\n  ROOT f = ");
+  put_shape(b, type == 3 ? re : c, out, r, s);
+  kiln_sbuf_printf(b, " fft(p), fft_type=%s, fft_length={", fft_types[type]);
+  for (uint32_t d = r - nf; d < r; d++)
+    kiln_sbuf_printf(b, "%s%lld", d > r - nf ? "," : "", (long long)len[d]);
+  kiln_sbuf_puts(b, "}\n}\n");
+  (void)wide;
+}
+
+static void fft_random(uint64_t seed, int n) {
+  uint64_t s = seed;
+  for (int i = 0; i < n; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    int64_t points;
+    fft_module(&b, &s, &points);
+    bool c64 = strstr(kiln_sbuf_str(&b), "c64") != NULL;
+    agree(kiln_sbuf_str(&b), kiln_tol_fft(points, c64), PLAIN, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+
+START_TEST(test_fft_random) { fft_random(99, 40); }
+END_TEST
+
+/* The same modules through the direct DFT, as on a machine without FFTW. */
+START_TEST(test_fft_without_fftw) {
+  setenv("KILN_NO_FFTW", "1", 1);
+  fft_random(99, 12);
+}
+END_TEST
+
+/* jnp.fft.rfft, a filter, irfft: the round trip of a real signal. */
+START_TEST(test_fft_roundtrip) {
+  agree("HloModule t\nENTRY e {\n  x = f32[8,256] parameter(0)\n  h = c64[8,129] parameter(1)\n"
+        "  f = c64[8,129] fft(x), fft_type=RFFT, fft_length={256}\n"
+        "  g = c64[8,129] multiply(f, h)\n"
+        "  ROOT y = f32[8,256] fft(g), fft_type=IRFFT, fft_length={256}\n}\n",
+        kiln_tol_fft(256, 1), PLAIN, 2);
+  agree("HloModule t\nENTRY e {\n  x = c128[2,16,8,4] parameter(0)\n"
+        "  f = c128[2,16,8,4] fft(x), fft_type=FFT, fft_length={16,8,4}\n"
+        "  ROOT y = c128[2,16,8,4] fft(f), fft_type=IFFT, fft_length={16,8,4}\n}\n",
+        kiln_tol_fft(512, 0), PLAIN, 1);
+}
+END_TEST
+
+/* The plan goes through FFTW when the library is there. */
+START_TEST(test_fft_plan_uses_fftw) {
+  void *h = dlopen("libfftw3f.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "test_fft_plan_uses_fftw: libfftw3f.so.3 not found, skipped\n");
+    return;
+  }
+  dlclose(h);
+  kiln_fft f = {.type = KILN_FFT_FORWARD,
+                .dtype = KILN_C64,
+                .rank = 2,
+                .nfft = 1,
+                .len = {3, 8},
+                .in_dims = {3, 8},
+                .in_strides = {8, 1},
+                .out_dims = {3, 8},
+                .out_strides = {1, 3}};
+  char why[200];
+  ck_assert_msg(kiln_fft_check(&f, 192, 192, why, sizeof why), "%s", why);
+  ck_assert(!kiln_fft_check(&f, 192, 100, why, sizeof why));
+  ck_assert_ptr_nonnull(strstr(why, "result"));
+  kiln__cpu_fft *p = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__cpu_fft_create(&f, &p, "test", &st), 0);
+  ck_assert(kiln__cpu_fft_uses_library(p));
+  kiln__cpu_fft_destroy(p);
+}
+END_TEST
+
+START_TEST(test_fft_refused) {
+  refused("HloModule t\nENTRY e {\n  p = f32[4,8] parameter(0)\n"
+          "  ROOT f = c128[4,5] fft(p), fft_type=RFFT, fft_length={8}\n}\n",
+          "does not match the inferred shape");
+  refused("HloModule t\nENTRY e {\n  p = c64[1,1,1,1,1,1,1,1,1,4] parameter(0)\n"
+          "  ROOT f = c64[1,1,1,1,1,1,1,1,1,4] fft(p), fft_type=FFT, fft_length={4}\n}\n",
+          "the cpu backend cannot compile this fft: operand and result ranks must be equal and 1 "
+          "to 8");
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cpu_ops");
+  TCase *tc = tcase_create("topk");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_topk_random);
+  tcase_add_test(tc, test_topk_wide);
+  tcase_add_test(tc, test_topk_refused);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("sort");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_sort_random);
+  tcase_add_test(tc, test_sort_argsort);
+  tcase_add_test(tc, test_sort_jax_comparator);
+  tcase_add_test(tc, test_sort_refused);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("complex");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_complex_random);
+  tcase_add_test(tc, test_complex_refused);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("fft");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_fft_random);
+  tcase_add_test(tc, test_fft_without_fftw);
+  tcase_add_test(tc, test_fft_roundtrip);
+  tcase_add_test(tc, test_fft_plan_uses_fftw);
+  tcase_add_test(tc, test_fft_refused);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

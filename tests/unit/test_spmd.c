@@ -1,0 +1,619 @@
+/* The SPMD partitioner (compiler/spmd/): tilings, propagation, the per-op
+ * rules and global arrays (executor/run_spmd.c).
+ *
+ * The oracle is the unpartitioned module on the interpreter: every
+ * partitioned program, run on a mesh of interpreters (and of cpu devices
+ * for a subset) with global arguments sharded and the result assembled,
+ * must equal it. Programs come from the random generator
+ * (tests/support/progen.c) with random shardings on their parameters and
+ * result, on 1, 2, 4 and 8 devices; hand-written ones check the
+ * communication the partitioner chooses (one all-reduce for a Megatron MLP,
+ * none for a data-parallel forward pass, an all-gather for FSDP) and uneven
+ * shards (sizes not divisible by the device count).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/eval/interp.h"
+#include "compiler/ir/ir.h"
+#include "compiler/ir/text.h"
+#include "compiler/spmd/spmd.h"
+#include "compiler/spmd/spmd_internal.h"
+#include "executor/run_spmd.h"
+#include "tests/support/progen.h"
+#include "tests/support/testargs.h"
+
+static kiln_module *parse_ok(const char *text) {
+  kiln_status st = {0};
+  kiln_module *m = NULL;
+  int rc = kiln_module_parse_text(text, strlen(text), "t.hlo", NULL, &m, &st);
+  ck_assert_msg(rc == 0, "parse failed: %s: %s\n%s", st.where, st.msg, text);
+  return m;
+}
+
+/* Whether a and b agree within a float tolerance (partial sums reorder
+ * additions); *why says where they do not. */
+static bool close_enough(const kiln_literal *a, const kiln_literal *b, char *why, size_t n) {
+  if (kiln_shape_is_tuple(&a->shape) || kiln_shape_is_tuple(&b->shape)) {
+    if (a->shape.rank != b->shape.rank || !a->elems || !b->elems) {
+      snprintf(why, n, "tuple arity differs");
+      return false;
+    }
+    for (uint32_t i = 0; i < a->shape.rank; i++)
+      if (!close_enough(a->elems[i], b->elems[i], why, n)) return false;
+    return true;
+  }
+  if (!kiln_shape_same_dims(&a->shape, &b->shape) || a->shape.dtype != b->shape.dtype) {
+    snprintf(why, n, "shapes differ");
+    return false;
+  }
+  if (!kiln_shape_is_array(&a->shape)) return true;
+  int64_t ne = kiln_literal_elements(a);
+  bool fl = kiln_dtype_is_float(a->shape.dtype);
+  for (int64_t i = 0; i < ne; i++) {
+    double x = kiln_literal_get_f64(a, i), y = kiln_literal_get_f64(b, i);
+    if (isnan(x) && isnan(y)) continue;
+    if (x == y) continue;
+    if (fl && fabs(x - y) <= 1e-4 * (1 + fabs(x) + fabs(y))) continue;
+    snprintf(why, n, "element %lld: %g vs %g", (long long)i, x, y);
+    return false;
+  }
+  return true;
+}
+
+/* ---- tilings ------------------------------------------------------------- */
+
+START_TEST(test_tiling_groups_and_derive) {
+  kiln_arena *a = kiln_arena_create();
+  kiln_status st = {0};
+  /* devices=[2,4]<=[8]: device d at row d/4, column d%4. */
+  kiln_sharding s = {.kind = KILN_SHARD_TILED};
+  int64_t td[2] = {2, 4}, rs[1] = {8};
+  s.tile_dims = (kiln_i64s){td, 2};
+  s.iota_reshape = (kiln_i64s){rs, 1};
+  spmd_tiling *t;
+  ck_assert_int_eq(kiln__tiling_from_sharding(a, &s, 2, 8, "t", &t, &st), 0);
+  ck_assert_int_eq(kiln__tiling_coord(t, 6, 0), 1);
+  ck_assert_int_eq(kiln__tiling_coord(t, 6, 1), 2);
+  bool dims[2] = {false, true};
+  int64_t *g, ng, size;
+  ck_assert_int_eq(kiln__tiling_groups(a, t, dims, &g, &ng, &size), 0);
+  ck_assert_int_eq(ng, 2);
+  ck_assert_int_eq(size, 4);
+  int64_t want[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  ck_assert_mem_eq(g, want, sizeof want);
+  dims[0] = true, dims[1] = false;
+  ck_assert_int_eq(kiln__tiling_groups(a, t, dims, &g, &ng, &size), 0);
+  int64_t want2[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  ck_assert_mem_eq(g, want2, sizeof want2);
+  /* Transposing twice is the identity; folding a dim keeps the devices'
+   * other coordinates. */
+  int64_t perm[2] = {1, 0};
+  spmd_tiling *tt = kiln__tiling_derive(a, kiln__tiling_derive(a, t, perm, 2), perm, 2);
+  ck_assert(kiln__tiling_equal(t, tt));
+  bool fold[2] = {true, false};
+  spmd_tiling *f = kiln__tiling_fold(a, t, fold);
+  ck_assert_int_eq(f->tiles[0], 1);
+  ck_assert_int_eq(f->rep, 2);
+  for (int64_t k = 0; k < 8; k++)
+    ck_assert_int_eq(kiln__tiling_coord(f, k, 1), kiln__tiling_coord(t, k, 1));
+  ck_assert(kiln__tiling_covers(kiln__tiling_replicated(a, 2, 8), t));
+  ck_assert(!kiln__tiling_covers(t, kiln__tiling_replicated(a, 2, 8)));
+  /* Round trip through a sharding. */
+  spmd_tiling *back;
+  ck_assert_int_eq(
+      kiln__tiling_from_sharding(a, kiln__tiling_to_sharding(a, f), 2, 8, "t", &back, &st), 0);
+  ck_assert(kiln__tiling_equal(f, back));
+  /* Manual shardings are refused by name. */
+  kiln_sharding man = {.kind = KILN_SHARD_MANUAL};
+  ck_assert_int_eq(kiln__tiling_from_sharding(a, &man, 2, 8, "t", &t, &st), KILN_EUNIMPL);
+  ck_assert_ptr_nonnull(strstr(st.msg, "manual"));
+  kiln_arena_destroy(a);
+}
+END_TEST
+
+START_TEST(test_sdy_sharding) {
+  kiln_module *m = parse_ok(
+      "HloModule a, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<[\"x\"=2, \"y\"=4]>}}\n"
+      "ENTRY e {\n p = f32[8,8] parameter(0)\n"
+      " ROOT r = f32[8,8] custom-call(p), custom_call_target=\"xla.sdy.FuncResultSharding\", "
+      "custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding="
+      "\"#sdy.sharding_per_value<[<@mesh, [{\\\"y\\\"}, {}]>]>\"}\n}\n");
+  kiln_arena *a = kiln_arena_create();
+  kiln_status st = {0};
+  const kiln_sharding *s;
+  const kiln_instr *root = kiln_computation_root(m, kiln_module_entry(m));
+  ck_assert_int_eq(kiln__user_sharding(a, m, root, &s, &st), 0);
+  ck_assert_ptr_nonnull(s);
+  /* {"y"} on dim 0 over mesh x=2,y=4: devices=[4,1,2]<=[2,4]T(1,0). */
+  spmd_tiling *t;
+  ck_assert_int_eq(kiln__tiling_from_sharding(a, s, 2, 8, "t", &t, &st), 0);
+  ck_assert_int_eq(t->tiles[0], 4);
+  ck_assert_int_eq(t->tiles[1], 1);
+  ck_assert_int_eq(t->rep, 2);
+  ck_assert_int_eq(kiln__tiling_coord(t, 1, 0), 1); /* device 1 = (x 0, y 1) */
+  ck_assert_int_eq(kiln__tiling_coord(t, 4, 0), 0); /* device 4 = (x 1, y 0) */
+  kiln_arena_destroy(a);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* ---- hand-written programs ----------------------------------------------- */
+
+/* Partitions `text` over p devices, checks the collectives (counts per
+ * kind, -1: not checked) and that the result on the interp mesh equals the
+ * unpartitioned one. */
+static void check_program(const char *text, int64_t p, const char *backend, int ar, int ag) {
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_literal **args;
+  uint32_t n;
+  ck_assert_int_eq(kiln_test_args_random(m, 7, &args, &n, &st), 0);
+  kiln_literal *want = NULL, *got = NULL;
+  ck_assert_msg(kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &want, &st) == 0,
+                "%s", st.msg);
+  kiln_spmd_stats stats;
+  int rc = kiln_run_module_global(m, backend, NULL, (uint32_t)p, NULL,
+                                  (const kiln_literal *const *)args, n, &got, &stats, &st);
+  ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
+  char why[200];
+  ck_assert_msg(close_enough(want, got, why, sizeof why), "%s on %lld devices: %s", backend,
+                (long long)p, why);
+  if (ar >= 0) ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], ar);
+  if (ag >= 0) ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], ag);
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_test_args_free(args, n);
+  kiln_module_destroy(m);
+}
+
+static const char megatron[] =
+    "HloModule megatron\n"
+    "relu {\n a = f32[8,32] parameter(0)\n z = f32[] constant(0)\n"
+    " zb = f32[8,32] broadcast(z), dimensions={}\n ROOT m = f32[8,32] maximum(a, zb)\n}\n"
+    "ENTRY e {\n x = f32[8,16] parameter(0), sharding={replicated}\n"
+    " w1 = f32[16,32] parameter(1), sharding={devices=[1,4]<=[4]}\n"
+    " w2 = f32[32,16] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+    " h = f32[8,32] dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    " r = f32[8,32] call(h), to_apply=relu\n"
+    " y = f32[8,16] dot(r, w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    " ROOT o = f32[8,16] custom-call(y), custom_call_target=\"Sharding\", "
+    "sharding={replicated}\n}\n";
+
+START_TEST(test_megatron_one_all_reduce) { check_program(megatron, 4, "interp", 1, 0); }
+END_TEST
+
+START_TEST(test_data_parallel_step) {
+  /* Forward and the weight gradient of a linear layer, batch split 4 ways:
+   * the forward needs no communication, the gradient one all-reduce. */
+  check_program("HloModule dp\n"
+                "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                " w = f32[8,4] parameter(1), sharding={replicated}\n"
+                " dy = f32[16,4] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+                " y = f32[16,4] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+                " t = f32[16,4] tanh(y)\n"
+                " g = f32[8,4] dot(x, dy), lhs_contracting_dims={0}, rhs_contracting_dims={0}, "
+                "sharding={replicated}\n"
+                " ROOT o = (f32[16,4], f32[8,4]) tuple(t, g)\n}\n",
+                4, "interp", 1, 0);
+}
+END_TEST
+
+START_TEST(test_fsdp_all_gather) {
+  /* Weights split along their input dim, batch split: the weight is
+   * gathered once, nothing is all-reduced. */
+  check_program("HloModule fsdp\n"
+                "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                " w = f32[16,8] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+                " ROOT y = f32[8,8] dot(x, w), lhs_contracting_dims={1}, "
+                "rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}\n}\n",
+                4, "interp", 0, 1);
+}
+END_TEST
+
+START_TEST(test_2d_matmul) {
+  check_program("HloModule two_d\n"
+                "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[2,1,4]<=[8] "
+                "last_tile_dim_replicate}\n"
+                " w = f32[16,8] parameter(1), sharding={devices=[1,4,2]<=[2,4]T(1,0) "
+                "last_tile_dim_replicate}\n"
+                " ROOT y = f32[8,8] dot(x, w), lhs_contracting_dims={1}, "
+                "rhs_contracting_dims={0}, sharding={devices=[2,4]<=[8]}\n}\n",
+                8, "interp", 0, 0);
+}
+END_TEST
+
+START_TEST(test_uneven_shards) {
+  /* Sizes 5 and 7 over 4 devices: padded shards, masked before reducing. */
+  check_program("HloModule uneven\n"
+                "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                " ROOT c = f32[] add(a, b)\n}\n"
+                "mx { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                " ROOT c = f32[] maximum(a, b)\n}\n"
+                "ENTRY e {\n x = f32[5,7] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                " w = f32[7,3] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+                " e = f32[5,7] exponential(x)\n"
+                " z = f32[] constant(0)\n"
+                " s = f32[7] reduce(e, z), dimensions={0}, to_apply=add\n"
+                " ninf = f32[] constant(-inf)\n"
+                " m = f32[5] reduce(x, ninf), dimensions={1}, to_apply=mx\n"
+                " xt = f32[7,5] transpose(x), dimensions={1,0}, sharding={devices=[4,1]<=[4]}\n"
+                " y = f32[5,3] dot(e, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+                " ROOT o = (f32[7], f32[5], f32[5,3], f32[7,5]) tuple(s, m, y, xt)\n}\n",
+                4, "interp", -1, -1);
+}
+END_TEST
+
+/* Counts of one kind after partitioning text over p devices, and the
+ * result checked on the interp mesh. */
+static int count_of(const char *text, int64_t p, kiln_spmd_kind kind) {
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_spmd_program *prog;
+  ck_assert_msg(kiln_spmd_partition(m, p, NULL, &prog, &st) == 0, "%s", st.msg);
+  int n = (int)prog->stats.count[kind];
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+  check_program(text, p, "interp", -1, -1);
+  return n;
+}
+
+START_TEST(test_reshard_collectives) {
+  /* Rows to columns: one all-to-all; the same split on other devices: one
+   * collective-permute; to replicated: an all-gather. */
+  static const char swap[] =
+      "HloModule swap\n"
+      "ENTRY e {\n x = f32[8,12] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " n = f32[8,12] negate(x), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] custom-call(n), custom_call_target=\"Sharding\", "
+      "sharding={devices=[1,4]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(swap, 4, KILN_SPMD_ALL_TO_ALL), 1);
+  ck_assert_int_eq(count_of(swap, 4, KILN_SPMD_ALL_GATHER), 0);
+  static const char perm[] =
+      "HloModule perm\n"
+      "ENTRY e {\n x = f32[8,12] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " n = f32[8,12] negate(x), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] custom-call(n), custom_call_target=\"Sharding\", "
+      "sharding={devices=[4,1]3,1,0,2}\n}\n";
+  ck_assert_int_eq(count_of(perm, 4, KILN_SPMD_COLLECTIVE_PERMUTE), 1);
+  static const char gather[] =
+      "HloModule gather\n"
+      "ENTRY e {\n x = f32[7,12] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " n = f32[7,12] negate(x), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[7,12] custom-call(n), custom_call_target=\"Sharding\", "
+      "sharding={replicated}\n}\n";
+  ck_assert_int_eq(count_of(gather, 4, KILN_SPMD_ALL_GATHER), 1);
+}
+END_TEST
+
+START_TEST(test_reduce_scatter) {
+  /* A row-parallel matmul whose result stays split by rows over the same
+   * devices: a reduce-scatter, no all-reduce; likewise a reduce over a
+   * split dim whose result is split the other way. */
+  static const char rs[] =
+      "HloModule rs\n"
+      "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " w = f32[16,12] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+      "sharding={devices=[4,1]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(rs, 4, KILN_SPMD_REDUCE_SCATTER), 1);
+  ck_assert_int_eq(count_of(rs, 4, KILN_SPMD_ALL_REDUCE), 0);
+  ck_assert_int_eq(count_of(rs, 4, KILN_SPMD_ALL_GATHER), 0);
+  check_program(rs, 4, "cpu", 0, 0);
+  static const char red[] =
+      "HloModule red\n"
+      "mx { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] maximum(a, b)\n}\n"
+      "ENTRY e {\n x = f32[8,12] parameter(0), sharding={devices=[2,1]<=[2]}\n"
+      " ninf = f32[] constant(-inf)\n"
+      " ROOT m = f32[12] reduce(x, ninf), dimensions={0}, to_apply=mx, "
+      "sharding={devices=[2]<=[2]}\n}\n";
+  ck_assert_int_eq(count_of(red, 2, KILN_SPMD_REDUCE_SCATTER), 1);
+  /* The devices of the result's split are not the reduced group's order:
+   * all-reduce and slice, still correct. */
+  static const char other[] =
+      "HloModule other\n"
+      "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " w = f32[16,12] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,12] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+      "sharding={devices=[4,1]3,2,1,0}\n}\n";
+  ck_assert_int_eq(count_of(other, 4, KILN_SPMD_REDUCE_SCATTER), 0);
+}
+END_TEST
+
+START_TEST(test_combiner) {
+  /* Two independent gradient all-reduces become one. */
+  static const char two[] =
+      "HloModule two\n"
+      "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " dy = f32[16,4] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " dz = f32[16,2] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+      " g1 = f32[8,4] dot(x, dy), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+      " g2 = f32[8,2] dot(x, dz), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+      " ROOT o = (f32[8,4], f32[8,2]) tuple(g1, g2), sharding={{replicated}, {replicated}}\n}\n";
+  ck_assert_int_eq(count_of(two, 4, KILN_SPMD_ALL_REDUCE), 1);
+}
+END_TEST
+
+START_TEST(test_while_split_state) {
+  /* The state stays split through the loop: the body runs on shards, the
+   * running sum over the split dim is one all-reduce per trip, nothing is
+   * gathered. */
+  static const char loop[] =
+      "HloModule loop\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "cond { p = (s32[], f32[10,8], f32[]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n n = s32[] constant(3)\n"
+      " ROOT c = pred[] compare(i, n), direction=LT\n}\n"
+      "body { p = (s32[], f32[10,8], f32[]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n x = f32[10,8] get-tuple-element(p), index=1\n"
+      " s = f32[] get-tuple-element(p), index=2\n one = s32[] constant(1)\n"
+      " i2 = s32[] add(i, one)\n y = f32[10,8] tanh(x)\n z = f32[] constant(0)\n"
+      " r = f32[] reduce(y, z), dimensions={0,1}, to_apply=add\n s2 = f32[] add(s, r)\n"
+      " ROOT t = (s32[], f32[10,8], f32[]) tuple(i2, y, s2)\n}\n"
+      "ENTRY e {\n x = f32[10,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " z = s32[] constant(0)\n f = f32[] constant(0)\n"
+      " t = (s32[], f32[10,8], f32[]) tuple(z, x, f)\n"
+      " w = (s32[], f32[10,8], f32[]) while(t), condition=cond, body=body\n"
+      " y = f32[10,8] get-tuple-element(w), index=1\n"
+      " s = f32[] get-tuple-element(w), index=2\n"
+      " ROOT o = (f32[10,8], f32[]) tuple(y, s), sharding={{devices=[4,1]<=[4]}, "
+      "{replicated}}\n}\n";
+  ck_assert_int_eq(count_of(loop, 4, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(loop, 4, KILN_SPMD_ALL_REDUCE), 1);
+  check_program(loop, 4, "cpu", 1, 0);
+}
+END_TEST
+
+START_TEST(test_convolution_batch_and_features) {
+  /* Batch split: no communication. Output features split through the
+   * kernel: none either. Input features split: a partial sum, all-reduced
+   * (here cheaper than gathering the inputs). */
+  static const char batch[] =
+      "HloModule conv\n"
+      "ENTRY e {\n x = f32[4,6,6,3] parameter(0), sharding={devices=[2,1,1,1]<=[2]}\n"
+      " k = f32[3,3,3,8] parameter(1), sharding={replicated}\n"
+      " ROOT y = f32[4,6,6,8] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f\n}\n";
+  ck_assert_int_eq(count_of(batch, 2, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(batch, 2, KILN_SPMD_ALL_REDUCE), 0);
+  static const char feat[] =
+      "HloModule conv\n"
+      "ENTRY e {\n x = f32[4,6,6,3] parameter(0), sharding={replicated}\n"
+      " k = f32[3,3,3,8] parameter(1), sharding={devices=[1,1,1,4]<=[4]}\n"
+      " ROOT y = f32[4,6,6,8] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f\n}\n";
+  ck_assert_int_eq(count_of(feat, 4, KILN_SPMD_ALL_GATHER), 0);
+  static const char in[] =
+      "HloModule conv\n"
+      "ENTRY e {\n x = f32[4,6,6,16] parameter(0), sharding={devices=[1,1,1,2]<=[2]}\n"
+      " k = f32[3,3,16,8] parameter(1), sharding={devices=[1,1,2,1]<=[2]}\n"
+      " ROOT y = f32[4,6,6,8] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+      "dim_labels=b01f_01io->b01f, sharding={replicated}\n}\n";
+  ck_assert_int_eq(count_of(in, 2, KILN_SPMD_ALL_REDUCE), 1);
+  ck_assert_int_eq(count_of(in, 2, KILN_SPMD_ALL_GATHER), 0);
+}
+END_TEST
+
+START_TEST(test_refusals) {
+  kiln_module *m = parse_ok("HloModule man\n"
+                            "ENTRY e {\n x = f32[8] parameter(0), sharding={manual}\n"
+                            " ROOT n = f32[8] negate(x)\n}\n");
+  kiln_status st = {0};
+  kiln_spmd_program *prog;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_ptr_nonnull(strstr(st.msg, "manual"));
+  kiln_module_destroy(m);
+  /* A sharding naming more devices than the mesh has. */
+  m = parse_ok("HloModule big\n"
+               "ENTRY e {\n x = f32[8] parameter(0), sharding={devices=[8]<=[8]}\n"
+               " ROOT n = f32[8] negate(x)\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_ptr_nonnull(strstr(st.msg, "8 devices"));
+  kiln_module_destroy(m);
+  /* Per-device programs are not global ones. */
+  m = parse_ok("HloModule pd\n"
+               "ENTRY e {\n x = f32[8] parameter(0), sharding={devices=[2]<=[2]}\n"
+               " ROOT p = u32[] partition-id()\n}\n");
+  ck_assert(!kiln_spmd_module_is_sharded(m));
+  kiln_module_destroy(m);
+}
+END_TEST
+
+START_TEST(test_gather_embedding) {
+  /* Ids split by batch, the table replicated: no communication. */
+  static const char emb[] =
+      "HloModule emb\n"
+      "ENTRY e {\n t = f32[10,6] parameter(0), sharding={replicated}\n"
+      " ids = s32[8,1] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT g = f32[8,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n";
+  ck_assert_int_eq(count_of(emb, 4, KILN_SPMD_ALL_GATHER), 0);
+  /* A sharded table is gathered first; uneven ids too. */
+  check_program("HloModule emb2\n"
+                "ENTRY e {\n t = f32[10,6] parameter(0), sharding={devices=[2,1]<=[2]}\n"
+                " ids = s32[7] parameter(1), sharding={devices=[2]<=[2]}\n"
+                " ROOT g = f32[7,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+                "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n",
+                2, "interp", 0, 1);
+}
+END_TEST
+
+START_TEST(test_reduce_init_not_identity) {
+  /* sum with init 5 over a split dim: partial sums would add 5 once per
+   * device, so the operand is gathered instead. */
+  check_program("HloModule init5\n"
+                "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                " ROOT c = f32[] add(a, b)\n}\n"
+                "ENTRY e {\n x = f32[8,3] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                " five = f32[] constant(5)\n"
+                " ROOT s = f32[3] reduce(x, five), dimensions={0}, to_apply=add\n}\n",
+                4, "interp", 0, -1);
+}
+END_TEST
+
+START_TEST(test_megatron_cpu) { check_program(megatron, 4, "cpu", 1, 0); }
+END_TEST
+
+/* ---- random programs × random shardings ---------------------------------- */
+
+static uint64_t rnd(uint64_t *s) {
+  *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+  return *s >> 33;
+}
+
+/* A random tiled sharding of an array of `shape` over p devices: p's
+ * factors of 2 spread over the dims (some left as replication), devices
+ * permuted. In the module's arena. */
+static kiln_sharding *random_sharding(kiln_module *m, const kiln_shape *shape, int64_t p,
+                                      uint64_t *seed) {
+  kiln_sharding *s = kiln_arena_calloc(m->arena, 1, sizeof *s);
+  uint32_t r = shape->rank;
+  int64_t *tiles = kiln_arena_calloc(m->arena, r + 1, sizeof *tiles);
+  for (uint32_t d = 0; d <= r; d++) tiles[d] = 1;
+  for (int64_t left = p; left > 1; left /= 2) {
+    uint32_t d = (uint32_t)(rnd(seed) % (r + 1));
+    tiles[d] *= 2;
+  }
+  bool any = false;
+  for (uint32_t d = 0; d < r; d++) any = any || tiles[d] > 1;
+  if (!any || rnd(seed) % 5 == 0) {
+    s->kind = KILN_SHARD_REPLICATED;
+    return s;
+  }
+  s->kind = KILN_SHARD_TILED;
+  s->tile_dims = (kiln_i64s){tiles, r + (tiles[r] > 1)};
+  s->last_tile_dim_replicate = tiles[r] > 1;
+  int64_t *dev = kiln_arena_alloc(m->arena, (size_t)p * sizeof *dev);
+  for (int64_t k = 0; k < p; k++) dev[k] = k;
+  for (int64_t k = p - 1; k > 0; k--) {
+    int64_t j = (int64_t)(rnd(seed) % (uint64_t)(k + 1)), t = dev[k];
+    dev[k] = dev[j], dev[j] = t;
+  }
+  s->devices = (kiln_i64s){dev, (uint32_t)p};
+  return s;
+}
+
+static void set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
+  kiln_attr *a = kiln_instr_add_attr(m, ins, KILN_ATTR_SHARDING);
+  ck_assert_ptr_nonnull(a);
+  a->v.sharding = s;
+}
+
+/* One random case: program `seed` with random shardings on p devices;
+ * whether it ran (the oracle may refuse a generated program). */
+static bool random_case(uint64_t seed, int64_t p, const char *backend) {
+  kiln_progen_options o = {0};
+  o.seed = seed;
+  o.ninstrs = 6 + (int)(seed % 13);
+  o.nparams = 1 + (int)(seed % 3);
+  o.dtype = KILN_F32;
+  o.max_dim = seed % 2 ? 8 : 6;
+  char *text = kiln_progen_text(&o);
+  ck_assert_ptr_nonnull(text);
+  kiln_module *m = parse_ok(text);
+  uint64_t rs = seed * 977 + (uint64_t)p;
+  kiln_computation *c = kiln_module_entry(m);
+  kiln_instr *root = kiln_computation_root(m, c);
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    kiln_instr *ins = m->instrs[c->instrs[i]];
+    bool annotate = ins->op == KILN_OP_PARAMETER || (ins == root) || rnd(&rs) % 6 == 0;
+    if (annotate && kiln_shape_is_array(&ins->shape) && ins->op != KILN_OP_CONSTANT)
+      set_sharding(m, ins, random_sharding(m, &ins->shape, p, &rs));
+  }
+  kiln_status st = {0};
+  kiln_literal **args;
+  uint32_t n;
+  ck_assert_int_eq(kiln_test_args_random(m, seed, &args, &n, &st), 0);
+  kiln_literal *want = NULL, *got = NULL;
+  int wrc = kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &want, &st);
+  if (getenv("KILN_SPMD_VERBOSE"))
+    fprintf(stderr, "seed %llu: oracle %d %s\n", (unsigned long long)seed, wrc, st.msg);
+  if (wrc == 0) {
+    size_t dlen;
+    char *dump = kiln_module_print(m, &dlen);
+    int rc = kiln_run_module_global(m, backend, NULL, (uint32_t)p, NULL,
+                                    (const kiln_literal *const *)args, n, &got, NULL, &st);
+    ck_assert_msg(rc == 0, "seed %llu, %lld devices, %s: %s: %s\n%s", (unsigned long long)seed,
+                  (long long)p, backend, st.where, st.msg, dump);
+    char why[200];
+    ck_assert_msg(close_enough(want, got, why, sizeof why), "seed %llu, %lld devices, %s: %s\n%s",
+                  (unsigned long long)seed, (long long)p, backend, why, dump);
+    kiln_free(dump);
+  }
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_test_args_free(args, n);
+  kiln_module_destroy(m);
+  kiln_free(text);
+  return wrc == 0;
+}
+
+static int nseeds(int dflt) {
+  const char *e = getenv("KILN_SPMD_SEEDS");
+  int n = e ? atoi(e) : 0;
+  return n > 0 ? n : dflt;
+}
+
+START_TEST(test_random_interp) {
+  static const int64_t ps[4] = {1, 2, 4, 8};
+  int n = nseeds(40), ran = 0;
+  for (int s = 0; s < n; s++) ran += random_case((uint64_t)s, ps[_i], "interp");
+  ck_assert_int_ge(ran, n / 2);
+}
+END_TEST
+
+START_TEST(test_random_cpu) {
+  static const int64_t ps[2] = {2, 4};
+  int n = nseeds(3), ran = 0;
+  for (int s = 0; s < n; s++) ran += random_case((uint64_t)(100 + s), ps[_i], "cpu");
+  ck_assert_int_ge(ran, 1);
+}
+END_TEST
+
+static Suite *spmd_suite(void) {
+  Suite *s = suite_create("spmd");
+  TCase *tc = tcase_create("tiling");
+  tcase_add_test(tc, test_tiling_groups_and_derive);
+  tcase_add_test(tc, test_sdy_sharding);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("programs");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_megatron_one_all_reduce);
+  tcase_add_test(tc, test_data_parallel_step);
+  tcase_add_test(tc, test_fsdp_all_gather);
+  tcase_add_test(tc, test_2d_matmul);
+  tcase_add_test(tc, test_uneven_shards);
+  tcase_add_test(tc, test_reshard_collectives);
+  tcase_add_test(tc, test_combiner);
+  tcase_add_test(tc, test_reduce_scatter);
+  tcase_add_test(tc, test_reduce_init_not_identity);
+  tcase_add_test(tc, test_gather_embedding);
+  tcase_add_test(tc, test_while_split_state);
+  tcase_add_test(tc, test_convolution_batch_and_features);
+  tcase_add_test(tc, test_refusals);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("random");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, test_random_interp, 0, 4);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("cpu");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_megatron_cpu);
+  tcase_add_loop_test(tc, test_random_cpu, 0, 2);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(spmd_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
