@@ -138,6 +138,18 @@ int kiln_cache_list(kiln_cache *c, kiln_cache_entry_fn fn, void *ctx, kiln_statu
 int kiln_cache_evict(kiln_cache *c, const char *key_hex, bool shared, uint64_t *evicted,
                      kiln_status *st);
 
+/* Export files (bundle.c): the entries of keys_hex[0..nkeys) (every local
+ * entry when nkeys is 0), each sealed, in one file signed with the cache
+ * secret; *file kiln_malloc'd. A key the cache does not hold is
+ * KILN_ENOTFOUND naming it. */
+int kiln_cache_export(kiln_cache *c, const char *const *keys_hex, size_t nkeys, uint8_t **file,
+                      size_t *len, uint32_t *count, kiln_status *st);
+/* Checks an export file (untrusted) as a whole, then stores its entries in
+ * every tier. A changed file, or one signed with another secret, is
+ * KILN_EINVAL and nothing is stored. */
+int kiln_cache_import(kiln_cache *c, const uint8_t *file, size_t len, uint32_t *imported,
+                      kiln_status *st);
+
 #ifdef __cplusplus
 }
 #endif

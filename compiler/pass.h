@@ -42,6 +42,11 @@ typedef struct kiln_pipeline_options {
   const char *stop_after;      /* NULL, or the name of the last pass to run */
   const char *const *disabled; /* pass names switched off */
   uint32_t ndisabled;
+  /* NULL, or where passes that can explain their decisions with the cost
+   * model's numbers write them, one line each (fusion; `kiln explain`):
+   * kiln_pipeline_run makes it the running thread's kiln__pass_explain()
+   * while it runs the passes. */
+  struct kiln_sbuf *explain;
 } kiln_pipeline_options;
 
 typedef struct kiln_pass_timing {
@@ -58,6 +63,10 @@ const kiln_pass *kiln_pipeline_find(const char *name);
  * in the list (at most *ntimings on input; the count written on output). */
 int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts, kiln_pass_timing *timings,
                       uint32_t *ntimings, kiln_status *st);
+
+/* The explain buffer of the pipeline running on this thread (see
+ * kiln_pipeline_options.explain), or NULL. */
+struct kiln_sbuf *kiln__pass_explain(void);
 
 /* Graphviz DOT of a module (one cluster per computation). kiln_malloc'd. */
 char *kiln_module_to_dot(const kiln_module *m, size_t *len);

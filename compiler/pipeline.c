@@ -79,6 +79,12 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+static _Thread_local struct kiln_sbuf *explain_to;
+
+struct kiln_sbuf *kiln__pass_explain(void) {
+  return explain_to;
+}
+
 int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts, kiln_pass_timing *timings,
                       uint32_t *ntimings, kiln_status *st) {
   kiln_pipeline_options o = {0};
@@ -95,8 +101,10 @@ int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts, kiln_pa
       kiln_arena *scratch = kiln_arena_create();
       if (scratch == NULL) return kiln_status_set(st, KILN_ENOMEM, p->name, "out of memory");
       kiln_pass_ctx ctx = {o.target, scratch, st, o.opt_level};
+      explain_to = o.explain;
       double t0 = now_ms();
       rc = p->run(m, &ctx);
+      explain_to = NULL;
       ms = now_ms() - t0;
       kiln_arena_destroy(scratch);
       if (rc == 0) rc = kiln__deadline_check(p->name, st);

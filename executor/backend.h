@@ -93,7 +93,21 @@ typedef struct kiln_run_options {
    * with: where the rank meets its peers in a collective step. Callers
    * leave it NULL; a run without one is a mesh of one device. */
   const struct kiln__gang_rank *gang;
+  /* May be NULL: where kiln.debug_print custom calls print
+   * (compiler/ir/debug_print.h); called from the thread that runs. */
+  const struct kiln_debug_sink *debug;
+  /* May be NULL: told the time of every step a compiled run takes
+   * (`kiln bench --profile`); backends that interpret ignore it. */
+  const struct kiln_step_observer *observer;
 } kiln_run_options;
+
+/* step(ctx, program, step, begin_ns, end_ns) after each step of a compiled
+ * run (CLOCK_MONOTONIC nanoseconds), nested programs' steps included (a
+ * while, conditional or call step is told after the steps it ran). */
+typedef struct kiln_step_observer {
+  void (*step)(void *ctx, uint32_t program, uint32_t step, int64_t begin_ns, int64_t end_ns);
+  void *ctx;
+} kiln_step_observer;
 
 /* ---- the registry ------------------------------------------------------- */
 

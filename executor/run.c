@@ -168,6 +168,7 @@ int kiln_run_module_mesh(const kiln_module *m, const char *backend, const kiln_r
     io.timeout_seconds = ropts->timeout_seconds;
     io.cancel = ropts->cancel;
     io.max_live_bytes = ropts->max_live_bytes;
+    io.debug = ropts->debug;
   }
   return kiln_interp_run_mesh(m, replicas, partitions, args, nargs, &io, outs, st);
 }

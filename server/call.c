@@ -250,11 +250,17 @@ static void send_status(kilnd_call *c, const ProtobufCMessage *msg, grpc_status_
     c->details_set = true;
   }
   /* The id of the call's log line, for the caller to quote. */
-  c->trailer.key = grpc_slice_from_static_string("kiln-request-id");
-  c->trailer.value = grpc_slice_from_static_buffer(c->request_id, strlen(c->request_id));
+  c->trailer[0].key = grpc_slice_from_static_string("kiln-request-id");
+  c->trailer[0].value = grpc_slice_from_static_buffer(c->request_id, strlen(c->request_id));
+  size_t ntrailers = 1;
+  if (c->ndebug > 0) {
+    c->trailer[1].key = grpc_slice_from_static_string("kiln-debug");
+    c->trailer[1].value = grpc_slice_from_static_buffer(c->debug, c->ndebug);
+    ntrailers = 2;
+  }
   ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-  ops[n].data.send_status_from_server.trailing_metadata_count = 1;
-  ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+  ops[n].data.send_status_from_server.trailing_metadata_count = ntrailers;
+  ops[n].data.send_status_from_server.trailing_metadata = c->trailer;
   ops[n].data.send_status_from_server.status = code;
   ops[n++].data.send_status_from_server.status_details = c->details_set ? &c->details_slice : NULL;
   c->send_tag.fn = on_sent;

@@ -1,5 +1,6 @@
-/* CacheList and CacheEvict: the executable cache seen and pruned from
- * outside.
+/* CacheList, CacheEvict, CacheExport and CacheImport: the executable
+ * cache seen, pruned and moved between servers from outside (export files:
+ * cache/bundle.c).
  *
  * Requests are checked on the completion-queue thread (every key 64 hex
  * digits, the limit in range, evict naming keys or all but not both); the
@@ -75,6 +76,20 @@ void kilnd_handle_cache_evict(kilnd_call *c, ProtobufCMessage *req) {
   kiln_status st;
   kiln_status_clear(&st);
   queue(c, check_evict((const Kiln__V1__CacheEvictRequest *)req, &st), &st);
+}
+
+void kilnd_handle_cache_export(kilnd_call *c, ProtobufCMessage *req) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  const Kiln__V1__CacheExportRequest *r = (const Kiln__V1__CacheExportRequest *)req;
+  queue(c, check_keys(r->keys, r->n_keys, EVICT_MAX_KEYS, &st), &st);
+}
+
+void kilnd_handle_cache_import(kilnd_call *c, ProtobufCMessage *req) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  const Kiln__V1__CacheImportRequest *r = (const Kiln__V1__CacheImportRequest *)req;
+  queue(c, r->file.len ? 0 : kiln_status_set(&st, KILN_EINVAL, "file", "empty"), &st);
 }
 
 /* ---- CacheList ------------------------------------------------------------------------ */
@@ -207,9 +222,61 @@ static void evict_work(kilnd_call *c) {
   kilnd_call_finish(c, &resp.base, 0, NULL);
 }
 
+/* ---- CacheExport and CacheImport ------------------------------------------------------ */
+
+static void export_work(kilnd_call *c) {
+  const Kiln__V1__CacheExportRequest *r = (const Kiln__V1__CacheExportRequest *)c->req;
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint8_t *file = NULL;
+  size_t len = 0;
+  uint32_t n = 0;
+  int rc = kiln_cache_export(c->srv->cache, (const char *const *)r->keys, r->n_keys, &file, &len,
+                             &n, &st);
+  kilnd_log_rec lr;
+  kilnd_log_audit(&lr, c, "cache_export");
+  kilnd_log_int(&lr, "entries", (int64_t)n);
+  kilnd_log_int(&lr, "bytes", (int64_t)len);
+  kilnd_log_str(&lr, "code", rc ? kilnd_log_code_name((int)kilnd_status_code(rc)) : "OK");
+  kilnd_log_end(&lr);
+  if (rc) {
+    kilnd_call_finish(c, NULL, rc, &st);
+    return;
+  }
+  Kiln__V1__CacheExportResponse resp = KILN__V1__CACHE_EXPORT_RESPONSE__INIT;
+  resp.file.data = file;
+  resp.file.len = len;
+  resp.entries = n;
+  kilnd_call_finish(c, &resp.base, 0, NULL);
+  kiln_free(file);
+}
+
+static void import_work(kilnd_call *c) {
+  const Kiln__V1__CacheImportRequest *r = (const Kiln__V1__CacheImportRequest *)c->req;
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint32_t n = 0;
+  int rc = kiln_cache_import(c->srv->cache, r->file.data, r->file.len, &n, &st);
+  kilnd_log_rec lr;
+  kilnd_log_audit(&lr, c, "cache_import");
+  kilnd_log_int(&lr, "entries", (int64_t)n);
+  kilnd_log_int(&lr, "bytes", (int64_t)r->file.len);
+  kilnd_log_str(&lr, "code", rc ? kilnd_log_code_name((int)kilnd_status_code(rc)) : "OK");
+  kilnd_log_end(&lr);
+  if (rc) {
+    kilnd_call_finish(c, NULL, rc, &st);
+    return;
+  }
+  Kiln__V1__CacheImportResponse resp = KILN__V1__CACHE_IMPORT_RESPONSE__INIT;
+  resp.imported = n;
+  kilnd_call_finish(c, &resp.base, 0, NULL);
+}
+
 void kilnd_cache_work(kilnd_call *c) {
-  if (c->method->id == KILND_M_CACHE_LIST)
-    list_work(c);
-  else
-    evict_work(c);
+  switch (c->method->id) {
+  case KILND_M_CACHE_LIST: list_work(c); break;
+  case KILND_M_CACHE_EXPORT: export_work(c); break;
+  case KILND_M_CACHE_IMPORT: import_work(c); break;
+  default: evict_work(c); break;
+  }
 }

@@ -45,6 +45,7 @@
 
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
+#include "compiler/ir/debug_print.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/proto_internal.h"
 #include "executor/backend.h"
@@ -367,14 +368,44 @@ static int run_on_device(exec_state *es, kiln_loaded *l, const kiln_run_options 
   return kiln_loaded_execute(l, es->dargs, es->nargs, ro, es->dres, es->ndres, st);
 }
 
+/* kiln.debug_print output goes back to the caller in the kiln-debug
+ * trailer: gRPC metadata values are printable ASCII, so each message's
+ * newline becomes the two characters "\n" (formats hold no backslash);
+ * past KILND_DEBUG_MAX bytes the text is cut and ends in "...". */
+static void debug_collect(void *ctx, const char *text, size_t n) {
+  kilnd_call *c = ctx;
+  int unlocked = 0;
+  while (!atomic_compare_exchange_weak(&c->debug_lock, &unlocked, 1)) unlocked = 0;
+  const size_t room = KILND_DEBUG_MAX - 3; /* "..." always fits */
+  for (size_t i = 0; i < n && c->ndebug <= room; i++) {
+    unsigned char ch = (unsigned char)text[i];
+    if (ch == '\n') {
+      if (c->ndebug + 2 > room) break;
+      c->debug[c->ndebug++] = '\\';
+      c->debug[c->ndebug++] = 'n';
+    } else if (c->ndebug < room) {
+      c->debug[c->ndebug++] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    } else {
+      break;
+    }
+  }
+  if (c->ndebug >= room && c->ndebug < KILND_DEBUG_MAX) {
+    memcpy(c->debug + c->ndebug, "...", 3);
+    c->ndebug = KILND_DEBUG_MAX;
+  }
+  atomic_store(&c->debug_lock, 0);
+}
+
 /* Runs on the backend of the executable's device class, through the
  * backend vtable: a backend that interprets gets the module, any other the
  * executable loaded on the scheduler's device. */
 static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_status *st) {
   kilnd *srv = c->srv;
+  kiln_debug_sink sink = {debug_collect, c};
   kiln_run_options ro = {.timeout_seconds = kilnd_call_time_left(c, srv->cfg.run_timeout),
                          .cancel = &c->cancelled,
-                         .max_live_bytes = srv->cfg.run_memory_bytes};
+                         .max_live_bytes = srv->cfg.run_memory_bytes,
+                         .debug = &sink};
   int dev_class = es->e->dev_class;
   kiln_backend *b = kilnd_class_backend(srv, dev_class);
   uint32_t index = device - kiln_sched_class_first(srv->sched, (uint32_t)dev_class);

@@ -53,6 +53,12 @@ static const kilnd_method methods[KILND_M_COUNT] = {
     [KILND_M_COMPILE_STREAM] = {KILND_M_COMPILE_STREAM, "/kiln.v1.Kiln/CompileStream",
                                 "CompileStream", KILND_SERVER_STREAM,
                                 &kiln__v1__compile_request__descriptor, kilnd_handle_compile},
+    [KILND_M_CACHE_EXPORT] = {KILND_M_CACHE_EXPORT, "/kiln.v1.Kiln/CacheExport", "CacheExport",
+                              KILND_UNARY, &kiln__v1__cache_export_request__descriptor,
+                              kilnd_handle_cache_export},
+    [KILND_M_CACHE_IMPORT] = {KILND_M_CACHE_IMPORT, "/kiln.v1.Kiln/CacheImport", "CacheImport",
+                              KILND_UNARY, &kiln__v1__cache_import_request__descriptor,
+                              kilnd_handle_cache_import},
 };
 
 const kilnd_method *kilnd_methods(void) { return methods; }
@@ -74,6 +80,8 @@ static int authorize(const kilnd_call *c, kiln_status *st) {
   switch (c->method->id) {
   case KILND_M_CACHE_LIST:
   case KILND_M_CACHE_EVICT:
+  case KILND_M_CACHE_EXPORT:
+  case KILND_M_CACHE_IMPORT:
   case KILND_M_STATS:
     return kiln_status_set(st, KILND_EPERM, c->method->name,
                            "needs an admin token (client '%s' is a user)", c->client);

@@ -67,6 +67,8 @@ typedef enum kilnd_method_id {
   KILND_M_CACHE_LIST,
   KILND_M_CACHE_EVICT,
   KILND_M_COMPILE_STREAM,
+  KILND_M_CACHE_EXPORT,
+  KILND_M_CACHE_IMPORT,
   KILND_M_COUNT,
   KILND_M_UNKNOWN = KILND_M_COUNT, /* unregistered paths, for metrics */
 } kilnd_method_id;
@@ -99,6 +101,7 @@ const char *kilnd_method_name(kilnd_method_id id); /* "unknown" for KILND_M_UNKN
 /* ---- calls (call.c) -------------------------------------------------------------------- */
 
 #define KILND_CLIENT_MAX 128 /* bytes of a kiln-client identity */
+#define KILND_DEBUG_MAX 4096 /* bytes of the kiln-debug trailer */
 
 struct kilnd_call {
   kilnd *srv;
@@ -115,9 +118,16 @@ struct kilnd_call {
   /* For the request log line (log.h): the id also sent as the trailing
    * metadata kiln-request-id, and what Compile and Execute found. */
   char request_id[17];
-  const char *log_cache; /* static: "memory", ..., "compiled"; NULL: none */
-  char log_key[65];      /* the executable key, "" when none */
-  grpc_metadata trailer;
+  const char *log_cache;    /* static: "memory", ..., "compiled"; NULL: none */
+  char log_key[65];         /* the executable key, "" when none */
+  grpc_metadata trailer[2]; /* kiln-request-id, then kiln-debug when there is any */
+  /* kiln.debug_print output of an Execute, sent as the trailing metadata
+   * kiln-debug: messages joined by the two characters "\n", cut at
+   * KILND_DEBUG_MAX bytes with "..." (handlers_execute.c). debug_lock
+   * guards it (the ranks of a mesh run print from their own threads). */
+  char debug[KILND_DEBUG_MAX + 1];
+  size_t ndebug;
+  atomic_int debug_lock;
 
   atomic_int refs;      /* the handler (until its last batch) + the close tag */
   atomic_int cancelled; /* the caller went away (RECV_CLOSE_ON_SERVER said so) */
@@ -271,6 +281,8 @@ void kilnd_handle_stats(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_health_check(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_cache_list(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_cache_evict(kilnd_call *c, ProtobufCMessage *req);
+void kilnd_handle_cache_export(kilnd_call *c, ProtobufCMessage *req);
+void kilnd_handle_cache_import(kilnd_call *c, ProtobufCMessage *req);
 
 /* Compile's pool job, run by the loop's thread pool (handlers_compile.c).
  * CacheList and CacheEvict share the pool: their jobs arrive here too and

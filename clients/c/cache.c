@@ -126,3 +126,47 @@ int kiln_client_cache_evict(kiln_client *c, const char *const *keys, uint32_t nk
   protobuf_c_message_free_unpacked(msg, NULL);
   return 0;
 }
+
+int kiln_client_cache_export(kiln_client *c, const char *const *keys, uint32_t nkeys,
+                             uint8_t **file, size_t *len, int64_t *entries, kiln_status *st) {
+  *file = NULL;
+  *len = 0;
+  if (entries) *entries = 0;
+  int rc = check_keys(keys, nkeys, st);
+  if (rc) return rc;
+  Kiln__V1__CacheExportRequest req;
+  kiln__v1__cache_export_request__init(&req);
+  req.keys = (char **)keys;
+  req.n_keys = nkeys;
+  ProtobufCMessage *msg;
+  rc = call(c, KILN__M_CACHE_EXPORT, &req.base, &kiln__v1__cache_export_response__descriptor, &msg,
+            st);
+  if (rc) return rc;
+  const Kiln__V1__CacheExportResponse *r = (const Kiln__V1__CacheExportResponse *)msg;
+  *file = kiln_malloc(r->file.len + 1);
+  if (*file == NULL) {
+    protobuf_c_message_free_unpacked(msg, NULL);
+    return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+  }
+  if (r->file.len) memcpy(*file, r->file.data, r->file.len);
+  *len = r->file.len;
+  if (entries) *entries = r->entries;
+  protobuf_c_message_free_unpacked(msg, NULL);
+  return 0;
+}
+
+int kiln_client_cache_import(kiln_client *c, const uint8_t *file, size_t len, int64_t *imported,
+                             kiln_status *st) {
+  if (imported) *imported = 0;
+  Kiln__V1__CacheImportRequest req;
+  kiln__v1__cache_import_request__init(&req);
+  req.file.data = (uint8_t *)file;
+  req.file.len = len;
+  ProtobufCMessage *msg;
+  int rc = call(c, KILN__M_CACHE_IMPORT, &req.base, &kiln__v1__cache_import_response__descriptor,
+                &msg, st);
+  if (rc) return rc;
+  if (imported) *imported = ((const Kiln__V1__CacheImportResponse *)msg)->imported;
+  protobuf_c_message_free_unpacked(msg, NULL);
+  return 0;
+}

@@ -39,6 +39,8 @@ static const char *const method_paths[KILN__M_COUNT] = {
     [KILN__M_CACHE_LIST] = "/kiln.v1.Kiln/CacheList",
     [KILN__M_CACHE_EVICT] = "/kiln.v1.Kiln/CacheEvict",
     [KILN__M_COMPILE_STREAM] = "/kiln.v1.Kiln/CompileStream",
+    [KILN__M_CACHE_EXPORT] = "/kiln.v1.Kiln/CacheExport",
+    [KILN__M_CACHE_IMPORT] = "/kiln.v1.Kiln/CacheImport",
 };
 
 /* The kiln-request-id of the last call finished on this thread. */
@@ -46,10 +48,32 @@ static _Thread_local char last_request_id[65];
 
 const char *kiln_client_last_request_id(void) { return last_request_id; }
 
+/* The kiln-debug trailer of that call, unescaped ("\n" -> newline). */
+static _Thread_local char last_debug[4097];
+
+const char *kiln_client_last_debug(void) { return last_debug; }
+
+static void keep_debug(const grpc_slice *v) {
+  const char *p = (const char *)GRPC_SLICE_START_PTR(*v);
+  size_t n = GRPC_SLICE_LENGTH(*v), o = 0;
+  for (size_t i = 0; i < n && o + 1 < sizeof last_debug; i++) {
+    if (p[i] == '\\' && i + 1 < n && p[i + 1] == 'n') {
+      last_debug[o++] = '\n';
+      i++;
+    } else {
+      last_debug[o++] = p[i];
+    }
+  }
+  last_debug[o] = '\0';
+}
+
 static void keep_request_id(const grpc_metadata_array *md) {
   last_request_id[0] = '\0';
+  last_debug[0] = '\0';
   for (size_t i = 0; i < md->count; i++) {
     const grpc_slice *k = &md->metadata[i].key, *v = &md->metadata[i].value;
+    if (GRPC_SLICE_LENGTH(*k) == 10 && memcmp(GRPC_SLICE_START_PTR(*k), "kiln-debug", 10) == 0)
+      keep_debug(v);
     if (GRPC_SLICE_LENGTH(*k) == 15 &&
         memcmp(GRPC_SLICE_START_PTR(*k), "kiln-request-id", 15) == 0) {
       size_t n = GRPC_SLICE_LENGTH(*v);

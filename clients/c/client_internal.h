@@ -32,6 +32,8 @@ typedef enum kiln__method {
   KILN__M_CACHE_LIST,
   KILN__M_CACHE_EVICT,
   KILN__M_COMPILE_STREAM,
+  KILN__M_CACHE_EXPORT,
+  KILN__M_CACHE_IMPORT,
   KILN__M_COUNT
 } kiln__method;
 

@@ -265,6 +265,12 @@ typedef struct kiln_remote_executable {
  * server sent none. Valid until this thread's next call. */
 const char *kiln_client_last_request_id(void);
 
+/* The kiln.debug_print output of the last call this thread finished (its
+ * trailing metadata kiln-debug, with the "\n" separators the server
+ * writes turned back into newlines); "" when there was none. Valid until
+ * this thread's next call. */
+const char *kiln_client_last_debug(void);
+
 /* Compiles HLO text (len bytes; need not be NUL-terminated). `opts` may be
  * NULL. *out is freed with kiln_remote_executable_free. */
 int kiln_client_compile_text(kiln_client *c, const char *text, size_t len,
@@ -470,6 +476,18 @@ void kiln_server_cache_list_clear(kiln_server_cache_list *l);
  * *evicted (may be NULL) counts removals summed over tiers and the table. */
 int kiln_client_cache_evict(kiln_client *c, const char *const *keys, uint32_t nkeys, bool all,
                             bool shared, int64_t *evicted, kiln_status *st);
+
+/* The entries of `keys` (every local entry when nkeys is 0) as one export
+ * file signed with the server's cache secret: *file kiln_malloc'd (*len
+ * bytes), *entries (may be NULL) how many it holds. Admin role. */
+int kiln_client_cache_export(kiln_client *c, const char *const *keys, uint32_t nkeys,
+                             uint8_t **file, size_t *len, int64_t *entries, kiln_status *st);
+
+/* Stores the entries of an export file in the server's cache tiers. The
+ * server refuses a file changed in any way or signed with another secret
+ * (INVALID_ARGUMENT, nothing stored). Admin role. */
+int kiln_client_cache_import(kiln_client *c, const uint8_t *file, size_t len, int64_t *imported,
+                             kiln_status *st);
 
 /* ---- building modules ------------------------------------------------------------- */
 

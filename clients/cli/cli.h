@@ -72,6 +72,7 @@ int kiln__cmd_compile(const kiln__args *a);
 int kiln__cmd_stats(const kiln__args *a);
 int kiln__cmd_top(const kiln__args *a); /* cmd_top.c */
 int kiln__cmd_dot(const kiln__args *a);
+int kiln__cmd_explain(const kiln__args *a);
 int kiln__cmd_bench(const kiln__args *a);
 int kiln__cmd_cache(const kiln__args *a);
 

@@ -29,6 +29,10 @@
  * the peak of live temporaries from buffer assignment (an upper bound, as
  * outputs need not all be live at that peak); the interpreter does not
  * account its memory, so its byte fields are null.
+ *
+ * --profile (cpu) also times every step of the timed runs and prints the
+ * table of profile.h on stderr; --trace FILE writes the last timed run as
+ * Chrome trace JSON (and implies --profile).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -38,6 +42,7 @@
 #include <time.h>
 
 #include "clients/cli/cli.h"
+#include "clients/cli/profile.h"
 #include "common/alloc.h"
 #include "compiler/compile.h"
 #include "compiler/ir/verify.h"
@@ -97,6 +102,8 @@ typedef struct bench {
   kiln_compile_report rep;
   bool compiled;
   uint64_t param_bytes, output_bytes;
+  bool profile;      /* --profile or --trace */
+  const char *trace; /* --trace FILE, or NULL */
   uint32_t partitions;  /* --partitions: a global program on a mesh; 0 otherwise */
   kiln_spmd_stats coll; /* its collectives per device per run */
 } bench;
@@ -141,9 +148,9 @@ static int upload(bench *b, kiln_device *d, const kiln_executable *e, kiln_buffe
 }
 
 static int one_cpu_run(bench *b, kiln_loaded *l, const kiln_executable *e, kiln_buffer **in,
-                       kiln_buffer **outs, kiln_status *st) {
+                       kiln_buffer **outs, const kiln_run_options *ro, kiln_status *st) {
   if (b->buffers) {
-    int rc = kiln_loaded_execute(l, in, e->nparam_leaves, NULL, outs, e->nresults, st);
+    int rc = kiln_loaded_execute(l, in, e->nparam_leaves, ro, outs, e->nresults, st);
     for (uint32_t i = 0; i < e->nresults && rc == 0; i++) {
       kiln_buffer_free(outs[i]);
       outs[i] = NULL;
@@ -151,7 +158,7 @@ static int one_cpu_run(bench *b, kiln_loaded *l, const kiln_executable *e, kiln_
     return rc;
   }
   kiln_literal *out = NULL;
-  int rc = kiln_loaded_run(l, (const kiln_literal *const *)b->args, b->nargs, NULL, &out, st);
+  int rc = kiln_loaded_run(l, (const kiln_literal *const *)b->args, b->nargs, ro, &out, st);
   kiln_literal_destroy(out);
   return rc;
 }
@@ -161,6 +168,7 @@ static int run_compiled(bench *b, kiln_backend *be, const kiln_compile_options *
   kiln_executable *e = NULL;
   kiln_loaded *l = NULL;
   kiln_buffer **in = NULL, **outs = NULL;
+  kiln__profile *prof = NULL;
   int rc = kiln_compile(b->m, co, &e, &b->rep, st);
   if (rc) return rc;
   b->compiled = true;
@@ -177,12 +185,28 @@ static int run_compiled(bench *b, kiln_backend *be, const kiln_compile_options *
   kiln_device *d = kiln_backend_device(be, 0);
   if ((rc = kiln_device_load(d, e, &l, st))) goto out;
   if ((rc = upload(b, d, e, in, &b->buffers, st))) goto out;
+  kiln_run_options ro = {0};
+  if (b->profile) {
+    if ((prof = kiln__profile_create(e)) == NULL) {
+      rc = kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+      goto out;
+    }
+    ro.observer = kiln__profile_observer(prof);
+  }
   for (long i = 0; i < b->warmup + b->iters && rc == 0; i++) {
+    if (prof) kiln__profile_begin(prof, i >= b->warmup);
     double t0 = now_us();
-    rc = one_cpu_run(b, l, e, in, outs, st);
+    rc = one_cpu_run(b, l, e, in, outs, b->profile ? &ro : NULL, st);
     if (i >= b->warmup) b->us[i - b->warmup] = now_us() - t0;
+    if (prof) kiln__profile_end(prof);
+  }
+  if (rc == 0 && prof) {
+    kiln__profile_print(prof, stderr);
+    if (b->trace && kiln__profile_write_trace(prof, b->trace) != 0)
+      rc = kiln_status_set(st, KILN_EIO, b->trace, "cannot write the trace: %s", strerror(errno));
   }
 out:
+  kiln__profile_destroy(prof);
   for (uint32_t i = 0; in && i < e->nparam_leaves; i++) kiln_buffer_free(in[i]);
   for (uint32_t i = 0; outs && i < e->nresults; i++) kiln_buffer_free(outs[i]);
   kiln_free(in);
@@ -399,6 +423,13 @@ int kiln__cmd_bench(const kiln__args *a) {
     return KILN_EXIT_USAGE;
   }
   b.transforms = kiln__args_all(a, "transform", &b.ntransforms);
+  b.trace = kiln__args_get(a, "trace");
+  b.profile = b.trace != NULL || kiln__args_get(a, "profile") != NULL;
+  if (b.profile && !compiles) {
+    fprintf(stderr, "kiln bench: --profile and --trace time the steps of a compiled run: use "
+                    "--backend cpu\n");
+    return KILN_EXIT_USAGE;
+  }
   if ((rc = kiln__module_load(b.file, true, &b.m))) return rc;
   if ((rc = apply_transforms(&b))) {
     kiln_module_destroy(b.m);

@@ -1,4 +1,4 @@
-/* kiln cache stats|list|evict|explain: a server's executable cache, and why
+/* kiln cache stats|list|evict|export|import|explain: a server's executable cache, and why
  * two programs do or do not share an entry.
  *
  * stats, list and evict ask the server (--server HOST:PORT) through libkiln.
@@ -17,6 +17,7 @@
 
 #include "cache/key.h"
 #include "clients/cli/cli.h"
+#include "clients/cli/fileio.h"
 #include "common/alloc.h"
 #include "compiler/compile.h"
 #include "compiler/target.h"
@@ -341,6 +342,70 @@ static int cache_evict(const kiln__args *a) {
   return rc;
 }
 
+/* export FILE [KEY...]: the entries (all local ones without keys) as one
+ * signed file; import FILE: into the server's tiers. */
+static int cache_export(const kiln__args *a) {
+  if (!want_server(a, "export")) return KILN_EXIT_USAGE;
+  if (a->npos < 2) {
+    fprintf(stderr, "kiln cache export: give the FILE to write (and KEYs, or every entry)\n");
+    return KILN_EXIT_USAGE;
+  }
+  for (int i = 2; i < a->npos; i++)
+    if (!is_key(a->pos[i])) {
+      fprintf(stderr, "kiln cache export: '%s' is not a cache key (64 hex digits)\n", a->pos[i]);
+      return KILN_EXIT_USAGE;
+    }
+  kiln_client *c;
+  int rc = kiln__remote_connect(a, &c);
+  if (rc) return rc;
+  uint8_t *file = NULL;
+  size_t len = 0;
+  int64_t n = 0;
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_client_cache_export(c, a->pos + 2, (uint32_t)(a->npos - 2), &file, &len, &n, &st)) {
+    rc = kiln__remote_report("kiln cache export", &st);
+  } else if (kiln__file_write(a->pos[1], file, len, &st)) {
+    kiln__report(a->pos[1], NULL, &st);
+    rc = kiln__exit_code(st.code);
+  } else {
+    printf("exported %lld entries, %zu bytes\n", (long long)n, len);
+  }
+  kiln_free(file);
+  kiln_client_close(c);
+  return rc;
+}
+
+static int cache_import(const kiln__args *a) {
+  if (!want_server(a, "import")) return KILN_EXIT_USAGE;
+  if (a->npos != 2) {
+    fprintf(stderr, "kiln cache import: give one FILE written by kiln cache export\n");
+    return KILN_EXIT_USAGE;
+  }
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint8_t *file;
+  size_t len;
+  if (kiln__file_read(a->pos[1], &file, &len, &st)) {
+    kiln__report(a->pos[1], NULL, &st);
+    return kiln__exit_code(st.code);
+  }
+  kiln_client *c;
+  int rc = kiln__remote_connect(a, &c);
+  if (rc) {
+    kiln_free(file);
+    return rc;
+  }
+  int64_t n = 0;
+  if (kiln_client_cache_import(c, file, len, &n, &st))
+    rc = kiln__remote_report("kiln cache import", &st);
+  else
+    printf("imported %lld entries\n", (long long)n);
+  kiln_free(file);
+  kiln_client_close(c);
+  return rc;
+}
+
 #else /* !KILN_HAVE_CLIENT */
 
 static int no_client(const char *sub) {
@@ -358,6 +423,8 @@ static int keys_from_server(const kiln__args *a, const char *const *hex, kiln_ca
 static int cache_stats(const kiln__args *a) { return (void)a, no_client("stats"); }
 static int cache_list(const kiln__args *a) { return (void)a, no_client("list"); }
 static int cache_evict(const kiln__args *a) { return (void)a, no_client("evict"); }
+static int cache_export(const kiln__args *a) { return (void)a, no_client("export"); }
+static int cache_import(const kiln__args *a) { return (void)a, no_client("import"); }
 
 #endif
 
@@ -367,6 +434,10 @@ int kiln__cmd_cache(const kiln__args *a) {
   if (strcmp(sub, "stats") == 0) return cache_stats(a);
   if (strcmp(sub, "list") == 0) return cache_list(a);
   if (strcmp(sub, "evict") == 0) return cache_evict(a);
-  fprintf(stderr, "kiln cache: unknown subcommand '%s' (stats, list, evict, explain)\n", sub);
+  if (strcmp(sub, "export") == 0) return cache_export(a);
+  if (strcmp(sub, "import") == 0) return cache_import(a);
+  fprintf(stderr,
+          "kiln cache: unknown subcommand '%s' (stats, list, evict, export, import, explain)\n",
+          sub);
   return KILN_EXIT_USAGE;
 }

@@ -116,6 +116,10 @@ static int partition(const kiln__args *a, const char *text, kiln_module **m) {
 
 int kiln__cmd_compile(const kiln__args *a) {
   if (kiln__args_get(a, "server")) return kiln__remote_compile(a);
+  if (kiln__args_get(a, "shapes")) {
+    fprintf(stderr, "kiln compile: --shapes fills a server's cache: give --server HOST:PORT\n");
+    return KILN_EXIT_USAGE;
+  }
   const char *file = a->pos[0];
   const char *backend = kiln__args_get(a, "backend");
   if (backend) {

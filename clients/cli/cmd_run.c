@@ -29,6 +29,7 @@
 #include "common/alloc.h"
 #include "common/sbuf.h"
 #include "compiler/compile.h"
+#include "compiler/ir/debug_print.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "compiler/spmd/spmd.h"
@@ -437,6 +438,16 @@ out_free:
   return rc;
 }
 
+/* kiln.debug_print messages of a local run go to stderr (stdout holds the
+ * outputs); a server's come back in the call's trailing metadata. */
+static void debug_to_stderr(void *ctx, const char *text, size_t n) {
+  (void)ctx;
+  fwrite(text, 1, n, stderr);
+  fflush(stderr);
+}
+
+static const kiln_debug_sink stderr_sink = {debug_to_stderr, NULL};
+
 /* A global program (its ENTRY carries shardings) on P partitions: global
  * arguments in, the global result out, as PJRT runs it. */
 static int run_global(const char *file, const kiln_module *m, const char *what,
@@ -474,6 +485,7 @@ int kiln__cmd_run(const kiln__args *a) {
   bool compiled = setup.compiled, compile_given = setup.compile_given;
   kiln_compile_options co = setup.co;
   kiln_run_options ropts = setup.opts;
+  ropts.debug = &stderr_sink;
   if (is_executable(file)) {
     int ntransforms;
     kiln__args_all(a, "transform", &ntransforms);

@@ -66,7 +66,8 @@ static const kiln__opt run_opts[] = {
     {"transform", 0, "SPEC", true,
      "run the transformed program, transforms innermost first: grad, grad:wrt=0,1, "
      "grad:wrt=0,output=1, vjp, jvp:wrt=0, vmap:in_axes=0,none (batch size from the "
-     "arguments, or size=N), checkpoint; --arg values then follow its parameters"},
+     "arguments, or size=N), checkpoint, autocast:bf16 or autocast:f16 (mixed precision); "
+     "--arg values then follow its parameters"},
     {"target", 0, "NAME", false,
      "cpu code target: native (this machine, default) or an ISA level such as x86-64-v3, "
      "with or without cpu- (an unknown name lists them all)"},
@@ -81,6 +82,14 @@ static const kiln__opt run_opts[] = {
     {"device-args", 0, "K FILES", true,
      "device K's arguments, comma-separated (as --arg values); other devices get the --arg "
      "values"},
+    {0},
+};
+
+static const kiln__opt explain_opts[] = {
+    {"target", 0, "NAME", false, "cpu code target whose cost model fusion uses (default cpu)"},
+    {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
+    {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
+    {"transform", 0, "SPEC", true, "apply a function transform first, innermost first"},
     {0},
 };
 
@@ -109,7 +118,10 @@ static const kiln__opt bench_opts[] = {
     {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
     {"transform", 0, "SPEC", true,
      "time the transformed program, transforms innermost first: grad, vjp, jvp, "
-     "vmap:in_axes=0,size=N, checkpoint"},
+     "vmap:in_axes=0,size=N, checkpoint, autocast:bf16"},
+    {"profile", 0, NULL, false,
+     "time every fused kernel, GEMM and convolution step; print a table on stderr"},
+    {"trace", 0, "FILE", false, "write the last timed run as Chrome trace JSON (Perfetto)"},
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
@@ -118,6 +130,9 @@ static const kiln__opt bench_opts[] = {
 
 static const kiln__opt compile_opts[] = {
     {"server", 0, "HOST:PORT", false, "compile on the kilnd at HOST:PORT"},
+    {"shapes", 0, "SPEC", true,
+     "with --server: compile for the argument shapes SPEC (f32[8,3];s32[]) into the server's "
+     "cache; repeat for several signatures"},
     KILN_SERVER_SECURITY_OPTS,
     {"backend", 0, "NAME", false, "cpu (the default here); a server may also offer interp, cuda"},
     {"target", 0, "TARGET", false, "code target within the backend (a CPU ISA, sm_XX)"},
@@ -175,6 +190,7 @@ FITS(run_opts);
 FITS(compile_opts);
 FITS(stats_opts);
 FITS(dot_opts);
+FITS(explain_opts);
 FITS(bench_opts);
 FITS(cache_opts);
 
@@ -252,6 +268,13 @@ static const kiln__cmd commands[] = {
      "'kiln run --backend cpu' would, verifying after every pass) and prints the module as\n"
      "Graphviz DOT, one cluster per computation. Render it with 'dot -Tsvg'.\n",
      dot_opts, 1, 1, kiln__cmd_dot, NULL},
+    {"explain", "explain FILE [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
+     "print the fusion decisions with the cost model's numbers",
+     "Runs the compiler's pass pipeline on FILE as 'kiln compile' would and prints what\n"
+     "fusion decided and why: per computation each group it starts, each producer it\n"
+     "weighs (+ joins, - stays out) with the roofline cost fused against the cost apart,\n"
+     "each sibling merge it weighs, and each fusion it writes with its members and cost.\n",
+     explain_opts, 1, 1, kiln__cmd_explain, NULL},
     {"bench",
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
      "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
@@ -281,6 +304,8 @@ static const kiln__cmd commands[] = {
      "cache stats --server HOST:PORT\n"
      "       kiln cache list --server HOST:PORT [KEY...] [--limit N] [--components]\n"
      "       kiln cache evict --server HOST:PORT KEY... | --all [--shared]\n"
+     "       kiln cache export --server HOST:PORT FILE [KEY...]\n"
+     "       kiln cache import --server HOST:PORT FILE\n"
      "       kiln cache explain A B [--backend B] [--target T] [-O N] [--server HOST:PORT]",
      "inspect a server's executable cache; explain cache misses",
      "stats prints the server's cache hits, misses and compiles, then every kiln_cache_*\n"
@@ -291,6 +316,9 @@ static const kiln__cmd commands[] = {
      "'  NAME DIGEST' line per key component. evict removes the KEYs (or --all) from the\n"
      "memory and disk tiers and the server's loaded executables, and with --shared from\n"
      "Redis too, then prints 'evicted N' (removals summed over tiers).\n"
+     "export writes the KEYs (every local entry without KEYs) to FILE as one file signed\n"
+     "with the server's cache secret; import stores such a file's entries on a server\n"
+     "with the same secret, which refuses a file changed in any way.\n"
      "\n"
      "explain compares two cache keys: A and B are both module files, whose keys are\n"
      "computed here as the server would for 'kiln compile --server' with the same\n"

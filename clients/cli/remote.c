@@ -408,6 +408,128 @@ static int compile_deadline(const kiln__args *a, kiln_remote_compile_options *o)
   return KILN_EXIT_OK;
 }
 
+/* ---- ahead of time: one program, several signatures ------------------------------------ */
+
+/* "f32[8,3];s32[]" into shapes in ar; false with a message on stderr. */
+static bool parse_signature(const char *spec, kiln_arena *ar, const kiln_shape ***out,
+                            uint32_t *n) {
+  uint32_t cap = 1;
+  for (const char *p = spec; *p; p++) cap += *p == ';';
+  kiln_shape *store = kiln_arena_calloc(ar, cap, sizeof *store);
+  const kiln_shape **shapes = kiln_arena_calloc(ar, cap, sizeof *shapes);
+  int64_t *dims = kiln_arena_calloc(ar, 64, sizeof *dims);
+  if (store == NULL || shapes == NULL || dims == NULL) return false;
+  *n = 0;
+  for (const char *p = spec; *p;) {
+    const char *end = strchr(p, ';'), *lb = strchr(p, '[');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    kiln_dtype t;
+    uint32_t rank = 0;
+    const char *q = lb ? lb + 1 : NULL;
+    bool ok =
+        lb && lb < p + len && kiln_dtype_from_name(p, (size_t)(lb - p), &t) && p[len - 1] == ']';
+    while (ok && q < p + len - 1) {
+      char *e;
+      errno = 0;
+      long long v = strtoll(q, &e, 10);
+      ok = errno == 0 && e != q && v >= 0 && v <= ((long long)1 << 40) && rank < 64 &&
+           (*e == ',' || e == p + len - 1);
+      dims[rank++] = v;
+      q = *e == ',' ? e + 1 : e;
+    }
+    if (!ok || kiln_shape_make_array(ar, &store[*n], t, dims, rank)) {
+      fprintf(stderr, "kiln compile: --shapes '%s': '%.*s' is not an array shape like f32[8,3]\n",
+              spec, (int)len, p);
+      return false;
+    }
+    shapes[*n] = &store[*n];
+    (*n)++;
+    p = end ? end + 1 : p + len;
+  }
+  *out = shapes;
+  return true;
+}
+
+/* The module of `path` with its ENTRY parameters given `shapes` and every
+ * ENTRY instruction's shape inferred again: a program written for any
+ * size (elementwise ops, reductions, dots) takes the new signature; one
+ * whose attributes fix sizes fails here, naming the instruction. */
+static int specialize(const char *path, const kiln_shape *const *shapes, uint32_t n, char **text,
+                      size_t *len) {
+  kiln_module *m;
+  int rc = kiln__module_load(path, true, &m);
+  if (rc) return rc;
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_computation *e = kiln_module_entry(m);
+  if (e == NULL || kiln_computation_nparams(m, e) != n) {
+    fprintf(stderr, "%s: error: --shapes gives %u shapes, the ENTRY takes %u parameters\n", path, n,
+            e ? kiln_computation_nparams(m, e) : 0);
+    kiln_module_destroy(m);
+    return KILN_EXIT_USAGE;
+  }
+  for (uint32_t i = 0; i < e->ninstrs && rc == 0; i++) {
+    kiln_instr *x = m->instrs[e->instrs[i]];
+    kiln_shape s;
+    if (x->op == KILN_OP_PARAMETER)
+      rc = kiln_instr_set_shape(m, x, shapes[x->param_number]);
+    else if ((rc = kiln_infer_shape(m, x, m->arena, &s, &st)) == 0)
+      rc = kiln_instr_set_shape(m, x, &s);
+  }
+  m->entry_layout = NULL;
+  if (rc == 0) rc = kiln_module_verify(m, NULL, &st);
+  if (rc) {
+    kiln__report(path, m, &st);
+    kiln_module_destroy(m);
+    return kiln__exit_code(rc);
+  }
+  *text = kiln_module_print(m, len);
+  kiln_module_destroy(m);
+  return *text ? KILN_EXIT_OK : KILN_EXIT_INTERNAL;
+}
+
+/* kiln compile FILE --server ADDR --shapes SPEC...: each signature compiled
+ * into the server's cache tiers (a vmap without size=N takes its batch
+ * from the shapes; otherwise the ENTRY is specialized to them), one line
+ * each; the exit status is the first failure's. */
+static int compile_signatures(kiln_client *c, const kiln__args *a, kiln_remote_compile_options o,
+                              bool need_size) {
+  int n, first = KILN_EXIT_OK;
+  const char **specs = kiln__args_all(a, "shapes", &n);
+  const char *path = a->pos[0];
+  for (int i = 0; i < n; i++) {
+    kiln_arena *ar = kiln_arena_create();
+    const kiln_shape **shapes;
+    uint32_t ns;
+    int rc = KILN_EXIT_USAGE;
+    kiln_remote_executable *e = NULL;
+    if (ar && parse_signature(specs[i], ar, &shapes, &ns)) {
+      if (need_size) {
+        o.arg_shapes = shapes;
+        o.narg_shapes = ns;
+        rc = compile_file(c, path, &o, &e);
+      } else {
+        char *text = NULL;
+        size_t len = 0;
+        rc = specialize(path, shapes, ns, &text, &len);
+        kiln_status st;
+        kiln_status_clear(&st);
+        if (rc == KILN_EXIT_OK && kiln_client_compile_text(c, text, len, &o, &e, &st))
+          rc = report_program(path, &st, &o);
+        kiln_free(text);
+      }
+    }
+    if (rc == KILN_EXIT_OK)
+      printf("%s: executable %s, cache %s\n", specs[i], e->id,
+             kiln_remote_source_name(e->cache_source));
+    else if (first == KILN_EXIT_OK)
+      first = rc;
+    kiln_remote_executable_free(e);
+    kiln_arena_destroy(ar);
+  }
+  return first;
+}
+
 int kiln__remote_compile(const kiln__args *a) {
   kiln_remote_compile_options o;
   bool need_size;
@@ -424,6 +546,16 @@ int kiln__remote_compile(const kiln__args *a) {
   }
   kiln_client *c;
   if ((rc = connect_to(a, &c))) return rc;
+  if (kiln__args_get(a, "shapes")) {
+    if (out) {
+      fprintf(stderr, "kiln compile: -o writes one executable; --shapes compiles several\n");
+      rc = KILN_EXIT_USAGE;
+    } else {
+      rc = compile_signatures(c, a, o, need_size);
+    }
+    kiln_client_close(c);
+    return rc;
+  }
   kiln_remote_executable *e = NULL;
   rc = compile_file(c, a->pos[0], &o, &e);
   if (view.shown) fprintf(stderr, "\r%*s\r", (int)view.shown, ""); /* a failure's line */
@@ -622,7 +754,10 @@ int kiln__remote_run(const kiln__args *a) {
   kiln_remote_result r;
   kiln_status st;
   kiln_status_clear(&st);
-  if (kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st)) {
+  int xrc = kiln_client_execute(c, e->id, rargs, e->nparams, &xo, &r, &st);
+  /* the server's kiln.debug_print output, as a local run prints it */
+  fputs(kiln_client_last_debug(), stderr);
+  if (xrc) {
     rc = report_program(file, &st, &o);
   } else {
     rc = print_outputs(&r, kiln__args_get(a, "out"));

@@ -21,6 +21,7 @@
 
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
+#include "compiler/ir/debug_print.h"
 
 #define MAX_RANK 64  /* array rank and tuple arity in a blob */
 #define MAX_DEPTH 16 /* tuple nesting in a blob */
@@ -480,7 +481,8 @@ static void get_coll(reader *r, kiln_coll *c) {
 
 static void get_step(reader *r, kiln_step *s) {
   uint32_t k = get_u32(r, "step kind");
-  if (r->rc == 0 && k > KILN_STEP_FFT) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
+  if (r->rc == 0 && k > KILN_STEP_DEBUG_PRINT)
+    fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
   s->kind = (kiln_step_kind)k;
   s->kernel = get_u32(r, "step kernel");
   s->range = get_u64(r, "step range");
@@ -724,6 +726,18 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
   case KILN_STEP_COLLECTIVE: {
     const char *why = kiln_coll_check(&s->coll, s->nargs, e->slots, s->args);
     if (why) return bad(st, "collective step in program", p, why);
+    break;
+  }
+  case KILN_STEP_DEBUG_PRINT: {
+    kiln_debug_record rec;
+    char why[160];
+    const kiln_slot *rs = s->nargs == 2 ? &e->slots[s->args[1]] : NULL;
+    if (rs == NULL || rs->kind != KILN_SLOT_CONSTANT)
+      return bad(st, "debug print step in program", p, "needs a value and a constant record");
+    if (!kiln_debug_record_read(e->constants + rs->offset, rs->size, slot_size(e, s->args[0]), &rec,
+                                why, sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, "executable blob",
+                             "debug print step in program %u: %s", p, why);
     break;
   }
   case KILN_STEP_FFT: {

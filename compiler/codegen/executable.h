@@ -85,6 +85,10 @@ typedef enum kiln_step_kind {
   /* out = fft(in) as kiln_fft describes; args = {in, out}. Through FFTW on
    * CPU when it can be opened, else the direct DFT (executor/cpu/cpu_fft.c). */
   KILN_STEP_FFT,
+  /* kiln.debug_print: args = {value, record}; the record, a constant slot,
+   * holds the value's shape and the format (compiler/ir/debug_print.h);
+   * the runtime renders it to the run's debug sink. */
+  KILN_STEP_DEBUG_PRINT,
 } kiln_step_kind;
 
 /* A collective step, with its replica groups resolved at compile time for
@@ -225,6 +229,12 @@ typedef struct kiln_executable {
   uint8_t *code;      /* ELF shared object (CPU) or cubin (CUDA) */
   uint64_t ncode;
   kiln_arena *arena; /* owns everything above */
+  /* In process only (not serialized; NULL after deserialize): for
+   * programs[p].steps[i], the instruction it was lowered from, as
+   * "name opcode" (a fusion: "name fusion(root opcode)"), and the op_name
+   * of its metadata ("" when none), for profiles. In `arena`. */
+  const char ***step_names;
+  const char ***step_op_names;
 } kiln_executable;
 
 /* Kernel ABI (CPU): void kiln_kernel_N(void *const *bufs, int64_t begin,

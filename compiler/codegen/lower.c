@@ -20,6 +20,7 @@
 #include "common/alloc.h"
 #include "common/deadline.h"
 #include "compiler/codegen/lower_internal.h"
+#include "compiler/ir/debug_print.h"
 #include "compiler/ir/rewrite.h"
 
 /* ---- preparation -------------------------------------------------------- */
@@ -363,6 +364,37 @@ static int lower_branches(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   return kiln__lower_step(c, prog, &s);
 }
 
+/* kiln.debug_print: the value copied on to the result, then a step that
+ * prints it; the format travels as constant bytes (debug_print.h), never
+ * as code. */
+static int lower_debug_print(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  int rc = kiln_debug_print_check(c->m, ins, c->st);
+  if (rc) return rc;
+  uint32_t ns, nd;
+  const uint32_t *src = kiln_buffer_leaves(c->ba, ins->operands[0], &ns);
+  const uint32_t *dst = kiln_buffer_leaves(c->ba, ins->id, &nd);
+  size_t nfmt;
+  const char *fmt = kiln_debug_print_format(ins, &nfmt);
+  size_t size = kiln_debug_record_size(&ins->shape, nfmt);
+  if (ns != 1 || nd != 1 || size == 0)
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "debug print of this value");
+  uint64_t off = (c->nconsts + 63) / 64 * 64;
+  if (kiln_grow((void **)&c->consts, &c->constcap, off + size + 1, 1) ||
+      kiln_grow((void **)&c->slots, &c->slotcap, c->nslots + 1, sizeof *c->slots))
+    return oom(c);
+  memset(c->consts + c->nconsts, 0, off - c->nconsts);
+  kiln_debug_record_write(c->consts + off, &ins->shape, fmt, nfmt);
+  c->nconsts = off + size;
+  c->slots[c->nslots] = (kiln_slot){.kind = KILN_SLOT_CONSTANT, .offset = off, .size = size};
+  uint32_t rec = (uint32_t)c->nslots++;
+  if ((rc = kiln__lower_copy(c, prog, dst[0], src[0], (uint64_t)leaf_bytes(&ins->shape))))
+    return rc;
+  uint32_t a[2] = {dst[0], rec};
+  kiln_step s = {.kind = KILN_STEP_DEBUG_PRINT, .nargs = 2};
+  if ((s.args = args_of(c, a, 2)) == NULL) return oom(c);
+  return kiln__lower_step(c, prog, &s);
+}
+
 static bool no_step(const kiln_module *m, const kiln_instr *ins) {
   switch (ins->op) {
   case KILN_OP_PARAMETER:
@@ -374,10 +406,22 @@ static bool no_step(const kiln_module *m, const kiln_instr *ins) {
   }
 }
 
+/* Steps [from, n) of prog came from instruction id (profiles name them). */
+static int mark_origin(kiln__lctx *c, uint32_t prog, size_t from, kiln_id id) {
+  kiln__prog *p = &c->progs[prog];
+  if (p->n == 0) return 0;
+  size_t old = p->ocap;
+  if (kiln_grow((void **)&p->origin, &p->ocap, p->n, sizeof *p->origin)) return oom(c);
+  for (size_t k = old; k < p->ocap; k++) p->origin[k] = KILN_NO_ID;
+  for (size_t k = from; k < p->n; k++) p->origin[k] = id;
+  return 0;
+}
+
 static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
   const kiln_computation *cp = c->m->comps[comp];
   for (uint32_t i = 0; i < cp->ninstrs; i++) {
     const kiln_instr *ins = c->m->instrs[cp->instrs[i]];
+    size_t from = c->progs[prog].n;
     int rc;
     if (no_step(c->m, ins))
       rc = 0;
@@ -387,8 +431,11 @@ static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
       rc = lower_branches(c, prog, ins);
     else if (kiln__lower_is_collective(c->m, ins))
       rc = kiln__lower_collective(c, prog, ins);
+    else if (kiln_debug_print_is(ins))
+      rc = lower_debug_print(c, prog, ins);
     else
       rc = kiln__lower_compute(c, prog, ins);
+    if (rc == 0) rc = mark_origin(c, prog, from, ins->id);
     if (rc == 0) rc = kiln__deadline_check("codegen", c->st);
     if (rc) return rc;
   }
@@ -460,6 +507,56 @@ static int fill_signature(kiln__lctx *c) {
   return 0;
 }
 
+/* The op_name="..." of an instruction's metadata, or "". */
+static const char *op_name_of(kiln_arena *a, const kiln_instr *ins) {
+  const char *md = ins ? kiln_instr_attr_str(ins, KILN_ATTR_METADATA) : NULL;
+  const char *p = md ? strstr(md, "op_name=\"") : NULL;
+  if (p == NULL) return "";
+  p += 9;
+  size_t n = 0;
+  while (p[n] && p[n] != '"') n += p[n] == '\\' && p[n + 1] ? 2 : 1;
+  char *out = kiln_arena_alloc(a, n + 1);
+  if (out == NULL) return "";
+  memcpy(out, p, n);
+  out[n] = 0;
+  return out;
+}
+
+/* e->step_names / step_op_names from the programs' origins. */
+static int step_origins(kiln__lctx *c) {
+  kiln_executable *e = c->e;
+  e->step_names = kiln_arena_calloc(e->arena, c->nprogs + 1, sizeof *e->step_names);
+  e->step_op_names = kiln_arena_calloc(e->arena, c->nprogs + 1, sizeof *e->step_op_names);
+  if (e->step_names == NULL || e->step_op_names == NULL) return oom(c);
+  for (size_t p = 0; p < c->nprogs; p++) {
+    const kiln__prog *pr = &c->progs[p];
+    e->step_names[p] = kiln_arena_calloc(e->arena, pr->n + 1, sizeof **e->step_names);
+    e->step_op_names[p] = kiln_arena_calloc(e->arena, pr->n + 1, sizeof **e->step_op_names);
+    if (e->step_names[p] == NULL || e->step_op_names[p] == NULL) return oom(c);
+    for (size_t i = 0; i < pr->n; i++) {
+      kiln_id id = i < pr->ocap ? pr->origin[i] : KILN_NO_ID;
+      const kiln_instr *ins = id != KILN_NO_ID ? c->m->instrs[id] : NULL;
+      char buf[256];
+      const char *on = op_name_of(e->arena, ins);
+      if (ins == NULL) {
+        snprintf(buf, sizeof buf, "result copy");
+      } else if (ins->op == KILN_OP_FUSION && ins->ncalled == 1) {
+        const kiln_computation *fc = c->m->comps[ins->called[0]];
+        const kiln_instr *root = fc->root != KILN_NO_ID ? c->m->instrs[fc->root] : NULL;
+        snprintf(buf, sizeof buf, "%.160s fusion(%s)", ins->name,
+                 root ? kiln_opcode_name(root->op) : "?");
+        if (on[0] == 0) on = op_name_of(e->arena, root);
+      } else {
+        snprintf(buf, sizeof buf, "%.160s %s", ins->name, kiln_opcode_name(ins->op));
+      }
+      e->step_names[p][i] = kiln_arena_strdup(e->arena, buf);
+      e->step_op_names[p][i] = on;
+      if (e->step_names[p][i] == NULL) return oom(c);
+    }
+  }
+  return 0;
+}
+
 static int fill_tables(kiln__lctx *c) {
   kiln_executable *e = c->e;
   e->nslots = (uint32_t)c->nslots;
@@ -479,7 +576,7 @@ static int fill_tables(kiln__lctx *c) {
     if (e->programs[p].steps == NULL) return oom(c);
   }
   e->nkernels = c->g->nkernels;
-  return 0;
+  return step_origins(c);
 }
 
 static bool rank_ok(const kiln_shape *s) {
@@ -524,7 +621,10 @@ int kiln__lower(const kiln_module *m, const kiln_buffer_assignment *ba, kiln__co
   if ((rc = fill_signature(&c))) goto out;
   rc = fill_tables(&c);
 out:
-  for (size_t p = 0; p < c.nprogs; p++) kiln_free(c.progs[p].steps);
+  for (size_t p = 0; p < c.nprogs; p++) {
+    kiln_free(c.progs[p].steps);
+    kiln_free(c.progs[p].origin);
+  }
   kiln_free(c.progs);
   kiln_free(c.slots);
   kiln_free(c.consts);

@@ -9,6 +9,8 @@
 typedef struct kiln__prog {
   kiln_step *steps;
   size_t n, cap;
+  kiln_id *origin; /* per step: the instruction lowered into it (KILN_NO_ID: none) */
+  size_t ocap;
 } kiln__prog;
 
 typedef struct kiln__lctx {

@@ -38,6 +38,9 @@ typedef struct kiln_interp_options {
   /* Set by kiln_interp_run_mesh for each device (callers leave it NULL):
    * collectives then meet the other devices' interpreters. */
   kiln_interp_mesh *mesh;
+  /* May be NULL: where kiln.debug_print custom calls print (debug_print.h);
+   * without one they only pass their operand on. */
+  const struct kiln_debug_sink *debug;
 } kiln_interp_options;
 
 /* Runs the ENTRY computation of a module on `args` (one literal per

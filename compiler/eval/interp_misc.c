@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "compiler/eval/interp_internal.h"
+#include "compiler/ir/debug_print.h"
 #include "compiler/ir/sharding.h"
 
 static int unimpl(kiln__interp_ctx *c, const kiln_instr *ins, const char *why) {
@@ -155,6 +156,25 @@ int kiln__interp_eval_collective(kiln__interp_ctx *c, const kiln_instr *ins,
 int kiln__interp_eval_custom_call(kiln__interp_ctx *c, const kiln_instr *ins,
                                   const kiln_literal *const *ops, kiln_literal **out) {
   const char *t = kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET);
+  if (kiln_debug_print_is(ins)) {
+    int rc = kiln_debug_print_check(c->m, ins, c->st);
+    if (rc) return rc;
+    if (c->opts.debug && c->opts.debug->write) {
+      kiln_sbuf sb = KILN_SBUF_INIT;
+      size_t nf;
+      const char *f = kiln_debug_print_format(ins, &nf);
+      kiln_debug_print_render(&sb, f, nf, ops[0]);
+      if (!kiln_sbuf_failed(&sb)) c->opts.debug->write(c->opts.debug->ctx, sb.data, sb.len);
+      kiln_sbuf_free(&sb);
+    }
+    rc = kiln__interp_lit_result(c, ins, out);
+    if (rc == 0) rc = kiln__interp_lit_copy_into(c, ins, (*out)->own, *out, ops[0]);
+    if (rc && *out) {
+      kiln__interp_lit_free(c, *out);
+      *out = NULL;
+    }
+    return rc;
+  }
   if (kiln_custom_call_is_annotation(t)) {
     if (ins->noperands != 1)
       return kiln__interp_fail(c, ins, KILN_EINVAL, "custom-call %s: %s takes one operand",

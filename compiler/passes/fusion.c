@@ -50,10 +50,12 @@
  * needed by anything dropped. Decisions never reassociate arithmetic, so
  * the interpreter's results stay bit-identical.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/sbuf.h"
 #include "common/deadline.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/cost.h"
@@ -108,11 +110,32 @@ typedef struct fctx {
   uint32_t nmb, capmb;
   uint32_t *stamp, stampv; /* visited marks for searches */
   kiln_id *stack;
+  kiln_sbuf *explain; /* kiln__pass_explain(): decisions are written there */
 } fctx;
 
 /* ---- small helpers -------------------------------------------------------- */
 
 static int oom(fctx *f) { return kiln_status_set(f->st, KILN_ENOMEM, "fusion", "out of memory"); }
+
+/* One line of `kiln explain` (nothing unless asked). */
+static void explain(fctx *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void explain(fctx *f, const char *fmt, ...) {
+  if (f->explain == NULL) return;
+  char line[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  kiln_sbuf_puts(f->explain, line);
+  kiln_sbuf_putc(f->explain, '\n');
+}
+
+/* "1.23us (flops 1e3, bytes 4e3)" */
+static const char *cost_text(char *buf, size_t n, const kiln_cost *c) {
+  snprintf(buf, n, "%.3gus (%.3g flops, %.3g bytes, %d kernel%s)", c->seconds * 1e6, c->flops,
+           c->bytes, c->kernels, c->kernels == 1 ? "" : "s");
+  return buf;
+}
 
 /* Grows an arena array to hold `need` elements. */
 static int grow(kiln_arena *a, void **p, uint32_t *cap, uint32_t need, size_t elem) {
@@ -205,6 +228,9 @@ static int new_group(fctx *f, kiln_id root, fkind kind, uint32_t *out) {
   kiln_cost_instr(f->m, f->m->instrs[root], f->t, &f->g[g].cost);
   f->root_of[root] = g;
   *out = g;
+  char cb[128];
+  explain(f, "  group %u (%s) rooted at %s: %s", g, kind_names[kind], f->m->instrs[root]->name,
+          cost_text(cb, sizeof cb, &f->g[g].cost));
   return 0;
 }
 
@@ -398,7 +424,13 @@ static int try_add(fctx *f, uint32_t g, kiln_id p, bool *added) {
   const kiln_instr *x = f->m->instrs[p];
   bool stays = would_be_needed(f, p, g);
   /* A GEMM is never computed twice, nor a reduce. */
-  if ((x->op == KILN_OP_DOT || x->op == KILN_OP_REDUCE) && stays) return 0;
+  if ((x->op == KILN_OP_DOT || x->op == KILN_OP_REDUCE) && stays) {
+    explain(f,
+            "    - %s stays out of group %u: still needed elsewhere, and a %s is never "
+            "computed twice",
+            x->name, g, kiln_opcode_name(x->op));
+    return 0;
+  }
   kiln_cost after, before = f->g[g].cost;
   if ((rc = cost_of(f, f->g[g].mem, f->g[g].nmem, p, f->g[g].roots, f->g[g].nroots, &after)))
     return rc;
@@ -407,7 +439,16 @@ static int try_add(fctx *f, uint32_t g, kiln_id p, bool *added) {
     kiln_cost_instr(f->m, x, f->t, &own);
     sum_cost(&before, &own);
   }
-  if (!better(&after, &before)) return 0;
+  bool win = better(&after, &before);
+  if (f->explain) {
+    char ca[128], cb[128];
+    explain(f, "    %c %s %s group %u: fused %s %s %s as %s", win ? '+' : '-', x->name,
+            win ? "joins" : "stays out of", g, cost_text(ca, sizeof ca, &after),
+            win ? "beats" : "does not beat", cost_text(cb, sizeof cb, &before),
+            stays ? "the group alone (it is still needed elsewhere, so it would be computed twice)"
+                  : "the group and it apart");
+  }
+  if (!win) return 0;
   if ((rc = join(f, g, p, &after))) return rc;
   *added = true;
   return 0;
@@ -536,6 +577,13 @@ static int try_merge(fctx *f, uint32_t a, uint32_t b) {
   }
   rc = cost_of(f, mem, n, KILN_NO_ID, roots, nr, &merged);
   sum_cost(&apart, &B->cost);
+  if (rc == 0 && f->explain) {
+    char ca[128], cb[128];
+    bool win = better(&merged, &apart);
+    explain(f, "  %s sibling groups %u and %u: one kernel %s %s two %s",
+            win ? "merge" : "keep apart", a, b, cost_text(ca, sizeof ca, &merged),
+            win ? "beats" : "does not beat", cost_text(cb, sizeof cb, &apart));
+  }
   if (rc == 0 && better(&merged, &apart)) {
     uint32_t cap = n;
     kiln_id *keep = kiln_arena_alloc(f->a, (size_t)cap * sizeof *keep);
@@ -907,6 +955,17 @@ static int write_group(fctx *f, uint32_t g, names *nm, kiln_id *first) {
       kiln_instr_set_attr_str(m, fu, KILN_ATTR_KIND, kind_names[G->kind]))
     return oom(f);
   *first = fu->id;
+  if (f->explain) {
+    char cb[128];
+    kiln_sbuf ms = KILN_SBUF_INIT;
+    for (uint32_t i = 0; i < G->nmem && i < 16; i++)
+      kiln_sbuf_printf(&ms, "%s%s", i ? ", " : "", m->instrs[mem[i]]->name);
+    if (G->nmem > 16) kiln_sbuf_printf(&ms, ", ... (%u in all)", G->nmem);
+    explain(f, "  => %s (%s, %u instructions, %u output%s): %s; members %s", fn,
+            kind_names[G->kind], G->nmem, G->nroots, G->nroots == 1 ? "" : "s",
+            cost_text(cb, sizeof cb, &G->cost), kiln_sbuf_str(&ms));
+    kiln_sbuf_free(&ms);
+  }
   if (G->nroots == 1) return 0;
   for (uint32_t r = 0; r < G->nroots; r++) {
     const char *gn = ns_unique(f->a, &nm->parent, "get-tuple-element", &nm->ngte);
@@ -1013,6 +1072,7 @@ static int fuse_computation(fctx *f, names *nm) {
     for (uint32_t k = 0; k < x->ncontrol; k++)
       if (x->control_preds[k] < n) f->ctrl_succ[x->control_preds[k]] = true;
   }
+  explain(f, "computation %s (%u instructions):", c->name, c->ninstrs);
   for (uint32_t i = c->ninstrs; i-- > 0;) {
     int rc = visit(f, c->instrs[i]);
     if (rc) return rc;
@@ -1052,6 +1112,12 @@ int kiln_pass_fusion(kiln_module *m, const kiln_pass_ctx *ctx) {
   f.m = m;
   f.st = ctx->st;
   f.t = ctx->target ? ctx->target : kiln_target_default();
+  f.explain = kiln__pass_explain();
+  if (f.explain)
+    explain(&f,
+            "fusion on target %s: a kernel costs max(flops / %.3g flop/s, bytes / %.3g B/s) + "
+            "%.3gus launch; + joins, - stays out",
+            f.t->name, f.t->peak_flops, f.t->bandwidth, f.t->launch_overhead * 1e6);
   uint32_t ncomps = m->ncomps;
   uint32_t *progs = kiln_malloc((ncomps ? ncomps : 1) * sizeof *progs);
   kiln_users *users = NULL;

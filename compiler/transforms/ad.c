@@ -120,7 +120,7 @@ int kiln__jvp_region(kiln__ad *c, const kiln_id *prim_in, const kiln_id *tan_in)
   for (uint32_t i = 0; i < src->ninstrs && tx->err == 0; i++) {
     if (kiln__tx_poll(tx)) break;
     const kiln_instr *ins = m->instrs[src->instrs[i]];
-    const kiln__rule *r = &kiln__tf_rules[ins->op];
+    const kiln__rule *r = kiln__tf_rule_of(ins);
     if (ins->op == KILN_OP_PARAMETER) {
       c->prim[kiln__ad_slot(c, ins->id)] = prim_in[ins->param_number];
       c->tan[kiln__ad_slot(c, ins->id)] = tan_in ? tan_in[ins->param_number] : KILN_NO_ID;
@@ -159,7 +159,7 @@ int kiln__vjp_forward(kiln__ad *c, const kiln_id *prim_in, const uint8_t *active
       act |= c->active[kiln__ad_slot(c, ins->operands[k])] != 0;
     act &= kiln__b_has_float(&ins->shape);
     c->active[kiln__ad_slot(c, ins->id)] = act;
-    const kiln__rule *r = &kiln__tf_rules[ins->op];
+    const kiln__rule *r = kiln__tf_rule_of(ins);
     if (act && r->fwd)
       r->fwd(c, ins);
     else
@@ -187,7 +187,7 @@ int kiln__vjp_backward(kiln__ad *c, kiln_id ct_root) {
     if (ins->op == KILN_OP_PARAMETER || !c->active[kiln__ad_slot(c, ins->id)] || ct == KILN_NO_ID ||
         kiln__b_is_zero(tx, ct))
       continue;
-    const kiln__rule *r = &kiln__tf_rules[ins->op];
+    const kiln__rule *r = kiln__tf_rule_of(ins);
     if (r->vjp == NULL) return kiln__ad_not_diff(c, ins);
     r->vjp(c, ins, ct);
   }

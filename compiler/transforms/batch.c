@@ -157,7 +157,7 @@ int kiln__batch_region(kiln__bt *c, const kiln_id *args, kiln__bsig *const *sigs
       c->sig[kiln__bt_slot(c, ins->id)] = kiln__bsig_make(tx, &ins->shape, false);
       continue;
     }
-    const kiln__rule *r = &kiln__tf_rules[ins->op];
+    const kiln__rule *r = kiln__tf_rule_of(ins);
     if (r->batch == NULL) return no_rule(c, ins);
     r->batch(c, ins);
   }

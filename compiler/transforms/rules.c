@@ -18,6 +18,8 @@
  */
 #include "compiler/transforms/rules.h"
 
+#include "compiler/ir/debug_print.h"
+
 /* elementwise, differentiable through `d` */
 #define EW(d) \
   { \
@@ -274,4 +276,26 @@ const char *kiln__tf_no_rule_why(const kiln__no_rule *list, uint32_t n, kiln_opc
   for (uint32_t i = 0; i < n; i++)
     if (list[i].op == op) return list[i].why;
   return NULL;
+}
+
+/* vmap of a debug print prints the whole batch: the same call on the
+ * batched value, its result shaped like it. */
+static int batch_debug_print(kiln__bt *c, const kiln_instr *ins) {
+  kiln_id v = c->val[kiln__bt_slot(c, ins->operands[0])];
+  kiln_instr *n = kiln__b_clone_start(&c->b, ins, &v, 1);
+  if (n && kiln_instr_set_shape(c->tx->m, n, kiln__b_shape(c->tx, v))) kiln__tx_oom(c->tx);
+  c->val[kiln__bt_slot(c, ins->id)] = kiln__b_finish(&c->b, n);
+  c->sig[kiln__bt_slot(c, ins->id)] = c->sig[kiln__bt_slot(c, ins->operands[0])];
+  return c->tx->err;
+}
+
+/* kiln.debug_print passes its operand on: its tangent and cotangent pass
+ * through unprinted (the primal is printed once), and vmap prints the
+ * whole batch. */
+static const kiln__rule debug_print_rule = {
+    .jvp = kiln__jvp_barrier, .vjp = kiln__vjp_barrier, .batch = batch_debug_print};
+
+const kiln__rule *kiln__tf_rule_of(const kiln_instr *ins) {
+  if (kiln_debug_print_is(ins)) return &debug_print_rule;
+  return &kiln__tf_rules[ins->op];
 }

@@ -104,6 +104,10 @@ typedef struct kiln__rule {
 } kiln__rule;
 
 extern const kiln__rule kiln__tf_rules[KILN_OP_COUNT];
+/* The rule of one instruction: its opcode's row, except for custom calls
+ * whose target the transforms know (kiln.debug_print: an identity with a
+ * side effect, ruled like optimization-barrier). */
+const kiln__rule *kiln__tf_rule_of(const kiln_instr *ins);
 
 /* Ops deliberately without derivative (or batching) rules, with the
  * reason; rules.c. */

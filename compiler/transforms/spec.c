@@ -19,6 +19,7 @@ static const char *const kind_names[] = {
     [KILN_TRANSFORM_JVP] = "jvp",
     [KILN_TRANSFORM_VMAP] = "vmap",
     [KILN_TRANSFORM_CHECKPOINT] = "checkpoint",
+    [KILN_TRANSFORM_AUTOCAST] = "autocast",
 };
 
 const char *kiln_transform_kind_name(kiln_transform_kind k) {
@@ -36,7 +37,8 @@ static bool takes(kiln_transform_kind k, key y) {
   case KILN_TRANSFORM_VJP: return y == KEY_WRT || y == KEY_OUTPUT;
   case KILN_TRANSFORM_JVP: return y == KEY_WRT;
   case KILN_TRANSFORM_VMAP: return y == KEY_IN_AXES || y == KEY_OUT_AXES || y == KEY_SIZE;
-  case KILN_TRANSFORM_CHECKPOINT: return false;
+  case KILN_TRANSFORM_CHECKPOINT:
+  case KILN_TRANSFORM_AUTOCAST: return false;
   }
   return false;
 }
@@ -48,6 +50,7 @@ static const char *takes_text(kiln_transform_kind k) {
   case KILN_TRANSFORM_JVP: return "wrt";
   case KILN_TRANSFORM_VMAP: return "in_axes, out_axes and size";
   case KILN_TRANSFORM_CHECKPOINT: return "no options";
+  case KILN_TRANSFORM_AUTOCAST: return "a type (bf16 or f16), loss_scale and growth_interval";
   }
   return "";
 }
@@ -128,6 +131,61 @@ too_many:
                          key_names[y], KILN_TRANSFORM_MAX_ARGS);
 }
 
+static bool item_is(const char *p, size_t n, const char *word) {
+  return strlen(word) == n && memcmp(p, word, n) == 0;
+}
+
+/* autocast:TYPE[,loss_scale=dynamic|none][,growth_interval=N]: its own
+ * small grammar, since the type comes first without a key. */
+static int parse_autocast(const char *opts, kiln_transform *t, kiln_status *st) {
+  if (opts == NULL || *opts == 0)
+    return kiln_status_set(st, KILN_EINVAL, NULL,
+                           "autocast: give the narrow type (autocast:bf16 or autocast:f16)");
+  bool have_ls = false;
+  for (const char *p = opts; p;) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    int64_t x;
+    if (p == opts) {
+      if (item_is(p, n, "bf16"))
+        t->cast_to = KILN_BF16;
+      else if (item_is(p, n, "f16"))
+        t->cast_to = KILN_F16;
+      else
+        return kiln_status_set(st, KILN_EINVAL, NULL,
+                               "autocast: type '%.*s' is not bf16 or f16 (write autocast:bf16)",
+                               (int)n, p);
+    } else if (n > 11 && memcmp(p, "loss_scale=", 11) == 0) {
+      if (have_ls)
+        return kiln_status_set(st, KILN_EINVAL, NULL, "autocast: loss_scale is given twice");
+      have_ls = true;
+      if (item_is(p + 11, n - 11, "dynamic"))
+        t->loss_scale = true;
+      else if (item_is(p + 11, n - 11, "none"))
+        t->loss_scale = false;
+      else
+        return kiln_status_set(st, KILN_EINVAL, NULL,
+                               "autocast: loss_scale '%.*s' is not dynamic or none", (int)(n - 11),
+                               p + 11);
+    } else if (n > 16 && memcmp(p, "growth_interval=", 16) == 0) {
+      if (t->growth_interval > 0)
+        return kiln_status_set(st, KILN_EINVAL, NULL, "autocast: growth_interval is given twice");
+      if (!parse_int(p + 16, n - 16, &x) || x <= 0 || x > INT32_MAX)
+        return kiln_status_set(st, KILN_EINVAL, NULL,
+                               "autocast: growth_interval '%.*s' is not a positive step count",
+                               (int)(n - 16), p + 16);
+      t->growth_interval = x;
+    } else {
+      return kiln_status_set(st, KILN_EINVAL, NULL,
+                             "autocast: unknown option '%.*s' (autocast takes %s)", (int)n, p,
+                             takes_text(KILN_TRANSFORM_AUTOCAST));
+    }
+    p = end ? end + 1 : NULL;
+  }
+  if (!have_ls) t->loss_scale = t->cast_to == KILN_F16;
+  return 0;
+}
+
 int kiln_transform_parse(const char *spec, kiln_transform *out, kiln_status *st) {
   kiln_transform t;
   memset(&t, 0, sizeof t);
@@ -144,10 +202,15 @@ int kiln_transform_parse(const char *spec, kiln_transform *out, kiln_status *st)
   }
   if (!found)
     return kiln_status_set(st, KILN_EINVAL, NULL,
-                           "unknown transform '%.*s' (expected grad, vjp, jvp, vmap or "
-                           "checkpoint, optionally followed by ':' and options)",
+                           "unknown transform '%.*s' (expected grad, vjp, jvp, vmap, "
+                           "checkpoint or autocast, optionally followed by ':' and options)",
                            (int)klen, spec);
   const char *kn = kind_names[t.kind];
+  if (t.kind == KILN_TRANSFORM_AUTOCAST) {
+    int rc = parse_autocast(colon ? colon + 1 : NULL, &t, st);
+    if (rc == 0) *out = t;
+    return rc;
+  }
   if (colon) {
     const char *p = colon + 1;
     if (*p == 0)
@@ -209,6 +272,16 @@ static void put_list(char **p, size_t *left, const char *name, const int64_t *v,
 
 void kiln_transform_format(const kiln_transform *t, char *buf, size_t size) {
   if (size == 0) return;
+  if (t->kind == KILN_TRANSFORM_AUTOCAST) {
+    bool dflt = t->loss_scale == (t->cast_to == KILN_F16);
+    int w = snprintf(buf, size, "autocast:%s", kiln_dtype_name(t->cast_to));
+    if (w >= 0 && (size_t)w < size && !dflt)
+      w +=
+          snprintf(buf + w, size - (size_t)w, ",loss_scale=%s", t->loss_scale ? "dynamic" : "none");
+    if (w >= 0 && (size_t)w < size && t->growth_interval > 0)
+      snprintf(buf + w, size - (size_t)w, ",growth_interval=%" PRId64, t->growth_interval);
+    return;
+  }
   int w = snprintf(buf, size, "%s", kiln_transform_kind_name(t->kind));
   if (w < 0 || (size_t)w >= size) return;
   char *p = buf + w;

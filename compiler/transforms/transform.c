@@ -17,6 +17,7 @@
 #include "compiler/transforms/transform.h"
 
 int kiln__tf_apply_vmap(kiln__tx *tx, const kiln_transform *t, uint32_t *out);
+int kiln__tf_apply_autocast(kiln__tx *tx, const kiln_transform *t, uint32_t *out);
 
 typedef struct entry_info {
   const kiln_computation *comp;
@@ -174,8 +175,41 @@ typedef struct vjp_marks {
   kiln_id lo, mid;
 } vjp_marks;
 
-static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, uint32_t *out,
-                     vjp_marks *mk) {
+/* Dynamic loss scaling of a grad (transform.h): the gradients g[0..n)
+ * were computed from the seed `scale`; they become g / scale, or zeros
+ * when any is not finite, and outs gets (new_scale, new_good) after them. */
+static void loss_scale_finish(kiln__b *b, kiln_id scale, kiln_id good, int64_t interval, kiln_id *g,
+                              uint32_t n, kiln_id *outs, uint32_t *nouts) {
+  kiln__tx *tx = b->tx;
+  kiln_id inv = kiln__b_div(b, kiln__b_scalar(b, KILN_F32, 1), scale);
+  kiln_id finite = kiln__b_iscalar(b, KILN_PRED, 1);
+  for (uint32_t j = 0; j < n && tx->err == 0; j++) {
+    const kiln_shape *s = kiln__b_shape(tx, g[j]);
+    g[j] = kiln__b_mul(b, g[j], kiln__b_splat(b, kiln__b_convert(b, inv, s->dtype), s));
+    int64_t *dims = kiln__b_i64s(tx, s->rank + 1);
+    if (dims == NULL) return;
+    for (uint32_t d = 0; d < s->rank; d++) dims[d] = d;
+    kiln_id fin = kiln__b_un(b, KILN_OP_IS_FINITE, g[j]);
+    fin = kiln__b_reduce(b, fin, kiln__b_iscalar(b, KILN_PRED, 1), dims, s->rank, KILN_OP_AND);
+    finite = kiln__b_bin(b, KILN_OP_AND, finite, fin);
+  }
+  for (uint32_t j = 0; j < n && tx->err == 0; j++) {
+    const kiln_shape *s = kiln__b_shape(tx, g[j]);
+    kiln_id keep = kiln__b_broadcast_like(b, finite, g[j]);
+    outs[(*nouts)++] = kiln__b_select(b, keep, g[j], kiln__b_zeros(b, s));
+  }
+  kiln_id good1 = kiln__b_add(b, good, kiln__b_iscalar(b, KILN_S32, 1));
+  kiln_id grow = kiln__b_cmp(b, good1, kiln__b_iscalar(b, KILN_S32, interval), KILN_CMP_GE);
+  kiln_id up =
+      kiln__b_select(b, grow, kiln__b_mul(b, scale, kiln__b_scalar(b, KILN_F32, 2)), scale);
+  kiln_id down = kiln__b_mul(b, scale, kiln__b_scalar(b, KILN_F32, 0.5));
+  outs[(*nouts)++] = kiln__b_select(b, finite, up, down);
+  kiln_id zero = kiln__b_iscalar(b, KILN_S32, 0);
+  outs[(*nouts)++] = kiln__b_select(b, finite, kiln__b_select(b, grow, zero, good1), zero);
+}
+
+static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, const kiln_transform *ls,
+                     uint32_t *out, vjp_marks *mk) {
   entry_info e;
   int64_t *wrt;
   uint32_t nw, comp;
@@ -201,13 +235,14 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, uint32_t 
                            chosen, buf);
     }
     for (uint32_t j = 0; j < nw; j++)
-      if (!kiln__b_has_float(e.pshape[wrt[j]])) {
+      if (!kiln__b_has_float(e.pshape[wrt[j]]) || (ls && !kiln_shape_is_array(e.pshape[wrt[j]]))) {
         kiln_sbuf sb = KILN_SBUF_INIT;
         kiln_shape_print_short(&sb, e.pshape[wrt[j]]);
         kiln__tx_fail(tx, KILN_EINVAL, NULL,
                       "grad: parameter %" PRId64 " is %s; gradients need floating-point "
-                      "parameters",
-                      wrt[j], kiln_sbuf_str(&sb));
+                      "parameters%s",
+                      wrt[j], kiln_sbuf_str(&sb),
+                      ls ? " (arrays, not tuples, under dynamic loss scaling)" : "");
         kiln_sbuf_free(&sb);
         return tx->err;
       }
@@ -217,8 +252,10 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, uint32_t 
   mk->lo = tx->m->ninstrs;
   kiln_id *prims = kiln__b_ids(tx, e.nparams);
   uint8_t *act = kiln_arena_calloc(tx->scratch, e.nparams + 1, 1);
-  kiln_id *outs = kiln__b_ids(tx, nl + nw), *cts = kiln__b_ids(tx, nl);
-  if (prims == NULL || act == NULL || outs == NULL || cts == NULL) return kiln__tx_oom(tx);
+  kiln_id *outs = kiln__b_ids(tx, nl + nw + 2), *cts = kiln__b_ids(tx, nl);
+  kiln_id *gs = kiln__b_ids(tx, nw + 1);
+  if (prims == NULL || act == NULL || outs == NULL || cts == NULL || gs == NULL)
+    return kiln__tx_oom(tx);
   for (uint32_t i = 0; i < e.nparams; i++) prims[i] = kiln__b_param(&b, i, e.pshape[i], e.pname[i]);
   for (uint32_t j = 0; j < nw; j++) act[wrt[j]] = 1;
   kiln__ad c;
@@ -231,12 +268,20 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, uint32_t 
   }
   /* cotangent parameters, one per chosen output */
   uint32_t np = e.nparams;
+  kiln_id scale = KILN_NO_ID, good = KILN_NO_ID;
+  if (grad && ls) {
+    kiln_shape f32s = {.dtype = KILN_F32}, s32s = {.dtype = KILN_S32};
+    scale = kiln__b_param(&b, np++, &f32s, "loss_scale");
+    good = kiln__b_param(&b, np++, &s32s, "good_steps");
+  }
   for (uint32_t j = 0; j < nl; j++) {
     cts[j] = KILN_NO_ID;
     if (chosen >= 0 && j != chosen) continue;
     k = 0;
     const kiln_shape *os = leaf_shape_at(rs, j, &k);
-    cts[j] = grad ? kiln__b_scalar(&b, os->dtype, 1) : kiln__b_param(&b, np++, os, "cotangent");
+    cts[j] = !grad ? kiln__b_param(&b, np++, os, "cotangent")
+             : ls  ? kiln__b_convert(&b, scale, os->dtype)
+                   : kiln__b_scalar(&b, os->dtype, 1);
   }
   k = 0;
   kiln_id ct_root = from_leaves(&b, rs, cts, &k);
@@ -244,8 +289,13 @@ static int apply_vjp(kiln__tx *tx, const kiln_transform *t, bool grad, uint32_t 
   if (kiln__vjp_backward(&c, ct_root)) return tx->err;
   for (uint32_t j = 0; j < nw; j++) {
     const kiln_instr *p = kiln_computation_param(tx->m, e.comp, wrt[j]);
-    outs[n++] = kiln__ad_mat(&b, c.cot[kiln__ad_slot(&c, p->id)], e.pshape[wrt[j]]);
+    gs[j] = kiln__ad_mat(&b, c.cot[kiln__ad_slot(&c, p->id)], e.pshape[wrt[j]]);
   }
+  if (grad && ls)
+    loss_scale_finish(&b, scale, good, ls->growth_interval > 0 ? ls->growth_interval : 2000, gs, nw,
+                      outs, &n);
+  else
+    for (uint32_t j = 0; j < nw; j++) outs[n++] = gs[j];
   kiln_id root = kiln__b_tuple(&b, outs, n);
   if (tx->err) return tx->err;
   tx->m->comps[comp]->root = root;
@@ -271,8 +321,9 @@ static int apply_checkpoint(kiln__tx *tx, uint32_t *out) {
   return 0;
 }
 
-static int apply_one(kiln_module *m, const kiln_transform *t, kiln_transform_stats *stats,
-                     kiln_status *st) {
+/* ls: the autocast whose dynamic loss scaling a grad takes (NULL: none). */
+static int apply_one(kiln_module *m, const kiln_transform *t, const kiln_transform *ls,
+                     kiln_transform_stats *stats, kiln_status *st) {
   kiln__tx tx;
   if (kiln__tx_init(&tx, m, kiln_transform_kind_name(t->kind), st)) return KILN_ENOMEM;
   uint32_t comp = KILN_NO_ID, old = m->entry, low = old;
@@ -286,10 +337,11 @@ static int apply_one(kiln_module *m, const kiln_transform *t, kiln_transform_sta
   }
   if (tx.err == 0) switch (t->kind) {
     case KILN_TRANSFORM_JVP: apply_jvp(&tx, t, &comp); break;
-    case KILN_TRANSFORM_VJP: apply_vjp(&tx, t, false, &comp, &mk); break;
-    case KILN_TRANSFORM_GRAD: apply_vjp(&tx, t, true, &comp, &mk); break;
+    case KILN_TRANSFORM_VJP: apply_vjp(&tx, t, false, NULL, &comp, &mk); break;
+    case KILN_TRANSFORM_GRAD: apply_vjp(&tx, t, true, ls, &comp, &mk); break;
     case KILN_TRANSFORM_VMAP: kiln__tf_apply_vmap(&tx, t, &comp); break;
     case KILN_TRANSFORM_CHECKPOINT: apply_checkpoint(&tx, &comp); break;
+    case KILN_TRANSFORM_AUTOCAST: kiln__tf_apply_autocast(&tx, t, &comp); break;
     default: kiln__tx_fail(&tx, KILN_EINVAL, NULL, "unknown transform kind %d", (int)t->kind);
     }
   int rc = tx.err;
@@ -324,9 +376,14 @@ int kiln_transforms_apply_stats(kiln_module *m, const kiln_transform *ts, uint32
   if (stats) memset(stats, 0, sizeof *stats);
   if (m == NULL || (ts == NULL && n))
     return kiln_status_set(st, KILN_EINVAL, NULL, "kiln_transforms_apply: NULL argument");
+  /* an autocast with loss scaling hands it to the next grad of the list */
+  const kiln_transform *ls = NULL;
   for (uint32_t i = 0; i < n; i++) {
-    int rc = apply_one(m, &ts[i], stats, st);
+    bool takes = ts[i].kind == KILN_TRANSFORM_GRAD;
+    int rc = apply_one(m, &ts[i], takes ? ls : NULL, stats, st);
     if (rc) return rc;
+    if (ts[i].kind == KILN_TRANSFORM_AUTOCAST) ls = ts[i].loss_scale ? &ts[i] : NULL;
+    if (takes) ls = NULL;
   }
   return 0;
 }

@@ -33,6 +33,20 @@
  *       parameters must agree on the batch size.
  *       Outputs that do not depend on batched inputs are broadcast along
  *       the batch, as jax.vmap does with out_axes=0.
+ *   autocast(f)(p0..p(n-1)) -> f's root (mixed precision)
+ *       every dot and convolution of f32 operands, in the ENTRY and the
+ *       computations it calls, takes its operands converted to bf16 or f16
+ *       and accumulates in f32 (the written f32 result is XLA's
+ *       preferred_element_type); everything else (reductions, softmax,
+ *       norms, exp/log, the loss) stays f32. See autocast.c.
+ *   grad(autocast:f16(f))(p0..p(n-1), scale, good) ->
+ *       (o_c, g_w0..g_w(k-1), new_scale, new_good)   dynamic loss scaling
+ *       a grad applied after an autocast:f16 (unless loss_scale=none)
+ *       seeds the backward pass with the f32 scalar `scale` instead of 1,
+ *       divides the gradients by it, and when any gradient is not finite
+ *       returns zero gradients (the update is skipped), halves the scale
+ *       and resets the s32 count `good` of finite steps; after
+ *       growth_interval finite steps in a row the scale doubles.
  *   checkpoint(f)(p0..p(n-1)) -> f's root
  *       the body of f becomes a call marked for rematerialization: a later
  *       vjp/grad recomputes its forward values in the backward pass instead
@@ -64,6 +78,8 @@
  *   grad | grad:wrt=0,1 | grad:wrt=0,output=1 | vjp:wrt=0 | vjp:output=1
  *   jvp | jvp:wrt=0 | vmap:in_axes=0,none,1 | vmap:in_axes=0,out_axes=1
  *   vmap:in_axes=0,size=8 | checkpoint
+ *   autocast:bf16 | autocast:f16 | autocast:f16,loss_scale=none
+ *   autocast:f16,growth_interval=1000 | autocast:bf16,loss_scale=dynamic
  * Options are separated by ','; a bare integer or "none" continues the list
  * of the option before it (wrt=0,1 and in_axes=0,none,1).
  */
@@ -87,6 +103,7 @@ typedef enum kiln_transform_kind {
   KILN_TRANSFORM_JVP,
   KILN_TRANSFORM_VMAP,
   KILN_TRANSFORM_CHECKPOINT,
+  KILN_TRANSFORM_AUTOCAST,
 } kiln_transform_kind;
 
 #define KILN_TRANSFORM_MAX_ARGS 64
@@ -114,6 +131,13 @@ typedef struct kiln_transform {
   /* vmap: the batch size (jax.vmap's axis_size); 0 until given with size=N
    * or inferred from argument shapes (kiln_transforms_infer_sizes). */
   int64_t axis_size;
+  /* autocast: the narrow type dots and convolutions take (KILN_BF16 or
+   * KILN_F16); loss_scale: a grad later in the list gets dynamic loss
+   * scaling (default on for f16, off for bf16); growth_interval: finite
+   * steps before the scale doubles (0: the default, 2000). */
+  kiln_dtype cast_to;
+  bool loss_scale;
+  int64_t growth_interval;
 } kiln_transform;
 
 /* What a reverse-mode transform kept alive from the forward pass to the

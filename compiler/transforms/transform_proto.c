@@ -89,6 +89,15 @@ static int encode(kiln_arena *a, const kiln_transform *t, Kiln__V1__Transform *p
       return KILN_ENOMEM;
     pt->kind_case = KILN__V1__TRANSFORM__KIND_CHECKPOINT;
     return 0;
+  case KILN_TRANSFORM_AUTOCAST:
+    if (!NEW_MSG(a, Kiln__V1__AutocastTransform, kiln__v1__autocast_transform__init, pt->autocast))
+      return KILN_ENOMEM;
+    pt->kind_case = KILN__V1__TRANSFORM__KIND_AUTOCAST;
+    /* strings of the static tables: the message is only packed */
+    pt->autocast->dtype = (char *)kiln_dtype_name(t->cast_to);
+    pt->autocast->loss_scale = (char *)(t->loss_scale ? "dynamic" : "none");
+    pt->autocast->growth_interval = t->growth_interval;
+    return 0;
   }
   return KILN_EINVAL;
 }
@@ -245,6 +254,30 @@ int kiln_transform_from_proto(const Kiln__V1__Transform *pt, const char *path, k
       return kiln_status_set(st, KILN_EUNIMPL, field(f, sizeof f, path, "checkpoint.policy"),
                              "'%.64s' is not supported yet (only nothing_saveable)", pol);
     t.kind = KILN_TRANSFORM_CHECKPOINT;
+    break;
+  }
+  case KILN__V1__TRANSFORM__KIND_AUTOCAST: {
+    const char *dt = pt->autocast->dtype ? pt->autocast->dtype : "";
+    const char *ls = pt->autocast->loss_scale ? pt->autocast->loss_scale : "";
+    t.kind = KILN_TRANSFORM_AUTOCAST;
+    if (strcmp(dt, "bf16") == 0)
+      t.cast_to = KILN_BF16;
+    else if (strcmp(dt, "f16") == 0)
+      t.cast_to = KILN_F16;
+    else
+      return kiln_status_set(st, KILN_EINVAL, field(f, sizeof f, path, "autocast.dtype"),
+                             "'%.16s' is not bf16 or f16", dt);
+    if (ls[0] == 0)
+      t.loss_scale = t.cast_to == KILN_F16;
+    else if (strcmp(ls, "dynamic") == 0 || strcmp(ls, "none") == 0)
+      t.loss_scale = ls[0] == 'd';
+    else
+      return kiln_status_set(st, KILN_EINVAL, field(f, sizeof f, path, "autocast.loss_scale"),
+                             "'%.16s' is not dynamic or none", ls);
+    if (pt->autocast->growth_interval < 0 || pt->autocast->growth_interval > INT32_MAX)
+      return kiln_status_set(st, KILN_EINVAL, field(f, sizeof f, path, "autocast.growth_interval"),
+                             "%lld is not a step count", (long long)pt->autocast->growth_interval);
+    t.growth_interval = pt->autocast->growth_interval;
     break;
   }
   default: return kiln_status_set(st, KILN_EINVAL, path, "no transform kind set");

@@ -10,6 +10,8 @@
  *   vmap[:in_axes=..,out_axes=..,size=N]
  *                            VmapTransform{in_axes, out_axes, axis_size=N}
  *   checkpoint               CheckpointTransform{}
+ *   autocast:T[,loss_scale=..,growth_interval=N]
+ *                            AutocastTransform{dtype=T, loss_scale, growth_interval}
  * A spec's grad is jax.value_and_grad (the value first, then the
  * gradients); the wire's GradTransform without with_value is jax.grad,
  * the same program with the value taken out of its result

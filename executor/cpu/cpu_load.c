@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "compiler/ir/debug_print.h"
 #include "compiler/target.h"
 #include "executor/cpu/cpu.h"
 
@@ -392,6 +393,17 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
       if (!slot_writable(e, l, s->args[i]))
         return kiln_status_set(st, KILN_EINVAL, w,
                                "collective writes slot %u, a parameter or constant", s->args[i]);
+    return 0;
+  }
+  case KILN_STEP_DEBUG_PRINT: {
+    kiln_debug_record rec;
+    char why[160];
+    if (s->nargs != 2 || e->slots[s->args[1]].kind != KILN_SLOT_CONSTANT)
+      return kiln_status_set(st, KILN_EINVAL, w, "debug print takes a value and a constant record");
+    const kiln_slot *rs = &e->slots[s->args[1]];
+    if (!kiln_debug_record_read(e->constants + rs->offset, rs->size, e->slots[s->args[0]].size,
+                                &rec, why, sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, w, "%s", why);
     return 0;
   }
   case KILN_STEP_FFT: {

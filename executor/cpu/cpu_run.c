@@ -20,6 +20,8 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/sbuf.h"
+#include "compiler/ir/debug_print.h"
 #include "executor/cpu/cpu.h"
 
 #define DEFAULT_MAX_ITERATIONS UINT64_C(1000000000)
@@ -33,9 +35,11 @@ typedef struct run_ctx {
   void **slot; /* nslots addresses */
   void **argv; /* l->nargv step arguments */
   uint64_t max_iterations;
-  double deadline;             /* monotonic seconds; 0: none */
-  const atomic_int *cancel;    /* kiln_run_options.cancel */
-  const kiln__gang_rank *gang; /* kiln_run_options.gang */
+  double deadline;                    /* monotonic seconds; 0: none */
+  const atomic_int *cancel;           /* kiln_run_options.cancel */
+  const kiln__gang_rank *gang;        /* kiln_run_options.gang */
+  const kiln_debug_sink *debug;       /* kiln_run_options.debug */
+  const kiln_step_observer *observer; /* kiln_run_options.observer */
   kiln_status *st;
 } run_ctx;
 
@@ -43,6 +47,12 @@ static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* ---- kernel launches ---------------------------------------------------- */
@@ -174,6 +184,21 @@ static int run_conditional(run_ctx *r, const kiln_step *s, void *const *a) {
   return run_program(r, s->sub[branch]);
 }
 
+/* The record was checked at load (cpu_load.c). */
+static void run_debug_print(run_ctx *r, const kiln_step *s, void *const *a) {
+  if (r->debug == NULL || r->debug->write == NULL) return;
+  const kiln_slot *rs = &r->l->exe->slots[s->args[1]];
+  kiln_debug_record rec;
+  char why[160];
+  if (!kiln_debug_record_read(a[1], rs->size, r->l->exe->slots[s->args[0]].size, &rec, why,
+                              sizeof why))
+    return;
+  kiln_sbuf sb = KILN_SBUF_INIT;
+  kiln_debug_record_render(&sb, &rec, a[0]);
+  if (!kiln_sbuf_failed(&sb)) r->debug->write(r->debug->ctx, sb.data, sb.len);
+  kiln_sbuf_free(&sb);
+}
+
 static int run_program(run_ctx *r, uint32_t p) {
   const kiln_program *pr = &r->l->exe->programs[p];
   const uint64_t *base = r->l->argv_base[p];
@@ -181,6 +206,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     const kiln_step *s = &pr->steps[i];
     void *const *a = r->argv + base[i];
     int rc = 0;
+    int64_t t0 = r->observer ? now_ns() : 0;
     switch (s->kind) {
     case KILN_STEP_KERNEL: run_kernel(r, s, a); break;
     case KILN_STEP_GEMM: kiln__cpu_gemm(r->l->dev->pool, &s->gemm, a[0], a[1], a[2]); break;
@@ -192,10 +218,12 @@ static int run_program(run_ctx *r, uint32_t p) {
     case KILN_STEP_COLLECTIVE:
       rc = kiln__cpu_coll_step(r->l->exe, s, a, r->gang, r->cancel, r->deadline, r->st);
       break;
+    case KILN_STEP_DEBUG_PRINT: run_debug_print(r, s, a); break;
     case KILN_STEP_FFT:
       rc = kiln__cpu_fft_run(r->l->fft[p][i], r->l->dev->pool, a[0], a[1], r->st);
       break;
     }
+    if (r->observer) r->observer->step(r->observer->ctx, p, i, t0, now_ns());
     if (rc == 0) rc = check_deadline(r);
     if (rc) return rc;
   }
@@ -258,6 +286,8 @@ int kiln__cpu_run(kiln__cpu_loaded *l, const void *const *params, void *const *r
   if (opts->timeout_seconds > 0) r.deadline = now_seconds() + opts->timeout_seconds;
   r.cancel = opts->cancel;
   r.gang = opts->gang;
+  r.debug = opts->debug;
+  r.observer = opts->observer;
   resolve_slots(l, arena, params, results, slot);
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {

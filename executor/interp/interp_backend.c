@@ -61,6 +61,7 @@ static int kiln_interp_run_module(kiln_device *d, const kiln_module *m,
       .timeout_seconds = opts->timeout_seconds,
       .cancel = opts->cancel,
       .max_live_bytes = opts->max_live_bytes,
+      .debug = opts->debug,
   };
   return kiln_interp_run(m, args, nargs, &io, out, st);
 }

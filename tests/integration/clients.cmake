@@ -74,3 +74,13 @@ if(TARGET kilnd)
   set_tests_properties(test_remote_diff PROPERTIES LABELS "integration;peer" TIMEOUT 900
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV};JAX_PLATFORMS=cpu")
 endif()
+
+# kiln.debug_print (and the other issue-17 tools) through kilnd next to the
+# local runs: test_toolbox.py.
+if(TARGET kilnd)
+  add_test(NAME test_toolbox
+    COMMAND sh -c "exec \"\${KILN_PYTHON:-${KILN_ITEST_PYTHON}}\" \"$@\"" test_toolbox
+            ${CMAKE_CURRENT_LIST_DIR}/test_toolbox.py)
+  set_tests_properties(test_toolbox PROPERTIES LABELS integration TIMEOUT 300
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV}")
+endif()

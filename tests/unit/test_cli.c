@@ -805,8 +805,8 @@ START_TEST(test_run_transform_errors) {
   const char *f = write_file("f.hlo", sine_loss);
   result r = run("run", f, "--transform", "hess", "--random-args", "1", NULL);
   EXPECT(r, 2, "",
-         "kiln run: --transform 'hess': unknown transform 'hess' (expected grad, vjp, jvp, vmap or "
-         "checkpoint, optionally followed by ':' and options)\n");
+         "kiln run: --transform 'hess': unknown transform 'hess' (expected grad, vjp, jvp, vmap, "
+         "checkpoint or autocast, optionally followed by ':' and options)\n");
   result_free(&r);
   r = run("run", f, "--transform", "grad:wrt=3", "--random-args", "1", NULL);
   char want[512];
@@ -1158,6 +1158,50 @@ START_TEST(test_damaged_executable_tables) {
 }
 END_TEST
 
+/* kiln explain: fusion's decisions with the cost model's numbers. */
+static const char *const softmax_module =
+    "HloModule sm\n"
+    "add_f {\n"
+    "  a = f32[] parameter(0)\n"
+    "  b = f32[] parameter(1)\n"
+    "  ROOT s = f32[] add(a, b)\n"
+    "}\n"
+    "ENTRY main {\n"
+    "  x = f32[64,128] parameter(0)\n"
+    "  e = f32[64,128] exponential(x)\n"
+    "  z = f32[] constant(0)\n"
+    "  s = f32[64] reduce(e, z), dimensions={1}, to_apply=add_f\n"
+    "  b = f32[64,128] broadcast(s), dimensions={0}\n"
+    "  ROOT d = f32[64,128] divide(e, b)\n"
+    "}\n";
+
+START_TEST(test_explain) {
+  const char *f = write_file("sm.hlo", softmax_module);
+  result r = run("explain", f, NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  const char *want[] = {"fusion on target cpu: a kernel costs max(flops / ",
+                        "computation main",
+                        "group 0 (kLoop) rooted at d: ",
+                        "+ b joins group 0: fused ",
+                        "+ e joins group 0: fused ",
+                        " beats ",
+                        "=> fusion (kLoop, ",
+                        "members ",
+                        "summary: ENTRY main has 1 fusions"};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    ck_assert_msg(strstr(r.out, want[i]) != NULL, "explain lacks \"%s\":\n%s", want[i], r.out);
+  result_free(&r);
+  /* -O 0 runs no fusion: said so */
+  r = run("explain", f, "-O", "0", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.out, "fusion did not run"));
+  result_free(&r);
+  r = run("explain", tpath("missing.hlo"), NULL);
+  ck_assert_int_ne(r.code, 0);
+  result_free(&r);
+}
+END_TEST
+
 START_TEST(test_dot) {
   const char *f = write_file("add.hlo", add_module);
   result r = run("dot", f, NULL);
@@ -1264,6 +1308,7 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_corrupt_executable);
   tcase_add_test(tc, test_damaged_executable_tables);
   tcase_add_test(tc, test_dot);
+  tcase_add_test(tc, test_explain);
   tcase_add_test(tc, test_bench);
   suite_add_tcase(s, tc);
   return s;

@@ -842,10 +842,10 @@ START_TEST(test_spec_parse) {
   const struct {
     const char *in, *msg;
   } bad[] = {
-      {"hess", "unknown transform 'hess' (expected grad, vjp, jvp, vmap or checkpoint, optionally "
-               "followed by ':' and options)"},
-      {"", "unknown transform '' (expected grad, vjp, jvp, vmap or checkpoint, optionally followed "
-           "by ':' and options)"},
+      {"hess", "unknown transform 'hess' (expected grad, vjp, jvp, vmap, checkpoint or autocast, "
+               "optionally followed by ':' and options)"},
+      {"", "unknown transform '' (expected grad, vjp, jvp, vmap, checkpoint or autocast, "
+           "optionally followed by ':' and options)"},
       {"grad:", "grad: nothing follows ':' (grad takes wrt and output)"},
       {"grad:wrt=a", "grad: wrt entry 'a' is not a parameter number (a non-negative integer)"},
       {"grad:wrt=-1", "grad: wrt entry '-1' is not a parameter number (a non-negative integer)"},

@@ -57,6 +57,12 @@ START_TEST(test_every_spec_roundtrips) {
       {"vmap:size=8", "vmap:size=8"},
       {"vmap:in_axes=1,size=3", "vmap:in_axes=1,size=3"},
       {"checkpoint", "checkpoint"},
+      {"autocast:bf16", "autocast:bf16"},
+      {"autocast:f16", "autocast:f16"},
+      {"autocast:f16,loss_scale=none", "autocast:f16,loss_scale=none"},
+      {"autocast:bf16,loss_scale=dynamic,growth_interval=7",
+       "autocast:bf16,loss_scale=dynamic,growth_interval=7"},
+      {"autocast:f16,loss_scale=dynamic", "autocast:f16"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) roundtrip(cases[i][0], cases[i][1]);
 }
