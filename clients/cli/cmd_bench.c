@@ -102,8 +102,8 @@ typedef struct bench {
   kiln_compile_report rep;
   bool compiled;
   uint64_t param_bytes, output_bytes;
-  bool profile;      /* --profile or --trace */
-  const char *trace; /* --trace FILE, or NULL */
+  bool profile;         /* --profile or --trace */
+  const char *trace;    /* --trace FILE, or NULL */
   uint32_t partitions;  /* --partitions: a global program on a mesh; 0 otherwise */
   kiln_spmd_stats coll; /* its collectives per device per run */
 } bench;

@@ -29,8 +29,8 @@ extern "C" {
 
 #define KILN_EXE_MAGIC "KILNEXE1" /* 8 bytes */
 /* 2: the convolution step; 3: the collective step; 4: the fft step; 5: the
- * code kind (a shared object or a cubin) */
-#define KILN_EXE_FORMAT_VERSION 5u
+ * code kind (a shared object or a cubin); 6: the debug-print step */
+#define KILN_EXE_FORMAT_VERSION 6u
 #define KILN_COMPILER_VERSION "0.1.0"
 
 /* What the code object is. */

@@ -55,8 +55,8 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "common/sbuf.h"
 #include "common/deadline.h"
+#include "common/sbuf.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/cost.h"
 #include "compiler/passes/passes.h"
