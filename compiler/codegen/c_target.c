@@ -22,6 +22,9 @@ static const char prelude[] =
     "#include <stdint.h>\n"
     "#include <string.h>\n"
     "#undef I\n"
+    "#if defined(__clang__) && !defined(CMPLX)\n"
+    "#define CMPLX(x, y) __builtin_complex((double)(x), (double)(y))\n"
+    "#endif\n"
     "#define KI static inline __attribute__((unused))\n"
     "#define KCLZ64(x) __builtin_clzll(x)\n" KILN__PRELUDE_BODY
     /* complex values (the C target only) are computed in double _Complex;

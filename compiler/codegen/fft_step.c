@@ -15,6 +15,12 @@
 #include "common/alloc.h"
 #include "compiler/codegen/lower_internal.h"
 
+/* CMPLX is C11, but clang with glibc does not define it (as in
+ * compiler/eval/interp_internal.h). */
+#if defined(__clang__) && !defined(CMPLX)
+#define CMPLX(x, y) __builtin_complex((double)(x), (double)(y))
+#endif
+
 #define MAX_EXTENT ((int64_t)1 << 31)
 #define MAX_STRIDE ((int64_t)1 << 40)
 
