@@ -80,6 +80,39 @@ class Device:
         return f"KilnDevice(id={self.id}, platform={self.platform!r}, kind={self.device_kind!r})"
 
 
+def _read(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"kiln.connect: cannot read the {what} {path!r}: {e.strerror}") from None
+
+
+def _tls_credentials(tls):
+    """tls=True (the system's CA certificates), a path to a PEM file of CA
+    certificates, a dict {"ca": path, "cert": path, "key": path} (mutual
+    TLS; each optional), or grpc.ChannelCredentials as they are."""
+    if isinstance(tls, grpc.ChannelCredentials):
+        return tls
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls, (str, os.PathLike)):
+        return grpc.ssl_channel_credentials(root_certificates=_read(tls, "CA file"))
+    if isinstance(tls, dict):
+        unknown = set(tls) - {"ca", "cert", "key"}
+        if unknown:
+            raise ValueError(f"kiln.connect: tls has unknown keys {sorted(unknown)} "
+                             "(ca, cert, key)")
+        if ("cert" in tls) != ("key" in tls):
+            raise ValueError("kiln.connect: tls needs both cert and key for mutual TLS")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(tls["ca"], "CA file") if "ca" in tls else None,
+            private_key=_read(tls["key"], "key file") if "key" in tls else None,
+            certificate_chain=_read(tls["cert"], "certificate file") if "cert" in tls else None)
+    raise TypeError("kiln.connect: tls is True, a CA file path, a dict of ca/cert/key paths "
+                    f"or grpc.ChannelCredentials, not {type(tls).__name__}")
+
+
 class Connection:
     """One channel to kilnd."""
 
@@ -88,8 +121,7 @@ class Connection:
         opts = [("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20)]
         if tls:
-            creds = tls if isinstance(tls, grpc.ChannelCredentials) else grpc.ssl_channel_credentials()
-            self.channel = grpc.secure_channel(address, creds, options=opts)
+            self.channel = grpc.secure_channel(address, _tls_credentials(tls), options=opts)
         else:
             self.channel = grpc.insecure_channel(address, options=opts)
         self.stub = kiln_pb2_grpc.KilnStub(self.channel)
@@ -463,8 +495,10 @@ class Array(ArrayOps):
 
 def connect(address=None, *, token=None, tls=None, timeout=None):
     """Connects to kilnd at address (default: $KILN_SERVER, else
-    127.0.0.1:50051) and makes it the default connection. timeout: the
-    deadline of every call in seconds (default $KILN_TIMEOUT, else 600)."""
+    127.0.0.1:50051) and makes it the default connection. token: a bearer
+    token (default $KILN_TOKEN). tls: True, a CA file path, or a dict of
+    "ca", "cert", "key" paths (see _tls_credentials). timeout: the deadline
+    of every call in seconds (default $KILN_TIMEOUT, else 600)."""
     global _conn
     address = address or os.environ.get("KILN_SERVER") or "127.0.0.1:50051"
     token = token if token is not None else os.environ.get("KILN_TOKEN")
