@@ -28,6 +28,18 @@ typedef enum kiln__code_kind {
   KILN__CODE_CUBIN = 1, /* NVRTC: a cubin for the target's architecture (nvrtc.c) */
 } kiln__code_kind;
 
+/* The ctype and stype entries of the real element types, the same spelling
+ * in every C-family target (C and CUDA C with <stdint.h>'s names); a
+ * target's table starts with them and adds its own (complex on C). */
+#define KILN__CG_REAL_TYPES(HALF) \
+  [KILN_PRED] = "uint8_t", [KILN_S8] = "int8_t", [KILN_S16] = "int16_t", [KILN_S32] = "int32_t", \
+  [KILN_S64] = "int64_t", [KILN_U8] = "uint8_t", [KILN_U16] = "uint16_t", [KILN_U32] = "uint32_t", \
+  [KILN_U64] = "uint64_t", [KILN_F16] = HALF, [KILN_BF16] = HALF, [KILN_F32] = "float", \
+  [KILN_F64] = "double"
+/* Values of f16/bf16 are computed in double; elements are their bit patterns. */
+#define KILN__CG_REAL_CTYPES KILN__CG_REAL_TYPES("double")
+#define KILN__CG_REAL_STYPES KILN__CG_REAL_TYPES("uint16_t")
+
 typedef struct kiln__cg_target {
   /* The backend's name in messages: "the %s backend cannot compile ...". */
   const char *name;
