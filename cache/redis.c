@@ -784,10 +784,7 @@ static int node_index_locked(redis_store *s, const char *host, int port) {
       return (int)i;
   if (s->nnodes == MAX_NODES) return -1;
   node *nd = node_new(s, host, port, NULL, false);
-  if (!nd) return -1;
-  pthread_mutex_lock(&nd->mu);
-  pthread_cond_signal(&nd->wake); /* it starts down: connect now, in its thread */
-  pthread_mutex_unlock(&nd->mu);
+  if (!nd) return -1; /* it starts down: its reconnect thread connects it at once */
   s->nodes[s->nnodes] = nd;
   return (int)s->nnodes++;
 }
@@ -1074,8 +1071,8 @@ static int vcommand(redis_store *s, node *pinned, const char *key, redisReply **
       pthread_mutex_unlock(&s->mu);
       if (!rd.ask) want_refresh(s);
       freeReplyObject(rep);
-      /* A node just learnt of is still connecting: let the next request
-       * find it up rather than wait here. */
+      /* A node just learnt of is still connecting: this request is then a
+       * fault (borrow does not wait for it) and later ones find it up. */
       nd = to;
       asking = rd.ask;
       continue;
@@ -1323,13 +1320,7 @@ static void redis_stats(kiln_cache_store *base, kiln_cache_store_stats *out) {
   out->puts = s->puts;
   out->faults = s->faults;
   pthread_mutex_unlock(&s->mu);
-  out->up = s->t.topo == TOPO_SINGLE ? false : map_healthy(s);
-  if (s->t.topo == TOPO_SINGLE) {
-    node *nd = s->nodes[0];
-    pthread_mutex_lock(&nd->mu);
-    out->up = nd->up;
-    pthread_mutex_unlock(&nd->mu);
-  }
+  out->up = map_healthy(s); /* one Redis: its map names node 0 everywhere */
 }
 
 static size_t redis_nodes(kiln_cache_store *base, kiln_cache_node_stats *out, size_t cap) {
