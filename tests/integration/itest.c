@@ -27,6 +27,18 @@
 #include <time.h>
 #include <unistd.h>
 
+const char itest_spin_hlo[] =
+    "HloModule spin\n"
+    "cond {\n  s = (s32[], s32[]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
+    "  n = s32[] get-tuple-element(s), index=1\n  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
+    "body {\n  s = (s32[], s32[]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
+    "  n = s32[] get-tuple-element(s), index=1\n  one = s32[] constant(1)\n"
+    "  i1 = s32[] add(i, one)\n  ROOT t = (s32[], s32[]) tuple(i1, n)\n}\n"
+    "ENTRY main {\n  n = s32[] parameter(0)\n  zero = s32[] constant(0)\n"
+    "  init = (s32[], s32[]) tuple(zero, n)\n"
+    "  loop = (s32[], s32[]) while(init), condition=cond, body=body\n"
+    "  ROOT i = s32[] get-tuple-element(loop), index=0\n}\n";
+
 double itest_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -46,6 +46,10 @@ struct Suite; /* Check's */
  * status: 0 or 1. */
 int itest_run_suite(const char *test_name, struct Suite *s, itest_kilnd *k);
 
+/* HLO text of a counting loop: ENTRY (n: s32[]) -> s32[] runs n iterations
+ * and returns n, so a test chooses how long a run takes. */
+extern const char itest_spin_hlo[];
+
 /* Seconds on a monotonic clock. */
 double itest_now(void);
 

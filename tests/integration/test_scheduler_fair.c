@@ -25,18 +25,6 @@
 
 static itest_kilnd server;
 
-static const char spin[] =
-    "HloModule spin\n"
-    "cond {\n  s = (s32[], s32[]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
-    "  n = s32[] get-tuple-element(s), index=1\n  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
-    "body {\n  s = (s32[], s32[]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
-    "  n = s32[] get-tuple-element(s), index=1\n  one = s32[] constant(1)\n"
-    "  i1 = s32[] add(i, one)\n  ROOT t = (s32[], s32[]) tuple(i1, n)\n}\n"
-    "ENTRY main {\n  n = s32[] parameter(0)\n  zero = s32[] constant(0)\n"
-    "  init = (s32[], s32[]) tuple(zero, n)\n"
-    "  loop = (s32[], s32[]) while(init), condition=cond, body=body\n"
-    "  ROOT i = s32[] get-tuple-element(loop), index=0\n}\n";
-
 static char exe_id[128];
 static int32_t spin_n;
 static double heavy_ends[MAX_ENDS]; /* when each heavy call was answered */
@@ -74,7 +62,9 @@ static void calibrate(kiln_client *c) {
   kiln_status_clear(&st);
   kiln_remote_compile_options o = {.backend = "interp"};
   kiln_remote_executable *e;
-  ck_assert_msg(kiln_client_compile_text(c, spin, strlen(spin), &o, &e, &st) == 0, "%s", st.msg);
+  ck_assert_msg(kiln_client_compile_text(c, itest_spin_hlo, strlen(itest_spin_hlo), &o, &e, &st) ==
+                    0,
+                "%s", st.msg);
   snprintf(exe_id, sizeof exe_id, "%s", e->id);
   kiln_remote_executable_free(e);
   /* Twice: the first guess (call overhead included) sizes a run long
