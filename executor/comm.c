@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/thread.h"
 #include "compiler/codegen/executable.h"
 #include "executor/backend.h"
 #include "executor/backend_impl.h"
@@ -509,7 +510,7 @@ static int gang_run(gang *g, kiln_status *st) {
   if (gr == NULL) return kiln_status_set(st, KILN_ENOMEM, "mesh", "out of memory");
   for (uint32_t r = 1; r < n; r++, started++) {
     gr[r] = (gang_rank){.g = g, .rank = r};
-    if (pthread_create(&gr[r].thread, NULL, gang_thread, &gr[r]) != 0) break;
+    if (kiln_thread_start(&gr[r].thread, gang_thread, &gr[r]) != 0) break;
   }
   pthread_mutex_lock(&g->mu);
   if (started == n - 1)

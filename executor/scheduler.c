@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/thread.h"
 
 typedef struct sclient sclient;
 
@@ -333,7 +334,7 @@ static int check_options(const kiln_sched_options *o, kiln_status *st) {
 
 static int start_workers(kiln_sched *s, kiln_status *st) {
   for (uint32_t i = 0; i < s->ndevs; i++) {
-    if (pthread_create(&s->devs[i].thread, NULL, worker, &s->devs[i]) != 0)
+    if (kiln_thread_start(&s->devs[i].thread, worker, &s->devs[i]) != 0)
       return kiln_status_set(st, KILN_EINTERNAL, "scheduler", "cannot start worker thread %u", i);
     s->devs[i].started = true;
   }

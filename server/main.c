@@ -25,6 +25,7 @@
 
 #include "cache/cache.h"
 #include "common/alloc.h"
+#include "common/thread.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
 #include "executor/cpu/cpu_blas.h"
@@ -253,7 +254,7 @@ static int serve(kilnd *srv, kiln_status *st) {
       for (int k = 0; k < REQUESTS_PER_METHOD; k++) kilnd_call_request(srv, &m[i]);
     for (int k = 0; k < 4; k++) kilnd_call_request(srv, NULL);
     for (; nthreads < srv->cfg.cq_threads; nthreads++)
-      if (pthread_create(&threads[nthreads], NULL, cq_thread, srv) != 0) break;
+      if (kiln_thread_start(&threads[nthreads], cq_thread, srv) != 0) break;
     if (nthreads == 0) rc = kiln_status_set(st, KILN_EINTERNAL, "cq-threads", "no thread started");
   }
   if (rc == 0)

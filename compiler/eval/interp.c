@@ -19,9 +19,10 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/thread.h"
 #include "compiler/eval/interp_internal.h"
 
-#define MAX_CALL_DEPTH 200
+#define MAX_CALL_DEPTH KILN_NESTING_CAPACITY
 #define DEFAULT_MAX_LIVE ((size_t)8 << 30)
 #define DEFAULT_MAX_WHILE 1000000000ull
 

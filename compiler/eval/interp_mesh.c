@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/thread.h"
 #include "compiler/eval/interp_internal.h"
 
 typedef struct slot {
@@ -209,7 +210,7 @@ int kiln_interp_run_mesh(const kiln_module *m, uint32_t replicas, uint32_t parti
     d->k = k;
   }
   for (int64_t k = 0; k < n; k++) {
-    if (pthread_create(&th[k], NULL, device_main, &runs[k]) != 0) {
+    if (kiln_thread_start(&th[k], device_main, &runs[k]) != 0) {
       /* Devices not started count as failed, so their peers stop. */
       pthread_mutex_lock(&mh.mu);
       for (int64_t j = k; j < n; j++) mh.slots[j].gone = mh.slots[j].failed = true;

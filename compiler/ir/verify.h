@@ -12,6 +12,7 @@
 #ifndef KILN_COMPILER_IR_VERIFY_H
 #define KILN_COMPILER_IR_VERIFY_H
 
+#include "common/thread.h"
 #include "compiler/ir/ir.h"
 
 #ifdef __cplusplus
@@ -23,10 +24,11 @@ extern "C" {
  * entry is 2). The walks that follow calls recurse, so the verifier refuses
  * a module nested deeper than the limit before any of them runs. JAX
  * programs nest a few tens deep; the largest limit a caller may set is
- * what every recursive walk was measured to take on a compile thread's
- * 8 MiB stack, with room to spare. */
+ * what every recursive walk (and the backends' run loops) was measured to
+ * take on an 8 MiB stack, with room to spare, and it is what the backends
+ * accept: KILN_NESTING_CAPACITY (common/thread.h). */
 #define KILN_VERIFY_DEFAULT_MAX_NESTING 256
-#define KILN_VERIFY_MAX_NESTING 4096
+#define KILN_VERIFY_MAX_NESTING KILN_NESTING_CAPACITY
 
 typedef struct kiln_verify_options {
   int64_t max_elements; /* per array; 0: default 2^40 */

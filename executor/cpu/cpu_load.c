@@ -26,13 +26,14 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/thread.h"
 #include "compiler/ir/debug_print.h"
 #include "compiler/target.h"
 #include "executor/cpu/cpu.h"
 
-#define MAX_NESTING 64       /* programs inside programs (while in while ...) */
-#define MAX_SHAPE_DEPTH 64   /* tuple nesting of entry shapes */
-#define MAX_STEP_ARGS 65536u /* slot ids per step */
+#define MAX_NESTING KILN_NESTING_CAPACITY /* programs inside programs (while in while ...) */
+#define MAX_SHAPE_DEPTH 64                /* tuple nesting of entry shapes */
+#define MAX_STEP_ARGS 65536u              /* slot ids per step */
 #define MAX_KERNELS (1u << 20)
 #define MAX_CODE_BYTES (UINT64_C(1) << 30)
 

@@ -85,6 +85,32 @@ static char *nested_whiles(int depth) {
   return kiln_sbuf_detach(&b, NULL);
 }
 
+/* `depth` whiles, each in the body of the next, each running its body once:
+ * from 0 the result is depth. */
+static char *counting_whiles(int depth) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&b, "HloModule counting\n");
+  for (int i = 0; i < depth; i++) {
+    kiln_sbuf_printf(&b,
+                     "cond%d {\n  p = s32[] parameter(0)\n  one = s32[] constant(1)\n"
+                     "  ROOT lt = pred[] compare(p, one), direction=LT\n}\n",
+                     i);
+    kiln_sbuf_printf(&b, "body%d {\n  p = s32[] parameter(0)\n  one = s32[] constant(1)\n", i);
+    if (i == 0)
+      kiln_sbuf_puts(&b, "  ROOT r = s32[] add(p, one)\n}\n");
+    else
+      kiln_sbuf_printf(&b,
+                       "  w = s32[] while(p), condition=cond%d, body=body%d\n"
+                       "  ROOT r = s32[] add(w, one)\n}\n",
+                       i - 1, i - 1);
+  }
+  kiln_sbuf_printf(&b,
+                   "ENTRY main {\n  p = s32[] parameter(0)\n"
+                   "  ROOT w = s32[] while(p), condition=cond%d, body=body%d\n}\n",
+                   depth - 1, depth - 1);
+  return kiln_sbuf_detach(&b, NULL);
+}
+
 /* A chain of n sines: seconds of transforms and passes under grad. */
 static char *long_chain(int n) {
   kiln_sbuf b = KILN_SBUF_INIT;
@@ -219,6 +245,44 @@ START_TEST(test_deep_calls) {
   EXPECT_CODE(code, KILN_RPC_OK, st);
   free(text);
   still_serving();
+}
+END_TEST
+
+/* What --max-nesting lets through, every backend runs: the run loops
+ * recurse once per level, on threads with a stack sized for the largest
+ * limit (common/thread.h). The cpu loader allowed 64 levels and the
+ * interpreter 200 while Compile accepted 256 by default and up to 4096. */
+START_TEST(test_deep_nesting_runs) {
+  itest_kilnd k;
+  const char *extra[] = {"--max-nesting", "4096", NULL};
+  ck_assert_int_eq(itest_kilnd_start(&k, extra), 0);
+  char *text = counting_whiles(4000);
+  const char *backends[] = {"interp", "cpu"};
+  for (int b = 0; b < 2; b++) {
+    kiln_client *c = connect_to(k.addr, "deep-runner");
+    kiln_status st;
+    kiln_status_clear(&st);
+    kiln_remote_compile_options o = {.backend = backends[b], .deadline_ms = 120000};
+    kiln_remote_executable *e;
+    ck_assert_msg(kiln_client_compile_text(c, text, strlen(text), &o, &e, &st) == 0, "%s: %s",
+                  backends[b], st.msg);
+    kiln_literal *p = lit("s32[] 0");
+    kiln_remote_arg args[1] = {{.literal = p}};
+    kiln_remote_execute_options xo = {.deadline_ms = 60000};
+    kiln_remote_result r;
+    ck_assert_msg(kiln_client_execute(c, e->id, args, 1, &xo, &r, &st) == 0, "%s: %s: %s",
+                  backends[b], st.where, st.msg);
+    int32_t v;
+    memcpy(&v, r.outputs[0].literal->data, sizeof v);
+    ck_assert_msg(v == 4000, "%s: %d", backends[b], v);
+    kiln_remote_result_free(&r);
+    kiln_literal_destroy(p);
+    kiln_remote_executable_free(e);
+    kiln_client_close(c);
+  }
+  free(text);
+  ck_assert_msg(itest_kilnd_alive(&k), "kilnd died");
+  ck_assert_int_eq(itest_kilnd_stop(&k, SIGTERM, 20), 0);
 }
 END_TEST
 
@@ -573,6 +637,7 @@ int main(void) {
   tcase_set_timeout(tc, 180);
   tcase_add_test(tc, test_deep_calls);
   tcase_add_test(tc, test_deep_calls_cli);
+  tcase_add_test(tc, test_deep_nesting_runs);
   tcase_add_test(tc, test_compile_deadline);
   tcase_add_test(tc, test_compile_timeout);
   tcase_add_test(tc, test_cancelled_compile);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/thread.h"
 #include "compiler/codegen/executable.h"
 #include "executor/backend.h"
 #include "executor/cpu/cpu.h"
@@ -1256,13 +1257,15 @@ START_TEST(test_hostile_steps) {
 END_TEST
 
 START_TEST(test_hostile_deep_nesting) {
-  /* 70 programs each calling the next: deeper than the 64 allowed. */
+  /* Programs each calling the next, one level more than the
+   * KILN_NESTING_CAPACITY the verifier can ever let through. */
+  const uint32_t n = KILN_NESTING_CAPACITY + 2;
   kiln_executable *e = kiln_executable_create();
   e->target = "cpu";
   e->result_shape.dtype = KILN_TUPLE;
-  e->nprograms = 70;
-  e->programs = kiln_arena_calloc(e->arena, 70, sizeof *e->programs);
-  for (uint32_t p = 0; p + 1 < 70; p++) {
+  e->nprograms = n;
+  e->programs = kiln_arena_calloc(e->arena, n, sizeof *e->programs);
+  for (uint32_t p = 0; p + 1 < n; p++) {
     kiln_step *s = kiln_arena_calloc(e->arena, 1, sizeof *s);
     s->kind = KILN_STEP_CALL;
     s->sub = kiln_arena_memdup(e->arena, &(uint32_t){p + 1}, 4);
@@ -1271,12 +1274,14 @@ START_TEST(test_hostile_deep_nesting) {
     e->programs[p].nsteps = 1;
   }
   ck_assert_int_eq(load_rc(e, 0), KILN_ELIMIT);
-  ck_assert_str_eq(st.msg, "programs nest deeper than 64");
-  e->nprograms = 60; /* program 59 calls program 60: out of range now */
+  ck_assert_str_eq(st.msg, "programs nest deeper than 4096");
+  e->nprograms = n - 1; /* the last program calls one out of range now */
   ck_assert_int_eq(load_rc(e, 0), KILN_EINVAL);
-  ck_assert_str_eq(st.msg, "sub-program 60 out of range (60 programs)");
-  e->programs[59].nsteps = 0;
-  ck_assert_int_eq(load_rc(e, 0), 0); /* 60 levels are fine */
+  char want[64];
+  snprintf(want, sizeof want, "sub-program %u out of range (%u programs)", n - 1, n - 1);
+  ck_assert_str_eq(st.msg, want);
+  e->programs[n - 2].nsteps = 0;
+  ck_assert_int_eq(load_rc(e, 0), 0); /* exactly the capacity is fine, and runs */
   /* No kernels, no code: a program of nothing runs. */
   kiln_literal *res = NULL;
   ck_assert_int_eq(run1(e, 1, NULL, 0, NULL, &res), 0);
