@@ -154,6 +154,7 @@ int kiln__emit_fail(kiln__emit_fn *f, const kiln_instr *ins, int code, const cha
 int kiln__ix_new(kiln__emit_fn *f, uint32_t rank, kiln__ix *x) {
   memset(x, 0, sizeof *x);
   x->rank = rank;
+  x->f = f;
   x->id = rank ? f->nix++ : 0;
   if (rank) {
     x->c = kiln_arena_calloc(f->arena, rank, sizeof *x->c);
@@ -168,10 +169,17 @@ const char *kiln__ix_get(kiln__emit_fn *f, const kiln__ix *x, uint32_t d) {
 }
 
 void kiln__ix_set(kiln__ix *x, uint32_t d, const char *fmt, ...) {
+  char buf[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(x->c[d], KILN__IX_LEN, fmt, ap);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  /* Nested strided slices and reshapes compose components longer than the
+   * inline room: those were cut short (unbalanced C) before. */
+  if (n >= 0 && n < KILN__IX_LEN)
+    memcpy(x->c[d], buf, (size_t)n + 1);
+  else
+    kiln__ix_var(x->f, x->c[d], "%s", buf);
 }
 
 void kiln__ix_var(kiln__emit_fn *f, char dst[KILN__IX_LEN], const char *fmt, ...) {

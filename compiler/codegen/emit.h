@@ -65,6 +65,9 @@ typedef struct kiln__ix {
   const char *lin;         /* physical offset in lin_shape's layout, or NULL */
   const kiln_shape *lin_shape;
   bool root; /* the kernel's own output index */
+  /* The function it was made for (kiln__ix_new): where a component too long
+   * to hold inline is spilled into an index variable. */
+  struct kiln__emit_fn *f;
 } kiln__ix;
 
 typedef struct kiln__memo {
@@ -123,6 +126,8 @@ int kiln__emit_value1(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, uint32_t 
 int kiln__ix_new(kiln__emit_fn *f, uint32_t rank, kiln__ix *x);
 /* Component d (marks the root index used). */
 const char *kiln__ix_get(kiln__emit_fn *f, const kiln__ix *x, uint32_t d);
+/* Sets component d; an expression longer than KILN__IX_LEN - 1 becomes an
+ * index variable x<N> (declared at this point of the function). */
 void kiln__ix_set(kiln__ix *x, uint32_t d, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* A new index variable x<N> = expr; its name is written into dst. */

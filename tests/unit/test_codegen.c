@@ -1493,6 +1493,29 @@ START_TEST(executor_end_to_end) {
       3);
 }
 END_TEST
+
+/* Slices of slices with an op between them (so the simplifier cannot merge
+ * them) compose index components longer than an index holds inline; they
+ * used to be cut short into C that did not compile (associative_scan's
+ * odd/even slicing, 5 levels deep). Eight levels, fused into one kernel. */
+START_TEST(executor_nested_strided_slices) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&b, "HloModule nested_slices\nENTRY main {\n  x = f32[8,512] parameter(0)\n");
+  const char *prev = "x";
+  char name[16];
+  int w = 512;
+  for (int i = 1; i <= 8; i++, w /= 2) {
+    kiln_sbuf_printf(&b, "  s%d = f32[8,%d] slice(%s), slice={[0:8], [%d:%d:2]}\n", i, w / 2, prev,
+                     i % 2, w);
+    kiln_sbuf_printf(&b, "  n%d = f32[8,%d] negate(s%d)\n", i, w / 2, i);
+    snprintf(name, sizeof name, "n%d", i);
+    prev = name;
+  }
+  kiln_sbuf_printf(&b, "  ROOT r = f32[8,%d] add(%s, %s)\n}\n", w, prev, prev);
+  executor_matches(kiln_sbuf_str(&b), 5);
+  kiln_sbuf_free(&b);
+}
+END_TEST
 #endif
 
 int main(void) {
@@ -1540,6 +1563,7 @@ int main(void) {
   tcase_add_test(tf, out_of_memory_everywhere);
 #ifdef HAVE_EXECUTOR
   tcase_add_test(tf, executor_end_to_end);
+  tcase_add_test(tf, executor_nested_strided_slices);
 #endif
   suite_add_tcase(s, tf);
   TCase *tk = tcase_create("contract");
