@@ -26,7 +26,13 @@ Kiln's error and no ratio; it is never dropped. Not part of the test suite.
 
     .venv/bin/python bench/bench_models.py [--only NAME,...] [--rounds 3]
         [--kiln build/kiln] [--export-dir DIR] [--export-only] [--json]
-        [--list]
+        [--list] [--extra FILE.py]
+
+--extra FILE.py adds the workloads of a Python file kept outside the
+repository (the issue's "programs that are not in the repository"): it
+defines WORKLOADS, a dict of name -> (description, fn(rng) -> (f, args)),
+the same form as below, and may import this module's helpers
+(`from bench_models import uni, layernorm, ...`).
 
 kiln bench fills the parameters with its own pseudo-random values (floats in
 [-1,1), signed ints in [-8,8)); JAX is timed on arguments drawn from the same
@@ -588,6 +594,31 @@ def table(results, summary):
     return "\n".join(lines)
 
 
+def add_extra(path):
+    """Adds the WORKLOADS dict of the Python file at path (see --extra)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "kiln_extra_" + os.path.splitext(os.path.basename(path))[0], path)
+    if spec is None:
+        sys.exit(f"bench_models: --extra {path}: not a Python file")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_models", sys.modules[__name__])
+    try:
+        spec.loader.exec_module(mod)
+    except (OSError, SyntaxError, ImportError) as e:
+        sys.exit(f"bench_models: --extra {path}: {e}")
+    extra = getattr(mod, "WORKLOADS", None)
+    if not isinstance(extra, dict):
+        sys.exit(f"bench_models: --extra {path}: defines no WORKLOADS dict")
+    for name, entry in extra.items():
+        if name in WORKLOADS:
+            sys.exit(f"bench_models: --extra {path}: workload {name} is already defined")
+        if not (isinstance(entry, tuple) and len(entry) == 2 and callable(entry[1])):
+            sys.exit(f"bench_models: --extra {path}: WORKLOADS[{name!r}] is not "
+                     "(description, fn)")
+        WORKLOADS[name] = entry
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kiln", default=os.environ.get("KILN_BIN") or
@@ -611,7 +642,11 @@ def main():
                     help="JSON lines on stdout (meta, one per workload, summary); the table "
                          "goes to stderr")
     ap.add_argument("--list", action="store_true", help="list the workloads and exit")
+    ap.add_argument("--extra", action="append", default=[], metavar="FILE.py",
+                    help="also the WORKLOADS of FILE.py (programs kept outside the repository)")
     o = ap.parse_args()
+    for path in o.extra:
+        add_extra(path)
     if o.list:
         for k, (d, _) in WORKLOADS.items():
             print(f"{k:22s} {d}")
