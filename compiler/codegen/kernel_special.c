@@ -942,3 +942,113 @@ int kiln__kernel_select_scatter(kiln__codegen *g, const kiln__kernel_spec *k, ui
   kiln_sbuf_free(&out);
   return rc;
 }
+
+/* ---- prefix scans (cumulative reductions) ------------------------------- */
+
+bool kiln__reduce_window_scan(const kiln_module *m, const kiln_instr *rw, uint32_t *dim) {
+  if (rw->op != KILN_OP_REDUCE_WINDOW || rw->noperands != 2 || rw->ncalled != 1) return false;
+  const kiln_shape *in = &m->instrs[rw->operands[0]]->shape;
+  const kiln_attr *wa = kiln_instr_attr(rw, KILN_ATTR_WINDOW);
+  const kiln_window *w = wa ? wa->v.window : NULL;
+  if (w == NULL || w->rank != in->rank || !kiln_shape_is_array(&rw->shape) ||
+      rw->shape.rank != in->rank || m->instrs[rw->operands[1]]->shape.rank != 0)
+    return false;
+  uint32_t found = UINT32_MAX;
+  for (uint32_t d = 0; d < in->rank; d++) {
+    const kiln_window_dim *wd = &w->dims[d];
+    if (rw->shape.dims[d] != in->dims[d] || wd->stride != 1 || wd->lhs_dilate != 1 ||
+        wd->rhs_dilate != 1 || wd->reversal || wd->pad_hi != 0)
+      return false;
+    if (wd->size == 1 && wd->pad_lo == 0) continue;
+    if (found != UINT32_MAX || in->dims[d] < 2 || wd->size != in->dims[d] ||
+        wd->pad_lo != in->dims[d] - 1)
+      return false;
+    found = d;
+  }
+  if (found == UINT32_MAX) return false;
+  *dim = found;
+  return true;
+}
+
+static int scan_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
+                     const kiln_instr *s, uint32_t dim, uint32_t fred) {
+  const kiln_module *m = g->mod.m;
+  const kiln_instr *a = m->instrs[s->operands[0]];
+  const kiln_shape *os = k->out_shape[0];
+  uint32_t r = a->shape.rank, init;
+  kiln__ix s0 = {0};
+  int rc = kiln__emit_value1(f, s->operands[1], &s0, &init);
+  if (rc) return rc;
+  uint32_t acc = kiln__emit_newvar(f);
+  kiln__emit_line(f, "%s v%u = v%u;", kiln__ctype(f->mod, os->dtype), acc, init);
+  uint32_t j = kiln__emit_newvar(f);
+  uint32_t mk = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", j, j,
+                                (long long)a->shape.dims[dim], j);
+  kiln__ix x;
+  if ((rc = kiln__ix_new(f, r, &x)) == 0) {
+    for (uint32_t d = 0; d < r; d++) {
+      if (d == dim)
+        kiln__ix_set(&x, d, "r%u", j);
+      else
+        kiln__ix_set(&x, d, "o%u", d);
+    }
+    uint32_t xv;
+    rc = kiln__emit_value1(f, a->id, &x, &xv);
+    if (rc == 0) {
+      uint32_t args[2] = {acc, xv}, out = kiln__emit_newvar(f);
+      kiln__emit_line(f, "%s v%u;", kiln__ctype(f->mod, os->dtype), out);
+      kiln__emit_call_fn(f, fred, args, 2, &out, 1);
+      kiln__emit_line(f, "v%u = v%u;", acc, out);
+      char off[512], v[16], e[64];
+      kiln__ix_offset(f, &x, os, off, sizeof off);
+      snprintf(v, sizeof v, "v%u", acc);
+      kiln__emit_store_expr(os->dtype, v, e, sizeof e);
+      kiln__emit_line(f, "b%u[%s] = %s;", k->out_arg[0], off, e);
+    }
+  }
+  kiln__emit_close(f, mk, NULL);
+  return rc;
+}
+
+int kiln__kernel_scan(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t dim, uint32_t *kernel,
+                      uint64_t *range) {
+  const kiln_module *m = g->mod.m;
+  const kiln_instr *s = ins_of(g, k->root);
+  if (k->nouts != 1 || !kiln__reduce_window_scan(m, s, &dim))
+    return fail(g, s, "not a prefix scan");
+  const kiln_instr *a = m->instrs[s->operands[0]];
+  const kiln_computation *rc0 = m->comps[s->called[0]];
+  const kiln_instr *p0 = kiln_computation_param(m, rc0, 0), *p1 = kiln_computation_param(m, rc0, 1);
+  if (!p0 || !p1 || p0->shape.dtype != k->out_shape[0]->dtype ||
+      p1->shape.dtype != a->shape.dtype || a->shape.dtype != k->out_shape[0]->dtype)
+    return fail(g, s, "the reduction must take the operand's element type");
+  uint32_t fred;
+  int rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fred);
+  if (rc) return rc;
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  rc = kiln__kernel_begin(g, k, &body, &f, 2);
+  if (rc == 0) rc = scan_body(g, &f, k, s, dim, fred);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc == 0) {
+    kiln_shape rows_shape = a->shape;
+    int64_t rdims[KILN__EMIT_MAXR];
+    memcpy(rdims, a->shape.dims, a->shape.rank * sizeof *rdims);
+    rdims[dim] = 1;
+    rows_shape.dims = rdims;
+    rows_shape.layout = NULL;
+    char loop[256];
+    g->mod.target->range_loop(loop, sizeof loop, "i");
+    kiln_sbuf_printf(&out, "  %s {\n", loop);
+    kiln__kernel_decompose(&out, &rows_shape, "i", 0, "o", 2);
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(&out, "  }\n");
+    *kernel = g->nkernels;
+    *range = (uint64_t)(kiln_shape_elements(&a->shape) / a->shape.dims[dim]);
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+  }
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&out);
+  return rc;
+}

@@ -532,6 +532,25 @@ static int select_scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr 
   return rc;
 }
 
+/* A cumulative reduction (kiln__reduce_window_scan): the input and init
+ * bound, one output. */
+static int scan_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, uint32_t dim) {
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = kb_bind_operands(b, ins);
+  kb_output(b, 0, leaf0(c, ins->id), &ins->shape);
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, ins->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__kernel_scan(c->g, &k, dim, &kernel, &range);
+    if (rc == 0) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  return rc;
+}
+
 int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   switch (ins->op) {
   case KILN_OP_FUSION: return lower_fusion(c, prog, ins);
@@ -553,6 +572,11 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   case KILN_OP_TOPK: return topk_kernel(c, prog, ins);
   case KILN_OP_FFT: return fft_step(c, prog, ins);
   case KILN_OP_SELECT_AND_SCATTER: return select_scatter_kernel(c, prog, ins);
+  case KILN_OP_REDUCE_WINDOW: {
+    uint32_t dim;
+    if (kiln__reduce_window_scan(c->m, ins, &dim)) return scan_kernel(c, prog, ins, dim);
+    break;
+  }
   case KILN_OP_SCATTER: {
     uint32_t n = (ins->noperands - 1) / 2;
     const kiln_instr *ops[MAXA];

@@ -1,5 +1,5 @@
-/* The cpu backend's topk, sort, complex elementwise ops and fft against the
- * reference interpreter.
+/* The cpu backend's topk, sort, complex elementwise ops, fft and prefix
+ * scans (cumulative reduce-windows) against the reference interpreter.
  *
  * Each case is an HLO module generated from a seed (random dims, the
  * dimension to sort or transform, layouts, element types, k, direction),
@@ -7,7 +7,8 @@
  * the same arguments. Arguments include the values that break a careless
  * ordering or complex formula: NaN of both signs, -0, infinities, ties.
  * topk and sort move values, so their results must be bit-identical
- * (NaNs included); complex arithmetic and fft are within the tolerances of
+ * (NaNs included), and so must scans, which fold the same elements in the
+ * same order as the window form; complex arithmetic and fft are within the tolerances of
  * tests/support/tolerance.h (KILN_TOL_C64_REL, KILN_TOL_C128_REL,
  * kiln_tol_fft) relative to the largest magnitude of the result. Bad
  * inputs (topk or sort of complex keys) must be refused with a status that
@@ -612,6 +613,69 @@ START_TEST(test_fft_refused) {
 }
 END_TEST
 
+/* A cumulative reduce-window over a random array: the scan kernel when the
+ * window is the whole dimension with low padding, the window form for the
+ * reversed (high padding) and shorter windows. */
+static void scan_module(kiln_sbuf *b, uint64_t *s) {
+  static const char *const types[] = {"f32", "f64", "f16", "bf16", "s32", "s8"};
+  static const char *const ops[] = {"add", "maximum", "minimum", "multiply"};
+  uint32_t r = 1 + (uint32_t)(rng(s) % 3), sd = (uint32_t)(rng(s) % r);
+  int64_t dims[3];
+  for (uint32_t i = 0; i < r; i++) dims[i] = 1 + (int64_t)(rng(s) % 7);
+  dims[sd] = 2 + (int64_t)(rng(s) % 60);
+  const char *t = types[rng(s) % 6], *op = ops[rng(s) % 4];
+  int form = (int)(rng(s) % 4); /* 0, 1: scan; 2: reversed; 3: a shorter window */
+  int init = (int)(rng(s) % 3) - 1;
+  kiln_sbuf_printf(b,
+                   "HloModule t\nf {\n  a = %s[] parameter(0)\n  b = %s[] parameter(1)\n"
+                   "  ROOT c = %s[] %s(a, b)\n}\nENTRY e {\n  p = ",
+                   t, t, t, op);
+  put_shape(b, t, dims, r, s);
+  kiln_sbuf_printf(b, " parameter(0)\n  z = %s[] constant(%d)\n  ROOT w = ", t, init);
+  put_shape(b, t, dims, r, s);
+  kiln_sbuf_puts(b, " reduce-window(p, z), window={size=");
+  for (uint32_t d = 0; d < r; d++) {
+    int64_t n = d != sd ? 1 : form == 3 ? (dims[d] + 1) / 2 : dims[d];
+    kiln_sbuf_printf(b, "%s%lld", d ? "x" : "", (long long)n);
+  }
+  kiln_sbuf_puts(b, " pad=");
+  for (uint32_t d = 0; d < r; d++) {
+    int64_t n = d != sd ? 0 : form == 3 ? (dims[d] + 1) / 2 - 1 : dims[d] - 1;
+    if (form == 2 && d == sd)
+      kiln_sbuf_printf(b, "%s0_%lld", d ? "x" : "", (long long)n);
+    else
+      kiln_sbuf_printf(b, "%s%lld_0", d ? "x" : "", (long long)n);
+  }
+  kiln_sbuf_puts(b, "}, to_apply=f\n}\n");
+}
+
+START_TEST(test_scan_random) {
+  uint64_t s = 4242;
+  for (int i = 0; i < 40; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    scan_module(&b, &s);
+    agree(kiln_sbuf_str(&b), -1, SPECIALS, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
+/* cumsum and cummax as JAX writes them: long rows split across threads, and
+ * a scan along the major dimension. */
+START_TEST(test_scan_wide) {
+  agree("HloModule t\nf {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] add(a, b)\n}\nENTRY e {\n  p = f32[24,1500] parameter(0)\n"
+        "  z = f32[] constant(0)\n  ROOT w = f32[24,1500] reduce-window(p, z), "
+        "window={size=1x1500 pad=0_0x1499_0}, to_apply=f\n}\n",
+        -1, PLAIN, 1);
+  agree("HloModule t\nf {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] maximum(a, b)\n}\nENTRY e {\n  p = f32[300,200] parameter(0)\n"
+        "  z = f32[] constant(-inf)\n  ROOT w = f32[300,200] reduce-window(p, z), "
+        "window={size=300x1 pad=299_0x0_0}, to_apply=f\n}\n",
+        -1, SPECIALS, 1);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cpu_ops");
   TCase *tc = tcase_create("topk");
@@ -639,6 +703,8 @@ int main(void) {
   tcase_add_test(tc, test_fft_roundtrip);
   tcase_add_test(tc, test_fft_plan_uses_fftw);
   tcase_add_test(tc, test_fft_refused);
+  tcase_add_test(tc, test_scan_random);
+  tcase_add_test(tc, test_scan_wide);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
