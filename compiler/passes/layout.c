@@ -316,6 +316,27 @@ static bool reads_any_layout(const kiln_instr *u) {
   }
 }
 
+/* Whether fusion u passes operand x to a dot inside it: the dot of a
+ * kOutput fusion is a GEMM that needs its batch dims major, like a dot at
+ * the top level, so a transpose rule 1 could not fold stays a copy instead
+ * of handing the fused dot a strided layout (which made attention's
+ * batched q.k^T a loop kernel). */
+static bool feeds_fused_dot(const kiln_module *m, const kiln_instr *u, kiln_id x) {
+  if (u->op != KILN_OP_FUSION || u->ncalled != 1 || u->called[0] >= m->ncomps) return false;
+  const kiln_computation *fc = m->comps[u->called[0]];
+  for (uint32_t j = 0; j < fc->ninstrs; j++) {
+    const kiln_instr *d = m->instrs[fc->instrs[j]];
+    if (d->op != KILN_OP_DOT) continue;
+    for (uint32_t s = 0; s < d->noperands; s++) {
+      const kiln_instr *p = m->instrs[d->operands[s]];
+      if (p->op == KILN_OP_PARAMETER && p->param_number >= 0 && p->param_number < u->noperands &&
+          u->operands[p->param_number] == x)
+        return true;
+    }
+  }
+  return false;
+}
+
 static int to_bitcast(kiln_module *m, kiln_instr *x) {
   x->op = KILN_OP_BITCAST;
   uint32_t n = 0;
@@ -342,7 +363,8 @@ static int maybe_bitcast(lctx *l, kiln_instr *x, uint32_t comp, bool written) {
   uint32_t nu, r = x->shape.rank;
   const kiln_id *us = kiln_users_of(l->users, x->id, &nu);
   for (uint32_t i = 0; i < nu; i++)
-    if (!reads_any_layout(m->instrs[us[i]])) return 0;
+    if (!reads_any_layout(m->instrs[us[i]]) || feeds_fused_dot(m, m->instrs[us[i]], x->id))
+      return 0;
   const kiln_i64s *perm = kiln_instr_attr_ints(x, KILN_ATTR_DIMENSIONS);
   if (perm == NULL || perm->n != r || r > 64 || o->shape.rank != r) return 0;
   /* Output dim j is operand dim perm[j]: same bytes when the output's
