@@ -127,8 +127,6 @@ def trace_function(fn, args, kwargs, dyn_mask, avals, name):
         for c in [g.entry] + g.comps:
             c.finished = True
     tr = _Trace(text, list(g.hidden), out_tree, [(o.shape, o.dtype) for o in outs])
-    tr.stop_gradient = getattr(g, "stop_gradient", False)
-    tr.custom_rule = getattr(g, "custom_rule", None)
     return tr
 
 
@@ -298,18 +296,6 @@ class Staged:
         T = kiln_pb2.Transform
         for li, L in enumerate(self.layers):
             users = level_avals[li]
-            if L.kind in ("grad", "jvp", "vjp") and tr.custom_rule:
-                raise NotImplementedError(
-                    f"kiln.{L.kind} of '{self.name}': the function calls '{tr.custom_rule[1]}', "
-                    f"a kiln.{tr.custom_rule[0]} function; kilnd differentiates whole programs "
-                    "with its own rules and cannot apply a user-defined derivative (it would "
-                    "silently differentiate the primal instead). Differentiate a version "
-                    "without the custom rule, or run JAX code that needs it through "
-                    "kiln.from_jax(jax.grad(f))")
-            if L.kind in ("grad", "jvp", "vjp") and tr.stop_gradient:
-                raise NotImplementedError(
-                    f"kiln.{L.kind} of '{self.name}': the function uses lax.stop_gradient, which "
-                    "the server's transforms cannot see (they differentiate the whole program)")
             if L.kind == "grad":
                 wrt, rebuild = _argnum_leaves(args, L.argnums)
                 for w in wrt:
@@ -419,6 +405,10 @@ def _inline_module(comp, text, values, out_avals):
                   lambda m: "%" + prefix + m.group(1) if m.group(1) in names else m.group(0),
                   body)
     body = re.sub(r"%([A-Za-z_][\w.\-]*)(?![\w.\-])", rename, body)
+    # custom rules name their computations in frontend attributes (custom.c)
+    body = re.sub(r'(_kiln_custom_(?:jvp|vjp_fwd|vjp_bwd)=")%?([A-Za-z_][\w.\-]*)"',
+                  lambda m: f'{m.group(1)}{prefix}{m.group(2)}"' if m.group(2) in names
+                  else m.group(0), body)
     g.comps.append(_RawComputation(body.strip("\n") + "\n"))
     ops = [to_tracer(v, comp) for v in values]
     head = [m for m in heads if m.group(1)][0]
@@ -761,36 +751,4 @@ def hessian(fun, argnums=0, has_aux=False, holomorphic=False):
     return h
 
 
-class _CustomDerivative:
-    """custom_vjp / custom_jvp: the function runs as written (its primal),
-    and a program that calls it refuses to be differentiated by the server
-    (NotImplementedError naming it) rather than silently ignoring the rule."""
-
-    kind = None
-
-    def __init__(self, fun, nondiff_argnums=()):
-        functools.update_wrapper(self, fun)
-        self.fun = fun
-        self.nondiff_argnums = nondiff_argnums
-
-    def defvjp(self, fwd, bwd, symbolic_zeros=False):
-        return None
-
-    def defjvp(self, jvp_rule, symbolic_zeros=False):
-        return jvp_rule
-
-    def defjvps(self, *rules):
-        return None
-
-    def __call__(self, *args, **kwargs):
-        if _stack():
-            _stack()[0].graph.custom_rule = (self.kind, getattr(self.fun, "__name__", "f"))
-        return self.fun(*args, **kwargs)
-
-
-class custom_vjp(_CustomDerivative):  # noqa: N801  (JAX's name)
-    kind = "custom_vjp"
-
-
-class custom_jvp(_CustomDerivative):  # noqa: N801  (JAX's name)
-    kind = "custom_jvp"
+from ._custom import custom_jvp, custom_vjp  # noqa: E402,F401  (re-exported)
