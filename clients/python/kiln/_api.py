@@ -590,27 +590,6 @@ def _jac_argnums(argnums, nargs, name):
     return [n % nargs for n in nums]
 
 
-def _jac_assemble(name, argnums, args, nums, out, block):
-    """The Jacobian pytree JAX returns: the output's tree, each leaf replaced
-    by the argument tree (a tuple of them for tuple argnums) of arrays of
-    shape out_leaf.shape + in_leaf.shape; block(o, n, k) is the flat
-    (out size, in size) block of output leaf o and leaf k of argument n."""
-    from ._client import device_put
-
-    out_leaves, out_tree = tree_util.tree_flatten(out)
-    per_out = []
-    for o, ol in enumerate(out_leaves):
-        oshape = aval_of(ol)[0]
-        trees = []
-        for n in nums:
-            xl, xt = tree_util.tree_flatten(args[n])
-            trees.append(xt.unflatten([
-                device_put(block(o, n, k).reshape(tuple(oshape) + tuple(aval_of(x)[0])))
-                for k, x in enumerate(xl)]))
-        per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
-    return out_tree.unflatten(per_out)
-
-
 def _jac_check(name, args, nums, has_aux, holomorphic):
     if has_aux or holomorphic:
         raise NotImplementedError(f"kiln.{name}: has_aux / holomorphic")
@@ -621,85 +600,125 @@ def _jac_check(name, args, nums, has_aux, holomorphic):
                                 f"{aval_of(x)[1]}; floating point is required")
 
 
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _basis(avals):
+    """The standard basis over the concatenated leaves of avals: per leaf an
+    array (N, *shape), N the total size, with an identity block where that
+    leaf's elements are; and the leaves' start rows."""
+    total = sum(_size(s) for s, _ in avals)
+    out, starts, at = [], [], 0
+    for s, d in avals:
+        n = _size(s)
+        b = np.zeros((total, n), d)
+        b[at:at + n] = np.eye(n, dtype=d)
+        out.append(b.reshape((total,) + tuple(s)))
+        starts.append(at)
+        at += n
+    return out, starts
+
+
+def _out_avals(fun, args):
+    """The output tree and leaf avals of fun(*args), traced (not run)."""
+    leaves, _ = tree_util.tree_flatten((args, {}))
+    dyn = [_is_array_leaf(x) for x in leaves]
+    avals = [aval_of(x) if d else None for x, d in zip(leaves, dyn)]
+    tr = trace_function(fun, args, {}, dyn, avals, "shape_of")
+    return tr.out_tree, tr.out_avals
+
+
+def _jac_block(knp, rows, start, in_shape, out_shape, rows_first):
+    """The (out_shape + in_shape) block of a Jacobian from the vmapped
+    results: rows is (N, *shape) over the basis of the side that was
+    mapped (inputs for jacfwd, outputs for jacrev)."""
+    if rows_first:  # jacrev: rows index outputs, rows' trailing dims the input
+        n = _size(out_shape)
+        blk = rows[start:start + n]
+        return knp.reshape(blk, tuple(out_shape) + tuple(in_shape))
+    n = _size(in_shape)  # jacfwd: rows index inputs, trailing dims the output
+    blk = knp.reshape(rows[start:start + n], (n,) + tuple(out_shape))
+    blk = knp.moveaxis(blk, 0, -1)
+    return knp.reshape(blk, tuple(out_shape) + tuple(in_shape))
+
+
 def jacfwd(fun, argnums=0, has_aux=False, holomorphic=False):
-    """The Jacobian by forward mode, as JAX's: one jvp program on the
-    server, run once per element of the differentiated arguments (column j
-    is J @ e_j), so meant for small inputs."""
+    """The Jacobian by forward mode, as JAX's: vmap of jvp over the standard
+    basis of the differentiated arguments, one program on the server (also
+    inside jit)."""
+    from . import numpy as knp
 
     def jac(*args):
         nums = _jac_argnums(argnums, len(args), "jacfwd")
         _jac_check("jacfwd", args, nums, has_aux, holomorphic)
-        zeros = [tree_util.tree_map(lambda v: np.zeros(aval_of(v)[0], aval_of(v)[1]), a)
-                 for a in args]
-        cols = {}  # (n, k) -> per output leaf, a list of flat columns
-        out = None
+        keys, avals = [], []
         for n in nums:
-            xl, xt = tree_util.tree_flatten(args[n])
-            for k, x in enumerate(xl):
-                shape, dt = aval_of(x)
-                size = int(np.prod(shape, dtype=np.int64))
-                cols[n, k] = None
-                for i in range(size):
-                    e = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in xl]
-                    e[k].reshape(-1)[i] = 1
-                    tangents = list(zeros)
-                    tangents[n] = xt.unflatten(e)
-                    out, t = jvp(fun, tuple(args), tuple(tangents))
-                    tl = [np.asarray(v).reshape(-1) for v in tree_util.tree_leaves(t)]
-                    if cols[n, k] is None:
-                        cols[n, k] = [[] for _ in tl]
-                    for o, v in enumerate(tl):
-                        cols[n, k][o].append(v)
-        if out is None:  # every differentiated leaf is empty
-            out = _staged(fun)(*args)
+            for k, x in enumerate(tree_util.tree_leaves(args[n])):
+                keys.append((n, k))
+                avals.append(aval_of(x))
+        basis, starts = _basis(avals)
 
-        def block(o, n, k):
-            oshape = aval_of(tree_util.tree_leaves(out)[o])[0]
-            osize = int(np.prod(oshape, dtype=np.int64))
-            c = cols[n, k]
-            if not c or not c[o]:
-                return np.zeros((osize, 0), np.float32)
-            return np.stack(c[o], axis=1)
+        def pushfwd(args_, basis_):
+            given = dict(zip(keys, basis_))
+            tangents = []
+            for i, a in enumerate(args_):
+                xl, xt = tree_util.tree_flatten(a)
+                tangents.append(xt.unflatten([
+                    given[i, k] if (i, k) in given else np.zeros(*aval_of(x))
+                    for k, x in enumerate(xl)]))
+            return jvp(fun, tuple(args_), tuple(tangents))[1]
 
-        return _jac_assemble("jacfwd", argnums, args, nums, out, block)
+        out_tree, out_avals = _out_avals(fun, args)
+        if not keys:
+            raise ValueError("kiln.jacfwd: the differentiated arguments have no array leaves")
+        rows = vmap(pushfwd, in_axes=(None, 0))(tuple(args), basis)
+        row_leaves = tree_util.tree_leaves(rows)
+        per_out = []
+        for o, (oshape, _) in enumerate(out_avals):
+            trees = []
+            for n in nums:
+                xl, xt = tree_util.tree_flatten(args[n])
+                trees.append(xt.unflatten([
+                    _jac_block(knp, row_leaves[o], starts[keys.index((n, k))], aval_of(x)[0],
+                               oshape, False) for k, x in enumerate(xl)]))
+            per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
+        return out_tree.unflatten(per_out)
 
     return jac
 
 
 def jacrev(fun, argnums=0, has_aux=False, holomorphic=False, allow_int=False):
-    """The Jacobian by reverse mode, as JAX's: one vjp program on the
-    server, run once per element of the output (row i is e_i @ J), so meant
-    for small outputs."""
+    """The Jacobian by reverse mode, as JAX's: vmap of vjp over the standard
+    basis of the outputs, one program on the server (also inside jit)."""
+    from . import numpy as knp
 
     def jac(*args):
         nums = _jac_argnums(argnums, len(args), "jacrev")
         _jac_check("jacrev", args, nums, has_aux, holomorphic)
-        out, vjp_fn = vjp(fun, *args)
-        ol = tree_util.tree_leaves(out)
-        otree = tree_util.tree_structure(out)
-        rows = {}  # (o, n, k) -> list of flat rows
-        for o, leaf in enumerate(ol):
-            shape, dt = aval_of(leaf)
+        out_tree, out_avals = _out_avals(fun, args)
+        for o, (_, dt) in enumerate(out_avals):
             if not _dtypes.is_float(dt):
                 raise TypeError(f"kiln.jacrev: output leaf {o} has dtype {dt}; floating point "
                                 "is required")
-            size = int(np.prod(shape, dtype=np.int64))
-            for i in range(size):
-                ct = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in ol]
-                ct[o].reshape(-1)[i] = 1
-                grads = vjp_fn(otree.unflatten(ct))
-                for n in nums:
-                    for k, g in enumerate(tree_util.tree_leaves(grads[n])):
-                        rows.setdefault((o, n, k), []).append(np.asarray(g).reshape(-1))
+        basis, starts = _basis(out_avals)
 
-        def block(o, n, k):
-            r = rows.get((o, n, k))
-            if r:
-                return np.stack(r, axis=0)
-            x = tree_util.tree_leaves(args[n])[k]
-            return np.zeros((0, int(np.prod(aval_of(x)[0], dtype=np.int64))), np.float32)
+        def pullback(args_, ct_):
+            _, vjp_fn = vjp(fun, *args_)
+            return vjp_fn(out_tree.unflatten(list(ct_)))
 
-        return _jac_assemble("jacrev", argnums, args, nums, out, block)
+        grads = vmap(pullback, in_axes=(None, 0))(tuple(args), basis)
+        per_out = []
+        for o, (oshape, _) in enumerate(out_avals):
+            trees = []
+            for n in nums:
+                xl, xt = tree_util.tree_flatten(args[n])
+                gl = tree_util.tree_leaves(grads[n])
+                trees.append(xt.unflatten([
+                    _jac_block(knp, gl[k], starts[o], aval_of(x)[0], oshape, True)
+                    for k, x in enumerate(xl)]))
+            per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
+        return out_tree.unflatten(per_out)
 
     return jac
 
@@ -708,47 +727,12 @@ pmap = _unsupported("pmap")
 
 
 def hessian(fun, argnums=0, has_aux=False, holomorphic=False):
-    """The Hessian of a scalar function with respect to one array argument,
-    as jvp of grad on the server (forward over reverse, as JAX): one
-    compiled program, run once per element of the argument (column i is
-    H @ e_i), so meant for small arguments."""
+    """The Hessian of a scalar function, as JAX's: jacfwd of the gradient
+    (forward over reverse), one program on the server (also inside jit and
+    of a jitted function); argnums and the arguments may be pytrees."""
     if has_aux or holomorphic:
         raise NotImplementedError("kiln.hessian: has_aux / holomorphic")
-    if not isinstance(argnums, int):
-        raise NotImplementedError("kiln.hessian: argnums must be one int (a tuple of argnums "
-                                  "is not supported)")
-    g = grad(fun, argnums=argnums)
-
-    def h(*args):
-        if not -len(args) <= argnums < len(args):
-            raise ValueError(f"kiln.hessian: argnums {argnums} is out of range for "
-                             f"{len(args)} arguments")
-        n_arg = argnums % len(args)
-        x = args[n_arg]
-        if not _is_array_leaf(x):
-            raise NotImplementedError("kiln.hessian: the differentiated argument must be one "
-                                      "array (pytrees are not supported)")
-        shape, dt = aval_of(x)
-        if not _dtypes.is_float(dt):
-            raise TypeError(f"kiln.hessian: argument {n_arg} has dtype {dt}; floating point "
-                            "is required")
-        size = int(np.prod(shape, dtype=np.int64))
-        zeros = [tree_util.tree_map(lambda v: np.zeros(aval_of(v)[0], aval_of(v)[1]), a)
-                 for a in args]
-        cols = []
-        for i in range(size):
-            e = np.zeros(size, dt)
-            e[i] = 1
-            tangents = list(zeros)
-            tangents[n_arg] = e.reshape(shape)
-            _, t = jvp(g, tuple(args), tuple(tangents))
-            cols.append(np.asarray(t).reshape(size))
-        from ._client import device_put
-
-        # H[i, j] = d2f / dx_i dx_j; column i is H e_i, and H is symmetric
-        return device_put(np.stack(cols, axis=1).reshape(tuple(shape) + tuple(shape)))
-
-    return h
+    return jacfwd(grad(fun, argnums=argnums), argnums=argnums)
 
 
 from ._custom import custom_jvp, custom_vjp  # noqa: E402,F401  (re-exported)
