@@ -57,7 +57,7 @@ typedef enum { CUSTOM_NONE, CUSTOM_JVP, CUSTOM_VJP } custom_kind;
 
 typedef struct custom_info {
   custom_kind kind;
-  uint32_t nargs;       /* explicit arguments: operands 0 .. nargs-1 */
+  uint32_t nargs;         /* explicit arguments: operands 0 .. nargs-1 */
   uint32_t jvp, fwd, bwd; /* computation ids, KILN_NO_ID when absent */
 } custom_info;
 
@@ -219,8 +219,8 @@ static int custom_read(kiln__tx *tx, const kiln_instr *ins, custom_info *ci) {
   ci->jvp = ci->fwd = ci->bwd = KILN_NO_ID;
   const char *fa = kiln_instr_attr_str(ins, KILN_ATTR_FRONTEND_ATTRIBUTES);
   if (fa == NULL || ins->ncalled != 1 || ins->op != KILN_OP_CALL)
-    return kiln__tx_fail(tx, KILN_EINVAL, ins, "%s: %s is not a call with a custom rule",
-                         tx->name, ins->name);
+    return kiln__tx_fail(tx, KILN_EINVAL, ins, "%s: %s is not a call with a custom rule", tx->name,
+                         ins->name);
   if (named_comp(tx, ins, fa, ATTR_JVP, &ci->jvp) || named_comp(tx, ins, fa, ATTR_FWD, &ci->fwd) ||
       named_comp(tx, ins, fa, ATTR_BWD, &ci->bwd))
     return tx->err;
@@ -421,14 +421,18 @@ static uint32_t batch_all(kiln__bt *c, const kiln_computation *f) {
   if (ps == NULL || sigs == NULL) return kiln__tx_oom(tx), KILN_NO_ID;
   for (uint32_t k = 0; k < np; k++) {
     const kiln_instr *p = kiln_computation_param(tx->m, f, k);
-    if (p == NULL) return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: computation %s has no parameter %u",
-                                        tx->name, f->name, k), KILN_NO_ID;
+    if (p == NULL)
+      return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: computation %s has no parameter %u",
+                           tx->name, f->name, k),
+             KILN_NO_ID;
     ps[k] = &p->shape;
     sigs[k] = kiln__bsig_make(tx, &p->shape, true);
   }
   const kiln_instr *root = kiln_computation_root(tx->m, f);
-  if (root == NULL) return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: computation %s has no root",
-                                         tx->name, f->name), KILN_NO_ID;
+  if (root == NULL)
+    return kiln__tx_fail(tx, KILN_EINVAL, NULL, "%s: computation %s has no root", tx->name,
+                         f->name),
+           KILN_NO_ID;
   kiln__bsig *want = kiln__bsig_make(tx, &root->shape, true);
   if (tx->err) return KILN_NO_ID;
   return kiln__bt_comp(c, f, ps, sigs, np, want, "vmap", NULL);

@@ -154,8 +154,8 @@ static char *edit(const char *text, const char *from, const char *to) {
   return out;
 }
 
-static void expect_edit_fail(const char *text, const char *from, const char *to,
-                             const char *spec, const char *part) {
+static void expect_edit_fail(const char *text, const char *from, const char *to, const char *spec,
+                             const char *part) {
   char *t = edit(text, from, to);
   tx_expect_fail(t, spec, KILN_EINVAL, part);
   free(t);
@@ -186,12 +186,15 @@ START_TEST(test_rules_are_untrusted) {
                    "ROOT o = (f64[3], f64[3]) tuple(y, c)", "grad",
                    "parameter 2 of custom_vjp bwd computation B has shape (f64[3]), expected "
                    "f64[3]");
-  expect_edit_fail(VJP_MOD, "ct = f64[3] parameter(3)", "ct = f64[3] parameter(3)  q = f64[] "
-                   "parameter(4)", "grad", "takes 5 parameters, expected 4");
+  expect_edit_fail(VJP_MOD, "ct = f64[3] parameter(3)",
+                   "ct = f64[3] parameter(3)  q = f64[] "
+                   "parameter(4)",
+                   "grad", "takes 5 parameters, expected 4");
   /* a rule that calls itself through its own custom rule */
-  expect_edit_fail(JVP_MOD, "  y = f64[3] call(x), to_apply=P\n",
-                   "  y = f64[3] call(x), to_apply=P, frontend_attributes={_kiln_custom_jvp=\"J\"}\n",
-                   "grad", "rule computation J refers back to itself");
+  expect_edit_fail(
+      JVP_MOD, "  y = f64[3] call(x), to_apply=P\n",
+      "  y = f64[3] call(x), to_apply=P, frontend_attributes={_kiln_custom_jvp=\"J\"}\n", "grad",
+      "rule computation J refers back to itself");
   /* forward mode of a custom_vjp function, and differentiating a value the
    * rule closed over: refused as JAX refuses them */
   tx_expect_fail(VJP_MOD, "jvp:wrt=0", KILN_EINVAL,
