@@ -152,7 +152,9 @@ class Staged:
         return self if obj is None else functools.partial(self, obj)
 
     def lower(self, *args, **kwargs):
-        return self._prepare(args, kwargs, ())[0].text
+        """The traced module (a Lowered: the HLO text, a str, as before,
+        with JAX's as_text() and compile())."""
+        return Lowered(self, args, kwargs, self._prepare(args, kwargs, ())[0].text)
 
     def __call__(self, *args, **kwargs):
         return self._run(args, kwargs, ())
@@ -367,6 +369,66 @@ class Staged:
                                                                      rb(outs[n:]))
                 out_avals = out_avals + list(users)
         return transforms, nparams, out_avals, regroup, seeds
+
+
+class Lowered(str):
+    """jax.stages.Lowered: what Staged.lower traced, for its text and to
+    compile it ahead of the first call. It is the module's HLO text itself
+    (a str), so code that used lower() as text keeps working."""
+
+    def __new__(cls, staged, args, kwargs, text):
+        obj = super().__new__(cls, text)
+        obj._staged, obj._args, obj._kwargs = staged, args, kwargs
+        return obj
+
+    def as_text(self, dialect=None):
+        if dialect not in (None, "hlo"):
+            raise NotImplementedError(f"kiln: Lowered.as_text(dialect={dialect!r}): only HLO")
+        return str(self)
+
+    def compile(self, progress=None):
+        """Compiles on kilnd (the transforms of the staged function's layers
+        applied there) and returns a Compiled. progress: a callable given a
+        kiln.CompileProgress for each phase the server reports (through the
+        CompileStream RPC), the last with phase "done"; an exception it
+        raises abandons the compile."""
+        st = self._staged
+        tr, user, level_avals, vmap_axes = st._prepare(self._args, self._kwargs, ())
+        transforms = st._plan(tr, self._args, len(user), level_avals, vmap_axes)[0]
+        resp = connection().compile(tr.text, transforms, progress=progress)
+        return Compiled(self, resp)
+
+
+class Compiled:
+    """jax.stages.Compiled: a compiled executable of a Lowered, callable
+    with the dynamic arguments (static ones may be left out, as in JAX, or
+    given again); a call reuses this executable (no Compile round trip)."""
+
+    def __init__(self, lowered, response):
+        self._lowered, self.response = lowered, response
+        self.executable_id = response.executable_id
+        self.cache_key = response.cache_key
+        # "compiled", "memory", "disk", "shared", ...
+        self.cache_source = kiln_pb2.CacheSource.Name(response.cache_source)[
+            len("CACHE_SOURCE_"):].lower()
+        self.compile_time = response.compile_wall_ns / 1e9
+        self.peak_bytes = response.peak_bytes
+
+    def as_text(self):
+        return self._lowered.as_text()
+
+    def __call__(self, *args, **kwargs):
+        st, largs = self._lowered._staged, self._lowered._args
+        static = sorted({i % max(len(largs), 1) for i in st.static_argnums})
+        if len(args) + len(static) == len(largs) and static:
+            full, it = [], iter(args)
+            for i in range(len(largs)):
+                full.append(largs[i] if i in static else next(it))
+            args = tuple(full)
+        return st(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<kiln.Compiled {self.executable_id} ({self.cache_source})>"
 
 
 class _RawComputation:
