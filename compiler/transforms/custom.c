@@ -49,9 +49,6 @@
 #define ATTR_BWD "_kiln_custom_vjp_bwd"
 #define ATTR_NARGS "_kiln_custom_nargs"
 #define NAME_MAX_LEN 200
-/* The deepest chain of rule computations reaching other rule computations
- * that is checked for a cycle. */
-#define MAX_RULE_DEPTH 64
 
 typedef enum { CUSTOM_NONE, CUSTOM_JVP, CUSTOM_VJP } custom_kind;
 
@@ -169,47 +166,55 @@ static const kiln_shape *op_shape(const kiln__tx *tx, const kiln_instr *ins, uin
   return &tx->m->instrs[ins->operands[k]]->shape;
 }
 
-/* Whether computation `target` is reachable from computation `from` by
- * calls and by the rule attributes of calls (a rule that would recurse). */
-static bool reaches(const kiln_module *m, uint32_t from, uint32_t target, uint8_t *seen,
-                    uint32_t depth, bool *too_deep) {
-  if (from >= m->ncomps || seen[from]) return false;
-  if (depth > MAX_RULE_DEPTH) {
-    *too_deep = true;
-    return false;
-  }
-  seen[from] = 1;
-  const kiln_computation *f = m->comps[from];
-  for (uint32_t i = 0; i < f->ninstrs; i++) {
-    const kiln_instr *x = m->instrs[f->instrs[i]];
-    for (uint32_t j = 0; j < x->ncalled; j++)
-      if (x->called[j] == target || reaches(m, x->called[j], target, seen, depth + 1, too_deep))
-        return true;
-    if (!has_custom_attr(x)) continue;
-    const char *fa = kiln_instr_attr_str(x, KILN_ATTR_FRONTEND_ATTRIBUTES);
-    const char *keys[3] = {ATTR_JVP, ATTR_FWD, ATTR_BWD};
-    for (uint32_t k = 0; k < 3; k++) {
-      char name[NAME_MAX_LEN + 1];
-      if (attr_value(fa, keys[k], name, sizeof name) != 1) continue;
-      const kiln_computation *g = kiln_module_find_computation(m, name);
-      if (g == NULL) continue;
-      if (g->id == target || reaches(m, g->id, target, seen, depth + 1, too_deep)) return true;
-    }
-  }
-  return false;
-}
-
+/* Whether computation `rule` reaches itself by calls and by the rule
+ * attributes of calls (a rule that would make the rules recurse): a walk
+ * over computations with an explicit worklist, each visited once. */
 static int check_acyclic(kiln__tx *tx, const kiln_instr *ins, uint32_t rule) {
   if (rule == KILN_NO_ID) return 0;
-  uint8_t *seen = kiln_arena_calloc(tx->scratch, tx->m->ncomps + 1, 1);
-  if (seen == NULL) return kiln__tx_oom(tx);
-  bool deep = false;
-  if (reaches(tx->m, rule, rule, seen, 0, &deep) || deep)
+  const kiln_module *m = tx->m;
+  uint8_t *seen = kiln_arena_calloc(tx->scratch, m->ncomps + 1, 1);
+  uint32_t *work = kiln_arena_calloc(tx->scratch, m->ncomps + 1, sizeof *work);
+  if (seen == NULL || work == NULL) return kiln__tx_oom(tx);
+  uint32_t nwork = 0;
+  work[nwork++] = rule;
+  seen[rule] = 1;
+  bool cycle = false;
+  while (nwork && !cycle) {
+    const kiln_computation *f = m->comps[work[--nwork]];
+    for (uint32_t i = 0; i < f->ninstrs && !cycle; i++) {
+      const kiln_instr *x = m->instrs[f->instrs[i]];
+      uint32_t next[3], nn = 0;
+      for (uint32_t j = 0; j < x->ncalled; j++) {
+        uint32_t g = x->called[j];
+        if (g == rule) cycle = true;
+        if (g < m->ncomps && !seen[g]) {
+          seen[g] = 1;
+          work[nwork++] = g;
+        }
+      }
+      if (!has_custom_attr(x)) continue;
+      const char *fa = kiln_instr_attr_str(x, KILN_ATTR_FRONTEND_ATTRIBUTES);
+      const char *keys[3] = {ATTR_JVP, ATTR_FWD, ATTR_BWD};
+      for (uint32_t k = 0; k < 3; k++) {
+        char name[NAME_MAX_LEN + 1];
+        if (attr_value(fa, keys[k], name, sizeof name) != 1) continue;
+        const kiln_computation *g = kiln_module_find_computation(m, name);
+        if (g != NULL) next[nn++] = g->id;
+      }
+      for (uint32_t k = 0; k < nn; k++) {
+        if (next[k] == rule) cycle = true;
+        if (next[k] < m->ncomps && !seen[next[k]]) {
+          seen[next[k]] = 1;
+          work[nwork++] = next[k];
+        }
+      }
+    }
+  }
+  if (cycle)
     return kiln__tx_fail(tx, KILN_EINVAL, ins,
                          "%s: call %s: rule computation %s refers back to itself through its "
-                         "calls and custom rules%s",
-                         tx->name, ins->name, tx->m->comps[rule]->name,
-                         deep ? " (or nests them deeper than 64)" : "");
+                         "calls and custom rules",
+                         tx->name, ins->name, m->comps[rule]->name);
   return 0;
 }
 
