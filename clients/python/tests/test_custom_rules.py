@@ -177,3 +177,12 @@ def test_rule_shape_errors_raise_before_sending():
     f.defvjp(lambda x: (x * 2, ()), lambda r, g: (g[:1],))
     with pytest.raises(TypeError, match="shape"):
         kiln.grad(lambda x: knp.sum(f(x)))(X)
+
+
+def test_jacobians_through_custom_rules_inside_jit():
+    x = X[:4]
+    close(kiln.jit(kiln.jacrev(K_LOG))(x), jax.jacrev(J_LOG)(x))
+    close(kiln.jit(kiln.jacfwd(K_LOG))(x), jax.jacfwd(J_LOG)(x))
+    kf = lambda x: K_SIN(x, x * 2)  # noqa: E731
+    jf = lambda x: J_SIN(x, x * 2)  # noqa: E731
+    close(kiln.jit(kiln.jacrev(kf))(x), jax.jacrev(jf)(x))
