@@ -86,8 +86,8 @@ int kiln__keeper_start(kiln_client *c, kiln_status *st) {
   pthread_condattr_t ca;
   bool cv_ok = false, mu_ok = pthread_mutex_init(&k->mu, NULL) == 0;
   if (mu_ok && pthread_condattr_init(&ca) == 0) {
-    cv_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-            pthread_cond_init(&k->cv, &ca) == 0;
+    cv_ok =
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&k->cv, &ca) == 0;
     pthread_condattr_destroy(&ca);
   }
   c->keeper = k;
