@@ -269,6 +269,7 @@ int kiln__call_start(kiln_client *c, kiln__method m, int64_t deadline_ms, kiln__
   k->details = grpc_empty_slice();
   grpc_metadata_array_init(&k->initial_md);
   grpc_metadata_array_init(&k->trailing_md);
+  atomic_store(&c->last_call_ms, kiln__now_ms()); /* the server renews the lease on it */
   k->cq = grpc_completion_queue_create_for_pluck(NULL);
   if (k->cq == NULL) return kiln__client_oom(st);
   int64_t ms = deadline_ms == 0 ? c->deadline_ms : deadline_ms;
@@ -497,6 +498,10 @@ static int check_options(const kiln_client_options *o, kiln_status *st) {
     if (*p < 0x21 || *p > 0x7e)
       return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
                                "token may hold only printable ASCII characters without spaces");
+  if (o->lease_keepalive_ms < 0)
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT,
+                             "lease_keepalive_ms %lld is negative (0: no keep-alive thread)",
+                             (long long)o->lease_keepalive_ms);
   return 0;
 }
 
@@ -622,6 +627,9 @@ int kiln_client_connect(const char *target, const kiln_client_options *opts, kil
     c->registered[m] = grpc_channel_register_call(c->channel, method_paths[m], NULL, NULL);
   int64_t wait_ms = o.connect_timeout_ms == 0 ? DEFAULT_CONNECT_MS : o.connect_timeout_ms;
   if (wait_ms > 0 && (rc = wait_ready(c, wait_ms, st))) goto out_close;
+  c->keepalive_ms = o.lease_keepalive_ms;
+  atomic_store(&c->last_call_ms, kiln__now_ms());
+  if (c->keepalive_ms > 0 && (rc = kiln__keeper_start(c, st))) goto out_close;
   *out = c;
   return 0;
 out_close:
@@ -631,6 +639,7 @@ out_close:
 
 void kiln_client_close(kiln_client *c) {
   if (c == NULL) return;
+  kiln__keeper_stop(c); /* before the channel it calls on goes */
   if (c->channel) grpc_channel_destroy(c->channel);
   kiln_free(c->target);
   kiln_free(c->client_id);

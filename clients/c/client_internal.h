@@ -46,7 +46,17 @@ struct kiln_client {
   int64_t deadline_ms; /* resolved: > 0, or < 0 for none */
   int64_t max_receive_bytes;
   int64_t chunk_bytes;
+  /* lease keep-alive (lease.c) */
+  _Atomic int64_t last_call_ms; /* monotonic ms when the last call started */
+  int64_t keepalive_ms;         /* 0: no keeper thread */
+  struct kiln__keeper *keeper;  /* the thread renewing the lease, or NULL */
 };
+
+/* Monotonic milliseconds. */
+int64_t kiln__now_ms(void);
+/* Starts the keep-alive thread of c (c->keepalive_ms > 0); stops it. */
+int kiln__keeper_start(kiln_client *c, kiln_status *st);
+void kiln__keeper_stop(kiln_client *c);
 
 /* One RPC in flight. Fields are the gRPC core's receive slots. */
 typedef struct kiln__call {

@@ -131,6 +131,16 @@ typedef struct kiln_client_options {
   const char *token;
   /* TLS even without tls_ca_file. */
   bool tls;
+  /* Lease keep-alive. kilnd releases the buffers of a client id that made
+   * no call for its --buffer-lease-seconds (600 by default; Stats reports
+   * it as the counter kiln_buffer_lease_ms), so that a client that died
+   * leaks nothing; every call renews the lease. > 0: a background thread
+   * renews it (as kiln_client_renew_leases does) whenever this many
+   * milliseconds passed without a call, so a client that is idle for
+   * longer than the lease (a long computation of its own, a pause between
+   * jobs) keeps its buffers; choose at most a quarter of the lease. 0: no
+   * thread; the client renews by making calls. Negative is an error. */
+  int64_t lease_keepalive_ms;
 } kiln_client_options;
 
 /* Connects to `target` ("HOST:PORT", "[::1]:PORT", "unix:PATH": any gRPC
@@ -143,6 +153,14 @@ int kiln_client_connect(const char *target, const kiln_client_options *opts, kil
 void kiln_client_close(kiln_client *c);
 /* The client id sent as "kiln-client" (owned by c). */
 const char *kiln_client_id(const kiln_client *c);
+
+/* Renews the lease on every buffer of this client's id (see
+ * lease_keepalive_ms above) with a call that does nothing else (an empty
+ * ReleaseBuffers). Any other call renews it too; this is for a client that
+ * has nothing else to send. Thread-safe like every call. */
+int kiln_client_renew_leases(kiln_client *c, kiln_status *st);
+/* How many renewals the keep-alive thread has sent (0 without one). */
+uint64_t kiln_client_lease_renewals(const kiln_client *c);
 
 /* Asks the standard grpc.health.v1.Health service about `service` ("" or
  * NULL: the server as a whole). *serving is true for SERVING. */

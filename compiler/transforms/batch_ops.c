@@ -599,6 +599,12 @@ static uint32_t batch_comp(kiln__bt *c, const kiln_computation *src,
   return comp;
 }
 
+uint32_t kiln__bt_comp(kiln__bt *c, const kiln_computation *src, const kiln_shape *const *pshapes,
+                       kiln__bsig *const *sigs, uint32_t np, const kiln__bsig *want,
+                       const char *suffix, kiln__bsig **got) {
+  return batch_comp(c, src, pshapes, sigs, np, want, suffix, got);
+}
+
 /* select(pred[B], x, y) leaf by leaf over values batched everywhere. */
 static kiln_id select_leaves(kiln__bt *c, kiln_id p, kiln_id x, kiln_id y) {
   if (c->tx->err) return KILN_NO_ID;

@@ -297,5 +297,6 @@ static const kiln__rule debug_print_rule = {
 
 const kiln__rule *kiln__tf_rule_of(const kiln_instr *ins) {
   if (kiln_debug_print_is(ins)) return &debug_print_rule;
+  if (kiln__tf_is_custom(ins)) return &kiln__tf_custom_rule;
   return &kiln__tf_rules[ins->op];
 }

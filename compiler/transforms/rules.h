@@ -108,6 +108,10 @@ extern const kiln__rule kiln__tf_rules[KILN_OP_COUNT];
  * whose target the transforms know (kiln.debug_print: an identity with a
  * side effect, ruled like optimization-barrier). */
 const kiln__rule *kiln__tf_rule_of(const kiln_instr *ins);
+/* Calls carrying a custom_jvp / custom_vjp rule in their frontend
+ * attributes (custom.c) are ruled by kiln__tf_custom_rule. */
+bool kiln__tf_is_custom(const kiln_instr *ins);
+extern const kiln__rule kiln__tf_custom_rule;
 
 /* Ops deliberately without derivative (or batching) rules, with the
  * reason; rules.c. */
@@ -389,5 +393,11 @@ int kiln__batch_get_dimension_size(kiln__bt *c, const kiln_instr *ins);
 int kiln__batch_while(kiln__bt *c, const kiln_instr *ins);
 int kiln__batch_conditional(kiln__bt *c, const kiln_instr *ins);
 int kiln__batch_call(kiln__bt *c, const kiln_instr *ins);
+/* A new computation: src batched with parameters batched as sigs, its root
+ * coerced to `want` when given; *got (may be NULL) is the root's batching.
+ * KILN_NO_ID on error. */
+uint32_t kiln__bt_comp(kiln__bt *c, const kiln_computation *src, const kiln_shape *const *pshapes,
+                       kiln__bsig *const *sigs, uint32_t np, const kiln__bsig *want,
+                       const char *suffix, kiln__bsig **got);
 
 #endif /* KILN_COMPILER_TRANSFORMS_RULES_H */

@@ -54,6 +54,13 @@
  *       marked with frontend_attributes={_kiln_checkpoint="true"} are
  *       treated the same way.
  *
+ *   custom rules (custom.c): a call whose frontend_attributes name a
+ *       custom_jvp rule (_kiln_custom_jvp="J") or a custom_vjp rule
+ *       (_kiln_custom_vjp_fwd="F", _kiln_custom_vjp_bwd="B"), computations
+ *       of the same module, is differentiated with the rule instead of its
+ *       body, as jax.custom_jvp / jax.custom_vjp; vmap batches the rule with
+ *       the call. Names and signatures are checked (KILN_EINVAL).
+ *
  * These compose: grad of grad chooses the inner gradient as its output
  * (grad, grad:output=1); a Hessian-vector product is jvp of grad:
  * (x, v) -> (f(x), g(x), df(x).v, H(x)v); a Hessian is vmap of that over v

@@ -4,8 +4,8 @@
 # SIGTERM under load (test_drain), TLS, tokens and the health port
 # (test_security), structured logs, compile progress and kiln top with two
 # servers sharing a Redis (test_ops), fair scheduling at one device
-# (test_scheduler_fair), and the Python grpcio client
-# (test_python_client.py). Each starts its own kilnd on free loopback
+# (test_scheduler_fair), libkiln's lease renewal (test_lease), and the
+# Python grpcio client (test_python_client.py). Each starts its own kilnd on free loopback
 # ports; KILND and KILN_CLI tell them where the binaries are, and they exit
 # 77 (skipped) without kilnd.
 if(NOT TARGET kiln_client)
@@ -22,7 +22,7 @@ if(TARGET kilnd)
 endif()
 
 foreach(name test_remote test_load test_hostile test_drain test_cache_server test_cancel test_limits
-    test_upload_wire test_security test_ops test_scheduler_fair test_cuda_service)
+    test_upload_wire test_security test_ops test_scheduler_fair test_cuda_service test_lease)
   if(NOT EXISTS ${CMAKE_CURRENT_LIST_DIR}/${name}.c)
     continue()
   endif()

@@ -11,15 +11,16 @@ stay on the server until np.asarray fetches them.
 from . import _proto  # noqa: F401  (the stubs, generated if need be)
 from ._api import (checkpoint, checkpoint_policies, custom_jvp, custom_vjp, grad, hessian,
                    jacfwd, jacrev, jit, jvp, pmap, remat, value_and_grad, vjp, vmap)
-from ._client import Array, Device, connect, connection, device_get, device_put, devices
+from ._client import (Array, CompileProgress, Device, connect, connection, device_get,
+                      device_put, devices)
 from .errors import (ConcretizationTypeError, KilnError, TracerArrayConversionError,
                      UnexpectedTracerError)
-from . import errors, lax, nn, tree_util  # noqa: E402
+from . import errors, lax, nn, stages, tree_util  # noqa: E402
 from . import numpy  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
-    "Array", "Device", "connect", "connection", "devices", "device_put", "device_get", "jit",
+    "Array", "CompileProgress", "Device", "stages", "connect", "connection", "devices", "device_put", "device_get", "jit",
     "grad", "value_and_grad", "vmap", "jvp", "vjp", "checkpoint", "remat",
     "checkpoint_policies", "hessian", "jacfwd", "jacrev", "custom_jvp", "custom_vjp", "pmap",
     "lax", "nn", "numpy", "tree_util", "errors", "KilnError", "ConcretizationTypeError",

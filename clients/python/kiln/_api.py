@@ -127,8 +127,6 @@ def trace_function(fn, args, kwargs, dyn_mask, avals, name):
         for c in [g.entry] + g.comps:
             c.finished = True
     tr = _Trace(text, list(g.hidden), out_tree, [(o.shape, o.dtype) for o in outs])
-    tr.stop_gradient = getattr(g, "stop_gradient", False)
-    tr.custom_rule = getattr(g, "custom_rule", None)
     return tr
 
 
@@ -154,7 +152,9 @@ class Staged:
         return self if obj is None else functools.partial(self, obj)
 
     def lower(self, *args, **kwargs):
-        return self._prepare(args, kwargs, ())[0].text
+        """The traced module (a Lowered: the HLO text, a str, as before,
+        with JAX's as_text() and compile())."""
+        return Lowered(self, args, kwargs, self._prepare(args, kwargs, ())[0].text)
 
     def __call__(self, *args, **kwargs):
         return self._run(args, kwargs, ())
@@ -298,18 +298,6 @@ class Staged:
         T = kiln_pb2.Transform
         for li, L in enumerate(self.layers):
             users = level_avals[li]
-            if L.kind in ("grad", "jvp", "vjp") and tr.custom_rule:
-                raise NotImplementedError(
-                    f"kiln.{L.kind} of '{self.name}': the function calls '{tr.custom_rule[1]}', "
-                    f"a kiln.{tr.custom_rule[0]} function; kilnd differentiates whole programs "
-                    "with its own rules and cannot apply a user-defined derivative (it would "
-                    "silently differentiate the primal instead). Differentiate a version "
-                    "without the custom rule, or run JAX code that needs it through "
-                    "kiln.from_jax(jax.grad(f))")
-            if L.kind in ("grad", "jvp", "vjp") and tr.stop_gradient:
-                raise NotImplementedError(
-                    f"kiln.{L.kind} of '{self.name}': the function uses lax.stop_gradient, which "
-                    "the server's transforms cannot see (they differentiate the whole program)")
             if L.kind == "grad":
                 wrt, rebuild = _argnum_leaves(args, L.argnums)
                 for w in wrt:
@@ -383,6 +371,66 @@ class Staged:
         return transforms, nparams, out_avals, regroup, seeds
 
 
+class Lowered(str):
+    """jax.stages.Lowered: what Staged.lower traced, for its text and to
+    compile it ahead of the first call. It is the module's HLO text itself
+    (a str), so code that used lower() as text keeps working."""
+
+    def __new__(cls, staged, args, kwargs, text):
+        obj = super().__new__(cls, text)
+        obj._staged, obj._args, obj._kwargs = staged, args, kwargs
+        return obj
+
+    def as_text(self, dialect=None):
+        if dialect not in (None, "hlo"):
+            raise NotImplementedError(f"kiln: Lowered.as_text(dialect={dialect!r}): only HLO")
+        return str(self)
+
+    def compile(self, progress=None):
+        """Compiles on kilnd (the transforms of the staged function's layers
+        applied there) and returns a Compiled. progress: a callable given a
+        kiln.CompileProgress for each phase the server reports (through the
+        CompileStream RPC), the last with phase "done"; an exception it
+        raises abandons the compile."""
+        st = self._staged
+        tr, user, level_avals, vmap_axes = st._prepare(self._args, self._kwargs, ())
+        transforms = st._plan(tr, self._args, len(user), level_avals, vmap_axes)[0]
+        resp = connection().compile(tr.text, transforms, progress=progress)
+        return Compiled(self, resp)
+
+
+class Compiled:
+    """jax.stages.Compiled: a compiled executable of a Lowered, callable
+    with the dynamic arguments (static ones may be left out, as in JAX, or
+    given again); a call reuses this executable (no Compile round trip)."""
+
+    def __init__(self, lowered, response):
+        self._lowered, self.response = lowered, response
+        self.executable_id = response.executable_id
+        self.cache_key = response.cache_key
+        # "compiled", "memory", "disk", "shared", ...
+        self.cache_source = kiln_pb2.CacheSource.Name(response.cache_source)[
+            len("CACHE_SOURCE_"):].lower()
+        self.compile_time = response.compile_wall_ns / 1e9
+        self.peak_bytes = response.peak_bytes
+
+    def as_text(self):
+        return self._lowered.as_text()
+
+    def __call__(self, *args, **kwargs):
+        st, largs = self._lowered._staged, self._lowered._args
+        static = sorted({i % max(len(largs), 1) for i in st.static_argnums})
+        if len(args) + len(static) == len(largs) and static:
+            full, it = [], iter(args)
+            for i in range(len(largs)):
+                full.append(largs[i] if i in static else next(it))
+            args = tuple(full)
+        return st(*args, **kwargs)
+
+    def __repr__(self):
+        return f"<kiln.Compiled {self.executable_id} ({self.cache_source})>"
+
+
 class _RawComputation:
     """Computations of another module's text, renamed, rendered as given."""
 
@@ -419,6 +467,10 @@ def _inline_module(comp, text, values, out_avals):
                   lambda m: "%" + prefix + m.group(1) if m.group(1) in names else m.group(0),
                   body)
     body = re.sub(r"%([A-Za-z_][\w.\-]*)(?![\w.\-])", rename, body)
+    # custom rules name their computations in frontend attributes (custom.c)
+    body = re.sub(r'(_kiln_custom_(?:jvp|vjp_fwd|vjp_bwd)=")%?([A-Za-z_][\w.\-]*)"',
+                  lambda m: f'{m.group(1)}{prefix}{m.group(2)}"' if m.group(2) in names
+                  else m.group(0), body)
     g.comps.append(_RawComputation(body.strip("\n") + "\n"))
     ops = [to_tracer(v, comp) for v in values]
     head = [m for m in heads if m.group(1)][0]
@@ -600,27 +652,6 @@ def _jac_argnums(argnums, nargs, name):
     return [n % nargs for n in nums]
 
 
-def _jac_assemble(name, argnums, args, nums, out, block):
-    """The Jacobian pytree JAX returns: the output's tree, each leaf replaced
-    by the argument tree (a tuple of them for tuple argnums) of arrays of
-    shape out_leaf.shape + in_leaf.shape; block(o, n, k) is the flat
-    (out size, in size) block of output leaf o and leaf k of argument n."""
-    from ._client import device_put
-
-    out_leaves, out_tree = tree_util.tree_flatten(out)
-    per_out = []
-    for o, ol in enumerate(out_leaves):
-        oshape = aval_of(ol)[0]
-        trees = []
-        for n in nums:
-            xl, xt = tree_util.tree_flatten(args[n])
-            trees.append(xt.unflatten([
-                device_put(block(o, n, k).reshape(tuple(oshape) + tuple(aval_of(x)[0])))
-                for k, x in enumerate(xl)]))
-        per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
-    return out_tree.unflatten(per_out)
-
-
 def _jac_check(name, args, nums, has_aux, holomorphic):
     if has_aux or holomorphic:
         raise NotImplementedError(f"kiln.{name}: has_aux / holomorphic")
@@ -631,85 +662,125 @@ def _jac_check(name, args, nums, has_aux, holomorphic):
                                 f"{aval_of(x)[1]}; floating point is required")
 
 
+def _size(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _basis(avals):
+    """The standard basis over the concatenated leaves of avals: per leaf an
+    array (N, *shape), N the total size, with an identity block where that
+    leaf's elements are; and the leaves' start rows."""
+    total = sum(_size(s) for s, _ in avals)
+    out, starts, at = [], [], 0
+    for s, d in avals:
+        n = _size(s)
+        b = np.zeros((total, n), d)
+        b[at:at + n] = np.eye(n, dtype=d)
+        out.append(b.reshape((total,) + tuple(s)))
+        starts.append(at)
+        at += n
+    return out, starts
+
+
+def _out_avals(fun, args):
+    """The output tree and leaf avals of fun(*args), traced (not run)."""
+    leaves, _ = tree_util.tree_flatten((args, {}))
+    dyn = [_is_array_leaf(x) for x in leaves]
+    avals = [aval_of(x) if d else None for x, d in zip(leaves, dyn)]
+    tr = trace_function(fun, args, {}, dyn, avals, "shape_of")
+    return tr.out_tree, tr.out_avals
+
+
+def _jac_block(knp, rows, start, in_shape, out_shape, rows_first):
+    """The (out_shape + in_shape) block of a Jacobian from the vmapped
+    results: rows is (N, *shape) over the basis of the side that was
+    mapped (inputs for jacfwd, outputs for jacrev)."""
+    if rows_first:  # jacrev: rows index outputs, rows' trailing dims the input
+        n = _size(out_shape)
+        blk = rows[start:start + n]
+        return knp.reshape(blk, tuple(out_shape) + tuple(in_shape))
+    n = _size(in_shape)  # jacfwd: rows index inputs, trailing dims the output
+    blk = knp.reshape(rows[start:start + n], (n,) + tuple(out_shape))
+    blk = knp.moveaxis(blk, 0, -1)
+    return knp.reshape(blk, tuple(out_shape) + tuple(in_shape))
+
+
 def jacfwd(fun, argnums=0, has_aux=False, holomorphic=False):
-    """The Jacobian by forward mode, as JAX's: one jvp program on the
-    server, run once per element of the differentiated arguments (column j
-    is J @ e_j), so meant for small inputs."""
+    """The Jacobian by forward mode, as JAX's: vmap of jvp over the standard
+    basis of the differentiated arguments, one program on the server (also
+    inside jit)."""
+    from . import numpy as knp
 
     def jac(*args):
         nums = _jac_argnums(argnums, len(args), "jacfwd")
         _jac_check("jacfwd", args, nums, has_aux, holomorphic)
-        zeros = [tree_util.tree_map(lambda v: np.zeros(aval_of(v)[0], aval_of(v)[1]), a)
-                 for a in args]
-        cols = {}  # (n, k) -> per output leaf, a list of flat columns
-        out = None
+        keys, avals = [], []
         for n in nums:
-            xl, xt = tree_util.tree_flatten(args[n])
-            for k, x in enumerate(xl):
-                shape, dt = aval_of(x)
-                size = int(np.prod(shape, dtype=np.int64))
-                cols[n, k] = None
-                for i in range(size):
-                    e = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in xl]
-                    e[k].reshape(-1)[i] = 1
-                    tangents = list(zeros)
-                    tangents[n] = xt.unflatten(e)
-                    out, t = jvp(fun, tuple(args), tuple(tangents))
-                    tl = [np.asarray(v).reshape(-1) for v in tree_util.tree_leaves(t)]
-                    if cols[n, k] is None:
-                        cols[n, k] = [[] for _ in tl]
-                    for o, v in enumerate(tl):
-                        cols[n, k][o].append(v)
-        if out is None:  # every differentiated leaf is empty
-            out = _staged(fun)(*args)
+            for k, x in enumerate(tree_util.tree_leaves(args[n])):
+                keys.append((n, k))
+                avals.append(aval_of(x))
+        basis, starts = _basis(avals)
 
-        def block(o, n, k):
-            oshape = aval_of(tree_util.tree_leaves(out)[o])[0]
-            osize = int(np.prod(oshape, dtype=np.int64))
-            c = cols[n, k]
-            if not c or not c[o]:
-                return np.zeros((osize, 0), np.float32)
-            return np.stack(c[o], axis=1)
+        def pushfwd(args_, basis_):
+            given = dict(zip(keys, basis_))
+            tangents = []
+            for i, a in enumerate(args_):
+                xl, xt = tree_util.tree_flatten(a)
+                tangents.append(xt.unflatten([
+                    given[i, k] if (i, k) in given else np.zeros(*aval_of(x))
+                    for k, x in enumerate(xl)]))
+            return jvp(fun, tuple(args_), tuple(tangents))[1]
 
-        return _jac_assemble("jacfwd", argnums, args, nums, out, block)
+        out_tree, out_avals = _out_avals(fun, args)
+        if not keys:
+            raise ValueError("kiln.jacfwd: the differentiated arguments have no array leaves")
+        rows = vmap(pushfwd, in_axes=(None, 0))(tuple(args), basis)
+        row_leaves = tree_util.tree_leaves(rows)
+        per_out = []
+        for o, (oshape, _) in enumerate(out_avals):
+            trees = []
+            for n in nums:
+                xl, xt = tree_util.tree_flatten(args[n])
+                trees.append(xt.unflatten([
+                    _jac_block(knp, row_leaves[o], starts[keys.index((n, k))], aval_of(x)[0],
+                               oshape, False) for k, x in enumerate(xl)]))
+            per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
+        return out_tree.unflatten(per_out)
 
     return jac
 
 
 def jacrev(fun, argnums=0, has_aux=False, holomorphic=False, allow_int=False):
-    """The Jacobian by reverse mode, as JAX's: one vjp program on the
-    server, run once per element of the output (row i is e_i @ J), so meant
-    for small outputs."""
+    """The Jacobian by reverse mode, as JAX's: vmap of vjp over the standard
+    basis of the outputs, one program on the server (also inside jit)."""
+    from . import numpy as knp
 
     def jac(*args):
         nums = _jac_argnums(argnums, len(args), "jacrev")
         _jac_check("jacrev", args, nums, has_aux, holomorphic)
-        out, vjp_fn = vjp(fun, *args)
-        ol = tree_util.tree_leaves(out)
-        otree = tree_util.tree_structure(out)
-        rows = {}  # (o, n, k) -> list of flat rows
-        for o, leaf in enumerate(ol):
-            shape, dt = aval_of(leaf)
+        out_tree, out_avals = _out_avals(fun, args)
+        for o, (_, dt) in enumerate(out_avals):
             if not _dtypes.is_float(dt):
                 raise TypeError(f"kiln.jacrev: output leaf {o} has dtype {dt}; floating point "
                                 "is required")
-            size = int(np.prod(shape, dtype=np.int64))
-            for i in range(size):
-                ct = [np.zeros(aval_of(v)[0], aval_of(v)[1]) for v in ol]
-                ct[o].reshape(-1)[i] = 1
-                grads = vjp_fn(otree.unflatten(ct))
-                for n in nums:
-                    for k, g in enumerate(tree_util.tree_leaves(grads[n])):
-                        rows.setdefault((o, n, k), []).append(np.asarray(g).reshape(-1))
+        basis, starts = _basis(out_avals)
 
-        def block(o, n, k):
-            r = rows.get((o, n, k))
-            if r:
-                return np.stack(r, axis=0)
-            x = tree_util.tree_leaves(args[n])[k]
-            return np.zeros((0, int(np.prod(aval_of(x)[0], dtype=np.int64))), np.float32)
+        def pullback(args_, ct_):
+            _, vjp_fn = vjp(fun, *args_)
+            return vjp_fn(out_tree.unflatten(list(ct_)))
 
-        return _jac_assemble("jacrev", argnums, args, nums, out, block)
+        grads = vmap(pullback, in_axes=(None, 0))(tuple(args), basis)
+        per_out = []
+        for o, (oshape, _) in enumerate(out_avals):
+            trees = []
+            for n in nums:
+                xl, xt = tree_util.tree_flatten(args[n])
+                gl = tree_util.tree_leaves(grads[n])
+                trees.append(xt.unflatten([
+                    _jac_block(knp, gl[k], starts[o], aval_of(x)[0], oshape, True)
+                    for k, x in enumerate(xl)]))
+            per_out.append(trees[0] if isinstance(argnums, int) else tuple(trees))
+        return out_tree.unflatten(per_out)
 
     return jac
 
@@ -718,79 +789,12 @@ pmap = _unsupported("pmap")
 
 
 def hessian(fun, argnums=0, has_aux=False, holomorphic=False):
-    """The Hessian of a scalar function with respect to one array argument,
-    as jvp of grad on the server (forward over reverse, as JAX): one
-    compiled program, run once per element of the argument (column i is
-    H @ e_i), so meant for small arguments."""
+    """The Hessian of a scalar function, as JAX's: jacfwd of the gradient
+    (forward over reverse), one program on the server (also inside jit and
+    of a jitted function); argnums and the arguments may be pytrees."""
     if has_aux or holomorphic:
         raise NotImplementedError("kiln.hessian: has_aux / holomorphic")
-    if not isinstance(argnums, int):
-        raise NotImplementedError("kiln.hessian: argnums must be one int (a tuple of argnums "
-                                  "is not supported)")
-    g = grad(fun, argnums=argnums)
-
-    def h(*args):
-        if not -len(args) <= argnums < len(args):
-            raise ValueError(f"kiln.hessian: argnums {argnums} is out of range for "
-                             f"{len(args)} arguments")
-        n_arg = argnums % len(args)
-        x = args[n_arg]
-        if not _is_array_leaf(x):
-            raise NotImplementedError("kiln.hessian: the differentiated argument must be one "
-                                      "array (pytrees are not supported)")
-        shape, dt = aval_of(x)
-        if not _dtypes.is_float(dt):
-            raise TypeError(f"kiln.hessian: argument {n_arg} has dtype {dt}; floating point "
-                            "is required")
-        size = int(np.prod(shape, dtype=np.int64))
-        zeros = [tree_util.tree_map(lambda v: np.zeros(aval_of(v)[0], aval_of(v)[1]), a)
-                 for a in args]
-        cols = []
-        for i in range(size):
-            e = np.zeros(size, dt)
-            e[i] = 1
-            tangents = list(zeros)
-            tangents[n_arg] = e.reshape(shape)
-            _, t = jvp(g, tuple(args), tuple(tangents))
-            cols.append(np.asarray(t).reshape(size))
-        from ._client import device_put
-
-        # H[i, j] = d2f / dx_i dx_j; column i is H e_i, and H is symmetric
-        return device_put(np.stack(cols, axis=1).reshape(tuple(shape) + tuple(shape)))
-
-    return h
+    return jacfwd(grad(fun, argnums=argnums), argnums=argnums)
 
 
-class _CustomDerivative:
-    """custom_vjp / custom_jvp: the function runs as written (its primal),
-    and a program that calls it refuses to be differentiated by the server
-    (NotImplementedError naming it) rather than silently ignoring the rule."""
-
-    kind = None
-
-    def __init__(self, fun, nondiff_argnums=()):
-        functools.update_wrapper(self, fun)
-        self.fun = fun
-        self.nondiff_argnums = nondiff_argnums
-
-    def defvjp(self, fwd, bwd, symbolic_zeros=False):
-        return None
-
-    def defjvp(self, jvp_rule, symbolic_zeros=False):
-        return jvp_rule
-
-    def defjvps(self, *rules):
-        return None
-
-    def __call__(self, *args, **kwargs):
-        if _stack():
-            _stack()[0].graph.custom_rule = (self.kind, getattr(self.fun, "__name__", "f"))
-        return self.fun(*args, **kwargs)
-
-
-class custom_vjp(_CustomDerivative):  # noqa: N801  (JAX's name)
-    kind = "custom_vjp"
-
-
-class custom_jvp(_CustomDerivative):  # noqa: N801  (JAX's name)
-    kind = "custom_jvp"
+from ._custom import custom_jvp, custom_vjp  # noqa: E402,F401  (re-exported)

@@ -113,6 +113,27 @@ def _tls_credentials(tls):
                     f"or grpc.ChannelCredentials, not {type(tls).__name__}")
 
 
+class CompileProgress:
+    """One progress message of a compile (kiln.v1.CompileProgress): phase
+    ("queued", "loading", "waiting", "passes", "cc", "storing", "done"),
+    elapsed seconds since the server got the request, detail (who is
+    building, when waiting) and, on the last one, result (the
+    CompileResponse)."""
+
+    __slots__ = ("phase", "elapsed", "detail", "result")
+
+    def __init__(self, msg):
+        name = kiln_pb2.CompilePhase.Name(msg.phase)
+        self.phase = name[len("COMPILE_PHASE_"):].lower()
+        self.elapsed = msg.elapsed_ns / 1e9
+        self.detail = msg.detail
+        self.result = msg.result if msg.HasField("result") else None
+
+    def __repr__(self):
+        d = f", detail={self.detail!r}" if self.detail else ""
+        return f"CompileProgress({self.phase!r}, elapsed={self.elapsed:.3f}{d})"
+
+
 class Connection:
     """One channel to kilnd."""
 
@@ -198,18 +219,44 @@ class Connection:
         st = self.stats()
         return [Device(d.device, d.backend, d.description) for d in st.devices]
 
-    def compile(self, hlo_text, transforms=()):
+    def compile(self, hlo_text, transforms=(), progress=None):
+        """The CompileResponse of hlo_text with transforms (cached per
+        connection). With progress, a callable, the compile goes through
+        CompileStream and progress gets a CompileProgress per phase the
+        server reports, the last one with phase "done" (also on a hit of
+        the connection's cache, where the server's own cache answers)."""
         key = (hlo_text, tuple(t.SerializeToString(deterministic=True) for t in transforms))
         hit = self._executables.get(key)
-        if hit is not None:
+        if hit is not None and progress is None:
             return hit
         opts = kiln_pb2.CompileOptions()
         for t in transforms:
             opts.transforms.add().CopyFrom(t)
         req = kiln_pb2.CompileRequest(hlo_text=hlo_text, options=opts)
-        resp = self._call("Compile", self.stub.Compile, req, idempotent=True)
+        if progress is None:
+            resp = self._call("Compile", self.stub.Compile, req, idempotent=True)
+        else:
+            resp = self._compile_stream(req, progress)
         self._executables[key] = resp
         return resp
+
+    def _compile_stream(self, req, progress):
+        stream = self._call("CompileStream", self.stub.CompileStream, req)
+        result = None
+        try:
+            for msg in stream:
+                ev = CompileProgress(msg)
+                if msg.HasField("result"):
+                    result = msg.result
+                progress(ev)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "kiln: CompileStream") from None
+        except BaseException:
+            stream.cancel()  # the callback raised: the compile is abandoned
+            raise
+        if result is None:
+            raise UnavailableError("kiln: CompileStream ended without a result")
+        return result
 
     def execute(self, executable_id, args, donate=(), nout=None, inline=None):
         """Runs with args (Arrays or numpy arrays). With nout, every output

@@ -76,7 +76,8 @@ class Instr:
     def render(self):
         head = "ROOT " if self.root else ""
         if self.operands is None:  # parameter(n), constant(...): op carries its text
-            return f"  {head}{self.name} = {self.type_str()} {self.op}"
+            op = self.op() if callable(self.op) else self.op
+            return f"  {head}{self.name} = {self.type_str()} {op}"
         attrs = self.attrs() if callable(self.attrs) else self.attrs
         ops = ", ".join(o.name for o in self.operands)
         return f"  {head}{self.name} = {self.type_str()} {self.op}({ops}){attrs}"

@@ -195,13 +195,15 @@ def bitcast_convert_type(x, new_dtype):
 
 
 def stop_gradient(x):
-    """Identity in the forward pass. The server's transforms differentiate
-    the whole program, so a program using it refuses to be differentiated."""
+    """Identity whose derivative is zero: inside a trace a custom_jvp
+    identity with a zero tangent (kiln._custom), so the server's transforms
+    stop there."""
+    from ._custom import stop_gradient_leaf
+
     def one(v):
-        t = _t(v) if _stack() else v
-        if _stack():
-            current_computation().graph.stop_gradient = True
-        return t
+        if not _stack():
+            return v
+        return stop_gradient_leaf(_t(v))
 
     return tree_util.tree_map(one, x)
 

@@ -278,8 +278,10 @@ def test_errors():
         kiln.jit(lambda x: np.asarray(x))(V)
 
 
-def test_stop_gradient_refused_under_grad():
+def test_stop_gradient_under_grad_matches_jax():
     f = lambda x: jnp.sum(lax.stop_gradient(x) * x)  # noqa: E731
+    jf = lambda x: jax.numpy.sum(jax.lax.stop_gradient(x) * x)  # noqa: E731
     np.testing.assert_allclose(np.asarray(kiln.jit(f)(V)), np.sum(V * V), rtol=1e-6)
-    with pytest.raises(NotImplementedError, match="stop_gradient"):
-        kiln.grad(f)(V)
+    np.testing.assert_allclose(np.asarray(kiln.grad(f)(V)), np.asarray(jax.grad(jf)(V)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(kiln.grad(f)(V)), V, rtol=1e-6)  # not 2 V
