@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "compiler/codegen/emit.h"
+#include "compiler/codegen/executable.h"
 
 /* An instruction whose leaves are read from kernel arguments. */
 typedef struct kiln__kbind {
@@ -94,6 +95,17 @@ bool kiln__reduce_window_scan(const kiln_module *m, const kiln_instr *rw, uint32
  * linear instead of quadratic time. binds[0] the input, binds[1] the init. */
 int kiln__kernel_scan(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t dim, uint32_t *kernel,
                       uint64_t *range);
+
+/* An integer dot the idot kernel computes: a 32- or 64-bit integer result,
+ * integer operands. */
+bool kiln__idot_ok(const kiln_module *m, const kiln_instr *d);
+/* It (k->root), as planned by kiln__gemm_shape (no swap, not both
+ * operands transposed): one iteration per row of the result, accumulating
+ * modulo 2^32 or 2^64 as the loop form does (the same bits), either as
+ * rows of B scaled by A's elements into C's row or as dots of contiguous
+ * rows, so that the compiler vectorizes it. */
+int kiln__kernel_idot(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_gemm *gm,
+                      uint32_t *kernel, uint64_t *range);
 
 /* Shared by kernel_loop.c and kernel_special.c. */
 int kiln__kernel_begin(kiln__codegen *g, const kiln__kernel_spec *k, kiln_sbuf *body,

@@ -1052,3 +1052,80 @@ int kiln__kernel_scan(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t dim
   kiln_sbuf_free(&out);
   return rc;
 }
+
+/* ---- integer dots --------------------------------------------------------- */
+
+static bool int_type(kiln_dtype t) {
+  return kiln_dtype_is_signed_int(t) || kiln_dtype_is_unsigned_int(t);
+}
+
+bool kiln__idot_ok(const kiln_module *m, const kiln_instr *d) {
+  if (d->op != KILN_OP_DOT || d->noperands != 2) return false;
+  kiln_dtype t = d->shape.dtype;
+  unsigned bits = int_type(t) ? kiln_dtype_bits(t) : 0;
+  return (bits == 32 || bits == 64) && int_type(m->instrs[d->operands[0]]->shape.dtype) &&
+         int_type(m->instrs[d->operands[1]]->shape.dtype);
+}
+
+int kiln__kernel_idot(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_gemm *gm,
+                      uint32_t *kernel, uint64_t *range) {
+  const kiln_module *m = g->mod.m;
+  const kiln_instr *d = ins_of(g, k->root);
+  if (k->nouts != 1 || k->nbinds != 2 || !kiln__idot_ok(m, d) || (gm->trans_a && gm->trans_b))
+    return fail(g, d, "not an integer matrix product");
+  kiln_dtype t = d->shape.dtype;
+  const char *acc = kiln_dtype_bits(t) == 32 ? "uint32_t" : "uint64_t";
+  const char *rt = kiln__stype(&g->mod, t);
+  const char *at = kiln__stype(&g->mod, m->instrs[d->operands[0]]->shape.dtype);
+  const char *bt = kiln__stype(&g->mod, m->instrs[d->operands[1]]->shape.dtype);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b, "  const %s *A = (const %s *)b%u;\n  const %s *B = (const %s *)b%u;\n", at,
+                   at, k->binds[0].args[0], bt, bt, k->binds[1].args[0]);
+  kiln_sbuf_printf(&b, "  %s *C = (%s *)b%u;\n", acc, acc, k->out_arg[0]);
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "r");
+  kiln_sbuf_printf(&b, "  %s {\n", loop);
+  kiln_sbuf_printf(&b,
+                   "    const int64_t bb = r / %lld, i = r %% %lld;\n"
+                   "    const %s *a = A + bb * %lld;\n    const %s *bm = B + bb * %lld;\n"
+                   "    %s *c = C + bb * %lld + i * %lld;\n",
+                   (long long)gm->m, (long long)gm->m, at, (long long)gm->stride_a, bt,
+                   (long long)gm->stride_b, acc, (long long)gm->stride_c, (long long)gm->ldc);
+  /* Each operand converted to the result type first (as the interpreter
+   * does), then to the unsigned accumulator. */
+  if (!gm->trans_b) {
+    /* C[i,:] = sum_k A[i,k] * B[k,:]: rows of B, contiguous. */
+    kiln_sbuf_printf(&b, "    for (int64_t j = 0; j < %lld; j++) c[j] = 0;\n", (long long)gm->n);
+    kiln_sbuf_printf(&b, "    for (int64_t kk = 0; kk < %lld; kk++) {\n", (long long)gm->k);
+    kiln_sbuf_printf(&b, "      const %s av = (%s)(%s)a[%s];\n", acc, acc, rt,
+                     gm->trans_a ? "kk * LDA + i" : "i * LDA + kk");
+    kiln_sbuf_printf(&b, "      const %s *br = bm + kk * %lld;\n", bt, (long long)gm->ldb);
+    kiln_sbuf_printf(&b,
+                     "      for (int64_t j = 0; j < %lld; j++) c[j] += av * (%s)(%s)br[j];\n"
+                     "    }\n",
+                     (long long)gm->n, acc, rt);
+  } else {
+    /* B stored as [N, K]: C[i,j] = dot(A[i,:], B[j,:]), both contiguous. */
+    kiln_sbuf_printf(&b, "    const %s *ar = a + i * LDA;\n", at);
+    kiln_sbuf_printf(&b, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)gm->n);
+    kiln_sbuf_printf(&b, "      const %s *br = bm + j * %lld;\n      %s s = 0;\n", bt,
+                     (long long)gm->ldb, acc);
+    kiln_sbuf_printf(&b,
+                     "      for (int64_t kk = 0; kk < %lld; kk++) s += (%s)(%s)ar[kk] * "
+                     "(%s)(%s)br[kk];\n      c[j] = s;\n    }\n",
+                     (long long)gm->k, acc, rt, acc, rt);
+  }
+  kiln_sbuf_puts(&b, "  }\n");
+  /* LDA written out where it is used. */
+  char lda[32];
+  snprintf(lda, sizeof lda, "%lld", (long long)gm->lda);
+  const char *from[] = {"LDA"}, *to[] = {lda};
+  kiln_sbuf out = KILN_SBUF_INIT;
+  expand(&out, kiln_sbuf_str(&b), from, to, 1, g->nkernels);
+  kiln_sbuf_free(&b);
+  *kernel = g->nkernels;
+  *range = (uint64_t)(gm->batch * gm->m);
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+  kiln_sbuf_free(&out);
+  return 0;
+}

@@ -45,6 +45,9 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins);
  * GEMM step; fills g and *swap (operands exchanged for a column-major
  * result). */
 bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap);
+/* The (batched) matrix product kiln__gemm_plan describes, for any element
+ * type (the integer dot kernel's plan). */
+bool kiln__gemm_shape(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap);
 /* conv_step.c: whether convolution `ins` becomes one CONV step (f32, at
  * most 3 spatial dims, no window reversal); fills c. */
 bool kiln__conv_plan(const kiln_module *m, const kiln_instr *ins, kiln_conv *c);

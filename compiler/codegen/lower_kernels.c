@@ -223,9 +223,16 @@ static int64_t free_dim(const kiln_shape *s, const kiln_i64s *b, int64_t cd) {
 bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap) {
   if (d->op != KILN_OP_DOT || d->noperands != 2) return false;
   const kiln_shape *ls = &m->instrs[d->operands[0]]->shape, *rs = &m->instrs[d->operands[1]]->shape;
+  kiln_dtype t = d->shape.dtype;
+  if ((t != KILN_F32 && t != KILN_F64) || ls->dtype != t || rs->dtype != t) return false;
+  return kiln__gemm_shape(m, d, g, swap);
+}
+
+bool kiln__gemm_shape(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap) {
+  if (d->op != KILN_OP_DOT || d->noperands != 2) return false;
+  const kiln_shape *ls = &m->instrs[d->operands[0]]->shape, *rs = &m->instrs[d->operands[1]]->shape;
   const kiln_shape *os = &d->shape;
   kiln_dtype t = os->dtype;
-  if ((t != KILN_F32 && t != KILN_F64) || ls->dtype != t || rs->dtype != t) return false;
   const kiln_i64s *lb = kiln_instr_attr_ints(d, KILN_ATTR_LHS_BATCH_DIMS);
   const kiln_i64s *rb = kiln_instr_attr_ints(d, KILN_ATTR_RHS_BATCH_DIMS);
   const kiln_i64s *lc = kiln_instr_attr_ints(d, KILN_ATTR_LHS_CONTRACTING_DIMS);
@@ -551,6 +558,24 @@ static int scan_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, uint
   return rc;
 }
 
+/* An integer dot whose operands are (batched) matrices: the idot kernel. */
+static int idot_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const kiln_gemm *gm) {
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = kb_bind_operands(b, ins);
+  kb_output(b, 0, leaf0(c, ins->id), &ins->shape);
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, ins->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__kernel_idot(c->g, &k, gm, &kernel, &range);
+    if (rc == 0) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  return rc;
+}
+
 int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   switch (ins->op) {
   case KILN_OP_FUSION: return lower_fusion(c, prog, ins);
@@ -560,6 +585,9 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     if (kiln__gemm_plan(c->m, ins, &g, &swap))
       return gemm_step(c, prog, ins, leaf0(c, ins->operands[0]), leaf0(c, ins->operands[1]),
                        leaf0(c, ins->id));
+    if (kiln__idot_ok(c->m, ins) && kiln__gemm_shape(c->m, ins, &g, &swap) && !swap &&
+        !(g.trans_a && g.trans_b))
+      return idot_kernel(c, prog, ins, &g);
     break;
   }
   case KILN_OP_CONVOLUTION: {

@@ -20,15 +20,14 @@
  *  - bf16 and f16 operands are converted to f32, and the product
  *    accumulates in f32 (as XLA's CPU backend does); the result is
  *    converted back to the dot's type.
- * The result is reshaped back to the dot's dims. Integer dots stay loop
- * kernels (no BLAS for them) but get the same form with K minor on both
- * sides, [batch..., M, K] x [batch..., N, K], so that each result element
- * is one contiguous inner product the C compiler vectorizes. A dot that
- * already has its form (one free dim or none per side, one contracting
- * dim, batch dims physically major, f32 or f64, or K minor for integers)
- * is left alone, as are dots of other types (f8, complex, mixed), dynamic
- * shapes and empty arrays, and fused computations (already past this
- * point). */
+ * The result is reshaped back to the dot's dims. An 8-bit integer dot
+ * whose sums stay below 2^24 is exact as an f32 GEMM and becomes one
+ * (exact_in_f32). Other integer dots stay loop kernels (no BLAS for them) but get the same form
+ * with K minor on both sides, [batch..., M, K] x [batch..., N, K], so that each result element is
+ * one contiguous inner product the C compiler vectorizes. A dot that already has its form (one free
+ * dim or none per side, one contracting dim, batch dims physically major, f32 or f64, or K minor
+ * for integers) is left alone, as are dots of other types (f8, complex, mixed), dynamic shapes and
+ * empty arrays, and fused computations (already past this point). */
 #include <stdio.h>
 #include <string.h>
 
@@ -285,6 +284,30 @@ static kiln_dtype gemm_type(kiln_dtype l, kiln_dtype r, kiln_dtype o) {
   return lf && rf && of ? KILN_F32 : KILN_INVALID;
 }
 
+/* An integer dot of 8-bit operands whose every partial sum is an integer
+ * below 2^24 in magnitude (contracted length x largest |product|) is
+ * computed exactly by an f32 GEMM: each product and sum is representable,
+ * so the result is the integer one bit for bit, in any order, and the dot
+ * runs at BLAS speed instead of as an integer loop (int8-quantized
+ * matmuls). The result must hold it without wrapping: s32 or s64, or
+ * u32/u64 when no operand is signed (a negative operand would wrap there). */
+static bool exact_in_f32(const kiln_instr *d, const kiln_shape *a, const kiln_shape *b) {
+  kiln_dtype o = d->shape.dtype;
+  bool la = a->dtype == KILN_S8 || a->dtype == KILN_U8,
+       lb = b->dtype == KILN_S8 || b->dtype == KILN_U8;
+  bool sig = a->dtype == KILN_S8 || b->dtype == KILN_S8;
+  if (!la || !lb) return false;
+  if (!(o == KILN_S32 || o == KILN_S64 || (!sig && (o == KILN_U32 || o == KILN_U64)))) return false;
+  const kiln_i64s *c = kiln_instr_attr_ints(d, KILN_ATTR_LHS_CONTRACTING_DIMS);
+  double k = 1;
+  for (uint32_t i = 0; c && i < c->n; i++) {
+    if (c->v[i] < 0 || c->v[i] >= a->rank) return false;
+    k *= (double)a->dims[c->v[i]];
+  }
+  double ma = a->dtype == KILN_S8 ? 128 : 255, mb = b->dtype == KILN_S8 ? 128 : 255;
+  return k * ma * mb <= 16777216.0;
+}
+
 static bool usable(const kiln_shape *s) {
   return kiln_shape_is_array(s) && !kiln_shape_is_dynamic(s) && s->rank <= MAXR &&
          kiln_shape_elements(s) > 0;
@@ -297,6 +320,7 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_id first, kiln_instr *d
   const kiln_instr *a = m->instrs[d->operands[0]], *b = m->instrs[d->operands[1]];
   if (!usable(&a->shape) || !usable(&b->shape)) return 0;
   kiln_dtype t = gemm_type(a->shape.dtype, b->shape.dtype, d->shape.dtype);
+  if (exact_in_f32(d, &a->shape, &b->shape)) t = KILN_F32;
   if (t == KILN_INVALID) return 0;
   side l, r;
   if (!side_init(&l, a, kiln_instr_attr_ints(d, KILN_ATTR_LHS_BATCH_DIMS),

@@ -43,8 +43,10 @@ static double special(uint64_t r) {
 
 /* Floats: mostly eighths in [-2, 2] (many ties), one in eight special;
  * PLAIN leaves the specials out (for arithmetic whose NaN signs the two
- * sides need not agree on), NO_NAN keeps the signed zeros and infinities. */
-enum { SPECIALS, PLAIN, NO_NAN };
+ * sides need not agree on), NO_NAN keeps the signed zeros and infinities.
+ * EXTREME fills integers across their whole range, half of them at its
+ * ends (the largest products a dot can form). */
+enum { SPECIALS, PLAIN, NO_NAN, EXTREME };
 static void fill(kiln_literal *l, uint64_t *seed, int plain) {
   if (l->shape.dtype == KILN_TUPLE) {
     for (uint32_t i = 0; i < l->shape.rank; i++) fill(l->elems[i], seed, plain);
@@ -57,7 +59,16 @@ static void fill(kiln_literal *l, uint64_t *seed, int plain) {
     double f = (double)((int64_t)(r % 33) - 16) / 8.0;
     if (plain != PLAIN && r % 8 == 0) f = special(r >> 8);
     if (plain == NO_NAN && isnan(f)) f = -0.0;
-    if (t == KILN_PRED)
+    if (plain == EXTREME && (kiln_dtype_is_signed_int(t) || kiln_dtype_is_unsigned_int(t))) {
+      unsigned bits = kiln_dtype_bits(t);
+      uint64_t mask = bits >= 64 ? UINT64_MAX : (UINT64_C(1) << bits) - 1, v = (r >> 8) & mask;
+      if (r % 4 == 0) v = kiln_dtype_is_signed_int(t) ? (mask >> 1) + 1 : mask; /* min, or max */
+      if (r % 4 == 1) v = kiln_dtype_is_signed_int(t) ? mask >> 1 : 0;          /* max, or 0 */
+      if (kiln_dtype_is_signed_int(t) && bits < 64 && (v >> (bits - 1)))
+        kiln_literal_set_s64(l, i, (int64_t)v - (int64_t)(mask + 1));
+      else
+        kiln_literal_set_u64(l, i, v);
+    } else if (t == KILN_PRED)
       kiln_literal_set_u64(l, i, r & 1);
     else if (kiln_dtype_is_float(t))
       kiln_literal_set_f64(l, i, f);
@@ -676,6 +687,48 @@ START_TEST(test_scan_wide) {
 }
 END_TEST
 
+/* Integer dots: 8-bit operands whose sums stay below 2^24 run as an f32
+ * GEMM (exact), the others as the integer kernel or loop; every result is
+ * bit-equal to the interpreter's, with operands at the ends of their range.
+ * K runs past the f32 bound (1024 for s8 x s8) so both sides of it run. */
+static void idot_module(kiln_sbuf *b, uint64_t *s) {
+  static const char *const ops[] = {"s8", "u8", "s32", "s16"};
+  static const char *const res[] = {"s32", "s64", "u32"};
+  const char *lt = ops[rng(s) % 4], *rt = rng(s) % 2 ? lt : ops[rng(s) % 2];
+  const char *ot = res[rng(s) % 3];
+  int64_t m = 1 + (int64_t)(rng(s) % 9), n = 1 + (int64_t)(rng(s) % 9);
+  static const int64_t ks[] = {1, 7, 64, 255, 256, 259, 1024, 1031};
+  int64_t k = ks[rng(s) % 8];
+  bool batch = rng(s) % 3 == 0, tl = rng(s) % 2, tr = rng(s) % 2;
+  kiln_sbuf_puts(b, "HloModule t\nENTRY e {\n");
+  int64_t ld[3], rd[3], od[3];
+  uint32_t r = 0;
+  if (batch) ld[r] = rd[r] = od[r] = 3, r++;
+  ld[r] = tl ? k : m, ld[r + 1] = tl ? m : k;
+  rd[r] = tr ? n : k, rd[r + 1] = tr ? k : n;
+  od[r] = m, od[r + 1] = n;
+  kiln_sbuf_puts(b, "  a = ");
+  put_shape(b, lt, ld, r + 2, s);
+  kiln_sbuf_puts(b, " parameter(0)\n  c = ");
+  put_shape(b, rt, rd, r + 2, s);
+  kiln_sbuf_puts(b, " parameter(1)\n  ROOT d = ");
+  put_shape(b, ot, od, r + 2, s);
+  kiln_sbuf_printf(b, " dot(a, c), %slhs_contracting_dims={%u}, rhs_contracting_dims={%u}\n}\n",
+                   batch ? "lhs_batch_dims={0}, rhs_batch_dims={0}, " : "", r + (tl ? 0 : 1),
+                   r + (tr ? 1 : 0));
+}
+
+START_TEST(test_idot_random) {
+  uint64_t s = 777;
+  for (int i = 0; i < 48; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    idot_module(&b, &s);
+    agree(kiln_sbuf_str(&b), -1, EXTREME, 2);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cpu_ops");
   TCase *tc = tcase_create("topk");
@@ -705,6 +758,7 @@ int main(void) {
   tcase_add_test(tc, test_fft_refused);
   tcase_add_test(tc, test_scan_random);
   tcase_add_test(tc, test_scan_wide);
+  tcase_add_test(tc, test_idot_random);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
