@@ -435,6 +435,11 @@ int kiln__cmd_bench(const kiln__args *a) {
     kiln_module_destroy(b.m);
     return rc;
   }
+  if (b.partitions && kiln__auto_shard_wanted(a) &&
+      (rc = kiln__auto_shard(a, b.file, b.m, b.partitions, stderr))) {
+    kiln_module_destroy(b.m);
+    return rc;
+  }
   kiln_status st;
   kiln_status_clear(&st);
   kiln_backend *be = NULL;
