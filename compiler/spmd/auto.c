@@ -134,7 +134,14 @@ typedef struct ctx {
   uint32_t *nodeof; /* instruction id -> node, NO_NODE */
   edge *edges;
   uint32_t ne, ecap;
-  target_set *tg; /* per node, as producer */
+  target_set *tg;  /* per node, as producer */
+  uint32_t *tgoff; /* tgoff[u]: u's first target in a numbering of all of them */
+  uint32_t ntargets;
+  uint32_t dense_edge; /* edges of more strategy pairs get the smaller, looser rows */
+  /* Memory (with a budget): at each point a value is made, the nodes live
+   * there; and per node the points where it is live. */
+  uint32_t **step, *nstep, nsteps;
+  uint32_t **live_at, *nlive_at;
 } ctx;
 
 static int oom(ctx *x) {
@@ -537,9 +544,13 @@ static int build_targets(ctx *x) {
       e->tgt[j] = f;
     }
   }
+  if ((x->tgoff = kiln_arena_alloc(x->a, (x->nn ? x->nn : 1) * sizeof *x->tgoff)) == NULL)
+    return oom(x);
   for (uint32_t u = 0; u < x->nn; u++) {
     target_set *ts = &x->tg[u];
     const node *p = &x->nodes[u];
+    x->tgoff[u] = x->ntargets;
+    x->ntargets += ts->n;
     if (ts->n == 0) continue;
     ts->r = kiln_arena_alloc(x->a, (size_t)p->ns * ts->cap * sizeof *ts->r);
     ts->zcol = kiln_arena_calloc(x->a, (size_t)p->ns * ts->cap, sizeof *ts->zcol);
@@ -642,6 +653,21 @@ static bool edge_rows(ctx *x, lp *l, const edge *e) {
     }
     return true;
   }
+  if (nu * nv > x->dense_edge) { /* z(i, t) >= x_u,i + sum of x_v,j needing t - 1 */
+    for (uint32_t i = 0; i < nu; i++)
+      for (uint32_t t = 0; t < ts->n; t++) {
+        if (ts->r[i * ts->cap + t] <= 0) continue;
+        int r = 0;
+        for (uint32_t j = 0; j < nv; j++) {
+          if (e->tgt[j] != t) continue;
+          if (r == 0 && (r = lp_row(l, GLP_LO, -1, 0)) &&
+              (!lp_put(l, r, zcol(x, l, e->u, i, t), 1) || !lp_put(l, r, xcol(pu, i), -1)))
+            return false;
+          if (!lp_put(l, r, xcol(pv, j), -1)) return false;
+        }
+      }
+    return true;
+  }
   /* y(i, j): row sums x_u,i, column sums x_v,j; z(i, t) >= sum over j
    * needing t of y(i, j). */
   int y = lp_cols(l, (int)(nu * nv), GLP_CV, 0);
@@ -671,45 +697,183 @@ static bool edge_rows(ctx *x, lp *l, const edge *e) {
   return true;
 }
 
-/* Memory: at each point where a value is made, the parameters' shards and
- * the live values' within the budget. *floor: what the parameters need at
- * least (for the message when nothing fits). */
-static int memory_rows(ctx *x, lp *l, int64_t *floor, bool *infeasible) {
+/* The memory points: where a value of its own is made, which nodes are
+ * live (the parameters always). */
+static int build_steps(ctx *x) {
   const kiln_computation *c = x->m->comps[x->comp];
   uint32_t *last;
   bool *cnt;
-  *infeasible = false;
-  *floor = 0;
   if (kiln__model_lifetimes(x->a, x->m, x->comp, &last, &cnt)) return oom(x);
-  double budget = (double)x->o->memory_budget;
-  for (uint32_t v = 0; v < x->nn; v++) {
-    const node *p = &x->nodes[v];
-    if (p->ins->op != KILN_OP_PARAMETER) continue;
-    int64_t lo = INT64_MAX;
-    for (uint32_t j = 0; j < p->ns; j++) lo = p->s[j].mem < lo ? p->s[j].mem : lo;
-    *floor += lo;
-  }
+  uint32_t n = c->ninstrs ? c->ninstrs : 1;
+  x->step = kiln_arena_calloc(x->a, n, sizeof *x->step);
+  x->nstep = kiln_arena_calloc(x->a, n, sizeof *x->nstep);
+  x->live_at = kiln_arena_calloc(x->a, x->nn ? x->nn : 1, sizeof *x->live_at);
+  x->nlive_at = kiln_arena_calloc(x->a, x->nn ? x->nn : 1, sizeof *x->nlive_at);
+  uint32_t *buf = kiln_arena_alloc(x->a, (x->nn ? x->nn : 1) * sizeof *buf);
+  if (!x->step || !x->nstep || !x->live_at || !x->nlive_at || !buf) return oom(x);
   for (uint32_t t = 0; t < c->ninstrs; t++) {
-    const kiln_instr *at = x->m->instrs[c->instrs[t]];
-    if (!cnt[t] || at->op == KILN_OP_PARAMETER) continue;
-    double fixed = 0;
-    int r = 0;
+    if (!cnt[t] || x->m->instrs[c->instrs[t]]->op == KILN_OP_PARAMETER) continue;
+    uint32_t k = 0;
     for (uint32_t v = 0; v < x->nn; v++) {
       const node *p = &x->nodes[v];
-      bool live = p->ins->op == KILN_OP_PARAMETER || (p->pos <= t && last[p->pos] >= t);
-      if (!live || !cnt[p->pos]) continue;
+      if (cnt[p->pos] && (p->ins->op == KILN_OP_PARAMETER || (p->pos <= t && last[p->pos] >= t)))
+        buf[k++] = v;
+    }
+    if ((x->step[x->nsteps] = kiln_arena_memdup(x->a, buf, (k ? k : 1) * sizeof *buf)) == NULL)
+      return oom(x);
+    x->nstep[x->nsteps++] = k;
+    for (uint32_t i = 0; i < k; i++) x->nlive_at[buf[i]]++;
+  }
+  for (uint32_t v = 0; v < x->nn; v++) {
+    x->live_at[v] =
+        kiln_arena_alloc(x->a, (x->nlive_at[v] ? x->nlive_at[v] : 1) * sizeof(uint32_t));
+    if (x->live_at[v] == NULL) return oom(x);
+    x->nlive_at[v] = 0;
+  }
+  for (uint32_t t = 0; t < x->nsteps; t++)
+    for (uint32_t i = 0; i < x->nstep[t]; i++) {
+      uint32_t v = x->step[t][i];
+      x->live_at[v][x->nlive_at[v]++] = t;
+    }
+  return 0;
+}
+
+/* Memory rows: at every point, the live shards within the budget. */
+static bool memory_rows(ctx *x, lp *l) {
+  double budget = (double)x->o->memory_budget;
+  for (uint32_t t = 0; t < x->nsteps; t++) {
+    double fixed = 0;
+    int r = 0;
+    for (uint32_t i = 0; i < x->nstep[t]; i++) {
+      const node *p = &x->nodes[x->step[t][i]];
       if (p->ns == 1) {
         fixed += (double)p->s[0].mem;
         continue;
       }
       if (r == 0) r = lp_row(l, GLP_UP, 0, 0);
       for (uint32_t j = 0; j < p->ns; j++)
-        if (p->s[j].mem && !lp_put(l, r, xcol(p, j), (double)p->s[j].mem)) return oom(x);
+        if (p->s[j].mem && !lp_put(l, r, xcol(p, j), (double)p->s[j].mem)) return false;
     }
-    if (fixed > budget) *infeasible = true;
     if (r) glp_set_row_bnds(l->p, r, GLP_UP, 0, budget - fixed);
   }
-  return 0;
+  return true;
+}
+
+/* ---- the plan's objective and a local search ---------------------------------- */
+
+/* What the program's objective says plan `pick` costs (seconds): the
+ * rules' costs and each producer's distinct reshards. */
+static double objective(ctx *x, const uint32_t *pick, uint32_t *stamp, uint32_t *gen) {
+  double sum = 0;
+  (*gen)++;
+  for (uint32_t v = 0; v < x->nn; v++) sum += x->nodes[v].s[pick[v]].cost;
+  for (uint32_t i = 0; i < x->ne; i++) {
+    const edge *e = &x->edges[i];
+    const target_set *ts = &x->tg[e->u];
+    uint32_t t = e->tgt[e->v == NO_NODE ? 0 : pick[e->v]];
+    uint32_t *st = &stamp[x->tgoff[e->u] + t];
+    if (*st == *gen) continue;
+    *st = *gen;
+    sum += ts->r[pick[e->u] * ts->cap + t];
+  }
+  return sum;
+}
+
+/* The peak of plan `pick` at each memory point into at[]; whether it fits. */
+static bool plan_memory(ctx *x, const uint32_t *pick, double *at) {
+  bool fits = true;
+  for (uint32_t t = 0; t < x->nsteps; t++) {
+    at[t] = 0;
+    for (uint32_t i = 0; i < x->nstep[t]; i++)
+      at[t] += (double)x->nodes[x->step[t][i]].s[pick[x->step[t][i]]].mem;
+    fits = fits && (x->o->memory_budget <= 0 || at[t] <= (double)x->o->memory_budget);
+  }
+  return fits;
+}
+
+/* Moves one instruction's strategy at a time while that lowers the
+ * objective and keeps the plan within the budget; the objective. */
+static double improve(ctx *x, uint32_t *pick, double *at, uint32_t *stamp, uint32_t *gen) {
+  double best = objective(x, pick, stamp, gen);
+  double budget = (double)x->o->memory_budget;
+  for (int sweep = 0; sweep < 32; sweep++) {
+    bool better = false;
+    for (uint32_t v = 0; v < x->nn; v++) {
+      const node *p = &x->nodes[v];
+      for (uint32_t j = 0; j < p->ns; j++) {
+        uint32_t cur = pick[v];
+        if (j == cur) continue;
+        double delta = (double)(p->s[j].mem - p->s[cur].mem);
+        bool fits = true;
+        for (uint32_t k = 0; budget > 0 && delta > 0 && fits && k < x->nlive_at[v]; k++)
+          fits = at[x->live_at[v][k]] + delta <= budget;
+        if (!fits) continue;
+        pick[v] = j;
+        double o = objective(x, pick, stamp, gen);
+        if (o < best * (1 - 1e-12)) {
+          best = o;
+          better = true;
+          for (uint32_t k = 0; k < x->nlive_at[v]; k++) at[x->live_at[v][k]] += delta;
+        } else {
+          pick[v] = cur;
+        }
+      }
+    }
+    if (!better) break;
+  }
+  return best;
+}
+
+/* The cheapest plan local search finds from the starts given (rows of
+ * nn picks, NULL rows skipped) and from each instruction's cheapest and
+ * smallest strategies, into pick; false when none fits the budget. */
+static bool search(ctx *x, uint32_t *const *starts, uint32_t nstarts, uint32_t *pick) {
+  size_t n = x->nn ? x->nn : 1;
+  uint32_t *cand = kiln_arena_alloc(x->a, 2 * n * sizeof *cand);
+  uint32_t *stamp = kiln_arena_calloc(x->a, x->ntargets ? x->ntargets : 1, sizeof *stamp);
+  double *at = kiln_arena_alloc(x->a, (x->nsteps ? x->nsteps : 1) * sizeof *at);
+  if (!cand || !stamp || !at) return false;
+  for (uint32_t v = 0; v < x->nn; v++) {
+    const node *p = &x->nodes[v];
+    uint32_t lo = 0, small = 0;
+    for (uint32_t j = 1; j < p->ns; j++) {
+      if (p->s[j].cost < p->s[lo].cost) lo = j;
+      if (p->s[j].mem < p->s[small].mem ||
+          (p->s[j].mem == p->s[small].mem && p->s[j].cost < p->s[small].cost))
+        small = j;
+    }
+    cand[v] = lo;
+    cand[n + v] = small;
+  }
+  uint32_t gen = 0;
+  double best = INFINITY;
+  for (uint32_t s = 0; s < nstarts + 2; s++) {
+    uint32_t *row = s < nstarts ? starts[s] : cand + (s - nstarts) * n;
+    if (row == NULL || !plan_memory(x, row, at)) continue;
+    double o = improve(x, row, at, stamp, &gen);
+    if (o < best) {
+      best = o;
+      memcpy(pick, row, x->nn * sizeof *pick);
+    }
+  }
+  return best < INFINITY;
+}
+
+/* The smallest memory any plan needs at its worst point (each instruction
+ * in its smallest strategy: the points' sums are smallest at once). */
+static int64_t least_memory(ctx *x) {
+  double worst = 0;
+  for (uint32_t t = 0; t < x->nsteps; t++) {
+    double at = 0;
+    for (uint32_t i = 0; i < x->nstep[t]; i++) {
+      const node *p = &x->nodes[x->step[t][i]];
+      int64_t lo = INT64_MAX;
+      for (uint32_t j = 0; j < p->ns; j++) lo = p->s[j].mem < lo ? p->s[j].mem : lo;
+      at += (double)lo;
+    }
+    worst = at > worst ? at : worst;
+  }
+  return (int64_t)worst;
 }
 
 static pthread_mutex_t glpk_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -720,25 +884,33 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int no_fit(ctx *x, int64_t floor) {
+static int no_fit(ctx *x) {
   return kiln_status_set(x->st, KILN_ELIMIT, "auto-shard",
                          "no sharding plan over %lld devices fits the memory budget of %lld bytes "
-                         "per device (the parameters alone need at least %lld)",
-                         (long long)x->md.n, (long long)x->o->memory_budget, (long long)floor);
+                         "per device (the smallest needs %lld)",
+                         (long long)x->md.n, (long long)x->o->memory_budget,
+                         (long long)least_memory(x));
 }
 
-/* Builds and solves the program; every node's pick. */
+/* The program's LP relaxation, then its integer optimum within the time
+ * limit; a local search polishes whatever plan comes out, and finds one
+ * from the relaxation's rounding (or from scratch) when the solver found
+ * none in time. Every node's pick. */
 static int solve(ctx *x, kiln_spmd_cost *cost) {
   int rc = 0;
+  size_t n = x->nn ? x->nn : 1;
+  uint32_t *pick = kiln_arena_calloc(x->a, 3 * n, sizeof *pick);
+  if (pick == NULL || build_steps(x)) return oom(x);
+  uint32_t *lp_pick = NULL, *mip_pick = NULL;
+  if (x->o->memory_budget > 0 && least_memory(x) > x->o->memory_budget) return no_fit(x);
+  double lim = x->o->time_limit_s > 0 ? x->o->time_limit_s : 10;
+  double t0 = now_s();
   pthread_mutex_lock(&glpk_lock);
   glp_term_out(GLP_OFF);
   lp l = {glp_create_prob(), NULL, NULL, NULL, 0, 0, 0};
   glp_set_obj_dir(l.p, GLP_MIN);
-  int64_t floor = 0;
-  bool infeasible = false;
-  for (uint32_t v = 0; v < x->nn; v++) {
+  for (uint32_t v = 0; v < x->nn && rc == 0; v++) {
     node *p = &x->nodes[v];
-    p->pick = 0;
     if (p->ns == 1) continue;
     p->col = lp_cols(&l, (int)p->ns, GLP_BV, 0);
     int r = lp_row(&l, GLP_FX, 1, 1);
@@ -749,46 +921,54 @@ static int solve(ctx *x, kiln_spmd_cost *cost) {
   }
   for (uint32_t i = 0; i < x->ne && rc == 0; i++)
     if (!edge_rows(x, &l, &x->edges[i])) rc = oom(x);
-  if (rc == 0 && x->o->memory_budget > 0) rc = memory_rows(x, &l, &floor, &infeasible);
-  if (rc == 0 && infeasible) rc = no_fit(x, floor);
+  if (rc == 0 && x->o->memory_budget > 0 && !memory_rows(x, &l)) rc = oom(x);
   int ncols = glp_get_num_cols(l.p);
   cost->vars = (uint32_t)ncols;
   cost->optimal = true;
-  double t0 = now_s();
   if (rc == 0 && ncols > 0) {
     glp_load_matrix(l.p, (int)l.nz, l.ia, l.ja, l.ar);
-    glp_iocp parm;
-    glp_init_iocp(&parm);
-    parm.msg_lev = GLP_MSG_OFF;
-    parm.presolve = GLP_ON;
-    double lim = x->o->time_limit_s > 0 ? x->o->time_limit_s : 30;
-    parm.tm_lim = lim > 1e6 ? INT32_MAX : (int)(lim * 1000);
-    int grc = glp_intopt(l.p, &parm);
-    int status = glp_mip_status(l.p);
-    if (grc == GLP_ENOPFS || status == GLP_NOFEAS) {
-      rc = x->o->memory_budget > 0
-               ? no_fit(x, floor)
-               : kiln_status_set(x->st, KILN_EINTERNAL, "auto-shard", "the program is infeasible");
-    } else if (status != GLP_OPT && status != GLP_FEAS) {
-      rc = kiln_status_set(x->st, KILN_ELIMIT, "auto-shard",
-                           "the solver found no plan within %g s (GLPK status %d, code %d)", lim,
-                           status, grc);
-    } else {
-      cost->optimal = status == GLP_OPT;
+    glp_smcp sm;
+    glp_init_smcp(&sm);
+    sm.msg_lev = GLP_MSG_OFF;
+    sm.tm_lim = lim > 1e6 ? INT32_MAX : (int)(lim * 1000) + 1;
+    if (glp_simplex(l.p, &sm) == 0 && glp_get_status(l.p) == GLP_OPT) {
+      lp_pick = pick + n;
       for (uint32_t v = 0; v < x->nn; v++) {
         node *p = &x->nodes[v];
-        for (uint32_t j = 0; p->ns > 1 && j < p->ns; j++)
-          if (glp_mip_col_val(l.p, p->col + (int)j) > 0.5) p->pick = j;
+        for (uint32_t j = 1; p->ns > 1 && j < p->ns; j++)
+          if (glp_get_col_prim(l.p, p->col + (int)j) >
+              glp_get_col_prim(l.p, p->col + (int)lp_pick[v]))
+            lp_pick[v] = j;
+      }
+      glp_iocp parm;
+      glp_init_iocp(&parm);
+      parm.msg_lev = GLP_MSG_OFF;
+      double left = lim - (now_s() - t0);
+      parm.tm_lim = left > 1e6 ? INT32_MAX : left < 0.001 ? 1 : (int)(left * 1000);
+      glp_intopt(l.p, &parm);
+      int status = glp_mip_status(l.p);
+      if (status == GLP_OPT || status == GLP_FEAS) {
+        cost->optimal = status == GLP_OPT;
+        mip_pick = pick + 2 * n;
+        for (uint32_t v = 0; v < x->nn; v++) {
+          node *p = &x->nodes[v];
+          for (uint32_t j = 0; p->ns > 1 && j < p->ns; j++)
+            if (glp_mip_col_val(l.p, p->col + (int)j) > 0.5) mip_pick[v] = j;
+        }
       }
     }
+    if (mip_pick == NULL) cost->optimal = false;
   }
-  cost->solve_s = now_s() - t0;
   glp_delete_prob(l.p);
   glp_free_env();
   pthread_mutex_unlock(&glpk_lock);
   kiln_free(l.ia);
   kiln_free(l.ja);
   kiln_free(l.ar);
+  uint32_t *starts[2] = {mip_pick, lp_pick};
+  if (rc == 0 && !search(x, starts, 2, pick)) rc = x->o->memory_budget > 0 ? no_fit(x) : oom(x);
+  for (uint32_t v = 0; rc == 0 && v < x->nn; v++) x->nodes[v].pick = pick[v];
+  cost->solve_s = now_s() - t0;
   return rc;
 }
 
@@ -892,7 +1072,7 @@ int kiln_spmd_auto_shard(kiln_module *m, int64_t partitions, const kiln_spmd_aut
     return kiln_status_set(st, KILN_EINVAL, "auto-shard", "module has no ENTRY computation");
   if (partitions < 1 || partitions > 4096)
     return kiln_status_set(st, KILN_EINVAL, "auto-shard", "partitions must be 1 to 4096");
-  ctx x = {.m = m, .comp = m->entry, .st = st, .o = o};
+  ctx x = {.m = m, .comp = m->entry, .st = st, .o = o, .dense_edge = 64};
   x.naxes = o->mesh_rank ? o->mesh_rank : 1;
   int64_t prod = 1;
   for (uint32_t k = 0; k < x.naxes; k++) {

@@ -434,6 +434,26 @@ START_TEST(test_mesh_2d) {
 }
 END_TEST
 
+START_TEST(test_time_limit_still_plans) {
+  if (!have_glpk()) return;
+  /* No time for the solver: the local search from scratch still gives a
+   * correct plan, no worse than computing everything whole. */
+  kiln_module *m = load_model(BLOCK);
+  kiln_spmd_auto_options o;
+  kiln_spmd_auto_options_init(&o);
+  o.time_limit_s = 1e-6;
+  kiln_spmd_cost c, whole;
+  kiln_module *a = auto_shard(m, 4, &o, &c);
+  plan_cost(m, 4, &whole);
+  ck_assert(c.seconds < whole.seconds);
+  check_model_matches(a, 4);
+  kiln_spmd_stats stats;
+  check_same_result(m, a, 4, &stats);
+  kiln_module_destroy(a);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(test_mesh_parse) {
   kiln_spmd_auto_options o;
   kiln_spmd_auto_options_init(&o);
@@ -482,6 +502,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_infeasible_budget);
   tcase_add_test(t, test_user_annotations_kept);
   tcase_add_test(t, test_mesh_2d);
+  tcase_add_test(t, test_time_limit_still_plans);
   tcase_add_test(t, test_refuses_per_device_programs);
   suite_add_tcase(s, t);
   return s;
