@@ -27,6 +27,7 @@
 #include "compiler/ir/text.h"
 #include "compiler/spmd/spmd.h"
 #include "executor/run_spmd.h"
+#include "tests/support/progen.h"
 #include "tests/support/testargs.h"
 
 static kiln_module *parse_ok(const char *text) {
@@ -104,15 +105,26 @@ static int64_t total_bytes(const kiln_spmd_stats *s) {
 /* Whether a and b agree within a float tolerance (partial sums reorder
  * additions). */
 static bool close_enough(const kiln_literal *a, const kiln_literal *b, char *why, size_t n) {
+  if (kiln_shape_is_tuple(&a->shape) || kiln_shape_is_tuple(&b->shape)) {
+    if (a->shape.rank != b->shape.rank || !a->elems || !b->elems) {
+      snprintf(why, n, "tuple arity differs");
+      return false;
+    }
+    for (uint32_t i = 0; i < a->shape.rank; i++)
+      if (!close_enough(a->elems[i], b->elems[i], why, n)) return false;
+    return true;
+  }
   if (!kiln_shape_same_dims(&a->shape, &b->shape) || a->shape.dtype != b->shape.dtype) {
     snprintf(why, n, "shapes differ");
     return false;
   }
+  if (!kiln_shape_is_array(&a->shape)) return true;
   int64_t ne = kiln_literal_elements(a);
+  bool fl = kiln_dtype_is_float(a->shape.dtype);
   for (int64_t i = 0; i < ne; i++) {
     double x = kiln_literal_get_f64(a, i), y = kiln_literal_get_f64(b, i);
     if (x == y || (isnan(x) && isnan(y))) continue;
-    if (fabs(x - y) <= 1e-4 * (1 + fabs(x) + fabs(y))) continue;
+    if (fl && fabs(x - y) <= 1e-4 * (1 + fabs(x) + fabs(y))) continue;
     snprintf(why, n, "element %lld: %g vs %g", (long long)i, x, y);
     return false;
   }
@@ -481,6 +493,63 @@ START_TEST(test_time_limit_still_plans) {
 }
 END_TEST
 
+/* Random programs (every op family the generator has), auto-sharded over
+ * 2 and 4 devices and a 2x2 mesh: the result is the unpartitioned one and
+ * the model's bytes are the partitioner's (loops and conditionals aside:
+ * the model charges them as run whole once). */
+START_TEST(test_random_programs) {
+  if (!have_glpk()) return;
+  const char *e = getenv("KILN_SPMD_SEEDS");
+  int seeds = e && atoi(e) > 0 ? atoi(e) : 24;
+  int ran = 0;
+  for (int seed = 1; seed <= seeds; seed++) {
+    kiln_progen_options po = {0};
+    po.seed = (uint64_t)seed;
+    po.ninstrs = 6 + seed % 13;
+    po.nparams = 1 + seed % 3;
+    po.dtype = KILN_F32;
+    po.max_dim = seed % 2 ? 8 : 6;
+    char *text = kiln_progen_text(&po);
+    ck_assert_ptr_nonnull(text);
+    kiln_module *m = parse_ok(text);
+    kiln_status st = {0};
+    kiln_literal **args;
+    uint32_t n;
+    ck_assert_int_eq(kiln_test_args_random(m, (uint64_t)seed, &args, &n, &st), 0);
+    kiln_literal *want = NULL;
+    bool ok = kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &want, &st) == 0;
+    bool loops = strstr(text, " while(") || strstr(text, " conditional(");
+    for (int k = 0; ok && k < 3; k++) {
+      int64_t p = k == 0 ? 2 : 4;
+      kiln_spmd_auto_options o;
+      kiln_spmd_auto_options_init(&o);
+      if (k == 2) ck_assert_int_eq(kiln_spmd_mesh_parse("2x2", &o, &st), 0);
+      kiln_module *a = clone_of(m);
+      int rc = kiln_spmd_auto_shard(a, p, &o, NULL, &st);
+      ck_assert_msg(rc == 0, "seed %d on %lld: %s: %s\n%s", seed, (long long)p, st.where, st.msg,
+                    text);
+      kiln_literal *got = NULL;
+      rc = kiln_run_module_global(a, "interp", NULL, (uint32_t)p, NULL,
+                                  (const kiln_literal *const *)args, n, &got, NULL, &st);
+      ck_assert_msg(rc == 0, "seed %d on %lld: %s: %s\n%s", seed, (long long)p, st.where, st.msg,
+                    text);
+      char why[200];
+      ck_assert_msg(close_enough(want, got, why, sizeof why), "seed %d on %lld: %s\n%s", seed,
+                    (long long)p, why, text);
+      if (!loops) check_model_matches(a, p);
+      kiln_literal_destroy(got);
+      kiln_module_destroy(a);
+    }
+    ran += ok;
+    kiln_literal_destroy(want);
+    kiln_test_args_free(args, n);
+    kiln_module_destroy(m);
+    kiln_free(text);
+  }
+  ck_assert_int_gt(ran, seeds / 2);
+}
+END_TEST
+
 START_TEST(test_mesh_parse) {
   kiln_spmd_auto_options o;
   kiln_spmd_auto_options_init(&o);
@@ -531,6 +600,10 @@ static Suite *suite(void) {
   tcase_add_test(t, test_mesh_2d);
   tcase_add_test(t, test_time_limit_still_plans);
   tcase_add_test(t, test_refuses_per_device_programs);
+  suite_add_tcase(s, t);
+  t = tcase_create("random");
+  tcase_set_timeout(t, 600);
+  tcase_add_test(t, test_random_programs);
   suite_add_tcase(s, t);
   return s;
 }
