@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "compiler/eval/interp.h"
@@ -550,6 +552,59 @@ START_TEST(test_random_programs) {
 }
 END_TEST
 
+/* `kiln ARGS` (a shell command line after the binary): its exit code and
+ * its standard output and error, or -1 when the binary is not built. */
+static int kiln_cli(const char *args, char *out, size_t n) {
+  const char *bin = KILN_BINARY_DIR "/kiln";
+  if (access(bin, X_OK) != 0) return -1;
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "%s 2>&1 %s", bin, args); /* args may send stdout away */
+  FILE *f = popen(cmd, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(out, 1, n - 1, f);
+  out[got] = '\0';
+  int status = pclose(f);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+}
+
+START_TEST(test_cli) {
+  char out[16384];
+  const char *file = KILN_SOURCE_DIR "/tests/data/jax/mlp2.hlo";
+  char args[4096];
+  snprintf(args, sizeof args, "compile %s --mesh 2x2", file);
+  int rc = kiln_cli(args, out, sizeof out);
+  if (rc == -1) {
+    fprintf(stderr, "test_spmd_auto: no kiln binary, CLI not checked\n");
+    return;
+  }
+  ck_assert_int_eq(rc, 2);
+  ck_assert_ptr_nonnull(strstr(out, "--mesh and --memory-budget go with --auto-shard"));
+  snprintf(args, sizeof args, "compile %s --auto-shard", file);
+  ck_assert_int_eq(kiln_cli(args, out, sizeof out), 2);
+  ck_assert_ptr_nonnull(strstr(out, "--auto-shard needs --partitions P"));
+  snprintf(args, sizeof args, "compile %s --partitions 4 --auto-shard --mesh 2x2 -o /dev/null",
+           file);
+  rc = kiln_cli(args, out, sizeof out);
+  if (!kiln_spmd_auto_available()) {
+    ck_assert_int_ne(rc, 0);
+    ck_assert_ptr_nonnull(strstr(out, "built without GLPK"));
+    return;
+  }
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_ptr_nonnull(strstr(out, "auto-sharded over 4 devices (mesh 2x2): modelled"));
+  ck_assert_ptr_nonnull(strstr(out, "partitioned over 4 devices"));
+  snprintf(args, sizeof args, "compile %s --partitions 4 -O 3 --memory-budget 1K", file);
+  ck_assert_int_eq(kiln_cli(args, out, sizeof out), 1);
+  ck_assert_ptr_nonnull(strstr(out, "fits the memory budget of 1024 bytes"));
+  /* run: global arguments in, the global result out. */
+  snprintf(args, sizeof args, "run %s --partitions 2 --auto-shard --random-args 3 >/dev/null",
+           file);
+  rc = kiln_cli(args, out, sizeof out);
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_ptr_nonnull(strstr(out, "auto-sharded over 2 devices"));
+}
+END_TEST
+
 START_TEST(test_mesh_parse) {
   kiln_spmd_auto_options o;
   kiln_spmd_auto_options_init(&o);
@@ -600,6 +655,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_mesh_2d);
   tcase_add_test(t, test_time_limit_still_plans);
   tcase_add_test(t, test_refuses_per_device_programs);
+  tcase_add_test(t, test_cli);
   suite_add_tcase(s, t);
   t = tcase_create("random");
   tcase_set_timeout(t, 600);
