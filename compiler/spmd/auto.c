@@ -759,6 +759,12 @@ static bool memory_rows(ctx *x, lp *l) {
   return true;
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* ---- the plan's objective and a local search ---------------------------------- */
 
 /* What the program's objective says plan `pick` costs (seconds): the
@@ -793,10 +799,11 @@ static bool plan_memory(ctx *x, const uint32_t *pick, double *at) {
 
 /* Moves one instruction's strategy at a time while that lowers the
  * objective and keeps the plan within the budget; the objective. */
-static double improve(ctx *x, uint32_t *pick, double *at, uint32_t *stamp, uint32_t *gen) {
+static double improve(ctx *x, uint32_t *pick, double *at, uint32_t *stamp, uint32_t *gen,
+                      double deadline) {
   double best = objective(x, pick, stamp, gen);
   double budget = (double)x->o->memory_budget;
-  for (int sweep = 0; sweep < 32; sweep++) {
+  for (int sweep = 0; sweep < 32 && (sweep == 0 || now_s() < deadline); sweep++) {
     bool better = false;
     for (uint32_t v = 0; v < x->nn; v++) {
       const node *p = &x->nodes[v];
@@ -827,7 +834,8 @@ static double improve(ctx *x, uint32_t *pick, double *at, uint32_t *stamp, uint3
 /* The cheapest plan local search finds from the starts given (rows of
  * nn picks, NULL rows skipped) and from each instruction's cheapest and
  * smallest strategies, into pick; false when none fits the budget. */
-static bool search(ctx *x, uint32_t *const *starts, uint32_t nstarts, uint32_t *pick) {
+static bool search(ctx *x, uint32_t *const *starts, uint32_t nstarts, uint32_t *pick,
+                   double deadline) {
   size_t n = x->nn ? x->nn : 1;
   uint32_t *cand = kiln_arena_alloc(x->a, 2 * n * sizeof *cand);
   uint32_t *stamp = kiln_arena_calloc(x->a, x->ntargets ? x->ntargets : 1, sizeof *stamp);
@@ -850,7 +858,7 @@ static bool search(ctx *x, uint32_t *const *starts, uint32_t nstarts, uint32_t *
   for (uint32_t s = 0; s < nstarts + 2; s++) {
     uint32_t *row = s < nstarts ? starts[s] : cand + (s - nstarts) * n;
     if (row == NULL || !plan_memory(x, row, at)) continue;
-    double o = improve(x, row, at, stamp, &gen);
+    double o = improve(x, row, at, stamp, &gen, deadline);
     if (o < best) {
       best = o;
       memcpy(pick, row, x->nn * sizeof *pick);
@@ -877,12 +885,6 @@ static int64_t least_memory(ctx *x) {
 }
 
 static pthread_mutex_t glpk_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int no_fit(ctx *x) {
   return kiln_status_set(x->st, KILN_ELIMIT, "auto-shard",
@@ -966,7 +968,10 @@ static int solve(ctx *x, kiln_spmd_cost *cost) {
   kiln_free(l.ja);
   kiln_free(l.ar);
   uint32_t *starts[2] = {mip_pick, lp_pick};
-  if (rc == 0 && !search(x, starts, 2, pick)) rc = x->o->memory_budget > 0 ? no_fit(x) : oom(x);
+  /* The search gets what is left of the limit, and a tenth more. */
+  double deadline = t0 + 1.1 * lim;
+  if (rc == 0 && !search(x, starts, 2, pick, deadline))
+    rc = x->o->memory_budget > 0 ? no_fit(x) : oom(x);
   for (uint32_t v = 0; rc == 0 && v < x->nn; v++) x->nodes[v].pick = pick[v];
   cost->solve_s = now_s() - t0;
   return rc;
