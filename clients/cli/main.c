@@ -230,8 +230,7 @@ static const kiln__cmd commands[] = {
      "run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
      "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
      "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
-     "         [--replicas R] [--partitions P] [--device-args K FILES]...\n"
-     "         [--auto-shard [--mesh AxB] [--memory-budget BYTES]]",
+     "         [--replicas R] [--partitions P] [--device-args K FILES]...",
      "run a module's ENTRY computation",
      "Verifies FILE and runs its ENTRY computation. Arguments are given in parameter order;\n"
      "their number and shapes must match the parameters (layouts are ignored). An .npy\n"
