@@ -835,7 +835,7 @@ static double improve(ctx *x, uint32_t *pick, double *at, uint32_t *stamp, uint3
  * nn picks, NULL rows skipped) and from each instruction's cheapest and
  * smallest strategies, into pick; false when none fits the budget. */
 static bool search(ctx *x, uint32_t *const *starts, uint32_t nstarts, uint32_t *pick,
-                   double deadline) {
+                   double deadline, double *planned) {
   size_t n = x->nn ? x->nn : 1;
   uint32_t *cand = kiln_arena_alloc(x->a, 2 * n * sizeof *cand);
   uint32_t *stamp = kiln_arena_calloc(x->a, x->ntargets ? x->ntargets : 1, sizeof *stamp);
@@ -864,6 +864,7 @@ static bool search(ctx *x, uint32_t *const *starts, uint32_t nstarts, uint32_t *
       memcpy(pick, row, x->nn * sizeof *pick);
     }
   }
+  *planned = best;
   return best < INFINITY;
 }
 
@@ -970,7 +971,7 @@ static int solve(ctx *x, kiln_spmd_cost *cost) {
   uint32_t *starts[2] = {mip_pick, lp_pick};
   /* The search gets what is left of the limit, and a tenth more. */
   double deadline = t0 + 1.1 * lim;
-  if (rc == 0 && !search(x, starts, 2, pick, deadline))
+  if (rc == 0 && !search(x, starts, 2, pick, deadline, &cost->planned_s))
     rc = x->o->memory_budget > 0 ? no_fit(x) : oom(x);
   for (uint32_t v = 0; rc == 0 && v < x->nn; v++) x->nodes[v].pick = pick[v];
   cost->solve_s = now_s() - t0;
@@ -1112,6 +1113,7 @@ int kiln_spmd_auto_shard(kiln_module *m, int64_t partitions, const kiln_spmd_aut
   if (rc) return rc;
   kiln_spmd_cost c;
   if ((rc = kiln_spmd_plan_cost(m, partitions, o, &c, st))) return rc;
+  c.planned_s = cost->planned_s;
   c.solve_s = cost->solve_s;
   c.optimal = cost->optimal;
   c.choices = cost->choices;

@@ -134,6 +134,9 @@ typedef struct kiln_spmd_cost {
                          * kiln_spmd_count_collectives counts them (before the combiner) */
   int64_t memory;       /* peak bytes: parameters' shards plus live values' shards */
   /* Filled by kiln_spmd_auto_shard only: */
+  double planned_s; /* what the program's objective says the plan costs (seconds: the same
+                     * model, edge by edge; equal to `seconds` unless the partitioner
+                     * remembers a reshard the program paid twice) */
   double solve_s;   /* time in the solver */
   bool optimal;     /* proven optimal (else the best found within the limit) */
   uint32_t choices; /* instructions the solver chose a strategy for */

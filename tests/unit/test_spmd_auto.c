@@ -317,6 +317,11 @@ static void check_against_hand_plans(const char *name, int64_t p,
                 name, (long long)p, ca.seconds, cm.seconds);
   ck_assert_msg(ca.seconds <= cd.seconds * (1 + 1e-9), "%s on %lld: auto %g s > data-parallel %g s",
                 name, (long long)p, ca.seconds, cd.seconds);
+  /* The program solved the model itself: what its objective says the plan
+   * costs is what the model says. */
+  ck_assert_msg(fabs(ca.seconds - ca.planned_s) <= 1e-6 * ca.planned_s,
+                "%s on %lld: modelled %g s, planned %g s", name, (long long)p, ca.seconds,
+                ca.planned_s);
   /* The plan is the partitioner's: the model's bytes are what it moves. */
   check_model_matches(a, p);
   if (run) {
