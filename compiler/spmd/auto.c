@@ -25,8 +25,13 @@
  * for it (a variable z per producer state and target, above every user's
  * y that needs it: the partitioner remembers reshards). Memory: at every
  * point of the ENTRY's order the shards of the parameters and of the
- * values live there stay within the budget. GLPK solves it with a time
- * limit; the best plan found by then is taken.
+ * values live there stay within the budget (one budget that no plan can
+ * meet is refused before solving: the smallest strategies meet every point
+ * at once, if anything does). GLPK solves the LP relaxation, then the
+ * integer program within the time limit; a local search over the same
+ * objective (one instruction's strategy at a time) polishes the result and
+ * stands in when the solver found no plan in time, starting from the
+ * relaxation's rounding, the cheapest and the smallest strategies.
  */
 #include <math.h>
 #include <stdio.h>
