@@ -554,8 +554,9 @@ static int eval_instr(eval *e, const kiln_instr *ins, kiln_status *st) {
     e->le[ins->id] = le;
     return 0;
   }
-  if (ins->noperands > 64) return kiln_status_set(st, KILN_EUNIMPL, "spmd", "too many operands");
-  spmd_tiling *lt[64], *need[64];
+  uint32_t no = ins->noperands ? ins->noperands : 1;
+  spmd_tiling **lt = kiln_arena_calloc(e->md.a, 2 * (size_t)no, sizeof *lt), **need = lt + no;
+  if (lt == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
   for (uint32_t k = 0; k < ins->noperands; k++) lt[k] = e->lt[ins->operands[k]];
   if (ins->op == KILN_OP_GET_TUPLE_ELEMENT) {
     kiln_id t = ins->operands[0];
