@@ -77,7 +77,7 @@ static int options(const kiln__args *a, int64_t partitions, kiln_spmd_auto_optio
 }
 
 int kiln__auto_shard(const kiln__args *a, const char *file, kiln_module *m, int64_t partitions,
-                     FILE *out) {
+                     FILE *out, kiln_spmd_cost *cost) {
   kiln_spmd_auto_options o;
   int rc = options(a, partitions, &o);
   if (rc) return rc;
@@ -101,5 +101,6 @@ int kiln__auto_shard(const kiln__args *a, const char *file, kiln_module *m, int6
           " bytes per device; %u choices solved in %.2f s%s\n",
           file, partitions, mesh, 1e3 * c.seconds, 1e3 * c.compute_s, 1e3 * c.comm_s, bytes,
           c.memory, c.choices, c.solve_s, c.optimal ? " (optimal)" : " (best within the limit)");
+  if (cost) *cost = c;
   return KILN_EXIT_OK;
 }

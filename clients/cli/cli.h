@@ -144,10 +144,12 @@ bool kiln__auto_shard_wanted(const kiln__args *a);
  * --partitions: an exit code (usage errors printed). */
 int kiln__auto_shard_check(const kiln__args *a);
 /* Auto-shards m in place over `partitions` devices with the command's
- * --mesh and --memory-budget and prints the plan's modelled cost to `out`;
- * an exit code (errors reported against `file`). */
+ * --mesh and --memory-budget and prints the plan's modelled cost to `out`
+ * (and into *cost, when not NULL); an exit code (errors reported against
+ * `file`). */
+typedef struct kiln_spmd_cost kiln_spmd_cost;
 int kiln__auto_shard(const kiln__args *a, const char *file, kiln_module *m, int64_t partitions,
-                     FILE *out);
+                     FILE *out, kiln_spmd_cost *cost);
 
 /* ---- arguments and results (args.c) ------------------------------------- */
 

@@ -91,7 +91,7 @@ static int partition(const kiln__args *a, const char *text, bool auto_shard, kil
     return KILN_EXIT_USAGE;
   }
   int rc;
-  if (auto_shard && (rc = kiln__auto_shard(a, a->pos[0], *m, p, stdout))) return rc;
+  if (auto_shard && (rc = kiln__auto_shard(a, a->pos[0], *m, p, stdout, NULL))) return rc;
   if (!kiln_spmd_module_is_sharded(*m)) {
     fprintf(stderr, "%s: error: --partitions needs a module whose ENTRY carries shardings\n",
             a->pos[0]);

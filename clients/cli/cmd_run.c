@@ -552,7 +552,7 @@ int kiln__cmd_run(const kiln__args *a) {
       goto out_free_args;
     }
     rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
-    if (rc == 0) rc = kiln__auto_shard(a, file, m, P, stderr);
+    if (rc == 0) rc = kiln__auto_shard(a, file, m, P, stderr, NULL);
     if (rc) goto out_free_args;
   }
   if (kiln__args_get(a, "replicas") || kiln__args_get(a, "partitions") ||

@@ -607,6 +607,13 @@ START_TEST(test_cli) {
   rc = kiln_cli(args, out, sizeof out);
   ck_assert_msg(rc == 0, "%s", out);
   ck_assert_ptr_nonnull(strstr(out, "auto-sharded over 2 devices"));
+  /* bench: the plan's cost in the JSON. */
+  snprintf(args, sizeof args,
+           "bench %s --partitions 2 --auto-shard --backend interp --iters 1 --warmup 0 2>/dev/null",
+           file);
+  rc = kiln_cli(args, out, sizeof out);
+  ck_assert_msg(rc == 0, "%s", out);
+  ck_assert_ptr_nonnull(strstr(out, "\"auto_shard\": {\"modelled_ms\": "));
 }
 END_TEST
 
