@@ -24,6 +24,8 @@ ROOT=$PWD
 #   libdnnl-dev                         convolution on the CPU backend (oneDNN)
 #   libfftw3-dev                        fft on the CPU backend (FFTW, opened at run
 #                                       time: without it ffts run as a direct DFT)
+#   libglpk-dev                         auto-sharding's integer program (GLPK; without
+#                                       it --auto-shard says Kiln was built without it)
 #   libgrpc-dev libuv1-dev libssl-dev   kilnd: gRPC core, its event loop, SHA-256
 #   libhiredis-dev redis-server         the shared cache tier and its tests
 #   openssl                             test certificates (tests/integration/test_security.c)
@@ -34,7 +36,7 @@ PACKAGES=(
   check libsubunit-dev
   clang libclang-rt-14-dev clang-format
   python3 python3-venv
-  libopenblas-dev libdnnl-dev libfftw3-dev
+  libopenblas-dev libdnnl-dev libfftw3-dev libglpk-dev
   libgrpc-dev libuv1-dev libssl-dev
   libhiredis-dev redis-server openssl
   systemd

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/status.h"
 #include "compiler/ir/ir.h"
@@ -134,6 +135,21 @@ int kiln__opt_level_parse(const char *cmd, const char *text, int *out);
 /* A serialized executable: named *.kexe, or starting with the format's
  * magic (head may be NULL when the contents are not read yet). */
 bool kiln__is_executable_file(const char *path, const uint8_t *head, size_t len);
+
+/* ---- auto-sharding (autoshard.c) ------------------------------------------ */
+
+/* --auto-shard was given. */
+bool kiln__auto_shard_wanted(const kiln__args *a);
+/* --mesh / --memory-budget only with --auto-shard, which needs
+ * --partitions: an exit code (usage errors printed). */
+int kiln__auto_shard_check(const kiln__args *a);
+/* Auto-shards m in place over `partitions` devices with the command's
+ * --mesh and --memory-budget and prints the plan's modelled cost to `out`
+ * (and into *cost, when not NULL); an exit code (errors reported against
+ * `file`). */
+typedef struct kiln_spmd_cost kiln_spmd_cost;
+int kiln__auto_shard(const kiln__args *a, const char *file, kiln_module *m, int64_t partitions,
+                     FILE *out, kiln_spmd_cost *cost);
 
 /* ---- arguments and results (args.c) ------------------------------------- */
 

@@ -106,6 +106,8 @@ typedef struct bench {
   const char *trace;    /* --trace FILE, or NULL */
   uint32_t partitions;  /* --partitions: a global program on a mesh; 0 otherwise */
   kiln_spmd_stats coll; /* its collectives per device per run */
+  bool auto_shard;      /* --auto-shard: plan is the chosen plan's modelled cost */
+  kiln_spmd_cost plan;
 } bench;
 
 static bool row_major(const kiln_shape *s) {
@@ -361,6 +363,13 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
                (long long)b->coll.bytes[k]);
     printf("}");
   }
+  if (b->auto_shard) {
+    const kiln_spmd_cost *c = &b->plan;
+    printf(", \"auto_shard\": {\"modelled_ms\": %.6f, \"compute_ms\": %.6f, "
+           "\"collectives_ms\": %.6f, \"memory_bytes\": %lld, \"optimal\": %s}",
+           1e3 * c->seconds, 1e3 * c->compute_s, 1e3 * c->comm_s, (long long)c->memory,
+           c->optimal ? "true" : "false");
+  }
   if (compiled) {
     const kiln_compile_report *r = &b->rep;
     printf(", \"compile_ms\": %.3f, \"passes_ms\": {", r->total_ms);
@@ -432,6 +441,11 @@ int kiln__cmd_bench(const kiln__args *a) {
   }
   if ((rc = kiln__module_load(b.file, true, &b.m))) return rc;
   if ((rc = apply_transforms(&b))) {
+    kiln_module_destroy(b.m);
+    return rc;
+  }
+  b.auto_shard = b.partitions && kiln__auto_shard_wanted(a);
+  if (b.auto_shard && (rc = kiln__auto_shard(a, b.file, b.m, b.partitions, stderr, &b.plan))) {
     kiln_module_destroy(b.m);
     return rc;
   }

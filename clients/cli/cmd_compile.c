@@ -6,7 +6,9 @@
  * (compiler/compile.h) builds an executable for the target; -o writes the
  * serialized executable. With --server the same request goes to the server
  * (remote.c), which answers with an executable id, the cache's verdict and
- * the calling convention.
+ * the calling convention. --partitions P partitions a global program
+ * first; --auto-shard (and -O 3, which includes auto-sharding) chooses its
+ * shardings before that.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,14 +81,17 @@ static const char *resolve_target(const kiln__args *a, const char *backend) {
 }
 
 /* --partitions P: m replaced by its per-device program; the collectives
- * are printed. 0 or an exit code. */
-static int partition(const kiln__args *a, const char *text, kiln_module **m) {
+ * are printed. With --auto-shard (or -O 3) the shardings are chosen first.
+ * 0 or an exit code. */
+static int partition(const kiln__args *a, const char *text, bool auto_shard, kiln_module **m) {
   char *end;
   long p = strtol(text, &end, 10);
   if (*end || p < 1 || p > 4096) {
     fprintf(stderr, "kiln compile: --partitions needs an integer from 1 to 4096, not '%s'\n", text);
     return KILN_EXIT_USAGE;
   }
+  int rc;
+  if (auto_shard && (rc = kiln__auto_shard(a, a->pos[0], *m, p, stdout, NULL))) return rc;
   if (!kiln_spmd_module_is_sharded(*m)) {
     fprintf(stderr, "%s: error: --partitions needs a module whose ENTRY carries shardings\n",
             a->pos[0]);
@@ -143,7 +148,7 @@ int kiln__cmd_compile(const kiln__args *a) {
   if (rc) return rc;
   if ((rc = apply_transforms(a, m))) goto out_free_module;
   const char *parts = kiln__args_get(a, "partitions");
-  if (parts && (rc = partition(a, parts, &m))) goto out_free_module;
+  if (parts && (rc = partition(a, parts, kiln__auto_shard_wanted(a), &m))) goto out_free_module;
   kiln_status st;
   kiln_status_clear(&st);
   kiln_executable *e;

@@ -541,6 +541,20 @@ int kiln__cmd_run(const kiln__args *a) {
     }
     shapes[i] = p->shape;
   }
+  if (kiln__auto_shard_wanted(a)) {
+    /* Shardings chosen here make m a global program. */
+    const char *rt = kiln__args_get(a, "replicas");
+    uint32_t P;
+    if ((rt && strcmp(rt, "1") != 0) || kiln__args_get(a, "device-args")) {
+      fprintf(stderr, "kiln run: --auto-shard makes a global program: it takes neither "
+                      "--replicas nor --device-args\n");
+      rc = KILN_EXIT_USAGE;
+      goto out_free_args;
+    }
+    rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
+    if (rc == 0) rc = kiln__auto_shard(a, file, m, P, stderr, NULL);
+    if (rc) goto out_free_args;
+  }
   if (kiln__args_get(a, "replicas") || kiln__args_get(a, "partitions") ||
       kiln__args_get(a, "device-args")) {
     const char *rt = kiln__args_get(a, "replicas");

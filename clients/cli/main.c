@@ -29,6 +29,20 @@
         "KILN_TOKEN; flags show in ps, the environment does not)" \
   }
 
+/* Auto-sharding before partitioning: run, compile and bench take these. */
+#define KILN_AUTO_SHARD_OPTS \
+  {"auto-shard", 0, NULL, false, \
+   "with --partitions P: choose shardings for the module (its own annotations stay) by an " \
+   "integer program over the modelled per-device cost, and print that cost"}, \
+      {"mesh", 0, "AxB", false, \
+       "with --auto-shard: the device mesh the shardings split along (default: one axis of " \
+       "P)"}, \
+  { \
+    "memory-budget", 0, "BYTES", false, \
+        "with --auto-shard: bytes per device the parameters and live values may take " \
+        "(suffix K, M or G)" \
+  }
+
 static const kiln__opt check_opts[] = {
     {"server", 0, "HOST:PORT", false,
      "ask the kilnd at HOST:PORT to verify the modules (it compiles them for its interpreter "
@@ -82,6 +96,7 @@ static const kiln__opt run_opts[] = {
     {"device-args", 0, "K FILES", true,
      "device K's arguments, comma-separated (as --arg values); other devices get the --arg "
      "values"},
+    KILN_AUTO_SHARD_OPTS,
     {0},
 };
 
@@ -125,6 +140,7 @@ static const kiln__opt bench_opts[] = {
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
+    KILN_AUTO_SHARD_OPTS,
     {0},
 };
 
@@ -152,6 +168,7 @@ static const kiln__opt compile_opts[] = {
      "collectives inserted"},
     {"dump-dir", 0, "DIR", false,
      "with --partitions: write the module after propagation and after partitioning to DIR"},
+    KILN_AUTO_SHARD_OPTS,
     {0},
 };
 
@@ -248,11 +265,13 @@ static const kiln__cmd commands[] = {
      "parameters' shardings, the P programs run as one gang (interp or cpu) and the global\n"
      "result is printed, as PJRT runs it. --dump-dir (cpu) shows the module after\n"
      "propagation and after partitioning; 'kiln compile --partitions P' reports the\n"
-     "collectives.\n",
+     "collectives. --auto-shard chooses shardings first (any module: the annotations it\n"
+     "carries stay) and prints the plan's modelled cost on stderr.\n",
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
-     "         [--transform SPEC]... [-o OUT] [--partitions P [--dump-dir DIR]]",
+     "         [--transform SPEC]... [-o OUT] [--partitions P [--dump-dir DIR]]\n"
+     "         [--auto-shard [--mesh AxB] [--memory-budget BYTES]]",
      "compile a module to an executable",
      "Verifies FILE, applies the transforms (innermost first) and compiles it. Locally the\n"
      "native CPU compiler runs in process and a summary is printed (kernels, code size,\n"
@@ -260,7 +279,9 @@ static const kiln__cmd commands[] = {
      "(or finds it in its cache) and the executable id, cache source and key, and the\n"
      "calling convention are printed. With --partitions P a module whose ENTRY carries\n"
      "shardings is partitioned first (one program per device, driven by partition-id) and\n"
-     "the collectives inserted are reported: count and bytes per device per run, by kind.\n",
+     "the collectives inserted are reported: count and bytes per device per run, by kind.\n"
+     "--auto-shard (and -O 3 with --partitions) first chooses the shardings the module\n"
+     "does not carry (docs/spmd.md) and prints the plan's modelled cost.\n",
      compile_opts, 1, 1, kiln__cmd_compile, NULL},
     {"dot", "dot FILE [--after PASS] [-o OUT] [-O N] [--target T] [--disable-pass NAME]...",
      "draw a module as a Graphviz graph",
@@ -278,7 +299,7 @@ static const kiln__cmd commands[] = {
     {"bench",
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
      "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
-     "         [--partitions P]",
+     "         [--partitions P [--auto-shard [--mesh AxB] [--memory-budget BYTES]]]",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
      "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"
@@ -544,6 +565,9 @@ int main(int argc, char **argv) {
   kiln__args a;
   int rc = parse_args(c, argc - 2, argv + 2, &a);
   if (rc == KILN_EXIT_INTERNAL) fprintf(stderr, "kiln: error: out of memory\n");
+  if (rc == KILN_EXIT_OK && kiln__args_get(&a, "server") && kiln__args_get(&a, "auto-shard"))
+    rc = usage_error(c, "%s", "--auto-shard runs here: it does not go with --server");
+  if (rc == KILN_EXIT_OK) rc = kiln__auto_shard_check(&a);
   if (rc == KILN_EXIT_OK)
     rc = c->remote && kiln__args_get(&a, "server") ? c->remote(&a) : c->run(&a);
   free_args(&a);

@@ -500,7 +500,7 @@ static int rule_movement(part *p, const kiln_instr *ins, const spmd_tiling *want
  * all-reduce with its reducer: the reducer is add, multiply, maximum,
  * minimum, and or or of its two parameters and the init is a constant of
  * that op's identity (each partial includes the init once). */
-static bool identity_init(const kiln_module *m, const kiln_instr *ins) {
+bool kiln__reduce_splittable(const kiln_module *m, const kiln_instr *ins) {
   const kiln_instr *init = m->instrs[ins->operands[1]];
   const kiln_computation *c = m->comps[ins->called[0]];
   if (init->op != KILN_OP_CONSTANT || init->literal == NULL || c->root == KILN_NO_ID ||
@@ -551,7 +551,8 @@ static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, 
   int64_t cost_keep =
       (split ? 2 * ob / kiln__tiling_count(res) : 0) + kiln__reshard_cost(res, want, ob);
   int64_t cost_alt = kiln__reshard_cost(keep, alt, xb);
-  spmd_tiling *tx = cost_keep <= cost_alt && (!split || identity_init(p->m, ins)) ? keep : alt;
+  spmd_tiling *tx =
+      cost_keep <= cost_alt && (!split || kiln__reduce_splittable(p->m, ins)) ? keep : alt;
   if (tx == alt) {
     res = kiln__spmd_fwd(p->a, p->m, ins, 0, alt);
     split = false;

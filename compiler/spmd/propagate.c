@@ -40,7 +40,7 @@ typedef struct prop {
 
 /* ---- inlining ----------------------------------------------------------- */
 
-static int inline_calls(kiln_module *m, uint32_t entry, kiln_status *st) {
+int kiln__spmd_inline_calls(kiln_module *m, uint32_t entry, kiln_status *st) {
   kiln__tx tx;
   int rc = kiln__tx_init(&tx, m, "spmd", st);
   kiln__b b = {&tx, entry};
@@ -430,7 +430,7 @@ static int propagate_loops(kiln_module *m, uint32_t comp, int64_t n, kiln_status
 }
 
 static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
-  int rc = inline_calls(m, comp, st);
+  int rc = kiln__spmd_inline_calls(m, comp, st);
   if (rc) return rc;
   prop p = {m, comp, kiln_arena_create(), st, n, NULL, NULL, NULL, NULL};
   if (p.a == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");

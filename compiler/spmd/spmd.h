@@ -98,6 +98,74 @@ int kiln_spmd_assemble(const kiln_spmd_program *p, kiln_literal *const *outs, ki
 /* The collectives of a per-device module's ENTRY (and what it calls). */
 void kiln_spmd_count_collectives(const kiln_module *m, kiln_spmd_stats *stats);
 
+/* ---- auto-sharding (auto.c) and its cost model (model.c) ----------------
+ *
+ * kiln_spmd_auto_shard chooses shardings for a module's ENTRY over a device
+ * mesh (user annotations kept as they are) by minimizing the modelled cost
+ * of the per-device program the partitioner would build, subject to a
+ * memory budget, as an integer program solved by GLPK; it then writes them
+ * onto the module, so kiln_spmd_partition partitions it as usual.
+ * kiln_spmd_plan_cost models any plan (a module with whatever annotations
+ * it carries, propagated as kiln_spmd_partition would) the same way, so
+ * that an automatic plan and a hand-written one compare. See docs/spmd.md. */
+
+#define KILN_SPMD_MAX_MESH 4
+
+typedef struct kiln_spmd_auto_options {
+  /* The device mesh: axes mesh[0..mesh_rank), row-major (device id = the
+   * linear index of its mesh coordinates), their product the partitions.
+   * mesh_rank 0: one axis of all partitions. */
+  uint32_t mesh_rank;
+  int64_t mesh[KILN_SPMD_MAX_MESH];
+  double flops_per_s;      /* per device; 0: the cpu target's */
+  double mem_bytes_per_s;  /* per device memory bandwidth; 0: the cpu target's */
+  double link_bytes_per_s; /* what a collective moves per device per second; 0: mem_bytes_per_s */
+  int64_t memory_budget;   /* bytes per device (parameters and live values); 0: none */
+  double time_limit_s;     /* the solver's limit; 0: 30 s (the best plan found by then wins) */
+} kiln_spmd_auto_options;
+
+/* The modelled cost of a plan, per device and per run. */
+typedef struct kiln_spmd_cost {
+  double seconds;       /* compute_s + comm_s */
+  double compute_s;     /* roofline time of each device's share of every instruction */
+  double comm_s;        /* collectives: bytes x algorithm factor / link bandwidth */
+  double flops;         /* each device's share */
+  kiln_spmd_stats comm; /* the collectives the partitioner inserts, counted as
+                         * kiln_spmd_count_collectives counts them (before the combiner) */
+  int64_t memory;       /* peak bytes: parameters' shards plus live values' shards */
+  /* Filled by kiln_spmd_auto_shard only: */
+  double planned_s; /* what the program's objective says the plan costs (seconds: the same
+                     * model, edge by edge; equal to `seconds` unless the partitioner
+                     * remembers a reshard the program paid twice) */
+  double solve_s;   /* time in the solver */
+  bool optimal;     /* proven optimal (else the best found within the limit) */
+  uint32_t choices; /* instructions the solver chose a strategy for */
+  uint32_t vars;    /* columns of the integer program */
+} kiln_spmd_cost;
+
+void kiln_spmd_auto_options_init(kiln_spmd_auto_options *o); /* all defaults */
+
+/* "8", "2x4" or "2,4" as o's mesh; KILN_EINVAL naming what is wrong. */
+int kiln_spmd_mesh_parse(const char *text, kiln_spmd_auto_options *o, kiln_status *st);
+
+/* Whether kiln_spmd_auto_shard can run: Kiln was built with GLPK. */
+bool kiln_spmd_auto_available(void);
+
+/* In place: inlines the calls the ENTRY makes and gives every array
+ * instruction of the ENTRY a sharding over `partitions` devices (o may be
+ * NULL: defaults). User annotations stay. *cost (may be NULL) receives the
+ * chosen plan's modelled cost. Errors: KILN_EUNAVAIL when built without
+ * GLPK, KILN_ELIMIT when no plan fits the memory budget (or none was found
+ * in time), KILN_EINVAL for a mesh that does not multiply to `partitions`
+ * or a module that is already a per-device program. */
+int kiln_spmd_auto_shard(kiln_module *m, int64_t partitions, const kiln_spmd_auto_options *o,
+                         kiln_spmd_cost *cost, kiln_status *st);
+
+/* The modelled cost of m's plan over `partitions` devices (m is not
+ * changed: a copy is propagated). o may be NULL. */
+int kiln_spmd_plan_cost(const kiln_module *m, int64_t partitions, const kiln_spmd_auto_options *o,
+                        kiln_spmd_cost *out, kiln_status *st);
+
 #ifdef __cplusplus
 }
 #endif

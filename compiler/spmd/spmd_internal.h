@@ -22,6 +22,7 @@
 #include "common/arena.h"
 #include "common/status.h"
 #include "compiler/ir/ir.h"
+#include "compiler/spmd/spmd.h"
 
 #define SPMD_MAX_RANK 16
 
@@ -115,5 +116,65 @@ int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *i
  * not understood (the annotation is then ignored: propagation decides). */
 int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
                     const kiln_sharding **out);
+
+/* Inlines the calls computation `comp` makes (propagate.c). */
+int kiln__spmd_inline_calls(kiln_module *m, uint32_t comp, kiln_status *st);
+
+/* Whether reduce ins may be split into partial reductions combined by an
+ * all-reduce with its own reducer (partition.c). */
+bool kiln__reduce_splittable(const kiln_module *m, const kiln_instr *ins);
+
+/* ---- the cost model (model.c) ------------------------------------------ */
+
+/* What the model needs to know: the module, the devices and the machine. */
+typedef struct spmd_model {
+  const kiln_module *m;
+  kiln_arena *a; /* tilings the model derives */
+  int64_t n;
+  double flops_per_s, mem_bytes_per_s, link_bytes_per_s;
+} spmd_model;
+
+/* What a piece of the per-device program costs each device. */
+typedef struct spmd_charge {
+  double flops, compute_s, comm_s;
+  kiln_spmd_stats comm;
+} spmd_charge;
+
+/* The machine numbers of o (NULL: defaults) into md. */
+void kiln__model_init(spmd_model *md, const kiln_module *m, kiln_arena *a, int64_t n,
+                      const kiln_spmd_auto_options *o);
+
+/* The collectives the partitioner's reshard from -> to of an array of
+ * global shape g inserts (partition.c's reshard(), step by step). */
+void kiln__model_reshard(const spmd_model *md, const kiln_shape *g, const spmd_tiling *from,
+                         const spmd_tiling *to, spmd_charge *c);
+
+/* What the partitioner's rule for ins does, given the tilings its operands
+ * are in (lt[k]; NULL for operands that are not arrays; for
+ * get-tuple-element lt[0] is the element's tiling, NULL: replicated) and
+ * the tiling `want` asked of its result (NULL for tuple-valued ins): the
+ * tiling it reshards each array operand to (need[k]; NULL for the others)
+ * and, into c, its own compute and the collectives it inserts itself (the
+ * all-reduce of a split reduction or the reduce-scatter it becomes, and
+ * the reshard of its result to want). *whole: it computes ins whole
+ * (tuple operands are then gathered too). The reshards of the operands
+ * are the caller's to charge. */
+void kiln__model_rule(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
+                      const spmd_tiling *want, spmd_tiling **need, bool *whole, spmd_charge *c);
+
+/* The seconds of a charge's collectives and compute. */
+static inline double kiln__charge_seconds(const spmd_charge *c) { return c->compute_s + c->comm_s; }
+
+/* Bytes of the shard of an array of global shape g under t. */
+int64_t kiln__shard_bytes(const kiln_shape *g, const spmd_tiling *t);
+
+/* Lifetimes in computation comp for the memory measure: last[i] is the
+ * position in comp's instruction list of the last use of its i-th
+ * instruction (through aliases; the root and parameters: ninstrs), and
+ * counted[i] whether it holds bytes of its own (arrays other than
+ * get-tuple-element, bitcast and sharding annotations). Arrays of
+ * ninstrs entries, in arena a. */
+int kiln__model_lifetimes(kiln_arena *a, const kiln_module *m, uint32_t comp, uint32_t **last,
+                          bool **counted);
 
 #endif /* KILN_COMPILER_SPMD_SPMD_INTERNAL_H */
