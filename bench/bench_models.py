@@ -34,11 +34,12 @@ defines WORKLOADS, a dict of name -> (description, fn(rng) -> (f, args)),
 the same form as below, and may import this module's helpers
 (`from bench_models import uni, layernorm, ...`).
 
-kiln bench fills the parameters with its own pseudo-random values (floats in
-[-1,1), signed ints in [-8,8)); JAX is timed on arguments drawn from the same
-ranges. The token ids of the embedding workloads are spread over the table
-inside the program (a multiplicative hash of the given ids and their
-position), so that both sides touch rows all over it whatever ids they get.
+Both sides run on the same arguments: the workload's (saved as .npy and
+given to `kiln bench --arg`), so that programs whose work depends on the
+data (a while loop that stops when it converges, a sort, a gather) do the
+same work on both. The token ids of the embedding workloads are spread over
+the table inside the program (a multiplicative hash of the given ids and
+their position), so that they touch rows all over it.
 
 OPENBLAS_CORETYPE: nothing is set. Kiln picks its OpenBLAS core itself at
 start (executor/cpu/cpu_blas.h; a variable already in the environment is
@@ -407,18 +408,29 @@ def kiln_call(cmd, timeout):
     return p.stdout
 
 
-def kiln_bench(o, path, iters, warmup=1):
-    cmd = [o.kiln, "bench", path, "--backend", o.backend, "--iters", str(iters), "--warmup",
-           str(warmup)]
-    return json.loads(kiln_call(cmd, o.timeout))
-
-
-def kiln_outputs(o, path, args, n_out, tmp):
-    cmd = [o.kiln, "run", path, "--backend", o.backend, "--out", os.path.join(tmp, "out")]
+def save_args(args, tmp):
+    """The arguments as .npy files, for kiln run and kiln bench --arg."""
+    files = []
     for i, a in enumerate(args):
         f = os.path.join(tmp, f"arg{i}.npy")
         np.save(f, np.asarray(a))
-        cmd += ["--arg", f]
+        files.append(f)
+    return files
+
+
+def arg_flags(files):
+    return [x for f in files for x in ("--arg", f)]
+
+
+def kiln_bench(o, path, iters, argfiles, warmup=1):
+    cmd = [o.kiln, "bench", path, "--backend", o.backend, "--iters", str(iters), "--warmup",
+           str(warmup)] + arg_flags(argfiles)
+    return json.loads(kiln_call(cmd, o.timeout))
+
+
+def kiln_outputs(o, path, argfiles, n_out, tmp):
+    cmd = [o.kiln, "run", path, "--backend", o.backend, "--out", os.path.join(tmp, "out")]
+    cmd += arg_flags(argfiles)
     kiln_call(cmd, o.timeout)
     return [np.load(os.path.join(tmp, "out", f"{i}.npy")) for i in range(n_out)]
 
@@ -478,6 +490,7 @@ def bench_one(o, name, tmp):
         f.write(hlo)
     res["params"] = len(args)
     res["hlo_bytes"] = len(hlo)
+    argfiles = save_args(args, tmp)
 
     # JAX: compile, outputs, a probe for the number of iterations.
     res["xla_compile_ms"] = median(xla_compile_s(fn, args, o.compile_runs)) * 1e3
@@ -500,7 +513,7 @@ def bench_one(o, name, tmp):
     res["max_rel_error"], res["correct"] = None, False
     run_error = None
     try:
-        got = kiln_outputs(o, path, args, len(want), tmp)
+        got = kiln_outputs(o, path, argfiles, len(want), tmp)
         res["max_rel_error"] = rel_error(got, want)
         res["correct"] = res["max_rel_error"] <= o.tolerance
     except KilnError as e:
@@ -509,7 +522,7 @@ def bench_one(o, name, tmp):
     except (OSError, ValueError) as e:
         res["output_error"] = "reading kiln's outputs: " + str(e).splitlines()[0]
     try:
-        probe = kiln_bench(o, path, 1, 0)
+        probe = kiln_bench(o, path, 1, argfiles, 0)
     except KilnError as e:
         return failed(e, "kiln bench")
     if run_error is not None:
@@ -525,7 +538,7 @@ def bench_one(o, name, tmp):
         for who in order:
             if who == "kiln":
                 try:
-                    k = kiln_bench(o, path, kiln_iters)
+                    k = kiln_bench(o, path, kiln_iters, argfiles)
                 except KilnError as e:
                     return failed(e, f"kiln bench, round {r + 1}")
                 row["kiln"], row["kiln_min"] = k["run_us_median"] / 1e6, k["run_us_min"] / 1e6

@@ -461,8 +461,17 @@ int kiln__cmd_bench(const kiln__args *a) {
     goto out;
   }
   uint64_t state = (uint64_t)seed;
-  for (uint32_t i = 0; i < b.nargs && rc == 0; i++)
-    rc = kiln__arg_random(&kiln_computation_param(b.m, entry, i)->shape, &state, &b.args[i], &st);
+  int ngiven;
+  const char **argv_given = kiln__args_all(a, "arg", &ngiven);
+  if ((uint32_t)ngiven > b.nargs)
+    rc = kiln_status_set(&st, KILN_EINVAL, NULL,
+                         "the ENTRY computation takes %u parameter%s, %d --arg given", b.nargs,
+                         b.nargs == 1 ? "" : "s", ngiven);
+  for (uint32_t i = 0; i < b.nargs && rc == 0; i++) {
+    const kiln_shape *ps = &kiln_computation_param(b.m, entry, i)->shape;
+    rc = i < (uint32_t)ngiven ? kiln__arg_load(argv_given[i], ps, i, &b.args[i], &st)
+                              : kiln__arg_random(ps, &state, &b.args[i], &st);
+  }
   if (rc == 0 && b.partitions) {
     if (!kiln_spmd_module_is_sharded(b.m))
       rc = kiln_status_set(&st, KILN_EINVAL, NULL,

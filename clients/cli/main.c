@@ -127,6 +127,9 @@ static const kiln__opt bench_opts[] = {
     {"backend", 0, "NAME", false, "cpu (default) or interp"},
     {"iters", 0, "N", false, "timed runs (default 20)"},
     {"warmup", 0, "N", false, "untimed runs first (default 1)"},
+    {"arg", 0, "ARG", true,
+     "the next parameter's value (.npy file or HLO literal text), as for run; the "
+     "parameters not given are pseudo-random"},
     {"random-args", 0, "SEED", false, "seed of the pseudo-random arguments (default 0)"},
     {"target", 0, "NAME", false, "cpu code target (default cpu)"},
     {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
@@ -297,11 +300,13 @@ static const kiln__cmd commands[] = {
      "each sibling merge it weighs, and each fusion it writes with its members and cost.\n",
      explain_opts, 1, 1, kiln__cmd_explain, NULL},
     {"bench",
-     "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
-     "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
+     "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--arg ARG]...\n"
+     "         [--random-args SEED] [--target T] [-O N] [--disable-pass NAME]... [--transform "
+     "SPEC]...\n"
      "         [--partitions P [--auto-shard [--mesh AxB] [--memory-budget BYTES]]]",
      "time compiling and running a module",
-     "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
+     "Compiles FILE once (cpu) and runs it on the --arg values, pseudo-random arguments for\n"
+     "the parameters not given, then prints one JSON\n"
      "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"
      "run_us_median, run_us_p90 and run_us_min over the timed runs, and peak_bytes, the\n"
      "most memory a run holds at once (parameters, outputs and the peak of live\n"

@@ -923,8 +923,17 @@ int kiln__remote_bench(const kiln__args *a) {
   kiln_status st;
   kiln_status_clear(&st);
   uint64_t state = (uint64_t)seed;
-  for (uint32_t i = 0; i < e->nparams && st.code == 0; i++)
-    kiln__arg_random(&e->params[i], &state, &lits[i], &st);
+  int ngiven;
+  const char **given = kiln__args_all(a, "arg", &ngiven);
+  if ((uint32_t)ngiven > e->nparams)
+    kiln_status_set(&st, KILN_EINVAL, NULL, "the executable takes %u parameter%s, %d --arg given",
+                    e->nparams, e->nparams == 1 ? "" : "s", ngiven);
+  for (uint32_t i = 0; i < e->nparams && st.code == 0; i++) {
+    if (i < (uint32_t)ngiven)
+      kiln__arg_load(given[i], &e->params[i], i, &lits[i], &st);
+    else
+      kiln__arg_random(&e->params[i], &state, &lits[i], &st);
+  }
   if (st.code) {
     kiln__report(file, NULL, &st);
     rc = kiln__exit_code(st.code);

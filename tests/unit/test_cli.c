@@ -1274,6 +1274,20 @@ START_TEST(test_bench) {
   r = run("bench", f, "--backend", "interp", "-O", "1", NULL);
   ck_assert_int_eq(r.code, 2);
   result_free(&r);
+  /* --arg gives parameters their values (the rest stay pseudo-random). */
+  r = run("bench", f, "--iters", "2", "--arg", "f32[2,3] {{1, 2, 3}, {4, 5, 6}}", NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_ptr_nonnull(strstr(r.out, "\"run_us_median\": "));
+  result_free(&r);
+  r = run("bench", f, "--arg", "f32[3] {1, 2, 3}", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "parameter 0: expected f32[2,3]") != NULL, "%s", r.err);
+  result_free(&r);
+  r = run("bench", f, "--arg", "f32[2,3] {{1, 2, 3}, {4, 5, 6}}", "--arg", "s32[] 1", "--arg",
+          "s32[] 2", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "takes 2 parameters, 3 --arg given") != NULL, "%s", r.err);
+  result_free(&r);
 }
 END_TEST
 
