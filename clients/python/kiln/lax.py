@@ -86,7 +86,49 @@ sqrt = _unary("sqrt", "sqrt", True)
 rsqrt = _unary("rsqrt", "rsqrt", True)
 cbrt = _unary("cbrt", "cbrt", True)
 erf = _unary("erf", "erf", True)
-abs = _unary("abs", "abs")  # noqa: A001
+
+
+def _real_of(dt):
+    """The real type of a complex one (abs, real, imag), else dt."""
+    return {np.dtype("complex64"): np.dtype("float32"),
+            np.dtype("complex128"): np.dtype("float64")}.get(np.dtype(dt), dt)
+
+
+@primitive
+def abs(x):  # noqa: A001
+    x = _t(x)
+    return emit("abs", [x], x.shape, _real_of(x.dtype))
+
+
+@primitive
+def real(x):
+    x = _t(x)
+    return emit("real", [x], x.shape, _real_of(x.dtype))
+
+
+@primitive
+def imag(x):
+    x = _t(x)
+    return emit("imag", [x], x.shape, _real_of(x.dtype))
+
+
+@primitive
+def complex(x, y):  # noqa: A001
+    a, b = _same("complex", x, y)
+    ct = {np.dtype("float32"): np.dtype("complex64"),
+          np.dtype("float64"): np.dtype("complex128")}.get(np.dtype(a.dtype))
+    if ct is None:
+        raise TypeError(f"kiln.lax.complex: operands must be f32 or f64, not {a.dtype}")
+    return emit("complex", [a, b], a.shape, ct)
+
+
+def conj(x):
+    x = _t(x)
+    if np.dtype(x.dtype).kind != "c":
+        return x
+    return complex(real(x), neg(imag(x)))
+
+
 sign = _unary("sign", "sign")
 floor = _unary("floor", "floor", True)
 ceil = _unary("ceil", "ceil", True)

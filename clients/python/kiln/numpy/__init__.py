@@ -265,6 +265,33 @@ def abs(x):  # noqa: A001
 absolute = abs
 
 
+def real(x):
+    x = _arr(x)
+    return lax.real(x) if _dt(x).kind == "c" else x
+
+
+def imag(x):
+    x = _arr(x)
+    return lax.imag(x) if _dt(x).kind == "c" else zeros_like(x)
+
+
+def conj(x):
+    return lax.conj(_arr(x))
+
+
+conjugate = conj
+
+
+def angle(z, deg=False):
+    z = _arr(z)
+    if _dt(z).kind == "c":
+        a = lax.atan2(lax.imag(z), lax.real(z))
+    else:
+        z = z if _dtypes.is_float(_dt(z)) else asarray(z, float32)
+        a = lax.atan2(zeros_like(z), z)
+    return a * (180 / pi) if deg else a
+
+
 def round(x, decimals=0):  # noqa: A001
     x = _arr(x)
     if not _dtypes.is_float(_dt(x)):
