@@ -27,6 +27,7 @@ typedef struct kiln_remat_stats {
   uint64_t peak_before; /* before the pass */
   uint64_t peak_after;  /* after it (<= budget, or the smallest reached) */
   double extra_flops;   /* of the recomputed values (cost.h's count) */
+  double flops;         /* of the whole ENTRY after the pass (loops counted once) */
   uint32_t recomputed;  /* values computed a second time */
   uint32_t moved;       /* values computed later instead, at no cost */
 } kiln_remat_stats;

@@ -75,6 +75,9 @@ static const kiln__opt run_opts[] = {
     {"disable-pass", 0, "NAME", true, "cpu: switch compiler pass NAME off"},
     {"dump-dir", 0, "DIR", false,
      "cpu: write the module after each pass (NN-pass.hlo, .dot) and the generated C into DIR"},
+    {"memory-budget", 0, "BYTES", false,
+     "cpu: hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {"replicas", 0, "R", false,
      "run a per-device program on R x P devices (default: the module's replica_count, else 1)"},
     {"partitions", 0, "P", false,
@@ -90,6 +93,9 @@ static const kiln__opt explain_opts[] = {
     {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
     {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
     {"transform", 0, "SPEC", true, "apply a function transform first, innermost first"},
+    {"memory-budget", 0, "BYTES", false,
+     "hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {0},
 };
 
@@ -122,6 +128,9 @@ static const kiln__opt bench_opts[] = {
     {"profile", 0, NULL, false,
      "time every fused kernel, GEMM and convolution step; print a table on stderr"},
     {"trace", 0, "FILE", false, "write the last timed run as Chrome trace JSON (Perfetto)"},
+    {"memory-budget", 0, "BYTES", false,
+     "cpu: hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
@@ -141,6 +150,9 @@ static const kiln__opt compile_opts[] = {
      "apply a function transform, innermost first: grad, grad:wrt=0,1, vjp, jvp, vmap, "
      "vmap:in_axes=0,none, checkpoint"},
     {"output", 'o', "OUT", false, "write the serialized executable to OUT"},
+    {"memory-budget", 0, "BYTES", false,
+     "hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {"progress", 0, NULL, false,
      "--server: print the server's phases on stderr, one line each (on a terminal they are "
      "shown on one updating line without this flag)"},
@@ -213,7 +225,7 @@ static const kiln__cmd commands[] = {
      "run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
      "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
      "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
-     "         [--replicas R] [--partitions P] [--device-args K FILES]...",
+     "         [--memory-budget BYTES] [--replicas R] [--partitions P] [--device-args K FILES]...",
      "run a module's ENTRY computation",
      "Verifies FILE and runs its ENTRY computation. Arguments are given in parameter order;\n"
      "their number and shapes must match the parameters (layouts are ignored). An .npy\n"
@@ -252,7 +264,8 @@ static const kiln__cmd commands[] = {
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
-     "         [--transform SPEC]... [-o OUT] [--partitions P [--dump-dir DIR]]",
+     "         [--transform SPEC]... [--memory-budget BYTES] [-o OUT]\n"
+     "         [--partitions P [--dump-dir DIR]]",
      "compile a module to an executable",
      "Verifies FILE, applies the transforms (innermost first) and compiles it. Locally the\n"
      "native CPU compiler runs in process and a summary is printed (kernels, code size,\n"
@@ -260,7 +273,11 @@ static const kiln__cmd commands[] = {
      "(or finds it in its cache) and the executable id, cache source and key, and the\n"
      "calling convention are printed. With --partitions P a module whose ENTRY carries\n"
      "shardings is partitioned first (one program per device, driven by partition-id) and\n"
-     "the collectives inserted are reported: count and bytes per device per run, by kind.\n",
+     "the collectives inserted are reported: count and bytes per device per run, by kind.\n"
+     "With --memory-budget BYTES the compiler recomputes values rather than keep them live\n"
+     "until the peak of live temporaries fits (rematerialization) and prints the peak\n"
+     "before and after and the flops added; a budget it cannot reach exits 1 naming the\n"
+     "smallest peak it reached.\n",
      compile_opts, 1, 1, kiln__cmd_compile, NULL},
     {"dot", "dot FILE [--after PASS] [-o OUT] [-O N] [--target T] [--disable-pass NAME]...",
      "draw a module as a Graphviz graph",
@@ -268,17 +285,22 @@ static const kiln__cmd commands[] = {
      "'kiln run --backend cpu' would, verifying after every pass) and prints the module as\n"
      "Graphviz DOT, one cluster per computation. Render it with 'dot -Tsvg'.\n",
      dot_opts, 1, 1, kiln__cmd_dot, NULL},
-    {"explain", "explain FILE [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
+    {"explain",
+     "explain FILE [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
+     "         [--memory-budget BYTES]",
      "print the fusion decisions with the cost model's numbers",
      "Runs the compiler's pass pipeline on FILE as 'kiln compile' would and prints what\n"
      "fusion decided and why: per computation each group it starts, each producer it\n"
      "weighs (+ joins, - stays out) with the roofline cost fused against the cost apart,\n"
-     "each sibling merge it weighs, and each fusion it writes with its members and cost.\n",
+     "each sibling merge it weighs, and each fusion it writes with its members and cost.\n"
+     "With --memory-budget, each value rematerialization recomputes or moves, at which\n"
+     "peak, with the bytes it takes off the peak and its flops, then the peak before and\n"
+     "after.\n",
      explain_opts, 1, 1, kiln__cmd_explain, NULL},
     {"bench",
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--random-args SEED]\n"
      "         [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
-     "         [--partitions P]",
+     "         [--memory-budget BYTES] [--partitions P]",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on pseudo-random arguments, then prints one JSON\n"
      "object: compile_ms (with passes_ms per pass, pipeline_ms, codegen_ms, cc_ms),\n"
@@ -286,7 +308,9 @@ static const kiln__cmd commands[] = {
      "most memory a run holds at once (parameters, outputs and the peak of live\n"
      "temporaries), with its parts. On cpu a run is one execution on device buffers that\n"
      "already hold the arguments (\"mode\": \"buffers\"); on interp one interpreter run,\n"
-     "whose memory is not accounted (peak_bytes null).\n",
+     "whose memory is not accounted (peak_bytes null). With --memory-budget the object\n"
+     "gains \"remat\": the budget, temp_peak_before and temp_peak_after, extra_flops,\n"
+     "flops (the program's, after), recomputed and moved.\n",
      bench_opts, 1, 1, kiln__cmd_bench, kiln__remote_bench},
     {"stats", "stats --server HOST:PORT [--counters]", "show a server's counters",
      "Prints the server's version and uptime, compiles and cache hits, executions, live\n"

@@ -590,6 +590,12 @@ static int run(rm *r, uint64_t budget, kiln_remat_stats *stats) {
     }
   }
   stats->peak_after = r->peak;
+  const kiln_computation *e = r->m->comps[r->comp];
+  for (uint32_t i = 0; i < e->ninstrs; i++) {
+    kiln_cost c;
+    kiln_cost_instr(r->m, r->m->instrs[e->instrs[i]], r->ctx->target, &c);
+    stats->flops += c.flops;
+  }
   struct kiln_sbuf *ex = kiln__pass_explain();
   if (ex)
     kiln_sbuf_printf(ex,

@@ -221,7 +221,8 @@ START_TEST(test_usage_errors) {
          "DIR]\n"
          "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
          "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
-         "         [--replicas R] [--partitions P] [--device-args K FILES]...\n"
+         "         [--memory-budget BYTES] [--replicas R] [--partitions P] [--device-args K "
+         "FILES]...\n"
          "Run 'kiln help run' for details.\n");
   result_free(&r);
   r = run("check", NULL);
@@ -946,7 +947,8 @@ START_TEST(test_run_cpu_errors) {
   result_free(&r);
   r = run("run", f, "--target", "cpu", "--random-args", "1", NULL);
   EXPECT(r, 2, "",
-         "kiln run: --target, --opt-level, --disable-pass and --dump-dir need --backend cpu\n");
+         "kiln run: --target, --opt-level, --disable-pass, --dump-dir and --memory-budget need "
+         "--backend cpu\n");
   result_free(&r);
   /* an op the cpu backend refuses: exit 1, naming the instruction */
   const char *g = write_file("chol.hlo", "HloModule f\n"

@@ -181,6 +181,60 @@ static void check_depth(int layers) {
   kiln_module_destroy(gck);
 }
 
+/* A budget under every reachable peak: KILN_ELIMIT naming the smallest
+ * peak reached, which is then a budget that is met. */
+START_TEST(test_unmeetable) {
+  kiln_module *g = mlp_grad(12, false);
+  kiln_status st;
+  kiln_executable *e = NULL;
+  kiln_compile_report r;
+  int rc = compile_budget(g, 4096, &e, &r, &st);
+  ck_assert_int_eq(rc, KILN_ELIMIT);
+  ck_assert_str_eq(st.where, "memory_budget");
+  fprintf(stderr, "%s\n", st.msg);
+  const char *at = strstr(st.msg, "reaches ");
+  ck_assert_ptr_nonnull(at);
+  unsigned long long least = strtoull(at + strlen("reaches "), NULL, 10);
+  ck_assert_uint_gt(least, 4096);
+  ck_assert_uint_lt(least, r.remat.peak_before);
+  ck_assert_uint_eq(r.remat.peak_before, r.remat.peak_before);
+  rc = compile_budget(g, least, &e, &r, &st);
+  ck_assert_msg(rc == 0, "the smallest peak named, %llu, is not met: %s", least, st.msg);
+  ck_assert_uint_le(r.peak_bytes, least);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(g);
+}
+END_TEST
+
+/* A budget at or above the peak changes nothing: the same module out. */
+START_TEST(test_budget_above_peak) {
+  kiln_module *g = mlp_grad(6, false);
+  kiln_status st;
+  kiln_remat_stats s0, s1;
+  int rc;
+  kiln_module *p0 = pipelined(g, 0, &s0, &rc, &st);
+  ck_assert_int_eq(rc, 0);
+  ck_assert_uint_eq(s0.peak_before, 0); /* no budget: the pass does not run */
+  kiln_executable *e = NULL;
+  kiln_compile_report r;
+  ck_assert_int_eq(compile_budget(g, 0, &e, &r, &st), 0);
+  kiln_executable_destroy(e);
+  kiln_module *p1 = pipelined(g, r.peak_bytes, &s1, &rc, &st);
+  ck_assert_int_eq(rc, 0);
+  ck_assert_uint_eq(s1.peak_before, r.peak_bytes);
+  ck_assert_uint_eq(s1.peak_after, r.peak_bytes);
+  ck_assert_uint_eq(s1.recomputed + s1.moved, 0);
+  size_t n0, n1;
+  char *t0 = kiln_module_print(p0, &n0), *t1 = kiln_module_print(p1, &n1);
+  ck_assert_str_eq(t0, t1);
+  kiln_free(t0);
+  kiln_free(t1);
+  kiln_module_destroy(p0);
+  kiln_module_destroy(p1);
+  kiln_module_destroy(g);
+}
+END_TEST
+
 START_TEST(test_mlp_8) { check_depth(8); }
 END_TEST
 
@@ -191,6 +245,8 @@ static Suite *suite(void) {
   Suite *s = suite_create("remat");
   TCase *tc = tcase_create("remat");
   tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, test_unmeetable);
+  tcase_add_test(tc, test_budget_above_peak);
   tcase_add_test(tc, test_mlp_8);
   tcase_add_test(tc, test_mlp_16);
   suite_add_tcase(s, tc);
