@@ -14,7 +14,8 @@
  *     slot gives back at the peak against the flops of computing it again
  *     just before its first later reader R. Its operands must be there at
  *     R: free (parameters, constants, outputs), live until R anyway, a copy
- *     of the same value made by an earlier step (moved up to R), computed
+ *     of the same value made by an earlier step (kept until R, or moved up
+ *     to it), computed
  *     again too (a chain, a few levels deep: a layer's activation from the
  *     previous layer's recomputed one) or, failing that, kept live longer,
  *     which costs their bytes at the peak;
@@ -78,6 +79,11 @@ typedef struct rm {
   int64_t qpos;  /* position of the peak */
   uint32_t pidx; /* ENTRY index running there */
   uint64_t peak;
+  uint64_t budget;
+  /* over[q]: positions before q whose live temporaries exceed the budget
+   * (a prefix count, npos + 1 entries). */
+  uint32_t *over;
+  int64_t npos;
   /* The plan of the candidate being weighed. */
   kiln_id *moves, *clones; /* existing copies moved up; values cloned (operands first) */
   uint32_t nmoves, nclones;
@@ -118,6 +124,8 @@ static void free_step(rm *r) {
   kiln_free(r->head);
   kiln_free(r->next);
   kiln_free(r->mark);
+  kiln_free(r->over);
+  r->over = NULL;
   kiln_free(r->moves);
   kiln_free(r->clones);
   kiln_free(r->sfrom);
@@ -151,12 +159,22 @@ static int find_peak(rm *r) {
     ev[ne++] = (event){ba->slot_last[s] + 1, -sz};
   }
   qsort(ev, ne, sizeof *ev, cmp_event);
-  int64_t live = 0, best = 0, at = 0;
+  int64_t live = 0, best = 0, at = 0, npos = ne ? ev[ne - 1].pos + 1 : 1;
+  r->over = kiln_malloc(((size_t)npos + 2) * sizeof *r->over);
+  if (r->over == NULL) {
+    kiln_free(ev);
+    return KILN_ENOMEM;
+  }
+  r->npos = npos;
+  r->over[0] = 0;
+  int64_t q = 0;
   for (size_t i = 0; i < ne;) {
     int64_t pos = ev[i].pos;
+    for (; q < pos; q++) r->over[q + 1] = r->over[q] + ((uint64_t)live > r->budget);
     for (; i < ne && ev[i].pos == pos; i++) live += ev[i].delta;
     if (live > best) best = live, at = pos;
   }
+  for (; q <= npos; q++) r->over[q + 1] = r->over[q] + ((uint64_t)live > r->budget);
   kiln_free(ev);
   r->peak = (uint64_t)best;
   r->qpos = at;
@@ -338,13 +356,20 @@ static void plan_operand(rm *r, kiln_id o, uint32_t j, int depth, uint64_t *byte
   if (r->mark[o] || is_free(r, o) || r->idx[o] == UINT32_MAX) return;
   /* A copy of the same value in the plan, live at j anyway, or made after
    * j and able to move up. */
-  kiln_id later = KILN_NO_ID;
+  kiln_id later = KILN_NO_ID, after_peak = KILN_NO_ID;
   for (kiln_id c = r->head[r->orig[o]]; c != KILN_NO_ID; c = r->next[c]) {
     if (r->mark[c] || (r->idx[c] < j && r->last[c] >= j)) {
       subst(r, o, c);
       return;
     }
+    if (r->idx[c] > r->pidx && r->idx[c] < j) after_peak = c;
     if (r->idx[c] > j && later == KILN_NO_ID) later = c;
+  }
+  /* A copy made after the peak and dead before j: kept until j, which
+   * costs nothing at the peak. */
+  if (after_peak != KILN_NO_ID) {
+    subst(r, o, after_peak);
+    return;
   }
   if (later != KILN_NO_ID) {
     plan_mark pm = plan_save(r);
@@ -378,6 +403,7 @@ typedef struct choice {
   bool clone;    /* else moved */
   uint64_t save; /* bytes at the peak */
   double flops;
+  double score; /* bytes saved times the over-budget positions it spans, per flop */
 } choice;
 
 /* Weighs value v; false when it cannot help. The plan stays in r (marks
@@ -389,12 +415,15 @@ static bool weigh(rm *r, kiln_id v, choice *out) {
   if (live == 0) return false;
   uint32_t nu, j = UINT32_MAX;
   bool early = false;
+  int64_t from = r->ba->instr_pos[v]; /* freed after its last reader before the peak */
   const kiln_id *u = kiln_users_of(r->users, v, &nu);
   for (uint32_t k = 0; k < nu; k++) {
     uint32_t ui = r->idx[u[k]];
     if (ui == UINT32_MAX) continue;
     if (ui == r->pidx) return false; /* read at the peak */
     if (ui < r->pidx) {
+      int64_t up = r->ba->instr_pos[u[k]];
+      if (up > from) from = up;
       /* An alias made before the peak and read after it keeps v live. */
       if (is_alias(r->m, r->m->instrs[u[k]]) && r->last[u[k]] >= r->pidx) return false;
       early = true;
@@ -418,14 +447,18 @@ static bool weigh(rm *r, kiln_id v, choice *out) {
     plan_undo(r, (plan_mark){0, 0, 0});
     return false;
   }
-  *out = (choice){v, j, early, live - cost, flops};
+  int64_t to = r->ba->instr_pos[r->m->comps[r->comp]->instrs[j]];
+  double span = 1;
+  if (from >= 0 && to > from + 1 && to <= r->npos) span = r->over[to] - r->over[from + 1];
+  if (span < 1) span = 1;
+  *out = (choice){v, j, early, live - cost, flops, (double)(live - cost) * span / (flops + 1)};
   return true;
 }
 
 static bool better(const choice *a, const choice *b) {
-  /* Most bytes per flop (a move, with none, first); then the most bytes. */
-  double ra = (double)a->save / (a->flops + 1), rb = (double)b->save / (b->flops + 1);
-  if (ra != rb) return ra > rb;
+  /* Most bytes per flop over the positions still over the budget (a move,
+   * with no flops, first); then the most bytes. */
+  if (a->score != b->score) return a->score > b->score;
   return a->save > b->save;
 }
 
@@ -618,7 +651,7 @@ int kiln_pass_remat(kiln_module *m, const kiln_pass_ctx *ctx) {
   memset(stats, 0, sizeof *stats);
   stats->budget = ctx->memory_budget;
   if (ctx->memory_budget == 0 || kiln_module_entry(m) == NULL) return 0;
-  rm r = {.m = m, .ctx = ctx, .stats = stats, .comp = m->entry};
+  rm r = {.m = m, .ctx = ctx, .stats = stats, .comp = m->entry, .budget = ctx->memory_budget};
   r.impure = kiln__impure_computations(m);
   int rc = r.impure ? run(&r, ctx->memory_budget, stats) : KILN_ENOMEM;
   free_step(&r);
