@@ -56,6 +56,9 @@ int kiln__cmd_explain(const kiln__args *a) {
   po.memory_budget = co.memory_budget;
   po.explain = &text;
   if (kiln_pipeline_run(m, &po, NULL, NULL, &st)) {
+    /* What the passes decided up to the failure (a budget remat cannot
+     * meet: the steps it took) still explains it. */
+    if (!kiln_sbuf_failed(&text)) fwrite(kiln_sbuf_str(&text), 1, text.len, stdout);
     kiln__report(file, m, &st);
     rc = kiln__exit_code(st.code);
     kiln_sbuf_free(&text);

@@ -583,6 +583,92 @@ static void mark_flags(rm *r) {
   }
 }
 
+/* Inlines the ENTRY's calls of pure computations (jax.jit's nested jits:
+ * a where, a log_softmax), innermost last, so that their values are values
+ * of the ENTRY that can be recomputed. A call runs its computation's
+ * instructions at its position; in line they run in the same order, and a
+ * call's result was its root's buffers anyway. */
+static int inline_calls(rm *r) {
+  kiln_module *m = r->m;
+  for (uint32_t rounds = 0; rounds < 4096; rounds++) {
+    kiln_computation *e = m->comps[r->comp];
+    kiln_instr *x = NULL;
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < e->ninstrs && x == NULL; i++) {
+      kiln_instr *y = m->instrs[e->instrs[i]];
+      if (y->op == KILN_OP_CALL && y->ncalled == 1 && y->called[0] < m->ncomps &&
+          y->called[0] != r->comp && !r->impure[y->called[0]] && y->ncontrol == 0 &&
+          !(r->flags && y->id < r->cap && (r->flags[y->id] & F_PINNED)))
+        x = y, at = i;
+    }
+    if (x == NULL) return 0;
+    const kiln_computation *c = m->comps[x->called[0]];
+    uint32_t n0 = e->ninstrs, nc = c->ninstrs;
+    size_t ni = m->ninstrs + nc + 1;
+    kiln_id *map = kiln_malloc(ni * sizeof *map);
+    kiln_id *ops = NULL;
+    size_t opcap = 0;
+    int rc = map ? 0 : KILN_ENOMEM;
+    for (uint32_t i = 0; rc == 0 && i < nc; i++) {
+      const kiln_instr *y = m->instrs[c->instrs[i]];
+      if (y->op == KILN_OP_PARAMETER) {
+        if (y->param_number < 0 || (uint32_t)y->param_number >= x->noperands)
+          rc = KILN_EINVAL;
+        else
+          map[y->id] = x->operands[y->param_number];
+        continue;
+      }
+      if (kiln_grow((void **)&ops, &opcap, y->noperands + 1, sizeof *ops)) {
+        rc = KILN_ENOMEM;
+        break;
+      }
+      for (uint32_t k = 0; k < y->noperands; k++) ops[k] = map[y->operands[k]];
+      char name[256];
+      snprintf(name, sizeof name, "%.120s.%.100s.inl%u", x->name, y->name, m->ninstrs);
+      kiln_instr *cl = kiln_instr_clone(m, r->comp, y, ops, y->noperands, NULL, name);
+      if (cl == NULL)
+        rc = KILN_ENOMEM;
+      else
+        map[y->id] = cl->id;
+    }
+    kiln_id root = rc == 0 && c->root < m->ninstrs ? map[c->root] : KILN_NO_ID;
+    kiln_free(map);
+    kiln_free(ops);
+    if (rc == 0 && root == KILN_NO_ID) rc = KILN_EINVAL;
+    if (rc) return rc;
+    e = m->comps[r->comp];
+    kiln_replace_all_uses(m, r->comp, x->id, root);
+    /* The clones (appended) take the call's place. */
+    uint32_t added = e->ninstrs - n0;
+    kiln_id *order = kiln_malloc((e->ninstrs + 1) * sizeof *order);
+    if (order == NULL) return KILN_ENOMEM;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < at; i++) order[k++] = e->instrs[i];
+    for (uint32_t i = 0; i < added; i++) order[k++] = e->instrs[n0 + i];
+    for (uint32_t i = at + 1; i < n0; i++) order[k++] = e->instrs[i];
+    memcpy(e->instrs, order, k * sizeof *order);
+    e->ninstrs = k;
+    kiln_free(order);
+    x->comp = KILN_NO_ID;
+  }
+  return 0;
+}
+
+/* get-tuple-element of a tuple reads the element itself (an inlined call's
+ * result is its root tuple), so that the element's readers are its own. */
+static void forward_tuples(rm *r) {
+  kiln_module *m = r->m;
+  kiln_computation *e = m->comps[r->comp];
+  for (uint32_t i = 0; i < e->ninstrs; i++) {
+    const kiln_instr *g = m->instrs[e->instrs[i]];
+    if (g->op != KILN_OP_GET_TUPLE_ELEMENT || g->noperands != 1) continue;
+    const kiln_instr *t = m->instrs[g->operands[0]];
+    int64_t k = kiln_instr_attr_int(g, KILN_ATTR_INDEX, -1);
+    if (t->op != KILN_OP_TUPLE || k < 0 || k >= t->noperands) continue;
+    kiln_replace_all_uses(m, r->comp, g->id, t->operands[k]);
+  }
+}
+
 static void explain_choice(const rm *r, const choice *ch) {
   struct kiln_sbuf *ex = kiln__pass_explain();
   if (ex == NULL) return;
@@ -599,6 +685,10 @@ static int run(rm *r, uint64_t budget, kiln_remat_stats *stats) {
   int rc = measure(r);
   if (rc) return rc;
   stats->peak_before = stats->peak_after = r->peak;
+  if (r->peak <= budget) return 0;
+  if ((rc = inline_calls(r))) return rc;
+  forward_tuples(r);
+  if ((rc = measure(r))) return rc;
   uint64_t best = r->peak;
   uint32_t stall = 0;
   mark_flags(r);
