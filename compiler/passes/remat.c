@@ -713,12 +713,6 @@ static int run(rm *r, uint64_t budget, kiln_remat_stats *stats) {
     }
   }
   stats->peak_after = r->peak;
-  const kiln_computation *e = r->m->comps[r->comp];
-  for (uint32_t i = 0; i < e->ninstrs; i++) {
-    kiln_cost c;
-    kiln_cost_instr(r->m, r->m->instrs[e->instrs[i]], r->ctx->target, &c);
-    stats->flops += c.flops;
-  }
   struct kiln_sbuf *ex = kiln__pass_explain();
   if (ex)
     kiln_sbuf_printf(ex,
@@ -744,6 +738,12 @@ int kiln_pass_remat(kiln_module *m, const kiln_pass_ctx *ctx) {
   rm r = {.m = m, .ctx = ctx, .stats = stats, .comp = m->entry, .budget = ctx->memory_budget};
   r.impure = kiln__impure_computations(m);
   int rc = r.impure ? run(&r, ctx->memory_budget, stats) : KILN_ENOMEM;
+  const kiln_computation *e = kiln_module_entry(m);
+  for (uint32_t i = 0; rc == 0 && i < e->ninstrs; i++) {
+    kiln_cost c;
+    kiln_cost_instr(m, m->instrs[e->instrs[i]], ctx->target, &c);
+    stats->flops += c.flops;
+  }
   free_step(&r);
   kiln_free(r.impure);
   kiln_free(r.orig);
