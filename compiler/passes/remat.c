@@ -56,7 +56,10 @@
 #define STALL_STEPS 64   /* steps without a lower peak before giving up */
 #define MAX_STEPS 100000 /* an absolute bound */
 
-enum { F_KEEP = 1, F_NOCLONE = 2, F_PINNED = 4 };
+/* F_KEEP: a checkpoint's residual; F_NOCLONE: already a recomputation;
+ * F_PINNED: a control predecessor; F_MOVED: moved once already (a second
+ * move would only trade places with what it made the peak). */
+enum { F_KEEP = 1, F_NOCLONE = 2, F_PINNED = 4, F_MOVED = 8 };
 
 typedef struct rm {
   kiln_module *m;
@@ -84,6 +87,12 @@ typedef struct rm {
    * (a prefix count, npos + 1 entries). */
   uint32_t *over;
   int64_t npos;
+  /* Most live bytes over position ranges: a sparse table, level k holding
+   * the maxima of 2^k positions from each (lmax[k * (npos + 1) + q]). */
+  int64_t *lmax;
+  uint32_t nlev;
+  int variant; /* the weighing tried (kiln_pass_remat) */
+  bool quiet;  /* a trial: nothing to kiln explain */
   /* The plan of the candidate being weighed. */
   kiln_id *moves, *clones; /* existing copies moved up; values cloned (operands first) */
   uint32_t nmoves, nclones;
@@ -126,6 +135,8 @@ static void free_step(rm *r) {
   kiln_free(r->mark);
   kiln_free(r->over);
   r->over = NULL;
+  kiln_free(r->lmax);
+  r->lmax = NULL;
   kiln_free(r->moves);
   kiln_free(r->clones);
   kiln_free(r->sfrom);
@@ -166,15 +177,35 @@ static int find_peak(rm *r) {
     return KILN_ENOMEM;
   }
   r->npos = npos;
+  uint32_t lev = 1;
+  while (((int64_t)1 << lev) <= npos + 1) lev++;
+  r->nlev = lev;
+  r->lmax = kiln_malloc((size_t)lev * ((size_t)npos + 1) * sizeof *r->lmax);
+  if (r->lmax == NULL) {
+    kiln_free(ev);
+    return KILN_ENOMEM;
+  }
   r->over[0] = 0;
   int64_t q = 0;
   for (size_t i = 0; i < ne;) {
     int64_t pos = ev[i].pos;
-    for (; q < pos; q++) r->over[q + 1] = r->over[q] + ((uint64_t)live > r->budget);
+    for (; q < pos && q <= npos; q++) {
+      r->over[q + 1] = r->over[q] + ((uint64_t)live > (r->variant == 4 ? 0 : r->budget));
+      r->lmax[q] = live;
+    }
     for (; i < ne && ev[i].pos == pos; i++) live += ev[i].delta;
     if (live > best) best = live, at = pos;
   }
-  for (; q <= npos; q++) r->over[q + 1] = r->over[q] + ((uint64_t)live > r->budget);
+  for (; q <= npos; q++) {
+    r->over[q + 1] = r->over[q] + ((uint64_t)live > (r->variant == 4 ? 0 : r->budget));
+    r->lmax[q] = live;
+  }
+  size_t w = (size_t)npos + 1;
+  for (uint32_t k = 1; k < lev; k++)
+    for (size_t x = 0; x + ((size_t)1 << k) <= w; x++) {
+      int64_t a = r->lmax[(k - 1) * w + x], b = r->lmax[(k - 1) * w + x + ((size_t)1 << (k - 1))];
+      r->lmax[k * w + x] = a > b ? a : b;
+    }
   kiln_free(ev);
   r->peak = (uint64_t)best;
   r->qpos = at;
@@ -192,6 +223,10 @@ static int measure(rm *r) {
   kiln_free(scratch);
   if (rc) return rc;
   if ((rc = grow(r)) || (rc = find_peak(r))) return rc;
+  /* Per computation, and the module gains computations (uniquify above,
+   * cloned fusions): made again each step. */
+  kiln_free(r->impure);
+  if ((r->impure = kiln__impure_computations(m)) == NULL) return KILN_ENOMEM;
   const kiln_computation *c = m->comps[r->comp];
   size_t ni = m->ninstrs ? m->ninstrs : 1;
   r->n = c->ninstrs;
@@ -256,6 +291,39 @@ static uint64_t dead_bytes_at_peak(const rm *r, kiln_id x) {
     b += round_up(sl->size ? sl->size : 1, r->ba->alignment);
   }
   return b;
+}
+
+/* Most live bytes at positions a..b (inclusive; 0 when empty). */
+static int64_t live_max(const rm *r, int64_t a, int64_t b) {
+  if (a < 0) a = 0;
+  if (b > r->npos) b = r->npos;
+  if (a > b) return 0;
+  uint32_t k = 0;
+  while (((int64_t)2 << k) <= b - a + 1) k++;
+  size_t w = (size_t)r->npos + 1;
+  int64_t x = r->lmax[k * w + (size_t)a], y = r->lmax[k * w + (size_t)(b - ((int64_t)1 << k) + 1)];
+  return x > y ? x : y;
+}
+
+/* The bytes of x's temporaries. */
+static uint64_t temp_bytes(const rm *r, kiln_id x) {
+  uint32_t n;
+  const uint32_t *s = kiln_buffer_leaves(r->ba, x, &n);
+  uint64_t b = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (r->ba->slots[s[i]].kind == KILN_SLOT_TEMP)
+      b += round_up(r->ba->slots[s[i]].size ? r->ba->slots[s[i]].size : 1, r->ba->alignment);
+  return b;
+}
+
+/* What keeping x live from its last reader to index j costs: its bytes
+ * when that would raise some position there above the peak, else 0. */
+static uint64_t extend_cost(const rm *r, kiln_id x, uint32_t j) {
+  const kiln_computation *c = r->m->comps[r->comp];
+  if (r->last[x] >= j || j >= r->n) return 0;
+  int64_t a = r->ba->instr_pos[c->instrs[r->last[x]]] + 1, b = r->ba->instr_pos[c->instrs[j]] - 1;
+  uint64_t bytes = temp_bytes(r, x);
+  return (uint64_t)live_max(r, a, b) + bytes > r->peak ? bytes : 0;
 }
 
 /* The bytes x's own temporary gives back at the peak once nothing after
@@ -369,6 +437,7 @@ static void plan_operand(rm *r, kiln_id o, uint32_t j, int depth, uint64_t *byte
    * costs nothing at the peak. */
   if (after_peak != KILN_NO_ID) {
     subst(r, o, after_peak);
+    if (r->variant == 2) *bytes += extend_cost(r, after_peak, j);
     return;
   }
   if (later != KILN_NO_ID) {
@@ -380,9 +449,13 @@ static void plan_operand(rm *r, kiln_id o, uint32_t j, int depth, uint64_t *byte
     plan_undo(r, pm);
   }
   uint64_t keep = r->idx[o] < r->pidx ? dead_bytes_at_peak(r, o) : 0;
-  if (keep == 0) return; /* live at the peak already, or made after it: kept longer */
+  if (keep == 0) { /* live at the peak already, or made after it: kept longer */
+    if (r->variant == 2) *bytes += extend_cost(r, o, j);
+    return;
+  }
   const kiln_instr *ins = r->m->instrs[o];
-  if (depth < CHAIN_DEPTH && clonable(r, ins) && r->nclones < CHAIN_DEPTH * 64) {
+  if (depth < (r->variant == 3 ? 0 : CHAIN_DEPTH) && clonable(r, ins) &&
+      r->nclones < CHAIN_DEPTH * 64) {
     uint64_t b = 0;
     double f = 0;
     plan_mark pm = plan_save(r);
@@ -432,6 +505,7 @@ static bool weigh(rm *r, kiln_id v, choice *out) {
     }
   }
   if (j == UINT32_MAX || (early && !clonable(r, x))) return false;
+  if (!early && (r->flags[v] & F_MOVED)) return false;
   r->nmoves = r->nclones = r->nsubst = 0;
   uint64_t cost = 0;
   double flops = 0;
@@ -451,6 +525,7 @@ static bool weigh(rm *r, kiln_id v, choice *out) {
   double span = 1;
   if (from >= 0 && to > from + 1 && to <= r->npos) span = r->over[to] - r->over[from + 1];
   if (span < 1) span = 1;
+  if (r->variant == 1) span = 1;
   *out = (choice){v, j, early, live - cost, flops, (double)(live - cost) * span / (flops + 1)};
   return true;
 }
@@ -544,6 +619,7 @@ static int apply(rm *r, const choice *ch) {
   r->stats->extra_flops += ch->flops;
   r->stats->recomputed += r->nclones;
   r->stats->moved += !ch->clone;
+  if (!ch->clone) r->flags[ch->v] |= F_MOVED;
 out:
   kiln_free(sub);
   kiln_free(cl);
@@ -670,7 +746,7 @@ static void forward_tuples(rm *r) {
 }
 
 static void explain_choice(const rm *r, const choice *ch) {
-  struct kiln_sbuf *ex = kiln__pass_explain();
+  struct kiln_sbuf *ex = r->quiet ? NULL : kiln__pass_explain();
   if (ex == NULL) return;
   const kiln_computation *c = r->m->comps[r->comp];
   kiln_sbuf_printf(ex,
@@ -688,7 +764,8 @@ static int run(rm *r, uint64_t budget, kiln_remat_stats *stats) {
   if (r->peak <= budget) return 0;
   if ((rc = inline_calls(r))) return rc;
   forward_tuples(r);
-  if ((rc = measure(r))) return rc;
+  /* The tuples and elements nothing reads now would keep values live. */
+  if ((rc = kiln_pass_dce(r->m, r->ctx)) || (rc = measure(r))) return rc;
   uint64_t best = r->peak;
   uint32_t stall = 0;
   mark_flags(r);
@@ -712,8 +789,8 @@ static int run(rm *r, uint64_t budget, kiln_remat_stats *stats) {
       stall++;
     }
   }
-  stats->peak_after = r->peak;
-  struct kiln_sbuf *ex = kiln__pass_explain();
+  stats->peak_after = r->peak > budget ? best : r->peak;
+  struct kiln_sbuf *ex = r->quiet ? NULL : kiln__pass_explain();
   if (ex)
     kiln_sbuf_printf(ex,
                      "remat: budget %llu bytes: peak %llu -> %llu bytes of temporaries, %u values "
@@ -730,24 +807,70 @@ static int run(rm *r, uint64_t budget, kiln_remat_stats *stats) {
   return 0;
 }
 
-int kiln_pass_remat(kiln_module *m, const kiln_pass_ctx *ctx) {
-  kiln_remat_stats local = {0}, *stats = ctx->remat ? ctx->remat : &local;
+/* One run of the steps with weighing `variant` on m; *stats filled. */
+static int run_variant(kiln_module *m, const kiln_pass_ctx *ctx, int variant, bool quiet,
+                       kiln_remat_stats *stats, kiln_status *st) {
+  kiln_pass_ctx c = *ctx;
+  c.st = st;
   memset(stats, 0, sizeof *stats);
   stats->budget = ctx->memory_budget;
-  if (ctx->memory_budget == 0 || kiln_module_entry(m) == NULL) return 0;
-  rm r = {.m = m, .ctx = ctx, .stats = stats, .comp = m->entry, .budget = ctx->memory_budget};
-  r.impure = kiln__impure_computations(m);
-  int rc = r.impure ? run(&r, ctx->memory_budget, stats) : KILN_ENOMEM;
+  rm r = {.m = m,
+          .ctx = &c,
+          .stats = stats,
+          .comp = m->entry,
+          .budget = ctx->memory_budget,
+          .variant = variant,
+          .quiet = quiet};
+  int rc = run(&r, ctx->memory_budget, stats);
   const kiln_computation *e = kiln_module_entry(m);
   for (uint32_t i = 0; rc == 0 && i < e->ninstrs; i++) {
-    kiln_cost c;
-    kiln_cost_instr(m, m->instrs[e->instrs[i]], ctx->target, &c);
-    stats->flops += c.flops;
+    kiln_cost k;
+    kiln_cost_instr(m, m->instrs[e->instrs[i]], ctx->target, &k);
+    stats->flops += k.flops;
   }
   free_step(&r);
   kiln_free(r.impure);
   kiln_free(r.orig);
   kiln_free(r.flags);
-  if (rc && kiln_status_is_ok(ctx->st)) kiln_status_set(ctx->st, rc, "remat", "out of memory");
+  if (rc && kiln_status_is_ok(st)) kiln_status_set(st, rc, "remat", "out of memory");
   return rc;
+}
+
+/* The steps are greedy, and which weighing recomputes least differs from
+ * program to program: five are tried on copies of the module (bytes per
+ * flop over the over-budget positions a value spans; bytes at the peak
+ * per flop; the first, counting what keeping operands longer costs where
+ * that raises the peak; the first without chains of recomputed operands;
+ * bytes per flop over all the positions a value spans), and the one that meets the budget with the
+ * fewest extra flops (else reaches the lowest peak) runs on m. */
+#define NVARIANTS 5
+
+int kiln_pass_remat(kiln_module *m, const kiln_pass_ctx *ctx) {
+  kiln_remat_stats local = {0}, *stats = ctx->remat ? ctx->remat : &local;
+  memset(stats, 0, sizeof *stats);
+  stats->budget = ctx->memory_budget;
+  if (ctx->memory_budget == 0 || kiln_module_entry(m) == NULL) return 0;
+  int best = 0;
+  bool best_met = false;
+  kiln_remat_stats bs = {0};
+  for (int v = 0; v < NVARIANTS; v++) {
+    kiln_module *c = NULL;
+    if (kiln_module_clone(m, &c))
+      return kiln_status_set(ctx->st, KILN_ENOMEM, "remat", "out of memory");
+    kiln_status st;
+    kiln_status_clear(&st);
+    kiln_remat_stats s;
+    int rc = run_variant(c, ctx, v, true, &s, &st);
+    kiln_module_destroy(c);
+    if (rc && rc != KILN_ELIMIT) return kiln_status_set(ctx->st, rc, st.where, "%s", st.msg);
+    if (rc == 0 && s.recomputed + s.moved == 0) break; /* under the budget as it is */
+    bool better_v = v == 0 || (rc == 0 ? !best_met || s.extra_flops < bs.extra_flops
+                                       : !best_met && s.peak_after < bs.peak_after);
+    if (better_v) {
+      best = v;
+      best_met = rc == 0;
+      bs = s;
+    }
+  }
+  return run_variant(m, ctx, best, false, stats, ctx->st);
 }
