@@ -107,6 +107,8 @@ static const kiln__opt dot_opts[] = {
     {"target", 0, "NAME", false, "cpu code target the pipeline plans for (default cpu)"},
     {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
     {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
+    {"memory-budget", 0, "BYTES", false,
+     "draw the program as rematerialization leaves it under a budget of BYTES (K, M, G)"},
     {0},
 };
 

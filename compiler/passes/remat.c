@@ -5,8 +5,9 @@
  *
  * The measure is buffer assignment itself (the slots and live ranges it
  * would give the program now, with the scratch of GEMM epilogues and sorts),
- * so the peak this pass reaches is the peak the compiled program has. One
- * step:
+ * so the peak this pass reaches is the peak the compiled program has.
+ * First the ENTRY's calls of pure computations (jax.jit's nested jits) are
+ * inlined, so that their values are the ENTRY's too. Then, step by step:
  *  1. place the buffers, find the position of the peak and the ENTRY
  *     instruction P running there;
  *  2. among the values whose temporary is live at the peak, defined before
@@ -15,22 +16,26 @@
  *     just before its first later reader R. Its operands must be there at
  *     R: free (parameters, constants, outputs), live until R anyway, a copy
  *     of the same value made by an earlier step (kept until R, or moved up
- *     to it), computed
- *     again too (a chain, a few levels deep: a layer's activation from the
- *     previous layer's recomputed one) or, failing that, kept live longer,
- *     which costs their bytes at the peak;
- *  3. take the value with the most bytes saved per flop: a value with no
- *     reader before P is moved after the peak (no flops), the others are
- *     cloned before R and the readers after P read the clone.
+ *     to it), computed again too (a chain, a few levels deep: a layer's
+ *     activation from the previous layer's recomputed one) or, failing
+ *     that, kept live longer, which costs their bytes at the peak;
+ *  3. take the value with the most bytes saved per flop (weighted by the
+ *     positions over the budget that it spans): a value with no reader
+ *     before P is moved after the peak (no flops), the others are cloned
+ *     before R and the readers from R on read the clone.
  * Steps repeat until the peak fits, or no value saves anything at the
- * peak: then the budget is refused naming the smallest peak reached.
+ * peak (or the peak stops falling): then the budget is refused naming the
+ * smallest peak reached. The steps are greedy and the best weighing
+ * differs between programs: kiln_pass_remat tries five on copies of the
+ * module and keeps the one that meets the budget with the fewest flops.
  *
- * A value is computed at most once more (a clone is moved, never cloned
- * again), so the extra flops are at most one forward pass: what per-layer
- * checkpointing costs. It runs last, after CSE (which would merge the
- * clones back) and after the schedule it measures. Only pure instructions
- * of the ENTRY move (no side effect, randomness, collective, loop, call or
- * control edge); loop bodies keep their own order.
+ * A clone is never cloned again (it may move), and an earlier copy is kept
+ * or moved before an original is computed a third time, so the extra flops
+ * stay near one forward pass: what per-layer checkpointing costs. The pass
+ * runs last, after CSE (which would merge the clones back) and after the
+ * schedule it measures. Only pure instructions of the ENTRY move (no side
+ * effect, randomness, collective, loop or control edge); loop bodies keep
+ * their own order.
  *
  * Checkpoints: the values JAX passes through an optimization barrier
  * (jax.checkpoint's residuals, what its policy saved, e.g. the dots of

@@ -68,7 +68,8 @@ static kiln_module *pipelined(const kiln_module *m, uint64_t budget, kiln_remat_
                               int *rc_out, kiln_status *st) {
   kiln_module *c = NULL;
   ck_assert_int_eq(kiln_module_clone(m, &c), 0);
-  kiln_pipeline_options po = {.opt_level = 2, .memory_budget = budget, .remat = stats};
+  kiln_pipeline_options po = {
+      .opt_level = 2, .verify_each = true, .memory_budget = budget, .remat = stats};
   kiln_status_clear(st);
   *rc_out = kiln_pipeline_run(c, &po, NULL, NULL, st);
   return c;
