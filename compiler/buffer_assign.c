@@ -55,6 +55,7 @@ typedef struct ba_ctx {
   uint32_t nbodies;
   uint32_t *comp_seen;
   int64_t *wpos;       /* per while: position of the copies into its state; else -1 */
+  int64_t *ipos;       /* per instruction: the position it runs at; else -1 */
   uint32_t *out_group; /* per result leaf: a separate output group, or KILN_NO_SLOT */
   int64_t pos;
   uint64_t align;
@@ -528,6 +529,7 @@ static int visit(ba_ctx *b, uint32_t comp, kiln_id caller, bool is_entry) {
   for (uint32_t i = 0; i < c->ninstrs; i++) {
     const kiln_instr *ins = b->m->instrs[c->instrs[i]];
     int64_t start = ++b->pos;
+    b->ipos[ins->id] = start;
     int rc = visit_instr(b, ins, caller, is_entry);
     if (rc) return rc;
     if (is_entry && b->nleaves[ins->id]) {
@@ -797,7 +799,9 @@ out:
 /* One slot per group representative; constants get blob offsets. */
 static int make_slots(ba_ctx *b, kiln_buffer_assignment *ba) {
   ba->slots = kiln_arena_calloc(ba->arena, b->ng + 1, sizeof *ba->slots);
-  if (ba->slots == NULL) return oom(b);
+  ba->slot_def = kiln_arena_calloc(ba->arena, b->ng + 1, sizeof *ba->slot_def);
+  ba->slot_last = kiln_arena_calloc(ba->arena, b->ng + 1, sizeof *ba->slot_last);
+  if (ba->slots == NULL || ba->slot_def == NULL || ba->slot_last == NULL) return oom(b);
   uint64_t cbytes = 0;
   for (uint32_t i = 0; i < b->ng; i++) {
     if (find(b, i) != i) continue;
@@ -805,6 +809,8 @@ static int make_slots(ba_ctx *b, kiln_buffer_assignment *ba) {
     g->slot = ba->nslots++;
     kiln_slot *s = &ba->slots[g->slot];
     *s = (kiln_slot){.kind = g->kind, .index = g->index, .leaf = g->leaf, .size = g->size};
+    ba->slot_def[g->slot] = g->def;
+    ba->slot_last[g->slot] = g->last;
     if (g->kind == KILN_SLOT_CONSTANT) {
       s->offset = cbytes;
       cbytes += round_up(g->size, b->align);
@@ -835,7 +841,11 @@ static int finish(ba_ctx *b, kiln_buffer_assignment *ba) {
   ba->nleaves = kiln_arena_calloc(ba->arena, n, sizeof(uint32_t));
   ba->scratch_slot = kiln_arena_calloc(ba->arena, n, sizeof(uint32_t));
   ba->leaf_slots = kiln_arena_calloc(ba->arena, b->nlg + 1, sizeof(uint32_t));
-  if (!ba->leaf_start || !ba->nleaves || !ba->scratch_slot || !ba->leaf_slots) return oom(b);
+  ba->instr_pos = kiln_arena_calloc(ba->arena, n, sizeof(int64_t));
+  if (!ba->leaf_start || !ba->nleaves || !ba->scratch_slot || !ba->leaf_slots || !ba->instr_pos)
+    return oom(b);
+  memcpy(ba->instr_pos, b->ipos, m->ninstrs * sizeof(int64_t));
+  ba->alignment = b->align;
   memcpy(ba->leaf_start, b->lstart, m->ninstrs * sizeof(uint32_t));
   memcpy(ba->nleaves, b->nleaves, m->ninstrs * sizeof(uint32_t));
   for (size_t i = 0; i < b->nlg; i++) ba->leaf_slots[i] = b->g[b->lg[i]].slot;
@@ -872,16 +882,17 @@ int kiln_buffer_assign(const kiln_module *m, const kiln_buffer_options *o,
   b.bodies = kiln_malloc(n * sizeof *b.bodies);
   b.comp_seen = kiln_calloc(m->ncomps ? m->ncomps : 1, sizeof *b.comp_seen);
   b.wpos = kiln_malloc(n * sizeof *b.wpos);
+  b.ipos = kiln_malloc(n * sizeof *b.ipos);
   kiln_buffer_assignment *ba = kiln_calloc(1, sizeof *ba);
   int rc = 0;
-  if (!b.lstart || !b.nleaves || !b.scratch || !b.bodies || !b.comp_seen || !b.wpos || !ba ||
-      !(ba->arena = kiln_arena_create())) {
+  if (!b.lstart || !b.nleaves || !b.scratch || !b.bodies || !b.comp_seen || !b.wpos || !b.ipos ||
+      !ba || !(ba->arena = kiln_arena_create())) {
     rc = oom(&b);
     goto out;
   }
   memset(b.lstart, 0xff, n * sizeof *b.lstart);
   memset(b.scratch, 0xff, n * sizeof *b.scratch);
-  for (size_t i = 0; i < n; i++) b.wpos[i] = -1;
+  for (size_t i = 0; i < n; i++) b.wpos[i] = b.ipos[i] = -1;
   b.comp_seen[m->entry] = 1;
   rc = visit(&b, m->entry, KILN_NO_ID, true);
   if (rc) goto out;
@@ -905,6 +916,7 @@ out:
   kiln_free(b.bodies);
   kiln_free(b.comp_seen);
   kiln_free(b.wpos);
+  kiln_free(b.ipos);
   kiln_free(b.out_group);
   if (rc) {
     kiln_buffer_assignment_destroy(ba);

@@ -59,7 +59,17 @@ typedef struct kiln_buffer_assignment {
   uint64_t temp_bytes;     /* size of the temporary arena */
   uint64_t peak_bytes;     /* most temporary bytes live at one position */
   uint64_t constant_bytes; /* size of the constants blob */
-  kiln_arena *arena;       /* owns the arrays above */
+  /* Where the peak comes from, for passes that weigh memory (remat.c):
+   * per instruction id the position it runs at (-1 outside the program
+   * computations; a while, call or conditional spans the positions of its
+   * computations after its own), per slot the positions it is live at, from
+   * slot_def to slot_last inclusive (meaningful for temporaries). The live
+   * temporaries at a position are the temporary slots whose range holds it,
+   * each rounded up to `alignment`; peak_bytes is the most of them. */
+  int64_t *instr_pos;
+  int64_t *slot_def, *slot_last;
+  uint64_t alignment;
+  kiln_arena *arena; /* owns the arrays above */
 } kiln_buffer_assignment;
 
 /* Assigns buffers for module m (verified, every program computation run

@@ -58,7 +58,9 @@ static int run_pipeline(stage *s, const kiln_compile_options *o, const kiln_targ
                               .verify_each = o->verify_each,
                               .dump_dir = o->dump_dir,
                               .disabled = o->disabled,
-                              .ndisabled = o->ndisabled};
+                              .ndisabled = o->ndisabled,
+                              .memory_budget = o->memory_budget,
+                              .remat = &r->remat};
   double t0 = now_ms();
   r->npasses = KILN_COMPILE_MAX_PASSES;
   int rc = kiln_pipeline_run(s->m, &po, r->passes, &r->npasses, st);

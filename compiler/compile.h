@@ -47,6 +47,11 @@ typedef struct kiln_compile_options {
   /* Deepest nesting of called computations accepted (verify.h); 0: the
    * verifier's default. */
   uint32_t max_nesting;
+  /* The most bytes of temporaries live at once (the report's peak_bytes);
+   * 0: no limit. Over it, the remat pass recomputes values instead of
+   * keeping them; a budget it cannot reach is KILN_ELIMIT naming the
+   * smallest peak it reached. */
+  uint64_t memory_budget;
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {
@@ -63,8 +68,9 @@ typedef struct kiln_compile_report {
   uint64_t temp_bytes; /* temporary arena */
   uint64_t peak_bytes; /* peak live temporary bytes */
   uint32_t nkernels, nsteps;
-  size_t source_bytes; /* generated C */
-  size_t code_bytes;   /* shared object */
+  size_t source_bytes;    /* generated C */
+  size_t code_bytes;      /* shared object */
+  kiln_remat_stats remat; /* zero without a memory budget */
 } kiln_compile_report;
 
 /* The defaults: target "cpu", opt_level 2, the rest off. */

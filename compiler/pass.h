@@ -19,11 +19,28 @@
 extern "C" {
 #endif
 
+/* What rematerialization did (passes/remat.c); all zero when no budget
+ * was given. Bytes are the peak of live temporaries as buffer assignment
+ * places them (kiln_compile_report.peak_bytes). */
+typedef struct kiln_remat_stats {
+  uint64_t budget;      /* asked for */
+  uint64_t peak_before; /* before the pass */
+  uint64_t peak_after;  /* after it (<= budget, or the smallest reached) */
+  double extra_flops;   /* of the recomputed values (cost.h's count) */
+  double flops;         /* of the whole ENTRY after the pass (loops counted once) */
+  uint32_t recomputed;  /* values computed a second time */
+  uint32_t moved;       /* values computed later instead, at no cost */
+} kiln_remat_stats;
+
 typedef struct kiln_pass_ctx {
   const kiln_target *target;
   kiln_arena *scratch; /* freed after the pass */
   kiln_status *st;
   int opt_level;
+  /* The most bytes of temporaries the program may hold live at once; 0:
+   * no limit (remat does nothing). */
+  uint64_t memory_budget;
+  kiln_remat_stats *remat; /* NULL, or where remat reports */
 } kiln_pass_ctx;
 
 typedef int (*kiln_pass_fn)(kiln_module *m, const kiln_pass_ctx *ctx);
@@ -47,6 +64,8 @@ typedef struct kiln_pipeline_options {
    * kiln_pipeline_run makes it the running thread's kiln__pass_explain()
    * while it runs the passes. */
   struct kiln_sbuf *explain;
+  uint64_t memory_budget;  /* kiln_pass_ctx.memory_budget */
+  kiln_remat_stats *remat; /* kiln_pass_ctx.remat */
 } kiln_pipeline_options;
 
 typedef struct kiln_pass_timing {

@@ -25,6 +25,7 @@ static const kiln_pass passes[] = {
     {"fusion", kiln_pass_fusion, 1},
     {"layout", kiln_pass_layout, 1},
     {"schedule", kiln_pass_schedule, 0},
+    {"remat", kiln_pass_remat, 0}, /* last: it weighs the final schedule's memory */
 };
 
 const kiln_pass *kiln_pipeline_passes(uint32_t *n) {
@@ -100,7 +101,7 @@ int kiln_pipeline_run(kiln_module *m, const kiln_pipeline_options *opts, kiln_pa
     if (run) {
       kiln_arena *scratch = kiln_arena_create();
       if (scratch == NULL) return kiln_status_set(st, KILN_ENOMEM, p->name, "out of memory");
-      kiln_pass_ctx ctx = {o.target, scratch, st, o.opt_level};
+      kiln_pass_ctx ctx = {o.target, scratch, st, o.opt_level, o.memory_budget, o.remat};
       explain_to = o.explain;
       double t0 = now_ms();
       rc = p->run(m, &ctx);

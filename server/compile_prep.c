@@ -68,7 +68,7 @@ static int plan_backend(kilnd *srv, const Kiln__V1__CompileOptions *o, kilnd_com
 
 /* Fields of CompileOptions this server cannot honour yet: refused, naming
  * the field, rather than accepted and ignored (a client that asked for a
- * layout or a memory budget must not get a program without one). */
+ * layout must not get a program without one). */
 static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
                                   kiln_status *st) {
   /* One dump is honoured: the module right after the transforms, which a
@@ -84,9 +84,6 @@ static int plan_refuse_unhonoured(const Kiln__V1__CompileOptions *o, kilnd_compi
     return kiln_status_set(st, KILN_EUNIMPL, "options.argument_layouts",
                            "caller-chosen layouts are not supported yet (arguments and results "
                            "travel in row-major order)");
-  if (o->memory_budget_bytes)
-    return kiln_status_set(st, KILN_EUNIMPL, "options.memory_budget_bytes",
-                           "memory budgets are not supported yet (no rematerialization pass)");
   return 0;
 }
 
@@ -101,6 +98,11 @@ static int plan_refuse_interp_target(const Kiln__V1__CompileOptions *o, const ki
   if (o && o->return_executable)
     return kiln_status_set(st, KILN_EUNIMPL, "options.return_executable",
                            "the %s backend has no serialized executable", p->backend);
+  if (o && o->memory_budget_bytes > 0)
+    return kiln_status_set(st, KILN_EUNIMPL, "options.memory_budget_bytes",
+                           "the %s backend places no buffers, so it has no peak to bring under a "
+                           "budget (use the cpu or cuda backend)",
+                           p->backend);
   const char *t = o && o->target ? o->target : "";
   /* Naming the default (the host's CPU, in any spelling) asks for nothing. */
   const kiln_target *any;
@@ -142,6 +144,7 @@ static int plan_levels(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
                            o->device_count);
   if (o->memory_budget_bytes < 0)
     return kiln_status_set(st, KILN_EINVAL, "options.memory_budget_bytes", "is negative");
+  p->memory_budget = (uint64_t)o->memory_budget_bytes;
   if ((unsigned)o->cache_policy > KILN__V1__CACHE_POLICY__CACHE_POLICY_BYPASS)
     return kiln_status_set(st, KILN_EINVAL, "options.cache_policy", "%d is not a CachePolicy",
                            (int)o->cache_policy);

@@ -25,6 +25,7 @@ typedef struct kilnd_compile_plan {
   bool explicit_backend;     /* the request named it */
   const kiln_target *target; /* resolved (compiler/target.h); NULL: none (interp) */
   int opt_level;
+  uint64_t memory_budget; /* bytes of temporaries live at once; 0: none (remat) */
   uint32_t ndevices;
   kiln_transform *transforms; /* kiln_malloc'd, ntransforms */
   bool *drop_value;           /* per transform: grad without with_value */

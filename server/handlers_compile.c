@@ -274,6 +274,11 @@ static int make_key(job *j) {
 #endif
   if (j->plan.target) kiln_cache_code_target_text(j->plan.target->isa, code_id, target);
   kiln_cache_options_text(j->plan.opt_level, j->plan.ndevices, options);
+  /* A budget changes the code; without one the key stays what it was. */
+  size_t used = strlen(options);
+  if (j->plan.memory_budget && used < sizeof options)
+    snprintf(options + used, sizeof options - used, "memory_budget=%llu\n",
+             (unsigned long long)j->plan.memory_budget);
   kiln_cache_key_inputs in = {
       .backend = j->plan.backend, .target = j->plan.target ? target : NULL, .options = options};
   return kiln_cache_key_compute(j->m, &in, &j->key, &j->st);
@@ -329,6 +334,7 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
   o.verify_each = j->r->options && j->r->options->verify_each_pass;
   o.cc_timeout_s = time_left(j);
   o.max_nesting = KILN_VERIFY_MAX_NESTING; /* the input's was checked at load */
+  o.memory_budget = j->plan.memory_budget;
   o.progress = compiler_phase;
   o.progress_arg = j->progress;
   kiln_compile_report rep;
@@ -340,7 +346,10 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
     *peak = rep.peak_bytes;
     return 0;
   }
-  if (!j->plan.explicit_backend && (rc == KILN_EUNIMPL || rc == KILN_ENOTFOUND)) {
+  /* The interpreter has no budget to keep: a budgeted program does not
+   * fall back to it. */
+  if (!j->plan.explicit_backend && !j->plan.memory_budget &&
+      (rc == KILN_EUNIMPL || rc == KILN_ENOTFOUND)) {
     char msg[KILN_STATUS_MSG_MAX + 96];
     snprintf(msg, sizeof msg, "running on the interpreter: the cpu compiler refused: %s", st.msg);
     warn(j, msg);

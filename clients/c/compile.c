@@ -55,6 +55,10 @@ static int build_options(kiln_arena *a, const kiln_remote_compile_options *o,
   po->has_optimization_level = o->has_optimization_level;
   po->optimization_level = o->optimization_level;
   po->return_executable = o->return_executable;
+  if (o->memory_budget_bytes > INT64_MAX)
+    return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "memory_budget_bytes %llu is too large",
+                             (unsigned long long)o->memory_budget_bytes);
+  po->memory_budget_bytes = (int64_t)o->memory_budget_bytes;
   switch (o->cache_policy) {
   case KILN_REMOTE_CACHE_REFRESH:
     po->cache_policy = KILN__V1__CACHE_POLICY__CACHE_POLICY_REFRESH;

@@ -247,6 +247,12 @@ typedef struct kiln_remote_compile_options {
     void (*fn)(void *arg, const struct kiln_remote_progress *p);
     void *arg;
   } progress;
+  /* Appended (ABI): the most bytes of temporaries the program may hold
+   * live at once (kiln_remote_executable.peak_bytes); over it the server's
+   * compiler recomputes values instead of keeping them (rematerialization),
+   * and a budget it cannot reach fails with RESOURCE_EXHAUSTED naming the
+   * smallest peak it reached. 0: no budget. */
+  uint64_t memory_budget_bytes;
 } kiln_remote_compile_options;
 
 /* One input of a cache key and its SHA-256 (64 lowercase hex digits):

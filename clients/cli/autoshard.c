@@ -23,9 +23,9 @@ bool kiln__auto_shard_wanted(const kiln__args *a) {
 
 int kiln__auto_shard_check(const kiln__args *a) {
   const char *cmd = a->cmd->name;
-  if (!kiln__auto_shard_wanted(a) &&
-      (kiln__args_get(a, "mesh") || kiln__args_get(a, "memory-budget"))) {
-    fprintf(stderr, "kiln %s: --mesh and --memory-budget go with --auto-shard\n", cmd);
+  /* --memory-budget is also the rematerialization budget (copts.c). */
+  if (!kiln__auto_shard_wanted(a) && kiln__args_get(a, "mesh")) {
+    fprintf(stderr, "kiln %s: --mesh goes with --auto-shard\n", cmd);
     return KILN_EXIT_USAGE;
   }
   if (kiln__args_get(a, "auto-shard") && kiln__args_get(a, "partitions") == NULL) {

@@ -131,6 +131,9 @@ int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bo
  * one message both paths share and is KILN_EXIT_USAGE. */
 int kiln__backend_check(const char *cmd, const char *name, unsigned caps, bool remote);
 /* "0".."3" into *out; a usage error naming `cmd` otherwise. */
+/* --memory-budget BYTES (a positive integer, K/M/G for KiB/MiB/GiB);
+ * prints the usage error itself. */
+int kiln__memory_budget_parse(const char *cmd, const char *text, uint64_t *out);
 int kiln__opt_level_parse(const char *cmd, const char *text, int *out);
 /* A serialized executable: named *.kexe, or starting with the format's
  * magic (head may be NULL when the contents are not read yet). */

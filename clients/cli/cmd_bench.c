@@ -384,6 +384,14 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
   }
   printf(", \"run_us_median\": %.3f, \"run_us_p90\": %.3f, \"run_us_min\": %.3f", median,
          b->us[p90], b->us[0]);
+  if (compiled && co->memory_budget) {
+    const kiln_remat_stats *rs = &b->rep.remat;
+    printf(", \"remat\": {\"budget\": %" PRIu64 ", \"temp_peak_before\": %" PRIu64
+           ", \"temp_peak_after\": %" PRIu64 ", \"extra_flops\": %.0f, \"flops\": %.0f, "
+           "\"recomputed\": %u, \"moved\": %u}",
+           rs->budget, rs->peak_before, rs->peak_after, rs->extra_flops, rs->flops, rs->recomputed,
+           rs->moved);
+  }
   if (compiled && !b->partitions)
     printf(", \"peak_bytes\": %" PRIu64 ", \"temp_peak_bytes\": %" PRIu64
            ", \"temp_bytes\": %" PRIu64 ", \"param_bytes\": %" PRIu64 ", \"output_bytes\": %" PRIu64
@@ -426,7 +434,8 @@ int kiln__cmd_bench(const kiln__args *a) {
     char names[256];
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
     fprintf(stderr,
-            "kiln bench: --target, --opt-level, --disable-pass and --dump-dir need "
+            "kiln bench: --target, --opt-level, --disable-pass, --dump-dir and --memory-budget "
+            "need "
             "--backend %s\n",
             names);
     return KILN_EXIT_USAGE;

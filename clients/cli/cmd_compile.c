@@ -1,5 +1,7 @@
 /* kiln compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]
- * [--transform SPEC]... [-o OUT]: compile a module and say what came out.
+ * [--transform SPEC]... [--memory-budget BYTES] [-o OUT]: compile a module
+ * and say what came out (with a budget: the peak before and after
+ * rematerialization and the flops it added).
  *
  * Locally the module is loaded and verified as `kiln check` does, the
  * transforms are applied innermost first, and the native compiler
@@ -143,6 +145,9 @@ int kiln__cmd_compile(const kiln__args *a) {
     }
     o.opt_level = level[0] - '0';
   }
+  const char *budget = kiln__args_get(a, "memory-budget");
+  if (budget && kiln__memory_budget_parse("compile", budget, &o.memory_budget))
+    return KILN_EXIT_USAGE;
   kiln_module *m;
   int rc = kiln__module_load(file, true, &m);
   if (rc) return rc;
@@ -163,6 +168,12 @@ int kiln__cmd_compile(const kiln__args *a) {
   printf("peak %llu bytes of temporaries, %.3f ms (passes %.3f ms, %s %.3f ms)\n",
          (unsigned long long)rep.peak_bytes, rep.total_ms, rep.pipeline_ms,
          e->code_kind == KILN_CODE_CUBIN ? "NVRTC" : "C compiler", rep.cc_ms);
+  if (o.memory_budget)
+    printf("remat: budget %llu bytes: peak %llu -> %llu bytes of temporaries, %u values "
+           "recomputed (+%.0f flops), %u moved\n",
+           (unsigned long long)o.memory_budget, (unsigned long long)rep.remat.peak_before,
+           (unsigned long long)rep.remat.peak_after, rep.remat.recomputed, rep.remat.extra_flops,
+           rep.remat.moved);
   const char *out = kiln__args_get(a, "output");
   if (out) rc = write_executable(out, e);
   kiln_executable_destroy(e);

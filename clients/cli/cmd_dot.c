@@ -50,6 +50,7 @@ int kiln__cmd_dot(const kiln__args *a) {
     po.stop_after = after;
     po.disabled = co.disabled;
     po.ndisabled = co.ndisabled;
+    po.memory_budget = co.memory_budget;
     if (kiln_pipeline_run(m, &po, NULL, NULL, &st)) {
       kiln__report(file, m, &st);
       rc = kiln__exit_code(st.code);

@@ -1,6 +1,7 @@
 /* kiln explain FILE [--target T] [-O N] [--disable-pass NAME]...
- * [--transform SPEC]...: the compiler's fusion decisions with the cost
- * model's numbers.
+ * [--transform SPEC]... [--memory-budget BYTES]: the compiler's fusion
+ * decisions with the cost model's numbers, and rematerialization's under a
+ * budget (compiler/passes/remat.c).
  *
  * The pass pipeline runs as kiln_compile runs it, with kiln_pass_ctx.explain
  * set: fusion writes, per computation, each group it starts (its kind and
@@ -52,8 +53,12 @@ int kiln__cmd_explain(const kiln__args *a) {
   po.opt_level = co.opt_level;
   po.disabled = co.disabled;
   po.ndisabled = co.ndisabled;
+  po.memory_budget = co.memory_budget;
   po.explain = &text;
   if (kiln_pipeline_run(m, &po, NULL, NULL, &st)) {
+    /* What the passes decided up to the failure (a budget remat cannot
+     * meet: the steps it took) still explains it. */
+    if (!kiln_sbuf_failed(&text)) fwrite(kiln_sbuf_str(&text), 1, text.len, stdout);
     kiln__report(file, m, &st);
     rc = kiln__exit_code(st.code);
     kiln_sbuf_free(&text);

@@ -262,7 +262,8 @@ static int check_options(const kiln__args *a, run_setup *r) {
   if (r->compile_given && !r->compiled) {
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
     fprintf(stderr,
-            "kiln run: --target, --opt-level, --disable-pass and --dump-dir need "
+            "kiln run: --target, --opt-level, --disable-pass, --dump-dir and --memory-budget "
+            "need "
             "--backend %s\n",
             names);
     return KILN_EXIT_USAGE;

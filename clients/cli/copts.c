@@ -1,13 +1,16 @@
-/* Compiler options from the command line, shared by run, dot and bench:
- * --target NAME, --opt-level N, --disable-pass NAME (repeatable) and
- * --dump-dir DIR, each read only when the command's option table has it.
+/* Compiler options from the command line, shared by run, dot, explain and
+ * bench: --target NAME, --opt-level N, --disable-pass NAME (repeatable),
+ * --dump-dir DIR and --memory-budget BYTES, each read only when the
+ * command's option table has it.
  *
  * Every value is checked against the compiler's own tables (kiln_target_resolve,
  * kiln_pipeline_find) before anything is loaded, so a misspelt pass or
  * target is a usage error that lists the valid names rather than an option
  * the compiler would silently ignore.
  */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "clients/cli/cli.h"
@@ -30,6 +33,30 @@ int kiln__opt_level_parse(const char *cmd, const char *text, int *out) {
     return KILN_EXIT_USAGE;
   }
   *out = text[0] - '0';
+  return KILN_EXIT_OK;
+}
+
+int kiln__memory_budget_parse(const char *cmd, const char *text, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = text[0] >= '0' && text[0] <= '9' ? strtoull(text, &end, 10) : 0;
+  unsigned shift = 0;
+  if (v && errno == 0) {
+    if (*end == 'K' || *end == 'k')
+      shift = 10, end++;
+    else if (*end == 'M' || *end == 'm')
+      shift = 20, end++;
+    else if (*end == 'G' || *end == 'g')
+      shift = 30, end++;
+  }
+  if (v == 0 || errno || *end || v > (UINT64_C(1) << 62) >> shift) {
+    fprintf(stderr,
+            "kiln %s: --memory-budget needs a positive number of bytes (K, M or G for KiB, MiB, "
+            "GiB), not '%s'\n",
+            cmd, text);
+    return KILN_EXIT_USAGE;
+  }
+  *out = (uint64_t)v << shift;
   return KILN_EXIT_OK;
 }
 
@@ -74,6 +101,11 @@ int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bo
   o->ndisabled = (uint32_t)n;
   o->dump_dir = kiln__args_get(a, "dump-dir");
   if (o->dump_dir) *given = true;
+  const char *budget = kiln__args_get(a, "memory-budget");
+  if (budget) {
+    *given = true;
+    if ((rc = kiln__memory_budget_parse(cmd, budget, &o->memory_budget))) goto out;
+  }
 out:
   kiln_sbuf_free(&names);
   return rc;

@@ -34,13 +34,10 @@
   {"auto-shard", 0, NULL, false, \
    "with --partitions P: choose shardings for the module (its own annotations stay) by an " \
    "integer program over the modelled per-device cost, and print that cost"}, \
-      {"mesh", 0, "AxB", false, \
-       "with --auto-shard: the device mesh the shardings split along (default: one axis of " \
-       "P)"}, \
   { \
-    "memory-budget", 0, "BYTES", false, \
-        "with --auto-shard: bytes per device the parameters and live values may take " \
-        "(suffix K, M or G)" \
+    "mesh", 0, "AxB", false, \
+        "with --auto-shard: the device mesh the shardings split along (default: one axis of " \
+        "P); --memory-budget also bounds the bytes per device of its plan" \
   }
 
 static const kiln__opt check_opts[] = {
@@ -89,6 +86,9 @@ static const kiln__opt run_opts[] = {
     {"disable-pass", 0, "NAME", true, "cpu: switch compiler pass NAME off"},
     {"dump-dir", 0, "DIR", false,
      "cpu: write the module after each pass (NN-pass.hlo, .dot) and the generated C into DIR"},
+    {"memory-budget", 0, "BYTES", false,
+     "cpu: hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {"replicas", 0, "R", false,
      "run a per-device program on R x P devices (default: the module's replica_count, else 1)"},
     {"partitions", 0, "P", false,
@@ -105,6 +105,9 @@ static const kiln__opt explain_opts[] = {
     {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
     {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
     {"transform", 0, "SPEC", true, "apply a function transform first, innermost first"},
+    {"memory-budget", 0, "BYTES", false,
+     "hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {0},
 };
 
@@ -116,6 +119,8 @@ static const kiln__opt dot_opts[] = {
     {"target", 0, "NAME", false, "cpu code target the pipeline plans for (default cpu)"},
     {"opt-level", 'O', "N", false, "optimization level 0-3 (default 2)"},
     {"disable-pass", 0, "NAME", true, "switch compiler pass NAME off"},
+    {"memory-budget", 0, "BYTES", false,
+     "draw the program as rematerialization leaves it under a budget of BYTES (K, M, G)"},
     {0},
 };
 
@@ -140,6 +145,9 @@ static const kiln__opt bench_opts[] = {
     {"profile", 0, NULL, false,
      "time every fused kernel, GEMM and convolution step; print a table on stderr"},
     {"trace", 0, "FILE", false, "write the last timed run as Chrome trace JSON (Perfetto)"},
+    {"memory-budget", 0, "BYTES", false,
+     "cpu: hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
@@ -160,6 +168,9 @@ static const kiln__opt compile_opts[] = {
      "apply a function transform, innermost first: grad, grad:wrt=0,1, vjp, jvp, vmap, "
      "vmap:in_axes=0,none, checkpoint"},
     {"output", 'o', "OUT", false, "write the serialized executable to OUT"},
+    {"memory-budget", 0, "BYTES", false,
+     "hold at most BYTES of temporaries live at once (K, M, G suffixes: KiB, MiB, GiB), "
+     "recomputing values instead of keeping them; unreachable: exit 1 naming the smallest peak"},
     {"progress", 0, NULL, false,
      "--server: print the server's phases on stderr, one line each (on a terminal they are "
      "shown on one updating line without this flag)"},
@@ -233,7 +244,7 @@ static const kiln__cmd commands[] = {
      "run FILE [--backend interp|cpu] [--arg ARG]... [--random-args SEED] [--out DIR]\n"
      "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
      "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
-     "         [--replicas R] [--partitions P] [--device-args K FILES]...",
+     "         [--memory-budget BYTES] [--replicas R] [--partitions P] [--device-args K FILES]...",
      "run a module's ENTRY computation",
      "Verifies FILE and runs its ENTRY computation. Arguments are given in parameter order;\n"
      "their number and shapes must match the parameters (layouts are ignored). An .npy\n"
@@ -273,8 +284,8 @@ static const kiln__cmd commands[] = {
      run_opts, 1, 1, kiln__cmd_run, kiln__remote_run},
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
-     "         [--transform SPEC]... [-o OUT] [--partitions P [--dump-dir DIR]]\n"
-     "         [--auto-shard [--mesh AxB] [--memory-budget BYTES]]",
+     "         [--transform SPEC]... [--memory-budget BYTES] [-o OUT]\n"
+     "         [--partitions P [--dump-dir DIR]] [--auto-shard [--mesh AxB]]",
      "compile a module to an executable",
      "Verifies FILE, applies the transforms (innermost first) and compiles it. Locally the\n"
      "native CPU compiler runs in process and a summary is printed (kernels, code size,\n"
@@ -284,7 +295,12 @@ static const kiln__cmd commands[] = {
      "shardings is partitioned first (one program per device, driven by partition-id) and\n"
      "the collectives inserted are reported: count and bytes per device per run, by kind.\n"
      "--auto-shard (and -O 3 with --partitions) first chooses the shardings the module\n"
-     "does not carry (docs/spmd.md) and prints the plan's modelled cost.\n",
+     "does not carry (docs/spmd.md), within --memory-budget per device when given, and\n"
+     "prints the plan's modelled cost.\n"
+     "With --memory-budget BYTES the compiler recomputes values rather than keep them live\n"
+     "until the peak of live temporaries fits (rematerialization) and prints the peak\n"
+     "before and after and the flops added; a budget it cannot reach exits 1 naming the\n"
+     "smallest peak it reached.\n",
      compile_opts, 1, 1, kiln__cmd_compile, NULL},
     {"dot", "dot FILE [--after PASS] [-o OUT] [-O N] [--target T] [--disable-pass NAME]...",
      "draw a module as a Graphviz graph",
@@ -292,18 +308,23 @@ static const kiln__cmd commands[] = {
      "'kiln run --backend cpu' would, verifying after every pass) and prints the module as\n"
      "Graphviz DOT, one cluster per computation. Render it with 'dot -Tsvg'.\n",
      dot_opts, 1, 1, kiln__cmd_dot, NULL},
-    {"explain", "explain FILE [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...",
+    {"explain",
+     "explain FILE [--target T] [-O N] [--disable-pass NAME]... [--transform SPEC]...\n"
+     "         [--memory-budget BYTES]",
      "print the fusion decisions with the cost model's numbers",
      "Runs the compiler's pass pipeline on FILE as 'kiln compile' would and prints what\n"
      "fusion decided and why: per computation each group it starts, each producer it\n"
      "weighs (+ joins, - stays out) with the roofline cost fused against the cost apart,\n"
-     "each sibling merge it weighs, and each fusion it writes with its members and cost.\n",
+     "each sibling merge it weighs, and each fusion it writes with its members and cost.\n"
+     "With --memory-budget, each value rematerialization recomputes or moves, at which\n"
+     "peak, with the bytes it takes off the peak and its flops, then the peak before and\n"
+     "after.\n",
      explain_opts, 1, 1, kiln__cmd_explain, NULL},
     {"bench",
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--arg ARG]...\n"
-     "         [--random-args SEED] [--target T] [-O N] [--disable-pass NAME]... [--transform "
-     "SPEC]...\n"
-     "         [--partitions P [--auto-shard [--mesh AxB] [--memory-budget BYTES]]]",
+     "         [--random-args SEED] [--target T] [-O N] [--disable-pass NAME]...\n"
+     "         [--transform SPEC]... [--memory-budget BYTES]\n"
+     "         [--partitions P [--auto-shard [--mesh AxB]]]",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on the --arg values, pseudo-random arguments for\n"
      "the parameters not given, then prints one JSON\n"
@@ -312,7 +333,9 @@ static const kiln__cmd commands[] = {
      "most memory a run holds at once (parameters, outputs and the peak of live\n"
      "temporaries), with its parts. On cpu a run is one execution on device buffers that\n"
      "already hold the arguments (\"mode\": \"buffers\"); on interp one interpreter run,\n"
-     "whose memory is not accounted (peak_bytes null).\n",
+     "whose memory is not accounted (peak_bytes null). With --memory-budget the object\n"
+     "gains \"remat\": the budget, temp_peak_before and temp_peak_after, extra_flops,\n"
+     "flops (the program's, after), recomputed and moved.\n",
      bench_opts, 1, 1, kiln__cmd_bench, kiln__remote_bench},
     {"stats", "stats --server HOST:PORT [--counters]", "show a server's counters",
      "Prints the server's version and uptime, compiles and cache hits, executions, live\n"

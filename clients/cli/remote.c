@@ -275,7 +275,8 @@ static void print_signature(const kiln_remote_executable *e) {
   kiln_sbuf_free(&b);
 }
 
-/* Fills compile options from --backend, --target, -O and --transform. */
+/* Fills compile options from --backend, --target, -O, --memory-budget and
+ * --transform. */
 static int remote_compile_options(const kiln__args *a, kiln_remote_compile_options *o) {
   memset(o, 0, sizeof *o);
   int rc = backend_ok(a, &o->backend);
@@ -290,6 +291,9 @@ static int remote_compile_options(const kiln__args *a, kiln_remote_compile_optio
     o->has_optimization_level = true;
     o->optimization_level = level[0] - '0';
   }
+  const char *budget = kiln__args_get(a, "memory-budget");
+  if (budget && kiln__memory_budget_parse(a->cmd->name, budget, &o->memory_budget_bytes))
+    return KILN_EXIT_USAGE;
   int n;
   const char **specs = kiln__args_all(a, "transform", &n);
   o->transforms = specs;

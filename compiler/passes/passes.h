@@ -14,5 +14,6 @@ int kiln_pass_dot_canon(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_fusion(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_layout(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_schedule(kiln_module *m, const kiln_pass_ctx *ctx);
+int kiln_pass_remat(kiln_module *m, const kiln_pass_ctx *ctx);
 
 #endif /* KILN_COMPILER_PASSES_PASSES_H */

@@ -360,7 +360,7 @@ static int apply_one(kiln_module *m, const kiln_transform *t, const kiln_transfo
     m->naliases = 0;
     m->has_aliases = false;
     const kiln_pass *dce = kiln_pipeline_find("dce");
-    kiln_pass_ctx ctx = {kiln_target_default(), tx.scratch, st, 2};
+    kiln_pass_ctx ctx = {kiln_target_default(), tx.scratch, st, 2, 0, NULL};
     if (dce) rc = dce->run(m, &ctx);
     if (rc == 0 && stats && (t->kind == KILN_TRANSFORM_VJP || t->kind == KILN_TRANSFORM_GRAD)) {
       memset(stats, 0, sizeof *stats);

@@ -162,7 +162,8 @@ def wire_schema_checks(stub, md, kiln_pb2, hlo_pb2, literal, array):
     refused("dump_after_passes", "options.dump_after_passes", dump_after_passes=["*"])
     refused("argument_layouts", "options.argument_layouts",
             argument_layouts=hlo_pb2.ProgramShape())
-    refused("memory_budget_bytes", "options.memory_budget_bytes", memory_budget_bytes=1 << 20)
+    refused("interp memory_budget_bytes", "options.memory_budget_bytes", backend="interp",
+            memory_budget_bytes=1 << 20)
     refused("interp target", "options.target", backend="interp", target="x86-64-v3")
     refused("interp return_executable", "options.return_executable", backend="interp",
             return_executable=True)

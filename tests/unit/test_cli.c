@@ -221,7 +221,8 @@ START_TEST(test_usage_errors) {
          "DIR]\n"
          "         [--timeout SECONDS] [--max-iterations N] [--transform SPEC]...\n"
          "         [--target T] [-O N] [--disable-pass NAME]... [--dump-dir DIR]\n"
-         "         [--replicas R] [--partitions P] [--device-args K FILES]...\n"
+         "         [--memory-budget BYTES] [--replicas R] [--partitions P] [--device-args K "
+         "FILES]...\n"
          "Run 'kiln help run' for details.\n");
   result_free(&r);
   r = run("check", NULL);
@@ -946,7 +947,8 @@ START_TEST(test_run_cpu_errors) {
   result_free(&r);
   r = run("run", f, "--target", "cpu", "--random-args", "1", NULL);
   EXPECT(r, 2, "",
-         "kiln run: --target, --opt-level, --disable-pass and --dump-dir need --backend cpu\n");
+         "kiln run: --target, --opt-level, --disable-pass, --dump-dir and --memory-budget need "
+         "--backend cpu\n");
   result_free(&r);
   /* an op the cpu backend refuses: exit 1, naming the instruction */
   const char *g = write_file("chol.hlo", "HloModule f\n"
@@ -1238,6 +1240,42 @@ START_TEST(test_dot) {
 END_TEST
 
 /* One JSON object on one line, with the promised fields. */
+/* --memory-budget: the remat line of kiln compile, the remat record of the
+ * bench JSON, a budget no schedule meets (exit 1 naming the smallest peak)
+ * and a malformed one (usage). */
+START_TEST(test_memory_budget) {
+  const char *f = write_file("mixed.hlo", mixed_module);
+  result r = run("compile", f, "--memory-budget", "1G", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "remat: budget 1073741824 bytes: peak ") != NULL, "%s", r.out);
+  ck_assert_ptr_nonnull(strstr(r.out, " 0 values recomputed (+0 flops), 0 moved\n"));
+  result_free(&r);
+  r = run("bench", f, "--iters", "1", "--memory-budget", "64K", NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_msg(strstr(r.out, "\"remat\": {\"budget\": 65536, \"temp_peak_before\": ") != NULL,
+                "%s", r.out);
+  result_free(&r);
+  const char *g = write_file("dots.hlo", "HloModule dots\n"
+                                         "ENTRY main {\n"
+                                         "  x = f32[4,4] parameter(0)\n"
+                                         "  d = f32[4,4] dot(x, x), lhs_contracting_dims={1}, "
+                                         "rhs_contracting_dims={0}\n"
+                                         "  ROOT e = f32[4,4] dot(d, x), lhs_contracting_dims={1}, "
+                                         "rhs_contracting_dims={0}\n"
+                                         "}\n");
+  r = run("compile", g, "--memory-budget", "1", NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_msg(strstr(r.err, "error: memory_budget: a peak of ") != NULL, "%s", r.err);
+  ck_assert_ptr_nonnull(strstr(r.err, "bytes at the least"));
+  result_free(&r);
+  r = run("compile", f, "--memory-budget", "12x", NULL);
+  EXPECT(r, 2, "",
+         "kiln compile: --memory-budget needs a positive number of bytes (K, M or G for KiB, MiB, "
+         "GiB), not '12x'\n");
+  result_free(&r);
+}
+END_TEST
+
 START_TEST(test_bench) {
   const char *f = write_file("mixed.hlo", mixed_module);
   result r = run("bench", f, "--iters", "3", "--random-args", "2", NULL);
@@ -1324,6 +1362,7 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_dot);
   tcase_add_test(tc, test_explain);
   tcase_add_test(tc, test_bench);
+  tcase_add_test(tc, test_memory_budget);
   suite_add_tcase(s, tc);
   return s;
 }

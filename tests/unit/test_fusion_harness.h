@@ -58,7 +58,7 @@ static inline void fh_run_pass(kiln_module *m, kiln_pass_fn fn, const char *name
   kiln_status_clear(&st);
   kiln_arena *a = kiln_arena_create();
   ck_assert(a != NULL);
-  kiln_pass_ctx ctx = {t ? t : kiln_target_default(), a, &st, opt_level};
+  kiln_pass_ctx ctx = {t ? t : kiln_target_default(), a, &st, opt_level, 0, NULL};
   int rc = fn(m, &ctx);
   kiln_arena_destroy(a);
   ck_assert_msg(rc == 0, "pass %s failed: %s: %s", name, st.where, st.msg);

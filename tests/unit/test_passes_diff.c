@@ -133,7 +133,7 @@ static void apply(kiln_module *m, const char *seq, const char *what) {
     kiln_status st;
     kiln_status_clear(&st);
     kiln_arena *scratch = kiln_arena_create();
-    kiln_pass_ctx ctx = {kiln_target_default(), scratch, &st, 2};
+    kiln_pass_ctx ctx = {kiln_target_default(), scratch, &st, 2, 0, NULL};
     int rc = p->run(m, &ctx);
     kiln_arena_destroy(scratch);
     ck_assert_msg(rc == 0, "%s: %s failed: %s: %s", what, name, st.where, st.msg);
@@ -455,7 +455,7 @@ static double time_passes(int n, const char *name) {
   ck_assert_msg(kiln_module_parse_text(text, strlen(text), "big", NULL, &m, &st) == 0, "%s",
                 st.msg);
   const kiln_pass *p = kiln_pipeline_find(name);
-  kiln_pass_ctx ctx = {kiln_target_default(), NULL, &st, 2};
+  kiln_pass_ctx ctx = {kiln_target_default(), NULL, &st, 2, 0, NULL};
   double t0 = now();
   ck_assert_int_eq(p->run(m, &ctx), 0);
   double t = now() - t0;

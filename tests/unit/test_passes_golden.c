@@ -45,7 +45,7 @@ static void run_passes(kiln_module *m, const char *seq, const char *file) {
     kiln_status st;
     kiln_status_clear(&st);
     kiln_arena *scratch = kiln_arena_create();
-    kiln_pass_ctx ctx = {kiln_target_default(), scratch, &st, 2};
+    kiln_pass_ctx ctx = {kiln_target_default(), scratch, &st, 2, 0, NULL};
     int rc = p->run(m, &ctx);
     kiln_arena_destroy(scratch);
     ck_assert_msg(rc == 0, "%s: pass %s failed: %s: %s", file, name, st.where, st.msg);

@@ -93,7 +93,7 @@ START_TEST(test_dce_keeps_side_effects) {
       "}\n");
   kiln_status st;
   kiln_status_clear(&st);
-  kiln_pass_ctx ctx = {kiln_target_default(), NULL, &st, 2};
+  kiln_pass_ctx ctx = {kiln_target_default(), NULL, &st, 2, 0, NULL};
   ck_assert_int_eq(kiln_pipeline_find("dce")->run(m, &ctx), 0);
   char *txt = print(m);
   ck_assert_ptr_nonnull(strstr(txt, "outfeed"));

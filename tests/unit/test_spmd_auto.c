@@ -583,7 +583,7 @@ START_TEST(test_cli) {
     return;
   }
   ck_assert_int_eq(rc, 2);
-  ck_assert_ptr_nonnull(strstr(out, "--mesh and --memory-budget go with --auto-shard"));
+  ck_assert_ptr_nonnull(strstr(out, "--mesh goes with --auto-shard"));
   snprintf(args, sizeof args, "compile %s --auto-shard", file);
   ck_assert_int_eq(kiln_cli(args, out, sizeof out), 2);
   ck_assert_ptr_nonnull(strstr(out, "--auto-shard needs --partitions P"));
