@@ -233,6 +233,8 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *   krh    kround for f16: emin -14, 10 bits, maxv 65504, quantum 2^-24.
  *   krb    kround for bf16: emin -126, 7 bits, maxv 0x1.fep127, quantum
  *          2^-133.
+ *   krbf   krb of an f32, in f32 and branch-free (so convert loops
+ *          vectorize): the same value; a NaN stays a NaN of its sign.
  *   kd2h   an f16 value (a result of krh or kh2d) -> its binary16 bits; the
  *          mantissa is truncated, so x must already be representable; any
  *          NaN -> sign | 0x7e00; |x| >= 2^16 -> sign | infinity.
@@ -332,6 +334,7 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(kround, "double kround(double x, int emin, int mb, double maxv, double up, double down)") \
   X(krh, "double krh(double x)") \
   X(krb, "double krb(double x)") \
+  X(krbf, "float krbf(float x)") \
   X(kd2h, "uint16_t kd2h(double x)") \
   X(kd2b, "uint16_t kd2b(double x)") \
   X(ktot, "int64_t ktot(double x)") \

@@ -373,6 +373,10 @@ int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char 
     }
     return 0;
   }
+  if (from == KILN_F32 && to == KILN_BF16) {
+    snprintf(dst, n, "(double)krbf(%s)", a); /* krb((double)a), vectorizable */
+    return 0;
+  }
   snprintf(e, sizeof e, "(double)%s", a);
   fround(to, e, dst, n);
   (void)ins;

@@ -42,6 +42,16 @@
     "}\n" \
     "KI double krh(double x) { return kround(x, -14, 10, 65504.0, 0x1p24, 0x1p-24); }\n" \
     "KI double krb(double x) { return kround(x, -126, 7, 0x1.fep127, 0x1p133, 0x1p-133); }\n" \
+    /* An f32 to its nearest bf16 (ties to even), branch-free so a convert loop \
+     * vectorizes: the same value as krb((double)x), f32 subnormals included \
+     * (bf16's quantum there is 2^-133, bit 16 of the f32's), overflow carrying \
+     * into infinity; a NaN stays a NaN of its sign. */ \
+    "KI float krbf(float x) {\n" \
+    "  uint32_t u = kf32bits(x);\n" \
+    "  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;\n" \
+    "  uint32_t q = (u | 0x00400000u) & 0xffff0000u;\n" \
+    "  return kbf32((u & 0x7fffffffu) > 0x7f800000u ? q : r);\n" \
+    "}\n" \
     "KI uint16_t kd2h(double x) {\n" \
     "  uint64_t b = kf64bits(x), a = b & 0x7fffffffffffffffull;\n" \
     "  uint16_t s = (uint16_t)((b >> 48) & 0x8000u);\n" \

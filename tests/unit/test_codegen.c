@@ -1258,6 +1258,53 @@ START_TEST(f32_math_ulp_bounds) {
 }
 END_TEST
 
+/* f32 -> bf16 converts (krbf, branch-free) against the interpreter, bit for
+ * bit: for every bf16 value the f32s at its rounding boundaries (low half
+ * 0x7fff, 0x8000, 0x8001, and 0 and 0xffff), so every tie, every carry into
+ * the exponent, f32 subnormals, overflow to infinity and NaNs of both
+ * signs (a NaN only needs to stay a NaN of its sign). */
+START_TEST(bf16_convert_rounding) {
+  static const uint32_t lows[] = {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu};
+  int64_t n = 65536 * 5;
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b,
+                   "HloModule bf\nENTRY main {\n  a = f32[%lld] parameter(0)\n"
+                   "  ROOT r = bf16[%lld] convert(a)\n}\n",
+                   (long long)n, (long long)n);
+  kiln_module *m = cg_parse(kiln_sbuf_str(&b));
+  kiln_executable *e = cg_compile(m, 0);
+  kiln_literal *arg = NULL, *got = NULL, *want = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_literal_create(NULL,
+                                       &kiln_computation_param(m, kiln_module_entry(m), 0)->shape,
+                                       0, &arg, &st),
+                   0);
+  uint32_t *in = arg->data;
+  for (uint32_t hi = 0; hi < 65536; hi++)
+    for (int k = 0; k < 5; k++) in[hi * 5 + (uint32_t)k] = hi << 16 | lows[k];
+  cg_execute(e, &arg, &got);
+  ck_assert_int_eq(kiln_interp_run(m, (const kiln_literal *const *)&arg, 1, NULL, &want, &st), 0);
+  const uint16_t *g = got->data, *w = want->data;
+  for (int64_t i = 0; i < n; i++) {
+    bool gnan = (g[i] & 0x7f80u) == 0x7f80u && (g[i] & 0x7fu);
+    bool wnan = (w[i] & 0x7f80u) == 0x7f80u && (w[i] & 0x7fu);
+    if (wnan) {
+      ck_assert_msg(gnan && (g[i] & 0x8000u) == (w[i] & 0x8000u), "%08x: %04x, want a NaN %04x",
+                    in[i], g[i], w[i]);
+      continue;
+    }
+    ck_assert_msg(g[i] == w[i], "f32 %08x -> bf16 %04x, the interpreter %04x", in[i], g[i], w[i]);
+  }
+  kiln_literal_destroy(arg);
+  kiln_literal_destroy(got);
+  kiln_literal_destroy(want);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+  kiln_sbuf_free(&b);
+}
+END_TEST
+
 /* ---- the prelude contract ----------------------------------------------- */
 
 static bool listed(const char *name, size_t n) {
@@ -1526,6 +1573,7 @@ int main(void) {
   tcase_add_loop_test(tc, convert_every_pair, 0, 13);
   tcase_add_test(tc, bitcast_convert_same_width);
   tcase_add_test(tc, f32_math_ulp_bounds);
+  tcase_add_test(tc, bf16_convert_rounding);
   tcase_add_test(tc, integer_edges_exact);
   tcase_add_test(tc, movement_ops);
   tcase_add_test(tc, layouts_honoured);
