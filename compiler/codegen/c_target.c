@@ -36,11 +36,16 @@ static const char prelude[] =
     "}\n"
     /* |z| of a c64 value (float parts): the squares are exact in double and
      * cannot overflow, so one rounding each for the sum and the root, then
-     * to float; cabs (hypot) costs ten times more */
+     * to float; cabs (hypot) costs ten times more. An infinite part gives
+     * infinity (a NaN other part too), chosen with integer masks: a branch
+     * or a floating-point select keeps GCC from vectorizing the loop under
+     * -ftrapping-math. */
     "KI double kc64abs(double _Complex z) {\n"
     "  double re = creal(z), im = cimag(z);\n"
-    "  if (isinf(re) || isinf(im)) return INFINITY;\n"
-    "  return sqrt(re * re + im * im);\n"
+    "  float r = (float)sqrt(re * re + im * im);\n"
+    "  uint32_t a = kf32bits((float)re) & 0x7fffffffu, b = kf32bits((float)im) & 0x7fffffffu;\n"
+    "  uint32_t m = 0u - (uint32_t)((a == 0x7f800000u) | (b == 0x7f800000u));\n"
+    "  return kbf32((kf32bits(r) & ~m) | (0x7f800000u & m));\n"
     "}\n"
     "\n";
 

@@ -132,7 +132,7 @@ typedef struct fplan {
  * done V columns at a time through a transposed scratch block. */
 typedef struct col_pass {
   int64_t n, inner, outer;
-  int64_t v, vtail; /* columns of a block, and of the last block of a row (0: as v) */
+  int64_t v, vtail;       /* columns of a block, and of the last block of a row (0: as v) */
   void *plan, *plan_tail; /* v (vtail) contiguous lines of n, scratch to scratch */
   double scale;           /* applied as the block is written back (1: none) */
 } col_pass;
@@ -152,12 +152,12 @@ struct kiln__cpu_fft {
    * pass over the contiguous last dim and a column pass per other
    * transformed dim; plan and plan_unaligned are then NULL. */
   bool passes;
-  fplan line, line_tail;        /* per_rows lines, and the last chunk's */
-  int64_t rows, per_rows;       /* lines of the line pass; per chunk */
-  uint64_t line_in, line_out;   /* bytes between lines */
+  fplan line, line_tail;               /* per_rows lines, and the last chunk's */
+  int64_t rows, per_rows;              /* lines of the line pass; per chunk */
+  uint64_t line_in, line_out;          /* bytes between lines */
   col_pass col[KILN_FFT_MAX_NFFT - 1]; /* in the order they run */
   uint32_t ncol;
-  uint64_t work_bytes;          /* IRFFT: the complex array the columns run on */
+  uint64_t work_bytes; /* IRFFT: the complex array the columns run on */
 };
 
 static uint64_t span_bytes(const int64_t *dims, const int64_t *st, uint32_t r, uint64_t elem) {
@@ -322,7 +322,7 @@ static void *plan_block(const kiln_fft *f, const fftw_lib *l, int64_t n, int64_t
 
 static void destroy_passes(kiln__cpu_fft *p, const fftw_lib *l) {
   void *all[4 + 2 * (KILN_FFT_MAX_NFFT - 1)] = {p->line.al, p->line.un, p->line_tail.al,
-                                                 p->line_tail.un};
+                                                p->line_tail.un};
   for (uint32_t c = 0; c < p->ncol; c++) {
     all[4 + 2 * c] = p->col[c].plan;
     all[5 + 2 * c] = p->col[c].plan_tail;
@@ -513,37 +513,38 @@ static void line_chunk(void *ctx, uint64_t c) {
   int64_t lo = (int64_t)c * p->per_rows;
   const fplan *fp = p->rows - lo < p->per_rows ? &p->line_tail : &p->line;
   char *in = j->in + (uint64_t)lo * p->line_in, *out = j->out + (uint64_t)lo * p->line_out;
-  bool same = p->lib->alignment_of(in) == fp->align_in && p->lib->alignment_of(out) == fp->align_out;
+  bool same =
+      p->lib->alignment_of(in) == fp->align_in && p->lib->alignment_of(out) == fp->align_out;
   exec_plan(p, same ? fp->al : fp->un, in, out);
 }
 
 /* Copies v columns of n complex (T: float or double parts) at src, rows
  * `inner` elements apart, into v contiguous lines at a, and back from b
  * times s. */
-#define GATHER_SCATTER(T, NAME)                                                                    \
-  static void gather_##NAME(const T *src, int64_t inner, int64_t n, int64_t v, T *a) {             \
-    for (int64_t k = 0; k < n; k++) {                                                              \
-      const T *row = src + 2 * k * inner;                                                          \
-      for (int64_t q = 0; q < v; q++) {                                                            \
-        a[2 * (q * n + k)] = row[2 * q];                                                           \
-        a[2 * (q * n + k) + 1] = row[2 * q + 1];                                                   \
-      }                                                                                            \
-    }                                                                                              \
-  }                                                                                                \
-  static void scatter_##NAME(const T *b, int64_t inner, int64_t n, int64_t v, T s, T *dst) {       \
-    for (int64_t k = 0; k < n; k++) {                                                              \
-      T *row = dst + 2 * k * inner;                                                                \
-      if (s == 1)                                                                                  \
-        for (int64_t q = 0; q < v; q++) {                                                          \
-          row[2 * q] = b[2 * (q * n + k)];                                                         \
-          row[2 * q + 1] = b[2 * (q * n + k) + 1];                                                 \
-        }                                                                                          \
-      else                                                                                         \
-        for (int64_t q = 0; q < v; q++) {                                                          \
-          row[2 * q] = b[2 * (q * n + k)] * s;                                                     \
-          row[2 * q + 1] = b[2 * (q * n + k) + 1] * s;                                             \
-        }                                                                                          \
-    }                                                                                              \
+#define GATHER_SCATTER(T, NAME) \
+  static void gather_##NAME(const T *src, int64_t inner, int64_t n, int64_t v, T *a) { \
+    for (int64_t k = 0; k < n; k++) { \
+      const T *row = src + 2 * k * inner; \
+      for (int64_t q = 0; q < v; q++) { \
+        a[2 * (q * n + k)] = row[2 * q]; \
+        a[2 * (q * n + k) + 1] = row[2 * q + 1]; \
+      } \
+    } \
+  } \
+  static void scatter_##NAME(const T *b, int64_t inner, int64_t n, int64_t v, T s, T *dst) { \
+    for (int64_t k = 0; k < n; k++) { \
+      T *row = dst + 2 * k * inner; \
+      if (s == 1) \
+        for (int64_t q = 0; q < v; q++) { \
+          row[2 * q] = b[2 * (q * n + k)]; \
+          row[2 * q + 1] = b[2 * (q * n + k) + 1]; \
+        } \
+      else \
+        for (int64_t q = 0; q < v; q++) { \
+          row[2 * q] = b[2 * (q * n + k)] * s; \
+          row[2 * q + 1] = b[2 * (q * n + k) + 1] * s; \
+        } \
+    } \
   }
 GATHER_SCATTER(float, f)
 GATHER_SCATTER(double, d)
@@ -595,8 +596,10 @@ static int run_cols(const kiln__cpu_fft *p, const col_pass *cp, kiln__cpu_pool *
   int64_t nblocks = cp->outer * ((cp->inner + cp->v - 1) / cp->v);
   if (nblocks == 0) return 0;
   int64_t chunks = nblocks < PASS_CHUNKS ? nblocks : PASS_CHUNKS;
-  col_job j = {p, cp, src, dst, NULL, (uint64_t)(cp->n * cp->v) * complex_bytes(&p->f), nblocks,
-               (nblocks + chunks - 1) / chunks};
+  col_job j = {p,       cp,
+               src,     dst,
+               NULL,    (uint64_t)(cp->n * cp->v) * complex_bytes(&p->f),
+               nblocks, (nblocks + chunks - 1) / chunks};
   j.block = (j.block + 63) / 64 * 64;
   chunks = (nblocks + j.per - 1) / j.per;
   if ((j.scratch = aligned(2 * (uint64_t)chunks * j.block)) == NULL)
@@ -637,7 +640,8 @@ static int run_passes(const kiln__cpu_fft *p, kiln__cpu_pool *pool, const void *
   line_job lj = {p, src, out};
   spread(pool, line_chunk, &lj, line_chunks);
   free(copy);
-  for (uint32_t c = 0; c < p->ncol && rc == 0; c++) rc = run_cols(p, &p->col[c], pool, out, out, st);
+  for (uint32_t c = 0; c < p->ncol && rc == 0; c++)
+    rc = run_cols(p, &p->col[c], pool, out, out, st);
   return rc;
 }
 

@@ -601,6 +601,96 @@ START_TEST(test_fft_plan_uses_fftw) {
 }
 END_TEST
 
+/* Multi-dim ffts of dense row-major arrays (what JAX exports) run as a
+ * line pass and column passes (cpu_fft.c): every type, 2 and 3
+ * transformed dims, batch dims, odd lengths and lengths that leave a
+ * partial block of columns (blocks are 64 bytes of a row). */
+START_TEST(test_fft_passes) {
+  static const char *const mods[] = {
+      "c64[3,17,30] fft(p), fft_type=FFT, fft_length={17,30}; c64[3,17,30]",
+      "c64[2,5,12,7] fft(p), fft_type=IFFT, fft_length={5,12,7}; c64[2,5,12,7]",
+      "c64[4,9,9] fft(p), fft_type=RFFT, fft_length={9,16}; f32[4,9,16]",
+      "f32[4,9,16] fft(p), fft_type=IRFFT, fft_length={9,16}; c64[4,9,9]",
+      "f32[3,7,5,9] fft(p), fft_type=IRFFT, fft_length={7,5,9}; c64[3,7,5,5]",
+      "c128[64,48] fft(p), fft_type=FFT, fft_length={64,48}; c128[64,48]",
+      "c128[2,6,10,4] fft(p), fft_type=RFFT, fft_length={6,10,7}; f64[2,6,10,7]",
+      "c128[6,1,33] fft(p), fft_type=IFFT, fft_length={1,33}; c128[6,1,33]",
+      "f64[2,3,8,30] fft(p), fft_type=IRFFT, fft_length={8,30}; c128[2,3,8,16]",
+      "c64[2,16,64] fft(p), fft_type=FFT, fft_length={16,64}; c64[2,16,64]",
+  };
+  for (size_t i = 0; i < sizeof mods / sizeof *mods; i++) {
+    char text[512], res[128], op[64];
+    const char *semi = strchr(mods[i], ';');
+    snprintf(res, sizeof res, "%.*s", (int)(semi - mods[i]), mods[i]);
+    snprintf(op, sizeof op, "%s", semi + 2);
+    snprintf(text, sizeof text, "HloModule t\nENTRY e {\n  p = %s parameter(0)\n  ROOT f = %s\n}\n",
+             op, res);
+    int64_t points = 1;
+    const char *l = strstr(res, "fft_length={") + strlen("fft_length={");
+    for (char *end; *l && *l != '}'; l = *end == ',' ? end + 1 : end)
+      points *= strtoll(l, &end, 10);
+    agree(text, kiln_tol_fft(points, strstr(text, "c64") != NULL), PLAIN, 2);
+  }
+}
+END_TEST
+
+/* The pass form is chosen for dense row-major arrays only, and its result
+ * does not depend on how the pool splits the chunks. */
+START_TEST(test_fft_passes_plan) {
+  void *h = dlopen("libfftw3f.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "test_fft_passes_plan: libfftw3f.so.3 not found, skipped\n");
+    return;
+  }
+  dlclose(h);
+  kiln_fft f = {.type = KILN_FFT_INVERSE,
+                .dtype = KILN_C64,
+                .rank = 3,
+                .nfft = 2,
+                .len = {3, 17, 12},
+                .in_dims = {3, 17, 12},
+                .in_strides = {204, 12, 1},
+                .out_dims = {3, 17, 12},
+                .out_strides = {204, 12, 1}};
+  enum { N = 3 * 17 * 12 };
+  float *in = kiln_malloc(2 * N * sizeof *in), *want = kiln_malloc(2 * N * sizeof *want);
+  float *one = kiln_malloc(2 * N * sizeof *one), *many = kiln_malloc(2 * N * sizeof *many);
+  ck_assert(in && want && one && many);
+  uint64_t s = 5;
+  for (int i = 0; i < 2 * N; i++) in[i] = (float)((double)(rng(&s) % 2001) / 1000.0 - 1.0);
+  ck_assert_int_eq(kiln_fft_reference(&f, in, want), 0);
+  kiln__cpu_fft *p = NULL;
+  kiln__cpu_pool *pool = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__cpu_fft_create(&f, &p, "test", &st), 0);
+  ck_assert(kiln__cpu_fft_uses_passes(p));
+  ck_assert_int_eq(kiln__cpu_pool_create(3, &pool, &st), 0);
+  ck_assert_int_eq(kiln__cpu_fft_run(p, NULL, in, one, &st), 0);
+  ck_assert_int_eq(kiln__cpu_fft_run(p, pool, in, many, &st), 0);
+  ck_assert_mem_eq(one, many, 2 * N * sizeof *one);
+  double worst = 0, top = 1;
+  for (int i = 0; i < 2 * N; i++) {
+    worst = fmax(worst, fabs((double)one[i] - want[i]));
+    top = fmax(top, fabs((double)want[i]));
+  }
+  ck_assert_msg(worst / top <= kiln_tol_fft(17 * 12, 1), "error %g", worst / top);
+  kiln__cpu_fft_destroy(p);
+  /* The same transform with a transposed result: one guru plan. */
+  f.out_strides[0] = 1;
+  f.out_strides[1] = 3;
+  f.out_strides[2] = 51;
+  ck_assert_int_eq(kiln__cpu_fft_create(&f, &p, "test", &st), 0);
+  ck_assert(kiln__cpu_fft_uses_library(p));
+  ck_assert(!kiln__cpu_fft_uses_passes(p));
+  kiln__cpu_fft_destroy(p);
+  kiln__cpu_pool_destroy(pool);
+  kiln_free(in);
+  kiln_free(want);
+  kiln_free(one);
+  kiln_free(many);
+}
+END_TEST
+
 START_TEST(test_fft_refused) {
   refused("HloModule t\nENTRY e {\n  p = f32[4,8] parameter(0)\n"
           "  ROOT f = c128[4,5] fft(p), fft_type=RFFT, fft_length={8}\n}\n",
@@ -638,6 +728,8 @@ int main(void) {
   tcase_add_test(tc, test_fft_without_fftw);
   tcase_add_test(tc, test_fft_roundtrip);
   tcase_add_test(tc, test_fft_plan_uses_fftw);
+  tcase_add_test(tc, test_fft_passes);
+  tcase_add_test(tc, test_fft_passes_plan);
   tcase_add_test(tc, test_fft_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
