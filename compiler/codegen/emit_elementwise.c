@@ -426,7 +426,10 @@ static int complex_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
   case KILN_OP_MULTIPLY:
   case KILN_OP_DIVIDE:
     if (n != 2) return 1;
-    snprintf(e, sizeof e, "(%s %c %s)", a[0], sym[op], a[1]);
+    if (op == KILN_OP_MULTIPLY && rt == KILN_C64) /* C's x * y, vectorizable */
+      snprintf(e, sizeof e, "kc64mul(%s, %s)", a[0], a[1]);
+    else
+      snprintf(e, sizeof e, "(%s %c %s)", a[0], sym[op], a[1]);
     break;
   case KILN_OP_NEGATE: snprintf(dst, size, "(-%s)", a[0]); return 0;
   case KILN_OP_COPY: snprintf(dst, size, "%s", a[0]); return 0;

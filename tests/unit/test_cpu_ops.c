@@ -442,6 +442,56 @@ static void complex_module(kiln_sbuf *b, uint64_t *s) {
   kiln_sbuf_free(&is);
 }
 
+/* c64 multiply on every pair of special parts (kc64mul: the textbook
+ * product and Annex G's recovery through integer masks) is C's x * y, as
+ * the interpreter computes it: every part bit-equal, NaNs as NaNs. */
+START_TEST(test_complex_multiply_specials) {
+  static const double v[] = {0.0, -0.0, 1.0, -2.5, 3e38, INFINITY, -INFINITY, NAN};
+  enum { NV = sizeof v / sizeof *v, N = NV * NV * NV * NV };
+  char text[200];
+  snprintf(text, sizeof text,
+           "HloModule t\nENTRY e {\n  a = c64[%d] parameter(0)\n  b = c64[%d] parameter(1)\n"
+           "  ROOT m = c64[%d] multiply(a, b)\n}\n",
+           N, N, N);
+  kiln_module *m = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_parse_text(text, strlen(text), "t.hlo", NULL, &m, &st), 0);
+  kiln_executable *e = NULL;
+  ck_assert_int_eq(kiln_compile(m, NULL, &e, NULL, &st), 0);
+  const kiln_computation *en = kiln_module_entry(m);
+  kiln_literal *args[2], *want = NULL, *got = NULL;
+  for (uint32_t k = 0; k < 2; k++) {
+    const kiln_instr *p = kiln_computation_param(m, en, k);
+    ck_assert_int_eq(kiln_literal_create(NULL, &p->shape, 1u << 20, &args[k], &st), 0);
+  }
+  for (int i = 0; i < N; i++) {
+    kiln_literal_set_c128(args[0], i, v[i % NV], v[i / NV % NV]);
+    kiln_literal_set_c128(args[1], i, v[i / (NV * NV) % NV], v[i / (NV * NV * NV)]);
+  }
+  kiln_run_options ro = {.max_while_iterations = 10, .timeout_seconds = 60};
+  ck_assert_int_eq(kiln_run_module_with(m, "interp", NULL, NULL, &ro,
+                                        (const kiln_literal *const *)args, 2, &want, &st),
+                   0);
+  ck_assert_int_eq(
+      kiln_run_executable(e, NULL, &ro, (const kiln_literal *const *)args, 2, &got, &st), 0);
+  for (int i = 0; i < N; i++) {
+    double wr, wi, gr, gi;
+    kiln_literal_get_c128(want, i, &wr, &wi);
+    kiln_literal_get_c128(got, i, &gr, &gi);
+    bool same_re = isnan(wr) ? isnan(gr) : memcmp(&wr, &gr, sizeof wr) == 0;
+    bool same_im = isnan(wi) ? isnan(gi) : memcmp(&wi, &gi, sizeof wi) == 0;
+    ck_assert_msg(same_re && same_im, "(%g%+gi) * (%g%+gi): want %g%+gi, got %g%+gi", v[i % NV],
+                  v[i / NV % NV], v[i / (NV * NV) % NV], v[i / (NV * NV * NV)], wr, wi, gr, gi);
+  }
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_literal_destroy(args[0]);
+  kiln_literal_destroy(args[1]);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(test_complex_random) {
   uint64_t s = 4242;
   for (int i = 0; i < 16; i++) {
@@ -720,6 +770,7 @@ int main(void) {
   tc = tcase_create("complex");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_complex_random);
+  tcase_add_test(tc, test_complex_multiply_specials);
   tcase_add_test(tc, test_complex_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("fft");
