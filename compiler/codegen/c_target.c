@@ -26,7 +26,14 @@ static const char prelude[] =
     "#define CMPLX(x, y) __builtin_complex((double)(x), (double)(y))\n"
     "#endif\n"
     "#define KI static inline __attribute__((unused))\n"
-    "#define KCLZ64(x) __builtin_clzll(x)\n" KILN__PRELUDE_BODY
+    "#define KCLZ64(x) __builtin_clzll(x)\n"
+    /* row kernels (kernel_loop.c): GCC vectorizes for 256 bits unless told
+     * that a function prefers 512 (nothing on a machine without them) */
+    "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"
+    "#define KWIDE __attribute__((target(\"prefer-vector-width=512\")))\n"
+    "#else\n"
+    "#define KWIDE\n"
+    "#endif\n" KILN__PRELUDE_BODY
     /* complex values (the C target only) are computed in double _Complex;
      * c64 ones rounded to float parts after every op (kc64r), as the
      * interpreter rounds */
@@ -89,6 +96,7 @@ const kiln__cg_target kiln__c_target = {
     .prelude = prelude,
     .helper_qual = "static inline",
     .kernel_qual = "",
+    .wide_decl = " KWIDE",
     .restrict_qual = "restrict",
     .popcount64 = "__builtin_popcountll",
     .ctype =
