@@ -11,11 +11,16 @@
  * forces the direct DFT (tests compare the two).
  *
  * Plans are FFTW_ESTIMATE by default: made in microseconds and the same
- * on every load, so results are reproducible bit for bit. FFTW_MEASURE
- * (KILN_FFTW_PLANNER=measure) times candidate algorithms at load: a
- * 16 x 256 x 256 c64 fft2 runs about 3x faster, but its plan takes ~0.1 s
- * per new size and may differ between loads (and so may the last bits of
- * the results), which is why it is not the default.
+ * on every load. FFTW_MEASURE (KILN_FFTW_PLANNER=measure) times candidate
+ * algorithms at load (0.1-0.5 s per new size on a busy machine) and finds
+ * plans up to 30% faster for 1-D lines; they may differ between loads,
+ * and so may the last bits of the results, which is why it is opt-in.
+ * What it measured is FFTW's wisdom: kept by FFTW for the process, and
+ * with KILN_KERNEL_CACHE_DIR set, written to fftw3f.wisdom / fftw3.wisdom
+ * there and read by every later process, whose plans then use any
+ * measured plan the wisdom holds for their problem (FFTW_WISDOM_ONLY, no
+ * timing) and ESTIMATE for the rest, whatever the planner setting. Multi-
+ * dim transforms run as passes (below), which ESTIMATE plans well.
  *
  * Each step gets its plans once, at load: the guru interface takes the
  * transformed dims and the batch dims with the step's element strides as
@@ -40,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "executor/cpu/cpu.h"
@@ -55,6 +61,7 @@ typedef struct fftw_iodim64 {
 #define FFTW_UNALIGNED (1U << 1)
 #define FFTW_PRESERVE_INPUT (1U << 4)
 #define FFTW_ESTIMATE (1U << 6)
+#define FFTW_WISDOM_ONLY (1U << 21)
 #define FFTW_MEASURE 0U
 
 typedef void *(*plan_dft_fn)(int, const fftw_iodim64 *, int, const fftw_iodim64 *, void *, void *,
@@ -64,6 +71,7 @@ typedef void *(*plan_r2c_fn)(int, const fftw_iodim64 *, int, const fftw_iodim64 
 typedef void (*exec_fn)(void *, void *, void *);
 typedef void (*destroy_fn)(void *);
 typedef int (*align_fn)(const void *);
+typedef int (*wisdom_fn)(const char *);
 
 typedef struct fftw_lib {
   bool ok;
@@ -72,6 +80,9 @@ typedef struct fftw_lib {
   exec_fn exec_dft, exec_r2c, exec_c2r;
   destroy_fn destroy;
   align_fn alignment_of;
+  wisdom_fn import_wisdom, export_wisdom; /* optional: NULL when absent */
+  char wisdom[4096];                      /* its wisdom file; "": none */
+  bool wisdom_new;                        /* measured plans not saved yet */
 } fftw_lib;
 
 static fftw_lib libs[2]; /* [0] double (c128), [1] single (c64) */
@@ -106,7 +117,39 @@ static void open_lib(fftw_lib *l, const char *file, const char *prefix) {
   memcpy(&l->exec_c2r, &p[5], sizeof p[5]);
   memcpy(&l->destroy, &p[6], sizeof p[6]);
   memcpy(&l->alignment_of, &p[7], sizeof p[7]);
+  void *w[2] = {sym(h, prefix, "import_wisdom_from_filename"),
+                sym(h, prefix, "export_wisdom_to_filename")};
+  if (w[0] && w[1]) {
+    memcpy(&l->import_wisdom, &w[0], sizeof w[0]);
+    memcpy(&l->export_wisdom, &w[1], sizeof w[1]);
+  }
   l->ok = true; /* the handle stays open for the process's life */
+}
+
+/* Wisdom (FFTW's record of the plans it measured) in the kernel cache
+ * directory, one file per precision: read at open, so that every plan
+ * measured once, by any process, is had for free afterwards. */
+static void open_wisdom(fftw_lib *l, const char *file) {
+  const char *dir = getenv("KILN_KERNEL_CACHE_DIR");
+  if (!l->ok || !l->import_wisdom || dir == NULL || *dir == '\0') return;
+  int n = snprintf(l->wisdom, sizeof l->wisdom, "%s/%s", dir, file);
+  if (n < 0 || (size_t)n >= sizeof l->wisdom) {
+    l->wisdom[0] = '\0';
+    return;
+  }
+  l->import_wisdom(l->wisdom); /* 0 when there is none yet or it is stale */
+}
+
+/* Writes the process's wisdom to l's file when plans were measured: to a
+ * temporary name, then renamed over it, so that a reader never sees half
+ * a file. Under plan_mu. */
+static void save_wisdom(fftw_lib *l) {
+  if (!l->wisdom_new || l->wisdom[0] == '\0') return;
+  l->wisdom_new = false;
+  char tmp[4160];
+  snprintf(tmp, sizeof tmp, "%s.%ld.tmp", l->wisdom, (long)getpid());
+  if (l->export_wisdom(tmp) && rename(tmp, l->wisdom) == 0) return;
+  remove(tmp);
 }
 
 static void open_libs(void) {
@@ -116,7 +159,36 @@ static void open_libs(void) {
   if (pl && strcmp(pl, "measure") == 0) planner = FFTW_MEASURE;
   open_lib(&libs[0], "libfftw3.so.3", "fftw_");
   open_lib(&libs[1], "libfftw3f.so.3", "fftwf_");
+  open_wisdom(&libs[0], "fftw3.wisdom");
+  open_wisdom(&libs[1], "fftw3f.wisdom");
 }
+
+/* After plans for f were made: with FFTW_MEASURE they may have taught
+ * the planner something, which goes to the wisdom file. Under plan_mu. */
+static void measured(const kiln_fft *f) {
+  fftw_lib *l = &libs[f->dtype == KILN_C64 ? 1 : 0];
+  if (planner != FFTW_MEASURE) return;
+  l->wisdom_new = true;
+  save_wisdom(l);
+}
+
+/* The planner flags to try first: the configured planner, or by default a
+ * measured plan that wisdom already holds (FFTW_WISDOM_ONLY: NULL when it
+ * holds none, and then FFTW_ESTIMATE). */
+static unsigned first_flags(void) {
+  return planner == FFTW_MEASURE ? FFTW_MEASURE : FFTW_MEASURE | FFTW_WISDOM_ONLY;
+}
+
+/* out = CALL, CALL naming its flags FL: first with first_flags(), then,
+ * if that gave no plan, with the configured planner. */
+#define PLAN_BEST(out, CALL) \
+  do { \
+    unsigned FL = first_flags(); \
+    if ((out = (CALL)) == NULL && FL != planner) { \
+      FL = planner; \
+      out = (CALL); \
+    } \
+  } while (0)
 
 /* ---- plans ------------------------------------------------------------------ */
 
@@ -211,18 +283,20 @@ static void make_plan(kiln__cpu_fft *p) {
     pthread_mutex_lock(&plan_mu);
     /* FFTW keeps a c2r input only for one transformed dim (else NULL) */
     unsigned keep = f->type == KILN_FFT_REAL_INVERSE ? FFTW_PRESERVE_INPUT : 0;
-    p->plan = keep ? plan_one(f, l, in, out, planner | keep) : NULL;
+    p->plan = NULL;
+    if (keep) PLAN_BEST(p->plan, plan_one(f, l, in, out, FL | keep));
     p->plan_unaligned =
         keep ? plan_one(f, l, in, out, FFTW_ESTIMATE | FFTW_UNALIGNED | keep) : NULL;
     p->keeps_input = keep && p->plan && p->plan_unaligned;
     if (!p->keeps_input) {
       if (p->plan) l->destroy(p->plan);
       if (p->plan_unaligned) l->destroy(p->plan_unaligned);
-      p->plan = plan_one(f, l, in, out, planner);
+      PLAN_BEST(p->plan, plan_one(f, l, in, out, FL));
       p->plan_unaligned = plan_one(f, l, in, out, FFTW_ESTIMATE | FFTW_UNALIGNED);
     }
     p->align_in = l->alignment_of(in);
     p->align_out = l->alignment_of(out);
+    measured(f);
     pthread_mutex_unlock(&plan_mu);
   }
   free(in);
@@ -295,7 +369,7 @@ static bool make_fplan(const kiln__cpu_fft *p, const fftw_lib *l, int64_t count,
   uint64_t ib = (uint64_t)count * p->line_in, ob = (uint64_t)count * p->line_out;
   void *in = aligned(ib), *out = aligned(ob);
   if (in && out) {
-    fp->al = plan_lines(f, l, count, in, out, planner);
+    PLAN_BEST(fp->al, plan_lines(f, l, count, in, out, FL));
     fp->un = plan_lines(f, l, count, in, out, FFTW_ESTIMATE | FFTW_UNALIGNED);
     fp->align_in = l->alignment_of(in);
     fp->align_out = l->alignment_of(out);
@@ -313,7 +387,7 @@ static void *plan_block(const kiln_fft *f, const fftw_lib *l, int64_t n, int64_t
   void *a = aligned(bytes), *b = aligned(bytes), *plan = NULL;
   if (a && b) {
     fftw_iodim64 dim = {(ptrdiff_t)n, 1, 1}, many = {(ptrdiff_t)v, (ptrdiff_t)n, (ptrdiff_t)n};
-    plan = l->plan_dft(1, &dim, 1, &many, a, b, fft_sign(f), planner);
+    PLAN_BEST(plan, l->plan_dft(1, &dim, 1, &many, a, b, fft_sign(f), FL));
   }
   free(a);
   free(b);
@@ -377,6 +451,7 @@ static bool make_passes(kiln__cpu_fft *p) {
     ok = cp->plan && (!cp->vtail || cp->plan_tail);
   }
   if (!ok) destroy_passes(p, l);
+  measured(f);
   pthread_mutex_unlock(&plan_mu);
   if (!ok) return false;
   if (p->scale != 1) p->col[real_out ? 0 : p->ncol - 1].scale = p->scale;

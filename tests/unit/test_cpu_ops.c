@@ -741,6 +741,35 @@ START_TEST(test_fft_passes_plan) {
 }
 END_TEST
 
+/* With KILN_FFTW_PLANNER=measure and a kernel cache directory, what the
+ * planner measured is written there as FFTW wisdom (for later processes,
+ * whose default plans use it), and the measured plans are as right. */
+START_TEST(test_fft_wisdom_file) {
+  void *h = dlopen("libfftw3f.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "test_fft_wisdom_file: libfftw3f.so.3 not found, skipped\n");
+    return;
+  }
+  dlclose(h);
+  char dir[] = "/tmp/kiln-wisdom-XXXXXX", path[64], cmd[96];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  setenv("KILN_KERNEL_CACHE_DIR", dir, 1);
+  setenv("KILN_FFTW_PLANNER", "measure", 1);
+  agree("HloModule t\nENTRY e {\n  p = f32[4,64] parameter(0)\n"
+        "  ROOT f = c64[4,33] fft(p), fft_type=RFFT, fft_length={64}\n}\n",
+        kiln_tol_fft(64, 1), PLAIN, 1);
+  snprintf(path, sizeof path, "%s/fftw3f.wisdom", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "no %s", path);
+  char head[32] = "";
+  ck_assert_ptr_nonnull(fgets(head, sizeof head, f));
+  fclose(f);
+  ck_assert_msg(strstr(head, "fftw") != NULL, "%s starts with '%s'", path, head);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(test_fft_refused) {
   refused("HloModule t\nENTRY e {\n  p = f32[4,8] parameter(0)\n"
           "  ROOT f = c128[4,5] fft(p), fft_type=RFFT, fft_length={8}\n}\n",
@@ -781,6 +810,7 @@ int main(void) {
   tcase_add_test(tc, test_fft_plan_uses_fftw);
   tcase_add_test(tc, test_fft_passes);
   tcase_add_test(tc, test_fft_passes_plan);
+  tcase_add_test(tc, test_fft_wisdom_file);
   tcase_add_test(tc, test_fft_refused);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
