@@ -93,6 +93,10 @@ typedef struct kiln__emit_fn {
    * row_dim of its index, or KILN__NO_INPUT; NULL when none is. */
   const uint32_t *row_store;
   uint32_t row_dim;
+  /* Row kernels: per instruction id, nonzero for a value bound once per
+   * row (a row reduce or its broadcast); NULL when none is. An f32 divide
+   * by one multiplies by its reciprocal (emit_elementwise.c). */
+  const uint8_t *row_invariant;
   kiln_arena *arena; /* index vectors, value lists; freed with the function */
   int rc;
 } kiln__emit_fn;

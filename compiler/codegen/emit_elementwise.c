@@ -169,6 +169,14 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
     return kiln__emit_fail(f, ins, KILN_EINVAL, "%s %s: not defined on floating-point values",
                            kiln_opcode_name(op), ins->name);
   }
+  /* x / y with y the same over a row (softmax's sum): one divide a row,
+   * a multiply an element (within 1.5 ulp of the quotient), unless 1 / y
+   * is subnormal (flushed to 0); GCC unswitches the loop on the test. */
+  if (op == KILN_OP_DIVIDE && f32 && f->row_invariant && ins->noperands == 2 &&
+      f->row_invariant[ins->operands[1]]) {
+    snprintf(dst, n, "(fabsf(%s) < 0x1p126f ? %s * (1.0f / %s) : %s / %s)", b, a, b, a, b);
+    return 0;
+  }
   if (sym && (f32 || t == KILN_F64)) {
     snprintf(dst, n, "(%s %s %s)", a, sym, b);
     return 0;

@@ -360,6 +360,13 @@ static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_f
   f->row_dim = (uint32_t)md;
   uint32_t *targ;
   kiln_shape *tshape;
+  uint8_t *inv = kiln_arena_alloc(f->arena, m->ninstrs ? m->ninstrs : 1);
+  if (inv == NULL) {
+    rc = KILN_ENOMEM;
+    goto out_restore;
+  }
+  memset(inv, 0, m->ninstrs ? m->ninstrs : 1);
+  f->row_invariant = inv;
   if ((rc = declare_temps(f, k, mem, n, pass, md, &targ, &tshape))) goto out_restore;
   uint32_t np = 0;
   for (uint32_t i = 0; i < n && rc == 0; i++) {
@@ -384,6 +391,7 @@ static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_f
     const char *nm = name;
     snprintf(name, sizeof name, "v%u", v);
     rc = kiln__emit_bind(f, x->id, NULL, NULL, &nm, 1);
+    inv[x->id] = 1;
     if (role[i] != KILN__ROW_REDUCE) continue;
     /* Later passes load what this one stored. */
     f->row_store = NULL;
