@@ -26,7 +26,14 @@ static const char prelude[] =
     "#define CMPLX(x, y) __builtin_complex((double)(x), (double)(y))\n"
     "#endif\n"
     "#define KI static inline __attribute__((unused))\n"
-    "#define KCLZ64(x) __builtin_clzll(x)\n" KILN__PRELUDE_BODY
+    "#define KCLZ64(x) __builtin_clzll(x)\n"
+    /* row kernels (kernel_loop.c): GCC vectorizes for 256 bits unless told
+     * that a function prefers 512 (nothing on a machine without them) */
+    "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"
+    "#define KWIDE __attribute__((target(\"prefer-vector-width=512\")))\n"
+    "#else\n"
+    "#define KWIDE\n"
+    "#endif\n" KILN__PRELUDE_BODY
     /* complex values (the C target only) are computed in double _Complex;
      * c64 ones rounded to float parts after every op (kc64r), as the
      * interpreter rounds */
@@ -34,13 +41,44 @@ static const char prelude[] =
     "KI double _Complex kc64r(double _Complex z) {\n"
     "  return kcx((double)(float)creal(z), (double)(float)cimag(z));\n"
     "}\n"
+    /* z * w of c64 values (float parts, so no product of two finite parts
+     * overflows in double): the textbook formula, and C Annex G's recovery
+     * (libgcc's __muldc3) when both parts come out NaN, an infinite factor
+     * boxed to +-1 and NaN parts of the other to +-0, chosen with integer
+     * masks so that the loop vectorizes */
+    "#define KCM_NAN(v) (0ull - (uint64_t)((kf64bits(v) << 1) > 0xffe0000000000000ull))\n"
+    "#define KCM_INF(v) (0ull - (uint64_t)((kf64bits(v) << 1) == 0xffe0000000000000ull))\n"
+    "#define KCM_SEL(m, p, q) kbf64((kf64bits(p) & (m)) | (kf64bits(q) & ~(m)))\n"
+    "#define KCM_SIGN(v) kbf64(kf64bits(v) & 0x8000000000000000ull)\n"
+    "#define KCM_BOX(v, inf) kbf64((kf64bits(v) & 0x8000000000000000ull) | ((inf) & "
+    "0x3ff0000000000000ull))\n"
+    "#define KCM_Z0(v) KCM_SEL(KCM_NAN(v), KCM_SIGN(v), v)\n"
+    "KI double _Complex kc64mul(double _Complex z, double _Complex w) {\n"
+    "  double a = creal(z), b = cimag(z), c = creal(w), d = cimag(w);\n"
+    "  double x = a * c - b * d, y = a * d + b * c;\n"
+    "  uint64_t ia = KCM_INF(a), ib = KCM_INF(b), ic = KCM_INF(c), id = KCM_INF(d);\n"
+    "  uint64_t zi = ia | ib, wi = ic | id, m = KCM_NAN(x) & KCM_NAN(y) & (zi | wi);\n"
+    "  double a1 = KCM_SEL(zi, KCM_BOX(a, ia), KCM_SEL(wi, KCM_Z0(a), a));\n"
+    "  double b1 = KCM_SEL(zi, KCM_BOX(b, ib), KCM_SEL(wi, KCM_Z0(b), b));\n"
+    "  double c1 = KCM_SEL(wi, KCM_BOX(c, ic), KCM_SEL(zi, KCM_Z0(c), c));\n"
+    "  double d1 = KCM_SEL(wi, KCM_BOX(d, id), KCM_SEL(zi, KCM_Z0(d), d));\n"
+    "  double xr = INFINITY * (a1 * c1 - b1 * d1), yr = INFINITY * (a1 * d1 + b1 * c1);\n"
+    "  return kcx(KCM_SEL(m, xr, x), KCM_SEL(m, yr, y));\n"
+    "}\n"
+    "#undef KCM_NAN\n#undef KCM_INF\n#undef KCM_SEL\n#undef KCM_SIGN\n#undef KCM_BOX\n#undef "
+    "KCM_Z0\n"
     /* |z| of a c64 value (float parts): the squares are exact in double and
      * cannot overflow, so one rounding each for the sum and the root, then
-     * to float; cabs (hypot) costs ten times more */
+     * to float; cabs (hypot) costs ten times more. An infinite part gives
+     * infinity (a NaN other part too), chosen with integer masks: a branch
+     * or a floating-point select keeps GCC from vectorizing the loop under
+     * -ftrapping-math. */
     "KI double kc64abs(double _Complex z) {\n"
     "  double re = creal(z), im = cimag(z);\n"
-    "  if (isinf(re) || isinf(im)) return INFINITY;\n"
-    "  return sqrt(re * re + im * im);\n"
+    "  float r = (float)sqrt(re * re + im * im);\n"
+    "  uint32_t a = kf32bits((float)re) & 0x7fffffffu, b = kf32bits((float)im) & 0x7fffffffu;\n"
+    "  uint32_t m = 0u - (uint32_t)((a == 0x7f800000u) | (b == 0x7f800000u));\n"
+    "  return kbf32((kf32bits(r) & ~m) | (0x7f800000u & m));\n"
     "}\n"
     "\n";
 
@@ -58,6 +96,7 @@ const kiln__cg_target kiln__c_target = {
     .prelude = prelude,
     .helper_qual = "static inline",
     .kernel_qual = "",
+    .wide_decl = " KWIDE",
     .restrict_qual = "restrict",
     .popcount64 = "__builtin_popcountll",
     .ctype =

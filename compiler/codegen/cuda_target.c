@@ -62,6 +62,7 @@ const kiln__cg_target kiln__cuda_target = {
     .prelude = prelude,
     .helper_qual = "static __device__ inline",
     .kernel_qual = "extern \"C\" __global__ ",
+    .wide_decl = NULL,
     .restrict_qual = "__restrict__",
     .popcount64 = "__popcll",
     .ctype =

@@ -96,6 +96,10 @@ typedef struct kiln__emit_fn {
    * row_dim of its index, or KILN__NO_INPUT; NULL when none is. */
   const uint32_t *row_store;
   uint32_t row_dim;
+  /* Row kernels: per instruction id, nonzero for a value bound once per
+   * row (a row reduce or its broadcast); NULL when none is. An f32 divide
+   * by one multiplies by its reciprocal (emit_elementwise.c). */
+  const uint8_t *row_invariant;
   kiln_arena *arena; /* index vectors, value lists; freed with the function */
   int rc;
 } kiln__emit_fn;
@@ -389,7 +393,8 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   /* complex: owed only by a target whose ctype has KILN_C64/KILN_C128 */ \
   X(kcx, "double _Complex kcx(double re, double im)") \
   X(kc64r, "double _Complex kc64r(double _Complex z)") \
-  X(kc64abs, "double kc64abs(double _Complex z)")
+  X(kc64abs, "double kc64abs(double _Complex z)") \
+  X(kc64mul, "double _Complex kc64mul(double _Complex z, double _Complex w)")
 
 /* X(name) for each standard function the emitter calls by name. */
 #define KILN__EMIT_STD_FUNCS(X) \

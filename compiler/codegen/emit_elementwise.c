@@ -169,6 +169,14 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
     return kiln__emit_fail(f, ins, KILN_EINVAL, "%s %s: not defined on floating-point values",
                            kiln_opcode_name(op), ins->name);
   }
+  /* x / y with y the same over a row (softmax's sum): one divide a row,
+   * a multiply an element (within 1.5 ulp of the quotient), unless 1 / y
+   * is subnormal (flushed to 0); GCC unswitches the loop on the test. */
+  if (op == KILN_OP_DIVIDE && f32 && f->row_invariant && ins->noperands == 2 &&
+      f->row_invariant[ins->operands[1]]) {
+    snprintf(dst, n, "(fabsf(%s) < 0x1p126f ? %s * (1.0f / %s) : %s / %s)", b, a, b, a, b);
+    return 0;
+  }
   if (sym && (f32 || t == KILN_F64)) {
     snprintf(dst, n, "(%s %s %s)", a, sym, b);
     return 0;
@@ -430,7 +438,10 @@ static int complex_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
   case KILN_OP_MULTIPLY:
   case KILN_OP_DIVIDE:
     if (n != 2) return 1;
-    snprintf(e, sizeof e, "(%s %c %s)", a[0], sym[op], a[1]);
+    if (op == KILN_OP_MULTIPLY && rt == KILN_C64) /* C's x * y, vectorizable */
+      snprintf(e, sizeof e, "kc64mul(%s, %s)", a[0], a[1]);
+    else
+      snprintf(e, sizeof e, "(%s %c %s)", a[0], sym[op], a[1]);
     break;
   case KILN_OP_NEGATE: snprintf(dst, size, "(-%s)", a[0]); return 0;
   case KILN_OP_COPY: snprintf(dst, size, "%s", a[0]); return 0;

@@ -45,6 +45,7 @@ typedef struct kiln__codegen {
   kiln__emit_mod mod;
   kiln_sbuf kernels;
   uint32_t nkernels;
+  bool wide; /* the next kernel finished is a row kernel (target wide_decl) */
   kiln_status *st;
 } kiln__codegen;
 

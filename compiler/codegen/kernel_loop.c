@@ -19,6 +19,9 @@
  * accumulates in its output instead, one input row at a time, so that it
  * reads memory in order rather than down columns; several such reduces
  * over the same rows (a layernorm's two parameter gradients) share them.
+ * A kernel with row reductions is declared with the target's wide_decl
+ * (512-bit vectors on x86 with GCC): its passes over a row are bound by
+ * the arithmetic (exp), not by memory, and GCC otherwise stops at 256.
  */
 #include <stdio.h>
 #include <string.h>
@@ -66,11 +69,16 @@ int kiln__kernel_begin(kiln__codegen *g, const kiln__kernel_spec *k, kiln_sbuf *
 }
 
 /* Appends "<kernel_qual>void kiln_kernel_N(...) { <pointer declarations>
- * <body> }". */
+ * <body> }", after a declaration with the target's wide_decl on the same
+ * line when g->wide (which it clears). */
 void kiln__kernel_finish(kiln__codegen *g, const kiln__kernel_spec *k, const char *body,
                          uint64_t range) {
   const kiln__cg_target *tg = g->mod.target;
   kiln_sbuf *b = &g->kernels;
+  if (g->wide && tg->wide_decl)
+    kiln_sbuf_printf(b, "%svoid kiln_kernel_%u(void *const *bufs, int64_t begin, int64_t end)%s; ",
+                     tg->kernel_qual, g->nkernels, tg->wide_decl);
+  g->wide = false;
   kiln_sbuf_printf(b, "%svoid kiln_kernel_%u(void *const *bufs, int64_t begin, int64_t end) {\n",
                    tg->kernel_qual, g->nkernels);
   for (uint32_t a = 0; a < k->nargs; a++) {
@@ -339,6 +347,8 @@ static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_f
     if (role == NULL || in_row == NULL || pass == NULL || store == NULL) rc = KILN_ENOMEM;
   }
   if (rc == 0) rc = kiln__row_plan(m, mem, n, roots, k->nouts, s, role, &stranded, in_row);
+  for (uint32_t i = 0; rc == 0 && i < n; i++)
+    if (role[i] == KILN__ROW_REDUCE) g->wide = true;
   int64_t len = s->dims[md];
   if (rc == 0) rc = row_temps(m, mem, n, role, in_row, roots, k->nouts, len * 8, pass);
   if (rc) goto out_free;
@@ -350,6 +360,13 @@ static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_f
   f->row_dim = (uint32_t)md;
   uint32_t *targ;
   kiln_shape *tshape;
+  uint8_t *inv = kiln_arena_alloc(f->arena, m->ninstrs ? m->ninstrs : 1);
+  if (inv == NULL) {
+    rc = KILN_ENOMEM;
+    goto out_restore;
+  }
+  memset(inv, 0, m->ninstrs ? m->ninstrs : 1);
+  f->row_invariant = inv;
   if ((rc = declare_temps(f, k, mem, n, pass, md, &targ, &tshape))) goto out_restore;
   uint32_t np = 0;
   for (uint32_t i = 0; i < n && rc == 0; i++) {
@@ -374,6 +391,7 @@ static int hoist_rows(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_f
     const char *nm = name;
     snprintf(name, sizeof name, "v%u", v);
     rc = kiln__emit_bind(f, x->id, NULL, NULL, &nm, 1);
+    inv[x->id] = 1;
     if (role[i] != KILN__ROW_REDUCE) continue;
     /* Later passes load what this one stored. */
     f->row_store = NULL;
@@ -628,6 +646,7 @@ int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
   int64_t n = kiln_shape_elements(s);
   kiln_sbuf out = KILN_SBUF_INIT;
   bool used = false;
+  g->wide = false;
   int rc = loop_body(g, k, false, &out, &used);
   int64_t minor = s->rank ? s->dims[minor_dim(s)] : 1;
   *range = (uint64_t)(n > 0 ? n : 0);

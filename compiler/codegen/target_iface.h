@@ -58,6 +58,11 @@ typedef struct kiln__cg_target {
    * int64_t end)": "" for C, e.g. "extern \"C\" __global__ " for CUDA
    * (including its trailing space when not empty). */
   const char *kernel_qual;
+  /* Declares a kernel whose loops gain from the widest vectors (a row
+   * kernel: its passes over a row are compute-bound) before its definition
+   * on the same line: "<kernel_qual>void kiln_kernel_<N>(...)<wide_decl>;".
+   * NULL: none. */
+  const char *wide_decl;
   /* The pointer qualifier that promises no aliasing: "restrict". */
   const char *restrict_qual;
   /* A function counting the set bits of a uint64_t (returns an int). */

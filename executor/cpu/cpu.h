@@ -157,5 +157,7 @@ int kiln__cpu_fft_run(const kiln__cpu_fft *p, kiln__cpu_pool *pool, const void *
                       kiln_status *st);
 /* Whether the plan runs through FFTW (false: the direct DFT). */
 bool kiln__cpu_fft_uses_library(const kiln__cpu_fft *p);
+/* Whether p runs as a line pass and column passes (cpu_fft.c). */
+bool kiln__cpu_fft_uses_passes(const kiln__cpu_fft *p);
 
 #endif /* KILN_EXECUTOR_CPU_CPU_H */

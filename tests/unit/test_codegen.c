@@ -31,6 +31,7 @@
 
 #if defined(__has_include)
 #if __has_include("executor/run.h")
+#include "executor/cpu/cpu.h"
 #include "executor/run.h"
 #define HAVE_EXECUTOR 1
 #endif
@@ -1047,6 +1048,46 @@ START_TEST(row_kernel_source) {
 }
 END_TEST
 
+/* A divide by a value computed once per row multiplies by its reciprocal
+ * (emit_elementwise.c), except where the reciprocal would be subnormal
+ * and flushed to zero: here every row's divisor is at least 1e38. */
+START_TEST(row_divide_reciprocal) {
+  char dir[] = "/tmp/kiln-cgrcp-XXXXXX", path[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  const char *hlo =
+      "HloModule rd\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] "
+      "maximum(a, b) }\nENTRY main {\n  p = f32[8,64] parameter(0)\n"
+      "  c37 = f32[] constant(1e37)\n  c38 = f32[] constant(1e38)\n"
+      "  b37 = f32[8,64] broadcast(c37), dimensions={}\n"
+      "  b38 = f32[8,64] broadcast(c38), dimensions={}\n  a = f32[8,64] abs(p)\n"
+      "  t = f32[8,64] multiply(a, b37)\n  q = f32[8,64] add(t, b38)\n"
+      "  ninf = f32[] constant(-inf)\n  m = f32[8] reduce(q, ninf), dimensions={1}, to_apply=mx\n"
+      "  mb = f32[8,64] broadcast(m), dimensions={0}\n  n = f32[8,64] multiply(p, b37)\n"
+      "  ROOT o = f32[8,64] divide(n, mb)\n}\n";
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  static char src[1 << 20];
+  size_t n = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[n] = 0;
+  ck_assert_ptr_nonnull(strstr(src, "0x1p126f ? "));
+  ck_assert_ptr_nonnull(strstr(src, "KWIDE;"));
+  /* As a cpu run computes: subnormal results flushed to zero. */
+  unsigned saved = kiln__cpu_flush_denormals();
+  cg_check_full(hlo, 7, false, 4 * KILN_TOL_F32_EPS, 2, false);
+  kiln__cpu_restore_denormals(saved);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(unsupported_ops_named) {
   kiln_status st;
   int rc =
@@ -1607,6 +1648,7 @@ int main(void) {
   tcase_add_test(tf, compiler_failure_and_timeout);
   tcase_add_test(tf, no_client_strings_in_source);
   tcase_add_test(tf, row_kernel_source);
+  tcase_add_test(tf, row_divide_reciprocal);
   tcase_add_test(tf, serialized_executable_runs);
   tcase_add_test(tf, out_of_memory_everywhere);
 #ifdef HAVE_EXECUTOR

@@ -454,6 +454,56 @@ static void complex_module(kiln_sbuf *b, uint64_t *s) {
   kiln_sbuf_free(&is);
 }
 
+/* c64 multiply on every pair of special parts (kc64mul: the textbook
+ * product and Annex G's recovery through integer masks) is C's x * y, as
+ * the interpreter computes it: every part bit-equal, NaNs as NaNs. */
+START_TEST(test_complex_multiply_specials) {
+  static const double v[] = {0.0, -0.0, 1.0, -2.5, 3e38, INFINITY, -INFINITY, NAN};
+  enum { NV = sizeof v / sizeof *v, N = NV * NV * NV * NV };
+  char text[200];
+  snprintf(text, sizeof text,
+           "HloModule t\nENTRY e {\n  a = c64[%d] parameter(0)\n  b = c64[%d] parameter(1)\n"
+           "  ROOT m = c64[%d] multiply(a, b)\n}\n",
+           N, N, N);
+  kiln_module *m = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_parse_text(text, strlen(text), "t.hlo", NULL, &m, &st), 0);
+  kiln_executable *e = NULL;
+  ck_assert_int_eq(kiln_compile(m, NULL, &e, NULL, &st), 0);
+  const kiln_computation *en = kiln_module_entry(m);
+  kiln_literal *args[2], *want = NULL, *got = NULL;
+  for (uint32_t k = 0; k < 2; k++) {
+    const kiln_instr *p = kiln_computation_param(m, en, k);
+    ck_assert_int_eq(kiln_literal_create(NULL, &p->shape, 1u << 20, &args[k], &st), 0);
+  }
+  for (int i = 0; i < N; i++) {
+    kiln_literal_set_c128(args[0], i, v[i % NV], v[i / NV % NV]);
+    kiln_literal_set_c128(args[1], i, v[i / (NV * NV) % NV], v[i / (NV * NV * NV)]);
+  }
+  kiln_run_options ro = {.max_while_iterations = 10, .timeout_seconds = 60};
+  ck_assert_int_eq(kiln_run_module_with(m, "interp", NULL, NULL, &ro,
+                                        (const kiln_literal *const *)args, 2, &want, &st),
+                   0);
+  ck_assert_int_eq(
+      kiln_run_executable(e, NULL, &ro, (const kiln_literal *const *)args, 2, &got, &st), 0);
+  for (int i = 0; i < N; i++) {
+    double wr, wi, gr, gi;
+    kiln_literal_get_c128(want, i, &wr, &wi);
+    kiln_literal_get_c128(got, i, &gr, &gi);
+    bool same_re = isnan(wr) ? isnan(gr) : memcmp(&wr, &gr, sizeof wr) == 0;
+    bool same_im = isnan(wi) ? isnan(gi) : memcmp(&wi, &gi, sizeof wi) == 0;
+    ck_assert_msg(same_re && same_im, "(%g%+gi) * (%g%+gi): want %g%+gi, got %g%+gi", v[i % NV],
+                  v[i / NV % NV], v[i / (NV * NV) % NV], v[i / (NV * NV * NV)], wr, wi, gr, gi);
+  }
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_literal_destroy(args[0]);
+  kiln_literal_destroy(args[1]);
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(test_complex_random) {
   uint64_t s = 4242;
   for (int i = 0; i < 16; i++) {
@@ -613,6 +663,125 @@ START_TEST(test_fft_plan_uses_fftw) {
 }
 END_TEST
 
+/* Multi-dim ffts of dense row-major arrays (what JAX exports) run as a
+ * line pass and column passes (cpu_fft.c): every type, 2 and 3
+ * transformed dims, batch dims, odd lengths and lengths that leave a
+ * partial block of columns (blocks are 64 bytes of a row). */
+START_TEST(test_fft_passes) {
+  static const char *const mods[] = {
+      "c64[3,17,30] fft(p), fft_type=FFT, fft_length={17,30}; c64[3,17,30]",
+      "c64[2,5,12,7] fft(p), fft_type=IFFT, fft_length={5,12,7}; c64[2,5,12,7]",
+      "c64[4,9,9] fft(p), fft_type=RFFT, fft_length={9,16}; f32[4,9,16]",
+      "f32[4,9,16] fft(p), fft_type=IRFFT, fft_length={9,16}; c64[4,9,9]",
+      "f32[3,7,5,9] fft(p), fft_type=IRFFT, fft_length={7,5,9}; c64[3,7,5,5]",
+      "c128[64,48] fft(p), fft_type=FFT, fft_length={64,48}; c128[64,48]",
+      "c128[2,6,10,4] fft(p), fft_type=RFFT, fft_length={6,10,7}; f64[2,6,10,7]",
+      "c128[6,1,33] fft(p), fft_type=IFFT, fft_length={1,33}; c128[6,1,33]",
+      "f64[2,3,8,30] fft(p), fft_type=IRFFT, fft_length={8,30}; c128[2,3,8,16]",
+      "c64[2,16,64] fft(p), fft_type=FFT, fft_length={16,64}; c64[2,16,64]",
+  };
+  for (size_t i = 0; i < sizeof mods / sizeof *mods; i++) {
+    char text[512], res[128], op[64];
+    const char *semi = strchr(mods[i], ';');
+    snprintf(res, sizeof res, "%.*s", (int)(semi - mods[i]), mods[i]);
+    snprintf(op, sizeof op, "%s", semi + 2);
+    snprintf(text, sizeof text, "HloModule t\nENTRY e {\n  p = %s parameter(0)\n  ROOT f = %s\n}\n",
+             op, res);
+    int64_t points = 1;
+    const char *l = strstr(res, "fft_length={") + strlen("fft_length={");
+    for (char *end; *l && *l != '}'; l = *end == ',' ? end + 1 : end)
+      points *= strtoll(l, &end, 10);
+    agree(text, kiln_tol_fft(points, strstr(text, "c64") != NULL), PLAIN, 2);
+  }
+}
+END_TEST
+
+/* The pass form is chosen for dense row-major arrays only, and its result
+ * does not depend on how the pool splits the chunks. */
+START_TEST(test_fft_passes_plan) {
+  void *h = dlopen("libfftw3f.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "test_fft_passes_plan: libfftw3f.so.3 not found, skipped\n");
+    return;
+  }
+  dlclose(h);
+  kiln_fft f = {.type = KILN_FFT_INVERSE,
+                .dtype = KILN_C64,
+                .rank = 3,
+                .nfft = 2,
+                .len = {3, 17, 12},
+                .in_dims = {3, 17, 12},
+                .in_strides = {204, 12, 1},
+                .out_dims = {3, 17, 12},
+                .out_strides = {204, 12, 1}};
+  enum { N = 3 * 17 * 12 };
+  float *in = kiln_malloc(2 * N * sizeof *in), *want = kiln_malloc(2 * N * sizeof *want);
+  float *one = kiln_malloc(2 * N * sizeof *one), *many = kiln_malloc(2 * N * sizeof *many);
+  ck_assert(in && want && one && many);
+  uint64_t s = 5;
+  for (int i = 0; i < 2 * N; i++) in[i] = (float)((double)(rng(&s) % 2001) / 1000.0 - 1.0);
+  ck_assert_int_eq(kiln_fft_reference(&f, in, want), 0);
+  kiln__cpu_fft *p = NULL;
+  kiln__cpu_pool *pool = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__cpu_fft_create(&f, &p, "test", &st), 0);
+  ck_assert(kiln__cpu_fft_uses_passes(p));
+  ck_assert_int_eq(kiln__cpu_pool_create(3, &pool, &st), 0);
+  ck_assert_int_eq(kiln__cpu_fft_run(p, NULL, in, one, &st), 0);
+  ck_assert_int_eq(kiln__cpu_fft_run(p, pool, in, many, &st), 0);
+  ck_assert_mem_eq(one, many, 2 * N * sizeof *one);
+  double worst = 0, top = 1;
+  for (int i = 0; i < 2 * N; i++) {
+    worst = fmax(worst, fabs((double)one[i] - want[i]));
+    top = fmax(top, fabs((double)want[i]));
+  }
+  ck_assert_msg(worst / top <= kiln_tol_fft(17 * 12, 1), "error %g", worst / top);
+  kiln__cpu_fft_destroy(p);
+  /* The same transform with a transposed result: one guru plan. */
+  f.out_strides[0] = 1;
+  f.out_strides[1] = 3;
+  f.out_strides[2] = 51;
+  ck_assert_int_eq(kiln__cpu_fft_create(&f, &p, "test", &st), 0);
+  ck_assert(kiln__cpu_fft_uses_library(p));
+  ck_assert(!kiln__cpu_fft_uses_passes(p));
+  kiln__cpu_fft_destroy(p);
+  kiln__cpu_pool_destroy(pool);
+  kiln_free(in);
+  kiln_free(want);
+  kiln_free(one);
+  kiln_free(many);
+}
+END_TEST
+
+/* With KILN_FFTW_PLANNER=measure and a kernel cache directory, what the
+ * planner measured is written there as FFTW wisdom (for later processes,
+ * whose default plans use it), and the measured plans are as right. */
+START_TEST(test_fft_wisdom_file) {
+  void *h = dlopen("libfftw3f.so.3", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    fprintf(stderr, "test_fft_wisdom_file: libfftw3f.so.3 not found, skipped\n");
+    return;
+  }
+  dlclose(h);
+  char dir[] = "/tmp/kiln-wisdom-XXXXXX", path[64], cmd[96];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  setenv("KILN_KERNEL_CACHE_DIR", dir, 1);
+  setenv("KILN_FFTW_PLANNER", "measure", 1);
+  agree("HloModule t\nENTRY e {\n  p = f32[4,64] parameter(0)\n"
+        "  ROOT f = c64[4,33] fft(p), fft_type=RFFT, fft_length={64}\n}\n",
+        kiln_tol_fft(64, 1), PLAIN, 1);
+  snprintf(path, sizeof path, "%s/fftw3f.wisdom", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "no %s", path);
+  char head[32] = "";
+  ck_assert_ptr_nonnull(fgets(head, sizeof head, f));
+  fclose(f);
+  ck_assert_msg(strstr(head, "fftw") != NULL, "%s starts with '%s'", path, head);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 START_TEST(test_fft_refused) {
   refused("HloModule t\nENTRY e {\n  p = f32[4,8] parameter(0)\n"
           "  ROOT f = c128[4,5] fft(p), fft_type=RFFT, fft_length={8}\n}\n",
@@ -747,6 +916,7 @@ int main(void) {
   tc = tcase_create("complex");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_complex_random);
+  tcase_add_test(tc, test_complex_multiply_specials);
   tcase_add_test(tc, test_complex_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("fft");
@@ -755,6 +925,9 @@ int main(void) {
   tcase_add_test(tc, test_fft_without_fftw);
   tcase_add_test(tc, test_fft_roundtrip);
   tcase_add_test(tc, test_fft_plan_uses_fftw);
+  tcase_add_test(tc, test_fft_passes);
+  tcase_add_test(tc, test_fft_passes_plan);
+  tcase_add_test(tc, test_fft_wisdom_file);
   tcase_add_test(tc, test_fft_refused);
   tcase_add_test(tc, test_scan_random);
   tcase_add_test(tc, test_scan_wide);
