@@ -5,6 +5,7 @@
  * when there are enough of them, otherwise row blocks of C (or column
  * blocks when C is wide), each one cblas call on a row-major sub-view.
  * Small products run inline: waking the pool would cost more than they do.
+ * f32 pieces with few rows skip OpenBLAS's packing (cpu_gemm_small.c).
  *
  * Each piece runs with denormals flushed to zero (x86 MXCSR FTZ and DAZ,
  * restored afterwards), as XLA's CPU backend runs: a softmax output full
@@ -51,6 +52,10 @@ static void gemm_one(const kiln_gemm *g, const void *a, const void *b, void *c, 
       }
     return;
   }
+  if (g->dtype == KILN_F32 && !g->trans_b &&
+      kiln__cpu_sgemm_small(m, n, g->k, g->trans_a, (float)g->alpha, a, g->lda, b, g->ldb,
+                            (float)g->beta, c, g->ldc))
+    return;
   if (g->dtype == KILN_F32)
     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)g->k, (float)g->alpha, a,
                 (blasint)g->lda, b, (blasint)g->ldb, (float)g->beta, c, (blasint)g->ldc);
