@@ -21,8 +21,9 @@
 
 #include "executor/cpu/cpu.h"
 
-#define INLINE_FLOPS 2.0e6 /* below this, one thread does it all */
-#define MIN_BLOCK 32       /* rows or columns per piece, at least */
+#define INLINE_FLOPS 2.0e6       /* below this, one thread does it all */
+#define SMALL_INLINE_FLOPS 1.6e7 /* the same for products the unpacked tiles take */
+#define MIN_BLOCK 32             /* rows or columns per piece, at least */
 
 typedef struct gemm_job {
   const kiln_gemm *g;
@@ -116,7 +117,10 @@ void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, con
                 .nparts = 1};
   int64_t threads = kiln__cpu_pool_threads(pool);
   double flops = 2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
-  if (threads == 1 || flops < INLINE_FLOPS) {
+  /* The unpacked tiles do a small product in a few tens of microseconds,
+   * about what handing half of it to a worker costs on a loaded machine. */
+  bool small = g->dtype == KILN_F32 && !g->trans_b && kiln__cpu_sgemm_small_takes(g->m, g->n, g->k);
+  if (threads == 1 || flops < (small ? SMALL_INLINE_FLOPS : INLINE_FLOPS)) {
     j.batches_per = g->batch;
     gemm_chunk(&j, 0);
     return;

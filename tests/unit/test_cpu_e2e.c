@@ -511,6 +511,54 @@ START_TEST(test_control_flow) {
 }
 END_TEST
 
+/* A scan as JAX exports it: a while whose state carries the counter, h, the
+ * stacked outputs, the stacked inputs and two loop-invariant weights; each
+ * step slices x out of xs, runs h' = tanh(0.01 (x W + h U)) through a call
+ * (dots of 12 rows: the unpacked small-GEMM tiles, with a masked column
+ * edge at 50) and writes h' into ys in place. */
+START_TEST(test_scan_loop) {
+  agree(
+      "HloModule m\n"
+      "step {\n  x = f32[12,50] parameter(0)\n  h = f32[12,50] parameter(1)\n"
+      "  w = f32[50,50] parameter(2)\n  u = f32[50,50] parameter(3)\n"
+      "  a = f32[12,50] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  b = f32[12,50] dot(h, u), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  c = f32[12,50] add(a, b)\n  k = f32[] constant(0.01)\n"
+      "  kb = f32[12,50] broadcast(k), dimensions={}\n  d = f32[12,50] multiply(c, kb)\n"
+      "  ROOT t = f32[12,50] tanh(d)\n}\n"
+      "body {\n  s = (s32[], f32[12,50], f32[6,12,50], f32[6,12,50], f32[50,50], f32[50,50]) "
+      "parameter(0)\n"
+      "  i = s32[] get-tuple-element(s), index=0\n  h = f32[12,50] get-tuple-element(s), index=1\n"
+      "  ys = f32[6,12,50] get-tuple-element(s), index=2\n"
+      "  xs = f32[6,12,50] get-tuple-element(s), index=3\n"
+      "  w = f32[50,50] get-tuple-element(s), index=4\n"
+      "  u = f32[50,50] get-tuple-element(s), index=5\n  z = s32[] constant(0)\n"
+      "  xd = f32[1,12,50] dynamic-slice(xs, i, z, z), dynamic_slice_sizes={1,12,50}\n"
+      "  x = f32[12,50] reshape(xd)\n"
+      "  hn = f32[12,50] call(x, h, w, u), to_apply=step\n"
+      "  hr = f32[1,12,50] reshape(hn)\n"
+      "  yn = f32[6,12,50] dynamic-update-slice(ys, hr, i, z, z)\n"
+      "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
+      "  ROOT r = (s32[], f32[12,50], f32[6,12,50], f32[6,12,50], f32[50,50], f32[50,50]) "
+      "tuple(j, hn, yn, xs, w, u)\n}\n"
+      "cond {\n  s = (s32[], f32[12,50], f32[6,12,50], f32[6,12,50], f32[50,50], f32[50,50]) "
+      "parameter(0)\n"
+      "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(6)\n"
+      "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
+      "ENTRY e {\n  h0 = f32[12,50] parameter(0)\n  xs = f32[6,12,50] parameter(1)\n"
+      "  w = f32[50,50] parameter(2)\n  u = f32[50,50] parameter(3)\n"
+      "  z = s32[] constant(0)\n  f = f32[] constant(0)\n"
+      "  ys = f32[6,12,50] broadcast(f), dimensions={}\n"
+      "  t = (s32[], f32[12,50], f32[6,12,50], f32[6,12,50], f32[50,50], f32[50,50]) "
+      "tuple(z, h0, ys, xs, w, u)\n"
+      "  l = (s32[], f32[12,50], f32[6,12,50], f32[6,12,50], f32[50,50], f32[50,50]) "
+      "while(t), condition=cond, body=body\n"
+      "  hf = f32[12,50] get-tuple-element(l), index=1\n"
+      "  yf = f32[6,12,50] get-tuple-element(l), index=2\n"
+      "  ROOT o = (f32[12,50], f32[6,12,50]) tuple(hf, yf)\n}\n");
+}
+END_TEST
+
 /* The cpu backend honours the run options through kiln_run_module_with. */
 START_TEST(test_run_limits) {
   const char *text = "HloModule m\ncond {\n  s = s32[] parameter(0)\n"
@@ -619,6 +667,7 @@ int main(void) {
   tcase_add_test(tc, test_denormals_flushed);
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
+  tcase_add_test(tc, test_scan_loop);
   tcase_add_test(tc, test_run_limits);
   suite_add_tcase(s, tc);
   tc = tcase_create("corpus");

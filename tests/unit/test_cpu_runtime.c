@@ -1044,11 +1044,12 @@ START_TEST(test_gemm_alpha_beta_edges) {
 END_TEST
 
 /* f32 pieces of at most KILN__SMALL_GEMM_M rows with B not transposed run
- * through cpu_gemm_small.c's tiles (8 rows by 32 columns, masked edges) on an
+ * through cpu_gemm_small.c's tiles (12 rows by 32 columns, masked edges) on an
  * AVX-512 machine: every row and column remainder, op(A) either way, padded
  * leading dimensions, alpha and beta, split over threads or not. */
 START_TEST(test_gemm_small_tiles) {
-  int64_t ms[] = {1, 3, 7, 8, 9, 17, 32, 33, KILN__SMALL_GEMM_M, KILN__SMALL_GEMM_M + 1};
+  int64_t ms[] = {
+      1, 3, 7, 8, 9, 11, 12, 13, 17, 23, 32, 33, KILN__SMALL_GEMM_M, KILN__SMALL_GEMM_M + 1};
   int64_t ns[] = {1, 15, 16, 17, 33, 48, 100};
   int64_t ks[] = {1, 5, 64};
   for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
