@@ -9,8 +9,12 @@
  * of row k of B are multiplied by the broadcast A[i][k] of each row. A
  * 32-column strip of B (K x 128 bytes) stays in L1 while the row tiles
  * below it reuse it. Only pieces with at most KILN__SMALL_GEMM_M rows come
- * here, B not transposed, on a CPU with AVX-512F; everything else goes to
- * OpenBLAS (cpu_gemm.c).
+ * here, B not transposed, on a CPU with AVX-512F, and only where B is
+ * between 64 KiB and 512 KiB: below, OpenBLAS's packing costs little and its
+ * kernels are 5-15% faster; above, the strided strips of B no longer stay in
+ * cache and the packed panels win (measured on this project's machine,
+ * single-threaded, 16-64 rows). Everything else goes to OpenBLAS
+ * (cpu_gemm.c).
  *
  * Each element of C is one sequential fused multiply-add chain over k, in
  * order, in f32, as OpenBLAS's kernels compute it. KILN_CPU_SMALL_GEMM=0
@@ -115,7 +119,8 @@ static bool small_enabled(void) {
 }
 
 bool kiln__cpu_sgemm_small_takes(int64_t m, int64_t n, int64_t k) {
-  return m >= 1 && m <= KILN__SMALL_GEMM_M && n >= 1 && k >= 1 && small_enabled();
+  return m >= 1 && m <= KILN__SMALL_GEMM_M && n >= 1 && k >= 1 &&
+         n * k >= KILN__SMALL_GEMM_MIN_NK && n * k <= KILN__SMALL_GEMM_MAX_NK && small_enabled();
 }
 
 bool kiln__cpu_sgemm_small(int64_t m, int64_t n, int64_t k, bool trans_a, float alpha,
