@@ -241,6 +241,24 @@ START_TEST(test_shape_ops) {
         "dynamic_slice_sizes={3,4}\n}\n");
   agree("HloModule m\nENTRY e {\n  a = f32[8,8] parameter(0)\n  u = f32[2,3] parameter(1)\n"
         "  i = s32[] parameter(2)\n  ROOT d = f32[8,8] dynamic-update-slice(a, u, i, i)\n}\n");
+  /* In place (the operand is a temporary that dies there): updates with rows
+   * of 8 or more are copied a row at a time, row- and column-major, the
+   * update's layout differing from the result's, start indices clamped (the
+   * s32 arguments are in [-5, 5]). */
+  agree("HloModule m\nENTRY e {\n  a = f32[12,40] parameter(0)\n  b = f32[12,40] add(a, a)\n"
+        "  u = f32[3,24] parameter(1)\n  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[12,40] dynamic-update-slice(b, u, i, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[12,40]{0,1} parameter(0)\n"
+        "  b = f32[12,40]{0,1} add(a, a)\n  u = f32[10,3]{0,1} parameter(1)\n"
+        "  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[12,40]{0,1} dynamic-update-slice(b, u, i, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[12,40]{0,1} parameter(0)\n"
+        "  b = f32[12,40]{0,1} add(a, a)\n  u = f32[10,9]{1,0} parameter(1)\n"
+        "  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[12,40]{0,1} dynamic-update-slice(b, u, i, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = s32[2,5,9] parameter(0)\n  b = s32[2,5,9] add(a, a)\n"
+        "  u = s32[2,2,9] parameter(1)\n  i = s32[] parameter(2)\n"
+        "  ROOT d = s32[2,5,9] dynamic-update-slice(b, u, i, i, i)\n}\n");
 }
 END_TEST
 
