@@ -1,5 +1,6 @@
 /* Kernels that are not one value per output element: dynamic-update-slice
- * in place (iterates over the update), scatter (updates applied in order
+ * in place (iterates over the update, in rows of its minor dimension when
+ * they are 8 or longer), scatter (updates applied in order
  * through the combiner, as XLA's evaluator and the interpreter do: when
  * every update window is one index wide along some operand dimension and
  * at least 8 elements large, the range is blocks of that dimension, each
@@ -40,19 +41,45 @@ static int fail(kiln__codegen *g, const kiln_instr *ins, const char *what) {
 
 /* ---- dynamic-update-slice in place -------------------------------------- */
 
+/* The update's minor dimension (in its layout) and its size. */
+static int64_t minor_of(const kiln_shape *s, uint32_t *md) {
+  int64_t m2m[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(s, m2m);
+  *md = (uint32_t)m2m[0];
+  return s->dims[*md];
+}
+
+/* Walks the update: in rows (one iteration per row of its minor dimension,
+ * an inner loop along it, as the loop kernels do) when the rows are at
+ * least 8 long, so the copy needs no division per element; else one
+ * iteration per element. */
 int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, uint32_t *kernel,
                      uint64_t *range) {
   const kiln_instr *d = ins_of(g, dus);
   const kiln_shape *us = &ins_of(g, d->operands[1])->shape;
+  int64_t n = kiln_shape_elements(us);
+  uint32_t md = 0;
+  int64_t minor = us->rank ? minor_of(us, &md) : 1;
+  bool rows = us->rank >= 2 && minor >= 8 && n > 0;
   kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
   kiln__emit_fn f;
-  int rc = kiln__kernel_begin(g, k, &body, &f, 2);
+  int rc = kiln__kernel_begin(g, k, &body, &f, rows ? 3 : 2);
   kiln__ix u, t;
   if (rc == 0) rc = kiln__ix_new(&f, us->rank, &u);
   if (rc) goto done;
-  for (uint32_t i = 0; i < us->rank; i++) kiln__ix_set(&u, i, "o%u", i);
+  char lin[96];
+  if (rows)
+    snprintf(lin, sizeof lin, "(r * %lld + j)", (long long)minor);
+  else
+    snprintf(lin, sizeof lin, "i");
+  for (uint32_t i = 0; i < us->rank; i++) {
+    if (rows && i == md)
+      kiln__ix_set(&u, i, "j");
+    else
+      kiln__ix_set(&u, i, "o%u", i);
+  }
   u.root = true;
-  u.lin = "i";
+  u.lin = lin;
   u.lin_shape = us;
   uint32_t v;
   rc = kiln__emit_dus_target(&f, d, &u, &v, &t);
@@ -64,13 +91,21 @@ int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, 
   kiln__emit_store_expr(k->out_shape[0]->dtype, vs, e, sizeof e);
   kiln__emit_line(&f, "b%u[%s] = %s;", k->out_arg[0], off, e);
   char loop[256];
-  g->mod.target->range_loop(loop, sizeof loop, "i");
+  g->mod.target->range_loop(loop, sizeof loop, rows ? "r" : "i");
   kiln_sbuf_printf(&out, "  %s {\n", loop);
-  kiln__kernel_decompose(&out, us, "i", 0, "o", 2);
-  kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
-  kiln_sbuf_puts(&out, "  }\n");
+  if (rows) {
+    kiln__kernel_decompose(&out, us, "r", 1, "o", 2);
+    kiln_sbuf_printf(&out, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)minor);
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(&out, "    }\n  }\n");
+    *range = (uint64_t)(n / minor);
+  } else {
+    kiln__kernel_decompose(&out, us, "i", 0, "o", 2);
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(&out, "  }\n");
+    *range = (uint64_t)(n > 0 ? n : 0);
+  }
   *kernel = g->nkernels;
-  *range = (uint64_t)kiln_shape_elements(us);
   kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
 done:
   kiln__emit_fn_free(&f);

@@ -133,6 +133,21 @@ int kiln__cpu_coll_step(const kiln_executable *e, const kiln_step *s, void *cons
 void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
                     void *c);
 
+/* One f32 GEMM piece of at most KILN__SMALL_GEMM_M rows, B not transposed
+ * and of KILN__SMALL_GEMM_MIN_NK to KILN__SMALL_GEMM_MAX_NK elements:
+ * C = alpha op(A) B + beta C (row-major, leading dimensions in elements)
+ * by unpacked AVX-512 tiles (cpu_gemm_small.c). False, with nothing
+ * written, when the piece is not one it takes or the CPU lacks AVX-512F:
+ * the caller then runs OpenBLAS. kiln__cpu_sgemm_small_takes says whether a
+ * piece of that size (B not transposed) would run here. */
+#define KILN__SMALL_GEMM_M 64
+#define KILN__SMALL_GEMM_MIN_NK 16384
+#define KILN__SMALL_GEMM_MAX_NK 131072
+bool kiln__cpu_sgemm_small_takes(int64_t m, int64_t n, int64_t k);
+bool kiln__cpu_sgemm_small(int64_t m, int64_t n, int64_t k, bool trans_a, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                           float *c, int64_t ldc);
+
 /* The CONV step (cpu_conv.c): primitives made once at load (through
  * oneDNN when the build has it, else the direct loop); running one is safe
  * from several runs at once. c must have passed kiln_conv_check. */

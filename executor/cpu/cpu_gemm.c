@@ -5,6 +5,7 @@
  * when there are enough of them, otherwise row blocks of C (or column
  * blocks when C is wide), each one cblas call on a row-major sub-view.
  * Small products run inline: waking the pool would cost more than they do.
+ * f32 pieces with few rows skip OpenBLAS's packing (cpu_gemm_small.c).
  *
  * Each piece runs with denormals flushed to zero (x86 MXCSR FTZ and DAZ,
  * restored afterwards), as XLA's CPU backend runs: a softmax output full
@@ -20,8 +21,9 @@
 
 #include "executor/cpu/cpu.h"
 
-#define INLINE_FLOPS 2.0e6 /* below this, one thread does it all */
-#define MIN_BLOCK 32       /* rows or columns per piece, at least */
+#define INLINE_FLOPS 2.0e6       /* below this, one thread does it all */
+#define SMALL_INLINE_FLOPS 1.6e7 /* the same for products the unpacked tiles take */
+#define MIN_BLOCK 32             /* rows or columns per piece, at least */
 
 typedef struct gemm_job {
   const kiln_gemm *g;
@@ -51,6 +53,10 @@ static void gemm_one(const kiln_gemm *g, const void *a, const void *b, void *c, 
       }
     return;
   }
+  if (g->dtype == KILN_F32 && !g->trans_b &&
+      kiln__cpu_sgemm_small(m, n, g->k, g->trans_a, (float)g->alpha, a, g->lda, b, g->ldb,
+                            (float)g->beta, c, g->ldc))
+    return;
   if (g->dtype == KILN_F32)
     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)g->k, (float)g->alpha, a,
                 (blasint)g->lda, b, (blasint)g->ldb, (float)g->beta, c, (blasint)g->ldc);
@@ -111,7 +117,10 @@ void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, con
                 .nparts = 1};
   int64_t threads = kiln__cpu_pool_threads(pool);
   double flops = 2.0 * (double)g->batch * (double)g->m * (double)g->n * (double)g->k;
-  if (threads == 1 || flops < INLINE_FLOPS) {
+  /* The unpacked tiles do a small product in a few tens of microseconds,
+   * about what handing half of it to a worker costs on a loaded machine. */
+  bool small = g->dtype == KILN_F32 && !g->trans_b && kiln__cpu_sgemm_small_takes(g->m, g->n, g->k);
+  if (threads == 1 || flops < (small ? SMALL_INLINE_FLOPS : INLINE_FLOPS)) {
     j.batches_per = g->batch;
     gemm_chunk(&j, 0);
     return;

@@ -241,6 +241,24 @@ START_TEST(test_shape_ops) {
         "dynamic_slice_sizes={3,4}\n}\n");
   agree("HloModule m\nENTRY e {\n  a = f32[8,8] parameter(0)\n  u = f32[2,3] parameter(1)\n"
         "  i = s32[] parameter(2)\n  ROOT d = f32[8,8] dynamic-update-slice(a, u, i, i)\n}\n");
+  /* In place (the operand is a temporary that dies there): updates with rows
+   * of 8 or more are copied a row at a time, row- and column-major, the
+   * update's layout differing from the result's, start indices clamped (the
+   * s32 arguments are in [-5, 5]). */
+  agree("HloModule m\nENTRY e {\n  a = f32[12,40] parameter(0)\n  b = f32[12,40] add(a, a)\n"
+        "  u = f32[3,24] parameter(1)\n  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[12,40] dynamic-update-slice(b, u, i, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[12,40]{0,1} parameter(0)\n"
+        "  b = f32[12,40]{0,1} add(a, a)\n  u = f32[10,3]{0,1} parameter(1)\n"
+        "  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[12,40]{0,1} dynamic-update-slice(b, u, i, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[12,40]{0,1} parameter(0)\n"
+        "  b = f32[12,40]{0,1} add(a, a)\n  u = f32[10,9]{1,0} parameter(1)\n"
+        "  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[12,40]{0,1} dynamic-update-slice(b, u, i, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = s32[2,5,9] parameter(0)\n  b = s32[2,5,9] add(a, a)\n"
+        "  u = s32[2,2,9] parameter(1)\n  i = s32[] parameter(2)\n"
+        "  ROOT d = s32[2,5,9] dynamic-update-slice(b, u, i, i, i)\n}\n");
 }
 END_TEST
 
@@ -511,6 +529,56 @@ START_TEST(test_control_flow) {
 }
 END_TEST
 
+/* A scan as JAX exports it: a while whose state carries the counter, h, the
+ * stacked outputs, the stacked inputs and two loop-invariant weights; each
+ * step slices x out of xs, runs h' = tanh(0.01 (x W + h U)) through a call
+ * (dots of 12 rows: the unpacked small-GEMM tiles, with a masked column
+ * edge at 152) and writes h' into ys in place. */
+START_TEST(test_scan_loop) {
+  agree(
+      "HloModule m\n"
+      "step {\n  x = f32[12,152] parameter(0)\n  h = f32[12,152] parameter(1)\n"
+      "  w = f32[152,152] parameter(2)\n  u = f32[152,152] parameter(3)\n"
+      "  a = f32[12,152] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  b = f32[12,152] dot(h, u), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+      "  c = f32[12,152] add(a, b)\n  k = f32[] constant(0.01)\n"
+      "  kb = f32[12,152] broadcast(k), dimensions={}\n  d = f32[12,152] multiply(c, kb)\n"
+      "  ROOT t = f32[12,152] tanh(d)\n}\n"
+      "body {\n  s = (s32[], f32[12,152], f32[6,12,152], f32[6,12,152], f32[152,152], "
+      "f32[152,152]) "
+      "parameter(0)\n"
+      "  i = s32[] get-tuple-element(s), index=0\n  h = f32[12,152] get-tuple-element(s), index=1\n"
+      "  ys = f32[6,12,152] get-tuple-element(s), index=2\n"
+      "  xs = f32[6,12,152] get-tuple-element(s), index=3\n"
+      "  w = f32[152,152] get-tuple-element(s), index=4\n"
+      "  u = f32[152,152] get-tuple-element(s), index=5\n  z = s32[] constant(0)\n"
+      "  xd = f32[1,12,152] dynamic-slice(xs, i, z, z), dynamic_slice_sizes={1,12,152}\n"
+      "  x = f32[12,152] reshape(xd)\n"
+      "  hn = f32[12,152] call(x, h, w, u), to_apply=step\n"
+      "  hr = f32[1,12,152] reshape(hn)\n"
+      "  yn = f32[6,12,152] dynamic-update-slice(ys, hr, i, z, z)\n"
+      "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
+      "  ROOT r = (s32[], f32[12,152], f32[6,12,152], f32[6,12,152], f32[152,152], f32[152,152]) "
+      "tuple(j, hn, yn, xs, w, u)\n}\n"
+      "cond {\n  s = (s32[], f32[12,152], f32[6,12,152], f32[6,12,152], f32[152,152], "
+      "f32[152,152]) "
+      "parameter(0)\n"
+      "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(6)\n"
+      "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
+      "ENTRY e {\n  h0 = f32[12,152] parameter(0)\n  xs = f32[6,12,152] parameter(1)\n"
+      "  w = f32[152,152] parameter(2)\n  u = f32[152,152] parameter(3)\n"
+      "  z = s32[] constant(0)\n  f = f32[] constant(0)\n"
+      "  ys = f32[6,12,152] broadcast(f), dimensions={}\n"
+      "  t = (s32[], f32[12,152], f32[6,12,152], f32[6,12,152], f32[152,152], f32[152,152]) "
+      "tuple(z, h0, ys, xs, w, u)\n"
+      "  l = (s32[], f32[12,152], f32[6,12,152], f32[6,12,152], f32[152,152], f32[152,152]) "
+      "while(t), condition=cond, body=body\n"
+      "  hf = f32[12,152] get-tuple-element(l), index=1\n"
+      "  yf = f32[6,12,152] get-tuple-element(l), index=2\n"
+      "  ROOT o = (f32[12,152], f32[6,12,152]) tuple(hf, yf)\n}\n");
+}
+END_TEST
+
 /* The cpu backend honours the run options through kiln_run_module_with. */
 START_TEST(test_run_limits) {
   const char *text = "HloModule m\ncond {\n  s = s32[] parameter(0)\n"
@@ -619,6 +687,7 @@ int main(void) {
   tcase_add_test(tc, test_denormals_flushed);
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
+  tcase_add_test(tc, test_scan_loop);
   tcase_add_test(tc, test_run_limits);
   suite_add_tcase(s, tc);
   tc = tcase_create("corpus");

@@ -1044,6 +1044,32 @@ START_TEST(test_gemm_alpha_beta_edges) {
 }
 END_TEST
 
+/* f32 pieces of at most KILN__SMALL_GEMM_M rows with B not transposed (and
+ * of the size the tiles take) run through cpu_gemm_small.c's tiles (12 rows
+ * by 32 columns, masked edges) on an AVX-512 machine: every row and column
+ * remainder, op(A) either way, padded leading dimensions, alpha and beta,
+ * split over threads or not, and B just outside the sizes they take. */
+START_TEST(test_gemm_small_tiles) {
+  int64_t ms[] = {1, 3, 8, 11, 12, 13, 23, 33, KILN__SMALL_GEMM_M, KILN__SMALL_GEMM_M + 1};
+  int64_t ns[] = {1, 15, 16, 17, 33, 48, 100};
+  for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+      for (int ki = 0; ki < 3; ki++)
+        for (int ta = 0; ta < 2; ta++) {
+          int64_t n = ns[ni], k = KILN__SMALL_GEMM_MIN_NK / n + (ki == 1 ? 3 : 0);
+          if (ki == 2) k = KILN__SMALL_GEMM_MIN_NK / n - 1;   /* just below: OpenBLAS */
+          if (ki == 1 && n == 1) k = KILN__SMALL_GEMM_MAX_NK; /* the largest taken */
+          kiln_gemm g =
+              gemm_of(KILN_F32, 1 + (int64_t)(ni % 2), ms[mi], n, k, ta, 0, (int64_t)(mi % 3));
+          if ((mi + (size_t)ki) % 2) {
+            g.alpha = -0.5;
+            g.beta = 2.0;
+          }
+          check_gemm(g, 1 + (uint32_t)(ki % 2));
+        }
+}
+END_TEST
+
 /* ---- hostile executables ------------------------------------------------- */
 
 /* A fresh valid add executable to break in one place. */
@@ -1562,6 +1588,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_gemm_shapes);
   tcase_add_test(tc, test_gemm_alpha_beta_edges);
+  tcase_add_test(tc, test_gemm_small_tiles);
   suite_add_tcase(s, tc);
   tc = tcase_create("hostile");
   tcase_add_unchecked_fixture(tc, compile_code, free_code);
