@@ -19,12 +19,133 @@
  * allocates its own buffers and memory objects, so runs may overlap.
  * Without oneDNN in the build (or for a step it refuses) the plan is the
  * direct loop of compiler/codegen/conv_step.c, which is correct but slow.
+ *
+ * One form goes to OpenBLAS instead: a 1-D convolution whose kernel is
+ * long and whose output is short, as JAX writes a weight gradient (the
+ * "kernel" is the output gradient, as long as the activation, the "batch"
+ * is the input channels and the output's few positions are the kernel
+ * taps). oneDNN runs that as a direct convolution with a 2048-wide kernel,
+ * tens of times slower than its arithmetic allows. Here each output
+ * position y is out[:, :, y] = sum over lhs features z of
+ * lhs[:, z, y*stride - pad + k*dilation] . rhs[:, z, k] over the kernel
+ * positions k that land inside the input: one sgemm per (y, z) with K the
+ * valid k, accumulating over z (kiln__cpu_gemm, split over the pool).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "executor/cpu/cpu.h"
+
+/* The GEMM plan of a long-kernel 1-D convolution (see above). */
+typedef struct gemm_plan {
+  bool on;
+  bool swap;                /* C is stored transposed: compute C^T = rhs^T lhs^T */
+  kiln_gemm g;              /* batch 1; k, beta and operands set per call */
+  int64_t ls_z, rs_z;       /* element strides between lhs / rhs features */
+  int64_t ls_k, rs_k;       /* between kernel positions (in the lhs: times the dilation) */
+  int64_t ls_p;             /* between input positions */
+  int64_t os_y;             /* between output positions */
+  int64_t in, kw, ow;       /* input, kernel and output lengths */
+  int64_t st, lo, rd;       /* stride, low padding, kernel dilation */
+  int64_t nz;               /* lhs features */
+  int64_t cr, cc, csr, csc; /* C's rows, columns and their strides (zeroing) */
+} gemm_plan;
+
+#define GEMM_MIN_KERNEL 64 /* kernel positions, at least */
+#define GEMM_MAX_OUT 64    /* output positions, at most */
+#define BLAS_MAX ((int64_t)1 << 31)
+
+/* How a rows x cols matrix with element strides (sr, sc) is given to a
+ * row-major BLAS: *trans and *ld; false when neither stride is a unit. */
+static bool blas_view(int64_t rows, int64_t cols, int64_t sr, int64_t sc, uint8_t *trans,
+                      int64_t *ld) {
+  if (sc == 1 || cols == 1) { /* row-major as it lies */
+    *trans = 0;
+    *ld = rows == 1 ? (cols > 0 ? cols : 1) : sr;
+    return *ld >= cols && *ld >= 1 && *ld < BLAS_MAX;
+  }
+  if (sr == 1 || rows == 1) { /* its transpose is row-major */
+    *trans = 1;
+    *ld = cols == 1 ? (rows > 0 ? rows : 1) : sc;
+    return *ld >= rows && *ld >= 1 && *ld < BLAS_MAX;
+  }
+  return false;
+}
+
+/* Whether c is the long-kernel form and its operands suit BLAS; fills q. */
+static bool plan_gemm(const kiln_conv *c, gemm_plan *q) {
+  memset(q, 0, sizeof *q);
+  if (c->dtype != KILN_F32 || c->nspatial != 1 || c->feature_groups != 1 || c->batch_groups != 1 ||
+      c->lhs_dilate[0] != 1 || c->rhs_dims[2] < GEMM_MIN_KERNEL || c->out_dims[2] > GEMM_MAX_OUT ||
+      c->out_dims[2] < 1)
+    return false;
+  int64_t B = c->out_dims[0], O = c->out_dims[1], rd = c->rhs_dilate[0];
+  if (B < 1 || O < 1 || rd >= BLAS_MAX / (c->lhs_strides[2] + 1)) return false;
+  q->ls_k = rd * c->lhs_strides[2]; /* the dilation spaces the input taps only */
+  q->rs_k = c->rhs_strides[2];
+  /* A = lhs (B x K, strides ls0, ls_k), Bm = rhs (K x O, strides rs_k,
+   * rs0), C = out (B x O, strides os0, os1); swapped: A = rhs^T (O x K),
+   * Bm = lhs^T (K x B), C^T (O x B). */
+  kiln_gemm *g = &q->g;
+  g->dtype = KILN_F32;
+  g->batch = 1;
+  g->alpha = 1;
+  uint8_t tc;
+  int64_t ldc;
+  if (blas_view(B, O, c->out_strides[0], c->out_strides[1], &tc, &ldc) && tc == 0) {
+    g->m = B, g->n = O, g->ldc = ldc;
+    /* the kernel extent is unknown per call: check with the full width */
+    if (!blas_view(B, c->rhs_dims[2], c->lhs_strides[0], q->ls_k, &g->trans_a, &g->lda) ||
+        !blas_view(c->rhs_dims[2], O, q->rs_k, c->rhs_strides[0], &g->trans_b, &g->ldb))
+      return false;
+  } else if (blas_view(O, B, c->out_strides[1], c->out_strides[0], &tc, &ldc) && tc == 0) {
+    q->swap = true;
+    g->m = O, g->n = B, g->ldc = ldc;
+    if (!blas_view(O, c->rhs_dims[2], c->rhs_strides[0], q->rs_k, &g->trans_a, &g->lda) ||
+        !blas_view(c->rhs_dims[2], B, q->ls_k, c->lhs_strides[0], &g->trans_b, &g->ldb))
+      return false;
+  } else {
+    return false;
+  }
+  q->ls_p = c->lhs_strides[2];
+  q->ls_z = c->lhs_strides[1], q->rs_z = c->rhs_strides[1], q->os_y = c->out_strides[2];
+  q->in = c->lhs_dims[2], q->kw = c->rhs_dims[2], q->ow = c->out_dims[2];
+  q->st = c->stride[0], q->lo = c->pad_lo[0], q->rd = rd, q->nz = c->lhs_dims[1];
+  q->cr = B, q->cc = O, q->csr = c->out_strides[0], q->csc = c->out_strides[1];
+  q->on = true;
+  return true;
+}
+
+static int64_t div_floor(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+static void run_gemm(const gemm_plan *q, kiln__cpu_pool *pool, const float *lhs, const float *rhs,
+                     float *out) {
+  for (int64_t y = 0; y < q->ow; y++) {
+    float *cy = out + y * q->os_y;
+    int64_t p0 = y * q->st - q->lo; /* input position of kernel position 0 */
+    /* k with 0 <= p0 + k*rd < in */
+    int64_t k0 = p0 >= 0 ? 0 : div_floor(-p0 + q->rd - 1, q->rd);
+    int64_t k1 = div_floor(q->in - 1 - p0, q->rd) + 1;
+    if (k1 > q->kw) k1 = q->kw;
+    bool first = true;
+    for (int64_t z = 0; z < q->nz && k0 < k1; z++) {
+      kiln_gemm g = q->g;
+      g.k = k1 - k0;
+      g.beta = first ? 0 : 1;
+      const float *a = lhs + z * q->ls_z + (p0 + k0 * q->rd) * q->ls_p;
+      const float *b = rhs + z * q->rs_z + k0 * q->rs_k;
+      if (q->swap)
+        kiln__cpu_gemm(pool, &g, b, a, cy);
+      else
+        kiln__cpu_gemm(pool, &g, a, b, cy);
+      first = false;
+    }
+    if (first) /* no input under the window: zeros */
+      for (int64_t i = 0; i < q->cr; i++)
+        for (int64_t j = 0; j < q->cc; j++) cy[i * q->csr + j * q->csc] = 0.0f;
+  }
+}
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KILN__ASAN 1
@@ -105,6 +226,7 @@ enum { P_STAGE, P_SRC, P_WEI, P_CONV, P_DST, NPRIM };
 
 struct kiln__cpu_conv {
   kiln_conv c;
+  gemm_plan gemm;
   bool library;
   bool stage_zero;              /* the staged input has holes: zero it first */
   int64_t lhs_off;              /* elements into the lhs where the (cropped) view starts */
@@ -499,6 +621,7 @@ static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs
 
 struct kiln__cpu_conv {
   kiln_conv c;
+  gemm_plan gemm;
   bool library; /* always false */
 };
 
@@ -519,15 +642,23 @@ int kiln__cpu_conv_create(const kiln_conv *c, kiln__cpu_conv **out, const char *
   kiln__cpu_conv *p = kiln_calloc(1, sizeof *p);
   if (p == NULL) return kiln_status_set(st, KILN_ENOMEM, where, "out of memory");
   p->c = *c;
-  plan_library(p);
+  if (!plan_gemm(c, &p->gemm)) plan_library(p);
   *out = p;
   return 0;
 }
 
-bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p) { return p && p->library; }
+bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p) {
+  return p && (p->library || p->gemm.on);
+}
 
-int kiln__cpu_conv_run(const kiln__cpu_conv *p, const void *lhs, const void *rhs, void *out,
-                       kiln_status *st) {
+bool kiln__cpu_conv_uses_gemm(const kiln__cpu_conv *p) { return p && p->gemm.on; }
+
+int kiln__cpu_conv_run(const kiln__cpu_conv *p, kiln__cpu_pool *pool, const void *lhs,
+                       const void *rhs, void *out, kiln_status *st) {
+  if (p->gemm.on) {
+    run_gemm(&p->gemm, pool, lhs, rhs, out);
+    return 0;
+  }
   if (p->library) return run_library(p, lhs, rhs, out, st);
   kiln_conv_reference(&p->c, lhs, rhs, out);
   return 0;
