@@ -52,8 +52,10 @@ typedef struct gemm_plan {
   int64_t cr, cc, csr, csc; /* C's rows, columns and their strides (zeroing) */
 } gemm_plan;
 
-#define GEMM_MIN_KERNEL 64 /* kernel positions, at least */
-#define GEMM_MAX_OUT 64    /* output positions, at most */
+#define GEMM_MIN_KERNEL 64  /* kernel positions, at least */
+#define GEMM_MAX_OUT 64     /* output positions, at most */
+#define GEMM_MAX_CALLS 4096 /* output positions x lhs features, at most */
+#define GEMM_MIN_MN 16      /* out batch x out features, at least: a matrix, not a vector */
 #define BLAS_MAX ((int64_t)1 << 31)
 
 /* How a rows x cols matrix with element strides (sr, sc) is given to a
@@ -81,7 +83,9 @@ static bool plan_gemm(const kiln_conv *c, gemm_plan *q) {
       c->out_dims[2] < 1)
     return false;
   int64_t B = c->out_dims[0], O = c->out_dims[1], rd = c->rhs_dilate[0];
-  if (B < 1 || O < 1 || rd >= BLAS_MAX / (c->lhs_strides[2] + 1)) return false;
+  if (B < 1 || O < 1 || B * O < GEMM_MIN_MN || c->out_dims[2] * c->lhs_dims[1] > GEMM_MAX_CALLS ||
+      rd >= BLAS_MAX / (c->lhs_strides[2] + 1))
+    return false;
   q->ls_k = rd * c->lhs_strides[2]; /* the dilation spaces the input taps only */
   q->rs_k = c->rhs_strides[2];
   /* A = lhs (B x K, strides ls0, ls_k), Bm = rhs (K x O, strides rs_k,

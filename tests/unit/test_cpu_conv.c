@@ -356,9 +356,9 @@ START_TEST(long_kernel_configurations) {
     memset(&g, 0, sizeof g);
     g.ns = 1;
     g.fg = g.bg = 1;
-    g.n = pick(&seed, 1, 9);
+    g.n = pick(&seed, 4, 12);
     g.c = pick(&seed, 1, 4);
-    g.o = pick(&seed, 1, 9);
+    g.o = pick(&seed, 4, 12);
     for (;;) {
       g.k[0] = pick(&seed, 64, 96);
       g.rd[0] = pick(&seed, 0, 3) == 0 ? 2 : 1;
