@@ -324,7 +324,7 @@ START_TEST(jax_convnet_shapes) {
       "  k = f32[2,256,16] parameter(1)\n  ROOT c = f32[1,8,16] convolution(a, k), "
       "window={size=256}, dim_labels=f0b_i0o->0bf\n}\n",
   };
-  static const int gemm_form[] = {0, 0, 0, 0, 0, 0, 1, 1};
+  static const int gemm_form[] = {0, 0, 1, 0, 0, 0, 1, 1};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     kiln_sbuf why = KILN_SBUF_INIT;
     int steps, library;
@@ -343,8 +343,9 @@ START_TEST(jax_convnet_shapes) {
 }
 END_TEST
 
-/* Random long-kernel 1-D convolutions: kernel 64..96 positions, output
- * 1..8, strides, padding of either sign, kernel dilation, every
+/* Random long-kernel convolutions, 1 to 3 spatial dimensions: kernels of
+ * 64 positions or more (the last dimension 8 or more), outputs of a few
+ * positions, strides, padding of either sign, kernel dilation, every
  * dim_labels permutation and layout. Those whose batch or spatial
  * dimension is innermost in the lhs (and so on) run as sgemm, the rest
  * through oneDNN; both against the interpreter. */
@@ -354,26 +355,40 @@ START_TEST(long_kernel_configurations) {
   for (int round = 0; round < 24; round++) {
     cfg g;
     memset(&g, 0, sizeof g);
-    g.ns = 1;
+    int64_t r = pick(&seed, 0, 5);
+    g.ns = r < 3 ? 1 : r < 5 ? 2 : 3;
     g.fg = g.bg = 1;
     g.n = pick(&seed, 4, 12);
     g.c = pick(&seed, 1, 4);
     g.o = pick(&seed, 4, 12);
-    for (;;) {
-      g.k[0] = pick(&seed, 64, 96);
-      g.rd[0] = pick(&seed, 0, 3) == 0 ? 2 : 1;
-      g.ld[0] = 1;
-      g.stride[0] = pick(&seed, 1, 4);
-      g.lo[0] = pick(&seed, -3, 6);
-      g.hi[0] = pick(&seed, -3, 6);
-      int64_t window = (g.k[0] - 1) * g.rd[0] + 1;
-      g.in[0] = window - g.lo[0] - g.hi[0] + pick(&seed, 0, 7) * g.stride[0];
-      if (g.in[0] >= 1 && (g.out[0] = out_size(&g, 0)) > 0) break;
+    for (int i = 0; i < g.ns; i++) {
+      bool last = i == g.ns - 1;
+      for (;;) {
+        g.k[i] = g.ns == 1   ? pick(&seed, 64, 96)
+                 : g.ns == 2 ? pick(&seed, 8, 12)
+                 : last      ? pick(&seed, 16, 20)
+                             : pick(&seed, 2, 4);
+        g.rd[i] = pick(&seed, 0, 3) == 0 ? 2 : 1;
+        g.ld[i] = 1;
+        g.stride[i] = pick(&seed, 1, 4);
+        g.lo[i] = pick(&seed, -3, 6);
+        g.hi[i] = pick(&seed, -3, 6);
+        int64_t window = (g.k[i] - 1) * g.rd[i] + 1;
+        g.in[i] = window - g.lo[i] - g.hi[i] + pick(&seed, 0, g.ns == 1 ? 7 : 2) * g.stride[i];
+        if (g.in[i] >= 1 && (g.out[i] = out_size(&g, i)) > 0) break;
+      }
     }
-    char l[6] = {'b', 'f', '0'}, k[6] = {'o', 'i', '0'}, o[6] = {'b', 'f', '0'};
-    shuffle(&seed, l, 3);
-    shuffle(&seed, k, 3);
-    shuffle(&seed, o, 3);
+    const char *sp = "012";
+    char l[6] = {'b', 'f'}, k[6] = {'o', 'i'}, o[6] = {'b', 'f'};
+    for (int i = 0; i < g.ns; i++) l[2 + i] = k[2 + i] = o[2 + i] = sp[i];
+    shuffle(&seed, l, g.ns + 2);
+    shuffle(&seed, k, g.ns + 2);
+    shuffle(&seed, o, g.ns + 2);
+    if (g.ns > 1 && pick(&seed, 0, 1) == 0) { /* as JAX writes weight gradients: f01b_i01o->01bf */
+      l[0] = 'f', k[0] = 'i', l[g.ns + 1] = 'b', k[g.ns + 1] = 'o';
+      o[g.ns] = 'b', o[g.ns + 1] = 'f';
+      for (int i = 0; i < g.ns; i++) l[1 + i] = k[1 + i] = o[i] = sp[i];
+    }
     memcpy(g.lhs, l, 6);
     memcpy(g.rhs, k, 6);
     memcpy(g.res, o, 6);
