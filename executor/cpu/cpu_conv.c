@@ -157,11 +157,11 @@ static void run_gemm_tap(const gemm_plan *q, kiln__cpu_pool *pool, const float *
   for (int64_t r = 0; r < rows && k0 < k1; r++) {
     int64_t loff = (p0 + k0 * q->rd[L]) * q->ls[L], roff = k0 * q->rs_k, rest = r;
     bool inside = true;
-    for (int i = L; i-- > 0;) {
+    for (int i = L; i-- > 0 && inside;) {
       int64_t kk = rest % q->kw[i], p = y[i] * q->st[i] - q->lo[i] + kk * q->rd[i];
       rest /= q->kw[i];
-      inside = inside && p >= 0 && p < q->in[i];
-      loff += p * q->ls[i], roff += kk * q->rs[i];
+      inside = p >= 0 && p < q->in[i];
+      if (inside) loff += p * q->ls[i], roff += kk * q->rs[i];
     }
     if (!inside) continue;
     for (int64_t z = 0; z < q->nz; z++) {
