@@ -155,10 +155,14 @@ typedef struct kiln__cpu_conv kiln__cpu_conv;
 int kiln__cpu_conv_create(const kiln_conv *c, kiln__cpu_conv **out, const char *where,
                           kiln_status *st);
 void kiln__cpu_conv_destroy(kiln__cpu_conv *p);
-int kiln__cpu_conv_run(const kiln__cpu_conv *p, const void *lhs, const void *rhs, void *out,
-                       kiln_status *st);
-/* Whether the plan runs through oneDNN (false: the direct loop). */
+int kiln__cpu_conv_run(const kiln__cpu_conv *p, kiln__cpu_pool *pool, const void *lhs,
+                       const void *rhs, void *out, kiln_status *st);
+/* Whether the plan runs through a library, oneDNN or OpenBLAS (false: the
+ * direct loop). */
 bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p);
+/* Whether it runs as sgemm calls (a long-kernel 1-D convolution: weight
+ * gradients), split over the pool it is run with. */
+bool kiln__cpu_conv_uses_gemm(const kiln__cpu_conv *p);
 
 /* The FFT step (cpu_fft.c): an FFTW plan made once at load (the direct DFT
  * when FFTW cannot be opened); running one is safe from several runs at

@@ -214,7 +214,9 @@ static int run_program(run_ctx *r, uint32_t p) {
     case KILN_STEP_WHILE: rc = run_while(r, s, a); break;
     case KILN_STEP_CONDITIONAL: rc = run_conditional(r, s, a); break;
     case KILN_STEP_CALL: rc = run_program(r, s->sub[0]); break;
-    case KILN_STEP_CONV: rc = kiln__cpu_conv_run(r->l->conv[p][i], a[0], a[1], a[2], r->st); break;
+    case KILN_STEP_CONV:
+      rc = kiln__cpu_conv_run(r->l->conv[p][i], r->l->dev->pool, a[0], a[1], a[2], r->st);
+      break;
     case KILN_STEP_COLLECTIVE:
       rc = kiln__cpu_coll_step(r->l->exe, s, a, r->gang, r->cancel, r->deadline, r->st);
       break;

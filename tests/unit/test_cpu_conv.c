@@ -17,6 +17,11 @@
  * With oneDNN in the build the suite also checks that each f32 convolution
  * became a CONV step and that its plan runs through the library (no silent
  * fallback to the direct loop).
+ *
+ * Long-kernel 1-D convolutions (weight gradients as JAX writes them: the
+ * kernel is an activation, the output a few taps) run as sgemm calls;
+ * random ones of those check that path, in every build that has CONV steps
+ * (sanitizer builds included: it does not use oneDNN).
  */
 #include <check.h>
 #include <math.h>
@@ -192,9 +197,11 @@ static void fill(kiln_literal *l, uint64_t *seed) {
     kiln_literal_set_f64(l, i, (double)((int64_t)(rng(seed) % 33) - 16) / 8.0);
 }
 
-/* The CONV steps of program 0, and how many of them oneDNN runs. */
+static int gemm_steps; /* CONV steps of the last run_case that run as sgemm */
+
+/* The CONV steps of program 0, and how many of them a library runs. */
 static void count_conv(const kiln_executable *e, int *steps, int *library) {
-  *steps = *library = 0;
+  *steps = *library = gemm_steps = 0;
   for (uint32_t i = 0; i < e->programs[0].nsteps; i++) {
     const kiln_step *s = &e->programs[0].steps[i];
     if (s->kind != KILN_STEP_CONV) continue;
@@ -202,6 +209,7 @@ static void count_conv(const kiln_executable *e, int *steps, int *library) {
     kiln__cpu_conv *p = NULL;
     ck_assert_int_eq(kiln__cpu_conv_create(s->conv, &p, "test", &st), 0);
     *library += kiln__cpu_conv_uses_library(p);
+    gemm_steps += kiln__cpu_conv_uses_gemm(p);
     kiln__cpu_conv_destroy(p);
   }
 }
@@ -275,6 +283,7 @@ START_TEST(random_configurations) {
     kiln_sbuf_free(&text);
     kiln_sbuf_free(&why);
   }
+  (void)gemm_steps;
 #if LIBRARY
   /* most configurations read some input: the library path is exercised */
   ck_assert_int_gt(total_library, 20);
@@ -300,7 +309,26 @@ START_TEST(jax_convnet_shapes) {
       "HloModule m\nENTRY e {\n  a = f32[2,6,6,8] parameter(0)\n"
       "  k = f32[3,3,4,8] parameter(1)\n  ROOT c = f32[2,12,12,4] convolution(a, k), "
       "window={size=3x3 pad=1_2x1_2 lhs_dilate=2x2}, dim_labels=b01f_01oi->b01f\n}\n",
+      /* a dilated 1-D conv net (WaveNet): forward, input gradient, and the
+       * weight gradient whose kernel is the output gradient (sgemm) */
+      "HloModule m\nENTRY e {\n  a = f32[2,256,8] parameter(0)\n"
+      "  k = f32[3,8,16] parameter(1)\n  ROOT c = f32[2,256,16] convolution(a, k), "
+      "window={size=3 pad=4_4 rhs_dilate=4}, dim_labels=b0f_0io->b0f\n}\n",
+      "HloModule m\nENTRY e {\n  a = f32[2,256,16] parameter(0)\n"
+      "  k = f32[3,8,16] parameter(1)\n  ROOT c = f32[2,256,8] convolution(a, k), "
+      "window={size=3 pad=4_4 rhs_dilate=4}, dim_labels=b0f_0oi->b0f\n}\n",
+      "HloModule m\nENTRY e {\n  a = f32[2,256,8] parameter(0)\n"
+      "  k = f32[2,256,16] parameter(1)\n  ROOT c = f32[3,8,16] convolution(a, k), "
+      "window={size=256 stride=4 pad=4_4}, dim_labels=f0b_i0o->0bf\n}\n",
+      "HloModule m\nENTRY e {\n  a = f32[2,256,8] parameter(0)\n"
+      "  k = f32[2,256,16] parameter(1)\n  ROOT c = f32[1,8,16] convolution(a, k), "
+      "window={size=256}, dim_labels=f0b_i0o->0bf\n}\n",
+      /* convnet_grad's second weight gradient, smaller: a 32x32 "kernel" */
+      "HloModule m\nENTRY e {\n  a = f32[2,32,32,4] parameter(0)\n"
+      "  k = f32[2,32,32,8] parameter(1)\n  ROOT c = f32[3,3,4,8] convolution(a, k), "
+      "window={size=32x32 pad=1_1x1_1}, dim_labels=f01b_i01o->01bf\n}\n",
   };
+  static const int gemm_form[] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     kiln_sbuf why = KILN_SBUF_INIT;
     int steps, library;
@@ -308,12 +336,87 @@ START_TEST(jax_convnet_shapes) {
     ck_assert_msg(kiln_sbuf_str(&why)[0] == '\0', "%s\n%s", kiln_sbuf_str(&why), cases[i]);
 #ifdef KILN_HAVE_DNNL
     ck_assert_int_eq(steps, 1);
-    ck_assert_int_eq(library, LIBRARY);
+    ck_assert_int_eq(library, LIBRARY || gemm_form[i]);
+    ck_assert_int_eq(gemm_steps, gemm_form[i]);
 #else
+    (void)gemm_form;
     ck_assert_int_eq(steps, 0);
 #endif
     kiln_sbuf_free(&why);
   }
+}
+END_TEST
+
+/* Random long-kernel convolutions, 1 to 3 spatial dimensions: kernels of
+ * 64 positions or more (the last dimension 32 or more), outputs of a few
+ * positions, strides, padding of either sign, kernel dilation, every
+ * dim_labels permutation and layout. Those whose batch or spatial
+ * dimension is innermost in the lhs (and so on) run as sgemm, the rest
+ * through oneDNN; both against the interpreter. */
+START_TEST(long_kernel_configurations) {
+  uint64_t seed = 0x10a9000u + (uint64_t)_i;
+  int total_gemm = 0;
+  for (int round = 0; round < 24; round++) {
+    cfg g;
+    memset(&g, 0, sizeof g);
+    int64_t r = pick(&seed, 0, 5);
+    g.ns = r < 3 ? 1 : r < 5 ? 2 : 3;
+    g.fg = g.bg = 1;
+    g.n = pick(&seed, 4, 12);
+    g.c = pick(&seed, 1, 4);
+    g.o = pick(&seed, 4, 12);
+    for (int i = 0; i < g.ns; i++) {
+      bool last = i == g.ns - 1;
+      for (;;) {
+        g.k[i] = g.ns == 1   ? pick(&seed, 64, 96)
+                 : last      ? pick(&seed, 32, 36)
+                 : g.ns == 2 ? pick(&seed, 2, 4)
+                             : pick(&seed, 1, 3);
+        g.rd[i] = pick(&seed, 0, 3) == 0 ? 2 : 1;
+        g.ld[i] = 1;
+        g.stride[i] = pick(&seed, 1, 4);
+        g.lo[i] = pick(&seed, -3, 6);
+        g.hi[i] = pick(&seed, -3, 6);
+        int64_t window = (g.k[i] - 1) * g.rd[i] + 1;
+        g.in[i] = window - g.lo[i] - g.hi[i] + pick(&seed, 0, g.ns == 1 ? 7 : 2) * g.stride[i];
+        if (g.in[i] >= 1 && (g.out[i] = out_size(&g, i)) > 0) break;
+      }
+    }
+    const char *sp = "012";
+    char l[6] = {'b', 'f'}, k[6] = {'o', 'i'}, o[6] = {'b', 'f'};
+    for (int i = 0; i < g.ns; i++) l[2 + i] = k[2 + i] = o[2 + i] = sp[i];
+    shuffle(&seed, l, g.ns + 2);
+    shuffle(&seed, k, g.ns + 2);
+    shuffle(&seed, o, g.ns + 2);
+    if (pick(&seed, 0, 1) == 0) { /* as JAX writes weight gradients: f01b_i01o->01bf */
+      l[0] = 'f', k[0] = 'i', l[g.ns + 1] = 'b', k[g.ns + 1] = 'o';
+      o[g.ns] = 'b', o[g.ns + 1] = 'f';
+      for (int i = 0; i < g.ns; i++) l[1 + i] = k[1 + i] = o[i] = sp[i];
+    }
+    memcpy(g.lhs, l, 6);
+    memcpy(g.rhs, k, 6);
+    memcpy(g.res, o, 6);
+    g.lhs_layout = pick(&seed, 0, 2) == 0;
+    g.rhs_layout = pick(&seed, 0, 2) == 0;
+    kiln_sbuf text = KILN_SBUF_INIT, why = KILN_SBUF_INIT;
+    module_text(&text, &g);
+    int steps, library;
+    run_case(kiln_sbuf_str(&text), seed, &why, &steps, &library);
+    ck_assert_msg(kiln_sbuf_str(&why)[0] == '\0', "%s\n%s", kiln_sbuf_str(&why),
+                  kiln_sbuf_str(&text));
+#ifdef KILN_HAVE_DNNL
+    ck_assert_msg(steps == 1, "not a CONV step:\n%s", kiln_sbuf_str(&text));
+    ck_assert_msg(gemm_steps || library == (LIBRARY && reads_input(&g)), "CONV step %s oneDNN:\n%s",
+                  library ? "through" : "not through", kiln_sbuf_str(&text));
+    total_gemm += gemm_steps;
+#endif
+    kiln_sbuf_free(&text);
+    kiln_sbuf_free(&why);
+  }
+#ifdef KILN_HAVE_DNNL
+  ck_assert_int_gt(total_gemm, 4); /* the sgemm path is exercised */
+#endif
+  (void)total_gemm;
 }
 END_TEST
 
@@ -336,6 +439,7 @@ int main(void) {
   TCase *tc = tcase_create("differential");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, random_configurations, 0, 4);
+  tcase_add_loop_test(tc, long_kernel_configurations, 0, 3);
   tcase_add_test(tc, jax_convnet_shapes);
   tcase_add_test(tc, f64_and_reference);
   suite_add_tcase(s, tc);
