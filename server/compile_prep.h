@@ -16,6 +16,8 @@
 #define KILND_MAX_TRANSFORMS 16
 #define KILND_MAX_TIMINGS 96
 #define KILND_MAX_PLAN_WARNINGS 4
+/* The most devices one SPMD run takes (kilnd --cpu-devices is at most 256). */
+#define KILND_MAX_MESH 256
 
 typedef struct kiln_transform kiln_transform;
 typedef struct kiln_target kiln_target;
@@ -25,7 +27,13 @@ typedef struct kilnd_compile_plan {
   bool explicit_backend;     /* the request named it */
   const kiln_target *target; /* resolved (compiler/target.h); NULL: none (interp) */
   int opt_level;
+  /* Devices one run takes: options.device_count (0: the module's replica
+   * and partition counts decide, in handlers_compile.c). mesh[0..nmesh) is
+   * options.mesh_shape, checked to multiply to ndevices when given. */
   uint32_t ndevices;
+  bool devices_given;
+  int64_t mesh[8];
+  uint32_t nmesh;
   kiln_transform *transforms; /* kiln_malloc'd, ntransforms */
   bool *drop_value;           /* per transform: grad without with_value */
   uint32_t ntransforms;

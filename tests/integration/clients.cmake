@@ -21,7 +21,7 @@ if(TARGET kilnd)
   list(APPEND KILN_ITEST_ENV "KILND=$<TARGET_FILE:kilnd>")
 endif()
 
-foreach(name test_remote test_load test_hostile test_drain test_cache_server test_cancel test_limits
+foreach(name test_remote test_load test_hostile test_drain test_cache_server test_cancel test_limits test_spmd_server
     test_upload_wire test_security test_ops test_scheduler_fair test_cuda_service)
   if(NOT EXISTS ${CMAKE_CURRENT_LIST_DIR}/${name}.c)
     continue()
