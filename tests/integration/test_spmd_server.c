@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "clients/c/kiln.h"
 #include "common/alloc.h"
@@ -341,6 +342,87 @@ START_TEST(test_hostile) {
 }
 END_TEST
 
+/* Runs the kiln command (KILN_CLI); its exit status. */
+static int cli(const char *const *args, char **out, char **err) {
+  const char *path = getenv("KILN_CLI");
+  ck_assert_msg(path && path[0], "KILN_CLI is not set");
+  char *argv[32];
+  int n = 0;
+  argv[n++] = (char *)path;
+  for (int i = 0; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
+  argv[n] = NULL;
+  return itest_run(argv, out, err);
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* kiln run --server with a mesh prints what the local run prints: a
+ * per-device program with --device-args device by device, a global program
+ * partitioned by --partitions; a mesh too large for the server is refused
+ * naming device_count. */
+START_TEST(test_cli_remote_mesh) {
+  char dir[] = "/tmp/kiln-spmd-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char pd[64], dp[64];
+  snprintf(pd, sizeof pd, "%s/pd.hlo", dir);
+  snprintf(dp, sizeof dp, "%s/dp.hlo", dir);
+  write_file(pd, perdev_hlo);
+  write_file(dp, dp2_hlo);
+  char *out, *err, *lout, *lerr;
+  const char *remote[] = {"run",
+                          pd,
+                          "--server",
+                          server.addr,
+                          "--arg",
+                          "f32[4] {1, 2, 3, 4}",
+                          "--device-args",
+                          "2",
+                          "f32[4] {10, 10, 10, 10}",
+                          NULL};
+  const char *local[] = {
+      "run", pd, "--arg", "f32[4] {1, 2, 3, 4}", "--device-args", "2", "f32[4] {10, 10, 10, 10}",
+      NULL};
+  ck_assert_msg(cli(remote, &out, &err) == 0, "remote: %s", err);
+  ck_assert_msg(cli(local, &lout, &lerr) == 0, "local: %s", lerr);
+  ck_assert_str_eq(out, lout);
+  ck_assert_ptr_nonnull(strstr(out, "device 3:\nf32[4] {13, 16, 19, 22}\nu32[] 3\n"));
+  free(out), free(err), free(lout), free(lerr);
+  /* partial sums reorder additions: the same numbers within a tolerance */
+  const char *gr[] = {"run",           dp,  "--server", server.addr, "--partitions", "2",
+                      "--random-args", "5", NULL};
+  const char *gl[] = {"run", dp, "--partitions", "2", "--random-args", "5", NULL};
+  ck_assert_msg(cli(gr, &out, &err) == 0, "remote global: %s", err);
+  ck_assert_msg(cli(gl, &lout, &lerr) == 0, "local global: %s", lerr);
+  ck_assert(strncmp(out, "f32[16,4] {", 11) == 0 && strncmp(lout, "f32[16,4] {", 11) == 0);
+  int nums = 0;
+  for (char *p = out + 11, *q = lout + 11; *p && *q;) {
+    if (!strchr("-0123456789", *p)) {
+      p++, q++;
+      continue;
+    }
+    char *pe, *qe;
+    double x = strtod(p, &pe), y = strtod(q, &qe);
+    ck_assert_msg(pe > p && qe > q && fabs(x - y) <= 1e-5 * (1 + fabs(x)), "%g vs %g", x, y);
+    p = pe, q = qe, nums++;
+  }
+  ck_assert_int_eq(nums, 64);
+  free(out), free(err), free(lout), free(lerr);
+  const char *big[] = {"run",           dp,  "--server", server.addr, "--partitions", "8",
+                       "--random-args", "5", NULL};
+  ck_assert_int_ne(cli(big, &out, &err), 0);
+  ck_assert_msg(strstr(err, "device_count") != NULL, "%s", err);
+  free(out), free(err);
+  unlink(pd);
+  unlink(dp);
+  rmdir(dir);
+}
+END_TEST
+
 /* Gangs of 4 and 2 and single-device runs from several clients at once on
  * 4 devices: every call completes (the scheduler claims a gang's devices
  * all at once, so two gangs never hold part of the devices each). */
@@ -428,6 +510,7 @@ int main(void) {
   tcase_add_test(tc, test_per_device);
   tcase_add_test(tc, test_cache_key_mesh);
   tcase_add_test(tc, test_hostile);
+  tcase_add_test(tc, test_cli_remote_mesh);
   tcase_add_test(tc, test_gangs_do_not_deadlock);
   suite_add_tcase(s, tc);
   return itest_run_suite("test_spmd_server", s, &server);
