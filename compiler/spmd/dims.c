@@ -7,8 +7,9 @@
  * The ops covered are those whose result dims correspond to operand dims:
  * elementwise (and the annotation custom calls), broadcast, transpose,
  * reshape (dims that split or merge cleanly), reduce, dot and convolution
- * (through their loops: batch, free and contracting dims), and slice, pad,
- * reverse and concatenate (along the dims they leave alone). NULL means the
+ * (through their loops: batch, free and contracting dims), reduce-window
+ * (every dim: the partitioner exchanges halos along windowed ones), and
+ * slice, pad, reverse and concatenate (along the dims they leave alone). NULL means the
  * op has no such correspondence for that operand.
  */
 #include <string.h>
@@ -158,6 +159,9 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
   case KILN_OP_GATHER:
     if (k != 1 || !gather_map(m, ins, map)) return NULL;
     return kiln__tiling_derive(a, tk, map, out->rank);
+  case KILN_OP_REDUCE_WINDOW: /* windows along split dims: halo exchange */
+    if (ins->noperands != 2 || k != 0 || in->rank != out->rank) return NULL;
+    return kiln__tiling_derive(a, tk, ident, out->rank);
   case KILN_OP_DOT:
   case KILN_OP_CONVOLUTION: {
     spmd_loop loops[SPMD_MAX_RANK * 2];
@@ -214,6 +218,9 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
     for (uint32_t d = 0; d < in->rank; d++) map[d] = red[d] ? -1 : j++;
     return kiln__tiling_derive(a, tout, map, in->rank);
   }
+  case KILN_OP_REDUCE_WINDOW:
+    if (ins->noperands != 2 || k != 0 || in->rank != out->rank) return NULL;
+    return kiln__tiling_derive(a, tout, ident, in->rank);
   case KILN_OP_GATHER: {
     /* The table whole, the indices split as the result's batch dims. */
     int64_t gm[SPMD_MAX_RANK];
