@@ -167,7 +167,10 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
     spmd_loop loops[SPMD_MAX_RANK * 2];
     uint32_t nl;
     if (!kiln__contraction_loops(m, ins, loops, &nl) || nl > SPMD_MAX_RANK || k > 1) return NULL;
-    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed ? -1 : (k ? loops[j].r : loops[j].l);
+    /* windows pass the input's splits to the result (halo exchange),
+     * never the kernel's */
+    for (uint32_t j = 0; j < nl; j++)
+      map[j] = loops[j].fixed && k ? -1 : k ? loops[j].r : loops[j].l;
     spmd_tiling *it = kiln__tiling_derive(a, tk, map, nl);
     if (it == NULL) return NULL;
     int64_t omap[SPMD_MAX_RANK];
@@ -236,7 +239,7 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
     spmd_loop loops[SPMD_MAX_RANK * 2];
     uint32_t nl;
     if (!kiln__contraction_loops(m, ins, loops, &nl) || nl > SPMD_MAX_RANK || k > 1) return NULL;
-    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed ? -1 : loops[j].o;
+    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed && k ? -1 : loops[j].o;
     spmd_tiling *it = kiln__tiling_derive(a, tout, map, nl);
     if (it == NULL) return NULL;
     int64_t imap[SPMD_MAX_RANK];

@@ -933,6 +933,87 @@ static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, 
   return p->tx->err;
 }
 
+/* A convolution whose result is split along spatial dims (and perhaps its
+ * batch, never its features): the input split the same way, each device
+ * convolving the window of the input its result shard covers (halos from
+ * its neighbours, zeros past the edges), the kernel whole. False (nothing
+ * built) when the convolution is not of that kind or a window would reach
+ * past the neighbours. */
+static bool conv_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                      int *err) {
+  *err = 0;
+  spmd_loop loops[SPMD_MAX_RANK * 2];
+  uint32_t nl;
+  const kiln_attr *wa = kiln_instr_attr(ins, KILN_ATTR_WINDOW);
+  const kiln_window *win = wa ? wa->v.window : NULL;
+  if (ins->op != KILN_OP_CONVOLUTION || win == NULL || !is_array(&ins->shape) ||
+      !kiln__contraction_loops(p->m, ins, loops, &nl) || nl > SPMD_MAX_RANK)
+    return false;
+  kiln_id l = ins->operands[0];
+  const kiln_shape *ls = gshape(p, l);
+  int64_t lmap[SPMD_MAX_RANK];
+  for (uint32_t d = 0; d < ls->rank; d++) lmap[d] = -1;
+  bool spatial = false;
+  uint32_t k = 0; /* window dim of the next spatial loop */
+  for (uint32_t j = 0; j < nl; j++) {
+    const spmd_loop *lp = &loops[j];
+    bool split = lp->o >= 0 && want->tiles[lp->o] > 1;
+    if (lp->fixed) {
+      if (k >= win->rank) return false;
+      if (split && win->dims[k].lhs_dilate != 1) return false;
+      k++;
+    }
+    if (split && lp->l < 0) return false; /* output features: the kernel's split */
+    if (split) lmap[lp->l] = lp->o;
+    spatial = spatial || (split && lp->fixed);
+  }
+  if (!spatial) return false;
+  spmd_tiling *tl = kiln__tiling_derive(p->a, want, lmap, ls->rank);
+  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (tl == NULL || a == NULL) return *err = kiln__tx_oom(p->tx), true;
+  /* every window first: nothing dead */
+  for (int pass = 0; pass < 2; pass++) {
+    kiln_id x = pass ? local_as(p, l, tl) : KILN_NO_ID;
+    kiln_window *nw = NULL;
+    if (pass) {
+      nw = kiln_arena_alloc(p->m->arena, sizeof *nw);
+      kiln_window_dim *nd = nw ? kiln_arena_calloc(p->m->arena, win->rank, sizeof *nd) : NULL;
+      if (nd == NULL) return *err = kiln__tx_oom(p->tx), true;
+      memcpy(nd, win->dims, win->rank * sizeof *nd);
+      nw->rank = win->rank;
+      nw->dims = nd;
+    }
+    kiln_id zero = pass ? kiln__b_scalar(&p->b, ls->dtype, 0) : KILN_NO_ID;
+    k = 0;
+    for (uint32_t j = 0; j < nl; j++) {
+      const spmd_loop *lp = &loops[j];
+      if (!lp->fixed) continue;
+      const kiln_window_dim *w = &win->dims[k++];
+      if (want->tiles[lp->o] <= 1) continue;
+      uint32_t dl = (uint32_t)lp->l;
+      int64_t so = kiln__shard_size(ins->shape.dims[lp->o], want->tiles[lp->o]);
+      int64_t span = (w->size - 1) * w->rhs_dilate + 1, len = (so - 1) * w->stride + span;
+      for (int64_t q = 0; q < p->n; q++)
+        a[q] = kiln__tiling_coord(tl, q, dl) * so * w->stride - w->pad_lo;
+      halo_plan h;
+      if (!pass && !halo_plan_make(p, ls->dims[dl], tl, dl, a, len, halo_max(tl, dl), &h))
+        return false;
+      if (!pass) continue;
+      x = halo_window(p, x, ls->dims[dl], tl, dl, a, len, zero, halo_max(tl, dl), NULL);
+      nw->dims[k - 1].pad_lo = nw->dims[k - 1].pad_hi = 0;
+    }
+    if (!pass) continue;
+    kiln_id ops[2] = {x, whole(p, ins->operands[1])};
+    kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, 2);
+    kiln_attr *na = c ? kiln_instr_add_attr(p->m, c, KILN_ATTR_WINDOW) : NULL;
+    if (na == NULL) return *err = p->tx->err ? p->tx->err : kiln__tx_oom(p->tx), true;
+    na->v.window = nw;
+    *out = kiln__b_finish(&p->b, c);
+  }
+  *err = p->tx->err;
+  return true;
+}
+
 /* dot and convolution: choose the tiling of the loops (from the result's,
  * the lhs's or the rhs's), compute locally, all-reduce over split
  * contracting loops. */
@@ -940,6 +1021,11 @@ static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *w
                             spmd_tiling **got) {
   spmd_loop loops[SPMD_MAX_RANK * 2];
   uint32_t nl;
+  int herr;
+  if (conv_halo(p, ins, want, out, &herr)) {
+    *got = (spmd_tiling *)want;
+    return herr;
+  }
   if (!is_array(&ins->shape) || !kiln__contraction_loops(p->m, ins, loops, &nl) ||
       nl > SPMD_MAX_RANK)
     return rule_whole(p, ins, want, out, got);

@@ -175,13 +175,14 @@ static void check_program(const char *text, int64_t p, const char *backend, int 
 
 /* body (an ENTRY's instructions after "x = f32[16,6] parameter(0), split")
  * on P = 2, 4 and 8 devices (the cpu backend on 4), the sharding text
- * "{S}" standing for devices=[P,1]<=[P]: equal to the unpartitioned
+ * "{S}" standing for devices=[P,1]<=[P] ("{S3}": [1,P,1]): equal to the unpartitioned
  * interpreter, with no all-gather and `permutes` collective-permutes (-1:
  * some) on 4 devices. */
 static void check_halo(const char *body, int permutes) {
   for (int64_t P = 2; P <= 8; P *= 2) {
-    char shard[48], text[2048], out[2048];
+    char shard[48], shard3[48], text[2048], out[2048];
     snprintf(shard, sizeof shard, "{devices=[%lld,1]<=[%lld]}", (long long)P, (long long)P);
+    snprintf(shard3, sizeof shard3, "{devices=[1,%lld,1]<=[%lld]}", (long long)P, (long long)P);
     snprintf(text, sizeof text,
              "HloModule halo\n"
              "max {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
@@ -195,6 +196,9 @@ static void check_halo(const char *body, int permutes) {
       if (strncmp(c, "{S}", 3) == 0) {
         o += (size_t)snprintf(out + o, sizeof out - o, "%s", shard);
         c += 2;
+      } else if (strncmp(c, "{S3}", 4) == 0) {
+        o += (size_t)snprintf(out + o, sizeof out - o, "%s", shard3);
+        c += 3;
       } else {
         out[o++] = *c;
       }
@@ -299,6 +303,37 @@ START_TEST(test_halo_2d_and_uneven) {
                 " p = f32[18,3] pad(x, c), padding=1_2x0_0, sharding={devices=[4,1]<=[4]}\n"
                 " ROOT y = f32[18,3] reduce-window(p, i), window={size=3x1 pad=1_1x0_0}, "
                 "to_apply=add, sharding={devices=[4,1]<=[4]}\n}\n",
+                4, "interp", 0, 0);
+}
+END_TEST
+
+START_TEST(test_halo_convolution) {
+  /* a "same" 1-D convolution split along its spatial dim: one halo each
+   * way, the kernel whole, no gather */
+  check_halo(" xb = f32[1,16,6] reshape(x), sharding={S3}\n"
+             " k = f32[3,6,4] parameter(1), sharding={replicated}\n"
+             " ROOT y = f32[1,16,4] convolution(xb, k), window={size=3 pad=1_1}, "
+             "dim_labels=b0f_0io->b0f, sharding={S3}\n",
+             2);
+  /* strided, sharded only by propagation from the input */
+  check_halo(" xb = f32[1,16,6] reshape(x), sharding={S3}\n"
+             " k = f32[2,6,4] parameter(1), sharding={replicated}\n"
+             " c = f32[1,8,4] convolution(xb, k), window={size=2 stride=2}, "
+             "dim_labels=b0f_0io->b0f\n"
+             " ROOT t = f32[1,8,4] tanh(c), sharding={S3}\n",
+             0);
+  /* valid: the result shorter than the input */
+  check_halo(" xb = f32[1,16,6] reshape(x), sharding={S3}\n"
+             " k = f32[5,6,2] parameter(1), sharding={replicated}\n"
+             " ROOT y = f32[1,12,2] convolution(xb, k), window={size=5}, "
+             "dim_labels=b0f_0io->b0f, sharding={S3}\n",
+             -1);
+  /* 2-D, batch and one spatial dim split */
+  check_program("HloModule c2\n"
+                "ENTRY e {\n x = f32[2,8,6,3] parameter(0), sharding={devices=[2,2,1,1]<=[4]}\n"
+                " k = f32[3,3,3,4] parameter(1), sharding={replicated}\n"
+                " ROOT y = f32[2,8,6,4] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+                "dim_labels=b01f_01io->b01f, sharding={devices=[2,2,1,1]<=[4]}\n}\n",
                 4, "interp", 0, 0);
 }
 END_TEST
@@ -720,6 +755,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_halo_slice_concat);
   tcase_add_test(tc, test_halo_reduce_window);
   tcase_add_test(tc, test_halo_2d_and_uneven);
+  tcase_add_test(tc, test_halo_convolution);
   tcase_add_test(tc, test_data_parallel_step);
   tcase_add_test(tc, test_fsdp_all_gather);
   tcase_add_test(tc, test_2d_matmul);
