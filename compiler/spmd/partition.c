@@ -49,6 +49,7 @@ typedef struct part {
   spmd_tiling ***le; /* tuples: per element, NULL = all replicated */
   /* Reshards already built: cached[old id][i] in tiling ctile[..][i]. */
   kiln_id (*cached)[CACHE];
+  bool *manual; /* manual[old id]: a per-device value of a shard_map region */
   spmd_tiling *(*ctile)[CACHE];
   kiln_id pid; /* s32 partition id of the computation being built, built once */
   size_t ncap; /* entries of local, lt, le, cached, ctile */
@@ -1140,6 +1141,100 @@ static rule_fn rule_of(const kiln_instr *ins) {
   return rule_whole;
 }
 
+/* ---- manual regions (shard_map) ------------------------------------------ */
+
+static bool is_target(const kiln_instr *ins, const char *target) {
+  const char *t = ins->op == KILN_OP_CUSTOM_CALL
+                      ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
+                      : NULL;
+  return t && strcmp(t, target) == 0;
+}
+
+static bool manual_operand(const part *p, const kiln_instr *ins) {
+  for (uint32_t k = 0; k < ins->noperands; k++)
+    if (ins->operands[k] < p->ncap && p->manual[ins->operands[k]]) return true;
+  return false;
+}
+
+/* A region's entry (xla.sdy.GlobalToLocalShape): each operand's shard
+ * under its in_sharding, which must be the region's local shape; inside
+ * the region (its values' users up to the LocalToGlobalShape) every op
+ * runs per device as written, its collectives included. */
+static int build_manual(part *p, const kiln_instr *ins) {
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  kiln_id out;
+  if (is_target(ins, "xla.sdy.GlobalToLocalShape")) {
+    bool tuple = kiln_shape_is_tuple(&ins->shape);
+    if (ins->noperands == 0 || ins->noperands > 64 ||
+        (tuple && ins->shape.rank != ins->noperands) || (!tuple && ins->noperands != 1))
+      return fail(p, ins, KILN_EINVAL, "GlobalToLocalShape: one result per operand");
+    kiln_id xs[64];
+    for (uint32_t i = 0; i < ins->noperands; i++) {
+      const kiln_shape *gs = gshape(p, ins->operands[i]);
+      const kiln_shape *ls = tuple ? &ins->shape.tuple[i] : &ins->shape;
+      const kiln_sharding *sh;
+      spmd_tiling *t;
+      if (!is_array(gs) || !is_array(ls) || gs->rank != ls->rank)
+        return fail(p, ins, KILN_EINVAL,
+                    "GlobalToLocalShape: operands and results are arrays of "
+                    "one rank");
+      int rc = kiln__sdy_region_sharding(p->a, p->m, ins, i, gs->rank, &sh, p->tx->st);
+      if (rc == 0) rc = kiln__tiling_from_sharding(p->a, sh, gs->rank, p->n, where, &t, p->tx->st);
+      if (rc) return p->tx->err = rc;
+      for (uint32_t d = 0; d < gs->rank; d++)
+        if (kiln__shard_size(gs->dims[d], t->tiles[d]) != ls->dims[d] ||
+            gs->dims[d] % t->tiles[d] != 0)
+          return fail(p, ins, KILN_EINVAL,
+                      "GlobalToLocalShape: an operand's shard is not the region's local shape "
+                      "(shard_map needs dims that divide evenly)");
+      xs[i] = local_as(p, ins->operands[i], t);
+    }
+    out = tuple ? kiln__b_tuple(&p->b, xs, ins->noperands) : xs[0];
+  } else {
+    kiln_id ops[256];
+    if (ins->noperands > 256) return fail(p, ins, KILN_EUNIMPL, "too many operands");
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      kiln_id o = ins->operands[k];
+      ops[k] = p->manual[o] ? p->local[o] : whole(p, o);
+    }
+    out = ins->op == KILN_OP_GET_TUPLE_ELEMENT
+              ? kiln__b_gte(&p->b, ops[0], kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0))
+              : kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
+    if (out != KILN_NO_ID && ins->op != KILN_OP_GET_TUPLE_ELEMENT)
+      kiln__b_drop_attr(kiln__b_ins(p->tx, out), KILN_ATTR_SHARDING);
+  }
+  p->local[ins->id] = out;
+  p->lt[ins->id] = is_array(&ins->shape) ? replicated(p, ins->shape.rank) : NULL;
+  p->le[ins->id] = NULL;
+  p->manual[ins->id] = true;
+  return p->tx->err;
+}
+
+/* A region's exit (xla.sdy.LocalToGlobalShape): each device's value is its
+ * shard of the result under out_shardings. */
+static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **got, kiln_id *out) {
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  kiln_id o = ins->operands[0];
+  const kiln_shape *ls = gshape(p, o);
+  const kiln_sharding *sh;
+  spmd_tiling *t;
+  if (ins->noperands != 1 || !is_array(&ins->shape) || !is_array(ls) || ls->rank != ins->shape.rank)
+    return fail(p, ins, KILN_EUNIMPL, "LocalToGlobalShape: one array in, one out");
+  int rc = kiln__sdy_region_sharding(p->a, p->m, ins, 0, ins->shape.rank, &sh, p->tx->st);
+  if (rc == 0)
+    rc = kiln__tiling_from_sharding(p->a, sh, ins->shape.rank, p->n, where, &t, p->tx->st);
+  if (rc) return p->tx->err = rc;
+  for (uint32_t d = 0; d < ls->rank; d++)
+    if (ins->shape.dims[d] != ls->dims[d] * t->tiles[d])
+      return fail(p, ins, KILN_EINVAL,
+                  "LocalToGlobalShape: the region's local shape is not a shard of the result");
+  *out = p->local[o];
+  *got = t;
+  return 0;
+}
+
 /* ---- the driver ---------------------------------------------------------- */
 
 /* The tiling(s) propagation wrote on ins. */
@@ -1280,6 +1375,9 @@ static bool try_reduce_scatter(part *p, const kiln_shape *g, const spmd_tiling *
 
 static int build(part *p, const kiln_instr *ins) {
   spmd_tiling *want, **elems;
+  bool exit = is_target(ins, "xla.sdy.LocalToGlobalShape") && manual_operand(p, ins);
+  if (!exit && (is_target(ins, "xla.sdy.GlobalToLocalShape") || manual_operand(p, ins)))
+    return build_manual(p, ins);
   int rc = wanted(p, ins, &want, &elems);
   if (rc) {
     if (p->tx->err == 0) p->tx->err = rc;
@@ -1292,7 +1390,9 @@ static int build(part *p, const kiln_instr *ins) {
   kiln_id out = KILN_NO_ID;
   spmd_tiling *got = NULL;
   p->ar = KILN_NO_ID;
-  if ((rc = rule_of(ins)(p, ins, want, &out, &got))) return rc;
+  if (exit ? (rc = rule_local_to_global(p, ins, &got, &out)) != 0
+           : (rc = rule_of(ins)(p, ins, want, &out, &got)) != 0)
+    return rc;
   kiln_id rs;
   if (want && got && p->ar == out && !kiln__tiling_equal(got, want) &&
       try_reduce_scatter(p, &ins->shape, got, want, &rs)) {
@@ -1518,7 +1618,8 @@ static int partition_entry(part *p, kiln_spmd_program *prog) {
   p->le = kiln_arena_calloc(p->a, cap, sizeof *p->le);
   p->cached = kiln_arena_calloc(p->a, cap, sizeof *p->cached);
   p->ctile = kiln_arena_calloc(p->a, cap, sizeof *p->ctile);
-  if (!order || !p->local || !p->lt || !p->le || !p->cached || !p->ctile)
+  p->manual = kiln_arena_calloc(p->a, cap, sizeof *p->manual);
+  if (!order || !p->local || !p->lt || !p->le || !p->cached || !p->ctile || !p->manual)
     return kiln__tx_oom(p->tx);
   for (size_t i = 0; i < cap; i++) p->local[i] = KILN_NO_ID;
   p->ncap = cap;

@@ -338,6 +338,96 @@ START_TEST(test_halo_convolution) {
 }
 END_TEST
 
+/* ---- manual regions (shard_map) ------------------------------------------ */
+
+/* What JAX 0.10 writes for shard_map(psum(tanh(a) @ b), in_specs=(P(None, "x"),
+ * P("x", None)), out_specs=OUT) over a mesh MESH with manual axes AXES. */
+static void shard_map_text(char *out, size_t n, const char *mesh, const char *axes,
+                           const char *out_spec, const char *out_shape, const char *ar) {
+  snprintf(out, n,
+           "HloModule sm, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<%s>}}\n"
+           "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+           " ROOT s = f32[] add(a, b)\n}\n"
+           "body {\n a = f32[8,4] parameter(0)\n b = f32[4,4] parameter(1)\n"
+           " t = f32[8,4] tanh(a)\n"
+           " d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+           " ROOT r = f32[8,4] %s\n}\n"
+           "ENTRY e {\n a = f32[8,16] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+           " b = f32[16,4] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+           " g = (f32[8,4], f32[4,4]) custom-call(a, b), "
+           "custom_call_target=\"xla.sdy.GlobalToLocalShape\", custom_call_has_side_effect=true, "
+           "frontend_attributes={xla.sdy.in_shardings=\"#sdy.sharding_per_value<[<@mesh, [{}, "
+           "{\\\"x\\\"}]>, <@mesh, [{\\\"x\\\"}, {}]>]>\",xla.sdy.manual_axes=\"#sdy<manual_axes"
+           "{%s}>\"}\n"
+           " g0 = f32[8,4] get-tuple-element(g), index=0\n"
+           " g1 = f32[4,4] get-tuple-element(g), index=1\n"
+           " c = f32[8,4] call(g0, g1), to_apply=body, frontend_attributes={inlineable=\"false\"}\n"
+           " ROOT o = %s custom-call(c), custom_call_target=\"xla.sdy.LocalToGlobalShape\", "
+           "custom_call_has_side_effect=true, frontend_attributes={xla.sdy.manual_axes="
+           "\"#sdy<manual_axes{%s}>\",xla.sdy.out_shardings=\"#sdy.sharding_per_value<[<@mesh, "
+           "%s>]>\"}\n}\n",
+           mesh, ar, axes, out_shape, axes, out_spec);
+}
+
+START_TEST(test_shard_map_region) {
+  char text[4096];
+  const char *psum = "all-reduce(d), channel_id=1, replica_groups={{0,1,2,3}}, "
+                     "use_global_device_ids=true, to_apply=add";
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]", psum);
+  kiln_module *m = parse_ok(text);
+  ck_assert(kiln_spmd_module_is_sharded(m));
+  kiln_status st = {0};
+  kiln_literal **args;
+  uint32_t n;
+  ck_assert_int_eq(kiln_test_args_random(m, 5, &args, &n, &st), 0);
+  /* the reference: tanh(a) @ b on one device */
+  kiln_module *ref = parse_ok("HloModule r\nENTRY e {\n a = f32[8,16] parameter(0)\n"
+                              " b = f32[16,4] parameter(1)\n t = f32[8,16] tanh(a)\n"
+                              " ROOT d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, "
+                              "rhs_contracting_dims={0}\n}\n");
+  kiln_literal *want = NULL;
+  ck_assert_int_eq(kiln_interp_run(ref, (const kiln_literal *const *)args, n, NULL, &want, &st), 0);
+  const char *backends[2] = {"interp", "cpu"};
+  for (int b = 0; b < 2; b++) {
+    kiln_literal *got = NULL;
+    kiln_spmd_stats stats;
+    int rc = kiln_run_module_global(m, backends[b], NULL, 4, NULL,
+                                    (const kiln_literal *const *)args, n, &got, &stats, &st);
+    ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
+    char why[200];
+    ck_assert_msg(close_enough(want, got, why, sizeof why), "%s: %s", backends[b], why);
+    /* the body's psum is the only collective: the inputs are already split */
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 0);
+    kiln_literal_destroy(got);
+  }
+  kiln_literal_destroy(want);
+  kiln_module_destroy(m);
+  /* the result split by rows (out_specs P("x")): the per-device partial
+   * products, stacked */
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "\\\"x\\\"", "[{\\\"x\\\"}, {}]", "f32[32,4]",
+                 "negate(d)");
+  m = parse_ok(text);
+  kiln_literal *got = NULL;
+  ck_assert_int_eq(kiln_run_module_global(m, "interp", NULL, 4, NULL,
+                                          (const kiln_literal *const *)args, n, &got, NULL, &st),
+                   0);
+  ck_assert_int_eq(got->shape.dims[0], 32);
+  kiln_literal_destroy(got);
+  kiln_module_destroy(m);
+  /* manual over one axis of two: refused by name */
+  shard_map_text(text, sizeof text, "[\"x\"=4, \"y\"=1]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]",
+                 psum);
+  m = parse_ok(text);
+  kiln_spmd_program *prog = NULL;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "partially manual") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
+  kiln_module_destroy(ref);
+  kiln_test_args_free(args, n);
+}
+END_TEST
+
 static const char megatron[] =
     "HloModule megatron\n"
     "relu {\n a = f32[8,32] parameter(0)\n z = f32[] constant(0)\n"
@@ -756,6 +846,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_halo_reduce_window);
   tcase_add_test(tc, test_halo_2d_and_uneven);
   tcase_add_test(tc, test_halo_convolution);
+  tcase_add_test(tc, test_shard_map_region);
   tcase_add_test(tc, test_data_parallel_step);
   tcase_add_test(tc, test_fsdp_all_gather);
   tcase_add_test(tc, test_2d_matmul);
