@@ -530,10 +530,14 @@ static int compile_signatures(kiln_client *c, const kiln__args *a, kiln_remote_c
   return first;
 }
 
+static int remote_mesh(const kiln__args *a, kiln_remote_compile_options *o, int64_t mesh[2]);
+
 int kiln__remote_compile(const kiln__args *a) {
   kiln_remote_compile_options o;
   bool need_size;
+  int64_t mesh[2];
   int rc = remote_compile_options(a, &o);
+  if (rc == 0) rc = remote_mesh(a, &o, mesh);
   if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc == 0) rc = compile_deadline(a, &o);
   if (rc) return rc;
