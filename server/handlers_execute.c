@@ -133,6 +133,8 @@ static void exec_free(kilnd_call *c) {
   kiln_literal_destroy(es->out);
   for (uint32_t i = 0; es->shards && i < es->nshards; i++) kiln_literal_destroy(es->shards[i]);
   for (uint32_t i = 0; es->douts && i < es->ndouts; i++) kiln_literal_destroy(es->douts[i]);
+  kiln_free(es->shards);
+  kiln_free(es->douts);
   kilnd_exe_unref(es->e);
   kiln_arena *arena = es->arena;
   kiln_arena_reset(arena);
