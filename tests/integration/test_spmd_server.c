@@ -181,6 +181,58 @@ END_TEST
 START_TEST(test_two_of_four) { check_global(dp2_hlo, "cpu", 2); }
 END_TEST
 
+/* Server buffers work with SPMD programs: a global argument by handle, a
+ * global output and a per-device output kept on the server. */
+START_TEST(test_buffers) {
+  kiln_client *c = connect_as("spmd-buffers");
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_executable *ref = compile(c, dp2_hlo, "interp", 1);
+  kiln_remote_executable *e = compile(c, dp2_hlo, "cpu", 2);
+  kiln_literal **args;
+  uint32_t n;
+  random_args(dp2_hlo, 9, &args, &n);
+  kiln_remote_buffer xb = {0};
+  ck_assert_int_eq(kiln_client_put_buffer(c, args[0], NULL, &xb, &st), 0);
+  kiln_remote_arg ra[2] = {{.handle = xb.handle}, {.literal = args[1]}};
+  bool keep[1] = {true};
+  kiln_remote_execute_options xo = {.keep_on_server = keep, .nkeep = 1};
+  kiln_remote_result r, want;
+  ck_assert_msg(kiln_client_execute(c, e->id, ra, 2, &xo, &r, &st) == 0, "%s", st.msg);
+  ck_assert_ptr_nonnull(r.outputs[0].buffer.handle);
+  kiln_literal *got = NULL;
+  ck_assert_int_eq(kiln_client_get_buffer(c, r.outputs[0].buffer.handle, NULL, &got, &st), 0);
+  run(c, ref, args, n, NULL, &want);
+  expect_close(got, want.outputs[0].literal, "kept global output");
+  kiln_literal_destroy(got);
+  kiln_remote_result_free(&r);
+  kiln_remote_result_free(&want);
+  /* per device: device 2's sum kept, the rest inline */
+  kiln_remote_executable *pd = compile(c, perdev_hlo, "cpu", 0);
+  kiln_literal *x = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &f32_4, 0, &x, NULL), 0);
+  for (int i = 0; i < 4; i++) ((float *)x->data)[i] = (float)i;
+  kiln_remote_arg xa[1] = {{.literal = x}};
+  bool keep4[5] = {false, false, false, false, true};
+  kiln_remote_execute_options po = {.keep_on_server = keep4, .nkeep = 5};
+  ck_assert_msg(kiln_client_execute(c, pd->id, xa, 1, &po, &r, &st) == 0, "%s", st.msg);
+  ck_assert_uint_eq(r.noutputs, 8);
+  ck_assert_ptr_nonnull(r.outputs[4].buffer.handle);
+  ck_assert_ptr_null(r.outputs[4].literal);
+  ck_assert_int_eq(kiln_client_get_buffer(c, r.outputs[4].buffer.handle, NULL, &got, &st), 0);
+  for (int i = 0; i < 4; i++) ck_assert_float_eq(((const float *)got->data)[i], (float)(4 * i));
+  kiln_literal_destroy(got);
+  kiln_remote_result_free(&r);
+  kiln_literal_destroy(x);
+  kiln_remote_executable_free(pd);
+  kiln_remote_buffer_clear(&xb);
+  kiln_test_args_free(args, n);
+  kiln_remote_executable_free(e);
+  kiln_remote_executable_free(ref);
+  kiln_client_close(c);
+}
+END_TEST
+
 /* The per-device program on 4 devices: one argument for all, or one per
  * device; outputs grouped by device. */
 START_TEST(test_per_device) {
@@ -508,6 +560,7 @@ int main(void) {
   tcase_add_test(tc, test_megatron_interp);
   tcase_add_test(tc, test_two_of_four);
   tcase_add_test(tc, test_per_device);
+  tcase_add_test(tc, test_buffers);
   tcase_add_test(tc, test_cache_key_mesh);
   tcase_add_test(tc, test_hostile);
   tcase_add_test(tc, test_cli_remote_mesh);
