@@ -18,6 +18,8 @@
 #define KILND_MAX_PLAN_WARNINGS 4
 /* The most devices one SPMD run takes (kilnd --cpu-devices is at most 256). */
 #define KILND_MAX_MESH 256
+/* ... and on the interpreter, whose devices are threads of one slot. */
+#define KILND_MAX_INTERP_MESH 64
 
 typedef struct kiln_transform kiln_transform;
 typedef struct kiln_target kiln_target;

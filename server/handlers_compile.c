@@ -696,6 +696,11 @@ static int resolve_mesh(job *j) {
                              "%u devices, but the module runs on replica_count %u x "
                              "num_partitions %u = %u",
                              n, rm, pm, rm * pm);
+    if (j->plan.nmesh == 2 && (j->plan.mesh[0] != rm || j->plan.mesh[1] != pm))
+      return kiln_status_set(&j->st, KILN_EINVAL, "options.mesh_shape",
+                             "[%lld, %lld], but the module runs on replica_count %u x "
+                             "num_partitions %u",
+                             (long long)j->plan.mesh[0], (long long)j->plan.mesh[1], rm, pm);
     j->replicas = rm;
     j->partitions = pm;
   } else if (j->plan.nmesh == 2) {
@@ -712,6 +717,10 @@ static int resolve_mesh(job *j) {
   }
   bool interp = strcmp(j->plan.backend, "interp") == 0;
   uint32_t have = kiln_sched_class_devices(j->srv->sched, KILND_CLASS_CPU);
+  if (interp && n > KILND_MAX_INTERP_MESH)
+    return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
+                           "%u devices for one run: an interpreter mesh has at most %d", n,
+                           KILND_MAX_INTERP_MESH);
   if (!interp && n > have)
     return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
                            "%u devices for one run, but this server has %u cpu devices "

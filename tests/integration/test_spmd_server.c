@@ -335,6 +335,17 @@ START_TEST(test_hostile) {
   o.device_count = 2;
   EXPECT_CODE(kiln_client_compile_text(c, perdev_hlo, strlen(perdev_hlo), &o, &e, &st),
               KILN_RPC_INVALID_ARGUMENT, "device_count");
+  /* a mesh shape other than the per-device module's own */
+  int64_t m22[2] = {2, 2};
+  o.device_count = 4, o.mesh_shape = m22, o.nmesh_shape = 2;
+  EXPECT_CODE(kiln_client_compile_text(c, perdev_hlo, strlen(perdev_hlo), &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT, "mesh_shape");
+  o.mesh_shape = NULL, o.nmesh_shape = 0;
+  /* an interpreter mesh past its bound */
+  o.backend = "interp", o.device_count = 128;
+  EXPECT_CODE(kiln_client_compile_text(c, dp_hlo, strlen(dp_hlo), &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT, "device_count");
+  o.backend = "cpu";
   /* a global program on replicas */
   char rep[sizeof dp_hlo + 32];
   snprintf(rep, sizeof rep, "HloModule dp, replica_count=2%s", dp_hlo + strlen("HloModule dp"));
