@@ -1029,6 +1029,8 @@ int kiln__remote_bench(const kiln__args *a) {
   if (rc == 0) rc = bench_count(a, "warmup", 0, 1, &b.warmup);
   if (rc == 0) rc = bench_count(a, "random-args", 0, 0, &seed);
   if (rc == 0) rc = remote_compile_options(a, &o);
+  int64_t mesh[2];
+  if (rc == 0) rc = remote_mesh(a, &o, mesh);
   bool need_size;
   if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
