@@ -431,18 +431,17 @@ static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint3
     if (q0 < qmin) qmin = q0;
     if (q1 > qmax) qmax = q1;
   }
-  if (inside == 0) qmin = qmax = 0;
-  if (maxq > 64) maxq = 64; /* halo_window's blocks[] */
+  if (inside == 0) return false; /* no device needs the array: nothing to exchange */
+  if (maxq > 64) maxq = 64;      /* halo_window's blocks[] */
   if (qmax - qmin + 1 > maxq) return false;
   int64_t first = s, last = 0;
-  for (int64_t k = 0; k < p->n && inside; k++) {
+  for (int64_t k = 0; k < p->n; k++) {
     int64_t ck = kiln__tiling_coord(t, k, d), lo = a[k] > 0 ? a[k] : 0;
     int64_t hi = a[k] + len < D ? a[k] + len : D;
     if (lo >= hi) continue;
     if (lo - (ck + qmin) * s < first) first = lo - (ck + qmin) * s;
     if (hi - (ck + qmax) * s > last) last = hi - (ck + qmax) * s;
   }
-  if (inside == 0) first = 0, last = s;
   int64_t sent = 0;
   for (int64_t q = qmin; q <= qmax; q++)
     if (q != 0) sent += (q == qmax ? last : s) - (q == qmin ? first : 0);
