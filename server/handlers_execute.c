@@ -276,7 +276,8 @@ static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__Execute
    * interpreter mesh runs on one scheduler slot, so only its own order
    * could be chosen: refused. */
   bool interp_mesh = e->ndevices > 1 && e->dev_class == KILND_CLASS_INTERP;
-  if (n != e->ndevices || interp_mesh)
+  bool cpu_mesh = e->ndevices > 1 && !interp_mesh; /* sched_devices: the whole class */
+  if ((n != e->ndevices && !cpu_mesh) || interp_mesh)
     return kiln_status_set(st, KILN_EUNIMPL, "device_ids",
                            "choosing devices is not supported yet (%u devices can run this "
                            "program; leave device_ids empty and the scheduler chooses)",
@@ -285,9 +286,14 @@ static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__Execute
 }
 
 /* Scheduler devices one run takes: the program's, except an interpreter
- * mesh, whose devices are interpreters meeting in one slot's threads. */
-static uint32_t sched_devices(const kilnd_exe *e) {
-  return e->ndevices > 1 && e->dev_class == KILND_CLASS_INTERP ? 1 : e->ndevices;
+ * mesh, whose devices are interpreters meeting in one slot's threads, and
+ * a cpu mesh whose call names its devices among more: it takes every device
+ * of the class (claimed at once, as any gang) and runs on those named. */
+static uint32_t sched_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__ExecuteRequest *r) {
+  if (e->ndevices > 1 && e->dev_class == KILND_CLASS_INTERP) return 1;
+  if (e->ndevices > 1 && r->n_device_ids)
+    return kiln_sched_class_devices(srv->sched, (uint32_t)e->dev_class);
+  return e->ndevices;
 }
 
 /* An SPMD program's request (ndevices > 1; see ExecuteRequest.arguments):
@@ -830,7 +836,7 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
     es->queued_at = kiln_sched_now_ns();
     kiln_sched_job job = {.client = c->client,
                           .dev_class = (uint32_t)es->e->dev_class,
-                          .ndevices = sched_devices(es->e),
+                          .ndevices = sched_devices(c->srv, es->e, r),
                           .deadline_ns = c->deadline_ns,
                           .cancelled = &c->cancelled,
                           .run = exec_run,

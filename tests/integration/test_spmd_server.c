@@ -383,12 +383,23 @@ START_TEST(test_hostile) {
   ck_assert_uint_eq(r.ndevice_ids, 4);
   for (int k = 0; k < 4; k++) ck_assert_int_eq(r.device_ids[k], rev[k]);
   kiln_remote_result_free(&r);
-  /* a choice among more devices than the program takes is the scheduler's */
+  /* two devices named among four: honoured, in order */
   kiln_remote_executable *two = compile(c, dp2_hlo, "cpu", 2);
-  int32_t pair[2] = {0, 1};
+  int32_t pair[2] = {3, 1};
   xo.device_ids = pair, xo.ndevice_ids = 2;
-  EXPECT_CODE(kiln_client_execute(c, two->id, ra, 2, &xo, &r, &st), KILN_RPC_UNIMPLEMENTED,
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_client_execute(c, two->id, ra, 2, &xo, &r, &st) == 0, "%s", st.msg);
+  ck_assert_uint_eq(r.ndevice_ids, 2);
+  ck_assert_int_eq(r.device_ids[0], 3);
+  ck_assert_int_eq(r.device_ids[1], 1);
+  kiln_remote_result_free(&r);
+  /* an interpreter mesh runs in one slot: no choice to make */
+  kiln_remote_executable *im = compile(c, dp2_hlo, "interp", 2);
+  int32_t ipair[2] = {4, 4};
+  xo.device_ids = ipair;
+  EXPECT_CODE(kiln_client_execute(c, im->id, ra, 2, &xo, &r, &st), KILN_RPC_INVALID_ARGUMENT,
               "device_ids");
+  kiln_remote_executable_free(im);
   /* per-device arguments neither shared nor one group per device */
   kiln_remote_executable *pd = compile(c, perdev_hlo, "cpu", 0);
   kiln_literal *x = NULL;
