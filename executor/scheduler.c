@@ -11,7 +11,11 @@
  * ring), else at the end of the round: either way it waits behind at most
  * one run of each other client before its own. A gang job is run by the
  * worker that took it; the other devices it needs are marked busy, and their
- * workers wait until it is done.
+ * workers wait until it is done. Its devices are claimed all at once (no
+ * job ever holds part of its devices while it waits for the rest, so two
+ * gangs cannot deadlock), and a gang whose turn it is but that does not fit
+ * yet holds the class's turn: no later job of the class starts before it,
+ * so the devices drain and the gang cannot starve behind small jobs.
  *
  * Callbacks run outside the lock: jobs found expired or cancelled while the
  * lock is held are moved to a local list and dropped after unlocking.
@@ -209,7 +213,11 @@ static job *pick(kiln_sched *s, uint32_t cls, job **drops) {
   do {
     job *prev = NULL, *j = c->head;
     while (j && j->j.dev_class != cls) prev = j, j = j->next;
-    if (j && j->j.ndevices <= nfree) {
+    /* A gang that does not fit yet keeps its turn: nobody behind it in
+     * the ring overtakes it, so the devices it needs drain instead of
+     * being taken one at a time by single-device jobs forever. */
+    if (j && j->j.ndevices > nfree) return NULL;
+    if (j) {
       unlink_job(s, j, prev);
       s->cursor = c->next;
       s->last = c;

@@ -7,7 +7,9 @@
  * devices); a free worker takes the next job round-robin over the clients
  * that have one waiting, so a client with a thousand queued calls delays a
  * client with one by at most one job per device. Within a client, jobs of a
- * class start in the order they came.
+ * class start in the order they came. A gang's devices are claimed all at
+ * once, and a gang whose turn it is waits for them without being overtaken
+ * by later jobs of its class: gangs neither deadlock nor starve.
  *
  * The queue is bounded, in total and per client: a full queue refuses the
  * job (KILN_ELIMIT) rather than letting latency grow without limit. A job

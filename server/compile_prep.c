@@ -126,18 +126,26 @@ static int plan_levels(const Kiln__V1__CompileOptions *o, kilnd_compile_plan *p,
   if (o->device_count < 0)
     return kiln_status_set(st, KILN_EINVAL, "options.device_count", "%d is negative",
                            o->device_count);
-  if (o->device_count > 1)
-    return kiln_status_set(st, KILN_EUNIMPL, "options.device_count",
-                           "%d devices: multi-device (SPMD) programs are not supported yet",
-                           o->device_count);
+  if (o->device_count > KILND_MAX_MESH)
+    return kiln_status_set(st, KILN_EINVAL, "options.device_count",
+                           "%d devices: a mesh has at most %d", o->device_count, KILND_MAX_MESH);
+  if (o->device_count > 0) {
+    p->ndevices = (uint32_t)o->device_count;
+    p->devices_given = true;
+  }
+  if (o->n_mesh_shape > sizeof p->mesh / sizeof p->mesh[0])
+    return kiln_status_set(st, KILN_EINVAL, "options.mesh_shape", "%zu dimensions (at most %zu)",
+                           o->n_mesh_shape, sizeof p->mesh / sizeof p->mesh[0]);
   int64_t prod = 1;
   for (size_t i = 0; i < o->n_mesh_shape; i++) {
-    if (o->mesh_shape[i] <= 0 || o->mesh_shape[i] > 4096)
+    if (o->mesh_shape[i] <= 0 || o->mesh_shape[i] > KILND_MAX_MESH)
       return kiln_status_set(st, KILN_EINVAL, "options.mesh_shape", "entry %zu is %lld", i,
                              (long long)o->mesh_shape[i]);
     prod *= o->mesh_shape[i];
-    if (prod > 4096) break;
+    if (prod > KILND_MAX_MESH) break;
+    p->mesh[i] = o->mesh_shape[i];
   }
+  p->nmesh = (uint32_t)o->n_mesh_shape;
   if (o->n_mesh_shape && prod != (o->device_count ? o->device_count : 1))
     return kiln_status_set(st, KILN_EINVAL, "options.mesh_shape",
                            "the mesh has %lld devices but device_count is %d", (long long)prod,

@@ -16,6 +16,10 @@
 #define KILND_MAX_TRANSFORMS 16
 #define KILND_MAX_TIMINGS 96
 #define KILND_MAX_PLAN_WARNINGS 4
+/* The most devices one SPMD run takes (kilnd --cpu-devices is at most 256). */
+#define KILND_MAX_MESH 256
+/* ... and on the interpreter, whose devices are threads of one slot. */
+#define KILND_MAX_INTERP_MESH 64
 
 typedef struct kiln_transform kiln_transform;
 typedef struct kiln_target kiln_target;
@@ -26,7 +30,13 @@ typedef struct kilnd_compile_plan {
   const kiln_target *target; /* resolved (compiler/target.h); NULL: none (interp) */
   int opt_level;
   uint64_t memory_budget; /* bytes of temporaries live at once; 0: none (remat) */
+  /* Devices one run takes: options.device_count (0: the module's replica
+   * and partition counts decide, in handlers_compile.c). mesh[0..nmesh) is
+   * options.mesh_shape, checked to multiply to ndevices when given. */
   uint32_t ndevices;
+  bool devices_given;
+  int64_t mesh[8];
+  uint32_t nmesh;
   kiln_transform *transforms; /* kiln_malloc'd, ntransforms */
   bool *drop_value;           /* per transform: grad without with_value */
   uint32_t ntransforms;

@@ -15,6 +15,7 @@
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
 #include "compiler/ir/ir.h"
+#include "compiler/spmd/spmd.h"
 #include "executor/backend.h"
 
 #define NBUCKETS 256
@@ -51,7 +52,17 @@ int kilnd_exes_create(uint32_t max, uint64_t max_bytes, kilnd_exes **out, kiln_s
   return 0;
 }
 
+static void mesh_slot_clear(kilnd_mesh_slot *s) {
+  kiln_mesh_destroy(s->mesh);
+  kiln_comm_destroy(s->comm);
+  kiln_free(s->index);
+  memset(s, 0, sizeof *s);
+}
+
 static void exe_free(kilnd_exe *e) {
+  for (uint32_t i = 0; e->meshes && i < e->nmeshes; i++) mesh_slot_clear(&e->meshes[i]);
+  kiln_free(e->meshes);
+  kiln_spmd_program_destroy(e->spmd);
   for (uint32_t i = 0; i < e->nloaded; i++) kiln_loaded_destroy(e->loaded[i]);
   kiln_free(e->loaded);
   kiln_executable_destroy(e->exe);
@@ -252,4 +263,85 @@ int kilnd_exe_loaded(kilnd_exe *e, kiln_backend *b, uint32_t index, kiln_loaded 
   *out = e->loaded[index];
   pthread_mutex_unlock(&e->mu);
   return rc;
+}
+
+const kiln_module *kilnd_exe_device_module(const kilnd_exe *e) {
+  return e->spmd ? e->spmd->module : e->module;
+}
+
+/* Under e->mu: loads e on the devices into slot s (emptied first). */
+static int mesh_slot_fill(kilnd_exe *e, kilnd_mesh_slot *s, kiln_backend *b, const uint32_t *index,
+                          uint32_t n, kiln_status *st) {
+  mesh_slot_clear(s);
+  kiln_device **devs = kiln_calloc(n, sizeof *devs);
+  s->index = kiln_calloc(n, sizeof *s->index);
+  int rc = 0;
+  if (devs == NULL || s->index == NULL)
+    rc = kiln_status_set(st, KILN_ENOMEM, "execute", "out of memory loading a mesh");
+  for (uint32_t r = 0; rc == 0 && r < n; r++) {
+    s->index[r] = index[r];
+    if ((devs[r] = kiln_backend_device(b, index[r])) == NULL)
+      rc = kiln_status_set(st, KILN_EINTERNAL, "execute", "no device %u", index[r]);
+  }
+  if (rc == 0) rc = kiln_comm_create(b, devs, n, &s->comm, st);
+  if (rc == 0) rc = kiln_comm_load(s->comm, e->exe, &s->mesh, st);
+  kiln_free(devs);
+  if (rc) {
+    mesh_slot_clear(s);
+    return rc;
+  }
+  s->n = n;
+  return 0;
+}
+
+int kilnd_exe_mesh_acquire(kilnd_exe *e, kiln_backend *b, const uint32_t *index, uint32_t n,
+                           kiln_mesh **out, int *slot, kiln_status *st) {
+  *out = NULL;
+  *slot = -1;
+  if (e->exe == NULL || b == NULL || n == 0)
+    return kiln_status_set(st, KILN_EINTERNAL, "execute", "no code for a mesh of %u devices", n);
+  pthread_mutex_lock(&e->mu);
+  int rc = 0;
+  if (e->meshes == NULL) {
+    e->nmeshes = e->nloaded / n ? e->nloaded / n : 1;
+    if ((e->meshes = kiln_calloc(e->nmeshes, sizeof *e->meshes)) == NULL)
+      rc = kiln_status_set(st, KILN_ENOMEM, "execute", "out of memory");
+  }
+  kilnd_mesh_slot *pick = NULL;
+  for (uint32_t i = 0; rc == 0 && i < e->nmeshes; i++) {
+    kilnd_mesh_slot *s = &e->meshes[i];
+    if (!s->busy && s->mesh && s->n == n && memcmp(s->index, index, n * sizeof *index) == 0) {
+      pick = s;
+      break;
+    }
+  }
+  /* Otherwise the least recently used idle slot (an empty one first).
+   * There are as many slots as gangs of n fit on the class's devices at
+   * once, so one is always idle. */
+  for (uint32_t i = 0; rc == 0 && pick == NULL && i < e->nmeshes; i++) {
+    kilnd_mesh_slot *s = &e->meshes[i];
+    if (!s->busy && (pick == NULL || s->mesh == NULL || (pick->mesh && s->used < pick->used)))
+      pick = s;
+  }
+  if (rc == 0 && pick == NULL)
+    rc = kiln_status_set(st, KILN_EINTERNAL, "execute",
+                         "every mesh load of this program is in use (%u at once)", e->nmeshes);
+  if (rc == 0 &&
+      (pick->mesh == NULL || pick->n != n || memcmp(pick->index, index, n * sizeof *index) != 0))
+    rc = mesh_slot_fill(e, pick, b, index, n, st);
+  if (rc == 0) {
+    pick->busy = true;
+    pick->used = ++e->mesh_clock;
+    *out = pick->mesh;
+    *slot = (int)(pick - e->meshes);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return rc;
+}
+
+void kilnd_exe_mesh_release(kilnd_exe *e, int slot) {
+  if (slot < 0 || (uint32_t)slot >= e->nmeshes) return;
+  pthread_mutex_lock(&e->mu);
+  e->meshes[slot].busy = false;
+  pthread_mutex_unlock(&e->mu);
 }

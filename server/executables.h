@@ -23,14 +23,40 @@
 typedef struct kiln_module kiln_module;
 typedef struct kiln_executable kiln_executable;
 typedef struct kiln_loaded kiln_loaded;
+typedef struct kiln_spmd_program kiln_spmd_program;
+typedef struct kiln_comm kiln_comm;
+typedef struct kiln_mesh kiln_mesh;
 
 #define KILND_EXE_ID_LEN 64
+/* A cpu executable loaded on an ordered set of devices as one gang
+ * (executor/backend.h: a communicator and a mesh load on it). */
+typedef struct kilnd_mesh_slot {
+  uint32_t n;
+  uint32_t *index; /* backend device indices, in rank order */
+  kiln_comm *comm;
+  kiln_mesh *mesh;
+  bool busy;
+  uint64_t used;
+} kilnd_mesh_slot;
 
 struct kilnd_exe {
   char id[KILND_EXE_ID_LEN + 1];
-  int dev_class;        /* KILND_CLASS_CPU or KILND_CLASS_INTERP */
-  uint32_t ndevices;    /* partitions: devices one run needs */
-  kiln_module *module;  /* verified, transformed: signature and interp runs */
+  int dev_class;       /* KILND_CLASS_CPU or KILND_CLASS_INTERP */
+  uint32_t ndevices;   /* replicas x partitions: devices one run needs */
+  kiln_module *module; /* verified, transformed: signature and interp runs */
+  /* SPMD programs (ndevices > 1, docs/spmd.md). A global program (spmd set)
+   * takes and returns global arrays: `module` is the global one (its
+   * signature), spmd->module the per-device program exe was compiled from.
+   * A per-device program (per_device) takes and returns arrays per device
+   * (device K = replica * partitions + partition); `module` is it. */
+  uint32_t replicas, partitions;
+  bool per_device;
+  kiln_spmd_program *spmd;
+  /* cpu, ndevices > 1: loads on the device sets it ran on lately, one slot
+   * per gang that fits on the class at once; under mu. */
+  kilnd_mesh_slot *meshes;
+  uint32_t nmeshes;
+  uint64_t mesh_clock;
   kiln_executable *exe; /* cpu: the compiled code; NULL for interp */
   uint64_t peak_bytes;
   uint64_t bytes; /* memory it holds, as the table counts it (set at create) */
@@ -76,6 +102,17 @@ uint32_t kilnd_exes_drop(kilnd_exes *t, const char *id, uint32_t *busy);
 /* cpu entries: the executable loaded on device `index` of backend b. */
 int kilnd_exe_loaded(kilnd_exe *e, kiln_backend *b, uint32_t index, kiln_loaded **out,
                      kiln_status *st);
+
+/* The per-device module of an SPMD entry (spmd->module or module). */
+const kiln_module *kilnd_exe_device_module(const kilnd_exe *e);
+
+/* cpu entries with ndevices > 1: the executable loaded as one gang on
+ * backend devices index[0..n) (rank r on index[r]), reused while the same
+ * devices run it again. *slot is passed back to kilnd_exe_mesh_release once
+ * the run is over. */
+int kilnd_exe_mesh_acquire(kilnd_exe *e, kiln_backend *b, const uint32_t *index, uint32_t n,
+                           kiln_mesh **out, int *slot, kiln_status *st);
+void kilnd_exe_mesh_release(kilnd_exe *e, int slot);
 
 /* Initializes libcrypto (SHA-256 and HMAC of the cache); called once from
  * main before threads start. */

@@ -33,6 +33,7 @@
 #include "compiler/ir/proto_codec.h"
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
+#include "compiler/spmd/spmd.h"
 #include "compiler/target.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
@@ -191,6 +192,11 @@ typedef struct job {
   kiln_deadline deadline;
   char limit[96];  /* deadline.limit's text */
   bool from_table; /* found in the loaded-executable table */
+  /* The mesh (resolve_mesh): replicas x partitions devices per run; a
+   * global program is partitioned into spmd before it is compiled. */
+  uint32_t replicas, partitions;
+  bool global;
+  kiln_spmd_program *spmd;
   kiln_status st;
 } job;
 
@@ -279,6 +285,16 @@ static int make_key(job *j) {
   if (j->plan.memory_budget && used < sizeof options)
     snprintf(options + used, sizeof options - used, "memory_budget=%llu\n",
              (unsigned long long)j->plan.memory_budget);
+  if (j->plan.ndevices > 1) { /* single-device keys stay as they were */
+    size_t n = strlen(options);
+    n += (size_t)snprintf(options + n, sizeof options - n,
+                          "mesh=%ux%u\nprogram=%s\nshape=", j->replicas, j->partitions,
+                          j->global ? "global" : "per-device");
+    for (uint32_t i = 0; i < j->plan.nmesh && n < sizeof options; i++)
+      n += (size_t)snprintf(options + n, sizeof options - n, "%s%lld", i ? "x" : "",
+                            (long long)j->plan.mesh[i]);
+    if (n < sizeof options) snprintf(options + n, sizeof options - n, "\n");
+  }
   kiln_cache_key_inputs in = {
       .backend = j->plan.backend, .target = j->plan.target ? target : NULL, .options = options};
   return kiln_cache_key_compute(j->m, &in, &j->key, &j->st);
@@ -340,7 +356,7 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
   kiln_compile_report rep;
   kiln_status st;
   kiln_status_clear(&st);
-  int rc = kiln_compile(j->m, &o, exe, &rep, &st);
+  int rc = kiln_compile(j->spmd ? j->spmd->module : j->m, &o, exe, &rep, &st);
   if (rc == 0) {
     report_timings(j, &rep);
     *peak = rep.peak_bytes;
@@ -500,6 +516,8 @@ static int build(job *j, kilnd_exe **out) {
     if (atomic_exchange(&(*out)->uncached, false)) store_uncached(j, *out);
     return 0;
   }
+  if (j->global && (rc = kiln_spmd_partition(j->m, j->partitions, NULL, &j->spmd, &j->st)))
+    return rc;
   bool fallback = strcmp(j->plan.backend, "interp") == 0;
   kiln_executable *exe = NULL;
   uint64_t peak = 0;
@@ -518,7 +536,7 @@ static int build(job *j, kilnd_exe **out) {
   }
 #endif
   if (fallback) {
-    peak = interp_peak(j->m);
+    peak = interp_peak(j->spmd ? j->spmd->module : j->m);
     j->source = KILN__V1__CACHE_SOURCE__CACHE_SOURCE_COMPILED;
   }
   uint32_t slots = kiln_sched_class_devices(j->srv->sched, KILND_CLASS_CPU);
@@ -526,6 +544,11 @@ static int build(job *j, kilnd_exe **out) {
                                   j->plan.ndevices, j->m, exe, slots);
   j->m = NULL;
   if (e == NULL) return kiln_status_set(&j->st, KILN_ENOMEM, "compile", "out of memory");
+  e->replicas = j->replicas;
+  e->partitions = j->partitions;
+  e->per_device = j->plan.ndevices > 1 && !j->global;
+  e->spmd = j->spmd; /* the entry's now */
+  j->spmd = NULL;
   e->peak_bytes = peak;
   atomic_store(&e->uncached, exe != NULL && j->policy == KILN_CACHE_POLICY_BYPASS);
   /* REFRESH and BYPASS answer with what they built, in place of an entry
@@ -594,6 +617,9 @@ static int fill_answer(kiln_arena *a, Kiln__V1__CompileResponse *r, const kiln_c
   r->cache_source = (Kiln__V1__CacheSource)source;
   r->peak_bytes = (int64_t)e->peak_bytes;
   r->device_count = (int32_t)e->ndevices;
+  r->per_device = e->per_device;
+  r->replica_count = (int32_t)(e->replicas ? e->replicas : 1);
+  r->num_partitions = (int32_t)(e->partitions ? e->partitions : 1);
   r->request_id = request_id;
   r->signature = kilnd_signature_to_proto(a, e->module);
   if (r->signature == NULL || !own_signature(a, r->signature) || fill_components(a, r, key))
@@ -648,6 +674,78 @@ static int dump_transforms(job *j) {
   return 0;
 }
 
+/* The mesh a Compile asks for (docs/spmd.md, "kilnd"): options.device_count
+ * or the module's replica_count x num_partitions. A global program (its
+ * ENTRY carries shardings) is partitioned over device_count partitions; any
+ * other module with more than one device is a per-device program, run on
+ * replicas x partitions devices (mesh_shape [R, P] names both when the
+ * module names neither). Every run takes that many devices of one class at
+ * once, so it must fit on the server. */
+static int resolve_mesh(job *j) {
+  kiln_module *m = j->m;
+  uint32_t rm = m->replica_count > 1 ? (uint32_t)m->replica_count : 1;
+  uint32_t pm = m->num_partitions > 1 ? (uint32_t)m->num_partitions : 1;
+  j->global = kiln_spmd_module_is_sharded(m);
+  uint32_t n = j->plan.devices_given ? j->plan.ndevices : j->global ? pm : rm * pm;
+  if (j->global) {
+    if (rm > 1 && n > 1)
+      return kiln_status_set(&j->st, KILN_EUNIMPL, "replica_count",
+                             "a global (sharded) program on %u replicas: only partitions are "
+                             "supported",
+                             rm);
+    if (pm > 1 && n != pm)
+      return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
+                             "%u devices, but the module is partitioned %u ways (num_partitions)",
+                             n, pm);
+    j->replicas = 1;
+    j->partitions = n;
+  } else if (rm * pm > 1) {
+    if (n != rm * pm)
+      return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
+                             "%u devices, but the module runs on replica_count %u x "
+                             "num_partitions %u = %u",
+                             n, rm, pm, rm * pm);
+    if (j->plan.nmesh == 2 && (j->plan.mesh[0] != rm || j->plan.mesh[1] != pm))
+      return kiln_status_set(&j->st, KILN_EINVAL, "options.mesh_shape",
+                             "[%lld, %lld], but the module runs on replica_count %u x "
+                             "num_partitions %u",
+                             (long long)j->plan.mesh[0], (long long)j->plan.mesh[1], rm, pm);
+    j->replicas = rm;
+    j->partitions = pm;
+  } else if (j->plan.nmesh == 2) {
+    j->replicas = (uint32_t)j->plan.mesh[0];
+    j->partitions = (uint32_t)j->plan.mesh[1];
+  } else {
+    j->replicas = 1;
+    j->partitions = n;
+  }
+  j->plan.ndevices = n;
+  if (n <= 1) {
+    j->global = false;
+    return 0;
+  }
+  bool interp = strcmp(j->plan.backend, "interp") == 0;
+  uint32_t have = kiln_sched_class_devices(j->srv->sched, KILND_CLASS_CPU);
+  if (interp && n > KILND_MAX_INTERP_MESH)
+    return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
+                           "%u devices for one run: an interpreter mesh has at most %d", n,
+                           KILND_MAX_INTERP_MESH);
+  if (!interp && n > have)
+    return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
+                           "%u devices for one run, but this server has %u cpu devices "
+                           "(kilnd --cpu-devices)",
+                           n, have);
+  if (j->global && j->r->options && j->r->options->return_executable)
+    return kiln_status_set(&j->st, KILN_EUNIMPL, "options.return_executable",
+                           "a partitioned global program has no single serialized executable "
+                           "(its shardings live on the server)");
+  if (!j->global) { /* what the per-device program is compiled for */
+    m->replica_count = j->replicas;
+    m->num_partitions = j->partitions;
+  }
+  return 0;
+}
+
 static int run_job(job *j, kilnd_call *c) {
   int rc;
   if (kilnd_call_expired(c, &rc))
@@ -669,6 +767,7 @@ static int run_job(job *j, kilnd_call *c) {
     return rc;
   if (j->plan.ntransforms) timing(j, "transforms", kiln_sched_now_ns() - t0, live_instrs(j->m));
   if (j->plan.dump_transforms && (rc = dump_transforms(j))) return rc;
+  if ((rc = resolve_mesh(j))) return rc;
   kilnd_exe *e = NULL;
   if ((rc = build(j, &e))) return rc;
   rc = fill_response(j, e);
@@ -706,6 +805,7 @@ void kilnd_compile_work(kilnd_call *c) {
   kiln__deadline_install(outer);
   if (rc < 0) kilnd_progress_finish(j.progress, NULL, rc, &j.st);
   kiln_module_destroy(j.m);
+  kiln_spmd_program_destroy(j.spmd);
   kiln_free(j.blob);
   kiln_arena_destroy(j.a);
   kilnd_compile_plan_free(&j.plan);

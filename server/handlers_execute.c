@@ -48,8 +48,10 @@
 #include "compiler/ir/debug_print.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/proto_internal.h"
+#include "compiler/spmd/spmd.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
+#include "executor/run.h"
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/convert.h"
@@ -81,6 +83,16 @@ typedef struct exec_state {
   uint32_t ndres;
   int64_t queued_at;
   kiln_literal *out;
+  /* SPMD runs (ndevices > 1): the order the devices run in (device_ids, or
+   * the scheduler's), a global program's argument shards, a per-device
+   * program's results (ndouts, device-major), and its argument count per
+   * device (nargs is a multiple of it, or equal). */
+  uint32_t *order;
+  kiln_literal **shards;
+  uint32_t nshards;
+  kiln_literal **douts;
+  uint32_t ndouts;
+  uint32_t nparams;
   /* The run's outcome, from exec_run to exec_done. */
   int rc;
   kiln_status st;
@@ -119,6 +131,10 @@ static void exec_free(kilnd_call *c) {
   for (uint32_t i = 0; es->dres && i < es->ndres; i++) kiln_buffer_free(es->dres[i]);
   for (uint32_t i = 0; i < es->nheld; i++) kiln_buffer_store_unref(c->srv->buffers, es->held[i]);
   kiln_literal_destroy(es->out);
+  for (uint32_t i = 0; es->shards && i < es->nshards; i++) kiln_literal_destroy(es->shards[i]);
+  for (uint32_t i = 0; es->douts && i < es->ndouts; i++) kiln_literal_destroy(es->douts[i]);
+  kiln_free(es->shards);
+  kiln_free(es->douts);
   kilnd_exe_unref(es->e);
   kiln_arena *arena = es->arena;
   kiln_arena_reset(arena);
@@ -200,7 +216,7 @@ static int handle_literal(exec_state *es, const kiln_stored *b, const char *path
 }
 
 static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r, uint32_t i,
-                       kiln_status *st) {
+                       uint32_t param, kiln_status *st) {
   const Kiln__V1__Argument *a = r->arguments[i];
   char path[48];
   arg_path(path, i);
@@ -231,7 +247,7 @@ static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteReq
     return kiln_status_set(st, KILN_ELIMIT, path, "more than %llu elements (max-elements)",
                            (unsigned long long)c->srv->cfg.max_elements);
   es->args[i] = lit;
-  return check_shape(param_shape(es->e->module, i), &lit->shape, i, st);
+  return check_shape(param_shape(es->e->module, param), &lit->shape, i, st);
 }
 
 /* ExecuteRequest.device_ids: checked, then honoured or refused. */
@@ -243,18 +259,83 @@ static int check_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__Execute
                            r->n_device_ids, e->ndevices);
   uint32_t first = kiln_sched_class_first(srv->sched, (uint32_t)e->dev_class);
   uint32_t n = kiln_sched_class_devices(srv->sched, (uint32_t)e->dev_class);
-  for (size_t i = 0; i < r->n_device_ids; i++)
+  for (size_t i = 0; i < r->n_device_ids; i++) {
     if (r->device_ids[i] < (int32_t)first || r->device_ids[i] >= (int32_t)(first + n))
       return kiln_status_set(st, KILN_EINVAL, "device_ids",
                              "device %d cannot run this program (its devices are %u to %u)",
                              r->device_ids[i], first, first + n - 1);
+    for (size_t k = 0; k < i; k++)
+      if (r->device_ids[k] == r->device_ids[i])
+        return kiln_status_set(st, KILN_EINVAL, "device_ids",
+                               "device %d is named twice (entries %zu and %zu)", r->device_ids[i],
+                               k, i);
+  }
   /* The scheduler places runs itself: a list is honoured only where it
-   * names the one placement there is, never accepted and then ignored. */
-  if (n != e->ndevices)
+   * names the one placement there is (the order of an SPMD program's
+   * devices is honoured too), never accepted and then ignored. An
+   * interpreter mesh runs on one scheduler slot, so only its own order
+   * could be chosen: refused. */
+  bool interp_mesh = e->ndevices > 1 && e->dev_class == KILND_CLASS_INTERP;
+  bool cpu_mesh = e->ndevices > 1 && !interp_mesh; /* sched_devices: the whole class */
+  if ((n != e->ndevices && !cpu_mesh) || interp_mesh)
     return kiln_status_set(st, KILN_EUNIMPL, "device_ids",
                            "choosing devices is not supported yet (%u devices can run this "
                            "program; leave device_ids empty and the scheduler chooses)",
                            n);
+  return 0;
+}
+
+/* Scheduler devices one run takes: the program's, except an interpreter
+ * mesh, whose devices are interpreters meeting in one slot's threads, and
+ * a cpu mesh whose call names its devices among more: it takes every device
+ * of the class (claimed at once, as any gang) and runs on those named. */
+static uint32_t sched_devices(kilnd *srv, const kilnd_exe *e, const Kiln__V1__ExecuteRequest *r) {
+  if (e->ndevices > 1 && e->dev_class == KILND_CLASS_INTERP) return 1;
+  if (e->ndevices > 1 && r->n_device_ids)
+    return kiln_sched_class_devices(srv->sched, (uint32_t)e->dev_class);
+  return e->ndevices;
+}
+
+/* An SPMD program's request (ndevices > 1; see ExecuteRequest.arguments):
+ * global arrays, or arguments for every device or per device. Runs on host
+ * literals. */
+static int resolve_mesh(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
+                        kiln_status *st) {
+  const kilnd_exe *e = es->e;
+  const kiln_module *m = e->module;
+  uint32_t nparams = kiln_computation_nparams(m, kiln_module_entry(m));
+  uint32_t ndev = e->ndevices;
+  uint32_t nout = output_count(m) * (e->per_device ? ndev : 1);
+  if (e->per_device) {
+    if (r->n_arguments != nparams && r->n_arguments != (size_t)nparams * ndev)
+      return kiln_status_set(st, KILN_EINVAL, "arguments",
+                             "the per-device program takes %u arguments on each of %u devices: "
+                             "give %u (every device the same) or %u (grouped by device), not %zu",
+                             nparams, ndev, nparams, nparams * ndev, r->n_arguments);
+  } else if (r->n_arguments != nparams) {
+    return kiln_status_set(st, KILN_EINVAL, "arguments",
+                           "the program takes %u (global) arguments, got %zu", nparams,
+                           r->n_arguments);
+  }
+  if (r->n_keep_on_server > nout)
+    return kiln_status_set(st, KILN_EINVAL, "keep_on_server", "%zu entries for %u outputs",
+                           r->n_keep_on_server, nout);
+  int rc = check_devices(c->srv, e, r, st);
+  if (rc) return rc;
+  uint32_t na = (uint32_t)r->n_arguments;
+  size_t np = na ? na : 1;
+  es->args = kiln_arena_calloc(es->arena, np, sizeof *es->args);
+  es->held = kiln_arena_calloc(es->arena, np, sizeof *es->held);
+  es->arg_buf = kiln_arena_calloc(es->arena, np, sizeof *es->arg_buf);
+  es->arg_donated = kiln_arena_calloc(es->arena, np, sizeof *es->arg_donated);
+  es->order = kiln_arena_calloc(es->arena, ndev, sizeof *es->order);
+  if (!es->args || !es->held || !es->arg_buf || !es->arg_donated || !es->order)
+    return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+  es->nargs = na;
+  es->nparams = nparams;
+  for (uint32_t i = 0; i < na; i++)
+    if ((rc = resolve_arg(c, es, r, i, nparams ? i % nparams : 0, st))) return rc;
+  es->on_device = false;
   return 0;
 }
 
@@ -300,6 +381,7 @@ static int resolve(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest
     return kiln_status_set(st, KILN_EINVAL, "executable_id", "required");
   int rc = kilnd_exes_get(c->srv->exes, r->executable_id, &es->e, st);
   if (rc) return rc;
+  if (es->e->ndevices > 1) return resolve_mesh(c, es, r, st);
   const kiln_module *m = es->e->module;
   uint32_t nparams = kiln_computation_nparams(m, kiln_module_entry(m));
   if (r->n_arguments != nparams)
@@ -319,7 +401,7 @@ static int resolve(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest
     return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
   es->nargs = nparams;
   for (uint32_t i = 0; i < nparams; i++)
-    if ((rc = resolve_arg(c, es, r, i, st))) return rc;
+    if ((rc = resolve_arg(c, es, r, i, i, st))) return rc;
   return choose_path(es, r, st);
 }
 
@@ -429,6 +511,76 @@ static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_stat
   return rc;
 }
 
+/* An SPMD program's run on the devices the scheduler gave (in the order
+ * device_ids asks, when it does): a global program's arguments are cut
+ * into shards, the devices run as one gang (the cpu backend's devices
+ * sharing memory, or interpreters meeting in threads on one slot), and a
+ * global result is put together; a per-device program's results stay per
+ * device. */
+static int run_mesh_program(kilnd_call *c, exec_state *es, const uint32_t *devices, uint32_t ndev,
+                            kiln_status *st) {
+  kilnd *srv = c->srv;
+  const kilnd_exe *e = es->e;
+  const Kiln__V1__ExecuteRequest *r = (const void *)c->req;
+  uint32_t n = e->ndevices, np = es->nparams;
+  int dev_class = e->dev_class;
+  uint32_t first = kiln_sched_class_first(srv->sched, (uint32_t)dev_class);
+  for (uint32_t k = 0; k < n; k++)
+    es->order[k] = r->n_device_ids == n ? (uint32_t)r->device_ids[k]
+                   : k < ndev           ? devices[k]
+                                        : devices[0];
+  kiln_debug_sink sink = {debug_collect, c};
+  kiln_run_options ro = {.timeout_seconds = kilnd_call_time_left(c, srv->cfg.run_timeout),
+                         .cancel = &c->cancelled,
+                         .max_live_bytes = srv->cfg.run_memory_bytes,
+                         .debug = &sink};
+  size_t cells = (size_t)n * (np ? np : 1);
+  const kiln_literal **views = kiln_arena_calloc(es->arena, cells, sizeof *views);
+  const kiln_literal *const **per = kiln_arena_calloc(es->arena, n, sizeof *per);
+  es->douts = kiln_calloc(n, sizeof *es->douts);
+  if (e->spmd) es->shards = kiln_calloc(cells, sizeof *es->shards);
+  if (!views || !per || !es->douts || (e->spmd && !es->shards))
+    return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+  es->ndouts = n;
+  int rc = 0;
+  for (uint32_t k = 0; k < n && rc == 0; k++) {
+    for (uint32_t i = 0; i < np && rc == 0; i++) {
+      size_t cell = (size_t)k * np + i;
+      if (e->spmd) {
+        rc = kiln_spmd_shard_arg(e->spmd, i, es->args[i], k, &es->shards[cell], st);
+        es->nshards = (uint32_t)cell + 1;
+        views[cell] = es->shards[cell];
+      } else {
+        views[cell] = es->args[es->nargs == np ? i : cell];
+      }
+    }
+    per[k] = views + (size_t)k * np;
+  }
+  if (rc) return rc;
+  const kiln_module *dm = kilnd_exe_device_module(e);
+  if (dev_class == KILND_CLASS_INTERP || e->exe == NULL) {
+    rc =
+        kiln_run_module_mesh(dm, "interp", &ro, e->replicas, e->partitions, per, np, es->douts, st);
+  } else {
+    kiln_backend *b = kilnd_class_backend(srv, dev_class);
+    uint32_t *index = kiln_arena_calloc(es->arena, n, sizeof *index);
+    if (index == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+    for (uint32_t k = 0; k < n; k++) index[k] = es->order[k] - first;
+    kiln_mesh *mesh = NULL;
+    int slot = -1;
+    rc = kilnd_exe_mesh_acquire(es->e, b, index, n, &mesh, &slot, st);
+    if (rc == 0) rc = kiln_mesh_run(mesh, per, np, &ro, es->douts, st);
+    kilnd_exe_mesh_release(es->e, slot);
+  }
+  if (rc || !e->spmd) return rc;
+  rc = kiln_spmd_assemble(e->spmd, es->douts, &es->out, st);
+  for (uint32_t k = 0; k < n; k++) {
+    kiln_literal_destroy(es->douts[k]);
+    es->douts[k] = NULL;
+  }
+  return rc;
+}
+
 /* Stores `buf` (ownership passes, even on failure) holding an array of
  * `shape` as a new handle of the caller, described in o. */
 static int keep_buffer(kilnd_call *c, exec_state *es, kiln_buffer *buf, const kiln_shape *shape,
@@ -485,8 +637,42 @@ static int device_literal(exec_state *es, uint32_t i, const kiln_literal **out, 
   return 0;
 }
 
+/* A per-device program's outputs, grouped by device (ExecuteResponse). */
+static int device_outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
+                          Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
+  uint32_t per = output_count(es->e->module), n = es->ndouts * per;
+  resp->outputs = kiln_arena_calloc(es->arena, n ? n : 1, sizeof *resp->outputs);
+  if (resp->outputs == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+  for (uint32_t k = 0; k < es->ndouts; k++) {
+    const kiln_literal *out = es->douts[k];
+    bool tuple = kiln_shape_is_tuple(&out->shape);
+    if ((tuple ? out->shape.rank : 1) != per)
+      return kiln_status_set(st, KILN_EINTERNAL, "Execute", "device %u returned %u outputs, not %u",
+                             k, tuple ? out->shape.rank : 1, per);
+    for (uint32_t j = 0; j < per; j++) {
+      uint32_t i = k * per + j;
+      Kiln__V1__Output *o = kiln_arena_alloc(es->arena, sizeof *o);
+      if (o == NULL) return kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+      kiln__v1__output__init(o);
+      const kiln_literal *lit = tuple ? out->elems[j] : out;
+      int rc = 0;
+      if (i < r->n_keep_on_server && r->keep_on_server[i]) {
+        rc = keep_literal(c, es, lit, es->order[k], o, st);
+      } else {
+        o->value_case = KILN__V1__OUTPUT__VALUE_LITERAL;
+        o->literal = kilnd_literal_to_proto(es->arena, lit);
+        if (o->literal == NULL) rc = kiln_status_set(st, KILN_ENOMEM, "Execute", "out of memory");
+      }
+      if (rc) return rc;
+      resp->outputs[resp->n_outputs++] = o;
+    }
+  }
+  return 0;
+}
+
 static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
                    uint32_t device, Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
+  if (es->e->per_device && es->e->ndevices > 1) return device_outputs(c, es, r, resp, st);
   bool tuple = es->on_device ? kiln_shape_is_tuple(&es->e->exe->result_shape)
                              : kiln_shape_is_tuple(&es->out->shape);
   uint32_t n = es->on_device ? es->ndres : tuple ? es->out->shape.rank : 1;
@@ -559,10 +745,10 @@ static void note_run_time(kilnd_exe *e, int64_t ns) {
 static void exec_run(void *arg, const uint32_t *devices, uint32_t ndev) {
   kilnd_call *c = arg;
   exec_state *es = c->state;
-  (void)ndev;
   kiln_status_clear(&es->st);
   es->t0 = kiln_sched_now_ns();
-  es->rc = run_program(c, es, devices[0], &es->st);
+  es->rc = es->e->ndevices > 1 ? run_mesh_program(c, es, devices, ndev, &es->st)
+                               : run_program(c, es, devices[0], &es->st);
   es->t1 = kiln_sched_now_ns();
   if (es->counted_inline) {
     atomic_fetch_sub(&inline_runs, 1);
@@ -582,14 +768,17 @@ static void exec_done(void *arg, const uint32_t *devices, uint32_t ndev) {
   int32_t ids[KILN_SCHED_MAX_DEVICES > 64 ? 64 : KILN_SCHED_MAX_DEVICES];
   int rc = es->rc;
   if (rc) rc = blame_deadline(c, rc, &es->st);
-  if (rc == 0) rc = outputs(c, es, r, devices[0], &resp, &es->st);
+  bool mesh = es->e->ndevices > 1;
+  if (rc == 0) rc = outputs(c, es, r, mesh ? es->order[0] : devices[0], &resp, &es->st);
   if (rc) {
     kilnd_call_finish(c, NULL, rc, &es->st);
     return;
   }
-  for (uint32_t i = 0; i < ndev && i < 64; i++) ids[i] = (int32_t)devices[i];
+  uint32_t nids = mesh ? es->e->ndevices : ndev;
+  for (uint32_t i = 0; i < nids && i < 64; i++)
+    ids[i] = (int32_t)(mesh ? es->order[i] : devices[i]);
   resp.device_ids = ids;
-  resp.n_device_ids = ndev < 64 ? ndev : 64;
+  resp.n_device_ids = nids < 64 ? nids : 64;
   resp.request_id = r->request_id;
   timing.queue_ns = t0 - es->queued_at;
   timing.run_ns = t1 - t0;
@@ -611,6 +800,7 @@ static void exec_drop(void *arg, int code) {
  * count covers the run itself (exec_run ends it), not the reply. */
 static bool run_here(kilnd *srv, exec_state *es, const kiln_sched_job *job) {
   int64_t est = atomic_load_explicit(&es->e->run_ns, memory_order_relaxed);
+  if (es->e->ndevices > 1) return false; /* a gang has no business on a cq thread */
   if (est == 0 || est > INLINE_RUN_NS || srv->cfg.cq_threads < 2) return false;
   if (atomic_fetch_add(&inline_runs, 1) >= (int)srv->cfg.cq_threads - 1) {
     atomic_fetch_sub(&inline_runs, 1);
@@ -646,7 +836,7 @@ void kilnd_handle_execute(kilnd_call *c, ProtobufCMessage *req) {
     es->queued_at = kiln_sched_now_ns();
     kiln_sched_job job = {.client = c->client,
                           .dev_class = (uint32_t)es->e->dev_class,
-                          .ndevices = es->e->ndevices,
+                          .ndevices = sched_devices(c->srv, es->e, r),
                           .deadline_ns = c->deadline_ns,
                           .cancelled = &c->cancelled,
                           .run = exec_run,

@@ -52,6 +52,12 @@ static int build_options(kiln_arena *a, const kiln_remote_compile_options *o,
   po->backend = (char *)(o->backend ? o->backend : "");
   po->target = (char *)(o->target ? o->target : "");
   po->device_count = o->device_count;
+  if (o->nmesh_shape) {
+    if (o->mesh_shape == NULL)
+      return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "mesh_shape is NULL");
+    po->mesh_shape = (int64_t *)o->mesh_shape; /* only read while packing */
+    po->n_mesh_shape = o->nmesh_shape;
+  }
   po->has_optimization_level = o->has_optimization_level;
   po->optimization_level = o->optimization_level;
   po->return_executable = o->return_executable;
@@ -157,6 +163,9 @@ static int decode_response(const Kiln__V1__CompileResponse *r, kiln_remote_execu
   e->compile_wall_ns = r->compile_wall_ns;
   e->peak_bytes = r->peak_bytes;
   e->device_count = r->device_count;
+  e->per_device = r->per_device;
+  e->replica_count = r->replica_count;
+  e->num_partitions = r->num_partitions;
   if (r->n_warnings) {
     e->warnings = kiln_arena_calloc(e->arena, r->n_warnings, sizeof *e->warnings);
     if (e->warnings == NULL) goto out_oom;

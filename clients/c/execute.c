@@ -58,6 +58,12 @@ static int build_request(kiln_arena *a, const char *id, const kiln_remote_arg *a
     req->n_keep_on_server = o->nkeep;
     for (uint32_t i = 0; i < o->nkeep; i++) req->keep_on_server[i] = o->keep_on_server[i];
   }
+  if (o->ndevice_ids) {
+    if (o->device_ids == NULL)
+      return kiln__client_fail(st, KILN_RPC_INVALID_ARGUMENT, "device_ids is NULL");
+    req->device_ids = (int32_t *)o->device_ids; /* only read while packing */
+    req->n_device_ids = o->ndevice_ids;
+  }
   return 0;
 }
 
@@ -81,6 +87,12 @@ static int decode_response(const Kiln__V1__ExecuteResponse *r, kiln_remote_resul
       rc = kiln__client_fail(st, KILN_RPC_DATA_LOSS, "the server sent output %zu without a value",
                              i);
     if (rc) return rc;
+  }
+  if (r->n_device_ids && r->n_device_ids <= 4096) {
+    out->device_ids = kiln_calloc(r->n_device_ids, sizeof *out->device_ids);
+    if (out->device_ids == NULL) return kiln__client_oom(st);
+    memcpy(out->device_ids, r->device_ids, r->n_device_ids * sizeof *out->device_ids);
+    out->ndevice_ids = (uint32_t)r->n_device_ids;
   }
   if (r->timing) {
     out->queue_ns = r->timing->queue_ns;
@@ -161,5 +173,6 @@ void kiln_remote_result_free(kiln_remote_result *r) {
     kiln_remote_buffer_clear(&r->outputs[i].buffer);
   }
   kiln_free(r->outputs);
+  kiln_free(r->device_ids);
   memset(r, 0, sizeof *r);
 }

@@ -253,6 +253,11 @@ typedef struct kiln_remote_compile_options {
    * and a budget it cannot reach fails with RESOURCE_EXHAUSTED naming the
    * smallest peak it reached. 0: no budget. */
   uint64_t memory_budget_bytes;
+  /* Appended (ABI): the device mesh of an SPMD program (device_count > 1):
+   * its product must be device_count; for a per-device program [R, P] are
+   * its replicas and partitions (CompileOptions.mesh_shape). NULL: 1-D. */
+  const int64_t *mesh_shape;
+  uint32_t nmesh_shape;
 } kiln_remote_compile_options;
 
 /* One input of a cache key and its SHA-256 (64 lowercase hex digits):
@@ -281,6 +286,13 @@ typedef struct kiln_remote_executable {
   uint8_t *serialized; /* with return_executable; else NULL */
   size_t serialized_len;
   kiln_arena *arena; /* owns everything above */
+  /* Appended (ABI): an SPMD program's mesh (device_count = replicas x
+   * partitions). per_device: arguments and outputs go per device (Execute
+   * takes nparams, or device_count x nparams arguments grouped by device,
+   * and returns device_count x noutputs outputs grouped by device); else a
+   * program on several devices takes and returns global arrays. */
+  bool per_device;
+  int32_t replica_count, num_partitions;
 } kiln_remote_executable;
 
 /* The server's id of the last call this thread finished through any
@@ -380,6 +392,10 @@ typedef struct kiln_remote_execute_options {
   uint32_t nkeep;
   int64_t deadline_ms;    /* 0: the client's default; negative: none */
   const char *request_id; /* NULL: none */
+  /* Appended (ABI): the devices to run on, one per device of the program
+   * (ExecuteRequest.device_ids); NULL: the server's scheduler chooses. */
+  const int32_t *device_ids;
+  uint32_t ndevice_ids;
 } kiln_remote_execute_options;
 
 typedef struct kiln_remote_output {
@@ -392,6 +408,10 @@ typedef struct kiln_remote_result {
   kiln_remote_output *outputs;
   /* The server's timing of the request, nanoseconds. */
   int64_t queue_ns, transfer_in_ns, run_ns, transfer_out_ns, total_ns;
+  /* Appended (ABI): the devices it ran on (device K of an SPMD program on
+   * device_ids[K]); owned by the result. */
+  int32_t *device_ids;
+  uint32_t ndevice_ids;
 } kiln_remote_result;
 
 /* Runs executable `id` once. `opts` may be NULL. On success *out holds one

@@ -163,6 +163,12 @@ int kiln__auto_shard(const kiln__args *a, const char *file, kiln_module *m, int6
 int kiln__arg_load(const char *spec, const kiln_shape *want, int64_t pnum, kiln_literal **out,
                    kiln_status *st);
 
+/* Device K's arguments from --device-args K "FILE,FILE,..." into
+ * dev[0..n) (shapes[i] is parameter i's); 0 or an exit code, the problem
+ * printed. Commas inside braces or brackets belong to an HLO literal. */
+int kiln__device_args(const char *file, const char *k_text, const char *list,
+                      const kiln_shape *shapes, uint32_t n, kiln_literal **dev);
+
 /* The shape of an argument spec (an .npy file's array, or literal text),
  * allocated in `a`: what vmap batch sizes are inferred from. */
 int kiln__arg_shape(const char *spec, kiln_arena *a, kiln_shape *out, kiln_status *st);

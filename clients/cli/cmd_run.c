@@ -313,8 +313,8 @@ static int mesh_count(const char *text, int64_t dflt, const char *what, uint32_t
 /* Device K's arguments from "FILE,FILE,..." into dev[0..n); 0 or an exit
  * code. Commas inside braces or brackets belong to an HLO literal value
  * ("s32[2] {1, 2}"), so those are not separators. */
-static int device_args(const char *file, const char *k_text, const char *list,
-                       const kiln_shape *shapes, uint32_t n, kiln_literal **dev) {
+int kiln__device_args(const char *file, const char *k_text, const char *list,
+                      const kiln_shape *shapes, uint32_t n, kiln_literal **dev) {
   char *copy = kiln_malloc(strlen(list) + 1);
   if (copy == NULL) {
     fprintf(stderr, "kiln run: error: out of memory\n");
@@ -394,7 +394,7 @@ static int run_mesh(const char *file, const kiln_module *m, const char *what, co
       break;
     }
     has_own[k] = true;
-    rc = device_args(file, pairs[i], pairs[i + 1], shapes, n, own + k * n);
+    rc = kiln__device_args(file, pairs[i], pairs[i + 1], shapes, n, own + k * n);
   }
   bool need_base = false;
   for (uint32_t k = 0; k < ndev; k++) need_base = need_base || !has_own[k];

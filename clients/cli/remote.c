@@ -534,10 +534,14 @@ static int compile_signatures(kiln_client *c, const kiln__args *a, kiln_remote_c
   return first;
 }
 
+static int remote_mesh(const kiln__args *a, kiln_remote_compile_options *o, int64_t mesh[2]);
+
 int kiln__remote_compile(const kiln__args *a) {
   kiln_remote_compile_options o;
   bool need_size;
+  int64_t mesh[2];
   int rc = remote_compile_options(a, &o);
+  if (rc == 0) rc = remote_mesh(a, &o, mesh);
   if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc == 0) rc = compile_deadline(a, &o);
   if (rc) return rc;
@@ -690,6 +694,124 @@ out_report:
   return kiln__exit_code(st.code);
 }
 
+/* --replicas R / --partitions P as the Compile's mesh (docs/spmd.md): P
+ * alone is device_count P (a global program's partitions, or a per-device
+ * program's); R (with P, or 1) names both as mesh_shape [R, P]. Neither:
+ * the module's own counts. */
+static int remote_mesh(const kiln__args *a, kiln_remote_compile_options *o, int64_t mesh[2]) {
+  const char *names[2] = {"replicas", "partitions"};
+  uint64_t v[2] = {1, 1};
+  for (int i = 0; i < 2; i++) {
+    const char *t = kiln__args_get(a, names[i]);
+    if (t && (parse_count(t, &v[i]) || v[i] == 0 || v[i] > 4096)) {
+      fprintf(stderr, "kiln run: --%s needs an integer from 1 to 4096, not '%s'\n", names[i], t);
+      return KILN_EXIT_USAGE;
+    }
+  }
+  if (v[0] * v[1] > 4096) {
+    fprintf(stderr, "kiln run: a mesh of %llu x %llu devices is too large (at most 4096)\n",
+            (unsigned long long)v[0], (unsigned long long)v[1]);
+    return KILN_EXIT_USAGE;
+  }
+  bool r = kiln__args_get(a, "replicas") != NULL, p = kiln__args_get(a, "partitions") != NULL;
+  if (!r && !p) return KILN_EXIT_OK;
+  o->device_count = (int32_t)(v[0] * v[1]);
+  if (r) {
+    mesh[0] = (int64_t)v[0];
+    mesh[1] = (int64_t)v[1];
+    o->mesh_shape = mesh;
+    o->nmesh_shape = 2;
+  }
+  return KILN_EXIT_OK;
+}
+
+/* A per-device program on the server's devices: every device gets the
+ * --arg values unless --device-args K gives device K its own; the outputs
+ * are printed per device after "device K:" (with --out DIR in
+ * DIR/deviceK/), as a local mesh run prints them. */
+static int remote_run_devices(kiln_client *c, const char *file, const kiln_remote_executable *e,
+                              const kiln__args *a, int64_t deadline,
+                              const kiln_remote_compile_options *o) {
+  uint32_t n = e->nparams, ndev = (uint32_t)e->device_count;
+  size_t cells = (size_t)ndev * (n ? n : 1);
+  kiln_literal **base = kiln_calloc(n ? n : 1, sizeof *base);
+  kiln_literal **own = kiln_calloc(cells, sizeof *own);
+  bool *has_own = kiln_calloc(ndev, sizeof *has_own);
+  kiln_remote_arg *rargs = kiln_calloc(cells, sizeof *rargs);
+  int rc = KILN_EXIT_OK;
+  if (!base || !own || !has_own || !rargs) {
+    fprintf(stderr, "kiln run: error: out of memory\n");
+    rc = KILN_EXIT_INTERNAL;
+    goto out_free;
+  }
+  int npairs;
+  const char **pairs = kiln__args_all(a, "device-args", &npairs);
+  for (int i = 0; i + 1 < npairs && rc == 0; i += 2) {
+    uint64_t k;
+    if (parse_count(pairs[i], &k) || k >= ndev) {
+      fprintf(stderr, "kiln run: --device-args needs a device number below %u, not '%s'\n", ndev,
+              pairs[i]);
+      rc = KILN_EXIT_USAGE;
+      break;
+    }
+    if (has_own[k]) {
+      fprintf(stderr, "kiln run: --device-args gives device %llu twice\n", (unsigned long long)k);
+      rc = KILN_EXIT_USAGE;
+      break;
+    }
+    has_own[k] = true;
+    rc = kiln__device_args(file, pairs[i], pairs[i + 1], e->params, n, own + k * n);
+  }
+  bool need_base = false, any_own = false;
+  for (uint32_t k = 0; k < ndev; k++) {
+    need_base = need_base || !has_own[k];
+    any_own = any_own || has_own[k];
+  }
+  if (rc == 0 && need_base) rc = build_args(file, e, a, base);
+  if (rc) goto out_free;
+  /* Without --device-args the arguments travel once, for every device. */
+  uint32_t nargs = any_own ? (uint32_t)cells : n;
+  for (uint32_t k = 0; k < (any_own ? ndev : 1); k++)
+    for (uint32_t i = 0; i < n; i++)
+      rargs[k * n + i].literal = has_own[k] ? own[k * n + i] : base[i];
+  kiln_remote_execute_options xo = {.deadline_ms = deadline};
+  kiln_remote_result r;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int xrc = kiln_client_execute(c, e->id, rargs, n ? nargs : 0, &xo, &r, &st);
+  fputs(kiln_client_last_debug(), stderr);
+  if (xrc) {
+    rc = report_program(file, &st, o);
+    goto out_free;
+  }
+  const char *out_dir = kiln__args_get(a, "out");
+  uint32_t per = ndev ? r.noutputs / ndev : 0;
+  for (uint32_t k = 0; k < ndev && rc == 0; k++) {
+    char dir[4096];
+    if (out_dir) snprintf(dir, sizeof dir, "%s/device%u", out_dir, k);
+    printf("device %u:\n", k);
+    if (out_dir) {
+      kiln_status_clear(&st);
+      if (kiln__dir_make(out_dir, &st)) {
+        kiln__report("kiln run", NULL, &st);
+        rc = kiln__exit_code(st.code);
+        break;
+      }
+    }
+    kiln_remote_result part = {.noutputs = per, .outputs = r.outputs + (size_t)k * per};
+    rc = print_outputs(&part, out_dir ? dir : NULL);
+  }
+  kiln_remote_result_free(&r);
+out_free:
+  for (uint32_t i = 0; base && i < n; i++) kiln_literal_destroy(base[i]);
+  for (size_t i = 0; own && i < cells; i++) kiln_literal_destroy(own[i]);
+  kiln_free(rargs);
+  kiln_free(has_own);
+  kiln_free(own);
+  kiln_free(base);
+  return rc;
+}
+
 int kiln__remote_run(const kiln__args *a) {
   const char *file = a->pos[0];
   if (kiln__args_get(a, "max-iterations")) {
@@ -699,14 +821,6 @@ int kiln__remote_run(const kiln__args *a) {
   }
   if (kiln__args_get(a, "disable-pass") || kiln__args_get(a, "dump-dir")) {
     fprintf(stderr, "kiln run: --disable-pass and --dump-dir apply to local runs\n");
-    return KILN_EXIT_USAGE;
-  }
-  /* Refused rather than ignored: the server runs single-device programs
-   * only, and a mesh program run on one device would print something else. */
-  if (kiln__args_get(a, "replicas") || kiln__args_get(a, "partitions") ||
-      kiln__args_get(a, "device-args")) {
-    fprintf(stderr, "kiln run: --replicas, --partitions and --device-args are not supported with "
-                    "--server yet (the server runs single-device programs)\n");
     return KILN_EXIT_USAGE;
   }
   uint64_t seed;
@@ -719,8 +833,10 @@ int kiln__remote_run(const kiln__args *a) {
   int64_t deadline;
   kiln_remote_compile_options o;
   bool need_size = false;
+  int64_t mesh[2];
   int rc = timeout_ms(a, &deadline);
   if (rc == 0) rc = remote_compile_options(a, &o);
+  if (rc == 0) rc = remote_mesh(a, &o, mesh);
   if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;
   kiln_arena *shapes = kiln_arena_create();
@@ -740,6 +856,18 @@ int kiln__remote_run(const kiln__args *a) {
   kiln_remote_executable *e = NULL;
   kiln_literal **args = NULL;
   if ((rc = compile_file(c, file, &o, &e))) goto out_close;
+  if (e->per_device && e->device_count > 1) {
+    rc = remote_run_devices(c, file, e, a, deadline, &o);
+    goto out_close;
+  }
+  if (kiln__args_get(a, "device-args")) {
+    fprintf(stderr,
+            "kiln run: --device-args needs a per-device program on several devices (%s "
+            "is %s)\n",
+            file, e->device_count > 1 ? "a global (sharded) program" : "a single-device program");
+    rc = KILN_EXIT_USAGE;
+    goto out_close;
+  }
   args = kiln_calloc(e->nparams ? e->nparams : 1, sizeof *args);
   if (args == NULL) {
     fprintf(stderr, "kiln run: error: out of memory\n");
@@ -905,6 +1033,8 @@ int kiln__remote_bench(const kiln__args *a) {
   if (rc == 0) rc = bench_count(a, "warmup", 0, 1, &b.warmup);
   if (rc == 0) rc = bench_count(a, "random-args", 0, 0, &seed);
   if (rc == 0) rc = remote_compile_options(a, &o);
+  int64_t mesh[2];
+  if (rc == 0) rc = remote_mesh(a, &o, mesh);
   bool need_size;
   if (rc == 0) rc = remote_transforms_check(a, &need_size);
   if (rc) return rc;

@@ -7,8 +7,9 @@
  * The ops covered are those whose result dims correspond to operand dims:
  * elementwise (and the annotation custom calls), broadcast, transpose,
  * reshape (dims that split or merge cleanly), reduce, dot and convolution
- * (through their loops: batch, free and contracting dims), and slice, pad,
- * reverse and concatenate (along the dims they leave alone). NULL means the
+ * (through their loops: batch, free and contracting dims), reduce-window
+ * (every dim: the partitioner exchanges halos along windowed ones), and
+ * slice, pad, reverse and concatenate (along the dims they leave alone). NULL means the
  * op has no such correspondence for that operand.
  */
 #include <string.h>
@@ -158,12 +159,18 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
   case KILN_OP_GATHER:
     if (k != 1 || !gather_map(m, ins, map)) return NULL;
     return kiln__tiling_derive(a, tk, map, out->rank);
+  case KILN_OP_REDUCE_WINDOW: /* windows along split dims: halo exchange */
+    if (ins->noperands != 2 || k != 0 || in->rank != out->rank) return NULL;
+    return kiln__tiling_derive(a, tk, ident, out->rank);
   case KILN_OP_DOT:
   case KILN_OP_CONVOLUTION: {
     spmd_loop loops[SPMD_MAX_RANK * 2];
     uint32_t nl;
     if (!kiln__contraction_loops(m, ins, loops, &nl) || nl > SPMD_MAX_RANK || k > 1) return NULL;
-    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed ? -1 : (k ? loops[j].r : loops[j].l);
+    /* windows pass the input's splits to the result (halo exchange),
+     * never the kernel's */
+    for (uint32_t j = 0; j < nl; j++)
+      map[j] = loops[j].fixed && k ? -1 : k ? loops[j].r : loops[j].l;
     spmd_tiling *it = kiln__tiling_derive(a, tk, map, nl);
     if (it == NULL) return NULL;
     int64_t omap[SPMD_MAX_RANK];
@@ -214,6 +221,9 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
     for (uint32_t d = 0; d < in->rank; d++) map[d] = red[d] ? -1 : j++;
     return kiln__tiling_derive(a, tout, map, in->rank);
   }
+  case KILN_OP_REDUCE_WINDOW:
+    if (ins->noperands != 2 || k != 0 || in->rank != out->rank) return NULL;
+    return kiln__tiling_derive(a, tout, ident, in->rank);
   case KILN_OP_GATHER: {
     /* The table whole, the indices split as the result's batch dims. */
     int64_t gm[SPMD_MAX_RANK];
@@ -229,7 +239,7 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
     spmd_loop loops[SPMD_MAX_RANK * 2];
     uint32_t nl;
     if (!kiln__contraction_loops(m, ins, loops, &nl) || nl > SPMD_MAX_RANK || k > 1) return NULL;
-    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed ? -1 : loops[j].o;
+    for (uint32_t j = 0; j < nl; j++) map[j] = loops[j].fixed && k ? -1 : loops[j].o;
     spmd_tiling *it = kiln__tiling_derive(a, tout, map, nl);
     if (it == NULL) return NULL;
     int64_t imap[SPMD_MAX_RANK];

@@ -49,6 +49,7 @@ typedef struct part {
   spmd_tiling ***le; /* tuples: per element, NULL = all replicated */
   /* Reshards already built: cached[old id][i] in tiling ctile[..][i]. */
   kiln_id (*cached)[CACHE];
+  bool *manual; /* manual[old id]: a per-device value of a shard_map region */
   spmd_tiling *(*ctile)[CACHE];
   kiln_id pid; /* s32 partition id of the computation being built, built once */
   size_t ncap; /* entries of local, lt, le, cached, ctile */
@@ -364,6 +365,160 @@ static kiln_id whole(part *p, kiln_id old) {
   return any ? kiln__b_tuple(&p->b, xs, s->rank) : p->local[old];
 }
 
+/* ---- halo exchange ------------------------------------------------------- */
+
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+/* A copy of x sent along split dim d of t by q tiles: device k receives the
+ * x of the device holding the tile q before its own along d (the same
+ * other coordinates and replica); a device with no such neighbour gets
+ * zeros. */
+static kiln_id shift_tiles(part *p, kiln_id x, const spmd_tiling *t, uint32_t d, int64_t q) {
+  int64_t stride = t->rep;
+  for (uint32_t e = t->rank; e-- > d + 1;) stride *= t->tiles[e];
+  int64_t *pairs = kiln__b_i64s(p->tx, (uint32_t)(2 * p->n));
+  if (pairs == NULL) return KILN_NO_ID;
+  uint32_t np = 0;
+  for (int64_t k = 0; k < p->n; k++) {
+    int64_t c = kiln__tiling_coord(t, k, d);
+    if (c + q < 0 || c + q >= t->tiles[d]) continue;
+    pairs[np++] = t->dev[t->pos[k] + q * stride];
+    pairs[np++] = k;
+  }
+  if (np == 0) return kiln__b_zeros_like(&p->b, x);
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_COLLECTIVE_PERMUTE, kiln__b_shape(p->tx, x), &x, 1);
+  if (ins == NULL ||
+      kiln_instr_set_attr_ints(p->m, ins, KILN_ATTR_SOURCE_TARGET_PAIRS, pairs, np) ||
+      kiln_instr_set_attr_int(p->m, ins, KILN_ATTR_CHANNEL_ID, p->channel++)) {
+    kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  return ins->id;
+}
+
+/* The window [a[k], a[k] + len) (global indices along split dim d) of the
+ * array of global size D along d whose shard under t is x, on every device
+ * k at once: the parts held by neighbours come by collective-permute (only
+ * the slices some device needs), are concatenated with the local shard,
+ * and each device cuts its window out (dynamic-slice at an offset looked up
+ * by partition-id). Elements outside [0, D) are `fill` (a scalar of x's
+ * type; KILN_NO_ID: left as they come), and *valid (may be NULL) receives
+ * the pred mask of those inside. KILN_NO_ID without an error when windows
+ * would need more than `maxq` tiles, or more elements sent than an
+ * all-gather of the dim: the caller gathers instead. */
+/* Which tiles the windows [a[k], a[k] + len) of an array of global size D
+ * split along d by t need (qmin..qmax relative to each device's own), and
+ * the slice [first, s) of the first and [0, last) of the last that some
+ * device needs. False when that spans more than maxq tiles or sends more
+ * elements than an all-gather of the dim would. */
+typedef struct halo_plan {
+  int64_t s, qmin, qmax, first, last;
+  bool edges; /* some window reaches outside [0, D) */
+} halo_plan;
+
+static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint32_t d,
+                           const int64_t *a, int64_t len, int64_t maxq, halo_plan *h) {
+  int64_t c = t->tiles[d], s = kiln__shard_size(D, c);
+  int64_t qmin = INT64_MAX, qmax = INT64_MIN, inside = 0;
+  bool edges = false;
+  for (int64_t k = 0; k < p->n; k++) {
+    int64_t ck = kiln__tiling_coord(t, k, d), lo = a[k] > 0 ? a[k] : 0;
+    int64_t hi = a[k] + len < D ? a[k] + len : D;
+    edges = edges || a[k] < 0 || a[k] + len > D;
+    if (lo >= hi) continue;
+    inside++;
+    int64_t q0 = floor_div(lo, s) - ck, q1 = floor_div(hi - 1, s) - ck;
+    if (q0 < qmin) qmin = q0;
+    if (q1 > qmax) qmax = q1;
+  }
+  if (inside == 0) return false; /* no device needs the array: nothing to exchange */
+  if (maxq > 64) maxq = 64;      /* halo_window's blocks[] */
+  if (qmax - qmin + 1 > maxq) return false;
+  int64_t first = s, last = 0;
+  for (int64_t k = 0; k < p->n; k++) {
+    int64_t ck = kiln__tiling_coord(t, k, d), lo = a[k] > 0 ? a[k] : 0;
+    int64_t hi = a[k] + len < D ? a[k] + len : D;
+    if (lo >= hi) continue;
+    if (lo - (ck + qmin) * s < first) first = lo - (ck + qmin) * s;
+    if (hi - (ck + qmax) * s > last) last = hi - (ck + qmax) * s;
+  }
+  int64_t sent = 0;
+  for (int64_t q = qmin; q <= qmax; q++)
+    if (q != 0) sent += (q == qmax ? last : s) - (q == qmin ? first : 0);
+  if (sent > (c - 1) * s) return false;
+  *h = (halo_plan){s, qmin, qmax, first, last, edges};
+  return true;
+}
+
+static kiln_id halo_window(part *p, kiln_id x, int64_t D, const spmd_tiling *t, uint32_t d,
+                           const int64_t *a, int64_t len, kiln_id fill, int64_t maxq,
+                           kiln_id *valid) {
+  if (valid) *valid = KILN_NO_ID;
+  if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  halo_plan h;
+  if (!halo_plan_make(p, D, t, d, a, len, maxq, &h)) return KILN_NO_ID;
+  int64_t s = h.s, qmin = h.qmin, qmax = h.qmax, first = h.first, last = h.last;
+  bool edges = h.edges;
+  kiln_id blocks[64];
+  uint32_t nb = 0;
+  for (int64_t q = qmin; q <= qmax; q++) {
+    int64_t b0 = q == qmin ? first : 0, b1 = q == qmax ? last : s;
+    kiln_id piece = b0 == 0 && b1 == s ? x : kiln__b_slice_dim(&p->b, x, d, b0, b1);
+    blocks[nb++] = q == 0 ? piece : shift_tiles(p, piece, t, d, q);
+  }
+  kiln_id w = nb == 1 ? blocks[0] : kiln__b_concat(&p->b, blocks, nb, d);
+  if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  /* w holds global [(ck + qmin) * s + first, ...); pad so every window
+   * fits (the pad is outside [0, D) and masked below). */
+  int64_t wlen = kiln__b_shape(p->tx, w)->dims[d], padlo = 0, padhi = 0;
+  for (int64_t k = 0; k < p->n; k++) {
+    int64_t start = (kiln__tiling_coord(t, k, d) + qmin) * s + first;
+    if (a[k] + len <= 0 || a[k] >= D) continue; /* all outside: masked whatever it gets */
+    if (start - a[k] > padlo) padlo = start - a[k];
+    if (a[k] + len - (start + wlen) > padhi) padhi = a[k] + len - (start + wlen);
+  }
+  const kiln_shape *ws = kiln__b_shape(p->tx, w);
+  uint32_t r = ws->rank;
+  if (padlo || padhi) {
+    int64_t lo[SPMD_MAX_RANK] = {0}, hi[SPMD_MAX_RANK] = {0}, in[SPMD_MAX_RANK] = {0};
+    lo[d] = padlo, hi[d] = padhi;
+    w = kiln__b_pad(&p->b, w, kiln__b_scalar(&p->b, ws->dtype, 0), lo, hi, in);
+    wlen += padlo + padhi;
+  }
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  int64_t *starts = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  kiln_id *idx = kiln__b_ids(p->tx, r);
+  if (offs == NULL || starts == NULL || idx == NULL) return KILN_NO_ID;
+  for (int64_t k = 0; k < p->n; k++) {
+    int64_t start = (kiln__tiling_coord(t, k, d) + qmin) * s + first - padlo;
+    offs[k] = a[k] - start;
+    if (offs[k] < 0) offs[k] = 0;
+    if (offs[k] > wlen - len) offs[k] = wlen - len;
+    starts[k] = a[k];
+  }
+  int64_t sizes[SPMD_MAX_RANK];
+  const kiln_shape *ps = kiln__b_shape(p->tx, w);
+  for (uint32_t e = 0; e < r; e++) {
+    sizes[e] = e == d ? len : ps->dims[e];
+    idx[e] = e == d ? lookup(p, offs) : kiln__b_iscalar(&p->b, KILN_S32, 0);
+  }
+  kiln_id y = wlen == len ? w : kiln__b_dyn_slice(&p->b, w, idx, r, sizes);
+  if (!edges || (fill == KILN_NO_ID && valid == NULL)) return y;
+  /* inside: 0 <= a[k] + i < D */
+  const kiln_shape *ys = kiln__b_shape(p->tx, y);
+  kiln_id g = kiln__b_iota(&p->b, KILN_S32, ys->dims, ys->rank, d);
+  kiln_id at = kiln__b_splat(&p->b, lookup(p, starts), kiln__b_shape(p->tx, g));
+  g = kiln__b_add(&p->b, g, at);
+  kiln_id ok = kiln__b_bin(
+      &p->b, KILN_OP_AND,
+      kiln__b_cmp(&p->b, g, kiln__b_full(&p->b, KILN_S32, ys->dims, ys->rank, 0), KILN_CMP_GE),
+      kiln__b_cmp(&p->b, g, kiln__b_full(&p->b, KILN_S32, ys->dims, ys->rank, (double)D),
+                  KILN_CMP_LT));
+  if (valid) *valid = ok;
+  if (fill == KILN_NO_ID) return y;
+  return kiln__b_select(&p->b, ok, y, kiln__b_splat(&p->b, fill, kiln__b_shape(p->tx, y)));
+}
+
 /* ---- rules --------------------------------------------------------------- */
 
 /* Computed whole on every device. */
@@ -447,6 +602,205 @@ static void shard_dims(const kiln_shape *g, const spmd_tiling *t, int64_t *dims)
   for (uint32_t d = 0; d < g->rank; d++) dims[d] = kiln__shard_size(g->dims[d], t->tiles[d]);
 }
 
+/* Most tiles one device's window may span (halo_window also refuses
+ * windows that move more than an all-gather would). */
+static int64_t halo_max(const spmd_tiling *t, uint32_t d) { return t->tiles[d] + 1; }
+
+/* pad, slice (stride 1) and concatenate with the result split along a dim
+ * they move: each device builds its result shard from the window of the
+ * operand it covers (halo_window), instead of gathering the dim. Returns
+ * false (nothing built) when the op or the split is not of that kind. */
+static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                          int *err) {
+  *err = 0;
+  if (ins->op != KILN_OP_PAD && ins->op != KILN_OP_SLICE && ins->op != KILN_OP_CONCATENATE)
+    return false;
+  uint32_t r = ins->shape.rank;
+  const kiln_i64s *cfg =
+      kiln_instr_attr_ints(ins, ins->op == KILN_OP_PAD ? KILN_ATTR_PADDING : KILN_ATTR_SLICE);
+  const kiln_i64s *cd = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  bool any = false;
+  for (uint32_t d = 0; d < r; d++) {
+    if (want->tiles[d] <= 1) continue;
+    const kiln_shape *in = gshape(p, ins->operands[0]);
+    if (ins->op == KILN_OP_CONCATENATE) {
+      if (cd == NULL || cd->n != 1) return false;
+      any = any || cd->v[0] == (int64_t)d;
+      continue;
+    }
+    if (cfg == NULL || cfg->n != 3 * r || in->rank != r) return false;
+    const int64_t *v = cfg->v + 3 * d;
+    if (ins->op == KILN_OP_PAD) {
+      if (v[2] != 0) return false; /* interior padding: gathered */
+      any = any || v[0] || v[1];
+    } else {
+      if (v[2] != 1) return false;
+      any = any || v[0] != 0 || v[1] != in->dims[d];
+    }
+  }
+  if (!any || ins->noperands > 64) return false;
+  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (a == NULL) return *err = p->tx->err, true;
+  kiln_id y = KILN_NO_ID;
+  halo_plan h;
+  if (ins->op == KILN_OP_CONCATENATE) {
+    uint32_t d = (uint32_t)cd->v[0];
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]), off = 0;
+    for (uint32_t i = 0; i < ins->noperands; i++) { /* every window first: nothing dead */
+      const kiln_shape *gs = gshape(p, ins->operands[i]);
+      if (!is_array(gs) || gs->rank != r) return false;
+      for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
+      if (!halo_plan_make(p, gs->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+      off += gs->dims[d];
+    }
+    off = 0;
+    for (uint32_t i = 0; i < ins->noperands; i++) {
+      kiln_id o = ins->operands[i];
+      const kiln_shape *gs = gshape(p, o);
+      if (!is_array(gs) || gs->rank != r) return false;
+      for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
+      kiln_id valid, w = halo_window(p, local_as(p, o, want), gs->dims[d], want, d, a, so,
+                                     KILN_NO_ID, halo_max(want, d), &valid);
+      if (w == KILN_NO_ID) {
+        *err = p->tx->err;
+        return p->tx->err != 0; /* too far: the caller gathers */
+      }
+      /* no mask: this operand covers every device's window whole */
+      y = y == KILN_NO_ID || valid == KILN_NO_ID ? w : kiln__b_select(&p->b, valid, w, y);
+      off += gs->dims[d];
+    }
+    *out = y;
+    *err = p->tx->err;
+    return true;
+  }
+  /* pad, slice: split moved dims by window, the others by the local op */
+  const kiln_shape *in = gshape(p, ins->operands[0]);
+  for (uint32_t d = 0; d < r; d++) { /* every window first: nothing dead */
+    const int64_t *vd = cfg->v + 3 * d;
+    if (want->tiles[d] <= 1) continue;
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
+    int64_t shift = ins->op == KILN_OP_PAD ? -vd[0] : vd[0];
+    for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so + shift;
+    if (!halo_plan_make(p, in->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+  }
+  kiln_id x = local_as(p, ins->operands[0], want);
+  kiln_id fill = ins->op == KILN_OP_PAD ? whole(p, ins->operands[1]) : KILN_NO_ID;
+  int64_t v[3 * SPMD_MAX_RANK];
+  memcpy(v, cfg->v, cfg->n * sizeof *v);
+  const kiln_shape *ls = kiln__b_shape(p->tx, x);
+  for (uint32_t d = 0; d < r && kiln__tx_ok(p->tx); d++) {
+    int64_t *vd = v + 3 * d;
+    if (want->tiles[d] <= 1) continue; /* whole: the local op as written */
+    bool moved = ins->op == KILN_OP_PAD ? (vd[0] || vd[1]) : (vd[0] != 0 || vd[1] != in->dims[d]);
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
+    if (moved) {
+      int64_t shift = ins->op == KILN_OP_PAD ? -vd[0] : vd[0];
+      for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so + shift;
+      kiln_id w = halo_window(p, x, in->dims[d], want, d, a, so, fill, halo_max(want, d), NULL);
+      if (w == KILN_NO_ID) {
+        *err = p->tx->err;
+        return p->tx->err != 0;
+      }
+      x = w;
+    }
+    ls = kiln__b_shape(p->tx, x);
+    if (ins->op == KILN_OP_PAD)
+      vd[0] = vd[1] = 0;
+    else
+      vd[0] = 0, vd[1] = ls->dims[d];
+  }
+  if (!kiln__tx_ok(p->tx)) return *err = p->tx->err, true;
+  bool local = false;
+  for (uint32_t d = 0; d < r; d++)
+    local = local || (ins->op == KILN_OP_PAD
+                          ? (v[3 * d] || v[3 * d + 1] || v[3 * d + 2])
+                          : (v[3 * d] != 0 || v[3 * d + 1] != kiln__b_shape(p->tx, x)->dims[d] ||
+                             v[3 * d + 2] != 1));
+  if (local) {
+    kiln_id ops[2] = {x, fill};
+    kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, ins->op == KILN_OP_PAD ? 2 : 1);
+    if (c == NULL ||
+        kiln_instr_set_attr_ints(
+            p->m, c, ins->op == KILN_OP_PAD ? KILN_ATTR_PADDING : KILN_ATTR_SLICE, v, 3 * r)) {
+      *err = kiln__tx_oom(p->tx);
+      return true;
+    }
+    x = kiln__b_finish(&p->b, c);
+  }
+  *out = x;
+  *err = p->tx->err;
+  return true;
+}
+
+/* reduce-window (one operand) with the result split along windowed dims:
+ * each device reduces the window of the operand its result shard covers
+ * (the halo comes from its neighbours, the array's edge is the init
+ * value), so the window's padding along those dims becomes 0. Windows
+ * along dims split trivially (size 1, stride 1, no padding) need nothing.
+ * Base dilation, or a halo past the neighbours: computed whole. */
+static int rule_reduce_window(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                              spmd_tiling **got) {
+  const kiln_attr *wa = kiln_instr_attr(ins, KILN_ATTR_WINDOW);
+  const kiln_window *win = wa ? wa->v.window : NULL;
+  uint32_t r = ins->shape.rank;
+  if (ins->noperands != 2 || !is_array(&ins->shape) || win == NULL || win->rank != r ||
+      !is_array(gshape(p, ins->operands[0])) || gshape(p, ins->operands[0])->rank != r)
+    return rule_whole(p, ins, want, out, got);
+  for (uint32_t d = 0; d < r; d++)
+    if (want->tiles[d] > 1 && win->dims[d].lhs_dilate != 1)
+      return rule_whole(p, ins, want, out, got);
+  const kiln_shape *in = gshape(p, ins->operands[0]);
+  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (a == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t d = 0; d < r; d++) { /* every window first: nothing dead */
+    const kiln_window_dim *w = &win->dims[d];
+    if (want->tiles[d] <= 1) continue;
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
+    int64_t span = (w->size - 1) * w->rhs_dilate + 1;
+    halo_plan h;
+    for (int64_t k = 0; k < p->n; k++)
+      a[k] = kiln__tiling_coord(want, k, d) * so * w->stride - w->pad_lo;
+    if (!halo_plan_make(p, in->dims[d], want, d, a, (so - 1) * w->stride + span, halo_max(want, d),
+                        &h))
+      return rule_whole(p, ins, want, out, got);
+  }
+  kiln_id x = local_as(p, ins->operands[0], want);
+  kiln_id init = whole(p, ins->operands[1]);
+  kiln_window *nw = kiln_arena_alloc(p->m->arena, sizeof *nw);
+  kiln_window_dim *nd = nw ? kiln_arena_calloc(p->m->arena, r ? r : 1, sizeof *nd) : NULL;
+  if (nd == NULL) return kiln__tx_oom(p->tx);
+  nw->rank = r;
+  nw->dims = nd;
+  memcpy(nd, win->dims, r * sizeof *nd);
+  for (uint32_t d = 0; d < r && kiln__tx_ok(p->tx); d++) {
+    kiln_window_dim *w = &nd[d];
+    if (want->tiles[d] <= 1) continue;
+    if (w->size == 1 && w->stride == 1 && w->pad_lo == 0 && w->pad_hi == 0 &&
+        in->dims[d] == ins->shape.dims[d])
+      continue;
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
+    int64_t span = (w->size - 1) * w->rhs_dilate + 1;
+    for (int64_t k = 0; k < p->n; k++)
+      a[k] = kiln__tiling_coord(want, k, d) * so * w->stride - w->pad_lo;
+    kiln_id y = halo_window(p, x, in->dims[d], want, d, a, (so - 1) * w->stride + span, init,
+                            halo_max(want, d), NULL);
+    if (y == KILN_NO_ID) {
+      if (p->tx->err) return p->tx->err;
+      return rule_whole(p, ins, want, out, got);
+    }
+    x = y;
+    w->pad_lo = w->pad_hi = 0;
+  }
+  kiln_id ops[2] = {x, init};
+  kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, 2);
+  kiln_attr *na = c ? kiln_instr_add_attr(p->m, c, KILN_ATTR_WINDOW) : NULL;
+  if (na == NULL) return p->tx->err ? p->tx->err : kiln__tx_oom(p->tx);
+  na->v.window = nw;
+  *out = kiln__b_finish(&p->b, c);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
 /* broadcast, transpose, reshape, slice, pad, reverse, concatenate: the ops
  * whose result dims follow operand dims (dims.c). */
 static int rule_movement(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
@@ -455,6 +809,11 @@ static int rule_movement(part *p, const kiln_instr *ins, const spmd_tiling *want
   spmd_tiling *need[64];
   if (ins->noperands > 64 || ins->noperands == 0 || !is_array(&ins->shape))
     return rule_whole(p, ins, want, out, got);
+  int herr;
+  if (movement_halo(p, ins, want, out, &herr)) {
+    *got = (spmd_tiling *)want;
+    return herr;
+  }
   /* What the result can be from the first operand's needed tiling. */
   spmd_tiling *n0 = kiln__spmd_bwd(p->a, p->m, ins, 0, want);
   spmd_tiling *g0 = n0 ? kiln__spmd_fwd(p->a, p->m, ins, 0, n0) : NULL;
@@ -575,6 +934,87 @@ static int rule_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, 
   return p->tx->err;
 }
 
+/* A convolution whose result is split along spatial dims (and perhaps its
+ * batch, never its features): the input split the same way, each device
+ * convolving the window of the input its result shard covers (halos from
+ * its neighbours, zeros past the edges), the kernel whole. False (nothing
+ * built) when the convolution is not of that kind or a window would reach
+ * past the neighbours. */
+static bool conv_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                      int *err) {
+  *err = 0;
+  spmd_loop loops[SPMD_MAX_RANK * 2];
+  uint32_t nl;
+  const kiln_attr *wa = kiln_instr_attr(ins, KILN_ATTR_WINDOW);
+  const kiln_window *win = wa ? wa->v.window : NULL;
+  if (ins->op != KILN_OP_CONVOLUTION || win == NULL || !is_array(&ins->shape) ||
+      !kiln__contraction_loops(p->m, ins, loops, &nl) || nl > SPMD_MAX_RANK)
+    return false;
+  kiln_id l = ins->operands[0];
+  const kiln_shape *ls = gshape(p, l);
+  int64_t lmap[SPMD_MAX_RANK];
+  for (uint32_t d = 0; d < ls->rank; d++) lmap[d] = -1;
+  bool spatial = false;
+  uint32_t k = 0; /* window dim of the next spatial loop */
+  for (uint32_t j = 0; j < nl; j++) {
+    const spmd_loop *lp = &loops[j];
+    bool split = lp->o >= 0 && want->tiles[lp->o] > 1;
+    if (lp->fixed) {
+      if (k >= win->rank) return false;
+      if (split && win->dims[k].lhs_dilate != 1) return false;
+      k++;
+    }
+    if (split && lp->l < 0) return false; /* output features: the kernel's split */
+    if (split) lmap[lp->l] = lp->o;
+    spatial = spatial || (split && lp->fixed);
+  }
+  if (!spatial) return false;
+  spmd_tiling *tl = kiln__tiling_derive(p->a, want, lmap, ls->rank);
+  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (tl == NULL || a == NULL) return *err = kiln__tx_oom(p->tx), true;
+  /* every window first: nothing dead */
+  for (int pass = 0; pass < 2; pass++) {
+    kiln_id x = pass ? local_as(p, l, tl) : KILN_NO_ID;
+    kiln_window *nw = NULL;
+    if (pass) {
+      nw = kiln_arena_alloc(p->m->arena, sizeof *nw);
+      kiln_window_dim *nd = nw ? kiln_arena_calloc(p->m->arena, win->rank, sizeof *nd) : NULL;
+      if (nd == NULL) return *err = kiln__tx_oom(p->tx), true;
+      memcpy(nd, win->dims, win->rank * sizeof *nd);
+      nw->rank = win->rank;
+      nw->dims = nd;
+    }
+    kiln_id zero = pass ? kiln__b_scalar(&p->b, ls->dtype, 0) : KILN_NO_ID;
+    k = 0;
+    for (uint32_t j = 0; j < nl; j++) {
+      const spmd_loop *lp = &loops[j];
+      if (!lp->fixed) continue;
+      const kiln_window_dim *w = &win->dims[k++];
+      if (want->tiles[lp->o] <= 1) continue;
+      uint32_t dl = (uint32_t)lp->l;
+      int64_t so = kiln__shard_size(ins->shape.dims[lp->o], want->tiles[lp->o]);
+      int64_t span = (w->size - 1) * w->rhs_dilate + 1, len = (so - 1) * w->stride + span;
+      for (int64_t q = 0; q < p->n; q++)
+        a[q] = kiln__tiling_coord(tl, q, dl) * so * w->stride - w->pad_lo;
+      halo_plan h;
+      if (!pass && !halo_plan_make(p, ls->dims[dl], tl, dl, a, len, halo_max(tl, dl), &h))
+        return false;
+      if (!pass) continue;
+      x = halo_window(p, x, ls->dims[dl], tl, dl, a, len, zero, halo_max(tl, dl), NULL);
+      nw->dims[k - 1].pad_lo = nw->dims[k - 1].pad_hi = 0;
+    }
+    if (!pass) continue;
+    kiln_id ops[2] = {x, whole(p, ins->operands[1])};
+    kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, 2);
+    kiln_attr *na = c ? kiln_instr_add_attr(p->m, c, KILN_ATTR_WINDOW) : NULL;
+    if (na == NULL) return *err = p->tx->err ? p->tx->err : kiln__tx_oom(p->tx), true;
+    na->v.window = nw;
+    *out = kiln__b_finish(&p->b, c);
+  }
+  *err = p->tx->err;
+  return true;
+}
+
 /* dot and convolution: choose the tiling of the loops (from the result's,
  * the lhs's or the rhs's), compute locally, all-reduce over split
  * contracting loops. */
@@ -582,6 +1022,11 @@ static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *w
                             spmd_tiling **got) {
   spmd_loop loops[SPMD_MAX_RANK * 2];
   uint32_t nl;
+  int herr;
+  if (conv_halo(p, ins, want, out, &herr)) {
+    *got = (spmd_tiling *)want;
+    return herr;
+  }
   if (!is_array(&ins->shape) || !kiln__contraction_loops(p->m, ins, loops, &nl) ||
       nl > SPMD_MAX_RANK)
     return rule_whole(p, ins, want, out, got);
@@ -673,19 +1118,121 @@ static int rule_gte(part *p, const kiln_instr *ins, const spmd_tiling *want, kil
 }
 
 static const rule_fn rules[KILN_OP_COUNT] = {
-    [KILN_OP_PARAMETER] = rule_parameter,   [KILN_OP_CUSTOM_CALL] = rule_annotation,
-    [KILN_OP_BROADCAST] = rule_movement,    [KILN_OP_TRANSPOSE] = rule_movement,
-    [KILN_OP_RESHAPE] = rule_movement,      [KILN_OP_SLICE] = rule_movement,
-    [KILN_OP_PAD] = rule_movement,          [KILN_OP_REVERSE] = rule_movement,
-    [KILN_OP_CONCATENATE] = rule_movement,  [KILN_OP_REDUCE] = rule_reduce,
-    [KILN_OP_DOT] = rule_contraction,       [KILN_OP_CONVOLUTION] = rule_contraction,
-    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte, [KILN_OP_GATHER] = rule_gather,
+    [KILN_OP_PARAMETER] = rule_parameter,
+    [KILN_OP_CUSTOM_CALL] = rule_annotation,
+    [KILN_OP_BROADCAST] = rule_movement,
+    [KILN_OP_TRANSPOSE] = rule_movement,
+    [KILN_OP_RESHAPE] = rule_movement,
+    [KILN_OP_SLICE] = rule_movement,
+    [KILN_OP_PAD] = rule_movement,
+    [KILN_OP_REVERSE] = rule_movement,
+    [KILN_OP_CONCATENATE] = rule_movement,
+    [KILN_OP_REDUCE] = rule_reduce,
+    [KILN_OP_DOT] = rule_contraction,
+    [KILN_OP_CONVOLUTION] = rule_contraction,
+    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte,
+    [KILN_OP_GATHER] = rule_gather,
+    [KILN_OP_REDUCE_WINDOW] = rule_reduce_window,
 };
 
 static rule_fn rule_of(const kiln_instr *ins) {
   if (rules[ins->op]) return rules[ins->op];
   if (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) return rule_elementwise;
   return rule_whole;
+}
+
+/* ---- manual regions (shard_map) ------------------------------------------ */
+
+static bool is_target(const kiln_instr *ins, const char *target) {
+  const char *t = ins->op == KILN_OP_CUSTOM_CALL
+                      ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
+                      : NULL;
+  return t && strcmp(t, target) == 0;
+}
+
+static bool manual_operand(const part *p, const kiln_instr *ins) {
+  for (uint32_t k = 0; k < ins->noperands; k++)
+    if (ins->operands[k] < p->ncap && p->manual[ins->operands[k]]) return true;
+  return false;
+}
+
+/* A region's entry (xla.sdy.GlobalToLocalShape): each operand's shard
+ * under its in_sharding, which must be the region's local shape; inside
+ * the region (its values' users up to the LocalToGlobalShape) every op
+ * runs per device as written, its collectives included. */
+static int build_manual(part *p, const kiln_instr *ins) {
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  kiln_id out;
+  if (is_target(ins, "xla.sdy.GlobalToLocalShape")) {
+    bool tuple = kiln_shape_is_tuple(&ins->shape);
+    if (ins->noperands == 0 || ins->noperands > 64 ||
+        (tuple && ins->shape.rank != ins->noperands) || (!tuple && ins->noperands != 1))
+      return fail(p, ins, KILN_EINVAL, "GlobalToLocalShape: one result per operand");
+    kiln_id xs[64];
+    for (uint32_t i = 0; i < ins->noperands; i++) {
+      const kiln_shape *gs = gshape(p, ins->operands[i]);
+      const kiln_shape *ls = tuple ? &ins->shape.tuple[i] : &ins->shape;
+      const kiln_sharding *sh;
+      spmd_tiling *t;
+      if (!is_array(gs) || !is_array(ls) || gs->rank != ls->rank)
+        return fail(p, ins, KILN_EINVAL,
+                    "GlobalToLocalShape: operands and results are arrays of "
+                    "one rank");
+      int rc = kiln__sdy_region_sharding(p->a, p->m, ins, i, gs->rank, &sh, p->tx->st);
+      if (rc == 0) rc = kiln__tiling_from_sharding(p->a, sh, gs->rank, p->n, where, &t, p->tx->st);
+      if (rc) return p->tx->err = rc;
+      for (uint32_t d = 0; d < gs->rank; d++)
+        if (kiln__shard_size(gs->dims[d], t->tiles[d]) != ls->dims[d] ||
+            gs->dims[d] % t->tiles[d] != 0)
+          return fail(p, ins, KILN_EINVAL,
+                      "GlobalToLocalShape: an operand's shard is not the region's local shape "
+                      "(shard_map needs dims that divide evenly)");
+      xs[i] = local_as(p, ins->operands[i], t);
+    }
+    out = tuple ? kiln__b_tuple(&p->b, xs, ins->noperands) : xs[0];
+  } else {
+    kiln_id ops[256];
+    if (ins->noperands > 256) return fail(p, ins, KILN_EUNIMPL, "too many operands");
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      kiln_id o = ins->operands[k];
+      ops[k] = p->manual[o] ? p->local[o] : whole(p, o);
+    }
+    out = ins->op == KILN_OP_GET_TUPLE_ELEMENT
+              ? kiln__b_gte(&p->b, ops[0], kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0))
+              : kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
+    if (out != KILN_NO_ID && ins->op != KILN_OP_GET_TUPLE_ELEMENT)
+      kiln__b_drop_attr(kiln__b_ins(p->tx, out), KILN_ATTR_SHARDING);
+  }
+  p->local[ins->id] = out;
+  p->lt[ins->id] = is_array(&ins->shape) ? replicated(p, ins->shape.rank) : NULL;
+  p->le[ins->id] = NULL;
+  p->manual[ins->id] = true;
+  return p->tx->err;
+}
+
+/* A region's exit (xla.sdy.LocalToGlobalShape): each device's value is its
+ * shard of the result under out_shardings. */
+static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **got, kiln_id *out) {
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  kiln_id o = ins->operands[0];
+  const kiln_shape *ls = gshape(p, o);
+  const kiln_sharding *sh;
+  spmd_tiling *t;
+  if (ins->noperands != 1 || !is_array(&ins->shape) || !is_array(ls) || ls->rank != ins->shape.rank)
+    return fail(p, ins, KILN_EUNIMPL, "LocalToGlobalShape: one array in, one out");
+  int rc = kiln__sdy_region_sharding(p->a, p->m, ins, 0, ins->shape.rank, &sh, p->tx->st);
+  if (rc == 0)
+    rc = kiln__tiling_from_sharding(p->a, sh, ins->shape.rank, p->n, where, &t, p->tx->st);
+  if (rc) return p->tx->err = rc;
+  for (uint32_t d = 0; d < ls->rank; d++)
+    if (ins->shape.dims[d] != ls->dims[d] * t->tiles[d])
+      return fail(p, ins, KILN_EINVAL,
+                  "LocalToGlobalShape: the region's local shape is not a shard of the result");
+  *out = p->local[o];
+  *got = t;
+  return 0;
 }
 
 /* ---- the driver ---------------------------------------------------------- */
@@ -828,6 +1375,9 @@ static bool try_reduce_scatter(part *p, const kiln_shape *g, const spmd_tiling *
 
 static int build(part *p, const kiln_instr *ins) {
   spmd_tiling *want, **elems;
+  bool exit = is_target(ins, "xla.sdy.LocalToGlobalShape") && manual_operand(p, ins);
+  if (!exit && (is_target(ins, "xla.sdy.GlobalToLocalShape") || manual_operand(p, ins)))
+    return build_manual(p, ins);
   int rc = wanted(p, ins, &want, &elems);
   if (rc) {
     if (p->tx->err == 0) p->tx->err = rc;
@@ -840,7 +1390,9 @@ static int build(part *p, const kiln_instr *ins) {
   kiln_id out = KILN_NO_ID;
   spmd_tiling *got = NULL;
   p->ar = KILN_NO_ID;
-  if ((rc = rule_of(ins)(p, ins, want, &out, &got))) return rc;
+  if (exit ? (rc = rule_local_to_global(p, ins, &got, &out)) != 0
+           : (rc = rule_of(ins)(p, ins, want, &out, &got)) != 0)
+    return rc;
   kiln_id rs;
   if (want && got && p->ar == out && !kiln__tiling_equal(got, want) &&
       try_reduce_scatter(p, &ins->shape, got, want, &rs)) {
@@ -1066,7 +1618,8 @@ static int partition_entry(part *p, kiln_spmd_program *prog) {
   p->le = kiln_arena_calloc(p->a, cap, sizeof *p->le);
   p->cached = kiln_arena_calloc(p->a, cap, sizeof *p->cached);
   p->ctile = kiln_arena_calloc(p->a, cap, sizeof *p->ctile);
-  if (!order || !p->local || !p->lt || !p->le || !p->cached || !p->ctile)
+  p->manual = kiln_arena_calloc(p->a, cap, sizeof *p->manual);
+  if (!order || !p->local || !p->lt || !p->le || !p->cached || !p->ctile || !p->manual)
     return kiln__tx_oom(p->tx);
   for (size_t i = 0; i < cap; i++) p->local[i] = KILN_NO_ID;
   p->ncap = cap;

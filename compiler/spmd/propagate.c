@@ -49,6 +49,13 @@ int kiln__spmd_inline_calls(kiln_module *m, uint32_t entry, kiln_status *st) {
     kiln_instr *call = m->instrs[m->comps[entry]->instrs[i]];
     if (call->op != KILN_OP_CALL || call->ncalled != 1) continue;
     const kiln_computation *c = m->comps[call->called[0]];
+    /* A per-device body (a shard_map region's: explicit collectives) is
+     * run as written, not partitioned. */
+    bool per_device = false;
+    for (uint32_t k = 0; k < c->ninstrs; k++)
+      per_device =
+          per_device || kiln_opcode_family(m->instrs[c->instrs[k]]->op) == KILN_FAM_COLLECTIVE;
+    if (per_device) continue;
     kiln_id *map = kiln_arena_alloc(tx.scratch, (m->ninstrs + 1) * sizeof *map);
     kiln_id ops[256];
     if (map == NULL) {
@@ -311,6 +318,14 @@ static int write_back(prop *p, kiln_instr *ins) {
 bool kiln_spmd_module_is_sharded(const kiln_module *m) {
   const kiln_computation *c = kiln_module_entry(m);
   if (c == NULL || m->is_scheduled == 1) return false; /* XLA's compiled, partitioned dumps */
+  /* A shard_map region: global, its body's collectives are per device. */
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[c->instrs[i]];
+    const char *t = ins->op == KILN_OP_CUSTOM_CALL
+                        ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
+                        : NULL;
+    if (t && strcmp(t, "xla.sdy.GlobalToLocalShape") == 0) return true;
+  }
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
     if (ins->comp != KILN_NO_ID && kiln_opcode_family(ins->op) == KILN_FAM_COLLECTIVE)

@@ -187,6 +187,66 @@ int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *i
     return 0;
   const kiln_attr *fa = kiln_instr_attr(ins, KILN_ATTR_FRONTEND_ATTRIBUTES);
   char text[1024];
+  if (fa && !attr_string(fa->v.s, "xla.sdy.sharding", text, sizeof text) &&
+      strcmp(kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET),
+             "xla.sdy.LocalToGlobalShape") == 0) {
+    /* the end of a manual region: the result's sharding is out_shardings' */
+    kiln_status ignore;
+    kiln_status_clear(&ignore);
+    if (kiln__sdy_region_sharding(a, m, ins, 0, ins->shape.rank, out, &ignore)) *out = NULL;
+    return 0;
+  }
   if (fa == NULL || !attr_string(fa->v.s, "xla.sdy.sharding", text, sizeof text)) return 0;
   return kiln__sdy_parse(a, m, text, ins->shape.rank, out);
+}
+
+int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                              uint32_t i, uint32_t rank, const kiln_sharding **out,
+                              kiln_status *st) {
+  *out = NULL;
+  const char *target = kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET);
+  bool in = target && strcmp(target, "xla.sdy.GlobalToLocalShape") == 0;
+  const char *key = in ? "xla.sdy.in_shardings" : "xla.sdy.out_shardings";
+  const kiln_attr *fa = kiln_instr_attr(ins, KILN_ATTR_FRONTEND_ATTRIBUTES);
+  char where[160], text[4096], axes[512];
+  snprintf(where, sizeof where, "%.100s %.40s", target ? target : "custom-call", ins->name);
+  if (fa == NULL || !attr_string(fa->v.s, key, text, sizeof text))
+    return kiln_status_set(st, KILN_EUNIMPL, where, "a manual region (shard_map) without %s", key);
+  const char *p = text;
+  for (uint32_t k = 0; p && k <= i; k++) {
+    p = strstr(p, "<@");
+    if (p && k < i) p += 2;
+  }
+  if (p == NULL) return kiln_status_set(st, KILN_EINVAL, where, "%s has no value %u", key, i);
+  /* The mesh, and the region's manual axes: every axis of it. */
+  char name[64];
+  size_t n = 0;
+  for (const char *q = p + 2; *q && *q != ',' && *q != '>' && n + 1 < sizeof name; q++)
+    name[n++] = *q;
+  name[n] = '\0';
+  mesh me;
+  if (!find_mesh(m, name, &me))
+    return kiln_status_set(st, KILN_EUNIMPL, where, "mesh '%s' of %s is not understood", name, key);
+  if (!attr_string(fa->v.s, "xla.sdy.manual_axes", axes, sizeof axes))
+    return kiln_status_set(st, KILN_EUNIMPL, where, "a manual region without manual_axes");
+  uint32_t nman = 0;
+  bool seen[MAX_AXES] = {false};
+  for (const char *q = strchr(axes, '{'); q && *q && *q != '}';) {
+    char ax[32];
+    const char *nx = quoted(q + 1, ax, sizeof ax);
+    if (nx == NULL) break;
+    for (uint32_t k = 0; k < me.n; k++)
+      if (strcmp(me.names[k], ax) == 0 && !seen[k]) seen[k] = true, nman++;
+    q = skip_ws(nx);
+  }
+  if (nman != me.n)
+    return kiln_status_set(st, KILN_EUNIMPL, where,
+                           "a shard_map manual over %u of the %u axes of mesh '%s' (partially "
+                           "manual regions are not supported; make every axis manual)",
+                           nman, me.n, name);
+  int rc = kiln__sdy_parse(a, m, p, rank, out);
+  if (rc) return kiln_status_set(st, rc, where, "out of memory");
+  if (*out == NULL)
+    return kiln_status_set(st, KILN_EUNIMPL, where, "value %u of %s is not understood", i, key);
+  return 0;
 }

@@ -110,6 +110,15 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
 int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
                         const kiln_sharding **out, kiln_status *st);
 
+/* A manual region's (shard_map's) sharding of value i: of operand i of an
+ * xla.sdy.GlobalToLocalShape (its in_shardings), of result i of an
+ * xla.sdy.LocalToGlobalShape (out_shardings), for an array of rank `rank`.
+ * KILN_EUNIMPL naming the instruction for a region manual over only some
+ * of its mesh's axes or a sharding not understood. */
+int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                              uint32_t i, uint32_t rank, const kiln_sharding **out,
+                              kiln_status *st);
+
 /* The Shardy sharding text "#sdy.sharding<@mesh, [{"x"}, {}]>" (or the
  * first of a sharding_per_value list) as an HLO sharding, against the
  * module's xla.sdy.meshes frontend attribute. NULL *out when the text is

@@ -22,7 +22,8 @@ if(TARGET kilnd)
 endif()
 
 foreach(name test_remote test_load test_hostile test_drain test_cache_server test_cancel test_limits
-    test_upload_wire test_security test_ops test_scheduler_fair test_cuda_service test_lease)
+    test_spmd_server test_upload_wire test_security test_ops test_scheduler_fair test_cuda_service
+    test_lease)
   if(NOT EXISTS ${CMAKE_CURRENT_LIST_DIR}/${name}.c)
     continue()
   endif()

@@ -194,6 +194,62 @@ class JaxSpmdTest(unittest.TestCase):
                               (rep, bat), NamedSharding(m, P("b", None)), (table, ids), 4)
         self.assertEqual(kinds, {})
 
+    def test_shard_map_psum(self):
+        """A shard_map over every axis (Shardy's GlobalToLocalShape /
+        LocalToGlobalShape around a per-device body with its own psum): the
+        body runs per device as written, its all-reduce the only
+        collective."""
+        m = mesh((4,), ("x",))
+        rng = np.random.default_rng(11)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+        b = rng.standard_normal((16, 4)).astype(np.float32)
+
+        def f(a, b):
+            def body(a, b):
+                return jax.lax.psum(jnp.tanh(a) @ b, "x")
+            return jax.shard_map(body, mesh=m, in_specs=(P(None, "x"), P("x", None)),
+                                 out_specs=P())(a, b)
+
+        kinds = self.run_peer("shard_map", f,
+                              (NamedSharding(m, P(None, "x")), NamedSharding(m, P("x", None))),
+                              NamedSharding(m, P()), (a, b), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 8 * 4 * 4)})
+
+    def test_shard_map_split_out(self):
+        """shard_map whose result stays split (out_specs P("x")), fed by a
+        replicated input the region's entry slices locally."""
+        m = mesh((4,), ("x",))
+        rng = np.random.default_rng(12)
+        a = rng.standard_normal((16, 8)).astype(np.float32)
+
+        def f(a):
+            def body(a):
+                return a * 2.0 + jax.lax.axis_index("x").astype(jnp.float32)
+            return jax.shard_map(body, mesh=m, in_specs=P("x", None), out_specs=P("x", None))(a)
+
+        self.run_peer("shard_map_out", f, (NamedSharding(m, P()),),
+                      NamedSharding(m, P("x", None)), (a,), 4)
+
+    def test_halo_pooling_and_conv(self):
+        """A 1-D convolution and a "same" max-pool on activations split
+        along their spatial dim: halos by collective-permute, no
+        all-gather."""
+        m = mesh((4,), ("s",))
+        rng = np.random.default_rng(13)
+        x = rng.standard_normal((2, 32, 3)).astype(np.float32)
+        k = rng.standard_normal((3, 3, 5)).astype(np.float32) * 0.5
+
+        def f(x, k):
+            y = jax.lax.conv_general_dilated(x, k, (1,), [(1, 1)],
+                                             dimension_numbers=("NWC", "WIO", "NWC"))
+            return jax.lax.reduce_window(jnp.tanh(y), -jnp.inf, jax.lax.max, (1, 3, 1),
+                                         (1, 1, 1), [(0, 0), (1, 1), (0, 0)])
+
+        sp = NamedSharding(m, P(None, "s", None))
+        kinds = self.run_peer("halo", f, (sp, NamedSharding(m, P())), sp, (x, k), 4)
+        self.assertNotIn("all-gather", kinds)
+        self.assertIn("collective-permute", kinds)
+
     def test_fsdp_matmul(self):
         m = mesh((8,), ("d",))
         rng = np.random.default_rng(3)

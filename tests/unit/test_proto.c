@@ -388,6 +388,14 @@ START_TEST(test_service_schema) {
       protobuf_c_message_descriptor_get_field_by_name(&kiln__v1__argument__descriptor, "literal");
   ck_assert_ptr_nonnull(f);
   ck_assert_ptr_eq(f->descriptor, &kiln__v1__literal__descriptor);
+  /* The SPMD fields of CompileResponse (docs/spmd.md), by number. */
+  const char *spmd[] = {"per_device", "replica_count", "num_partitions"};
+  for (unsigned i = 0; i < 3; i++) {
+    f = protobuf_c_message_descriptor_get_field_by_name(&kiln__v1__compile_response__descriptor,
+                                                        spmd[i]);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(f->id, 13 + i);
+  }
 }
 END_TEST
 

@@ -1,10 +1,10 @@
 /* Unit tests for the scheduler: round-robin order across clients, FIFO
  * within one, the queue bounds (total and per client) with their messages,
  * deadlines and cancellation of waiting jobs, device classes, gang jobs on
- * several devices, close and destroy with queued work, running at once on
- * the caller's thread, the done callback, a newcomer waiting behind at most
- * one run of a busy client's. A "gate" job holds a
- * device until the test opens it, so the queue can be filled first. */
+ * several devices (not starved by single-device jobs), close and destroy with queued work, running
+ * at once on the caller's thread, the done callback, a newcomer waiting behind at most one run of a
+ * busy client's. A "gate" job holds a device until the test opens it, so the queue can be filled
+ * first. */
 #include <check.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -443,6 +443,30 @@ static void count_run(void *arg, const uint32_t *devices, uint32_t n) {
   (void)devices, (void)n;
   atomic_fetch_add((atomic_int *)arg, 1);
 }
+/* A gang waiting for devices is not overtaken by single-device jobs queued
+ * after it, which would otherwise keep taking the device it waits for. */
+START_TEST(test_gang_not_starved) {
+  kiln_sched *s = make(2, 0, 0, 0);
+  gate_open = false;
+  ck_assert_int_eq(submit(s, "a", "gate", 0, 1, 0, NULL, NULL), 0);
+  wait_running(s, 1);
+  ck_assert_int_eq(submit(s, "b", "gang", 0, 2, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "c", "c1", 0, 1, 0, NULL, NULL), 0);
+  ck_assert_int_eq(submit(s, "c", "c2", 0, 1, 0, NULL, NULL), 0);
+  usleep(50000); /* a free device that would take c1 at once */
+  pthread_mutex_lock(&mu);
+  ck_assert_int_eq(nrun, 0);
+  pthread_mutex_unlock(&mu);
+  ck_assert_uint_eq(kiln_sched_queued(s), 3);
+  open_gate();
+  kiln_sched_wait_idle(s);
+  ck_assert_int_eq(nrun, 4);
+  ck_assert_str_eq(order[0], "gate");
+  ck_assert_str_eq(order[1], "gang");
+  kiln_sched_destroy(s);
+}
+END_TEST
+
 static void count_drop(void *arg, int code) {
   (void)code;
   atomic_fetch_add((atomic_int *)arg, 1000000);
@@ -478,6 +502,7 @@ int main(void) {
   tcase_add_test(tc, test_deadline_and_cancel);
   tcase_add_test(tc, test_worker_drops_expired);
   tcase_add_test(tc, test_classes_and_gangs);
+  tcase_add_test(tc, test_gang_not_starved);
   tcase_add_test(tc, test_close_and_destroy);
   tcase_add_test(tc, test_bad_options);
   tcase_add_test(tc, test_run_now);

@@ -171,6 +171,263 @@ static void check_program(const char *text, int64_t p, const char *backend, int 
   kiln_module_destroy(m);
 }
 
+/* ---- halo exchange --------------------------------------------------------- */
+
+/* body (an ENTRY's instructions after "x = f32[16,6] parameter(0), split")
+ * on P = 2, 4 and 8 devices (the cpu backend on 4), the sharding text
+ * "{S}" standing for devices=[P,1]<=[P] ("{S3}": [1,P,1]): equal to the unpartitioned
+ * interpreter, with no all-gather and `permutes` collective-permutes (-1:
+ * some) on 4 devices. */
+static void check_halo(const char *body, int permutes) {
+  for (int64_t P = 2; P <= 8; P *= 2) {
+    char shard[48], shard3[48], text[2048], out[2048];
+    snprintf(shard, sizeof shard, "{devices=[%lld,1]<=[%lld]}", (long long)P, (long long)P);
+    snprintf(shard3, sizeof shard3, "{devices=[1,%lld,1]<=[%lld]}", (long long)P, (long long)P);
+    snprintf(text, sizeof text,
+             "HloModule halo\n"
+             "max {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+             " ROOT m = f32[] maximum(a, b)\n}\n"
+             "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+             " ROOT s = f32[] add(a, b)\n}\n"
+             "ENTRY e {\n x = f32[16,6] parameter(0), sharding={S}\n%s}\n",
+             body);
+    size_t o = 0;
+    for (const char *c = text; *c && o + 48 < sizeof out; c++) {
+      if (strncmp(c, "{S}", 3) == 0) {
+        o += (size_t)snprintf(out + o, sizeof out - o, "%s", shard);
+        c += 2;
+      } else if (strncmp(c, "{S3}", 4) == 0) {
+        o += (size_t)snprintf(out + o, sizeof out - o, "%s", shard3);
+        c += 3;
+      } else {
+        out[o++] = *c;
+      }
+    }
+    out[o] = '\0';
+    kiln_module *m = parse_ok(out);
+    kiln_status st = {0};
+    kiln_literal **args;
+    uint32_t n;
+    ck_assert_int_eq(kiln_test_args_random(m, 11, &args, &n, &st), 0);
+    kiln_literal *want = NULL;
+    ck_assert_msg(kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &want, &st) == 0,
+                  "%s", st.msg);
+    const char *backends[2] = {"interp", "cpu"};
+    for (int b = 0; b < (P == 4 ? 2 : 1); b++) {
+      kiln_literal *got = NULL;
+      kiln_spmd_stats stats;
+      int rc = kiln_run_module_global(m, backends[b], NULL, (uint32_t)P, NULL,
+                                      (const kiln_literal *const *)args, n, &got, &stats, &st);
+      ck_assert_msg(rc == 0, "%s: %s\n%s", st.where, st.msg, out);
+      char why[200];
+      ck_assert_msg(close_enough(want, got, why, sizeof why), "%s on %lld devices: %s\n%s",
+                    backends[b], (long long)P, why, out);
+      ck_assert_msg(stats.count[KILN_SPMD_ALL_GATHER] == 0, "%u all-gathers on %lld devices\n%s",
+                    stats.count[KILN_SPMD_ALL_GATHER], (long long)P, out);
+      if (P == 4 && permutes >= 0)
+        ck_assert_int_eq(stats.count[KILN_SPMD_COLLECTIVE_PERMUTE], permutes);
+      if (P == 4 && permutes < 0) ck_assert_uint_gt(stats.count[KILN_SPMD_COLLECTIVE_PERMUTE], 0);
+      kiln_literal_destroy(got);
+    }
+    kiln_literal_destroy(want);
+    kiln_test_args_free(args, n);
+    kiln_module_destroy(m);
+  }
+}
+
+START_TEST(test_halo_pad) {
+  /* one halo from the left neighbour (the edge is the pad value) */
+  check_halo(" c = f32[] constant(0.5)\n"
+             " ROOT y = f32[19,6] pad(x, c), padding=2_1x0_0, sharding={S}\n",
+             -1);
+  /* cropping is a negative pad: the halo comes from the right */
+  check_halo(" c = f32[] constant(0)\n"
+             " ROOT y = f32[13,6] pad(x, c), padding=-1_-2x0_0, sharding={S}\n",
+             -1);
+}
+END_TEST
+
+START_TEST(test_halo_slice_concat) {
+  check_halo(" ROOT y = f32[13,6] slice(x), slice={[2:15], [0:6]}, sharding={S}\n", -1);
+  check_halo(" z = f32[8,6] parameter(1), sharding={S}\n"
+             " ROOT y = f32[24,6] concatenate(x, z), dimensions={0}, sharding={S}\n",
+             -1);
+  /* a shifted difference, as jnp.diff writes it */
+  check_halo(" a = f32[15,6] slice(x), slice={[1:16], [0:6]}, sharding={S}\n"
+             " b = f32[15,6] slice(x), slice={[0:15], [0:6]}, sharding={S}\n"
+             " ROOT d = f32[15,6] subtract(a, b), sharding={S}\n",
+             -1);
+}
+END_TEST
+
+START_TEST(test_halo_reduce_window) {
+  /* "same" max pooling: one halo each way (two permutes), the edges -inf */
+  check_halo(" i = f32[] constant(-inf)\n"
+             " ROOT y = f32[16,6] reduce-window(x, i), window={size=3x1 pad=1_1x0_0}, "
+             "to_apply=max, sharding={S}\n",
+             2);
+  /* stride 2, window 2: every window within one shard, no communication */
+  check_halo(" i = f32[] constant(0)\n"
+             " ROOT y = f32[8,6] reduce-window(x, i), window={size=2x1 stride=2x1}, "
+             "to_apply=add, sharding={S}\n",
+             0);
+  /* a valid window 3 wide (the result shorter than the operand) */
+  check_halo(" i = f32[] constant(0)\n"
+             " ROOT y = f32[14,6] reduce-window(x, i), window={size=3x1}, to_apply=add, "
+             "sharding={S}\n",
+             -1);
+  /* sharded only by propagation from the parameter */
+  check_halo(" i = f32[] constant(-inf)\n"
+             " r = f32[16,6] reduce-window(x, i), window={size=3x1 pad=1_1x0_0}, to_apply=max\n"
+             " ROOT t = f32[16,6] tanh(r), sharding={S}\n",
+             2);
+}
+END_TEST
+
+START_TEST(test_halo_2d_and_uneven) {
+  /* both dims split: the corners come with the second exchange */
+  check_program("HloModule h2\n"
+                "max {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                " ROOT m = f32[] maximum(a, b)\n}\n"
+                "ENTRY e {\n x = f32[8,8] parameter(0), sharding={devices=[2,2]<=[4]}\n"
+                " i = f32[] constant(-inf)\n"
+                " ROOT y = f32[8,8] reduce-window(x, i), window={size=3x3 pad=1_1x1_1}, "
+                "to_apply=max, sharding={devices=[2,2]<=[4]}\n}\n",
+                4, "interp", 0, 0);
+  /* 15 rows over 4 devices: the last shard padded */
+  check_program("HloModule hu\n"
+                "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                " ROOT s = f32[] add(a, b)\n}\n"
+                "ENTRY e {\n x = f32[15,3] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                " i = f32[] constant(0)\n c = f32[] constant(1)\n"
+                " p = f32[18,3] pad(x, c), padding=1_2x0_0, sharding={devices=[4,1]<=[4]}\n"
+                " ROOT y = f32[18,3] reduce-window(p, i), window={size=3x1 pad=1_1x0_0}, "
+                "to_apply=add, sharding={devices=[4,1]<=[4]}\n}\n",
+                4, "interp", 0, 0);
+}
+END_TEST
+
+START_TEST(test_halo_convolution) {
+  /* a "same" 1-D convolution split along its spatial dim: one halo each
+   * way, the kernel whole, no gather */
+  check_halo(" xb = f32[1,16,6] reshape(x), sharding={S3}\n"
+             " k = f32[3,6,4] parameter(1), sharding={replicated}\n"
+             " ROOT y = f32[1,16,4] convolution(xb, k), window={size=3 pad=1_1}, "
+             "dim_labels=b0f_0io->b0f, sharding={S3}\n",
+             2);
+  /* strided, sharded only by propagation from the input */
+  check_halo(" xb = f32[1,16,6] reshape(x), sharding={S3}\n"
+             " k = f32[2,6,4] parameter(1), sharding={replicated}\n"
+             " c = f32[1,8,4] convolution(xb, k), window={size=2 stride=2}, "
+             "dim_labels=b0f_0io->b0f\n"
+             " ROOT t = f32[1,8,4] tanh(c), sharding={S3}\n",
+             0);
+  /* valid: the result shorter than the input */
+  check_halo(" xb = f32[1,16,6] reshape(x), sharding={S3}\n"
+             " k = f32[5,6,2] parameter(1), sharding={replicated}\n"
+             " ROOT y = f32[1,12,2] convolution(xb, k), window={size=5}, "
+             "dim_labels=b0f_0io->b0f, sharding={S3}\n",
+             -1);
+  /* 2-D, batch and one spatial dim split */
+  check_program("HloModule c2\n"
+                "ENTRY e {\n x = f32[2,8,6,3] parameter(0), sharding={devices=[2,2,1,1]<=[4]}\n"
+                " k = f32[3,3,3,4] parameter(1), sharding={replicated}\n"
+                " ROOT y = f32[2,8,6,4] convolution(x, k), window={size=3x3 pad=1_1x1_1}, "
+                "dim_labels=b01f_01io->b01f, sharding={devices=[2,2,1,1]<=[4]}\n}\n",
+                4, "interp", 0, 0);
+}
+END_TEST
+
+/* ---- manual regions (shard_map) ------------------------------------------ */
+
+/* What JAX 0.10 writes for shard_map(psum(tanh(a) @ b), in_specs=(P(None, "x"),
+ * P("x", None)), out_specs=OUT) over a mesh MESH with manual axes AXES. */
+static void shard_map_text(char *out, size_t n, const char *mesh, const char *axes,
+                           const char *out_spec, const char *out_shape, const char *ar) {
+  snprintf(out, n,
+           "HloModule sm, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<%s>}}\n"
+           "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+           " ROOT s = f32[] add(a, b)\n}\n"
+           "body {\n a = f32[8,4] parameter(0)\n b = f32[4,4] parameter(1)\n"
+           " t = f32[8,4] tanh(a)\n"
+           " d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+           " ROOT r = f32[8,4] %s\n}\n"
+           "ENTRY e {\n a = f32[8,16] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+           " b = f32[16,4] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+           " g = (f32[8,4], f32[4,4]) custom-call(a, b), "
+           "custom_call_target=\"xla.sdy.GlobalToLocalShape\", custom_call_has_side_effect=true, "
+           "frontend_attributes={xla.sdy.in_shardings=\"#sdy.sharding_per_value<[<@mesh, [{}, "
+           "{\\\"x\\\"}]>, <@mesh, [{\\\"x\\\"}, {}]>]>\",xla.sdy.manual_axes=\"#sdy<manual_axes"
+           "{%s}>\"}\n"
+           " g0 = f32[8,4] get-tuple-element(g), index=0\n"
+           " g1 = f32[4,4] get-tuple-element(g), index=1\n"
+           " c = f32[8,4] call(g0, g1), to_apply=body, frontend_attributes={inlineable=\"false\"}\n"
+           " ROOT o = %s custom-call(c), custom_call_target=\"xla.sdy.LocalToGlobalShape\", "
+           "custom_call_has_side_effect=true, frontend_attributes={xla.sdy.manual_axes="
+           "\"#sdy<manual_axes{%s}>\",xla.sdy.out_shardings=\"#sdy.sharding_per_value<[<@mesh, "
+           "%s>]>\"}\n}\n",
+           mesh, ar, axes, out_shape, axes, out_spec);
+}
+
+START_TEST(test_shard_map_region) {
+  char text[4096];
+  const char *psum = "all-reduce(d), channel_id=1, replica_groups={{0,1,2,3}}, "
+                     "use_global_device_ids=true, to_apply=add";
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]", psum);
+  kiln_module *m = parse_ok(text);
+  ck_assert(kiln_spmd_module_is_sharded(m));
+  kiln_status st = {0};
+  kiln_literal **args;
+  uint32_t n;
+  ck_assert_int_eq(kiln_test_args_random(m, 5, &args, &n, &st), 0);
+  /* the reference: tanh(a) @ b on one device */
+  kiln_module *ref = parse_ok("HloModule r\nENTRY e {\n a = f32[8,16] parameter(0)\n"
+                              " b = f32[16,4] parameter(1)\n t = f32[8,16] tanh(a)\n"
+                              " ROOT d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, "
+                              "rhs_contracting_dims={0}\n}\n");
+  kiln_literal *want = NULL;
+  ck_assert_int_eq(kiln_interp_run(ref, (const kiln_literal *const *)args, n, NULL, &want, &st), 0);
+  const char *backends[2] = {"interp", "cpu"};
+  for (int b = 0; b < 2; b++) {
+    kiln_literal *got = NULL;
+    kiln_spmd_stats stats;
+    int rc = kiln_run_module_global(m, backends[b], NULL, 4, NULL,
+                                    (const kiln_literal *const *)args, n, &got, &stats, &st);
+    ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
+    char why[200];
+    ck_assert_msg(close_enough(want, got, why, sizeof why), "%s: %s", backends[b], why);
+    /* the body's psum is the only collective: the inputs are already split */
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 0);
+    kiln_literal_destroy(got);
+  }
+  kiln_literal_destroy(want);
+  kiln_module_destroy(m);
+  /* the result split by rows (out_specs P("x")): the per-device partial
+   * products, stacked */
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "\\\"x\\\"", "[{\\\"x\\\"}, {}]", "f32[32,4]",
+                 "negate(d)");
+  m = parse_ok(text);
+  kiln_literal *got = NULL;
+  ck_assert_int_eq(kiln_run_module_global(m, "interp", NULL, 4, NULL,
+                                          (const kiln_literal *const *)args, n, &got, NULL, &st),
+                   0);
+  ck_assert_int_eq(got->shape.dims[0], 32);
+  kiln_literal_destroy(got);
+  kiln_module_destroy(m);
+  /* manual over one axis of two: refused by name */
+  shard_map_text(text, sizeof text, "[\"x\"=4, \"y\"=1]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]",
+                 psum);
+  m = parse_ok(text);
+  kiln_spmd_program *prog = NULL;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "partially manual") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
+  kiln_module_destroy(ref);
+  kiln_test_args_free(args, n);
+}
+END_TEST
+
 static const char megatron[] =
     "HloModule megatron\n"
     "relu {\n a = f32[8,32] parameter(0)\n z = f32[] constant(0)\n"
@@ -584,6 +841,12 @@ static Suite *spmd_suite(void) {
   tc = tcase_create("programs");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_megatron_one_all_reduce);
+  tcase_add_test(tc, test_halo_pad);
+  tcase_add_test(tc, test_halo_slice_concat);
+  tcase_add_test(tc, test_halo_reduce_window);
+  tcase_add_test(tc, test_halo_2d_and_uneven);
+  tcase_add_test(tc, test_halo_convolution);
+  tcase_add_test(tc, test_shard_map_region);
   tcase_add_test(tc, test_data_parallel_step);
   tcase_add_test(tc, test_fsdp_all_gather);
   tcase_add_test(tc, test_2d_matmul);
