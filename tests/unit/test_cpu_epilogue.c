@@ -114,8 +114,19 @@ static uint32_t agree(const char *text, double rel) {
 
 /* ---- generated cases ---------------------------------------------------- */
 
-enum { E_BIAS_N, E_BIAS_M, E_RELU, E_TANH, E_LOGISTIC, E_GELU, E_LEAKY, E_RESIDUAL, E_SCALE,
-       E_CONVERT, NKINDS };
+enum {
+  E_BIAS_N,
+  E_BIAS_M,
+  E_RELU,
+  E_TANH,
+  E_LOGISTIC,
+  E_GELU,
+  E_LEAKY,
+  E_RESIDUAL,
+  E_SCALE,
+  E_CONVERT,
+  NKINDS
+};
 
 typedef struct gcase {
   const char *t; /* element type */
@@ -202,8 +213,9 @@ static char *case_text(const gcase *c) {
     case E_LEAKY:
       kiln_sbuf_printf(&sb, "  z%d = %s[] constant(0)\n  zb%d = %s broadcast(z%d), dimensions={}\n",
                        v, t, v, shp, v);
-      kiln_sbuf_printf(&sb, "  a%d = %s[] constant(0.125)\n  ab%d = %s broadcast(a%d), "
-                            "dimensions={}\n",
+      kiln_sbuf_printf(&sb,
+                       "  a%d = %s[] constant(0.125)\n  ab%d = %s broadcast(a%d), "
+                       "dimensions={}\n",
                        v, t, v, shp, v);
       kiln_sbuf_printf(&sb, "  c%d = pred", v);
       dims(&sb, c, c->m, c->n);
@@ -213,8 +225,9 @@ static char *case_text(const gcase *c) {
       break;
     case E_RESIDUAL: kiln_sbuf_printf(&sb, "  v%d = %s add(res, v%d)\n", v + 1, shp, v); break;
     case E_SCALE:
-      kiln_sbuf_printf(&sb, "  k%d = %s[] constant(-0.375)\n  kb%d = %s broadcast(k%d), "
-                            "dimensions={}\n",
+      kiln_sbuf_printf(&sb,
+                       "  k%d = %s[] constant(-0.375)\n  kb%d = %s broadcast(k%d), "
+                       "dimensions={}\n",
                        v, t, v, shp, v);
       kiln_sbuf_printf(&sb, "  v%d = %s multiply(kb%d, v%d)\n", v + 1, shp, v, v);
       break;
@@ -292,14 +305,13 @@ END_TEST
 /* A batched product with a residual add and a scale, with few rows per
  * batch (pieces are whole batches). */
 START_TEST(batched_residual) {
-  const char *text =
-      "HloModule bres\n\nENTRY main {\n"
-      "  x = f32[6,40,64] parameter(0)\n  w = f32[6,64,72] parameter(1)\n"
-      "  r = f32[6,40,72] parameter(2)\n"
-      "  d = f32[6,40,72] dot(x, w), lhs_batch_dims={0}, rhs_batch_dims={0}, "
-      "lhs_contracting_dims={2}, rhs_contracting_dims={1}\n"
-      "  k = f32[] constant(0.5)\n  kb = f32[6,40,72] broadcast(k), dimensions={}\n"
-      "  s = f32[6,40,72] multiply(d, kb)\n  ROOT o = f32[6,40,72] add(s, r)\n}\n";
+  const char *text = "HloModule bres\n\nENTRY main {\n"
+                     "  x = f32[6,40,64] parameter(0)\n  w = f32[6,64,72] parameter(1)\n"
+                     "  r = f32[6,40,72] parameter(2)\n"
+                     "  d = f32[6,40,72] dot(x, w), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+                     "lhs_contracting_dims={2}, rhs_contracting_dims={1}\n"
+                     "  k = f32[] constant(0.5)\n  kb = f32[6,40,72] broadcast(k), dimensions={}\n"
+                     "  s = f32[6,40,72] multiply(d, kb)\n  ROOT o = f32[6,40,72] add(s, r)\n}\n";
   ck_assert_uint_eq(agree(text, kiln_tol_reduce_f32(64)), 1);
 }
 END_TEST
