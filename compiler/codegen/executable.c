@@ -695,8 +695,10 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
       return bad(st, "kernel step in program", p, "kernel out of range");
     break;
   case KILN_STEP_GEMM:
-    if (s->nargs != 3 || check_gemm(e, s, p))
+    if (s->nargs < 3 || check_gemm(e, s, p))
       return bad(st, "gemm step in program", p, "bad type, dims or operands");
+    if (s->nargs > 3 && (s->kernel >= e->nkernels || s->range == 0))
+      return bad(st, "gemm step in program", p, "epilogue kernel out of range");
     break;
   case KILN_STEP_COPY:
     if (s->nargs != 2 || s->range > slot_size(e, s->args[0]) || s->range > slot_size(e, s->args[1]))

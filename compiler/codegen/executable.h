@@ -61,7 +61,12 @@ typedef enum kiln_step_kind {
    * kernel as an array of base pointers in order. */
   KILN_STEP_KERNEL,
   /* C[b] = A[b] x B[b] for b in [0, batch): row-major views given by the
-   * fields of kiln_gemm; args = {A, B, C}. Through BLAS on CPU. */
+   * fields of kiln_gemm; args = {A, B, C}. Through BLAS on CPU. With more
+   * args, an epilogue: kernel `kernel` (args[3..] its arguments) runs over
+   * [0, range) as C's blocks are written, each block of rows right after
+   * it, while it is in cache; iteration i covers elements [i*u, (i+1)*u)
+   * of C, u = batch*m*n / range, which must divide n (C dense: ldc = n,
+   * stride_c = m*n). */
   KILN_STEP_GEMM,
   /* memcpy of `bytes` from args[1] to args[0]. */
   KILN_STEP_COPY,

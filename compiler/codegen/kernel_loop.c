@@ -22,6 +22,10 @@
  * A kernel with row reductions is declared with the target's wide_decl
  * (512-bit vectors on x86 with GCC): its passes over a row are bound by
  * the arithmetic (exp), not by memory, and GCC otherwise stops at 256.
+ * Pooling (a reduce-window that does not window the minor dim) and a
+ * reduce that keeps the minor dim (a mean over NHWC's spatial dims) run
+ * per output row too, the loops over the window or the reduced dims
+ * outside and the loop over the row innermost, so that it vectorizes.
  */
 #include <stdio.h>
 #include <string.h>
@@ -626,6 +630,157 @@ out:
   return rc;
 }
 
+/* ---- reduce-window over rows --------------------------------------------- */
+
+/* For rows_window: the input dim each output dim of reduce r reads (the
+ * kept dims in order); false unless the output's minor physical dim is
+ * the input's and is kept. */
+static bool reduce_kept(const kiln_instr *r, const kiln_shape *in, const kiln_shape *os,
+                        int64_t *in_dim) {
+  const kiln_i64s *dl = kiln_instr_attr_ints(r, KILN_ATTR_DIMENSIONS);
+  bool red[KILN__EMIT_MAXR] = {false};
+  if (dl == NULL || dl->n == 0 || in->rank > KILN__EMIT_MAXR || os->rank + dl->n != in->rank)
+    return false;
+  for (uint32_t i = 0; i < dl->n; i++) {
+    if (dl->v[i] < 0 || dl->v[i] >= in->rank || red[dl->v[i]]) return false;
+    red[dl->v[i]] = true;
+  }
+  for (uint32_t d = 0, j = 0; d < in->rank; d++)
+    if (!red[d]) in_dim[j++] = d;
+  return os->rank >= 1 && in_dim[minor_dim(os)] == minor_dim(in);
+}
+
+/* Whether the kernel's one output is a reduce-window (pooling) whose
+ * window spans one element of the output's minor physical dim, which is
+ * also its input's, or a reduce that keeps its input's minor dim as the
+ * output's (a mean over the spatial dims of NHWC): then each output row
+ * is the combination, window position by window position, of whole input
+ * rows, and the loop over the row can be the innermost one, where it
+ * vectorizes (the general form loops over the window inside every
+ * element). Types as rows_reduce1 wants them: the accumulator lives in
+ * the output. */
+static const kiln_instr *rows_window(kiln__codegen *g, const kiln__kernel_spec *k) {
+  const kiln_module *m = g->mod.m;
+  uint32_t leaf = k->out_leaf[0];
+  if (k->nouts != 1 || (k->arg_shared && k->arg_shared[k->out_arg[0]])) return NULL;
+  const kiln_instr *r = m->instrs[producer(m, k->root, &leaf)];
+  if ((r->op != KILN_OP_REDUCE_WINDOW && r->op != KILN_OP_REDUCE) || r->noperands != 2 ||
+      r->ncalled != 1 || leaf != 0 || r->called[0] >= m->ncomps)
+    return NULL;
+  const kiln_shape *os = k->out_shape[0], *in = &m->instrs[r->operands[0]]->shape;
+  const kiln_shape *init = &m->instrs[r->operands[1]]->shape;
+  const kiln_computation *c = m->comps[r->called[0]];
+  const kiln_instr *p0 = kiln_computation_param(m, c, 0), *p1 = kiln_computation_param(m, c, 1);
+  const kiln_attr *wa = kiln_instr_attr(r, KILN_ATTR_WINDOW);
+  const kiln_window *w = wa ? wa->v.window : NULL;
+  kiln_dtype t = os->dtype;
+  if (!plain_type(t) || !kiln_shape_is_array(&r->shape) || !kiln_shape_is_array(in) ||
+      !kiln_shape_is_array(init) || init->rank != 0 || r->shape.dtype != t || in->dtype != t ||
+      init->dtype != t || p0 == NULL || p1 == NULL || !kiln_shape_is_array(&p0->shape) ||
+      !kiln_shape_is_array(&p1->shape) || p0->shape.dtype != t || p1->shape.dtype != t ||
+      kiln_computation_nparams(m, c) != 2 || os->rank < 2 || os->rank > KILN__EMIT_MAXR ||
+      in->rank > KILN__EMIT_MAXR)
+    return NULL;
+  int md = minor_dim(os);
+  if (r->op == KILN_OP_REDUCE) {
+    int64_t in_dim[KILN__EMIT_MAXR];
+    return reduce_kept(r, in, os, in_dim) && os->dims[md] >= 8 ? r : NULL;
+  }
+  if (w == NULL || w->rank != in->rank || in->rank != os->rank) return NULL;
+  if (minor_dim(in) != md || in->dims[md] != os->dims[md] || os->dims[md] < 8) return NULL;
+  for (uint32_t d = 0; d < w->rank; d++) {
+    const kiln_window_dim *wd = &w->dims[d];
+    if (wd->lhs_dilate != 1 || wd->reversal || wd->size < 1) return NULL;
+    if ((int)d == md &&
+        (wd->size != 1 || wd->stride != 1 || wd->pad_lo || wd->pad_hi || wd->rhs_dilate != 1))
+      return NULL;
+  }
+  return r;
+}
+
+/* The rows form of rows_window's reduce-window: per output row, the row
+ * takes the init value, then for each window position (skipping those in
+ * the padding) the input row there is combined into it, element by
+ * element. Every output still combines its window in the interpreter's
+ * order (row-major over the window). */
+static int window_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *rw,
+                       kiln_sbuf *out) {
+  const kiln_module *m = g->mod.m;
+  const kiln_shape *os = k->out_shape[0];
+  const kiln_instr *in = m->instrs[rw->operands[0]];
+  bool reduce = rw->op == KILN_OP_REDUCE;
+  const kiln_window *w = reduce ? NULL : kiln_instr_attr(rw, KILN_ATTR_WINDOW)->v.window;
+  const char *t = kiln__ctype(&g->mod, os->dtype);
+  int md = minor_dim(os);
+  int64_t in_dim[KILN__EMIT_MAXR], out_dim[KILN__EMIT_MAXR]; /* reduce: kept dims both ways */
+  if (reduce) {
+    reduce_kept(rw, &in->shape, os, in_dim);
+    for (uint32_t d = 0; d < in->shape.rank; d++) out_dim[d] = -1;
+    for (uint32_t j = 0; j < os->rank; j++) out_dim[in_dim[j]] = j;
+  }
+  int in_md = reduce ? (int)in_dim[md] : md;
+  long long minor = (long long)os->dims[md];
+  uint32_t ob = k->out_arg[0], fn, init, marks[KILN__EMIT_MAXR + 2], nl = 0;
+  kiln__emit_fn f;
+  kiln__ix s0 = {0}, y;
+  int rc = kiln__kernel_begin(g, k, out, &f, 1);
+  if (rc == 0) rc = kiln__emit_comp_fn(&g->mod, rw->called[0], rw, &fn);
+  if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
+  if (rc) goto out;
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "r");
+  marks[nl++] = kiln__emit_open(&f, "%s", loop);
+  kiln__kernel_decompose(f.out, os, "r", 1, "o", f.indent);
+  if ((rc = kiln__emit_value1(&f, rw->operands[1], &s0, &init))) goto out;
+  kiln__emit_line(&f, "for (int64_t j = 0; j < %lld; j++) b%u[r * %lld + j] = v%u;", minor, ob,
+                  minor, init);
+  kiln_sbuf skip = KILN_SBUF_INIT;
+  for (uint32_t d = 0; d < in->shape.rank; d++) {
+    if ((int)d == in_md) {
+      kiln__ix_set(&y, d, "j");
+      continue;
+    }
+    if (reduce && out_dim[d] >= 0) {
+      kiln__ix_set(&y, d, "o%lld", (long long)out_dim[d]);
+      continue;
+    }
+    if (reduce) { /* a reduced dim: all of it, in order */
+      uint32_t rv = kiln__emit_newvar(&f);
+      marks[nl++] = kiln__emit_open(&f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", rv, rv,
+                                    (long long)in->shape.dims[d], rv);
+      kiln__ix_set(&y, d, "r%u", rv);
+      continue;
+    }
+    const kiln_window_dim *wd = &w->dims[d];
+    uint32_t rv = kiln__emit_newvar(&f);
+    marks[nl++] = kiln__emit_open(&f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", rv, rv,
+                                  (long long)wd->size, rv);
+    char pos[KILN__IX_LEN];
+    kiln__ix_var(&f, pos, "o%u * %lld + r%u * %lld - %lld", d, (long long)wd->stride, rv,
+                 (long long)wd->rhs_dilate, (long long)wd->pad_lo);
+    if (wd->pad_lo != 0 || wd->pad_hi != 0)
+      kiln_sbuf_printf(&skip, "%s(uint64_t)%s >= %lluu", skip.len ? " || " : "", pos,
+                       (unsigned long long)in->shape.dims[d]);
+    kiln__ix_set(&y, d, "%s", pos);
+  }
+  if (skip.len) kiln__emit_line(&f, "if (%s) continue;", kiln_sbuf_str(&skip));
+  kiln_sbuf_free(&skip);
+  marks[nl++] = kiln__emit_open(&f, "for (int64_t j = 0; j < %lld; j++)", minor);
+  uint32_t v, acc = kiln__emit_newvar(&f);
+  rc = kiln__emit_value1(&f, in->id, &y, &v);
+  if (rc == 0) {
+    uint32_t args[2] = {acc, v};
+    kiln__emit_line(&f, "%s v%u = b%u[r * %lld + j];", t, acc, ob, minor);
+    kiln__emit_call_fn(&f, fn, args, 2, &acc, 1);
+    kiln__emit_line(&f, "b%u[r * %lld + j] = v%u;", ob, minor, acc);
+  }
+  while (nl-- > 0) kiln__emit_close(&f, marks[nl], NULL);
+  if (rc == 0 && f.rc) rc = f.rc;
+out:
+  kiln__emit_fn_free(&f);
+  return rc;
+}
+
 int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
                       uint64_t *range) {
   const kiln_shape *s = k->out_shape[0];
@@ -644,6 +799,18 @@ int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
     return rc;
   }
   int64_t n = kiln_shape_elements(s);
+  const kiln_instr *rw = n > 0 ? rows_window(g, k) : NULL;
+  if (rw) {
+    kiln_sbuf out = KILN_SBUF_INIT;
+    int rc = window_rows(g, k, rw, &out);
+    if (rc == 0) {
+      *range = (uint64_t)(n / s->dims[minor_dim(s)]);
+      *kernel = g->nkernels;
+      kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+    }
+    kiln_sbuf_free(&out);
+    return rc;
+  }
   kiln_sbuf out = KILN_SBUF_INIT;
   bool used = false;
   g->wide = false;

@@ -304,16 +304,33 @@ const kiln_instr *kiln__fusion_gemm_dot(const kiln_module *m, const kiln_instr *
   return kiln__gemm_plan(m, dot, &g, &swap) ? dot : NULL;
 }
 
+/* An epilogue kernel run on each block of C as soon as the GEMM has
+ * written it (see KILN_STEP_GEMM): its kernel, range and arguments. */
+typedef struct gemm_epi {
+  uint32_t kernel;
+  uint64_t range;
+  const uint32_t *args;
+  uint32_t nargs;
+} gemm_epi;
+
 static int gemm_step(kiln__lctx *c, uint32_t prog, const kiln_instr *d, uint32_t a, uint32_t b,
-                     uint32_t out) {
+                     uint32_t out, const gemm_epi *epi) {
   kiln_gemm g;
   bool swap;
   if (!kiln__gemm_plan(c->m, d, &g, &swap))
     return kiln__lower_fail(c, d, KILN_EINTERNAL, "not a GEMM");
-  uint32_t args[3] = {swap ? b : a, swap ? a : b, out};
-  kiln_step s = {.kind = KILN_STEP_GEMM, .nargs = 3, .gemm = g};
-  s.args = kiln_arena_memdup(c->e->arena, args, sizeof args);
-  if (s.args == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  uint32_t n = 3 + (epi ? epi->nargs : 0);
+  uint32_t *args = kiln_arena_alloc(c->e->arena, n * sizeof *args);
+  if (args == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  args[0] = swap ? b : a;
+  args[1] = swap ? a : b;
+  args[2] = out;
+  if (epi) memcpy(args + 3, epi->args, epi->nargs * sizeof *args);
+  kiln_step s = {.kind = KILN_STEP_GEMM, .nargs = n, .gemm = g, .args = args};
+  if (epi) {
+    s.kernel = epi->kernel;
+    s.range = epi->range;
+  }
   return kiln__lower_step(c, prog, &s);
 }
 
@@ -437,6 +454,87 @@ static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, c
   return rc;
 }
 
+/* Whether fusion fu's epilogue (everything after dot d) can run on each
+ * block of C as the GEMM writes it: on the cpu backend; a single array
+ * result laid out as the dot's, so that iteration ranges of the epilogue
+ * kernel are ranges of C; every value computed from the dot elementwise
+ * on the dot's dims, so that a block of the result reads only the same
+ * block of C; and a result that is neither GEMM operand, which later
+ * blocks still read. */
+static bool slots_overlap(const kiln__lctx *c, uint32_t x, uint32_t y) {
+  if (x == y) return true;
+  if (x >= c->nslots || y >= c->nslots) return true;
+  const kiln_slot *a = &c->slots[x], *b = &c->slots[y];
+  if (a->kind != b->kind || a->kind != KILN_SLOT_TEMP) return false;
+  return a->offset < b->offset + b->size && b->offset < a->offset + a->size;
+}
+
+static bool epilogue_fits(kiln__lctx *c, const kiln_instr *fu, const kiln_instr *d, uint32_t sa,
+                          uint32_t sb) {
+  if (strcmp(c->g->mod.target->name, "cpu") != 0 || !kiln_shape_is_array(&fu->shape) ||
+      !kiln_shape_same_dims(&fu->shape, &d->shape) || !kiln__same_layout(&fu->shape, &d->shape))
+    return false;
+  uint32_t out = leaf0(c, fu->id);
+  if (out == KILN_NO_SLOT || sa == KILN_NO_SLOT || sb == KILN_NO_SLOT ||
+      slots_overlap(c, out, sa) || slots_overlap(c, out, sb))
+    return false;
+  const kiln_computation *fc = c->m->comps[fu->called[0]];
+  bool *dep = kiln_arena_alloc(c->scratch, (c->m->ninstrs + 1) * sizeof *dep);
+  if (dep == NULL) return false;
+  memset(dep, 0, (c->m->ninstrs + 1) * sizeof *dep);
+  dep[d->id] = true;
+  for (uint32_t i = 0; i < fc->ninstrs; i++) {
+    const kiln_instr *x = c->m->instrs[fc->instrs[i]];
+    if (x == d) continue;
+    for (uint32_t j = 0; j < x->noperands; j++) dep[x->id] |= dep[x->operands[j]];
+    if (dep[x->id] &&
+        (!(kiln_opcode_flags(x->op) & KILN_OPF_ELEMENTWISE) || !kiln_shape_is_array(&x->shape) ||
+         !kiln_shape_same_dims(&x->shape, &d->shape)))
+      return false;
+  }
+  return dep[fc->root];
+}
+
+/* The GEMM step of fusion fu with its epilogue fused in: the epilogue's
+ * loop kernel is made as loop_kernels would make it, but runs inside the
+ * GEMM step, over the iterations of each block of C. A kernel whose
+ * iterations do not cut C's rows into whole numbers of iterations (it
+ * cannot happen for a flat or row-form kernel over the dot's layout, but
+ * is checked) is run after the GEMM instead. */
+static int gemm_epilogue(kiln__lctx *c, uint32_t prog, const kiln_instr *fu, const kiln_instr *root,
+                         const kiln_instr *d, uint32_t sa, uint32_t sb, uint32_t out) {
+  kiln_gemm g;
+  bool swap;
+  if (!kiln__gemm_plan(c->m, d, &g, &swap))
+    return kiln__lower_fail(c, d, KILN_EINTERNAL, "not a GEMM");
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = kb_bind_fusion(b, fu);
+  if (rc == 0) rc = kb_bind(b, d->id, d, &out);
+  kb_output(b, 0, leaf0(c, fu->id), &fu->shape);
+  if (rc == 0) rc = kb_check(b, fu);
+  gemm_epi epi = {0};
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, root->id);
+    rc = kiln__kernel_loop(c->g, &k, &epi.kernel, &epi.range);
+  }
+  if (rc == 0) {
+    uint64_t total = (uint64_t)kiln_shape_elements(&fu->shape);
+    uint64_t unit = epi.range ? total / epi.range : 0;
+    epi.args = b->slot;
+    epi.nargs = b->n;
+    bool blocks = unit > 0 && unit * epi.range == total && g.n % (int64_t)unit == 0;
+    if (blocks) {
+      rc = gemm_step(c, prog, d, sa, sb, out, &epi);
+    } else {
+      rc = gemm_step(c, prog, d, sa, sb, out, NULL);
+      if (rc == 0) rc = kb_step(b, prog, epi.kernel, epi.range);
+    }
+  }
+  kiln_free(b);
+  return rc;
+}
+
 static int lower_fusion(kiln__lctx *c, uint32_t prog, const kiln_instr *fu) {
   if (fu->ncalled != 1 || fu->called[0] >= c->m->ncomps)
     return kiln__lower_fail(c, fu, KILN_EINVAL, "fusion needs one computation");
@@ -461,9 +559,13 @@ static int lower_fusion(kiln__lctx *c, uint32_t prog, const kiln_instr *fu) {
   const kiln_instr *pb = fused_operand(c, fu, c->m->instrs[d->operands[1]]);
   uint32_t out = d == root ? leaf0(c, fu->id) : c->ba->scratch_slot[fu->id];
   if (out == KILN_NO_SLOT) return kiln__lower_fail(c, fu, KILN_EINTERNAL, "no GEMM scratch slot");
-  int rc = gemm_step(c, prog, d, leaf0(c, pa->id), leaf0(c, pb->id), out);
-  if (rc || d == root) return rc;
-  /* The epilogue reads the GEMM's result from the scratch slot. */
+  uint32_t sa = leaf0(c, pa->id), sb = leaf0(c, pb->id);
+  if (d == root) return gemm_step(c, prog, d, sa, sb, out, NULL);
+  /* The epilogue reads the GEMM's result from the scratch slot: in the
+   * GEMM's own output pass, block by block, when it can; else after it. */
+  if (epilogue_fits(c, fu, d, sa, sb)) return gemm_epilogue(c, prog, fu, root, d, sa, sb, out);
+  int rc = gemm_step(c, prog, d, sa, sb, out, NULL);
+  if (rc) return rc;
   return loop_kernels(c, prog, fu, root->id, bind_fusion_cb, d->id, out);
 }
 
@@ -584,7 +686,7 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     bool swap;
     if (kiln__gemm_plan(c->m, ins, &g, &swap))
       return gemm_step(c, prog, ins, leaf0(c, ins->operands[0]), leaf0(c, ins->operands[1]),
-                       leaf0(c, ins->id));
+                       leaf0(c, ins->id), NULL);
     if (kiln__idot_ok(c->m, ins) && kiln__gemm_shape(c->m, ins, &g, &swap) && !swap &&
         !(g.trans_a && g.trans_b))
       return idot_kernel(c, prog, ins, &g);

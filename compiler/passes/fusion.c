@@ -6,7 +6,9 @@
  * the parameters (every user is visited before its operands):
  *  - An instruction still needed on its own becomes the root of a group:
  *    kLoop for a loop op (elementwise, broadcast, reshape, transpose, slice,
- *    iota), kInput for an array-shaped reduce.
+ *    iota) or a reduce-window (a pooling window computes its producers as
+ *    it reads them: a convolution's bias and relu are never stored), kInput
+ *    for an array-shaped reduce.
  *  - The group grows greedily through its operands, highest position first:
  *    a loop-fusible producer joins when the roofline model (cost.h) says
  *    the fused kernel is faster. A producer whose every use is inside the
@@ -649,7 +651,9 @@ static bool root_kind(const fctx *f, const kiln_instr *x, fkind *k) {
     return true;
   }
   *k = K_LOOP;
-  return loop_op(x);
+  /* A pooling window reads its producers in place (a convolution's bias
+   * and relu are computed as the window reads them, not stored first). */
+  return loop_op(x) || (x->op == KILN_OP_REDUCE_WINDOW && x->noperands == 2);
 }
 
 #define MAX_CONE 32

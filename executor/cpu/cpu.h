@@ -128,10 +128,19 @@ int kiln__cpu_coll_step(const kiln_executable *e, const kiln_step *s, void *cons
                         const kiln__gang_rank *g, const atomic_int *cancel, double deadline,
                         kiln_status *st);
 
+/* A GEMM step's epilogue: fn over iterations of `unit` elements of C
+ * each, with its own arguments bufs. */
+typedef struct kiln__cpu_epilogue {
+  kiln_kernel_fn fn;
+  void *const *bufs;
+  int64_t unit;
+} kiln__cpu_epilogue;
+
 /* The GEMM step: C[b] = alpha op(A[b]) op(B[b]) + beta C[b], split over the
- * pool. Arguments are checked at load. */
-void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
-                    void *c);
+ * pool, then epi (NULL: none) over each block of C as it is written.
+ * Arguments are checked at load. */
+void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b, void *c,
+                    const kiln__cpu_epilogue *epi);
 
 /* One f32 GEMM piece of at most KILN__SMALL_GEMM_M rows, B not transposed
  * and of KILN__SMALL_GEMM_MIN_NK to KILN__SMALL_GEMM_MAX_NK elements:

@@ -261,11 +261,31 @@ static bool slot_writable(const kiln_executable *e, const kiln__cpu_loaded *l, u
   return s->kind == KILN_SLOT_TEMP || s->kind == KILN_SLOT_OUTPUT;
 }
 
+/* A GEMM's epilogue (executable.h, KILN_STEP_GEMM): a kernel whose
+ * iterations are whole rows' worth of a dense C. */
+static int check_epilogue(const kiln_executable *e, const kiln_step *s, const char *w,
+                          kiln_status *st) {
+  const kiln_gemm *g = &s->gemm;
+  if (s->kernel >= e->nkernels)
+    return kiln_status_set(st, KILN_EINVAL, w, "gemm epilogue kernel %u out of range (%u kernels)",
+                           s->kernel, e->nkernels);
+  __int128 total = (__int128)g->batch * g->m * g->n;
+  if (g->ldc != g->n || (g->batch > 1 && g->stride_c != g->m * g->n) || s->range == 0 ||
+      total % s->range != 0 || g->n % (int64_t)(total / s->range) != 0)
+    return kiln_status_set(
+        st, KILN_EINVAL, w,
+        "gemm epilogue of %llu iterations over a %lld x %lld x %lld C (ldc %lld)",
+        (unsigned long long)s->range, (long long)g->batch, (long long)g->m, (long long)g->n,
+        (long long)g->ldc);
+  return 0;
+}
+
 static int check_gemm(const kiln_executable *e, const kiln__cpu_loaded *l, const kiln_step *s,
                       const char *w, kiln_status *st) {
   const kiln_gemm *g = &s->gemm;
-  if (s->nargs != 3)
-    return kiln_status_set(st, KILN_EINVAL, w, "gemm takes 3 slots (A, B, C), %u given", s->nargs);
+  if (s->nargs < 3)
+    return kiln_status_set(st, KILN_EINVAL, w,
+                           "gemm takes 3 slots (A, B, C) and its epilogue's, %u given", s->nargs);
   if (g->dtype != KILN_F32 && g->dtype != KILN_F64)
     return kiln_status_set(st, KILN_EUNIMPL, w, "gemm of element type %d (f32 and f64 only)",
                            g->dtype);
@@ -309,7 +329,7 @@ static int check_gemm(const kiln_executable *e, const kiln__cpu_loaded *l, const
   if (!slot_writable(e, l, s->args[2]))
     return kiln_status_set(st, KILN_EINVAL, w, "gemm writes slot %u, a parameter or constant",
                            s->args[2]);
-  return 0;
+  return s->nargs > 3 ? check_epilogue(e, s, w, st) : 0;
 }
 
 static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const kiln_step *s,

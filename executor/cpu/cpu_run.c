@@ -115,6 +115,21 @@ static void run_kernel(run_ctx *r, const kiln_step *s, void *const *bufs) {
   atomic_store_explicit(costp, (uint64_t)(ns * 1024.0 / (double)n) + 1, memory_order_relaxed);
 }
 
+/* ---- GEMMs -------------------------------------------------------------- */
+
+static void run_gemm(run_ctx *r, const kiln_step *s, void *const *a) {
+  const kiln_gemm *g = &s->gemm;
+  if (s->nargs <= 3) {
+    kiln__cpu_gemm(r->l->dev->pool, g, a[0], a[1], a[2], NULL);
+    return;
+  }
+  /* Checked at load: range divides the elements of C, its unit divides n. */
+  kiln__cpu_epilogue epi = {.fn = r->l->kernels[s->kernel],
+                            .bufs = a + 3,
+                            .unit = g->batch * g->m * g->n / (int64_t)s->range};
+  kiln__cpu_gemm(r->l->dev->pool, g, a[0], a[1], a[2], &epi);
+}
+
 /* ---- copies ------------------------------------------------------------- */
 
 typedef struct copy_job {
@@ -209,7 +224,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     int64_t t0 = r->observer ? now_ns() : 0;
     switch (s->kind) {
     case KILN_STEP_KERNEL: run_kernel(r, s, a); break;
-    case KILN_STEP_GEMM: kiln__cpu_gemm(r->l->dev->pool, &s->gemm, a[0], a[1], a[2]); break;
+    case KILN_STEP_GEMM: run_gemm(r, s, a); break;
     case KILN_STEP_COPY: run_copy(r, a[0], a[1], s->range); break;
     case KILN_STEP_WHILE: rc = run_while(r, s, a); break;
     case KILN_STEP_CONDITIONAL: rc = run_conditional(r, s, a); break;

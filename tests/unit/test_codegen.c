@@ -597,6 +597,37 @@ START_TEST(reduce_window_padded_dilated) {
 }
 END_TEST
 
+/* Pooling and reduces that keep the minor dim run in the rows form
+ * (kernel_loop.c, rows_window): per output row, whole input rows combined
+ * window position by window position. Max and sum pools with padding,
+ * window dilation and a fused bias and relu producer (at -O2), a mean
+ * over the spatial dims of NHWC, a reduce of a middle and a major dim, and
+ * a window over the minor dim (left to the general form); NaN and
+ * infinities in the inputs; the results are the interpreter's bits. */
+START_TEST(pooling_rows) {
+  cg_check("HloModule pool\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+           "maximum(a, b) }\n"
+           "add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }\n"
+           "ENTRY main {\n  x = f32[2,9,9,16] parameter(0)\n  bias = f32[16] parameter(1)\n"
+           "  y = f32[3,5,4,12] parameter(2)\n"
+           "  bb = f32[2,9,9,16] broadcast(bias), dimensions={3}\n"
+           "  s = f32[2,9,9,16] add(x, bb)\n  z = f32[] constant(0)\n"
+           "  zb = f32[2,9,9,16] broadcast(z), dimensions={}\n"
+           "  h = f32[2,9,9,16] maximum(s, zb)\n  ninf = f32[] constant(-inf)\n"
+           "  a = f32[2,5,5,16] reduce-window(h, ninf), window={size=1x3x3x1 stride=1x2x2x1 "
+           "pad=0_0x1_1x1_1x0_0}, to_apply=mx\n"
+           "  b = f32[2,7,8,16] reduce-window(x, z), window={size=1x2x2x1 stride=1x1x1x1 "
+           "rhs_dilate=1x2x1x1}, to_apply=add\n"
+           "  m = f32[2,16] reduce(h, z), dimensions={1,2}, to_apply=add\n"
+           "  r = f32[5,12] reduce(y, z), dimensions={0,2}, to_apply=add\n"
+           "  c = f32[3,5,4,6] reduce-window(y, ninf), window={size=1x1x1x2 stride=1x1x1x2}, "
+           "to_apply=mx\n"
+           "  ROOT t = (f32[2,5,5,16], f32[2,7,8,16], f32[2,16], f32[5,12], f32[3,5,4,6]) "
+           "tuple(a, b, m, r, c)\n}\n",
+           true);
+}
+END_TEST
+
 START_TEST(dots) {
   /* GEMM steps (plain, batched, transposed operands, column-major result)
    * and kernels (integers, bf16). */
@@ -1628,6 +1659,7 @@ int main(void) {
   tcase_add_loop_test(tc, reductions_random, 0, 4);
   tcase_add_loop_test(tc, row_fusions_random, 0, 8);
   tcase_add_test(tc, reduce_window_padded_dilated);
+  tcase_add_test(tc, pooling_rows);
   tcase_add_test(tc, dots);
   tcase_add_test(tc, dots_become_gemms);
   tcase_add_test(tc, written_layout_operand_gemm);

@@ -158,7 +158,15 @@ static inline void cg_program(cg_run *r, uint32_t p) {
       r->k[s->kernel](ptr, b, n);
       break;
     }
-    case KILN_STEP_GEMM: cg_gemm(&s->gemm, ptr[0], ptr[1], ptr[2]); break;
+    case KILN_STEP_GEMM:
+      cg_gemm(&s->gemm, ptr[0], ptr[1], ptr[2]);
+      if (s->nargs > 3) { /* the epilogue, once C is whole (in pieces, as a kernel step) */
+        int64_t n = (int64_t)s->range, a = n / 3, b = 2 * n / 3;
+        r->k[s->kernel](ptr + 3, 0, a);
+        r->k[s->kernel](ptr + 3, a, b);
+        r->k[s->kernel](ptr + 3, b, n);
+      }
+      break;
     case KILN_STEP_COPY: memmove(ptr[0], ptr[1], s->range); break;
     case KILN_STEP_WHILE:
       for (;;) {
