@@ -170,9 +170,9 @@ static void run_gemm_tap(const gemm_plan *q, kiln__cpu_pool *pool, const float *
       g.beta = first ? 0 : 1;
       const float *a = lhs + z * q->ls_z + loff, *b = rhs + z * q->rs_z + roff;
       if (q->swap)
-        kiln__cpu_gemm(pool, &g, b, a, cy);
+        kiln__cpu_gemm(pool, &g, b, a, cy, NULL);
       else
-        kiln__cpu_gemm(pool, &g, a, b, cy);
+        kiln__cpu_gemm(pool, &g, a, b, cy, NULL);
       first = false;
     }
   }
