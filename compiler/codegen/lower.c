@@ -545,6 +545,9 @@ static int step_origins(kiln__lctx *c) {
         const kiln_instr *root = fc->root != KILN_NO_ID ? c->m->instrs[fc->root] : NULL;
         snprintf(buf, sizeof buf, "%.160s fusion(%s)", ins->name,
                  root ? kiln_opcode_name(root->op) : "?");
+        /* A GEMM with its epilogue is the dot's work: its name first. */
+        const kiln_instr *dot = kiln__fusion_gemm_dot(c->m, ins);
+        if (on[0] == 0 && dot) on = op_name_of(e->arena, dot);
         if (on[0] == 0) on = op_name_of(e->arena, root);
       } else {
         snprintf(buf, sizeof buf, "%.160s %s", ins->name, kiln_opcode_name(ins->op));
