@@ -142,6 +142,12 @@ static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target 
   kiln__cc_stats cs;
   double t0 = now_ms();
   if (o->dump_dir) dump_source(o->dump_dir, "kernels.c", s->src, s->nsrc);
+  /* Copies, GEMMs, FFTs and library steps only: no code object at all
+   * (the cpu loader maps none), and no C compiler run. */
+  if (s->g.nkernels == 0) {
+    kiln_free(light);
+    return 0;
+  }
   int rc = kiln__cc_build(&co, &prog, &so, &nso, &cs, st);
   r->cc_ms = now_ms() - t0;
   r->cc_cpu_ms = cs.cpu_ms;

@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/codegen/c_target.h"
 #include "compiler/codegen/cc_internal.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
@@ -440,6 +441,95 @@ START_TEST(units_run_concurrently_and_time_limit) {
 }
 END_TEST
 
+/* ---- the C prelude's own declarations ------------------------------------ */
+
+/* Writes the C target's prelude, then tail, to a new file; path: its name. */
+static void write_prelude_file(char *path, const char *tail) {
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  FILE *f = fdopen(fd, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(kiln__c_target.prelude, f);
+  fputs(tail, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The assembly of file (its .file and .ident lines dropped), compiled with
+ * flags; kiln_malloc'd. */
+static char *assembly(const char *file, const char *flags) {
+  char out[] = "/tmp/kiln-prelude-s-XXXXXX", cmd[600];
+  int fd = mkstemp(out);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  snprintf(cmd, sizeof cmd, "cc -O2 -fno-math-errno -ffp-contract=off %s -S -o %s -x c %s", flags,
+           out, file);
+  ck_assert_msg(system(cmd) == 0, "%s", cmd);
+  FILE *f = fopen(out, "r");
+  ck_assert_ptr_nonnull(f);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  char line[1024];
+  while (fgets(line, sizeof line, f))
+    if (!strstr(line, "\t.file\t") && !strstr(line, "\t.ident\t")) kiln_sbuf_puts(&b, line);
+  fclose(f);
+  unlink(out);
+  size_t n;
+  char *s = kiln_sbuf_detach(&b, &n);
+  ck_assert_ptr_nonnull(s);
+  return s;
+}
+
+/* With GCC and clang the prelude declares the vocabulary itself instead
+ * of including the system headers (a third of a small unit's compile). Its
+ * declarations must agree with the headers' (the headers included after
+ * them: a conflicting type is an error), and code using the vocabulary
+ * must compile to the same instructions either way. */
+START_TEST(prelude_declares_as_the_headers_do) {
+  static const char *const macros[] = {
+      "INT8_MIN",  "INT8_MAX",  "INT16_MIN", "INT16_MAX",  "INT32_MIN",  "INT32_MAX",
+      "INT64_MIN", "INT64_MAX", "UINT8_MAX", "UINT16_MAX", "UINT32_MAX", "UINT64_MAX",
+      "INT64_C",   "UINT64_C",  "NAN",       "INFINITY",   "HUGE_VAL",   "isnan",
+      "isinf",     "isfinite",  "signbit",   "complex",    "CMPLX",      "CMPLXF"};
+  kiln_sbuf tail = KILN_SBUF_INIT;
+  for (size_t i = 0; i < sizeof macros / sizeof *macros; i++)
+    kiln_sbuf_printf(&tail, "#undef %s\n", macros[i]);
+  kiln_sbuf_puts(&tail, "#include <complex.h>\n#include <math.h>\n#include <stdint.h>\n"
+                        "#include <string.h>\n");
+  char both[] = "/tmp/kiln-prelude-XXXXXX", cmd[300];
+  write_prelude_file(both, kiln_sbuf_str(&tail));
+  kiln_sbuf_free(&tail);
+  snprintf(cmd, sizeof cmd, "cc -std=c11 -fsyntax-only -Werror -x c %s", both);
+  int rc = system(cmd);
+  unlink(both);
+  ck_assert_msg(rc == 0, "the prelude's declarations conflict with the headers' (%s)", cmd);
+
+  static const char use[] =
+      "double kt(double x, double y, float f, double _Complex z, void *d, const void *s) {\n"
+      "  double r = fabs(x) + ceil(x) + floor(x) + round(x) + rint(x) + sqrt(x) + cbrt(x) +\n"
+      "      cos(x) + sin(x) + tan(x) + tanh(x) + erf(x) + exp(x) + expm1(x) + log(x) +\n"
+      "      log1p(x) + atan2(x, y) + fmod(x, y) + pow(x, y) + copysign(x, y) + cabs(z) +\n"
+      "      creal(z) + cimag(z) + creal(cexp(z)) + nan(\"\") + frexp(x, (int *)d);\n"
+      "  float g = fabsf(f) + ceilf(f) + floorf(f) + roundf(f) + rintf(f) + sqrtf(f) +\n"
+      "      fmodf(f, f) + expf(f) + logf(f) + copysignf(f, f) + powf(f, f) + erff(f);\n"
+      "  memcpy(d, s, 8);\n"
+      "  memset(d, 1, 3);\n"
+      "  int64_t i = INT64_MAX - (int64_t)x;\n"
+      "  uint32_t u = UINT32_MAX ^ (uint32_t)f;\n"
+      "  return r + g + (double)i + (double)u + isfinite(x) + isinf(x) + isinf(f) + isnan(y) +\n"
+      "         signbit(x) + signbit(f) + INT32_MIN + (double)UINT64_MAX + (double)INT64_MIN +\n"
+      "         NAN + INFINITY + creal(CMPLX(x, y)) + INT8_MIN + UINT16_MAX + INT64_C(3);\n"
+      "}\n";
+  char file[] = "/tmp/kiln-prelude-XXXXXX";
+  write_prelude_file(file, use);
+  char *lean = assembly(file, "");
+  char *headers = assembly(file, "-DKILN_SYSTEM_HEADERS");
+  unlink(file);
+  ck_assert_msg(strstr(lean, "kt") != NULL, "no code for kt");
+  ck_assert_str_eq(lean, headers);
+  kiln_free(lean);
+  kiln_free(headers);
+}
+END_TEST
+
 Suite *cc_suite(void) {
   Suite *s = suite_create("cc");
   TCase *tc = tcase_create("core");
@@ -451,6 +541,7 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, disk_cache_and_corrupt_file);
   tcase_add_test(tc, disk_cache_bounded_lru);
   tcase_add_test(tc, units_run_concurrently_and_time_limit);
+  tcase_add_test(tc, prelude_declares_as_the_headers_do);
   suite_add_tcase(s, tc);
   return s;
 }
