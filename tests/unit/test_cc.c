@@ -441,6 +441,114 @@ START_TEST(units_run_concurrently_and_time_limit) {
 }
 END_TEST
 
+/* The flags of every unit compile_flags' compiler was asked to compile,
+ * in order, one per line ("-O1\n-O3\n"). */
+static void compile_flags(const char *hlo, char *out, size_t size) {
+  char dir[] = "/tmp/kiln-ccflags-XXXXXX", script[300], log[300], body[600];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(script, sizeof script, "%s/cc", dir);
+  snprintf(log, sizeof log, "%s/log", dir);
+  snprintf(body, sizeof body,
+           "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo \"$1\" >> %s;; esac\nexec cc \"$@\"\n",
+           log);
+  write_script(script, body);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc = script;
+  o.no_kernel_cache = true;
+  kiln_compile_report r;
+  kiln_status st;
+  ck_assert_msg(compile(hlo, &o, &r, NULL, &st) == 0, "%s", st.msg);
+  FILE *f = fopen(log, "r");
+  size_t n = f ? fread(out, 1, size - 1, f) : 0;
+  if (f) fclose(f);
+  out[n] = 0;
+  unlink(log);
+  unlink(script);
+  rmdir(dir);
+}
+
+/* A kernel's flags follow what its run costs (compile.c): a few KiB once
+ * per run -O1, up to 4 MiB per argument once per run -O2, more -O3, and
+ * whatever runs in a loop body -O3; a call runs as often as its caller. */
+START_TEST(kernel_classes_choose_flags) {
+  char flags[256];
+  compile_flags("HloModule t\nENTRY main {\n  p = f32[16] parameter(0)\n"
+                "  ROOT e = f32[16] exponential(p)\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O1\n");
+  compile_flags("HloModule l\nENTRY main {\n  p = f32[256,256] parameter(0)\n"
+                "  ROOT e = f32[256,256] exponential(p)\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O2\n");
+  compile_flags("HloModule h\nENTRY main {\n  p = f32[2048,1024] parameter(0)\n"
+                "  ROOT e = f32[2048,1024] exponential(p)\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O3\n");
+  compile_flags("HloModule c\nf {\n  a = f32[16] parameter(0)\n"
+                "  ROOT e = f32[16] exponential(a)\n}\n"
+                "ENTRY main {\n  p = f32[16] parameter(0)\n"
+                "  ROOT c = f32[16] call(p), to_apply=f\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O1\n");
+  compile_flags("HloModule w\n"
+                "cond {\n  p = (s32[], f32[16]) parameter(0)\n"
+                "  i = s32[] get-tuple-element(p), index=0\n  n = s32[] constant(5)\n"
+                "  ROOT l = pred[] compare(i, n), direction=LT\n}\n"
+                "body {\n  p = (s32[], f32[16]) parameter(0)\n"
+                "  i = s32[] get-tuple-element(p), index=0\n"
+                "  x = f32[16] get-tuple-element(p), index=1\n  one = s32[] constant(1)\n"
+                "  j = s32[] add(i, one)\n  y = f32[16] exponential(x)\n"
+                "  ROOT t = (s32[], f32[16]) tuple(j, y)\n}\n"
+                "ENTRY main {\n  x = f32[16] parameter(0)\n  z = s32[] constant(0)\n"
+                "  t = (s32[], f32[16]) tuple(z, x)\n"
+                "  w = (s32[], f32[16]) while(t), condition=cond, body=body\n"
+                "  ROOT r = f32[16] get-tuple-element(w), index=1\n}\n",
+                flags, sizeof flags);
+  ck_assert_ptr_nonnull(strstr(flags, "-O3\n"));
+}
+END_TEST
+
+/* The fast link (no start files, no libc) falls back to the driver's own
+ * when the compiler refuses it; either way the kernels load and run. */
+START_TEST(link_falls_back_to_the_drivers_own) {
+  char dir[] = "/tmp/kiln-cclink-XXXXXX", script[300], log[300], body[900];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(script, sizeof script, "%s/cc", dir);
+  snprintf(log, sizeof log, "%s/log", dir);
+  snprintf(body, sizeof body,
+           "#!/bin/sh\ncase \" $* \" in *\" -nostdlib \"*) echo lean >> %s; exit 3;; "
+           "*\" -shared \"*) echo full >> %s;; esac\nexec cc \"$@\"\n",
+           log, log);
+  write_script(script, body);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc = script;
+  o.no_kernel_cache = true;
+  kiln_compile_report r;
+  kiln_status st;
+  kiln_executable *e = NULL;
+  ck_assert_msg(compile(multi_hlo, &o, &r, &e, &st) == 0, "%s", st.msg);
+  ck_assert_uint_gt(e->ncode, 0);
+  kiln_executable_destroy(e);
+  char got[64] = {0};
+  FILE *f = fopen(log, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(got, 1, sizeof got - 1, f);
+  fclose(f);
+  got[n] = 0;
+  ck_assert_str_eq(got, "lean\nfull\n");
+  /* The fast link itself, by the real compiler. */
+  o.cc = NULL;
+  ck_assert_msg(compile(multi_hlo, &o, &r, &e, &st) == 0, "%s", st.msg);
+  ck_assert_uint_gt(e->ncode, 0);
+  kiln_executable_destroy(e);
+  unlink(log);
+  unlink(script);
+  rmdir(dir);
+}
+END_TEST
+
 /* ---- the C prelude's own declarations ------------------------------------ */
 
 /* Writes the C target's prelude, then tail, to a new file; path: its name. */
@@ -542,6 +650,8 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, disk_cache_bounded_lru);
   tcase_add_test(tc, units_run_concurrently_and_time_limit);
   tcase_add_test(tc, prelude_declares_as_the_headers_do);
+  tcase_add_test(tc, kernel_classes_choose_flags);
+  tcase_add_test(tc, link_falls_back_to_the_drivers_own);
   suite_add_tcase(s, tc);
   return s;
 }
