@@ -27,10 +27,13 @@
  * runs alongside them and the keys are computed afterwards. One link step
  * then joins the objects into the shared object, with a linker script
  * that makes each kiln_kernel_N an alias of its kk<hash> (identical
- * kernels share one body). The time limit covers all of it: the probe,
- * the compilers and the link. A compiler's failure is reported with its
- * output and the unit it was compiling (its size in kernels, its first
- * kiln_kernel_N).
+ * kernels share one body), without the C runtime's start files and libc
+ * (the driver's own link when the compiler refuses that). Units hold
+ * kernels of one class (kiln__cc_class), whose flags they get (compile.c
+ * does not call this for a module without kernels). The time limit covers
+ * all of it: the probe, the compilers and the link. A compiler's failure
+ * is reported with its output and the unit it was compiling (its size in
+ * kernels, its first kiln_kernel_N).
  */
 #include <dirent.h>
 #include <errno.h>
