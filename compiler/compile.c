@@ -97,28 +97,80 @@ static int generate(stage *s, const kiln_target *t, kiln_executable *e, kiln_com
  * cost the C compiler more than twice the time of -O2 on them (measured on
  * a transformer LM's Adam step: 2.8 s at -O3, 1.2 s at -O2, 1.4 s at -O2
  * with the dynamic cost model). A kernel whose every step runs once per
- * run (in the entry program, not in a loop body or branch) on arguments of
- * at most LIGHT_MAX_BYTES each is compiled at -O2 with -O3's vectorizer
- * cost model, so its loops still vectorize; the others keep -O3. The
- * choice is per kernel: the kernels go into translation units of one kind
- * each (codegen/cc_split.c). */
+ * run (in the entry program, or in a call or conditional branch of a
+ * program that runs once; not in a loop body) on arguments of at most
+ * LIGHT_MAX_BYTES each is light: -O2 with -O3's vectorizer cost model, so
+ * its loops still vectorize. One whose arguments add up to at most
+ * TINY_MAX_BYTES (a few thousand elements: microseconds even as scalar
+ * code) is tiny: -O1, without the vectorizer, whose analysis of every loop
+ * for several vector sizes costs GCC 5-10 ms a kernel (topk's seven small
+ * kernels: 130 ms of CPU at -O3/-O2, 55 ms at -O1). The others keep -O3.
+ * The choice is per kernel: the kernels go into translation units of one
+ * class each (codegen/cc_split.c). */
 #define LIGHT_MAX_BYTES (UINT64_C(4) << 20)
+#define TINY_MAX_BYTES (UINT64_C(16) << 10)
 
-/* Per kernel: light (1) or not; kiln_malloc'd. */
-static uint8_t *light_kernels(const kiln_executable *e, uint32_t nkernels) {
-  uint8_t *light = kiln_malloc(nkernels + 1);
-  if (light == NULL) return NULL;
-  memset(light, 1, nkernels + 1);
+/* Per program: whether it runs at most once per run of the entry (the
+ * entry, and what a once program calls or branches to; a loop's body and
+ * condition, or a program reached from them, run any number of times). */
+static bool *once_programs(const kiln_executable *e) {
+  bool *once = kiln_calloc(e->nprograms + 1, sizeof *once);
+  bool *many = kiln_calloc(e->nprograms + 1, sizeof *many);
+  if (once == NULL || many == NULL) {
+    kiln_free(once);
+    kiln_free(many);
+    return NULL;
+  }
+  bool *reached = once; /* reached first, then once = reached && !many */
+  if (e->nprograms) reached[0] = true;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (uint32_t p = 0; p < e->nprograms; p++) {
+      if (!reached[p]) continue;
+      for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {
+        const kiln_step *k = &e->programs[p].steps[i];
+        for (uint32_t j = 0; j < k->nsub; j++) {
+          uint32_t q = k->sub[j];
+          if (q >= e->nprograms) continue;
+          bool m = many[p] || k->kind == KILN_STEP_WHILE;
+          if (!reached[q] || (m && !many[q])) changed = true;
+          reached[q] = true;
+          many[q] = many[q] || m;
+        }
+      }
+    }
+  }
+  for (uint32_t p = 0; p < e->nprograms; p++) once[p] = reached[p] && !many[p];
+  kiln_free(many);
+  return once;
+}
+
+/* Per kernel: its kiln__cc_class; kiln_malloc'd. */
+static uint8_t *kernel_classes(const kiln_executable *e, uint32_t nkernels) {
+  uint8_t *cls = kiln_malloc(nkernels + 1);
+  bool *once = once_programs(e);
+  if (cls == NULL || once == NULL) {
+    kiln_free(cls);
+    kiln_free(once);
+    return NULL;
+  }
+  memset(cls, KILN__CC_TINY, nkernels + 1);
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {
       const kiln_step *k = &e->programs[p].steps[i];
       if (k->kind != KILN_STEP_KERNEL || k->kernel >= nkernels) continue;
-      bool heavy = p > 0;
-      for (uint32_t a = 0; a < k->nargs && !heavy; a++)
-        heavy = e->slots[k->args[a]].size > LIGHT_MAX_BYTES;
-      if (heavy) light[k->kernel] = 0;
+      uint8_t c = once[p] ? KILN__CC_TINY : KILN__CC_HEAVY;
+      uint64_t sum = 0;
+      for (uint32_t a = 0; a < k->nargs && c != KILN__CC_HEAVY; a++) {
+        uint64_t size = e->slots[k->args[a]].size;
+        sum += size;
+        if (size > LIGHT_MAX_BYTES) c = KILN__CC_HEAVY;
+      }
+      if (c == KILN__CC_TINY && sum > TINY_MAX_BYTES) c = KILN__CC_LIGHT;
+      if (c < cls[k->kernel]) cls[k->kernel] = c;
     }
-  return light;
+  kiln_free(once);
+  return cls;
 }
 
 static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target *t,
@@ -129,28 +181,35 @@ static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target 
                          .timeout_s = o->cc_timeout_s,
                          .light_opt = "-O2",
                          .light_tune = "-fvect-cost-model=dynamic",
+                         .tiny_opt = "-O1",
                          .jobs = o->cc_jobs,
                          .cache_dir = o->kernel_cache_dir,
                          .no_cache = o->no_kernel_cache};
-  uint8_t *light = light_kernels(e, s->g.nkernels);
-  if (light == NULL) return kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
+  uint8_t *cls = kernel_classes(e, s->g.nkernels);
+  if (cls == NULL) return kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
   kiln__cc_program prog = {.prelude = s->g.mod.target->prelude,
                            .funcs = kiln_sbuf_str(&s->g.mod.funcs),
                            .kernels = kiln_sbuf_str(&s->g.kernels),
                            .nkernels = s->g.nkernels,
-                           .light = light};
+                           .cls = cls};
   uint8_t *so = NULL;
   size_t nso = 0;
   kiln__cc_stats cs;
   double t0 = now_ms();
   if (o->dump_dir) dump_source(o->dump_dir, "kernels.c", s->src, s->nsrc);
+  /* Copies, GEMMs, FFTs and library steps only: no code object at all
+   * (the cpu loader maps none), and no C compiler run. */
+  if (s->g.nkernels == 0) {
+    kiln_free(cls);
+    return 0;
+  }
   int rc = kiln__cc_build(&co, &prog, &so, &nso, &cs, st);
   r->cc_ms = now_ms() - t0;
   r->cc_cpu_ms = cs.cpu_ms;
   r->cc_units = cs.units;
   r->cc_units_cached = cs.units_cached;
   r->cc_jobs = cs.jobs;
-  kiln_free(light);
+  kiln_free(cls);
   if (rc) return rc;
   e->code = kiln_arena_memdup(e->arena, so, nso ? nso : 1);
   e->ncode = nso;

@@ -19,6 +19,8 @@ typedef struct kiln__cc_options {
   /* kiln__cc_build only: */
   const char *light_opt;  /* for units of light kernels; NULL: opt */
   const char *light_tune; /* with light_opt; NULL: none */
+  const char *tiny_opt;   /* for units of tiny kernels; NULL: as light */
+  const char *tiny_tune;  /* with tiny_opt; NULL: none */
   uint32_t jobs;          /* compilers at once; 0: env KILN_CC_JOBS, else the CPUs we may use */
   size_t unit_bytes;      /* kernel text per unit; 0: env KILN_CC_UNIT_BYTES, else cc_split.c's */
   /* Directory of compiled units shared across processes; NULL: env
@@ -35,8 +37,17 @@ typedef struct kiln__cc_options {
 typedef struct kiln__cc_program {
   const char *prelude, *funcs, *kernels;
   uint32_t nkernels;
-  const uint8_t *light; /* per kernel: cheap at run time (light flags); NULL: none */
+  const uint8_t *cls; /* per kernel: its kiln__cc_class (compile flags); NULL: all heavy */
 } kiln__cc_program;
+
+/* How much a kernel's run time is worth optimizing for (compile.c
+ * decides): each class has its own flags, and units hold one class each. */
+typedef enum kiln__cc_class {
+  KILN__CC_HEAVY = 0, /* the full optimizer (opt) */
+  KILN__CC_LIGHT = 1, /* little data, once per run (light_opt) */
+  KILN__CC_TINY = 2,  /* a few KiB, once per run: cheap flags (tiny_opt) */
+  KILN__CC_NCLASSES = 3
+} kiln__cc_class;
 
 typedef struct kiln__cc_stats {
   uint32_t units;        /* translation units */

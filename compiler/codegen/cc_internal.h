@@ -19,7 +19,7 @@
 typedef struct kiln__cc_unit {
   char *src; /* kiln_malloc'd, NUL-terminated */
   size_t len;
-  bool light;                    /* compiled with the light flags */
+  uint8_t cls;                   /* kiln__cc_class: the flags it is compiled with */
   uint32_t nkernels;             /* distinct kernels in it */
   uint32_t first;                /* the lowest kernel index it defines (for messages) */
   uint8_t key[KILN__SHA256_LEN]; /* cache key, filled by cc.c */

@@ -13,7 +13,7 @@
  * alias of its kk<hash> by the link step (cc.c).
  *
  * Distinct kernels are grouped into units by their hashes, not by their
- * positions: light and heavy kernels (compile flags) apart, each class in
+ * positions: the classes (heavy, light, tiny: compile flags) apart, each in
  * hash order, cut into units by content-defined boundaries (a cut after a
  * kernel whose hash's last byte is 0 mod 4 once the unit holds half the
  * target size; always at 1.5 times it). A module that shares most kernels
@@ -54,7 +54,7 @@ typedef struct kern {
   uint32_t ncalls;
   size_t bytes; /* its text and its helpers' */
   uint8_t hash[KILN__SHA256_LEN];
-  bool light;
+  uint8_t cls; /* kiln__cc_class */
 } kern;
 
 typedef struct splitter {
@@ -179,7 +179,8 @@ static int parse_kernels(splitter *sp, kiln_status *st) {
       unsigned long idx = strtoul(t + i + sizeof head - 1, &e, 10);
       if (idx != sp->nk || *e != '(') return bad_source(st, "kernels out of order");
       k->name.n = (size_t)(e - k->name.p);
-      k->light = sp->p->light && sp->p->light[sp->nk];
+      k->cls = sp->p->cls && sp->p->cls[sp->nk] < KILN__CC_NCLASSES ? sp->p->cls[sp->nk]
+                                                                    : KILN__CC_HEAVY;
       sp->nk++;
     } else if (sp->nk == 0 && i < eol) {
       return bad_source(st, "text before the first kernel");
@@ -267,7 +268,7 @@ static int emit(splitter *sp, uint32_t kk, const char *prefix, kiln_sbuf *b, kil
  * that concurrent compiles need no lock). */
 typedef struct rec {
   uint8_t hash[KILN__SHA256_LEN];
-  bool light;
+  uint8_t cls;
   size_t bytes;
   uint32_t idx;
 } rec;
@@ -278,10 +279,10 @@ static int by_hash(const void *a, const void *b) {
   return c ? c : x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-/* Heavy kernels first, each class in hash order. */
+/* Heavy kernels first, then light, then tiny, each class in hash order. */
 static int by_class_hash(const void *a, const void *b) {
   const rec *x = a, *y = b;
-  if (x->light != y->light) return x->light ? 1 : -1;
+  if (x->cls != y->cls) return x->cls < y->cls ? -1 : 1;
   return by_hash(a, b);
 }
 
@@ -306,14 +307,11 @@ static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, ui
     if (min_units < 1) min_units = 1;
     /* Tiny: min_units bins per the classes' shares, largest kernel first
      * into the lightest bin (d is re-sorted; unit_of is by kernel index). */
-    uint32_t nheavy = 0;
-    size_t heavy_bytes = 0;
-    while (nheavy < nd && !d[nheavy].light) heavy_bytes += d[nheavy++].bytes;
-    for (int light = 0; light < 2; light++) {
-      rec *r = light ? d + nheavy : d;
-      uint32_t cnt = light ? nd - nheavy : nheavy;
-      size_t bytes = light ? total - heavy_bytes : heavy_bytes;
-      if (cnt == 0) continue;
+    for (uint32_t start = 0, cnt; start < nd; start += cnt) {
+      rec *r = d + start;
+      size_t bytes = 0;
+      for (cnt = 0; start + cnt < nd && d[start + cnt].cls == r->cls; cnt++)
+        bytes += d[start + cnt].bytes;
       uint32_t bins = (uint32_t)(((uint64_t)min_units * bytes + total / 2) / (total ? total : 1));
       if (bins < 1) bins = 1;
       if (bins > cnt) bins = cnt;
@@ -336,7 +334,7 @@ static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, ui
   while (2 * t <= target && 2 * t * min_units <= total) t *= 2;
   size_t acc = 0;
   for (uint32_t i = 0; i < nd; i++) {
-    if (i > 0 && d[i].light != d[i - 1].light && acc > 0) nunits++, acc = 0;
+    if (i > 0 && d[i].cls != d[i - 1].cls && acc > 0) nunits++, acc = 0;
     unit_of[d[i].idx] = nunits;
     acc += d[i].bytes;
     bool cut = (acc >= t / 2 && d[i].hash[KILN__SHA256_LEN - 1] % 4 == 0) || acc >= t + t / 2;
@@ -357,11 +355,11 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc
     rc = oom(st);
     goto out_free;
   }
-  /* Identical kernels: one group, standing for it its lowest index, light
-   * only if all its members are. */
+  /* Identical kernels: one group, standing for it its lowest index, of
+   * the heaviest class of its members. */
   for (uint32_t i = 0; i < sp->nk; i++) {
     memcpy(r[i].hash, sp->k[i].hash, KILN__SHA256_LEN);
-    r[i].light = sp->k[i].light;
+    r[i].cls = sp->k[i].cls;
     r[i].bytes = sp->k[i].bytes;
     r[i].idx = i;
   }
@@ -369,14 +367,14 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc
   uint32_t nd = 0;
   for (uint32_t i = 0; i < sp->nk;) {
     uint32_t j = i;
-    bool light = true;
+    uint8_t cls = KILN__CC_NCLASSES - 1;
     while (j < sp->nk && memcmp(r[j].hash, r[i].hash, KILN__SHA256_LEN) == 0) {
-      light = light && r[j].light;
+      if (r[j].cls < cls) cls = r[j].cls;
       rep[r[j].idx] = r[i].idx; /* the sort put the lowest index first */
       j++;
     }
     r[nd] = r[i];
-    r[nd++].light = light;
+    r[nd++].cls = cls;
     i = j;
   }
   out->ndistinct = nd;
@@ -399,7 +397,7 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc
   qsort(r, nd, sizeof *r, by_hash);
   for (uint32_t i = 0; rc == 0 && i < nd; i++) {
     uint32_t k = r[i].idx, u = unit_of[k];
-    out->units[u].light = r[i].light;
+    out->units[u].cls = r[i].cls;
     out->units[u].nkernels++;
     if (k < out->units[u].first) out->units[u].first = k;
     rc = emit(sp, k, out->sym[k], &bufs[u], st);

@@ -316,7 +316,7 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *          becomes an infinity of its sign.
  *
  * Vocabulary the emitter spells directly, which every prelude must make
- * available (the C prelude includes <math.h>, <stdint.h>, <string.h>): the
+ * available (the C prelude declares them as <math.h>, <stdint.h>, <string.h> do): the
  * exact-width integer types int8_t ... uint64_t and INT64_MAX; float and
  * double with C99 arithmetic, casts (float to integer truncating, integer
  * to float rounding to nearest) and comparisons; and the functions of

@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/codegen/c_target.h"
 #include "compiler/codegen/cc_internal.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
@@ -440,6 +441,203 @@ START_TEST(units_run_concurrently_and_time_limit) {
 }
 END_TEST
 
+/* The flags of every unit compile_flags' compiler was asked to compile,
+ * in order, one per line ("-O1\n-O3\n"). */
+static void compile_flags(const char *hlo, char *out, size_t size) {
+  char dir[] = "/tmp/kiln-ccflags-XXXXXX", script[300], log[300], body[600];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(script, sizeof script, "%s/cc", dir);
+  snprintf(log, sizeof log, "%s/log", dir);
+  snprintf(body, sizeof body,
+           "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo \"$1\" >> %s;; esac\nexec cc \"$@\"\n",
+           log);
+  write_script(script, body);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc = script;
+  o.no_kernel_cache = true;
+  kiln_compile_report r;
+  kiln_status st;
+  ck_assert_msg(compile(hlo, &o, &r, NULL, &st) == 0, "%s", st.msg);
+  FILE *f = fopen(log, "r");
+  size_t n = f ? fread(out, 1, size - 1, f) : 0;
+  if (f) fclose(f);
+  out[n] = 0;
+  unlink(log);
+  unlink(script);
+  rmdir(dir);
+}
+
+/* A kernel's flags follow what its run costs (compile.c): a few KiB once
+ * per run -O1, up to 4 MiB per argument once per run -O2, more -O3, and
+ * whatever runs in a loop body -O3; a call runs as often as its caller. */
+START_TEST(kernel_classes_choose_flags) {
+  char flags[256];
+  compile_flags("HloModule t\nENTRY main {\n  p = f32[16] parameter(0)\n"
+                "  ROOT e = f32[16] exponential(p)\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O1\n");
+  compile_flags("HloModule l\nENTRY main {\n  p = f32[256,256] parameter(0)\n"
+                "  ROOT e = f32[256,256] exponential(p)\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O2\n");
+  compile_flags("HloModule h\nENTRY main {\n  p = f32[2048,1024] parameter(0)\n"
+                "  ROOT e = f32[2048,1024] exponential(p)\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O3\n");
+  compile_flags("HloModule c\nf {\n  a = f32[16] parameter(0)\n"
+                "  ROOT e = f32[16] exponential(a)\n}\n"
+                "ENTRY main {\n  p = f32[16] parameter(0)\n"
+                "  ROOT c = f32[16] call(p), to_apply=f\n}\n",
+                flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O1\n");
+  compile_flags("HloModule w\n"
+                "cond {\n  p = (s32[], f32[16]) parameter(0)\n"
+                "  i = s32[] get-tuple-element(p), index=0\n  n = s32[] constant(5)\n"
+                "  ROOT l = pred[] compare(i, n), direction=LT\n}\n"
+                "body {\n  p = (s32[], f32[16]) parameter(0)\n"
+                "  i = s32[] get-tuple-element(p), index=0\n"
+                "  x = f32[16] get-tuple-element(p), index=1\n  one = s32[] constant(1)\n"
+                "  j = s32[] add(i, one)\n  y = f32[16] exponential(x)\n"
+                "  ROOT t = (s32[], f32[16]) tuple(j, y)\n}\n"
+                "ENTRY main {\n  x = f32[16] parameter(0)\n  z = s32[] constant(0)\n"
+                "  t = (s32[], f32[16]) tuple(z, x)\n"
+                "  w = (s32[], f32[16]) while(t), condition=cond, body=body\n"
+                "  ROOT r = f32[16] get-tuple-element(w), index=1\n}\n",
+                flags, sizeof flags);
+  ck_assert_ptr_nonnull(strstr(flags, "-O3\n"));
+}
+END_TEST
+
+/* The fast link (no start files, no libc) falls back to the driver's own
+ * when the compiler refuses it; either way the kernels load and run. */
+START_TEST(link_falls_back_to_the_drivers_own) {
+  char dir[] = "/tmp/kiln-cclink-XXXXXX", script[300], log[300], body[900];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(script, sizeof script, "%s/cc", dir);
+  snprintf(log, sizeof log, "%s/log", dir);
+  snprintf(body, sizeof body,
+           "#!/bin/sh\ncase \" $* \" in *\" -nostdlib \"*) echo lean >> %s; exit 3;; "
+           "*\" -shared \"*) echo full >> %s;; esac\nexec cc \"$@\"\n",
+           log, log);
+  write_script(script, body);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc = script;
+  o.no_kernel_cache = true;
+  kiln_compile_report r;
+  kiln_status st;
+  kiln_executable *e = NULL;
+  ck_assert_msg(compile(multi_hlo, &o, &r, &e, &st) == 0, "%s", st.msg);
+  ck_assert_uint_gt(e->ncode, 0);
+  kiln_executable_destroy(e);
+  char got[64] = {0};
+  FILE *f = fopen(log, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(got, 1, sizeof got - 1, f);
+  fclose(f);
+  got[n] = 0;
+  ck_assert_str_eq(got, "lean\nfull\n");
+  /* The fast link itself, by the real compiler. */
+  o.cc = NULL;
+  ck_assert_msg(compile(multi_hlo, &o, &r, &e, &st) == 0, "%s", st.msg);
+  ck_assert_uint_gt(e->ncode, 0);
+  kiln_executable_destroy(e);
+  unlink(log);
+  unlink(script);
+  rmdir(dir);
+}
+END_TEST
+
+/* ---- the C prelude's own declarations ------------------------------------ */
+
+/* Writes the C target's prelude, then tail, to a new file; path: its name. */
+static void write_prelude_file(char *path, const char *tail) {
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  FILE *f = fdopen(fd, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(kiln__c_target.prelude, f);
+  fputs(tail, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The assembly of file (its .file and .ident lines dropped), compiled with
+ * flags; kiln_malloc'd. */
+static char *assembly(const char *file, const char *flags) {
+  char out[] = "/tmp/kiln-prelude-s-XXXXXX", cmd[600];
+  int fd = mkstemp(out);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  snprintf(cmd, sizeof cmd, "cc -O2 -fno-math-errno -ffp-contract=off %s -S -o %s -x c %s", flags,
+           out, file);
+  ck_assert_msg(system(cmd) == 0, "%s", cmd);
+  FILE *f = fopen(out, "r");
+  ck_assert_ptr_nonnull(f);
+  kiln_sbuf b = KILN_SBUF_INIT;
+  char line[1024];
+  while (fgets(line, sizeof line, f))
+    if (!strstr(line, "\t.file\t") && !strstr(line, "\t.ident\t")) kiln_sbuf_puts(&b, line);
+  fclose(f);
+  unlink(out);
+  size_t n;
+  char *s = kiln_sbuf_detach(&b, &n);
+  ck_assert_ptr_nonnull(s);
+  return s;
+}
+
+/* With GCC and clang the prelude declares the vocabulary itself instead
+ * of including the system headers (a third of a small unit's compile). Its
+ * declarations must agree with the headers' (the headers included after
+ * them: a conflicting type is an error), and code using the vocabulary
+ * must compile to the same instructions either way. */
+START_TEST(prelude_declares_as_the_headers_do) {
+  static const char *const macros[] = {
+      "INT8_MIN",  "INT8_MAX",  "INT16_MIN", "INT16_MAX",  "INT32_MIN",  "INT32_MAX",
+      "INT64_MIN", "INT64_MAX", "UINT8_MAX", "UINT16_MAX", "UINT32_MAX", "UINT64_MAX",
+      "INT64_C",   "UINT64_C",  "NAN",       "INFINITY",   "HUGE_VAL",   "isnan",
+      "isinf",     "isfinite",  "signbit",   "complex",    "CMPLX",      "CMPLXF"};
+  kiln_sbuf tail = KILN_SBUF_INIT;
+  for (size_t i = 0; i < sizeof macros / sizeof *macros; i++)
+    kiln_sbuf_printf(&tail, "#undef %s\n", macros[i]);
+  kiln_sbuf_puts(&tail, "#include <complex.h>\n#include <math.h>\n#include <stdint.h>\n"
+                        "#include <string.h>\n");
+  char both[] = "/tmp/kiln-prelude-XXXXXX", cmd[300];
+  write_prelude_file(both, kiln_sbuf_str(&tail));
+  kiln_sbuf_free(&tail);
+  snprintf(cmd, sizeof cmd, "cc -std=c11 -fsyntax-only -Werror -x c %s", both);
+  int rc = system(cmd);
+  unlink(both);
+  ck_assert_msg(rc == 0, "the prelude's declarations conflict with the headers' (%s)", cmd);
+
+  static const char use[] =
+      "double kt(double x, double y, float f, double _Complex z, void *d, const void *s) {\n"
+      "  double r = fabs(x) + ceil(x) + floor(x) + round(x) + rint(x) + sqrt(x) + cbrt(x) +\n"
+      "      cos(x) + sin(x) + tan(x) + tanh(x) + erf(x) + exp(x) + expm1(x) + log(x) +\n"
+      "      log1p(x) + atan2(x, y) + fmod(x, y) + pow(x, y) + copysign(x, y) + cabs(z) +\n"
+      "      creal(z) + cimag(z) + creal(cexp(z)) + nan(\"\") + frexp(x, (int *)d);\n"
+      "  float g = fabsf(f) + ceilf(f) + floorf(f) + roundf(f) + rintf(f) + sqrtf(f) +\n"
+      "      fmodf(f, f) + expf(f) + logf(f) + copysignf(f, f) + powf(f, f) + erff(f);\n"
+      "  memcpy(d, s, 8);\n"
+      "  memset(d, 1, 3);\n"
+      "  int64_t i = INT64_MAX - (int64_t)x;\n"
+      "  uint32_t u = UINT32_MAX ^ (uint32_t)f;\n"
+      "  return r + g + (double)i + (double)u + isfinite(x) + isinf(x) + isinf(f) + isnan(y) +\n"
+      "         signbit(x) + signbit(f) + INT32_MIN + (double)UINT64_MAX + (double)INT64_MIN +\n"
+      "         NAN + INFINITY + creal(CMPLX(x, y)) + INT8_MIN + UINT16_MAX + INT64_C(3);\n"
+      "}\n";
+  char file[] = "/tmp/kiln-prelude-XXXXXX";
+  write_prelude_file(file, use);
+  char *lean = assembly(file, "");
+  char *headers = assembly(file, "-DKILN_SYSTEM_HEADERS");
+  unlink(file);
+  ck_assert_msg(strstr(lean, "kt") != NULL, "no code for kt");
+  ck_assert_str_eq(lean, headers);
+  kiln_free(lean);
+  kiln_free(headers);
+}
+END_TEST
+
 Suite *cc_suite(void) {
   Suite *s = suite_create("cc");
   TCase *tc = tcase_create("core");
@@ -451,6 +649,9 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, disk_cache_and_corrupt_file);
   tcase_add_test(tc, disk_cache_bounded_lru);
   tcase_add_test(tc, units_run_concurrently_and_time_limit);
+  tcase_add_test(tc, prelude_declares_as_the_headers_do);
+  tcase_add_test(tc, kernel_classes_choose_flags);
+  tcase_add_test(tc, link_falls_back_to_the_drivers_own);
   suite_add_tcase(s, tc);
   return s;
 }
