@@ -674,6 +674,38 @@ static int dump_transforms(job *j) {
   return 0;
 }
 
+/* Optimization level 3 includes auto-sharding (CompileOptions): a module
+ * that names no mesh of its own, compiled for device_count > 1, gets the
+ * shardings kiln_spmd_auto_shard chooses over options.mesh_shape (one axis
+ * when absent), within memory_budget_bytes per device, and is then a
+ * global program like any sharded one. A module it declines (a per-device
+ * program, with collectives of its own) compiles as it is. */
+static int auto_shard(job *j) {
+  kiln_module *m = j->m;
+  if (j->plan.opt_level < 3 || !j->plan.devices_given || j->plan.ndevices <= 1 ||
+      m->replica_count > 1 || m->num_partitions > 1 || !kiln_spmd_auto_available())
+    return 0;
+  kiln_spmd_auto_options o;
+  kiln_spmd_auto_options_init(&o);
+  if (j->plan.nmesh > KILN_SPMD_MAX_MESH)
+    return kiln_status_set(&j->st, KILN_EINVAL, "options.mesh_shape",
+                           "%u axes: auto-sharding takes at most %d", j->plan.nmesh,
+                           KILN_SPMD_MAX_MESH);
+  o.mesh_rank = j->plan.nmesh;
+  for (uint32_t i = 0; i < j->plan.nmesh; i++) o.mesh[i] = j->plan.mesh[i];
+  o.memory_budget = (int64_t)j->plan.memory_budget;
+  o.time_limit_s = 10;
+  kiln_status st;
+  kiln_status_clear(&st);
+  int rc = kiln_spmd_auto_shard(m, j->plan.ndevices, &o, NULL, &st);
+  if (rc == KILN_EINVAL) return 0; /* not a program it plans: compiled as written */
+  if (rc) {
+    j->st = st;
+    return rc;
+  }
+  return 0;
+}
+
 /* The mesh a Compile asks for (docs/spmd.md, "kilnd"): options.device_count
  * or the module's replica_count x num_partitions. A global program (its
  * ENTRY carries shardings) is partitioned over device_count partitions; any
@@ -683,6 +715,8 @@ static int dump_transforms(job *j) {
  * once, so it must fit on the server. */
 static int resolve_mesh(job *j) {
   kiln_module *m = j->m;
+  int rc;
+  if ((rc = auto_shard(j))) return rc;
   uint32_t rm = m->replica_count > 1 ? (uint32_t)m->replica_count : 1;
   uint32_t pm = m->num_partitions > 1 ? (uint32_t)m->num_partitions : 1;
   j->global = kiln_spmd_module_is_sharded(m);

@@ -20,6 +20,7 @@
 #include "common/alloc.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/text.h"
+#include "compiler/spmd/spmd.h"
 #include "tests/integration/itest.h"
 #include "tests/support/testargs.h"
 
@@ -183,6 +184,54 @@ END_TEST
 
 /* Server buffers work with SPMD programs: a global argument by handle, a
  * global output and a per-device output kept on the server. */
+/* Optimization level 3 includes auto-sharding: an MLP with no shardings,
+ * compiled for 4 devices, is planned by the server (GLPK), partitioned and
+ * equals the unpartitioned run; at level 2 the same request is a per-device
+ * program (every device runs it whole). */
+static const char plain_mlp_hlo[] =
+    "HloModule plain_mlp\n"
+    "ENTRY e {\n x = f32[64,32] parameter(0)\n w1 = f32[32,64] parameter(1)\n"
+    " w2 = f32[64,16] parameter(2)\n"
+    " h = f32[64,64] dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    " t = f32[64,64] tanh(h)\n"
+    " ROOT y = f32[64,16] dot(t, w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n";
+
+START_TEST(test_auto_shard_level3) {
+  if (!kiln_spmd_auto_available()) return; /* built without GLPK */
+  kiln_client *c = connect_as("spmd-auto");
+  kiln_remote_executable *ref = compile(c, plain_mlp_hlo, "interp", 1);
+  kiln_remote_compile_options o = {
+      .backend = "cpu", .device_count = 4, .has_optimization_level = true, .optimization_level = 3};
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_executable *e = NULL;
+  ck_assert_msg(kiln_client_compile_text(c, plain_mlp_hlo, strlen(plain_mlp_hlo), &o, &e, &st) == 0,
+                "compile -O3 x4: %s: %s", st.where, st.msg);
+  ck_assert(!e->per_device);
+  ck_assert_int_eq(e->num_partitions, 4);
+  kiln_literal **args;
+  uint32_t n;
+  random_args(plain_mlp_hlo, 11, &args, &n);
+  kiln_remote_result want, got;
+  run(c, ref, args, n, NULL, &want);
+  run(c, e, args, n, NULL, &got);
+  ck_assert_uint_eq(got.noutputs, 1);
+  expect_close(got.outputs[0].literal, want.outputs[0].literal, "auto-sharded");
+  kiln_remote_result_free(&want);
+  kiln_remote_result_free(&got);
+  kiln_remote_executable_free(e);
+  o.optimization_level = 2;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_client_compile_text(c, plain_mlp_hlo, strlen(plain_mlp_hlo), &o, &e, &st),
+                   0);
+  ck_assert(e->per_device);
+  kiln_remote_executable_free(e);
+  kiln_test_args_free(args, n);
+  kiln_remote_executable_free(ref);
+  kiln_client_close(c);
+}
+END_TEST
+
 START_TEST(test_buffers) {
   kiln_client *c = connect_as("spmd-buffers");
   kiln_status st;
@@ -583,6 +632,7 @@ int main(void) {
   tcase_add_test(tc, test_two_of_four);
   tcase_add_test(tc, test_per_device);
   tcase_add_test(tc, test_buffers);
+  tcase_add_test(tc, test_auto_shard_level3);
   tcase_add_test(tc, test_cache_key_mesh);
   tcase_add_test(tc, test_hostile);
   tcase_add_test(tc, test_cli_remote_mesh);
