@@ -622,7 +622,14 @@ static int topk_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   return rc;
 }
 
-static int select_scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+/* A kernel of kernel_special.c that takes ins's operands bound and writes
+ * its one array result: select-and-scatter, a prefix scan, an integer dot.
+ * fn makes the kernel from the spec and ctx. */
+typedef int (*special_fn)(kiln__codegen *g, const kiln__kernel_spec *k, const void *ctx,
+                          uint32_t *kernel, uint64_t *range);
+
+static int special_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, special_fn fn,
+                          const void *ctx) {
   if (!kiln_shape_is_array(&ins->shape))
     return kiln__lower_fail(c, ins, KILN_EINVAL, "result must be an array");
   kb *b = kb_new(c);
@@ -634,48 +641,29 @@ static int select_scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr 
     kiln__kernel_spec k = kb_spec(b, ins->id);
     uint32_t kernel;
     uint64_t range;
-    rc = kiln__kernel_select_scatter(c->g, &k, &kernel, &range);
+    rc = fn(c->g, &k, ctx, &kernel, &range);
     if (rc == 0) rc = kb_step(b, prog, kernel, range);
   }
   kiln_free(b);
   return rc;
 }
 
-/* A cumulative reduction (kiln__reduce_window_scan): the input and init
- * bound, one output. */
-static int scan_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, uint32_t dim) {
-  kb *b = kb_new(c);
-  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
-  int rc = kb_bind_operands(b, ins);
-  kb_output(b, 0, leaf0(c, ins->id), &ins->shape);
-  if (rc == 0) rc = kb_check(b, ins);
-  if (rc == 0) {
-    kiln__kernel_spec k = kb_spec(b, ins->id);
-    uint32_t kernel;
-    uint64_t range;
-    rc = kiln__kernel_scan(c->g, &k, dim, &kernel, &range);
-    if (rc == 0) rc = kb_step(b, prog, kernel, range);
-  }
-  kiln_free(b);
-  return rc;
+static int select_scatter_fn(kiln__codegen *g, const kiln__kernel_spec *k, const void *ctx,
+                             uint32_t *kernel, uint64_t *range) {
+  (void)ctx;
+  return kiln__kernel_select_scatter(g, k, kernel, range);
 }
 
-/* An integer dot whose operands are (batched) matrices: the idot kernel. */
-static int idot_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const kiln_gemm *gm) {
-  kb *b = kb_new(c);
-  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
-  int rc = kb_bind_operands(b, ins);
-  kb_output(b, 0, leaf0(c, ins->id), &ins->shape);
-  if (rc == 0) rc = kb_check(b, ins);
-  if (rc == 0) {
-    kiln__kernel_spec k = kb_spec(b, ins->id);
-    uint32_t kernel;
-    uint64_t range;
-    rc = kiln__kernel_idot(c->g, &k, gm, &kernel, &range);
-    if (rc == 0) rc = kb_step(b, prog, kernel, range);
-  }
-  kiln_free(b);
-  return rc;
+/* ctx: the scanned dim (kiln__reduce_window_scan). */
+static int scan_fn(kiln__codegen *g, const kiln__kernel_spec *k, const void *ctx, uint32_t *kernel,
+                   uint64_t *range) {
+  return kiln__kernel_scan(g, k, *(const uint32_t *)ctx, kernel, range);
+}
+
+/* ctx: the integer dot's kiln__gemm_shape plan. */
+static int idot_fn(kiln__codegen *g, const kiln__kernel_spec *k, const void *ctx, uint32_t *kernel,
+                   uint64_t *range) {
+  return kiln__kernel_idot(g, k, ctx, kernel, range);
 }
 
 int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
@@ -689,7 +677,7 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
                        leaf0(c, ins->id), NULL);
     if (kiln__idot_ok(c->m, ins) && kiln__gemm_shape(c->m, ins, &g, &swap) && !swap &&
         !(g.trans_a && g.trans_b))
-      return idot_kernel(c, prog, ins, &g);
+      return special_kernel(c, prog, ins, idot_fn, &g);
     break;
   }
   case KILN_OP_CONVOLUTION: {
@@ -701,10 +689,11 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   case KILN_OP_SORT: return sort_kernel(c, prog, ins);
   case KILN_OP_TOPK: return topk_kernel(c, prog, ins);
   case KILN_OP_FFT: return fft_step(c, prog, ins);
-  case KILN_OP_SELECT_AND_SCATTER: return select_scatter_kernel(c, prog, ins);
+  case KILN_OP_SELECT_AND_SCATTER: return special_kernel(c, prog, ins, select_scatter_fn, NULL);
   case KILN_OP_REDUCE_WINDOW: {
     uint32_t dim;
-    if (kiln__reduce_window_scan(c->m, ins, &dim)) return scan_kernel(c, prog, ins, dim);
+    if (kiln__reduce_window_scan(c->m, ins, &dim))
+      return special_kernel(c, prog, ins, scan_fn, &dim);
     break;
   }
   case KILN_OP_SCATTER: {
