@@ -168,6 +168,11 @@ int kiln__arg_load(const char *spec, const kiln_shape *want, int64_t pnum, kiln_
  * printed. Commas inside braces or brackets belong to an HLO literal. */
 int kiln__device_args(const char *file, const char *k_text, const char *list,
                       const kiln_shape *shapes, uint32_t n, kiln_literal **dev);
+/* Every --device-args K LIST of a, for a mesh of ndev devices: device K's
+ * arguments into own[K * n ..), has_own[K] set; 0 or an exit code, the
+ * problem (a device number out of range or given twice) printed. */
+int kiln__device_args_all(const kiln__args *a, const char *file, uint32_t ndev,
+                          const kiln_shape *shapes, uint32_t n, kiln_literal **own, bool *has_own);
 
 /* The shape of an argument spec (an .npy file's array, or literal text),
  * allocated in `a`: what vmap batch sizes are inferred from. */

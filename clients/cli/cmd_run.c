@@ -351,6 +351,27 @@ int kiln__device_args(const char *file, const char *k_text, const char *list,
   return rc;
 }
 
+int kiln__device_args_all(const kiln__args *a, const char *file, uint32_t ndev,
+                          const kiln_shape *shapes, uint32_t n, kiln_literal **own, bool *has_own) {
+  int npairs, rc = KILN_EXIT_OK;
+  const char **pairs = kiln__args_all(a, "device-args", &npairs);
+  for (int i = 0; i + 1 < npairs && rc == 0; i += 2) {
+    uint64_t k;
+    if (parse_seed(pairs[i], &k) || k >= ndev) {
+      fprintf(stderr, "kiln run: --device-args needs a device number below %u, not '%s'\n", ndev,
+              pairs[i]);
+      return KILN_EXIT_USAGE;
+    }
+    if (has_own[k]) {
+      fprintf(stderr, "kiln run: --device-args gives device %llu twice\n", (unsigned long long)k);
+      return KILN_EXIT_USAGE;
+    }
+    has_own[k] = true;
+    rc = kiln__device_args(file, pairs[i], pairs[i + 1], shapes, n, own + k * n);
+  }
+  return rc;
+}
+
 /* Runs m on R x P devices and prints each device's outputs; 0 or an exit
  * code. The --arg values (built once) are shared by the devices that have
  * no --device-args. */
@@ -367,8 +388,6 @@ static int run_mesh(const char *file, const kiln_module *m, const char *what, co
     fprintf(stderr, "kiln run: a mesh of %u x %u devices is too large (at most 4096)\n", R, P);
     return KILN_EXIT_USAGE;
   }
-  int npairs;
-  const char **pairs = kiln__args_all(a, "device-args", &npairs);
   kiln_literal **base = kiln_calloc(n ? n : 1, sizeof *base);
   kiln_literal **own = kiln_calloc((size_t)ndev * (n ? n : 1), sizeof *own);
   const kiln_literal **views = kiln_calloc((size_t)ndev * (n ? n : 1), sizeof *views);
@@ -380,22 +399,7 @@ static int run_mesh(const char *file, const kiln_module *m, const char *what, co
     rc = KILN_EXIT_INTERNAL;
     goto out_free;
   }
-  for (int i = 0; i + 1 < npairs && rc == 0; i += 2) {
-    uint64_t k;
-    if (parse_seed(pairs[i], &k) || k >= ndev) {
-      fprintf(stderr, "kiln run: --device-args needs a device number below %u, not '%s'\n", ndev,
-              pairs[i]);
-      rc = KILN_EXIT_USAGE;
-      break;
-    }
-    if (has_own[k]) {
-      fprintf(stderr, "kiln run: --device-args gives device %llu twice\n", (unsigned long long)k);
-      rc = KILN_EXIT_USAGE;
-      break;
-    }
-    has_own[k] = true;
-    rc = kiln__device_args(file, pairs[i], pairs[i + 1], shapes, n, own + k * n);
-  }
+  if (rc == 0) rc = kiln__device_args_all(a, file, ndev, shapes, n, own, has_own);
   bool need_base = false;
   for (uint32_t k = 0; k < ndev; k++) need_base = need_base || !has_own[k];
   if (rc == 0 && need_base) rc = build_args(file, what, shapes, a, base, n);

@@ -744,24 +744,7 @@ static int remote_run_devices(kiln_client *c, const char *file, const kiln_remot
     rc = KILN_EXIT_INTERNAL;
     goto out_free;
   }
-  int npairs;
-  const char **pairs = kiln__args_all(a, "device-args", &npairs);
-  for (int i = 0; i + 1 < npairs && rc == 0; i += 2) {
-    uint64_t k;
-    if (parse_count(pairs[i], &k) || k >= ndev) {
-      fprintf(stderr, "kiln run: --device-args needs a device number below %u, not '%s'\n", ndev,
-              pairs[i]);
-      rc = KILN_EXIT_USAGE;
-      break;
-    }
-    if (has_own[k]) {
-      fprintf(stderr, "kiln run: --device-args gives device %llu twice\n", (unsigned long long)k);
-      rc = KILN_EXIT_USAGE;
-      break;
-    }
-    has_own[k] = true;
-    rc = kiln__device_args(file, pairs[i], pairs[i + 1], e->params, n, own + k * n);
-  }
+  rc = kiln__device_args_all(a, file, ndev, e->params, n, own, has_own);
   bool need_base = false, any_own = false;
   for (uint32_t k = 0; k < ndev; k++) {
     need_base = need_base || !has_own[k];
