@@ -183,8 +183,9 @@ int kiln__interp_eval_custom_call(kiln__interp_ctx *c, const kiln_instr *ins,
         ins->shape.dtype != ops[0]->shape.dtype)
       return kiln__interp_fail(c, ins, KILN_EUNIMPL,
                                "custom-call %s: %s changes the shape (a region partitioned by "
-                               "hand over several devices); Kiln does not partition modules yet: "
-                               "run the per-device program (compile().as_text()) instead",
+                               "hand over several devices): run the module partitioned "
+                               "(--partitions P, or device_count in Compile), or its per-device "
+                               "program (compile().as_text())",
                                ins->name, t);
     int rc = kiln__interp_lit_result(c, ins, out);
     if (rc == 0) rc = kiln__interp_lit_copy_into(c, ins, (*out)->own, *out, ops[0]);
