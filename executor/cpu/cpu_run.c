@@ -105,8 +105,14 @@ static void run_kernel(run_ctx *r, const kiln_step *s, void *const *bufs) {
   launch k = {
       .fn = fn, .bufs = bufs, .begin = begin, .chunk = (n + chunks - 1) / chunks, .end = range};
   /* Whole multiples of 64 iterations, so that neighbouring chunks of an
-   * elementwise kernel do not write the same cache line. */
-  if (k.chunk > 256) k.chunk = (k.chunk + 63) & ~(int64_t)63;
+   * elementwise kernel do not write the same cache line; of 16 for a short
+   * range (a reduction into a few dozen outputs, each iteration a long
+   * one): chunks of 8 f32 outputs shared their lines, and two threads
+   * accumulating into one line ran several times slower than one thread. */
+  if (k.chunk > 256)
+    k.chunk = (k.chunk + 63) & ~(int64_t)63;
+  else if (n >= 32 && k.chunk < 16)
+    k.chunk = 16;
   chunks = (n + k.chunk - 1) / k.chunk;
   double t0 = now_seconds();
   kiln__cpu_pool_run(l->dev->pool, launch_chunk, &k, (uint64_t)chunks);
