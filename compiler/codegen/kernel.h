@@ -84,16 +84,10 @@ int kiln__kernel_sort(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scr
 int kiln__kernel_topk(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
                       uint64_t *range);
 
-/* A reduce-window that is an inclusive prefix scan along one dimension
- * (what cumsum, cumprod, cummax and cummin lower to): one input and its
- * init, the window as long as that dimension with its length - 1 of low
- * padding, every other window dimension 1, strides and dilations 1, result
- * of the input's dims. *dim is that dimension. */
-bool kiln__reduce_window_scan(const kiln_module *m, const kiln_instr *rw, uint32_t *dim);
-/* Such a scan (k->root): one iteration per row along dim, folding the
- * row's elements in order through the reduction as the window would (the
- * same operations in the same order: bit-equal to the general form), in
- * linear instead of quadratic time. binds[0] the input, binds[1] the init. */
+/* A prefix scan (kiln_reduce_window_is_scan) (k->root): one iteration per row along dim, folding
+ * the row's elements in order through the reduction as the window would (the same operations in the
+ * same order: bit-equal to the general form), in linear instead of quadratic time. binds[0] the
+ * input, binds[1] the init. */
 int kiln__kernel_scan(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t dim, uint32_t *kernel,
                       uint64_t *range);
 

@@ -980,31 +980,6 @@ int kiln__kernel_select_scatter(kiln__codegen *g, const kiln__kernel_spec *k, ui
 
 /* ---- prefix scans (cumulative reductions) ------------------------------- */
 
-bool kiln__reduce_window_scan(const kiln_module *m, const kiln_instr *rw, uint32_t *dim) {
-  if (rw->op != KILN_OP_REDUCE_WINDOW || rw->noperands != 2 || rw->ncalled != 1) return false;
-  const kiln_shape *in = &m->instrs[rw->operands[0]]->shape;
-  const kiln_attr *wa = kiln_instr_attr(rw, KILN_ATTR_WINDOW);
-  const kiln_window *w = wa ? wa->v.window : NULL;
-  if (w == NULL || w->rank != in->rank || !kiln_shape_is_array(&rw->shape) ||
-      rw->shape.rank != in->rank || m->instrs[rw->operands[1]]->shape.rank != 0)
-    return false;
-  uint32_t found = UINT32_MAX;
-  for (uint32_t d = 0; d < in->rank; d++) {
-    const kiln_window_dim *wd = &w->dims[d];
-    if (rw->shape.dims[d] != in->dims[d] || wd->stride != 1 || wd->lhs_dilate != 1 ||
-        wd->rhs_dilate != 1 || wd->reversal || wd->pad_hi != 0)
-      return false;
-    if (wd->size == 1 && wd->pad_lo == 0) continue;
-    if (found != UINT32_MAX || in->dims[d] < 2 || wd->size != in->dims[d] ||
-        wd->pad_lo != in->dims[d] - 1)
-      return false;
-    found = d;
-  }
-  if (found == UINT32_MAX) return false;
-  *dim = found;
-  return true;
-}
-
 static int scan_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
                      const kiln_instr *s, uint32_t dim, uint32_t fred) {
   const kiln_module *m = g->mod.m;
@@ -1049,7 +1024,7 @@ int kiln__kernel_scan(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t dim
                       uint64_t *range) {
   const kiln_module *m = g->mod.m;
   const kiln_instr *s = ins_of(g, k->root);
-  if (k->nouts != 1 || !kiln__reduce_window_scan(m, s, &dim))
+  if (k->nouts != 1 || !kiln_reduce_window_is_scan(m, s, &dim))
     return fail(g, s, "not a prefix scan");
   const kiln_instr *a = m->instrs[s->operands[0]];
   const kiln_computation *rc0 = m->comps[s->called[0]];

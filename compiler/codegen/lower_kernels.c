@@ -654,7 +654,7 @@ static int select_scatter_fn(kiln__codegen *g, const kiln__kernel_spec *k, const
   return kiln__kernel_select_scatter(g, k, kernel, range);
 }
 
-/* ctx: the scanned dim (kiln__reduce_window_scan). */
+/* ctx: the scanned dim (kiln_reduce_window_is_scan). */
 static int scan_fn(kiln__codegen *g, const kiln__kernel_spec *k, const void *ctx, uint32_t *kernel,
                    uint64_t *range) {
   return kiln__kernel_scan(g, k, *(const uint32_t *)ctx, kernel, range);
@@ -692,7 +692,7 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   case KILN_OP_SELECT_AND_SCATTER: return special_kernel(c, prog, ins, select_scatter_fn, NULL);
   case KILN_OP_REDUCE_WINDOW: {
     uint32_t dim;
-    if (kiln__reduce_window_scan(c->m, ins, &dim))
+    if (kiln_reduce_window_is_scan(c->m, ins, &dim))
       return special_kernel(c, prog, ins, scan_fn, &dim);
     break;
   }

@@ -461,6 +461,14 @@ kiln_attr *kiln_instr_add_attr(kiln_module *m, kiln_instr *ins, kiln_attr_key ke
 const kiln_attr *kiln_instr_attr(const kiln_instr *ins, kiln_attr_key key);
 bool kiln_instr_has_attr(const kiln_instr *ins, kiln_attr_key key);
 int64_t kiln_instr_attr_int(const kiln_instr *ins, kiln_attr_key key, int64_t dflt);
+
+/* Whether reduce-window rw is an inclusive prefix scan along one dimension
+ * (what cumsum, cumprod, cummax and cummin lower to): one input and its
+ * init, the window as long as that dimension with its length - 1 of low
+ * padding, every other window dimension 1, strides and dilations 1, result
+ * of the input's dims; *dim is that dimension. Code generation runs it as
+ * a scan, and fusion leaves it a kernel of its own. */
+bool kiln_reduce_window_is_scan(const kiln_module *m, const kiln_instr *rw, uint32_t *dim);
 /* The list of an INTS/SLICE/PADDING/PAIRS attribute, or NULL when absent. */
 const kiln_i64s *kiln_instr_attr_ints(const kiln_instr *ins, kiln_attr_key key);
 const char *kiln_instr_attr_str(const kiln_instr *ins, kiln_attr_key key);

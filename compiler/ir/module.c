@@ -229,3 +229,28 @@ void kiln_instr_where(const kiln_module *m, const kiln_instr *ins, char *buf, si
   const kiln_computation *c = kiln_module_computation(m, ins->comp);
   snprintf(buf, size, "%s/%s", c && c->name ? c->name : "?", ins->name ? ins->name : "?");
 }
+
+bool kiln_reduce_window_is_scan(const kiln_module *m, const kiln_instr *rw, uint32_t *dim) {
+  if (rw->op != KILN_OP_REDUCE_WINDOW || rw->noperands != 2 || rw->ncalled != 1) return false;
+  const kiln_shape *in = &m->instrs[rw->operands[0]]->shape;
+  const kiln_attr *wa = kiln_instr_attr(rw, KILN_ATTR_WINDOW);
+  const kiln_window *w = wa ? wa->v.window : NULL;
+  if (w == NULL || w->rank != in->rank || !kiln_shape_is_array(&rw->shape) ||
+      rw->shape.rank != in->rank || m->instrs[rw->operands[1]]->shape.rank != 0)
+    return false;
+  uint32_t found = UINT32_MAX;
+  for (uint32_t d = 0; d < in->rank; d++) {
+    const kiln_window_dim *wd = &w->dims[d];
+    if (rw->shape.dims[d] != in->dims[d] || wd->stride != 1 || wd->lhs_dilate != 1 ||
+        wd->rhs_dilate != 1 || wd->reversal || wd->pad_hi != 0)
+      return false;
+    if (wd->size == 1 && wd->pad_lo == 0) continue;
+    if (found != UINT32_MAX || in->dims[d] < 2 || wd->size != in->dims[d] ||
+        wd->pad_lo != in->dims[d] - 1)
+      return false;
+    found = d;
+  }
+  if (found == UINT32_MAX) return false;
+  *dim = found;
+  return true;
+}

@@ -652,8 +652,11 @@ static bool root_kind(const fctx *f, const kiln_instr *x, fkind *k) {
   }
   *k = K_LOOP;
   /* A pooling window reads its producers in place (a convolution's bias
-   * and relu are computed as the window reads them, not stored first). */
-  return loop_op(x) || (x->op == KILN_OP_REDUCE_WINDOW && x->noperands == 2);
+   * and relu are computed as the window reads them, not stored first); a
+   * prefix scan is a kernel of its own (one pass per row, codegen). */
+  uint32_t sd;
+  return loop_op(x) || (x->op == KILN_OP_REDUCE_WINDOW && x->noperands == 2 &&
+                        !kiln_reduce_window_is_scan(f->m, x, &sd));
 }
 
 #define MAX_CONE 32
