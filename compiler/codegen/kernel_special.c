@@ -1091,7 +1091,8 @@ int kiln__kernel_idot(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_g
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_sbuf_printf(&b, "  const %s *A = (const %s *)b%u;\n  const %s *B = (const %s *)b%u;\n", at,
                    at, k->binds[0].args[0], bt, bt, k->binds[1].args[0]);
-  kiln_sbuf_printf(&b, "  %s *C = (%s *)b%u;\n", acc, acc, k->out_arg[0]);
+  kiln_sbuf_printf(&b, "  %s *C = (%s *)b%u;\n  const int64_t lda = %lld;\n", acc, acc,
+                   k->out_arg[0], (long long)gm->lda);
   char loop[256];
   g->mod.target->range_loop(loop, sizeof loop, "r");
   kiln_sbuf_printf(&b, "  %s {\n", loop);
@@ -1108,7 +1109,7 @@ int kiln__kernel_idot(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_g
     kiln_sbuf_printf(&b, "    for (int64_t j = 0; j < %lld; j++) c[j] = 0;\n", (long long)gm->n);
     kiln_sbuf_printf(&b, "    for (int64_t kk = 0; kk < %lld; kk++) {\n", (long long)gm->k);
     kiln_sbuf_printf(&b, "      const %s av = (%s)(%s)a[%s];\n", acc, acc, rt,
-                     gm->trans_a ? "kk * LDA + i" : "i * LDA + kk");
+                     gm->trans_a ? "kk * lda + i" : "i * lda + kk");
     kiln_sbuf_printf(&b, "      const %s *br = bm + kk * %lld;\n", bt, (long long)gm->ldb);
     kiln_sbuf_printf(&b,
                      "      for (int64_t j = 0; j < %lld; j++) c[j] += av * (%s)(%s)br[j];\n"
@@ -1116,7 +1117,7 @@ int kiln__kernel_idot(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_g
                      (long long)gm->n, acc, rt);
   } else {
     /* B stored as [N, K]: C[i,j] = dot(A[i,:], B[j,:]), both contiguous. */
-    kiln_sbuf_printf(&b, "    const %s *ar = a + i * LDA;\n", at);
+    kiln_sbuf_printf(&b, "    const %s *ar = a + i * lda;\n", at);
     kiln_sbuf_printf(&b, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)gm->n);
     kiln_sbuf_printf(&b, "      const %s *br = bm + j * %lld;\n      %s s = 0;\n", bt,
                      (long long)gm->ldb, acc);
@@ -1126,16 +1127,9 @@ int kiln__kernel_idot(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_g
                      (long long)gm->k, acc, rt, acc, rt);
   }
   kiln_sbuf_puts(&b, "  }\n");
-  /* LDA written out where it is used. */
-  char lda[32];
-  snprintf(lda, sizeof lda, "%lld", (long long)gm->lda);
-  const char *from[] = {"LDA"}, *to[] = {lda};
-  kiln_sbuf out = KILN_SBUF_INIT;
-  expand(&out, kiln_sbuf_str(&b), from, to, 1, g->nkernels);
-  kiln_sbuf_free(&b);
   *kernel = g->nkernels;
   *range = (uint64_t)(gm->batch * gm->m);
-  kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
-  kiln_sbuf_free(&out);
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&b), *range);
+  kiln_sbuf_free(&b);
   return 0;
 }
