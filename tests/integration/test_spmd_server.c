@@ -226,6 +226,16 @@ START_TEST(test_auto_shard_level3) {
                    0);
   ck_assert(e->per_device);
   kiln_remote_executable_free(e);
+  /* a mesh of more axes than the planner takes is refused, naming it */
+  int64_t m5[5] = {1, 1, 1, 1, 4};
+  o.optimization_level = 3, o.mesh_shape = m5, o.nmesh_shape = 5;
+  kiln_status_clear(&st);
+  e = NULL;
+  ck_assert_int_ne(kiln_client_compile_text(c, plain_mlp_hlo, strlen(plain_mlp_hlo), &o, &e, &st),
+                   0);
+  ck_assert_int_eq(kiln_rpc_status_code(&st), KILN_RPC_INVALID_ARGUMENT);
+  ck_assert_msg(strstr(st.msg, "auto-sharding takes at most 4") != NULL, "%s: %s", st.where,
+                st.msg);
   kiln_test_args_free(args, n);
   kiln_remote_executable_free(ref);
   kiln_client_close(c);

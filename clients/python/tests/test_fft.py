@@ -91,3 +91,9 @@ def test_complex_parts(server):
     np.testing.assert_allclose(np.asarray(jnp.angle(x, deg=True)), np.angle(x, deg=True),
                                rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(jnp.imag(x)), np.zeros(4, np.float32))
+
+
+def test_complex_refuses_integers(server):
+    i = np.arange(4, dtype=np.int32)
+    with pytest.raises(TypeError, match="kiln.lax.complex: operands must be f32 or f64"):
+        kiln.jit(lambda a, b: kiln.lax.complex(a, b))(i, i)
