@@ -421,17 +421,89 @@ out_free:
   return rc;
 }
 
+/* Whether member ins of a kernel has one value whatever the element: a
+ * single element computed, through ops that read no index, from kernel
+ * inputs and from members that have one value too (ok[], by id). */
+static bool one_value(const kiln__emit_fn *f, const kiln_instr *ins, const uint8_t *ok) {
+  const kiln_module *m = f->mod->m;
+  uint32_t fl = kiln_opcode_flags(ins->op);
+  if (kiln_shape_is_tuple(&ins->shape) || kiln_shape_elements(&ins->shape) != 1) return false;
+  if (fl & (KILN_OPF_RANDOM | KILN_OPF_SIDE_EFFECT)) return false;
+  switch (ins->op) {
+  case KILN_OP_CONSTANT:
+  case KILN_OP_BROADCAST:
+  case KILN_OP_RESHAPE:
+  case KILN_OP_BITCAST:
+  case KILN_OP_COPY:
+  case KILN_OP_SLICE:
+  case KILN_OP_TRANSPOSE: break;
+  default:
+    if (!(fl & KILN_OPF_ELEMENTWISE)) return false;
+  }
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    kiln_id o = ins->operands[k];
+    if (o >= m->ninstrs) return false;
+    if (f->in_first[o] == KILN__NO_INPUT && !ok[o]) return false;
+  }
+  return true;
+}
+
+/* Computes once, before the loop over the elements (into *top), the
+ * members that have one value for the whole kernel (one_value: Adam's bias
+ * corrections 1 - b^t of a step count, a learning rate times a scalar)
+ * and binds each to its C variable, so that the loop reads it instead of
+ * computing it again per element; only computations are hoisted, not the
+ * constants and reshapes they read, which cost nothing in the loop. */
+static int hoist_scalars(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_fn *f,
+                         kiln_sbuf *top) {
+  const kiln_module *m = g->mod.m;
+  kiln_id *mem = NULL;
+  uint32_t n = 0;
+  int rc = kernel_members(f, k->root, &mem, &n);
+  uint8_t *ok = rc == 0 ? kiln_calloc(m->ninstrs ? m->ninstrs : 1, 1) : NULL;
+  if (rc == 0 && ok == NULL) rc = KILN_ENOMEM;
+  kiln_sbuf *body = f->out;
+  int indent = f->indent;
+  f->out = top;
+  f->indent = 1;
+  for (uint32_t i = 0; rc == 0 && i < n; i++) {
+    const kiln_instr *x = m->instrs[mem[i]];
+    if (!one_value(f, x, ok)) continue;
+    ok[x->id] = 1;
+    if (x->op == KILN_OP_CONSTANT || x->op == KILN_OP_CONVERT ||
+        !(kiln_opcode_flags(x->op) & KILN_OPF_ELEMENTWISE))
+      continue;
+    kiln__ix y;
+    if ((rc = kiln__ix_new(f, x->shape.rank, &y))) break;
+    for (uint32_t d = 0; d < x->shape.rank; d++) kiln__ix_set(&y, d, "0");
+    uint32_t v;
+    if ((rc = kiln__emit_value1(f, x->id, &y, &v))) break;
+    char name[16];
+    const char *nm = name;
+    snprintf(name, sizeof name, "v%u", v);
+    rc = kiln__emit_bind(f, x->id, NULL, NULL, &nm, 1);
+  }
+  f->out = body;
+  f->indent = indent;
+  kiln_free(mem);
+  kiln_free(ok);
+  if (rc == KILN_ENOMEM) return kiln_status_set(g->st, rc, "codegen", "out of memory");
+  return rc;
+}
+
 /* One form of the loop kernel; *used says whether the body read the
  * logical index (flat form) so the caller may prefer rows. */
 static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, kiln_sbuf *out,
                      bool *used) {
   const kiln_shape *s = k->out_shape[0];
   uint32_t r = s->rank;
-  kiln_sbuf body = KILN_SBUF_INIT, pre = KILN_SBUF_INIT;
+  kiln_sbuf body = KILN_SBUF_INIT, pre = KILN_SBUF_INIT, top = KILN_SBUF_INIT;
   kiln__emit_fn f;
   int indent = rows ? 3 : 2;
   int rc = kiln__kernel_begin(g, k, &body, &f, indent);
   kiln__ix x;
+  if (rc == 0) rc = hoist_scalars(g, k, &f, &top);
+  if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0 && rows) rc = hoist_rows(g, k, &f, &pre);
   if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) rc = kiln__ix_new(&f, r, &x);
@@ -458,6 +530,7 @@ static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, ki
   *used = f.used_root;
   char loop[256];
   g->mod.target->range_loop(loop, sizeof loop, rows ? "r" : "i");
+  kiln_sbuf_puts(out, kiln_sbuf_str(&top));
   kiln_sbuf_printf(out, "  %s {\n", loop);
   if (rows) {
     kiln__kernel_decompose(out, s, "r", 1, "o", 2);
@@ -474,6 +547,7 @@ out:
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
   kiln_sbuf_free(&pre);
+  kiln_sbuf_free(&top);
   return rc;
 }
 

@@ -1079,6 +1079,44 @@ START_TEST(row_kernel_source) {
 }
 END_TEST
 
+/* A computation of one value for the whole kernel (Adam's bias correction
+ * 1 - 0.9^t of a step count t) is computed once, before the loop over the
+ * elements, and the loop reads its variable. */
+START_TEST(scalar_hoisted_before_loop) {
+  char dir[] = "/tmp/kiln-cgsc-XXXXXX", path[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  const char *hlo =
+      "HloModule adam\nENTRY main {\n  p = f32[64,128] parameter(0)\n  m = f32[64,128] "
+      "parameter(1)\n  t = f32[1] parameter(2)\n  b = f32[1] constant({0.9})\n"
+      "  bt = f32[1] power(b, t)\n  one = f32[1] constant({1})\n  c = f32[1] subtract(one, bt)\n"
+      "  cs = f32[] reshape(c)\n  cb = f32[64,128] broadcast(cs), dimensions={}\n"
+      "  mh = f32[64,128] divide(m, cb)\n  ROOT o = f32[64,128] subtract(p, mh)\n}\n";
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  static char src[1 << 20];
+  size_t n = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[n] = 0;
+  const char *k0 = strstr(src, "void kiln_kernel_0");
+  ck_assert_ptr_nonnull(k0);
+  const char *pw = strstr(k0, "kpowd("), *loop = strstr(k0, "for (");
+  ck_assert_ptr_nonnull(pw);
+  ck_assert_ptr_nonnull(loop);
+  ck_assert_msg(pw < loop, "the power is computed in the loop:\n%s", k0);
+  ck_assert_ptr_null(strstr(loop, "kpowd("));
+  cg_check_full(hlo, 9, false, 4 * KILN_TOL_F32_EPS, 2, false);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* A divide by a value computed once per row multiplies by its reciprocal
  * (emit_elementwise.c), except where the reciprocal would be subnormal
  * and flushed to zero: here every row's divisor is at least 1e38. */
@@ -1680,6 +1718,7 @@ int main(void) {
   tcase_add_test(tf, compiler_failure_and_timeout);
   tcase_add_test(tf, no_client_strings_in_source);
   tcase_add_test(tf, row_kernel_source);
+  tcase_add_test(tf, scalar_hoisted_before_loop);
   tcase_add_test(tf, row_divide_reciprocal);
   tcase_add_test(tf, serialized_executable_runs);
   tcase_add_test(tf, out_of_memory_everywhere);
