@@ -229,6 +229,29 @@ static int finish_accs(kiln__emit_fn *f, const kiln_instr *ins, accs *a, const u
 
 #define ROW_LANES 16
 
+/* The reduced dims of input shape in (red[d]) in the order their loops
+ * nest, outermost first: the input's physical order, major to minor, so
+ * that the innermost loop walks memory with the smallest stride (the
+ * logical order for the default layout). Accumulators of f16 or bf16,
+ * rounded after every step, keep the logical order, the interpreter's:
+ * another order changes their sum by far more than f32's reassociation
+ * does. Returns their count. */
+static uint32_t reduced_order(const kiln_shape *in, const bool *red, const accs *a, int64_t *ord) {
+  int64_t m2m[KILN__EMIT_MAXR];
+  uint32_t n = 0;
+  bool narrow = false;
+  for (uint32_t i = 0; i < a->n; i++) narrow |= a->t[i] == KILN_F16 || a->t[i] == KILN_BF16;
+  if (narrow) {
+    for (uint32_t d = 0; d < in->rank; d++)
+      if (red[d]) ord[n++] = d;
+    return n;
+  }
+  kiln_shape_minor_to_major(in, m2m);
+  for (uint32_t q = in->rank; q-- > 0;)
+    if (red[m2m[q]]) ord[n++] = m2m[q];
+  return n;
+}
+
 /* The identity of reducer comp on float type t (a C literal), or NULL when
  * comp is not add/max/min of its two parameters of type t. */
 static const char *lane_identity(const kiln_module *m, uint32_t comp, kiln_dtype t) {
@@ -281,17 +304,21 @@ static int reduce_lanes(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix 
   if (rc == 0) rc = kiln__ix_new(f, in->rank, &t);
   if (rc) return rc;
   for (uint32_t d = 0, j = 0; d < in->rank; d++) {
-    if (!red[d]) {
-      const char *c = kiln__ix_get(f, x, j++);
-      kiln__ix_set(&y, d, "%s", c);
-      kiln__ix_set(&t, d, "%s", c);
-    } else if (d != last) {
-      uint32_t r = kiln__emit_newvar(f);
-      marks[nl++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", r, r,
-                                    (long long)in->dims[d], r);
-      kiln__ix_set(&y, d, "r%u", r);
-      kiln__ix_set(&t, d, "r%u", r);
-    }
+    if (red[d]) continue;
+    const char *c = kiln__ix_get(f, x, j++);
+    kiln__ix_set(&y, d, "%s", c);
+    kiln__ix_set(&t, d, "%s", c);
+  }
+  int64_t ord[KILN__EMIT_MAXR];
+  uint32_t nord = reduced_order(in, red, a, ord);
+  for (uint32_t q = 0; q < nord; q++) {
+    int64_t d = ord[q];
+    if (d == (int64_t)last) continue;
+    uint32_t r = kiln__emit_newvar(f);
+    marks[nl++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", r, r,
+                                  (long long)in->dims[d], r);
+    kiln__ix_set(&y, (uint32_t)d, "r%u", r);
+    kiln__ix_set(&t, (uint32_t)d, "r%u", r);
   }
   long long len = (long long)in->dims[last], full = len - len % ROW_LANES;
   uint32_t r = kiln__emit_newvar(f), l = kiln__emit_newvar(f), q = kiln__emit_newvar(f);
@@ -326,16 +353,14 @@ static int reduce_lanes(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix 
 }
 
 /* The reduced dim the lanes run over: the input's physically minor dim,
- * when it is reduced, the last reduced dim in logical order (the innermost
- * loop) and long enough; else -1. */
+ * when it is reduced (then it is the innermost loop: reduced_order) and
+ * long enough; else -1. */
 static int lanes_dim(const kiln_shape *in, const bool *red) {
   int64_t m2m[KILN__EMIT_MAXR];
   if (in->rank == 0) return -1;
   kiln_shape_minor_to_major(in, m2m);
   int64_t d = m2m[0];
   if (!red[d] || in->dims[d] < 2 * ROW_LANES) return -1;
-  for (uint32_t e = (uint32_t)d + 1; e < in->rank; e++)
-    if (red[e]) return -1;
   return (int)d;
 }
 
@@ -362,15 +387,16 @@ static int reduce(kiln__emit_fn *f, const kiln_instr *ins, const kiln__ix *x, co
   kiln__ix y;
   if ((rc = kiln__ix_new(f, in->rank, &y))) return rc;
   uint32_t marks[KILN__EMIT_MAXR], nl = 0;
-  for (uint32_t d = 0, j = 0; d < in->rank; d++) {
-    if (!red[d]) {
-      kiln__ix_set(&y, d, "%s", kiln__ix_get(f, x, j++));
-      continue;
-    }
+  for (uint32_t d = 0, j = 0; d < in->rank; d++)
+    if (!red[d]) kiln__ix_set(&y, d, "%s", kiln__ix_get(f, x, j++));
+  int64_t ord[KILN__EMIT_MAXR];
+  uint32_t nord = reduced_order(in, red, &a, ord);
+  for (uint32_t q = 0; q < nord; q++) {
+    int64_t d = ord[q];
     uint32_t r = kiln__emit_newvar(f);
     marks[nl++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", r, r,
                                   (long long)in->dims[d], r);
-    kiln__ix_set(&y, d, "r%u", r);
+    kiln__ix_set(&y, (uint32_t)d, "r%u", r);
   }
   rc = combine(f, ins, &a, &y);
   while (nl-- > 0) kiln__emit_close(f, marks[nl], NULL);

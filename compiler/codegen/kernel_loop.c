@@ -576,10 +576,13 @@ static bool plain_type(kiln_dtype t) {
  * reduce of one input, every type the same and held in the buffer as it is
  * computed (the accumulator lives in the output between rows), an output
  * that no input shares, and in the input's layout the reduced dims all
- * more major than the kept ones, which keep their order in the output's
- * layout (so that consecutive outputs read consecutive input elements). */
+ * more major than the kept ones. *perm is set when the kept ones do not
+ * keep their order in the output's layout (a reduce of a transpose): the
+ * loop then runs over the outputs in the input's order, so that
+ * consecutive iterations still read consecutive input elements, and
+ * stores each where the output's layout puts it. */
 static const kiln_instr *rows_reduce1(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t o,
-                                      bool *red) {
+                                      bool *red, bool *perm) {
   const kiln_module *m = g->mod.m;
   uint32_t leaf = k->out_leaf[o];
   if (k->arg_shared && k->arg_shared[k->out_arg[o]]) return NULL;
@@ -609,9 +612,11 @@ static const kiln_instr *rows_reduce1(kiln__codegen *g, const kiln__kernel_spec 
   kiln_shape_minor_to_major(in, im);
   kiln_shape_minor_to_major(os, om);
   for (uint32_t d = 0, j = 0; d < in->rank; d++) out_dim[d] = red[d] ? -1 : (int64_t)j++;
+  *perm = false;
   for (uint32_t q = 0; q < in->rank; q++) {
     bool kept = q < os->rank;
-    if (red[im[q]] == kept || (kept && out_dim[im[q]] != om[q])) return NULL;
+    if (red[im[q]] == kept) return NULL;
+    if (kept && out_dim[im[q]] != om[q]) *perm = true;
   }
   return r;
 }
@@ -625,8 +630,8 @@ static bool rows_reduces(kiln__codegen *g, const kiln__kernel_spec *k, bool *red
   const kiln_module *m = g->mod.m;
   if (k->nouts == 0 || k->nouts > MAX_ROW_OUTS) return false;
   for (uint32_t o = 0; o < k->nouts; o++) {
-    bool red1[KILN__EMIT_MAXR];
-    const kiln_instr *r = rows_reduce1(g, k, o, o ? red1 : red);
+    bool red1[KILN__EMIT_MAXR], perm;
+    const kiln_instr *r = rows_reduce1(g, k, o, o ? red1 : red, &perm);
     if (r == NULL) return false;
     for (uint32_t j = 0; j < o; j++) /* two outputs of one reduce: not the row form */
       if (rs[j] == r) return false;
@@ -666,15 +671,41 @@ static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_
   }
   if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
   if (rc) goto out;
-  char loop[256];
-  g->mod.target->range_loop(loop, sizeof loop, "i");
-  if (nr == 1) {
-    kiln__emit_line(&f, "%s b%u[i] = v%u;", loop, k->out_arg[0], init[0]);
-  } else {
-    uint32_t mark = kiln__emit_open(&f, "%s", loop);
-    for (uint32_t o = 0; o < nr; o++) kiln__emit_line(&f, "b%u[i] = v%u;", k->out_arg[o], init[o]);
-    kiln__emit_close(&f, mark, NULL);
+  /* The order of the loop over the outputs: the output's layout, or the
+   * kept dims in the input's (rows_reduce1's *perm); then `at` is where
+   * output i goes in the buffer. */
+  kiln_shape vs = *os;
+  kiln_layout vl = {0};
+  int64_t vm[KILN__EMIT_MAXR], im[KILN__EMIT_MAXR];
+  bool perm = false;
+  kiln_shape_minor_to_major(&in->shape, im);
+  for (uint32_t q = 0, j = 0; q < in->shape.rank; q++) {
+    if (red[im[q]]) continue;
+    int64_t od = 0; /* the output dim of input dim im[q] */
+    for (int64_t d = 0; d < im[q]; d++) od += !red[d];
+    vm[j++] = od;
   }
+  int64_t om[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(os, om);
+  for (uint32_t q = 0; q < os->rank; q++) perm |= vm[q] != om[q];
+  if (perm) {
+    vl.minor_to_major = vm;
+    vl.rank = os->rank;
+    vs.layout = &vl;
+  }
+  char loop[256], at[512] = "i";
+  g->mod.target->range_loop(loop, sizeof loop, "i");
+  kiln__ix ox;
+  if (perm) {
+    if ((rc = kiln__ix_new(&f, os->rank, &ox))) goto out;
+    for (uint32_t d = 0; d < os->rank; d++) kiln__ix_set(&ox, d, "o%u", d);
+    kiln__ix_offset(&f, &ox, os, at, sizeof at);
+  }
+  uint32_t mark = kiln__emit_open(&f, "%s", loop);
+  if (perm) kiln__kernel_decompose(f.out, &vs, "i", 0, "o", f.indent);
+  for (uint32_t o = 0; o < nr; o++)
+    kiln__emit_line(&f, "b%u[%s] = v%u;", k->out_arg[o], at, init[o]);
+  kiln__emit_close(&f, mark, NULL);
   for (uint32_t d = 0, j = 0; d < in->shape.rank; d++) {
     if (!red[d]) {
       kiln__ix_set(&y, d, "o%u", j++);
@@ -686,15 +717,15 @@ static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_
     kiln__ix_set(&y, d, "r%u", rv);
   }
   marks[nl++] = kiln__emit_open(&f, "%s", loop);
-  kiln__kernel_decompose(f.out, os, "i", 0, "o", f.indent);
+  kiln__kernel_decompose(f.out, &vs, "i", 0, "o", f.indent);
   for (uint32_t o = 0; o < nr && rc == 0; o++) {
     uint32_t v, acc = kiln__emit_newvar(&f), ob = k->out_arg[o];
     rc = kiln__emit_value1(&f, rs[o]->operands[0], &y, &v);
     if (rc == 0) {
       uint32_t args[2] = {acc, v};
-      kiln__emit_line(&f, "%s v%u = b%u[i];", t, acc, ob);
+      kiln__emit_line(&f, "%s v%u = b%u[%s];", t, acc, ob, at);
       kiln__emit_call_fn(&f, fn[o], args, 2, &acc, 1);
-      kiln__emit_line(&f, "b%u[i] = v%u;", ob, acc);
+      kiln__emit_line(&f, "b%u[%s] = v%u;", ob, at, acc);
     }
   }
   while (nl-- > 0) kiln__emit_close(&f, marks[nl], NULL);

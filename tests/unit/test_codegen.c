@@ -1117,6 +1117,43 @@ START_TEST(scalar_hoisted_before_loop) {
 }
 END_TEST
 
+/* A reduce over the major dim of a transposed value (a per-example
+ * gradient's batch sum): the kept dims run in the input's order, so the
+ * loop reads the input consecutively, and each output is stored where the
+ * output's layout puts it. */
+START_TEST(reduce_rows_permuted) {
+  char dir[] = "/tmp/kiln-cgpr-XXXXXX", path[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  const char *hlo =
+      "HloModule permred\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+      "add(a, b) }\nENTRY main {\n  p = f32[16,8,24] parameter(0)\n  s = f32[16] parameter(1)\n"
+      "  t = f32[16,24,8]{1,2,0} transpose(p), dimensions={0,2,1}\n"
+      "  sb = f32[16,24,8]{1,2,0} broadcast(s), dimensions={0}\n"
+      "  m = f32[16,24,8]{1,2,0} multiply(t, sb)\n  z = f32[] constant(0)\n"
+      "  ROOT r = f32[24,8] reduce(m, z), dimensions={0}, to_apply=ad\n}\n";
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  static char src[1 << 20];
+  size_t n = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[n] = 0;
+  /* The input is read at r * 192 + o1 * 24 + o0, o0 the fastest. */
+  ck_assert_msg(strstr(src, "o1 * 24 + o0]") != NULL, "not in the input's order:\n%s", src);
+  ck_assert_msg(strstr(src, "[o0 * 8 + o1]") != NULL, "not stored by the output's layout:\n%s",
+                src);
+  cg_check_full(hlo, 11, false, 4 * kiln_tol_reduce_f32(16), 2, false);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* A divide by a value computed once per row multiplies by its reciprocal
  * (emit_elementwise.c), except where the reciprocal would be subnormal
  * and flushed to zero: here every row's divisor is at least 1e38. */
@@ -1719,6 +1756,7 @@ int main(void) {
   tcase_add_test(tf, no_client_strings_in_source);
   tcase_add_test(tf, row_kernel_source);
   tcase_add_test(tf, scalar_hoisted_before_loop);
+  tcase_add_test(tf, reduce_rows_permuted);
   tcase_add_test(tf, row_divide_reciprocal);
   tcase_add_test(tf, serialized_executable_runs);
   tcase_add_test(tf, out_of_memory_everywhere);
