@@ -1154,6 +1154,38 @@ START_TEST(reduce_rows_permuted) {
 }
 END_TEST
 
+/* A reduce over dims {1,2} of a [4,64,32]{1,2,0} value: dim 1 is the
+ * physically minor one, so its loop is innermost and runs in vector lanes,
+ * though dim 2 comes after it logically. */
+START_TEST(reduce_loops_physical_order) {
+  char dir[] = "/tmp/kiln-cgpo-XXXXXX", path[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  const char *hlo =
+      "HloModule po\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+      "add(a, b) }\nENTRY main {\n  p = f32[4,64,32]{1,2,0} parameter(0)\n"
+      "  q = f32[4,64,32]{1,2,0} multiply(p, p)\n  z = f32[] constant(0)\n"
+      "  ROOT r = f32[4] reduce(q, z), dimensions={1,2}, to_apply=ad\n}\n";
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  static char src[1 << 20];
+  size_t n = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[n] = 0;
+  ck_assert_ptr_nonnull(strstr(src, "l < 16; l++)"));
+  ck_assert_ptr_nonnull(strstr(src, "o0 * 2048 + (r"));
+  cg_check_full(hlo, 13, false, 4 * kiln_tol_reduce_f32(2048), 2, false);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* A divide by a value computed once per row multiplies by its reciprocal
  * (emit_elementwise.c), except where the reciprocal would be subnormal
  * and flushed to zero: here every row's divisor is at least 1e38. */
@@ -1757,6 +1789,7 @@ int main(void) {
   tcase_add_test(tf, row_kernel_source);
   tcase_add_test(tf, scalar_hoisted_before_loop);
   tcase_add_test(tf, reduce_rows_permuted);
+  tcase_add_test(tf, reduce_loops_physical_order);
   tcase_add_test(tf, row_divide_reciprocal);
   tcase_add_test(tf, serialized_executable_runs);
   tcase_add_test(tf, out_of_memory_everywhere);
