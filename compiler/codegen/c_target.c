@@ -87,6 +87,17 @@ static const char prelude[] =
     "#endif\n"
     "#define KI static inline __attribute__((unused))\n"
     "#define KCLZ64(x) __builtin_clzll(x)\n"
+    /* f32 sin, cos and tan come from glibc's vector math library
+     * (libmvec, linked by cc.c on x86-64): declared with their SIMD
+     * variants, GCC calls _ZGV*v_sinf on whole vectors, so a loop that
+     * holds them still vectorizes (digamma's reflection, rotary
+     * embeddings), within a few ULP (tolerance.h) */
+    "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"
+    "#define KSIMD __attribute__((simd(\"notinbranch\"), const, nothrow))\n"
+    "#else\n"
+    "#define KSIMD\n"
+    "#endif\n"
+    "float sinf(float) KSIMD; float cosf(float) KSIMD; float tanf(float) KSIMD;\n"
     /* row kernels (kernel_loop.c): GCC vectorizes for 256 bits unless told
      * that a function prefers 512 (nothing on a machine without them) */
     "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"

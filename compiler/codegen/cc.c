@@ -668,6 +668,9 @@ static void link_args(build *b, const kiln__cc_options *o, const char *so_path,
   a[n++] = so_path;
   for (uint32_t u = 0; u < b->sp.nunits; u++) a[n++] = b->paths[u];
   a[n++] = glue_path;
+#if defined(__x86_64__) && defined(__linux__)
+  a[n++] = "-lmvec"; /* the f32 sin/cos/tan vector variants (c_target.c) */
+#endif
   a[n++] = "-lm";
   if (lean) a[n++] = "-lgcc";
   a[n] = NULL;

@@ -412,8 +412,11 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(sqrtf) \
   X(cbrt) \
   X(cos) \
+  X(cosf) \
   X(sin) \
+  X(sinf) \
   X(tan) \
+  X(tanf) \
   X(tanh) \
   X(erf) \
   X(exp) \

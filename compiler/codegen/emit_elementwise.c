@@ -81,6 +81,9 @@ static const char *float_f32_unary(kiln_opcode op) {
   case KILN_OP_LOG1P: return "klog1pf";
   case KILN_OP_LOGISTIC: return "klogisticf";
   case KILN_OP_TANH: return "ktanhf";
+  case KILN_OP_SIN: return "sinf"; /* libmvec's on x86-64 (c_target.c) */
+  case KILN_OP_COS: return "cosf";
+  case KILN_OP_TAN: return "tanf";
   default: return NULL;
   }
 }

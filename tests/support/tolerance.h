@@ -38,6 +38,10 @@
 #define KILN_TOL_ULP_TANH 3
 #define KILN_TOL_ULP_LOGISTIC 3
 #define KILN_TOL_ULP_ERF 3
+/* sin, cos, tan: glibc's vector math library (libmvec) on x86-64. */
+#define KILN_TOL_ULP_SIN 2
+#define KILN_TOL_ULP_COS 2
+#define KILN_TOL_ULP_TAN 3
 #define KILN_TOL_ULP_MAX 3 /* the largest of the above */
 
 /* Relative tolerance (of max(1, |result|)) of an f32 reduction over n

@@ -1376,6 +1376,9 @@ START_TEST(f32_math_ulp_bounds) {
       {"tanh", tanh, KILN_TOL_ULP_TANH},
       {"logistic", ref_logistic, KILN_TOL_ULP_LOGISTIC},
       {"erf", erf, KILN_TOL_ULP_ERF},
+      {"sine", sin, KILN_TOL_ULP_SIN},
+      {"cosine", cos, KILN_TOL_ULP_COS},
+      {"tan", tan, KILN_TOL_ULP_TAN},
   };
   enum { NF = sizeof fns / sizeof fns[0] };
   static const float edges[] = {0.0f,    -0.0f,     INFINITY,   -INFINITY, NAN,       1.0f,
