@@ -1156,7 +1156,18 @@ static bool manual_operand(const part *p, const kiln_instr *ins) {
   return false;
 }
 
-/* A region's entry (xla.sdy.GlobalToLocalShape): each operand's shard
+/* Whether global shape gs tiled by t has shards of exactly shape ls. */
+static bool local_shape_ok(const kiln_shape *gs, const kiln_shape *ls, const spmd_tiling *t) {
+  if (gs->rank != ls->rank) return false;
+  for (uint32_t d = 0; d < gs->rank; d++)
+    if (gs->dims[d] % t->tiles[d] != 0 || gs->dims[d] / t->tiles[d] != ls->dims[d]) return false;
+  return true;
+}
+
+static int wanted(part *p, const kiln_instr *ins, spmd_tiling **want, spmd_tiling ***elems);
+
+/* A region's entry (xla.sdy.GlobalToLocalShape, or XLA's
+ * SPMDFullToShardShape): each operand's shard
  * under its in_sharding, which must be the region's local shape; inside
  * the region (its values' users up to the LocalToGlobalShape) every op
  * runs per device as written, its collectives included. */
@@ -1164,7 +1175,22 @@ static int build_manual(part *p, const kiln_instr *ins) {
   char where[200];
   kiln_instr_where(p->m, ins, where, sizeof where);
   kiln_id out;
-  if (is_target(ins, "xla.sdy.GlobalToLocalShape")) {
+  if (is_target(ins, "SPMDFullToShardShape")) {
+    /* XLA's form: the operand's own sharding (the Sharding annotation in
+     * front of it) says which shard each device's local value is. */
+    spmd_tiling *t, **elems;
+    kiln_id o = ins->operands[0];
+    const kiln_shape *gs = ins->noperands == 1 ? gshape(p, o) : NULL;
+    if (gs == NULL || !is_array(gs) || !is_array(&ins->shape) || gs->rank != ins->shape.rank)
+      return fail(p, ins, KILN_EINVAL, "SPMDFullToShardShape: one array in, one out, one rank");
+    int rc = wanted(p, p->m->instrs[o], &t, &elems);
+    if (rc) return p->tx->err = rc;
+    if (!local_shape_ok(gs, &ins->shape, t))
+      return fail(p, ins, KILN_EINVAL,
+                  "SPMDFullToShardShape: the operand's shard under its sharding is not the "
+                  "region's local shape (shard_map needs dims that divide evenly)");
+    out = local_as(p, o, t);
+  } else if (is_target(ins, "xla.sdy.GlobalToLocalShape")) {
     bool tuple = kiln_shape_is_tuple(&ins->shape);
     if (ins->noperands == 0 || ins->noperands > 64 ||
         (tuple && ins->shape.rank != ins->noperands) || (!tuple && ins->noperands != 1))
@@ -1182,12 +1208,10 @@ static int build_manual(part *p, const kiln_instr *ins) {
       int rc = kiln__sdy_region_sharding(p->a, p->m, ins, i, gs->rank, &sh, p->tx->st);
       if (rc == 0) rc = kiln__tiling_from_sharding(p->a, sh, gs->rank, p->n, where, &t, p->tx->st);
       if (rc) return p->tx->err = rc;
-      for (uint32_t d = 0; d < gs->rank; d++)
-        if (kiln__shard_size(gs->dims[d], t->tiles[d]) != ls->dims[d] ||
-            gs->dims[d] % t->tiles[d] != 0)
-          return fail(p, ins, KILN_EINVAL,
-                      "GlobalToLocalShape: an operand's shard is not the region's local shape "
-                      "(shard_map needs dims that divide evenly)");
+      if (!local_shape_ok(gs, ls, t))
+        return fail(p, ins, KILN_EINVAL,
+                    "GlobalToLocalShape: an operand's shard is not the region's local shape "
+                    "(shard_map needs dims that divide evenly)");
       xs[i] = local_as(p, ins->operands[i], t);
     }
     out = tuple ? kiln__b_tuple(&p->b, xs, ins->noperands) : xs[0];
@@ -1211,8 +1235,9 @@ static int build_manual(part *p, const kiln_instr *ins) {
   return p->tx->err;
 }
 
-/* A region's exit (xla.sdy.LocalToGlobalShape): each device's value is its
- * shard of the result under out_shardings. */
+/* A region's exit (xla.sdy.LocalToGlobalShape, or XLA's
+ * SPMDShardToFullShape): each device's value is its shard of the result
+ * under out_shardings (XLA's: the exit's own sharding). */
 static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **got, kiln_id *out) {
   char where[200];
   kiln_instr_where(p->m, ins, where, sizeof where);
@@ -1222,14 +1247,19 @@ static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **go
   spmd_tiling *t;
   if (ins->noperands != 1 || !is_array(&ins->shape) || !is_array(ls) || ls->rank != ins->shape.rank)
     return fail(p, ins, KILN_EUNIMPL, "LocalToGlobalShape: one array in, one out");
-  int rc = kiln__sdy_region_sharding(p->a, p->m, ins, 0, ins->shape.rank, &sh, p->tx->st);
+  int rc = 0;
+  if (is_target(ins, "SPMDShardToFullShape")) { /* XLA's form: its own sharding */
+    const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+    sh = sa ? sa->v.sharding : NULL;
+  } else {
+    rc = kiln__sdy_region_sharding(p->a, p->m, ins, 0, ins->shape.rank, &sh, p->tx->st);
+  }
   if (rc == 0)
     rc = kiln__tiling_from_sharding(p->a, sh, ins->shape.rank, p->n, where, &t, p->tx->st);
   if (rc) return p->tx->err = rc;
-  for (uint32_t d = 0; d < ls->rank; d++)
-    if (ins->shape.dims[d] != ls->dims[d] * t->tiles[d])
-      return fail(p, ins, KILN_EINVAL,
-                  "LocalToGlobalShape: the region's local shape is not a shard of the result");
+  if (!local_shape_ok(&ins->shape, ls, t))
+    return fail(p, ins, KILN_EINVAL,
+                "LocalToGlobalShape: the region's local shape is not a shard of the result");
   *out = p->local[o];
   *got = t;
   return 0;
@@ -1375,8 +1405,11 @@ static bool try_reduce_scatter(part *p, const kiln_shape *g, const spmd_tiling *
 
 static int build(part *p, const kiln_instr *ins) {
   spmd_tiling *want, **elems;
-  bool exit = is_target(ins, "xla.sdy.LocalToGlobalShape") && manual_operand(p, ins);
-  if (!exit && (is_target(ins, "xla.sdy.GlobalToLocalShape") || manual_operand(p, ins)))
+  bool exit =
+      (is_target(ins, "xla.sdy.LocalToGlobalShape") || is_target(ins, "SPMDShardToFullShape")) &&
+      manual_operand(p, ins);
+  if (!exit && (is_target(ins, "xla.sdy.GlobalToLocalShape") ||
+                is_target(ins, "SPMDFullToShardShape") || manual_operand(p, ins)))
     return build_manual(p, ins);
   int rc = wanted(p, ins, &want, &elems);
   if (rc) {

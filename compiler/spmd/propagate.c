@@ -241,6 +241,14 @@ static bool tuple_step(prop *p, const kiln_instr *ins) {
 
 /* ---- seeds and results --------------------------------------------------- */
 
+/* {manual}, or a tiling with a manual subgroup (last_tile_dims={manual}). */
+static bool sharding_is_manual(const kiln_sharding *s) {
+  if (s->kind == KILN_SHARD_MANUAL) return true;
+  for (uint32_t i = 0; s->kind == KILN_SHARD_TILED && i < s->last_tile_dims.n; i++)
+    if (s->last_tile_dims.v[i] == KILN_SHARD_MANUAL) return true;
+  return false;
+}
+
 static int seed(prop *p, const kiln_instr *ins) {
   char where[200];
   kiln_instr_where(p->m, ins, where, sizeof where);
@@ -250,6 +258,10 @@ static int seed(prop *p, const kiln_instr *ins) {
   if (tuple_tracked(ins) && (rc = ensure_elems(p, ins->id)))
     return kiln_status_set(p->st, rc, where, "out of memory");
   if (s == NULL) return 0;
+  /* A manual sharding on an annotation marks a value of a shard_map
+   * region (XLA's SPMDFullToShardShape form), built per device as written
+   * by the partitioner: nothing to propagate. Elsewhere it is refused. */
+  if (ins->op == KILN_OP_CUSTOM_CALL && sharding_is_manual(s)) return 0;
   if (is_array(p, ins->id)) {
     if ((rc = kiln__tiling_from_sharding(p->a, s, ins->shape.rank, p->n, where, &p->t[ins->id],
                                          p->st)))
@@ -324,7 +336,9 @@ bool kiln_spmd_module_is_sharded(const kiln_module *m) {
     const char *t = ins->op == KILN_OP_CUSTOM_CALL
                         ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
                         : NULL;
-    if (t && strcmp(t, "xla.sdy.GlobalToLocalShape") == 0) return true;
+    if (t &&
+        (strcmp(t, "xla.sdy.GlobalToLocalShape") == 0 || strcmp(t, "SPMDFullToShardShape") == 0))
+      return true;
   }
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];

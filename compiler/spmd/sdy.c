@@ -93,8 +93,12 @@ static bool find_mesh(const kiln_module *m, const char *name, mesh *out) {
   return *p == '>'; /* device_ids=... and the like: not understood */
 }
 
-int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
-                    const kiln_sharding **out) {
+/* kiln__sdy_parse, keeping only the mesh axes keep[k] (NULL: all) as
+ * splits: the others are left to the replicated subgroup. A kept axis after
+ * a dropped one in a dim (a manual split minor to an automatic one) is not
+ * understood. */
+static int sdy_parse_axes(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
+                          const bool *keep, const kiln_sharding **out) {
   *out = NULL;
   const char *p = strstr(text, "<@");
   if (p == NULL || rank > SPMD_MAX_RANK) return 0;
@@ -117,6 +121,7 @@ int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint3
     if (*p != '{' || d >= rank) return 0;
     p++;
     tiles[d] = 1;
+    bool dropped = false;
     for (;;) {
       p = skip_ws(p);
       if (*p == '}') break;
@@ -134,6 +139,11 @@ int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint3
       uint32_t k = 0;
       while (k < me.n && strcmp(me.names[k], ax) != 0) k++;
       if (k == me.n || used[k] || *skip_ws(p) == ':') return 0;
+      if (keep && !keep[k]) {
+        dropped = true;
+        continue;
+      }
+      if (dropped) return 0;
       used[k] = true;
       order[norder++] = k;
       tiles[d] *= me.sizes[k];
@@ -170,6 +180,11 @@ int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint3
   s->last_tile_dim_replicate = rep > 1;
   *out = s;
   return 0;
+}
+
+int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
+                    const kiln_sharding **out) {
+  return sdy_parse_axes(a, m, text, rank, NULL, out);
 }
 
 int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
@@ -239,12 +254,13 @@ int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_in
       if (strcmp(me.names[k], ax) == 0 && !seen[k]) seen[k] = true, nman++;
     q = skip_ws(nx);
   }
-  if (nman != me.n)
-    return kiln_status_set(st, KILN_EUNIMPL, where,
-                           "a shard_map manual over %u of the %u axes of mesh '%s' (partially "
-                           "manual regions are not supported; make every axis manual)",
-                           nman, me.n, name);
-  int rc = kiln__sdy_parse(a, m, p, rank, out);
+  if (nman == 0)
+    return kiln_status_set(st, KILN_EINVAL, where, "a manual region manual over no axis of '%s'",
+                           name);
+  /* Manual over some axes only: the region's values are its local shapes
+   * along the manual axes and whole along the others, so only the manual
+   * axes split them (the others replicate). */
+  int rc = sdy_parse_axes(a, m, p, rank, seen, out);
   if (rc) return kiln_status_set(st, rc, where, "out of memory");
   if (*out == NULL)
     return kiln_status_set(st, KILN_EUNIMPL, where, "value %u of %s is not understood", i, key);

@@ -8,7 +8,9 @@
  * product of all the counts is n. Replicated, maximal and unknown shardings
  * are the tiling with every count 1 (a maximal sharding computes everywhere,
  * which is correct); last_tile_dim_replicate and replicated last_tile_dims
- * are folded into rep. Manual subgroups are refused.
+ * are folded into rep. Manual shardings and subgroups are refused: they
+ * mark the values of shard_map regions, which the partitioner builds per
+ * device as written.
  *
  * Shards of a dim of size D tiled t ways hold ceil(D/t) elements each; the
  * last ones are padded (their pad holds garbage unless masked).
@@ -113,8 +115,10 @@ int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *i
 /* A manual region's (shard_map's) sharding of value i: of operand i of an
  * xla.sdy.GlobalToLocalShape (its in_shardings), of result i of an
  * xla.sdy.LocalToGlobalShape (out_shardings), for an array of rank `rank`.
- * KILN_EUNIMPL naming the instruction for a region manual over only some
- * of its mesh's axes or a sharding not understood. */
+ * Only the region's manual axes split it: a region manual over some axes of
+ * its mesh holds its values whole along the others. KILN_EUNIMPL naming
+ * the instruction for a sharding not understood (a manual axis minor to an
+ * automatic one in a dim among them). */
 int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
                               uint32_t i, uint32_t rank, const kiln_sharding **out,
                               kiln_status *st);

@@ -51,9 +51,9 @@ int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t r
   }
   if (s->kind == KILN_SHARD_MANUAL)
     return kiln_status_set(st, KILN_EUNIMPL, where,
-                           "manual sharding ({manual}, XLA's SPMDFullToShardShape form of "
-                           "shard_map) is not supported by the partitioner yet (Shardy's "
-                           "xla.sdy.GlobalToLocalShape regions are)");
+                           "manual sharding ({manual}) outside a shard_map region (its values "
+                           "lie between an SPMDFullToShardShape and an SPMDShardToFullShape, or "
+                           "Shardy's xla.sdy.GlobalToLocalShape and LocalToGlobalShape)");
   if (s->kind != KILN_SHARD_TILED)
     return kiln_status_set(st, KILN_EINVAL, where, "a tuple sharding on an array");
   uint32_t nsub = s->last_tile_dims.n ? s->last_tile_dims.n : (s->last_tile_dim_replicate ? 1 : 0);
@@ -61,8 +61,8 @@ int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t r
     if (s->last_tile_dims.v[i] == KILN_SHARD_MANUAL)
       return kiln_status_set(
           st, KILN_EUNIMPL, where,
-          "manual subgroups (a partially manual shard_map) are not supported by the "
-          "partitioner yet");
+          "a manual subgroup (last_tile_dims={manual}) outside a shard_map region (its "
+          "values lie between an SPMDFullToShardShape and an SPMDShardToFullShape)");
   if (s->tile_dims.n != rank + nsub)
     return kiln_status_set(st, KILN_EINVAL, where,
                            "sharding has %u tile dims for an array of rank %u (and %u subgroups)",

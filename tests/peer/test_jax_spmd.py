@@ -230,6 +230,59 @@ class JaxSpmdTest(unittest.TestCase):
         self.run_peer("shard_map_out", f, (NamedSharding(m, P()),),
                       NamedSharding(m, P("x", None)), (a,), 4)
 
+    def test_shard_map_partially_manual(self):
+        """jax.shard_map manual over x only of a (2, 4) mesh (axis_names=
+        {"x"}; y stays automatic): Shardy's region with manual_axes {"x"},
+        whose body sees its shard along x and the whole along y and psums
+        over x alone."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(14)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+        w = rng.standard_normal((16, 8)).astype(np.float32) * 0.3
+
+        def f(a, w):
+            def body(a, w):
+                return jax.lax.psum(jnp.tanh(a) @ w, "x")
+            return jax.shard_map(body, mesh=m, in_specs=(P("x", None), P()), out_specs=P(),
+                                 axis_names={"x"})(a, w)
+
+        rep = NamedSharding(m, P())
+        kinds = self.run_peer("shard_map_partial", f, (NamedSharding(m, P("x", None)), rep),
+                              rep, (a, w), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 8 * 4)})
+
+    def test_shard_map_gspmd_form(self):
+        """The same regions as XLA's GSPMD form writes them (JAX with
+        jax_use_shardy_partitioner off): SPMDFullToShardShape with {manual}
+        for a region over every axis, with last_tile_dims={manual,
+        replicated} for one over some."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(15)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def partial(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), "x")
+            return jax.shard_map(body, mesh=m, in_specs=P("x", None), out_specs=P(),
+                                 axis_names={"x"})(a)
+
+        def full(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), ("x", "y")) * 2.0
+            return jax.shard_map(body, mesh=m, in_specs=P("x", "y"), out_specs=P())(a)
+
+        old = jax.config.jax_use_shardy_partitioner
+        jax.config.update("jax_use_shardy_partitioner", False)
+        try:
+            split = NamedSharding(m, P("x", "y"))
+            for name, fn in (("gspmd_partial", partial), ("gspmd_full", full)):
+                hlo = jax.jit(fn, in_shardings=split).lower(a).as_text(dialect="hlo")
+                self.assertIn("SPMDFullToShardShape", hlo)
+                self.assertIn("manual", hlo)
+                self.run_peer(name, fn, (split,), NamedSharding(m, P()), (a,), 8)
+        finally:
+            jax.config.update("jax_use_shardy_partitioner", old)
+
     def test_halo_pooling_and_conv(self):
         """A 1-D convolution and a "same" max-pool on activations split
         along their spatial dim: halos by collective-permute, no

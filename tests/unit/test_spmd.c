@@ -415,16 +415,192 @@ START_TEST(test_shard_map_region) {
   ck_assert_int_eq(got->shape.dims[0], 32);
   kiln_literal_destroy(got);
   kiln_module_destroy(m);
-  /* manual over one axis of two: refused by name */
-  shard_map_text(text, sizeof text, "[\"x\"=4, \"y\"=1]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]",
-                 psum);
+  /* manual over no axis of its mesh: refused by name */
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "", "[{}, {}]", "f32[8,4]", psum);
   m = parse_ok(text);
   kiln_spmd_program *prog = NULL;
-  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
-  ck_assert_msg(strstr(st.msg, "partially manual") != NULL, "%s", st.msg);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_msg(strstr(st.msg, "manual over no axis") != NULL, "%s", st.msg);
   kiln_module_destroy(m);
   kiln_module_destroy(ref);
   kiln_test_args_free(args, n);
+}
+END_TEST
+
+/* A region manual over x of a mesh x=4, y=2 (device = 2x + y), as JAX 0.10
+ * writes shard_map(..., axis_names={"x"}): the body sees its shard along x
+ * and the whole of the automatic axis y, and its psum runs over the
+ * devices of one y ({0,2,4,6}, {1,3,5,7}). Parameter a arrives split along
+ * both axes (rows by y, columns by x) and is gathered along y on the way
+ * in; a manual axis minor to an automatic one in a dim is refused by
+ * name. */
+static void partial_text(char *out, size_t n, const char *a_in, const char *b_sharding) {
+  snprintf(out, n,
+           "HloModule pm, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<[\"x\"=4, "
+           "\"y\"=2]>}}\n"
+           "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+           " ROOT s = f32[] add(a, b)\n}\n"
+           "body {\n a = f32[8,4] parameter(0)\n b = f32[4,4] parameter(1)\n"
+           " t = f32[8,4] tanh(a)\n"
+           " d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+           " ROOT r = f32[8,4] all-reduce(d), channel_id=1, replica_groups={{0,2,4,6},{1,3,5,7}}, "
+           "use_global_device_ids=true, to_apply=add\n}\n"
+           "ENTRY e {\n a = f32[8,16] parameter(0), sharding={devices=[2,4]<=[4,2]T(1,0)}\n"
+           " b = f32[16,4] parameter(1), sharding=%s\n"
+           " g = (f32[8,4], f32[4,4]) custom-call(a, b), "
+           "custom_call_target=\"xla.sdy.GlobalToLocalShape\", custom_call_has_side_effect=true, "
+           "frontend_attributes={xla.sdy.in_shardings=\"#sdy.sharding_per_value<[<@mesh, [{?}, "
+           "%s]>, <@mesh, [{\\\"x\\\"}, {?}]>]>\",xla.sdy.manual_axes=\"#sdy<manual_axes"
+           "{\\\"x\\\"}>\"}\n"
+           " g0 = f32[8,4] get-tuple-element(g), index=0\n"
+           " g1 = f32[4,4] get-tuple-element(g), index=1\n"
+           " c = f32[8,4] call(g0, g1), to_apply=body, frontend_attributes={inlineable=\"false\"}\n"
+           " ROOT o = f32[8,4] custom-call(c), custom_call_target=\"xla.sdy.LocalToGlobalShape\", "
+           "custom_call_has_side_effect=true, frontend_attributes={xla.sdy.manual_axes="
+           "\"#sdy<manual_axes{\\\"x\\\"}>\",xla.sdy.out_shardings=\"#sdy.sharding_per_value<[<@"
+           "mesh, [{?}, {?}]>]>\"}\n}\n",
+           b_sharding, a_in);
+}
+
+static const char partial_ref[] =
+    "HloModule r\nENTRY e {\n a = f32[8,16] parameter(0)\n"
+    " b = f32[16,4] parameter(1)\n t = f32[8,16] tanh(a)\n"
+    " ROOT d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n";
+
+/* The global run of text over p devices on backend equals the reference's
+ * on the interpreter; the collectives' counts into *stats. */
+static void check_against(const char *text, const char *ref_text, uint32_t p, const char *backend,
+                          kiln_spmd_stats *stats) {
+  kiln_module *m = parse_ok(text), *ref = parse_ok(ref_text);
+  ck_assert(kiln_spmd_module_is_sharded(m));
+  kiln_status st = {0};
+  kiln_literal **args;
+  uint32_t n;
+  ck_assert_int_eq(kiln_test_args_random(ref, 5, &args, &n, &st), 0);
+  kiln_literal *want = NULL, *got = NULL;
+  ck_assert_int_eq(kiln_interp_run(ref, (const kiln_literal *const *)args, n, NULL, &want, &st), 0);
+  int rc = kiln_run_module_global(m, backend, NULL, p, NULL, (const kiln_literal *const *)args, n,
+                                  &got, stats, &st);
+  ck_assert_msg(rc == 0, "%s: %s: %s", backend, st.where, st.msg);
+  char why[200];
+  ck_assert_msg(close_enough(want, got, why, sizeof why), "%s: %s", backend, why);
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_test_args_free(args, n);
+  kiln_module_destroy(ref);
+  kiln_module_destroy(m);
+}
+
+START_TEST(test_shard_map_partially_manual) {
+  char text[4096];
+  const char *backends[2] = {"interp", "cpu"};
+  for (int k = 0; k < 2; k++) {
+    kiln_spmd_stats stats;
+    /* b split by rows along x (and replicated along y) is already the
+     * region's b: the psum and a's gather along y are all that moves */
+    partial_text(text, sizeof text, "{\\\"x\\\"}",
+                 "{devices=[4,1,2]<=[8] last_tile_dim_replicate}");
+    check_against(text, partial_ref, 8, backends[k], &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_REDUCE], 8 * 4 * 4);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 1);
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_GATHER], 8 * 4 * 4);
+  }
+  /* an automatic axis named in in_shardings (a's columns split by x, then
+   * y) is left out: the region's values are whole along y */
+  kiln_spmd_stats stats;
+  partial_text(text, sizeof text, "{\\\"x\\\", \\\"y\\\"}", "{replicated}");
+  check_against(text, partial_ref, 8, "interp", &stats);
+  ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+  kiln_module *m;
+  kiln_status st = {0};
+  kiln_spmd_program *prog = NULL;
+  /* a manual axis minor to an automatic one in a dim: refused by name */
+  partial_text(text, sizeof text, "{\\\"y\\\", \\\"x\\\"}", "{replicated}");
+  m = parse_ok(text);
+  ck_assert_int_eq(kiln_spmd_partition(m, 8, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "not understood") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* XLA's form of the same regions (JAX with jax_use_shardy_partitioner
+ * off): a Sharding annotation, SPMDFullToShardShape with {manual} (or a
+ * manual subgroup, last_tile_dims={manual, replicated}, for a region manual
+ * over some axes), the body (tanh, then a psum over `groups`) on the local
+ * shape `local`, SPMDShardToFullShape with the result's sharding. a is
+ * f32[8,8] split [2,4] over a mesh x=2, y=4. */
+static void gspmd_text(char *out, size_t n, const char *in_sharding, const char *manual,
+                       const char *local, const char *groups, const char *out_sharding) {
+  snprintf(out, n,
+           "HloModule gm\n"
+           "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+           " ROOT s = f32[] add(a, b)\n}\n"
+           "body {\n a = %s parameter(0)\n t = %s tanh(a)\n"
+           " ROOT r = %s all-reduce(t), channel_id=1, replica_groups=%s, "
+           "use_global_device_ids=true, to_apply=add\n}\n"
+           "ENTRY e {\n a = f32[8,8] parameter(0), sharding={devices=[2,4]<=[8]}\n"
+           " s = f32[8,8] custom-call(a), custom_call_target=\"Sharding\", sharding=%s\n"
+           " l = %s custom-call(s), custom_call_target=\"SPMDFullToShardShape\", sharding=%s\n"
+           " c = %s call(l), to_apply=body\n"
+           " m = %s custom-call(c), custom_call_target=\"Sharding\", sharding=%s\n"
+           " ROOT o = %s custom-call(m), custom_call_target=\"SPMDShardToFullShape\", "
+           "sharding=%s\n}\n",
+           local, local, local, groups, in_sharding, local, manual, local, local, manual, local,
+           out_sharding);
+}
+
+START_TEST(test_shard_map_gspmd_form) {
+  char text[4096];
+  const char *backends[2] = {"interp", "cpu"};
+  /* manual over x (a subgroup): psum over x of tanh of the row halves,
+   * whole along y; the input's gather along y, the psum */
+  const char *ref = "HloModule r\nENTRY e {\n a = f32[8,8] parameter(0)\n"
+                    " t = f32[8,8] tanh(a)\n"
+                    " l = f32[4,8] slice(t), slice={[0:4], [0:8]}\n"
+                    " h = f32[4,8] slice(t), slice={[4:8], [0:8]}\n"
+                    " ROOT r = f32[4,8] add(l, h)\n}\n";
+  /* manual over both axes ({manual}): every device's [4,2] tile, summed
+   * over all 8; no gather on the way in */
+  const char *ref_all = "HloModule r\n"
+                        "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                        " ROOT s = f32[] add(a, b)\n}\n"
+                        "ENTRY e {\n a = f32[8,8] parameter(0)\n"
+                        " t = f32[8,8] tanh(a)\n"
+                        " r = f32[2,4,4,2] reshape(t)\n z = f32[] constant(0)\n"
+                        " ROOT s = f32[4,2] reduce(r, z), dimensions={0,2}, to_apply=add\n}\n";
+  for (int k = 0; k < 2; k++) {
+    kiln_spmd_stats stats;
+    gspmd_text(text, sizeof text, "{devices=[2,1,4]<=[8] last_tile_dim_replicate}",
+               "{devices=[1,1,2,4]<=[8] last_tile_dims={manual, replicated}}", "f32[4,8]",
+               "{{0,4},{1,5},{2,6},{3,7}}", "{replicated}");
+    check_against(text, ref, 8, backends[k], &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_REDUCE], 4 * 8 * 4);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 1);
+    gspmd_text(text, sizeof text, "{devices=[2,4]<=[8]}", "{manual}", "f32[4,2]",
+               "{{0,1,2,3,4,5,6,7}}", "{replicated}");
+    check_against(text, ref_all, 8, backends[k], &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 0);
+  }
+  /* a local shape that is not the operand's shard: refused naming the
+   * region's entry */
+  gspmd_text(text, sizeof text, "{devices=[2,1,4]<=[8] last_tile_dim_replicate}", "{manual}",
+             "f32[4,2]", "{{0,1,2,3,4,5,6,7}}", "{replicated}");
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_spmd_program *prog = NULL;
+  ck_assert_int_eq(kiln_spmd_partition(m, 8, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_msg(strstr(st.msg, "SPMDFullToShardShape") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
+  /* {manual} outside a region is still refused by name */
+  m = parse_ok("HloModule man\nENTRY e {\n x = f32[8] parameter(0)\n"
+               " ROOT n = f32[8] negate(x), sharding={manual}\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "manual") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
 }
 END_TEST
 
@@ -847,6 +1023,8 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_halo_2d_and_uneven);
   tcase_add_test(tc, test_halo_convolution);
   tcase_add_test(tc, test_shard_map_region);
+  tcase_add_test(tc, test_shard_map_partially_manual);
+  tcase_add_test(tc, test_shard_map_gspmd_form);
   tcase_add_test(tc, test_data_parallel_step);
   tcase_add_test(tc, test_fsdp_all_gather);
   tcase_add_test(tc, test_2d_matmul);
