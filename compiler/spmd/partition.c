@@ -1334,26 +1334,128 @@ static int build_state_param(part *p, const kiln_instr *ins, spmd_tiling **elems
   return p->tx->err;
 }
 
-/* A loop with split state: its init already in the state's tiling (else it
- * runs whole), its condition and body partitioned with that state. */
-static int build_while(part *p, const kiln_instr *ins, spmd_tiling **elems) {
+/* The local value of old tuple instruction `old` with its elements in the
+ * tilings want[i] (NULL: replicated): its own when they agree, else a tuple
+ * of its elements resharded. */
+static kiln_id as_elems(part *p, kiln_id old, spmd_tiling *const *want) {
+  const kiln_shape *s = gshape(p, old);
+  spmd_tiling **have = p->le[old];
+  bool same = true;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    if (!is_array(&s->tuple[i])) continue;
+    const spmd_tiling *h = have && have[i] ? have[i] : replicated(p, s->tuple[i].rank);
+    const spmd_tiling *w = want[i] ? want[i] : replicated(p, s->tuple[i].rank);
+    same = same && h && w && kiln__tiling_equal(h, w);
+  }
+  if (same || !kiln__tx_ok(p->tx)) return p->local[old];
+  kiln_id *xs = kiln__b_ids(p->tx, s->rank ? s->rank : 1);
+  if (xs == NULL) return KILN_NO_ID;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    xs[i] = kiln__b_gte(&p->b, p->local[old], i);
+    if (!is_array(&s->tuple[i])) continue;
+    const spmd_tiling *h = have && have[i] ? have[i] : replicated(p, s->tuple[i].rank);
+    const spmd_tiling *w = want[i] ? want[i] : replicated(p, s->tuple[i].rank);
+    xs[i] = reshard(p, xs[i], &s->tuple[i], h, w);
+  }
+  return kiln__b_tuple(&p->b, xs, s->rank);
+}
+
+/* Whether some element of a tuple's tilings splits. */
+static bool elems_split(const kiln_shape *s, spmd_tiling *const *elems) {
+  for (uint32_t i = 0; elems && i < s->rank; i++)
+    if (elems[i] && !kiln__tiling_is_replicated(elems[i])) return true;
+  return false;
+}
+
+/* A loop with split state (propagation gave it private copies of its
+ * condition and body): its init resharded to the state's tiling, its
+ * condition and body partitioned with that state. A loop whose state is
+ * not split runs whole. */
+static int build_while(part *p, const kiln_instr *ins, spmd_tiling *want, spmd_tiling **elems) {
   kiln_id init = ins->operands[0];
-  const kiln_shape *s = &ins->shape;
-  bool ok = p->le[init] != NULL && ins->ncalled == 2;
-  for (uint32_t i = 0; ok && i < s->rank; i++)
-    if (is_array(&s->tuple[i]))
-      ok = elems[i] && p->le[init][i] && kiln__tiling_equal(elems[i], p->le[init][i]);
-  if (!ok) {
+  if (ins->ncalled != 2 || ins->noperands != 1 ||
+      (elems ? !elems_split(&ins->shape, elems)
+             : want == NULL || kiln__tiling_is_replicated(want))) {
     kiln_id out;
     spmd_tiling *got;
     int rc = rule_whole(p, ins, NULL, &out, &got);
     p->local[ins->id] = out;
+    p->lt[ins->id] = got;
+    if (rc == 0 && want && got) {
+      p->local[ins->id] = reshard(p, out, &ins->shape, got, want);
+      p->lt[ins->id] = want;
+    }
     return rc;
   }
+  kiln_id x = elems ? as_elems(p, init, elems) : local_as(p, init, want);
   int rc = partition_sub(p, ins->called[0]);
   if (rc == 0) rc = partition_sub(p, ins->called[1]);
   if (rc) return rc;
-  p->local[ins->id] = kiln__b_clone(&p->b, ins, &p->local[init], 1);
+  p->local[ins->id] = kiln__b_clone(&p->b, ins, &x, 1);
+  p->lt[ins->id] = want;
+  p->le[ins->id] = elems;
+  return p->tx->err;
+}
+
+/* The tilings propagation wrote on ins: whether one splits. */
+static bool sharding_splits(const kiln_instr *ins) {
+  const kiln_attr *a = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  const kiln_sharding *s = a ? a->v.sharding : NULL;
+  if (s && s->kind == KILN_SHARD_TILED) return true;
+  for (uint32_t k = 0; s && s->kind == KILN_SHARD_TUPLE && k < s->nelems; k++)
+    if (s->elems[k].kind == KILN_SHARD_TILED) return true;
+  return false;
+}
+
+/* A conditional with split operands or result (propagation gave it private
+ * copies of its branches, each parameter in its operand's sharding, each
+ * root in the result's): each branch operand resharded to its branch's
+ * parameter, the branches partitioned, the selector whole. Else it runs
+ * whole. */
+static int build_conditional(part *p, const kiln_instr *ins, spmd_tiling *want,
+                             spmd_tiling **elems) {
+  bool split = sharding_splits(ins) && ins->ncalled > 0 && ins->ncalled <= 256 &&
+               ins->noperands == ins->ncalled + 1;
+  for (uint32_t k = 1;
+       !split && k < ins->noperands && ins->noperands == ins->ncalled + 1 && ins->ncalled <= 256;
+       k++)
+    split = sharding_splits(p->m->instrs[ins->operands[k]]);
+  if (!split) {
+    kiln_id out;
+    spmd_tiling *got;
+    int rc = rule_whole(p, ins, NULL, &out, &got);
+    p->local[ins->id] = out;
+    p->lt[ins->id] = got;
+    if (rc == 0 && want && got) {
+      p->local[ins->id] = reshard(p, out, &ins->shape, got, want);
+      p->lt[ins->id] = want;
+    }
+    return rc;
+  }
+  kiln_id *ops = kiln__b_ids(p->tx, ins->noperands);
+  if (ops == NULL) return p->tx->err;
+  ops[0] = whole(p, ins->operands[0]);
+  for (uint32_t k = 0; k < ins->ncalled; k++) {
+    kiln_id o = ins->operands[k + 1];
+    const kiln_computation *c = p->m->comps[ins->called[k]];
+    const kiln_instr *param = kiln_computation_param(p->m, c, 0);
+    spmd_tiling *pt, **pe;
+    if (param == NULL) return fail(p, ins, KILN_EINVAL, "a branch without a parameter");
+    int rc = wanted(p, param, &pt, &pe);
+    if (rc) return p->tx->err = rc;
+    if (is_array(gshape(p, o)) && pt)
+      ops[k + 1] = local_as(p, o, pt);
+    else if (kiln_shape_is_tuple(gshape(p, o)) && pe && param->shape.rank == gshape(p, o)->rank)
+      ops[k + 1] = as_elems(p, o, pe);
+    else
+      ops[k + 1] = whole(p, o);
+  }
+  for (uint32_t k = 0; k < ins->ncalled; k++) {
+    int rc = partition_sub(p, ins->called[k]);
+    if (rc) return rc;
+  }
+  p->local[ins->id] = kiln__b_clone(&p->b, ins, ops, ins->noperands);
+  p->lt[ins->id] = want;
   p->le[ins->id] = elems;
   return p->tx->err;
 }
@@ -1417,7 +1519,8 @@ static int build(part *p, const kiln_instr *ins) {
     return rc;
   }
   if (ins->op == KILN_OP_TUPLE) return build_tuple(p, ins, elems);
-  if (ins->op == KILN_OP_WHILE && elems) return build_while(p, ins, elems);
+  if (ins->op == KILN_OP_WHILE) return build_while(p, ins, want, elems);
+  if (ins->op == KILN_OP_CONDITIONAL) return build_conditional(p, ins, want, elems);
   if (ins->op == KILN_OP_PARAMETER && elems && ins->comp != p->m->entry)
     return build_state_param(p, ins, elems);
   kiln_id out = KILN_NO_ID;
@@ -1634,6 +1737,15 @@ static int partition_sub(part *p, uint32_t comp) {
   p->pid = KILN_NO_ID;
   kiln_id old_root = c->root;
   int rc = build_all(p, order, n0);
+  /* A tuple root other than a tuple instruction (the state passed through,
+   * a nested loop's or conditional's result) returns the tilings
+   * propagation gave it, element by element. */
+  const kiln_instr *r = old_root != KILN_NO_ID ? p->m->instrs[old_root] : NULL;
+  if (rc == 0 && r && kiln_shape_is_tuple(&r->shape) && r->op != KILN_OP_TUPLE) {
+    spmd_tiling *w, **e;
+    if ((rc = wanted(p, r, &w, &e)) == 0 && e) p->local[old_root] = as_elems(p, old_root, e);
+    if (rc) p->tx->err = rc;
+  }
   if (rc == 0) rc = finish_comp(p, comp, order, n0, old_root);
   p->b = saved;
   p->pid = saved_pid;

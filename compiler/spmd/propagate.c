@@ -195,7 +195,8 @@ static spmd_tiling *offer_backward(prop *p, kiln_id id) {
 
 static bool tuple_tracked(const kiln_instr *ins) {
   return kiln_shape_is_tuple(&ins->shape) &&
-         (ins->op == KILN_OP_TUPLE || ins->op == KILN_OP_PARAMETER || ins->op == KILN_OP_WHILE);
+         (ins->op == KILN_OP_TUPLE || ins->op == KILN_OP_PARAMETER || ins->op == KILN_OP_WHILE ||
+          ins->op == KILN_OP_CONDITIONAL);
 }
 
 static int ensure_elems(prop *p, kiln_id id) {
@@ -379,42 +380,70 @@ static int sweep(prop *p, const kiln_computation *c) {
 
 /* ---- while loops -------------------------------------------------------- */
 
-/* A while whose init is a tuple instruction and whose body ends in one
- * carries its state split as the init is (unknown elements replicated):
- * the state's tiling S is a fixed point because the body's root is made to
- * return S. Other loops run whole. */
+/* A while whose state is an array, or a tuple of arrays (and tokens) whose
+ * init's elements are tracked (a tuple, a parameter, a loop or a
+ * conditional), carries its state split as the init is (unknown elements
+ * replicated): the state's tiling S is a fixed point because the body's
+ * root, whatever instruction it is, is made to return S. Other loops run
+ * whole. */
 static bool loop_splittable(const prop *p, const kiln_instr *w) {
   if (w->op != KILN_OP_WHILE || w->ncalled != 2 || w->noperands != 1) return false;
   const kiln_instr *init = p->m->instrs[w->operands[0]];
   const kiln_computation *body = p->m->comps[w->called[1]];
-  if (init->op != KILN_OP_TUPLE || p->e[init->id] == NULL || body->root == KILN_NO_ID) return false;
-  if (p->m->instrs[body->root]->op != KILN_OP_TUPLE) return false;
+  if (body->root == KILN_NO_ID) return false;
+  if (is_array(p, w->id)) return true;
+  if (!kiln_shape_is_tuple(&w->shape) || p->e[init->id] == NULL) return false;
   for (uint32_t i = 0; i < w->shape.rank; i++) /* arrays and tokens: no nested tuples */
     if (!kiln_shape_is_array(&w->shape.tuple[i]) && !kiln_shape_is_token(&w->shape.tuple[i]))
       return false;
   return true;
 }
 
-/* e[w] from its init: returns whether anything was set. */
+/* e[w] (t[w] for an array state) from its init: returns whether anything
+ * was set. */
 static bool loop_state(prop *p, const kiln_instr *w) {
-  if (!loop_splittable(p, w) || p->e[w->id] == NULL) return false;
+  if (!loop_splittable(p, w)) return false;
+  kiln_id init = w->operands[0];
+  if (is_array(p, w->id)) {
+    if (p->t[w->id] || p->t[init] == NULL || kiln__tiling_is_replicated(p->t[init])) return false;
+    p->t[w->id] = p->t[init];
+    return true;
+  }
+  if (p->e[w->id] == NULL) return false;
   bool any = false;
-  spmd_tiling **init = p->e[w->operands[0]];
+  spmd_tiling **ie = p->e[init];
   for (uint32_t i = 0; i < w->shape.rank; i++)
-    if (p->e[w->id][i] == NULL && init[i] && !kiln__tiling_is_replicated(init[i])) {
-      p->e[w->id][i] = init[i];
+    if (p->e[w->id][i] == NULL && ie[i] && !kiln__tiling_is_replicated(ie[i])) {
+      p->e[w->id][i] = ie[i];
       any = true;
     }
   return any;
 }
 
-static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st);
-
-/* The tuple sharding of a loop's state, in the module arena. */
-static kiln_sharding *state_sharding(const kiln_instr *w) {
-  const kiln_attr *a = kiln_instr_attr(w, KILN_ATTR_SHARDING);
-  return a && a->v.sharding->kind == KILN_SHARD_TUPLE ? a->v.sharding : NULL;
+/* A conditional whose result is unknown takes the tiling of a branch
+ * operand of the result's shape, or of such an element of a tuple operand
+ * (each branch then computes its result as its operand is split): returns
+ * whether anything was set. */
+static bool cond_state(prop *p, const kiln_instr *c) {
+  if (c->op != KILN_OP_CONDITIONAL || !is_array(p, c->id) || p->t[c->id]) return false;
+  for (uint32_t k = 1; k < c->noperands; k++) {
+    kiln_id o = c->operands[k];
+    const kiln_shape *os = &p->m->instrs[o]->shape;
+    uint32_t ne = kiln_shape_is_tuple(os) && p->e[o] ? os->rank : 0;
+    for (uint32_t i = 0; i <= ne; i++) {
+      const spmd_tiling *t = i < ne ? p->e[o][i] : is_array(p, o) ? p->t[o] : NULL;
+      const kiln_shape *s = i < ne ? &os->tuple[i] : os;
+      if (t && !kiln__tiling_is_replicated(t) && kiln_shape_is_array(s) &&
+          kiln_shape_same_dims(s, &c->shape)) {
+        p->t[c->id] = (spmd_tiling *)t;
+        return true;
+      }
+    }
+  }
+  return false;
 }
+
+static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st);
 
 static int set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
   kiln_attr *a = kiln_instr_add_attr(m, ins, KILN_ATTR_SHARDING);
@@ -423,36 +452,80 @@ static int set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
   return 0;
 }
 
+/* The sharding propagation wrote on ins, when it splits something (an
+ * array's, or some element's of a tuple's); else NULL. */
+static kiln_sharding *split_sharding(const kiln_instr *ins) {
+  const kiln_attr *a = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  if (a == NULL) return NULL;
+  kiln_sharding *s = a->v.sharding;
+  if (s->kind == KILN_SHARD_TILED) return s;
+  for (uint32_t k = 0; s->kind == KILN_SHARD_TUPLE && k < s->nelems; k++)
+    if (s->elems[k].kind == KILN_SHARD_TILED) return s;
+  return NULL;
+}
+
+/* A private copy of computation `comp` called by ins, propagated with its
+ * parameter 0 in sharding `param` and (unless NULL) its root in `root`. */
+static int propagate_called(kiln_module *m, const kiln_instr *ins, uint32_t comp,
+                            kiln_sharding *param, kiln_sharding *root, int64_t n, uint32_t *out,
+                            kiln_status *st) {
+  char name[200];
+  snprintf(name, sizeof name, "%.180s.spmd", m->comps[comp]->name);
+  for (uint32_t k = 1, used = 1; used; k++) { /* a name no computation has */
+    used = 0;
+    for (uint32_t i = 0; i < m->ncomps && !used; i++)
+      used = m->comps[i] && m->comps[i]->name && strcmp(m->comps[i]->name, name) == 0;
+    if (used) snprintf(name, sizeof name, "%.180s.spmd%u", m->comps[comp]->name, k);
+  }
+  int rc = kiln_computation_clone(m, comp, name, out);
+  if (rc) return kiln_status_set(st, rc, "spmd", "out of memory");
+  kiln_computation *c = m->comps[*out];
+  kiln_instr *pi = kiln_computation_param(m, c, 0);
+  if (pi == NULL || c->root == KILN_NO_ID) {
+    char where[200];
+    kiln_instr_where(m, ins, where, sizeof where);
+    return kiln_status_set(st, KILN_EINVAL, where,
+                           "a called computation without parameter or root");
+  }
+  if ((param && set_sharding(m, pi, param)) || (root && set_sharding(m, m->instrs[c->root], root)))
+    return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  return propagate_comp(m, *out, n, st);
+}
+
 /* Gives each splittable loop of comp private copies of its condition and
  * body whose parameters (and the body's root) carry the state's sharding,
- * and propagates inside them. */
+ * and each conditional with split operands or result private copies of its
+ * branches whose parameter carries its operand's sharding and whose root
+ * the result's; and propagates inside them. */
 static int propagate_loops(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
   for (uint32_t i = 0; i < m->comps[comp]->ninstrs; i++) {
     kiln_instr *w = m->instrs[m->comps[comp]->instrs[i]];
-    if (w->op != KILN_OP_WHILE || w->ncalled != 2) continue;
-    kiln_sharding *s = state_sharding(w);
-    const kiln_instr *init = m->instrs[w->operands[0]];
-    if (s == NULL || init->op != KILN_OP_TUPLE) continue;
-    bool split = false;
-    for (uint32_t k = 0; k < s->nelems; k++) split = split || s->elems[k].kind == KILN_SHARD_TILED;
-    if (!split) continue;
-    uint32_t called[2];
-    for (int k = 0; k < 2; k++) {
-      char name[200];
-      snprintf(name, sizeof name, "%s.spmd", m->comps[w->called[k]]->name);
-      int rc = kiln_computation_clone(m, w->called[k], name, &called[k]);
-      if (rc) return kiln_status_set(st, rc, "spmd", "out of memory");
-    }
-    if (kiln_instr_set_called(m, w, called, 2))
-      return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
-    for (int k = 0; k < 2; k++) {
-      kiln_computation *c = m->comps[called[k]];
-      kiln_instr *param = kiln_computation_param(m, c, 0);
-      if (param == NULL || set_sharding(m, param, s) ||
-          (k == 1 && set_sharding(m, m->instrs[c->root], s)))
+    if (w->op == KILN_OP_WHILE && w->ncalled == 2 && w->noperands == 1) {
+      kiln_sharding *s = split_sharding(w);
+      if (s == NULL) continue;
+      uint32_t called[2];
+      for (int k = 0; k < 2; k++) {
+        int rc = propagate_called(m, w, w->called[k], s, k == 1 ? s : NULL, n, &called[k], st);
+        if (rc) return rc;
+      }
+      if (kiln_instr_set_called(m, w, called, 2))
         return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
-      int rc = propagate_comp(m, called[k], n, st);
-      if (rc) return rc;
+    } else if (w->op == KILN_OP_CONDITIONAL && w->ncalled > 0 && w->ncalled <= 256 &&
+               w->noperands == w->ncalled + 1) {
+      bool split = split_sharding(w) != NULL;
+      for (uint32_t k = 1; k < w->noperands; k++)
+        split = split || split_sharding(m->instrs[w->operands[k]]) != NULL;
+      const kiln_attr *ra = kiln_instr_attr(w, KILN_ATTR_SHARDING);
+      if (!split || ra == NULL) continue;
+      uint32_t called[256];
+      for (uint32_t k = 0; k < w->ncalled; k++) {
+        const kiln_attr *oa = kiln_instr_attr(m->instrs[w->operands[k + 1]], KILN_ATTR_SHARDING);
+        int rc = propagate_called(m, w, w->called[k], oa ? oa->v.sharding : NULL, ra->v.sharding, n,
+                                  &called[k], st);
+        if (rc) return rc;
+      }
+      if (kiln_instr_set_called(m, w, called, w->ncalled))
+        return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
     }
   }
   return 0;
@@ -477,7 +550,10 @@ static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status 
   for (int round = 0; rc == 0 && round < 8; round++) {
     rc = sweep(&p, c);
     bool more = false;
-    for (uint32_t i = 0; i < c->ninstrs; i++) more |= loop_state(&p, m->instrs[c->instrs[i]]);
+    for (uint32_t i = 0; i < c->ninstrs; i++) {
+      more |= loop_state(&p, m->instrs[c->instrs[i]]);
+      more |= cond_state(&p, m->instrs[c->instrs[i]]);
+    }
     if (!more) break;
   }
   for (uint32_t i = 0; i < c->ninstrs && rc == 0; i++) {

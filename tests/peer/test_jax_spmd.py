@@ -356,5 +356,50 @@ class JaxSpmdTest(unittest.TestCase):
         self.assertEqual(kinds, {"all-reduce": (1, 4)})
 
 
+    def test_cond_on_split_operands(self):
+        """lax.cond over batch-split activations and a replicated weight:
+        each branch runs on the shards (the predicate whole), no
+        communication."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(16)
+        x = rng.standard_normal((16, 8)).astype(np.float32)
+        w = rng.standard_normal((8, 8)).astype(np.float32) * 0.5
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        for p in (1.0, -1.0):
+            def f(p, x, w):
+                return jax.lax.cond(p > 0, lambda x: jnp.tanh(x @ w), lambda x: x @ w * 2.0, x)
+            kinds = self.run_peer("cond", f, (rep, bat, rep), bat, (np.float32(p), x, w), 4)
+            self.assertEqual(kinds, {})
+
+    def test_switch_with_reduction(self):
+        """lax.switch whose branches reduce over the split batch (a partial
+        sum and an all-reduce inside the branch) and return a tuple."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(17)
+        x = rng.standard_normal((16, 8)).astype(np.float32)
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        for i in (0, 1, 2):
+            def f(i, x):
+                return jax.lax.switch(i, [lambda x: (x + 1.0, jnp.sum(x, axis=0)),
+                                          lambda x: (jnp.sin(x), jnp.max(x, axis=0)),
+                                          lambda x: (x * x, jnp.zeros((8,), jnp.float32))], x)
+            self.run_peer("switch", f, (rep, bat), (bat, rep), (np.int32(i), x), 4)
+
+    def test_while_array_state(self):
+        """lax.while_loop over one split array (the while's state is the
+        array itself, not a tuple): the state stays split, the condition's
+        sum is one all-reduce per trip."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(18)
+        x = (rng.standard_normal((16, 8)).astype(np.float32) + 4.0) * 2.0
+
+        def f(x):
+            return jax.lax.while_loop(lambda c: jnp.sum(c) > 64.0, lambda c: c * 0.5 + 0.25, x)
+
+        bat = NamedSharding(m, P("b", None))
+        kinds = self.run_peer("while_array", f, (bat,), bat, (x,), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 4)})
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -801,6 +801,98 @@ START_TEST(test_while_split_state) {
 }
 END_TEST
 
+START_TEST(test_while_other_states) {
+  /* A loop whose state is one array (what lax.while_loop of one array
+   * writes): split through the loop, the condition's sum one all-reduce per
+   * trip; uneven shards (10 rows on 4) masked. */
+  static const char array[] =
+      "HloModule loop\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "cond { p = f32[10,8] parameter(0)\n z = f32[] constant(0)\n"
+      " s = f32[] reduce(p, z), dimensions={0,1}, to_apply=add\n"
+      " n = f32[] constant(10)\n ROOT c = pred[] compare(s, n), direction=GT\n}\n"
+      "body { p = f32[10,8] parameter(0)\n h = f32[] constant(0.5)\n"
+      " b = f32[10,8] broadcast(h), dimensions={}\n m = f32[10,8] multiply(p, b)\n"
+      " ROOT r = f32[10,8] subtract(m, b)\n}\n"
+      "ENTRY e {\n x = f32[10,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " a = f32[10,8] abs(x)\n"
+      " ROOT w = f32[10,8] while(a), condition=cond, body=body, sharding={devices=[4,1]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(array, 4, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(array, 4, KILN_SPMD_ALL_REDUCE), 1);
+  check_program(array, 4, "interp", 1, 0);
+  check_program(array, 4, "cpu", 1, 0);
+  /* A loop whose init is another loop's result and whose body ends in a
+   * conditional, not a tuple instruction (and a branch returning its
+   * parameter as it is): the state stays split through both loops and
+   * both branches. */
+  static const char nested[] =
+      "HloModule loop2\n"
+      "cond { p = (s32[], f32[12,8]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n n = s32[] constant(3)\n"
+      " ROOT c = pred[] compare(i, n), direction=LT\n}\n"
+      "b0 { p = (s32[], f32[12,8]) parameter(0)\n i = s32[] get-tuple-element(p), index=0\n"
+      " x = f32[12,8] get-tuple-element(p), index=1\n y = f32[12,8] tanh(x)\n"
+      " ROOT t = (s32[], f32[12,8]) tuple(i, y)\n}\n"
+      "b1 { ROOT p = (s32[], f32[12,8]) parameter(0)\n}\n"
+      "body { p = (s32[], f32[12,8]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n x = f32[12,8] get-tuple-element(p), index=1\n"
+      " one = s32[] constant(1)\n i2 = s32[] add(i, one)\n"
+      " two = f32[] constant(1.5)\n b = f32[12,8] broadcast(two), dimensions={}\n"
+      " y = f32[12,8] multiply(x, b)\n t = (s32[], f32[12,8]) tuple(i2, y)\n"
+      " k = s32[] constant(2)\n r = s32[] remainder(i, k)\n"
+      " ROOT c = (s32[], f32[12,8]) conditional(r, t, t), branch_computations={b0, b1}\n}\n"
+      "body1 { p = (s32[], f32[12,8]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n x = f32[12,8] get-tuple-element(p), index=1\n"
+      " one = s32[] constant(1)\n i2 = s32[] add(i, one)\n y = f32[12,8] sine(x)\n"
+      " ROOT t = (s32[], f32[12,8]) tuple(i2, y)\n}\n"
+      "ENTRY e {\n x = f32[12,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " z = s32[] constant(0)\n t = (s32[], f32[12,8]) tuple(z, x)\n"
+      " w1 = (s32[], f32[12,8]) while(t), condition=cond, body=body1\n"
+      " w2 = (s32[], f32[12,8]) while(w1), condition=cond, body=body\n"
+      " ROOT y = f32[12,8] get-tuple-element(w2), index=1, sharding={devices=[1,4]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(nested, 4, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(nested, 4, KILN_SPMD_ALL_REDUCE), 0);
+  check_program(nested, 4, "interp", 0, 0);
+  check_program(nested, 4, "cpu", 0, 0);
+}
+END_TEST
+
+START_TEST(test_conditional_split) {
+  /* A conditional on split operands: each branch computes on the shards
+   * (one reduces over the split dim: an all-reduce inside the branch, the
+   * program's only one whichever branch runs), the
+   * selector whole; a branch that returns its parameter while the result
+   * is split otherwise (other devices: a collective-permute) gets its
+   * operand resharded on the way in. Both
+   * selector values, on 2 and 4 devices. */
+  for (int sel = 0; sel < 2; sel++) {
+    char text[2048];
+    snprintf(text, sizeof text,
+             "HloModule cond\n"
+             "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+             "b0 { p = (f32[8,6], f32[6]) parameter(0)\n x = f32[8,6] get-tuple-element(p), "
+             "index=0\n v = f32[6] get-tuple-element(p), index=1\n"
+             " z = f32[] constant(0)\n s = f32[6] reduce(x, z), dimensions={0}, to_apply=add\n"
+             " r = f32[6] add(s, v)\n ROOT o = f32[8,6] broadcast(r), dimensions={1}\n}\n"
+             "b1 { p = (f32[8,6], f32[6]) parameter(0)\n x = f32[8,6] get-tuple-element(p), "
+             "index=0\n ROOT y = f32[8,6] tanh(x)\n}\n"
+             "b2 { ROOT p = f32[8,6] parameter(0)\n}\n"
+             "ENTRY e {\n x = f32[8,6] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+             " v = f32[6] parameter(1), sharding={replicated}\n"
+             " i = s32[] constant(%d)\n t = (f32[8,6], f32[6]) tuple(x, v)\n"
+             " c = f32[8,6] conditional(i, t, t), branch_computations={b0, b1}\n"
+             " e = f32[8,6] exponential(c)\n"
+             " k = pred[] constant(%s)\n"
+             " ROOT d = f32[8,6] conditional(k, e, x), true_computation=b2, false_computation=b2, "
+             "sharding={devices=[4,1]0,2,1,3}\n}\n",
+             sel, sel ? "true" : "false");
+    check_program(text, 4, "interp", 1, 0);
+    check_program(text, 4, "cpu", 1, 0);
+    ck_assert_int_eq(count_of(text, 4, KILN_SPMD_ALL_GATHER), 0);
+  }
+}
+END_TEST
+
 START_TEST(test_convolution_batch_and_features) {
   /* Batch split: no communication. Output features split through the
    * kernel: none either. Input features split: a partial sum, all-reduced
@@ -1035,6 +1127,8 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_reduce_init_not_identity);
   tcase_add_test(tc, test_gather_embedding);
   tcase_add_test(tc, test_while_split_state);
+  tcase_add_test(tc, test_while_other_states);
+  tcase_add_test(tc, test_conditional_split);
   tcase_add_test(tc, test_convolution_batch_and_features);
   tcase_add_test(tc, test_refusals);
   suite_add_tcase(s, tc);
