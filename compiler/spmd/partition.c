@@ -1091,10 +1091,107 @@ static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *w
   return p->tx->err;
 }
 
+/* The indices of a gather or scatter (old id ix, whole on this device) as
+ * indices into this device's shard of an operand whose dim d (of size D)
+ * tiling t splits: minus the shard's first row. */
+static kiln_id local_indices(part *p, kiln_id ix, const spmd_tiling *t, uint32_t d, int64_t D) {
+  const kiln_shape *is = gshape(p, ix);
+  kiln_id idx = whole(p, ix);
+  int64_t sz = kiln__shard_size(D, t->tiles[d]);
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (offs == NULL || !kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  for (int64_t k = 0; k < p->n; k++) offs[k] = kiln__tiling_coord(t, k, d) * sz;
+  kiln_id off = kiln__b_convert(&p->b, lookup(p, offs), is->dtype);
+  return kiln__b_sub(&p->b, idx, kiln__b_splat(&p->b, off, is));
+}
+
+/* A gather from a table split along the dim it indexes (an embedding
+ * lookup over a split vocabulary), when the result moves fewer bytes than
+ * the table: each device gathers the (clamped) indices that fall in its
+ * shard from it, zeros the others, and an all-reduce (add) over the
+ * devices splitting the table sums the rows; the indices whole. */
+static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spmd_tiling **got) {
+  kiln_id tb = ins->operands[0], ix = ins->operands[1];
+  const kiln_shape *ts = gshape(p, tb), *is = gshape(p, ix);
+  const spmd_tiling *tt = p->lt[tb];
+  if (!is_array(ts) || !is_array(is) || !is_array(&ins->shape) || tt == NULL ||
+      ins->shape.dtype == KILN_PRED || ts->dtype != ins->shape.dtype)
+    return false;
+  int d = kiln__indexed_dim(p->m, ins, tt);
+  if (d < 0) return false;
+  int64_t rb = kiln_shape_bytes(&ins->shape), tbytes = kiln_shape_bytes(ts);
+  int64_t ib = p->lt[ix] && !kiln__tiling_is_replicated(p->lt[ix]) ? kiln_shape_bytes(is) : 0;
+  if (rb < 0 || tbytes < 0 || rb + ib >= tbytes) return false;
+  int64_t D = ts->dims[d], sz = kiln__shard_size(D, tt->tiles[d]);
+  /* gather clamps a start index to [0, D - 1]: clamp first, then shift */
+  kiln_id g = whole(p, ix);
+  kiln_id lo = kiln__b_full(&p->b, is->dtype, is->dims, is->rank, 0);
+  kiln_id hi = kiln__b_full(&p->b, is->dtype, is->dims, is->rank, (double)(D - 1));
+  g = kiln__b_bin(&p->b, KILN_OP_MINIMUM, kiln__b_bin(&p->b, KILN_OP_MAXIMUM, g, lo), hi);
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (offs == NULL || !kiln__tx_ok(p->tx)) return false;
+  for (int64_t k = 0; k < p->n; k++) offs[k] = kiln__tiling_coord(tt, k, (uint32_t)d) * sz;
+  kiln_id off = kiln__b_convert(&p->b, lookup(p, offs), is->dtype);
+  kiln_id l = kiln__b_sub(&p->b, g, kiln__b_splat(&p->b, off, is));
+  kiln_id in = kiln__b_bin(
+      &p->b, KILN_OP_AND, kiln__b_cmp(&p->b, l, lo, KILN_CMP_GE),
+      kiln__b_cmp(&p->b, l, kiln__b_full(&p->b, is->dtype, is->dims, is->rank, (double)sz),
+                  KILN_CMP_LT));
+  kiln_id ops[2] = {p->local[tb], l};
+  kiln_id y = kiln__b_clone(&p->b, ins, ops, 2);
+  /* the mask over the result's batch dims (the indices' dims but the
+   * index vector's, in order) */
+  int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, is->rank);
+  int64_t bd[SPMD_MAX_RANK], map[SPMD_MAX_RANK];
+  uint32_t nb = 0;
+  for (uint32_t k = 0; k < is->rank; k++)
+    if ((int64_t)k != ivd) bd[nb++] = is->dims[k];
+  if (ivd < (int64_t)is->rank) in = kiln__b_reshape(&p->b, in, bd, nb);
+  const kiln_i64s *offd = kiln_instr_attr_ints(ins, KILN_ATTR_OFFSET_DIMS);
+  bool is_off[SPMD_MAX_RANK] = {false};
+  for (uint32_t i = 0; offd && i < offd->n; i++)
+    if (offd->v[i] >= 0 && offd->v[i] < (int64_t)ins->shape.rank) is_off[offd->v[i]] = true;
+  uint32_t j = 0;
+  for (uint32_t k = 0; k < ins->shape.rank; k++)
+    if (!is_off[k] && j < nb) map[j++] = k;
+  if (j != nb) return false;
+  kiln_id mask = kiln__b_broadcast(&p->b, in, ins->shape.dims, ins->shape.rank, map, nb);
+  y = kiln__b_select(&p->b, mask, y, kiln__b_zeros_like(&p->b, y));
+  bool dims[SPMD_MAX_RANK] = {false};
+  dims[d] = true;
+  y = all_reduce(p, y, kiln__b_reducer(p->tx, KILN_OP_ADD, ins->shape.dtype), tt, dims);
+  p->ar = y;
+  p->ar_tiling = tt;
+  memcpy(p->ar_dims, dims, sizeof dims);
+  *out = y;
+  *got = replicated(p, ins->shape.rank);
+  return kiln__tx_ok(p->tx);
+}
+
+/* scatter into an operand split along the dim it indexes (the gradient of
+ * an embedding lookup over a split vocabulary), when the result is to be
+ * split so: each device scatters the updates whose indices fall in its
+ * shard (the others are out of bounds there, which scatter skips); the
+ * indices and updates whole. Else whole. */
+static int rule_scatter(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                        spmd_tiling **got) {
+  int d = is_array(&ins->shape) && want ? kiln__indexed_dim(p->m, ins, want) : -1;
+  if (d < 0 || !is_array(gshape(p, ins->operands[2]))) return rule_whole(p, ins, want, out, got);
+  kiln_id ops[3] = {local_as(p, ins->operands[0], want),
+                    local_indices(p, ins->operands[1], want, (uint32_t)d, ins->shape.dims[d]),
+                    whole(p, ins->operands[2])};
+  *out = kiln__b_clone(&p->b, ins, ops, 3);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
 /* gather: the table whole, the indices split as the result's batch dims
- * (an embedding lookup of split ids needs no communication). */
+ * (an embedding lookup of split ids needs no communication); or a table
+ * split along the indexed dim (gather_split_table). */
 static int rule_gather(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                        spmd_tiling **got) {
+  if (gather_split_table(p, ins, out, got)) return 0;
+  if (!kiln__tx_ok(p->tx)) return p->tx->err;
   spmd_tiling *ni = is_array(&ins->shape) ? kiln__spmd_bwd(p->a, p->m, ins, 1, want) : NULL;
   spmd_tiling *g = ni ? kiln__spmd_fwd(p->a, p->m, ins, 1, ni) : NULL;
   const kiln_shape *ts = gshape(p, ins->operands[0]);
@@ -1118,21 +1215,14 @@ static int rule_gte(part *p, const kiln_instr *ins, const spmd_tiling *want, kil
 }
 
 static const rule_fn rules[KILN_OP_COUNT] = {
-    [KILN_OP_PARAMETER] = rule_parameter,
-    [KILN_OP_CUSTOM_CALL] = rule_annotation,
-    [KILN_OP_BROADCAST] = rule_movement,
-    [KILN_OP_TRANSPOSE] = rule_movement,
-    [KILN_OP_RESHAPE] = rule_movement,
-    [KILN_OP_SLICE] = rule_movement,
-    [KILN_OP_PAD] = rule_movement,
-    [KILN_OP_REVERSE] = rule_movement,
-    [KILN_OP_CONCATENATE] = rule_movement,
-    [KILN_OP_REDUCE] = rule_reduce,
-    [KILN_OP_DOT] = rule_contraction,
-    [KILN_OP_CONVOLUTION] = rule_contraction,
-    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte,
-    [KILN_OP_GATHER] = rule_gather,
-    [KILN_OP_REDUCE_WINDOW] = rule_reduce_window,
+    [KILN_OP_PARAMETER] = rule_parameter,   [KILN_OP_CUSTOM_CALL] = rule_annotation,
+    [KILN_OP_BROADCAST] = rule_movement,    [KILN_OP_TRANSPOSE] = rule_movement,
+    [KILN_OP_RESHAPE] = rule_movement,      [KILN_OP_SLICE] = rule_movement,
+    [KILN_OP_PAD] = rule_movement,          [KILN_OP_REVERSE] = rule_movement,
+    [KILN_OP_CONCATENATE] = rule_movement,  [KILN_OP_REDUCE] = rule_reduce,
+    [KILN_OP_DOT] = rule_contraction,       [KILN_OP_CONVOLUTION] = rule_contraction,
+    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte, [KILN_OP_GATHER] = rule_gather,
+    [KILN_OP_SCATTER] = rule_scatter,       [KILN_OP_REDUCE_WINDOW] = rule_reduce_window,
 };
 
 static rule_fn rule_of(const kiln_instr *ins) {

@@ -105,6 +105,13 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
 spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_instr *ins, uint32_t k,
                             const spmd_tiling *tout);
 
+/* For a gather (scatter) of one operand indexed along one dim d
+ * (start_index_map / scatter_dims_to_operand_dims {d}) by integer indices,
+ * whose slice (window) along d is one element: d when tiling t of the
+ * operand splits d and no other dim, else -1. Each device then gathers
+ * (scatters) the indices that fall in its shard (partition.c). */
+int kiln__indexed_dim(const kiln_module *m, const kiln_instr *ins, const spmd_tiling *t);
+
 /* Annotations on an instruction: its sharding= attribute, or for a
  * sharding custom call (with_sharding_constraint, Shardy markers) the
  * sharding it names (sharding=, or the xla.sdy.sharding frontend attribute

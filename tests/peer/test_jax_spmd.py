@@ -401,5 +401,41 @@ class JaxSpmdTest(unittest.TestCase):
         self.assertEqual(kinds, {"all-reduce": (1, 4)})
 
 
+    def test_embedding_split_vocabulary(self):
+        """jnp.take from a table split along its vocabulary, with ids out of
+        range too (clamped, as jnp.take's fill mode masks them): each device
+        gathers the ids in its shard, zeros the others, one all-reduce sums
+        the rows (XLA's masked local gather) instead of gathering the
+        table."""
+        m = mesh((4,), ("v",))
+        rng = np.random.default_rng(19)
+        table = rng.standard_normal((64, 16)).astype(np.float32)
+        ids = rng.integers(-8, 72, size=(24,)).astype(np.int32)
+        rep, voc = NamedSharding(m, P()), NamedSharding(m, P("v", None))
+        for mode in ("fill", "clip"):
+            kinds = self.run_peer(f"embed_vocab_{mode}",
+                                  lambda t, i: jnp.tanh(jnp.take(t, i, axis=0, mode=mode)),
+                                  (voc, rep), rep, (table, ids), 4)
+            self.assertEqual(kinds, {"all-reduce": (1, 24 * 16 * 4)})
+
+    def test_embedding_gradient_split_vocabulary(self):
+        """The gradient of a loss through that lookup (the lookup, then a
+        scatter-add into zeros split along the vocabulary, repeated ids
+        included): each device scatters the updates whose ids fall in its
+        shard; the lookup's all-reduce is the only communication."""
+        m = mesh((4,), ("v",))
+        rng = np.random.default_rng(20)
+        table = rng.standard_normal((64, 16)).astype(np.float32)
+        ids = rng.integers(0, 64, size=(40,)).astype(np.int32)
+        g = rng.standard_normal((40, 16)).astype(np.float32)
+
+        def grad(t, i, g):
+            return jax.grad(lambda t: jnp.sum(jnp.tanh(jnp.take(t, i, axis=0)) * g))(t)
+
+        rep, voc = NamedSharding(m, P()), NamedSharding(m, P("v", None))
+        kinds = self.run_peer("embed_grad", grad, (voc, rep, rep), voc, (table, ids, g), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 40 * 16 * 4)})
+
+
 if __name__ == "__main__":
     unittest.main()

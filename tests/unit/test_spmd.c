@@ -958,13 +958,68 @@ START_TEST(test_gather_embedding) {
       " ROOT g = f32[8,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
       "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n";
   ck_assert_int_eq(count_of(emb, 4, KILN_SPMD_ALL_GATHER), 0);
-  /* A sharded table is gathered first; uneven ids too. */
+  /* A table split along the vocabulary whose rows outweigh the result:
+   * each device gathers the ids in its shard, one all-reduce sums them
+   * (the uneven ids gathered whole first). */
   check_program("HloModule emb2\n"
                 "ENTRY e {\n t = f32[10,6] parameter(0), sharding={devices=[2,1]<=[2]}\n"
                 " ids = s32[7] parameter(1), sharding={devices=[2]<=[2]}\n"
                 " ROOT g = f32[7,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
                 "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n",
+                2, "interp", 1, 1);
+  /* ... and when the result outweighs the table, the table is gathered */
+  check_program("HloModule emb3\n"
+                "ENTRY e {\n t = f32[4,6] parameter(0), sharding={devices=[2,1]<=[2]}\n"
+                " ids = s32[9] parameter(1), sharding={replicated}\n"
+                " ROOT g = f32[9,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+                "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n",
                 2, "interp", 0, 1);
+}
+END_TEST
+
+START_TEST(test_gather_scatter_split_vocabulary) {
+  /* A vocabulary of 10 rows split 4 ways (shards of 3, the last padded),
+   * ids out of range on both sides (gather clamps them, scatter skips
+   * them), repeated ids (scatter adds): the lookup is a masked local
+   * gather and one all-reduce, the scatter local, on interp and cpu, and
+   * the non-collapsed form (slice kept as a dim of 1) too. */
+  static const char text[] =
+      "HloModule vocab\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[10,6] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " u = f32[8,6] parameter(1), sharding={replicated}\n"
+      " ids = s32[8,1] constant({{-3}, {0}, {4}, {9}, {12}, {5}, {3}, {4}})\n"
+      " g = f32[8,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n"
+      " g3 = f32[8,1,6] gather(t, ids), offset_dims={1,2}, collapsed_slice_dims={}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n"
+      " r = f32[8,6] reshape(g3)\n s = f32[8,6] add(g, r)\n y = f32[8,6] multiply(s, u)\n"
+      " z = f32[] constant(0)\n zs = f32[10,6] broadcast(z), dimensions={}\n"
+      " d = f32[10,6] scatter(zs, ids, y), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n"
+      " ROOT o = f32[10,6] add(d, t), sharding={devices=[4,1]<=[4]}\n}\n";
+  check_program(text, 4, "interp", 1, 0); /* the two lookups' all-reduces combined */
+  check_program(text, 4, "cpu", 1, 0);
+  ck_assert_int_eq(count_of(text, 4, KILN_SPMD_ALL_TO_ALL), 0);
+  ck_assert_int_eq(count_of(text, 4, KILN_SPMD_COLLECTIVE_PERMUTE), 0);
+  /* every device gathers from and scatters into its own 3 rows */
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_spmd_program *prog = NULL;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), 0);
+  int gathers = 0, scatters = 0;
+  const kiln_computation *c = kiln_module_entry(prog->module);
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = prog->module->instrs[c->instrs[i]];
+    if (ins->op != KILN_OP_GATHER && ins->op != KILN_OP_SCATTER) continue;
+    const kiln_shape *t = &prog->module->instrs[ins->operands[0]]->shape;
+    if (ins->op == KILN_OP_GATHER) gathers += t->dims[0] == 3;
+    if (ins->op == KILN_OP_SCATTER) scatters += t->dims[0] == 3 && ins->shape.dims[0] == 3;
+  }
+  ck_assert_int_eq(gathers, 2);
+  ck_assert_int_eq(scatters, 1);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
 }
 END_TEST
 
@@ -1126,6 +1181,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_reduce_scatter);
   tcase_add_test(tc, test_reduce_init_not_identity);
   tcase_add_test(tc, test_gather_embedding);
+  tcase_add_test(tc, test_gather_scatter_split_vocabulary);
   tcase_add_test(tc, test_while_split_state);
   tcase_add_test(tc, test_while_other_states);
   tcase_add_test(tc, test_conditional_split);
