@@ -293,6 +293,10 @@ static int seed(prop *p, const kiln_instr *ins) {
 
 static int write_back(prop *p, kiln_instr *ins) {
   kiln_arena *ma = p->m->arena;
+  /* a region marker keeps its manual sharding: the partitioner refuses it
+   * anywhere but on a region's values */
+  const kiln_attr *own = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  if (ins->op == KILN_OP_CUSTOM_CALL && own && sharding_is_manual(own->v.sharding)) return 0;
   kiln_sharding *s = NULL;
   if (is_array(p, ins->id)) {
     spmd_tiling *t = p->t[ins->id];

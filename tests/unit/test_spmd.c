@@ -594,6 +594,15 @@ START_TEST(test_shard_map_gspmd_form) {
   ck_assert_int_eq(kiln_spmd_partition(m, 8, NULL, &prog, &st), KILN_EINVAL);
   ck_assert_msg(strstr(st.msg, "SPMDFullToShardShape") != NULL, "%s", st.msg);
   kiln_module_destroy(m);
+  /* a manual annotation on a global value (no region around it) is
+   * refused by name */
+  m = parse_ok("HloModule man2\nENTRY e {\n x = f32[8] parameter(0), sharding={devices=[4]<=[4]}\n"
+               " s = f32[8] custom-call(x), custom_call_target=\"Sharding\", sharding={manual}\n"
+               " ROOT n = f32[8] negate(s)\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "outside a shard_map region") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
   /* {manual} outside a region is still refused by name */
   m = parse_ok("HloModule man\nENTRY e {\n x = f32[8] parameter(0)\n"
                " ROOT n = f32[8] negate(x), sharding={manual}\n}\n");
