@@ -39,7 +39,12 @@ static bool is_annotation(const kiln_instr *ins) {
 /* Elementwise in the partitioner's sense: result element i from operand
  * elements i of operands of the result's dims. */
 static bool elementwise(const kiln_module *m, const kiln_instr *ins, uint32_t k) {
-  if (!(kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) && !is_annotation(ins)) return false;
+  /* an all-reduce (in a partially manual region's body: over manual axes)
+   * combines the same elements of its devices: split along the others as
+   * its operand */
+  bool ar = ins->op == KILN_OP_ALL_REDUCE && ins->noperands == 1;
+  if (!(kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) && !is_annotation(ins) && !ar)
+    return false;
   const kiln_shape *s = op_shape(m, ins, k);
   return kiln_shape_is_array(s) && kiln_shape_same_dims(s, &ins->shape);
 }

@@ -49,7 +49,10 @@ typedef struct part {
   spmd_tiling ***le; /* tuples: per element, NULL = all replicated */
   /* Reshards already built: cached[old id][i] in tiling ctile[..][i]. */
   kiln_id (*cached)[CACHE];
-  bool *manual; /* manual[old id]: a per-device value of a shard_map region */
+  bool *manual;     /* manual[old id]: a per-device value of a shard_map region */
+  bool region_body; /* building a partially manual region's body split along
+                       its automatic axes: no exchanges that pair devices by
+                       position across tilings (permutes, all-to-all) */
   spmd_tiling *(*ctile)[CACHE];
   kiln_id pid; /* s32 partition id of the computation being built, built once */
   size_t ncap; /* entries of local, lt, le, cached, ctile */
@@ -275,7 +278,7 @@ static kiln_id reshard(part *p, kiln_id x, const kiln_shape *g, const spmd_tilin
                        const spmd_tiling *to) {
   if (!kiln__tx_ok(p->tx) || kiln__tiling_equal(from, to)) return x;
   kiln_id y;
-  if (!kiln__tiling_covers(from, to) &&
+  if (!kiln__tiling_covers(from, to) && !p->region_body &&
       (try_permute(p, x, from, to, &y) || try_all_to_all(p, x, g, from, to, &y)))
     return y;
   if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
@@ -1214,15 +1217,38 @@ static int rule_gte(part *p, const kiln_instr *ins, const spmd_tiling *want, kil
   return p->tx->err;
 }
 
+/* all-reduce (only in a partially manual region's body, whose explicit
+ * collectives run over its manual axes): each device's shard of the
+ * operand reduced with the same shards of its group. */
+static int rule_all_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                           spmd_tiling **got) {
+  if (!p->region_body || want == NULL || ins->noperands != 1 || !is_array(&ins->shape) ||
+      !kiln_shape_same_dims(gshape(p, ins->operands[0]), &ins->shape))
+    return rule_whole(p, ins, want, out, got);
+  kiln_id x = local_as(p, ins->operands[0], want);
+  *out = kiln__b_clone(&p->b, ins, &x, 1);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
 static const rule_fn rules[KILN_OP_COUNT] = {
-    [KILN_OP_PARAMETER] = rule_parameter,   [KILN_OP_CUSTOM_CALL] = rule_annotation,
-    [KILN_OP_BROADCAST] = rule_movement,    [KILN_OP_TRANSPOSE] = rule_movement,
-    [KILN_OP_RESHAPE] = rule_movement,      [KILN_OP_SLICE] = rule_movement,
-    [KILN_OP_PAD] = rule_movement,          [KILN_OP_REVERSE] = rule_movement,
-    [KILN_OP_CONCATENATE] = rule_movement,  [KILN_OP_REDUCE] = rule_reduce,
-    [KILN_OP_DOT] = rule_contraction,       [KILN_OP_CONVOLUTION] = rule_contraction,
-    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte, [KILN_OP_GATHER] = rule_gather,
-    [KILN_OP_SCATTER] = rule_scatter,       [KILN_OP_REDUCE_WINDOW] = rule_reduce_window,
+    [KILN_OP_PARAMETER] = rule_parameter,
+    [KILN_OP_CUSTOM_CALL] = rule_annotation,
+    [KILN_OP_BROADCAST] = rule_movement,
+    [KILN_OP_TRANSPOSE] = rule_movement,
+    [KILN_OP_RESHAPE] = rule_movement,
+    [KILN_OP_SLICE] = rule_movement,
+    [KILN_OP_PAD] = rule_movement,
+    [KILN_OP_REVERSE] = rule_movement,
+    [KILN_OP_CONCATENATE] = rule_movement,
+    [KILN_OP_REDUCE] = rule_reduce,
+    [KILN_OP_DOT] = rule_contraction,
+    [KILN_OP_CONVOLUTION] = rule_contraction,
+    [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte,
+    [KILN_OP_GATHER] = rule_gather,
+    [KILN_OP_SCATTER] = rule_scatter,
+    [KILN_OP_ALL_REDUCE] = rule_all_reduce,
+    [KILN_OP_REDUCE_WINDOW] = rule_reduce_window,
 };
 
 static rule_fn rule_of(const kiln_instr *ins) {
@@ -1255,6 +1281,74 @@ static bool local_shape_ok(const kiln_shape *gs, const kiln_shape *ls, const spm
 }
 
 static int wanted(part *p, const kiln_instr *ins, spmd_tiling **want, spmd_tiling ***elems);
+static int partition_sub(part *p, uint32_t comp);
+static kiln_id as_elems(part *p, kiln_id old, spmd_tiling *const *want);
+
+/* The tiling of a region's global array that splits its dims as tm (the
+ * manual axes: which local array a device holds) and ta (the automatic
+ * axes: which part of that local array), when no dim is split by both and
+ * the devices agree; else NULL. */
+static spmd_tiling *region_tiling(part *p, const spmd_tiling *tm, const spmd_tiling *ta) {
+  if (ta == NULL || kiln__tiling_is_replicated(ta)) return (spmd_tiling *)tm;
+  if (tm->rank != ta->rank) return NULL;
+  if (kiln__tiling_is_replicated(tm)) return (spmd_tiling *)ta;
+  for (uint32_t d = 0; d < tm->rank; d++)
+    if (tm->tiles[d] > 1 && ta->tiles[d] > 1) return NULL;
+  spmd_tiling *c = kiln__tiling_merge(p->a, tm, ta);
+  if (c == NULL) return NULL;
+  for (uint32_t d = 0; d < tm->rank; d++) {
+    if (c->tiles[d] != tm->tiles[d] * ta->tiles[d]) return NULL;
+    const spmd_tiling *by = tm->tiles[d] > 1 ? tm : ta;
+    for (int64_t k = 0; by->tiles[d] > 1 && k < p->n; k++)
+      if (kiln__tiling_coord(c, k, d) != kiln__tiling_coord(by, k, d)) return NULL;
+  }
+  return c;
+}
+
+/* The call of the region body that takes G's values when propagation
+ * split it along the region's automatic axes (a parameter of its body
+ * carries a sharding); else NULL. */
+static const kiln_instr *split_body_call(part *p, const kiln_instr *g) {
+  const kiln_computation *c = p->m->comps[p->m->entry];
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = p->m->instrs[c->instrs[i]];
+    if (ins->op != KILN_OP_CALL || ins->ncalled != 1 || ins->noperands == 0 ||
+        ins->operands[0] >= p->ncap)
+      continue;
+    const kiln_instr *o0 = p->m->instrs[ins->operands[0]];
+    if (o0 != g && !(o0->op == KILN_OP_GET_TUPLE_ELEMENT && o0->operands[0] == g->id)) continue;
+    const kiln_computation *body = p->m->comps[ins->called[0]];
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      const kiln_instr *pi = kiln_computation_param(p->m, body, k);
+      if (pi && kiln_instr_has_attr(pi, KILN_ATTR_SHARDING)) return ins;
+    }
+    return NULL;
+  }
+  return NULL;
+}
+
+/* The tiling propagation gave parameter k of a split body (replicated when
+ * none). */
+static spmd_tiling *body_param_tiling(part *p, const kiln_instr *call, uint32_t k) {
+  const kiln_instr *pi = kiln_computation_param(p->m, p->m->comps[call->called[0]], k);
+  spmd_tiling *t = NULL, **e;
+  if (pi == NULL || !is_array(&pi->shape) || wanted(p, pi, &t, &e)) return NULL;
+  return t;
+}
+
+/* A region value as each device holds it whole along the automatic axes
+ * (a split body's result or a split entry's value is gathered back along
+ * them). */
+static kiln_id manual_whole(part *p, kiln_id o) {
+  const kiln_shape *s = gshape(p, o);
+  if (is_array(s) && p->lt[o] && !kiln__tiling_is_replicated(p->lt[o]))
+    return reshard(p, p->local[o], s, p->lt[o], replicated(p, s->rank));
+  if (kiln_shape_is_tuple(s) && p->le[o]) {
+    spmd_tiling **none = kiln_arena_calloc(p->a, s->rank ? s->rank : 1, sizeof *none);
+    return none ? as_elems(p, o, none) : KILN_NO_ID;
+  }
+  return p->local[o];
+}
 
 /* A region's entry (xla.sdy.GlobalToLocalShape, or XLA's
  * SPMDFullToShardShape): each operand's shard
@@ -1265,6 +1359,9 @@ static int build_manual(part *p, const kiln_instr *ins) {
   char where[200];
   kiln_instr_where(p->m, ins, where, sizeof where);
   kiln_id out;
+  spmd_tiling *lt_out = is_array(&ins->shape) ? replicated(p, ins->shape.rank) : NULL;
+  spmd_tiling **le_out = NULL;
+  const kiln_instr *call = NULL;
   if (is_target(ins, "SPMDFullToShardShape")) {
     /* XLA's form: the operand's own sharding (the Sharding annotation in
      * front of it) says which shard each device's local value is. */
@@ -1286,6 +1383,11 @@ static int build_manual(part *p, const kiln_instr *ins) {
         (tuple && ins->shape.rank != ins->noperands) || (!tuple && ins->noperands != 1))
       return fail(p, ins, KILN_EINVAL, "GlobalToLocalShape: one result per operand");
     kiln_id xs[64];
+    /* a body split along the automatic axes takes each value as the
+     * operand already holds it along them (tiling ta: no exchange) */
+    call = split_body_call(p, ins);
+    if (tuple && (le_out = kiln_arena_calloc(p->a, ins->noperands, sizeof *le_out)) == NULL)
+      return kiln__tx_oom(p->tx);
     for (uint32_t i = 0; i < ins->noperands; i++) {
       const kiln_shape *gs = gshape(p, ins->operands[i]);
       const kiln_shape *ls = tuple ? &ins->shape.tuple[i] : &ins->shape;
@@ -1302,25 +1404,66 @@ static int build_manual(part *p, const kiln_instr *ins) {
         return fail(p, ins, KILN_EINVAL,
                     "GlobalToLocalShape: an operand's shard is not the region's local shape "
                     "(shard_map needs dims that divide evenly)");
-      xs[i] = local_as(p, ins->operands[i], t);
+      spmd_tiling *ta = call ? body_param_tiling(p, call, i) : NULL, *c = region_tiling(p, t, ta);
+      if (c == NULL || c == t) ta = NULL, c = t;
+      xs[i] = local_as(p, ins->operands[i], c);
+      if (tuple)
+        le_out[i] = ta;
+      else if (ta)
+        lt_out = ta;
     }
     out = tuple ? kiln__b_tuple(&p->b, xs, ins->noperands) : xs[0];
+  } else if (ins->op == KILN_OP_GET_TUPLE_ELEMENT && ins->noperands == 1) {
+    kiln_id o = ins->operands[0];
+    int64_t i = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0);
+    out = kiln__b_gte(&p->b, p->manual[o] ? p->local[o] : whole(p, o), i);
+    if (p->manual[o] && p->le[o] && i >= 0 && i < (int64_t)gshape(p, o)->rank && p->le[o][i])
+      lt_out = p->le[o][i];
+  } else if (ins->op == KILN_OP_CALL && ins->ncalled == 1 && ins->noperands <= 256 &&
+             is_array(&ins->shape) && ins->noperands > 0 &&
+             (call =
+                  split_body_call(p, p->m->instrs[ins->operands[0]]->op == KILN_OP_GET_TUPLE_ELEMENT
+                                         ? p->m->instrs[p->m->instrs[ins->operands[0]]->operands[0]]
+                                         : p->m->instrs[ins->operands[0]])) == ins) {
+    /* the split body: its parameters in their tilings, partitioned as a
+     * loop body is, its explicit collectives over the manual axes as
+     * written on the shards */
+    kiln_id ops[256];
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      kiln_id o = ins->operands[k];
+      spmd_tiling *ta = body_param_tiling(p, ins, k);
+      const kiln_shape *os = gshape(p, o);
+      if (!p->manual[o] || !is_array(os) || ta == NULL) {
+        ops[k] = p->manual[o] ? manual_whole(p, o) : whole(p, o);
+        continue;
+      }
+      spmd_tiling *from = p->lt[o] ? p->lt[o] : replicated(p, os->rank);
+      ops[k] = reshard(p, p->local[o], os, from, ta);
+    }
+    const kiln_computation *body = p->m->comps[ins->called[0]];
+    spmd_tiling *rt = NULL, **re;
+    int rc = wanted(p, p->m->instrs[body->root], &rt, &re);
+    if (rc) return p->tx->err = rc;
+    bool saved = p->region_body;
+    p->region_body = true;
+    rc = partition_sub(p, ins->called[0]);
+    p->region_body = saved;
+    if (rc) return rc;
+    out = kiln__b_clone(&p->b, ins, ops, ins->noperands);
+    if (rt) lt_out = rt;
   } else {
     kiln_id ops[256];
     if (ins->noperands > 256) return fail(p, ins, KILN_EUNIMPL, "too many operands");
     for (uint32_t k = 0; k < ins->noperands; k++) {
       kiln_id o = ins->operands[k];
-      ops[k] = p->manual[o] ? p->local[o] : whole(p, o);
+      ops[k] = p->manual[o] ? manual_whole(p, o) : whole(p, o);
     }
-    out = ins->op == KILN_OP_GET_TUPLE_ELEMENT
-              ? kiln__b_gte(&p->b, ops[0], kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0))
-              : kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
-    if (out != KILN_NO_ID && ins->op != KILN_OP_GET_TUPLE_ELEMENT)
-      kiln__b_drop_attr(kiln__b_ins(p->tx, out), KILN_ATTR_SHARDING);
+    out = kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
+    if (out != KILN_NO_ID) kiln__b_drop_attr(kiln__b_ins(p->tx, out), KILN_ATTR_SHARDING);
   }
   p->local[ins->id] = out;
-  p->lt[ins->id] = is_array(&ins->shape) ? replicated(p, ins->shape.rank) : NULL;
-  p->le[ins->id] = NULL;
+  p->lt[ins->id] = lt_out;
+  p->le[ins->id] = le_out;
   p->manual[ins->id] = true;
   return p->tx->err;
 }
@@ -1350,9 +1493,12 @@ static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **go
   if (!local_shape_ok(&ins->shape, ls, t))
     return fail(p, ins, KILN_EINVAL,
                 "LocalToGlobalShape: the region's local shape is not a shard of the result");
-  *out = p->local[o];
-  *got = t;
-  return 0;
+  /* a value split along the automatic axes (a split body's result): the
+   * result split along both, or gathered back along them */
+  spmd_tiling *c = region_tiling(p, t, p->lt[o]);
+  *out = c ? p->local[o] : manual_whole(p, o);
+  *got = c ? c : t;
+  return p->tx->err;
 }
 
 /* ---- the driver ---------------------------------------------------------- */

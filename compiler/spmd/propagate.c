@@ -535,6 +535,103 @@ static int propagate_loops(kiln_module *m, uint32_t comp, int64_t n, kiln_status
   return 0;
 }
 
+static bool is_target(const kiln_instr *ins, const char *target) {
+  const char *t = ins->op == KILN_OP_CUSTOM_CALL
+                      ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
+                      : NULL;
+  return t && strcmp(t, target) == 0;
+}
+
+/* The body of a region manual over some axes of its mesh is split along
+ * the others, as XLA's Shardy partitioner does: a call whose operands are
+ * the values of one GlobalToLocalShape G (in order) and whose array result
+ * only a LocalToGlobalShape takes gets a private copy of its body, whose
+ * parameter k carries the automatic axes of G's operand k's Shardy
+ * sharding (what that operand already holds along them: no communication
+ * on the way in), propagated inside. Every tiling there must split only
+ * along automatic axes (kiln__tiling_auto_only); else the body stays as it
+ * is, whole along them. */
+static int propagate_region(kiln_module *m, kiln_instr *call, int64_t n, kiln_status *st) {
+  if (call->op != KILN_OP_CALL || call->ncalled != 1 || call->noperands == 0 ||
+      call->noperands > 64 || !kiln_shape_is_array(&call->shape))
+    return 0;
+  const kiln_instr *o0 = m->instrs[call->operands[0]];
+  const kiln_instr *g = o0->op == KILN_OP_GET_TUPLE_ELEMENT ? m->instrs[o0->operands[0]] : o0;
+  if (!is_target(g, "xla.sdy.GlobalToLocalShape")) return 0;
+  for (uint32_t k = 0; k < call->noperands; k++) {
+    const kiln_instr *o = m->instrs[call->operands[k]];
+    bool ok = o == g ? call->noperands == 1 && g->noperands == 1
+                     : o->op == KILN_OP_GET_TUPLE_ELEMENT && o->operands[0] == g->id &&
+                           kiln_instr_attr_int(o, KILN_ATTR_INDEX, -1) == (int64_t)k &&
+                           g->noperands == call->noperands;
+    if (!ok) return 0;
+  }
+  int64_t sizes[16];
+  bool manual[16], autos[16];
+  uint32_t na;
+  if (!kiln__sdy_region_axes(m, g, sizes, manual, &na)) return 0;
+  bool partial = false;
+  for (uint32_t k = 0; k < na; k++) partial = partial || !manual[k], autos[k] = !manual[k];
+  if (!partial) return 0;
+  kiln_arena *a = kiln_arena_create();
+  if (a == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  int rc = 0;
+  bool any = false;
+  kiln_sharding *ps[64];
+  for (uint32_t k = 0; k < call->noperands && rc == 0; k++) {
+    const kiln_instr *src = m->instrs[g->operands[k]];
+    const kiln_shape *ls = &m->instrs[call->operands[k]]->shape;
+    const kiln_sharding *s = NULL;
+    spmd_tiling *t = NULL;
+    kiln_status ignore = {0};
+    ps[k] = NULL;
+    if ((rc = kiln__sdy_instr_sharding_axes(a, m, src, autos, &s)) || s == NULL) continue;
+    if (!kiln_shape_is_array(ls) || ls->rank != src->shape.rank ||
+        kiln__tiling_from_sharding(a, s, ls->rank, n, "spmd", &t, &ignore))
+      continue;
+    bool even = true;
+    for (uint32_t d = 0; d < ls->rank; d++) even = even && ls->dims[d] % t->tiles[d] == 0;
+    if (!even || kiln__tiling_is_replicated(t)) continue;
+    ps[k] = kiln__tiling_to_sharding(m->arena, t);
+    any = any || ps[k] != NULL;
+  }
+  kiln_arena_destroy(a);
+  if (rc || !any) return rc ? kiln_status_set(st, rc, "spmd", "out of memory") : 0;
+  uint32_t body;
+  char name[200];
+  snprintf(name, sizeof name, "%.180s.spmd", m->comps[call->called[0]]->name);
+  if ((rc = kiln_computation_clone(m, call->called[0], name, &body)))
+    return kiln_status_set(st, rc, "spmd", "out of memory");
+  kiln_computation *c = m->comps[body];
+  for (uint32_t k = 0; k < call->noperands; k++) {
+    kiln_instr *pi = kiln_computation_param(m, c, k);
+    if (pi == NULL) return 0; /* the clone stays unused */
+    if (ps[k] && set_sharding(m, pi, ps[k])) return kiln_status_set(st, KILN_ENOMEM, "spmd", "oom");
+  }
+  if ((rc = propagate_comp(m, body, n, st))) return rc;
+  /* every array value split along automatic axes only, or none is */
+  a = kiln_arena_create();
+  if (a == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  bool ok = true;
+  for (uint32_t i = 0; i < c->ninstrs && ok; i++) {
+    const kiln_instr *ins = m->instrs[c->instrs[i]];
+    const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+    spmd_tiling *t;
+    kiln_status ignore = {0};
+    if (!kiln_shape_is_array(&ins->shape)) {
+      ok = sa == NULL || !split_sharding(ins);
+      continue;
+    }
+    ok = kiln__tiling_from_sharding(a, sa ? sa->v.sharding : NULL, ins->shape.rank, n, "spmd", &t,
+                                    &ignore) == 0 &&
+         (kiln__tiling_is_replicated(t) || kiln__tiling_auto_only(t, sizes, manual, na));
+  }
+  kiln_arena_destroy(a);
+  if (ok && kiln_instr_set_called(m, call, &body, 1))
+    return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  return 0;
+}
+
 static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
   int rc = kiln__spmd_inline_calls(m, comp, st);
   if (rc) return rc;
@@ -569,6 +666,8 @@ out:
   kiln_users_destroy(p.users);
   kiln_arena_destroy(p.a);
   if (rc == 0) rc = propagate_loops(m, comp, n, st);
+  for (uint32_t i = 0; rc == 0 && comp == m->entry && i < m->comps[comp]->ninstrs; i++)
+    rc = propagate_region(m, m->instrs[m->comps[comp]->instrs[i]], n, st);
   return rc;
 }
 

@@ -137,6 +137,25 @@ int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_in
 int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
                     const kiln_sharding **out);
 
+/* A manual region's mesh: its axes' sizes and which are manual (at most
+ * 16 axes), from its GlobalToLocalShape or LocalToGlobalShape; false when
+ * not understood. */
+bool kiln__sdy_region_axes(const kiln_module *m, const kiln_instr *ins, int64_t *sizes,
+                           bool *manual, uint32_t *naxes);
+/* The Shardy sharding (xla.sdy.sharding) of array instruction ins with only
+ * the mesh axes keep[k] splitting it; NULL *out when it has none or it is
+ * not understood. */
+int kiln__sdy_instr_sharding_axes(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                                  const bool *keep, const kiln_sharding **out);
+/* Whether tiling t of a region's values (a region manual over the axes
+ * manual[k] of a mesh of axes sizes[k], device = row-major index) is split
+ * only along automatic axes, consistently: every device's tile depends only
+ * on its automatic coordinates, and its position among a tile's holders
+ * determines its manual ones (so the partitioner's groups and exchanges
+ * never mix values of different manual shards). */
+bool kiln__tiling_auto_only(const spmd_tiling *t, const int64_t *sizes, const bool *manual,
+                            uint32_t naxes);
+
 /* Inlines the calls computation `comp` makes (propagate.c). */
 int kiln__spmd_inline_calls(kiln_module *m, uint32_t comp, kiln_status *st);
 

@@ -251,6 +251,25 @@ class JaxSpmdTest(unittest.TestCase):
                               rep, (a, w), 8)
         self.assertEqual(kinds, {"all-reduce": (1, 4 * 8 * 4)})
 
+    def test_shard_map_partially_manual_split_body(self):
+        """The same region over an input split along both axes, its result
+        split along the automatic one: the body is split along y as the
+        input is (as XLA's Shardy partitioner does), so nothing moves on the
+        way in or out and the psum over x moves only the shard."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(21)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def f(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a) * 2.0 + 1.0, "x")
+            return jax.shard_map(body, mesh=m, in_specs=P("x", None), out_specs=P(),
+                                 axis_names={"x"})(a)
+
+        kinds = self.run_peer("shard_map_split_body", f, (NamedSharding(m, P("x", "y")),),
+                              NamedSharding(m, P(None, "y")), (a,), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 4 * 4)})
+
     def test_shard_map_gspmd_form(self):
         """The same regions as XLA's GSPMD form writes them (JAX with
         jax_use_shardy_partitioner off): SPMDFullToShardShape with {manual}

@@ -434,7 +434,16 @@ END_TEST
  * both axes (rows by y, columns by x) and is gathered along y on the way
  * in; a manual axis minor to an automatic one in a dim is refused by
  * name. */
+static void partial_text2(char *out, size_t n, const char *a_in, const char *b_sharding,
+                          const char *a_attrs, const char *o_attrs);
 static void partial_text(char *out, size_t n, const char *a_in, const char *b_sharding) {
+  partial_text2(out, n, a_in, b_sharding, "", "");
+}
+
+/* ... with a_attrs after a's sharding and o_attrs after the result's
+ * frontend attributes. */
+static void partial_text2(char *out, size_t n, const char *a_in, const char *b_sharding,
+                          const char *a_attrs, const char *o_attrs) {
   snprintf(out, n,
            "HloModule pm, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<[\"x\"=4, "
            "\"y\"=2]>}}\n"
@@ -445,7 +454,7 @@ static void partial_text(char *out, size_t n, const char *a_in, const char *b_sh
            " d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
            " ROOT r = f32[8,4] all-reduce(d), channel_id=1, replica_groups={{0,2,4,6},{1,3,5,7}}, "
            "use_global_device_ids=true, to_apply=add\n}\n"
-           "ENTRY e {\n a = f32[8,16] parameter(0), sharding={devices=[2,4]<=[4,2]T(1,0)}\n"
+           "ENTRY e {\n a = f32[8,16] parameter(0), sharding={devices=[2,4]<=[4,2]T(1,0)}%s\n"
            " b = f32[16,4] parameter(1), sharding=%s\n"
            " g = (f32[8,4], f32[4,4]) custom-call(a, b), "
            "custom_call_target=\"xla.sdy.GlobalToLocalShape\", custom_call_has_side_effect=true, "
@@ -458,8 +467,8 @@ static void partial_text(char *out, size_t n, const char *a_in, const char *b_sh
            " ROOT o = f32[8,4] custom-call(c), custom_call_target=\"xla.sdy.LocalToGlobalShape\", "
            "custom_call_has_side_effect=true, frontend_attributes={xla.sdy.manual_axes="
            "\"#sdy<manual_axes{\\\"x\\\"}>\",xla.sdy.out_shardings=\"#sdy.sharding_per_value<[<@"
-           "mesh, [{?}, {?}]>]>\"}\n}\n",
-           b_sharding, a_in);
+           "mesh, [{?}, {?}]>]>\"}%s\n}\n",
+           a_attrs, b_sharding, a_in, o_attrs);
 }
 
 static const char partial_ref[] =
@@ -505,6 +514,21 @@ START_TEST(test_shard_map_partially_manual) {
     ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_REDUCE], 8 * 4 * 4);
     ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 1);
     ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_GATHER], 8 * 4 * 4);
+  }
+  /* a's Shardy sharding says its rows are split by y, which the region
+   * leaves automatic: the body is split along y as a is (no gather on the
+   * way in), its psum moves the shard only, and the result stays split by
+   * rows along y */
+  for (int k = 0; k < 2; k++) {
+    kiln_spmd_stats st2;
+    partial_text2(text, sizeof text, "{\\\"x\\\"}", "{replicated}",
+                  ", frontend_attributes={xla.sdy.sharding=\"#sdy.sharding<@mesh, [{\\\"y\\\"}, "
+                  "{\\\"x\\\"}]>\"}",
+                  ", sharding={devices=[2,1,4]<=[4,2]T(1,0) last_tile_dim_replicate}");
+    check_against(text, partial_ref, 8, backends[k], &st2);
+    ck_assert_int_eq(st2.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(st2.bytes[KILN_SPMD_ALL_REDUCE], 4 * 4 * 4);
+    ck_assert_int_eq(st2.count[KILN_SPMD_ALL_GATHER], 0);
   }
   /* an automatic axis named in in_shardings (a's columns split by x, then
    * y) is left out: the region's values are whole along y */
