@@ -270,6 +270,24 @@ class JaxSpmdTest(unittest.TestCase):
                               NamedSharding(m, P(None, "y")), (a,), 8)
         self.assertEqual(kinds, {"all-reduce": (1, 4 * 4 * 4)})
 
+        # a body whose matmul contracts along the split automatic dim (a
+        # partial product, all-reduced along y inside the body), with an
+        # all_gather over x, a row sum and a max along y
+        w = rng.standard_normal((16, 8)).astype(np.float32)
+
+        def g(a, w):
+            def body(a, w):
+                h = jnp.tanh(a) @ w
+                t = jax.lax.all_gather(h, "x", axis=0, tiled=True)
+                r = jnp.sum(a, axis=1, keepdims=True)[:1] - jnp.max(a)
+                return jax.lax.psum(t + r, "x")
+            return jax.shard_map(body, mesh=m, in_specs=(P("x", None), P()), out_specs=P(),
+                                 axis_names={"x"})(a, w)
+
+        self.run_peer("shard_map_split_body_dot", g,
+                      (NamedSharding(m, P("x", "y")), NamedSharding(m, P("y", None))),
+                      NamedSharding(m, P()), (a, w), 8)
+
     def test_shard_map_gspmd_form(self):
         """The same regions as XLA's GSPMD form writes them (JAX with
         jax_use_shardy_partitioner off): SPMDFullToShardShape with {manual}
