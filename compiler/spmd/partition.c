@@ -1420,7 +1420,7 @@ static int build_manual(part *p, const kiln_instr *ins) {
     if (p->manual[o] && p->le[o] && i >= 0 && i < (int64_t)gshape(p, o)->rank && p->le[o][i])
       lt_out = p->le[o][i];
   } else if (ins->op == KILN_OP_CALL && ins->ncalled == 1 && ins->noperands <= 256 &&
-             is_array(&ins->shape) && ins->noperands > 0 &&
+             ins->noperands > 0 &&
              (call =
                   split_body_call(p, p->m->instrs[ins->operands[0]]->op == KILN_OP_GET_TUPLE_ELEMENT
                                          ? p->m->instrs[p->m->instrs[ins->operands[0]]->operands[0]]
@@ -1451,6 +1451,7 @@ static int build_manual(part *p, const kiln_instr *ins) {
     if (rc) return rc;
     out = kiln__b_clone(&p->b, ins, ops, ins->noperands);
     if (rt) lt_out = rt;
+    if (re && kiln_shape_is_tuple(&ins->shape)) le_out = re;
   } else {
     kiln_id ops[256];
     if (ins->noperands > 256) return fail(p, ins, KILN_EUNIMPL, "too many operands");
@@ -1498,6 +1499,44 @@ static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **go
   spmd_tiling *c = region_tiling(p, t, p->lt[o]);
   *out = c ? p->local[o] : manual_whole(p, o);
   *got = c ? c : t;
+  return p->tx->err;
+}
+
+/* A region's exit for several results (a shard_map of several outputs: a
+ * LocalToGlobalShape of n operands and a tuple of n results): each
+ * operand's value is its device's shard of result i under out_shardings
+ * value i (split along both when the value is split along automatic axes
+ * too); the result a tuple of them. */
+static int build_exit_tuple(part *p, const kiln_instr *ins) {
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  uint32_t n = ins->noperands;
+  if (!kiln_shape_is_tuple(&ins->shape) || ins->shape.rank != n || n == 0 || n > 256)
+    return fail(p, ins, KILN_EINVAL, "LocalToGlobalShape: one result per operand");
+  kiln_id xs[256];
+  spmd_tiling **le = kiln_arena_calloc(p->a, n, sizeof *le);
+  if (le == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t i = 0; i < n; i++) {
+    kiln_id o = ins->operands[i];
+    const kiln_shape *ls = gshape(p, o), *gs = &ins->shape.tuple[i];
+    const kiln_sharding *sh;
+    spmd_tiling *t;
+    if (!is_array(ls) || !is_array(gs) || ls->rank != gs->rank)
+      return fail(p, ins, KILN_EINVAL,
+                  "LocalToGlobalShape: operands and results are arrays of one rank");
+    int rc = kiln__sdy_region_sharding(p->a, p->m, ins, i, gs->rank, &sh, p->tx->st);
+    if (rc == 0) rc = kiln__tiling_from_sharding(p->a, sh, gs->rank, p->n, where, &t, p->tx->st);
+    if (rc) return p->tx->err = rc;
+    if (!local_shape_ok(gs, ls, t))
+      return fail(p, ins, KILN_EINVAL,
+                  "LocalToGlobalShape: a region's local shape is not a shard of its result");
+    spmd_tiling *c = p->manual[o] ? region_tiling(p, t, p->lt[o]) : NULL;
+    xs[i] = c ? p->local[o] : p->manual[o] ? manual_whole(p, o) : local_as(p, o, t);
+    le[i] = c ? c : t;
+  }
+  p->local[ins->id] = kiln__b_tuple(&p->b, xs, n);
+  p->lt[ins->id] = NULL;
+  p->le[ins->id] = le;
   return p->tx->err;
 }
 
@@ -1749,6 +1788,7 @@ static int build(part *p, const kiln_instr *ins) {
   if (!exit && (is_target(ins, "xla.sdy.GlobalToLocalShape") ||
                 is_target(ins, "SPMDFullToShardShape") || manual_operand(p, ins)))
     return build_manual(p, ins);
+  if (exit && kiln_shape_is_tuple(&ins->shape)) return build_exit_tuple(p, ins);
   int rc = wanted(p, ins, &want, &elems);
   if (rc) {
     if (p->tx->err == 0) p->tx->err = rc;

@@ -544,8 +544,8 @@ static bool is_target(const kiln_instr *ins, const char *target) {
 
 /* The body of a region manual over some axes of its mesh is split along
  * the others, as XLA's Shardy partitioner does: a call whose operands are
- * the values of one GlobalToLocalShape G (in order) and whose array result
- * only a LocalToGlobalShape takes gets a private copy of its body, whose
+ * the values of one GlobalToLocalShape G (in order), with an array result
+ * or a tuple of them, gets a private copy of its body, whose
  * parameter k carries the automatic axes of G's operand k's Shardy
  * sharding (what that operand already holds along them: no communication
  * on the way in), propagated inside. Every tiling there must split only
@@ -553,8 +553,13 @@ static bool is_target(const kiln_instr *ins, const char *target) {
  * is, whole along them. */
 static int propagate_region(kiln_module *m, kiln_instr *call, int64_t n, kiln_status *st) {
   if (call->op != KILN_OP_CALL || call->ncalled != 1 || call->noperands == 0 ||
-      call->noperands > 64 || !kiln_shape_is_array(&call->shape))
+      call->noperands > 64)
     return 0;
+  if (!kiln_shape_is_array(&call->shape)) { /* several results: a tuple of arrays */
+    if (!kiln_shape_is_tuple(&call->shape)) return 0;
+    for (uint32_t i = 0; i < call->shape.rank; i++)
+      if (!kiln_shape_is_array(&call->shape.tuple[i])) return 0;
+  }
   const kiln_instr *o0 = m->instrs[call->operands[0]];
   const kiln_instr *g = o0->op == KILN_OP_GET_TUPLE_ELEMENT ? m->instrs[o0->operands[0]] : o0;
   if (!is_target(g, "xla.sdy.GlobalToLocalShape")) return 0;
@@ -619,7 +624,16 @@ static int propagate_region(kiln_module *m, kiln_instr *call, int64_t n, kiln_st
     spmd_tiling *t;
     kiln_status ignore = {0};
     if (!kiln_shape_is_array(&ins->shape)) {
-      ok = sa == NULL || !split_sharding(ins);
+      const kiln_sharding *ts = sa ? sa->v.sharding : NULL;
+      if (ts == NULL || !split_sharding(ins)) continue;
+      ok = ts->kind == KILN_SHARD_TUPLE && kiln_shape_is_tuple(&ins->shape) &&
+           ts->nelems == ins->shape.rank;
+      for (uint32_t k = 0; ok && k < ts->nelems; k++) {
+        const kiln_shape *es = &ins->shape.tuple[k];
+        ok = kiln_shape_is_array(es) &&
+             kiln__tiling_from_sharding(a, &ts->elems[k], es->rank, n, "spmd", &t, &ignore) == 0 &&
+             (kiln__tiling_is_replicated(t) || kiln__tiling_auto_only(t, sizes, manual, na));
+      }
       continue;
     }
     ok = kiln__tiling_from_sharding(a, sa ? sa->v.sharding : NULL, ins->shape.rank, n, "spmd", &t,

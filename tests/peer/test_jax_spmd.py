@@ -288,6 +288,34 @@ class JaxSpmdTest(unittest.TestCase):
                       (NamedSharding(m, P("x", "y")), NamedSharding(m, P("y", None))),
                       NamedSharding(m, P()), (a, w), 8)
 
+    def test_shard_map_two_outputs(self):
+        """shard_map bodies of two results (a LocalToGlobalShape of two
+        operands), manual over every axis and over x only (the latter's
+        body split along y as its input is)."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(22)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def partial(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), "x"), a * 2.0
+            return jax.shard_map(body, mesh=m, in_specs=P("x", None),
+                                 out_specs=(P(), P("x", None)), axis_names={"x"})(a)
+
+        def full(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), ("x", "y")), a * 2.0
+            return jax.shard_map(body, mesh=m, in_specs=P("x", "y"),
+                                 out_specs=(P(), P("x", "y")))(a)
+
+        split = NamedSharding(m, P("x", "y"))
+        kinds = self.run_peer("shard_map_two_partial", partial, (split,),
+                              (NamedSharding(m, P(None, "y")), split), (a,), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 4 * 4)})
+        kinds = self.run_peer("shard_map_two_full", full, (split,),
+                              (NamedSharding(m, P()), split), (a,), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 4 * 4)})
+
     def test_shard_map_gspmd_form(self):
         """The same regions as XLA's GSPMD form writes them (JAX with
         jax_use_shardy_partitioner off): SPMDFullToShardShape with {manual}

@@ -548,6 +548,65 @@ START_TEST(test_shard_map_partially_manual) {
 }
 END_TEST
 
+/* A shard_map of two results (a LocalToGlobalShape of two operands and a
+ * tuple of two results), manual over every axis and over x of x=4, y=2:
+ * tanh of each device's columns stacked back by columns, and the psum of
+ * them over x. With a's Shardy sharding splitting its rows by y, the
+ * partially manual body is split along y (no gather in or out, the results
+ * kept split as they come out). */
+START_TEST(test_shard_map_two_results) {
+  const char *ref = "HloModule r\n"
+                    "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                    " ROOT s = f32[] add(a, b)\n}\n"
+                    "ENTRY e {\n a = f32[8,16] parameter(0)\n t = f32[8,16] tanh(a)\n"
+                    " r = f32[8,4,4] reshape(t)\n z = f32[] constant(0)\n"
+                    " s = f32[8,4] reduce(r, z), dimensions={1}, to_apply=add\n"
+                    " ROOT o = (f32[8,16], f32[8,4]) tuple(t, s)\n}\n";
+  const char *meshes[2] = {"[\"x\"=4]", "[\"x\"=4, \"y\"=2]"};
+  const char *groups[2] = {"{{0,1,2,3}}", "{{0,2,4,6},{1,3,5,7}}"};
+  const char *asharding[2] = {"{devices=[1,4]<=[4]}", "{devices=[2,4]<=[4,2]T(1,0)}"};
+  const char *asdy[2] = {"[{}, {\\\"x\\\"}]", "[{\\\"y\\\"}, {\\\"x\\\"}]"};
+  const char *osh[2] = {"{{devices=[1,4]<=[4]}, {replicated}}",
+                        "{{devices=[2,4]<=[4,2]T(1,0)}, "
+                        "{devices=[2,1,4]<=[4,2]T(1,0) last_tile_dim_replicate}}"};
+  for (int k = 0; k < 2; k++) {
+    char text[4096];
+    snprintf(text, sizeof text,
+             "HloModule two, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<%s>}}\n"
+             "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+             " ROOT s = f32[] add(a, b)\n}\n"
+             "body {\n a = f32[8,4] parameter(0)\n t = f32[8,4] tanh(a)\n"
+             " r = f32[8,4] all-reduce(t), channel_id=1, replica_groups=%s, "
+             "use_global_device_ids=true, to_apply=add\n"
+             " ROOT o = (f32[8,4], f32[8,4]) tuple(t, r)\n}\n"
+             "ENTRY e {\n a = f32[8,16] parameter(0), sharding=%s, "
+             "frontend_attributes={xla.sdy.sharding=\"#sdy.sharding<@mesh, %s>\"}\n"
+             " g = f32[8,4] custom-call(a), custom_call_target=\"xla.sdy.GlobalToLocalShape\", "
+             "frontend_attributes={xla.sdy.in_shardings=\"#sdy.sharding_per_value<[<@mesh, [{?}, "
+             "{\\\"x\\\"}]>]>\",xla.sdy.manual_axes=\"#sdy<manual_axes{\\\"x\\\"}>\"}\n"
+             " c = (f32[8,4], f32[8,4]) call(g), to_apply=body\n"
+             " c0 = f32[8,4] get-tuple-element(c), index=0\n"
+             " c1 = f32[8,4] get-tuple-element(c), index=1\n"
+             " l = (f32[8,16], f32[8,4]) custom-call(c0, c1), "
+             "custom_call_target=\"xla.sdy.LocalToGlobalShape\", frontend_attributes={"
+             "xla.sdy.manual_axes=\"#sdy<manual_axes{\\\"x\\\"}>\",xla.sdy.out_shardings="
+             "\"#sdy.sharding_per_value<[<@mesh, [{?}, {\\\"x\\\"}]>, <@mesh, [{?}, {?}]>]>\"}\n"
+             " l0 = f32[8,16] get-tuple-element(l), index=0\n"
+             " l1 = f32[8,4] get-tuple-element(l), index=1\n"
+             " ROOT o = (f32[8,16], f32[8,4]) tuple(l0, l1), sharding=%s\n}\n",
+             meshes[k], groups[k], asharding[k], asdy[k], osh[k]);
+    uint32_t p = k ? 8 : 4;
+    kiln_spmd_stats stats;
+    check_against(text, ref, p, "interp", &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    /* the psum of the shard only: rows split by y too on the 2-D mesh */
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_REDUCE], k ? 4 * 4 * 4 : 8 * 4 * 4);
+    if (k) ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 0);
+    check_against(text, ref, p, "cpu", &stats);
+  }
+}
+END_TEST
+
 /* XLA's form of the same regions (JAX with jax_use_shardy_partitioner
  * off): a Sharding annotation, SPMDFullToShardShape with {manual} (or a
  * manual subgroup, last_tile_dims={manual, replicated}, for a region manual
@@ -1204,6 +1263,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_halo_convolution);
   tcase_add_test(tc, test_shard_map_region);
   tcase_add_test(tc, test_shard_map_partially_manual);
+  tcase_add_test(tc, test_shard_map_two_results);
   tcase_add_test(tc, test_shard_map_gspmd_form);
   tcase_add_test(tc, test_data_parallel_step);
   tcase_add_test(tc, test_fsdp_all_gather);
