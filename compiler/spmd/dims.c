@@ -39,7 +39,12 @@ static bool is_annotation(const kiln_instr *ins) {
 /* Elementwise in the partitioner's sense: result element i from operand
  * elements i of operands of the result's dims. */
 static bool elementwise(const kiln_module *m, const kiln_instr *ins, uint32_t k) {
-  if (!(kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) && !is_annotation(ins)) return false;
+  /* an all-reduce (in a partially manual region's body: over manual axes)
+   * combines the same elements of its devices: split along the others as
+   * its operand */
+  bool ar = ins->op == KILN_OP_ALL_REDUCE && ins->noperands == 1;
+  if (!(kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE) && !is_annotation(ins) && !ar)
+    return false;
   const kiln_shape *s = op_shape(m, ins, k);
   return kiln_shape_is_array(s) && kiln_shape_same_dims(s, &ins->shape);
 }
@@ -105,6 +110,47 @@ static bool gather_map(const kiln_module *m, const kiln_instr *ins, int64_t *map
   return true;
 }
 
+int kiln__indexed_dim(const kiln_module *m, const kiln_instr *ins, const spmd_tiling *t) {
+  bool gather = ins->op == KILN_OP_GATHER;
+  if ((!gather && ins->op != KILN_OP_SCATTER) || ins->noperands != (gather ? 2u : 3u) ||
+      ins->ncalled > 1)
+    return -1;
+  const kiln_shape *os = op_shape(m, ins, 0), *is = op_shape(m, ins, 1);
+  if (!kiln_shape_is_array(os) || !kiln_shape_is_array(is) || os->rank != t->rank ||
+      !kiln_dtype_is_integral(is->dtype))
+    return -1;
+  const kiln_i64s *map = kiln_instr_attr_ints(ins, gather ? KILN_ATTR_START_INDEX_MAP
+                                                          : KILN_ATTR_SCATTER_DIMS_TO_OPERAND_DIMS);
+  const kiln_i64s *ob = kiln_instr_attr_ints(ins, gather ? KILN_ATTR_OPERAND_BATCHING_DIMS
+                                                         : KILN_ATTR_INPUT_BATCHING_DIMS);
+  if (map == NULL || map->n != 1 || (ob && ob->n)) return -1;
+  int d = -1;
+  for (uint32_t k = 0; k < t->rank; k++)
+    if (t->tiles[k] > 1) {
+      if (d >= 0) return -1;
+      d = (int)k;
+    }
+  if (d < 0 || map->v[0] != d) return -1;
+  if (gather) {
+    const kiln_i64s *ss = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE_SIZES);
+    return ss && ss->n == os->rank && ss->v[d] == 1 ? d : -1;
+  }
+  /* the window along d: one element (d inserted, or a window dim of size 1) */
+  const kiln_i64s *ins_d = kiln_instr_attr_ints(ins, KILN_ATTR_INSERTED_WINDOW_DIMS);
+  const kiln_i64s *uw = kiln_instr_attr_ints(ins, KILN_ATTR_UPDATE_WINDOW_DIMS);
+  const kiln_shape *us = op_shape(m, ins, 2);
+  bool inserted[SPMD_MAX_RANK] = {false};
+  for (uint32_t i = 0; ins_d && i < ins_d->n; i++)
+    if (ins_d->v[i] >= 0 && ins_d->v[i] < (int64_t)os->rank) inserted[ins_d->v[i]] = true;
+  if (inserted[d]) return d;
+  uint32_t w = 0;
+  for (uint32_t k = 0; k < (uint32_t)d; k++) w += !inserted[k];
+  if (!kiln_shape_is_array(us) || uw == NULL || w >= uw->n || uw->v[w] < 0 ||
+      uw->v[w] >= (int64_t)us->rank)
+    return -1;
+  return us->dims[uw->v[w]] == 1 ? d : -1;
+}
+
 /* Reshape map with the tile counts of `t` (on the source side) checked:
  * map[j] = source dim, or -1 when its count does not divide cleanly. */
 static void reshape_map(const kiln_shape *from, const kiln_shape *to, const spmd_tiling *t,
@@ -159,6 +205,9 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
   case KILN_OP_GATHER:
     if (k != 1 || !gather_map(m, ins, map)) return NULL;
     return kiln__tiling_derive(a, tk, map, out->rank);
+  case KILN_OP_SCATTER: /* split along the indexed dim: local scatters */
+    if (k != 0 || kiln__indexed_dim(m, ins, tk) < 0) return NULL;
+    return kiln__tiling_derive(a, tk, ident, out->rank);
   case KILN_OP_REDUCE_WINDOW: /* windows along split dims: halo exchange */
     if (ins->noperands != 2 || k != 0 || in->rank != out->rank) return NULL;
     return kiln__tiling_derive(a, tk, ident, out->rank);
@@ -223,6 +272,9 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
   }
   case KILN_OP_REDUCE_WINDOW:
     if (ins->noperands != 2 || k != 0 || in->rank != out->rank) return NULL;
+    return kiln__tiling_derive(a, tout, ident, in->rank);
+  case KILN_OP_SCATTER:
+    if (k != 0 || kiln__indexed_dim(m, ins, tout) < 0) return NULL;
     return kiln__tiling_derive(a, tout, ident, in->rank);
   case KILN_OP_GATHER: {
     /* The table whole, the indices split as the result's batch dims. */

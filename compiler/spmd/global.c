@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/ir/rewrite.h"
 #include "compiler/spmd/spmd.h"
 #include "compiler/spmd/spmd_internal.h"
 
@@ -158,9 +159,18 @@ static int64_t bytes_of(const kiln_shape *s) {
 
 void kiln_spmd_count_collectives(const kiln_module *m, kiln_spmd_stats *stats) {
   memset(stats, 0, sizeof *stats);
+  /* only computations that run: those the entry reaches (a region body
+   * propagation replaced by a split copy is left behind unused) */
+  uint32_t *order = NULL, norder = 0;
+  bool *live = kiln_calloc(m->ncomps + 1, sizeof *live);
+  if (live && kiln_module_post_order(m, &order, &norder) == 0)
+    for (uint32_t i = 0; i < norder; i++)
+      if (order[i] < m->ncomps) live[order[i]] = true;
+  bool all = live == NULL || order == NULL;
+  kiln_free(order);
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
-    if (ins->comp == KILN_NO_ID) continue;
+    if (ins->comp == KILN_NO_ID || (!all && (ins->comp >= m->ncomps || !live[ins->comp]))) continue;
     int k;
     bool result = false;
     switch (ins->op) {
@@ -179,4 +189,5 @@ void kiln_spmd_count_collectives(const kiln_module *m, kiln_spmd_stats *stats) {
         stats->bytes[k] += bytes_of(&m->instrs[ins->operands[o]]->shape);
     }
   }
+  kiln_free(live);
 }

@@ -387,6 +387,54 @@ static bool rule_gather(const spmd_model *md, const kiln_instr *ins, const spmd_
   return true;
 }
 
+/* partition.c's gather_split_table: a table split along the dim it
+ * indexes, when the result moves fewer bytes than the table: the table as
+ * it is, the indices whole, the whole result on every device and one
+ * all-reduce over the devices splitting the table. */
+static bool rule_gather_split(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
+                              const spmd_tiling *want, spmd_tiling **need, spmd_charge *c) {
+  const kiln_module *m = md->m;
+  if (ins->noperands != 2 || lt[0] == NULL) return false;
+  const kiln_shape *ts = &m->instrs[ins->operands[0]]->shape;
+  const kiln_shape *is = &m->instrs[ins->operands[1]]->shape;
+  if (!is_array(ts) || !is_array(is) || ins->shape.dtype == KILN_PRED ||
+      ts->dtype != ins->shape.dtype)
+    return false;
+  int d = kiln__indexed_dim(m, ins, lt[0]);
+  if (d < 0) return false;
+  int64_t rb = kiln_shape_bytes(&ins->shape), tb = kiln_shape_bytes(ts);
+  int64_t ib = lt[1] && !kiln__tiling_is_replicated(lt[1]) ? kiln_shape_bytes(is) : 0;
+  if (rb < 0 || tb < 0 || rb + ib >= tb) return false;
+  need[0] = lt[0];
+  need[1] = replicated(md, is->rank);
+  charge_compute(md, ins, 1, c);
+  pending ar = {0};
+  ar.any = true;
+  ar.bytes = rb;
+  ar.group = lt[0]->tiles[d];
+  ar.tiling = lt[0];
+  ar.dims[d] = true;
+  finish(md, &ins->shape, replicated(md, ins->shape.rank), want, &ar, c);
+  return true;
+}
+
+/* partition.c's rule_scatter: the result split along the dim the scatter
+ * indexes, each device scattering into its shard; indices and updates
+ * whole. */
+static bool rule_scatter(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
+                         spmd_tiling **need, spmd_charge *c) {
+  const kiln_module *m = md->m;
+  if (kiln__indexed_dim(m, ins, want) < 0) return false;
+  const kiln_shape *us = &m->instrs[ins->operands[2]]->shape;
+  const kiln_shape *is = &m->instrs[ins->operands[1]]->shape;
+  if (!is_array(us)) return false;
+  need[0] = (spmd_tiling *)want;
+  need[1] = replicated(md, is->rank);
+  need[2] = replicated(md, us->rank);
+  charge_compute(md, ins, share(&ins->shape, want), c);
+  return true;
+}
+
 static void charge_add(spmd_charge *c, const spmd_charge *d) {
   c->flops += d->flops;
   c->compute_s += d->compute_s;
@@ -422,7 +470,11 @@ void kiln__model_rule(const spmd_model *md, const kiln_instr *ins, spmd_tiling *
   case KILN_OP_REDUCE: done = arr && rule_reduce(md, ins, lt, want, need, &r); break;
   case KILN_OP_DOT:
   case KILN_OP_CONVOLUTION: done = arr && rule_contraction(md, ins, lt, want, need, &r); break;
-  case KILN_OP_GATHER: done = arr && rule_gather(md, ins, want, need, &r); break;
+  case KILN_OP_GATHER:
+    done = arr &&
+           (rule_gather_split(md, ins, lt, want, need, &r) || rule_gather(md, ins, want, need, &r));
+    break;
+  case KILN_OP_SCATTER: done = arr && rule_scatter(md, ins, want, need, &r); break;
   default:
     if (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE)
       done = arr && rule_elementwise(md, ins, want, need, &r);

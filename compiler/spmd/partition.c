@@ -49,7 +49,10 @@ typedef struct part {
   spmd_tiling ***le; /* tuples: per element, NULL = all replicated */
   /* Reshards already built: cached[old id][i] in tiling ctile[..][i]. */
   kiln_id (*cached)[CACHE];
-  bool *manual; /* manual[old id]: a per-device value of a shard_map region */
+  bool *manual;     /* manual[old id]: a per-device value of a shard_map region */
+  bool region_body; /* building a partially manual region's body split along
+                       its automatic axes: no exchanges that pair devices by
+                       position across tilings (permutes, all-to-all) */
   spmd_tiling *(*ctile)[CACHE];
   kiln_id pid; /* s32 partition id of the computation being built, built once */
   size_t ncap; /* entries of local, lt, le, cached, ctile */
@@ -275,7 +278,7 @@ static kiln_id reshard(part *p, kiln_id x, const kiln_shape *g, const spmd_tilin
                        const spmd_tiling *to) {
   if (!kiln__tx_ok(p->tx) || kiln__tiling_equal(from, to)) return x;
   kiln_id y;
-  if (!kiln__tiling_covers(from, to) &&
+  if (!kiln__tiling_covers(from, to) && !p->region_body &&
       (try_permute(p, x, from, to, &y) || try_all_to_all(p, x, g, from, to, &y)))
     return y;
   if (!kiln__tx_ok(p->tx)) return KILN_NO_ID;
@@ -1091,10 +1094,107 @@ static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *w
   return p->tx->err;
 }
 
+/* The indices of a gather or scatter (old id ix, whole on this device) as
+ * indices into this device's shard of an operand whose dim d (of size D)
+ * tiling t splits: minus the shard's first row. */
+static kiln_id local_indices(part *p, kiln_id ix, const spmd_tiling *t, uint32_t d, int64_t D) {
+  const kiln_shape *is = gshape(p, ix);
+  kiln_id idx = whole(p, ix);
+  int64_t sz = kiln__shard_size(D, t->tiles[d]);
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (offs == NULL || !kiln__tx_ok(p->tx)) return KILN_NO_ID;
+  for (int64_t k = 0; k < p->n; k++) offs[k] = kiln__tiling_coord(t, k, d) * sz;
+  kiln_id off = kiln__b_convert(&p->b, lookup(p, offs), is->dtype);
+  return kiln__b_sub(&p->b, idx, kiln__b_splat(&p->b, off, is));
+}
+
+/* A gather from a table split along the dim it indexes (an embedding
+ * lookup over a split vocabulary), when the result moves fewer bytes than
+ * the table: each device gathers the (clamped) indices that fall in its
+ * shard from it, zeros the others, and an all-reduce (add) over the
+ * devices splitting the table sums the rows; the indices whole. */
+static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spmd_tiling **got) {
+  kiln_id tb = ins->operands[0], ix = ins->operands[1];
+  const kiln_shape *ts = gshape(p, tb), *is = gshape(p, ix);
+  const spmd_tiling *tt = p->lt[tb];
+  if (!is_array(ts) || !is_array(is) || !is_array(&ins->shape) || tt == NULL ||
+      ins->shape.dtype == KILN_PRED || ts->dtype != ins->shape.dtype)
+    return false;
+  int d = kiln__indexed_dim(p->m, ins, tt);
+  if (d < 0) return false;
+  int64_t rb = kiln_shape_bytes(&ins->shape), tbytes = kiln_shape_bytes(ts);
+  int64_t ib = p->lt[ix] && !kiln__tiling_is_replicated(p->lt[ix]) ? kiln_shape_bytes(is) : 0;
+  if (rb < 0 || tbytes < 0 || rb + ib >= tbytes) return false;
+  int64_t D = ts->dims[d], sz = kiln__shard_size(D, tt->tiles[d]);
+  /* gather clamps a start index to [0, D - 1]: clamp first, then shift */
+  kiln_id g = whole(p, ix);
+  kiln_id lo = kiln__b_full(&p->b, is->dtype, is->dims, is->rank, 0);
+  kiln_id hi = kiln__b_full(&p->b, is->dtype, is->dims, is->rank, (double)(D - 1));
+  g = kiln__b_bin(&p->b, KILN_OP_MINIMUM, kiln__b_bin(&p->b, KILN_OP_MAXIMUM, g, lo), hi);
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (offs == NULL || !kiln__tx_ok(p->tx)) return false;
+  for (int64_t k = 0; k < p->n; k++) offs[k] = kiln__tiling_coord(tt, k, (uint32_t)d) * sz;
+  kiln_id off = kiln__b_convert(&p->b, lookup(p, offs), is->dtype);
+  kiln_id l = kiln__b_sub(&p->b, g, kiln__b_splat(&p->b, off, is));
+  kiln_id in = kiln__b_bin(
+      &p->b, KILN_OP_AND, kiln__b_cmp(&p->b, l, lo, KILN_CMP_GE),
+      kiln__b_cmp(&p->b, l, kiln__b_full(&p->b, is->dtype, is->dims, is->rank, (double)sz),
+                  KILN_CMP_LT));
+  kiln_id ops[2] = {p->local[tb], l};
+  kiln_id y = kiln__b_clone(&p->b, ins, ops, 2);
+  /* the mask over the result's batch dims (the indices' dims but the
+   * index vector's, in order) */
+  int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, is->rank);
+  int64_t bd[SPMD_MAX_RANK], map[SPMD_MAX_RANK];
+  uint32_t nb = 0;
+  for (uint32_t k = 0; k < is->rank; k++)
+    if ((int64_t)k != ivd) bd[nb++] = is->dims[k];
+  if (ivd < (int64_t)is->rank) in = kiln__b_reshape(&p->b, in, bd, nb);
+  const kiln_i64s *offd = kiln_instr_attr_ints(ins, KILN_ATTR_OFFSET_DIMS);
+  bool is_off[SPMD_MAX_RANK] = {false};
+  for (uint32_t i = 0; offd && i < offd->n; i++)
+    if (offd->v[i] >= 0 && offd->v[i] < (int64_t)ins->shape.rank) is_off[offd->v[i]] = true;
+  uint32_t j = 0;
+  for (uint32_t k = 0; k < ins->shape.rank; k++)
+    if (!is_off[k] && j < nb) map[j++] = k;
+  if (j != nb) return false;
+  kiln_id mask = kiln__b_broadcast(&p->b, in, ins->shape.dims, ins->shape.rank, map, nb);
+  y = kiln__b_select(&p->b, mask, y, kiln__b_zeros_like(&p->b, y));
+  bool dims[SPMD_MAX_RANK] = {false};
+  dims[d] = true;
+  y = all_reduce(p, y, kiln__b_reducer(p->tx, KILN_OP_ADD, ins->shape.dtype), tt, dims);
+  p->ar = y;
+  p->ar_tiling = tt;
+  memcpy(p->ar_dims, dims, sizeof dims);
+  *out = y;
+  *got = replicated(p, ins->shape.rank);
+  return kiln__tx_ok(p->tx);
+}
+
+/* scatter into an operand split along the dim it indexes (the gradient of
+ * an embedding lookup over a split vocabulary), when the result is to be
+ * split so: each device scatters the updates whose indices fall in its
+ * shard (the others are out of bounds there, which scatter skips); the
+ * indices and updates whole. Else whole. */
+static int rule_scatter(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                        spmd_tiling **got) {
+  int d = is_array(&ins->shape) && want ? kiln__indexed_dim(p->m, ins, want) : -1;
+  if (d < 0 || !is_array(gshape(p, ins->operands[2]))) return rule_whole(p, ins, want, out, got);
+  kiln_id ops[3] = {local_as(p, ins->operands[0], want),
+                    local_indices(p, ins->operands[1], want, (uint32_t)d, ins->shape.dims[d]),
+                    whole(p, ins->operands[2])};
+  *out = kiln__b_clone(&p->b, ins, ops, 3);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
 /* gather: the table whole, the indices split as the result's batch dims
- * (an embedding lookup of split ids needs no communication). */
+ * (an embedding lookup of split ids needs no communication); or a table
+ * split along the indexed dim (gather_split_table). */
 static int rule_gather(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                        spmd_tiling **got) {
+  if (gather_split_table(p, ins, out, got)) return 0;
+  if (!kiln__tx_ok(p->tx)) return p->tx->err;
   spmd_tiling *ni = is_array(&ins->shape) ? kiln__spmd_bwd(p->a, p->m, ins, 1, want) : NULL;
   spmd_tiling *g = ni ? kiln__spmd_fwd(p->a, p->m, ins, 1, ni) : NULL;
   const kiln_shape *ts = gshape(p, ins->operands[0]);
@@ -1117,6 +1217,20 @@ static int rule_gte(part *p, const kiln_instr *ins, const spmd_tiling *want, kil
   return p->tx->err;
 }
 
+/* all-reduce (only in a partially manual region's body, whose explicit
+ * collectives run over its manual axes): each device's shard of the
+ * operand reduced with the same shards of its group. */
+static int rule_all_reduce(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                           spmd_tiling **got) {
+  if (!p->region_body || want == NULL || ins->noperands != 1 || !is_array(&ins->shape) ||
+      !kiln_shape_same_dims(gshape(p, ins->operands[0]), &ins->shape))
+    return rule_whole(p, ins, want, out, got);
+  kiln_id x = local_as(p, ins->operands[0], want);
+  *out = kiln__b_clone(&p->b, ins, &x, 1);
+  *got = (spmd_tiling *)want;
+  return p->tx->err;
+}
+
 static const rule_fn rules[KILN_OP_COUNT] = {
     [KILN_OP_PARAMETER] = rule_parameter,
     [KILN_OP_CUSTOM_CALL] = rule_annotation,
@@ -1132,6 +1246,8 @@ static const rule_fn rules[KILN_OP_COUNT] = {
     [KILN_OP_CONVOLUTION] = rule_contraction,
     [KILN_OP_GET_TUPLE_ELEMENT] = rule_gte,
     [KILN_OP_GATHER] = rule_gather,
+    [KILN_OP_SCATTER] = rule_scatter,
+    [KILN_OP_ALL_REDUCE] = rule_all_reduce,
     [KILN_OP_REDUCE_WINDOW] = rule_reduce_window,
 };
 
@@ -1156,7 +1272,86 @@ static bool manual_operand(const part *p, const kiln_instr *ins) {
   return false;
 }
 
-/* A region's entry (xla.sdy.GlobalToLocalShape): each operand's shard
+/* Whether global shape gs tiled by t has shards of exactly shape ls. */
+static bool local_shape_ok(const kiln_shape *gs, const kiln_shape *ls, const spmd_tiling *t) {
+  if (gs->rank != ls->rank) return false;
+  for (uint32_t d = 0; d < gs->rank; d++)
+    if (gs->dims[d] % t->tiles[d] != 0 || gs->dims[d] / t->tiles[d] != ls->dims[d]) return false;
+  return true;
+}
+
+static int wanted(part *p, const kiln_instr *ins, spmd_tiling **want, spmd_tiling ***elems);
+static int partition_sub(part *p, uint32_t comp);
+static kiln_id as_elems(part *p, kiln_id old, spmd_tiling *const *want);
+
+/* The tiling of a region's global array that splits its dims as tm (the
+ * manual axes: which local array a device holds) and ta (the automatic
+ * axes: which part of that local array), when no dim is split by both and
+ * the devices agree; else NULL. */
+static spmd_tiling *region_tiling(part *p, const spmd_tiling *tm, const spmd_tiling *ta) {
+  if (ta == NULL || kiln__tiling_is_replicated(ta)) return (spmd_tiling *)tm;
+  if (tm->rank != ta->rank) return NULL;
+  if (kiln__tiling_is_replicated(tm)) return (spmd_tiling *)ta;
+  for (uint32_t d = 0; d < tm->rank; d++)
+    if (tm->tiles[d] > 1 && ta->tiles[d] > 1) return NULL;
+  spmd_tiling *c = kiln__tiling_merge(p->a, tm, ta);
+  if (c == NULL) return NULL;
+  for (uint32_t d = 0; d < tm->rank; d++) {
+    if (c->tiles[d] != tm->tiles[d] * ta->tiles[d]) return NULL;
+    const spmd_tiling *by = tm->tiles[d] > 1 ? tm : ta;
+    for (int64_t k = 0; by->tiles[d] > 1 && k < p->n; k++)
+      if (kiln__tiling_coord(c, k, d) != kiln__tiling_coord(by, k, d)) return NULL;
+  }
+  return c;
+}
+
+/* The call of the region body that takes G's values when propagation
+ * split it along the region's automatic axes (a parameter of its body
+ * carries a sharding); else NULL. */
+static const kiln_instr *split_body_call(part *p, const kiln_instr *g) {
+  const kiln_computation *c = p->m->comps[p->m->entry];
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = p->m->instrs[c->instrs[i]];
+    if (ins->op != KILN_OP_CALL || ins->ncalled != 1 || ins->noperands == 0 ||
+        ins->operands[0] >= p->ncap)
+      continue;
+    const kiln_instr *o0 = p->m->instrs[ins->operands[0]];
+    if (o0 != g && !(o0->op == KILN_OP_GET_TUPLE_ELEMENT && o0->operands[0] == g->id)) continue;
+    const kiln_computation *body = p->m->comps[ins->called[0]];
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      const kiln_instr *pi = kiln_computation_param(p->m, body, k);
+      if (pi && kiln_instr_has_attr(pi, KILN_ATTR_SHARDING)) return ins;
+    }
+    return NULL;
+  }
+  return NULL;
+}
+
+/* The tiling propagation gave parameter k of a split body (replicated when
+ * none). */
+static spmd_tiling *body_param_tiling(part *p, const kiln_instr *call, uint32_t k) {
+  const kiln_instr *pi = kiln_computation_param(p->m, p->m->comps[call->called[0]], k);
+  spmd_tiling *t = NULL, **e;
+  if (pi == NULL || !is_array(&pi->shape) || wanted(p, pi, &t, &e)) return NULL;
+  return t;
+}
+
+/* A region value as each device holds it whole along the automatic axes
+ * (a split body's result or a split entry's value is gathered back along
+ * them). */
+static kiln_id manual_whole(part *p, kiln_id o) {
+  const kiln_shape *s = gshape(p, o);
+  if (is_array(s) && p->lt[o] && !kiln__tiling_is_replicated(p->lt[o]))
+    return reshard(p, p->local[o], s, p->lt[o], replicated(p, s->rank));
+  if (kiln_shape_is_tuple(s) && p->le[o]) {
+    spmd_tiling **none = kiln_arena_calloc(p->a, s->rank ? s->rank : 1, sizeof *none);
+    return none ? as_elems(p, o, none) : KILN_NO_ID;
+  }
+  return p->local[o];
+}
+
+/* A region's entry (xla.sdy.GlobalToLocalShape, or XLA's
+ * SPMDFullToShardShape): each operand's shard
  * under its in_sharding, which must be the region's local shape; inside
  * the region (its values' users up to the LocalToGlobalShape) every op
  * runs per device as written, its collectives included. */
@@ -1164,12 +1359,35 @@ static int build_manual(part *p, const kiln_instr *ins) {
   char where[200];
   kiln_instr_where(p->m, ins, where, sizeof where);
   kiln_id out;
-  if (is_target(ins, "xla.sdy.GlobalToLocalShape")) {
+  spmd_tiling *lt_out = is_array(&ins->shape) ? replicated(p, ins->shape.rank) : NULL;
+  spmd_tiling **le_out = NULL;
+  const kiln_instr *call = NULL;
+  if (is_target(ins, "SPMDFullToShardShape")) {
+    /* XLA's form: the operand's own sharding (the Sharding annotation in
+     * front of it) says which shard each device's local value is. */
+    spmd_tiling *t, **elems;
+    kiln_id o = ins->operands[0];
+    const kiln_shape *gs = ins->noperands == 1 ? gshape(p, o) : NULL;
+    if (gs == NULL || !is_array(gs) || !is_array(&ins->shape) || gs->rank != ins->shape.rank)
+      return fail(p, ins, KILN_EINVAL, "SPMDFullToShardShape: one array in, one out, one rank");
+    int rc = wanted(p, p->m->instrs[o], &t, &elems);
+    if (rc) return p->tx->err = rc;
+    if (!local_shape_ok(gs, &ins->shape, t))
+      return fail(p, ins, KILN_EINVAL,
+                  "SPMDFullToShardShape: the operand's shard under its sharding is not the "
+                  "region's local shape (shard_map needs dims that divide evenly)");
+    out = local_as(p, o, t);
+  } else if (is_target(ins, "xla.sdy.GlobalToLocalShape")) {
     bool tuple = kiln_shape_is_tuple(&ins->shape);
     if (ins->noperands == 0 || ins->noperands > 64 ||
         (tuple && ins->shape.rank != ins->noperands) || (!tuple && ins->noperands != 1))
       return fail(p, ins, KILN_EINVAL, "GlobalToLocalShape: one result per operand");
     kiln_id xs[64];
+    /* a body split along the automatic axes takes each value as the
+     * operand already holds it along them (tiling ta: no exchange) */
+    call = split_body_call(p, ins);
+    if (tuple && (le_out = kiln_arena_calloc(p->a, ins->noperands, sizeof *le_out)) == NULL)
+      return kiln__tx_oom(p->tx);
     for (uint32_t i = 0; i < ins->noperands; i++) {
       const kiln_shape *gs = gshape(p, ins->operands[i]);
       const kiln_shape *ls = tuple ? &ins->shape.tuple[i] : &ins->shape;
@@ -1182,37 +1400,78 @@ static int build_manual(part *p, const kiln_instr *ins) {
       int rc = kiln__sdy_region_sharding(p->a, p->m, ins, i, gs->rank, &sh, p->tx->st);
       if (rc == 0) rc = kiln__tiling_from_sharding(p->a, sh, gs->rank, p->n, where, &t, p->tx->st);
       if (rc) return p->tx->err = rc;
-      for (uint32_t d = 0; d < gs->rank; d++)
-        if (kiln__shard_size(gs->dims[d], t->tiles[d]) != ls->dims[d] ||
-            gs->dims[d] % t->tiles[d] != 0)
-          return fail(p, ins, KILN_EINVAL,
-                      "GlobalToLocalShape: an operand's shard is not the region's local shape "
-                      "(shard_map needs dims that divide evenly)");
-      xs[i] = local_as(p, ins->operands[i], t);
+      if (!local_shape_ok(gs, ls, t))
+        return fail(p, ins, KILN_EINVAL,
+                    "GlobalToLocalShape: an operand's shard is not the region's local shape "
+                    "(shard_map needs dims that divide evenly)");
+      spmd_tiling *ta = call ? body_param_tiling(p, call, i) : NULL, *c = region_tiling(p, t, ta);
+      if (c == NULL || c == t) ta = NULL, c = t;
+      xs[i] = local_as(p, ins->operands[i], c);
+      if (tuple)
+        le_out[i] = ta;
+      else if (ta)
+        lt_out = ta;
     }
     out = tuple ? kiln__b_tuple(&p->b, xs, ins->noperands) : xs[0];
+  } else if (ins->op == KILN_OP_GET_TUPLE_ELEMENT && ins->noperands == 1) {
+    kiln_id o = ins->operands[0];
+    int64_t i = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0);
+    out = kiln__b_gte(&p->b, p->manual[o] ? p->local[o] : whole(p, o), i);
+    if (p->manual[o] && p->le[o] && i >= 0 && i < (int64_t)gshape(p, o)->rank && p->le[o][i])
+      lt_out = p->le[o][i];
+  } else if (ins->op == KILN_OP_CALL && ins->ncalled == 1 && ins->noperands <= 256 &&
+             ins->noperands > 0 &&
+             (call =
+                  split_body_call(p, p->m->instrs[ins->operands[0]]->op == KILN_OP_GET_TUPLE_ELEMENT
+                                         ? p->m->instrs[p->m->instrs[ins->operands[0]]->operands[0]]
+                                         : p->m->instrs[ins->operands[0]])) == ins) {
+    /* the split body: its parameters in their tilings, partitioned as a
+     * loop body is, its explicit collectives over the manual axes as
+     * written on the shards */
+    kiln_id ops[256];
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      kiln_id o = ins->operands[k];
+      spmd_tiling *ta = body_param_tiling(p, ins, k);
+      const kiln_shape *os = gshape(p, o);
+      if (!p->manual[o] || !is_array(os) || ta == NULL) {
+        ops[k] = p->manual[o] ? manual_whole(p, o) : whole(p, o);
+        continue;
+      }
+      spmd_tiling *from = p->lt[o] ? p->lt[o] : replicated(p, os->rank);
+      ops[k] = reshard(p, p->local[o], os, from, ta);
+    }
+    const kiln_computation *body = p->m->comps[ins->called[0]];
+    spmd_tiling *rt = NULL, **re;
+    int rc = wanted(p, p->m->instrs[body->root], &rt, &re);
+    if (rc) return p->tx->err = rc;
+    bool saved = p->region_body;
+    p->region_body = true;
+    rc = partition_sub(p, ins->called[0]);
+    p->region_body = saved;
+    if (rc) return rc;
+    out = kiln__b_clone(&p->b, ins, ops, ins->noperands);
+    if (rt) lt_out = rt;
+    if (re && kiln_shape_is_tuple(&ins->shape)) le_out = re;
   } else {
     kiln_id ops[256];
     if (ins->noperands > 256) return fail(p, ins, KILN_EUNIMPL, "too many operands");
     for (uint32_t k = 0; k < ins->noperands; k++) {
       kiln_id o = ins->operands[k];
-      ops[k] = p->manual[o] ? p->local[o] : whole(p, o);
+      ops[k] = p->manual[o] ? manual_whole(p, o) : whole(p, o);
     }
-    out = ins->op == KILN_OP_GET_TUPLE_ELEMENT
-              ? kiln__b_gte(&p->b, ops[0], kiln_instr_attr_int(ins, KILN_ATTR_INDEX, 0))
-              : kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
-    if (out != KILN_NO_ID && ins->op != KILN_OP_GET_TUPLE_ELEMENT)
-      kiln__b_drop_attr(kiln__b_ins(p->tx, out), KILN_ATTR_SHARDING);
+    out = kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
+    if (out != KILN_NO_ID) kiln__b_drop_attr(kiln__b_ins(p->tx, out), KILN_ATTR_SHARDING);
   }
   p->local[ins->id] = out;
-  p->lt[ins->id] = is_array(&ins->shape) ? replicated(p, ins->shape.rank) : NULL;
-  p->le[ins->id] = NULL;
+  p->lt[ins->id] = lt_out;
+  p->le[ins->id] = le_out;
   p->manual[ins->id] = true;
   return p->tx->err;
 }
 
-/* A region's exit (xla.sdy.LocalToGlobalShape): each device's value is its
- * shard of the result under out_shardings. */
+/* A region's exit (xla.sdy.LocalToGlobalShape, or XLA's
+ * SPMDShardToFullShape): each device's value is its shard of the result
+ * under out_shardings (XLA's: the exit's own sharding). */
 static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **got, kiln_id *out) {
   char where[200];
   kiln_instr_where(p->m, ins, where, sizeof where);
@@ -1222,17 +1481,63 @@ static int rule_local_to_global(part *p, const kiln_instr *ins, spmd_tiling **go
   spmd_tiling *t;
   if (ins->noperands != 1 || !is_array(&ins->shape) || !is_array(ls) || ls->rank != ins->shape.rank)
     return fail(p, ins, KILN_EUNIMPL, "LocalToGlobalShape: one array in, one out");
-  int rc = kiln__sdy_region_sharding(p->a, p->m, ins, 0, ins->shape.rank, &sh, p->tx->st);
+  int rc = 0;
+  if (is_target(ins, "SPMDShardToFullShape")) { /* XLA's form: its own sharding */
+    const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+    sh = sa ? sa->v.sharding : NULL;
+  } else {
+    rc = kiln__sdy_region_sharding(p->a, p->m, ins, 0, ins->shape.rank, &sh, p->tx->st);
+  }
   if (rc == 0)
     rc = kiln__tiling_from_sharding(p->a, sh, ins->shape.rank, p->n, where, &t, p->tx->st);
   if (rc) return p->tx->err = rc;
-  for (uint32_t d = 0; d < ls->rank; d++)
-    if (ins->shape.dims[d] != ls->dims[d] * t->tiles[d])
+  if (!local_shape_ok(&ins->shape, ls, t))
+    return fail(p, ins, KILN_EINVAL,
+                "LocalToGlobalShape: the region's local shape is not a shard of the result");
+  /* a value split along the automatic axes (a split body's result): the
+   * result split along both, or gathered back along them */
+  spmd_tiling *c = region_tiling(p, t, p->lt[o]);
+  *out = c ? p->local[o] : manual_whole(p, o);
+  *got = c ? c : t;
+  return p->tx->err;
+}
+
+/* A region's exit for several results (a shard_map of several outputs: a
+ * LocalToGlobalShape of n operands and a tuple of n results): each
+ * operand's value is its device's shard of result i under out_shardings
+ * value i (split along both when the value is split along automatic axes
+ * too); the result a tuple of them. */
+static int build_exit_tuple(part *p, const kiln_instr *ins) {
+  char where[200];
+  kiln_instr_where(p->m, ins, where, sizeof where);
+  uint32_t n = ins->noperands;
+  if (!kiln_shape_is_tuple(&ins->shape) || ins->shape.rank != n || n == 0 || n > 256)
+    return fail(p, ins, KILN_EINVAL, "LocalToGlobalShape: one result per operand");
+  kiln_id xs[256];
+  spmd_tiling **le = kiln_arena_calloc(p->a, n, sizeof *le);
+  if (le == NULL) return kiln__tx_oom(p->tx);
+  for (uint32_t i = 0; i < n; i++) {
+    kiln_id o = ins->operands[i];
+    const kiln_shape *ls = gshape(p, o), *gs = &ins->shape.tuple[i];
+    const kiln_sharding *sh;
+    spmd_tiling *t;
+    if (!is_array(ls) || !is_array(gs) || ls->rank != gs->rank)
       return fail(p, ins, KILN_EINVAL,
-                  "LocalToGlobalShape: the region's local shape is not a shard of the result");
-  *out = p->local[o];
-  *got = t;
-  return 0;
+                  "LocalToGlobalShape: operands and results are arrays of one rank");
+    int rc = kiln__sdy_region_sharding(p->a, p->m, ins, i, gs->rank, &sh, p->tx->st);
+    if (rc == 0) rc = kiln__tiling_from_sharding(p->a, sh, gs->rank, p->n, where, &t, p->tx->st);
+    if (rc) return p->tx->err = rc;
+    if (!local_shape_ok(gs, ls, t))
+      return fail(p, ins, KILN_EINVAL,
+                  "LocalToGlobalShape: a region's local shape is not a shard of its result");
+    spmd_tiling *c = p->manual[o] ? region_tiling(p, t, p->lt[o]) : NULL;
+    xs[i] = c ? p->local[o] : p->manual[o] ? manual_whole(p, o) : local_as(p, o, t);
+    le[i] = c ? c : t;
+  }
+  p->local[ins->id] = kiln__b_tuple(&p->b, xs, n);
+  p->lt[ins->id] = NULL;
+  p->le[ins->id] = le;
+  return p->tx->err;
 }
 
 /* ---- the driver ---------------------------------------------------------- */
@@ -1304,26 +1609,128 @@ static int build_state_param(part *p, const kiln_instr *ins, spmd_tiling **elems
   return p->tx->err;
 }
 
-/* A loop with split state: its init already in the state's tiling (else it
- * runs whole), its condition and body partitioned with that state. */
-static int build_while(part *p, const kiln_instr *ins, spmd_tiling **elems) {
+/* The local value of old tuple instruction `old` with its elements in the
+ * tilings want[i] (NULL: replicated): its own when they agree, else a tuple
+ * of its elements resharded. */
+static kiln_id as_elems(part *p, kiln_id old, spmd_tiling *const *want) {
+  const kiln_shape *s = gshape(p, old);
+  spmd_tiling **have = p->le[old];
+  bool same = true;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    if (!is_array(&s->tuple[i])) continue;
+    const spmd_tiling *h = have && have[i] ? have[i] : replicated(p, s->tuple[i].rank);
+    const spmd_tiling *w = want[i] ? want[i] : replicated(p, s->tuple[i].rank);
+    same = same && h && w && kiln__tiling_equal(h, w);
+  }
+  if (same || !kiln__tx_ok(p->tx)) return p->local[old];
+  kiln_id *xs = kiln__b_ids(p->tx, s->rank ? s->rank : 1);
+  if (xs == NULL) return KILN_NO_ID;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    xs[i] = kiln__b_gte(&p->b, p->local[old], i);
+    if (!is_array(&s->tuple[i])) continue;
+    const spmd_tiling *h = have && have[i] ? have[i] : replicated(p, s->tuple[i].rank);
+    const spmd_tiling *w = want[i] ? want[i] : replicated(p, s->tuple[i].rank);
+    xs[i] = reshard(p, xs[i], &s->tuple[i], h, w);
+  }
+  return kiln__b_tuple(&p->b, xs, s->rank);
+}
+
+/* Whether some element of a tuple's tilings splits. */
+static bool elems_split(const kiln_shape *s, spmd_tiling *const *elems) {
+  for (uint32_t i = 0; elems && i < s->rank; i++)
+    if (elems[i] && !kiln__tiling_is_replicated(elems[i])) return true;
+  return false;
+}
+
+/* A loop with split state (propagation gave it private copies of its
+ * condition and body): its init resharded to the state's tiling, its
+ * condition and body partitioned with that state. A loop whose state is
+ * not split runs whole. */
+static int build_while(part *p, const kiln_instr *ins, spmd_tiling *want, spmd_tiling **elems) {
   kiln_id init = ins->operands[0];
-  const kiln_shape *s = &ins->shape;
-  bool ok = p->le[init] != NULL && ins->ncalled == 2;
-  for (uint32_t i = 0; ok && i < s->rank; i++)
-    if (is_array(&s->tuple[i]))
-      ok = elems[i] && p->le[init][i] && kiln__tiling_equal(elems[i], p->le[init][i]);
-  if (!ok) {
+  if (ins->ncalled != 2 || ins->noperands != 1 ||
+      (elems ? !elems_split(&ins->shape, elems)
+             : want == NULL || kiln__tiling_is_replicated(want))) {
     kiln_id out;
     spmd_tiling *got;
     int rc = rule_whole(p, ins, NULL, &out, &got);
     p->local[ins->id] = out;
+    p->lt[ins->id] = got;
+    if (rc == 0 && want && got) {
+      p->local[ins->id] = reshard(p, out, &ins->shape, got, want);
+      p->lt[ins->id] = want;
+    }
     return rc;
   }
+  kiln_id x = elems ? as_elems(p, init, elems) : local_as(p, init, want);
   int rc = partition_sub(p, ins->called[0]);
   if (rc == 0) rc = partition_sub(p, ins->called[1]);
   if (rc) return rc;
-  p->local[ins->id] = kiln__b_clone(&p->b, ins, &p->local[init], 1);
+  p->local[ins->id] = kiln__b_clone(&p->b, ins, &x, 1);
+  p->lt[ins->id] = want;
+  p->le[ins->id] = elems;
+  return p->tx->err;
+}
+
+/* The tilings propagation wrote on ins: whether one splits. */
+static bool sharding_splits(const kiln_instr *ins) {
+  const kiln_attr *a = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  const kiln_sharding *s = a ? a->v.sharding : NULL;
+  if (s && s->kind == KILN_SHARD_TILED) return true;
+  for (uint32_t k = 0; s && s->kind == KILN_SHARD_TUPLE && k < s->nelems; k++)
+    if (s->elems[k].kind == KILN_SHARD_TILED) return true;
+  return false;
+}
+
+/* A conditional with split operands or result (propagation gave it private
+ * copies of its branches, each parameter in its operand's sharding, each
+ * root in the result's): each branch operand resharded to its branch's
+ * parameter, the branches partitioned, the selector whole. Else it runs
+ * whole. */
+static int build_conditional(part *p, const kiln_instr *ins, spmd_tiling *want,
+                             spmd_tiling **elems) {
+  bool split = sharding_splits(ins) && ins->ncalled > 0 && ins->ncalled <= 256 &&
+               ins->noperands == ins->ncalled + 1;
+  for (uint32_t k = 1;
+       !split && k < ins->noperands && ins->noperands == ins->ncalled + 1 && ins->ncalled <= 256;
+       k++)
+    split = sharding_splits(p->m->instrs[ins->operands[k]]);
+  if (!split) {
+    kiln_id out;
+    spmd_tiling *got;
+    int rc = rule_whole(p, ins, NULL, &out, &got);
+    p->local[ins->id] = out;
+    p->lt[ins->id] = got;
+    if (rc == 0 && want && got) {
+      p->local[ins->id] = reshard(p, out, &ins->shape, got, want);
+      p->lt[ins->id] = want;
+    }
+    return rc;
+  }
+  kiln_id *ops = kiln__b_ids(p->tx, ins->noperands);
+  if (ops == NULL) return p->tx->err;
+  ops[0] = whole(p, ins->operands[0]);
+  for (uint32_t k = 0; k < ins->ncalled; k++) {
+    kiln_id o = ins->operands[k + 1];
+    const kiln_computation *c = p->m->comps[ins->called[k]];
+    const kiln_instr *param = kiln_computation_param(p->m, c, 0);
+    spmd_tiling *pt, **pe;
+    if (param == NULL) return fail(p, ins, KILN_EINVAL, "a branch without a parameter");
+    int rc = wanted(p, param, &pt, &pe);
+    if (rc) return p->tx->err = rc;
+    if (is_array(gshape(p, o)) && pt)
+      ops[k + 1] = local_as(p, o, pt);
+    else if (kiln_shape_is_tuple(gshape(p, o)) && pe && param->shape.rank == gshape(p, o)->rank)
+      ops[k + 1] = as_elems(p, o, pe);
+    else
+      ops[k + 1] = whole(p, o);
+  }
+  for (uint32_t k = 0; k < ins->ncalled; k++) {
+    int rc = partition_sub(p, ins->called[k]);
+    if (rc) return rc;
+  }
+  p->local[ins->id] = kiln__b_clone(&p->b, ins, ops, ins->noperands);
+  p->lt[ins->id] = want;
   p->le[ins->id] = elems;
   return p->tx->err;
 }
@@ -1375,16 +1782,21 @@ static bool try_reduce_scatter(part *p, const kiln_shape *g, const spmd_tiling *
 
 static int build(part *p, const kiln_instr *ins) {
   spmd_tiling *want, **elems;
-  bool exit = is_target(ins, "xla.sdy.LocalToGlobalShape") && manual_operand(p, ins);
-  if (!exit && (is_target(ins, "xla.sdy.GlobalToLocalShape") || manual_operand(p, ins)))
+  bool exit =
+      (is_target(ins, "xla.sdy.LocalToGlobalShape") || is_target(ins, "SPMDShardToFullShape")) &&
+      manual_operand(p, ins);
+  if (!exit && (is_target(ins, "xla.sdy.GlobalToLocalShape") ||
+                is_target(ins, "SPMDFullToShardShape") || manual_operand(p, ins)))
     return build_manual(p, ins);
+  if (exit && kiln_shape_is_tuple(&ins->shape)) return build_exit_tuple(p, ins);
   int rc = wanted(p, ins, &want, &elems);
   if (rc) {
     if (p->tx->err == 0) p->tx->err = rc;
     return rc;
   }
   if (ins->op == KILN_OP_TUPLE) return build_tuple(p, ins, elems);
-  if (ins->op == KILN_OP_WHILE && elems) return build_while(p, ins, elems);
+  if (ins->op == KILN_OP_WHILE) return build_while(p, ins, want, elems);
+  if (ins->op == KILN_OP_CONDITIONAL) return build_conditional(p, ins, want, elems);
   if (ins->op == KILN_OP_PARAMETER && elems && ins->comp != p->m->entry)
     return build_state_param(p, ins, elems);
   kiln_id out = KILN_NO_ID;
@@ -1601,6 +2013,15 @@ static int partition_sub(part *p, uint32_t comp) {
   p->pid = KILN_NO_ID;
   kiln_id old_root = c->root;
   int rc = build_all(p, order, n0);
+  /* A tuple root other than a tuple instruction (the state passed through,
+   * a nested loop's or conditional's result) returns the tilings
+   * propagation gave it, element by element. */
+  const kiln_instr *r = old_root != KILN_NO_ID ? p->m->instrs[old_root] : NULL;
+  if (rc == 0 && r && kiln_shape_is_tuple(&r->shape) && r->op != KILN_OP_TUPLE) {
+    spmd_tiling *w, **e;
+    if ((rc = wanted(p, r, &w, &e)) == 0 && e) p->local[old_root] = as_elems(p, old_root, e);
+    if (rc) p->tx->err = rc;
+  }
   if (rc == 0) rc = finish_comp(p, comp, order, n0, old_root);
   p->b = saved;
   p->pid = saved_pid;

@@ -195,7 +195,8 @@ static spmd_tiling *offer_backward(prop *p, kiln_id id) {
 
 static bool tuple_tracked(const kiln_instr *ins) {
   return kiln_shape_is_tuple(&ins->shape) &&
-         (ins->op == KILN_OP_TUPLE || ins->op == KILN_OP_PARAMETER || ins->op == KILN_OP_WHILE);
+         (ins->op == KILN_OP_TUPLE || ins->op == KILN_OP_PARAMETER || ins->op == KILN_OP_WHILE ||
+          ins->op == KILN_OP_CONDITIONAL);
 }
 
 static int ensure_elems(prop *p, kiln_id id) {
@@ -241,6 +242,14 @@ static bool tuple_step(prop *p, const kiln_instr *ins) {
 
 /* ---- seeds and results --------------------------------------------------- */
 
+/* {manual}, or a tiling with a manual subgroup (last_tile_dims={manual}). */
+static bool sharding_is_manual(const kiln_sharding *s) {
+  if (s->kind == KILN_SHARD_MANUAL) return true;
+  for (uint32_t i = 0; s->kind == KILN_SHARD_TILED && i < s->last_tile_dims.n; i++)
+    if (s->last_tile_dims.v[i] == KILN_SHARD_MANUAL) return true;
+  return false;
+}
+
 static int seed(prop *p, const kiln_instr *ins) {
   char where[200];
   kiln_instr_where(p->m, ins, where, sizeof where);
@@ -250,6 +259,10 @@ static int seed(prop *p, const kiln_instr *ins) {
   if (tuple_tracked(ins) && (rc = ensure_elems(p, ins->id)))
     return kiln_status_set(p->st, rc, where, "out of memory");
   if (s == NULL) return 0;
+  /* A manual sharding on an annotation marks a value of a shard_map
+   * region (XLA's SPMDFullToShardShape form), built per device as written
+   * by the partitioner: nothing to propagate. Elsewhere it is refused. */
+  if (ins->op == KILN_OP_CUSTOM_CALL && sharding_is_manual(s)) return 0;
   if (is_array(p, ins->id)) {
     if ((rc = kiln__tiling_from_sharding(p->a, s, ins->shape.rank, p->n, where, &p->t[ins->id],
                                          p->st)))
@@ -280,6 +293,10 @@ static int seed(prop *p, const kiln_instr *ins) {
 
 static int write_back(prop *p, kiln_instr *ins) {
   kiln_arena *ma = p->m->arena;
+  /* a region marker keeps its manual sharding: the partitioner refuses it
+   * anywhere but on a region's values */
+  const kiln_attr *own = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  if (ins->op == KILN_OP_CUSTOM_CALL && own && sharding_is_manual(own->v.sharding)) return 0;
   kiln_sharding *s = NULL;
   if (is_array(p, ins->id)) {
     spmd_tiling *t = p->t[ins->id];
@@ -324,7 +341,9 @@ bool kiln_spmd_module_is_sharded(const kiln_module *m) {
     const char *t = ins->op == KILN_OP_CUSTOM_CALL
                         ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
                         : NULL;
-    if (t && strcmp(t, "xla.sdy.GlobalToLocalShape") == 0) return true;
+    if (t &&
+        (strcmp(t, "xla.sdy.GlobalToLocalShape") == 0 || strcmp(t, "SPMDFullToShardShape") == 0))
+      return true;
   }
   for (uint32_t i = 0; i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
@@ -365,42 +384,70 @@ static int sweep(prop *p, const kiln_computation *c) {
 
 /* ---- while loops -------------------------------------------------------- */
 
-/* A while whose init is a tuple instruction and whose body ends in one
- * carries its state split as the init is (unknown elements replicated):
- * the state's tiling S is a fixed point because the body's root is made to
- * return S. Other loops run whole. */
+/* A while whose state is an array, or a tuple of arrays (and tokens) whose
+ * init's elements are tracked (a tuple, a parameter, a loop or a
+ * conditional), carries its state split as the init is (unknown elements
+ * replicated): the state's tiling S is a fixed point because the body's
+ * root, whatever instruction it is, is made to return S. Other loops run
+ * whole. */
 static bool loop_splittable(const prop *p, const kiln_instr *w) {
   if (w->op != KILN_OP_WHILE || w->ncalled != 2 || w->noperands != 1) return false;
   const kiln_instr *init = p->m->instrs[w->operands[0]];
   const kiln_computation *body = p->m->comps[w->called[1]];
-  if (init->op != KILN_OP_TUPLE || p->e[init->id] == NULL || body->root == KILN_NO_ID) return false;
-  if (p->m->instrs[body->root]->op != KILN_OP_TUPLE) return false;
+  if (body->root == KILN_NO_ID) return false;
+  if (is_array(p, w->id)) return true;
+  if (!kiln_shape_is_tuple(&w->shape) || p->e[init->id] == NULL) return false;
   for (uint32_t i = 0; i < w->shape.rank; i++) /* arrays and tokens: no nested tuples */
     if (!kiln_shape_is_array(&w->shape.tuple[i]) && !kiln_shape_is_token(&w->shape.tuple[i]))
       return false;
   return true;
 }
 
-/* e[w] from its init: returns whether anything was set. */
+/* e[w] (t[w] for an array state) from its init: returns whether anything
+ * was set. */
 static bool loop_state(prop *p, const kiln_instr *w) {
-  if (!loop_splittable(p, w) || p->e[w->id] == NULL) return false;
+  if (!loop_splittable(p, w)) return false;
+  kiln_id init = w->operands[0];
+  if (is_array(p, w->id)) {
+    if (p->t[w->id] || p->t[init] == NULL || kiln__tiling_is_replicated(p->t[init])) return false;
+    p->t[w->id] = p->t[init];
+    return true;
+  }
+  if (p->e[w->id] == NULL) return false;
   bool any = false;
-  spmd_tiling **init = p->e[w->operands[0]];
+  spmd_tiling **ie = p->e[init];
   for (uint32_t i = 0; i < w->shape.rank; i++)
-    if (p->e[w->id][i] == NULL && init[i] && !kiln__tiling_is_replicated(init[i])) {
-      p->e[w->id][i] = init[i];
+    if (p->e[w->id][i] == NULL && ie[i] && !kiln__tiling_is_replicated(ie[i])) {
+      p->e[w->id][i] = ie[i];
       any = true;
     }
   return any;
 }
 
-static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st);
-
-/* The tuple sharding of a loop's state, in the module arena. */
-static kiln_sharding *state_sharding(const kiln_instr *w) {
-  const kiln_attr *a = kiln_instr_attr(w, KILN_ATTR_SHARDING);
-  return a && a->v.sharding->kind == KILN_SHARD_TUPLE ? a->v.sharding : NULL;
+/* A conditional whose result is unknown takes the tiling of a branch
+ * operand of the result's shape, or of such an element of a tuple operand
+ * (each branch then computes its result as its operand is split): returns
+ * whether anything was set. */
+static bool cond_state(prop *p, const kiln_instr *c) {
+  if (c->op != KILN_OP_CONDITIONAL || !is_array(p, c->id) || p->t[c->id]) return false;
+  for (uint32_t k = 1; k < c->noperands; k++) {
+    kiln_id o = c->operands[k];
+    const kiln_shape *os = &p->m->instrs[o]->shape;
+    uint32_t ne = kiln_shape_is_tuple(os) && p->e[o] ? os->rank : 0;
+    for (uint32_t i = 0; i <= ne; i++) {
+      const spmd_tiling *t = i < ne ? p->e[o][i] : is_array(p, o) ? p->t[o] : NULL;
+      const kiln_shape *s = i < ne ? &os->tuple[i] : os;
+      if (t && !kiln__tiling_is_replicated(t) && kiln_shape_is_array(s) &&
+          kiln_shape_same_dims(s, &c->shape)) {
+        p->t[c->id] = (spmd_tiling *)t;
+        return true;
+      }
+    }
+  }
+  return false;
 }
+
+static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st);
 
 static int set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
   kiln_attr *a = kiln_instr_add_attr(m, ins, KILN_ATTR_SHARDING);
@@ -409,38 +456,193 @@ static int set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
   return 0;
 }
 
+/* The sharding propagation wrote on ins, when it splits something (an
+ * array's, or some element's of a tuple's); else NULL. */
+static kiln_sharding *split_sharding(const kiln_instr *ins) {
+  const kiln_attr *a = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  if (a == NULL) return NULL;
+  kiln_sharding *s = a->v.sharding;
+  if (s->kind == KILN_SHARD_TILED) return s;
+  for (uint32_t k = 0; s->kind == KILN_SHARD_TUPLE && k < s->nelems; k++)
+    if (s->elems[k].kind == KILN_SHARD_TILED) return s;
+  return NULL;
+}
+
+/* A private copy of computation `comp` called by ins, propagated with its
+ * parameter 0 in sharding `param` and (unless NULL) its root in `root`. */
+static int propagate_called(kiln_module *m, const kiln_instr *ins, uint32_t comp,
+                            kiln_sharding *param, kiln_sharding *root, int64_t n, uint32_t *out,
+                            kiln_status *st) {
+  char name[200];
+  snprintf(name, sizeof name, "%.180s.spmd", m->comps[comp]->name);
+  for (uint32_t k = 1, used = 1; used; k++) { /* a name no computation has */
+    used = 0;
+    for (uint32_t i = 0; i < m->ncomps && !used; i++)
+      used = m->comps[i] && m->comps[i]->name && strcmp(m->comps[i]->name, name) == 0;
+    if (used) snprintf(name, sizeof name, "%.180s.spmd%u", m->comps[comp]->name, k);
+  }
+  int rc = kiln_computation_clone(m, comp, name, out);
+  if (rc) return kiln_status_set(st, rc, "spmd", "out of memory");
+  kiln_computation *c = m->comps[*out];
+  kiln_instr *pi = kiln_computation_param(m, c, 0);
+  if (pi == NULL || c->root == KILN_NO_ID) {
+    char where[200];
+    kiln_instr_where(m, ins, where, sizeof where);
+    return kiln_status_set(st, KILN_EINVAL, where,
+                           "a called computation without parameter or root");
+  }
+  if ((param && set_sharding(m, pi, param)) || (root && set_sharding(m, m->instrs[c->root], root)))
+    return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  return propagate_comp(m, *out, n, st);
+}
+
 /* Gives each splittable loop of comp private copies of its condition and
  * body whose parameters (and the body's root) carry the state's sharding,
- * and propagates inside them. */
+ * and each conditional with split operands or result private copies of its
+ * branches whose parameter carries its operand's sharding and whose root
+ * the result's; and propagates inside them. */
 static int propagate_loops(kiln_module *m, uint32_t comp, int64_t n, kiln_status *st) {
   for (uint32_t i = 0; i < m->comps[comp]->ninstrs; i++) {
     kiln_instr *w = m->instrs[m->comps[comp]->instrs[i]];
-    if (w->op != KILN_OP_WHILE || w->ncalled != 2) continue;
-    kiln_sharding *s = state_sharding(w);
-    const kiln_instr *init = m->instrs[w->operands[0]];
-    if (s == NULL || init->op != KILN_OP_TUPLE) continue;
-    bool split = false;
-    for (uint32_t k = 0; k < s->nelems; k++) split = split || s->elems[k].kind == KILN_SHARD_TILED;
-    if (!split) continue;
-    uint32_t called[2];
-    for (int k = 0; k < 2; k++) {
-      char name[200];
-      snprintf(name, sizeof name, "%s.spmd", m->comps[w->called[k]]->name);
-      int rc = kiln_computation_clone(m, w->called[k], name, &called[k]);
-      if (rc) return kiln_status_set(st, rc, "spmd", "out of memory");
-    }
-    if (kiln_instr_set_called(m, w, called, 2))
-      return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
-    for (int k = 0; k < 2; k++) {
-      kiln_computation *c = m->comps[called[k]];
-      kiln_instr *param = kiln_computation_param(m, c, 0);
-      if (param == NULL || set_sharding(m, param, s) ||
-          (k == 1 && set_sharding(m, m->instrs[c->root], s)))
+    if (w->op == KILN_OP_WHILE && w->ncalled == 2 && w->noperands == 1) {
+      kiln_sharding *s = split_sharding(w);
+      if (s == NULL) continue;
+      uint32_t called[2];
+      for (int k = 0; k < 2; k++) {
+        int rc = propagate_called(m, w, w->called[k], s, k == 1 ? s : NULL, n, &called[k], st);
+        if (rc) return rc;
+      }
+      if (kiln_instr_set_called(m, w, called, 2))
         return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
-      int rc = propagate_comp(m, called[k], n, st);
-      if (rc) return rc;
+    } else if (w->op == KILN_OP_CONDITIONAL && w->ncalled > 0 && w->ncalled <= 256 &&
+               w->noperands == w->ncalled + 1) {
+      bool split = split_sharding(w) != NULL;
+      for (uint32_t k = 1; k < w->noperands; k++)
+        split = split || split_sharding(m->instrs[w->operands[k]]) != NULL;
+      const kiln_attr *ra = kiln_instr_attr(w, KILN_ATTR_SHARDING);
+      if (!split || ra == NULL) continue;
+      uint32_t called[256];
+      for (uint32_t k = 0; k < w->ncalled; k++) {
+        const kiln_attr *oa = kiln_instr_attr(m->instrs[w->operands[k + 1]], KILN_ATTR_SHARDING);
+        int rc = propagate_called(m, w, w->called[k], oa ? oa->v.sharding : NULL, ra->v.sharding, n,
+                                  &called[k], st);
+        if (rc) return rc;
+      }
+      if (kiln_instr_set_called(m, w, called, w->ncalled))
+        return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
     }
   }
+  return 0;
+}
+
+static bool is_target(const kiln_instr *ins, const char *target) {
+  const char *t = ins->op == KILN_OP_CUSTOM_CALL
+                      ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
+                      : NULL;
+  return t && strcmp(t, target) == 0;
+}
+
+/* The body of a region manual over some axes of its mesh is split along
+ * the others, as XLA's Shardy partitioner does: a call whose operands are
+ * the values of one GlobalToLocalShape G (in order), with an array result
+ * or a tuple of them, gets a private copy of its body, whose
+ * parameter k carries the automatic axes of G's operand k's Shardy
+ * sharding (what that operand already holds along them: no communication
+ * on the way in), propagated inside. Every tiling there must split only
+ * along automatic axes (kiln__tiling_auto_only); else the body stays as it
+ * is, whole along them. */
+static int propagate_region(kiln_module *m, kiln_instr *call, int64_t n, kiln_status *st) {
+  if (call->op != KILN_OP_CALL || call->ncalled != 1 || call->noperands == 0 ||
+      call->noperands > 64)
+    return 0;
+  if (!kiln_shape_is_array(&call->shape)) { /* several results: a tuple of arrays */
+    if (!kiln_shape_is_tuple(&call->shape)) return 0;
+    for (uint32_t i = 0; i < call->shape.rank; i++)
+      if (!kiln_shape_is_array(&call->shape.tuple[i])) return 0;
+  }
+  const kiln_instr *o0 = m->instrs[call->operands[0]];
+  const kiln_instr *g = o0->op == KILN_OP_GET_TUPLE_ELEMENT ? m->instrs[o0->operands[0]] : o0;
+  if (!is_target(g, "xla.sdy.GlobalToLocalShape")) return 0;
+  for (uint32_t k = 0; k < call->noperands; k++) {
+    const kiln_instr *o = m->instrs[call->operands[k]];
+    bool ok = o == g ? call->noperands == 1 && g->noperands == 1
+                     : o->op == KILN_OP_GET_TUPLE_ELEMENT && o->operands[0] == g->id &&
+                           kiln_instr_attr_int(o, KILN_ATTR_INDEX, -1) == (int64_t)k &&
+                           g->noperands == call->noperands;
+    if (!ok) return 0;
+  }
+  int64_t sizes[16];
+  bool manual[16], autos[16];
+  uint32_t na;
+  if (!kiln__sdy_region_axes(m, g, sizes, manual, &na)) return 0;
+  bool partial = false;
+  for (uint32_t k = 0; k < na; k++) partial = partial || !manual[k], autos[k] = !manual[k];
+  if (!partial) return 0;
+  kiln_arena *a = kiln_arena_create();
+  if (a == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  int rc = 0;
+  bool any = false;
+  kiln_sharding *ps[64];
+  for (uint32_t k = 0; k < call->noperands && rc == 0; k++) {
+    const kiln_instr *src = m->instrs[g->operands[k]];
+    const kiln_shape *ls = &m->instrs[call->operands[k]]->shape;
+    const kiln_sharding *s = NULL;
+    spmd_tiling *t = NULL;
+    kiln_status ignore = {0};
+    ps[k] = NULL;
+    if ((rc = kiln__sdy_instr_sharding_axes(a, m, src, autos, &s)) || s == NULL) continue;
+    if (!kiln_shape_is_array(ls) || ls->rank != src->shape.rank ||
+        kiln__tiling_from_sharding(a, s, ls->rank, n, "spmd", &t, &ignore))
+      continue;
+    bool even = true;
+    for (uint32_t d = 0; d < ls->rank; d++) even = even && ls->dims[d] % t->tiles[d] == 0;
+    if (!even || kiln__tiling_is_replicated(t)) continue;
+    ps[k] = kiln__tiling_to_sharding(m->arena, t);
+    any = any || ps[k] != NULL;
+  }
+  kiln_arena_destroy(a);
+  if (rc || !any) return rc ? kiln_status_set(st, rc, "spmd", "out of memory") : 0;
+  uint32_t body;
+  char name[200];
+  snprintf(name, sizeof name, "%.180s.spmd", m->comps[call->called[0]]->name);
+  if ((rc = kiln_computation_clone(m, call->called[0], name, &body)))
+    return kiln_status_set(st, rc, "spmd", "out of memory");
+  kiln_computation *c = m->comps[body];
+  for (uint32_t k = 0; k < call->noperands; k++) {
+    kiln_instr *pi = kiln_computation_param(m, c, k);
+    if (pi == NULL) return 0; /* the clone stays unused */
+    if (ps[k] && set_sharding(m, pi, ps[k])) return kiln_status_set(st, KILN_ENOMEM, "spmd", "oom");
+  }
+  if ((rc = propagate_comp(m, body, n, st))) return rc;
+  /* every array value split along automatic axes only, or none is */
+  a = kiln_arena_create();
+  if (a == NULL) return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
+  bool ok = true;
+  for (uint32_t i = 0; i < c->ninstrs && ok; i++) {
+    const kiln_instr *ins = m->instrs[c->instrs[i]];
+    const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+    spmd_tiling *t;
+    kiln_status ignore = {0};
+    if (!kiln_shape_is_array(&ins->shape)) {
+      const kiln_sharding *ts = sa ? sa->v.sharding : NULL;
+      if (ts == NULL || !split_sharding(ins)) continue;
+      ok = ts->kind == KILN_SHARD_TUPLE && kiln_shape_is_tuple(&ins->shape) &&
+           ts->nelems == ins->shape.rank;
+      for (uint32_t k = 0; ok && k < ts->nelems; k++) {
+        const kiln_shape *es = &ins->shape.tuple[k];
+        ok = kiln_shape_is_array(es) &&
+             kiln__tiling_from_sharding(a, &ts->elems[k], es->rank, n, "spmd", &t, &ignore) == 0 &&
+             (kiln__tiling_is_replicated(t) || kiln__tiling_auto_only(t, sizes, manual, na));
+      }
+      continue;
+    }
+    ok = kiln__tiling_from_sharding(a, sa ? sa->v.sharding : NULL, ins->shape.rank, n, "spmd", &t,
+                                    &ignore) == 0 &&
+         (kiln__tiling_is_replicated(t) || kiln__tiling_auto_only(t, sizes, manual, na));
+  }
+  kiln_arena_destroy(a);
+  if (ok && kiln_instr_set_called(m, call, &body, 1))
+    return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
   return 0;
 }
 
@@ -463,7 +665,10 @@ static int propagate_comp(kiln_module *m, uint32_t comp, int64_t n, kiln_status 
   for (int round = 0; rc == 0 && round < 8; round++) {
     rc = sweep(&p, c);
     bool more = false;
-    for (uint32_t i = 0; i < c->ninstrs; i++) more |= loop_state(&p, m->instrs[c->instrs[i]]);
+    for (uint32_t i = 0; i < c->ninstrs; i++) {
+      more |= loop_state(&p, m->instrs[c->instrs[i]]);
+      more |= cond_state(&p, m->instrs[c->instrs[i]]);
+    }
     if (!more) break;
   }
   for (uint32_t i = 0; i < c->ninstrs && rc == 0; i++) {
@@ -475,6 +680,8 @@ out:
   kiln_users_destroy(p.users);
   kiln_arena_destroy(p.a);
   if (rc == 0) rc = propagate_loops(m, comp, n, st);
+  for (uint32_t i = 0; rc == 0 && comp == m->entry && i < m->comps[comp]->ninstrs; i++)
+    rc = propagate_region(m, m->instrs[m->comps[comp]->instrs[i]], n, st);
   return rc;
 }
 

@@ -93,8 +93,12 @@ static bool find_mesh(const kiln_module *m, const char *name, mesh *out) {
   return *p == '>'; /* device_ids=... and the like: not understood */
 }
 
-int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
-                    const kiln_sharding **out) {
+/* kiln__sdy_parse, keeping only the mesh axes keep[k] (NULL: all) as
+ * splits: the others are left to the replicated subgroup. A kept axis after
+ * a dropped one in a dim (a manual split minor to an automatic one) is not
+ * understood. */
+static int sdy_parse_axes(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
+                          const bool *keep, const kiln_sharding **out) {
   *out = NULL;
   const char *p = strstr(text, "<@");
   if (p == NULL || rank > SPMD_MAX_RANK) return 0;
@@ -117,6 +121,7 @@ int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint3
     if (*p != '{' || d >= rank) return 0;
     p++;
     tiles[d] = 1;
+    bool dropped = false;
     for (;;) {
       p = skip_ws(p);
       if (*p == '}') break;
@@ -134,6 +139,11 @@ int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint3
       uint32_t k = 0;
       while (k < me.n && strcmp(me.names[k], ax) != 0) k++;
       if (k == me.n || used[k] || *skip_ws(p) == ':') return 0;
+      if (keep && !keep[k]) {
+        dropped = true;
+        continue;
+      }
+      if (dropped) return 0;
       used[k] = true;
       order[norder++] = k;
       tiles[d] *= me.sizes[k];
@@ -172,11 +182,72 @@ int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint3
   return 0;
 }
 
+int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
+                    const kiln_sharding **out) {
+  return sdy_parse_axes(a, m, text, rank, NULL, out);
+}
+
+/* The region's mesh (its axes' sizes) and which axes are manual, from the
+ * frontend attributes of a GlobalToLocalShape or LocalToGlobalShape. */
+bool kiln__sdy_region_axes(const kiln_module *m, const kiln_instr *ins, int64_t *sizes,
+                           bool *manual, uint32_t *naxes) {
+  const kiln_attr *fa = kiln_instr_attr(ins, KILN_ATTR_FRONTEND_ATTRIBUTES);
+  const char *target = kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET);
+  bool in = target && strcmp(target, "xla.sdy.GlobalToLocalShape") == 0;
+  char text[4096], axes[512], name[64];
+  if (fa == NULL ||
+      !attr_string(fa->v.s, in ? "xla.sdy.in_shardings" : "xla.sdy.out_shardings", text,
+                   sizeof text) ||
+      !attr_string(fa->v.s, "xla.sdy.manual_axes", axes, sizeof axes))
+    return false;
+  const char *p = strstr(text, "<@");
+  if (p == NULL) return false;
+  size_t n = 0;
+  for (const char *q = p + 2; *q && *q != ',' && *q != '>' && n + 1 < sizeof name; q++)
+    name[n++] = *q;
+  name[n] = '\0';
+  mesh me;
+  if (!find_mesh(m, name, &me)) return false;
+  for (uint32_t k = 0; k < me.n; k++) sizes[k] = me.sizes[k], manual[k] = false;
+  for (const char *q = strchr(axes, '{'); q && *q && *q != '}';) {
+    char ax[32];
+    const char *nx = quoted(q + 1, ax, sizeof ax);
+    if (nx == NULL) break;
+    for (uint32_t k = 0; k < me.n; k++)
+      if (strcmp(me.names[k], ax) == 0) manual[k] = true;
+    q = skip_ws(nx);
+  }
+  *naxes = me.n;
+  return true;
+}
+
+int kiln__sdy_instr_sharding_axes(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                                  const bool *keep, const kiln_sharding **out) {
+  *out = NULL;
+  const kiln_attr *fa = kiln_instr_attr(ins, KILN_ATTR_FRONTEND_ATTRIBUTES);
+  char text[1024];
+  if (fa == NULL || !kiln_shape_is_array(&ins->shape) ||
+      !attr_string(fa->v.s, "xla.sdy.sharding", text, sizeof text))
+    return 0;
+  return sdy_parse_axes(a, m, text, ins->shape.rank, keep, out);
+}
+
 int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
                         const kiln_sharding **out, kiln_status *st) {
   (void)st;
   *out = NULL;
   const kiln_attr *sa = kiln_instr_attr(ins, KILN_ATTR_SHARDING);
+  const kiln_attr *fa0 = kiln_instr_attr(ins, KILN_ATTR_FRONTEND_ATTRIBUTES);
+  char open[1024];
+  if (sa && ins->op == KILN_OP_CUSTOM_CALL && fa0 && kiln_shape_is_array(&ins->shape) &&
+      attr_string(fa0->v.s, "xla.sdy.sharding", open, sizeof open) && strchr(open, '?')) {
+    /* Shardy's open dims ({?}), which the HLO form writes as replicated:
+     * with no axis at all, no constraint (propagation decides) */
+    const kiln_sharding *s = NULL;
+    int rc = kiln__sdy_parse(a, m, open, ins->shape.rank, &s);
+    if (rc) return rc;
+    if (s && s->kind == KILN_SHARD_REPLICATED) return 0;
+  }
   if (sa) {
     *out = sa->v.sharding;
     return 0;
@@ -190,14 +261,25 @@ int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *i
   if (fa && !attr_string(fa->v.s, "xla.sdy.sharding", text, sizeof text) &&
       strcmp(kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET),
              "xla.sdy.LocalToGlobalShape") == 0) {
-    /* the end of a manual region: the result's sharding is out_shardings' */
+    /* the end of a manual region: the result's sharding is out_shardings'
+     * (a region manual over some axes only: open along the others, so no
+     * constraint; propagation decides) */
+    int64_t sizes[MAX_AXES];
+    bool manual[MAX_AXES];
+    uint32_t na;
+    if (kiln__sdy_region_axes(m, ins, sizes, manual, &na))
+      for (uint32_t k = 0; k < na; k++)
+        if (!manual[k]) return 0;
     kiln_status ignore;
     kiln_status_clear(&ignore);
     if (kiln__sdy_region_sharding(a, m, ins, 0, ins->shape.rank, out, &ignore)) *out = NULL;
     return 0;
   }
   if (fa == NULL || !attr_string(fa->v.s, "xla.sdy.sharding", text, sizeof text)) return 0;
-  return kiln__sdy_parse(a, m, text, ins->shape.rank, out);
+  int rc = kiln__sdy_parse(a, m, text, ins->shape.rank, out);
+  /* open dims ({?}) and no axis: no constraint at all, propagation decides */
+  if (rc == 0 && *out && (*out)->kind == KILN_SHARD_REPLICATED && strchr(text, '?')) *out = NULL;
+  return rc;
 }
 
 int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
@@ -239,12 +321,13 @@ int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_in
       if (strcmp(me.names[k], ax) == 0 && !seen[k]) seen[k] = true, nman++;
     q = skip_ws(nx);
   }
-  if (nman != me.n)
-    return kiln_status_set(st, KILN_EUNIMPL, where,
-                           "a shard_map manual over %u of the %u axes of mesh '%s' (partially "
-                           "manual regions are not supported; make every axis manual)",
-                           nman, me.n, name);
-  int rc = kiln__sdy_parse(a, m, p, rank, out);
+  if (nman == 0)
+    return kiln_status_set(st, KILN_EINVAL, where, "a manual region manual over no axis of '%s'",
+                           name);
+  /* Manual over some axes only: the region's values are its local shapes
+   * along the manual axes and whole along the others, so only the manual
+   * axes split them (the others replicate). */
+  int rc = sdy_parse_axes(a, m, p, rank, seen, out);
   if (rc) return kiln_status_set(st, rc, where, "out of memory");
   if (*out == NULL)
     return kiln_status_set(st, KILN_EUNIMPL, where, "value %u of %s is not understood", i, key);

@@ -8,7 +8,9 @@
  * product of all the counts is n. Replicated, maximal and unknown shardings
  * are the tiling with every count 1 (a maximal sharding computes everywhere,
  * which is correct); last_tile_dim_replicate and replicated last_tile_dims
- * are folded into rep. Manual subgroups are refused.
+ * are folded into rep. Manual shardings and subgroups are refused: they
+ * mark the values of shard_map regions, which the partitioner builds per
+ * device as written.
  *
  * Shards of a dim of size D tiled t ways hold ceil(D/t) elements each; the
  * last ones are padded (their pad holds garbage unless masked).
@@ -103,6 +105,13 @@ spmd_tiling *kiln__spmd_fwd(kiln_arena *a, const kiln_module *m, const kiln_inst
 spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_instr *ins, uint32_t k,
                             const spmd_tiling *tout);
 
+/* For a gather (scatter) of one operand indexed along one dim d
+ * (start_index_map / scatter_dims_to_operand_dims {d}) by integer indices,
+ * whose slice (window) along d is one element: d when tiling t of the
+ * operand splits d and no other dim, else -1. Each device then gathers
+ * (scatters) the indices that fall in its shard (partition.c). */
+int kiln__indexed_dim(const kiln_module *m, const kiln_instr *ins, const spmd_tiling *t);
+
 /* Annotations on an instruction: its sharding= attribute, or for a
  * sharding custom call (with_sharding_constraint, Shardy markers) the
  * sharding it names (sharding=, or the xla.sdy.sharding frontend attribute
@@ -113,8 +122,10 @@ int kiln__user_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *i
 /* A manual region's (shard_map's) sharding of value i: of operand i of an
  * xla.sdy.GlobalToLocalShape (its in_shardings), of result i of an
  * xla.sdy.LocalToGlobalShape (out_shardings), for an array of rank `rank`.
- * KILN_EUNIMPL naming the instruction for a region manual over only some
- * of its mesh's axes or a sharding not understood. */
+ * Only the region's manual axes split it: a region manual over some axes of
+ * its mesh holds its values whole along the others. KILN_EUNIMPL naming
+ * the instruction for a sharding not understood (a manual axis minor to an
+ * automatic one in a dim among them). */
 int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
                               uint32_t i, uint32_t rank, const kiln_sharding **out,
                               kiln_status *st);
@@ -125,6 +136,25 @@ int kiln__sdy_region_sharding(kiln_arena *a, const kiln_module *m, const kiln_in
  * not understood (the annotation is then ignored: propagation decides). */
 int kiln__sdy_parse(kiln_arena *a, const kiln_module *m, const char *text, uint32_t rank,
                     const kiln_sharding **out);
+
+/* A manual region's mesh: its axes' sizes and which are manual (at most
+ * 16 axes), from its GlobalToLocalShape or LocalToGlobalShape; false when
+ * not understood. */
+bool kiln__sdy_region_axes(const kiln_module *m, const kiln_instr *ins, int64_t *sizes,
+                           bool *manual, uint32_t *naxes);
+/* The Shardy sharding (xla.sdy.sharding) of array instruction ins with only
+ * the mesh axes keep[k] splitting it; NULL *out when it has none or it is
+ * not understood. */
+int kiln__sdy_instr_sharding_axes(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                                  const bool *keep, const kiln_sharding **out);
+/* Whether tiling t of a region's values (a region manual over the axes
+ * manual[k] of a mesh of axes sizes[k], device = row-major index) is split
+ * only along automatic axes, consistently: every device's tile depends only
+ * on its automatic coordinates, and its position among a tile's holders
+ * determines its manual ones (so the partitioner's groups and exchanges
+ * never mix values of different manual shards). */
+bool kiln__tiling_auto_only(const spmd_tiling *t, const int64_t *sizes, const bool *manual,
+                            uint32_t naxes);
 
 /* Inlines the calls computation `comp` makes (propagate.c). */
 int kiln__spmd_inline_calls(kiln_module *m, uint32_t comp, kiln_status *st);

@@ -10,6 +10,7 @@
  */
 #include <string.h>
 
+#include "common/alloc.h"
 #include "compiler/ir/sharding.h"
 #include "compiler/spmd/spmd_internal.h"
 
@@ -51,9 +52,9 @@ int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t r
   }
   if (s->kind == KILN_SHARD_MANUAL)
     return kiln_status_set(st, KILN_EUNIMPL, where,
-                           "manual sharding ({manual}, XLA's SPMDFullToShardShape form of "
-                           "shard_map) is not supported by the partitioner yet (Shardy's "
-                           "xla.sdy.GlobalToLocalShape regions are)");
+                           "manual sharding ({manual}) outside a shard_map region (its values "
+                           "lie between an SPMDFullToShardShape and an SPMDShardToFullShape, or "
+                           "Shardy's xla.sdy.GlobalToLocalShape and LocalToGlobalShape)");
   if (s->kind != KILN_SHARD_TILED)
     return kiln_status_set(st, KILN_EINVAL, where, "a tuple sharding on an array");
   uint32_t nsub = s->last_tile_dims.n ? s->last_tile_dims.n : (s->last_tile_dim_replicate ? 1 : 0);
@@ -61,8 +62,8 @@ int kiln__tiling_from_sharding(kiln_arena *a, const kiln_sharding *s, uint32_t r
     if (s->last_tile_dims.v[i] == KILN_SHARD_MANUAL)
       return kiln_status_set(
           st, KILN_EUNIMPL, where,
-          "manual subgroups (a partially manual shard_map) are not supported by the "
-          "partitioner yet");
+          "a manual subgroup (last_tile_dims={manual}) outside a shard_map region (its "
+          "values lie between an SPMDFullToShardShape and an SPMDShardToFullShape)");
   if (s->tile_dims.n != rank + nsub)
     return kiln_status_set(st, KILN_EINVAL, where,
                            "sharding has %u tile dims for an array of rank %u (and %u subgroups)",
@@ -349,4 +350,34 @@ bool kiln__contraction_loops(const kiln_module *m, const kiln_instr *ins, spmd_l
     return true;
   }
   return false;
+}
+
+bool kiln__tiling_auto_only(const spmd_tiling *t, const int64_t *sizes, const bool *manual,
+                            uint32_t naxes) {
+  int64_t n = t->n, total = 1;
+  for (uint32_t k = 0; k < naxes; k++) total *= sizes[k];
+  if (total != n || n <= 0 || t->rep <= 0) return false;
+  int64_t *seen = kiln_calloc((size_t)(2 * n), sizeof *seen);
+  if (seen == NULL) return false;
+  int64_t *tile_of_auto = seen, *man_of_k = seen + n;
+  for (int64_t i = 0; i < 2 * n; i++) seen[i] = -1;
+  bool ok = true;
+  for (int64_t d = 0; d < n && ok; d++) {
+    /* the device's automatic and manual codes (mixed radix, row-major) */
+    int64_t rest = d, acode = 0, mcode = 0, ascale = 1, mscale = 1;
+    for (uint32_t k = naxes; k-- > 0;) {
+      int64_t c = rest % sizes[k];
+      rest /= sizes[k];
+      if (manual[k])
+        mcode += c * mscale, mscale *= sizes[k];
+      else
+        acode += c * ascale, ascale *= sizes[k];
+    }
+    int64_t pos = t->pos[d], tile = pos / t->rep, k = pos % t->rep;
+    if (tile_of_auto[acode] < 0) tile_of_auto[acode] = tile;
+    if (man_of_k[k] < 0) man_of_k[k] = mcode;
+    ok = tile_of_auto[acode] == tile && man_of_k[k] == mcode;
+  }
+  kiln_free(seen);
+  return ok;
 }

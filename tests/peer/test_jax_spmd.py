@@ -230,6 +230,124 @@ class JaxSpmdTest(unittest.TestCase):
         self.run_peer("shard_map_out", f, (NamedSharding(m, P()),),
                       NamedSharding(m, P("x", None)), (a,), 4)
 
+    def test_shard_map_partially_manual(self):
+        """jax.shard_map manual over x only of a (2, 4) mesh (axis_names=
+        {"x"}; y stays automatic): Shardy's region with manual_axes {"x"},
+        whose body sees its shard along x and the whole along y and psums
+        over x alone."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(14)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+        w = rng.standard_normal((16, 8)).astype(np.float32) * 0.3
+
+        def f(a, w):
+            def body(a, w):
+                return jax.lax.psum(jnp.tanh(a) @ w, "x")
+            return jax.shard_map(body, mesh=m, in_specs=(P("x", None), P()), out_specs=P(),
+                                 axis_names={"x"})(a, w)
+
+        rep = NamedSharding(m, P())
+        kinds = self.run_peer("shard_map_partial", f, (NamedSharding(m, P("x", None)), rep),
+                              rep, (a, w), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 8 * 4)})
+
+    def test_shard_map_partially_manual_split_body(self):
+        """The same region over an input split along both axes, its result
+        split along the automatic one: the body is split along y as the
+        input is (as XLA's Shardy partitioner does), so nothing moves on the
+        way in or out and the psum over x moves only the shard."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(21)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def f(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a) * 2.0 + 1.0, "x")
+            return jax.shard_map(body, mesh=m, in_specs=P("x", None), out_specs=P(),
+                                 axis_names={"x"})(a)
+
+        kinds = self.run_peer("shard_map_split_body", f, (NamedSharding(m, P("x", "y")),),
+                              NamedSharding(m, P(None, "y")), (a,), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 4 * 4)})
+
+        # a body whose matmul contracts along the split automatic dim (a
+        # partial product, all-reduced along y inside the body), with an
+        # all_gather over x, a row sum and a max along y
+        w = rng.standard_normal((16, 8)).astype(np.float32)
+
+        def g(a, w):
+            def body(a, w):
+                h = jnp.tanh(a) @ w
+                t = jax.lax.all_gather(h, "x", axis=0, tiled=True)
+                r = jnp.sum(a, axis=1, keepdims=True)[:1] - jnp.max(a)
+                return jax.lax.psum(t + r, "x")
+            return jax.shard_map(body, mesh=m, in_specs=(P("x", None), P()), out_specs=P(),
+                                 axis_names={"x"})(a, w)
+
+        self.run_peer("shard_map_split_body_dot", g,
+                      (NamedSharding(m, P("x", "y")), NamedSharding(m, P("y", None))),
+                      NamedSharding(m, P()), (a, w), 8)
+
+    def test_shard_map_two_outputs(self):
+        """shard_map bodies of two results (a LocalToGlobalShape of two
+        operands), manual over every axis and over x only (the latter's
+        body split along y as its input is)."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(22)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def partial(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), "x"), a * 2.0
+            return jax.shard_map(body, mesh=m, in_specs=P("x", None),
+                                 out_specs=(P(), P("x", None)), axis_names={"x"})(a)
+
+        def full(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), ("x", "y")), a * 2.0
+            return jax.shard_map(body, mesh=m, in_specs=P("x", "y"),
+                                 out_specs=(P(), P("x", "y")))(a)
+
+        split = NamedSharding(m, P("x", "y"))
+        kinds = self.run_peer("shard_map_two_partial", partial, (split,),
+                              (NamedSharding(m, P(None, "y")), split), (a,), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 4 * 4)})
+        kinds = self.run_peer("shard_map_two_full", full, (split,),
+                              (NamedSharding(m, P()), split), (a,), 8)
+        self.assertEqual(kinds, {"all-reduce": (1, 4 * 4 * 4)})
+
+    def test_shard_map_gspmd_form(self):
+        """The same regions as XLA's GSPMD form writes them (JAX with
+        jax_use_shardy_partitioner off): SPMDFullToShardShape with {manual}
+        for a region over every axis, with last_tile_dims={manual,
+        replicated} for one over some."""
+        m = mesh((2, 4), ("x", "y"))
+        rng = np.random.default_rng(15)
+        a = rng.standard_normal((8, 16)).astype(np.float32)
+
+        def partial(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), "x")
+            return jax.shard_map(body, mesh=m, in_specs=P("x", None), out_specs=P(),
+                                 axis_names={"x"})(a)
+
+        def full(a):
+            def body(a):
+                return jax.lax.psum(jnp.tanh(a), ("x", "y")) * 2.0
+            return jax.shard_map(body, mesh=m, in_specs=P("x", "y"), out_specs=P())(a)
+
+        old = jax.config.jax_use_shardy_partitioner
+        jax.config.update("jax_use_shardy_partitioner", False)
+        try:
+            split = NamedSharding(m, P("x", "y"))
+            for name, fn in (("gspmd_partial", partial), ("gspmd_full", full)):
+                hlo = jax.jit(fn, in_shardings=split).lower(a).as_text(dialect="hlo")
+                self.assertIn("SPMDFullToShardShape", hlo)
+                self.assertIn("manual", hlo)
+                self.run_peer(name, fn, (split,), NamedSharding(m, P()), (a,), 8)
+        finally:
+            jax.config.update("jax_use_shardy_partitioner", old)
+
     def test_halo_pooling_and_conv(self):
         """A 1-D convolution and a "same" max-pool on activations split
         along their spatial dim: halos by collective-permute, no
@@ -301,6 +419,87 @@ class JaxSpmdTest(unittest.TestCase):
         rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
         kinds = self.run_peer("loop", f, (bat, rep), (bat, rep), (x, w), 4)
         self.assertEqual(kinds, {"all-reduce": (1, 4)})
+
+
+    def test_cond_on_split_operands(self):
+        """lax.cond over batch-split activations and a replicated weight:
+        each branch runs on the shards (the predicate whole), no
+        communication."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(16)
+        x = rng.standard_normal((16, 8)).astype(np.float32)
+        w = rng.standard_normal((8, 8)).astype(np.float32) * 0.5
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        for p in (1.0, -1.0):
+            def f(p, x, w):
+                return jax.lax.cond(p > 0, lambda x: jnp.tanh(x @ w), lambda x: x @ w * 2.0, x)
+            kinds = self.run_peer("cond", f, (rep, bat, rep), bat, (np.float32(p), x, w), 4)
+            self.assertEqual(kinds, {})
+
+    def test_switch_with_reduction(self):
+        """lax.switch whose branches reduce over the split batch (a partial
+        sum and an all-reduce inside the branch) and return a tuple."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(17)
+        x = rng.standard_normal((16, 8)).astype(np.float32)
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b", None))
+        for i in (0, 1, 2):
+            def f(i, x):
+                return jax.lax.switch(i, [lambda x: (x + 1.0, jnp.sum(x, axis=0)),
+                                          lambda x: (jnp.sin(x), jnp.max(x, axis=0)),
+                                          lambda x: (x * x, jnp.zeros((8,), jnp.float32))], x)
+            self.run_peer("switch", f, (rep, bat), (bat, rep), (np.int32(i), x), 4)
+
+    def test_while_array_state(self):
+        """lax.while_loop over one split array (the while's state is the
+        array itself, not a tuple): the state stays split, the condition's
+        sum is one all-reduce per trip."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(18)
+        x = (rng.standard_normal((16, 8)).astype(np.float32) + 4.0) * 2.0
+
+        def f(x):
+            return jax.lax.while_loop(lambda c: jnp.sum(c) > 64.0, lambda c: c * 0.5 + 0.25, x)
+
+        bat = NamedSharding(m, P("b", None))
+        kinds = self.run_peer("while_array", f, (bat,), bat, (x,), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 4)})
+
+
+    def test_embedding_split_vocabulary(self):
+        """jnp.take from a table split along its vocabulary, with ids out of
+        range too (clamped, as jnp.take's fill mode masks them): each device
+        gathers the ids in its shard, zeros the others, one all-reduce sums
+        the rows (XLA's masked local gather) instead of gathering the
+        table."""
+        m = mesh((4,), ("v",))
+        rng = np.random.default_rng(19)
+        table = rng.standard_normal((64, 16)).astype(np.float32)
+        ids = rng.integers(-8, 72, size=(24,)).astype(np.int32)
+        rep, voc = NamedSharding(m, P()), NamedSharding(m, P("v", None))
+        for mode in ("fill", "clip"):
+            kinds = self.run_peer(f"embed_vocab_{mode}",
+                                  lambda t, i: jnp.tanh(jnp.take(t, i, axis=0, mode=mode)),
+                                  (voc, rep), rep, (table, ids), 4)
+            self.assertEqual(kinds, {"all-reduce": (1, 24 * 16 * 4)})
+
+    def test_embedding_gradient_split_vocabulary(self):
+        """The gradient of a loss through that lookup (the lookup, then a
+        scatter-add into zeros split along the vocabulary, repeated ids
+        included): each device scatters the updates whose ids fall in its
+        shard; the lookup's all-reduce is the only communication."""
+        m = mesh((4,), ("v",))
+        rng = np.random.default_rng(20)
+        table = rng.standard_normal((64, 16)).astype(np.float32)
+        ids = rng.integers(0, 64, size=(40,)).astype(np.int32)
+        g = rng.standard_normal((40, 16)).astype(np.float32)
+
+        def grad(t, i, g):
+            return jax.grad(lambda t: jnp.sum(jnp.tanh(jnp.take(t, i, axis=0)) * g))(t)
+
+        rep, voc = NamedSharding(m, P()), NamedSharding(m, P("v", None))
+        kinds = self.run_peer("embed_grad", grad, (voc, rep, rep), voc, (table, ids, g), 4)
+        self.assertEqual(kinds, {"all-reduce": (1, 40 * 16 * 4)})
 
 
 if __name__ == "__main__":

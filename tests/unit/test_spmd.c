@@ -415,16 +415,284 @@ START_TEST(test_shard_map_region) {
   ck_assert_int_eq(got->shape.dims[0], 32);
   kiln_literal_destroy(got);
   kiln_module_destroy(m);
-  /* manual over one axis of two: refused by name */
-  shard_map_text(text, sizeof text, "[\"x\"=4, \"y\"=1]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]",
-                 psum);
+  /* manual over no axis of its mesh: refused by name */
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "", "[{}, {}]", "f32[8,4]", psum);
   m = parse_ok(text);
   kiln_spmd_program *prog = NULL;
-  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
-  ck_assert_msg(strstr(st.msg, "partially manual") != NULL, "%s", st.msg);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_msg(strstr(st.msg, "manual over no axis") != NULL, "%s", st.msg);
   kiln_module_destroy(m);
   kiln_module_destroy(ref);
   kiln_test_args_free(args, n);
+}
+END_TEST
+
+/* A region manual over x of a mesh x=4, y=2 (device = 2x + y), as JAX 0.10
+ * writes shard_map(..., axis_names={"x"}): the body sees its shard along x
+ * and the whole of the automatic axis y, and its psum runs over the
+ * devices of one y ({0,2,4,6}, {1,3,5,7}). Parameter a arrives split along
+ * both axes (rows by y, columns by x) and is gathered along y on the way
+ * in; a manual axis minor to an automatic one in a dim is refused by
+ * name. */
+static void partial_text2(char *out, size_t n, const char *a_in, const char *b_sharding,
+                          const char *a_attrs, const char *o_attrs);
+static void partial_text(char *out, size_t n, const char *a_in, const char *b_sharding) {
+  partial_text2(out, n, a_in, b_sharding, "", "");
+}
+
+/* ... with a_attrs after a's sharding and o_attrs after the result's
+ * frontend attributes. */
+static void partial_text2(char *out, size_t n, const char *a_in, const char *b_sharding,
+                          const char *a_attrs, const char *o_attrs) {
+  snprintf(out, n,
+           "HloModule pm, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<[\"x\"=4, "
+           "\"y\"=2]>}}\n"
+           "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+           " ROOT s = f32[] add(a, b)\n}\n"
+           "body {\n a = f32[8,4] parameter(0)\n b = f32[4,4] parameter(1)\n"
+           " t = f32[8,4] tanh(a)\n"
+           " d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+           " ROOT r = f32[8,4] all-reduce(d), channel_id=1, replica_groups={{0,2,4,6},{1,3,5,7}}, "
+           "use_global_device_ids=true, to_apply=add\n}\n"
+           "ENTRY e {\n a = f32[8,16] parameter(0), sharding={devices=[2,4]<=[4,2]T(1,0)}%s\n"
+           " b = f32[16,4] parameter(1), sharding=%s\n"
+           " g = (f32[8,4], f32[4,4]) custom-call(a, b), "
+           "custom_call_target=\"xla.sdy.GlobalToLocalShape\", custom_call_has_side_effect=true, "
+           "frontend_attributes={xla.sdy.in_shardings=\"#sdy.sharding_per_value<[<@mesh, [{?}, "
+           "%s]>, <@mesh, [{\\\"x\\\"}, {?}]>]>\",xla.sdy.manual_axes=\"#sdy<manual_axes"
+           "{\\\"x\\\"}>\"}\n"
+           " g0 = f32[8,4] get-tuple-element(g), index=0\n"
+           " g1 = f32[4,4] get-tuple-element(g), index=1\n"
+           " c = f32[8,4] call(g0, g1), to_apply=body, frontend_attributes={inlineable=\"false\"}\n"
+           " ROOT o = f32[8,4] custom-call(c), custom_call_target=\"xla.sdy.LocalToGlobalShape\", "
+           "custom_call_has_side_effect=true, frontend_attributes={xla.sdy.manual_axes="
+           "\"#sdy<manual_axes{\\\"x\\\"}>\",xla.sdy.out_shardings=\"#sdy.sharding_per_value<[<@"
+           "mesh, [{?}, {?}]>]>\"}%s\n}\n",
+           a_attrs, b_sharding, a_in, o_attrs);
+}
+
+static const char partial_ref[] =
+    "HloModule r\nENTRY e {\n a = f32[8,16] parameter(0)\n"
+    " b = f32[16,4] parameter(1)\n t = f32[8,16] tanh(a)\n"
+    " ROOT d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n";
+
+/* The global run of text over p devices on backend equals the reference's
+ * on the interpreter; the collectives' counts into *stats. */
+static void check_against(const char *text, const char *ref_text, uint32_t p, const char *backend,
+                          kiln_spmd_stats *stats) {
+  kiln_module *m = parse_ok(text), *ref = parse_ok(ref_text);
+  ck_assert(kiln_spmd_module_is_sharded(m));
+  kiln_status st = {0};
+  kiln_literal **args;
+  uint32_t n;
+  ck_assert_int_eq(kiln_test_args_random(ref, 5, &args, &n, &st), 0);
+  kiln_literal *want = NULL, *got = NULL;
+  ck_assert_int_eq(kiln_interp_run(ref, (const kiln_literal *const *)args, n, NULL, &want, &st), 0);
+  int rc = kiln_run_module_global(m, backend, NULL, p, NULL, (const kiln_literal *const *)args, n,
+                                  &got, stats, &st);
+  ck_assert_msg(rc == 0, "%s: %s: %s", backend, st.where, st.msg);
+  char why[200];
+  ck_assert_msg(close_enough(want, got, why, sizeof why), "%s: %s", backend, why);
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_test_args_free(args, n);
+  kiln_module_destroy(ref);
+  kiln_module_destroy(m);
+}
+
+START_TEST(test_shard_map_partially_manual) {
+  char text[4096];
+  const char *backends[2] = {"interp", "cpu"};
+  for (int k = 0; k < 2; k++) {
+    kiln_spmd_stats stats;
+    /* b split by rows along x (and replicated along y) is already the
+     * region's b: the psum and a's gather along y are all that moves */
+    partial_text(text, sizeof text, "{\\\"x\\\"}",
+                 "{devices=[4,1,2]<=[8] last_tile_dim_replicate}");
+    check_against(text, partial_ref, 8, backends[k], &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_REDUCE], 8 * 4 * 4);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 1);
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_GATHER], 8 * 4 * 4);
+  }
+  /* a's Shardy sharding says its rows are split by y, which the region
+   * leaves automatic: the body is split along y as a is (no gather on the
+   * way in), its psum moves the shard only, and the result stays split by
+   * rows along y */
+  for (int k = 0; k < 2; k++) {
+    kiln_spmd_stats st2;
+    partial_text2(text, sizeof text, "{\\\"x\\\"}", "{replicated}",
+                  ", frontend_attributes={xla.sdy.sharding=\"#sdy.sharding<@mesh, [{\\\"y\\\"}, "
+                  "{\\\"x\\\"}]>\"}",
+                  ", sharding={devices=[2,1,4]<=[4,2]T(1,0) last_tile_dim_replicate}");
+    check_against(text, partial_ref, 8, backends[k], &st2);
+    ck_assert_int_eq(st2.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(st2.bytes[KILN_SPMD_ALL_REDUCE], 4 * 4 * 4);
+    ck_assert_int_eq(st2.count[KILN_SPMD_ALL_GATHER], 0);
+  }
+  /* an automatic axis named in in_shardings (a's columns split by x, then
+   * y) is left out: the region's values are whole along y */
+  kiln_spmd_stats stats;
+  partial_text(text, sizeof text, "{\\\"x\\\", \\\"y\\\"}", "{replicated}");
+  check_against(text, partial_ref, 8, "interp", &stats);
+  ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+  kiln_module *m;
+  kiln_status st = {0};
+  kiln_spmd_program *prog = NULL;
+  /* a manual axis minor to an automatic one in a dim: refused by name */
+  partial_text(text, sizeof text, "{\\\"y\\\", \\\"x\\\"}", "{replicated}");
+  m = parse_ok(text);
+  ck_assert_int_eq(kiln_spmd_partition(m, 8, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "not understood") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+/* A shard_map of two results (a LocalToGlobalShape of two operands and a
+ * tuple of two results), manual over every axis and over x of x=4, y=2:
+ * tanh of each device's columns stacked back by columns, and the psum of
+ * them over x. With a's Shardy sharding splitting its rows by y, the
+ * partially manual body is split along y (no gather in or out, the results
+ * kept split as they come out). */
+START_TEST(test_shard_map_two_results) {
+  const char *ref = "HloModule r\n"
+                    "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                    " ROOT s = f32[] add(a, b)\n}\n"
+                    "ENTRY e {\n a = f32[8,16] parameter(0)\n t = f32[8,16] tanh(a)\n"
+                    " r = f32[8,4,4] reshape(t)\n z = f32[] constant(0)\n"
+                    " s = f32[8,4] reduce(r, z), dimensions={1}, to_apply=add\n"
+                    " ROOT o = (f32[8,16], f32[8,4]) tuple(t, s)\n}\n";
+  const char *meshes[2] = {"[\"x\"=4]", "[\"x\"=4, \"y\"=2]"};
+  const char *groups[2] = {"{{0,1,2,3}}", "{{0,2,4,6},{1,3,5,7}}"};
+  const char *asharding[2] = {"{devices=[1,4]<=[4]}", "{devices=[2,4]<=[4,2]T(1,0)}"};
+  const char *asdy[2] = {"[{}, {\\\"x\\\"}]", "[{\\\"y\\\"}, {\\\"x\\\"}]"};
+  const char *osh[2] = {"{{devices=[1,4]<=[4]}, {replicated}}",
+                        "{{devices=[2,4]<=[4,2]T(1,0)}, "
+                        "{devices=[2,1,4]<=[4,2]T(1,0) last_tile_dim_replicate}}"};
+  for (int k = 0; k < 2; k++) {
+    char text[4096];
+    snprintf(text, sizeof text,
+             "HloModule two, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<%s>}}\n"
+             "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+             " ROOT s = f32[] add(a, b)\n}\n"
+             "body {\n a = f32[8,4] parameter(0)\n t = f32[8,4] tanh(a)\n"
+             " r = f32[8,4] all-reduce(t), channel_id=1, replica_groups=%s, "
+             "use_global_device_ids=true, to_apply=add\n"
+             " ROOT o = (f32[8,4], f32[8,4]) tuple(t, r)\n}\n"
+             "ENTRY e {\n a = f32[8,16] parameter(0), sharding=%s, "
+             "frontend_attributes={xla.sdy.sharding=\"#sdy.sharding<@mesh, %s>\"}\n"
+             " g = f32[8,4] custom-call(a), custom_call_target=\"xla.sdy.GlobalToLocalShape\", "
+             "frontend_attributes={xla.sdy.in_shardings=\"#sdy.sharding_per_value<[<@mesh, [{?}, "
+             "{\\\"x\\\"}]>]>\",xla.sdy.manual_axes=\"#sdy<manual_axes{\\\"x\\\"}>\"}\n"
+             " c = (f32[8,4], f32[8,4]) call(g), to_apply=body\n"
+             " c0 = f32[8,4] get-tuple-element(c), index=0\n"
+             " c1 = f32[8,4] get-tuple-element(c), index=1\n"
+             " l = (f32[8,16], f32[8,4]) custom-call(c0, c1), "
+             "custom_call_target=\"xla.sdy.LocalToGlobalShape\", frontend_attributes={"
+             "xla.sdy.manual_axes=\"#sdy<manual_axes{\\\"x\\\"}>\",xla.sdy.out_shardings="
+             "\"#sdy.sharding_per_value<[<@mesh, [{?}, {\\\"x\\\"}]>, <@mesh, [{?}, {?}]>]>\"}\n"
+             " l0 = f32[8,16] get-tuple-element(l), index=0\n"
+             " l1 = f32[8,4] get-tuple-element(l), index=1\n"
+             " ROOT o = (f32[8,16], f32[8,4]) tuple(l0, l1), sharding=%s\n}\n",
+             meshes[k], groups[k], asharding[k], asdy[k], osh[k]);
+    uint32_t p = k ? 8 : 4;
+    kiln_spmd_stats stats;
+    check_against(text, ref, p, "interp", &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    /* the psum of the shard only: rows split by y too on the 2-D mesh */
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_REDUCE], k ? 4 * 4 * 4 : 8 * 4 * 4);
+    if (k) ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 0);
+    check_against(text, ref, p, "cpu", &stats);
+  }
+}
+END_TEST
+
+/* XLA's form of the same regions (JAX with jax_use_shardy_partitioner
+ * off): a Sharding annotation, SPMDFullToShardShape with {manual} (or a
+ * manual subgroup, last_tile_dims={manual, replicated}, for a region manual
+ * over some axes), the body (tanh, then a psum over `groups`) on the local
+ * shape `local`, SPMDShardToFullShape with the result's sharding. a is
+ * f32[8,8] split [2,4] over a mesh x=2, y=4. */
+static void gspmd_text(char *out, size_t n, const char *in_sharding, const char *manual,
+                       const char *local, const char *groups, const char *out_sharding) {
+  snprintf(out, n,
+           "HloModule gm\n"
+           "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+           " ROOT s = f32[] add(a, b)\n}\n"
+           "body {\n a = %s parameter(0)\n t = %s tanh(a)\n"
+           " ROOT r = %s all-reduce(t), channel_id=1, replica_groups=%s, "
+           "use_global_device_ids=true, to_apply=add\n}\n"
+           "ENTRY e {\n a = f32[8,8] parameter(0), sharding={devices=[2,4]<=[8]}\n"
+           " s = f32[8,8] custom-call(a), custom_call_target=\"Sharding\", sharding=%s\n"
+           " l = %s custom-call(s), custom_call_target=\"SPMDFullToShardShape\", sharding=%s\n"
+           " c = %s call(l), to_apply=body\n"
+           " m = %s custom-call(c), custom_call_target=\"Sharding\", sharding=%s\n"
+           " ROOT o = %s custom-call(m), custom_call_target=\"SPMDShardToFullShape\", "
+           "sharding=%s\n}\n",
+           local, local, local, groups, in_sharding, local, manual, local, local, manual, local,
+           out_sharding);
+}
+
+START_TEST(test_shard_map_gspmd_form) {
+  char text[4096];
+  const char *backends[2] = {"interp", "cpu"};
+  /* manual over x (a subgroup): psum over x of tanh of the row halves,
+   * whole along y; the input's gather along y, the psum */
+  const char *ref = "HloModule r\nENTRY e {\n a = f32[8,8] parameter(0)\n"
+                    " t = f32[8,8] tanh(a)\n"
+                    " l = f32[4,8] slice(t), slice={[0:4], [0:8]}\n"
+                    " h = f32[4,8] slice(t), slice={[4:8], [0:8]}\n"
+                    " ROOT r = f32[4,8] add(l, h)\n}\n";
+  /* manual over both axes ({manual}): every device's [4,2] tile, summed
+   * over all 8; no gather on the way in */
+  const char *ref_all = "HloModule r\n"
+                        "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+                        " ROOT s = f32[] add(a, b)\n}\n"
+                        "ENTRY e {\n a = f32[8,8] parameter(0)\n"
+                        " t = f32[8,8] tanh(a)\n"
+                        " r = f32[2,4,4,2] reshape(t)\n z = f32[] constant(0)\n"
+                        " ROOT s = f32[4,2] reduce(r, z), dimensions={0,2}, to_apply=add\n}\n";
+  for (int k = 0; k < 2; k++) {
+    kiln_spmd_stats stats;
+    gspmd_text(text, sizeof text, "{devices=[2,1,4]<=[8] last_tile_dim_replicate}",
+               "{devices=[1,1,2,4]<=[8] last_tile_dims={manual, replicated}}", "f32[4,8]",
+               "{{0,4},{1,5},{2,6},{3,7}}", "{replicated}");
+    check_against(text, ref, 8, backends[k], &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.bytes[KILN_SPMD_ALL_REDUCE], 4 * 8 * 4);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 1);
+    gspmd_text(text, sizeof text, "{devices=[2,4]<=[8]}", "{manual}", "f32[4,2]",
+               "{{0,1,2,3,4,5,6,7}}", "{replicated}");
+    check_against(text, ref_all, 8, backends[k], &stats);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_REDUCE], 1);
+    ck_assert_int_eq(stats.count[KILN_SPMD_ALL_GATHER], 0);
+  }
+  /* a local shape that is not the operand's shard: refused naming the
+   * region's entry */
+  gspmd_text(text, sizeof text, "{devices=[2,1,4]<=[8] last_tile_dim_replicate}", "{manual}",
+             "f32[4,2]", "{{0,1,2,3,4,5,6,7}}", "{replicated}");
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_spmd_program *prog = NULL;
+  ck_assert_int_eq(kiln_spmd_partition(m, 8, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_msg(strstr(st.msg, "SPMDFullToShardShape") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
+  /* a manual annotation on a global value (no region around it) is
+   * refused by name */
+  m = parse_ok("HloModule man2\nENTRY e {\n x = f32[8] parameter(0), sharding={devices=[4]<=[4]}\n"
+               " s = f32[8] custom-call(x), custom_call_target=\"Sharding\", sharding={manual}\n"
+               " ROOT n = f32[8] negate(s)\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "outside a shard_map region") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
+  /* {manual} outside a region is still refused by name */
+  m = parse_ok("HloModule man\nENTRY e {\n x = f32[8] parameter(0)\n"
+               " ROOT n = f32[8] negate(x), sharding={manual}\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "manual") != NULL, "%s", st.msg);
+  kiln_module_destroy(m);
 }
 END_TEST
 
@@ -625,6 +893,98 @@ START_TEST(test_while_split_state) {
 }
 END_TEST
 
+START_TEST(test_while_other_states) {
+  /* A loop whose state is one array (what lax.while_loop of one array
+   * writes): split through the loop, the condition's sum one all-reduce per
+   * trip; uneven shards (10 rows on 4) masked. */
+  static const char array[] =
+      "HloModule loop\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "cond { p = f32[10,8] parameter(0)\n z = f32[] constant(0)\n"
+      " s = f32[] reduce(p, z), dimensions={0,1}, to_apply=add\n"
+      " n = f32[] constant(10)\n ROOT c = pred[] compare(s, n), direction=GT\n}\n"
+      "body { p = f32[10,8] parameter(0)\n h = f32[] constant(0.5)\n"
+      " b = f32[10,8] broadcast(h), dimensions={}\n m = f32[10,8] multiply(p, b)\n"
+      " ROOT r = f32[10,8] subtract(m, b)\n}\n"
+      "ENTRY e {\n x = f32[10,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " a = f32[10,8] abs(x)\n"
+      " ROOT w = f32[10,8] while(a), condition=cond, body=body, sharding={devices=[4,1]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(array, 4, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(array, 4, KILN_SPMD_ALL_REDUCE), 1);
+  check_program(array, 4, "interp", 1, 0);
+  check_program(array, 4, "cpu", 1, 0);
+  /* A loop whose init is another loop's result and whose body ends in a
+   * conditional, not a tuple instruction (and a branch returning its
+   * parameter as it is): the state stays split through both loops and
+   * both branches. */
+  static const char nested[] =
+      "HloModule loop2\n"
+      "cond { p = (s32[], f32[12,8]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n n = s32[] constant(3)\n"
+      " ROOT c = pred[] compare(i, n), direction=LT\n}\n"
+      "b0 { p = (s32[], f32[12,8]) parameter(0)\n i = s32[] get-tuple-element(p), index=0\n"
+      " x = f32[12,8] get-tuple-element(p), index=1\n y = f32[12,8] tanh(x)\n"
+      " ROOT t = (s32[], f32[12,8]) tuple(i, y)\n}\n"
+      "b1 { ROOT p = (s32[], f32[12,8]) parameter(0)\n}\n"
+      "body { p = (s32[], f32[12,8]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n x = f32[12,8] get-tuple-element(p), index=1\n"
+      " one = s32[] constant(1)\n i2 = s32[] add(i, one)\n"
+      " two = f32[] constant(1.5)\n b = f32[12,8] broadcast(two), dimensions={}\n"
+      " y = f32[12,8] multiply(x, b)\n t = (s32[], f32[12,8]) tuple(i2, y)\n"
+      " k = s32[] constant(2)\n r = s32[] remainder(i, k)\n"
+      " ROOT c = (s32[], f32[12,8]) conditional(r, t, t), branch_computations={b0, b1}\n}\n"
+      "body1 { p = (s32[], f32[12,8]) parameter(0)\n"
+      " i = s32[] get-tuple-element(p), index=0\n x = f32[12,8] get-tuple-element(p), index=1\n"
+      " one = s32[] constant(1)\n i2 = s32[] add(i, one)\n y = f32[12,8] sine(x)\n"
+      " ROOT t = (s32[], f32[12,8]) tuple(i2, y)\n}\n"
+      "ENTRY e {\n x = f32[12,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " z = s32[] constant(0)\n t = (s32[], f32[12,8]) tuple(z, x)\n"
+      " w1 = (s32[], f32[12,8]) while(t), condition=cond, body=body1\n"
+      " w2 = (s32[], f32[12,8]) while(w1), condition=cond, body=body\n"
+      " ROOT y = f32[12,8] get-tuple-element(w2), index=1, sharding={devices=[1,4]<=[4]}\n}\n";
+  ck_assert_int_eq(count_of(nested, 4, KILN_SPMD_ALL_GATHER), 0);
+  ck_assert_int_eq(count_of(nested, 4, KILN_SPMD_ALL_REDUCE), 0);
+  check_program(nested, 4, "interp", 0, 0);
+  check_program(nested, 4, "cpu", 0, 0);
+}
+END_TEST
+
+START_TEST(test_conditional_split) {
+  /* A conditional on split operands: each branch computes on the shards
+   * (one reduces over the split dim: an all-reduce inside the branch, the
+   * program's only one whichever branch runs), the
+   * selector whole; a branch that returns its parameter while the result
+   * is split otherwise (other devices: a collective-permute) gets its
+   * operand resharded on the way in. Both
+   * selector values, on 2 and 4 devices. */
+  for (int sel = 0; sel < 2; sel++) {
+    char text[2048];
+    snprintf(text, sizeof text,
+             "HloModule cond\n"
+             "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+             "b0 { p = (f32[8,6], f32[6]) parameter(0)\n x = f32[8,6] get-tuple-element(p), "
+             "index=0\n v = f32[6] get-tuple-element(p), index=1\n"
+             " z = f32[] constant(0)\n s = f32[6] reduce(x, z), dimensions={0}, to_apply=add\n"
+             " r = f32[6] add(s, v)\n ROOT o = f32[8,6] broadcast(r), dimensions={1}\n}\n"
+             "b1 { p = (f32[8,6], f32[6]) parameter(0)\n x = f32[8,6] get-tuple-element(p), "
+             "index=0\n ROOT y = f32[8,6] tanh(x)\n}\n"
+             "b2 { ROOT p = f32[8,6] parameter(0)\n}\n"
+             "ENTRY e {\n x = f32[8,6] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+             " v = f32[6] parameter(1), sharding={replicated}\n"
+             " i = s32[] constant(%d)\n t = (f32[8,6], f32[6]) tuple(x, v)\n"
+             " c = f32[8,6] conditional(i, t, t), branch_computations={b0, b1}\n"
+             " e = f32[8,6] exponential(c)\n"
+             " k = pred[] constant(%s)\n"
+             " ROOT d = f32[8,6] conditional(k, e, x), true_computation=b2, false_computation=b2, "
+             "sharding={devices=[4,1]0,2,1,3}\n}\n",
+             sel, sel ? "true" : "false");
+    check_program(text, 4, "interp", 1, 0);
+    check_program(text, 4, "cpu", 1, 0);
+    ck_assert_int_eq(count_of(text, 4, KILN_SPMD_ALL_GATHER), 0);
+  }
+}
+END_TEST
+
 START_TEST(test_convolution_batch_and_features) {
   /* Batch split: no communication. Output features split through the
    * kernel: none either. Input features split: a partial sum, all-reduced
@@ -690,13 +1050,68 @@ START_TEST(test_gather_embedding) {
       " ROOT g = f32[8,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
       "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n";
   ck_assert_int_eq(count_of(emb, 4, KILN_SPMD_ALL_GATHER), 0);
-  /* A sharded table is gathered first; uneven ids too. */
+  /* A table split along the vocabulary whose rows outweigh the result:
+   * each device gathers the ids in its shard, one all-reduce sums them
+   * (the uneven ids gathered whole first). */
   check_program("HloModule emb2\n"
                 "ENTRY e {\n t = f32[10,6] parameter(0), sharding={devices=[2,1]<=[2]}\n"
                 " ids = s32[7] parameter(1), sharding={devices=[2]<=[2]}\n"
                 " ROOT g = f32[7,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
                 "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n",
+                2, "interp", 1, 1);
+  /* ... and when the result outweighs the table, the table is gathered */
+  check_program("HloModule emb3\n"
+                "ENTRY e {\n t = f32[4,6] parameter(0), sharding={devices=[2,1]<=[2]}\n"
+                " ids = s32[9] parameter(1), sharding={replicated}\n"
+                " ROOT g = f32[9,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+                "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n}\n",
                 2, "interp", 0, 1);
+}
+END_TEST
+
+START_TEST(test_gather_scatter_split_vocabulary) {
+  /* A vocabulary of 10 rows split 4 ways (shards of 3, the last padded),
+   * ids out of range on both sides (gather clamps them, scatter skips
+   * them), repeated ids (scatter adds): the lookup is a masked local
+   * gather and one all-reduce, the scatter local, on interp and cpu, and
+   * the non-collapsed form (slice kept as a dim of 1) too. */
+  static const char text[] =
+      "HloModule vocab\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[10,6] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " u = f32[8,6] parameter(1), sharding={replicated}\n"
+      " ids = s32[8,1] constant({{-3}, {0}, {4}, {9}, {12}, {5}, {3}, {4}})\n"
+      " g = f32[8,6] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n"
+      " g3 = f32[8,1,6] gather(t, ids), offset_dims={1,2}, collapsed_slice_dims={}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,6}\n"
+      " r = f32[8,6] reshape(g3)\n s = f32[8,6] add(g, r)\n y = f32[8,6] multiply(s, u)\n"
+      " z = f32[] constant(0)\n zs = f32[10,6] broadcast(z), dimensions={}\n"
+      " d = f32[10,6] scatter(zs, ids, y), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n"
+      " ROOT o = f32[10,6] add(d, t), sharding={devices=[4,1]<=[4]}\n}\n";
+  check_program(text, 4, "interp", 1, 0); /* the two lookups' all-reduces combined */
+  check_program(text, 4, "cpu", 1, 0);
+  ck_assert_int_eq(count_of(text, 4, KILN_SPMD_ALL_TO_ALL), 0);
+  ck_assert_int_eq(count_of(text, 4, KILN_SPMD_COLLECTIVE_PERMUTE), 0);
+  /* every device gathers from and scatters into its own 3 rows */
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_spmd_program *prog = NULL;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), 0);
+  int gathers = 0, scatters = 0;
+  const kiln_computation *c = kiln_module_entry(prog->module);
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = prog->module->instrs[c->instrs[i]];
+    if (ins->op != KILN_OP_GATHER && ins->op != KILN_OP_SCATTER) continue;
+    const kiln_shape *t = &prog->module->instrs[ins->operands[0]]->shape;
+    if (ins->op == KILN_OP_GATHER) gathers += t->dims[0] == 3;
+    if (ins->op == KILN_OP_SCATTER) scatters += t->dims[0] == 3 && ins->shape.dims[0] == 3;
+  }
+  ck_assert_int_eq(gathers, 2);
+  ck_assert_int_eq(scatters, 1);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
 }
 END_TEST
 
@@ -847,6 +1262,9 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_halo_2d_and_uneven);
   tcase_add_test(tc, test_halo_convolution);
   tcase_add_test(tc, test_shard_map_region);
+  tcase_add_test(tc, test_shard_map_partially_manual);
+  tcase_add_test(tc, test_shard_map_two_results);
+  tcase_add_test(tc, test_shard_map_gspmd_form);
   tcase_add_test(tc, test_data_parallel_step);
   tcase_add_test(tc, test_fsdp_all_gather);
   tcase_add_test(tc, test_2d_matmul);
@@ -856,7 +1274,10 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_reduce_scatter);
   tcase_add_test(tc, test_reduce_init_not_identity);
   tcase_add_test(tc, test_gather_embedding);
+  tcase_add_test(tc, test_gather_scatter_split_vocabulary);
   tcase_add_test(tc, test_while_split_state);
+  tcase_add_test(tc, test_while_other_states);
+  tcase_add_test(tc, test_conditional_split);
   tcase_add_test(tc, test_convolution_batch_and_features);
   tcase_add_test(tc, test_refusals);
   suite_add_tcase(s, tc);

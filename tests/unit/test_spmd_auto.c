@@ -248,7 +248,8 @@ START_TEST(test_model_matches_partitioner) {
     kiln_module_destroy(m);
   }
   /* FSDP (weights split by rows, batch split), a 2D matmul, a
-   * sequence-parallel row matmul (its all-reduce a reduce-scatter). */
+   * sequence-parallel row matmul (its all-reduce a reduce-scatter), an
+   * embedding and its scatter over a split vocabulary. */
   const char *texts[] = {
       "HloModule fsdp\n"
       "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[4,1]<=[4]}\n"
@@ -267,8 +268,24 @@ START_TEST(test_model_matches_partitioner) {
       " w = f32[16,8] parameter(1), sharding={devices=[4,1]<=[4]}\n"
       " ROOT y = f32[8,8] dot(x, w), lhs_contracting_dims={1}, "
       "rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}\n}\n",
+      /* an embedding over a split vocabulary: the lookup's all-reduce (a
+       * reduce-scatter where its result is split onward), the gradient's
+       * local scatter, the batch-split ids gathered whole */
+      "HloModule vocab\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[40,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " ids = s32[8,1] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " g = f32[8,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}, "
+      "sharding={devices=[4,1]<=[4]}\n"
+      " h = f32[8,8] tanh(g)\n"
+      " z = f32[] constant(0)\n zs = f32[40,8] broadcast(z), dimensions={}\n"
+      " d = f32[40,8] scatter(zs, ids, h), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add, "
+      "sharding={devices=[4,1]<=[4]}\n"
+      " ROOT o = (f32[40,8], f32[8,8]) tuple(d, h)\n}\n",
   };
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     kiln_module *m = parse_ok(texts[i]);
     check_model_matches(m, 4);
     kiln_module_destroy(m);
