@@ -141,7 +141,8 @@ int kiln_user_kernel_sig_parse(const char *text, kiln_user_kernel_sig *out, kiln
       sp.p += 5;
       uint64_t g = 0;
       const char *d = sp.p;
-      while (*sp.p >= '0' && *sp.p <= '9' && g <= (UINT64_C(1) << 31)) g = g * 10 + (uint64_t)(*sp.p++ - '0');
+      while (*sp.p >= '0' && *sp.p <= '9' && g <= (UINT64_C(1) << 31))
+        g = g * 10 + (uint64_t)(*sp.p++ - '0');
       if (sp.p == d || g == 0 || g > (UINT64_C(1) << 31)) {
         sp.p = d;
         return sig_fail(&sp, "grid= takes a block count from 1 to 2^31%s", "");
@@ -162,9 +163,8 @@ int kiln_user_kernel_sig_parse(const char *text, kiln_user_kernel_sig *out, kiln
                                "an element-wise kernel needs every operand and result of one "
                                "element count: %s %u has %lld elements, result 0 has %lld "
                                "(block-indexed: add '; grid=N')",
-                               i < out->nin ? "operand" : "result",
-                               i < out->nin ? i : i - out->nin, (long long)arg_elements(a),
-                               (long long)n);
+                               i < out->nin ? "operand" : "result", i < out->nin ? i : i - out->nin,
+                               (long long)arg_elements(a), (long long)n);
     }
   }
   return 0;
@@ -286,8 +286,9 @@ static int compile_source(const kiln_user_kernel_options *uo, const char *symbol
   snprintf(define, sizeof define, "-Dkiln_user_kernel=%s", symbol);
   int rc = kiln__cc_object(&co, src, n, define, obj, nobj, st);
   if (rc) {
-    /* the compiler's message, under the kernel's name */
+    /* the compiler's message: the source is the client's to fix */
     snprintf(st->where, sizeof st->where, "kernel source");
+    if (rc == KILN_EINTERNAL) st->code = rc = KILN_EINVAL;
     return rc;
   }
   size_t max = uo && uo->max_object ? uo->max_object : KILN_USER_KERNEL_OBJECT_MAX;
@@ -297,6 +298,7 @@ static int compile_source(const kiln_user_kernel_options *uo, const char *symbol
   } else if (uo && uo->check_link) {
     rc = check_link(&co, symbol, *obj, *nobj, st);
     if (rc) snprintf(st->where, sizeof st->where, "kernel source");
+    if (rc == KILN_EINTERNAL) st->code = rc = KILN_EINVAL;
   }
   if (rc) {
     kiln_free(*obj);
@@ -467,8 +469,8 @@ static int check_call(kiln__lctx *c, const kiln_instr *ins, const kiln_user_kern
     if (!arg_matches(&g->in[i], s)) {
       arg_text(want, sizeof want, &g->in[i]);
       return kiln__lower_fail(c, ins, KILN_EINVAL,
-                              "user kernel \"%s\": operand %u must be %s as registered", k->name,
-                              i, want);
+                              "user kernel \"%s\": operand %u must be %s as registered", k->name, i,
+                              want);
     }
   }
   bool tuple = kiln_shape_is_tuple(&ins->shape);

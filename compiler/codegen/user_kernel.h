@@ -52,10 +52,10 @@ extern "C" {
 
 #define KILN_USER_KERNEL_MAX_ARGS 16
 #define KILN_USER_KERNEL_MAX_RANK 8
-#define KILN_USER_KERNEL_SIG_MAX 1024        /* bytes of signature text */
+#define KILN_USER_KERNEL_SIG_MAX 1024            /* bytes of signature text */
 #define KILN_USER_KERNEL_SOURCE_MAX (256u << 10) /* default source limit */
 #define KILN_USER_KERNEL_OBJECT_MAX (4u << 20)   /* default object limit */
-#define KILN_USER_KERNELS_MAX 256               /* registrations a registry keeps */
+#define KILN_USER_KERNELS_MAX 256                /* registrations a registry keeps */
 
 typedef struct kiln_user_kernel_arg {
   kiln_dtype dtype;
@@ -89,11 +89,11 @@ typedef struct kiln_user_kernel {
 typedef struct kiln_user_kernels kiln_user_kernels;
 
 typedef struct kiln_user_kernel_options {
-  const char *cc;        /* NULL: env KILN_CC, else "cc" */
-  double timeout_s;      /* the compiler's wall-clock limit; <= 0: 30 s */
-  size_t max_source;     /* 0: KILN_USER_KERNEL_SOURCE_MAX */
-  size_t max_object;     /* 0: KILN_USER_KERNEL_OBJECT_MAX */
-  bool check_link;       /* also link it into a shared object (the symbol is defined) */
+  const char *cc;    /* NULL: env KILN_CC, else "cc" */
+  double timeout_s;  /* the compiler's wall-clock limit; <= 0: 30 s */
+  size_t max_source; /* 0: KILN_USER_KERNEL_SOURCE_MAX */
+  size_t max_object; /* 0: KILN_USER_KERNEL_OBJECT_MAX */
+  bool check_link;   /* also link it into a shared object (the symbol is defined) */
 } kiln_user_kernel_options;
 
 kiln_user_kernels *kiln_user_kernels_create(void);
@@ -102,8 +102,10 @@ void kiln_user_kernels_destroy(kiln_user_kernels *r);
 /* Registers (or registers again) `name` with C source src[0..n) and the
  * signature text. Errors: KILN_EINVAL for a bad name or signature,
  * KILN_ELIMIT for a source or object over the limit, too many
- * registrations or a compiler past its time, KILN_EINTERNAL carrying the
- * compiler's message for source that does not compile. *cached (may be
+ * registrations or a compiler past its time, KILN_EINVAL carrying the
+ * compiler's message (lines as "<stdin>:LINE:COL", kiln_user_kernel
+ * renamed kiln_user_<hex>) for source that does not compile or does not
+ * define the kernel. *cached (may be
  * NULL) says whether the object was already there. Thread-safe. */
 int kiln_user_kernels_register(kiln_user_kernels *r, const char *name, const char *src, size_t n,
                                const char *signature, const kiln_user_kernel_options *o,

@@ -72,16 +72,15 @@ static const char SAXPY_KERNEL_HLO[] =
     "  ROOT r = f32[1000] tanh(s)\n"
     "}\n";
 
-static const char SAXPY_OPS_HLO[] =
-    "HloModule k\n"
-    "ENTRY main {\n"
-    "  a = f32[1000] parameter(0)\n"
-    "  x = f32[1000] parameter(1)\n"
-    "  y = f32[1000] parameter(2)\n"
-    "  m = f32[1000] multiply(a, x)\n"
-    "  s = f32[1000] add(m, y)\n"
-    "  ROOT r = f32[1000] tanh(s)\n"
-    "}\n";
+static const char SAXPY_OPS_HLO[] = "HloModule k\n"
+                                    "ENTRY main {\n"
+                                    "  a = f32[1000] parameter(0)\n"
+                                    "  x = f32[1000] parameter(1)\n"
+                                    "  y = f32[1000] parameter(2)\n"
+                                    "  m = f32[1000] multiply(a, x)\n"
+                                    "  s = f32[1000] add(m, y)\n"
+                                    "  ROOT r = f32[1000] tanh(s)\n"
+                                    "}\n";
 
 static const char ROWSUM_KERNEL_HLO[] =
     "HloModule k\n"
@@ -190,9 +189,9 @@ static kiln_literal *run_exe(const kiln_executable *e, kiln_literal **args, uint
   kiln_literal *out = NULL;
   kiln_status st;
   kiln_status_clear(&st);
-  ck_assert_msg(kiln_run_executable(e, NULL, NULL, (const kiln_literal *const *)args, n, &out,
-                                    &st) == 0,
-                "%s: %s", st.where, st.msg);
+  ck_assert_msg(
+      kiln_run_executable(e, NULL, NULL, (const kiln_literal *const *)args, n, &out, &st) == 0,
+      "%s: %s", st.where, st.msg);
   return out;
 }
 
@@ -270,14 +269,14 @@ START_TEST(test_register_errors) {
   kiln_status st;
   kiln_user_kernel_options o = {.check_link = true};
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_user_kernels_register(r, "9lives", SAXPY, strlen(SAXPY), SAXPY_SIG, &o,
-                                              NULL, NULL, &st),
-                   KILN_EINVAL);
+  ck_assert_int_eq(
+      kiln_user_kernels_register(r, "9lives", SAXPY, strlen(SAXPY), SAXPY_SIG, &o, NULL, NULL, &st),
+      KILN_EINVAL);
   ck_assert_str_eq(st.where, "name");
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_user_kernels_register(r, "a.b", SAXPY, strlen(SAXPY), SAXPY_SIG, &o, NULL,
-                                              NULL, &st),
-                   KILN_EINVAL);
+  ck_assert_int_eq(
+      kiln_user_kernels_register(r, "a.b", SAXPY, strlen(SAXPY), SAXPY_SIG, &o, NULL, NULL, &st),
+      KILN_EINVAL);
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_user_kernels_register(r, "k", SAXPY, 0, SAXPY_SIG, &o, NULL, NULL, &st),
                    KILN_EINVAL);
@@ -291,9 +290,9 @@ START_TEST(test_register_errors) {
   /* too big: the source, and the object */
   kiln_user_kernel_options small = {.max_source = 64};
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_user_kernels_register(r, "k", SAXPY, strlen(SAXPY), SAXPY_SIG, &small,
-                                              NULL, NULL, &st),
-                   KILN_ELIMIT);
+  ck_assert_int_eq(
+      kiln_user_kernels_register(r, "k", SAXPY, strlen(SAXPY), SAXPY_SIG, &small, NULL, NULL, &st),
+      KILN_ELIMIT);
   ck_assert_ptr_nonnull(strstr(st.msg, "over the limit of 64"));
   kiln_user_kernel_options tiny_obj = {.max_object = 100};
   kiln_status_clear(&st);
@@ -309,9 +308,9 @@ START_TEST(test_register_errors) {
       "  undeclared_thing = 1;\n"
       "}\n";
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_user_kernels_register(r, "k", broken, strlen(broken), SAXPY_SIG, &o, NULL,
-                                              NULL, &st),
-                   KILN_EINTERNAL);
+  ck_assert_int_eq(
+      kiln_user_kernels_register(r, "k", broken, strlen(broken), SAXPY_SIG, &o, NULL, NULL, &st),
+      KILN_EINVAL);
   ck_assert_str_eq(st.where, "kernel source");
   ck_assert_msg(strstr(st.msg, "undeclared_thing") != NULL, "%s", st.msg);
 
@@ -320,9 +319,9 @@ START_TEST(test_register_errors) {
       "#include <stdint.h>\n"
       "void something_else(void *const *bufs, int64_t begin, int64_t end) { (void)bufs; }\n";
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln_user_kernels_register(r, "k", other, strlen(other), SAXPY_SIG, &o, NULL,
-                                              NULL, &st),
-                   KILN_EINTERNAL);
+  ck_assert_int_eq(
+      kiln_user_kernels_register(r, "k", other, strlen(other), SAXPY_SIG, &o, NULL, NULL, &st),
+      KILN_EINVAL);
   ck_assert_msg(strstr(st.msg, "kiln_user_") != NULL, "%s", st.msg);
   ck_assert_ptr_null(kiln_user_kernels_find(r, "k"));
   ck_assert_uint_eq(kiln_user_kernels_compiles(r), 0); /* none was kept */
@@ -336,15 +335,15 @@ START_TEST(test_register_cached_by_digest) {
   kiln_status_clear(&st);
   const kiln_user_kernel *a = NULL, *b = NULL, *c = NULL;
   bool cached = true;
-  ck_assert_int_eq(kiln_user_kernels_register(r, "saxpy", SAXPY, strlen(SAXPY), SAXPY_SIG, NULL,
-                                              &a, &cached, &st),
+  ck_assert_int_eq(kiln_user_kernels_register(r, "saxpy", SAXPY, strlen(SAXPY), SAXPY_SIG, NULL, &a,
+                                              &cached, &st),
                    0);
   ck_assert(!cached);
   ck_assert_uint_eq(kiln_user_kernels_compiles(r), 1);
   /* the same source under another name and signature: no compile */
   ck_assert_int_eq(kiln_user_kernels_register(r, "other", SAXPY, strlen(SAXPY),
-                                              "f32[10],f32[10],f32[10]->f32[10]", NULL, &b,
-                                              &cached, &st),
+                                              "f32[10],f32[10],f32[10]->f32[10]", NULL, &b, &cached,
+                                              &st),
                    0);
   ck_assert(cached);
   ck_assert_uint_eq(kiln_user_kernels_compiles(r), 1);
