@@ -35,10 +35,9 @@ static int check(kilnd *srv, const Kiln__V1__RegisterKernelRequest *r, kiln_stat
                            KILN_USER_KERNEL_NAME_MAX);
   size_t max = (size_t)srv->cfg.user_kernel_max_bytes;
   if (strlen(r->source) > max || strlen(r->cuda_source) > max)
-    return kiln_status_set(st, KILN_ELIMIT, "source",
-                           "%zu bytes, over the limit of %zu (--user-kernel-max-bytes)",
-                           strlen(r->source) > max ? strlen(r->source) : strlen(r->cuda_source),
-                           max);
+    return kiln_status_set(
+        st, KILN_ELIMIT, "source", "%zu bytes, over the limit of %zu (--user-kernel-max-bytes)",
+        strlen(r->source) > max ? strlen(r->source) : strlen(r->cuda_source), max);
   kiln_user_kernel_sig sig;
   return kiln_user_kernel_sig_parse(r->signature, &sig, st);
 }
