@@ -11,8 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/alloc.h"
-#include "compiler/codegen/nvrtc.h"
 #include "compiler/codegen/user_kernel.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/log.h"
@@ -58,25 +56,6 @@ void kilnd_handle_register_kernel(kilnd_call *c, ProtobufCMessage *req) {
   kilnd_compile_submit(c);
 }
 
-/* The CUDA source compile-checked by NVRTC for sm_90 when libnvrtc is
- * there; the text for the response ("ok", "skipped: ..."), or an error. */
-static int cuda_check(const kilnd_config *cfg, const char *src, char *out, size_t size,
-                      kiln_status *st) {
-  kiln_status vs;
-  kiln_status_clear(&vs);
-  if (kiln__nvrtc_version(NULL, NULL, &vs) != 0) {
-    snprintf(out, size, "skipped: %s", vs.msg);
-    return 0;
-  }
-  kiln__nvrtc_options no = {.arch = "sm_90", .timeout_s = cfg->user_kernel_timeout};
-  uint8_t *cubin = NULL;
-  size_t n = 0;
-  int rc = kiln__nvrtc_compile(&no, src, strlen(src), &cubin, &n, st);
-  kiln_free(cubin);
-  if (rc == 0) snprintf(out, size, "ok");
-  return rc;
-}
-
 void kilnd_kernel_work(kilnd_call *c) {
   const Kiln__V1__RegisterKernelRequest *r = (const Kiln__V1__RegisterKernelRequest *)c->req;
   kilnd *srv = c->srv;
@@ -90,13 +69,12 @@ void kilnd_kernel_work(kilnd_call *c) {
   bool cached = false;
   char cuda[KILN_STATUS_MSG_MAX + 16] = "";
   int rc = 0;
-  if (r->cuda_source[0] && (rc = cuda_check(&srv->cfg, r->cuda_source, cuda, sizeof cuda, &st)))
-    snprintf(st.where, sizeof st.where, "cuda_source");
+  if (r->cuda_source[0])
+    rc = kiln_user_kernel_cuda_check(r->cuda_source, strlen(r->cuda_source), NULL, o.timeout_s,
+                                     cuda, sizeof cuda, &st);
   if (rc == 0)
     rc = kiln_user_kernels_register(srv->user_kernels, r->name, r->source, strlen(r->source),
                                     r->signature, &o, &k, &cached, &st);
-  /* NVRTC's compile error is the caller's to fix, as cc's is. */
-  if (rc == KILN_EINTERNAL) rc = KILN_EINVAL;
   kilnd_log_rec lr;
   kilnd_log_audit(&lr, c, "register_kernel");
   kilnd_log_str(&lr, "name", r->name);

@@ -26,6 +26,7 @@
 #include "common/sbuf.h"
 #include "compiler/codegen/cc.h"
 #include "compiler/codegen/lower_internal.h"
+#include "compiler/codegen/nvrtc.h"
 #include "compiler/codegen/sha256.h"
 #include "compiler/codegen/user_kernel_lower.h"
 
@@ -379,6 +380,29 @@ int kiln_user_kernels_register(kiln_user_kernels *r, const char *name, const cha
   return 0;
 out_free_entry:
   kiln_free(e);
+  return rc;
+}
+
+int kiln_user_kernel_cuda_check(const char *src, size_t n, const char *arch, double timeout_s,
+                                char *out, size_t size, kiln_status *st) {
+  if (size) out[0] = '\0';
+  kiln_status vs;
+  kiln_status_clear(&vs);
+  if (kiln__nvrtc_version(NULL, NULL, &vs) != 0) {
+    snprintf(out, size, "skipped: %s", vs.msg);
+    return 0;
+  }
+  kiln__nvrtc_options no = {.arch = arch ? arch : "sm_90", .timeout_s = timeout_s};
+  uint8_t *cubin = NULL;
+  size_t nc = 0;
+  int rc = kiln__nvrtc_compile(&no, src, n, &cubin, &nc, st);
+  kiln_free(cubin);
+  if (rc == 0) {
+    snprintf(out, size, "ok");
+    return 0;
+  }
+  snprintf(st->where, sizeof st->where, "cuda_source");
+  if (rc == KILN_EINTERNAL) st->code = rc = KILN_EINVAL;
   return rc;
 }
 

@@ -111,6 +111,13 @@ int kiln_user_kernels_register(kiln_user_kernels *r, const char *name, const cha
                                const char *signature, const kiln_user_kernel_options *o,
                                const kiln_user_kernel **out, bool *cached, kiln_status *st);
 
+/* CUDA C of a kernel compile-checked by NVRTC for arch (NULL: sm_90):
+ * 0 with "ok" in out, or, where libnvrtc cannot be loaded, 0 with
+ * "skipped: WHY"; a compile error is KILN_EINVAL with NVRTC's message
+ * (where "cuda_source"), its time limit KILN_ELIMIT. */
+int kiln_user_kernel_cuda_check(const char *src, size_t n, const char *arch, double timeout_s,
+                                char *out, size_t size, kiln_status *st);
+
 /* The newest registration of name, or NULL. Thread-safe. */
 const kiln_user_kernel *kiln_user_kernels_find(const kiln_user_kernels *r, const char *name);
 

@@ -59,6 +59,13 @@ ENTRY main {
   ROOT t = f32[64] tanh(s)
 }
 """
+CUDA = """extern "C" __global__ void kiln_user_kernel(void *const *bufs, long long begin,
+                                                  long long end) {
+  long long i = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  const float *a = (const float *)bufs[0], *x = (const float *)bufs[1];
+  if (i < end) ((float *)bufs[2])[i] = a[i] * x[i] + 1.0f;
+}
+"""
 MISSING_HLO = KERNEL_HLO.replace("kiln.user.fma1", "kiln.user.nothing_here")
 
 
@@ -91,7 +98,7 @@ class UserKernels(unittest.TestCase):
                            ("big.c", SAXPY + "// " + "x" * (300 << 10) + "\n"),
                            ("k.hlo", KERNEL_HLO), ("add.hlo", OPS_HLO.replace("%OP", "add")),
                            ("sub.hlo", OPS_HLO.replace("%OP", "subtract")),
-                           ("missing.hlo", MISSING_HLO)):
+                           ("missing.hlo", MISSING_HLO), ("fma1.cu", CUDA)):
             cls.f[name] = os.path.join(d, name)
             with open(cls.f[name], "w") as fh:
                 fh.write(text)
@@ -113,9 +120,9 @@ class UserKernels(unittest.TestCase):
     def kiln(self, *args):
         return subprocess.run([KILN, *args], capture_output=True, text=True, timeout=300)
 
-    def register(self, name, path, sig=SIG, token=ADMIN, addr=None):
+    def register(self, name, path, sig=SIG, token=ADMIN, addr=None, *extra):
         return self.kiln("kernel", "register", "--server", addr or self.addr, "--token", token,
-                         name, path, "--signature", sig)
+                         name, path, "--signature", sig, *extra)
 
     def run_remote(self, hlo, *extra):
         return self.kiln("run", self.f[hlo], "--server", self.addr, "--token", ADMIN, *self.args,
@@ -150,9 +157,12 @@ class UserKernels(unittest.TestCase):
         r = self.register("fma1", self.f["saxpy.c"])
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertRegex(r.stdout, r"^registered fma1 [0-9a-f]{64}\n$")
-        again = self.register("fma1", self.f["saxpy.c"])
+        # with CUDA C beside it: compile-checked by NVRTC, or skipped saying why
+        again = self.register("fma1", self.f["saxpy.c"], SIG, ADMIN, None, "--cuda",
+                              self.f["fma1.cu"])
         self.assertEqual(again.returncode, 0, again.stderr)
         self.assertIn("(cached)", again.stdout)
+        self.assertRegex(again.stdout, r"\ncuda: (ok|skipped: .+)\n$")
         got = self.run_remote("k.hlo", "--backend", "cpu")
         self.assertEqual(got.returncode, 0, got.stderr)
         want = self.kiln("run", self.f["add.hlo"], "--backend", "cpu", *self.args)

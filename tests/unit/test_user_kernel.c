@@ -567,6 +567,33 @@ START_TEST(test_cache_key_follows_source) {
 }
 END_TEST
 
+/* CUDA C is compile-checked by NVRTC where libnvrtc loads, and skipped
+ * with the reason where it does not: both are answers, never a crash. */
+START_TEST(test_cuda_check_or_skip) {
+  static const char good[] =
+      "extern \"C\" __global__ void kiln_user_kernel(void *const *bufs, long long begin, "
+      "long long end) {\n"
+      "  long long i = begin + blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+      "  if (i < end) ((float *)bufs[1])[i] = 2.0f * ((const float *)bufs[0])[i];\n"
+      "}\n";
+  static const char bad[] = "extern \"C\" __global__ void kiln_user_kernel() { nope; }\n";
+  char out[KILN_STATUS_MSG_MAX + 16];
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_user_kernel_cuda_check(good, strlen(good), NULL, 60, out, sizeof out, &st),
+                   0);
+  if (strncmp(out, "skipped: ", 9) == 0) {
+    fprintf(stderr, "test_cuda_check_or_skip: no libnvrtc here (%s)\n", out);
+    return;
+  }
+  ck_assert_str_eq(out, "ok");
+  ck_assert_int_eq(kiln_user_kernel_cuda_check(bad, strlen(bad), NULL, 60, out, sizeof out, &st),
+                   KILN_EINVAL);
+  ck_assert_str_eq(st.where, "cuda_source");
+  ck_assert_msg(strstr(st.msg, "nope") != NULL, "%s", st.msg);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("user_kernel");
   TCase *t = tcase_create("core");
@@ -579,6 +606,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_grad_through_vjp);
   tcase_add_test(t, test_calls_refused);
   tcase_add_test(t, test_cache_key_follows_source);
+  tcase_add_test(t, test_cuda_check_or_skip);
   suite_add_tcase(s, t);
   return s;
 }
