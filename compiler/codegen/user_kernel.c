@@ -466,8 +466,11 @@ int kiln_user_kernels_key(const kiln_user_kernels *r, const kiln_module *m, char
 
 /* ---- lowering ------------------------------------------------------------ */
 
+/* (The layout pass makes every buffer of a call row-major: layout.c.) */
 static bool arg_matches(const kiln_user_kernel_arg *a, const kiln_shape *s) {
-  if (!kiln_shape_is_array(s) || s->dtype != a->dtype || s->rank != a->rank) return false;
+  if (!kiln_shape_is_array(s) || s->dtype != a->dtype || s->rank != a->rank ||
+      !kiln_shape_is_row_major(s))
+    return false;
   for (uint32_t d = 0; d < a->rank; d++)
     if (s->dims[d] != a->dims[d]) return false;
   return !kiln_shape_is_dynamic(s);
@@ -493,8 +496,8 @@ static int check_call(kiln__lctx *c, const kiln_instr *ins, const kiln_user_kern
     if (!arg_matches(&g->in[i], s)) {
       arg_text(want, sizeof want, &g->in[i]);
       return kiln__lower_fail(c, ins, KILN_EINVAL,
-                              "user kernel \"%s\": operand %u must be %s as registered", k->name, i,
-                              want);
+                              "user kernel \"%s\": operand %u must be %s (row-major) as registered",
+                              k->name, i, want);
     }
   }
   bool tuple = kiln_shape_is_tuple(&ins->shape);
@@ -508,8 +511,8 @@ static int check_call(kiln__lctx *c, const kiln_instr *ins, const kiln_user_kern
     if (!arg_matches(&g->out[i], s)) {
       arg_text(want, sizeof want, &g->out[i]);
       return kiln__lower_fail(c, ins, KILN_EINVAL,
-                              "user kernel \"%s\": result %u must be %s as registered", k->name, i,
-                              want);
+                              "user kernel \"%s\": result %u must be %s (row-major) as registered",
+                              k->name, i, want);
     }
   }
   return 0;

@@ -498,10 +498,10 @@ START_TEST(test_calls_refused) {
        KILN_EINVAL, "takes 3 operands, the call passes 1"},
       {"HloModule k\nENTRY main { a = f32[1000] parameter(0)  b = f32[999] parameter(1)\n"
        "  ROOT s = f32[1000] custom-call(a, a, b), custom_call_target=\"kiln.user.saxpy\" }\n",
-       KILN_EINVAL, "operand 2 must be f32[1000]"},
+       KILN_EINVAL, "operand 2 must be f32[1000] (row-major)"},
       {"HloModule k\nENTRY main { a = f32[1000] parameter(0)\n"
        "  ROOT s = f64[1000] custom-call(a, a, a), custom_call_target=\"kiln.user.saxpy\" }\n",
-       KILN_EINVAL, "result 0 must be f32[1000]"},
+       KILN_EINVAL, "result 0 must be f32[1000] (row-major)"},
       {"HloModule k\nENTRY main { a = f32[1000] parameter(0)\n"
        "  ROOT s = (f32[1000], f32[1000]) custom-call(a, a, a), "
        "custom_call_target=\"kiln.user.saxpy\" }\n",
@@ -567,6 +567,62 @@ START_TEST(test_cache_key_follows_source) {
 }
 END_TEST
 
+/* out[i] = a[i] + 100 i over the row-major order: what the kernel sees
+ * tells its buffers' layout. */
+static const char RAMP[] =
+    "#include <stdint.h>\n"
+    "void kiln_user_kernel(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  const float *a = bufs[0];\n"
+    "  float *out = bufs[1];\n"
+    "  for (int64_t i = begin; i < end; i++) out[i] = a[i] + 100.0f * (float)i;\n"
+    "}\n";
+
+/* Operands and results of other layouts (a parameter's, a transpose made
+ * a bitcast, a result written column-major) reach the kernel row-major. */
+START_TEST(test_layouts_row_major) {
+  kiln_user_kernels *r = registry_with("ramp", RAMP, "f32[2,3] -> f32[2,3]");
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_user_kernels_register(r, "ramp_t", RAMP, strlen(RAMP),
+                                              "f32[3,2] -> f32[3,2]", NULL, NULL, NULL, &st),
+                   0);
+  static const struct {
+    const char *hlo;
+    double want[6];
+  } cases[] = {
+      {"HloModule k\nENTRY main { a = f32[2,3]{0,1} parameter(0)\n"
+       "  ROOT s = f32[2,3] custom-call(a), custom_call_target=\"kiln.user.ramp\" }\n",
+       {1, 102, 203, 304, 405, 506}},
+      {"HloModule k\nENTRY main { a = f32[2,3] parameter(0)\n"
+       "  t = f32[3,2]{0,1} transpose(a), dimensions={1,0}\n"
+       "  ROOT s = f32[3,2] custom-call(t), custom_call_target=\"kiln.user.ramp_t\" }\n",
+       {1, 104, 202, 305, 403, 506}},
+      {"HloModule k\nENTRY main { a = f32[2,3] parameter(0)\n"
+       "  s = f32[2,3]{0,1} custom-call(a), custom_call_target=\"kiln.user.ramp\"\n"
+       "  ROOT n = f32[2,3]{0,1} negate(s) }\n",
+       {-1, -102, -203, -304, -405, -506}},
+  };
+  int64_t d[2] = {2, 3};
+  kiln_shape sh = {.dtype = KILN_F32, .rank = 2, .dims = d};
+  kiln_literal *a = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &sh, 0, &a, NULL), 0);
+  for (int i = 0; i < 6; i++) kiln_literal_set_f64(a, i, i + 1);
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    kiln_module *m = parse(cases[c].hlo);
+    kiln_executable *e = compile_with(m, r);
+    kiln_literal *got = run_exe(e, &a, 1);
+    for (int i = 0; i < 6; i++)
+      ck_assert_msg(kiln_literal_get_f64(got, i) == cases[c].want[i], "case %zu element %d: %g", c,
+                    i, kiln_literal_get_f64(got, i));
+    kiln_literal_destroy(got);
+    kiln_executable_destroy(e);
+    kiln_module_destroy(m);
+  }
+  kiln_literal_destroy(a);
+  kiln_user_kernels_destroy(r);
+}
+END_TEST
+
 /* CUDA C is compile-checked by NVRTC where libnvrtc loads, and skipped
  * with the reason where it does not: both are answers, never a crash. */
 START_TEST(test_cuda_check_or_skip) {
@@ -607,6 +663,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_calls_refused);
   tcase_add_test(t, test_cache_key_follows_source);
   tcase_add_test(t, test_cuda_check_or_skip);
+  tcase_add_test(t, test_layouts_row_major);
   suite_add_tcase(s, t);
   return s;
 }
