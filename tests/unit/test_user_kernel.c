@@ -554,7 +554,10 @@ START_TEST(test_cache_key_follows_source) {
     ck_assert_double_eq_tol(kiln_literal_get_f64(got, i), tanh((float)(a * x) - y), 1e-5);
   }
   kiln_user_kernels_destroy(NULL);
+  kiln_free(none);
+  kiln_status_clear(&st);
   ck_assert_int_eq(kiln_user_kernels_key(NULL, mk, &none, &st), KILN_EUNIMPL);
+  ck_assert_ptr_null(none);
   kiln_literal_destroy(got);
   for (int i = 0; i < 3; i++) kiln_literal_destroy(args[i]);
   kiln_executable_destroy(e);
