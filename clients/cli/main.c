@@ -154,6 +154,8 @@ static const kiln__opt bench_opts[] = {
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
+    {"user-kernel", 0, "NAME=FILE.c:SIG", true,
+     "compile the C kernel in FILE.c for custom calls of kiln.user.NAME, as for run"},
     KILN_AUTO_SHARD_OPTS,
     {0},
 };
