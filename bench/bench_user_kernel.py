@@ -1,16 +1,19 @@
 """User kernels (docs/toolbox.md) against the same program in HLO ops and
 against JAX, same run.
 
-Two workloads, each three ways, timed in alternating rounds:
+Two workloads, each four ways, timed in alternating rounds:
 
   gelu      jax.nn.gelu(x, approximate=True) over f32[4M] (element-wise);
   softmax   jax.nn.softmax(x, axis=-1) over f32[2048,1024] (block-indexed:
             one block per row, grid=2048).
 
   jax       jax.jit of the function (XLA:CPU);
-  kiln ops  `kiln bench --backend cpu` of JAX's exported HLO;
-  kiln uk   `kiln bench --backend cpu --user-kernel` of a program of one
-            custom call of the C kernel in bench/user_kernels/.
+  ops       `kiln bench --backend cpu` of JAX's exported HLO;
+  uk        `kiln bench --backend cpu --user-kernel` of a program of one
+            custom call of the C kernel in bench/user_kernels/ (NAME.c),
+            written plainly with libm's tanhf / expf;
+  uk_fast   the same with an exp of its own that GCC vectorizes
+            (NAME_fast.c).
 
 Reported per workload: the medians over rounds of each round's ratio
 jax_time / kiln_time (above 1: Kiln faster), and the largest relative
@@ -49,9 +52,9 @@ def workloads():
     rows, cols = 2048, 1024
     y = rng.normal(0, 3, (rows, cols)).astype(np.float32)
     return [
-        ("gelu", lambda v: jax.nn.gelu(v, approximate=True), x, "gelu.c",
+        ("gelu", lambda v: jax.nn.gelu(v, approximate=True), x, "gelu",
          f"f32[{n}] -> f32[{n}]"),
-        ("softmax", lambda v: jax.nn.softmax(v, axis=-1), y, "softmax_rows.c",
+        ("softmax", lambda v: jax.nn.softmax(v, axis=-1), y, "softmax_rows",
          f"f32[{rows},{cols}] -> f32[{rows},{cols}]; grid={rows}"),
     ]
 
@@ -85,39 +88,44 @@ def main():
             with open(uk_path, "w") as f:
                 f.write(kernel_program(name, x.shape))
             argf = bm.save_args([x], tmp)
-            uk = ["--user-kernel", f"{name}={os.path.join(KERNELS, src)}:{sig}"]
+            ways = [("ops", ops_path, [])]
+            for label, file in (("uk", f"{src}.c"), ("uk_fast", f"{src}_fast.c")):
+                ways.append((label, uk_path,
+                             ["--user-kernel", f"{name}={os.path.join(KERNELS, file)}:{sig}"]))
             want = np.asarray(jf(x))
             errs = {}
-            for label, path, extra in (("ops", ops_path, []), ("uk", uk_path, uk)):
+            for label, path, extra in ways:
                 out = os.path.join(tmp, f"out_{name}_{label}")
                 bm.kiln_call([o.kiln, "run", path, "--backend", "cpu", "--out", out,
                               *bm.arg_flags(argf), *extra], 600)
                 errs[label] = bm.rel_error([np.load(os.path.join(out, "0.npy"))], [want])
             dev = jax.device_put(x)
-            ratios = {"ops": [], "uk": []}
-            times = {"jax": [], "ops": [], "uk": []}
+            ratios = {w[0]: [] for w in ways}
+            times = {"jax": [], **{w[0]: [] for w in ways}}
             for _ in range(o.rounds):
                 tj, _ = bm.jax_time(lambda: jax.block_until_ready(jf(dev)), o.iters)
                 times["jax"].append(tj * 1e6)
-                for label, path, extra in (("ops", ops_path, []), ("uk", uk_path, uk)):
+                for label, path, extra in ways:
                     r = kiln_json([o.kiln, "bench", path, "--backend", "cpu", "--iters",
                                    str(o.iters), "--warmup", "2", *bm.arg_flags(argf), *extra])
                     times[label].append(r["run_us_median"])
                     ratios[label].append(tj * 1e6 / r["run_us_median"])
             rec = {"workload": name, "rounds": o.rounds, "iters": o.iters,
-                   "jax_us": median(times["jax"]), "kiln_ops_us": median(times["ops"]),
-                   "kiln_uk_us": median(times["uk"]),
-                   "ratio_ops": median(ratios["ops"]), "ratio_uk": median(ratios["uk"]),
-                   "rel_err_ops": errs["ops"], "rel_err_uk": errs["uk"]}
+                   "us": {k: median(v) for k, v in times.items()},
+                   "ratio": {k: median(v) for k, v in ratios.items()},
+                   "rel_err": errs}
             results.append(rec)
             if o.json:
                 print(json.dumps(rec), flush=True)
-    print(f"{'workload':10} {'jax us':>10} {'kiln ops us':>12} {'kiln uk us':>11} "
-          f"{'jax/ops':>8} {'jax/uk':>7} {'err ops':>9} {'err uk':>9}", file=sys.stderr)
+    labels = ["ops", "uk", "uk_fast"]
+    print(f"{'workload':10} {'jax us':>10} " + " ".join(f"{l + ' us':>11}" for l in labels) + " "
+          + " ".join(f"{'jax/' + l:>12}" for l in labels) + " "
+          + " ".join(f"{'err ' + l:>12}" for l in labels), file=sys.stderr)
     for r in results:
-        print(f"{r['workload']:10} {r['jax_us']:10.1f} {r['kiln_ops_us']:12.1f} "
-              f"{r['kiln_uk_us']:11.1f} {r['ratio_ops']:8.2f} {r['ratio_uk']:7.2f} "
-              f"{r['rel_err_ops']:9.2e} {r['rel_err_uk']:9.2e}", file=sys.stderr)
+        print(f"{r['workload']:10} {r['us']['jax']:10.1f} "
+              + " ".join(f"{r['us'][l]:11.1f}" for l in labels) + " "
+              + " ".join(f"{r['ratio'][l]:12.2f}" for l in labels) + " "
+              + " ".join(f"{r['rel_err'][l]:12.2e}" for l in labels), file=sys.stderr)
 
 
 if __name__ == "__main__":

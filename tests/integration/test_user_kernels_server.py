@@ -192,6 +192,22 @@ class UserKernels(unittest.TestCase):
         self.assertEqual(got2.stdout, want2.stdout)
         self.assertNotEqual(got2.stdout, got.stdout)
 
+    def test_2_usage(self):
+        r = self.kiln("kernel", "register", "fma1", self.f["saxpy.c"], "--signature", SIG)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--server", r.stderr)
+        r = self.kiln("run", self.f["k.hlo"], "--server", self.addr, "--token", ADMIN,
+                      "--user-kernel", f"fma1={self.f['saxpy.c']}:{SIG}")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("local runs", r.stderr)
+        r = self.kiln("run", self.f["k.hlo"], "--backend", "cpu", "--user-kernel", "fma1")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("NAME=FILE.c:SIGNATURE", r.stderr)
+        r = self.kiln("run", self.f["k.hlo"], "--backend", "cpu", *self.args, "--user-kernel",
+                      f"fma1={self.f['broken.c']}:{SIG}")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("undeclared_name", r.stderr)
+
 
 if __name__ == "__main__":
     if not (KILND and os.path.exists(KILND) and KILN and os.path.exists(KILN)):

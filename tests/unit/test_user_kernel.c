@@ -463,6 +463,28 @@ START_TEST(test_grad_through_vjp) {
 }
 END_TEST
 
+/* Without a custom_vjp the kernel is opaque: grad and vmap say so. */
+START_TEST(test_transforms_refuse_bare_call) {
+  static const char *const specs[] = {"grad", "vmap:in_axes=0,size=2"};
+  for (size_t i = 0; i < 2; i++) {
+    kiln_module *m = parse("HloModule k\nadd { a = f64[] parameter(0)  b = f64[] parameter(1)\n"
+                           "  ROOT c = f64[] add(a, b) }\n"
+                           "ENTRY main { x = f64[64] parameter(0)\n"
+                           "  y = f64[64] custom-call(x), custom_call_target=\"kiln.user.square\"\n"
+                           "  z = f64[] constant(0)\n"
+                           "  ROOT l = f64[] reduce(y, z), dimensions={0}, to_apply=add }\n");
+    kiln_transform t;
+    kiln_status st;
+    kiln_status_clear(&st);
+    ck_assert_int_eq(kiln_transform_parse(specs[i], &t, &st), 0);
+    ck_assert_int_eq(kiln_transforms_apply(m, &t, 1, &st), KILN_EUNIMPL);
+    ck_assert_msg(strstr(st.msg, "kiln.user.square") != NULL && strstr(st.msg, "opaque") != NULL,
+                  "%s: %s", specs[i], st.msg);
+    kiln_module_destroy(m);
+  }
+}
+END_TEST
+
 START_TEST(test_calls_refused) {
   kiln_user_kernels *r = registry_with("saxpy", SAXPY, SAXPY_SIG);
   kiln_status st;
@@ -664,6 +686,7 @@ static Suite *suite(void) {
   tcase_add_test(t, test_block_indexed_equals_hlo_ops);
   tcase_add_test(t, test_grad_through_vjp);
   tcase_add_test(t, test_calls_refused);
+  tcase_add_test(t, test_transforms_refuse_bare_call);
   tcase_add_test(t, test_cache_key_follows_source);
   tcase_add_test(t, test_cuda_check_or_skip);
   tcase_add_test(t, test_layouts_row_major);
