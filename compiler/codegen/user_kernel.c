@@ -278,6 +278,22 @@ static int check_link(const kiln__cc_options *co, const char *symbol, const uint
   return rc;
 }
 
+/* The compiler's message in the client's terms: its own function name
+ * for the renamed symbol, "kernel.c" for the compiler's "<stdin>". */
+static void client_terms(kiln_status *st, const char *symbol) {
+  const char *from[2] = {symbol, "<stdin>"}, *to[2] = {"kiln_user_kernel", "kernel.c"};
+  for (int k = 0; k < 2; k++) {
+    size_t nf = strlen(from[k]), nt = strlen(to[k]);
+    for (char *p = st->msg; (p = strstr(p, from[k])) != NULL;) {
+      size_t tail = strlen(p + nf) + 1;
+      if (nt > nf && (size_t)(p - st->msg) + nt + tail > sizeof st->msg) break;
+      memmove(p + nt, p + nf, tail);
+      memcpy(p, to[k], nt);
+      p += nt;
+    }
+  }
+}
+
 /* Compiles src into a new object (the mutex is not held meanwhile). */
 static int compile_source(const kiln_user_kernel_options *uo, const char *symbol, const char *src,
                           size_t n, uint8_t **obj, size_t *nobj, kiln_status *st) {
@@ -290,6 +306,7 @@ static int compile_source(const kiln_user_kernel_options *uo, const char *symbol
     /* the compiler's message: the source is the client's to fix */
     snprintf(st->where, sizeof st->where, "kernel source");
     if (rc == KILN_EINTERNAL) st->code = rc = KILN_EINVAL;
+    client_terms(st, symbol);
     return rc;
   }
   size_t max = uo && uo->max_object ? uo->max_object : KILN_USER_KERNEL_OBJECT_MAX;
@@ -299,6 +316,7 @@ static int compile_source(const kiln_user_kernel_options *uo, const char *symbol
   } else if (uo && uo->check_link) {
     rc = check_link(&co, symbol, *obj, *nobj, st);
     if (rc) snprintf(st->where, sizeof st->where, "kernel source");
+    if (rc) client_terms(st, symbol);
     if (rc == KILN_EINTERNAL) st->code = rc = KILN_EINVAL;
   }
   if (rc) {

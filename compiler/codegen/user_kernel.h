@@ -103,8 +103,8 @@ void kiln_user_kernels_destroy(kiln_user_kernels *r);
  * signature text. Errors: KILN_EINVAL for a bad name or signature,
  * KILN_ELIMIT for a source or object over the limit, too many
  * registrations or a compiler past its time, KILN_EINVAL carrying the
- * compiler's message (lines as "<stdin>:LINE:COL", kiln_user_kernel
- * renamed kiln_user_<hex>) for source that does not compile or does not
+ * compiler's message (lines as "kernel.c:LINE:COL", the function as
+ * kiln_user_kernel) for source that does not compile or does not
  * define the kernel. *cached (may be
  * NULL) says whether the object was already there. Thread-safe. */
 int kiln_user_kernels_register(kiln_user_kernels *r, const char *name, const char *src, size_t n,
