@@ -69,6 +69,9 @@ typedef enum kiln_cache_policy {
   KILN_CACHE_POLICY_DEFAULT, /* read, then build and write */
   KILN_CACHE_POLICY_REFRESH, /* build and overwrite */
   KILN_CACHE_POLICY_BYPASS,  /* build; neither read nor write */
+  /* read and write the local tiers (memory, disk) only, never the shared
+   * one: executables holding code a client wrote (user kernels) */
+  KILN_CACHE_POLICY_LOCAL,
 } kiln_cache_policy;
 
 typedef struct kiln_cache_result {

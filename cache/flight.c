@@ -364,6 +364,14 @@ int kiln_cache_get_or_build(kiln_cache *c, const kiln_cache_key *key, kiln_cache
     return build_and_keep(c, &k, false, false, build, ctx, res, st);
   if (policy == KILN_CACHE_POLICY_REFRESH)
     return build_and_keep(c, &k, true, true, build, ctx, res, st);
+  if (policy == KILN_CACHE_POLICY_LOCAL) {
+    /* No flight and no Redis lock: nothing of it is shared. */
+    if (kiln__cache_lookup(c, k.digest, KILN__TIERS_LOCAL, true, res) == 0) return 0;
+    int rc = run_build(c, &k, build, ctx, res, st);
+    if (rc == 0 && res->meta.compile_ns >= c->min_compile_ns)
+      kiln__cache_store_local(c, &res->meta, res->payload, res->len);
+    return rc;
+  }
   if (kiln__cache_lookup(c, k.digest, KILN__TIERS_ALL, true, res) == 0) return 0;
   bool counted = false;
   for (;;) {

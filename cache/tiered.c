@@ -245,8 +245,8 @@ int kiln_cache_get(kiln_cache *c, const kiln_cache_key *key, kiln_cache_result *
 
 /* ---- writes --------------------------------------------------------------- */
 
-static int store_all(kiln_cache *c, const kiln_cache_meta *meta, const void *payload, size_t len,
-                     kiln_status *st) {
+static int store_in(kiln_cache *c, const kiln_cache_meta *meta, const void *payload, size_t len,
+                    unsigned mask, kiln_status *st) {
   uint8_t *sealed = NULL;
   size_t slen = 0;
   int rc = kiln_cache_entry_seal(&c->secret, meta, payload, len, &sealed, &slen, st);
@@ -255,7 +255,7 @@ static int store_all(kiln_cache *c, const kiln_cache_meta *meta, const void *pay
   kiln_cache_to_hex(meta->key, KILN_CACHE_DIGEST_LEN, hex);
   int first = 0;
   for (int t = 0; t < KILN_CACHE_NTIERS; t++) {
-    if (c->tier[t] == NULL) continue;
+    if (c->tier[t] == NULL || !(mask & (1u << t))) continue;
     /* A redis failure is counted by the store and is nobody's error. */
     kiln_status *tst = t == KILN_CACHE_TIER_REDIS ? NULL : st;
     int trc = c->tier[t]->ops->put(c->tier[t], hex, sealed, slen, tst);
@@ -265,9 +265,19 @@ static int store_all(kiln_cache *c, const kiln_cache_meta *meta, const void *pay
   return first;
 }
 
+static int store_all(kiln_cache *c, const kiln_cache_meta *meta, const void *payload, size_t len,
+                     kiln_status *st) {
+  return store_in(c, meta, payload, len, KILN__TIERS_ALL, st);
+}
+
 void kiln__cache_store_all(kiln_cache *c, const kiln_cache_meta *meta, const void *payload,
                            size_t len) {
   store_all(c, meta, payload, len, NULL);
+}
+
+void kiln__cache_store_local(kiln_cache *c, const kiln_cache_meta *meta, const void *payload,
+                             size_t len) {
+  store_in(c, meta, payload, len, KILN__TIERS_LOCAL, NULL);
 }
 
 int kiln_cache_put(kiln_cache *c, const kiln_cache_meta *meta, const void *payload, size_t len,

@@ -50,6 +50,9 @@ int kiln__cache_redis_fetch(kiln_cache *c, const uint8_t digest[KILN_CACHE_DIGES
  * cache that cannot store still serves). */
 void kiln__cache_store_all(kiln_cache *c, const kiln_cache_meta *meta, const void *payload,
                            size_t len);
+/* The same, memory and disk only. */
+void kiln__cache_store_local(kiln_cache *c, const kiln_cache_meta *meta, const void *payload,
+                             size_t len);
 
 /* Removes key from every enabled tier (a refresh whose build is too fast to
  * store must not leave the old entry behind). */

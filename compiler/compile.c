@@ -15,6 +15,7 @@
 #include "compiler/codegen/lower.h"
 #include "compiler/codegen/nvrtc.h"
 #include "compiler/codegen/target_iface.h"
+#include "compiler/codegen/user_kernel.h"
 #include "compiler/compile.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/verify.h"
@@ -68,8 +69,8 @@ static int run_pipeline(stage *s, const kiln_compile_options *o, const kiln_targ
   return rc;
 }
 
-static int generate(stage *s, const kiln_target *t, kiln_executable *e, kiln_compile_report *r,
-                    kiln_status *st) {
+static int generate(stage *s, const kiln_compile_options *o, const kiln_target *t,
+                    kiln_executable *e, kiln_compile_report *r, kiln_status *st) {
   double t0 = now_ms();
   int rc = kiln__lower_prepare(s->m, &s->scratch, st);
   kiln_buffer_options bo = {.scratch_bytes = s->scratch};
@@ -82,6 +83,7 @@ static int generate(stage *s, const kiln_target *t, kiln_executable *e, kiln_com
   /* check_target admitted only targets that have a code generator. */
   if ((rc = kiln__codegen_init(&s->g, s->m, kiln__cg_target_for(t->backend), st))) return rc;
   s->g_init = true;
+  s->g.user = o->user_kernels;
   rc = kiln__lower(s->m, s->ba, &s->g, e, st);
   if (rc == 0 && (s->src = kiln__codegen_source(&s->g, &s->nsrc)) == NULL)
     rc = kiln_status_set(st, KILN_ENOMEM, "codegen", "out of memory");
@@ -192,6 +194,15 @@ static int compile_c(stage *s, const kiln_compile_options *o, const kiln_target 
                            .kernels = kiln_sbuf_str(&s->g.kernels),
                            .nkernels = s->g.nkernels,
                            .cls = cls};
+  const uint8_t *objs[KILN_USER_KERNELS_MAX];
+  size_t objs_len[KILN_USER_KERNELS_MAX];
+  for (uint32_t u = 0; u < s->g.nused && u < KILN_USER_KERNELS_MAX; u++) {
+    objs[u] = s->g.used[u]->obj;
+    objs_len[u] = s->g.used[u]->nobj;
+    prog.nobjs = u + 1;
+  }
+  prog.objs = objs;
+  prog.objs_len = objs_len;
   uint8_t *so = NULL;
   size_t nso = 0;
   kiln__cc_stats cs;
@@ -286,7 +297,7 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
   e->target = kiln_arena_strdup(e->arena, t->name);
   if (o->progress) o->progress(o->progress_arg, "passes");
   if ((rc = run_pipeline(&s, o, t, r, st))) goto out;
-  if ((rc = generate(&s, t, e, r, st))) goto out;
+  if ((rc = generate(&s, o, t, e, r, st))) goto out;
   if (o->progress) o->progress(o->progress_arg, "cc");
   if (s.g.mod.target->code == KILN__CODE_CUBIN)
     rc = compile_cuda(&s, o, t, e, r, st);

@@ -52,6 +52,11 @@ typedef struct kiln_compile_options {
    * keeping them; a budget it cannot reach is KILN_ELIMIT naming the
    * smallest peak it reached. */
   uint64_t memory_budget;
+  /* The user kernels custom calls of kiln.user.NAME may call
+   * (codegen/user_kernel.h); NULL: none (such a call is refused). Their
+   * objects are linked into the executable: the caller's cache key must
+   * hold their digests (kiln_user_kernels_key). */
+  const struct kiln_user_kernels *user_kernels;
 } kiln_compile_options;
 
 typedef struct kiln_compile_report {

@@ -97,6 +97,13 @@ extern "C" {
   X("compile-timeout", SEC, compile_timeout, "120", \
     "limit on one whole Compile (parse, verify, transforms, passes, code generation, the C " \
     "compiler); the call's deadline may cut it shorter") \
+  X("allow-user-kernels", BOOL, allow_user_kernels, "false", \
+    "take RegisterKernel: C kernels clients send are compiled and run in this process (admins " \
+    "only when tokens are on); off, RegisterKernel is PERMISSION_DENIED") \
+  X("user-kernel-max-bytes", U64, user_kernel_max_bytes, "256Ki", \
+    "largest user kernel source RegisterKernel takes (its object: 16 times that, 4Mi at least)") \
+  X("user-kernel-timeout", SEC, user_kernel_timeout, "30", \
+    "limit on the C compiler for one RegisterKernel") \
   X("drain-grace", SEC, drain_grace, "1", \
     "on SIGTERM/SIGINT, how long new calls are still served (health says NOT_SERVING at " \
     "once) before they are refused with UNAVAILABLE") \

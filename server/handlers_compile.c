@@ -47,6 +47,7 @@
 #if defined(__has_include)
 #if __has_include("compiler/compile.h")
 #include "compiler/codegen/executable.h"
+#include "compiler/codegen/user_kernel.h"
 #include "compiler/compile.h"
 #define KILND_HAVE_COMPILER 1
 #endif
@@ -197,6 +198,9 @@ typedef struct job {
   uint32_t replicas, partitions;
   bool global;
   kiln_spmd_program *spmd;
+  /* It calls user kernels: their digests are in the key, it stays out of
+   * the shared tier and the memo, and never falls back to the interpreter. */
+  bool user_kernels;
   kiln_status st;
 } job;
 
@@ -267,6 +271,35 @@ static int load_program(job *j) {
   return rc;
 }
 
+#ifdef KILND_HAVE_COMPILER
+/* The digests of the user kernels the program calls (an executable embeds
+ * their code) into the options text; a call of a kernel that is not
+ * registered, or any when they are off, is refused here. */
+static int user_kernels_text(job *j, char *options, size_t size) {
+  char *text = NULL;
+  int rc = kiln_user_kernels_key(j->srv->user_kernels, j->m, &text, &j->st);
+  if (rc) return rc;
+  if (text[0]) {
+    uint8_t d[KILN_CACHE_DIGEST_LEN];
+    char hex[KILN_CACHE_HEX_LEN + 1];
+    kiln_cache_sha256(text, strlen(text), d);
+    kiln_cache_to_hex(d, 16, hex);
+    size_t used = strlen(options);
+    if (used + 14 + 32 + 2 > size)
+      rc = kiln_status_set(&j->st, KILN_EINTERNAL, "compile", "options text too long");
+    else
+      snprintf(options + used, size - used, "user_kernels=%s\n", hex);
+    j->user_kernels = true;
+    if (rc == 0 && strcmp(j->plan.backend, "interp") == 0)
+      rc = kiln_status_set(&j->st, KILN_EUNIMPL, "options.backend",
+                           "the program calls user kernels, which run on the cpu backend only "
+                           "(the interpreter runs no compiled code)");
+  }
+  kiln_free(text);
+  return rc;
+}
+#endif
+
 /* The key: everything that determines the code, hashed by component. */
 static int make_key(job *j) {
   char target[KILN_CACHE_TEXT_MAX], options[KILN_CACHE_TEXT_MAX];
@@ -295,6 +328,10 @@ static int make_key(job *j) {
                             (long long)j->plan.mesh[i]);
     if (n < sizeof options) snprintf(options + n, sizeof options - n, "\n");
   }
+#ifdef KILND_HAVE_COMPILER
+  int rc = user_kernels_text(j, options, sizeof options);
+  if (rc) return rc;
+#endif
   kiln_cache_key_inputs in = {
       .backend = j->plan.backend, .target = j->plan.target ? target : NULL, .options = options};
   return kiln_cache_key_compute(j->m, &in, &j->key, &j->st);
@@ -351,6 +388,7 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
   o.cc_timeout_s = time_left(j);
   o.max_nesting = KILN_VERIFY_MAX_NESTING; /* the input's was checked at load */
   o.memory_budget = j->plan.memory_budget;
+  o.user_kernels = j->srv->user_kernels;
   o.progress = compiler_phase;
   o.progress_arg = j->progress;
   kiln_compile_report rep;
@@ -364,7 +402,7 @@ static int compile_cpu(job *j, kiln_executable **exe, uint64_t *peak, bool *fall
   }
   /* The interpreter has no budget to keep: a budgeted program does not
    * fall back to it. */
-  if (!j->plan.explicit_backend && !j->plan.memory_budget &&
+  if (!j->plan.explicit_backend && !j->plan.memory_budget && !j->user_kernels &&
       (rc == KILN_EUNIMPL || rc == KILN_ENOTFOUND)) {
     char msg[KILN_STATUS_MSG_MAX + 96];
     snprintf(msg, sizeof msg, "running on the interpreter: the cpu compiler refused: %s", st.msg);
@@ -417,6 +455,8 @@ static int cache_cpu(job *j, kiln_executable **exe, kilnd_exe **loaded, uint64_t
   kiln_status st;
   kiln_status_clear(&st);
   kiln_cache_policy policy = j->policy;
+  /* Code a client wrote stays on the server that compiled it. */
+  if (j->user_kernels && policy == KILN_CACHE_POLICY_DEFAULT) policy = KILN_CACHE_POLICY_LOCAL;
   /* Waiting for another build (here or on a server holding the Redis lock)
    * may take half of the time the call has left; then this request builds
    * itself, with the other half still its own. */
@@ -513,7 +553,7 @@ static int build(job *j, kilnd_exe **out) {
       kilnd_exes_get(j->srv->exes, j->key.hex, out, NULL) == 0) {
     j->source = KILN__V1__CACHE_SOURCE__CACHE_SOURCE_MEMORY;
     j->from_table = true;
-    if (atomic_exchange(&(*out)->uncached, false)) store_uncached(j, *out);
+    if (atomic_exchange(&(*out)->uncached, false) && !j->user_kernels) store_uncached(j, *out);
     return 0;
   }
   if (j->global && (rc = kiln_spmd_partition(j->m, j->partitions, NULL, &j->spmd, &j->st)))
@@ -806,7 +846,8 @@ static int run_job(job *j, kilnd_call *c) {
   if ((rc = build(j, &e))) return rc;
   rc = fill_response(j, e);
   const compile_state *cs = c->state; /* a digest when the request may be memoized */
-  if (rc == 0 && j->nwarnings == 0 && cs->has_digest)
+  /* (a kernel registered again changes the key, not the request) */
+  if (rc == 0 && j->nwarnings == 0 && cs->has_digest && !j->user_kernels)
     kilnd_memo_put(j->srv->memo, cs->digest, &j->key);
   /* Released before the reply: a caller that evicts or compiles the next
    * program right after it must not find this entry still in use. */
@@ -820,8 +861,11 @@ static int run_job(job *j, kilnd_call *c) {
 
 void kilnd_compile_work(kilnd_call *c) {
   kilnd *srv = c->srv;
-  if (kilnd_progress_of(c) == NULL) { /* CacheList, CacheEvict */
-    kilnd_cache_work(c);
+  if (kilnd_progress_of(c) == NULL) { /* CacheList, CacheEvict, RegisterKernel */
+    if (c->method->id == KILND_M_REGISTER_KERNEL)
+      kilnd_kernel_work(c);
+    else
+      kilnd_cache_work(c);
     atomic_fetch_sub(&srv->compiles, 1);
     return;
   }

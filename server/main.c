@@ -26,6 +26,7 @@
 #include "cache/cache.h"
 #include "common/alloc.h"
 #include "common/thread.h"
+#include "compiler/codegen/user_kernel.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
 #include "executor/cpu/cpu_blas.h"
@@ -160,6 +161,14 @@ static int start_parts(kilnd *srv, kiln_status *st) {
   if (rc == 0) rc = start_cache(srv, st);
   if (rc == 0 && (srv->memo = kilnd_memo_create()) == NULL)
     rc = kiln_status_set(st, KILN_ENOMEM, "kilnd", "out of memory");
+  if (rc == 0 && cfg->allow_user_kernels) {
+    if ((srv->user_kernels = kiln_user_kernels_create()) == NULL)
+      rc = kiln_status_set(st, KILN_ENOMEM, "kilnd", "out of memory");
+    else
+      kilnd_log("warning: --allow-user-kernels: RegisterKernel compiles C code from clients and "
+                "runs it in this process%s",
+                cfg->tokens[0] ? " (admins only)" : "; no tokens: any client may");
+  }
   if (rc) return rc;
   kiln_backend_options cpu = {.ndevices = (uint32_t)cfg->cpu_devices,
                               .threads_per_device = (uint32_t)cfg->cpu_threads};
@@ -234,6 +243,8 @@ static void stop_parts(kilnd *srv) {
   srv->cache = NULL;
   kilnd_memo_destroy(srv->memo);
   srv->memo = NULL;
+  kiln_user_kernels_destroy(srv->user_kernels); /* after the compile pool */
+  srv->user_kernels = NULL;
   kilnd_metrics_destroy(srv);
   kilnd_auth_destroy(srv); /* after the gRPC server: its handshakes read it */
 }

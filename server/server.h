@@ -69,6 +69,7 @@ typedef enum kilnd_method_id {
   KILND_M_COMPILE_STREAM,
   KILND_M_CACHE_EXPORT,
   KILND_M_CACHE_IMPORT,
+  KILND_M_REGISTER_KERNEL,
   KILND_M_COUNT,
   KILND_M_UNKNOWN = KILND_M_COUNT, /* unregistered paths, for metrics */
 } kilnd_method_id;
@@ -233,12 +234,15 @@ struct kilnd {
   kiln_sched *sched;
   kiln_buffer_store *buffers;
   kilnd_exes *exes;
-  kiln_backend *cpu;               /* NULL when the build has no CPU compiler */
-  kiln_backend *interp;            /* runs the modules of KILND_CLASS_INTERP */
-  uint32_t cuda_devices;           /* GPUs the CUDA driver sees (0 without one) */
-  char cuda_why[256];              /* why there are none, for Execute's refusal */
-  kilnd_memo *memo;                /* Compile requests answered before (compile_memo.h) */
-  kiln_cache *cache;               /* the executable cache's tiers (cache/cache.h) */
+  kiln_backend *cpu;     /* NULL when the build has no CPU compiler */
+  kiln_backend *interp;  /* runs the modules of KILND_CLASS_INTERP */
+  uint32_t cuda_devices; /* GPUs the CUDA driver sees (0 without one) */
+  char cuda_why[256];    /* why there are none, for Execute's refusal */
+  kilnd_memo *memo;      /* Compile requests answered before (compile_memo.h) */
+  kiln_cache *cache;     /* the executable cache's tiers (cache/cache.h) */
+  /* Kernels clients registered (compiler/codegen/user_kernel.h); NULL
+   * unless --allow-user-kernels. */
+  struct kiln_user_kernels *user_kernels;
   kilnd_auth *auth;                /* TLS, tokens, health port (auth.h) */
   atomic_bool draining;            /* SIGTERM seen: health says NOT_SERVING */
   _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */
@@ -283,6 +287,9 @@ void kilnd_handle_cache_list(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_cache_evict(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_cache_export(kilnd_call *c, ProtobufCMessage *req);
 void kilnd_handle_cache_import(kilnd_call *c, ProtobufCMessage *req);
+void kilnd_handle_register_kernel(kilnd_call *c, ProtobufCMessage *req);
+/* RegisterKernel's pool job (handlers_kernels.c). */
+void kilnd_kernel_work(kilnd_call *c);
 
 /* Compile's pool job, run by the loop's thread pool (handlers_compile.c).
  * CacheList and CacheEvict share the pool: their jobs arrive here too and

@@ -41,6 +41,7 @@ static const char *const method_paths[KILN__M_COUNT] = {
     [KILN__M_COMPILE_STREAM] = "/kiln.v1.Kiln/CompileStream",
     [KILN__M_CACHE_EXPORT] = "/kiln.v1.Kiln/CacheExport",
     [KILN__M_CACHE_IMPORT] = "/kiln.v1.Kiln/CacheImport",
+    [KILN__M_REGISTER_KERNEL] = "/kiln.v1.Kiln/RegisterKernel",
 };
 
 /* The kiln-request-id of the last call finished on this thread. */

@@ -34,6 +34,7 @@ typedef enum kiln__method {
   KILN__M_COMPILE_STREAM,
   KILN__M_CACHE_EXPORT,
   KILN__M_CACHE_IMPORT,
+  KILN__M_REGISTER_KERNEL,
   KILN__M_COUNT
 } kiln__method;
 

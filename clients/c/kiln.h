@@ -533,6 +533,25 @@ int kiln_client_cache_export(kiln_client *c, const char *const *keys, uint32_t n
 int kiln_client_cache_import(kiln_client *c, const uint8_t *file, size_t len, int64_t *imported,
                              kiln_status *st);
 
+/* ---- user kernels ------------------------------------------------------------------ */
+
+/* What RegisterKernel answered. */
+typedef struct kiln_remote_kernel {
+  char digest[65];      /* hex SHA-256 of the source */
+  bool cached;          /* the server had compiled this source before */
+  char cuda_check[256]; /* "", "ok" or "skipped: why" */
+} kiln_remote_kernel;
+
+/* Registers C source (NUL-terminated) as kernel `name` with `signature`
+ * ("f32[N], f32[N] -> f32[N]" or "...; grid=B"; docs/toolbox.md) for
+ * custom calls of target "kiln.user.NAME". cuda_source may be NULL. The
+ * server must run with --allow-user-kernels (else PERMISSION_DENIED); with
+ * tokens on, admin role. A source that does not compile is
+ * INVALID_ARGUMENT with the compiler's message. out may be NULL. */
+int kiln_client_register_kernel(kiln_client *c, const char *name, const char *source,
+                                const char *signature, const char *cuda_source,
+                                kiln_remote_kernel *out, kiln_status *st);
+
 /* ---- building modules ------------------------------------------------------------- */
 
 /* A small builder for the ENTRY computation of a new module, in the manner

@@ -76,6 +76,12 @@ int kiln__cmd_dot(const kiln__args *a);
 int kiln__cmd_explain(const kiln__args *a);
 int kiln__cmd_bench(const kiln__args *a);
 int kiln__cmd_cache(const kiln__args *a);
+int kiln__cmd_kernel(const kiln__args *a); /* cmd_kernel.c */
+/* --user-kernel NAME=FILE.c:SIGNATURE (repeatable): the kernels compiled
+ * and registered in this process, *out NULL when none is given (the
+ * registry lives until exit). An exit code; errors printed. */
+struct kiln_user_kernels;
+int kiln__user_kernels_parse(const kiln__args *a, const struct kiln_user_kernels **out);
 
 /* Remote modes (remote.c, through libkiln): the same contract as the local
  * handlers (output, diagnostics, exit codes). */

@@ -434,9 +434,8 @@ int kiln__cmd_bench(const kiln__args *a) {
     char names[256];
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
     fprintf(stderr,
-            "kiln bench: --target, --opt-level, --disable-pass, --dump-dir and --memory-budget "
-            "need "
-            "--backend %s\n",
+            "kiln bench: --target, --opt-level, --disable-pass, --dump-dir, --memory-budget and "
+            "--user-kernel need --backend %s\n",
             names);
     return KILN_EXIT_USAGE;
   }

@@ -262,9 +262,8 @@ static int check_options(const kiln__args *a, run_setup *r) {
   if (r->compile_given && !r->compiled) {
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
     fprintf(stderr,
-            "kiln run: --target, --opt-level, --disable-pass, --dump-dir and --memory-budget "
-            "need "
-            "--backend %s\n",
+            "kiln run: --target, --opt-level, --disable-pass, --dump-dir, --memory-budget and "
+            "--user-kernel need --backend %s\n",
             names);
     return KILN_EXIT_USAGE;
   }

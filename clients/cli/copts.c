@@ -106,6 +106,8 @@ int kiln__compile_options_parse(const kiln__args *a, kiln_compile_options *o, bo
     *given = true;
     if ((rc = kiln__memory_budget_parse(cmd, budget, &o->memory_budget))) goto out;
   }
+  if (rc == 0) rc = kiln__user_kernels_parse(a, &o->user_kernels);
+  if (rc == 0 && o->user_kernels) *given = true;
 out:
   kiln_sbuf_free(&names);
   return rc;

@@ -96,6 +96,9 @@ static const kiln__opt run_opts[] = {
     {"device-args", 0, "K FILES", true,
      "device K's arguments, comma-separated (as --arg values); other devices get the --arg "
      "values"},
+    {"user-kernel", 0, "NAME=FILE.c:SIG", true,
+     "cpu: compile the C kernel in FILE.c with signature SIG for the module's custom calls of "
+     "kiln.user.NAME (its code runs in this process; docs/toolbox.md)"},
     KILN_AUTO_SHARD_OPTS,
     {0},
 };
@@ -151,6 +154,8 @@ static const kiln__opt bench_opts[] = {
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
+    {"user-kernel", 0, "NAME=FILE.c:SIG", true,
+     "compile the C kernel in FILE.c for custom calls of kiln.user.NAME, as for run"},
     KILN_AUTO_SHARD_OPTS,
     {0},
 };
@@ -199,6 +204,16 @@ static const kiln__opt cache_opts[] = {
     {0},
 };
 
+static const kiln__opt kernel_opts[] = {
+    {"server", 0, "HOST:PORT", false, "the kilnd to register the kernel with"},
+    KILN_SERVER_SECURITY_OPTS,
+    {"signature", 0, "SIG", false,
+     "operands -> results, e.g. 'f32[1024], f32[1024] -> f32[1024]', '; grid=N' for a "
+     "block-indexed kernel"},
+    {"cuda", 0, "FILE.cu", false, "CUDA C of the same kernel, compile-checked with NVRTC"},
+    {0},
+};
+
 static const kiln__opt top_opts[] = {
     {"server", 0, "HOST:PORT", false, "the kilnd to watch (required)"},
     KILN_SERVER_SECURITY_OPTS,
@@ -224,6 +239,7 @@ FITS(dot_opts);
 FITS(explain_opts);
 FITS(bench_opts);
 FITS(cache_opts);
+FITS(kernel_opts);
 
 static const kiln__cmd commands[] = {
     {"check", "check [--server HOST:PORT] FILE...", "parse and verify modules",
@@ -377,6 +393,19 @@ static const kiln__cmd commands[] = {
      "Exit status of explain: 0 same key, 1 the keys differ, 2 trouble (usage, an input\n"
      "that cannot be read or verified, a key the server does not hold), 3 internal error.\n",
      cache_opts, 1, -1, kiln__cmd_cache, NULL},
+    {"kernel", "kernel register --server HOST:PORT NAME FILE.c --signature SIG [--cuda FILE.cu]",
+     "register a C kernel with a server for custom calls of kiln.user.NAME",
+     "Sends FILE.c to the server, which compiles it (its own translation unit, under a time\n"
+     "and size limit) and keeps it as NAME for programs' custom calls of target\n"
+     "\"kiln.user.NAME\". FILE.c defines\n"
+     "  void kiln_user_kernel(void *const *bufs, int64_t begin, int64_t end)\n"
+     "over iterations [begin, end): the elements (element-wise), or the blocks of\n"
+     "'; grid=N'. bufs holds the operands, then the results, dense and row-major.\n"
+     "Prints 'registered NAME DIGEST'. The server must run with --allow-user-kernels\n"
+     "(the kernel runs on it); with tokens on, an admin token. A compile error is printed\n"
+     "with the compiler's message (exit 1). Locally, 'kiln run --backend cpu\n"
+     "--user-kernel NAME=FILE.c:SIG' does the same in process.\n",
+     kernel_opts, 1, 3, kiln__cmd_kernel, NULL},
 };
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

@@ -802,6 +802,11 @@ int kiln__remote_run(const kiln__args *a) {
                     "limits (use --timeout)\n");
     return KILN_EXIT_USAGE;
   }
+  if (kiln__args_get(a, "user-kernel")) {
+    fprintf(stderr, "kiln run: --user-kernel applies to local runs; register the kernel with the "
+                    "server (kiln kernel register)\n");
+    return KILN_EXIT_USAGE;
+  }
   if (kiln__args_get(a, "disable-pass") || kiln__args_get(a, "dump-dir")) {
     fprintf(stderr, "kiln run: --disable-pass and --dump-dir apply to local runs\n");
     return KILN_EXIT_USAGE;
@@ -1005,6 +1010,11 @@ static void rbench_print(const kiln__args *a, const kiln_remote_compile_options 
 
 int kiln__remote_bench(const kiln__args *a) {
   const char *file = a->pos[0];
+  if (kiln__args_get(a, "user-kernel")) {
+    fprintf(stderr, "kiln bench: --user-kernel applies to local runs; register the kernel with "
+                    "the server (kiln kernel register)\n");
+    return KILN_EXIT_USAGE;
+  }
   if (kiln__args_get(a, "disable-pass") || kiln__args_get(a, "dump-dir")) {
     fprintf(stderr, "kiln bench: --disable-pass and --dump-dir apply to local runs\n");
     return KILN_EXIT_USAGE;

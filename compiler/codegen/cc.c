@@ -465,6 +465,8 @@ typedef struct build {
   uint32_t *todo;
   char *glue;
   const char **link_argv;
+  uint32_t nextra; /* objects of the program's objs, written for the link */
+  char (*extra_paths)[4200];
 } build;
 
 static void build_free(build *b) {
@@ -480,6 +482,7 @@ static void build_free(build *b) {
   kiln_free(b->todo);
   kiln_free(b->glue);
   kiln_free(b->link_argv);
+  kiln_free(b->extra_paths);
   kiln__cc_split_free(&b->sp);
 }
 
@@ -667,10 +670,12 @@ static void link_args(build *b, const kiln__cc_options *o, const char *so_path,
   a[n++] = "-o";
   a[n++] = so_path;
   for (uint32_t u = 0; u < b->sp.nunits; u++) a[n++] = b->paths[u];
+  for (uint32_t x = 0; x < b->nextra; x++) a[n++] = b->extra_paths[x];
   a[n++] = glue_path;
 #if defined(__x86_64__) && defined(__linux__)
   a[n++] = "-lmvec"; /* the f32 sin/cos/tan vector variants (c_target.c) */
 #endif
+  if (o->link_flag && *o->link_flag) a[n++] = o->link_flag;
   a[n++] = "-lm";
   if (lean) a[n++] = "-lgcc";
   a[n] = NULL;
@@ -685,7 +690,7 @@ static int link_units(build *b, const kiln__cc_options *o, const char *dir, doub
   snprintf(glue_path, sizeof glue_path, "%s/glue.ld", dir);
   int rc = write_file(glue_path, (const uint8_t *)b->glue, nglue, st);
   if (rc) return rc;
-  b->link_argv = kiln_calloc(b->sp.nunits + 16, sizeof *b->link_argv);
+  b->link_argv = kiln_calloc(b->sp.nunits + b->nextra + 16, sizeof *b->link_argv);
   if (b->link_argv == NULL) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
   job j;
   uint32_t bad = UINT32_MAX;
@@ -710,6 +715,61 @@ static int link_units(build *b, const kiln__cc_options *o, const char *dir, doub
                            j.out, j.nout > MSG_MAX ? "..." : "");
   }
   return 0;
+}
+
+/* The program's ready objects as files for the link. */
+static int write_extra(build *b, const kiln__cc_program *p, const char *dir, kiln_status *st) {
+  if ((b->extra_paths = kiln_calloc(p->nobjs, sizeof *b->extra_paths)) == NULL)
+    return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+  for (uint32_t x = 0; x < p->nobjs; x++) {
+    snprintf(b->extra_paths[x], sizeof b->extra_paths[x], "%s/x%u.o", dir, x);
+    int rc = write_file(b->extra_paths[x], p->objs[x], p->objs_len[x], st);
+    b->nextra = x + 1;
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int kiln__cc_object(const kiln__cc_options *o, const char *src, size_t n, const char *define,
+                    uint8_t **obj, size_t *obj_len, kiln_status *st) {
+  *obj = NULL;
+  *obj_len = 0;
+  double deadline = now_s() + (o->timeout_s > 0 ? o->timeout_s : 120);
+  char dir[4096], path[4200], march[128];
+  int rc = make_dir(dir, sizeof dir, st);
+  if (rc) return rc;
+  snprintf(path, sizeof path, "%s/user.o", dir);
+  const char *argv[UNIT_ARGS + 4];
+  int k = base_args(o, o->opt, o->tune, march, sizeof march, argv);
+  if (define) argv[k++] = define;
+  const char *tail[] = {"-c", "-o", path, "-x", "c", "-"};
+  for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[k++] = tail[i];
+  argv[k] = NULL;
+  job j = {.argv = argv, .in = src, .inlen = n, .unit = UINT32_MAX};
+  uint32_t bad = UINT32_MAX;
+  double cpu = 0;
+  sigset_t pipe_set, old;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  rc = run_jobs(&j, 1, 1, dir, deadline, &cpu, &bad, st);
+  if (rc == 1) {
+    rc = took_too_long(o, st);
+  } else if (rc == 0 && bad != UINT32_MAX) {
+    j.out[j.nout] = 0;
+    rc = kiln_status_set(st, KILN_EINTERNAL, "cc", "the C compiler failed (status %d): %.*s%s",
+                         WIFEXITED(j.status) ? WEXITSTATUS(j.status) : -1, MSG_MAX, j.out,
+                         j.nout > MSG_MAX ? "..." : "");
+  } else if (rc == 0) {
+    rc = read_file(path, obj, obj_len, st);
+  }
+  if (j.own_out) kiln_free(j.out);
+  struct timespec zero = {0, 0};
+  while (sigtimedwait(&pipe_set, NULL, &zero) > 0) {
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  remove_dir(dir);
+  return rc;
 }
 
 int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t **so,
@@ -737,6 +797,7 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
   sigaddset(&pipe_set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
   rc = compile_units(&b, o, dir, deadline, cache_dir, stats, st);
+  if (rc == 0 && p->nobjs) rc = write_extra(&b, p, dir, st);
   if (rc == 0) rc = link_units(&b, o, dir, deadline, path, stats, st);
   if (rc == 0) rc = read_file(path, so, so_len, st);
   struct timespec zero = {0, 0};

@@ -26,7 +26,8 @@ typedef struct kiln__cc_options {
   /* Directory of compiled units shared across processes; NULL: env
    * KILN_KERNEL_CACHE_DIR; "" (or unset): memory only. */
   const char *cache_dir;
-  bool no_cache; /* neither read nor fill the kernel cache */
+  bool no_cache;         /* neither read nor fill the kernel cache */
+  const char *link_flag; /* one more argument for the link; NULL: none */
 } kiln__cc_options;
 
 /* A module's generated source in its three parts (kernel.h): the target's
@@ -38,6 +39,11 @@ typedef struct kiln__cc_program {
   const char *prelude, *funcs, *kernels;
   uint32_t nkernels;
   const uint8_t *cls; /* per kernel: its kiln__cc_class (compile flags); NULL: all heavy */
+  /* Objects compiled elsewhere (user kernels, user_kernel.h) linked in
+   * after the units; their symbols are what the kernels call. */
+  const uint8_t *const *objs;
+  const size_t *objs_len;
+  uint32_t nobjs;
 } kiln__cc_program;
 
 /* How much a kernel's run time is worth optimizing for (compile.c
@@ -68,6 +74,14 @@ typedef struct kiln__cc_stats {
  * be NULL. */
 int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t **so,
                    size_t *so_len, kiln__cc_stats *stats, kiln_status *st);
+
+/* Compiles one translation unit src[0..n) on its own (-c, o's opt or
+ * -O3, the fixed flags and `define`, a -D argument or NULL) into an
+ * object, *obj kiln_malloc'd; no kernel cache. Within o's time limit
+ * (KILN_ELIMIT past it); failure is KILN_EINTERNAL with the compiler's
+ * (truncated) output. */
+int kiln__cc_object(const kiln__cc_options *o, const char *src, size_t n, const char *define,
+                    uint8_t **obj, size_t *obj_len, kiln_status *st);
 
 /* The in-process kernel cache's bound in bytes of objects (the default is
  * env KILN_KERNEL_CACHE_BYTES, else 64 MiB; 0 turns it off); evicts down

@@ -47,6 +47,13 @@ typedef struct kiln__codegen {
   uint32_t nkernels;
   bool wide; /* the next kernel finished is a row kernel (target wide_decl) */
   kiln_status *st;
+  /* User kernels (user_kernel.h): the registry calls are looked up in
+   * (NULL: none may be called), and those called, one per object, whose
+   * objects the link adds (kiln_malloc'd array). */
+  const struct kiln_user_kernels *user;
+  const struct kiln_user_kernel **used;
+  uint32_t nused;
+  size_t usedcap;
 } kiln__codegen;
 
 /* target must outlive g. */

@@ -46,6 +46,8 @@ int kiln__codegen_init(kiln__codegen *g, const kiln_module *m, const kiln__cg_ta
 void kiln__codegen_free(kiln__codegen *g) {
   kiln__emit_mod_free(&g->mod);
   kiln_sbuf_free(&g->kernels);
+  kiln_free(g->used);
+  g->used = NULL;
 }
 
 char *kiln__codegen_source(kiln__codegen *g, size_t *len) {

@@ -20,8 +20,10 @@
 #include "common/alloc.h"
 #include "common/deadline.h"
 #include "compiler/codegen/lower_internal.h"
+#include "compiler/codegen/user_kernel_lower.h"
 #include "compiler/ir/debug_print.h"
 #include "compiler/ir/rewrite.h"
+#include "compiler/ir/user_kernel.h"
 
 /* ---- preparation -------------------------------------------------------- */
 
@@ -433,6 +435,8 @@ static int lower_comp(kiln__lctx *c, uint32_t comp, uint32_t prog) {
       rc = kiln__lower_collective(c, prog, ins);
     else if (kiln_debug_print_is(ins))
       rc = lower_debug_print(c, prog, ins);
+    else if (kiln_user_kernel_call(ins, NULL))
+      rc = kiln__lower_user_kernel(c, prog, ins);
     else
       rc = kiln__lower_compute(c, prog, ins);
     if (rc == 0) rc = mark_origin(c, prog, from, ins->id);

@@ -23,6 +23,7 @@
 #include "compiler/eval/interp_internal.h"
 #include "compiler/ir/debug_print.h"
 #include "compiler/ir/sharding.h"
+#include "compiler/ir/user_kernel.h"
 
 static int unimpl(kiln__interp_ctx *c, const kiln_instr *ins, const char *why) {
   return kiln__interp_fail(c, ins, KILN_EUNIMPL, "%s %s: %s", kiln_opcode_name(ins->op), ins->name,
@@ -175,6 +176,11 @@ int kiln__interp_eval_custom_call(kiln__interp_ctx *c, const kiln_instr *ins,
     }
     return rc;
   }
+  if (kiln_user_kernel_call(ins, NULL))
+    return kiln__interp_fail(c, ins, KILN_EUNIMPL,
+                             "custom-call %s: %.80s is a user kernel: the interpreter runs no "
+                             "compiled code; run it on the cpu backend",
+                             ins->name, t);
   if (kiln_custom_call_is_annotation(t)) {
     if (ins->noperands != 1)
       return kiln__interp_fail(c, ins, KILN_EINVAL, "custom-call %s: %s takes one operand",

@@ -41,6 +41,7 @@
 
 #include "common/alloc.h"
 #include "compiler/ir/rewrite.h"
+#include "compiler/ir/user_kernel.h"
 #include "compiler/passes/passes.h"
 
 typedef struct lctx {
@@ -437,6 +438,28 @@ static int coerce_operand(lctx *l, uint32_t comp, kiln_instr *x, uint32_t k, con
   return rc;
 }
 
+/* A user kernel (codegen/user_kernel.h) reads and writes dense row-major
+ * buffers: operands of another layout are copied, the result is row-major. */
+static int row_major_call(lctx *l, uint32_t comp, kiln_instr *x) {
+  kiln_module *m = l->m;
+  for (uint32_t k = 0; k < x->noperands; k++) {
+    kiln_shape w = m->instrs[x->operands[k]]->shape;
+    if (!kiln_shape_is_array(&w) || kiln_shape_is_row_major(&w)) continue;
+    w.layout = NULL;
+    int rc = fill_default(m, &w, 0) ? oom(l) : coerce_operand(l, comp, x, k, &w);
+    if (rc) return rc;
+  }
+  kiln_shape r = x->shape;
+  kiln_shape *leaves = kiln_shape_is_tuple(&r) ? r.tuple : &r;
+  uint32_t n = kiln_shape_is_tuple(&r) ? r.rank : 1;
+  if (kiln_shape_is_tuple(&r) &&
+      (r.tuple = kiln_arena_memdup(l->a, leaves, (n ? n : 1) * sizeof *leaves)) == NULL)
+    return oom(l);
+  for (uint32_t i = 0; i < n; i++) (kiln_shape_is_tuple(&r) ? &r.tuple[i] : &r)->layout = NULL;
+  if (kiln_instr_set_shape(m, x, &r)) return oom(l);
+  return fill_default(m, &x->shape, 0) ? oom(l) : 0;
+}
+
 static int assign_instr(lctx *l, uint32_t comp, kiln_instr *x, const kiln_instr *fusion) {
   kiln_module *m = l->m;
   kiln_computation *c = m->comps[comp];
@@ -488,6 +511,9 @@ static int assign_instr(lctx *l, uint32_t comp, kiln_instr *x, const kiln_instr 
       if (r && kiln_shape_equal(&r->shape, &x->shape, false))
         return kiln_instr_set_shape(m, x, &r->shape) ? oom(l) : 0;
     }
+    break;
+  case KILN_OP_CUSTOM_CALL:
+    if (kiln_user_kernel_call(x, NULL)) return row_major_call(l, comp, x);
     break;
   case KILN_OP_FUSION:
     if ((rc = fill_default(m, &x->shape, 0))) return oom(l);

@@ -90,4 +90,10 @@ if(TARGET kilnd)
             ${CMAKE_CURRENT_LIST_DIR}/test_remat_server.py)
   set_tests_properties(test_remat_server PROPERTIES LABELS integration TIMEOUT 300
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV}")
+  # User kernels: RegisterKernel and programs calling them through kilnd.
+  add_test(NAME test_user_kernels_server
+    COMMAND sh -c "exec \"\${KILN_PYTHON:-${KILN_ITEST_PYTHON}}\" \"$@\"" test_user_kernels_server
+            ${CMAKE_CURRENT_LIST_DIR}/test_user_kernels_server.py)
+  set_tests_properties(test_user_kernels_server PROPERTIES LABELS integration TIMEOUT 300
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV}")
 endif()

@@ -1188,6 +1188,45 @@ START_TEST(redis_shared_between_servers) {
 }
 END_TEST
 
+/* KILN_CACHE_POLICY_LOCAL (executables holding a client's code): stored
+ * in and served from a's own tiers, never written to Redis, so b builds
+ * its own; a DEFAULT entry of b is not read by a's LOCAL lookups either. */
+START_TEST(redis_local_policy_not_shared) {
+  make_tmp();
+  if (!start_redis()) return;
+  kiln_cache *a = redis_cache("a", 1000), *b = redis_cache("b", 1000);
+  atomic_int calls = 0;
+  build_ctx bc = {.calls = &calls, .fill = 'l', .len = 300, .compile_ns = 5};
+  kiln_cache_result r;
+  ck_assert_int_eq(get_or_build(a, 4, KILN_CACHE_POLICY_LOCAL, &bc, &r), 0);
+  ck_assert_int_eq(r.source, KILN_CACHE_SRC_COMPILED);
+  kiln_free(r.payload);
+  ck_assert_int_eq(get_or_build(a, 4, KILN_CACHE_POLICY_LOCAL, &bc, &r), 0);
+  ck_assert_int_eq(r.source, KILN_CACHE_SRC_MEMORY);
+  check_payload(&r, 'l', 300);
+  kiln_free(r.payload);
+  ck_assert_int_eq(atomic_load(&calls), 1);
+  ck_assert_uint_eq(stats_of(a).tier[KILN_CACHE_TIER_DISK].entries, 1);
+  /* b sees nothing of it in Redis */
+  ck_assert_int_eq(get_or_build(b, 4, KILN_CACHE_POLICY_DEFAULT, &bc, &r), 0);
+  ck_assert_int_eq(r.source, KILN_CACHE_SRC_COMPILED);
+  kiln_free(r.payload);
+  ck_assert_int_eq(atomic_load(&calls), 2);
+  /* b's entry went to Redis; a's LOCAL lookup of another key skips Redis */
+  ck_assert_int_eq(get_or_build(b, 9, KILN_CACHE_POLICY_DEFAULT, &bc, &r), 0);
+  kiln_free(r.payload);
+  ck_assert_int_eq(get_or_build(a, 9, KILN_CACHE_POLICY_LOCAL, &bc, &r), 0);
+  ck_assert_int_eq(r.source, KILN_CACHE_SRC_COMPILED);
+  kiln_free(r.payload);
+  ck_assert_int_eq(atomic_load(&calls), 4);
+  ck_assert_uint_eq(stats_of(a).tier[KILN_CACHE_TIER_REDIS].hits, 0);
+  kiln_cache_destroy(a);
+  kiln_cache_destroy(b);
+  kiln_test_redis_destroy(redis);
+  remove_tmp();
+}
+END_TEST
+
 START_TEST(redis_single_flight_across_servers) {
   make_tmp();
   if (!start_redis()) return;
@@ -1466,6 +1505,7 @@ static Suite *tiers_suite(void) {
   TCase *rd = tcase_create("redis");
   tcase_set_timeout(rd, 120);
   tcase_add_test(rd, redis_shared_between_servers);
+  tcase_add_test(rd, redis_local_policy_not_shared);
   tcase_add_test(rd, redis_single_flight_across_servers);
   tcase_add_test(rd, redis_killed_builds_locally);
   tcase_add_test(rd, redis_lock_of_dead_holder_expires);

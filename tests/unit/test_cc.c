@@ -86,8 +86,8 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 START_TEST(split_names_by_content) {
-  kiln__cc_program pa = {prelude, funcs_a, kernels_a, 4, NULL};
-  kiln__cc_program pb = {prelude, funcs_b, kernels_b, 3, NULL};
+  kiln__cc_program pa = {prelude, funcs_a, kernels_a, 4, NULL, NULL, NULL, 0};
+  kiln__cc_program pb = {prelude, funcs_b, kernels_b, 3, NULL, NULL, NULL, 0};
   kiln__cc_split a, b;
   kiln_status st;
   kiln_status_clear(&st);
@@ -133,9 +133,9 @@ START_TEST(split_names_by_content) {
   ck_assert_uint_eq(a.units[0].nkernels, 3);
   kiln__cc_split_free(&a);
   /* Source that is not what the emitter writes is an error, not a crash. */
-  kiln__cc_program bad = {prelude, funcs_a, kernels_a, 5, NULL};
+  kiln__cc_program bad = {prelude, funcs_a, kernels_a, 5, NULL, NULL, NULL, 0};
   ck_assert_int_eq(kiln__cc_split_program(&bad, 2, 0, &a, &st), KILN_EINTERNAL);
-  kiln__cc_program wrong = {prelude, funcs_a, kernels_b + 1, 2, NULL};
+  kiln__cc_program wrong = {prelude, funcs_a, kernels_b + 1, 2, NULL, NULL, NULL, 0};
   ck_assert_int_eq(kiln__cc_split_program(&wrong, 2, 0, &a, &st), KILN_EINTERNAL);
 }
 END_TEST
@@ -149,7 +149,7 @@ START_TEST(split_large_program_content_defined) {
     for (int l = 0; l < 30; l++) kiln_sbuf_printf(&k, "  ((float *)bufs[0])[%d] += %d;\n", l, i);
     kiln_sbuf_puts(&k, "}\n\n");
   }
-  kiln__cc_program p = {prelude, "", kiln_sbuf_str(&k), 400, NULL};
+  kiln__cc_program p = {prelude, "", kiln_sbuf_str(&k), 400, NULL, NULL, NULL, 0};
   kiln__cc_split s;
   kiln_status st;
   ck_assert_int_eq(kiln__cc_split_program(&p, 2, 32768, &s, &st), 0);

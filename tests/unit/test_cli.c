@@ -947,8 +947,8 @@ START_TEST(test_run_cpu_errors) {
   result_free(&r);
   r = run("run", f, "--target", "cpu", "--random-args", "1", NULL);
   EXPECT(r, 2, "",
-         "kiln run: --target, --opt-level, --disable-pass, --dump-dir and --memory-budget need "
-         "--backend cpu\n");
+         "kiln run: --target, --opt-level, --disable-pass, --dump-dir, --memory-budget and "
+         "--user-kernel need --backend cpu\n");
   result_free(&r);
   /* an op the cpu backend refuses: exit 1, naming the instruction */
   const char *g = write_file("chol.hlo", "HloModule f\n"

@@ -373,17 +373,18 @@ START_TEST(test_service_schema) {
    * the contract clients are written against. */
   const ProtobufCServiceDescriptor *s = &kiln__v1__kiln__descriptor;
   ck_assert_str_eq(s->name, "kiln.v1.Kiln");
-  ck_assert_uint_eq(s->n_methods, 11);
-  const char *want[] = {"Compile",    "CompileStream",  "Execute",    "PutBuffer",
-                        "GetBuffer",  "ReleaseBuffers", "Stats",      "CacheList",
-                        "CacheEvict", "CacheExport",    "CacheImport"};
-  for (unsigned i = 0; i < 11; i++) ck_assert_str_eq(s->methods[i].name, want[i]);
+  ck_assert_uint_eq(s->n_methods, 12);
+  const char *want[] = {"Compile",    "CompileStream",  "Execute",     "PutBuffer",
+                        "GetBuffer",  "ReleaseBuffers", "Stats",       "CacheList",
+                        "CacheEvict", "CacheExport",    "CacheImport", "RegisterKernel"};
+  for (unsigned i = 0; i < 12; i++) ck_assert_str_eq(s->methods[i].name, want[i]);
   ck_assert_str_eq(s->methods[1].input->name, "kiln.v1.CompileRequest");
   ck_assert_str_eq(s->methods[1].output->name, "kiln.v1.CompileProgress");
   ck_assert_str_eq(s->methods[3].input->name, "kiln.v1.PutBufferChunk");
   ck_assert_str_eq(s->methods[4].output->name, "kiln.v1.BufferChunk");
   ck_assert_str_eq(s->methods[9].output->name, "kiln.v1.CacheExportResponse");
   ck_assert_str_eq(s->methods[10].input->name, "kiln.v1.CacheImportRequest");
+  ck_assert_str_eq(s->methods[11].input->name, "kiln.v1.RegisterKernelRequest");
   const ProtobufCFieldDescriptor *f =
       protobuf_c_message_descriptor_get_field_by_name(&kiln__v1__argument__descriptor, "literal");
   ck_assert_ptr_nonnull(f);

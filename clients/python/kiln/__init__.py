@@ -12,7 +12,7 @@ from . import _proto  # noqa: F401  (the stubs, generated if need be)
 from ._api import (checkpoint, checkpoint_policies, custom_jvp, custom_vjp, grad, hessian,
                    jacfwd, jacrev, jit, jvp, pmap, remat, value_and_grad, vjp, vmap)
 from ._client import (Array, CompileProgress, Device, connect, connection, device_get,
-                      device_put, devices)
+                      device_put, devices, register_kernel)
 from .errors import (ConcretizationTypeError, KilnError, TracerArrayConversionError,
                      UnexpectedTracerError)
 from . import errors, lax, nn, stages, tree_util  # noqa: E402
@@ -25,6 +25,7 @@ __all__ = [
     "checkpoint_policies", "hessian", "jacfwd", "jacrev", "custom_jvp", "custom_vjp", "pmap",
     "lax", "nn", "numpy", "tree_util", "errors", "KilnError", "ConcretizationTypeError",
     "TracerArrayConversionError", "UnexpectedTracerError", "ops", "random", "from_jax",
+    "register_kernel",
 ]
 
 

@@ -240,6 +240,19 @@ class Connection:
         self._executables[key] = resp
         return resp
 
+    def register_kernel(self, name, source, signature, cuda_source=""):
+        """Registers C source as user kernel `name` (RegisterKernel; the
+        server needs --allow-user-kernels, and an admin token when tokens
+        are on). Programs call it with kiln.lax.user_kernel. Returns the
+        RegisterKernelResponse (digest, cached, cuda_check). This
+        connection's memo of compiled programs is dropped: a program calling
+        the kernel compiles again against the new source."""
+        req = kiln_pb2.RegisterKernelRequest(name=name, source=source, signature=signature,
+                                             cuda_source=cuda_source or "")
+        resp = self._call("RegisterKernel", self.stub.RegisterKernel, req)
+        self._executables.clear()
+        return resp
+
     def _compile_stream(self, req, progress):
         stream = self._call("CompileStream", self.stub.CompileStream, req)
         result = None
@@ -556,6 +569,12 @@ def connect(address=None, *, token=None, tls=None, timeout=None):
             _conn.close()
         _conn = Connection(address, token=token, tls=tls, timeout=timeout)
     return _conn
+
+
+def register_kernel(name, source, signature, cuda_source=None):
+    """Registers a C user kernel with the default connection's kilnd
+    (Connection.register_kernel; docs/toolbox.md has the ABI)."""
+    return connection().register_kernel(name, source, signature, cuda_source or "")
 
 
 def connection():

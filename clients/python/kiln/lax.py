@@ -621,6 +621,44 @@ def _sort(operands, dimension, num_keys, is_stable):
     return [_gte(tup, i) for i in range(len(ts))]
 
 
+# ---- user kernels ----------------------------------------------------------------
+
+_KERNEL_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _out_aval(o):
+    if hasattr(o, "shape") and hasattr(o, "dtype"):
+        return tuple(int(d) for d in o.shape), _dtypes.canonical(o.dtype)
+    shape, dtype = o
+    return tuple(int(d) for d in shape), _dtypes.canonical(dtype)
+
+
+@primitive
+def user_kernel(name, *operands, out_shapes):
+    """Calls the C kernel registered as `name` (kiln.register_kernel) on
+    the operands: a custom call of target "kiln.user.NAME". out_shapes is
+    the result's (shape, dtype) (or anything with .shape and .dtype, such
+    as jax.ShapeDtypeStruct), or a list of them for several results
+    (returned as a tuple). The server checks the operands and results
+    against the kernel's registered signature. The kernel runs on the cpu
+    backend; for grad, wrap the call in kiln.custom_vjp."""
+    if not (isinstance(name, str) and 0 < len(name) <= 64 and name[0].isascii()
+            and name[0].isalpha() and set(name) <= _KERNEL_NAME_OK):
+        raise ValueError(f"kiln.lax.user_kernel: {name!r} is not a kernel name (1 to 64 "
+                         "letters, digits and '_', starting with a letter)")
+    several = isinstance(out_shapes, list)
+    outs = [_out_aval(o) for o in (out_shapes if several else [out_shapes])]
+    if not outs:
+        raise ValueError("kiln.lax.user_kernel: out_shapes lists no result")
+    ts = [_t(o) for o in operands]
+    comp = current_computation()
+    attrs = f', custom_call_target="kiln.user.{name}"'
+    if not several:
+        return Tracer(comp.add(outs[0], "custom-call", [t.instr for t in ts], attrs))
+    tup = Tracer(comp.add(list(outs), "custom-call", [t.instr for t in ts], attrs))
+    return tuple(_gte(tup, i) for i in range(len(outs)))
+
+
 def _gte(tup, i):
     s = tup.instr.shape[i]
     return Tracer(tup.instr.comp.add(s, "get-tuple-element", [tup.instr], f", index={i}"))
