@@ -12,6 +12,7 @@
 #include "common/alloc.h"
 #include "compiler/buffer_assign.h"
 #include "compiler/codegen/cc.h"
+#include "compiler/codegen/dyn_pad.h"
 #include "compiler/codegen/lower.h"
 #include "compiler/codegen/nvrtc.h"
 #include "compiler/codegen/target_iface.h"
@@ -284,6 +285,17 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
     goto out;
   }
   e->target = kiln_arena_strdup(e->arena, t->name);
+  if (kiln__dyn_pad_needed(s.m)) {
+    /* Bounded-dynamic shapes: static from here on, sizes as values. */
+    if (kiln__cg_target_for(t->backend)->code == KILN__CODE_CUBIN) {
+      rc = kiln_status_set(st, KILN_EUNIMPL, "options.target",
+                           "bounded-dynamic shapes run on the cpu and interp backends, not on "
+                           "target '%s'",
+                           t->name);
+      goto out;
+    }
+    if ((rc = kiln__dyn_pad(s.m, e->arena, &e->dyn, st))) goto out;
+  }
   if (o->progress) o->progress(o->progress_arg, "passes");
   if ((rc = run_pipeline(&s, o, t, r, st))) goto out;
   if ((rc = generate(&s, t, e, r, st))) goto out;

@@ -1,0 +1,614 @@
+/* Bounded dynamic shapes for generated code, as XLA's dynamic padder does.
+ *
+ * A dimension written "<=N" has N elements of storage and a runtime size
+ * n <= N; the elements from n on are padding, whose values are unspecified.
+ * The interpreter carries the runtime sizes with each literal
+ * (compiler/eval). For the code generators this pass makes the program
+ * static once, at compile time, so that one executable serves every size
+ * up to the bounds:
+ *
+ * - every runtime size becomes an s32[] value of the program: the entry
+ *   takes one more parameter per dynamic dimension of its parameters, and
+ *   the sizes follow the dimensions through the instructions that keep,
+ *   move or merge them (size[] below, per instruction and dimension);
+ * - get-dimension-size becomes that value; set-dimension-size a copy whose
+ *   size is the new value (clamped to [0, bound], as the interpreter does);
+ * - where padding could reach a valid element it is masked: a reduction
+ *   over a dynamic dimension reads select(iota < size, x, init), and a dot
+ *   contracting one reads both operands with zeros there;
+ * - the result becomes tuple(result, the sizes of its dynamic dimensions).
+ *
+ * Then every "<=" flag is dropped: the passes and the code generators see
+ * a static program. What may carry a dynamic dimension is listed in
+ * dyn_instr(); any other op with an operand of a runtime size is refused
+ * here, naming the instruction (docs/toolbox.md has the list).
+ */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "compiler/codegen/dyn_pad.h"
+#include "compiler/ir/build.h"
+#include "compiler/ir/rewrite.h"
+#include "compiler/ir/verify.h"
+
+typedef struct dp {
+  kiln__tx tx;
+  kiln__b b;
+  kiln_module *m;
+  kiln_arena *out; /* the executable's arena (the signature) */
+  /* size[id]: NULL (every dimension at its bound), or rank ids of s32[]
+   * values, KILN_NO_ID where the dimension is at its bound. */
+  kiln_id **size;
+  uint32_t cap;
+  bool *drop; /* replaced instructions, compacted away at the end */
+  uint32_t ndrop;
+  kiln_dyn_dim *pdims, *rdims; /* the boundary's sizes, in order */
+  kiln_id *rvals;
+  uint32_t npdims, nrdims, pdcap, rdcap;
+} dp;
+
+static int grow(dp *p) {
+  uint32_t n = p->m->ninstrs;
+  if (n <= p->cap) return 0;
+  uint32_t cap = n * 2 + 16;
+  kiln_id **s = kiln_realloc(p->size, cap * sizeof *s);
+  if (s == NULL) return kiln__tx_oom(&p->tx);
+  memset(s + p->cap, 0, (cap - p->cap) * sizeof *s);
+  p->size = s;
+  bool *d = kiln_realloc(p->drop, cap * sizeof *d);
+  if (d == NULL) return kiln__tx_oom(&p->tx);
+  memset(d + p->cap, 0, (cap - p->cap) * sizeof *d);
+  p->drop = d;
+  p->cap = cap;
+  return 0;
+}
+
+static kiln_id size_of(const dp *p, kiln_id id, uint32_t d) {
+  if (id >= p->cap || p->size[id] == NULL) return KILN_NO_ID;
+  const kiln_shape *s = &p->m->instrs[id]->shape;
+  return kiln_shape_is_array(s) && d < s->rank ? p->size[id][d] : KILN_NO_ID;
+}
+
+static bool has_sizes(const dp *p, kiln_id id) {
+  const kiln_shape *s = &p->m->instrs[id]->shape;
+  for (uint32_t d = 0; kiln_shape_is_array(s) && d < s->rank; d++)
+    if (size_of(p, id, d) != KILN_NO_ID) return true;
+  return false;
+}
+
+static int set_size(dp *p, kiln_id id, uint32_t d, kiln_id v) {
+  if (v == KILN_NO_ID) return 0;
+  int rc = grow(p);
+  if (rc) return rc;
+  const kiln_shape *s = &p->m->instrs[id]->shape;
+  if (!kiln_shape_is_array(s) || d >= s->rank) return 0;
+  if (p->size[id] == NULL) {
+    p->size[id] = kiln_arena_alloc(p->tx.scratch, s->rank * sizeof(kiln_id));
+    if (p->size[id] == NULL) return kiln__tx_oom(&p->tx);
+    for (uint32_t k = 0; k < s->rank; k++) p->size[id][k] = KILN_NO_ID;
+  }
+  p->size[id][d] = v;
+  return 0;
+}
+
+static kiln_id s32(dp *p, int64_t v) { return kiln__b_iscalar(&p->b, KILN_S32, v); }
+
+static int push_dim(dp *p, kiln_dyn_dim **v, uint32_t *n, uint32_t *cap, uint32_t leaf,
+                    uint32_t dim) {
+  if (*n == *cap) {
+    uint32_t c = *cap * 2 + 8;
+    kiln_dyn_dim *g = kiln_realloc(*v, c * sizeof *g);
+    if (g == NULL) return kiln__tx_oom(&p->tx);
+    *v = g;
+    *cap = c;
+  }
+  (*v)[(*n)++] = (kiln_dyn_dim){leaf, dim};
+  return 0;
+}
+
+static int unsupported(dp *p, const kiln_instr *ins, const char *why) {
+  return kiln__tx_fail(&p->tx, KILN_EUNIMPL, ins,
+                       "%s %s: %s; code generation takes a runtime-sized (\"<=\") dimension only "
+                       "in the ops listed in docs/toolbox.md (the interp backend runs any)",
+                       kiln_opcode_name(ins->op), ins->name, why);
+}
+
+/* Replaces ins by `by` (a new instruction) everywhere. */
+static void replace(dp *p, kiln_instr *ins, kiln_id by) {
+  if (by == KILN_NO_ID || grow(p)) return;
+  kiln_replace_all_uses(p->m, ins->comp, ins->id, by);
+  p->drop[ins->id] = true;
+  p->ndrop++;
+}
+
+/* x with the elements at and past `size` along dimension d replaced by
+ * the scalar `fill`. */
+static kiln_id mask(dp *p, kiln_id x, uint32_t d, kiln_id size, kiln_id fill) {
+  const kiln_shape *s = kiln__b_shape(&p->tx, x);
+  int64_t dims[64];
+  uint32_t r = s->rank < 64 ? s->rank : 64;
+  memcpy(dims, s->dims, r * sizeof *dims);
+  kiln_id io = kiln__b_iota(&p->b, KILN_S32, dims, r, d);
+  kiln_id n = kiln__b_broadcast(&p->b, size, dims, r, NULL, 0);
+  kiln_id in = kiln__b_cmp(&p->b, io, n, KILN_CMP_LT);
+  kiln_id f = kiln__b_broadcast(&p->b, fill, dims, r, NULL, 0);
+  return kiln__b_select(&p->b, in, x, f);
+}
+
+/* Elementwise ops: each dimension's size from the first operand of the
+ * result's rank that has one. */
+static int dyn_elementwise(dp *p, kiln_instr *ins) {
+  const kiln_shape *s = &ins->shape;
+  if (!kiln_shape_is_array(s)) return unsupported(p, ins, "a tuple result");
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    const kiln_shape *o = kiln__b_shape(&p->tx, ins->operands[k]);
+    if (has_sizes(p, ins->operands[k]) && o->rank != s->rank)
+      return unsupported(p, ins, "an operand of another rank");
+  }
+  for (uint32_t d = 0; d < s->rank; d++)
+    for (uint32_t k = 0; k < ins->noperands; k++) {
+      kiln_id v = size_of(p, ins->operands[k], d);
+      if (v != KILN_NO_ID) {
+        if (set_size(p, ins->id, d, v)) return p->tx.err;
+        break;
+      }
+    }
+  return 0;
+}
+
+static int dyn_broadcast(dp *p, kiln_instr *ins) {
+  const kiln_i64s *dims = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  kiln_id x = ins->operands[0];
+  for (uint32_t k = 0; dims && k < dims->n; k++)
+    if (set_size(p, ins->id, (uint32_t)dims->v[k], size_of(p, x, k))) return p->tx.err;
+  return 0;
+}
+
+static int dyn_transpose(dp *p, kiln_instr *ins) {
+  const kiln_i64s *perm = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  kiln_id x = ins->operands[0];
+  for (uint32_t k = 0; perm && k < perm->n; k++)
+    if (set_size(p, ins->id, k, size_of(p, x, (uint32_t)perm->v[k]))) return p->tx.err;
+  return 0;
+}
+
+/* A reshape keeps the padded layout meaningful when each runtime-sized
+ * dimension k either survives whole (output dim j of the same bound, all
+ * dims before both spanning the same elements) or is the major end of a
+ * run of static dims merged into one output dim (size * their product).
+ * Splitting it is refused: the size need not divide. */
+static int dyn_reshape(dp *p, kiln_instr *ins) {
+  kiln_id x = ins->operands[0];
+  const kiln_shape *in = kiln__b_shape(&p->tx, x), *out = &ins->shape;
+  for (uint32_t k = 0; k < in->rank; k++) {
+    kiln_id v = size_of(p, x, k);
+    if (v == KILN_NO_ID) continue;
+    int64_t pre = 1, acc = 1;
+    for (uint32_t i = 0; i < k; i++) pre *= in->dims[i];
+    uint32_t j = 0;
+    while (j < out->rank && acc < pre) acc *= out->dims[j++];
+    while (j < out->rank && out->dims[j] == 1 && in->dims[k] != 1) j++;
+    if (acc != pre || j >= out->rank || out->dims[j] < in->dims[k])
+      return unsupported(p, ins, "it splits or moves a runtime-sized dimension");
+    if (out->dims[j] == in->dims[k]) {
+      if (set_size(p, ins->id, j, v)) return p->tx.err;
+      continue;
+    }
+    int64_t merged = in->dims[k];
+    uint32_t r = k + 1;
+    for (; r < in->rank && merged < out->dims[j]; r++) {
+      if (size_of(p, x, r) != KILN_NO_ID)
+        return unsupported(p, ins, "it merges two runtime-sized dimensions");
+      merged *= in->dims[r];
+    }
+    if (merged != out->dims[j] || in->dims[k] == 0)
+      return unsupported(p, ins, "it splits or moves a runtime-sized dimension");
+    kiln_id n = kiln__b_mul(&p->b, v, s32(p, out->dims[j] / in->dims[k]));
+    if (set_size(p, ins->id, j, n)) return p->tx.err;
+  }
+  return 0;
+}
+
+/* dynamic-reshape(x, sizes...): the valid elements of x in row-major order
+ * laid out at the new sizes. On padded storage that is a plain reshape of
+ * the bounds when both valid regions are row-major prefixes: only
+ * dimension 0 of either side may be runtime-sized. */
+static int dyn_dynamic_reshape(dp *p, kiln_instr *ins) {
+  kiln_id x = ins->operands[0];
+  const kiln_shape *in = kiln__b_shape(&p->tx, x), *out = &ins->shape;
+  for (uint32_t k = 1; k < in->rank; k++)
+    if (size_of(p, x, k) != KILN_NO_ID)
+      return unsupported(p, ins, "its operand has a runtime size in a dimension other than 0");
+  for (uint32_t k = 1; k < out->rank; k++)
+    if (out->dynamic && out->dynamic[k])
+      return unsupported(p, ins, "its result is dynamic in a dimension other than 0");
+  if (kiln_shape_elements(in) != kiln_shape_elements(out))
+    return unsupported(p, ins, "the bounds hold different numbers of elements");
+  kiln_id r = kiln__b_reshape(&p->b, x, out->dims, out->rank);
+  if (r == KILN_NO_ID) return p->tx.err;
+  if (out->rank && out->dynamic && out->dynamic[0] &&
+      set_size(p, r, 0, ins->operands[1]))
+    return p->tx.err;
+  replace(p, ins, r);
+  return p->tx.err;
+}
+
+/* reduce: runtime-sized reduced dims masked with each input's init; kept
+ * dims keep their sizes. */
+static int dyn_reduce(dp *p, kiln_instr *ins) {
+  const kiln_i64s *dims = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  uint32_t n = ins->noperands / 2;
+  kiln_id ops[64];
+  if (ins->noperands > 64 || dims == NULL) return unsupported(p, ins, "too many operands");
+  memcpy(ops, ins->operands, ins->noperands * sizeof *ops);
+  bool masked = false;
+  for (uint32_t k = 0; k < n; k++)
+    for (uint32_t i = 0; i < dims->n; i++) {
+      kiln_id v = size_of(p, ins->operands[k], (uint32_t)dims->v[i]);
+      if (v == KILN_NO_ID) continue;
+      ops[k] = mask(p, ops[k], (uint32_t)dims->v[i], v, ins->operands[n + k]);
+      masked = true;
+    }
+  kiln_id id = ins->id;
+  if (masked) {
+    id = kiln__b_clone_same(&p->b, ins, ops, ins->noperands);
+    replace(p, ins, id);
+    if (p->tx.err) return p->tx.err;
+  }
+  uint32_t j = 0;
+  const kiln_shape *in = kiln__b_shape(&p->tx, ins->operands[0]);
+  for (uint32_t d = 0; d < in->rank; d++) {
+    bool reduced = false;
+    for (uint32_t i = 0; i < dims->n; i++) reduced |= dims->v[i] == (int64_t)d;
+    if (reduced) continue;
+    for (uint32_t k = 0; k < n; k++) {
+      kiln_id v = size_of(p, ins->operands[k], d);
+      if (v == KILN_NO_ID) continue;
+      if (!kiln_shape_is_array(&ins->shape))
+        return unsupported(p, ins, "a variadic reduce keeps a runtime-sized dimension");
+      if (set_size(p, id, j, v)) return p->tx.err;
+      break;
+    }
+    j++;
+  }
+  return 0;
+}
+
+static bool listed(const kiln_i64s *l, uint32_t d) {
+  for (uint32_t i = 0; l && i < l->n; i++)
+    if (l->v[i] == (int64_t)d) return true;
+  return false;
+}
+
+/* dot: a runtime-sized contraction reads zeros past the size on both
+ * sides (padding may hold anything, NaN included); batch and free dims
+ * keep their sizes in the result's order (batch, lhs free, rhs free). */
+static int dyn_dot(dp *p, kiln_instr *ins) {
+  const kiln_i64s *lb = kiln_instr_attr_ints(ins, KILN_ATTR_LHS_BATCH_DIMS);
+  const kiln_i64s *lc = kiln_instr_attr_ints(ins, KILN_ATTR_LHS_CONTRACTING_DIMS);
+  const kiln_i64s *rb = kiln_instr_attr_ints(ins, KILN_ATTR_RHS_BATCH_DIMS);
+  const kiln_i64s *rc = kiln_instr_attr_ints(ins, KILN_ATTR_RHS_CONTRACTING_DIMS);
+  if (ins->noperands != 2) return unsupported(p, ins, "a dot of other than two operands");
+  kiln_id l = ins->operands[0], r = ins->operands[1], ops[2] = {l, r};
+  bool masked = false;
+  for (uint32_t i = 0; lc && rc && i < lc->n && i < rc->n; i++) {
+    uint32_t a = (uint32_t)lc->v[i], b = (uint32_t)rc->v[i];
+    kiln_id v = size_of(p, l, a);
+    if (v == KILN_NO_ID) v = size_of(p, r, b);
+    if (v == KILN_NO_ID) continue;
+    ops[0] = mask(p, ops[0], a, v, kiln__b_scalar(&p->b, kiln__b_shape(&p->tx, l)->dtype, 0));
+    ops[1] = mask(p, ops[1], b, v, kiln__b_scalar(&p->b, kiln__b_shape(&p->tx, r)->dtype, 0));
+    masked = true;
+  }
+  kiln_id id = ins->id;
+  if (masked) {
+    id = kiln__b_clone_same(&p->b, ins, ops, 2);
+    replace(p, ins, id);
+    if (p->tx.err) return p->tx.err;
+  }
+  uint32_t j = 0;
+  for (uint32_t i = 0; lb && rb && i < lb->n && i < rb->n; i++, j++) {
+    kiln_id v = size_of(p, l, (uint32_t)lb->v[i]);
+    if (v == KILN_NO_ID) v = size_of(p, r, (uint32_t)rb->v[i]);
+    if (set_size(p, id, j, v)) return p->tx.err;
+  }
+  const kiln_shape *ls = kiln__b_shape(&p->tx, l), *rs = kiln__b_shape(&p->tx, r);
+  for (uint32_t d = 0; d < ls->rank; d++)
+    if (!listed(lb, d) && !listed(lc, d) && set_size(p, id, j++, size_of(p, l, d)))
+      return p->tx.err;
+  for (uint32_t d = 0; d < rs->rank; d++)
+    if (!listed(rb, d) && !listed(rc, d) && set_size(p, id, j++, size_of(p, r, d)))
+      return p->tx.err;
+  return 0;
+}
+
+static int dyn_get_size(dp *p, kiln_instr *ins) {
+  const kiln_i64s *dims = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  kiln_id x = ins->operands[0];
+  const kiln_shape *s = kiln__b_shape(&p->tx, x);
+  if (dims == NULL || dims->n != 1 || dims->v[0] < 0 || dims->v[0] >= s->rank)
+    return unsupported(p, ins, "no dimension");
+  uint32_t d = (uint32_t)dims->v[0];
+  kiln_id v = size_of(p, x, d);
+  if (v == KILN_NO_ID) v = s32(p, s->dims[d]);
+  replace(p, ins, v);
+  return p->tx.err;
+}
+
+static int dyn_set_size(dp *p, kiln_instr *ins) {
+  const kiln_i64s *dims = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  kiln_id x = ins->operands[0];
+  const kiln_shape *s = kiln__b_shape(&p->tx, x);
+  if (dims == NULL || dims->n != 1 || dims->v[0] < 0 || dims->v[0] >= s->rank)
+    return unsupported(p, ins, "no dimension");
+  uint32_t d = (uint32_t)dims->v[0];
+  kiln_id c = kiln__b_un(&p->b, KILN_OP_COPY, x);
+  kiln_id lim[3] = {s32(p, 0), ins->operands[1], s32(p, s->dims[d])};
+  kiln_id v = kiln__b_op(&p->b, KILN_OP_CLAMP, lim, 3);
+  if (c == KILN_NO_ID || v == KILN_NO_ID) return p->tx.err;
+  for (uint32_t k = 0; k < s->rank; k++)
+    if (set_size(p, c, k, k == d ? v : size_of(p, x, k))) return p->tx.err;
+  replace(p, ins, c);
+  return p->tx.err;
+}
+
+/* slice, pad, reverse, concatenate: a runtime-sized dim must pass through
+ * untouched (whole, no padding, not reversed, not the joined dim). */
+static int dyn_passthrough(dp *p, kiln_instr *ins) {
+  kiln_id x = ins->operands[0];
+  const kiln_shape *s = kiln__b_shape(&p->tx, x);
+  const kiln_i64s *a = NULL;
+  if (ins->op == KILN_OP_SLICE) a = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE);
+  if (ins->op == KILN_OP_PAD) a = kiln_instr_attr_ints(ins, KILN_ATTR_PADDING);
+  if (ins->op == KILN_OP_REVERSE || ins->op == KILN_OP_CONCATENATE)
+    a = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  for (uint32_t d = 0; d < s->rank; d++) {
+    kiln_id v = KILN_NO_ID;
+    for (uint32_t k = 0; k < ins->noperands && v == KILN_NO_ID; k++)
+      if (ins->op == KILN_OP_CONCATENATE || k == 0) v = size_of(p, ins->operands[k], d);
+    if (v == KILN_NO_ID) continue;
+    bool ok = true;
+    if (ins->op == KILN_OP_SLICE)
+      ok = a && a->n == 3 * s->rank && a->v[3 * d] == 0 && a->v[3 * d + 1] == s->dims[d] &&
+           a->v[3 * d + 2] == 1;
+    if (ins->op == KILN_OP_PAD)
+      ok = a && a->n == 3 * s->rank && a->v[3 * d] == 0 && a->v[3 * d + 1] == 0 &&
+           a->v[3 * d + 2] == 0;
+    if (ins->op == KILN_OP_REVERSE || ins->op == KILN_OP_CONCATENATE) ok = !listed(a, d);
+    if (!ok) return unsupported(p, ins, "it cuts, pads, reverses or joins a runtime-sized dim");
+    if (set_size(p, ins->id, d, v)) return p->tx.err;
+  }
+  return 0;
+}
+
+static int dyn_gte(dp *p, kiln_instr *ins) {
+  const kiln_instr *t = p->m->instrs[ins->operands[0]];
+  int64_t i = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, -1);
+  if (t->op != KILN_OP_TUPLE || i < 0 || i >= t->noperands) return 0;
+  kiln_id e = t->operands[i];
+  for (uint32_t d = 0; kiln_shape_is_array(&ins->shape) && d < ins->shape.rank; d++)
+    if (set_size(p, ins->id, d, size_of(p, e, d))) return p->tx.err;
+  return 0;
+}
+
+static bool any_operand_sized(const dp *p, const kiln_instr *ins) {
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    kiln_id o = ins->operands[k];
+    if (has_sizes(p, o)) return true;
+    const kiln_instr *t = p->m->instrs[o];
+    if (t->op == KILN_OP_TUPLE)
+      for (uint32_t j = 0; j < t->noperands; j++)
+        if (has_sizes(p, t->operands[j])) return true;
+  }
+  return false;
+}
+
+/* One instruction of the entry, its operands already rewritten. */
+static int dyn_instr(dp *p, kiln_instr *ins) {
+  switch (ins->op) {
+  case KILN_OP_GET_DIMENSION_SIZE: return dyn_get_size(p, ins);
+  case KILN_OP_SET_DIMENSION_SIZE: return dyn_set_size(p, ins);
+  case KILN_OP_DYNAMIC_RESHAPE: return dyn_dynamic_reshape(p, ins);
+  case KILN_OP_PARAMETER:
+  case KILN_OP_TUPLE: return 0;
+  case KILN_OP_GET_TUPLE_ELEMENT: return dyn_gte(p, ins);
+  default: break;
+  }
+  if (!any_operand_sized(p, ins)) return 0;
+  if (kiln_opcode_is_elementwise_family(ins->op) && ins->op != KILN_OP_BITCAST_CONVERT)
+    return dyn_elementwise(p, ins);
+  switch (ins->op) {
+  case KILN_OP_MAP: return dyn_elementwise(p, ins);
+  case KILN_OP_BITCAST_CONVERT:
+    if (ins->noperands == 1 && kiln__b_shape(&p->tx, ins->operands[0])->rank == ins->shape.rank)
+      return dyn_elementwise(p, ins);
+    return unsupported(p, ins, "it changes the rank");
+  case KILN_OP_BROADCAST: return dyn_broadcast(p, ins);
+  case KILN_OP_TRANSPOSE: return dyn_transpose(p, ins);
+  case KILN_OP_RESHAPE: return dyn_reshape(p, ins);
+  case KILN_OP_REDUCE: return dyn_reduce(p, ins);
+  case KILN_OP_DOT: return dyn_dot(p, ins);
+  case KILN_OP_SLICE:
+  case KILN_OP_PAD:
+  case KILN_OP_REVERSE:
+  case KILN_OP_CONCATENATE: return dyn_passthrough(p, ins);
+  default: return unsupported(p, ins, "an operand has a runtime size");
+  }
+}
+
+static int add_size_params(dp *p, const kiln_computation *c) {
+  uint32_t np = kiln_computation_nparams(p->m, c);
+  kiln_shape sc;
+  if (kiln_shape_make_array(p->tx.scratch, &sc, KILN_S32, NULL, 0)) return kiln__tx_oom(&p->tx);
+  uint32_t next = np;
+  for (uint32_t i = 0; i < np; i++) {
+    kiln_instr *par = kiln_computation_param(p->m, c, i);
+    if (par == NULL) return kiln__tx_fail(&p->tx, KILN_EINVAL, NULL, "parameter %u is missing", i);
+    const kiln_shape *s = &par->shape;
+    if (!kiln_shape_is_dynamic(s)) continue;
+    if (!kiln_shape_is_array(s))
+      return unsupported(p, par, "a tuple parameter holds a bounded-dynamic array");
+    for (uint32_t d = 0; d < s->rank; d++) {
+      if (!s->dynamic[d]) continue;
+      kiln_id v = kiln__b_param(&p->b, next++, &sc, "size");
+      if (v == KILN_NO_ID || set_size(p, par->id, d, v) ||
+          push_dim(p, &p->pdims, &p->npdims, &p->pdcap, i, d))
+        return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+    }
+  }
+  return 0;
+}
+
+/* The sizes of the result's "<=" dims, leaf by leaf (depth-first). */
+static int result_sizes(dp *p, kiln_id id, const kiln_shape *s, uint32_t *leaf) {
+  if (kiln_shape_is_tuple(s)) {
+    const kiln_instr *t = id != KILN_NO_ID ? p->m->instrs[id] : NULL;
+    bool direct = t && t->op == KILN_OP_TUPLE && t->noperands == s->rank;
+    for (uint32_t i = 0; i < s->rank; i++) {
+      int rc = result_sizes(p, direct ? t->operands[i] : KILN_NO_ID, &s->tuple[i], leaf);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  if (!kiln_shape_is_array(s))
+    return kiln__tx_fail(&p->tx, KILN_EUNIMPL, NULL,
+                         "a bounded-dynamic program returns only arrays (found a token)");
+  for (uint32_t d = 0; s->dynamic && d < s->rank; d++) {
+    if (!s->dynamic[d]) continue;
+    kiln_id v = id != KILN_NO_ID ? size_of(p, id, d) : KILN_NO_ID;
+    if (v == KILN_NO_ID) v = s32(p, s->dims[d]);
+    if (p->nrdims == p->rdcap) {
+      kiln_id *g = kiln_realloc(p->rvals, (p->rdcap * 2 + 8) * sizeof *g);
+      if (g == NULL) return kiln__tx_oom(&p->tx);
+      p->rvals = g;
+    }
+    p->rvals[p->nrdims] = v;
+    if (push_dim(p, &p->rdims, &p->nrdims, &p->rdcap, *leaf, d)) return p->tx.err;
+  }
+  (*leaf)++;
+  return 0;
+}
+
+static void strip(kiln_shape *s) {
+  s->dynamic = NULL;
+  if (kiln_shape_is_tuple(s))
+    for (uint32_t i = 0; i < s->rank; i++) strip(&s->tuple[i]);
+}
+
+static bool instr_needs(const kiln_instr *ins) {
+  return kiln_shape_is_dynamic(&ins->shape) || ins->op == KILN_OP_GET_DIMENSION_SIZE ||
+         ins->op == KILN_OP_SET_DIMENSION_SIZE || ins->op == KILN_OP_DYNAMIC_RESHAPE;
+}
+
+bool kiln__dyn_pad_needed(const kiln_module *m) {
+  for (uint32_t i = 0; i < m->ninstrs; i++)
+    if (m->instrs[i]->comp != KILN_NO_ID && instr_needs(m->instrs[i])) return true;
+  return false;
+}
+
+/* The caller's signature, copied before the rewrite changes it. */
+static int user_signature(dp *p, const kiln_computation *c, kiln_exe_dynamic *d) {
+  d->nuser_params = kiln_computation_nparams(p->m, c);
+  d->user_param_shapes = kiln_arena_calloc(p->out, d->nuser_params + 1, sizeof(kiln_shape));
+  if (d->user_param_shapes == NULL) return kiln__tx_oom(&p->tx);
+  for (uint32_t i = 0; i < d->nuser_params; i++) {
+    const kiln_instr *par = kiln_computation_param(p->m, c, i);
+    if (par == NULL) return kiln__tx_fail(&p->tx, KILN_EINVAL, NULL, "parameter %u is missing", i);
+    if (kiln_shape_copy(p->out, &d->user_param_shapes[i], &par->shape)) return kiln__tx_oom(&p->tx);
+  }
+  const kiln_instr *root = kiln_computation_root(p->m, c);
+  if (kiln_shape_copy(p->out, &d->user_result, &root->shape)) return kiln__tx_oom(&p->tx);
+  d->nuser_results = kiln__b_leaf_count(&root->shape);
+  return 0;
+}
+
+static int finish_signature(dp *p, kiln_computation *c, kiln_exe_dynamic *d) {
+  uint32_t leaf = 0;
+  int rc = result_sizes(p, c->root, &p->m->instrs[c->root]->shape, &leaf);
+  if (rc) return rc;
+  kiln_id *xs = kiln__b_ids(&p->tx, p->nrdims + 1);
+  if (xs == NULL) return p->tx.err;
+  xs[0] = c->root;
+  memcpy(xs + 1, p->rvals, p->nrdims * sizeof *xs);
+  kiln_id t = kiln__b_tuple(&p->b, xs, p->nrdims + 1);
+  if (t == KILN_NO_ID) return p->tx.err;
+  c->root = t;
+  d->nsize_params = p->npdims;
+  d->nsize_results = p->nrdims;
+  d->size_params = kiln_arena_memdup(p->out, p->pdims, (p->npdims + 1) * sizeof(kiln_dyn_dim));
+  d->size_results = kiln_arena_memdup(p->out, p->rdims, (p->nrdims + 1) * sizeof(kiln_dyn_dim));
+  if ((p->npdims && !d->size_params) || (p->nrdims && !d->size_results))
+    return kiln__tx_oom(&p->tx);
+  p->m->entry_layout = NULL; /* it describes the caller's signature */
+  return 0;
+}
+
+static int rewrite_entry(dp *p, kiln_exe_dynamic *d) {
+  kiln_computation *c = p->m->comps[p->m->entry];
+  int rc = add_size_params(p, c);
+  if (rc) return rc;
+  uint32_t n = c->ninstrs;
+  kiln_id *order = kiln__b_ids(&p->tx, n + 1);
+  if (order == NULL) return p->tx.err;
+  memcpy(order, c->instrs, n * sizeof *order);
+  for (uint32_t i = 0; i < n && rc == 0; i++) {
+    kiln_instr *ins = p->m->instrs[order[i]];
+    if (ins->comp == KILN_NO_ID || (order[i] < p->cap && p->drop[order[i]])) continue;
+    if ((rc = kiln__tx_poll(&p->tx)) == 0) rc = dyn_instr(p, ins);
+  }
+  if (rc == 0 && d) rc = finish_signature(p, c, d);
+  if (rc == 0 && p->ndrop) {
+    if ((rc = grow(p))) return rc;
+    bool *keep = kiln_arena_alloc(p->tx.scratch, p->m->ninstrs + 1);
+    if (keep == NULL) return kiln__tx_oom(&p->tx);
+    for (uint32_t i = 0; i < p->m->ninstrs; i++) keep[i] = !p->drop[i];
+    kiln_computation_compact(p->m, c->id, keep);
+  }
+  if (rc == 0) rc = kiln_computation_sort(p->m, c->id, p->tx.st);
+  return rc;
+}
+
+int kiln__dyn_pad(kiln_module *m, kiln_arena *a, kiln_exe_dynamic **out, kiln_status *st) {
+  *out = NULL;
+  if (!kiln__dyn_pad_needed(m)) return 0;
+  dp p = {.m = m, .out = a};
+  int rc = kiln__tx_init(&p.tx, m, "dynamic shapes", st);
+  p.b = (kiln__b){&p.tx, m->entry};
+  for (uint32_t i = 0; rc == 0 && i < m->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[i];
+    if (ins->comp != KILN_NO_ID && ins->comp != m->entry && instr_needs(ins))
+      rc = kiln__tx_fail(&p.tx, KILN_EUNIMPL, ins,
+                         "%s %s: code generation takes bounded-dynamic shapes only in the ENTRY "
+                         "computation (the interp backend runs them anywhere)",
+                         kiln_opcode_name(ins->op), ins->name);
+  }
+  kiln_computation *c = m->entry != KILN_NO_ID ? m->comps[m->entry] : NULL;
+  kiln_exe_dynamic *d = NULL;
+  if (rc == 0 && c && c->root != KILN_NO_ID) {
+    bool boundary = kiln_shape_is_dynamic(&m->instrs[c->root]->shape);
+    for (uint32_t i = 0; i < c->ninstrs; i++) {
+      const kiln_instr *ins = m->instrs[c->instrs[i]];
+      boundary |= ins->op == KILN_OP_PARAMETER && kiln_shape_is_dynamic(&ins->shape);
+    }
+    if (boundary && (d = kiln_arena_calloc(a, 1, sizeof *d)) == NULL) rc = kiln__tx_oom(&p.tx);
+    if (rc == 0 && d) rc = user_signature(&p, c, d);
+    if (rc == 0) rc = rewrite_entry(&p, d);
+  }
+  if (rc == 0)
+    for (uint32_t i = 0; i < m->ninstrs; i++) strip(&m->instrs[i]->shape);
+  if (rc == 0) {
+    kiln_verify_options vo = {.max_nesting = KILN_VERIFY_MAX_NESTING};
+    kiln_status vs;
+    kiln_status_clear(&vs);
+    if (kiln_module_verify(m, &vo, &vs))
+      rc = kiln_status_set(st, KILN_EINTERNAL, vs.where, "after the dynamic padder: %s", vs.msg);
+  }
+  if (rc == 0) *out = d;
+  kiln_free(p.size);
+  kiln_free(p.drop);
+  kiln_free(p.pdims);
+  kiln_free(p.rdims);
+  kiln_free(p.rvals);
+  kiln__tx_fini(&p.tx);
+  return rc;
+}
