@@ -226,8 +226,7 @@ static int dyn_dynamic_reshape(dp *p, kiln_instr *ins) {
     return unsupported(p, ins, "the bounds hold different numbers of elements");
   kiln_id r = kiln__b_reshape(&p->b, x, out->dims, out->rank);
   if (r == KILN_NO_ID) return p->tx.err;
-  if (out->rank && out->dynamic && out->dynamic[0] &&
-      set_size(p, r, 0, ins->operands[1]))
+  if (out->rank && out->dynamic && out->dynamic[0] && set_size(p, r, 0, ins->operands[1]))
     return p->tx.err;
   replace(p, ins, r);
   return p->tx.err;
@@ -535,10 +534,11 @@ static int finish_signature(dp *p, kiln_computation *c, kiln_exe_dynamic *d) {
   c->root = t;
   d->nsize_params = p->npdims;
   d->nsize_results = p->nrdims;
-  d->size_params = kiln_arena_memdup(p->out, p->pdims, (p->npdims + 1) * sizeof(kiln_dyn_dim));
-  d->size_results = kiln_arena_memdup(p->out, p->rdims, (p->nrdims + 1) * sizeof(kiln_dyn_dim));
-  if ((p->npdims && !d->size_params) || (p->nrdims && !d->size_results))
-    return kiln__tx_oom(&p->tx);
+  d->size_params = kiln_arena_calloc(p->out, p->npdims + 1, sizeof(kiln_dyn_dim));
+  d->size_results = kiln_arena_calloc(p->out, p->nrdims + 1, sizeof(kiln_dyn_dim));
+  if (d->size_params == NULL || d->size_results == NULL) return kiln__tx_oom(&p->tx);
+  if (p->npdims) memcpy(d->size_params, p->pdims, p->npdims * sizeof(kiln_dyn_dim));
+  if (p->nrdims) memcpy(d->size_results, p->rdims, p->nrdims * sizeof(kiln_dyn_dim));
   p->m->entry_layout = NULL; /* it describes the caller's signature */
   return 0;
 }
