@@ -387,9 +387,12 @@ int kiln__interp_eval_reverse(kiln__interp_ctx *c, const kiln_instr *ins,
   int64_t idx[R] = {0}, st[R], n = kiln_literal_elements(a);
   kiln__interp_strides(s, st);
   for (int64_t i = 0; i < n; i++) {
+    /* A runtime-sized dim reverses its valid elements; padding stays. */
     int64_t src = 0;
-    for (uint32_t k = 0; k < s->rank; k++)
-      src += (rev[k] ? s->dims[k] - 1 - idx[k] : idx[k]) * st[k];
+    for (uint32_t k = 0; k < s->rank; k++) {
+      int64_t len = kiln__interp_dyn_size(a, k);
+      src += (rev[k] && idx[k] < len ? len - 1 - idx[k] : idx[k]) * st[k];
+    }
     kiln__interp_copy_elem(*out, i, a, src);
     kiln__interp_next_index(idx, s->dims, s->rank);
   }
