@@ -244,6 +244,38 @@ START_TEST(test_set_size_and_dynamic_reshape) {
 }
 END_TEST
 
+/* Two runtime-sized operands in elementwise ops, compare and select, and
+ * the data movements that leave the dynamic dim whole: concatenate, pad
+ * and reverse of the other dim, broadcast into a larger rank; then a
+ * masked reduction of the padded value. */
+START_TEST(test_elementwise_and_movement) {
+  char *t = with_reducers(
+      "ENTRY main {\n"
+      "  x = f32[<=16,4] parameter(0)\n"
+      "  y = f32[<=16,4] parameter(1)\n"
+      "  a = f32[<=16,4] add(x, y)\n"
+      "  c = pred[<=16,4] compare(x, y), direction=GT\n"
+      "  s = f32[<=16,4] select(c, x, a)\n"
+      "  i = s32[<=16,4] convert(s)\n"
+      "  cc = f32[<=16,8] concatenate(x, y), dimensions={1}\n"
+      "  z = f32[] constant(0)\n"
+      "  pd = f32[<=16,7] pad(x, z), padding=0_0x1_2\n"
+      "  rv = f32[<=16,4] reverse(y), dimensions={1}\n"
+      "  b = f32[3,<=16,4] broadcast(rv), dimensions={1,2}\n"
+      "  ninf = f32[] constant(-inf)\n"
+      "  mx = f32[7] reduce(pd, ninf), dimensions={0}, to_apply=max\n"
+      "  sb = f32[3,4] reduce(b, z), dimensions={1}, to_apply=add\n"
+      "  ROOT t = (f32[<=16,4], s32[<=16,4], f32[<=16,8], f32[<=16,7], f32[3,<=16,4], f32[7], "
+      "f32[3,4]) tuple(s, i, cc, pd, b, mx, sb)\n"
+      "}\n");
+  kiln_executable *e = agree(t, 16);
+  ck_assert_uint_eq(e->dyn->nsize_params, 2);
+  ck_assert_uint_eq(e->dyn->nsize_results, 5);
+  kiln_executable_destroy(e);
+  free(t);
+}
+END_TEST
+
 static void refused(const char *entry, const char *name) {
   char *t = with_reducers(entry);
   kiln_module *m = parse(t);
@@ -390,6 +422,7 @@ int main(void) {
   tcase_add_test(tc, test_mlp_batch_1_to_128);
   tcase_add_test(tc, test_reduce_dot_reshape);
   tcase_add_test(tc, test_set_size_and_dynamic_reshape);
+  tcase_add_test(tc, test_elementwise_and_movement);
   tcase_add_test(tc, test_unsupported_ops_are_refused);
   tcase_add_test(tc, test_interp_reverses_valid_rows);
   tcase_add_test(tc, test_serialized_executable_keeps_sizes);
