@@ -19,6 +19,8 @@
 #include "compiler/compile.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/verify.h"
+#include "compiler/pass.h"
+#include "compiler/passes/passes.h"
 #include "compiler/target.h"
 
 static double now_ms(void) {
@@ -294,7 +296,18 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
                            t->name);
       goto out;
     }
-    if ((rc = kiln__dyn_pad(s.m, e->arena, &e->dyn, st))) goto out;
+    /* Calls inlined first, so that a runtime size flows through them. */
+    kiln_arena *scratch = kiln_arena_create();
+    if (scratch == NULL) {
+      rc = kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
+      goto out;
+    }
+    kiln_pass_ctx pc = {.target = t, .scratch = scratch, .st = st, .opt_level = o->opt_level};
+    rc = kiln__dyn_pad_split_calls(s.m, st);
+    if (rc == 0) rc = kiln_pass_inline(s.m, &pc);
+    kiln_arena_destroy(scratch);
+    if (rc == 0) rc = kiln__dyn_pad(s.m, e->arena, &e->dyn, st);
+    if (rc) goto out;
   }
   if (o->progress) o->progress(o->progress_arg, "passes");
   if ((rc = run_pipeline(&s, o, t, r, st))) goto out;

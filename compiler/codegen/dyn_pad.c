@@ -568,15 +568,53 @@ static int rewrite_entry(dp *p, kiln_exe_dynamic *d) {
   return rc;
 }
 
+int kiln__dyn_pad_split_calls(kiln_module *m, kiln_status *st) {
+  if (m->entry == KILN_NO_ID) return 0;
+  kiln__tx tx;
+  int rc = kiln__tx_init(&tx, m, "dynamic shapes", st);
+  kiln__b b = {&tx, m->entry};
+  kiln_computation *c = m->comps[m->entry];
+  uint32_t n = c->ninstrs;
+  bool split = false;
+  for (uint32_t i = 0; rc == 0 && i < n; i++) {
+    kiln_instr *call = m->instrs[c->instrs[i]];
+    if (call->op != KILN_OP_CALL || !kiln_shape_is_array(&call->shape)) continue;
+    uint32_t users = c->root == call->id;
+    for (uint32_t j = 0; j < n; j++) {
+      const kiln_instr *u = m->instrs[c->instrs[j]];
+      for (uint32_t k = 0; k < u->noperands; k++) users += u->operands[k] == call->id;
+    }
+    if (users <= 1) continue;
+    /* Its readers read a copy instead: the call itself has one reader. */
+    kiln_id cp = kiln__b_un(&b, KILN_OP_COPY, call->id);
+    if (cp == KILN_NO_ID) break;
+    kiln_replace_all_uses(m, m->entry, call->id, cp);
+    m->instrs[cp]->operands[0] = call->id;
+    split = true;
+  }
+  rc = tx.err;
+  kiln__tx_fini(&tx);
+  if (rc == 0 && split) rc = kiln_computation_sort(m, m->entry, st);
+  return rc;
+}
+
 int kiln__dyn_pad(kiln_module *m, kiln_arena *a, kiln_exe_dynamic **out, kiln_status *st) {
   *out = NULL;
   if (!kiln__dyn_pad_needed(m)) return 0;
   dp p = {.m = m, .out = a};
   int rc = kiln__tx_init(&p.tx, m, "dynamic shapes", st);
   p.b = (kiln__b){&p.tx, m->entry};
+  /* Computations the entry reaches (an inlined callee stays, unreferenced). */
+  uint32_t *order = NULL, nord = 0;
+  bool *reached = kiln_calloc(m->ncomps + 1, sizeof *reached);
+  if (rc == 0 && (reached == NULL || kiln_module_post_order(m, &order, &nord) != 0))
+    rc = kiln__tx_oom(&p.tx);
+  for (uint32_t i = 0; rc == 0 && i < nord; i++)
+    if (order[i] < m->ncomps) reached[order[i]] = true;
+  kiln_free(order);
   for (uint32_t i = 0; rc == 0 && i < m->ninstrs; i++) {
     const kiln_instr *ins = m->instrs[i];
-    if (ins->comp != KILN_NO_ID && ins->comp != m->entry && instr_needs(ins))
+    if (ins->comp != KILN_NO_ID && ins->comp != m->entry && reached[ins->comp] && instr_needs(ins))
       rc = kiln__tx_fail(&p.tx, KILN_EUNIMPL, ins,
                          "%s %s: code generation takes bounded-dynamic shapes only in the ENTRY "
                          "computation (the interp backend runs them anywhere)",
@@ -604,6 +642,7 @@ int kiln__dyn_pad(kiln_module *m, kiln_arena *a, kiln_exe_dynamic **out, kiln_st
       rc = kiln_status_set(st, KILN_EINTERNAL, vs.where, "after the dynamic padder: %s", vs.msg);
   }
   if (rc == 0) *out = d;
+  kiln_free(reached);
   kiln_free(p.size);
   kiln_free(p.drop);
   kiln_free(p.pdims);

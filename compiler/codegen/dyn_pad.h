@@ -9,6 +9,11 @@
  * get-dimension-size, set-dimension-size or dynamic-reshape anywhere. */
 bool kiln__dyn_pad_needed(const kiln_module *m);
 
+/* Before call inlining: a call in the entry that several instructions read
+ * is read once, by a copy the others read, so that the inline pass copies
+ * its body in (a runtime size then flows through it). */
+int kiln__dyn_pad_split_calls(kiln_module *m, kiln_status *st);
+
 /* Rewrites m (a compiler-owned clone) into a static program in which every
  * bounded-dynamic dimension is stored at its bound and its runtime size is
  * an s32[] value. When the entry's parameters or result have "<=" dims,

@@ -276,6 +276,20 @@ START_TEST(test_elementwise_and_movement) {
 }
 END_TEST
 
+/* A call (JAX wraps jax.nn functions in them) is inlined first, so the
+ * runtime size flows through its body. */
+START_TEST(test_through_a_call) {
+  char *t = with_reducers("act {\n  p = f32[<=8,4] parameter(0)\n"
+                          "  ROOT a = f32[<=8,4] tanh(p)\n}\n"
+                          "ENTRY main {\n  x = f32[<=8,4] parameter(0)\n"
+                          "  k = f32[<=8,4] call(x), to_apply=act\n  z = f32[] constant(0)\n"
+                          "  s = f32[4] reduce(k, z), dimensions={0}, to_apply=add\n"
+                          "  ROOT t = (f32[<=8,4], f32[4]) tuple(k, s)\n}\n");
+  kiln_executable_destroy(agree(t, 8));
+  free(t);
+}
+END_TEST
+
 static void refused(const char *entry, const char *name) {
   char *t = with_reducers(entry);
   kiln_module *m = parse(t);
@@ -423,6 +437,7 @@ int main(void) {
   tcase_add_test(tc, test_reduce_dot_reshape);
   tcase_add_test(tc, test_set_size_and_dynamic_reshape);
   tcase_add_test(tc, test_elementwise_and_movement);
+  tcase_add_test(tc, test_through_a_call);
   tcase_add_test(tc, test_unsupported_ops_are_refused);
   tcase_add_test(tc, test_interp_reverses_valid_rows);
   tcase_add_test(tc, test_serialized_executable_keeps_sizes);
