@@ -352,7 +352,8 @@ static int dyn_set_size(dp *p, kiln_instr *ins) {
 }
 
 /* slice, pad, reverse, concatenate: a runtime-sized dim must pass through
- * untouched (whole, no padding, not reversed, not the joined dim). */
+ * untouched (no padding, not reversed, not the joined dim), or be sliced
+ * with stride 1 (its size: what the window holds of the valid elements). */
 static int dyn_passthrough(dp *p, kiln_instr *ins) {
   kiln_id x = ins->operands[0];
   const kiln_shape *s = kiln__b_shape(&p->tx, x);
@@ -367,9 +368,16 @@ static int dyn_passthrough(dp *p, kiln_instr *ins) {
       if (ins->op == KILN_OP_CONCATENATE || k == 0) v = size_of(p, ins->operands[k], d);
     if (v == KILN_NO_ID) continue;
     bool ok = true;
-    if (ins->op == KILN_OP_SLICE)
-      ok = a && a->n == 3 * s->rank && a->v[3 * d] == 0 && a->v[3 * d + 1] == s->dims[d] &&
-           a->v[3 * d + 2] == 1;
+    if (ins->op == KILN_OP_SLICE && a && a->n == 3 * s->rank && a->v[3 * d + 2] == 1 &&
+        (a->v[3 * d] != 0 || a->v[3 * d + 1] != s->dims[d])) {
+      /* [start:limit] of a runtime-sized dim: max(0, min(size, limit) - start) */
+      kiln_id lim = kiln__b_bin(&p->b, KILN_OP_MINIMUM, v, s32(p, a->v[3 * d + 1]));
+      kiln_id len = kiln__b_sub(&p->b, lim, s32(p, a->v[3 * d]));
+      v = kiln__b_bin(&p->b, KILN_OP_MAXIMUM, len, s32(p, 0));
+      if (v == KILN_NO_ID || set_size(p, ins->id, d, v)) return p->tx.err;
+      continue;
+    }
+    if (ins->op == KILN_OP_SLICE) ok = a && a->n == 3 * s->rank && a->v[3 * d + 2] == 1;
     if (ins->op == KILN_OP_PAD)
       ok = a && a->n == 3 * s->rank && a->v[3 * d] == 0 && a->v[3 * d + 1] == 0 &&
            a->v[3 * d + 2] == 0;

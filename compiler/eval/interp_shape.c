@@ -214,10 +214,17 @@ int kiln__interp_eval_slice(kiln__interp_ctx *c, const kiln_instr *ins,
   }
   rc = kiln__interp_lit_result(c, ins, out);
   if (rc == 0) copy_box(*out, a, start, stride);
-  bool touched[R];
-  for (uint32_t k = 0; k < s->rank; k++)
-    touched[k] = start[k] != 0 || stride[k] != 1 || s->dims[k] != a->shape.dims[k];
-  if (rc == 0) rc = keep_sizes(c, ins, *out, a, touched);
+  if (rc == 0 && a->dynamic_sizes) {
+    /* A runtime-sized dim sliced with stride 1 keeps what the window holds
+     * of its valid elements; other strides leave the result at its bound. */
+    int64_t sz[R];
+    for (uint32_t k = 0; k < s->rank; k++) {
+      int64_t n = a->dynamic_sizes[k], e = sl->v[3 * k + 1];
+      int64_t v = (n < e ? n : e) - start[k];
+      sz[k] = stride[k] != 1 ? s->dims[k] : v < 0 ? 0 : v;
+    }
+    rc = kiln__interp_dyn_set(c, ins, (*out)->own, *out, sz);
+  }
   return rc;
 }
 

@@ -235,7 +235,10 @@ START_TEST(test_set_size_and_dynamic_reshape) {
                           "  k4 = s32[] multiply(k, four)\n"
                           "  f = f32[<=64] dynamic-reshape(y, k4)\n"
                           "  sl = f32[<=16,2] slice(y), slice={[0:16], [1:3]}\n"
-                          "  ROOT t = (f32[4], f32[<=64], f32[<=16,2], s32[]) tuple(s, f, sl, k)\n"
+                          "  mid = f32[<=10,4] slice(y), slice={[3:13], [0:4]}\n"
+                          "  sm = f32[4] reduce(mid, z), dimensions={0}, to_apply=add\n"
+                          "  ROOT t = (f32[4], f32[<=64], f32[<=16,2], s32[], f32[<=10,4], f32[4]) "
+                          "tuple(s, f, sl, k, mid, sm)\n"
                           "}\n");
   kiln_executable *e = agree(t, 16);
   ck_assert_uint_eq(e->dyn->nsize_params, 0); /* the size is the caller's own parameter */
