@@ -31,6 +31,11 @@
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/verify.h"
 
+typedef struct tsizes {
+  uint32_t n, ndims;
+  kiln_dyn_dim *dims;
+} tsizes;
+
 typedef struct dp {
   kiln__tx tx;
   kiln__b b;
@@ -42,6 +47,12 @@ typedef struct dp {
   uint32_t cap;
   bool *drop; /* replaced instructions, compacted away at the end */
   uint32_t ndrop;
+  /* tsz[id]: a tuple whose elements' sizes travel as extra s32[] elements
+   * (a while and its body's and condition's parameters): elements
+   * 0 .. tsz->n-1 are the program's, element n + j is the size of dim
+   * tsz->dims[j].dim of element tsz->dims[j].leaf. */
+  struct tsizes **tsz;
+  bool *done;                  /* computations rewritten (the entry, loop bodies and conditions) */
   kiln_dyn_dim *pdims, *rdims; /* the boundary's sizes, in order */
   kiln_id *rvals;
   uint32_t npdims, nrdims, pdcap, rdcap;
@@ -59,6 +70,10 @@ static int grow(dp *p) {
   if (d == NULL) return kiln__tx_oom(&p->tx);
   memset(d + p->cap, 0, (cap - p->cap) * sizeof *d);
   p->drop = d;
+  tsizes **t = kiln_realloc(p->tsz, cap * sizeof *t);
+  if (t == NULL) return kiln__tx_oom(&p->tx);
+  memset(t + p->cap, 0, (cap - p->cap) * sizeof *t);
+  p->tsz = t;
   p->cap = cap;
   return 0;
 }
@@ -391,6 +406,15 @@ static int dyn_passthrough(dp *p, kiln_instr *ins) {
 static int dyn_gte(dp *p, kiln_instr *ins) {
   const kiln_instr *t = p->m->instrs[ins->operands[0]];
   int64_t i = kiln_instr_attr_int(ins, KILN_ATTR_INDEX, -1);
+  const tsizes *ts = t->id < p->cap ? p->tsz[t->id] : NULL;
+  if (ts && i >= 0 && i < ts->n) {
+    for (uint32_t j = 0; j < ts->ndims; j++) {
+      if (ts->dims[j].leaf != (uint32_t)i) continue;
+      kiln_id v = kiln__b_gte(&p->b, t->id, ts->n + j);
+      if (v == KILN_NO_ID || set_size(p, ins->id, ts->dims[j].dim, v)) return p->tx.err;
+    }
+    return 0;
+  }
   if (t->op != KILN_OP_TUPLE || i < 0 || i >= t->noperands) return 0;
   kiln_id e = t->operands[i];
   for (uint32_t d = 0; kiln_shape_is_array(&ins->shape) && d < ins->shape.rank; d++)
@@ -410,7 +434,134 @@ static bool any_operand_sized(const dp *p, const kiln_instr *ins) {
   return false;
 }
 
-/* One instruction of the entry, its operands already rewritten. */
+static int dyn_instr(dp *p, kiln_instr *ins);
+
+/* Every instruction of computation c, in order (the builder appends to c). */
+static int rewrite_comp(dp *p, uint32_t c) {
+  kiln_computation *comp = p->m->comps[c];
+  uint32_t saved = p->b.comp, n = comp->ninstrs;
+  int rc = 0;
+  p->b.comp = c;
+  p->done[c] = true;
+  kiln_id *order = kiln__b_ids(&p->tx, n + 1);
+  if (order == NULL) return p->tx.err;
+  memcpy(order, comp->instrs, n * sizeof *order);
+  for (uint32_t i = 0; i < n && rc == 0; i++) {
+    kiln_instr *ins = p->m->instrs[order[i]];
+    if (ins->comp == KILN_NO_ID || (order[i] < p->cap && p->drop[order[i]])) continue;
+    if ((rc = kiln__tx_poll(&p->tx)) == 0) rc = dyn_instr(p, ins);
+  }
+  p->b.comp = saved;
+  return rc;
+}
+
+/* The replaced instructions of c dropped, then c sorted. */
+static int finish_comp(dp *p, uint32_t c) {
+  int rc = grow(p);
+  if (rc) return rc;
+  bool *keep = kiln_arena_alloc(p->tx.scratch, p->m->ninstrs + 1);
+  if (keep == NULL) return kiln__tx_oom(&p->tx);
+  for (uint32_t i = 0; i < p->m->ninstrs; i++) keep[i] = !p->drop[i];
+  kiln_computation_compact(p->m, c, keep);
+  return kiln_computation_sort(p->m, c, p->tx.st);
+}
+
+/* How many instructions call computation c. */
+static uint32_t callers(const dp *p, uint32_t c) {
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < p->m->ninstrs; i++) {
+    const kiln_instr *ins = p->m->instrs[i];
+    if (ins->comp == KILN_NO_ID) continue;
+    for (uint32_t j = 0; j < ins->ncalled; j++) k += ins->called[j] == c;
+  }
+  return k;
+}
+
+/* tuple(x's n elements, then vals[0..nv)) in p->b's computation. */
+static kiln_id with_sizes(dp *p, kiln_id x, uint32_t n, const kiln_id *vals, uint32_t nv) {
+  kiln_id *xs = kiln__b_ids(&p->tx, n + nv + 1);
+  if (xs == NULL) return KILN_NO_ID;
+  for (uint32_t i = 0; i < n; i++) xs[i] = kiln__b_gte(&p->b, x, i);
+  memcpy(xs + n, vals, nv * sizeof *xs);
+  return kiln__b_tuple(&p->b, xs, n + nv);
+}
+
+/* The sizes ts names of tuple x's elements (the bound where none). */
+static kiln_id *sizes_of_elements(dp *p, kiln_id x, const tsizes *ts) {
+  kiln_id *v = kiln__b_ids(&p->tx, ts->ndims + 1);
+  if (v == NULL) return NULL;
+  const kiln_instr *t = p->m->instrs[x];
+  for (uint32_t j = 0; j < ts->ndims; j++) {
+    uint32_t i = ts->dims[j].leaf, d = ts->dims[j].dim;
+    kiln_id z =
+        t->op == KILN_OP_TUPLE && i < t->noperands ? size_of(p, t->operands[i], d) : KILN_NO_ID;
+    v[j] = z != KILN_NO_ID ? z : s32(p, p->m->instrs[x]->shape.tuple[i].dims[d]);
+  }
+  return v;
+}
+
+/* while over a tuple state with "<=" elements: the state carries their
+ * sizes as extra s32[] elements through the condition and the body (whose
+ * root returns the new sizes), and the loop's readers find them there. */
+static int dyn_while(dp *p, kiln_instr *w) {
+  const kiln_shape *s = &w->shape;
+  if (!kiln_shape_is_dynamic(s) && !any_operand_sized(p, w)) return 0;
+  if (!kiln_shape_is_tuple(s) || w->ncalled != 2 || w->noperands != 1)
+    return unsupported(p, w, "a loop state that is not a tuple of arrays");
+  uint32_t cond = w->called[0], body = w->called[1];
+  if (cond >= p->m->ncomps || body >= p->m->ncomps || cond == body || callers(p, cond) != 1 ||
+      callers(p, body) != 1 || p->done[cond] || p->done[body])
+    return unsupported(p, w, "its condition or body is shared with another instruction");
+  tsizes *ts = kiln_arena_calloc(p->tx.scratch, 1, sizeof *ts);
+  if (ts == NULL || (ts->dims = kiln_arena_calloc(p->tx.scratch, 64, sizeof *ts->dims)) == NULL)
+    return kiln__tx_oom(&p->tx);
+  ts->n = s->rank;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    const kiln_shape *e = &s->tuple[i];
+    if (!kiln_shape_is_array(e)) {
+      if (kiln_shape_is_dynamic(e)) return unsupported(p, w, "a nested tuple in its state");
+      continue;
+    }
+    for (uint32_t d = 0; e->dynamic && d < e->rank; d++) {
+      if (!e->dynamic[d]) continue;
+      if (ts->ndims == 64) return unsupported(p, w, "more than 64 runtime sizes in its state");
+      ts->dims[ts->ndims++] = (kiln_dyn_dim){i, d};
+    }
+  }
+  if (ts->ndims == 0) return unsupported(p, w, "an operand has a runtime size");
+  kiln_id *v = sizes_of_elements(p, w->operands[0], ts);
+  kiln_id init = v ? with_sizes(p, w->operands[0], ts->n, v, ts->ndims) : KILN_NO_ID;
+  if (init == KILN_NO_ID) return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+  const kiln_shape *ns = kiln__b_shape(&p->tx, init);
+  uint32_t comps[2] = {cond, body};
+  for (int k = 0; k < 2; k++) { /* their parameter takes the wider state */
+    kiln_instr *par = kiln_computation_param(p->m, p->m->comps[comps[k]], 0);
+    if (par == NULL || kiln_instr_set_shape(p->m, par, ns) || grow(p))
+      return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+    p->tsz[par->id] = ts;
+    int rc = rewrite_comp(p, comps[k]);
+    if (rc) return rc;
+  }
+  kiln_computation *bc = p->m->comps[body];
+  uint32_t saved = p->b.comp;
+  p->b.comp = body;
+  kiln_id *bv = sizes_of_elements(p, bc->root, ts);
+  kiln_id broot = bv ? with_sizes(p, bc->root, ts->n, bv, ts->ndims) : KILN_NO_ID;
+  p->b.comp = saved;
+  if (broot == KILN_NO_ID) return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+  bc->root = broot;
+  int rc = finish_comp(p, cond);
+  if (rc == 0) rc = finish_comp(p, body);
+  if (rc) return rc;
+  kiln_instr *nw = kiln__b_make(&p->b, KILN_OP_WHILE, ns, &init, 1);
+  if (nw == NULL || kiln_instr_set_called(p->m, nw, w->called, 2) || grow(p))
+    return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+  p->tsz[nw->id] = ts;
+  replace(p, w, nw->id);
+  return p->tx.err;
+}
+
+/* One instruction, its operands already rewritten. */
 static int dyn_instr(dp *p, kiln_instr *ins) {
   switch (ins->op) {
   case KILN_OP_GET_DIMENSION_SIZE: return dyn_get_size(p, ins);
@@ -419,6 +570,7 @@ static int dyn_instr(dp *p, kiln_instr *ins) {
   case KILN_OP_PARAMETER:
   case KILN_OP_TUPLE: return 0;
   case KILN_OP_GET_TUPLE_ELEMENT: return dyn_gte(p, ins);
+  case KILN_OP_WHILE: return dyn_while(p, ins);
   default: break;
   }
   if (!any_operand_sized(p, ins)) return 0;
@@ -430,6 +582,11 @@ static int dyn_instr(dp *p, kiln_instr *ins) {
     if (ins->noperands == 1 && kiln__b_shape(&p->tx, ins->operands[0])->rank == ins->shape.rank)
       return dyn_elementwise(p, ins);
     return unsupported(p, ins, "it changes the rank");
+  case KILN_OP_DYNAMIC_UPDATE_SLICE: /* the operand's sizes; indices clamp to the bounds */
+    if (has_sizes(p, ins->operands[1])) return unsupported(p, ins, "the update has a runtime size");
+    for (uint32_t d = 0; d < ins->shape.rank; d++)
+      if (set_size(p, ins->id, d, size_of(p, ins->operands[0], d))) return p->tx.err;
+    return 0;
   case KILN_OP_BROADCAST: return dyn_broadcast(p, ins);
   case KILN_OP_TRANSPOSE: return dyn_transpose(p, ins);
   case KILN_OP_RESHAPE: return dyn_reshape(p, ins);
@@ -555,24 +712,9 @@ static int rewrite_entry(dp *p, kiln_exe_dynamic *d) {
   kiln_computation *c = p->m->comps[p->m->entry];
   int rc = add_size_params(p, c);
   if (rc) return rc;
-  uint32_t n = c->ninstrs;
-  kiln_id *order = kiln__b_ids(&p->tx, n + 1);
-  if (order == NULL) return p->tx.err;
-  memcpy(order, c->instrs, n * sizeof *order);
-  for (uint32_t i = 0; i < n && rc == 0; i++) {
-    kiln_instr *ins = p->m->instrs[order[i]];
-    if (ins->comp == KILN_NO_ID || (order[i] < p->cap && p->drop[order[i]])) continue;
-    if ((rc = kiln__tx_poll(&p->tx)) == 0) rc = dyn_instr(p, ins);
-  }
+  rc = rewrite_comp(p, c->id);
   if (rc == 0 && d) rc = finish_signature(p, c, d);
-  if (rc == 0 && p->ndrop) {
-    if ((rc = grow(p))) return rc;
-    bool *keep = kiln_arena_alloc(p->tx.scratch, p->m->ninstrs + 1);
-    if (keep == NULL) return kiln__tx_oom(&p->tx);
-    for (uint32_t i = 0; i < p->m->ninstrs; i++) keep[i] = !p->drop[i];
-    kiln_computation_compact(p->m, c->id, keep);
-  }
-  if (rc == 0) rc = kiln_computation_sort(p->m, c->id, p->tx.st);
+  if (rc == 0) rc = finish_comp(p, c->id);
   return rc;
 }
 
@@ -612,22 +754,8 @@ int kiln__dyn_pad(kiln_module *m, kiln_arena *a, kiln_exe_dynamic **out, kiln_st
   dp p = {.m = m, .out = a};
   int rc = kiln__tx_init(&p.tx, m, "dynamic shapes", st);
   p.b = (kiln__b){&p.tx, m->entry};
-  /* Computations the entry reaches (an inlined callee stays, unreferenced). */
-  uint32_t *order = NULL, nord = 0;
-  bool *reached = kiln_calloc(m->ncomps + 1, sizeof *reached);
-  if (rc == 0 && (reached == NULL || kiln_module_post_order(m, &order, &nord) != 0))
-    rc = kiln__tx_oom(&p.tx);
-  for (uint32_t i = 0; rc == 0 && i < nord; i++)
-    if (order[i] < m->ncomps) reached[order[i]] = true;
-  kiln_free(order);
-  for (uint32_t i = 0; rc == 0 && i < m->ninstrs; i++) {
-    const kiln_instr *ins = m->instrs[i];
-    if (ins->comp != KILN_NO_ID && ins->comp != m->entry && reached[ins->comp] && instr_needs(ins))
-      rc = kiln__tx_fail(&p.tx, KILN_EUNIMPL, ins,
-                         "%s %s: code generation takes bounded-dynamic shapes only in the ENTRY "
-                         "computation (the interp backend runs them anywhere)",
-                         kiln_opcode_name(ins->op), ins->name);
-  }
+  p.done = kiln_calloc(m->ncomps + 1, sizeof *p.done);
+  if (rc == 0 && p.done == NULL) rc = kiln__tx_oom(&p.tx);
   kiln_computation *c = m->entry != KILN_NO_ID ? m->comps[m->entry] : NULL;
   kiln_exe_dynamic *d = NULL;
   if (rc == 0 && c && c->root != KILN_NO_ID) {
@@ -640,6 +768,24 @@ int kiln__dyn_pad(kiln_module *m, kiln_arena *a, kiln_exe_dynamic **out, kiln_st
     if (rc == 0 && d) rc = user_signature(&p, c, d);
     if (rc == 0) rc = rewrite_entry(&p, d);
   }
+  /* What the rewrite did not reach: computations the entry calls other
+   * than loops (an inlined callee stays, unreferenced: not reached). */
+  uint32_t *order = NULL, nord = 0;
+  bool *reached = kiln_calloc(m->ncomps + 1, sizeof *reached);
+  if (rc == 0 && (reached == NULL || kiln_module_post_order(m, &order, &nord) != 0))
+    rc = kiln__tx_oom(&p.tx);
+  for (uint32_t i = 0; rc == 0 && i < nord; i++)
+    if (order[i] < m->ncomps) reached[order[i]] = true;
+  kiln_free(order);
+  for (uint32_t i = 0; rc == 0 && i < m->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[i];
+    if (ins->comp != KILN_NO_ID && reached[ins->comp] && !p.done[ins->comp] && instr_needs(ins))
+      rc = kiln__tx_fail(&p.tx, KILN_EUNIMPL, ins,
+                         "%s %s: code generation takes bounded-dynamic shapes only in the ENTRY "
+                         "computation and the loops it runs (the interp backend runs them "
+                         "anywhere)",
+                         kiln_opcode_name(ins->op), ins->name);
+  }
   if (rc == 0)
     for (uint32_t i = 0; i < m->ninstrs; i++) strip(&m->instrs[i]->shape);
   if (rc == 0) {
@@ -651,6 +797,8 @@ int kiln__dyn_pad(kiln_module *m, kiln_arena *a, kiln_exe_dynamic **out, kiln_st
   }
   if (rc == 0) *out = d;
   kiln_free(reached);
+  kiln_free(p.done);
+  kiln_free(p.tsz);
   kiln_free(p.size);
   kiln_free(p.drop);
   kiln_free(p.pdims);

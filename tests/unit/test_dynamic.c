@@ -293,6 +293,45 @@ START_TEST(test_through_a_call) {
 }
 END_TEST
 
+/* A loop whose state holds a runtime-sized array (and grows a second one
+ * with set-dimension-size and dynamic-update-slice, as a stack): the sizes
+ * travel with the state through the condition and the body. */
+START_TEST(test_while_carries_sizes) {
+  char *t = with_reducers(
+      "cond {\n  s = (s32[], f32[<=16,4], f32[<=4,4]) parameter(0)\n"
+      "  i = s32[] get-tuple-element(s), index=0\n  three = s32[] constant(3)\n"
+      "  ROOT lt = pred[] compare(i, three), direction=LT\n}\n"
+      "body {\n  s = (s32[], f32[<=16,4], f32[<=4,4]) parameter(0)\n"
+      "  i = s32[] get-tuple-element(s), index=0\n"
+      "  a = f32[<=16,4] get-tuple-element(s), index=1\n"
+      "  st = f32[<=4,4] get-tuple-element(s), index=2\n"
+      "  half = f32[] constant(0.5)\n  hb = f32[<=16,4] broadcast(half), dimensions={}\n"
+      "  m = f32[<=16,4] multiply(a, hb)\n  e = f32[<=16,4] tanh(m)\n"
+      "  z = f32[] constant(0)\n  r = f32[4] reduce(e, z), dimensions={0}, to_apply=add\n"
+      "  row = f32[1,4] reshape(r)\n  zero = s32[] constant(0)\n"
+      "  k = s32[] get-dimension-size(st), dimensions={0}\n"
+      "  pushed = f32[<=4,4] dynamic-update-slice(st, row, k, zero)\n"
+      "  one = s32[] constant(1)\n  k1 = s32[] add(k, one)\n"
+      "  st2 = f32[<=4,4] set-dimension-size(pushed, k1), dimensions={0}\n"
+      "  i1 = s32[] add(i, one)\n"
+      "  ROOT o = (s32[], f32[<=16,4], f32[<=4,4]) tuple(i1, e, st2)\n}\n"
+      "ENTRY main {\n  x = f32[<=16,4] parameter(0)\n  zero = s32[] constant(0)\n"
+      "  nan = f32[] constant(nan)\n  buf = f32[4,4] broadcast(nan), dimensions={}\n"
+      "  empty = f32[<=4,4] set-dimension-size(buf, zero), dimensions={0}\n"
+      "  init = (s32[], f32[<=16,4], f32[<=4,4]) tuple(zero, x, empty)\n"
+      "  w = (s32[], f32[<=16,4], f32[<=4,4]) while(init), condition=cond, body=body\n"
+      "  y = f32[<=16,4] get-tuple-element(w), index=1\n"
+      "  stack = f32[<=4,4] get-tuple-element(w), index=2\n"
+      "  z = f32[] constant(0)\n  sy = f32[4] reduce(y, z), dimensions={0}, to_apply=add\n"
+      "  ss = f32[4] reduce(stack, z), dimensions={0}, to_apply=add\n"
+      "  ROOT t = (f32[<=16,4], f32[<=4,4], f32[4], f32[4]) tuple(y, stack, sy, ss)\n}\n");
+  kiln_executable *e = agree(t, 16);
+  ck_assert_uint_eq(e->dyn->nsize_results, 2);
+  kiln_executable_destroy(e);
+  free(t);
+}
+END_TEST
+
 static void refused(const char *entry, const char *name) {
   char *t = with_reducers(entry);
   kiln_module *m = parse(t);
@@ -441,6 +480,7 @@ int main(void) {
   tcase_add_test(tc, test_set_size_and_dynamic_reshape);
   tcase_add_test(tc, test_elementwise_and_movement);
   tcase_add_test(tc, test_through_a_call);
+  tcase_add_test(tc, test_while_carries_sizes);
   tcase_add_test(tc, test_unsupported_ops_are_refused);
   tcase_add_test(tc, test_interp_reverses_valid_rows);
   tcase_add_test(tc, test_serialized_executable_keeps_sizes);
