@@ -500,6 +500,99 @@ static kiln_id *sizes_of_elements(dp *p, kiln_id x, const tsizes *ts) {
   return v;
 }
 
+/* The "<=" dims of tuple shape s's array elements; NULL (and an error)
+ * when s is no tuple of arrays, or has more than 64. */
+static tsizes *tuple_dims(dp *p, const kiln_instr *ins, const kiln_shape *s) {
+  if (!kiln_shape_is_tuple(s)) {
+    unsupported(p, ins, "a runtime-sized value that is not in a tuple of arrays");
+    return NULL;
+  }
+  tsizes *ts = kiln_arena_calloc(p->tx.scratch, 1, sizeof *ts);
+  if (ts == NULL || (ts->dims = kiln_arena_calloc(p->tx.scratch, 64, sizeof *ts->dims)) == NULL) {
+    kiln__tx_oom(&p->tx);
+    return NULL;
+  }
+  ts->n = s->rank;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    const kiln_shape *e = &s->tuple[i];
+    if (!kiln_shape_is_array(e)) {
+      if (!kiln_shape_is_dynamic(e)) continue;
+      unsupported(p, ins, "a nested tuple holds a runtime-sized array");
+      return NULL;
+    }
+    for (uint32_t d = 0; e->dynamic && d < e->rank; d++) {
+      if (!e->dynamic[d]) continue;
+      if (ts->ndims == 64) {
+        unsupported(p, ins, "more than 64 runtime sizes in one tuple");
+        return NULL;
+      }
+      ts->dims[ts->ndims++] = (kiln_dyn_dim){i, d};
+    }
+  }
+  return ts;
+}
+
+/* Root of computation c extended with the sizes ts names of its elements. */
+static int extend_root(dp *p, uint32_t c, const tsizes *ts) {
+  kiln_computation *comp = p->m->comps[c];
+  uint32_t saved = p->b.comp;
+  p->b.comp = c;
+  kiln_id *v = sizes_of_elements(p, comp->root, ts);
+  kiln_id root = v ? with_sizes(p, comp->root, ts->n, v, ts->ndims) : KILN_NO_ID;
+  p->b.comp = saved;
+  if (root == KILN_NO_ID) return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+  comp->root = root;
+  return 0;
+}
+
+/* conditional(selector, args...): each branch's tuple argument carries
+ * its elements' sizes, and so does a tuple result (every branch's root). */
+static int dyn_conditional(dp *p, kiln_instr *c) {
+  if (!kiln_shape_is_dynamic(&c->shape) && !any_operand_sized(p, c)) return 0;
+  if (c->noperands != c->ncalled + 1 || c->ncalled == 0)
+    return unsupported(p, c, "no branch per argument");
+  for (uint32_t k = 0; k < c->ncalled; k++)
+    if (c->called[k] >= p->m->ncomps || callers(p, c->called[k]) != 1 || p->done[c->called[k]])
+      return unsupported(p, c, "a branch is shared with another instruction");
+  kiln_id *ops = kiln__b_ids(&p->tx, c->noperands + 1);
+  if (ops == NULL) return p->tx.err;
+  ops[0] = c->operands[0];
+  for (uint32_t k = 0; k < c->ncalled; k++) {
+    kiln_id a = c->operands[k + 1];
+    kiln_instr *par = kiln_computation_param(p->m, p->m->comps[c->called[k]], 0);
+    ops[k + 1] = a;
+    if (par == NULL) return unsupported(p, c, "a branch without its parameter");
+    if (!kiln_shape_is_dynamic(&par->shape) && !has_sizes(p, a)) {
+      if (rewrite_comp(p, c->called[k])) return p->tx.err;
+      continue;
+    }
+    tsizes *ts = tuple_dims(p, c, &par->shape);
+    if (ts == NULL) return p->tx.err;
+    kiln_id *v = sizes_of_elements(p, a, ts);
+    ops[k + 1] = v ? with_sizes(p, a, ts->n, v, ts->ndims) : KILN_NO_ID;
+    if (ops[k + 1] == KILN_NO_ID || grow(p) ||
+        kiln_instr_set_shape(p->m, par, kiln__b_shape(&p->tx, ops[k + 1])))
+      return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+    p->tsz[par->id] = ts;
+    if (rewrite_comp(p, c->called[k])) return p->tx.err;
+  }
+  const kiln_shape *rs = &c->shape;
+  tsizes *tr = NULL;
+  if (kiln_shape_is_dynamic(rs) && (tr = tuple_dims(p, c, rs)) == NULL) return p->tx.err;
+  for (uint32_t k = 0; k < c->ncalled; k++) {
+    int rc = tr ? extend_root(p, c->called[k], tr) : 0;
+    if (rc == 0) rc = finish_comp(p, c->called[k]);
+    if (rc) return rc;
+  }
+  const kiln_shape *ns = tr ? kiln__b_shape(&p->tx, p->m->comps[c->called[0]]->root) : rs;
+  kiln_instr *nc = kiln__b_make(&p->b, KILN_OP_CONDITIONAL, ns, ops, c->noperands);
+  if (nc == NULL || kiln_instr_set_called(p->m, nc, c->called, c->ncalled) || grow(p))
+    return p->tx.err ? p->tx.err : kiln__tx_oom(&p->tx);
+  p->tsz[nc->id] = tr;
+  replace(p, c, nc->id);
+  return p->tx.err;
+}
+
 /* while over a tuple state with "<=" elements: the state carries their
  * sizes as extra s32[] elements through the condition and the body (whose
  * root returns the new sizes), and the loop's readers find them there. */
@@ -571,6 +664,7 @@ static int dyn_instr(dp *p, kiln_instr *ins) {
   case KILN_OP_TUPLE: return 0;
   case KILN_OP_GET_TUPLE_ELEMENT: return dyn_gte(p, ins);
   case KILN_OP_WHILE: return dyn_while(p, ins);
+  case KILN_OP_CONDITIONAL: return dyn_conditional(p, ins);
   default: break;
   }
   if (!any_operand_sized(p, ins)) return 0;

@@ -332,6 +332,31 @@ START_TEST(test_while_carries_sizes) {
 }
 END_TEST
 
+/* A conditional whose branches take and return runtime-sized arrays in
+ * tuples; the selector comes from the runtime size itself. */
+START_TEST(test_conditional_carries_sizes) {
+  char *t = with_reducers(
+      "small {\n  p = (f32[<=16,4]) parameter(0)\n"
+      "  a = f32[<=16,4] get-tuple-element(p), index=0\n"
+      "  n = f32[<=16,4] negate(a)\n  ROOT r = (f32[<=16,4], f32[<=16,4]) tuple(n, a)\n}\n"
+      "big {\n  p = (f32[<=16,4]) parameter(0)\n"
+      "  a = f32[<=16,4] get-tuple-element(p), index=0\n"
+      "  e = f32[<=16,4] exponential(a)\n"
+      "  ROOT r = (f32[<=16,4], f32[<=16,4]) tuple(e, e)\n}\n"
+      "ENTRY main {\n  x = f32[<=16,4] parameter(0)\n"
+      "  n = s32[] get-dimension-size(x), dimensions={0}\n  eight = s32[] constant(8)\n"
+      "  sel = pred[] compare(n, eight), direction=LT\n"
+      "  arg = (f32[<=16,4]) tuple(x)\n"
+      "  c = (f32[<=16,4], f32[<=16,4]) conditional(sel, arg, arg), "
+      "true_computation=small, false_computation=big\n"
+      "  y = f32[<=16,4] get-tuple-element(c), index=0\n"
+      "  z = f32[] constant(0)\n  s = f32[4] reduce(y, z), dimensions={0}, to_apply=add\n"
+      "  ROOT t = (f32[<=16,4], f32[4]) tuple(y, s)\n}\n");
+  kiln_executable_destroy(agree(t, 16));
+  free(t);
+}
+END_TEST
+
 static void refused(const char *entry, const char *name) {
   char *t = with_reducers(entry);
   kiln_module *m = parse(t);
@@ -481,6 +506,7 @@ int main(void) {
   tcase_add_test(tc, test_elementwise_and_movement);
   tcase_add_test(tc, test_through_a_call);
   tcase_add_test(tc, test_while_carries_sizes);
+  tcase_add_test(tc, test_conditional_carries_sizes);
   tcase_add_test(tc, test_unsupported_ops_are_refused);
   tcase_add_test(tc, test_interp_reverses_valid_rows);
   tcase_add_test(tc, test_serialized_executable_keeps_sizes);
