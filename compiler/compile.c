@@ -12,6 +12,7 @@
 #include "common/alloc.h"
 #include "compiler/buffer_assign.h"
 #include "compiler/codegen/cc.h"
+#include "compiler/codegen/dyn_pad.h"
 #include "compiler/codegen/lower.h"
 #include "compiler/codegen/nvrtc.h"
 #include "compiler/codegen/target_iface.h"
@@ -19,6 +20,8 @@
 #include "compiler/compile.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/ir/verify.h"
+#include "compiler/pass.h"
+#include "compiler/passes/passes.h"
 #include "compiler/target.h"
 
 static double now_ms(void) {
@@ -295,6 +298,28 @@ int(kiln_compile)(const kiln_module *m, const kiln_compile_options *o, kiln_exec
     goto out;
   }
   e->target = kiln_arena_strdup(e->arena, t->name);
+  if (kiln__dyn_pad_needed(s.m)) {
+    /* Bounded-dynamic shapes: static from here on, sizes as values. */
+    if (kiln__cg_target_for(t->backend)->code == KILN__CODE_CUBIN) {
+      rc = kiln_status_set(st, KILN_EUNIMPL, "options.target",
+                           "bounded-dynamic shapes run on the cpu and interp backends, not on "
+                           "target '%s'",
+                           t->name);
+      goto out;
+    }
+    /* Calls inlined first, so that a runtime size flows through them. */
+    kiln_arena *scratch = kiln_arena_create();
+    if (scratch == NULL) {
+      rc = kiln_status_set(st, KILN_ENOMEM, "compile", "out of memory");
+      goto out;
+    }
+    kiln_pass_ctx pc = {.target = t, .scratch = scratch, .st = st, .opt_level = o->opt_level};
+    rc = kiln__dyn_pad_split_calls(s.m, st);
+    if (rc == 0) rc = kiln_pass_inline(s.m, &pc);
+    kiln_arena_destroy(scratch);
+    if (rc == 0) rc = kiln__dyn_pad(s.m, e->arena, &e->dyn, st);
+    if (rc) goto out;
+  }
   if (o->progress) o->progress(o->progress_arg, "passes");
   if ((rc = run_pipeline(&s, o, t, r, st))) goto out;
   if ((rc = generate(&s, o, t, e, r, st))) goto out;

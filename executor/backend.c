@@ -334,9 +334,12 @@ int kiln_loaded_run(kiln_loaded *l, const kiln_literal *const *args, uint32_t na
   if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no result pointer");
   *out = NULL;
   if (l == NULL) return kiln_status_set(st, KILN_EINVAL, "run", "no loaded executable");
-  if (nargs != l->exe->nparams)
+  /* A bounded-dynamic program takes the caller's parameters; the runtime
+   * sizes it also takes are the backend's to pass (kiln_exe_dynamic). */
+  uint32_t want = l->exe->dyn ? l->exe->dyn->nuser_params : l->exe->nparams;
+  if (nargs != want)
     return kiln_status_set(st, KILN_EINVAL, "run", "the executable takes %u parameter%s, %u given",
-                           l->exe->nparams, l->exe->nparams == 1 ? "" : "s", nargs);
+                           want, want == 1 ? "" : "s", nargs);
   for (uint32_t i = 0; i < nargs; i++)
     if (args == NULL || args[i] == NULL)
       return kiln_status_set(st, KILN_EINVAL, "run", "argument %u is missing", i);

@@ -246,8 +246,24 @@ static int resolve_arg(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteReq
   if (kiln_shape_is_array(&lit->shape) && (n < 0 || (uint64_t)n > c->srv->cfg.max_elements))
     return kiln_status_set(st, KILN_ELIMIT, path, "more than %llu elements (max-elements)",
                            (unsigned long long)c->srv->cfg.max_elements);
+  const kiln_shape *want = param_shape(es->e->module, param);
+  if (want && kiln_shape_is_dynamic(want) && es->arg_buf[i] == NULL &&
+      !kiln_shape_equal(want, &lit->shape, false)) {
+    /* A bounded-dynamic parameter takes an array of at most its bounds. */
+    kiln_status fs;
+    kiln_status_clear(&fs);
+    const kiln_literal *fit = NULL;
+    if (kiln_literal_fit_bounds(es->arena, lit, want, &fit, &fs)) {
+      char w[160], g[160];
+      kilnd_shape_str(want, w, sizeof w);
+      kilnd_shape_str(&lit->shape, g, sizeof g);
+      return kiln_status_set(st, KILN_EINVAL, path, "argument %u: expected %s, got %s: %s", i, w, g,
+                             fs.msg);
+    }
+    lit = fit;
+  }
   es->args[i] = lit;
-  return check_shape(param_shape(es->e->module, param), &lit->shape, i, st);
+  return check_shape(want, &lit->shape, i, st);
 }
 
 /* ExecuteRequest.device_ids: checked, then honoured or refused. */
@@ -349,7 +365,7 @@ static int choose_path(exec_state *es, const Kiln__V1__ExecuteRequest *r, kiln_s
   if (es->e->dev_class != KILND_CLASS_CPU || e == NULL) return 0;
   bool wanted = es->nheld > 0;
   for (size_t i = 0; i < r->n_keep_on_server; i++) wanted |= r->keep_on_server[i];
-  if (!wanted || e->nparam_leaves != e->nparams || e->nparams != es->nargs) return 0;
+  if (!wanted || e->dyn || e->nparam_leaves != e->nparams || e->nparams != es->nargs) return 0;
   const kiln_shape *rs = &e->result_shape;
   if (kiln_shape_is_tuple(rs)) {
     if (e->nresults != rs->rank) return 0;

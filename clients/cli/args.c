@@ -40,6 +40,35 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* A bounded-dynamic parameter takes an array of at most its bounds: the
+ * .npy's dims are the runtime sizes, padded to the bounds. */
+static int npy_to_bounds(const kiln_npy *a, const kiln_shape *want, const char *label,
+                         const char *got, const char *path, kiln_literal **out, kiln_status *st) {
+  char exp[256];
+  shape_str(want, exp, sizeof exp);
+  kiln_arena *ar = kiln_arena_create();
+  if (ar == NULL) return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
+  kiln_literal view = {.data = a->data, .nbytes = a->nbytes};
+  const kiln_literal *fit = NULL;
+  kiln_status local;
+  kiln_status_clear(&local);
+  int rc = kiln_shape_make_array(ar, &view.shape, a->dtype, a->dims, a->rank);
+  if (rc == 0) rc = kiln_literal_fit_bounds(NULL, &view, want, &fit, &local);
+  if (rc)
+    kiln_status_set(st, rc, NULL, "%s: expected %s, found %s in %s: %s", label, exp, got, path,
+                    local.msg);
+  kiln_arena_destroy(ar);
+  if (rc) return rc;
+  if (fit == &view) { /* already at the bounds: copy it out of the .npy */
+    kiln_literal *lit;
+    if ((rc = kiln_literal_create(NULL, want, 0, &lit, st))) return rc;
+    if (a->nbytes) memcpy(lit->data, a->data, a->nbytes);
+    fit = lit;
+  }
+  *out = (kiln_literal *)fit;
+  return 0;
+}
+
 static int arg_from_npy(const char *path, const kiln_shape *want, const char *label,
                         kiln_literal **out, kiln_status *st) {
   char exp[256], got[256];
@@ -55,6 +84,10 @@ static int arg_from_npy(const char *path, const kiln_shape *want, const char *la
   int rc = kiln_npy_read(path, &a, &local);
   if (rc) return kiln_status_set(st, rc, NULL, "%s: %s: %s", label, path, local.msg);
   npy_shape_str(&a, got, sizeof got);
+  if (kiln_shape_is_dynamic(want) && a.dtype == want->dtype) {
+    rc = npy_to_bounds(&a, want, label, got, path, out, st);
+    goto out_free_npy;
+  }
   bool dims_ok = a.rank == want->rank;
   for (uint32_t i = 0; dims_ok && i < a.rank; i++) dims_ok = a.dims[i] == want->dims[i];
   bool widen = a.dtype == KILN_F32 && want->dtype == KILN_BF16;
@@ -91,6 +124,15 @@ static int arg_from_text(const char *text, const kiln_shape *want, const char *l
   if (rc)
     return kiln_status_set(st, rc, NULL, "%s: cannot parse '%s' as a literal: %s%s%s", label, text,
                            local.where, local.where[0] ? ": " : "", local.msg);
+  if (!kiln_shape_equal(&lit->shape, want, false) && kiln_shape_is_dynamic(want)) {
+    const kiln_literal *fit = NULL;
+    int frc = kiln_literal_fit_bounds(NULL, lit, want, &fit, &local);
+    if (frc == 0) {
+      kiln_literal_destroy(lit);
+      *out = (kiln_literal *)fit;
+      return 0;
+    }
+  }
   if (!kiln_shape_equal(&lit->shape, want, false)) {
     char exp[256], got[256];
     shape_str(want, exp, sizeof exp);

@@ -124,6 +124,7 @@ static bool row_major(const kiln_shape *s) {
 static int upload(bench *b, kiln_device *d, const kiln_executable *e, kiln_buffer **bufs, bool *ok,
                   kiln_status *st) {
   *ok = false;
+  if (e->dyn) return 0; /* runtime sizes travel with literals (kiln_loaded_run) */
   for (uint32_t i = 0; i < e->nparam_leaves; i++)
     if (!row_major(&e->params[i].shape)) return 0;
   uint32_t k = 0;

@@ -231,8 +231,11 @@ static int run_executable_file(const char *file, const char *backend, const kiln
     kiln__report(file, NULL, &st);
     return kiln__exit_code(rc);
   }
-  rc =
-      run_compiled(file, NULL, "the executable", backend, e, e->param_shapes, e->nparams, a, ropts);
+  /* A bounded-dynamic program takes the caller's parameters (its sizes are
+   * the runtime's to pass). */
+  const kiln_shape *ps = e->dyn ? e->dyn->user_param_shapes : e->param_shapes;
+  uint32_t np = e->dyn ? e->dyn->nuser_params : e->nparams;
+  rc = run_compiled(file, NULL, "the executable", backend, e, ps, np, a, ropts);
   kiln_executable_destroy(e);
   return rc;
 }

@@ -202,6 +202,26 @@ static void put_step(writer *w, const kiln_step *s) {
   if (s->kind == KILN_STEP_FFT) put_fft(w, s->fft);
 }
 
+static void put_dyn_dims(writer *w, const kiln_dyn_dim *d, uint32_t n) {
+  put_u32(w, n);
+  for (uint32_t i = 0; i < n; i++) {
+    put_u32(w, d[i].leaf);
+    put_u32(w, d[i].dim);
+  }
+}
+
+/* The bounded-dynamic signature: a flag, then its fields. */
+static void put_dyn(writer *w, const kiln_exe_dynamic *d) {
+  put_u8(w, d != NULL);
+  if (d == NULL) return;
+  put_u32(w, d->nuser_params);
+  for (uint32_t i = 0; i < d->nuser_params; i++) put_shape(w, &d->user_param_shapes[i]);
+  put_shape(w, &d->user_result);
+  put_u32(w, d->nuser_results);
+  put_dyn_dims(w, d->size_params, d->nsize_params);
+  put_dyn_dims(w, d->size_results, d->nsize_results);
+}
+
 int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *len,
                               kiln_status *st) {
   writer w = {0};
@@ -239,6 +259,7 @@ int kiln_executable_serialize(const kiln_executable *e, uint8_t **buf, size_t *l
   put_u32(&w, e->code_kind);
   put_u64(&w, e->ncode);
   put(&w, e->code, e->ncode);
+  put_dyn(&w, e->dyn);
   if (!w.failed) put_u64(&w, fnv1a(w.p, w.len));
   if (w.failed) {
     kiln_free(w.p);
@@ -756,10 +777,66 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
   return 0;
 }
 
+/* a and b alike but for the dynamic flags (arrays; tuples recursively). */
+static bool same_but_dynamic(const kiln_shape *a, const kiln_shape *b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (uint32_t i = 0; i < a->rank; i++) {
+    if (a->dtype == KILN_TUPLE ? !same_but_dynamic(&a->tuple[i], &b->tuple[i])
+                               : a->dims[i] != b->dims[i])
+      return false;
+  }
+  return true;
+}
+
+static bool is_s32_scalar(const kiln_shape *s) { return s->dtype == KILN_S32 && s->rank == 0; }
+
+/* The i-th array leaf of s (depth-first), or NULL. */
+static const kiln_shape *leaf_at(const kiln_shape *s, uint32_t *i) {
+  if (s->dtype != KILN_TUPLE) return (*i)-- == 0 ? s : NULL;
+  for (uint32_t k = 0; k < s->rank; k++) {
+    const kiln_shape *l = leaf_at(&s->tuple[k], i);
+    if (l) return l;
+  }
+  return NULL;
+}
+
+/* The bounded-dynamic signature against the padded one it describes: what
+ * the cpu runtime relies on when it binds sizes (executor/cpu/cpu_bind.c). */
+static int check_dyn(const kiln_executable *e, kiln_status *st) {
+  const kiln_exe_dynamic *d = e->dyn;
+  if (d == NULL) return 0;
+  if ((uint64_t)d->nuser_params + d->nsize_params != e->nparams)
+    return bad(st, "dynamic nuser_params", d->nuser_params, "and the sizes differ from nparams");
+  for (uint32_t i = 0; i < d->nuser_params; i++)
+    if (!same_but_dynamic(&d->user_param_shapes[i], &e->param_shapes[i]))
+      return bad(st, "dynamic user_param_shapes", i, "differs from the parameter's bounds");
+  for (uint32_t i = 0; i < d->nsize_params; i++) {
+    const kiln_dyn_dim *z = &d->size_params[i];
+    if (z->leaf >= d->nuser_params || !kiln_shape_is_array(&d->user_param_shapes[z->leaf]) ||
+        z->dim >= d->user_param_shapes[z->leaf].rank ||
+        !is_s32_scalar(&e->param_shapes[d->nuser_params + i]))
+      return bad(st, "dynamic size_params", i, "names no dimension of an array parameter");
+  }
+  const kiln_shape *r = &e->result_shape;
+  if (r->dtype != KILN_TUPLE || r->rank != 1 + d->nsize_results ||
+      !same_but_dynamic(&d->user_result, &r->tuple[0]) ||
+      count_leaves(&d->user_result) != d->nuser_results)
+    return bad(st, "dynamic user_result", d->nuser_results, "differs from the result shape");
+  for (uint32_t i = 0; i < d->nsize_results; i++) {
+    const kiln_dyn_dim *z = &d->size_results[i];
+    uint32_t k = z->leaf;
+    const kiln_shape *l = z->leaf < d->nuser_results ? leaf_at(&d->user_result, &k) : NULL;
+    if (l == NULL || z->dim >= l->rank || !is_s32_scalar(&r->tuple[1 + i]))
+      return bad(st, "dynamic size_results", i, "names no dimension of a result leaf");
+  }
+  return 0;
+}
+
 static int check_all(const kiln_executable *e, kiln_status *st) {
   if (e->nprograms == 0) return bad(st, "nprograms", 0, "an executable needs an entry program");
   int rc = check_slots(e, st);
   if (rc == 0) rc = check_bindings(e, st);
+  if (rc == 0) rc = check_dyn(e, st);
   for (uint32_t p = 0; rc == 0 && p < e->nprograms; p++)
     for (uint32_t i = 0; rc == 0 && i < e->programs[p].nsteps; i++)
       rc = check_step(e, p, &e->programs[p].steps[i], st);
@@ -796,6 +873,31 @@ static void get_header(reader *r, kiln_executable *e) {
   e->compiler_version = get_str(r, "compiler version", false);
   e->target = get_str(r, "target", false);
   take(r, e->key, 32, "key");
+}
+
+static kiln_dyn_dim *get_dyn_dims(reader *r, uint32_t *n, const char *field) {
+  *n = get_count(r, 8, field);
+  kiln_dyn_dim *d = arr(r, *n, sizeof *d);
+  for (uint32_t i = 0; r->rc == 0 && i < *n; i++) {
+    d[i].leaf = get_u32(r, field);
+    d[i].dim = get_u32(r, field);
+  }
+  return d;
+}
+
+static void get_dyn(reader *r, kiln_executable *e) {
+  if (!get_bool(r, "dynamic flag") || r->rc) return;
+  kiln_exe_dynamic *d = arr(r, 1, sizeof *d);
+  if (d == NULL) return;
+  d->nuser_params = get_count(r, 8, "dynamic nuser_params");
+  d->user_param_shapes = arr(r, d->nuser_params, sizeof *d->user_param_shapes);
+  for (uint32_t i = 0; r->rc == 0 && i < d->nuser_params; i++)
+    get_shape(r, &d->user_param_shapes[i], 0);
+  get_shape(r, &d->user_result, 0);
+  d->nuser_results = get_u32(r, "dynamic nuser_results");
+  d->size_params = get_dyn_dims(r, &d->nsize_params, "dynamic size_params");
+  d->size_results = get_dyn_dims(r, &d->nsize_results, "dynamic size_results");
+  e->dyn = d;
 }
 
 static void get_body(reader *r, kiln_executable *e) {
@@ -837,6 +939,7 @@ static void get_body(reader *r, kiln_executable *e) {
   if (r->rc == 0 && e->ncode > r->len - r->pos) fail(r, KILN_EINVAL, "ncode", "truncated", NULL);
   e->code = arr(r, (size_t)e->ncode, 1);
   take(r, e->code, (size_t)e->ncode, "code");
+  get_dyn(r, e);
   if (r->rc == 0 && r->pos != r->len)
     fail(r, KILN_EINVAL, "end", "trailing bytes after the code", NULL);
 }

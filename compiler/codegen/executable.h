@@ -29,8 +29,9 @@ extern "C" {
 
 #define KILN_EXE_MAGIC "KILNEXE1" /* 8 bytes */
 /* 2: the convolution step; 3: the collective step; 4: the fft step; 5: the
- * code kind (a shared object or a cubin); 6: the debug-print step */
-#define KILN_EXE_FORMAT_VERSION 6u
+ * code kind (a shared object or a cubin); 6: the debug-print step; 7: the
+ * bounded-dynamic signature */
+#define KILN_EXE_FORMAT_VERSION 7u
 #define KILN_COMPILER_VERSION "0.1.0"
 
 /* What the code object is. */
@@ -205,6 +206,31 @@ typedef struct kiln_binding {
   uint32_t slot;
 } kiln_binding;
 
+/* One runtime size at the boundary: dimension `dim` of the caller's
+ * parameter number `leaf` (an array), or of result leaf `leaf`. */
+typedef struct kiln_dyn_dim {
+  uint32_t leaf;
+  uint32_t dim;
+} kiln_dyn_dim;
+
+/* The caller's view of a program with bounded-dynamic shapes
+ * (codegen/dyn_pad.c). The compiled program itself is static: every
+ * dynamic dimension is stored at its bound (padded), its runtime size an
+ * s32[] value. The entry takes the caller's nuser_params parameters at
+ * their bounds, then nsize_params s32[] sizes (size_params[i] says whose);
+ * its result is tuple(the caller's result, nsize_results s32[] sizes):
+ * result leaves 0 .. nuser_results-1 are the caller's, then the sizes. */
+typedef struct kiln_exe_dynamic {
+  uint32_t nuser_params;
+  kiln_shape *user_param_shapes; /* nuser_params, with their "<=" dims */
+  kiln_shape user_result;        /* with its "<=" dims */
+  uint32_t nuser_results;        /* array leaves of user_result */
+  uint32_t nsize_params;
+  kiln_dyn_dim *size_params; /* leaf = the caller's parameter number */
+  uint32_t nsize_results;
+  kiln_dyn_dim *size_results; /* leaf = the caller's result leaf */
+} kiln_exe_dynamic;
+
 typedef struct kiln_executable {
   /* header */
   uint32_t format_version;
@@ -233,6 +259,9 @@ typedef struct kiln_executable {
   uint32_t code_kind; /* kiln_code_kind */
   uint8_t *code;      /* ELF shared object (CPU) or cubin (CUDA) */
   uint64_t ncode;
+  /* NULL for a static program; else the caller's signature (above). The
+   * entry signature above is then the padded program's, sizes included. */
+  kiln_exe_dynamic *dyn;
   kiln_arena *arena; /* owns everything above */
   /* In process only (not serialized; NULL after deserialize): for
    * programs[p].steps[i], the instruction it was lowered from, as

@@ -147,7 +147,11 @@ int kiln__interp_eval_dot(kiln__interp_ctx *c, const kiln_instr *ins,
   for (uint32_t i = 0; i < lc->n; i++) {
     if (ls->dims[lc->v[i]] != rs->dims[rcn->v[i]])
       return bad(c, ins, "contracting dim sizes differ");
-    csize[i] = ls->dims[lc->v[i]];
+    /* A runtime-sized contraction runs over the valid elements only (the
+     * smaller size when both sides have one): padding adds nothing. */
+    int64_t a = kiln__interp_dyn_size(ops[0], (uint32_t)lc->v[i]);
+    int64_t b = kiln__interp_dyn_size(ops[1], (uint32_t)rcn->v[i]);
+    csize[i] = a < b ? a : b;
   }
   /* Result dims: batch, lhs free, rhs free; each maps to an operand dim. */
   int64_t lmap[R], rmap[R]; /* result dim -> lhs / rhs dim, -1 when none */
@@ -189,6 +193,13 @@ int kiln__interp_eval_dot(kiln__interp_ctx *c, const kiln_instr *ins,
     }
     acc_store(*out, o, &a);
     kiln__interp_next_index(idx, os->dims, os->rank);
+  }
+  if (ops[0]->dynamic_sizes || ops[1]->dynamic_sizes) {
+    int64_t sz[R]; /* batch and free dims keep their operand's runtime size */
+    for (uint32_t i = 0; i < k; i++)
+      sz[i] = lmap[i] >= 0 ? kiln__interp_dyn_size(ops[0], (uint32_t)lmap[i])
+                           : kiln__interp_dyn_size(ops[1], (uint32_t)rmap[i]);
+    rc = kiln__interp_dyn_set(c, ins, (*out)->own, *out, sz);
   }
 out:
   flat_free(&l);

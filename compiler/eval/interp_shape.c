@@ -91,6 +91,44 @@ int kiln__interp_eval_broadcast(kiln__interp_ctx *c, const kiln_instr *ins,
   return rc;
 }
 
+/* Runtime sizes through a data movement that keeps some dims whole: a
+ * kept dim keeps the operand's size, the others (cut, padded, joined) are
+ * at their bound. */
+static int keep_sizes(kiln__interp_ctx *c, const kiln_instr *ins, kiln_literal *out,
+                      const kiln_literal *a, const bool *touched) {
+  if (a->dynamic_sizes == NULL || out->shape.rank != a->shape.rank) return 0;
+  int64_t sz[R];
+  for (uint32_t k = 0; k < a->shape.rank; k++)
+    sz[k] = touched[k] ? out->shape.dims[k] : a->dynamic_sizes[k];
+  return kiln__interp_dyn_set(c, ins, out->own, out, sz);
+}
+
+/* reshape: a runtime-sized dim that survives whole (same bound, the dims
+ * before it spanning the same elements) keeps its size; one that is the
+ * major end of static dims merged into one result dim scales by their
+ * product. Other reshapes of a runtime-sized dim (splits) leave the
+ * result at its bounds; code generation refuses them (codegen/dyn_pad.c). */
+static int reshape_sizes(kiln__interp_ctx *c, const kiln_instr *ins, kiln_literal *out,
+                         const kiln_literal *a) {
+  const kiln_shape *in = &a->shape, *os = &out->shape;
+  if (a->dynamic_sizes == NULL) return 0;
+  int64_t sz[R];
+  for (uint32_t j = 0; j < os->rank; j++) sz[j] = os->dims[j];
+  for (uint32_t k = 0; k < in->rank; k++) {
+    if (a->dynamic_sizes[k] == in->dims[k]) continue;
+    int64_t pre = 1, acc = 1;
+    for (uint32_t i = 0; i < k; i++) pre *= in->dims[i];
+    uint32_t j = 0;
+    while (j < os->rank && acc < pre) acc *= os->dims[j++];
+    while (j < os->rank && os->dims[j] == 1 && in->dims[k] != 1) j++;
+    if (acc != pre || j >= os->rank || os->dims[j] < in->dims[k] || in->dims[k] == 0) continue;
+    int64_t merged = in->dims[k];
+    for (uint32_t r = k + 1; r < in->rank && merged < os->dims[j]; r++) merged *= in->dims[r];
+    if (merged == os->dims[j]) sz[j] = a->dynamic_sizes[k] * (os->dims[j] / in->dims[k]);
+  }
+  return kiln__interp_dyn_set(c, ins, out->own, out, sz);
+}
+
 int kiln__interp_eval_reshape(kiln__interp_ctx *c, const kiln_instr *ins,
                               const kiln_literal *const *ops, kiln_literal **out) {
   const kiln_literal *a = ops[0];
@@ -100,6 +138,7 @@ int kiln__interp_eval_reshape(kiln__interp_ctx *c, const kiln_instr *ins,
     return bad(c, ins, "operand and result have different element counts");
   rc = kiln__interp_lit_result(c, ins, out);
   if (rc == 0 && a->nbytes) memcpy((*out)->data, a->data, a->nbytes);
+  if (rc == 0) rc = reshape_sizes(c, ins, *out, a);
   return rc;
 }
 
@@ -175,6 +214,17 @@ int kiln__interp_eval_slice(kiln__interp_ctx *c, const kiln_instr *ins,
   }
   rc = kiln__interp_lit_result(c, ins, out);
   if (rc == 0) copy_box(*out, a, start, stride);
+  if (rc == 0 && a->dynamic_sizes) {
+    /* A runtime-sized dim sliced with stride 1 keeps what the window holds
+     * of its valid elements; other strides leave the result at its bound. */
+    int64_t sz[R];
+    for (uint32_t k = 0; k < s->rank; k++) {
+      int64_t n = a->dynamic_sizes[k], e = sl->v[3 * k + 1];
+      int64_t v = (n < e ? n : e) - start[k];
+      sz[k] = stride[k] != 1 ? s->dims[k] : v < 0 ? 0 : v;
+    }
+    rc = kiln__interp_dyn_set(c, ins, (*out)->own, *out, sz);
+  }
   return rc;
 }
 
@@ -277,6 +327,10 @@ int kiln__interp_eval_concatenate(kiln__interp_ctx *c, const kiln_instr *ins,
     }
     off += a->shape.dims[d];
   }
+  bool touched[R] = {0};
+  touched[d] = true;
+  for (uint32_t j = 0; j < ins->noperands; j++)
+    if (ops[j]->dynamic_sizes) return keep_sizes(c, ins, *out, ops[j], touched);
   return 0;
 }
 
@@ -315,7 +369,10 @@ int kiln__interp_eval_pad(kiln__interp_ctx *c, const kiln_instr *ins,
     if (in) kiln__interp_copy_elem(*out, dst, a, i);
     kiln__interp_next_index(idx, a->shape.dims, a->shape.rank);
   }
-  return 0;
+  bool touched[R];
+  for (uint32_t k = 0; k < s->rank; k++)
+    touched[k] = p->v[3 * k] || p->v[3 * k + 1] || p->v[3 * k + 2];
+  return keep_sizes(c, ins, *out, a, touched);
 }
 
 int kiln__interp_eval_reverse(kiln__interp_ctx *c, const kiln_instr *ins,
@@ -337,9 +394,12 @@ int kiln__interp_eval_reverse(kiln__interp_ctx *c, const kiln_instr *ins,
   int64_t idx[R] = {0}, st[R], n = kiln_literal_elements(a);
   kiln__interp_strides(s, st);
   for (int64_t i = 0; i < n; i++) {
+    /* A runtime-sized dim reverses its valid elements; padding stays. */
     int64_t src = 0;
-    for (uint32_t k = 0; k < s->rank; k++)
-      src += (rev[k] ? s->dims[k] - 1 - idx[k] : idx[k]) * st[k];
+    for (uint32_t k = 0; k < s->rank; k++) {
+      int64_t len = kiln__interp_dyn_size(a, k);
+      src += (rev[k] && idx[k] < len ? len - 1 - idx[k] : idx[k]) * st[k];
+    }
     kiln__interp_copy_elem(*out, i, a, src);
     kiln__interp_next_index(idx, s->dims, s->rank);
   }

@@ -164,6 +164,15 @@ void kiln_literal_set_c128(kiln_literal *lit, int64_t i, double re, double im);
 /* Exact equality of shape (without layout) and bytes; NaNs equal when their
  * bits are equal. */
 bool kiln_literal_equal(const kiln_literal *a, const kiln_literal *b);
+/* An argument for a parameter of bounded-dynamic array shape `want`: src
+ * itself (*out = src) when its shape is want, else an array of want's type
+ * and rank whose dims are at most the bounds where want has "<=" and equal
+ * elsewhere (a static array with fewer rows, or a dynamic one of smaller
+ * bounds), copied into storage at the bounds (zero padding) with its dims
+ * as the runtime sizes; new in `arena` (NULL: the caller's, see
+ * kiln_literal_create). KILN_EINVAL says which dim does not fit. */
+int kiln_literal_fit_bounds(kiln_arena *arena, const kiln_literal *src, const kiln_shape *want,
+                            const kiln_literal **out, kiln_status *st);
 
 /* ---- opcodes and attributes --------------------------------------------- */
 

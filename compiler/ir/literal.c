@@ -318,3 +318,60 @@ bool kiln_literal_equal(const kiln_literal *a, const kiln_literal *b) {
   }
   return a->nbytes == b->nbytes && (a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0);
 }
+
+int kiln_literal_fit_bounds(kiln_arena *arena, const kiln_literal *src, const kiln_shape *want,
+                            const kiln_literal **out, kiln_status *st) {
+  *out = NULL;
+  const kiln_shape *s = &src->shape;
+  if (kiln_shape_equal(s, want, false)) {
+    *out = src;
+    return 0;
+  }
+  if (!kiln_shape_is_array(s) || !kiln_shape_is_array(want) || s->dtype != want->dtype ||
+      s->rank != want->rank || s->rank > 64)
+    return kiln_status_set(st, KILN_EINVAL, NULL, "the element type or rank differs");
+  int64_t size[64];
+  for (uint32_t d = 0; d < s->rank; d++) {
+    size[d] = src->dynamic_sizes ? src->dynamic_sizes[d] : s->dims[d];
+    bool dyn = want->dynamic && want->dynamic[d];
+    if (size[d] < 0 || size[d] > s->dims[d] || (dyn && size[d] > want->dims[d]))
+      return kiln_status_set(st, KILN_EINVAL, NULL,
+                             "dimension %u has %lld elements, over its bound %lld", d,
+                             (long long)size[d], (long long)want->dims[d]);
+    if (!dyn && size[d] != want->dims[d])
+      return kiln_status_set(st, KILN_EINVAL, NULL,
+                             "dimension %u has %lld elements, %lld expected (it is not dynamic)", d,
+                             (long long)size[d], (long long)want->dims[d]);
+  }
+  kiln_literal *lit;
+  int rc = kiln_literal_create(arena, want, 0, &lit, st);
+  if (rc) return rc;
+  int64_t n = 1;
+  for (uint32_t d = 0; d < s->rank; d++) n *= size[d];
+  size_t es = kiln_dtype_size(s->dtype);
+  int64_t idx[64] = {0};
+  for (int64_t k = 0; k < n; k++) { /* the runtime box, row by row */
+    int64_t from = 0, to = 0;
+    for (uint32_t d = 0; d < s->rank; d++) {
+      from = from * s->dims[d] + idx[d];
+      to = to * want->dims[d] + idx[d];
+    }
+    memcpy((char *)lit->data + (size_t)to * es, (const char *)src->data + (size_t)from * es, es);
+    for (uint32_t d = s->rank; d-- > 0;) {
+      if (++idx[d] < size[d]) break;
+      idx[d] = 0;
+    }
+  }
+  bool smaller = false;
+  for (uint32_t d = 0; d < s->rank; d++) smaller |= size[d] < want->dims[d];
+  if (smaller) {
+    kiln_arena *a = arena ? arena : lit->own;
+    lit->dynamic_sizes = kiln_arena_memdup(a, size, s->rank * sizeof *size);
+    if (lit->dynamic_sizes == NULL) {
+      kiln_literal_destroy(lit);
+      return kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory for a literal");
+    }
+  }
+  *out = lit;
+  return 0;
+}

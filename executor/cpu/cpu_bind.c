@@ -122,8 +122,8 @@ static int bind_params(const kiln__cpu_loaded *l, const kiln_literal *const *arg
   return rc;
 }
 
-int kiln__cpu_run_literals(kiln_loaded *ld, const kiln_literal *const *args,
-                           const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
+static int run_static(kiln_loaded *ld, const kiln_literal *const *args,
+                      const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
   kiln__cpu_loaded *l = ld->ctx;
   const kiln_executable *e = ld->exe;
   uint32_t np = e->nparam_leaves, nr = e->nresults;
@@ -168,4 +168,123 @@ out_free:
   kiln_free(results);
   kiln_free(rtemps);
   return rc;
+}
+
+/* ---- bounded-dynamic programs ------------------------------------------- */
+
+/* The array leaves of a literal, depth-first, into out (k of them). */
+static void leaves_of(kiln_literal *lit, kiln_literal **out, uint32_t *k, uint32_t max) {
+  if (lit->shape.dtype == KILN_TUPLE) {
+    for (uint32_t i = 0; i < lit->shape.rank; i++) leaves_of(lit->elems[i], out, k, max);
+  } else if (*k < max) {
+    out[(*k)++] = lit;
+  }
+}
+
+static bool dims_match(const kiln_shape *a, const kiln_shape *b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return false;
+  for (uint32_t i = 0; i < a->rank; i++)
+    if (a->dtype == KILN_TUPLE ? !dims_match(&a->tuple[i], &b->tuple[i]) : a->dims[i] != b->dims[i])
+      return false;
+  return true;
+}
+
+static int64_t clamp_size(int64_t v, int64_t bound) { return v < 0 ? 0 : v > bound ? bound : v; }
+
+/* The caller's result: the padded program's first element, with the
+ * runtime sizes it returned after it (kiln_exe_dynamic). Sizes equal to
+ * the bounds leave dynamic_sizes NULL, as the interpreter does. */
+static int user_result(const kiln_exe_dynamic *d, kiln_literal *res, kiln_literal **out,
+                       kiln_status *st) {
+  kiln_literal *u = NULL;
+  int rc = kiln_literal_create(NULL, &d->user_result, 0, &u, st);
+  if (rc) return rc;
+  uint32_t n = d->nuser_results, k = 0, j = 0;
+  kiln_literal **to = kiln_calloc(n + 1, sizeof *to), **from = kiln_calloc(n + 1, sizeof *from);
+  if (to == NULL || from == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, "run", "out of memory");
+    goto out;
+  }
+  leaves_of(u, to, &k, n);
+  leaves_of(res->elems[0], from, &j, n);
+  for (uint32_t i = 0; i < k && i < j; i++)
+    if (to[i]->nbytes == from[i]->nbytes && to[i]->nbytes)
+      memcpy(to[i]->data, from[i]->data, to[i]->nbytes);
+  for (uint32_t i = 0; i < d->nsize_results; i++) {
+    const kiln_dyn_dim *z = &d->size_results[i];
+    kiln_literal *leaf = z->leaf < k ? to[z->leaf] : NULL;
+    if (leaf == NULL || z->dim >= leaf->shape.rank) continue; /* checked at load */
+    int64_t bound = leaf->shape.dims[z->dim];
+    int64_t v = clamp_size(*(const int32_t *)res->elems[1 + i]->data, bound);
+    if (v == bound) continue;
+    if (leaf->dynamic_sizes == NULL) {
+      leaf->dynamic_sizes = kiln_arena_alloc(u->own, leaf->shape.rank * sizeof(int64_t));
+      if (leaf->dynamic_sizes == NULL) {
+        rc = kiln_status_set(st, KILN_ENOMEM, "run", "out of memory");
+        goto out;
+      }
+      memcpy(leaf->dynamic_sizes, leaf->shape.dims, leaf->shape.rank * sizeof(int64_t));
+    }
+    leaf->dynamic_sizes[z->dim] = v;
+  }
+  *out = u;
+  u = NULL;
+out:
+  kiln_free(to);
+  kiln_free(from);
+  kiln_literal_destroy(u);
+  return rc;
+}
+
+/* A program with bounded-dynamic shapes: the caller's arguments (at their
+ * bounds, with their runtime sizes) are passed as they are, then the sizes
+ * as s32[] scalars; the result's sizes come back the same way. */
+static int run_dynamic(kiln_loaded *ld, const kiln_literal *const *args,
+                       const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
+  const kiln_executable *e = ld->exe;
+  const kiln_exe_dynamic *d = e->dyn;
+  kiln_literal *views = kiln_calloc(e->nparams + 1, sizeof *views);
+  const kiln_literal **argv = kiln_calloc(e->nparams + 1, sizeof *argv);
+  int32_t *sizes = kiln_calloc(d->nsize_params + 1, sizeof *sizes);
+  kiln_literal *res = NULL;
+  int rc = 0;
+  if (views == NULL || argv == NULL || sizes == NULL) {
+    rc = kiln_status_set(st, KILN_ENOMEM, "run", "out of memory");
+    goto out;
+  }
+  for (uint32_t p = 0; p < d->nuser_params; p++) {
+    const kiln_shape *want = &d->user_param_shapes[p];
+    if (!dims_match(&args[p]->shape, want)) {
+      rc = shape_mismatch(p, &args[p]->shape, want, st);
+      goto out;
+    }
+    views[p] = *args[p];
+    views[p].shape = e->param_shapes[p];
+    views[p].dynamic_sizes = NULL;
+    argv[p] = &views[p];
+  }
+  for (uint32_t i = 0; i < d->nsize_params; i++) {
+    const kiln_dyn_dim *z = &d->size_params[i];
+    const kiln_literal *a = args[z->leaf];
+    int64_t bound = a->shape.dims[z->dim];
+    sizes[i] = (int32_t)clamp_size(a->dynamic_sizes ? a->dynamic_sizes[z->dim] : bound, bound);
+    kiln_literal *v = &views[d->nuser_params + i];
+    v->shape = e->param_shapes[d->nuser_params + i];
+    v->data = &sizes[i];
+    v->nbytes = sizeof sizes[i];
+    argv[d->nuser_params + i] = v;
+  }
+  if ((rc = run_static(ld, argv, opts, &res, st)) == 0) rc = user_result(d, res, out, st);
+out:
+  kiln_literal_destroy(res);
+  kiln_free(views);
+  kiln_free(argv);
+  kiln_free(sizes);
+  return rc;
+}
+
+int kiln__cpu_run_literals(kiln_loaded *ld, const kiln_literal *const *args,
+                           const kiln_run_options *opts, kiln_literal **out, kiln_status *st) {
+  if (ld->exe->dyn) return run_dynamic(ld, args, opts, out, st);
+  return run_static(ld, args, opts, out, st);
 }

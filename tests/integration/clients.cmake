@@ -84,6 +84,12 @@ if(TARGET kilnd)
             ${CMAKE_CURRENT_LIST_DIR}/test_toolbox.py)
   set_tests_properties(test_toolbox PROPERTIES LABELS integration TIMEOUT 300
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV}")
+  # Bounded dynamic shapes through kilnd: one executable serves every size.
+  add_test(NAME test_dynamic_server
+    COMMAND sh -c "exec \"\${KILN_PYTHON:-${KILN_ITEST_PYTHON}}\" \"$@\"" test_dynamic_server
+            ${CMAKE_CURRENT_LIST_DIR}/test_dynamic_server.py --proto-dir ${CMAKE_SOURCE_DIR}/proto)
+  set_tests_properties(test_dynamic_server PROPERTIES LABELS integration TIMEOUT 300
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${KILN_ITEST_ENV}")
   # CompileOptions.memory_budget_bytes (rematerialization) through kilnd.
   add_test(NAME test_remat_server
     COMMAND sh -c "exec \"\${KILN_PYTHON:-${KILN_ITEST_PYTHON}}\" \"$@\"" test_remat_server

@@ -476,6 +476,45 @@ START_TEST(test_run_npy_args_and_out) {
 }
 END_TEST
 
+/* A bounded-dynamic parameter takes an .npy of fewer rows (padded to the
+ * bound); the result prints and writes at its runtime size, the same on
+ * interp and cpu; more rows than the bound name the dim and the bound. */
+START_TEST(test_run_dynamic_rows) {
+  const char *f = write_file("dyn.hlo", "HloModule dyn\n"
+                                        "add {\n  a = f32[] parameter(0)\n"
+                                        "  b = f32[] parameter(1)\n  ROOT c = f32[] add(a, b)\n}\n"
+                                        "ENTRY main {\n"
+                                        "  x = f32[<=4,2] parameter(0)\n"
+                                        "  y = f32[<=4,2] multiply(x, x)\n"
+                                        "  z = f32[] constant(0)\n"
+                                        "  s = f32[2] reduce(y, z), dimensions={0}, to_apply=add\n"
+                                        "  ROOT t = (f32[<=4,2], f32[2]) tuple(y, s)\n"
+                                        "}\n");
+  int64_t d3[2] = {3, 2}, d5[2] = {5, 2};
+  float a[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  write_npy_f32("x3.npy", d3, 2, a, 6);
+  write_npy_f32("x5.npy", d5, 2, a, 10);
+  static const char *backends[] = {"interp", "cpu"};
+  for (int i = 0; i < 2; i++) {
+    const char *out = tpath(i ? "dyn_cpu" : "dyn_interp");
+    result r =
+        run("run", f, "--backend", backends[i], "--arg", tpath("x3.npy"), "--out", out, NULL);
+    EXPECT(r, 0, "f32[<=4,2] {{1, 4}, {9, 16}, {25, 36}}\nf32[2] {35, 56}\n", "");
+    result_free(&r);
+    char path[512];
+    snprintf(path, sizeof path, "%s/0.npy", out);
+    kiln_npy o = read_npy(path);
+    ck_assert_int_eq(o.dims[0], 3); /* the runtime size, not the bound */
+    ck_assert_int_eq(o.dims[1], 2);
+    kiln_npy_free(&o);
+    r = run("run", f, "--backend", backends[i], "--arg", tpath("x5.npy"), NULL);
+    ck_assert_int_eq(r.code, 1);
+    ck_assert_msg(strstr(r.err, "parameter 0") && strstr(r.err, "over its bound 4"), "%s", r.err);
+    result_free(&r);
+  }
+}
+END_TEST
+
 START_TEST(test_run_tuple_flattening) {
   const char *f = write_file(
       "t.hlo", "HloModule t\n"
@@ -1345,6 +1384,7 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_print);
   tcase_add_test(tc, test_run_literal_args);
   tcase_add_test(tc, test_run_npy_args_and_out);
+  tcase_add_test(tc, test_run_dynamic_rows);
   tcase_add_test(tc, test_run_tuple_flattening);
   tcase_add_test(tc, test_run_bf16_from_f32_npy);
   tcase_add_test(tc, test_run_argument_mismatch);

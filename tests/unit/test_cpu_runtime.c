@@ -1085,7 +1085,7 @@ END_TEST
 
 START_TEST(test_hostile_header_and_code) {
   BREAK(e->format_version = 99, KILN_EINVAL,
-        "executable format version 99, this executor runs version 6");
+        "executable format version 99, this executor runs version 7");
   BREAK(e->target = "cuda-sm_90", KILN_EINVAL,
         "executable compiled for target 'cuda-sm_90', not a cpu target");
   BREAK(e->target = "zx81", KILN_EINVAL, "executable compiled for target 'zx81', not a cpu target");
