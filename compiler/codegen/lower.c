@@ -8,8 +8,9 @@
  * when one state leaf feeds another), each copy only where buffer
  * assignment gave the two values different slots (a leaf passed through,
  * updated in place or taken over needs none). Branches copy their result
- * into the caller's result slots; a call's result is already in them
- * (buffer assignment). The entry ends with
+ * into the caller's result slots only where buffer assignment did not put
+ * the branch root there already (a parameter passed through, a value from
+ * outside the branch); a call's result is always in them. The entry ends with
  * copies of result leaves that do not already sit in their output or
  * donated parameter slot.
  */
