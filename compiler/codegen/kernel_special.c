@@ -6,7 +6,8 @@
  * at least 8 elements large, the range is blocks of that dimension, each
  * iteration walking all updates and applying those that land in its
  * block, so that blocks run on different threads and each element still
- * sees its updates in order; otherwise one sequential iteration),
+ * sees its updates in order (on cpu one walk per invocation serves all of
+ * its blocks); otherwise one sequential iteration),
  * select-and-scatter (likewise sequential: the result filled with the init
  * value, then for each source element the window position `select`
  * prefers, scanned in row-major order, combined with it through
@@ -257,7 +258,7 @@ static int scatter_apply(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_
 }
 
 static int scatter_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
-                        const scat *p, uint32_t fn) {
+                        const scat *p, uint32_t fn, bool chunked) {
   const kiln_shape *us = &p->upd0->shape, *as = k->out_shape[0];
   uint32_t gl[KILN__EMIT_MAXR], wl[KILN__EMIT_MAXR], marks[2 * KILN__EMIT_MAXR + 1], nm = 0;
   bool once = p->nus == 0; /* one update window: a loop for `continue` to leave */
@@ -287,8 +288,14 @@ static int scatter_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_s
                      (unsigned long long)(as->dims[d] - p->wsize[d]));
   if (p->ar) kiln__emit_line(f, "if (%s) continue;", kiln_sbuf_str(&fits));
   kiln_sbuf_free(&fits);
-  if (p->part_dim >= 0) /* in range: the fit test passed */
-    kiln__emit_line(f, "if (%s / %lld != i) continue;", st[p->part_dim], (long long)p->part_block);
+  /* In range (the fit test passed): the update lands in this invocation's
+   * rows [klo, klo + kspan) (cpu: all its blocks in one walk) or in block i
+   * (a grid thread each); a subtraction and one compare, no division. */
+  if (p->part_dim >= 0 && chunked)
+    kiln__emit_line(f, "if ((uint64_t)(%s - klo) >= (uint64_t)kspan) continue;", st[p->part_dim]);
+  else if (p->part_dim >= 0)
+    kiln__emit_line(f, "if ((uint64_t)(%s - i * %lldLL) >= %lluu) continue;", st[p->part_dim],
+                    (long long)p->part_block, (unsigned long long)p->part_block);
   for (uint32_t j = 0; j < p->nw; j++) {
     wl[j] = kiln__emit_newvar(f);
     marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", wl[j], wl[j],
@@ -312,11 +319,24 @@ int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t 
   kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
   kiln__emit_fn f;
   rc = kiln__kernel_begin(g, k, &body, &f, 1);
-  if (rc == 0) rc = scatter_body(g, &f, k, &p, fn);
+  /* On cpu an invocation gets a contiguous run of blocks [begin, end): one
+   * walk over the updates applies all of them, so the indices are read once
+   * per invocation (a few per thread), not once per block. */
+  bool chunked = g->mod.target->code == KILN__CODE_SO;
+  if (rc == 0) rc = scatter_body(g, &f, k, &p, fn, chunked);
   if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) {
     char head[256];
-    if (p.part_dim >= 0) {
+    if (p.part_dim >= 0 && chunked) {
+      int64_t n = k->out_shape[0]->dims[p.part_dim];
+      *range = (uint64_t)((n + p.part_block - 1) / p.part_block);
+      kiln_sbuf_printf(&out,
+                       "  if (begin < end) {\n  const int64_t klo = begin * %lldLL, "
+                       "kspan = (end - begin) * %lldLL;\n",
+                       (long long)p.part_block, (long long)p.part_block);
+      kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+      kiln_sbuf_puts(&out, "  }\n");
+    } else if (p.part_dim >= 0) {
       int64_t n = k->out_shape[0]->dims[p.part_dim];
       *range = (uint64_t)((n + p.part_block - 1) / p.part_block);
       g->mod.target->range_loop(head, sizeof head, "i");

@@ -599,6 +599,60 @@ START_TEST(test_conditional_in_place) {
 }
 END_TEST
 
+/* Row scatters as jax.ops.segment_sum / segment_max export them: one
+ * scalar index per update row, rows repeated about 20 times each, indices
+ * out of range (negative, past the end) skipped, and a combiner that keeps
+ * the last update, for which the order of the updates shows. They run in
+ * a loop: the first launch of a kernel runs its whole range inline (the
+ * cost probe), the later ones are split over the pool, so that one
+ * invocation walks the updates for a run of blocks of rows. */
+START_TEST(test_scatter_rows) {
+  agree("HloModule m\n"
+        "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] add(a, b)\n}\n"
+        "max {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] maximum(a, b)\n}\n"
+        "last {\n  a = f32[] parameter(0)\n  ROOT b = f32[] parameter(1)\n}\n"
+        "cond {\n  st = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], "
+        "f32[300,64]) parameter(0)\n  i = s32[] get-tuple-element(st), index=0\n"
+        "  n = s32[] constant(4)\n  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
+        "body {\n  st = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], "
+        "f32[300,64]) parameter(0)\n  i = s32[] get-tuple-element(st), index=0\n"
+        "  d = f32[6000,64] get-tuple-element(st), index=1\n"
+        "  idx = s32[6000,1] get-tuple-element(st), index=2\n"
+        "  s = f32[300,64] get-tuple-element(st), index=3\n"
+        "  x = f32[300,64] get-tuple-element(st), index=4\n"
+        "  l = f32[300,64] get-tuple-element(st), index=5\n"
+        "  s2 = f32[300,64] scatter(s, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n"
+        "  x2 = f32[300,64] scatter(x, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=max\n"
+        "  l2 = f32[300,64] scatter(l, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=last\n"
+        "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
+        "  ROOT t = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], f32[300,64]) "
+        "tuple(j, d, idx, s2, x2, l2)\n}\n"
+        "ENTRY e {\n  d = f32[6000,64] parameter(0)\n  p = s32[6000] parameter(1)\n"
+        "  o = f32[300,64] parameter(2)\n"
+        "  io = s32[6000] iota(), iota_dimension=0\n  k7 = s32[] constant(7)\n"
+        "  b7 = s32[6000] broadcast(k7), dimensions={}\n  m = s32[6000] multiply(io, b7)\n"
+        "  a = s32[6000] add(m, p)\n  k = s32[] constant(310)\n"
+        "  bk = s32[6000] broadcast(k), dimensions={}\n  r = s32[6000] remainder(a, bk)\n"
+        "  idx = s32[6000,1] reshape(r)\n  z = f32[] constant(0)\n"
+        "  zb = f32[300,64] broadcast(z), dimensions={}\n"
+        "  ni = f32[] constant(-inf)\n  nb = f32[300,64] broadcast(ni), dimensions={}\n"
+        "  c = s32[] constant(0)\n"
+        "  st = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], f32[300,64]) "
+        "tuple(c, d, idx, zb, nb, o)\n"
+        "  w = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], f32[300,64]) "
+        "while(st), condition=cond, body=body\n"
+        "  w3 = f32[300,64] get-tuple-element(w), index=3\n"
+        "  w4 = f32[300,64] get-tuple-element(w), index=4\n"
+        "  w5 = f32[300,64] get-tuple-element(w), index=5\n"
+        "  ROOT t = (f32[300,64], f32[300,64], f32[300,64]) tuple(w3, w4, w5)\n}\n");
+}
+END_TEST
+
 /* A scan as JAX exports it: a while whose state carries the counter, h, the
  * stacked outputs, the stacked inputs and two loop-invariant weights; each
  * step slices x out of xs, runs h' = tanh(0.01 (x W + h U)) through a call
@@ -758,6 +812,7 @@ int main(void) {
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
   tcase_add_test(tc, test_conditional_in_place);
+  tcase_add_test(tc, test_scatter_rows);
   tcase_add_test(tc, test_scan_loop);
   tcase_add_test(tc, test_run_limits);
   suite_add_tcase(s, tc);
