@@ -90,11 +90,15 @@ int kiln__lower_prepare(kiln_module *m, uint64_t **scratch, kiln_status *st) {
     if (ins->op == KILN_OP_SORT && ins->noperands > 0) {
       int64_t n = kiln_shape_elements(&m->instrs[ins->operands[0]]->shape);
       s[i] = n > 0 ? (uint64_t)n * 16 : 0;
+    } else if (ins->op == KILN_OP_SCATTER) {
+      s[i] = kiln__scatter_rows_scratch(m, ins); /* the updates sorted by block */
     } else if (ins->op == KILN_OP_FUSION) {
       const kiln_instr *d = kiln__fusion_gemm_dot(m, ins);
       const kiln_instr *root =
           ins->ncalled ? kiln_computation_root(m, m->comps[ins->called[0]]) : NULL;
       if (d && d != root) s[i] = (uint64_t)kiln_shape_bytes(&d->shape);
+      if (d == NULL && root && root->op == KILN_OP_SCATTER)
+        s[i] = kiln__scatter_rows_scratch(m, root);
     }
   }
   *scratch = s;

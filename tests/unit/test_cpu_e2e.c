@@ -604,8 +604,9 @@ END_TEST
  * out of range (negative, past the end) skipped, and a combiner that keeps
  * the last update, for which the order of the updates shows. They run in
  * a loop: the first launch of a kernel runs its whole range inline (the
- * cost probe), the later ones are split over the pool, so that one
- * invocation walks the updates for a run of blocks of rows. */
+ * cost probe: every update walked in order), the later ones are split over
+ * the pool (each invocation walks the lists of its blocks of rows, from
+ * the updates sorted by block). */
 START_TEST(test_scatter_rows) {
   agree("HloModule m\n"
         "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
