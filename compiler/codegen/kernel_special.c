@@ -141,6 +141,7 @@ typedef struct scat {
   int64_t wsize[KILN__EMIT_MAXR];
   int64_t part_dim;   /* operand dim the range is blocks of; -1: one iteration */
   int64_t part_block; /* indices of part_dim per block */
+  int64_t part_size;  /* the operand's size along part_dim */
 } scat;
 
 #define SCATTER_BLOCKS 32 /* at most, per scatter */
@@ -188,6 +189,7 @@ static int plan_of(const kiln_module *m, const kiln_instr *s, scat *p) {
   if (p->part_dim >= 0) {
     int64_t n = as->dims[p->part_dim];
     p->part_block = (n + blocks - 1) / blocks;
+    p->part_size = n;
   }
   return 0;
 }
@@ -209,6 +211,7 @@ static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
 static bool rows_plan(const scat *p) {
   return p->part_dim >= 0 && p->nus == 1 && p->map->n == 1 && p->map->v[0] == p->part_dim &&
          p->obatch->n == 0 && p->upd0->shape.dims[p->usd[0]] < INT32_MAX &&
+         p->part_size < INT32_MAX && /* rows and update numbers are int32 */
          p->ind->shape.rank <= KILN__EMIT_MAXR;
 }
 
