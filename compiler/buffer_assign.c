@@ -5,7 +5,9 @@
  *     positions, record each group's first definition and last use, and
  *     collect in-place candidates (result group, operand group, position);
  *  2. merge: take candidates in position order and let a result share its
- *     operand's group when the operand's group dies right there;
+ *     operand's group when the operand's group dies right there; then let
+ *     each conditional branch's root share the conditional's result group
+ *     when the root's buffer is the branch's own (no copy out of a branch);
  *  3. claim: entry result leaves become output slots (or take over a donated
  *     parameter whose last use is before them);
  *  4. place: sweep positions, allocating temporaries best-fit from a free
@@ -39,6 +41,13 @@ typedef struct cand {
   bool check_layout_only;
 } cand;
 
+/* A conditional branch's root leaf that may be the conditional's result
+ * leaf itself (phase 2b): the branch then writes its result in place. */
+typedef struct broot {
+  uint32_t res, root; /* groups */
+  int64_t from, to;   /* the branch's positions, its result copy at `to` */
+} broot;
+
 typedef struct ba_ctx {
   const kiln_module *m;
   const kiln_buffer_options *o;
@@ -51,6 +60,8 @@ typedef struct ba_ctx {
   uint32_t *scratch;          /* per instruction: group or KILN_NO_SLOT */
   cand *c;
   size_t nc, ccap;
+  broot *br;
+  size_t nbr, brcap;
   uint32_t *bodies; /* stack of while ids whose bodies are being visited */
   uint32_t nbodies;
   uint32_t *comp_seen;
@@ -406,15 +417,25 @@ static int visit_call(ba_ctx *b, const kiln_instr *ins) {
   return 0;
 }
 
+/* Each branch's root leaves are candidates for the conditional's result
+ * buffers (alias_branch_roots), so that the branch writes its result there
+ * instead of copying it at its end. */
 static int visit_branches(ba_ctx *b, const kiln_instr *ins) {
   for (uint32_t j = 0; j < ins->noperands; j++) use_instr(b, ins->operands[j], b->pos);
   int rc = fresh_leaves(b, ins, KILN_SLOT_TEMP);
   for (uint32_t i = 0; rc == 0 && i < ins->ncalled; i++) {
+    int64_t from = b->pos + 1;
     rc = visit_nested(b, ins, ins->called[i]);
     if (rc) break;
     b->pos++;
     const kiln_instr *root = kiln_computation_root(b->m, b->m->comps[ins->called[i]]);
     use_instr(b, root->id, b->pos);
+    uint32_t n = b->nleaves[ins->id];
+    if (b->nleaves[root->id] != n) continue; /* lowering refuses it */
+    if (kiln_grow((void **)&b->br, &b->brcap, b->nbr + n + 1, sizeof *b->br)) return oom(b);
+    for (uint32_t k = 0; k < n; k++)
+      b->br[b->nbr++] =
+          (broot){b->lg[b->lstart[ins->id] + k], b->lg[b->lstart[root->id] + k], from, b->pos};
   }
   if (rc == 0) use_instr(b, ins->id, b->pos);
   return rc;
@@ -533,8 +554,9 @@ static int visit(ba_ctx *b, uint32_t comp, kiln_id caller, bool is_entry) {
     int rc = visit_instr(b, ins, caller, is_entry);
     if (rc) return rc;
     if (is_entry && b->nleaves[ins->id]) {
-      /* A call's result was defined inside the called program. */
-      int64_t from = ins->op == KILN_OP_CALL ? start : b->pos;
+      /* A call's result was defined inside the called program, a
+       * conditional's before its branches. */
+      int64_t from = ins->op == KILN_OP_CALL || ins->op == KILN_OP_CONDITIONAL ? start : b->pos;
       for (uint32_t k = 0; k < b->nleaves[ins->id]; k++) {
         group *g = &b->g[b->lg[b->lstart[ins->id] + k]];
         if (g->def >= from && g->def <= b->pos && g->kind == KILN_SLOT_TEMP && !g->loop)
@@ -584,6 +606,26 @@ static void do_merges(ba_ctx *b) {
       for (size_t k = i; k < j; k++)
         if ((b->g[find(b, b->c[k].opnd)].loop != 0) == (state == 1)) try_merge(b, &b->c[k]);
     i = j;
+  }
+}
+
+/* ---- phase 2b: conditional results in place ---------------------------- */
+
+/* A branch root leaf becomes the conditional's result leaf when its buffer
+ * is a temporary of the branch's own: first written inside the branch, read
+ * no later than the branch's result copy, not a loop's state, and not
+ * already taken (a root that returns one buffer twice, or a value from
+ * outside the branch, keeps its copy). Only one branch runs, so the result
+ * buffer, live across all of them, is free inside each. */
+static void alias_branch_roots(ba_ctx *b) {
+  for (size_t i = 0; i < b->nbr; i++) {
+    const broot *c = &b->br[i];
+    uint32_t r = find(b, c->root), d = find(b, c->res);
+    group *gr = &b->g[r], *gd = &b->g[d];
+    if (r == d || gr->kind != KILN_SLOT_TEMP || gd->kind != KILN_SLOT_TEMP) continue;
+    if (gr->fixed || gr->loop || gr->size != gd->size) continue;
+    if (gr->def < c->from || gr->last > c->to || gd->def >= c->from || gd->last < c->to) continue;
+    gr->parent = d;
   }
 }
 
@@ -900,6 +942,7 @@ int kiln_buffer_assign(const kiln_module *m, const kiln_buffer_options *o,
   use_instr(&b, e->root, b.pos);
   number_params(&b);
   do_merges(&b);
+  alias_branch_roots(&b);
   if ((rc = add_stages(&b))) goto out;
   if ((rc = claim_results(&b, ba))) goto out;
   if ((rc = make_slots(&b, ba))) goto out;
@@ -913,6 +956,7 @@ out:
   kiln_free(b.nleaves);
   kiln_free(b.scratch);
   kiln_free(b.c);
+  kiln_free(b.br);
   kiln_free(b.bodies);
   kiln_free(b.comp_seen);
   kiln_free(b.wpos);

@@ -7,12 +7,14 @@
  * are grouped into buffers: a tuple is the list of its leaves' buffers;
  * get-tuple-element, tuple, bitcast, copy and reshape/transpose that keep the
  * physical order alias their operand's buffers; a call's result is its
- * computation's root; a while's state is one set of buffers shared by the
- * loop's operand copy, its condition's and body's parameters and its
- * result, except that a leaf the body passes through unchanged stays in the
- * operand's buffer. An elementwise result may take over the buffer of an
- * operand that dies at that instruction (in place; a loop state leaf first,
- * which saves the copy back), a loop's state the buffer of an operand leaf
+ * computation's root, and a conditional's result the root of each branch
+ * whose root buffer is the branch's own temporary; a while's state is one
+ * set of buffers shared by the loop's operand copy, its condition's and
+ * body's parameters and its result, except that a leaf the body passes
+ * through unchanged stays in the operand's buffer. An elementwise result
+ * may take over the buffer of an operand that dies at that instruction (in
+ * place; a loop state leaf first, which saves the copy back), a loop's
+ * state the buffer of an operand leaf
  * that dies at the loop, the state of a loop the entry runs an output
  * buffer, and a result leaf a donated parameter (input_output_alias). A
  * lax.scan step thus copies nothing but what the body moves from one state

@@ -76,6 +76,15 @@ int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, 
  * output arguments, which already hold the operands. */
 int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
                          uint64_t *range);
+/* Bytes of int32 scratch a row scatter (kernel_special.c) takes: 0 when
+ * scatter s is not one, and kiln__kernel_scatter applies it instead. */
+uint64_t kiln__scatter_rows_scratch(const kiln_module *m, const kiln_instr *s);
+/* A row scatter (k->root) with that scratch as argument `scratch`: two
+ * kernels, kernels[0] (one iteration) sorting the updates by block of rows,
+ * kernels[1] (ranges[1] blocks) applying each block's updates in order to
+ * the output arguments, which already hold the operands. */
+int kiln__kernel_scatter_rows(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scratch,
+                              uint32_t kernels[2], uint64_t ranges[2]);
 /* select-and-scatter (k->root): one sequential iteration; the operand,
  * source and init value are bound inputs. */
 int kiln__kernel_select_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,

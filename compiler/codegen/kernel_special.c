@@ -6,7 +6,10 @@
  * at least 8 elements large, the range is blocks of that dimension, each
  * iteration walking all updates and applying those that land in its
  * block, so that blocks run on different threads and each element still
- * sees its updates in order; otherwise one sequential iteration),
+ * sees its updates in order (on cpu one walk per invocation serves all of
+ * its blocks); a row scatter, one index per update row, first sorts its
+ * updates by block into scratch, once, so that a block walks only its
+ * own; otherwise one sequential iteration),
  * select-and-scatter (likewise sequential: the result filled with the init
  * value, then for each source element the window position `select`
  * prefers, scanned in row-major order, combined with it through
@@ -138,18 +141,21 @@ typedef struct scat {
   int64_t wsize[KILN__EMIT_MAXR];
   int64_t part_dim;   /* operand dim the range is blocks of; -1: one iteration */
   int64_t part_block; /* indices of part_dim per block */
+  int64_t part_size;  /* the operand's size along part_dim */
 } scat;
 
 #define SCATTER_BLOCKS 32 /* at most, per scatter */
 
-static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
+/* The plan of scatter s in module m: 0, or -1 (malformed scatter) or -2
+ * (malformed dimension numbers). */
+static int plan_of(const kiln_module *m, const kiln_instr *s, scat *p) {
   memset(p, 0, sizeof *p);
   p->s = s;
   p->n = (s->noperands - 1) / 2;
-  if (s->noperands % 2 == 0 || p->n == 0 || s->ncalled != 1) return fail(g, s, "malformed scatter");
-  const kiln_shape *as = &ins_of(g, s->operands[0])->shape;
-  p->ind = ins_of(g, s->operands[p->n]);
-  p->upd0 = ins_of(g, s->operands[p->n + 1]);
+  if (s->noperands % 2 == 0 || p->n == 0 || s->ncalled != 1) return -1;
+  const kiln_shape *as = &m->instrs[s->operands[0]]->shape;
+  p->ind = m->instrs[s->operands[p->n]];
+  p->upd0 = m->instrs[s->operands[p->n + 1]];
   p->ar = as->rank;
   p->irank = p->ind->shape.rank;
   p->ivd = kiln_instr_attr_int(s, KILN_ATTR_INDEX_VECTOR_DIM, p->irank);
@@ -164,7 +170,7 @@ static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
   for (uint32_t d = 0; d < us->rank; d++)
     if (!has(p->uw, d)) p->usd[p->nus++] = d;
   if (p->nw != p->uw->n || p->ivd < 0 || p->ivd > p->irank || p->obatch->n != p->ibatch->n)
-    return fail(g, s, "malformed scatter dimension numbers");
+    return -2;
   for (uint32_t d = 0; d < p->ar; d++) p->wsize[d] = 1;
   for (uint32_t j = 0; j < p->nw; j++) p->wsize[p->wd[j]] = us->dims[p->uw->v[j]];
   /* Blocks of the largest operand dim every window is one index wide in:
@@ -183,8 +189,48 @@ static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
   if (p->part_dim >= 0) {
     int64_t n = as->dims[p->part_dim];
     p->part_block = (n + blocks - 1) / blocks;
+    p->part_size = n;
   }
   return 0;
+}
+
+static int scatter_plan(kiln__codegen *g, const kiln_instr *s, scat *p) {
+  int rc = plan_of(g->mod.m, s, p);
+  if (rc == -1) return fail(g, s, "malformed scatter");
+  if (rc) return fail(g, s, "malformed scatter dimension numbers");
+  return 0;
+}
+
+/* Row scatters (one update dim, one index component, the one the blocks
+ * are of, no batching dims) are bucketed: a sequential kernel sorts the
+ * updates by block, stably, into a scratch buffer of int32: the block ends
+ * (blocks + 1), the row each update starts at (-1: its window does not
+ * fit) and the updates in block order; then a kernel per block applies
+ * its own updates, in order. The indices are then read once, not once
+ * per block or per invocation. */
+static bool rows_plan(const scat *p) {
+  return p->part_dim >= 0 && p->nus == 1 && p->map->n == 1 && p->map->v[0] == p->part_dim &&
+         p->obatch->n == 0 && p->upd0->shape.dims[p->usd[0]] < INT32_MAX &&
+         p->part_size < INT32_MAX && /* rows and update numbers are int32 */
+         p->ind->shape.rank <= KILN__EMIT_MAXR;
+}
+
+static int64_t rows_blocks(const scat *p, const kiln_shape *as) {
+  return (as->dims[p->part_dim] + p->part_block - 1) / p->part_block;
+}
+
+uint64_t kiln__scatter_rows_scratch(const kiln_module *m, const kiln_instr *s) {
+  scat p;
+  if (s->op != KILN_OP_SCATTER || s->noperands < 3 || s->noperands % 2 == 0) return 0;
+  uint32_t n = (s->noperands - 1) / 2;
+  if (m->instrs[s->operands[0]]->shape.rank > KILN__EMIT_MAXR ||
+      m->instrs[s->operands[n]]->shape.rank > KILN__EMIT_MAXR ||
+      m->instrs[s->operands[n + 1]]->shape.rank > KILN__EMIT_MAXR)
+    return 0;
+  if (plan_of(m, s, &p) || !rows_plan(&p)) return 0;
+  int64_t blocks = rows_blocks(&p, &m->instrs[s->operands[0]]->shape);
+  int64_t nu = p.upd0->shape.dims[p.usd[0]];
+  return (uint64_t)(blocks + 1 + 2 * nu) * 4;
 }
 
 /* Start index component k of the scatter index vector at batch loops g. */
@@ -257,7 +303,7 @@ static int scatter_apply(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_
 }
 
 static int scatter_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k,
-                        const scat *p, uint32_t fn) {
+                        const scat *p, uint32_t fn, bool chunked) {
   const kiln_shape *us = &p->upd0->shape, *as = k->out_shape[0];
   uint32_t gl[KILN__EMIT_MAXR], wl[KILN__EMIT_MAXR], marks[2 * KILN__EMIT_MAXR + 1], nm = 0;
   bool once = p->nus == 0; /* one update window: a loop for `continue` to leave */
@@ -287,8 +333,14 @@ static int scatter_body(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_s
                      (unsigned long long)(as->dims[d] - p->wsize[d]));
   if (p->ar) kiln__emit_line(f, "if (%s) continue;", kiln_sbuf_str(&fits));
   kiln_sbuf_free(&fits);
-  if (p->part_dim >= 0) /* in range: the fit test passed */
-    kiln__emit_line(f, "if (%s / %lld != i) continue;", st[p->part_dim], (long long)p->part_block);
+  /* In range (the fit test passed): the update lands in this invocation's
+   * rows [klo, klo + kspan) (cpu: all its blocks in one walk) or in block i
+   * (a grid thread each); a subtraction and one compare, no division. */
+  if (p->part_dim >= 0 && chunked)
+    kiln__emit_line(f, "if ((uint64_t)(%s - klo) >= (uint64_t)kspan) continue;", st[p->part_dim]);
+  else if (p->part_dim >= 0)
+    kiln__emit_line(f, "if ((uint64_t)(%s - i * %lldLL) >= %lluu) continue;", st[p->part_dim],
+                    (long long)p->part_block, (unsigned long long)p->part_block);
   for (uint32_t j = 0; j < p->nw; j++) {
     wl[j] = kiln__emit_newvar(f);
     marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", wl[j], wl[j],
@@ -312,11 +364,24 @@ int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t 
   kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
   kiln__emit_fn f;
   rc = kiln__kernel_begin(g, k, &body, &f, 1);
-  if (rc == 0) rc = scatter_body(g, &f, k, &p, fn);
+  /* On cpu an invocation gets a contiguous run of blocks [begin, end): one
+   * walk over the updates applies all of them, so the indices are read once
+   * per invocation (a few per thread), not once per block. */
+  bool chunked = g->mod.target->code == KILN__CODE_SO;
+  if (rc == 0) rc = scatter_body(g, &f, k, &p, fn, chunked);
   if (rc == 0 && f.rc) rc = f.rc;
   if (rc == 0) {
     char head[256];
-    if (p.part_dim >= 0) {
+    if (p.part_dim >= 0 && chunked) {
+      int64_t n = k->out_shape[0]->dims[p.part_dim];
+      *range = (uint64_t)((n + p.part_block - 1) / p.part_block);
+      kiln_sbuf_printf(&out,
+                       "  if (begin < end) {\n  const int64_t klo = begin * %lldLL, "
+                       "kspan = (end - begin) * %lldLL;\n",
+                       (long long)p.part_block, (long long)p.part_block);
+      kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+      kiln_sbuf_puts(&out, "  }\n");
+    } else if (p.part_dim >= 0) {
       int64_t n = k->out_shape[0]->dims[p.part_dim];
       *range = (uint64_t)((n + p.part_block - 1) / p.part_block);
       g->mod.target->range_loop(head, sizeof head, "i");
@@ -336,6 +401,153 @@ int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t 
   kiln_sbuf_free(&body);
   kiln_sbuf_free(&out);
   return rc;
+}
+
+/* The bucketing kernel of a row scatter (one iteration; see rows_plan).
+ * Its scratch argument: kc[blocks + 1], then kr[n] and ko[n]. */
+static int rows_sort(kiln__codegen *g, const kiln__kernel_spec *k, const scat *p, uint32_t sa,
+                     uint32_t *kernel) {
+  const kiln_shape *as = k->out_shape[0];
+  int64_t n = p->upd0->shape.dims[p->usd[0]], blocks = rows_blocks(p, as);
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  int rc = kiln__kernel_begin(g, k, &body, &f, 2);
+  uint32_t gl[1] = {kiln__emit_newvar(&f)};
+  char st[KILN__EMIT_MAXR][KILN__IX_LEN];
+  for (uint32_t d = 0; d < p->ar; d++) snprintf(st[d], KILN__IX_LEN, "0");
+  uint32_t loop = kiln__emit_open(&f, "for (int64_t r%u = 0; r%u < %lldLL; r%u++)", gl[0], gl[0],
+                                  (long long)n, gl[0]);
+  if (rc == 0) rc = scatter_start(&f, p, gl, 0, st[p->part_dim]);
+  if (rc == 0) {
+    kiln_sbuf fits = KILN_SBUF_INIT;
+    for (uint32_t d = 0; d < p->ar; d++)
+      kiln_sbuf_printf(&fits, "%s(uint64_t)%s > %lluu", d ? " || " : "", st[d],
+                       (unsigned long long)(as->dims[d] - p->wsize[d]));
+    kiln__emit_line(&f, "const int64_t x = (%s) ? -1 : %s;", kiln_sbuf_str(&fits), st[p->part_dim]);
+    kiln_sbuf_free(&fits);
+    kiln__emit_line(&f, "kr[r%u] = (int32_t)x;", gl[0]);
+    kiln__emit_line(&f, "if (x >= 0) kc[x / %lldLL + 1]++;", (long long)p->part_block);
+  }
+  kiln__emit_close(&f, loop, NULL);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc == 0) {
+    char head[256];
+    g->mod.target->single(head, sizeof head);
+    kiln_sbuf_printf(&out,
+                     "  %s\n  int32_t *kc = (int32_t *)b%u, *kr = kc + %lldLL, *ko = kr + %lldLL;\n"
+                     "  for (int64_t j = 0; j <= %lldLL; j++) kc[j] = 0;\n  {\n",
+                     head, sa, (long long)blocks + 1, (long long)n, (long long)blocks);
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    /* kc[j] counts block j - 1; then the start of block j; the fill moves
+     * it to the block's end, which is where block j + 1 starts. */
+    kiln_sbuf_printf(&out,
+                     "  }\n  for (int64_t j = 1; j <= %lldLL; j++) kc[j] += kc[j - 1];\n"
+                     "  for (int64_t r = 0; r < %lldLL; r++)\n"
+                     "    if (kr[r] >= 0) ko[kc[kr[r] / %lldLL]++] = (int32_t)r;\n",
+                     (long long)blocks, (long long)n, (long long)p->part_block);
+    *kernel = g->nkernels;
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), 1);
+  }
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&out);
+  return rc;
+}
+
+/* One application loop of a row scatter's applying kernel: `head` opens
+ * the walk, `take` (given q) sets the update r and its row x, and `skip`
+ * (or NULL) says when it is not this invocation's. */
+static int rows_walk(kiln__codegen *g, kiln__emit_fn *f, const kiln__kernel_spec *k, const scat *p,
+                     uint32_t fn, const char *head, bool filter) {
+  uint32_t q = kiln__emit_newvar(f), gl[1] = {kiln__emit_newvar(f)}, marks[KILN__EMIT_MAXR + 1];
+  char st[KILN__EMIT_MAXR][KILN__IX_LEN];
+  for (uint32_t d = 0; d < p->ar; d++) snprintf(st[d], KILN__IX_LEN, "0");
+  snprintf(st[p->part_dim], KILN__IX_LEN, "x%u", q);
+  marks[0] = kiln__emit_open(f, "%s", head);
+  if (filter) {
+    kiln__emit_line(f, "const int64_t r%u = q, x%u = kr[q];", gl[0], q);
+    kiln__emit_line(f, "if ((uint64_t)(x%u - klo) >= (uint64_t)kspan) continue;", q);
+  } else {
+    kiln__emit_line(f, "const int64_t r%u = ko[q], x%u = kr[r%u];", gl[0], q, gl[0]);
+  }
+  uint32_t wl[KILN__EMIT_MAXR], nm = 1;
+  for (uint32_t j = 0; j < p->nw; j++) {
+    wl[j] = kiln__emit_newvar(f);
+    marks[nm++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", wl[j], wl[j],
+                                  (long long)p->wsize[p->wd[j]], wl[j]);
+  }
+  int rc = scatter_apply(g, f, k, p, gl, wl, st, fn);
+  while (nm-- > 0) kiln__emit_close(f, marks[nm], NULL);
+  return rc;
+}
+
+/* The applying kernel of a row scatter: block i applies updates
+ * ko[kc[i - 1] .. kc[i]) (from 0 for block 0) in order at rows kr[]. On
+ * cpu an invocation given more than half the blocks (all of them when it
+ * runs on one thread) walks every update in order instead, skipping by
+ * the row those outside its blocks: the updates' rows are read in order,
+ * not gathered. */
+static int rows_apply(kiln__codegen *g, const kiln__kernel_spec *k, const scat *p, uint32_t sa,
+                      uint32_t fn, uint32_t *kernel, uint64_t *range) {
+  int64_t n = p->upd0->shape.dims[p->usd[0]], blocks = rows_blocks(p, k->out_shape[0]);
+  bool chunked = g->mod.target->code == KILN__CODE_SO;
+  kiln_sbuf body = KILN_SBUF_INIT, walk = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f, fw;
+  int rc = kiln__kernel_begin(g, k, &body, &f, 2);
+  if (rc == 0)
+    rc = rows_walk(g, &f, k, p, fn, "for (int64_t q = i ? kc[i - 1] : 0; q < kc[i]; q++)", false);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (chunked) {
+    char head[128];
+    snprintf(head, sizeof head, "for (int64_t q = 0; q < %lldLL; q++)", (long long)n);
+    int rw = kiln__kernel_begin(g, k, &walk, &fw, 2);
+    if (rw == 0) rw = rows_walk(g, &fw, k, p, fn, head, true);
+    if (rw == 0 && fw.rc) rw = fw.rc;
+    kiln__emit_fn_free(&fw);
+    if (rc == 0) rc = rw;
+  }
+  if (rc == 0) {
+    char head[256];
+    g->mod.target->range_loop(head, sizeof head, "i");
+    kiln_sbuf_printf(&out,
+                     "  const int32_t *kc = (const int32_t *)b%u, *kr = kc + %lldLL, "
+                     "*ko = kr + %lldLL;\n",
+                     sa, (long long)blocks + 1, (long long)n);
+    if (chunked)
+      kiln_sbuf_printf(&out,
+                       "  if (begin < end && (end - begin) * 2 > %lldLL) {\n"
+                       "  const int64_t klo = begin * %lldLL, kspan = (end - begin) * %lldLL;\n"
+                       "%s  return;\n  }\n",
+                       (long long)blocks, (long long)p->part_block, (long long)p->part_block,
+                       kiln_sbuf_str(&walk));
+    kiln_sbuf_printf(&out, "  %s {\n", head);
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(&out, "  }\n");
+    *range = (uint64_t)blocks;
+    *kernel = g->nkernels;
+    kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+  }
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&walk);
+  kiln_sbuf_free(&out);
+  return rc;
+}
+
+int kiln__kernel_scatter_rows(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t scratch,
+                              uint32_t kernels[2], uint64_t ranges[2]) {
+  scat p;
+  const kiln_instr *s = ins_of(g, k->root);
+  int rc = scatter_plan(g, s, &p);
+  if (rc) return rc;
+  if (p.n != k->nouts || p.n > KILN__EMIT_MAXR)
+    return fail(g, s, "outputs do not match the inputs");
+  if (!rows_plan(&p)) return fail(g, s, "not a row scatter");
+  uint32_t fn;
+  if ((rc = kiln__emit_comp_fn(&g->mod, s->called[0], s, &fn))) return rc;
+  ranges[0] = 1;
+  if ((rc = rows_sort(g, k, &p, scratch, &kernels[0]))) return rc;
+  return rows_apply(g, k, &p, scratch, fn, &kernels[1], &ranges[1]);
 }
 
 /* ---- sort --------------------------------------------------------------- */

@@ -8,8 +8,9 @@
  * when one state leaf feeds another), each copy only where buffer
  * assignment gave the two values different slots (a leaf passed through,
  * updated in place or taken over needs none). Branches copy their result
- * into the caller's result slots; a call's result is already in them
- * (buffer assignment). The entry ends with
+ * into the caller's result slots only where buffer assignment did not put
+ * the branch root there already (a parameter passed through, a value from
+ * outside the branch); a call's result is always in them. The entry ends with
  * copies of result leaves that do not already sit in their output or
  * donated parameter slot.
  */
@@ -91,11 +92,15 @@ int kiln__lower_prepare(kiln_module *m, uint64_t **scratch, kiln_status *st) {
     if (ins->op == KILN_OP_SORT && ins->noperands > 0) {
       int64_t n = kiln_shape_elements(&m->instrs[ins->operands[0]]->shape);
       s[i] = n > 0 ? (uint64_t)n * 16 : 0;
+    } else if (ins->op == KILN_OP_SCATTER) {
+      s[i] = kiln__scatter_rows_scratch(m, ins); /* the updates sorted by block */
     } else if (ins->op == KILN_OP_FUSION) {
       const kiln_instr *d = kiln__fusion_gemm_dot(m, ins);
       const kiln_instr *root =
           ins->ncalled ? kiln_computation_root(m, m->comps[ins->called[0]]) : NULL;
       if (d && d != root) s[i] = (uint64_t)kiln_shape_bytes(&d->shape);
+      if (d == NULL && root && root->op == KILN_OP_SCATTER)
+        s[i] = kiln__scatter_rows_scratch(m, root);
     }
   }
   *scratch = s;

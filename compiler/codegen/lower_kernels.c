@@ -420,7 +420,8 @@ static int dus_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const
   return rc;
 }
 
-/* scatter: operands copied into the results, then one sequential kernel. */
+/* scatter: operands copied into the results, then one kernel (or, for a row
+ * scatter, one sorting its updates by block and one applying them). */
 static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const kiln_instr *sc,
                           const kiln_instr *const *operands, bind_fn bind) {
   uint32_t n = (sc->noperands - 1) / 2, ns;
@@ -443,7 +444,18 @@ static int scatter_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, c
   int rc = bind(b, ins);
   for (uint32_t k = 0; k < n; k++) kb_output(b, k, outs[k], ls[k]);
   if (rc == 0) rc = kb_check(b, ins);
-  if (rc == 0) {
+  /* A row scatter has scratch for its updates sorted by block of rows. */
+  uint32_t scratch = c->ba->scratch_slot[ins->id];
+  uint32_t sarg = scratch != KILN_NO_SLOT ? kb_arg(b, scratch, KILN_S32, true) : 0;
+  if (rc == 0) rc = kb_check(b, ins);
+  if (rc == 0 && scratch != KILN_NO_SLOT) {
+    kiln__kernel_spec k = kb_spec(b, sc->id);
+    uint32_t kernels[2];
+    uint64_t ranges[2];
+    rc = kiln__kernel_scatter_rows(c->g, &k, sarg, kernels, ranges);
+    if (rc == 0) rc = kb_step(b, prog, kernels[0], ranges[0]);
+    if (rc == 0) rc = kb_step(b, prog, kernels[1], ranges[1]);
+  } else if (rc == 0) {
     kiln__kernel_spec k = kb_spec(b, sc->id);
     uint32_t kernel;
     uint64_t range;

@@ -2,7 +2,8 @@
  * bitcasts and layout-preserving reshapes/transposes; in-place reuse of
  * dead operands; offset reuse after a buffer dies (best fit); results as
  * output slots; donated parameters; while state shared by the loop's
- * condition, body and result; and the refusals.
+ * condition, body and result; conditional branches writing their roots
+ * into the conditional's result; and the refusals.
  */
 #include <check.h>
 #include <string.h>
@@ -293,6 +294,56 @@ START_TEST(call_result_is_root_buffer) {
 }
 END_TEST
 
+/* Each branch writes its root into the conditional's result buffers unless
+ * the root is not the branch's own buffer: a parameter passed through, one
+ * buffer returned twice (its second leaf), a constant. */
+START_TEST(conditional_branches_write_result_in_place) {
+  kiln_module *m = parse(
+      "HloModule t\n"
+      "b0 { x0 = f32[4] parameter(0)  e0 = f32[4] exponential(x0)\n"
+      "  n0 = f32[4] negate(x0)  ROOT t0 = (f32[4], f32[4]) tuple(e0, n0) }\n"
+      "b1 { x1 = f32[4] parameter(0)  ROOT t1 = (f32[4], f32[4]) tuple(x1, x1) }\n"
+      "b2 { x2 = f32[4] parameter(0)  s2 = f32[4] sine(x2)\n"
+      "  ROOT t2 = (f32[4], f32[4]) tuple(s2, s2) }\n"
+      "b3 { x3 = f32[4] parameter(0)  k3 = f32[4] constant({1, 2, 3, 4})\n"
+      "  c3 = f32[4] cosine(x3)  ROOT t3 = (f32[4], f32[4]) tuple(k3, c3) }\n"
+      "ENTRY main {\n  i = s32[] parameter(0)\n  p = f32[4] parameter(1)\n"
+      "  c = (f32[4], f32[4]) conditional(i, p, p, p, p), branch_computations={b0, b1, b2, b3}\n"
+      "  c0 = f32[4] get-tuple-element(c), index=0\n"
+      "  c1 = f32[4] get-tuple-element(c), index=1\n"
+      "  ROOT s = f32[4] add(c0, c1)\n}\n");
+  kiln_buffer_assignment *ba = assign(m);
+  uint32_t r0 = slot_of(m, ba, "c", 0), r1 = slot_of(m, ba, "c", 1);
+  ck_assert_uint_ne(r0, r1);
+  ck_assert_uint_eq(slot_of(m, ba, "e0", 0), r0);
+  ck_assert_uint_eq(slot_of(m, ba, "n0", 0), r1);
+  ck_assert_uint_eq(slot_of(m, ba, "x1", 0), slot_of(m, ba, "p", 0));
+  ck_assert_uint_eq(slot_of(m, ba, "s2", 0), r0);
+  ck_assert_uint_ne(slot_of(m, ba, "k3", 0), r0);
+  ck_assert_int_eq(ba->slots[slot_of(m, ba, "k3", 0)].kind, KILN_SLOT_CONSTANT);
+  ck_assert_uint_eq(slot_of(m, ba, "c3", 0), r1);
+  kiln_buffer_assignment_destroy(ba);
+  kiln_module_destroy(m);
+  /* A conditional that is the entry's result: the branches write the
+   * output buffer, no temporaries at all. */
+  m = parse(
+      "HloModule t\n"
+      "u0 { y0 = f32[64] parameter(0)  ROOT z0 = f32[64] exponential(y0) }\n"
+      "u1 { y1 = f32[64] parameter(0)  ROOT z1 = f32[64] tanh(y1) }\n"
+      "ENTRY main {\n  q = pred[] parameter(0)\n  a = f32[64] parameter(1)\n"
+      "  ROOT d = f32[64] conditional(q, a, a), true_computation=u0, false_computation=u1\n}\n");
+  ba = assign(m);
+  uint32_t d = slot_of(m, ba, "d", 0);
+  ck_assert_int_eq(ba->slots[d].kind, KILN_SLOT_OUTPUT);
+  ck_assert_uint_eq(ba->result_slots[0], d);
+  ck_assert_uint_eq(slot_of(m, ba, "z0", 0), d);
+  ck_assert_uint_eq(slot_of(m, ba, "z1", 0), d);
+  ck_assert_uint_eq(ba->temp_bytes, 0);
+  kiln_buffer_assignment_destroy(ba);
+  kiln_module_destroy(m);
+}
+END_TEST
+
 START_TEST(refusals) {
   kiln_module *m = parse("HloModule t\nENTRY main {\n  p = f32[<=8] parameter(0)\n"
                          "  ROOT n = f32[<=8] negate(p)\n}\n");
@@ -357,6 +408,7 @@ int main(void) {
   tcase_add_test(tc, while_state_shared_and_updated_in_place);
   tcase_add_test(tc, scan_state_in_place_and_passed_through);
   tcase_add_test(tc, call_result_is_root_buffer);
+  tcase_add_test(tc, conditional_branches_write_result_in_place);
   tcase_add_test(tc, refusals);
   tcase_add_test(tc, layout_predicates);
   suite_add_tcase(s, tc);

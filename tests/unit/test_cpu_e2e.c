@@ -529,6 +529,131 @@ START_TEST(test_control_flow) {
 }
 END_TEST
 
+/* Conditionals whose branches write their roots straight into the
+ * conditional's result (buffer assignment) and those that still copy: the
+ * lax.switch pattern (three fused branches over the same operand, results
+ * the entry's outputs), tuple results with a parameter passed through, one
+ * buffer returned twice and a constant, a conditional nested in a branch,
+ * and a conditional in a while body whose result is the loop state. The
+ * s32 selectors are in [-5, 5]: out of range picks the last branch. */
+START_TEST(test_conditional_in_place) {
+  agree("HloModule m\n"
+        "s0 {\n  x = f32[64,33] parameter(0)\n  ROOT y = f32[64,33] sine(x)\n}\n"
+        "s1 {\n  x = f32[64,33] parameter(0)\n  c = f32[64,33] cosine(x)\n"
+        "  k = f32[] constant(2)\n  b = f32[64,33] broadcast(k), dimensions={}\n"
+        "  ROOT y = f32[64,33] multiply(c, b)\n}\n"
+        "s2 {\n  x = f32[64,33] parameter(0)\n  t = f32[64,33] tanh(x)\n"
+        "  k = f32[] constant(1)\n  b = f32[64,33] broadcast(k), dimensions={}\n"
+        "  ROOT y = f32[64,33] subtract(t, b)\n}\n"
+        "l0 {\n  x = f32[64,33] parameter(0)\n  ROOT y = f32[64,33] exponential(x)\n}\n"
+        "l1 {\n  x = f32[64,33] parameter(0)\n  ROOT y = f32[64,33] negate(x)\n}\n"
+        "ENTRY e {\n  i = s32[] parameter(0)\n  a = f32[64,33] parameter(1)\n"
+        "  c = f32[64,33] conditional(i, a, a, a), branch_computations={s0, s1, s2}\n"
+        "  z = s32[] constant(1)\n  p = pred[] compare(i, z), direction=GT\n"
+        "  d = f32[64,33] conditional(p, a, a), true_computation=l0, false_computation=l1\n"
+        "  ROOT t = (f32[64,33], f32[64,33]) tuple(c, d)\n}\n");
+  agree("HloModule m\n"
+        "b0 {\n  x = f32[40] parameter(0)\n  e = f32[40] exponential(x)\n"
+        "  n = f32[40] negate(x)\n  ROOT t = (f32[40], f32[40]) tuple(e, n)\n}\n"
+        "b1 {\n  x = f32[40] parameter(0)\n  ROOT t = (f32[40], f32[40]) tuple(x, x)\n}\n"
+        "b2 {\n  x = f32[40] parameter(0)\n  s = f32[40] sine(x)\n"
+        "  ROOT t = (f32[40], f32[40]) tuple(s, s)\n}\n"
+        "b3 {\n  x = f32[40] parameter(0)\n  k = f32[] constant(3)\n"
+        "  b = f32[40] broadcast(k), dimensions={}\n  c = f32[40] cosine(x)\n"
+        "  ROOT t = (f32[40], f32[40]) tuple(b, c)\n}\n"
+        "ENTRY e {\n  i = s32[] parameter(0)\n  a = f32[40] parameter(1)\n"
+        "  c = (f32[40], f32[40]) conditional(i, a, a, a, a), "
+        "branch_computations={b0, b1, b2, b3}\n"
+        "  c0 = f32[40] get-tuple-element(c), index=0\n"
+        "  c1 = f32[40] get-tuple-element(c), index=1\n"
+        "  s = f32[40] add(c0, c1)\n  ROOT r = (f32[40], f32[40], f32[40]) tuple(s, c1, a)\n}\n");
+  agree("HloModule m\n"
+        "in0 {\n  x = f32[24] parameter(0)\n  ROOT y = f32[24] multiply(x, x)\n}\n"
+        "in1 {\n  x = f32[24] parameter(0)\n  ROOT y = f32[24] abs(x)\n}\n"
+        "o1 {\n  x = (f32[24], pred[]) parameter(0)\n"
+        "  v = f32[24] get-tuple-element(x), index=0\n"
+        "  q = pred[] get-tuple-element(x), index=1\n"
+        "  w = f32[24] exponential(v)\n"
+        "  ROOT y = f32[24] conditional(q, w, w), true_computation=in0, false_computation=in1\n}\n"
+        "oa {\n  x = (f32[24], pred[]) parameter(0)\n"
+        "  v = f32[24] get-tuple-element(x), index=0\n  ROOT y = f32[24] negate(v)\n}\n"
+        "ENTRY e {\n  p = pred[] parameter(0)\n  q = pred[] parameter(1)\n"
+        "  a = f32[24] parameter(2)\n  t = (f32[24], pred[]) tuple(a, q)\n"
+        "  ROOT c = f32[24] conditional(p, t, t), true_computation=o1, false_computation=oa\n}\n");
+  agree("HloModule m\n"
+        "tw {\n  x = f32[16] parameter(0)\n  ROOT y = f32[16] add(x, x)\n}\n"
+        "fw {\n  x = f32[16] parameter(0)\n  k = f32[] constant(1)\n"
+        "  b = f32[16] broadcast(k), dimensions={}\n  ROOT y = f32[16] subtract(x, b)\n}\n"
+        "cond {\n  s = (s32[], f32[16]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
+        "  n = s32[] constant(6)\n  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
+        "body {\n  s = (s32[], f32[16]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n"
+        "  v = f32[16] get-tuple-element(s), index=1\n  two = s32[] constant(2)\n"
+        "  r = s32[] remainder(i, two)\n  z = s32[] constant(0)\n"
+        "  p = pred[] compare(r, z), direction=EQ\n"
+        "  w = f32[16] conditional(p, v, v), true_computation=tw, false_computation=fw\n"
+        "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
+        "  ROOT t = (s32[], f32[16]) tuple(j, w)\n}\n"
+        "ENTRY e {\n  v = f32[16] parameter(0)\n  z = s32[] constant(0)\n"
+        "  t = (s32[], f32[16]) tuple(z, v)\n"
+        "  ROOT w = (s32[], f32[16]) while(t), condition=cond, body=body\n}\n");
+}
+END_TEST
+
+/* Row scatters as jax.ops.segment_sum / segment_max export them: one
+ * scalar index per update row, rows repeated about 20 times each, indices
+ * out of range (negative, past the end) skipped, and a combiner that keeps
+ * the last update, for which the order of the updates shows. They run in
+ * a loop: the first launch of a kernel runs its whole range inline (the
+ * cost probe: every update walked in order), the later ones are split over
+ * the pool (each invocation walks the lists of its blocks of rows, from
+ * the updates sorted by block). */
+START_TEST(test_scatter_rows) {
+  agree("HloModule m\n"
+        "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] add(a, b)\n}\n"
+        "max {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] maximum(a, b)\n}\n"
+        "last {\n  a = f32[] parameter(0)\n  ROOT b = f32[] parameter(1)\n}\n"
+        "cond {\n  st = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], "
+        "f32[300,64]) parameter(0)\n  i = s32[] get-tuple-element(st), index=0\n"
+        "  n = s32[] constant(4)\n  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
+        "body {\n  st = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], "
+        "f32[300,64]) parameter(0)\n  i = s32[] get-tuple-element(st), index=0\n"
+        "  d = f32[6000,64] get-tuple-element(st), index=1\n"
+        "  idx = s32[6000,1] get-tuple-element(st), index=2\n"
+        "  s = f32[300,64] get-tuple-element(st), index=3\n"
+        "  x = f32[300,64] get-tuple-element(st), index=4\n"
+        "  l = f32[300,64] get-tuple-element(st), index=5\n"
+        "  s2 = f32[300,64] scatter(s, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n"
+        "  x2 = f32[300,64] scatter(x, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=max\n"
+        "  l2 = f32[300,64] scatter(l, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=last\n"
+        "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
+        "  ROOT t = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], f32[300,64]) "
+        "tuple(j, d, idx, s2, x2, l2)\n}\n"
+        "ENTRY e {\n  d = f32[6000,64] parameter(0)\n  p = s32[6000] parameter(1)\n"
+        "  o = f32[300,64] parameter(2)\n"
+        "  io = s32[6000] iota(), iota_dimension=0\n  k7 = s32[] constant(7)\n"
+        "  b7 = s32[6000] broadcast(k7), dimensions={}\n  m = s32[6000] multiply(io, b7)\n"
+        "  a = s32[6000] add(m, p)\n  k = s32[] constant(310)\n"
+        "  bk = s32[6000] broadcast(k), dimensions={}\n  r = s32[6000] remainder(a, bk)\n"
+        "  idx = s32[6000,1] reshape(r)\n  z = f32[] constant(0)\n"
+        "  zb = f32[300,64] broadcast(z), dimensions={}\n"
+        "  ni = f32[] constant(-inf)\n  nb = f32[300,64] broadcast(ni), dimensions={}\n"
+        "  c = s32[] constant(0)\n"
+        "  st = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], f32[300,64]) "
+        "tuple(c, d, idx, zb, nb, o)\n"
+        "  w = (s32[], f32[6000,64], s32[6000,1], f32[300,64], f32[300,64], f32[300,64]) "
+        "while(st), condition=cond, body=body\n"
+        "  w3 = f32[300,64] get-tuple-element(w), index=3\n"
+        "  w4 = f32[300,64] get-tuple-element(w), index=4\n"
+        "  w5 = f32[300,64] get-tuple-element(w), index=5\n"
+        "  ROOT t = (f32[300,64], f32[300,64], f32[300,64]) tuple(w3, w4, w5)\n}\n");
+}
+END_TEST
+
 /* A scan as JAX exports it: a while whose state carries the counter, h, the
  * stacked outputs, the stacked inputs and two loop-invariant weights; each
  * step slices x out of xs, runs h' = tanh(0.01 (x W + h U)) through a call
@@ -687,6 +812,8 @@ int main(void) {
   tcase_add_test(tc, test_denormals_flushed);
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
+  tcase_add_test(tc, test_conditional_in_place);
+  tcase_add_test(tc, test_scatter_rows);
   tcase_add_test(tc, test_scan_loop);
   tcase_add_test(tc, test_run_limits);
   suite_add_tcase(s, tc);
