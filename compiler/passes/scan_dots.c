@@ -71,8 +71,7 @@ static bool only_gte_uses(const kiln_module *m, const kiln_computation *c, kiln_
   for (uint32_t i = 0; i < c->ninstrs; i++) {
     const kiln_instr *x = m->instrs[c->instrs[i]];
     for (uint32_t k = 0; k < x->noperands; k++)
-      if ((x->operands[k] == param && x->op != KILN_OP_GET_TUPLE_ELEMENT) ||
-          x->operands[k] == root)
+      if ((x->operands[k] == param && x->op != KILN_OP_GET_TUPLE_ELEMENT) || x->operands[k] == root)
         return false;
   }
   return true;
@@ -125,7 +124,8 @@ static const kiln_instr *step_slice(const loop *l, kiln_id id) {
       kiln_shape_is_dynamic(xs) || !invariant(l, x->id))
     return NULL;
   const kiln_i64s *sz = kiln_instr_attr_ints(ds, KILN_ATTR_DYNAMIC_SLICE_SIZES);
-  if (sz == NULL || sz->n != xs->rank || sz->v[0] != 1 || r->shape.rank != xs->rank - 1) return NULL;
+  if (sz == NULL || sz->n != xs->rank || sz->v[0] != 1 || r->shape.rank != xs->rank - 1)
+    return NULL;
   for (uint32_t k = 1; k < xs->rank; k++)
     if (sz->v[k] != xs->dims[k] || r->shape.dims[k - 1] != xs->dims[k]) return NULL;
   for (uint32_t k = 1; k <= xs->rank; k++)

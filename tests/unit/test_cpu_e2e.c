@@ -651,6 +651,23 @@ START_TEST(test_scan_dots) {
 }
 END_TEST
 
+/* An SGD update through a transposed gradient, w - lr * transpose(x^T g):
+ * algsimp swaps the dot's operands so the GEMM writes the update's order
+ * (the transpose's layout {0,1} dropped); with batch dims too. */
+START_TEST(test_transpose_of_dot) {
+  agree("HloModule m\nENTRY e {\n  x = f32[40,24] parameter(0)\n  g = f32[40,56] parameter(1)\n"
+        "  w = f32[56,24] parameter(2)\n"
+        "  d = f32[24,56] dot(x, g), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+        "  t = f32[56,24]{0,1} transpose(d), dimensions={1,0}\n  k = f32[] constant(0.001)\n"
+        "  kb = f32[56,24] broadcast(k), dimensions={}\n  u = f32[56,24]{0,1} multiply(t, kb)\n"
+        "  ROOT n = f32[56,24] subtract(w, u)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[3,4,5,6] parameter(0)\n  b = f32[3,6,7] parameter(1)\n"
+        "  d = f32[3,4,5,7] dot(a, b), lhs_batch_dims={0}, lhs_contracting_dims={3}, "
+        "rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
+        "  ROOT t = f32[3,7,4,5]{1,2,3,0} transpose(d), dimensions={0,3,1,2}\n}\n");
+}
+END_TEST
+
 /* The cpu backend honours the run options through kiln_run_module_with. */
 START_TEST(test_run_limits) {
   const char *text = "HloModule m\ncond {\n  s = s32[] parameter(0)\n"
@@ -761,6 +778,7 @@ int main(void) {
   tcase_add_test(tc, test_control_flow);
   tcase_add_test(tc, test_scan_loop);
   tcase_add_test(tc, test_scan_dots);
+  tcase_add_test(tc, test_transpose_of_dot);
   tcase_add_test(tc, test_run_limits);
   suite_add_tcase(s, tc);
   tc = tcase_create("corpus");
