@@ -587,33 +587,34 @@ END_TEST
  * on either side of the dot; and with fewer trips than steps (left alone). */
 static void scan_dots_case(const char *idx, int trips, bool x_rhs) {
   char text[4096];
-  const char *dot = x_rhs ? "  a0 = f32[24,8] dot(w, x), lhs_contracting_dims={0}, "
+  const char *dot = x_rhs ? "  a0 = f32[256,8] dot(w, x), lhs_contracting_dims={0}, "
                             "rhs_contracting_dims={1}\n"
-                            "  a = f32[8,24] transpose(a0), dimensions={1,0}\n"
-                          : "  a = f32[8,24] dot(x, w), lhs_contracting_dims={1}, "
+                            "  n0 = f32[256,8] negate(a0)\n" /* not a transpose of a dot */
+                            "  a = f32[8,256] transpose(n0), dimensions={1,0}\n"
+                          : "  a = f32[8,256] dot(x, w), lhs_contracting_dims={1}, "
                             "rhs_contracting_dims={0}\n";
   snprintf(text, sizeof text,
            "HloModule m\n"
-           "body {\n  s = (s32[], f32[8,24], f32[6,8,24], f32[24,24]) parameter(0)\n"
+           "body {\n  s = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) parameter(0)\n"
            "  i = s32[] get-tuple-element(s), index=0\n"
-           "  h = f32[8,24] get-tuple-element(s), index=1\n"
-           "  xs = f32[6,8,24] get-tuple-element(s), index=2\n"
-           "  w = f32[24,24] get-tuple-element(s), index=3\n"
+           "  h = f32[8,256] get-tuple-element(s), index=1\n"
+           "  xs = f32[6,8,256] get-tuple-element(s), index=2\n"
+           "  w = f32[256,256] get-tuple-element(s), index=3\n"
            "  z = s32[] constant(0)\n  k = s32[] constant(5)\n  ix = s32[] %s\n"
-           "  xd = f32[1,8,24] dynamic-slice(xs, ix, z, z), dynamic_slice_sizes={1,8,24}\n"
-           "  x = f32[8,24] reshape(xd)\n%s"
-           "  c = f32[8,24] add(a, h)\n  t = f32[8,24] tanh(c)\n"
+           "  xd = f32[1,8,256] dynamic-slice(xs, ix, z, z), dynamic_slice_sizes={1,8,256}\n"
+           "  x = f32[8,256] reshape(xd)\n%s"
+           "  c = f32[8,256] add(a, h)\n  t = f32[8,256] tanh(c)\n"
            "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
-           "  ROOT r = (s32[], f32[8,24], f32[6,8,24], f32[24,24]) tuple(j, t, xs, w)\n}\n"
-           "cond {\n  s = (s32[], f32[8,24], f32[6,8,24], f32[24,24]) parameter(0)\n"
+           "  ROOT r = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) tuple(j, t, xs, w)\n}\n"
+           "cond {\n  s = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) parameter(0)\n"
            "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(%d)\n"
            "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
-           "ENTRY e {\n  h0 = f32[8,24] parameter(0)\n  xs = f32[6,8,24] parameter(1)\n"
-           "  w = f32[24,24] parameter(2)\n  z = s32[] constant(0)\n"
-           "  t = (s32[], f32[8,24], f32[6,8,24], f32[24,24]) tuple(z, h0, xs, w)\n"
-           "  l = (s32[], f32[8,24], f32[6,8,24], f32[24,24]) while(t), condition=cond, "
+           "ENTRY e {\n  h0 = f32[8,256] parameter(0)\n  xs = f32[6,8,256] parameter(1)\n"
+           "  w = f32[256,256] parameter(2)\n  z = s32[] constant(0)\n"
+           "  t = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) tuple(z, h0, xs, w)\n"
+           "  l = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) while(t), condition=cond, "
            "body=body\n"
-           "  ROOT hf = f32[8,24] get-tuple-element(l), index=1\n}\n",
+           "  ROOT hf = f32[8,256] get-tuple-element(l), index=1\n}\n",
            idx, dot, trips);
   agree(text);
 }
@@ -627,27 +628,27 @@ START_TEST(test_scan_dots) {
   }
   /* Batch dimensions: the product's step dimension follows them. */
   agree("HloModule m\n"
-        "body {\n  s = (s32[], f32[2,4,24], f32[5,2,4,24], f32[2,24,24]) parameter(0)\n"
+        "body {\n  s = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) parameter(0)\n"
         "  i = s32[] get-tuple-element(s), index=0\n"
-        "  h = f32[2,4,24] get-tuple-element(s), index=1\n"
-        "  xs = f32[5,2,4,24] get-tuple-element(s), index=2\n"
-        "  w = f32[2,24,24] get-tuple-element(s), index=3\n  z = s32[] constant(0)\n"
-        "  xd = f32[1,2,4,24] dynamic-slice(xs, i, z, z, z), dynamic_slice_sizes={1,2,4,24}\n"
-        "  x = f32[2,4,24] reshape(xd)\n"
-        "  a = f32[2,4,24] dot(x, w), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+        "  h = f32[2,4,256] get-tuple-element(s), index=1\n"
+        "  xs = f32[5,2,4,256] get-tuple-element(s), index=2\n"
+        "  w = f32[2,256,256] get-tuple-element(s), index=3\n  z = s32[] constant(0)\n"
+        "  xd = f32[1,2,4,256] dynamic-slice(xs, i, z, z, z), dynamic_slice_sizes={1,2,4,256}\n"
+        "  x = f32[2,4,256] reshape(xd)\n"
+        "  a = f32[2,4,256] dot(x, w), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
         "rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
-        "  c = f32[2,4,24] add(a, h)\n  t = f32[2,4,24] tanh(c)\n"
+        "  c = f32[2,4,256] add(a, h)\n  t = f32[2,4,256] tanh(c)\n"
         "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
-        "  ROOT r = (s32[], f32[2,4,24], f32[5,2,4,24], f32[2,24,24]) tuple(j, t, xs, w)\n}\n"
-        "cond {\n  s = (s32[], f32[2,4,24], f32[5,2,4,24], f32[2,24,24]) parameter(0)\n"
+        "  ROOT r = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) tuple(j, t, xs, w)\n}\n"
+        "cond {\n  s = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) parameter(0)\n"
         "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(5)\n"
         "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
-        "ENTRY e {\n  h0 = f32[2,4,24] parameter(0)\n  xs = f32[5,2,4,24] parameter(1)\n"
-        "  w = f32[2,24,24] parameter(2)\n  z = s32[] constant(0)\n"
-        "  t = (s32[], f32[2,4,24], f32[5,2,4,24], f32[2,24,24]) tuple(z, h0, xs, w)\n"
-        "  l = (s32[], f32[2,4,24], f32[5,2,4,24], f32[2,24,24]) while(t), condition=cond, "
+        "ENTRY e {\n  h0 = f32[2,4,256] parameter(0)\n  xs = f32[5,2,4,256] parameter(1)\n"
+        "  w = f32[2,256,256] parameter(2)\n  z = s32[] constant(0)\n"
+        "  t = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) tuple(z, h0, xs, w)\n"
+        "  l = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) while(t), condition=cond, "
         "body=body\n"
-        "  ROOT hf = f32[2,4,24] get-tuple-element(l), index=1\n}\n");
+        "  ROOT hf = f32[2,4,256] get-tuple-element(l), index=1\n}\n");
 }
 END_TEST
 
