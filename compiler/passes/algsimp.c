@@ -406,16 +406,35 @@ static uint32_t readers(const simp *s, kiln_id id) {
   return n;
 }
 
+/* Whether the value id is stored as it is: the computation's root or an
+ * element of a tuple (an output, a loop's state), where its own layout is
+ * the one wanted. */
+static bool stored(const simp *s, kiln_id id) {
+  const kiln_computation *c = s->m->comps[s->comp];
+  if (c->root == id) return true;
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *y = s->m->instrs[c->instrs[i]];
+    for (uint32_t k = 0; y->op == KILN_OP_TUPLE && k < y->noperands; k++)
+      if (y->operands[k] == id) return true;
+  }
+  return false;
+}
+
 /* transpose(dot(a, b)) that puts b's free dims before a's (batch dims
  * staying first) is dot(b, a): the same sums of the same products, in the
  * same order of contracting pairs, written in the transposed order. A
  * gradient's dW^T that an update then transposes back (w - lr * dW^T^T)
  * becomes one GEMM writing dW in w's own order, instead of a GEMM and a
  * strided copy over the whole matrix. Only for a dot read by nothing else
- * (otherwise both products would be computed). */
+ * (otherwise both products would be computed), and only where the
+ * transpose is read by computations: a transpose that is stored (JAX's
+ * gradient outputs are often transposes laid out {0,1}, relabellings of the
+ * dot's row-major result) stays, since a row-major dot would then need a
+ * copy into the stored layout. */
 static int transpose_of_dot(simp *s, kiln_instr *ins, const kiln_instr *x, const kiln_i64s *p,
                             kiln_id *out) {
-  if (x->op != KILN_OP_DOT || x->noperands != 2 || x->ncontrol || readers(s, x->id) != 1)
+  if (x->op != KILN_OP_DOT || x->noperands != 2 || x->ncontrol || readers(s, x->id) != 1 ||
+      stored(s, ins->id))
     return NO_CHANGE;
   const kiln_i64s *lb = kiln_instr_attr_ints(x, KILN_ATTR_LHS_BATCH_DIMS);
   const kiln_i64s *lc = kiln_instr_attr_ints(x, KILN_ATTR_LHS_CONTRACTING_DIMS);
