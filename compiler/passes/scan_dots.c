@@ -165,11 +165,13 @@ static int match(const loop *l, const kiln_instr *d, const kiln_id ops[2]) {
                                                         : KILN_ATTR_RHS_CONTRACTING_DIMS);
     const kiln_shape *ss = &m->instrs[ops[s]]->shape;
     int64_t k = 1;
-    for (uint32_t j = 0; c && j < c->n; j++)
+    for (uint32_t j = 0; c && j < c->n && k < MIN_CONTRACTION; j++)
       k *= c->v[j] >= 0 && c->v[j] < (int64_t)ss->rank ? ss->dims[c->v[j]] : 0;
     if (k < MIN_CONTRACTION) return -1;
     int64_t bytes = kiln_shape_bytes(&d->shape);
-    if (bytes < 0 || xs->dims[0] > l->trips || bytes > MAX_PRODUCT_BYTES / xs->dims[0]) return -1;
+    if (bytes < 0 || xs->dims[0] < 1 || xs->dims[0] > l->trips ||
+        bytes > MAX_PRODUCT_BYTES / xs->dims[0])
+      return -1;
     return s;
   }
   return -1;
