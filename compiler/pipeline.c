@@ -20,6 +20,7 @@ static const kiln_pass passes[] = {
     {"constfold", kiln_pass_constfold, 1},
     {"cse", kiln_pass_cse, 1},
     {"dce", kiln_pass_dce, 0},
+    {"scan_dots", kiln_pass_scan_dots, 1}, /* before while_licm, which hoists its products */
     {"while_licm", kiln_pass_while_licm, 1},
     {"annotations", kiln_pass_annotations, 0},
     {"dot_canon", kiln_pass_dot_canon, 1},

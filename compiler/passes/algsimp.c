@@ -25,7 +25,9 @@
  * permutation), broadcast of broadcast (composed dimensions), slice of
  * slice (composed start and stride) become one; reshape or transpose of a
  * scalar broadcast becomes a broadcast; a one-operand concatenate is its
- * operand; get-tuple-element of a tuple is the element.
+ * operand; get-tuple-element of a tuple is the element; a transpose that
+ * swaps a dot's two free-dimension blocks is the dot with its operands
+ * swapped (when nothing else reads the dot).
  *
  * No rewrite reassociates. The walk goes in order, so operands are already
  * simplified when their users are looked at; an instruction rewritten in
@@ -392,12 +394,87 @@ static int simp_reshape(simp *s, kiln_instr *ins, kiln_id *out) {
   return NO_CHANGE;
 }
 
+/* Readers of id in the computation being walked (the root counts). */
+static uint32_t readers(const simp *s, kiln_id id) {
+  const kiln_computation *c = s->m->comps[s->comp];
+  uint32_t n = c->root == id;
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *y = s->m->instrs[c->instrs[i]];
+    for (uint32_t k = 0; k < y->noperands; k++) n += y->operands[k] == id;
+    for (uint32_t k = 0; k < y->ncontrol; k++) n += y->control_preds[k] == id;
+  }
+  return n;
+}
+
+/* Whether the value id is stored as it is: the computation's root or an
+ * element of a tuple (an output, a loop's state), where its own layout is
+ * the one wanted. */
+static bool stored(const simp *s, kiln_id id) {
+  const kiln_computation *c = s->m->comps[s->comp];
+  if (c->root == id) return true;
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *y = s->m->instrs[c->instrs[i]];
+    for (uint32_t k = 0; y->op == KILN_OP_TUPLE && k < y->noperands; k++)
+      if (y->operands[k] == id) return true;
+  }
+  return false;
+}
+
+/* transpose(dot(a, b)) that puts b's free dims before a's (batch dims
+ * staying first) is dot(b, a): the same sums of the same products, in the
+ * same order of contracting pairs, written in the transposed order. A
+ * gradient's dW^T that an update then transposes back (w - lr * dW^T^T)
+ * becomes one GEMM writing dW in w's own order, instead of a GEMM and a
+ * strided copy over the whole matrix. Only for a dot read by nothing else
+ * (otherwise both products would be computed), and only where the
+ * transpose is read by computations: a transpose that is stored (JAX's
+ * gradient outputs are often transposes laid out {0,1}, relabellings of the
+ * dot's row-major result) stays, since a row-major dot would then need a
+ * copy into the stored layout. */
+static int transpose_of_dot(simp *s, kiln_instr *ins, const kiln_instr *x, const kiln_i64s *p,
+                            kiln_id *out) {
+  if (x->op != KILN_OP_DOT || x->noperands != 2 || x->ncontrol || readers(s, x->id) != 1 ||
+      stored(s, ins->id))
+    return NO_CHANGE;
+  const kiln_i64s *lb = kiln_instr_attr_ints(x, KILN_ATTR_LHS_BATCH_DIMS);
+  const kiln_i64s *lc = kiln_instr_attr_ints(x, KILN_ATTR_LHS_CONTRACTING_DIMS);
+  const kiln_i64s *rb = kiln_instr_attr_ints(x, KILN_ATTR_RHS_BATCH_DIMS);
+  const kiln_i64s *rc = kiln_instr_attr_ints(x, KILN_ATTR_RHS_CONTRACTING_DIMS);
+  int64_t nb = lb ? lb->n : 0, nlc = lc ? lc->n : 0;
+  int64_t fa = (int64_t)opnd(s, x, 0)->shape.rank - nb - nlc;
+  int64_t fb = (int64_t)p->n - nb - fa;
+  if (fa <= 0 || fb <= 0 || (rb ? rb->n : 0) != nb || (rc ? rc->n : 0) != nlc) return NO_CHANGE;
+  for (int64_t i = 0; i < (int64_t)p->n; i++) {
+    int64_t want = i < nb ? i : i < nb + fb ? nb + fa + (i - nb) : nb + (i - nb - fb);
+    if (p->v[i] != want) return NO_CHANGE;
+  }
+  /* Row-major: the transpose's own layout is often {0,1} (it was a
+   * relabelling of the dot's row-major result), which would have the new
+   * dot write the old order again. */
+  kiln_shape rs = ins->shape;
+  rs.layout = NULL;
+  kiln__b b = builder(s);
+  kiln_id ops[2] = {x->operands[1], x->operands[0]};
+  kiln_instr *d = kiln__b_clone_start(&b, x, ops, 2);
+  kiln_module *m = s->m;
+  if (d == NULL || (rb && kiln_instr_set_attr_ints(m, d, KILN_ATTR_LHS_BATCH_DIMS, rb->v, rb->n)) ||
+      (lb && kiln_instr_set_attr_ints(m, d, KILN_ATTR_RHS_BATCH_DIMS, lb->v, lb->n)) ||
+      (rc && kiln_instr_set_attr_ints(m, d, KILN_ATTR_LHS_CONTRACTING_DIMS, rc->v, rc->n)) ||
+      (lc && kiln_instr_set_attr_ints(m, d, KILN_ATTR_RHS_CONTRACTING_DIMS, lc->v, lc->n)) ||
+      kiln_instr_set_shape(m, d, &rs) || grow(s))
+    return KILN_ENOMEM;
+  *out = d->id;
+  return REPLACED;
+}
+
 static int simp_transpose(simp *s, kiln_instr *ins, kiln_id *out) {
   kiln_instr *x = opnd(s, ins, 0);
   const kiln_i64s *p = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
   if (p == NULL || p->n != ins->shape.rank) return NO_CHANGE;
   if (is_iota(p, p->n) && replace(s, ins, x->id, out)) return REPLACED;
   if (scalar_broadcast(s, x)) return to_scalar_broadcast(s, ins, x->operands[0]);
+  int r = transpose_of_dot(s, ins, x, p, out);
+  if (r != NO_CHANGE) return r;
   const kiln_i64s *q = kiln_instr_attr_ints(x, KILN_ATTR_DIMENSIONS);
   if (x->op != KILN_OP_TRANSPOSE || q == NULL || q->n != p->n) return NO_CHANGE;
   /* Result dim i is x's dim p[i], which is x's operand's dim q[p[i]]. */

@@ -57,13 +57,18 @@ static uint32_t uses(const kiln_module *m, const kiln_computation *c, kiln_id id
   return n;
 }
 
-static bool inlinable(const kiln_module *m, uint32_t comp, const kiln_instr *call) {
+/* Whether call can be copied in place at all (whatever its readers). */
+static bool can_inline(const kiln_module *m, uint32_t comp, const kiln_instr *call) {
   if (call->op != KILN_OP_CALL || call->ncalled != 1 || call->called[0] >= m->ncomps ||
       call->called[0] == comp || call->ncontrol)
     return false;
   const kiln_computation *callee = m->comps[call->called[0]];
   return callee->root != KILN_NO_ID && !has_control(m, callee) &&
-         !is_control_pred(m, m->comps[comp], call->id) && uses(m, m->comps[comp], call->id) <= 1;
+         !is_control_pred(m, m->comps[comp], call->id);
+}
+
+static bool inlinable(const kiln_module *m, uint32_t comp, const kiln_instr *call) {
+  return can_inline(m, comp, call) && uses(m, m->comps[comp], call->id) <= 1;
 }
 
 /* Copies call's computation into `comp` and points the call's users at the
@@ -140,6 +145,24 @@ static int inline_comp(kiln__tx *tx, uint32_t comp, bool *keep) {
     kiln_computation_compact(m, comp, keep);
     rc = kiln_computation_sort(m, comp, tx->st);
   }
+  return rc;
+}
+
+bool kiln__inline_can(const kiln_module *m, uint32_t comp, const kiln_instr *call) {
+  return can_inline(m, comp, call);
+}
+
+int kiln__inline_call(kiln__tx *tx, uint32_t comp, kiln_id call) {
+  kiln_module *m = tx->m;
+  uint32_t copied = 0;
+  int rc = inline_one(tx, comp, m->instrs[call], &copied);
+  if (rc) return rc;
+  bool *keep = kiln_malloc(((size_t)m->ninstrs + 1) * sizeof *keep);
+  if (keep == NULL) return kiln__tx_oom(tx);
+  for (size_t i = 0; i < m->ninstrs; i++) keep[i] = i != call;
+  kiln_computation_compact(m, comp, keep);
+  rc = kiln_computation_sort(m, comp, tx->st);
+  kiln_free(keep);
   return rc;
 }
 

@@ -42,6 +42,7 @@ typedef struct licm {
   uint32_t gen;
   kiln_id *elem; /* the loop being rewritten: its state elements before it */
   kiln__tx tx;   /* builds the copies, reads and tuples; one per pass run */
+  bool moved;    /* some loop grew: its body keeps the dead originals until dce */
 } licm;
 
 static int grow(licm *l) {
@@ -355,6 +356,7 @@ static int licm_computation(licm *l, uint32_t comp) {
     rc = hoist(l, &nc, w, &done);
     if (done) g[grown++] = (grown_loop){w->id, old, KILN_NO_ID};
   }
+  if (grown) l->moved = true;
   if (rc == 0 && grown) rc = rewrap(l, &nc, g, grown);
   if (rc == 0 && grown) rc = kiln_computation_sort(m, comp, NULL);
   kiln_free(g);
@@ -393,5 +395,7 @@ out:
   kiln_free(l.elem);
   if (rc == KILN_ENOMEM) return kiln_status_set(ctx->st, rc, "while_licm", "out of memory");
   if (rc) return kiln_status_set(ctx->st, rc, "while_licm", "cannot hoist out of a loop");
-  return 0;
+  /* The hoisted originals are dead in the bodies now, but a body runs every
+   * instruction it lists: without this the loop still computed them. */
+  return l.moved ? kiln_pass_dce(m, ctx) : 0;
 }

@@ -16,5 +16,14 @@ int kiln_pass_fusion(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_layout(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_schedule(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_remat(kiln_module *m, const kiln_pass_ctx *ctx);
+int kiln_pass_scan_dots(kiln_module *m, const kiln_pass_ctx *ctx);
+
+/* For passes that inline one call where it pays (inline.c): whether `call`
+ * of computation comp can be copied in place (one callee, no control
+ * edges), and the copy itself. The call's users read the copied root; the
+ * call leaves comp's order, which is sorted again. */
+struct kiln__tx;
+bool kiln__inline_can(const kiln_module *m, uint32_t comp, const kiln_instr *call);
+int kiln__inline_call(struct kiln__tx *tx, uint32_t comp, kiln_id call);
 
 #endif /* KILN_COMPILER_PASSES_PASSES_H */

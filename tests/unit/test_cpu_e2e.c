@@ -704,6 +704,96 @@ START_TEST(test_scan_loop) {
 }
 END_TEST
 
+/* A scan whose step multiplies xs[idx] by a loop-invariant w: the
+ * scan_dots pass turns it into one product over all steps before the loop
+ * when the loop runs at least as many times as xs has steps. Checked
+ * against interp with the step index i, reversed, and past the end (the
+ * dynamic-slice clamps it, and so must the slice of the product); with x
+ * on either side of the dot; and with fewer trips than steps (left alone). */
+static void scan_dots_case(const char *idx, int trips, bool x_rhs) {
+  char text[4096];
+  const char *dot = x_rhs ? "  a0 = f32[256,8] dot(w, x), lhs_contracting_dims={0}, "
+                            "rhs_contracting_dims={1}\n"
+                            "  n0 = f32[256,8] negate(a0)\n" /* not a transpose of a dot */
+                            "  a = f32[8,256] transpose(n0), dimensions={1,0}\n"
+                          : "  a = f32[8,256] dot(x, w), lhs_contracting_dims={1}, "
+                            "rhs_contracting_dims={0}\n";
+  snprintf(text, sizeof text,
+           "HloModule m\n"
+           "body {\n  s = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) parameter(0)\n"
+           "  i = s32[] get-tuple-element(s), index=0\n"
+           "  h = f32[8,256] get-tuple-element(s), index=1\n"
+           "  xs = f32[6,8,256] get-tuple-element(s), index=2\n"
+           "  w = f32[256,256] get-tuple-element(s), index=3\n"
+           "  z = s32[] constant(0)\n  k = s32[] constant(5)\n  ix = s32[] %s\n"
+           "  xd = f32[1,8,256] dynamic-slice(xs, ix, z, z), dynamic_slice_sizes={1,8,256}\n"
+           "  x = f32[8,256] reshape(xd)\n%s"
+           "  c = f32[8,256] add(a, h)\n  t = f32[8,256] tanh(c)\n"
+           "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
+           "  ROOT r = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) tuple(j, t, xs, w)\n}\n"
+           "cond {\n  s = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) parameter(0)\n"
+           "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(%d)\n"
+           "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
+           "ENTRY e {\n  h0 = f32[8,256] parameter(0)\n  xs = f32[6,8,256] parameter(1)\n"
+           "  w = f32[256,256] parameter(2)\n  z = s32[] constant(0)\n"
+           "  t = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) tuple(z, h0, xs, w)\n"
+           "  l = (s32[], f32[8,256], f32[6,8,256], f32[256,256]) while(t), condition=cond, "
+           "body=body\n"
+           "  ROOT hf = f32[8,256] get-tuple-element(l), index=1\n}\n",
+           idx, dot, trips);
+  agree(text);
+}
+
+START_TEST(test_scan_dots) {
+  for (int rhs = 0; rhs < 2; rhs++) {
+    scan_dots_case("add(i, z)", 6, rhs);
+    scan_dots_case("subtract(k, i)", 6, rhs); /* a reverse scan */
+    scan_dots_case("add(i, k)", 9, rhs);      /* clamped to the last step */
+    scan_dots_case("add(i, z)", 4, rhs);      /* fewer trips than steps */
+  }
+  /* Batch dimensions: the product's step dimension follows them. */
+  agree("HloModule m\n"
+        "body {\n  s = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) parameter(0)\n"
+        "  i = s32[] get-tuple-element(s), index=0\n"
+        "  h = f32[2,4,256] get-tuple-element(s), index=1\n"
+        "  xs = f32[5,2,4,256] get-tuple-element(s), index=2\n"
+        "  w = f32[2,256,256] get-tuple-element(s), index=3\n  z = s32[] constant(0)\n"
+        "  xd = f32[1,2,4,256] dynamic-slice(xs, i, z, z, z), dynamic_slice_sizes={1,2,4,256}\n"
+        "  x = f32[2,4,256] reshape(xd)\n"
+        "  a = f32[2,4,256] dot(x, w), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+        "rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
+        "  c = f32[2,4,256] add(a, h)\n  t = f32[2,4,256] tanh(c)\n"
+        "  one = s32[] constant(1)\n  j = s32[] add(i, one)\n"
+        "  ROOT r = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) tuple(j, t, xs, w)\n}\n"
+        "cond {\n  s = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) parameter(0)\n"
+        "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(5)\n"
+        "  ROOT p = pred[] compare(i, n), direction=LT\n}\n"
+        "ENTRY e {\n  h0 = f32[2,4,256] parameter(0)\n  xs = f32[5,2,4,256] parameter(1)\n"
+        "  w = f32[2,256,256] parameter(2)\n  z = s32[] constant(0)\n"
+        "  t = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) tuple(z, h0, xs, w)\n"
+        "  l = (s32[], f32[2,4,256], f32[5,2,4,256], f32[2,256,256]) while(t), condition=cond, "
+        "body=body\n"
+        "  ROOT hf = f32[2,4,256] get-tuple-element(l), index=1\n}\n");
+}
+END_TEST
+
+/* An SGD update through a transposed gradient, w - lr * transpose(x^T g):
+ * algsimp swaps the dot's operands so the GEMM writes the update's order
+ * (the transpose's layout {0,1} dropped); with batch dims too. */
+START_TEST(test_transpose_of_dot) {
+  agree("HloModule m\nENTRY e {\n  x = f32[40,24] parameter(0)\n  g = f32[40,56] parameter(1)\n"
+        "  w = f32[56,24] parameter(2)\n"
+        "  d = f32[24,56] dot(x, g), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+        "  t = f32[56,24]{0,1} transpose(d), dimensions={1,0}\n  k = f32[] constant(0.001)\n"
+        "  kb = f32[56,24] broadcast(k), dimensions={}\n  u = f32[56,24]{0,1} multiply(t, kb)\n"
+        "  ROOT n = f32[56,24] subtract(w, u)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[3,4,5,6] parameter(0)\n  b = f32[3,6,7] parameter(1)\n"
+        "  d = f32[3,4,5,7] dot(a, b), lhs_batch_dims={0}, lhs_contracting_dims={3}, "
+        "rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
+        "  ROOT t = f32[3,7,4,5]{1,2,3,0} transpose(d), dimensions={0,3,1,2}\n}\n");
+}
+END_TEST
+
 /* The cpu backend honours the run options through kiln_run_module_with. */
 START_TEST(test_run_limits) {
   const char *text = "HloModule m\ncond {\n  s = s32[] parameter(0)\n"
@@ -815,6 +905,8 @@ int main(void) {
   tcase_add_test(tc, test_conditional_in_place);
   tcase_add_test(tc, test_scatter_rows);
   tcase_add_test(tc, test_scan_loop);
+  tcase_add_test(tc, test_scan_dots);
+  tcase_add_test(tc, test_transpose_of_dot);
   tcase_add_test(tc, test_run_limits);
   suite_add_tcase(s, tc);
   tc = tcase_create("corpus");
