@@ -22,6 +22,7 @@
 
 #include "compiler/eval/interp_internal.h"
 #include "compiler/ir/debug_print.h"
+#include "compiler/ir/lapack.h"
 #include "compiler/ir/sharding.h"
 
 static int unimpl(kiln__interp_ctx *c, const kiln_instr *ins, const char *why) {
@@ -175,6 +176,7 @@ int kiln__interp_eval_custom_call(kiln__interp_ctx *c, const kiln_instr *ins,
     }
     return rc;
   }
+  if (kiln_lapack_is_target(t)) return kiln__interp_eval_lapack(c, ins, ops, out);
   if (kiln_custom_call_is_annotation(t)) {
     if (ins->noperands != 1)
       return kiln__interp_fail(c, ins, KILN_EINVAL, "custom-call %s: %s takes one operand",
