@@ -49,7 +49,8 @@ static void tri_solve(const double *t, bool lower, int64_t k, double *b, int64_t
     for (int64_t s = 0; s < k; s++) {
       int64_t i = lower ? s : k - 1 - s;
       double v = b[i * nrhs + q];
-      for (int64_t j = lower ? 0 : i + 1; j < (lower ? i : k); j++) v -= t[i * k + j] * b[j * nrhs + q];
+      for (int64_t j = lower ? 0 : i + 1; j < (lower ? i : k); j++)
+        v -= t[i * k + j] * b[j * nrhs + q];
       b[i * nrhs + q] = v / t[i * k + i];
     }
 }
@@ -108,8 +109,8 @@ static void qr(double *a, int64_t m, int64_t n, double *tau) {
 
 /* Q = H_0 ... H_{k-1} times the first n columns of the identity, from the
  * reflectors in v (m x n, below the diagonal) and tau: LAPACK's orgqr. */
-static void householder_product(const double *v, int64_t m, int64_t n, int64_t k,
-                                const double *tau, double *q) {
+static void householder_product(const double *v, int64_t m, int64_t n, int64_t k, const double *tau,
+                                double *q) {
   memset(q, 0, (size_t)(m * n) * sizeof *q);
   for (int64_t i = 0; i < n; i++) q[i * n + i] = 1;
   for (int64_t j = k - 1; j >= 0; j--)
@@ -421,7 +422,8 @@ int kiln__interp_eval_lapack(kiln__interp_ctx *c, const kiln_instr *ins,
   for (uint32_t i = 0; i < nops; i++) j.in[i] = ops[i];
   int rc = kiln__interp_lit_result(c, ins, out);
   if (rc) return rc;
-  for (uint32_t i = 0; i < nres; i++) j.out[i] = ins->shape.dtype == KILN_TUPLE ? (*out)->elems[i] : *out;
+  for (uint32_t i = 0; i < nres; i++)
+    j.out[i] = ins->shape.dtype == KILN_TUPLE ? (*out)->elems[i] : *out;
   int64_t big = j.l.m > j.l.n ? j.l.m : j.l.n, batch = 1;
   size_t words = (size_t)(big * big + 2 * big + 2);
   for (int w = 0; w < 4; w++)

@@ -72,7 +72,8 @@ bool kiln_lapack_is(const kiln_instr *ins) {
          kiln_lapack_is_target(kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET));
 }
 
-static int failf(char *why, size_t nwhy, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int failf(char *why, size_t nwhy, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int failf(char *why, size_t nwhy, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -119,8 +120,7 @@ static const char *skip(const char *p) {
 }
 
 /* Reads `{key = N : ui8, ...}` (braces optional, "" and NULL are empty). */
-static int read_config(const char *cfg, const char *tname, kiln_lapack *l, char *why,
-                       size_t nwhy) {
+static int read_config(const char *cfg, const char *tname, kiln_lapack *l, char *why, size_t nwhy) {
   const flag_spec *spec = flags_of(l->kind);
   const char *p = skip(cfg ? cfg : "");
   bool brace = *p == '{';
@@ -136,8 +136,10 @@ static int read_config(const char *cfg, const char *tname, kiln_lapack *l, char 
     }
     key[n] = 0;
     if (n == 0)
-      return failf(why, nwhy, "%s: backend_config is not a dictionary {key = N : ui8, ...} (at "
-                   "offset %td)", tname, p - cfg);
+      return failf(why, nwhy,
+                   "%s: backend_config is not a dictionary {key = N : ui8, ...} (at "
+                   "offset %td)",
+                   tname, p - cfg);
     p = skip(p);
     if (*p != '=') return failf(why, nwhy, "%s: backend_config: %s has no '= value'", tname, key);
     p = skip(p + 1);
@@ -159,8 +161,7 @@ static int read_config(const char *cfg, const char *tname, kiln_lapack *l, char 
       return failf(why, nwhy, "%s: backend_config has key %s, which %s does not take", tname, key,
                    kind_names[l->kind]);
     uint8_t *dst = (uint8_t *)l + f->field;
-    if (*dst)
-      return failf(why, nwhy, "%s: backend_config gives %s twice", tname, key);
+    if (*dst) return failf(why, nwhy, "%s: backend_config gives %s twice", tname, key);
     if (v <= 0 || v > 127 || strchr(f->allowed, (int)v) == NULL) {
       char list[64] = "";
       for (const char *a = f->allowed; *a; a++) {
@@ -171,7 +172,8 @@ static int read_config(const char *cfg, const char *tname, kiln_lapack *l, char 
       return failf(why, nwhy, "%s: %s is %ld, expected %s", tname, key, v, list);
     }
     *dst = (uint8_t)v;
-    if (*p == ',') p = skip(p + 1);
+    if (*p == ',')
+      p = skip(p + 1);
     else if (*p && *p != '}')
       return failf(why, nwhy, "%s: backend_config: expected ',' or '}' after %s", tname, key);
   }
@@ -195,8 +197,7 @@ static uint32_t real_of(uint32_t dt) {
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* The minor dims of argument i (0, 1 or 2 of them) and its type. */
-static bool minor_dims(const kiln_lapack *l, uint32_t i, uint32_t *dtype, uint32_t *r,
-                       int64_t *d) {
+static bool minor_dims(const kiln_lapack *l, uint32_t i, uint32_t *dtype, uint32_t *r, int64_t *d) {
   uint32_t dt = l->dtype, s32 = KILN_S32;
   int64_t m = l->m, n = l->n, k = l->k, mn = min64(m, n);
 #define MAT(a, b, t) (*dtype = (t), d[0] = (a), d[1] = (b), *r = 2, true)
@@ -206,14 +207,11 @@ static bool minor_dims(const kiln_lapack *l, uint32_t i, uint32_t *dtype, uint32
   case KILN_LAPACK_POTRF: return i < 2 ? MAT(n, n, dt) : i == 2 ? SCALAR(s32) : false;
   case KILN_LAPACK_CHOLESKY: return i < 2 ? MAT(n, n, dt) : false;
   case KILN_LAPACK_TRSM:
-  case KILN_LAPACK_TRIANGULAR_SOLVE:
-    return i == 0 ? MAT(k, k, dt) : i < 3 ? MAT(m, n, dt) : false;
+  case KILN_LAPACK_TRIANGULAR_SOLVE: return i == 0 ? MAT(k, k, dt) : i < 3 ? MAT(m, n, dt) : false;
   case KILN_LAPACK_GETRF:
     return i < 2 ? MAT(m, n, dt) : i == 2 ? VEC(mn, s32) : i == 3 ? SCALAR(s32) : false;
-  case KILN_LAPACK_GEQRF:
-    return i < 2 ? MAT(m, n, dt) : i == 2 ? VEC(mn, dt) : false;
-  case KILN_LAPACK_ORGQR:
-    return i == 0 || i == 2 ? MAT(m, n, dt) : i == 1 ? VEC(k, dt) : false;
+  case KILN_LAPACK_GEQRF: return i < 2 ? MAT(m, n, dt) : i == 2 ? VEC(mn, dt) : false;
+  case KILN_LAPACK_ORGQR: return i == 0 || i == 2 ? MAT(m, n, dt) : i == 1 ? VEC(k, dt) : false;
   case KILN_LAPACK_SYEVD:
     return i < 2 ? MAT(n, n, dt) : i == 2 ? VEC(n, real_of(dt)) : i == 3 ? SCALAR(s32) : false;
   case KILN_LAPACK_GESDD: {
@@ -250,12 +248,18 @@ static uint32_t nargs_of(uint32_t kind) {
   return kind < KILN_LAPACK_KIND_COUNT ? n[kind] : 0;
 }
 
+uint32_t kiln_lapack_noperands(uint32_t kind) {
+  return kind == KILN_LAPACK_TRSM || kind == KILN_LAPACK_TRIANGULAR_SOLVE ||
+                 kind == KILN_LAPACK_ORGQR
+             ? 2
+             : 1;
+}
+
 static bool is_char(uint8_t c, const char *allowed) { return c && strchr(allowed, c) != NULL; }
 
 bool kiln_lapack_check(const kiln_lapack *l, char *why, size_t nwhy) {
   if (l->kind >= KILN_LAPACK_KIND_COUNT) return failf(why, nwhy, "unknown kind %u", l->kind), false;
-  if (l->dtype != KILN_F32 && l->dtype != KILN_F64 && l->dtype != KILN_C64 &&
-      l->dtype != KILN_C128)
+  if (l->dtype != KILN_F32 && l->dtype != KILN_F64 && l->dtype != KILN_C64 && l->dtype != KILN_C128)
     return failf(why, nwhy, "element type %u is not f32, f64, c64 or c128", l->dtype), false;
   if (l->nargs != nargs_of(l->kind))
     return failf(why, nwhy, "%s takes %u arguments, %u given", kind_names[l->kind],
@@ -281,11 +285,14 @@ bool kiln_lapack_check(const kiln_lapack *l, char *why, size_t nwhy) {
          is_char(l->diag, "NU") && l->k == (l->side == 'L' ? l->m : l->n);
     break;
   case KILN_LAPACK_ORGQR: ok = l->m >= l->n && l->n >= l->k; break;
-  case KILN_LAPACK_SYEVD: ok = is_char(l->uplo, "LU") && is_char(l->mode, "VN") && l->m == l->n; break;
+  case KILN_LAPACK_SYEVD:
+    ok = is_char(l->uplo, "LU") && is_char(l->mode, "VN") && l->m == l->n;
+    break;
   case KILN_LAPACK_GESDD: ok = is_char(l->mode, "ASN"); break;
   default: break;
   }
-  if (!ok) return failf(why, nwhy, "%s: flags or sizes are inconsistent", kind_names[l->kind]), false;
+  if (!ok)
+    return failf(why, nwhy, "%s: flags or sizes are inconsistent", kind_names[l->kind]), false;
   return true;
 }
 
@@ -302,8 +309,8 @@ static int check_arg(const kiln_lapack *l, uint32_t i, const kiln_shape *s, cons
   uint32_t dt, r;
   int64_t d[KILN_LAPACK_MAX_BATCH + 2];
   kiln_lapack_arg_dims(l, i, &dt, &r, d);
-  bool ok = kiln_shape_is_array(s) && s->dtype == (kiln_dtype)dt && s->rank == r &&
-            s->dynamic == NULL;
+  bool ok =
+      kiln_shape_is_array(s) && s->dtype == (kiln_dtype)dt && s->rank == r && s->dynamic == NULL;
   for (uint32_t j = 0; ok && j < r; j++) ok = s->dims[j] == d[j];
   if (ok) return 0;
   char want[96];
@@ -314,17 +321,13 @@ static int check_arg(const kiln_lapack *l, uint32_t i, const kiln_shape *s, cons
 /* Sizes and batch from operand 0 (and operand 1 for the solves). */
 static int sizes_from_operands(const kiln_module *mod, const kiln_instr *ins, kiln_lapack *l,
                                const char *tname, char *why, size_t nwhy) {
-  uint32_t want_ops = l->kind == KILN_LAPACK_TRSM || l->kind == KILN_LAPACK_TRIANGULAR_SOLVE ||
-                              l->kind == KILN_LAPACK_ORGQR
-                          ? 2
-                          : 1;
+  uint32_t want_ops = kiln_lapack_noperands(l->kind);
   if (ins->noperands != want_ops)
     return failf(why, nwhy, "%s takes %u operand%s, %u given", tname, want_ops,
                  want_ops > 1 ? "s" : "", ins->noperands);
   const kiln_shape *a = &mod->instrs[ins->operands[0]]->shape;
-  const kiln_shape *main = want_ops == 2 && l->kind != KILN_LAPACK_ORGQR
-                               ? &mod->instrs[ins->operands[1]]->shape
-                               : a;
+  const kiln_shape *main =
+      want_ops == 2 && l->kind != KILN_LAPACK_ORGQR ? &mod->instrs[ins->operands[1]]->shape : a;
   if (!kiln_shape_is_array(main) || main->rank < 2)
     return failf(why, nwhy, "%s: operand %u must be a (batch of) matrices, has rank %u", tname,
                  main == a ? 0u : 1u, kiln_shape_is_array(main) ? main->rank : 0u);
@@ -350,8 +353,8 @@ static int sizes_from_operands(const kiln_module *mod, const kiln_instr *ins, ki
   if ((l->kind == KILN_LAPACK_POTRF || l->kind == KILN_LAPACK_SYEVD ||
        l->kind == KILN_LAPACK_CHOLESKY) &&
       l->m != l->n)
-    return failf(why, nwhy, "%s: operand 0 must be square, is %lld x %lld", tname,
-                 (long long)l->m, (long long)l->n);
+    return failf(why, nwhy, "%s: operand 0 must be square, is %lld x %lld", tname, (long long)l->m,
+                 (long long)l->n);
   const int64_t lim = (int64_t)1 << 31;
   if (l->m >= lim || l->n >= lim)
     return failf(why, nwhy, "%s: matrices of %lld x %lld are too large", tname, (long long)l->m,
@@ -365,11 +368,16 @@ static int hlo_flags(const kiln_instr *ins, kiln_lapack *l, char *why, size_t nw
   l->side = kiln_instr_attr_int(ins, KILN_ATTR_LEFT_SIDE, 0) ? 'L' : 'R';
   l->diag = kiln_instr_attr_int(ins, KILN_ATTR_UNIT_DIAGONAL, 0) ? 'U' : 'N';
   const char *t = kiln_instr_attr_str(ins, KILN_ATTR_TRANSPOSE_A);
-  if (t == NULL || strcmp(t, "NO_TRANSPOSE") == 0) l->trans = 'N';
-  else if (strcmp(t, "TRANSPOSE") == 0) l->trans = 'T';
-  else if (strcmp(t, "ADJOINT") == 0) l->trans = 'C';
-  else return failf(why, nwhy, "triangular-solve: transpose_a is not one of NO_TRANSPOSE, "
-                    "TRANSPOSE, ADJOINT");
+  if (t == NULL || strcmp(t, "NO_TRANSPOSE") == 0)
+    l->trans = 'N';
+  else if (strcmp(t, "TRANSPOSE") == 0)
+    l->trans = 'T';
+  else if (strcmp(t, "ADJOINT") == 0)
+    l->trans = 'C';
+  else
+    return failf(why, nwhy,
+                 "triangular-solve: transpose_a is not one of NO_TRANSPOSE, "
+                 "TRANSPOSE, ADJOINT");
   return 0;
 }
 
@@ -391,8 +399,8 @@ int kiln_lapack_describe(const kiln_module *mod, const kiln_instr *ins, kiln_lap
     if (ins->op != KILN_OP_CUSTOM_CALL || !parse_target(t, &l.kind, &l.dtype))
       return failf(why, nwhy, "not a LAPACK custom call");
     snprintf(tname, sizeof tname, "%s", t); /* from the table's alphabet, bounded */
-    if ((rc = read_config(kiln_instr_attr_str(ins, KILN_ATTR_BACKEND_CONFIG), tname, &l, why,
-                          nwhy)))
+    if ((rc =
+             read_config(kiln_instr_attr_str(ins, KILN_ATTR_BACKEND_CONFIG), tname, &l, why, nwhy)))
       return rc;
   }
   l.nargs = nargs_of(l.kind);

@@ -31,14 +31,14 @@ extern "C" {
 
 /* Arguments are listed operands first, then the result's leaves. */
 typedef enum kiln_lapack_kind {
-  KILN_LAPACK_POTRF, /* (a[n,n]) -> (factor[n,n], info[]) */
-  KILN_LAPACK_TRSM,  /* (a[k,k], b[m,n]) -> (x[m,n]); k = side L ? m : n */
-  KILN_LAPACK_GETRF, /* (a[m,n]) -> (lu[m,n], ipiv[min], info[]) */
-  KILN_LAPACK_GEQRF, /* (a[m,n]) -> (a[m,n], tau[min]) */
-  KILN_LAPACK_ORGQR, /* (a[m,n], tau[k]) -> (q[m,n]); k <= n <= m */
-  KILN_LAPACK_SYEVD, /* (a[n,n]) -> (v[n,n], w[n], info[]) */
-  KILN_LAPACK_GESDD, /* (a[m,n]) -> (a[m,n], s[min], u[m,uc], vt[vr,n], info[]) */
-  KILN_LAPACK_CHOLESKY, /* HLO cholesky: (a[n,n]) -> (l[n,n]), other triangle 0 */
+  KILN_LAPACK_POTRF,            /* (a[n,n]) -> (factor[n,n], info[]) */
+  KILN_LAPACK_TRSM,             /* (a[k,k], b[m,n]) -> (x[m,n]); k = side L ? m : n */
+  KILN_LAPACK_GETRF,            /* (a[m,n]) -> (lu[m,n], ipiv[min], info[]) */
+  KILN_LAPACK_GEQRF,            /* (a[m,n]) -> (a[m,n], tau[min]) */
+  KILN_LAPACK_ORGQR,            /* (a[m,n], tau[k]) -> (q[m,n]); k <= n <= m */
+  KILN_LAPACK_SYEVD,            /* (a[n,n]) -> (v[n,n], w[n], info[]) */
+  KILN_LAPACK_GESDD,            /* (a[m,n]) -> (a[m,n], s[min], u[m,uc], vt[vr,n], info[]) */
+  KILN_LAPACK_CHOLESKY,         /* HLO cholesky: (a[n,n]) -> (l[n,n]), other triangle 0 */
   KILN_LAPACK_TRIANGULAR_SOLVE, /* HLO triangular-solve: as TRSM */
   KILN_LAPACK_KIND_COUNT
 } kiln_lapack_kind;
@@ -80,6 +80,9 @@ bool kiln_lapack_arg_dims(const kiln_lapack *l, uint32_t i, uint32_t *dtype, uin
 /* Whether l is self-consistent (kind, dtype, counts, sizes in range): for a
  * description read from a blob. */
 bool kiln_lapack_check(const kiln_lapack *l, char *why, size_t nwhy);
+
+/* How many of the kind's arguments are operands (the rest are results). */
+uint32_t kiln_lapack_noperands(uint32_t kind);
 
 /* The kind's name ("potrf", ...). */
 const char *kiln_lapack_kind_name(uint32_t kind);
