@@ -43,12 +43,11 @@ const char *kiln__linalg_plan(const kiln_module *m, const kiln_instr *ins, kiln_
   }
   uint32_t nops = ins->noperands;
   for (uint32_t i = 0; i < g->l.nargs; i++) {
-    const kiln_shape *s = i < nops ? &m->instrs[ins->operands[i]]->shape
+    const kiln_shape *s = i < nops                         ? &m->instrs[ins->operands[i]]->shape
                           : ins->shape.dtype == KILN_TUPLE ? &ins->shape.tuple[i - nops]
                                                            : &ins->shape;
     if (s->rank > KILN_LINALG_MAX_RANK) {
-      snprintf(why, nwhy, "argument %u has rank %u (at most %d)", i, s->rank,
-               KILN_LINALG_MAX_RANK);
+      snprintf(why, nwhy, "argument %u has rank %u (at most %d)", i, s->rank, KILN_LINALG_MAX_RANK);
       return why;
     }
     strides_of(s, g->strides[i]);
@@ -80,8 +79,10 @@ bool kiln_linalg_check(const kiln_linalg *g, uint32_t nargs, const uint64_t *slo
         snprintf(why, nwhy, "argument %u: stride %lld of dim %u out of range", i, (long long)s, k);
         return false;
       }
-      if (d[k] == 0) empty = true;
-      else last += (__int128)(d[k] - 1) * s;
+      if (d[k] == 0)
+        empty = true;
+      else
+        last += (__int128)(d[k] - 1) * s;
     }
     __int128 bytes = empty ? 0 : (last + 1) * (__int128)kiln_dtype_size((kiln_dtype)dt);
     if (bytes > (__int128)slot_bytes[i]) {

@@ -41,21 +41,21 @@ void F(sgetrf)(const lint *, const lint *, float *, const lint *, lint *, lint *
 void F(dgetrf)(const lint *, const lint *, double *, const lint *, lint *, lint *);
 void F(sgeqrf)(const lint *, const lint *, float *, const lint *, float *, float *, const lint *,
                lint *);
-void F(dgeqrf)(const lint *, const lint *, double *, const lint *, double *, double *,
-               const lint *, lint *);
+void F(dgeqrf)(const lint *, const lint *, double *, const lint *, double *, double *, const lint *,
+               lint *);
 void F(sorgqr)(const lint *, const lint *, const lint *, float *, const lint *, const float *,
                float *, const lint *, lint *);
 void F(dorgqr)(const lint *, const lint *, const lint *, double *, const lint *, const double *,
                double *, const lint *, lint *);
 void F(ssyevd)(const char *, const char *, const lint *, float *, const lint *, float *, float *,
                const lint *, lint *, const lint *, lint *, size_t, size_t);
-void F(dsyevd)(const char *, const char *, const lint *, double *, const lint *, double *,
-               double *, const lint *, lint *, const lint *, lint *, size_t, size_t);
+void F(dsyevd)(const char *, const char *, const lint *, double *, const lint *, double *, double *,
+               const lint *, lint *, const lint *, lint *, size_t, size_t);
 void F(sgesdd)(const char *, const lint *, const lint *, float *, const lint *, float *, float *,
                const lint *, float *, const lint *, float *, const lint *, lint *, lint *, size_t);
-void F(dgesdd)(const char *, const lint *, const lint *, double *, const lint *, double *,
-               double *, const lint *, double *, const lint *, double *, const lint *, lint *,
-               lint *, size_t);
+void F(dgesdd)(const char *, const lint *, const lint *, double *, const lint *, double *, double *,
+               const lint *, double *, const lint *, double *, const lint *, lint *, lint *,
+               size_t);
 
 /* ---- gathering and scattering ------------------------------------------ */
 
@@ -105,7 +105,8 @@ static void gather(const kiln_linalg *g, const arg_view *v, const void *base, in
   if (v->es == 8) {
     for (int64_t j = 0; j < c; j++)
       for (int64_t i = 0; i < r; i++)
-        ((double *)(void *)dst)[j * r + i] = ((const double *)(const void *)src)[off + i * sr + j * sc];
+        ((double *)(void *)dst)[j * r + i] =
+            ((const double *)(const void *)src)[off + i * sr + j * sc];
   } else {
     for (int64_t j = 0; j < c; j++)
       for (int64_t i = 0; i < r; i++)
@@ -157,11 +158,16 @@ static void cholesky_finish(bool f64, void *a, int64_t n, bool lower, lint info)
       int64_t row = lower ? i : j, colm = lower ? j : i;
       bool in_tri = row >= colm;
       double x;
-      if (!in_tri) x = 0;
-      else if (info > 0 && colm >= info - 1) x = NAN;
-      else continue;
-      if (f64) ((double *)a)[j * n + i] = x;
-      else ((float *)a)[j * n + i] = (float)x;
+      if (!in_tri)
+        x = 0;
+      else if (info > 0 && colm >= info - 1)
+        x = NAN;
+      else
+        continue;
+      if (f64)
+        ((double *)a)[j * n + i] = x;
+      else
+        ((float *)a)[j * n + i] = (float)x;
     }
 }
 
@@ -181,8 +187,10 @@ static void run_one(const job *jb, work *w, int64_t b) {
   case KILN_LAPACK_CHOLESKY: {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(n);
-    if (f64) F(dpotrf)(&uplo, &n, w->a, &lda, &info, 1);
-    else F(spotrf)(&uplo, &n, w->a, &lda, &info, 1);
+    if (f64)
+      F(dpotrf)(&uplo, &n, w->a, &lda, &info, 1);
+    else
+      F(spotrf)(&uplo, &n, w->a, &lda, &info, 1);
     if (l->kind == KILN_LAPACK_CHOLESKY) cholesky_finish(f64, w->a, n, uplo == 'L', info);
     scatter(jb->g, &jb->v[1], a[1], b, w->a);
     if (l->kind == KILN_LAPACK_POTRF) put_info(jb, 2, b, info);
@@ -207,8 +215,10 @@ static void run_one(const job *jb, work *w, int64_t b) {
   case KILN_LAPACK_GETRF: {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(m);
-    if (f64) F(dgetrf)(&m, &n, w->a, &lda, w->iwork, &info);
-    else F(sgetrf)(&m, &n, w->a, &lda, w->iwork, &info);
+    if (f64)
+      F(dgetrf)(&m, &n, w->a, &lda, w->iwork, &info);
+    else
+      F(sgetrf)(&m, &n, w->a, &lda, w->iwork, &info);
     scatter(jb->g, &jb->v[1], a[1], b, w->a);
     scatter(jb->g, &jb->v[2], a[2], b, w->iwork);
     put_info(jb, 3, b, info);
@@ -217,8 +227,10 @@ static void run_one(const job *jb, work *w, int64_t b) {
   case KILN_LAPACK_GEQRF: {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(m);
-    if (f64) F(dgeqrf)(&m, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
-    else F(sgeqrf)(&m, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
+    if (f64)
+      F(dgeqrf)(&m, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
+    else
+      F(sgeqrf)(&m, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
     scatter(jb->g, &jb->v[1], a[1], b, w->a);
     scatter(jb->g, &jb->v[2], a[2], b, w->vec);
     break;
@@ -227,8 +239,10 @@ static void run_one(const job *jb, work *w, int64_t b) {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     gather(jb->g, &jb->v[1], a[1], b, w->vec);
     lint lda = ld(m);
-    if (f64) F(dorgqr)(&m, &n, &k, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
-    else F(sorgqr)(&m, &n, &k, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
+    if (f64)
+      F(dorgqr)(&m, &n, &k, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
+    else
+      F(sorgqr)(&m, &n, &k, w->a, &lda, w->vec, w->lwork, &w->nlwork, &info);
     scatter(jb->g, &jb->v[2], a[2], b, w->a);
     break;
   }
@@ -236,11 +250,13 @@ static void run_one(const job *jb, work *w, int64_t b) {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(n);
     if (f64)
-      F(dsyevd)(&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork,
-                &info, 1, 1);
+      F(dsyevd)
+      (&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork, &info, 1,
+       1);
     else
-      F(ssyevd)(&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork,
-                &info, 1, 1);
+      F(ssyevd)
+      (&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork, &info, 1,
+       1);
     scatter(jb->g, &jb->v[1], a[1], b, mode == 'N' ? NULL : w->a);
     scatter(jb->g, &jb->v[2], a[2], b, w->vec);
     put_info(jb, 3, b, info);
@@ -250,11 +266,13 @@ static void run_one(const job *jb, work *w, int64_t b) {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(m), ldu = ld(m), ldvt = ld(mode == 'S' ? mn : n);
     if (f64)
-      F(dgesdd)(&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork,
-                w->iwork, &info, 1);
+      F(dgesdd)
+      (&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork, w->iwork,
+       &info, 1);
     else
-      F(sgesdd)(&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork,
-                w->iwork, &info, 1);
+      F(sgesdd)
+      (&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork, w->iwork,
+       &info, 1);
     bool none = mode == 'N';
     scatter(jb->g, &jb->v[1], a[1], b, NULL);
     scatter(jb->g, &jb->v[2], a[2], b, w->vec);
@@ -281,26 +299,33 @@ static int query(const kiln_lapack *l, lint *nlwork, lint *niwork) {
   *niwork = mn > 0 ? mn : 1;
   switch (l->kind) {
   case KILN_LAPACK_GEQRF:
-    if (f64) F(dgeqrf)(&m, &n, &dummy, &ldm, &dummy, &wd, &q, &info);
-    else F(sgeqrf)(&m, &n, &dummyf, &ldm, &dummyf, &wf, &q, &info);
+    if (f64)
+      F(dgeqrf)(&m, &n, &dummy, &ldm, &dummy, &wd, &q, &info);
+    else
+      F(sgeqrf)(&m, &n, &dummyf, &ldm, &dummyf, &wf, &q, &info);
     break;
   case KILN_LAPACK_ORGQR:
-    if (f64) F(dorgqr)(&m, &n, &k, &dummy, &ldm, &dummy, &wd, &q, &info);
-    else F(sorgqr)(&m, &n, &k, &dummyf, &ldm, &dummyf, &wf, &q, &info);
+    if (f64)
+      F(dorgqr)(&m, &n, &k, &dummy, &ldm, &dummy, &wd, &q, &info);
+    else
+      F(sorgqr)(&m, &n, &k, &dummyf, &ldm, &dummyf, &wf, &q, &info);
     break;
   case KILN_LAPACK_SYEVD:
-    if (f64) F(dsyevd)(&mode, &uplo, &n, &dummy, &ldn, &dummy, &wd, &q, &iw, &q, &info, 1, 1);
-    else F(ssyevd)(&mode, &uplo, &n, &dummyf, &ldn, &dummyf, &wf, &q, &iw, &q, &info, 1, 1);
+    if (f64)
+      F(dsyevd)(&mode, &uplo, &n, &dummy, &ldn, &dummy, &wd, &q, &iw, &q, &info, 1, 1);
+    else
+      F(ssyevd)(&mode, &uplo, &n, &dummyf, &ldn, &dummyf, &wf, &q, &iw, &q, &info, 1, 1);
     *niwork = iw > 1 ? iw : 1;
     break;
   case KILN_LAPACK_GESDD: {
     lint ldvt = ld(mode == 'S' ? mn : n);
     if (f64)
-      F(dgesdd)(&mode, &m, &n, &dummy, &ldm, &dummy, &dummy, &ldm, &dummy, &ldvt, &wd, &q, &iw,
-                &info, 1);
+      F(dgesdd)
+      (&mode, &m, &n, &dummy, &ldm, &dummy, &dummy, &ldm, &dummy, &ldvt, &wd, &q, &iw, &info, 1);
     else
-      F(sgesdd)(&mode, &m, &n, &dummyf, &ldm, &dummyf, &dummyf, &ldm, &dummyf, &ldvt, &wf, &q, &iw,
-                &info, 1);
+      F(sgesdd)
+      (&mode, &m, &n, &dummyf, &ldm, &dummyf, &dummyf, &ldm, &dummyf, &ldvt, &wf, &q, &iw, &info,
+       1);
     *niwork = 8 * (mn > 0 ? mn : 1);
     break;
   }
@@ -394,7 +419,8 @@ int kiln__cpu_linalg_run(const kiln_linalg *g, kiln__cpu_pool *pool, void *const
     return 0;
   }
   work w;
-  if (work_alloc(l, nlwork, niwork, &w)) return kiln_status_set(st, KILN_ENOMEM, "linalg", "out of memory");
+  if (work_alloc(l, nlwork, niwork, &w))
+    return kiln_status_set(st, KILN_ENOMEM, "linalg", "out of memory");
   for (int64_t b = 0; b < nmat; b++) run_one(&jb, &w, b);
   work_free(&w);
   return 0;
