@@ -103,15 +103,15 @@ static void gather(const kiln_linalg *g, const arg_view *v, const void *base, in
   const char *src = (const char *)base;
   char *dst = col;
   if (v->es == 8) {
+    double *d = (double *)(void *)dst;
+    const double *x = (const double *)(const void *)src + off;
     for (int64_t j = 0; j < c; j++)
-      for (int64_t i = 0; i < r; i++)
-        ((double *)(void *)dst)[j * r + i] =
-            ((const double *)(const void *)src)[off + i * sr + j * sc];
-  } else {
+      for (int64_t i = 0; i < r; i++) d[j * r + i] = x[i * sr + j * sc];
+  } else { /* f32 or s32: moved as 4 bytes */
+    uint32_t *d = (uint32_t *)dst;
+    const uint32_t *x = (const uint32_t *)(const void *)src + off;
     for (int64_t j = 0; j < c; j++)
-      for (int64_t i = 0; i < r; i++)
-        memcpy(dst + (size_t)(j * r + i) * v->es, src + (size_t)(off + i * sr + j * sc) * v->es,
-               v->es);
+      for (int64_t i = 0; i < r; i++) d[j * r + i] = x[i * sr + j * sc];
   }
 }
 
@@ -122,18 +122,22 @@ static void scatter(const kiln_linalg *g, const arg_view *v, void *base, int64_t
   minor_dims(v, &r, &c);
   uint32_t nb = v->rank - v->minor;
   int64_t sr = v->minor >= 1 ? v->strides[nb] : 0, sc = v->minor == 2 ? v->strides[nb + 1] : 0;
-  char *dst = base;
-  const char *src = col;
-  static const char zero[16];
-  for (int64_t j = 0; j < c; j++)
-    for (int64_t i = 0; i < r; i++)
-      memcpy(dst + (size_t)(off + i * sr + j * sc) * v->es,
-             src ? src + (size_t)(j * r + i) * v->es : zero, v->es);
+  if (v->es == 8) {
+    double *d = (double *)base + off;
+    const double *x = col;
+    for (int64_t j = 0; j < c; j++)
+      for (int64_t i = 0; i < r; i++) d[i * sr + j * sc] = x ? x[j * r + i] : 0;
+  } else { /* f32, and the s32 of pivots and info */
+    uint32_t *d = (uint32_t *)base + off;
+    const uint32_t *x = col;
+    for (int64_t j = 0; j < c; j++)
+      for (int64_t i = 0; i < r; i++) d[i * sr + j * sc] = x ? x[j * r + i] : 0;
+  }
 }
 
 /* ---- one matrix ----------------------------------------------------------- */
 
-/* Work arrays of one worker, sized for the step (see sizes_of). */
+/* Work arrays of one worker, sized for the step (work_alloc). */
 typedef struct work {
   void *a, *b, *u, *vt, *vec, *lwork;
   lint *iwork;
@@ -249,14 +253,10 @@ static void run_one(const job *jb, work *w, int64_t b) {
   case KILN_LAPACK_SYEVD: {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(n);
-    if (f64)
-      F(dsyevd)
-      (&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork, &info, 1,
-       1);
-    else
-      F(ssyevd)
-      (&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork, &info, 1,
-       1);
+    if (f64) F(dsyevd)
+    (&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork, &info, 1, 1);
+    else F(ssyevd)(&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork,
+                   &info, 1, 1);
     scatter(jb->g, &jb->v[1], a[1], b, mode == 'N' ? NULL : w->a);
     scatter(jb->g, &jb->v[2], a[2], b, w->vec);
     put_info(jb, 3, b, info);
@@ -265,14 +265,11 @@ static void run_one(const job *jb, work *w, int64_t b) {
   case KILN_LAPACK_GESDD: {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(m), ldu = ld(m), ldvt = ld(mode == 'S' ? mn : n);
-    if (f64)
-      F(dgesdd)
-      (&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork, w->iwork,
-       &info, 1);
-    else
-      F(sgesdd)
-      (&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork, w->iwork,
-       &info, 1);
+    if (f64) F(dgesdd)
+    (&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork, w->iwork,
+     &info, 1);
+    else F(sgesdd)(&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork,
+                   &w->nlwork, w->iwork, &info, 1);
     bool none = mode == 'N';
     scatter(jb->g, &jb->v[1], a[1], b, NULL);
     scatter(jb->g, &jb->v[2], a[2], b, w->vec);
@@ -319,13 +316,10 @@ static int query(const kiln_lapack *l, lint *nlwork, lint *niwork) {
     break;
   case KILN_LAPACK_GESDD: {
     lint ldvt = ld(mode == 'S' ? mn : n);
-    if (f64)
-      F(dgesdd)
-      (&mode, &m, &n, &dummy, &ldm, &dummy, &dummy, &ldm, &dummy, &ldvt, &wd, &q, &iw, &info, 1);
-    else
-      F(sgesdd)
-      (&mode, &m, &n, &dummyf, &ldm, &dummyf, &dummyf, &ldm, &dummyf, &ldvt, &wf, &q, &iw, &info,
-       1);
+    if (f64) F(dgesdd)
+    (&mode, &m, &n, &dummy, &ldm, &dummy, &dummy, &ldm, &dummy, &ldvt, &wd, &q, &iw, &info, 1);
+    else F(sgesdd)(&mode, &m, &n, &dummyf, &ldm, &dummyf, &dummyf, &ldm, &dummyf, &ldvt, &wf, &q,
+                   &iw, &info, 1);
     *niwork = 8 * (mn > 0 ? mn : 1);
     break;
   }
@@ -411,8 +405,10 @@ int kiln__cpu_linalg_run(const kiln_linalg *g, kiln__cpu_pool *pool, void *const
   int64_t big = l->m > l->n ? l->m : l->n;
   if (pool && nmat > 1 && big <= 256) {
     par_ctx p = {.jb = &jb, .nlwork = nlwork, .niwork = niwork, .nmat = nmat};
-    int64_t flops = big * big * big + 1;
+    /* Tasks of about 2^18 flops, but at least 4 per thread when the batch allows. */
+    int64_t flops = big * big * big + 1, spread = 4 * (int64_t)kiln__cpu_pool_threads(pool);
     p.per = (int64_t)(1 << 18) / flops + 1;
+    if (p.per > (nmat + spread - 1) / spread) p.per = (nmat + spread - 1) / spread;
     int64_t ntasks = (nmat + p.per - 1) / p.per;
     kiln__cpu_pool_run(pool, par_task, &p, (uint64_t)ntasks);
     if (p.rc) return kiln_status_set(st, p.rc, "linalg", "out of memory");
