@@ -36,11 +36,6 @@ const char *kiln__linalg_plan(const kiln_module *m, const kiln_instr *ins, kiln_
     }
   }
   if (kiln_lapack_describe(m, ins, &g->l, why, nwhy)) return why;
-  if (g->l.dtype != KILN_F32 && g->l.dtype != KILN_F64) {
-    snprintf(why, nwhy, "%s of %s values is not supported yet (f32 and f64 are)",
-             kiln_lapack_kind_name(g->l.kind), kiln_dtype_name((kiln_dtype)g->l.dtype));
-    return why;
-  }
   uint32_t nops = ins->noperands;
   for (uint32_t i = 0; i < g->l.nargs; i++) {
     const kiln_shape *s = i < nops                         ? &m->instrs[ins->operands[i]]->shape
@@ -58,10 +53,6 @@ const char *kiln__linalg_plan(const kiln_module *m, const kiln_instr *ins, kiln_
 bool kiln_linalg_check(const kiln_linalg *g, uint32_t nargs, const uint64_t *slot_bytes, char *why,
                        size_t nwhy) {
   if (!kiln_lapack_check(&g->l, why, nwhy)) return false;
-  if (g->l.dtype != KILN_F32 && g->l.dtype != KILN_F64) {
-    snprintf(why, nwhy, "element type %u is not f32 or f64", g->l.dtype);
-    return false;
-  }
   if (nargs != g->l.nargs) {
     snprintf(why, nwhy, "%s takes %u slots, %u given", kiln_lapack_kind_name(g->l.kind), g->l.nargs,
              nargs);

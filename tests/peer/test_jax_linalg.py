@@ -14,6 +14,8 @@ batch dimensions), and compared with JAX's own outputs:
   * eigh and svd: eigen/singular values elementwise; the vectors, defined
     only up to sign, through the identities they satisfy (A V = V diag(w),
     U diag(s) Vt = A, orthonormal columns);
+  * c64 and c128: cholesky + solve_triangular under vmap, solve, qr, the
+    eigenvalues of eigh (heevd) and the singular values (gesdd);
   * the HLO ops cholesky and triangular-solve (lax.linalg's, written by
     hand as HLO) on the cpu backend against the interpreter;
   * a malformed backend_config and an unknown flag are refused with a
@@ -230,6 +232,26 @@ class Linalg(unittest.TestCase):
                 for backend in BACKENDS:
                     (s,) = kiln_run(text, (a,), backend)
                     self.assertLess(rel_err(s, s_want), TOL[dt] * 10, f"svdvals {backend}")
+
+    def test_complex(self):
+        for dt, rdt in ((np.complex64, np.float32), (np.complex128, np.float64)):
+            r = rng(9)
+            x = (r.standard_normal((3, 4, 4)) + 1j * r.standard_normal((3, 4, 4))).astype(dt)
+            a = (x @ np.conj(np.swapaxes(x, -1, -2)) / 4 + np.eye(4)).astype(dt)
+            b = (r.standard_normal((3, 4, 2)) + 1j * r.standard_normal((3, 4, 2))).astype(dt)
+            TOL[dt] = TOL[rdt]
+            self.peer(f"vmap chol {dt.__name__}", jax.vmap(chol_solve), (a, b), dt)
+            self.peer(f"solve {dt.__name__}", jnp.linalg.solve, (a[0], b[0]), dt)
+            self.peer(f"qr {dt.__name__}", jnp.linalg.qr, (b[0],), dt)
+            text = hlo_of(jnp.linalg.eigvalsh, a)
+            self.assertIn("heevd_ffi", text)
+            for backend in BACKENDS:
+                (w,) = kiln_run(text, (a,), backend)
+                self.assertLess(rel_err(w, jnp.linalg.eigvalsh(a)), TOL[rdt] * 10, backend)
+            text = hlo_of(lambda v: jnp.linalg.svd(v, compute_uv=False), b)
+            for backend in BACKENDS:
+                (s,) = kiln_run(text, (b,), backend)
+                self.assertLess(rel_err(s, jnp.linalg.svd(b, compute_uv=False)), TOL[rdt] * 10)
 
     def test_hlo_ops_cpu_against_interp(self):
         text = """HloModule hlo_linalg
