@@ -526,6 +526,29 @@ static double orth_err(const kiln_literal *l, bool rows) {
   return e;
 }
 
+/* The HLO ops between fused producers and consumers: they stay steps of
+ * their own (fusion does not take them in), fed by and feeding kernels. */
+START_TEST(test_between_kernels) {
+  const char *text =
+      "HloModule f\nENTRY main {\n  a = f32[4,4] parameter(0)\n  b = f32[4,3] parameter(1)\n"
+      "  i = f32[4,4] iota(), iota_dimension=0\n  j = f32[4,4] iota(), iota_dimension=1\n"
+      "  e = pred[4,4] compare(i, j), direction=EQ\n  c8 = f32[] constant(8)\n"
+      "  z = f32[] constant(0)\n  d8 = f32[4,4] broadcast(c8), dimensions={}\n"
+      "  dz = f32[4,4] broadcast(z), dimensions={}\n  dd = f32[4,4] select(e, d8, dz)\n"
+      "  t = f32[4,4] transpose(a), dimensions={1,0}\n  s = f32[4,4] add(a, t)\n"
+      "  s2 = f32[4,4] add(s, dd)\n  l = f32[4,4] cholesky(s2), lower=true\n"
+      "  bb = f32[4,3] multiply(b, b)\n"
+      "  x = f32[4,3] triangular-solve(l, bb), left_side=true, lower=true, "
+      "transpose_a=NO_TRANSPOSE\n  ROOT r = f32[4,3] exponential(x)\n}\n";
+  for (uint64_t seed = 1; seed <= 4; seed++) {
+    run_pair p;
+    run_both(text, seed, 0, false, &p);
+    close_leaf(&p, 0, 1e-5, text);
+    run_pair_free(&p);
+  }
+}
+END_TEST
+
 /* syevd and gesdd: values against the interpreter, vectors by identity. */
 START_TEST(test_cpu_vectors) {
   for (int seed = 1; seed <= 8; seed++) {
@@ -726,6 +749,7 @@ Suite *linalg_suite(void) {
   tcase_add_test(tc, test_known_answers);
   tcase_add_test(tc, test_cpu_agrees);
   tcase_add_test(tc, test_cpu_vectors);
+  tcase_add_test(tc, test_between_kernels);
   tcase_add_test(tc, test_step_check);
   tcase_add_test(tc, test_cpu_complex);
   suite_add_tcase(s, tc);
