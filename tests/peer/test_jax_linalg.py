@@ -296,8 +296,15 @@ ENTRY main {
         g = hlo_of(lambda x: jnp.sum(jnp.linalg.cholesky(x)), a)
         p = kiln_run(g, (a,), "interp", transforms=("grad",), expect_fail=True)
         self.assertNotEqual(p.returncode, 0)
-        self.assertTrue(re.search(r'custom-call target "lapack_spotrf_ffi".*no derivative rule',
-                                  p.stderr), p.stderr)
+        self.assertTrue(re.search(r'custom-call target "lapack_spotrf_ffi" .* is a LAPACK call, '
+                                  r'which Kiln does not differentiate', p.stderr), p.stderr)
+        f = hlo_of(jnp.linalg.cholesky, a)
+        for t in ("jvp", "vmap"):
+            args = (a, a) if t == "jvp" else (a[None],)
+            p = kiln_run(f, args, "interp", transforms=(t,), expect_fail=True)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn('custom-call target "lapack_spotrf_ffi"', p.stderr)
+            self.assertIn("is a LAPACK call", p.stderr)
 
 
 if __name__ == "__main__":
