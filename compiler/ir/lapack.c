@@ -123,6 +123,18 @@ static const char *skip(const char *p) {
 static int read_config(const char *cfg, const char *tname, kiln_lapack *l, char *why, size_t nwhy) {
   const flag_spec *spec = flags_of(l->kind);
   const char *p = skip(cfg ? cfg : "");
+  /* The string form backend_config="{...}" holds the same dictionary. */
+  char unquoted[512];
+  size_t plen = strlen(p);
+  if (plen >= 2 && p[0] == '"' && p[plen - 1] == '"') {
+    if (plen - 2 >= sizeof unquoted)
+      return failf(why, nwhy, "%s: backend_config is longer than %zu characters", tname,
+                   sizeof unquoted - 1);
+    memcpy(unquoted, p + 1, plen - 2);
+    unquoted[plen - 2] = 0;
+    cfg = unquoted;
+    p = skip(unquoted);
+  }
   bool brace = *p == '{';
   if (brace) p = skip(p + 1);
   while (*p && *p != '}') {

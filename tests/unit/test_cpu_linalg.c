@@ -68,6 +68,11 @@ static void accepted(const char *text) {
 START_TEST(test_verifier) {
   accepted(POTRF("f32[4,4]{0,1}", "(f32[4,4]{0,1}, s32[])", "{uplo = 76 : ui8}"));
   accepted(POTRF("f32[2,4,4]{1,2,0}", "(f32[2,4,4]{1,2,0}, s32[2])", "{uplo = 85 : ui8}"));
+  accepted(POTRF("f32[4,4]", "(f32[4,4], s32[])", "\"{uplo = 76 : ui8}\""));
+  accepted(POTRF("f32[0,4,4]", "(f32[0,4,4], s32[0])", "{uplo = 76 : ui8}"));
+  refused(POTRF("f32[<=4,4]", "(f32[<=4,4], s32[])", "{uplo = 76 : ui8}"),
+          "lapack_spotrf_ffi: operand 0 must be f32[4,4] (static)");
+  refused(POTRF("f32[4,4]", "(f32[4,4], s32[])", "\"uplo\""), "uplo has no '= value'");
   refused(POTRF("f32[4,4]", "(f32[4,4], s32[])", "{uplo = 88 : ui8}"),
           "lapack_spotrf_ffi: uplo is 88, expected 76 ('L') or 85 ('U')");
   refused(POTRF("f32[4,4]", "(f32[4,4], s32[])", "{}"),
