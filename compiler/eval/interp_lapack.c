@@ -332,6 +332,52 @@ static void put_info(kiln_literal *lit, int64_t b, int64_t info) {
   kiln_literal_set_s64(lit, b, info);
 }
 
+/* gesdd of matrix b: one-sided Jacobi on A (tall) or A^H (wide). */
+static void run_gesdd(job *j, int64_t b) {
+  const kiln_lapack *l = &j->l;
+  int64_t m = l->m, n = l->n, mn = m < n ? m : n;
+  cplx *w0 = j->w[0], *w1 = j->w[1], *w2 = j->w[2], *w3 = j->w[3];
+  load(j->in[0], b * m * n, m * n, w0);
+  bool tall = m >= n;
+  int64_t r = tall ? m : n, c = tall ? n : m; /* the tall problem t = A or A^H */
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t q = 0; q < n; q++)
+      w1[tall ? i * n + q : q * m + i] = tall ? w0[i * n + q] : conj(w0[i * n + q]);
+  double *s = (double *)(void *)w2;
+  cplx *v = w3;
+  tall_svd(w1, r, c, s, v);
+  /* The tall side's vectors, widened to r x rc columns. */
+  bool full = l->mode != 'S';
+  int64_t rc = full ? r : c;
+  cplx *wide = w0; /* a's values are no longer needed */
+  bool *need = (bool *)(s + c);
+  for (int64_t i = 0; i < r; i++)
+    for (int64_t q = 0; q < rc; q++) wide[i * rc + q] = q < c ? w1[i * c + q] : 0;
+  for (int64_t q = 0; q < rc; q++) need[q] = q >= c || !(s[q] > 0);
+  complete_basis(wide, r, rc, need, w1);
+  int64_t uc = tall ? rc : m, vr = tall ? n : rc;
+  /* tall: A = wide s v^H, u = wide, vt = v^H; else A^H = wide s v^H, so
+   * u = v and vt = wide^H. */
+  kiln_literal *U = j->out[2], *VT = j->out[3];
+  bool none = l->mode == 'N';
+  for (int64_t i = 0; i < m && !none; i++)
+    for (int64_t q = 0; q < uc; q++) w1[i * uc + q] = tall ? wide[i * rc + q] : v[i * c + q];
+  if (none)
+    store_zeros(U, b * m * uc, m * uc);
+  else
+    store(U, b * m * uc, m * uc, w1);
+  for (int64_t i = 0; i < vr && !none; i++)
+    for (int64_t q = 0; q < n; q++)
+      w1[i * n + q] = tall ? conj(v[q * c + i]) : conj(wide[q * rc + i]);
+  if (none)
+    store_zeros(VT, b * vr * n, vr * n);
+  else
+    store(VT, b * vr * n, vr * n, w1);
+  store_zeros(j->out[0], b * m * n, m * n);
+  store_real(j->out[1], b * mn, mn, s);
+  put_info(j->out[4], b, 0);
+}
+
 /* Matrix b of the batch; j->w[0..3] hold at least max(m,n)^2 + 2 max(m,n)
  * + 2 values each. */
 static void run_one(job *j, int64_t b) {
@@ -421,48 +467,7 @@ static void run_one(job *j, int64_t b) {
     put_info(j->out[2], b, 0);
     break;
   }
-  case KILN_LAPACK_GESDD: {
-    load(j->in[0], b * m * n, m * n, w0);
-    bool tall = m >= n;
-    int64_t r = tall ? m : n, c = tall ? n : m; /* the tall problem t = A or A^H */
-    for (int64_t i = 0; i < m; i++)
-      for (int64_t q = 0; q < n; q++)
-        w1[tall ? i * n + q : q * m + i] = tall ? w0[i * n + q] : conj(w0[i * n + q]);
-    double *s = (double *)(void *)w2;
-    cplx *v = w3;
-    tall_svd(w1, r, c, s, v);
-    /* The tall side's vectors, widened to r x rc columns. */
-    bool full = l->mode != 'S';
-    int64_t rc = full ? r : c;
-    cplx *wide = w0; /* a's values are no longer needed */
-    bool *need = (bool *)(s + c);
-    for (int64_t i = 0; i < r; i++)
-      for (int64_t q = 0; q < rc; q++) wide[i * rc + q] = q < c ? w1[i * c + q] : 0;
-    for (int64_t q = 0; q < rc; q++) need[q] = q >= c || !(s[q] > 0);
-    complete_basis(wide, r, rc, need, w1);
-    int64_t uc = tall ? rc : m, vr = tall ? n : rc;
-    /* tall: A = wide s v^H, u = wide, vt = v^H; else A^H = wide s v^H, so
-     * u = v and vt = wide^H. */
-    kiln_literal *U = j->out[2], *VT = j->out[3];
-    bool none = l->mode == 'N';
-    for (int64_t i = 0; i < m && !none; i++)
-      for (int64_t q = 0; q < uc; q++) w1[i * uc + q] = tall ? wide[i * rc + q] : v[i * c + q];
-    if (none)
-      store_zeros(U, b * m * uc, m * uc);
-    else
-      store(U, b * m * uc, m * uc, w1);
-    for (int64_t i = 0; i < vr && !none; i++)
-      for (int64_t q = 0; q < n; q++)
-        w1[i * n + q] = tall ? conj(v[q * c + i]) : conj(wide[q * rc + i]);
-    if (none)
-      store_zeros(VT, b * vr * n, vr * n);
-    else
-      store(VT, b * vr * n, vr * n, w1);
-    store_zeros(j->out[0], b * m * n, m * n);
-    store_real(j->out[1], b * mn, mn, s);
-    put_info(j->out[4], b, 0);
-    break;
-  }
+  case KILN_LAPACK_GESDD: run_gesdd(j, b); break;
   default: break;
   }
 }

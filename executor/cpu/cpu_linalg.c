@@ -228,12 +228,55 @@ static void put_info(const job *jb, uint32_t arg, int64_t b, lint info) {
   scatter(jb->g, &jb->v[arg], jb->args[arg], b, &v);
 }
 
+/* syevd/heevd and gesdd of matrix b: the calls with vectors and real values. */
+static void run_vectors(const job *jb, work *w, int64_t b) {
+  const kiln_lapack *l = &jb->g->l;
+  const routines *fn = jb->fn;
+  void *const *a = jb->args;
+  lint m = I(l->m), n = I(l->n), mn = m < n ? m : n, info = 0;
+  char uplo = (char)l->uplo, mode = (char)l->mode;
+  switch (l->kind) {
+  case KILN_LAPACK_SYEVD: {
+    gather(jb->g, &jb->v[0], a[0], b, w->a);
+    lint lda = ld(n);
+    if (fn->cplx)
+      fn->heevd(&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->rwork, &w->nrwork,
+                w->iwork, &w->niwork, &info, 1, 1);
+    else
+      fn->syevd(&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork,
+                &info, 1, 1);
+    scatter(jb->g, &jb->v[1], a[1], b, mode == 'N' ? NULL : w->a);
+    scatter(jb->g, &jb->v[2], a[2], b, w->vec);
+    put_info(jb, 3, b, info);
+    break;
+  }
+  case KILN_LAPACK_GESDD: {
+    gather(jb->g, &jb->v[0], a[0], b, w->a);
+    lint lda = ld(m), ldu = ld(m), ldvt = ld(mode == 'S' ? mn : n);
+    if (fn->cplx)
+      fn->cgesdd(&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork,
+                 w->rwork, w->iwork, &info, 1);
+    else
+      fn->gesdd(&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork,
+                w->iwork, &info, 1);
+    bool none = mode == 'N';
+    scatter(jb->g, &jb->v[1], a[1], b, NULL);
+    scatter(jb->g, &jb->v[2], a[2], b, w->vec);
+    scatter(jb->g, &jb->v[3], a[3], b, none ? NULL : w->u);
+    scatter(jb->g, &jb->v[4], a[4], b, none ? NULL : w->vt);
+    put_info(jb, 5, b, info);
+    break;
+  }
+  default: break;
+  }
+}
+
 static void run_one(const job *jb, work *w, int64_t b) {
   const kiln_lapack *l = &jb->g->l;
   const routines *fn = jb->fn;
   void *const *a = jb->args;
-  lint m = I(l->m), n = I(l->n), k = I(l->k), mn = m < n ? m : n, info = 0;
-  char uplo = (char)l->uplo, mode = (char)l->mode;
+  lint m = I(l->m), n = I(l->n), k = I(l->k), info = 0;
+  char uplo = (char)l->uplo;
   switch (l->kind) {
   case KILN_LAPACK_POTRF:
   case KILN_LAPACK_CHOLESKY: {
@@ -283,37 +326,8 @@ static void run_one(const job *jb, work *w, int64_t b) {
     scatter(jb->g, &jb->v[2], a[2], b, w->a);
     break;
   }
-  case KILN_LAPACK_SYEVD: {
-    gather(jb->g, &jb->v[0], a[0], b, w->a);
-    lint lda = ld(n);
-    if (fn->cplx)
-      fn->heevd(&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->rwork, &w->nrwork,
-                w->iwork, &w->niwork, &info, 1, 1);
-    else
-      fn->syevd(&mode, &uplo, &n, w->a, &lda, w->vec, w->lwork, &w->nlwork, w->iwork, &w->niwork,
-                &info, 1, 1);
-    scatter(jb->g, &jb->v[1], a[1], b, mode == 'N' ? NULL : w->a);
-    scatter(jb->g, &jb->v[2], a[2], b, w->vec);
-    put_info(jb, 3, b, info);
-    break;
-  }
-  case KILN_LAPACK_GESDD: {
-    gather(jb->g, &jb->v[0], a[0], b, w->a);
-    lint lda = ld(m), ldu = ld(m), ldvt = ld(mode == 'S' ? mn : n);
-    if (fn->cplx)
-      fn->cgesdd(&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork,
-                 w->rwork, w->iwork, &info, 1);
-    else
-      fn->gesdd(&mode, &m, &n, w->a, &lda, w->vec, w->u, &ldu, w->vt, &ldvt, w->lwork, &w->nlwork,
-                w->iwork, &info, 1);
-    bool none = mode == 'N';
-    scatter(jb->g, &jb->v[1], a[1], b, NULL);
-    scatter(jb->g, &jb->v[2], a[2], b, w->vec);
-    scatter(jb->g, &jb->v[3], a[3], b, none ? NULL : w->u);
-    scatter(jb->g, &jb->v[4], a[4], b, none ? NULL : w->vt);
-    put_info(jb, 5, b, info);
-    break;
-  }
+  case KILN_LAPACK_SYEVD:
+  case KILN_LAPACK_GESDD: run_vectors(jb, w, b); break;
   default: break;
   }
 }
