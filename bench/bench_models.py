@@ -339,6 +339,63 @@ def w_fft2(rng):
     return fft2_mag, [uni(rng, 16, 256, 256)]
 
 
+def spd_of(x):
+    """A symmetric positive definite matrix (per batch) from any x: x x^T / n + I."""
+    n = x.shape[-1]
+    return x @ jnp.swapaxes(x, -1, -2) / np.float32(n) + jnp.eye(n, dtype=x.dtype)
+
+
+def w_linalg_cholesky_solve(rng):
+    """Batched SPD solve: 32 systems of 128, cholesky + two solve_triangular (LAPACK calls)."""
+    import jax.scipy.linalg as jsl
+
+    def f(x, b):
+        c = jnp.linalg.cholesky(spd_of(x))
+        y = jsl.solve_triangular(c, b, lower=True)
+        return jsl.solve_triangular(c, y, lower=True, trans=1)
+    return f, [uni(rng, 32, 128, 128), uni(rng, 32, 128, 16)]
+
+
+def w_linalg_solve(rng):
+    """jnp.linalg.solve of a 512x512 system with 64 right-hand sides (getrf + trsm)."""
+    def f(a, b):
+        return jnp.linalg.solve(a + 4 * jnp.eye(512, dtype=a.dtype), b)
+    return f, [uni(rng, 512, 512), uni(rng, 512, 64)]
+
+
+def w_linalg_qr(rng):
+    """Reduced QR of a 1024x256 matrix (geqrf + orgqr), then Q^T b and R."""
+    def f(a, b):
+        q, r = jnp.linalg.qr(a)
+        return q.T @ b, r
+    return f, [uni(rng, 1024, 256), uni(rng, 1024, 8)]
+
+
+def w_linalg_eigh(rng):
+    """eigh of a 256x256 symmetric matrix: eigenvalues and the projection V diag(w) V^T."""
+    def f(x):
+        w, v = jnp.linalg.eigh(x + x.T)
+        return w, (v * jnp.maximum(w, 0)) @ v.T
+    return f, [uni(rng, 256, 256)]
+
+
+def w_linalg_svd(rng):
+    """Reduced SVD of 256x128 (gesdd) and the rank-16 reconstruction."""
+    def f(x):
+        u, s, vt = jnp.linalg.svd(x, full_matrices=False)
+        return s, (u[:, :16] * s[:16]) @ vt[:16]
+    return f, [uni(rng, 256, 128)]
+
+
+def w_linalg_slogdet_batched(rng):
+    """slogdet and inv over a batch of 512 matrices of 8x8 (vmapped getrf)."""
+    def f(x):
+        a = x + 3 * jnp.eye(8, dtype=x.dtype)
+        s, ld = jnp.linalg.slogdet(a)
+        return s * ld, jnp.linalg.inv(a)
+    return f, [uni(rng, 512, 8, 8)]
+
+
 WORKLOADS = {
     "chain": ("10-op elementwise chain, 16M f32", w_chain),
     "dot": ("dot 2048x2048 f32", w_dot),
@@ -362,6 +419,13 @@ WORKLOADS = {
     "topk": ("top-5 accuracy, lax.top_k over 256x1000 logits", w_topk),
     "fft_filter": ("rfft, gain, irfft over 64 signals of 8192", w_fft_filter),
     "fft2": ("|fft2| of 16 real 256x256 images", w_fft2),
+    "linalg_cholesky_solve": ("32 SPD solves of 128: cholesky + 2 solve_triangular",
+                              w_linalg_cholesky_solve),
+    "linalg_solve": ("jnp.linalg.solve 512x512, 64 right-hand sides", w_linalg_solve),
+    "linalg_qr": ("reduced QR of 1024x256, Q^T b", w_linalg_qr),
+    "linalg_eigh": ("eigh of 256x256 + V diag(w+) V^T", w_linalg_eigh),
+    "linalg_svd": ("reduced SVD of 256x128 + rank-16 reconstruction", w_linalg_svd),
+    "linalg_slogdet_batched": ("slogdet and inv of 512 matrices of 8x8", w_linalg_slogdet_batched),
 }
 
 

@@ -123,6 +123,7 @@ static const char *kind_name(kiln_step_kind k) {
   case KILN_STEP_COLLECTIVE: return "collective";
   case KILN_STEP_DEBUG_PRINT: return "debug-print";
   case KILN_STEP_FFT: return "fft";
+  case KILN_STEP_LINALG: return "linalg";
   }
   return "?";
 }

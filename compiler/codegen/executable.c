@@ -169,6 +169,24 @@ static void put_fft(writer *w, const kiln_fft *f) {
   }
 }
 
+/* The LAPACK payload, after the common step fields of a LINALG step. */
+static void put_linalg(writer *w, const kiln_linalg *g) {
+  kiln_linalg zero;
+  memset(&zero, 0, sizeof zero);
+  if (g == NULL) g = &zero;
+  const kiln_lapack *l = &g->l;
+  uint32_t v[4] = {l->kind, l->dtype, l->nbatch, l->nargs};
+  for (int i = 0; i < 4; i++) put_u32(w, v[i]);
+  for (int i = 0; i < KILN_LAPACK_MAX_BATCH; i++) put_i64(w, l->batch[i]);
+  put_i64(w, l->m);
+  put_i64(w, l->n);
+  put_i64(w, l->k);
+  uint8_t f[5] = {l->uplo, l->side, l->trans, l->diag, l->mode};
+  for (int i = 0; i < 5; i++) put_u8(w, f[i]);
+  for (int a = 0; a < KILN_LAPACK_MAX_ARGS; a++)
+    for (int d = 0; d < KILN_LINALG_MAX_RANK; d++) put_i64(w, g->strides[a][d]);
+}
+
 /* A collective step's description: only collective steps carry one. */
 static void put_coll(writer *w, const kiln_coll *c) {
   uint32_t v[7] = {c->op, c->reduce, c->dtype, c->replicas, c->partitions, c->nops, c->gsize};
@@ -200,6 +218,7 @@ static void put_step(writer *w, const kiln_step *s) {
   if (s->kind == KILN_STEP_CONV) put_conv(w, s->conv);
   if (s->kind == KILN_STEP_COLLECTIVE) put_coll(w, &s->coll);
   if (s->kind == KILN_STEP_FFT) put_fft(w, s->fft);
+  if (s->kind == KILN_STEP_LINALG) put_linalg(w, s->linalg);
 }
 
 static void put_dyn_dims(writer *w, const kiln_dyn_dim *d, uint32_t n) {
@@ -471,6 +490,26 @@ static void get_fft(reader *r, kiln_step *s) {
   s->fft = f;
 }
 
+/* Read as it comes; kiln_linalg_check judges it with the slots. */
+static void get_linalg(reader *r, kiln_step *s) {
+  kiln_linalg *g = arr(r, 1, sizeof *g);
+  if (g == NULL) return;
+  kiln_lapack *l = &g->l;
+  l->kind = get_u32(r, "linalg kind");
+  l->dtype = get_u32(r, "linalg dtype");
+  l->nbatch = get_u32(r, "linalg nbatch");
+  l->nargs = get_u32(r, "linalg nargs");
+  for (int i = 0; i < KILN_LAPACK_MAX_BATCH; i++) l->batch[i] = get_i64(r, "linalg batch");
+  l->m = get_i64(r, "linalg m");
+  l->n = get_i64(r, "linalg n");
+  l->k = get_i64(r, "linalg k");
+  uint8_t *f[5] = {&l->uplo, &l->side, &l->trans, &l->diag, &l->mode};
+  for (int i = 0; i < 5; i++) *f[i] = (uint8_t)get_u8(r, "linalg flags");
+  for (int a = 0; a < KILN_LAPACK_MAX_ARGS; a++)
+    for (int d = 0; d < KILN_LINALG_MAX_RANK; d++) g->strides[a][d] = get_i64(r, "linalg strides");
+  s->linalg = g;
+}
+
 #define MAX_MESH 4096 /* devices of a collective step's mesh */
 
 static void get_coll(reader *r, kiln_coll *c) {
@@ -502,8 +541,7 @@ static void get_coll(reader *r, kiln_coll *c) {
 
 static void get_step(reader *r, kiln_step *s) {
   uint32_t k = get_u32(r, "step kind");
-  if (r->rc == 0 && k > KILN_STEP_DEBUG_PRINT)
-    fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
+  if (r->rc == 0 && k > KILN_STEP_LINALG) fail(r, KILN_EINVAL, "step kind", "unknown kind", NULL);
   s->kind = (kiln_step_kind)k;
   s->kernel = get_u32(r, "step kernel");
   s->range = get_u64(r, "step range");
@@ -525,7 +563,9 @@ static void get_step(reader *r, kiln_step *s) {
   memcpy(&g->beta, &b, sizeof b);
   s->conv = NULL;
   s->fft = NULL;
+  s->linalg = NULL;
   if (r->rc == 0 && s->kind == KILN_STEP_CONV) get_conv(r, s);
+  if (r->rc == 0 && s->kind == KILN_STEP_LINALG) get_linalg(r, s);
   if (r->rc == 0 && s->kind == KILN_STEP_FFT) get_fft(r, s);
   if (r->rc == 0 && s->kind == KILN_STEP_COLLECTIVE) get_coll(r, &s->coll);
 }
@@ -770,6 +810,17 @@ static int check_step(const kiln_executable *e, uint32_t p, const kiln_step *s, 
     if (!kiln_fft_check(s->fft, slot_size(e, s->args[0]), slot_size(e, s->args[1]), why,
                         sizeof why))
       return kiln_status_set(st, KILN_EINVAL, "executable blob", "fft step in program %u: %s", p,
+                             why);
+    break;
+  }
+  case KILN_STEP_LINALG: {
+    char why[200];
+    uint64_t sizes[KILN_LAPACK_MAX_ARGS];
+    if (s->linalg == NULL || s->nargs > KILN_LAPACK_MAX_ARGS)
+      return bad(st, "linalg step in program", p, "needs its slots and a description");
+    for (uint32_t i = 0; i < s->nargs; i++) sizes[i] = slot_size(e, s->args[i]);
+    if (!kiln_linalg_check(s->linalg, s->nargs, sizes, why, sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, "executable blob", "linalg step in program %u: %s", p,
                              why);
     break;
   }

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "compiler/ir/ir.h"
+#include "compiler/ir/lapack.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -95,6 +96,10 @@ typedef enum kiln_step_kind {
    * holds the value's shape and the format (compiler/ir/debug_print.h);
    * the runtime renders it to the run's debug sink. */
   KILN_STEP_DEBUG_PRINT,
+  /* A LAPACK factorization or solve over a batch of matrices as kiln_linalg
+   * describes; args = the operands' slots, then the result leaves'. Through
+   * OpenBLAS's LAPACK on CPU (executor/cpu/cpu_linalg.c). */
+  KILN_STEP_LINALG,
 } kiln_step_kind;
 
 /* A collective step, with its replica groups resolved at compile time for
@@ -181,6 +186,17 @@ typedef struct kiln_fft {
   int64_t out_dims[KILN_FFT_MAX_RANK], out_strides[KILN_FFT_MAX_RANK];
 } kiln_fft;
 
+/* A LAPACK call with its arguments' layouts resolved: `l` (see
+ * compiler/ir/lapack.h) gives each argument's logical shape
+ * (kiln_lapack_arg_dims), strides[i] the element stride of each of its
+ * dims, so any layout is the same step; the runtime gathers each matrix
+ * into a column-major work array and scatters the results back. */
+#define KILN_LINALG_MAX_RANK (KILN_LAPACK_MAX_BATCH + 2)
+typedef struct kiln_linalg {
+  kiln_lapack l;
+  int64_t strides[KILN_LAPACK_MAX_ARGS][KILN_LINALG_MAX_RANK];
+} kiln_linalg;
+
 typedef struct kiln_step {
   kiln_step_kind kind;
   uint32_t kernel; /* KERNEL */
@@ -189,10 +205,11 @@ typedef struct kiln_step {
   uint32_t nargs;
   uint32_t *sub; /* program ids (WHILE: 2, CONDITIONAL: n, CALL: 1) */
   uint32_t nsub;
-  kiln_gemm gemm;  /* GEMM */
-  kiln_conv *conv; /* CONV (owned by the executable's arena); else NULL */
-  kiln_fft *fft;   /* FFT (likewise); else NULL */
-  kiln_coll coll;  /* COLLECTIVE */
+  kiln_gemm gemm;      /* GEMM */
+  kiln_conv *conv;     /* CONV (owned by the executable's arena); else NULL */
+  kiln_fft *fft;       /* FFT (likewise); else NULL */
+  kiln_linalg *linalg; /* LINALG (likewise); else NULL */
+  kiln_coll coll;      /* COLLECTIVE */
 } kiln_step;
 
 typedef struct kiln_program {
@@ -303,6 +320,10 @@ bool kiln_fft_check(const kiln_fft *f, uint64_t in_bytes, uint64_t out_bytes, ch
  * the reference for the step and the fallback without FFTW. f must pass
  * kiln_fft_check; KILN_ENOMEM when its work array cannot be allocated. */
 int kiln_fft_reference(const kiln_fft *f, const void *in, void *out);
+/* Whether g is a well-formed LAPACK step over nargs slots of the given
+ * sizes (bytes); on false, why[] says what is wrong. */
+bool kiln_linalg_check(const kiln_linalg *g, uint32_t nargs, const uint64_t *slot_bytes, char *why,
+                       size_t nwhy);
 /* Why collective step c (with nargs slot ids args into slots, already in
  * range) is malformed, or NULL when it is well formed: groups, sources,
  * reduction, element type and every slot's size. */

@@ -53,6 +53,10 @@ bool kiln__gemm_shape(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, b
 bool kiln__conv_plan(const kiln_module *m, const kiln_instr *ins, kiln_conv *c);
 /* fft_step.c: fills *f for fft `ins`; NULL, or why it cannot be a step. */
 const char *kiln__fft_plan(const kiln_module *m, const kiln_instr *ins, kiln_fft *f);
+/* linalg_step.c: fills *g for a LAPACK call, cholesky or triangular-solve
+ * `ins`; NULL, or why it cannot be a step (written into why[]). */
+const char *kiln__linalg_plan(const kiln_module *m, const kiln_instr *ins, kiln_linalg *g,
+                              char *why, size_t nwhy);
 /* The dot inside fusion f that becomes a GEMM step followed by an
  * epilogue, or NULL. */
 const kiln_instr *kiln__fusion_gemm_dot(const kiln_module *m, const kiln_instr *f);

@@ -386,6 +386,37 @@ static int fft_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   return kiln__lower_step(c, prog, &s);
 }
 
+/* A LAPACK custom call, cholesky or triangular-solve: one LINALG step (a
+ * LAPACK call per matrix on cpu); refused with the reason otherwise. */
+static int linalg_step(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  const char *tname = c->g->mod.target->name;
+  const char *what = ins->op == KILN_OP_CUSTOM_CALL ? "LAPACK call" : kiln_opcode_name(ins->op);
+  if (strcmp(tname, "cpu") != 0)
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile %s yet", tname,
+                            what);
+  kiln_linalg g;
+  char why[256];
+  if (kiln__linalg_plan(c->m, ins, &g, why, sizeof why))
+    return kiln__lower_fail(c, ins, KILN_EUNIMPL, "the %s backend cannot compile this %s: %s",
+                            tname, what, why);
+  uint32_t args[KILN_LAPACK_MAX_ARGS], nops = ins->noperands, nres;
+  const uint32_t *res = kiln_buffer_leaves(c->ba, ins->id, &nres);
+  if (nops + nres != g.l.nargs)
+    return kiln__lower_fail(c, ins, KILN_EINTERNAL, "result has %u leaves, expected %u", nres,
+                            g.l.nargs - nops);
+  for (uint32_t i = 0; i < nops; i++) args[i] = leaf0(c, ins->operands[i]);
+  for (uint32_t i = 0; i < nres; i++) args[nops + i] = res[i];
+  for (uint32_t i = 0; i < g.l.nargs; i++)
+    if (args[i] == KILN_NO_SLOT)
+      return kiln__lower_fail(c, ins, KILN_EINTERNAL, "operand or result has no slot");
+  kiln_step s = {.kind = KILN_STEP_LINALG, .nargs = g.l.nargs};
+  s.args = kiln_arena_memdup(c->e->arena, args, g.l.nargs * sizeof *args);
+  s.linalg = kiln_arena_memdup(c->e->arena, &g, sizeof g);
+  if (s.args == NULL || s.linalg == NULL)
+    return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  return kiln__lower_step(c, prog, &s);
+}
+
 /* ---- fusions ------------------------------------------------------------ */
 
 static int bind_fusion_cb(kb *b, const kiln_instr *ins) { return kb_bind_fusion(b, ins); }
@@ -701,6 +732,11 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
   case KILN_OP_SORT: return sort_kernel(c, prog, ins);
   case KILN_OP_TOPK: return topk_kernel(c, prog, ins);
   case KILN_OP_FFT: return fft_step(c, prog, ins);
+  case KILN_OP_CHOLESKY:
+  case KILN_OP_TRIANGULAR_SOLVE: return linalg_step(c, prog, ins);
+  case KILN_OP_CUSTOM_CALL:
+    if (kiln_lapack_is(ins)) return linalg_step(c, prog, ins);
+    break;
   case KILN_OP_SELECT_AND_SCATTER: return special_kernel(c, prog, ins, select_scatter_fn, NULL);
   case KILN_OP_REDUCE_WINDOW: {
     uint32_t dim;

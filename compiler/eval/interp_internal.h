@@ -200,6 +200,8 @@ kiln__interp_op_fn kiln__interp_eval_dot, kiln__interp_eval_convolution;
 kiln__interp_op_fn kiln__interp_eval_rng, kiln__interp_eval_rng_bit_generator,
     kiln__interp_eval_rng_get_and_update_state, kiln__interp_eval_collective,
     kiln__interp_eval_custom_call, kiln__interp_eval_replica_id;
+/* interp_lapack.c */
+kiln__interp_op_fn kiln__interp_eval_lapack;
 /* interp_linalg.c */
 kiln__interp_op_fn kiln__interp_eval_cholesky, kiln__interp_eval_triangular_solve,
     kiln__interp_eval_fft, kiln__interp_eval_batch_norm_inference,

@@ -22,6 +22,7 @@
 
 #include "compiler/eval/interp_internal.h"
 #include "compiler/ir/debug_print.h"
+#include "compiler/ir/lapack.h"
 #include "compiler/ir/sharding.h"
 #include "compiler/ir/user_kernel.h"
 
@@ -181,6 +182,7 @@ int kiln__interp_eval_custom_call(kiln__interp_ctx *c, const kiln_instr *ins,
                              "custom-call %s: %.80s is a user kernel: the interpreter runs no "
                              "compiled code; run it on the cpu backend",
                              ins->name, t);
+  if (kiln_lapack_is_target(t)) return kiln__interp_eval_lapack(c, ins, ops, out);
   if (kiln_custom_call_is_annotation(t)) {
     if (ins->noperands != 1)
       return kiln__interp_fail(c, ins, KILN_EINVAL, "custom-call %s: %s takes one operand",

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "compiler/ir/infer_internal.h"
+#include "compiler/ir/lapack.h"
 
 static bool is_token(const kiln_shape *s) { return s->dtype == KILN_TOKEN; }
 
@@ -131,6 +132,12 @@ static int infer_custom_call(kiln__ictx *cx, kiln_shape *out) {
   for (uint32_t k = 0; k < cx->ins->ncalled; k++)
     if ((rc = kiln__called_sig(cx, k, "called", &g))) return rc;
   if ((rc = need_written(cx, "a custom call declares its result", &w))) return rc;
+  if (kiln_lapack_is(cx->ins)) {
+    /* JAX's LAPACK calls: target, backend_config, operands and result tuple. */
+    kiln_lapack l;
+    char why[256];
+    if (kiln_lapack_describe(cx->m, cx->ins, &l, why, sizeof why)) return kiln__fail(cx, "%s", why);
+  }
   return kiln__copy(cx, out, w);
 }
 

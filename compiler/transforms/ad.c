@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "common/arena.h"
+#include "compiler/ir/lapack.h"
 #include "compiler/transforms/rules.h"
 
 static void *zalloc(kiln__tx *tx, size_t n, size_t size) {
@@ -66,6 +67,12 @@ int kiln__ad_not_diff(kiln__ad *c, const kiln_instr *ins) {
   const char *target = ins->op == KILN_OP_CUSTOM_CALL
                            ? kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET)
                            : NULL;
+  if (ins->op == KILN_OP_CUSTOM_CALL && kiln_lapack_is_target(target))
+    return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
+                         "%s: custom-call target \"%s\" (%s) is a LAPACK call, which Kiln does "
+                         "not differentiate: take the derivative in JAX before exporting "
+                         "(jax.grad or jax.jvp of the function writes its own LAPACK calls)",
+                         c->tx->name, target, where);
   if (ins->op == KILN_OP_CUSTOM_CALL)
     return kiln__tx_fail(
         c->tx, KILN_EUNIMPL, ins,

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/arena.h"
+#include "compiler/ir/lapack.h"
 #include "compiler/transforms/rules.h"
 #include "compiler/transforms/transform.h"
 
@@ -122,6 +123,12 @@ static int no_rule(kiln__bt *c, const kiln_instr *ins) {
   kiln_instr_where(c->tx->m, ins, where, sizeof where);
   if (ins->op == KILN_OP_CUSTOM_CALL) {
     const char *target = kiln_instr_attr_str(ins, KILN_ATTR_CUSTOM_CALL_TARGET);
+    if (kiln_lapack_is_target(target))
+      return kiln__tx_fail(c->tx, KILN_EUNIMPL, ins,
+                           "%s: custom-call target \"%s\" (%s) is a LAPACK call, which Kiln's "
+                           "vmap does not batch: apply jax.vmap before exporting (the calls then "
+                           "carry the batch dimensions)",
+                           c->tx->name, target, where);
     return kiln__tx_fail(
         c->tx, KILN_EUNIMPL, ins,
         "%s: custom-call target \"%.80s\" (%s) has no batching rule: its body is opaque to "

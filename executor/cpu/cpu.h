@@ -188,4 +188,10 @@ bool kiln__cpu_fft_uses_library(const kiln__cpu_fft *p);
 /* Whether p runs as a line pass and column passes (cpu_fft.c). */
 bool kiln__cpu_fft_uses_passes(const kiln__cpu_fft *p);
 
+/* The LINALG step (cpu_linalg.c): LAPACK per matrix of the batch; args are
+ * the step's slot pointers in order. g must have passed kiln_linalg_check.
+ * pool: where a batch of small matrices is spread (NULL: this thread). */
+int kiln__cpu_linalg_run(const kiln_linalg *g, kiln__cpu_pool *pool, void *const *args,
+                         kiln_status *st);
+
 #endif /* KILN_EXECUTOR_CPU_CPU_H */

@@ -37,8 +37,9 @@
 #define MAX_KERNELS (1u << 20)
 #define MAX_CODE_BYTES (UINT64_C(1) << 30)
 
-static const char *const step_names[] = {"kernel", "gemm", "copy",       "while", "conditional",
-                                         "call",   "conv", "collective", "fft"};
+static const char *const step_names[] = {"kernel",      "gemm",        "copy",  "while",
+                                         "conditional", "call",        "conv",  "collective",
+                                         "fft",         "debug-print", "linalg"};
 
 /* ---- shapes and bindings ------------------------------------------------ */
 
@@ -440,6 +441,24 @@ static int check_step(const kiln_executable *e, const kiln__cpu_loaded *l, const
     if (!slot_writable(e, l, s->args[1]))
       return kiln_status_set(st, KILN_EINVAL, w, "fft writes slot %u, a parameter or constant",
                              s->args[1]);
+    return 0;
+  }
+  case KILN_STEP_LINALG: {
+    char why[200];
+    uint64_t sizes[KILN_LAPACK_MAX_ARGS];
+    if (s->linalg == NULL)
+      return kiln_status_set(st, KILN_EINVAL, w, "linalg step without a description");
+    if (s->nargs != s->linalg->l.nargs || s->nargs > KILN_LAPACK_MAX_ARGS)
+      return kiln_status_set(st, KILN_EINVAL, w, "linalg takes %u slots, %u given",
+                             s->linalg->l.nargs, s->nargs);
+    for (uint32_t k = 0; k < s->nargs; k++) sizes[k] = e->slots[s->args[k]].size;
+    if (!kiln_linalg_check(s->linalg, s->nargs, sizes, why, sizeof why))
+      return kiln_status_set(st, KILN_EINVAL, w, "linalg: %s", why);
+    /* Operands are read, every result leaf is written. */
+    for (uint32_t k = kiln_lapack_noperands(s->linalg->l.kind); k < s->nargs; k++)
+      if (!slot_writable(e, l, s->args[k]))
+        return kiln_status_set(st, KILN_EINVAL, w, "linalg writes slot %u, a parameter or constant",
+                               s->args[k]);
     return 0;
   }
   }

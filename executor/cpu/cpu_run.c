@@ -245,6 +245,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     case KILN_STEP_FFT:
       rc = kiln__cpu_fft_run(r->l->fft[p][i], r->l->dev->pool, a[0], a[1], r->st);
       break;
+    case KILN_STEP_LINALG: rc = kiln__cpu_linalg_run(s->linalg, r->l->dev->pool, a, r->st); break;
     }
     if (r->observer) r->observer->step(r->observer->ctx, p, i, t0, now_ns());
     if (rc == 0) rc = check_deadline(r);

@@ -992,15 +992,17 @@ START_TEST(test_run_cpu_errors) {
   /* an op the cpu backend refuses: exit 1, naming the instruction */
   const char *g = write_file("chol.hlo", "HloModule f\n"
                                          "ENTRY main {\n"
-                                         "  x = f32[4,4] parameter(0)\n"
-                                         "  ROOT y = f32[4,4] cholesky(x), lower=true\n"
+                                         "  x = bf16[4,4] parameter(0)\n"
+                                         "  ROOT y = bf16[4,4] cholesky(x), lower=true\n"
                                          "}\n");
   r = run("run", g, "--backend", "cpu", "--random-args", "1", NULL);
   ck_assert_int_eq(r.code, 1);
   ck_assert_str_eq(r.out, "");
   char want[512];
   snprintf(want, sizeof want,
-           "%s:4:8: error: main/y: the cpu backend cannot compile cholesky main/y yet", g);
+           "%s:4:8: error: main/y: cholesky main/y: the cpu backend cannot compile this "
+           "cholesky: cholesky of bf16 values is not supported yet",
+           g);
   ck_assert_msg(strncmp(r.err, want, strlen(want)) == 0, "%s", r.err);
   result_free(&r);
   /* argument errors read as on interp */

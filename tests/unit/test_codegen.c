@@ -1243,11 +1243,12 @@ START_TEST(unsupported_ops_named) {
   rc = compile_status("HloModule u\nENTRY main {\n  p = f32[8] parameter(0)\n"
                       "  ROOT r = f32[8] rng-bit-generator(p), algorithm=rng_default\n}\n",
                       NULL, &st);
-  rc = compile_status("HloModule u\nENTRY main {\n  p = f32[5,5] parameter(0)\n"
-                      "  ROOT ch = f32[5,5] cholesky(p), lower=true\n}\n",
+  rc = compile_status("HloModule u\nENTRY main {\n  p = bf16[5,5] parameter(0)\n"
+                      "  ROOT ch = bf16[5,5] cholesky(p), lower=true\n}\n",
                       NULL, &st);
   ck_assert_int_eq(rc, KILN_EUNIMPL);
-  ck_assert_str_eq(st.msg, "the cpu backend cannot compile cholesky main/ch yet");
+  ck_assert_str_eq(st.msg, "cholesky main/ch: the cpu backend cannot compile this cholesky: "
+                           "cholesky of bf16 values is not supported yet (f32 and f64 are)");
   kiln_compile_options o;
   kiln_compile_options_init(&o);
   o.target = "interp"; /* a row without a code generator */

@@ -194,6 +194,7 @@ static inline void cg_program(cg_run *r, uint32_t p) {
     case KILN_STEP_COLLECTIVE: ck_abort_msg("collective steps run on the cpu backend"); break;
     case KILN_STEP_DEBUG_PRINT: break; /* prints only: the value was copied on before it */
     case KILN_STEP_FFT: ck_assert_int_eq(kiln_fft_reference(s->fft, ptr[0], ptr[1]), 0); break;
+    case KILN_STEP_LINALG: ck_abort_msg("linalg steps run on the cpu backend (LAPACK)"); break;
     }
   }
 }
