@@ -12,7 +12,9 @@
  * Left alone: a call whose value several instructions read (a relu that
  * both the forward pass and its gradient read: stored once, it is read
  * once by each, where inlined the fusion pass may copy its body into every
- * reader, measured 12% slower on a ResNet block's gradient), calls with
+ * reader, measured 12% slower on a ResNet block's gradient; a tuple read
+ * through get-tuple-elements of distinct elements is inlined, each element
+ * keeping its one reader), calls with
  * control edges (their order would have to be carried over to the
  * copies), calls of a computation that has control edges itself, and,
  * once the copies of one computation have added
@@ -57,13 +59,33 @@ static uint32_t uses(const kiln_module *m, const kiln_computation *c, kiln_id id
   return n;
 }
 
+/* Whether every read of `id` in comp is a get-tuple-element, each of a
+ * different element, and the root is not one of them: a tuple-valued call
+ * (jax.random's threefry2x32 returns its two words) whose copy leaves each
+ * element with the one reader it would have had. */
+static bool read_by_element(const kiln_module *m, const kiln_computation *c, kiln_id id) {
+  if (c->root == id || !kiln_shape_is_tuple(&m->instrs[id]->shape)) return false;
+  uint64_t seen = 0;
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *x = m->instrs[c->instrs[i]];
+    for (uint32_t k = 0; k < x->noperands; k++) {
+      if (x->operands[k] != id) continue;
+      int64_t e = kiln_instr_attr_int(x, KILN_ATTR_INDEX, -1);
+      if (x->op != KILN_OP_GET_TUPLE_ELEMENT || e < 0 || e >= 64 || (seen >> e & 1)) return false;
+      seen |= (uint64_t)1 << e;
+    }
+  }
+  return true;
+}
+
 static bool inlinable(const kiln_module *m, uint32_t comp, const kiln_instr *call) {
   if (call->op != KILN_OP_CALL || call->ncalled != 1 || call->called[0] >= m->ncomps ||
       call->called[0] == comp || call->ncontrol)
     return false;
   const kiln_computation *callee = m->comps[call->called[0]];
   return callee->root != KILN_NO_ID && !has_control(m, callee) &&
-         !is_control_pred(m, m->comps[comp], call->id) && uses(m, m->comps[comp], call->id) <= 1;
+         !is_control_pred(m, m->comps[comp], call->id) &&
+         (uses(m, m->comps[comp], call->id) <= 1 || read_by_element(m, m->comps[comp], call->id));
 }
 
 /* Copies call's computation into `comp` and points the call's users at the

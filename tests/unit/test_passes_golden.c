@@ -16,7 +16,8 @@
 #include "compiler/pass.h"
 #include "tests/support/golden.h"
 
-static const char *const pass_dirs[] = {"inline", "algsimp", "constfold", "cse", "while_licm"};
+static const char *const pass_dirs[] = {"unroll",    "inline", "algsimp",
+                                        "constfold", "cse",    "while_licm"};
 #define NDIRS (sizeof pass_dirs / sizeof pass_dirs[0])
 
 static char **files;
