@@ -994,6 +994,115 @@ static const char *const threefry_text =
     "  ROOT r = (u32[64,32], f32[64,32], f32[64,32]) tuple(bits, u, drop)\n"
     "}\n";
 
+/* An int8-quantized matmul as JAX writes it (the activations rounded,
+ * clipped to [-127, 127] and converted to s8, an s8 x s8 -> s32 dot, the
+ * sums dequantized by a per-column scale), with the weights stored either
+ * way and batched, and a u8 lhs: the dot is one integer GEMM step (oneDNN's
+ * int8 matmul where the CPU has VNNI), bit-equal to the interpreter. */
+static void int8_matmul_module(kiln_sbuf *b, int variant) {
+  int64_t m = 48, k = 300, n = 40;
+  kiln_sbuf_puts(b, "HloModule q\nENTRY e {\n");
+  kiln_sbuf_printf(b, "  x = f32[%lld,%lld] parameter(0)\n", (long long)m, (long long)k);
+  if (variant == 1) /* weights [N, K] */
+    kiln_sbuf_printf(b, "  w = s8[%lld,%lld] parameter(1)\n", (long long)n, (long long)k);
+  else if (variant == 2) /* batched: [2, K, N] */
+    kiln_sbuf_printf(b, "  w = s8[2,%lld,%lld] parameter(1)\n", (long long)k, (long long)n);
+  else
+    kiln_sbuf_printf(b, "  w = s8[%lld,%lld] parameter(1)\n", (long long)k, (long long)n);
+  kiln_sbuf_printf(b, "  sc = f32[%lld] parameter(2)\n", (long long)n);
+  kiln_sbuf_printf(b,
+                   "  c64 = f32[] constant(64)  c64b = f32[%lld,%lld] broadcast(c64), "
+                   "dimensions={}\n"
+                   "  xm = f32[%lld,%lld] multiply(x, c64b)  xr = f32[%lld,%lld] "
+                   "round-nearest-even(xm)\n",
+                   (long long)m, (long long)k, (long long)m, (long long)k, (long long)m,
+                   (long long)k);
+  const char *qt = variant == 3 ? "u8" : "s8";
+  const char *lo = variant == 3 ? "0" : "-127", *hi = variant == 3 ? "255" : "127";
+  kiln_sbuf_printf(b,
+                   "  lo = f32[] constant(%s)  hi = f32[] constant(%s)\n"
+                   "  xc = f32[%lld,%lld] clamp(lo, xr, hi)  xq = %s[%lld,%lld] convert(xc)\n",
+                   lo, hi, (long long)m, (long long)k, qt, (long long)m, (long long)k);
+  if (variant == 1)
+    kiln_sbuf_printf(b,
+                     "  d = s32[%lld,%lld] dot(xq, w), lhs_contracting_dims={1}, "
+                     "rhs_contracting_dims={1}\n",
+                     (long long)m, (long long)n);
+  else if (variant == 2)
+    kiln_sbuf_printf(b,
+                     "  xb = %s[2,%lld,%lld] broadcast(xq), dimensions={1,2}\n"
+                     "  d3 = s32[2,%lld,%lld] dot(xb, w), lhs_batch_dims={0}, "
+                     "rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}\n"
+                     "  ds = s32[1,%lld,%lld] slice(d3), slice={[1:2], [0:%lld], [0:%lld]}\n"
+                     "  d = s32[%lld,%lld] reshape(ds)\n",
+                     qt, (long long)m, (long long)k, (long long)m, (long long)n, (long long)m,
+                     (long long)n, (long long)m, (long long)n, (long long)m, (long long)n);
+  else
+    kiln_sbuf_printf(b,
+                     "  d = s32[%lld,%lld] dot(xq, w), lhs_contracting_dims={1}, "
+                     "rhs_contracting_dims={0}\n",
+                     (long long)m, (long long)n);
+  kiln_sbuf_printf(b,
+                   "  df = f32[%lld,%lld] convert(d)  scb = f32[%lld,%lld] broadcast(sc), "
+                   "dimensions={1}\n"
+                   "  ds2 = f32[%lld,%lld] multiply(df, scb)  c64o = f32[%lld,%lld] "
+                   "broadcast(c64), dimensions={}\n"
+                   "  ds3 = f32[%lld,%lld] divide(ds2, c64o)\n"
+                   "  ROOT r = (s32[%lld,%lld], f32[%lld,%lld]) tuple(d, ds3)\n}\n",
+                   (long long)m, (long long)n, (long long)m, (long long)n, (long long)m,
+                   (long long)n, (long long)m, (long long)n, (long long)m, (long long)n,
+                   (long long)m, (long long)n, (long long)m, (long long)n);
+}
+
+START_TEST(test_int8_matmul) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  int8_matmul_module(&b, _i);
+  agree(kiln_sbuf_str(&b), -1, EXTREME, 2);
+  kiln_sbuf_free(&b);
+}
+END_TEST
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+
+/* On a CPU with VNNI an int8 GEMM runs through oneDNN, not the loop (builds
+ * with oneDNN, without sanitizers). */
+START_TEST(test_igemm_library) {
+#if defined(KILN_HAVE_DNNL) && !defined(TEST_ASAN) && defined(__x86_64__)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    fprintf(stderr, "test_igemm_library: skipped, the CPU has no AVX-512 VNNI\n");
+    return;
+  }
+  kiln_gemm g = {.dtype = KILN_S8,
+                 .batch = 1,
+                 .m = 64,
+                 .n = 32,
+                 .k = 128,
+                 .lda = 128,
+                 .ldb = 32,
+                 .ldc = 32,
+                 .stride_a = 64 * 128,
+                 .stride_b = 128 * 32,
+                 .stride_c = 64 * 32,
+                 .alpha = 1,
+                 .beta = 0};
+  ck_assert(kiln__cpu_igemm_uses_library(&g));
+  g.dtype = KILN_U8;
+  g.trans_b = 1;
+  g.ldb = 128;
+  ck_assert(kiln__cpu_igemm_uses_library(&g));
+#else
+  fprintf(stderr, "test_igemm_library: skipped (no oneDNN, a sanitizer build or not x86)\n");
+#endif
+}
+END_TEST
+
 START_TEST(test_threefry_loop) { agree(threefry_text, -1, EXTREME, 3); }
 END_TEST
 
@@ -1032,6 +1141,8 @@ int main(void) {
   tcase_add_test(tc, test_scan_wide);
   tcase_add_test(tc, test_idot_random);
   tcase_add_test(tc, test_threefry_loop);
+  tcase_add_loop_test(tc, test_int8_matmul, 0, 4);
+  tcase_add_test(tc, test_igemm_library);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
