@@ -60,8 +60,8 @@ static bool int_const(const kiln_module *m, kiln_id id, int64_t *v) {
  * parameter. */
 static bool is_state_read(const kiln_module *m, const kiln_computation *c, kiln_id id, int64_t k) {
   const kiln_instr *g = m->instrs[id], *p = kiln_computation_param(m, c, 0);
-  return p && g->op == KILN_OP_GET_TUPLE_ELEMENT && g->noperands == 1 &&
-         g->operands[0] == p->id && kiln_instr_attr_int(g, KILN_ATTR_INDEX, -1) == k;
+  return p && g->op == KILN_OP_GET_TUPLE_ELEMENT && g->noperands == 1 && g->operands[0] == p->id &&
+         kiln_instr_attr_int(g, KILN_ATTR_INDEX, -1) == k;
 }
 
 /* Whether computation c and those it calls hold only instructions a copy
@@ -106,13 +106,12 @@ static int64_t trips(const kiln_module *m, const kiln_instr *w, const bool *impu
   uint32_t cd = w->called[0], bd = w->called[1];
   if (cd >= m->ncomps || bd >= m->ncomps) return -1;
   const kiln_computation *cond = m->comps[cd], *body = m->comps[bd];
-  if (kiln_computation_nparams(m, cond) != 1 || kiln_computation_nparams(m, body) != 1)
-    return -1;
+  if (kiln_computation_nparams(m, cond) != 1 || kiln_computation_nparams(m, body) != 1) return -1;
   const kiln_instr *cr = kiln_computation_root(m, cond), *br = kiln_computation_root(m, body);
   const kiln_instr *init = m->instrs[w->operands[0]];
   if (!cr || !br || cr->op != KILN_OP_COMPARE || cr->noperands != 2 ||
-      kiln_instr_attr_int(cr, KILN_ATTR_DIRECTION, -1) != KILN_CMP_LT ||
-      br->op != KILN_OP_TUPLE || br->noperands != w->shape.rank || init->op != KILN_OP_TUPLE ||
+      kiln_instr_attr_int(cr, KILN_ATTR_DIRECTION, -1) != KILN_CMP_LT || br->op != KILN_OP_TUPLE ||
+      br->noperands != w->shape.rank || init->op != KILN_OP_TUPLE ||
       init->noperands != w->shape.rank)
     return -1;
   const kiln_instr *ci = m->instrs[cr->operands[0]];
@@ -125,10 +124,10 @@ static int64_t trips(const kiln_module *m, const kiln_instr *w, const bool *impu
   if (impure[cd]) return -1;
   const kiln_instr *inc = m->instrs[br->operands[k]];
   if (inc->op != KILN_OP_ADD || inc->noperands != 2) return -1;
-  bool ok = (is_state_read(m, body, inc->operands[0], k) &&
-             int_const(m, inc->operands[1], &one) && one == 1) ||
-            (is_state_read(m, body, inc->operands[1], k) &&
-             int_const(m, inc->operands[0], &one) && one == 1);
+  bool ok = (is_state_read(m, body, inc->operands[0], k) && int_const(m, inc->operands[1], &one) &&
+             one == 1) ||
+            (is_state_read(m, body, inc->operands[1], k) && int_const(m, inc->operands[0], &one) &&
+             one == 1);
   if (!ok) return -1;
   if (m->instrs[init->operands[k]]->shape.dtype != inc->shape.dtype) return -1;
   *size = 0;

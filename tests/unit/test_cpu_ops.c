@@ -1103,6 +1103,22 @@ START_TEST(test_igemm_library) {
 }
 END_TEST
 
+/* f32 -> s8, s16 and s32 conversions (computed in float lanes, kf2sf) at
+ * the edges: eighths in [-2, 2] scaled by 2^30, 2^14 and 2^6 reach exactly
+ * -2^31 .. 2^31 (2^31 saturates), and NaN and infinities. */
+START_TEST(test_convert_f32_to_int) {
+  agree("HloModule cv\nENTRY e {\n  x = f32[64] parameter(0)\n"
+        "  a = f32[] constant(1073741824)  ab = f32[64] broadcast(a), dimensions={}\n"
+        "  b = f32[] constant(16384)  bb = f32[64] broadcast(b), dimensions={}\n"
+        "  c = f32[] constant(64.5)  cb = f32[64] broadcast(c), dimensions={}\n"
+        "  xa = f32[64] multiply(x, ab)  xb = f32[64] multiply(x, bb)  xc = f32[64] multiply(x, "
+        "cb)\n"
+        "  i32 = s32[64] convert(xa)  i16 = s16[64] convert(xb)  i8 = s8[64] convert(xc)\n"
+        "  ROOT r = (s32[64], s16[64], s8[64]) tuple(i32, i16, i8)\n}\n",
+        -1, SPECIALS, 4);
+}
+END_TEST
+
 START_TEST(test_threefry_loop) { agree(threefry_text, -1, EXTREME, 3); }
 END_TEST
 
@@ -1143,6 +1159,7 @@ int main(void) {
   tcase_add_test(tc, test_threefry_loop);
   tcase_add_loop_test(tc, test_int8_matmul, 0, 4);
   tcase_add_test(tc, test_igemm_library);
+  tcase_add_test(tc, test_convert_f32_to_int);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
