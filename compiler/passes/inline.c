@@ -77,7 +77,6 @@ static bool read_by_element(const kiln_module *m, const kiln_computation *c, kil
         !(kiln_dtype_is_signed_int(e->dtype) || kiln_dtype_is_unsigned_int(e->dtype)))
       return false;
   }
-
   uint64_t seen = 0;
   for (uint32_t i = 0; i < c->ninstrs; i++) {
     const kiln_instr *x = m->instrs[c->instrs[i]];
