@@ -15,6 +15,7 @@
 #include "compiler/passes/passes.h"
 
 static const kiln_pass passes[] = {
+    {"unroll", kiln_pass_unroll, 1}, /* first: the copies' calls are inlined next */
     {"inline", kiln_pass_inline, 1},
     {"algsimp", kiln_pass_algsimp, 1},
     {"constfold", kiln_pass_constfold, 1},

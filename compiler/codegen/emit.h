@@ -265,6 +265,9 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *   kf2s(x, w)  double -> signed w-bit integer (w = 8, 16, 32, 64),
  *          saturating: NaN -> 0; x >= 2^(w-1) -> the largest; x <= -2^(w-1)
  *          -> the smallest; else truncated toward zero.
+ *   kf2sf(x, w)  kf2s of a float into w = 8, 16 or 32 bits, computed in
+ *          float and int32 lanes (the same value: 2^(w-1) is exact in
+ *          float), so an f32 -> s8 quantization loop vectorizes.
  *   kf2u(x, w)  double -> unsigned w-bit integer, saturating: NaN or x <= 0
  *          -> 0; x >= 2^w -> 2^w - 1; else truncated toward zero.
  *   kdivs32, kdivs64  a / b truncated toward zero; b == 0 -> -1; MIN / -1
@@ -355,6 +358,7 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(kclampd, "double kclampd(double l, double x, double h)") \
   X(kclampi, "int64_t kclampi(int64_t v, int64_t hi)") \
   X(kf2s, "int64_t kf2s(double x, int w)") \
+  X(kf2sf, "int32_t kf2sf(float x, int w)") \
   X(kf2u, "uint64_t kf2u(double x, int w)") \
   X(kdivs32, "int32_t kdivs32(int32_t a, int32_t b)") \
   X(krems32, "int32_t krems32(int32_t a, int32_t b)") \

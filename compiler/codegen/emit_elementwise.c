@@ -365,6 +365,8 @@ int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char 
   if (!is_f(to)) {
     if (!is_f(from)) {
       snprintf(dst, n, "(%s)%s", kiln__ctype(f->mod, to), a);
+    } else if (is_s(to) && from == KILN_F32 && kiln_dtype_bits(to) <= 32) {
+      snprintf(dst, n, "(%s)kf2sf(%s, %d)", kiln__ctype(f->mod, to), a, kiln_dtype_bits(to));
     } else if (is_s(to)) {
       snprintf(dst, n, "(%s)kf2s((double)%s, %d)", kiln__ctype(f->mod, to), a, kiln_dtype_bits(to));
     } else {

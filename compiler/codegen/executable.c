@@ -646,13 +646,15 @@ static bool gemm_view_ok(int64_t batch, int64_t rows, int64_t cols, int64_t ld, 
 
 static int check_gemm(const kiln_executable *e, const kiln_step *s, uint32_t p) {
   const kiln_gemm *g = &s->gemm;
-  if (g->dtype != KILN_F32 && g->dtype != KILN_F64) return -1;
-  uint64_t es = kiln_dtype_size(g->dtype);
+  bool i8 = g->dtype == KILN_S8 || g->dtype == KILN_U8;
+  if (g->dtype != KILN_F32 && g->dtype != KILN_F64 && !i8) return -1;
+  if (i8 && s->nargs != 3) return -1; /* no epilogue */
+  uint64_t es = kiln_dtype_size(g->dtype), esc = i8 ? 4 : es;
   int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
   int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
   if (!gemm_view_ok(g->batch, ar, ac, g->lda, g->stride_a, es, slot_size(e, s->args[0])) ||
       !gemm_view_ok(g->batch, br, bc, g->ldb, g->stride_b, es, slot_size(e, s->args[1])) ||
-      !gemm_view_ok(g->batch, g->m, g->n, g->ldc, g->stride_c, es, slot_size(e, s->args[2])))
+      !gemm_view_ok(g->batch, g->m, g->n, g->ldc, g->stride_c, esc, slot_size(e, s->args[2])))
     return -1;
   (void)p;
   return 0;

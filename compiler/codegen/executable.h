@@ -128,8 +128,12 @@ typedef struct kiln_coll {
   uint64_t *outer;   /* nops */
 } kiln_coll;
 
+/* dtype F32 or F64: C = alpha A B + beta C in that type. S8 or U8: an
+ * integer product, A of that type, B s8, C s32 (the exact sums, wrapping
+ * as s32 does), alpha 1, beta 0, no epilogue; on CPU through oneDNN's int8
+ * matmul (executor/cpu/cpu_igemm.c). */
 typedef struct kiln_gemm {
-  kiln_dtype dtype; /* F32 or F64 (others: a kernel instead) */
+  kiln_dtype dtype; /* F32, F64, S8 or U8 (others: a kernel instead) */
   int64_t batch, m, n, k;
   int64_t lda, ldb, ldc;                /* leading dimensions, in elements */
   int64_t stride_a, stride_b, stride_c; /* between batches, in elements */

@@ -48,6 +48,9 @@ bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bo
 /* The (batched) matrix product kiln__gemm_plan describes, for any element
  * type (the integer dot kernel's plan). */
 bool kiln__gemm_shape(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap);
+/* The integer GEMM (kiln_gemm dtype S8 or U8: A's type, B s8, C s32) of a
+ * dot of an s8 or u8 lhs and an s8 rhs into s32; false for other dots. */
+bool kiln__igemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap);
 /* conv_step.c: whether convolution `ins` becomes one CONV step (f32, at
  * most 3 spatial dims, no window reversal); fills c. */
 bool kiln__conv_plan(const kiln_module *m, const kiln_instr *ins, kiln_conv *c);

@@ -228,6 +228,18 @@ bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bo
   return kiln__gemm_shape(m, d, g, swap);
 }
 
+bool kiln__igemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap) {
+  if (d->op != KILN_OP_DOT || d->noperands != 2 || d->shape.dtype != KILN_S32) return false;
+  kiln_dtype lt = m->instrs[d->operands[0]]->shape.dtype;
+  kiln_dtype rt = m->instrs[d->operands[1]]->shape.dtype;
+  if ((lt != KILN_S8 && lt != KILN_U8) || rt != KILN_S8 || !kiln__gemm_shape(m, d, g, swap))
+    return false;
+  /* Exchanged (C stored transposed), the rhs is A: both must be s8. */
+  if (*swap && lt != KILN_S8) return false;
+  g->dtype = *swap ? rt : lt;
+  return true;
+}
+
 bool kiln__gemm_shape(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bool *swap) {
   if (d->op != KILN_OP_DOT || d->noperands != 2) return false;
   const kiln_shape *ls = &m->instrs[d->operands[0]]->shape, *rs = &m->instrs[d->operands[1]]->shape;
@@ -338,6 +350,25 @@ static uint32_t leaf0(kiln__lctx *c, kiln_id id) {
   uint32_t n;
   const uint32_t *s = kiln_buffer_leaves(c->ba, id, &n);
   return n ? s[0] : KILN_NO_SLOT;
+}
+
+/* An 8-bit integer dot as one integer GEMM step (oneDNN's int8 matmul on
+ * the cpu backend); *done false leaves it to the kernels. */
+static int igemm_step(kiln__lctx *c, uint32_t prog, const kiln_instr *d, bool *done) {
+  *done = false;
+  kiln_gemm g;
+  bool swap;
+  if (strcmp(c->g->mod.target->name, "cpu") != 0 || !kiln__igemm_plan(c->m, d, &g, &swap)) return 0;
+  uint32_t a = leaf0(c, d->operands[0]), b = leaf0(c, d->operands[1]), out = leaf0(c, d->id);
+  if (a == KILN_NO_SLOT || b == KILN_NO_SLOT || out == KILN_NO_SLOT) return 0;
+  uint32_t *args = kiln_arena_alloc(c->e->arena, 3 * sizeof *args);
+  if (args == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  args[0] = swap ? b : a;
+  args[1] = swap ? a : b;
+  args[2] = out;
+  kiln_step s = {.kind = KILN_STEP_GEMM, .nargs = 3, .gemm = g, .args = args};
+  *done = true;
+  return kiln__lower_step(c, prog, &s);
 }
 
 /* A convolution as one CONV step (through oneDNN on the cpu backend), when
@@ -718,6 +749,9 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     if (kiln__gemm_plan(c->m, ins, &g, &swap))
       return gemm_step(c, prog, ins, leaf0(c, ins->operands[0]), leaf0(c, ins->operands[1]),
                        leaf0(c, ins->id), NULL);
+    bool done;
+    int rc = igemm_step(c, prog, ins, &done);
+    if (rc || done) return rc;
     if (kiln__idot_ok(c->m, ins) && kiln__gemm_shape(c->m, ins, &g, &swap) && !swap &&
         !(g.trans_a && g.trans_b))
       return special_kernel(c, prog, ins, idot_fn, &g);

@@ -92,6 +92,11 @@
     "  if (x <= -hi) return w == 64 ? INT64_MIN : -(int64_t)(1ull << (w - 1));\n" \
     "  return (int64_t)x;\n" \
     "}\n" \
+    "KI int32_t kf2sf(float x, int w) {\n" \
+    "  float hi = (float)(1u << (w - 1));\n" \
+    "  int32_t top = (int32_t)((1u << (w - 1)) - 1u);\n" \
+    "  return x != x ? 0 : x >= hi ? top : x <= -hi ? -top - 1 : (int32_t)x;\n" \
+    "}\n" \
     "KI uint64_t kf2u(double x, int w) {\n" \
     "  if (x != x || x <= 0) return 0;\n" \
     "  if (x >= (w == 64 ? 0x1p64 : (double)(1ull << w))) return w == 64 ? UINT64_MAX : (1ull << " \

@@ -21,13 +21,15 @@
  *    accumulates in f32 (as XLA's CPU backend does); the result is
  *    converted back to the dot's type.
  * The result is reshaped back to the dot's dims. An 8-bit integer dot
- * whose sums stay below 2^24 is exact as an f32 GEMM and becomes one
- * (exact_in_f32). Other integer dots stay loop kernels (no BLAS for them) but get the same form
- * with K minor on both sides, [batch..., M, K] x [batch..., N, K], so that each result element is
- * one contiguous inner product the C compiler vectorizes. A dot that already has its form (one free
- * dim or none per side, one contracting dim, batch dims physically major, f32 or f64, or K minor
- * for integers) is left alone, as are dots of other types (f8, complex, mixed), dynamic shapes and
- * empty arrays, and fused computations (already past this point). */
+ * on the cpu target with an s8 or u8 lhs, an s8 rhs and an s32 result
+ * becomes an integer GEMM in the GEMM form, its operands in their own types
+ * (int8_gemm); another whose sums stay below 2^24 is exact as an f32 GEMM
+ * and becomes one (exact_in_f32). Other integer dots stay loop kernels (no BLAS for them) but get
+ * the same form with K minor on both sides, [batch..., M, K] x [batch..., N, K], so that each
+ * result element is one contiguous inner product the C compiler vectorizes. A dot that already has
+ * its form (one free dim or none per side, one contracting dim, batch dims physically major, f32 or
+ * f64, or K minor for integers) is left alone, as are dots of other types (f8, complex, mixed),
+ * dynamic shapes and empty arrays, and fused computations (already past this point). */
 #include <stdio.h>
 #include <string.h>
 
@@ -308,20 +310,44 @@ static bool exact_in_f32(const kiln_instr *d, const kiln_shape *a, const kiln_sh
   return k * ma * mb <= 16777216.0;
 }
 
+/* An 8-bit dot the cpu backend runs as one integer GEMM (oneDNN's int8
+ * matmul, s32 accumulation: VNNI on AVX-512; builds with oneDNN only):
+ * lhs s8 or u8, rhs s8, s32 result. It takes the GEMM form (either order per side, transpose flags
+ * instead of copies) with the operands kept in their types. The result
+ * wraps as the s32 sum does, whatever K is. */
+static bool int8_gemm(const kiln_pass_ctx *ctx, const kiln_instr *d, const kiln_shape *a,
+                      const kiln_shape *b) {
+#ifdef KILN_HAVE_DNNL
+  const kiln_target *tg = ctx->target ? ctx->target : kiln_target_default();
+  return tg && tg->backend && strcmp(tg->backend, "cpu") == 0 && d->shape.dtype == KILN_S32 &&
+         (a->dtype == KILN_S8 || a->dtype == KILN_U8) && b->dtype == KILN_S8;
+#else
+  (void)ctx, (void)d, (void)a, (void)b;
+  return false;
+#endif
+}
+
 static bool usable(const kiln_shape *s) {
   return kiln_shape_is_array(s) && !kiln_shape_is_dynamic(s) && s->rank <= MAXR &&
          kiln_shape_elements(s) > 0;
 }
 
 /* Rewrites dot d of computation comp; *done says whether it did. */
-static int canon_dot(kiln_module *m, uint32_t comp, kiln_id first, kiln_instr *d, bool *done) {
+static int canon_dot(kiln_module *m, const kiln_pass_ctx *ctx, uint32_t comp, kiln_id first,
+                     kiln_instr *d, bool *done) {
   *done = false;
   if (d->noperands != 2 || d->ncontrol || !usable(&d->shape)) return 0;
   const kiln_instr *a = m->instrs[d->operands[0]], *b = m->instrs[d->operands[1]];
   if (!usable(&a->shape) || !usable(&b->shape)) return 0;
   kiln_dtype t = gemm_type(a->shape.dtype, b->shape.dtype, d->shape.dtype);
-  if (exact_in_f32(d, &a->shape, &b->shape)) t = KILN_F32;
+  bool i8 = int8_gemm(ctx, d, &a->shape, &b->shape);
+  if (i8)
+    t = KILN_S32;
+  else if (exact_in_f32(d, &a->shape, &b->shape))
+    t = KILN_F32;
   if (t == KILN_INVALID) return 0;
+  /* The type each operand is read in: t, or its own for an int8 GEMM. */
+  kiln_dtype ta = i8 ? a->shape.dtype : t, tb = i8 ? b->shape.dtype : t;
   side l, r;
   if (!side_init(&l, a, kiln_instr_attr_ints(d, KILN_ATTR_LHS_BATCH_DIMS),
                  kiln_instr_attr_ints(d, KILN_ATTR_LHS_CONTRACTING_DIMS)) ||
@@ -330,15 +356,15 @@ static int canon_dot(kiln_module *m, uint32_t comp, kiln_id first, kiln_instr *d
       l.nb != r.nb || l.nc != r.nc || d->shape.rank != l.nb + l.nf + r.nf)
     return 0;
   plan p;
-  bool loop = t != KILN_F32 && t != KILN_F64;
+  bool loop = t != KILN_F32 && t != KILN_F64 && !i8;
   make_plan(&l, &r, loop, &p);
-  bool same_type = a->shape.dtype == t && b->shape.dtype == t && d->shape.dtype == t;
+  bool same_type = a->shape.dtype == ta && b->shape.dtype == tb && d->shape.dtype == t;
   if (same_type && l.nc == 1 && l.nf <= 1 && r.nf <= 1 && !p.copy[0] && !p.copy[1])
     return 0; /* a GEMM already */
   kiln_id ops[2];
   int64_t lb[MAXR], rb[MAXR], lc, rc, mdim, ndim;
-  int err = side_build(m, comp, first, d, &l, &p, 0, t, &ops[0], lb, &lc, &mdim);
-  if (err == 0) err = side_build(m, comp, first, d, &r, &p, 1, t, &ops[1], rb, &rc, &ndim);
+  int err = side_build(m, comp, first, d, &l, &p, 0, ta, &ops[0], lb, &lc, &mdim);
+  if (err == 0) err = side_build(m, comp, first, d, &r, &p, 1, tb, &ops[1], rb, &rc, &ndim);
   if (err) return err;
   /* The product: [batch..., M?, N?]. */
   int64_t dims[MAXR];
@@ -405,7 +431,7 @@ int kiln_pass_dot_canon(kiln_module *m, const kiln_pass_ctx *ctx) {
     for (uint32_t i = 0; i < n && rc == 0; i++) {
       kiln_instr *x = m->instrs[m->comps[c]->instrs[i]];
       bool done = false;
-      if (x->op == KILN_OP_DOT) rc = canon_dot(m, c, first, x, &done);
+      if (x->op == KILN_OP_DOT) rc = canon_dot(m, ctx, c, first, x, &done);
       any |= done;
     }
     if (rc || !any) continue;

@@ -66,9 +66,10 @@
 
 #define NO_GROUP UINT32_MAX
 #define NO_POS UINT32_MAX
-#define MAX_MEMBERS 128 /* instructions in one fused kernel */
-#define MAX_SIBLINGS 8  /* consumer groups of one value tried for merging */
-#define ROWS_MAXR 64    /* rank of a row kernel's outputs compared for layout */
+#define MAX_MEMBERS \
+  512                  /* instructions in one fused kernel (an unrolled threefry + erf_inv: ~400) */
+#define MAX_SIBLINGS 8 /* consumer groups of one value tried for merging */
+#define ROWS_MAXR 64   /* rank of a row kernel's outputs compared for layout */
 
 typedef enum fkind { K_LOOP, K_INPUT, K_OUTPUT } fkind;
 static const char *const kind_names[] = {"kLoop", "kInput", "kOutput"};

@@ -4,6 +4,7 @@
 
 #include "compiler/pass.h"
 
+int kiln_pass_unroll(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_inline(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_annotations(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_dce(kiln_module *m, const kiln_pass_ctx *ctx);

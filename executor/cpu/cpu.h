@@ -142,6 +142,14 @@ typedef struct kiln__cpu_epilogue {
 void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b, void *c,
                     const kiln__cpu_epilogue *epi);
 
+/* The integer GEMM step (dtype S8 or U8: A of that type, B s8, C s32;
+ * checked at load): through oneDNN's int8 matmul on a CPU with VNNI, else
+ * an exact loop split over the pool (cpu_igemm.c). */
+void kiln__cpu_igemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
+                     void *c);
+/* Whether kiln__cpu_igemm runs g through oneDNN (tests). */
+bool kiln__cpu_igemm_uses_library(const kiln_gemm *g);
+
 /* One f32 GEMM piece of at most KILN__SMALL_GEMM_M rows, B not transposed
  * and of KILN__SMALL_GEMM_MIN_NK to KILN__SMALL_GEMM_MAX_NK elements:
  * C = alpha op(A) B + beta C (row-major, leading dimensions in elements)

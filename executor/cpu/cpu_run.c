@@ -125,6 +125,10 @@ static void run_kernel(run_ctx *r, const kiln_step *s, void *const *bufs) {
 
 static void run_gemm(run_ctx *r, const kiln_step *s, void *const *a) {
   const kiln_gemm *g = &s->gemm;
+  if (g->dtype == KILN_S8 || g->dtype == KILN_U8) { /* checked at load: no epilogue */
+    kiln__cpu_igemm(r->l->dev->pool, g, a[0], a[1], a[2]);
+    return;
+  }
   if (s->nargs <= 3) {
     kiln__cpu_gemm(r->l->dev->pool, g, a[0], a[1], a[2], NULL);
     return;

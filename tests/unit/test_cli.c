@@ -979,7 +979,8 @@ START_TEST(test_run_cpu_errors) {
   result_free(&r);
   r = run("run", f, "--backend", "cpu", "--disable-pass", "frob", "--random-args", "1", NULL);
   ck_assert_int_eq(r.code, 2);
-  ck_assert_ptr_nonnull(strstr(r.err, "kiln run: unknown pass 'frob' (passes: inline, algsimp, "));
+  ck_assert_ptr_nonnull(
+      strstr(r.err, "kiln run: unknown pass 'frob' (passes: unroll, inline, algsimp, "));
   result_free(&r);
   r = run("run", f, "--backend", "cpu", "-O", "7", "--random-args", "1", NULL);
   EXPECT(r, 2, "", "kiln run: --opt-level needs a level from 0 to 3, not '7'\n");
@@ -1270,7 +1271,8 @@ START_TEST(test_dot) {
   result_free(&r);
   r = run("dot", f, "--after", "frob", NULL);
   ck_assert_int_eq(r.code, 2);
-  ck_assert_ptr_nonnull(strstr(r.err, "kiln dot: unknown pass 'frob' (input, inline, algsimp, "));
+  ck_assert_ptr_nonnull(
+      strstr(r.err, "kiln dot: unknown pass 'frob' (input, unroll, inline, algsimp, "));
   result_free(&r);
   const char *bad = write_file("bad.hlo", "HloModule m\nENTRY e {\n");
   r = run("dot", bad, NULL);

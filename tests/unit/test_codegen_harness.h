@@ -128,16 +128,24 @@ static inline void cg_gemm(const kiln_gemm *g, const void *a, const void *b, voi
     for (int64_t i = 0; i < g->m; i++)
       for (int64_t j = 0; j < g->n; j++) {
         double acc = 0;
+        uint32_t iacc = 0; /* integer GEMM (dtype S8 or U8): s32 sums, wrapping */
         for (int64_t k = 0; k < g->k; k++) {
           int64_t ai = q * g->stride_a + (g->trans_a ? k * g->lda + i : i * g->lda + k);
           int64_t bi = q * g->stride_b + (g->trans_b ? j * g->ldb + k : k * g->ldb + j);
-          if (g->dtype == KILN_F32)
+          uint32_t bv = (uint32_t)(int32_t)((const int8_t *)b)[bi];
+          if (g->dtype == KILN_S8)
+            iacc += (uint32_t)(int32_t)((const int8_t *)a)[ai] * bv;
+          else if (g->dtype == KILN_U8)
+            iacc += (uint32_t)((const uint8_t *)a)[ai] * bv;
+          else if (g->dtype == KILN_F32)
             acc += (double)((const float *)a)[ai] * ((const float *)b)[bi];
           else
             acc += ((const double *)a)[ai] * ((const double *)b)[bi];
         }
         int64_t ci = q * g->stride_c + i * g->ldc + j;
-        if (g->dtype == KILN_F32)
+        if (g->dtype == KILN_S8 || g->dtype == KILN_U8)
+          ((int32_t *)c)[ci] = (int32_t)iacc;
+        else if (g->dtype == KILN_F32)
           ((float *)c)[ci] = (float)acc;
         else
           ((double *)c)[ci] = acc;

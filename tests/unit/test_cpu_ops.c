@@ -898,6 +898,230 @@ START_TEST(test_idot_random) {
 }
 END_TEST
 
+/* jax.random's threefry2x32 as JAX exports it for the CPU (a while loop of
+ * five trips, four rounds each, the rotation amounts carried in the state
+ * and swapped each trip, the key schedule added with the trip counter),
+ * over counters made from a u64 iota split in two words, then the bits made
+ * uniform floats, a bernoulli draw and a dropout select. The loop is
+ * unrolled and the whole chain fused; every result is bit-equal to the
+ * interpreter's (u32 arithmetic, and float steps that are exact). */
+static const char *const threefry_text =
+    "HloModule threefry\n"
+    "rounds {\n"
+    "  x = u32[64,32] parameter(0)  y = u32[64,32] parameter(1)  r = u32[4] parameter(2)\n"
+    "  c32 = u32[] constant(32)\n"
+    "  s0 = u32[1] slice(r), slice={[0:1]}  q0 = u32[] reshape(s0)\n"
+    "  b0 = u32[64,32] broadcast(q0), dimensions={}  d0 = u32[] subtract(c32, q0)\n"
+    "  e0 = u32[64,32] broadcast(d0), dimensions={}\n"
+    "  a0 = u32[64,32] add(x, y)  l0 = u32[64,32] shift-left(y, b0)\n"
+    "  h0 = u32[64,32] shift-right-logical(y, e0)  o0 = u32[64,32] or(l0, h0)\n"
+    "  y0 = u32[64,32] xor(a0, o0)\n"
+    "  s1 = u32[1] slice(r), slice={[1:2]}  q1 = u32[] reshape(s1)\n"
+    "  b1 = u32[64,32] broadcast(q1), dimensions={}  d1 = u32[] subtract(c32, q1)\n"
+    "  e1 = u32[64,32] broadcast(d1), dimensions={}\n"
+    "  a1 = u32[64,32] add(a0, y0)  l1 = u32[64,32] shift-left(y0, b1)\n"
+    "  h1 = u32[64,32] shift-right-logical(y0, e1)  o1 = u32[64,32] or(l1, h1)\n"
+    "  y1 = u32[64,32] xor(a1, o1)\n"
+    "  s2 = u32[1] slice(r), slice={[2:3]}  q2 = u32[] reshape(s2)\n"
+    "  b2 = u32[64,32] broadcast(q2), dimensions={}  d2 = u32[] subtract(c32, q2)\n"
+    "  e2 = u32[64,32] broadcast(d2), dimensions={}\n"
+    "  a2 = u32[64,32] add(a1, y1)  l2 = u32[64,32] shift-left(y1, b2)\n"
+    "  h2 = u32[64,32] shift-right-logical(y1, e2)  o2 = u32[64,32] or(l2, h2)\n"
+    "  y2 = u32[64,32] xor(a2, o2)\n"
+    "  s3 = u32[1] slice(r), slice={[3:4]}  q3 = u32[] reshape(s3)\n"
+    "  b3 = u32[64,32] broadcast(q3), dimensions={}  d3 = u32[] subtract(c32, q3)\n"
+    "  e3 = u32[64,32] broadcast(d3), dimensions={}\n"
+    "  a3 = u32[64,32] add(a2, y2)  l3 = u32[64,32] shift-left(y2, b3)\n"
+    "  h3 = u32[64,32] shift-right-logical(y2, e3)  o3 = u32[64,32] or(l3, h3)\n"
+    "  y3 = u32[64,32] xor(a3, o3)\n"
+    "  ROOT t = (u32[64,32], u32[64,32]) tuple(a3, y3)\n"
+    "}\n"
+    "cond {\n"
+    "  s = (s32[], u32[64,32], u32[64,32], u32[], u32[], u32[], u32[4], u32[4]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0  n = s32[] constant(5)\n"
+    "  ROOT lt = pred[] compare(i, n), direction=LT\n"
+    "}\n"
+    "body {\n"
+    "  s = (s32[], u32[64,32], u32[64,32], u32[], u32[], u32[], u32[4], u32[4]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0\n"
+    "  x = u32[64,32] get-tuple-element(s), index=1  y = u32[64,32] get-tuple-element(s), "
+    "index=2\n"
+    "  k0 = u32[] get-tuple-element(s), index=3  k1 = u32[] get-tuple-element(s), index=4\n"
+    "  k2 = u32[] get-tuple-element(s), index=5\n"
+    "  ra = u32[4] get-tuple-element(s), index=6  rb = u32[4] get-tuple-element(s), index=7\n"
+    "  c = (u32[64,32], u32[64,32]) call(x, y, ra), to_apply=rounds\n"
+    "  cx = u32[64,32] get-tuple-element(c), index=0  cy = u32[64,32] get-tuple-element(c), "
+    "index=1\n"
+    "  kb0 = u32[64,32] broadcast(k0), dimensions={}  nx = u32[64,32] add(cx, kb0)\n"
+    "  kb1 = u32[64,32] broadcast(k1), dimensions={}  ny0 = u32[64,32] add(cy, kb1)\n"
+    "  one = s32[] constant(1)  i2 = s32[] add(i, one)  iu = u32[] convert(i2)\n"
+    "  ib = u32[64,32] broadcast(iu), dimensions={}  ny = u32[64,32] add(ny0, ib)\n"
+    "  ROOT t = (s32[], u32[64,32], u32[64,32], u32[], u32[], u32[], u32[4], u32[4]) "
+    "tuple(i2, nx, ny, k1, k2, k0, rb, ra)\n"
+    "}\n"
+    "ENTRY main {\n"
+    "  key = u32[2] parameter(0)  xin = f32[64,32] parameter(1)\n"
+    "  ks0 = u32[1] slice(key), slice={[0:1]}  k0 = u32[] reshape(ks0)\n"
+    "  ks1 = u32[1] slice(key), slice={[1:2]}  k1 = u32[] reshape(ks1)\n"
+    "  kx = u32[] xor(k0, k1)  parity = u32[] constant(466688986)  k2 = u32[] xor(kx, parity)\n"
+    "  io = u64[64,32] iota(), iota_dimension=0  w = u64[] constant(32)\n"
+    "  wb = u64[64,32] broadcast(w), dimensions={}  im = u64[64,32] multiply(io, wb)\n"
+    "  jo = u64[64,32] iota(), iota_dimension=1  ctr = u64[64,32] add(im, jo)\n"
+    "  sh = u64[] constant(32)  shb = u64[64,32] broadcast(sh), dimensions={}\n"
+    "  hi64 = u64[64,32] shift-right-logical(ctr, shb)  hi = u32[64,32] convert(hi64)\n"
+    "  lo = u32[64,32] convert(ctr)\n"
+    "  kb0 = u32[64,32] broadcast(k0), dimensions={}  x0 = u32[64,32] add(hi, kb0)\n"
+    "  kb1 = u32[64,32] broadcast(k1), dimensions={}  y0 = u32[64,32] add(lo, kb1)\n"
+    "  z = s32[] constant(0)\n"
+    "  ra = u32[4] constant({13, 15, 26, 6})  rb = u32[4] constant({17, 29, 16, 24})\n"
+    "  init = (s32[], u32[64,32], u32[64,32], u32[], u32[], u32[], u32[4], u32[4]) "
+    "tuple(z, x0, y0, k1, k2, k0, ra, rb)\n"
+    "  l = (s32[], u32[64,32], u32[64,32], u32[], u32[], u32[], u32[4], u32[4]) while(init), "
+    "condition=cond, body=body\n"
+    "  p = u32[64,32] get-tuple-element(l), index=1  q = u32[64,32] get-tuple-element(l), "
+    "index=2\n"
+    "  bits = u32[64,32] xor(p, q)  nine = u32[] constant(9)\n"
+    "  nb = u32[64,32] broadcast(nine), dimensions={}  mant = u32[64,32] "
+    "shift-right-logical(bits, nb)\n"
+    "  e = u32[] constant(1065353216)  eb = u32[64,32] broadcast(e), dimensions={}\n"
+    "  fb = u32[64,32] or(mant, eb)  f = f32[64,32] bitcast-convert(fb)\n"
+    "  fone = f32[] constant(1)  fob = f32[64,32] broadcast(fone), dimensions={}\n"
+    "  u = f32[64,32] subtract(f, fob)\n"
+    "  pk = f32[] constant(0.9)  pkb = f32[64,32] broadcast(pk), dimensions={}\n"
+    "  keep = pred[64,32] compare(u, pkb), direction=LT\n"
+    "  zero = f32[] constant(0)  zb = f32[64,32] broadcast(zero), dimensions={}\n"
+    "  drop = f32[64,32] select(keep, xin, zb)\n"
+    "  ROOT r = (u32[64,32], f32[64,32], f32[64,32]) tuple(bits, u, drop)\n"
+    "}\n";
+
+/* An int8-quantized matmul as JAX writes it (the activations rounded,
+ * clipped to [-127, 127] and converted to s8, an s8 x s8 -> s32 dot, the
+ * sums dequantized by a per-column scale), with the weights stored either
+ * way and batched, and a u8 lhs: the dot is one integer GEMM step (oneDNN's
+ * int8 matmul where the CPU has VNNI), bit-equal to the interpreter. */
+static void int8_matmul_module(kiln_sbuf *b, int variant) {
+  int64_t m = 48, k = 300, n = 40;
+  kiln_sbuf_puts(b, "HloModule q\nENTRY e {\n");
+  kiln_sbuf_printf(b, "  x = f32[%lld,%lld] parameter(0)\n", (long long)m, (long long)k);
+  if (variant == 1) /* weights [N, K] */
+    kiln_sbuf_printf(b, "  w = s8[%lld,%lld] parameter(1)\n", (long long)n, (long long)k);
+  else if (variant == 2) /* batched: [2, K, N] */
+    kiln_sbuf_printf(b, "  w = s8[2,%lld,%lld] parameter(1)\n", (long long)k, (long long)n);
+  else
+    kiln_sbuf_printf(b, "  w = s8[%lld,%lld] parameter(1)\n", (long long)k, (long long)n);
+  kiln_sbuf_printf(b, "  sc = f32[%lld] parameter(2)\n", (long long)n);
+  kiln_sbuf_printf(b,
+                   "  c64 = f32[] constant(64)  c64b = f32[%lld,%lld] broadcast(c64), "
+                   "dimensions={}\n"
+                   "  xm = f32[%lld,%lld] multiply(x, c64b)  xr = f32[%lld,%lld] "
+                   "round-nearest-even(xm)\n",
+                   (long long)m, (long long)k, (long long)m, (long long)k, (long long)m,
+                   (long long)k);
+  const char *qt = variant == 3 ? "u8" : "s8";
+  const char *lo = variant == 3 ? "0" : "-127", *hi = variant == 3 ? "255" : "127";
+  kiln_sbuf_printf(b,
+                   "  lo = f32[] constant(%s)  hi = f32[] constant(%s)\n"
+                   "  xc = f32[%lld,%lld] clamp(lo, xr, hi)  xq = %s[%lld,%lld] convert(xc)\n",
+                   lo, hi, (long long)m, (long long)k, qt, (long long)m, (long long)k);
+  if (variant == 1)
+    kiln_sbuf_printf(b,
+                     "  d = s32[%lld,%lld] dot(xq, w), lhs_contracting_dims={1}, "
+                     "rhs_contracting_dims={1}\n",
+                     (long long)m, (long long)n);
+  else if (variant == 2)
+    kiln_sbuf_printf(b,
+                     "  xb = %s[2,%lld,%lld] broadcast(xq), dimensions={1,2}\n"
+                     "  d3 = s32[2,%lld,%lld] dot(xb, w), lhs_batch_dims={0}, "
+                     "rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}\n"
+                     "  ds = s32[1,%lld,%lld] slice(d3), slice={[1:2], [0:%lld], [0:%lld]}\n"
+                     "  d = s32[%lld,%lld] reshape(ds)\n",
+                     qt, (long long)m, (long long)k, (long long)m, (long long)n, (long long)m,
+                     (long long)n, (long long)m, (long long)n, (long long)m, (long long)n);
+  else
+    kiln_sbuf_printf(b,
+                     "  d = s32[%lld,%lld] dot(xq, w), lhs_contracting_dims={1}, "
+                     "rhs_contracting_dims={0}\n",
+                     (long long)m, (long long)n);
+  kiln_sbuf_printf(b,
+                   "  df = f32[%lld,%lld] convert(d)  scb = f32[%lld,%lld] broadcast(sc), "
+                   "dimensions={1}\n"
+                   "  ds2 = f32[%lld,%lld] multiply(df, scb)  c64o = f32[%lld,%lld] "
+                   "broadcast(c64), dimensions={}\n"
+                   "  ds3 = f32[%lld,%lld] divide(ds2, c64o)\n"
+                   "  ROOT r = (s32[%lld,%lld], f32[%lld,%lld]) tuple(d, ds3)\n}\n",
+                   (long long)m, (long long)n, (long long)m, (long long)n, (long long)m,
+                   (long long)n, (long long)m, (long long)n, (long long)m, (long long)n,
+                   (long long)m, (long long)n, (long long)m, (long long)n);
+}
+
+START_TEST(test_int8_matmul) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  int8_matmul_module(&b, _i);
+  agree(kiln_sbuf_str(&b), -1, EXTREME, 2);
+  kiln_sbuf_free(&b);
+}
+END_TEST
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_ASAN 1
+#endif
+#endif
+
+/* On a CPU with VNNI an int8 GEMM runs through oneDNN, not the loop (builds
+ * with oneDNN, without sanitizers). */
+START_TEST(test_igemm_library) {
+#if defined(KILN_HAVE_DNNL) && !defined(TEST_ASAN) && defined(__x86_64__)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512vnni")) {
+    fprintf(stderr, "test_igemm_library: skipped, the CPU has no AVX-512 VNNI\n");
+    return;
+  }
+  kiln_gemm g = {.dtype = KILN_S8,
+                 .batch = 1,
+                 .m = 64,
+                 .n = 32,
+                 .k = 128,
+                 .lda = 128,
+                 .ldb = 32,
+                 .ldc = 32,
+                 .stride_a = 64 * 128,
+                 .stride_b = 128 * 32,
+                 .stride_c = 64 * 32,
+                 .alpha = 1,
+                 .beta = 0};
+  ck_assert(kiln__cpu_igemm_uses_library(&g));
+  g.dtype = KILN_U8;
+  g.trans_b = 1;
+  g.ldb = 128;
+  ck_assert(kiln__cpu_igemm_uses_library(&g));
+#else
+  fprintf(stderr, "test_igemm_library: skipped (no oneDNN, a sanitizer build or not x86)\n");
+#endif
+}
+END_TEST
+
+/* f32 -> s8, s16 and s32 conversions (computed in float lanes, kf2sf) at
+ * the edges: eighths in [-2, 2] scaled by 2^30, 2^14 and 2^6 reach exactly
+ * -2^31 .. 2^31 (2^31 saturates), and NaN and infinities. */
+START_TEST(test_convert_f32_to_int) {
+  agree("HloModule cv\nENTRY e {\n  x = f32[64] parameter(0)\n"
+        "  a = f32[] constant(1073741824)  ab = f32[64] broadcast(a), dimensions={}\n"
+        "  b = f32[] constant(16384)  bb = f32[64] broadcast(b), dimensions={}\n"
+        "  c = f32[] constant(64.5)  cb = f32[64] broadcast(c), dimensions={}\n"
+        "  xa = f32[64] multiply(x, ab)  xb = f32[64] multiply(x, bb)  xc = f32[64] multiply(x, "
+        "cb)\n"
+        "  i32 = s32[64] convert(xa)  i16 = s16[64] convert(xb)  i8 = s8[64] convert(xc)\n"
+        "  ROOT r = (s32[64], s16[64], s8[64]) tuple(i32, i16, i8)\n}\n",
+        -1, SPECIALS, 4);
+}
+END_TEST
+
+START_TEST(test_threefry_loop) { agree(threefry_text, -1, EXTREME, 3); }
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cpu_ops");
   TCase *tc = tcase_create("topk");
@@ -932,6 +1156,10 @@ int main(void) {
   tcase_add_test(tc, test_scan_random);
   tcase_add_test(tc, test_scan_wide);
   tcase_add_test(tc, test_idot_random);
+  tcase_add_test(tc, test_threefry_loop);
+  tcase_add_loop_test(tc, test_int8_matmul, 0, 4);
+  tcase_add_test(tc, test_igemm_library);
+  tcase_add_test(tc, test_convert_f32_to_int);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);

@@ -1,6 +1,6 @@
 /* Differential tests of the simplification passes against the reference
  * interpreter: a module runs on deterministic random arguments before and
- * after each pass (algsimp, constfold, cse, dce, while_licm) and after all
+ * after each pass (algsimp, constfold, cse, dce, while_licm, unroll) and after all
  * of them in pipeline order, and the results must be identical bit for bit
  * (the passes never reassociate). The modules: the conformance corpus (those
  * the interpreter runs on one device; skipped with a message when the
@@ -29,7 +29,13 @@
 #include "tests/support/progen.h"
 
 static const char *const sequences[] = {
-    "algsimp", "constfold", "cse", "dce", "while_licm", "algsimp constfold cse dce while_licm",
+    "algsimp",
+    "constfold",
+    "cse",
+    "dce",
+    "while_licm",
+    "unroll",
+    "unroll inline algsimp constfold cse dce while_licm",
 };
 #define NSEQ (sizeof sequences / sizeof sequences[0])
 
@@ -361,6 +367,48 @@ static const char *const own_modules[] = {
     "  init = (s32[], f32[3], f32[3]) tuple(z, x, w)\n"
     "  l = (s32[], f32[3], f32[3]) while(init), condition=cond, body=body\n"
     "  ROOT r = ((s32[], f32[3], f32[3]), f32[3]) tuple(l, x) }\n",
+    /* jax.random's threefry loop, in small: five trips of two rounds of u32
+     * add, rotate (shift-left | shift-right-logical by 32 - r, rotation
+     * amounts carried in the state and swapped each trip) and xor, the key
+     * injected with the trip counter; then the bits made a float in [1, 2). */
+    "HloModule threefry\n"
+    "cond { s = (s32[], u32[16], u32[16], u32[2], u32[2], u32[]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0  n = s32[] constant(5)\n"
+    "  ROOT lt = pred[] compare(i, n), direction=LT }\n"
+    "body { s = (s32[], u32[16], u32[16], u32[2], u32[2], u32[]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0  x = u32[16] get-tuple-element(s), index=1\n"
+    "  y = u32[16] get-tuple-element(s), index=2  ra = u32[2] get-tuple-element(s), index=3\n"
+    "  rb = u32[2] get-tuple-element(s), index=4  k = u32[] get-tuple-element(s), index=5\n"
+    "  thirty2 = u32[] constant(32)\n"
+    "  r0s = u32[1] slice(ra), slice={[0:1]}  r0 = u32[] reshape(r0s)\n"
+    "  r0b = u32[16] broadcast(r0), dimensions={}  r0c = u32[] subtract(thirty2, r0)\n"
+    "  r0cb = u32[16] broadcast(r0c), dimensions={}\n"
+    "  a1 = u32[16] add(x, y)  l1 = u32[16] shift-left(y, r0b)\n"
+    "  h1 = u32[16] shift-right-logical(y, r0cb)  o1 = u32[16] or(l1, h1)\n"
+    "  y1 = u32[16] xor(a1, o1)\n"
+    "  r1s = u32[1] slice(ra), slice={[1:2]}  r1 = u32[] reshape(r1s)\n"
+    "  r1b = u32[16] broadcast(r1), dimensions={}  r1c = u32[] subtract(thirty2, r1)\n"
+    "  r1cb = u32[16] broadcast(r1c), dimensions={}\n"
+    "  a2 = u32[16] add(a1, y1)  l2 = u32[16] shift-left(y1, r1b)\n"
+    "  h2 = u32[16] shift-right-logical(y1, r1cb)  o2 = u32[16] or(l2, h2)\n"
+    "  y2 = u32[16] xor(a2, o2)\n"
+    "  kb = u32[16] broadcast(k), dimensions={}  a3 = u32[16] add(a2, kb)\n"
+    "  one = s32[] constant(1)  i2 = s32[] add(i, one)  iu = u32[] convert(i2)\n"
+    "  ib = u32[16] broadcast(iu), dimensions={}  y3 = u32[16] add(y2, ib)\n"
+    "  ROOT t = (s32[], u32[16], u32[16], u32[2], u32[2], u32[]) tuple(i2, a3, y3, rb, ra, k) }\n"
+    "ENTRY main { x = u32[16] parameter(0)  k = u32[] parameter(1)\n"
+    "  z = s32[] constant(0)  y = u32[16] iota(), iota_dimension=0\n"
+    "  ra = u32[2] constant({13, 15})  rb = u32[2] constant({26, 6})\n"
+    "  init = (s32[], u32[16], u32[16], u32[2], u32[2], u32[]) tuple(z, x, y, ra, rb, k)\n"
+    "  l = (s32[], u32[16], u32[16], u32[2], u32[2], u32[]) while(init), condition=cond, "
+    "body=body\n"
+    "  p = u32[16] get-tuple-element(l), index=1  q = u32[16] get-tuple-element(l), index=2\n"
+    "  w = u32[16] xor(p, q)  nine = u32[] constant(9)  nb = u32[16] broadcast(nine), "
+    "dimensions={}\n"
+    "  m = u32[16] shift-right-logical(w, nb)  e = u32[] constant(1065353216)\n"
+    "  eb = u32[16] broadcast(e), dimensions={}  bits = u32[16] or(m, eb)\n"
+    "  f = f32[16] bitcast-convert(bits)\n"
+    "  ROOT r = (u32[16], u32[16], f32[16]) tuple(p, q, f) }\n",
 };
 #define NOWN (sizeof own_modules / sizeof own_modules[0])
 
@@ -495,7 +543,7 @@ static void find_files(void) {
   add_files(corpus_dir);
   ncorpus = nfiles;
   if (ncorpus == 0) fprintf(stderr, "corpus not found at %s: corpus modules skipped\n", corpus_dir);
-  static const char *const dirs[] = {"algsimp", "constfold", "cse", "while_licm"};
+  static const char *const dirs[] = {"algsimp", "constfold", "cse", "while_licm", "unroll"};
   for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/golden/passes/%s", KILN_SOURCE_DIR, dirs[d]);

@@ -16,7 +16,7 @@
 #include "compiler/pass.h"
 #include "tests/support/golden.h"
 
-static const char *const pass_dirs[] = {"inline", "algsimp",    "constfold",
+static const char *const pass_dirs[] = {"unroll", "inline",     "algsimp",  "constfold",
                                         "cse",    "while_licm", "scan_dots"};
 #define NDIRS (sizeof pass_dirs / sizeof pass_dirs[0])
 
