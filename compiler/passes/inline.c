@@ -103,8 +103,8 @@ static bool can_inline(const kiln_module *m, uint32_t comp, const kiln_instr *ca
 }
 
 static bool inlinable(const kiln_module *m, uint32_t comp, const kiln_instr *call) {
-  return can_inline(m, comp, call) && (uses(m, m->comps[comp], call->id) <= 1 ||
-                                       read_by_element(m, m->comps[comp], call->id));
+  return can_inline(m, comp, call) &&
+         (uses(m, m->comps[comp], call->id) <= 1 || read_by_element(m, m->comps[comp], call->id));
 }
 
 /* Copies call's computation into `comp` and points the call's users at the
