@@ -268,9 +268,15 @@ static const kiln_instr *root_of(kiln__lctx *c, uint32_t comp) {
   return kiln_computation_root(c->m, c->m->comps[comp]);
 }
 
+/* lower_comp and lower_while recurse once per level of nested loops and
+ * branches (up to --max-nesting, 4096), on threads of 8 MiB: the helpers
+ * they call with arrays on the stack stay out of line, so that a level
+ * costs a few hundred bytes, not the 2 KiB that overflowed. */
+#define KILN_OUT_OF_LINE __attribute__((noinline))
+
 /* Copies the leaves of instruction `src` into slots dst[0..n). */
-static int copy_leaves(kiln__lctx *c, uint32_t prog, const kiln_instr *shape_of, kiln_id src,
-                       const uint32_t *dst, uint32_t n) {
+static KILN_OUT_OF_LINE int copy_leaves(kiln__lctx *c, uint32_t prog, const kiln_instr *shape_of,
+                                        kiln_id src, const uint32_t *dst, uint32_t n) {
   const kiln_shape *ls[KILN__EMIT_MAXR * 4];
   uint32_t ns, nl = kiln__lower_leaf_shapes(&shape_of->shape, ls, KILN__EMIT_MAXR * 4);
   const uint32_t *s = kiln_buffer_leaves(c->ba, src, &ns);
@@ -286,7 +292,7 @@ static int copy_leaves(kiln__lctx *c, uint32_t prog, const kiln_instr *shape_of,
 /* The body's result into the loop state, a parallel move: a copy runs
  * once no other pending copy still reads its target; a cycle is broken by
  * moving one source into the staging slot first. */
-static int body_copies(kiln__lctx *c, uint32_t prog, const kiln_instr *w) {
+static KILN_OUT_OF_LINE int body_copies(kiln__lctx *c, uint32_t prog, const kiln_instr *w) {
   const kiln_instr *root = root_of(c, w->called[1]);
   const kiln_shape *ls[KILN__EMIT_MAXR * 4];
   uint32_t n, nr, src[KILN__EMIT_MAXR * 4];

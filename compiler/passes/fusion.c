@@ -1083,6 +1083,9 @@ static int fuse_computation(fctx *f, names *nm) {
   explain(f, "computation %s (%u instructions):", c->name, c->ninstrs);
   for (uint32_t i = c->ninstrs; i-- > 0;) {
     int rc = visit(f, c->instrs[i]);
+    /* A long computation takes seconds: the Compile's deadline and its
+     * cancellation are seen within it, every 256 roots. */
+    if (rc == 0 && (i & 255) == 0) rc = kiln__deadline_check("fusion", f->st);
     if (rc) return rc;
   }
   return finish(f, nm);

@@ -493,7 +493,7 @@ START_TEST(kernel_classes_choose_flags) {
   ck_assert_str_eq(flags, "-O1\n");
   compile_flags("HloModule w\n"
                 "cond {\n  p = (s32[], f32[16]) parameter(0)\n"
-                "  i = s32[] get-tuple-element(p), index=0\n  n = s32[] constant(5)\n"
+                "  i = s32[] get-tuple-element(p), index=0\n  n = s32[] constant(50)\n"
                 "  ROOT l = pred[] compare(i, n), direction=LT\n}\n"
                 "body {\n  p = (s32[], f32[16]) parameter(0)\n"
                 "  i = s32[] get-tuple-element(p), index=0\n"
