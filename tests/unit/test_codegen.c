@@ -1035,12 +1035,32 @@ static int compile_status(const char *hlo, const kiln_compile_options *o, kiln_s
   return rc;
 }
 
+/* The generated C of `hlo` (the pipeline's kernels.c, from a dump), in a
+ * static buffer that the next call overwrites. */
+static const char *kernels_source(const char *hlo) {
+  static char src[1 << 20];
+  char dir[] = "/tmp/kiln-cgsrc-XXXXXX", path[300], cmd[400];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.dump_dir = dir;
+  kiln_status st;
+  ck_assert_msg(compile_status(hlo, &o, &st) == 0, "%s: %s", st.where, st.msg);
+  snprintf(path, sizeof path, "%s/kernels.c", dir);
+  FILE *f = fopen(path, "rb");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(src, 1, sizeof src - 1, f);
+  fclose(f);
+  src[n] = 0;
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+  return src;
+}
+
 /* The row kernel of a softmax, in its source: one kernel; exp written once
  * (the sum's pass keeps it in a row temporary that the output loop reads);
  * the output loop over the row calls no reducer. */
 START_TEST(row_kernel_source) {
-  char dir[] = "/tmp/kiln-cgrow-XXXXXX", path[300];
-  ck_assert_ptr_nonnull(mkdtemp(dir));
   const char *hlo =
       "HloModule sm\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] "
       "maximum(a, b) }\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
@@ -1050,18 +1070,7 @@ START_TEST(row_kernel_source) {
       "  e = f32[64,256] exponential(d)\n  z = f32[] constant(0)\n"
       "  s = f32[64] reduce(e, z), dimensions={1}, to_apply=ad\n"
       "  sb = f32[64,256] broadcast(s), dimensions={0}\n  ROOT o = f32[64,256] divide(e, sb)\n}\n";
-  kiln_compile_options o;
-  kiln_compile_options_init(&o);
-  o.dump_dir = dir;
-  kiln_status st;
-  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
-  snprintf(path, sizeof path, "%s/kernels.c", dir);
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  static char src[1 << 20];
-  size_t n = fread(src, 1, sizeof src - 1, f);
-  fclose(f);
-  src[n] = 0;
+  const char *src = kernels_source(hlo);
   const char *k0 = strstr(src, "void kiln_kernel_0");
   ck_assert_ptr_nonnull(k0);
   ck_assert_ptr_null(strstr(src, "void kiln_kernel_1"));
@@ -1073,9 +1082,6 @@ START_TEST(row_kernel_source) {
   for (const char *q = row; (q = strstr(q, "kf")) != NULL; q++)
     ck_assert_msg(!isdigit((unsigned char)q[2]), "a reducer in the loop over the row:\n%s", row);
   cg_check_full(hlo, 5, false, 8 * kiln_tol_reduce_f32(256), 2, false);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -1083,26 +1089,13 @@ END_TEST
  * 1 - 0.9^t of a step count t) is computed once, before the loop over the
  * elements, and the loop reads its variable. */
 START_TEST(scalar_hoisted_before_loop) {
-  char dir[] = "/tmp/kiln-cgsc-XXXXXX", path[300];
-  ck_assert_ptr_nonnull(mkdtemp(dir));
   const char *hlo =
       "HloModule adam\nENTRY main {\n  p = f32[64,128] parameter(0)\n  m = f32[64,128] "
       "parameter(1)\n  t = f32[1] parameter(2)\n  b = f32[1] constant({0.9})\n"
       "  bt = f32[1] power(b, t)\n  one = f32[1] constant({1})\n  c = f32[1] subtract(one, bt)\n"
       "  cs = f32[] reshape(c)\n  cb = f32[64,128] broadcast(cs), dimensions={}\n"
       "  mh = f32[64,128] divide(m, cb)\n  ROOT o = f32[64,128] subtract(p, mh)\n}\n";
-  kiln_compile_options o;
-  kiln_compile_options_init(&o);
-  o.dump_dir = dir;
-  kiln_status st;
-  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
-  snprintf(path, sizeof path, "%s/kernels.c", dir);
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  static char src[1 << 20];
-  size_t n = fread(src, 1, sizeof src - 1, f);
-  fclose(f);
-  src[n] = 0;
+  const char *src = kernels_source(hlo);
   const char *k0 = strstr(src, "void kiln_kernel_0");
   ck_assert_ptr_nonnull(k0);
   const char *pw = strstr(k0, "kpowd("), *loop = strstr(k0, "for (");
@@ -1111,9 +1104,6 @@ START_TEST(scalar_hoisted_before_loop) {
   ck_assert_msg(pw < loop, "the power is computed in the loop:\n%s", k0);
   ck_assert_ptr_null(strstr(loop, "kpowd("));
   cg_check_full(hlo, 9, false, 4 * KILN_TOL_F32_EPS, 2, false);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -1122,8 +1112,6 @@ END_TEST
  * loop reads the input consecutively, and each output is stored where the
  * output's layout puts it. */
 START_TEST(reduce_rows_permuted) {
-  char dir[] = "/tmp/kiln-cgpr-XXXXXX", path[300];
-  ck_assert_ptr_nonnull(mkdtemp(dir));
   const char *hlo =
       "HloModule permred\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
       "add(a, b) }\nENTRY main {\n  p = f32[16,8,24] parameter(0)\n  s = f32[16] parameter(1)\n"
@@ -1131,26 +1119,12 @@ START_TEST(reduce_rows_permuted) {
       "  sb = f32[16,24,8]{1,2,0} broadcast(s), dimensions={0}\n"
       "  m = f32[16,24,8]{1,2,0} multiply(t, sb)\n  z = f32[] constant(0)\n"
       "  ROOT r = f32[24,8] reduce(m, z), dimensions={0}, to_apply=ad\n}\n";
-  kiln_compile_options o;
-  kiln_compile_options_init(&o);
-  o.dump_dir = dir;
-  kiln_status st;
-  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
-  snprintf(path, sizeof path, "%s/kernels.c", dir);
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  static char src[1 << 20];
-  size_t n = fread(src, 1, sizeof src - 1, f);
-  fclose(f);
-  src[n] = 0;
+  const char *src = kernels_source(hlo);
   /* The input is read at r * 192 + o1 * 24 + o0, o0 the fastest. */
   ck_assert_msg(strstr(src, "o1 * 24 + o0]") != NULL, "not in the input's order:\n%s", src);
   ck_assert_msg(strstr(src, "[o0 * 8 + o1]") != NULL, "not stored by the output's layout:\n%s",
                 src);
   cg_check_full(hlo, 11, false, 4 * kiln_tol_reduce_f32(16), 2, false);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -1158,31 +1132,15 @@ END_TEST
  * physically minor one, so its loop is innermost and runs in vector lanes,
  * though dim 2 comes after it logically. */
 START_TEST(reduce_loops_physical_order) {
-  char dir[] = "/tmp/kiln-cgpo-XXXXXX", path[300];
-  ck_assert_ptr_nonnull(mkdtemp(dir));
   const char *hlo =
       "HloModule po\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
       "add(a, b) }\nENTRY main {\n  p = f32[4,64,32]{1,2,0} parameter(0)\n"
       "  q = f32[4,64,32]{1,2,0} multiply(p, p)\n  z = f32[] constant(0)\n"
       "  ROOT r = f32[4] reduce(q, z), dimensions={1,2}, to_apply=ad\n}\n";
-  kiln_compile_options o;
-  kiln_compile_options_init(&o);
-  o.dump_dir = dir;
-  kiln_status st;
-  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
-  snprintf(path, sizeof path, "%s/kernels.c", dir);
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  static char src[1 << 20];
-  size_t n = fread(src, 1, sizeof src - 1, f);
-  fclose(f);
-  src[n] = 0;
+  const char *src = kernels_source(hlo);
   ck_assert_ptr_nonnull(strstr(src, "l < 16; l++)"));
   ck_assert_ptr_nonnull(strstr(src, "o0 * 2048 + (r"));
   cg_check_full(hlo, 13, false, 4 * kiln_tol_reduce_f32(2048), 2, false);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
@@ -1190,8 +1148,6 @@ END_TEST
  * (emit_elementwise.c), except where the reciprocal would be subnormal
  * and flushed to zero: here every row's divisor is at least 1e38. */
 START_TEST(row_divide_reciprocal) {
-  char dir[] = "/tmp/kiln-cgrcp-XXXXXX", path[300];
-  ck_assert_ptr_nonnull(mkdtemp(dir));
   const char *hlo =
       "HloModule rd\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] "
       "maximum(a, b) }\nENTRY main {\n  p = f32[8,64] parameter(0)\n"
@@ -1202,27 +1158,13 @@ START_TEST(row_divide_reciprocal) {
       "  ninf = f32[] constant(-inf)\n  m = f32[8] reduce(q, ninf), dimensions={1}, to_apply=mx\n"
       "  mb = f32[8,64] broadcast(m), dimensions={0}\n  n = f32[8,64] multiply(p, b37)\n"
       "  ROOT o = f32[8,64] divide(n, mb)\n}\n";
-  kiln_compile_options o;
-  kiln_compile_options_init(&o);
-  o.dump_dir = dir;
-  kiln_status st;
-  ck_assert_int_eq(compile_status(hlo, &o, &st), 0);
-  snprintf(path, sizeof path, "%s/kernels.c", dir);
-  FILE *f = fopen(path, "rb");
-  ck_assert_ptr_nonnull(f);
-  static char src[1 << 20];
-  size_t n = fread(src, 1, sizeof src - 1, f);
-  fclose(f);
-  src[n] = 0;
+  const char *src = kernels_source(hlo);
   ck_assert_ptr_nonnull(strstr(src, "0x1p126f ? "));
   ck_assert_ptr_nonnull(strstr(src, "KWIDE;"));
   /* As a cpu run computes: subnormal results flushed to zero. */
   unsigned saved = kiln__cpu_flush_denormals();
   cg_check_full(hlo, 7, false, 4 * KILN_TOL_F32_EPS, 2, false);
   kiln__cpu_restore_denormals(saved);
-  char cmd[400];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-  ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
