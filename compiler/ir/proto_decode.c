@@ -40,6 +40,8 @@ typedef struct dec {
   uint32_t ninstrs;
   char path[PATH_MAX_LEN + 8];
   size_t plen;
+  const char *ins_name; /* the constant whose literal is being decoded, or NULL */
+  int64_t empty_arrays; /* in the literals decoded so far; at most the limit */
 } dec;
 
 /* ---- paths and errors ----------------------------------------------------- */
@@ -318,10 +320,37 @@ static int check_elements(dec *d, const kiln_literal *lit) {
   return 0;
 }
 
+/* What the literal's text will spell out, bounded before anyone prints it:
+ * elements are paid for by the data, empty arrays by a budget per message.
+ * (The shape's dims are checked: the leaves, the product of the dims before
+ * the first zero, are at most 2^40.) */
+static int check_empty_arrays(dec *d, const kiln_shape *s) {
+  int64_t empty = kiln_shape_elements(s) == 0 ? kiln_shape_leaves(s) : 0;
+  if (empty >= 0 && empty <= KILN_PROTO_MAX_EMPTY_ARRAYS - d->empty_arrays) {
+    d->empty_arrays += empty;
+    return 0;
+  }
+  kiln_sbuf sb = KILN_SBUF_INIT;
+  kiln_shape_print_short(&sb, s);
+  char who[96] = "";
+  if (d->ins_name) snprintf(who, sizeof who, "constant %.64s: ", d->ins_name);
+  int rc = fail_at(d, "shape",
+                   "%s%s has %lld empty arrays ({}) under its dimension of size 0; the "
+                   "literals of one message may hold %lld in all, %lld are taken",
+                   who, kiln_sbuf_str(&sb), (long long)empty,
+                   (long long)KILN_PROTO_MAX_EMPTY_ARRAYS, (long long)d->empty_arrays);
+  kiln_sbuf_free(&sb);
+  return rc;
+}
+
 static int dec_array_literal(dec *d, const Kiln__V1__Literal *pl, kiln_literal *lit) {
   const kiln_shape *s = &lit->shape;
   if (pl->n_tuple_literals)
     return fail_at(d, "tuple_literals", "only a tuple literal has elements");
+  if (kiln_shape_is_array(s)) {
+    int rc = check_empty_arrays(d, s);
+    if (rc) return rc;
+  }
   int64_t bytes = kiln_shape_bytes(s); /* dims are checked: cannot overflow */
   if (!kiln_shape_is_array(s)) bytes = 0;
   if ((uint64_t)pl->data.len != (uint64_t)bytes) {
@@ -775,7 +804,9 @@ static int dec_instr_body(dec *d, const Kiln__V1__Instruction *pi, kiln_instr *i
                    kiln_opcode_name(ins->op));
   if (pi->literal) {
     size_t old = push(d, "literal");
+    d->ins_name = pi->name;
     rc = dec_literal_rec(d, pi->literal, NULL, 0, d->plen, &ins->literal);
+    d->ins_name = NULL;
     pop(d, old);
     if (rc) return rc;
   }

@@ -34,6 +34,19 @@ int64_t kiln_shape_elements(const kiln_shape *s) {
   return n;
 }
 
+int64_t kiln_shape_leaves(const kiln_shape *s) {
+  if (!kiln_shape_is_array(s)) return 0;
+  int64_t n = 1;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    int64_t d = s->dims[i];
+    if (d < 0) return -1;
+    if (d == 0) break;
+    if (n > INT64_MAX / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
 int64_t kiln_shape_bytes(const kiln_shape *s) {
   if (!kiln_shape_is_array(s)) return 0;
   int64_t n = kiln_shape_elements(s);

@@ -1632,6 +1632,74 @@ START_TEST(test_corpus_roundtrip) {
 }
 END_TEST
 
+/* A literal with a dimension of size 0 holds no data, so nothing in the
+ * message pays for the "{}" the printer writes per index of the dims before
+ * it (fuzz_proto: f32[2^40,2^40,0] printed for ever, and its strides
+ * overflowed). The decoder bounds them before anything prints. */
+START_TEST(test_literal_empty_arrays) {
+  fixture f;
+  fixture_init(&f);
+  Kiln__V1__Shape es = KILN__V1__SHAPE__INIT;
+  /* 2^40 "{}" to print (the product before the zero is within the limit on
+   * elements), and dims after the zero whose product overflowed the
+   * printer's strides. */
+  int64_t dims[5] = {1 << 20, 1 << 20, 0, INT64_C(1) << 40, INT64_C(1) << 40};
+  es.element_type = KILN__V1__ELEMENT_TYPE__ELEMENT_TYPE_F32;
+  es.n_dimensions = 5;
+  es.dimensions = dims;
+  f.lit.shape = &es;
+  f.lit.data.len = 0;
+  f.i[3].shape = &es;
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: "
+                     "f32[1048576,1048576,0,1099511627776,1099511627776] has 1099511627776 empty "
+                     "arrays ({}) under its dimension of size 0; the literals of one message may "
+                     "hold 16777216 in all, 0 are taken");
+  /* Just over the budget of 2^24. */
+  es.n_dimensions = 3;
+  dims[0] = 1 << 12;
+  dims[1] = (1 << 12) + 1;
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[4096,4097,0] "
+                     "has 16781312 empty arrays ({}) under its dimension of size 0; the literals "
+                     "of one message may hold 16777216 in all, 0 are taken");
+  /* Within it: decodes, and prints one {} per index. */
+  dims[0] = 2;
+  dims[1] = 3;
+  kiln_status st = {0};
+  kiln_module *m = NULL;
+  ck_assert_int_eq(decode_msg(&f.m, &st, &m), 0);
+#if HAVE_PRINTER
+  char *text = kiln_module_print(m, NULL);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_ptr_nonnull(strstr(text, "f32[2,3,0] constant({ { {}, {}, {} }, { {}, {}, {} } })"));
+  kiln_free(text);
+#endif
+  kiln_module_destroy(m);
+  /* The budget is the message's: two constants of 2^23 each fit (p0 and k,
+   * decoded in id order), and one more empty array between them does not. */
+  dims[0] = 1 << 11;
+  dims[1] = 1 << 12;
+  f.i[0].opcode = KILN__V1__OPCODE__OPCODE_CONSTANT;
+  f.i[0].shape = &es;
+  f.i[0].literal = &f.lit;
+  f.i[2].opcode = KILN__V1__OPCODE__OPCODE_TUPLE; /* the decoder checks no operand shapes */
+  ck_assert_int_eq(decode_msg(&f.m, &st, &m), 0);
+  kiln_module_destroy(m);
+  Kiln__V1__Shape one = es;
+  int64_t dims1[2] = {1, 0};
+  one.n_dimensions = 2;
+  one.dimensions = dims1;
+  Kiln__V1__Literal lit1 = f.lit;
+  lit1.shape = &one;
+  f.i[1].opcode = KILN__V1__OPCODE__OPCODE_CONSTANT;
+  f.i[1].parameter_number = 0;
+  f.i[1].shape = &one;
+  f.i[1].literal = &lit1;
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[2048,4096,0] "
+                     "has 8388608 empty arrays ({}) under its dimension of size 0; the literals "
+                     "of one message may hold 16777216 in all, 8388609 are taken");
+}
+END_TEST
+
 static Suite *proto_suite(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("schema");
@@ -1655,6 +1723,7 @@ static Suite *proto_suite(void) {
   tcase_add_test(tc, test_bad_shapes);
   tcase_add_test(tc, test_deep_nesting);
   tcase_add_test(tc, test_bad_literals);
+  tcase_add_test(tc, test_literal_empty_arrays);
   tcase_add_test(tc, test_unpack_budget);
   tcase_add_test(tc, test_bad_strings);
   tcase_add_test(tc, test_encode_refusals);
