@@ -1653,14 +1653,14 @@ START_TEST(test_literal_empty_arrays) {
   EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: "
                      "f32[1048576,1048576,0,1099511627776,1099511627776] has 1099511627776 empty "
                      "arrays ({}) under its dimension of size 0; the literals of one message may "
-                     "hold 16777216 in all, 0 are taken");
-  /* Just over the budget of 2^24. */
+                     "hold 1048576 in all, 0 are taken");
+  /* Just over the budget of 2^20. */
   es.n_dimensions = 3;
-  dims[0] = 1 << 12;
-  dims[1] = (1 << 12) + 1;
-  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[4096,4097,0] "
-                     "has 16781312 empty arrays ({}) under its dimension of size 0; the literals "
-                     "of one message may hold 16777216 in all, 0 are taken");
+  dims[0] = 1 << 10;
+  dims[1] = (1 << 10) + 1;
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[1024,1025,0] "
+                     "has 1049600 empty arrays ({}) under its dimension of size 0; the literals "
+                     "of one message may hold 1048576 in all, 0 are taken");
   /* Within it: decodes, and prints one {} per index. */
   dims[0] = 2;
   dims[1] = 3;
@@ -1674,10 +1674,10 @@ START_TEST(test_literal_empty_arrays) {
   kiln_free(text);
 #endif
   kiln_module_destroy(m);
-  /* The budget is the message's: two constants of 2^23 each fit (p0 and k,
+  /* The budget is the message's: two constants of 2^19 each fit (p0 and k,
    * decoded in id order), and one more empty array between them does not. */
-  dims[0] = 1 << 11;
-  dims[1] = 1 << 12;
+  dims[0] = 1 << 9;
+  dims[1] = 1 << 10;
   f.i[0].opcode = KILN__V1__OPCODE__OPCODE_CONSTANT;
   f.i[0].shape = &es;
   f.i[0].literal = &f.lit;
@@ -1694,9 +1694,9 @@ START_TEST(test_literal_empty_arrays) {
   f.i[1].parameter_number = 0;
   f.i[1].shape = &one;
   f.i[1].literal = &lit1;
-  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[2048,4096,0] "
-                     "has 8388608 empty arrays ({}) under its dimension of size 0; the literals "
-                     "of one message may hold 16777216 in all, 8388609 are taken");
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[512,1024,0] "
+                     "has 524288 empty arrays ({}) under its dimension of size 0; the literals "
+                     "of one message may hold 1048576 in all, 524289 are taken");
 }
 END_TEST
 
