@@ -976,13 +976,13 @@ START_TEST(test_error_constants) {
   /* No element, yet one "{}" to write per index before the zero-sized dim
    * (fuzz_proto: printing f32[2^40,2^40,0] did not end): bounded by the text
    * left and by max_elements, before the literal is read. */
-  expect_error(HDR "ENTRY e {\n  c = f32[1000,0] constant({{}})\n}\n", "t.hlo:3:27",
+  expect_error(HDR "ENTRY e {\n  c = f32[1000,0] constant({{}})\n}\n", "t.hlo:3:28",
                "constant c: literal of shape f32[1000,0] has 1000 elements and empty arrays ({}), "
-               "more than the 10 characters of text left can hold");
-  expect_error_code(HDR "ENTRY e {\n  c = f32[1099511627776,1099511627776,0] constant({})\n}\n",
-                    KILN_ELIMIT, "t.hlo:3:50",
-                    "constant c: literal of shape f32[1099511627776,1099511627776,0] has more "
-                    "than 1099511627776 elements and empty arrays ({})");
+               "more than the 8 characters of text left can hold");
+  expect_error_code(HDR "ENTRY e {\n  c = f32[1073741824,1073741824,0] constant({})\n}\n",
+                    KILN_ELIMIT, "t.hlo:3:45",
+                    "constant c: literal of shape f32[1073741824,1073741824,0] has more than "
+                    "1099511627776 elements and empty arrays ({})");
   /* The strides of a shape with a zero-sized dim first are never formed:
    * f32[0,2^40,2^40] has no element, and its text is one {}. */
   kiln_module *z =

@@ -1670,7 +1670,7 @@ START_TEST(test_literal_empty_arrays) {
 #if HAVE_PRINTER
   char *text = kiln_module_print(m, NULL);
   ck_assert_ptr_nonnull(text);
-  ck_assert_ptr_nonnull(strstr(text, "f32[2,3,0] constant({ { {}, {}, {} }, { {}, {}, {} } })"));
+  ck_assert_ptr_nonnull(strstr(text, "f32[2,3,0] constant({{{}, {}, {}}, {{}, {}, {}}})"));
   kiln_free(text);
 #endif
   kiln_module_destroy(m);
