@@ -100,6 +100,12 @@ int64_t kiln_shape_bytes(const kiln_shape *s);
  * element). It bounds the printed text where the element count cannot.
  * A scalar has one; tuples and tokens 0; -1 on overflow past INT64_MAX. */
 int64_t kiln_shape_leaves(const kiln_shape *s);
+/* Arrays, that is brace pairs, an array literal's text writes: one per
+ * index of each level above the elements, or above and at the first
+ * zero-sized dim (f32[2,3] has 3: {{..}, {..}}; f32[2,3,0] 9; f32[0] 1; a
+ * scalar 0). With the elements, the size of the literal's text. Tuples and
+ * tokens 0; -1 on overflow past INT64_MAX. */
+int64_t kiln_shape_literal_arrays(const kiln_shape *s);
 /* Structural equality: dtype, dims, dynamic flags, tuple structure; layouts
  * too when `layouts` is true (a missing layout equals the default one). */
 bool kiln_shape_equal(const kiln_shape *a, const kiln_shape *b, bool layouts);
