@@ -79,18 +79,21 @@ int kiln_debug_print_check(const kiln_module *m, const kiln_instr *ins, kiln_sta
   return 0;
 }
 
-/* Small values in full, as HLO literals; large ones by their first values. */
+/* Small values in full, as HLO literals; large ones by their first values.
+ * Small counts the arrays the text writes too: f32[2^20,2^20,0] has no
+ * element but would print 2^40 "{}". */
 static void put_value(kiln_sbuf *out, const kiln_literal *v) {
-  int64_t n = kiln_literal_elements(v);
-  if (n <= 1024) {
+  int64_t n = kiln_literal_elements(v), arrays = kiln_shape_literal_arrays(&v->shape);
+  if (n >= 0 && n <= 1024 && arrays >= 0 && arrays <= 1024) {
     kiln_literal_print(out, v, false);
     return;
   }
   kiln_shape_print_short(out, &v->shape);
   kiln_sbuf_puts(out, " {");
-  for (int64_t i = 0; i < 16; i++)
+  int64_t k = n < 16 ? n : 16;
+  for (int64_t i = 0; i < k; i++)
     kiln_sbuf_printf(out, "%s%.9g", i ? ", " : "", kiln_literal_get_f64(v, i));
-  kiln_sbuf_printf(out, ", ... (%lld elements)}", (long long)n);
+  kiln_sbuf_printf(out, "%s... (%lld elements)}", k > 0 ? ", " : "", (long long)n);
 }
 
 void kiln_debug_print_render(kiln_sbuf *out, const char *fmt, size_t n, const kiln_literal *value) {

@@ -94,6 +94,18 @@ bool kiln_shape_is_dynamic(const kiln_shape *s); /* any dynamic dim, recursively
 int64_t kiln_shape_elements(const kiln_shape *s);
 /* Bytes of an array's dense storage; -1 on overflow. Tuples/tokens: 0. */
 int64_t kiln_shape_bytes(const kiln_shape *s);
+/* Leaves of an array literal's nested braces: its element count, or, when
+ * a dimension is 0, the product of the dims before the first zero (each
+ * one empty "{}": f32[3,0] prints {{}, {}, {}}, three leaves and no
+ * element). It bounds the printed text where the element count cannot.
+ * A scalar has one; tuples and tokens 0; -1 on overflow past INT64_MAX. */
+int64_t kiln_shape_leaves(const kiln_shape *s);
+/* Arrays, that is brace pairs, an array literal's text writes: one per
+ * index of each level above the elements, or above and at the first
+ * zero-sized dim (f32[2,3] has 3: {{..}, {..}}; f32[2,3,0] 9; f32[0] 1; a
+ * scalar 0). With the elements, the size of the literal's text. Tuples and
+ * tokens 0; -1 on overflow past INT64_MAX. */
+int64_t kiln_shape_literal_arrays(const kiln_shape *s);
 /* Structural equality: dtype, dims, dynamic flags, tuple structure; layouts
  * too when `layouts` is true (a missing layout equals the default one). */
 bool kiln_shape_equal(const kiln_shape *a, const kiln_shape *b, bool layouts);

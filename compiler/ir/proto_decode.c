@@ -40,6 +40,8 @@ typedef struct dec {
   uint32_t ninstrs;
   char path[PATH_MAX_LEN + 8];
   size_t plen;
+  const char *ins_name; /* the constant whose literal is being decoded, or NULL */
+  int64_t extra_arrays; /* of the literals decoded so far (check_arrays); at most the limit */
 } dec;
 
 /* ---- paths and errors ----------------------------------------------------- */
@@ -318,10 +320,44 @@ static int check_elements(dec *d, const kiln_literal *lit) {
   return 0;
 }
 
+/* The size of a literal's text, bounded before anyone prints it: the data
+ * pays for the elements, the elements for up to 64 arrays (brace pairs)
+ * each, which covers every literal of rank 64 or less that has one, and the
+ * arrays beyond that come from a budget per message. Without it a message
+ * of a few bytes prints without end: f32[2^20,2^20,0] holds nothing and
+ * writes 2^40 "{}". (Dims are checked: elements are at most 2^40.) */
+static int check_arrays(dec *d, const kiln_shape *s) {
+  int64_t arrays = kiln_shape_literal_arrays(s), elems = kiln_shape_elements(s);
+  int64_t paid = elems * KILN_PROTO_ARRAYS_PER_ELEMENT;
+  int64_t extra = arrays < 0 ? INT64_MAX : arrays > paid ? arrays - paid : 0;
+  if (extra <= KILN_PROTO_MAX_EXTRA_ARRAYS - d->extra_arrays) {
+    d->extra_arrays += extra;
+    return 0;
+  }
+  kiln_sbuf sb = KILN_SBUF_INIT;
+  kiln_shape_print_short(&sb, s);
+  char who[96] = "";
+  if (d->ins_name) snprintf(who, sizeof who, "constant %.64s: ", d->ins_name);
+  char n[32] = "more than 2^63";
+  if (arrays >= 0) snprintf(n, sizeof n, "%lld", (long long)arrays);
+  int rc =
+      fail_at(d, "shape",
+              "%s%s writes %s arrays ({...}) for %lld elements; the literals of one "
+              "message may write %lld arrays beyond %d per element, %lld are taken",
+              who, kiln_sbuf_str(&sb), n, (long long)elems, (long long)KILN_PROTO_MAX_EXTRA_ARRAYS,
+              KILN_PROTO_ARRAYS_PER_ELEMENT, (long long)d->extra_arrays);
+  kiln_sbuf_free(&sb);
+  return rc;
+}
+
 static int dec_array_literal(dec *d, const Kiln__V1__Literal *pl, kiln_literal *lit) {
   const kiln_shape *s = &lit->shape;
   if (pl->n_tuple_literals)
     return fail_at(d, "tuple_literals", "only a tuple literal has elements");
+  if (kiln_shape_is_array(s)) {
+    int rc = check_arrays(d, s);
+    if (rc) return rc;
+  }
   int64_t bytes = kiln_shape_bytes(s); /* dims are checked: cannot overflow */
   if (!kiln_shape_is_array(s)) bytes = 0;
   if ((uint64_t)pl->data.len != (uint64_t)bytes) {
@@ -775,7 +811,9 @@ static int dec_instr_body(dec *d, const Kiln__V1__Instruction *pi, kiln_instr *i
                    kiln_opcode_name(ins->op));
   if (pi->literal) {
     size_t old = push(d, "literal");
+    d->ins_name = pi->name;
     rc = dec_literal_rec(d, pi->literal, NULL, 0, d->plen, &ins->literal);
+    d->ins_name = NULL;
     pop(d, old);
     if (rc) return rc;
   }

@@ -20,7 +20,16 @@
 /* Limits the decoder enforces. */
 #define KILN_PROTO_MAX_DIM (INT64_C(1) << 40) /* one dimension, and elements per array */
 #define KILN_PROTO_MAX_TUPLE_DEPTH 64         /* tuple shapes, literals, shardings */
-#define KILN_PROTO_MAX_MESSAGE_DEPTH 100      /* nested messages on the wire */
+/* Arrays (brace pairs) that the literals of one message write beyond
+ * KILN_PROTO_ARRAYS_PER_ELEMENT per element. The data pays for the
+ * elements, and a literal of rank r writes at most r arrays per element,
+ * but nothing pays for arrays under a dim of size 0, yet the printer writes
+ * each one (f32[2^20,2^20,0] holds nothing and would write 2^40 "{}"):
+ * this keeps a decoded module's text linear in the message. No program
+ * comes near; in HLO text each one would have to be spelled out. */
+#define KILN_PROTO_ARRAYS_PER_ELEMENT 64
+#define KILN_PROTO_MAX_EXTRA_ARRAYS (INT64_C(1) << 16)
+#define KILN_PROTO_MAX_MESSAGE_DEPTH 100 /* nested messages on the wire */
 
 /* Checks a serialized message of type `desc` before unpacking: well-formed
  * wire data (tags, varints, lengths within bounds, no groups), messages

@@ -34,6 +34,33 @@ int64_t kiln_shape_elements(const kiln_shape *s) {
   return n;
 }
 
+int64_t kiln_shape_leaves(const kiln_shape *s) {
+  if (!kiln_shape_is_array(s)) return 0;
+  int64_t n = 1;
+  for (uint32_t i = 0; i < s->rank; i++) {
+    int64_t d = s->dims[i];
+    if (d < 0) return -1;
+    if (d == 0) break;
+    if (n > INT64_MAX / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+int64_t kiln_shape_literal_arrays(const kiln_shape *s) {
+  if (!kiln_shape_is_array(s)) return 0;
+  int64_t total = 0, level = 1; /* arrays at depth d: the product of dims[0..d) */
+  for (uint32_t d = 0; d < s->rank; d++) {
+    if (total > INT64_MAX - level) return -1;
+    total += level;
+    if (s->dims[d] < 0) return -1;
+    if (s->dims[d] == 0) return total;
+    if (d + 1 < s->rank && level > INT64_MAX / s->dims[d]) return -1;
+    level *= s->dims[d];
+  }
+  return total;
+}
+
 int64_t kiln_shape_bytes(const kiln_shape *s) {
   if (!kiln_shape_is_array(s)) return 0;
   int64_t n = kiln_shape_elements(s);

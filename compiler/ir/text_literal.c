@@ -7,8 +7,10 @@
  * range, the formats without infinities (f8e4m3fn, the fnuz types, f4e2m1fn,
  * f8e8m0fnu) against their largest value, so that a value that cannot be
  * stored is an error and never a silent wraparound. Before any storage is
- * allocated, the element count is checked against the length of the text
- * left, which bounds a literal's memory by the size of its text.
+ * allocated, the count of elements and empty arrays ("{}" under a dimension
+ * of size 0) is checked against the length of the text left and the
+ * element limit, which bounds a literal's memory, and the text it prints
+ * to, by the size of its text.
  */
 #include <math.h>
 #include <stdio.h>
@@ -23,29 +25,42 @@ static int nomem(kiln__lex *lx) {
   return kiln__lex_error_code(lx, NULL, KILN_ENOMEM, "out of memory");
 }
 
-static int64_t count_elements(const kiln_shape *s) {
+/* Elements (leaves false), or elements plus empty arrays ("{}" under a
+ * dimension of size 0: leaves true), of a literal of shape s, over a
+ * tuple's elements too: what its text must spell out one by one. -1 on
+ * overflow. */
+static int64_t count(const kiln_shape *s, bool leaves) {
   if (kiln_shape_is_tuple(s)) {
     int64_t total = 0;
     for (uint32_t i = 0; i < s->rank; i++) {
-      int64_t n = count_elements(&s->tuple[i]);
+      int64_t n = count(&s->tuple[i], leaves);
       if (n < 0 || total > INT64_MAX - n) return -1;
       total += n;
     }
     return total;
   }
-  return kiln_shape_elements(s);
+  return leaves ? kiln_shape_leaves(s) : kiln_shape_elements(s);
 }
 
-int kiln__literal_check_size(kiln__lex *lx, const kiln_shape *shape, const char *at) {
-  int64_t n = count_elements(shape);
+int kiln__literal_check_size(kiln__lex *lx, const kiln_shape *shape, const char *at,
+                             const char *name, int64_t max_leaves) {
+  int64_t n = count(shape, true);
   size_t left = (size_t)(lx->end - at);
-  if (n >= 0 && (uint64_t)n <= (uint64_t)left) return 0;
+  if (n >= 0 && n <= max_leaves && (uint64_t)n <= (uint64_t)left) return 0;
+  const char *what = n == count(shape, false) ? "elements" : "elements and empty arrays ({})";
   kiln_sbuf b = KILN_SBUF_INIT;
   kiln_shape_print_short(&b, shape);
-  int rc = kiln__lex_error(
-      lx, at,
-      "literal of shape %s has %lld elements, more than the %zu characters of text left can hold",
-      kiln_sbuf_str(&b), (long long)n, left);
+  char who[96] = "";
+  if (name) snprintf(who, sizeof who, "constant %.64s: ", name);
+  int rc;
+  if (n < 0 || n > max_leaves)
+    rc = kiln__lex_error_code(lx, at, KILN_ELIMIT, "%sliteral of shape %s has more than %lld %s",
+                              who, kiln_sbuf_str(&b), (long long)max_leaves, what);
+  else
+    rc = kiln__lex_error(lx, at,
+                         "%sliteral of shape %s has %lld %s, more than the %zu characters of "
+                         "text left can hold",
+                         who, kiln_sbuf_str(&b), (long long)n, what, left);
   kiln_sbuf_free(&b);
   return rc;
 }
@@ -272,8 +287,12 @@ static int parse_array(kiln__lex *lx, kiln_arena *a, kiln_literal *lit) {
     rc = nomem(lx);
     goto out;
   }
-  stride[r - 1] = 1;
-  for (uint32_t l = r - 1; l > 0; l--) stride[l - 1] = stride[l] * s->dims[l];
+  /* Strides only where an element exists: under a dim of size 0 the other
+   * dims may multiply past INT64_MAX, and no element is ever indexed. */
+  if (kiln_shape_elements(s) > 0) {
+    stride[r - 1] = 1;
+    for (uint32_t l = r - 1; l > 0; l--) stride[l - 1] = stride[l] * s->dims[l];
+  }
   for (uint32_t l = 0; l < r; l++) seen[l] = -1;
   kiln__lex_skip(lx);
   if (lx->p + 5 <= lx->end && memcmp(lx->p, "{...}", 5) == 0) {
@@ -384,7 +403,8 @@ int kiln_literal_parse_text(const char *text, size_t len, kiln_literal **out, ki
       kiln__parse_shape(&lx, tmp, KILN__DEFAULT_MAX_ELEMENTS, 0, KILN__SHAPE_GLUED_LAYOUT, &shape);
   if (rc) goto out;
   kiln__lex_skip(&lx);
-  if ((rc = kiln__literal_check_size(&lx, &shape, lx.p))) goto out;
+  if ((rc = kiln__literal_check_size(&lx, &shape, lx.p, NULL, KILN__DEFAULT_MAX_ELEMENTS)))
+    goto out;
   kiln_status lst;
   kiln_status_clear(&lst);
   if ((rc = kiln_literal_create(NULL, &shape, 0, &lit, &lst))) {

@@ -635,7 +635,7 @@ static int parse_constant(parser *P, kiln_instr *ins, bool has_shape, const char
   kiln__lex *lx = &P->lx;
   if (!has_shape) return kiln__lex_error(lx, op_at, "constant %s needs a result shape", ins->name);
   kiln__lex_skip(lx);
-  int rc = kiln__literal_check_size(lx, &ins->shape, lx->p);
+  int rc = kiln__literal_check_size(lx, &ins->shape, lx->p, ins->name, P->max_elements);
   if (rc) return rc;
   kiln_literal *lit;
   kiln_status lst;

@@ -32,9 +32,12 @@ int kiln__parse_int_list(kiln__lex *lx, kiln_arena *a, kiln_i64s *out, const cha
 int kiln__parse_aliases(kiln__lex *lx, kiln_module *m);
 
 /* Fails unless a literal of `shape` fits in what is left of the text (every
- * element takes at least one character), so that a short text cannot make
- * the parser allocate a huge literal. */
-int kiln__literal_check_size(kiln__lex *lx, const kiln_shape *shape, const char *at);
+ * element takes at least one character, every empty "{}" two) and has at
+ * most max_leaves elements and empty arrays, so that a short text cannot
+ * make the parser allocate a huge literal, nor the printer write one. The
+ * message names constant `name` (NULL: none). */
+int kiln__literal_check_size(kiln__lex *lx, const kiln_shape *shape, const char *at,
+                             const char *name, int64_t max_leaves);
 /* Reads a literal value (no shape prefix) into `lit`, created zero-filled
  * with its shape. Dynamic sizes, if any, are allocated in arena a. */
 int kiln__parse_literal_value(kiln__lex *lx, kiln_arena *a, kiln_literal *lit, int depth);

@@ -356,24 +356,30 @@ static void put_array(kiln_sbuf *b, const kiln_literal *lit) {
   }
   int64_t *size = scratch, *stride = scratch + rank, *idx = scratch + 2 * rank;
   uint32_t r = rank; /* dims iterated; a zero-sized dim cuts it short */
-  int64_t st = 1;
-  for (uint32_t d = rank; d-- > 0;) {
+  for (uint32_t d = 0; d < rank; d++) {
     size[d] = lit->dynamic_sizes ? lit->dynamic_sizes[d] : s->dims[d];
     if (size[d] > s->dims[d]) size[d] = s->dims[d];
-    stride[d] = st;
-    st *= s->dims[d] > 0 ? s->dims[d] : 1;
     idx[d] = 0;
-  }
-  for (uint32_t d = 0; d < rank; d++) {
-    if (size[d] <= 0) {
-      r = d;
-      break;
-    }
+    if (size[d] <= 0 && r == rank) r = d;
   }
   bool leaf_empty = r < rank;
   if (r == 0 || lit->data == NULL) {
     kiln_sbuf_puts(b, "{}");
     goto out;
+  }
+  /* Strides over the bound dims. Empty leaves read no element, so their
+   * offsets are never formed: under a zero-sized dim the bound dims may
+   * multiply past INT64_MAX (f32[2^40,2^40,0] holds nothing). Otherwise
+   * every dim is at least 1 and the product is the bound element count of
+   * data that exists; a product that overflows anyway is a broken literal
+   * and fails the print rather than index out of it. */
+  int64_t st = 1;
+  for (uint32_t d = rank; !leaf_empty && d-- > 0;) {
+    stride[d] = st;
+    if (__builtin_mul_overflow(st, s->dims[d], &st)) {
+      b->failed = true;
+      goto out;
+    }
   }
   for (uint32_t d = 0; d < r; d++) kiln_sbuf_putc(b, '{');
   int64_t off = 0;
@@ -385,9 +391,9 @@ static void put_array(kiln_sbuf *b, const kiln_literal *lit) {
     int64_t d = (int64_t)r - 1;
     for (; d >= 0; d--) {
       idx[d]++;
-      off += stride[d];
+      if (!leaf_empty) off += stride[d];
       if (idx[d] < size[d]) break;
-      off -= size[d] * stride[d];
+      if (!leaf_empty) off -= size[d] * stride[d];
       idx[d] = 0;
       kiln_sbuf_putc(b, '}');
     }

@@ -94,8 +94,26 @@ START_TEST(test_render) {
   kiln_sbuf_reset(&b);
   kiln_debug_print_render(&b, "%s%n%x {}", 9, v);
   ck_assert_str_eq(kiln_sbuf_str(&b), "%s%n%x {1, 2.5, -3}\n");
-  kiln_sbuf_free(&b);
   kiln_literal_destroy(v);
+  /* No element, but 2^40 "{}" in full: summarized, as a large value is. */
+  int64_t dims[3] = {1 << 20, 1 << 20, 0};
+  kiln_shape s = {.dtype = KILN_F32, .rank = 3, .dims = dims};
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_literal_create(NULL, &s, 0, &v, &st), 0);
+  kiln_sbuf_reset(&b);
+  kiln_debug_print_render(&b, "{}", 2, v);
+  ck_assert_str_eq(kiln_sbuf_str(&b), "f32[1048576,1048576,0] {... (0 elements)}\n");
+  kiln_literal_destroy(v);
+  /* A small empty one still prints in full. */
+  dims[0] = 2;
+  dims[1] = 1;
+  ck_assert_int_eq(kiln_literal_create(NULL, &s, 0, &v, &st), 0);
+  kiln_sbuf_reset(&b);
+  kiln_debug_print_render(&b, "{}", 2, v);
+  ck_assert_str_eq(kiln_sbuf_str(&b), "{{{}}, {{}}}\n");
+  kiln_literal_destroy(v);
+  kiln_sbuf_free(&b);
 }
 END_TEST
 

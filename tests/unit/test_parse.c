@@ -971,8 +971,43 @@ START_TEST(test_error_constants) {
   expect_error(HDR "ENTRY e {\n  c = constant(1)\n}\n", "t.hlo:3:7",
                "constant c needs a result shape");
   expect_error(HDR "ENTRY e {\n  c = f32[1000000] constant({1})\n}\n", "t.hlo:3:29",
-               "literal of shape f32[1000000] has 1000000 elements, more than the 7 characters of "
-               "text left can hold");
+               "constant c: literal of shape f32[1000000] has 1000000 elements, more than the 7 "
+               "characters of text left can hold");
+  /* No element, yet one "{}" to write per index before the zero-sized dim
+   * (fuzz_proto: printing f32[2^40,2^40,0] did not end): bounded by the text
+   * left and by max_elements, before the literal is read. */
+  expect_error(HDR "ENTRY e {\n  c = f32[1000,0] constant({{}})\n}\n", "t.hlo:3:28",
+               "constant c: literal of shape f32[1000,0] has 1000 elements and empty arrays ({}), "
+               "more than the 8 characters of text left can hold");
+  expect_error_code(HDR "ENTRY e {\n  c = f32[1073741824,1073741824,0] constant({})\n}\n",
+                    KILN_ELIMIT, "t.hlo:3:45",
+                    "constant c: literal of shape f32[1073741824,1073741824,0] has more than "
+                    "1099511627776 elements and empty arrays ({})");
+  /* The strides of a shape with a zero-sized dim first are never formed:
+   * f32[0,2^40,2^40] has no element, and its text is one {}. */
+  kiln_module *z =
+      parse(HDR "ENTRY e {\n  ROOT c = f32[0,1099511627776,1099511627776] constant({})\n}\n");
+  char *zt = kiln_module_print(z, NULL);
+  ck_assert_ptr_nonnull(strstr(zt, "f32[0,1099511627776,1099511627776] constant({})"));
+  kiln_free(zt);
+  kiln_module_destroy(z);
+  /* Under a small max_elements, the empty arrays count too. */
+  kiln_parse_options o = {0};
+  o.no_infer = 1;
+  o.max_elements = 4;
+  const char *t = HDR "ENTRY e {\n  c = f32[5,0] constant({{}, {}, {}, {}, {}})\n}\n";
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_module *m = (kiln_module *)1;
+  ck_assert_int_eq(kiln_module_parse_text(t, strlen(t), "t.hlo", &o, &m, &st), KILN_ELIMIT);
+  ck_assert_ptr_null(m);
+  ck_assert_str_eq(st.where, "t.hlo:3:25");
+  ck_assert_str_eq(st.msg, "constant c: literal of shape f32[5,0] has more than 4 elements and "
+                           "empty arrays ({})");
+  o.max_elements = 5;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_parse_text(t, strlen(t), "t.hlo", &o, &m, &st), 0);
+  kiln_module_destroy(m);
   expect_error(HDR "ENTRY e {\n  c = f32[8] constant({...})\n}\n", "t.hlo:3:23",
                "the value of this constant was left out of the text ({...})");
   expect_error(HDR "ENTRY e {\n  c = (f32[], s32[]) constant((1 2))\n}\n", "t.hlo:3:34",

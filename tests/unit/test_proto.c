@@ -1633,6 +1633,94 @@ START_TEST(test_corpus_roundtrip) {
 }
 END_TEST
 
+/* A literal with a dimension of size 0 holds no data, so nothing in the
+ * message pays for the "{}" the printer writes per index of the dims before
+ * it (fuzz_proto: f32[2^20,2^20,0,...] printed for ever, and its strides
+ * overflowed; then f32[2,39,16,18,19,2,1,1,0,...], 3 million arrays, took
+ * 14 s). The decoder bounds a message's arrays before anything prints. */
+START_TEST(test_literal_empty_arrays) {
+  fixture f;
+  fixture_init(&f);
+  Kiln__V1__Shape es = KILN__V1__SHAPE__INIT;
+  /* 2^40 "{}" (the product before the zero is within the limit on
+   * elements), and dims after the zero whose product overflowed the
+   * printer's strides. */
+  int64_t dims[5] = {1 << 20, 1 << 20, 0, INT64_C(1) << 40, INT64_C(1) << 40};
+  es.element_type = KILN__V1__ELEMENT_TYPE__ELEMENT_TYPE_F32;
+  es.n_dimensions = 5;
+  es.dimensions = dims;
+  f.lit.shape = &es;
+  f.lit.data.len = 0;
+  f.i[3].shape = &es;
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: "
+                     "f32[1048576,1048576,0,1099511627776,1099511627776] writes 1099512676353 "
+                     "arrays ({...}) for 0 elements; the literals of one message may write 65536 "
+                     "arrays beyond 64 per element, 0 are taken");
+  /* f32[65535,0] writes 65536 arrays, the budget; one more is over it. */
+  es.n_dimensions = 2;
+  dims[0] = 65536;
+  dims[1] = 0;
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[65536,0] "
+                     "writes 65537 arrays ({...}) for 0 elements; the literals of one message may "
+                     "write 65536 arrays beyond 64 per element, 0 are taken");
+  dims[0] = 65535;
+  kiln_status st = {0};
+  kiln_module *m = NULL;
+  ck_assert_int_eq(decode_msg(&f.m, &st, &m), 0);
+  kiln_module_destroy(m);
+  /* Within it: decodes, and prints one {} per index. */
+  es.n_dimensions = 3;
+  dims[0] = 2;
+  dims[1] = 3;
+  dims[2] = 0;
+  ck_assert_int_eq(decode_msg(&f.m, &st, &m), 0);
+#if HAVE_PRINTER
+  char *text = kiln_module_print(m, NULL);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_ptr_nonnull(strstr(text, "f32[2,3,0] constant({{{}, {}, {}}, {{}, {}, {}}})"));
+  kiln_free(text);
+#endif
+  kiln_module_destroy(m);
+  /* The budget is the message's: two constants of 32768 arrays fit (p0 and
+   * k, decoded in id order), and one more array between them does not. */
+  es.n_dimensions = 2;
+  dims[0] = 32767;
+  dims[1] = 0;
+  f.i[0].opcode = KILN__V1__OPCODE__OPCODE_CONSTANT;
+  f.i[0].shape = &es;
+  f.i[0].literal = &f.lit;
+  f.i[2].opcode = KILN__V1__OPCODE__OPCODE_TUPLE; /* the decoder checks no operand shapes */
+  ck_assert_int_eq(decode_msg(&f.m, &st, &m), 0);
+  kiln_module_destroy(m);
+  Kiln__V1__Shape one = es;
+  int64_t dims1[1] = {0};
+  one.n_dimensions = 1;
+  one.dimensions = dims1;
+  Kiln__V1__Literal lit1 = f.lit;
+  lit1.shape = &one;
+  f.i[1].opcode = KILN__V1__OPCODE__OPCODE_CONSTANT;
+  f.i[1].parameter_number = 0;
+  f.i[1].shape = &one;
+  f.i[1].literal = &lit1;
+  EXPECT_ERROR(&f.m, "computations[1].instructions[0].literal.shape: constant k: f32[32767,0] "
+                     "writes 32768 arrays ({...}) for 0 elements; the literals of one message may "
+                     "write 65536 arrays beyond 64 per element, 32769 are taken");
+  /* Elements pay for their arrays: f32[70000,1,1] (140001 arrays) decodes. */
+  fixture_init(&f);
+  int64_t kd[3] = {70000, 1, 1};
+  es.n_dimensions = 3;
+  es.dimensions = kd;
+  uint8_t *zeros = calloc(70000, 4);
+  f.lit.shape = &es;
+  f.lit.data.len = 70000 * 4;
+  f.lit.data.data = zeros;
+  f.i[3].shape = &es;
+  ck_assert_int_eq(decode_msg(&f.m, &st, &m), 0);
+  kiln_module_destroy(m);
+  free(zeros);
+}
+END_TEST
+
 static Suite *proto_suite(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("schema");
@@ -1656,6 +1744,7 @@ static Suite *proto_suite(void) {
   tcase_add_test(tc, test_bad_shapes);
   tcase_add_test(tc, test_deep_nesting);
   tcase_add_test(tc, test_bad_literals);
+  tcase_add_test(tc, test_literal_empty_arrays);
   tcase_add_test(tc, test_unpack_budget);
   tcase_add_test(tc, test_bad_strings);
   tcase_add_test(tc, test_encode_refusals);
