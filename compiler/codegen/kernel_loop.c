@@ -578,13 +578,13 @@ static bool plain_type(kiln_dtype t) {
  * reduce of one input, every type the same and held in the buffer as it is
  * computed (the accumulator lives in the output between rows), an output
  * that no input shares, and in the input's layout the reduced dims all
- * more major than the kept ones. *perm is set when the kept ones do not
- * keep their order in the output's layout (a reduce of a transpose): the
- * loop then runs over the outputs in the input's order, so that
- * consecutive iterations still read consecutive input elements, and
- * stores each where the output's layout puts it. */
+ * more major than the kept ones. The kept ones may change order in the
+ * output's layout (a reduce of a transpose): reduce_rows then runs over
+ * the outputs in the input's order, so that consecutive iterations still
+ * read consecutive input elements, and stores each where the output's
+ * layout puts it. */
 static const kiln_instr *rows_reduce1(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t o,
-                                      bool *red, bool *perm) {
+                                      bool *red) {
   const kiln_module *m = g->mod.m;
   uint32_t leaf = k->out_leaf[o];
   if (k->arg_shared && k->arg_shared[k->out_arg[o]]) return NULL;
@@ -610,16 +610,10 @@ static const kiln_instr *rows_reduce1(kiln__codegen *g, const kiln__kernel_spec 
     if (dl->v[i] < 0 || dl->v[i] >= in->rank || red[dl->v[i]]) return NULL;
     red[dl->v[i]] = true;
   }
-  int64_t im[KILN__EMIT_MAXR], om[KILN__EMIT_MAXR], out_dim[KILN__EMIT_MAXR];
+  int64_t im[KILN__EMIT_MAXR];
   kiln_shape_minor_to_major(in, im);
-  kiln_shape_minor_to_major(os, om);
-  for (uint32_t d = 0, j = 0; d < in->rank; d++) out_dim[d] = red[d] ? -1 : (int64_t)j++;
-  *perm = false;
-  for (uint32_t q = 0; q < in->rank; q++) {
-    bool kept = q < os->rank;
-    if (red[im[q]] == kept) return NULL;
-    if (kept && out_dim[im[q]] != om[q]) *perm = true;
-  }
+  for (uint32_t q = 0; q < in->rank; q++)
+    if (red[im[q]] == (q < os->rank)) return NULL;
   return r;
 }
 
@@ -632,8 +626,8 @@ static bool rows_reduces(kiln__codegen *g, const kiln__kernel_spec *k, bool *red
   const kiln_module *m = g->mod.m;
   if (k->nouts == 0 || k->nouts > MAX_ROW_OUTS) return false;
   for (uint32_t o = 0; o < k->nouts; o++) {
-    bool red1[KILN__EMIT_MAXR], perm;
-    const kiln_instr *r = rows_reduce1(g, k, o, o ? red1 : red, &perm);
+    bool red1[KILN__EMIT_MAXR];
+    const kiln_instr *r = rows_reduce1(g, k, o, o ? red1 : red);
     if (r == NULL) return false;
     for (uint32_t j = 0; j < o; j++) /* two outputs of one reduce: not the row form */
       if (rs[j] == r) return false;
@@ -674,7 +668,7 @@ static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_
   if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
   if (rc) goto out;
   /* The order of the loop over the outputs: the output's layout, or the
-   * kept dims in the input's (rows_reduce1's *perm); then `at` is where
+   * kept dims in the input's (a reduce of a transpose); then `at` is where
    * output i goes in the buffer. */
   kiln_shape vs = *os;
   kiln_layout vl = {0};
