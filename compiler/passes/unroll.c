@@ -14,19 +14,17 @@
  * one loop that keeps every intermediate in registers.
  *
  * A loop qualifies when:
- *  - its condition is compare(get-tuple-element(param, k), constant L),
- *    direction LT, and nothing else;
- *  - its body's root is a tuple whose element k is
- *    add(get-tuple-element(param, k), constant 1) (either order);
- *  - its init is a tuple instruction whose element k is a constant c0
- *    (an integer of at most 32 bits, or s64);
- *  - the trip count max(0, L - c0) is at most MAX_TRIPS, and trips x body
+ *  - its trip count follows from its own instructions
+ *    (kiln__tf_trip_count_counted: a counter in the state stepped by a
+ *    constant from a constant, compared with a bound; backend_config hints
+ *    are not taken) and is at most MAX_TRIPS, and trips x body
  *    instructions stays within BUDGET per computation;
+ *  - its body's root is a tuple and its condition is pure;
  *  - the body (and what it calls) holds only pure elementwise, movement,
  *    tuple and leaf instructions and calls, without control edges.
  * The body runs trips times on the state, so each copy computes what the
- * corresponding trip would: element k counts c0, c0 + 1, ... and the loop
- * stops exactly when it reaches L, which is what the condition says. The
+ * corresponding trip would: the counter takes the values the loop's would
+ * and the condition fails exactly after the last copy. The
  * while's users read the last copy's root; the loop's computations stay in
  * the module, unreferenced (dce leaves those). The copies read their state
  * through get-tuple-element of the previous copy's tuple, which algsimp
@@ -38,31 +36,10 @@
 #include "compiler/ir/build.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/passes.h"
+#include "compiler/transforms/rules.h"
 
 #define MAX_TRIPS 8
 #define BUDGET 4096 /* instructions copied into one computation, at most */
-
-/* The value of scalar integer constant `id`; false when it is not one. */
-static bool int_const(const kiln_module *m, kiln_id id, int64_t *v) {
-  const kiln_instr *x = m->instrs[id];
-  kiln_dtype t = x->shape.dtype;
-  if (x->op != KILN_OP_CONSTANT || x->literal == NULL || !kiln_shape_is_array(&x->shape) ||
-      x->shape.rank != 0 || kiln_shape_is_dynamic(&x->shape))
-    return false;
-  bool narrow = t == KILN_S8 || t == KILN_S16 || t == KILN_S32 || t == KILN_U8 || t == KILN_U16 ||
-                t == KILN_U32;
-  if (!narrow && t != KILN_S64) return false;
-  *v = kiln_literal_get_s64(x->literal, 0);
-  return true;
-}
-
-/* Whether `id` is get-tuple-element(param, k) of computation c's only
- * parameter. */
-static bool is_state_read(const kiln_module *m, const kiln_computation *c, kiln_id id, int64_t k) {
-  const kiln_instr *g = m->instrs[id], *p = kiln_computation_param(m, c, 0);
-  return p && g->op == KILN_OP_GET_TUPLE_ELEMENT && g->noperands == 1 && g->operands[0] == p->id &&
-         kiln_instr_attr_int(g, KILN_ATTR_INDEX, -1) == k;
-}
 
 /* Whether computation c and those it calls hold only instructions a copy
  * of the body may be made of; *size grows by their count. depth bounds the
@@ -107,33 +84,17 @@ static int64_t trips(const kiln_module *m, const kiln_instr *w, const bool *impu
   if (cd >= m->ncomps || bd >= m->ncomps) return -1;
   const kiln_computation *cond = m->comps[cd], *body = m->comps[bd];
   if (kiln_computation_nparams(m, cond) != 1 || kiln_computation_nparams(m, body) != 1) return -1;
-  const kiln_instr *cr = kiln_computation_root(m, cond), *br = kiln_computation_root(m, body);
-  const kiln_instr *init = m->instrs[w->operands[0]];
-  if (!cr || !br || cr->op != KILN_OP_COMPARE || cr->noperands != 2 ||
-      kiln_instr_attr_int(cr, KILN_ATTR_DIRECTION, -1) != KILN_CMP_LT || br->op != KILN_OP_TUPLE ||
-      br->noperands != w->shape.rank || init->op != KILN_OP_TUPLE ||
-      init->noperands != w->shape.rank)
-    return -1;
-  const kiln_instr *ci = m->instrs[cr->operands[0]];
-  int64_t k = kiln_instr_attr_int(ci, KILN_ATTR_INDEX, -1), lim, c0, one;
-  if (k < 0 || k >= (int64_t)br->noperands || !is_state_read(m, cond, ci->id, k) ||
-      !int_const(m, cr->operands[1], &lim) || !int_const(m, init->operands[k], &c0))
-    return -1;
+  const kiln_instr *br = kiln_computation_root(m, body);
+  if (!br || br->op != KILN_OP_TUPLE || br->noperands != w->shape.rank) return -1;
   /* The condition's value is the compare of the counter (its other
    * instructions, pure, cannot change it). */
   if (impure[cd]) return -1;
-  const kiln_instr *inc = m->instrs[br->operands[k]];
-  if (inc->op != KILN_OP_ADD || inc->noperands != 2) return -1;
-  bool ok = (is_state_read(m, body, inc->operands[0], k) && int_const(m, inc->operands[1], &one) &&
-             one == 1) ||
-            (is_state_read(m, body, inc->operands[1], k) && int_const(m, inc->operands[0], &one) &&
-             one == 1);
-  if (!ok) return -1;
-  if (m->instrs[init->operands[k]]->shape.dtype != inc->shape.dtype) return -1;
+  /* Counted from the loop itself: a known_trip_count hint that lied would
+   * make the copies compute something else than the loop. */
+  int64_t n = kiln__tf_trip_count_counted(m, w);
+  if (n < 0 || n > MAX_TRIPS) return -1;
   *size = 0;
-  if (!plain(m, bd, impure, 0, size)) return -1;
-  int64_t n = lim > c0 ? lim - c0 : 0;
-  return n <= MAX_TRIPS ? n : -1;
+  return plain(m, bd, impure, 0, size) ? n : -1;
 }
 
 /* Appends to `comp` a copy of body computation `bd` reading `state`; the

@@ -349,7 +349,7 @@ static int64_t count_with(const kiln_module *m, const kiln_instr *w, const kiln_
       return -1;
   }
   const kiln_instr *upd = body_elem(m, body, k);
-  if (upd == NULL || upd->op != KILN_OP_ADD) return -1;
+  if (upd == NULL || upd->op != KILN_OP_ADD || !kiln_shape_is_array(&upd->shape)) return -1;
   const kiln_instr *u0 = m->instrs[upd->operands[0]], *u1 = m->instrs[upd->operands[1]];
   if (!(param_elem(m, u0) == k && const_int(u1, &step)) &&
       !(param_elem(m, u1) == k && const_int(u0, &step)))
@@ -357,22 +357,40 @@ static int64_t count_with(const kiln_module *m, const kiln_instr *w, const kiln_
   /* Count arithmetically; refuse spans that could overflow. */
   const int64_t lim = INT64_C(1) << 40;
   if (step == 0 || start < -lim || start > lim || bound < -lim || bound > lim) return -1;
+  int64_t n;
   switch (dir) {
-  case KILN_CMP_LT: return step > 0 ? (start >= bound ? 0 : (bound - start + step - 1) / step) : -1;
-  case KILN_CMP_LE: return step > 0 ? (start > bound ? 0 : (bound - start) / step + 1) : -1;
+  case KILN_CMP_LT:
+    n = step > 0 ? (start >= bound ? 0 : (bound - start + step - 1) / step) : -1;
+    break;
+  case KILN_CMP_LE: n = step > 0 ? (start > bound ? 0 : (bound - start) / step + 1) : -1; break;
   case KILN_CMP_GT:
-    return step < 0 ? (start <= bound ? 0 : (start - bound - step - 1) / -step) : -1;
-  case KILN_CMP_GE: return step < 0 ? (start < bound ? 0 : (start - bound) / -step + 1) : -1;
+    n = step < 0 ? (start <= bound ? 0 : (start - bound - step - 1) / -step) : -1;
+    break;
+  case KILN_CMP_GE: n = step < 0 ? (start < bound ? 0 : (start - bound) / -step + 1) : -1; break;
   case KILN_CMP_NE:
-    if ((bound - start) % step != 0 || (bound - start) / step < 0) return -1;
-    return (bound - start) / step;
-  default: return -1;
+    n = (bound - start) % step != 0 || (bound - start) / step < 0 ? -1 : (bound - start) / step;
+    break;
+  default: n = -1;
   }
+  /* The counter holds every value from start to start + n*step, the one
+   * that ends the loop: in a narrow type the last step could wrap instead
+   * (s8 120 < 126 by 5: 125, then -126, and the loop goes on), so the
+   * count holds only when that value fits the counter's type. */
+  if (n < 0) return -1;
+  int bits = kiln_dtype_bits(upd->shape.dtype);
+  int64_t last = start + n * step;
+  if (bits < 64) {
+    bool is_signed = kiln_dtype_is_signed_int(upd->shape.dtype);
+    int64_t lo = is_signed ? -(INT64_C(1) << (bits - 1)) : 0;
+    int64_t hi = is_signed ? (INT64_C(1) << (bits - 1)) - 1 : (INT64_C(1) << bits) - 1;
+    if (start < lo || start > hi || last < lo || last > hi) return -1;
+  } else if (!kiln_dtype_is_signed_int(upd->shape.dtype) && (start < 0 || last < 0)) {
+    return -1;
+  }
+  return n;
 }
 
-int64_t kiln__tf_trip_count(const kiln_module *m, const kiln_instr *w) {
-  int64_t n = trip_from_config(w);
-  if (n >= 0) return n;
+int64_t kiln__tf_trip_count_counted(const kiln_module *m, const kiln_instr *w) {
   if (w->ncalled != 2 || w->noperands != 1) return -1;
   const kiln_computation *cond = kiln_module_computation(m, w->called[0]);
   const kiln_computation *body = kiln_module_computation(m, w->called[1]);
@@ -380,6 +398,11 @@ int64_t kiln__tf_trip_count(const kiln_module *m, const kiln_instr *w) {
   if (cmp == NULL || body == NULL || cmp->op != KILN_OP_COMPARE) return -1;
   const kiln_instr *a = m->instrs[cmp->operands[0]], *b = m->instrs[cmp->operands[1]];
   kiln_cmp_dir dir = (kiln_cmp_dir)kiln_instr_attr_int(cmp, KILN_ATTR_DIRECTION, KILN_CMP_EQ);
-  n = count_with(m, w, body, a, b, dir);
+  int64_t n = count_with(m, w, body, a, b, dir);
   return n >= 0 ? n : count_with(m, w, body, b, a, mirror(dir));
+}
+
+int64_t kiln__tf_trip_count(const kiln_module *m, const kiln_instr *w) {
+  int64_t n = trip_from_config(w);
+  return n >= 0 ? n : kiln__tf_trip_count_counted(m, w);
 }

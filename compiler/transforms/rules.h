@@ -223,8 +223,16 @@ int kiln__tf_lower(kiln__tx *tx, uint32_t *entry);
  * the lowered column of the rule table. */
 bool kiln__tf_lowered_op(kiln_opcode op);
 
-/* Trip count of a while loop known at compile time, or -1. */
+/* Trip count of a while loop known at compile time, or -1: the
+ * known_trip_count of its backend_config (a hint from the producer, as XLA
+ * takes it), else kiln__tf_trip_count_counted. */
 int64_t kiln__tf_trip_count(const kiln_module *m, const kiln_instr *w);
+/* Trip count from the loop's own instructions only, or -1: the condition
+ * compares a state element stepped by a constant in the body (from a
+ * constant initial value) with a constant or an element the body passes
+ * through, and the last value the counter takes fits its type. A pass
+ * whose rewrite is only right for the true count uses this one. */
+int64_t kiln__tf_trip_count_counted(const kiln_module *m, const kiln_instr *w);
 
 /* ---- rule bodies, by file ----------------------------------------------- */
 
