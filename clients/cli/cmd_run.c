@@ -97,7 +97,9 @@ static int emit_outputs(const kiln_literal *result, const char *out_dir) {
      * layout says nothing about the values, so outputs print alike. */
     kiln_literal plain = *leaves[i];
     plain.shape.layout = NULL;
-    kiln_literal_print(&b, &plain, true);
+    if (!kiln_literal_print_bounded(&b, &plain, true))
+      fprintf(stderr, "kiln run: output %u holds too many empty arrays to print as text%s\n", i,
+              out_dir ? "; its .npy file has it" : "; --out DIR writes it as .npy");
     kiln_sbuf_putc(&b, '\n');
     if (kiln_sbuf_failed(&b)) {
       kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory printing output %u", i);

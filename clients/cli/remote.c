@@ -672,7 +672,9 @@ static int print_outputs(const kiln_remote_result *r, const char *out_dir) {
        * layout the executable reported, so the layout says nothing here. */
       ((kiln_literal *)leaves[k])->shape.layout = NULL;
       kiln_sbuf_reset(&b);
-      kiln_literal_print(&b, leaves[k], true);
+      if (!kiln_literal_print_bounded(&b, leaves[k], true))
+        fprintf(stderr, "kiln run: output %u holds too many empty arrays to print as text%s\n",
+                index, out_dir ? "; its .npy file has it" : "; --out DIR writes it as .npy");
       kiln_sbuf_putc(&b, '\n');
       if (kiln_sbuf_failed(&b)) {
         kiln_status_set(&st, KILN_ENOMEM, NULL, "out of memory printing output %u", index);

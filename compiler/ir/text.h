@@ -44,6 +44,12 @@ void kiln_module_print_to(kiln_sbuf *b, const kiln_module *m);
  * ("{1, 2}") as inside constant(...). Floats use the fewest digits that read
  * back to the same value of their type. */
 void kiln_literal_print(kiln_sbuf *b, const kiln_literal *lit, bool with_shape);
+/* kiln_literal_print when the text stays within the bound decoding and
+ * parsing put on it (64 arrays, "{...}", per element and 2^16 beyond),
+ * else the shape and " {...}" and false: f32[2^30,0] holds nothing and
+ * would print 2^30 "{}", which no reader takes back. Every array literal
+ * that came in through a module or a request prints in full. */
+bool kiln_literal_print_bounded(kiln_sbuf *b, const kiln_literal *lit, bool with_shape);
 
 #ifdef __cplusplus
 }

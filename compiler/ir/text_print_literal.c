@@ -427,3 +427,18 @@ void kiln_literal_print(kiln_sbuf *b, const kiln_literal *lit, bool with_shape) 
   }
   put_literal(b, lit);
 }
+
+bool kiln_literal_print_bounded(kiln_sbuf *b, const kiln_literal *lit, bool with_shape) {
+  if (kiln_shape_is_array(&lit->shape)) {
+    int64_t arrays = kiln_shape_literal_arrays(&lit->shape);
+    int64_t elems = kiln_shape_elements(&lit->shape);
+    /* elems is at most 2^40 for a shape that holds data (its bytes exist) */
+    if (arrays < 0 || elems < 0 || arrays - elems * 64 > (INT64_C(1) << 16)) {
+      kiln_shape_print(b, &lit->shape);
+      kiln_sbuf_puts(b, " {...}");
+      return false;
+    }
+  }
+  kiln_literal_print(b, lit, with_shape);
+  return true;
+}

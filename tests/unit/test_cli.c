@@ -476,6 +476,37 @@ START_TEST(test_run_npy_args_and_out) {
 }
 END_TEST
 
+/* An output with no elements prints in full while its text is bounded
+ * (f32[3,0]: three empty arrays), and by its shape alone when it would
+ * write more empty arrays than any reader takes back: f32[10^8,0] would be
+ * 400 MB of "{}, ". Its .npy file is written either way. */
+START_TEST(test_run_empty_outputs) {
+  const char *f =
+      write_file("empty_out.hlo", "HloModule e\n"
+                                  "ENTRY main {\n"
+                                  "  p = f32[] parameter(0)\n"
+                                  "  s = f32[3,0] broadcast(p), dimensions={}\n"
+                                  "  b = f32[100000000,0] broadcast(p), dimensions={}\n"
+                                  "  ROOT t = (f32[3,0], f32[100000000,0]) tuple(s, b)\n"
+                                  "}\n");
+  result r = run("run", f, "--arg", "f32[] 1", NULL);
+  EXPECT(r, 0, "f32[3,0] {{}, {}, {}}\nf32[100000000,0] {...}\n",
+         "kiln run: output 1 holds too many empty arrays to print as text; --out DIR writes "
+         "it as .npy\n");
+  result_free(&r);
+  const char *out = tpath("empty_out");
+  r = run("run", f, "--arg", "f32[] 1", "--out", out, NULL);
+  ck_assert_int_eq(r.code, 0);
+  ck_assert_ptr_nonnull(strstr(r.err, "its .npy file has it"));
+  result_free(&r);
+  kiln_npy o = read_npy(tpath("empty_out/1.npy"));
+  ck_assert_uint_eq(o.rank, 2);
+  ck_assert_int_eq(o.dims[0], 100000000);
+  ck_assert_int_eq(o.dims[1], 0);
+  kiln_npy_free(&o);
+}
+END_TEST
+
 /* A bounded-dynamic parameter takes an .npy of fewer rows (padded to the
  * bound); the result prints and writes at its runtime size, the same on
  * interp and cpu; more rows than the bound name the dim and the bound. */
@@ -1388,6 +1419,7 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_print);
   tcase_add_test(tc, test_run_literal_args);
   tcase_add_test(tc, test_run_npy_args_and_out);
+  tcase_add_test(tc, test_run_empty_outputs);
   tcase_add_test(tc, test_run_dynamic_rows);
   tcase_add_test(tc, test_run_tuple_flattening);
   tcase_add_test(tc, test_run_bf16_from_f32_npy);
