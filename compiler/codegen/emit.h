@@ -260,6 +260,9 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *          (so max(-0, +0) and max(+0, -0) return their first operand).
  *   kclampf, kclampd(l, x, h)  the first NaN of l, x, h in that order; else
  *          y = x < l ? l : x, then y < h ? y : h (h wins when l > h).
+ *   knanm, knanmd  all ones (32 or 64 bits) when x is NaN, else 0.
+ *   kpickf, kpickd(m, a, b)  the bits of a where mask m is set, of b
+ *          elsewhere (a select that stays straight-line code).
  * Integers (index arithmetic and XLA's edges):
  *   kclampi(v, hi)  v < 0 -> 0, v > hi -> hi, else v (hi >= 0).
  *   kf2s(x, w)  double -> signed w-bit integer (w = 8, 16, 32, 64),
@@ -350,6 +353,10 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(klogistic, "double klogistic(double x)") \
   X(krsqrt, "double krsqrt(double x)") \
   X(kpowd, "double kpowd(double a, double b)") \
+  X(knanm, "uint32_t knanm(float a)") \
+  X(knanmd, "uint64_t knanmd(double a)") \
+  X(kpickf, "float kpickf(uint32_t m, float a, float b)") \
+  X(kpickd, "double kpickd(uint64_t m, double a, double b)") \
   X(kmaxf, "float kmaxf(float a, float b)") \
   X(kminf, "float kminf(float a, float b)") \
   X(kmaxd, "double kmaxd(double a, double b)") \

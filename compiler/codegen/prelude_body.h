@@ -72,17 +72,38 @@
     "KI double klogistic(double x) { return 1.0 / (1.0 + exp(-x)); }\n" \
     "KI double krsqrt(double x) { return 1.0 / sqrt(x); }\n" \
     "KI double kpowd(double a, double b) { return (a == 1 || b == 0) ? 1.0 : pow(a, b); }\n" \
-    "KI float kmaxf(float a, float b) { return a != a ? a : b != b ? b : a < b ? b : a; }\n" \
-    "KI float kminf(float a, float b) { return a != a ? a : b != b ? b : b < a ? b : a; }\n" \
-    "KI double kmaxd(double a, double b) { return a != a ? a : b != b ? b : a < b ? b : a; }\n" \
-    "KI double kmind(double a, double b) { return a != a ? a : b != b ? b : b < a ? b : a; }\n" \
+    /* max, min and clamp pass a NaN operand through (the first NaN in  \
+     * operand order), picked by bit masks rather than nested selects:   \
+     * after a max with a constant GCC threads the selects of what reads  \
+     * the result (klogf) into branches, and the loop stops vectorizing. */ \
+    "KI uint32_t knanm(float a) { return 0u - (uint32_t)(a != a); }\n" \
+    "KI uint64_t knanmd(double a) { return 0u - (uint64_t)(a != a); }\n" \
+    "KI float kpickf(uint32_t m, float a, float b) {\n" \
+    "  return kbf32((kf32bits(a) & m) | (kf32bits(b) & ~m));\n" \
+    "}\n" \
+    "KI double kpickd(uint64_t m, double a, double b) {\n" \
+    "  return kbf64((kf64bits(a) & m) | (kf64bits(b) & ~m));\n" \
+    "}\n" \
+    "KI float kmaxf(float a, float b) {\n" \
+    "  float m = a < b ? b : a; m = kpickf(knanm(b), b, m); return kpickf(knanm(a), a, m);\n" \
+    "}\n" \
+    "KI float kminf(float a, float b) {\n" \
+    "  float m = b < a ? b : a; m = kpickf(knanm(b), b, m); return kpickf(knanm(a), a, m);\n" \
+    "}\n" \
+    "KI double kmaxd(double a, double b) {\n" \
+    "  double m = a < b ? b : a; m = kpickd(knanmd(b), b, m); return kpickd(knanmd(a), a, m);\n" \
+    "}\n" \
+    "KI double kmind(double a, double b) {\n" \
+    "  double m = b < a ? b : a; m = kpickd(knanmd(b), b, m); return kpickd(knanmd(a), a, m);\n" \
+    "}\n" \
     "KI float kclampf(float l, float x, float h) {\n" \
-    "  if (l != l) return l; if (x != x) return x; if (h != h) return h;\n" \
-    "  float y = x < l ? l : x; return y < h ? y : h;\n" \
+    "  float y = x < l ? l : x; y = y < h ? y : h;\n" \
+    "  y = kpickf(knanm(h), h, y); y = kpickf(knanm(x), x, y); return kpickf(knanm(l), l, y);\n" \
     "}\n" \
     "KI double kclampd(double l, double x, double h) {\n" \
-    "  if (l != l) return l; if (x != x) return x; if (h != h) return h;\n" \
-    "  double y = x < l ? l : x; return y < h ? y : h;\n" \
+    "  double y = x < l ? l : x; y = y < h ? y : h;\n" \
+    "  y = kpickd(knanmd(h), h, y); y = kpickd(knanmd(x), x, y);\n" \
+    "  return kpickd(knanmd(l), l, y);\n" \
     "}\n" \
     "KI int64_t kclampi(int64_t v, int64_t hi) { return v < 0 ? 0 : v > hi ? hi : v; }\n" \
     "KI int64_t kf2s(double x, int w) {\n" \
