@@ -56,10 +56,10 @@ static kiln_literal *new_param(const kiln_module *m, uint32_t i) {
   kiln_literal *l = NULL;
   kiln_status st;
   kiln_status_clear(&st);
-  ck_assert_int_eq(
-      kiln_literal_create(NULL, &kiln_computation_param(m, kiln_module_entry(m), i)->shape, 0, &l,
-                          &st),
-      0);
+  ck_assert_int_eq(kiln_literal_create(NULL,
+                                       &kiln_computation_param(m, kiln_module_entry(m), i)->shape,
+                                       0, &l, &st),
+                   0);
   return l;
 }
 
@@ -73,8 +73,8 @@ typedef struct leaf_tol {
 /* Compares leaf k of got and want element by element: narrow floats
  * within tol (NaN matching NaN, any sign; otherwise the same bits when
  * tol is 0), other types bit for bit. */
-static void check_leaf(const kiln_literal *got, const kiln_literal *want, uint32_t k,
-                       leaf_tol tol, const char *what) {
+static void check_leaf(const kiln_literal *got, const kiln_literal *want, uint32_t k, leaf_tol tol,
+                       const char *what) {
   kiln_dtype t = want->shape.dtype;
   ck_assert_int_eq(got->shape.dtype, t);
   int64_t n = kiln_literal_elements(want), off = 0;
@@ -90,20 +90,22 @@ static void check_leaf(const kiln_literal *got, const kiln_literal *want, uint32
       off += d != 0;
     } else if (t == KILN_F32 || t == KILN_F64) {
       double g = kiln_literal_get_f64(got, i), w = kiln_literal_get_f64(want, i);
-      bool same = isnan(w) ? isnan(g) : memcmp((const uint8_t *)got->data + i * es,
-                                               (const uint8_t *)want->data + i * es, es) == 0;
+      bool same = isnan(w) ? isnan(g)
+                           : memcmp((const uint8_t *)got->data + i * es,
+                                    (const uint8_t *)want->data + i * es, es) == 0;
       ck_assert_msg(same, "%s, result %u element %lld: %a, the interpreter %a", what, k,
                     (long long)i, g, w);
     } else {
-      ck_assert_msg(memcmp((const uint8_t *)got->data + i * es, (const uint8_t *)want->data + i * es,
-                           es) == 0,
+      ck_assert_msg(memcmp((const uint8_t *)got->data + i * es,
+                           (const uint8_t *)want->data + i * es, es) == 0,
                     "%s, result %u element %lld: %llu, the interpreter %llu", what, k, (long long)i,
                     (unsigned long long)kiln_literal_get_u64(got, i),
                     (unsigned long long)kiln_literal_get_u64(want, i));
     }
   }
-  ck_assert_msg(off <= tol.max_off, "%s, result %u: %lld of %lld elements off by a unit (at most %lld)",
-                what, k, (long long)off, (long long)n, (long long)tol.max_off);
+  ck_assert_msg(off <= tol.max_off,
+                "%s, result %u: %lld of %lld elements off by a unit (at most %lld)", what, k,
+                (long long)off, (long long)n, (long long)tol.max_off);
 }
 
 /* Compiles hlo at opt level 0 and 2, runs it on args with the harness and
@@ -137,7 +139,7 @@ static void run_both(const char *hlo, kiln_literal *const *args, uint32_t nargs,
 /* ---- unary ops over every bit pattern ----------------------------------- */
 
 typedef struct unop {
-  const char *hlo; /* "%s" for the operand */
+  const char *hlo;  /* "%s" for the operand */
   const char *type; /* result type, NULL: the operand's */
   uint32_t ulps;
 } unop;
@@ -246,7 +248,7 @@ static void binary_inputs(const fmt *f, uint16_t *x, uint16_t *y, int64_t n) {
       double k = (double)(2 * (int)(rng(&s) % 3) + 1);
       y[i] = h_bits(f, (rng(&s) & 1 ? -1 : 1) * k * half);
       if (h_val(f, y[i]) == 0) y[i] = 1; /* below the subnormals: the smallest */
-    } else if (kind == 3) { /* (2^P-1 + odd) * 3: a product one bit too long */
+    } else if (kind == 3) {              /* (2^P-1 + odd) * 3: a product one bit too long */
       int P = f->mb + 1;
       double m1 = ldexp(1.0, P - 1) + (double)(2 * (rng(&s) % (1u << (P - 2))) + 1);
       int e1 = (int)(rng(&s) % 12) - 6, e2 = (int)(rng(&s) % 12) - 6;
@@ -274,8 +276,8 @@ START_TEST(binary_ties_overflow_chains) {
   const fmt *f = &fmts[_i];
   enum { NB = 16384 };
   const char *t = f->name;
-  static const char *const bin[] = {"add",       "subtract", "multiply", "divide", "remainder",
-                                    "maximum",   "minimum",  "atan2",    "power"};
+  static const char *const bin[] = {"add",     "subtract", "multiply", "divide", "remainder",
+                                    "maximum", "minimum",  "atan2",    "power"};
   enum { NBIN = sizeof bin / sizeof bin[0] };
   static const char *const dirs[] = {"EQ", "NE", "GE", "GT", "LE", "LT"};
   kiln_sbuf b = KILN_SBUF_INIT, shapes = KILN_SBUF_INIT, names = KILN_SBUF_INIT;
@@ -284,11 +286,11 @@ START_TEST(binary_ties_overflow_chains) {
                    "  b = %s[%d] parameter(1)\n  p = pred[%d] parameter(2)\n",
                    t, NB, t, NB, NB);
   int k = 0;
-#define OUT(ty)                                                                                    \
-  do {                                                                                             \
-    kiln_sbuf_printf(&shapes, "%s%s[%d]", k ? ", " : "", ty, NB);                                  \
-    kiln_sbuf_printf(&names, "%sr%d", k ? ", " : "", k);                                           \
-    k++;                                                                                           \
+#define OUT(ty) \
+  do { \
+    kiln_sbuf_printf(&shapes, "%s%s[%d]", k ? ", " : "", ty, NB); \
+    kiln_sbuf_printf(&names, "%sr%d", k ? ", " : "", k); \
+    k++; \
   } while (0)
   for (int i = 0; i < NBIN; i++) {
     kiln_sbuf_printf(&b, "  r%d = %s[%d] %s(a, b)\n", k, t, NB, bin[i]);
@@ -343,7 +345,8 @@ START_TEST(binary_ties_overflow_chains) {
     cg_execute(e, args, &got);
     char w[64];
     snprintf(w, sizeof w, "%s at opt level %d", t, opt);
-    for (int i = 0; i < k - 1; i++) check_leaf(got->elems[i], want->elems[i], (uint32_t)i, tols[i], w);
+    for (int i = 0; i < k - 1; i++)
+      check_leaf(got->elems[i], want->elems[i], (uint32_t)i, tols[i], w);
     int64_t off = 0;
     for (int i = 0; i < NB; i++) {
       uint16_t g = h_bits(f, kiln_literal_get_f64(got->elems[k - 1], i));
@@ -395,14 +398,15 @@ START_TEST(convert_boundaries) {
   int32_t *iv = args[2]->data;
   for (uint32_t h = 0; h <= f->maxfin; h++) {
     double lo = h_val(f, (uint16_t)h);
-    double hi = h == f->maxfin ? lo + (lo - h_val(f, (uint16_t)(h - 1))) : h_val(f, (uint16_t)(h + 1));
+    double hi =
+        h == f->maxfin ? lo + (lo - h_val(f, (uint16_t)(h - 1))) : h_val(f, (uint16_t)(h + 1));
     double mid = (lo + hi) / 2;
     for (int sg = 0; sg < 2; sg++) {
       double q = sg ? -1 : 1;
       double v[6] = {mid, mid * (1 + 0x1p-40), mid * (1 - 0x1p-40), lo, mid, mid};
       float fm = (float)mid;
-      float fv[6] = {fm, nextafterf(fm, INFINITY), nextafterf(fm, 0), (float)lo,
-                     nextafterf((float)lo, INFINITY), (float)hi};
+      float fv[6] = {fm,        nextafterf(fm, INFINITY),        nextafterf(fm, 0),
+                     (float)lo, nextafterf((float)lo, INFINITY), (float)hi};
       for (int k = 0; k < per; k++) {
         d[n] = q * v[k];
         s[n] = (float)q * fv[k];
