@@ -49,17 +49,22 @@ static void widen(kiln__cpu_pool *pool, const uint16_t *src, float *dst, uint64_
   if (n) kiln__cpu_pool_run(pool, widen_chunk, &j, (n + j.chunk - 1) / j.chunk);
 }
 
-/* Elements of a [batch, rows, cols] view with leading dimension ld. */
-static uint64_t extent(int64_t batch, int64_t rows, int64_t ld, int64_t stride) {
-  if (batch == 0 || rows == 0) return 0;
-  return (uint64_t)((batch - 1) * stride + (rows - 1) * ld + ld);
+/* Elements spanned by a [batch, rows, cols] view with leading dimension
+ * ld and batch stride `stride` (the load checked that they lie in the
+ * slot), up to the last element of its last row. */
+static uint64_t extent(int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride) {
+  if (batch == 0 || rows == 0 || cols == 0) return 0;
+  return (uint64_t)((batch - 1) * stride + (rows - 1) * ld + cols);
 }
 
 static bool run_widened(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
                         void *c, const kiln__cpu_epilogue *epi) {
-  uint64_t na = extent(g->batch, g->trans_a ? g->k : g->m, g->lda, g->stride_a);
-  uint64_t nb = extent(g->batch, g->trans_b ? g->n : g->k, g->ldb, g->stride_b);
-  float *fa = kiln_malloc((na ? na : 1) * sizeof *fa), *fb = kiln_malloc((nb ? nb : 1) * sizeof *fb);
+  uint64_t na =
+      extent(g->batch, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, g->stride_a);
+  uint64_t nb =
+      extent(g->batch, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, g->stride_b);
+  float *fa = kiln_malloc((na ? na : 1) * sizeof *fa),
+        *fb = kiln_malloc((nb ? nb : 1) * sizeof *fb);
   bool ok = fa && fb;
   if (ok) {
     widen(pool, a, fa, na);
@@ -143,8 +148,8 @@ static uint32_t nplans;
 static pthread_mutex_t plans_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static bool same_gemm(const kiln_gemm *x, const kiln_gemm *y) {
-  return x->batch == y->batch && x->m == y->m && x->n == y->n && x->k == y->k &&
-         x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc && x->stride_a == y->stride_a &&
+  return x->batch == y->batch && x->m == y->m && x->n == y->n && x->k == y->k && x->lda == y->lda &&
+         x->ldb == y->ldb && x->ldc == y->ldc && x->stride_a == y->stride_a &&
          x->stride_b == y->stride_b && x->stride_c == y->stride_c && x->trans_a == y->trans_a &&
          x->trans_b == y->trans_b;
 }
@@ -259,8 +264,8 @@ static void epi_all(kiln__cpu_pool *pool, const kiln_gemm *g, const kiln__cpu_ep
   kiln__cpu_pool_run(pool, epi_chunk, &j, (uint64_t)((n + j.chunk - 1) / j.chunk));
 }
 
-int kiln__cpu_bgemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
-                    void *c, const kiln__cpu_epilogue *epi) {
+int kiln__cpu_bgemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b, void *c,
+                    const kiln__cpu_epilogue *epi) {
   if (g->batch == 0 || g->m == 0 || g->n == 0) return 0;
   if (g->k > 0 && run_dnnl(g, a, b, c)) {
     if (epi) epi_all(pool, g, epi);
