@@ -396,6 +396,20 @@ def w_linalg_slogdet_batched(rng):
     return f, [uni(rng, 512, 8, 8)]
 
 
+def w_half_act_norm(rng):
+    """f16 and bf16 elementwise work: a GELU/SiLU mix in f16 and a layernorm
+    in bf16 (means and variances accumulated in f32, as jnp upcasts them)."""
+    def f(x, g):
+        h = x.astype(jnp.float16)
+        a = jax.nn.gelu(h) + jax.nn.silu(h) * jnp.cos(h) - jnp.sqrt(jnp.abs(h) + 1)
+        z = x.astype(jnp.bfloat16)
+        m = jnp.mean(z, axis=-1, keepdims=True)
+        v = jnp.mean(jnp.square(z - m), axis=-1, keepdims=True)
+        n = (z - m) * lax.rsqrt(v + 1e-5) * g.astype(jnp.bfloat16)
+        return a.astype(jnp.float32), jnp.exp(n).astype(jnp.float32)
+    return f, [uni(rng, 1024, 1024, scale=3.0), uni(rng, 1024)]
+
+
 WORKLOADS = {
     "chain": ("10-op elementwise chain, 16M f32", w_chain),
     "dot": ("dot 2048x2048 f32", w_dot),
@@ -426,6 +440,8 @@ WORKLOADS = {
     "linalg_eigh": ("eigh of 256x256 + V diag(w+) V^T", w_linalg_eigh),
     "linalg_svd": ("reduced SVD of 256x128 + rank-16 reconstruction", w_linalg_svd),
     "linalg_slogdet_batched": ("slogdet and inv of 512 matrices of 8x8", w_linalg_slogdet_batched),
+    "half_act_norm": ("f16 GELU/SiLU/cos mix and bf16 layernorm + exp over 1024x1024",
+                      w_half_act_norm),
 }
 
 

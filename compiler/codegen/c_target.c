@@ -13,6 +13,7 @@
 
 #include "compiler/codegen/c_target.h"
 #include "compiler/codegen/prelude_body.h"
+#include "compiler/codegen/prelude_half.h"
 
 /* Helpers every kernel may use (emit.h: KILN__PRELUDE_HELPERS). */
 static const char prelude[] =
@@ -105,6 +106,8 @@ static const char prelude[] =
     "#else\n"
     "#define KWIDE\n"
     "#endif\n" KILN__PRELUDE_BODY
+        /* f16 and bf16 held in f32 (prelude_half.h) */
+        KILN__PRELUDE_HALF
     /* complex values (the C target only) are computed in double _Complex;
      * c64 ones rounded to float parts after every op (kc64r), as the
      * interpreter rounds */

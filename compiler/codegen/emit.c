@@ -317,16 +317,16 @@ const char *kiln__stype(const kiln__emit_mod *mod, kiln_dtype t) {
 void kiln__emit_load_expr(kiln_dtype t, uint32_t arg, const char *off, char *dst, size_t size) {
   switch (t) {
   case KILN_PRED: snprintf(dst, size, "(uint8_t)(b%u[%s] != 0)", arg, off); break;
-  case KILN_F16: snprintf(dst, size, "kh2d(b%u[%s])", arg, off); break;
-  case KILN_BF16: snprintf(dst, size, "kb2d(b%u[%s])", arg, off); break;
+  case KILN_F16: snprintf(dst, size, "kh2f(b%u[%s])", arg, off); break;
+  case KILN_BF16: snprintf(dst, size, "kb2f(b%u[%s])", arg, off); break;
   default: snprintf(dst, size, "b%u[%s]", arg, off); break;
   }
 }
 
 void kiln__emit_store_expr(kiln_dtype t, const char *v, char *dst, size_t size) {
   switch (t) {
-  case KILN_F16: snprintf(dst, size, "kd2h(%s)", v); break;
-  case KILN_BF16: snprintf(dst, size, "kd2b(%s)", v); break;
+  case KILN_F16: snprintf(dst, size, "kf2h(%s)", v); break;
+  case KILN_BF16: snprintf(dst, size, "kf2b(%s)", v); break;
   default: snprintf(dst, size, "%s", v); break;
   }
 }
@@ -352,7 +352,7 @@ void kiln__emit_literal(const kiln__emit_mod *mod, kiln_dtype t, const kiln_lite
     if (t == KILN_F16 || t == KILN_BF16) {
       uint16_t h;
       memcpy(&h, p, 2);
-      snprintf(dst, size, "%s(0x%04x)", t == KILN_F16 ? "kh2d" : "kb2d", h);
+      snprintf(dst, size, "%s(0x%04x)", t == KILN_F16 ? "kh2f" : "kb2f", h);
     } else if (t == KILN_F32) {
       uint32_t u;
       memcpy(&u, p, 4);

@@ -14,7 +14,13 @@
  * physical shape, or a C variable (the parameters of a scalar function).
  *
  * Arithmetic follows XLA and the reference interpreter: f16/bf16 are
- * computed in double and rounded to nearest even after every op; f32 exp,
+ * held in f32, and every op's f32 result is rounded to nearest even back to
+ * the narrow type (no excess precision is carried from one op to the next:
+ * for + - * / sqrt that is the correctly rounded result, f32 having more
+ * than twice the bits plus two; exp, log, log1p, expm1, tanh, logistic,
+ * erf, sin, cos, tan and rsqrt come within 1 unit of the narrow type of the
+ * interpreter's, tests/support/tolerance.h; the rest are computed in double
+ * and rounded once, bit-equal to the interpreter); f32 exp,
  * log, log1p, expm1, tanh, logistic and erf are computed in f32 by the
  * prelude's vectorizable helpers, within the ULP bounds listed below (as
  * XLA's CPU backend does; the other f32 transcendentals are computed in
@@ -164,9 +170,8 @@ int kiln__emit_memo_put(kiln__emit_fn *f, kiln_id id, const kiln__ix *x, const u
 
 /* Whether code generation computes on this element type. */
 bool kiln__emit_dtype_ok(kiln_dtype t);
-/* The target's spelling of t's compute type ("float"; "double" for
- * f16/bf16) and storage type ("uint16_t" for f16/bf16); that of u8 for a
- * type the emitter does not compute on. */
+/* The target's spelling of t's compute type ("float", f16/bf16 too) and storage type ("uint16_t"
+ * for f16/bf16); that of u8 for a type the emitter does not compute on. */
 const char *kiln__ctype(const kiln__emit_mod *mod, kiln_dtype t);
 const char *kiln__stype(const kiln__emit_mod *mod, kiln_dtype t);
 /* Loads element `off` of buffer b<arg> as a compute value expression. */
@@ -219,7 +224,7 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  * Bits and values (exact):
  *   kbf32, kbf64      the float/double whose IEEE-754 bit pattern is u.
  *   kf32bits, kf64bits  the bit pattern of f (NaN payloads kept).
- * f16 and bf16, held in double while computed:
+ * f16 and bf16 in double (conversions from and to double, reduce-precision):
  *   kh2d   binary16 bits -> its exact value; exponent 31 with a nonzero
  *          mantissa -> a quiet NaN, else +-infinity; subnormals exact; the
  *          sign bit applies to every result, NaN and zero included.
@@ -245,7 +250,22 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *   kd2b   a bf16 value (a result of krb or kb2d) -> its bfloat16 bits: the
  *          upper half of (float)x's bits; any NaN -> 0xffc0 when its sign
  *          is set, else 0x7fc0.
- * Float operations (a and b of the helper's type; double for f16/bf16):
+ * f16 and bf16 held in f32 while computed (prelude_half.h; branch-free, so
+ * the loops calling them vectorize):
+ *   kh2f   binary16 bits -> its exact value as a float (kh2d's value); a
+ *          NaN pattern -> the quiet NaN 0x7fc00000 with the sign bit.
+ *   kb2f   bfloat16 bits -> its exact value (the f32 whose upper half the
+ *          bits are); a NaN pattern -> the quiet NaN 0x7fc00000 with the
+ *          sign bit.
+ *   krhf   a float rounded to the nearest f16 value (ties to even), as a
+ *          float: krh((double)x) for every x (subnormals at quantum 2^-24,
+ *          |x| >= 65520 -> infinity); a NaN stays a NaN of its sign.
+ *   kf2h   an f16 value held in a float (a result of krhf or kh2f) -> its
+ *          binary16 bits, as kd2h: any NaN -> sign | 0x7e00.
+ *   kf2b   a bf16 value held in a float (a result of krbf or kb2f) -> its
+ *          bfloat16 bits, as kd2b: any NaN -> 0xffc0 when its sign is set,
+ *          else 0x7fc0.
+ * Float operations (a and b of the helper's type):
  *   ktot   total-order key of x: the bit pattern as int64_t, with the
  *          magnitude bits inverted when negative, so that signed integer
  *          comparison orders -NaN < -inf < ... < -0 < +0 < ... < inf < NaN.
@@ -347,6 +367,11 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(krbf, "float krbf(float x)") \
   X(kd2h, "uint16_t kd2h(double x)") \
   X(kd2b, "uint16_t kd2b(double x)") \
+  X(kh2f, "float kh2f(uint16_t h)") \
+  X(kb2f, "float kb2f(uint16_t h)") \
+  X(krhf, "float krhf(float x)") \
+  X(kf2h, "uint16_t kf2h(float x)") \
+  X(kf2b, "uint16_t kf2b(float x)") \
   X(ktot, "int64_t ktot(double x)") \
   X(ksign, "double ksign(double x)") \
   X(ksignf, "float ksignf(float x)") \

@@ -1,9 +1,15 @@
 /* Elementwise ops as C expressions, with the reference interpreter's
  * semantics (compiler/eval/interp_elementwise.c): one rounding per op for
- * floats (f16/bf16 computed in double then rounded by krh/krb; f32
- * transcendentals computed in double and rounded once), except the f32
- * exp/log/log1p/expm1/tanh/logistic/erf, computed in f32 by the prelude's
- * vectorizable helpers within a few ULP (emit.h); integer arithmetic
+ * floats (f32 transcendentals computed in double and rounded once), except
+ * the f32 exp/log/log1p/expm1/tanh/logistic/erf, computed in f32 by the
+ * prelude's vectorizable helpers within a few ULP (emit.h). f16 and bf16
+ * are held in f32 and computed as XLA's CPU backend computes them: the op
+ * in f32 (the same helpers), its result rounded to nearest even back to
+ * the narrow type by krhf/krbf before the next op reads it; + - * / sqrt
+ * so come out correctly rounded, bit-equal to the interpreter's, and the
+ * transcendentals within 1 unit of the narrow type; the few ops with no
+ * f32 helper (cbrt, atan2, power) are computed in double and rounded once
+ * (krh/krb), as the interpreter does; integer arithmetic
  * in unsigned types so that it wraps without undefined behaviour, and
  * XLA's edges (x/0 = -1, INT_MIN/-1 = INT_MIN, x%0 = x, shifts past the
  * width, saturating float->int conversion with NaN -> 0, NaN-propagating
@@ -19,6 +25,9 @@
 typedef kiln_dtype dt;
 
 static bool is_f(dt t) { return t == KILN_F16 || t == KILN_BF16 || t == KILN_F32 || t == KILN_F64; }
+static bool is_half(dt t) { return t == KILN_F16 || t == KILN_BF16; }
+/* Computed in float: f32, and f16/bf16 held in f32. */
+static bool in_f32(dt t) { return t == KILN_F32 || is_half(t); }
 static bool is_s(dt t) { return kiln_dtype_is_signed_int(t); }
 
 /* Unsigned type arithmetic on t is carried out in (never narrower than int,
@@ -35,12 +44,22 @@ static const char *uwidth(dt t) {
   }
 }
 
-/* Rounds a double expression to float type t: "krh(e)". */
+/* Rounds a double expression to float type t, as t's compute value:
+ * "(float)krh(e)" (one rounding, straight from double). */
 static void fround(dt t, const char *e, char *dst, size_t n) {
   switch (t) {
-  case KILN_F16: snprintf(dst, n, "krh(%s)", e); break;
-  case KILN_BF16: snprintf(dst, n, "krb(%s)", e); break;
+  case KILN_F16: snprintf(dst, n, "(float)krh(%s)", e); break;
+  case KILN_BF16: snprintf(dst, n, "(float)krb(%s)", e); break;
   case KILN_F32: snprintf(dst, n, "(float)(%s)", e); break;
+  default: snprintf(dst, n, "(%s)", e); break;
+  }
+}
+
+/* Rounds a float expression to f32, f16 or bf16: "krhf(e)". */
+static void fround_f(dt t, const char *e, char *dst, size_t n) {
+  switch (t) {
+  case KILN_F16: snprintf(dst, n, "krhf(%s)", e); break;
+  case KILN_BF16: snprintf(dst, n, "krbf(%s)", e); break;
   default: snprintf(dst, n, "(%s)", e); break;
   }
 }
@@ -57,7 +76,7 @@ static void iwrap(const kiln__emit_fn *f, dt t, const char *e, char *dst, size_t
 
 /* Ops exact in the operand's own type (no rounding needed). */
 static const char *float_exact_unary(kiln_opcode op, dt t) {
-  bool f = t == KILN_F32;
+  bool f = in_f32(t);
   switch (op) {
   case KILN_OP_ABS: return f ? "fabsf" : "fabs";
   case KILN_OP_CEIL: return f ? "ceilf" : "ceil";
@@ -71,7 +90,8 @@ static const char *float_exact_unary(kiln_opcode op, dt t) {
   }
 }
 
-/* f32 ops computed in f32 by the prelude (emit.h gives their ULP bounds). */
+/* f32 ops computed in f32 by the prelude (emit.h gives their ULP bounds);
+ * for f16/bf16 too, the result rounded to the narrow type. */
 static const char *float_f32_unary(kiln_opcode op) {
   switch (op) {
   case KILN_OP_ERF: return "kerff";
@@ -116,12 +136,21 @@ static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, 
     snprintf(dst, n, "(%s(%s))", fn, a);
     return 0;
   }
-  if (op == KILN_OP_SQRT && t == KILN_F32) {
-    snprintf(dst, n, "sqrtf(%s)", a);
+  if (op == KILN_OP_SQRT && in_f32(t)) {
+    snprintf(e, sizeof e, "sqrtf(%s)", a);
+    fround_f(t, e, dst, n);
     return 0;
   }
-  if (t == KILN_F32 && (fn = float_f32_unary(op))) {
-    snprintf(dst, n, "%s(%s)", fn, a);
+  if (in_f32(t) && (fn = float_f32_unary(op))) {
+    snprintf(e, sizeof e, "%s(%s)", fn, a);
+    fround_f(t, e, dst, n);
+    return 0;
+  }
+  if (op == KILN_OP_RSQRT && is_half(t)) {
+    /* in double, vectorizable; the f32 rounding on the way is a second
+     * one only for a result within 2^-25 of a narrow midpoint */
+    snprintf(e, sizeof e, "(float)krsqrt((double)%s)", a);
+    fround_f(t, e, dst, n);
     return 0;
   }
   if ((fn = float_double_unary(op))) {
@@ -140,7 +169,7 @@ static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, 
                     : t == KILN_F64 ? "krpd"
                     : t == KILN_F16 ? "krph"
                                     : "krpb";
-    snprintf(dst, n, "%s(%s, %lld, %lld)", h, a, eb, mb);
+    snprintf(dst, n, "%s%s(%s, %lld, %lld)", is_half(t) ? "(float)" : "", h, a, eb, mb);
     return 0;
   }
   return kiln__emit_fail(f, ins, KILN_EINVAL, "%s %s: not defined on floating-point values",
@@ -149,7 +178,7 @@ static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, 
 
 static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, const char *a,
                         const char *b, dt t, char *dst, size_t n) {
-  bool f32 = t == KILN_F32;
+  bool f32 = in_f32(t);
   char e[512];
   const char *sym = NULL;
   switch (op) {
@@ -160,7 +189,7 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
   case KILN_OP_MAXIMUM: snprintf(dst, n, "%s(%s, %s)", f32 ? "kmaxf" : "kmaxd", a, b); return 0;
   case KILN_OP_MINIMUM: snprintf(dst, n, "%s(%s, %s)", f32 ? "kminf" : "kmind", a, b); return 0;
   case KILN_OP_REMAINDER:
-    if (f32) {
+    if (f32) { /* exact: fmod's result is representable in the operands' type */
       snprintf(dst, n, "fmodf(%s, %s)", a, b);
       return 0;
     }
@@ -175,16 +204,20 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
   /* x / y with y the same over a row (softmax's sum): one divide a row,
    * a multiply an element (within 1.5 ulp of the quotient), unless 1 / y
    * is subnormal (flushed to 0); GCC unswitches the loop on the test. */
-  if (op == KILN_OP_DIVIDE && f32 && f->row_invariant && ins->noperands == 2 &&
+  if (op == KILN_OP_DIVIDE && t == KILN_F32 && f->row_invariant && ins->noperands == 2 &&
       f->row_invariant[ins->operands[1]]) {
     snprintf(dst, n, "(fabsf(%s) < 0x1p126f ? %s * (1.0f / %s) : %s / %s)", b, a, b, a, b);
     return 0;
   }
-  if (sym && (f32 || t == KILN_F64)) {
+  if (sym && (t == KILN_F32 || t == KILN_F64)) {
     snprintf(dst, n, "(%s %s %s)", a, sym, b);
     return 0;
   }
-  if (sym) snprintf(e, sizeof e, "%s %s %s", a, sym, b);
+  if (sym) { /* f16/bf16: in f32, correctly rounded to the narrow type */
+    snprintf(e, sizeof e, "%s %s %s", a, sym, b);
+    fround_f(t, e, dst, n);
+    return 0;
+  }
   fround(t, e, dst, n);
   return 0;
 }
@@ -299,8 +332,8 @@ static int int_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
 /* The bits of a compute value of type t, as an unsigned of t's width. */
 static void to_bits(dt t, const char *a, char *dst, size_t n) {
   switch (t) {
-  case KILN_F16: snprintf(dst, n, "kd2h(%s)", a); break;
-  case KILN_BF16: snprintf(dst, n, "kd2b(%s)", a); break;
+  case KILN_F16: snprintf(dst, n, "kf2h(%s)", a); break;
+  case KILN_BF16: snprintf(dst, n, "kf2b(%s)", a); break;
   case KILN_F32: snprintf(dst, n, "kf32bits(%s)", a); break;
   case KILN_F64: snprintf(dst, n, "kf64bits(%s)", a); break;
   default: snprintf(dst, n, "(%s)%s", uwidth(t), a); break;
@@ -309,8 +342,8 @@ static void to_bits(dt t, const char *a, char *dst, size_t n) {
 
 static void from_bits(const kiln__emit_fn *f, dt t, const char *a, char *dst, size_t n) {
   switch (t) {
-  case KILN_F16: snprintf(dst, n, "kh2d((uint16_t)%s)", a); break;
-  case KILN_BF16: snprintf(dst, n, "kb2d((uint16_t)%s)", a); break;
+  case KILN_F16: snprintf(dst, n, "kh2f((uint16_t)%s)", a); break;
+  case KILN_BF16: snprintf(dst, n, "kb2f((uint16_t)%s)", a); break;
   case KILN_F32: snprintf(dst, n, "kbf32((uint32_t)%s)", a); break;
   case KILN_F64: snprintf(dst, n, "kbf64((uint64_t)%s)", a); break;
   case KILN_PRED: snprintf(dst, n, "(uint8_t)(%s != 0)", a); break;
@@ -365,7 +398,7 @@ int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char 
   if (!is_f(to)) {
     if (!is_f(from)) {
       snprintf(dst, n, "(%s)%s", kiln__ctype(f->mod, to), a);
-    } else if (is_s(to) && from == KILN_F32 && kiln_dtype_bits(to) <= 32) {
+    } else if (is_s(to) && in_f32(from) && kiln_dtype_bits(to) <= 32) {
       snprintf(dst, n, "(%s)kf2sf(%s, %d)", kiln__ctype(f->mod, to), a, kiln_dtype_bits(to));
     } else if (is_s(to)) {
       snprintf(dst, n, "(%s)kf2s((double)%s, %d)", kiln__ctype(f->mod, to), a, kiln_dtype_bits(to));
@@ -381,17 +414,20 @@ int kiln__emit_convert_expr(kiln__emit_fn *f, const kiln_instr *ins, const char 
     else if (to == KILN_F32)
       snprintf(dst, n, "(float)%s", a);
     else {
-      snprintf(e, sizeof e, "(double)(float)%s", a);
-      fround(to, e, dst, n);
+      snprintf(e, sizeof e, "(float)%s", a);
+      fround_f(to, e, dst, n);
     }
     return 0;
   }
-  if (from == KILN_F32 && to == KILN_BF16) {
-    snprintf(dst, n, "(double)krbf(%s)", a); /* krb((double)a), vectorizable */
+  if (to == KILN_F64) {
+    snprintf(dst, n, "(double)%s", a);
     return 0;
   }
-  snprintf(e, sizeof e, "(double)%s", a);
-  fround(to, e, dst, n);
+  if (from != KILN_F64) { /* between f32, f16 and bf16: one rounding from f32 */
+    fround_f(to, a, dst, n);
+    return 0;
+  }
+  fround(to, a, dst, n); /* from f64: one rounding, straight from double */
   (void)ins;
   return 0;
 }
@@ -420,7 +456,7 @@ static int compare(kiln__emit_fn *f, const kiln_instr *ins, const char *const *a
 static int clamp(const char *const *a, dt t, char *dst, size_t n) {
   const char *lo = a[0], *x = a[1], *hi = a[2];
   if (is_f(t))
-    snprintf(dst, n, "%s(%s, %s, %s)", t == KILN_F32 ? "kclampf" : "kclampd", lo, x, hi);
+    snprintf(dst, n, "%s(%s, %s, %s)", in_f32(t) ? "kclampf" : "kclampd", lo, x, hi);
   else
     snprintf(dst, n, "(%s < %s ? (%s < %s ? %s : %s) : (%s < %s ? %s : %s))", x, lo, lo, hi, lo, hi,
              x, hi, x, hi);

@@ -646,10 +646,10 @@ static bool gemm_view_ok(int64_t batch, int64_t rows, int64_t cols, int64_t ld, 
 
 static int check_gemm(const kiln_executable *e, const kiln_step *s, uint32_t p) {
   const kiln_gemm *g = &s->gemm;
-  bool i8 = g->dtype == KILN_S8 || g->dtype == KILN_U8;
-  if (g->dtype != KILN_F32 && g->dtype != KILN_F64 && !i8) return -1;
-  if (i8 && s->nargs != 3) return -1; /* no epilogue */
-  uint64_t es = kiln_dtype_size(g->dtype), esc = i8 ? 4 : es;
+  bool i8 = g->dtype == KILN_S8 || g->dtype == KILN_U8, bf = g->dtype == KILN_BF16;
+  if (g->dtype != KILN_F32 && g->dtype != KILN_F64 && !i8 && !bf) return -1;
+  if (i8 && s->nargs != 3) return -1;                               /* no epilogue */
+  uint64_t es = kiln_dtype_size(g->dtype), esc = i8 || bf ? 4 : es; /* C: s32, f32 */
   int64_t ar = g->trans_a ? g->k : g->m, ac = g->trans_a ? g->m : g->k;
   int64_t br = g->trans_b ? g->n : g->k, bc = g->trans_b ? g->k : g->n;
   if (!gemm_view_ok(g->batch, ar, ac, g->lda, g->stride_a, es, slot_size(e, s->args[0])) ||

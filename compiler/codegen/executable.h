@@ -133,7 +133,7 @@ typedef struct kiln_coll {
  * as s32 does), alpha 1, beta 0, no epilogue; on CPU through oneDNN's int8
  * matmul (executor/cpu/cpu_igemm.c). */
 typedef struct kiln_gemm {
-  kiln_dtype dtype; /* F32, F64, S8 or U8 (others: a kernel instead) */
+  kiln_dtype dtype; /* F32, F64, S8 or U8 (C s32), BF16 (A and B bf16, C f32); others: a kernel */
   int64_t batch, m, n, k;
   int64_t lda, ldb, ldc;                /* leading dimensions, in elements */
   int64_t stride_a, stride_b, stride_c; /* between batches, in elements */

@@ -313,7 +313,7 @@ static int declare_temps(kiln__emit_fn *f, const kiln__kernel_spec *k, const kil
   for (uint32_t i = 0; i < n; i++) {
     if (pass[i] == UINT32_MAX) continue;
     kiln_dtype t = m->instrs[mem[i]]->shape.dtype;
-    if (t == KILN_F16 || t == KILN_BF16) t = KILN_F64; /* held in double */
+    if (t == KILN_F16 || t == KILN_BF16) t = KILN_F32; /* held in f32 */
     kiln_shape *ts = &(*tshape)[i];
     *ts = *s;
     ts->dtype = t;

@@ -577,8 +577,8 @@ static int sort_less_fn(kiln__codegen *g, const kiln__kernel_spec *k, const kiln
       kiln_sbuf_printf(b, "  %s c%u%c = ", kiln__ctype(&g->mod, is->dtype), q, side ? 'b' : 'a');
       switch (is->dtype) {
       case KILN_PRED: kiln_sbuf_printf(b, "(uint8_t)(in%u[%s] != 0);\n", q, off); break;
-      case KILN_F16: kiln_sbuf_printf(b, "kh2d(in%u[%s]);\n", q, off); break;
-      case KILN_BF16: kiln_sbuf_printf(b, "kb2d(in%u[%s]);\n", q, off); break;
+      case KILN_F16: kiln_sbuf_printf(b, "kh2f(in%u[%s]);\n", q, off); break;
+      case KILN_BF16: kiln_sbuf_printf(b, "kb2f(in%u[%s]);\n", q, off); break;
       default: kiln_sbuf_printf(b, "in%u[%s];\n", q, off); break;
       }
       kiln_sbuf_printf(&args, "%sc%u%c", args.len ? ", " : "", q, side ? 'b' : 'a');

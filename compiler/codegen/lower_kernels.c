@@ -224,6 +224,11 @@ bool kiln__gemm_plan(const kiln_module *m, const kiln_instr *d, kiln_gemm *g, bo
   if (d->op != KILN_OP_DOT || d->noperands != 2) return false;
   const kiln_shape *ls = &m->instrs[d->operands[0]]->shape, *rs = &m->instrs[d->operands[1]]->shape;
   kiln_dtype t = d->shape.dtype;
+  if (t == KILN_F32 && ls->dtype == KILN_BF16 && rs->dtype == KILN_BF16) {
+    if (!kiln__gemm_shape(m, d, g, swap)) return false;
+    g->dtype = KILN_BF16; /* A and B bf16, C f32 (dot_canon's bf16 GEMM) */
+    return true;
+  }
   if ((t != KILN_F32 && t != KILN_F64) || ls->dtype != t || rs->dtype != t) return false;
   return kiln__gemm_shape(m, d, g, swap);
 }

@@ -36,8 +36,9 @@ typedef enum kiln__code_kind {
   [KILN_S64] = "int64_t", [KILN_U8] = "uint8_t", [KILN_U16] = "uint16_t", [KILN_U32] = "uint32_t", \
   [KILN_U64] = "uint64_t", [KILN_F16] = HALF, [KILN_BF16] = HALF, [KILN_F32] = "float", \
   [KILN_F64] = "double"
-/* Values of f16/bf16 are computed in double; elements are their bit patterns. */
-#define KILN__CG_REAL_CTYPES KILN__CG_REAL_TYPES("double")
+/* Values of f16/bf16 are computed in f32 (each op's result rounded back to
+ * the narrow type); elements are their bit patterns. */
+#define KILN__CG_REAL_CTYPES KILN__CG_REAL_TYPES("float")
 #define KILN__CG_REAL_STYPES KILN__CG_REAL_TYPES("uint16_t")
 
 typedef struct kiln__cg_target {
@@ -68,7 +69,7 @@ typedef struct kiln__cg_target {
   /* A function counting the set bits of a uint64_t (returns an int). */
   const char *popcount64;
   /* Per element type the emitter computes on (kiln__emit_dtype_ok): the
-   * type values are computed in (ctype; f16/bf16 in double) and the type
+   * type values are computed in (ctype; f16/bf16 in float) and the type
    * of a buffer element (stype; f16/bf16 as their 16-bit patterns).
    * Entries for other types are NULL. */
   const char *ctype[KILN_DTYPE_COUNT];

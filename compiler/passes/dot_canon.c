@@ -19,7 +19,9 @@
  *    row-major `reshape` (a bitcast after layout);
  *  - bf16 and f16 operands are converted to f32, and the product
  *    accumulates in f32 (as XLA's CPU backend does); the result is
- *    converted back to the dot's type.
+ *    converted back to the dot's type. On the cpu target with oneDNN a dot
+ *    of two bf16 operands keeps them bf16 (bf16_gemm): its f32 product is
+ *    one bf16 GEMM step (exact products, f32 sums), converted back after.
  * The result is reshaped back to the dot's dims. An 8-bit integer dot
  * on the cpu target with an s8 or u8 lhs, an s8 rhs and an s32 result
  * becomes an integer GEMM in the GEMM form, its operands in their own types
@@ -327,6 +329,23 @@ static bool int8_gemm(const kiln_pass_ctx *ctx, const kiln_instr *d, const kiln_
 #endif
 }
 
+/* A dot of two bf16 operands into bf16 or f32 that the cpu backend runs as
+ * one bf16 GEMM (oneDNN's bf16 matmul, f32 accumulation; builds with
+ * oneDNN only, widened to an f32 GEMM at run time where it cannot run):
+ * the operands stay bf16, half the bytes, and the product is f32. */
+static bool bf16_gemm(const kiln_pass_ctx *ctx, const kiln_instr *d, const kiln_shape *a,
+                      const kiln_shape *b) {
+#ifdef KILN_HAVE_DNNL
+  const kiln_target *tg = ctx->target ? ctx->target : kiln_target_default();
+  kiln_dtype o = d->shape.dtype;
+  return tg && tg->backend && strcmp(tg->backend, "cpu") == 0 && a->dtype == KILN_BF16 &&
+         b->dtype == KILN_BF16 && (o == KILN_BF16 || o == KILN_F32);
+#else
+  (void)ctx, (void)d, (void)a, (void)b;
+  return false;
+#endif
+}
+
 static bool usable(const kiln_shape *s) {
   return kiln_shape_is_array(s) && !kiln_shape_is_dynamic(s) && s->rank <= MAXR &&
          kiln_shape_elements(s) > 0;
@@ -341,13 +360,14 @@ static int canon_dot(kiln_module *m, const kiln_pass_ctx *ctx, uint32_t comp, ki
   if (!usable(&a->shape) || !usable(&b->shape)) return 0;
   kiln_dtype t = gemm_type(a->shape.dtype, b->shape.dtype, d->shape.dtype);
   bool i8 = int8_gemm(ctx, d, &a->shape, &b->shape);
+  bool bf = !i8 && bf16_gemm(ctx, d, &a->shape, &b->shape);
   if (i8)
     t = KILN_S32;
   else if (exact_in_f32(d, &a->shape, &b->shape))
     t = KILN_F32;
   if (t == KILN_INVALID) return 0;
-  /* The type each operand is read in: t, or its own for an int8 GEMM. */
-  kiln_dtype ta = i8 ? a->shape.dtype : t, tb = i8 ? b->shape.dtype : t;
+  /* The type each operand is read in: t, or its own for an int8 or bf16 GEMM. */
+  kiln_dtype ta = i8 || bf ? a->shape.dtype : t, tb = i8 || bf ? b->shape.dtype : t;
   side l, r;
   if (!side_init(&l, a, kiln_instr_attr_ints(d, KILN_ATTR_LHS_BATCH_DIMS),
                  kiln_instr_attr_ints(d, KILN_ATTR_LHS_CONTRACTING_DIMS)) ||

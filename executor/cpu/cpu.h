@@ -150,6 +150,15 @@ void kiln__cpu_igemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, co
 /* Whether kiln__cpu_igemm runs g through oneDNN (tests). */
 bool kiln__cpu_igemm_uses_library(const kiln_gemm *g);
 
+/* The bf16 GEMM step (dtype BF16: A and B bf16, C f32; checked at load),
+ * then epi (NULL: none) over C: through oneDNN's bf16 matmul on a CPU with
+ * avx512_bf16, else A and B widened to f32 and the f32 GEMM step
+ * (cpu_bgemm.c). KILN_ENOMEM when the widened copies cannot be made. */
+int kiln__cpu_bgemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b, void *c,
+                    const kiln__cpu_epilogue *epi);
+/* Whether kiln__cpu_bgemm runs g through oneDNN (tests). */
+bool kiln__cpu_bgemm_uses_library(const kiln_gemm *g);
+
 /* One f32 GEMM piece of at most KILN__SMALL_GEMM_M rows, B not transposed
  * and of KILN__SMALL_GEMM_MIN_NK to KILN__SMALL_GEMM_MAX_NK elements:
  * C = alpha op(A) B + beta C (row-major, leading dimensions in elements)

@@ -287,10 +287,11 @@ static int check_gemm(const kiln_executable *e, const kiln__cpu_loaded *l, const
   if (s->nargs < 3)
     return kiln_status_set(st, KILN_EINVAL, w,
                            "gemm takes 3 slots (A, B, C) and its epilogue's, %u given", s->nargs);
-  bool i8 = g->dtype == KILN_S8 || g->dtype == KILN_U8;
-  if (g->dtype != KILN_F32 && g->dtype != KILN_F64 && !i8)
+  bool i8 = g->dtype == KILN_S8 || g->dtype == KILN_U8, bf = g->dtype == KILN_BF16;
+  if (g->dtype != KILN_F32 && g->dtype != KILN_F64 && !i8 && !bf)
     return kiln_status_set(st, KILN_EUNIMPL, w,
-                           "gemm of element type %d (f32, f64, and s8 or u8 into s32 only)",
+                           "gemm of element type %d (f32, f64, bf16 into f32, and s8 or u8 into "
+                           "s32 only)",
                            g->dtype);
   if (i8 && s->nargs != 3)
     return kiln_status_set(st, KILN_EINVAL, w, "integer gemm takes 3 slots (A, B, C), %u given",
@@ -311,7 +312,7 @@ static int check_gemm(const kiln_executable *e, const kiln__cpu_loaded *l, const
                {"B", rb, cb, g->ldb, g->stride_b},
                {"C", g->m, g->n, g->ldc, g->stride_c}};
   for (int i = 0; i < 3; i++) {
-    size_t esize = i8 && i == 2 ? 4 : kiln_dtype_size(g->dtype); /* C: s32 */
+    size_t esize = (i8 || bf) && i == 2 ? 4 : kiln_dtype_size(g->dtype); /* C: s32, f32 */
     int64_t minld = mats[i].cols > 1 ? mats[i].cols : 1;
     if (mats[i].ld < minld || mats[i].ld > INT_MAX || mats[i].stride < 0)
       return kiln_status_set(

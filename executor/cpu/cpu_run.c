@@ -123,21 +123,26 @@ static void run_kernel(run_ctx *r, const kiln_step *s, void *const *bufs) {
 
 /* ---- GEMMs -------------------------------------------------------------- */
 
-static void run_gemm(run_ctx *r, const kiln_step *s, void *const *a) {
+static int run_gemm(run_ctx *r, const kiln_step *s, void *const *a) {
   const kiln_gemm *g = &s->gemm;
   if (g->dtype == KILN_S8 || g->dtype == KILN_U8) { /* checked at load: no epilogue */
     kiln__cpu_igemm(r->l->dev->pool, g, a[0], a[1], a[2]);
-    return;
-  }
-  if (s->nargs <= 3) {
-    kiln__cpu_gemm(r->l->dev->pool, g, a[0], a[1], a[2], NULL);
-    return;
+    return 0;
   }
   /* Checked at load: range divides the elements of C, its unit divides n. */
-  kiln__cpu_epilogue epi = {.fn = r->l->kernels[s->kernel],
+  kiln__cpu_epilogue epi = {.fn = s->nargs > 3 ? r->l->kernels[s->kernel] : NULL,
                             .bufs = a + 3,
-                            .unit = g->batch * g->m * g->n / (int64_t)s->range};
-  kiln__cpu_gemm(r->l->dev->pool, g, a[0], a[1], a[2], &epi);
+                            .unit = s->nargs > 3 ? g->batch * g->m * g->n / (int64_t)s->range : 1};
+  const kiln__cpu_epilogue *e = s->nargs > 3 ? &epi : NULL;
+  if (g->dtype == KILN_BF16) {
+    if (kiln__cpu_bgemm(r->l->dev->pool, g, a[0], a[1], a[2], e))
+      return kiln_status_set(r->st, KILN_ENOMEM, "gemm",
+                             "out of memory widening bf16 operands (%lld x %lld x %lld)",
+                             (long long)g->m, (long long)g->k, (long long)g->n);
+    return 0;
+  }
+  kiln__cpu_gemm(r->l->dev->pool, g, a[0], a[1], a[2], e);
+  return 0;
 }
 
 /* ---- copies ------------------------------------------------------------- */
@@ -234,7 +239,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     int64_t t0 = r->observer ? now_ns() : 0;
     switch (s->kind) {
     case KILN_STEP_KERNEL: run_kernel(r, s, a); break;
-    case KILN_STEP_GEMM: run_gemm(r, s, a); break;
+    case KILN_STEP_GEMM: rc = run_gemm(r, s, a); break;
     case KILN_STEP_COPY: run_copy(r, a[0], a[1], s->range); break;
     case KILN_STEP_WHILE: rc = run_while(r, s, a); break;
     case KILN_STEP_CONDITIONAL: rc = run_conditional(r, s, a); break;

@@ -123,6 +123,13 @@ static inline void *cg_slot(cg_run *r, uint32_t s) {
   return NULL;
 }
 
+static inline float cg_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
 static inline void cg_gemm(const kiln_gemm *g, const void *a, const void *b, void *c) {
   for (int64_t q = 0; q < g->batch; q++)
     for (int64_t i = 0; i < g->m; i++)
@@ -139,13 +146,15 @@ static inline void cg_gemm(const kiln_gemm *g, const void *a, const void *b, voi
             iacc += (uint32_t)((const uint8_t *)a)[ai] * bv;
           else if (g->dtype == KILN_F32)
             acc += (double)((const float *)a)[ai] * ((const float *)b)[bi];
+          else if (g->dtype == KILN_BF16) /* A, B bf16 (the f32 of their upper half), C f32 */
+            acc += (double)cg_bf16(((const uint16_t *)a)[ai]) * cg_bf16(((const uint16_t *)b)[bi]);
           else
             acc += ((const double *)a)[ai] * ((const double *)b)[bi];
         }
         int64_t ci = q * g->stride_c + i * g->ldc + j;
         if (g->dtype == KILN_S8 || g->dtype == KILN_U8)
           ((int32_t *)c)[ci] = (int32_t)iacc;
-        else if (g->dtype == KILN_F32)
+        else if (g->dtype == KILN_F32 || g->dtype == KILN_BF16)
           ((float *)c)[ci] = (float)acc;
         else
           ((double *)c)[ci] = acc;

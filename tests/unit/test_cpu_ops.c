@@ -1,5 +1,6 @@
 /* The cpu backend's topk, sort, complex elementwise ops, fft and prefix
- * scans (cumulative reduce-windows) against the reference interpreter.
+ * scans (cumulative reduce-windows), int8 and bf16 matmuls against the
+ * reference interpreter.
  *
  * Each case is an HLO module generated from a seed (random dims, the
  * dimension to sort or transform, layouts, element types, k, direction),
@@ -23,6 +24,7 @@
 
 #include "common/alloc.h"
 #include "common/sbuf.h"
+#include "compiler/codegen/executable.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
 #include "executor/cpu/cpu.h"
@@ -1103,6 +1105,107 @@ START_TEST(test_igemm_library) {
 }
 END_TEST
 
+/* bf16 matmuls as JAX writes them (operands converted to bf16, the dot in
+ * bf16 or with an f32 result, a GELU-style epilogue): one bf16 GEMM step
+ * (operands kept bf16, f32 sums) in builds with oneDNN. Eighths in
+ * [-2, 2] make every product and partial sum exact in f32, so the result
+ * is the interpreter's bit for bit whatever order the GEMM sums in.
+ * Variants: weights [K, N]; [N, K]; batched [2, M, K] x [2, K, N]; an f32
+ * result. */
+static void bf16_matmul_module(kiln_sbuf *b, int variant) {
+  int64_t m = 40, k = 96, n = 72;
+  const char *rt = variant == 3 ? "f32" : "bf16";
+  kiln_sbuf_puts(b, "HloModule bm\nENTRY e {\n");
+  if (variant == 2) {
+    kiln_sbuf_printf(b,
+                     "  x = f32[2,%lld,%lld] parameter(0)  w = f32[2,%lld,%lld] parameter(1)\n"
+                     "  xb = bf16[2,%lld,%lld] convert(x)  wb = bf16[2,%lld,%lld] convert(w)\n"
+                     "  d = %s[2,%lld,%lld] dot(xb, wb), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+                     "lhs_contracting_dims={2}, rhs_contracting_dims={1}\n"
+                     "  df = f32[2,%lld,%lld] convert(d)  t = f32[2,%lld,%lld] tanh(df)\n"
+                     "  ROOT r = (%s[2,%lld,%lld], f32[2,%lld,%lld]) tuple(d, t)\n}\n",
+                     (long long)m, (long long)k, (long long)k, (long long)n, (long long)m,
+                     (long long)k, (long long)k, (long long)n, rt, (long long)m, (long long)n,
+                     (long long)m, (long long)n, (long long)m, (long long)n, rt, (long long)m,
+                     (long long)n, (long long)m, (long long)n);
+    return;
+  }
+  bool nk = variant == 1;
+  kiln_sbuf_printf(b,
+                   "  x = f32[%lld,%lld] parameter(0)  w = f32[%lld,%lld] parameter(1)\n"
+                   "  xb = bf16[%lld,%lld] convert(x)  wb = bf16[%lld,%lld] convert(w)\n"
+                   "  d = %s[%lld,%lld] dot(xb, wb), lhs_contracting_dims={1}, "
+                   "rhs_contracting_dims={%d}\n"
+                   "  df = f32[%lld,%lld] convert(d)  t = f32[%lld,%lld] tanh(df)\n"
+                   "  ROOT r = (%s[%lld,%lld], f32[%lld,%lld]) tuple(d, t)\n}\n",
+                   (long long)m, (long long)k, (long long)(nk ? n : k), (long long)(nk ? k : n),
+                   (long long)m, (long long)k, (long long)(nk ? n : k), (long long)(nk ? k : n), rt,
+                   (long long)m, (long long)n, nk ? 1 : 0, (long long)m, (long long)n, (long long)m,
+                   (long long)n, rt, (long long)m, (long long)n, (long long)m, (long long)n);
+}
+
+/* Whether program p of e (or one it runs) has a GEMM step of type t. */
+static bool has_gemm(const kiln_executable *e, kiln_dtype t) {
+  for (uint32_t p = 0; p < e->nprograms; p++)
+    for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {
+      const kiln_step *s = &e->programs[p].steps[i];
+      if (s->kind == KILN_STEP_GEMM && s->gemm.dtype == t) return true;
+    }
+  return false;
+}
+
+START_TEST(test_bf16_matmul) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  bf16_matmul_module(&b, _i);
+  /* tanh of exact sums: the f32 helper against libm in double */
+  agree(kiln_sbuf_str(&b), 4 * KILN_TOL_ULP_TANH * KILN_TOL_F32_EPS, PLAIN, 2);
+#ifdef KILN_HAVE_DNNL
+  kiln_module *m = NULL;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_module_parse_text(kiln_sbuf_str(&b), b.len, "t.hlo", NULL, &m, &st), 0);
+  kiln_executable *e = NULL;
+  ck_assert_int_eq(kiln_compile(m, NULL, &e, NULL, &st), 0);
+  ck_assert_msg(has_gemm(e, KILN_BF16), "no bf16 GEMM step:\n%s", kiln_sbuf_str(&b));
+  ck_assert_msg(!has_gemm(e, KILN_F32), "an f32 GEMM step too:\n%s", kiln_sbuf_str(&b));
+  kiln_executable_destroy(e);
+  kiln_module_destroy(m);
+#endif
+  kiln_sbuf_free(&b);
+}
+END_TEST
+
+/* On a CPU with avx512_bf16 a bf16 GEMM runs through oneDNN (builds with
+ * oneDNN, without sanitizers); elsewhere it is widened to an f32 GEMM. */
+START_TEST(test_bgemm_library) {
+#if defined(KILN_HAVE_DNNL) && !defined(TEST_ASAN) && defined(__x86_64__)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16")) {
+    fprintf(stderr, "test_bgemm_library: skipped, the CPU has no AVX-512 BF16\n");
+    return;
+  }
+  kiln_gemm g = {.dtype = KILN_BF16,
+                 .batch = 2,
+                 .m = 64,
+                 .n = 32,
+                 .k = 128,
+                 .lda = 128,
+                 .ldb = 32,
+                 .ldc = 32,
+                 .stride_a = 64 * 128,
+                 .stride_b = 128 * 32,
+                 .stride_c = 64 * 32,
+                 .alpha = 1,
+                 .beta = 0};
+  ck_assert(kiln__cpu_bgemm_uses_library(&g));
+  g.trans_a = 1;
+  g.lda = 64;
+  ck_assert(kiln__cpu_bgemm_uses_library(&g));
+#else
+  fprintf(stderr, "test_bgemm_library: skipped (no oneDNN, a sanitizer build or not x86)\n");
+#endif
+}
+END_TEST
+
 /* f32 -> s8, s16 and s32 conversions (computed in float lanes, kf2sf) at
  * the edges: eighths in [-2, 2] scaled by 2^30, 2^14 and 2^6 reach exactly
  * -2^31 .. 2^31 (2^31 saturates), and NaN and infinities. */
@@ -1159,6 +1262,8 @@ int main(void) {
   tcase_add_test(tc, test_threefry_loop);
   tcase_add_loop_test(tc, test_int8_matmul, 0, 4);
   tcase_add_test(tc, test_igemm_library);
+  tcase_add_loop_test(tc, test_bf16_matmul, 0, 4);
+  tcase_add_test(tc, test_bgemm_library);
   tcase_add_test(tc, test_convert_f32_to_int);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
