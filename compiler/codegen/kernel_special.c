@@ -117,6 +117,166 @@ done:
   return rc;
 }
 
+/* ---- dynamic slices as block copies ------------------------------------ */
+
+#define WINDOW_PIECE 16384 /* elements of a run one iteration copies, at most */
+
+/* Argument number and buffer shape of bound instruction id (its leaf 0). */
+static bool bound_arg(const kiln__kernel_spec *k, kiln_id id, uint32_t *arg, const kiln_shape **s) {
+  for (uint32_t i = 0; i < k->nbinds; i++)
+    if (k->binds[i].id == id && k->binds[i].nleaves == 1 && k->binds[i].args &&
+        k->binds[i].shapes) {
+      *arg = k->binds[i].args[0];
+      *s = k->binds[i].shapes[0];
+      return true;
+    }
+  return false;
+}
+
+/* Emits "const int64_t ws<d> = <start d of ins, clamped to [0, hi]>;" once,
+ * before any loop: start operands from `first` on, one scalar per dim or
+ * one vector (what the emitter's dynamic-slice reads per element). */
+static int emit_start(kiln__emit_fn *f, const kiln_instr *ins, uint32_t first, uint32_t d,
+                      int64_t hi) {
+  const kiln_module *m = f->mod->m;
+  uint32_t r = m->instrs[ins->operands[0]]->shape.rank, nidx = ins->noperands - first, v;
+  kiln__ix x = {0};
+  kiln_id src;
+  int rc;
+  if (nidx == 1 && r != 1 && m->instrs[ins->operands[first]]->shape.rank == 1) {
+    src = ins->operands[first];
+    if ((rc = kiln__ix_new(f, 1, &x))) return rc;
+    kiln__ix_set(&x, 0, "%u", d);
+  } else {
+    if (nidx != r) return KILN_EINVAL;
+    src = ins->operands[first + d];
+  }
+  kiln_dtype t = m->instrs[src]->shape.dtype;
+  if (!kiln_dtype_is_integral(t)) return KILN_EINVAL;
+  if ((rc = kiln__emit_value1(f, src, &x, &v))) return rc;
+  if (t == KILN_U64)
+    kiln__emit_line(f,
+                    "const int64_t ws%u = kclampi(v%u > (uint64_t)INT64_MAX ? INT64_MAX : "
+                    "(int64_t)v%u, %lld);",
+                    d, v, v, (long long)hi);
+  else
+    kiln__emit_line(f, "const int64_t ws%u = kclampi((int64_t)v%u, %lld);", d, v, (long long)hi);
+  return 0;
+}
+
+/* The window of dynamic-slice or in-place dynamic-update-slice `ins`
+ * (k->root) copied between two buffers of one element type and one layout
+ * in runs: the physically minor dims that the window, the source and the
+ * destination all span whole, and the next dim's window, are one
+ * contiguous run (a [1,256,256] slice of [8,256,256] is one run of 65536
+ * elements); one iteration per run, its start computed from the start
+ * indices clamped once per invocation, not per element. The bits move as
+ * they are (no conversion), as the interpreter's copy does. *done is false
+ * (nothing written) when the buffers differ in type or layout or the runs
+ * would be shorter than 8 elements, where the loop kernels do better. */
+int kiln__kernel_window_copy(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                             uint64_t *range, bool *done) {
+  const kiln_instr *ins = ins_of(g, k->root);
+  bool dus = ins->op == KILN_OP_DYNAMIC_UPDATE_SLICE;
+  *done = false;
+  if ((!dus && ins->op != KILN_OP_DYNAMIC_SLICE) || k->nouts != 1 || ins->noperands < 2) return 0;
+  uint32_t src, dst = k->out_arg[0];
+  const kiln_shape *ss, *ds = k->out_shape[0];
+  if (!bound_arg(k, ins->operands[dus ? 1 : 0], &src, &ss)) return 0;
+  const kiln_shape *win = dus ? ss : &ins->shape, *big = dus ? ds : ss;
+  uint32_t r = win->rank;
+  if (!kiln_shape_is_array(ss) || !kiln_shape_is_array(ds) || ss->dtype != ds->dtype ||
+      ss->rank != r || ds->rank != r || r > KILN__EMIT_MAXR || kiln_shape_is_dynamic(ss) ||
+      kiln_shape_is_dynamic(ds))
+    return 0;
+  int64_t m2s[KILN__EMIT_MAXR], m2d[KILN__EMIT_MAXR], sst[KILN__EMIT_MAXR], dst_[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(ss, m2s);
+  kiln_shape_minor_to_major(ds, m2d);
+  if (r && memcmp(m2s, m2d, r * sizeof *m2s) != 0) return 0;
+  for (uint32_t d = 0; d < r; d++)
+    if (big->dims[d] < win->dims[d]) return 0;
+  strides_of(ss, sst);
+  strides_of(ds, dst_);
+  /* Run: m2s[0..nrun) */
+  uint32_t nrun = r ? 1 : 0;
+  int64_t run = r ? win->dims[m2s[0]] : 1;
+  while (nrun < r && win->dims[m2s[nrun - 1]] == big->dims[m2s[nrun - 1]]) {
+    run *= win->dims[m2s[nrun]];
+    nrun++;
+  }
+  int64_t n = kiln_shape_elements(win);
+  if (n <= 0 || run < 8) return 0;
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  int rc = kiln__kernel_begin(g, k, &body, &f, 1);
+  for (uint32_t d = 0; rc == 0 && d < r; d++)
+    rc = emit_start(&f, ins, dus ? 2 : 1, d, big->dims[d] - win->dims[d]);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc) {
+    if (rc == KILN_EINVAL) rc = fail(g, ins, "malformed start indices");
+    goto done;
+  }
+  kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "r");
+  /* A long run is cut into pieces of WINDOW_PIECE elements, so that a step
+   * can still be split across threads. */
+  int64_t pieces = (run + WINDOW_PIECE - 1) / WINDOW_PIECE;
+  kiln_sbuf_printf(&out, "  %s {\n    int64_t wq = r / %lld, wp = (r %% %lld) * %lld;\n", loop,
+                   (long long)pieces, (long long)pieces, (long long)WINDOW_PIECE);
+  /* The window's position of run r in its outer dims, minor first; the
+   * source (dynamic-slice) or the destination (update) adds the starts. */
+  char off[2][1024];
+  size_t len[2] = {0, 0};
+  off[0][0] = off[1][0] = '\0';
+  for (uint32_t j = 0; j < r; j++) {
+    uint32_t d = (uint32_t)m2s[j];
+    bool outer = j >= nrun;
+    if (outer && j + 1 < r)
+      kiln_sbuf_printf(&out, "    const int64_t wo%u = wq %% %lld;\n    wq /= %lld;\n", d,
+                       (long long)win->dims[d], (long long)win->dims[d]);
+    else if (outer)
+      kiln_sbuf_printf(&out, "    const int64_t wo%u = wq;\n", d);
+    for (int w = 0; w < 2; w++) {
+      bool starts = (w == 0) != dus; /* w 0: source, 1: destination */
+      int64_t st = w == 0 ? sst[d] : dst_[d];
+      if (!starts && !outer) continue;
+      char term[96];
+      if (starts && outer)
+        snprintf(term, sizeof term, " + (ws%u + wo%u) * %lld", d, d, (long long)st);
+      else if (starts)
+        snprintf(term, sizeof term, " + ws%u * %lld", d, (long long)st);
+      else
+        snprintf(term, sizeof term, " + wo%u * %lld", d, (long long)st);
+      size_t tl = strlen(term);
+      if (len[w] + tl + 1 > sizeof off[w]) {
+        rc = fail(g, ins, "index expression too long");
+        goto done;
+      }
+      memcpy(off[w] + len[w], term, tl + 1);
+      len[w] += tl;
+    }
+  }
+  kiln_sbuf_printf(&out, "    const int64_t wsi = 0%s, wdi = 0%s;\n", off[0], off[1]);
+  kiln_sbuf_printf(&out,
+                   "    const int64_t wn = %lld - wp < %lld ? %lld - wp : %lld;\n"
+                   "    (void)wq;\n"
+                   "    for (int64_t j = wp; j < wp + wn; j++) b%u[wdi + j] = b%u[wsi + j];\n"
+                   "  }\n",
+                   (long long)run, (long long)WINDOW_PIECE, (long long)run, (long long)WINDOW_PIECE,
+                   dst, src);
+  *range = (uint64_t)(n / run * pieces);
+  *kernel = g->nkernels;
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+  *done = kiln_sbuf_failed(&out) == 0 && kiln_sbuf_failed(&body) == 0;
+  if (!*done) rc = kiln_status_set(g->st, KILN_ENOMEM, "codegen", "out of memory");
+done:
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&out);
+  return rc;
+}
+
 /* ---- scatter ------------------------------------------------------------ */
 
 static const kiln_i64s *ints(const kiln_instr *ins, kiln_attr_key key) {

@@ -262,6 +262,43 @@ START_TEST(test_shape_ops) {
 }
 END_TEST
 
+/* dynamic-slice and in-place dynamic-update-slice between buffers of one
+ * layout are copies of contiguous runs (kiln__kernel_window_copy): runs of
+ * whole minor dims, several runs per window, runs longer than one
+ * iteration's piece (2 x 16384 and 16384 + 3616 elements), column-major,
+ * start indices of s32, u64 and s8 (clamped: the integer arguments are in
+ * [-5, 5] or [0, 10]), one start vector, bf16 and pred bits, an update of
+ * a parameter (copied first) and of a temporary (in place). */
+START_TEST(test_window_copy) {
+  agree("HloModule m\nENTRY e {\n  a = f32[7,5,16] parameter(0)\n  i = s32[] parameter(1)\n"
+        "  j = s32[] parameter(2)\n  ROOT d = f32[2,5,16] dynamic-slice(a, i, j, j), "
+        "dynamic_slice_sizes={2,5,16}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[16,5,9]{0,1,2} parameter(0)\n  i = s32[] parameter(1)\n"
+        "  ROOT d = f32[16,5,3]{0,1,2} dynamic-slice(a, i, i, i), "
+        "dynamic_slice_sizes={16,5,3}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[3,4,40] parameter(0)\n  i = u64[] parameter(1)\n"
+        "  j = u64[] parameter(2)\n  ROOT d = f32[2,3,24] dynamic-slice(a, i, j, j), "
+        "dynamic_slice_sizes={2,3,24}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = bf16[3,128,256] parameter(0)\n  i = s8[] parameter(1)\n"
+        "  z = s8[] constant(0)\n  ROOT d = bf16[1,128,256] dynamic-slice(a, i, z, z), "
+        "dynamic_slice_sizes={1,128,256}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[3,100,200] parameter(0)\n  i = s32[] parameter(1)\n"
+        "  ROOT d = f32[1,100,200] dynamic-slice(a, i, i, i), "
+        "dynamic_slice_sizes={1,100,200}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[6,4,32] parameter(0)\n  v = s32[3] parameter(1)\n"
+        "  ROOT d = f32[2,4,16] dynamic-slice(a, v), dynamic_slice_sizes={2,4,16}\n}\n");
+  agree(
+      "HloModule m\nENTRY e {\n  a = f32[6,4,32] parameter(0)\n  u = f32[2,4,32] parameter(1)\n"
+      "  i = s32[] parameter(2)\n  ROOT d = f32[6,4,32] dynamic-update-slice(a, u, i, i, i)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[6,4,32] parameter(0)\n  b = f32[6,4,32] add(a, a)\n"
+        "  u = f32[2,3,20] parameter(1)\n  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[6,4,32] dynamic-update-slice(b, u, i, j, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = pred[5,3,64] parameter(0)\n  b = pred[5,3,64] not(a)\n"
+        "  u = pred[1,3,64] parameter(1)\n  i = u64[] parameter(2)\n"
+        "  ROOT d = pred[5,3,64] dynamic-update-slice(b, u, i, i, i)\n}\n");
+}
+END_TEST
+
 START_TEST(test_dot) {
   agree("HloModule m\nENTRY e {\n  a = f32[64,48] parameter(0)\n  b = f32[48,80] parameter(1)\n"
         "  ROOT d = f32[64,80] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n");
@@ -896,6 +933,7 @@ int main(void) {
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, test_elementwise_chains);
   tcase_add_test(tc, test_shape_ops);
+  tcase_add_test(tc, test_window_copy);
   tcase_add_test(tc, test_dot);
   tcase_add_test(tc, test_dot_random);
   tcase_add_test(tc, test_reshape_random);
