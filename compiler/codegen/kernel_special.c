@@ -1,6 +1,8 @@
 /* Kernels that are not one value per output element: dynamic-update-slice
  * in place (iterates over the update, in rows of its minor dimension when
- * they are 8 or longer), scatter (updates applied in order
+ * they are 8 or longer), dynamic-slice and in-place dynamic-update-slice
+ * between buffers of one layout as copies of contiguous runs (the start
+ * indices clamped once per invocation), scatter (updates applied in order
  * through the combiner, as XLA's evaluator and the interpreter do: when
  * every update window is one index wide along some operand dimension and
  * at least 8 elements large, the range is blocks of that dimension, each
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "compiler/buffer_assign.h"
 #include "compiler/codegen/kernel.h"
 
 static const kiln_instr *ins_of(kiln__codegen *g, kiln_id id) { return g->mod.m->instrs[id]; }
@@ -52,6 +55,60 @@ static int64_t minor_of(const kiln_shape *s, uint32_t *md) {
   return s->dims[*md];
 }
 
+#define DUS_TILE 16 /* rows and columns of one tile of a transposing update */
+
+/* Whether the update of dynamic-update-slice d (inside a fusion) is read
+ * across its rows: through a transpose, or a reshape that moves elements,
+ * on the way from the kernel's inputs (k's binds). Walked row by row, such
+ * an update reads one element per cache line; in tiles, a few lines that
+ * stay in cache. */
+static bool reads_across(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *d) {
+  const kiln_module *m = g->mod.m;
+  kiln_id stack[64];
+  uint32_t top = 0, seen = 0;
+  stack[top++] = d->operands[1];
+  while (top && seen < 256) {
+    const kiln_instr *x = m->instrs[stack[--top]];
+    seen++;
+    bool bound = x->op == KILN_OP_PARAMETER;
+    for (uint32_t i = 0; i < k->nbinds && !bound; i++) bound = k->binds[i].id == x->id;
+    if (bound) continue;
+    if (x->op == KILN_OP_TRANSPOSE || (x->op == KILN_OP_RESHAPE && !kiln__is_alias_op(m, x)))
+      return true;
+    for (uint32_t j = 0; j < x->noperands && top < 64; j++)
+      if (x->operands[j] < m->ninstrs) stack[top++] = x->operands[j];
+  }
+  return false;
+}
+
+/* Reads the scalar start indices of dynamic-update-slice d once, into
+ * *top (before the loops), and binds each to its C variable: read in the
+ * loop, each is a load the compiler must assume the stores change (a local
+ * pointer's restrict is not honoured), once per element. */
+static int hoist_starts(kiln__emit_fn *f, const kiln_instr *d, kiln_sbuf *top) {
+  const kiln_module *m = f->mod->m;
+  kiln_sbuf *body = f->out;
+  int indent = f->indent, rc = 0;
+  f->out = top;
+  f->indent = 1;
+  for (uint32_t k = 2; rc == 0 && k < d->noperands; k++) {
+    const kiln_instr *x = m->instrs[d->operands[k]];
+    bool seen = false;
+    for (uint32_t j = 2; j < k; j++) seen |= d->operands[j] == x->id;
+    if (seen || !kiln_shape_is_array(&x->shape) || x->shape.rank != 0) continue;
+    kiln__ix y = {0};
+    uint32_t v;
+    if ((rc = kiln__emit_value1(f, x->id, &y, &v))) break;
+    char name[16];
+    const char *nm = name;
+    snprintf(name, sizeof name, "v%u", v);
+    rc = kiln__emit_bind(f, x->id, NULL, NULL, &nm, 1);
+  }
+  f->out = body;
+  f->indent = indent;
+  return rc;
+}
+
 /* Walks the update: in rows (one iteration per row of its minor dimension,
  * an inner loop along it, as the loop kernels do) when the rows are at
  * least 8 long, so the copy needs no division per element; else one
@@ -64,10 +121,13 @@ int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, 
   uint32_t md = 0;
   int64_t minor = us->rank ? minor_of(us, &md) : 1;
   bool rows = us->rank >= 2 && minor >= 8 && n > 0;
-  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  int64_t nrows = rows ? n / minor : 0;
+  bool tiled = rows && minor >= 2 * DUS_TILE && nrows >= 2 * DUS_TILE && reads_across(g, k, d);
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT, top = KILN_SBUF_INIT;
   kiln__emit_fn f;
-  int rc = kiln__kernel_begin(g, k, &body, &f, rows ? 3 : 2);
+  int rc = kiln__kernel_begin(g, k, &body, &f, tiled ? 5 : rows ? 3 : 2);
   kiln__ix u, t;
+  if (rc == 0) rc = hoist_starts(&f, d, &top);
   if (rc == 0) rc = kiln__ix_new(&f, us->rank, &u);
   if (rc) goto done;
   char lin[96];
@@ -94,9 +154,24 @@ int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, 
   kiln__emit_store_expr(k->out_shape[0]->dtype, vs, e, sizeof e);
   kiln__emit_line(&f, "b%u[%s] = %s;", k->out_arg[0], off, e);
   char loop[256];
-  g->mod.target->range_loop(loop, sizeof loop, rows ? "r" : "i");
+  g->mod.target->range_loop(loop, sizeof loop, tiled ? "rb" : rows ? "r" : "i");
+  kiln_sbuf_puts(&out, kiln_sbuf_str(&top));
   kiln_sbuf_printf(&out, "  %s {\n", loop);
-  if (rows) {
+  if (tiled) {
+    /* Tiles of DUS_TILE rows by DUS_TILE columns: each tile's reads along
+     * the other dim stay in cache while its rows are written. */
+    kiln_sbuf_printf(&out,
+                     "    for (int64_t j0 = 0; j0 < %lld; j0 += %d) {\n"
+                     "      const int64_t je = j0 + %d < %lld ? j0 + %d : %lld;\n"
+                     "      for (int64_t r = rb * %d; r < rb * %d + %d && r < %lld; r++) {\n",
+                     (long long)minor, DUS_TILE, DUS_TILE, (long long)minor, DUS_TILE,
+                     (long long)minor, DUS_TILE, DUS_TILE, DUS_TILE, (long long)nrows);
+    kiln__kernel_decompose(&out, us, "r", 1, "o", 4);
+    kiln_sbuf_puts(&out, "        for (int64_t j = j0; j < je; j++) {\n");
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(&out, "        }\n      }\n    }\n  }\n");
+    *range = (uint64_t)((nrows + DUS_TILE - 1) / DUS_TILE);
+  } else if (rows) {
     kiln__kernel_decompose(&out, us, "r", 1, "o", 2);
     kiln_sbuf_printf(&out, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)minor);
     kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
@@ -114,6 +189,7 @@ done:
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);
   kiln_sbuf_free(&out);
+  kiln_sbuf_free(&top);
   return rc;
 }
 

@@ -299,6 +299,85 @@ START_TEST(test_window_copy) {
 }
 END_TEST
 
+/* A fori_loop of Horner's rule over 16 coefficients whose body calls its
+ * step (unrolled, one kernel reading 16 one-element inputs, hoisted out of
+ * its loop), and loops of 40 trips (not unrolled) writing a transposed or
+ * computed update into their state in place (the update's producers fused
+ * into the update), one whose update reads the state itself. */
+static const char *const loop_state_fmt =
+    "HloModule m\n"
+    "body {\n  s = (s32[], f32[40,50,40], f32[40,50]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0\n"
+    "  ys = f32[40,50,40] get-tuple-element(s), index=1\n"
+    "  h = f32[40,50] get-tuple-element(s), index=2\n  z = s32[] constant(0)\n"
+    "  %s\n"
+    "  ys2 = f32[40,50,40] dynamic-update-slice(ys, u, i, z, z)\n"
+    "  h2 = f32[40,50] negate(h)\n  one = s32[] constant(1)\n  i2 = s32[] add(i, one)\n"
+    "  ROOT t = (s32[], f32[40,50,40], f32[40,50]) tuple(i2, ys2, h2)\n}\n"
+    "cond {\n  s = (s32[], f32[40,50,40], f32[40,50]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(40)\n"
+    "  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
+    "ENTRY e {\n  h = f32[40,50] parameter(0)\n  y0 = f32[40,50,40] parameter(1)\n"
+    "  ys = f32[40,50,40] add(y0, y0)\n  z = s32[] constant(0)\n"
+    "  init = (s32[], f32[40,50,40], f32[40,50]) tuple(z, ys, h)\n"
+    "  w = (s32[], f32[40,50,40], f32[40,50]) while(init), condition=cond, body=body\n"
+    "  ROOT r = f32[40,50,40] get-tuple-element(w), index=1\n}\n";
+
+START_TEST(test_loop_bodies) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b,
+                   "HloModule m\n"
+                   "step {\n  x = f32[1000] parameter(0)\n  c = f32[16] parameter(1)\n"
+                   "  i = s32[] parameter(2)\n  y = f32[1000] parameter(3)\n"
+                   "  one = s32[] constant(1)\n  i2 = s32[] add(i, one)\n"
+                   "  m = f32[1000] multiply(y, x)\n"
+                   "  d = f32[1] dynamic-slice(c, i), dynamic_slice_sizes={1}\n"
+                   "  q = f32[] reshape(d)\n  bq = f32[1000] broadcast(q), dimensions={}\n"
+                   "  a = f32[1000] add(m, bq)\n  ROOT t = (s32[], f32[1000]) tuple(i2, a)\n}\n"
+                   "cond {\n  s = (s32[], s32[], f32[1000], f32[1000], f32[16]) parameter(0)\n"
+                   "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(16)\n"
+                   "  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
+                   "body {\n  s = (s32[], s32[], f32[1000], f32[1000], f32[16]) parameter(0)\n"
+                   "  i = s32[] get-tuple-element(s), index=0\n"
+                   "  j = s32[] get-tuple-element(s), index=1\n"
+                   "  y = f32[1000] get-tuple-element(s), index=2\n"
+                   "  x = f32[1000] get-tuple-element(s), index=3\n"
+                   "  c = f32[16] get-tuple-element(s), index=4\n"
+                   "  r = (s32[], f32[1000]) call(x, c, j, y), to_apply=step\n"
+                   "  j2 = s32[] get-tuple-element(r), index=0\n"
+                   "  y2 = f32[1000] get-tuple-element(r), index=1\n"
+                   "  one = s32[] constant(1)\n  i2 = s32[] add(i, one)\n"
+                   "  ROOT t = (s32[], s32[], f32[1000], f32[1000], f32[16]) tuple(i2, j2, y2, x, "
+                   "c)\n}\n"
+                   "ENTRY e {\n  x = f32[1000] parameter(0)\n  c = f32[16] parameter(1)\n"
+                   "  z = s32[] constant(0)\n  zf = f32[] constant(0)\n"
+                   "  y = f32[1000] broadcast(zf), dimensions={}\n"
+                   "  init = (s32[], s32[], f32[1000], f32[1000], f32[16]) tuple(z, z, y, x, c)\n"
+                   "  w = (s32[], s32[], f32[1000], f32[1000], f32[16]) while(init), "
+                   "condition=cond, body=body\n"
+                   "  ROOT r = f32[1000] get-tuple-element(w), index=2\n}\n");
+  agree(kiln_sbuf_str(&b));
+  kiln_sbuf_free(&b);
+  static const char *const updates[] = {
+      /* a transposing reshape: one fused kernel, written in place */
+      "ht = f32[50,40] transpose(h), dimensions={1,0}\n  u = f32[1,50,40] reshape(ht)",
+      /* computed: tanh of the transpose plus one */
+      "ht = f32[50,40] transpose(h), dimensions={1,0}\n  th = f32[50,40] tanh(ht)\n"
+      "  k = f32[] constant(1)\n  kb = f32[50,40] broadcast(k), dimensions={}\n"
+      "  a = f32[50,40] add(th, kb)\n  u = f32[1,50,40] reshape(a)",
+      /* the update reads the state it is written into */
+      "sl = f32[1,50,40] slice(ys), slice={[2:3], [0:50], [0:40]}\n"
+      "  u = f32[1,50,40] negate(sl)",
+  };
+  for (size_t k = 0; k < sizeof updates / sizeof *updates; k++) {
+    kiln_sbuf t = KILN_SBUF_INIT;
+    kiln_sbuf_printf(&t, loop_state_fmt, updates[k]);
+    agree(kiln_sbuf_str(&t));
+    kiln_sbuf_free(&t);
+  }
+}
+END_TEST
+
 START_TEST(test_dot) {
   agree("HloModule m\nENTRY e {\n  a = f32[64,48] parameter(0)\n  b = f32[48,80] parameter(1)\n"
         "  ROOT d = f32[64,80] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n");
@@ -934,6 +1013,7 @@ int main(void) {
   tcase_add_test(tc, test_elementwise_chains);
   tcase_add_test(tc, test_shape_ops);
   tcase_add_test(tc, test_window_copy);
+  tcase_add_test(tc, test_loop_bodies);
   tcase_add_test(tc, test_dot);
   tcase_add_test(tc, test_dot_random);
   tcase_add_test(tc, test_reshape_random);
