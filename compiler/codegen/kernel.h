@@ -72,6 +72,13 @@ int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
  * output argument already holds the operand. */
 int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, uint32_t *kernel,
                      uint64_t *range);
+/* dynamic-slice or in-place dynamic-update-slice k->root (its operands
+ * bound, one output; an update's output already holds the operand) as
+ * copies of contiguous runs, the start indices clamped once per
+ * invocation; *done false (nothing written) where it does not apply:
+ * source and destination of different types or layouts, runs under 8. */
+int kiln__kernel_window_copy(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                             uint64_t *range, bool *done);
 /* scatter (k->root): one iteration applying every update in order to the
  * output arguments, which already hold the operands. */
 int kiln__kernel_scatter(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,

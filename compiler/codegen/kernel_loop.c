@@ -454,8 +454,13 @@ static bool one_value(const kiln__emit_fn *f, const kiln_instr *ins, const uint8
  * members that have one value for the whole kernel (one_value: Adam's bias
  * corrections 1 - b^t of a step count, a learning rate times a scalar)
  * and binds each to its C variable, so that the loop reads it instead of
- * computing it again per element; only computations are hoisted, not the
- * constants and reshapes they read, which cost nothing in the loop. */
+ * computing it again per element; only computations and the reads of
+ * one-element inputs are hoisted, not the constants and reshapes of
+ * constants, which cost nothing in the loop. A read left in the loop is a
+ * load through a pointer the compiler must assume the stores may change
+ * (the restrict of a local pointer is not honoured as a parameter's is):
+ * past ten of them GCC gives up its run-time alias checks and the loop
+ * stays scalar (Horner's rule unrolled, sixteen coefficients). */
 static int hoist_scalars(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emit_fn *f,
                          kiln_sbuf *top) {
   const kiln_module *m = g->mod.m;
@@ -472,8 +477,11 @@ static int hoist_scalars(kiln__codegen *g, const kiln__kernel_spec *k, kiln__emi
     const kiln_instr *x = m->instrs[mem[i]];
     if (!one_value(f, x, ok)) continue;
     ok[x->id] = 1;
-    if (x->op == KILN_OP_CONSTANT || x->op == KILN_OP_CONVERT ||
-        !(kiln_opcode_flags(x->op) & KILN_OPF_ELEMENTWISE))
+    bool load = false;
+    for (uint32_t j = 0; j < x->noperands; j++)
+      load |= x->operands[j] < m->ninstrs && f->in_first[x->operands[j]] != KILN__NO_INPUT;
+    if (x->op == KILN_OP_CONSTANT ||
+        (!load && (x->op == KILN_OP_CONVERT || !(kiln_opcode_flags(x->op) & KILN_OPF_ELEMENTWISE))))
       continue;
     kiln__ix y;
     if ((rc = kiln__ix_new(f, x->shape.rank, &y))) break;

@@ -1,6 +1,8 @@
 /* Kernels that are not one value per output element: dynamic-update-slice
  * in place (iterates over the update, in rows of its minor dimension when
- * they are 8 or longer), scatter (updates applied in order
+ * they are 8 or longer), dynamic-slice and in-place dynamic-update-slice
+ * between buffers of one layout as copies of contiguous runs (the start
+ * indices clamped once per invocation), scatter (updates applied in order
  * through the combiner, as XLA's evaluator and the interpreter do: when
  * every update window is one index wide along some operand dimension and
  * at least 8 elements large, the range is blocks of that dimension, each
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "compiler/buffer_assign.h"
 #include "compiler/codegen/kernel.h"
 
 static const kiln_instr *ins_of(kiln__codegen *g, kiln_id id) { return g->mod.m->instrs[id]; }
@@ -52,6 +55,60 @@ static int64_t minor_of(const kiln_shape *s, uint32_t *md) {
   return s->dims[*md];
 }
 
+#define DUS_TILE 16 /* rows and columns of one tile of a transposing update */
+
+/* Whether the update of dynamic-update-slice d (inside a fusion) is read
+ * across its rows: through a transpose, or a reshape that moves elements,
+ * on the way from the kernel's inputs (k's binds). Walked row by row, such
+ * an update reads one element per cache line; in tiles, a few lines that
+ * stay in cache. */
+static bool reads_across(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *d) {
+  const kiln_module *m = g->mod.m;
+  kiln_id stack[64];
+  uint32_t top = 0, seen = 0;
+  stack[top++] = d->operands[1];
+  while (top && seen < 256) {
+    const kiln_instr *x = m->instrs[stack[--top]];
+    seen++;
+    bool bound = x->op == KILN_OP_PARAMETER;
+    for (uint32_t i = 0; i < k->nbinds && !bound; i++) bound = k->binds[i].id == x->id;
+    if (bound) continue;
+    if (x->op == KILN_OP_TRANSPOSE || (x->op == KILN_OP_RESHAPE && !kiln__is_alias_op(m, x)))
+      return true;
+    for (uint32_t j = 0; j < x->noperands && top < 64; j++)
+      if (x->operands[j] < m->ninstrs) stack[top++] = x->operands[j];
+  }
+  return false;
+}
+
+/* Reads the scalar start indices of dynamic-update-slice d once, into
+ * *top (before the loops), and binds each to its C variable: read in the
+ * loop, each is a load the compiler must assume the stores change (a local
+ * pointer's restrict is not honoured), once per element. */
+static int hoist_starts(kiln__emit_fn *f, const kiln_instr *d, kiln_sbuf *top) {
+  const kiln_module *m = f->mod->m;
+  kiln_sbuf *body = f->out;
+  int indent = f->indent, rc = 0;
+  f->out = top;
+  f->indent = 1;
+  for (uint32_t k = 2; rc == 0 && k < d->noperands; k++) {
+    const kiln_instr *x = m->instrs[d->operands[k]];
+    bool seen = false;
+    for (uint32_t j = 2; j < k; j++) seen |= d->operands[j] == x->id;
+    if (seen || !kiln_shape_is_array(&x->shape) || x->shape.rank != 0) continue;
+    kiln__ix y = {0};
+    uint32_t v;
+    if ((rc = kiln__emit_value1(f, x->id, &y, &v))) break;
+    char name[16];
+    const char *nm = name;
+    snprintf(name, sizeof name, "v%u", v);
+    rc = kiln__emit_bind(f, x->id, NULL, NULL, &nm, 1);
+  }
+  f->out = body;
+  f->indent = indent;
+  return rc;
+}
+
 /* Walks the update: in rows (one iteration per row of its minor dimension,
  * an inner loop along it, as the loop kernels do) when the rows are at
  * least 8 long, so the copy needs no division per element; else one
@@ -64,10 +121,13 @@ int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, 
   uint32_t md = 0;
   int64_t minor = us->rank ? minor_of(us, &md) : 1;
   bool rows = us->rank >= 2 && minor >= 8 && n > 0;
-  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  int64_t nrows = rows ? n / minor : 0;
+  bool tiled = rows && minor >= 2 * DUS_TILE && nrows >= 2 * DUS_TILE && reads_across(g, k, d);
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT, top = KILN_SBUF_INIT;
   kiln__emit_fn f;
-  int rc = kiln__kernel_begin(g, k, &body, &f, rows ? 3 : 2);
+  int rc = kiln__kernel_begin(g, k, &body, &f, tiled ? 5 : rows ? 3 : 2);
   kiln__ix u, t;
+  if (rc == 0) rc = hoist_starts(&f, d, &top);
   if (rc == 0) rc = kiln__ix_new(&f, us->rank, &u);
   if (rc) goto done;
   char lin[96];
@@ -94,9 +154,24 @@ int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, 
   kiln__emit_store_expr(k->out_shape[0]->dtype, vs, e, sizeof e);
   kiln__emit_line(&f, "b%u[%s] = %s;", k->out_arg[0], off, e);
   char loop[256];
-  g->mod.target->range_loop(loop, sizeof loop, rows ? "r" : "i");
+  g->mod.target->range_loop(loop, sizeof loop, tiled ? "rb" : rows ? "r" : "i");
+  kiln_sbuf_puts(&out, kiln_sbuf_str(&top));
   kiln_sbuf_printf(&out, "  %s {\n", loop);
-  if (rows) {
+  if (tiled) {
+    /* Tiles of DUS_TILE rows by DUS_TILE columns: each tile's reads along
+     * the other dim stay in cache while its rows are written. */
+    kiln_sbuf_printf(&out,
+                     "    for (int64_t j0 = 0; j0 < %lld; j0 += %d) {\n"
+                     "      const int64_t je = j0 + %d < %lld ? j0 + %d : %lld;\n"
+                     "      for (int64_t r = rb * %d; r < rb * %d + %d && r < %lld; r++) {\n",
+                     (long long)minor, DUS_TILE, DUS_TILE, (long long)minor, DUS_TILE,
+                     (long long)minor, DUS_TILE, DUS_TILE, DUS_TILE, (long long)nrows);
+    kiln__kernel_decompose(&out, us, "r", 1, "o", 4);
+    kiln_sbuf_puts(&out, "        for (int64_t j = j0; j < je; j++) {\n");
+    kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+    kiln_sbuf_puts(&out, "        }\n      }\n    }\n  }\n");
+    *range = (uint64_t)((nrows + DUS_TILE - 1) / DUS_TILE);
+  } else if (rows) {
     kiln__kernel_decompose(&out, us, "r", 1, "o", 2);
     kiln_sbuf_printf(&out, "    for (int64_t j = 0; j < %lld; j++) {\n", (long long)minor);
     kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
@@ -110,6 +185,167 @@ int kiln__kernel_dus(kiln__codegen *g, const kiln__kernel_spec *k, kiln_id dus, 
   }
   *kernel = g->nkernels;
   kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+done:
+  kiln__emit_fn_free(&f);
+  kiln_sbuf_free(&body);
+  kiln_sbuf_free(&out);
+  kiln_sbuf_free(&top);
+  return rc;
+}
+
+/* ---- dynamic slices as block copies ------------------------------------ */
+
+#define WINDOW_PIECE 16384 /* elements of a run one iteration copies, at most */
+
+/* Argument number and buffer shape of bound instruction id (its leaf 0). */
+static bool bound_arg(const kiln__kernel_spec *k, kiln_id id, uint32_t *arg, const kiln_shape **s) {
+  for (uint32_t i = 0; i < k->nbinds; i++)
+    if (k->binds[i].id == id && k->binds[i].nleaves == 1 && k->binds[i].args &&
+        k->binds[i].shapes) {
+      *arg = k->binds[i].args[0];
+      *s = k->binds[i].shapes[0];
+      return true;
+    }
+  return false;
+}
+
+/* Emits "const int64_t ws<d> = <start d of ins, clamped to [0, hi]>;" once,
+ * before any loop: start operands from `first` on, one scalar per dim or
+ * one vector (what the emitter's dynamic-slice reads per element). */
+static int emit_start(kiln__emit_fn *f, const kiln_instr *ins, uint32_t first, uint32_t d,
+                      int64_t hi) {
+  const kiln_module *m = f->mod->m;
+  uint32_t r = m->instrs[ins->operands[0]]->shape.rank, nidx = ins->noperands - first, v;
+  kiln__ix x = {0};
+  kiln_id src;
+  int rc;
+  if (nidx == 1 && r != 1 && m->instrs[ins->operands[first]]->shape.rank == 1) {
+    src = ins->operands[first];
+    if ((rc = kiln__ix_new(f, 1, &x))) return rc;
+    kiln__ix_set(&x, 0, "%u", d);
+  } else {
+    if (nidx != r) return KILN_EINVAL;
+    src = ins->operands[first + d];
+  }
+  kiln_dtype t = m->instrs[src]->shape.dtype;
+  if (!kiln_dtype_is_integral(t)) return KILN_EINVAL;
+  if ((rc = kiln__emit_value1(f, src, &x, &v))) return rc;
+  if (t == KILN_U64)
+    kiln__emit_line(f,
+                    "const int64_t ws%u = kclampi(v%u > (uint64_t)INT64_MAX ? INT64_MAX : "
+                    "(int64_t)v%u, %lld);",
+                    d, v, v, (long long)hi);
+  else
+    kiln__emit_line(f, "const int64_t ws%u = kclampi((int64_t)v%u, %lld);", d, v, (long long)hi);
+  return 0;
+}
+
+/* The window of dynamic-slice or in-place dynamic-update-slice `ins`
+ * (k->root) copied between two buffers of one element type and one layout
+ * in runs: the physically minor dims that the window, the source and the
+ * destination all span whole, and the next dim's window, are one
+ * contiguous run (a [1,256,256] slice of [8,256,256] is one run of 65536
+ * elements); one iteration per run, its start computed from the start
+ * indices clamped once per invocation, not per element. The bits move as
+ * they are (no conversion), as the interpreter's copy does. *done is false
+ * (nothing written) when the buffers differ in type or layout or the runs
+ * would be shorter than 8 elements, where the loop kernels do better. */
+int kiln__kernel_window_copy(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *kernel,
+                             uint64_t *range, bool *done) {
+  const kiln_instr *ins = ins_of(g, k->root);
+  bool dus = ins->op == KILN_OP_DYNAMIC_UPDATE_SLICE;
+  *done = false;
+  if ((!dus && ins->op != KILN_OP_DYNAMIC_SLICE) || k->nouts != 1 || ins->noperands < 2) return 0;
+  uint32_t src, dst = k->out_arg[0];
+  const kiln_shape *ss, *ds = k->out_shape[0];
+  if (!bound_arg(k, ins->operands[dus ? 1 : 0], &src, &ss)) return 0;
+  const kiln_shape *win = dus ? ss : &ins->shape, *big = dus ? ds : ss;
+  uint32_t r = win->rank;
+  if (!kiln_shape_is_array(ss) || !kiln_shape_is_array(ds) || ss->dtype != ds->dtype ||
+      ss->rank != r || ds->rank != r || r > KILN__EMIT_MAXR || kiln_shape_is_dynamic(ss) ||
+      kiln_shape_is_dynamic(ds))
+    return 0;
+  int64_t m2s[KILN__EMIT_MAXR], m2d[KILN__EMIT_MAXR], sst[KILN__EMIT_MAXR], dst_[KILN__EMIT_MAXR];
+  kiln_shape_minor_to_major(ss, m2s);
+  kiln_shape_minor_to_major(ds, m2d);
+  if (r && memcmp(m2s, m2d, r * sizeof *m2s) != 0) return 0;
+  for (uint32_t d = 0; d < r; d++)
+    if (big->dims[d] < win->dims[d]) return 0;
+  strides_of(ss, sst);
+  strides_of(ds, dst_);
+  /* Run: m2s[0..nrun) */
+  uint32_t nrun = r ? 1 : 0;
+  int64_t run = r ? win->dims[m2s[0]] : 1;
+  while (nrun < r && win->dims[m2s[nrun - 1]] == big->dims[m2s[nrun - 1]]) {
+    run *= win->dims[m2s[nrun]];
+    nrun++;
+  }
+  int64_t n = kiln_shape_elements(win);
+  if (n <= 0 || run < 8) return 0;
+  kiln_sbuf body = KILN_SBUF_INIT, out = KILN_SBUF_INIT;
+  kiln__emit_fn f;
+  int rc = kiln__kernel_begin(g, k, &body, &f, 1);
+  for (uint32_t d = 0; rc == 0 && d < r; d++)
+    rc = emit_start(&f, ins, dus ? 2 : 1, d, big->dims[d] - win->dims[d]);
+  if (rc == 0 && f.rc) rc = f.rc;
+  if (rc) {
+    if (rc == KILN_EINVAL) rc = fail(g, ins, "malformed start indices");
+    goto done;
+  }
+  kiln_sbuf_puts(&out, kiln_sbuf_str(&body));
+  char loop[256];
+  g->mod.target->range_loop(loop, sizeof loop, "r");
+  /* A long run is cut into pieces of WINDOW_PIECE elements, so that a step
+   * can still be split across threads. */
+  int64_t pieces = (run + WINDOW_PIECE - 1) / WINDOW_PIECE;
+  kiln_sbuf_printf(&out, "  %s {\n    int64_t wq = r / %lld, wp = (r %% %lld) * %lld;\n", loop,
+                   (long long)pieces, (long long)pieces, (long long)WINDOW_PIECE);
+  /* The window's position of run r in its outer dims, minor first; the
+   * source (dynamic-slice) or the destination (update) adds the starts. */
+  char off[2][1024];
+  size_t len[2] = {0, 0};
+  off[0][0] = off[1][0] = '\0';
+  for (uint32_t j = 0; j < r; j++) {
+    uint32_t d = (uint32_t)m2s[j];
+    bool outer = j >= nrun;
+    if (outer && j + 1 < r)
+      kiln_sbuf_printf(&out, "    const int64_t wo%u = wq %% %lld;\n    wq /= %lld;\n", d,
+                       (long long)win->dims[d], (long long)win->dims[d]);
+    else if (outer)
+      kiln_sbuf_printf(&out, "    const int64_t wo%u = wq;\n", d);
+    for (int w = 0; w < 2; w++) {
+      bool starts = (w == 0) != dus; /* w 0: source, 1: destination */
+      int64_t st = w == 0 ? sst[d] : dst_[d];
+      if (!starts && !outer) continue;
+      char term[96];
+      if (starts && outer)
+        snprintf(term, sizeof term, " + (ws%u + wo%u) * %lld", d, d, (long long)st);
+      else if (starts)
+        snprintf(term, sizeof term, " + ws%u * %lld", d, (long long)st);
+      else
+        snprintf(term, sizeof term, " + wo%u * %lld", d, (long long)st);
+      size_t tl = strlen(term);
+      if (len[w] + tl + 1 > sizeof off[w]) {
+        rc = fail(g, ins, "index expression too long");
+        goto done;
+      }
+      memcpy(off[w] + len[w], term, tl + 1);
+      len[w] += tl;
+    }
+  }
+  kiln_sbuf_printf(&out, "    const int64_t wsi = 0%s, wdi = 0%s;\n", off[0], off[1]);
+  kiln_sbuf_printf(&out,
+                   "    const int64_t wn = %lld - wp < %lld ? %lld - wp : %lld;\n"
+                   "    (void)wq;\n"
+                   "    for (int64_t j = wp; j < wp + wn; j++) b%u[wdi + j] = b%u[wsi + j];\n"
+                   "  }\n",
+                   (long long)run, (long long)WINDOW_PIECE, (long long)run, (long long)WINDOW_PIECE,
+                   dst, src);
+  *range = (uint64_t)(n / run * pieces);
+  *kernel = g->nkernels;
+  kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+  *done = kiln_sbuf_failed(&out) == 0 && kiln_sbuf_failed(&body) == 0;
+  if (!*done) rc = kiln_status_set(g->st, KILN_ENOMEM, "codegen", "out of memory");
 done:
   kiln__emit_fn_free(&f);
   kiln_sbuf_free(&body);

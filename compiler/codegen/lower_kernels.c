@@ -480,11 +480,34 @@ static int dus_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins, const
     kiln__kernel_spec k = kb_spec(b, dus->id);
     uint32_t kernel;
     uint64_t range;
-    rc = kiln__kernel_dus(c->g, &k, dus->id, &kernel, &range);
+    bool done = false;
+    if (dus == ins) rc = kiln__kernel_window_copy(c->g, &k, &kernel, &range, &done);
+    if (rc == 0 && !done) rc = kiln__kernel_dus(c->g, &k, dus->id, &kernel, &range);
     if (rc == 0) rc = kb_step(b, prog, kernel, range);
   }
   kiln_free(b);
   return rc;
+}
+
+/* dynamic-slice: copies of contiguous runs where the operand's layout is
+ * the result's, else a loop kernel. */
+static int ds_kernel(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
+  kb *b = kb_new(c);
+  if (b == NULL) return kiln_status_set(c->st, KILN_ENOMEM, "codegen", "out of memory");
+  int rc = kb_bind_operands(b, ins);
+  kb_output(b, 0, leaf0(c, ins->id), &ins->shape);
+  if (rc == 0) rc = kb_check(b, ins);
+  bool done = false;
+  if (rc == 0) {
+    kiln__kernel_spec k = kb_spec(b, ins->id);
+    uint32_t kernel;
+    uint64_t range;
+    rc = kiln__kernel_window_copy(c->g, &k, &kernel, &range, &done);
+    if (rc == 0 && done) rc = kb_step(b, prog, kernel, range);
+  }
+  kiln_free(b);
+  if (rc || done) return rc;
+  return loop_kernels(c, prog, ins, ins->id, bind_operands_cb, KILN_NO_ID, 0);
 }
 
 /* scatter: operands copied into the results, then one kernel (or, for a row
@@ -791,6 +814,9 @@ int kiln__lower_compute(kiln__lctx *c, uint32_t prog, const kiln_instr *ins) {
     for (uint32_t k = 0; k < n; k++) ops[k] = c->m->instrs[ins->operands[k]];
     return scatter_kernel(c, prog, ins, ins, ops, bind_operands_cb);
   }
+  case KILN_OP_DYNAMIC_SLICE:
+    if (kiln_shape_is_array(&ins->shape)) return ds_kernel(c, prog, ins);
+    break;
   case KILN_OP_DYNAMIC_UPDATE_SLICE: {
     const kiln_instr *op = c->m->instrs[ins->operands[0]];
     if (kiln__same_layout(&op->shape, &ins->shape) && op->shape.dtype == ins->shape.dtype)

@@ -40,6 +40,13 @@
  *    and the merged kernel would not feed itself (checked in the graph
  *    whose nodes are the groups). The shared value may then be absorbed
  *    into the merged group like any producer.
+ *  - A dynamic-update-slice whose operand is laid out as its result roots
+ *    a kLoop group that the code generator writes in place (only the
+ *    update's elements): into it join the loop ops computing the update
+ *    (a transposing reshape, an activation), as the model decides, but not
+ *    its operand, its start indices, anything reading the operand (which
+ *    the kernel overwrites while it runs) or a bitcast of a value stored
+ *    anyway (that update is copied as it is). It merges with no sibling.
  * Never fused: parameters, while/conditional/call, custom calls,
  * collectives, anything with side effects (rng included), instructions with
  * control dependencies, tuples, dynamic shapes, non-scalar constants.
@@ -59,6 +66,7 @@
 #include "common/alloc.h"
 #include "common/deadline.h"
 #include "common/sbuf.h"
+#include "compiler/buffer_assign.h"
 #include "compiler/ir/rewrite.h"
 #include "compiler/passes/cost.h"
 #include "compiler/passes/passes.h"
@@ -84,6 +92,7 @@ typedef struct group {
   uint32_t merged_into; /* NO_GROUP while alive */
   kiln_id dot;          /* kOutput: the dot member */
   uint32_t nred;        /* kLoop: row reduces among the members */
+  bool dus;             /* root: an in-place dynamic-update-slice (dus_ok) */
 } group;
 
 /* Analysis state for one computation. */
@@ -224,6 +233,7 @@ static int new_group(fctx *f, kiln_id root, fkind kind, uint32_t *out) {
   G->kind = kind;
   G->merged_into = NO_GROUP;
   G->dot = KILN_NO_ID;
+  G->dus = f->m->instrs[root]->op == KILN_OP_DYNAMIC_UPDATE_SLICE;
   if (grow(f->a, (void **)&G->roots, &G->capr, 1, sizeof *G->roots)) return oom(f);
   G->roots[G->nroots++] = root;
   int rc = add_member(f, g, root);
@@ -390,6 +400,39 @@ static bool reduce_op(const kiln_instr *x) {
   return x->op == KILN_OP_REDUCE && x->noperands == 2 && x->ncalled == 1;
 }
 
+/* A dynamic-update-slice that the code generator writes in place when it
+ * roots a fusion: its operand laid out as its result. */
+static bool dus_ok(const fctx *f, const kiln_instr *x) {
+  if (x->op != KILN_OP_DYNAMIC_UPDATE_SLICE || x->noperands < 3) return false;
+  const kiln_shape *a = &f->m->instrs[x->operands[0]]->shape;
+  return a->dtype == x->shape.dtype && kiln__same_layout(a, &x->shape);
+}
+
+/* Whether x is just the bytes of a value that exists anyway: an alias op
+ * (a reshape that is a bitcast) of a parameter or of something that is not
+ * itself a loop op read only by x (which would join with it). */
+static bool bytes_of_stored(const fctx *f, const kiln_instr *x) {
+  if (!kiln__is_alias_op(f->m, x)) return false;
+  const kiln_instr *o = f->m->instrs[x->operands[0]];
+  uint32_t nu;
+  kiln_users_of(f->users, o->id, &nu);
+  return !in_comp(f, o->id) || o->op == KILN_OP_PARAMETER || !loop_op(o) ||
+         kiln__is_alias_op(f->m, o) || nu != 1;
+}
+
+/* Into a dynamic-update-slice's group only what computes its update joins,
+ * never a value that is just the bytes of one stored anyway (the update is
+ * then copied from it as it is, kiln__kernel_window_copy), never the
+ * operand or the start indices, and nothing that reads the operand (which
+ * the kernel overwrites in place while it runs). */
+static bool dus_member_ok(const fctx *f, const group *G, const kiln_instr *x) {
+  const kiln_instr *root = f->m->instrs[G->roots[0]];
+  if (!loop_op(x) || bytes_of_stored(f, x)) return false;
+  for (uint32_t k = 0; k < root->noperands; k++)
+    if (k != 1 && root->operands[k] == x->id) return false;
+  return !uses(x, root->operands[0]);
+}
+
 /* Whether producer p may structurally join group g (the model not asked). */
 static int eligible(fctx *f, uint32_t g, kiln_id p, bool *ok) {
   *ok = false;
@@ -397,6 +440,10 @@ static int eligible(fctx *f, uint32_t g, kiln_id p, bool *ok) {
   const kiln_instr *x = f->m->instrs[p];
   const group *G = &f->g[g];
   if (x->op == KILN_OP_PARAMETER || !basic_ok(f, x) || G->nmem >= MAX_MEMBERS) return 0;
+  if (G->dus) {
+    *ok = dus_member_ok(f, G, x);
+    return 0;
+  }
   if (x->op == KILN_OP_DOT) return G->nred ? 0 : output_ok(f, g, x, ok);
   /* A reduce joins a loop kernel that reads it only along its rows, and
    * nothing joins that kernel that would make it read a reduce otherwise. */
@@ -492,7 +539,9 @@ static kiln_id first_root(const fctx *f, uint32_t g) { return f->g[g].roots[0]; 
 /* Whether groups a and b can share one loop nest. */
 static bool same_space(const fctx *f, uint32_t a, uint32_t b) {
   const group *A = &f->g[a], *B = &f->g[b];
-  if (A->kind != B->kind || A->kind == K_OUTPUT || A->nmem + B->nmem > MAX_MEMBERS) return false;
+  if (A->kind != B->kind || A->kind == K_OUTPUT || A->dus || B->dus ||
+      A->nmem + B->nmem > MAX_MEMBERS)
+    return false;
   const kiln_instr *ra = f->m->instrs[first_root(f, a)], *rb = f->m->instrs[first_root(f, b)];
   if (A->kind == K_LOOP) return kiln_shape_same_dims(&ra->shape, &rb->shape);
   const kiln_i64s *da = kiln_instr_attr_ints(ra, KILN_ATTR_DIMENSIONS);
@@ -652,6 +701,7 @@ static bool root_kind(const fctx *f, const kiln_instr *x, fkind *k) {
     return true;
   }
   *k = K_LOOP;
+  if (dus_ok(f, x)) return true;
   /* A pooling window reads its producers in place (a convolution's bias
    * and relu are computed as the window reads them, not stored first); a
    * prefix scan is a kernel of its own (one pass per row, codegen). */

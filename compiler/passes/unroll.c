@@ -22,6 +22,12 @@
  *  - its body's root is a tuple and its condition is pure;
  *  - the body (and what it calls) holds only pure elementwise, movement,
  *    tuple and leaf instructions and calls, without control edges.
+ * Calls in the body are copied as their callees' bodies, so that the
+ * trips of a jax.lax.fori_loop (whose body calls its step function, and
+ * returns the counter with the floats, a tuple the inline pass leaves as
+ * a call) become one chain: Horner's rule over sixteen coefficients is
+ * then one kernel reading the array once instead of sixteen passes over
+ * it; hence up to MAX_TRIPS = 16 trips, the budget bounding the copies.
  * The body runs trips times on the state, so each copy computes what the
  * corresponding trip would: the counter takes the values the loop's would
  * and the condition fails exactly after the last copy. The
@@ -38,7 +44,7 @@
 #include "compiler/passes/passes.h"
 #include "compiler/transforms/rules.h"
 
-#define MAX_TRIPS 8
+#define MAX_TRIPS 16
 #define BUDGET 4096 /* instructions copied into one computation, at most */
 
 /* Whether computation c and those it calls hold only instructions a copy
@@ -97,27 +103,37 @@ static int64_t trips(const kiln_module *m, const kiln_instr *w, const bool *impu
   return plain(m, bd, impure, 0, size) ? n : -1;
 }
 
-/* Appends to `comp` a copy of body computation `bd` reading `state`; the
- * copy's root, or KILN_NO_ID after an error (recorded in tx). */
-static kiln_id copy_body(kiln__tx *tx, uint32_t comp, uint32_t bd, kiln_id state) {
+/* Appends to `comp` a copy of computation `c` whose parameter k reads
+ * args[k], and returns the copy's root (KILN_NO_ID after an error, recorded
+ * in tx). A call inside (plain() admitted only pure calls of plain
+ * computations) is copied as its callee's body, so that the trips' chains
+ * meet in one computation where fusion can join them: a body that calls
+ * its step function (jax.lax.fori_loop does) would otherwise leave one
+ * call, and one kernel, per trip. map is indexed by instruction id; ids of
+ * different computations never collide, and a callee's entries are read
+ * only until its copy returns. */
+static kiln_id copy_comp(kiln__tx *tx, kiln__b *b, uint32_t c, const kiln_id *args, uint32_t nargs,
+                         kiln_id *map, uint32_t nmap, uint32_t depth) {
   kiln_module *m = tx->m;
-  const kiln_computation *c = m->comps[bd];
-  kiln__b b = {tx, comp};
-  uint32_t nmap = m->ninstrs;
-  kiln_id *map = kiln_malloc(((size_t)nmap + 1) * sizeof *map), ops[64], *big = NULL;
-  kiln_id out = KILN_NO_ID;
-  if (map == NULL) {
-    kiln__tx_oom(tx);
+  const kiln_computation *comp = m->comps[c];
+  kiln_id ops[64], *big = NULL, out = KILN_NO_ID;
+  if (depth > 8) {
+    kiln__tx_fail(tx, KILN_EINTERNAL, NULL, "unroll: calls nested too deeply");
     return KILN_NO_ID;
   }
-  for (uint32_t i = 0; i < c->ninstrs; i++) {
-    const kiln_instr *src = m->instrs[c->instrs[i]];
+  for (uint32_t i = 0; i < comp->ninstrs; i++) {
+    const kiln_instr *src = m->instrs[comp->instrs[i]];
     if (src->id >= nmap) {
       kiln__tx_fail(tx, KILN_EINTERNAL, src, "unroll: instruction added during the copy");
       goto out_free;
     }
     if (src->op == KILN_OP_PARAMETER) {
-      map[src->id] = state;
+      if (src->param_number < 0 || src->param_number >= nargs) {
+        kiln__tx_fail(tx, KILN_EINVAL, src, "unroll: parameter %lld out of range (%u operands)",
+                      (long long)src->param_number, nargs);
+        goto out_free;
+      }
+      map[src->id] = args[src->param_number];
       continue;
     }
     kiln_id *o = ops;
@@ -131,18 +147,48 @@ static kiln_id copy_body(kiln__tx *tx, uint32_t comp, uint32_t bd, kiln_id state
     }
     for (uint32_t j = 0; j < src->noperands; j++) {
       kiln_id x = src->operands[j];
-      if (x >= nmap || m->instrs[x]->comp != bd) {
+      if (x >= nmap || m->instrs[x]->comp != c) {
         kiln__tx_fail(tx, KILN_EINVAL, src, "unroll: operand %u is not in the loop body", j);
         goto out_free;
       }
       o[j] = map[x];
     }
-    map[src->id] = kiln__b_clone_same(&b, src, o, src->noperands);
+    if (src->op == KILN_OP_CALL && src->ncalled == 1 && src->called[0] < m->ncomps &&
+        src->called[0] != c) {
+      /* o may be big, which the callee's copy may replace: keep a copy. */
+      kiln_id *co = kiln_malloc(((size_t)src->noperands + 1) * sizeof *co);
+      if (co == NULL) {
+        kiln__tx_oom(tx);
+        goto out_free;
+      }
+      memcpy(co, o, (size_t)src->noperands * sizeof *co);
+      kiln_id r = copy_comp(tx, b, src->called[0], co, src->noperands, map, nmap, depth + 1);
+      kiln_free(co);
+      if (r == KILN_NO_ID) goto out_free;
+      map[src->id] = r;
+      continue;
+    }
+    map[src->id] = kiln__b_clone_same(b, src, o, src->noperands);
     if (!kiln__tx_ok(tx)) goto out_free;
   }
-  out = map[c->root];
+  out = map[comp->root];
 out_free:
   kiln_free(big);
+  return out;
+}
+
+/* Appends to `comp` a copy of body computation `bd` reading `state`; the
+ * copy's root, or KILN_NO_ID after an error (recorded in tx). */
+static kiln_id copy_body(kiln__tx *tx, uint32_t comp, uint32_t bd, kiln_id state) {
+  kiln_module *m = tx->m;
+  kiln__b b = {tx, comp};
+  uint32_t nmap = m->ninstrs;
+  kiln_id *map = kiln_malloc(((size_t)nmap + 1) * sizeof *map);
+  if (map == NULL) {
+    kiln__tx_oom(tx);
+    return KILN_NO_ID;
+  }
+  kiln_id out = copy_comp(tx, &b, bd, &state, 1, map, nmap, 0);
   kiln_free(map);
   return out;
 }

@@ -262,6 +262,122 @@ START_TEST(test_shape_ops) {
 }
 END_TEST
 
+/* dynamic-slice and in-place dynamic-update-slice between buffers of one
+ * layout are copies of contiguous runs (kiln__kernel_window_copy): runs of
+ * whole minor dims, several runs per window, runs longer than one
+ * iteration's piece (2 x 16384 and 16384 + 3616 elements), column-major,
+ * start indices of s32, u64 and s8 (clamped: the integer arguments are in
+ * [-5, 5] or [0, 10]), one start vector, bf16 and pred bits, an update of
+ * a parameter (copied first) and of a temporary (in place). */
+START_TEST(test_window_copy) {
+  agree("HloModule m\nENTRY e {\n  a = f32[7,5,16] parameter(0)\n  i = s32[] parameter(1)\n"
+        "  j = s32[] parameter(2)\n  ROOT d = f32[2,5,16] dynamic-slice(a, i, j, j), "
+        "dynamic_slice_sizes={2,5,16}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[16,5,9]{0,1,2} parameter(0)\n  i = s32[] parameter(1)\n"
+        "  ROOT d = f32[16,5,3]{0,1,2} dynamic-slice(a, i, i, i), "
+        "dynamic_slice_sizes={16,5,3}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[3,4,40] parameter(0)\n  i = u64[] parameter(1)\n"
+        "  j = u64[] parameter(2)\n  ROOT d = f32[2,3,24] dynamic-slice(a, i, j, j), "
+        "dynamic_slice_sizes={2,3,24}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = bf16[3,128,256] parameter(0)\n  i = s8[] parameter(1)\n"
+        "  z = s8[] constant(0)\n  ROOT d = bf16[1,128,256] dynamic-slice(a, i, z, z), "
+        "dynamic_slice_sizes={1,128,256}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[3,100,200] parameter(0)\n  i = s32[] parameter(1)\n"
+        "  ROOT d = f32[1,100,200] dynamic-slice(a, i, i, i), "
+        "dynamic_slice_sizes={1,100,200}\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[6,4,32] parameter(0)\n  v = s32[3] parameter(1)\n"
+        "  ROOT d = f32[2,4,16] dynamic-slice(a, v), dynamic_slice_sizes={2,4,16}\n}\n");
+  agree(
+      "HloModule m\nENTRY e {\n  a = f32[6,4,32] parameter(0)\n  u = f32[2,4,32] parameter(1)\n"
+      "  i = s32[] parameter(2)\n  ROOT d = f32[6,4,32] dynamic-update-slice(a, u, i, i, i)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = f32[6,4,32] parameter(0)\n  b = f32[6,4,32] add(a, a)\n"
+        "  u = f32[2,3,20] parameter(1)\n  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n"
+        "  ROOT d = f32[6,4,32] dynamic-update-slice(b, u, i, j, j)\n}\n");
+  agree("HloModule m\nENTRY e {\n  a = pred[5,3,64] parameter(0)\n  b = pred[5,3,64] not(a)\n"
+        "  u = pred[1,3,64] parameter(1)\n  i = u64[] parameter(2)\n"
+        "  ROOT d = pred[5,3,64] dynamic-update-slice(b, u, i, i, i)\n}\n");
+}
+END_TEST
+
+/* A fori_loop of Horner's rule over 16 coefficients whose body calls its
+ * step (unrolled, one kernel reading 16 one-element inputs, hoisted out of
+ * its loop), and loops of 40 trips (not unrolled) writing a transposed or
+ * computed update into their state in place (the update's producers fused
+ * into the update), one whose update reads the state itself. */
+static const char *const loop_state_fmt =
+    "HloModule m\n"
+    "body {\n  s = (s32[], f32[40,50,40], f32[40,50]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0\n"
+    "  ys = f32[40,50,40] get-tuple-element(s), index=1\n"
+    "  h = f32[40,50] get-tuple-element(s), index=2\n  z = s32[] constant(0)\n"
+    "  %s\n"
+    "  ys2 = f32[40,50,40] dynamic-update-slice(ys, u, i, z, z)\n"
+    "  h2 = f32[40,50] negate(h)\n  one = s32[] constant(1)\n  i2 = s32[] add(i, one)\n"
+    "  ROOT t = (s32[], f32[40,50,40], f32[40,50]) tuple(i2, ys2, h2)\n}\n"
+    "cond {\n  s = (s32[], f32[40,50,40], f32[40,50]) parameter(0)\n"
+    "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(40)\n"
+    "  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
+    "ENTRY e {\n  h = f32[40,50] parameter(0)\n  y0 = f32[40,50,40] parameter(1)\n"
+    "  ys = f32[40,50,40] add(y0, y0)\n  z = s32[] constant(0)\n"
+    "  init = (s32[], f32[40,50,40], f32[40,50]) tuple(z, ys, h)\n"
+    "  w = (s32[], f32[40,50,40], f32[40,50]) while(init), condition=cond, body=body\n"
+    "  ROOT r = f32[40,50,40] get-tuple-element(w), index=1\n}\n";
+
+START_TEST(test_loop_bodies) {
+  kiln_sbuf b = KILN_SBUF_INIT;
+  kiln_sbuf_printf(&b,
+                   "HloModule m\n"
+                   "step {\n  x = f32[1000] parameter(0)\n  c = f32[16] parameter(1)\n"
+                   "  i = s32[] parameter(2)\n  y = f32[1000] parameter(3)\n"
+                   "  one = s32[] constant(1)\n  i2 = s32[] add(i, one)\n"
+                   "  m = f32[1000] multiply(y, x)\n"
+                   "  d = f32[1] dynamic-slice(c, i), dynamic_slice_sizes={1}\n"
+                   "  q = f32[] reshape(d)\n  bq = f32[1000] broadcast(q), dimensions={}\n"
+                   "  a = f32[1000] add(m, bq)\n  ROOT t = (s32[], f32[1000]) tuple(i2, a)\n}\n"
+                   "cond {\n  s = (s32[], s32[], f32[1000], f32[1000], f32[16]) parameter(0)\n"
+                   "  i = s32[] get-tuple-element(s), index=0\n  n = s32[] constant(16)\n"
+                   "  ROOT lt = pred[] compare(i, n), direction=LT\n}\n"
+                   "body {\n  s = (s32[], s32[], f32[1000], f32[1000], f32[16]) parameter(0)\n"
+                   "  i = s32[] get-tuple-element(s), index=0\n"
+                   "  j = s32[] get-tuple-element(s), index=1\n"
+                   "  y = f32[1000] get-tuple-element(s), index=2\n"
+                   "  x = f32[1000] get-tuple-element(s), index=3\n"
+                   "  c = f32[16] get-tuple-element(s), index=4\n"
+                   "  r = (s32[], f32[1000]) call(x, c, j, y), to_apply=step\n"
+                   "  j2 = s32[] get-tuple-element(r), index=0\n"
+                   "  y2 = f32[1000] get-tuple-element(r), index=1\n"
+                   "  one = s32[] constant(1)\n  i2 = s32[] add(i, one)\n"
+                   "  ROOT t = (s32[], s32[], f32[1000], f32[1000], f32[16]) tuple(i2, j2, y2, x, "
+                   "c)\n}\n"
+                   "ENTRY e {\n  x = f32[1000] parameter(0)\n  c = f32[16] parameter(1)\n"
+                   "  z = s32[] constant(0)\n  zf = f32[] constant(0)\n"
+                   "  y = f32[1000] broadcast(zf), dimensions={}\n"
+                   "  init = (s32[], s32[], f32[1000], f32[1000], f32[16]) tuple(z, z, y, x, c)\n"
+                   "  w = (s32[], s32[], f32[1000], f32[1000], f32[16]) while(init), "
+                   "condition=cond, body=body\n"
+                   "  ROOT r = f32[1000] get-tuple-element(w), index=2\n}\n");
+  agree(kiln_sbuf_str(&b));
+  kiln_sbuf_free(&b);
+  static const char *const updates[] = {
+      /* a transposing reshape: one fused kernel, written in place */
+      "ht = f32[50,40] transpose(h), dimensions={1,0}\n  u = f32[1,50,40] reshape(ht)",
+      /* computed: tanh of the transpose plus one */
+      "ht = f32[50,40] transpose(h), dimensions={1,0}\n  th = f32[50,40] tanh(ht)\n"
+      "  k = f32[] constant(1)\n  kb = f32[50,40] broadcast(k), dimensions={}\n"
+      "  a = f32[50,40] add(th, kb)\n  u = f32[1,50,40] reshape(a)",
+      /* the update reads the state it is written into */
+      "sl = f32[1,50,40] slice(ys), slice={[2:3], [0:50], [0:40]}\n"
+      "  u = f32[1,50,40] negate(sl)",
+  };
+  for (size_t k = 0; k < sizeof updates / sizeof *updates; k++) {
+    kiln_sbuf t = KILN_SBUF_INIT;
+    kiln_sbuf_printf(&t, loop_state_fmt, updates[k]);
+    agree(kiln_sbuf_str(&t));
+    kiln_sbuf_free(&t);
+  }
+}
+END_TEST
+
 START_TEST(test_dot) {
   agree("HloModule m\nENTRY e {\n  a = f32[64,48] parameter(0)\n  b = f32[48,80] parameter(1)\n"
         "  ROOT d = f32[64,80] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n");
@@ -896,6 +1012,8 @@ int main(void) {
   tcase_set_timeout(tc, 240);
   tcase_add_test(tc, test_elementwise_chains);
   tcase_add_test(tc, test_shape_ops);
+  tcase_add_test(tc, test_window_copy);
+  tcase_add_test(tc, test_loop_bodies);
   tcase_add_test(tc, test_dot);
   tcase_add_test(tc, test_dot_random);
   tcase_add_test(tc, test_reshape_random);
