@@ -2061,13 +2061,23 @@ static int partition_entry(part *p, kiln_spmd_program *prog) {
 
 int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *dump_dir,
                         kiln_spmd_program **out, kiln_status *st) {
+  return kiln_spmd_partition_mesh(src, 1, partitions, dump_dir, out, st);
+}
+
+int kiln_spmd_partition_mesh(const kiln_module *src, int64_t replicas, int64_t partitions,
+                             const char *dump_dir, kiln_spmd_program **out, kiln_status *st) {
   *out = NULL;
+  if (replicas < 1 || replicas > 4096 || partitions < 1 || replicas * partitions > 4096)
+    return kiln_status_set(st, KILN_EINVAL, "spmd",
+                           "a mesh of %lld replicas x %lld partitions (at most 4096 devices)",
+                           (long long)replicas, (long long)partitions);
   kiln_spmd_program *prog = kiln_calloc(1, sizeof *prog);
   if (prog == NULL || (prog->arena = kiln_arena_create()) == NULL) {
     kiln_free(prog);
     return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
   }
   prog->partitions = partitions;
+  prog->replicas = replicas;
   int rc = kiln_module_clone(src, &prog->module);
   if (rc) {
     kiln_spmd_program_destroy(prog);
@@ -2094,6 +2104,7 @@ int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *
   if (rc == 0 && tx.err) rc = tx.err;
   kiln__tx_fini(&tx);
   kiln_arena_destroy(p.a);
+  if (rc == 0) rc = kiln__spmd_replicate(m, replicas, partitions, st);
   if (rc == 0) rc = kiln_module_verify(m, NULL, st);
   if (rc == 0) rc = dump(m, dump_dir, "spmd-partitioned", st);
   if (rc) {

@@ -216,4 +216,9 @@ int64_t kiln__shard_bytes(const kiln_shape *g, const spmd_tiling *t);
 int kiln__model_lifetimes(kiln_arena *a, const kiln_module *m, uint32_t comp, uint32_t **last,
                           bool **counted);
 
+/* In place (replicas.c): partitioned program m (over `partitions`) as the
+ * program every replica of a replicas x partitions mesh runs, its
+ * collectives kept within each replica; sets m's replica_count. */
+int kiln__spmd_replicate(kiln_module *m, int64_t replicas, int64_t partitions, kiln_status *st);
+
 #endif /* KILN_COMPILER_SPMD_SPMD_INTERNAL_H */
