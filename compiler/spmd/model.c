@@ -371,16 +371,20 @@ static bool rule_contraction(const spmd_model *md, const kiln_instr *ins, spmd_t
   return true;
 }
 
-static bool rule_gather(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
-                        spmd_tiling **need, spmd_charge *c) {
+/* partition.c's rule_gather: the indices and the table split as the
+ * result's batch dims and whole dims (kiln__gather_plan). */
+static bool rule_gather(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
+                        const spmd_tiling *want, spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
   if (ins->noperands != 2) return false;
-  spmd_tiling *ni = kiln__spmd_bwd(md->a, m, ins, 1, want);
-  spmd_tiling *g = ni ? kiln__spmd_fwd(md->a, m, ins, 1, ni) : NULL;
   const kiln_shape *ts = &m->instrs[ins->operands[0]]->shape;
-  if (g == NULL || !is_array(ts)) return false;
-  need[0] = replicated(md, ts->rank);
-  need[1] = ni;
+  const kiln_shape *is = &m->instrs[ins->operands[1]]->shape;
+  spmd_tiling *tt, *ti, *g;
+  if (!is_array(ts) || !is_array(is) ||
+      !kiln__gather_plan(md->a, m, ins, lt[0], lt[1], want, &tt, &ti, &g))
+    return false;
+  need[0] = tt;
+  need[1] = ti;
   charge_compute(md, ins, share(&ins->shape, g), c);
   pending none = {0};
   finish(md, &ins->shape, g, want, &none, c);
@@ -419,18 +423,18 @@ static bool rule_gather_split(const spmd_model *md, const kiln_instr *ins, spmd_
 }
 
 /* partition.c's rule_scatter: the result split along the dim the scatter
- * indexes, each device scattering into its shard; indices and updates
- * whole. */
+ * indexes and/or whole window dims, each device scattering into its shard;
+ * the indices whole, the updates split along those window dims. */
 static bool rule_scatter(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
                          spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
-  if (kiln__indexed_dim(m, ins, want) < 0) return false;
-  const kiln_shape *us = &m->instrs[ins->operands[2]]->shape;
+  int d;
+  spmd_tiling *tu;
+  if (!kiln__scatter_plan(md->a, m, ins, want, &d, &tu)) return false;
   const kiln_shape *is = &m->instrs[ins->operands[1]]->shape;
-  if (!is_array(us)) return false;
   need[0] = (spmd_tiling *)want;
   need[1] = replicated(md, is->rank);
-  need[2] = replicated(md, us->rank);
+  need[2] = tu;
   charge_compute(md, ins, share(&ins->shape, want), c);
   return true;
 }
@@ -471,8 +475,8 @@ void kiln__model_rule(const spmd_model *md, const kiln_instr *ins, spmd_tiling *
   case KILN_OP_DOT:
   case KILN_OP_CONVOLUTION: done = arr && rule_contraction(md, ins, lt, want, need, &r); break;
   case KILN_OP_GATHER:
-    done = arr &&
-           (rule_gather_split(md, ins, lt, want, need, &r) || rule_gather(md, ins, want, need, &r));
+    done = arr && (rule_gather_split(md, ins, lt, want, need, &r) ||
+                   rule_gather(md, ins, lt, want, need, &r));
     break;
   case KILN_OP_SCATTER: done = arr && rule_scatter(md, ins, want, need, &r); break;
   default:

@@ -1175,34 +1175,54 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
  * an embedding lookup over a split vocabulary), when the result is to be
  * split so: each device scatters the updates whose indices fall in its
  * shard (the others are out of bounds there, which scatter skips); the
- * indices and updates whole. Else whole. */
+ * indices whole. Split along whole window dims no index names (an
+ * embedding's feature dim), each device scatters its part of every
+ * window: the updates split along the same dims. Else whole. */
 static int rule_scatter(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                         spmd_tiling **got) {
-  int d = is_array(&ins->shape) && want ? kiln__indexed_dim(p->m, ins, want) : -1;
-  if (d < 0 || !is_array(gshape(p, ins->operands[2]))) return rule_whole(p, ins, want, out, got);
+  int d;
+  spmd_tiling *tu;
+  if (!is_array(&ins->shape) || !kiln__scatter_plan(p->a, p->m, ins, want, &d, &tu))
+    return rule_whole(p, ins, want, out, got);
   kiln_id ops[3] = {local_as(p, ins->operands[0], want),
-                    local_indices(p, ins->operands[1], want, (uint32_t)d, ins->shape.dims[d]),
-                    whole(p, ins->operands[2])};
+                    d >= 0
+                        ? local_indices(p, ins->operands[1], want, (uint32_t)d, ins->shape.dims[d])
+                        : whole(p, ins->operands[1]),
+                    local_as(p, ins->operands[2], tu)};
   *out = kiln__b_clone(&p->b, ins, ops, 3);
   *got = (spmd_tiling *)want;
   return p->tx->err;
 }
 
-/* gather: the table whole, the indices split as the result's batch dims
- * (an embedding lookup of split ids needs no communication); or a table
- * split along the indexed dim (gather_split_table). */
+/* gather: the indices split as the result's batch dims and the table
+ * along the dims the result takes whole, else whole (an embedding lookup
+ * of split ids, or from a table split along its features, needs no
+ * communication), the split from the result, the table or the indices,
+ * whichever reshards fewer bytes (kiln__gather_plan); or a table split
+ * along the indexed dim (gather_split_table). */
 static int rule_gather(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                        spmd_tiling **got) {
   if (gather_split_table(p, ins, out, got)) return 0;
   if (!kiln__tx_ok(p->tx)) return p->tx->err;
-  spmd_tiling *ni = is_array(&ins->shape) ? kiln__spmd_bwd(p->a, p->m, ins, 1, want) : NULL;
-  spmd_tiling *g = ni ? kiln__spmd_fwd(p->a, p->m, ins, 1, ni) : NULL;
-  const kiln_shape *ts = gshape(p, ins->operands[0]);
-  if (g == NULL || !is_array(ts)) return rule_whole(p, ins, want, out, got);
-  kiln_id ops[2] = {local_as(p, ins->operands[0], replicated(p, ts->rank)),
-                    local_as(p, ins->operands[1], ni)};
-  *out = kiln__b_clone(&p->b, ins, ops, 2);
-  *got = g;
+  kiln_id tb = ins->operands[0], ix = ins->operands[1];
+  const kiln_shape *ts = gshape(p, tb);
+  spmd_tiling *tt, *ti, *tr;
+  if (!is_array(&ins->shape) || !is_array(ts) || !is_array(gshape(p, ix)) ||
+      !kiln__gather_plan(p->a, p->m, ins, p->lt[tb], p->lt[ix], want, &tt, &ti, &tr))
+    return rule_whole(p, ins, want, out, got);
+  kiln_id ops[2] = {local_as(p, tb, tt), local_as(p, ix, ti)};
+  kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, 2);
+  const kiln_i64s *ss = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE_SIZES);
+  int64_t *ls = ss ? kiln__b_i64s(p->tx, ss->n) : NULL;
+  if (c == NULL || ls == NULL) return p->tx->err ? p->tx->err : kiln__tx_oom(p->tx);
+  /* the slices of split dims (whole dims of the table) are its shards */
+  for (uint32_t d = 0; d < ss->n; d++)
+    ls[d] =
+        d < ts->rank && tt->tiles[d] > 1 ? kiln__shard_size(ts->dims[d], tt->tiles[d]) : ss->v[d];
+  if (kiln_instr_set_attr_ints(p->m, c, KILN_ATTR_SLICE_SIZES, ls, ss->n))
+    return kiln__tx_oom(p->tx);
+  *out = kiln__b_finish(&p->b, c);
+  *got = tr;
   return p->tx->err;
 }
 

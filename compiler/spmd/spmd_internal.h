@@ -112,6 +112,26 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
  * (scatters) the indices that fall in its shard (partition.c). */
 int kiln__indexed_dim(const kiln_module *m, const kiln_instr *ins, const spmd_tiling *t);
 
+/* A gather computed locally, without communication: its result split only
+ * along batch dims (the indices split so) and dims that take a whole
+ * operand dim no index names (the table split so; e.g. an embedding's
+ * feature dim). Of the result tilings the result asks (want), the table
+ * (lt0) and the indices (lt1; NULL: replicated) offer, the one resharding
+ * the fewest bytes: *tt and *ti the table's and indices' tilings, *tr the
+ * result's (which covers want's splits along those dims). False for a
+ * gather of another form. */
+bool kiln__gather_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                       const spmd_tiling *lt0, const spmd_tiling *lt1, const spmd_tiling *want,
+                       spmd_tiling **tt, spmd_tiling **ti, spmd_tiling **tr);
+
+/* A scatter (one operand) computed locally under tiling t of its operand
+ * and result: t splits the dim the indices name (as kiln__indexed_dim asks:
+ * *d, else -1) and/or operand dims whose window is the whole dim and that
+ * no index names, *tu then the updates' tiling (split along those window
+ * dims). False when t splits nothing or anything else. */
+bool kiln__scatter_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                        const spmd_tiling *t, int *d, spmd_tiling **tu);
+
 /* Annotations on an instruction: its sharding= attribute, or for a
  * sharding custom call (with_sharding_constraint, Shardy markers) the
  * sharding it names (sharding=, or the xla.sdy.sharding frontend attribute

@@ -1116,6 +1116,113 @@ START_TEST(test_gather_scatter_split_vocabulary) {
 }
 END_TEST
 
+/* Collectives of text partitioned over p devices, all kinds; the result
+ * checked against the interpreter on interp (and cpu when p is 4). */
+static int total_collectives(const char *text, int64_t p) {
+  int n = 0;
+  for (int k = 0; k < KILN_SPMD_NKINDS; k++) n += count_of(text, p, (kiln_spmd_kind)k);
+  if (p == 4) check_program(text, p, "cpu", -1, -1);
+  return n;
+}
+
+START_TEST(test_gather_scatter_other_dims) {
+  /* jnp.take from a table split along its features: each device gathers
+   * its columns (the split passes to the result), no communication; also
+   * the non-collapsed form, uneven features (7 over 4), and ids split by
+   * batch on one mesh axis with the features on the other (x=2, y=4) */
+  static const char feat[] =
+      "HloModule feat\n"
+      "ENTRY e {\n t = f32[10,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " ids = s32[6,1] parameter(1), sharding={replicated}\n"
+      " g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n"
+      " g3 = f32[6,1,8] gather(t, ids), offset_dims={1,2}, collapsed_slice_dims={}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n"
+      " r = f32[6,8] reshape(g3)\n"
+      " ROOT o = f32[6,8] add(g, r)\n}\n";
+  ck_assert_int_eq(total_collectives(feat, 4), 0);
+  static const char uneven[] =
+      "HloModule uneven\n"
+      "ENTRY e {\n t = f32[10,7] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " ids = s32[5] parameter(1), sharding={replicated}\n"
+      " ROOT g = f32[5,7] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,7}, "
+      "sharding={devices=[1,4]<=[4]}\n}\n";
+  ck_assert_int_eq(total_collectives(uneven, 4), 0);
+  static const char two_d[] =
+      "HloModule two_d\n"
+      "ENTRY e {\n t = f32[10,8] parameter(0), sharding={devices=[1,4,2]<=[2,4]T(1,0) "
+      "last_tile_dim_replicate}\n"
+      " ids = s32[6] parameter(1), sharding={devices=[2,4]<=[8] last_tile_dim_replicate}\n"
+      " ROOT g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n}\n";
+  ck_assert_int_eq(total_collectives(two_d, 8), 0);
+  /* asked for whole, the smaller result is gathered rather than the table */
+  static const char whole_out[] =
+      "HloModule whole_out\n"
+      "ENTRY e {\n t = f32[64,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " ids = s32[6] parameter(1), sharding={replicated}\n"
+      " ROOT g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}, sharding={replicated}\n}\n";
+  kiln_module *m = parse_ok(whole_out);
+  kiln_status st = {0};
+  kiln_spmd_program *prog;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), 0);
+  ck_assert_int_eq(prog->stats.count[KILN_SPMD_ALL_GATHER], 1);
+  ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_ALL_GATHER], 6 * 8 * 4);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+  check_program(whole_out, 4, "interp", 0, 1);
+  /* a partial slice of a dim no index names does not pass it through:
+   * the table is gathered, the result still right */
+  check_program("HloModule part\n"
+                "ENTRY e {\n t = f32[10,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+                " ids = s32[6] parameter(1), sharding={replicated}\n"
+                " ROOT g = f32[6,4] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+                "start_index_map={0}, index_vector_dim=1, slice_sizes={1,4}\n}\n",
+                4, "interp", 0, -1);
+  /* the gradient's scatter-add into a table split along its features (and
+   * along its vocabulary too, on x=2, y=4): each device scatters its
+   * columns of every update, with repeated and out-of-range ids */
+  static const char grad[] =
+      "HloModule grad\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[10,8] parameter(0), sharding={SPLIT}\n"
+      " u = f32[7,8] parameter(1), sharding={USPLIT}\n"
+      " ids = s32[7,1] constant({{-3}, {0}, {4}, {9}, {12}, {4}, {3}})\n"
+      " ROOT d = f32[10,8] scatter(t, ids, u), update_window_dims={1}, "
+      "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+      "to_apply=add, sharding={SPLIT}\n}\n";
+  const char *splits[2][2] = {{"devices=[1,4]<=[4]", "devices=[1,4]<=[4]"},
+                              {"devices=[2,4]<=[8]", "devices=[1,4,2]<=[2,4]T(1,0) "
+                                                     "last_tile_dim_replicate"}};
+  for (int k = 0; k < 2; k++) {
+    char text[2048], tmp[2048];
+    const char *a = strstr(grad, "{SPLIT}");
+    snprintf(tmp, sizeof tmp, "%.*s{%s}%s", (int)(a - grad), grad, splits[k][0], a + 7);
+    a = strstr(tmp, "{USPLIT}");
+    snprintf(text, sizeof text, "%.*s{%s}%s", (int)(a - tmp), tmp, splits[k][1], a + 8);
+    a = strstr(text, "{SPLIT}");
+    snprintf(tmp, sizeof tmp, "%.*s{%s}%s", (int)(a - text), text, splits[k][0], a + 7);
+    ck_assert_int_eq(total_collectives(tmp, k ? 8 : 4), 0);
+    m = parse_ok(tmp);
+    ck_assert_int_eq(kiln_spmd_partition(m, k ? 8 : 4, NULL, &prog, &st), 0);
+    const kiln_computation *c = kiln_module_entry(prog->module);
+    int local = 0;
+    for (uint32_t i = 0; i < c->ninstrs; i++) {
+      const kiln_instr *ins = prog->module->instrs[c->instrs[i]];
+      const kiln_shape *u =
+          ins->op == KILN_OP_SCATTER ? &prog->module->instrs[ins->operands[2]]->shape : NULL;
+      local +=
+          u && u->dims[1] == 2 && ins->shape.dims[1] == 2 && ins->shape.dims[0] == (k ? 5 : 10);
+    }
+    ck_assert_int_eq(local, 1);
+    kiln_spmd_program_destroy(prog);
+    kiln_module_destroy(m);
+  }
+}
+END_TEST
+
 START_TEST(test_reduce_init_not_identity) {
   /* sum with init 5 over a split dim: partial sums would add 5 once per
    * device, so the operand is gathered instead. */
@@ -1511,6 +1618,7 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_reduce_init_not_identity);
   tcase_add_test(tc, test_gather_embedding);
   tcase_add_test(tc, test_gather_scatter_split_vocabulary);
+  tcase_add_test(tc, test_gather_scatter_other_dims);
   tcase_add_test(tc, test_while_split_state);
   tcase_add_test(tc, test_while_other_states);
   tcase_add_test(tc, test_conditional_split);
