@@ -228,6 +228,22 @@ bool kiln__gather_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *in
   return best >= 0;
 }
 
+int kiln__gather_split(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                       const spmd_tiling *t, spmd_tiling **rt) {
+  int64_t pass[SPMD_MAX_RANK];
+  if (t == NULL || !kiln_shape_is_array(&ins->shape) || ins->shape.rank > SPMD_MAX_RANK ||
+      !gather_pass(m, ins, pass))
+    return -1;
+  bool fold[SPMD_MAX_RANK] = {false};
+  for (uint32_t j = 0; j < ins->shape.rank; j++)
+    if (pass[j] >= 0 && pass[j] < (int64_t)t->rank) fold[pass[j]] = true;
+  spmd_tiling *only = kiln__tiling_fold(a, t, fold);
+  int d = only ? kiln__indexed_dim(m, ins, only) : -1;
+  if (d < 0) return -1;
+  *rt = kiln__tiling_derive(a, t, pass, ins->shape.rank);
+  return *rt ? d : -1;
+}
+
 /* For each operand dim of a scatter (one operand, no batching dims):
  * whether it is the window's whole dim and no index names it
  * (pass[d]: the updates dim of its window, else -1), and whether indices

@@ -392,9 +392,10 @@ static bool rule_gather(const spmd_model *md, const kiln_instr *ins, spmd_tiling
 }
 
 /* partition.c's gather_split_table: a table split along the dim it
- * indexes, when the result moves fewer bytes than the table: the table as
- * it is, the indices whole, the whole result on every device and one
- * all-reduce over the devices splitting the table. */
+ * indexes (and perhaps dims the result takes whole), when the result moves
+ * fewer bytes than the table: the table as it is, the indices whole, the
+ * result (split as the table's whole dims) on every device and one
+ * all-reduce over the devices splitting the indexed dim. */
 static bool rule_gather_split(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
                               const spmd_tiling *want, spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
@@ -404,21 +405,22 @@ static bool rule_gather_split(const spmd_model *md, const kiln_instr *ins, spmd_
   if (!is_array(ts) || !is_array(is) || ins->shape.dtype == KILN_PRED ||
       ts->dtype != ins->shape.dtype)
     return false;
-  int d = kiln__indexed_dim(m, ins, lt[0]);
+  spmd_tiling *rt;
+  int d = kiln__gather_split(md->a, m, ins, lt[0], &rt);
   if (d < 0) return false;
   int64_t rb = kiln_shape_bytes(&ins->shape), tb = kiln_shape_bytes(ts);
   int64_t ib = lt[1] && !kiln__tiling_is_replicated(lt[1]) ? kiln_shape_bytes(is) : 0;
   if (rb < 0 || tb < 0 || rb + ib >= tb) return false;
   need[0] = lt[0];
   need[1] = replicated(md, is->rank);
-  charge_compute(md, ins, 1, c);
+  charge_compute(md, ins, share(&ins->shape, rt), c);
   pending ar = {0};
   ar.any = true;
-  ar.bytes = rb;
+  ar.bytes = kiln__shard_bytes(&ins->shape, rt);
   ar.group = lt[0]->tiles[d];
   ar.tiling = lt[0];
   ar.dims[d] = true;
-  finish(md, &ins->shape, replicated(md, ins->shape.rank), want, &ar, c);
+  finish(md, &ins->shape, rt, want, &ar, c);
   return true;
 }
 

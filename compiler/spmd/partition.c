@@ -1108,11 +1108,36 @@ static kiln_id local_indices(part *p, kiln_id ix, const spmd_tiling *t, uint32_t
   return kiln__b_sub(&p->b, idx, kiln__b_splat(&p->b, off, is));
 }
 
+/* Gather ins from operands ops, the table a shard under tt: the slices
+ * of the whole dims tt splits are its shards. */
+static kiln_id local_gather(part *p, const kiln_instr *ins, const kiln_id *ops,
+                            const spmd_tiling *tt) {
+  const kiln_shape *ts = gshape(p, ins->operands[0]);
+  kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, 2);
+  const kiln_i64s *ss = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE_SIZES);
+  int64_t *ls = ss ? kiln__b_i64s(p->tx, ss->n) : NULL;
+  if (c == NULL || ls == NULL) {
+    if (!p->tx->err) kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  for (uint32_t d = 0; d < ss->n; d++)
+    ls[d] = d < ts->rank && tt->tiles[d] > 1 && ss->v[d] == ts->dims[d]
+                ? kiln__shard_size(ts->dims[d], tt->tiles[d])
+                : ss->v[d];
+  if (kiln_instr_set_attr_ints(p->m, c, KILN_ATTR_SLICE_SIZES, ls, ss->n)) {
+    kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  return kiln__b_finish(&p->b, c);
+}
+
 /* A gather from a table split along the dim it indexes (an embedding
  * lookup over a split vocabulary), when the result moves fewer bytes than
  * the table: each device gathers the (clamped) indices that fall in its
  * shard from it, zeros the others, and an all-reduce (add) over the
- * devices splitting the table sums the rows; the indices whole. */
+ * devices splitting that dim sums the rows; the indices whole. A table
+ * split along dims the result takes whole as well (its features) passes
+ * those splits to the result (kiln__gather_split). */
 static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spmd_tiling **got) {
   kiln_id tb = ins->operands[0], ix = ins->operands[1];
   const kiln_shape *ts = gshape(p, tb), *is = gshape(p, ix);
@@ -1120,7 +1145,8 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
   if (!is_array(ts) || !is_array(is) || !is_array(&ins->shape) || tt == NULL ||
       ins->shape.dtype == KILN_PRED || ts->dtype != ins->shape.dtype)
     return false;
-  int d = kiln__indexed_dim(p->m, ins, tt);
+  spmd_tiling *rt;
+  int d = kiln__gather_split(p->a, p->m, ins, tt, &rt);
   if (d < 0) return false;
   int64_t rb = kiln_shape_bytes(&ins->shape), tbytes = kiln_shape_bytes(ts);
   int64_t ib = p->lt[ix] && !kiln__tiling_is_replicated(p->lt[ix]) ? kiln_shape_bytes(is) : 0;
@@ -1141,7 +1167,8 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
       kiln__b_cmp(&p->b, l, kiln__b_full(&p->b, is->dtype, is->dims, is->rank, (double)sz),
                   KILN_CMP_LT));
   kiln_id ops[2] = {p->local[tb], l};
-  kiln_id y = kiln__b_clone(&p->b, ins, ops, 2);
+  kiln_id y = local_gather(p, ins, ops, tt);
+  if (y == KILN_NO_ID) return false;
   /* the mask over the result's batch dims (the indices' dims but the
    * index vector's, in order) */
   int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, is->rank);
@@ -1158,7 +1185,8 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
   for (uint32_t k = 0; k < ins->shape.rank; k++)
     if (!is_off[k] && j < nb) map[j++] = k;
   if (j != nb) return false;
-  kiln_id mask = kiln__b_broadcast(&p->b, in, ins->shape.dims, ins->shape.rank, map, nb);
+  const kiln_shape *ys = kiln__b_shape(p->tx, y);
+  kiln_id mask = kiln__b_broadcast(&p->b, in, ys->dims, ys->rank, map, nb);
   y = kiln__b_select(&p->b, mask, y, kiln__b_zeros_like(&p->b, y));
   bool dims[SPMD_MAX_RANK] = {false};
   dims[d] = true;
@@ -1167,7 +1195,7 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
   p->ar_tiling = tt;
   memcpy(p->ar_dims, dims, sizeof dims);
   *out = y;
-  *got = replicated(p, ins->shape.rank);
+  *got = rt;
   return kiln__tx_ok(p->tx);
 }
 
@@ -1211,17 +1239,7 @@ static int rule_gather(part *p, const kiln_instr *ins, const spmd_tiling *want, 
       !kiln__gather_plan(p->a, p->m, ins, p->lt[tb], p->lt[ix], want, &tt, &ti, &tr))
     return rule_whole(p, ins, want, out, got);
   kiln_id ops[2] = {local_as(p, tb, tt), local_as(p, ix, ti)};
-  kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, 2);
-  const kiln_i64s *ss = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE_SIZES);
-  int64_t *ls = ss ? kiln__b_i64s(p->tx, ss->n) : NULL;
-  if (c == NULL || ls == NULL) return p->tx->err ? p->tx->err : kiln__tx_oom(p->tx);
-  /* the slices of split dims (whole dims of the table) are its shards */
-  for (uint32_t d = 0; d < ss->n; d++)
-    ls[d] =
-        d < ts->rank && tt->tiles[d] > 1 ? kiln__shard_size(ts->dims[d], tt->tiles[d]) : ss->v[d];
-  if (kiln_instr_set_attr_ints(p->m, c, KILN_ATTR_SLICE_SIZES, ls, ss->n))
-    return kiln__tx_oom(p->tx);
-  *out = kiln__b_finish(&p->b, c);
+  *out = local_gather(p, ins, ops, tt);
   *got = tr;
   return p->tx->err;
 }

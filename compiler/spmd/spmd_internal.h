@@ -124,6 +124,14 @@ bool kiln__gather_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *in
                        const spmd_tiling *lt0, const spmd_tiling *lt1, const spmd_tiling *want,
                        spmd_tiling **tt, spmd_tiling **ti, spmd_tiling **tr);
 
+/* A gather from a table whose tiling t splits the dim it indexes (as
+ * kiln__indexed_dim asks of it) and perhaps dims the result takes whole:
+ * that dim, and in *rt the result's tiling (the latter splits passed
+ * through) each device's masked local gather has before an all-reduce over
+ * the devices splitting the indexed dim; -1 when t splits anything else. */
+int kiln__gather_split(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                       const spmd_tiling *t, spmd_tiling **rt);
+
 /* A scatter (one operand) computed locally under tiling t of its operand
  * and result: t splits the dim the indices name (as kiln__indexed_dim asks:
  * *d, else -1) and/or operand dims whose window is the whole dim and that

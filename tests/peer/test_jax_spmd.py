@@ -543,6 +543,23 @@ class JaxSpmdTest(unittest.TestCase):
                               (table, ids, g), 8)
         self.assertEqual(kinds, {})
 
+    def test_embedding_split_vocabulary_and_features(self):
+        """jnp.take from a table split along its vocabulary on one mesh axis
+        and its features on the other (2x4), ids out of range too: the
+        masked local gather keeps the feature split and all-reduces over
+        the vocabulary only."""
+        m = mesh((2, 4), ("v", "f"))
+        rng = np.random.default_rng(23)
+        table = rng.standard_normal((64, 32)).astype(np.float32)
+        ids = rng.integers(-8, 72, size=(24,)).astype(np.int32)
+        rep, both = NamedSharding(m, P()), NamedSharding(m, P("v", "f"))
+        feat = NamedSharding(m, P(None, "f"))
+        for mode in ("fill", "clip"):
+            kinds = self.run_peer(f"embed_vf_{mode}",
+                                  lambda t, i: jnp.tanh(jnp.take(t, i, axis=0, mode=mode)),
+                                  (both, rep), feat, (table, ids), 8)
+            self.assertEqual(kinds, {"all-reduce": (1, 24 * 8 * 4)})
+
 
 if __name__ == "__main__":
     unittest.main()

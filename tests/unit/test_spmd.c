@@ -1181,6 +1181,28 @@ START_TEST(test_gather_scatter_other_dims) {
                 " ROOT g = f32[6,4] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
                 "start_index_map={0}, index_vector_dim=1, slice_sizes={1,4}\n}\n",
                 4, "interp", 0, -1);
+  /* a table split along its vocabulary (2) and its features (4), ids out
+   * of range: the masked local lookup keeps the feature split, one
+   * all-reduce over the vocabulary of the result's shard; asked split
+   * along the features on the same devices, nothing more */
+  static const char vf[] =
+      "HloModule vf\n"
+      "ENTRY e {\n t = f32[16,8] parameter(0), sharding={devices=[2,4]<=[8]}\n"
+      " ids = s32[6] constant({-2, 0, 7, 8, 15, 20})\n"
+      " ROOT g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}, "
+      "sharding={devices=[1,4,2]<=[2,4]T(1,0) last_tile_dim_replicate}\n}\n";
+  check_program(vf, 8, "interp", 1, 0);
+  check_program(vf, 8, "cpu", 1, 0);
+  m = parse_ok(vf);
+  ck_assert_int_eq(kiln_spmd_partition(m, 8, NULL, &prog, &st), 0);
+  ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_ALL_REDUCE], 6 * 2 * 4);
+  ck_assert_int_eq(prog->stats.count[KILN_SPMD_ALL_TO_ALL] +
+                       prog->stats.count[KILN_SPMD_COLLECTIVE_PERMUTE] +
+                       prog->stats.count[KILN_SPMD_REDUCE_SCATTER],
+                   0);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
   /* the gradient's scatter-add into a table split along its features (and
    * along its vocabulary too, on x=2, y=4): each device scatters its
    * columns of every update, with repeated and out-of-range ids */
