@@ -21,8 +21,13 @@
 #include "compiler/ir/sharding.h"
 #include "compiler/spmd/spmd_internal.h"
 
-static int fail(kiln_status *st, const kiln_instr *ins, int rc, const char *msg, long long v) {
-  return kiln_status_set(st, rc, ins->name, "spmd replicas: %s %lld", msg, v);
+/* An id that does not fit the one replica the program was written for. */
+static int fail_id(kiln_status *st, const kiln_instr *ins, const char *what, int64_t id,
+                   int64_t limit) {
+  return kiln_status_set(st, KILN_EINVAL, ins->name,
+                         "%s %lld in a program for one replica of %lld (on several replicas, "
+                         "every replica runs the program on its own partitions)",
+                         what, (long long)id, (long long)limit);
 }
 
 static bool has_groups(kiln_opcode op) {
@@ -68,11 +73,10 @@ static int widen_flat(kiln_module *m, kiln_instr *ins, int64_t R, int64_t P, kil
   int64_t *ids, ng, size;
   int rc = kiln_replica_groups_expand(ga ? ga->v.groups : NULL, a, &ids, &ng, &size, st);
   if (rc) return rc;
-  if (ng == 0) return fail(st, ins, KILN_EINVAL, "use_global_device_ids=true with no groups:", 0);
+  if (ng == 0)
+    return kiln_status_set(st, KILN_EINVAL, ins->name, "use_global_device_ids=true needs groups");
   for (int64_t i = 0; i < ng * size; i++)
-    if (ids[i] < 0 || ids[i] >= P)
-      return fail(st, ins, KILN_EINVAL,
-                  "a device id outside one replica's partitions:", (long long)ids[i]);
+    if (ids[i] < 0 || ids[i] >= P) return fail_id(st, ins, "device id", ids[i], P);
   int64_t *v = kiln_arena_alloc(a, (size_t)(R * ng * size) * sizeof *v);
   if (v == NULL) return kiln_status_set(st, KILN_ENOMEM, ins->name, "out of memory");
   for (int64_t r = 0; r < R; r++)
@@ -87,9 +91,7 @@ static int widen_replica(kiln_module *m, kiln_instr *ins, int64_t R, kiln_arena 
     const kiln_i64s *pairs = kiln_instr_attr_ints(ins, KILN_ATTR_SOURCE_TARGET_PAIRS);
     if (pairs == NULL || pairs->n == 0) return 0; /* nobody sends: zeros everywhere */
     for (uint32_t i = 0; i < pairs->n; i++)
-      if (pairs->v[i] != 0)
-        return fail(st, ins, KILN_EINVAL,
-                    "a replica id above the program's one replica:", (long long)pairs->v[i]);
+      if (pairs->v[i] != 0) return fail_id(st, ins, "replica id", pairs->v[i], 1);
     int64_t *v = kiln_arena_alloc(a, (size_t)(2 * R) * sizeof *v);
     if (v == NULL) return kiln_status_set(st, KILN_ENOMEM, ins->name, "out of memory");
     for (int64_t r = 0; r < R; r++) v[2 * r] = v[2 * r + 1] = r;
@@ -102,9 +104,7 @@ static int widen_replica(kiln_module *m, kiln_instr *ins, int64_t R, kiln_arena 
   int rc = kiln_replica_groups_expand(ga ? ga->v.groups : NULL, a, &ids, &ng, &size, st);
   if (rc) return rc;
   for (int64_t i = 0; i < ng * size; i++)
-    if (ids[i] != 0)
-      return fail(st, ins, KILN_EINVAL,
-                  "a replica id above the program's one replica:", (long long)ids[i]);
+    if (ids[i] != 0) return fail_id(st, ins, "replica id", ids[i], 1);
   int64_t *v = kiln_arena_alloc(a, (size_t)R * sizeof *v);
   if (v == NULL) return kiln_status_set(st, KILN_ENOMEM, ins->name, "out of memory");
   for (int64_t r = 0; r < R; r++) v[r] = r;

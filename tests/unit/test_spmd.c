@@ -1412,7 +1412,8 @@ START_TEST(test_replicas_refusals) {
   m = parse_ok(text);
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln_spmd_partition_mesh(m, 2, 4, NULL, &prog, &st), KILN_EINVAL);
-  ck_assert_msg(strstr(st.msg, "outside one replica") != NULL, "%s", st.msg);
+  ck_assert_msg(strstr(st.msg, "device id 4 in a program for one replica of 4") != NULL, "%s",
+                st.msg);
   ck_assert_ptr_null(prog);
   kiln_module_destroy(m);
   /* replica-id groups of a one-replica program become one group per
@@ -1455,7 +1456,7 @@ START_TEST(test_replicas_refusals) {
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln__spmd_replicate(m, 2, 2, &st), KILN_EINVAL);
   ck_assert_str_eq(st.where, "r");
-  ck_assert_msg(strstr(st.msg, "replica id") != NULL, "%s", st.msg);
+  ck_assert_msg(strstr(st.msg, "replica id 1 in a program for one replica") != NULL, "%s", st.msg);
   kiln_arena_destroy(a);
   kiln_module_destroy(m);
 }
