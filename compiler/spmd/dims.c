@@ -308,6 +308,57 @@ bool kiln__scatter_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *i
   return *tu != NULL;
 }
 
+bool kiln__scatter_partial(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                           const spmd_tiling *const *lt, spmd_tiling **tb, spmd_tiling **ti,
+                           bool *dims) {
+  int64_t pass[SPMD_MAX_RANK];
+  bool indexed[SPMD_MAX_RANK];
+  if (lt[2] == NULL || ins->ncalled != 1 || !scatter_pass(m, ins, pass, indexed)) return false;
+  const kiln_computation *c = m->comps[ins->called[0]];
+  const kiln_instr *r = c->root != KILN_NO_ID ? m->instrs[c->root] : NULL;
+  if (r == NULL || r->op != KILN_OP_ADD || r->noperands != 2 ||
+      m->instrs[r->operands[0]]->op != KILN_OP_PARAMETER ||
+      m->instrs[r->operands[1]]->op != KILN_OP_PARAMETER || r->operands[0] == r->operands[1] ||
+      ins->shape.dtype == KILN_PRED)
+    return false;
+  const kiln_shape *os = op_shape(m, ins, 0), *is = op_shape(m, ins, 1), *us = op_shape(m, ins, 2);
+  if (us->rank > SPMD_MAX_RANK || is->rank > SPMD_MAX_RANK || lt[2]->rank != us->rank) return false;
+  const kiln_i64s *uw = kiln_instr_attr_ints(ins, KILN_ATTR_UPDATE_WINDOW_DIMS);
+  int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, is->rank);
+  bool window[SPMD_MAX_RANK] = {false};
+  for (uint32_t i = 0; uw && i < uw->n; i++)
+    if (uw->v[i] >= 0 && uw->v[i] < (int64_t)us->rank) window[uw->v[i]] = true;
+  /* updates scatter dims <-> the indices' dims but the index vector's */
+  int64_t um[SPMD_MAX_RANK], im[SPMD_MAX_RANK];
+  uint32_t next = 0;
+  for (uint32_t i = 0; i < is->rank; i++) im[i] = -1;
+  for (uint32_t u = 0; u < us->rank; u++) {
+    um[u] = window[u] ? -1 : (int64_t)u;
+    if (window[u]) continue;
+    if (next == ivd) next++;
+    if (next >= is->rank) return false;
+    im[next++] = u;
+  }
+  *tb = kiln__tiling_derive(a, lt[2], um, us->rank);
+  if (*tb == NULL || kiln__tiling_is_replicated(*tb)) return false;
+  for (uint32_t u = 0; u < us->rank; u++) {
+    dims[u] = (*tb)->tiles[u] > 1;
+    if (dims[u] && us->dims[u] % (*tb)->tiles[u] != 0) return false; /* no padded ids */
+  }
+  *ti = kiln__tiling_derive(a, *tb, im, is->rank);
+  spmd_tiling *rep = kiln__tiling_replicated(a, os->rank, lt[2]->n);
+  spmd_tiling *irep = kiln__tiling_replicated(a, is->rank, lt[2]->n);
+  if (*ti == NULL || rep == NULL || irep == NULL) return false;
+  const spmd_tiling *l0 = lt[0] ? lt[0] : rep, *l1 = lt[1] ? lt[1] : irep;
+  /* partial scatters: the operand whole, one all-reduce of it; against
+   * gathering the updates and indices whole */
+  int64_t ob = kiln_shape_bytes(os), ub = kiln_shape_bytes(us), ib = kiln_shape_bytes(is);
+  int64_t partial = ob + kiln__reshard_cost(l0, rep, ob) + kiln__reshard_cost(l1, *ti, ib);
+  int64_t gathered = kiln__reshard_cost(lt[2], kiln__tiling_replicated(a, us->rank, lt[2]->n), ub) +
+                     kiln__reshard_cost(l1, irep, ib) + kiln__reshard_cost(l0, rep, ob);
+  return partial < gathered;
+}
+
 /* Reshape map with the tile counts of `t` (on the source side) checked:
  * map[j] = source dim, or -1 when its count does not divide cleanly. */
 static void reshape_map(const kiln_shape *from, const kiln_shape *to, const spmd_tiling *t,

@@ -426,13 +426,32 @@ static bool rule_gather_split(const spmd_model *md, const kiln_instr *ins, spmd_
 
 /* partition.c's rule_scatter: the result split along the dim the scatter
  * indexes and/or whole window dims, each device scattering into its shard;
- * the indices whole, the updates split along those window dims. */
-static bool rule_scatter(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
-                         spmd_tiling **need, spmd_charge *c) {
+ * the indices whole, the updates split along those window dims. Or the
+ * partial scatter-adds of updates split along their batch dims and one
+ * all-reduce (kiln__scatter_partial). */
+static bool rule_scatter(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
+                         const spmd_tiling *want, spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
   int d;
-  spmd_tiling *tu;
-  if (!kiln__scatter_plan(md->a, m, ins, want, &d, &tu)) return false;
+  spmd_tiling *tu, *tb, *ti;
+  bool dims[SPMD_MAX_RANK];
+  const spmd_tiling *l3[3] = {lt[0], lt[1], lt[2]};
+  if (!kiln__scatter_plan(md->a, m, ins, want, &d, &tu)) {
+    if (!kiln__scatter_partial(md->a, m, ins, l3, &tb, &ti, dims)) return false;
+    /* partial scatter-adds and one all-reduce of the whole result */
+    const kiln_shape *us = &m->instrs[ins->operands[2]]->shape;
+    need[0] = replicated(md, ins->shape.rank);
+    need[1] = ti;
+    need[2] = tb;
+    charge_compute(md, ins, share(us, tb), c);
+    int64_t group = 1;
+    for (uint32_t u = 0; u < us->rank; u++)
+      if (dims[u]) group *= tb->tiles[u];
+    charge_collective(md, c, KILN_SPMD_ALL_REDUCE, kiln_shape_bytes(&ins->shape), group);
+    pending none = {0};
+    finish(md, &ins->shape, replicated(md, ins->shape.rank), want, &none, c);
+    return true;
+  }
   const kiln_shape *is = &m->instrs[ins->operands[1]]->shape;
   need[0] = (spmd_tiling *)want;
   need[1] = replicated(md, is->rank);
@@ -480,7 +499,9 @@ void kiln__model_rule(const spmd_model *md, const kiln_instr *ins, spmd_tiling *
     done = arr && (rule_gather_split(md, ins, lt, want, need, &r) ||
                    rule_gather(md, ins, lt, want, need, &r));
     break;
-  case KILN_OP_SCATTER: done = arr && rule_scatter(md, ins, want, need, &r); break;
+  case KILN_OP_SCATTER:
+    done = arr && ins->noperands == 3 && rule_scatter(md, ins, lt, want, need, &r);
+    break;
   default:
     if (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE)
       done = arr && rule_elementwise(md, ins, want, need, &r);

@@ -1205,11 +1205,29 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
  * shard (the others are out of bounds there, which scatter skips); the
  * indices whole. Split along whole window dims no index names (an
  * embedding's feature dim), each device scatters its part of every
- * window: the updates split along the same dims. Else whole. */
+ * window: the updates split along the same dims. A scatter-add whose
+ * updates arrive split along their batch dims: partial scatter-adds and
+ * one all-reduce, when that moves fewer bytes (kiln__scatter_partial).
+ * Else whole. */
 static int rule_scatter(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                         spmd_tiling **got) {
   int d;
-  spmd_tiling *tu;
+  spmd_tiling *tu, *tb, *ti;
+  bool dims[SPMD_MAX_RANK];
+  const spmd_tiling *lt[3] = {NULL, NULL, NULL};
+  for (uint32_t k = 0; k < 3 && k < ins->noperands; k++) lt[k] = p->lt[ins->operands[k]];
+  if (is_array(&ins->shape) && !kiln__scatter_plan(p->a, p->m, ins, want, &d, &tu) &&
+      kiln__scatter_partial(p->a, p->m, ins, lt, &tb, &ti, dims)) {
+    /* partial scatter-adds of each device's updates into zeros, summed */
+    const kiln_shape *s = &ins->shape;
+    kiln_id ops[3] = {kiln__b_full(&p->b, s->dtype, s->dims, s->rank, 0),
+                      local_as(p, ins->operands[1], ti), local_as(p, ins->operands[2], tb)};
+    kiln_id y = kiln__b_clone(&p->b, ins, ops, 3);
+    y = all_reduce(p, y, kiln__b_reducer(p->tx, KILN_OP_ADD, s->dtype), tb, dims);
+    *out = kiln__b_bin(&p->b, KILN_OP_ADD, whole(p, ins->operands[0]), y);
+    *got = replicated(p, s->rank);
+    return p->tx->err;
+  }
   if (!is_array(&ins->shape) || !kiln__scatter_plan(p->a, p->m, ins, want, &d, &tu))
     return rule_whole(p, ins, want, out, got);
   kiln_id ops[3] = {local_as(p, ins->operands[0], want),

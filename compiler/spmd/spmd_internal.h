@@ -140,6 +140,18 @@ int kiln__gather_split(kiln_arena *a, const kiln_module *m, const kiln_instr *in
 bool kiln__scatter_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
                         const spmd_tiling *t, int *d, spmd_tiling **tu);
 
+/* A scatter-add (its computation an add of its parameters) whose updates
+ * arrive in tiling lt[2] split along their scatter dims (the indices'
+ * batch dims, evenly), when that moves fewer bytes than gathering the
+ * updates and indices: each device scatters its updates (tiling *tb: only
+ * those splits) at its indices (*ti) into zeros of the operand's shape, an
+ * all-reduce (add) over the devices differing along dims[u] of *tb sums
+ * them, and the operand (whole) is added. lt[k]: the operands' tilings
+ * (NULL: replicated). */
+bool kiln__scatter_partial(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                           const spmd_tiling *const *lt, spmd_tiling **tb, spmd_tiling **ti,
+                           bool *dims);
+
 /* Annotations on an instruction: its sharding= attribute, or for a
  * sharding custom call (with_sharding_constraint, Shardy markers) the
  * sharding it names (sharding=, or the xla.sdy.sharding frontend attribute

@@ -560,6 +560,31 @@ class JaxSpmdTest(unittest.TestCase):
                                   (both, rep), feat, (table, ids), 8)
             self.assertEqual(kinds, {"all-reduce": (1, 24 * 8 * 4)})
 
+    def test_embedding_gradient_batch_split_ids(self):
+        """The gradient of a lookup of batch-split ids into a replicated
+        table (data parallelism): into a small table, partial scatter-adds
+        and one all-reduce of the table, as XLA; into a larger one, the
+        updates and ids gathered, fewer bytes than XLA's all-reduce."""
+        m = mesh((4,), ("b",))
+        rng = np.random.default_rng(24)
+        ids = rng.integers(0, 64, size=(32,)).astype(np.int32)
+        g = rng.standard_normal((32, 16)).astype(np.float32)
+
+        def grad(t, i, g):
+            return jax.grad(lambda t: jnp.sum(jnp.tanh(jnp.take(t, i, axis=0)) * g))(t)
+
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P("b"))
+        for vocab in (64, 8):
+            table = rng.standard_normal((vocab, 16)).astype(np.float32)
+            i = ids % vocab
+            kinds = self.run_peer(f"embed_grad_dp_{vocab}", grad,
+                                  (rep, bat, NamedSharding(m, P("b", None))), rep,
+                                  (table, i, g), 4)
+            if vocab == 8:
+                self.assertEqual(kinds, {"all-reduce": (1, 8 * 16 * 4)})
+            else:
+                self.assertNotIn("all-reduce", kinds)
+
 
 if __name__ == "__main__":
     unittest.main()

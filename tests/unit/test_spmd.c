@@ -1203,6 +1203,32 @@ START_TEST(test_gather_scatter_other_dims) {
                    0);
   kiln_spmd_program_destroy(prog);
   kiln_module_destroy(m);
+  /* a scatter-add of batch-split updates into a small operand (a
+   * parameter: its values are added once): partial scatter-adds and one
+   * all-reduce of the operand; into a larger one the updates and ids are
+   * gathered instead; a scatter that takes the maximum is computed whole */
+  static const char part_fmt[] =
+      "HloModule part\n"
+      "%s { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] %s(a, b)\n}\n"
+      "ENTRY e {\n t = f32[%d,16] parameter(0), sharding={replicated}\n"
+      " ids = s32[32,1] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " u = f32[32,16] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT d = f32[%d,16] scatter(t, ids, u), update_window_dims={1}, "
+      "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+      "to_apply=%s\n}\n";
+  char ptext[1024];
+  snprintf(ptext, sizeof ptext, part_fmt, "add", "add", 8, 8, "add");
+  check_program(ptext, 4, "interp", 1, 0);
+  check_program(ptext, 4, "cpu", 1, 0);
+  m = parse_ok(ptext);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), 0);
+  ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_ALL_REDUCE], 8 * 16 * 4);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+  snprintf(ptext, sizeof ptext, part_fmt, "add", "add", 64, 64, "add");
+  check_program(ptext, 4, "interp", 0, 2);
+  snprintf(ptext, sizeof ptext, part_fmt, "mx", "maximum", 8, 8, "mx");
+  check_program(ptext, 4, "interp", 0, 2);
   /* the gradient's scatter-add into a table split along its features (and
    * along its vocabulary too, on x=2, y=4): each device scatters its
    * columns of every update, with repeated and out-of-range ids */

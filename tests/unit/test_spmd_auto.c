@@ -311,8 +311,18 @@ START_TEST(test_model_matches_partitioner) {
       " g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
       "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n"
       " ROOT h = f32[6,8] tanh(g)\n}\n",
+      /* the scatter-add of batch-split updates into a small table:
+       * partial scatters and one all-reduce */
+      "HloModule part\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[8,16] parameter(0), sharding={replicated}\n"
+      " ids = s32[32,1] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " u = f32[32,16] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT d = f32[8,16] scatter(t, ids, u), update_window_dims={1}, "
+      "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+      "to_apply=add, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}\n}\n",
   };
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < 7; i++) {
     kiln_module *m = parse_ok(texts[i]);
     check_model_matches(m, 4);
     kiln_module_destroy(m);
