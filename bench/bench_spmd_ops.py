@@ -11,7 +11,9 @@ result, which JAX's do not). The ratio is JAX's median over Kiln's: above 1,
 Kiln is faster. Never part of the test run.
 
 Workloads: an embedding lookup from a table split along its vocabulary
-(masked local gather + all-reduce), its gradient (local scatter-add), a
+(masked local gather + all-reduce), its gradient (local scatter-add), the
+same from a table split along its features (local gathers and
+scatter-adds, no communication) and along both on a 2x2 mesh, a
 lax.cond over batch-split activations, a lax.while_loop over one split
 array, and a shard_map manual over one axis of a 2x2 mesh whose body is
 split along the other.
@@ -69,6 +71,11 @@ def workloads():
     def loop(x):
         return jax.lax.while_loop(lambda c: jnp.sum(c) > 1.0, lambda c: c * 0.5, x)
 
+    mf = mesh((4,), ("f",))
+    frep, feat = NamedSharding(mf, P()), NamedSharding(mf, P(None, "f"))
+    mvf = mesh((2, 2), ("v", "f"))
+    vf, vfeat = NamedSharding(mvf, P("v", "f")), NamedSharding(mvf, P(None, "f"))
+
     m2 = mesh((2, 2), ("x", "y"))
     a = rng.standard_normal((2048, 1024)).astype(np.float32)
 
@@ -81,6 +88,9 @@ def workloads():
     return {
         "embed_vocab": (embed, (voc, rep), rep, (table, ids)),
         "embed_vocab_grad": (embed_grad, (voc, rep, rep), voc, (table, ids, g)),
+        "embed_feat": (embed, (feat, frep), feat, (table, ids)),
+        "embed_feat_grad": (embed_grad, (feat, frep, feat), feat, (table, ids, g)),
+        "embed_vocab_feat": (embed, (vf, NamedSharding(mvf, P())), vfeat, (table, ids)),
         "cond_split": (cond, (brep, bat, brep), bat, (np.float32(1.0), x, w)),
         "while_array": (loop, (bat,), bat, (np.abs(x) + 1.0,)),
         "shard_map_partial": (smap, (NamedSharding(m2, P("x", "y")),),

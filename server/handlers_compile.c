@@ -197,6 +197,7 @@ typedef struct job {
    * global program is partitioned into spmd before it is compiled. */
   uint32_t replicas, partitions;
   bool global;
+  bool planned; /* auto_shard chose the shardings (over mesh_shape) */
   kiln_spmd_program *spmd;
   /* It calls user kernels: their digests are in the key, it stays out of
    * the shared tier and the memo, and never falls back to the interpreter. */
@@ -556,7 +557,8 @@ static int build(job *j, kilnd_exe **out) {
     if (atomic_exchange(&(*out)->uncached, false) && !j->user_kernels) store_uncached(j, *out);
     return 0;
   }
-  if (j->global && (rc = kiln_spmd_partition(j->m, j->partitions, NULL, &j->spmd, &j->st)))
+  if (j->global &&
+      (rc = kiln_spmd_partition_mesh(j->m, j->replicas, j->partitions, NULL, &j->spmd, &j->st)))
     return rc;
   bool fallback = strcmp(j->plan.backend, "interp") == 0;
   kiln_executable *exe = NULL;
@@ -743,12 +745,14 @@ static int auto_shard(job *j) {
     j->st = st;
     return rc;
   }
+  j->planned = true;
   return 0;
 }
 
 /* The mesh a Compile asks for (docs/spmd.md, "kilnd"): options.device_count
  * or the module's replica_count x num_partitions. A global program (its
- * ENTRY carries shardings) is partitioned over device_count partitions; any
+ * ENTRY carries shardings) is partitioned over device_count / R partitions
+ * (R replicas: the module's replica_count, or mesh_shape [R, P]); any
  * other module with more than one device is a per-device program, run on
  * replicas x partitions devices (mesh_shape [R, P] names both when the
  * module names neither). Every run takes that many devices of one class at
@@ -762,17 +766,27 @@ static int resolve_mesh(job *j) {
   j->global = kiln_spmd_module_is_sharded(m);
   uint32_t n = j->plan.devices_given ? j->plan.ndevices : j->global ? pm : rm * pm;
   if (j->global) {
-    if (rm > 1 && n > 1)
-      return kiln_status_set(&j->st, KILN_EUNIMPL, "replica_count",
-                             "a global (sharded) program on %u replicas: only partitions are "
-                             "supported",
-                             rm);
-    if (pm > 1 && n != pm)
+    /* R replicas (the module's replica_count, or mesh_shape [R, P] unless
+     * that was the auto-sharder's mesh) each run the program partitioned
+     * over the rest */
+    uint32_t R = rm;
+    if (j->plan.nmesh == 2 && !j->planned) {
+      if (rm > 1 && j->plan.mesh[0] != rm)
+        return kiln_status_set(&j->st, KILN_EINVAL, "options.mesh_shape",
+                               "[%lld, %lld], but the module runs on replica_count %u",
+                               (long long)j->plan.mesh[0], (long long)j->plan.mesh[1], rm);
+      R = (uint32_t)j->plan.mesh[0];
+    }
+    if (!j->plan.devices_given) n = R * pm;
+    if (R < 1 || n % R != 0)
+      return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
+                             "%u devices do not divide among %u replicas", n, R);
+    if (pm > 1 && n / R != pm)
       return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",
                              "%u devices, but the module is partitioned %u ways (num_partitions)",
                              n, pm);
-    j->replicas = 1;
-    j->partitions = n;
+    j->replicas = R;
+    j->partitions = n / R;
   } else if (rm * pm > 1) {
     if (n != rm * pm)
       return kiln_status_set(&j->st, KILN_EINVAL, "options.device_count",

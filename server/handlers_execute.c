@@ -85,7 +85,8 @@ typedef struct exec_state {
   kiln_literal *out;
   /* SPMD runs (ndevices > 1): the order the devices run in (device_ids, or
    * the scheduler's), a global program's argument shards, a per-device
-   * program's results (ndouts, device-major), and its argument count per
+   * program's results (ndouts, device-major; a global program's on R
+   * replicas: each replica's global result), and its argument count per
    * device (nargs is a multiple of it, or equal). */
   uint32_t *order;
   kiln_literal **shards;
@@ -321,14 +322,21 @@ static int resolve_mesh(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRe
   const kiln_module *m = e->module;
   uint32_t nparams = kiln_computation_nparams(m, kiln_module_entry(m));
   uint32_t ndev = e->ndevices;
-  uint32_t nout = output_count(m) * (e->per_device ? ndev : 1);
+  /* a global program on R replicas: each replica's global arrays */
+  uint32_t R = e->per_device || e->replicas < 1 ? 1 : e->replicas;
+  uint32_t nout = output_count(m) * (e->per_device ? ndev : R);
   if (e->per_device) {
     if (r->n_arguments != nparams && r->n_arguments != (size_t)nparams * ndev)
       return kiln_status_set(st, KILN_EINVAL, "arguments",
                              "the per-device program takes %u arguments on each of %u devices: "
                              "give %u (every device the same) or %u (grouped by device), not %zu",
                              nparams, ndev, nparams, nparams * ndev, r->n_arguments);
-  } else if (r->n_arguments != nparams) {
+  } else if (R > 1 && r->n_arguments != nparams && r->n_arguments != (size_t)nparams * R) {
+    return kiln_status_set(st, KILN_EINVAL, "arguments",
+                           "the global program takes %u arguments on each of %u replicas: give "
+                           "%u (every replica the same) or %u (grouped by replica), not %zu",
+                           nparams, R, nparams, nparams * R, r->n_arguments);
+  } else if (R == 1 && r->n_arguments != nparams) {
     return kiln_status_set(st, KILN_EINVAL, "arguments",
                            "the program takes %u (global) arguments, got %zu", nparams,
                            r->n_arguments);
@@ -562,8 +570,10 @@ static int run_mesh_program(kilnd_call *c, exec_state *es, const uint32_t *devic
   for (uint32_t k = 0; k < n && rc == 0; k++) {
     for (uint32_t i = 0; i < np && rc == 0; i++) {
       size_t cell = (size_t)k * np + i;
-      if (e->spmd) {
-        rc = kiln_spmd_shard_arg(e->spmd, i, es->args[i], k, &es->shards[cell], st);
+      if (e->spmd) { /* device k: partition k % P of replica k / P */
+        uint32_t P = e->partitions ? e->partitions : n;
+        const kiln_literal *g = es->args[es->nargs == np ? i : (k / P) * np + i];
+        rc = kiln_spmd_shard_arg(e->spmd, i, g, k % P, &es->shards[cell], st);
         es->nshards = (uint32_t)cell + 1;
         views[cell] = es->shards[cell];
       } else {
@@ -589,6 +599,21 @@ static int run_mesh_program(kilnd_call *c, exec_state *es, const uint32_t *devic
     kilnd_exe_mesh_release(es->e, slot);
   }
   if (rc || !e->spmd) return rc;
+  if (e->replicas > 1) {
+    /* replica r's global result in douts[r] (read from douts[r*P, r*P+P)) */
+    uint32_t P = e->partitions;
+    for (uint32_t q = 0; q < e->replicas && rc == 0; q++) {
+      kiln_literal *g = NULL;
+      rc = kiln_spmd_assemble(e->spmd, es->douts + (size_t)q * P, &g, st);
+      for (uint32_t k = q * P; k < (q + 1) * P; k++) {
+        kiln_literal_destroy(es->douts[k]);
+        es->douts[k] = NULL;
+      }
+      es->douts[q] = g;
+    }
+    es->ndouts = e->replicas;
+    return rc;
+  }
   rc = kiln_spmd_assemble(e->spmd, es->douts, &es->out, st);
   for (uint32_t k = 0; k < n; k++) {
     kiln_literal_destroy(es->douts[k]);
@@ -653,7 +678,8 @@ static int device_literal(exec_state *es, uint32_t i, const kiln_literal **out, 
   return 0;
 }
 
-/* A per-device program's outputs, grouped by device (ExecuteResponse). */
+/* A per-device program's outputs, grouped by device, or a global
+ * program's on several replicas, grouped by replica (ExecuteResponse). */
 static int device_outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
                           Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
   uint32_t per = output_count(es->e->module), n = es->ndouts * per;
@@ -662,7 +688,7 @@ static int device_outputs(kilnd_call *c, exec_state *es, const Kiln__V1__Execute
   for (uint32_t k = 0; k < es->ndouts; k++) {
     const kiln_literal *out = es->douts[k];
     bool tuple = kiln_shape_is_tuple(&out->shape);
-    if ((tuple ? out->shape.rank : 1) != per)
+    if (out == NULL || (tuple ? out->shape.rank : 1) != per)
       return kiln_status_set(st, KILN_EINTERNAL, "Execute", "device %u returned %u outputs, not %u",
                              k, tuple ? out->shape.rank : 1, per);
     for (uint32_t j = 0; j < per; j++) {
@@ -673,7 +699,9 @@ static int device_outputs(kilnd_call *c, exec_state *es, const Kiln__V1__Execute
       const kiln_literal *lit = tuple ? out->elems[j] : out;
       int rc = 0;
       if (i < r->n_keep_on_server && r->keep_on_server[i]) {
-        rc = keep_literal(c, es, lit, es->order[k], o, st);
+        /* a replica's global output lives on the replica's first device */
+        uint32_t home = es->e->per_device ? es->order[k] : es->order[k * es->e->partitions];
+        rc = keep_literal(c, es, lit, home, o, st);
       } else {
         o->value_case = KILN__V1__OUTPUT__VALUE_LITERAL;
         o->literal = kilnd_literal_to_proto(es->arena, lit);
@@ -688,7 +716,8 @@ static int device_outputs(kilnd_call *c, exec_state *es, const Kiln__V1__Execute
 
 static int outputs(kilnd_call *c, exec_state *es, const Kiln__V1__ExecuteRequest *r,
                    uint32_t device, Kiln__V1__ExecuteResponse *resp, kiln_status *st) {
-  if (es->e->per_device && es->e->ndevices > 1) return device_outputs(c, es, r, resp, st);
+  if ((es->e->per_device || es->e->replicas > 1) && es->e->ndevices > 1)
+    return device_outputs(c, es, r, resp, st);
   bool tuple = es->on_device ? kiln_shape_is_tuple(&es->e->exe->result_shape)
                              : kiln_shape_is_tuple(&es->out->shape);
   uint32_t n = es->on_device ? es->ndres : tuple ? es->out->shape.rank : 1;

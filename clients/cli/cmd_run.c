@@ -458,30 +458,60 @@ static void debug_to_stderr(void *ctx, const char *text, size_t n) {
 static const kiln_debug_sink stderr_sink = {debug_to_stderr, NULL};
 
 /* A global program (its ENTRY carries shardings) on P partitions: global
- * arguments in, the global result out, as PJRT runs it. */
+ * arguments in, the global result out, as PJRT runs it. With --replicas R
+ * each replica runs it on its own P devices (device K = replica * P +
+ * partition) from the same --arg values and prints its result after a
+ * line `replica r:` (--out DIR: DIR/replicaR/i.npy). */
 static int run_global(const char *file, const kiln_module *m, const char *what,
                       const run_setup *setup, const kiln_shape *shapes, uint32_t n,
                       const kiln__args *a) {
-  uint32_t P;
-  int rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
+  uint32_t R, P;
+  int rc = mesh_count(kiln__args_get(a, "replicas"), m->replica_count, "replicas", &R);
+  if (rc == 0)
+    rc = mesh_count(kiln__args_get(a, "partitions"), m->num_partitions, "partitions", &P);
   if (rc) return rc;
+  if ((uint64_t)R * P > 4096) {
+    fprintf(stderr, "kiln run: a mesh of %u x %u devices is too large (at most 4096)\n", R, P);
+    return KILN_EXIT_USAGE;
+  }
   kiln_literal **args = kiln_calloc(n ? n : 1, sizeof *args);
-  if (args == NULL) {
+  const kiln_literal *const **per = kiln_calloc(R, sizeof *per);
+  kiln_literal **results = kiln_calloc(R, sizeof *results);
+  if (args == NULL || per == NULL || results == NULL) {
     fprintf(stderr, "kiln run: error: out of memory\n");
-    return KILN_EXIT_INTERNAL;
+    rc = KILN_EXIT_INTERNAL;
+    goto out_free;
   }
   rc = build_args(file, what, shapes, a, args, n);
-  kiln_literal *result = NULL;
+  for (uint32_t r = 0; r < R; r++) per[r] = (const kiln_literal *const *)args;
   kiln_status st;
   kiln_status_clear(&st);
-  if (rc == 0 && kiln_run_module_global(m, setup->backend, &setup->opts, P, setup->co.dump_dir,
-                                        (const kiln_literal *const *)args, n, &result, NULL, &st)) {
+  if (rc == 0 && kiln_run_module_global_mesh(m, setup->backend, &setup->opts, R, P,
+                                             setup->co.dump_dir, per, n, results, NULL, &st)) {
     kiln__report(file, m, &st);
     rc = kiln__exit_code(st.code);
   }
-  if (rc == 0) rc = emit_outputs(result, kiln__args_get(a, "out"));
-  kiln_literal_destroy(result);
-  for (uint32_t i = 0; i < n; i++) kiln_literal_destroy(args[i]);
+  const char *out_dir = kiln__args_get(a, "out");
+  if (rc == 0 && R == 1) rc = emit_outputs(results[0], out_dir);
+  for (uint32_t r = 0; rc == 0 && R > 1 && r < R; r++) {
+    char dir[4096];
+    if (out_dir) {
+      snprintf(dir, sizeof dir, "%s/replica%u", out_dir, r);
+      kiln_status_clear(&st);
+      if (kiln__dir_make(out_dir, &st)) {
+        kiln__report("kiln run", NULL, &st);
+        rc = kiln__exit_code(st.code);
+        break;
+      }
+    }
+    printf("replica %u:\n", r);
+    rc = emit_outputs(results[r], out_dir ? dir : NULL);
+  }
+out_free:
+  for (uint32_t r = 0; results && r < R; r++) kiln_literal_destroy(results[r]);
+  for (uint32_t i = 0; args && i < n; i++) kiln_literal_destroy(args[i]);
+  kiln_free(results);
+  kiln_free(per);
   kiln_free(args);
   return rc;
 }
@@ -566,9 +596,7 @@ int kiln__cmd_run(const kiln__args *a) {
   }
   if (kiln__args_get(a, "replicas") || kiln__args_get(a, "partitions") ||
       kiln__args_get(a, "device-args")) {
-    const char *rt = kiln__args_get(a, "replicas");
-    if (!kiln__args_get(a, "device-args") && (rt == NULL || strcmp(rt, "1") == 0) &&
-        kiln_spmd_module_is_sharded(m))
+    if (!kiln__args_get(a, "device-args") && kiln_spmd_module_is_sharded(m))
       rc = run_global(file, m, what, &setup, shapes, n, a);
     else
       rc = run_mesh(file, m, what, setup.backend, shapes, n, a, &ropts);

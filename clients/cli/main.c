@@ -293,7 +293,10 @@ static const kiln__cmd commands[] = {
      "exported with as_text(dialect=\"hlo\")) is a global program: with --partitions P it is\n"
      "partitioned over P devices, the --arg values (global arrays) are split by the\n"
      "parameters' shardings, the P programs run as one gang (interp or cpu) and the global\n"
-     "result is printed, as PJRT runs it. --dump-dir (cpu) shows the module after\n"
+     "result is printed, as PJRT runs it; with --replicas R as well, each replica runs it\n"
+     "on its own P devices (device K = replica x P + partition) and prints its result\n"
+     "after a line 'replica r:' (--out DIR: DIR/replicaR/i.npy). --dump-dir (cpu) shows\n"
+     "the module after\n"
      "propagation and after partitioning; 'kiln compile --partitions P' reports the\n"
      "collectives. --auto-shard chooses shardings first (any module: the annotations it\n"
      "carries stay) and prints the plan's modelled cost on stderr.\n",

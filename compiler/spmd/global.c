@@ -16,14 +16,22 @@ const char *kiln_spmd_kind_name(kiln_spmd_kind k) {
   return (unsigned)k < KILN_SPMD_NKINDS ? names[k] : "?";
 }
 
-/* Copies between a global array and device dev's shard under t, one
- * element at a time (to_global: shard -> global). */
+/* Copies between a global array and device dev's shard under t
+ * (to_global: shard -> global), a run of the innermost dim at a time: the
+ * part of each shard row inside the array is contiguous on both sides. */
 static void copy_shard(const kiln_shape *g, const spmd_tiling *t, int64_t dev, void *global,
                        void *shard, bool to_global) {
   uint32_t r = g->rank;
   size_t es = kiln_dtype_size(g->dtype);
+  if (r == 0) {
+    if (to_global)
+      memcpy(global, shard, es);
+    else
+      memcpy(shard, global, es);
+    return;
+  }
   int64_t ld[SPMD_MAX_RANK], off[SPMD_MAX_RANK], idx[SPMD_MAX_RANK], gstride[SPMD_MAX_RANK];
-  int64_t total = 1, s = 1;
+  int64_t rows = 1, s = 1;
   for (uint32_t d = r; d-- > 0;) {
     gstride[d] = s;
     s *= g->dims[d];
@@ -32,24 +40,29 @@ static void copy_shard(const kiln_shape *g, const spmd_tiling *t, int64_t dev, v
     ld[d] = kiln__shard_size(g->dims[d], t->tiles[d]);
     off[d] = kiln__tiling_coord(t, dev, d) * ld[d];
     idx[d] = 0;
-    total *= ld[d];
+    if (d + 1 < r) rows *= ld[d];
   }
-  for (int64_t i = 0; i < total; i++) {
+  uint32_t last = r - 1;
+  int64_t run = g->dims[last] - off[last];
+  if (run > ld[last]) run = ld[last];
+  if (run <= 0) return; /* the shard lies past the array: all padding */
+  for (int64_t i = 0; i < rows; i++) {
     bool in = true;
-    int64_t gi = 0;
-    for (uint32_t d = 0; d < r; d++) {
+    int64_t gi = off[last];
+    for (uint32_t d = 0; d < last; d++) {
       int64_t x = off[d] + idx[d];
       in = in && x < g->dims[d];
       gi += x * gstride[d];
     }
     if (in) {
-      char *gp = (char *)global + (size_t)gi * es, *sp = (char *)shard + (size_t)i * es;
+      char *gp = (char *)global + (size_t)gi * es;
+      char *sp = (char *)shard + (size_t)(i * ld[last]) * es;
       if (to_global)
-        memcpy(gp, sp, es);
+        memcpy(gp, sp, (size_t)run * es);
       else
-        memcpy(sp, gp, es);
+        memcpy(sp, gp, (size_t)run * es);
     }
-    for (uint32_t d = r; d-- > 0;) {
+    for (uint32_t d = last; d-- > 0;) {
       if (++idx[d] < ld[d]) break;
       idx[d] = 0;
     }

@@ -371,16 +371,20 @@ static bool rule_contraction(const spmd_model *md, const kiln_instr *ins, spmd_t
   return true;
 }
 
-static bool rule_gather(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
-                        spmd_tiling **need, spmd_charge *c) {
+/* partition.c's rule_gather: the indices and the table split as the
+ * result's batch dims and whole dims (kiln__gather_plan). */
+static bool rule_gather(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
+                        const spmd_tiling *want, spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
   if (ins->noperands != 2) return false;
-  spmd_tiling *ni = kiln__spmd_bwd(md->a, m, ins, 1, want);
-  spmd_tiling *g = ni ? kiln__spmd_fwd(md->a, m, ins, 1, ni) : NULL;
   const kiln_shape *ts = &m->instrs[ins->operands[0]]->shape;
-  if (g == NULL || !is_array(ts)) return false;
-  need[0] = replicated(md, ts->rank);
-  need[1] = ni;
+  const kiln_shape *is = &m->instrs[ins->operands[1]]->shape;
+  spmd_tiling *tt, *ti, *g;
+  if (!is_array(ts) || !is_array(is) ||
+      !kiln__gather_plan(md->a, m, ins, lt[0], lt[1], want, &tt, &ti, &g))
+    return false;
+  need[0] = tt;
+  need[1] = ti;
   charge_compute(md, ins, share(&ins->shape, g), c);
   pending none = {0};
   finish(md, &ins->shape, g, want, &none, c);
@@ -388,9 +392,10 @@ static bool rule_gather(const spmd_model *md, const kiln_instr *ins, const spmd_
 }
 
 /* partition.c's gather_split_table: a table split along the dim it
- * indexes, when the result moves fewer bytes than the table: the table as
- * it is, the indices whole, the whole result on every device and one
- * all-reduce over the devices splitting the table. */
+ * indexes (and perhaps dims the result takes whole), when the result moves
+ * fewer bytes than the table: the table as it is, the indices whole, the
+ * result (split as the table's whole dims) on every device and one
+ * all-reduce over the devices splitting the indexed dim. */
 static bool rule_gather_split(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
                               const spmd_tiling *want, spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
@@ -400,37 +405,57 @@ static bool rule_gather_split(const spmd_model *md, const kiln_instr *ins, spmd_
   if (!is_array(ts) || !is_array(is) || ins->shape.dtype == KILN_PRED ||
       ts->dtype != ins->shape.dtype)
     return false;
-  int d = kiln__indexed_dim(m, ins, lt[0]);
+  spmd_tiling *rt;
+  int d = kiln__gather_split(md->a, m, ins, lt[0], &rt);
   if (d < 0) return false;
   int64_t rb = kiln_shape_bytes(&ins->shape), tb = kiln_shape_bytes(ts);
   int64_t ib = lt[1] && !kiln__tiling_is_replicated(lt[1]) ? kiln_shape_bytes(is) : 0;
   if (rb < 0 || tb < 0 || rb + ib >= tb) return false;
   need[0] = lt[0];
   need[1] = replicated(md, is->rank);
-  charge_compute(md, ins, 1, c);
+  charge_compute(md, ins, share(&ins->shape, rt), c);
   pending ar = {0};
   ar.any = true;
-  ar.bytes = rb;
+  ar.bytes = kiln__shard_bytes(&ins->shape, rt);
   ar.group = lt[0]->tiles[d];
   ar.tiling = lt[0];
   ar.dims[d] = true;
-  finish(md, &ins->shape, replicated(md, ins->shape.rank), want, &ar, c);
+  finish(md, &ins->shape, rt, want, &ar, c);
   return true;
 }
 
 /* partition.c's rule_scatter: the result split along the dim the scatter
- * indexes, each device scattering into its shard; indices and updates
- * whole. */
-static bool rule_scatter(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
-                         spmd_tiling **need, spmd_charge *c) {
+ * indexes and/or whole window dims, each device scattering into its shard;
+ * the indices whole, the updates split along those window dims. Or the
+ * partial scatter-adds of updates split along their batch dims and one
+ * all-reduce (kiln__scatter_partial). */
+static bool rule_scatter(const spmd_model *md, const kiln_instr *ins, spmd_tiling *const *lt,
+                         const spmd_tiling *want, spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
-  if (kiln__indexed_dim(m, ins, want) < 0) return false;
-  const kiln_shape *us = &m->instrs[ins->operands[2]]->shape;
+  int d;
+  spmd_tiling *tu, *tb, *ti;
+  bool dims[SPMD_MAX_RANK];
+  const spmd_tiling *l3[3] = {lt[0], lt[1], lt[2]};
+  if (!kiln__scatter_plan(md->a, m, ins, want, &d, &tu)) {
+    if (!kiln__scatter_partial(md->a, m, ins, l3, &tb, &ti, dims)) return false;
+    /* partial scatter-adds and one all-reduce of the whole result */
+    const kiln_shape *us = &m->instrs[ins->operands[2]]->shape;
+    need[0] = replicated(md, ins->shape.rank);
+    need[1] = ti;
+    need[2] = tb;
+    charge_compute(md, ins, share(us, tb), c);
+    int64_t group = 1;
+    for (uint32_t u = 0; u < us->rank; u++)
+      if (dims[u]) group *= tb->tiles[u];
+    charge_collective(md, c, KILN_SPMD_ALL_REDUCE, kiln_shape_bytes(&ins->shape), group);
+    pending none = {0};
+    finish(md, &ins->shape, replicated(md, ins->shape.rank), want, &none, c);
+    return true;
+  }
   const kiln_shape *is = &m->instrs[ins->operands[1]]->shape;
-  if (!is_array(us)) return false;
   need[0] = (spmd_tiling *)want;
   need[1] = replicated(md, is->rank);
-  need[2] = replicated(md, us->rank);
+  need[2] = tu;
   charge_compute(md, ins, share(&ins->shape, want), c);
   return true;
 }
@@ -471,10 +496,12 @@ void kiln__model_rule(const spmd_model *md, const kiln_instr *ins, spmd_tiling *
   case KILN_OP_DOT:
   case KILN_OP_CONVOLUTION: done = arr && rule_contraction(md, ins, lt, want, need, &r); break;
   case KILN_OP_GATHER:
-    done = arr &&
-           (rule_gather_split(md, ins, lt, want, need, &r) || rule_gather(md, ins, want, need, &r));
+    done = arr && (rule_gather_split(md, ins, lt, want, need, &r) ||
+                   rule_gather(md, ins, lt, want, need, &r));
     break;
-  case KILN_OP_SCATTER: done = arr && rule_scatter(md, ins, want, need, &r); break;
+  case KILN_OP_SCATTER:
+    done = arr && ins->noperands == 3 && rule_scatter(md, ins, lt, want, need, &r);
+    break;
   default:
     if (kiln_opcode_flags(ins->op) & KILN_OPF_ELEMENTWISE)
       done = arr && rule_elementwise(md, ins, want, need, &r);

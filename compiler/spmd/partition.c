@@ -1108,11 +1108,36 @@ static kiln_id local_indices(part *p, kiln_id ix, const spmd_tiling *t, uint32_t
   return kiln__b_sub(&p->b, idx, kiln__b_splat(&p->b, off, is));
 }
 
+/* Gather ins from operands ops, the table a shard under tt: the slices
+ * of the whole dims tt splits are its shards. */
+static kiln_id local_gather(part *p, const kiln_instr *ins, const kiln_id *ops,
+                            const spmd_tiling *tt) {
+  const kiln_shape *ts = gshape(p, ins->operands[0]);
+  kiln_instr *c = kiln__b_clone_start(&p->b, ins, ops, 2);
+  const kiln_i64s *ss = kiln_instr_attr_ints(ins, KILN_ATTR_SLICE_SIZES);
+  int64_t *ls = ss ? kiln__b_i64s(p->tx, ss->n) : NULL;
+  if (c == NULL || ls == NULL) {
+    if (!p->tx->err) kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  for (uint32_t d = 0; d < ss->n; d++)
+    ls[d] = d < ts->rank && tt->tiles[d] > 1 && ss->v[d] == ts->dims[d]
+                ? kiln__shard_size(ts->dims[d], tt->tiles[d])
+                : ss->v[d];
+  if (kiln_instr_set_attr_ints(p->m, c, KILN_ATTR_SLICE_SIZES, ls, ss->n)) {
+    kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  return kiln__b_finish(&p->b, c);
+}
+
 /* A gather from a table split along the dim it indexes (an embedding
  * lookup over a split vocabulary), when the result moves fewer bytes than
  * the table: each device gathers the (clamped) indices that fall in its
  * shard from it, zeros the others, and an all-reduce (add) over the
- * devices splitting the table sums the rows; the indices whole. */
+ * devices splitting that dim sums the rows; the indices whole. A table
+ * split along dims the result takes whole as well (its features) passes
+ * those splits to the result (kiln__gather_split). */
 static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spmd_tiling **got) {
   kiln_id tb = ins->operands[0], ix = ins->operands[1];
   const kiln_shape *ts = gshape(p, tb), *is = gshape(p, ix);
@@ -1120,7 +1145,8 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
   if (!is_array(ts) || !is_array(is) || !is_array(&ins->shape) || tt == NULL ||
       ins->shape.dtype == KILN_PRED || ts->dtype != ins->shape.dtype)
     return false;
-  int d = kiln__indexed_dim(p->m, ins, tt);
+  spmd_tiling *rt;
+  int d = kiln__gather_split(p->a, p->m, ins, tt, &rt);
   if (d < 0) return false;
   int64_t rb = kiln_shape_bytes(&ins->shape), tbytes = kiln_shape_bytes(ts);
   int64_t ib = p->lt[ix] && !kiln__tiling_is_replicated(p->lt[ix]) ? kiln_shape_bytes(is) : 0;
@@ -1141,7 +1167,8 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
       kiln__b_cmp(&p->b, l, kiln__b_full(&p->b, is->dtype, is->dims, is->rank, (double)sz),
                   KILN_CMP_LT));
   kiln_id ops[2] = {p->local[tb], l};
-  kiln_id y = kiln__b_clone(&p->b, ins, ops, 2);
+  kiln_id y = local_gather(p, ins, ops, tt);
+  if (y == KILN_NO_ID) return false;
   /* the mask over the result's batch dims (the indices' dims but the
    * index vector's, in order) */
   int64_t ivd = kiln_instr_attr_int(ins, KILN_ATTR_INDEX_VECTOR_DIM, is->rank);
@@ -1158,7 +1185,8 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
   for (uint32_t k = 0; k < ins->shape.rank; k++)
     if (!is_off[k] && j < nb) map[j++] = k;
   if (j != nb) return false;
-  kiln_id mask = kiln__b_broadcast(&p->b, in, ins->shape.dims, ins->shape.rank, map, nb);
+  const kiln_shape *ys = kiln__b_shape(p->tx, y);
+  kiln_id mask = kiln__b_broadcast(&p->b, in, ys->dims, ys->rank, map, nb);
   y = kiln__b_select(&p->b, mask, y, kiln__b_zeros_like(&p->b, y));
   bool dims[SPMD_MAX_RANK] = {false};
   dims[d] = true;
@@ -1167,7 +1195,7 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
   p->ar_tiling = tt;
   memcpy(p->ar_dims, dims, sizeof dims);
   *out = y;
-  *got = replicated(p, ins->shape.rank);
+  *got = rt;
   return kiln__tx_ok(p->tx);
 }
 
@@ -1175,34 +1203,62 @@ static bool gather_split_table(part *p, const kiln_instr *ins, kiln_id *out, spm
  * an embedding lookup over a split vocabulary), when the result is to be
  * split so: each device scatters the updates whose indices fall in its
  * shard (the others are out of bounds there, which scatter skips); the
- * indices and updates whole. Else whole. */
+ * indices whole. Split along whole window dims no index names (an
+ * embedding's feature dim), each device scatters its part of every
+ * window: the updates split along the same dims. A scatter-add whose
+ * updates arrive split along their batch dims: partial scatter-adds and
+ * one all-reduce, when that moves fewer bytes (kiln__scatter_partial).
+ * Else whole. */
 static int rule_scatter(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                         spmd_tiling **got) {
-  int d = is_array(&ins->shape) && want ? kiln__indexed_dim(p->m, ins, want) : -1;
-  if (d < 0 || !is_array(gshape(p, ins->operands[2]))) return rule_whole(p, ins, want, out, got);
+  int d;
+  spmd_tiling *tu, *tb, *ti;
+  bool dims[SPMD_MAX_RANK];
+  const spmd_tiling *lt[3] = {NULL, NULL, NULL};
+  for (uint32_t k = 0; k < 3 && k < ins->noperands; k++) lt[k] = p->lt[ins->operands[k]];
+  if (is_array(&ins->shape) && !kiln__scatter_plan(p->a, p->m, ins, want, &d, &tu) &&
+      kiln__scatter_partial(p->a, p->m, ins, lt, &tb, &ti, dims)) {
+    /* partial scatter-adds of each device's updates into zeros, summed */
+    const kiln_shape *s = &ins->shape;
+    kiln_id ops[3] = {kiln__b_full(&p->b, s->dtype, s->dims, s->rank, 0),
+                      local_as(p, ins->operands[1], ti), local_as(p, ins->operands[2], tb)};
+    kiln_id y = kiln__b_clone(&p->b, ins, ops, 3);
+    y = all_reduce(p, y, kiln__b_reducer(p->tx, KILN_OP_ADD, s->dtype), tb, dims);
+    *out = kiln__b_bin(&p->b, KILN_OP_ADD, whole(p, ins->operands[0]), y);
+    *got = replicated(p, s->rank);
+    return p->tx->err;
+  }
+  if (!is_array(&ins->shape) || !kiln__scatter_plan(p->a, p->m, ins, want, &d, &tu))
+    return rule_whole(p, ins, want, out, got);
   kiln_id ops[3] = {local_as(p, ins->operands[0], want),
-                    local_indices(p, ins->operands[1], want, (uint32_t)d, ins->shape.dims[d]),
-                    whole(p, ins->operands[2])};
+                    d >= 0
+                        ? local_indices(p, ins->operands[1], want, (uint32_t)d, ins->shape.dims[d])
+                        : whole(p, ins->operands[1]),
+                    local_as(p, ins->operands[2], tu)};
   *out = kiln__b_clone(&p->b, ins, ops, 3);
   *got = (spmd_tiling *)want;
   return p->tx->err;
 }
 
-/* gather: the table whole, the indices split as the result's batch dims
- * (an embedding lookup of split ids needs no communication); or a table
- * split along the indexed dim (gather_split_table). */
+/* gather: the indices split as the result's batch dims and the table
+ * along the dims the result takes whole, else whole (an embedding lookup
+ * of split ids, or from a table split along its features, needs no
+ * communication), the split from the result, the table or the indices,
+ * whichever reshards fewer bytes (kiln__gather_plan); or a table split
+ * along the indexed dim (gather_split_table). */
 static int rule_gather(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
                        spmd_tiling **got) {
   if (gather_split_table(p, ins, out, got)) return 0;
   if (!kiln__tx_ok(p->tx)) return p->tx->err;
-  spmd_tiling *ni = is_array(&ins->shape) ? kiln__spmd_bwd(p->a, p->m, ins, 1, want) : NULL;
-  spmd_tiling *g = ni ? kiln__spmd_fwd(p->a, p->m, ins, 1, ni) : NULL;
-  const kiln_shape *ts = gshape(p, ins->operands[0]);
-  if (g == NULL || !is_array(ts)) return rule_whole(p, ins, want, out, got);
-  kiln_id ops[2] = {local_as(p, ins->operands[0], replicated(p, ts->rank)),
-                    local_as(p, ins->operands[1], ni)};
-  *out = kiln__b_clone(&p->b, ins, ops, 2);
-  *got = g;
+  kiln_id tb = ins->operands[0], ix = ins->operands[1];
+  const kiln_shape *ts = gshape(p, tb);
+  spmd_tiling *tt, *ti, *tr;
+  if (!is_array(&ins->shape) || !is_array(ts) || !is_array(gshape(p, ix)) ||
+      !kiln__gather_plan(p->a, p->m, ins, p->lt[tb], p->lt[ix], want, &tt, &ti, &tr))
+    return rule_whole(p, ins, want, out, got);
+  kiln_id ops[2] = {local_as(p, tb, tt), local_as(p, ix, ti)};
+  *out = local_gather(p, ins, ops, tt);
+  *got = tr;
   return p->tx->err;
 }
 
@@ -2061,13 +2117,23 @@ static int partition_entry(part *p, kiln_spmd_program *prog) {
 
 int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *dump_dir,
                         kiln_spmd_program **out, kiln_status *st) {
+  return kiln_spmd_partition_mesh(src, 1, partitions, dump_dir, out, st);
+}
+
+int kiln_spmd_partition_mesh(const kiln_module *src, int64_t replicas, int64_t partitions,
+                             const char *dump_dir, kiln_spmd_program **out, kiln_status *st) {
   *out = NULL;
+  if (replicas < 1 || replicas > 4096 || partitions < 1 || replicas * partitions > 4096)
+    return kiln_status_set(st, KILN_EINVAL, "spmd",
+                           "a mesh of %lld replicas x %lld partitions (at most 4096 devices)",
+                           (long long)replicas, (long long)partitions);
   kiln_spmd_program *prog = kiln_calloc(1, sizeof *prog);
   if (prog == NULL || (prog->arena = kiln_arena_create()) == NULL) {
     kiln_free(prog);
     return kiln_status_set(st, KILN_ENOMEM, "spmd", "out of memory");
   }
   prog->partitions = partitions;
+  prog->replicas = replicas;
   int rc = kiln_module_clone(src, &prog->module);
   if (rc) {
     kiln_spmd_program_destroy(prog);
@@ -2094,6 +2160,7 @@ int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *
   if (rc == 0 && tx.err) rc = tx.err;
   kiln__tx_fini(&tx);
   kiln_arena_destroy(p.a);
+  if (rc == 0) rc = kiln__spmd_replicate(m, replicas, partitions, st);
   if (rc == 0) rc = kiln_module_verify(m, NULL, st);
   if (rc == 0) rc = dump(m, dump_dir, "spmd-partitioned", st);
   if (rc) {

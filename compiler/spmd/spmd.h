@@ -13,7 +13,9 @@
  *   computed replicated, so a result is never wrong, at worst slower.
  * - kiln_spmd_shard_arg / kiln_spmd_assemble: global arrays <-> shards as
  *   the program's parameter and result shardings say.
- * Only partitions are modelled (replicas 1); devices are partition ids.
+ * Shardings name partitions; with R replicas (kiln_spmd_partition_mesh)
+ * every replica runs the partitioned program on its own partitions,
+ * device K = replica * partitions + partition.
  */
 #ifndef KILN_COMPILER_SPMD_SPMD_H
 #define KILN_COMPILER_SPMD_SPMD_H
@@ -53,6 +55,7 @@ typedef struct kiln_spmd_stats {
 typedef struct kiln_spmd_program {
   kiln_module *module; /* the per-device program (num_partitions set) */
   int64_t partitions;
+  int64_t replicas; /* each runs the program on its partitions (module replica_count) */
   uint32_t nparams;
   kiln_shape *param_shapes;        /* global shapes */
   kiln_sharding **param_shardings; /* how each is split; never NULL */
@@ -81,6 +84,13 @@ int kiln_spmd_propagate(kiln_module *m, int64_t partitions, kiln_status *st);
  * tuple parameters split across devices) fail naming the instruction. */
 int kiln_spmd_partition(const kiln_module *m, int64_t partitions, const char *dump_dir,
                         kiln_spmd_program **out, kiln_status *st);
+/* As kiln_spmd_partition, for a mesh of `replicas` x `partitions` devices
+ * (device K = replica * partitions + partition), as XLA runs an SPMD module
+ * with num_replicas > 1: every replica runs the partitioned program on its
+ * own partitions, its collectives (the partitioner's and a shard_map
+ * body's) kept within the replica; the module's replica_count is set. */
+int kiln_spmd_partition_mesh(const kiln_module *m, int64_t replicas, int64_t partitions,
+                             const char *dump_dir, kiln_spmd_program **out, kiln_status *st);
 void kiln_spmd_program_destroy(kiln_spmd_program *p); /* NULL is a no-op */
 
 /* Device `device`'s shard of the global argument of parameter `param`

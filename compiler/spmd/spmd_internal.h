@@ -112,6 +112,46 @@ spmd_tiling *kiln__spmd_bwd(kiln_arena *a, const kiln_module *m, const kiln_inst
  * (scatters) the indices that fall in its shard (partition.c). */
 int kiln__indexed_dim(const kiln_module *m, const kiln_instr *ins, const spmd_tiling *t);
 
+/* A gather computed locally, without communication: its result split only
+ * along batch dims (the indices split so) and dims that take a whole
+ * operand dim no index names (the table split so; e.g. an embedding's
+ * feature dim). Of the result tilings the result asks (want), the table
+ * (lt0) and the indices (lt1; NULL: replicated) offer, the one resharding
+ * the fewest bytes: *tt and *ti the table's and indices' tilings, *tr the
+ * result's (which covers want's splits along those dims). False for a
+ * gather of another form. */
+bool kiln__gather_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                       const spmd_tiling *lt0, const spmd_tiling *lt1, const spmd_tiling *want,
+                       spmd_tiling **tt, spmd_tiling **ti, spmd_tiling **tr);
+
+/* A gather from a table whose tiling t splits the dim it indexes (as
+ * kiln__indexed_dim asks of it) and perhaps dims the result takes whole:
+ * that dim, and in *rt the result's tiling (the latter splits passed
+ * through) each device's masked local gather has before an all-reduce over
+ * the devices splitting the indexed dim; -1 when t splits anything else. */
+int kiln__gather_split(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                       const spmd_tiling *t, spmd_tiling **rt);
+
+/* A scatter (one operand) computed locally under tiling t of its operand
+ * and result: t splits the dim the indices name (as kiln__indexed_dim asks:
+ * *d, else -1) and/or operand dims whose window is the whole dim and that
+ * no index names, *tu then the updates' tiling (split along those window
+ * dims). False when t splits nothing or anything else. */
+bool kiln__scatter_plan(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                        const spmd_tiling *t, int *d, spmd_tiling **tu);
+
+/* A scatter-add (its computation an add of its parameters) whose updates
+ * arrive in tiling lt[2] split along their scatter dims (the indices'
+ * batch dims, evenly), when that moves fewer bytes than gathering the
+ * updates and indices: each device scatters its updates (tiling *tb: only
+ * those splits) at its indices (*ti) into zeros of the operand's shape, an
+ * all-reduce (add) over the devices differing along dims[u] of *tb sums
+ * them, and the operand (whole) is added. lt[k]: the operands' tilings
+ * (NULL: replicated). */
+bool kiln__scatter_partial(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                           const spmd_tiling *const *lt, spmd_tiling **tb, spmd_tiling **ti,
+                           bool *dims);
+
 /* Annotations on an instruction: its sharding= attribute, or for a
  * sharding custom call (with_sharding_constraint, Shardy markers) the
  * sharding it names (sharding=, or the xla.sdy.sharding frontend attribute
@@ -215,5 +255,10 @@ int64_t kiln__shard_bytes(const kiln_shape *g, const spmd_tiling *t);
  * ninstrs entries, in arena a. */
 int kiln__model_lifetimes(kiln_arena *a, const kiln_module *m, uint32_t comp, uint32_t **last,
                           bool **counted);
+
+/* In place (replicas.c): partitioned program m (over `partitions`) as the
+ * program every replica of a replicas x partitions mesh runs, its
+ * collectives kept within each replica; sets m's replica_count. */
+int kiln__spmd_replicate(kiln_module *m, int64_t replicas, int64_t partitions, kiln_status *st);
 
 #endif /* KILN_COMPILER_SPMD_SPMD_INTERNAL_H */

@@ -167,6 +167,70 @@ static void check_global(const char *text, const char *backend, int32_t devices)
   kiln_client_close(c);
 }
 
+/* A global program on 2 replicas of 2 partitions (mesh_shape [2, 2], or
+ * the module's replica_count 2): each replica runs it on its own two
+ * devices from its own arguments (grouped by replica) or from shared ones,
+ * and returns its global result, equal to the unpartitioned run on them. */
+static void check_global_replicas(const char *backend) {
+  kiln_client *c = connect_as("spmd-replicas");
+  kiln_remote_executable *ref = compile(c, dp2_hlo, "interp", 1);
+  int64_t m22[2] = {2, 2};
+  kiln_remote_compile_options o = {
+      .backend = backend, .device_count = 4, .mesh_shape = m22, .nmesh_shape = 2};
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_remote_executable *e = NULL, *e2 = NULL;
+  ck_assert_msg(kiln_client_compile_text(c, dp2_hlo, strlen(dp2_hlo), &o, &e, &st) == 0, "%s",
+                st.msg);
+  ck_assert(!e->per_device);
+  ck_assert_int_eq(e->replica_count, 2);
+  ck_assert_int_eq(e->num_partitions, 2);
+  char rep[sizeof dp2_hlo + 32];
+  snprintf(rep, sizeof rep, "HloModule dp2, replica_count=2%s", dp2_hlo + strlen("HloModule dp2"));
+  kiln_remote_compile_options o2 = {.backend = backend, .device_count = 4};
+  ck_assert_msg(kiln_client_compile_text(c, rep, strlen(rep), &o2, &e2, &st) == 0, "%s", st.msg);
+  ck_assert_int_eq(e2->replica_count, 2);
+  kiln_literal **a0, **a1, *both[4];
+  uint32_t n;
+  random_args(dp2_hlo, 3, &a0, &n);
+  random_args(dp2_hlo, 4, &a1, &n);
+  ck_assert_uint_eq(n, 2);
+  both[0] = a0[0], both[1] = a0[1], both[2] = a1[0], both[3] = a1[1];
+  kiln_remote_result w0, w1, got, shared;
+  run(c, ref, a0, n, NULL, &w0);
+  run(c, ref, a1, n, NULL, &w1);
+  run(c, e, both, 4, NULL, &got);
+  ck_assert_uint_eq(got.noutputs, 2);
+  expect_close(got.outputs[0].literal, w0.outputs[0].literal, "replica 0");
+  expect_close(got.outputs[1].literal, w1.outputs[0].literal, "replica 1");
+  ck_assert_uint_eq(got.ndevice_ids, 4);
+  run(c, e2, a1, n, NULL, &shared);
+  ck_assert_uint_eq(shared.noutputs, 2);
+  expect_close(shared.outputs[0].literal, w1.outputs[0].literal, "shared, replica 0");
+  expect_close(shared.outputs[1].literal, w1.outputs[0].literal, "shared, replica 1");
+  /* three arguments are neither shared nor grouped by replica */
+  kiln_remote_arg ra[3] = {{.literal = a0[0]}, {.literal = a0[1]}, {.literal = a1[0]}};
+  kiln_remote_result bad;
+  EXPECT_CODE(kiln_client_execute(c, e->id, ra, 3, NULL, &bad, &st), KILN_RPC_INVALID_ARGUMENT,
+              "replica");
+  kiln_remote_result_free(&w0);
+  kiln_remote_result_free(&w1);
+  kiln_remote_result_free(&got);
+  kiln_remote_result_free(&shared);
+  kiln_test_args_free(a0, n);
+  kiln_test_args_free(a1, n);
+  kiln_remote_executable_free(e);
+  kiln_remote_executable_free(e2);
+  kiln_remote_executable_free(ref);
+  kiln_client_close(c);
+}
+
+START_TEST(test_global_replicas_cpu) { check_global_replicas("cpu"); }
+END_TEST
+
+START_TEST(test_global_replicas_interp) { check_global_replicas("interp"); }
+END_TEST
+
 START_TEST(test_data_parallel_cpu) { check_global(dp_hlo, "cpu", 4); }
 END_TEST
 
@@ -405,12 +469,24 @@ START_TEST(test_hostile) {
   EXPECT_CODE(kiln_client_compile_text(c, dp_hlo, strlen(dp_hlo), &o, &e, &st),
               KILN_RPC_INVALID_ARGUMENT, "device_count");
   o.backend = "cpu";
-  /* a global program on replicas */
+  /* a global program on replicas whose shardings name more partitions
+   * than the replicas leave it, and device counts the replicas do not
+   * divide */
   char rep[sizeof dp_hlo + 32];
   snprintf(rep, sizeof rep, "HloModule dp, replica_count=2%s", dp_hlo + strlen("HloModule dp"));
   o.device_count = 4;
-  EXPECT_CODE(kiln_client_compile_text(c, rep, strlen(rep), &o, &e, &st), KILN_RPC_UNIMPLEMENTED,
-              "replica");
+  EXPECT_CODE(kiln_client_compile_text(c, rep, strlen(rep), &o, &e, &st), KILN_RPC_INVALID_ARGUMENT,
+              "2 partitions");
+  o.device_count = 3;
+  EXPECT_CODE(kiln_client_compile_text(c, rep, strlen(rep), &o, &e, &st), KILN_RPC_INVALID_ARGUMENT,
+              "replicas");
+  int64_t m13[2] = {2, 2};
+  o.device_count = 4, o.mesh_shape = m13, o.nmesh_shape = 2;
+  char rep4[sizeof dp_hlo + 32];
+  snprintf(rep4, sizeof rep4, "HloModule dp, replica_count=4%s", dp_hlo + strlen("HloModule dp"));
+  EXPECT_CODE(kiln_client_compile_text(c, rep4, strlen(rep4), &o, &e, &st),
+              KILN_RPC_INVALID_ARGUMENT, "mesh_shape");
+  o.mesh_shape = NULL, o.nmesh_shape = 0;
   /* bad device_ids */
   kiln_remote_executable *g = compile(c, dp_hlo, "cpu", 4);
   kiln_literal **args;
@@ -545,6 +621,22 @@ START_TEST(test_cli_remote_mesh) {
   }
   ck_assert_int_eq(nums, 64);
   free(out), free(err), free(lout), free(lerr);
+  /* a global program on 2 replicas of 2 partitions: each replica's result */
+  const char *rr[] = {"run",          dp,  "--server",      server.addr, "--replicas", "2",
+                      "--partitions", "2", "--random-args", "5",         NULL};
+  const char *rl[] = {"run",           dp,  "--replicas", "2", "--partitions", "2",
+                      "--random-args", "5", NULL};
+  ck_assert_msg(cli(rr, &out, &err) == 0, "remote replicas: %s", err);
+  ck_assert_msg(cli(rl, &lout, &lerr) == 0, "local replicas: %s", lerr);
+  ck_assert_msg(strncmp(out, "replica 0:\nf32[16,4] {", 22) == 0, "%s", out);
+  ck_assert_msg(strncmp(lout, "replica 0:\nf32[16,4] {", 22) == 0, "%s", lout);
+  char *r1 = strstr(out, "replica 1:\nf32[16,4] {"), *l1 = strstr(lout, "replica 1:\nf32[16,4] {");
+  ck_assert_ptr_nonnull(r1);
+  ck_assert_ptr_nonnull(l1);
+  /* the same arguments on both replicas: the same result twice */
+  ck_assert_int_eq(strlen(r1 + 11), r1 - out - 11);
+  ck_assert_int_eq(strncmp(out + 11, r1 + 11, strlen(r1 + 11)), 0);
+  free(out), free(err), free(lout), free(lerr);
   const char *big[] = {"run",           dp,  "--server", server.addr, "--partitions", "8",
                        "--random-args", "5", NULL};
   ck_assert_int_ne(cli(big, &out, &err), 0);
@@ -640,6 +732,8 @@ int main(void) {
   tcase_add_test(tc, test_megatron_cpu);
   tcase_add_test(tc, test_megatron_interp);
   tcase_add_test(tc, test_two_of_four);
+  tcase_add_test(tc, test_global_replicas_cpu);
+  tcase_add_test(tc, test_global_replicas_interp);
   tcase_add_test(tc, test_per_device);
   tcase_add_test(tc, test_buffers);
   tcase_add_test(tc, test_auto_shard_level3);

@@ -20,6 +20,7 @@
 #include "common/alloc.h"
 #include "compiler/eval/interp.h"
 #include "compiler/ir/ir.h"
+#include "compiler/ir/sharding.h"
 #include "compiler/ir/text.h"
 #include "compiler/spmd/spmd.h"
 #include "compiler/spmd/spmd_internal.h"
@@ -1115,6 +1116,161 @@ START_TEST(test_gather_scatter_split_vocabulary) {
 }
 END_TEST
 
+/* Collectives of text partitioned over p devices, all kinds; the result
+ * checked against the interpreter on interp (and cpu when p is 4). */
+static int total_collectives(const char *text, int64_t p) {
+  int n = 0;
+  for (int k = 0; k < KILN_SPMD_NKINDS; k++) n += count_of(text, p, (kiln_spmd_kind)k);
+  if (p == 4) check_program(text, p, "cpu", -1, -1);
+  return n;
+}
+
+START_TEST(test_gather_scatter_other_dims) {
+  /* jnp.take from a table split along its features: each device gathers
+   * its columns (the split passes to the result), no communication; also
+   * the non-collapsed form, uneven features (7 over 4), and ids split by
+   * batch on one mesh axis with the features on the other (x=2, y=4) */
+  static const char feat[] =
+      "HloModule feat\n"
+      "ENTRY e {\n t = f32[10,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " ids = s32[6,1] parameter(1), sharding={replicated}\n"
+      " g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n"
+      " g3 = f32[6,1,8] gather(t, ids), offset_dims={1,2}, collapsed_slice_dims={}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n"
+      " r = f32[6,8] reshape(g3)\n"
+      " ROOT o = f32[6,8] add(g, r)\n}\n";
+  ck_assert_int_eq(total_collectives(feat, 4), 0);
+  static const char uneven[] =
+      "HloModule uneven\n"
+      "ENTRY e {\n t = f32[10,7] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " ids = s32[5] parameter(1), sharding={replicated}\n"
+      " ROOT g = f32[5,7] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,7}, "
+      "sharding={devices=[1,4]<=[4]}\n}\n";
+  ck_assert_int_eq(total_collectives(uneven, 4), 0);
+  static const char two_d[] =
+      "HloModule two_d\n"
+      "ENTRY e {\n t = f32[10,8] parameter(0), sharding={devices=[1,4,2]<=[2,4]T(1,0) "
+      "last_tile_dim_replicate}\n"
+      " ids = s32[6] parameter(1), sharding={devices=[2,4]<=[8] last_tile_dim_replicate}\n"
+      " ROOT g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n}\n";
+  ck_assert_int_eq(total_collectives(two_d, 8), 0);
+  /* asked for whole, the smaller result is gathered rather than the table */
+  static const char whole_out[] =
+      "HloModule whole_out\n"
+      "ENTRY e {\n t = f32[64,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+      " ids = s32[6] parameter(1), sharding={replicated}\n"
+      " ROOT g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}, sharding={replicated}\n}\n";
+  kiln_module *m = parse_ok(whole_out);
+  kiln_status st = {0};
+  kiln_spmd_program *prog;
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), 0);
+  ck_assert_int_eq(prog->stats.count[KILN_SPMD_ALL_GATHER], 1);
+  ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_ALL_GATHER], 6 * 8 * 4);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+  check_program(whole_out, 4, "interp", 0, 1);
+  /* a partial slice of a dim no index names does not pass it through:
+   * the table is gathered, the result still right */
+  check_program("HloModule part\n"
+                "ENTRY e {\n t = f32[10,8] parameter(0), sharding={devices=[1,4]<=[4]}\n"
+                " ids = s32[6] parameter(1), sharding={replicated}\n"
+                " ROOT g = f32[6,4] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+                "start_index_map={0}, index_vector_dim=1, slice_sizes={1,4}\n}\n",
+                4, "interp", 0, -1);
+  /* a table split along its vocabulary (2) and its features (4), ids out
+   * of range: the masked local lookup keeps the feature split, one
+   * all-reduce over the vocabulary of the result's shard; asked split
+   * along the features on the same devices, nothing more */
+  static const char vf[] =
+      "HloModule vf\n"
+      "ENTRY e {\n t = f32[16,8] parameter(0), sharding={devices=[2,4]<=[8]}\n"
+      " ids = s32[6] constant({-2, 0, 7, 8, 15, 20})\n"
+      " ROOT g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}, "
+      "sharding={devices=[1,4,2]<=[2,4]T(1,0) last_tile_dim_replicate}\n}\n";
+  check_program(vf, 8, "interp", 1, 0);
+  check_program(vf, 8, "cpu", 1, 0);
+  m = parse_ok(vf);
+  ck_assert_int_eq(kiln_spmd_partition(m, 8, NULL, &prog, &st), 0);
+  ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_ALL_REDUCE], 6 * 2 * 4);
+  ck_assert_int_eq(prog->stats.count[KILN_SPMD_ALL_TO_ALL] +
+                       prog->stats.count[KILN_SPMD_COLLECTIVE_PERMUTE] +
+                       prog->stats.count[KILN_SPMD_REDUCE_SCATTER],
+                   0);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+  /* a scatter-add of batch-split updates into a small operand (a
+   * parameter: its values are added once): partial scatter-adds and one
+   * all-reduce of the operand; into a larger one the updates and ids are
+   * gathered instead; a scatter that takes the maximum is computed whole */
+  static const char part_fmt[] =
+      "HloModule part\n"
+      "%s { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] %s(a, b)\n}\n"
+      "ENTRY e {\n t = f32[%d,16] parameter(0), sharding={replicated}\n"
+      " ids = s32[32,1] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " u = f32[32,16] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT d = f32[%d,16] scatter(t, ids, u), update_window_dims={1}, "
+      "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+      "to_apply=%s\n}\n";
+  char ptext[1024];
+  snprintf(ptext, sizeof ptext, part_fmt, "add", "add", 8, 8, "add");
+  check_program(ptext, 4, "interp", 1, 0);
+  check_program(ptext, 4, "cpu", 1, 0);
+  m = parse_ok(ptext);
+  ck_assert_int_eq(kiln_spmd_partition(m, 4, NULL, &prog, &st), 0);
+  ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_ALL_REDUCE], 8 * 16 * 4);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+  snprintf(ptext, sizeof ptext, part_fmt, "add", "add", 64, 64, "add");
+  check_program(ptext, 4, "interp", 0, 2);
+  snprintf(ptext, sizeof ptext, part_fmt, "mx", "maximum", 8, 8, "mx");
+  check_program(ptext, 4, "interp", 0, 2);
+  /* the gradient's scatter-add into a table split along its features (and
+   * along its vocabulary too, on x=2, y=4): each device scatters its
+   * columns of every update, with repeated and out-of-range ids */
+  static const char grad[] =
+      "HloModule grad\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[10,8] parameter(0), sharding={SPLIT}\n"
+      " u = f32[7,8] parameter(1), sharding={USPLIT}\n"
+      " ids = s32[7,1] constant({{-3}, {0}, {4}, {9}, {12}, {4}, {3}})\n"
+      " ROOT d = f32[10,8] scatter(t, ids, u), update_window_dims={1}, "
+      "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+      "to_apply=add, sharding={SPLIT}\n}\n";
+  const char *splits[2][2] = {{"devices=[1,4]<=[4]", "devices=[1,4]<=[4]"},
+                              {"devices=[2,4]<=[8]", "devices=[1,4,2]<=[2,4]T(1,0) "
+                                                     "last_tile_dim_replicate"}};
+  for (int k = 0; k < 2; k++) {
+    char text[2048], tmp[2048];
+    const char *a = strstr(grad, "{SPLIT}");
+    snprintf(tmp, sizeof tmp, "%.*s{%s}%s", (int)(a - grad), grad, splits[k][0], a + 7);
+    a = strstr(tmp, "{USPLIT}");
+    snprintf(text, sizeof text, "%.*s{%s}%s", (int)(a - tmp), tmp, splits[k][1], a + 8);
+    a = strstr(text, "{SPLIT}");
+    snprintf(tmp, sizeof tmp, "%.*s{%s}%s", (int)(a - text), text, splits[k][0], a + 7);
+    ck_assert_int_eq(total_collectives(tmp, k ? 8 : 4), 0);
+    m = parse_ok(tmp);
+    ck_assert_int_eq(kiln_spmd_partition(m, k ? 8 : 4, NULL, &prog, &st), 0);
+    const kiln_computation *c = kiln_module_entry(prog->module);
+    int local = 0;
+    for (uint32_t i = 0; i < c->ninstrs; i++) {
+      const kiln_instr *ins = prog->module->instrs[c->instrs[i]];
+      const kiln_shape *u =
+          ins->op == KILN_OP_SCATTER ? &prog->module->instrs[ins->operands[2]]->shape : NULL;
+      local +=
+          u && u->dims[1] == 2 && ins->shape.dims[1] == 2 && ins->shape.dims[0] == (k ? 5 : 10);
+    }
+    ck_assert_int_eq(local, 1);
+    kiln_spmd_program_destroy(prog);
+    kiln_module_destroy(m);
+  }
+}
+END_TEST
+
 START_TEST(test_reduce_init_not_identity) {
   /* sum with init 5 over a split dim: partial sums would add 5 once per
    * device, so the operand is gathered instead. */
@@ -1129,6 +1285,207 @@ START_TEST(test_reduce_init_not_identity) {
 END_TEST
 
 START_TEST(test_megatron_cpu) { check_program(megatron, 4, "cpu", 1, 0); }
+END_TEST
+
+/* ---- replicas x partitions ------------------------------------------------ */
+
+/* Whether every collective of prog (on R x P devices) pairs device k only
+ * with devices of k's replica, and with as many as on one replica. */
+static void check_groups_within_replicas(const kiln_spmd_program *prog, const kiln_module *one,
+                                         int64_t R, int64_t P) {
+  kiln_arena *a = kiln_arena_create();
+  kiln_status st = {0};
+  int checked = 0;
+  ck_assert_uint_eq(prog->module->ninstrs, one->ninstrs);
+  for (uint32_t i = 0; i < prog->module->ninstrs; i++) {
+    const kiln_instr *ins = prog->module->instrs[i];
+    bool groups = ins->op == KILN_OP_ALL_REDUCE || ins->op == KILN_OP_ALL_GATHER ||
+                  ins->op == KILN_OP_REDUCE_SCATTER || ins->op == KILN_OP_ALL_TO_ALL ||
+                  ins->op == KILN_OP_COLLECTIVE_PERMUTE;
+    if (ins->comp == KILN_NO_ID || !groups) continue;
+    for (int64_t k = 0; k < R * P; k++) {
+      kiln_collective_group g, g1;
+      ck_assert_msg(kiln_collective_group_of(ins, R, P, k, a, &g, &st) == 0, "%s", st.msg);
+      ck_assert_msg(kiln_collective_group_of(one->instrs[i], 1, P, k % P, a, &g1, &st) == 0, "%s",
+                    st.msg);
+      ck_assert_int_eq(g.n, g1.n);
+      ck_assert_int_eq(g.rank, g1.rank);
+      for (int64_t j = 0; j < g.n; j++) {
+        ck_assert_msg(g.members[j] / P == k / P, "%s: device %lld meets device %lld", ins->name,
+                      (long long)k, (long long)g.members[j]);
+        ck_assert_int_eq(g.members[j] % P, g1.members[j]);
+      }
+    }
+    checked++;
+  }
+  ck_assert_int_gt(checked, 0);
+  kiln_arena_destroy(a);
+}
+
+/* `text` on R replicas of P partitions of `backend`, replica r from its own
+ * random arguments: each replica's global result equals the unpartitioned
+ * interpreter on its arguments (of ref_text; NULL: text itself), the program moves what one
+ * replica's does, and its collectives stay within a replica. */
+static void check_replicas(const char *text, const char *ref_text, uint32_t R, uint32_t P,
+                           const char *backend) {
+  kiln_module *m = parse_ok(text), *ref = ref_text ? parse_ok(ref_text) : m;
+  kiln_status st = {0};
+  kiln_literal ***args = kiln_calloc(R, sizeof *args), **want = kiln_calloc(R, sizeof *want);
+  kiln_literal **got = kiln_calloc(R, sizeof *got);
+  const kiln_literal *const **per = kiln_calloc(R, sizeof *per);
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < R; r++) {
+    ck_assert_int_eq(kiln_test_args_random(m, 40 + r, &args[r], &n, &st), 0);
+    ck_assert_msg(
+        kiln_interp_run(ref, (const kiln_literal *const *)args[r], n, NULL, &want[r], &st) == 0,
+        "%s", st.msg);
+    per[r] = (const kiln_literal *const *)args[r];
+  }
+  kiln_spmd_stats stats;
+  int rc = kiln_run_module_global_mesh(m, backend, NULL, R, P, NULL, per, n, got, &stats, &st);
+  ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
+  for (uint32_t r = 0; r < R; r++) {
+    char why[200];
+    ck_assert_msg(close_enough(want[r], got[r], why, sizeof why), "%s, replica %u of %u x %u: %s",
+                  backend, r, R, P, why);
+  }
+  kiln_spmd_program *prog, *one;
+  ck_assert_int_eq(kiln_spmd_partition_mesh(m, R, P, NULL, &prog, &st), 0);
+  ck_assert_int_eq(kiln_spmd_partition(m, P, NULL, &one, &st), 0);
+  ck_assert_int_eq(prog->module->replica_count, R);
+  ck_assert_int_eq(prog->module->num_partitions, P);
+  ck_assert_mem_eq(&prog->stats, &one->stats, sizeof prog->stats);
+  ck_assert_mem_eq(&stats, &one->stats, sizeof stats);
+  check_groups_within_replicas(prog, one->module, R, P);
+  kiln_spmd_program_destroy(prog);
+  kiln_spmd_program_destroy(one);
+  for (uint32_t r = 0; r < R; r++) {
+    kiln_literal_destroy(want[r]);
+    kiln_literal_destroy(got[r]);
+    kiln_test_args_free(args[r], n);
+  }
+  kiln_free(per);
+  kiln_free(got);
+  kiln_free(want);
+  kiln_free(args);
+  if (ref != m) kiln_module_destroy(ref);
+  kiln_module_destroy(m);
+}
+
+START_TEST(test_replicas_global) {
+  /* Megatron (one all-reduce), FSDP (an all-gather), a halo (permutes),
+   * an all-to-all and a shard_map psum written for one replica, on 2 and
+   * 3 replicas, interp and cpu */
+  static const char fsdp[] =
+      "HloModule fsdp\n"
+      "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " w = f32[16,8] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT y = f32[8,8] dot(x, w), lhs_contracting_dims={1}, "
+      "rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}\n}\n";
+  static const char halo[] =
+      "HloModule halo\n"
+      "ENTRY e {\n x = f32[16,6] parameter(0), sharding={devices=[2,1]<=[2]}\n"
+      " a = f32[15,6] slice(x), slice={[1:16], [0:6]}\n"
+      " b = f32[15,6] slice(x), slice={[0:15], [0:6]}\n"
+      " ROOT d = f32[15,6] subtract(a, b), sharding={devices=[2,1]<=[2]}\n}\n";
+  static const char a2a[] = "HloModule a2a\n"
+                            "ENTRY e {\n x = f32[8,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                            " ROOT y = f32[8,8] negate(x), sharding={devices=[1,4]<=[4]}\n}\n";
+  const char *backends[2] = {"interp", "cpu"};
+  for (int b = 0; b < 2; b++) {
+    check_replicas(megatron, NULL, 2, 4, backends[b]);
+    check_replicas(fsdp, NULL, 2, 4, backends[b]);
+    check_replicas(halo, NULL, 3, 2, backends[b]);
+    check_replicas(a2a, NULL, 2, 4, backends[b]);
+  }
+  char text[4096];
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]",
+                 "all-reduce(d), channel_id=1, replica_groups={{0,1,2,3}}, "
+                 "use_global_device_ids=true, to_apply=add");
+  static const char ref[] = "HloModule r\nENTRY e {\n a = f32[8,16] parameter(0)\n"
+                            " b = f32[16,4] parameter(1)\n t = f32[8,16] tanh(a)\n"
+                            " ROOT d = f32[8,4] dot(t, b), lhs_contracting_dims={1}, "
+                            "rhs_contracting_dims={0}\n}\n";
+  check_replicas(text, ref, 2, 4, "interp");
+  check_replicas(text, ref, 2, 4, "cpu");
+  /* a psum over x of a 2x2 mesh: groups {0,2},{1,3} in each replica */
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]",
+                 "all-reduce(d), channel_id=1, replica_groups=[2,2]<=[2,2]T(1,0), "
+                 "use_global_device_ids=true, to_apply=add");
+  kiln_module *m = parse_ok(text);
+  kiln_status st = {0};
+  kiln_spmd_program *prog;
+  ck_assert_int_eq(kiln_spmd_partition_mesh(m, 2, 4, NULL, &prog, &st), 0);
+  kiln_spmd_program_destroy(prog);
+  kiln_module_destroy(m);
+}
+END_TEST
+
+START_TEST(test_replicas_refusals) {
+  kiln_status st = {0};
+  kiln_spmd_program *prog = NULL;
+  kiln_module *m = parse_ok(megatron);
+  ck_assert_int_eq(kiln_spmd_partition_mesh(m, 0, 4, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_ptr_nonnull(strstr(st.msg, "replicas"));
+  ck_assert_int_eq(kiln_spmd_partition_mesh(m, 2048, 4, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_ptr_null(prog);
+  kiln_module_destroy(m);
+  /* a body collective over device ids past one replica's partitions */
+  char text[4096];
+  shard_map_text(text, sizeof text, "[\"x\"=4]", "\\\"x\\\"", "[{}, {}]", "f32[8,4]",
+                 "all-reduce(d), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}, "
+                 "use_global_device_ids=true, to_apply=add");
+  m = parse_ok(text);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_spmd_partition_mesh(m, 2, 4, NULL, &prog, &st), KILN_EINVAL);
+  ck_assert_msg(strstr(st.msg, "device id 4 in a program for one replica of 4") != NULL, "%s",
+                st.msg);
+  ck_assert_ptr_null(prog);
+  kiln_module_destroy(m);
+  /* replica-id groups of a one-replica program become one group per
+   * replica; a permute's (0,0) pair one per replica */
+  m = parse_ok("HloModule cr\n"
+               "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+               " ROOT s = f32[] add(a, b)\n}\n"
+               "ENTRY e {\n x = f32[4] parameter(0)\n"
+               " r = f32[4] all-reduce(x), replica_groups={{0}}, to_apply=add\n"
+               " ROOT p = f32[4] collective-permute(r), source_target_pairs={{0,0}}\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__spmd_replicate(m, 3, 2, &st), 0);
+  ck_assert_int_eq(m->replica_count, 3);
+  kiln_arena *a = kiln_arena_create();
+  const kiln_computation *c = kiln_module_entry(m);
+  for (uint32_t i = 0; i < c->ninstrs; i++) {
+    const kiln_instr *ins = m->instrs[c->instrs[i]];
+    if (ins->op != KILN_OP_ALL_REDUCE && ins->op != KILN_OP_COLLECTIVE_PERMUTE) continue;
+    for (int64_t k = 0; k < 6; k++) {
+      kiln_collective_group g;
+      ck_assert_msg(kiln_collective_group_of(ins, 3, 2, k, a, &g, &st) == 0, "%s", st.msg);
+      if (ins->op == KILN_OP_ALL_REDUCE) {
+        ck_assert_int_eq(g.n, 1);
+        ck_assert_int_eq(g.members[0], k);
+      }
+    }
+    if (ins->op == KILN_OP_COLLECTIVE_PERMUTE) {
+      const kiln_i64s *pairs = kiln_instr_attr_ints(ins, KILN_ATTR_SOURCE_TARGET_PAIRS);
+      ck_assert_uint_eq(pairs->n, 6);
+      for (uint32_t j = 0; j < 6; j++) ck_assert_int_eq(pairs->v[j], j / 2);
+    }
+  }
+  /* ids above the one replica are refused by name */
+  kiln_module_destroy(m);
+  m = parse_ok("HloModule cr2\n"
+               "add {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n"
+               " ROOT s = f32[] add(a, b)\n}\n"
+               "ENTRY e {\n x = f32[4] parameter(0), sharding={replicated}\n"
+               " ROOT r = f32[4] all-reduce(x), replica_groups={{0,1}}, to_apply=add\n}\n");
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__spmd_replicate(m, 2, 2, &st), KILN_EINVAL);
+  ck_assert_str_eq(st.where, "r");
+  ck_assert_msg(strstr(st.msg, "replica id 1 in a program for one replica") != NULL, "%s", st.msg);
+  kiln_arena_destroy(a);
+  kiln_module_destroy(m);
+}
 END_TEST
 
 /* ---- random programs × random shardings ---------------------------------- */
@@ -1178,7 +1535,13 @@ static void set_sharding(kiln_module *m, kiln_instr *ins, kiln_sharding *s) {
 
 /* One random case: program `seed` with random shardings on p devices;
  * whether it ran (the oracle may refuse a generated program). */
+static bool random_case_mesh(uint64_t seed, uint32_t R, int64_t p, const char *backend);
 static bool random_case(uint64_t seed, int64_t p, const char *backend) {
+  return random_case_mesh(seed, 1, p, backend);
+}
+
+/* With R replicas, each replica from its own arguments (seed + 1000 r). */
+static bool random_case_mesh(uint64_t seed, uint32_t R, int64_t p, const char *backend) {
   kiln_progen_options o = {0};
   o.seed = seed;
   o.ninstrs = 6 + (int)(seed % 13);
@@ -1198,28 +1561,40 @@ static bool random_case(uint64_t seed, int64_t p, const char *backend) {
       set_sharding(m, ins, random_sharding(m, &ins->shape, p, &rs));
   }
   kiln_status st = {0};
-  kiln_literal **args;
-  uint32_t n;
-  ck_assert_int_eq(kiln_test_args_random(m, seed, &args, &n, &st), 0);
-  kiln_literal *want = NULL, *got = NULL;
-  int wrc = kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &want, &st);
+  kiln_literal **args[2] = {NULL, NULL}, *want[2] = {NULL, NULL}, *got[2] = {NULL, NULL};
+  uint32_t n = 0;
+  ck_assert_uint_le(R, 2);
+  int wrc = 0;
+  for (uint32_t r = 0; r < R && wrc == 0; r++) {
+    ck_assert_int_eq(kiln_test_args_random(m, seed + 1000 * r, &args[r], &n, &st), 0);
+    wrc = kiln_interp_run(m, (const kiln_literal *const *)args[r], n, NULL, &want[r], &st);
+  }
   if (getenv("KILN_SPMD_VERBOSE"))
     fprintf(stderr, "seed %llu: oracle %d %s\n", (unsigned long long)seed, wrc, st.msg);
   if (wrc == 0) {
     size_t dlen;
     char *dump = kiln_module_print(m, &dlen);
-    int rc = kiln_run_module_global(m, backend, NULL, (uint32_t)p, NULL,
-                                    (const kiln_literal *const *)args, n, &got, NULL, &st);
-    ck_assert_msg(rc == 0, "seed %llu, %lld devices, %s: %s: %s\n%s", (unsigned long long)seed,
-                  (long long)p, backend, st.where, st.msg, dump);
-    char why[200];
-    ck_assert_msg(close_enough(want, got, why, sizeof why), "seed %llu, %lld devices, %s: %s\n%s",
-                  (unsigned long long)seed, (long long)p, backend, why, dump);
+    const kiln_literal *const *per[2] = {(const kiln_literal *const *)args[0],
+                                         (const kiln_literal *const *)args[R - 1]};
+    int rc = R == 1 ? kiln_run_module_global(m, backend, NULL, (uint32_t)p, NULL, per[0], n,
+                                             &got[0], NULL, &st)
+                    : kiln_run_module_global_mesh(m, backend, NULL, R, (uint32_t)p, NULL, per, n,
+                                                  got, NULL, &st);
+    ck_assert_msg(rc == 0, "seed %llu, %u x %lld devices, %s: %s: %s\n%s", (unsigned long long)seed,
+                  R, (long long)p, backend, st.where, st.msg, dump);
+    for (uint32_t r = 0; r < R; r++) {
+      char why[200];
+      ck_assert_msg(close_enough(want[r], got[r], why, sizeof why),
+                    "seed %llu, replica %u of %u x %lld devices, %s: %s\n%s",
+                    (unsigned long long)seed, r, R, (long long)p, backend, why, dump);
+    }
     kiln_free(dump);
   }
-  kiln_literal_destroy(want);
-  kiln_literal_destroy(got);
-  kiln_test_args_free(args, n);
+  for (uint32_t r = 0; r < 2; r++) {
+    kiln_literal_destroy(want[r]);
+    kiln_literal_destroy(got[r]);
+    if (args[r]) kiln_test_args_free(args[r], n);
+  }
   kiln_module_destroy(m);
   kiln_free(text);
   return wrc == 0;
@@ -1243,6 +1618,23 @@ START_TEST(test_random_cpu) {
   static const int64_t ps[2] = {2, 4};
   int n = nseeds(3), ran = 0;
   for (int s = 0; s < n; s++) ran += random_case((uint64_t)(100 + s), ps[_i], "cpu");
+  ck_assert_int_ge(ran, 1);
+}
+END_TEST
+
+START_TEST(test_random_replicas) {
+  /* 2 replicas of 1, 2 and 4 partitions, the replicas' arguments differ:
+   * a collective that mixed replicas would show */
+  static const int64_t ps[3] = {1, 2, 4};
+  int n = nseeds(16), ran = 0;
+  for (int s = 0; s < n; s++) ran += random_case_mesh((uint64_t)(300 + s), 2, ps[_i], "interp");
+  ck_assert_int_ge(ran, n / 2);
+}
+END_TEST
+
+START_TEST(test_random_replicas_cpu) {
+  int n = nseeds(3), ran = 0;
+  for (int s = 0; s < n; s++) ran += random_case_mesh((uint64_t)(400 + s), 2, 2, "cpu");
   ck_assert_int_ge(ran, 1);
 }
 END_TEST
@@ -1275,20 +1667,25 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_reduce_init_not_identity);
   tcase_add_test(tc, test_gather_embedding);
   tcase_add_test(tc, test_gather_scatter_split_vocabulary);
+  tcase_add_test(tc, test_gather_scatter_other_dims);
   tcase_add_test(tc, test_while_split_state);
   tcase_add_test(tc, test_while_other_states);
   tcase_add_test(tc, test_conditional_split);
   tcase_add_test(tc, test_convolution_batch_and_features);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_replicas_global);
+  tcase_add_test(tc, test_replicas_refusals);
   suite_add_tcase(s, tc);
   tc = tcase_create("random");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_random_interp, 0, 4);
+  tcase_add_loop_test(tc, test_random_replicas, 0, 3);
   suite_add_tcase(s, tc);
   tc = tcase_create("cpu");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_megatron_cpu);
   tcase_add_loop_test(tc, test_random_cpu, 0, 2);
+  tcase_add_test(tc, test_random_replicas_cpu);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -249,7 +249,8 @@ START_TEST(test_model_matches_partitioner) {
   }
   /* FSDP (weights split by rows, batch split), a 2D matmul, a
    * sequence-parallel row matmul (its all-reduce a reduce-scatter), an
-   * embedding and its scatter over a split vocabulary. */
+   * embedding and its scatter over a split vocabulary, over split
+   * features, and over both. */
   const char *texts[] = {
       "HloModule fsdp\n"
       "ENTRY e {\n x = f32[8,16] parameter(0), sharding={devices=[4,1]<=[4]}\n"
@@ -284,8 +285,44 @@ START_TEST(test_model_matches_partitioner) {
       "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add, "
       "sharding={devices=[4,1]<=[4]}\n"
       " ROOT o = (f32[40,8], f32[8,8]) tuple(d, h)\n}\n",
+      /* a table split along its features, ids by batch on the other mesh
+       * axis: the lookup and the gradient's scatter local; then the
+       * result asked whole (its all-gather) */
+      "HloModule feat\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[40,8] parameter(0), sharding={devices=[1,2,2]<=[2,2]T(1,0) "
+      "last_tile_dim_replicate}\n"
+      " ids = s32[8,1] parameter(1), sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}\n"
+      " g = f32[8,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n"
+      " h = f32[8,8] tanh(g)\n"
+      " z = f32[] constant(0)\n zs = f32[40,8] broadcast(z), dimensions={}\n"
+      " d = f32[40,8] scatter(zs, ids, h), update_window_dims={1}, inserted_window_dims={0}, "
+      "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add, "
+      "sharding={devices=[1,2,2]<=[2,2]T(1,0) last_tile_dim_replicate}\n"
+      " r = f32[8,8] negate(h), sharding={replicated}\n"
+      " ROOT o = (f32[40,8], f32[8,8]) tuple(d, r)\n}\n",
+      /* a table split along its vocabulary and its features: the masked
+       * local lookup keeps the feature split, its all-reduce over the
+       * vocabulary */
+      "HloModule vocab_feat\n"
+      "ENTRY e {\n t = f32[40,8] parameter(0), sharding={devices=[2,2]<=[4]}\n"
+      " ids = s32[6] parameter(1), sharding={replicated}\n"
+      " g = f32[6,8] gather(t, ids), offset_dims={1}, collapsed_slice_dims={0}, "
+      "start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}\n"
+      " ROOT h = f32[6,8] tanh(g)\n}\n",
+      /* the scatter-add of batch-split updates into a small table:
+       * partial scatters and one all-reduce */
+      "HloModule part\n"
+      "add { a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT c = f32[] add(a, b)\n}\n"
+      "ENTRY e {\n t = f32[8,16] parameter(0), sharding={replicated}\n"
+      " ids = s32[32,1] parameter(1), sharding={devices=[4,1]<=[4]}\n"
+      " u = f32[32,16] parameter(2), sharding={devices=[4,1]<=[4]}\n"
+      " ROOT d = f32[8,16] scatter(t, ids, u), update_window_dims={1}, "
+      "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+      "to_apply=add, sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}\n}\n",
   };
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 7; i++) {
     kiln_module *m = parse_ok(texts[i]);
     check_model_matches(m, 4);
     kiln_module_destroy(m);
