@@ -24,10 +24,10 @@
 
 #include "common/status.h"
 
-#define KILN__CUDA_MIN_BLOCK 512u                  /* smallest class */
-#define KILN__CUDA_SMALL_MAX (UINT64_C(1) << 20)   /* largest power-of-two class */
-#define KILN__CUDA_LARGE_STEP (UINT64_C(2) << 20)  /* larger classes: multiples of this */
-#define KILN__CUDA_NSMALL 12u                      /* 512 B .. 1 MiB */
+#define KILN__CUDA_MIN_BLOCK 512u                 /* smallest class */
+#define KILN__CUDA_SMALL_MAX (UINT64_C(1) << 20)  /* largest power-of-two class */
+#define KILN__CUDA_LARGE_STEP (UINT64_C(2) << 20) /* larger classes: multiples of this */
+#define KILN__CUDA_NSMALL 12u                     /* 512 B .. 1 MiB */
 
 /* The class of a request of `bytes`: its rounded size in *rounded and
  * the free list it belongs to (0 .. KILN__CUDA_NSMALL-1 for the powers of
@@ -54,7 +54,7 @@ typedef struct kiln__cuda_allocator {
   int (*raw_alloc)(void *ctx, uint64_t bytes, uint64_t *ptr, kiln_status *st);
   void (*raw_free)(void *ctx, uint64_t ptr);
   void *ctx;
-  const char *what; /* names the device in messages: "cuda:0" */
+  const char *what;        /* names the device in messages: "cuda:0" */
   const char *budget_name; /* how the budget is set, for messages */
 } kiln__cuda_allocator;
 

@@ -84,7 +84,7 @@ typedef struct cuda_dev {
   void *small;             /* 64 pinned bytes: predicates, selectors */
   int major, minor, nsm;
   uint64_t max_temp_bytes;
-  char where[32];        /* "cuda:0" */
+  char where[32];       /* "cuda:0" */
   char budget_name[96]; /* for the allocator's messages */
 } cuda_dev;
 
@@ -148,8 +148,8 @@ static int kiln_cuda_init(kiln_backend *b, const kiln_backend_options *opts, uin
   uint32_t n = kiln_cuda_device_count(&dst);
   if (n == 0) return kiln_status_set(st, KILN_EUNAVAIL, "cuda", "no CUDA devices: %s", dst.msg);
   if (opts->ndevices > n)
-    return kiln_status_set(st, KILN_ELIMIT, "cuda", "%u CUDA devices asked for, this machine has %u",
-                           opts->ndevices, n);
+    return kiln_status_set(st, KILN_ELIMIT, "cuda",
+                           "%u CUDA devices asked for, this machine has %u", opts->ndevices, n);
   cuda_backend *cb = kiln_calloc(1, sizeof *cb);
   if (cb == NULL) return kiln_status_set(st, KILN_ENOMEM, "cuda", "out of memory");
   int rc = env_bytes("KILN_CUDA_MEMORY_BYTES", &cb->budget, st);
@@ -200,15 +200,13 @@ static int dev_open(cuda_dev *d, uint32_t index, const cuda_backend *cb, kiln_st
   const kiln__cuda_api *a = d->api;
   int rc = CK(d, a->device_get(&d->dev, (int)index), "cuDeviceGet", st);
   if (rc == 0)
-    rc = CK(d,
-            a->device_get_attribute(&d->major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                    d->dev),
-            "cuDeviceGetAttribute", st);
+    rc = CK(
+        d, a->device_get_attribute(&d->major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->dev),
+        "cuDeviceGetAttribute", st);
   if (rc == 0)
-    rc = CK(d,
-            a->device_get_attribute(&d->minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                                    d->dev),
-            "cuDeviceGetAttribute", st);
+    rc = CK(
+        d, a->device_get_attribute(&d->minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->dev),
+        "cuDeviceGetAttribute", st);
   if (rc == 0)
     rc = CK(d, a->device_get_attribute(&d->nsm, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev),
             "cuDeviceGetAttribute", st);
@@ -397,7 +395,8 @@ static int check_array_shape(const kiln_shape *s, const char *what, uint32_t i, 
   if (s->rank > 0 && s->dims == NULL)
     return kiln_status_set(st, KILN_EINVAL, "load", "%s %u: rank %u without dims", what, i,
                            s->rank);
-  if (s->rank > 64) return kiln_status_set(st, KILN_ELIMIT, "load", "%s %u: rank %u", what, i, s->rank);
+  if (s->rank > 64)
+    return kiln_status_set(st, KILN_ELIMIT, "load", "%s %u: rank %u", what, i, s->rank);
   for (uint32_t d = 0; d < s->rank; d++)
     if (s->dims[d] < 0)
       return kiln_status_set(st, KILN_EINVAL, "load", "%s %u: dim %u is %lld", what, i, d,
@@ -473,8 +472,9 @@ static int check_bindings(const kiln_executable *e, const kiln_binding *b, uint3
       return kiln_status_set(st, KILN_EINVAL, "load",
                              "%s leaf %u: binding shape differs from the entry's", what, i);
     if (e->slots[b[i].slot].size != (uint64_t)kiln_shape_bytes(&b[i].shape))
-      return kiln_status_set(st, KILN_EINVAL, "load", "%s %u: slot %u has %llu bytes, its shape %lld",
-                             what, i, b[i].slot, (unsigned long long)e->slots[b[i].slot].size,
+      return kiln_status_set(st, KILN_EINVAL, "load",
+                             "%s %u: slot %u has %llu bytes, its shape %lld", what, i, b[i].slot,
+                             (unsigned long long)e->slots[b[i].slot].size,
                              (long long)kiln_shape_bytes(&b[i].shape));
   }
   return 0;
@@ -883,11 +883,13 @@ static int run_copy(run_ctx *r, uint64_t dst, uint64_t src, uint64_t bytes) {
     kiln__cuda_block *t = NULL;
     int rc = dev_get(d, bytes, &t, r->st);
     if (rc == 0)
-      rc = CK(d, d->api->memcpy_dtod_async((CUdeviceptr)t->ptr, (CUdeviceptr)src, bytes, d->compute),
-              "cuMemcpyDtoDAsync_v2", r->st);
+      rc =
+          CK(d, d->api->memcpy_dtod_async((CUdeviceptr)t->ptr, (CUdeviceptr)src, bytes, d->compute),
+             "cuMemcpyDtoDAsync_v2", r->st);
     if (rc == 0)
-      rc = CK(d, d->api->memcpy_dtod_async((CUdeviceptr)dst, (CUdeviceptr)t->ptr, bytes, d->compute),
-              "cuMemcpyDtoDAsync_v2", r->st);
+      rc =
+          CK(d, d->api->memcpy_dtod_async((CUdeviceptr)dst, (CUdeviceptr)t->ptr, bytes, d->compute),
+             "cuMemcpyDtoDAsync_v2", r->st);
     /* The block goes back only once the copies have read it. */
     if (rc == 0) rc = CK(d, d->api->stream_synchronize(d->compute), "cuStreamSynchronize", r->st);
     kiln__cuda_allocator_put(&d->alloc, t);
@@ -1119,8 +1121,9 @@ static int put_leaf(cuda_dev *d, const kiln_literal *leaf, const kiln_shape *bs,
                     kiln__cuda_block **out, kiln_status *st) {
   size_t bytes = (size_t)kiln_shape_bytes(bs);
   if (leaf->nbytes < bytes || (bytes > 0 && leaf->data == NULL))
-    return kiln_status_set(st, KILN_EINVAL, "run", "parameter leaf %u: %zu bytes of data, %zu needed",
-                           i, leaf->nbytes, bytes);
+    return kiln_status_set(st, KILN_EINVAL, "run",
+                           "parameter leaf %u: %zu bytes of data, %zu needed", i, leaf->nbytes,
+                           bytes);
   if (leaf->dynamic_sizes)
     for (uint32_t k = 0; k < bs->rank; k++)
       if (leaf->dynamic_sizes[k] != bs->dims[k])
