@@ -249,3 +249,68 @@ bool kiln__cuda_arch_parse(const char *arch, int *major, int *minor) {
 bool kiln__cuda_arch_runs(int cubin_major, int cubin_minor, int dev_major, int dev_minor) {
   return cubin_major == dev_major && dev_minor >= cubin_minor;
 }
+
+/* ---- cubins ---------------------------------------------------------------- */
+
+static uint64_t le(const uint8_t *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes; i-- > 0;) v = v << 8 | p[i];
+  return v;
+}
+
+/* [off, off + count * size) inside n bytes, without overflow. */
+static bool table_fits(uint64_t off, uint64_t count, uint64_t size, uint64_t n) {
+  if (count == 0) return true;
+  if (size == 0 || off > n || count > (n - off) / size) return false;
+  return true;
+}
+
+#define EM_CUDA 190
+#define ELF_HEADER 64
+#define SHT_NOBITS 8
+
+bool kiln__cuda_cubin_check(const uint8_t *code, uint64_t n, char *why, size_t nwhy) {
+  if (code == NULL || n < ELF_HEADER || memcmp(code, "\177ELF", 4) != 0) {
+    snprintf(why, nwhy, "the code object is not an ELF file (%llu bytes)", (unsigned long long)n);
+    return false;
+  }
+  if (code[4] != 2 || code[5] != 1 || le(code + 18, 2) != EM_CUDA) {
+    snprintf(why, nwhy,
+             "the code object is not a 64-bit little-endian cubin (class %u, data %u, "
+             "machine %u)",
+             code[4], code[5], (unsigned)le(code + 18, 2));
+    return false;
+  }
+  uint64_t phoff = le(code + 32, 8), shoff = le(code + 40, 8);
+  uint64_t phentsize = le(code + 54, 2), phnum = le(code + 56, 2);
+  uint64_t shentsize = le(code + 58, 2), shnum = le(code + 60, 2);
+  if (!table_fits(phoff, phnum, phentsize, n) || (phnum && phentsize < 56)) {
+    snprintf(why, nwhy, "the cubin's program headers lie outside its %llu bytes",
+             (unsigned long long)n);
+    return false;
+  }
+  if (!table_fits(shoff, shnum, shentsize, n) || (shnum && shentsize < 64)) {
+    snprintf(why, nwhy, "the cubin's section headers lie outside its %llu bytes",
+             (unsigned long long)n);
+    return false;
+  }
+  for (uint64_t i = 0; i < shnum; i++) {
+    const uint8_t *sh = code + shoff + i * shentsize;
+    uint64_t type = le(sh + 4, 4), off = le(sh + 24, 8), size = le(sh + 32, 8);
+    if (type != SHT_NOBITS && (off > n || size > n - off)) {
+      snprintf(why, nwhy, "the cubin's section %llu lies outside its %llu bytes",
+               (unsigned long long)i, (unsigned long long)n);
+      return false;
+    }
+  }
+  for (uint64_t i = 0; i < phnum; i++) {
+    const uint8_t *ph = code + phoff + i * phentsize;
+    uint64_t type = le(ph, 4), off = le(ph + 8, 8), filesz = le(ph + 32, 8);
+    if (type != 0 && (off > n || filesz > n - off)) {
+      snprintf(why, nwhy, "the cubin's segment %llu lies outside its %llu bytes",
+               (unsigned long long)i, (unsigned long long)n);
+      return false;
+    }
+  }
+  return true;
+}

@@ -102,4 +102,11 @@ bool kiln__cuda_arch_runs(int cubin_major, int cubin_minor, int dev_major, int d
  * for anything else. */
 bool kiln__cuda_arch_parse(const char *arch, int *major, int *minor);
 
+/* Whether code[0..n) is a 64-bit little-endian ELF of machine EM_CUDA
+ * whose program and section headers, and every section's bytes, lie
+ * inside the n bytes: cuModuleLoadData takes an image without a length and
+ * trusts its headers, so a cut or corrupt cubin must be refused before it.
+ * On false, why[] says what is wrong. */
+bool kiln__cuda_cubin_check(const uint8_t *code, uint64_t n, char *why, size_t nwhy);
+
 #endif /* KILN_EXECUTOR_CUDA_CUDA_ALLOC_H */

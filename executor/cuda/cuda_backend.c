@@ -741,9 +741,9 @@ static int check_header(const cuda_dev *d, const kiln_executable *e, kiln_status
   if (e->dyn)
     return kiln_status_set(st, KILN_EUNIMPL, "load",
                            "bounded-dynamic programs do not run on the cuda backend");
-  if (e->nkernels > 0 && (e->code == NULL || e->ncode < 64 || memcmp(e->code, "\177ELF", 4) != 0))
-    return kiln_status_set(st, KILN_EINVAL, "load", "%u kernels but no cubin (an ELF file)",
-                           e->nkernels);
+  char why[160];
+  if (e->nkernels > 0 && !kiln__cuda_cubin_check(e->code, e->ncode, why, sizeof why))
+    return kiln_status_set(st, KILN_EINVAL, "load", "%u kernels: %s", e->nkernels, why);
   if (e->temp_bytes > d->max_temp_bytes)
     return kiln_status_set(
         st, KILN_ELIMIT, "load", "executable needs a %llu-byte temporary arena, the limit is %llu",
@@ -768,8 +768,8 @@ static int load_code(cuda_loaded *l, kiln_status *st) {
   l->max_block = kiln_arena_calloc(l->arena, e->nkernels, sizeof *l->max_block);
   if (l->fns == NULL || l->max_block == NULL)
     return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
-  /* cuModuleLoadData reads an ELF image without a length: the header
-   * check above made sure it is one; the driver checks the rest. */
+  /* cuModuleLoadData reads an ELF image without a length: check_header
+   * made sure its headers and sections lie within the bytes we have. */
   if ((rc = CK(d, a->module_load_data(&l->module, e->code), "cuModuleLoadData", st)) != 0) {
     l->module = NULL;
     return rc;

@@ -10,6 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
+#include "compiler/codegen/executable.h"
+#include "compiler/codegen/nvrtc.h"
+#include "compiler/compile.h"
+#include "compiler/ir/text.h"
 #include "executor/backend.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -200,8 +205,8 @@ START_TEST(driver_errors_become_statuses_naming_the_call) {
   kiln_status_clear(&st);
   ck_assert_int_eq(kiln__cuda_error(0, "cuLaunchKernel", NULL, NULL, "cuda:0", &st), 0);
   ck_assert_int_eq(st.code, 0);
-  ck_assert_int_eq(kiln__cuda_error(2, "cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY",
-                                    "out of memory", "cuda:0", &st),
+  ck_assert_int_eq(kiln__cuda_error(2, "cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY", "out of memory",
+                                    "cuda:0", &st),
                    KILN_ELIMIT);
   ck_assert_str_eq(st.where, "cuda:0");
   ck_assert_str_eq(st.msg, "cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory");
@@ -235,6 +240,44 @@ START_TEST(architectures) {
   ck_assert(!kiln__cuda_arch_runs(8, 6, 8, 0));
   ck_assert(!kiln__cuda_arch_runs(8, 0, 9, 0)); /* another major: no */
   ck_assert(kiln__cuda_arch_runs(9, 0, 9, 0));
+}
+END_TEST
+
+/* A real cubin from NVRTC passes the check; every cut of it and a header
+ * pointing outside it fail (cuModuleLoadData would read past the end). */
+START_TEST(cubins_are_checked_before_the_driver_sees_them) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln__nvrtc_version(NULL, NULL, &st) != 0) {
+    fprintf(stderr, "skipped: %s\n", st.msg);
+    return;
+  }
+  static const char text[] = "HloModule m\nENTRY e {\n  p = f32[64] parameter(0)\n"
+                             "  ROOT a = f32[64] add(p, p)\n}\n";
+  kiln_module *m = NULL;
+  ck_assert_int_eq(kiln_module_parse_text(text, strlen(text), "m.hlo", NULL, &m, &st), 0);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.target = "cuda-sm_90";
+  kiln_executable *e = NULL;
+  ck_assert_msg(kiln_compile(m, &o, &e, NULL, &st) == 0, "%s", st.msg);
+  kiln_module_destroy(m);
+  char why[160];
+  ck_assert_msg(kiln__cuda_cubin_check(e->code, e->ncode, why, sizeof why), "%s", why);
+  for (uint64_t cut = 0; cut < e->ncode; cut += 1 + cut / 3)
+    ck_assert_msg(!kiln__cuda_cubin_check(e->code, cut, why, sizeof why), "cut at %llu passed",
+                  (unsigned long long)cut);
+  uint8_t *bad = kiln_malloc(e->ncode);
+  memcpy(bad, e->code, e->ncode);
+  memset(bad + 40, 0x7f, 8); /* e_shoff */
+  ck_assert(!kiln__cuda_cubin_check(bad, e->ncode, why, sizeof why));
+  ck_assert_msg(strstr(why, "section headers") != NULL, "%s", why);
+  memcpy(bad, e->code, e->ncode);
+  bad[18] = 62; /* EM_X86_64: a host object, not a cubin */
+  ck_assert(!kiln__cuda_cubin_check(bad, e->ncode, why, sizeof why));
+  ck_assert_msg(strstr(why, "machine 62") != NULL, "%s", why);
+  kiln_free(bad);
+  kiln_executable_destroy(e);
 }
 END_TEST
 
@@ -301,6 +344,7 @@ int main(void) {
   tcase_add_test(c, grid_covers_the_range_within_limits);
   tcase_add_test(c, driver_errors_become_statuses_naming_the_call);
   tcase_add_test(c, architectures);
+  tcase_add_test(c, cubins_are_checked_before_the_driver_sees_them);
   tcase_add_test(c, registry_has_cuda_only_with_a_gpu);
   suite_add_tcase(s, c);
   SRunner *r = srunner_create(s);
