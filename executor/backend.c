@@ -21,9 +21,9 @@
 
 /* The backends always present, then those that need hardware: cuda is
  * registered only when the NVIDIA driver loads and reports at least one
- * GPU (executor/cuda/cuda_driver.c), asked once, at the first look at the
- * registry. Without one, "cuda" is not a backend name here at all, and
- * everything else runs as before. */
+ * GPU (executor/cuda/cuda_driver.c), asked once, when a name that is not
+ * a fixed one is looked up or the names are listed. Without one, "cuda" is not a backend name here
+ * at all, and everything else runs as before. */
 static const kiln_backend_iface *const fixed[] = {
     &kiln_cpu_backend_iface,
     &kiln_interp_backend_iface,
@@ -54,6 +54,10 @@ const char *const *kiln_backend_names(uint32_t *n) {
 
 static const kiln_backend_iface *registry_find(const char *name) {
   if (name == NULL) return NULL;
+  /* The fixed backends without asking the driver: a process that never
+   * names cuda (or lists the backends) never opens it. */
+  for (size_t i = 0; i < NFIXED; i++)
+    if (strcmp(fixed[i]->name, name) == 0) return fixed[i];
   pthread_once(&registry_once, fill_registry);
   for (size_t i = 0; i < nregistry; i++)
     if (strcmp(registry[i]->name, name) == 0) return registry[i];

@@ -315,8 +315,8 @@ static CUresult f_func_get_attribute(int *v, CUfunction_attribute a, CUfunction 
   return CUDA_SUCCESS;
 }
 static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                unsigned by, unsigned bz, unsigned shmem, CUstream s,
-                                void **params, void **extra) {
+                                unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params,
+                                void **extra) {
   (void)s;
   FAIL("cuLaunchKernel");
   unsigned k = (unsigned)(uintptr_t)f - 1;

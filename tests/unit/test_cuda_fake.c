@@ -82,8 +82,7 @@ static kiln_module *parse(const char *text) {
   return m;
 }
 
-static int compile(const kiln_module *m, const char *target, kiln_executable **e,
-                   kiln_status *st) {
+static int compile(const kiln_module *m, const char *target, kiln_executable **e, kiln_status *st) {
   kiln_compile_options o;
   kiln_compile_options_init(&o);
   o.target = target;
@@ -279,7 +278,7 @@ END_TEST
 
 START_TEST(progen_corpus_runs_through_the_backend) {
   kiln_backend *b = open_backend();
-  int seeds = getenv("KILN_CUDA_FAKE_SEEDS") ? atoi(getenv("KILN_CUDA_FAKE_SEEDS")) : 24;
+  int seeds = getenv("KILN_CUDA_FAKE_SEEDS") ? atoi(getenv("KILN_CUDA_FAKE_SEEDS")) : 16;
   int n[4] = {0};
   for (int s = 1; s <= seeds; s++) {
     kiln_progen_options o = {0};
@@ -380,8 +379,8 @@ static const char ew[] = "HloModule ew\n"
 
 /* Loads ew on the device with the cpu kernels standing in; *dl, *fns and
  * *eh are the caller's to release. */
-static kiln_loaded *load_ew(kiln_backend *b, kiln_executable **ec, kiln_executable **eh,
-                            void **dl, kernel_fn **fns) {
+static kiln_loaded *load_ew(kiln_backend *b, kiln_executable **ec, kiln_executable **eh, void **dl,
+                            kernel_fn **fns) {
   kiln_module *m = parse(ew);
   kiln_status st;
   kiln_status_clear(&st);
