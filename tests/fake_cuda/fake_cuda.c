@@ -30,7 +30,7 @@ typedef void (*kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
 typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
   uint64_t live_bytes;
-  int last_grid, last_block;
+  int max_grid, max_block;
 } fake_stats;
 
 static struct {
@@ -42,6 +42,9 @@ static struct {
   int nlive;
   kernel_fn *kernels;
   unsigned nkernels;
+  /* With an emulator: a launch runs every thread of its grid in turn, the
+   * last first, telling the kernels' code which thread it is. */
+  void (*emu_set)(unsigned block, unsigned thread, unsigned grid, unsigned block_dim);
   fake_stats s;
   char fail_call[64];
   long fail_after; /* calls of fail_call that still succeed */
@@ -53,6 +56,12 @@ static struct {
 void kiln_fake_cuda_set_kernels(kernel_fn *fns, unsigned n) {
   fk.kernels = fns;
   fk.nkernels = n;
+}
+
+/* The cubin's own CUDA C built for the host (test_cuda_fake): set() names
+ * the thread that runs next; NULL: the kernels are cpu ones over the range. */
+void kiln_fake_cuda_set_emulator(void (*set)(unsigned, unsigned, unsigned, unsigned)) {
+  fk.emu_set = set;
 }
 
 void kiln_fake_cuda_stats(fake_stats *out) {
@@ -332,10 +341,18 @@ static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned
   if (!inside(bufs, 8)) return CUDA_ERROR_ILLEGAL_ADDRESS;
   pthread_mutex_lock(&fk.mu);
   fk.s.launches++;
-  fk.s.last_grid = (int)gx;
-  fk.s.last_block = (int)bx;
+  if ((int)gx > fk.s.max_grid) fk.s.max_grid = (int)gx;
+  if ((int)bx > fk.s.max_block) fk.s.max_block = (int)bx;
   pthread_mutex_unlock(&fk.mu);
-  fk.kernels[k]((void *const *)(uintptr_t)bufs, begin, end);
+  if (fk.emu_set == NULL) {
+    fk.kernels[k]((void *const *)(uintptr_t)bufs, begin, end);
+    return CUDA_SUCCESS;
+  }
+  for (unsigned b = gx; b-- > 0;)
+    for (unsigned t = bx; t-- > 0;) {
+      fk.emu_set(b, t, gx, bx);
+      fk.kernels[k]((void *const *)(uintptr_t)bufs, begin, end);
+    }
   return CUDA_SUCCESS;
 }
 

@@ -42,13 +42,15 @@ typedef void (*kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
 typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
   uint64_t live_bytes;
-  int last_grid, last_block;
+  int max_grid, max_block;
 } fake_stats;
 
 static void *fake;
 static void (*set_kernels)(kernel_fn *, unsigned);
 static void (*get_stats)(fake_stats *);
 static void (*fail_call)(const char *, long, int);
+typedef void (*emu_set_fn)(unsigned, unsigned, unsigned, unsigned);
+static void (*set_emulator)(emu_set_fn);
 
 /* The fake's own handle (the driver loader opened it first). */
 static void fake_open(void) {
@@ -61,7 +63,9 @@ static void fake_open(void) {
   memcpy(&get_stats, &p, sizeof p);
   p = dlsym(fake, "kiln_fake_cuda_fail");
   memcpy(&fail_call, &p, sizeof p);
-  ck_assert(set_kernels && get_stats && fail_call);
+  p = dlsym(fake, "kiln_fake_cuda_set_emulator");
+  memcpy(&set_emulator, &p, sizeof p);
+  ck_assert(set_kernels && get_stats && fail_call && set_emulator);
 }
 
 static fake_stats stats(void) {
@@ -138,6 +142,77 @@ static bool same_program(const kiln_executable *a, const kiln_executable *b) {
   return true;
 }
 
+/* ---- the cubin's CUDA C on the host ------------------------------------------ */
+
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = kiln_malloc((size_t)len + 1);
+  if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+    kiln_free(b);
+    b = NULL;
+  }
+  if (b) b[len] = '\0';
+  if (n) *n = (size_t)len;
+  fclose(f);
+  return b;
+}
+
+/* The generated kernels.cu in dir, its NVRTC head replaced by
+ * tests/fake_cuda/cuda_emu.h, built with the host C++ compiler; the
+ * kernels into *fns, the thread setter into *set. false (saying why) when
+ * it cannot be built here. */
+static bool emu_build(const char *dir, uint32_t nkernels, void **dl, kernel_fn **fns,
+                      emu_set_fn *set) {
+  static const char head_end[] = "#define KCLZ64(x) __clzll((long long)(x))\n";
+  char path[512], cmd[2048];
+  snprintf(path, sizeof path, "%s/kernels.cu", dir);
+  char *src = slurp(path, NULL);
+  ck_assert_msg(src != NULL, "no %s", path);
+  const char *body = strstr(src, head_end);
+  if (body == NULL) {
+    fprintf(stderr, "emulation: the CUDA head changed (no KCLZ64 line): skipped\n");
+    kiln_free(src);
+    return false;
+  }
+  body += sizeof head_end - 1;
+  snprintf(path, sizeof path, "%s/emu.cc", dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "#include \"%s/tests/fake_cuda/cuda_emu.h\"\n%s", KILN_SOURCE_DIR, body);
+  fclose(f);
+  kiln_free(src);
+  snprintf(cmd, sizeof cmd,
+           "c++ -std=c++17 -O1 -w -ffp-contract=off -fno-fast-math -shared -fPIC -o %s/emu.so "
+           "%s > %s/emu.log 2>&1",
+           dir, path, dir);
+  if (system(cmd) != 0) {
+    snprintf(path, sizeof path, "%s/emu.log", dir);
+    char *log = slurp(path, NULL);
+    fprintf(stderr, "emulation: the host C++ compiler cannot build it: %.2000s\n", log ? log : "?");
+    kiln_free(log);
+    return false;
+  }
+  snprintf(path, sizeof path, "%s/emu.so", dir);
+  *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(*dl != NULL, "%s", dlerror());
+  *fns = kiln_calloc(nkernels + 1, sizeof **fns);
+  for (uint32_t i = 0; i < nkernels; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "kiln_kernel_%u", i);
+    void *sym = dlsym(*dl, name);
+    ck_assert_msg(sym != NULL, "emu.so has no %s", name);
+    memcpy(&(*fns)[i], &sym, sizeof sym);
+  }
+  void *sym = dlsym(*dl, "kemu_set");
+  ck_assert_ptr_nonnull(sym);
+  memcpy(set, &sym, sizeof sym);
+  return true;
+}
+
 static bool has_step(const kiln_executable *e, kiln_step_kind k) {
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++)
@@ -186,6 +261,7 @@ static bool differs(const kiln_literal *ref, const kiln_literal *got, char *why,
 }
 
 typedef enum outcome { RAN, REFUSED, LOWERED_APART, NO_REFERENCE } outcome;
+static bool emulate; /* run the cubin's own CUDA C, thread by thread */
 
 /* The module on the fake cuda device (cpu kernels) against the
  * interpreter, arguments args (NULL: random from seed). */
@@ -204,21 +280,39 @@ static outcome run_case(kiln_backend *b, const char *text, uint64_t seed, kiln_l
   void *dl = NULL;
   kernel_fn *fns = NULL;
   if (kiln_interp_run(m, (const kiln_literal *const *)args, nargs, &io, &ref, &st)) goto out;
-  int rc = compile(m, "cuda-sm_90", &ec, &st);
+  char dir[] = "/tmp/kiln-cuda-emu-XXXXXX";
+  kiln_compile_options co;
+  kiln_compile_options_init(&co);
+  co.target = "cuda-sm_90";
+  if (emulate) {
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    co.dump_dir = dir;
+  }
+  int rc = kiln_compile(m, &co, &ec, NULL, &st);
   if (rc == 0) rc = kiln_device_load(kiln_backend_device(b, 0), ec, &l, &st);
   if (rc == KILN_EUNIMPL) {
     r = REFUSED;
     goto out;
   }
   ck_assert_msg(rc == 0, "%s: %s: %s\n%s", name, st.where, st.msg, text);
-  ck_assert_msg(compile(m, "cpu", &eh, &st) == 0, "%s: %s", name, st.msg);
-  if (!same_program(ec, eh)) {
-    fprintf(stderr, "%s: skipped, cpu and cuda lowered it apart\n", name);
-    r = LOWERED_APART;
-    goto out;
+  if (emulate) {
+    emu_set_fn set = NULL;
+    if (ec->nkernels > 0 && !emu_build(dir, ec->nkernels, &dl, &fns, &set)) {
+      r = LOWERED_APART; /* not buildable here: counted with the skipped */
+      goto out;
+    }
+    set_kernels(fns, ec->nkernels);
+    set_emulator(set);
+  } else {
+    ck_assert_msg(compile(m, "cpu", &eh, &st) == 0, "%s: %s", name, st.msg);
+    if (!same_program(ec, eh)) {
+      fprintf(stderr, "%s: skipped, cpu and cuda lowered it apart\n", name);
+      r = LOWERED_APART;
+      goto out;
+    }
+    fns = cpu_kernels(eh, &dl);
+    set_kernels(fns, eh->nkernels);
   }
-  fns = cpu_kernels(eh, &dl);
-  set_kernels(fns, eh->nkernels);
   kiln_run_options ro = {.timeout_seconds = 60, .max_while_iterations = 100000};
   rc = kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, &ro, &got, &st);
   ck_assert_msg(rc == 0, "%s: run: %s: %s\n%s", name, st.where, st.msg, text);
@@ -227,6 +321,12 @@ static outcome run_case(kiln_backend *b, const char *text, uint64_t seed, kiln_l
   r = RAN;
 out:
   set_kernels(NULL, 0);
+  set_emulator(NULL);
+  if (emulate && strcmp(dir, "/tmp/kiln-cuda-emu-XXXXXX") != 0) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  }
   kiln_literal_destroy(got);
   kiln_loaded_destroy(l);
   if (dl) dlclose(dl);
@@ -301,6 +401,79 @@ START_TEST(progen_corpus_runs_through_the_backend) {
 }
 END_TEST
 
+static const char ew[] = "HloModule ew\n"
+                         "ENTRY e {\n"
+                         "  p = f32[300,7] parameter(0)\n"
+                         "  q = f32[300,7] parameter(1)\n"
+                         "  m = f32[300,7] multiply(p, q)\n"
+                         "  ROOT a = f32[300,7] add(m, p)\n"
+                         "}\n";
+static const char reduce_rows[] = "HloModule red\n"
+                                  "add {\n"
+                                  "  a = f32[] parameter(0)\n"
+                                  "  b = f32[] parameter(1)\n"
+                                  "  ROOT c = f32[] add(a, b)\n"
+                                  "}\n"
+                                  "ENTRY e {\n"
+                                  "  p = f32[700,129] parameter(0)\n"
+                                  "  z = f32[] constant(0)\n"
+                                  "  r = f32[700] reduce(p, z), dimensions={1}, to_apply=add\n"
+                                  "  c = f32[129] reduce(p, z), dimensions={0}, to_apply=add\n"
+                                  "  e = f32[700,129] exponential(p)\n"
+                                  "  ROOT t = (f32[700], f32[129], f32[700,129]) tuple(r, c, e)\n"
+                                  "}\n";
+
+/* The cubin's own CUDA C, built for the host with tests/fake_cuda/cuda_emu.h
+ * and run thread by thread over the grid the backend launches (the last
+ * thread first): the grid-stride loops, the single-thread guard and the
+ * launch geometry, against the interpreter. What it cannot show: the GPU's
+ * compiler and math, and threads running at once. */
+START_TEST(cuda_kernels_emulated_over_the_grid) {
+  if (system("c++ --version > /dev/null 2>&1") != 0) {
+    fprintf(stderr, "skipped: no host C++ compiler (c++)\n");
+    return;
+  }
+  kiln_backend *b = open_backend();
+  emulate = true;
+  int seeds = getenv("KILN_CUDA_FAKE_SEEDS") ? atoi(getenv("KILN_CUDA_FAKE_SEEDS")) : 16;
+  int n[4] = {0};
+  for (int s = 1; s <= seeds; s++) {
+    kiln_progen_options o = {0};
+    o.seed = (uint64_t)s + 1000;
+    o.ninstrs = 8 + s % 17;
+    o.nparams = 1 + s % 3;
+    o.dtype = s % 4 == 3 ? KILN_F64 : KILN_F32;
+    o.families = KILN_PROGEN_ALL & ~KILN_PROGEN_DOT;
+    o.max_dim = 40; /* ranges past one block, so the grid-stride loop strides */
+    char *text = kiln_progen_text(&o);
+    char name[48];
+    snprintf(name, sizeof name, "progen seed %d (emulated)", s + 1000);
+    n[run_case(b, text, (uint64_t)s, NULL, 0, name)]++;
+    kiln_free(text);
+  }
+  /* programs whose ranges span many blocks, a reduction, and the JAX ones */
+  n[run_case(b, ew, 5, NULL, 0, "ew (emulated)")]++;
+  n[run_case(b, reduce_rows, 6, NULL, 0, "reduce (emulated)")]++;
+  static const char *const files[] = {"layernorm_softmax", "embedding", "gru_scan"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/jax/%s.hlo", KILN_SOURCE_DIR, files[i]);
+    char *text = slurp(path, NULL);
+    ck_assert_msg(text != NULL, "cannot read %s", path);
+    n[run_case(b, text, 7, NULL, 0, path)]++;
+    kiln_free(text);
+  }
+  ck_assert_int_gt(stats().max_grid, 1);
+  fprintf(stderr, "emulated cuda: %d ran, %d refused, %d not buildable, %d without a reference\n",
+          n[RAN], n[REFUSED], n[LOWERED_APART], n[NO_REFERENCE]);
+  ck_assert_int_gt(n[RAN], seeds / 2);
+  fake_stats st = stats();
+  ck_assert_int_gt(st.launches, 0);
+  emulate = false;
+  close_backend(b);
+}
+END_TEST
+
 /* A while loop whose trip count is a parameter (nothing can unroll it)
  * and a conditional on a parameter: host-driven, reading back the
  * predicate and the selector. */
@@ -368,14 +541,6 @@ START_TEST(while_and_conditional_are_driven_from_the_host) {
   close_backend(b);
 }
 END_TEST
-
-static const char ew[] = "HloModule ew\n"
-                         "ENTRY e {\n"
-                         "  p = f32[300,7] parameter(0)\n"
-                         "  q = f32[300,7] parameter(1)\n"
-                         "  m = f32[300,7] multiply(p, q)\n"
-                         "  ROOT a = f32[300,7] add(m, p)\n"
-                         "}\n";
 
 /* Loads ew on the device with the cpu kernels standing in; *dl, *fns and
  * *eh are the caller's to release. */
@@ -557,6 +722,7 @@ int main(void) {
   tcase_add_test(c, the_fake_gpu_is_a_cuda_device);
   tcase_add_test(c, progen_corpus_runs_through_the_backend);
   tcase_add_test(c, while_and_conditional_are_driven_from_the_host);
+  tcase_add_test(c, cuda_kernels_emulated_over_the_grid);
   tcase_add_test(c, execute_on_buffers_and_copies);
   tcase_add_test(c, driver_failures_are_statuses_naming_the_call);
   tcase_add_test(c, a_device_that_fails_to_open_is_a_status);
