@@ -52,6 +52,9 @@ cc=$(echo "$gpus" | head -1 | awk -F', ' '{print $4}' | tr -d .)
 sm="sm_${cc:-90}"
 export KILN_CUDA_TARGET=${KILN_CUDA_TARGET:-cuda-$sm}
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+# JAX would take 75% of the GPU's memory at start, and bench_models runs
+# kiln while its JAX process is alive: allocate as needed instead.
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 
 {
   echo "# gpu-check $(date -u +%Y-%m-%dT%H:%MZ)"
