@@ -12,8 +12,8 @@ struct kemu_dim3 {
   unsigned x, y, z;
 };
 static kemu_dim3 blockIdx, threadIdx, blockDim, gridDim;
-extern "C" __attribute__((visibility("default"))) void kemu_set(unsigned b, unsigned t,
-                                                                 unsigned g, unsigned bd) {
+extern "C" __attribute__((visibility("default"))) void kemu_set(unsigned b, unsigned t, unsigned g,
+                                                                unsigned bd) {
   blockIdx = {b, 0, 0};
   threadIdx = {t, 0, 0};
   gridDim = {g, 1, 1};
