@@ -59,10 +59,25 @@ import time
 
 import numpy as np
 
+
+
+def _jax_platform_for(argv):
+    """JAX runs where Kiln runs: on the GPU for --backend cuda, else on the CPU.
+    Decided before jax is imported (bench_cpu imports it, defaulting to cpu); a
+    JAX_PLATFORMS already in the environment wins."""
+    for i, a in enumerate(argv):
+        if a == "--backend" and i + 1 < len(argv):
+            return "cuda" if argv[i + 1] == "cuda" else "cpu"
+        if a.startswith("--backend="):
+            return "cuda" if a.split("=", 1)[1] == "cuda" else "cpu"
+    return "cpu"
+
+
+os.environ.setdefault("JAX_PLATFORMS", _jax_platform_for(sys.argv[1:]))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cpu import chain_fn, log, median, mlp_args, mlp_fn, openblas_cores  # noqa: E402
 
-import jax  # noqa: E402  (bench_cpu has set JAX_PLATFORMS=cpu)
+import jax  # noqa: E402  (JAX_PLATFORMS set above: cpu, or cuda for --backend cuda)
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
@@ -750,6 +765,12 @@ def main():
     bad = [n for n in names if n not in WORKLOADS]
     if bad:
         sys.exit(f"bench_models: unknown workload(s) {', '.join(bad)}; --list shows them")
+    dev = jax.devices()[0]
+    log(f"bench_models: kiln --backend {o.backend}, JAX on {dev.platform} "
+        f"({getattr(dev, 'device_kind', '?')}; JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')})")
+    if o.backend == "cuda" and dev.platform == "cpu":
+        sys.exit("bench_models: --backend cuda but JAX sees no GPU (JAX_PLATFORMS="
+                 f"{os.environ.get('JAX_PLATFORMS')}): the ratio would be GPU against CPU")
 
     if o.export_dir:
         os.makedirs(o.export_dir, exist_ok=True)

@@ -15,31 +15,51 @@
 #include "common/alloc.h"
 #include "compiler/codegen/executable.h"
 #include "executor/backend_impl.h"
+#ifdef KILN_HAVE_CUDA
+#include "executor/cuda/cuda.h"
+#endif
 
-static const kiln_backend_iface *const registry[] = {
+/* The backends always present, then those that need hardware: cuda is
+ * registered only when the NVIDIA driver loads and reports at least one
+ * GPU (executor/cuda/cuda_driver.c), asked once, when a name that is not
+ * a fixed one is looked up or the names are listed. Without one, "cuda" is not a backend name here
+ * at all, and everything else runs as before. */
+static const kiln_backend_iface *const fixed[] = {
     &kiln_cpu_backend_iface,
     &kiln_interp_backend_iface,
 };
-#define NREGISTRY (sizeof registry / sizeof registry[0])
+#define NFIXED (sizeof fixed / sizeof fixed[0])
+#define NREGISTRY_MAX (NFIXED + 1)
 
+static const kiln_backend_iface *registry[NREGISTRY_MAX];
+static size_t nregistry;
 /* The names, taken from the ifaces once: the registry above is the only
  * place a backend is listed. */
-static const char *registry_names[NREGISTRY];
-static pthread_once_t registry_names_once = PTHREAD_ONCE_INIT;
+static const char *registry_names[NREGISTRY_MAX];
+static pthread_once_t registry_once = PTHREAD_ONCE_INIT;
 
-static void fill_registry_names(void) {
-  for (size_t i = 0; i < NREGISTRY; i++) registry_names[i] = registry[i]->name;
+static void fill_registry(void) {
+  for (size_t i = 0; i < NFIXED; i++) registry[nregistry++] = fixed[i];
+#ifdef KILN_HAVE_CUDA
+  if (kiln_cuda_device_count(NULL) > 0) registry[nregistry++] = &kiln_cuda_backend_iface;
+#endif
+  for (size_t i = 0; i < nregistry; i++) registry_names[i] = registry[i]->name;
 }
 
 const char *const *kiln_backend_names(uint32_t *n) {
-  pthread_once(&registry_names_once, fill_registry_names);
-  if (n) *n = (uint32_t)NREGISTRY;
+  pthread_once(&registry_once, fill_registry);
+  if (n) *n = (uint32_t)nregistry;
   return registry_names;
 }
 
 static const kiln_backend_iface *registry_find(const char *name) {
   if (name == NULL) return NULL;
-  for (size_t i = 0; i < NREGISTRY; i++)
+  /* The fixed backends without asking the driver: a process that never
+   * names cuda (or lists the backends) never opens it. */
+  for (size_t i = 0; i < NFIXED; i++)
+    if (strcmp(fixed[i]->name, name) == 0) return fixed[i];
+  pthread_once(&registry_once, fill_registry);
+  for (size_t i = 0; i < nregistry; i++)
     if (strcmp(registry[i]->name, name) == 0) return registry[i];
   return NULL;
 }
@@ -63,12 +83,37 @@ void kiln_backend_names_join(unsigned caps, const char *sep, char *buf, size_t s
   buf[0] = '\0';
   if (sep == NULL) sep = ", ";
   size_t len = 0;
-  for (size_t i = 0; i < NREGISTRY && len < size; i++) {
+  pthread_once(&registry_once, fill_registry);
+  for (size_t i = 0; i < nregistry && len < size; i++) {
     if ((iface_caps(registry[i]) & caps) != caps) continue;
     int k = snprintf(buf + len, size - len, "%s%s", len ? sep : "", registry[i]->name);
     if (k < 0) break;
     len += (size_t)k;
   }
+}
+
+bool kiln_backend_why_absent(const char *name, char *buf, size_t size) {
+  if (name == NULL || strcmp(name, "cuda") != 0 || registry_find(name) != NULL) return false;
+#ifdef KILN_HAVE_CUDA
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_cuda_device_count(&st);
+  if (buf && size) snprintf(buf, size, "no CUDA devices here: %s", st.msg);
+#else
+  if (buf && size) snprintf(buf, size, "this build has no CUDA device pool (no cuda.h)");
+#endif
+  return true;
+}
+
+int kiln_backend_default_target(const char *name, const char **target, kiln_status *st) {
+  *target = NULL;
+  char why[600];
+  if (kiln_backend_why_absent(name, why, sizeof why))
+    return kiln_status_set(st, KILN_EUNAVAIL, "backend", "%s", why);
+#ifdef KILN_HAVE_CUDA
+  if (name && strcmp(name, "cuda") == 0) return kiln_cuda_default_target(0, target, st);
+#endif
+  return 0;
 }
 
 /* ---- backends ----------------------------------------------------------- */
@@ -86,6 +131,9 @@ int kiln_backend_create(const char *name, const kiln_backend_options *opts, kiln
   *out = NULL;
   if (name == NULL) return kiln_status_set(st, KILN_EINVAL, "backend", "no backend name");
   const kiln_backend_iface *iface = registry_find(name);
+  char absent[600];
+  if (iface == NULL && kiln_backend_why_absent(name, absent, sizeof absent))
+    return kiln_status_set(st, KILN_EUNAVAIL, "backend", "backend '%s': %s", name, absent);
   if (iface == NULL) {
     char known[256];
     kiln_backend_names_join(0, ", ", known, sizeof known);

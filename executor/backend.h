@@ -132,6 +132,17 @@ bool kiln_backend_runs_modules(const kiln_backend *b);
  * messages. Writes at most size bytes, NUL-terminated. */
 void kiln_backend_names_join(unsigned caps, const char *sep, char *buf, size_t size);
 
+/* Why a backend that this build knows of is not registered here: "cuda"
+ * without a driver or a GPU writes the driver's reason into buf and
+ * returns true; false for every other name (registered or unknown). */
+bool kiln_backend_why_absent(const char *name, char *buf, size_t size);
+
+/* The compile target that programs for backend `name` are built for when
+ * the caller names none: *target NULL for the host's default (cpu), or
+ * the row of device 0's architecture for cuda ("cuda-sm_90" on an H100 or
+ * H200). A GPU that no cuda row covers is KILN_EUNIMPL saying which. */
+int kiln_backend_default_target(const char *name, const char **target, kiln_status *st);
+
 /* Creates backend `name` (one of kiln_backend_names). `opts` may be NULL.
  * Unknown names are KILN_ENOTFOUND with a message listing the known ones. */
 int kiln_backend_create(const char *name, const kiln_backend_options *opts, kiln_backend **out,

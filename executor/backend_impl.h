@@ -232,6 +232,10 @@ struct kiln_backend_iface {
 /* The registered backends. */
 extern const kiln_backend_iface kiln_cpu_backend_iface;
 extern const kiln_backend_iface kiln_interp_backend_iface;
+#ifdef KILN_HAVE_CUDA
+/* Registered only where the driver loads and sees a GPU (backend.c). */
+extern const kiln_backend_iface kiln_cuda_backend_iface;
+#endif
 
 #ifdef __cplusplus
 }

@@ -520,14 +520,24 @@ static int run_program(kilnd_call *c, exec_state *es, uint32_t device, kiln_stat
     kiln_device *d = kiln_backend_device(b, index % kiln_backend_device_count(b));
     return kiln_device_run_module(d, es->e->module, es->args, es->nargs, &ro, &es->out, st);
   }
-  if (es->e->exe && es->e->exe->code_kind == KILN_CODE_CUBIN)
-    return kiln_status_set(st, KILN_EUNAVAIL, "execute",
-                           "the executable is CUDA code for %.32s and this server cannot run "
-                           "it: %s %s",
-                           es->e->exe->target ? es->e->exe->target : "a GPU",
-                           srv->cuda_devices ? "its CUDA devices cannot run executables yet"
-                                             : "it has no CUDA device:",
-                           srv->cuda_devices ? "" : srv->cuda_why);
+  if (es->e->exe && es->e->exe->code_kind == KILN_CODE_CUBIN) {
+    /* CUDA code runs on cuda:0 (loaded there once, in the executable's
+     * first load slot: its code never loads on a cpu device), from the
+     * scheduler slot's thread. */
+    if (srv->cuda == NULL)
+      return kiln_status_set(st, KILN_EUNAVAIL, "execute",
+                             "the executable is CUDA code for %.32s and this server cannot run "
+                             "it: it has no CUDA device: %s",
+                             es->e->exe->target ? es->e->exe->target : "a GPU", srv->cuda_why);
+    if (es->on_device)
+      return kiln_status_set(st, KILN_EUNIMPL, "execute",
+                             "device-resident buffers are host buffers here: a cuda executable "
+                             "takes its arguments inline");
+    kiln_loaded *cl = NULL;
+    int crc = kilnd_exe_loaded(es->e, srv->cuda, 0, &cl, st);
+    if (crc == 0) crc = kiln_loaded_run(cl, es->args, es->nargs, &ro, &es->out, st);
+    return crc;
+  }
   kiln_loaded *l = NULL;
   int rc = kilnd_exe_loaded(es->e, b, index, &l, st);
   if (rc == 0 && es->on_device) return run_on_device(es, l, &ro, st);

@@ -182,9 +182,17 @@ static int start_parts(kilnd *srv, kiln_status *st) {
   kiln_status_clear(&cst);
   srv->cuda_devices = kiln_cuda_device_count(&cst);
   if (srv->cuda_devices == 0) snprintf(srv->cuda_why, sizeof srv->cuda_why, "%.200s", cst.msg);
+  /* A GPU that the backend cannot open leaves kilnd serving cpu, saying why. */
+  if (srv->cuda_devices && kiln_backend_create("cuda", NULL, &srv->cuda, &cst) != 0) {
+    snprintf(srv->cuda_why, sizeof srv->cuda_why, "%.200s", cst.msg);
+    kilnd_log("warning: cuda: %u devices, but the cuda backend failed: %s", srv->cuda_devices,
+              cst.msg);
+    srv->cuda = NULL;
+    srv->cuda_devices = 0;
+  }
 #endif
   if (srv->cuda_devices)
-    kilnd_log("cuda: %u devices (executables for them cannot run here yet)", srv->cuda_devices);
+    kilnd_log("cuda: %u devices; executables of cuda targets run on cuda:0", srv->cuda_devices);
   else
     kilnd_log("cuda: 0 devices (%s); cuda targets still compile", srv->cuda_why);
   kiln_sched_options so = {
@@ -238,6 +246,7 @@ static void stop_parts(kilnd *srv) {
   kiln_buffer_store_destroy(srv->buffers);
   kiln_backend_destroy(srv->cpu);
   kiln_backend_destroy(srv->interp);
+  kiln_backend_destroy(srv->cuda);
   kilnd_loop_destroy(srv);
   kiln_cache_destroy(srv->cache); /* after the compile pool */
   srv->cache = NULL;

@@ -431,6 +431,14 @@ int kiln__cmd_bench(const kiln__args *a) {
   kiln_compile_options co;
   bool given;
   if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;
+  if (compiles && co.target == NULL) { /* the device's own target (cuda-sm_90 ...) */
+    kiln_status tst;
+    kiln_status_clear(&tst);
+    if (kiln_backend_default_target(backend, &co.target, &tst)) {
+      fprintf(stderr, "kiln bench: %s\n", tst.msg);
+      return KILN_EXIT_USAGE;
+    }
+  }
   if (given && !compiles) {
     char names[256];
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);

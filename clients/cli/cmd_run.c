@@ -264,6 +264,14 @@ static int check_options(const kiln__args *a, run_setup *r) {
   r->compiled = !(caps & KILN_BACKEND_RUNS_MODULES);
   int crc = kiln__compile_options_parse(a, &r->co, &r->compile_given);
   if (crc) return crc;
+  if (r->compiled && r->co.target == NULL) { /* the device's own target (cuda-sm_90 ...) */
+    kiln_status tst;
+    kiln_status_clear(&tst);
+    if (kiln_backend_default_target(backend, &r->co.target, &tst)) {
+      fprintf(stderr, "kiln run: %s\n", tst.msg);
+      return KILN_EXIT_USAGE;
+    }
+  }
   if (r->compile_given && !r->compiled) {
     kiln_backend_names_join(KILN_BACKEND_LOADS, "|", names, sizeof names);
     fprintf(stderr,

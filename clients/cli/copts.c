@@ -147,7 +147,11 @@ int kiln__backend_check(const char *cmd, const char *name, unsigned caps, bool r
     for (uint32_t i = 0; i < n; i++)
       if (strcmp(t[i].backend, name) == 0) return KILN_EXIT_OK;
   }
-  char here[256], other[256];
+  char here[256], other[256], absent[600];
+  if (!remote && kiln_backend_why_absent(name, absent, sizeof absent)) {
+    fprintf(stderr, "kiln %s: backend '%s': %s\n", cmd, name, absent);
+    return KILN_EXIT_USAGE;
+  }
   kiln_backend_names_join(caps, ", ", here, sizeof here);
   elsewhere_backends(other, sizeof other);
   if (other[0])

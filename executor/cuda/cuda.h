@@ -17,6 +17,7 @@ typedef struct kiln_cuda_device_info {
   char name[128];
   uint64_t total_memory;  /* bytes */
   int cc_major, cc_minor; /* compute capability: sm_<major><minor> */
+  int multiprocessors;
 } kiln_cuda_device_info;
 
 /* The number of CUDA devices this process sees, after loading the driver
@@ -29,5 +30,10 @@ uint32_t kiln_cuda_device_count(kiln_status *st);
 
 /* What device `index` (< kiln_cuda_device_count) is. */
 int kiln_cuda_device_info_get(uint32_t index, kiln_cuda_device_info *out, kiln_status *st);
+
+/* The name of the cuda target row that device `index`'s architecture runs
+ * ("cuda-sm_90" for compute capability 9.x; compiler/target.c's rows),
+ * static. No such row is KILN_EUNIMPL naming the GPU's sm. */
+int kiln_cuda_default_target(uint32_t index, const char **target, kiln_status *st);
 
 #endif /* KILN_EXECUTOR_CUDA_CUDA_H */

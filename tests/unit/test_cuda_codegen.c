@@ -5,9 +5,11 @@
  * Every kernel of a differential corpus (random programs of
  * tests/support/progen.c; KILN_CUDA_SEEDS=N for more), of programs exported
  * from JAX (tests/data/jax) and of the XLA corpus (KILN_CORPUS_DIR: refused
- * programs allowed, NVRTC failures not) is compiled for sm_90; each
- * cubin must be an ELF file of machine EM_CUDA (190) whose e_flags name
- * sm_90 (sm_80 for that row). NVRTC's arguments are checked: a virtual
+ * programs allowed, NVRTC failures not) is compiled for sm_90, or for the
+ * cuda target named by env KILN_CUDA_TARGET (scripts/gpu-check.sh sets it
+ * to the detected GPU's row, e.g. cuda-sm_90); each cubin must be an ELF
+ * file of machine EM_CUDA (190) whose e_flags name that sm (sm_80 for
+ * that row). NVRTC's arguments are checked: a virtual
  * architecture is refused, a compile error is located at its line and
  * kernel, a deadline is kept. Cases that need libnvrtc skip, saying so,
  * where it is not installed. Running the kernels needs a GPU: that is
@@ -27,9 +29,24 @@
 #include "compiler/codegen/nvrtc.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
+#include "compiler/target.h"
 #include "tests/support/progen.h"
 
 #define EM_CUDA 190
+
+/* The corpus target: env KILN_CUDA_TARGET (any spelling of a cuda row)
+ * or cuda-sm_90; *sm receives its number (90). */
+static const char *corpus_target(int *sm) {
+  const char *env = getenv("KILN_CUDA_TARGET");
+  const kiln_target *t = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_target_resolve("cuda", env && env[0] ? env : "cuda-sm_90", &t, &st) == 0,
+                "KILN_CUDA_TARGET: %s", st.msg);
+  ck_assert_msg(t->isa && strncmp(t->isa, "sm_", 3) == 0, "%s", t->name);
+  *sm = atoi(t->isa + 3);
+  return t->name;
+}
 
 static bool have_nvrtc(void) {
   kiln_status st;
@@ -66,7 +83,9 @@ static int compile_text(const char *text, const char *name, const char *target, 
   kiln_module_destroy(m);
   if (rc) return rc;
   ck_assert_int_eq(e->code_kind, KILN_CODE_CUBIN);
-  ck_assert_str_eq(e->target, strcmp(target, "sm_80") == 0 ? "cuda-sm_80" : "cuda-sm_90");
+  const kiln_target *want = NULL;
+  ck_assert_int_eq(kiln_target_resolve("cuda", target, &want, NULL), 0);
+  ck_assert_str_eq(e->target, want->name);
   ck_assert_msg(cubin_sm(e->code, e->ncode) == want_sm, "%s: a cubin for sm %d, not %d", name,
                 cubin_sm(e->code, e->ncode), want_sm);
   /* the executable carries its cubin through serialization */
@@ -103,7 +122,8 @@ static char *read_file(const char *path) {
 START_TEST(progen_corpus_compiles_for_sm_90) {
   if (!have_nvrtc()) return;
   int seeds = getenv("KILN_CUDA_SEEDS") ? atoi(getenv("KILN_CUDA_SEEDS")) : 24;
-  int ok = 0, refused = 0;
+  int ok = 0, refused = 0, sm;
+  const char *target = corpus_target(&sm);
   for (int s = 1; s <= seeds; s++) {
     kiln_progen_options o = {0};
     o.seed = (uint64_t)s;
@@ -115,7 +135,7 @@ START_TEST(progen_corpus_compiles_for_sm_90) {
     char name[32];
     snprintf(name, sizeof name, "progen-%d.hlo", s);
     kiln_status st;
-    int rc = compile_text(text, name, "cuda-sm_90", 90, &st);
+    int rc = compile_text(text, name, target, sm, &st);
     if (rc == KILN_EUNIMPL) {
       ck_assert_msg(strstr(st.msg, "the cuda backend cannot compile") != NULL ||
                         strstr(st.msg, "cuda") != NULL,
@@ -127,7 +147,7 @@ START_TEST(progen_corpus_compiles_for_sm_90) {
     }
     kiln_free(text);
   }
-  fprintf(stderr, "progen: %d compiled for sm_90, %d refused\n", ok, refused);
+  fprintf(stderr, "progen: %d compiled for %s, %d refused\n", ok, target, refused);
   ck_assert_int_gt(ok, seeds / 2);
 }
 END_TEST
@@ -136,13 +156,15 @@ START_TEST(jax_programs_compile_for_sm_90) {
   if (!have_nvrtc()) return;
   static const char *const files[] = {"layernorm_softmax", "mlp_grad", "transformer", "embedding",
                                       "gru_scan"};
+  int sm;
+  const char *target = corpus_target(&sm);
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char path[1024];
     snprintf(path, sizeof path, "%s/tests/data/jax/%s.hlo", KILN_SOURCE_DIR, files[i]);
     char *text = read_file(path);
     ck_assert_msg(text != NULL, "cannot read %s", path);
     kiln_status st;
-    int rc = compile_text(text, path, "cuda-sm_90", 90, &st);
+    int rc = compile_text(text, path, target, sm, &st);
     ck_assert_msg(rc == 0, "%s: %s: %s", path, st.where, st.msg);
     kiln_free(text);
   }
@@ -160,7 +182,7 @@ START_TEST(xla_corpus_never_fails_in_nvrtc) {
     fprintf(stderr, "skipped: KILN_CORPUS_DIR is not set or not a folder\n");
     return;
   }
-  int ok = 0, refused = 0;
+  int ok = 0, refused = 0, sm;
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
     size_t n = strlen(de->d_name);
@@ -175,7 +197,7 @@ START_TEST(xla_corpus_never_fails_in_nvrtc) {
     if (kiln_module_parse_text(text, strlen(text), path, NULL, &m, &st) == 0) {
       kiln_compile_options o;
       kiln_compile_options_init(&o);
-      o.target = "cuda-sm_90";
+      o.target = corpus_target(&sm);
       kiln_executable *e = NULL;
       int rc = kiln_compile(m, &o, &e, NULL, &st);
       ck_assert_msg(rc != KILN_EINTERNAL, "%s: %s: %s", path, st.where, st.msg);
@@ -191,7 +213,7 @@ START_TEST(xla_corpus_never_fails_in_nvrtc) {
     kiln_free(text);
   }
   closedir(d);
-  fprintf(stderr, "corpus: %d compiled for sm_90, %d refused\n", ok, refused);
+  fprintf(stderr, "corpus: %d compiled for sm_%d, %d refused\n", ok, sm, refused);
   ck_assert_int_gt(ok, 0);
 }
 END_TEST

@@ -1,0 +1,742 @@
+/* The cuda backend's host side against a fake driver (tests/fake_cuda/,
+ * opened through KILN_CUDA_DRIVER): what can be checked without a GPU.
+ *
+ * The fake keeps device memory in host memory and checks every address
+ * the backend gives it against its live allocations; it cannot run a
+ * cubin, so each program is compiled twice, for cuda-sm_90 (what the
+ * backend loads: its checks, its module and kernel lookups, argument
+ * vector, launches, copies, while and conditional steps reading their
+ * predicate back, results and relayouts) and for the cpu target, whose
+ * kernels the fake calls in place of the cubin's (the two compiles lower
+ * to the same steps and kernel numbers; a case where they do not is
+ * skipped, saying so). Results are checked against the interpreter with
+ * test_difftest's cpu tolerances. Also: errors of driver calls (made to
+ * fail by the fake) come back as statuses naming the call, with every
+ * context popped and no allocation lost, and the memory budget is kept.
+ *
+ * What this cannot check is the device itself: the kernels' grid-stride
+ * loops, real stream ordering and the cubin. test_cuda_diff does, on a GPU.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "compiler/codegen/executable.h"
+#include "compiler/compile.h"
+#include "compiler/eval/interp.h"
+#include "compiler/ir/text.h"
+#include "compiler/ir/verify.h"
+#include "executor/backend.h"
+#include "tests/support/progen.h"
+#include "tests/support/testargs.h"
+
+#if defined(KILN_HAVE_CUDA) && defined(KILN_FAKE_CUDA)
+
+typedef void (*kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
+typedef struct fake_stats {
+  long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
+  uint64_t live_bytes;
+  int max_grid, max_block;
+} fake_stats;
+
+static void *fake;
+static void (*set_kernels)(kernel_fn *, unsigned);
+static void (*get_stats)(fake_stats *);
+static void (*fail_call)(const char *, long, int);
+typedef void (*emu_set_fn)(unsigned, unsigned, unsigned, unsigned);
+static void (*set_emulator)(emu_set_fn);
+
+/* The fake's own handle (the driver loader opened it first). */
+static void fake_open(void) {
+  ck_assert_uint_ne(kiln_backend_caps("cuda"), 0); /* loads the driver */
+  fake = dlopen(KILN_FAKE_CUDA, RTLD_NOW | RTLD_NOLOAD);
+  ck_assert_msg(fake != NULL, "%s", dlerror());
+  void *p = dlsym(fake, "kiln_fake_cuda_set_kernels");
+  memcpy(&set_kernels, &p, sizeof p);
+  p = dlsym(fake, "kiln_fake_cuda_stats");
+  memcpy(&get_stats, &p, sizeof p);
+  p = dlsym(fake, "kiln_fake_cuda_fail");
+  memcpy(&fail_call, &p, sizeof p);
+  p = dlsym(fake, "kiln_fake_cuda_set_emulator");
+  memcpy(&set_emulator, &p, sizeof p);
+  ck_assert(set_kernels && get_stats && fail_call && set_emulator);
+}
+
+static fake_stats stats(void) {
+  fake_stats s;
+  get_stats(&s);
+  return s;
+}
+
+/* ---- programs ----------------------------------------------------------------- */
+
+static kiln_module *parse(const char *text) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_module *m = NULL;
+  ck_assert_msg(kiln_module_parse_text(text, strlen(text), "t.hlo", NULL, &m, &st) == 0, "%s",
+                st.msg);
+  ck_assert_msg(kiln_module_verify(m, NULL, &st) == 0, "%s", st.msg);
+  return m;
+}
+
+static int compile(const kiln_module *m, const char *target, kiln_executable **e, kiln_status *st) {
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.target = target;
+  return kiln_compile(m, &o, e, NULL, st);
+}
+
+/* The cpu executable's kernels, mapped (memfd + dlopen as the cpu loader
+ * does). *dl receives the handle to close. */
+static kernel_fn *cpu_kernels(const kiln_executable *e, void **dl) {
+  *dl = NULL;
+  kernel_fn *fns = kiln_calloc(e->nkernels + 1, sizeof *fns);
+  ck_assert_ptr_nonnull(fns);
+  if (e->nkernels == 0) return fns;
+  int fd = memfd_create("fake-cuda-kernels", MFD_CLOEXEC);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, e->code, e->ncode), (ssize_t)e->ncode);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(*dl != NULL, "%s", dlerror());
+  close(fd);
+  for (uint32_t i = 0; i < e->nkernels; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "kiln_kernel_%u", i);
+    void *sym = dlsym(*dl, name);
+    ck_assert_ptr_nonnull(sym);
+    memcpy(&fns[i], &sym, sizeof sym);
+  }
+  return fns;
+}
+
+/* Whether the two compiles lowered to the same steps, slots and kernels. */
+static bool same_program(const kiln_executable *a, const kiln_executable *b) {
+  if (a->nprograms != b->nprograms || a->nkernels != b->nkernels || a->nslots != b->nslots ||
+      a->temp_bytes != b->temp_bytes)
+    return false;
+  for (uint32_t i = 0; i < a->nslots; i++)
+    if (a->slots[i].kind != b->slots[i].kind || a->slots[i].offset != b->slots[i].offset ||
+        a->slots[i].size != b->slots[i].size || a->slots[i].index != b->slots[i].index)
+      return false;
+  for (uint32_t p = 0; p < a->nprograms; p++) {
+    const kiln_program *x = &a->programs[p], *y = &b->programs[p];
+    if (x->nsteps != y->nsteps) return false;
+    for (uint32_t i = 0; i < x->nsteps; i++) {
+      const kiln_step *s = &x->steps[i], *t = &y->steps[i];
+      if (s->kind != t->kind || s->kernel != t->kernel || s->range != t->range ||
+          s->nargs != t->nargs || s->nsub != t->nsub ||
+          (s->nargs && memcmp(s->args, t->args, s->nargs * sizeof *s->args)) ||
+          (s->nsub && memcmp(s->sub, t->sub, s->nsub * sizeof *s->sub)))
+        return false;
+    }
+  }
+  return true;
+}
+
+/* ---- the cubin's CUDA C on the host ------------------------------------------ */
+
+static char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = kiln_malloc((size_t)len + 1);
+  if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+    kiln_free(b);
+    b = NULL;
+  }
+  if (b) b[len] = '\0';
+  if (n) *n = (size_t)len;
+  fclose(f);
+  return b;
+}
+
+/* The generated kernels.cu in dir, its NVRTC head replaced by
+ * tests/fake_cuda/cuda_emu.h, built with the host C++ compiler; the
+ * kernels into *fns, the thread setter into *set. false (saying why) when
+ * it cannot be built here. */
+static bool emu_build(const char *dir, uint32_t nkernels, void **dl, kernel_fn **fns,
+                      emu_set_fn *set) {
+  static const char head_end[] = "#define KCLZ64(x) __clzll((long long)(x))\n";
+  char path[512], cmd[2048];
+  snprintf(path, sizeof path, "%s/kernels.cu", dir);
+  char *src = slurp(path, NULL);
+  ck_assert_msg(src != NULL, "no %s", path);
+  const char *body = strstr(src, head_end);
+  if (body == NULL) {
+    fprintf(stderr, "emulation: the CUDA head changed (no KCLZ64 line): skipped\n");
+    kiln_free(src);
+    return false;
+  }
+  body += sizeof head_end - 1;
+  snprintf(path, sizeof path, "%s/emu.cc", dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "#include \"%s/tests/fake_cuda/cuda_emu.h\"\n%s", KILN_SOURCE_DIR, body);
+  fclose(f);
+  kiln_free(src);
+  snprintf(cmd, sizeof cmd,
+           "c++ -std=c++17 -O1 -w -ffp-contract=off -fno-fast-math -shared -fPIC -o %s/emu.so "
+           "%s > %s/emu.log 2>&1",
+           dir, path, dir);
+  if (system(cmd) != 0) {
+    snprintf(path, sizeof path, "%s/emu.log", dir);
+    char *log = slurp(path, NULL);
+    fprintf(stderr, "emulation: the host C++ compiler cannot build it: %.2000s\n", log ? log : "?");
+    kiln_free(log);
+    return false;
+  }
+  snprintf(path, sizeof path, "%s/emu.so", dir);
+  *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(*dl != NULL, "%s", dlerror());
+  *fns = kiln_calloc(nkernels + 1, sizeof **fns);
+  for (uint32_t i = 0; i < nkernels; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "kiln_kernel_%u", i);
+    void *sym = dlsym(*dl, name);
+    ck_assert_msg(sym != NULL, "emu.so has no %s", name);
+    memcpy(&(*fns)[i], &sym, sizeof sym);
+  }
+  void *sym = dlsym(*dl, "kemu_set");
+  ck_assert_ptr_nonnull(sym);
+  memcpy(set, &sym, sizeof sym);
+  return true;
+}
+
+static bool has_step(const kiln_executable *e, kiln_step_kind k) {
+  for (uint32_t p = 0; p < e->nprograms; p++)
+    for (uint32_t i = 0; i < e->programs[p].nsteps; i++)
+      if (e->programs[p].steps[i].kind == k) return true;
+  return false;
+}
+
+static double max_abs(const kiln_literal *lit) {
+  double m = 1;
+  int64_t n = kiln_literal_elements(lit);
+  for (int64_t i = 0; i < n; i++) {
+    double v = fabs(kiln_literal_get_f64(lit, i));
+    if (isfinite(v) && v > m) m = v;
+  }
+  return m;
+}
+
+static bool differs(const kiln_literal *ref, const kiln_literal *got, char *why, size_t n) {
+  if (!kiln_shape_equal(&ref->shape, &got->shape, false)) {
+    snprintf(why, n, "shapes differ");
+    return true;
+  }
+  if (kiln_shape_is_tuple(&ref->shape)) {
+    for (uint32_t i = 0; i < ref->shape.rank; i++)
+      if (differs(ref->elems[i], got->elems[i], why, n)) return true;
+    return false;
+  }
+  if (!kiln_shape_is_array(&ref->shape)) return false;
+  int64_t count = kiln_literal_elements(ref);
+  bool fl = kiln_dtype_is_float(ref->shape.dtype);
+  double rtol = ref->shape.dtype == KILN_F64 ? 1e-10 : 2e-5, scale = fl ? max_abs(ref) : 0;
+  for (int64_t i = 0; i < count; i++) {
+    if (fl) {
+      double x = kiln_literal_get_f64(ref, i), y = kiln_literal_get_f64(got, i);
+      if (x == y || (isnan(x) && isnan(y))) continue;
+      if (!isnan(x) && !isnan(y) && fabs(x - y) <= rtol * (fabs(x) + scale)) continue;
+      snprintf(why, n, "element %lld: expected %.17g, got %.17g", (long long)i, x, y);
+      return true;
+    }
+    if (kiln_literal_get_u64(ref, i) != kiln_literal_get_u64(got, i)) {
+      snprintf(why, n, "element %lld differs", (long long)i);
+      return true;
+    }
+  }
+  return false;
+}
+
+typedef enum outcome { RAN, REFUSED, LOWERED_APART, NO_REFERENCE } outcome;
+static bool emulate; /* run the cubin's own CUDA C, thread by thread */
+
+/* The module on the fake cuda device (cpu kernels) against the
+ * interpreter, arguments args (NULL: random from seed). */
+static outcome run_case(kiln_backend *b, const char *text, uint64_t seed, kiln_literal **given,
+                        uint32_t ngiven, const char *name) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_module *m = parse(text);
+  kiln_literal **args = given, *ref = NULL, *got = NULL;
+  uint32_t nargs = ngiven;
+  if (given == NULL) ck_assert_int_eq(kiln_test_args_random(m, seed, &args, &nargs, &st), 0);
+  kiln_interp_options io = {.max_while_iterations = 100000, .timeout_seconds = 60};
+  outcome r = NO_REFERENCE;
+  kiln_executable *ec = NULL, *eh = NULL;
+  kiln_loaded *l = NULL;
+  void *dl = NULL;
+  kernel_fn *fns = NULL;
+  if (kiln_interp_run(m, (const kiln_literal *const *)args, nargs, &io, &ref, &st)) goto out;
+  char dir[] = "/tmp/kiln-cuda-emu-XXXXXX";
+  kiln_compile_options co;
+  kiln_compile_options_init(&co);
+  co.target = "cuda-sm_90";
+  if (emulate) {
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    co.dump_dir = dir;
+  }
+  int rc = kiln_compile(m, &co, &ec, NULL, &st);
+  if (rc == 0) rc = kiln_device_load(kiln_backend_device(b, 0), ec, &l, &st);
+  if (rc == KILN_EUNIMPL) {
+    r = REFUSED;
+    goto out;
+  }
+  ck_assert_msg(rc == 0, "%s: %s: %s\n%s", name, st.where, st.msg, text);
+  if (emulate) {
+    emu_set_fn set = NULL;
+    if (ec->nkernels > 0 && !emu_build(dir, ec->nkernels, &dl, &fns, &set)) {
+      r = LOWERED_APART; /* not buildable here: counted with the skipped */
+      goto out;
+    }
+    set_kernels(fns, ec->nkernels);
+    set_emulator(set);
+  } else {
+    ck_assert_msg(compile(m, "cpu", &eh, &st) == 0, "%s: %s", name, st.msg);
+    if (!same_program(ec, eh)) {
+      fprintf(stderr, "%s: skipped, cpu and cuda lowered it apart\n", name);
+      r = LOWERED_APART;
+      goto out;
+    }
+    fns = cpu_kernels(eh, &dl);
+    set_kernels(fns, eh->nkernels);
+  }
+  kiln_run_options ro = {.timeout_seconds = 60, .max_while_iterations = 100000};
+  rc = kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, &ro, &got, &st);
+  ck_assert_msg(rc == 0, "%s: run: %s: %s\n%s", name, st.where, st.msg, text);
+  char why[300];
+  ck_assert_msg(!differs(ref, got, why, sizeof why), "%s: %s\n%s", name, why, text);
+  r = RAN;
+out:
+  set_kernels(NULL, 0);
+  set_emulator(NULL);
+  if (emulate && strcmp(dir, "/tmp/kiln-cuda-emu-XXXXXX") != 0) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  }
+  kiln_literal_destroy(got);
+  kiln_loaded_destroy(l);
+  if (dl) dlclose(dl);
+  kiln_free(fns);
+  kiln_executable_destroy(ec);
+  kiln_executable_destroy(eh);
+  kiln_literal_destroy(ref);
+  if (given == NULL) kiln_test_args_free(args, nargs);
+  kiln_module_destroy(m);
+  fake_stats s = stats();
+  ck_assert_int_eq(s.bad_addresses, 0);
+  ck_assert_int_eq(s.bad_frees, 0);
+  ck_assert_int_eq(s.ctx_depth, 0);
+  ck_assert_int_eq(s.modules, 0);
+  return r;
+}
+
+static kiln_backend *open_backend(void) {
+  fake_open();
+  kiln_backend *b = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_msg(kiln_backend_create("cuda", NULL, &b, &st) == 0, "%s", st.msg);
+  return b;
+}
+
+/* After the backend is gone, every device allocation is back. */
+static void close_backend(kiln_backend *b) {
+  kiln_backend_destroy(b);
+  fake_stats s = stats();
+  ck_assert_int_eq(s.allocs, s.frees);
+  ck_assert_uint_eq(s.live_bytes, 0);
+  ck_assert_int_eq(s.ctx_depth, 0);
+}
+
+/* ---- cases ------------------------------------------------------------------- */
+
+START_TEST(the_fake_gpu_is_a_cuda_device) {
+  kiln_backend *b = open_backend();
+  ck_assert_uint_eq(kiln_backend_device_count(b), 1);
+  const char *target = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_backend_default_target("cuda", &target, &st), 0);
+  ck_assert_str_eq(target, "cuda-sm_90");
+  close_backend(b);
+}
+END_TEST
+
+START_TEST(progen_corpus_runs_through_the_backend) {
+  kiln_backend *b = open_backend();
+  int seeds = getenv("KILN_CUDA_FAKE_SEEDS") ? atoi(getenv("KILN_CUDA_FAKE_SEEDS")) : 16;
+  int n[4] = {0};
+  for (int s = 1; s <= seeds; s++) {
+    kiln_progen_options o = {0};
+    o.seed = (uint64_t)s;
+    o.ninstrs = 8 + s % 17;
+    o.nparams = 1 + s % 3;
+    o.dtype = s % 4 == 3 ? KILN_F64 : KILN_F32;
+    o.families = KILN_PROGEN_ALL & ~KILN_PROGEN_DOT;
+    char *text = kiln_progen_text(&o);
+    char name[32];
+    snprintf(name, sizeof name, "progen seed %d", s);
+    n[run_case(b, text, (uint64_t)s, NULL, 0, name)]++;
+    kiln_free(text);
+  }
+  fprintf(stderr, "fake cuda: %d ran, %d refused, %d lowered apart, %d without a reference\n",
+          n[RAN], n[REFUSED], n[LOWERED_APART], n[NO_REFERENCE]);
+  ck_assert_int_gt(n[RAN], seeds / 2);
+  ck_assert_int_gt(stats().launches, 0);
+  close_backend(b);
+}
+END_TEST
+
+static const char ew[] = "HloModule ew\n"
+                         "ENTRY e {\n"
+                         "  p = f32[300,7] parameter(0)\n"
+                         "  q = f32[300,7] parameter(1)\n"
+                         "  m = f32[300,7] multiply(p, q)\n"
+                         "  ROOT a = f32[300,7] add(m, p)\n"
+                         "}\n";
+static const char reduce_rows[] = "HloModule red\n"
+                                  "add {\n"
+                                  "  a = f32[] parameter(0)\n"
+                                  "  b = f32[] parameter(1)\n"
+                                  "  ROOT c = f32[] add(a, b)\n"
+                                  "}\n"
+                                  "ENTRY e {\n"
+                                  "  p = f32[700,129] parameter(0)\n"
+                                  "  z = f32[] constant(0)\n"
+                                  "  r = f32[700] reduce(p, z), dimensions={1}, to_apply=add\n"
+                                  "  c = f32[129] reduce(p, z), dimensions={0}, to_apply=add\n"
+                                  "  e = f32[700,129] exponential(p)\n"
+                                  "  ROOT t = (f32[700], f32[129], f32[700,129]) tuple(r, c, e)\n"
+                                  "}\n";
+
+/* The cubin's own CUDA C, built for the host with tests/fake_cuda/cuda_emu.h
+ * and run thread by thread over the grid the backend launches (the last
+ * thread first): the grid-stride loops, the single-thread guard and the
+ * launch geometry, against the interpreter. What it cannot show: the GPU's
+ * compiler and math, and threads running at once. */
+START_TEST(cuda_kernels_emulated_over_the_grid) {
+  if (system("c++ --version > /dev/null 2>&1") != 0) {
+    fprintf(stderr, "skipped: no host C++ compiler (c++)\n");
+    return;
+  }
+  kiln_backend *b = open_backend();
+  emulate = true;
+  int seeds = getenv("KILN_CUDA_FAKE_SEEDS") ? atoi(getenv("KILN_CUDA_FAKE_SEEDS")) : 16;
+  int n[4] = {0};
+  for (int s = 1; s <= seeds; s++) {
+    kiln_progen_options o = {0};
+    o.seed = (uint64_t)s + 1000;
+    o.ninstrs = 8 + s % 17;
+    o.nparams = 1 + s % 3;
+    o.dtype = s % 4 == 3 ? KILN_F64 : KILN_F32;
+    o.families = KILN_PROGEN_ALL & ~KILN_PROGEN_DOT;
+    o.max_dim = 40; /* ranges past one block, so the grid-stride loop strides */
+    char *text = kiln_progen_text(&o);
+    char name[48];
+    snprintf(name, sizeof name, "progen seed %d (emulated)", s + 1000);
+    n[run_case(b, text, (uint64_t)s, NULL, 0, name)]++;
+    kiln_free(text);
+  }
+  /* programs whose ranges span many blocks, a reduction, and the JAX ones */
+  n[run_case(b, ew, 5, NULL, 0, "ew (emulated)")]++;
+  n[run_case(b, reduce_rows, 6, NULL, 0, "reduce (emulated)")]++;
+  static const char *const files[] = {"layernorm_softmax", "embedding", "gru_scan"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/jax/%s.hlo", KILN_SOURCE_DIR, files[i]);
+    char *text = slurp(path, NULL);
+    ck_assert_msg(text != NULL, "cannot read %s", path);
+    n[run_case(b, text, 7, NULL, 0, path)]++;
+    kiln_free(text);
+  }
+  ck_assert_int_gt(stats().max_grid, 1);
+  fprintf(stderr, "emulated cuda: %d ran, %d refused, %d not buildable, %d without a reference\n",
+          n[RAN], n[REFUSED], n[LOWERED_APART], n[NO_REFERENCE]);
+  ck_assert_int_gt(n[RAN], seeds / 2);
+  fake_stats st = stats();
+  ck_assert_int_gt(st.launches, 0);
+  emulate = false;
+  close_backend(b);
+}
+END_TEST
+
+/* A while loop whose trip count is a parameter (nothing can unroll it)
+ * and a conditional on a parameter: host-driven, reading back the
+ * predicate and the selector. */
+static const char loops[] = "HloModule loops\n"
+                            "cond {\n"
+                            "  p = (s32[], s32[], f32[37]) parameter(0)\n"
+                            "  i = s32[] get-tuple-element(p), index=0\n"
+                            "  n = s32[] get-tuple-element(p), index=1\n"
+                            "  ROOT lt = pred[] compare(i, n), direction=LT\n"
+                            "}\n"
+                            "body {\n"
+                            "  p = (s32[], s32[], f32[37]) parameter(0)\n"
+                            "  i = s32[] get-tuple-element(p), index=0\n"
+                            "  n = s32[] get-tuple-element(p), index=1\n"
+                            "  x = f32[37] get-tuple-element(p), index=2\n"
+                            "  one = s32[] constant(1)\n"
+                            "  j = s32[] add(i, one)\n"
+                            "  h = f32[] constant(1.5)\n"
+                            "  hb = f32[37] broadcast(h), dimensions={}\n"
+                            "  y = f32[37] multiply(x, hb)\n"
+                            "  ROOT t = (s32[], s32[], f32[37]) tuple(j, n, y)\n"
+                            "}\n"
+                            "neg {\n"
+                            "  a = f32[37] parameter(0)\n"
+                            "  ROOT b = f32[37] negate(a)\n"
+                            "}\n"
+                            "same {\n"
+                            "  a = f32[37] parameter(0)\n"
+                            "  ROOT b = f32[37] add(a, a)\n"
+                            "}\n"
+                            "ENTRY e {\n"
+                            "  x = f32[37] parameter(0)\n"
+                            "  n = s32[] parameter(1)\n"
+                            "  k = pred[] parameter(2)\n"
+                            "  z = s32[] constant(0)\n"
+                            "  t = (s32[], s32[], f32[37]) tuple(z, n, x)\n"
+                            "  w = (s32[], s32[], f32[37]) while(t), condition=cond, body=body\n"
+                            "  r = f32[37] get-tuple-element(w), index=2\n"
+                            "  ROOT c = f32[37] conditional(k, r, r), true_computation=neg, "
+                            "false_computation=same\n"
+                            "}\n";
+
+START_TEST(while_and_conditional_are_driven_from_the_host) {
+  kiln_backend *b = open_backend();
+  kiln_module *m = parse(loops);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_executable *e = NULL;
+  ck_assert_msg(compile(m, "cuda-sm_90", &e, &st) == 0, "%s", st.msg);
+  ck_assert(has_step(e, KILN_STEP_WHILE));
+  ck_assert(has_step(e, KILN_STEP_CONDITIONAL));
+  kiln_executable_destroy(e);
+  kiln_literal **args = NULL;
+  uint32_t nargs = 0;
+  ck_assert_int_eq(kiln_test_args_random(m, 3, &args, &nargs, &st), 0);
+  ck_assert_uint_eq(nargs, 3);
+  for (int trips = 0; trips <= 6; trips += 3)
+    for (int branch = 0; branch < 2; branch++) {
+      *(int32_t *)args[1]->data = trips;
+      *(uint8_t *)args[2]->data = (uint8_t)branch;
+      ck_assert_int_eq(run_case(b, loops, 0, args, nargs, "loops"), RAN);
+    }
+  kiln_test_args_free(args, nargs);
+  kiln_module_destroy(m);
+  close_backend(b);
+}
+END_TEST
+
+/* Loads ew on the device with the cpu kernels standing in; *dl, *fns and
+ * *eh are the caller's to release. */
+static kiln_loaded *load_ew(kiln_backend *b, kiln_executable **ec, kiln_executable **eh, void **dl,
+                            kernel_fn **fns) {
+  kiln_module *m = parse(ew);
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(compile(m, "cuda-sm_90", ec, &st), 0);
+  ck_assert_int_eq(compile(m, "cpu", eh, &st), 0);
+  kiln_module_destroy(m);
+  ck_assert(same_program(*ec, *eh));
+  *fns = cpu_kernels(*eh, dl);
+  set_kernels(*fns, (*eh)->nkernels);
+  kiln_loaded *l = NULL;
+  ck_assert_msg(kiln_device_load(kiln_backend_device(b, 0), *ec, &l, &st) == 0, "%s", st.msg);
+  return l;
+}
+
+START_TEST(execute_on_buffers_and_copies) {
+  kiln_backend *b = open_backend();
+  kiln_executable *ec, *eh;
+  void *dl;
+  kernel_fn *fns;
+  kiln_loaded *l = load_ew(b, &ec, &eh, &dl, &fns);
+  kiln_device *d = kiln_backend_device(b, 0);
+  kiln_status st;
+  kiln_status_clear(&st);
+  size_t n = 300 * 7;
+  float *p = kiln_malloc(n * 4), *q = kiln_malloc(n * 4), *r = kiln_malloc(n * 4);
+  for (size_t i = 0; i < n; i++) {
+    p[i] = (float)i;
+    q[i] = 0.5f;
+  }
+  kiln_buffer *in[2], *out[1];
+  ck_assert_int_eq(kiln_buffer_alloc(d, n * 4, &in[0], &st), 0);
+  ck_assert_int_eq(kiln_buffer_alloc(d, n * 4, &in[1], &st), 0);
+  /* zero-filled though the fake's memory is not */
+  ck_assert_int_eq(kiln_buffer_read(in[0], 0, r, n * 4, &st), 0);
+  for (size_t i = 0; i < n; i++) ck_assert_float_eq(r[i], 0);
+  ck_assert_int_eq(kiln_buffer_write(in[0], 0, p, n * 4, &st), 0);
+  ck_assert_int_eq(kiln_buffer_write(in[1], 0, q, n * 4, &st), 0);
+  for (int run = 0; run < 3; run++) {
+    ck_assert_msg(kiln_loaded_execute(l, in, 2, NULL, out, 1, &st) == 0, "%s", st.msg);
+    ck_assert_int_eq(kiln_buffer_read(out[0], 0, r, n * 4, &st), 0);
+    for (size_t i = 0; i < n; i++) ck_assert_float_eq(r[i], p[i] * 0.5f + p[i]);
+    kiln_buffer_free(out[0]);
+  }
+  /* a device copy, and a partial read at an offset */
+  kiln_buffer *c = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d, n * 4, &c, &st), 0);
+  ck_assert_int_eq(kiln_buffer_copy(c, 8, in[0], 0, n * 4 - 8, &st), 0);
+  float two[2];
+  ck_assert_int_eq(kiln_buffer_read(c, 8 + 4 * 10, two, 8, &st), 0);
+  ck_assert_float_eq(two[0], 10);
+  ck_assert_float_eq(two[1], 11);
+  kiln_buffer_free(c);
+  kiln_buffer_free(in[0]);
+  kiln_buffer_free(in[1]);
+  kiln_loaded_destroy(l);
+  set_kernels(NULL, 0);
+  dlclose(dl);
+  kiln_free(fns);
+  kiln_free(p);
+  kiln_free(q);
+  kiln_free(r);
+  kiln_executable_destroy(ec);
+  kiln_executable_destroy(eh);
+  ck_assert_int_eq(stats().bad_addresses, 0);
+  close_backend(b);
+}
+END_TEST
+
+/* A failing driver call is a status naming it; nothing leaks, every
+ * context is popped. */
+START_TEST(driver_failures_are_statuses_naming_the_call) {
+  kiln_backend *b = open_backend();
+  kiln_device *d = kiln_backend_device(b, 0);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_buffer *x = NULL;
+  fail_call("cuMemAlloc", 0, 2 /* CUDA_ERROR_OUT_OF_MEMORY */);
+  ck_assert_int_eq(kiln_buffer_alloc(d, 5000, &x, &st), KILN_ELIMIT);
+  ck_assert_msg(strstr(st.msg, "cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY") != NULL, "%s",
+                st.msg);
+  ck_assert_ptr_null(x);
+  fail_call("", 0, 0);
+
+  kiln_executable *ec, *eh;
+  void *dl;
+  kernel_fn *fns;
+  kiln_loaded *l = load_ew(b, &ec, &eh, &dl, &fns);
+  kiln_literal **args = NULL;
+  uint32_t nargs = 0;
+  kiln_module *m = parse(ew);
+  ck_assert_int_eq(kiln_test_args_random(m, 1, &args, &nargs, &st), 0);
+  kiln_module_destroy(m);
+  kiln_literal *out = NULL;
+  fail_call("cuLaunchKernel", 0, 719 /* CUDA_ERROR_LAUNCH_FAILED */);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, NULL, &out, &st),
+                   KILN_EINTERNAL);
+  ck_assert_msg(strstr(st.msg, "cuLaunchKernel failed: CUDA_ERROR_LAUNCH_FAILED") != NULL, "%s",
+                st.msg);
+  ck_assert_ptr_null(out);
+  fail_call("cuEventSynchronize", 0, 700 /* CUDA_ERROR_ILLEGAL_ADDRESS: a kernel faulted */);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, NULL, &out, &st),
+                   KILN_EINTERNAL);
+  ck_assert_msg(strstr(st.msg, "cuEventSynchronize") != NULL, "%s", st.msg);
+  fail_call("", 0, 0);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, NULL, &out, &st),
+                   0); /* and the device still runs */
+  kiln_literal_destroy(out);
+  kiln_loaded_destroy(l);
+
+  /* the module load: a cubin for another GPU */
+  fail_call("cuModuleLoadData", 0, 209 /* CUDA_ERROR_NO_BINARY_FOR_GPU */);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_device_load(d, ec, &l, &st), KILN_EUNIMPL);
+  ck_assert_msg(strstr(st.msg, "cuModuleLoadData failed: CUDA_ERROR_NO_BINARY_FOR_GPU") != NULL,
+                "%s", st.msg);
+  fail_call("", 0, 0);
+  kiln_test_args_free(args, nargs);
+  set_kernels(NULL, 0);
+  dlclose(dl);
+  kiln_free(fns);
+  kiln_executable_destroy(ec);
+  kiln_executable_destroy(eh);
+  fake_stats s = stats();
+  ck_assert_int_eq(s.modules, 0);
+  ck_assert_int_eq(s.ctx_depth, 0);
+  close_backend(b);
+}
+END_TEST
+
+/* A device that fails to open is a status, and the backend is not made. */
+START_TEST(a_device_that_fails_to_open_is_a_status) {
+  fake_open();
+  fail_call("cuStreamCreate", 1, 2 /* out of memory */);
+  kiln_backend *b = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_backend_create("cuda", NULL, &b, &st), KILN_ELIMIT);
+  ck_assert_msg(strstr(st.msg, "cuStreamCreate failed") != NULL, "%s", st.msg);
+  ck_assert_ptr_null(b);
+  fake_stats s = stats();
+  ck_assert_int_eq(s.ctx_depth, 0);
+  ck_assert_int_eq(s.allocs, s.frees);
+}
+END_TEST
+
+START_TEST(the_budget_is_kept) {
+  setenv("KILN_CUDA_MEMORY_BYTES", "1048576", 1);
+  kiln_backend *b = open_backend();
+  kiln_device *d = kiln_backend_device(b, 0);
+  kiln_status st;
+  kiln_status_clear(&st);
+  kiln_buffer *x = NULL, *y = NULL;
+  ck_assert_int_eq(kiln_buffer_alloc(d, 600000, &x, &st), 0);
+  ck_assert_int_eq(kiln_buffer_alloc(d, 600000, &y, &st), KILN_ELIMIT);
+  ck_assert_msg(strstr(st.msg, "KILN_CUDA_MEMORY_BYTES") != NULL, "%s", st.msg);
+  kiln_buffer_free(x);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_buffer_alloc(d, 600000, &y, &st), 0); /* the freed block again */
+  kiln_buffer_free(y);
+  ck_assert_int_eq(stats().allocs, 1);
+  close_backend(b);
+  unsetenv("KILN_CUDA_MEMORY_BYTES");
+}
+END_TEST
+
+int main(void) {
+  setenv("KILN_CUDA_DRIVER", KILN_FAKE_CUDA, 1);
+  Suite *s = suite_create("cuda_fake");
+  TCase *c = tcase_create("fake");
+  tcase_set_timeout(c, 300);
+  tcase_add_test(c, the_fake_gpu_is_a_cuda_device);
+  tcase_add_test(c, progen_corpus_runs_through_the_backend);
+  tcase_add_test(c, while_and_conditional_are_driven_from_the_host);
+  tcase_add_test(c, cuda_kernels_emulated_over_the_grid);
+  tcase_add_test(c, execute_on_buffers_and_copies);
+  tcase_add_test(c, driver_failures_are_statuses_naming_the_call);
+  tcase_add_test(c, a_device_that_fails_to_open_is_a_status);
+  tcase_add_test(c, the_budget_is_kept);
+  suite_add_tcase(s, c);
+  SRunner *r = srunner_create(s);
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? 1 : 0;
+}
+#else
+int main(void) {
+  printf("cuda_fake: built without the CUDA device pool or the fake driver: nothing to test\n");
+  return 0;
+}
+#endif
