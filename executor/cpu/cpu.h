@@ -180,6 +180,9 @@ bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p);
 /* Whether it runs as sgemm calls (a long-kernel 1-D convolution: weight
  * gradients), split over the pool it is run with. */
 bool kiln__cpu_conv_uses_gemm(const kiln__cpu_conv *p);
+/* Whether it runs as oneDNN's backward data (a transposed convolution:
+ * lhs dilation, window stride 1). */
+bool kiln__cpu_conv_uses_bwd(const kiln__cpu_conv *p);
 
 /* The FFT step (cpu_fft.c): an FFTW plan made once at load (the direct DFT
  * when FFTW cannot be opened); running one is safe from several runs at
