@@ -142,15 +142,24 @@ typedef struct pair64 {
 } pair64;
 
 /* Moves r x c elements of v->es bytes (4, 8 or 16) between a strided view
- * and a column-major array; src NULL writes zeros. */
+ * and a column-major array; src NULL writes zeros. Columns go MOVE_TILE at
+ * a time, row by row within them: a row-major operand (JAX's, where the
+ * custom call asks for column-major) is then read a cache line at a time
+ * and written to MOVE_TILE columns that stay in cache, where walking each
+ * column through a 512-float row stride missed in cache (4 KiB apart, the
+ * rows fall in one cache set) on every element: 14% of linalg_solve. */
+#define MOVE_TILE 8
 #define MOVE(T, dst, dexpr, src, sexpr) \
   do { \
     T *d_ = (T *)(dst); \
     const T *s_ = (const T *)(src); \
     T z_; \
     memset(&z_, 0, sizeof z_); \
-    for (int64_t j = 0; j < c; j++) \
-      for (int64_t i = 0; i < r; i++) d_[dexpr] = s_ ? s_[sexpr] : z_; \
+    for (int64_t j0 = 0; j0 < c; j0 += MOVE_TILE) { \
+      int64_t j1 = c - j0 < MOVE_TILE ? c : j0 + MOVE_TILE; \
+      for (int64_t i = 0; i < r; i++) \
+        for (int64_t j = j0; j < j1; j++) d_[dexpr] = s_ ? s_[sexpr] : z_; \
+    } \
   } while (0)
 
 /* Copies matrix b of argument v into col (column-major, ld = rows). */
