@@ -100,8 +100,8 @@ bool kiln__cpu_sgemm_dnnl_takes(int64_t m, int64_t n, int64_t k) {
 bool kiln__cpu_sgemm_dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc) {
-  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda,
-      (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b,
+      (void)ldb, (void)beta, (void)c, (void)ldc;
   return false;
 }
 
