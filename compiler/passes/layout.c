@@ -15,6 +15,8 @@
  *     entry_computation_layout when the module gives one; other values keep
  *     a layout written in the input (a dump after XLA's own layout
  *     assignment stays as it is, and bitcasts keep their meaning);
+ *     a top-level GEMM takes its readers' written layout when they agree
+ *     and it can write it (dot_layout);
  *     everything else is row-major ({rank-1,...,0}). Scalars carry no
  *     layout (the empty one is implied).
  *  3. Values that alias or cross a call boundary agree exactly: a tuple's
@@ -460,6 +462,64 @@ static int row_major_call(lctx *l, uint32_t comp, kiln_instr *x) {
   return fill_default(m, &x->shape, 0) ? oom(l) : 0;
 }
 
+/* Rule 2b: a GEMM's result written without a layout takes the one its
+ * readers were written with (elementwise users at the top level, and those
+ * of the fused parameter it binds inside a fusion), when all of them that
+ * carry one agree and the GEMM can write it (batch dims major, in order:
+ * its two matrix dims in either order, C^T = B^T A^T for the transposed
+ * one). Otherwise it is row-major, and a reader written with the other
+ * order (a transpose the simplifier folded into the dot) walks the GEMM's
+ * output with a stride: per-example gradients' [256,64,32] outer products
+ * read so ran their reductions 8x slower than contiguously. */
+static void note_reader(const kiln_shape *s, const kiln_shape *r, const int64_t **want,
+                        bool *clash) {
+  if (!has_layout(r) || !kiln_shape_same_dims(r, s)) return;
+  if (*want == NULL)
+    *want = r->layout->minor_to_major;
+  else if (memcmp(*want, r->layout->minor_to_major, s->rank * sizeof **want))
+    *clash = true;
+}
+
+static int dot_layout(lctx *l, kiln_instr *x) {
+  kiln_module *m = l->m;
+  const kiln_shape *s = &x->shape;
+  if (x->id >= l->nids || !kiln_shape_is_array(s) || kiln_shape_is_dynamic(s) ||
+      (s->dtype != KILN_F32 && s->dtype != KILN_F64) || s->rank < 2)
+    return 0;
+  const kiln_i64s *lb = kiln_instr_attr_ints(x, KILN_ATTR_LHS_BATCH_DIMS);
+  uint32_t nb = lb ? lb->n : 0, nu;
+  if (nb + 2 != s->rank) return 0; /* one matrix dim or none: one order only */
+  const int64_t *want = NULL;
+  bool clash = false;
+  const kiln_id *us = kiln_users_of(l->users, x->id, &nu);
+  for (uint32_t i = 0; i < nu; i++) {
+    const kiln_instr *u = m->instrs[us[i]];
+    if (u->op != KILN_OP_FUSION) {
+      if (kiln_opcode_flags(u->op) & KILN_OPF_ELEMENTWISE) note_reader(s, &u->shape, &want, &clash);
+      continue;
+    }
+    if (u->ncalled != 1 || u->called[0] >= m->ncomps) continue;
+    for (uint32_t k = 0; k < u->noperands; k++) {
+      const kiln_instr *p =
+          u->operands[k] == x->id ? kiln_computation_param(m, m->comps[u->called[0]], k) : NULL;
+      if (p == NULL || p->id >= l->nids) continue;
+      if (has_layout(&p->shape)) { /* the fusion reads it so */
+        note_reader(s, &p->shape, &want, &clash);
+        continue;
+      }
+      uint32_t np;
+      const kiln_id *ps = kiln_users_of(l->users, p->id, &np);
+      for (uint32_t j = 0; j < np; j++)
+        if (kiln_opcode_flags(m->instrs[ps[j]]->op) & KILN_OPF_ELEMENTWISE)
+          note_reader(s, &m->instrs[ps[j]]->shape, &want, &clash);
+    }
+  }
+  if (want == NULL || clash) return 0;
+  for (uint32_t i = 0; i < nb; i++)
+    if (want[s->rank - 1 - i] != (int64_t)i) return 0;
+  return set_m2m(m, &x->shape, want) ? oom(l) : 0;
+}
+
 static int assign_instr(lctx *l, uint32_t comp, kiln_instr *x, const kiln_instr *fusion) {
   kiln_module *m = l->m;
   kiln_computation *c = m->comps[comp];
@@ -530,6 +590,7 @@ static int assign_instr(lctx *l, uint32_t comp, kiln_instr *x, const kiln_instr 
   default: break;
   }
   bool written = has_layout(&x->shape);
+  if (!written && x->op == KILN_OP_DOT && !fusion && (rc = dot_layout(l, x))) return rc;
   if (fill_default(m, &x->shape, 0)) return oom(l);
   if ((x->op == KILN_OP_TRANSPOSE || x->op == KILN_OP_RESHAPE) && !fusion && x->noperands == 1)
     return maybe_bitcast(l, x, comp, written);

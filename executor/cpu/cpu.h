@@ -174,6 +174,17 @@ bool kiln__cpu_sgemm_small(int64_t m, int64_t n, int64_t k, bool trans_a, float 
                            const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                            float *c, int64_t ldc);
 
+/* One f32 GEMM piece through oneDNN's sgemm on the calling thread
+ * (cpu_gemm_dnnl.c): C = alpha op(A) op(B) + beta C, row-major. False,
+ * with nothing written, for a piece too small to gain from it or when
+ * oneDNN is not there (the caller then runs OpenBLAS);
+ * kiln__cpu_sgemm_dnnl_takes says whether a piece of that size would run
+ * here. */
+bool kiln__cpu_sgemm_dnnl_takes(int64_t m, int64_t n, int64_t k);
+bool kiln__cpu_sgemm_dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                          float *c, int64_t ldc);
+
 /* The CONV step (cpu_conv.c): primitives made once at load (through
  * oneDNN when the build has it, else the direct loop); running one is safe
  * from several runs at once. c must have passed kiln_conv_check. */
@@ -189,6 +200,9 @@ bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p);
 /* Whether it runs as sgemm calls (a long-kernel 1-D convolution: weight
  * gradients), split over the pool it is run with. */
 bool kiln__cpu_conv_uses_gemm(const kiln__cpu_conv *p);
+/* Whether it runs as oneDNN's backward data (a transposed convolution:
+ * lhs dilation, window stride 1). */
+bool kiln__cpu_conv_uses_bwd(const kiln__cpu_conv *p);
 
 /* The FFT step (cpu_fft.c): an FFTW plan made once at load (the direct DFT
  * when FFTW cannot be opened); running one is safe from several runs at

@@ -6,7 +6,11 @@
  * primitives, made once. What oneDNN cannot take directly is transformed:
  *  - negative padding crops the input: the view starts further in and is
  *    shorter, padding what is left is non-negative;
- *  - lhs dilation (transposed convolution, used by gradients) and batch
+ *  - lhs dilation with window stride 1 (conv_transpose, the input gradient
+ *    of a strided convolution) runs as the backward data of the forward
+ *    convolution it transposes, weights flipped (plan_bwd): no products of
+ *    the dilation's zeros;
+ *  - other lhs dilation (transposed convolution, used by gradients) and batch
  *    groups (weight gradients) stage the input into a scratch buffer with
  *    one strided reorder: the holes of the dilation are zeros, and batch
  *    group g of the input becomes feature group g of the staged input
@@ -222,6 +226,7 @@ static void run_gemm(const gemm_plan *q, kiln__cpu_pool *pool, const float *lhs,
  * the policy to passive first unless the environment already says. */
 /* clang-format off */
 #define DNNL_FNS(X) \
+  X(dnnl_dilated_convolution_backward_data_desc_init) \
   X(dnnl_dilated_convolution_forward_desc_init) \
   X(dnnl_engine_create) \
   X(dnnl_memory_create) \
@@ -248,6 +253,8 @@ static void run_gemm(const gemm_plan *q, kiln__cpu_pool *pool, const float *lhs,
 #define DECLARE(f) static __typeof__(f) *p_##f;
 DNNL_FNS(DECLARE)
 #undef DECLARE
+#define dnnl_dilated_convolution_backward_data_desc_init \
+  p_dnnl_dilated_convolution_backward_data_desc_init
 #define dnnl_dilated_convolution_forward_desc_init p_dnnl_dilated_convolution_forward_desc_init
 #define dnnl_engine_create p_dnnl_engine_create
 #define dnnl_memory_create p_dnnl_memory_create
@@ -277,6 +284,8 @@ struct kiln__cpu_conv {
   kiln_conv c;
   gemm_plan gemm;
   bool library;
+  bool bwd;                     /* a transposed convolution run as backward data (see plan_bwd) */
+  size_t flip_bytes;            /* bwd: the flipped weights, [G][C/G][O/G][k...] dense */
   bool stage_zero;              /* the staged input has holes: zero it first */
   int64_t lhs_off;              /* elements into the lhs where the (cropped) view starts */
   int64_t stage_off;            /* elements into the staged buffer where the input goes */
@@ -496,11 +505,25 @@ static dnnl_status_t conv_pd(kiln__cpu_conv *p, const geo *g, bool as_is,
   return s;
 }
 
-static dnnl_status_t plan_conv(kiln__cpu_conv *p, const geo *g) {
+typedef dnnl_status_t (*pd_fn)(kiln__cpu_conv *p, const void *g, bool as_is,
+                               dnnl_primitive_desc_t *pd);
+
+static dnnl_status_t fwd_pd(kiln__cpu_conv *p, const void *g, bool as_is,
+                            dnnl_primitive_desc_t *pd) {
+  return conv_pd(p, g, as_is, pd);
+}
+
+/* The primitive f describes with the operands as they lie, or with the
+ * layouts oneDNN chooses when as they lie gives only its reference
+ * implementation; its memory descriptors and the reorders in and out. `in`
+ * and `out` query what the primitive reads and writes (src and dst
+ * forward, diff_dst and diff_src backward). */
+static dnnl_status_t plan_prim(kiln__cpu_conv *p, const void *g, pd_fn f, dnnl_query_t in,
+                               dnnl_query_t out) {
   dnnl_primitive_desc_t pd = NULL, alt = NULL;
-  dnnl_status_t s = conv_pd(p, g, true, &pd);
+  dnnl_status_t s = f(p, g, true, &pd);
   if (s != dnnl_success || is_ref(pd)) {
-    if (conv_pd(p, g, false, &alt) == dnnl_success && !is_ref(alt)) {
+    if (f(p, g, false, &alt) == dnnl_success && !is_ref(alt)) {
       if (pd) dnnl_primitive_desc_destroy(pd);
       pd = alt;
       s = dnnl_success;
@@ -509,9 +532,9 @@ static dnnl_status_t plan_conv(kiln__cpu_conv *p, const geo *g) {
     }
   }
   if (s != dnnl_success) return s;
-  p->conv_src_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+  p->conv_src_md = *dnnl_primitive_desc_query_md(pd, in, 0);
   p->conv_wei_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-  p->conv_dst_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+  p->conv_dst_md = *dnnl_primitive_desc_query_md(pd, out, 0);
   if ((s = take_prim(p, P_CONV, pd)) != dnnl_success) return s;
   if (!dnnl_memory_desc_equal(&p->src_md, &p->conv_src_md)) {
     p->src_bytes = dnnl_memory_desc_get_size(&p->conv_src_md);
@@ -528,11 +551,19 @@ static dnnl_status_t plan_conv(kiln__cpu_conv *p, const geo *g) {
   return dnnl_success;
 }
 
+static dnnl_status_t plan_conv(kiln__cpu_conv *p, const geo *g) {
+  return plan_prim(p, g, fwd_pd, dnnl_query_src_md, dnnl_query_dst_md);
+}
+
 static void release(kiln__cpu_conv *p) {
   for (int k = 0; k < NPRIM; k++)
     if (p->prim[k]) dnnl_primitive_destroy(p->prim[k]);
   memset(p->prim, 0, sizeof p->prim);
-  p->library = false;
+  memset(p->scratch_md, 0, sizeof p->scratch_md);
+  p->library = p->bwd = p->stage_zero = false;
+  p->lhs_off = p->stage_off = 0;
+  p->stage_bytes = p->src_bytes = p->wei_bytes = p->dst_bytes = p->scratch_bytes = 0;
+  p->flip_bytes = 0;
 }
 
 /* Whether oneDNN takes c (f32; feature and batch groups not both; some
@@ -560,6 +591,123 @@ static bool stage_fits(const kiln_conv *c, const geo *g) {
   return n <= ((__int128)1 << 40);
 }
 
+/* ---- transposed convolution as backward data ---------------------------
+ *
+ * A convolution with lhs dilation d and window stride 1 (conv_transpose,
+ * and the input gradient of a strided convolution) computes
+ *   out[y] = sum over lhs positions x and kernel taps k with
+ *            x*d - lo + k*r = y   of   lhs[x] . rhs[k]
+ * per spatial dimension. Writing k = K-1-k' (the kernel flipped) this is
+ * y = x*d - pl + k'*r with pl = (K-1)r - lo: exactly the data gradient of a
+ * forward convolution with stride d, kernel dilation r, padding pl before
+ * and (K-1)r - hi after, whose source is `out`, whose destination is the
+ * lhs, and whose weights are the kernel flipped with its input and output
+ * features exchanged. oneDNN's backward-data primitive does only the
+ * products of real input elements, where the staged form (the input
+ * spread out with zeros, then a forward convolution) multiplies d^n - 1
+ * zeros for every element of a d-dilated n-dimensional input. The flipped
+ * weights are written at each run (they are a run-time operand), dense
+ * [G][C/G][O/G][k...]; positions of `out` no tap reaches are zeros, as the
+ * primitive writes them. Padding oneDNN does not take (pl < 0: the output
+ * starts before the first tap's reach; (K-1)r - hi <= -d) keeps the staged
+ * form. */
+typedef struct bwd_geo {
+  int n;
+  dnnl_dims_t st, dil, lo, hi;
+} bwd_geo;
+
+static bool bwd_geometry(const kiln_conv *c, bwd_geo *b) {
+  memset(b, 0, sizeof *b);
+  if (c->nspatial < 1 || c->batch_groups != 1) return false;
+  bool dilated = false;
+  b->n = (int)c->nspatial;
+  for (int i = 0; i < b->n; i++) {
+    /* kiln_conv_check bounds every term below 2^31: no overflow */
+    int64_t d = c->lhs_dilate[i], r = c->rhs_dilate[i], reach = (c->rhs_dims[2 + i] - 1) * r;
+    if (c->stride[i] != 1 || c->rhs_dims[2 + i] < 1) return false;
+    b->st[i] = d, b->dil[i] = r - 1;
+    b->lo[i] = reach - c->pad_lo[i], b->hi[i] = reach - c->pad_hi[i];
+    if (b->lo[i] < 0 || b->hi[i] + d <= 0) return false;
+    dilated |= d > 1;
+  }
+  return dilated;
+}
+
+static dnnl_status_t bwd_pd(kiln__cpu_conv *p, const void *geo_, bool as_is,
+                            dnnl_primitive_desc_t *pd) {
+  const bwd_geo *b = geo_;
+  dnnl_memory_desc_t diff_src = p->dst_md, wei, diff_dst = p->src_md;
+  dnnl_status_t s = any(&wei, p->wei_md.ndims, p->wei_md.dims);
+  if (!as_is && s == dnnl_success) s = any(&diff_src, diff_src.ndims, diff_src.dims);
+  if (!as_is && s == dnnl_success) s = any(&diff_dst, diff_dst.ndims, diff_dst.dims);
+  dnnl_convolution_desc_t cd;
+  if (s == dnnl_success)
+    s = dnnl_dilated_convolution_backward_data_desc_init(
+        &cd, dnnl_convolution_direct, &diff_src, &wei, &diff_dst, b->st, b->dil, b->lo, b->hi);
+  dnnl_primitive_attr_t attr;
+  if (s == dnnl_success) s = make_attr(&attr);
+  if (s != dnnl_success) return s;
+  /* No forward hint: the convolution's backward data takes none. */
+  s = dnnl_primitive_desc_create(pd, &cd, attr, engine, NULL);
+  dnnl_primitive_attr_destroy(attr);
+  return s;
+}
+
+/* Plans c as backward data; false (nothing kept) when it is not that form
+ * or oneDNN refuses it. */
+static bool plan_bwd(kiln__cpu_conv *p) {
+  const kiln_conv *c = &p->c;
+  bwd_geo b;
+  if (!bwd_geometry(c, &b)) return false;
+  int n = b.n;
+  int64_t G = c->feature_groups, O = c->rhs_dims[0], Cg = c->rhs_dims[1];
+  dnnl_dims_t dims = {0}, str = {0};
+  /* diff_dst: the lhs as it lies, [N, C, x...] */
+  for (int i = 0; i < 2 + n; i++) dims[i] = c->lhs_dims[i], str[i] = c->lhs_strides[i];
+  dnnl_status_t s = strided(&p->src_md, 2 + n, dims, str);
+  /* diff_src: the output as it lies, [N, O, y...] */
+  for (int i = 0; i < 2 + n; i++) dims[i] = c->out_dims[i], str[i] = c->out_strides[i];
+  if (s == dnnl_success) s = strided(&p->dst_md, 2 + n, dims, str);
+  /* weights: the flipped kernel, dense [G,] C/G, O/G, k... */
+  int j = 0, nd = (G > 1) + 2 + n;
+  if (G > 1) dims[j++] = G;
+  dims[j++] = Cg, dims[j++] = O / G;
+  for (int i = 0; i < n; i++) dims[j++] = c->rhs_dims[2 + i];
+  int64_t run = 1;
+  for (int i = nd; i-- > 0;) str[i] = run, run *= dims[i];
+  if (s == dnnl_success) s = strided(&p->wei_md, nd, dims, str);
+  p->flip_bytes = (size_t)run * sizeof(float);
+  p->bwd = true;
+  p->library = true;
+  p->lhs_off = 0;
+  if (s == dnnl_success)
+    s = plan_prim(p, &b, bwd_pd, dnnl_query_diff_dst_md, dnnl_query_diff_src_md);
+  if (s != dnnl_success) release(p);
+  return s == dnnl_success;
+}
+
+/* The kernel flipped, features exchanged: w[g][i][o][k] = rhs[g*O/G + o][i][K-1-k]. */
+static void flip_weights(const kiln_conv *c, const float *rhs, float *w) {
+  int n = (int)c->nspatial;
+  int64_t G = c->feature_groups, Og = c->rhs_dims[0] / G, Cg = c->rhs_dims[1], taps = 1;
+  for (int i = 0; i < n; i++) taps *= c->rhs_dims[2 + i];
+  for (int64_t g = 0; g < G; g++)
+    for (int64_t ic = 0; ic < Cg; ic++)
+      for (int64_t oc = 0; oc < Og; oc++) {
+        const float *src = rhs + (g * Og + oc) * c->rhs_strides[0] + ic * c->rhs_strides[1];
+        float *dst = w + ((g * Cg + ic) * Og + oc) * taps;
+        for (int64_t t = 0; t < taps; t++) {
+          int64_t rest = t, off = 0;
+          for (int i = n; i-- > 0;) {
+            int64_t K = c->rhs_dims[2 + i];
+            off += (K - 1 - rest % K) * c->rhs_strides[2 + i];
+            rest /= K;
+          }
+          dst[t] = src[off];
+        }
+      }
+}
+
 static void plan_library(kiln__cpu_conv *p) {
   const kiln_conv *c = &p->c;
   geo g;
@@ -577,6 +725,9 @@ static void plan_library(kiln__cpu_conv *p) {
       !distinct(c->lhs_dims, c->lhs_strides, nd) || !distinct(c->rhs_dims, c->rhs_strides, nd) ||
       !distinct(c->out_dims, c->out_strides, nd) || !stage_fits(c, &g))
     return;
+  const char *env = getenv("KILN_CPU_CONV_BWD"); /* "0": the staged form only (to compare) */
+  if (!(env && strcmp(env, "0") == 0) && plan_bwd(p)) return;
+  crop(c, &g, &p->lhs_off); /* plan_bwd's failure reset the offset */
   p->library = true;
   if (plan_input(p, &g) != dnnl_success || plan_weights_output(p, &g) != dnnl_success ||
       plan_conv(p, &g) != dnnl_success)
@@ -617,9 +768,10 @@ static dnnl_status_t exec(dnnl_stream_t s, dnnl_primitive_t prim, const dnnl_mem
 
 static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs, void *out,
                        kiln_status *st) {
-  size_t at[5], total = 0;
-  size_t sizes[5] = {p->stage_bytes, p->src_bytes, p->wei_bytes, p->dst_bytes, p->scratch_bytes};
-  for (int i = 0; i < 5; i++) {
+  size_t at[6], total = 0;
+  size_t sizes[6] = {p->stage_bytes, p->src_bytes,     p->wei_bytes,
+                     p->dst_bytes,   p->scratch_bytes, p->flip_bytes};
+  for (int i = 0; i < 6; i++) {
     at[i] = total;
     total += align64(sizes[i]);
   }
@@ -627,7 +779,7 @@ static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs
   char *buf = total ? kiln__cpu_aligned_alloc(total, &raw) : NULL;
   if (total && buf == NULL) return kiln_status_set(st, KILN_ENOMEM, "conv", "out of memory");
   char *stage = buf + at[0], *src = buf + at[1], *wei = buf + at[2], *dst = buf + at[3];
-  char *scratch = buf + at[4];
+  char *scratch = buf + at[4], *flip = buf + at[5];
   dnnl_stream_t s;
   dnnl_status_t rc = dnnl_stream_create(&s, engine, dnnl_stream_default_flags);
   if (rc != dnnl_success) {
@@ -647,15 +799,20 @@ static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs
     x = src;
   }
   const void *w = rhs;
+  if (p->bwd) {
+    flip_weights(&p->c, rhs, (float *)flip);
+    w = flip;
+  }
   if (rc == dnnl_success && p->prim[P_WEI]) {
-    rc = exec(s, p->prim[P_WEI], &p->wei_md, (void *)rhs, DNNL_ARG_FROM, NULL, NULL,
-              &p->conv_wei_md, wei, DNNL_ARG_TO, &p->scratch_md[P_WEI], scratch);
+    rc = exec(s, p->prim[P_WEI], &p->wei_md, (void *)w, DNNL_ARG_FROM, NULL, NULL, &p->conv_wei_md,
+              wei, DNNL_ARG_TO, &p->scratch_md[P_WEI], scratch);
     w = wei;
   }
   void *y = p->prim[P_DST] ? (void *)dst : out;
   if (rc == dnnl_success)
-    rc = exec(s, p->prim[P_CONV], &p->conv_src_md, x, DNNL_ARG_SRC, &p->conv_wei_md, w,
-              &p->conv_dst_md, y, DNNL_ARG_DST, &p->scratch_md[P_CONV], scratch);
+    rc = exec(s, p->prim[P_CONV], &p->conv_src_md, x, p->bwd ? DNNL_ARG_DIFF_DST : DNNL_ARG_SRC,
+              &p->conv_wei_md, w, &p->conv_dst_md, y, p->bwd ? DNNL_ARG_DIFF_SRC : DNNL_ARG_DST,
+              &p->scratch_md[P_CONV], scratch);
   if (rc == dnnl_success && p->prim[P_DST])
     rc = exec(s, p->prim[P_DST], &p->conv_dst_md, dst, DNNL_ARG_FROM, NULL, NULL, &p->dst_md, out,
               DNNL_ARG_TO, &p->scratch_md[P_DST], scratch);
@@ -701,6 +858,15 @@ bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p) {
 }
 
 bool kiln__cpu_conv_uses_gemm(const kiln__cpu_conv *p) { return p && p->gemm.on; }
+
+bool kiln__cpu_conv_uses_bwd(const kiln__cpu_conv *p) {
+#ifdef KILN_HAVE_DNNL
+  return p && p->bwd;
+#else
+  (void)p;
+  return false;
+#endif
+}
 
 int kiln__cpu_conv_run(const kiln__cpu_conv *p, kiln__cpu_pool *pool, const void *lhs,
                        const void *rhs, void *out, kiln_status *st) {

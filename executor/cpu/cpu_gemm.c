@@ -5,7 +5,9 @@
  * when there are enough of them, otherwise row blocks of C (or column
  * blocks when C is wide), each one cblas call on a row-major sub-view.
  * Small products run inline: waking the pool would cost more than they do.
- * f32 pieces with few rows skip OpenBLAS's packing (cpu_gemm_small.c).
+ * f32 pieces with few rows skip OpenBLAS's packing (cpu_gemm_small.c);
+ * other f32 pieces large enough run oneDNN's sgemm (cpu_gemm_dnnl.c), which
+ * was faster than OpenBLAS's on every model shape measured.
  *
  * A step with an epilogue (bias, activation, residual add... of a fusion)
  * runs it on each piece of C right after the piece's cblas call, while the
@@ -68,6 +70,10 @@ static void gemm_one(const kiln_gemm *g, const void *a, const void *b, void *c, 
   if (g->dtype == KILN_F32 && !g->trans_b &&
       kiln__cpu_sgemm_small(m, n, g->k, g->trans_a, (float)g->alpha, a, g->lda, b, g->ldb,
                             (float)g->beta, c, g->ldc))
+    return;
+  if (g->dtype == KILN_F32 &&
+      kiln__cpu_sgemm_dnnl(g->trans_a, g->trans_b, m, n, g->k, (float)g->alpha, a, g->lda, b,
+                           g->ldb, (float)g->beta, c, g->ldc))
     return;
   if (g->dtype == KILN_F32)
     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)g->k, (float)g->alpha, a,

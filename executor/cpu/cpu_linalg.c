@@ -14,6 +14,10 @@
  * matrix that is not positive definite, writes NaN from the failing column
  * on, as the interpreter does; the custom calls return LAPACK's info.
  *
+ * Small real triangular solves and LU factorizations (up to 32 rows) are
+ * substituted in place instead (trsm_small, getrf_small): OpenBLAS's call
+ * overhead is more than their arithmetic.
+ *
  * Matrices of the batch are independent: they are spread over the device's
  * worker pool when there are several and they are small (a large matrix
  * is left to OpenBLAS's own threads).
@@ -138,15 +142,24 @@ typedef struct pair64 {
 } pair64;
 
 /* Moves r x c elements of v->es bytes (4, 8 or 16) between a strided view
- * and a column-major array; src NULL writes zeros. */
+ * and a column-major array; src NULL writes zeros. Columns go MOVE_TILE at
+ * a time, row by row within them: a row-major operand (JAX's, where the
+ * custom call asks for column-major) is then read a cache line at a time
+ * and written to MOVE_TILE columns that stay in cache, where walking each
+ * column through a 512-float row stride missed in cache (4 KiB apart, the
+ * rows fall in one cache set) on every element: 14% of linalg_solve. */
+#define MOVE_TILE 8
 #define MOVE(T, dst, dexpr, src, sexpr) \
   do { \
     T *d_ = (T *)(dst); \
     const T *s_ = (const T *)(src); \
     T z_; \
     memset(&z_, 0, sizeof z_); \
-    for (int64_t j = 0; j < c; j++) \
-      for (int64_t i = 0; i < r; i++) d_[dexpr] = s_ ? s_[sexpr] : z_; \
+    for (int64_t j0 = 0; j0 < c; j0 += MOVE_TILE) { \
+      int64_t j1 = c - j0 < MOVE_TILE ? c : j0 + MOVE_TILE; \
+      for (int64_t i = 0; i < r; i++) \
+        for (int64_t j = j0; j < j1; j++) d_[dexpr] = s_ ? s_[sexpr] : z_; \
+    } \
   } while (0)
 
 /* Copies matrix b of argument v into col (column-major, ld = rows). */
@@ -271,6 +284,109 @@ static void run_vectors(const job *jb, work *w, int64_t b) {
   }
 }
 
+/* ---- small triangular solves ---------------------------------------------
+ *
+ * OpenBLAS's trsm spends microseconds on every call before its arithmetic
+ * (argument checks, blocking, packing the triangle): for the small
+ * triangles of a batch (512 inverses of 8x8 matrices through their LU
+ * factors) that was nearly all of the step, 9 us a matrix. Up to
+ * SMALL_TRSM rows in the triangle, real types, the solve is a direct
+ * substitution in the column-major work arrays instead: op(A) X = B (side
+ * L) solves each column of B, X op(A) = B (side R) each row as
+ * op(A)^T x = b. The system's matrix M is A or A^T (`swap`), lower
+ * triangular when A's stored triangle is the lower one and not swapped, or
+ * the upper one swapped; each unknown is its right-hand side less the
+ * known ones times M's row, divided by the diagonal (not with a unit
+ * diagonal). The interpreter (compiler/eval/interp_lapack.c) substitutes
+ * likewise; OpenBLAS multiplies by reciprocals, which differs in the last
+ * bits only. */
+#define SMALL_TRSM 32
+
+#define DEFINE_TRSM(NAME, T) \
+  static void NAME(char side, char uplo, char tr, char diag, int64_t m, int64_t n, const T *a, \
+                   int64_t lda, T *b, int64_t ldb) { \
+    bool swap = (tr != 'N') != (side == 'R'); \
+    bool lower = (uplo == 'L') != swap; \
+    int64_t len = side == 'L' ? m : n, nv = side == 'L' ? n : m; \
+    int64_t es = side == 'L' ? 1 : ldb, vs = side == 'L' ? ldb : 1; \
+    int64_t si = swap ? lda : 1, sk = swap ? 1 : lda; /* M[i][k] = a[i * si + k * sk] */ \
+    for (int64_t v = 0; v < nv; v++) { \
+      T *x = b + v * vs; \
+      for (int64_t t = 0; t < len; t++) { \
+        int64_t i = lower ? t : len - 1 - t; \
+        int64_t k0 = lower ? 0 : i + 1, k1 = lower ? i : len; \
+        T acc = x[i * es]; \
+        for (int64_t k = k0; k < k1; k++) acc -= a[i * si + k * sk] * x[k * es]; \
+        x[i * es] = diag == 'U' ? acc : acc / a[i * si + i * sk]; \
+      } \
+    } \
+  }
+DEFINE_TRSM(trsm_small_s, float)
+DEFINE_TRSM(trsm_small_d, double)
+#undef DEFINE_TRSM
+
+/* Whether trsm_small takes this solve (then it has done it). */
+static bool trsm_small(const routines *fn, char side, char uplo, char tr, char diag, int64_t m,
+                       int64_t n, const void *a, int64_t lda, void *b, int64_t ldb) {
+  int64_t k = side == 'L' ? m : n;
+  if (fn->cplx || k > SMALL_TRSM) return false;
+  if (fn->f64)
+    trsm_small_d(side, uplo, tr, diag, m, n, a, lda, b, ldb);
+  else
+    trsm_small_s(side, uplo, tr, diag, m, n, a, lda, b, ldb);
+  return true;
+}
+
+/* LU with partial pivoting of a small real m x n matrix (column-major, ld
+ * m), as getrf: for each column the first row of largest magnitude on or
+ * below the diagonal is the pivot (1-based in ipiv), its row is swapped
+ * in, the column below is divided by it and the trailing matrix updated;
+ * a zero pivot is skipped and named in info (the first one). The same
+ * steps as the interpreter's (compiler/eval/interp_lapack.c), for the
+ * same reason as trsm_small: OpenBLAS's sgetrf costs more in calls (an
+ * isamax, a scal and a gemv per column) than an 8x8 matrix's arithmetic. */
+#define SMALL_GETRF 32
+
+#define DEFINE_GETRF(NAME, T) \
+  static lint NAME(int64_t m, int64_t n, T *a, lint *ipiv) { \
+    lint info = 0; \
+    int64_t mn = m < n ? m : n; \
+    for (int64_t j = 0; j < mn; j++) { \
+      T *cj = a + j * m; \
+      int64_t p = j; \
+      for (int64_t i = j + 1; i < m; i++) \
+        if ((cj[i] < 0 ? -cj[i] : cj[i]) > (cj[p] < 0 ? -cj[p] : cj[p])) p = i; \
+      ipiv[j] = (lint)(p + 1); \
+      if (p != j) \
+        for (int64_t c = 0; c < n; c++) { \
+          T t = a[j + c * m]; \
+          a[j + c * m] = a[p + c * m]; \
+          a[p + c * m] = t; \
+        } \
+      T piv = cj[j]; \
+      if (piv == 0) { \
+        if (info == 0) info = (lint)(j + 1); \
+        continue; \
+      } \
+      for (int64_t i = j + 1; i < m; i++) cj[i] /= piv; \
+      for (int64_t c = j + 1; c < n; c++) { \
+        T *cc = a + c * m, f = cc[j]; \
+        for (int64_t i = j + 1; i < m; i++) cc[i] -= cj[i] * f; \
+      } \
+    } \
+    return info; \
+  }
+DEFINE_GETRF(getrf_small_s, float)
+DEFINE_GETRF(getrf_small_d, double)
+#undef DEFINE_GETRF
+
+/* Whether getrf_small takes this factorization (then it has done it). */
+static bool getrf_small(const routines *fn, int64_t m, int64_t n, void *a, lint *ipiv, lint *info) {
+  if (fn->cplx || m > SMALL_GETRF || n > SMALL_GETRF) return false;
+  *info = fn->f64 ? getrf_small_d(m, n, a, ipiv) : getrf_small_s(m, n, a, ipiv);
+  return true;
+}
+
 static void run_one(const job *jb, work *w, int64_t b) {
   const kiln_lapack *l = &jb->g->l;
   const routines *fn = jb->fn;
@@ -296,15 +412,17 @@ static void run_one(const job *jb, work *w, int64_t b) {
     lint lda = ld(k), ldb = ld(m);
     const double one[2] = {1, 0};
     const float onef[2] = {1, 0};
-    fn->trsm(&side, &uplo, &tr, &diag, &m, &n, fn->f64 ? (const void *)one : (const void *)onef,
-             w->a, &lda, w->b, &ldb, 1, 1, 1, 1);
+    if (!trsm_small(fn, side, uplo, tr, diag, m, n, w->a, lda, w->b, ldb))
+      fn->trsm(&side, &uplo, &tr, &diag, &m, &n, fn->f64 ? (const void *)one : (const void *)onef,
+               w->a, &lda, w->b, &ldb, 1, 1, 1, 1);
     scatter(jb->g, &jb->v[2], a[2], b, w->b);
     break;
   }
   case KILN_LAPACK_GETRF: {
     gather(jb->g, &jb->v[0], a[0], b, w->a);
     lint lda = ld(m);
-    fn->getrf(&m, &n, w->a, &lda, w->iwork, &info);
+    if (!getrf_small(fn, m, n, w->a, w->iwork, &info))
+      fn->getrf(&m, &n, w->a, &lda, w->iwork, &info);
     scatter(jb->g, &jb->v[1], a[1], b, w->a);
     scatter(jb->g, &jb->v[2], a[2], b, w->iwork);
     put_info(jb, 3, b, info);

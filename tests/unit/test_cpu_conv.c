@@ -198,10 +198,11 @@ static void fill(kiln_literal *l, uint64_t *seed) {
 }
 
 static int gemm_steps; /* CONV steps of the last run_case that run as sgemm */
+static int bwd_steps;  /* ... and as oneDNN's backward data (transposed convolutions) */
 
 /* The CONV steps of program 0, and how many of them a library runs. */
 static void count_conv(const kiln_executable *e, int *steps, int *library) {
-  *steps = *library = gemm_steps = 0;
+  *steps = *library = gemm_steps = bwd_steps = 0;
   for (uint32_t i = 0; i < e->programs[0].nsteps; i++) {
     const kiln_step *s = &e->programs[0].steps[i];
     if (s->kind != KILN_STEP_CONV) continue;
@@ -210,6 +211,7 @@ static void count_conv(const kiln_executable *e, int *steps, int *library) {
     ck_assert_int_eq(kiln__cpu_conv_create(s->conv, &p, "test", &st), 0);
     *library += kiln__cpu_conv_uses_library(p);
     gemm_steps += kiln__cpu_conv_uses_gemm(p);
+    bwd_steps += kiln__cpu_conv_uses_bwd(p);
     kiln__cpu_conv_destroy(p);
   }
 }
@@ -258,9 +260,23 @@ static void run_case(const char *text, uint64_t seed, kiln_sbuf *why, int *steps
   kiln_module_destroy(m);
 }
 
+/* Whether the step is a transposed convolution backward data can take:
+ * lhs dilation, window stride 1, no batch groups, and padding within the
+ * kernel's reach (cpu_conv.c, plan_bwd). */
+static bool bwd_form(const cfg *g) {
+  bool dilated = false;
+  if (g->ns == 0 || g->bg != 1) return false;
+  for (int i = 0; i < g->ns; i++) {
+    int64_t reach = (g->k[i] - 1) * g->rd[i];
+    if (g->stride[i] != 1 || reach - g->lo[i] < 0 || reach - g->hi[i] + g->ld[i] <= 0) return false;
+    dilated |= g->ld[i] > 1;
+  }
+  return dilated;
+}
+
 START_TEST(random_configurations) {
   uint64_t seed = 0x5eed0000u + (uint64_t)_i;
-  int total_steps = 0, total_library = 0;
+  int total_steps = 0, total_library = 0, total_bwd = 0;
   for (int round = 0; round < 40; round++) {
     cfg g;
     make_cfg(&seed, &g);
@@ -274,8 +290,12 @@ START_TEST(random_configurations) {
     ck_assert_msg(steps == 1, "not a CONV step:\n%s", kiln_sbuf_str(&text));
     ck_assert_msg(library == (LIBRARY && reads_input(&g)), "CONV step %s oneDNN:\n%s",
                   library ? "through" : "not through", kiln_sbuf_str(&text));
+    ck_assert_msg(bwd_steps == (LIBRARY && reads_input(&g) && bwd_form(&g)),
+                  "CONV step %s backward data:\n%s", bwd_steps ? "as" : "not as",
+                  kiln_sbuf_str(&text));
+    total_bwd += bwd_steps;
 #else
-    (void)reads_input;
+    (void)reads_input, (void)bwd_form;
     ck_assert_msg(steps == 0, "a CONV step without oneDNN:\n%s", kiln_sbuf_str(&text));
 #endif
     total_steps += steps;
@@ -288,7 +308,53 @@ START_TEST(random_configurations) {
   /* most configurations read some input: the library path is exercised */
   ck_assert_int_gt(total_library, 20);
 #endif
-  (void)total_steps, (void)total_library;
+  (void)total_steps, (void)total_library, (void)total_bwd;
+}
+END_TEST
+
+/* Random transposed convolutions (lhs dilation, window stride 1) as
+ * conv_transpose and strided convolutions' input gradients write them:
+ * every dim_labels permutation and layout, padding of either sign, kernel
+ * dilation, feature groups. Those whose padding lies within the kernel's
+ * reach run as oneDNN's backward data, the others staged; both against the
+ * interpreter. */
+START_TEST(transposed_configurations) {
+  uint64_t seed = 0x7a45000u + (uint64_t)_i;
+  int total_bwd = 0;
+  for (int round = 0; round < 30; round++) {
+    cfg g;
+    do {
+      make_cfg(&seed, &g);
+    } while (g.ns == 0);
+    g.n = pick(&seed, 1, 3), g.bg = 1;
+    g.o = g.fg * pick(&seed, 1, 4);
+    for (int i = 0; i < g.ns; i++) {
+      g.stride[i] = 1;
+      g.ld[i] = i == 0 || pick(&seed, 0, 1) ? pick(&seed, 2, 3) : 1;
+      g.k[i] = pick(&seed, 1, 4);
+      g.lo[i] = pick(&seed, -1, 3), g.hi[i] = pick(&seed, -1, 3);
+      while ((g.out[i] = out_size(&g, i)) <= 0) g.hi[i]++;
+    }
+    kiln_sbuf text = KILN_SBUF_INIT, why = KILN_SBUF_INIT;
+    module_text(&text, &g);
+    int steps, library;
+    run_case(kiln_sbuf_str(&text), seed, &why, &steps, &library);
+    ck_assert_msg(kiln_sbuf_str(&why)[0] == '\0', "%s\n%s", kiln_sbuf_str(&why),
+                  kiln_sbuf_str(&text));
+#ifdef KILN_HAVE_DNNL
+    ck_assert_msg(steps == 1, "not a CONV step:\n%s", kiln_sbuf_str(&text));
+    ck_assert_msg(bwd_steps == (LIBRARY && reads_input(&g) && bwd_form(&g)),
+                  "CONV step %s backward data:\n%s", bwd_steps ? "as" : "not as",
+                  kiln_sbuf_str(&text));
+#endif
+    total_bwd += bwd_steps;
+    kiln_sbuf_free(&text);
+    kiln_sbuf_free(&why);
+  }
+#if LIBRARY
+  ck_assert_int_gt(total_bwd, 10); /* the backward-data path is exercised */
+#endif
+  (void)total_bwd;
 }
 END_TEST
 
@@ -327,8 +393,21 @@ START_TEST(jax_convnet_shapes) {
       "HloModule m\nENTRY e {\n  a = f32[2,32,32,4] parameter(0)\n"
       "  k = f32[2,32,32,8] parameter(1)\n  ROOT c = f32[3,3,4,8] convolution(a, k), "
       "window={size=32x32 pad=1_1x1_1}, dim_labels=f01b_i01o->01bf\n}\n",
+      /* lax.conv_transpose stride 2, SAME, 4x4 kernel (oneDNN backward data) */
+      "HloModule m\nENTRY e {\n  a = f32[2,8,8,8] parameter(0)\n"
+      "  k = f32[4,4,8,4] parameter(1)\n  ROOT c = f32[2,16,16,4] convolution(a, k), "
+      "window={size=4x4 pad=2_2x2_2 lhs_dilate=2x2}, dim_labels=b01f_01io->b01f\n}\n",
+      /* depthwise transposed, and 1-D with kernel dilation, NCW */
+      "HloModule m\nENTRY e {\n  a = f32[2,5,5,6] parameter(0)\n"
+      "  k = f32[3,3,1,6] parameter(1)\n  ROOT c = f32[2,9,9,6] convolution(a, k), "
+      "window={size=3x3 pad=1_1x1_1 lhs_dilate=2x2}, dim_labels=b01f_01io->b01f, "
+      "feature_group_count=6\n}\n",
+      "HloModule m\nENTRY e {\n  a = f32[2,4,10] parameter(0)\n"
+      "  k = f32[5,4,3] parameter(1)\n  ROOT c = f32[2,5,31] convolution(a, k), "
+      "window={size=3 pad=3_4 lhs_dilate=3 rhs_dilate=2}, dim_labels=bf0_oi0->bf0\n}\n",
   };
-  static const int gemm_form[] = {0, 0, 0, 0, 0, 0, 1, 1, 1};
+  static const int gemm_form[] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0};
+  static const int bwd_form[] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 1, 1};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     kiln_sbuf why = KILN_SBUF_INIT;
     int steps, library;
@@ -338,8 +417,9 @@ START_TEST(jax_convnet_shapes) {
     ck_assert_int_eq(steps, 1);
     ck_assert_int_eq(library, LIBRARY || gemm_form[i]);
     ck_assert_int_eq(gemm_steps, gemm_form[i]);
+    ck_assert_int_eq(bwd_steps, LIBRARY && bwd_form[i]);
 #else
-    (void)gemm_form;
+    (void)gemm_form, (void)bwd_form;
     ck_assert_int_eq(steps, 0);
 #endif
     kiln_sbuf_free(&why);
@@ -440,6 +520,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, random_configurations, 0, 4);
   tcase_add_loop_test(tc, long_kernel_configurations, 0, 3);
+  tcase_add_loop_test(tc, transposed_configurations, 0, 3);
   tcase_add_test(tc, jax_convnet_shapes);
   tcase_add_test(tc, f64_and_reference);
   suite_add_tcase(s, tc);

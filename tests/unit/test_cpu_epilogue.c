@@ -342,6 +342,31 @@ START_TEST(transposed_epilogue) {
 }
 END_TEST
 
+/* Products whose readers were written with the matrix dims exchanged (a
+ * transpose the simplifier folded into the dot: per-example gradients'
+ * outer products, reduced both ways) are written in that order by the GEMM
+ * (C^T = B^T A^T, compiler/passes/layout.c rule 2b), and agree. */
+START_TEST(reader_layout) {
+  const char *text = "HloModule rl\n\nadd {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+                     "  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n"
+                     "  x = f32[48,40] parameter(0)\n  g = f32[48,24] parameter(1)\n"
+                     "  o = f32[48,24,40] dot(g, x), lhs_batch_dims={0}, lhs_contracting_dims={}, "
+                     "rhs_batch_dims={0}, rhs_contracting_dims={}\n"
+                     "  t = f32[48,40,24]{1,2,0} transpose(o), dimensions={0,2,1}\n"
+                     "  sq = f32[48,40,24]{1,2,0} multiply(t, t)\n  z = f32[] constant(0)\n"
+                     "  n = f32[48] reduce(sq, z), dimensions={1,2}, to_apply=add\n"
+                     "  m = f32[40,24] reduce(t, z), dimensions={0}, to_apply=add\n"
+                     "  a = f32[6,30,20] parameter(2)\n  b = f32[6,20,36] parameter(3)\n"
+                     "  c = f32[6,30,36] dot(a, b), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+                     "rhs_batch_dims={0}, rhs_contracting_dims={1}\n"
+                     "  ct = f32[6,36,30]{1,2,0} transpose(c), dimensions={0,2,1}\n"
+                     "  e = f32[6,36,30]{1,2,0} exponential(ct)\n"
+                     "  r = f32[6,36] reduce(e, z), dimensions={2}, to_apply=add\n"
+                     "  ROOT out = (f32[48], f32[40,24], f32[6,36]) tuple(n, m, r)\n}\n";
+  agree(text, kiln_tol_reduce_f32(1000));
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("cpu_epilogue");
   TCase *tc = tcase_create("epilogue");
@@ -351,6 +376,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, batched_residual);
   tcase_add_test(tc, residual_is_operand);
   tcase_add_test(tc, transposed_epilogue);
+  tcase_add_test(tc, reader_layout);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -507,6 +507,60 @@ START_TEST(test_cpu_agrees) {
 }
 END_TEST
 
+/* Triangles on both sides of the direct solves' bound (cpu_linalg.c:
+ * SMALL_TRSM and SMALL_GETRF rows are substituted in place, larger ones go
+ * to OpenBLAS): trsm of every side / uplo / trans / diag and getrf, f32
+ * and f64, square and not, against the interpreter. */
+START_TEST(test_cpu_sizes) {
+  static const int64_t sizes[] = {1, 8, 31, 32, 33, 48};
+  for (int seed = 0; seed < 24; seed++) {
+    uint64_t s = (uint64_t)seed * 104729u + 5;
+    const char *t = seed % 2 ? "f64" : "f32", *tc = seed % 2 ? "d" : "s";
+    int64_t batch[1] = {1 + (int64_t)(rng(&s) % 3)};
+    int64_t k = sizes[(seed / 2) % 6], other = 1 + (int64_t)(rng(&s) % 40);
+    char side = (seed / 3) % 2 ? 'L' : 'R', uplo = (seed / 5) % 2 ? 'L' : 'U';
+    char tr = "NTC"[seed % 3], diag = (seed / 7) % 2 ? 'U' : 'N';
+    int64_t m = side == 'L' ? k : other, n = side == 'L' ? other : k;
+    kiln_sbuf b = KILN_SBUF_INIT;
+    run_pair p;
+    kiln_sbuf_printf(&b, "HloModule t\nENTRY main {\n  a = ");
+    shape_text(&b, t, batch, 1, (int64_t[]){k, k}, 2, true);
+    kiln_sbuf_printf(&b, " parameter(0)\n  b = ");
+    shape_text(&b, t, batch, 1, (int64_t[]){m, n}, 2, true);
+    kiln_sbuf_printf(&b, " parameter(1)\n  ROOT x = ");
+    shape_text(&b, t, batch, 1, (int64_t[]){m, n}, 2, true);
+    kiln_sbuf_printf(&b,
+                     " custom-call(a, b), custom_call_target=\"lapack_%strsm_ffi\", "
+                     "backend_config={diag = %d : ui8, side = %d : ui8, trans_x = %d : ui8, "
+                     "uplo = %d : ui8}\n}\n",
+                     tc, diag, side, tr, uplo);
+    /* a strong diagonal: the triangle is well conditioned at every size */
+    run_both(kiln_sbuf_str(&b), s, (double)k + 3, false, &p);
+    close_leaf(&p, 0, tol_of(t) * 10, kiln_sbuf_str(&b));
+    run_pair_free(&p);
+    kiln_sbuf_free(&b);
+    /* getrf, f64 (no near-ties between pivot candidates) */
+    int64_t gm = k, gn = seed % 4 ? k : other;
+    int64_t gmn = gm < gn ? gm : gn;
+    b = (kiln_sbuf)KILN_SBUF_INIT;
+    kiln_sbuf_printf(&b, "HloModule t\nENTRY main {\n  a = ");
+    shape_text(&b, "f64", batch, 1, (int64_t[]){gm, gn}, 2, true);
+    kiln_sbuf_printf(&b, " parameter(0)\n  ROOT c = (");
+    shape_text(&b, "f64", batch, 1, (int64_t[]){gm, gn}, 2, true);
+    kiln_sbuf_printf(&b, ", ");
+    shape_text(&b, "s32", batch, 1, (int64_t[]){gmn}, 1, true);
+    kiln_sbuf_printf(&b, ", ");
+    shape_text(&b, "s32", batch, 1, NULL, 0, true);
+    kiln_sbuf_printf(&b, ") custom-call(a), custom_call_target=\"lapack_dgetrf_ffi\", "
+                         "backend_config={}\n}\n");
+    run_both(kiln_sbuf_str(&b), s, 0, false, &p);
+    for (uint32_t i = 0; i < 3; i++) close_leaf(&p, i, 1e-9, kiln_sbuf_str(&b));
+    run_pair_free(&p);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
 /* max |x^H x - I| over the columns (rows: x x^H over the rows) of the
  * (batch of) r x c matrices in l. */
 static double orth_err(const kiln_literal *l, bool rows) {
@@ -753,6 +807,7 @@ Suite *linalg_suite(void) {
   tcase_add_test(tc, test_verifier);
   tcase_add_test(tc, test_known_answers);
   tcase_add_test(tc, test_cpu_agrees);
+  tcase_add_test(tc, test_cpu_sizes);
   tcase_add_test(tc, test_cpu_vectors);
   tcase_add_test(tc, test_between_kernels);
   tcase_add_test(tc, test_step_check);
