@@ -360,6 +360,7 @@ typedef struct cc_id {
   char *cc;                         /* as given */
   struct stat sb;                   /* of the file it resolved to */
   uint8_t digest[KILN__SHA256_LEN]; /* of its --version output */
+  bool gcc;                         /* that output is GCC's (it honours optimize attributes) */
   struct cc_id *next;
 } cc_id;
 static cc_id *ids; /* guarded by id_mu; never freed (one per compiler) */
@@ -385,19 +386,20 @@ static bool same_file(const struct stat *a, const struct stat *b) {
          a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
-static bool id_lookup(const char *cc, const struct stat *sb, uint8_t *digest) {
+static bool id_lookup(const char *cc, const struct stat *sb, uint8_t *digest, bool *gcc) {
   bool hit = false;
   pthread_mutex_lock(&id_mu);
   for (cc_id *i = ids; i && !hit; i = i->next)
     if (strcmp(i->cc, cc) == 0 && same_file(&i->sb, sb)) {
       memcpy(digest, i->digest, KILN__SHA256_LEN);
+      *gcc = i->gcc;
       hit = true;
     }
   pthread_mutex_unlock(&id_mu);
   return hit;
 }
 
-static void id_store(const char *cc, const struct stat *sb, const uint8_t *digest) {
+static void id_store(const char *cc, const struct stat *sb, const uint8_t *digest, bool gcc) {
   cc_id *i = kiln_calloc(1, sizeof *i);
   char *name = i ? kiln_strdup(cc) : NULL;
   if (name == NULL) {
@@ -406,6 +408,7 @@ static void id_store(const char *cc, const struct stat *sb, const uint8_t *diges
   }
   i->cc = name;
   i->sb = *sb;
+  i->gcc = gcc;
   memcpy(i->digest, digest, KILN__SHA256_LEN);
   pthread_mutex_lock(&id_mu);
   i->next = ids;
@@ -413,24 +416,44 @@ static void id_store(const char *cc, const struct stat *sb, const uint8_t *diges
   pthread_mutex_unlock(&id_mu);
 }
 
+/* What one build knows of its compiler. */
+typedef struct ident {
+  bool have;  /* digest (and gcc) are known */
+  bool known; /* the compiler's file was found (sb) */
+  bool gcc;   /* GCC, by its --version output */
+  struct stat sb;
+  uint8_t digest[KILN__SHA256_LEN];
+} ident;
+
 /* The identity of a compiler run before (its file unchanged since), or
- * false; *sb, *known: the file, and whether it was found. */
-static bool identity_known(const kiln__cc_options *o, struct stat *sb, bool *known,
-                           uint8_t *digest) {
+ * false; id->sb, id->known: the file, and whether it was found. */
+static bool identity_known(const kiln__cc_options *o, ident *id) {
   const char *cc = o->cc && *o->cc ? o->cc : "cc";
-  *known = resolve(cc, sb);
-  return *known && id_lookup(cc, sb, digest);
+  id->known = resolve(cc, &id->sb);
+  id->have = id->known && id_lookup(cc, &id->sb, id->digest, &id->gcc);
+  return id->have;
 }
 
-/* The identity from the probe j (`cc --version`): its output and status. */
-static void identity_from(const kiln__cc_options *o, const job *j, const struct stat *sb,
-                          bool known, uint8_t *digest) {
+static bool has_text(const char *p, size_t n, const char *what) {
+  size_t w = strlen(what);
+  for (size_t i = 0; i + w <= n; i++)
+    if (memcmp(p + i, what, w) == 0) return true;
+  return false;
+}
+
+/* The identity from the probe j (`cc --version`): its output and status.
+ * GCC names its copyright holder there, clang its own name. */
+static void identity_from(const kiln__cc_options *o, const job *j, ident *id) {
   kiln__sha256 h;
   kiln__sha256_init(&h);
   kiln__sha256_update(&h, &j->status, sizeof j->status);
   kiln__sha256_update(&h, j->out, j->nout);
-  kiln__sha256_final(&h, digest);
-  if (known && !failed(j)) id_store(o->cc && *o->cc ? o->cc : "cc", sb, digest);
+  kiln__sha256_final(&h, id->digest);
+  id->gcc = !failed(j) && has_text(j->out, j->nout, "Free Software Foundation") &&
+            !has_text(j->out, j->nout, "clang");
+  id->have = true;
+  if (id->known && !failed(j))
+    id_store(o->cc && *o->cc ? o->cc : "cc", &id->sb, id->digest, id->gcc);
 }
 
 /* ---- kiln__cc_build -------------------------------------------------------- */
@@ -557,30 +580,52 @@ static int took_too_long(const kiln__cc_options *o, kiln_status *st) {
                          o->timeout_s > 0 ? o->timeout_s : 120);
 }
 
+/* The flags a unit of class c is compiled with (tune may be NULL). */
+static void class_flags(const kiln__cc_options *o, uint8_t c, const char **opt, const char **tune) {
+  *opt = o->opt, *tune = o->tune;
+  if (c == KILN__CC_TINY && o->tiny_opt)
+    *opt = o->tiny_opt, *tune = o->tiny_tune;
+  else if (c != KILN__CC_HEAVY && o->light_opt)
+    *opt = o->light_opt, *tune = o->light_tune;
+  if (*opt == NULL) *opt = "-O3";
+}
+
+/* Runs `cc --version` now (out: OUT_MAX + 1 bytes) for *id. */
+static int probe(const kiln__cc_options *o, char *out, const char *dir, double deadline, ident *id,
+                 kiln__cc_stats *stats, kiln_status *st) {
+  const char *cc = o->cc && *o->cc ? o->cc : "cc";
+  const char *argv[] = {cc, "--version", NULL};
+  job pj = {.argv = argv, .out = out, .unit = UINT32_MAX, .may_fail = true};
+  uint32_t bad;
+  int rc = run_jobs(&pj, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
+  if (rc == 1) return took_too_long(o, st);
+  if (rc) return rc;
+  identity_from(o, &pj, id);
+  return 0;
+}
+
 /* Units from the cache or compiled; their objects end up in b->objs. The
  * compiler's identity (the keys) is needed before compiling only when a
  * lookup can hit: with an empty in-process cache and no directory the
  * probe runs alongside the compilers instead. */
 static int compile_units(build *b, const kiln__cc_options *o, const char *dir, double deadline,
-                         const char *cache_dir, kiln__cc_stats *stats, kiln_status *st) {
+                         const char *cache_dir, ident *idn, kiln__cc_stats *stats,
+                         kiln_status *st) {
   uint32_t nu = b->sp.nunits;
-  uint8_t id[KILN__SHA256_LEN];
+  const uint8_t *id = idn->digest;
   char march[128];
   if (build_alloc(b, nu)) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
   const char *cc = o->cc && *o->cc ? o->cc : "cc";
   const char *probe_argv[] = {cc, "--version", NULL};
-  struct stat sb;
-  bool known = false, have_id = false, caching = !o->no_cache;
+  bool caching = !o->no_cache;
   bool lookups = caching && ((cache_dir && *cache_dir) || !kiln__cc_cache_empty());
   uint32_t bad;
   int rc = 0;
-  if (caching) have_id = identity_known(o, &sb, &known, id);
+  if (caching && !idn->have) identity_known(o, idn);
+  bool have_id = idn->have;
   if (lookups && !have_id) {
-    job pj = {.argv = probe_argv, .out = b->outs, .unit = UINT32_MAX, .may_fail = true};
-    rc = run_jobs(&pj, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
-    if (rc == 1) return took_too_long(o, st);
+    rc = probe(o, b->outs, dir, deadline, idn, stats, st);
     if (rc) return rc;
-    identity_from(o, &pj, &sb, known, id);
     have_id = true;
   }
   uint32_t ntodo = 0;
@@ -589,11 +634,8 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   for (uint32_t u = 0; u < nu; u++) {
     kiln__cc_unit *un = &b->sp.units[u];
     const char **argv = b->argv + (size_t)u * UNIT_ARGS;
-    const char *opt = o->opt, *tune = o->tune;
-    if (un->cls == KILN__CC_TINY && o->tiny_opt)
-      opt = o->tiny_opt, tune = o->tiny_tune;
-    else if (un->cls != KILN__CC_HEAVY && o->light_opt)
-      opt = o->light_opt, tune = o->light_tune;
+    const char *opt, *tune;
+    class_flags(o, un->cls, &opt, &tune);
     int n = base_args(o, opt, tune, march, sizeof march, argv);
     n_of[u] = n;
     snprintf(b->paths[u], sizeof b->paths[u], "%s/u%u.o", dir, u);
@@ -612,8 +654,8 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   sort_todo(b, ntodo);
   /* The probe, when still wanted, goes first: it is quick. */
   uint32_t nj = 0;
-  bool probe = caching && !have_id;
-  if (probe)
+  bool alongside = caching && !have_id;
+  if (alongside)
     b->jobs[nj++] = (job){
         .argv = probe_argv, .out = b->outs + OUT_MAX + 1, .unit = UINT32_MAX, .may_fail = true};
   for (uint32_t i = 0; i < ntodo; i++) {
@@ -626,7 +668,7 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   uint32_t par = job_count(o);
   if (par > ntodo) par = ntodo ? ntodo : 1;
   stats->jobs = par;
-  rc = run_jobs(b->jobs, nj, par + (probe ? 1 : 0), dir, deadline, &stats->cpu_ms, &bad, st);
+  rc = run_jobs(b->jobs, nj, par + (alongside ? 1 : 0), dir, deadline, &stats->cpu_ms, &bad, st);
   if (rc == 1) {
     rc = took_too_long(o, st);
     goto out_free;
@@ -636,8 +678,8 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
     rc = fail_unit(b, &b->jobs[bad], st);
     goto out_free;
   }
-  if (probe) {
-    identity_from(o, &b->jobs[0], &sb, known, id);
+  if (alongside) {
+    identity_from(o, &b->jobs[0], idn);
     for (uint32_t u = 0; u < nu; u++)
       unit_key(&b->sp.units[u], id, b->argv + (size_t)u * UNIT_ARGS, n_of[u], b->sp.units[u].key);
   }
@@ -730,6 +772,61 @@ static int write_extra(build *b, const kiln__cc_program *p, const char *dir, kil
   return 0;
 }
 
+/* A flag that may be spelled inside a C string: -O<level> or -f<name>. */
+static bool plain_flag(const char *f) {
+  if (f[0] != '-' || (f[1] != 'O' && f[1] != 'f')) return false;
+  if (f[1] == 'O') return f[2] == 0 || (strchr("0123sgz", f[2]) && f[3] == 0);
+  for (const char *c = f + 2; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '='))
+      return false;
+  return f[2] != 0;
+}
+
+#define ATTR_MAX 200
+
+/* Each class's flags as a GCC optimize attribute; false when a flag is not
+ * plain (the units then hold one class each). */
+static bool class_attrs(const kiln__cc_options *o, char (*buf)[ATTR_MAX], const char **attrs) {
+  for (uint8_t c = 0; c < KILN__CC_NCLASSES; c++) {
+    const char *opt, *tune;
+    class_flags(o, c, &opt, &tune);
+    if (!plain_flag(opt) || (tune && *tune && !plain_flag(tune)) || strlen(opt) > 40 ||
+        (tune && strlen(tune) > 100))
+      return false;
+    if (tune && *tune)
+      snprintf(buf[c], ATTR_MAX, "__attribute__((optimize(\"%s\", \"%s\")))", opt, tune);
+    else
+      snprintf(buf[c], ATTR_MAX, "__attribute__((optimize(\"%s\")))", opt);
+    attrs[c] = buf[c];
+  }
+  return true;
+}
+
+/* The module's units: classes mixed in small modules when the compiler
+ * is GCC (known from a probe run before, or run now: a mixed unit saves
+ * a compiler process, the probe costs a millisecond). */
+static int split(build *b, const kiln__cc_options *o, const kiln__cc_program *p, const char *dir,
+                 double deadline, ident *id, kiln__cc_stats *stats, kiln_status *st) {
+  size_t unit_bytes = o->unit_bytes;
+  const char *ub = getenv("KILN_CC_UNIT_BYTES");
+  if (unit_bytes == 0 && ub && *ub) unit_bytes = (size_t)strtoull(ub, NULL, 10);
+  char buf[KILN__CC_NCLASSES][ATTR_MAX];
+  const char *attrs[KILN__CC_NCLASSES];
+  bool mix = class_attrs(o, buf, attrs);
+  int rc = kiln__cc_split_program(p, job_count(o), unit_bytes, mix ? attrs : NULL, &b->sp, st);
+  if (rc || b->sp.nmixed == 0) return rc;
+  if (!identity_known(o, id)) {
+    char *out = kiln_malloc(OUT_MAX + 1);
+    if (out == NULL) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+    rc = probe(o, out, dir, deadline, id, stats, st);
+    kiln_free(out);
+    if (rc) return rc;
+  }
+  if (id->gcc) return 0;
+  kiln__cc_split_free(&b->sp);
+  return kiln__cc_split_program(p, job_count(o), unit_bytes, NULL, &b->sp, st);
+}
+
 int kiln__cc_object(const kiln__cc_options *o, const char *src, size_t n, const char *define,
                     uint8_t **obj, size_t *obj_len, kiln_status *st) {
   *obj = NULL;
@@ -782,21 +879,19 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
   double deadline = now_s() + (o->timeout_s > 0 ? o->timeout_s : 120);
   const char *cache_dir = o->cache_dir ? o->cache_dir : getenv("KILN_KERNEL_CACHE_DIR");
   build b = {0};
-  size_t unit_bytes = o->unit_bytes;
-  const char *ub = getenv("KILN_CC_UNIT_BYTES");
-  if (unit_bytes == 0 && ub && *ub) unit_bytes = (size_t)strtoull(ub, NULL, 10);
-  int rc = kiln__cc_split_program(p, job_count(o), unit_bytes, &b.sp, st);
-  if (rc) return rc;
-  stats->units = b.sp.nunits;
-  stats->kernels_distinct = b.sp.ndistinct;
+  ident id = {0};
   char dir[4096], path[4200];
-  if ((rc = make_dir(dir, sizeof dir, st))) goto out_free;
+  int rc = make_dir(dir, sizeof dir, st);
+  if (rc) return rc;
   snprintf(path, sizeof path, "%s/k.so", dir);
   sigset_t pipe_set, old;
   sigemptyset(&pipe_set);
   sigaddset(&pipe_set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
-  rc = compile_units(&b, o, dir, deadline, cache_dir, stats, st);
+  rc = split(&b, o, p, dir, deadline, &id, stats, st);
+  stats->units = b.sp.nunits;
+  stats->kernels_distinct = b.sp.ndistinct;
+  if (rc == 0) rc = compile_units(&b, o, dir, deadline, cache_dir, &id, stats, st);
   if (rc == 0 && p->nobjs) rc = write_extra(&b, p, dir, st);
   if (rc == 0) rc = link_units(&b, o, dir, deadline, path, stats, st);
   if (rc == 0) rc = read_file(path, so, so_len, st);
@@ -805,7 +900,6 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   remove_dir(dir);
-out_free:
   build_free(&b);
   return rc;
 }

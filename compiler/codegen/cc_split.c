@@ -297,34 +297,45 @@ static int by_bytes_desc(const void *a, const void *b) {
 
 /* Assigns each distinct kernel (d[0..nd), sorted by class and hash) its
  * unit in d[].idx's place of unit_of; returns the number of units. */
-static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, uint32_t *unit_of,
-                      uint64_t *load) {
+static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, bool mix,
+                      uint32_t *unit_of, uint64_t *load) {
   size_t tiny = target < TINY_UNIT_BYTES ? target : TINY_UNIT_BYTES, total = 0;
   for (uint32_t i = 0; i < nd; i++) total += d[i].bytes;
   uint32_t nunits = 0;
   if (total < (uint64_t)min_units * tiny) {
+    bool one_compiler = min_units == 1;
     min_units = (uint32_t)(total / tiny);
     if (min_units < 1) min_units = 1;
     /* Tiny: min_units bins per the classes' shares, largest kernel first
-     * into the lightest bin (d is re-sorted; unit_of is by kernel index). */
+     * into the lightest bin (d is re-sorted; unit_of is by kernel index).
+     * Mixing, the tiny class (sorted last) joins the bins of the light
+     * class (of the heavy one when there are none), and with one compiler
+     * every class joins the first's: a compiler process and the prelude
+     * cost more than such kernels do. */
+    uint32_t light_first = 0, light_bins = 0;
     for (uint32_t start = 0, cnt; start < nd; start += cnt) {
       rec *r = d + start;
       size_t bytes = 0;
       for (cnt = 0; start + cnt < nd && d[start + cnt].cls == r->cls; cnt++)
         bytes += d[start + cnt].bytes;
+      bool join = mix && nunits > 0 && (r->cls == KILN__CC_TINY || one_compiler);
       uint32_t bins = (uint32_t)(((uint64_t)min_units * bytes + total / 2) / (total ? total : 1));
       if (bins < 1) bins = 1;
       if (bins > cnt) bins = cnt;
+      uint32_t first = join ? 0 : nunits;
+      if (join) bins = nunits;
+      if (join && r->cls == KILN__CC_TINY && light_bins) first = light_first, bins = light_bins;
+      if (!join && r->cls == KILN__CC_LIGHT) light_first = first, light_bins = bins;
       qsort(r, cnt, sizeof *r, by_bytes_desc);
-      for (uint32_t b = 0; b < bins; b++) load[nunits + b] = 0;
+      for (uint32_t b = 0; b < bins && !join; b++) load[first + b] = 0;
       for (uint32_t i = 0; i < cnt; i++) {
         uint32_t best = 0;
         for (uint32_t b = 1; b < bins; b++)
-          if (load[nunits + b] < load[nunits + best]) best = b;
-        load[nunits + best] += r[i].bytes;
-        unit_of[r[i].idx] = nunits + best;
+          if (load[first + b] < load[first + best]) best = b;
+        load[first + best] += r[i].bytes;
+        unit_of[r[i].idx] = first + best;
       }
-      nunits += bins;
+      if (!join) nunits += bins;
     }
     return nunits;
   }
@@ -343,8 +354,17 @@ static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, ui
   return nd ? nunits + 1 : 0;
 }
 
-static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc_split *out,
-                       kiln_status *st) {
+/* A unit's flags: its one class's, or the light class's when it mixes
+ * classes (a kernel of another class then carries its class's flags as
+ * an attribute, and the prelude's helpers inline into every kernel). */
+static uint8_t unit_class(uint8_t mask) {
+  for (uint8_t c = 0; c < KILN__CC_NCLASSES; c++)
+    if (mask == 1u << c) return c;
+  return KILN__CC_LIGHT;
+}
+
+static int build_units(splitter *sp, uint32_t min_units, size_t target, const char *const *attrs,
+                       kiln__cc_split *out, kiln_status *st) {
   int rc = 0;
   kiln_sbuf *bufs = NULL;
   rec *r = kiln_malloc((sp->nk + 1) * sizeof *r);
@@ -379,7 +399,7 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc
   }
   out->ndistinct = nd;
   qsort(r, nd, sizeof *r, by_class_hash);
-  out->nunits = group(r, nd, min_units ? min_units : 1, target, unit_of, load);
+  out->nunits = group(r, nd, min_units ? min_units : 1, target, attrs != NULL, unit_of, load);
   out->units = kiln_calloc(out->nunits + 1, sizeof *out->units);
   bufs = kiln_calloc(out->nunits + 1, sizeof *bufs);
   if (out->units == NULL || bufs == NULL) {
@@ -392,14 +412,21 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc
     kiln_sbuf_puts(&bufs[u], sp->p->prelude ? sp->p->prelude : "");
     kiln_sbuf_putc(&bufs[u], '\n');
   }
+  for (uint32_t i = 0; i < nd; i++) out->units[unit_of[r[i].idx]].classes |= 1u << r[i].cls;
+  for (uint32_t u = 0; u < out->nunits; u++) {
+    out->units[u].cls = unit_class(out->units[u].classes);
+    out->nmixed += out->units[u].classes != 1u << out->units[u].cls;
+  }
   /* Within a unit kernels go in hash order: its text depends only on
    * which kernels it holds, never on where they stood in the module. */
   qsort(r, nd, sizeof *r, by_hash);
   for (uint32_t i = 0; rc == 0 && i < nd; i++) {
     uint32_t k = r[i].idx, u = unit_of[k];
-    out->units[u].cls = r[i].cls;
     out->units[u].nkernels++;
     if (k < out->units[u].first) out->units[u].first = k;
+    if (r[i].cls != out->units[u].cls)
+      kiln_sbuf_printf(&bufs[u], "void %s(void *const *, int64_t, int64_t) %s;\n", out->sym[k],
+                       attrs[r[i].cls]);
     rc = emit(sp, k, out->sym[k], &bufs[u], st);
   }
   for (uint32_t u = 0; u < out->nunits; u++) {
@@ -420,7 +447,7 @@ out_free:
 }
 
 int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t unit_bytes,
-                           kiln__cc_split *out, kiln_status *st) {
+                           const char *const *attrs, kiln__cc_split *out, kiln_status *st) {
   memset(out, 0, sizeof *out);
   splitter sp = {.p = p};
   kiln_sbuf b = KILN_SBUF_INIT;
@@ -440,7 +467,7 @@ int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t
     kiln__hex(sp.k[k].hash, 8, out->sym[k] + 2);
   }
   if (rc == 0)
-    rc = build_units(&sp, min_units, unit_bytes ? unit_bytes : UNIT_BYTES_DEFAULT, out, st);
+    rc = build_units(&sp, min_units, unit_bytes ? unit_bytes : UNIT_BYTES_DEFAULT, attrs, out, st);
   kiln_sbuf_free(&b);
   for (uint32_t k = 0; k < sp.nk; k++) kiln_free(sp.k[k].calls);
   kiln_free(sp.k);

@@ -91,8 +91,8 @@ START_TEST(split_names_by_content) {
   kiln__cc_split a, b;
   kiln_status st;
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 64, &a, &st), 0);
-  ck_assert_int_eq(kiln__cc_split_program(&pb, 2, 64, &b, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 64, NULL, &a, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&pb, 2, 64, NULL, &b, &st), 0);
   ck_assert_uint_eq(a.ndistinct, 3);
   ck_assert_uint_eq(b.ndistinct, 3);
   ck_assert_uint_ge(a.nunits, 2);
@@ -128,15 +128,77 @@ START_TEST(split_names_by_content) {
   kiln__cc_split_free(&a);
   kiln__cc_split_free(&b);
   /* Below 8 KiB of kernels a module is one unit, however many compilers. */
-  ck_assert_int_eq(kiln__cc_split_program(&pa, 16, 0, &a, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 16, 0, NULL, &a, &st), 0);
   ck_assert_uint_eq(a.nunits, 1);
   ck_assert_uint_eq(a.units[0].nkernels, 3);
   kiln__cc_split_free(&a);
   /* Source that is not what the emitter writes is an error, not a crash. */
   kiln__cc_program bad = {prelude, funcs_a, kernels_a, 5, NULL, NULL, NULL, 0};
-  ck_assert_int_eq(kiln__cc_split_program(&bad, 2, 0, &a, &st), KILN_EINTERNAL);
+  ck_assert_int_eq(kiln__cc_split_program(&bad, 2, 0, NULL, &a, &st), KILN_EINTERNAL);
   kiln__cc_program wrong = {prelude, funcs_a, kernels_b + 1, 2, NULL, NULL, NULL, 0};
-  ck_assert_int_eq(kiln__cc_split_program(&wrong, 2, 0, &a, &st), KILN_EINTERNAL);
+  ck_assert_int_eq(kiln__cc_split_program(&wrong, 2, 0, NULL, &a, &st), KILN_EINTERNAL);
+}
+END_TEST
+
+/* Classes mixed: a small module's tiny kernels join the light class's
+ * unit (with one compiler every kernel shares one unit), and a kernel of
+ * another class than its unit's is declared first with its attribute. */
+START_TEST(split_mixes_classes_with_attrs) {
+  static const uint8_t cls[] = {KILN__CC_TINY, KILN__CC_LIGHT, KILN__CC_TINY, KILN__CC_HEAVY};
+  static const char *const attrs[] = {"ATTR_HEAVY", "ATTR_LIGHT", "ATTR_TINY"};
+  kiln__cc_program pa = {prelude, funcs_a, kernels_a, 4, cls, NULL, NULL, 0};
+  kiln__cc_split a;
+  kiln_status st;
+  kiln_status_clear(&st);
+  /* Apart: one unit per class, no attribute anywhere. */
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 0, NULL, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 3);
+  ck_assert_uint_eq(a.nmixed, 0);
+  for (uint32_t u = 0; u < a.nunits; u++) ck_assert_ptr_null(strstr(a.units[u].src, "ATTR_"));
+  kiln__cc_split_free(&a);
+  /* Two compilers: the heavy unit alone, the tiny kernel with the light. */
+  char decl[128];
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 2);
+  ck_assert_uint_eq(a.nmixed, 1);
+  for (uint32_t u = 0; u < a.nunits; u++) {
+    const kiln__cc_unit *un = &a.units[u];
+    if (un->cls == KILN__CC_HEAVY) {
+      ck_assert_uint_eq(un->nkernels, 1);
+      ck_assert_uint_eq(un->classes, 1u << KILN__CC_HEAVY);
+      ck_assert_ptr_null(strstr(un->src, "ATTR_"));
+      continue;
+    }
+    ck_assert_uint_eq(un->cls, KILN__CC_LIGHT);
+    ck_assert_uint_eq(un->classes, (1u << KILN__CC_LIGHT) | (1u << KILN__CC_TINY));
+    ck_assert_uint_eq(un->nkernels, 2);
+    snprintf(decl, sizeof decl, "void %s(void *const *, int64_t, int64_t) ATTR_TINY;\n", a.sym[0]);
+    const char *d = strstr(un->src, decl);
+    ck_assert_ptr_nonnull(d);
+    char def[64];
+    snprintf(def, sizeof def, "void %s(", a.sym[0]);
+    ck_assert_ptr_eq(strstr(un->src, def), d);         /* declared before it is defined */
+    ck_assert_ptr_null(strstr(un->src, "ATTR_LIGHT")); /* the unit's own flags */
+    ck_assert_ptr_null(strstr(un->src, "ATTR_HEAVY"));
+  }
+  kiln__cc_split_free(&a);
+  /* One compiler: one unit, the light class's, the others declared. */
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 1, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 1);
+  ck_assert_uint_eq(a.units[0].cls, KILN__CC_LIGHT);
+  ck_assert_uint_eq(a.units[0].nkernels, 3);
+  ck_assert_ptr_nonnull(strstr(a.units[0].src, "ATTR_TINY;"));
+  snprintf(decl, sizeof decl, "void %s(void *const *, int64_t, int64_t) ATTR_HEAVY;\n", a.sym[3]);
+  ck_assert_ptr_nonnull(strstr(a.units[0].src, decl));
+  kiln__cc_split_free(&a);
+  /* Tiny kernels alone stay one tiny unit, without attributes. */
+  static const uint8_t all_tiny[] = {KILN__CC_TINY, KILN__CC_TINY, KILN__CC_TINY, KILN__CC_TINY};
+  pa.cls = all_tiny;
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 1, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 1);
+  ck_assert_uint_eq(a.units[0].cls, KILN__CC_TINY);
+  ck_assert_ptr_null(strstr(a.units[0].src, "ATTR_"));
+  kiln__cc_split_free(&a);
 }
 END_TEST
 
@@ -152,7 +214,7 @@ START_TEST(split_large_program_content_defined) {
   kiln__cc_program p = {prelude, "", kiln_sbuf_str(&k), 400, NULL, NULL, NULL, 0};
   kiln__cc_split s;
   kiln_status st;
-  ck_assert_int_eq(kiln__cc_split_program(&p, 2, 32768, &s, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&p, 2, 32768, NULL, &s, &st), 0);
   ck_assert_uint_ge(s.nunits, 8);
   for (uint32_t u = 0; u < s.nunits; u++) ck_assert_uint_le(s.units[u].len, 32768 + 16384 + 4096);
   kiln__cc_split_free(&s);
@@ -443,14 +505,17 @@ END_TEST
 
 /* The flags of every unit compile_flags' compiler was asked to compile,
  * in order, one per line ("-O1\n-O3\n"). */
-static void compile_flags(const char *hlo, char *out, size_t size) {
-  char dir[] = "/tmp/kiln-ccflags-XXXXXX", script[300], log[300], body[600];
+static void compile_flags_as(const char *hlo, const char *version, char *out, size_t size) {
+  char dir[] = "/tmp/kiln-ccflags-XXXXXX", script[300], log[300], body[900];
   ck_assert_ptr_nonnull(mkdtemp(dir));
   snprintf(script, sizeof script, "%s/cc", dir);
   snprintf(log, sizeof log, "%s/log", dir);
+  char fake[300] = "";
+  if (version)
+    snprintf(fake, sizeof fake, "[ \"$1\" = --version ] && { echo '%s'; exit 0; }\n", version);
   snprintf(body, sizeof body,
-           "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo \"$1\" >> %s;; esac\nexec cc \"$@\"\n",
-           log);
+           "#!/bin/sh\n%scase \" $* \" in *\" -c \"*) echo \"$1\" >> %s;; esac\nexec cc \"$@\"\n",
+           fake, log);
   write_script(script, body);
   kiln_compile_options o;
   kiln_compile_options_init(&o);
@@ -467,6 +532,29 @@ static void compile_flags(const char *hlo, char *out, size_t size) {
   unlink(script);
   rmdir(dir);
 }
+
+static void compile_flags(const char *hlo, char *out, size_t size) {
+  compile_flags_as(hlo, NULL, out, size);
+}
+
+/* A small module with a tiny kernel (16 elements) and a light one (256 x
+ * 256, once per run). */
+static const char tiny_and_light_hlo[] =
+    "HloModule tl\nENTRY main {\n  p = f32[16] parameter(0)\n  q = f32[256,256] parameter(1)\n"
+    "  e = f32[16] exponential(p)\n  t = f32[256,256] tanh(q)\n"
+    "  ROOT o = (f32[16], f32[256,256]) tuple(e, t)\n}\n";
+
+/* GCC compiles the two in one unit at the light flags (the tiny kernel
+ * carries -O1 as an optimize attribute); a compiler that is not GCC by its
+ * --version gets a unit per class, as clang ignores the attribute. */
+START_TEST(small_module_one_unit_under_gcc) {
+  char flags[256];
+  compile_flags(tiny_and_light_hlo, flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O2\n");
+  compile_flags_as(tiny_and_light_hlo, "clang version 99.0.0", flags, sizeof flags);
+  ck_assert(strcmp(flags, "-O1\n-O2\n") == 0 || strcmp(flags, "-O2\n-O1\n") == 0);
+}
+END_TEST
 
 /* A kernel's flags follow what its run costs (compile.c): a few KiB once
  * per run -O1, up to 4 MiB per argument once per run -O2, more -O3, and
@@ -644,6 +732,7 @@ Suite *cc_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, sha256_vectors);
   tcase_add_test(tc, split_names_by_content);
+  tcase_add_test(tc, split_mixes_classes_with_attrs);
   tcase_add_test(tc, split_large_program_content_defined);
   tcase_add_test(tc, cache_hit_same_code);
   tcase_add_test(tc, disk_cache_and_corrupt_file);
@@ -651,6 +740,7 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, units_run_concurrently_and_time_limit);
   tcase_add_test(tc, prelude_declares_as_the_headers_do);
   tcase_add_test(tc, kernel_classes_choose_flags);
+  tcase_add_test(tc, small_module_one_unit_under_gcc);
   tcase_add_test(tc, link_falls_back_to_the_drivers_own);
   suite_add_tcase(s, tc);
   return s;
