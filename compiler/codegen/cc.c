@@ -693,6 +693,57 @@ out_free:
   return rc;
 }
 
+/* ---- what the link needs ---------------------------------------------- */
+
+static uint64_t le(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+/* Symbols generated code may leave undefined without a library on the
+ * link line: libc's (every process that loads the kernels has it) and
+ * the linker's own. */
+static bool resolved_anyway(const char *name, size_t n) {
+  static const char *const names[] = {"memcpy", "memset", "memmove", "memcmp",
+                                      "_GLOBAL_OFFSET_TABLE_"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (strlen(names[i]) == n && memcmp(names[i], name, n) == 0) return true;
+  return false;
+}
+
+/* Whether the relocatable ELF64 object obj[0..len) leaves a symbol
+ * undefined that only a library named on the link line (libm, libmvec,
+ * libgcc) defines; true for anything it cannot read as such. */
+static bool needs_libs(const uint8_t *obj, size_t len) {
+  if (len < 64 || memcmp(obj, "\177ELF", 4) != 0 || obj[4] != 2 || obj[5] != 1) return true;
+  uint64_t shoff = le(obj + 0x28, 8), shentsize = le(obj + 0x3a, 2), shnum = le(obj + 0x3c, 2);
+  if (shentsize < 64 || shoff > len || shnum > (len - shoff) / shentsize) return true;
+  bool symtab = false;
+  for (uint64_t i = 0; i < shnum; i++) {
+    const uint8_t *sh = obj + shoff + i * shentsize;
+    if (le(sh + 4, 4) != 2) continue; /* SHT_SYMTAB */
+    uint64_t off = le(sh + 24, 8), size = le(sh + 32, 8), link = le(sh + 40, 4);
+    uint64_t ent = le(sh + 56, 8);
+    if (ent < 24 || off > len || size > len - off || link >= shnum) return true;
+    const uint8_t *str = obj + shoff + link * shentsize;
+    uint64_t soff = le(str + 24, 8), ssize = le(str + 32, 8);
+    if (soff > len || ssize > len - soff) return true;
+    symtab = true;
+    for (uint64_t k = 1; k < size / ent; k++) {
+      const uint8_t *sym = obj + off + k * ent;
+      uint8_t bind = sym[4] >> 4;
+      if (le(sym + 6, 2) != 0 || (bind != 1 && bind != 2)) continue; /* defined, or local */
+      uint64_t name = le(sym, 4);
+      if (name >= ssize) return true;
+      const char *nm = (const char *)obj + soff + name;
+      size_t n = strnlen(nm, (size_t)(ssize - name));
+      if (n == ssize - name || !resolved_anyway(nm, n)) return true;
+    }
+  }
+  return !symtab;
+}
+
 /* The link's arguments: cc, the shared-object flags, the objects, the
  * glue and the libraries. A fast link (`lean`) leaves out the C runtime's
  * start files and libc: the kernels define no constructors, and what they
@@ -702,7 +753,7 @@ out_free:
  * helpers the compiler calls). The C compiler driver then looks for less,
  * and ld reads two libraries instead of seven: 4-5 ms of a 10 ms link. */
 static void link_args(build *b, const kiln__cc_options *o, const char *so_path,
-                      const char *glue_path, bool lean) {
+                      const char *glue_path, bool lean, bool libs) {
   int n = 0;
   const char **a = b->link_argv;
   a[n++] = o->cc && *o->cc ? o->cc : "cc";
@@ -715,11 +766,11 @@ static void link_args(build *b, const kiln__cc_options *o, const char *so_path,
   for (uint32_t x = 0; x < b->nextra; x++) a[n++] = b->extra_paths[x];
   a[n++] = glue_path;
 #if defined(__x86_64__) && defined(__linux__)
-  a[n++] = "-lmvec"; /* the f32 sin/cos/tan vector variants (c_target.c) */
+  if (libs) a[n++] = "-lmvec"; /* the f32 sin/cos/tan vector variants (c_target.c) */
 #endif
   if (o->link_flag && *o->link_flag) a[n++] = o->link_flag;
-  a[n++] = "-lm";
-  if (lean) a[n++] = "-lgcc";
+  if (libs) a[n++] = "-lm";
+  if (lean && libs) a[n++] = "-lgcc";
   a[n] = NULL;
 }
 
@@ -737,10 +788,14 @@ static int link_units(build *b, const kiln__cc_options *o, const char *dir, doub
   job j;
   uint32_t bad = UINT32_MAX;
   double t0 = now_s();
+  /* The libraries only when an object needs one (reading them is 2 of a
+   * lean link's 7 ms); objects compiled elsewhere may. */
+  bool libs = b->nextra > 0;
+  for (uint32_t u = 0; u < b->sp.nunits && !libs; u++) libs = needs_libs(b->objs[u], b->nobjs[u]);
   /* The fast link first; should this compiler or system refuse it, the
    * driver's own. */
   for (int lean = 1; lean >= 0; lean--) {
-    link_args(b, o, so_path, glue_path, lean);
+    link_args(b, o, so_path, glue_path, lean, libs || !lean);
     j = (job){.argv = b->link_argv, .out = b->outs, .unit = UINT32_MAX};
     rc = run_jobs(&j, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
     if (rc || bad == UINT32_MAX) break;

@@ -57,8 +57,18 @@ typedef struct kern {
   uint8_t cls; /* kiln__cc_class */
 } kern;
 
+/* A piece of the prelude: a helper function ("KI ..." in column 0, to its
+ * closing brace) or anything else (kept in every unit). */
+typedef struct piece {
+  span text, name; /* name: a helper's; empty for the rest */
+} piece;
+
 typedef struct splitter {
   const kiln__cc_program *p;
+  piece *pre; /* the prelude in pieces; NULL: kept whole */
+  uint32_t npre;
+  uint32_t *pre_table; /* open addressing over helper pieces' names: index + 1 */
+  uint32_t pre_cap;
   helper *h;
   uint32_t nh;
   uint32_t *table; /* open addressing over helper names: index + 1 */
@@ -264,6 +274,129 @@ static int emit(splitter *sp, uint32_t kk, const char *prefix, kiln_sbuf *b, kil
   return kiln_sbuf_failed(b) ? oom(st) : 0;
 }
 
+/* ---- the prelude a unit needs ----------------------------------------- */
+
+/* The prelude's helper functions (KI, static inline) cost the compiler
+ * time to parse whether or not a unit calls them, 3-4 ms of a small
+ * unit's 20; a unit gets those its kernels call, transitively, and every
+ * other line (types, declarations, macros, which may name helpers too).
+ * A helper starts with "KI " in column 0 (not inside a macro) and ends on
+ * its first line when that balances its braces, else at the next line
+ * that starts with '}'. A prelude that does not parse so is kept whole. */
+static bool parse_prelude(splitter *sp) {
+  const char *t = sp->p->prelude ? sp->p->prelude : "";
+  size_t n = strlen(t), cap = 0, other = 0;
+  bool continued = false, ok = true;
+  for (size_t i = 0; i < n && ok;) {
+    size_t eol = i;
+    while (eol < n && t[eol] != '\n') eol++;
+    bool fn = !continued && strncmp(t + i, "KI ", 3) == 0;
+    continued = eol > i && t[eol - 1] == '\\';
+    if (!fn) {
+      i = eol + 1;
+      continue;
+    }
+    int depth = 0;
+    bool brace = false;
+    for (size_t j = i; j < eol; j++) {
+      if (t[j] == '{') depth++, brace = true;
+      if (t[j] == '}') depth--;
+    }
+    size_t end = eol;
+    if (brace && depth != 0) { /* to the line that starts with '}' */
+      while (end < n && !(t[end] == '\n' && end + 1 < n && t[end + 1] == '}')) end++;
+      if (end >= n) {
+        ok = false;
+        break;
+      }
+      end++;
+      while (end < n && t[end] != '\n') end++;
+    }
+    end = end < n ? end + 1 : n;
+    if (kiln_grow((void **)&sp->pre, &cap, sp->npre + 2, sizeof *sp->pre)) {
+      ok = false;
+      break;
+    }
+    if (i > other) sp->pre[sp->npre++] = (piece){{t + other, i - other}, {NULL, 0}};
+    piece *h = &sp->pre[sp->npre++];
+    h->text = (span){t + i, end - i};
+    size_t paren = i, j = i;
+    while (paren < eol && t[paren] != '(') paren++;
+    span id = {0};
+    h->name = (span){NULL, 0};
+    while (next_id(t, paren, &j, &id)) h->name = id;
+    if (h->name.n == 0) ok = false;
+    i = other = end;
+  }
+  if (ok && other < n) {
+    if (kiln_grow((void **)&sp->pre, &cap, sp->npre + 1, sizeof *sp->pre))
+      ok = false;
+    else
+      sp->pre[sp->npre++] = (piece){{t + other, n - other}, {NULL, 0}};
+  }
+  sp->pre_cap = 16;
+  while (ok && sp->pre_cap < 2 * sp->npre) sp->pre_cap *= 2;
+  if (ok && (sp->pre_table = kiln_calloc(sp->pre_cap, sizeof *sp->pre_table)) == NULL) ok = false;
+  for (uint32_t k = 0; ok && k < sp->npre; k++) {
+    if (sp->pre[k].name.n == 0) continue;
+    uint32_t i = hash_name(sp->pre[k].name.p, sp->pre[k].name.n) & (sp->pre_cap - 1);
+    while (sp->pre_table[i]) i = (i + 1) & (sp->pre_cap - 1);
+    sp->pre_table[i] = k + 1;
+  }
+  if (!ok) {
+    kiln_free(sp->pre);
+    kiln_free(sp->pre_table);
+    sp->pre = NULL, sp->npre = 0, sp->pre_table = NULL;
+  }
+  return ok;
+}
+
+/* The prelude helper piece named s, or UINT32_MAX. */
+static uint32_t find_piece(const splitter *sp, span s) {
+  for (uint32_t i = hash_name(s.p, s.n) & (sp->pre_cap - 1);; i = (i + 1) & (sp->pre_cap - 1)) {
+    uint32_t v = sp->pre_table[i];
+    if (v == 0) return UINT32_MAX;
+    const span *nm = &sp->pre[v - 1].name;
+    if (nm->n == s.n && memcmp(nm->p, s.p, s.n) == 0) return v - 1;
+  }
+}
+
+/* Marks the helper pieces text t names, queuing those not seen yet. */
+static void mark_pieces(const splitter *sp, span t, uint8_t *used, uint32_t *queue, uint32_t *nq) {
+  size_t i = 0;
+  span id;
+  while (next_id(t.p, t.n, &i, &id)) {
+    uint32_t k = find_piece(sp, id);
+    if (k == UINT32_MAX || used[k]) continue;
+    used[k] = 1;
+    queue[(*nq)++] = k;
+  }
+}
+
+/* The prelude for a unit whose kernels (and their helpers) are body. */
+static int put_prelude(const splitter *sp, span body, kiln_sbuf *b, kiln_status *st) {
+  if (sp->pre == NULL) {
+    kiln_sbuf_puts(b, sp->p->prelude ? sp->p->prelude : "");
+    return 0;
+  }
+  uint8_t *used = kiln_calloc(sp->npre + 1, 1);
+  uint32_t *queue = kiln_malloc((sp->npre + 1) * sizeof *queue), nq = 0;
+  if (used == NULL || queue == NULL) {
+    kiln_free(used);
+    kiln_free(queue);
+    return oom(st);
+  }
+  mark_pieces(sp, body, used, queue, &nq);
+  for (uint32_t k = 0; k < sp->npre; k++)
+    if (sp->pre[k].name.n == 0) mark_pieces(sp, sp->pre[k].text, used, queue, &nq);
+  for (uint32_t q = 0; q < nq; q++) mark_pieces(sp, sp->pre[queue[q]].text, used, queue, &nq);
+  for (uint32_t k = 0; k < sp->npre; k++)
+    if (sp->pre[k].name.n == 0 || used[k]) kiln_sbuf_putn(b, sp->pre[k].text.p, sp->pre[k].text.n);
+  kiln_free(used);
+  kiln_free(queue);
+  return 0;
+}
+
 /* A kernel as the grouping sees it (sorted without a context pointer, so
  * that concurrent compiles need no lock). */
 typedef struct rec {
@@ -409,8 +542,6 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, const ch
   for (uint32_t u = 0; u < out->nunits; u++) {
     out->units[u].first = UINT32_MAX;
     kiln_sbuf_init(&bufs[u]);
-    kiln_sbuf_puts(&bufs[u], sp->p->prelude ? sp->p->prelude : "");
-    kiln_sbuf_putc(&bufs[u], '\n');
   }
   for (uint32_t i = 0; i < nd; i++) out->units[unit_of[r[i].idx]].classes |= 1u << r[i].cls;
   for (uint32_t u = 0; u < out->nunits; u++) {
@@ -429,9 +560,19 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, const ch
                        attrs[r[i].cls]);
     rc = emit(sp, k, out->sym[k], &bufs[u], st);
   }
+  /* Then each unit's text: the prelude it needs and its kernels. */
+  kiln_sbuf text = KILN_SBUF_INIT;
   for (uint32_t u = 0; u < out->nunits; u++) {
-    if (rc == 0 && (out->units[u].src = kiln_sbuf_detach(&bufs[u], &out->units[u].len)) == NULL)
-      rc = oom(st);
+    if (rc == 0 && kiln_sbuf_failed(&bufs[u])) rc = oom(st);
+    if (rc == 0) {
+      kiln_sbuf_init(&text);
+      rc = put_prelude(sp, (span){kiln_sbuf_str(&bufs[u]), bufs[u].len}, &text, st);
+      kiln_sbuf_putc(&text, '\n');
+      kiln_sbuf_putn(&text, bufs[u].data, bufs[u].len);
+      if (rc == 0 && (out->units[u].src = kiln_sbuf_detach(&text, &out->units[u].len)) == NULL)
+        rc = oom(st);
+      kiln_sbuf_free(&text);
+    }
     kiln_sbuf_free(&bufs[u]);
   }
   /* Every kernel index answers to its group's symbol. */
@@ -453,6 +594,7 @@ int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t
   kiln_sbuf b = KILN_SBUF_INIT;
   int rc = parse_helpers(&sp, st);
   if (rc == 0) rc = parse_kernels(&sp, st);
+  if (rc == 0) parse_prelude(&sp);
   if (rc == 0) {
     out->nkernels = sp.nk;
     out->sym = kiln_calloc(sp.nk + 1, sizeof *out->sym);
@@ -475,6 +617,8 @@ int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t
   kiln_free(sp.table);
   kiln_free(sp.stamp);
   kiln_free(sp.local);
+  kiln_free(sp.pre);
+  kiln_free(sp.pre_table);
   if (rc) kiln__cc_split_free(out);
   return rc;
 }

@@ -2,8 +2,10 @@
  * parallel build, the kernel cache (hits, its bound, a corrupt or foreign
  * file ignored) and the time limit over the whole build. */
 #include <check.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include "compiler/codegen/cc_internal.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
+#include "executor/run.h"
 
 static void hex_of(const char *msg, size_t len, char *out) {
   uint8_t d[KILN__SHA256_LEN];
@@ -199,6 +202,107 @@ START_TEST(split_mixes_classes_with_attrs) {
   ck_assert_uint_eq(a.units[0].cls, KILN__CC_TINY);
   ck_assert_ptr_null(strstr(a.units[0].src, "ATTR_"));
   kiln__cc_split_free(&a);
+}
+END_TEST
+
+/* A unit's prelude holds the helpers its kernels call, transitively, and
+ * every other line (a macro may name a helper: it stays, and so does the
+ * helper); a helper defined inside a macro is the macro's. */
+static const char trim_prelude[] = "typedef int i32;\n"
+                                   "#define KI static inline\n"
+                                   "#define KM(x) kmac(x)\n"
+                                   "KI int ka(int x) { return x + 1; }\n"
+                                   "KI int kb(int x) {\n  return ka(x) * 2;\n}\n"
+                                   "KI int kunused(int x) {\n  return x;\n}\n"
+                                   "KI int kmac(int x) { return x; }\n"
+                                   "#define KDEF(W) \\\nKI int kdef##W(int x) { return x; }\n"
+                                   "KDEF(1)\n"
+                                   "KI int klast(int x) { return x - 1; }\n";
+static const char trim_kernels[] =
+    "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  ((int *)bufs[0])[0] = kb(1);\n}\n\n";
+
+START_TEST(unit_prelude_holds_what_it_calls) {
+  kiln__cc_program p = {trim_prelude, "", trim_kernels, 1, NULL, NULL, NULL, 0};
+  kiln__cc_split s;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__cc_split_program(&p, 1, 0, NULL, &s, &st), 0);
+  ck_assert_uint_eq(s.nunits, 1);
+  const char *u = s.units[0].src;
+  static const char *const kept[] = {"typedef int i32;\n",
+                                     "#define KM(x) kmac(x)\n",
+                                     "KI int ka(int x) { return x + 1; }\n",
+                                     "KI int kb(int x) {\n  return ka(x) * 2;\n}\n",
+                                     "KI int kmac(int x) { return x; }\n",
+                                     "#define KDEF(W) \\\nKI int kdef##W(int x) { return x; }\n",
+                                     "KDEF(1)\n"};
+  const char *at = u;
+  for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) { /* in the prelude's order */
+    const char *f = strstr(at, kept[i]);
+    ck_assert_msg(f != NULL, "missing: %s", kept[i]);
+    at = f + strlen(kept[i]);
+  }
+  ck_assert_ptr_null(strstr(u, "kunused"));
+  ck_assert_ptr_null(strstr(u, "klast"));
+  kiln__cc_split_free(&s);
+  /* A helper without its closing brace: the prelude is kept whole. */
+  static const char broken[] = "KI int ka(int x) {\n  return x;\nKI int kb(int x) { return x; }\n";
+  p.prelude = broken;
+  ck_assert_int_eq(kiln__cc_split_program(&p, 1, 0, NULL, &s, &st), 0);
+  ck_assert(strncmp(s.units[0].src, broken, strlen(broken)) == 0);
+  kiln__cc_split_free(&s);
+}
+END_TEST
+
+/* The C target's prelude, trimmed for a kernel that names any one of its
+ * helpers, declares everything that helper calls: the unit compiles with
+ * implicit declarations as errors (cc.c compiles with -w, which would hide
+ * them until the shared object failed to load). */
+START_TEST(c_prelude_trimmed_for_each_helper_compiles) {
+  const char *pre = kiln__c_target.prelude;
+  int helpers = 0;
+  bool continued = false;
+  for (const char *l = pre; *l;) {
+    const char *eol = strchr(l, '\n');
+    if (eol == NULL) eol = l + strlen(l);
+    bool fn = !continued && strncmp(l, "KI ", 3) == 0;
+    continued = eol > l && eol[-1] == '\\';
+    if (fn) {
+      const char *paren = memchr(l, '(', (size_t)(eol - l)), *e = paren;
+      ck_assert_ptr_nonnull(paren);
+      while (e > l && e[-1] == ' ') e--;
+      const char *b = e;
+      while (b > l && (isalnum((unsigned char)b[-1]) || b[-1] == '_')) b--;
+      char kernel[256];
+      snprintf(kernel, sizeof kernel,
+               "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
+               "  (void)%.*s;\n}\n\n",
+               (int)(e - b), b);
+      kiln__cc_program p = {pre, "", kernel, 1, NULL, NULL, NULL, 0};
+      kiln__cc_split s;
+      kiln_status st;
+      kiln_status_clear(&st);
+      ck_assert_int_eq(kiln__cc_split_program(&p, 1, 0, NULL, &s, &st), 0);
+      ck_assert_uint_lt(s.units[0].len, strlen(pre) + strlen(kernel)); /* trimmed */
+      char path[] = "/tmp/kiln-trim-XXXXXX", cmd[400];
+      int fd = mkstemp(path);
+      ck_assert_int_ge(fd, 0);
+      ck_assert_int_eq(write(fd, s.units[0].src, s.units[0].len), (ssize_t)s.units[0].len);
+      close(fd);
+      snprintf(cmd, sizeof cmd,
+               "cc -fsyntax-only -Werror=implicit-function-declaration -Werror=implicit-int "
+               "-x c %s 2>&1 | grep -m3 error",
+               path);
+      ck_assert_msg(system(cmd) != 0, "%.*s: the trimmed prelude does not compile (%s)",
+                    (int)(e - b), b, cmd);
+      unlink(path);
+      kiln__cc_split_free(&s);
+      helpers++;
+    }
+    l = *eol ? eol + 1 : eol;
+  }
+  ck_assert_int_gt(helpers, 40);
 }
 END_TEST
 
@@ -637,6 +741,65 @@ START_TEST(link_falls_back_to_the_drivers_own) {
 }
 END_TEST
 
+/* The link names libm, libmvec and libgcc only when an object leaves a
+ * symbol undefined that they define: f32 exp is the prelude's own, f32
+ * sine libmvec's. Either way the kernels load and compute f(x). */
+static void link_and_run(const char *op, double (*f)(double), bool want_libs) {
+  char dir[] = "/tmp/kiln-cclibs-XXXXXX", script[300], log[300], body[1400], hlo[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(script, sizeof script, "%s/cc", dir);
+  snprintf(log, sizeof log, "%s/log", dir);
+  snprintf(body, sizeof body,
+           "#!/bin/sh\ncase \" $* \" in *\" -shared \"*) case \" $* \" in *\" -lm \"*) echo libs "
+           ">> %s;; *) echo none >> %s;; esac;; esac\nexec cc \"$@\"\n",
+           log, log);
+  write_script(script, body);
+  snprintf(hlo, sizeof hlo,
+           "HloModule l\nENTRY main {\n  p = f32[4096] parameter(0)\n"
+           "  ROOT e = f32[4096] %s(p)\n}\n",
+           op);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc = script;
+  o.no_kernel_cache = true;
+  kiln_compile_report r;
+  kiln_status st;
+  kiln_executable *e = NULL;
+  ck_assert_msg(compile(hlo, &o, &r, &e, &st) == 0, "%s", st.msg);
+  char got[64] = {0};
+  FILE *lf = fopen(log, "r");
+  ck_assert_ptr_nonnull(lf);
+  size_t n = fread(got, 1, sizeof got - 1, lf);
+  fclose(lf);
+  got[n] = 0;
+  ck_assert_str_eq(got, want_libs ? "libs\n" : "none\n");
+  kiln_module *m = parse(hlo);
+  const kiln_instr *pi = kiln_computation_param(m, kiln_module_entry(m), 0);
+  kiln_literal *arg = NULL, *out = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &pi->shape, 0, &arg, &st), 0);
+  for (int64_t i = 0; i < 4096; i++) kiln_literal_set_f64(arg, i, (double)(i - 2048) / 512);
+  ck_assert_msg(
+      kiln_run_executable(e, NULL, NULL, (const kiln_literal *const *)&arg, 1, &out, &st) == 0,
+      "%s", st.msg);
+  for (int64_t i = 0; i < 4096; i++) {
+    double x = kiln_literal_get_f64(arg, i), y = kiln_literal_get_f64(out, i);
+    ck_assert_msg(fabs(y - f(x)) <= 1e-6 * (1 + fabs(f(x))), "%s(%g): %g", op, x, y);
+  }
+  kiln_literal_destroy(arg);
+  kiln_literal_destroy(out);
+  kiln_module_destroy(m);
+  kiln_executable_destroy(e);
+  unlink(log);
+  unlink(script);
+  rmdir(dir);
+}
+
+START_TEST(link_names_libraries_only_when_needed) {
+  link_and_run("exponential", exp, false);
+  link_and_run("sine", sin, true);
+}
+END_TEST
+
 /* ---- the C prelude's own declarations ------------------------------------ */
 
 /* Writes the C target's prelude, then tail, to a new file; path: its name. */
@@ -733,6 +896,8 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, sha256_vectors);
   tcase_add_test(tc, split_names_by_content);
   tcase_add_test(tc, split_mixes_classes_with_attrs);
+  tcase_add_test(tc, unit_prelude_holds_what_it_calls);
+  tcase_add_test(tc, c_prelude_trimmed_for_each_helper_compiles);
   tcase_add_test(tc, split_large_program_content_defined);
   tcase_add_test(tc, cache_hit_same_code);
   tcase_add_test(tc, disk_cache_and_corrupt_file);
@@ -742,6 +907,7 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, kernel_classes_choose_flags);
   tcase_add_test(tc, small_module_one_unit_under_gcc);
   tcase_add_test(tc, link_falls_back_to_the_drivers_own);
+  tcase_add_test(tc, link_names_libraries_only_when_needed);
   suite_add_tcase(s, tc);
   return s;
 }
