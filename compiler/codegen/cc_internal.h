@@ -39,8 +39,8 @@ typedef struct kiln__cc_split {
  * and at least min_units when there are that many distinct kernels. With
  * attrs NULL every unit holds kernels of one class. Otherwise attrs[c] is
  * C text that gives a function class c's flags (a GCC optimize
- * attribute), and a small module's tiny kernels (with min_units 1, all of
- * them) share a unit with the others: such a unit is compiled with the
+ * attribute), and a small module's tiny kernels, when they are few (with
+ * min_units 1, all its kernels), share a unit with the others: such a unit is compiled with the
  * light class's flags and each kernel of another class is declared first
  * with its class's attribute. */
 int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t unit_bytes,

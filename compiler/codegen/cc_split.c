@@ -427,6 +427,11 @@ static int by_bytes_desc(const void *a, const void *b) {
 
 /* Programs below this many bytes per wanted unit are spread by size. */
 #define TINY_UNIT_BYTES 8192
+/* Tiny kernels of at most this many bytes in all cost GCC less at -O1
+ * (about 8 ms a KiB) than a unit of their own (the driver, cc1, as and the
+ * prelude: 15-20 ms): they join another unit. More would lengthen that
+ * unit by more than running them alongside costs when a CPU is free. */
+#define TINY_JOIN_BYTES 2048
 
 /* Assigns each distinct kernel (d[0..nd), sorted by class and hash) its
  * unit in d[].idx's place of unit_of; returns the number of units. */
@@ -442,16 +447,18 @@ static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, bo
     /* Tiny: min_units bins per the classes' shares, largest kernel first
      * into the lightest bin (d is re-sorted; unit_of is by kernel index).
      * Mixing, the tiny class (sorted last) joins the bins of the light
-     * class (of the heavy one when there are none), and with one compiler
-     * every class joins the first's: a compiler process and the prelude
-     * cost more than such kernels do. */
+     * class (of the heavy one when there are none) when it is small, and
+     * with one compiler every class joins the first's. */
     uint32_t light_first = 0, light_bins = 0;
+    size_t tiny_bytes = 0;
+    for (uint32_t i = 0; i < nd; i++) tiny_bytes += d[i].cls == KILN__CC_TINY ? d[i].bytes : 0;
     for (uint32_t start = 0, cnt; start < nd; start += cnt) {
       rec *r = d + start;
       size_t bytes = 0;
       for (cnt = 0; start + cnt < nd && d[start + cnt].cls == r->cls; cnt++)
         bytes += d[start + cnt].bytes;
-      bool join = mix && nunits > 0 && (r->cls == KILN__CC_TINY || one_compiler);
+      bool join = mix && nunits > 0 &&
+                  ((r->cls == KILN__CC_TINY && tiny_bytes <= TINY_JOIN_BYTES) || one_compiler);
       uint32_t bins = (uint32_t)(((uint64_t)min_units * bytes + total / 2) / (total ? total : 1));
       if (bins < 1) bins = 1;
       if (bins > cnt) bins = cnt;

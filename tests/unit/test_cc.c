@@ -194,6 +194,24 @@ START_TEST(split_mixes_classes_with_attrs) {
   snprintf(decl, sizeof decl, "void %s(void *const *, int64_t, int64_t) ATTR_HEAVY;\n", a.sym[3]);
   ck_assert_ptr_nonnull(strstr(a.units[0].src, decl));
   kiln__cc_split_free(&a);
+  /* Tiny kernels of more than 2 KiB keep a unit of their own when two
+   * compilers may run, and join the others' with one. */
+  kiln_sbuf big = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&big, "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n");
+  for (int l = 0; l < 100; l++) kiln_sbuf_printf(&big, "  ((float *)bufs[0])[%d] += %d;\n", l, l);
+  kiln_sbuf_puts(&big, "}\n\nvoid kiln_kernel_1(void *const *bufs, int64_t begin, int64_t end) {\n"
+                       "  ((float *)bufs[0])[0] = 1;\n}\n\n");
+  static const uint8_t tl[] = {KILN__CC_TINY, KILN__CC_LIGHT};
+  kiln__cc_program pbig = {prelude, "", kiln_sbuf_str(&big), 2, tl, NULL, NULL, 0};
+  ck_assert_int_eq(kiln__cc_split_program(&pbig, 2, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 2);
+  ck_assert_uint_eq(a.nmixed, 0);
+  kiln__cc_split_free(&a);
+  ck_assert_int_eq(kiln__cc_split_program(&pbig, 1, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 1);
+  ck_assert_uint_eq(a.nmixed, 1);
+  kiln__cc_split_free(&a);
+  kiln_sbuf_free(&big);
   /* Tiny kernels alone stay one tiny unit, without attributes. */
   static const uint8_t all_tiny[] = {KILN__CC_TINY, KILN__CC_TINY, KILN__CC_TINY, KILN__CC_TINY};
   pa.cls = all_tiny;
