@@ -28,9 +28,15 @@
  * then joins the objects into the shared object, with a linker script
  * that makes each kiln_kernel_N an alias of its kk<hash> (identical
  * kernels share one body), without the C runtime's start files and libc
- * (the driver's own link when the compiler refuses that). Units hold
- * kernels of one class (kiln__cc_class), whose flags they get (compile.c
- * does not call this for a module without kernels). The time limit covers
+ * (the driver's own link when the compiler refuses that), and without
+ * libm, libmvec and libgcc when no object leaves a symbol undefined that
+ * they would define. Units hold kernels of one class (kiln__cc_class),
+ * whose flags they get (compile.c does not call this for a module without
+ * kernels), except that under GCC a small module's few tiny kernels share
+ * the light class's unit: the unit gets the light flags and each kernel
+ * of another class its own as an optimize attribute (GCC is known by its
+ * --version, probed before the split when a unit would mix; clang ignores
+ * the attribute, so it gets a unit per class). The time limit covers
  * all of it: the probe, the compilers and the link. A compiler's failure
  * is reported with its output and the unit it was compiling (its size in
  * kernels, its first kiln_kernel_N).

@@ -25,7 +25,11 @@
  * alike. Smaller modules (under 8 KiB per wanted unit: a compiler process
  * and the prelude cost more than such a unit saves) are instead spread
  * over total / 8 KiB units (at least one) by size, largest kernel first
- * into the lightest.
+ * into the lightest, one class at a time; under GCC (cc.c passes the
+ * classes' optimize attributes) the tiny class, when it is at most 2 KiB,
+ * joins the light class's units instead of paying for a compiler of its
+ * own, and with a single compiler every class shares one unit. A unit
+ * then holds of the prelude only the helpers its kernels call.
  */
 #include <stdio.h>
 #include <stdlib.h>
