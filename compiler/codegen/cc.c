@@ -28,9 +28,15 @@
  * then joins the objects into the shared object, with a linker script
  * that makes each kiln_kernel_N an alias of its kk<hash> (identical
  * kernels share one body), without the C runtime's start files and libc
- * (the driver's own link when the compiler refuses that). Units hold
- * kernels of one class (kiln__cc_class), whose flags they get (compile.c
- * does not call this for a module without kernels). The time limit covers
+ * (the driver's own link when the compiler refuses that), and without
+ * libm, libmvec and libgcc when no object leaves a symbol undefined that
+ * they would define. Units hold kernels of one class (kiln__cc_class),
+ * whose flags they get (compile.c does not call this for a module without
+ * kernels), except that under GCC a small module's few tiny kernels share
+ * the light class's unit: the unit gets the light flags and each kernel
+ * of another class its own as an optimize attribute (GCC is known by its
+ * --version, probed before the split when a unit would mix; clang ignores
+ * the attribute, so it gets a unit per class). The time limit covers
  * all of it: the probe, the compilers and the link. A compiler's failure
  * is reported with its output and the unit it was compiling (its size in
  * kernels, its first kiln_kernel_N).
@@ -360,6 +366,7 @@ typedef struct cc_id {
   char *cc;                         /* as given */
   struct stat sb;                   /* of the file it resolved to */
   uint8_t digest[KILN__SHA256_LEN]; /* of its --version output */
+  bool gcc;                         /* that output is GCC's (it honours optimize attributes) */
   struct cc_id *next;
 } cc_id;
 static cc_id *ids; /* guarded by id_mu; never freed (one per compiler) */
@@ -385,19 +392,20 @@ static bool same_file(const struct stat *a, const struct stat *b) {
          a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
-static bool id_lookup(const char *cc, const struct stat *sb, uint8_t *digest) {
+static bool id_lookup(const char *cc, const struct stat *sb, uint8_t *digest, bool *gcc) {
   bool hit = false;
   pthread_mutex_lock(&id_mu);
   for (cc_id *i = ids; i && !hit; i = i->next)
     if (strcmp(i->cc, cc) == 0 && same_file(&i->sb, sb)) {
       memcpy(digest, i->digest, KILN__SHA256_LEN);
+      *gcc = i->gcc;
       hit = true;
     }
   pthread_mutex_unlock(&id_mu);
   return hit;
 }
 
-static void id_store(const char *cc, const struct stat *sb, const uint8_t *digest) {
+static void id_store(const char *cc, const struct stat *sb, const uint8_t *digest, bool gcc) {
   cc_id *i = kiln_calloc(1, sizeof *i);
   char *name = i ? kiln_strdup(cc) : NULL;
   if (name == NULL) {
@@ -406,6 +414,7 @@ static void id_store(const char *cc, const struct stat *sb, const uint8_t *diges
   }
   i->cc = name;
   i->sb = *sb;
+  i->gcc = gcc;
   memcpy(i->digest, digest, KILN__SHA256_LEN);
   pthread_mutex_lock(&id_mu);
   i->next = ids;
@@ -413,24 +422,44 @@ static void id_store(const char *cc, const struct stat *sb, const uint8_t *diges
   pthread_mutex_unlock(&id_mu);
 }
 
+/* What one build knows of its compiler. */
+typedef struct ident {
+  bool have;  /* digest (and gcc) are known */
+  bool known; /* the compiler's file was found (sb) */
+  bool gcc;   /* GCC, by its --version output */
+  struct stat sb;
+  uint8_t digest[KILN__SHA256_LEN];
+} ident;
+
 /* The identity of a compiler run before (its file unchanged since), or
- * false; *sb, *known: the file, and whether it was found. */
-static bool identity_known(const kiln__cc_options *o, struct stat *sb, bool *known,
-                           uint8_t *digest) {
+ * false; id->sb, id->known: the file, and whether it was found. */
+static bool identity_known(const kiln__cc_options *o, ident *id) {
   const char *cc = o->cc && *o->cc ? o->cc : "cc";
-  *known = resolve(cc, sb);
-  return *known && id_lookup(cc, sb, digest);
+  id->known = resolve(cc, &id->sb);
+  id->have = id->known && id_lookup(cc, &id->sb, id->digest, &id->gcc);
+  return id->have;
 }
 
-/* The identity from the probe j (`cc --version`): its output and status. */
-static void identity_from(const kiln__cc_options *o, const job *j, const struct stat *sb,
-                          bool known, uint8_t *digest) {
+static bool has_text(const char *p, size_t n, const char *what) {
+  size_t w = strlen(what);
+  for (size_t i = 0; i + w <= n; i++)
+    if (memcmp(p + i, what, w) == 0) return true;
+  return false;
+}
+
+/* The identity from the probe j (`cc --version`): its output and status.
+ * GCC names its copyright holder there, clang its own name. */
+static void identity_from(const kiln__cc_options *o, const job *j, ident *id) {
   kiln__sha256 h;
   kiln__sha256_init(&h);
   kiln__sha256_update(&h, &j->status, sizeof j->status);
   kiln__sha256_update(&h, j->out, j->nout);
-  kiln__sha256_final(&h, digest);
-  if (known && !failed(j)) id_store(o->cc && *o->cc ? o->cc : "cc", sb, digest);
+  kiln__sha256_final(&h, id->digest);
+  id->gcc = !failed(j) && has_text(j->out, j->nout, "Free Software Foundation") &&
+            !has_text(j->out, j->nout, "clang");
+  id->have = true;
+  if (id->known && !failed(j))
+    id_store(o->cc && *o->cc ? o->cc : "cc", &id->sb, id->digest, id->gcc);
 }
 
 /* ---- kiln__cc_build -------------------------------------------------------- */
@@ -557,30 +586,52 @@ static int took_too_long(const kiln__cc_options *o, kiln_status *st) {
                          o->timeout_s > 0 ? o->timeout_s : 120);
 }
 
+/* The flags a unit of class c is compiled with (tune may be NULL). */
+static void class_flags(const kiln__cc_options *o, uint8_t c, const char **opt, const char **tune) {
+  *opt = o->opt, *tune = o->tune;
+  if (c == KILN__CC_TINY && o->tiny_opt)
+    *opt = o->tiny_opt, *tune = o->tiny_tune;
+  else if (c != KILN__CC_HEAVY && o->light_opt)
+    *opt = o->light_opt, *tune = o->light_tune;
+  if (*opt == NULL) *opt = "-O3";
+}
+
+/* Runs `cc --version` now (out: OUT_MAX + 1 bytes) for *id. */
+static int probe(const kiln__cc_options *o, char *out, const char *dir, double deadline, ident *id,
+                 kiln__cc_stats *stats, kiln_status *st) {
+  const char *cc = o->cc && *o->cc ? o->cc : "cc";
+  const char *argv[] = {cc, "--version", NULL};
+  job pj = {.argv = argv, .out = out, .unit = UINT32_MAX, .may_fail = true};
+  uint32_t bad;
+  int rc = run_jobs(&pj, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
+  if (rc == 1) return took_too_long(o, st);
+  if (rc) return rc;
+  identity_from(o, &pj, id);
+  return 0;
+}
+
 /* Units from the cache or compiled; their objects end up in b->objs. The
  * compiler's identity (the keys) is needed before compiling only when a
  * lookup can hit: with an empty in-process cache and no directory the
  * probe runs alongside the compilers instead. */
 static int compile_units(build *b, const kiln__cc_options *o, const char *dir, double deadline,
-                         const char *cache_dir, kiln__cc_stats *stats, kiln_status *st) {
+                         const char *cache_dir, ident *idn, kiln__cc_stats *stats,
+                         kiln_status *st) {
   uint32_t nu = b->sp.nunits;
-  uint8_t id[KILN__SHA256_LEN];
+  const uint8_t *id = idn->digest;
   char march[128];
   if (build_alloc(b, nu)) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
   const char *cc = o->cc && *o->cc ? o->cc : "cc";
   const char *probe_argv[] = {cc, "--version", NULL};
-  struct stat sb;
-  bool known = false, have_id = false, caching = !o->no_cache;
+  bool caching = !o->no_cache;
   bool lookups = caching && ((cache_dir && *cache_dir) || !kiln__cc_cache_empty());
   uint32_t bad;
   int rc = 0;
-  if (caching) have_id = identity_known(o, &sb, &known, id);
+  if (caching && !idn->have) identity_known(o, idn);
+  bool have_id = idn->have;
   if (lookups && !have_id) {
-    job pj = {.argv = probe_argv, .out = b->outs, .unit = UINT32_MAX, .may_fail = true};
-    rc = run_jobs(&pj, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
-    if (rc == 1) return took_too_long(o, st);
+    rc = probe(o, b->outs, dir, deadline, idn, stats, st);
     if (rc) return rc;
-    identity_from(o, &pj, &sb, known, id);
     have_id = true;
   }
   uint32_t ntodo = 0;
@@ -589,11 +640,8 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   for (uint32_t u = 0; u < nu; u++) {
     kiln__cc_unit *un = &b->sp.units[u];
     const char **argv = b->argv + (size_t)u * UNIT_ARGS;
-    const char *opt = o->opt, *tune = o->tune;
-    if (un->cls == KILN__CC_TINY && o->tiny_opt)
-      opt = o->tiny_opt, tune = o->tiny_tune;
-    else if (un->cls != KILN__CC_HEAVY && o->light_opt)
-      opt = o->light_opt, tune = o->light_tune;
+    const char *opt, *tune;
+    class_flags(o, un->cls, &opt, &tune);
     int n = base_args(o, opt, tune, march, sizeof march, argv);
     n_of[u] = n;
     snprintf(b->paths[u], sizeof b->paths[u], "%s/u%u.o", dir, u);
@@ -612,8 +660,8 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   sort_todo(b, ntodo);
   /* The probe, when still wanted, goes first: it is quick. */
   uint32_t nj = 0;
-  bool probe = caching && !have_id;
-  if (probe)
+  bool alongside = caching && !have_id;
+  if (alongside)
     b->jobs[nj++] = (job){
         .argv = probe_argv, .out = b->outs + OUT_MAX + 1, .unit = UINT32_MAX, .may_fail = true};
   for (uint32_t i = 0; i < ntodo; i++) {
@@ -626,7 +674,7 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
   uint32_t par = job_count(o);
   if (par > ntodo) par = ntodo ? ntodo : 1;
   stats->jobs = par;
-  rc = run_jobs(b->jobs, nj, par + (probe ? 1 : 0), dir, deadline, &stats->cpu_ms, &bad, st);
+  rc = run_jobs(b->jobs, nj, par + (alongside ? 1 : 0), dir, deadline, &stats->cpu_ms, &bad, st);
   if (rc == 1) {
     rc = took_too_long(o, st);
     goto out_free;
@@ -636,8 +684,8 @@ static int compile_units(build *b, const kiln__cc_options *o, const char *dir, d
     rc = fail_unit(b, &b->jobs[bad], st);
     goto out_free;
   }
-  if (probe) {
-    identity_from(o, &b->jobs[0], &sb, known, id);
+  if (alongside) {
+    identity_from(o, &b->jobs[0], idn);
     for (uint32_t u = 0; u < nu; u++)
       unit_key(&b->sp.units[u], id, b->argv + (size_t)u * UNIT_ARGS, n_of[u], b->sp.units[u].key);
   }
@@ -651,6 +699,57 @@ out_free:
   return rc;
 }
 
+/* ---- what the link needs ---------------------------------------------- */
+
+static uint64_t le(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+/* Symbols generated code may leave undefined without a library on the
+ * link line: libc's (every process that loads the kernels has it) and
+ * the linker's own. */
+static bool resolved_anyway(const char *name, size_t n) {
+  static const char *const names[] = {"memcpy", "memset", "memmove", "memcmp",
+                                      "_GLOBAL_OFFSET_TABLE_"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (strlen(names[i]) == n && memcmp(names[i], name, n) == 0) return true;
+  return false;
+}
+
+/* Whether the relocatable ELF64 object obj[0..len) leaves a symbol
+ * undefined that only a library named on the link line (libm, libmvec,
+ * libgcc) defines; true for anything it cannot read as such. */
+static bool needs_libs(const uint8_t *obj, size_t len) {
+  if (len < 64 || memcmp(obj, "\177ELF", 4) != 0 || obj[4] != 2 || obj[5] != 1) return true;
+  uint64_t shoff = le(obj + 0x28, 8), shentsize = le(obj + 0x3a, 2), shnum = le(obj + 0x3c, 2);
+  if (shentsize < 64 || shoff > len || shnum > (len - shoff) / shentsize) return true;
+  bool symtab = false;
+  for (uint64_t i = 0; i < shnum; i++) {
+    const uint8_t *sh = obj + shoff + i * shentsize;
+    if (le(sh + 4, 4) != 2) continue; /* SHT_SYMTAB */
+    uint64_t off = le(sh + 24, 8), size = le(sh + 32, 8), link = le(sh + 40, 4);
+    uint64_t ent = le(sh + 56, 8);
+    if (ent < 24 || off > len || size > len - off || link >= shnum) return true;
+    const uint8_t *str = obj + shoff + link * shentsize;
+    uint64_t soff = le(str + 24, 8), ssize = le(str + 32, 8);
+    if (soff > len || ssize > len - soff) return true;
+    symtab = true;
+    for (uint64_t k = 1; k < size / ent; k++) {
+      const uint8_t *sym = obj + off + k * ent;
+      uint8_t bind = sym[4] >> 4;
+      if (le(sym + 6, 2) != 0 || (bind != 1 && bind != 2)) continue; /* defined, or local */
+      uint64_t name = le(sym, 4);
+      if (name >= ssize) return true;
+      const char *nm = (const char *)obj + soff + name;
+      size_t n = strnlen(nm, (size_t)(ssize - name));
+      if (n == ssize - name || !resolved_anyway(nm, n)) return true;
+    }
+  }
+  return !symtab;
+}
+
 /* The link's arguments: cc, the shared-object flags, the objects, the
  * glue and the libraries. A fast link (`lean`) leaves out the C runtime's
  * start files and libc: the kernels define no constructors, and what they
@@ -660,7 +759,7 @@ out_free:
  * helpers the compiler calls). The C compiler driver then looks for less,
  * and ld reads two libraries instead of seven: 4-5 ms of a 10 ms link. */
 static void link_args(build *b, const kiln__cc_options *o, const char *so_path,
-                      const char *glue_path, bool lean) {
+                      const char *glue_path, bool lean, bool libs) {
   int n = 0;
   const char **a = b->link_argv;
   a[n++] = o->cc && *o->cc ? o->cc : "cc";
@@ -673,11 +772,11 @@ static void link_args(build *b, const kiln__cc_options *o, const char *so_path,
   for (uint32_t x = 0; x < b->nextra; x++) a[n++] = b->extra_paths[x];
   a[n++] = glue_path;
 #if defined(__x86_64__) && defined(__linux__)
-  a[n++] = "-lmvec"; /* the f32 sin/cos/tan vector variants (c_target.c) */
+  if (libs) a[n++] = "-lmvec"; /* the f32 sin/cos/tan vector variants (c_target.c) */
 #endif
   if (o->link_flag && *o->link_flag) a[n++] = o->link_flag;
-  a[n++] = "-lm";
-  if (lean) a[n++] = "-lgcc";
+  if (libs) a[n++] = "-lm";
+  if (lean && libs) a[n++] = "-lgcc";
   a[n] = NULL;
 }
 
@@ -695,10 +794,14 @@ static int link_units(build *b, const kiln__cc_options *o, const char *dir, doub
   job j;
   uint32_t bad = UINT32_MAX;
   double t0 = now_s();
+  /* The libraries only when an object needs one (reading them is 2 of a
+   * lean link's 7 ms); objects compiled elsewhere may. */
+  bool libs = b->nextra > 0;
+  for (uint32_t u = 0; u < b->sp.nunits && !libs; u++) libs = needs_libs(b->objs[u], b->nobjs[u]);
   /* The fast link first; should this compiler or system refuse it, the
    * driver's own. */
   for (int lean = 1; lean >= 0; lean--) {
-    link_args(b, o, so_path, glue_path, lean);
+    link_args(b, o, so_path, glue_path, lean, libs || !lean);
     j = (job){.argv = b->link_argv, .out = b->outs, .unit = UINT32_MAX};
     rc = run_jobs(&j, 1, 1, dir, deadline, &stats->cpu_ms, &bad, st);
     if (rc || bad == UINT32_MAX) break;
@@ -728,6 +831,61 @@ static int write_extra(build *b, const kiln__cc_program *p, const char *dir, kil
     if (rc) return rc;
   }
   return 0;
+}
+
+/* A flag that may be spelled inside a C string: -O<level> or -f<name>. */
+static bool plain_flag(const char *f) {
+  if (f[0] != '-' || (f[1] != 'O' && f[1] != 'f')) return false;
+  if (f[1] == 'O') return f[2] == 0 || (strchr("0123sgz", f[2]) && f[3] == 0);
+  for (const char *c = f + 2; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '='))
+      return false;
+  return f[2] != 0;
+}
+
+#define ATTR_MAX 200
+
+/* Each class's flags as a GCC optimize attribute; false when a flag is not
+ * plain (the units then hold one class each). */
+static bool class_attrs(const kiln__cc_options *o, char (*buf)[ATTR_MAX], const char **attrs) {
+  for (uint8_t c = 0; c < KILN__CC_NCLASSES; c++) {
+    const char *opt, *tune;
+    class_flags(o, c, &opt, &tune);
+    if (!plain_flag(opt) || (tune && *tune && !plain_flag(tune)) || strlen(opt) > 40 ||
+        (tune && strlen(tune) > 100))
+      return false;
+    if (tune && *tune)
+      snprintf(buf[c], ATTR_MAX, "__attribute__((optimize(\"%s\", \"%s\")))", opt, tune);
+    else
+      snprintf(buf[c], ATTR_MAX, "__attribute__((optimize(\"%s\")))", opt);
+    attrs[c] = buf[c];
+  }
+  return true;
+}
+
+/* The module's units: classes mixed in small modules when the compiler
+ * is GCC (known from a probe run before, or run now: a mixed unit saves
+ * a compiler process, the probe costs a millisecond). */
+static int split(build *b, const kiln__cc_options *o, const kiln__cc_program *p, const char *dir,
+                 double deadline, ident *id, kiln__cc_stats *stats, kiln_status *st) {
+  size_t unit_bytes = o->unit_bytes;
+  const char *ub = getenv("KILN_CC_UNIT_BYTES");
+  if (unit_bytes == 0 && ub && *ub) unit_bytes = (size_t)strtoull(ub, NULL, 10);
+  char buf[KILN__CC_NCLASSES][ATTR_MAX];
+  const char *attrs[KILN__CC_NCLASSES];
+  bool mix = class_attrs(o, buf, attrs);
+  int rc = kiln__cc_split_program(p, job_count(o), unit_bytes, mix ? attrs : NULL, &b->sp, st);
+  if (rc || b->sp.nmixed == 0) return rc;
+  if (!identity_known(o, id)) {
+    char *out = kiln_malloc(OUT_MAX + 1);
+    if (out == NULL) return kiln_status_set(st, KILN_ENOMEM, "cc", "out of memory");
+    rc = probe(o, out, dir, deadline, id, stats, st);
+    kiln_free(out);
+    if (rc) return rc;
+  }
+  if (id->gcc) return 0;
+  kiln__cc_split_free(&b->sp);
+  return kiln__cc_split_program(p, job_count(o), unit_bytes, NULL, &b->sp, st);
 }
 
 int kiln__cc_object(const kiln__cc_options *o, const char *src, size_t n, const char *define,
@@ -782,21 +940,19 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
   double deadline = now_s() + (o->timeout_s > 0 ? o->timeout_s : 120);
   const char *cache_dir = o->cache_dir ? o->cache_dir : getenv("KILN_KERNEL_CACHE_DIR");
   build b = {0};
-  size_t unit_bytes = o->unit_bytes;
-  const char *ub = getenv("KILN_CC_UNIT_BYTES");
-  if (unit_bytes == 0 && ub && *ub) unit_bytes = (size_t)strtoull(ub, NULL, 10);
-  int rc = kiln__cc_split_program(p, job_count(o), unit_bytes, &b.sp, st);
-  if (rc) return rc;
-  stats->units = b.sp.nunits;
-  stats->kernels_distinct = b.sp.ndistinct;
+  ident id = {0};
   char dir[4096], path[4200];
-  if ((rc = make_dir(dir, sizeof dir, st))) goto out_free;
+  int rc = make_dir(dir, sizeof dir, st);
+  if (rc) return rc;
   snprintf(path, sizeof path, "%s/k.so", dir);
   sigset_t pipe_set, old;
   sigemptyset(&pipe_set);
   sigaddset(&pipe_set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
-  rc = compile_units(&b, o, dir, deadline, cache_dir, stats, st);
+  rc = split(&b, o, p, dir, deadline, &id, stats, st);
+  stats->units = b.sp.nunits;
+  stats->kernels_distinct = b.sp.ndistinct;
+  if (rc == 0) rc = compile_units(&b, o, dir, deadline, cache_dir, &id, stats, st);
   if (rc == 0 && p->nobjs) rc = write_extra(&b, p, dir, st);
   if (rc == 0) rc = link_units(&b, o, dir, deadline, path, stats, st);
   if (rc == 0) rc = read_file(path, so, so_len, st);
@@ -805,7 +961,6 @@ int kiln__cc_build(const kiln__cc_options *o, const kiln__cc_program *p, uint8_t
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   remove_dir(dir);
-out_free:
   build_free(&b);
   return rc;
 }

@@ -25,7 +25,11 @@
  * alike. Smaller modules (under 8 KiB per wanted unit: a compiler process
  * and the prelude cost more than such a unit saves) are instead spread
  * over total / 8 KiB units (at least one) by size, largest kernel first
- * into the lightest.
+ * into the lightest, one class at a time; under GCC (cc.c passes the
+ * classes' optimize attributes) the tiny class, when it is at most 2 KiB,
+ * joins the light class's units instead of paying for a compiler of its
+ * own, and with a single compiler every class shares one unit. A unit
+ * then holds of the prelude only the helpers its kernels call.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,8 +61,18 @@ typedef struct kern {
   uint8_t cls; /* kiln__cc_class */
 } kern;
 
+/* A piece of the prelude: a helper function ("KI ..." in column 0, to its
+ * closing brace) or anything else (kept in every unit). */
+typedef struct piece {
+  span text, name; /* name: a helper's; empty for the rest */
+} piece;
+
 typedef struct splitter {
   const kiln__cc_program *p;
+  piece *pre; /* the prelude in pieces; NULL: kept whole */
+  uint32_t npre;
+  uint32_t *pre_table; /* open addressing over helper pieces' names: index + 1 */
+  uint32_t pre_cap;
   helper *h;
   uint32_t nh;
   uint32_t *table; /* open addressing over helper names: index + 1 */
@@ -264,6 +278,129 @@ static int emit(splitter *sp, uint32_t kk, const char *prefix, kiln_sbuf *b, kil
   return kiln_sbuf_failed(b) ? oom(st) : 0;
 }
 
+/* ---- the prelude a unit needs ----------------------------------------- */
+
+/* The prelude's helper functions (KI, static inline) cost the compiler
+ * time to parse whether or not a unit calls them, 3-4 ms of a small
+ * unit's 20; a unit gets those its kernels call, transitively, and every
+ * other line (types, declarations, macros, which may name helpers too).
+ * A helper starts with "KI " in column 0 (not inside a macro) and ends on
+ * its first line when that balances its braces, else at the next line
+ * that starts with '}'. A prelude that does not parse so is kept whole. */
+static bool parse_prelude(splitter *sp) {
+  const char *t = sp->p->prelude ? sp->p->prelude : "";
+  size_t n = strlen(t), cap = 0, other = 0;
+  bool continued = false, ok = true;
+  for (size_t i = 0; i < n && ok;) {
+    size_t eol = i;
+    while (eol < n && t[eol] != '\n') eol++;
+    bool fn = !continued && strncmp(t + i, "KI ", 3) == 0;
+    continued = eol > i && t[eol - 1] == '\\';
+    if (!fn) {
+      i = eol + 1;
+      continue;
+    }
+    int depth = 0;
+    bool brace = false;
+    for (size_t j = i; j < eol; j++) {
+      if (t[j] == '{') depth++, brace = true;
+      if (t[j] == '}') depth--;
+    }
+    size_t end = eol;
+    if (brace && depth != 0) { /* to the line that starts with '}' */
+      while (end < n && !(t[end] == '\n' && end + 1 < n && t[end + 1] == '}')) end++;
+      if (end >= n) {
+        ok = false;
+        break;
+      }
+      end++;
+      while (end < n && t[end] != '\n') end++;
+    }
+    end = end < n ? end + 1 : n;
+    if (kiln_grow((void **)&sp->pre, &cap, sp->npre + 2, sizeof *sp->pre)) {
+      ok = false;
+      break;
+    }
+    if (i > other) sp->pre[sp->npre++] = (piece){{t + other, i - other}, {NULL, 0}};
+    piece *h = &sp->pre[sp->npre++];
+    h->text = (span){t + i, end - i};
+    size_t paren = i, j = i;
+    while (paren < eol && t[paren] != '(') paren++;
+    span id = {0};
+    h->name = (span){NULL, 0};
+    while (next_id(t, paren, &j, &id)) h->name = id;
+    if (h->name.n == 0) ok = false;
+    i = other = end;
+  }
+  if (ok && other < n) {
+    if (kiln_grow((void **)&sp->pre, &cap, sp->npre + 1, sizeof *sp->pre))
+      ok = false;
+    else
+      sp->pre[sp->npre++] = (piece){{t + other, n - other}, {NULL, 0}};
+  }
+  sp->pre_cap = 16;
+  while (ok && sp->pre_cap < 2 * sp->npre) sp->pre_cap *= 2;
+  if (ok && (sp->pre_table = kiln_calloc(sp->pre_cap, sizeof *sp->pre_table)) == NULL) ok = false;
+  for (uint32_t k = 0; ok && k < sp->npre; k++) {
+    if (sp->pre[k].name.n == 0) continue;
+    uint32_t i = hash_name(sp->pre[k].name.p, sp->pre[k].name.n) & (sp->pre_cap - 1);
+    while (sp->pre_table[i]) i = (i + 1) & (sp->pre_cap - 1);
+    sp->pre_table[i] = k + 1;
+  }
+  if (!ok) {
+    kiln_free(sp->pre);
+    kiln_free(sp->pre_table);
+    sp->pre = NULL, sp->npre = 0, sp->pre_table = NULL;
+  }
+  return ok;
+}
+
+/* The prelude helper piece named s, or UINT32_MAX. */
+static uint32_t find_piece(const splitter *sp, span s) {
+  for (uint32_t i = hash_name(s.p, s.n) & (sp->pre_cap - 1);; i = (i + 1) & (sp->pre_cap - 1)) {
+    uint32_t v = sp->pre_table[i];
+    if (v == 0) return UINT32_MAX;
+    const span *nm = &sp->pre[v - 1].name;
+    if (nm->n == s.n && memcmp(nm->p, s.p, s.n) == 0) return v - 1;
+  }
+}
+
+/* Marks the helper pieces text t names, queuing those not seen yet. */
+static void mark_pieces(const splitter *sp, span t, uint8_t *used, uint32_t *queue, uint32_t *nq) {
+  size_t i = 0;
+  span id;
+  while (next_id(t.p, t.n, &i, &id)) {
+    uint32_t k = find_piece(sp, id);
+    if (k == UINT32_MAX || used[k]) continue;
+    used[k] = 1;
+    queue[(*nq)++] = k;
+  }
+}
+
+/* The prelude for a unit whose kernels (and their helpers) are body. */
+static int put_prelude(const splitter *sp, span body, kiln_sbuf *b, kiln_status *st) {
+  if (sp->pre == NULL) {
+    kiln_sbuf_puts(b, sp->p->prelude ? sp->p->prelude : "");
+    return 0;
+  }
+  uint8_t *used = kiln_calloc(sp->npre + 1, 1);
+  uint32_t *queue = kiln_malloc((sp->npre + 1) * sizeof *queue), nq = 0;
+  if (used == NULL || queue == NULL) {
+    kiln_free(used);
+    kiln_free(queue);
+    return oom(st);
+  }
+  mark_pieces(sp, body, used, queue, &nq);
+  for (uint32_t k = 0; k < sp->npre; k++)
+    if (sp->pre[k].name.n == 0) mark_pieces(sp, sp->pre[k].text, used, queue, &nq);
+  for (uint32_t q = 0; q < nq; q++) mark_pieces(sp, sp->pre[queue[q]].text, used, queue, &nq);
+  for (uint32_t k = 0; k < sp->npre; k++)
+    if (sp->pre[k].name.n == 0 || used[k]) kiln_sbuf_putn(b, sp->pre[k].text.p, sp->pre[k].text.n);
+  kiln_free(used);
+  kiln_free(queue);
+  return 0;
+}
+
 /* A kernel as the grouping sees it (sorted without a context pointer, so
  * that concurrent compiles need no lock). */
 typedef struct rec {
@@ -294,37 +431,55 @@ static int by_bytes_desc(const void *a, const void *b) {
 
 /* Programs below this many bytes per wanted unit are spread by size. */
 #define TINY_UNIT_BYTES 8192
+/* Tiny kernels of at most this many bytes in all cost GCC less at -O1
+ * (about 8 ms a KiB) than a unit of their own (the driver, cc1, as and the
+ * prelude: 15-20 ms): they join another unit. More would lengthen that
+ * unit by more than running them alongside costs when a CPU is free. */
+#define TINY_JOIN_BYTES 2048
 
 /* Assigns each distinct kernel (d[0..nd), sorted by class and hash) its
  * unit in d[].idx's place of unit_of; returns the number of units. */
-static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, uint32_t *unit_of,
-                      uint64_t *load) {
+static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, bool mix,
+                      uint32_t *unit_of, uint64_t *load) {
   size_t tiny = target < TINY_UNIT_BYTES ? target : TINY_UNIT_BYTES, total = 0;
   for (uint32_t i = 0; i < nd; i++) total += d[i].bytes;
   uint32_t nunits = 0;
   if (total < (uint64_t)min_units * tiny) {
+    bool one_compiler = min_units == 1;
     min_units = (uint32_t)(total / tiny);
     if (min_units < 1) min_units = 1;
     /* Tiny: min_units bins per the classes' shares, largest kernel first
-     * into the lightest bin (d is re-sorted; unit_of is by kernel index). */
+     * into the lightest bin (d is re-sorted; unit_of is by kernel index).
+     * Mixing, the tiny class (sorted last) joins the bins of the light
+     * class (of the heavy one when there are none) when it is small, and
+     * with one compiler every class joins the first's. */
+    uint32_t light_first = 0, light_bins = 0;
+    size_t tiny_bytes = 0;
+    for (uint32_t i = 0; i < nd; i++) tiny_bytes += d[i].cls == KILN__CC_TINY ? d[i].bytes : 0;
     for (uint32_t start = 0, cnt; start < nd; start += cnt) {
       rec *r = d + start;
       size_t bytes = 0;
       for (cnt = 0; start + cnt < nd && d[start + cnt].cls == r->cls; cnt++)
         bytes += d[start + cnt].bytes;
+      bool join = mix && nunits > 0 &&
+                  ((r->cls == KILN__CC_TINY && tiny_bytes <= TINY_JOIN_BYTES) || one_compiler);
       uint32_t bins = (uint32_t)(((uint64_t)min_units * bytes + total / 2) / (total ? total : 1));
       if (bins < 1) bins = 1;
       if (bins > cnt) bins = cnt;
+      uint32_t first = join ? 0 : nunits;
+      if (join) bins = nunits;
+      if (join && r->cls == KILN__CC_TINY && light_bins) first = light_first, bins = light_bins;
+      if (!join && r->cls == KILN__CC_LIGHT) light_first = first, light_bins = bins;
       qsort(r, cnt, sizeof *r, by_bytes_desc);
-      for (uint32_t b = 0; b < bins; b++) load[nunits + b] = 0;
+      for (uint32_t b = 0; b < bins && !join; b++) load[first + b] = 0;
       for (uint32_t i = 0; i < cnt; i++) {
         uint32_t best = 0;
         for (uint32_t b = 1; b < bins; b++)
-          if (load[nunits + b] < load[nunits + best]) best = b;
-        load[nunits + best] += r[i].bytes;
-        unit_of[r[i].idx] = nunits + best;
+          if (load[first + b] < load[first + best]) best = b;
+        load[first + best] += r[i].bytes;
+        unit_of[r[i].idx] = first + best;
       }
-      nunits += bins;
+      if (!join) nunits += bins;
     }
     return nunits;
   }
@@ -343,8 +498,17 @@ static uint32_t group(rec *d, uint32_t nd, uint32_t min_units, size_t target, ui
   return nd ? nunits + 1 : 0;
 }
 
-static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc_split *out,
-                       kiln_status *st) {
+/* A unit's flags: its one class's, or the light class's when it mixes
+ * classes (a kernel of another class then carries its class's flags as
+ * an attribute, and the prelude's helpers inline into every kernel). */
+static uint8_t unit_class(uint8_t mask) {
+  for (uint8_t c = 0; c < KILN__CC_NCLASSES; c++)
+    if (mask == 1u << c) return c;
+  return KILN__CC_LIGHT;
+}
+
+static int build_units(splitter *sp, uint32_t min_units, size_t target, const char *const *attrs,
+                       kiln__cc_split *out, kiln_status *st) {
   int rc = 0;
   kiln_sbuf *bufs = NULL;
   rec *r = kiln_malloc((sp->nk + 1) * sizeof *r);
@@ -379,7 +543,7 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc
   }
   out->ndistinct = nd;
   qsort(r, nd, sizeof *r, by_class_hash);
-  out->nunits = group(r, nd, min_units ? min_units : 1, target, unit_of, load);
+  out->nunits = group(r, nd, min_units ? min_units : 1, target, attrs != NULL, unit_of, load);
   out->units = kiln_calloc(out->nunits + 1, sizeof *out->units);
   bufs = kiln_calloc(out->nunits + 1, sizeof *bufs);
   if (out->units == NULL || bufs == NULL) {
@@ -389,22 +553,37 @@ static int build_units(splitter *sp, uint32_t min_units, size_t target, kiln__cc
   for (uint32_t u = 0; u < out->nunits; u++) {
     out->units[u].first = UINT32_MAX;
     kiln_sbuf_init(&bufs[u]);
-    kiln_sbuf_puts(&bufs[u], sp->p->prelude ? sp->p->prelude : "");
-    kiln_sbuf_putc(&bufs[u], '\n');
+  }
+  for (uint32_t i = 0; i < nd; i++) out->units[unit_of[r[i].idx]].classes |= 1u << r[i].cls;
+  for (uint32_t u = 0; u < out->nunits; u++) {
+    out->units[u].cls = unit_class(out->units[u].classes);
+    out->nmixed += out->units[u].classes != 1u << out->units[u].cls;
   }
   /* Within a unit kernels go in hash order: its text depends only on
    * which kernels it holds, never on where they stood in the module. */
   qsort(r, nd, sizeof *r, by_hash);
   for (uint32_t i = 0; rc == 0 && i < nd; i++) {
     uint32_t k = r[i].idx, u = unit_of[k];
-    out->units[u].cls = r[i].cls;
     out->units[u].nkernels++;
     if (k < out->units[u].first) out->units[u].first = k;
+    if (r[i].cls != out->units[u].cls)
+      kiln_sbuf_printf(&bufs[u], "void %s(void *const *, int64_t, int64_t) %s;\n", out->sym[k],
+                       attrs[r[i].cls]);
     rc = emit(sp, k, out->sym[k], &bufs[u], st);
   }
+  /* Then each unit's text: the prelude it needs and its kernels. */
+  kiln_sbuf text = KILN_SBUF_INIT;
   for (uint32_t u = 0; u < out->nunits; u++) {
-    if (rc == 0 && (out->units[u].src = kiln_sbuf_detach(&bufs[u], &out->units[u].len)) == NULL)
-      rc = oom(st);
+    if (rc == 0 && kiln_sbuf_failed(&bufs[u])) rc = oom(st);
+    if (rc == 0) {
+      kiln_sbuf_init(&text);
+      rc = put_prelude(sp, (span){kiln_sbuf_str(&bufs[u]), bufs[u].len}, &text, st);
+      kiln_sbuf_putc(&text, '\n');
+      kiln_sbuf_putn(&text, bufs[u].data, bufs[u].len);
+      if (rc == 0 && (out->units[u].src = kiln_sbuf_detach(&text, &out->units[u].len)) == NULL)
+        rc = oom(st);
+      kiln_sbuf_free(&text);
+    }
     kiln_sbuf_free(&bufs[u]);
   }
   /* Every kernel index answers to its group's symbol. */
@@ -420,12 +599,13 @@ out_free:
 }
 
 int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t unit_bytes,
-                           kiln__cc_split *out, kiln_status *st) {
+                           const char *const *attrs, kiln__cc_split *out, kiln_status *st) {
   memset(out, 0, sizeof *out);
   splitter sp = {.p = p};
   kiln_sbuf b = KILN_SBUF_INIT;
   int rc = parse_helpers(&sp, st);
   if (rc == 0) rc = parse_kernels(&sp, st);
+  if (rc == 0) parse_prelude(&sp);
   if (rc == 0) {
     out->nkernels = sp.nk;
     out->sym = kiln_calloc(sp.nk + 1, sizeof *out->sym);
@@ -440,7 +620,7 @@ int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t
     kiln__hex(sp.k[k].hash, 8, out->sym[k] + 2);
   }
   if (rc == 0)
-    rc = build_units(&sp, min_units, unit_bytes ? unit_bytes : UNIT_BYTES_DEFAULT, out, st);
+    rc = build_units(&sp, min_units, unit_bytes ? unit_bytes : UNIT_BYTES_DEFAULT, attrs, out, st);
   kiln_sbuf_free(&b);
   for (uint32_t k = 0; k < sp.nk; k++) kiln_free(sp.k[k].calls);
   kiln_free(sp.k);
@@ -448,6 +628,8 @@ int kiln__cc_split_program(const kiln__cc_program *p, uint32_t min_units, size_t
   kiln_free(sp.table);
   kiln_free(sp.stamp);
   kiln_free(sp.local);
+  kiln_free(sp.pre);
+  kiln_free(sp.pre_table);
   if (rc) kiln__cc_split_free(out);
   return rc;
 }

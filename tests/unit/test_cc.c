@@ -2,8 +2,10 @@
  * parallel build, the kernel cache (hits, its bound, a corrupt or foreign
  * file ignored) and the time limit over the whole build. */
 #include <check.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,7 @@
 #include "compiler/codegen/cc_internal.h"
 #include "compiler/compile.h"
 #include "compiler/ir/text.h"
+#include "executor/run.h"
 
 static void hex_of(const char *msg, size_t len, char *out) {
   uint8_t d[KILN__SHA256_LEN];
@@ -91,8 +94,8 @@ START_TEST(split_names_by_content) {
   kiln__cc_split a, b;
   kiln_status st;
   kiln_status_clear(&st);
-  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 64, &a, &st), 0);
-  ck_assert_int_eq(kiln__cc_split_program(&pb, 2, 64, &b, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 64, NULL, &a, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&pb, 2, 64, NULL, &b, &st), 0);
   ck_assert_uint_eq(a.ndistinct, 3);
   ck_assert_uint_eq(b.ndistinct, 3);
   ck_assert_uint_ge(a.nunits, 2);
@@ -128,15 +131,196 @@ START_TEST(split_names_by_content) {
   kiln__cc_split_free(&a);
   kiln__cc_split_free(&b);
   /* Below 8 KiB of kernels a module is one unit, however many compilers. */
-  ck_assert_int_eq(kiln__cc_split_program(&pa, 16, 0, &a, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 16, 0, NULL, &a, &st), 0);
   ck_assert_uint_eq(a.nunits, 1);
   ck_assert_uint_eq(a.units[0].nkernels, 3);
   kiln__cc_split_free(&a);
   /* Source that is not what the emitter writes is an error, not a crash. */
   kiln__cc_program bad = {prelude, funcs_a, kernels_a, 5, NULL, NULL, NULL, 0};
-  ck_assert_int_eq(kiln__cc_split_program(&bad, 2, 0, &a, &st), KILN_EINTERNAL);
+  ck_assert_int_eq(kiln__cc_split_program(&bad, 2, 0, NULL, &a, &st), KILN_EINTERNAL);
   kiln__cc_program wrong = {prelude, funcs_a, kernels_b + 1, 2, NULL, NULL, NULL, 0};
-  ck_assert_int_eq(kiln__cc_split_program(&wrong, 2, 0, &a, &st), KILN_EINTERNAL);
+  ck_assert_int_eq(kiln__cc_split_program(&wrong, 2, 0, NULL, &a, &st), KILN_EINTERNAL);
+}
+END_TEST
+
+/* Classes mixed: a small module's tiny kernels join the light class's
+ * unit (with one compiler every kernel shares one unit), and a kernel of
+ * another class than its unit's is declared first with its attribute. */
+START_TEST(split_mixes_classes_with_attrs) {
+  static const uint8_t cls[] = {KILN__CC_TINY, KILN__CC_LIGHT, KILN__CC_TINY, KILN__CC_HEAVY};
+  static const char *const attrs[] = {"ATTR_HEAVY", "ATTR_LIGHT", "ATTR_TINY"};
+  kiln__cc_program pa = {prelude, funcs_a, kernels_a, 4, cls, NULL, NULL, 0};
+  kiln__cc_split a;
+  kiln_status st;
+  kiln_status_clear(&st);
+  /* Apart: one unit per class, no attribute anywhere. */
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 0, NULL, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 3);
+  ck_assert_uint_eq(a.nmixed, 0);
+  for (uint32_t u = 0; u < a.nunits; u++) ck_assert_ptr_null(strstr(a.units[u].src, "ATTR_"));
+  kiln__cc_split_free(&a);
+  /* Two compilers: the heavy unit alone, the tiny kernel with the light. */
+  char decl[128];
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 2, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 2);
+  ck_assert_uint_eq(a.nmixed, 1);
+  for (uint32_t u = 0; u < a.nunits; u++) {
+    const kiln__cc_unit *un = &a.units[u];
+    if (un->cls == KILN__CC_HEAVY) {
+      ck_assert_uint_eq(un->nkernels, 1);
+      ck_assert_uint_eq(un->classes, 1u << KILN__CC_HEAVY);
+      ck_assert_ptr_null(strstr(un->src, "ATTR_"));
+      continue;
+    }
+    ck_assert_uint_eq(un->cls, KILN__CC_LIGHT);
+    ck_assert_uint_eq(un->classes, (1u << KILN__CC_LIGHT) | (1u << KILN__CC_TINY));
+    ck_assert_uint_eq(un->nkernels, 2);
+    snprintf(decl, sizeof decl, "void %s(void *const *, int64_t, int64_t) ATTR_TINY;\n", a.sym[0]);
+    const char *d = strstr(un->src, decl);
+    ck_assert_ptr_nonnull(d);
+    char def[64];
+    snprintf(def, sizeof def, "void %s(", a.sym[0]);
+    ck_assert_ptr_eq(strstr(un->src, def), d);         /* declared before it is defined */
+    ck_assert_ptr_null(strstr(un->src, "ATTR_LIGHT")); /* the unit's own flags */
+    ck_assert_ptr_null(strstr(un->src, "ATTR_HEAVY"));
+  }
+  kiln__cc_split_free(&a);
+  /* One compiler: one unit, the light class's, the others declared. */
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 1, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 1);
+  ck_assert_uint_eq(a.units[0].cls, KILN__CC_LIGHT);
+  ck_assert_uint_eq(a.units[0].nkernels, 3);
+  ck_assert_ptr_nonnull(strstr(a.units[0].src, "ATTR_TINY;"));
+  snprintf(decl, sizeof decl, "void %s(void *const *, int64_t, int64_t) ATTR_HEAVY;\n", a.sym[3]);
+  ck_assert_ptr_nonnull(strstr(a.units[0].src, decl));
+  kiln__cc_split_free(&a);
+  /* Tiny kernels of more than 2 KiB keep a unit of their own when two
+   * compilers may run, and join the others' with one. */
+  kiln_sbuf big = KILN_SBUF_INIT;
+  kiln_sbuf_puts(&big, "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n");
+  for (int l = 0; l < 100; l++) kiln_sbuf_printf(&big, "  ((float *)bufs[0])[%d] += %d;\n", l, l);
+  kiln_sbuf_puts(&big, "}\n\nvoid kiln_kernel_1(void *const *bufs, int64_t begin, int64_t end) {\n"
+                       "  ((float *)bufs[0])[0] = 1;\n}\n\n");
+  static const uint8_t tl[] = {KILN__CC_TINY, KILN__CC_LIGHT};
+  kiln__cc_program pbig = {prelude, "", kiln_sbuf_str(&big), 2, tl, NULL, NULL, 0};
+  ck_assert_int_eq(kiln__cc_split_program(&pbig, 2, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 2);
+  ck_assert_uint_eq(a.nmixed, 0);
+  kiln__cc_split_free(&a);
+  ck_assert_int_eq(kiln__cc_split_program(&pbig, 1, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 1);
+  ck_assert_uint_eq(a.nmixed, 1);
+  kiln__cc_split_free(&a);
+  kiln_sbuf_free(&big);
+  /* Tiny kernels alone stay one tiny unit, without attributes. */
+  static const uint8_t all_tiny[] = {KILN__CC_TINY, KILN__CC_TINY, KILN__CC_TINY, KILN__CC_TINY};
+  pa.cls = all_tiny;
+  ck_assert_int_eq(kiln__cc_split_program(&pa, 1, 0, attrs, &a, &st), 0);
+  ck_assert_uint_eq(a.nunits, 1);
+  ck_assert_uint_eq(a.units[0].cls, KILN__CC_TINY);
+  ck_assert_ptr_null(strstr(a.units[0].src, "ATTR_"));
+  kiln__cc_split_free(&a);
+}
+END_TEST
+
+/* A unit's prelude holds the helpers its kernels call, transitively, and
+ * every other line (a macro may name a helper: it stays, and so does the
+ * helper); a helper defined inside a macro is the macro's. */
+static const char trim_prelude[] = "typedef int i32;\n"
+                                   "#define KI static inline\n"
+                                   "#define KM(x) kmac(x)\n"
+                                   "KI int ka(int x) { return x + 1; }\n"
+                                   "KI int kb(int x) {\n  return ka(x) * 2;\n}\n"
+                                   "KI int kunused(int x) {\n  return x;\n}\n"
+                                   "KI int kmac(int x) { return x; }\n"
+                                   "#define KDEF(W) \\\nKI int kdef##W(int x) { return x; }\n"
+                                   "KDEF(1)\n"
+                                   "KI int klast(int x) { return x - 1; }\n";
+static const char trim_kernels[] =
+    "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  ((int *)bufs[0])[0] = kb(1);\n}\n\n";
+
+START_TEST(unit_prelude_holds_what_it_calls) {
+  kiln__cc_program p = {trim_prelude, "", trim_kernels, 1, NULL, NULL, NULL, 0};
+  kiln__cc_split s;
+  kiln_status st;
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln__cc_split_program(&p, 1, 0, NULL, &s, &st), 0);
+  ck_assert_uint_eq(s.nunits, 1);
+  const char *u = s.units[0].src;
+  static const char *const kept[] = {"typedef int i32;\n",
+                                     "#define KM(x) kmac(x)\n",
+                                     "KI int ka(int x) { return x + 1; }\n",
+                                     "KI int kb(int x) {\n  return ka(x) * 2;\n}\n",
+                                     "KI int kmac(int x) { return x; }\n",
+                                     "#define KDEF(W) \\\nKI int kdef##W(int x) { return x; }\n",
+                                     "KDEF(1)\n"};
+  const char *at = u;
+  for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) { /* in the prelude's order */
+    const char *f = strstr(at, kept[i]);
+    ck_assert_msg(f != NULL, "missing: %s", kept[i]);
+    at = f + strlen(kept[i]);
+  }
+  ck_assert_ptr_null(strstr(u, "kunused"));
+  ck_assert_ptr_null(strstr(u, "klast"));
+  kiln__cc_split_free(&s);
+  /* A helper without its closing brace: the prelude is kept whole. */
+  static const char broken[] = "KI int ka(int x) {\n  return x;\nKI int kb(int x) { return x; }\n";
+  p.prelude = broken;
+  ck_assert_int_eq(kiln__cc_split_program(&p, 1, 0, NULL, &s, &st), 0);
+  ck_assert(strncmp(s.units[0].src, broken, strlen(broken)) == 0);
+  kiln__cc_split_free(&s);
+}
+END_TEST
+
+/* The C target's prelude, trimmed for a kernel that names any one of its
+ * helpers, declares everything that helper calls: the unit compiles with
+ * implicit declarations as errors (cc.c compiles with -w, which would hide
+ * them until the shared object failed to load). */
+START_TEST(c_prelude_trimmed_for_each_helper_compiles) {
+  const char *pre = kiln__c_target.prelude;
+  int helpers = 0;
+  bool continued = false;
+  for (const char *l = pre; *l;) {
+    const char *eol = strchr(l, '\n');
+    if (eol == NULL) eol = l + strlen(l);
+    bool fn = !continued && strncmp(l, "KI ", 3) == 0;
+    continued = eol > l && eol[-1] == '\\';
+    if (fn) {
+      const char *paren = memchr(l, '(', (size_t)(eol - l)), *e = paren;
+      ck_assert_ptr_nonnull(paren);
+      while (e > l && e[-1] == ' ') e--;
+      const char *b = e;
+      while (b > l && (isalnum((unsigned char)b[-1]) || b[-1] == '_')) b--;
+      char kernel[256];
+      snprintf(kernel, sizeof kernel,
+               "void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
+               "  (void)%.*s;\n}\n\n",
+               (int)(e - b), b);
+      kiln__cc_program p = {pre, "", kernel, 1, NULL, NULL, NULL, 0};
+      kiln__cc_split s;
+      kiln_status st;
+      kiln_status_clear(&st);
+      ck_assert_int_eq(kiln__cc_split_program(&p, 1, 0, NULL, &s, &st), 0);
+      ck_assert_uint_lt(s.units[0].len, strlen(pre) + strlen(kernel)); /* trimmed */
+      char path[] = "/tmp/kiln-trim-XXXXXX", cmd[400];
+      int fd = mkstemp(path);
+      ck_assert_int_ge(fd, 0);
+      ck_assert_int_eq(write(fd, s.units[0].src, s.units[0].len), (ssize_t)s.units[0].len);
+      close(fd);
+      snprintf(cmd, sizeof cmd,
+               "cc -fsyntax-only -Werror=implicit-function-declaration -Werror=implicit-int "
+               "-x c %s 2>&1 | grep -m3 error",
+               path);
+      ck_assert_msg(system(cmd) != 0, "%.*s: the trimmed prelude does not compile (%s)",
+                    (int)(e - b), b, cmd);
+      unlink(path);
+      kiln__cc_split_free(&s);
+      helpers++;
+    }
+    l = *eol ? eol + 1 : eol;
+  }
+  ck_assert_int_gt(helpers, 40);
 }
 END_TEST
 
@@ -152,7 +336,7 @@ START_TEST(split_large_program_content_defined) {
   kiln__cc_program p = {prelude, "", kiln_sbuf_str(&k), 400, NULL, NULL, NULL, 0};
   kiln__cc_split s;
   kiln_status st;
-  ck_assert_int_eq(kiln__cc_split_program(&p, 2, 32768, &s, &st), 0);
+  ck_assert_int_eq(kiln__cc_split_program(&p, 2, 32768, NULL, &s, &st), 0);
   ck_assert_uint_ge(s.nunits, 8);
   for (uint32_t u = 0; u < s.nunits; u++) ck_assert_uint_le(s.units[u].len, 32768 + 16384 + 4096);
   kiln__cc_split_free(&s);
@@ -443,14 +627,17 @@ END_TEST
 
 /* The flags of every unit compile_flags' compiler was asked to compile,
  * in order, one per line ("-O1\n-O3\n"). */
-static void compile_flags(const char *hlo, char *out, size_t size) {
-  char dir[] = "/tmp/kiln-ccflags-XXXXXX", script[300], log[300], body[600];
+static void compile_flags_as(const char *hlo, const char *version, char *out, size_t size) {
+  char dir[] = "/tmp/kiln-ccflags-XXXXXX", script[300], log[300], body[900];
   ck_assert_ptr_nonnull(mkdtemp(dir));
   snprintf(script, sizeof script, "%s/cc", dir);
   snprintf(log, sizeof log, "%s/log", dir);
+  char fake[300] = "";
+  if (version)
+    snprintf(fake, sizeof fake, "[ \"$1\" = --version ] && { echo '%s'; exit 0; }\n", version);
   snprintf(body, sizeof body,
-           "#!/bin/sh\ncase \" $* \" in *\" -c \"*) echo \"$1\" >> %s;; esac\nexec cc \"$@\"\n",
-           log);
+           "#!/bin/sh\n%scase \" $* \" in *\" -c \"*) echo \"$1\" >> %s;; esac\nexec cc \"$@\"\n",
+           fake, log);
   write_script(script, body);
   kiln_compile_options o;
   kiln_compile_options_init(&o);
@@ -467,6 +654,29 @@ static void compile_flags(const char *hlo, char *out, size_t size) {
   unlink(script);
   rmdir(dir);
 }
+
+static void compile_flags(const char *hlo, char *out, size_t size) {
+  compile_flags_as(hlo, NULL, out, size);
+}
+
+/* A small module with a tiny kernel (16 elements) and a light one (256 x
+ * 256, once per run). */
+static const char tiny_and_light_hlo[] =
+    "HloModule tl\nENTRY main {\n  p = f32[16] parameter(0)\n  q = f32[256,256] parameter(1)\n"
+    "  e = f32[16] exponential(p)\n  t = f32[256,256] tanh(q)\n"
+    "  ROOT o = (f32[16], f32[256,256]) tuple(e, t)\n}\n";
+
+/* GCC compiles the two in one unit at the light flags (the tiny kernel
+ * carries -O1 as an optimize attribute); a compiler that is not GCC by its
+ * --version gets a unit per class, as clang ignores the attribute. */
+START_TEST(small_module_one_unit_under_gcc) {
+  char flags[256];
+  compile_flags(tiny_and_light_hlo, flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O2\n");
+  compile_flags_as(tiny_and_light_hlo, "clang version 99.0.0", flags, sizeof flags);
+  ck_assert(strcmp(flags, "-O1\n-O2\n") == 0 || strcmp(flags, "-O2\n-O1\n") == 0);
+}
+END_TEST
 
 /* A kernel's flags follow what its run costs (compile.c): a few KiB once
  * per run -O1, up to 4 MiB per argument once per run -O2, more -O3, and
@@ -546,6 +756,65 @@ START_TEST(link_falls_back_to_the_drivers_own) {
   unlink(log);
   unlink(script);
   rmdir(dir);
+}
+END_TEST
+
+/* The link names libm, libmvec and libgcc only when an object leaves a
+ * symbol undefined that they define: f32 exp is the prelude's own, f32
+ * sine libmvec's. Either way the kernels load and compute f(x). */
+static void link_and_run(const char *op, double (*f)(double), bool want_libs) {
+  char dir[] = "/tmp/kiln-cclibs-XXXXXX", script[300], log[300], body[1400], hlo[300];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(script, sizeof script, "%s/cc", dir);
+  snprintf(log, sizeof log, "%s/log", dir);
+  snprintf(body, sizeof body,
+           "#!/bin/sh\ncase \" $* \" in *\" -shared \"*) case \" $* \" in *\" -lm \"*) echo libs "
+           ">> %s;; *) echo none >> %s;; esac;; esac\nexec cc \"$@\"\n",
+           log, log);
+  write_script(script, body);
+  snprintf(hlo, sizeof hlo,
+           "HloModule l\nENTRY main {\n  p = f32[4096] parameter(0)\n"
+           "  ROOT e = f32[4096] %s(p)\n}\n",
+           op);
+  kiln_compile_options o;
+  kiln_compile_options_init(&o);
+  o.cc = script;
+  o.no_kernel_cache = true;
+  kiln_compile_report r;
+  kiln_status st;
+  kiln_executable *e = NULL;
+  ck_assert_msg(compile(hlo, &o, &r, &e, &st) == 0, "%s", st.msg);
+  char got[64] = {0};
+  FILE *lf = fopen(log, "r");
+  ck_assert_ptr_nonnull(lf);
+  size_t n = fread(got, 1, sizeof got - 1, lf);
+  fclose(lf);
+  got[n] = 0;
+  ck_assert_str_eq(got, want_libs ? "libs\n" : "none\n");
+  kiln_module *m = parse(hlo);
+  const kiln_instr *pi = kiln_computation_param(m, kiln_module_entry(m), 0);
+  kiln_literal *arg = NULL, *out = NULL;
+  ck_assert_int_eq(kiln_literal_create(NULL, &pi->shape, 0, &arg, &st), 0);
+  for (int64_t i = 0; i < 4096; i++) kiln_literal_set_f64(arg, i, (double)(i - 2048) / 512);
+  ck_assert_msg(
+      kiln_run_executable(e, NULL, NULL, (const kiln_literal *const *)&arg, 1, &out, &st) == 0,
+      "%s", st.msg);
+  for (int64_t i = 0; i < 4096; i++) {
+    double x = kiln_literal_get_f64(arg, i), y = kiln_literal_get_f64(out, i);
+    ck_assert_msg(fabs(y - f(x)) <= 1e-6 * (1 + fabs(f(x))), "%s(%g): %g", op, x, y);
+  }
+  kiln_literal_destroy(arg);
+  kiln_literal_destroy(out);
+  kiln_module_destroy(m);
+  kiln_executable_destroy(e);
+  unlink(log);
+  unlink(script);
+  rmdir(dir);
+}
+
+START_TEST(link_names_libraries_only_when_needed) {
+  link_and_run("exponential", exp, false);
+  link_and_run("sine", sin, true);
 }
 END_TEST
 
@@ -644,6 +913,9 @@ Suite *cc_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, sha256_vectors);
   tcase_add_test(tc, split_names_by_content);
+  tcase_add_test(tc, split_mixes_classes_with_attrs);
+  tcase_add_test(tc, unit_prelude_holds_what_it_calls);
+  tcase_add_test(tc, c_prelude_trimmed_for_each_helper_compiles);
   tcase_add_test(tc, split_large_program_content_defined);
   tcase_add_test(tc, cache_hit_same_code);
   tcase_add_test(tc, disk_cache_and_corrupt_file);
@@ -651,7 +923,9 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, units_run_concurrently_and_time_limit);
   tcase_add_test(tc, prelude_declares_as_the_headers_do);
   tcase_add_test(tc, kernel_classes_choose_flags);
+  tcase_add_test(tc, small_module_one_unit_under_gcc);
   tcase_add_test(tc, link_falls_back_to_the_drivers_own);
+  tcase_add_test(tc, link_names_libraries_only_when_needed);
   suite_add_tcase(s, tc);
   return s;
 }
