@@ -98,6 +98,15 @@ static const char prelude[] =
     "#define KSIMD\n"
     "#endif\n"
     "float sinf(float) KSIMD; float cosf(float) KSIMD; float tanf(float) KSIMD;\n"
+    /* ... and called through names GCC does not know as builtins: it
+     * otherwise merges sinf(x) and cosf(x) of one x (digamma's reflection)
+     * into one sincosf, which has no vector variant, and the loop stays
+     * scalar. The same functions, by their assembler names. */
+    "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"
+    "float kvsinf(float) __asm__(\"sinf\") KSIMD; float kvcosf(float) __asm__(\"cosf\") KSIMD;\n"
+    "float kvtanf(float) __asm__(\"tanf\") KSIMD;\n"
+    "#define sinf(x) kvsinf(x)\n#define cosf(x) kvcosf(x)\n#define tanf(x) kvtanf(x)\n"
+    "#endif\n"
     /* row kernels (kernel_loop.c): GCC vectorizes for 256 bits unless told
      * that a function prefers 512 (nothing on a machine without them) */
     "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"

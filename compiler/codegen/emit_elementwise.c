@@ -60,9 +60,9 @@ static const char *float_exact_unary(kiln_opcode op, dt t) {
   bool f = t == KILN_F32;
   switch (op) {
   case KILN_OP_ABS: return f ? "fabsf" : "fabs";
-  case KILN_OP_CEIL: return f ? "ceilf" : "ceil";
-  case KILN_OP_FLOOR: return f ? "floorf" : "floor";
-  case KILN_OP_ROUND_AFZ: return f ? "roundf" : "round";
+  case KILN_OP_CEIL: return f ? "kceilf" : "kceild";
+  case KILN_OP_FLOOR: return f ? "kfloorf" : "kfloord";
+  case KILN_OP_ROUND_AFZ: return f ? "kroundf" : "kroundd";
   case KILN_OP_ROUND_EVEN: return f ? "rintf" : "rint";
   case KILN_OP_SIGN: return f ? "ksignf" : "ksign";
   case KILN_OP_NEGATE: return "-";
@@ -130,7 +130,7 @@ static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, 
     return 0;
   }
   if (op == KILN_OP_IS_FINITE) {
-    snprintf(dst, n, "(uint8_t)(isfinite(%s) != 0)", a);
+    snprintf(dst, n, "%s(%s)", t == KILN_F32 ? "kfinitef" : "kfinited", a);
     return 0;
   }
   if (op == KILN_OP_REDUCE_PRECISION) {
@@ -516,7 +516,12 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
     return compare(f, ins, a, t, dst, size);
   case KILN_OP_SELECT:
     if (n != 3) break;
-    snprintf(dst, size, "(%s ? %s : %s)", a[0], a[1], a[2]);
+    if (is_f(at[1]))
+      snprintf(dst, size, "%s(%s, %s, %s)",
+               strcmp(kiln__ctype(f->mod, at[1]), "float") == 0 ? "kself" : "kseld", a[0], a[1],
+               a[2]);
+    else
+      snprintf(dst, size, "(%s ? %s : %s)", a[0], a[1], a[2]);
     return 0;
   case KILN_OP_CLAMP:
     if (n != 3) break;

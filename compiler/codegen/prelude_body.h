@@ -11,6 +11,41 @@
 #define KILN_COMPILER_CODEGEN_PRELUDE_BODY_H
 
 /* clang-format off */
+/* Rounding, selects and finiteness tests that GCC vectorizes (emit.h states
+ * their contract). floorf, ceilf and roundf are not inlined as vector
+ * instructions under -ftrapping-math, and a float select whose operands GCC
+ * sinks into a branch (calls to libmvec's unmasked sinf/cosf above all)
+ * stops if-conversion: rint (which GCC vectorizes) plus an exact
+ * correction, and selects on the bits, keep such loops straight-line.
+ * Exact, so bit-equal to the interpreter's libm calls, NaN included. */
+#define KILN__PRELUDE_ROUNDING \
+    "KI float kfloorf(float x) { float r = rintf(x); return r - (r > x ? 1.0f : 0.0f); }\n" \
+    "KI double kfloord(double x) { double r = rint(x); return r - (r > x ? 1.0 : 0.0); }\n" \
+    "KI float kceilf(float x) { return -kfloorf(-x); }\n" \
+    "KI double kceild(double x) { return -kfloord(-x); }\n" \
+    "KI float kroundf(float x) {\n" \
+    "  float a = fabsf(x), f = kfloorf(a);\n" \
+    "  f = f + (a - f >= 0.5f ? 1.0f : 0.0f);\n" \
+    "  return kbf32(kf32bits(f) | (kf32bits(x) & 0x80000000u));\n" \
+    "}\n" \
+    "KI double kroundd(double x) {\n" \
+    "  double a = fabs(x), f = kfloord(a);\n" \
+    "  f = f + (a - f >= 0.5 ? 1.0 : 0.0);\n" \
+    "  return kbf64(kf64bits(f) | (kf64bits(x) & 0x8000000000000000ull));\n" \
+    "}\n" \
+    "KI float kself(uint8_t c, float a, float b) {\n" \
+    "  uint32_t m = 0u - (uint32_t)(c != 0);\n" \
+    "  return kbf32((kf32bits(a) & m) | (kf32bits(b) & ~m));\n" \
+    "}\n" \
+    "KI double kseld(uint8_t c, double a, double b) {\n" \
+    "  uint64_t m = 0ull - (uint64_t)(c != 0);\n" \
+    "  return kbf64((kf64bits(a) & m) | (kf64bits(b) & ~m));\n" \
+    "}\n" \
+    "KI uint8_t kfinitef(float x) { return (uint8_t)((kf32bits(x) & 0x7fffffffu) < 0x7f800000u); }\n" \
+    "KI uint8_t kfinited(double x) {\n" \
+    "  return (uint8_t)((kf64bits(x) & 0x7fffffffffffffffull) < 0x7ff0000000000000ull);\n" \
+    "}\n"
+
 #define KILN__PRELUDE_BODY \
     "KI float kbf32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }\n" \
     "KI double kbf64(uint64_t u) { double f; memcpy(&f, &u, 8); return f; }\n" \
@@ -284,6 +319,7 @@
     "  r = x != x ? x : r;\n" \
     "  return kbf32(kf32bits(r) | (kf32bits(x) & 0x80000000u));\n" \
     "}\n" \
+    KILN__PRELUDE_ROUNDING \
     "\n"
 /* clang-format on */
 
