@@ -316,6 +316,11 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *   kself(c, a, b), kseld  c ? a : b (c a pred value) on the bits, so GCC
  *          cannot turn it into a branch that stops if-conversion.
  *   kfinitef, kfinited  1 when x is neither infinite nor NaN, else 0.
+ *   ktotf(x)   the total-order key of an f32 as ktot((double)x) orders it
+ *          (a NaN's quiet bit set, as the conversion to double sets it).
+ *   kdivs32v, krems32v, kdivu32v, kremu32v  kdivs32, krems32 and the
+ *          32-bit kdivu64, kremu64 (a 0 divisor giving all ones, x),
+ *          vectorizable: an unknown divisor's quotient through double.
  * reduce-precision (eb exponent bits, mb mantissa bits, as the attribute
  * gives them):
  *   krpbits(bits, se, sm, eb, mb)  on the bits of a non-NaN value of a
@@ -415,6 +420,11 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(kseld, "double kseld(uint8_t c, double a, double b)") \
   X(kfinitef, "uint8_t kfinitef(float x)") \
   X(kfinited, "uint8_t kfinited(double x)") \
+  X(ktotf, "int32_t ktotf(float x)") \
+  X(kdivs32v, "int32_t kdivs32v(int32_t a, int32_t b)") \
+  X(krems32v, "int32_t krems32v(int32_t a, int32_t b)") \
+  X(kdivu32v, "uint32_t kdivu32v(uint32_t a, uint32_t b)") \
+  X(kremu32v, "uint32_t kremu32v(uint32_t a, uint32_t b)") \
   /* complex: owed only by a target whose ctype has KILN_C64/KILN_C128 */ \
   X(kcx, "double _Complex kcx(double re, double im)") \
   X(kc64r, "double _Complex kc64r(double _Complex z)") \

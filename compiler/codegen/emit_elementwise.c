@@ -264,9 +264,12 @@ static int int_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
   case KILN_OP_DIVIDE:
   case KILN_OP_REMAINDER: {
     const char *h = op == KILN_OP_DIVIDE ? "kdiv" : "krem";
-    if (s)
-      snprintf(e, sizeof e, "%ss%s((int%s_t)%s, (int%s_t)%s)", h, w64 ? "64" : "32",
-               w64 ? "64" : "32", a, w64 ? "64" : "32", b);
+    if (s && !w64)
+      snprintf(e, sizeof e, "%ss32v((int32_t)%s, (int32_t)%s)", h, a, b);
+    else if (s)
+      snprintf(e, sizeof e, "%ss64((int64_t)%s, (int64_t)%s)", h, a, b);
+    else if (!w64)
+      snprintf(e, sizeof e, "%su32v((uint32_t)%s, (uint32_t)%s)", h, a, b);
     else
       snprintf(e, sizeof e, "%su64((uint64_t)%s, (uint64_t)%s)", h, a, b);
     iwrap(f, t, e, dst, n);
@@ -410,7 +413,9 @@ static int compare(kiln__emit_fn *f, const kiln_instr *ins, const char *const *a
   if (sym == NULL)
     return kiln__emit_fail(f, ins, KILN_EINVAL, "compare %s needs a direction", ins->name);
   const char *type = kiln_instr_attr_str(ins, KILN_ATTR_TYPE);
-  if (is_f(t) && type && strcmp(type, "TOTALORDER") == 0)
+  if (t == KILN_F32 && type && strcmp(type, "TOTALORDER") == 0)
+    snprintf(dst, n, "(uint8_t)(ktotf(%s) %s ktotf(%s))", a[0], sym, a[1]);
+  else if (is_f(t) && type && strcmp(type, "TOTALORDER") == 0)
     snprintf(dst, n, "(uint8_t)(ktot((double)%s) %s ktot((double)%s))", a[0], sym, a[1]);
   else
     snprintf(dst, n, "(uint8_t)(%s %s %s)", a[0], sym, a[1]);

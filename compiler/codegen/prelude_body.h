@@ -17,7 +17,12 @@
  * sinks into a branch (calls to libmvec's unmasked sinf/cosf above all)
  * stops if-conversion: rint (which GCC vectorizes) plus an exact
  * correction, and selects on the bits, keep such loops straight-line.
- * Exact, so bit-equal to the interpreter's libm calls, NaN included. */
+ * Exact, so bit-equal to the interpreter's libm calls, NaN included.
+ * x86 has no vector integer division: 32-bit quotients go through double
+ * (exact: both operands and the quotient fit in 53 bits, and a quotient's
+ * rounding error, under 2^-21 / |b|, cannot cross an integer, each at
+ * least 1 / |b| from a non-integral quotient), except for a divisor GCC
+ * knows, which it turns into shifts and multiplies. */
 #define KILN__PRELUDE_ROUNDING \
     "KI float kfloorf(float x) { float r = rintf(x); return r - (r > x ? 1.0f : 0.0f); }\n" \
     "KI double kfloord(double x) { double r = rint(x); return r - (r > x ? 1.0 : 0.0); }\n" \
@@ -44,6 +49,41 @@
     "KI uint8_t kfinitef(float x) { return (uint8_t)((kf32bits(x) & 0x7fffffffu) < 0x7f800000u); }\n" \
     "KI uint8_t kfinited(double x) {\n" \
     "  return (uint8_t)((kf64bits(x) & 0x7fffffffffffffffull) < 0x7ff0000000000000ull);\n" \
+    "}\n" \
+    "KI int32_t ktotf(float x) {\n" \
+    "  uint32_t u = kf32bits(x);\n" \
+    "  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : u;\n" \
+    "  int32_t k = (int32_t)u;\n" \
+    "  return k < 0 ? k ^ 0x7fffffff : k;\n" \
+    "}\n" \
+    "#if defined(__GNUC__) && !defined(__CUDACC__)\n" \
+    "#define KCONSTP(x) __builtin_constant_p(x)\n" \
+    "#else\n" \
+    "#define KCONSTP(x) 0\n" \
+    "#endif\n" \
+    "KI int32_t kdivs32v(int32_t a, int32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? -1 : (a == INT32_MIN && b == -1) ? a : a / b;\n" \
+    "  int32_t d = (b == 0) | ((a == INT32_MIN) & (b == -1)) ? 1 : b;\n" \
+    "  int32_t q = (int32_t)((double)a / (double)d);\n" \
+    "  return b == 0 ? -1 : q;\n" \
+    "}\n" \
+    "KI int32_t krems32v(int32_t a, int32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? a : (a == INT32_MIN && b == -1) ? 0 : a % b;\n" \
+    "  int32_t d = (b == 0) | ((a == INT32_MIN) & (b == -1)) ? 1 : b;\n" \
+    "  int32_t q = (int32_t)((double)a / (double)d);\n" \
+    "  uint32_t r = (uint32_t)a - (uint32_t)q * (uint32_t)d;\n" \
+    "  return b == 0 ? a : (int32_t)r;\n" \
+    "}\n" \
+    "KI uint32_t kdivu32v(uint32_t a, uint32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? 0xffffffffu : a / b;\n" \
+    "  uint32_t q = (uint32_t)(int64_t)((double)a / (double)(b == 0 ? 1u : b));\n" \
+    "  return b == 0 ? 0xffffffffu : q;\n" \
+    "}\n" \
+    "KI uint32_t kremu32v(uint32_t a, uint32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? a : a % b;\n" \
+    "  uint32_t d = b == 0 ? 1u : b;\n" \
+    "  uint32_t q = (uint32_t)(int64_t)((double)a / (double)d);\n" \
+    "  return b == 0 ? a : a - q * d;\n" \
     "}\n"
 
 #define KILN__PRELUDE_BODY \
