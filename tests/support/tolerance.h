@@ -66,6 +66,16 @@ static inline uint32_t kiln_tol_ulp_f32(float a, float b) {
   return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
 }
 
+/* JAX's special functions (gammaln, digamma, erfinv, erf, i0e, logit: the
+ * elementwise expansions jax.scipy.special lowers to, chains of floor,
+ * reflection through sin/cos, log, log1p, exp and selects), relative to
+ * max(1, |interp|): each transcendental within its ULP bound above, the
+ * chains' cancellations (gammaln near 1 and 2, the reflection near the
+ * poles) amplifying them. Measured by test_cpu_special.c over its sweep
+ * (2026-12-01): gammaln 8 eps (at -5.004), digamma 4 (at -6.7), erfinv,
+ * erf and logit 1, i0e 0; the bound allows twice the worst. */
+#define KILN_TOL_SPECIAL_REL (16 * KILN_TOL_F32_EPS)
+
 /* Complex elementwise ops (c64, c128) on the cpu backend are computed in
  * double _Complex with the C library's formulas, as the interpreter
  * computes them, each c64 result rounded to float parts: results agree to
