@@ -145,6 +145,32 @@ static const char prelude[] =
     "  double xr = INFINITY * (a1 * c1 - b1 * d1), yr = INFINITY * (a1 * d1 + b1 * c1);\n"
     "  return kcx(KCM_SEL(m, xr, x), KCM_SEL(m, yr, y));\n"
     "}\n"
+    /* z / w of c64 values (float parts, so nothing overflows or underflows
+     * in double): the textbook formula, then C Annex G's recovery (libgcc's
+     * __divdc3) when both parts come out NaN: a zero divisor gives
+     * infinities of the dividend's signs, an infinite dividend over a
+     * finite divisor its parts boxed to +-1 times infinity, a finite
+     * dividend over an infinite divisor zeros; chosen with integer masks
+     * so that the loop vectorizes (wt-special) */
+    "KI double _Complex kc64div(double _Complex z, double _Complex w) {\n"
+    "  double a = creal(z), b = cimag(z), c = creal(w), d = cimag(w);\n"
+    "  double s = c * c + d * d;\n"
+    "  double x = (a * c + b * d) / s, y = (b * c - a * d) / s;\n"
+    "  uint64_t ia = KCM_INF(a), ib = KCM_INF(b), ic = KCM_INF(c), id = KCM_INF(d);\n"
+    "  uint64_t na = KCM_NAN(a), nb = KCM_NAN(b), nc = KCM_NAN(c), nd = KCM_NAN(d);\n"
+    "  uint64_t m = KCM_NAN(x) & KCM_NAN(y);\n"
+    "  uint64_t zero = m & (0ull - (uint64_t)(s == 0.0)) & ~(na & nb);\n"
+    "  uint64_t zi = m & ~zero & (ia | ib) & ~(ic | id | nc | nd);\n"
+    "  uint64_t wi = m & ~zero & ~zi & (ic | id) & ~(ia | ib | na | nb);\n"
+    "  double k = kbf64(0x7ff0000000000000ull | (kf64bits(c) & 0x8000000000000000ull));\n"
+    "  double a1 = KCM_BOX(a, ia), b1 = KCM_BOX(b, ib), c1 = KCM_BOX(c, ic), d1 = KCM_BOX(d, id);\n"
+    "  double xz = k * a, yz = k * b;\n"
+    "  double xi = INFINITY * (a1 * c + b1 * d), yi = INFINITY * (b1 * c - a1 * d);\n"
+    "  double xw = 0.0 * (a * c1 + b * d1), yw = 0.0 * (b * c1 - a * d1);\n"
+    "  x = KCM_SEL(zero, xz, KCM_SEL(zi, xi, KCM_SEL(wi, xw, x)));\n"
+    "  y = KCM_SEL(zero, yz, KCM_SEL(zi, yi, KCM_SEL(wi, yw, y)));\n"
+    "  return kcx(x, y);\n"
+    "}\n"
     "#undef KCM_NAN\n#undef KCM_INF\n#undef KCM_SEL\n#undef KCM_SIGN\n#undef KCM_BOX\n#undef "
     "KCM_Z0\n"
     /* |z| of a c64 value (float parts): the squares are exact in double and

@@ -321,6 +321,11 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *   kdivs32v, krems32v, kdivu32v, kremu32v  kdivs32, krems32 and the
  *          32-bit kdivu64, kremu64 (a 0 divisor giving all ones, x),
  *          vectorizable: an unknown divisor's quotient through double.
+ *   katan2f(y, x)  atan2 of f32 values, computed in double without libm
+ *          (the octant reduced to |u| <= tan(pi/8), atan's Taylor series
+ *          to u^23, truncation error under 1e-11) and rounded once:
+ *          <= 1 ULP (KILN_TOL_ULP_ATAN2); C99's values at zeros of both
+ *          signs and infinities, NaN in -> NaN out.
  * reduce-precision (eb exponent bits, mb mantissa bits, as the attribute
  * gives them):
  *   krpbits(bits, se, sm, eb, mb)  on the bits of a non-NaN value of a
@@ -425,11 +430,13 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(krems32v, "int32_t krems32v(int32_t a, int32_t b)") \
   X(kdivu32v, "uint32_t kdivu32v(uint32_t a, uint32_t b)") \
   X(kremu32v, "uint32_t kremu32v(uint32_t a, uint32_t b)") \
+  X(katan2f, "float katan2f(float y, float x)") \
   /* complex: owed only by a target whose ctype has KILN_C64/KILN_C128 */ \
   X(kcx, "double _Complex kcx(double re, double im)") \
   X(kc64r, "double _Complex kc64r(double _Complex z)") \
   X(kc64abs, "double kc64abs(double _Complex z)") \
-  X(kc64mul, "double _Complex kc64mul(double _Complex z, double _Complex w)")
+  X(kc64mul, "double _Complex kc64mul(double _Complex z, double _Complex w)") \
+  X(kc64div, "double _Complex kc64div(double _Complex z, double _Complex w)")
 
 /* X(name) for each standard function the emitter calls by name. */
 #define KILN__EMIT_STD_FUNCS(X) \

@@ -166,7 +166,13 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
     }
     snprintf(e, sizeof e, "fmod(%s, %s)", a, b);
     break;
-  case KILN_OP_ATAN2: snprintf(e, sizeof e, "atan2((double)%s, (double)%s)", a, b); break;
+  case KILN_OP_ATAN2:
+    if (f32) {
+      snprintf(dst, n, "katan2f(%s, %s)", a, b);
+      return 0;
+    }
+    snprintf(e, sizeof e, "atan2((double)%s, (double)%s)", a, b);
+    break;
   case KILN_OP_POWER: snprintf(e, sizeof e, "kpowd((double)%s, (double)%s)", a, b); break;
   default:
     return kiln__emit_fail(f, ins, KILN_EINVAL, "%s %s: not defined on floating-point values",
@@ -450,6 +456,8 @@ static int complex_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
     if (n != 2) return 1;
     if (op == KILN_OP_MULTIPLY && rt == KILN_C64) /* C's x * y, vectorizable */
       snprintf(e, sizeof e, "kc64mul(%s, %s)", a[0], a[1]);
+    else if (op == KILN_OP_DIVIDE && rt == KILN_C64) /* C's x / y, likewise */
+      snprintf(e, sizeof e, "kc64div(%s, %s)", a[0], a[1]);
     else
       snprintf(e, sizeof e, "(%s %c %s)", a[0], sym[op], a[1]);
     break;

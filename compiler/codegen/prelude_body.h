@@ -79,6 +79,31 @@
     "  uint32_t q = (uint32_t)(int64_t)((double)a / (double)(b == 0 ? 1u : b));\n" \
     "  return b == 0 ? 0xffffffffu : q;\n" \
     "}\n" \
+    "KI float katan2f(float y, float x) {\n" \
+    "  double ax = fabs((double)x), ay = fabs((double)y);\n" \
+    "  double mx = ax > ay ? ax : ay, mn = ax > ay ? ay : ax;\n" \
+    "  double t = mn / kseld(mx == 0.0, 1.0, mx);\n" \
+    "  t = kseld(mn == INFINITY, 1.0, t); /* both infinite: pi/4 */\n" \
+    "  uint8_t big = t > 0x1.a827999fcef32p-2; /* tan(pi/8) */\n" \
+    "  double u = kseld(big, (t - 1.0) / (t + 1.0), t), z = u * u;\n" \
+    "  double p = -0x1.642c8590b2164p-5; /* atan(u) = u + u z P(z): Taylor to u^23 */\n" \
+    "  p = p * z + 0x1.8618618618618p-5; /* 1/21 */\n" \
+    "  p = p * z - 0x1.af286bca1af28p-5; /* 1/19 */\n" \
+    "  p = p * z + 0x1.e1e1e1e1e1e1ep-5; /* 1/17 */\n" \
+    "  p = p * z - 0x1.1111111111111p-4; /* 1/15 */\n" \
+    "  p = p * z + 0x1.3b13b13b13b14p-4; /* 1/13 */\n" \
+    "  p = p * z - 0x1.745d1745d1746p-4; /* 1/11 */\n" \
+    "  p = p * z + 0x1.c71c71c71c71cp-4; /* 1/9 */\n" \
+    "  p = p * z - 0x1.2492492492492p-3; /* 1/7 */\n" \
+    "  p = p * z + 0x1.999999999999ap-3; /* 1/5 */\n" \
+    "  p = p * z - 0x1.5555555555555p-2; /* 1/3 */\n" \
+    "  double r = u + u * z * p + kseld(big, 0x1.921fb54442d18p-1, 0.0);\n" \
+    "  r = kseld(ay > ax, 0x1.921fb54442d18p+0 - r, r);\n" \
+    "  r = kseld((uint8_t)(kf32bits(x) >> 31), 0x1.921fb54442d18p+1 - r, r);\n" \
+    "  float f = (float)r;\n" \
+    "  f = kbf32(kf32bits(f) | (kf32bits(y) & 0x80000000u));\n" \
+    "  return kself(x != x || y != y, x + y, f);\n" \
+    "}\n" \
     "KI uint32_t kremu32v(uint32_t a, uint32_t b) {\n" \
     "  if (KCONSTP(b)) return b == 0 ? a : a % b;\n" \
     "  uint32_t d = b == 0 ? 1u : b;\n" \

@@ -5,8 +5,8 @@
  * The interpreter is the oracle. It computes f32 transcendentals in double
  * and rounds once (so it is correctly rounded but for rare ties), and it
  * combines a reduction's inputs one at a time in row-major order. The cpu
- * backend instead computes f32 exp, log, log1p, expm1, tanh, logistic and
- * erf in f32 with the prelude's vectorizable helpers (emit.h states their
+ * backend instead computes f32 exp, log, log1p, expm1, tanh, logistic, erf
+ * and atan2 with the prelude's vectorizable helpers (emit.h states their
  * bounds), and sums a row in several vector lanes and partial
  * accumulators combined at the end, as XLA does. So:
  *  - an f32 elementwise result of one of those ops is within
@@ -42,6 +42,8 @@
 #define KILN_TOL_ULP_SIN 2
 #define KILN_TOL_ULP_COS 2
 #define KILN_TOL_ULP_TAN 3
+/* atan2: katan2f, computed in double and rounded once (emit.h). */
+#define KILN_TOL_ULP_ATAN2 1
 #define KILN_TOL_ULP_MAX 3 /* the largest of the above */
 
 /* Relative tolerance (of max(1, |result|)) of an f32 reduction over n

@@ -115,8 +115,8 @@ static void run_both(const program *p, kiln_literal **args, uint32_t n, kiln_lit
   ck_assert_uint_le(n, 4);
   for (uint32_t i = 0; i < n; i++) ia[i] = flush ? flushed(args[i]) : args[i];
   kiln_status_clear(&st);
-  int rc = kiln_run_module_with(p->m, "interp", NULL, NULL, &ro, (const kiln_literal *const *)ia,
-                                n, want, &st);
+  int rc = kiln_run_module_with(p->m, "interp", NULL, NULL, &ro, (const kiln_literal *const *)ia, n,
+                                want, &st);
   for (uint32_t i = 0; i < n && flush; i++) kiln_literal_destroy(ia[i]);
   ck_assert_msg(rc == 0, "interp: %s: %s", st.where, st.msg);
   kiln_status_clear(&st);
@@ -258,9 +258,20 @@ START_TEST(rounding_f64_exact) {
   double *d = x->data;
   uint64_t s = 7;
   for (int64_t i = 0; i < N; i++) d[i] = f[i];
-  static const double edges[] = {0x1p52, -0x1p52, 0x1p52 - 0.5, -0x1p52 + 0.5, 0x1p52 + 1,
-                                 0x1p51 + 0.5, -0x1p51 - 0.5, 0x1p53, DBL_MAX, -DBL_MAX,
-                                 0x1p-1074, -0x1p-1074, 0.49999999999999994, -0.49999999999999994};
+  static const double edges[] = {0x1p52,
+                                 -0x1p52,
+                                 0x1p52 - 0.5,
+                                 -0x1p52 + 0.5,
+                                 0x1p52 + 1,
+                                 0x1p51 + 0.5,
+                                 -0x1p51 - 0.5,
+                                 0x1p53,
+                                 DBL_MAX,
+                                 -DBL_MAX,
+                                 0x1p-1074,
+                                 -0x1p-1074,
+                                 0.49999999999999994,
+                                 -0.49999999999999994};
   for (size_t i = 0; i < sizeof edges / sizeof *edges; i++) d[i] = edges[i];
   for (int64_t i = N / 2; i < N; i++) {
     uint64_t b = rng(&s) << 32 ^ rng(&s);
@@ -311,9 +322,10 @@ START_TEST(select_and_total_order) {
                      dirs[d]);
     kiln_sbuf_printf(&b, "  s%d = f32[%d] select(c%d, x, y)\n", d, N, d);
   }
-  kiln_sbuf_printf(&b, "  ROOT r = (pred[%d], pred[%d], pred[%d], pred[%d], pred[%d], pred[%d], "
-                       "f32[%d], f32[%d], f32[%d], f32[%d], f32[%d], f32[%d]) "
-                       "tuple(c0, c1, c2, c3, c4, c5, s0, s1, s2, s3, s4, s5)\n}\n",
+  kiln_sbuf_printf(&b,
+                   "  ROOT r = (pred[%d], pred[%d], pred[%d], pred[%d], pred[%d], pred[%d], "
+                   "f32[%d], f32[%d], f32[%d], f32[%d], f32[%d], f32[%d]) "
+                   "tuple(c0, c1, c2, c3, c4, c5, s0, s1, s2, s3, s4, s5)\n}\n",
                    N, N, N, N, N, N, N, N, N, N, N, N);
   program p = build(kiln_sbuf_str(&b));
   kiln_literal *args[2] = {param_literal(&p, 0), param_literal(&p, 1)}, *want = NULL, *got = NULL;
@@ -375,8 +387,8 @@ START_TEST(int_division_32) {
                      kiln_sbuf_str(&names));
     program p = build(kiln_sbuf_str(&b));
     kiln_literal *args[2] = {param_literal(&p, 0), param_literal(&p, 1)}, *want = NULL, *got = NULL;
-    static const int64_t edges[] = {0, 1, -1, 2, -2, 7, INT32_MIN, INT32_MAX, -128, 127,
-                                    255, -32768, 32767, 65535, 3, -3};
+    static const int64_t edges[] = {0,    1,   -1,  2,      -2,    7,     INT32_MIN, INT32_MAX,
+                                    -128, 127, 255, -32768, 32767, 65535, 3,         -3};
     uint64_t s = 11 + (uint64_t)t;
     for (int i = 0; i < N; i++) {
       for (int k = 0; k < 2; k++) {
@@ -401,6 +413,73 @@ START_TEST(int_division_32) {
     kiln_sbuf_free(&tup);
     kiln_sbuf_free(&names);
   }
+}
+END_TEST
+
+/* atan2 (katan2f) over every pair of a set of f32 values (the edges, then
+ * bit patterns across every binade of both signs) against libm's atan2 in
+ * double rounded once: within KILN_TOL_ULP_ATAN2, and exactly C99's value
+ * at zeros, infinities and NaNs. Subnormal arguments read as zeros of
+ * their sign and subnormal results flush to zero (FTZ/DAZ, as XLA). */
+static float flush_f32(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+START_TEST(atan2_ulp_bound) {
+  enum { V = 320, N = V * V };
+  float vals[V];
+  int k = 0;
+  for (size_t i = 0; i < sizeof f32_edge_bits / sizeof *f32_edge_bits; i++)
+    memcpy(&vals[k++], &f32_edge_bits[i], 4);
+  for (uint64_t u = 0; k < V; u += (UINT64_C(1) << 32) / 279) {
+    uint32_t b = (uint32_t)(u + 12345u);
+    memcpy(&vals[k++], &b, 4);
+  }
+  char text[512];
+  snprintf(text, sizeof text,
+           "HloModule at\nENTRY main {\n  y = f32[%d] parameter(0)\n  x = f32[%d] parameter(1)\n"
+           "  ROOT r = f32[%d] atan2(y, x)\n}\n",
+           N, N, N);
+  program p = build(text);
+  kiln_literal *args[2] = {param_literal(&p, 0), param_literal(&p, 1)}, *got = NULL;
+  float *y = args[0]->data, *x = args[1]->data;
+  for (int i = 0; i < V; i++)
+    for (int j = 0; j < V; j++) {
+      y[i * V + j] = vals[i];
+      x[i * V + j] = vals[j];
+    }
+  kiln_run_options ro = {.timeout_seconds = 120};
+  kiln_status_clear(&st);
+  ck_assert_int_eq(
+      kiln_run_executable(p.e, NULL, &ro, (const kiln_literal *const *)args, 2, &got, &st), 0);
+  const float *r = got->data;
+  uint32_t worst = 0;
+  int at = 0;
+  for (int i = 0; i < N; i++) {
+    float yf = flush_f32(y[i]), xf = flush_f32(x[i]);
+    float want = flush_f32((float)atan2((double)yf, (double)xf));
+    bool special = yf == 0 || xf == 0 || isinf(yf) || isinf(xf) || isnan(yf) || isnan(xf);
+    uint32_t d = kiln_tol_ulp_f32(r[i], want);
+    if (special || isnan(want))
+      ck_assert_msg(d == 0, "atan2(%a, %a): cpu %a, want %a", (double)y[i], (double)x[i],
+                    (double)r[i], (double)want);
+    if (d > worst) {
+      worst = d;
+      at = i;
+    }
+  }
+  fprintf(stderr, "test_cpu_special: atan2: worst %u ULP at (%a, %a)\n", worst, (double)y[at],
+          (double)x[at]);
+  ck_assert_msg(worst <= KILN_TOL_ULP_ATAN2, "atan2(%a, %a): %u ULP (bound %d)", (double)y[at],
+                (double)x[at], worst, KILN_TOL_ULP_ATAN2);
+  kiln_literal_destroy(got);
+  kiln_literal_destroy(args[0]);
+  kiln_literal_destroy(args[1]);
+  drop(&p);
 }
 END_TEST
 
@@ -429,11 +508,10 @@ START_TEST(jax_special_functions) {
   kiln_literal *x = param_literal(&p, 0), *want = NULL, *got = NULL;
   float *v = x->data;
   int64_t k = 0;
-  static const float edges[] = {0.0f,       -0.0f,       INFINITY,  -INFINITY, NAN,
-                                -NAN,       1.0f,        -1.0f,     2.0f,      0.5f,
-                                -0.5f,      0x1p-149f,   -0x1p-149f, 0x1p-126f, -0x1p-126f,
-                                FLT_MAX,    -FLT_MAX,    1e30f,     -1e30f,    1e10f,
-                                0.9999999f, -0.9999999f, 1.4616321f, 1e-20f,   -1e-20f};
+  static const float edges[] = {
+      0.0f,   -0.0f, INFINITY,   -INFINITY,   NAN,        -NAN,       1.0f,    -1.0f,    2.0f,
+      0.5f,   -0.5f, 0x1p-149f,  -0x1p-149f,  0x1p-126f,  -0x1p-126f, FLT_MAX, -FLT_MAX, 1e30f,
+      -1e30f, 1e10f, 0.9999999f, -0.9999999f, 1.4616321f, 1e-20f,     -1e-20f};
   for (size_t i = 0; i < sizeof edges / sizeof *edges; i++) v[k++] = edges[i];
   for (int i = 1; i <= 40; i++) v[k++] = (float)-i; /* the poles */
   for (int i = -2048; i < 2048; i++) v[k++] = (float)i * 0x1p-8f;
@@ -463,9 +541,10 @@ START_TEST(jax_special_functions) {
     }
     fprintf(stderr, "test_cpu_special: %s: worst %.3g relative at %a\n", names[o], worst,
             (double)v[at]);
-    ck_assert_msg(worst <= KILN_TOL_SPECIAL_REL, "%s(%a): interp %a, cpu %a: %g relative (bound %g)",
-                  names[o], (double)v[at], kiln_literal_get_f64(w, at),
-                  kiln_literal_get_f64(g, at), worst, KILN_TOL_SPECIAL_REL);
+    ck_assert_msg(worst <= KILN_TOL_SPECIAL_REL,
+                  "%s(%a): interp %a, cpu %a: %g relative (bound %g)", names[o], (double)v[at],
+                  kiln_literal_get_f64(w, at), kiln_literal_get_f64(g, at), worst,
+                  KILN_TOL_SPECIAL_REL);
   }
   kiln_literal_destroy(want);
   kiln_literal_destroy(got);
@@ -487,6 +566,7 @@ int main(void) {
   suite_add_tcase(s, tc);
   tc = tcase_create("special");
   tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, atan2_ulp_bound);
   tcase_add_test(tc, jax_special_functions);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
