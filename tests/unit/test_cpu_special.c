@@ -15,6 +15,10 @@
  * patterns. The cpu backend flushes subnormal arguments to zero (as XLA
  * does), so the interpreter runs on the arguments so flushed.
  *
+ * atan2 (katan2f, computed without libm) is within KILN_TOL_ULP_ATAN2 of
+ * the correctly rounded value, exact at the edges; c64 divide (kc64div)
+ * follows C's x / y at every pair of special parts.
+ *
  * tests/data/special/special_f32.hlo is jax.scipy.special's gammaln,
  * digamma, erfinv, erf, i0e and logit as JAX lowers them (export.py next
  * to it): chains of floor, sin/cos/log/log1p/exp with reflection selects.
@@ -483,6 +487,50 @@ START_TEST(atan2_ulp_bound) {
 }
 END_TEST
 
+/* c64 divide (kc64div: the textbook quotient in double and Annex G's
+ * recovery through integer masks) on every pair of special parts, against
+ * C's x / y (libgcc's __divdc3, Smith's method) as the interpreter computes
+ * it: NaN parts where it has NaN parts, its infinities exactly, finite
+ * parts within KILN_TOL_C64_REL of the larger part (the two formulas round
+ * differently; the sign of a zero part may differ). */
+START_TEST(c64_divide_specials) {
+  static const double v[] = {0.0, -0.0, 1.0, -2.5, 3e38, 1e-30, INFINITY, -INFINITY, NAN};
+  enum { NV = sizeof v / sizeof *v, N = NV * NV * NV * NV };
+  char text[200];
+  snprintf(text, sizeof text,
+           "HloModule t\nENTRY e {\n  a = c64[%d] parameter(0)\n  b = c64[%d] parameter(1)\n"
+           "  ROOT q = c64[%d] divide(a, b)\n}\n",
+           N, N, N);
+  program p = build(text);
+  kiln_literal *args[2] = {param_literal(&p, 0), param_literal(&p, 1)}, *want = NULL, *got = NULL;
+  for (int i = 0; i < N; i++) {
+    kiln_literal_set_c128(args[0], i, v[i % NV], v[i / NV % NV]);
+    kiln_literal_set_c128(args[1], i, v[i / (NV * NV) % NV], v[i / (NV * NV * NV)]);
+  }
+  run_both(&p, args, 2, &want, &got, false);
+  for (int i = 0; i < N; i++) {
+    double w[2], g[2];
+    kiln_literal_get_c128(want, i, &w[0], &w[1]);
+    kiln_literal_get_c128(got, i, &g[0], &g[1]);
+    double scale = 1.0;
+    for (int k = 0; k < 2; k++)
+      if (isfinite(w[k])) scale = fmax(scale, fabs(w[k]));
+    for (int k = 0; k < 2; k++) {
+      bool ok = isnan(w[k])   ? isnan(g[k])
+                : isinf(w[k]) ? g[k] == w[k]
+                              : isfinite(g[k]) && fabs(g[k] - w[k]) <= KILN_TOL_C64_REL * scale;
+      ck_assert_msg(ok, "(%g%+gi) / (%g%+gi): interp %g%+gi, cpu %g%+gi", v[i % NV], v[i / NV % NV],
+                    v[i / (NV * NV) % NV], v[i / (NV * NV * NV)], w[0], w[1], g[0], g[1]);
+    }
+  }
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_literal_destroy(args[0]);
+  kiln_literal_destroy(args[1]);
+  drop(&p);
+}
+END_TEST
+
 /* ---- JAX's special functions -------------------------------------------- */
 
 static char *read_text(const char *path) {
@@ -567,6 +615,7 @@ int main(void) {
   tc = tcase_create("special");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, atan2_ulp_bound);
+  tcase_add_test(tc, c64_divide_specials);
   tcase_add_test(tc, jax_special_functions);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
