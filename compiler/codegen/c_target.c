@@ -152,7 +152,7 @@ static const char prelude[] =
      * finite divisor its parts boxed to +-1 times infinity, a finite
      * dividend over an infinite divisor zeros; chosen with integer masks
      * so that the loop vectorizes (wt-special) */
-    "KI double _Complex kc64div(double _Complex z, double _Complex w) {\n"
+    "KIA double _Complex kc64div(double _Complex z, double _Complex w) {\n"
     "  double a = creal(z), b = cimag(z), c = creal(w), d = cimag(w);\n"
     "  double s = c * c + d * d;\n"
     "  double x = (a * c + b * d) / s, y = (b * c - a * d) / s;\n"

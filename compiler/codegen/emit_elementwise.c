@@ -2,14 +2,19 @@
  * semantics (compiler/eval/interp_elementwise.c): one rounding per op for
  * floats (f16/bf16 computed in double then rounded by krh/krb; f32
  * transcendentals computed in double and rounded once), except the f32
- * exp/log/log1p/expm1/tanh/logistic/erf, computed in f32 by the prelude's
- * vectorizable helpers within a few ULP (emit.h); integer arithmetic
- * in unsigned types so that it wraps without undefined behaviour, and
+ * exp/log/log1p/expm1/tanh/logistic/erf and atan2, computed by the
+ * prelude's vectorizable helpers within a few ULP (emit.h); floor, ceil,
+ * round, is-finite and float selects through exact branch-free helpers
+ * (kfloorf ... kself) so that GCC vectorizes the loops holding them;
+ * integer arithmetic in unsigned types so that it wraps without undefined
+ * behaviour, and
  * XLA's edges (x/0 = -1, INT_MIN/-1 = INT_MIN, x%0 = x, shifts past the
  * width, saturating float->int conversion with NaN -> 0, NaN-propagating
  * max/min/clamp, total-order comparison) through the prelude's helpers.
- * Complex values (c64, c128) are double _Complex, each c64 result rounded
- * to float parts, for the interpreter's complex ops only.
+ * 32-bit integer division goes through double unless the divisor is a
+ * constant (kdivs32v). Complex values (c64, c128) are double _Complex, each
+ * c64 result rounded to float parts, for the interpreter's complex ops
+ * only (c64 multiply and divide by kc64mul and kc64div, which vectorize).
  */
 #include <stdio.h>
 #include <string.h>

@@ -24,6 +24,13 @@
  * least 1 / |b| from a non-integral quotient), except for a divisor GCC
  * knows, which it turns into shifts and multiplies. */
 #define KILN__PRELUDE_ROUNDING \
+    /* KIA: a helper too large for -O2's inliner (light kernels, compile.c) \
+     * that must still be inlined, or the loop calling it stays scalar */ \
+    "#if defined(__GNUC__) && !defined(__CUDACC__)\n" \
+    "#define KIA KI __attribute__((always_inline))\n" \
+    "#else\n" \
+    "#define KIA KI\n" \
+    "#endif\n" \
     "KI float kfloorf(float x) { float r = rintf(x); return r - (r > x ? 1.0f : 0.0f); }\n" \
     "KI double kfloord(double x) { double r = rint(x); return r - (r > x ? 1.0 : 0.0); }\n" \
     "KI float kceilf(float x) { return -kfloorf(-x); }\n" \
@@ -79,7 +86,7 @@
     "  uint32_t q = (uint32_t)(int64_t)((double)a / (double)(b == 0 ? 1u : b));\n" \
     "  return b == 0 ? 0xffffffffu : q;\n" \
     "}\n" \
-    "KI float katan2f(float y, float x) {\n" \
+    "KIA float katan2f(float y, float x) {\n" \
     "  double ax = fabs((double)x), ay = fabs((double)y);\n" \
     "  double mx = ax > ay ? ax : ay, mn = ax > ay ? ay : ax;\n" \
     "  double t = mn / kseld(mx == 0.0, 1.0, mx);\n" \
