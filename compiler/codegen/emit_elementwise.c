@@ -172,7 +172,7 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
     snprintf(e, sizeof e, "fmod(%s, %s)", a, b);
     break;
   case KILN_OP_ATAN2:
-    if (f32) {
+    if (t == KILN_F32) { /* f32 alone: katan2f's result is not rounded to a narrower type */
       snprintf(dst, n, "katan2f(%s, %s)", a, b);
       return 0;
     }
