@@ -99,6 +99,15 @@ static const char prelude[] =
     "#define KSIMD\n"
     "#endif\n"
     "float sinf(float) KSIMD; float cosf(float) KSIMD; float tanf(float) KSIMD;\n"
+    /* ... and called through names GCC does not know as builtins: it
+     * otherwise merges sinf(x) and cosf(x) of one x (digamma's reflection)
+     * into one sincosf, which has no vector variant, and the loop stays
+     * scalar. The same functions, by their assembler names. */
+    "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"
+    "float kvsinf(float) __asm__(\"sinf\") KSIMD; float kvcosf(float) __asm__(\"cosf\") KSIMD;\n"
+    "float kvtanf(float) __asm__(\"tanf\") KSIMD;\n"
+    "#define sinf(x) kvsinf(x)\n#define cosf(x) kvcosf(x)\n#define tanf(x) kvtanf(x)\n"
+    "#endif\n"
     /* row kernels (kernel_loop.c): GCC vectorizes for 256 bits unless told
      * that a function prefers 512 (nothing on a machine without them) */
     "#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)\n"
@@ -138,6 +147,32 @@ static const char prelude[] =
     "  double d1 = KCM_SEL(wi, KCM_BOX(d, id), KCM_SEL(zi, KCM_Z0(d), d));\n"
     "  double xr = INFINITY * (a1 * c1 - b1 * d1), yr = INFINITY * (a1 * d1 + b1 * c1);\n"
     "  return kcx(KCM_SEL(m, xr, x), KCM_SEL(m, yr, y));\n"
+    "}\n"
+    /* z / w of c64 values (float parts, so nothing overflows or underflows
+     * in double): the textbook formula, then C Annex G's recovery (libgcc's
+     * __divdc3) when both parts come out NaN: a zero divisor gives
+     * infinities of the dividend's signs, an infinite dividend over a
+     * finite divisor its parts boxed to +-1 times infinity, a finite
+     * dividend over an infinite divisor zeros; chosen with integer masks
+     * so that the loop vectorizes (wt-special) */
+    "KIA double _Complex kc64div(double _Complex z, double _Complex w) {\n"
+    "  double a = creal(z), b = cimag(z), c = creal(w), d = cimag(w);\n"
+    "  double s = c * c + d * d;\n"
+    "  double x = (a * c + b * d) / s, y = (b * c - a * d) / s;\n"
+    "  uint64_t ia = KCM_INF(a), ib = KCM_INF(b), ic = KCM_INF(c), id = KCM_INF(d);\n"
+    "  uint64_t na = KCM_NAN(a), nb = KCM_NAN(b), nc = KCM_NAN(c), nd = KCM_NAN(d);\n"
+    "  uint64_t m = KCM_NAN(x) & KCM_NAN(y);\n"
+    "  uint64_t zero = m & (0ull - (uint64_t)(s == 0.0)) & ~(na & nb);\n"
+    "  uint64_t zi = m & ~zero & (ia | ib) & ~(ic | id | nc | nd);\n"
+    "  uint64_t wi = m & ~zero & ~zi & (ic | id) & ~(ia | ib | na | nb);\n"
+    "  double k = kbf64(0x7ff0000000000000ull | (kf64bits(c) & 0x8000000000000000ull));\n"
+    "  double a1 = KCM_BOX(a, ia), b1 = KCM_BOX(b, ib), c1 = KCM_BOX(c, ic), d1 = KCM_BOX(d, id);\n"
+    "  double xz = k * a, yz = k * b;\n"
+    "  double xi = INFINITY * (a1 * c + b1 * d), yi = INFINITY * (b1 * c - a1 * d);\n"
+    "  double xw = 0.0 * (a * c1 + b * d1), yw = 0.0 * (b * c1 - a * d1);\n"
+    "  x = KCM_SEL(zero, xz, KCM_SEL(zi, xi, KCM_SEL(wi, xw, x)));\n"
+    "  y = KCM_SEL(zero, yz, KCM_SEL(zi, yi, KCM_SEL(wi, yw, y)));\n"
+    "  return kcx(x, y);\n"
     "}\n"
     "#undef KCM_NAN\n#undef KCM_INF\n#undef KCM_SEL\n#undef KCM_SIGN\n#undef KCM_BOX\n#undef "
     "KCM_Z0\n"

@@ -328,6 +328,27 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
  *   klogisticf 1 / (1 + e^-x), <= 3 ULP (e^x / (1 + e^x) below 0, so that
  *          it stays accurate down to the subnormals).
  *   kerff      erf x, <= 3 ULP; +-1 beyond +-4, the sign of zero kept.
+ * Exact rounding, selection and classification, branch-free and without
+ * libm calls (floorf, ceilf and roundf are not vector instructions under
+ * -ftrapping-math) so that loops holding them vectorize; each equals its
+ * C99 counterpart bit for bit, NaN in -> NaN out:
+ *   kfloorf, kfloord  floor x, from rint x (round to nearest, which GCC
+ *          vectorizes) minus 1 where that lies above x.
+ *   kceilf, kceild    ceil x, as -floor(-x) (so ceil(-0.5) is -0).
+ *   kroundf, kroundd  round x (halfway cases away from zero).
+ *   kself(c, a, b), kseld  c ? a : b (c a pred value) on the bits, so GCC
+ *          cannot turn it into a branch that stops if-conversion.
+ *   kfinitef, kfinited  1 when x is neither infinite nor NaN, else 0.
+ *   ktotf(x)   the total-order key of an f32 as ktot((double)x) orders it
+ *          (a NaN's quiet bit set, as the conversion to double sets it).
+ *   kdivs32v, krems32v, kdivu32v, kremu32v  kdivs32, krems32 and the
+ *          32-bit kdivu64, kremu64 (a 0 divisor giving all ones, x),
+ *          vectorizable: an unknown divisor's quotient through double.
+ *   katan2f(y, x)  atan2 of f32 values, computed in double without libm
+ *          (the octant reduced to |u| <= tan(pi/8), atan's Taylor series
+ *          to u^23, truncation error under 1e-11) and rounded once:
+ *          <= 1 ULP (KILN_TOL_ULP_ATAN2); C99's values at zeros of both
+ *          signs and infinities, NaN in -> NaN out.
  * reduce-precision (eb exponent bits, mb mantissa bits, as the attribute
  * gives them):
  *   krpbits(bits, se, sm, eb, mb)  on the bits of a non-NaN value of a
@@ -426,11 +447,28 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   X(ktanhf, "float ktanhf(float x)") \
   X(klogisticf, "float klogisticf(float x)") \
   X(kerff, "float kerff(float x)") \
+  X(kfloorf, "float kfloorf(float x)") \
+  X(kfloord, "double kfloord(double x)") \
+  X(kceilf, "float kceilf(float x)") \
+  X(kceild, "double kceild(double x)") \
+  X(kroundf, "float kroundf(float x)") \
+  X(kroundd, "double kroundd(double x)") \
+  X(kself, "float kself(uint8_t c, float a, float b)") \
+  X(kseld, "double kseld(uint8_t c, double a, double b)") \
+  X(kfinitef, "uint8_t kfinitef(float x)") \
+  X(kfinited, "uint8_t kfinited(double x)") \
+  X(ktotf, "int32_t ktotf(float x)") \
+  X(kdivs32v, "int32_t kdivs32v(int32_t a, int32_t b)") \
+  X(krems32v, "int32_t krems32v(int32_t a, int32_t b)") \
+  X(kdivu32v, "uint32_t kdivu32v(uint32_t a, uint32_t b)") \
+  X(kremu32v, "uint32_t kremu32v(uint32_t a, uint32_t b)") \
+  X(katan2f, "float katan2f(float y, float x)") \
   /* complex: owed only by a target whose ctype has KILN_C64/KILN_C128 */ \
   X(kcx, "double _Complex kcx(double re, double im)") \
   X(kc64r, "double _Complex kc64r(double _Complex z)") \
   X(kc64abs, "double kc64abs(double _Complex z)") \
-  X(kc64mul, "double _Complex kc64mul(double _Complex z, double _Complex w)")
+  X(kc64mul, "double _Complex kc64mul(double _Complex z, double _Complex w)") \
+  X(kc64div, "double _Complex kc64div(double _Complex z, double _Complex w)")
 
 /* X(name) for each standard function the emitter calls by name. */
 #define KILN__EMIT_STD_FUNCS(X) \

@@ -1,21 +1,26 @@
 /* Elementwise ops as C expressions, with the reference interpreter's
  * semantics (compiler/eval/interp_elementwise.c): one rounding per op for
  * floats (f32 transcendentals computed in double and rounded once), except
- * the f32 exp/log/log1p/expm1/tanh/logistic/erf, computed in f32 by the
- * prelude's vectorizable helpers within a few ULP (emit.h). f16 and bf16
- * are held in f32 and computed as XLA's CPU backend computes them: the op
- * in f32 (the same helpers), its result rounded to nearest even back to
- * the narrow type by krhf/krbf before the next op reads it; + - * / sqrt
- * so come out correctly rounded, bit-equal to the interpreter's, and the
- * transcendentals within 1 unit of the narrow type; the few ops with no
- * f32 helper (cbrt, atan2, power) are computed in double and rounded once
- * (krh/krb), as the interpreter does; integer arithmetic
- * in unsigned types so that it wraps without undefined behaviour, and
+ * the f32 exp/log/log1p/expm1/tanh/logistic/erf and atan2, computed in f32
+ * by the prelude's vectorizable helpers within a few ULP (emit.h). f16 and
+ * bf16 are held in f32 and computed as XLA's CPU backend computes them:
+ * the op in f32 (the same helpers), its result rounded to nearest even
+ * back to the narrow type by krhf/krbf before the next op reads it;
+ * + - * / sqrt so come out correctly rounded, bit-equal to the
+ * interpreter's, and the transcendentals within 1 unit of the narrow type;
+ * the few ops with no f32 helper (cbrt, power) are computed in double and
+ * rounded once (krh/krb), as the interpreter does. floor, ceil, round,
+ * is-finite and float selects go through exact branch-free helpers
+ * (kfloorf ... kself) so that GCC vectorizes the loops holding them;
+ * integer arithmetic in unsigned types so that it wraps without undefined
+ * behaviour, and
  * XLA's edges (x/0 = -1, INT_MIN/-1 = INT_MIN, x%0 = x, shifts past the
  * width, saturating float->int conversion with NaN -> 0, NaN-propagating
  * max/min/clamp, total-order comparison) through the prelude's helpers.
- * Complex values (c64, c128) are double _Complex, each c64 result rounded
- * to float parts, for the interpreter's complex ops only.
+ * 32-bit integer division goes through double unless the divisor is a
+ * constant (kdivs32v). Complex values (c64, c128) are double _Complex, each
+ * c64 result rounded to float parts, for the interpreter's complex ops
+ * only (c64 multiply and divide by kc64mul and kc64div, which vectorize).
  */
 #include <stdio.h>
 #include <string.h>
@@ -79,9 +84,9 @@ static const char *float_exact_unary(kiln_opcode op, dt t) {
   bool f = in_f32(t);
   switch (op) {
   case KILN_OP_ABS: return f ? "fabsf" : "fabs";
-  case KILN_OP_CEIL: return f ? "ceilf" : "ceil";
-  case KILN_OP_FLOOR: return f ? "floorf" : "floor";
-  case KILN_OP_ROUND_AFZ: return f ? "roundf" : "round";
+  case KILN_OP_CEIL: return f ? "kceilf" : "kceild";
+  case KILN_OP_FLOOR: return f ? "kfloorf" : "kfloord";
+  case KILN_OP_ROUND_AFZ: return f ? "kroundf" : "kroundd";
   case KILN_OP_ROUND_EVEN: return f ? "rintf" : "rint";
   case KILN_OP_SIGN: return f ? "ksignf" : "ksign";
   case KILN_OP_NEGATE: return "-";
@@ -159,7 +164,7 @@ static int float_unary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, 
     return 0;
   }
   if (op == KILN_OP_IS_FINITE) {
-    snprintf(dst, n, "(uint8_t)(isfinite(%s) != 0)", a);
+    snprintf(dst, n, "%s(%s)", t == KILN_F32 ? "kfinitef" : "kfinited", a);
     return 0;
   }
   if (op == KILN_OP_REDUCE_PRECISION) {
@@ -195,7 +200,13 @@ static int float_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op,
     }
     snprintf(e, sizeof e, "fmod(%s, %s)", a, b);
     break;
-  case KILN_OP_ATAN2: snprintf(e, sizeof e, "atan2((double)%s, (double)%s)", a, b); break;
+  case KILN_OP_ATAN2:
+    if (t == KILN_F32) { /* f32 alone: katan2f's result is not rounded to a narrower type */
+      snprintf(dst, n, "katan2f(%s, %s)", a, b);
+      return 0;
+    }
+    snprintf(e, sizeof e, "atan2((double)%s, (double)%s)", a, b);
+    break;
   case KILN_OP_POWER: snprintf(e, sizeof e, "kpowd((double)%s, (double)%s)", a, b); break;
   default:
     return kiln__emit_fail(f, ins, KILN_EINVAL, "%s %s: not defined on floating-point values",
@@ -297,9 +308,12 @@ static int int_binary(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
   case KILN_OP_DIVIDE:
   case KILN_OP_REMAINDER: {
     const char *h = op == KILN_OP_DIVIDE ? "kdiv" : "krem";
-    if (s)
-      snprintf(e, sizeof e, "%ss%s((int%s_t)%s, (int%s_t)%s)", h, w64 ? "64" : "32",
-               w64 ? "64" : "32", a, w64 ? "64" : "32", b);
+    if (s && !w64)
+      snprintf(e, sizeof e, "%ss32v((int32_t)%s, (int32_t)%s)", h, a, b);
+    else if (s)
+      snprintf(e, sizeof e, "%ss64((int64_t)%s, (int64_t)%s)", h, a, b);
+    else if (!w64)
+      snprintf(e, sizeof e, "%su32v((uint32_t)%s, (uint32_t)%s)", h, a, b);
     else
       snprintf(e, sizeof e, "%su64((uint64_t)%s, (uint64_t)%s)", h, a, b);
     iwrap(f, t, e, dst, n);
@@ -446,7 +460,9 @@ static int compare(kiln__emit_fn *f, const kiln_instr *ins, const char *const *a
   if (sym == NULL)
     return kiln__emit_fail(f, ins, KILN_EINVAL, "compare %s needs a direction", ins->name);
   const char *type = kiln_instr_attr_str(ins, KILN_ATTR_TYPE);
-  if (is_f(t) && type && strcmp(type, "TOTALORDER") == 0)
+  if (t == KILN_F32 && type && strcmp(type, "TOTALORDER") == 0)
+    snprintf(dst, n, "(uint8_t)(ktotf(%s) %s ktotf(%s))", a[0], sym, a[1]);
+  else if (is_f(t) && type && strcmp(type, "TOTALORDER") == 0)
     snprintf(dst, n, "(uint8_t)(ktot((double)%s) %s ktot((double)%s))", a[0], sym, a[1]);
   else
     snprintf(dst, n, "(uint8_t)(%s %s %s)", a[0], sym, a[1]);
@@ -481,6 +497,8 @@ static int complex_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op, c
     if (n != 2) return 1;
     if (op == KILN_OP_MULTIPLY && rt == KILN_C64) /* C's x * y, vectorizable */
       snprintf(e, sizeof e, "kc64mul(%s, %s)", a[0], a[1]);
+    else if (op == KILN_OP_DIVIDE && rt == KILN_C64) /* C's x / y, likewise */
+      snprintf(e, sizeof e, "kc64div(%s, %s)", a[0], a[1]);
     else
       snprintf(e, sizeof e, "(%s %c %s)", a[0], sym[op], a[1]);
     break;
@@ -552,7 +570,12 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
     return compare(f, ins, a, t, dst, size);
   case KILN_OP_SELECT:
     if (n != 3) break;
-    snprintf(dst, size, "(%s ? %s : %s)", a[0], a[1], a[2]);
+    if (is_f(at[1]))
+      snprintf(dst, size, "%s(%s, %s, %s)",
+               strcmp(kiln__ctype(f->mod, at[1]), "float") == 0 ? "kself" : "kseld", a[0], a[1],
+               a[2]);
+    else
+      snprintf(dst, size, "(%s ? %s : %s)", a[0], a[1], a[2]);
     return 0;
   case KILN_OP_CLAMP:
     if (n != 3) break;

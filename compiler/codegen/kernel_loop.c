@@ -541,6 +541,15 @@ static int loop_body(kiln__codegen *g, const kiln__kernel_spec *k, bool rows, ki
   char loop[256];
   g->mod.target->range_loop(loop, sizeof loop, rows ? "r" : "i");
   kiln_sbuf_puts(out, kiln_sbuf_str(&top));
+  /* Iteration i writes the outputs at i alone and no argument shares
+   * memory with another (all restrict), so the iterations are independent;
+   * GCC 12 does not draw that from restrict pointers that are locals, and
+   * without being told it leaves a loop that gathers (an indexed read)
+   * scalar. */
+  bool shared = false;
+  for (uint32_t a = 0; a < k->nargs; a++) shared |= k->arg_shared && k->arg_shared[a];
+  if (!rows && !shared && g->mod.target->code == KILN__CODE_SO)
+    kiln_sbuf_puts(out, "  #pragma GCC ivdep\n");
   kiln_sbuf_printf(out, "  %s {\n", loop);
   if (rows) {
     kiln__kernel_decompose(out, s, "r", 1, "o", 2);

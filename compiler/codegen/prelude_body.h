@@ -11,6 +11,113 @@
 #define KILN_COMPILER_CODEGEN_PRELUDE_BODY_H
 
 /* clang-format off */
+/* Rounding, selects and finiteness tests that GCC vectorizes (emit.h states
+ * their contract). floorf, ceilf and roundf are not inlined as vector
+ * instructions under -ftrapping-math, and a float select whose operands GCC
+ * sinks into a branch (calls to libmvec's unmasked sinf/cosf above all)
+ * stops if-conversion: rint (which GCC vectorizes) plus an exact
+ * correction, and selects on the bits, keep such loops straight-line.
+ * Exact, so bit-equal to the interpreter's libm calls, NaN included.
+ * x86 has no vector integer division: 32-bit quotients go through double
+ * (exact: both operands and the quotient fit in 53 bits, and a quotient's
+ * rounding error, under 2^-21 / |b|, cannot cross an integer, each at
+ * least 1 / |b| from a non-integral quotient), except for a divisor GCC
+ * knows, which it turns into shifts and multiplies. */
+#define KILN__PRELUDE_ROUNDING \
+    /* KIA: a helper too large for -O2's inliner (light kernels, compile.c) \
+     * that must still be inlined, or the loop calling it stays scalar */ \
+    "#if defined(__GNUC__) && !defined(__CUDACC__)\n" \
+    "#define KIA KI __attribute__((always_inline))\n" \
+    "#else\n" \
+    "#define KIA KI\n" \
+    "#endif\n" \
+    "KI float kfloorf(float x) { float r = rintf(x); return r - (r > x ? 1.0f : 0.0f); }\n" \
+    "KI double kfloord(double x) { double r = rint(x); return r - (r > x ? 1.0 : 0.0); }\n" \
+    "KI float kceilf(float x) { return -kfloorf(-x); }\n" \
+    "KI double kceild(double x) { return -kfloord(-x); }\n" \
+    "KI float kroundf(float x) {\n" \
+    "  float a = fabsf(x), f = kfloorf(a);\n" \
+    "  f = f + (a - f >= 0.5f ? 1.0f : 0.0f);\n" \
+    "  return kbf32(kf32bits(f) | (kf32bits(x) & 0x80000000u));\n" \
+    "}\n" \
+    "KI double kroundd(double x) {\n" \
+    "  double a = fabs(x), f = kfloord(a);\n" \
+    "  f = f + (a - f >= 0.5 ? 1.0 : 0.0);\n" \
+    "  return kbf64(kf64bits(f) | (kf64bits(x) & 0x8000000000000000ull));\n" \
+    "}\n" \
+    "KI float kself(uint8_t c, float a, float b) {\n" \
+    "  uint32_t m = 0u - (uint32_t)(c != 0);\n" \
+    "  return kbf32((kf32bits(a) & m) | (kf32bits(b) & ~m));\n" \
+    "}\n" \
+    "KI double kseld(uint8_t c, double a, double b) {\n" \
+    "  uint64_t m = 0ull - (uint64_t)(c != 0);\n" \
+    "  return kbf64((kf64bits(a) & m) | (kf64bits(b) & ~m));\n" \
+    "}\n" \
+    "KI uint8_t kfinitef(float x) { return (uint8_t)((kf32bits(x) & 0x7fffffffu) < 0x7f800000u); }\n" \
+    "KI uint8_t kfinited(double x) {\n" \
+    "  return (uint8_t)((kf64bits(x) & 0x7fffffffffffffffull) < 0x7ff0000000000000ull);\n" \
+    "}\n" \
+    "KI int32_t ktotf(float x) {\n" \
+    "  uint32_t u = kf32bits(x);\n" \
+    "  u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x00400000u : u;\n" \
+    "  int32_t k = (int32_t)u;\n" \
+    "  return k < 0 ? k ^ 0x7fffffff : k;\n" \
+    "}\n" \
+    "#if defined(__GNUC__) && !defined(__CUDACC__)\n" \
+    "#define KCONSTP(x) __builtin_constant_p(x)\n" \
+    "#else\n" \
+    "#define KCONSTP(x) 0\n" \
+    "#endif\n" \
+    "KI int32_t kdivs32v(int32_t a, int32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? -1 : (a == INT32_MIN && b == -1) ? a : a / b;\n" \
+    "  int32_t d = (b == 0) | ((a == INT32_MIN) & (b == -1)) ? 1 : b;\n" \
+    "  int32_t q = (int32_t)((double)a / (double)d);\n" \
+    "  return b == 0 ? -1 : q;\n" \
+    "}\n" \
+    "KI int32_t krems32v(int32_t a, int32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? a : (a == INT32_MIN && b == -1) ? 0 : a % b;\n" \
+    "  int32_t d = (b == 0) | ((a == INT32_MIN) & (b == -1)) ? 1 : b;\n" \
+    "  int32_t q = (int32_t)((double)a / (double)d);\n" \
+    "  uint32_t r = (uint32_t)a - (uint32_t)q * (uint32_t)d;\n" \
+    "  return b == 0 ? a : (int32_t)r;\n" \
+    "}\n" \
+    "KI uint32_t kdivu32v(uint32_t a, uint32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? 0xffffffffu : a / b;\n" \
+    "  uint32_t q = (uint32_t)(int64_t)((double)a / (double)(b == 0 ? 1u : b));\n" \
+    "  return b == 0 ? 0xffffffffu : q;\n" \
+    "}\n" \
+    "KIA float katan2f(float y, float x) {\n" \
+    "  double ax = fabs((double)x), ay = fabs((double)y);\n" \
+    "  double mx = ax > ay ? ax : ay, mn = ax > ay ? ay : ax;\n" \
+    "  double t = mn / kseld(mx == 0.0, 1.0, mx);\n" \
+    "  t = kseld(mn == INFINITY, 1.0, t); /* both infinite: pi/4 */\n" \
+    "  uint8_t big = t > 0x1.a827999fcef32p-2; /* tan(pi/8) */\n" \
+    "  double u = kseld(big, (t - 1.0) / (t + 1.0), t), z = u * u;\n" \
+    "  double p = -0x1.642c8590b2164p-5; /* atan(u) = u + u z P(z): Taylor to u^23 */\n" \
+    "  p = p * z + 0x1.8618618618618p-5; /* 1/21 */\n" \
+    "  p = p * z - 0x1.af286bca1af28p-5; /* 1/19 */\n" \
+    "  p = p * z + 0x1.e1e1e1e1e1e1ep-5; /* 1/17 */\n" \
+    "  p = p * z - 0x1.1111111111111p-4; /* 1/15 */\n" \
+    "  p = p * z + 0x1.3b13b13b13b14p-4; /* 1/13 */\n" \
+    "  p = p * z - 0x1.745d1745d1746p-4; /* 1/11 */\n" \
+    "  p = p * z + 0x1.c71c71c71c71cp-4; /* 1/9 */\n" \
+    "  p = p * z - 0x1.2492492492492p-3; /* 1/7 */\n" \
+    "  p = p * z + 0x1.999999999999ap-3; /* 1/5 */\n" \
+    "  p = p * z - 0x1.5555555555555p-2; /* 1/3 */\n" \
+    "  double r = u + u * z * p + kseld(big, 0x1.921fb54442d18p-1, 0.0);\n" \
+    "  r = kseld(ay > ax, 0x1.921fb54442d18p+0 - r, r);\n" \
+    "  r = kseld((uint8_t)(kf32bits(x) >> 31), 0x1.921fb54442d18p+1 - r, r);\n" \
+    "  float f = (float)r;\n" \
+    "  f = kbf32(kf32bits(f) | (kf32bits(y) & 0x80000000u));\n" \
+    "  return kself(x != x || y != y, x + y, f);\n" \
+    "}\n" \
+    "KI uint32_t kremu32v(uint32_t a, uint32_t b) {\n" \
+    "  if (KCONSTP(b)) return b == 0 ? a : a % b;\n" \
+    "  uint32_t d = b == 0 ? 1u : b;\n" \
+    "  uint32_t q = (uint32_t)(int64_t)((double)a / (double)d);\n" \
+    "  return b == 0 ? a : a - q * d;\n" \
+    "}\n"
+
 #define KILN__PRELUDE_BODY \
     "KI float kbf32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }\n" \
     "KI double kbf64(uint64_t u) { double f; memcpy(&f, &u, 8); return f; }\n" \
@@ -305,6 +412,7 @@
     "  r = x != x ? x : r;\n" \
     "  return kbf32(kf32bits(r) | (kf32bits(x) & 0x80000000u));\n" \
     "}\n" \
+    KILN__PRELUDE_ROUNDING \
     "\n"
 /* clang-format on */
 

@@ -5,8 +5,8 @@
  * The interpreter is the oracle. It computes f32 transcendentals in double
  * and rounds once (so it is correctly rounded but for rare ties), and it
  * combines a reduction's inputs one at a time in row-major order. The cpu
- * backend instead computes f32 exp, log, log1p, expm1, tanh, logistic and
- * erf in f32 with the prelude's vectorizable helpers (emit.h states their
+ * backend instead computes f32 exp, log, log1p, expm1, tanh, logistic, erf
+ * and atan2 with the prelude's vectorizable helpers (emit.h states their
  * bounds), and sums a row in several vector lanes and partial
  * accumulators combined at the end, as XLA does. So:
  *  - an f32 elementwise result of one of those ops is within
@@ -50,6 +50,8 @@
 #define KILN_TOL_ULP_SIN 2
 #define KILN_TOL_ULP_COS 2
 #define KILN_TOL_ULP_TAN 3
+/* atan2: katan2f, computed in double and rounded once (emit.h). */
+#define KILN_TOL_ULP_ATAN2 1
 #define KILN_TOL_ULP_MAX 3 /* the largest of the above */
 
 /* Units of the narrow type of an f16 or bf16 result, op by op (a few f32
@@ -101,6 +103,16 @@ static inline uint32_t kiln_tol_ulp_f32(float a, float b) {
   int64_t d = ka > kb ? ka - kb : kb - ka;
   return d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
 }
+
+/* JAX's special functions (gammaln, digamma, erfinv, erf, i0e, logit: the
+ * elementwise expansions jax.scipy.special lowers to, chains of floor,
+ * reflection through sin/cos, log, log1p, exp and selects), relative to
+ * max(1, |interp|): each transcendental within its ULP bound above, the
+ * chains' cancellations (gammaln near 1 and 2, the reflection near the
+ * poles) amplifying them. Measured by test_cpu_special.c over its sweep
+ * (2026-12-01): gammaln 8 eps (at -5.004), digamma 4 (at -6.7), erfinv,
+ * erf and logit 1, i0e 0; the bound allows twice the worst. */
+#define KILN_TOL_SPECIAL_REL (16 * KILN_TOL_F32_EPS)
 
 /* Complex elementwise ops (c64, c128) on the cpu backend are computed in
  * double _Complex with the C library's formulas, as the interpreter
