@@ -339,6 +339,22 @@ static bool replica_synced(kiln_test_redis *r) {
   return ok;
 }
 
+/* Whether the sentinel lists a replica of kilnm that is up. */
+static bool sentinel_knows_replica(kiln_test_redis *sentinel) {
+  redisReply *rep = kiln_test_redis_command(sentinel, "SENTINEL REPLICAS kilnm");
+  bool ok = false;
+  for (size_t i = 0; rep && rep->type == REDIS_REPLY_ARRAY && i < rep->elements && !ok; i++) {
+    const redisReply *r = rep->element[i];
+    /* each replica: a flat array (RESP2) of field, value, ... */
+    for (size_t j = 0; r->type == REDIS_REPLY_ARRAY && j + 1 < r->elements; j += 2)
+      if (r->element[j]->type == REDIS_REPLY_STRING &&
+          r->element[j + 1]->type == REDIS_REPLY_STRING && strcmp(r->element[j]->str, "flags") == 0)
+        ok = strcmp(r->element[j + 1]->str, "slave") == 0;
+  }
+  if (rep) freeReplyObject(rep);
+  return ok;
+}
+
 /* Six nodes with cluster mode on, made into three primaries and three
  * replicas; waits until every node reports the cluster ok. */
 static void start_cluster(void) {
@@ -602,6 +618,13 @@ START_TEST(test_sentinel_failover) {
            port);
   const char *sargs[] = {"--sentinel", NULL};
   ck_assert_msg(kiln_test_redis_start_conf(conf, sargs, &sentinel, &st) == 0, "%s", st.msg);
+  /* The sentinel learns of the replica from the primary's INFO; a primary
+   * killed before that leaves it nothing to promote (on a loaded machine
+   * the first INFO can come late). */
+  for (double t0 = now_s(); !sentinel_knows_replica(sentinel);) {
+    ck_assert_msg(now_s() - t0 < 20, "the sentinel never listed the replica");
+    sleep_ms(100);
+  }
   char url[128];
   snprintf(url, sizeof url, "redis-sentinel://%s/kilnm", kiln_test_redis_addr(sentinel));
   kiln_cache_redis_config cfg = {.url = url, .db = -1, .timeout_ms = TIMEOUT_MS};
