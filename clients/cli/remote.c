@@ -1165,29 +1165,6 @@ static int no_client(const kiln__args *a) {
 
 int kiln__remote_check(const kiln__args *a) { return no_client(a); }
 int kiln__remote_compile(const kiln__args *a) { return no_client(a); }
-/* Outputs of R replicas (grouped by replica) after "replica r:" lines,
- * with --out DIR in DIR/replicaR/. */
-static int print_replicas(const kiln_remote_result *r, uint32_t R, const char *out_dir) {
-  uint32_t per = r->noutputs / R;
-  int rc = KILN_EXIT_OK;
-  for (uint32_t q = 0; q < R && rc == 0; q++) {
-    char dir[4096];
-    if (out_dir) {
-      snprintf(dir, sizeof dir, "%s/replica%u", out_dir, q);
-      kiln_status st;
-      kiln_status_clear(&st);
-      if (kiln__dir_make(out_dir, &st)) {
-        kiln__report("kiln run", NULL, &st);
-        return kiln__exit_code(st.code);
-      }
-    }
-    printf("replica %u:\n", q);
-    kiln_remote_result part = {.noutputs = per, .outputs = r->outputs + (size_t)q * per};
-    rc = print_outputs(&part, out_dir ? dir : NULL);
-  }
-  return rc;
-}
-
 int kiln__remote_run(const kiln__args *a) { return no_client(a); }
 int kiln__remote_bench(const kiln__args *a) { return no_client(a); }
 int kiln__cmd_stats(const kiln__args *a) { return no_client(a); }
