@@ -163,7 +163,8 @@ class Connection:
         self._keeper = None
         self.lease = None  # seconds, from the server; None: no lease
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=30)
+            # the connection itself waits no longer than a call may
+            grpc.channel_ready_future(self.channel).result(timeout=min(30.0, timeout))
         except grpc.FutureTimeoutError:
             self.channel.close()
             raise UnavailableError(f"kiln.connect: no kilnd answering at {address}")

@@ -20,6 +20,11 @@ from kiln import errors
 
 from conftest import _kilnd
 
+# Backend-independent (this module starts a kilnd of its own): ctest runs the
+# suite once per backend, and this module only in the interp run.
+pytestmark = pytest.mark.skipif(os.environ.get("KILN_TEST_BACKEND", "interp") != "interp",
+                                reason="backend-independent: runs in the interp run")
+
 
 def _sh(cmd, cwd):
     subprocess.run(cmd, cwd=cwd, shell=True, check=True, stdout=subprocess.DEVNULL,

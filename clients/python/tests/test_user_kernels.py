@@ -17,6 +17,11 @@ import pytest
 import kiln
 import kiln.numpy as knp
 
+# Backend-independent (this module starts a kilnd of its own): ctest runs the
+# suite once per backend, and this module only in the interp run.
+pytestmark = pytest.mark.skipif(os.environ.get("KILN_TEST_BACKEND", "interp") != "interp",
+                                reason="backend-independent: runs in the interp run")
+
 FMA = """#include <stdint.h>
 void kiln_user_kernel(void *const *bufs, int64_t begin, int64_t end) {
   const float *a = bufs[0], *x = bufs[1];
