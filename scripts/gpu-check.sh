@@ -7,7 +7,10 @@
 #      cuda-sm_90 on an H100/H200), which the suites below compile for;
 #   2. build: a Release tree in build-gpu (16 jobs): kiln and the CUDA
 #      suites (test_cuda_pool, test_cuda_backend, test_cuda_codegen,
-#      test_cuda_diff), then kilnd if time allows;
+#      test_cuda_diff); or, where .gpu/kiln-gpu.tar.gz (GPU_CHECK_PREBUILT) is,
+#      those programs as scripts/gpu-bundle.sh built them on a Debian
+#      machine, for a GPU machine without Kiln's build dependencies (the
+#      lent H200: carry .gpu);
 #   3. the CUDA suites: the device pool sees the GPU, the backend's pieces
 #      and a buffer round trip on the device (test_cuda_backend), the NVRTC
 #      corpus compiles for this GPU's sm (test_cuda_codegen), and the CUDA
@@ -17,6 +20,11 @@
 #      fused elementwise and GEMMs (bench/gpu_bench.py), the same HLO timed
 #      with `kiln bench --backend cuda`, and the models of
 #      bench/bench_models.py with Kiln on --backend cuda.
+#
+# On the lent H200 (the workplace's device tool), which cannot build Kiln:
+# first, here, `scripts/gpu-bundle.sh` (writes .gpu/kiln-gpu.tar.gz), then
+# one run carrying .gpu with the command
+#   GPU_CHECK_OUT=$OUT/gpu-check.md bash scripts/gpu-check.sh
 #
 # Every figure, with what failed and why, goes to
 # ${GPU_CHECK_OUT:-gpu-check-results.md} for bench/RESULTS.md, and to the
@@ -56,12 +64,33 @@ export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
 # kiln while its JAX process is alive: allocate as needed instead.
 export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 
+# The toolkit's libraries that Kiln opens with dlopen, where the loader's
+# own path does not have them (a toolkit under /usr/local/cuda*, or the
+# nvidia-* wheels of the machine's Python): VAR is set to the first match
+# unless already set.
+find_lib() { # VAR GLOB
+  local var=$1 glob=$2 d f sites
+  [ -n "${!var:-}" ] && return 0
+  sites=$("$py" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+  for d in /usr/local/cuda/lib64 /usr/local/cuda*/lib64 /usr/local/cuda*/targets/x86_64-linux/lib \
+    $(for x in $sites; do echo "$x"/nvidia/*/lib; done); do
+    for f in "$d"/$glob; do
+      [ -f "$f" ] && export "$var=$f" && return 0
+    done
+  done
+  return 0
+}
+find_lib KILN_NVRTC_LIB 'libnvrtc.so.1[23]'
+find_lib KILN_CUBLASLT_LIB 'libcublasLt.so.1[23]'
+find_lib KILN_NCCL_LIB 'libnccl.so.2'
+
 {
   echo "# gpu-check $(date -u +%Y-%m-%dT%H:%MZ)"
   echo
   echo "GPUs: $gpus"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "target: $KILN_CUDA_TARGET; JAX_PLATFORMS=$JAX_PLATFORMS; limit ${limit_total} s"
+  echo "libraries: nvrtc ${KILN_NVRTC_LIB:-(loader path)}, cuBLASLt ${KILN_CUBLASLT_LIB:-(loader path)}, NCCL ${KILN_NCCL_LIB:-(loader path)}"
   echo
 } >"$out"
 cat "$out"
@@ -105,22 +134,54 @@ stage() {
 }
 
 note "## build"
-stage "configure" 120 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=ON
-stage "build" 300 cmake --build build-gpu -j "$jobs" --target kiln test_cuda_pool \
-  test_cuda_backend test_cuda_codegen test_cuda_diff ||
-  {
-    note "build failed: no further stages"
-    exit 1
-  }
+prebuilt=${GPU_CHECK_PREBUILT:-.gpu}
+if [ -f "$prebuilt/kiln-gpu.tar.gz" ]; then
+  rm -rf build-gpu-prebuilt && mkdir -p build-gpu-prebuilt &&
+    tar -C build-gpu-prebuilt -xzf "$prebuilt/kiln-gpu.tar.gz" ||
+    note "- cannot unpack $prebuilt/kiln-gpu.tar.gz"
+  prebuilt=build-gpu-prebuilt
+fi
+if [ -x "$prebuilt/bin/kiln" ]; then
+  # Built elsewhere by scripts/gpu-bundle.sh (this machine may lack Kiln's
+  # build dependencies): its programs, its libraries first on the path, and
+  # the source folder its suites read tests/data from, linked to this one.
+  bin=$prebuilt/bin
+  src=$(cat "$prebuilt/SOURCE_DIR" 2>/dev/null || true)
+  if [ -n "$src" ] && [ ! -e "$src/tests/data/jax" ]; then
+    mkdir -p "$(dirname "$src")" && ln -sfn "$PWD" "$src" ||
+      note "- cannot link $src to $PWD: the suites will not find tests/data"
+  fi
+  built=$(cut -c1-12 "$prebuilt/COMMIT" 2>/dev/null || echo '?')
+  here=$(git rev-parse --short=12 HEAD 2>/dev/null || echo '?')
+  note "- prebuilt: $prebuilt (commit $built; this tree $here), source folder ${src:-?}"
+  [ "$built" = "$here" ] || note "- WARNING: the bundle was built from another commit"
+  stage "prebuilt programs load" 30 sh -c "for f in $prebuilt/libexec/*; do LD_LIBRARY_PATH=$prebuilt/lib ldd \$f | grep 'not found' && exit 1; done; $bin/kiln help >/dev/null" ||
+    {
+      note "prebuilt programs cannot load: no further stages"
+      exit 1
+    }
+else
+  bin=build-gpu
+  # not -Werror: another compiler's new warnings must not cost the GPU run
+  stage "configure" 120 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=OFF
+  stage "build" 300 cmake --build build-gpu -j "$jobs" --target kiln test_cuda_pool \
+    test_cuda_backend test_cuda_codegen test_cuda_diff ||
+    {
+      note "build failed: no further stages"
+      exit 1
+    }
+  bin_tests=build-gpu/tests
+fi
+tests=${bin_tests:-$bin}
 
 note "## CUDA suites"
-stage "device pool (test_cuda_pool)" 60 build-gpu/tests/test_cuda_pool
+stage "device pool (test_cuda_pool)" 60 "$tests"/test_cuda_pool
 stage "backend pieces and a device round trip (test_cuda_backend)" 60 \
-  build-gpu/tests/test_cuda_backend
+  "$tests"/test_cuda_backend
 stage "NVRTC corpus for $KILN_CUDA_TARGET (test_cuda_codegen)" 120 \
-  env KILN_CORPUS_DIR="${KILN_CORPUS_DIR:-}" build-gpu/tests/test_cuda_codegen
+  env KILN_CORPUS_DIR="${KILN_CORPUS_DIR:-}" "$tests"/test_cuda_codegen
 stage "CUDA differential vs the interpreter (test_cuda_diff)" 180 \
-  env CK_DEFAULT_TIMEOUT=170 build-gpu/tests/test_cuda_diff
+  env CK_DEFAULT_TIMEOUT=170 "$tests"/test_cuda_diff
 
 note "## benchmarks against JAX on the same GPU"
 exp=$(mktemp -d)
@@ -140,7 +201,7 @@ if [ "$l" -gt 60 ] && timeout $((l < 180 ? l - 20 : 180)) "$py" bench/gpu_bench.
       fail=1
       continue
     fi
-    if r=$(timeout $((l < 60 ? l : 60)) build-gpu/kiln bench "$exp/$f.hlo" --backend cuda \
+    if r=$(timeout $((l < 60 ? l : 60)) "$bin"/kiln bench "$exp/$f.hlo" --backend cuda \
       --iters 20 2>&1); then
       note "- kiln $f on cuda: $(echo "$r" | tail -3 | tr '\n' ' ')"
     else
@@ -155,7 +216,7 @@ fi
 l=$(left)
 if [ "$l" -gt 60 ]; then
   stage "models (bench/bench_models.py --backend cuda, JAX on $JAX_PLATFORMS)" $((l - 5)) \
-    "$py" bench/bench_models.py --backend cuda --kiln build-gpu/kiln --rounds 2 \
+    "$py" bench/bench_models.py --backend cuda --kiln "$bin"/kiln --rounds 2 \
     --only mlp_grad,transformer,transformer_grad --timeout $((l / 4))
 else
   note "- models: SKIPPED, ${l} s left of the ${limit_total} s"

@@ -410,6 +410,7 @@ static int like_operand(kiln__ictx *cx, kiln_shape *out, uint32_t i, kiln_dtype 
 }
 
 static int written_dtype(kiln__ictx *cx, const char *why, kiln_dtype *t) {
+  *t = KILN_INVALID; /* set on every path: GCC -O3 cannot see that the others fail */
   if (cx->written == NULL) return kiln__need_written(cx, why);
   if (!kiln_shape_is_array(cx->written))
     return kiln__fail(cx, "result must be an array, found %s", kiln__sh(cx, cx->written));
