@@ -242,10 +242,31 @@ static bool rule_annotation(const spmd_model *md, const kiln_instr *ins, const s
   return true;
 }
 
+/* partition.c's movement_halo: pad, slice and concatenate split along a
+ * dim they move, each device's window from its neighbours' shards. */
+static bool rule_movement_halo(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
+                               spmd_tiling **need, spmd_charge *c) {
+  kiln_spmd_stats sent;
+  if (!kiln__movement_halo_sent(md->a, md->m, ins, want, md->n, &sent)) return false;
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    const kiln_shape *s = &md->m->instrs[ins->operands[k]]->shape;
+    need[k] = ins->op == KILN_OP_PAD && k == 1 ? replicated(md, s->rank) : (spmd_tiling *)want;
+  }
+  uint32_t np = sent.count[KILN_SPMD_COLLECTIVE_PERMUTE];
+  if (np) { /* a permute's factor is 1: their bytes charged at once */
+    charge_collective(md, c, KILN_SPMD_COLLECTIVE_PERMUTE, sent.bytes[KILN_SPMD_COLLECTIVE_PERMUTE],
+                      2);
+    c->comm.count[KILN_SPMD_COLLECTIVE_PERMUTE] += np - 1;
+  }
+  charge_compute(md, ins, share(&ins->shape, want), c);
+  return true;
+}
+
 static bool rule_movement(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
                           spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
   if (ins->noperands > 64 || ins->noperands == 0) return false;
+  if (rule_movement_halo(md, ins, want, need, c)) return true;
   spmd_tiling *n0 = kiln__spmd_bwd(md->a, m, ins, 0, want);
   spmd_tiling *g0 = n0 ? kiln__spmd_fwd(md->a, m, ins, 0, n0) : NULL;
   if (g0 == NULL) return false;

@@ -419,12 +419,12 @@ typedef struct halo_plan {
   bool edges; /* some window reaches outside [0, D) */
 } halo_plan;
 
-static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint32_t d,
-                           const int64_t *a, int64_t len, int64_t maxq, halo_plan *h) {
+static bool halo_plan_n(int64_t n, int64_t D, const spmd_tiling *t, uint32_t d, const int64_t *a,
+                        int64_t len, int64_t maxq, halo_plan *h) {
   int64_t c = t->tiles[d], s = kiln__shard_size(D, c);
   int64_t qmin = INT64_MAX, qmax = INT64_MIN, inside = 0;
   bool edges = false;
-  for (int64_t k = 0; k < p->n; k++) {
+  for (int64_t k = 0; k < n; k++) {
     int64_t ck = kiln__tiling_coord(t, k, d), lo = a[k] > 0 ? a[k] : 0;
     int64_t hi = a[k] + len < D ? a[k] + len : D;
     edges = edges || a[k] < 0 || a[k] + len > D;
@@ -438,7 +438,7 @@ static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint3
   if (maxq > 64) maxq = 64;      /* halo_window's blocks[] */
   if (qmax - qmin + 1 > maxq) return false;
   int64_t first = s, last = 0;
-  for (int64_t k = 0; k < p->n; k++) {
+  for (int64_t k = 0; k < n; k++) {
     int64_t ck = kiln__tiling_coord(t, k, d), lo = a[k] > 0 ? a[k] : 0;
     int64_t hi = a[k] + len < D ? a[k] + len : D;
     if (lo >= hi) continue;
@@ -451,6 +451,33 @@ static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint3
   if (sent > (c - 1) * s) return false;
   *h = (halo_plan){s, qmin, qmax, first, last, edges};
   return true;
+}
+
+static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint32_t d,
+                           const int64_t *a, int64_t len, int64_t maxq, halo_plan *h) {
+  return halo_plan_n(p->n, D, t, d, a, len, maxq, h);
+}
+
+/* Whether shift_tiles along d of t by q sends anything (some device has a
+ * neighbour q tiles away). */
+static bool shift_sends(const spmd_tiling *t, uint32_t d, int64_t q) {
+  return q != 0 && (q > 0 ? q : -q) < t->tiles[d];
+}
+
+/* What halo_window sends for plan h of x, whose local shape is ls (dim d
+ * its shard), into *sent: one collective-permute per neighbouring tile
+ * that some device needs, of the slice of x it needs. */
+static void halo_sent(const halo_plan *h, const spmd_tiling *t, uint32_t d, const int64_t *ls,
+                      uint32_t rank, int64_t esize, kiln_spmd_stats *sent) {
+  int64_t other = esize;
+  for (uint32_t e = 0; e < rank; e++)
+    if (e != d) other *= ls[e];
+  for (int64_t q = h->qmin; q <= h->qmax; q++) {
+    if (!shift_sends(t, d, q)) continue;
+    int64_t b0 = q == h->qmin ? h->first : 0, b1 = q == h->qmax ? h->last : h->s;
+    sent->count[KILN_SPMD_COLLECTIVE_PERMUTE]++;
+    sent->bytes[KILN_SPMD_COLLECTIVE_PERMUTE] += (b1 - b0) * other;
+  }
 }
 
 static kiln_id halo_window(part *p, kiln_id x, int64_t D, const spmd_tiling *t, uint32_t d,
@@ -609,23 +636,24 @@ static void shard_dims(const kiln_shape *g, const spmd_tiling *t, int64_t *dims)
  * windows that move more than an all-gather would). */
 static int64_t halo_max(const spmd_tiling *t, uint32_t d) { return t->tiles[d] + 1; }
 
-/* pad, slice (stride 1) and concatenate with the result split along a dim
- * they move: each device builds its result shard from the window of the
- * operand it covers (halo_window), instead of gathering the dim. Returns
- * false (nothing built) when the op or the split is not of that kind. */
-static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
-                          int *err) {
-  *err = 0;
+/* Whether movement_halo builds ins (pad, slice (stride 1) or concatenate
+ * with the result split along a dim they move) under `want` on n devices:
+ * every window within reach of the neighbours. The collective-permutes it
+ * sends then go into *sent (may be NULL; the cost model's count). a: n
+ * entries of scratch. */
+static bool movement_halo_check(const kiln_module *m, const kiln_instr *ins,
+                                const spmd_tiling *want, int64_t n, int64_t *a,
+                                kiln_spmd_stats *sent) {
   if (ins->op != KILN_OP_PAD && ins->op != KILN_OP_SLICE && ins->op != KILN_OP_CONCATENATE)
     return false;
   uint32_t r = ins->shape.rank;
   const kiln_i64s *cfg =
       kiln_instr_attr_ints(ins, ins->op == KILN_OP_PAD ? KILN_ATTR_PADDING : KILN_ATTR_SLICE);
   const kiln_i64s *cd = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  const kiln_shape *in = &m->instrs[ins->operands[0]]->shape;
   bool any = false;
   for (uint32_t d = 0; d < r; d++) {
     if (want->tiles[d] <= 1) continue;
-    const kiln_shape *in = gshape(p, ins->operands[0]);
     if (ins->op == KILN_OP_CONCATENATE) {
       if (cd == NULL || cd->n != 1) return false;
       any = any || cd->v[0] == (int64_t)d;
@@ -641,26 +669,73 @@ static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *wan
       any = any || v[0] != 0 || v[1] != in->dims[d];
     }
   }
-  if (!any || ins->noperands > 64) return false;
-  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
-  if (a == NULL) return *err = p->tx->err, true;
-  kiln_id y = KILN_NO_ID;
+  if (!any || ins->noperands > 64 || r > SPMD_MAX_RANK) return false;
   halo_plan h;
+  int64_t ls[SPMD_MAX_RANK];
+  kiln_spmd_stats none;
+  if (sent == NULL) sent = &none;
   if (ins->op == KILN_OP_CONCATENATE) {
     uint32_t d = (uint32_t)cd->v[0];
     int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]), off = 0;
-    for (uint32_t i = 0; i < ins->noperands; i++) { /* every window first: nothing dead */
-      const kiln_shape *gs = gshape(p, ins->operands[i]);
+    for (uint32_t i = 0; i < ins->noperands; i++) {
+      const kiln_shape *gs = &m->instrs[ins->operands[i]]->shape;
       if (!is_array(gs) || gs->rank != r) return false;
-      for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
-      if (!halo_plan_make(p, gs->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+      for (int64_t k = 0; k < n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
+      if (!halo_plan_n(n, gs->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+      for (uint32_t e = 0; e < r; e++) ls[e] = kiln__shard_size(gs->dims[e], want->tiles[e]);
+      halo_sent(&h, want, d, ls, r, (int64_t)kiln_dtype_size(gs->dtype), sent);
       off += gs->dims[d];
     }
-    off = 0;
+    return true;
+  }
+  /* pad, slice: each split moved dim by its window, in order, the local
+   * array taking the result's shard size along it */
+  for (uint32_t e = 0; e < r; e++) ls[e] = kiln__shard_size(in->dims[e], want->tiles[e]);
+  for (uint32_t d = 0; d < r; d++) {
+    const int64_t *vd = cfg->v + 3 * d;
+    if (want->tiles[d] <= 1) continue;
+    bool moved = ins->op == KILN_OP_PAD ? (vd[0] || vd[1]) : (vd[0] != 0 || vd[1] != in->dims[d]);
+    if (!moved) continue;
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
+    int64_t shift = ins->op == KILN_OP_PAD ? -vd[0] : vd[0];
+    for (int64_t k = 0; k < n; k++) a[k] = kiln__tiling_coord(want, k, d) * so + shift;
+    if (!halo_plan_n(n, in->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+    halo_sent(&h, want, d, ls, r, (int64_t)kiln_dtype_size(in->dtype), sent);
+    ls[d] = so;
+  }
+  return true;
+}
+
+bool kiln__movement_halo_sent(kiln_arena *ar, const kiln_module *m, const kiln_instr *ins,
+                              const spmd_tiling *want, int64_t n, kiln_spmd_stats *sent) {
+  memset(sent, 0, sizeof *sent);
+  int64_t *a = kiln_arena_alloc(ar, (size_t)(n ? n : 1) * sizeof *a);
+  return a != NULL && is_array(&ins->shape) && ins->noperands > 0 &&
+         movement_halo_check(m, ins, want, n, a, sent);
+}
+
+/* pad, slice (stride 1) and concatenate with the result split along a dim
+ * they move: each device builds its result shard from the window of the
+ * operand it covers (halo_window), instead of gathering the dim. Returns
+ * false (nothing built) when the op or the split is not of that kind
+ * (movement_halo_check). */
+static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                          int *err) {
+  *err = 0;
+  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (a == NULL) return *err = p->tx->err, true;
+  if (!movement_halo_check(p->m, ins, want, p->n, a, NULL)) return false;
+  uint32_t r = ins->shape.rank;
+  const kiln_i64s *cfg =
+      kiln_instr_attr_ints(ins, ins->op == KILN_OP_PAD ? KILN_ATTR_PADDING : KILN_ATTR_SLICE);
+  const kiln_i64s *cd = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  kiln_id y = KILN_NO_ID;
+  if (ins->op == KILN_OP_CONCATENATE) {
+    uint32_t d = (uint32_t)cd->v[0];
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]), off = 0;
     for (uint32_t i = 0; i < ins->noperands; i++) {
       kiln_id o = ins->operands[i];
       const kiln_shape *gs = gshape(p, o);
-      if (!is_array(gs) || gs->rank != r) return false;
       for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
       kiln_id valid, w = halo_window(p, local_as(p, o, want), gs->dims[d], want, d, a, so,
                                      KILN_NO_ID, halo_max(want, d), &valid);
@@ -678,14 +753,6 @@ static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *wan
   }
   /* pad, slice: split moved dims by window, the others by the local op */
   const kiln_shape *in = gshape(p, ins->operands[0]);
-  for (uint32_t d = 0; d < r; d++) { /* every window first: nothing dead */
-    const int64_t *vd = cfg->v + 3 * d;
-    if (want->tiles[d] <= 1) continue;
-    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
-    int64_t shift = ins->op == KILN_OP_PAD ? -vd[0] : vd[0];
-    for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so + shift;
-    if (!halo_plan_make(p, in->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
-  }
   kiln_id x = local_as(p, ins->operands[0], want);
   kiln_id fill = ins->op == KILN_OP_PAD ? whole(p, ins->operands[1]) : KILN_NO_ID;
   int64_t v[3 * SPMD_MAX_RANK];

@@ -203,6 +203,14 @@ int kiln__spmd_inline_calls(kiln_module *m, uint32_t comp, kiln_status *st);
  * all-reduce with its own reducer (partition.c). */
 bool kiln__reduce_splittable(const kiln_module *m, const kiln_instr *ins);
 
+/* Whether the partitioner builds pad, slice or concatenate ins under
+ * `want` on n devices by halo exchange (the result split along a dim it
+ * moves, every window within reach of the neighbours): its operands then
+ * arrive as `want` (a pad's value whole) and *sent receives the
+ * collective-permutes it sends (partition.c; the cost model's mirror). */
+bool kiln__movement_halo_sent(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                              const spmd_tiling *want, int64_t n, kiln_spmd_stats *sent);
+
 /* ---- the cost model (model.c) ------------------------------------------ */
 
 /* What the model needs to know: the module, the devices and the machine. */
