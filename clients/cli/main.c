@@ -154,6 +154,9 @@ static const kiln__opt bench_opts[] = {
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
+    {"replicas", 0, "R", false,
+     "with --partitions: time the gang of R replicas x P partitions (the JSON gains "
+     "\"replicas\" and \"mesh_collectives\")"},
     {"user-kernel", 0, "NAME=FILE.c:SIG", true,
      "compile the C kernel in FILE.c for custom calls of kiln.user.NAME, as for run"},
     KILN_AUTO_SHARD_OPTS,
@@ -185,6 +188,9 @@ static const kiln__opt compile_opts[] = {
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and report the "
      "collectives inserted"},
+    {"replicas", 0, "R", false,
+     "with --partitions: on R replicas of P partitions (device K = replica x P + partition); "
+     "the collectives of the whole mesh too"},
     {"dump-dir", 0, "DIR", false,
      "with --partitions: write the module after propagation and after partitioning to DIR"},
     KILN_AUTO_SHARD_OPTS,
