@@ -40,6 +40,10 @@ void kiln__model_init(spmd_model *md, const kiln_module *m, kiln_arena *a, int64
   md->flops_per_s = o && o->flops_per_s > 0 ? o->flops_per_s : t->peak_flops;
   md->mem_bytes_per_s = o && o->mem_bytes_per_s > 0 ? o->mem_bytes_per_s : t->bandwidth;
   md->link_bytes_per_s = o && o->link_bytes_per_s > 0 ? o->link_bytes_per_s : md->mem_bytes_per_s;
+  if (o && o->partition)
+    md->opts = *o->partition;
+  else
+    kiln_spmd_options_init(&md->opts);
 }
 
 static bool is_array(const kiln_shape *s) {
@@ -371,6 +375,16 @@ static bool rule_contraction(const spmd_model *md, const kiln_instr *ins, spmd_t
   spmd_tiling *it = best[0];
   need[0] = best[1];
   need[1] = best[2];
+  /* partition.c's windowed_dot: the operand stays split, its blocks go
+   * around the ring in steps - 1 permutes instead of one all-gather */
+  spmd_window w;
+  for (int k = 0; k < 2; k++)
+    if (lt[k] && kiln__window_plan(m, ins, k, lt[k], best[1 + k], &md->opts, &w)) {
+      need[k] = lt[k];
+      charge_collective(md, c, KILN_SPMD_COLLECTIVE_PERMUTE, (w.steps - 1) * w.block_bytes, 2);
+      c->comm.count[KILN_SPMD_COLLECTIVE_PERMUTE] += (uint32_t)(w.steps - 2);
+      break;
+    }
   double local = 1, all = 1;
   pending ar = {0};
   ar.group = 1;

@@ -366,6 +366,51 @@ START_TEST(test_model_halo) {
 }
 END_TEST
 
+/* Windowed einsum forced on: the ring's permutes instead of the all-gather,
+ * in the model as in the partitioner (an lhs gathered along its rows, an
+ * rhs along its columns with a split contraction), and in the plans the
+ * auto-sharder makes with it. */
+START_TEST(test_model_windowed) {
+  const char *texts[] = {
+      "HloModule ag_lhs\n"
+      "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+      " w = f32[8,12] parameter(1), sharding={devices=[1,4]<=[4]}\n"
+      " ROOT y = f32[16,12] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+      "sharding={devices=[1,4]<=[4]}\n}\n",
+      "HloModule contract\n"
+      "ENTRY e {\n x = f32[16,32] parameter(0), sharding={devices=[2,2]<=[4]}\n"
+      " w = f32[32,4] parameter(1), sharding={devices=[2,2]0,2,1,3}\n"
+      " ROOT y = f32[16,4] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, "
+      "sharding={devices=[2,1,2]<=[4] last_tile_dim_replicate}\n}\n",
+  };
+  setenv("KILN_SPMD_WINDOWED", "on", 1);
+  for (int i = 0; i < 2; i++) {
+    kiln_module *m = parse_ok(texts[i]);
+    check_model_matches(m, 4);
+    kiln_spmd_cost c;
+    plan_cost(m, 4, &c);
+    ck_assert_uint_eq(c.comm.count[KILN_SPMD_COLLECTIVE_PERMUTE], i == 0 ? 3 : 1);
+    ck_assert_uint_eq(c.comm.count[KILN_SPMD_ALL_GATHER], 0);
+    kiln_module_destroy(m);
+  }
+  /* the model takes the options it is given over the environment's */
+  kiln_spmd_options po;
+  kiln_spmd_options_init(&po);
+  po.windowed = KILN_SPMD_WINDOWED_OFF;
+  kiln_spmd_auto_options ao;
+  kiln_spmd_auto_options_init(&ao);
+  ao.partition = &po;
+  kiln_module *m = parse_ok(texts[0]);
+  kiln_spmd_cost c;
+  kiln_status st = {0};
+  ck_assert_int_eq(kiln_spmd_plan_cost(m, 4, &ao, &c, &st), 0);
+  ck_assert_uint_eq(c.comm.count[KILN_SPMD_ALL_GATHER], 1);
+  ck_assert_uint_eq(c.comm.count[KILN_SPMD_COLLECTIVE_PERMUTE], 0);
+  kiln_module_destroy(m);
+  unsetenv("KILN_SPMD_WINDOWED");
+}
+END_TEST
+
 /* ---- auto-sharding ---------------------------------------------------------- */
 
 static bool have_glpk(void) {
@@ -606,11 +651,13 @@ static void seed_range(int *first, int *last) {
 }
 
 /* Random programs (every op family the generator has), auto-sharded over
- * 2 and 4 devices and a 2x2 mesh: the result is the unpartitioned one and
+ * 2 and 4 devices and a 2x2 mesh (then again with windowed einsum forced
+ * on): the result is the unpartitioned one and
  * the model's bytes are the partitioner's (loops and conditionals aside:
  * the model charges them as run whole once). */
 START_TEST(test_random_programs) {
   if (!have_glpk()) return;
+  if (_i == 1) setenv("KILN_SPMD_WINDOWED", "on", 1); /* the model and the partitioner */
   int first, seeds;
   seed_range(&first, &seeds);
   int ran = 0;
@@ -659,6 +706,7 @@ START_TEST(test_random_programs) {
     kiln_free(text);
   }
   ck_assert_int_gt(ran, (seeds - first + 1) / 2);
+  unsetenv("KILN_SPMD_WINDOWED");
 }
 END_TEST
 
@@ -761,6 +809,7 @@ static Suite *suite(void) {
   tcase_set_timeout(t, 300);
   tcase_add_test(t, test_model_matches_partitioner);
   tcase_add_test(t, test_model_halo);
+  tcase_add_test(t, test_model_windowed);
   tcase_add_test(t, test_mesh_parse);
   suite_add_tcase(s, t);
   t = tcase_create("auto");
@@ -777,7 +826,7 @@ static Suite *suite(void) {
   suite_add_tcase(s, t);
   t = tcase_create("random");
   tcase_set_timeout(t, 600);
-  tcase_add_test(t, test_random_programs);
+  tcase_add_loop_test(t, test_random_programs, 0, 2); /* 1: windowed einsum on */
   suite_add_tcase(s, t);
   return s;
 }
