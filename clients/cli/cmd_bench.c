@@ -109,6 +109,7 @@ typedef struct bench {
   kiln_spmd_stats coll; /* its collectives per device per run */
   bool auto_shard;      /* --auto-shard: plan is the chosen plan's modelled cost */
   kiln_spmd_cost plan;
+  kiln_spmd_options spmd; /* --windowed-einsum ... */
 } bench;
 
 static bool row_major(const kiln_shape *s) {
@@ -229,7 +230,7 @@ static int run_partitioned(bench *b, const char *backend, bool compiles,
                            const kiln_compile_options *co, kiln_status *st) {
   uint32_t R = b->replicas, P = b->partitions * R, n = b->nargs; /* P: every device */
   kiln_spmd_program *prog;
-  int rc = kiln_spmd_partition_mesh(b->m, R, b->partitions, co->dump_dir, &prog, st);
+  int rc = kiln_spmd_partition_opts(b->m, R, b->partitions, co->dump_dir, &b->spmd, &prog, st);
   if (rc) return rc;
   b->coll = prog->stats;
   kiln_literal **shards = kiln_calloc((size_t)P * (n + 1), sizeof *shards);
@@ -456,6 +457,7 @@ int kiln__cmd_bench(const kiln__args *a) {
     return KILN_EXIT_USAGE;
   }
   b.replicas = (uint32_t)reps;
+  if ((rc = kiln__spmd_options(a, &b.spmd))) return rc;
   kiln_compile_options co;
   bool given;
   if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;

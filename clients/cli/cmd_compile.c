@@ -125,10 +125,12 @@ static int partition(const kiln__args *a, const char *text, bool auto_shard, kil
             a->pos[0]);
     return KILN_EXIT_INVALID;
   }
+  kiln_spmd_options so;
+  if ((rc = kiln__spmd_options(a, &so))) return rc;
   kiln_status st;
   kiln_status_clear(&st);
   kiln_spmd_program *prog;
-  if (kiln_spmd_partition_mesh(*m, r, p, kiln__args_get(a, "dump-dir"), &prog, &st)) {
+  if (kiln_spmd_partition_opts(*m, r, p, kiln__args_get(a, "dump-dir"), &so, &prog, &st)) {
     kiln__report(a->pos[0], *m, &st);
     return kiln__exit_code(st.code);
   }

@@ -238,6 +238,52 @@ START_TEST(test_compile_bench_mesh) {
 }
 END_TEST
 
+/* --windowed-einsum: a column-parallel matmul of row-split activations
+ * takes the ring (3 permutes of a quarter each) instead of the all-gather
+ * when forced on or when the gathered copy reaches the threshold. */
+START_TEST(test_compile_windowed) {
+  const char *f =
+      write_file("ag.hlo", "HloModule ag\n"
+                           "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                           " w = f32[8,12] parameter(1), sharding={devices=[1,4]<=[4]}\n"
+                           " ROOT y = f32[16,12] dot(x, w), lhs_contracting_dims={1}, "
+                           "rhs_contracting_dims={0}, sharding={devices=[1,4]<=[4]}\n}\n");
+  const char *ring = "collective-permute: 3, 384 bytes\n", *gather = "all-gather: 1, 512 bytes\n";
+  struct {
+    const char *mode, *bytes, *want;
+  } cases[] = {{"on", NULL, ring},
+               {"off", "0", gather},
+               {"auto", NULL, gather}, /* 512 bytes: below the default 1M */
+               {"auto", "512", ring},
+               {NULL, "513", gather}};
+  for (int i = 0; i < 5; i++) {
+    const char *argv[8] = {"--partitions", "4"};
+    int n = 2;
+    if (cases[i].mode) argv[n++] = "--windowed-einsum", argv[n++] = cases[i].mode;
+    if (cases[i].bytes) argv[n++] = "--windowed-einsum-bytes", argv[n++] = cases[i].bytes;
+    argv[n] = NULL;
+    result r = run("compile", f, argv[0], argv[1], argv[2], argv[3], argv[4], argv[5], NULL);
+    ck_assert_msg(r.code == 0, "%s", r.err);
+    ck_assert_msg(strstr(r.out, cases[i].want) != NULL, "case %d: %s", i, r.out);
+    result_free(&r);
+  }
+  result r = run("compile", f, "--partitions", "4", "--windowed-einsum", "maybe", NULL);
+  EXPECT(r, 2, "", "kiln compile: --windowed-einsum needs auto, on or off, not 'maybe'\n");
+  result_free(&r);
+  r = run("bench", f, "--partitions", "4", "--windowed-einsum-bytes", "1KB", NULL);
+  EXPECT(r, 2, "",
+         "kiln bench: --windowed-einsum-bytes needs a number of bytes (K, M, G: KiB, MiB, GiB), "
+         "not '1KB'\n");
+  result_free(&r);
+  r = run("bench", f, "--partitions", "4", "--windowed-einsum", "on", "--backend", "interp",
+          "--iters", "1", NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_ptr_nonnull(
+      strstr(r.out, "\"collectives\": {\"collective-permute\": {\"count\": 3, \"bytes\": 384}}"));
+  result_free(&r);
+}
+END_TEST
+
 START_TEST(test_help) {
   result r = run("--help", NULL);
   ck_assert_int_eq(r.code, 0);
@@ -1481,6 +1527,7 @@ static Suite *cli_suite(void) {
   tcase_add_test(tc, test_help);
   tcase_add_test(tc, test_run_mesh);
   tcase_add_test(tc, test_compile_bench_mesh);
+  tcase_add_test(tc, test_compile_windowed);
   tcase_add_test(tc, test_usage_errors);
   tcase_add_test(tc, test_check_ok);
   tcase_add_test(tc, test_check_parse_error);
