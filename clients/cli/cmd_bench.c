@@ -416,6 +416,8 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
            ", \"kernels\": %u, \"steps\": %u}\n",
            b->param_bytes + b->output_bytes + b->rep.peak_bytes, b->rep.peak_bytes,
            b->rep.temp_bytes, b->param_bytes, b->output_bytes, b->rep.nkernels, b->rep.nsteps);
+  else if (compiled)
+    printf(", \"peak_bytes\": null, \"temp_peak_bytes\": %" PRIu64 "}\n", b->rep.peak_bytes);
   else
     printf(", \"peak_bytes\": null}\n");
 }
