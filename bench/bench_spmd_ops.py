@@ -15,8 +15,11 @@ Workloads: an embedding lookup from a table split along its vocabulary
 same from a table split along its features (local gathers and
 scatter-adds, no communication) and along both on a 2x2 mesh, a
 lax.cond over batch-split activations, a lax.while_loop over one split
-array, and a shard_map manual over one axis of a 2x2 mesh whose body is
-split along the other.
+array, a shard_map manual over one axis of a 2x2 mesh whose body is
+split along the other, and windowed einsum: a column-parallel matmul of
+row-split activations (XLA all-gathers them) with Kiln's
+--windowed-einsum on and off (the same program twice; the JSON gains the
+per-device program's peak temporaries, temp_peak_bytes).
 
     python bench/bench_spmd_ops.py [--rounds R] [--iters N] [--only a,b]
 
@@ -85,7 +88,16 @@ def workloads():
         return jax.shard_map(body, mesh=m2, in_specs=P("x", None), out_specs=P(),
                              axis_names={"x"})(a)
 
+    xs = rng.standard_normal((512, 1024)).astype(np.float32)
+    ws = (rng.standard_normal((1024, 1024)) * 0.05).astype(np.float32)
+    srow, scol = NamedSharding(mb, P("b", None)), NamedSharding(mb, P(None, "b"))
+
+    def colpar(x, w):
+        return x @ w
+
     return {
+        "windowed_on": (colpar, (srow, scol), scol, (xs, ws), ["--windowed-einsum", "on"]),
+        "windowed_off": (colpar, (srow, scol), scol, (xs, ws), ["--windowed-einsum", "off"]),
         "embed_vocab": (embed, (voc, rep), rep, (table, ids)),
         "embed_vocab_grad": (embed_grad, (voc, rep, rep), voc, (table, ids, g)),
         "embed_feat": (embed, (feat, frep), feat, (table, ids)),
@@ -121,28 +133,30 @@ def main():
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         prepared = {}
-        for name, (fn, ins, outs, args) in ws.items():
+        for name, (fn, ins, outs, args, *flags) in ws.items():
             j = jax.jit(fn, in_shardings=ins, out_shardings=outs)
             path = os.path.join(tmp, f"{name}.hlo")
             with open(path, "w") as f:
                 f.write(j.lower(*args).as_text(dialect="hlo"))
             placed = [jax.device_put(v, s) for v, s in zip(args, ins)]
-            prepared[name] = (j, placed, path)
+            prepared[name] = (j, placed, path, flags[0] if flags else [])
             res[name] = {"kiln_us": [], "jax_us": [], "collectives": None}
         for _ in range(a.rounds):
-            for name, (j, placed, path) in prepared.items():
+            for name, (j, placed, path, flags) in prepared.items():
                 out = subprocess.run([KILN, "bench", path, "--partitions", "4", "--iters",
-                                      str(a.iters), "--warmup", "3"],
+                                      str(a.iters), "--warmup", "3"] + flags,
                                      capture_output=True, text=True, check=True)
                 r = json.loads(out.stdout)
                 res[name]["kiln_us"].append(r["run_us_median"])
                 res[name]["collectives"] = r.get("collectives")
+                res[name]["temp_peak_bytes"] = r.get("temp_peak_bytes")
                 res[name]["jax_us"].append(time_jax(j, placed, a.iters))
     for name, r in res.items():
         k, jx = float(np.median(r["kiln_us"])), float(np.median(r["jax_us"]))
         print(json.dumps({"workload": name, "kiln_us": k, "jax_us": jx, "ratio": jx / k,
                           "kiln_rounds": r["kiln_us"], "jax_rounds": r["jax_us"],
-                          "collectives": r["collectives"]}))
+                          "collectives": r["collectives"],
+                          "temp_peak_bytes": r.get("temp_peak_bytes")}))
 
 
 if __name__ == "__main__":

@@ -76,11 +76,41 @@ static int options(const kiln__args *a, int64_t partitions, kiln_spmd_auto_optio
   return KILN_EXIT_OK;
 }
 
+int kiln__spmd_options(const kiln__args *a, kiln_spmd_options *o) {
+  const char *cmd = a->cmd->name;
+  kiln_spmd_options_init(o);
+  const char *mode = kiln__args_get(a, "windowed-einsum");
+  if (mode && !kiln_spmd_windowed_parse(mode, &o->windowed)) {
+    fprintf(stderr, "kiln %s: --windowed-einsum needs auto, on or off, not '%s'\n", cmd, mode);
+    return KILN_EXIT_USAGE;
+  }
+  const char *bytes = kiln__args_get(a, "windowed-einsum-bytes");
+  if (bytes) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(bytes, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    if (errno || end == bytes || v < 0 || (*end && (end[1] || !shift)) ||
+        v > (INT64_MAX >> shift)) {
+      fprintf(stderr,
+              "kiln %s: --windowed-einsum-bytes needs a number of bytes (K, M, G: KiB, MiB, "
+              "GiB), not '%s'\n",
+              cmd, bytes);
+      return KILN_EXIT_USAGE;
+    }
+    o->windowed_min_bytes = (int64_t)v << shift;
+  }
+  return KILN_EXIT_OK;
+}
+
 int kiln__auto_shard(const kiln__args *a, const char *file, kiln_module *m, int64_t partitions,
                      FILE *out, kiln_spmd_cost *cost) {
   kiln_spmd_auto_options o;
+  kiln_spmd_options po;
   int rc = options(a, partitions, &o);
+  if (rc == 0) rc = kiln__spmd_options(a, &po);
   if (rc) return rc;
+  o.partition = &po; /* the model follows the partitioner the command runs */
   kiln_status st;
   kiln_status_clear(&st);
   kiln_spmd_cost c;

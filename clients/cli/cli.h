@@ -159,6 +159,11 @@ int kiln__auto_shard_check(const kiln__args *a);
 typedef struct kiln_spmd_cost kiln_spmd_cost;
 int kiln__auto_shard(const kiln__args *a, const char *file, kiln_module *m, int64_t partitions,
                      FILE *out, kiln_spmd_cost *cost);
+/* The partitioner's options: kiln_spmd_options_init's (the environment),
+ * then --windowed-einsum auto|on|off and --windowed-einsum-bytes BYTES
+ * where the command takes them; an exit code. */
+typedef struct kiln_spmd_options kiln_spmd_options;
+int kiln__spmd_options(const kiln__args *a, kiln_spmd_options *o);
 
 /* ---- arguments and results (args.c) ------------------------------------- */
 

@@ -105,9 +105,11 @@ typedef struct bench {
   bool profile;         /* --profile or --trace */
   const char *trace;    /* --trace FILE, or NULL */
   uint32_t partitions;  /* --partitions: a global program on a mesh; 0 otherwise */
+  uint32_t replicas;    /* --replicas: each running it on its own partitions (1: none) */
   kiln_spmd_stats coll; /* its collectives per device per run */
   bool auto_shard;      /* --auto-shard: plan is the chosen plan's modelled cost */
   kiln_spmd_cost plan;
+  kiln_spmd_options spmd; /* --windowed-einsum ... */
 } bench;
 
 static bool row_major(const kiln_shape *s) {
@@ -219,14 +221,16 @@ out:
   return rc;
 }
 
-/* --partitions P: the global program partitioned, its arguments sharded,
- * and each timed run one gang launch on host literals (interp: a mesh of
- * interpreters). */
+/* --partitions P [--replicas R]: the global program partitioned (on R
+ * replicas of P partitions, device K = replica x P + partition, every
+ * replica from the same global arguments), its arguments sharded, and each
+ * timed run one gang launch of all R x P devices on host literals (interp:
+ * a mesh of interpreters). */
 static int run_partitioned(bench *b, const char *backend, bool compiles,
                            const kiln_compile_options *co, kiln_status *st) {
-  uint32_t P = b->partitions, n = b->nargs;
+  uint32_t R = b->replicas, P = b->partitions * R, n = b->nargs; /* P: every device */
   kiln_spmd_program *prog;
-  int rc = kiln_spmd_partition(b->m, P, co->dump_dir, &prog, st);
+  int rc = kiln_spmd_partition_opts(b->m, R, b->partitions, co->dump_dir, &b->spmd, &prog, st);
   if (rc) return rc;
   b->coll = prog->stats;
   kiln_literal **shards = kiln_calloc((size_t)P * (n + 1), sizeof *shards);
@@ -241,7 +245,8 @@ static int run_partitioned(bench *b, const char *backend, bool compiles,
     rc = kiln_status_set(st, KILN_ENOMEM, NULL, "out of memory");
   for (uint32_t k = 0; rc == 0 && k < P; k++) {
     for (uint32_t i = 0; rc == 0 && i < n; i++)
-      rc = kiln_spmd_shard_arg(prog, i, b->args[i], k, &shards[(size_t)k * (n + 1) + i], st);
+      rc = kiln_spmd_shard_arg(prog, i, b->args[i], k % b->partitions,
+                               &shards[(size_t)k * (n + 1) + i], st);
     per[k] = (const kiln_literal *const *)&shards[(size_t)k * (n + 1)];
   }
   if (rc == 0 && compiles) {
@@ -258,7 +263,8 @@ static int run_partitioned(bench *b, const char *backend, bool compiles,
   for (long i = 0; rc == 0 && i < b->warmup + b->iters; i++) {
     double t0 = now_us();
     rc = compiles ? kiln_mesh_run(mesh, per, n, NULL, outs, st)
-                  : kiln_run_module_mesh(prog->module, backend, NULL, 1, P, per, n, outs, st);
+                  : kiln_run_module_mesh(prog->module, backend, NULL, R, b->partitions, per, n,
+                                         outs, st);
     if (i >= b->warmup) b->us[i - b->warmup] = now_us() - t0;
     for (uint32_t k = 0; k < P; k++) {
       kiln_literal_destroy(outs[k]);
@@ -364,6 +370,17 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
                (long long)b->coll.bytes[k]);
     printf("}");
   }
+  if (b->partitions && b->replicas > 1) {
+    /* every device runs the same program, each replica among its own partitions */
+    uint32_t nd = b->replicas * b->partitions;
+    printf(", \"replicas\": %u, \"devices\": %u, \"mesh_collectives\": {", b->replicas, nd);
+    for (int k = 0, j = 0; k < KILN_SPMD_NKINDS; k++)
+      if (b->coll.count[k])
+        printf("%s\"%s\": {\"count\": %u, \"bytes\": %lld}", j++ ? ", " : "",
+               kiln_spmd_kind_name((kiln_spmd_kind)k), b->coll.count[k] * nd,
+               (long long)b->coll.bytes[k] * nd);
+    printf("}");
+  }
   if (b->auto_shard) {
     const kiln_spmd_cost *c = &b->plan;
     printf(", \"auto_shard\": {\"modelled_ms\": %.6f, \"compute_ms\": %.6f, "
@@ -399,6 +416,8 @@ static void print_json(const bench *b, const char *backend, const kiln_compile_o
            ", \"kernels\": %u, \"steps\": %u}\n",
            b->param_bytes + b->output_bytes + b->rep.peak_bytes, b->rep.peak_bytes,
            b->rep.temp_bytes, b->param_bytes, b->output_bytes, b->rep.nkernels, b->rep.nsteps);
+  else if (compiled)
+    printf(", \"peak_bytes\": null, \"temp_peak_bytes\": %" PRIu64 "}\n", b->rep.peak_bytes);
   else
     printf(", \"peak_bytes\": null}\n");
 }
@@ -428,6 +447,19 @@ int kiln__cmd_bench(const kiln__args *a) {
     return KILN_EXIT_USAGE;
   }
   b.partitions = (uint32_t)parts;
+  long reps = 1;
+  if ((rc = parse_count(kiln__args_get(a, "replicas"), "replicas", 1, &reps))) return rc;
+  if (kiln__args_get(a, "replicas") && !parts) {
+    fprintf(stderr, "kiln bench: --replicas R goes with --partitions P (a global program)\n");
+    return KILN_EXIT_USAGE;
+  }
+  if (reps * parts > 4096) {
+    fprintf(stderr, "kiln bench: a mesh of %ld x %ld devices is too large (at most 4096)\n", reps,
+            parts);
+    return KILN_EXIT_USAGE;
+  }
+  b.replicas = (uint32_t)reps;
+  if ((rc = kiln__spmd_options(a, &b.spmd))) return rc;
   kiln_compile_options co;
   bool given;
   if ((rc = kiln__compile_options_parse(a, &co, &given))) return rc;

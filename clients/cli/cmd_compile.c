@@ -9,8 +9,8 @@
  * serialized executable. With --server the same request goes to the server
  * (remote.c), which answers with an executable id, the cache's verdict and
  * the calling convention. --partitions P partitions a global program
- * first; --auto-shard (and -O 3, which includes auto-sharding) chooses its
- * shardings before that.
+ * first (--replicas R: on R replicas of P partitions); --auto-shard (and -O 3, which includes
+ * auto-sharding) chooses its shardings before that.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,38 +82,84 @@ static const char *resolve_target(const kiln__args *a, const char *backend) {
   return NULL;
 }
 
-/* --partitions P: m replaced by its per-device program; the collectives
- * are printed. With --auto-shard (or -O 3) the shardings are chosen first.
- * 0 or an exit code. */
-static int partition(const kiln__args *a, const char *text, bool auto_shard, kiln_module **m) {
+/* A mesh count option: an integer from 1 to 4096; 0 or an exit code. */
+static int mesh_count(const char *name, const char *text, long *out) {
   char *end;
-  long p = strtol(text, &end, 10);
-  if (*end || p < 1 || p > 4096) {
-    fprintf(stderr, "kiln compile: --partitions needs an integer from 1 to 4096, not '%s'\n", text);
+  long v = strtol(text, &end, 10);
+  if (*text == '\0' || *end || v < 1 || v > 4096) {
+    fprintf(stderr, "kiln compile: --%s needs an integer from 1 to 4096, not '%s'\n", name, text);
     return KILN_EXIT_USAGE;
   }
+  *out = v;
+  return 0;
+}
+
+/* The collectives of stats, one line per kind, indented. */
+static void print_kinds(const kiln_spmd_stats *s) {
+  for (int k = 0; k < KILN_SPMD_NKINDS; k++)
+    if (s->count[k])
+      printf("  %s: %u, %lld bytes\n", kiln_spmd_kind_name((kiln_spmd_kind)k), s->count[k],
+             (long long)s->bytes[k]);
+}
+
+/* --partitions P [--replicas R]: m replaced by its per-device program (on
+ * R x P devices, every replica running the partitioned program on its own
+ * partitions); the collectives each device runs are printed, and on
+ * replicas those of the whole mesh too. With --auto-shard (or -O 3) the
+ * shardings are chosen first. 0 or an exit code. */
+static int partition(const kiln__args *a, const char *text, bool auto_shard, kiln_module **m) {
+  long p, r = 1;
   int rc;
+  const char *rtext = kiln__args_get(a, "replicas");
+  if ((rc = mesh_count("partitions", text, &p)) ||
+      (rtext && (rc = mesh_count("replicas", rtext, &r))))
+    return rc;
+  if (r * p > 4096) {
+    fprintf(stderr, "kiln compile: a mesh of %ld x %ld devices is too large (at most 4096)\n", r,
+            p);
+    return KILN_EXIT_USAGE;
+  }
   if (auto_shard && (rc = kiln__auto_shard(a, a->pos[0], *m, p, stdout, NULL))) return rc;
   if (!kiln_spmd_module_is_sharded(*m)) {
     fprintf(stderr, "%s: error: --partitions needs a module whose ENTRY carries shardings\n",
             a->pos[0]);
     return KILN_EXIT_INVALID;
   }
+  kiln_spmd_options so;
+  if ((rc = kiln__spmd_options(a, &so))) return rc;
   kiln_status st;
   kiln_status_clear(&st);
   kiln_spmd_program *prog;
-  if (kiln_spmd_partition(*m, p, kiln__args_get(a, "dump-dir"), &prog, &st)) {
+  if (kiln_spmd_partition_opts(*m, r, p, kiln__args_get(a, "dump-dir"), &so, &prog, &st)) {
     kiln__report(a->pos[0], *m, &st);
     return kiln__exit_code(st.code);
   }
+  const kiln_spmd_stats *s = &prog->stats;
   uint32_t total = 0;
-  for (int k = 0; k < KILN_SPMD_NKINDS; k++) total += prog->stats.count[k];
-  printf("%s: partitioned over %ld devices: %u collective%s per device per run\n", a->pos[0], p,
-         total, total == 1 ? "" : "s");
-  for (int k = 0; k < KILN_SPMD_NKINDS; k++)
-    if (prog->stats.count[k])
-      printf("  %s: %u, %lld bytes\n", kiln_spmd_kind_name((kiln_spmd_kind)k), prog->stats.count[k],
-             (long long)prog->stats.bytes[k]);
+  for (int k = 0; k < KILN_SPMD_NKINDS; k++) total += s->count[k];
+  if (r == 1)
+    printf("%s: partitioned over %ld devices: %u collective%s per device per run\n", a->pos[0], p,
+           total, total == 1 ? "" : "s");
+  else
+    printf("%s: partitioned over %ld replicas x %ld partitions (%ld devices): %u collective%s per "
+           "device per run\n",
+           a->pos[0], r, p, r * p, total, total == 1 ? "" : "s");
+  print_kinds(s);
+  if (r > 1) {
+    /* every device runs the same program: the mesh moves R x P times as
+     * much, each replica's collectives among its own partitions */
+    kiln_spmd_stats all;
+    int64_t bytes = 0;
+    for (int k = 0; k < KILN_SPMD_NKINDS; k++) {
+      all.count[k] = s->count[k] * (uint32_t)(r * p);
+      all.bytes[k] = s->bytes[k] * r * p;
+      bytes += all.bytes[k];
+    }
+    printf("the mesh of %ld devices: %u collectives, %lld bytes per run, each replica's within "
+           "its %ld partitions\n",
+           r * p, total * (uint32_t)(r * p), (long long)bytes, p);
+    print_kinds(&all);
+  }
   kiln_module_destroy(*m);
   *m = prog->module;
   prog->module = NULL;
@@ -153,6 +199,11 @@ int kiln__cmd_compile(const kiln__args *a) {
   if (rc) return rc;
   if ((rc = apply_transforms(a, m))) goto out_free_module;
   const char *parts = kiln__args_get(a, "partitions");
+  if (parts == NULL && kiln__args_get(a, "replicas")) {
+    fprintf(stderr, "kiln compile: --replicas R goes with --partitions P (a global program)\n");
+    rc = KILN_EXIT_USAGE;
+    goto out_free_module;
+  }
   if (parts && (rc = partition(a, parts, kiln__auto_shard_wanted(a), &m))) goto out_free_module;
   kiln_status st;
   kiln_status_clear(&st);

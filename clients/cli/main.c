@@ -30,6 +30,18 @@
   }
 
 /* Auto-sharding before partitioning: run, compile and bench take these. */
+/* The partitioner's windowed einsum: compile and bench take these. */
+#define KILN_WINDOWED_OPTS \
+  {"windowed-einsum", 0, "MODE", false, \
+   "with --partitions: dots whose operand would be all-gathered along a dim they do not " \
+   "contract loop over its blocks around the ring instead: auto (when the gathered copy " \
+   "would hold at least --windowed-einsum-bytes, default 1M), on or off"}, \
+  { \
+    "windowed-einsum-bytes", 0, "BYTES", false, \
+        "auto's threshold for --windowed-einsum (K, M, G suffixes)" \
+  }
+
+/* Auto-sharding before partitioning: run, compile and bench take these. */
 #define KILN_AUTO_SHARD_OPTS \
   {"auto-shard", 0, NULL, false, \
    "with --partitions P: choose shardings for the module (its own annotations stay) by an " \
@@ -154,6 +166,10 @@ static const kiln__opt bench_opts[] = {
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and time gang runs on "
      "them (the JSON gains \"partitions\" and \"collectives\")"},
+    {"replicas", 0, "R", false,
+     "with --partitions: time the gang of R replicas x P partitions (the JSON gains "
+     "\"replicas\" and \"mesh_collectives\")"},
+    KILN_WINDOWED_OPTS,
     {"user-kernel", 0, "NAME=FILE.c:SIG", true,
      "compile the C kernel in FILE.c for custom calls of kiln.user.NAME, as for run"},
     KILN_AUTO_SHARD_OPTS,
@@ -185,6 +201,10 @@ static const kiln__opt compile_opts[] = {
     {"partitions", 0, "P", false,
      "partition a module whose ENTRY carries shardings over P devices and report the "
      "collectives inserted"},
+    {"replicas", 0, "R", false,
+     "with --partitions: on R replicas of P partitions (device K = replica x P + partition); "
+     "the collectives of the whole mesh too"},
+    KILN_WINDOWED_OPTS,
     {"dump-dir", 0, "DIR", false,
      "with --partitions: write the module after propagation and after partitioning to DIR"},
     KILN_AUTO_SHARD_OPTS,
@@ -304,7 +324,8 @@ static const kiln__cmd commands[] = {
     {"compile",
      "compile FILE [--server HOST:PORT] [--backend B] [--target T] [-O N]\n"
      "         [--transform SPEC]... [--memory-budget BYTES] [-o OUT]\n"
-     "         [--partitions P [--dump-dir DIR]] [--auto-shard [--mesh AxB]]",
+     "         [--partitions P [--replicas R] [--dump-dir DIR] [--windowed-einsum MODE]]\n"
+     "         [--auto-shard [--mesh AxB]]",
      "compile a module to an executable",
      "Verifies FILE, applies the transforms (innermost first) and compiles it. Locally the\n"
      "native CPU compiler runs in process and a summary is printed (kernels, code size,\n"
@@ -312,7 +333,12 @@ static const kiln__cmd commands[] = {
      "(or finds it in its cache) and the executable id, cache source and key, and the\n"
      "calling convention are printed. With --partitions P a module whose ENTRY carries\n"
      "shardings is partitioned first (one program per device, driven by partition-id) and\n"
-     "the collectives inserted are reported: count and bytes per device per run, by kind.\n"
+     "the collectives inserted are reported: count and bytes per device per run, by kind;\n"
+     "with --replicas R on R replicas of P partitions, and those of the whole mesh too.\n"
+     "--windowed-einsum on|off|auto decides whether a dot whose operand would be gathered\n"
+     "along a dim it does not contract loops over its blocks around the ring instead\n"
+     "(auto: from --windowed-einsum-bytes of gathered copy, default 1M; the environment's\n"
+     "KILN_SPMD_WINDOWED and KILN_SPMD_WINDOWED_BYTES otherwise).\n"
      "--auto-shard (and -O 3 with --partitions) first chooses the shardings the module\n"
      "does not carry (docs/spmd.md), within --memory-budget per device when given, and\n"
      "prints the plan's modelled cost.\n"
@@ -343,7 +369,8 @@ static const kiln__cmd commands[] = {
      "bench FILE [--backend cpu|interp] [--iters N] [--warmup N] [--arg ARG]...\n"
      "         [--random-args SEED] [--target T] [-O N] [--disable-pass NAME]...\n"
      "         [--transform SPEC]... [--memory-budget BYTES]\n"
-     "         [--partitions P [--auto-shard [--mesh AxB]]]",
+     "         [--partitions P [--replicas R] [--windowed-einsum MODE]\n"
+     "         [--auto-shard [--mesh AxB]]]",
      "time compiling and running a module",
      "Compiles FILE once (cpu) and runs it on the --arg values, pseudo-random arguments for\n"
      "the parameters not given, then prints one JSON\n"
@@ -354,7 +381,10 @@ static const kiln__cmd commands[] = {
      "already hold the arguments (\"mode\": \"buffers\"); on interp one interpreter run,\n"
      "whose memory is not accounted (peak_bytes null). With --memory-budget the object\n"
      "gains \"remat\": the budget, temp_peak_before and temp_peak_after, extra_flops,\n"
-     "flops (the program's, after), recomputed and moved.\n",
+     "flops (the program's, after), recomputed and moved. With --partitions P a global\n"
+     "program is partitioned and each run is one gang launch of its devices (\"mode\":\n"
+     "\"mesh-literals\"; with --replicas R of all R x P) and the object gains \"partitions\"\n"
+     "and \"collectives\" per device (and \"replicas\", \"devices\", \"mesh_collectives\").\n",
      bench_opts, 1, 1, kiln__cmd_bench, kiln__remote_bench},
     {"stats", "stats --server HOST:PORT [--counters]", "show a server's counters",
      "Prints the server's version and uptime, compiles and cache hits, executions, live\n"

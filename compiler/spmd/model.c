@@ -40,6 +40,10 @@ void kiln__model_init(spmd_model *md, const kiln_module *m, kiln_arena *a, int64
   md->flops_per_s = o && o->flops_per_s > 0 ? o->flops_per_s : t->peak_flops;
   md->mem_bytes_per_s = o && o->mem_bytes_per_s > 0 ? o->mem_bytes_per_s : t->bandwidth;
   md->link_bytes_per_s = o && o->link_bytes_per_s > 0 ? o->link_bytes_per_s : md->mem_bytes_per_s;
+  if (o && o->partition)
+    md->opts = *o->partition;
+  else
+    kiln_spmd_options_init(&md->opts);
 }
 
 static bool is_array(const kiln_shape *s) {
@@ -242,10 +246,31 @@ static bool rule_annotation(const spmd_model *md, const kiln_instr *ins, const s
   return true;
 }
 
+/* partition.c's movement_halo: pad, slice and concatenate split along a
+ * dim they move, each device's window from its neighbours' shards. */
+static bool rule_movement_halo(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
+                               spmd_tiling **need, spmd_charge *c) {
+  kiln_spmd_stats sent;
+  if (!kiln__movement_halo_sent(md->a, md->m, ins, want, md->n, &sent)) return false;
+  for (uint32_t k = 0; k < ins->noperands; k++) {
+    const kiln_shape *s = &md->m->instrs[ins->operands[k]]->shape;
+    need[k] = ins->op == KILN_OP_PAD && k == 1 ? replicated(md, s->rank) : (spmd_tiling *)want;
+  }
+  uint32_t np = sent.count[KILN_SPMD_COLLECTIVE_PERMUTE];
+  if (np) { /* a permute's factor is 1: their bytes charged at once */
+    charge_collective(md, c, KILN_SPMD_COLLECTIVE_PERMUTE, sent.bytes[KILN_SPMD_COLLECTIVE_PERMUTE],
+                      2);
+    c->comm.count[KILN_SPMD_COLLECTIVE_PERMUTE] += np - 1;
+  }
+  charge_compute(md, ins, share(&ins->shape, want), c);
+  return true;
+}
+
 static bool rule_movement(const spmd_model *md, const kiln_instr *ins, const spmd_tiling *want,
                           spmd_tiling **need, spmd_charge *c) {
   const kiln_module *m = md->m;
   if (ins->noperands > 64 || ins->noperands == 0) return false;
+  if (rule_movement_halo(md, ins, want, need, c)) return true;
   spmd_tiling *n0 = kiln__spmd_bwd(md->a, m, ins, 0, want);
   spmd_tiling *g0 = n0 ? kiln__spmd_fwd(md->a, m, ins, 0, n0) : NULL;
   if (g0 == NULL) return false;
@@ -350,6 +375,16 @@ static bool rule_contraction(const spmd_model *md, const kiln_instr *ins, spmd_t
   spmd_tiling *it = best[0];
   need[0] = best[1];
   need[1] = best[2];
+  /* partition.c's windowed_dot: the operand stays split, its blocks go
+   * around the ring in steps - 1 permutes instead of one all-gather */
+  spmd_window w;
+  for (int k = 0; k < 2; k++)
+    if (lt[k] && kiln__window_plan(m, ins, k, lt[k], best[1 + k], &md->opts, &w)) {
+      need[k] = lt[k];
+      charge_collective(md, c, KILN_SPMD_COLLECTIVE_PERMUTE, (w.steps - 1) * w.block_bytes, 2);
+      c->comm.count[KILN_SPMD_COLLECTIVE_PERMUTE] += (uint32_t)(w.steps - 2);
+      break;
+    }
   double local = 1, all = 1;
   pending ar = {0};
   ar.group = 1;

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -62,6 +63,7 @@ typedef struct part {
   const spmd_tiling *ar_tiling; /* the loops' (or operand's) tiling ... */
   bool ar_dims[SPMD_MAX_RANK];  /* ... and the split dims reduced over */
   int64_t channel;
+  kiln_spmd_options opts;
 } part;
 
 typedef int (*rule_fn)(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
@@ -419,12 +421,12 @@ typedef struct halo_plan {
   bool edges; /* some window reaches outside [0, D) */
 } halo_plan;
 
-static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint32_t d,
-                           const int64_t *a, int64_t len, int64_t maxq, halo_plan *h) {
+static bool halo_plan_n(int64_t n, int64_t D, const spmd_tiling *t, uint32_t d, const int64_t *a,
+                        int64_t len, int64_t maxq, halo_plan *h) {
   int64_t c = t->tiles[d], s = kiln__shard_size(D, c);
   int64_t qmin = INT64_MAX, qmax = INT64_MIN, inside = 0;
   bool edges = false;
-  for (int64_t k = 0; k < p->n; k++) {
+  for (int64_t k = 0; k < n; k++) {
     int64_t ck = kiln__tiling_coord(t, k, d), lo = a[k] > 0 ? a[k] : 0;
     int64_t hi = a[k] + len < D ? a[k] + len : D;
     edges = edges || a[k] < 0 || a[k] + len > D;
@@ -438,7 +440,7 @@ static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint3
   if (maxq > 64) maxq = 64;      /* halo_window's blocks[] */
   if (qmax - qmin + 1 > maxq) return false;
   int64_t first = s, last = 0;
-  for (int64_t k = 0; k < p->n; k++) {
+  for (int64_t k = 0; k < n; k++) {
     int64_t ck = kiln__tiling_coord(t, k, d), lo = a[k] > 0 ? a[k] : 0;
     int64_t hi = a[k] + len < D ? a[k] + len : D;
     if (lo >= hi) continue;
@@ -451,6 +453,33 @@ static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint3
   if (sent > (c - 1) * s) return false;
   *h = (halo_plan){s, qmin, qmax, first, last, edges};
   return true;
+}
+
+static bool halo_plan_make(const part *p, int64_t D, const spmd_tiling *t, uint32_t d,
+                           const int64_t *a, int64_t len, int64_t maxq, halo_plan *h) {
+  return halo_plan_n(p->n, D, t, d, a, len, maxq, h);
+}
+
+/* Whether shift_tiles along d of t by q sends anything (some device has a
+ * neighbour q tiles away). */
+static bool shift_sends(const spmd_tiling *t, uint32_t d, int64_t q) {
+  return q != 0 && (q > 0 ? q : -q) < t->tiles[d];
+}
+
+/* What halo_window sends for plan h of x, whose local shape is ls (dim d
+ * its shard), into *sent: one collective-permute per neighbouring tile
+ * that some device needs, of the slice of x it needs. */
+static void halo_sent(const halo_plan *h, const spmd_tiling *t, uint32_t d, const int64_t *ls,
+                      uint32_t rank, int64_t esize, kiln_spmd_stats *sent) {
+  int64_t other = esize;
+  for (uint32_t e = 0; e < rank; e++)
+    if (e != d) other *= ls[e];
+  for (int64_t q = h->qmin; q <= h->qmax; q++) {
+    if (!shift_sends(t, d, q)) continue;
+    int64_t b0 = q == h->qmin ? h->first : 0, b1 = q == h->qmax ? h->last : h->s;
+    sent->count[KILN_SPMD_COLLECTIVE_PERMUTE]++;
+    sent->bytes[KILN_SPMD_COLLECTIVE_PERMUTE] += (b1 - b0) * other;
+  }
 }
 
 static kiln_id halo_window(part *p, kiln_id x, int64_t D, const spmd_tiling *t, uint32_t d,
@@ -609,23 +638,24 @@ static void shard_dims(const kiln_shape *g, const spmd_tiling *t, int64_t *dims)
  * windows that move more than an all-gather would). */
 static int64_t halo_max(const spmd_tiling *t, uint32_t d) { return t->tiles[d] + 1; }
 
-/* pad, slice (stride 1) and concatenate with the result split along a dim
- * they move: each device builds its result shard from the window of the
- * operand it covers (halo_window), instead of gathering the dim. Returns
- * false (nothing built) when the op or the split is not of that kind. */
-static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
-                          int *err) {
-  *err = 0;
+/* Whether movement_halo builds ins (pad, slice (stride 1) or concatenate
+ * with the result split along a dim they move) under `want` on n devices:
+ * every window within reach of the neighbours. The collective-permutes it
+ * sends then go into *sent (may be NULL; the cost model's count). a: n
+ * entries of scratch. */
+static bool movement_halo_check(const kiln_module *m, const kiln_instr *ins,
+                                const spmd_tiling *want, int64_t n, int64_t *a,
+                                kiln_spmd_stats *sent) {
   if (ins->op != KILN_OP_PAD && ins->op != KILN_OP_SLICE && ins->op != KILN_OP_CONCATENATE)
     return false;
   uint32_t r = ins->shape.rank;
   const kiln_i64s *cfg =
       kiln_instr_attr_ints(ins, ins->op == KILN_OP_PAD ? KILN_ATTR_PADDING : KILN_ATTR_SLICE);
   const kiln_i64s *cd = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  const kiln_shape *in = &m->instrs[ins->operands[0]]->shape;
   bool any = false;
   for (uint32_t d = 0; d < r; d++) {
     if (want->tiles[d] <= 1) continue;
-    const kiln_shape *in = gshape(p, ins->operands[0]);
     if (ins->op == KILN_OP_CONCATENATE) {
       if (cd == NULL || cd->n != 1) return false;
       any = any || cd->v[0] == (int64_t)d;
@@ -641,26 +671,73 @@ static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *wan
       any = any || v[0] != 0 || v[1] != in->dims[d];
     }
   }
-  if (!any || ins->noperands > 64) return false;
-  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
-  if (a == NULL) return *err = p->tx->err, true;
-  kiln_id y = KILN_NO_ID;
+  if (!any || ins->noperands > 64 || r > SPMD_MAX_RANK) return false;
   halo_plan h;
+  int64_t ls[SPMD_MAX_RANK];
+  kiln_spmd_stats none;
+  if (sent == NULL) sent = &none;
   if (ins->op == KILN_OP_CONCATENATE) {
     uint32_t d = (uint32_t)cd->v[0];
     int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]), off = 0;
-    for (uint32_t i = 0; i < ins->noperands; i++) { /* every window first: nothing dead */
-      const kiln_shape *gs = gshape(p, ins->operands[i]);
+    for (uint32_t i = 0; i < ins->noperands; i++) {
+      const kiln_shape *gs = &m->instrs[ins->operands[i]]->shape;
       if (!is_array(gs) || gs->rank != r) return false;
-      for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
-      if (!halo_plan_make(p, gs->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+      for (int64_t k = 0; k < n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
+      if (!halo_plan_n(n, gs->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+      for (uint32_t e = 0; e < r; e++) ls[e] = kiln__shard_size(gs->dims[e], want->tiles[e]);
+      halo_sent(&h, want, d, ls, r, (int64_t)kiln_dtype_size(gs->dtype), sent);
       off += gs->dims[d];
     }
-    off = 0;
+    return true;
+  }
+  /* pad, slice: each split moved dim by its window, in order, the local
+   * array taking the result's shard size along it */
+  for (uint32_t e = 0; e < r; e++) ls[e] = kiln__shard_size(in->dims[e], want->tiles[e]);
+  for (uint32_t d = 0; d < r; d++) {
+    const int64_t *vd = cfg->v + 3 * d;
+    if (want->tiles[d] <= 1) continue;
+    bool moved = ins->op == KILN_OP_PAD ? (vd[0] || vd[1]) : (vd[0] != 0 || vd[1] != in->dims[d]);
+    if (!moved) continue;
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
+    int64_t shift = ins->op == KILN_OP_PAD ? -vd[0] : vd[0];
+    for (int64_t k = 0; k < n; k++) a[k] = kiln__tiling_coord(want, k, d) * so + shift;
+    if (!halo_plan_n(n, in->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
+    halo_sent(&h, want, d, ls, r, (int64_t)kiln_dtype_size(in->dtype), sent);
+    ls[d] = so;
+  }
+  return true;
+}
+
+bool kiln__movement_halo_sent(kiln_arena *ar, const kiln_module *m, const kiln_instr *ins,
+                              const spmd_tiling *want, int64_t n, kiln_spmd_stats *sent) {
+  memset(sent, 0, sizeof *sent);
+  int64_t *a = kiln_arena_alloc(ar, (size_t)(n ? n : 1) * sizeof *a);
+  return a != NULL && is_array(&ins->shape) && ins->noperands > 0 &&
+         movement_halo_check(m, ins, want, n, a, sent);
+}
+
+/* pad, slice (stride 1) and concatenate with the result split along a dim
+ * they move: each device builds its result shard from the window of the
+ * operand it covers (halo_window), instead of gathering the dim. Returns
+ * false (nothing built) when the op or the split is not of that kind
+ * (movement_halo_check). */
+static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, kiln_id *out,
+                          int *err) {
+  *err = 0;
+  int64_t *a = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  if (a == NULL) return *err = p->tx->err, true;
+  if (!movement_halo_check(p->m, ins, want, p->n, a, NULL)) return false;
+  uint32_t r = ins->shape.rank;
+  const kiln_i64s *cfg =
+      kiln_instr_attr_ints(ins, ins->op == KILN_OP_PAD ? KILN_ATTR_PADDING : KILN_ATTR_SLICE);
+  const kiln_i64s *cd = kiln_instr_attr_ints(ins, KILN_ATTR_DIMENSIONS);
+  kiln_id y = KILN_NO_ID;
+  if (ins->op == KILN_OP_CONCATENATE) {
+    uint32_t d = (uint32_t)cd->v[0];
+    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]), off = 0;
     for (uint32_t i = 0; i < ins->noperands; i++) {
       kiln_id o = ins->operands[i];
       const kiln_shape *gs = gshape(p, o);
-      if (!is_array(gs) || gs->rank != r) return false;
       for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so - off;
       kiln_id valid, w = halo_window(p, local_as(p, o, want), gs->dims[d], want, d, a, so,
                                      KILN_NO_ID, halo_max(want, d), &valid);
@@ -678,14 +755,6 @@ static bool movement_halo(part *p, const kiln_instr *ins, const spmd_tiling *wan
   }
   /* pad, slice: split moved dims by window, the others by the local op */
   const kiln_shape *in = gshape(p, ins->operands[0]);
-  for (uint32_t d = 0; d < r; d++) { /* every window first: nothing dead */
-    const int64_t *vd = cfg->v + 3 * d;
-    if (want->tiles[d] <= 1) continue;
-    int64_t so = kiln__shard_size(ins->shape.dims[d], want->tiles[d]);
-    int64_t shift = ins->op == KILN_OP_PAD ? -vd[0] : vd[0];
-    for (int64_t k = 0; k < p->n; k++) a[k] = kiln__tiling_coord(want, k, d) * so + shift;
-    if (!halo_plan_make(p, in->dims[d], want, d, a, so, halo_max(want, d), &h)) return false;
-  }
   kiln_id x = local_as(p, ins->operands[0], want);
   kiln_id fill = ins->op == KILN_OP_PAD ? whole(p, ins->operands[1]) : KILN_NO_ID;
   int64_t v[3 * SPMD_MAX_RANK];
@@ -1018,6 +1087,167 @@ static bool conv_halo(part *p, const kiln_instr *ins, const spmd_tiling *want, k
   return true;
 }
 
+/* ---- windowed einsum ------------------------------------------------------ */
+
+void kiln_spmd_options_init(kiln_spmd_options *o) {
+  o->windowed = KILN_SPMD_WINDOWED_AUTO;
+  o->windowed_min_bytes = KILN_SPMD_WINDOWED_MIN_BYTES;
+  const char *e = getenv("KILN_SPMD_WINDOWED");
+  kiln_spmd_windowed w;
+  if (e && kiln_spmd_windowed_parse(e, &w)) o->windowed = w;
+  e = getenv("KILN_SPMD_WINDOWED_BYTES");
+  if (e) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(e, &end, 10);
+    int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+    if (shift) end++;
+    if (errno == 0 && end != e && *end == '\0' && v >= 0 && v <= (INT64_MAX >> 30))
+      o->windowed_min_bytes = (int64_t)v << shift;
+  }
+}
+
+bool kiln_spmd_windowed_parse(const char *text, kiln_spmd_windowed *out) {
+  static const char *names[] = {"auto", "on", "off"};
+  for (int i = 0; i < 3; i++)
+    if (text && strcmp(text, names[i]) == 0) {
+      *out = (kiln_spmd_windowed)i;
+      return true;
+    }
+  return false;
+}
+
+/* Most steps of one windowed einsum: the loop is unrolled. */
+#define WINDOW_MAX_STEPS 64
+
+bool kiln__window_plan(const kiln_module *m, const kiln_instr *ins, int x, const spmd_tiling *cur,
+                       const spmd_tiling *need, const kiln_spmd_options *o, spmd_window *w) {
+  if (ins->op != KILN_OP_DOT || ins->noperands != 2 || o == NULL ||
+      o->windowed == KILN_SPMD_WINDOWED_OFF || cur == NULL || need == NULL)
+    return false;
+  const kiln_shape *xs = &m->instrs[ins->operands[x]]->shape;
+  if (!is_array(xs) || !is_array(&ins->shape) || cur->rank != xs->rank || need->rank != xs->rank ||
+      cur->n != need->n)
+    return false;
+  /* cur and need differ in one dim only, split in cur and whole in need:
+   * the reshard is the all-gather of that dim */
+  int d = -1;
+  for (uint32_t e = 0; e < xs->rank; e++) {
+    if (cur->tiles[e] == need->tiles[e]) continue;
+    if (d >= 0 || need->tiles[e] != 1) return false;
+    d = (int)e;
+  }
+  if (d < 0 || cur->tiles[d] < 2 || cur->tiles[d] > WINDOW_MAX_STEPS ||
+      xs->dims[d] % cur->tiles[d] != 0)
+    return false;
+  for (uint32_t e = 0; e < xs->rank; e++)
+    for (int64_t k = 0; (int)e != d && cur->tiles[e] > 1 && k < cur->n; k++)
+      if (kiln__tiling_coord(cur, k, e) != kiln__tiling_coord(need, k, e)) return false;
+  /* that dim is one the dot neither contracts nor batches */
+  spmd_loop loops[SPMD_MAX_RANK * 2];
+  uint32_t nl;
+  if (!kiln__contraction_loops(m, ins, loops, &nl) || nl > SPMD_MAX_RANK) return false;
+  int j = -1;
+  for (uint32_t i = 0; i < nl; i++)
+    if ((x == 0 ? loops[i].l : loops[i].r) == d) j = (int)i;
+  if (j < 0 || loops[j].fixed || loops[j].o < 0 || (x == 0 ? loops[j].r : loops[j].l) >= 0)
+    return false;
+  /* the same bytes as the all-gather, less one block; what decides is the
+   * gathered copy it does not build */
+  int64_t min = o->windowed_min_bytes >= 0 ? o->windowed_min_bytes : KILN_SPMD_WINDOWED_MIN_BYTES;
+  if (o->windowed == KILN_SPMD_WINDOWED_AUTO && kiln__shard_bytes(xs, need) < min) return false;
+  *w = (spmd_window){x, (uint32_t)d, (uint32_t)loops[j].o, cur->tiles[d],
+                     kiln__shard_bytes(xs, cur)};
+  return true;
+}
+
+/* x sent one tile back around the ring along split dim d of t: the device
+ * at coordinate c receives from the one at (c + 1) mod tiles (the same
+ * other coordinates and replica). */
+static kiln_id ring_shift(part *p, kiln_id x, const spmd_tiling *t, uint32_t d) {
+  int64_t stride = t->rep;
+  for (uint32_t e = t->rank; e-- > d + 1;) stride *= t->tiles[e];
+  int64_t *pairs = kiln__b_i64s(p->tx, (uint32_t)(2 * p->n));
+  if (pairs == NULL) return KILN_NO_ID;
+  for (int64_t k = 0; k < p->n; k++) {
+    int64_t c = kiln__tiling_coord(t, k, d), cn = (c + 1) % t->tiles[d];
+    pairs[2 * k] = t->dev[t->pos[k] + (cn - c) * stride];
+    pairs[2 * k + 1] = k;
+  }
+  kiln_instr *ins = kiln__b_make(&p->b, KILN_OP_COLLECTIVE_PERMUTE, kiln__b_shape(p->tx, x), &x, 1);
+  if (ins == NULL ||
+      kiln_instr_set_attr_ints(p->m, ins, KILN_ATTR_SOURCE_TARGET_PAIRS, pairs,
+                               (uint32_t)(2 * p->n)) ||
+      kiln_instr_set_attr_int(p->m, ins, KILN_ATTR_CHANNEL_ID, p->channel++)) {
+    kiln__tx_oom(p->tx);
+    return KILN_NO_ID;
+  }
+  return ins->id;
+}
+
+/* The dot as a windowed einsum (kiln__window_plan; best: the loops',
+ * lhs's, rhs's and result's tilings): the operand keeps its split, and for
+ * steps i = 0..T-1 the device at coordinate c along the split multiplies
+ * block (c + i) mod T with the other operand into its rows of the result
+ * (a dynamic-update-slice of the result shard), the block passed on around
+ * the ring before each multiplication so the two can overlap. Masks and the
+ * all-reduce of split contracting loops as in rule_contraction. False when
+ * the dot is not of that kind. */
+static bool windowed_dot(part *p, const kiln_instr *ins, const spmd_loop *loops, uint32_t nl,
+                         spmd_tiling *const *best, kiln_id *out, int *err) {
+  *err = 0;
+  spmd_window w;
+  int x = -1;
+  if (p->region_body) return false; /* no permutes inside such a body */
+  for (int k = 0; k < 2 && x < 0; k++)
+    if (kiln__window_plan(p->m, ins, k, p->lt[ins->operands[k]], best[1 + k], &p->opts, &w)) x = k;
+  if (x < 0) return false;
+  kiln_id xo = ins->operands[x], yo = ins->operands[1 - x];
+  const spmd_tiling *cur = p->lt[xo], *it = best[0], *to = best[3];
+  kiln_id blk = p->local[xo], other = local_as(p, yo, best[2 - x]);
+  const kiln_shape *xs = gshape(p, xo), *ys = gshape(p, yo);
+  bool ksplit[SPMD_MAX_RANK] = {false}, any = false;
+  for (uint32_t j = 0; j < nl; j++) {
+    if (loops[j].o >= 0 || it->tiles[j] <= 1) continue;
+    ksplit[j] = any = true;
+    int64_t dx = x == 0 ? loops[j].l : loops[j].r, dy = x == 0 ? loops[j].r : loops[j].l;
+    blk = mask_dim(p, blk, xs->dims, cur, (uint32_t)dx, kiln__b_scalar(&p->b, xs->dtype, 0));
+    other = mask_dim(p, other, ys->dims, best[2 - x], (uint32_t)dy,
+                     kiln__b_scalar(&p->b, ys->dtype, 0));
+  }
+  uint32_t r = ins->shape.rank;
+  int64_t odims[SPMD_MAX_RANK];
+  shard_dims(&ins->shape, to, odims);
+  kiln_id acc = kiln__b_full(&p->b, ins->shape.dtype, odims, r, 0);
+  int64_t mb = xs->dims[w.dim] / w.steps;
+  int64_t *offs = kiln__b_i64s(p->tx, (uint32_t)p->n);
+  kiln_id *idx = kiln__b_ids(p->tx, r ? r : 1);
+  if (offs == NULL || idx == NULL) return *err = p->tx->err, true;
+  kiln_id zero = kiln__b_iscalar(&p->b, KILN_S32, 0);
+  for (int64_t i = 0; i < w.steps && kiln__tx_ok(p->tx); i++) {
+    kiln_id next = i + 1 < w.steps ? ring_shift(p, blk, cur, w.dim) : KILN_NO_ID;
+    kiln_id ops[2];
+    ops[x] = blk;
+    ops[1 - x] = other;
+    kiln_id y = kiln__b_clone(&p->b, ins, ops, 2);
+    for (int64_t k = 0; k < p->n; k++)
+      offs[k] = (kiln__tiling_coord(cur, k, w.dim) + i) % w.steps * mb;
+    for (uint32_t e = 0; e < r; e++) idx[e] = e == w.odim ? lookup(p, offs) : zero;
+    acc = kiln__b_dyn_update(&p->b, acc, y, idx, r);
+    blk = next;
+  }
+  if (any) {
+    uint32_t add = kiln__b_reducer(p->tx, KILN_OP_ADD, ins->shape.dtype);
+    acc = all_reduce(p, acc, add, it, ksplit);
+    p->ar = acc;
+    p->ar_tiling = it;
+    memcpy(p->ar_dims, ksplit, sizeof ksplit);
+  }
+  *out = acc;
+  *err = p->tx->err;
+  return true;
+}
+
 /* dot and convolution: choose the tiling of the loops (from the result's,
  * the lhs's or the rhs's), compute locally, all-reduce over split
  * contracting loops. */
@@ -1065,6 +1295,10 @@ static int rule_contraction(part *p, const kiln_instr *ins, const spmd_tiling *w
       best[0] = it, best[1] = tl, best[2] = tr, best[3] = to;
       best_cost = cost;
     }
+  }
+  if (windowed_dot(p, ins, loops, nl, best, out, &herr)) {
+    *got = best[3];
+    return herr;
   }
   spmd_tiling *it = best[0];
   kiln_id xl = local_as(p, l, best[1]), xr = local_as(p, r, best[2]);
@@ -2122,6 +2356,12 @@ int kiln_spmd_partition(const kiln_module *src, int64_t partitions, const char *
 
 int kiln_spmd_partition_mesh(const kiln_module *src, int64_t replicas, int64_t partitions,
                              const char *dump_dir, kiln_spmd_program **out, kiln_status *st) {
+  return kiln_spmd_partition_opts(src, replicas, partitions, dump_dir, NULL, out, st);
+}
+
+int kiln_spmd_partition_opts(const kiln_module *src, int64_t replicas, int64_t partitions,
+                             const char *dump_dir, const kiln_spmd_options *opts,
+                             kiln_spmd_program **out, kiln_status *st) {
   *out = NULL;
   if (replicas < 1 || replicas > 4096 || partitions < 1 || replicas * partitions > 4096)
     return kiln_status_set(st, KILN_EINVAL, "spmd",
@@ -2155,6 +2395,10 @@ int kiln_spmd_partition_mesh(const kiln_module *src, int64_t replicas, int64_t p
             .pid = KILN_NO_ID,
             .channel = max_channel(m) + 1,
             .ar = KILN_NO_ID};
+  if (opts)
+    p.opts = *opts;
+  else
+    kiln_spmd_options_init(&p.opts);
   if (rc == 0 && p.a == NULL) rc = kiln__tx_oom(&tx);
   if (rc == 0) rc = partition_entry(&p, prog);
   if (rc == 0 && tx.err) rc = tx.err;

@@ -91,6 +91,37 @@ int kiln_spmd_partition(const kiln_module *m, int64_t partitions, const char *du
  * body's) kept within the replica; the module's replica_count is set. */
 int kiln_spmd_partition_mesh(const kiln_module *m, int64_t replicas, int64_t partitions,
                              const char *dump_dir, kiln_spmd_program **out, kiln_status *st);
+
+/* Windowed einsum (collective matmul): a dot whose operand would be
+ * all-gathered along a split dim it does not contract becomes P steps, each
+ * multiplying the block at hand while the next is passed around the ring
+ * by collective-permute; the gathered copy is never built. AUTO: when that
+ * copy would hold at least windowed_min_bytes per device. */
+typedef enum kiln_spmd_windowed {
+  KILN_SPMD_WINDOWED_AUTO,
+  KILN_SPMD_WINDOWED_ON,
+  KILN_SPMD_WINDOWED_OFF
+} kiln_spmd_windowed;
+
+typedef struct kiln_spmd_options {
+  kiln_spmd_windowed windowed;
+  int64_t windowed_min_bytes; /* AUTO's threshold (default 1 MiB) */
+} kiln_spmd_options;
+
+#define KILN_SPMD_WINDOWED_MIN_BYTES (1 << 20)
+
+/* The defaults, then the environment's KILN_SPMD_WINDOWED (auto, on, off)
+ * and KILN_SPMD_WINDOWED_BYTES (an integer; K, M, G suffixes), which every
+ * caller passing no options (kilnd, kiln run) gets; values not understood
+ * are ignored. */
+void kiln_spmd_options_init(kiln_spmd_options *o);
+/* "auto", "on" or "off"; false for anything else. */
+bool kiln_spmd_windowed_parse(const char *text, kiln_spmd_windowed *out);
+
+/* kiln_spmd_partition_mesh with options (NULL: kiln_spmd_options_init's). */
+int kiln_spmd_partition_opts(const kiln_module *m, int64_t replicas, int64_t partitions,
+                             const char *dump_dir, const kiln_spmd_options *o,
+                             kiln_spmd_program **out, kiln_status *st);
 void kiln_spmd_program_destroy(kiln_spmd_program *p); /* NULL is a no-op */
 
 /* Device `device`'s shard of the global argument of parameter `param`
@@ -132,6 +163,9 @@ typedef struct kiln_spmd_auto_options {
   double link_bytes_per_s; /* what a collective moves per device per second; 0: mem_bytes_per_s */
   int64_t memory_budget;   /* bytes per device (parameters and live values); 0: none */
   double time_limit_s;     /* the solver's limit; 0: 30 s (the best plan found by then wins) */
+  /* The partitioner's options the model follows (windowed einsum); NULL:
+   * kiln_spmd_options_init's. Appended. */
+  const kiln_spmd_options *partition;
 } kiln_spmd_auto_options;
 
 /* The modelled cost of a plan, per device and per run. */

@@ -203,6 +203,30 @@ int kiln__spmd_inline_calls(kiln_module *m, uint32_t comp, kiln_status *st);
  * all-reduce with its own reducer (partition.c). */
 bool kiln__reduce_splittable(const kiln_module *m, const kiln_instr *ins);
 
+/* Whether the partitioner builds pad, slice or concatenate ins under
+ * `want` on n devices by halo exchange (the result split along a dim it
+ * moves, every window within reach of the neighbours): its operands then
+ * arrive as `want` (a pad's value whole) and *sent receives the
+ * collective-permutes it sends (partition.c; the cost model's mirror). */
+bool kiln__movement_halo_sent(kiln_arena *a, const kiln_module *m, const kiln_instr *ins,
+                              const spmd_tiling *want, int64_t n, kiln_spmd_stats *sent);
+
+/* A dot built as a windowed einsum (partition.c): operand `x` (0 lhs, 1
+ * rhs) stays in its tiling `cur`, which splits its dim `dim` (not
+ * contracted, not batch) `steps` ways where the dot needs it whole; the
+ * result's dim `odim` takes the blocks. Each of the steps - 1 permutes
+ * sends block_bytes. */
+typedef struct spmd_window {
+  int x;
+  uint32_t dim, odim;
+  int64_t steps, block_bytes;
+} spmd_window;
+
+/* Whether dot ins, whose operand x arrives as cur and is needed as need,
+ * is built as a windowed einsum under options o on n devices (*w filled). */
+bool kiln__window_plan(const kiln_module *m, const kiln_instr *ins, int x, const spmd_tiling *cur,
+                       const spmd_tiling *need, const kiln_spmd_options *o, spmd_window *w);
+
 /* ---- the cost model (model.c) ------------------------------------------ */
 
 /* What the model needs to know: the module, the devices and the machine. */
@@ -211,6 +235,7 @@ typedef struct spmd_model {
   kiln_arena *a; /* tilings the model derives */
   int64_t n;
   double flops_per_s, mem_bytes_per_s, link_bytes_per_s;
+  kiln_spmd_options opts; /* the partitioner's (windowed einsum) */
 } spmd_model;
 
 /* What a piece of the per-device program costs each device. */

@@ -74,8 +74,8 @@ def xla_collective_bytes(text):
     return total
 
 
-def kiln_collectives(path, parts):
-    out = subprocess.run([KILN, "compile", path, "--partitions", str(parts)],
+def kiln_collectives(path, parts, flags=()):
+    out = subprocess.run([KILN, "compile", path, "--partitions", str(parts)] + list(flags),
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise AssertionError(f"kiln compile failed: {out.stderr}")
@@ -88,7 +88,13 @@ def kiln_collectives(path, parts):
 
 
 class JaxSpmdTest(unittest.TestCase):
-    def run_peer(self, name, fn, in_sh, out_sh, args, parts, backends=("interp", "cpu")):
+    def run_peer(self, name, fn, in_sh, out_sh, args, parts, backends=("interp", "cpu"),
+                 windowed=None):
+        """windowed: "on" or "off" forces windowed einsum (KILN_SPMD_WINDOWED for
+        run, --windowed-einsum for compile)."""
+        env = dict(os.environ)
+        if windowed:
+            env["KILN_SPMD_WINDOWED"] = windowed
         jitted = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh)
         lowered = jitted.lower(*args)
         hlo = lowered.as_text(dialect="hlo")
@@ -107,14 +113,15 @@ class JaxSpmdTest(unittest.TestCase):
                 out_dir = os.path.join(tmp, f"out_{backend}")
                 r = subprocess.run([KILN, "run", path, "--partitions", str(parts), "--backend",
                                     backend, "--out", out_dir] + cmd_args,
-                                   capture_output=True, text=True, timeout=600)
+                                   capture_output=True, text=True, timeout=600, env=env)
                 self.assertEqual(r.returncode, 0, f"{name} on {backend}: {r.stderr}")
                 for i, w in enumerate(want):
                     got = np.load(os.path.join(out_dir, f"{i}.npy"))
                     self.assertEqual(got.shape, w.shape, f"{name} {backend} output {i}")
                     np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5,
                                                err_msg=f"{name} on {backend}, output {i}")
-            kinds = kiln_collectives(path, parts)
+            kinds = kiln_collectives(path, parts,
+                                     ["--windowed-einsum", windowed] if windowed else [])
         kiln_bytes = sum(b for _, b in kinds.values())
         if os.environ.get("KILN_SPMD_VERBOSE"):
             print(f"{name}: kiln {kinds} = {kiln_bytes} bytes, XLA {xla_bytes} bytes")
@@ -170,6 +177,36 @@ class JaxSpmdTest(unittest.TestCase):
         row = NamedSharding(m, P("t", None))
         kinds = self.run_peer("megatron", mlp, (rep, col, colb, row), rep, (x, w1, b1, w2), 4)
         self.assertEqual(kinds, {"all-reduce": (1, 8 * 16 * 4)})
+
+    def test_windowed_einsum(self):
+        """A column-parallel matmul of sequence-split activations (XLA gathers
+        them) and a row-split result of a column-split weight (the weight
+        gathered), as windowed einsums: 7 permutes of one block each around
+        the ring of 8, no all-gather; then on a 2x4 mesh, batch over one axis
+        and the ring along the other."""
+        m = mesh((8,), ("x",))
+        rng = np.random.default_rng(11)
+        x = rng.standard_normal((64, 32)).astype(np.float32)
+        w = rng.standard_normal((32, 48)).astype(np.float32) * 0.3
+        row, col = NamedSharding(m, P("x", None)), NamedSharding(m, P(None, "x"))
+        wide = rng.standard_normal((32, 256)).astype(np.float32) * 0.3
+        kinds = self.run_peer("window_lhs", lambda x, w: jnp.tanh(x @ w), (row, col), col,
+                              (x, wide), 8, windowed="on")
+        self.assertEqual(kinds, {"collective-permute": (7, 7 * 8 * 32 * 4)})
+        kinds = self.run_peer("window_rhs", lambda x, w: x @ w, (row, col), row, (x, w), 8,
+                              windowed="on")
+        self.assertEqual(kinds, {"collective-permute": (7, 7 * 32 * 6 * 4)})
+        kinds = self.run_peer("window_off", lambda x, w: x @ w, (row, col), row, (x, w), 8,
+                              windowed="off")
+        self.assertEqual(kinds, {"all-gather": (1, 32 * 48 * 4)})
+        m2 = mesh((2, 4), ("b", "s"))
+        xb = rng.standard_normal((4, 16, 8)).astype(np.float32)
+        wb = rng.standard_normal((4, 8, 64)).astype(np.float32)
+        kinds = self.run_peer("window_batched", lambda x, w: jnp.einsum("bmk,bkn->bmn", x, w),
+                              (NamedSharding(m2, P("b", "s", None)),
+                               NamedSharding(m2, P("b", None, "s"))),
+                              NamedSharding(m2, P("b", None, "s")), (xb, wb), 8, windowed="on")
+        self.assertEqual(kinds, {"collective-permute": (3, 3 * 2 * 4 * 8 * 4)})
 
     def test_row_parallel_sequence_split(self):
         """Row-parallel matmul whose result stays split by rows on the same

@@ -168,6 +168,122 @@ START_TEST(test_run_mesh) {
 }
 END_TEST
 
+/* A global data-parallel step (the batch split over the partitions, the
+ * weight's gradient all-reduced) compiled and benched on 2 replicas x 2
+ * partitions: each device runs one all-reduce of the f32[4,3] gradient
+ * (48 bytes) within its replica, the mesh of 4 devices 4 of them; the
+ * bench times the gang of all 4 (interp and cpu). */
+static const char dp_module[] =
+    "HloModule dp\n"
+    "ENTRY e {\n x = f32[8,4] parameter(0), sharding={devices=[2,1]0,1}\n"
+    " w = f32[4,3] parameter(1), sharding={replicated}\n"
+    " y = f32[8,3] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    " t = f32[8,3] tanh(y)\n"
+    " ROOT g = f32[4,3] dot(x, t), lhs_contracting_dims={0}, rhs_contracting_dims={0}, "
+    "sharding={replicated}\n}\n";
+
+START_TEST(test_compile_bench_mesh) {
+  const char *f = write_file("dp.hlo", dp_module);
+  result r =
+      run("compile", f, "--replicas", "2", "--partitions", "2", "-o", tpath("dp.kexe"), NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  char want[1024];
+  snprintf(want, sizeof want,
+           "%s: partitioned over 2 replicas x 2 partitions (4 devices): 1 collective per device "
+           "per run\n  all-reduce: 1, 48 bytes\n"
+           "the mesh of 4 devices: 4 collectives, 192 bytes per run, each replica's within its 2 "
+           "partitions\n  all-reduce: 4, 192 bytes\n",
+           f);
+  ck_assert_msg(strncmp(r.out, want, strlen(want)) == 0, "%s", r.out);
+  result_free(&r);
+  /* one replica: as before */
+  r = run("compile", f, "--partitions", "2", NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  snprintf(want, sizeof want,
+           "%s: partitioned over 2 devices: 1 collective per device per run\n"
+           "  all-reduce: 1, 48 bytes\n%s: compiled",
+           f, f);
+  ck_assert_msg(strncmp(r.out, want, strlen(want)) == 0, "%s", r.out);
+  result_free(&r);
+  const char *backends[2] = {"interp", "cpu"};
+  for (int i = 0; i < 2; i++) {
+    r = run("bench", f, "--replicas", "2", "--partitions", "2", "--backend", backends[i], "--iters",
+            "2", NULL);
+    ck_assert_msg(r.code == 0, "%s", r.err);
+    ck_assert_msg(strstr(r.out, "\"mode\": \"mesh-literals\", \"partitions\": 2, \"collectives\": "
+                                "{\"all-reduce\": {\"count\": 1, \"bytes\": 48}}, \"replicas\": "
+                                "2, \"devices\": 4, \"mesh_collectives\": {\"all-reduce\": "
+                                "{\"count\": 4, \"bytes\": 192}}") != NULL,
+                  "%s", r.out);
+    result_free(&r);
+  }
+  /* refusals */
+  r = run("compile", f, "--replicas", "2", NULL);
+  EXPECT(r, 2, "", "kiln compile: --replicas R goes with --partitions P (a global program)\n");
+  result_free(&r);
+  r = run("compile", f, "--replicas", "0", "--partitions", "2", NULL);
+  EXPECT(r, 2, "", "kiln compile: --replicas needs an integer from 1 to 4096, not '0'\n");
+  result_free(&r);
+  r = run("compile", f, "--replicas", "64", "--partitions", "128", NULL);
+  EXPECT(r, 2, "", "kiln compile: a mesh of 64 x 128 devices is too large (at most 4096)\n");
+  result_free(&r);
+  r = run("bench", f, "--replicas", "2", NULL);
+  EXPECT(r, 2, "", "kiln bench: --replicas R goes with --partitions P (a global program)\n");
+  result_free(&r);
+  r = run("compile", write_file("add.hlo", add_module), "--replicas", "2", "--partitions", "2",
+          NULL);
+  ck_assert_int_eq(r.code, 1);
+  ck_assert_ptr_nonnull(strstr(r.err, "--partitions needs a module whose ENTRY carries shardings"));
+  result_free(&r);
+}
+END_TEST
+
+/* --windowed-einsum: a column-parallel matmul of row-split activations
+ * takes the ring (3 permutes of a quarter each) instead of the all-gather
+ * when forced on or when the gathered copy reaches the threshold. */
+START_TEST(test_compile_windowed) {
+  const char *f =
+      write_file("ag.hlo", "HloModule ag\n"
+                           "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[4,1]<=[4]}\n"
+                           " w = f32[8,12] parameter(1), sharding={devices=[1,4]<=[4]}\n"
+                           " ROOT y = f32[16,12] dot(x, w), lhs_contracting_dims={1}, "
+                           "rhs_contracting_dims={0}, sharding={devices=[1,4]<=[4]}\n}\n");
+  const char *ring = "collective-permute: 3, 384 bytes\n", *gather = "all-gather: 1, 512 bytes\n";
+  struct {
+    const char *mode, *bytes, *want;
+  } cases[] = {{"on", NULL, ring},
+               {"off", "0", gather},
+               {"auto", NULL, gather}, /* 512 bytes: below the default 1M */
+               {"auto", "512", ring},
+               {NULL, "513", gather}};
+  for (int i = 0; i < 5; i++) {
+    const char *argv[8] = {"--partitions", "4"};
+    int n = 2;
+    if (cases[i].mode) argv[n++] = "--windowed-einsum", argv[n++] = cases[i].mode;
+    if (cases[i].bytes) argv[n++] = "--windowed-einsum-bytes", argv[n++] = cases[i].bytes;
+    argv[n] = NULL;
+    result r = run("compile", f, argv[0], argv[1], argv[2], argv[3], argv[4], argv[5], NULL);
+    ck_assert_msg(r.code == 0, "%s", r.err);
+    ck_assert_msg(strstr(r.out, cases[i].want) != NULL, "case %d: %s", i, r.out);
+    result_free(&r);
+  }
+  result r = run("compile", f, "--partitions", "4", "--windowed-einsum", "maybe", NULL);
+  EXPECT(r, 2, "", "kiln compile: --windowed-einsum needs auto, on or off, not 'maybe'\n");
+  result_free(&r);
+  r = run("bench", f, "--partitions", "4", "--windowed-einsum-bytes", "1KB", NULL);
+  EXPECT(r, 2, "",
+         "kiln bench: --windowed-einsum-bytes needs a number of bytes (K, M, G: KiB, MiB, GiB), "
+         "not '1KB'\n");
+  result_free(&r);
+  r = run("bench", f, "--partitions", "4", "--windowed-einsum", "on", "--backend", "interp",
+          "--iters", "1", NULL);
+  ck_assert_msg(r.code == 0, "%s", r.err);
+  ck_assert_ptr_nonnull(
+      strstr(r.out, "\"collectives\": {\"collective-permute\": {\"count\": 3, \"bytes\": 384}}"));
+  result_free(&r);
+}
+END_TEST
+
 START_TEST(test_help) {
   result r = run("--help", NULL);
   ck_assert_int_eq(r.code, 0);
@@ -1410,6 +1526,8 @@ static Suite *cli_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_help);
   tcase_add_test(tc, test_run_mesh);
+  tcase_add_test(tc, test_compile_bench_mesh);
+  tcase_add_test(tc, test_compile_windowed);
   tcase_add_test(tc, test_usage_errors);
   tcase_add_test(tc, test_check_ok);
   tcase_add_test(tc, test_check_parse_error);

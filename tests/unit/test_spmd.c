@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "compiler/compile.h"
 #include "compiler/eval/interp.h"
 #include "compiler/ir/ir.h"
 #include "compiler/ir/sharding.h"
@@ -738,6 +739,158 @@ START_TEST(test_fsdp_all_gather) {
                 " ROOT y = f32[8,8] dot(x, w), lhs_contracting_dims={1}, "
                 "rhs_contracting_dims={0}, sharding={devices=[4,1]<=[4]}\n}\n",
                 4, "interp", 0, 1);
+}
+END_TEST
+
+/* ---- windowed einsum ------------------------------------------------------ */
+
+/* text (its shardings written for p devices) partitioned with windowed
+ * einsum forced on (KILN_SPMD_WINDOWED, as every caller without options
+ * reads it) and off: on `backend` both equal the unpartitioned
+ * interpreter; on, `permutes` collective-permutes, `ar` all-reduces and no
+ * all-gather; off, one all-gather and no permute. */
+static void check_windowed(const char *text, int64_t p, const char *backend, int permutes, int ar) {
+  for (int on = 1; on >= 0; on--) {
+    setenv("KILN_SPMD_WINDOWED", on ? "on" : "off", 1);
+    kiln_module *m = parse_ok(text);
+    kiln_status st = {0};
+    kiln_literal **args;
+    uint32_t n;
+    ck_assert_int_eq(kiln_test_args_random(m, 5, &args, &n, &st), 0);
+    kiln_literal *want = NULL, *got = NULL;
+    ck_assert_int_eq(kiln_interp_run(m, (const kiln_literal *const *)args, n, NULL, &want, &st), 0);
+    kiln_spmd_stats stats;
+    int rc = kiln_run_module_global(m, backend, NULL, (uint32_t)p, NULL,
+                                    (const kiln_literal *const *)args, n, &got, &stats, &st);
+    ck_assert_msg(rc == 0, "%s: %s", st.where, st.msg);
+    char why[200];
+    ck_assert_msg(close_enough(want, got, why, sizeof why), "%s on %lld, windowed %d: %s", backend,
+                  (long long)p, on, why);
+    ck_assert_msg(stats.count[KILN_SPMD_COLLECTIVE_PERMUTE] == (uint32_t)(on ? permutes : 0) &&
+                      stats.count[KILN_SPMD_ALL_GATHER] == (on ? 0u : 1u) &&
+                      stats.count[KILN_SPMD_ALL_REDUCE] == (uint32_t)ar,
+                  "%s on %lld, windowed %d: %u permutes, %u all-gathers, %u all-reduces\n%s",
+                  backend, (long long)p, on, stats.count[KILN_SPMD_COLLECTIVE_PERMUTE],
+                  stats.count[KILN_SPMD_ALL_GATHER], stats.count[KILN_SPMD_ALL_REDUCE], text);
+    kiln_literal_destroy(want);
+    kiln_literal_destroy(got);
+    kiln_test_args_free(args, n);
+    kiln_module_destroy(m);
+  }
+  unsetenv("KILN_SPMD_WINDOWED");
+}
+
+/* The dots: the lhs gathered along its rows for a column-split result
+ * (the column-parallel matmul of sequence-split activations), the rhs
+ * gathered along its columns for a row-split result, on 2, 4 and 8
+ * devices (columns 12 over 8: uneven); a batched dot on a 2 x P/2 mesh
+ * (the ring along the second axis); rows on one axis and the contraction on
+ * the other (the blocks' partial products all-reduced). */
+START_TEST(test_windowed_einsum) {
+  static const char *backends[2] = {"interp", "cpu"};
+  for (int64_t p = 2; p <= 8; p *= 2) {
+    for (int b = 0; b < (p == 4 ? 2 : 1); b++) {
+      char text[2048];
+      snprintf(text, sizeof text,
+               "HloModule ag_lhs\n"
+               "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[%lld,1]<=[%lld]}\n"
+               " w = f32[8,12] parameter(1), sharding={devices=[1,%lld]<=[%lld]}\n"
+               " ROOT y = f32[16,12] dot(x, w), lhs_contracting_dims={1}, "
+               "rhs_contracting_dims={0}, sharding={devices=[1,%lld]<=[%lld]}\n}\n",
+               (long long)p, (long long)p, (long long)p, (long long)p, (long long)p, (long long)p);
+      check_windowed(text, p, backends[b], (int)p - 1, 0);
+      snprintf(text, sizeof text,
+               "HloModule ag_rhs\n"
+               "ENTRY e {\n x = f32[16,8] parameter(0), sharding={devices=[%lld,1]<=[%lld]}\n"
+               " w = f32[8,16] parameter(1), sharding={devices=[1,%lld]<=[%lld]}\n"
+               " t = f32[16,8] tanh(x)\n"
+               " ROOT y = f32[16,16] dot(t, w), lhs_contracting_dims={1}, "
+               "rhs_contracting_dims={0}, sharding={devices=[%lld,1]<=[%lld]}\n}\n",
+               (long long)p, (long long)p, (long long)p, (long long)p, (long long)p, (long long)p);
+      check_windowed(text, p, backends[b], (int)p - 1, 0);
+      if (p < 4) continue;
+      snprintf(text, sizeof text,
+               "HloModule batched\n"
+               "ENTRY e {\n x = f32[4,16,8] parameter(0), sharding={devices=[2,%lld,1]<=[%lld]}\n"
+               " w = f32[4,8,12] parameter(1), sharding={devices=[2,1,%lld]<=[%lld]}\n"
+               " ROOT y = f32[4,16,12] dot(x, w), lhs_batch_dims={0}, rhs_batch_dims={0}, "
+               "lhs_contracting_dims={2}, rhs_contracting_dims={1}, "
+               "sharding={devices=[2,1,%lld]<=[%lld]}\n}\n",
+               (long long)p / 2, (long long)p, (long long)p / 2, (long long)p, (long long)p / 2,
+               (long long)p);
+      check_windowed(text, p, backends[b], (int)p / 2 - 1, 0);
+    }
+  }
+  for (int b = 0; b < 2; b++)
+    check_windowed("HloModule contract\n"
+                   "ENTRY e {\n x = f32[16,32] parameter(0), sharding={devices=[2,2]<=[4]}\n"
+                   " w = f32[32,4] parameter(1), sharding={devices=[2,2]0,2,1,3}\n"
+                   " ROOT y = f32[16,4] dot(x, w), lhs_contracting_dims={1}, "
+                   "rhs_contracting_dims={0}, sharding={devices=[2,1,2]<=[4] "
+                   "last_tile_dim_replicate}\n}\n",
+                   4, backends[b], 1, 1);
+}
+END_TEST
+
+/* The options: AUTO takes the windowed form from windowed_min_bytes of
+ * gathered copy on; the per-device program then needs fewer bytes of
+ * temporaries than the all-gather plan (the compiler's memory planner). */
+START_TEST(test_windowed_einsum_choice) {
+  kiln_module *m = parse_ok("HloModule big\n"
+                            "ENTRY e {\n x = f32[256,128] parameter(0), "
+                            "sharding={devices=[4,1]<=[4]}\n"
+                            " w = f32[128,512] parameter(1), sharding={devices=[1,4]<=[4]}\n"
+                            " ROOT y = f32[256,512] dot(x, w), lhs_contracting_dims={1}, "
+                            "rhs_contracting_dims={0}, sharding={devices=[1,4]<=[4]}\n}\n");
+  const int64_t gathered = 256 * 128 * 4;
+  struct {
+    kiln_spmd_windowed mode;
+    int64_t min;
+    bool windowed;
+  } cases[] = {{KILN_SPMD_WINDOWED_AUTO, gathered, true},
+               {KILN_SPMD_WINDOWED_AUTO, gathered + 1, false},
+               {KILN_SPMD_WINDOWED_ON, gathered + 1, true},
+               {KILN_SPMD_WINDOWED_OFF, 0, false}};
+  uint64_t peak[2] = {0, 0};
+  for (int i = 0; i < 4; i++) {
+    kiln_spmd_options o;
+    kiln_spmd_options_init(&o);
+    o.windowed = cases[i].mode;
+    o.windowed_min_bytes = cases[i].min;
+    kiln_status st = {0};
+    kiln_spmd_program *prog;
+    ck_assert_int_eq(kiln_spmd_partition_opts(m, 1, 4, NULL, &o, &prog, &st), 0);
+    bool w = cases[i].windowed;
+    ck_assert_int_eq(prog->stats.count[KILN_SPMD_COLLECTIVE_PERMUTE], (w ? 3 : 0));
+    ck_assert_int_eq(prog->stats.count[KILN_SPMD_ALL_GATHER], (w ? 0 : 1));
+    /* 3 blocks of a quarter vs the gathered array */
+    ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_COLLECTIVE_PERMUTE], (w ? 3 * gathered / 4 : 0));
+    ck_assert_int_eq(prog->stats.bytes[KILN_SPMD_ALL_GATHER], (w ? 0 : gathered));
+    kiln_executable *e;
+    kiln_compile_report rep;
+    ck_assert_msg(kiln_compile(prog->module, NULL, &e, &rep, &st) == 0, "%s", st.msg);
+    peak[w] = rep.peak_bytes;
+    kiln_executable_destroy(e);
+    kiln_spmd_program_destroy(prog);
+  }
+  ck_assert_uint_gt(peak[0], 0);
+  ck_assert_msg(peak[1] < peak[0], "windowed peak %llu, all-gather peak %llu",
+                (unsigned long long)peak[1], (unsigned long long)peak[0]);
+  /* the environment's settings, and what it cannot say */
+  kiln_spmd_options o;
+  setenv("KILN_SPMD_WINDOWED", "off", 1);
+  setenv("KILN_SPMD_WINDOWED_BYTES", "64K", 1);
+  kiln_spmd_options_init(&o);
+  ck_assert_int_eq(o.windowed, KILN_SPMD_WINDOWED_OFF);
+  ck_assert_int_eq(o.windowed_min_bytes, 65536);
+  setenv("KILN_SPMD_WINDOWED", "sometimes", 1);
+  setenv("KILN_SPMD_WINDOWED_BYTES", "12Q", 1);
+  kiln_spmd_options_init(&o);
+  ck_assert_int_eq(o.windowed, KILN_SPMD_WINDOWED_AUTO);
+  ck_assert_int_eq(o.windowed_min_bytes, KILN_SPMD_WINDOWED_MIN_BYTES);
+  unsetenv("KILN_SPMD_WINDOWED");
+  unsetenv("KILN_SPMD_WINDOWED_BYTES");
+  kiln_module_destroy(m);
 }
 END_TEST
 
@@ -1622,6 +1775,27 @@ START_TEST(test_random_cpu) {
 }
 END_TEST
 
+/* Random programs with windowed einsum forced on: every dot whose operand
+ * would be gathered along a dim it does not contract takes the ring. */
+START_TEST(test_random_windowed) {
+  static const int64_t ps[3] = {2, 4, 8};
+  setenv("KILN_SPMD_WINDOWED", "on", 1);
+  int n = nseeds(40), ran = 0;
+  for (int s = 0; s < n; s++) ran += random_case((uint64_t)(500 + s), ps[_i], "interp");
+  unsetenv("KILN_SPMD_WINDOWED");
+  ck_assert_int_ge(ran, n / 2);
+}
+END_TEST
+
+START_TEST(test_random_windowed_cpu) {
+  setenv("KILN_SPMD_WINDOWED", "on", 1);
+  int n = nseeds(3), ran = 0;
+  for (int s = 0; s < n; s++) ran += random_case((uint64_t)(600 + s), 4, "cpu");
+  unsetenv("KILN_SPMD_WINDOWED");
+  ck_assert_int_ge(ran, 1);
+}
+END_TEST
+
 START_TEST(test_random_replicas) {
   /* 2 replicas of 1, 2 and 4 partitions, the replicas' arguments differ:
    * a collective that mixed replicas would show */
@@ -1660,6 +1834,8 @@ static Suite *spmd_suite(void) {
   tcase_add_test(tc, test_data_parallel_step);
   tcase_add_test(tc, test_fsdp_all_gather);
   tcase_add_test(tc, test_2d_matmul);
+  tcase_add_test(tc, test_windowed_einsum);
+  tcase_add_test(tc, test_windowed_einsum_choice);
   tcase_add_test(tc, test_uneven_shards);
   tcase_add_test(tc, test_reshard_collectives);
   tcase_add_test(tc, test_combiner);
@@ -1680,12 +1856,14 @@ static Suite *spmd_suite(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_random_interp, 0, 4);
   tcase_add_loop_test(tc, test_random_replicas, 0, 3);
+  tcase_add_loop_test(tc, test_random_windowed, 0, 3);
   suite_add_tcase(s, tc);
   tc = tcase_create("cpu");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_megatron_cpu);
   tcase_add_loop_test(tc, test_random_cpu, 0, 2);
   tcase_add_test(tc, test_random_replicas_cpu);
+  tcase_add_test(tc, test_random_windowed_cpu);
   suite_add_tcase(s, tc);
   return s;
 }
