@@ -642,6 +642,11 @@ static void seed_range(int *first, int *last) {
   const char *e = getenv("KILN_SPMD_SEEDS");
   *first = 1;
   *last = 200;
+#if defined(__SANITIZE_ADDRESS__)
+  /* Under ASan a seed takes ~0.8 s (the main build runs all 200): the first
+   * 30 still hold seed 25's halo case. */
+  *last = 30;
+#endif
   if (e == NULL) return;
   int a, b;
   if (sscanf(e, "%d-%d", &a, &b) == 2 && a > 0 && b >= a)
