@@ -93,6 +93,7 @@ typedef struct cuda_dev {
   pthread_mutex_t run_mu;  /* one run at a time; `small` */
   void *small;             /* 64 pinned bytes: predicates, selectors */
   int major, minor, nsm;
+  uint64_t total_memory; /* cuDeviceTotalMem */
   uint64_t max_temp_bytes;
   char where[32];       /* "cuda:0" */
   char budget_name[96]; /* for the allocator's messages */
@@ -245,6 +246,7 @@ static int dev_open(cuda_dev *d, uint32_t index, const cuda_backend *cb, kiln_st
             "cuDeviceGetAttribute", st);
   size_t total = 0;
   if (rc == 0) rc = CK(d, a->device_total_mem(&total, d->dev), "cuDeviceTotalMem_v2", st);
+  d->total_memory = (uint64_t)total;
   if (rc == 0) rc = CK(d, a->primary_ctx_retain(&d->ctx, d->dev), "cuDevicePrimaryCtxRetain", st);
   if (rc) {
     d->ctx = NULL;
@@ -2090,6 +2092,20 @@ int kiln_cuda_mesh_collective(kiln_cuda_mesh *m, const kiln_collective *desc, do
       return kiln_status_set(st, KILN_EINVAL, "nccl", "pair %u names a rank outside 0..%u", p,
                              nr - 1);
   return grouped_collective(c, desc, timeout_s, st);
+}
+
+bool kiln_cuda_device_memory(const kiln_device *dv, kiln_cuda_memory *out) {
+  memset(out, 0, sizeof *out);
+  if (dv == NULL || dv->backend->iface != &kiln_cuda_backend_iface || dv->ctx == NULL) return false;
+  cuda_dev *d = dv->ctx;
+  out->total = d->total_memory;
+  pthread_mutex_lock(&d->alloc.mu);
+  out->budget = d->alloc.budget;
+  out->live = d->alloc.live;
+  out->cached = d->alloc.cached;
+  out->peak = d->alloc.peak;
+  pthread_mutex_unlock(&d->alloc.mu);
+  return true;
 }
 
 const kiln_backend_iface kiln_cuda_backend_iface = {

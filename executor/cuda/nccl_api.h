@@ -62,11 +62,11 @@ int kiln__nccl_check(const kiln__nccl_api *a, ncclComm_t comm, ncclResult_t r, c
 /* The local ranks of one NCCL communicator, one per device, created
  * together and destroyed together. */
 struct kiln__nccl_clique {
-  uint32_t n;           /* local ranks */
-  uint32_t nranks;      /* the communicator's ranks, all hosts */
-  ncclComm_t *comms;    /* n, in the order of the devices given */
-  CUcontext *ctxs;      /* n: each comm's device's primary context */
-  bool broken;          /* aborted after an error: recreate before use */
+  uint32_t n;        /* local ranks */
+  uint32_t nranks;   /* the communicator's ranks, all hosts */
+  ncclComm_t *comms; /* n, in the order of the devices given */
+  CUcontext *ctxs;   /* n: each comm's device's primary context */
+  bool broken;       /* aborted after an error: recreate before use */
   const kiln__nccl_api *api;
   const kiln__cuda_api *cu;
 };
@@ -78,10 +78,10 @@ struct kiln__nccl_clique {
  * (ncclGroupStart/End) issued from this thread, nonblocking, then polled
  * until done; past `deadline` (CLOCK_MONOTONIC seconds; 0: 60 s from now)
  * they are aborted and the result is KILN_EDEADLINE. */
-int kiln__nccl_clique_create(const kiln__nccl_api *a, const kiln__cuda_api *cu,
-                             const uint8_t *id, uint32_t nranks, uint32_t first, uint32_t n,
-                             const CUcontext *ctxs, double deadline, const char *where,
-                             kiln__nccl_clique **out, kiln_status *st);
+int kiln__nccl_clique_create(const kiln__nccl_api *a, const kiln__cuda_api *cu, const uint8_t *id,
+                             uint32_t nranks, uint32_t first, uint32_t n, const CUcontext *ctxs,
+                             double deadline, const char *where, kiln__nccl_clique **out,
+                             kiln_status *st);
 void kiln__nccl_clique_destroy(kiln__nccl_clique *c); /* NULL is a no-op */
 /* Aborts every rank (after an error or a missed deadline) and marks the
  * clique broken. */
@@ -90,18 +90,17 @@ void kiln__nccl_clique_abort(kiln__nccl_clique *c);
 /* Waits until none of comms[0..n) reports ncclInProgress (a nonblocking
  * call's enqueueing); an asynchronous error is a status naming `call`; the
  * deadline passing is KILN_EDEADLINE. */
-int kiln__nccl_settle(const kiln__nccl_api *a, ncclComm_t const *comms, uint32_t n,
-                      double deadline, const char *call, const char *where, kiln_status *st);
+int kiln__nccl_settle(const kiln__nccl_api *a, ncclComm_t const *comms, uint32_t n, double deadline,
+                      const char *call, const char *where, kiln_status *st);
 
 /* Waits until streams[i] (on context ctxs[i]) has run everything issued to
  * it, polling cuStreamQuery and comms[i]'s asynchronous error; the deadline
  * passing (or cancel raised) is KILN_EDEADLINE (KILN_ECANCELED) naming
  * `call`. The caller aborts the communicator on failure. */
 int kiln__nccl_stream_wait(const kiln__nccl_api *a, const kiln__cuda_api *cu,
-                           ncclComm_t const *comms, const CUcontext *ctxs,
-                           const CUstream *streams, uint32_t n, double deadline,
-                           const atomic_int *cancel, const char *call, const char *where,
-                           kiln_status *st);
+                           ncclComm_t const *comms, const CUcontext *ctxs, const CUstream *streams,
+                           uint32_t n, double deadline, const atomic_int *cancel, const char *call,
+                           const char *where, kiln_status *st);
 
 /* NCCL's element type for a kiln dtype, and its reduction for a kiln
  * opcode; false when NCCL has none (the step is refused at load). */

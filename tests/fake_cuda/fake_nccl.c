@@ -97,7 +97,7 @@ typedef struct fop {
   size_t count;
   ncclDataType_t t;
   ncclRedOp_t red;
-  int peer; /* root, or the p2p peer */
+  int peer;  /* root, or the p2p peer */
   fround *r; /* posted collective */
 } fop;
 
@@ -176,7 +176,8 @@ static bool driver(void) {
   const char *file = getenv("KILN_CUDA_DRIVER");
   void *h = file ? dlopen(file, RTLD_NOW | RTLD_NOLOAD) : NULL;
   if (h == NULL) return false;
-  void *a = dlsym(h, "kiln_fake_cuda_current_device"), *b = dlsym(h, "kiln_fake_cuda_stream_device");
+  void *a = dlsym(h, "kiln_fake_cuda_current_device"),
+       *b = dlsym(h, "kiln_fake_cuda_stream_device");
   void *c = dlsym(h, "kiln_fake_cuda_device_of");
   memcpy(&fn.current_device, &a, sizeof a);
   memcpy(&fn.stream_device, &b, sizeof b);
@@ -209,7 +210,8 @@ static ncclResult_t check_comm(struct ncclComm *c, const char *call) {
 }
 
 /* [p, p + n) is memory of device dev (n == 0: nothing to check). */
-static ncclResult_t check_buf(const void *p, size_t n, int dev, const char *call, const char *what) {
+static ncclResult_t check_buf(const void *p, size_t n, int dev, const char *call,
+                              const char *what) {
   if (n == 0) return ncclSuccess;
   int d = fn.device_of((uint64_t)(uintptr_t)p, n);
   if (d < 0)
@@ -264,8 +266,8 @@ static ncclResult_t check_op(const fop *o, void *stream) {
     const char *s = o->send, *d = o->recv;
     size_t rank = (size_t)o->comm->rank;
     bool in_place = (o->kind == K_ALL_REDUCE || o->kind == K_BROADCAST) ? s == d
-                    : o->kind == K_ALL_GATHER                          ? s == d + rank * in
-                                                                       : d == s + rank * out;
+                    : o->kind == K_ALL_GATHER                           ? s == d + rank * in
+                                                                        : d == s + rank * out;
     if (!in_place)
       return bad(ncclInvalidArgument,
                  "fake nccl: %s: send and receive buffers overlap without being in place", call);
@@ -324,7 +326,10 @@ static uint16_t float_to_bf16(float f) {
 }
 
 #define FOLD(a, b, red) \
-  ((red) == ncclSum ? (a) + (b) : (red) == ncclProd ? (a) * (b) : (red) == ncclMax ? ((a) > (b) ? (a) : (b)) : ((a) < (b) ? (a) : (b)))
+  ((red) == ncclSum    ? (a) + (b) \
+   : (red) == ncclProd ? (a) * (b) \
+   : (red) == ncclMax  ? ((a) > (b) ? (a) : (b)) \
+                       : ((a) < (b) ? (a) : (b)))
 
 /* acc[i] = acc[i] red x[i], n elements of t. Integers wrap. */
 static void combine(void *acc, const void *x, size_t n, ncclDataType_t t, ncclRedOp_t red) {
@@ -345,7 +350,8 @@ static void combine(void *acc, const void *x, size_t n, ncclDataType_t t, ncclRe
   case ncclInt64: INT_CASE(int64_t, uint64_t) break;
   case ncclUint64: INT_CASE(uint64_t, uint64_t) break;
   case ncclFloat32:
-    for (size_t i = 0; i < n; i++) ((float *)acc)[i] = FOLD(((float *)acc)[i], ((const float *)x)[i], red);
+    for (size_t i = 0; i < n; i++)
+      ((float *)acc)[i] = FOLD(((float *)acc)[i], ((const float *)x)[i], red);
     break;
   case ncclFloat64:
     for (size_t i = 0; i < n; i++)
@@ -356,7 +362,8 @@ static void combine(void *acc, const void *x, size_t n, ncclDataType_t t, ncclRe
     for (size_t i = 0; i < n; i++) {
       uint16_t *a = (uint16_t *)acc + i, b = ((const uint16_t *)x)[i];
       bool bf = t == ncclBfloat16;
-      float u = bf ? bf16_to_float(*a) : half_to_float(*a), v = bf ? bf16_to_float(b) : half_to_float(b);
+      float u = bf ? bf16_to_float(*a) : half_to_float(*a),
+            v = bf ? bf16_to_float(b) : half_to_float(b);
       float w = FOLD(u, v, red);
       *a = bf ? float_to_bf16(w) : float_to_half(w);
     }
@@ -505,7 +512,8 @@ static ncclResult_t complete(fop *o) {
       break;
     }
     case K_ALL_GATHER:
-      for (int k = 0; k < n; k++) memcpy((char *)o->recv + (size_t)k * bytes, r->post[k].data, bytes);
+      for (int k = 0; k < n; k++)
+        memcpy((char *)o->recv + (size_t)k * bytes, r->post[k].data, bytes);
       break;
     default: memcpy(o->recv, r->post[o->peer].data, bytes); break; /* K_BROADCAST */
     }
@@ -752,7 +760,8 @@ ncclResult_t ncclGroupEnd(void) {
   double deadline = now_s() + timeout_s();
   while (blocking && !done && nap(deadline)) {
     done = true;
-    for (int i = 0; i < ninit; i++) done &= pending_init[i]->q->joined == pending_init[i]->q->nranks;
+    for (int i = 0; i < ninit; i++)
+      done &= pending_init[i]->q->joined == pending_init[i]->q->nranks;
   }
   pthread_mutex_unlock(&fn.mu);
   if (done) return ncclSuccess;

@@ -38,7 +38,7 @@
 #if defined(KILN_HAVE_CUDA) && defined(KILN_FAKE_CUDA) && defined(KILN_FAKE_NCCL)
 #include "executor/cuda/nccl.h"
 #ifdef KILN_TEST_HAVE_CACHE
-#include "cache/rendezvous.h"
+#include "server/mesh.h"
 #include "tests/support/redis_server.h"
 #endif
 
@@ -144,7 +144,8 @@ static bool same_program(const kiln_executable *a, const kiln_executable *b) {
     for (uint32_t i = 0; i < x->nsteps; i++) {
       const kiln_step *s = &x->steps[i], *t = &y->steps[i];
       if (s->kind != t->kind || s->kernel != t->kernel || s->range != t->range ||
-          s->nargs != t->nargs || (s->nargs && memcmp(s->args, t->args, s->nargs * sizeof *s->args)))
+          s->nargs != t->nargs ||
+          (s->nargs && memcmp(s->args, t->args, s->nargs * sizeof *s->args)))
         return false;
     }
   }
@@ -431,8 +432,8 @@ static void fill(kiln_buffer *b, uint32_t rank, size_t n) {
 
 /* Runs desc's collective on n ranks of backend name; recv read back into
  * out[r] (recv_n elements each). */
-static int comm_run(const char *name, uint32_t n, kiln_collective desc, size_t send_n, size_t recv_n,
-                    int32_t *out, kiln_status *st) {
+static int comm_run(const char *name, uint32_t n, kiln_collective desc, size_t send_n,
+                    size_t recv_n, int32_t *out, kiln_status *st) {
   kiln_backend_options bo = {.ndevices = n};
   kiln_backend *b = NULL;
   ck_assert_msg(kiln_backend_create(name, &bo, &b, st) == 0, "%s", st->msg);
@@ -468,13 +469,17 @@ START_TEST(comm_collectives_are_grouped_calls_equal_to_cpu) {
     int op, reduce;
     size_t count, recv;
   } cases[] = {
-      {KILN_OP_ALL_REDUCE, KILN_OP_ADD, 6, 6},      {KILN_OP_ALL_REDUCE, KILN_OP_MAXIMUM, 5, 5},
-      {KILN_OP_ALL_GATHER, 0, 3, 12},               {KILN_OP_REDUCE_SCATTER, KILN_OP_ADD, 8, 2},
-      {KILN_OP_ALL_TO_ALL, 0, 8, 8},                {KILN_OP_COLLECTIVE_PERMUTE, 0, 4, 4},
+      {KILN_OP_ALL_REDUCE, KILN_OP_ADD, 6, 6}, {KILN_OP_ALL_REDUCE, KILN_OP_MAXIMUM, 5, 5},
+      {KILN_OP_ALL_GATHER, 0, 3, 12},          {KILN_OP_REDUCE_SCATTER, KILN_OP_ADD, 8, 2},
+      {KILN_OP_ALL_TO_ALL, 0, 8, 8},           {KILN_OP_COLLECTIVE_PERMUTE, 0, 4, 4},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    kiln_collective d = {.op = cases[i].op, .dtype = KILN_S32, .reduce_op = cases[i].reduce,
-                         .count = cases[i].count, .pairs = pairs, .npairs = 3};
+    kiln_collective d = {.op = cases[i].op,
+                         .dtype = KILN_S32,
+                         .reduce_op = cases[i].reduce,
+                         .count = cases[i].count,
+                         .pairs = pairs,
+                         .npairs = 3};
     int32_t want[4 * 12], got[4 * 12];
     kiln_status st;
     kiln_status_clear(&st);
@@ -485,7 +490,7 @@ START_TEST(comm_collectives_are_grouped_calls_equal_to_cpu) {
                   "cuda, case %zu: %s: %s", i, st.where, st.msg);
     ck_assert_msg(memcmp(got, want, 4 * cases[i].recv * 4) == 0, "case %zu differs", i);
     fake_nccl_stats after = nstats();
-    ck_assert_int_eq(after.inits - before.inits, 4); /* once, for both calls */
+    ck_assert_int_eq(after.inits - before.inits, 4);   /* once, for both calls */
     ck_assert_int_ge(after.groups - before.groups, 3); /* the init's and each call's */
     ck_assert_int_eq(after.live_comms, 0);
   }
@@ -547,8 +552,10 @@ END_TEST
 
 #ifdef KILN_TEST_HAVE_CACHE
 typedef struct host {
-  const char *redis, *key;
+  const char *redis, *name;
+  uint64_t generation;
   uint32_t rank;
+  kilnd_mesh_state state;
   double timeout;
   kiln_backend *b;
   int rc;
@@ -556,34 +563,44 @@ typedef struct host {
   int32_t got[4];
 } host;
 
-/* One "host": agrees on the id through Redis (rank 0 mints), opens its
- * rank of the mesh on its own device, and all-reduces four numbers. */
+/* One "host": kilnd's mesh glue (server/mesh.c: the rendezvous through
+ * Redis, rank 0 minting, then this host's rank of the communicator on its
+ * own device), then an all-reduce of four numbers over the mesh. */
 static void *host_main(void *arg) {
   host *h = arg;
-  uint8_t id[KILN_NCCL_ID_BYTES];
-  kiln_rendezvous_options o = {.redis = h->redis, .key = h->key, .rank = h->rank,
-                               .id_bytes = sizeof id, .timeout_s = h->timeout,
-                               .mint = kiln_nccl_mint_id};
+  kilnd_mesh_config mc = {.name = h->name,
+                          .redis = h->redis,
+                          .ranks = 2,
+                          .rank = h->rank,
+                          .devices = 1,
+                          .first_device = h->rank,
+                          .generation = h->generation,
+                          .timeout_s = h->timeout};
+  kilnd_mesh *km = NULL;
   kiln_status_clear(&h->st);
-  h->rc = kiln_rendezvous_id(&o, id, &h->st);
-  if (h->rc) return NULL;
-  kiln_device *dev = kiln_backend_device(h->b, h->rank);
+  ck_assert_int_eq(kilnd_mesh_create(&mc, h->b, &km, &h->st), 0);
+  ck_assert_int_eq(kilnd_mesh_state_get(km), KILND_MESH_UNUSED);
   kiln_cuda_mesh *m = NULL;
-  h->rc = kiln_cuda_mesh_open(h->b, id, 2, h->rank, &dev, 1, h->timeout, &m, &h->st);
-  if (h->rc) return NULL;
+  h->rc = kilnd_mesh_get(km, &m, &h->st);
+  h->state = kilnd_mesh_state_get(km);
+  kiln_device *dev = kiln_backend_device(h->b, h->rank);
   kiln_buffer *s = NULL, *r = NULL;
   int32_t v[4];
   for (int i = 0; i < 4; i++) v[i] = (int32_t)((h->rank + 1) * 10 + i);
-  h->rc = kiln_buffer_alloc(dev, sizeof v, &s, &h->st);
+  if (h->rc == 0) h->rc = kiln_buffer_alloc(dev, sizeof v, &s, &h->st);
   if (h->rc == 0) h->rc = kiln_buffer_alloc(dev, sizeof v, &r, &h->st);
   if (h->rc == 0) h->rc = kiln_buffer_write(s, 0, v, sizeof v, &h->st);
-  kiln_collective d = {.op = KILN_OP_ALL_REDUCE, .dtype = KILN_S32, .reduce_op = KILN_OP_ADD,
-                       .count = 4, .send = &s, .recv = &r};
+  kiln_collective d = {.op = KILN_OP_ALL_REDUCE,
+                       .dtype = KILN_S32,
+                       .reduce_op = KILN_OP_ADD,
+                       .count = 4,
+                       .send = &s,
+                       .recv = &r};
   if (h->rc == 0) h->rc = kiln_cuda_mesh_collective(m, &d, h->timeout, &h->st);
   if (h->rc == 0) h->rc = kiln_buffer_read(r, 0, h->got, sizeof h->got, &h->st);
   kiln_buffer_free(s);
   kiln_buffer_free(r);
-  kiln_cuda_mesh_close(m);
+  kilnd_mesh_destroy(km); /* closes the mesh */
   return NULL;
 }
 
@@ -604,24 +621,38 @@ START_TEST(two_hosts_agree_on_the_id_through_redis) {
   host h[2];
   pthread_t t[2];
   for (uint32_t i = 0; i < 2; i++) {
-    h[i] = (host){.redis = kiln_test_redis_addr(redis), .key = "kiln:nccl:gpu-mesh:1", .rank = i,
-                  .timeout = 10, .b = b};
+    h[i] = (host){.redis = kiln_test_redis_addr(redis),
+                  .name = "gpu-mesh",
+                  .generation = 1,
+                  .rank = i,
+                  .timeout = 10,
+                  .b = b};
     ck_assert_int_eq(pthread_create(&t[i], NULL, host_main, &h[i]), 0);
   }
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
   for (int i = 0; i < 2; i++) {
     ck_assert_msg(h[i].rc == 0, "rank %d: %s: %s", i, h[i].st.where, h[i].st.msg);
+    ck_assert_int_eq(h[i].state, KILND_MESH_READY);
     for (int k = 0; k < 4; k++) ck_assert_int_eq(h[i].got[k], 10 + k + 20 + k);
   }
   /* A rank whose first rank never publishes: a clear deadline. */
-  host late = {.redis = kiln_test_redis_addr(redis), .key = "kiln:nccl:gpu-mesh:2", .rank = 1,
-               .timeout = 0.3, .b = b};
+  host late = {.redis = kiln_test_redis_addr(redis),
+               .name = "gpu-mesh",
+               .generation = 2,
+               .rank = 1,
+               .timeout = 0.3,
+               .b = b};
   host_main(&late);
   ck_assert_int_eq(late.rc, KILN_EDEADLINE);
+  ck_assert_int_eq(late.state, KILND_MESH_FAILED);
   ck_assert_msg(strstr(late.st.msg, "kiln:nccl:gpu-mesh:2") != NULL, "%s", late.st.msg);
   /* Rank 0 alone: the id is published, but its peer never inits. */
-  host alone = {.redis = kiln_test_redis_addr(redis), .key = "kiln:nccl:gpu-mesh:3", .rank = 0,
-                .timeout = 0.3, .b = b};
+  host alone = {.redis = kiln_test_redis_addr(redis),
+                .name = "gpu-mesh",
+                .generation = 3,
+                .rank = 0,
+                .timeout = 0.3,
+                .b = b};
   host_main(&alone);
   ck_assert_int_eq(alone.rc, KILN_EDEADLINE);
   ck_assert_msg(strstr(alone.st.msg, "ncclCommInitRankConfig") != NULL, "%s", alone.st.msg);
