@@ -22,14 +22,14 @@ typedef struct kiln_backend kiln_backend;
 typedef struct kiln_cuda_mesh kiln_cuda_mesh;
 
 typedef struct kilnd_mesh_config {
-  const char *name;    /* letters, digits, ._- (checked by the config) */
-  const char *redis;   /* HOST:PORT; may be "" when ranks == 1 */
-  uint32_t ranks;      /* hosts */
-  uint32_t rank;       /* this host's */
-  uint32_t devices;    /* GPUs per host; 0: all of this host's from first_device */
+  const char *name;      /* letters, digits, ._- (checked by the config) */
+  const char *redis;     /* HOST:PORT; may be "" when ranks == 1 */
+  uint32_t ranks;        /* hosts */
+  uint32_t rank;         /* this host's */
+  uint32_t devices;      /* GPUs per host; 0: all of this host's from first_device */
   uint32_t first_device; /* the first of them: cuda:first_device .. */
-  uint64_t generation; /* part of the Redis key */
-  double timeout_s;    /* the rendezvous and the init, each */
+  uint64_t generation;   /* part of the Redis key */
+  double timeout_s;      /* the rendezvous and the init, each */
 } kilnd_mesh_config;
 
 /* Meets the other hosts now and opens this host's ranks on backend cuda:
@@ -43,9 +43,9 @@ int kilnd_mesh_join(const kilnd_mesh_config *c, kiln_backend *cuda, kiln_cuda_me
 typedef struct kilnd_mesh kilnd_mesh;
 
 typedef enum kilnd_mesh_state {
-  KILND_MESH_UNUSED,  /* configured, not yet met */
-  KILND_MESH_READY,   /* the communicator is up */
-  KILND_MESH_FAILED,  /* the last meeting failed (the next use tries again) */
+  KILND_MESH_UNUSED, /* configured, not yet met */
+  KILND_MESH_READY,  /* the communicator is up */
+  KILND_MESH_FAILED, /* the last meeting failed (the next use tries again) */
 } kilnd_mesh_state;
 
 /* Copies the config's strings. cuda may be NULL (no GPU): every use then

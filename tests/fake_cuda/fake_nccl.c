@@ -747,8 +747,16 @@ ncclResult_t ncclGroupEnd(void) {
   nqueue = 0;
   int ninit = npending_init;
   npending_init = 0;
-  if (failing("ncclGroupEnd")) return fn.fail_with;
+  if (failing("ncclGroupEnd")) {
+    free(queue);
+    queue = NULL;
+    capqueue = 0;
+    return fn.fail_with;
+  }
   ncclResult_t r = n ? run_ops(queue, n) : ncclSuccess;
+  free(queue); /* per group: a thread that ends leaves nothing behind */
+  queue = NULL;
+  capqueue = 0;
   if (r != ncclSuccess || ninit == 0) return r;
   /* The group's inits: blocking ones wait, nonblocking ones are in progress. */
   pthread_mutex_lock(&fn.mu);
