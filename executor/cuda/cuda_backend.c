@@ -1953,7 +1953,7 @@ static int grouped_collective(cuda_clique *c, const kiln_collective *desc, doubl
   }
   if (grouped) {
     int grc = kiln__nccl_check(nc->api, NULL, nc->api->group_end(), "ncclGroupEnd", "nccl", st);
-    if (rc == 0 && grc != 0 && st) rc = grc;
+    if (rc == 0) rc = grc;
   }
   char call[64];
   snprintf(call, sizeof call, "%s through NCCL", name);

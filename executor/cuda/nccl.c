@@ -97,10 +97,11 @@ int kiln_nccl_mint_id(void *ctx, uint8_t *id, size_t n, kiln_status *st) {
   if (a == NULL) return KILN_EUNAVAIL;
   ncclUniqueId u;
   ncclResult_t r = a->get_unique_id(&u);
-  if (r != ncclSuccess) {
-    kiln__nccl_check(a, NULL, r, "ncclGetUniqueId", "nccl", st);
-    st->code = KILN_EUNAVAIL;
-    return KILN_EUNAVAIL;
+  if (r != ncclSuccess) { /* whatever NCCL says, no id means no mesh here */
+    kiln_status why;
+    kiln_status_clear(&why);
+    kiln__nccl_check(a, NULL, r, "ncclGetUniqueId", "nccl", &why);
+    return kiln_status_set(st, KILN_EUNAVAIL, "nccl", "%s", why.msg);
   }
   memcpy(id, u.internal, n);
   return 0;

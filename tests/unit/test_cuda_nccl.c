@@ -538,6 +538,25 @@ START_TEST(nccl_errors_are_statuses_naming_the_call) {
   rc = run_cuda(text, 2, 1, false, out, sizeof out, &st);
   ck_assert_msg(rc == 0, "%s", st.msg);
   ck_assert_int_eq(nstats().live_comms, 0);
+  /* One thread's grouped calls: the failing ncclGroupEnd is named. */
+  kiln_collective d = {.op = KILN_OP_ALL_GATHER, .dtype = KILN_S32, .count = 2};
+  int32_t got[4 * 8];
+  nccl_fail("ncclGroupEnd", 1, 6 /* ncclRemoteError */); /* the init's group passes */
+  kiln_status_clear(&st);
+  rc = comm_run("cuda", 4, d, 2, 8, got, &st);
+  nccl_fail("", 0, 0);
+  ck_assert_int_eq(rc, KILN_EUNAVAIL);
+  ck_assert_msg(strstr(st.msg, "ncclGroupEnd failed") != NULL, "%s", st.msg);
+  /* No id: UNAVAILABLE naming the call, with or without a status. */
+  uint8_t id[KILN_NCCL_ID_BYTES];
+  nccl_fail("ncclGetUniqueId", 0, 2);
+  kiln_status_clear(&st);
+  ck_assert_int_eq(kiln_nccl_mint_id(NULL, id, sizeof id, &st), KILN_EUNAVAIL);
+  ck_assert_msg(strstr(st.msg, "ncclGetUniqueId failed") != NULL, "%s", st.msg);
+  nccl_fail("ncclGetUniqueId", 0, 2);
+  ck_assert_int_eq(kiln_nccl_mint_id(NULL, id, sizeof id, NULL), KILN_EUNAVAIL);
+  nccl_fail("", 0, 0);
+  ck_assert_int_eq(nstats().live_comms, 0);
 }
 END_TEST
 
