@@ -36,6 +36,7 @@
 #include "executor/run.h"
 
 #if defined(KILN_HAVE_CUDA) && defined(KILN_FAKE_CUDA) && defined(KILN_FAKE_NCCL)
+#include "executor/cuda/cuda.h"
 #include "executor/cuda/nccl.h"
 #ifdef KILN_TEST_HAVE_CACHE
 #include "server/mesh.h"
@@ -698,7 +699,88 @@ START_TEST(two_hosts_agree_on_the_id_through_redis) {
 END_TEST
 #endif
 
+/* ---- on a GPU, with the real driver and libnccl (scripts/gpu-check.sh) ---- */
+
+/* A mesh of one rank through the real NCCL: its nonblocking init, the
+ * collectives on the device's stream, the polled completion. */
+START_TEST(real_nccl_one_rank_mesh) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  if (kiln_backend_caps("cuda") == 0) {
+    char why[256] = "";
+    kiln_backend_why_absent("cuda", why, sizeof why);
+    fprintf(stderr, "skipped: no GPU (%s)\n", why);
+    return;
+  }
+  uint8_t id[KILN_NCCL_ID_BYTES];
+  ck_assert_msg(kiln_nccl_mint_id(NULL, id, sizeof id, &st) == 0, "%s", st.msg);
+  kiln_backend *b = NULL;
+  ck_assert_msg(kiln_backend_create("cuda", NULL, &b, &st) == 0, "%s", st.msg);
+  kiln_device *dev = kiln_backend_device(b, 0);
+  kiln_cuda_mesh *m = NULL;
+  ck_assert_msg(kiln_cuda_mesh_open(b, id, 1, 0, &dev, 1, 30, &m, &st) == 0, "%s: %s", st.where,
+                st.msg);
+  kiln_buffer *s = NULL, *r = NULL;
+  int32_t v[4] = {1, 2, 3, 4}, got[4] = {0};
+  ck_assert_int_eq(kiln_buffer_alloc(dev, sizeof v, &s, &st), 0);
+  ck_assert_int_eq(kiln_buffer_alloc(dev, sizeof v, &r, &st), 0);
+  ck_assert_int_eq(kiln_buffer_write(s, 0, v, sizeof v, &st), 0);
+  static const int ops[] = {KILN_OP_ALL_REDUCE, KILN_OP_ALL_GATHER, KILN_OP_ALL_TO_ALL};
+  for (size_t i = 0; i < 3; i++) {
+    kiln_collective d = {.op = ops[i],
+                         .dtype = KILN_S32,
+                         .reduce_op = KILN_OP_ADD,
+                         .count = 4,
+                         .send = &s,
+                         .recv = &r};
+    ck_assert_msg(kiln_cuda_mesh_collective(m, &d, 30, &st) == 0, "%s: %s", st.where, st.msg);
+    ck_assert_int_eq(kiln_buffer_read(r, 0, got, sizeof got, &st), 0);
+    ck_assert_int_eq(memcmp(got, v, sizeof v), 0);
+  }
+  kiln_buffer_free(s);
+  kiln_buffer_free(r);
+  kiln_cuda_mesh_close(m);
+  kiln_backend_destroy(b);
+}
+END_TEST
+
+/* Several GPUs: kiln_comm collectives against the cpu backend's. */
+START_TEST(real_nccl_comm_collectives) {
+  kiln_status st;
+  kiln_status_clear(&st);
+  uint32_t n = kiln_cuda_device_count(NULL);
+  if (n < 2) {
+    fprintf(stderr, "skipped: %u GPU(s); kiln_comm collectives need 2\n", n);
+    return;
+  }
+  if (n > 4) n = 4;
+  kiln_collective d = {
+      .op = KILN_OP_ALL_REDUCE, .dtype = KILN_S32, .reduce_op = KILN_OP_ADD, .count = 8};
+  int32_t want[4 * 8], got[4 * 8];
+  ck_assert_msg(comm_run("cpu", n, d, 8, 8, want, &st) == 0, "%s", st.msg);
+  ck_assert_msg(comm_run("cuda", n, d, 8, 8, got, &st) == 0, "%s: %s", st.where, st.msg);
+  ck_assert_int_eq(memcmp(got, want, n * 8 * 4), 0);
+}
+END_TEST
+
+static int run_real(void) {
+  Suite *s = suite_create("cuda_nccl_real");
+  TCase *c = tcase_create("real");
+  tcase_set_timeout(c, 120);
+  tcase_add_test(c, real_nccl_one_rank_mesh);
+  tcase_add_test(c, real_nccl_comm_collectives);
+  suite_add_tcase(s, c);
+  SRunner *r = srunner_create(s);
+  srunner_run_all(r, CK_NORMAL);
+  int failed = srunner_ntests_failed(r);
+  srunner_free(r);
+  return failed ? 1 : 0;
+}
+
 int main(void) {
+  /* KILN_TEST_REAL_NCCL=1: the real driver and libnccl, on a GPU. */
+  const char *real = getenv("KILN_TEST_REAL_NCCL");
+  if (real && strcmp(real, "1") == 0) return run_real();
   setenv("KILN_CUDA_DRIVER", KILN_FAKE_CUDA, 1);
   setenv("KILN_NCCL_LIB", KILN_FAKE_NCCL, 1);
   setenv("KILN_FAKE_CUDA_DEVICES", "8", 1);
