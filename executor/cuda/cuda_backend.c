@@ -1381,6 +1381,9 @@ static int issue_permute(coll_run *c, uint32_t me) {
   uint64_t dst = aside ? c->scratch : res_addr(c, 0), bytes = res_bytes(c, 0);
   cuda_dev *d = c->r->d;
   int rc = 0;
+  bool member = false; /* a source outside the group sends nothing here */
+  for (uint32_t j = 0; src >= 0 && j < c->n; j++) member |= row[j] == (uint32_t)src;
+  if (!member) src = -1;
   if (src < 0 && bytes > 0)
     rc = CK(d, d->api->memset_d8_async((CUdeviceptr)res_addr(c, 0), 0, bytes, c->stream),
             "cuMemsetD8Async", c->r->st);

@@ -376,7 +376,9 @@ START_TEST(collectives_on_the_fake_mesh_equal_the_cpu_mesh) {
       " a = u32[] all-reduce(x), channel_id=1, replica_groups={{0,1},{2,3}}, "
       "use_global_device_ids=true, to_apply=add\n"
       " b = u32[] all-reduce(x), replica_groups={{0,1}}, to_apply=add\n"
-      " ROOT t = (u32[], u32[], u32[]) tuple(a, b, x)\n}\n";
+      " c = u32[] collective-permute(x), channel_id=2, source_target_pairs={{0,1},{1,0}}\n"
+      " d = u32[] collective-permute(x), source_target_pairs={{1,0}}\n"
+      " ROOT t = (u32[], u32[], u32[], u32[], u32[]) tuple(a, b, x, c, d)\n}\n";
   same_as_cpu(parts, 2, 2);
   ck_assert_int_eq(skipped, 0); /* every case must really run */
   ck_assert_int_eq(nstats().bad_args, 0);
