@@ -234,17 +234,18 @@ struct kilnd {
   kiln_sched *sched;
   kiln_buffer_store *buffers;
   kilnd_exes *exes;
-  kiln_backend *cpu;       /* NULL when the build has no CPU compiler */
-  kiln_backend *interp;    /* runs the modules of KILND_CLASS_INTERP */
-  uint32_t cuda_devices;   /* GPUs the CUDA driver sees (0 without one) */
-  kiln_backend *cuda;      /* runs cubin executables; NULL without a GPU */
-  char cuda_why[256];      /* why there are none, for Execute's refusal */
-  struct kilnd_mesh *mesh; /* --mesh-name's GPU mesh across hosts; NULL: none */
-  kilnd_memo *memo;        /* Compile requests answered before (compile_memo.h) */
-  kiln_cache *cache;       /* the executable cache's tiers (cache/cache.h) */
+  kiln_backend *cpu;     /* NULL when the build has no CPU compiler */
+  kiln_backend *interp;  /* runs the modules of KILND_CLASS_INTERP */
+  uint32_t cuda_devices; /* GPUs the CUDA driver sees (0 without one) */
+  kiln_backend *cuda;    /* runs cubin executables; NULL without a GPU */
+  char cuda_why[256];    /* why there are none, for Execute's refusal */
+  kilnd_memo *memo;      /* Compile requests answered before (compile_memo.h) */
+  kiln_cache *cache;     /* the executable cache's tiers (cache/cache.h) */
   /* Kernels clients registered (compiler/codegen/user_kernel.h); NULL
    * unless --allow-user-kernels. */
   struct kiln_user_kernels *user_kernels;
+  /* --mesh-name's GPU mesh across hosts (server/mesh.h); NULL: none. */
+  struct kilnd_mesh *mesh;
   kilnd_auth *auth;                /* TLS, tokens, health port (auth.h) */
   atomic_bool draining;            /* SIGTERM seen: health says NOT_SERVING */
   _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */
