@@ -53,6 +53,8 @@ typedef struct fake_nccl_stats {
 static void (*set_kernels)(kernel_fn *, unsigned);
 static void (*nccl_stats_get)(fake_nccl_stats *);
 static void (*nccl_fail)(const char *, long, int);
+static void (*cuda_fail)(const char *, long, int);
+static double run_timeout = 30; /* a gang run's time limit, seconds */
 
 /* Both fakes' own handles (the backend opened them first). */
 static void fakes_open(void) {
@@ -61,6 +63,8 @@ static void fakes_open(void) {
   ck_assert_msg(fc != NULL, "%s", dlerror());
   void *p = dlsym(fc, "kiln_fake_cuda_set_kernels");
   memcpy(&set_kernels, &p, sizeof p);
+  p = dlsym(fc, "kiln_fake_cuda_fail");
+  memcpy(&cuda_fail, &p, sizeof p);
   kiln_status st;
   kiln_status_clear(&st);
   uint8_t id[KILN_NCCL_ID_BYTES];
@@ -71,7 +75,7 @@ static void fakes_open(void) {
   memcpy(&nccl_stats_get, &p, sizeof p);
   p = dlsym(fnl, "kiln_fake_nccl_fail");
   memcpy(&nccl_fail, &p, sizeof p);
-  ck_assert(set_kernels && nccl_stats_get && nccl_fail);
+  ck_assert(set_kernels && cuda_fail && nccl_stats_get && nccl_fail);
 }
 
 static double now_s(void) {
@@ -201,7 +205,7 @@ static int run_cuda(const char *text, uint32_t R, uint32_t P, bool twice, char *
   for (uint32_t k = 0; rc == 0 && k < n; k++) devs[k] = kiln_backend_device(b, k);
   if (rc == 0) rc = kiln_comm_create(b, devs, n, &comm, st);
   if (rc == 0) rc = kiln_comm_load(comm, e, &mesh, st);
-  kiln_run_options ro = {.timeout_seconds = 30};
+  kiln_run_options ro = {.timeout_seconds = run_timeout};
   for (int t = 0; rc == 0 && t < (twice ? 2 : 1); t++) {
     for (uint32_t k = 0; k < n; k++) kiln_literal_destroy(outs[k]);
     rc = kiln_mesh_run(mesh, NULL, 0, &ro, outs, st);
@@ -563,6 +567,38 @@ START_TEST(nccl_errors_are_statuses_naming_the_call) {
 }
 END_TEST
 
+/* A collective whose stream never finishes (a peer that never joins, on a
+ * GPU): the rank gives up at the run's deadline, aborts its communicator,
+ * and the group's next run makes a new one. */
+START_TEST(a_stuck_collective_is_aborted_at_the_deadline) {
+  fakes_open();
+  char text[16384], body[1024];
+  expand(body, sizeof body, " ROOT r = s32[N] all-reduce(v), replica_groups={}, to_apply=add\n", 2);
+  program(text, sizeof text, 2, body);
+  char out[1024];
+  kiln_status st;
+  fake_nccl_stats before = nstats();
+  cuda_fail("cuStreamQuery", 0, 600 /* CUDA_ERROR_NOT_READY */);
+  run_timeout = 0.5;
+  double t0 = now_s();
+  int rc = run_cuda(text, 2, 1, false, out, sizeof out, &st);
+  cuda_fail("", 0, 0);
+  ck_assert_int_eq(rc, KILN_EDEADLINE);
+  ck_assert_msg(strstr(st.msg, "all-reduce through NCCL did not complete") != NULL, "%s", st.msg);
+  ck_assert_double_lt(now_s() - t0, 10.0);
+  fake_nccl_stats after = nstats();
+  ck_assert_int_eq(after.aborts - before.aborts, 2); /* each rank its own */
+  ck_assert_int_eq(after.live_comms, 0);
+  run_timeout = 30;
+  rc = run_cuda(text, 2, 1, false, out, sizeof out, &st);
+  ck_assert_msg(rc == 0, "%s", st.msg);
+  char want[1024];
+  run_cpu(text, 2, 1, want, sizeof want);
+  ck_assert_str_eq(out, want);
+  ck_assert_int_eq(nstats().inits - after.inits, 2); /* a new communicator */
+}
+END_TEST
+
 /* A mesh whose other ranks never come: the init gives up at its deadline. */
 START_TEST(a_missing_peer_is_a_deadline_not_a_hang) {
   fakes_open();
@@ -795,6 +831,7 @@ int main(void) {
   tcase_add_test(c, reductions_nccl_cannot_do_are_refused_at_load);
   tcase_add_test(c, comm_collectives_are_grouped_calls_equal_to_cpu);
   tcase_add_test(c, nccl_errors_are_statuses_naming_the_call);
+  tcase_add_test(c, a_stuck_collective_is_aborted_at_the_deadline);
   tcase_add_test(c, a_missing_peer_is_a_deadline_not_a_hang);
 #ifdef KILN_TEST_HAVE_CACHE
   tcase_add_test(c, two_hosts_agree_on_the_id_through_redis);
