@@ -646,6 +646,9 @@ static int check_coll_step(const kiln_executable *e, const cuda_loaded *l, const
     return kiln_status_set(st, KILN_EUNIMPL, w, "collective %s does not run on the cuda backend",
                            name);
   }
+  if (c->gsize > KILN_CUDA_MAX_DEVICES)
+    return kiln_status_set(st, KILN_ELIMIT, w, "%s: groups of %u devices (at most %d)", name,
+                           c->gsize, KILN_CUDA_MAX_DEVICES);
   if (c->gsize > 1) {
     kiln_status ns;
     kiln_status_clear(&ns);
