@@ -34,7 +34,7 @@ out=${1:-.gpu}
 build=${GPU_BUNDLE_BUILD:-build-gpu-bundle}
 dir=$build/bundle
 jobs=${GPU_BUNDLE_JOBS:-$(nproc)}
-targets=(kiln test_cuda_pool test_cuda_backend test_cuda_codegen test_cuda_diff)
+targets=(kiln test_cuda_pool test_cuda_backend test_cuda_codegen test_cuda_diff test_cuda_nccl)
 limit_mb=48
 
 launcher=()

@@ -165,7 +165,7 @@ else
   # not -Werror: another compiler's new warnings must not cost the GPU run
   stage "configure" 120 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=OFF
   stage "build" 300 cmake --build build-gpu -j "$jobs" --target kiln test_cuda_pool \
-    test_cuda_backend test_cuda_codegen test_cuda_diff ||
+    test_cuda_backend test_cuda_codegen test_cuda_diff test_cuda_nccl ||
     {
       note "build failed: no further stages"
       exit 1
@@ -182,6 +182,8 @@ stage "NVRTC corpus for $KILN_CUDA_TARGET (test_cuda_codegen)" 120 \
   env KILN_CORPUS_DIR="${KILN_CORPUS_DIR:-}" "$tests"/test_cuda_codegen
 stage "CUDA differential vs the interpreter (test_cuda_diff)" 180 \
   env CK_DEFAULT_TIMEOUT=170 "$tests"/test_cuda_diff
+stage "NCCL through the real libnccl (test_cuda_nccl, real mode)" 60 \
+  env KILN_TEST_REAL_NCCL=1 "$tests"/test_cuda_nccl
 
 note "## benchmarks against JAX on the same GPU"
 exp=$(mktemp -d)

@@ -369,6 +369,34 @@ uint64_t kilnd_config_server_memory(const kilnd_config *c) {
   return (uint64_t)pages * (uint64_t)page / 2;
 }
 
+/* The mesh options: a name safe in a Redis key, ranks that fit, and a
+ * Redis when there are other hosts. */
+static int kilnd_config_check_mesh(const kilnd_config *c, kiln_status *st) {
+  const char *n = c->mesh_name;
+  size_t len = strlen(n);
+  if (len == 0) return 0;
+  if (len > 64)
+    return kiln_status_set(st, KILN_EINVAL, "mesh-name", "%zu characters (at most 64)", len);
+  for (size_t i = 0; i < len; i++)
+    if (!(isalnum((unsigned char)n[i]) || n[i] == '.' || n[i] == '_' || n[i] == '-'))
+      return kiln_status_set(st, KILN_EINVAL, "mesh-name",
+                             "character %zu is not a letter, digit, '.', '_' or '-'", i + 1);
+  int rc;
+  if ((rc = range(st, "mesh-ranks", c->mesh_ranks, 1, 1024)) ||
+      (rc = range(st, "mesh-rank", c->mesh_rank, 0, c->mesh_ranks - 1)) ||
+      (rc = range(st, "mesh-devices", c->mesh_devices, 0, 16)) ||
+      (rc = range(st, "mesh-first-device", c->mesh_first_device, 0, 15)) ||
+      (rc = range(st, "mesh-generation", c->mesh_generation, 0, UINT64_C(1) << 53)))
+    return rc;
+  if (c->mesh_ranks > 1 && c->mesh_redis[0] == '\0')
+    return kiln_status_set(st, KILN_EINVAL, "mesh-redis",
+                           "a mesh of %llu hosts needs the HOST:PORT of a Redis for its id",
+                           (unsigned long long)c->mesh_ranks);
+  if (!(c->mesh_timeout > 0))
+    return kiln_status_set(st, KILN_EINVAL, "mesh-timeout", "must be more than 0 seconds");
+  return 0;
+}
+
 int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
   int rc;
   if ((rc = range(st, "cpu-devices", c->cpu_devices, 1, 256)) ||
@@ -388,7 +416,8 @@ int kilnd_config_check(const kilnd_config *c, kiln_status *st) {
       (rc = range(st, "redis-ttl-s", c->redis_ttl_s, 0, UINT32_MAX)) ||
       (rc = range(st, "redis-timeout-ms", c->redis_timeout_ms, 1, 600000)) ||
       (rc = range(st, "cache-min-compile-ms", c->cache_min_compile_ms, 0, UINT64_C(1) << 40)) ||
-      (rc = range(st, "cache-lock-ttl-ms", c->cache_lock_ttl_ms, 100, 86400000)))
+      (rc = range(st, "cache-lock-ttl-ms", c->cache_lock_ttl_ms, 100, 86400000)) ||
+      (rc = kilnd_config_check_mesh(c, st)))
     return rc;
   if (c->cache_secret && c->cache_secret_file[0])
     return kiln_status_set(st, KILN_EINVAL, "cache-secret-file",

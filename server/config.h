@@ -144,7 +144,24 @@ extern "C" {
     "builds faster than this many milliseconds are not stored in the cache") \
   X("cache-lock-ttl-ms", U64, cache_lock_ttl_ms, "30000", \
     "how long a server's Redis build lock lasts: the longest other servers wait for its " \
-    "build before building themselves")
+    "build before building themselves") \
+  X("mesh-name", STR, mesh_name, "", \
+    "a GPU mesh across hosts (NCCL): its name, letters, digits and ._- (at most 64); every " \
+    "host of the mesh gives the same name, ranks, devices, Redis and generation; \"\": none") \
+  X("mesh-ranks", U64, mesh_ranks, "1", "hosts in the mesh (1 to 1024)") \
+  X("mesh-rank", U64, mesh_rank, "0", \
+    "this host's rank in the mesh (0 to mesh-ranks - 1); rank 0 mints the NCCL id") \
+  X("mesh-devices", U64, mesh_devices, "0", \
+    "GPUs each host gives the mesh (from mesh-first-device on); 0: all of this host's") \
+  X("mesh-first-device", U64, mesh_first_device, "0", \
+    "the first GPU this host gives the mesh: cuda:N") \
+  X("mesh-redis", STR, mesh_redis, "", \
+    "HOST:PORT of the Redis where the mesh's ranks agree on the NCCL id at its first use " \
+    "(key kiln:nccl:<mesh-name>:<mesh-generation>); needed when mesh-ranks > 1") \
+  X("mesh-generation", U64, mesh_generation, "1", \
+    "the mesh's generation: a restarted mesh takes a new one, so no rank reads an old id") \
+  X("mesh-timeout", SEC, mesh_timeout, "60", \
+    "how long the mesh's first use waits for the id and the other ranks' NCCL init")
 
 typedef struct kilnd_config {
 #define KILND_FIELD_STR char *

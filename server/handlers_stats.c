@@ -10,6 +10,9 @@
 #include "common/arena.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
+#ifdef KILN_HAVE_CUDA
+#include "executor/cuda/cuda.h"
+#endif
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/executables.h"
@@ -59,9 +62,40 @@ static void add_counter(void *arg, const char *name, const char *l1, const char 
   cs->v[cs->n++] = k;
 }
 
+/* The GPUs of the cuda backend, after the scheduler's devices: their
+ * allocator's memory (held: live and cached blocks; limit: its budget). */
+static int add_cuda_devices(kilnd *srv, kiln_arena *a, Kiln__V1__StatsResponse *r) {
+#ifdef KILN_HAVE_CUDA
+  uint32_t n = srv->cuda ? kiln_backend_device_count(srv->cuda) : 0;
+  for (uint32_t i = 0; i < n; i++) {
+    kiln_cuda_memory mem;
+    kiln_cuda_device_info info;
+    if (!kiln_cuda_device_memory(kiln_backend_device(srv->cuda, i), &mem)) continue;
+    if (kiln_cuda_device_info_get(i, &info, NULL) != 0) snprintf(info.name, sizeof info.name, "?");
+    Kiln__V1__DeviceStats *p = kiln_arena_alloc(a, sizeof *p);
+    char desc[200];
+    if (p == NULL) return KILN_ENOMEM;
+    kiln__v1__device_stats__init(p);
+    p->device = (int32_t)r->n_devices;
+    p->backend = "cuda";
+    snprintf(desc, sizeof desc, "cuda:%u (%.128s, %llu bytes)", i, info.name,
+             (unsigned long long)mem.total);
+    p->description = kiln_arena_strdup(a, desc);
+    if (p->description == NULL) return KILN_ENOMEM;
+    p->memory_in_use_bytes = (int64_t)(mem.live + mem.cached);
+    p->memory_limit_bytes = (int64_t)mem.budget;
+    r->devices[r->n_devices++] = p;
+  }
+#else
+  (void)srv, (void)a, (void)r;
+#endif
+  return 0;
+}
+
 static int add_devices(kilnd *srv, kiln_arena *a, Kiln__V1__StatsResponse *r) {
   uint32_t n = kiln_sched_device_count(srv->sched);
-  r->devices = kiln_arena_calloc(a, n, sizeof *r->devices);
+  uint32_t ncuda = srv->cuda ? kiln_backend_device_count(srv->cuda) : 0;
+  r->devices = kiln_arena_calloc(a, (size_t)n + ncuda + 1, sizeof *r->devices);
   if (r->devices == NULL) return KILN_ENOMEM;
   for (uint32_t d = 0; d < n; d++) {
     kiln_sched_device_stats ds;
@@ -81,7 +115,7 @@ static int add_devices(kilnd *srv, kiln_arena *a, Kiln__V1__StatsResponse *r) {
     p->busy_ns = (int64_t)ds.busy_ns;
     r->devices[r->n_devices++] = p;
   }
-  return 0;
+  return add_cuda_devices(srv, a, r);
 }
 
 /* ---- what `kiln top` shows --------------------------------------------------------- */

@@ -36,6 +36,7 @@
 #include "executor/scheduler.h"
 #include "server/compile_memo.h"
 #include "server/executables.h"
+#include "server/mesh.h"
 #include "server/server.h"
 
 extern char **environ;
@@ -195,6 +196,19 @@ static int start_parts(kilnd *srv, kiln_status *st) {
     kilnd_log("cuda: %u devices; executables of cuda targets run on cuda:0", srv->cuda_devices);
   else
     kilnd_log("cuda: 0 devices (%s); cuda targets still compile", srv->cuda_why);
+  if (cfg->mesh_name[0]) { /* met at its first use, not here */
+    kilnd_mesh_config mc = {.name = cfg->mesh_name,
+                            .redis = cfg->mesh_redis,
+                            .ranks = (uint32_t)cfg->mesh_ranks,
+                            .rank = (uint32_t)cfg->mesh_rank,
+                            .devices = (uint32_t)cfg->mesh_devices,
+                            .first_device = (uint32_t)cfg->mesh_first_device,
+                            .generation = cfg->mesh_generation,
+                            .timeout_s = cfg->mesh_timeout};
+    if ((rc = kilnd_mesh_create(&mc, srv->cuda, &srv->mesh, st))) return rc;
+    kilnd_log("mesh %s: rank %u of %u hosts%s", cfg->mesh_name, mc.rank, mc.ranks,
+              srv->cuda ? "" : " (this host has no CUDA device: its uses will fail)");
+  }
   kiln_sched_options so = {
       .nclasses = 2,
       .class_devices = {(uint32_t)cfg->cpu_devices, (uint32_t)cfg->interp_devices},
@@ -246,6 +260,7 @@ static void stop_parts(kilnd *srv) {
   kiln_buffer_store_destroy(srv->buffers);
   kiln_backend_destroy(srv->cpu);
   kiln_backend_destroy(srv->interp);
+  kilnd_mesh_destroy(srv->mesh);
   kiln_backend_destroy(srv->cuda);
   kilnd_loop_destroy(srv);
   kiln_cache_destroy(srv->cache); /* after the compile pool */

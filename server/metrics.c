@@ -20,9 +20,13 @@
 #include "common/sbuf.h"
 #include "executor/backend.h"
 #include "executor/buffers.h"
+#ifdef KILN_HAVE_CUDA
+#include "executor/cuda/cuda.h"
+#endif
 #include "executor/scheduler.h"
 #include "kiln/v1/kiln.pb-c.h"
 #include "server/executables.h"
+#include "server/mesh.h"
 #include "server/server.h"
 
 #define NCODES 17
@@ -338,6 +342,42 @@ static void render_devices(kiln_sbuf *b, kilnd *srv) {
   }
 }
 
+/* The GPUs' memory, by their caching allocators, and the mesh's state. */
+static void render_cuda(kiln_sbuf *b, kilnd *srv) {
+#ifdef KILN_HAVE_CUDA
+  uint32_t n = srv->cuda ? kiln_backend_device_count(srv->cuda) : 0;
+  if (n > 0) {
+    header(b, "kiln_cuda_memory_bytes", "gauge",
+           "GPU memory: total, the allocator's budget, live and cached blocks, peak live.");
+    for (uint32_t i = 0; i < n; i++) {
+      kiln_cuda_memory m;
+      if (!kiln_cuda_device_memory(kiln_backend_device(srv->cuda, i), &m)) continue;
+      const struct {
+        const char *kind;
+        uint64_t v;
+      } rows[] = {{"total", m.total},
+                  {"budget", m.budget},
+                  {"live", m.live},
+                  {"cached", m.cached},
+                  {"peak", m.peak}};
+      for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+        kiln_sbuf_printf(b, "kiln_cuda_memory_bytes{device=\"cuda:%u\",kind=\"%s\"} %llu\n", i,
+                         rows[k].kind, (unsigned long long)rows[k].v);
+    }
+  }
+#endif
+  if (srv->mesh) {
+    header(
+        b, "kiln_mesh_ready", "gauge",
+        "1 once the GPU mesh across hosts is up, 0 before its first use, -1 after a failed one.");
+    kilnd_mesh_state s = kilnd_mesh_state_get(srv->mesh);
+    kiln_sbuf_printf(b, "kiln_mesh_ready{mesh=\"%s\"} %d\n", kilnd_mesh_name(srv->mesh),
+                     s == KILND_MESH_READY    ? 1
+                     : s == KILND_MESH_FAILED ? -1
+                                              : 0);
+  }
+}
+
 static void render_cache(kiln_sbuf *b, kilnd *srv) {
   cache_row rows[CACHE_ROWS];
   kiln_cache_stats cs;
@@ -386,6 +426,7 @@ char *kilnd_metrics_render(kilnd *srv, size_t *len) {
   gauge(&b, "kiln_cuda_devices", "GPUs the CUDA driver sees (0 without a driver).",
         srv->cuda_devices);
   render_devices(&b, srv);
+  render_cuda(&b, srv);
   render_cache(&b, srv);
   if (b.failed) {
     kiln_sbuf_free(&b);

@@ -244,6 +244,8 @@ struct kilnd {
   /* Kernels clients registered (compiler/codegen/user_kernel.h); NULL
    * unless --allow-user-kernels. */
   struct kiln_user_kernels *user_kernels;
+  /* --mesh-name's GPU mesh across hosts (server/mesh.h); NULL: none. */
+  struct kilnd_mesh *mesh;
   kilnd_auth *auth;                /* TLS, tokens, health port (auth.h) */
   atomic_bool draining;            /* SIGTERM seen: health says NOT_SERVING */
   _Atomic int64_t refuse_after_ns; /* draining: new work refused from then on */

@@ -6,6 +6,7 @@
 #ifndef KILN_EXECUTOR_CUDA_CUDA_H
 #define KILN_EXECUTOR_CUDA_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,5 +36,20 @@ int kiln_cuda_device_info_get(uint32_t index, kiln_cuda_device_info *out, kiln_s
  * ("cuda-sm_90" for compute capability 9.x; compiler/target.c's rows),
  * static. No such row is KILN_EUNIMPL naming the GPU's sm. */
 int kiln_cuda_default_target(uint32_t index, const char **target, kiln_status *st);
+
+typedef struct kiln_device kiln_device;
+
+/* A cuda device's memory as its caching allocator sees it (bytes). */
+typedef struct kiln_cuda_memory {
+  uint64_t total;  /* the GPU's (cuDeviceTotalMem) */
+  uint64_t budget; /* what the allocator may hold (KILN_CUDA_MEMORY_BYTES, else 90%) */
+  uint64_t live;   /* in blocks handed out: buffers, arenas, constants */
+  uint64_t cached; /* in freed blocks kept for reuse */
+  uint64_t peak;   /* the most `live` has been */
+} kiln_cuda_memory;
+
+/* Fills out for dv, a device of the cuda backend; false (out zeroed) for
+ * any other device. */
+bool kiln_cuda_device_memory(const kiln_device *dv, kiln_cuda_memory *out);
 
 #endif /* KILN_EXECUTOR_CUDA_CUDA_H */

@@ -32,6 +32,7 @@
   X(stream_create, "cuStreamCreate", cuStreamCreate) \
   X(stream_destroy, "cuStreamDestroy", cuStreamDestroy) \
   X(stream_synchronize, "cuStreamSynchronize", cuStreamSynchronize) \
+  X(stream_query, "cuStreamQuery", cuStreamQuery) \
   X(stream_wait_event, "cuStreamWaitEvent", cuStreamWaitEvent) \
   X(event_create, "cuEventCreate", cuEventCreate) \
   X(event_destroy, "cuEventDestroy", cuEventDestroy) \

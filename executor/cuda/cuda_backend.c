@@ -52,6 +52,7 @@
 #include "executor/cuda/cuda.h"
 #include "executor/cuda/cuda_alloc.h"
 #include "executor/cuda/cuda_api.h"
+#include "executor/cuda/nccl_api.h"
 
 #define DEFAULT_MAX_ITERATIONS UINT64_C(1000000000)
 #define STAGE_BYTES ((size_t)8 << 20)
@@ -60,18 +61,27 @@
 #define MAX_SHAPE_DEPTH 64
 #define MAX_STEP_ARGS 65536u
 #define MAX_KERNELS (1u << 20)
+#define DEFAULT_COLL_SECONDS 300.0 /* env KILN_NCCL_TIMEOUT */
 
 static const char *const step_names[] = {"kernel",      "gemm",        "copy",  "while",
                                          "conditional", "call",        "conv",  "collective",
                                          "fft",         "debug-print", "linalg"};
 
+typedef struct nccl_group nccl_group;
+
 typedef struct cuda_backend {
   uint64_t max_temp_bytes; /* 0: the device budget */
   uint64_t budget;         /* per device; 0: 90% of its memory */
+  double coll_seconds;     /* a collective's deadline when the run has none */
+  pthread_mutex_t comm_mu; /* groups, graveyard */
+  nccl_group *groups;      /* the communicators of collective steps, by device set */
+  nccl_group *graveyard;   /* replaced after an abort; freed at fini, when unused */
 } cuda_backend;
 
 typedef struct cuda_dev {
   const kiln__cuda_api *api;
+  cuda_backend *cb;
+  kiln_device *dv; /* the executor's handle of this device */
   CUdevice dev;
   CUcontext ctx; /* the primary context, retained */
   CUstream compute, copy;
@@ -83,6 +93,7 @@ typedef struct cuda_dev {
   pthread_mutex_t run_mu;  /* one run at a time; `small` */
   void *small;             /* 64 pinned bytes: predicates, selectors */
   int major, minor, nsm;
+  uint64_t total_memory; /* cuDeviceTotalMem */
   uint64_t max_temp_bytes;
   char where[32];       /* "cuda:0" */
   char budget_name[96]; /* for the allocator's messages */
@@ -113,6 +124,8 @@ static int64_t now_ns(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
+extern const kiln_backend_iface kiln_cuda_backend_iface;
 
 #define CK(d, call, name, st) kiln__cuda_check((d)->api, (call), (name), (d)->where, (st))
 
@@ -158,12 +171,33 @@ static int kiln_cuda_init(kiln_backend *b, const kiln_backend_options *opts, uin
     return rc;
   }
   cb->max_temp_bytes = opts->max_temp_bytes;
+  cb->coll_seconds = DEFAULT_COLL_SECONDS;
+  const char *cs = getenv("KILN_NCCL_TIMEOUT");
+  if (cs && cs[0]) {
+    char *end;
+    double v = strtod(cs, &end);
+    if (*end || !(v > 0) || v > 86400) {
+      kiln_free(cb);
+      return kiln_status_set(st, KILN_EINVAL, "cuda",
+                             "KILN_NCCL_TIMEOUT=%.32s: expected seconds in (0, 86400]", cs);
+    }
+    cb->coll_seconds = v;
+  }
+  pthread_mutex_init(&cb->comm_mu, NULL);
   b->ctx = cb;
   *ndevices = opts->ndevices ? opts->ndevices : n;
   return 0;
 }
 
-static void kiln_cuda_fini(kiln_backend *b) { kiln_free(b->ctx); }
+static void groups_free(nccl_group *g);
+
+static void kiln_cuda_fini(kiln_backend *b) {
+  cuda_backend *cb = b->ctx;
+  groups_free(cb->groups);
+  groups_free(cb->graveyard);
+  pthread_mutex_destroy(&cb->comm_mu);
+  kiln_free(cb);
+}
 
 static int raw_alloc(void *ctx, uint64_t bytes, uint64_t *ptr, kiln_status *st) {
   cuda_dev *d = ctx;
@@ -212,6 +246,7 @@ static int dev_open(cuda_dev *d, uint32_t index, const cuda_backend *cb, kiln_st
             "cuDeviceGetAttribute", st);
   size_t total = 0;
   if (rc == 0) rc = CK(d, a->device_total_mem(&total, d->dev), "cuDeviceTotalMem_v2", st);
+  d->total_memory = (uint64_t)total;
   if (rc == 0) rc = CK(d, a->primary_ctx_retain(&d->ctx, d->dev), "cuDevicePrimaryCtxRetain", st);
   if (rc) {
     d->ctx = NULL;
@@ -246,6 +281,8 @@ static int kiln_cuda_device_init(kiln_device *dv, kiln_status *st) {
   cuda_dev *d = kiln_calloc(1, sizeof *d);
   if (d == NULL) return kiln_status_set(st, KILN_ENOMEM, "cuda", "out of memory");
   d->api = api;
+  d->cb = dv->backend->ctx;
+  d->dv = dv;
   pthread_mutex_init(&d->copy_mu, NULL);
   pthread_mutex_init(&d->run_mu, NULL);
   snprintf(d->where, sizeof d->where, "cuda:%u", dv->index);
@@ -259,7 +296,11 @@ static int kiln_cuda_device_init(kiln_device *dv, kiln_status *st) {
   return 0;
 }
 
+static void groups_drop_device(cuda_backend *cb, CUdevice dev);
+
 static void kiln_cuda_device_fini(kiln_device *dv) {
+  cuda_dev *d = dv->ctx;
+  if (d && d->ctx) groups_drop_device(d->cb, d->dev);
   dev_destroy(dv->ctx);
   dv->ctx = NULL;
 }
@@ -569,6 +610,55 @@ static bool slot_writable(const kiln_executable *e, const cuda_loaded *l, uint32
   return s->kind == KILN_SLOT_TEMP || s->kind == KILN_SLOT_OUTPUT;
 }
 
+/* A collective step: the executable's own checks (kiln_coll_check), its
+ * results writable, and a reduction NCCL can do; groups of more than one
+ * device need libnccl. */
+static int check_coll_step(const kiln_executable *e, const cuda_loaded *l, const kiln_step *s,
+                           const char *w, kiln_status *st) {
+  const kiln_coll *c = &s->coll;
+  const char *why = kiln_coll_check(c, s->nargs, e->slots, s->args);
+  if (why) return kiln_status_set(st, KILN_EINVAL, w, "collective: %s", why);
+  for (uint32_t i = c->nops; i < s->nargs; i++)
+    if (!slot_writable(e, l, s->args[i]))
+      return kiln_status_set(st, KILN_EINVAL, w,
+                             "collective writes slot %u, a parameter or constant", s->args[i]);
+  const char *name = kiln_opcode_name((kiln_opcode)c->op);
+  ncclDataType_t t;
+  ncclRedOp_t op;
+  switch (c->op) {
+  case KILN_OP_REPLICA_ID:
+  case KILN_OP_PARTITION_ID: return 0;
+  case KILN_OP_ALL_REDUCE:
+  case KILN_OP_REDUCE_SCATTER:
+    if (!kiln__nccl_dtype((int)c->dtype, (int)c->reduce, &t, &op))
+      return kiln_status_set(st, KILN_EUNIMPL, w,
+                             "%s: NCCL cannot reduce %s with %s (it sums, multiplies, takes the "
+                             "maximum or minimum of s8, u8, s32, u32, s64, u64, f16, bf16, f32 "
+                             "and f64, and and/or of pred); run this program on a cpu target",
+                             name, kiln_dtype_name((kiln_dtype)c->dtype),
+                             kiln_opcode_name((kiln_opcode)c->reduce));
+    break;
+  case KILN_OP_ALL_GATHER:
+  case KILN_OP_ALL_TO_ALL:
+  case KILN_OP_COLLECTIVE_PERMUTE:
+  case KILN_OP_COLLECTIVE_BROADCAST: break;
+  default:
+    return kiln_status_set(st, KILN_EUNIMPL, w, "collective %s does not run on the cuda backend",
+                           name);
+  }
+  if (c->gsize > KILN_CUDA_MAX_DEVICES)
+    return kiln_status_set(st, KILN_ELIMIT, w, "%s: groups of %u devices (at most %d)", name,
+                           c->gsize, KILN_CUDA_MAX_DEVICES);
+  if (c->gsize > 1) {
+    kiln_status ns;
+    kiln_status_clear(&ns);
+    if (kiln__nccl_api_get(&ns) == NULL)
+      return kiln_status_set(st, KILN_EUNAVAIL, w, "%s between %u devices needs NCCL: %s", name,
+                             c->gsize, ns.msg);
+  }
+  return 0;
+}
+
 static int check_step(const kiln_executable *e, const cuda_loaded *l, const kiln_step *s,
                       const char *w, kiln_status *st) {
   if (s->nargs > MAX_STEP_ARGS || (s->nargs > 0 && s->args == NULL))
@@ -638,15 +728,15 @@ static int check_step(const kiln_executable *e, const cuda_loaded *l, const kiln
       return kiln_status_set(st, KILN_EINVAL, w, "%s", why);
     return 0;
   }
+  case KILN_STEP_COLLECTIVE: return check_coll_step(e, l, s, w, st);
   case KILN_STEP_GEMM:
   case KILN_STEP_CONV:
-  case KILN_STEP_COLLECTIVE:
   case KILN_STEP_FFT:
   case KILN_STEP_LINALG:
     return kiln_status_set(st, KILN_EUNIMPL, w,
                            "the cuda backend does not run %s steps yet (GEMM through cuBLASLt, "
-                           "convolutions, FFTs, LAPACK and collectives are not built); run this "
-                           "program on a cpu target",
+                           "convolutions, FFTs and LAPACK are not built); run this program on a "
+                           "cpu target",
                            step_names[s->kind]);
   }
   return kiln_status_set(st, KILN_EINVAL, w, "unknown step kind %d", s->kind);
@@ -849,6 +939,7 @@ typedef struct run_ctx {
   const atomic_int *cancel;
   const kiln_debug_sink *debug;
   const kiln_step_observer *observer;
+  const kiln__gang_rank *gang; /* a gang launch's rank, or NULL */
   kiln_status *st;
 } run_ctx;
 
@@ -967,6 +1058,480 @@ static int run_debug_print(run_ctx *r, const kiln_step *s, uint64_t base) {
   return rc;
 }
 
+/* ---- collective steps: NCCL ------------------------------------------------ */
+
+/* Per-rank collectives (KILN_STEP_COLLECTIVE) of a gang launch: each rank
+ * runs on its own thread and device and meets its group at the gang's
+ * rendezvous (executor/comm.c) before it calls NCCL. That meeting is what
+ * keeps NCCL from hanging on a peer that failed or was cancelled before
+ * the step (the rendezvous notices it), it carries every member's device,
+ * so that the group's first member can create the group's communicator
+ * for all of them from one thread (a group of nonblocking inits), and it
+ * orders the members' collectives the same way. The communicator is kept
+ * in the backend, keyed by the members' devices in group order, and
+ * reused by every later step and run with that group. The collective is
+ * issued on the compute stream, after the step's predecessors, and waited
+ * for with a deadline (the run's, else KILN_NCCL_TIMEOUT or 300 s); a
+ * rank that misses it aborts its own communicator, and the group's next
+ * use creates a new one. */
+
+struct nccl_group {
+  nccl_group *next;
+  uint32_t n;
+  CUdevice *devs; /* n: the members' devices, group order */
+  int state;      /* 0 being created, 1 ready, 2 failed */
+  int rc;         /* state 2: why */
+  kiln_status st;
+  kiln__nccl_clique *clique; /* state 1 */
+};
+
+static void groups_free(nccl_group *g) {
+  while (g) {
+    nccl_group *next = g->next;
+    kiln__nccl_clique_destroy(g->clique);
+    kiln_free(g->devs);
+    kiln_free(g);
+    g = next;
+  }
+}
+
+static nccl_group *group_find(cuda_backend *cb, const CUdevice *devs, uint32_t n) {
+  for (nccl_group *g = cb->groups; g; g = g->next)
+    if (g->n == n && memcmp(g->devs, devs, n * sizeof *devs) == 0) return g;
+  return NULL;
+}
+
+/* Group rank 0, between the rendezvous' enter and leave (every member is
+ * at the step): makes sure the group has a communicator, creating it, or
+ * replacing one that was aborted, for all members' devices. */
+static void group_ensure(cuda_backend *cb, cuda_dev *const *peers, const CUdevice *devs, uint32_t n,
+                         double deadline) {
+  pthread_mutex_lock(&cb->comm_mu);
+  nccl_group *g = group_find(cb, devs, n);
+  if (g && g->state == 1 && !g->clique->broken) {
+    pthread_mutex_unlock(&cb->comm_mu);
+    return;
+  }
+  if (g) { /* unlink it: to the graveyard, freed at fini */
+    nccl_group **pp = &cb->groups;
+    while (*pp != g) pp = &(*pp)->next;
+    *pp = g->next;
+    g->next = cb->graveyard;
+    cb->graveyard = g;
+  }
+  g = kiln_calloc(1, sizeof *g);
+  if (g) g->devs = kiln_calloc(n, sizeof *g->devs);
+  if (g == NULL || g->devs == NULL) {
+    if (g) kiln_free(g);
+    pthread_mutex_unlock(&cb->comm_mu);
+    return; /* the members find no group: out of memory */
+  }
+  g->n = n;
+  memcpy(g->devs, devs, n * sizeof *devs);
+  g->next = cb->groups;
+  cb->groups = g;
+  pthread_mutex_unlock(&cb->comm_mu);
+  /* Created outside the lock: an init waits for every rank's. */
+  CUcontext ctxs[KILN_CUDA_MAX_DEVICES];
+  for (uint32_t j = 0; j < n; j++) ctxs[j] = peers[j]->ctx;
+  kiln__nccl_clique *c = NULL;
+  kiln_status st;
+  kiln_status_clear(&st);
+  const kiln__nccl_api *a = kiln__nccl_api_get(&st);
+  int rc = a ? kiln__nccl_clique_create(a, peers[0]->api, NULL, n, 0, n, ctxs, deadline,
+                                        peers[0]->where, &c, &st)
+             : KILN_EUNAVAIL;
+  pthread_mutex_lock(&cb->comm_mu);
+  g->clique = c;
+  g->state = rc ? 2 : 1;
+  g->rc = rc;
+  g->st = st;
+  pthread_mutex_unlock(&cb->comm_mu);
+}
+
+/* The communicator of this rank's group, after group_ensure. */
+static int group_get(cuda_backend *cb, const CUdevice *devs, uint32_t n, kiln__nccl_clique **out,
+                     kiln_status *st) {
+  pthread_mutex_lock(&cb->comm_mu);
+  nccl_group *g = group_find(cb, devs, n);
+  int rc = 0;
+  if (g == NULL)
+    rc = kiln_status_set(st, KILN_ENOMEM, "collective", "out of memory for a communicator");
+  else if (g->state != 1)
+    rc = kiln_status_set(st, g->rc ? g->rc : KILN_EINTERNAL, g->st.where[0] ? g->st.where : "nccl",
+                         "%s", g->st.msg);
+  else
+    *out = g->clique;
+  pthread_mutex_unlock(&cb->comm_mu);
+  return rc;
+}
+
+/* Frees the communicators that use device `dev` (its context goes next). */
+static void groups_drop_device(cuda_backend *cb, CUdevice dev) {
+  pthread_mutex_lock(&cb->comm_mu);
+  nccl_group **lists[2] = {&cb->groups, &cb->graveyard};
+  for (int k = 0; k < 2; k++)
+    for (nccl_group **pp = lists[k]; *pp;) {
+      nccl_group *g = *pp;
+      bool uses = false;
+      for (uint32_t j = 0; j < g->n; j++) uses |= g->devs[j] == dev;
+      if (!uses) {
+        pp = &g->next;
+        continue;
+      }
+      *pp = g->next;
+      g->next = NULL;
+      groups_free(g);
+    }
+  pthread_mutex_unlock(&cb->comm_mu);
+}
+
+/* What one rank issues for a step: the operand and result addresses, the
+ * scratch that rearranges rows (operands whose split or gathered dimension
+ * is not the most major), and the communicator. */
+typedef struct coll_run {
+  run_ctx *r;
+  const kiln_step *s;
+  uint64_t base;
+  uint32_t n, rank; /* group size, this rank in it */
+  ncclComm_t comm;
+  const kiln__nccl_api *a;
+  CUstream stream;
+  uint64_t scratch; /* device address */
+} coll_run;
+
+static uint64_t op_addr(const coll_run *c, uint32_t i) { return c->r->argv[c->base + i]; }
+static uint64_t res_addr(const coll_run *c, uint32_t i) {
+  return c->r->argv[c->base + c->s->coll.nops + i];
+}
+static uint64_t op_bytes(const coll_run *c, uint32_t i) {
+  return c->r->l->exe->slots[c->s->args[i]].size;
+}
+static uint64_t res_bytes(const coll_run *c, uint32_t i) {
+  return c->r->l->exe->slots[c->s->args[c->s->coll.nops + i]].size;
+}
+
+static bool spans_overlap(uint64_t a, uint64_t an, uint64_t b, uint64_t bn) {
+  return an && bn && a < b + bn && b < a + an;
+}
+
+/* Whether result i shares bytes with an operand, other than being operand
+ * i exactly when `in_place_ok` (NCCL allows in-place, not partial overlap). */
+static bool res_clashes(const coll_run *c, uint32_t i, bool in_place_ok) {
+  uint64_t ra = res_addr(c, i), rn = res_bytes(c, i);
+  for (uint32_t k = 0; k < c->s->coll.nops; k++) {
+    if (in_place_ok && k == i && op_addr(c, k) == ra && op_bytes(c, k) == rn) continue;
+    if (spans_overlap(ra, rn, op_addr(c, k), op_bytes(c, k))) return true;
+  }
+  return false;
+}
+
+static int dtod(coll_run *c, uint64_t dst, uint64_t src, uint64_t n) {
+  cuda_dev *d = c->r->d;
+  if (n == 0) return 0;
+  return CK(d, d->api->memcpy_dtod_async((CUdeviceptr)dst, (CUdeviceptr)src, n, c->stream),
+            "cuMemcpyDtoDAsync_v2", c->r->st);
+}
+
+#define NCK(c, call, name) \
+  kiln__nccl_check((c)->a, (c)->comm, (call), (name), "collective", (c)->r->st)
+
+/* The scratch each operand needs, at most (one operand at a time). */
+static uint64_t scratch_bytes(const coll_run *c) {
+  const kiln_coll *k = &c->s->coll;
+  uint64_t most = 0, all = 0;
+  for (uint32_t i = 0; i < k->nops; i++) {
+    uint64_t need = 2 * (op_bytes(c, i) > res_bytes(c, i) ? op_bytes(c, i) : res_bytes(c, i));
+    if (need > most) most = need;
+    all += res_bytes(c, i); /* the tuple all-to-all receives every result aside */
+  }
+  return most > all ? most : all;
+}
+
+static int issue_all_reduce(coll_run *c, uint32_t i) {
+  const kiln_coll *k = &c->s->coll;
+  ncclDataType_t t;
+  ncclRedOp_t op;
+  kiln__nccl_dtype((int)k->dtype, (int)k->reduce, &t, &op); /* checked at load */
+  size_t count = (size_t)(op_bytes(c, i) / kiln_dtype_size((kiln_dtype)k->dtype));
+  bool aside = res_clashes(c, i, true);
+  uint64_t dst = aside ? c->scratch : res_addr(c, i);
+  int rc = NCK(c,
+               c->a->all_reduce((const void *)(uintptr_t)op_addr(c, i), (void *)(uintptr_t)dst,
+                                count, t, op, c->comm, c->stream),
+               "ncclAllReduce");
+  if (rc == 0 && aside) rc = dtod(c, res_addr(c, i), dst, res_bytes(c, i));
+  return rc;
+}
+
+/* Result row o = the members' rows o, one after another. */
+static int issue_all_gather(coll_run *c, uint32_t i) {
+  uint64_t in = op_bytes(c, i), rows = c->s->coll.outer[i] ? c->s->coll.outer[i] : 1;
+  uint64_t row = in / rows;
+  bool direct = rows == 1 && !res_clashes(c, i, false);
+  uint64_t dst = direct ? res_addr(c, i) : c->scratch; /* [member][row o] */
+  int rc = NCK(c,
+               c->a->all_gather((const void *)(uintptr_t)op_addr(c, i), (void *)(uintptr_t)dst,
+                                (size_t)in, ncclUint8, c->comm, c->stream),
+               "ncclAllGather");
+  for (uint64_t o = 0; rc == 0 && !direct && o < rows; o++)
+    for (uint32_t j = 0; rc == 0 && j < c->n; j++)
+      rc = dtod(c, res_addr(c, i) + (o * c->n + j) * row, dst + j * in + o * row, row);
+  return rc;
+}
+
+/* Result row o = block `rank` of the reduced row o. */
+static int issue_reduce_scatter(coll_run *c, uint32_t i) {
+  const kiln_coll *k = &c->s->coll;
+  ncclDataType_t t;
+  ncclRedOp_t op;
+  kiln__nccl_dtype((int)k->dtype, (int)k->reduce, &t, &op);
+  uint64_t in = op_bytes(c, i), rows = k->outer[i] ? k->outer[i] : 1, row = in / rows;
+  uint64_t blk = row / c->n;
+  uint64_t src = op_addr(c, i), dst = res_addr(c, i);
+  int rc = 0;
+  if (rows > 1) { /* [row o][block j] -> [block j][row o] */
+    src = c->scratch;
+    for (uint64_t o = 0; rc == 0 && o < rows; o++)
+      for (uint32_t j = 0; rc == 0 && j < c->n; j++)
+        rc = dtod(c, src + (j * rows + o) * blk, op_addr(c, i) + o * row + j * blk, blk);
+  }
+  bool aside = res_clashes(c, i, false);
+  if (aside) dst = c->scratch + (rows > 1 ? in : 0);
+  size_t count = (size_t)(rows * blk / kiln_dtype_size((kiln_dtype)k->dtype));
+  if (rc == 0)
+    rc = NCK(c,
+             c->a->reduce_scatter((const void *)(uintptr_t)src, (void *)(uintptr_t)dst, count, t,
+                                  op, c->comm, c->stream),
+             "ncclReduceScatter");
+  if (rc == 0 && aside) rc = dtod(c, res_addr(c, i), dst, res_bytes(c, i));
+  return rc;
+}
+
+/* Block j of result row o = block `rank` of member j's row o: to member j
+ * go this rank's blocks j of every row, packed [j][o]; from it come its
+ * blocks `rank`, unpacked to [o][j]. One group of sends and receives. */
+static int issue_all_to_all(coll_run *c, uint32_t i) {
+  const kiln_coll *k = &c->s->coll;
+  int rc = 0;
+  if (k->outer[i] == 0) { /* the tuple form: result j = member j's operand `rank` */
+    if (i > 0) return 0;  /* all operands at once */
+    bool aside = false;
+    for (uint32_t j = 0; j < c->n; j++) aside |= res_clashes(c, j, false);
+    uint64_t off = 0;
+    rc = NCK(c, c->a->group_start(), "ncclGroupStart");
+    for (uint32_t j = 0; rc == 0 && j < c->n; j++) {
+      uint64_t dst = aside ? c->scratch + off : res_addr(c, j);
+      rc = NCK(c,
+               c->a->send((const void *)(uintptr_t)op_addr(c, j), (size_t)op_bytes(c, j), ncclUint8,
+                          (int)j, c->comm, c->stream),
+               "ncclSend");
+      if (rc == 0)
+        rc = NCK(c,
+                 c->a->recv((void *)(uintptr_t)dst, (size_t)res_bytes(c, j), ncclUint8, (int)j,
+                            c->comm, c->stream),
+                 "ncclRecv");
+      off += res_bytes(c, j);
+    }
+    int grc = NCK(c, c->a->group_end(), "ncclGroupEnd (all-to-all)");
+    if (rc == 0) rc = grc;
+    off = 0;
+    for (uint32_t j = 0; rc == 0 && aside && j < c->n; j++) {
+      rc = dtod(c, res_addr(c, j), c->scratch + off, res_bytes(c, j));
+      off += res_bytes(c, j);
+    }
+    return rc;
+  }
+  uint64_t in = op_bytes(c, i), rows = k->outer[i], row = in / rows, blk = row / c->n;
+  bool packed = rows > 1 || res_clashes(c, i, false);
+  uint64_t sbuf = op_addr(c, i), rbuf = res_addr(c, i);
+  if (packed) {
+    sbuf = c->scratch;
+    rbuf = c->scratch + in;
+    for (uint64_t o = 0; rc == 0 && o < rows; o++)
+      for (uint32_t j = 0; rc == 0 && j < c->n; j++)
+        rc = dtod(c, sbuf + (j * rows + o) * blk, op_addr(c, i) + o * row + j * blk, blk);
+  }
+  if (rc) return rc;
+  rc = NCK(c, c->a->group_start(), "ncclGroupStart");
+  for (uint32_t j = 0; rc == 0 && j < c->n; j++) {
+    rc = NCK(c,
+             c->a->send((const void *)(uintptr_t)(sbuf + j * rows * blk), (size_t)(rows * blk),
+                        ncclUint8, (int)j, c->comm, c->stream),
+             "ncclSend");
+    if (rc == 0)
+      rc = NCK(c,
+               c->a->recv((void *)(uintptr_t)(rbuf + j * rows * blk), (size_t)(rows * blk),
+                          ncclUint8, (int)j, c->comm, c->stream),
+               "ncclRecv");
+  }
+  int grc = NCK(c, c->a->group_end(), "ncclGroupEnd (all-to-all)");
+  if (rc == 0) rc = grc;
+  for (uint64_t o = 0; rc == 0 && packed && o < rows; o++)
+    for (uint32_t j = 0; rc == 0 && j < c->n; j++)
+      rc = dtod(c, res_addr(c, i) + o * row + j * blk, rbuf + (j * rows + o) * blk, blk);
+  return rc;
+}
+
+/* The result is the operand of device source[me] (zeros when it has
+ * none); this rank sends its operand to every member whose source it is. */
+static int issue_permute(coll_run *c, uint32_t me) {
+  const kiln_coll *k = &c->s->coll;
+  const uint32_t *row = k->members + (size_t)me * c->n;
+  uint32_t ndev = k->replicas * k->partitions;
+  int32_t src = k->source[me];
+  bool aside = res_clashes(c, 0, false);
+  uint64_t dst = aside ? c->scratch : res_addr(c, 0), bytes = res_bytes(c, 0);
+  cuda_dev *d = c->r->d;
+  int rc = 0;
+  bool member = false; /* a source outside the group sends nothing here */
+  for (uint32_t j = 0; src >= 0 && j < c->n; j++) member |= row[j] == (uint32_t)src;
+  if (!member) src = -1;
+  if (src < 0 && bytes > 0)
+    rc = CK(d, d->api->memset_d8_async((CUdeviceptr)res_addr(c, 0), 0, bytes, c->stream),
+            "cuMemsetD8Async", c->r->st);
+  if (rc == 0) rc = NCK(c, c->a->group_start(), "ncclGroupStart");
+  for (uint32_t j = 0; rc == 0 && j < c->n; j++) {
+    uint32_t peer = row[j];
+    if (peer < ndev && k->source[peer] == (int32_t)me)
+      rc = NCK(c,
+               c->a->send((const void *)(uintptr_t)op_addr(c, 0), (size_t)op_bytes(c, 0), ncclUint8,
+                          (int)j, c->comm, c->stream),
+               "ncclSend");
+    if (rc == 0 && src >= 0 && peer == (uint32_t)src)
+      rc = NCK(
+          c,
+          c->a->recv((void *)(uintptr_t)dst, (size_t)bytes, ncclUint8, (int)j, c->comm, c->stream),
+          "ncclRecv");
+  }
+  int grc = NCK(c, c->a->group_end(), "ncclGroupEnd (collective-permute)");
+  if (rc == 0) rc = grc;
+  if (rc == 0 && aside && src >= 0) rc = dtod(c, res_addr(c, 0), dst, bytes);
+  return rc;
+}
+
+static int issue_broadcast(coll_run *c, uint32_t i) {
+  bool aside = res_clashes(c, i, true);
+  uint64_t dst = aside ? c->scratch : res_addr(c, i);
+  int rc = NCK(c,
+               c->a->broadcast((const void *)(uintptr_t)op_addr(c, i), (void *)(uintptr_t)dst,
+                               (size_t)op_bytes(c, i), ncclUint8, 0, c->comm, c->stream),
+               "ncclBroadcast");
+  if (rc == 0 && aside) rc = dtod(c, res_addr(c, i), dst, res_bytes(c, i));
+  return rc;
+}
+
+static int issue_step(coll_run *c, uint32_t me) {
+  const kiln_coll *k = &c->s->coll;
+  int rc = 0;
+  if (k->op == KILN_OP_COLLECTIVE_PERMUTE) return issue_permute(c, me);
+  for (uint32_t i = 0; rc == 0 && i < k->nops; i++) {
+    switch (k->op) {
+    case KILN_OP_ALL_REDUCE: rc = issue_all_reduce(c, i); break;
+    case KILN_OP_ALL_GATHER: rc = issue_all_gather(c, i); break;
+    case KILN_OP_REDUCE_SCATTER: rc = issue_reduce_scatter(c, i); break;
+    case KILN_OP_ALL_TO_ALL: rc = issue_all_to_all(c, i); break;
+    default: rc = issue_broadcast(c, i); break; /* COLLECTIVE_BROADCAST; checked at load */
+    }
+  }
+  return rc;
+}
+
+/* A group of one: the step is copies (or zeros). */
+static int coll_alone(run_ctx *r, const kiln_step *s, uint64_t base, uint32_t me) {
+  const kiln_coll *k = &s->coll;
+  const kiln_executable *e = r->l->exe;
+  int rc = 0;
+  for (uint32_t i = 0; rc == 0 && i < k->nops; i++) {
+    uint64_t dst = r->argv[base + k->nops + i], src = r->argv[base + i];
+    uint64_t bytes = e->slots[s->args[k->nops + i]].size;
+    if (k->op == KILN_OP_COLLECTIVE_PERMUTE && k->source[me] < 0) {
+      if (bytes)
+        rc = CK(r->d, r->d->api->memset_d8_async((CUdeviceptr)dst, 0, bytes, r->d->compute),
+                "cuMemsetD8Async", r->st);
+    } else {
+      rc = run_copy(r, dst, src, bytes);
+    }
+  }
+  return rc;
+}
+
+static int run_collective(run_ctx *r, const kiln_step *s, uint64_t base) {
+  const kiln_coll *k = &s->coll;
+  cuda_dev *d = r->d;
+  const char *name = kiln_opcode_name((kiln_opcode)k->op);
+  uint32_t ndev = k->replicas * k->partitions, nranks = r->gang ? r->gang->nranks : 1;
+  uint32_t me = r->gang ? r->gang->rank : 0;
+  if (nranks != ndev)
+    return kiln_status_set(r->st, KILN_EINVAL, "collective",
+                           "%s was compiled for %u replicas x %u partitions; this run has %u "
+                           "device%s (run it with kiln_mesh_execute on that many)",
+                           name, k->replicas, k->partitions, nranks, nranks == 1 ? "" : "s");
+  if (k->op == KILN_OP_REPLICA_ID || k->op == KILN_OP_PARTITION_ID) {
+    uint32_t v = k->op == KILN_OP_REPLICA_ID ? me / k->partitions : me % k->partitions;
+    memcpy(d->small, &v, sizeof v);
+    int rc =
+        CK(d, d->api->memcpy_htod_async((CUdeviceptr)r->argv[base], d->small, sizeof v, d->compute),
+           "cuMemcpyHtoDAsync_v2", r->st);
+    /* small is reused by the next read-back: wait for this copy. */
+    if (rc == 0) rc = CK(d, d->api->stream_synchronize(d->compute), "cuStreamSynchronize", r->st);
+    return rc;
+  }
+  uint32_t n = k->gsize, rank = 0;
+  const uint32_t *row = k->members + (size_t)me * n;
+  while (row[rank] != me) rank++; /* checked at load: me is a member */
+  if (n == 1) return coll_alone(r, s, base, me);
+  if (n > KILN_CUDA_MAX_DEVICES)
+    return kiln_status_set(r->st, KILN_ELIMIT, "collective",
+                           "%s: a group of %u devices (at most %d)", name, n,
+                           KILN_CUDA_MAX_DEVICES);
+  double deadline = r->deadline > 0 ? r->deadline : now_seconds() + d->cb->coll_seconds;
+  void *mine[1] = {d};
+  void *const *peers[KILN_CUDA_MAX_DEVICES];
+  int rc = kiln__rendezvous_enter(r->gang, (uint64_t)(uintptr_t)s, row, n, mine, peers, r->cancel,
+                                  r->deadline, r->st);
+  if (rc) return rc;
+  cuda_dev *pd[KILN_CUDA_MAX_DEVICES];
+  CUdevice devs[KILN_CUDA_MAX_DEVICES];
+  for (uint32_t j = 0; j < n; j++) {
+    pd[j] = peers[j][0];
+    devs[j] = pd[j]->dev;
+  }
+  if (rank == 0) group_ensure(d->cb, pd, devs, n, deadline);
+  rc = kiln__rendezvous_leave(r->gang, row, n, r->cancel, r->deadline, r->st);
+  kiln__nccl_clique *cl = NULL;
+  if (rc == 0) rc = group_get(d->cb, devs, n, &cl, r->st);
+  if (rc) return rc;
+  coll_run c = {.r = r,
+                .s = s,
+                .base = base,
+                .n = n,
+                .rank = rank,
+                .comm = cl->comms[rank],
+                .a = cl->api,
+                .stream = d->compute};
+  kiln__cuda_block *scratch = NULL;
+  uint64_t sb = scratch_bytes(&c);
+  if (sb > 0 && (rc = dev_get(d, sb, &scratch, r->st)) != 0) return rc;
+  c.scratch = scratch ? scratch->ptr : 0;
+  rc = issue_step(&c, me);
+  char call[64];
+  snprintf(call, sizeof call, "%s through NCCL", name);
+  if (rc == 0) rc = kiln__nccl_settle(c.a, &c.comm, 1, deadline, call, "collective", r->st);
+  if (rc == 0)
+    rc = kiln__nccl_stream_wait(c.a, d->api, &c.comm, &d->ctx, &d->compute, 1, deadline, r->cancel,
+                                call, "collective", r->st);
+  if (rc) { /* this rank's communicator may be stuck: abort it */
+    pthread_mutex_lock(&d->cb->comm_mu);
+    if (cl->comms[rank]) cl->api->comm_abort(cl->comms[rank]);
+    cl->comms[rank] = NULL;
+    cl->broken = true;
+    pthread_mutex_unlock(&d->cb->comm_mu);
+  }
+  kiln__cuda_allocator_put(&d->alloc, scratch);
+  return rc;
+}
+
 static int run_program(run_ctx *r, uint32_t p) {
   const kiln_program *pr = &r->l->exe->programs[p];
   const uint64_t *base = r->l->argv_base[p];
@@ -983,6 +1548,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     case KILN_STEP_CONDITIONAL: rc = run_conditional(r, s, b); break;
     case KILN_STEP_CALL: rc = run_program(r, s->sub[0]); break;
     case KILN_STEP_DEBUG_PRINT: rc = run_debug_print(r, s, b); break;
+    case KILN_STEP_COLLECTIVE: rc = run_collective(r, s, b); break;
     default: /* refused at load */
       rc = kiln_status_set(r->st, KILN_EINTERNAL, "run", "step kind %d on cuda", s->kind);
       break;
@@ -1013,6 +1579,7 @@ static int run_on_device(cuda_loaded *l, const uint64_t *params, const uint64_t 
   r.cancel = opts->cancel;
   r.debug = opts->debug;
   r.observer = opts->observer;
+  r.gang = opts->gang;
   kiln__cuda_block *arena = NULL;
   pthread_mutex_lock(&d->run_mu);
   int rc = ctx_enter(d, st);
@@ -1226,6 +1793,327 @@ out_free:
   return rc;
 }
 
+/* ---- communicators and meshes: one thread, several devices ---------------- */
+
+/* kiln_comm's communicator (comm_init) and a mesh across hosts
+ * (kiln_cuda_mesh_open) are the same thing: this process's ranks of one
+ * NCCL communicator, driven from the caller's thread. A collective on it
+ * is one group (ncclGroupStart/End) with a call per local rank, each on
+ * its device's copy stream (held with the staging mutex, as a buffer
+ * transfer is), then waited for on every device with a deadline. */
+
+typedef struct cuda_clique {
+  kiln__nccl_clique *nc;
+  cuda_dev **devs; /* nc->n */
+  uint32_t first;  /* global rank of local rank 0 */
+  double seconds;  /* a collective's deadline */
+} cuda_clique;
+
+static void clique_free(cuda_clique *c) {
+  if (c == NULL) return;
+  kiln__nccl_clique_destroy(c->nc);
+  kiln_free(c->devs);
+  kiln_free(c);
+}
+
+static int clique_open(kiln_device *const *dv, uint32_t n, const uint8_t *id, uint32_t nranks,
+                       uint32_t first, double seconds, cuda_clique **out, kiln_status *st) {
+  *out = NULL;
+  if (n > KILN_CUDA_MAX_DEVICES)
+    return kiln_status_set(st, KILN_ELIMIT, "nccl", "%u devices (at most %d)", n,
+                           KILN_CUDA_MAX_DEVICES);
+  const kiln__nccl_api *a = kiln__nccl_api_get(st);
+  if (a == NULL) return KILN_EUNAVAIL;
+  cuda_clique *c = kiln_calloc(1, sizeof *c);
+  if (c) c->devs = kiln_calloc(n, sizeof *c->devs);
+  if (c == NULL || c->devs == NULL) {
+    if (c) kiln_free(c);
+    return kiln_status_set(st, KILN_ENOMEM, "nccl", "out of memory");
+  }
+  CUcontext ctxs[KILN_CUDA_MAX_DEVICES];
+  for (uint32_t i = 0; i < n; i++) {
+    c->devs[i] = dv[i]->ctx;
+    ctxs[i] = c->devs[i]->ctx;
+  }
+  c->first = first;
+  c->seconds = seconds > 0 ? seconds : DEFAULT_COLL_SECONDS;
+  int rc =
+      kiln__nccl_clique_create(a, c->devs[0]->api, id, nranks, first, n, ctxs,
+                               now_seconds() + (seconds > 0 ? seconds : 60.0), "nccl", &c->nc, st);
+  if (rc) {
+    clique_free(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+static uint64_t blk_ptr(kiln_buffer *b) { return ((const kiln__cuda_block *)b->mem)->ptr; }
+
+/* Local rank i's calls for desc (inside the group). */
+static int grouped_issue(cuda_clique *c, uint32_t i, const kiln_collective *desc, ncclDataType_t t,
+                         ncclRedOp_t op, kiln_status *st) {
+  const kiln__nccl_api *a = c->nc->api;
+  ncclComm_t cm = c->nc->comms[i];
+  CUstream s = c->devs[i]->copy;
+  uint32_t nr = c->nc->nranks, me = c->first + i;
+  size_t es = kiln_dtype_size((kiln_dtype)desc->dtype), bytes = (size_t)desc->count * es;
+  const void *sb = (const void *)(uintptr_t)blk_ptr(desc->send[i]);
+  void *rb = (void *)(uintptr_t)blk_ptr(desc->recv[i]);
+  const char *w = "nccl";
+  switch (desc->op) {
+  case KILN_OP_ALL_REDUCE:
+    return kiln__nccl_check(a, cm, a->all_reduce(sb, rb, (size_t)desc->count, t, op, cm, s),
+                            "ncclAllReduce", w, st);
+  case KILN_OP_REDUCE_SCATTER:
+    return kiln__nccl_check(a, cm,
+                            a->reduce_scatter(sb, rb, (size_t)desc->count / nr, t, op, cm, s),
+                            "ncclReduceScatter", w, st);
+  case KILN_OP_ALL_GATHER:
+    return kiln__nccl_check(a, cm, a->all_gather(sb, rb, bytes, ncclUint8, cm, s), "ncclAllGather",
+                            w, st);
+  case KILN_OP_ALL_TO_ALL: {
+    size_t chunk = bytes / nr;
+    for (uint32_t j = 0; j < nr; j++) {
+      int rc = kiln__nccl_check(
+          a, cm, a->send((const char *)sb + j * chunk, chunk, ncclUint8, (int)j, cm, s), "ncclSend",
+          w, st);
+      if (rc == 0)
+        rc = kiln__nccl_check(a, cm,
+                              a->recv((char *)rb + j * chunk, chunk, ncclUint8, (int)j, cm, s),
+                              "ncclRecv", w, st);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  default: /* COLLECTIVE_PERMUTE */
+    for (uint32_t p = 0; p < desc->npairs; p++) {
+      uint32_t from = desc->pairs[2 * p], to = desc->pairs[2 * p + 1];
+      int rc = 0;
+      if (from == me)
+        rc = kiln__nccl_check(a, cm, a->send(sb, bytes, ncclUint8, (int)to, cm, s), "ncclSend", w,
+                              st);
+      if (rc == 0 && to == me)
+        rc = kiln__nccl_check(a, cm, a->recv(rb, bytes, ncclUint8, (int)from, cm, s), "ncclRecv", w,
+                              st);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+}
+
+static int grouped_collective(cuda_clique *c, const kiln_collective *desc, double seconds,
+                              kiln_status *st) {
+  const char *name = kiln_opcode_name((kiln_opcode)desc->op);
+  kiln__nccl_clique *nc = c->nc;
+  if (nc->broken)
+    return kiln_status_set(st, KILN_EUNAVAIL, "nccl",
+                           "%s: the communicator was aborted after an earlier error; open it "
+                           "again",
+                           name);
+  ncclDataType_t t = ncclUint8;
+  ncclRedOp_t op = ncclSum;
+  bool reduces = desc->op == KILN_OP_ALL_REDUCE || desc->op == KILN_OP_REDUCE_SCATTER;
+  if (reduces && !kiln__nccl_dtype(desc->dtype, desc->reduce_op, &t, &op))
+    return kiln_status_set(st, KILN_EUNIMPL, "cuda",
+                           "%s over %s with %s is not implemented by backend cuda (NCCL has no "
+                           "such reduction)",
+                           name, kiln_dtype_name((kiln_dtype)desc->dtype),
+                           kiln_opcode_name((kiln_opcode)desc->reduce_op));
+  if (!reduces && desc->op != KILN_OP_ALL_GATHER && desc->op != KILN_OP_ALL_TO_ALL &&
+      desc->op != KILN_OP_COLLECTIVE_PERMUTE)
+    return kiln_status_set(st, KILN_EUNIMPL, "cuda", "%s is not implemented by backend cuda", name);
+  if (desc->op == KILN_OP_ALL_TO_ALL && desc->count % nc->nranks)
+    return kiln_status_set(st, KILN_EINVAL, "cuda", "%s of %llu elements over %u ranks", name,
+                           (unsigned long long)desc->count, nc->nranks);
+  if (desc->op == KILN_OP_REDUCE_SCATTER && desc->count % nc->nranks)
+    return kiln_status_set(st, KILN_EINVAL, "cuda", "%s of %llu elements over %u ranks", name,
+                           (unsigned long long)desc->count, nc->nranks);
+  double deadline = now_seconds() + (seconds > 0 ? seconds : c->seconds);
+  size_t bytes = (size_t)desc->count * kiln_dtype_size((kiln_dtype)desc->dtype);
+  CUstream streams[KILN_CUDA_MAX_DEVICES];
+  CUcontext ctxs[KILN_CUDA_MAX_DEVICES];
+  for (uint32_t i = 0; i < nc->n; i++) {
+    pthread_mutex_lock(&c->devs[i]->copy_mu);
+    streams[i] = c->devs[i]->copy;
+    ctxs[i] = c->devs[i]->ctx;
+  }
+  int rc = 0;
+  /* Permute: a rank nobody sends to gets zeros. */
+  for (uint32_t i = 0; rc == 0 && desc->op == KILN_OP_COLLECTIVE_PERMUTE && i < nc->n; i++) {
+    cuda_dev *d = c->devs[i];
+    if ((rc = ctx_enter(d, st)) != 0) break;
+    rc = CK(d, d->api->memset_d8_async((CUdeviceptr)blk_ptr(desc->recv[i]), 0, bytes, d->copy),
+            "cuMemsetD8Async", st);
+    ctx_leave(d);
+  }
+  bool grouped = false;
+  if (rc == 0) {
+    rc = kiln__nccl_check(nc->api, NULL, nc->api->group_start(), "ncclGroupStart", "nccl", st);
+    grouped = rc == 0;
+  }
+  for (uint32_t i = 0; rc == 0 && i < nc->n; i++) {
+    if ((rc = ctx_enter(c->devs[i], st)) != 0) break;
+    rc = grouped_issue(c, i, desc, t, op, st);
+    ctx_leave(c->devs[i]);
+  }
+  if (grouped) {
+    int grc = kiln__nccl_check(nc->api, NULL, nc->api->group_end(), "ncclGroupEnd", "nccl", st);
+    if (rc == 0) rc = grc;
+  }
+  char call[64];
+  snprintf(call, sizeof call, "%s through NCCL", name);
+  if (rc == 0) rc = kiln__nccl_settle(nc->api, nc->comms, nc->n, deadline, call, "nccl", st);
+  if (rc == 0)
+    rc = kiln__nccl_stream_wait(nc->api, c->devs[0]->api, nc->comms, ctxs, streams, nc->n, deadline,
+                                NULL, call, "nccl", st);
+  if (rc && rc != KILN_EINVAL && rc != KILN_EUNIMPL) kiln__nccl_clique_abort(nc);
+  for (uint32_t i = nc->n; i-- > 0;) pthread_mutex_unlock(&c->devs[i]->copy_mu);
+  return rc;
+}
+
+/* A kiln_comm's communicator, created at its first collective (a gang
+ * launch's steps use their own, by group), so that a communicator made
+ * only to load a mesh costs no NCCL init. */
+typedef struct cuda_comm {
+  pthread_mutex_t mu; /* one collective at a time on it */
+  cuda_clique *c;
+} cuda_comm;
+
+static int kiln_cuda_comm_init(kiln_comm *c, kiln_status *st) {
+  cuda_comm *cc = kiln_calloc(1, sizeof *cc);
+  if (cc == NULL) return kiln_status_set(st, KILN_ENOMEM, "cuda", "out of memory");
+  pthread_mutex_init(&cc->mu, NULL);
+  c->ctx = cc;
+  return 0;
+}
+
+static void kiln_cuda_comm_fini(kiln_comm *c) {
+  cuda_comm *cc = c->ctx;
+  if (cc == NULL) return;
+  clique_free(cc->c);
+  pthread_mutex_destroy(&cc->mu);
+  kiln_free(cc);
+  c->ctx = NULL;
+}
+
+/* One rank: recv = send (permute: zeros unless the rank sends to itself). */
+static int collective_alone(kiln_comm *c, const kiln_collective *desc, kiln_status *st) {
+  kiln_device *dv = c->devices[0];
+  size_t bytes = (size_t)desc->count * kiln_dtype_size((kiln_dtype)desc->dtype);
+  if (desc->op != KILN_OP_COLLECTIVE_PERMUTE || desc->npairs > 0)
+    return kiln_cuda_buffer_copy(dv, desc->recv[0]->mem, 0, dv, desc->send[0]->mem, 0, bytes, st);
+  cuda_dev *d = dv->ctx;
+  int rc = ctx_enter(d, st);
+  if (rc) return rc;
+  pthread_mutex_lock(&d->copy_mu);
+  rc = CK(d, d->api->memset_d8_async((CUdeviceptr)blk_ptr(desc->recv[0]), 0, bytes, d->copy),
+          "cuMemsetD8Async", st);
+  if (rc == 0) rc = CK(d, d->api->stream_synchronize(d->copy), "cuStreamSynchronize", st);
+  pthread_mutex_unlock(&d->copy_mu);
+  ctx_leave(d);
+  return rc;
+}
+
+static int kiln_cuda_collective(kiln_comm *c, const kiln_collective *desc, kiln_status *st) {
+  if (c->ndevices == 1) return collective_alone(c, desc, st);
+  cuda_comm *cc = c->ctx;
+  pthread_mutex_lock(&cc->mu);
+  int rc = 0;
+  if (cc->c && cc->c->nc->broken) { /* aborted by an earlier error: a new one */
+    clique_free(cc->c);
+    cc->c = NULL;
+  }
+  if (cc->c == NULL) rc = clique_open(c->devices, c->ndevices, NULL, c->ndevices, 0, 0, &cc->c, st);
+  if (rc == 0) rc = grouped_collective(cc->c, desc, 0, st);
+  pthread_mutex_unlock(&cc->mu);
+  return rc;
+}
+
+struct kiln_cuda_mesh {
+  cuda_clique *c;
+};
+
+int kiln_cuda_mesh_open(kiln_backend *b, const uint8_t id[KILN_NCCL_ID_BYTES], uint32_t nranks,
+                        uint32_t first, kiln_device *const *devices, uint32_t n, double timeout_s,
+                        kiln_cuda_mesh **out, kiln_status *st) {
+  if (out == NULL) return kiln_status_set(st, KILN_EINVAL, "nccl", "no result pointer");
+  *out = NULL;
+  if (b == NULL || b->iface != &kiln_cuda_backend_iface)
+    return kiln_status_set(st, KILN_EUNAVAIL, "nccl", "a cuda mesh needs the cuda backend");
+  if (id == NULL || devices == NULL || n == 0)
+    return kiln_status_set(st, KILN_EINVAL, "nccl", "a mesh needs its id and at least one device");
+  for (uint32_t i = 0; i < n; i++) {
+    if (devices[i] == NULL || devices[i]->backend != b)
+      return kiln_status_set(st, KILN_EINVAL, "nccl", "device %u is not of this backend", i);
+    for (uint32_t j = 0; j < i; j++)
+      if (devices[j] == devices[i])
+        return kiln_status_set(st, KILN_EINVAL, "nccl", "device %u is given twice", i);
+  }
+  kiln_cuda_mesh *m = kiln_calloc(1, sizeof *m);
+  if (m == NULL) return kiln_status_set(st, KILN_ENOMEM, "nccl", "out of memory");
+  int rc = clique_open(devices, n, id, nranks, first, timeout_s, &m->c, st);
+  if (rc) {
+    kiln_free(m);
+    return rc;
+  }
+  *out = m;
+  return 0;
+}
+
+void kiln_cuda_mesh_close(kiln_cuda_mesh *m) {
+  if (m == NULL) return;
+  clique_free(m->c);
+  kiln_free(m);
+}
+
+int kiln_cuda_mesh_collective(kiln_cuda_mesh *m, const kiln_collective *desc, double timeout_s,
+                              kiln_status *st) {
+  if (m == NULL || desc == NULL || desc->send == NULL || desc->recv == NULL)
+    return kiln_status_set(st, KILN_EINVAL, "nccl", "no mesh, collective or buffers");
+  cuda_clique *c = m->c;
+  uint32_t nr = c->nc->nranks;
+  size_t es = desc->dtype >= 0 && desc->dtype < KILN_DTYPE_COUNT &&
+                      kiln_dtype_is_array((kiln_dtype)desc->dtype)
+                  ? kiln_dtype_size((kiln_dtype)desc->dtype)
+                  : 0;
+  if (es == 0 || desc->count > ((uint64_t)1 << 40))
+    return kiln_status_set(st, KILN_EINVAL, "nccl", "element type %d, count %llu", desc->dtype,
+                           (unsigned long long)desc->count);
+  uint64_t bytes = desc->count * es, want = bytes;
+  if (desc->op == KILN_OP_ALL_GATHER) want = bytes * nr;
+  if (desc->op == KILN_OP_REDUCE_SCATTER) want = bytes / nr;
+  for (uint32_t i = 0; i < c->nc->n; i++) {
+    kiln_buffer *sb = desc->send[i], *rb = desc->recv[i];
+    if (sb == NULL || rb == NULL || sb->device != c->devs[i]->dv || rb->device != c->devs[i]->dv)
+      return kiln_status_set(st, KILN_EINVAL, "nccl", "local rank %u: buffers not on its device",
+                             i);
+    if (sb->size < bytes || rb->size < want)
+      return kiln_status_set(st, KILN_EINVAL, "nccl",
+                             "local rank %u: %zu and %zu bytes, %llu and %llu needed", i, sb->size,
+                             rb->size, (unsigned long long)bytes, (unsigned long long)want);
+  }
+  for (uint32_t p = 0; desc->op == KILN_OP_COLLECTIVE_PERMUTE && p < desc->npairs; p++)
+    if (desc->pairs == NULL || desc->pairs[2 * p] >= nr || desc->pairs[2 * p + 1] >= nr)
+      return kiln_status_set(st, KILN_EINVAL, "nccl", "pair %u names a rank outside 0..%u", p,
+                             nr - 1);
+  return grouped_collective(c, desc, timeout_s, st);
+}
+
+bool kiln_cuda_device_memory(const kiln_device *dv, kiln_cuda_memory *out) {
+  memset(out, 0, sizeof *out);
+  if (dv == NULL || dv->backend->iface != &kiln_cuda_backend_iface || dv->ctx == NULL) return false;
+  cuda_dev *d = dv->ctx;
+  out->total = d->total_memory;
+  pthread_mutex_lock(&d->alloc.mu);
+  out->budget = d->alloc.budget;
+  out->live = d->alloc.live;
+  out->cached = d->alloc.cached;
+  out->peak = d->alloc.peak;
+  pthread_mutex_unlock(&d->alloc.mu);
+  return true;
+}
+
 const kiln_backend_iface kiln_cuda_backend_iface = {
     .name = "cuda",
     .init = kiln_cuda_init,
@@ -1245,8 +2133,8 @@ const kiln_backend_iface kiln_cuda_backend_iface = {
     .execute = kiln_cuda_execute,
     .execute_async = NULL,
     .run_module = NULL,
-    .comm_init = NULL,
-    .comm_fini = NULL,
-    .collective = NULL,
+    .comm_init = kiln_cuda_comm_init,
+    .comm_fini = kiln_cuda_comm_fini,
+    .collective = kiln_cuda_collective,
     .synchronize = kiln_cuda_synchronize,
 };

@@ -14,6 +14,13 @@
  * (kiln_fake_cuda_set_kernels), and a launch calls kernel N over the
  * launch's whole [begin, end) on the calling thread. Streams and events
  * are synchronous. A call can be made to fail (kiln_fake_cuda_fail).
+ *
+ * Env KILN_FAKE_CUDA_DEVICES (1..16, default 1) sets how many GPUs it has:
+ * each its own primary context, the current one kept per thread, and each
+ * allocation and stream remembers the device that was current when it was
+ * made, so that the fake NCCL (fake_nccl.c) can check that a collective's
+ * buffers and stream belong to its communicator's device
+ * (kiln_fake_cuda_device_of, kiln_fake_cuda_stream_device).
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -26,6 +33,8 @@
 typedef void (*kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
 
 #define MAX_ALLOCS 65536
+#define MAX_DEVICES 16
+#define CTX_STACK 64
 
 typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
@@ -38,8 +47,10 @@ static struct {
   struct {
     char *p;
     size_t n;
+    int dev; /* current when it was allocated */
   } live[MAX_ALLOCS];
   int nlive;
+  int ndevices;
   kernel_fn *kernels;
   unsigned nkernels;
   /* With an emulator: a launch runs every thread of its grid in turn, the
@@ -49,7 +60,15 @@ static struct {
   char fail_call[64];
   long fail_after; /* calls of fail_call that still succeed */
   CUresult fail_with;
-} fk = {.mu = PTHREAD_MUTEX_INITIALIZER};
+} fk = {.mu = PTHREAD_MUTEX_INITIALIZER, .ndevices = 1};
+
+/* This thread's pushed contexts, as device numbers. */
+static __thread int ctx_stack[CTX_STACK];
+static __thread int ctx_top;
+
+typedef struct fake_stream {
+  int dev;
+} fake_stream;
 
 /* ---- the test's side ------------------------------------------------------ */
 
@@ -104,11 +123,32 @@ static bool inside(uint64_t p, size_t n) {
   return ok;
 }
 
+/* The device of the live allocation holding [p, p + n), or -1. */
+int kiln_fake_cuda_device_of(uint64_t p, size_t n) {
+  pthread_mutex_lock(&fk.mu);
+  int dev = -1;
+  for (int i = 0; i < fk.nlive && dev < 0; i++) {
+    uint64_t b = (uint64_t)(uintptr_t)fk.live[i].p;
+    if (p >= b && n <= fk.live[i].n && p - b <= fk.live[i].n - n) dev = fk.live[i].dev;
+  }
+  pthread_mutex_unlock(&fk.mu);
+  return dev;
+}
+
+/* The calling thread's current device, or -1 when no context is pushed. */
+int kiln_fake_cuda_current_device(void) { return ctx_top > 0 ? ctx_stack[ctx_top - 1] : -1; }
+
+/* The device a stream was created on, or -1 for NULL (the legacy stream). */
+int kiln_fake_cuda_stream_device(CUstream s) { return s ? ((fake_stream *)s)->dev : -1; }
+
 /* ---- the driver ------------------------------------------------------------ */
 
 static CUresult f_init(unsigned flags) {
   (void)flags;
   FAIL("cuInit");
+  const char *e = getenv("KILN_FAKE_CUDA_DEVICES");
+  int n = e && e[0] ? atoi(e) : 1;
+  fk.ndevices = n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : n;
   return CUDA_SUCCESS;
 }
 static CUresult f_get_error_name(CUresult r, const char **s) {
@@ -128,12 +168,12 @@ static CUresult f_get_error_string(CUresult r, const char **s) {
   return CUDA_SUCCESS;
 }
 static CUresult f_device_get_count(int *n) {
-  *n = 1;
+  *n = fk.ndevices;
   return CUDA_SUCCESS;
 }
 static CUresult f_device_get(CUdevice *d, int i) {
-  if (i != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *d = 0;
+  if (i < 0 || i >= fk.ndevices) return CUDA_ERROR_INVALID_DEVICE;
+  *d = i;
   return CUDA_SUCCESS;
 }
 static CUresult f_device_get_name(char *name, int len, CUdevice d) {
@@ -156,11 +196,16 @@ static CUresult f_device_get_attribute(int *v, CUdevice_attribute a, CUdevice d)
   }
   return CUDA_SUCCESS;
 }
-static int the_ctx;
+static int the_ctx[MAX_DEVICES];
+static int ctx_device(CUcontext c) {
+  for (int i = 0; i < fk.ndevices; i++)
+    if (c == (CUcontext)&the_ctx[i]) return i;
+  return -1;
+}
 static CUresult f_primary_ctx_retain(CUcontext *c, CUdevice d) {
-  (void)d;
   FAIL("cuDevicePrimaryCtxRetain");
-  *c = (CUcontext)&the_ctx;
+  if (d < 0 || d >= fk.ndevices) return CUDA_ERROR_INVALID_DEVICE;
+  *c = (CUcontext)&the_ctx[d];
   return CUDA_SUCCESS;
 }
 static CUresult f_primary_ctx_release(CUdevice d) {
@@ -168,29 +213,42 @@ static CUresult f_primary_ctx_release(CUdevice d) {
   return CUDA_SUCCESS;
 }
 static CUresult f_ctx_push(CUcontext c) {
-  if (c != (CUcontext)&the_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+  int dev = ctx_device(c);
+  if (dev < 0 || ctx_top == CTX_STACK) return CUDA_ERROR_INVALID_CONTEXT;
+  ctx_stack[ctx_top++] = dev;
   pthread_mutex_lock(&fk.mu);
   fk.s.ctx_depth++;
   pthread_mutex_unlock(&fk.mu);
   return CUDA_SUCCESS;
 }
 static CUresult f_ctx_pop(CUcontext *c) {
+  if (ctx_top == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  int dev = ctx_stack[--ctx_top];
   pthread_mutex_lock(&fk.mu);
   fk.s.ctx_depth--;
   pthread_mutex_unlock(&fk.mu);
-  if (c) *c = (CUcontext)&the_ctx;
+  if (c) *c = (CUcontext)&the_ctx[dev];
   return CUDA_SUCCESS;
 }
-static int a_stream, an_event;
+static int an_event;
 static CUresult f_stream_create(CUstream *s, unsigned flags) {
   (void)flags;
   FAIL("cuStreamCreate");
-  *s = (CUstream)&a_stream;
+  if (ctx_top == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  fake_stream *fs = malloc(sizeof *fs);
+  if (fs == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  fs->dev = ctx_stack[ctx_top - 1];
+  *s = (CUstream)fs;
   return CUDA_SUCCESS;
 }
 static CUresult f_stream_destroy(CUstream s) {
-  (void)s;
+  free(s);
   return CUDA_SUCCESS;
+}
+static CUresult f_stream_query(CUstream s) {
+  (void)s;
+  FAIL("cuStreamQuery");
+  return CUDA_SUCCESS; /* synchronous: everything issued has run */
 }
 static CUresult f_stream_synchronize(CUstream s) {
   (void)s;
@@ -233,6 +291,7 @@ static CUresult f_mem_alloc(CUdeviceptr *p, size_t n) {
   }
   fk.live[fk.nlive].p = m;
   fk.live[fk.nlive].n = n;
+  fk.live[fk.nlive].dev = ctx_top > 0 ? ctx_stack[ctx_top - 1] : -1;
   fk.nlive++;
   fk.s.allocs++;
   fk.s.live_bytes += n;
@@ -375,6 +434,7 @@ static const struct {
     {"cuStreamCreate", (void *)f_stream_create},
     {"cuStreamDestroy", (void *)f_stream_destroy},
     {"cuStreamSynchronize", (void *)f_stream_synchronize},
+    {"cuStreamQuery", (void *)f_stream_query},
     {"cuStreamWaitEvent", (void *)f_stream_wait_event},
     {"cuEventCreate", (void *)f_event_create},
     {"cuEventDestroy", (void *)f_event_destroy},

@@ -23,7 +23,7 @@ endif()
 
 foreach(name test_remote test_load test_hostile test_drain test_cache_server test_cancel test_limits
     test_spmd_server test_upload_wire test_security test_ops test_scheduler_fair test_cuda_service
-    test_lease)
+    test_lease test_cuda_stats)
   if(NOT EXISTS ${CMAKE_CURRENT_LIST_DIR}/${name}.c)
     continue()
   endif()
@@ -36,6 +36,12 @@ foreach(name test_remote test_load test_hostile test_drain test_cache_server tes
   set_tests_properties(${name} PROPERTIES LABELS integration TIMEOUT 900 SKIP_RETURN_CODE 77
                        ENVIRONMENT "${KILN_ITEST_ENV}")
 endforeach()
+# kilnd with the fake driver's GPUs (tests/fake_cuda/), for Stats and /metrics.
+if(TARGET test_cuda_stats AND TARGET kiln_fake_cuda)
+  target_compile_definitions(test_cuda_stats PRIVATE
+                             KILN_FAKE_CUDA="$<TARGET_FILE:kiln_fake_cuda>")
+  add_dependencies(test_cuda_stats kiln_fake_cuda)
+endif()
 
 if(DEFINED KILN_DEFAULT_PYTHON)
   set(KILN_ITEST_PYTHON ${KILN_DEFAULT_PYTHON})

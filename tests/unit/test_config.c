@@ -358,6 +358,51 @@ START_TEST(test_reliability_limits) {
 }
 END_TEST
 
+/* The GPU mesh: none by default; a name safe in a Redis key, a rank
+ * within the ranks, and a Redis when it spans hosts. */
+START_TEST(test_mesh_options) {
+  kilnd_config c;
+  kilnd_config_action action;
+  ck_assert_int_eq(kilnd_config_init(&c, NULL), 0);
+  ck_assert_str_eq(c.mesh_name, "");
+  ck_assert_uint_eq(c.mesh_ranks, 1);
+  ck_assert_double_eq(c.mesh_timeout, 60.0);
+  kilnd_config_free(&c);
+  char *good[] = {"kilnd",
+                  "--mesh-name=gpu.pod-1",
+                  "--mesh-ranks=4",
+                  "--mesh-rank=3",
+                  "--mesh-redis=10.0.0.5:6379",
+                  "--mesh-devices=8",
+                  "--mesh-timeout=2m",
+                  NULL};
+  kiln_status_clear(&st);
+  ck_assert_msg(kilnd_config_load(&c, 7, good, NULL, &action, &st) == 0, "%s", st.msg);
+  ck_assert_uint_eq(c.mesh_rank, 3);
+  ck_assert_uint_eq(c.mesh_devices, 8);
+  ck_assert_double_eq(c.mesh_timeout, 120.0);
+  kilnd_config_free(&c);
+  static const struct {
+    const char *flags[3];
+    const char *where, *msg;
+  } bad[] = {
+      {{"--mesh-name=a b", NULL}, "mesh-name", "character 2 is not a letter, digit"},
+      {{"--mesh-name=m", "--mesh-rank=2"}, "mesh-rank", "2 is out of range (0 to 0)"},
+      {{"--mesh-name=m", "--mesh-ranks=2"}, "mesh-redis", "a mesh of 2 hosts needs"},
+      {{"--mesh-name=m", "--mesh-devices=17"}, "mesh-devices", "17 is out of range"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *argv[4] = {"kilnd", (char *)bad[i].flags[0], (char *)bad[i].flags[1], NULL};
+    int argc = bad[i].flags[1] ? 3 : 2;
+    kiln_status_clear(&st);
+    ck_assert_int_eq(kilnd_config_load(&c, argc, argv, NULL, &action, &st), KILN_EINVAL);
+    ck_assert_str_eq(st.where, bad[i].where);
+    ck_assert_msg(strstr(st.msg, bad[i].msg) != NULL, "%s", st.msg);
+    kilnd_config_free(&c);
+  }
+}
+END_TEST
+
 START_TEST(test_usage_lists_everything) {
   char *buf = NULL;
   size_t len = 0;
@@ -391,6 +436,7 @@ int main(void) {
   tcase_add_test(tc, test_cache_options);
   tcase_add_test(tc, test_cache_secret_file);
   tcase_add_test(tc, test_reliability_limits);
+  tcase_add_test(tc, test_mesh_options);
   tcase_add_test(tc, test_usage_lists_everything);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
