@@ -46,7 +46,8 @@ static void open_library(void) {
   }
   const char *missing = NULL;
 #define RESOLVE(f) \
-  if ((*(void **)&kiln__dnnl.f = dlsym(h, "dnnl_" #f)) == NULL && missing == NULL) missing = "dnnl_" #f;
+  if ((*(void **)&kiln__dnnl.f = dlsym(h, "dnnl_" #f)) == NULL && missing == NULL) \
+    missing = "dnnl_" #f;
   KILN__DNNL_FNS(RESOLVE)
 #undef RESOLVE
   if (missing) {
@@ -80,7 +81,8 @@ dnnl_stream_t kiln__dnnl_stream(void) {
   if (kiln__dnnl_get() == NULL) return NULL;
   dnnl_stream_t s = pthread_getspecific(stream_key);
   if (s) return s;
-  if (kiln__dnnl.stream_create(&s, kiln__dnnl.engine, dnnl_stream_default_flags) != dnnl_success) return NULL;
+  if (kiln__dnnl.stream_create(&s, kiln__dnnl.engine, dnnl_stream_default_flags) != dnnl_success)
+    return NULL;
   if (pthread_setspecific(stream_key, s) != 0) {
     kiln__dnnl.stream_destroy(s);
     return NULL;
@@ -129,14 +131,16 @@ dnnl_status_t kiln__dnnl_reorder_pd(dnnl_primitive_desc_t *pd, const dnnl_memory
   dnnl_primitive_attr_t attr;
   dnnl_status_t s = make_attr(&attr, true);
   if (s != dnnl_success) return s;
-  s = kiln__dnnl.reorder_primitive_desc_create(pd, from, kiln__dnnl.engine, to, kiln__dnnl.engine, attr);
+  s = kiln__dnnl.reorder_primitive_desc_create(pd, from, kiln__dnnl.engine, to, kiln__dnnl.engine,
+                                               attr);
   kiln__dnnl.primitive_attr_destroy(attr);
   return s;
 }
 
 bool kiln__dnnl_pd_is_ref(dnnl_primitive_desc_t pd) {
   const char *impl = NULL;
-  if (kiln__dnnl.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
+  if (kiln__dnnl.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+      !impl)
     return true;
   return strncmp(impl, "ref", 3) == 0;
 }
@@ -144,7 +148,8 @@ bool kiln__dnnl_pd_is_ref(dnnl_primitive_desc_t pd) {
 dnnl_status_t kiln__dnnl_prim_create(dnnl_primitive_t *prim, dnnl_primitive_desc_t pd,
                                      dnnl_memory_desc_t *scratch) {
   if (scratch) {
-    const dnnl_memory_desc_t *sm = kiln__dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    const dnnl_memory_desc_t *sm =
+        kiln__dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     if (sm)
       *scratch = *sm;
     else
