@@ -6,7 +6,9 @@
  * step programs. cpu_bind.c: host literals to and from the bindings
  * (layouts, tuples, donation). cpu_gemm.c: GEMM steps through OpenBLAS,
  * split over the pool. cpu_collective.c: collectives between devices.
- * cpu_conv.c: convolution steps through oneDNN.
+ * cpu_conv.c: convolution steps through oneDNN. cpu_dnnl.c (cpu_dnnl.h):
+ * oneDNN's loader, engine, streams and matmul plans, for cpu_conv.c,
+ * cpu_igemm.c, cpu_bgemm.c and cpu_gemm_dnnl.c.
  * cpu_fft.c: fft steps through FFTW (opened at the first plan).
  */
 #ifndef KILN_EXECUTOR_CPU_CPU_H
@@ -142,13 +144,21 @@ typedef struct kiln__cpu_epilogue {
 void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b, void *c,
                     const kiln__cpu_epilogue *epi);
 
+/* epi over all of C once a product is written, split over the pool by
+ * rows (a product cut into column blocks, or one a library ran). */
+void kiln__cpu_gemm_epilogue(kiln__cpu_pool *pool, const kiln_gemm *g,
+                             const kiln__cpu_epilogue *epi);
+
 /* The integer GEMM step (dtype S8 or U8: A of that type, B s8, C s32;
  * checked at load): through oneDNN's int8 matmul on a CPU with VNNI, else
  * an exact loop split over the pool (cpu_igemm.c). */
 void kiln__cpu_igemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, const void *b,
                      void *c);
-/* Whether kiln__cpu_igemm runs g through oneDNN (tests). */
+/* Whether kiln__cpu_igemm runs g through oneDNN, and whether it does so
+ * with A shifted into u8 by Kiln (an s8 A whose K is too large for
+ * oneDNN's own s8 path to be exact; see cpu_igemm.c) (tests). */
 bool kiln__cpu_igemm_uses_library(const kiln_gemm *g);
+bool kiln__cpu_igemm_shifts(const kiln_gemm *g);
 
 /* The bf16 GEMM step (dtype BF16: A and B bf16, C f32; checked at load),
  * then epi (NULL: none) over C: through oneDNN's bf16 matmul on a CPU with

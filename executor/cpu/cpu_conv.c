@@ -37,10 +37,12 @@
  * the pool when large enough).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "executor/cpu/cpu.h"
+#include "executor/cpu/cpu_dnnl.h"
 
 /* The GEMM plan of a long-kernel convolution (see above). Spatial
  * dimension L = ns - 1 (the last) is the run of each call's K; the others
@@ -200,84 +202,7 @@ static void run_gemm(const gemm_plan *q, kiln__cpu_pool *pool, const float *lhs,
   }
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KILN__ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KILN__ASAN 1
-#endif
-#endif
-#ifndef KILN__ASAN
-#define KILN__ASAN 0
-#endif
-
-#ifdef KILN_HAVE_DNNL
-#include <dlfcn.h>
-#include <pthread.h>
-#include <stdlib.h>
-
-#include <dnnl.h>
-
-/* oneDNN is opened at the first plan, not linked: its OpenMP runtime
- * (libgomp) reads OMP_WAIT_POLICY when it is loaded, and the default
- * policy keeps oneDNN's idle threads spinning after every primitive,
- * taking the cores from the device pool's kernels that run next (a
- * convnet ran 10x slower so on a loaded 2-core machine). The plan sets
- * the policy to passive first unless the environment already says. */
-/* clang-format off */
-#define DNNL_FNS(X) \
-  X(dnnl_dilated_convolution_backward_data_desc_init) \
-  X(dnnl_dilated_convolution_forward_desc_init) \
-  X(dnnl_engine_create) \
-  X(dnnl_memory_create) \
-  X(dnnl_memory_desc_equal) \
-  X(dnnl_memory_desc_get_size) \
-  X(dnnl_memory_desc_init_by_strides) \
-  X(dnnl_memory_desc_init_by_tag) \
-  X(dnnl_memory_destroy) \
-  X(dnnl_primitive_attr_create) \
-  X(dnnl_primitive_attr_destroy) \
-  X(dnnl_primitive_attr_set_scratchpad_mode) \
-  X(dnnl_primitive_create) \
-  X(dnnl_primitive_desc_create) \
-  X(dnnl_primitive_desc_destroy) \
-  X(dnnl_primitive_desc_query) \
-  X(dnnl_primitive_desc_query_md) \
-  X(dnnl_primitive_destroy) \
-  X(dnnl_primitive_execute) \
-  X(dnnl_reorder_primitive_desc_create) \
-  X(dnnl_stream_create) \
-  X(dnnl_stream_destroy) \
-  X(dnnl_stream_wait)
-/* clang-format on */
-#define DECLARE(f) static __typeof__(f) *p_##f;
-DNNL_FNS(DECLARE)
-#undef DECLARE
-#define dnnl_dilated_convolution_backward_data_desc_init \
-  p_dnnl_dilated_convolution_backward_data_desc_init
-#define dnnl_dilated_convolution_forward_desc_init p_dnnl_dilated_convolution_forward_desc_init
-#define dnnl_engine_create p_dnnl_engine_create
-#define dnnl_memory_create p_dnnl_memory_create
-#define dnnl_memory_desc_equal p_dnnl_memory_desc_equal
-#define dnnl_memory_desc_get_size p_dnnl_memory_desc_get_size
-#define dnnl_memory_desc_init_by_strides p_dnnl_memory_desc_init_by_strides
-#define dnnl_memory_desc_init_by_tag p_dnnl_memory_desc_init_by_tag
-#define dnnl_memory_destroy p_dnnl_memory_destroy
-#define dnnl_primitive_attr_create p_dnnl_primitive_attr_create
-#define dnnl_primitive_attr_destroy p_dnnl_primitive_attr_destroy
-#define dnnl_primitive_attr_set_scratchpad_mode p_dnnl_primitive_attr_set_scratchpad_mode
-#define dnnl_primitive_create p_dnnl_primitive_create
-#define dnnl_primitive_desc_create p_dnnl_primitive_desc_create
-#define dnnl_primitive_desc_destroy p_dnnl_primitive_desc_destroy
-#define dnnl_primitive_desc_query p_dnnl_primitive_desc_query
-#define dnnl_primitive_desc_query_md p_dnnl_primitive_desc_query_md
-#define dnnl_primitive_destroy p_dnnl_primitive_destroy
-#define dnnl_primitive_execute p_dnnl_primitive_execute
-#define dnnl_reorder_primitive_desc_create p_dnnl_reorder_primitive_desc_create
-#define dnnl_stream_create p_dnnl_stream_create
-#define dnnl_stream_destroy p_dnnl_stream_destroy
-#define dnnl_stream_wait p_dnnl_stream_wait
-
+#if KILN__DNNL
 enum { P_STAGE, P_SRC, P_WEI, P_CONV, P_DST, NPRIM };
 
 struct kiln__cpu_conv {
@@ -299,66 +224,30 @@ struct kiln__cpu_conv {
   size_t stage_bytes, src_bytes, wei_bytes, dst_bytes, scratch_bytes;
 };
 
-static dnnl_engine_t engine;
-static dnnl_status_t engine_status = dnnl_runtime_error;
-static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
-
-/* Opens oneDNN (KILN_DNNL_LIBRARY from the build, else its soname) and
- * makes the cpu engine; engine_status stays an error when it cannot. */
-static void make_engine(void) {
-  /* kiln and kilnd set OMP_WAIT_POLICY at start (kiln_cpu_blas_select_core);
-   * a process that did not (a test, another program linking the executor)
-   * gets it here, before oneDNN's runtime first reads it. setenv is not
-   * safe against a concurrent getenv, so it is skipped when already set. */
-  if (getenv("OMP_WAIT_POLICY") == NULL) setenv("OMP_WAIT_POLICY", "passive", 0);
-  void *h = dlopen(KILN_DNNL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL) h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL) return;
-  bool ok = true;
-#define RESOLVE(f) ok = ok && (*(void **)&p_##f = dlsym(h, #f)) != NULL;
-  DNNL_FNS(RESOLVE)
-#undef RESOLVE
-  if (ok) engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
-}
-
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static dnnl_status_t strided(dnnl_memory_desc_t *md, int n, const dnnl_dims_t dims,
                              const dnnl_dims_t strides) {
-  return dnnl_memory_desc_init_by_strides(md, n, dims, dnnl_f32, strides);
+  return kiln__dnnl_md_strided(md, n, dims, dnnl_f32, strides);
 }
 
 static dnnl_status_t any(dnnl_memory_desc_t *md, int n, const dnnl_dims_t dims) {
-  return dnnl_memory_desc_init_by_tag(md, n, dims, dnnl_f32, dnnl_format_tag_any);
-}
-
-static dnnl_status_t make_attr(dnnl_primitive_attr_t *attr) {
-  dnnl_status_t s = dnnl_primitive_attr_create(attr);
-  if (s == dnnl_success)
-    s = dnnl_primitive_attr_set_scratchpad_mode(*attr, dnnl_scratchpad_mode_user);
-  return s;
+  return kiln__dnnl_md_any(md, n, dims, dnnl_f32);
 }
 
 /* Makes the primitive of pd into p->prim[k] with its scratchpad; pd is
  * destroyed. */
 static dnnl_status_t take_prim(kiln__cpu_conv *p, int k, dnnl_primitive_desc_t pd) {
-  const dnnl_memory_desc_t *sm = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-  if (sm) p->scratch_md[k] = *sm;
-  size_t n = sm ? dnnl_memory_desc_get_size(sm) : 0;
+  dnnl_status_t s = kiln__dnnl_prim_create(&p->prim[k], pd, &p->scratch_md[k]);
+  size_t n = p->scratch_md[k].ndims > 0 ? kiln__dnnl.memory_desc_get_size(&p->scratch_md[k]) : 0;
   if (n > p->scratch_bytes) p->scratch_bytes = n;
-  dnnl_status_t s = dnnl_primitive_create(&p->prim[k], pd);
-  dnnl_primitive_desc_destroy(pd);
   return s;
 }
 
 static dnnl_status_t reorder(kiln__cpu_conv *p, int k, const dnnl_memory_desc_t *from,
                              const dnnl_memory_desc_t *to) {
-  dnnl_primitive_attr_t attr;
   dnnl_primitive_desc_t pd;
-  dnnl_status_t s = make_attr(&attr);
-  if (s != dnnl_success) return s;
-  s = dnnl_reorder_primitive_desc_create(&pd, from, engine, to, engine, attr);
-  dnnl_primitive_attr_destroy(attr);
+  dnnl_status_t s = kiln__dnnl_reorder_pd(&pd, from, to);
   return s == dnnl_success ? take_prim(p, k, pd) : s;
 }
 
@@ -477,13 +366,6 @@ static dnnl_status_t plan_weights_output(kiln__cpu_conv *p, const geo *g) {
   return s;
 }
 
-static bool is_ref(dnnl_primitive_desc_t pd) {
-  const char *impl = NULL;
-  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl)
-    return true;
-  return strncmp(impl, "ref", 3) == 0;
-}
-
 /* The convolution primitive descriptor with src/dst as given (as_is) or
  * chosen by oneDNN; weights always chosen. */
 static dnnl_status_t conv_pd(kiln__cpu_conv *p, const geo *g, bool as_is,
@@ -494,15 +376,10 @@ static dnnl_status_t conv_pd(kiln__cpu_conv *p, const geo *g, bool as_is,
   if (!as_is && s == dnnl_success) s = any(&dst, dst.ndims, dst.dims);
   dnnl_convolution_desc_t cd;
   if (s == dnnl_success)
-    s = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
-                                                   dnnl_convolution_direct, &src, &wei, NULL, &dst,
-                                                   g->st, g->dil, g->lo, g->hi);
-  dnnl_primitive_attr_t attr;
-  if (s == dnnl_success) s = make_attr(&attr);
-  if (s != dnnl_success) return s;
-  s = dnnl_primitive_desc_create(pd, &cd, attr, engine, NULL);
-  dnnl_primitive_attr_destroy(attr);
-  return s;
+    s = kiln__dnnl.dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
+                                                         dnnl_convolution_direct, &src, &wei, NULL,
+                                                         &dst, g->st, g->dil, g->lo, g->hi);
+  return s == dnnl_success ? kiln__dnnl_pd_create(pd, &cd, true) : s;
 }
 
 typedef dnnl_status_t (*pd_fn)(kiln__cpu_conv *p, const void *g, bool as_is,
@@ -522,30 +399,30 @@ static dnnl_status_t plan_prim(kiln__cpu_conv *p, const void *g, pd_fn f, dnnl_q
                                dnnl_query_t out) {
   dnnl_primitive_desc_t pd = NULL, alt = NULL;
   dnnl_status_t s = f(p, g, true, &pd);
-  if (s != dnnl_success || is_ref(pd)) {
-    if (f(p, g, false, &alt) == dnnl_success && !is_ref(alt)) {
-      if (pd) dnnl_primitive_desc_destroy(pd);
+  if (s != dnnl_success || kiln__dnnl_pd_is_ref(pd)) {
+    if (f(p, g, false, &alt) == dnnl_success && !kiln__dnnl_pd_is_ref(alt)) {
+      if (pd) kiln__dnnl.primitive_desc_destroy(pd);
       pd = alt;
       s = dnnl_success;
     } else if (alt) {
-      dnnl_primitive_desc_destroy(alt);
+      kiln__dnnl.primitive_desc_destroy(alt);
     }
   }
   if (s != dnnl_success) return s;
-  p->conv_src_md = *dnnl_primitive_desc_query_md(pd, in, 0);
-  p->conv_wei_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-  p->conv_dst_md = *dnnl_primitive_desc_query_md(pd, out, 0);
+  p->conv_src_md = *kiln__dnnl.primitive_desc_query_md(pd, in, 0);
+  p->conv_wei_md = *kiln__dnnl.primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+  p->conv_dst_md = *kiln__dnnl.primitive_desc_query_md(pd, out, 0);
   if ((s = take_prim(p, P_CONV, pd)) != dnnl_success) return s;
-  if (!dnnl_memory_desc_equal(&p->src_md, &p->conv_src_md)) {
-    p->src_bytes = dnnl_memory_desc_get_size(&p->conv_src_md);
+  if (!kiln__dnnl.memory_desc_equal(&p->src_md, &p->conv_src_md)) {
+    p->src_bytes = kiln__dnnl.memory_desc_get_size(&p->conv_src_md);
     if ((s = reorder(p, P_SRC, &p->src_md, &p->conv_src_md)) != dnnl_success) return s;
   }
-  if (!dnnl_memory_desc_equal(&p->wei_md, &p->conv_wei_md)) {
-    p->wei_bytes = dnnl_memory_desc_get_size(&p->conv_wei_md);
+  if (!kiln__dnnl.memory_desc_equal(&p->wei_md, &p->conv_wei_md)) {
+    p->wei_bytes = kiln__dnnl.memory_desc_get_size(&p->conv_wei_md);
     if ((s = reorder(p, P_WEI, &p->wei_md, &p->conv_wei_md)) != dnnl_success) return s;
   }
-  if (!dnnl_memory_desc_equal(&p->dst_md, &p->conv_dst_md)) {
-    p->dst_bytes = dnnl_memory_desc_get_size(&p->conv_dst_md);
+  if (!kiln__dnnl.memory_desc_equal(&p->dst_md, &p->conv_dst_md)) {
+    p->dst_bytes = kiln__dnnl.memory_desc_get_size(&p->conv_dst_md);
     if ((s = reorder(p, P_DST, &p->conv_dst_md, &p->dst_md)) != dnnl_success) return s;
   }
   return dnnl_success;
@@ -557,7 +434,7 @@ static dnnl_status_t plan_conv(kiln__cpu_conv *p, const geo *g) {
 
 static void release(kiln__cpu_conv *p) {
   for (int k = 0; k < NPRIM; k++)
-    if (p->prim[k]) dnnl_primitive_destroy(p->prim[k]);
+    if (p->prim[k]) kiln__dnnl.primitive_destroy(p->prim[k]);
   memset(p->prim, 0, sizeof p->prim);
   memset(p->scratch_md, 0, sizeof p->scratch_md);
   p->library = p->bwd = p->stage_zero = false;
@@ -642,15 +519,10 @@ static dnnl_status_t bwd_pd(kiln__cpu_conv *p, const void *geo_, bool as_is,
   if (!as_is && s == dnnl_success) s = any(&diff_dst, diff_dst.ndims, diff_dst.dims);
   dnnl_convolution_desc_t cd;
   if (s == dnnl_success)
-    s = dnnl_dilated_convolution_backward_data_desc_init(
+    s = kiln__dnnl.dilated_convolution_backward_data_desc_init(
         &cd, dnnl_convolution_direct, &diff_src, &wei, &diff_dst, b->st, b->dil, b->lo, b->hi);
-  dnnl_primitive_attr_t attr;
-  if (s == dnnl_success) s = make_attr(&attr);
-  if (s != dnnl_success) return s;
   /* No forward hint: the convolution's backward data takes none. */
-  s = dnnl_primitive_desc_create(pd, &cd, attr, engine, NULL);
-  dnnl_primitive_attr_destroy(attr);
-  return s;
+  return s == dnnl_success ? kiln__dnnl_pd_create(pd, &cd, true) : s;
 }
 
 /* Plans c as backward data; false (nothing kept) when it is not that form
@@ -712,15 +584,7 @@ static void plan_library(kiln__cpu_conv *p) {
   const kiln_conv *c = &p->c;
   geo g;
   uint32_t nd = c->nspatial + 2;
-#if KILN__ASAN
-  /* LeakSanitizer's tracer faults at exit in a process with oneDNN's
-   * OpenMP threads, and oneDNN is not instrumented: sanitizer builds run
-   * the direct loop. */
-  (void)g, (void)nd;
-  return;
-#endif
-  pthread_once(&engine_once, make_engine);
-  if (engine_status != dnnl_success || c->dtype != KILN_F32 ||
+  if (kiln__dnnl_get() == NULL || c->dtype != KILN_F32 ||
       (c->feature_groups > 1 && c->batch_groups > 1) || !crop(c, &g, &p->lhs_off) ||
       !distinct(c->lhs_dims, c->lhs_strides, nd) || !distinct(c->rhs_dims, c->rhs_strides, nd) ||
       !distinct(c->out_dims, c->out_strides, nd) || !stage_fits(c, &g))
@@ -740,30 +604,19 @@ void kiln__cpu_conv_destroy(kiln__cpu_conv *p) {
   kiln_free(p);
 }
 
-static dnnl_status_t exec(dnnl_stream_t s, dnnl_primitive_t prim, const dnnl_memory_desc_t *from,
-                          void *src, int src_arg, const dnnl_memory_desc_t *wmd, const void *wei,
+/* One primitive of the plan: from (src_arg) to (dst_arg), with weights
+ * when wmd is not NULL and the scratchpad when it has one. */
+static dnnl_status_t exec(dnnl_primitive_t prim, const dnnl_memory_desc_t *from, void *src,
+                          int src_arg, const dnnl_memory_desc_t *wmd, const void *wei,
                           const dnnl_memory_desc_t *to, void *dst, int dst_arg,
                           const dnnl_memory_desc_t *smd, void *scratch) {
-  dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
-  dnnl_exec_arg_t args[4];
+  kiln__dnnl_arg args[4];
   int n = 0;
-  dnnl_status_t st = dnnl_memory_create(&m[0], from, engine, src);
-  args[n++] = (dnnl_exec_arg_t){src_arg, m[0]};
-  if (st == dnnl_success && wmd) {
-    st = dnnl_memory_create(&m[1], wmd, engine, (void *)wei);
-    args[n++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, m[1]};
-  }
-  if (st == dnnl_success) st = dnnl_memory_create(&m[2], to, engine, dst);
-  args[n++] = (dnnl_exec_arg_t){dst_arg, m[2]};
-  if (st == dnnl_success && smd->ndims > 0) {
-    st = dnnl_memory_create(&m[3], smd, engine, scratch);
-    args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, m[3]};
-  }
-  if (st == dnnl_success) st = dnnl_primitive_execute(prim, s, n, args);
-  if (st == dnnl_success) st = dnnl_stream_wait(s);
-  for (int i = 0; i < 4; i++)
-    if (m[i]) dnnl_memory_destroy(m[i]);
-  return st;
+  args[n++] = (kiln__dnnl_arg){src_arg, from, src};
+  if (wmd) args[n++] = (kiln__dnnl_arg){DNNL_ARG_WEIGHTS, wmd, wei};
+  args[n++] = (kiln__dnnl_arg){dst_arg, to, dst};
+  if (smd->ndims > 0) args[n++] = (kiln__dnnl_arg){DNNL_ARG_SCRATCHPAD, smd, scratch};
+  return kiln__dnnl_exec(prim, args, n);
 }
 
 static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs, void *out,
@@ -780,21 +633,16 @@ static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs
   if (total && buf == NULL) return kiln_status_set(st, KILN_ENOMEM, "conv", "out of memory");
   char *stage = buf + at[0], *src = buf + at[1], *wei = buf + at[2], *dst = buf + at[3];
   char *scratch = buf + at[4], *flip = buf + at[5];
-  dnnl_stream_t s;
-  dnnl_status_t rc = dnnl_stream_create(&s, engine, dnnl_stream_default_flags);
-  if (rc != dnnl_success) {
-    kiln_free(raw);
-    return kiln_status_set(st, KILN_EINTERNAL, "conv", "oneDNN stream: status %d", (int)rc);
-  }
+  dnnl_status_t rc = dnnl_success;
   void *x = (float *)lhs + p->lhs_off;
   if (p->prim[P_STAGE]) {
     if (p->stage_zero) memset(stage, 0, p->stage_bytes);
-    rc = exec(s, p->prim[P_STAGE], &p->lhs_md, x, DNNL_ARG_FROM, NULL, NULL, &p->stage_md,
+    rc = exec(p->prim[P_STAGE], &p->lhs_md, x, DNNL_ARG_FROM, NULL, NULL, &p->stage_md,
               (float *)stage + p->stage_off, DNNL_ARG_TO, &p->scratch_md[P_STAGE], scratch);
     x = stage;
   }
   if (rc == dnnl_success && p->prim[P_SRC]) {
-    rc = exec(s, p->prim[P_SRC], &p->src_md, x, DNNL_ARG_FROM, NULL, NULL, &p->conv_src_md, src,
+    rc = exec(p->prim[P_SRC], &p->src_md, x, DNNL_ARG_FROM, NULL, NULL, &p->conv_src_md, src,
               DNNL_ARG_TO, &p->scratch_md[P_SRC], scratch);
     x = src;
   }
@@ -804,26 +652,25 @@ static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs
     w = flip;
   }
   if (rc == dnnl_success && p->prim[P_WEI]) {
-    rc = exec(s, p->prim[P_WEI], &p->wei_md, (void *)w, DNNL_ARG_FROM, NULL, NULL, &p->conv_wei_md,
+    rc = exec(p->prim[P_WEI], &p->wei_md, (void *)w, DNNL_ARG_FROM, NULL, NULL, &p->conv_wei_md,
               wei, DNNL_ARG_TO, &p->scratch_md[P_WEI], scratch);
     w = wei;
   }
   void *y = p->prim[P_DST] ? (void *)dst : out;
   if (rc == dnnl_success)
-    rc = exec(s, p->prim[P_CONV], &p->conv_src_md, x, p->bwd ? DNNL_ARG_DIFF_DST : DNNL_ARG_SRC,
+    rc = exec(p->prim[P_CONV], &p->conv_src_md, x, p->bwd ? DNNL_ARG_DIFF_DST : DNNL_ARG_SRC,
               &p->conv_wei_md, w, &p->conv_dst_md, y, p->bwd ? DNNL_ARG_DIFF_SRC : DNNL_ARG_DST,
               &p->scratch_md[P_CONV], scratch);
   if (rc == dnnl_success && p->prim[P_DST])
-    rc = exec(s, p->prim[P_DST], &p->conv_dst_md, dst, DNNL_ARG_FROM, NULL, NULL, &p->dst_md, out,
+    rc = exec(p->prim[P_DST], &p->conv_dst_md, dst, DNNL_ARG_FROM, NULL, NULL, &p->dst_md, out,
               DNNL_ARG_TO, &p->scratch_md[P_DST], scratch);
-  dnnl_stream_destroy(s);
   kiln_free(raw);
   if (rc != dnnl_success)
     return kiln_status_set(st, KILN_EINTERNAL, "conv", "oneDNN convolution: status %d", (int)rc);
   return 0;
 }
 
-#else /* !KILN_HAVE_DNNL */
+#else /* no oneDNN, or a sanitizer build */
 
 struct kiln__cpu_conv {
   kiln_conv c;
@@ -838,7 +685,7 @@ void kiln__cpu_conv_destroy(kiln__cpu_conv *p) { kiln_free(p); }
 static int run_library(const kiln__cpu_conv *p, const void *lhs, const void *rhs, void *out,
                        kiln_status *st) {
   (void)p, (void)lhs, (void)rhs, (void)out;
-  return kiln_status_set(st, KILN_EINTERNAL, "conv", "no oneDNN in this build");
+  return kiln_status_set(st, KILN_EINTERNAL, "conv", "%s", kiln__dnnl_why());
 }
 
 #endif
@@ -860,7 +707,7 @@ bool kiln__cpu_conv_uses_library(const kiln__cpu_conv *p) {
 bool kiln__cpu_conv_uses_gemm(const kiln__cpu_conv *p) { return p && p->gemm.on; }
 
 bool kiln__cpu_conv_uses_bwd(const kiln__cpu_conv *p) {
-#ifdef KILN_HAVE_DNNL
+#if KILN__DNNL
   return p && p->bwd;
 #else
   (void)p;

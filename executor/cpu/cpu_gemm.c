@@ -129,7 +129,8 @@ static void gemm_chunk(void *ctx, uint64_t chunk) {
 #endif
 }
 
-/* The epilogue over all of C, after a product cut into column blocks. */
+/* The epilogue over all of C, after a product cut into column blocks (or
+ * one oneDNN ran: cpu_bgemm.c). */
 typedef struct epi_job {
   const kiln__cpu_epilogue *epi;
   int64_t chunk, end;
@@ -141,9 +142,9 @@ static void epi_chunk(void *ctx, uint64_t c) {
   j->epi->fn(j->epi->bufs, b, e);
 }
 
-static void epi_all(kiln__cpu_pool *pool, const kiln_gemm *g, const kiln__cpu_epilogue *epi,
-                    int64_t threads) {
-  int64_t n = g->batch * g->m * g->n / epi->unit;
+void kiln__cpu_gemm_epilogue(kiln__cpu_pool *pool, const kiln_gemm *g,
+                             const kiln__cpu_epilogue *epi) {
+  int64_t n = g->batch * g->m * g->n / epi->unit, threads = kiln__cpu_pool_threads(pool);
   epi_job j = {.epi = epi, .chunk = (n + threads - 1) / threads, .end = n};
   if (threads == 1 || n < 2) {
     epi->fn(epi->bufs, 0, n);
@@ -192,5 +193,5 @@ void kiln__cpu_gemm(kiln__cpu_pool *pool, const kiln_gemm *g, const void *a, con
     nchunks = (uint64_t)(g->batch * j.nparts);
   }
   kiln__cpu_pool_run(pool, gemm_chunk, &j, nchunks);
-  if (epi && j.split_n) epi_all(pool, g, epi, threads);
+  if (epi && j.split_n) kiln__cpu_gemm_epilogue(pool, g, epi);
 }

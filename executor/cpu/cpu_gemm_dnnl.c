@@ -18,73 +18,49 @@
  * OpenMP's thread count is a per-thread setting for a thread OpenMP did
  * not create, so each call sets it to 1 for this thread and puts the old
  * value back (a CONV step run later on the same thread wants its team).
- * The symbols come from the same dlopen-ed oneDNN as cpu_conv.c's (its
- * OpenMP runtime is a dependency of the library: dlsym on the handle
- * finds omp_set_num_threads there). Sanitizer builds, builds without
- * oneDNN and KILN_CPU_DNNL_SGEMM=0 keep OpenBLAS for every piece. Results
- * differ from OpenBLAS's in rounding only (another summation order).
+ * The symbols come from cpu_dnnl.c's table (OpenMP's controls included).
+ * Sanitizer builds, builds without oneDNN, a oneDNN whose OpenMP controls
+ * are not found and KILN_CPU_DNNL_SGEMM=0 keep OpenBLAS for every piece.
+ * Results differ from OpenBLAS's in rounding only (another summation
+ * order).
  */
-#include <stdatomic.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "executor/cpu/cpu.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define KILN__ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KILN__ASAN 1
-#endif
-#endif
-#ifndef KILN__ASAN
-#define KILN__ASAN 0
-#endif
+#include "executor/cpu/cpu_dnnl.h"
 
 #define MIN_FLOPS 524288.0 /* 2 m n k, at least */
 
-#if defined(KILN_HAVE_DNNL) && !KILN__ASAN
-#include <dlfcn.h>
-#include <pthread.h>
+#if KILN__DNNL
 
-#include <dnnl.h>
-
-static __typeof__(dnnl_sgemm) *p_sgemm;
-static int (*p_get_max_threads)(void);
-static void (*p_set_num_threads)(int);
-static atomic_bool usable;
+static const kiln__dnnl_api *dn; /* NULL: OpenBLAS for every piece */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static void open_dnnl(void) {
+static void choose(void) {
   const char *env = getenv("KILN_CPU_DNNL_SGEMM");
   if (env && strcmp(env, "0") == 0) return;
-  /* as cpu_conv.c: the OpenMP runtime reads the policy when it loads */
-  if (getenv("OMP_WAIT_POLICY") == NULL) setenv("OMP_WAIT_POLICY", "passive", 0);
-  void *h = dlopen(KILN_DNNL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL) h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL) return;
-  *(void **)&p_sgemm = dlsym(h, "dnnl_sgemm");
-  *(void **)&p_get_max_threads = dlsym(h, "omp_get_max_threads");
-  *(void **)&p_set_num_threads = dlsym(h, "omp_set_num_threads");
+  const kiln__dnnl_api *d = kiln__dnnl_get();
   /* Without the OpenMP controls a piece could not be kept on its thread. */
-  atomic_store(&usable, p_sgemm && p_get_max_threads && p_set_num_threads);
+  if (d && d->omp_get_max_threads && d->omp_set_num_threads) dn = d;
 }
 
 bool kiln__cpu_sgemm_dnnl_takes(int64_t m, int64_t n, int64_t k) {
   if (2.0 * (double)m * (double)n * (double)k < MIN_FLOPS) return false;
-  pthread_once(&once, open_dnnl);
-  return atomic_load_explicit(&usable, memory_order_relaxed);
+  pthread_once(&once, choose);
+  return dn != NULL;
 }
 
 bool kiln__cpu_sgemm_dnnl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc) {
   if (!kiln__cpu_sgemm_dnnl_takes(m, n, k)) return false;
-  int was = p_get_max_threads();
-  if (was != 1) p_set_num_threads(1);
-  dnnl_status_t s = p_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
-                            ldb, beta, c, ldc);
-  if (was != 1) p_set_num_threads(was);
+  int was = dn->omp_get_max_threads();
+  if (was != 1) dn->omp_set_num_threads(1);
+  dnnl_status_t s = dn->sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                              ldb, beta, c, ldc);
+  if (was != 1) dn->omp_set_num_threads(was);
   /* oneDNN checks the arguments before touching C: a refusal leaves it as
    * it was for OpenBLAS. */
   return s == dnnl_success;

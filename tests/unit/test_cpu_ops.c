@@ -47,8 +47,10 @@ static double special(uint64_t r) {
  * PLAIN leaves the specials out (for arithmetic whose NaN signs the two
  * sides need not agree on), NO_NAN keeps the signed zeros and infinities.
  * EXTREME fills integers across their whole range, half of them at its
- * ends (the largest products a dot can form). */
-enum { SPECIALS, PLAIN, NO_NAN, EXTREME };
+ * ends (the largest products a dot can form); LOPSIDED puts seven in eight
+ * at the end whose products are largest (min when signed, max when not),
+ * so that a dot's sums run far past 2^24 and wrap past 2^31. */
+enum { SPECIALS, PLAIN, NO_NAN, EXTREME, LOPSIDED };
 static void fill(kiln_literal *l, uint64_t *seed, int plain) {
   if (l->shape.dtype == KILN_TUPLE) {
     for (uint32_t i = 0; i < l->shape.rank; i++) fill(l->elems[i], seed, plain);
@@ -61,11 +63,13 @@ static void fill(kiln_literal *l, uint64_t *seed, int plain) {
     double f = (double)((int64_t)(r % 33) - 16) / 8.0;
     if (plain != PLAIN && r % 8 == 0) f = special(r >> 8);
     if (plain == NO_NAN && isnan(f)) f = -0.0;
-    if (plain == EXTREME && (kiln_dtype_is_signed_int(t) || kiln_dtype_is_unsigned_int(t))) {
+    if ((plain == EXTREME || plain == LOPSIDED) &&
+        (kiln_dtype_is_signed_int(t) || kiln_dtype_is_unsigned_int(t))) {
       unsigned bits = kiln_dtype_bits(t);
       uint64_t mask = bits >= 64 ? UINT64_MAX : (UINT64_C(1) << bits) - 1, v = (r >> 8) & mask;
-      if (r % 4 == 0) v = kiln_dtype_is_signed_int(t) ? (mask >> 1) + 1 : mask; /* min, or max */
-      if (r % 4 == 1) v = kiln_dtype_is_signed_int(t) ? mask >> 1 : 0;          /* max, or 0 */
+      bool end = plain == EXTREME ? r % 4 == 0 : r % 8 != 0;
+      if (end) v = kiln_dtype_is_signed_int(t) ? (mask >> 1) + 1 : mask; /* min, or max */
+      if (plain == EXTREME && r % 4 == 1) v = kiln_dtype_is_signed_int(t) ? mask >> 1 : 0;
       if (kiln_dtype_is_signed_int(t) && bits < 64 && (v >> (bits - 1)))
         kiln_literal_set_s64(l, i, (int64_t)v - (int64_t)(mask + 1));
       else
@@ -1105,6 +1109,59 @@ START_TEST(test_igemm_library) {
 }
 END_TEST
 
+/* 8-bit integer dots (s8 or u8 x s8 -> s32, the integer GEMM step) of
+ * random shapes, layouts and batch dims (none, one or two; the rhs's
+ * leading or trailing), K on both sides of 514 (past it an s8 lhs is
+ * shifted into u8 by Kiln: cpu_igemm.c), lopsided operands so that sums
+ * pass 2^24 and wrap: bit-equal to the interpreter. _i = 1 runs oneDNN's
+ * VNNI kernels (ONEDNN_MAX_CPU_ISA, read when oneDNN is opened: in fork
+ * mode, in this test's process), as a CPU without AMX does. */
+static void int8_dot_module(kiln_sbuf *b, uint64_t *s) {
+  static const int64_t ks[] = {5, 300, 514, 515, 1031, 4097};
+  const char *lt = rng(s) % 3 == 0 ? "u8" : "s8";
+  int64_t m = 1 + (int64_t)(rng(s) % 24), n = 1 + (int64_t)(rng(s) % 24);
+  int64_t k = ks[rng(s) % 6];
+  uint32_t nb = (uint32_t)(rng(s) % (k > 1100 ? 2 : 3));
+  bool tl = rng(s) % 2, tr = rng(s) % 2, rb_last = rng(s) % 2;
+  int64_t bd[2] = {1 + (int64_t)(rng(s) % 3), 1 + (int64_t)(rng(s) % 2)};
+  int64_t ld[4], rd[4], od[4];
+  uint32_t r = 0;
+  for (uint32_t i = 0; i < nb; i++) ld[r] = od[r] = bd[i], r++;
+  ld[r] = tl ? k : m, ld[r + 1] = tl ? m : k;
+  od[r] = m, od[r + 1] = n;
+  uint32_t rb0 = rb_last ? 2 : 0, rf = rb_last ? 0 : nb; /* rhs: batch dims first or last */
+  for (uint32_t i = 0; i < nb; i++) rd[rb0 + i] = bd[i];
+  rd[rf] = tr ? n : k, rd[rf + 1] = tr ? k : n;
+  kiln_sbuf_puts(b, "HloModule t\nENTRY e {\n  a = ");
+  put_shape(b, lt, ld, r + 2, s);
+  kiln_sbuf_puts(b, " parameter(0)\n  c = ");
+  put_shape(b, "s8", rd, r + 2, s);
+  kiln_sbuf_puts(b, " parameter(1)\n  ROOT d = ");
+  put_shape(b, "s32", od, r + 2, s);
+  kiln_sbuf_puts(b, " dot(a, c), ");
+  if (nb) {
+    kiln_sbuf_puts(b, "lhs_batch_dims={");
+    for (uint32_t i = 0; i < nb; i++) kiln_sbuf_printf(b, "%s%u", i ? "," : "", i);
+    kiln_sbuf_puts(b, "}, rhs_batch_dims={");
+    for (uint32_t i = 0; i < nb; i++) kiln_sbuf_printf(b, "%s%u", i ? "," : "", rb0 + i);
+    kiln_sbuf_puts(b, "}, ");
+  }
+  kiln_sbuf_printf(b, "lhs_contracting_dims={%u}, rhs_contracting_dims={%u}\n}\n", r + (tl ? 0 : 1),
+                   rf + (tr ? 1 : 0));
+}
+
+START_TEST(test_int8_dot_random) {
+  if (_i == 1) setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI", 0);
+  uint64_t s = 4242 + (uint64_t)_i;
+  for (int i = 0; i < 16; i++) {
+    kiln_sbuf b = KILN_SBUF_INIT;
+    int8_dot_module(&b, &s);
+    agree(kiln_sbuf_str(&b), -1, LOPSIDED, 1);
+    kiln_sbuf_free(&b);
+  }
+}
+END_TEST
+
 /* bf16 matmuls as JAX writes them (operands converted to bf16, the dot in
  * bf16 or with an f32 result, a GELU-style epilogue): one bf16 GEMM step
  * (operands kept bf16, f32 sums) in builds with oneDNN. Eighths in
@@ -1265,6 +1322,10 @@ int main(void) {
   tcase_add_loop_test(tc, test_bf16_matmul, 0, 4);
   tcase_add_test(tc, test_bgemm_library);
   tcase_add_test(tc, test_convert_f32_to_int);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("int8");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, test_int8_dot_random, 0, 2);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_FORK);
