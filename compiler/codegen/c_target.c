@@ -124,11 +124,17 @@ static const char prelude[] =
     "KI double _Complex kc64r(double _Complex z) {\n"
     "  return kcx((double)(float)creal(z), (double)(float)cimag(z));\n"
     "}\n"
+    /* c ? a : b part by part on integer masks: a select of whole complex
+     * values is a branch to GCC, which keeps the loop scalar */
+    "KI double _Complex kcsel(uint8_t c, double _Complex a, double _Complex b) {\n"
+    "  return kcx(kseld(c, creal(a), creal(b)), kseld(c, cimag(a), cimag(b)));\n"
+    "}\n"
     /* z * w of c64 values (float parts, so no product of two finite parts
      * overflows in double): the textbook formula, and C Annex G's recovery
      * (libgcc's __muldc3) when both parts come out NaN, an infinite factor
      * boxed to +-1 and NaN parts of the other to +-0, chosen with integer
-     * masks so that the loop vectorizes */
+     * masks so that the loop vectorizes; always inlined (KIA), as kc64div:
+     * at -O2 GCC's inliner leaves it a call and the loop scalar */
     "#define KCM_NAN(v) (0ull - (uint64_t)((kf64bits(v) << 1) > 0xffe0000000000000ull))\n"
     "#define KCM_INF(v) (0ull - (uint64_t)((kf64bits(v) << 1) == 0xffe0000000000000ull))\n"
     "#define KCM_SEL(m, p, q) kbf64((kf64bits(p) & (m)) | (kf64bits(q) & ~(m)))\n"
@@ -136,7 +142,7 @@ static const char prelude[] =
     "#define KCM_BOX(v, inf) kbf64((kf64bits(v) & 0x8000000000000000ull) | ((inf) & "
     "0x3ff0000000000000ull))\n"
     "#define KCM_Z0(v) KCM_SEL(KCM_NAN(v), KCM_SIGN(v), v)\n"
-    "KI double _Complex kc64mul(double _Complex z, double _Complex w) {\n"
+    "KIA double _Complex kc64mul(double _Complex z, double _Complex w) {\n"
     "  double a = creal(z), b = cimag(z), c = creal(w), d = cimag(w);\n"
     "  double x = a * c - b * d, y = a * d + b * c;\n"
     "  uint64_t ia = KCM_INF(a), ib = KCM_INF(b), ic = KCM_INF(c), id = KCM_INF(d);\n"

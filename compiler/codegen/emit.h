@@ -466,6 +466,7 @@ void kiln__emit_call_fn(kiln__emit_fn *f, uint32_t fn, const uint32_t *args, uin
   /* complex: owed only by a target whose ctype has KILN_C64/KILN_C128 */ \
   X(kcx, "double _Complex kcx(double re, double im)") \
   X(kc64r, "double _Complex kc64r(double _Complex z)") \
+  X(kcsel, "double _Complex kcsel(uint8_t c, double _Complex a, double _Complex b)") \
   X(kc64abs, "double kc64abs(double _Complex z)") \
   X(kc64mul, "double _Complex kc64mul(double _Complex z, double _Complex w)") \
   X(kc64div, "double _Complex kc64div(double _Complex z, double _Complex w)")

@@ -20,7 +20,8 @@
  * 32-bit integer division goes through double unless the divisor is a
  * constant (kdivs32v). Complex values (c64, c128) are double _Complex, each
  * c64 result rounded to float parts, for the interpreter's complex ops
- * only (c64 multiply and divide by kc64mul and kc64div, which vectorize).
+ * only (c64 multiply and divide by kc64mul and kc64div, a complex select
+ * by kcsel, which vectorize).
  */
 #include <stdio.h>
 #include <string.h>
@@ -574,6 +575,8 @@ int kiln__emit_scalar_op(kiln__emit_fn *f, const kiln_instr *ins, kiln_opcode op
       snprintf(dst, size, "%s(%s, %s, %s)",
                strcmp(kiln__ctype(f->mod, at[1]), "float") == 0 ? "kself" : "kseld", a[0], a[1],
                a[2]);
+    else if (kiln_dtype_is_complex(at[1])) /* part by part: vectorizes */
+      snprintf(dst, size, "kcsel(%s, %s, %s)", a[0], a[1], a[2]);
     else
       snprintf(dst, size, "(%s ? %s : %s)", a[0], a[1], a[2]);
     return 0;

@@ -12,8 +12,10 @@
  * over FOLD_MAX_BYTES (a constant is data the module must carry); work
  * estimated over FOLD_MAX_WORK element operations (compile time is bounded
  * deterministically, not by a clock); iota and broadcasts of a scalar
- * (cheaper to compute than to store); bitcast (its meaning depends on
- * layouts). When the interpreter refuses an instruction (an unsupported
+ * (cheaper to compute than to store), and what reads them, except an
+ * instruction of HEAVY_WORK_PER_ELEMENT operations per element or more (an
+ * fft or a dot of a scalar splat costs more to run than to store); bitcast
+ * (its meaning depends on layouts). When the interpreter refuses an instruction (an unsupported
  * type, a limit), it is left as it is.
  */
 #include <math.h>
@@ -28,6 +30,7 @@
 
 #define FOLD_MAX_BYTES (1 << 20)
 #define FOLD_MAX_WORK (1 << 22)
+#define HEAVY_WORK_PER_ELEMENT 8 /* operations per element read or written */
 
 static double elems(const kiln_shape *s) {
   if (!kiln_shape_is_array(s)) return 0;
@@ -76,6 +79,29 @@ static double work(const kiln_module *m, const kiln_instr *ins) {
   }
 }
 
+static bool is_literal(const kiln_instr *o) {
+  return o->op == KILN_OP_CONSTANT && o->literal != NULL && !kiln_shape_is_dynamic(&o->shape);
+}
+
+/* Whether o is a broadcast of a scalar constant (which stays unfolded). */
+static bool is_scalar_splat(const kiln_module *m, const kiln_instr *o) {
+  if (o->op != KILN_OP_BROADCAST || o->noperands != 1 || o->operands[0] >= m->ninstrs ||
+      kiln_shape_is_dynamic(&o->shape))
+    return false;
+  const kiln_instr *c = m->instrs[o->operands[0]];
+  return is_literal(c) && c->shape.rank == 0;
+}
+
+/* Whether ins spends many operations per element it reads and writes (an
+ * fft, a dot, a convolution, a sort): such an instruction of constants and
+ * scalar broadcasts is folded too, as the transposed fft of a sum's
+ * all-ones cotangent, which would otherwise run at every execution. */
+static bool is_heavy(const kiln_module *m, const kiln_instr *ins) {
+  double io = elems(&ins->shape);
+  for (uint32_t k = 0; k < ins->noperands; k++) io += elems(&m->instrs[ins->operands[k]]->shape);
+  return work(m, ins) >= HEAVY_WORK_PER_ELEMENT * io;
+}
+
 static bool wants_folding(const kiln_module *m, const kiln_instr *ins, const bool *impure) {
   if (!kiln_opcode_is_foldable(ins->op) || ins->noperands == 0 ||
       !kiln__instr_is_pure(m, ins, impure))
@@ -83,13 +109,17 @@ static bool wants_folding(const kiln_module *m, const kiln_instr *ins, const boo
   if (!kiln_shape_is_array(&ins->shape) || kiln_shape_is_dynamic(&ins->shape)) return false;
   int64_t bytes = kiln_shape_bytes(&ins->shape);
   if (bytes < 0 || bytes > FOLD_MAX_BYTES) return false;
+  bool splats = false;
   for (uint32_t k = 0; k < ins->noperands; k++) {
     if (ins->operands[k] >= m->ninstrs) return false;
     const kiln_instr *o = m->instrs[ins->operands[k]];
-    if (o->op != KILN_OP_CONSTANT || o->literal == NULL || kiln_shape_is_dynamic(&o->shape))
+    if (is_scalar_splat(m, o))
+      splats = true;
+    else if (!is_literal(o))
       return false;
   }
   if (ins->op == KILN_OP_BROADCAST && m->instrs[ins->operands[0]]->shape.rank == 0) return false;
+  if (splats && !is_heavy(m, ins)) return false;
   return work(m, ins) <= FOLD_MAX_WORK;
 }
 
@@ -182,8 +212,17 @@ static int evaluate(folder *f, const kiln_instr *ins, kiln_literal **out) {
   if (ins->noperands > 64) goto out_free;
   for (uint32_t k = 0; k < ins->noperands; k++) {
     char name[32];
+    const kiln_instr *o = f->m->instrs[ins->operands[k]];
+    kiln_id scalar[1];
+    uint32_t nscalar = 0;
+    if (o->op == KILN_OP_BROADCAST) { /* a scalar splat (wants_folding) */
+      snprintf(name, sizeof name, "operand.%u.scalar", (unsigned)k);
+      kiln_instr *c = kiln_instr_clone(mm, e, f->m->instrs[o->operands[0]], NULL, 0, NULL, name);
+      if (c == NULL) goto out_oom;
+      scalar[nscalar++] = c->id;
+    }
     snprintf(name, sizeof name, "operand.%u", (unsigned)k);
-    kiln_instr *c = kiln_instr_clone(mm, e, f->m->instrs[ins->operands[k]], NULL, 0, NULL, name);
+    kiln_instr *c = kiln_instr_clone(mm, e, o, scalar, nscalar, NULL, name);
     if (c == NULL) goto out_oom;
     ops[k] = c->id;
   }

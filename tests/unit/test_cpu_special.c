@@ -17,7 +17,8 @@
  *
  * atan2 (katan2f, computed without libm) is within KILN_TOL_ULP_ATAN2 of
  * the correctly rounded value, exact at the edges; c64 divide (kc64div)
- * follows C's x / y at every pair of special parts.
+ * follows C's x / y at every pair of special parts; complex selects and
+ * EQ/NE compares move and compare every pair of special parts exactly.
  *
  * tests/data/special/special_f32.hlo is jax.scipy.special's gammaln,
  * digamma, erfinv, erf, i0e and logit as JAX lowers them (export.py next
@@ -531,6 +532,72 @@ START_TEST(c64_divide_specials) {
 }
 END_TEST
 
+/* Complex selects move whole values part by part (kcsel, on integer masks,
+ * so that the loop vectorizes), chosen by EQ and NE compares of complex
+ * values: every pair of c64 values whose parts are zeros of both signs,
+ * finite values, infinities and a NaN with a payload. The compares must be
+ * the interpreter's (and C's: both parts equal), each selected value one
+ * of its operands bit for bit (the sign of a zero, the NaN's payload), in
+ * c64 and, converted, in c128. */
+START_TEST(complex_select_and_compare) {
+  static const uint32_t parts[] = {0x00000000u, 0x80000000u, 0x3f800000u, 0xc0200000u,
+                                   0x7f800000u, 0xff800000u, 0x7fc01234u};
+  enum { NP = sizeof parts / sizeof *parts, N = NP * NP * NP * NP };
+  char text[640];
+  snprintf(
+      text, sizeof text,
+      "HloModule t\nENTRY e {\n  x = c64[%d] parameter(0)\n  y = c64[%d] parameter(1)\n"
+      "  eq = pred[%d] compare(x, y), direction=EQ\n"
+      "  ne = pred[%d] compare(x, y), direction=NE\n"
+      "  s = c64[%d] select(eq, x, y)\n  t = c64[%d] select(ne, y, x)\n"
+      "  xd = c128[%d] convert(x)\n  yd = c128[%d] convert(y)\n"
+      "  u = c128[%d] select(eq, yd, xd)\n"
+      "  ROOT r = (pred[%d], pred[%d], c64[%d], c64[%d], c128[%d]) tuple(eq, ne, s, t, u)\n}\n",
+      N, N, N, N, N, N, N, N, N, N, N, N, N, N);
+  program p = build(text);
+  kiln_literal *args[2] = {param_literal(&p, 0), param_literal(&p, 1)}, *want = NULL, *got = NULL;
+  uint32_t *x = args[0]->data, *y = args[1]->data; /* re, im, re, im, ... */
+  for (int i = 0; i < N; i++) {
+    x[2 * i] = parts[i % NP];
+    x[2 * i + 1] = parts[i / NP % NP];
+    y[2 * i] = parts[i / (NP * NP) % NP];
+    y[2 * i + 1] = parts[i / (NP * NP * NP)];
+  }
+  run_both(&p, args, 2, &want, &got, false);
+  same_bits(want->elems[0], got->elems[0], "complex EQ", NULL);
+  same_bits(want->elems[1], got->elems[1], "complex NE", NULL);
+  const uint8_t *eq = got->elems[0]->data, *ne = got->elems[1]->data;
+  const uint32_t *s = got->elems[2]->data, *t = got->elems[3]->data;
+  const double *u = got->elems[4]->data;
+  for (int i = 0; i < N; i++) {
+    float xr, xi, yr, yi;
+    memcpy(&xr, &x[2 * i], 4);
+    memcpy(&xi, &x[2 * i + 1], 4);
+    memcpy(&yr, &y[2 * i], 4);
+    memcpy(&yi, &y[2 * i + 1], 4);
+    bool e = xr == yr && xi == yi;
+    ck_assert_msg(eq[i] == e && ne[i] == !e, "(%g%+gi) vs (%g%+gi): EQ %d, NE %d", xr, xi, yr, yi,
+                  eq[i], ne[i]);
+    const uint32_t *se = e ? &x[2 * i] : &y[2 * i], *te = e ? &x[2 * i] : &y[2 * i];
+    ck_assert_msg(s[2 * i] == se[0] && s[2 * i + 1] == se[1] && t[2 * i] == te[0] &&
+                      t[2 * i + 1] == te[1],
+                  "select [%d]: %08x %08x and %08x %08x, want %08x %08x", i, s[2 * i], s[2 * i + 1],
+                  t[2 * i], t[2 * i + 1], se[0], se[1]);
+    float ur = e ? yr : xr, ui = e ? yi : xi;
+    bool ok = isnan(ur) ? isnan(u[2 * i]) : u[2 * i] == ur && !signbit(u[2 * i]) == !signbit(ur);
+    ok = ok && (isnan(ui) ? isnan(u[2 * i + 1])
+                          : u[2 * i + 1] == ui && !signbit(u[2 * i + 1]) == !signbit(ui));
+    ck_assert_msg(ok, "c128 select [%d]: %a%+ai, want %a%+ai", i, u[2 * i], u[2 * i + 1],
+                  (double)ur, (double)ui);
+  }
+  kiln_literal_destroy(want);
+  kiln_literal_destroy(got);
+  kiln_literal_destroy(args[0]);
+  kiln_literal_destroy(args[1]);
+  drop(&p);
+}
+END_TEST
+
 /* ---- JAX's special functions -------------------------------------------- */
 
 static char *read_text(const char *path) {
@@ -616,6 +683,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, atan2_ulp_bound);
   tcase_add_test(tc, c64_divide_specials);
+  tcase_add_test(tc, complex_select_and_compare);
   tcase_add_test(tc, jax_special_functions);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
