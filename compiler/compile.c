@@ -163,10 +163,13 @@ static uint8_t *kernel_classes(const kiln_executable *e, uint32_t nkernels) {
   for (uint32_t p = 0; p < e->nprograms; p++)
     for (uint32_t i = 0; i < e->programs[p].nsteps; i++) {
       const kiln_step *k = &e->programs[p].steps[i];
-      if (k->kind != KILN_STEP_KERNEL || k->kernel >= nkernels) continue;
+      /* A GEMM step's epilogue (args[3..] its arguments) is a kernel run
+       * as often as the GEMM, over C. */
+      bool epilogue = k->kind == KILN_STEP_GEMM && k->nargs > 3;
+      if ((k->kind != KILN_STEP_KERNEL && !epilogue) || k->kernel >= nkernels) continue;
       uint8_t c = once[p] ? KILN__CC_TINY : KILN__CC_HEAVY;
       uint64_t sum = 0;
-      for (uint32_t a = 0; a < k->nargs && c != KILN__CC_HEAVY; a++) {
+      for (uint32_t a = epilogue ? 3 : 0; a < k->nargs && c != KILN__CC_HEAVY; a++) {
         uint64_t size = e->slots[k->args[a]].size;
         sum += size;
         if (size > LIGHT_MAX_BYTES) c = KILN__CC_HEAVY;

@@ -725,6 +725,42 @@ START_TEST(kernel_classes_choose_flags) {
 }
 END_TEST
 
+/* A GEMM's epilogue kernel (bias, activation) is classed like a kernel
+ * step over its arguments: in the entry over 64 KiB, -O2; in a loop body,
+ * -O3 (it ran at -O1, scalar, wherever it was). A compiler that is not GCC
+ * gets one unit per class, so each class's flags show. */
+START_TEST(gemm_epilogue_classed_as_its_runs) {
+  char flags[256];
+  compile_flags_as("HloModule g\nENTRY main {\n  a = f32[64,256] parameter(0)\n"
+                   "  b = f32[256,256] parameter(1)\n  c = f32[64,256] parameter(2)\n"
+                   "  d = f32[64,256] dot(a, b), lhs_contracting_dims={1}, "
+                   "rhs_contracting_dims={0}\n"
+                   "  s = f32[64,256] add(d, c)\n  ROOT t = f32[64,256] tanh(s)\n}\n",
+                   "clang version 99.0.0", flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O2\n");
+  compile_flags_as("HloModule w\n"
+                   "cond {\n  p = (s32[], f32[16,16], f32[16,16]) parameter(0)\n"
+                   "  i = s32[] get-tuple-element(p), index=0\n  n = s32[] constant(50)\n"
+                   "  ROOT l = pred[] compare(i, n), direction=LT\n}\n"
+                   "body {\n  p = (s32[], f32[16,16], f32[16,16]) parameter(0)\n"
+                   "  i = s32[] get-tuple-element(p), index=0\n"
+                   "  x = f32[16,16] get-tuple-element(p), index=1\n"
+                   "  w = f32[16,16] get-tuple-element(p), index=2\n  one = s32[] constant(1)\n"
+                   "  j = s32[] add(i, one)\n"
+                   "  d = f32[16,16] dot(x, w), lhs_contracting_dims={1}, "
+                   "rhs_contracting_dims={0}\n"
+                   "  y = f32[16,16] tanh(d)\n"
+                   "  ROOT t = (s32[], f32[16,16], f32[16,16]) tuple(j, y, w)\n}\n"
+                   "ENTRY main {\n  x = f32[16,16] parameter(0)\n  w = f32[16,16] parameter(1)\n"
+                   "  z = s32[] constant(0)\n"
+                   "  t = (s32[], f32[16,16], f32[16,16]) tuple(z, x, w)\n"
+                   "  l = (s32[], f32[16,16], f32[16,16]) while(t), condition=cond, body=body\n"
+                   "  ROOT r = f32[16,16] get-tuple-element(l), index=1\n}\n",
+                   "clang version 99.0.0", flags, sizeof flags);
+  ck_assert_str_eq(flags, "-O3\n");
+}
+END_TEST
+
 /* The fast link (no start files, no libc) falls back to the driver's own
  * when the compiler refuses it; either way the kernels load and run. */
 START_TEST(link_falls_back_to_the_drivers_own) {
@@ -929,6 +965,7 @@ Suite *cc_suite(void) {
   tcase_add_test(tc, units_run_concurrently_and_time_limit);
   tcase_add_test(tc, prelude_declares_as_the_headers_do);
   tcase_add_test(tc, kernel_classes_choose_flags);
+  tcase_add_test(tc, gemm_epilogue_classed_as_its_runs);
   tcase_add_test(tc, small_module_one_unit_under_gcc);
   tcase_add_test(tc, link_falls_back_to_the_drivers_own);
   tcase_add_test(tc, link_names_libraries_only_when_needed);

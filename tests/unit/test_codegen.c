@@ -1168,6 +1168,38 @@ START_TEST(row_divide_reciprocal) {
 }
 END_TEST
 
+/* A kernel that computes exp (or another transcendental) per element is
+ * bound by its arithmetic and declared KWIDE (512-bit vectors), whether a
+ * reduce (a logsumexp's sum of exps, along rows and along columns) or an
+ * elementwise kernel; one of adds and a max only is not. Results as the
+ * interpreter's either way. */
+START_TEST(transcendental_kernels_wide) {
+  const char *lse =
+      "HloModule lse\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
+      "add(a, b) }\nENTRY main {\n  p = f32[32,64] parameter(0)\n  q = f32[64] parameter(1)\n"
+      "  qb = f32[32,64] broadcast(q), dimensions={1}\n  x = f32[32,64] add(p, qb)\n"
+      "  e = f32[32,64] exponential(x)\n  z = f32[] constant(0)\n"
+      "  r = f32[32] reduce(e, z), dimensions={1}, to_apply=ad\n"
+      "  c = f32[64] reduce(e, z), dimensions={0}, to_apply=ad\n"
+      "  ROOT t = (f32[32], f32[64]) tuple(r, c)\n}\n";
+  const char *src = kernels_source(lse);
+  ck_assert_msg(strstr(src, "KWIDE;") != NULL, "the logsumexp kernels are not wide");
+  cg_check_full(lse, 5, false, 1e-5, 2, false);
+  src = kernels_source("HloModule ew\nENTRY main {\n  p = f32[256] parameter(0)\n"
+                       "  ROOT t = f32[256] tanh(p)\n}\n");
+  ck_assert_msg(strstr(src, "KWIDE;") != NULL, "the tanh kernel is not wide");
+  const char *plain =
+      "HloModule pl\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] "
+      "maximum(a, b) }\nENTRY main {\n  p = f32[32,64] parameter(0)\n  q = f32[64] parameter(1)\n"
+      "  qb = f32[32,64] broadcast(q), dimensions={1}\n  x = f32[32,64] add(p, qb)\n"
+      "  z = f32[] constant(-inf)\n"
+      "  ROOT c = f32[64] reduce(x, z), dimensions={0}, to_apply=mx\n}\n";
+  src = kernels_source(plain);
+  ck_assert_msg(strstr(src, "KWIDE;") == NULL, "a kernel without a transcendental is wide");
+  cg_check_full(plain, 5, false, 0, 2, false);
+}
+END_TEST
+
 START_TEST(unsupported_ops_named) {
   kiln_status st;
   int rc =
@@ -1737,6 +1769,7 @@ int main(void) {
   tcase_add_test(tf, reduce_rows_permuted);
   tcase_add_test(tf, reduce_loops_physical_order);
   tcase_add_test(tf, row_divide_reciprocal);
+  tcase_add_test(tf, transcendental_kernels_wide);
   tcase_add_test(tf, serialized_executable_runs);
   tcase_add_test(tf, out_of_memory_everywhere);
 #ifdef HAVE_EXECUTOR
