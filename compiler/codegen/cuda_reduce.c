@@ -99,7 +99,8 @@ typedef struct coop_plan {
  * element types may differ). */
 static bool same_space(const kiln_shape *a, const kiln_shape *b) {
   if (!kiln_shape_is_array(a) || !kiln_shape_is_array(b) || a->rank != b->rank ||
-      a->rank > KILN__EMIT_MAXR || memcmp(a->dims, b->dims, a->rank * sizeof *a->dims) != 0)
+      a->rank > KILN__EMIT_MAXR ||
+      (a->rank && memcmp(a->dims, b->dims, a->rank * sizeof *a->dims) != 0))
     return false;
   int64_t ma[KILN__EMIT_MAXR], mb[KILN__EMIT_MAXR];
   kiln_shape_minor_to_major(a, ma);
@@ -141,7 +142,7 @@ static bool plan_reduce(const kiln_module *m, coop_plan *p, const kiln_instr *r)
         !kiln_shape_is_array(init) || !kiln_shape_is_array(res) ||
         !kiln_shape_is_array(&pa->shape) || !kiln_shape_is_array(&pb->shape) || init->rank != 0 ||
         pa->shape.rank != 0 || pb->shape.rank != 0 || in->rank != p->in->rank ||
-        memcmp(in->dims, p->in->dims, in->rank * sizeof *in->dims) != 0)
+        (in->rank && memcmp(in->dims, p->in->dims, in->rank * sizeof *in->dims) != 0))
       return false;
     kiln_dtype t = in->dtype;
     if (!coop_type(t) || init->dtype != t || res->dtype != t || pa->shape.dtype != t ||
