@@ -47,6 +47,9 @@ typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
   uint64_t live_bytes;
   int max_grid, max_block;
+  /* launches of kernels with static shared memory (kiln_fake_cuda_set_shared) */
+  long coop_launches;
+  int coop_max_grid, coop_min_block, coop_max_block;
 } fake_stats;
 
 static struct {
@@ -368,6 +371,12 @@ static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned
   fk.s.launches++;
   if ((int)gx > fk.s.max_grid) fk.s.max_grid = (int)gx;
   if ((int)bx > fk.s.max_block) fk.s.max_block = (int)bx;
+  if (fk.shared && k < fk.nkernels && fk.shared[k]) {
+    fk.s.coop_launches++;
+    if ((int)gx > fk.s.coop_max_grid) fk.s.coop_max_grid = (int)gx;
+    if (fk.s.coop_min_block == 0 || (int)bx < fk.s.coop_min_block) fk.s.coop_min_block = (int)bx;
+    if ((int)bx > fk.s.coop_max_block) fk.s.coop_max_block = (int)bx;
+  }
   pthread_mutex_unlock(&fk.mu);
   if (fk.emu_block == NULL) {
     fk.kernels[k]((void *const *)(uintptr_t)bufs, begin, end);

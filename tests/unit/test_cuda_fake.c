@@ -55,6 +55,8 @@ typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
   uint64_t live_bytes;
   int max_grid, max_block;
+  long coop_launches;
+  int coop_max_grid, coop_min_block, coop_max_block;
 } fake_stats;
 
 static void *fake;
@@ -570,6 +572,17 @@ START_TEST(cuda_kernels_emulated_over_the_grid) {
   emulate = true;
   int seeds = getenv("KILN_CUDA_FAKE_SEEDS") ? atoi(getenv("KILN_CUDA_FAKE_SEEDS")) : 16;
   int n[4] = {0};
+  /* cooperative reductions: blocks of 256 threads as fibers */
+  int coop_before = coop_kernels;
+  tol_reduce_n = 7500;
+  n[run_case(b, coop_reduces, 8, NULL, 0, "cooperative reduces (emulated)")]++;
+  ck_assert_int_ge(coop_kernels - coop_before, 5); /* they did run cooperatively */
+  /* launched as such: 256 threads, a block per output (the most: 9 of i) */
+  fake_stats cs = stats();
+  ck_assert_int_ge(cs.coop_launches, 5);
+  ck_assert_int_eq(cs.coop_min_block, 256);
+  ck_assert_int_eq(cs.coop_max_block, 256);
+  ck_assert_int_eq(cs.coop_max_grid, 9);
   for (int s = 1; s <= seeds; s++) {
     kiln_progen_options o = {0};
     o.seed = (uint64_t)s + 1000;
@@ -587,11 +600,6 @@ START_TEST(cuda_kernels_emulated_over_the_grid) {
   /* programs whose ranges span many blocks, a reduction, and the JAX ones */
   n[run_case(b, ew, 5, NULL, 0, "ew (emulated)")]++;
   n[run_case(b, reduce_rows, 6, NULL, 0, "reduce (emulated)")]++;
-  /* cooperative reductions: blocks of 256 threads as fibers */
-  int coop_before = coop_kernels;
-  tol_reduce_n = 7500;
-  n[run_case(b, coop_reduces, 8, NULL, 0, "cooperative reduces (emulated)")]++;
-  ck_assert_int_ge(coop_kernels - coop_before, 5); /* they did run cooperatively */
   tol_reduce_n = 1024;
   n[run_case(b, coop_rows, 9, NULL, 0, "softmax and layernorm (emulated)")]++;
   tol_reduce_n = 0;
