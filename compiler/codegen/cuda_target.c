@@ -22,6 +22,14 @@
  * thread's share is the same on every pass of a kernel that visits its
  * range several times (reductions into their output). A one-iteration
  * kernel (scatter) runs on thread 0 of block 0 only.
+ *
+ * A reduce over many elements per output is cooperative instead
+ * (cuda_reduce.c): a block per output element, the block's threads
+ * combining strided parts by warp shuffles and shared memory. Shared
+ * memory is declared through KSHARED / KDYNSHARED (a static __shared__
+ * array, the launch's dynamic one), so that the host emulation of the
+ * tests (tests/fake_cuda/cuda_emu.h, which replaces this head up to the
+ * KCLZ64 line) can map them to its per-block arena.
  */
 #include <stdio.h>
 
@@ -46,6 +54,8 @@ static const char prelude[] =
     "#define INFINITY __int_as_float(0x7f800000)\n"
     "#define NAN __int_as_float(0x7fc00000)\n"
     "#define KI static __device__ inline __attribute__((unused))\n"
+    "#define KSHARED(T, name, n) __shared__ T name[n]\n"
+    "#define KDYNSHARED(T, name) extern __shared__ T name[]\n"
     "#define KCLZ64(x) __clzll((long long)(x))\n" KILN__PRELUDE_BODY KILN__PRELUDE_HALF;
 
 static void cuda_range_loop(char *dst, size_t size, const char *var) {
@@ -78,4 +88,5 @@ const kiln__cg_target kiln__cuda_target = {
         },
     .range_loop = cuda_range_loop,
     .single = cuda_single,
+    .coop_kernel = kiln__cuda_coop_kernel,
 };

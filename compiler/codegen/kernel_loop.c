@@ -938,6 +938,16 @@ int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
   bool red[KILN__EMIT_MAXR];
   const kiln_instr *rs[MAX_ROW_OUTS];
   uint32_t nr;
+  if (g->mod.target->coop_kernel) {
+    kiln_sbuf out = KILN_SBUF_INIT;
+    int rc = g->mod.target->coop_kernel(g, k, &out, range);
+    if (rc == 0) {
+      *kernel = g->nkernels;
+      kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
+    }
+    kiln_sbuf_free(&out);
+    if (rc <= 0) return rc;
+  }
   if (rows_reduces(g, k, red, rs, &nr)) {
     kiln_sbuf out = KILN_SBUF_INIT;
     int rc = reduce_rows(g, k, rs, nr, red, &out);

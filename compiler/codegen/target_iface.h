@@ -18,7 +18,9 @@
 #define KILN_COMPILER_CODEGEN_TARGET_IFACE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
+#include "common/sbuf.h"
 #include "compiler/ir/ir.h"
 
 /* What a target's translation unit is compiled into (compile.c picks the
@@ -40,6 +42,9 @@ typedef enum kiln__code_kind {
  * the narrow type); elements are their bit patterns. */
 #define KILN__CG_REAL_CTYPES KILN__CG_REAL_TYPES("float")
 #define KILN__CG_REAL_STYPES KILN__CG_REAL_TYPES("uint16_t")
+
+struct kiln__codegen;     /* kernel.h */
+struct kiln__kernel_spec; /* kernel.h */
 
 typedef struct kiln__cg_target {
   /* The backend's name in messages: "the %s backend cannot compile ...". */
@@ -92,6 +97,16 @@ typedef struct kiln__cg_target {
    * every invocation but the single one that runs iteration 0 of
    * [begin, end). */
   void (*single)(char *dst, size_t size);
+
+  /* ---- cooperative kernels (NULL: none) --------------------------------- */
+
+  /* Writes the body of loop kernel k in a form of the target's own, where
+   * its threads work together on one iteration (a reduce over many
+   * elements: a block per output element, cuda_reduce.c), and sets *range:
+   * 0; 1 when it has no such form for k (nothing written: the shared forms
+   * follow); or a negative error. */
+  int (*coop_kernel)(struct kiln__codegen *g, const struct kiln__kernel_spec *k,
+                     struct kiln_sbuf *out, uint64_t *range);
 } kiln__cg_target;
 
 /* The code generator for targets of backend `backend` ("cpu": the C

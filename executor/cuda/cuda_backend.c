@@ -25,11 +25,13 @@
  * out once on the host and copied up once (cuda_target.c's ABI: a kernel
  * takes `void *const *bufs, int64_t begin, int64_t end`; bufs points into
  * that vector). Kernel steps launch over [0, range) with the grid of
- * kiln__cuda_grid; copies are device-to-device on the compute stream;
- * while and conditional steps are driven from the host, reading the
- * predicate or selector back (a small pinned buffer, the stream
- * synchronized) between programs. The run ends with the event recorded
- * on the compute stream and waited for: a kernel that faulted is reported
+ * kiln__cuda_grid, except a kernel with static shared memory
+ * (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES > 0: a cooperative reduction of
+ * cuda_target.c, whose block works on one iteration at a time): 256
+ * threads (whole warps) and a block per iteration up to 32 per SM; copies are device-to-device on
+ * the compute stream; while and conditional steps are driven from the host, reading the predicate
+ * or selector back (a small pinned buffer, the stream synchronized) between programs. The run ends
+ * with the event recorded on the compute stream and waited for: a kernel that faulted is reported
  * there, naming the call. Limits (time, cancel) are checked between
  * steps; a step observer makes every step synchronous, so its times are
  * the device's.
@@ -105,6 +107,7 @@ typedef struct cuda_loaded {
   CUmodule module;
   CUfunction *fns;     /* nkernels */
   uint32_t *max_block; /* nkernels: CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK */
+  uint8_t *coop;       /* nkernels: uses shared memory, one block per iteration */
   kiln__cuda_block *consts;
   uint64_t **argv_base; /* [p][s]: the step's first entry in the argument vector */
   uint64_t nargv;
@@ -856,7 +859,8 @@ static int load_code(cuda_loaded *l, kiln_status *st) {
   if (e->nkernels == 0) return 0;
   l->fns = kiln_arena_calloc(l->arena, e->nkernels, sizeof *l->fns);
   l->max_block = kiln_arena_calloc(l->arena, e->nkernels, sizeof *l->max_block);
-  if (l->fns == NULL || l->max_block == NULL)
+  l->coop = kiln_arena_calloc(l->arena, e->nkernels, sizeof *l->coop);
+  if (l->fns == NULL || l->max_block == NULL || l->coop == NULL)
     return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
   /* cuModuleLoadData reads an ELF image without a length: check_header
    * made sure its headers and sections lie within the bytes we have. */
@@ -876,6 +880,11 @@ static int load_code(cuda_loaded *l, kiln_status *st) {
     rc = CK(d, a->func_get_attribute(&most, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, l->fns[i]),
             "cuFuncGetAttribute", st);
     l->max_block[i] = most > 0 ? (uint32_t)most : 32;
+    int shared = 0;
+    if (rc == 0)
+      rc = CK(d, a->func_get_attribute(&shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, l->fns[i]),
+              "cuFuncGetAttribute", st);
+    l->coop[i] = shared > 0;
   }
   return rc;
 }
@@ -958,6 +967,12 @@ static int run_kernel(run_ctx *r, const kiln_step *s, uint64_t base) {
   uint32_t grid, block;
   kiln__cuda_grid(s->range, (uint32_t)d->nsm, r->l->max_block[s->kernel], &grid, &block);
   if (grid == 0) return 0;
+  if (r->l->coop[s->kernel]) { /* a cooperative kernel (cuda_target.c): a block per iteration */
+    uint64_t cap = (uint64_t)(d->nsm > 0 ? d->nsm : 1) * 32;
+    grid = (uint32_t)(s->range < cap ? s->range : cap);
+    block = r->l->max_block[s->kernel] >= 256 ? 256 : r->l->max_block[s->kernel] / 32 * 32;
+    if (block == 0) block = 32;
+  }
   CUdeviceptr bufs = (CUdeviceptr)(r->argv_dev + base * sizeof(uint64_t));
   int64_t begin = 0, end = (int64_t)s->range;
   void *params[] = {&bufs, &begin, &end};

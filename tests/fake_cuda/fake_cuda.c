@@ -10,10 +10,20 @@
  * test through a counter, and the call returns CUDA_ERROR_ILLEGAL_ADDRESS),
  * contexts must be pushed and popped in pairs, and the test reads the
  * counters back. Kernels cannot run a cubin here: the test hands the fake
- * the same program's kernels compiled for the cpu target
+ * either the same program's kernels compiled for the cpu target
  * (kiln_fake_cuda_set_kernels), and a launch calls kernel N over the
- * launch's whole [begin, end) on the calling thread. Streams and events
- * are synchronous. A call can be made to fail (kiln_fake_cuda_fail).
+ * launch's whole [begin, end) on the calling thread, or the cubin's own
+ * CUDA C built for the host with cuda_emu.h and its block runner
+ * (kiln_fake_cuda_set_emulator), and a launch runs every block of its grid
+ * in turn, the last first, with the launch's block size (up to 1024
+ * threads) and dynamic shared memory (up to the 48 KiB a launch gets
+ * without opting in to more); a block that fails (a barrier nobody can
+ * pass, ...) fails the launch with CUDA_ERROR_LAUNCH_FAILED and its reason
+ * (kiln_fake_cuda_launch_error). The static shared memory size a kernel
+ * reports (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) is the test's
+ * (kiln_fake_cuda_set_shared: what ptxas would say of the cubin). Streams
+ * and events are synchronous. A call can be made to fail
+ * (kiln_fake_cuda_fail).
  *
  * Env KILN_FAKE_CUDA_DEVICES (1..16, default 1) sets how many GPUs it has:
  * each its own primary context, the current one kept per thread, and each
@@ -31,6 +41,12 @@
 #include <string.h>
 
 typedef void (*kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
+/* cuda_emu.h's kemu_block: runs block b of a grid of g blocks of bd
+ * threads; 0, or -1 with the reason in err. */
+typedef int (*emu_block_fn)(kernel_fn k, void *const *bufs, int64_t begin, int64_t end, unsigned b,
+                            unsigned g, unsigned bd, unsigned dyn, char *err, size_t nerr);
+
+#define MAX_DYN_SHARED (48u << 10)
 
 #define MAX_ALLOCS 65536
 #define MAX_DEVICES 16
@@ -40,6 +56,9 @@ typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
   uint64_t live_bytes;
   int max_grid, max_block;
+  /* launches of kernels with static shared memory (kiln_fake_cuda_set_shared) */
+  long coop_launches;
+  int coop_max_grid, coop_min_block, coop_max_block;
 } fake_stats;
 
 static struct {
@@ -53,9 +72,10 @@ static struct {
   int ndevices;
   kernel_fn *kernels;
   unsigned nkernels;
-  /* With an emulator: a launch runs every thread of its grid in turn, the
-   * last first, telling the kernels' code which thread it is. */
-  void (*emu_set)(unsigned block, unsigned thread, unsigned grid, unsigned block_dim);
+  /* With an emulator: a launch runs every block of its grid in turn. */
+  emu_block_fn emu_block;
+  const unsigned *shared; /* nkernels: static shared bytes; NULL: none */
+  char launch_error[256];
   fake_stats s;
   char fail_call[64];
   long fail_after; /* calls of fail_call that still succeed */
@@ -77,11 +97,16 @@ void kiln_fake_cuda_set_kernels(kernel_fn *fns, unsigned n) {
   fk.nkernels = n;
 }
 
-/* The cubin's own CUDA C built for the host (test_cuda_fake): set() names
- * the thread that runs next; NULL: the kernels are cpu ones over the range. */
-void kiln_fake_cuda_set_emulator(void (*set)(unsigned, unsigned, unsigned, unsigned)) {
-  fk.emu_set = set;
-}
+/* The cubin's own CUDA C built for the host (test_cuda_fake): run() runs
+ * one block of a launch; NULL: the kernels are cpu ones over the range. */
+void kiln_fake_cuda_set_emulator(emu_block_fn run) { fk.emu_block = run; }
+
+/* Per kernel (as many as set_kernels gave), its static shared memory in
+ * bytes; NULL: none uses any. */
+void kiln_fake_cuda_set_shared(const unsigned *bytes) { fk.shared = bytes; }
+
+/* Why the last launch that failed in a block failed ("" if none did). */
+const char *kiln_fake_cuda_launch_error(void) { return fk.launch_error; }
 
 void kiln_fake_cuda_stats(fake_stats *out) {
   pthread_mutex_lock(&fk.mu);
@@ -378,8 +403,11 @@ static CUresult f_module_get_function(CUfunction *f, CUmodule m, const char *nam
   return CUDA_SUCCESS;
 }
 static CUresult f_func_get_attribute(int *v, CUfunction_attribute a, CUfunction f) {
-  (void)f;
-  *v = a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
+  unsigned k = (unsigned)(uintptr_t)f - 1;
+  *v = 0;
+  if (a == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK) *v = 1024;
+  if (a == CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES && fk.shared && k < fk.nkernels)
+    *v = (int)fk.shared[k];
   return CUDA_SUCCESS;
 }
 static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -388,8 +416,8 @@ static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned
   (void)s;
   FAIL("cuLaunchKernel");
   unsigned k = (unsigned)(uintptr_t)f - 1;
-  if (gx == 0 || bx == 0 || gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 || shmem ||
-      extra || params == NULL)
+  if (gx == 0 || bx == 0 || gy != 1 || gz != 1 || by != 1 || bz != 1 || bx > 1024 ||
+      shmem > MAX_DYN_SHARED || extra || params == NULL)
     return CUDA_ERROR_INVALID_VALUE;
   if (fk.kernels == NULL || k >= fk.nkernels) return CUDA_ERROR_LAUNCH_FAILED;
   CUdeviceptr bufs;
@@ -402,16 +430,27 @@ static CUresult f_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned
   fk.s.launches++;
   if ((int)gx > fk.s.max_grid) fk.s.max_grid = (int)gx;
   if ((int)bx > fk.s.max_block) fk.s.max_block = (int)bx;
+  if (fk.shared && k < fk.nkernels && fk.shared[k]) {
+    fk.s.coop_launches++;
+    if ((int)gx > fk.s.coop_max_grid) fk.s.coop_max_grid = (int)gx;
+    if (fk.s.coop_min_block == 0 || (int)bx < fk.s.coop_min_block) fk.s.coop_min_block = (int)bx;
+    if ((int)bx > fk.s.coop_max_block) fk.s.coop_max_block = (int)bx;
+  }
   pthread_mutex_unlock(&fk.mu);
-  if (fk.emu_set == NULL) {
+  if (fk.emu_block == NULL) {
     fk.kernels[k]((void *const *)(uintptr_t)bufs, begin, end);
     return CUDA_SUCCESS;
   }
-  for (unsigned b = gx; b-- > 0;)
-    for (unsigned t = bx; t-- > 0;) {
-      fk.emu_set(b, t, gx, bx);
-      fk.kernels[k]((void *const *)(uintptr_t)bufs, begin, end);
+  for (unsigned b = gx; b-- > 0;) {
+    char why[200];
+    if (fk.emu_block(fk.kernels[k], (void *const *)(uintptr_t)bufs, begin, end, b, gx, bx, shmem,
+                     why, sizeof why) != 0) {
+      snprintf(fk.launch_error, sizeof fk.launch_error, "kiln_kernel_%u, block %u of %u: %s", k, b,
+               gx, why);
+      fprintf(stderr, "fake cuda: %s\n", fk.launch_error);
+      return CUDA_ERROR_LAUNCH_FAILED;
     }
+  }
   return CUDA_SUCCESS;
 }
 

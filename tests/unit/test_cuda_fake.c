@@ -14,8 +14,18 @@
  * fail by the fake) come back as statuses naming the call, with every
  * context popped and no allocation lost, and the memory budget is kept.
  *
- * What this cannot check is the device itself: the kernels' grid-stride
- * loops, real stream ordering and the cubin. test_cuda_diff does, on a GPU.
+ * The cubin's own CUDA C also runs on the host (tests/fake_cuda/cuda_emu.h:
+ * a block's threads as fibers, barriers, warp shuffles, shared memory and
+ * atomics emulated): progen programs, the JAX ones, and reductions large
+ * enough for the cooperative form (cuda_reduce.c: sums, max, integers,
+ * argmax, multi-output fusions), floats within kiln_tol_reduce_f32 of the
+ * reduced size; hand-written kernels check the emulator itself and the
+ * errors it reports (a barrier a returned thread never reaches, divergent
+ * barriers, a shuffle in a partial warp).
+ *
+ * What this cannot check is the device itself: real stream ordering, the
+ * GPU's compiler and math, threads running at once, and the cubin.
+ * test_cuda_diff does, on a GPU.
  */
 #include <check.h>
 #include <dlfcn.h>
@@ -24,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -35,6 +46,7 @@
 #include "executor/backend.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"
+#include "tests/support/tolerance.h"
 
 #if defined(KILN_HAVE_CUDA) && defined(KILN_FAKE_CUDA)
 
@@ -43,14 +55,19 @@ typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
   uint64_t live_bytes;
   int max_grid, max_block;
+  long coop_launches;
+  int coop_max_grid, coop_min_block, coop_max_block;
 } fake_stats;
 
 static void *fake;
 static void (*set_kernels)(kernel_fn *, unsigned);
 static void (*get_stats)(fake_stats *);
 static void (*fail_call)(const char *, long, int);
-typedef void (*emu_set_fn)(unsigned, unsigned, unsigned, unsigned);
-static void (*set_emulator)(emu_set_fn);
+typedef int (*emu_block_fn)(kernel_fn, void *const *, int64_t, int64_t, unsigned, unsigned,
+                            unsigned, unsigned, char *, size_t);
+static void (*set_emulator)(emu_block_fn);
+static void (*set_shared)(const unsigned *);
+static const char *(*launch_error)(void);
 
 /* The fake's own handle (the driver loader opened it first). */
 static void fake_open(void) {
@@ -65,7 +82,11 @@ static void fake_open(void) {
   memcpy(&fail_call, &p, sizeof p);
   p = dlsym(fake, "kiln_fake_cuda_set_emulator");
   memcpy(&set_emulator, &p, sizeof p);
-  ck_assert(set_kernels && get_stats && fail_call && set_emulator);
+  p = dlsym(fake, "kiln_fake_cuda_set_shared");
+  memcpy(&set_shared, &p, sizeof p);
+  p = dlsym(fake, "kiln_fake_cuda_launch_error");
+  memcpy(&launch_error, &p, sizeof p);
+  ck_assert(set_kernels && get_stats && fail_call && set_emulator && set_shared && launch_error);
 }
 
 static fake_stats stats(void) {
@@ -161,12 +182,24 @@ static char *slurp(const char *path, size_t *n) {
   return b;
 }
 
+/* Per kernel of src, whether it declares shared memory (KSHARED): the
+ * nonzero static size the fake reports for it, as ptxas would. */
+static void scan_shared(const char *src, uint32_t nkernels, unsigned *shared) {
+  for (uint32_t i = 0; i < nkernels; i++) {
+    char name[48];
+    snprintf(name, sizeof name, "void kiln_kernel_%u(", i);
+    const char *at = strstr(src, name), *next = at ? strstr(at + 1, "void kiln_kernel_") : NULL;
+    const char *sh = at ? strstr(at, "KSHARED(") : NULL;
+    shared[i] = sh && (next == NULL || sh < next) ? 256 : 0;
+  }
+}
+
 /* The generated kernels.cu in dir, its NVRTC head replaced by
  * tests/fake_cuda/cuda_emu.h, built with the host C++ compiler; the
- * kernels into *fns, the thread setter into *set. false (saying why) when
- * it cannot be built here. */
+ * kernels into *fns, the block runner into *run, each kernel's shared
+ * memory into shared. false (saying why) when it cannot be built here. */
 static bool emu_build(const char *dir, uint32_t nkernels, void **dl, kernel_fn **fns,
-                      emu_set_fn *set) {
+                      emu_block_fn *run, unsigned *shared) {
   static const char head_end[] = "#define KCLZ64(x) __clzll((long long)(x))\n";
   char path[512], cmd[2048];
   snprintf(path, sizeof path, "%s/kernels.cu", dir);
@@ -179,6 +212,7 @@ static bool emu_build(const char *dir, uint32_t nkernels, void **dl, kernel_fn *
     return false;
   }
   body += sizeof head_end - 1;
+  scan_shared(body, nkernels, shared);
   snprintf(path, sizeof path, "%s/emu.cc", dir);
   FILE *f = fopen(path, "w");
   ck_assert_ptr_nonnull(f);
@@ -207,9 +241,9 @@ static bool emu_build(const char *dir, uint32_t nkernels, void **dl, kernel_fn *
     ck_assert_msg(sym != NULL, "emu.so has no %s", name);
     memcpy(&(*fns)[i], &sym, sizeof sym);
   }
-  void *sym = dlsym(*dl, "kemu_set");
+  void *sym = dlsym(*dl, "kemu_block");
   ck_assert_ptr_nonnull(sym);
-  memcpy(set, &sym, sizeof sym);
+  memcpy(run, &sym, sizeof sym);
   return true;
 }
 
@@ -230,6 +264,10 @@ static double max_abs(const kiln_literal *lit) {
   return m;
 }
 
+/* > 0: floats of the case may be reassociated reductions over this many elements
+ * (tests/support/tolerance.h). */
+static int64_t tol_reduce_n;
+
 static bool differs(const kiln_literal *ref, const kiln_literal *got, char *why, size_t n) {
   if (!kiln_shape_equal(&ref->shape, &got->shape, false)) {
     snprintf(why, n, "shapes differ");
@@ -244,11 +282,15 @@ static bool differs(const kiln_literal *ref, const kiln_literal *got, char *why,
   int64_t count = kiln_literal_elements(ref);
   bool fl = kiln_dtype_is_float(ref->shape.dtype);
   double rtol = ref->shape.dtype == KILN_F64 ? 1e-10 : 2e-5, scale = fl ? max_abs(ref) : 0;
+  /* a reassociated f32 reduction over tol_reduce_n elements */
+  double rred =
+      tol_reduce_n > 0 && ref->shape.dtype == KILN_F32 ? kiln_tol_reduce_f32(tol_reduce_n) : 0;
   for (int64_t i = 0; i < count; i++) {
     if (fl) {
       double x = kiln_literal_get_f64(ref, i), y = kiln_literal_get_f64(got, i);
       if (x == y || (isnan(x) && isnan(y))) continue;
       if (!isnan(x) && !isnan(y) && fabs(x - y) <= rtol * (fabs(x) + scale)) continue;
+      if (!isnan(x) && !isnan(y) && fabs(x - y) <= rred * fmax(1, fabs(x))) continue;
       snprintf(why, n, "element %lld: expected %.17g, got %.17g", (long long)i, x, y);
       return true;
     }
@@ -261,7 +303,8 @@ static bool differs(const kiln_literal *ref, const kiln_literal *got, char *why,
 }
 
 typedef enum outcome { RAN, REFUSED, LOWERED_APART, NO_REFERENCE } outcome;
-static bool emulate; /* run the cubin's own CUDA C, thread by thread */
+static bool emulate;     /* run the cubin's own CUDA C, thread by thread */
+static int coop_kernels; /* emulated kernels so far that use shared memory */
 
 /* The module on the fake cuda device (cpu kernels) against the
  * interpreter, arguments args (NULL: random from seed). */
@@ -279,6 +322,7 @@ static outcome run_case(kiln_backend *b, const char *text, uint64_t seed, kiln_l
   kiln_loaded *l = NULL;
   void *dl = NULL;
   kernel_fn *fns = NULL;
+  unsigned *shared = NULL;
   if (kiln_interp_run(m, (const kiln_literal *const *)args, nargs, &io, &ref, &st)) goto out;
   char dir[] = "/tmp/kiln-cuda-emu-XXXXXX";
   kiln_compile_options co;
@@ -289,21 +333,26 @@ static outcome run_case(kiln_backend *b, const char *text, uint64_t seed, kiln_l
     co.dump_dir = dir;
   }
   int rc = kiln_compile(m, &co, &ec, NULL, &st);
+  if (rc == 0 && emulate) { /* before loading: the load asks for each kernel's shared memory */
+    emu_block_fn run = NULL;
+    shared = kiln_calloc(ec->nkernels + 1, sizeof *shared);
+    ck_assert_ptr_nonnull(shared);
+    if (ec->nkernels > 0 && !emu_build(dir, ec->nkernels, &dl, &fns, &run, shared)) {
+      r = LOWERED_APART; /* not buildable here: counted with the skipped */
+      goto out;
+    }
+    for (uint32_t i = 0; i < ec->nkernels; i++) coop_kernels += shared[i] != 0;
+    set_kernels(fns, ec->nkernels);
+    set_shared(shared);
+    set_emulator(run);
+  }
   if (rc == 0) rc = kiln_device_load(kiln_backend_device(b, 0), ec, &l, &st);
   if (rc == KILN_EUNIMPL) {
     r = REFUSED;
     goto out;
   }
   ck_assert_msg(rc == 0, "%s: %s: %s\n%s", name, st.where, st.msg, text);
-  if (emulate) {
-    emu_set_fn set = NULL;
-    if (ec->nkernels > 0 && !emu_build(dir, ec->nkernels, &dl, &fns, &set)) {
-      r = LOWERED_APART; /* not buildable here: counted with the skipped */
-      goto out;
-    }
-    set_kernels(fns, ec->nkernels);
-    set_emulator(set);
-  } else {
+  if (!emulate) {
     ck_assert_msg(compile(m, "cpu", &eh, &st) == 0, "%s: %s", name, st.msg);
     if (!same_program(ec, eh)) {
       fprintf(stderr, "%s: skipped, cpu and cuda lowered it apart\n", name);
@@ -314,14 +363,19 @@ static outcome run_case(kiln_backend *b, const char *text, uint64_t seed, kiln_l
     set_kernels(fns, eh->nkernels);
   }
   kiln_run_options ro = {.timeout_seconds = 60, .max_while_iterations = 100000};
+  clock_t t0 = clock();
   rc = kiln_loaded_run(l, (const kiln_literal *const *)args, nargs, &ro, &got, &st);
-  ck_assert_msg(rc == 0, "%s: run: %s: %s\n%s", name, st.where, st.msg, text);
+  if (getenv("KILN_CUDA_FAKE_TIMES"))
+    fprintf(stderr, "%s: ran in %.2f s of CPU\n", name, (double)(clock() - t0) / CLOCKS_PER_SEC);
+  ck_assert_msg(rc == 0, "%s: run: %s: %s (%s)\n%s", name, st.where, st.msg, launch_error(), text);
   char why[300];
   ck_assert_msg(!differs(ref, got, why, sizeof why), "%s: %s\n%s", name, why, text);
   r = RAN;
 out:
   set_kernels(NULL, 0);
   set_emulator(NULL);
+  set_shared(NULL);
+  kiln_free(shared);
   if (emulate && strcmp(dir, "/tmp/kiln-cuda-emu-XXXXXX") != 0) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -423,6 +477,87 @@ static const char reduce_rows[] = "HloModule red\n"
                                   "  ROOT t = (f32[700], f32[129], f32[700,129]) tuple(r, c, e)\n"
                                   "}\n";
 
+/* Reductions large enough for the cooperative form (cuda_reduce.c: a block
+ * per output element, warp shuffles and shared memory): rows (a sum and a
+ * max of one multi-output fusion), a column of few outputs, everything
+ * into a scalar, integers (exact), an init value that is not the identity,
+ * and an argmax (variadic). */
+static const char coop_reduces[] =
+    "HloModule coop\n"
+    "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] add(a, b)\n}\n"
+    "addi {\n  a = s32[] parameter(0)\n  b = s32[] parameter(1)\n  ROOT c = s32[] add(a, b)\n}\n"
+    "mx {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] maximum(a, b)\n}\n"
+    "am {\n"
+    "  av = f32[] parameter(0)\n  ai = s32[] parameter(1)\n"
+    "  bv = f32[] parameter(2)\n  bi = s32[] parameter(3)\n"
+    "  gt = pred[] compare(av, bv), direction=GT\n"
+    "  eq = pred[] compare(av, bv), direction=EQ\n"
+    "  lt = pred[] compare(ai, bi), direction=LT\n"
+    "  tie = pred[] and(eq, lt)\n"
+    "  pick = pred[] or(gt, tie)\n"
+    "  v = f32[] select(pick, av, bv)\n"
+    "  i = s32[] select(pick, ai, bi)\n"
+    "  ROOT t = (f32[], s32[]) tuple(v, i)\n"
+    "}\n"
+    "ENTRY e {\n"
+    "  p = f32[5,1500] parameter(0)\n"
+    "  q = f32[700,3] parameter(1)\n"
+    "  k = s32[9,400] parameter(2)\n"
+    "  z = f32[] constant(0)\n"
+    "  one = f32[] constant(1.5)\n"
+    "  zi = s32[] constant(7)\n"
+    "  ninf = f32[] constant(-inf)\n"
+    "  e = f32[5,1500] exponential(p)\n"
+    "  r = f32[5] reduce(e, one), dimensions={1}, to_apply=add\n"
+    "  c = f32[3] reduce(q, z), dimensions={0}, to_apply=add\n"
+    "  a = f32[] reduce(p, z), dimensions={0,1}, to_apply=add\n"
+    "  i = s32[9] reduce(k, zi), dimensions={1}, to_apply=addi\n"
+    "  m = f32[5] reduce(p, ninf), dimensions={1}, to_apply=mx\n"
+    "  x = f32[7,999] parameter(3)\n"
+    "  io = s32[7,999] iota(), iota_dimension=1\n"
+    "  z0 = s32[] constant(0)\n"
+    "  g = (f32[7], s32[7]) reduce(x, io, ninf, z0), dimensions={1}, to_apply=am\n"
+    "  gv = f32[7] get-tuple-element(g), index=0\n"
+    "  gi = s32[7] get-tuple-element(g), index=1\n"
+    "  ROOT t = (f32[5], f32[3], f32[], s32[9], f32[5], f32[7], s32[7]) tuple(r, c, a, i, m, gv, "
+    "gi)\n"
+    "}\n";
+/* A softmax and a layernorm over long rows (row kernels: a reduce, then
+ * its broadcast). */
+static const char coop_rows[] =
+    "HloModule rows\n"
+    "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] add(a, b)\n}\n"
+    "mx {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] maximum(a, b)\n}\n"
+    "ENTRY e {\n"
+    "  x = f32[6,1024] parameter(0)\n"
+    "  ninf = f32[] constant(-inf)\n"
+    "  z = f32[] constant(0)\n"
+    "  m = f32[6] reduce(x, ninf), dimensions={1}, to_apply=mx\n"
+    "  mb = f32[6,1024] broadcast(m), dimensions={0}\n"
+    "  d = f32[6,1024] subtract(x, mb)\n"
+    "  ex = f32[6,1024] exponential(d)\n"
+    "  s = f32[6] reduce(ex, z), dimensions={1}, to_apply=add\n"
+    "  sb = f32[6,1024] broadcast(s), dimensions={0}\n"
+    "  y = f32[6,1024] divide(ex, sb)\n"
+    "  lx = f32[4,768] parameter(1)\n"
+    "  n = f32[] constant(768)\n"
+    "  eps = f32[] constant(1e-5)\n"
+    "  ls = f32[4] reduce(lx, z), dimensions={1}, to_apply=add\n"
+    "  nb = f32[4] broadcast(n), dimensions={}\n"
+    "  mean = f32[4] divide(ls, nb)\n"
+    "  lmb = f32[4,768] broadcast(mean), dimensions={0}\n"
+    "  ld = f32[4,768] subtract(lx, lmb)\n"
+    "  d2 = f32[4,768] multiply(ld, ld)\n"
+    "  v = f32[4] reduce(d2, z), dimensions={1}, to_apply=add\n"
+    "  var = f32[4] divide(v, nb)\n"
+    "  epsb = f32[4] broadcast(eps), dimensions={}\n"
+    "  ve = f32[4] add(var, epsb)\n"
+    "  rs = f32[4] rsqrt(ve)\n"
+    "  rb = f32[4,768] broadcast(rs), dimensions={0}\n"
+    "  ly = f32[4,768] multiply(ld, rb)\n"
+    "  ROOT t = (f32[6,1024], f32[4,768]) tuple(y, ly)\n"
+    "}\n";
+
 /* The cubin's own CUDA C, built for the host with tests/fake_cuda/cuda_emu.h
  * and run thread by thread over the grid the backend launches (the last
  * thread first): the grid-stride loops, the single-thread guard and the
@@ -437,6 +572,17 @@ START_TEST(cuda_kernels_emulated_over_the_grid) {
   emulate = true;
   int seeds = getenv("KILN_CUDA_FAKE_SEEDS") ? atoi(getenv("KILN_CUDA_FAKE_SEEDS")) : 16;
   int n[4] = {0};
+  /* cooperative reductions: blocks of 256 threads as fibers */
+  int coop_before = coop_kernels;
+  tol_reduce_n = 7500;
+  n[run_case(b, coop_reduces, 8, NULL, 0, "cooperative reduces (emulated)")]++;
+  ck_assert_int_ge(coop_kernels - coop_before, 5); /* they did run cooperatively */
+  /* launched as such: 256 threads, a block per output (the most: 9 of i) */
+  fake_stats cs = stats();
+  ck_assert_int_ge(cs.coop_launches, 5);
+  ck_assert_int_eq(cs.coop_min_block, 256);
+  ck_assert_int_eq(cs.coop_max_block, 256);
+  ck_assert_int_eq(cs.coop_max_grid, 9);
   for (int s = 1; s <= seeds; s++) {
     kiln_progen_options o = {0};
     o.seed = (uint64_t)s + 1000;
@@ -454,6 +600,9 @@ START_TEST(cuda_kernels_emulated_over_the_grid) {
   /* programs whose ranges span many blocks, a reduction, and the JAX ones */
   n[run_case(b, ew, 5, NULL, 0, "ew (emulated)")]++;
   n[run_case(b, reduce_rows, 6, NULL, 0, "reduce (emulated)")]++;
+  tol_reduce_n = 1024;
+  n[run_case(b, coop_rows, 9, NULL, 0, "softmax and layernorm (emulated)")]++;
+  tol_reduce_n = 0;
   static const char *const files[] = {"layernorm_softmax", "embedding", "gru_scan"};
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char path[1024];
@@ -464,13 +613,241 @@ START_TEST(cuda_kernels_emulated_over_the_grid) {
     kiln_free(text);
   }
   ck_assert_int_gt(stats().max_grid, 1);
-  fprintf(stderr, "emulated cuda: %d ran, %d refused, %d not buildable, %d without a reference\n",
-          n[RAN], n[REFUSED], n[LOWERED_APART], n[NO_REFERENCE]);
+  fprintf(stderr,
+          "emulated cuda: %d ran, %d refused, %d not buildable, %d without a reference; %d "
+          "cooperative kernels\n",
+          n[RAN], n[REFUSED], n[LOWERED_APART], n[NO_REFERENCE], coop_kernels);
   ck_assert_int_gt(n[RAN], seeds / 2);
   fake_stats st = stats();
   ck_assert_int_gt(st.launches, 0);
   emulate = false;
   close_backend(b);
+}
+END_TEST
+
+/* ---- the emulator itself --------------------------------------------------- */
+
+/* Kernels written by hand in the generated code's vocabulary, for the
+ * emulator's cooperative machinery: barriers, warp shuffles, static and
+ * dynamic shared memory, atomics, and the errors a GPU would hang or
+ * misbehave on. */
+static const char emu_kernels[] =
+    "#define KCLZ64(x) __clzll((long long)(x))\n"
+    /* 0: a block's sum by shuffles and shared memory */
+    "extern \"C\" __global__ void kiln_kernel_0(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *out = (float *)bufs[0];\n"
+    "  const float *in = (const float *)bufs[1];\n"
+    "  KSHARED(float, s, 32);\n"
+    "  float v = in[blockIdx.x * blockDim.x + threadIdx.x];\n"
+    "  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);\n"
+    "  if ((threadIdx.x & 31u) == 0) s[threadIdx.x >> 5] = v;\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x == 0) {\n"
+    "    float t = 0;\n"
+    "    for (unsigned w = 0; w < blockDim.x / 32; w++) t += s[w];\n"
+    "    out[blockIdx.x] = t;\n"
+    "  }\n"
+    "}\n"
+    /* 1: every lane gets its warp's largest by a butterfly */
+    "extern \"C\" __global__ void kiln_kernel_1(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  int32_t *out = (int32_t *)bufs[0];\n"
+    "  const int32_t *in = (const int32_t *)bufs[1];\n"
+    "  int32_t v = in[threadIdx.x];\n"
+    "  for (int m = 16; m > 0; m >>= 1) {\n"
+    "    int32_t o = __shfl_xor_sync(0xffffffffu, v, m);\n"
+    "    v = o > v ? o : v;\n"
+    "  }\n"
+    "  out[threadIdx.x] = v;\n"
+    "}\n"
+    /* 2: thread 5 returns while the others wait */
+    "extern \"C\" __global__ void kiln_kernel_2(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  if (threadIdx.x == 5) return;\n"
+    "  __syncthreads();\n"
+    "}\n"
+    /* 3: the last thread returns (it runs first) */
+    "extern \"C\" __global__ void kiln_kernel_3(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  if (threadIdx.x == blockDim.x - 1) return;\n"
+    "  __syncthreads();\n"
+    "}\n"
+    /* 4: divergence: two barriers */
+    "extern \"C\" __global__ void kiln_kernel_4(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  if (threadIdx.x < 32) {\n"
+    "    __syncthreads();\n"
+    "  } else {\n"
+    "    __syncthreads();\n"
+    "  }\n"
+    "}\n"
+    /* 5: dynamic shared memory, reversed through it */
+    "extern \"C\" __global__ void kiln_kernel_5(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  int32_t *out = (int32_t *)bufs[0];\n"
+    "  KDYNSHARED(int32_t, d);\n"
+    "  d[threadIdx.x] = (int32_t)(blockIdx.x * 1000 + threadIdx.x);\n"
+    "  __syncthreads();\n"
+    "  out[blockIdx.x * blockDim.x + threadIdx.x] = d[blockDim.x - 1 - threadIdx.x];\n"
+    "}\n"
+    /* 6: atomics from every thread of the grid */
+    "extern \"C\" __global__ void kiln_kernel_6(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *f = (float *)bufs[0];\n"
+    "  int32_t *i = (int32_t *)bufs[1];\n"
+    "  double *g = (double *)bufs[2];\n"
+    "  atomicAdd(f, 0.5f);\n"
+    "  atomicAdd(i, 2);\n"
+    "  atomicAdd(g, 0.25);\n"
+    "  atomicMax(i + 1, (int32_t)(blockIdx.x * blockDim.x + threadIdx.x));\n"
+    "}\n"
+    /* 7: shared memory holds no value before it is written, in every block */
+    "extern \"C\" __global__ void kiln_kernel_7(void *const *bufs, int64_t begin, int64_t end) {\n"
+    "  float *out = (float *)bufs[0];\n"
+    "  KSHARED(float, s, 4);\n"
+    "  if (threadIdx.x == 0) out[blockIdx.x] = s[1];\n"
+    "  __syncthreads();\n"
+    "  s[1] = 1.0f;\n"
+    "}\n";
+
+typedef int (*drv_alloc_fn)(uint64_t *, size_t);
+typedef int (*drv_free_fn)(uint64_t);
+typedef int (*drv_getfn_fn)(void **, void *, const char *);
+typedef int (*drv_launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, void *, void **, void **);
+static drv_alloc_fn drv_alloc;
+static drv_free_fn drv_free;
+static drv_getfn_fn drv_getfn;
+static drv_launch_fn drv_launch;
+
+static void *drv(const char *name) {
+  int (*gpa)(const char *, void **, int, uint64_t, int *) = NULL;
+  void *p = dlsym(fake, "cuGetProcAddress_v2");
+  ck_assert_ptr_nonnull(p);
+  memcpy(&gpa, &p, sizeof p);
+  void *fn = NULL;
+  int status = 0;
+  ck_assert_int_eq(gpa(name, &fn, 12000, 0, &status), 0);
+  return fn;
+}
+
+/* Launches kernel k of the emulated source over grid x block with shmem
+ * dynamic bytes, bufs[] in device memory: the driver's result. */
+static int emu_launch(unsigned k, unsigned grid, unsigned block, unsigned shmem, void *const *bufs,
+                      unsigned nbufs) {
+  uint64_t vec = 0;
+  ck_assert_int_eq(drv_alloc(&vec, nbufs * sizeof(void *)), 0);
+  memcpy((void *)(uintptr_t)vec, bufs, nbufs * sizeof(void *));
+  char name[32];
+  snprintf(name, sizeof name, "kiln_kernel_%u", k);
+  void *fn = NULL;
+  ck_assert_int_eq(drv_getfn(&fn, NULL, name), 0);
+  int64_t begin = 0, end = 1;
+  void *params[] = {&vec, &begin, &end};
+  int r = drv_launch(fn, grid, 1, 1, block, 1, 1, shmem, NULL, params, NULL);
+  ck_assert_int_eq(drv_free(vec), 0);
+  return r;
+}
+
+static void *dev(size_t bytes) {
+  uint64_t p = 0;
+  ck_assert_int_eq(drv_alloc(&p, bytes), 0);
+  return (void *)(uintptr_t)p;
+}
+
+START_TEST(the_emulator_runs_cooperative_blocks) {
+  if (system("c++ --version > /dev/null 2>&1") != 0) {
+    fprintf(stderr, "skipped: no host C++ compiler (c++)\n");
+    return;
+  }
+  fake_open();
+  void *p = drv("cuMemAlloc");
+  memcpy(&drv_alloc, &p, sizeof p);
+  p = drv("cuMemFree");
+  memcpy(&drv_free, &p, sizeof p);
+  p = drv("cuModuleGetFunction");
+  memcpy(&drv_getfn, &p, sizeof p);
+  p = drv("cuLaunchKernel");
+  memcpy(&drv_launch, &p, sizeof p);
+  char dir[] = "/tmp/kiln-cuda-emu-XXXXXX", path[600];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/kernels.cu", dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(emu_kernels, f);
+  fclose(f);
+  void *dl = NULL;
+  kernel_fn *fns = NULL;
+  emu_block_fn run = NULL;
+  unsigned shared[8];
+  ck_assert(emu_build(dir, 8, &dl, &fns, &run, shared));
+  ck_assert_uint_ne(shared[0], 0); /* KSHARED seen */
+  ck_assert_uint_eq(shared[1], 0);
+  set_kernels(fns, 8);
+  set_emulator(run);
+
+  /* sums: 3 blocks of 256, the inputs small integers (exact) */
+  float *in = dev(768 * sizeof(float)), *sums = dev(3 * sizeof(float));
+  for (int i = 0; i < 768; i++) in[i] = (float)(i % 7);
+  void *b0[] = {sums, in};
+  ck_assert_int_eq(emu_launch(0, 3, 256, 0, b0, 2), 0);
+  for (int b = 0; b < 3; b++) {
+    float want = 0;
+    for (int i = 0; i < 256; i++) want += (float)((b * 256 + i) % 7);
+    ck_assert_float_eq(sums[b], want);
+  }
+  /* butterfly: two warps */
+  int32_t *iv = dev(64 * sizeof(int32_t)), *iout = dev(64 * sizeof(int32_t));
+  for (int i = 0; i < 64; i++) iv[i] = (i * 37) % 64;
+  void *b1[] = {iout, iv};
+  ck_assert_int_eq(emu_launch(1, 1, 64, 0, b1, 2), 0);
+  for (int w = 0; w < 2; w++) {
+    int32_t want = 0;
+    for (int i = 0; i < 32; i++) want = iv[w * 32 + i] > want ? iv[w * 32 + i] : want;
+    for (int i = 0; i < 32; i++) ck_assert_int_eq(iout[w * 32 + i], want);
+  }
+  /* errors: a launch that fails, saying why */
+  ck_assert_int_eq(emu_launch(2, 2, 64, 0, b1, 2), 719); /* CUDA_ERROR_LAUNCH_FAILED */
+  ck_assert_msg(strstr(launch_error(), "returned while the others wait at __syncthreads"), "%s",
+                launch_error());
+  ck_assert_int_eq(emu_launch(3, 1, 64, 0, b1, 2), 719);
+  ck_assert_msg(strstr(launch_error(), "after a thread of its block returned"), "%s",
+                launch_error());
+  ck_assert_int_eq(emu_launch(4, 1, 64, 0, b1, 2), 719);
+  ck_assert_msg(strstr(launch_error(), "divergence"), "%s", launch_error());
+  ck_assert_int_eq(emu_launch(1, 1, 48, 0, b1, 2), 719);
+  ck_assert_msg(strstr(launch_error(), "partial warp"), "%s", launch_error());
+  /* dynamic shared memory; more than a launch gets without opting in is refused */
+  int32_t *rev = dev(2 * 128 * sizeof(int32_t));
+  void *b5[] = {rev};
+  ck_assert_int_eq(emu_launch(5, 2, 128, 128 * sizeof(int32_t), b5, 1), 0);
+  for (int b = 0; b < 2; b++)
+    for (int t = 0; t < 128; t++) ck_assert_int_eq(rev[b * 128 + t], b * 1000 + 127 - t);
+  ck_assert_int_eq(emu_launch(5, 1, 128, 64 << 10, b5, 1), 1); /* CUDA_ERROR_INVALID_VALUE */
+  /* atomics */
+  float *af = dev(sizeof(float));
+  int32_t *ai = dev(2 * sizeof(int32_t));
+  double *ad = dev(sizeof(double));
+  *af = 0;
+  ai[0] = ai[1] = 0;
+  *ad = 0;
+  void *b6[] = {af, ai, ad};
+  ck_assert_int_eq(emu_launch(6, 3, 96, 0, b6, 3), 0);
+  ck_assert_float_eq(*af, 144.0f);
+  ck_assert_int_eq(ai[0], 576);
+  ck_assert_int_eq(ai[1], 287);
+  ck_assert_double_eq(*ad, 72.0);
+  /* each block's shared memory starts without a value (a NaN) */
+  float *un = dev(2 * sizeof(float));
+  void *b7[] = {un};
+  ck_assert_int_eq(emu_launch(7, 2, 32, 0, b7, 1), 0);
+  ck_assert(isnan(un[0]) && isnan(un[1]));
+
+  void *all[] = {in, sums, iv, iout, rev, af, ai, ad, un};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    ck_assert_int_eq(drv_free((uint64_t)(uintptr_t)all[i]), 0);
+  set_kernels(NULL, 0);
+  set_emulator(NULL);
+  dlclose(dl);
+  kiln_free(fns);
+  snprintf(path, sizeof path, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(path), 0);
+  fake_stats st = stats();
+  ck_assert_int_eq(st.bad_addresses, 0);
 }
 END_TEST
 
@@ -723,6 +1100,7 @@ int main(void) {
   tcase_add_test(c, progen_corpus_runs_through_the_backend);
   tcase_add_test(c, while_and_conditional_are_driven_from_the_host);
   tcase_add_test(c, cuda_kernels_emulated_over_the_grid);
+  tcase_add_test(c, the_emulator_runs_cooperative_blocks);
   tcase_add_test(c, execute_on_buffers_and_copies);
   tcase_add_test(c, driver_failures_are_statuses_naming_the_call);
   tcase_add_test(c, a_device_that_fails_to_open_is_a_status);
