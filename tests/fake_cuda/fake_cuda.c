@@ -14,6 +14,8 @@
  * (kiln_fake_cuda_set_kernels), and a launch calls kernel N over the
  * launch's whole [begin, end) on the calling thread. Streams and events
  * are synchronous. A call can be made to fail (kiln_fake_cuda_fail).
+ * The fake cuBLASLt beside it checks its addresses through
+ * kiln_fake_cuda_inside.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -102,6 +104,17 @@ static bool inside(uint64_t p, size_t n) {
   if (!ok) fk.s.bad_addresses++;
   pthread_mutex_unlock(&fk.mu);
   return ok;
+}
+
+/* For the fake cuBLASLt (fake_cublaslt.c), which checks the addresses it
+ * is given and that a context is current as the real library needs. */
+bool kiln_fake_cuda_inside(uint64_t p, size_t n) { return inside(p, n); }
+
+long kiln_fake_cuda_ctx_depth(void) {
+  pthread_mutex_lock(&fk.mu);
+  long d = fk.s.ctx_depth;
+  pthread_mutex_unlock(&fk.mu);
+  return d;
 }
 
 /* ---- the driver ------------------------------------------------------------ */
