@@ -224,9 +224,8 @@ static int pick_algo(kiln__cublas_plan *p, const uint32_t align[3], uint64_t wor
   memset(&res, 0, sizeof res);
   int found = 0;
   if (rc == 0)
-    rc = check(
-        lib.api.heuristic(p->h, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found),
-        "cublasLtMatmulAlgoGetHeuristic", p->what, st);
+    rc = check(lib.api.heuristic(p->h, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found),
+               "cublasLtMatmulAlgoGetHeuristic", p->what, st);
   lib.api.pref_destroy(pref);
   if (rc) return rc;
   if (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
@@ -265,9 +264,8 @@ int kiln__cublas_plan_create(kiln__cublas *h, const kiln_gemm *g, bool tf32,
     memcpy(p->alpha, &a, 4);
     memcpy(p->beta, &b, 4);
   }
-  int rc = check(
-      lib.api.desc_create(&p->desc, (cublasComputeType_t)compute, (cudaDataType)scale),
-      "cublasLtMatmulDescCreate", what, st);
+  int rc = check(lib.api.desc_create(&p->desc, (cublasComputeType_t)compute, (cudaDataType)scale),
+                 "cublasLtMatmulDescCreate", what, st);
   if (rc) p->desc = NULL;
   /* ours: C (m x n) = op(A) op(B); cuBLASLt's: C^T = op(B^T) op(A^T). */
   cublasOperation_t ta = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -300,7 +298,7 @@ int kiln__cublas_plan_run(const kiln__cublas_plan *p, uint64_t a, uint64_t b, ui
                           uint64_t workspace, CUstream s, const char *where, kiln_status *st) {
   void *pa = (void *)(uintptr_t)a, *pb = (void *)(uintptr_t)b, *pc = (void *)(uintptr_t)c;
   void *ws = p->workspace ? (void *)(uintptr_t)workspace : NULL;
-  return check(lib.api.matmul(p->h, p->desc, p->alpha, pb, p->la, pa, p->lb, p->beta, pc, p->lc,
-                              pc, p->lc, &p->algo, ws, (size_t)p->workspace, (cudaStream_t)s),
+  return check(lib.api.matmul(p->h, p->desc, p->alpha, pb, p->la, pa, p->lb, p->beta, pc, p->lc, pc,
+                              p->lc, &p->algo, ws, (size_t)p->workspace, (cudaStream_t)s),
                "cublasLtMatmul", where, st);
 }

@@ -532,8 +532,8 @@ static void store(char *base, int32_t type, int64_t i, double v) {
 /* The bytes a layout's matrices span from their base. */
 static uint64_t extent(const flayout *l) {
   if (l->rows == 0 || l->cols == 0) return 0;
-  uint64_t last = (uint64_t)(l->batch - 1) * (uint64_t)l->stride +
-                  (l->cols - 1) * (uint64_t)l->ld + l->rows;
+  uint64_t last =
+      (uint64_t)(l->batch - 1) * (uint64_t)l->stride + (l->cols - 1) * (uint64_t)l->ld + l->rows;
   return last * type_size(l->type);
 }
 
@@ -576,11 +576,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                     i, ptr[i], (unsigned long long)step, need);
     uint64_t n = extent(lay[i]);
     if (n && !fb.inside((uint64_t)(uintptr_t)ptr[i], n))
-      return reject(CUBLAS_STATUS_EXECUTION_FAILED, "matmul: operand %d's %llu bytes at %p",
-                    i, (unsigned long long)n, ptr[i]);
+      return reject(CUBLAS_STATUS_EXECUTION_FAILED, "matmul: operand %d's %llu bytes at %p", i,
+                    (unsigned long long)n, ptr[i]);
   }
-  if (wsbytes < al->ws || (al->ws && (workspace == NULL ||
-                                      !fb.inside((uint64_t)(uintptr_t)workspace, al->ws))))
+  if (wsbytes < al->ws ||
+      (al->ws && (workspace == NULL || !fb.inside((uint64_t)(uintptr_t)workspace, al->ws))))
     return reject(CUBLAS_STATUS_INVALID_VALUE, "matmul: workspace of %zu bytes, %llu needed",
                   wsbytes, (unsigned long long)al->ws);
   double a, b;

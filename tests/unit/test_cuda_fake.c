@@ -789,7 +789,6 @@ START_TEST(the_budget_is_kept) {
 }
 END_TEST
 
-
 /* ---- GEMM steps through the fake cuBLASLt ------------------------------------ */
 
 static const char *const dot_cases[][2] = {
@@ -808,13 +807,12 @@ static const char *const dot_cases[][2] = {
      "  b = f32[70,24]{1,0} parameter(1)\n"
      "  ROOT d = f32[40,24]{0,1} dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
      "}\n"},
-    {"f64",
-     "HloModule d3\n"
-     "ENTRY e {\n"
-     "  a = f64[20,11] parameter(0)\n"
-     "  b = f64[11,30] parameter(1)\n"
-     "  ROOT d = f64[20,30] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
-     "}\n"},
+    {"f64", "HloModule d3\n"
+            "ENTRY e {\n"
+            "  a = f64[20,11] parameter(0)\n"
+            "  b = f64[11,30] parameter(1)\n"
+            "  ROOT d = f64[20,30] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+            "}\n"},
     {"matrix times vector",
      "HloModule d4\n"
      "ENTRY e {\n"
@@ -1133,15 +1131,15 @@ START_TEST(hostile_gemm_steps_are_refused_at_load) {
     int code;
     const char *says;
   } bad[] = {
-      {0, 1, KILN_EINVAL, "leading dimension"},        /* lda below k */
-      {1, KILN_S8, KILN_EUNIMPL, "integer GEMM"},      /* dtype */
-      {2, 0, KILN_EUNIMPL, "empty contraction"},       /* k 0 */
-      {3, 100000, KILN_EINVAL, "spans"},               /* n past C's slot */
-      {4, 2, KILN_EINVAL, "transpose flags"},          /* trans_a */
+      {0, 1, KILN_EINVAL, "leading dimension"},         /* lda below k */
+      {1, KILN_S8, KILN_EUNIMPL, "integer GEMM"},       /* dtype */
+      {2, 0, KILN_EUNIMPL, "empty contraction"},        /* k 0 */
+      {3, 100000, KILN_EINVAL, "spans"},                /* n past C's slot */
+      {4, 2, KILN_EINVAL, "transpose flags"},           /* trans_a */
       {5, INT64_C(1) << 40, KILN_EINVAL, "gemm batch"}, /* m past int32 */
-      {6, 2, KILN_EINVAL, "takes 3 slots"},            /* nargs */
-      {7, 1, KILN_EINVAL, "batches overlap"},          /* stride_c */
-      {8, 0, KILN_EUNIMPL, "element type"},            /* dtype pred */
+      {6, 2, KILN_EINVAL, "takes 3 slots"},             /* nargs */
+      {7, 1, KILN_EINVAL, "batches overlap"},           /* stride_c */
+      {8, 0, KILN_EUNIMPL, "element type"},             /* dtype pred */
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     kiln_status st;
@@ -1175,7 +1173,6 @@ START_TEST(hostile_gemm_steps_are_refused_at_load) {
   close_backend(b);
 }
 END_TEST
-
 
 /* The fake rejects what cuBLASLt would, so that the backend passing it
  * means something: a leading dimension below the rows, an attribute of the
@@ -1227,9 +1224,8 @@ START_TEST(the_fake_cublaslt_is_strict) {
   FN(int (*)(void *), pref_destroy, blas_entry, "cublasLtMatmulPreferenceDestroy");
   FN(int (*)(void *, void *, void *, void *, void *, void *, void *, int, void *, int *), heur,
      blas_entry, "cublasLtMatmulAlgoGetHeuristic");
-  FN(int (*)(void *, void *, const void *, const void *, void *, const void *, void *,
-             const void *, const void *, void *, void *, void *, const void *, void *, size_t,
-             void *),
+  FN(int (*)(void *, void *, const void *, const void *, void *, const void *, void *, const void *,
+             const void *, void *, void *, void *, const void *, void *, size_t, void *),
      matmul, blas_entry, "cublasLtMatmul");
 
   void *h = NULL, *ctx = NULL;
