@@ -617,8 +617,8 @@ static int check_gemm(const kiln_executable *e, const cuda_loaded *l, const kiln
                            "gemm takes 3 slots (A, B, C) and its epilogue's, %u given", s->nargs);
   if (g->dtype == KILN_S8 || g->dtype == KILN_U8)
     return kiln_status_set(st, KILN_EUNIMPL, w,
-                           "integer GEMM steps do not run on cuda (the cuda target lowers integer "
-                           "dots to kernels): recompile this program for the cuda target");
+                           "integer GEMM steps do not run on cuda (the cuda target compiles "
+                           "integer dots to kernels: this step was not made by it)");
   if (g->dtype != KILN_F32 && g->dtype != KILN_F64 && g->dtype != KILN_BF16)
     return kiln_status_set(st, KILN_EUNIMPL, w,
                            "gemm of element type %d (f32, f64 and bf16 into f32 run on cuda)",

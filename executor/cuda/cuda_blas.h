@@ -55,7 +55,7 @@ bool kiln__cublas_compute_type(kiln_dtype dtype, bool tf32, int *compute, int *s
 bool kiln__cublas_tf32_from_env(void);
 
 /* Opens the library (once per process) and creates a handle in the
- * current context, for device `where` of compute capability major. No
+ * current context, for device `where` (named in messages). No
  * library or a handle that fails is a status naming it (KILN_EUNAVAIL,
  * or the cuBLAS status's code). */
 int kiln__cublas_create(const char *where, kiln__cublas **out, kiln_status *st);

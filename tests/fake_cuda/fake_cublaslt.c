@@ -599,19 +599,38 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   char *pd = D;
   int64_t ar = p.d->ta == CUBLAS_OP_N ? 1 : p.a->ld, ak = p.d->ta == CUBLAS_OP_N ? p.a->ld : 1;
   int64_t bk = p.d->tb == CUBLAS_OP_N ? 1 : p.b->ld, bc = p.d->tb == CUBLAS_OP_N ? p.b->ld : 1;
-  for (int64_t t = 0; t < p.c->batch; t++)
+  /* op(A) rows and op(B) columns gathered into contiguous doubles once per
+   * batch: the products are then plain dot products (the suite also runs
+   * unoptimized under ASan). */
+  size_t mk = (size_t)p.m * p.k, nk = (size_t)p.n * p.k;
+  double *ra = malloc((mk ? mk : 1) * sizeof *ra), *cb = malloc((nk ? nk : 1) * sizeof *cb);
+  if (ra == NULL || cb == NULL) {
+    free(ra);
+    free(cb);
+    return CUBLAS_STATUS_ALLOC_FAILED;
+  }
+  for (int64_t t = 0; t < p.c->batch; t++) {
+    for (uint64_t i = 0; i < p.m; i++)
+      for (uint64_t q = 0; q < p.k; q++)
+        ra[i * p.k + q] =
+            load(pa, p.a->type, t * p.a->stride + (int64_t)i * ar + (int64_t)q * ak, round);
+    for (uint64_t j = 0; j < p.n; j++)
+      for (uint64_t q = 0; q < p.k; q++)
+        cb[j * p.k + q] =
+            load(pb, p.b->type, t * p.b->stride + (int64_t)j * bc + (int64_t)q * bk, round);
     for (uint64_t j = 0; j < p.n; j++)
       for (uint64_t i = 0; i < p.m; i++) {
+        const double *x = ra + i * p.k, *y = cb + j * p.k;
         double acc = 0;
-        int64_t ai = t * p.a->stride + (int64_t)i * ar, bj = t * p.b->stride + (int64_t)j * bc;
-        for (uint64_t q = 0; q < p.k; q++)
-          acc += load(pa, p.a->type, ai + (int64_t)q * ak, round) *
-                 load(pb, p.b->type, bj + (int64_t)q * bk, round);
+        for (uint64_t q = 0; q < p.k; q++) acc += x[q] * y[q];
         double v = a * acc;
         if (b != 0)
           v += b * load(pc, p.c->type, t * p.c->stride + (int64_t)(i + j * p.c->ld), false);
         store(pd, p.dd->type, t * p.dd->stride + (int64_t)(i + j * p.dd->ld), v);
       }
+  }
+  free(ra);
+  free(cb);
   pthread_mutex_lock(&fb.mu);
   fb.s.matmuls++;
   if (round) fb.s.tf32_matmuls++;
