@@ -928,7 +928,10 @@ START_TEST(dot_programs_run_through_cublaslt) {
   ck_assert_int_gt(n[RAN], seeds / 2);
   /* the JAX models with dots: their GEMMs are followed by fused kernels,
    * which the cpu target folds into its GEMM steps, so they run emulated */
-  static const char *const files[] = {"mlp2", "block_small", "transformer"};
+  /* (transformer.hlo is left to test_cuda_diff: its reference alone takes
+   * the interpreter past a minute under ASan) */
+  static const char *const files[] = {"mlp2", "block_small"};
+  int jax_ran = 0;
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
     char path[1024];
     snprintf(path, sizeof path, "%s/tests/data/jax/%s.hlo", KILN_SOURCE_DIR, files[i]);
@@ -937,9 +940,13 @@ START_TEST(dot_programs_run_through_cublaslt) {
     emulate = cxx;
     outcome o = run_case(b, text, 7, NULL, 0, path);
     emulate = false;
-    ck_assert_msg(o == RAN || (!cxx && o == LOWERED_APART), "%s: outcome %d", path, o);
+    /* no reference: the interpreter ran past its limit (a sanitizer build) */
+    ck_assert_msg(o == RAN || o == NO_REFERENCE || (!cxx && o == LOWERED_APART), "%s: outcome %d",
+                  path, o);
+    jax_ran += o == RAN;
     kiln_free(text);
   }
+  ck_assert_int_gt(jax_ran, 0);
   fake_blas_stats bs = blas_stats();
   fprintf(stderr, "fake cuBLASLt: %ld matmuls (%ld batched), %ld heuristics, workspace %llu\n",
           bs.matmuls, bs.batched_matmuls, bs.heuristics, (unsigned long long)bs.max_workspace);
