@@ -18,8 +18,10 @@
 #      interpreter (test_cuda_diff: how many ran, were refused, mismatched);
 #   4. benchmarks against JAX on the same GPU (JAX_PLATFORMS=cuda): copy,
 #      fused elementwise and GEMMs (bench/gpu_bench.py), the same HLO timed
-#      with `kiln bench --backend cuda`, and the models of
-#      bench/bench_models.py with Kiln on --backend cuda.
+#      with `kiln bench --backend cuda`; Kiln's GEMM steps (cuBLASLt)
+#      against a direct cublasGemmEx of the same shapes, pure f32 and TF32
+#      (bench/gemm_vs_cublas.py: the issue's >= 0.9x goal); and the models
+#      of bench/bench_models.py with Kiln on --backend cuda.
 #
 # On the lent H200 (the workplace's device tool), which cannot build Kiln:
 # first, here, `scripts/gpu-bundle.sh` (writes .gpu/kiln-gpu.tar.gz), then
@@ -215,6 +217,9 @@ else
   note "- JAX peer figures: FAILED or no time (${l} s left): $(tail -3 "$exp/jax.err" 2>/dev/null | tr '\n' ' ')"
   fail=1
 fi
+stage "GEMM against a direct cuBLAS call (bench/gemm_vs_cublas.py)" 150 \
+  "$py" bench/gemm_vs_cublas.py --kiln build-gpu/kiln --rounds 3 --iters 20 \
+  --shapes 4096x4096x4096,8192x8192x8192,2048x8192x1024 --precisions f32,tf32
 l=$(left)
 if [ "$l" -gt 60 ]; then
   stage "models (bench/bench_models.py --backend cuda, JAX on $JAX_PLATFORMS)" $((l - 5)) \

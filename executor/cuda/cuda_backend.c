@@ -15,9 +15,12 @@
  * for a cuda target whose architecture this GPU runs, and then its cubin is
  * loaded once (cuModuleLoadData) and kiln_kernel_0 .. N-1 are looked up
  * (cuModuleGetFunction), with each one's largest block. The constants
- * blob goes to device memory once. Steps the cuda target does not run yet
- * (GEMM, convolution, FFT, LAPACK, collectives) are KILN_EUNIMPL at load,
- * naming the step: nothing of such a program runs.
+ * blob goes to device memory once. GEMM steps are planned once through
+ * cuBLASLt (cuda_blas.h: descriptors, layouts and the heuristic's
+ * algorithm per step, the device's handle and workspace made at the first
+ * such load). Steps the cuda target does not run yet (convolution, FFT,
+ * LAPACK, collectives) are KILN_EUNIMPL at load, naming the step: nothing
+ * of such a program runs.
  *
  * Running: a run takes the device (one run at a time per device, in the
  * order they come), allocates its temporary arena and, after it, the
@@ -28,10 +31,13 @@
  * kiln__cuda_grid, except a kernel with static shared memory
  * (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES > 0: a cooperative reduction of
  * cuda_target.c, whose block works on one iteration at a time): 256
- * threads (whole warps) and a block per iteration up to 32 per SM; copies are device-to-device on
- * the compute stream; while and conditional steps are driven from the host, reading the predicate
- * or selector back (a small pinned buffer, the stream synchronized) between programs. The run ends
- * with the event recorded on the compute stream and waited for: a kernel that faulted is reported
+ * threads (whole warps) and a block per iteration up to 32 per SM; a GEMM
+ * step is one cublasLtMatmul on the compute stream, its epilogue (a fused
+ * kernel over C) launched right after it; copies are device-to-device on
+ * the compute stream; while and conditional steps are driven from the
+ * host, reading the predicate or selector back (a small pinned buffer, the
+ * stream synchronized) between programs. The run ends with the event
+ * recorded on the compute stream and waited for: a kernel that faulted is reported
  * there, naming the call. Limits (time, cancel) are checked between
  * steps; a step observer makes every step synchronous, so its times are
  * the device's.
@@ -39,6 +45,8 @@
  * Every driver call is checked (kiln__cuda_check): its failure is a status
  * naming the call and the driver's error.
  */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +62,7 @@
 #include "executor/cuda/cuda.h"
 #include "executor/cuda/cuda_alloc.h"
 #include "executor/cuda/cuda_api.h"
+#include "executor/cuda/cuda_blas.h"
 #include "executor/cuda/nccl_api.h"
 
 #define DEFAULT_MAX_ITERATIONS UINT64_C(1000000000)
@@ -99,6 +108,11 @@ typedef struct cuda_dev {
   uint64_t max_temp_bytes;
   char where[32];       /* "cuda:0" */
   char budget_name[96]; /* for the allocator's messages */
+  /* GEMM steps: made at the first load that has one, under run_mu (the
+   * workspace serves one run at a time, as the device does). */
+  kiln__cublas *blas;
+  kiln__cuda_block *workspace;
+  uint64_t workspace_bytes;
 } cuda_dev;
 
 typedef struct cuda_loaded {
@@ -109,7 +123,9 @@ typedef struct cuda_loaded {
   uint32_t *max_block; /* nkernels: CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK */
   uint8_t *coop;       /* nkernels: uses shared memory, one block per iteration */
   kiln__cuda_block *consts;
-  uint64_t **argv_base; /* [p][s]: the step's first entry in the argument vector */
+  uint64_t **argv_base;       /* [p][s]: the step's first entry in the argument vector */
+  kiln__cublas_plan ***plans; /* [p][s]: a GEMM step's plan; NULL for others and empty ones */
+  bool tf32;                  /* f32 GEMMs may use TF32 (KILN_CUDA_TF32=1 at load) */
   uint64_t nargv;
   uint32_t *leaf_base; /* nparams + 1 */
   bool *donated;       /* per parameter leaf */
@@ -219,7 +235,11 @@ static void raw_free(void *ctx, uint64_t ptr) {
 static void dev_destroy(cuda_dev *d) {
   if (d == NULL) return;
   if (d->ctx && ctx_enter(d, NULL) == 0) {
-    if (d->alloc_init) kiln__cuda_allocator_fini(&d->alloc);
+    kiln__cublas_destroy(d->blas);
+    if (d->alloc_init) {
+      kiln__cuda_allocator_put(&d->alloc, d->workspace);
+      kiln__cuda_allocator_fini(&d->alloc);
+    }
     if (d->stage) d->api->mem_free_host(d->stage);
     if (d->small) d->api->mem_free_host(d->small);
     if (d->done) d->api->event_destroy(d->done);
@@ -662,6 +682,94 @@ static int check_coll_step(const kiln_executable *e, const cuda_loaded *l, const
   return 0;
 }
 
+/* ---- loading: GEMM steps ------------------------------------------------ */
+
+/* Elements spanned by `batch` row-major rows x cols matrices with leading
+ * dimension ld, `stride` apart; false on overflow. */
+static bool gemm_span(int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                      uint64_t *out) {
+  *out = 0;
+  if (batch == 0 || rows == 0 || cols == 0) return true;
+  int64_t a, b, t;
+  if (__builtin_mul_overflow(batch - 1, stride, &a) || __builtin_mul_overflow(rows - 1, ld, &b) ||
+      __builtin_add_overflow(a, b, &t) || __builtin_add_overflow(t, cols, &t))
+    return false;
+  *out = (uint64_t)t;
+  return true;
+}
+
+/* A GEMM step as cuBLASLt will read it: element types it runs, sizes it
+ * takes (int32 dims and batch count), each operand's leading dimension and
+ * extent within its slot, C's batches apart and writable, the epilogue's
+ * kernel. Integer GEMMs are refused: the cuda target lowers integer dots
+ * to kernels, so only a foreign executable has them. */
+static int check_gemm(const kiln_executable *e, const cuda_loaded *l, const kiln_step *s,
+                      const char *w, kiln_status *st) {
+  const kiln_gemm *g = &s->gemm;
+  if (s->nargs < 3)
+    return kiln_status_set(st, KILN_EINVAL, w,
+                           "gemm takes 3 slots (A, B, C) and its epilogue's, %u given", s->nargs);
+  if (g->dtype == KILN_S8 || g->dtype == KILN_U8)
+    return kiln_status_set(st, KILN_EUNIMPL, w,
+                           "integer GEMM steps do not run on cuda (the cuda target compiles "
+                           "integer dots to kernels: this step was not made by it)");
+  if (g->dtype != KILN_F32 && g->dtype != KILN_F64 && g->dtype != KILN_BF16)
+    return kiln_status_set(st, KILN_EUNIMPL, w,
+                           "gemm of element type %d (f32, f64 and bf16 into f32 run on cuda)",
+                           g->dtype);
+  if (g->trans_a > 1 || g->trans_b > 1)
+    return kiln_status_set(st, KILN_EINVAL, w, "gemm transpose flags %u, %u (0 or 1)", g->trans_a,
+                           g->trans_b);
+  if (g->batch < 0 || g->m < 0 || g->n < 0 || g->k < 0 || g->m > INT32_MAX || g->n > INT32_MAX ||
+      g->k > INT32_MAX || g->batch > INT32_MAX)
+    return kiln_status_set(st, KILN_EINVAL, w, "gemm batch %lld, m %lld, n %lld, k %lld",
+                           (long long)g->batch, (long long)g->m, (long long)g->n, (long long)g->k);
+  bool empty = g->batch == 0 || g->m == 0 || g->n == 0;
+  if (g->k == 0 && !empty)
+    return kiln_status_set(st, KILN_EUNIMPL, w,
+                           "a GEMM with an empty contraction (k 0) does not run on cuda");
+  if (!isfinite(g->alpha) || !isfinite(g->beta))
+    return kiln_status_set(st, KILN_EINVAL, w, "gemm alpha %g, beta %g", g->alpha, g->beta);
+  int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
+  int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
+  struct {
+    const char *name;
+    int64_t rows, cols, ld, stride;
+  } mats[3] = {{"A", ra, ca, g->lda, g->stride_a},
+               {"B", rb, cb, g->ldb, g->stride_b},
+               {"C", g->m, g->n, g->ldc, g->stride_c}};
+  for (int i = 0; i < 3; i++) {
+    size_t esize = g->dtype == KILN_BF16 ? (i == 2 ? 4 : 2) : kiln_dtype_size(g->dtype);
+    int64_t minld = mats[i].cols > 1 ? mats[i].cols : 1;
+    if (mats[i].ld < minld || mats[i].ld > INT32_MAX || mats[i].stride < 0)
+      return kiln_status_set(
+          st, KILN_EINVAL, w, "gemm %s: leading dimension %lld (at least %lld), stride %lld",
+          mats[i].name, (long long)mats[i].ld, (long long)minld, (long long)mats[i].stride);
+    uint64_t span, bytes;
+    if (!gemm_span(g->batch, mats[i].rows, mats[i].cols, mats[i].ld, mats[i].stride, &span) ||
+        __builtin_mul_overflow(span, (uint64_t)esize, &bytes))
+      return kiln_status_set(st, KILN_EINVAL, w, "gemm %s: extent overflows", mats[i].name);
+    uint64_t have = e->slots[s->args[i]].size;
+    if (bytes > have)
+      return kiln_status_set(st, KILN_EINVAL, w, "gemm %s spans %llu bytes, slot %u has %llu",
+                             mats[i].name, (unsigned long long)bytes, s->args[i],
+                             (unsigned long long)have);
+  }
+  uint64_t one_c = 0;
+  gemm_span(1, g->m, g->n, g->ldc, 0, &one_c);
+  if (g->batch > 1 && (uint64_t)g->stride_c < one_c)
+    return kiln_status_set(st, KILN_EINVAL, w, "gemm C batches overlap (stride %lld < %llu)",
+                           (long long)g->stride_c, (unsigned long long)one_c);
+  if (!empty && !slot_writable(e, l, s->args[2]))
+    return kiln_status_set(st, KILN_EINVAL, w, "gemm writes slot %u, a parameter or constant",
+                           s->args[2]);
+  if (s->nargs > 3 && (s->kernel >= e->nkernels || s->range > (uint64_t)INT64_MAX))
+    return kiln_status_set(st, KILN_EINVAL, w,
+                           "gemm epilogue kernel %u out of range (%u kernels), range %llu",
+                           s->kernel, e->nkernels, (unsigned long long)s->range);
+  return 0;
+}
+
 static int check_step(const kiln_executable *e, const cuda_loaded *l, const kiln_step *s,
                       const char *w, kiln_status *st) {
   if (s->nargs > MAX_STEP_ARGS || (s->nargs > 0 && s->args == NULL))
@@ -732,14 +840,13 @@ static int check_step(const kiln_executable *e, const cuda_loaded *l, const kiln
     return 0;
   }
   case KILN_STEP_COLLECTIVE: return check_coll_step(e, l, s, w, st);
-  case KILN_STEP_GEMM:
+  case KILN_STEP_GEMM: return check_gemm(e, l, s, w, st);
   case KILN_STEP_CONV:
   case KILN_STEP_FFT:
   case KILN_STEP_LINALG:
     return kiln_status_set(st, KILN_EUNIMPL, w,
-                           "the cuda backend does not run %s steps yet (GEMM through cuBLASLt, "
-                           "convolutions, FFTs and LAPACK are not built); run this program on a "
-                           "cpu target",
+                           "the cuda backend does not run %s steps yet (convolutions, FFTs "
+                           "and LAPACK are not built); run this program on a cpu target",
                            step_names[s->kind]);
   }
   return kiln_status_set(st, KILN_EINVAL, w, "unknown step kind %d", s->kind);
@@ -889,10 +996,84 @@ static int load_code(cuda_loaded *l, kiln_status *st) {
   return rc;
 }
 
+/* ---- loading: GEMM plans ------------------------------------------------- */
+
+/* The device's cuBLASLt handle and GEMM workspace, made once; context
+ * current. The workspace is what cuBLASLt's fastest kernels ask for on
+ * this architecture, within a sixteenth of the budget. */
+static int blas_open(cuda_dev *d, kiln_status *st) {
+  int rc = 0;
+  pthread_mutex_lock(&d->run_mu);
+  if (d->blas == NULL) {
+    uint64_t ws = d->major >= 9 ? KILN__CUBLAS_WORKSPACE_SM90 : KILN__CUBLAS_WORKSPACE;
+    if (ws > d->alloc.budget / 16) ws = d->alloc.budget / 16 / 256 * 256;
+    if (ws > 0) rc = dev_get(d, ws, &d->workspace, st);
+    if (rc == 0) rc = kiln__cublas_create(d->where, &d->blas, st);
+    if (rc) {
+      kiln__cuda_allocator_put(&d->alloc, d->workspace);
+      d->workspace = NULL;
+    } else {
+      d->workspace_bytes = ws;
+    }
+  }
+  pthread_mutex_unlock(&d->run_mu);
+  return rc;
+}
+
+/* The alignment in bytes (a power of two, at most 256) that slot's device
+ * address, and every batch's matrix `stride` elements on, is known to
+ * have: blocks of the allocator are 256-byte aligned; arena and constant
+ * slots lie at their offset in one. */
+static uint32_t slot_align(const kiln_executable *e, uint32_t slot, int64_t batch, int64_t stride,
+                           size_t esize) {
+  const kiln_slot *s = &e->slots[slot];
+  uint64_t bits = 256;
+  if (s->kind == KILN_SLOT_TEMP || s->kind == KILN_SLOT_CONSTANT) bits |= s->offset;
+  if (batch > 1) bits |= (uint64_t)stride * esize;
+  return (uint32_t)(bits & (~bits + 1));
+}
+
+/* Every non-empty GEMM step planned (context current). */
+static int plan_gemms(cuda_loaded *l, kiln_status *st) {
+  const kiln_executable *e = l->exe;
+  cuda_dev *d = l->dev;
+  bool opened = false;
+  l->tf32 = kiln__cublas_tf32_from_env();
+  l->plans = kiln_arena_calloc(l->arena, e->nprograms, sizeof *l->plans);
+  if (l->plans == NULL) return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
+  for (uint32_t p = 0; p < e->nprograms; p++) {
+    const kiln_program *pr = &e->programs[p];
+    l->plans[p] = kiln_arena_calloc(l->arena, (size_t)pr->nsteps + 1, sizeof *l->plans[p]);
+    if (l->plans[p] == NULL) return kiln_status_set(st, KILN_ENOMEM, "load", "out of memory");
+    for (uint32_t i = 0; i < pr->nsteps; i++) {
+      const kiln_step *s = &pr->steps[i];
+      const kiln_gemm *g = &s->gemm;
+      if (s->kind != KILN_STEP_GEMM || g->batch == 0 || g->m == 0 || g->n == 0) continue;
+      int rc = opened ? 0 : blas_open(d, st);
+      if (rc) return rc;
+      opened = true;
+      size_t es = kiln_dtype_size(g->dtype), esc = g->dtype == KILN_BF16 ? 4 : es;
+      uint32_t align[3] = {slot_align(e, s->args[0], g->batch, g->stride_a, es),
+                           slot_align(e, s->args[1], g->batch, g->stride_b, es),
+                           slot_align(e, s->args[2], g->batch, g->stride_c, esc)};
+      char w[96];
+      snprintf(w, sizeof w, "program %u step %u (gemm %lldx%lldx%lld, batch %lld)", p, i,
+               (long long)g->m, (long long)g->n, (long long)g->k, (long long)g->batch);
+      rc = kiln__cublas_plan_create(d->blas, g, l->tf32, align, d->workspace_bytes, w,
+                                    &l->plans[p][i], st);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
 static void loaded_free(cuda_loaded *l) {
   if (l == NULL) return;
   cuda_dev *d = l->dev;
-  if ((l->module || l->consts) && ctx_enter(d, NULL) == 0) {
+  if ((l->module || l->consts || l->plans) && ctx_enter(d, NULL) == 0) {
+    for (uint32_t p = 0; l->plans && p < l->exe->nprograms; p++)
+      for (uint32_t i = 0; l->plans[p] && i < l->exe->programs[p].nsteps; i++)
+        kiln__cublas_plan_destroy(l->plans[p][i]);
     if (l->module) d->api->module_unload(l->module);
     ctx_leave(d);
   }
@@ -920,6 +1101,7 @@ static int kiln_cuda_load(kiln_loaded *ld, kiln_status *st) {
   }
   if ((rc = ctx_enter(d, st)) == 0) {
     rc = load_code(l, st);
+    if (rc == 0) rc = plan_gemms(l, st);
     ctx_leave(d);
   }
   if (rc) {
@@ -962,24 +1144,43 @@ static int check_deadline(run_ctx *r) {
   return 0;
 }
 
-static int run_kernel(run_ctx *r, const kiln_step *s, uint64_t base) {
+/* Kernel `kernel` over [0, range), its slots' addresses at entry `base`
+ * of the argument vector. */
+static int launch(run_ctx *r, uint32_t kernel, uint64_t range, uint64_t base) {
   cuda_dev *d = r->d;
   uint32_t grid, block;
-  kiln__cuda_grid(s->range, (uint32_t)d->nsm, r->l->max_block[s->kernel], &grid, &block);
+  kiln__cuda_grid(range, (uint32_t)d->nsm, r->l->max_block[kernel], &grid, &block);
   if (grid == 0) return 0;
-  if (r->l->coop[s->kernel]) { /* a cooperative kernel (cuda_target.c): a block per iteration */
+  if (r->l->coop[kernel]) { /* a cooperative kernel (cuda_target.c): a block per iteration */
     uint64_t cap = (uint64_t)(d->nsm > 0 ? d->nsm : 1) * 32;
-    grid = (uint32_t)(s->range < cap ? s->range : cap);
-    block = r->l->max_block[s->kernel] >= 256 ? 256 : r->l->max_block[s->kernel] / 32 * 32;
+    grid = (uint32_t)(range < cap ? range : cap);
+    block = r->l->max_block[kernel] >= 256 ? 256 : r->l->max_block[kernel] / 32 * 32;
     if (block == 0) block = 32;
   }
   CUdeviceptr bufs = (CUdeviceptr)(r->argv_dev + base * sizeof(uint64_t));
-  int64_t begin = 0, end = (int64_t)s->range;
+  int64_t begin = 0, end = (int64_t)range;
   void *params[] = {&bufs, &begin, &end};
   return CK(d,
-            d->api->launch_kernel(r->l->fns[s->kernel], grid, 1, 1, block, 1, 1, 0, d->compute,
-                                  params, NULL),
+            d->api->launch_kernel(r->l->fns[kernel], grid, 1, 1, block, 1, 1, 0, d->compute, params,
+                                  NULL),
             "cuLaunchKernel", r->st);
+}
+
+static int run_kernel(run_ctx *r, const kiln_step *s, uint64_t base) {
+  return launch(r, s->kernel, s->range, base);
+}
+
+/* The product (nothing for an empty one: no plan), then its epilogue, a
+ * kernel over C with the step's arguments from the fourth on: cuBLASLt's
+ * own epilogues would need the step to say what its kernel computes. */
+static int run_gemm(run_ctx *r, const kiln_step *s, const kiln__cublas_plan *plan, uint64_t base) {
+  cuda_dev *d = r->d;
+  int rc = 0;
+  if (plan)
+    rc = kiln__cublas_plan_run(plan, r->argv[base], r->argv[base + 1], r->argv[base + 2],
+                               d->workspace ? d->workspace->ptr : 0, d->compute, d->where, r->st);
+  if (rc == 0 && s->nargs > 3) rc = launch(r, s->kernel, s->range, base + 3);
+  return rc;
 }
 
 static int run_copy(run_ctx *r, uint64_t dst, uint64_t src, uint64_t bytes) {
@@ -1558,6 +1759,7 @@ static int run_program(run_ctx *r, uint32_t p) {
     int64_t t0 = r->observer ? now_ns() : 0;
     switch (s->kind) {
     case KILN_STEP_KERNEL: rc = run_kernel(r, s, b); break;
+    case KILN_STEP_GEMM: rc = run_gemm(r, s, r->l->plans[p][i], b); break;
     case KILN_STEP_COPY: rc = run_copy(r, r->argv[b], r->argv[b + 1], s->range); break;
     case KILN_STEP_WHILE: rc = run_while(r, s, b); break;
     case KILN_STEP_CONDITIONAL: rc = run_conditional(r, s, b); break;

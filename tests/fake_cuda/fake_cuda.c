@@ -31,6 +31,8 @@
  * made, so that the fake NCCL (fake_nccl.c) can check that a collective's
  * buffers and stream belong to its communicator's device
  * (kiln_fake_cuda_device_of, kiln_fake_cuda_stream_device).
+ * The fake cuBLASLt beside it checks its addresses through
+ * kiln_fake_cuda_inside.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -165,6 +167,17 @@ int kiln_fake_cuda_current_device(void) { return ctx_top > 0 ? ctx_stack[ctx_top
 
 /* The device a stream was created on, or -1 for NULL (the legacy stream). */
 int kiln_fake_cuda_stream_device(CUstream s) { return s ? ((fake_stream *)s)->dev : -1; }
+
+/* For the fake cuBLASLt (fake_cublaslt.c), which checks the addresses it
+ * is given and that a context is current as the real library needs. */
+bool kiln_fake_cuda_inside(uint64_t p, size_t n) { return inside(p, n); }
+
+long kiln_fake_cuda_ctx_depth(void) {
+  pthread_mutex_lock(&fk.mu);
+  long d = fk.s.ctx_depth;
+  pthread_mutex_unlock(&fk.mu);
+  return d;
+}
 
 /* ---- the driver ------------------------------------------------------------ */
 

@@ -5,16 +5,22 @@
  *
  * Corpus: the random programs of tests/support/progen.c that
  * test_difftest and test_cuda_codegen use (KILN_CUDA_DIFF_SEEDS=N for
- * more than the default), in two mixes (every family, and every family
- * but dot, so that most cases run rather than stop at a GEMM step), and
- * the JAX-exported programs of tests/data/jax. Tolerances are
+ * more than the default), in three mixes (every family, every family but
+ * dot, and dots among layout changes: GEMM steps through cuBLASLt with
+ * random dimension numbers, layouts, batches and f64), hand-written dots
+ * (transposes, batches, a column-major result, matrix-vector, an epilogue,
+ * a loop of products), and the JAX-exported programs of tests/data/jax
+ * (gru_scan on arguments scaled by 1/16: its recurrence, on values in
+ * [-1, 1], amplifies rounding until correct summation orders part; see
+ * test_cuda_fake). f32 GEMMs run in pure f32 (KILN_CUDA_TF32 unset), so
+ * the cpu tolerances hold for them too. Tolerances are
  * test_difftest's for the cpu backend (tests/support/tolerance.h):
  * integers and predicates bit-exact; floats within a relative 2e-5 (f32)
  * or 1e-10 (f64) of max(1, |reference|) over the output, which covers the
  * prelude's transcendental bounds and reassociated reductions. A program
- * the cuda target or backend refuses with KILN_EUNIMPL (GEMM, convolution
- * and other library steps are not built for CUDA yet) is counted and
- * listed, never a failure; any other error is.
+ * the cuda target or backend refuses with KILN_EUNIMPL (convolution and
+ * other library steps are not built for CUDA yet) is counted and listed,
+ * never a failure; any other error is; a dot program refused is a failure.
  *
  * Also the buffer API (kiln_loaded_execute on device buffers), and that
  * a cpu executable, a corrupt one and one for another sm are refused at
@@ -129,9 +135,10 @@ typedef struct tally {
 static const kiln_interp_options interp_limits = {.max_while_iterations = 100000,
                                                   .timeout_seconds = 60};
 
-/* Interpreter vs cuda on one module text. */
+/* Interpreter vs cuda on one module text, its random arguments scaled
+ * by `scale` (1: as generated). */
 static void run_case(kiln_backend *b, const char *target, const char *text, const char *name,
-                     uint64_t seed, tally *t) {
+                     uint64_t seed, double scale, tally *t) {
   kiln_status st;
   kiln_status_clear(&st);
   kiln_module *m = NULL;
@@ -141,6 +148,10 @@ static void run_case(kiln_backend *b, const char *target, const char *text, cons
   kiln_literal **args = NULL, *ref = NULL, *got = NULL;
   uint32_t nargs = 0;
   ck_assert_int_eq(kiln_test_args_random(m, seed, &args, &nargs, &st), 0);
+  for (uint32_t a = 0; scale != 1 && a < nargs; a++)
+    if (kiln_dtype_is_float(args[a]->shape.dtype))
+      for (int64_t i = 0; i < kiln_literal_elements(args[a]); i++)
+        kiln_literal_set_f64(args[a], i, kiln_literal_get_f64(args[a], i) * scale);
   if (kiln_interp_run(m, (const kiln_literal *const *)args, nargs, &interp_limits, &ref, &st)) {
     fprintf(stderr, "%s: skipped, the interpreter says %s\n", name, st.msg);
     t->skipped++;
@@ -201,14 +212,71 @@ START_TEST(progen_corpus_matches_the_interpreter) {
     ck_assert_ptr_nonnull(text);
     char name[48];
     snprintf(name, sizeof name, "progen seed %d", s);
-    run_case(b, target, text, name, (uint64_t)s, &t);
+    run_case(b, target, text, name, (uint64_t)s, 1, &t);
     kiln_free(text);
   }
   int failed = t.failed, ran = t.ran;
   tally_report("progen", &t);
   kiln_backend_destroy(b);
   ck_assert_int_eq(failed, 0);
-  ck_assert_int_gt(ran, seeds / 4); /* most programs without a dot run */
+  ck_assert_int_gt(ran, seeds / 2);
+}
+END_TEST
+
+static const char *const dot_cases[][2] = {
+    {"dot: batched, rhs K-minor",
+     "HloModule d1\nENTRY e {\n  a = f32[3,17,9]{2,1,0} parameter(0)\n"
+     "  b = f32[3,9,33]{1,2,0} parameter(1)\n"
+     "  ROOT d = f32[3,17,33]{2,1,0} dot(a, b), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+     "rhs_batch_dims={0}, rhs_contracting_dims={1}\n}\n"},
+    {"dot: column-major result",
+     "HloModule d2\nENTRY e {\n  a = f32[70,40]{1,0} parameter(0)\n"
+     "  b = f32[70,24]{1,0} parameter(1)\n"
+     "  ROOT d = f32[40,24]{0,1} dot(a, b), lhs_contracting_dims={0}, rhs_contracting_dims={0}\n"
+     "}\n"},
+    {"dot: f64",
+     "HloModule d3\nENTRY e {\n  a = f64[20,11] parameter(0)\n  b = f64[11,30] parameter(1)\n"
+     "  ROOT d = f64[20,30] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"},
+    {"dot: matrix-vector",
+     "HloModule d4\nENTRY e {\n  a = f32[50,70] parameter(0)\n  v = f32[70] parameter(1)\n"
+     "  ROOT d = f32[50] dot(a, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"},
+    {"dot: bias and relu",
+     "HloModule d5\nENTRY e {\n  x = f32[512,384] parameter(0)\n  w = f32[384,1024] parameter(1)\n"
+     "  bias = f32[1024] parameter(2)\n"
+     "  d = f32[512,1024] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+     "  bb = f32[512,1024] broadcast(bias), dimensions={1}\n  s = f32[512,1024] add(d, bb)\n"
+     "  z = f32[] constant(0)\n  zb = f32[512,1024] broadcast(z), dimensions={}\n"
+     "  ROOT r = f32[512,1024] maximum(s, zb)\n}\n"},
+};
+
+/* GEMM steps through cuBLASLt: none may be refused. */
+START_TEST(dot_programs_match_the_interpreter) {
+  kiln_backend *b = NULL;
+  const char *target = NULL;
+  if (!gpu(&b, &target)) return;
+  tally t = {0, 0, 0, 0, KILN_SBUF_INIT};
+  for (size_t i = 0; i < sizeof dot_cases / sizeof dot_cases[0]; i++)
+    run_case(b, target, dot_cases[i][1], dot_cases[i][0], 11 + i, 1, &t);
+  int seeds = getenv("KILN_CUDA_DIFF_SEEDS") ? atoi(getenv("KILN_CUDA_DIFF_SEEDS")) : 48;
+  for (int s = 1; s <= seeds / 2; s++) {
+    kiln_progen_options o = {0};
+    o.seed = (uint64_t)s + 5000;
+    o.ninstrs = 6 + s % 9;
+    o.nparams = 2 + s % 2;
+    o.dtype = s % 3 == 2 ? KILN_F64 : KILN_F32;
+    o.families = KILN_PROGEN_DOT | KILN_PROGEN_ELEMENTWISE | KILN_PROGEN_BROADCAST |
+                 KILN_PROGEN_TRANSPOSE | KILN_PROGEN_RESHAPE;
+    char *text = kiln_progen_text(&o);
+    char name[48];
+    snprintf(name, sizeof name, "progen dot seed %d", s + 5000);
+    run_case(b, target, text, name, (uint64_t)s, 1, &t);
+    kiln_free(text);
+  }
+  int failed = t.failed, refused = t.refused;
+  tally_report("dots", &t);
+  kiln_backend_destroy(b);
+  ck_assert_int_eq(failed, 0);
+  ck_assert_int_eq(refused, 0);
 }
 END_TEST
 
@@ -240,13 +308,14 @@ START_TEST(jax_programs_match_the_interpreter) {
     snprintf(path, sizeof path, "%s/tests/data/jax/%s.hlo", KILN_SOURCE_DIR, files[i]);
     char *text = read_file(path);
     ck_assert_msg(text != NULL, "cannot read %s", path);
-    run_case(b, target, text, path, 7, &t);
+    run_case(b, target, text, path, 7, strstr(files[i], "gru_scan") ? 1.0 / 16 : 1, &t);
     kiln_free(text);
   }
-  int failed = t.failed;
+  int failed = t.failed, refused = t.refused;
   tally_report("jax", &t);
   kiln_backend_destroy(b);
   ck_assert_int_eq(failed, 0);
+  ck_assert_int_eq(refused, 0); /* their dots run through cuBLASLt */
 }
 END_TEST
 
@@ -367,6 +436,7 @@ int main(void) {
   tcase_set_timeout(c, 300);
   tcase_add_test(c, progen_corpus_matches_the_interpreter);
   tcase_add_test(c, jax_programs_match_the_interpreter);
+  tcase_add_test(c, dot_programs_match_the_interpreter);
   tcase_add_test(c, execute_on_device_buffers);
   tcase_add_test(c, foreign_and_corrupt_executables_are_refused);
   suite_add_tcase(s, c);
