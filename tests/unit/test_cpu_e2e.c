@@ -616,6 +616,36 @@ START_TEST(test_reduce) {
         "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[9,4,33] parameter(0)\n"
         "  z = s32[] constant(-100)\n"
         "  ROOT r = s32[4,33] reduce(a, z), dimensions={0}, to_apply=max\n}\n");
+  /* A reduce over major dims of a transpose (vmapped per-example
+   * gradients summed over the batch): on cpu the row form accumulates on
+   * the stack in the input's order, a few rows at a time (600 long: 6 of
+   * them, 9 blocks over 50 rows), and stores each where the output's
+   * layout puts it; a fused scale per reduced position; two outputs. */
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[5,600,50]{1,2,0} parameter(0)\n"
+           "  s = f32[5] parameter(1)\n  b = f32[5,600,50]{1,2,0} broadcast(s), dimensions={0}\n"
+           "  m = f32[5,600,50]{1,2,0} multiply(a, b)\n  z = f32[] constant(0.25)\n"
+           "  ROOT r = f32[600,50]{1,0} reduce(m, z), dimensions={0}, to_apply=add\n}\n",
+           add);
+  agree(text);
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[3,4,24,40]{2,3,1,0} parameter(0)\n"
+           "  m = f32[3,4,24,40]{2,3,1,0} multiply(a, a)\n  z = f32[] constant(0)\n"
+           "  r = f32[24,40] reduce(a, z), dimensions={0,1}, to_apply=add\n"
+           "  s = f32[24,40] reduce(m, z), dimensions={0,1}, to_apply=add\n"
+           "  ROOT t = (f32[24,40], f32[24,40]) tuple(r, s)\n}\n",
+           add);
+  agree(text);
+  /* Integer and f64 transposes; rows too long for the stack (5000
+   * elements) keep the flat form. */
+  agree("HloModule m\nmax {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n"
+        "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[7,9,16]{1,2,0} parameter(0)\n"
+        "  z = s32[] constant(-100)\n"
+        "  ROOT r = s32[9,16]{1,0} reduce(a, z), dimensions={0}, to_apply=max\n}\n");
+  agree("HloModule m\nadd {\n  x = f64[] parameter(0)\n  y = f64[] parameter(1)\n"
+        "  ROOT s = f64[] add(x, y)\n}\nENTRY e {\n  a = f64[3,5000,2]{1,2,0} parameter(0)\n"
+        "  z = f64[] constant(0)\n"
+        "  ROOT r = f64[5000,2]{1,0} reduce(a, z), dimensions={0}, to_apply=add\n}\n");
 }
 END_TEST
 
