@@ -753,6 +753,40 @@ END_TEST
  * cost probe: every update walked in order), the later ones are split over
  * the pool (each invocation walks the lists of its blocks of rows, from
  * the updates sorted by block). */
+/* Sibling scatters over the same ids (a segment sum, an s32 segment count
+ * and a segment product of a computed update) merge into one variadic
+ * scatter (scatter_merge.c) whose row kernels bucket the ids once and
+ * apply the three combiners per update row, on several threads. */
+START_TEST(test_scatter_merged) {
+  agree("HloModule m\n"
+        "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] add(a, b)\n}\n"
+        "iadd {\n  a = s32[] parameter(0)\n  b = s32[] parameter(1)\n"
+        "  ROOT c = s32[] add(a, b)\n}\n"
+        "mul {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] multiply(a, b)\n}\n"
+        "ENTRY e {\n  d = f32[5000,32] parameter(0)\n  p = s32[5000] parameter(1)\n"
+        "  a = s32[5000] abs(p)\n  k = s32[] constant(203)\n"
+        "  bk = s32[5000] broadcast(k), dimensions={}\n  r = s32[5000] remainder(a, bk)\n"
+        "  idx = s32[5000,1] reshape(r)\n  z = f32[] constant(0)\n"
+        "  zb = f32[200,32] broadcast(z), dimensions={}\n  iz = s32[] constant(0)\n"
+        "  izb = s32[200,32] broadcast(iz), dimensions={}\n  one = s32[] constant(1)\n"
+        "  ones = s32[5000,32] broadcast(one), dimensions={}\n  f = f32[] constant(1)\n"
+        "  fb = f32[200,32] broadcast(f), dimensions={}\n  t = f32[5000,32] tanh(d)\n"
+        "  g = f32[] constant(0.01)\n  gb = f32[5000,32] broadcast(g), dimensions={}\n"
+        "  u0 = f32[5000,32] multiply(t, gb)\n  fu = f32[5000,32] broadcast(f), dimensions={}\n"
+        "  u = f32[5000,32] add(u0, fu)\n"
+        "  s = f32[200,32] scatter(zb, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n"
+        "  c = s32[200,32] scatter(izb, idx, ones), update_window_dims={1}, "
+        "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+        "to_apply=iadd\n"
+        "  m = f32[200,32] scatter(fb, idx, u), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=mul\n"
+        "  ROOT o = (f32[200,32], s32[200,32], f32[200,32]) tuple(s, c, m)\n}\n");
+}
+END_TEST
+
 START_TEST(test_scatter_rows) {
   agree("HloModule m\n"
         "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
@@ -1051,6 +1085,7 @@ int main(void) {
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
   tcase_add_test(tc, test_conditional_in_place);
+  tcase_add_test(tc, test_scatter_merged);
   tcase_add_test(tc, test_scatter_rows);
   tcase_add_test(tc, test_scan_loop);
   tcase_add_test(tc, test_scan_dots);
