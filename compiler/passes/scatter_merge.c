@@ -41,21 +41,25 @@ typedef struct group {
 } group;
 
 /* A scatter that may merge: one operand, one update, one combiner of two
- * scalar parameters, pure, no control edges, no sharding, every attribute
- * a known one. */
+ * scalar parameters (numbered 0 and 1) and a scalar result, pure, no control edges, no sharding,
+ * every attribute a known one. */
 static bool candidate(const kiln_module *m, const kiln_instr *s, const bool *impure) {
   if (s->op != KILN_OP_SCATTER || s->noperands != 3 || s->ncalled != 1 || s->ncontrol ||
       !kiln_shape_is_array(&s->shape) || kiln_shape_is_dynamic(&s->shape) ||
       kiln_shape_is_dynamic(&m->instrs[s->operands[2]]->shape) || s->called[0] >= m->ncomps)
     return false;
   for (uint32_t i = 0; i < s->nattrs; i++)
-    if (s->attrs[i].key == KILN_ATTR_UNKNOWN || s->attrs[i].key == KILN_ATTR_SHARDING)
-      return false;
+    if (s->attrs[i].key == KILN_ATTR_UNKNOWN || s->attrs[i].key == KILN_ATTR_SHARDING) return false;
   const kiln_computation *c = m->comps[s->called[0]];
-  if (kiln_computation_nparams(m, c) != 2 || kiln_computation_root(m, c) == NULL) return false;
-  for (int64_t p = 0; p < 2; p++) {
-    const kiln_instr *q = kiln_computation_param(m, c, p);
-    if (q == NULL || !kiln_shape_is_array(&q->shape) || q->shape.rank != 0) return false;
+  const kiln_instr *root = kiln_computation_root(m, c);
+  if (kiln_computation_nparams(m, c) != 2 || root == NULL || !kiln_shape_is_array(&root->shape) ||
+      root->shape.rank != 0)
+    return false;
+  for (uint32_t j = 0; j < c->ninstrs; j++) {
+    const kiln_instr *q = m->instrs[c->instrs[j]];
+    if (q->op == KILN_OP_PARAMETER && (q->param_number < 0 || q->param_number > 1 ||
+                                       !kiln_shape_is_array(&q->shape) || q->shape.rank != 0))
+      return false;
   }
   return kiln__instr_is_pure(m, s, impure);
 }
@@ -86,8 +90,7 @@ static bool joins(const kiln_module *m, const group *g, const kiln_instr *s) {
   const kiln_instr *f = m->instrs[g->member[0]];
   if (g->n >= MAX_MEMBERS || f->operands[1] != s->operands[1]) return false;
   const kiln_shape *fu = &m->instrs[f->operands[2]]->shape, *su = &m->instrs[s->operands[2]]->shape;
-  if (!same_dims(fu, su) || !same_dims(&f->shape, &s->shape) || !same_attrs(f, s))
-    return false;
+  if (!same_dims(fu, su) || !same_dims(&f->shape, &s->shape) || !same_attrs(f, s)) return false;
   for (uint32_t k = 0; k < s->noperands; k++)
     if (g->below[s->operands[k]]) return false;
   return true;
