@@ -21,6 +21,7 @@ static const kiln_pass passes[] = {
     {"constfold", kiln_pass_constfold, 1},
     {"cse", kiln_pass_cse, 1},
     {"dce", kiln_pass_dce, 0},
+    {"scatter_merge", kiln_pass_scatter_merge, 1}, /* after cse: one indices instruction */
     {"scan_dots", kiln_pass_scan_dots, 1}, /* before while_licm, which hoists its products */
     {"while_licm", kiln_pass_while_licm, 1},
     {"annotations", kiln_pass_annotations, 0},

@@ -701,8 +701,109 @@ static bool rows_reduces(kiln__codegen *g, const kiln__kernel_spec *k, bool *red
  * and the inner loop vectorizes, where one output at a time would walk its
  * column with a stride of a whole row. Several outputs share the loops and
  * the values their inputs have in common. */
+/* Bytes of stack the cpu row form's accumulators take at most, per
+ * invocation (all outputs together). */
+#define ROW_ACC_BYTES 16384
+
+/* The cpu row form of reduce_rows, whose range is rows of the input's
+ * minor dim (kept, `minor` long, the loop over it innermost, so that it
+ * vectorizes where one flat index decomposed per element does not). The
+ * accumulators of a reduce of a transpose are a stack block in the
+ * input's order, `cr` rows at a time, each output stored where its layout
+ * puts it once its rows are done; otherwise they are the output rows
+ * themselves. `vs` is the output in the input's order, `perm` whether
+ * that differs from its layout. Combination order as reduce_rows. */
+static int reduce_rows_cpu(kiln__codegen *g, const kiln__kernel_spec *k,
+                           const kiln_instr *const *rs, uint32_t nr, const bool *red,
+                           const kiln_shape *vs, bool perm, int64_t cr, kiln__emit_fn *f) {
+  const kiln_module *m = g->mod.m;
+  const kiln_shape *os = k->out_shape[0];
+  const kiln_instr *in = m->instrs[rs[0]->operands[0]];
+  const char *t = kiln__ctype(&g->mod, os->dtype);
+  int md = minor_dim(&in->shape), vmd = minor_dim(vs);
+  int64_t minor = in->shape.dims[md];
+  uint32_t fn[MAX_ROW_OUTS], init[MAX_ROW_OUTS], marks[KILN__EMIT_MAXR + 2], nl = 0;
+  kiln__ix s0 = {0}, y, ox;
+  int rc = 0;
+  for (uint32_t o = 0; o < nr && rc == 0; o++) {
+    rc = kiln__emit_comp_fn(&g->mod, rs[o]->called[0], rs[o], &fn[o]);
+    if (rc == 0) rc = kiln__emit_value1(f, rs[o]->operands[1], &s0, &init[o]);
+  }
+  if (rc == 0) rc = kiln__ix_new(f, in->shape.rank, &y);
+  if (rc == 0) rc = kiln__ix_new(f, os->rank, &ox);
+  if (rc) return rc;
+  for (uint32_t d = 0; d < os->rank; d++) {
+    if ((int)d == vmd)
+      kiln__ix_set(&ox, d, "j");
+    else
+      kiln__ix_set(&ox, d, "o%u", d);
+  }
+  char at[512];
+  kiln__ix_offset(f, &ox, os, at, sizeof at);
+  /* acc<o>(w, j): the accumulator of the output at row w, position j. */
+  char acc[MAX_ROW_OUTS][96];
+  uint32_t chunk =
+      kiln__emit_open(f, "for (int64_t w0 = begin; w0 < end; w0 += %lldLL)", (long long)cr);
+  kiln__emit_line(f, "const int64_t w1 = w0 + %lldLL < end ? w0 + %lldLL : end;", (long long)cr,
+                  (long long)cr);
+  for (uint32_t o = 0; o < nr; o++) {
+    if (perm) {
+      kiln__emit_line(f, "%s a%u[%lld];", t, o, (long long)(cr * minor));
+      snprintf(acc[o], sizeof acc[o], "a%u[(w - w0) * %lldLL + j]", o, (long long)minor);
+    } else {
+      snprintf(acc[o], sizeof acc[o], "b%u[w * %lldLL + j]", k->out_arg[o], (long long)minor);
+    }
+  }
+  const char *rows = "for (int64_t w = w0; w < w1; w++)";
+  uint32_t mk = kiln__emit_open(f, "%s", rows);
+  uint32_t mj = kiln__emit_open(f, "for (int64_t j = 0; j < %lldLL; j++)", (long long)minor);
+  for (uint32_t o = 0; o < nr; o++) kiln__emit_line(f, "%s = v%u;", acc[o], init[o]);
+  kiln__emit_close(f, mj, NULL);
+  kiln__emit_close(f, mk, NULL);
+  for (uint32_t d = 0, j = 0; d < in->shape.rank; d++) {
+    if (!red[d] && (int)d == md) {
+      kiln__ix_set(&y, d, "j");
+      j++;
+      continue;
+    }
+    if (!red[d]) {
+      kiln__ix_set(&y, d, "o%u", j++);
+      continue;
+    }
+    uint32_t rv = kiln__emit_newvar(f);
+    marks[nl++] = kiln__emit_open(f, "for (int64_t r%u = 0; r%u < %lld; r%u++)", rv, rv,
+                                  (long long)in->shape.dims[d], rv);
+    kiln__ix_set(&y, d, "r%u", rv);
+  }
+  marks[nl++] = kiln__emit_open(f, "%s", rows);
+  kiln__kernel_decompose(f->out, vs, "w", 1, "o", f->indent);
+  marks[nl++] = kiln__emit_open(f, "for (int64_t j = 0; j < %lldLL; j++)", (long long)minor);
+  for (uint32_t o = 0; o < nr && rc == 0; o++) {
+    uint32_t v, a = kiln__emit_newvar(f);
+    rc = kiln__emit_value1(f, rs[o]->operands[0], &y, &v);
+    if (rc == 0) {
+      uint32_t args[2] = {a, v};
+      kiln__emit_line(f, "%s v%u = %s;", t, a, acc[o]);
+      kiln__emit_call_fn(f, fn[o], args, 2, &a, 1);
+      kiln__emit_line(f, "%s = v%u;", acc[o], a);
+    }
+  }
+  while (nl-- > 0) kiln__emit_close(f, marks[nl], NULL);
+  if (perm) {
+    mk = kiln__emit_open(f, "%s", rows);
+    kiln__kernel_decompose(f->out, vs, "w", 1, "o", f->indent);
+    mj = kiln__emit_open(f, "for (int64_t j = 0; j < %lldLL; j++)", (long long)minor);
+    for (uint32_t o = 0; o < nr; o++)
+      kiln__emit_line(f, "b%u[%s] = %s;", k->out_arg[o], at, acc[o]);
+    kiln__emit_close(f, mj, NULL);
+    kiln__emit_close(f, mk, NULL);
+  }
+  kiln__emit_close(f, chunk, NULL);
+  return rc;
+}
+
 static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_instr *const *rs,
-                       uint32_t nr, const bool *red, kiln_sbuf *out) {
+                       uint32_t nr, const bool *red, kiln_sbuf *out, uint64_t *range) {
   const kiln_module *m = g->mod.m;
   const kiln_shape *os = k->out_shape[0];
   const kiln_instr *in = m->instrs[rs[0]->operands[0]];
@@ -711,11 +812,7 @@ static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_
   kiln__emit_fn f;
   kiln__ix s0 = {0}, y;
   int rc = kiln__kernel_begin(g, k, out, &f, 1);
-  for (uint32_t o = 0; o < nr && rc == 0; o++) {
-    rc = kiln__emit_comp_fn(&g->mod, rs[o]->called[0], rs[o], &fn[o]);
-    if (rc == 0) rc = kiln__emit_value1(&f, rs[o]->operands[1], &s0, &init[o]);
-  }
-  if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
+  *range = (uint64_t)kiln_shape_elements(os);
   if (rc) goto out;
   /* The order of the loop over the outputs: the output's layout, or the
    * kept dims in the input's (a reduce of a transpose); then `at` is where
@@ -739,6 +836,25 @@ static int reduce_rows(kiln__codegen *g, const kiln__kernel_spec *k, const kiln_
     vl.rank = os->rank;
     vs.layout = &vl;
   }
+  /* On cpu, rows of the input's minor dim when it is 8 or longer and, for
+   * a transpose, one of them fits the stack; cr rows at a time, whose
+   * accumulators stay in cache (4 times the stack's bytes when they are
+   * the output's). */
+  int64_t minor = in->shape.dims[minor_dim(&in->shape)];
+  int64_t cr = (int64_t)(ROW_ACC_BYTES / (kiln_dtype_size(os->dtype) * nr)) / minor;
+  if (!perm) cr = cr * 4 > 1 ? cr * 4 : 1;
+  if (g->mod.target->code == KILN__CODE_SO && minor >= 8 && cr >= 1) {
+    *range /= (uint64_t)minor;
+    rc = reduce_rows_cpu(g, k, rs, nr, red, &vs, perm, cr, &f);
+    if (rc == 0 && f.rc) rc = f.rc;
+    goto out;
+  }
+  for (uint32_t o = 0; o < nr && rc == 0; o++) {
+    rc = kiln__emit_comp_fn(&g->mod, rs[o]->called[0], rs[o], &fn[o]);
+    if (rc == 0) rc = kiln__emit_value1(&f, rs[o]->operands[1], &s0, &init[o]);
+  }
+  if (rc == 0) rc = kiln__ix_new(&f, in->shape.rank, &y);
+  if (rc) goto out;
   char loop[256], at[512] = "i";
   g->mod.target->range_loop(loop, sizeof loop, "i");
   kiln__ix ox;
@@ -950,9 +1066,8 @@ int kiln__kernel_loop(kiln__codegen *g, const kiln__kernel_spec *k, uint32_t *ke
   }
   if (rows_reduces(g, k, red, rs, &nr)) {
     kiln_sbuf out = KILN_SBUF_INIT;
-    int rc = reduce_rows(g, k, rs, nr, red, &out);
+    int rc = reduce_rows(g, k, rs, nr, red, &out, range);
     if (rc == 0) {
-      *range = (uint64_t)kiln_shape_elements(s);
       *kernel = g->nkernels;
       kiln__kernel_finish(g, k, kiln_sbuf_str(&out), *range);
     }

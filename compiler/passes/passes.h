@@ -18,6 +18,7 @@ int kiln_pass_layout(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_schedule(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_remat(kiln_module *m, const kiln_pass_ctx *ctx);
 int kiln_pass_scan_dots(kiln_module *m, const kiln_pass_ctx *ctx);
+int kiln_pass_scatter_merge(kiln_module *m, const kiln_pass_ctx *ctx);
 
 /* For passes that inline one call where it pays (inline.c): whether `call`
  * of computation comp can be copied in place (one callee, no control

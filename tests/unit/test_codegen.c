@@ -582,6 +582,30 @@ START_TEST(row_fusions_random) {
 }
 END_TEST
 
+/* A reduce over the major dim of a transpose (per-example gradients summed
+ * over the batch, f32[600,50] from f32[5,600,50]{1,2,0}) compiles, on cpu,
+ * to one kernel over rows of the input's minor dim (50 of them, 600
+ * long), not one iteration per output element, and agrees exactly with
+ * the interpreter (the same combination order). */
+START_TEST(reduce_major_transposed_rows) {
+  static const char hlo[] =
+      "HloModule t\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) "
+      "}\nENTRY main {\n  a = f32[5,600,50]{1,2,0} parameter(0)\n  s = f32[5] parameter(1)\n"
+      "  b = f32[5,600,50]{1,2,0} broadcast(s), dimensions={0}\n"
+      "  m = f32[5,600,50]{1,2,0} multiply(a, b)\n  z = f32[] constant(0)\n"
+      "  ROOT r = f32[600,50]{1,0} reduce(m, z), dimensions={0}, to_apply=ad\n}\n";
+  kiln_executable *e = cg_check_full(hlo, 11, false, 0, 2, true);
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < e->programs[0].nsteps; i++)
+    if (e->programs[0].steps[i].kind == KILN_STEP_KERNEL) {
+      n++;
+      ck_assert_uint_eq(e->programs[0].steps[i].range, 50);
+    }
+  ck_assert_uint_eq(n, 1);
+  kiln_executable_destroy(e);
+}
+END_TEST
+
 START_TEST(reduce_window_padded_dilated) {
   cg_check("HloModule rw\nmx { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
            "maximum(a, b) }\n"
@@ -1108,9 +1132,10 @@ START_TEST(scalar_hoisted_before_loop) {
 END_TEST
 
 /* A reduce over the major dim of a transposed value (a per-example
- * gradient's batch sum): the kept dims run in the input's order, so the
- * loop reads the input consecutively, and each output is stored where the
- * output's layout puts it. */
+ * gradient's batch sum): the kept dims run in the input's order, rows of
+ * its minor dim (j, 24 long) innermost, so the loop reads the input
+ * consecutively into accumulators on the stack, and each output is then
+ * stored where the output's layout puts it. */
 START_TEST(reduce_rows_permuted) {
   const char *hlo =
       "HloModule permred\nad { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] "
@@ -1120,9 +1145,10 @@ START_TEST(reduce_rows_permuted) {
       "  m = f32[16,24,8]{1,2,0} multiply(t, sb)\n  z = f32[] constant(0)\n"
       "  ROOT r = f32[24,8] reduce(m, z), dimensions={0}, to_apply=ad\n}\n";
   const char *src = kernels_source(hlo);
-  /* The input is read at r * 192 + o1 * 24 + o0, o0 the fastest. */
-  ck_assert_msg(strstr(src, "o1 * 24 + o0]") != NULL, "not in the input's order:\n%s", src);
-  ck_assert_msg(strstr(src, "[o0 * 8 + o1]") != NULL, "not stored by the output's layout:\n%s",
+  /* The input is read at r * 192 + o1 * 24 + j, j the fastest. */
+  ck_assert_msg(strstr(src, "for (int64_t j = 0; j < 24LL; j++)") != NULL, "no row loop:\n%s", src);
+  ck_assert_msg(strstr(src, "o1 * 24 + j]") != NULL, "not in the input's order:\n%s", src);
+  ck_assert_msg(strstr(src, "[j * 8 + o1] = a0[") != NULL, "not stored by the output's layout:\n%s",
                 src);
   cg_check_full(hlo, 11, false, 4 * kiln_tol_reduce_f32(16), 2, false);
 }
@@ -1743,6 +1769,7 @@ int main(void) {
   tcase_add_test(tc, reductions);
   tcase_add_loop_test(tc, reductions_random, 0, 4);
   tcase_add_loop_test(tc, row_fusions_random, 0, 8);
+  tcase_add_test(tc, reduce_major_transposed_rows);
   tcase_add_test(tc, reduce_window_padded_dilated);
   tcase_add_test(tc, pooling_rows);
   tcase_add_test(tc, dots);

@@ -616,6 +616,36 @@ START_TEST(test_reduce) {
         "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[9,4,33] parameter(0)\n"
         "  z = s32[] constant(-100)\n"
         "  ROOT r = s32[4,33] reduce(a, z), dimensions={0}, to_apply=max\n}\n");
+  /* A reduce over major dims of a transpose (vmapped per-example
+   * gradients summed over the batch): on cpu the row form accumulates on
+   * the stack in the input's order, a few rows at a time (600 long: 6 of
+   * them, 9 blocks over 50 rows), and stores each where the output's
+   * layout puts it; a fused scale per reduced position; two outputs. */
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[5,600,50]{1,2,0} parameter(0)\n"
+           "  s = f32[5] parameter(1)\n  b = f32[5,600,50]{1,2,0} broadcast(s), dimensions={0}\n"
+           "  m = f32[5,600,50]{1,2,0} multiply(a, b)\n  z = f32[] constant(0.25)\n"
+           "  ROOT r = f32[600,50]{1,0} reduce(m, z), dimensions={0}, to_apply=add\n}\n",
+           add);
+  agree(text);
+  snprintf(text, sizeof text,
+           "HloModule m\n%sENTRY e {\n  a = f32[3,4,24,40]{2,3,1,0} parameter(0)\n"
+           "  m = f32[3,4,24,40]{2,3,1,0} multiply(a, a)\n  z = f32[] constant(0)\n"
+           "  r = f32[24,40] reduce(a, z), dimensions={0,1}, to_apply=add\n"
+           "  s = f32[24,40] reduce(m, z), dimensions={0,1}, to_apply=add\n"
+           "  ROOT t = (f32[24,40], f32[24,40]) tuple(r, s)\n}\n",
+           add);
+  agree(text);
+  /* Integer and f64 transposes; rows too long for the stack (5000
+   * elements) keep the flat form. */
+  agree("HloModule m\nmax {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n"
+        "  ROOT s = s32[] maximum(x, y)\n}\nENTRY e {\n  a = s32[7,9,16]{1,2,0} parameter(0)\n"
+        "  z = s32[] constant(-100)\n"
+        "  ROOT r = s32[9,16]{1,0} reduce(a, z), dimensions={0}, to_apply=max\n}\n");
+  agree("HloModule m\nadd {\n  x = f64[] parameter(0)\n  y = f64[] parameter(1)\n"
+        "  ROOT s = f64[] add(x, y)\n}\nENTRY e {\n  a = f64[3,5000,2]{1,2,0} parameter(0)\n"
+        "  z = f64[] constant(0)\n"
+        "  ROOT r = f64[5000,2]{1,0} reduce(a, z), dimensions={0}, to_apply=add\n}\n");
 }
 END_TEST
 
@@ -723,6 +753,40 @@ END_TEST
  * cost probe: every update walked in order), the later ones are split over
  * the pool (each invocation walks the lists of its blocks of rows, from
  * the updates sorted by block). */
+/* Sibling scatters over the same ids (a segment sum, an s32 segment count
+ * and a segment product of a computed update) merge into one variadic
+ * scatter (scatter_merge.c) whose row kernels bucket the ids once and
+ * apply the three combiners per update row, on several threads. */
+START_TEST(test_scatter_merged) {
+  agree("HloModule m\n"
+        "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] add(a, b)\n}\n"
+        "iadd {\n  a = s32[] parameter(0)\n  b = s32[] parameter(1)\n"
+        "  ROOT c = s32[] add(a, b)\n}\n"
+        "mul {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
+        "  ROOT c = f32[] multiply(a, b)\n}\n"
+        "ENTRY e {\n  d = f32[5000,32] parameter(0)\n  p = s32[5000] parameter(1)\n"
+        "  a = s32[5000] abs(p)\n  k = s32[] constant(203)\n"
+        "  bk = s32[5000] broadcast(k), dimensions={}\n  r = s32[5000] remainder(a, bk)\n"
+        "  idx = s32[5000,1] reshape(r)\n  z = f32[] constant(0)\n"
+        "  zb = f32[200,32] broadcast(z), dimensions={}\n  iz = s32[] constant(0)\n"
+        "  izb = s32[200,32] broadcast(iz), dimensions={}\n  one = s32[] constant(1)\n"
+        "  ones = s32[5000,32] broadcast(one), dimensions={}\n  f = f32[] constant(1)\n"
+        "  fb = f32[200,32] broadcast(f), dimensions={}\n  t = f32[5000,32] tanh(d)\n"
+        "  g = f32[] constant(0.01)\n  gb = f32[5000,32] broadcast(g), dimensions={}\n"
+        "  u0 = f32[5000,32] multiply(t, gb)\n  fu = f32[5000,32] broadcast(f), dimensions={}\n"
+        "  u = f32[5000,32] add(u0, fu)\n"
+        "  s = f32[200,32] scatter(zb, idx, d), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add\n"
+        "  c = s32[200,32] scatter(izb, idx, ones), update_window_dims={1}, "
+        "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, "
+        "to_apply=iadd\n"
+        "  m = f32[200,32] scatter(fb, idx, u), update_window_dims={1}, inserted_window_dims={0}, "
+        "scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=mul\n"
+        "  ROOT o = (f32[200,32], s32[200,32], f32[200,32]) tuple(s, c, m)\n}\n");
+}
+END_TEST
+
 START_TEST(test_scatter_rows) {
   agree("HloModule m\n"
         "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n"
@@ -1021,6 +1085,7 @@ int main(void) {
   tcase_add_test(tc, test_reduce);
   tcase_add_test(tc, test_control_flow);
   tcase_add_test(tc, test_conditional_in_place);
+  tcase_add_test(tc, test_scatter_merged);
   tcase_add_test(tc, test_scatter_rows);
   tcase_add_test(tc, test_scan_loop);
   tcase_add_test(tc, test_scan_dots);

@@ -1,6 +1,6 @@
 /* Differential tests of the simplification passes against the reference
  * interpreter: a module runs on deterministic random arguments before and
- * after each pass (algsimp, constfold, cse, dce, while_licm, unroll) and after all
+ * after each pass (algsimp, constfold, cse, dce, while_licm, unroll, scatter_merge) and after all
  * of them in pipeline order, and the results must be identical bit for bit
  * (the passes never reassociate). The modules: the conformance corpus (those
  * the interpreter runs on one device; skipped with a message when the
@@ -29,13 +29,10 @@
 #include "tests/support/progen.h"
 
 static const char *const sequences[] = {
-    "algsimp",
-    "constfold",
-    "cse",
-    "dce",
-    "while_licm",
-    "unroll",
-    "unroll inline algsimp constfold cse dce while_licm",
+    "algsimp",       "constfold",
+    "cse",           "dce",
+    "while_licm",    "unroll",
+    "scatter_merge", "unroll inline algsimp constfold cse dce scatter_merge while_licm",
 };
 #define NSEQ (sizeof sequences / sizeof sequences[0])
 
@@ -543,7 +540,8 @@ static void find_files(void) {
   add_files(corpus_dir);
   ncorpus = nfiles;
   if (ncorpus == 0) fprintf(stderr, "corpus not found at %s: corpus modules skipped\n", corpus_dir);
-  static const char *const dirs[] = {"algsimp", "constfold", "cse", "while_licm", "unroll"};
+  static const char *const dirs[] = {"algsimp",    "constfold", "cse",
+                                     "while_licm", "unroll",    "scatter_merge"};
   for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/golden/passes/%s", KILN_SOURCE_DIR, dirs[d]);

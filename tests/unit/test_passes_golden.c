@@ -16,8 +16,8 @@
 #include "compiler/pass.h"
 #include "tests/support/golden.h"
 
-static const char *const pass_dirs[] = {"unroll", "inline",     "algsimp",  "constfold",
-                                        "cse",    "while_licm", "scan_dots"};
+static const char *const pass_dirs[] = {"unroll", "inline",     "algsimp",   "constfold",
+                                        "cse",    "while_licm", "scan_dots", "scatter_merge"};
 #define NDIRS (sizeof pass_dirs / sizeof pass_dirs[0])
 
 static char **files;
