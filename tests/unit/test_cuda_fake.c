@@ -55,13 +55,14 @@
 #include "compiler/ir/text.h"
 #include "compiler/ir/verify.h"
 #include "executor/backend.h"
+#include "tests/support/hostkernels.h"
 #include "tests/support/progen.h"
 #include "tests/support/testargs.h"
 #include "tests/support/tolerance.h"
 
 #if defined(KILN_HAVE_CUDA) && defined(KILN_FAKE_CUDA)
 
-typedef void (*kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
+typedef kiln_test_kernel_fn kernel_fn;
 typedef struct fake_stats {
   long allocs, frees, bad_addresses, launches, ctx_depth, modules, bad_frees;
   uint64_t live_bytes;
@@ -163,52 +164,6 @@ static int compile(const kiln_module *m, const char *target, kiln_executable **e
 
 /* The cpu executable's kernels, mapped (memfd + dlopen as the cpu loader
  * does). *dl receives the handle to close. */
-static kernel_fn *cpu_kernels(const kiln_executable *e, void **dl) {
-  *dl = NULL;
-  kernel_fn *fns = kiln_calloc(e->nkernels + 1, sizeof *fns);
-  ck_assert_ptr_nonnull(fns);
-  if (e->nkernels == 0) return fns;
-  int fd = memfd_create("fake-cuda-kernels", MFD_CLOEXEC);
-  ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(write(fd, e->code, e->ncode), (ssize_t)e->ncode);
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  ck_assert_msg(*dl != NULL, "%s", dlerror());
-  close(fd);
-  for (uint32_t i = 0; i < e->nkernels; i++) {
-    char name[32];
-    snprintf(name, sizeof name, "kiln_kernel_%u", i);
-    void *sym = dlsym(*dl, name);
-    ck_assert_ptr_nonnull(sym);
-    memcpy(&fns[i], &sym, sizeof sym);
-  }
-  return fns;
-}
-
-/* Whether the two compiles lowered to the same steps, slots and kernels. */
-static bool same_program(const kiln_executable *a, const kiln_executable *b) {
-  if (a->nprograms != b->nprograms || a->nkernels != b->nkernels || a->nslots != b->nslots ||
-      a->temp_bytes != b->temp_bytes)
-    return false;
-  for (uint32_t i = 0; i < a->nslots; i++)
-    if (a->slots[i].kind != b->slots[i].kind || a->slots[i].offset != b->slots[i].offset ||
-        a->slots[i].size != b->slots[i].size || a->slots[i].index != b->slots[i].index)
-      return false;
-  for (uint32_t p = 0; p < a->nprograms; p++) {
-    const kiln_program *x = &a->programs[p], *y = &b->programs[p];
-    if (x->nsteps != y->nsteps) return false;
-    for (uint32_t i = 0; i < x->nsteps; i++) {
-      const kiln_step *s = &x->steps[i], *t = &y->steps[i];
-      if (s->kind != t->kind || s->kernel != t->kernel || s->range != t->range ||
-          s->nargs != t->nargs || s->nsub != t->nsub ||
-          (s->nargs && memcmp(s->args, t->args, s->nargs * sizeof *s->args)) ||
-          (s->nsub && memcmp(s->sub, t->sub, s->nsub * sizeof *s->sub)))
-        return false;
-    }
-  }
-  return true;
-}
 
 /* ---- the cubin's CUDA C on the host ------------------------------------------ */
 
@@ -401,12 +356,12 @@ static outcome run_case(kiln_backend *b, const char *text, uint64_t seed, kiln_l
   ck_assert_msg(rc == 0, "%s: %s: %s\n%.1500s", name, st.where, st.msg, text);
   if (!emulate) {
     ck_assert_msg(compile(m, "cpu", &eh, &st) == 0, "%s: %s", name, st.msg);
-    if (!same_program(ec, eh)) {
+    if (!kiln_test_same_program(ec, eh)) {
       fprintf(stderr, "%s: skipped, cpu and cuda lowered it apart\n", name);
       r = LOWERED_APART;
       goto out;
     }
-    fns = cpu_kernels(eh, &dl);
+    fns = kiln_test_cpu_kernels(eh, &dl);
     set_kernels(fns, eh->nkernels);
   }
   kiln_run_options ro = {.timeout_seconds = 60, .max_while_iterations = 100000};
@@ -1004,8 +959,8 @@ static kiln_loaded *load_ew(kiln_backend *b, kiln_executable **ec, kiln_executab
   ck_assert_int_eq(compile(m, "cuda-sm_90", ec, &st), 0);
   ck_assert_int_eq(compile(m, "cpu", eh, &st), 0);
   kiln_module_destroy(m);
-  ck_assert(same_program(*ec, *eh));
-  *fns = cpu_kernels(*eh, dl);
+  ck_assert(kiln_test_same_program(*ec, *eh));
+  *fns = kiln_test_cpu_kernels(*eh, dl);
   set_kernels(*fns, (*eh)->nkernels);
   kiln_loaded *l = NULL;
   ck_assert_msg(kiln_device_load(kiln_backend_device(b, 0), *ec, &l, &st) == 0, "%s", st.msg);
@@ -1344,8 +1299,8 @@ static int load_text(kiln_backend *b, const char *text, kiln_executable **ec, ki
   ck_assert_int_eq(compile(m, "cuda-sm_90", ec, st), 0);
   ck_assert_int_eq(compile(m, "cpu", eh, st), 0);
   kiln_module_destroy(m);
-  ck_assert(same_program(*ec, *eh));
-  *fns = cpu_kernels(*eh, dl);
+  ck_assert(kiln_test_same_program(*ec, *eh));
+  *fns = kiln_test_cpu_kernels(*eh, dl);
   set_kernels(*fns, (*eh)->nkernels);
   *l = NULL;
   return kiln_device_load(kiln_backend_device(b, 0), *ec, l, st);

@@ -40,12 +40,13 @@
 #include "executor/cuda/nccl.h"
 #ifdef KILN_TEST_HAVE_CACHE
 #include "server/mesh.h"
+#include "tests/support/hostkernels.h"
 #include "tests/support/redis_server.h"
 #endif
 
 #define NDEV 8
 
-typedef void (*kernel_fn)(void *const *bufs, int64_t begin, int64_t end);
+typedef kiln_test_kernel_fn kernel_fn;
 typedef struct fake_nccl_stats {
   long inits, live_comms, collectives, p2p, groups, bad_args, aborts, destroys;
 } fake_nccl_stats;
@@ -109,54 +110,6 @@ static int compile(kiln_module *m, const char *target, kiln_executable **e, kiln
   return kiln_compile(m, &o, e, NULL, st);
 }
 
-/* The cpu executable's kernels, mapped as the cpu loader does. */
-static kernel_fn *cpu_kernels(const kiln_executable *e, void **dl) {
-  *dl = NULL;
-  kernel_fn *fns = kiln_calloc(e->nkernels + 1, sizeof *fns);
-  ck_assert_ptr_nonnull(fns);
-  if (e->nkernels == 0) return fns;
-  int fd = memfd_create("fake-cuda-kernels", MFD_CLOEXEC);
-  ck_assert_int_ge(fd, 0);
-  ck_assert_int_eq(write(fd, e->code, e->ncode), (ssize_t)e->ncode);
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  ck_assert_msg(*dl != NULL, "%s", dlerror());
-  close(fd);
-  for (uint32_t i = 0; i < e->nkernels; i++) {
-    char name[32];
-    snprintf(name, sizeof name, "kiln_kernel_%u", i);
-    void *sym = dlsym(*dl, name);
-    ck_assert_ptr_nonnull(sym);
-    memcpy(&fns[i], &sym, sizeof sym);
-  }
-  return fns;
-}
-
-/* Whether the two compiles lowered to the same steps, slots and kernels
- * (then the cpu kernels stand in for the cubin's). */
-static bool same_program(const kiln_executable *a, const kiln_executable *b) {
-  if (a->nprograms != b->nprograms || a->nkernels != b->nkernels || a->nslots != b->nslots ||
-      a->temp_bytes != b->temp_bytes)
-    return false;
-  for (uint32_t i = 0; i < a->nslots; i++)
-    if (a->slots[i].kind != b->slots[i].kind || a->slots[i].offset != b->slots[i].offset ||
-        a->slots[i].size != b->slots[i].size)
-      return false;
-  for (uint32_t p = 0; p < a->nprograms; p++) {
-    const kiln_program *x = &a->programs[p], *y = &b->programs[p];
-    if (x->nsteps != y->nsteps) return false;
-    for (uint32_t i = 0; i < x->nsteps; i++) {
-      const kiln_step *s = &x->steps[i], *t = &y->steps[i];
-      if (s->kind != t->kind || s->kernel != t->kernel || s->range != t->range ||
-          s->nargs != t->nargs ||
-          (s->nargs && memcmp(s->args, t->args, s->nargs * sizeof *s->args)))
-        return false;
-    }
-  }
-  return true;
-}
-
 /* Prints each rank's result, "|"-separated. */
 static void print_ranks(kiln_literal **outs, uint32_t n, char *out, size_t size) {
   kiln_sbuf b = KILN_SBUF_INIT;
@@ -187,13 +140,13 @@ static int run_cuda(const char *text, uint32_t R, uint32_t P, bool twice, char *
     kiln_executable_destroy(ce);
     return rc;
   }
-  if (!same_program(e, ce)) {
+  if (!kiln_test_same_program(e, ce)) {
     kiln_executable_destroy(e);
     kiln_executable_destroy(ce);
     return 1;
   }
   void *dl = NULL;
-  kernel_fn *fns = cpu_kernels(ce, &dl);
+  kernel_fn *fns = kiln_test_cpu_kernels(ce, &dl);
   set_kernels(fns, ce->nkernels);
   kiln_backend_options bo = {.ndevices = n};
   kiln_backend *b = NULL;
