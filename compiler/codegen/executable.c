@@ -692,6 +692,66 @@ static const char *check_groups(const kiln_coll *c) {
   return NULL;
 }
 
+/* Elements spanned by `batch` row-major matrices of rows x cols with leading
+ * dimension ld, `stride` apart; false on overflow. */
+static bool gemm_span(int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                      uint64_t *out) {
+  *out = 0;
+  if (batch == 0 || rows == 0 || cols == 0) return true;
+  int64_t a, b, t;
+  if (__builtin_mul_overflow(batch - 1, stride, &a) || __builtin_mul_overflow(rows - 1, ld, &b) ||
+      __builtin_add_overflow(a, b, &t) || __builtin_add_overflow(t, cols, &t))
+    return false;
+  *out = (uint64_t)t;
+  return true;
+}
+
+bool kiln_gemm_check_extents(const kiln_gemm *g, const uint32_t *args, const kiln_slot *slots,
+                             char *why, size_t nwhy) {
+  if (g->trans_a > 1 || g->trans_b > 1) {
+    snprintf(why, nwhy, "gemm transpose flags %u, %u (0 or 1)", g->trans_a, g->trans_b);
+    return false;
+  }
+  bool wide_c = g->dtype == KILN_S8 || g->dtype == KILN_U8 || g->dtype == KILN_BF16;
+  int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
+  int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
+  struct {
+    const char *name;
+    int64_t rows, cols, ld, stride;
+  } mats[3] = {{"A", ra, ca, g->lda, g->stride_a},
+               {"B", rb, cb, g->ldb, g->stride_b},
+               {"C", g->m, g->n, g->ldc, g->stride_c}};
+  for (int i = 0; i < 3; i++) {
+    size_t esize = wide_c && i == 2 ? 4 : kiln_dtype_size(g->dtype); /* C: s32, f32 */
+    int64_t minld = mats[i].cols > 1 ? mats[i].cols : 1;
+    if (mats[i].ld < minld || mats[i].ld > INT32_MAX || mats[i].stride < 0) {
+      snprintf(why, nwhy, "gemm %s: leading dimension %lld (at least %lld), stride %lld",
+               mats[i].name, (long long)mats[i].ld, (long long)minld, (long long)mats[i].stride);
+      return false;
+    }
+    uint64_t span, bytes;
+    if (!gemm_span(g->batch, mats[i].rows, mats[i].cols, mats[i].ld, mats[i].stride, &span) ||
+        __builtin_mul_overflow(span, (uint64_t)esize, &bytes)) {
+      snprintf(why, nwhy, "gemm %s: extent overflows", mats[i].name);
+      return false;
+    }
+    uint64_t have = slots[args[i]].size;
+    if (bytes > have) {
+      snprintf(why, nwhy, "gemm %s spans %llu bytes, slot %u has %llu", mats[i].name,
+               (unsigned long long)bytes, args[i], (unsigned long long)have);
+      return false;
+    }
+  }
+  uint64_t one_c = 0;
+  gemm_span(1, g->m, g->n, g->ldc, 0, &one_c);
+  if (g->batch > 1 && (uint64_t)g->stride_c < one_c) {
+    snprintf(why, nwhy, "gemm C batches overlap (stride %lld < %llu)", (long long)g->stride_c,
+             (unsigned long long)one_c);
+    return false;
+  }
+  return true;
+}
+
 const char *kiln_coll_check(const kiln_coll *c, uint32_t nargs, const kiln_slot *slots,
                             const uint32_t *args) {
   if (c->op == KILN_OP_REPLICA_ID || c->op == KILN_OP_PARTITION_ID) {

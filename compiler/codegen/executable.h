@@ -328,6 +328,13 @@ int kiln_fft_reference(const kiln_fft *f, const void *in, void *out);
  * sizes (bytes); on false, why[] says what is wrong. */
 bool kiln_linalg_check(const kiln_linalg *g, uint32_t nargs, const uint64_t *slot_bytes, char *why,
                        size_t nwhy);
+/* Whether GEMM step g's operands lie within their slots (args[0..2]: A, B,
+ * C, already in range): transpose flags 0 or 1, each leading dimension at
+ * least its row and within int32, each operand's batches within its slot
+ * (elements of g's type; C of s32 for s8/u8 and of f32 for bf16), C's
+ * batches apart. On false, why[] says what is wrong. */
+bool kiln_gemm_check_extents(const kiln_gemm *g, const uint32_t *args, const kiln_slot *slots,
+                             char *why, size_t nwhy);
 /* Why collective step c (with nargs slot ids args into slots, already in
  * range) is malformed, or NULL when it is well formed: groups, sources,
  * reduction, element type and every slot's size. */

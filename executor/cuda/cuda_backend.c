@@ -684,20 +684,6 @@ static int check_coll_step(const kiln_executable *e, const cuda_loaded *l, const
 
 /* ---- loading: GEMM steps ------------------------------------------------ */
 
-/* Elements spanned by `batch` row-major rows x cols matrices with leading
- * dimension ld, `stride` apart; false on overflow. */
-static bool gemm_span(int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
-                      uint64_t *out) {
-  *out = 0;
-  if (batch == 0 || rows == 0 || cols == 0) return true;
-  int64_t a, b, t;
-  if (__builtin_mul_overflow(batch - 1, stride, &a) || __builtin_mul_overflow(rows - 1, ld, &b) ||
-      __builtin_add_overflow(a, b, &t) || __builtin_add_overflow(t, cols, &t))
-    return false;
-  *out = (uint64_t)t;
-  return true;
-}
-
 /* A GEMM step as cuBLASLt will read it: element types it runs, sizes it
  * takes (int32 dims and batch count), each operand's leading dimension and
  * extent within its slot, C's batches apart and writable, the epilogue's
@@ -717,9 +703,6 @@ static int check_gemm(const kiln_executable *e, const cuda_loaded *l, const kiln
     return kiln_status_set(st, KILN_EUNIMPL, w,
                            "gemm of element type %d (f32, f64 and bf16 into f32 run on cuda)",
                            g->dtype);
-  if (g->trans_a > 1 || g->trans_b > 1)
-    return kiln_status_set(st, KILN_EINVAL, w, "gemm transpose flags %u, %u (0 or 1)", g->trans_a,
-                           g->trans_b);
   if (g->batch < 0 || g->m < 0 || g->n < 0 || g->k < 0 || g->m > INT32_MAX || g->n > INT32_MAX ||
       g->k > INT32_MAX || g->batch > INT32_MAX)
     return kiln_status_set(st, KILN_EINVAL, w, "gemm batch %lld, m %lld, n %lld, k %lld",
@@ -730,36 +713,9 @@ static int check_gemm(const kiln_executable *e, const cuda_loaded *l, const kiln
                            "a GEMM with an empty contraction (k 0) does not run on cuda");
   if (!isfinite(g->alpha) || !isfinite(g->beta))
     return kiln_status_set(st, KILN_EINVAL, w, "gemm alpha %g, beta %g", g->alpha, g->beta);
-  int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
-  int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
-  struct {
-    const char *name;
-    int64_t rows, cols, ld, stride;
-  } mats[3] = {{"A", ra, ca, g->lda, g->stride_a},
-               {"B", rb, cb, g->ldb, g->stride_b},
-               {"C", g->m, g->n, g->ldc, g->stride_c}};
-  for (int i = 0; i < 3; i++) {
-    size_t esize = g->dtype == KILN_BF16 ? (i == 2 ? 4 : 2) : kiln_dtype_size(g->dtype);
-    int64_t minld = mats[i].cols > 1 ? mats[i].cols : 1;
-    if (mats[i].ld < minld || mats[i].ld > INT32_MAX || mats[i].stride < 0)
-      return kiln_status_set(
-          st, KILN_EINVAL, w, "gemm %s: leading dimension %lld (at least %lld), stride %lld",
-          mats[i].name, (long long)mats[i].ld, (long long)minld, (long long)mats[i].stride);
-    uint64_t span, bytes;
-    if (!gemm_span(g->batch, mats[i].rows, mats[i].cols, mats[i].ld, mats[i].stride, &span) ||
-        __builtin_mul_overflow(span, (uint64_t)esize, &bytes))
-      return kiln_status_set(st, KILN_EINVAL, w, "gemm %s: extent overflows", mats[i].name);
-    uint64_t have = e->slots[s->args[i]].size;
-    if (bytes > have)
-      return kiln_status_set(st, KILN_EINVAL, w, "gemm %s spans %llu bytes, slot %u has %llu",
-                             mats[i].name, (unsigned long long)bytes, s->args[i],
-                             (unsigned long long)have);
-  }
-  uint64_t one_c = 0;
-  gemm_span(1, g->m, g->n, g->ldc, 0, &one_c);
-  if (g->batch > 1 && (uint64_t)g->stride_c < one_c)
-    return kiln_status_set(st, KILN_EINVAL, w, "gemm C batches overlap (stride %lld < %llu)",
-                           (long long)g->stride_c, (unsigned long long)one_c);
+  char why[160];
+  if (!kiln_gemm_check_extents(g, s->args, e->slots, why, sizeof why))
+    return kiln_status_set(st, KILN_EINVAL, w, "%s", why);
   if (!empty && !slot_writable(e, l, s->args[2]))
     return kiln_status_set(st, KILN_EINVAL, w, "gemm writes slot %u, a parameter or constant",
                            s->args[2]);
